@@ -1,0 +1,1 @@
+"""Everything that only looks: facts, checks, reports."""

@@ -1,0 +1,100 @@
+"""Checks that the stack's compiled parts fit together: imports, and the CUDA majors they link."""
+
+from __future__ import annotations
+
+import os
+
+from stackgate import signatures
+from stackgate.checks.core import Fix, Result, check, failed, passed, skipped
+from stackgate.checks.facts import Facts, ImportOutcome, Missing
+from stackgate.stack.lock import Lock
+
+__all__ = ["classify_import", "symbol_provider"]
+
+# Whose symbol a mangled C++ name is, by its leading namespace.
+_PROVIDERS = {"c10": "torch", "at": "torch", "torch": "torch", "caffe2": "torch", "flashinfer": "flashinfer", "nccl": "nvidia-nccl", "cuda": "the CUDA runtime", "cu": "the CUDA driver"}
+
+
+@check("abi.imports", needs=("imports",), timeout_s=300.0)
+def imports(lock: Lock, facts: Facts) -> Result:
+    """Each of the stack's modules imports, each in its own interpreter."""
+    outcomes = facts.imports
+    if isinstance(outcomes, Missing):
+        return skipped("no stack interpreter to import with (see python.interpreter)", [outcomes.reason])
+    if not outcomes:
+        return skipped("the lock lists no import names (python.imports)")
+    broken = [o for o in outcomes.values() if not o.ok]
+    data = {o.name: {"ok": o.ok, "seconds": round(o.duration_s, 3), "error": o.error_line or None} for o in outcomes.values()}
+    timings = ", ".join(f"{o.name} {o.duration_s:.1f}s" for o in outcomes.values() if o.ok)
+    if broken:
+        findings = [classify_import(o, lock) for o in broken]
+        details = [f"import {o.name}: {text}" for o, (text, _) in zip(broken, findings)]
+        commands = tuple(dict.fromkeys(c for _, fix in findings for c in fix.commands))
+        fix = Fix(" ".join(dict.fromkeys(fix.text for _, fix in findings)), commands)
+        return failed(f"{len(broken)} of {len(outcomes)} import(s) fail: {details[0]}", details, fix, data)
+    return passed(f"{len(outcomes)} module(s) import ({timings})", data=data)
+
+
+def classify_import(outcome: ImportOutcome, lock: Lock) -> tuple[str, Fix]:
+    """What an import failure means, from the knowledge base; the raw error when it knows nothing."""
+    if outcome.timed_out:
+        return f"timed out after {outcome.duration_s:.0f} s (a hang at import: a lock, a network call, a GPU init)", Fix("Run the import by hand to see where it stops.", (f"{lock.python.target} -X importtime -c 'import {outcome.name}'",))
+    context = {"torch_cuda": lock.python.torch_cuda or "?"}
+    match = signatures.match_first(outcome.output, stage="verify", context=context)
+    if match is None:
+        return outcome.error_line or "failed with no message", Fix("Reinstall the stack.", ("invoke provision --only python",))
+    text = f"{match.text.strip()} -> {match.cause}"
+    if match.signature.id == "undefined-symbol":
+        symbol = match.groups["symbol"]
+        demangled = outcome.demangled.get(symbol, symbol)
+        text = f"undefined symbol {demangled}: ABI mismatch with {symbol_provider(demangled)}; {match.cause}"
+    return text, Fix(match.fix, match.commands)
+
+
+def symbol_provider(symbol: str) -> str:
+    """The package whose library should define a (demangled or mangled) symbol.
+
+    >>> symbol_provider("c10::cuda::SetDevice(signed char, bool)")
+    'torch'
+    >>> symbol_provider("_ZN5torch3jit17parseSchemaOrNameERKSsb")
+    'torch'
+    """
+    if symbol.startswith("_ZN"):
+        digits = ""
+        rest = symbol[3:].lstrip("K")
+        while rest and rest[0].isdigit():
+            digits, rest = digits + rest[0], rest[1:]
+        namespace = rest[: int(digits)] if digits else ""
+    else:
+        namespace = symbol.split("::", 1)[0] if "::" in symbol else symbol.split("_", 1)[0]
+    return _PROVIDERS.get(namespace, f"the library defining {namespace or symbol}")
+
+
+@check("abi.elf", needs=("elf", "probe"))
+def elf_links(lock: Lock, facts: Facts) -> Result:
+    """No shared object of the locked packages links a CUDA major other than torch's."""
+    scan = facts.elf
+    if isinstance(scan, Missing):
+        return skipped("no stack environment to scan (see python.interpreter)", [scan.reason])
+    probe = facts.probe
+    torch_cuda = (probe.torch or {}).get("cuda") if not isinstance(probe, Missing) else None
+    want = torch_cuda or lock.python.torch_cuda
+    if not want:
+        return skipped("no CUDA version to compare with (torch is not a CUDA build and the lock names none)")
+    major = int(want.split(".")[0])
+    wrong = [(f, need) for f in scan.files for need in f.cuda if need.major != major]
+    linked = sum(1 for f in scan.files if f.cuda)
+    data = {"files": len(scan.files), "cuda_linked": linked, "want_major": major, "mismatches": [{"file": f.path, "package": f.distribution, "needs": n.library} for f, n in wrong]}
+    if wrong:
+        details = [f"{_short(f.path)} ({f.distribution}) links {n.library}" for f, n in wrong]
+        packages = sorted({f.distribution for f, _ in wrong})
+        fix = Fix(f"Install the CUDA {want} build of {', '.join(packages)} (e.g. the +cu{want.replace('.', '')} wheel); PyPI's sgl-kernel 0.3.21 is a CUDA 12.9 build.", ("invoke provision --only python",))
+        summary = f"{len(wrong)} shared object(s) link CUDA {wrong[0][1].major} libraries but torch is CUDA {want}: {details[0]}"
+        return failed(summary, details, fix, data)
+    extra = [f"unreadable: {u}" for u in scan.unreadable]
+    return passed(f"{len(scan.files)} shared object(s) scanned, {linked} link CUDA, all CUDA {major}", extra, data)
+
+
+def _short(path: str) -> str:
+    marker = f"site-packages{os.sep}"
+    return path.split(marker, 1)[1] if marker in path else path

@@ -1,0 +1,169 @@
+"""Checks of the driver and the GPUs, from one NVML snapshot."""
+
+from __future__ import annotations
+
+from packaging.version import InvalidVersion, Version
+
+from stackgate.checks.core import Fix, Result, check, failed, passed, skipped, warned
+from stackgate.checks.facts import Facts, Missing
+from stackgate.checks.nvml import NvmlSnapshot
+from stackgate.stack.lock import Lock
+
+__all__: list[str] = []
+
+_DRIVER_FIX = "Install an NVIDIA driver of at least {want} (CUDA 13 needs the 580 series), then reboot."
+_NO_NVML = "Install the NVIDIA driver (it provides libnvidia-ml.so.1) and check `nvidia-smi` works."
+
+
+def _snapshot(facts: Facts) -> NvmlSnapshot | Result:
+    """The NVML snapshot, or the SKIP that points at gpu.driver (which owns that failure)."""
+    snap = facts.nvml
+    if isinstance(snap, Missing):
+        return skipped(f"no NVIDIA driver answers (see gpu.driver): {snap.reason}")
+    return snap
+
+
+@check("gpu.driver", needs=("nvml",))
+def driver(lock: Lock, facts: Facts) -> Result:
+    """The NVIDIA driver is present and at least the locked minimum."""
+    snap = facts.nvml
+    if isinstance(snap, Missing):
+        return failed(f"no NVIDIA driver answers: {snap.reason}", fix=Fix(_NO_NVML, ("nvidia-smi",)))
+    want = lock.hardware.min_driver
+    try:
+        have = Version(snap.driver_version)
+    except InvalidVersion:
+        return failed(f"the driver reports an unreadable version {snap.driver_version!r}")
+    data = {"driver": snap.driver_version, "min_driver": str(want)}
+    if have < want:
+        return failed(f"driver {snap.driver_version} is older than the locked minimum {want}", fix=Fix(_DRIVER_FIX.format(want=want)), data=data)
+    return passed(f"driver {snap.driver_version} (>= {want})", data=data)
+
+
+@check("gpu.driver_cuda", needs=("nvml",))
+def driver_cuda(lock: Lock, facts: Facts) -> Result:
+    """The driver supports the CUDA release of every toolkit."""
+    snap = _snapshot(facts)
+    if isinstance(snap, Result):
+        return snap
+    if snap.cuda_driver_version is None:
+        return skipped("the driver does not report the CUDA version it supports")
+    major, minor = snap.cuda_driver_version
+    have = f"{major}.{minor}"
+    data = {"driver_cuda": have}
+    too_new = [t for t in lock.toolkits if (t.version.major, t.version.minor) > (major, minor)]
+    if too_new:
+        names = ", ".join(f"CUDA {t.version}" for t in too_new)
+        return failed(
+            f"driver {snap.driver_version} supports CUDA {have}, older than {names}",
+            fix=Fix(_DRIVER_FIX.format(want=lock.hardware.min_driver)),
+            data=data,
+        )
+    return passed(f"driver supports CUDA {have}, covering {', '.join(t.release for t in lock.toolkits) or 'no toolkit'}", data=data)
+
+
+@check("gpu.count", needs=("nvml",))
+def count(lock: Lock, facts: Facts) -> Result:
+    """The locked number of GPUs of the locked model is present."""
+    snap = _snapshot(facts)
+    if isinstance(snap, Result):
+        return snap
+    want, name = lock.hardware.gpu_count, lock.hardware.gpu_name
+    others = [g for g in snap.gpus if name.lower() not in g.name.lower()]
+    data = {"gpus": [g.name for g in snap.gpus], "want": want}
+    details = [f"{g.label}: not a {name}" for g in others]
+    if len(snap.gpus) != want:
+        return failed(
+            f"{len(snap.gpus)} GPU(s) visible, the lock wants {want}",
+            details,
+            Fix("Check that every GPU is seated and powered, and that CUDA_VISIBLE_DEVICES hides none.", ("nvidia-smi -L",)),
+            data,
+        )
+    if others:
+        return failed(f"{len(others)} of {want} GPU(s) are not a {name}", details, Fix(f"This lock is for {name}; use the lock of this machine's GPUs (--lock)."), data)
+    return passed(f"{want} x {snap.gpus[0].name}" if snap.gpus else "no GPU wanted", data=data)
+
+
+@check("gpu.capability", needs=("nvml",))
+def capability(lock: Lock, facts: Facts) -> Result:
+    """Every GPU has the locked compute capability."""
+    snap = _snapshot(facts)
+    if isinstance(snap, Result):
+        return snap
+    want = lock.hardware.compute_capability
+    wrong = [g for g in snap.gpus if g.capability != (want.major, want.minor)]
+    data = {"want": str(want), "gpus": {g.index: _cc(g.capability) for g in snap.gpus}}
+    if not snap.gpus:
+        return failed("no GPU visible to check", data=data)
+    if wrong:
+        details = [f"{g.label}: compute capability {_cc(g.capability)}, the lock wants {want}" for g in wrong]
+        summary = f"{len(wrong)} of {len(snap.gpus)} GPU(s) are not compute capability {want}: " + ", ".join(f"{g.name} is {_cc(g.capability)}" for g in wrong[:3])
+        return failed(summary, details, Fix(f"This lock is for compute capability {want} ({lock.hardware.arch}); run with the lock for this machine's GPUs (--lock)."), data)
+    return passed(f"all {len(snap.gpus)} GPU(s) are compute capability {want}", data=data)
+
+
+@check("gpu.pcie", needs=("nvml",))
+def pcie(lock: Lock, facts: Facts) -> Result:
+    """No GPU's PCIe link is narrower or slower than the GPU and slot allow."""
+    snap = _snapshot(facts)
+    if isinstance(snap, Result):
+        return snap
+    problems, unknown = [], []
+    for g in snap.gpus:
+        if g.pcie_width is None or g.pcie_width_max is None:
+            unknown.append(g.label)
+            continue
+        if g.pcie_width < g.pcie_width_max:
+            problems.append(f"{g.label}: link width x{g.pcie_width}, the link can do x{g.pcie_width_max}")
+        if g.pcie_gen_gpu_max and g.pcie_gen_max and g.pcie_gen_max < g.pcie_gen_gpu_max:
+            problems.append(f"{g.label}: the slot limits the link to Gen{g.pcie_gen_max}; the GPU can do Gen{g.pcie_gen_gpu_max}")
+    data = {g.index: {"gen": g.pcie_gen, "gen_max": g.pcie_gen_max, "width": g.pcie_width, "width_max": g.pcie_width_max} for g in snap.gpus}
+    if problems:
+        fix = Fix("Reseat the GPU or move it to a full x16 Gen5 slot; check the BIOS PCIe settings and risers.", ("nvidia-smi -q -d PCIE",))
+        return failed(f"{len(problems)} PCIe link problem(s)", problems, fix, data)
+    if len(unknown) == len(snap.gpus):
+        return skipped("NVML does not report PCIe links here", data=data)
+    # The current generation drops at idle to save power, so only the width and the slot's
+    # maximum say that a link trained down.
+    return passed(f"{len(snap.gpus) - len(unknown)} PCIe link(s) at full width", [f"{u}: link not reported" for u in unknown], data)
+
+
+@check("gpu.ecc", needs=("nvml",))
+def ecc(lock: Lock, facts: Facts) -> Result:
+    """No GPU has uncorrectable ECC errors since the driver loaded."""
+    snap = _snapshot(facts)
+    if isinstance(snap, Result):
+        return snap
+    counted = [g for g in snap.gpus if g.ecc_uncorrected_volatile is not None]
+    bad = [g for g in counted if g.ecc_uncorrected_volatile]
+    data = {g.index: {"volatile": g.ecc_uncorrected_volatile, "aggregate": g.ecc_uncorrected_aggregate} for g in snap.gpus}
+    if bad:
+        details = [f"{g.label}: {g.ecc_uncorrected_volatile} uncorrectable ECC error(s)" for g in bad]
+        fix = Fix("Drain the node, reset the GPU (or reboot) and watch the count; replace a GPU that keeps counting.", tuple(f"nvidia-smi -r -i {g.index}" for g in bad))
+        return failed(f"{len(bad)} GPU(s) with uncorrectable ECC errors", details, fix, data)
+    if not counted:
+        return skipped("no GPU reports ECC counters (ECC off or not supported)", data=data)
+    return passed(f"no uncorrectable ECC errors on {len(counted)} GPU(s)", data=data)
+
+
+@check("gpu.processes", needs=("nvml",))
+def processes(lock: Lock, facts: Facts) -> Result:
+    """No other process holds GPU memory."""
+    snap = _snapshot(facts)
+    if isinstance(snap, Result):
+        return snap
+    held = [(g, p) for g in snap.gpus for p in g.processes]
+    data = {"processes": [{"gpu": g.index, "pid": p.pid, "used_bytes": p.used_memory_bytes} for g, p in held]}
+    if held:
+        details = [f"{g.label}: pid {p.pid} holds {_mib(p.used_memory_bytes)}" for g, p in held]
+        pids = " ".join(sorted({str(p.pid) for _, p in held}))
+        return warned(f"{len(held)} process(es) hold GPU memory", details, Fix("Stop them before serving: they take memory the engine expects.", (f"ps -o pid,user,cmd -p {pids}",)), data)
+    return passed("no process holds GPU memory", data=data)
+
+
+def _cc(capability: tuple[int, int] | None) -> str:
+    return "unknown" if capability is None else f"{capability[0]}.{capability[1]}"
+
+
+def _mib(value: int | None) -> str:
+    return "an unknown amount" if value is None else f"{value / 2**20:.0f} MiB"

@@ -1,0 +1,244 @@
+"""Checks of the stack's Python environment, from the probe its own interpreter ran."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from packaging.markers import InvalidMarker, UndefinedComparison, UndefinedEnvironmentName
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from stackgate.checks.core import Fix, Result, check, failed, passed, skipped, warned
+from stackgate.checks.facts import Facts, Missing, ProbeFacts
+from stackgate.stack.lock import Lock, Package
+
+__all__ = ["Conflict", "conflicts"]
+
+_PROVISION = "invoke provision --only python"
+
+
+def _probe(facts: Facts) -> ProbeFacts | Result:
+    probe = facts.probe
+    if isinstance(probe, Missing):
+        return skipped("no probe of the stack's interpreter (see python.interpreter)", [probe.reason])
+    return probe
+
+
+@check("python.interpreter", needs=("probe",))
+def interpreter(lock: Lock, facts: Facts) -> Result:
+    """The stack's interpreter runs and is the locked Python version."""
+    probe = facts.probe
+    if isinstance(probe, Missing):
+        commands = ("invoke provision",) if lock.python.root else ()
+        return failed(probe.reason, fix=Fix("Create the stack's environment." if commands else "Point python.interpreter at an existing interpreter.", commands))
+    have = ".".join(probe.python_version.split(".")[:2])
+    data = {"executable": probe.executable, "version": probe.python_version, "probe_s": round(probe.duration_s, 3)}
+    if have != lock.python.version:
+        return failed(f"{probe.executable} is Python {probe.python_version}, the lock wants {lock.python.version}", fix=Fix("Rebuild the environment with the locked Python.", ("invoke provision --only python",)), data=data)
+    return passed(f"Python {probe.python_version} at {probe.executable}", data=data)
+
+
+@check("python.pins", needs=("probe",))
+def pins(lock: Lock, facts: Facts) -> Result:
+    """Every locked package is installed at exactly its locked version."""
+    probe = _probe(facts)
+    if isinstance(probe, Result):
+        return probe
+    watched = [p for p in lock.python.packages if p.name not in lock.python.frozen]
+    wrong = [problem for p in watched if (problem := _pin_problem(probe, p))]
+    data = {p.name: (probe.dist(p.name).version if probe.dist(p.name) else None) for p in watched}
+    if wrong:
+        return failed(f"{len(wrong)} of {len(watched)} pinned package(s) differ: {wrong[0]}", wrong, Fix("Install the locked versions.", (_PROVISION,)), data)
+    return passed(f"{len(watched)} pinned package(s) at their locked versions", data=data)
+
+
+@check("python.frozen", needs=("probe",))
+def frozen(lock: Lock, facts: Facts) -> Result:
+    """The guard's frozen packages (torch and its family) have not moved."""
+    probe = _probe(facts)
+    if isinstance(probe, Result):
+        return probe
+    guarded = [p for p in lock.python.packages if p.name in lock.python.frozen]
+    if not guarded:
+        return skipped("the lock freezes no package")
+    moved = [problem for p in guarded if (problem := _pin_problem(probe, p))]
+    data = {p.name: (probe.dist(p.name).version if probe.dist(p.name) else None) for p in guarded}
+    if moved:
+        fix = Fix(
+            "Something upgraded a frozen package. Reinstall the lock with the guard in force; "
+            "install later packages with the stack's constraints (stackgate.env exports PIP_CONSTRAINT and UV_CONSTRAINT).",
+            (_PROVISION,),
+        )
+        return failed(f"frozen package(s) moved: {moved[0]}", moved, fix, data)
+    return passed("frozen: " + ", ".join(f"{p.name} {data[p.name]}" for p in guarded), data=data)
+
+
+def _pin_problem(probe: ProbeFacts, package: Package) -> str | None:
+    dist = probe.dist(package.name)
+    if dist is None:
+        return f"{package.name} is not installed (locked {package.specifier})"
+    if not package.specifier.contains(dist.version, prereleases=True):
+        return f"{package.name} is {dist.version}, locked {package.specifier}"
+    return None
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """One requirement that the installed distributions do not meet (what `pip check` reports)."""
+
+    requirer: str
+    requirer_version: str
+    requirement: str
+    package: str
+    installed: str | None
+
+    def __str__(self) -> str:
+        have = f"{self.package} {self.installed} is installed" if self.installed else f"{self.package} is not installed"
+        return f"{self.requirer} {self.requirer_version} requires {self.requirement}, but {have}"
+
+
+def conflicts(distributions: Mapping[str, Any], markers: Mapping[str, str]) -> list[Conflict]:
+    """Requirements of installed distributions that the installed set does not satisfy.
+
+    Requirements behind an extra are not checked, as `pip check` does not.
+    """
+    environment = {**markers, "extra": ""}
+    found = []
+    for dist in distributions.values():
+        for line in dist.requires:
+            try:
+                requirement = Requirement(line)
+                if requirement.marker is not None and not requirement.marker.evaluate(environment):
+                    continue
+            except (InvalidRequirement, InvalidMarker, UndefinedComparison, UndefinedEnvironmentName):
+                continue
+            target = distributions.get(canonicalize_name(requirement.name))
+            if target is None:
+                found.append(Conflict(dist.name, dist.version, str(requirement), requirement.name, None))
+            elif not _satisfies(requirement, target.version):
+                found.append(Conflict(dist.name, dist.version, str(requirement), target.name, target.version))
+    return found
+
+
+def _satisfies(requirement: Requirement, version: str) -> bool:
+    try:
+        Version(version)
+    except InvalidVersion:
+        return True  # a legacy version string: pip check cannot judge it either
+    return requirement.specifier.contains(version, prereleases=True)
+
+
+@check("python.consistency", needs=("probe",))
+def consistency(lock: Lock, facts: Facts) -> Result:
+    """The installed distributions' requirements agree (pip check), apart from declared overrides."""
+    probe = _probe(facts)
+    if isinstance(probe, Result):
+        return probe
+    accepted, rejected = [], []
+    for conflict in conflicts(probe.distributions, probe.markers):
+        override = lock.python.override(conflict.package)
+        if override and conflict.installed and override.specifier.contains(conflict.installed, prereleases=True):
+            accepted.append(f"accepted override: {conflict} (reason: {override.reason})")
+        else:
+            rejected.append(str(conflict))
+    data = {"accepted": accepted, "conflicts": rejected, "distributions": len(probe.distributions)}
+    if rejected:
+        return failed(f"{len(rejected)} requirement conflict(s): {rejected[0]}", rejected + accepted, Fix("Install the locked stack with its constraints; add an override to the lock only with a reason.", (_PROVISION,)), data)
+    summary = f"{len(probe.distributions)} distributions consistent"
+    return passed(summary + (f", {len(accepted)} accepted override(s)" if accepted else ""), accepted, data)
+
+
+@check("torch.build", needs=("probe",))
+def torch_build(lock: Lock, facts: Facts) -> Result:
+    """torch imports and is a CUDA build of the locked CUDA version."""
+    probe = _probe(facts)
+    if isinstance(probe, Result):
+        return probe
+    want = lock.python.torch_cuda
+    torch = probe.torch
+    if torch is None:
+        return failed("torch is not installed in the stack's environment", fix=Fix("Install the locked torch.", (_PROVISION,)))
+    if not torch["imported"]:
+        return failed(f"import torch fails: {torch['error']}", torch.get("traceback", "").strip().splitlines()[-8:], Fix("Reinstall the locked torch.", (_PROVISION,)))
+    data = {"version": torch["version"], "cuda": torch["cuda"], "hip": torch["hip"], "want_cuda": want}
+    fix = Fix(f"Install torch from the CUDA {want} index the lock names (the plain PyPI wheel may be another CUDA build).", (_PROVISION,))
+    if torch["hip"]:
+        return failed(f"torch {torch['version']} is a ROCm build (HIP {torch['hip']}), not CUDA {want}", fix=fix, data=data)
+    if not torch["cuda"]:
+        return failed(f"torch {torch['version']} is a CPU build: it has no CUDA (the lock wants CUDA {want})", fix=fix, data=data)
+    if want and torch["cuda"] != want:
+        return failed(f"torch {torch['version']} is a CUDA {torch['cuda']} build, the lock wants CUDA {want}", fix=fix, data=data)
+    return passed(f"torch {torch['version']} is a CUDA {torch['cuda']} build", data=data)
+
+
+@check("torch.arch", needs=("probe", "nvml"))
+def torch_arch(lock: Lock, facts: Facts) -> Result:
+    """torch carries kernels for every GPU's compute capability."""
+    probe = _probe(facts)
+    if isinstance(probe, Result):
+        return probe
+    torch = probe.torch
+    if not torch or not torch["imported"] or not torch["cuda"]:
+        return skipped("torch is not an importable CUDA build (see torch.build)")
+    arch_list = torch["arch_list"]
+    if isinstance(arch_list, dict):
+        return failed(f"torch cannot list its architectures: {arch_list['error']}")
+    snap = facts.nvml
+    wanted = sorted({g.capability for g in snap.gpus if g.capability}) if not isinstance(snap, Missing) else []
+    source = "the GPUs" if wanted else "the lock (no GPU visible)"
+    wanted = wanted or [(lock.hardware.compute_capability.major, lock.hardware.compute_capability.minor)]
+    coverage = {f"{m}.{n}": _covered(arch_list, m, n) for m, n in wanted}
+    data = {"arch_list": arch_list, "coverage": coverage}
+    missing = [cc for cc, how in coverage.items() if how is None]
+    if missing:
+        fix = Fix(f"Install a torch build whose arch list includes sm_{missing[0].replace('.', '')} (the cu128/cu130 builds carry sm_120).", (_PROVISION,))
+        return failed(f"torch {torch['version']} has no kernels for compute capability {', '.join(missing)} ({source}); it carries {' '.join(arch_list)}", fix=fix, data=data)
+    jit = [cc for cc, how in coverage.items() if how.startswith("compute_")]
+    if jit:
+        return warned(f"compute capability {', '.join(jit)} runs only through PTX JIT ({', '.join(coverage[c] for c in jit)}): slow first launches", data=data)
+    return passed(f"torch covers {', '.join(f'{cc} ({how})' for cc, how in coverage.items())} from {source}", data=data)
+
+
+def _covered(arch_list: list[str], major: int, minor: int) -> str | None:
+    """The arch-list entry that runs on a GPU of capability major.minor, if any.
+
+    >>> _covered(["sm_90", "sm_120", "compute_120"], 12, 0)
+    'sm_120'
+    >>> _covered(["sm_80", "compute_80"], 9, 0)
+    'compute_80'
+    >>> _covered(["sm_80", "sm_90"], 12, 0) is None
+    True
+    """
+    for entry in arch_list:
+        kind, _, number = entry.partition("_")
+        number = number.rstrip("af")
+        if kind == "sm" and number.isdigit() and int(number) // 10 == major and int(number) % 10 <= minor:
+            return entry
+    for entry in arch_list:
+        kind, _, number = entry.partition("_")
+        if kind == "compute" and number.isdigit() and int(number) <= major * 10 + minor:
+            return entry
+    return None
+
+
+@check("flashinfer.cubin", needs=("probe",))
+def flashinfer_cubin(lock: Lock, facts: Facts) -> Result:
+    """flashinfer-cubin (and flashinfer-jit-cache) match flashinfer-python's version."""
+    probe = _probe(facts)
+    if isinstance(probe, Result):
+        return probe
+    python = probe.dist("flashinfer-python")
+    if python is None:
+        return skipped("flashinfer-python is not installed")
+    cubin, jit = probe.dist("flashinfer-cubin"), probe.dist("flashinfer-jit-cache")
+    data = {"flashinfer-python": python.version, "flashinfer-cubin": cubin.version if cubin else None, "flashinfer-jit-cache": jit.version if jit else None}
+    problems = []
+    if cubin and cubin.version != python.version:
+        problems.append(f"flashinfer-cubin {cubin.version} != flashinfer-python {python.version}: import flashinfer raises RuntimeError")
+    if jit and not jit.version.startswith(python.version):
+        problems.append(f"flashinfer-jit-cache {jit.version} is not a build of flashinfer-python {python.version}")
+    if problems:
+        return failed(problems[0], problems, Fix("Install flashinfer-cubin (and flashinfer-jit-cache) at flashinfer-python's version.", (_PROVISION,)), data)
+    return passed(f"flashinfer-python {python.version}" + "".join(f", {k} {v}" for k, v in data.items() if v and k != "flashinfer-python"), data=data)

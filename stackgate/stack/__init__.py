@@ -1,0 +1,1 @@
+"""Everything that changes the machine, and the lock model it works from."""

@@ -1,0 +1,715 @@
+"""The lockfile model: TOML -> frozen, typed dataclasses.
+
+Every error is collected with its key path and reported at once, so that a user fixes a bad
+lockfile in one pass. Loading never raises anything but :class:`LockError`, whatever the bytes
+in the file: a bad lockfile must fail before anything on the machine is touched.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+__all__ = [
+    "DEFAULT_LOCK",
+    "Benchmark",
+    "Capability",
+    "Hardware",
+    "Index",
+    "Lock",
+    "LockError",
+    "Nccl",
+    "Override",
+    "Package",
+    "Patch",
+    "Python",
+    "Smoke",
+    "Stack",
+    "Toolkit",
+    "default_lock_path",
+    "load",
+    "loads",
+]
+
+#: The profile used when neither --lock nor $STACKGATE_LOCK names one.
+DEFAULT_LOCK = Path(__file__).resolve().parents[2] / "lockfiles" / "blackwell-sm120-cu130.toml"
+
+TOOLKIT_SOURCES = ("pypi", "runfile", "apt")
+INSTALLERS = ("uv", "pip")
+CUDA_LINK_POLICIES = ("leave", "default")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_REFERENCE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.]*)\}")
+
+
+class LockError(Exception):
+    """A lockfile that cannot be used, with every problem found and its key path."""
+
+    def __init__(self, path: Path | str, problems: list[str]) -> None:
+        self.path = Path(path)
+        self.problems = list(problems)
+        lines = "\n".join(f"  {problem}" for problem in self.problems)
+        noun = "problem" if len(self.problems) == 1 else "problems"
+        super().__init__(f"{self.path}: {len(self.problems)} {noun} in the lockfile:\n{lines}")
+
+
+@dataclass(frozen=True, order=True)
+class Capability:
+    """A CUDA compute capability such as 12.0.
+
+    >>> Capability.parse("12.0").arch
+    'sm_120a'
+    >>> str(Capability(9, 0))
+    '9.0'
+    """
+
+    major: int
+    minor: int
+
+    @classmethod
+    def parse(cls, text: str) -> Capability:
+        match = re.fullmatch(r"(\d{1,2})\.(\d)", text.strip())
+        if not match:
+            raise ValueError(f"invalid compute capability {text!r} (expected e.g. '12.0')")
+        return cls(int(match[1]), int(match[2]))
+
+    @property
+    def arch(self) -> str:
+        # Hopper and newer have arch-specific ("a") targets that the stack's kernels build for.
+        suffix = "a" if self.major >= 9 else ""
+        return f"sm_{self.major}{self.minor}{suffix}"
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor}"
+
+
+@dataclass(frozen=True)
+class Stack:
+    name: str
+    description: str = ""
+    cuda_link: str = "leave"  #: what provision does with /usr/local/cuda: leave | default
+
+
+@dataclass(frozen=True)
+class Hardware:
+    gpu_count: int
+    compute_capability: Capability
+    gpu_name: str
+    min_driver: Version
+    arch: str  #: the ptxas target the default toolkit must build, e.g. sm_120a
+
+
+@dataclass(frozen=True)
+class Toolkit:
+    version: Version  #: the CUDA release, e.g. 13.0.1
+    prefix: Path
+    source: str | None = None  #: pypi | runfile | apt; None for a toolkit that is only kept
+    default: bool = False  #: CUDA_HOME and TRITON_PTXAS_PATH point here
+    keep: bool = False  #: must exist and stay untouched
+    nvcc: Version | None = None  #: the nvcc build that release ships, e.g. 13.0.88
+    components: tuple[str, ...] = ()  #: pypi extras of cuda-toolkit
+    url: str | None = None  #: runfile location (URL or local path)
+    sha256: str | None = None
+
+    @property
+    def release(self) -> str:
+        """The major.minor that ``nvcc --version`` prints as "release X.Y"."""
+        return f"{self.version.major}.{self.version.minor}"
+
+    @property
+    def label(self) -> str:
+        return f"CUDA {self.version} at {self.prefix}"
+
+
+@dataclass(frozen=True)
+class Index:
+    url: str
+    packages: tuple[str, ...]  #: canonical names served only from this index
+
+
+@dataclass(frozen=True)
+class Package:
+    name: str  #: canonical name (PEP 503)
+    specifier: SpecifierSet
+    url: str | None = None
+    sha256: str | None = None
+
+    @property
+    def requirement(self) -> str:
+        """The requirement line an installer takes for this pin."""
+        if self.url:
+            return f"{self.name} @ {self.url}"
+        return f"{self.name}{self.specifier}"
+
+    @property
+    def pinned_version(self) -> str | None:
+        """The exact version of an ``==`` pin, local label included."""
+        specs = list(self.specifier)
+        if len(specs) == 1 and specs[0].operator in ("==", "==="):
+            return specs[0].version
+        return None
+
+
+@dataclass(frozen=True)
+class Override:
+    package: str
+    specifier: SpecifierSet
+    reason: str
+
+
+@dataclass(frozen=True)
+class Python:
+    version: str  #: major.minor of the target interpreter
+    root: Path | None  #: stackgate-managed generations live here; <root>/current is live
+    interpreter: Path | None  #: an existing interpreter to inspect instead of a managed root
+    installer: str
+    indexes: tuple[Index, ...]
+    packages: tuple[Package, ...]
+    frozen: tuple[str, ...]
+    overrides: tuple[Override, ...]
+    imports: tuple[str, ...]
+    torch_cuda: str | None  #: torch.version.cuda the stack needs, e.g. "13.0"
+
+    @property
+    def target(self) -> Path:
+        """The interpreter whose environment is the stack."""
+        if self.interpreter is not None:
+            return self.interpreter
+        assert self.root is not None
+        return self.root / "current" / "bin" / "python"
+
+    @property
+    def env_file(self) -> Path | None:
+        """The environment file provision writes into the live generation."""
+        return None if self.root is None else self.root / "current" / "stackgate.env"
+
+    def package(self, name: str) -> Package | None:
+        wanted = canonicalize_name(name)
+        return next((p for p in self.packages if p.name == wanted), None)
+
+    def override(self, name: str) -> Override | None:
+        wanted = canonicalize_name(name)
+        return next((o for o in self.overrides if o.package == wanted), None)
+
+
+@dataclass(frozen=True)
+class Patch:
+    package: str
+    version: Version
+    file: Path
+    reason: str
+    sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class Nccl:
+    min_version: Version | None = None
+    min_busbw_gbs: float | None = None
+
+
+@dataclass(frozen=True)
+class Smoke:
+    engine: str = "sglang"
+    model: str = ""  #: the user's model path; smoke refuses to start without one
+    tp: int = 1
+    host: str = "127.0.0.1"
+    port: int = 30000
+    attention_backend: str = "flashinfer"
+    flags: tuple[str, ...] = ()
+    evidence: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    ready_timeout_s: float = 1200.0
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    output_tokens: int = 2048
+    runs: int = 5
+    warmup: int = 2
+    baseline_tok_s: float | None = None
+    max_regression: float = 0.03
+    prompt: str = "Write a long story about a lighthouse keeper."
+
+
+@dataclass(frozen=True)
+class Lock:
+    path: Path
+    sha256: str  #: of the file's bytes: what the reports name
+    stack: Stack
+    hardware: Hardware
+    toolkits: tuple[Toolkit, ...]
+    python: Python
+    patches: tuple[Patch, ...]
+    env: Mapping[str, str]  #: [env] with references resolved
+    nccl: Nccl
+    smoke: Smoke
+    benchmark: Benchmark
+
+    @property
+    def name(self) -> str:
+        return self.stack.name
+
+    @property
+    def default_toolkit(self) -> Toolkit | None:
+        return next((t for t in self.toolkits if t.default), None)
+
+
+def default_lock_path(environ: Mapping[str, str] | None = None) -> Path:
+    """``$STACKGATE_LOCK``, then the default profile."""
+    environ = os.environ if environ is None else environ
+    return Path(environ["STACKGATE_LOCK"]) if environ.get("STACKGATE_LOCK") else DEFAULT_LOCK
+
+
+def load(path: Path | str | None = None) -> Lock:
+    """Read and validate a lockfile; raise :class:`LockError` listing every problem."""
+    path = default_lock_path() if path is None else Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise LockError(path, ["no such file"]) from None
+    except IsADirectoryError:
+        raise LockError(path, ["is a directory, not a lockfile"]) from None
+    except OSError as exc:
+        raise LockError(path, [f"cannot read: {exc.strerror or exc}"]) from None
+    return loads(data, path=path)
+
+
+def loads(data: bytes | str, path: Path | str = "<lockfile>") -> Lock:
+    """Validate lockfile text; relative patch paths resolve against the file's folder."""
+    path = Path(path)
+    raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
+    try:
+        text = raw.decode("utf-8")
+        document = tomllib.loads(text)
+    except UnicodeDecodeError as exc:
+        raise LockError(path, [f"not UTF-8 text (byte {exc.start})"]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise LockError(path, [f"not valid TOML: {exc}"]) from None
+    except RecursionError:
+        raise LockError(path, ["not valid TOML: nested too deeply"]) from None
+    errors: list[str] = []
+    lock = _Builder(errors, path).lock(_Table(document, "", errors), hashlib.sha256(raw).hexdigest())
+    if errors or lock is None:
+        raise LockError(path, errors or ["invalid lockfile"])
+    return lock
+
+
+_REQUIRED = object()
+
+
+class _Table:
+    """One TOML table being read: typed getters that record errors with their key path."""
+
+    def __init__(self, data: Any, path: str, errors: list[str]) -> None:
+        self.path = path
+        self.errors = errors
+        self.ok = isinstance(data, dict)
+        if not self.ok:
+            self.error("", f"must be a table, not {_kind(data)}")
+        self.data: dict[str, Any] = data if self.ok else {}
+        self.seen: set[str] = set()
+
+    def key(self, name: str) -> str:
+        return f"{self.path}.{name}" if self.path else name
+
+    def error(self, name: str, message: str) -> None:
+        where = self.key(name) if name else (self.path or "(top level)")
+        self.errors.append(f"{where}: {message}")
+
+    def get(self, name: str, kind: type | tuple[type, ...], default: Any = _REQUIRED) -> Any:
+        self.seen.add(name)
+        if name not in self.data:
+            if default is _REQUIRED:
+                self.error(name, "missing (required)")
+                return None
+            return default
+        value = self.data[name]
+        # bool is an int in Python; a lockfile's `gpu_count = true` is still a mistake.
+        if isinstance(value, bool) and bool not in _as_tuple(kind):
+            self.error(name, f"must be {_names(kind)}, not a boolean")
+            return None
+        if not isinstance(value, kind):
+            self.error(name, f"must be {_names(kind)}, not {_kind(value)}")
+            return None
+        return value
+
+    def parsed(self, name: str, parse: Callable[[str], Any], default: Any = _REQUIRED) -> Any:
+        text = self.get(name, str, default)
+        if text is None or text is default:
+            return text
+        try:
+            return parse(text)
+        except (ValueError, InvalidVersion, InvalidSpecifier) as exc:
+            self.error(name, str(exc))
+            return None
+
+    def strings(self, name: str, default: tuple[str, ...] = ()) -> tuple[str, ...]:
+        items = self.get(name, list, list(default))
+        if items is None:
+            return ()
+        bad = [i for i, item in enumerate(items) if not isinstance(item, str)]
+        for i in bad:
+            self.error(f"{name}[{i}]", f"must be a string, not {_kind(items[i])}")
+        return tuple(item for item in items if isinstance(item, str))
+
+    def positive(self, name: str, kind: type, default: Any = _REQUIRED) -> Any:
+        value = self.get(name, (int, float) if kind is float else kind, default)
+        if value is not None and value is not default and value <= 0:
+            self.error(name, f"must be greater than 0, not {value}")
+            return None
+        return float(value) if kind is float and value is not None else value
+
+    def sub(self, name: str, required: bool = False) -> _Table:
+        value = self.get(name, dict, _REQUIRED if required else {})
+        return _Table(value if value is not None else {}, self.key(name), self.errors)
+
+    def array(self, name: str) -> list[_Table]:
+        items = self.get(name, list, [])
+        return [_Table(item, f"{self.key(name)}[{i}]", self.errors) for i, item in enumerate(items or [])]
+
+    def finish(self, known: tuple[str, ...] = ()) -> None:
+        """Reject keys nobody read, with a "did you mean" from the known ones."""
+        for name in self.data:
+            if name in self.seen:
+                continue
+            choices = difflib.get_close_matches(name, tuple(self.seen) + known, n=1)
+            hint = f" (did you mean {choices[0]!r}?)" if choices else ""
+            self.error(name, f"unknown key{hint}")
+
+
+class _Builder:
+    """Turns the TOML document into a :class:`Lock`, one section at a time."""
+
+    def __init__(self, errors: list[str], path: Path) -> None:
+        self.errors = errors
+        self.path = path
+
+    def lock(self, top: _Table, sha256: str) -> Lock | None:
+        if not top.ok:
+            return None
+        stack = self.stack(top.sub("stack", required=True))
+        hardware = self.hardware(top.sub("hardware", required=True))
+        toolkits = self.toolkits(top)
+        python = self.python(top.sub("python", required=True), toolkits)
+        patches = tuple(self.patch(t) for t in top.array("patch"))
+        nccl = self.nccl(top.sub("nccl"))
+        smoke = self.smoke(top.sub("smoke"), hardware)
+        benchmark = self.benchmark(top.sub("benchmark"))
+        env = self.env(top.sub("env"), stack, toolkits, python)
+        top.finish()
+        if self.errors:
+            return None
+        return Lock(self.path, sha256, stack, hardware, toolkits, python, patches, env, nccl, smoke, benchmark)
+
+    def stack(self, t: _Table) -> Stack:
+        name = t.get("name", str)
+        if name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+            t.error("name", f"{name!r} must be letters, digits, '.', '_' or '-'")
+        cuda_link = t.get("cuda_link", str, "leave")
+        if cuda_link not in CUDA_LINK_POLICIES:
+            t.error("cuda_link", f"must be one of {', '.join(CUDA_LINK_POLICIES)}, not {cuda_link!r}")
+        stack = Stack(name or "", t.get("description", str, ""), cuda_link or "leave")
+        t.finish()
+        return stack
+
+    def hardware(self, t: _Table) -> Hardware:
+        count = t.positive("gpu_count", int)
+        capability = t.parsed("compute_capability", Capability.parse)
+        name = t.get("gpu_name", str)
+        driver = t.parsed("min_driver", Version)
+        arch = t.get("arch", str, capability.arch if capability else "")
+        if arch is not None and not re.fullmatch(r"sm_\d+[af]?", arch):
+            t.error("arch", f"invalid ptxas target {arch!r} (expected e.g. 'sm_120a')")
+        t.finish()
+        return Hardware(count or 0, capability or Capability(0, 0), name or "", driver or Version("0"), arch or "")
+
+    def toolkits(self, top: _Table) -> tuple[Toolkit, ...]:
+        toolkits = tuple(self.toolkit(t) for t in top.array("toolkit"))
+        defaults = [t for t in toolkits if t.default]
+        if toolkits and len(defaults) != 1:
+            top.error("toolkit", f"exactly one toolkit must have default = true, found {len(defaults)}")
+        prefixes = [t.prefix for t in toolkits]
+        for prefix in {p for p in prefixes if prefixes.count(p) > 1}:
+            top.error("toolkit", f"two toolkits share the prefix {prefix}")
+        return toolkits
+
+    def toolkit(self, t: _Table) -> Toolkit:
+        version = t.parsed("version", Version)
+        prefix = t.get("prefix", str)
+        if prefix is not None and not os.path.isabs(prefix):
+            t.error("prefix", f"must be an absolute path, not {prefix!r}")
+        keep = t.get("keep", bool, False)
+        source = t.get("source", str, None)
+        if source is None and not keep:
+            t.error("source", f"missing: say how to install it ({', '.join(TOOLKIT_SOURCES)}) or set keep = true")
+        elif source is not None and source not in TOOLKIT_SOURCES:
+            t.error("source", f"must be one of {', '.join(TOOLKIT_SOURCES)}, not {source!r}")
+        if keep and source is not None:
+            t.error("source", "a keep = true toolkit is never installed by stackgate; drop source")
+        if source == "pypi" and version is not None and version.major < 13:
+            t.error(
+                "source",
+                f"pypi cannot provide CUDA {version}: PyPI's CUDA 12 nvcc wheels carry ptxas, "
+                "headers and nvvm but not the nvcc driver; use source = \"runfile\" or \"apt\"",
+            )
+        url = t.get("url", str, None)
+        sha256 = self.sha256(t, "sha256")
+        if source == "runfile" and (url is None or sha256 is None):
+            t.error("url" if url is None else "sha256", "a runfile toolkit needs both url and sha256")
+        toolkit = Toolkit(
+            version=version or Version("0"),
+            prefix=Path(prefix or "/"),
+            source=source,
+            default=t.get("default", bool, False) or False,
+            keep=keep or False,
+            nvcc=t.parsed("nvcc", Version, None),
+            components=t.strings("components"),
+            url=url,
+            sha256=sha256,
+        )
+        t.finish()
+        return toolkit
+
+    def python(self, t: _Table, toolkits: tuple[Toolkit, ...]) -> Python:
+        version = t.get("version", str)
+        if version is not None and not re.fullmatch(r"3\.\d{1,2}", version):
+            t.error("version", f"must be a major.minor like '3.12', not {version!r}")
+        root = t.get("root", str, None)
+        interpreter = t.get("interpreter", str, None)
+        if (root is None) == (interpreter is None):
+            t.error("root", "set exactly one of root (a stackgate-managed environment) or interpreter (an existing one)")
+        for name, value in (("root", root), ("interpreter", interpreter)):
+            if value is not None and not os.path.isabs(value):
+                t.error(name, f"must be an absolute path, not {value!r}")
+        installer = t.get("installer", str, "uv")
+        if installer not in INSTALLERS:
+            t.error("installer", f"must be one of {', '.join(INSTALLERS)}, not {installer!r}")
+        packages = self.packages(t.sub("packages"))
+        names = {p.name for p in packages}
+        guard = t.sub("guard")
+        frozen = tuple(canonicalize_name(n) for n in guard.strings("frozen"))
+        for i, name in enumerate(frozen):
+            if name not in names:
+                guard.error(f"frozen[{i}]", f"{name!r} has no pin in python.packages: the guard needs a version to hold")
+        guard.finish()
+        overrides = tuple(self.override(o, names) for o in t.array("override"))
+        default = next((tk for tk in toolkits if tk.default), None)
+        torch_cuda = t.get("torch_cuda", str, default.release if default else None)
+        if torch_cuda is not None and not re.fullmatch(r"\d+\.\d+", torch_cuda):
+            t.error("torch_cuda", f"must be a CUDA major.minor like '13.0', not {torch_cuda!r}")
+        python = Python(
+            version=version or "",
+            root=Path(root) if root else None,
+            interpreter=Path(interpreter) if interpreter else None,
+            installer=installer or "uv",
+            indexes=tuple(self.index(i) for i in t.array("index")),
+            packages=packages,
+            frozen=frozen,
+            overrides=overrides,
+            imports=t.strings("imports"),
+            torch_cuda=torch_cuda,
+        )
+        t.finish()
+        return python
+
+    def index(self, t: _Table) -> Index:
+        url = t.get("url", str)
+        if url is not None and not re.match(r"^(https?|file)://", url):
+            t.error("url", f"must be an http(s):// or file:// URL, not {url!r}")
+        index = Index(url or "", tuple(canonicalize_name(n) for n in t.strings("packages")))
+        t.finish()
+        return index
+
+    def packages(self, t: _Table) -> tuple[Package, ...]:
+        packages = []
+        for raw_name, value in t.data.items():
+            t.seen.add(raw_name)
+            if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", raw_name):
+                t.error(raw_name, "is not a valid distribution name")
+                continue
+            package = self.package(t, raw_name, value)
+            if package is not None:
+                packages.append(package)
+        names = [p.name for p in packages]
+        for name in {n for n in names if names.count(n) > 1}:
+            t.error(name, "is pinned twice (names compare after PEP 503 normalisation)")
+        return tuple(packages)
+
+    def package(self, t: _Table, raw_name: str, value: Any) -> Package | None:
+        name = canonicalize_name(raw_name)
+        if isinstance(value, str):
+            spec = _specifier(t, raw_name, value)
+            return Package(name, spec) if spec is not None else None
+        if not isinstance(value, dict):
+            t.error(raw_name, f"must be a version specifier or a table, not {_kind(value)}")
+            return None
+        table = _Table(value, t.key(raw_name), self.errors)
+        spec = table.parsed("version", SpecifierSet)
+        url = table.get("url", str, None)
+        if url is not None and not re.match(r"^(https?|file)://", url):
+            table.error("url", f"must be an http(s):// or file:// URL, not {url!r}")
+        sha256 = self.sha256(table, "sha256")
+        if sha256 is not None and url is None:
+            table.error("sha256", "only a url package carries a sha256")
+        table.finish()
+        return Package(name, spec, url, sha256) if spec is not None else None
+
+    def override(self, t: _Table, names: set[str]) -> Override:
+        package = canonicalize_name(t.get("package", str) or "")
+        if package and package not in names:
+            t.error("package", f"{package!r} has no pin in python.packages")
+        spec = t.parsed("version", SpecifierSet)
+        reason = t.get("reason", str)
+        if reason is not None and not reason.strip():
+            t.error("reason", "must say why the override is needed")
+        t.finish()
+        return Override(package, spec or SpecifierSet(), reason or "")
+
+    def patch(self, t: _Table) -> Patch:
+        file = t.get("file", str)
+        patch = Patch(
+            package=canonicalize_name(t.get("package", str) or ""),
+            version=t.parsed("version", Version) or Version("0"),
+            file=(self.path.parent / file).resolve() if file else Path(),
+            reason=t.get("reason", str) or "",
+            sha256=self.sha256(t, "sha256"),
+        )
+        t.finish()
+        return patch
+
+    def nccl(self, t: _Table) -> Nccl:
+        nccl = Nccl(t.parsed("min_version", Version, None), t.positive("min_busbw_gbs", float, None))
+        t.finish()
+        return nccl
+
+    def smoke(self, t: _Table, hardware: Hardware) -> Smoke:
+        port = t.get("port", int, 30000)
+        if port is not None and not 0 < port < 65536:
+            t.error("port", f"must be a TCP port (1-65535), not {port}")
+        evidence = t.sub("evidence")
+        pairs = {flag: evidence.get(flag, str) for flag in list(evidence.data)}
+        flags = t.strings("flags")
+        for flag in pairs:
+            if flag not in flags:
+                evidence.error(flag, "is not one of smoke.flags: evidence is asked only of a flag that is passed")
+        smoke = Smoke(
+            engine=t.get("engine", str, "sglang") or "sglang",
+            model=t.get("model", str, "") or "",
+            tp=t.positive("tp", int, hardware.gpu_count or 1) or 1,
+            host=t.get("host", str, "127.0.0.1") or "127.0.0.1",
+            port=port or 30000,
+            attention_backend=t.get("attention_backend", str, "flashinfer") or "flashinfer",
+            flags=flags,
+            evidence=MappingProxyType({k: v for k, v in pairs.items() if v is not None}),
+            ready_timeout_s=t.positive("ready_timeout_s", float, 1200.0) or 1200.0,
+            env=MappingProxyType(self.strings_table(t.sub("env"))),
+        )
+        t.finish()
+        return smoke
+
+    def benchmark(self, t: _Table) -> Benchmark:
+        regression = t.get("max_regression", (int, float), 0.03)
+        if regression is not None and not 0 <= regression < 1:
+            t.error("max_regression", f"must be a fraction in [0, 1), not {regression}")
+        warmup = t.get("warmup", int, 2)
+        if warmup is not None and warmup < 0:
+            t.error("warmup", f"must be 0 or more, not {warmup}")
+        benchmark = Benchmark(
+            output_tokens=t.positive("output_tokens", int, 2048) or 2048,
+            runs=t.positive("runs", int, 5) or 5,
+            warmup=warmup if warmup is not None else 2,
+            baseline_tok_s=t.positive("baseline_tok_s", float, None),
+            max_regression=float(regression if regression is not None else 0.03),
+            prompt=t.get("prompt", str, Benchmark.prompt) or Benchmark.prompt,
+        )
+        t.finish()
+        return benchmark
+
+    def env(self, t: _Table, stack: Stack, toolkits: tuple[Toolkit, ...], python: Python) -> Mapping[str, str]:
+        default = next((tk for tk in toolkits if tk.default), None)
+        references = {"stack.name": stack.name}
+        if default is not None:
+            references["toolkit.default"] = str(default.prefix)
+            references["toolkit.default.version"] = str(default.version)
+        if python.root is not None:
+            references["python.root"] = str(python.root)
+        resolved = {}
+        for name, value in self.strings_table(t).items():
+            resolved[name] = _resolve(t, name, value, references)
+        return MappingProxyType(resolved)
+
+    def strings_table(self, t: _Table) -> dict[str, str]:
+        values = {}
+        for name in list(t.data):
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                t.seen.add(name)
+                t.error(name, "is not a valid environment variable name")
+                continue
+            value = t.get(name, str)
+            if value is not None:
+                values[name] = value
+        return values
+
+    def sha256(self, t: _Table, name: str) -> str | None:
+        value = t.get(name, str, None)
+        if value is not None and not _SHA256.fullmatch(value):
+            t.error(name, f"must be 64 lowercase hex digits, not {value!r}")
+            return None
+        return value
+
+
+def _resolve(t: _Table, name: str, value: str, references: Mapping[str, str]) -> str:
+    """Replace ``{toolkit.default}`` style references.
+
+    >>> _resolve(None, "X", "{a}/bin", {"a": "/opt"})
+    '/opt/bin'
+    """
+
+    def replace(match: re.Match[str]) -> str:
+        key = match[1]
+        if key in references:
+            return references[key]
+        t.error(name, f"unknown reference {{{key}}} (known: {', '.join(sorted(references))})")
+        return match[0]
+
+    return _REFERENCE.sub(replace, value)
+
+
+def _specifier(t: _Table, name: str, text: str) -> SpecifierSet | None:
+    try:
+        spec = SpecifierSet(text)
+    except InvalidSpecifier:
+        t.error(name, f"invalid specifier {text!r} (expected e.g. '==2.9.1+cu130')")
+        return None
+    if not text.strip():
+        t.error(name, "empty specifier: pin a version, e.g. '==2.9.1'")
+        return None
+    return spec
+
+
+def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _names(kind: type | tuple[type, ...]) -> str:
+    words = {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "an array", dict: "a table"}
+    return " or ".join(words.get(k, k.__name__) for k in _as_tuple(kind))
+
+
+def _kind(value: Any) -> str:
+    return _names(type(value)) if type(value) in (str, int, float, bool, list, dict) else type(value).__name__

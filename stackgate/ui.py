@@ -1,0 +1,127 @@
+"""The one module that owns the terminal: consoles, theme, verbosity, progress, the results table.
+
+On a terminal, results are a rich table with colours; without one, or with NO_COLOR set, they
+are plain lines that read the same in a CI log. Nothing else in stackgate imports rich.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from dataclasses import dataclass
+from itertools import groupby
+from typing import IO, Iterator, Sequence
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+from rich.theme import Theme
+
+from stackgate.checks.core import Result, Status
+from stackgate.checks.report import Verdict, counts_line
+
+__all__ = ["UI", "render_plain", "render_table"]
+
+THEME = Theme({"success": "green", "warning": "yellow", "error": "bold red", "skip": "dim", "muted": "dim", "heading": "bold"})
+STYLES = {Status.PASS: "success", Status.SKIP: "skip", Status.WARN: "warning", Status.FAIL: "error", Status.ERROR: "error"}
+
+
+@dataclass
+class UI:
+    """How a command talks to a person: where, how loud, with or without colour."""
+
+    verbose: int = 0
+    stream: IO[str] | None = None
+    force_plain: bool | None = None
+
+    def __post_init__(self) -> None:
+        stream = self.stream or sys.stdout
+        plain = self.force_plain if self.force_plain is not None else (bool(os.environ.get("NO_COLOR")) or not stream.isatty())
+        self.plain = plain
+        self.console = Console(file=stream, theme=THEME, no_color=plain, highlight=False, soft_wrap=plain, force_terminal=False if plain else None)
+        self.err = Console(file=sys.stderr, theme=THEME, no_color=plain, highlight=False, stderr=True)
+
+    def line(self, text: str = "", style: str | None = None) -> None:
+        if self.plain:
+            self.console.file.write(text + "\n")
+        else:
+            self.console.print(Text(text, style=style or ""))
+
+    def info(self, text: str) -> None:
+        """A progress or context line on stderr, so stdout stays the report."""
+        self.err.print(Text(text, style="muted"))
+
+    def debug(self, text: str) -> None:
+        if self.verbose:
+            self.info(text)
+
+    def error(self, text: str) -> None:
+        self.err.print(Text(text, style="error"))
+
+    @contextlib.contextmanager
+    def progress(self, message: str) -> Iterator[None]:
+        """A spinner with elapsed time on a terminal; a start line otherwise."""
+        started = time.monotonic()
+        if self.plain or not self.err.is_terminal:
+            self.info(f"{message} ...")
+            yield
+            return
+        with self.err.status(Text(message, style="muted")):
+            yield
+        self.debug(f"{message}: {time.monotonic() - started:.1f} s")
+
+    def results(self, title: str, results: Sequence[Result], verdict: Verdict, duration_s: float) -> None:
+        if self.plain:
+            self.console.file.write(render_plain(title, results, verdict, duration_s, verbose=self.verbose))
+        else:
+            self.console.print(render_table(title, results, verbose=self.verbose))
+            self.console.print(_summary_text(verdict, duration_s))
+
+
+def render_plain(title: str, results: Sequence[Result], verdict: Verdict, duration_s: float, *, verbose: int = 0) -> str:
+    """The report as plain lines: grouped by area, failures with their fix under them."""
+    width = max((len(r.check) for r in results), default=0)
+    lines = [title, ""]
+    for area, group in groupby(results, key=lambda r: r.area):
+        lines.append(area)
+        for result in group:
+            lines.append(f"  {result.status.name:<5} {result.check:<{width}}  {result.summary}")
+            lines.extend(f"  {'':<5} {'':<{width}}  {line}" for line in _body(result, verbose))
+    lines += ["", _summary(verdict, duration_s), ""]
+    return "\n".join(lines)
+
+
+def render_table(title: str, results: Sequence[Result], *, verbose: int = 0) -> Table:
+    table = Table(title=title, title_justify="left", show_lines=False, expand=False, pad_edge=False)
+    table.add_column("status", no_wrap=True)
+    table.add_column("check", no_wrap=True)
+    table.add_column("result", overflow="fold")
+    for area, group in groupby(results, key=lambda r: r.area):
+        table.add_row("", Text(area, style="heading"), "", end_section=False)
+        for result in group:
+            style = STYLES[result.status]
+            table.add_row(Text(result.status.name, style=style), result.check, Text(result.summary, style=style if result.status >= Status.WARN else ""))
+            for line in _body(result, verbose):
+                table.add_row("", "", Text(line, style="muted" if not line.startswith(("fix:", "$ ")) else ""))
+    return table
+
+
+def _body(result: Result, verbose: int) -> list[str]:
+    """Details of anything not green (all of them with -v), then the fix."""
+    lines = list(result.details) if (result.status >= Status.WARN or verbose) else []
+    if result.fix is not None and result.status >= Status.WARN:
+        lines.append(f"fix: {result.fix.text}")
+        lines.extend(f"$ {command}" for command in result.fix.commands)
+    return lines
+
+
+def _summary(verdict: Verdict, duration_s: float) -> str:
+    word = "PASSED" if verdict.passed else "FAILED"
+    reason = "" if verdict.passed else f" ({verdict.reason})"
+    return f"{counts_line(verdict.counts, duration_s)}: {word}{reason}"
+
+
+def _summary_text(verdict: Verdict, duration_s: float) -> Text:
+    return Text(_summary(verdict, duration_s), style="success" if verdict.passed else "error")

@@ -1,0 +1,84 @@
+"""stackgate's commands. Each task turns its flags into a request and calls the library.
+
+`invoke --list` shows them; `invoke --help TASK` shows a task's flags.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from invoke import task
+from invoke.exceptions import Exit
+
+from stackgate import cli
+from stackgate.ui import UI
+
+LOCK_HELP = "lockfile to use (default: $STACKGATE_LOCK, then lockfiles/blackwell-sm120-cu130.toml)"
+
+
+def _path(value: str | None) -> Path | None:
+    return Path(value) if value else None
+
+
+def _not_yet(name: str) -> None:
+    raise Exit(f"stackgate: `invoke {name}` is not implemented yet", code=2)
+
+
+@task(
+    iterable=["check"],
+    incrementable=["verbose"],
+    help={
+        "lock": LOCK_HELP,
+        "deep": "also run real work on every GPU and an NCCL all-reduce",
+        "check": "run only checks matching this name or glob (repeatable), e.g. 'gpu.*'",
+        "list": "list the checks and exit",
+        "json": "write the JSON report here",
+        "junit": "write a JUnit XML report here",
+        "strict": "fail on warnings too",
+        "verbose": "show details of passing checks and tracebacks (-vv for more)",
+    },
+)
+def verify(c, lock=None, deep=False, check=None, list=False, json=None, junit=None, strict=False, verbose=0):
+    """Check the machine and the stack against the lockfile."""
+    from stackgate import verify as command
+
+    if deep:
+        _not_yet("verify --deep")
+    request = command.VerifyRequest(_path(lock), tuple(check or ()), deep, _path(json), _path(junit), strict, list)
+    cli.run_command(lambda: command.run(request, UI(verbose=verbose)))
+
+
+@task(help={"lock": LOCK_HELP, "dry_run": "print the plan and change nothing", "only": "toolkit, python or patches", "yes": "do not ask before changing the machine"})
+def provision(c, lock=None, dry_run=False, only=None, yes=False):
+    """Install the locked CUDA toolkit and Python stack, then verify them."""
+    _not_yet("provision")
+
+
+@task(help={"lock": LOCK_HELP, "benchmark": "measure decode tok/s against the baseline", "model": "model path", "tp": "tensor-parallel size", "json": "write the JSON report here"})
+def smoke(c, lock=None, benchmark=False, model=None, tp=None, json=None):
+    """Launch the serving engine as production will, prove what runs, benchmark it."""
+    _not_yet("smoke")
+
+
+@task(help={"lock": LOCK_HELP, "json": "write the JSON report here", "junit": "write a JUnit XML report here"})
+def gate(c, lock=None, json=None, junit=None):
+    """Run the whole pre-deploy gate: verify --deep, then smoke --benchmark; one verdict."""
+    _not_yet("gate")
+
+
+@task(help={"lock": LOCK_HELP})
+def rollback(c, lock=None):
+    """Switch back to the previous good generation of the stack."""
+    _not_yet("rollback")
+
+
+@task(help={})
+def report(c):
+    """List past runs, or show what changed between two of them."""
+    _not_yet("report")
+
+
+@task(help={})
+def diagnose(c):
+    """Explain a log of this stack: cause and fix."""
+    _not_yet("diagnose")
