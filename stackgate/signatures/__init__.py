@@ -12,6 +12,7 @@ supplies (``{lock_backend}``); an unknown name is left as written.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import string
@@ -25,7 +26,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["SEVERITIES", "STAGES", "Match", "Signature", "SignatureError", "load", "match_all", "match_first"]
+__all__ = ["SEVERITIES", "STAGES", "Finding", "Match", "Scanner", "Signature", "SignatureError", "load", "match_all", "match_first"]
 
 SEVERITIES = ("info", "warning", "error")
 STAGES = ("provision", "verify", "smoke")
@@ -170,3 +171,81 @@ def _format(template: str, values: Mapping[str, str]) -> str:
         return string.Formatter().vformat(template, (), _Keep(values))
     except (ValueError, IndexError):
         return template
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A signature found in a stream of lines, where it was first seen and how often."""
+
+    match: Match
+    source: str
+    line: int  #: 1-based number of the line where the event ended
+    lines: tuple[str, ...]  #: the lines that matched (the whole event for multi-line ones)
+    count: int = 1
+
+    @property
+    def signature(self) -> Signature:
+        return self.match.signature
+
+
+class Scanner:
+    """Match signatures against a stream of lines, keeping a small window so that a traceback
+    spread over several lines is matched as one event. Each signature is reported once, at its
+    first occurrence, with a count of the lines where it appeared again.
+    """
+
+    WINDOW = 12
+
+    def __init__(self, *, stage: str | None = None, context: Mapping[str, str] | None = None, signatures: Iterable[Signature] | None = None, source: str = "") -> None:
+        chosen = load() if signatures is None else tuple(signatures)
+        self.signatures = tuple(s for s in chosen if stage is None or stage in s.stages)
+        self.context = dict(context or {})
+        self.source = source
+        self.number = 0
+        self._window: list[str] = []
+        self._found: dict[str, Finding] = {}
+
+    def feed(self, line: str) -> list[Finding]:
+        """Scan one more line; return the signatures seen for the first time."""
+        self.number += 1
+        line = line.rstrip("\n")
+        self._window = [*self._window[-(self.WINDOW - 1):], line]
+        text = "\n".join(self._window)
+        last_line_starts = len(text) - len(line)
+        new = []
+        for signature in self.signatures:
+            hit = signature.search(text) if _multiline(signature) else signature.search(line)
+            # An event counts on the line where it ends, so a traceback held in the window for
+            # a few more lines is not counted again.
+            if hit is None or (_multiline(signature) and hit.end() < last_line_starts):
+                continue
+            finding = self._record(signature, hit)
+            if finding is not None:
+                new.append(finding)
+        return new
+
+    def feed_text(self, text: str) -> list[Finding]:
+        found = []
+        for line in text.splitlines():
+            found.extend(self.feed(line))
+        return found
+
+    @property
+    def findings(self) -> list[Finding]:
+        """Everything found so far, most severe first, then in order of appearance."""
+        return sorted(self._found.values(), key=lambda f: (-SEVERITIES.index(f.signature.severity), f.line))
+
+    def _record(self, signature: Signature, hit: re.Match[str]) -> Finding | None:
+        previous = self._found.get(signature.id)
+        if previous is not None:
+            self._found[signature.id] = dataclasses.replace(previous, count=previous.count + 1)
+            return None
+        groups = {k: v for k, v in hit.groupdict().items() if v is not None}
+        lines = tuple(hit[0].splitlines()) or (self._window[-1],)
+        finding = Finding(Match(signature, hit[0], groups, self.context), self.source, self.number, lines)
+        self._found[signature.id] = finding
+        return finding
+
+
+def _multiline(signature: Signature) -> bool:
+    return any(p.flags & re.DOTALL or "\\n" in p.pattern for p in signature.patterns)
