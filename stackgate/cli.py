@@ -7,6 +7,7 @@ from typing import Callable
 
 from invoke.exceptions import Exit
 
+from stackgate import runner
 from stackgate.checks.core import CheckError
 from stackgate.exitcodes import ExitCode
 from stackgate.stack.lock import LockError
@@ -26,6 +27,7 @@ def run_command(command: Callable[[], ExitCode], usage_errors: tuple[type[Except
     except USAGE_ERRORS + usage_errors as exc:
         raise Exit(f"stackgate: {exc}", code=ExitCode.USAGE) from None
     except KeyboardInterrupt:
+        runner.terminate_all()
         raise Exit("stackgate: interrupted", code=ExitCode.INTERRUPTED) from None
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -9,12 +9,18 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-__all__ = ["Completed", "kill_group", "run"]
+__all__ = ["Completed", "kill_group", "run", "terminate_all"]
+
+# Process groups of the commands running now, so that an interrupt can end them all: worker
+# threads never see KeyboardInterrupt, and the interpreter waits for them at exit.
+_LIVE: set[int] = set()
+_LIVE_GUARD = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,8 @@ def run(
         )
     except OSError as exc:
         return Completed(args, 127, "", f"cannot run {args[0]}: {exc.strerror or exc}", 0.0)
+    with _LIVE_GUARD:
+        _LIVE.add(process.pid)
     try:
         stdout, stderr = process.communicate(stdin, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -79,7 +87,18 @@ def run(
         kill_group(process.pid)
         process.wait()
         raise
+    finally:
+        with _LIVE_GUARD:
+            _LIVE.discard(process.pid)
     return Completed(args, process.returncode, stdout, stderr, time.monotonic() - started)
+
+
+def terminate_all() -> None:
+    """Kill the process group of every command still running (on Ctrl-C or SIGTERM)."""
+    with _LIVE_GUARD:
+        groups = list(_LIVE)
+    for pgid in groups:
+        kill_group(pgid)
 
 
 def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:

@@ -94,7 +94,7 @@ def render_plain(title: str, results: Sequence[Result], verdict: Verdict, durati
 
 
 def render_table(title: str, results: Sequence[Result], *, verbose: int = 0) -> Table:
-    table = Table(title=title, title_justify="left", show_lines=False, expand=False, pad_edge=False)
+    table = Table(title=title, title_justify="left", expand=False)
     table.add_column("status", no_wrap=True)
     table.add_column("check", no_wrap=True)
     table.add_column("result", overflow="fold")

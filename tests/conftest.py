@@ -50,3 +50,31 @@ def plain_python() -> Path:
     if not python.exists():
         venv.EnvBuilder(with_pip=False).create(home)
     return python
+
+
+def make_venv(home: Path) -> tuple[Path, Path]:
+    """A fresh empty venv: its interpreter and its site-packages."""
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(home)
+    python = home / "bin" / "python"
+    site = next((home / "lib").glob("python3*/site-packages"))
+    return python, site
+
+
+def install_dist(site: Path, name: str, version: str, requires: tuple[str, ...] = (), files: dict[str, bytes] | None = None) -> Path:
+    """Install a distribution the way an installer leaves it: files, METADATA and RECORD.
+
+    Real metadata, read by importlib.metadata in the target interpreter like any wheel's.
+    """
+    dist_info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    dist_info.mkdir(parents=True)
+    metadata = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", *(f"Requires-Dist: {r}" for r in requires)]
+    (dist_info / "METADATA").write_text("\n".join(metadata) + "\n")
+    record = []
+    for relative, content in (files or {}).items():
+        target = site / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+        record.append(f"{relative},,")
+    record += [f"{dist_info.name}/METADATA,,", f"{dist_info.name}/RECORD,,"]
+    (dist_info / "RECORD").write_text("\n".join(record) + "\n")
+    return dist_info

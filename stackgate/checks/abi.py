@@ -11,8 +11,9 @@ from stackgate.stack.lock import Lock
 
 __all__ = ["classify_import", "symbol_provider"]
 
-# Whose symbol a mangled C++ name is, by its leading namespace.
-_PROVIDERS = {"c10": "torch", "at": "torch", "torch": "torch", "caffe2": "torch", "flashinfer": "flashinfer", "nccl": "nvidia-nccl", "cuda": "the CUDA runtime", "cu": "the CUDA driver"}
+# Whose symbol a C++ name is, by its leading namespace; a C name, by its prefix.
+_NAMESPACES = {"c10": "torch", "at": "torch", "torch": "torch", "caffe2": "torch", "flashinfer": "flashinfer"}
+_C_PREFIXES = (("nccl", "nvidia-nccl"), ("cuda", "the CUDA runtime (libcudart)"), ("cu", "the CUDA driver (libcuda)"), ("_Py", "Python"), ("Py", "Python"))
 
 
 @check("abi.imports", needs=("imports",), timeout_s=300.0)
@@ -28,7 +29,7 @@ def imports(lock: Lock, facts: Facts) -> Result:
     timings = ", ".join(f"{o.name} {o.duration_s:.1f}s" for o in outcomes.values() if o.ok)
     if broken:
         findings = [classify_import(o, lock) for o in broken]
-        details = [f"import {o.name}: {text}" for o, (text, _) in zip(broken, findings)]
+        details = [f"import {o.name}: {text}" for o, (text, _) in zip(broken, findings, strict=True)]
         commands = tuple(dict.fromkeys(c for _, fix in findings for c in fix.commands))
         fix = Fix(" ".join(dict.fromkeys(fix.text for _, fix in findings)), commands)
         return failed(f"{len(broken)} of {len(outcomes)} import(s) fail: {details[0]}", details, fix, data)
@@ -65,9 +66,11 @@ def symbol_provider(symbol: str) -> str:
         while rest and rest[0].isdigit():
             digits, rest = digits + rest[0], rest[1:]
         namespace = rest[: int(digits)] if digits else ""
+    elif "::" in symbol:
+        namespace = symbol.split("::", 1)[0]
     else:
-        namespace = symbol.split("::", 1)[0] if "::" in symbol else symbol.split("_", 1)[0]
-    return _PROVIDERS.get(namespace, f"the library defining {namespace or symbol}")
+        return next((who for prefix, who in _C_PREFIXES if symbol.startswith(prefix)), f"the library defining {symbol}")
+    return _NAMESPACES.get(namespace, f"the library defining {namespace or symbol}")
 
 
 @check("abi.elf", needs=("elf", "probe"))

@@ -365,15 +365,25 @@ def _probe(lock: Lock, facts: Facts) -> ProbeFacts | Missing:
     missing = _target_missing(lock)
     if missing is not None:
         return missing
-    request = {"torch": True, "files_of": [p.name for p in lock.python.packages]}
     env = facts.get("env").environ
+    # torch's import dominates; reading every distribution's metadata runs beside it.
+    requests = ({"torch": True, "distributions": False}, {"torch": False, "files_of": [p.name for p in lock.python.packages]})
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        parts = list(pool.map(lambda request: _run_probe(lock.python.target, request, env), requests))
+    for part in parts:
+        if isinstance(part, Missing):
+            return part
+    (torch_part, torch_s), (dists_part, dists_s) = parts
+    return _probe_facts({**dists_part, "torch": torch_part["torch"]}, max(torch_s, dists_s))
+
+
+def _run_probe(python: Path, request: Mapping[str, Any], env: Mapping[str, str]) -> tuple[dict[str, Any], float] | Missing:
     with tempfile.TemporaryDirectory(prefix="stackgate-probe-") as tmp:
         out = Path(tmp) / "facts.json"
-        done = runner.run([lock.python.target, PROBE, out, json.dumps(request)], timeout_s=PROBE_TIMEOUT_S, env=env)
+        done = runner.run([python, PROBE, out, json.dumps(request)], timeout_s=PROBE_TIMEOUT_S, env=env)
         if not out.exists():
-            return Missing(f"the probe failed in {lock.python.target} ({_ended(done)}): {' / '.join(done.tail(3))}")
-        raw = json.loads(out.read_text())
-    return _probe_facts(raw, done.duration_s)
+            return Missing(f"the probe failed in {python} ({_ended(done)}): {' / '.join(done.tail(3))}")
+        return json.loads(out.read_text()), done.duration_s
 
 
 def _probe_facts(raw: Mapping[str, Any], duration_s: float) -> ProbeFacts:
@@ -396,7 +406,7 @@ def _imports(lock: Lock, facts: Facts) -> dict[str, ImportOutcome] | Missing:
     # The probe imports torch already: its outcome is torch's import test.
     own = [n for n in names if n != "torch"]
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(own))) as pool:
-        tested = dict(zip(own, pool.map(lambda n: _import_one(lock.python.target, n, env), own)))
+        tested = dict(zip(own, pool.map(lambda n: _import_one(lock.python.target, n, env), own), strict=True))
     if "torch" in names:
         tested["torch"] = _torch_import(facts.get("probe"))
     return {n: tested[n] for n in names}
@@ -419,7 +429,7 @@ def demangle(text: str) -> dict[str, str]:
         return {}
     done = runner.run([tool, *symbols], timeout_s=TOOL_TIMEOUT_S)
     names = done.stdout.splitlines() if done.ok else []
-    return dict(zip(symbols, names)) if len(names) == len(symbols) else {}
+    return dict(zip(symbols, names, strict=True)) if len(names) == len(symbols) else {}
 
 
 def _torch_import(probe: ProbeFacts | Missing) -> ImportOutcome:

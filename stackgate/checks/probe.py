@@ -4,10 +4,12 @@ Run as ``<target python> probe.py OUTPUT.json [REQUEST-JSON]``. Standard library
 Python 3.8 compatible: the target may be any environment, healthy or broken. torch is imported
 once, only when asked and only if installed; its failure is a fact, not a crash.
 
-REQUEST-JSON: {"torch": true, "files_of": ["sgl-kernel", ...]} asks for torch's facts and for
-the shared objects each named distribution installed.
+REQUEST-JSON: {"torch": true, "distributions": true, "files_of": ["sgl-kernel", ...]} asks for
+torch's facts, the installed distributions, and the shared objects each named distribution
+installed. stackgate runs the torch part and the distributions part as two processes at once.
 """
 
+import importlib.util
 import json
 import os
 import platform
@@ -143,8 +145,9 @@ def main(argv):
         sys.stderr.write("usage: probe.py OUTPUT.json [REQUEST-JSON]\n")
         return 2
     request = json.loads(argv[2]) if len(argv) > 2 else {}
-    dists = distributions(request.get("files_of", ())) if metadata else {}
-    wants_torch = request.get("torch") and "torch" in dists
+    wants_dists = request.get("distributions", True) and metadata is not None
+    dists = distributions(request.get("files_of", ())) if wants_dists else None
+    wants_torch = request.get("torch") and importlib.util.find_spec("torch") is not None
     facts = {
         "schema": SCHEMA,
         "python": {

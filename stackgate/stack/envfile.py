@@ -8,7 +8,6 @@ can source it; stackgate reads it back without a shell, expanding only ``$NAME``
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path
 from typing import Mapping
 
@@ -50,11 +49,7 @@ def parse(text: str, base: Mapping[str, str]) -> dict[str, str]:
         match = _LINE.match(line)
         if not match:
             raise EnvFileError(f"line {number}: not an assignment: {raw!r}")
-        try:
-            words = shlex.split(match[2], posix=True)
-        except ValueError as exc:
-            raise EnvFileError(f"line {number}: {exc}") from None
-        value = _expand(" ".join(words), scope)
+        value = _value(match[2].strip(), scope, number)
         scope[match[1]] = exported[match[1]] = value
     return exported
 
@@ -81,5 +76,34 @@ def apply(path: Path | None, base: Mapping[str, str]) -> tuple[dict[str, str], d
     return {**base, **exported}, exported
 
 
-def _expand(value: str, scope: Mapping[str, str]) -> str:
-    return _VARIABLE.sub(lambda m: scope.get(m[1] or m[2], ""), value)
+def _value(raw: str, scope: Mapping[str, str], number: int) -> str:
+    """One shell word as POSIX sh reads it: single quotes literal, double quotes with
+    backslash escapes before $ ` " \\ and with $NAME expanded, bare words expanded.
+
+    >>> _value('"a \\"b\\" $X"', {"X": "1"}, 1)
+    'a "b" 1'
+    """
+    if raw.startswith("'"):
+        if len(raw) < 2 or not raw.endswith("'") or "'" in raw[1:-1]:
+            raise EnvFileError(f"line {number}: unterminated or mixed single quotes: {raw!r}")
+        return raw[1:-1]
+    quoted = raw.startswith('"')
+    if quoted and (len(raw) < 2 or not raw.endswith('"') or raw.endswith('\\"') and not raw.endswith('\\\\"')):
+        raise EnvFileError(f"line {number}: unterminated double quotes: {raw!r}")
+    body = raw[1:-1] if quoted else raw
+    out, i = [], 0
+    while i < len(body):
+        ch = body[i]
+        if ch == "\\" and i + 1 < len(body) and body[i + 1] in '$`"\\':
+            out.append(body[i + 1])
+            i += 2
+            continue
+        if ch == "$":
+            match = _VARIABLE.match(body, i)
+            if match:
+                out.append(scope.get(match[1] or match[2], ""))
+                i = match.end()
+                continue
+        out.append(ch)
+        i += 1
+    return "".join(out)

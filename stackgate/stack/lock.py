@@ -499,8 +499,10 @@ class _Builder:
         installer = t.get("installer", str, "uv")
         if installer not in INSTALLERS:
             t.error("installer", f"must be one of {', '.join(INSTALLERS)}, not {installer!r}")
-        packages = self.packages(t.sub("packages"))
-        names = {p.name for p in packages}
+        table = t.sub("packages")
+        packages = self.packages(table)
+        # Cross-references count a pin that failed to parse as declared: one error, not two.
+        names = {canonicalize_name(str(key)) for key in table.data}
         guard = t.sub("guard")
         frozen = tuple(canonicalize_name(n) for n in guard.strings("frozen"))
         for i, name in enumerate(frozen):

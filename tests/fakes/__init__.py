@@ -1,0 +1,1 @@
+"""Fakes for the edges this machine cannot have (NVML, the SGLang server)."""

@@ -1,0 +1,154 @@
+"""The ABI checks on real ELF files built with gcc: the static CUDA-major link check, and the
+import classifier on real extension modules that fail the way broken stacks fail."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from conftest import install_dist, make_venv
+from stackgate.checks import elf
+from stackgate.checks.abi import symbol_provider
+from stackgate.checks.all import REGISTRY
+from stackgate.checks.core import Status
+from stackgate.checks.facts import gather
+from stackgate.stack import lock as lockmodel
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
+MANGLED = "_ZN3c104cuda9SetDeviceEab"  # c10::cuda::SetDevice(signed char, bool), a torch symbol
+
+
+def gcc(out: Path, source: str, *args: str) -> Path:
+    src = out.with_suffix(".c")
+    src.write_text(source)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(out), str(src), *args], check=True, capture_output=True)
+    return out
+
+
+def fake_cudart(folder: Path, major: int) -> Path:
+    """A library whose soname is the CUDA runtime's: what an extension built for CUDA `major` needs."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return gcc(folder / f"libcudart.so.{major}", "int cudaGetDeviceCount(int *n) { *n = 0; return 0; }\n", f"-Wl,-soname,libcudart.so.{major}")
+
+
+def extension(folder: Path, name: str, body: str, *args: str) -> Path:
+    """A real CPython extension module."""
+    include = sysconfig.get_paths()["include"]
+    source = f"""
+#include <Python.h>
+{body}
+static struct PyModuleDef def = {{PyModuleDef_HEAD_INIT, "{name}", NULL, -1, NULL}};
+PyMODINIT_FUNC PyInit_{name}(void) {{ touch(); return PyModule_Create(&def); }}
+"""
+    return gcc(folder / f"{name}.so", source, f"-I{include}", *args)
+
+
+def lock_for(python: Path, packages: str, imports: str = "[]") -> lockmodel.Lock:
+    return lockmodel.loads(
+        f"""
+[stack]
+name = "t"
+[hardware]
+gpu_count = 1
+compute_capability = "12.0"
+gpu_name = "RTX PRO 6000"
+min_driver = "580"
+[[toolkit]]
+version = "13.0"
+prefix = "/usr/local/cuda-13.0"
+keep = true
+default = true
+[python]
+version = "{VERSION}"
+interpreter = "{python}"
+imports = {imports}
+[python.packages]
+{packages}
+"""
+    )
+
+
+def run(name, lock):
+    facts = gather(lock, REGISTRY[name].needs, environ={"PATH": "/usr/bin:/bin"})
+    try:
+        return REGISTRY[name].function(lock, facts)
+    finally:
+        facts.close()
+
+
+def test_needed_entries_are_read_from_a_real_elf(tmp_path):
+    cudart = fake_cudart(tmp_path / "lib", 12)
+    ops = gcc(tmp_path / "ops.so", "int cudaGetDeviceCount(int*); int f(void) { int n; return cudaGetDeviceCount(&n); }\n", f"-L{cudart.parent}", "-l:libcudart.so.12")
+    assert "libcudart.so.12" in elf.needed(ops)
+    assert elf.cuda_majors(elf.needed(ops)) == (elf.CudaNeed("libcudart.so.12", 12),)
+    with pytest.raises(elf.ElfError):
+        elf.needed(tmp_path / "ops.c")
+
+
+def test_a_package_linking_cuda_12_beside_a_cuda_13_stack_fails_by_file(tmp_path):
+    python, site = make_venv(tmp_path / "venv")
+    cuda12, cuda13 = fake_cudart(tmp_path / "cu12", 12), fake_cudart(tmp_path / "cu13", 13)
+    code = "int cudaGetDeviceCount(int*); int f(void) { int n; return cudaGetDeviceCount(&n); }\n"
+    bad = gcc(tmp_path / "common_ops.abi3.so", code, f"-L{cuda12.parent}", "-l:libcudart.so.12").read_bytes()
+    good = gcc(tmp_path / "flashinfer_ops.so", code, f"-L{cuda13.parent}", "-l:libcudart.so.13").read_bytes()
+    install_dist(site, "sgl-kernel", "0.3.21", files={"sgl_kernel/common_ops.abi3.so": bad, "sgl_kernel/__init__.py": b""})
+    install_dist(site, "flashinfer-python", "0.6.4", files={"flashinfer/ops.so": good})
+    result = run("abi.elf", lock_for(python, 'sgl-kernel = "==0.3.21"\nflashinfer-python = "==0.6.4"'))
+    assert result.status is Status.FAIL
+    assert result.details == ("sgl_kernel/common_ops.abi3.so (sgl-kernel) links libcudart.so.12",)
+    assert result.summary.startswith("1 shared object(s) link CUDA 12 libraries but torch is CUDA 13.0")
+    assert "CUDA 13.0 build of sgl-kernel" in result.fix.text
+    fixed = run("abi.elf", lock_for(python, 'flashinfer-python = "==0.6.4"'))
+    assert fixed.status is Status.PASS and fixed.summary == "1 shared object(s) scanned, 1 link CUDA, all CUDA 13"
+
+
+def test_an_undefined_torch_symbol_is_an_abi_mismatch_named_readably(tmp_path):
+    python, site = make_venv(tmp_path / "venv")
+    extension(site, "sgl_kernel_stub", f"extern void {MANGLED}(void); static void touch(void) {{ {MANGLED}(); }}")
+    result = run("abi.imports", lock_for(python, "", '["sgl_kernel_stub"]'))
+    assert result.status is Status.FAIL
+    (detail,) = result.details
+    assert detail.startswith("import sgl_kernel_stub: undefined symbol c10::cuda::SetDevice(signed char, bool): ABI mismatch with torch")
+    assert result.fix.commands == ("invoke provision --only python",)
+
+
+def test_a_missing_cuda_12_runtime_is_a_cuda_major_mismatch(tmp_path):
+    python, site = make_venv(tmp_path / "venv")
+    cudart = fake_cudart(tmp_path / "cu12", 12)  # linked at build time, absent at run time
+    extension(site, "needs_cuda12", "int cudaGetDeviceCount(int*); static void touch(void) { int n; cudaGetDeviceCount(&n); }", f"-L{cudart.parent}", "-l:libcudart.so.12")
+    result = run("abi.imports", lock_for(python, "", '["needs_cuda12"]'))
+    assert result.status is Status.FAIL
+    (detail,) = result.details
+    assert "libcudart.so.12: cannot open shared object file" in detail
+    assert "built against CUDA 12 (libcudart.so.12)" in detail
+
+
+def test_imports_that_work_pass_with_their_times(tmp_path):
+    python, site = make_venv(tmp_path / "venv")
+    (site / "fine.py").write_text("x = 1\n")
+    result = run("abi.imports", lock_for(python, "", '["fine", "json"]'))
+    assert result.status is Status.PASS and result.summary.startswith("2 module(s) import (fine ")
+
+
+def test_an_import_that_hangs_is_reported_as_a_timeout(tmp_path, monkeypatch):
+    from stackgate.checks import facts as factsmodule
+
+    python, site = make_venv(tmp_path / "venv")
+    (site / "hangs.py").write_text("import time\ntime.sleep(60)\n")
+    monkeypatch.setattr(factsmodule, "IMPORT_TIMEOUT_S", 1.0)
+    result = run("abi.imports", lock_for(python, "", '["hangs"]'))
+    assert result.status is Status.FAIL and "import hangs: timed out after" in result.details[0]
+
+
+@pytest.mark.parametrize(
+    ("symbol", "provider"),
+    [("_ZN3c104cuda9SetDeviceEab", "torch"), ("at::Tensor::add(int)", "torch"), ("_ZN10flashinfer3fooEv", "flashinfer"), ("ncclCommInitRank", "nvidia-nccl"), ("zzz::f()", "the library defining zzz")],
+)
+def test_symbol_providers(symbol, provider):
+    assert symbol_provider(symbol) == provider

@@ -1,0 +1,169 @@
+"""The probe and the Python/torch/NCCL checks against real interpreters: one without torch,
+one with the CPU build of torch, and venvs holding real distribution metadata."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+from conftest import install_dist, make_venv
+from stackgate.checks.all import REGISTRY
+from stackgate.checks.core import Status
+from stackgate.checks.facts import PROBE, ProbeFacts, gather
+from stackgate.checks.python import conflicts
+from stackgate.stack import lock as lockmodel
+
+VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def lock_for(python: Path, packages: str = "", extra: str = "", version: str = VERSION) -> lockmodel.Lock:
+    return lockmodel.loads(
+        f"""
+[stack]
+name = "t"
+[hardware]
+gpu_count = 1
+compute_capability = "12.0"
+gpu_name = "RTX PRO 6000"
+min_driver = "580"
+[[toolkit]]
+version = "13.0"
+prefix = "/usr/local/cuda-13.0"
+keep = true
+default = true
+[python]
+version = "{version}"
+interpreter = "{python}"
+imports = ["torch"]
+[python.packages]
+{packages}
+{extra}
+"""
+    )
+
+
+def run(name, lock):
+    facts = gather(lock, REGISTRY[name].needs, environ={"PATH": "/usr/bin:/bin"})
+    try:
+        return REGISTRY[name].function(lock, facts), facts
+    finally:
+        facts.close()
+
+
+def test_the_probe_runs_in_an_interpreter_without_torch(tmp_path):
+    out = tmp_path / "facts.json"
+    done = subprocess.run([sys.executable, str(PROBE), str(out), json.dumps({"torch": True})], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    facts = json.loads(out.read_text())
+    assert facts["schema"] == "stackgate.probe/1"
+    assert facts["python"]["markers"]["python_version"] == VERSION
+    assert "packaging" in facts["distributions"] and facts["torch"] is None
+
+
+def test_the_probe_reads_torch_from_the_cpu_build(torch_python):
+    result, facts = run("torch.build", lock_for(torch_python, 'torch = ">=2"'))
+    torch = facts.probe.torch
+    assert torch["imported"] and torch["version"].startswith("2.13.0") and torch["cuda"] is None
+    assert torch["cuda_available"] is False and torch["arch_list"] == []
+    assert "error" in torch["nccl_version"]
+    assert result.status is Status.FAIL
+    assert result.summary == f"torch {torch['version']} is a CPU build: it has no CUDA (the lock wants CUDA 13.0)"
+
+
+def test_torch_checks_that_depend_on_a_cuda_build_skip_with_the_reason(torch_python):
+    lock = lock_for(torch_python, 'torch = ">=2"')
+    for name in ("torch.arch", "nccl.version"):
+        result, _ = run(name, lock)
+        assert result.status is Status.SKIP and "see torch.build" in result.summary, name
+
+
+def test_pins_compare_distribution_versions_with_the_local_label(torch_python):
+    right, facts = run("python.frozen", lock_for(torch_python, 'torch = "==2.13.0"', '[python.guard]\nfrozen = ["torch"]'))
+    installed = facts.probe.dist("torch").version
+    assert right.status is Status.PASS, right.summary
+    wrong, _ = run("python.frozen", lock_for(torch_python, 'torch = "==2.13.0+cu130"', '[python.guard]\nfrozen = ["torch"]'))
+    assert wrong.status is Status.FAIL
+    assert wrong.summary == f"frozen package(s) moved: torch is {installed}, locked ==2.13.0+cu130"
+
+
+def test_a_missing_pinned_package_fails_the_pins(torch_python):
+    result, _ = run("python.pins", lock_for(torch_python, 'torch = ">=2"\nsglang = "==0.5.9"'))
+    assert result.status is Status.FAIL
+    assert result.details == ("sglang is not installed (locked ==0.5.9)",)
+
+
+def test_the_wrong_python_version_fails(tmp_path):
+    python, _ = make_venv(tmp_path / "venv")
+    result, _ = run("python.interpreter", lock_for(python, version="3.9"))
+    assert result.status is Status.FAIL and result.summary.endswith(f"is Python {sys.version.split()[0]}, the lock wants 3.9")
+
+
+def overridden_venv(tmp_path):
+    python, site = make_venv(tmp_path / "venv")
+    install_dist(site, "sglang", "0.5.9", ("flashinfer_python==0.6.3", "torch==2.9.1; sys_platform == 'win32'", "uvloop; extra == 'srt'"))
+    install_dist(site, "flashinfer-python", "0.6.4", ("torch",))
+    return python, site
+
+
+def test_a_declared_override_is_accepted_with_its_reason(tmp_path):
+    python, site = overridden_venv(tmp_path)
+    install_dist(site, "torch", "2.9.1+cu130")
+    override = '[[python.override]]\npackage = "flashinfer-python"\nversion = "==0.6.4"\nreason = "sglang 0.5.9 pins 0.6.3"'
+    result, _ = run("python.consistency", lock_for(python, 'flashinfer-python = "==0.6.4"', override))
+    assert result.status is Status.PASS
+    assert result.details == (
+        "accepted override: sglang 0.5.9 requires flashinfer_python==0.6.3, but flashinfer-python 0.6.4 is installed (reason: sglang 0.5.9 pins 0.6.3)",
+    )
+
+
+def test_any_other_conflict_fails(tmp_path):
+    python, site = overridden_venv(tmp_path)
+    install_dist(site, "torch", "2.10.0", ())
+    install_dist(site, "xgrammar", "0.1.27", ("torch>=2.10", "ninja"))
+    result, _ = run("python.consistency", lock_for(python, 'flashinfer-python = "==0.6.4"'))
+    assert result.status is Status.FAIL
+    assert set(result.data["conflicts"]) == {
+        "sglang 0.5.9 requires flashinfer_python==0.6.3, but flashinfer-python 0.6.4 is installed",
+        "xgrammar 0.1.27 requires ninja, but ninja is not installed",
+    }
+
+
+def test_conflicts_skip_requirements_behind_extras_and_false_markers():
+    dist = type("D", (), {})
+    sglang = dist()
+    sglang.name, sglang.version = "sglang", "0.5.9"
+    sglang.requires = ("uvloop; extra == 'srt'", "torch==2.9.1; sys_platform == 'win32'", "not a requirement !!")
+    markers = {"python_version": VERSION, "sys_platform": "linux", "platform_machine": "x86_64", "os_name": "posix",
+               "platform_system": "Linux", "platform_release": "", "platform_version": "", "python_full_version": "3.11.7",
+               "platform_python_implementation": "CPython", "implementation_name": "cpython", "implementation_version": "3.11.7"}
+    assert conflicts({"sglang": sglang}, markers) == []
+
+
+def test_flashinfer_cubin_must_equal_flashinfer_python(tmp_path):
+    python, site = make_venv(tmp_path / "venv")
+    install_dist(site, "flashinfer-python", "0.6.4")
+    install_dist(site, "flashinfer-cubin", "0.6.3")
+    install_dist(site, "flashinfer-jit-cache", "0.6.4+cu130")
+    result, _ = run("flashinfer.cubin", lock_for(python))
+    assert result.status is Status.FAIL
+    assert result.summary == "flashinfer-cubin 0.6.3 != flashinfer-python 0.6.4: import flashinfer raises RuntimeError"
+    (site / "flashinfer_cubin-0.6.3.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: flashinfer-cubin\nVersion: 0.6.4\n")
+    result, _ = run("flashinfer.cubin", lock_for(python))
+    assert result.status is Status.PASS and result.summary == "flashinfer-python 0.6.4, flashinfer-cubin 0.6.4, flashinfer-jit-cache 0.6.4+cu130"
+
+
+def test_a_missing_interpreter_is_one_failure_and_the_rest_skip(tmp_path):
+    lock = lock_for(tmp_path / "nowhere" / "python", 'torch = ">=2"')
+    result, _ = run("python.interpreter", lock)
+    assert result.status is Status.FAIL and result.summary == f"the lock's interpreter {tmp_path / 'nowhere' / 'python'} does not exist"
+    for name in ("python.pins", "torch.build", "abi.imports", "abi.elf"):
+        assert run(name, lock)[0].status is Status.SKIP, name
+
+
+def test_probe_facts_parse_what_the_probe_writes(torch_python, tmp_path):
+    _, facts = run("python.interpreter", lock_for(torch_python))
+    assert isinstance(facts.probe, ProbeFacts)
+    assert facts.probe.executable.startswith(str(torch_python.parent.parent))
