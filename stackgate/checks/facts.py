@@ -21,7 +21,7 @@ from types import ModuleType
 from typing import Any, Callable, Iterable, Mapping
 
 from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from stackgate import runner
 from stackgate.checks import elf, nvml
@@ -181,10 +181,6 @@ class Facts:
 
     def get(self, part: str) -> Any:
         return self._submit(part).result()
-
-    def gathered(self) -> dict[str, Any]:
-        """Every part started so far, awaited."""
-        return {part: future.result() for part, future in list(self._futures.items())}
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -464,13 +460,6 @@ def _elf(lock: Lock, facts: Facts) -> ElfScan | Missing:
 
 def _ended(done: runner.Completed) -> str:
     return "timed out" if done.timed_out else f"exit {done.returncode}"
-
-
-def parse_version(text: str) -> Version | None:
-    try:
-        return Version(text)
-    except InvalidVersion:
-        return None
 
 
 #: How each part is gathered, and what it needs first.

@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from stackgate import __version__
 from stackgate.checks.core import Result, Status
@@ -165,7 +165,3 @@ def counts_line(counts: Mapping[str, int], duration_s: float) -> str:
             plural = "s" if word in ("warning", "error") and n != 1 else ""
             parts.append(f"{n} {word}{plural}")
     return ", ".join(parts) + f" in {duration_s:.2f} s"
-
-
-def iter_fix_commands(results: Iterable[Result]) -> list[str]:
-    return [c for r in results if r.fix for c in r.fix.commands]
