@@ -57,7 +57,8 @@ def main() -> int:
     parser.add_argument("--python", help="run the stack checks against this interpreter instead of the lock's")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(ROOT)}
+    paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": os.pathsep.join(paths)}
     with tempfile.TemporaryDirectory() as tmp:
         lock_path = retarget(args.lock, args.python, Path(tmp)) if args.python else args.lock
         lock = lockmodel.load(lock_path)
