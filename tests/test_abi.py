@@ -152,3 +152,13 @@ def test_an_import_that_hangs_is_reported_as_a_timeout(tmp_path, monkeypatch):
 )
 def test_symbol_providers(symbol, provider):
     assert symbol_provider(symbol) == provider
+
+
+def test_cuda_13_libraries_with_their_own_numbering_are_not_mismatches():
+    # DT_NEEDED of PyPI's torch 2.11.0+cu130 torch/lib/libtorch_cuda.so and libtorch_cuda_linalg.so,
+    # as read on the H200 machine: cuSPARSE and cuRAND keep .so.12/.so.10 across CUDA 12 and 13,
+    # cuFFT 12 and cuSOLVER 12 are CUDA 13's.
+    needed = ("libcudart.so.13", "libcusparse.so.12", "libcufft.so.12", "libcurand.so.10", "libcusolver.so.12", "libcublas.so.13", "libcublasLt.so.13", "libnccl.so.2")
+    assert {n.major for n in elf.cuda_majors(needed)} == {13}
+    # CUDA 12's cuFFT and cuSOLVER are .so.11: a CUDA 12 build.
+    assert [n.major for n in elf.cuda_majors(("libcufft.so.11", "libcusolver.so.11"))] == [12, 12]

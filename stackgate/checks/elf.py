@@ -16,8 +16,12 @@ from elftools.elf.elffile import ELFFile
 
 __all__ = ["CUDA_LIBRARIES", "ElfError", "cuda_majors", "needed"]
 
-#: The CUDA libraries whose soname carries the CUDA major a binary was built against.
-CUDA_LIBRARIES = ("cudart", "cublas", "cublasLt", "nvrtc", "cusparse", "cufft", "curand", "cusolver", "nvJitLink")
+#: The CUDA libraries whose soname tells the CUDA major a binary was built against. Most carry
+#: the CUDA major itself; cuFFT and cuSOLVER number their own (CUDA 12 ships .so.11, CUDA 13
+#: .so.12). cuSPARSE (.so.12) and cuRAND (.so.10) keep one soname across CUDA 12 and 13, so they
+#: tell nothing: PyPI's torch 2.11.0+cu130 links libcusparse.so.12 and libcurand.so.10, rightly.
+CUDA_LIBRARIES = ("cudart", "cublas", "cublasLt", "nvrtc", "nvJitLink", "cupti", "cufft", "cusolver")
+_OWN_NUMBERING = {"cufft": {11: 12, 12: 13}, "cusolver": {11: 12, 12: 13}}
 _CUDA_SONAME = re.compile(r"^lib(" + "|".join(CUDA_LIBRARIES) + r")\.so\.(\d+)")
 
 
@@ -48,14 +52,18 @@ def needed(path: Path | str) -> tuple[str, ...]:
 
 
 def cuda_majors(sonames: tuple[str, ...]) -> tuple[CudaNeed, ...]:
-    """The CUDA libraries among ``sonames``, with the major each one names.
+    """The CUDA libraries among ``sonames``, with the CUDA major each one implies.
 
-    >>> cuda_majors(("libc.so.6", "libcudart.so.12"))
-    (CudaNeed(library='libcudart.so.12', major=12),)
+    >>> cuda_majors(("libc.so.6", "libcudart.so.12", "libcufft.so.12", "libcusparse.so.12"))
+    (CudaNeed(library='libcudart.so.12', major=12), CudaNeed(library='libcufft.so.12', major=13))
     """
     found = []
     for soname in sonames:
         match = _CUDA_SONAME.match(soname)
-        if match:
-            found.append(CudaNeed(soname, int(match[2])))
+        if not match:
+            continue
+        library, number = match[1], int(match[2])
+        major = _OWN_NUMBERING[library].get(number) if library in _OWN_NUMBERING else number
+        if major is not None:
+            found.append(CudaNeed(soname, major))
     return tuple(found)

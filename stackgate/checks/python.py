@@ -47,6 +47,8 @@ def pins(lock: Lock, facts: Facts) -> Result:
     if isinstance(probe, Result):
         return probe
     watched = [p for p in lock.python.packages if p.name not in lock.python.frozen]
+    if not watched:
+        return skipped("every pinned package is frozen (see python.frozen)" if lock.python.packages else "the lock pins no package")
     wrong = [problem for p in watched if (problem := _pin_problem(probe, p))]
     data = {p.name: (probe.dist(p.name).version if probe.dist(p.name) else None) for p in watched}
     if wrong:
