@@ -37,11 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 UV_CACHE = CACHE / "toolkit-uv-cache"
 COMPILER = ("nvcc", "crt", "nvvm", "cudart", "cccl")  # what nvcc needs to compile a kernel
 WHEELS_12_8 = ("nvidia-cuda-nvcc-cu12==12.8.93", "nvidia-cuda-runtime-cu12==12.8.90")
-KERNEL = """__global__ void axpy(float a, const float* x, float* y, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = a * x[i] + y[i];
-}
-"""
+KERNEL = Path(__file__).resolve().parent / "data" / "axpy.cu"
 EM_CUDA = 190  # the ELF machine number of a cubin
 
 
@@ -491,8 +487,7 @@ def test_13_0_1_from_pypi_reports_v13_0_88_and_compiles_for_sm_120a(side_by_side
     assert side_by_side.state_before == "missing"
     nvcc = tool_version(prefix / "bin" / "nvcc")
     assert nvcc and nvcc.release == "13.0" and nvcc.build == Version("13.0.88")
-    (tmp_path / "k.cu").write_text(KERNEL)
-    done = runner.run([prefix / "bin" / "nvcc", "-arch=sm_120a", "-cubin", "-o", tmp_path / "k.cubin", tmp_path / "k.cu"], timeout_s=300)
+    done = runner.run([prefix / "bin" / "nvcc", "-arch=sm_120a", "-cubin", "-o", tmp_path / "k.cubin", KERNEL], timeout_s=300)
     assert done.ok, done.tail()
     header = (tmp_path / "k.cubin").read_bytes()[:20]
     assert header[:4] == b"\x7fELF" and struct.unpack_from("<H", header, 18)[0] == EM_CUDA
