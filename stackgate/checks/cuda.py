@@ -8,7 +8,7 @@ from stackgate.checks.core import Fix, Result, check, failed, passed, skipped
 from stackgate.checks.facts import EnvFacts, Facts, Missing, ToolkitFacts, ToolVersion
 from stackgate.stack.lock import Lock, Toolkit
 
-__all__: list[str] = []
+__all__ = ["toolkit_problem"]
 
 _PROVISION = "invoke provision --only toolkit"
 
@@ -18,7 +18,7 @@ def toolkits(lock: Lock, facts: Facts) -> Result:
     """Every locked toolkit is at its prefix with its locked version."""
     if not lock.toolkits:
         return skipped("the lock names no CUDA toolkit")
-    problems = [(t, p) for t in facts.toolkits if (p := _problem(t))]
+    problems = [(t, p) for t in facts.toolkits if (p := toolkit_problem(t))]
     found = [f"{t.toolkit.label}: {_describe(t)}" for t in facts.toolkits]
     data = {str(t.toolkit.version): _data(t) for t in facts.toolkits}
     if problems:
@@ -27,7 +27,12 @@ def toolkits(lock: Lock, facts: Facts) -> Result:
     return passed(", ".join(f"CUDA {t.toolkit.version} ({_describe(t)})" for t in facts.toolkits), found, data)
 
 
-def _problem(t: ToolkitFacts) -> str | None:
+def toolkit_problem(t: ToolkitFacts) -> str | None:
+    """What is wrong with the toolkit at a prefix, judged against its lock entry; None if nothing.
+
+    Provision's plan asks the same question (stackgate.stack.toolkit.toolkit_state), so that
+    what verify reports and what provision installs never disagree.
+    """
     toolkit = t.toolkit
     if not t.exists:
         return "missing" + (" (a kept toolkit must stay installed)" if toolkit.keep else "")

@@ -25,7 +25,7 @@ from packaging.version import Version
 
 from stackgate import runner
 from stackgate.checks import elf, nvml
-from stackgate.stack import envfile
+from stackgate.stack import envfile, patches
 from stackgate.stack.lock import Lock, Toolkit
 
 __all__ = [
@@ -217,6 +217,10 @@ class Facts:
     @property
     def elf(self) -> ElfScan | Missing:
         return self.get("elf")
+
+    @property
+    def patches(self) -> tuple[patches.PatchStatus, ...] | Missing:
+        return self.get("patches")
 
     def toolkit(self, toolkit: Toolkit) -> ToolkitFacts:
         return next(t for t in self.toolkits if t.toolkit == toolkit)
@@ -458,6 +462,21 @@ def _elf(lock: Lock, facts: Facts) -> ElfScan | Missing:
     return ElfScan(tuple(files), tuple(unreadable))
 
 
+# --- patches ----------------------------------------------------------------------------------
+
+
+def _patches(lock: Lock, facts: Facts) -> tuple[patches.PatchStatus, ...] | Missing:
+    """Each locked patch as found in the package's site-packages (read there, never imported)."""
+    probe = facts.get("probe")
+    if isinstance(probe, Missing):
+        return probe
+    found = []
+    for patch in lock.patches:
+        dist = probe.dist(patch.package)
+        found.append(patches.inspect_patch(patch, Path(dist.location) if dist else None))
+    return tuple(found)
+
+
 def _ended(done: runner.Completed) -> str:
     return "timed out" if done.timed_out else f"exit {done.returncode}"
 
@@ -470,5 +489,6 @@ PARTS: dict[str, Gatherer] = {
     "probe": _probe,
     "imports": _imports,
     "elf": _elf,
+    "patches": _patches,
 }
-DEPENDS: dict[str, tuple[str, ...]] = {"probe": ("env",), "imports": ("env", "probe"), "elf": ("probe",)}
+DEPENDS: dict[str, tuple[str, ...]] = {"probe": ("env",), "imports": ("env", "probe"), "elf": ("probe",), "patches": ("probe",)}

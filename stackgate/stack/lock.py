@@ -28,6 +28,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 __all__ = [
     "DEFAULT_LOCK",
+    "PYPI_CUDA12_REASON",
     "Benchmark",
     "Capability",
     "Hardware",
@@ -55,6 +56,11 @@ INSTALLERS = ("uv", "pip")
 CUDA_LINK_POLICIES = ("leave", "default")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _REFERENCE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.]*)\}")
+#: Why source = "pypi" is refused for CUDA 12.x (stack/toolkit.py gives the same reason).
+PYPI_CUDA12_REASON = (
+    "PyPI's CUDA 12 nvcc wheels carry ptxas, headers and nvvm but not the nvcc driver; "
+    'use source = "runfile" or "apt"'
+)
 
 
 class LockError(Exception):
@@ -464,8 +470,7 @@ class _Builder:
         if source == "pypi" and version is not None and version.major < 13:
             t.error(
                 "source",
-                f"pypi cannot provide CUDA {version}: PyPI's CUDA 12 nvcc wheels carry ptxas, "
-                "headers and nvvm but not the nvcc driver; use source = \"runfile\" or \"apt\"",
+                f"pypi cannot provide CUDA {version}: {PYPI_CUDA12_REASON}",
             )
         url = t.get("url", str, None)
         sha256 = self.sha256(t, "sha256")
