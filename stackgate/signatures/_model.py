@@ -166,7 +166,7 @@ def _build(file: str, raw: Mapping[str, Any]) -> Signature:
     anchors = _strings(raw.get("anchor", []), "anchor")
     if anchors and len(anchors) != len(patterns):
         raise ValueError("anchor needs one literal per pattern")
-    literals = anchors or tuple(required_literal(p) for p in patterns)
+    keys = tuple(prefilter_key(a) for a in anchors) if anchors else tuple(best_key(required_literals(p)) for p in patterns)
     return Signature(
         id=raw["id"],
         title=str(raw["title"]).strip(),
@@ -181,7 +181,7 @@ def _build(file: str, raw: Mapping[str, Any]) -> Signature:
         references=_strings(raw.get("references", []), "references"),
         examples=_strings(raw["examples"], "examples"),
         counterexamples=_strings(raw.get("counterexamples", []), "counterexamples"),
-        keys=tuple(prefilter_key(lit) for lit in literals),
+        keys=keys,
         window=int(raw.get("window", 1)),
         after=int(raw.get("after", 0)),
         at_end=bool(raw.get("at_end", False)),
@@ -237,13 +237,11 @@ def known_names(signature: Signature) -> set[str]:
     return set(signature.group_names) | set(CONTEXT_KEYS) | set(extracted)
 
 
-def required_literal(pattern: re.Pattern[str]) -> str:
-    """The longest run of literal characters that every match of ``pattern`` contains.
+def required_literals(pattern: re.Pattern[str]) -> list[str]:
+    """The runs of literal characters that every match of ``pattern`` contains, in order.
 
-    >>> required_literal(re.compile(r"undefined symbol: (?P<symbol>\\S+)"))
-    'undefined symbol: '
-    >>> required_literal(re.compile(r"NCCL error in: (?P<where>\\S+), (?P<what>[a-z ]+)"))
-    'NCCL error in: '
+    >>> required_literals(re.compile(r"NCCL error in: (?P<where>\\S+), (?P<what>[a-z ]+)"))
+    ['NCCL error in: ', ', ']
     """
     runs: list[str] = []
     current: list[str] = []
@@ -263,7 +261,26 @@ def required_literal(pattern: re.Pattern[str]) -> str:
 
     walk(_sre_parse.parse(pattern.pattern, pattern.flags & ~re.MULTILINE).data)
     runs.append("".join(current))
-    return max(runs, key=len)
+    return [run for run in runs if run]
+
+
+def required_literal(pattern: re.Pattern[str]) -> str:
+    """The longest run of literal characters that every match of ``pattern`` contains.
+
+    >>> required_literal(re.compile(r"undefined symbol: (?P<symbol>\\S+)"))
+    'undefined symbol: '
+    """
+    return max(required_literals(pattern), key=len, default="")
+
+
+def best_key(literals: list[str]) -> str:
+    """Of the keys the literals offer, the one that starts at the rarest character (then the longest).
+
+    >>> best_key(["hint: `", "` was found on ", ", but not at the requested version"])
+    '` was found on '
+    """
+    keys = [prefilter_key(literal) for literal in literals]
+    return max(keys, key=lambda k: (len(k) >= 8, _rarity(k[0]) if k else -1, len(k)), default="")
 
 
 def prefilter_key(literal: str, *, minimum: int = 8, longest: int = 24) -> str:

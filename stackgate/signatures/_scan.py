@@ -17,7 +17,7 @@ import string
 from dataclasses import dataclass, field
 from typing import BinaryIO, Iterable, Mapping
 
-from stackgate.signatures._model import SEVERITIES, Signature, context_defaults
+from stackgate.signatures._model import _COMMONNESS, SEVERITIES, Signature, context_defaults
 from stackgate.signatures.extract import EXTRACTORS
 
 __all__ = ["Finding", "Match", "Scanner", "match_all", "rank"]
@@ -355,7 +355,10 @@ def _trie(words: list[bytes]) -> bytes:
         node[None] = True
 
     def build(node: dict) -> bytes:
-        branches = [re.escape(bytes([b])) + build(child) for b, child in sorted((k, v) for k, v in node.items() if k is not None)]
+        # The commonest characters first: a position that passes the first-character check
+        # then finds its branch at once.
+        children = sorted((k for k in node if k is not None), key=_commonness)
+        branches = [re.escape(bytes([b])) + build(node[b]) for b in children]
         if not branches:
             return b""
         body = branches[0] if len(branches) == 1 else b"(?:" + b"|".join(branches) + b")"
@@ -364,6 +367,11 @@ def _trie(words: list[bytes]) -> bytes:
         return body
 
     return build(root)
+
+
+def _commonness(byte: int) -> int:
+    index = _COMMONNESS.find(chr(byte))
+    return len(_COMMONNESS) if index < 0 else index
 
 
 def _ends_with(signature: Signature, lines: list[str]) -> tuple[re.Match[str], int] | None:
