@@ -218,6 +218,14 @@ def test_dist_init_without_its_end_is_a_hang_but_a_crash_is_not() -> None:
     assert "sglang-hang-at-dist-init" not in ids(scan(HEALTHY))
 
 
+def test_a_start_that_never_became_ready_names_the_most_specific_hang() -> None:
+    start = HEALTHY.split("Load weight begin")[0].rsplit("\n", 1)[0] + "\n"  # up to the weights
+    assert ids(scan(start + "[2026-02-03 09:00:18 TP0] Load weight begin. avail mem=93.62 GB\n")) == ["sglang-never-ready", "sglang-custom-allreduce-pcie"]
+    stuck = ids(scan(HEALTHY.split("[2026-02-03 09:00:16")[0]))  # the log ends inside torch.distributed init
+    assert "sglang-hang-at-dist-init" in stuck and "sglang-never-ready" not in stuck
+    assert "sglang-never-ready" not in ids(scan(HEALTHY))
+
+
 def test_repeats_are_counted_and_the_first_is_reported() -> None:
     line = "[rank{r}]:[E226 11:16:37.1 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5653, OpType=ALLREDUCE, NumelIn=1, NumelOut=1"
     scanner = scan("\n".join(line.format(r=r) for r in range(8)))

@@ -7,6 +7,7 @@ quote) so that a broken entry fails at load with its file and id, not later in a
 from __future__ import annotations
 
 import re
+import shlex
 import string
 import sys
 from dataclasses import dataclass, field
@@ -14,8 +15,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 if sys.version_info >= (3, 11):
-    import tomllib
     from re import _parser as _sre_parse  # type: ignore[attr-defined]
+
+    import tomllib
 else:  # pragma: no cover
     import sre_parse as _sre_parse
 
@@ -321,7 +323,7 @@ def lock_context(lock: Any) -> dict[str, str]:
     index = next((i.url for i in lock.python.indexes if "torch" in i.packages), None)
     values = {
         "lock_name": lock.name,
-        "lock_flag": f" --lock {lock.path}",
+        "lock_flag": f" --lock {shlex.quote(str(lock.path))}",
         "lock_backend": lock.smoke.attention_backend,
         "lock_torch": torch.requirement if torch else None,
         "lock_pins": " ".join(p.requirement for p in frozen if p is not None),

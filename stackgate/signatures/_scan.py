@@ -17,7 +17,12 @@ import string
 from dataclasses import dataclass, field
 from typing import BinaryIO, Iterable, Mapping
 
-from stackgate.signatures._model import _COMMONNESS, SEVERITIES, Signature, context_defaults
+from stackgate.signatures._model import (
+    _COMMONNESS,
+    SEVERITIES,
+    Signature,
+    context_defaults,
+)
 from stackgate.signatures.extract import EXTRACTORS
 
 __all__ = ["Finding", "Match", "Scanner", "match_all", "rank"]
@@ -84,7 +89,9 @@ def rank(finding: Finding | Match) -> tuple[int, bool, int]:
 
 def match_all(text: str, *, stage: str | None = None, context: Mapping[str, str] | None = None, signatures: Iterable[Signature] | None = None) -> list[Match]:
     """Every signature (of a stage, if given) found anywhere in ``text``, most severe first."""
-    from stackgate.signatures import load  # the loader lives in the package; avoid a cycle
+    from stackgate.signatures import (
+        load,  # the loader lives in the package; avoid a cycle
+    )
 
     context = dict(context or {})
     found = []
@@ -280,11 +287,11 @@ class Scanner:
         if len(self._tail) >= _TAIL:
             lines = lines[1:]  # the first one is cut
         lines = lines[:-1] if lines and lines[-1] == "" else lines
+        ends = [(signature, end) for signature in self._plan.at_end if (end := _ends_with(signature, lines)) is not None]
+        superseded = {old for signature, _ in ends for old in signature.supersedes}
         found = []
-        for signature in self._plan.at_end:
-            end = _ends_with(signature, lines)
-            if end is not None:
-                hit, index = end
+        for signature, (hit, index) in ends:
+            if signature.id not in superseded:
                 number = self.number - (len(lines) - 1 - index)
                 found.extend(self._record(signature, hit, hit.string, number, number))
         return found
