@@ -78,7 +78,23 @@ def report(c):
     _not_yet("report")
 
 
-@task(help={})
-def diagnose(c):
-    """Explain a log of this stack: cause and fix."""
-    _not_yet("diagnose")
+@task(
+    iterable=["path"],
+    incrementable=["verbose"],
+    help={
+        "path": "a log to read (repeatable; .gz is read too); or give the paths after --: invoke diagnose -- a.log b.log",
+        "stdin": "read a log from standard input",
+        "json": "write the JSON report here",
+        "lock": "lockfile whose values the findings quote (attention backend, torch build, toolkit prefix)",
+        "verbose": "show every line of each event, the references and the captured values",
+    },
+)
+def diagnose(c, path=None, stdin=False, json=None, lock=None, verbose=0):
+    """Explain logs of this stack: each known failure with its cause and fix."""
+    import shlex
+
+    from stackgate import diagnose as command
+
+    paths = tuple(Path(p) for p in [*(path or ()), *shlex.split(c.remainder or "")])
+    request = command.DiagnoseRequest(paths, stdin, _path(json), _path(lock))
+    cli.run_command(lambda: command.run(request, UI(verbose=verbose)), usage_errors=(command.DiagnoseError,))

@@ -21,10 +21,11 @@ from rich.theme import Theme
 
 from stackgate.checks.core import Result, Status
 from stackgate.checks.report import Verdict, counts_line
+from stackgate.signatures import Finding
 
-__all__ = ["UI", "render_plain", "render_table"]
+__all__ = ["UI", "render_findings", "render_plain", "render_table"]
 
-THEME = Theme({"success": "green", "warning": "yellow", "error": "bold red", "skip": "dim", "muted": "dim", "heading": "bold"})
+THEME = Theme({"success": "green", "warning": "yellow", "error": "bold red", "skip": "dim", "muted": "dim", "heading": "bold", "info": "cyan"})
 STYLES = {Status.PASS: "success", Status.SKIP: "skip", Status.WARN: "warning", Status.FAIL: "error", Status.ERROR: "error"}
 
 
@@ -78,6 +79,63 @@ class UI:
         else:
             self.console.print(render_table(title, results, verbose=self.verbose))
             self.console.print(_summary_text(verdict, duration_s))
+
+    def findings(self, title: str, findings: Sequence[Finding], verdict: str) -> None:
+        """diagnose's report: each finding with its lines, cause and fix, most severe first."""
+        for text, style in render_findings(title, findings, verdict, verbose=self.verbose):
+            self.line(text, style)
+
+
+#: How many lines of one event are shown, and how long a line may be, without -v.
+EVENT_LINES = 8
+LINE_WIDTH = 240
+
+
+def render_findings(title: str, findings: Sequence[Finding], verdict: str, *, verbose: int = 0) -> list[tuple[str, str | None]]:
+    """diagnose's report as (line, style) pairs: the same words with or without colour."""
+    lines: list[tuple[str, str | None]] = [(title, "heading"), ("", None)]
+    for finding in findings:
+        lines.extend(_finding_lines(finding, verbose))
+        lines.append(("", None))
+    failed = any(f.signature.severity == "error" for f in findings)
+    lines.append((verdict, "error" if failed else "success"))
+    return lines
+
+
+def _finding_lines(finding: Finding, verbose: int) -> list[tuple[str, str | None]]:
+    signature, match = finding.signature, finding.match
+    severity = signature.severity
+    where = f"{finding.source or '<input>'}:{finding.start_line or finding.line}"
+    if finding.start_line and finding.line > finding.start_line:
+        where += f"-{finding.line}"
+    seen = f", seen {finding.count} times" if finding.count > 1 else ""
+    out: list[tuple[str, str | None]] = [
+        (f"{severity.upper():<8} {signature.id}: {match.title}", severity),
+        (f"  at {where}{seen}  [{signature.component}]", "muted"),
+    ]
+    out.extend((f"  | {text}", "muted") for text in _event_lines(finding, verbose))
+    out.append((f"  cause: {match.cause}", None))
+    out.append((f"  fix: {match.fix}", None))
+    out.extend((f"  $ {command}", None) for command in match.commands)
+    out.append((f"  learned from: {signature.source}", "muted"))
+    if verbose:
+        out.extend((f"  see also: {ref}", "muted") for ref in signature.references)
+        out.extend((f"  {name} = {value}", "muted") for name, value in sorted(match.groups.items()))
+    return out
+
+
+def _event_lines(finding: Finding, verbose: int) -> list[str]:
+    first = finding.start_line or finding.line
+    width = len(str(first + len(finding.lines)))
+    numbered = [f"{first + i:>{width}}  {_clip(text, verbose)}" for i, text in enumerate(finding.lines)]
+    if verbose or len(numbered) <= EVENT_LINES:
+        return numbered
+    keep = EVENT_LINES // 2
+    return [*numbered[:keep], f"{'':>{width}}  ... {len(numbered) - 2 * keep} more lines (-v shows them)", *numbered[-keep:]]
+
+
+def _clip(text: str, verbose: int) -> str:
+    return text if verbose or len(text) <= LINE_WIDTH else text[: LINE_WIDTH - 3] + "..."
 
 
 def render_plain(title: str, results: Sequence[Result], verdict: Verdict, duration_s: float, *, verbose: int = 0) -> str:

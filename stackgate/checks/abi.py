@@ -40,8 +40,7 @@ def classify_import(outcome: ImportOutcome, lock: Lock) -> tuple[str, Fix]:
     """What an import failure means, from the knowledge base; the raw error when it knows nothing."""
     if outcome.timed_out:
         return f"timed out after {outcome.duration_s:.0f} s (a hang at import: a lock, a network call, a GPU init)", Fix("Run the import by hand to see where it stops.", (f"{lock.python.target} -X importtime -c 'import {outcome.name}'",))
-    context = {"torch_cuda": lock.python.torch_cuda or "?"}
-    match = signatures.match_first(outcome.output, stage="verify", context=context)
+    match = signatures.match_first(outcome.output, stage="verify", context=signatures.lock_context(lock))
     if match is None:
         return outcome.error_line or "failed with no message", Fix("Reinstall the stack.", ("invoke provision --only python",))
     text = f"{match.text.strip()} -> {match.cause}"

@@ -1,0 +1,201 @@
+"""`invoke diagnose`: explain logs of this stack (server logs, installer output, tracebacks).
+
+Each input is streamed through a :class:`~stackgate.signatures.Scanner` in large blocks, so a
+log of hundreds of MB is never held whole; the findings of all inputs are reported most severe
+first, with the lines that matched, the cause and the fix. With a lock, causes and fixes quote
+the stack's own values (its attention backend, its torch build). Exit 1 when a finding is an
+error, 0 otherwise, 2 when an input cannot be read.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import platform
+import socket
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any, BinaryIO, Callable, Sequence
+
+from stackgate import __version__, signatures
+from stackgate.checks import report
+from stackgate.exitcodes import ExitCode
+from stackgate.signatures import Finding
+from stackgate.stack import lock as lockmodel
+
+__all__ = ["SCHEMA", "DiagnoseError", "DiagnoseRequest", "Diagnosis", "Input", "diagnose", "document", "inputs_summary", "run", "verdict_line"]
+
+SCHEMA = "stackgate.diagnose/1"
+STDIN = "<stdin>"
+
+
+class DiagnoseError(Exception):
+    """Bad usage or an input that cannot be read: nothing was diagnosed."""
+
+
+@dataclass(frozen=True)
+class DiagnoseRequest:
+    paths: tuple[Path, ...] = ()
+    stdin: bool = False
+    json_path: Path | None = None
+    lock_path: Path | None = None
+
+
+@dataclass(frozen=True)
+class Input:
+    """One log that was read: its name, and how much of it."""
+
+    name: str
+    lines: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What diagnose found in its inputs, most severe first."""
+
+    inputs: tuple[Input, ...]
+    findings: tuple[Finding, ...]
+    started: float
+    duration_s: float
+    lock: lockmodel.Lock | None = field(default=None, compare=False)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        counted = Counter(f.signature.severity for f in self.findings)
+        return {severity: counted.get(severity, 0) for severity in reversed(signatures.SEVERITIES)}
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return ExitCode.FAILED if self.counts["error"] else ExitCode.PASSED
+
+
+def run(request: DiagnoseRequest, ui: Any, stdin: BinaryIO | None = None) -> ExitCode:
+    """The diagnose command: check the inputs, scan them, render, write the JSON report."""
+    if not request.paths and not request.stdin:
+        raise DiagnoseError("nothing to diagnose: give one or more log files, or --stdin")
+    openers = [_opener(path) for path in request.paths]  # every file is checked before any is read
+    if request.stdin:
+        openers.append((STDIN, lambda: _borrowed(stdin or sys.stdin.buffer)))
+    lock = lockmodel.load(request.lock_path) if request.lock_path else None
+    context = signatures.lock_context(lock) if lock else {}
+    with ui.progress(f"scanning {len(openers)} input(s) for {len(signatures.load())} known failures"):
+        done = diagnose(openers, context, lock=lock)
+    ui.findings(f"stackgate diagnose: {inputs_summary(done)}", done.findings, verdict_line(done))
+    if request.json_path:
+        report.write_json(request.json_path, document(done))
+    return done.exit_code
+
+
+def diagnose(inputs: Sequence[tuple[str, Callable[[], Any]]], context: dict[str, str] | None = None, *, lock: lockmodel.Lock | None = None) -> Diagnosis:
+    """Scan each ``(name, open)`` input (``open()`` gives a binary stream) and gather the findings."""
+    started, clock = time.time(), time.monotonic()
+    scanned, findings = [], []
+    for name, opener in inputs:
+        scanner = signatures.Scanner(context=context, source=name)
+        try:
+            with opener() as stream:
+                scanner.scan_stream(stream)
+        except (OSError, EOFError, gzip.BadGzipFile) as exc:
+            raise DiagnoseError(f"{name}: cannot read: {getattr(exc, 'strerror', None) or exc}") from exc
+        scanned.append(Input(name, scanner.number, scanner.bytes))
+        findings.extend(scanner.findings)
+    findings.sort(key=signatures.rank)
+    return Diagnosis(tuple(scanned), tuple(findings), started, time.monotonic() - clock, lock)
+
+
+def document(done: Diagnosis) -> dict[str, Any]:
+    """The JSON report: versioned and self-contained, like verify's."""
+    lock = done.lock
+    return {
+        "schema": SCHEMA,
+        "command": "diagnose",
+        "tool": {"name": "stackgate", "version": __version__},
+        "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "python": platform.python_version()},
+        "lock": {"name": lock.name, "path": str(lock.path), "sha256": lock.sha256} if lock is not None else None,
+        "started": datetime.fromtimestamp(done.started, timezone.utc).isoformat(timespec="seconds"),
+        "duration_s": round(done.duration_s, 3),
+        "inputs": [{"name": i.name, "lines": i.lines, "bytes": i.bytes} for i in done.inputs],
+        "findings": [_finding(f) for f in done.findings],
+        "counts": done.counts,
+        "verdict": "failed" if done.exit_code else "passed",
+        "exit_code": int(done.exit_code),
+    }
+
+
+def _finding(finding: Finding) -> dict[str, Any]:
+    signature, match = finding.signature, finding.match
+    return {
+        "id": signature.id,
+        "title": match.title,
+        "component": signature.component,
+        "severity": signature.severity,
+        "consequence": signature.consequence,
+        "input": finding.source,
+        "line": finding.line,
+        "start_line": finding.start_line,
+        "count": finding.count,
+        "lines": list(finding.lines),
+        "values": dict(match.groups),
+        "cause": match.cause,
+        "fix": {"text": match.fix, "commands": list(match.commands)},
+        "learned_from": signature.source,
+        "references": list(signature.references),
+    }
+
+
+def _opener(path: Path) -> tuple[str, Callable[[], IO[bytes]]]:
+    """Check that ``path`` is a readable file now, so that a bad argument stops before any scan."""
+    if not path.exists():
+        raise DiagnoseError(f"{path}: no such file")
+    if path.is_dir():
+        raise DiagnoseError(f"{path}: is a directory, not a log")
+    if not os.access(path, os.R_OK):
+        raise DiagnoseError(f"{path}: cannot read: permission denied")
+    if path.suffix == ".gz":
+        return str(path), lambda: gzip.open(path, "rb")
+    return str(path), lambda: open(path, "rb")
+
+
+class _borrowed:
+    """A stream used as a context manager without closing it (standard input stays open)."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self.stream = stream
+
+    def __enter__(self) -> BinaryIO:
+        return self.stream
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def verdict_line(done: Diagnosis) -> str:
+    """``3 findings (2 errors, 1 warning) in 0.41 s: FAILED``; a run with no error passes."""
+    counts = done.counts
+    if not done.findings:
+        return f"no known failure found in {done.duration_s:.2f} s: passed"
+    parts = ", ".join(f"{n} {word}{'s' if n != 1 and word != 'info' else ''}" for word, n in counts.items() if n)
+    word = "FAILED" if done.exit_code else "passed (no error-level finding)"
+    return f"{len(done.findings)} finding(s) ({parts}) in {done.duration_s:.2f} s: {word}"
+
+
+def inputs_summary(done: Diagnosis) -> str:
+    """``2 inputs, 1,204 lines, 3.1 MB``."""
+    lines = sum(i.lines for i in done.inputs)
+    size = sum(i.bytes for i in done.inputs)
+    return f"{len(done.inputs)} input(s), {lines:,} lines, {_size(size)}"
+
+
+def _size(n: float) -> str:
+    if n < 1000:
+        return f"{n:.0f} B"
+    for unit in ("kB", "MB", "GB"):
+        n /= 1000
+        if n < 1000 or unit == "GB":
+            break
+    return f"{n:.1f} {unit}"

@@ -1,0 +1,340 @@
+"""The signature model: TOML entries -> validated, frozen :class:`Signature` objects.
+
+Loading checks every entry (fields, stages, severities, patterns, the ``{names}`` its texts
+quote) so that a broken entry fails at load with its file and id, not later in a scan.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import string
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+if sys.version_info >= (3, 11):
+    from re import _parser as _sre_parse  # type: ignore[attr-defined]
+
+    import tomllib
+else:  # pragma: no cover
+    import sre_parse as _sre_parse
+
+    import tomli as tomllib
+
+from stackgate.signatures import extract
+
+__all__ = [
+    "COMPONENTS",
+    "CONTEXT_KEYS",
+    "SEVERITIES",
+    "STAGES",
+    "Signature",
+    "SignatureError",
+    "context_defaults",
+    "lock_context",
+    "prefilter_key",
+    "read_folder",
+    "required_literal",
+]
+
+SEVERITIES = ("info", "warning", "error")
+STAGES = ("provision", "verify", "smoke")
+COMPONENTS = ("sglang", "sgl-kernel", "flashinfer", "torch", "triton", "nccl", "cuda toolkit", "driver", "resolver", "installer", "python")
+
+#: The stack's context a signature's texts may quote as ``{name}``: name -> (where it comes from
+#: in the lock, what is said when no lock was given). Defined here once; :func:`lock_context`
+#: fills them from a lock and the data files use them.
+CONTEXT_KEYS: Mapping[str, tuple[str, str]] = {
+    "lock_name": ("stack.name", "the stack"),
+    "lock_flag": ("' --lock PATH' when a lock was given", ""),
+    "lock_backend": ("smoke.attention_backend", "the backend you meant to run, flashinfer in the default profile"),
+    "lock_torch": ("python.packages.torch", "the torch build the stack pins"),
+    "lock_pins": ("python.guard.frozen, as requirements", ""),
+    "torch_cuda": ("python.torch_cuda", "the stack's CUDA version"),
+    "torch_index": ("python.index serving torch", "the CUDA index of torch (e.g. https://download.pytorch.org/whl/cu130)"),
+    "cuda_home": ("toolkit.default prefix", "<the CUDA 13 prefix, e.g. /usr/local/cuda-13.0>"),
+    "ptxas": ("env.TRITON_PTXAS_PATH", "<the CUDA 13 prefix>/bin/ptxas"),
+    "min_driver": ("hardware.min_driver", "the driver its CUDA release needs (580 or newer for CUDA 13)"),
+    "gpu_arch": ("hardware.arch", "this GPU's arch (sm_120a on an RTX PRO 6000 Blackwell)"),
+    "lock_tp": ("smoke.tp", "the TP size"),
+    "lock_port": ("smoke.port", "30000"),
+}
+
+_FIELDS = (
+    "id", "title", "component", "stages", "severity", "patterns", "cause", "fix", "commands", "source", "references",
+    "examples", "counterexamples", "anchor", "window", "after", "at_end", "followed_only_by", "not_followed_by", "consequence", "supersedes", "extract",
+)  # fmt: skip
+_REQUIRED = ("id", "title", "component", "stages", "severity", "patterns", "cause", "fix", "source", "examples")
+
+# Characters ordered from most to least common in serving and installer logs (counted on the
+# healthy SGLang 0.5.9 and pip/uv logs under tests/data; characters not listed count as rarest).
+# The prefilter key of a signature starts at its rarest character, so that the combined key scan
+# stops on few positions of a healthy log. Any choice is correct (a key is a substring of a
+# literal every match contains); this one is fast.
+_COMMONNESS = " e0ntaour:2,sgich-dp_l1.3k9m=q6#Tb4/P[]5fy7()DN8vw'FGBxCzILMKO|+Vj%<\"AUSQRWH>E{}!$&*;?@JXYZ\\^`~"
+
+
+class SignatureError(Exception):
+    """A signature file that does not follow the format."""
+
+
+@dataclass(frozen=True)
+class Signature:
+    """One known failure: how it reads in a log, what causes it, how to fix it, where it was learned."""
+
+    id: str
+    component: str
+    stages: tuple[str, ...]
+    severity: str
+    patterns: tuple[re.Pattern[str], ...]
+    cause: str
+    fix: str
+    commands: tuple[str, ...] = ()
+    source: str = ""  #: the URL (or released wheel file) it was learned from
+    examples: tuple[str, ...] = ()  #: real text from the source; the tests feed it back
+    title: str = ""
+    references: tuple[str, ...] = ()  #: further reports and fixes of the same failure
+    counterexamples: tuple[str, ...] = ()  #: healthy text that must not match
+    keys: tuple[str, ...] = ()  #: per pattern, a literal every match contains (the prefilter)
+    window: int = 1  #: lines of an event ending on the key's line (a traceback), 1 = one line
+    after: int = 0  #: lines after the key's line that belong to the event (resolver reports)
+    at_end: bool = False  #: only counts when the log ends with it (a hang)
+    followed_only_by: tuple[re.Pattern[str], ...] = ()  #: the only lines that may follow an ``at_end`` match
+    not_followed_by: tuple[re.Pattern[str], ...] = ()  #: lines that must not follow an ``at_end`` match
+    consequence: bool = False  #: a symptom that follows another failure: listed after the causes
+    supersedes: tuple[str, ...] = ()  #: generic ids this more specific one replaces on the same line
+    extract: str | None = None  #: an extractor in :mod:`stackgate.signatures.extract`
+    file: str = field(default="", compare=False)
+
+    def search(self, text: str) -> re.Match[str] | None:
+        for pattern in self.patterns:
+            found = pattern.search(text)
+            if found:
+                return found
+        return None
+
+    @property
+    def group_names(self) -> frozenset[str]:
+        return frozenset(name for p in self.patterns for name in p.groupindex)
+
+
+def read_folder(folder: Path) -> tuple[Signature, ...]:
+    """Every signature in the folder's TOML files, ids unique."""
+    signatures: list[Signature] = []
+    for path in sorted(folder.glob("*.toml")):
+        signatures.extend(_read(path))
+    ids = [s.id for s in signatures]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise SignatureError(f"duplicate signature ids: {', '.join(duplicates)}")
+    known = set(ids)
+    for signature in signatures:
+        unknown = set(signature.supersedes) - known
+        if unknown:
+            raise SignatureError(f"{signature.file}: {signature.id}: supersedes unknown ids {sorted(unknown)}")
+    return tuple(signatures)
+
+
+def _read(path: Path) -> list[Signature]:
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise SignatureError(f"{path.name}: {exc}") from exc
+    return [_signature(path.name, i, raw) for i, raw in enumerate(document.get("signature", []))]
+
+
+def _signature(file: str, index: int, raw: Mapping[str, Any]) -> Signature:
+    where = f"{file}: signature[{index}] ({raw.get('id', '?')})"
+    missing = [name for name in _REQUIRED if name not in raw]
+    unknown = sorted(set(raw) - set(_FIELDS))
+    if missing or unknown:
+        raise SignatureError(f"{where}: " + "; ".join([*(f"missing {m!r}" for m in missing), *([f"unknown keys {unknown}"] if unknown else [])]))
+    try:
+        signature = _build(file, raw)
+    except re.error as exc:
+        raise SignatureError(f"{where}: bad pattern: {exc}") from exc
+    except (TypeError, ValueError) as exc:
+        raise SignatureError(f"{where}: {exc}") from exc
+    problems = _problems(signature)
+    if problems:
+        raise SignatureError(f"{where}: {'; '.join(problems)}")
+    return signature
+
+
+def _build(file: str, raw: Mapping[str, Any]) -> Signature:
+    patterns = tuple(re.compile(p, re.MULTILINE) for p in _strings(raw["patterns"], "patterns"))
+    anchors = _strings(raw.get("anchor", []), "anchor")
+    if anchors and len(anchors) != len(patterns):
+        raise ValueError("anchor needs one literal per pattern")
+    keys = tuple(prefilter_key(a) for a in anchors) if anchors else tuple(best_key(required_literals(p)) for p in patterns)
+    return Signature(
+        id=raw["id"],
+        title=str(raw["title"]).strip(),
+        component=raw["component"],
+        stages=_strings(raw["stages"], "stages"),
+        severity=raw["severity"],
+        patterns=patterns,
+        cause=str(raw["cause"]).strip(),
+        fix=str(raw["fix"]).strip(),
+        commands=_strings(raw.get("commands", []), "commands"),
+        source=str(raw["source"]).strip(),
+        references=_strings(raw.get("references", []), "references"),
+        examples=_strings(raw["examples"], "examples"),
+        counterexamples=_strings(raw.get("counterexamples", []), "counterexamples"),
+        keys=keys,
+        window=int(raw.get("window", 1)),
+        after=int(raw.get("after", 0)),
+        at_end=bool(raw.get("at_end", False)),
+        followed_only_by=tuple(re.compile(p) for p in _strings(raw.get("followed_only_by", []), "followed_only_by")),
+        not_followed_by=tuple(re.compile(p) for p in _strings(raw.get("not_followed_by", []), "not_followed_by")),
+        consequence=bool(raw.get("consequence", False)),
+        supersedes=_strings(raw.get("supersedes", []), "supersedes"),
+        extract=raw.get("extract"),
+        file=file,
+    )
+
+
+def _strings(value: Any, name: str) -> tuple[str, ...]:
+    if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"{name} must be a list of strings")
+    return tuple(value)
+
+
+def _problems(signature: Signature) -> list[str]:
+    problems = []
+    if signature.severity not in SEVERITIES:
+        problems.append(f"severity must be one of {SEVERITIES}")
+    if not signature.stages or not set(signature.stages) <= set(STAGES):
+        problems.append(f"stages must be among {STAGES}")
+    if signature.component not in COMPONENTS:
+        problems.append(f"component must be one of {COMPONENTS}")
+    if not signature.patterns:
+        problems.append("needs at least one pattern")
+    if not signature.source or not signature.examples:
+        problems.append("needs a source and real examples from it")
+    if any(p.flags & re.IGNORECASE for p in signature.patterns):
+        problems.append("patterns must be case-sensitive (the prefilter keys are)")
+    if any(len(k) < 4 for k in signature.keys) and not signature.at_end:
+        problems.append(f"each pattern needs a literal of 4+ characters for the prefilter (got {list(signature.keys)}); declare `anchor`")
+    if signature.window < 1 or signature.after < 0 or (signature.window > 1 and signature.after):
+        problems.append("window >= 1 and after >= 0, not both")
+    if signature.extract is not None and signature.extract not in extract.EXTRACTORS:
+        problems.append(f"unknown extractor {signature.extract!r}")
+    unknown = sorted(quoted_names(signature) - known_names(signature))
+    if unknown:
+        problems.append(f"quotes unknown names {unknown}")
+    return problems
+
+
+def quoted_names(signature: Signature) -> set[str]:
+    """The ``{names}`` its title, cause, fix and commands quote."""
+    texts = [signature.title, signature.cause, signature.fix, *signature.commands]
+    return {name for text in texts for _, name, _, _ in string.Formatter().parse(text) if name}
+
+
+def known_names(signature: Signature) -> set[str]:
+    extracted = extract.EXTRACTORS[signature.extract].provides if signature.extract else ()
+    return set(signature.group_names) | set(CONTEXT_KEYS) | set(extracted)
+
+
+def required_literals(pattern: re.Pattern[str]) -> list[str]:
+    """The runs of literal characters that every match of ``pattern`` contains, in order.
+
+    >>> required_literals(re.compile(r"NCCL error in: (?P<where>\\S+), (?P<what>[a-z ]+)"))
+    ['NCCL error in: ', ', ']
+    """
+    runs: list[str] = []
+    current: list[str] = []
+
+    def walk(items: Any) -> None:
+        for op, value in items:
+            name = str(op)
+            if name == "LITERAL" and value != 10:  # a key never spans lines
+                current.append(chr(value))
+            elif name == "SUBPATTERN" and value[3] is not None:
+                walk(value[3])  # a plain group: its literals stay contiguous with ours
+            elif name == "AT":
+                continue  # ^, $, \b take no characters
+            else:
+                runs.append("".join(current))
+                current.clear()
+
+    walk(_sre_parse.parse(pattern.pattern, pattern.flags & ~re.MULTILINE).data)
+    runs.append("".join(current))
+    return [run for run in runs if run]
+
+
+def required_literal(pattern: re.Pattern[str]) -> str:
+    """The longest run of literal characters that every match of ``pattern`` contains.
+
+    >>> required_literal(re.compile(r"undefined symbol: (?P<symbol>\\S+)"))
+    'undefined symbol: '
+    """
+    return max(required_literals(pattern), key=len, default="")
+
+
+def best_key(literals: list[str]) -> str:
+    """Of the keys the literals offer, the one that starts at the rarest character (then the longest).
+
+    >>> best_key(["hint: `", "` was found on ", ", but not at the requested version"])
+    '` was found on '
+    """
+    keys = [prefilter_key(literal) for literal in literals]
+    return max(keys, key=lambda k: (len(k) >= 8, _rarity(k[0]) if k else -1, len(k)), default="")
+
+
+def prefilter_key(literal: str, *, minimum: int = 8, longest: int = 24) -> str:
+    """The part of ``literal`` the scan looks for: it starts at its rarest character.
+
+    >>> prefilter_key("GPU has fallen off the bus")
+    'U has fallen off the bus'
+    >>> prefilter_key("abc")
+    'abc'
+    """
+    if len(literal) <= minimum:
+        return literal
+    start = max(range(len(literal) - minimum + 1), key=lambda i: (_rarity(literal[i]), -i))
+    return literal[start : start + longest]
+
+
+def _rarity(ch: str) -> int:
+    index = _COMMONNESS.find(ch)
+    return len(_COMMONNESS) if index < 0 else index
+
+
+def _driver(version: Any) -> str:
+    """NVIDIA writes driver versions with a two-digit micro: 580.82.07, not 580.82.7."""
+    parts = list(version.release)
+    return ".".join([*map(str, parts[:2]), *(f"{p:02d}" for p in parts[2:])])
+
+
+def context_defaults() -> dict[str, str]:
+    """What a finding says for each context key when no lock was given."""
+    return {name: default for name, (_, default) in CONTEXT_KEYS.items()}
+
+
+def lock_context(lock: Any) -> dict[str, str]:
+    """The context keys filled from a loaded lock (:class:`stackgate.stack.lock.Lock`)."""
+    toolkit = lock.default_toolkit
+    torch = lock.python.package("torch")
+    frozen = [lock.python.package(name) for name in lock.python.frozen]
+    index = next((i.url for i in lock.python.indexes if "torch" in i.packages), None)
+    values = {
+        "lock_name": lock.name,
+        "lock_flag": f" --lock {shlex.quote(str(lock.path))}",
+        "lock_backend": lock.smoke.attention_backend,
+        "lock_torch": torch.requirement if torch else None,
+        "lock_pins": " ".join(p.requirement for p in frozen if p is not None),
+        "torch_cuda": lock.python.torch_cuda,
+        "torch_index": index,
+        "cuda_home": str(toolkit.prefix) if toolkit else None,
+        "ptxas": lock.env.get("TRITON_PTXAS_PATH") or (f"{toolkit.prefix}/bin/ptxas" if toolkit else None),
+        "min_driver": _driver(lock.hardware.min_driver),
+        "gpu_arch": lock.hardware.arch,
+        "lock_tp": str(lock.smoke.tp),
+        "lock_port": str(lock.smoke.port),
+    }
+    return {k: v for k, v in values.items() if v}
+

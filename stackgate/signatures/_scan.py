@@ -1,0 +1,463 @@
+"""Finding signatures in text: whole texts (:func:`match_all`) and streams of any size (:class:`Scanner`).
+
+The scanner reads large blocks of bytes. One combined expression of the signatures' prefilter
+keys (a trie, so that it branches once per character) finds the few candidate lines; only
+those are decoded and tried against the full patterns. A multi-line event (a traceback) is
+matched over the window of lines that ends on its key's line; a resolver report that follows
+its first line is collected forward. Signatures that describe the end of a log (a hang) are
+judged once the stream is finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import string
+from dataclasses import dataclass, field
+from typing import BinaryIO, Iterable, Mapping
+
+from stackgate.signatures._model import (
+    _COMMONNESS,
+    SEVERITIES,
+    Signature,
+    context_defaults,
+)
+from stackgate.signatures.extract import EXTRACTORS
+
+__all__ = ["Finding", "Match", "Scanner", "match_all", "rank"]
+
+_CHUNK = 8 << 20  #: bytes read at a time from a file
+_TAIL = 64 << 10  #: bytes of the log's end kept to judge ``at_end`` signatures
+_LONG_LINE = 1 << 20  #: a "line" longer than this (a progress bar) is cut, not held forever
+
+
+@dataclass(frozen=True)
+class Match:
+    """A signature found in some text, with the values its patterns captured."""
+
+    signature: Signature
+    text: str
+    groups: Mapping[str, str] = field(default_factory=dict)
+    context: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def values(self) -> dict[str, str]:
+        """What ``{names}`` stand for: the context (or its defaults), then the captured groups."""
+        unmatched = dict.fromkeys(self.signature.group_names, "")
+        return {**context_defaults(), **unmatched, **self.context, **self.groups}
+
+    @property
+    def title(self) -> str:
+        return _format(self.signature.title, self.values)
+
+    @property
+    def cause(self) -> str:
+        return _format(self.signature.cause, self.values)
+
+    @property
+    def fix(self) -> str:
+        return _format(self.signature.fix, self.values)
+
+    @property
+    def commands(self) -> tuple[str, ...]:
+        values = self.values
+        return tuple(_format(c, values) for c in self.signature.commands)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A signature found in a stream of lines, where it was first seen and how often."""
+
+    match: Match
+    source: str
+    line: int  #: 1-based number of the key's line (where a traceback ends, where a report starts)
+    lines: tuple[str, ...]  #: the lines that matched (the whole event for multi-line ones)
+    count: int = 1
+    start_line: int = 0  #: 1-based number of ``lines[0]``
+
+    @property
+    def signature(self) -> Signature:
+        return self.match.signature
+
+
+def rank(finding: Finding | Match) -> tuple[int, bool, int]:
+    """Sort key: most severe first, causes before their consequences, then by position."""
+    signature = finding.signature
+    return (-SEVERITIES.index(signature.severity), signature.consequence, getattr(finding, "line", 0))
+
+
+def match_all(text: str, *, stage: str | None = None, context: Mapping[str, str] | None = None, signatures: Iterable[Signature] | None = None) -> list[Match]:
+    """Every signature (of a stage, if given) found anywhere in ``text``, most severe first."""
+    from stackgate.signatures import (
+        load,  # the loader lives in the package; avoid a cycle
+    )
+
+    context = dict(context or {})
+    found = []
+    for signature in load() if signatures is None else signatures:
+        if stage is not None and stage not in signature.stages:
+            continue
+        hit = _search_text(signature, text)
+        if hit is not None:
+            event = text[hit.start():] if signature.after else text
+            found.append(Match(signature, hit[0], _groups(signature, hit, event, context), context))
+    found.sort(key=rank)
+    return found
+
+
+def _search_text(signature: Signature, text: str) -> re.Match[str] | None:
+    if not signature.at_end:
+        return signature.search(text)
+    end = _ends_with(signature, text.splitlines())
+    return end[0] if end else None
+
+
+class Scanner:
+    """Match signatures against a stream of lines or blocks of bytes.
+
+    Each signature is reported once, at its first occurrence, with a count of the events where
+    it appeared again. :meth:`feed` and :meth:`feed_text` take text as it comes (a live log);
+    :meth:`feed_bytes` and :meth:`scan_stream` take blocks of any size (a file of hundreds of
+    MB is never held whole). Call :meth:`finish` at the end of the stream: it judges the
+    signatures that describe how a log ends, and completes events still waiting for lines.
+    """
+
+    WINDOW = 12  #: the default lookback, in lines, of a multi-line signature
+
+    def __init__(self, *, stage: str | None = None, context: Mapping[str, str] | None = None, signatures: Iterable[Signature] | None = None, source: str = "") -> None:
+        from stackgate.signatures import load
+
+        chosen = load() if signatures is None else tuple(signatures)
+        self.signatures = tuple(s for s in chosen if stage is None or stage in s.stages)
+        self.context = dict(context or {})
+        self.source = source
+        self.number = 0  #: complete lines read so far
+        self.bytes = 0  #: bytes read so far
+        self._plan = _plan(self.signatures)
+        self._carry = b""  # the last lines of what was scanned, for multi-line lookback
+        self._partial = b""  # a line whose end has not arrived yet
+        self._tail = b""  # the end of the log, for at_end signatures
+        self._pending: list[_Pending] = []
+        self._found: dict[str, Finding] = {}
+        self._last: dict[str, int] = {}  # the line of each signature's last event
+        self._finished = False
+
+    def feed(self, line: str) -> list[Finding]:
+        """Scan one more line; return the signatures seen for the first time."""
+        return self.feed_bytes(line.rstrip("\n").encode("utf-8", "surrogateescape") + b"\n")
+
+    def feed_text(self, text: str) -> list[Finding]:
+        """Scan complete lines of text (a last line without a newline counts as complete)."""
+        data = text.encode("utf-8", "surrogateescape")
+        return self.feed_bytes(data if data.endswith(b"\n") else data + b"\n")
+
+    def feed_bytes(self, data: bytes) -> list[Finding]:
+        """Scan a block of a byte stream; a line cut at the block's end waits for the next one."""
+        self.bytes += len(data)
+        found, begin = [], 0
+        if self._partial:  # complete the line the previous block cut, on its own (no copy of the block)
+            newline = data.find(b"\n")
+            if newline < 0:
+                self._partial += data
+                return self._flush_long_line()
+            line = self._partial + data[: newline + 1]
+            self._partial, begin = b"", newline + 1
+            found = self._scan(line, 0, len(line))
+        cut = data.rfind(b"\n") + 1
+        if cut > begin:
+            found.extend(self._scan(data, begin, cut))
+        self._partial = data[max(cut, begin) :]
+        return found + self._flush_long_line()
+
+    def _flush_long_line(self) -> list[Finding]:
+        if len(self._partial) <= _LONG_LINE:
+            return []
+        line, self._partial = self._partial + b"\n", b""
+        return self._scan(line, 0, len(line))
+
+    def scan_stream(self, stream: BinaryIO, chunk: int = _CHUNK) -> list[Finding]:
+        """Scan a binary stream to its end, block by block, then :meth:`finish`."""
+        found = []
+        while True:
+            block = stream.read(chunk)
+            if not block:
+                break
+            found.extend(self.feed_bytes(block))
+        return found + self.finish()
+
+    def finish(self) -> list[Finding]:
+        """The stream has ended: scan a last unterminated line, complete waiting events, judge the end."""
+        if self._finished:
+            return []
+        line, self._partial = self._partial + b"\n", b""
+        found = self._scan(line, 0, len(line)) if len(line) > 1 else []
+        for pending in self._pending:
+            found.extend(self._complete(pending))
+        self._pending.clear()
+        found.extend(self._judge_end())
+        self._finished = True
+        return found
+
+    @property
+    def findings(self) -> list[Finding]:
+        """Everything found so far: most severe first, causes before consequences, then in order of appearance."""
+        return sorted(self._found.values(), key=rank)
+
+    # -- the scan ------------------------------------------------------------------------------
+
+    def _scan(self, data: bytes, start: int, end: int) -> list[Finding]:
+        """Scan the complete lines ``data[start:end]`` (``end`` is just past a newline), in place."""
+        found = self._feed_pending(data, start, end) if self._pending else []
+        keys = self._plan.keys
+        position, counted_at, counted = start, start, self.number
+        while keys is not None:
+            hit = keys.search(data, position, end)
+            if hit is None:
+                break
+            first = max(data.rfind(b"\n", start, hit.start()) + 1, start)
+            last = data.index(b"\n", hit.end(), end)  # keys hold no newline; the region ends with one
+            counted += data.count(b"\n", counted_at, first)
+            counted_at = first
+            found.extend(self._examine(data, start, end, first, last, counted + 1))
+            position = last + 1
+        self.number += data.count(b"\n", start, end)
+        self._carry = self._lines_before(data, start, end, self._plan.lookback)
+        self._tail = (self._tail + data[max(start, end - _TAIL) : end])[-_TAIL:]
+        return found
+
+    def _lines_before(self, data: bytes, start: int, offset: int, count: int) -> bytes:
+        """Up to ``count`` complete lines before ``offset``, reaching back into the previous region."""
+        if count <= 0:
+            return b""
+        back, found = _back_lines(data, offset, count, floor=start)
+        if found >= count:
+            return data[back:offset]
+        older, _ = _back_lines(self._carry, len(self._carry), count - found)
+        return self._carry[older:] + data[back:offset]
+
+    def _examine(self, data: bytes, start: int, end: int, first: int, last: int, number: int) -> list[Finding]:
+        raw = data[first:last]
+        line = raw.decode("utf-8", "replace")
+        hits: list[tuple[Signature, re.Match[str], str, int]] = []
+        for key, entries in self._plan.by_key:
+            if key not in raw:
+                continue
+            for signature, index in entries:
+                if any(h[0] is signature for h in hits):
+                    continue
+                hit = self._try(signature, signature.patterns[index], data, start, end, first, last, line, number)
+                if hit is not None:
+                    hits.append(hit)
+        superseded = {old for h in hits for old in h[0].supersedes}
+        return [f for s, m, text, at in hits if s.id not in superseded for f in self._record(s, m, text, number, at)]
+
+    def _try(self, signature: Signature, pattern: re.Pattern[str], data: bytes, start: int, end: int, first: int, last: int, line: str, number: int) -> tuple[Signature, re.Match[str], str, int] | None:
+        if signature.after:
+            rest = _next_lines(data, last + 1, signature.after, end)
+            following = rest.decode("utf-8", "replace").splitlines()
+            if rest.count(b"\n") < signature.after:  # the event goes on past this region: wait for it
+                self._pending.append(_Pending(signature, pattern, number, line, following, signature.after - len(following)))
+                return None
+            return _match_forward(signature, pattern, line, following, number)
+        if signature.window > 1:
+            before = self._lines_before(data, start, first, signature.window - 1).decode("utf-8", "replace")
+            return _match_back(signature, pattern, before, line, number)
+        hit = pattern.search(line)
+        return (signature, hit, line, number) if hit else None
+
+    def _feed_pending(self, data: bytes, start: int, end: int) -> list[Finding]:
+        found, waiting = [], []
+        for pending in self._pending:
+            more = _next_lines(data, start, pending.missing, end).decode("utf-8", "replace").splitlines()
+            pending = dataclasses.replace(pending, following=[*pending.following, *more], missing=pending.missing - len(more))
+            if pending.missing > 0:
+                waiting.append(pending)
+            else:
+                found.extend(self._complete(pending))
+        self._pending = waiting
+        return found
+
+    def _complete(self, pending: _Pending) -> list[Finding]:
+        hit = _match_forward(pending.signature, pending.pattern, pending.line, pending.following, pending.number)
+        return self._record(*hit[:3], pending.number, pending.number) if hit else []
+
+    def _judge_end(self) -> list[Finding]:
+        lines = self._tail.decode("utf-8", "replace").split("\n")
+        if len(self._tail) >= _TAIL:
+            lines = lines[1:]  # the first one is cut
+        lines = lines[:-1] if lines and lines[-1] == "" else lines
+        ends = [(signature, end) for signature in self._plan.at_end if (end := _ends_with(signature, lines)) is not None]
+        superseded = {old for signature, _ in ends for old in signature.supersedes}
+        found = []
+        for signature, (hit, index) in ends:
+            if signature.id not in superseded:
+                number = self.number - (len(lines) - 1 - index)
+                found.extend(self._record(signature, hit, hit.string, number, number))
+        return found
+
+    def _record(self, signature: Signature, hit: re.Match[str], text: str, number: int, first: int) -> list[Finding]:
+        last = self._last.get(signature.id)
+        self._last[signature.id] = number
+        if last is not None and signature.window > 1 and number - last < signature.window:
+            return []  # another line of the same event (a traceback quoting it twice)
+        previous = self._found.get(signature.id)
+        if previous is not None:
+            self._found[signature.id] = dataclasses.replace(previous, count=previous.count + 1)
+            return []
+        groups = _groups(signature, hit, text, self.context)
+        lines = _whole_lines(text, hit.start(), hit.end())
+        start = first + text.count("\n", 0, hit.start())
+        finding = Finding(Match(signature, hit[0], groups, self.context), self.source, number, lines, 1, start)
+        self._found[signature.id] = finding
+        return [finding]
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """An event whose first line was seen; the lines that follow it are still arriving."""
+
+    signature: Signature
+    pattern: re.Pattern[str]
+    number: int
+    line: str
+    following: list[str]
+    missing: int
+
+
+@dataclass(frozen=True)
+class _Plan:
+    keys: re.Pattern[bytes] | None  #: one expression for every key, None when there is none
+    by_key: tuple[tuple[bytes, tuple[tuple[Signature, int], ...]], ...]
+    lookback: int  #: lines kept from one block for the next (the longest window)
+    at_end: tuple[Signature, ...]
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(signatures: tuple[Signature, ...]) -> _Plan:
+    entries: dict[bytes, list[tuple[Signature, int]]] = {}
+    for signature in signatures:
+        if signature.at_end:
+            continue
+        for index, key in enumerate(signature.keys):
+            entries.setdefault(key.encode("utf-8"), []).append((signature, index))
+    # Specific signatures first, so that one that supersedes a generic one sees it on the same line.
+    ordered = tuple((key, tuple(sorted(group, key=lambda e: -len(e[0].supersedes)))) for key, group in entries.items())
+    keys = re.compile(_trie(sorted(entries))) if entries else None
+    lookback = max((s.window - 1 for s in signatures), default=0)
+    return _Plan(keys, ordered, lookback, tuple(s for s in signatures if s.at_end))
+
+
+def _trie(words: list[bytes]) -> bytes:
+    """One expression matching any of ``words``, shaped as a trie so that it branches per character.
+
+    >>> re.fullmatch(_trie([b"NCCL error", b"NCCL WARN", b"Error"]), b"NCCL WARN") is not None
+    True
+    """
+    root: dict = {}
+    for word in words:
+        node = root
+        for byte in word:
+            node = node.setdefault(byte, {})
+        node[None] = True
+
+    def build(node: dict) -> bytes:
+        # The commonest characters first: a position that passes the first-character check
+        # then finds its branch at once.
+        children = sorted((k for k in node if k is not None), key=_commonness)
+        branches = [re.escape(bytes([b])) + build(node[b]) for b in children]
+        if not branches:
+            return b""
+        body = branches[0] if len(branches) == 1 else b"(?:" + b"|".join(branches) + b")"
+        if None in node:  # a word ends here: what follows is optional
+            return b"(?:" + body + b")?"
+        return body
+
+    return build(root)
+
+
+def _commonness(byte: int) -> int:
+    index = _COMMONNESS.find(chr(byte))
+    return len(_COMMONNESS) if index < 0 else index
+
+
+def _ends_with(signature: Signature, lines: list[str]) -> tuple[re.Match[str], int] | None:
+    """The last line matching an ``at_end`` signature, when only allowed lines follow it."""
+    for index in range(len(lines) - 1, -1, -1):
+        hit = signature.search(lines[index])
+        if hit is not None:
+            after = [line for line in lines[index + 1 :] if line.strip()]
+            only = signature.followed_only_by
+            allowed = all(any(p.search(line) for p in only) for line in after) if only else True
+            forbidden = any(p.search(line) for p in signature.not_followed_by for line in after)
+            return (hit, index) if allowed and not forbidden else None
+    return None
+
+
+def _match_back(signature: Signature, pattern: re.Pattern[str], before: str, line: str, number: int) -> tuple[Signature, re.Match[str], str, int] | None:
+    """A match over the window of lines before ``line`` and ``line``, ending on ``line``."""
+    text = before + line
+    last_starts = len(before)
+    for hit in pattern.finditer(text):
+        if hit.end() > last_starts or (hit.end() == last_starts == len(text)):
+            return signature, hit, text, number - before.count("\n")
+    return None
+
+
+def _match_forward(signature: Signature, pattern: re.Pattern[str], line: str, following: list[str], number: int) -> tuple[Signature, re.Match[str], str, int] | None:
+    """A match over ``line`` and the lines after it, starting on ``line``."""
+    text = "\n".join([line, *following])
+    hit = pattern.search(text)
+    return (signature, hit, text, number) if hit is not None and hit.start() <= len(line) else None
+
+
+def _groups(signature: Signature, hit: re.Match[str], event: str, context: Mapping[str, str]) -> dict[str, str]:
+    groups = {k: v for k, v in hit.groupdict().items() if v is not None}
+    if signature.extract:
+        groups.update(EXTRACTORS[signature.extract](event, context))
+    return groups
+
+
+def _whole_lines(text: str, start: int, end: int) -> tuple[str, ...]:
+    """The complete lines of ``text`` that the span ``start:end`` touches."""
+    first = text.rfind("\n", 0, start) + 1
+    last = text.find("\n", max(end - 1, start))
+    return tuple(text[first : len(text) if last < 0 else last].split("\n"))
+
+
+def _back_lines(data: bytes, offset: int, count: int, floor: int = 0) -> tuple[int, int]:
+    """The offset of the line ``count`` lines before ``offset`` (a line start), not before ``floor``, and how many lines that is."""
+    found = 0
+    while found < count and offset > floor:
+        offset = max(data.rfind(b"\n", floor, offset - 1) + 1, floor)
+        found += 1
+    return offset, found
+
+
+def _next_lines(data: bytes, start: int, count: int, end: int | None = None) -> bytes:
+    """Up to ``count`` complete lines from ``start`` (newlines included), not past ``end``."""
+    end = len(data) if end is None else end
+    stop = start
+    for _ in range(count):
+        newline = data.find(b"\n", stop, end)
+        if newline < 0:
+            break
+        stop = newline + 1
+    return data[start:stop]
+
+
+class _Keep(dict):  # type: ignore[type-arg]
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+def _format(template: str, values: Mapping[str, str]) -> str:
+    """Fill ``{name}`` fields that are known; leave the others as written.
+
+    >>> _format("{lib} needs CUDA {major}; {other}", {"lib": "libcudart.so.12", "major": "12"})
+    'libcudart.so.12 needs CUDA 12; {other}'
+    """
+    try:
+        return string.Formatter().vformat(template, (), _Keep(values))
+    except (ValueError, IndexError):
+        return template

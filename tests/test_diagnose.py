@@ -1,0 +1,192 @@
+"""`invoke diagnose`: inputs, exit codes, the rendered report, the JSON report, the lock's context."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stackgate import diagnose
+from stackgate.diagnose import DiagnoseError, DiagnoseRequest
+from stackgate.exitcodes import ExitCode
+from stackgate.signatures import Scanner
+from stackgate.ui import UI, render_findings
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).resolve().parent / "data"
+LOCK = ROOT / "lockfiles" / "blackwell-sm120-cu130.toml"
+HEALTHY = DATA / "sglang-0.5.9-tp8-healthy.log"
+
+FAILED_START = """[2026-02-03 09:00:14 TP0] Init torch distributed begin.
+[2026-02-03 09:00:18 TP0] Attention backend not specified. Use triton backend by default.
+[2026-02-03 09:00:19 TP0] Scheduler hit an exception: Traceback (most recent call last):
+  File "/opt/stackgate/current/lib/python3.12/site-packages/sglang/srt/distributed/device_communicators/torch_symm_mem.py", line 83, in __init__
+    not in TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES[self.device_capability]
+           ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~^^^^^^^^^^^^^^^^^^^^^^^^
+KeyError: 12
+[2026-02-03 09:00:19] Received sigquit from a child process. It usually means the child failed.
+"""
+
+
+def run(request: DiagnoseRequest, stdin: bytes | None = None) -> tuple[ExitCode, str]:
+    out = io.StringIO()
+    code = diagnose.run(request, UI(stream=out, force_plain=True), stdin=io.BytesIO(stdin) if stdin is not None else None)
+    return code, out.getvalue()
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_an_error_finding_fails_and_is_listed_first_with_its_lines(tmp_path: Path) -> None:
+    code, out = run(DiagnoseRequest((write(tmp_path, "server.log", FAILED_START),)))
+    assert code == ExitCode.FAILED
+    order = [line.split()[1].rstrip(":") for line in out.splitlines() if line[:7] in ("ERROR  ", "WARNING", "INFO   ")]
+    assert order == ["sglang-symm-mem-keyerror", "sglang-scheduler-exception", "sglang-child-failed", "sglang-attention-backend-default"]
+    assert f"  at {tmp_path / 'server.log'}:5-7  [sglang]" in out
+    assert "  | 7  KeyError: 12" in out
+    assert "  $ invoke provision --only patches" in out
+    assert out.rstrip().endswith("4 finding(s) (3 errors, 1 warning) in " + out.rstrip().rsplit(" in ", 1)[1])
+    assert out.rstrip().endswith(": FAILED")
+
+
+def test_warnings_alone_pass_and_a_healthy_log_passes(tmp_path: Path) -> None:
+    code, out = run(DiagnoseRequest((write(tmp_path, "a.log", "Attention backend not specified. Use triton backend by default.\n"),)))
+    assert code == ExitCode.PASSED and "passed (no error-level finding)" in out
+    code, out = run(DiagnoseRequest((HEALTHY,)))
+    assert code == ExitCode.PASSED
+    assert "INFO     sglang-custom-allreduce-pcie" in out and "ERROR" not in out and "WARNING" not in out
+
+
+def test_nothing_known_passes(tmp_path: Path) -> None:
+    code, out = run(DiagnoseRequest((write(tmp_path, "a.log", "all good\n"),)))
+    assert code == ExitCode.PASSED
+    assert out.splitlines()[-1].startswith("no known failure found in ") and out.rstrip().endswith(": passed")
+
+
+def test_several_inputs_and_standard_input_are_read(tmp_path: Path) -> None:
+    first = write(tmp_path, "install.log", "  Attempting uninstall: torch\n      Successfully uninstalled torch-2.9.1+cu130\n")
+    code, out = run(DiagnoseRequest((first, HEALTHY), stdin=True), stdin=b"ImportError: libcudart.so.12: cannot open shared object file: No such file or directory\n")
+    assert code == ExitCode.FAILED
+    assert "stackgate diagnose: 3 input(s), " in out
+    assert "  at <stdin>:1  [cuda toolkit]" in out
+    assert f"  at {first}:2  [installer]" in out
+
+
+def test_a_compressed_log_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "server.log.gz"
+    with gzip.open(path, "wt") as out:
+        out.write(HEALTHY.read_text() + FAILED_START)
+    code, text = run(DiagnoseRequest((path,)))
+    assert code == ExitCode.FAILED and "KeyError: 12" in text
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda p: p / "missing.log", "no such file"),
+        (lambda p: p, "is a directory"),
+        (lambda p: (p / "broken.log.gz").write_bytes(b"not gzip") and p / "broken.log.gz", "cannot read"),
+    ],
+    ids=["missing", "directory", "bad-gzip"],
+)
+def test_an_unreadable_input_is_a_usage_error(tmp_path: Path, make, message: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(DiagnoseError, match=message):
+        run(DiagnoseRequest((HEALTHY, make(tmp_path))))
+
+
+def test_no_input_is_a_usage_error() -> None:
+    with pytest.raises(DiagnoseError, match="nothing to diagnose"):
+        run(DiagnoseRequest())
+
+
+def test_the_lock_is_quoted(tmp_path: Path) -> None:
+    log = write(tmp_path, "s.log", "ImportError: libnvrtc.so.12: cannot open shared object file: No such file or directory\n[x TP0] Attention backend not specified. Use triton backend by default.\n")
+    _, out = run(DiagnoseRequest((log,), lock_path=LOCK))
+    assert "libnvrtc.so.12 is missing: a build for CUDA 12 in a CUDA 13.0 stack" in out
+    assert "the stack runs flashinfer." in out
+    assert f"  $ invoke provision --only python --lock {LOCK}" in out
+
+
+def test_the_json_report_carries_every_finding(tmp_path: Path) -> None:
+    log = write(tmp_path, "server.log", FAILED_START)
+    report = tmp_path / "out" / "diagnose.json"
+    code, _ = run(DiagnoseRequest((log,), json_path=report, lock_path=LOCK))
+    doc = json.loads(report.read_text())
+    assert doc["schema"] == "stackgate.diagnose/1" and doc["exit_code"] == int(code) == 1 and doc["verdict"] == "failed"
+    assert doc["lock"]["name"] == "blackwell-sm120-cu130"
+    assert doc["inputs"] == [{"name": str(log), "lines": 8, "bytes": len(FAILED_START.encode())}]
+    assert doc["counts"] == {"error": 3, "warning": 1, "info": 0}
+    first = doc["findings"][0]
+    assert first["id"] == "sglang-symm-mem-keyerror" and first["line"] == 7 and first["start_line"] == 5
+    assert first["values"] == {"major": "12"}
+    assert first["fix"]["commands"][0] == f"invoke provision --only patches --lock {LOCK}"
+    assert first["learned_from"].startswith("sglang 0.5.9 wheel: ")
+
+
+def test_the_rendered_finding_reads_exactly() -> None:
+    scanner = Scanner(source="server.log")
+    scanner.feed_text("ok\n[rank5]:[E226 11:16:37.121617583 ProcessGroupNCCL.cpp:616] [Rank 5] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5653, OpType=ALLREDUCE, NumelIn=58720256, NumelOut=58720256")
+    lines = [text for text, _ in render_findings("stackgate diagnose: 1 input(s)", scanner.findings, "1 finding(s): FAILED")]
+    assert lines == [
+        "stackgate diagnose: 1 input(s)",
+        "",
+        "ERROR    nccl-watchdog-timeout: A collective timed out (ALLREDUCE, sequence 5653)",
+        "  at server.log:2  [nccl]",
+        "  | 2  [rank5]:[E226 11:16:37.121617583 ProcessGroupNCCL.cpp:616] [Rank 5] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5653, OpType=ALLREDUCE, NumelIn=58720256, NumelOut=58720256",
+        "  cause: A collective (ALLREDUCE, sequence 5653) did not finish within the process group's timeout: a rank hung or died, or peer-to-peer traffic between the GPUs stalls (IOMMU, ACS on PCIe hosts).",
+        "  fix: Find the rank that stopped first (its error is earlier in the log); run the collective test to find a GPU pair or setting that hangs; check NCCL_P2P_LEVEL and the PCIe topology.",
+        "  $ invoke verify --deep",
+        "  $ nvidia-smi topo -m",
+        "  learned from: https://github.com/sgl-project/sglang/issues/3836",
+        "",
+        "1 finding(s): FAILED",
+    ]
+
+
+def test_long_lines_are_clipped_unless_verbose() -> None:
+    scanner = Scanner(source="x.log")
+    line = "ImportError: /opt/" + "very/" * 60 + "common_ops.abi3.so: undefined symbol: _ZN3c104cuda9SetDeviceEab"
+    scanner.feed_text(line)
+    short = [t for t, _ in render_findings("t", scanner.findings, "v")]
+    assert f"  | 1  {line[:237]}..." in short
+    verbose = [t for t, _ in render_findings("t", scanner.findings, "v", verbose=1)]
+    assert f"  | 1  {line}" in verbose
+    assert "  see also: https://github.com/sgl-project/sglang/pull/30562" in verbose
+    assert "  symbol = _ZN3c104cuda9SetDeviceEab" in verbose
+
+
+# -- through invoke, as a person runs it ------------------------------------------------------
+
+
+def invoke(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "NO_COLOR": "1"}
+    return subprocess.run([sys.executable, "-m", "invoke", "diagnose", *args], check=False, cwd=ROOT, input=stdin, capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_invoke_diagnose_exit_codes(tmp_path: Path) -> None:
+    bad = write(tmp_path, "server.log", FAILED_START)
+    failed = invoke("--path", str(bad), "--path", str(HEALTHY))
+    assert failed.returncode == 1, failed.stderr
+    assert "ERROR    sglang-symm-mem-keyerror" in failed.stdout
+    passed = invoke("--", str(HEALTHY))
+    assert passed.returncode == 0 and "sglang-custom-allreduce-pcie" in passed.stdout
+    missing = invoke("-p", str(tmp_path / "nope.log"))
+    assert missing.returncode == 2 and "stackgate: " in missing.stderr and "no such file" in missing.stderr
+    assert invoke().returncode == 2
+
+
+def test_invoke_diagnose_reads_standard_input_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "d.json"
+    done = invoke("--stdin", "--json", str(out), "--lock", str(LOCK), stdin="NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.\n")
+    assert done.returncode == 1, done.stderr
+    assert "  at <stdin>:1  [driver]" in done.stdout
+    assert json.loads(out.read_text())["findings"][0]["id"] == "gpu-fallen-off-bus"
