@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import MappingProxyType, SimpleNamespace
@@ -61,6 +62,13 @@ def test_healthy_gpus_pass_with_their_figures() -> None:
     assert result.data["gpus"][1]["bfloat16"]["tflops"] == 785.0
     assert result.data["gpus"][0]["copy"]["gbs"] == 4300.0
     assert "bytes read + bytes written" in result.data["conventions"]["copy_gbs"]
+
+
+def test_a_tf32_sized_fp32_error_says_so() -> None:
+    record = gpu_record(0)
+    record["float32"]["rel_err"] = 4e-4
+    result = deep.judge_gpu_work(gpu_work([record]))
+    assert result.summary.endswith("float32 product wrong: relative error 0.0004 > 0.0001 against float64 (TF32-sized: is TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 set?)")
 
 
 def test_a_wrong_product_fails_by_name() -> None:
@@ -270,12 +278,22 @@ def test_a_planted_wrong_contribution_is_counted(torch_python: Path) -> None:
     assert result.summary == "all-reduce results wrong at 4 of 4 sizes (#wrong 8)"
 
 
-def alive(pid: int) -> bool:
+def running(pid: int) -> bool:
+    """A process that exists and is not a zombie (a killed child nobody has reaped yet)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
         return False
-    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+
+
+def all_gone(pids: tuple[int, ...], within_s: float = 10.0) -> bool:
+    """SIGKILL is delivered at once but a process takes a moment to finish dying."""
+    deadline = time.monotonic() + within_s
+    while any(running(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 @pytest.mark.torch
@@ -284,9 +302,9 @@ def test_a_planted_hang_fails_as_a_hang_and_the_group_is_killed(torch_python: Pa
     assert sweep.returncode is None
     result = deep.judge_collective(sweep, None)
     assert result.status == Status.FAIL and result.data["hung"] is True
-    assert result.summary == "hang: the warm-up all-reduces did not finish within 25 s (2 of 2 rank(s) set up)"
+    assert result.summary == "hang: the warm-up all-reduces did not finish within 25 s (2 of 2 rank(s) set up)", result.details
     assert "rank 1: stopped in the warm-up all-reduces" in result.details
-    assert len(sweep.pids) == 2 and not any(alive(pid) for pid in sweep.pids)
+    assert len(sweep.pids) == 2 and all_gone(sweep.pids)
 
 
 # --- `invoke verify --deep` with a CPU build of torch -----------------------------------------
