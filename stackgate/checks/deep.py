@@ -53,6 +53,8 @@ __all__ = [
 SCRIPT = Path(__file__).resolve().parent / "deepwork.py"
 #: How long each deep run may take before it counts as a hang (torch import and NCCL set-up included).
 TIMEOUT_S = float(os.environ.get("STACKGATE_DEEP_TIMEOUT_S", "300"))
+#: Where each run's folder (its JSON lines and full log) is made; kept after the run, named in the result.
+WORK_DIR = os.environ.get("STACKGATE_DEEP_DIR") or None
 #: Set in every environment the deep checks launch, whatever the shell says: the GPU machines
 #: here require NVLink multicast off, and no PCIe box has multicast anyway.
 REQUIRED_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -125,6 +127,12 @@ def nccl_variables(env: Mapping[str, str]) -> dict[str, str]:
     return {k: env[k] for k in sorted(env) if k.startswith(("NCCL_", "TORCH_NCCL_"))}
 
 
+def _work_dir() -> str | None:
+    if WORK_DIR:
+        Path(WORK_DIR).mkdir(parents=True, exist_ok=True)
+    return WORK_DIR
+
+
 def _new_seed() -> int:
     return secrets.randbits(24)  # deepwork.py's integer data stays exact below 2^24
 
@@ -194,7 +202,7 @@ class GpuWork:
 
 def run_gpu_work(python: Path, request: GpuWorkRequest, env: Mapping[str, str], timeout_s: float = TIMEOUT_S) -> GpuWork:
     """Run deepwork.py's per-GPU work under ``python``; never raises for what happens there."""
-    workdir = Path(tempfile.mkdtemp(prefix="stackgate-gpu-work-"))
+    workdir = Path(tempfile.mkdtemp(prefix="stackgate-gpu-work-", dir=_work_dir()))
     out = workdir / "gpu.jsonl"
     done = runner.run([python, SCRIPT, "gpu", out, json.dumps(asdict(request))], timeout_s=timeout_s, env=env)
     _write_log(workdir / "gpu-work.log", done)
@@ -430,7 +438,7 @@ def aggregate(world: int, per_rank: Mapping[int, Sequence[Mapping[str, Any]]]) -
 
 def run_sweep(python: Path, request: AllReduceRequest, env: Mapping[str, str], timeout_s: float = TIMEOUT_S) -> Sweep:
     """Run deepwork.py's all-reduce sweep under ``python``; never raises for what happens there."""
-    workdir = Path(tempfile.mkdtemp(prefix="stackgate-allreduce-"))
+    workdir = Path(tempfile.mkdtemp(prefix="stackgate-allreduce-", dir=_work_dir()))
     argv = [python, SCRIPT, "allreduce", workdir, json.dumps(request.to_json())]
     done = runner.run(argv, timeout_s=timeout_s, env=env)
     _write_log(workdir / "allreduce.log", done)
