@@ -13,6 +13,7 @@ from pathlib import Path
 from types import MappingProxyType, SimpleNamespace
 
 import pytest
+from fakes.fake_nvml import gpu, machine
 
 from stackgate.checks import deep
 from stackgate.checks.core import CheckError, Result, Status
@@ -333,7 +334,10 @@ def test_verify_deep_does_not_run_deep_checks_on_a_cpu_torch(torch_python: Path,
     lock = tmp_path / "cpu.toml"
     lock.write_text(CPU_LOCK.format(version=f"{sys.version_info.major}.{sys.version_info.minor}", python=torch_python))
     lockmodel.load(lock)  # the test's lock is itself valid
-    env = dict(os.environ, STACKGATE_NVML_MODULE="fake_pynvml", PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT)]), NO_COLOR="1")
+    spec = tmp_path / "nvml.json"
+    spec.write_text(json.dumps(machine([gpu("NVIDIA H200", (9, 0))])))  # the GPU checks pass: only torch blocks
+    fake = {"STACKGATE_NVML_MODULE": "fakes.fake_nvml", "STACKGATE_FAKE_NVML": str(spec)}
+    env = dict(os.environ, **fake, PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT)]), NO_COLOR="1")
     argv = [sys.executable, "-m", "invoke", "verify", "--deep", "--check", "deep.*", "--lock", str(lock), "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "r.xml")]
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stdout + done.stderr  # torch.build fails: the gate fails

@@ -1,7 +1,8 @@
 """Deep checks: real work on every GPU and an all-reduce sweep, run by the stack's interpreter.
 
 stackgate never imports torch: the work is done by ``deepwork.py`` under the lock's target
-interpreter, through the runner (its own process group, killed whole on timeout), and this
+interpreter, through the runner (its own process group, killed whole on timeout, its output
+in a log file as it is written), and this
 module judges the JSON lines it leaves behind. Measuring and judging stay apart, so the
 judgement (tolerances, slow peers, bus bandwidth, #wrong) is tested with plain numbers.
 
@@ -152,17 +153,9 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def _write_log(path: Path, done: runner.Completed) -> None:
-    path.write_text(f"$ {' '.join(done.argv)}\n--- stdout ---\n{done.stdout}\n--- stderr ---\n{done.stderr}\n")
-
-
 def _tail(done: runner.Completed, lines: int = 20) -> tuple[str, ...]:
-    """The last lines of the run's output: NCCL's INFO lines (stdout), then Python's (stderr)."""
-    out = [line for line in done.stdout.splitlines() if line.strip()]
-    err = [line for line in done.stderr.splitlines() if line.strip()]
-    keep_err = min(len(err), lines // 2)
-    keep_out = min(len(out), lines - keep_err)
-    return tuple(out[len(out) - keep_out :] + err[len(err) - keep_err :])
+    """The last lines of the run's log: NCCL's INFO lines and Python's, in the order written."""
+    return tuple([line for line in done.stdout.splitlines() if line.strip()][-lines:])
 
 
 def _tail_lines(tail: Sequence[str]) -> tuple[str, ...]:
@@ -204,14 +197,14 @@ def run_gpu_work(python: Path, request: GpuWorkRequest, env: Mapping[str, str], 
     """Run deepwork.py's per-GPU work under ``python``; never raises for what happens there."""
     workdir = Path(tempfile.mkdtemp(prefix="stackgate-gpu-work-", dir=_work_dir()))
     out = workdir / "gpu.jsonl"
-    done = runner.run([python, SCRIPT, "gpu", out, json.dumps(asdict(request))], timeout_s=timeout_s, env=env)
-    _write_log(workdir / "gpu-work.log", done)
+    log = workdir / "gpu-work.log"
+    done = runner.run_logged([python, SCRIPT, "gpu", out, json.dumps(asdict(request))], log, timeout_s=timeout_s, env=env)
     lines = _read_lines(out)
     begin = next((r for r in lines if r.get("event") == "begin"), {})
     records = tuple(r for r in lines if r.get("event") == "done")
     started = [r["index"] for r in lines if r.get("event") == "start"]
     running = started[-1] if len(started) > len(records) else None
-    return GpuWork(begin, records, running, done.returncode, timeout_s, _tail(done), workdir / "gpu-work.log", done.duration_s)
+    return GpuWork(begin, records, running, done.returncode, timeout_s, _tail(done), log, done.duration_s)
 
 
 def within_tolerance(error: float, tolerance: float) -> bool:
@@ -440,16 +433,18 @@ def run_sweep(python: Path, request: AllReduceRequest, env: Mapping[str, str], t
     """Run deepwork.py's all-reduce sweep under ``python``; never raises for what happens there."""
     workdir = Path(tempfile.mkdtemp(prefix="stackgate-allreduce-", dir=_work_dir()))
     argv = [python, SCRIPT, "allreduce", workdir, json.dumps(request.to_json())]
-    done = runner.run(argv, timeout_s=timeout_s, env=env)
-    _write_log(workdir / "allreduce.log", done)
+    log = workdir / "allreduce.log"
+    # Into a file as it is written (NCCL flushes each line), so a hang's log survives the kill.
+    done = runner.run_logged(argv, log, timeout_s=timeout_s, env=env)
+    text = log.read_text(errors="replace")
     per_rank = {rank: _read_lines(workdir / f"rank{rank}.jsonl") for rank in range(request.world)}
     inits = [line for lines in per_rank.values() for line in lines if line.get("event") == "init"]
     nccl = next((".".join(map(str, i["nccl"])) for i in inits if i.get("nccl")), None)
-    channels = [int(m[1]) for m in _CHANNELS.finditer(done.stdout)]
+    channels = [int(m[1]) for m in _CHANNELS.finditer(text)]
     return Sweep(
         request, tuple(aggregate(request.world, per_rank)), _progress(per_rank), tuple(i["pid"] for i in inits), nccl,
-        done.returncode, timeout_s, _tail(done), workdir / "allreduce.log", nccl_variables(env),
-        dict(Counter(m[1] for m in _TRANSPORT.finditer(done.stdout))), max(channels) if channels else None, done.duration_s,
+        done.returncode, timeout_s, _tail(done), log, nccl_variables(env),
+        dict(Counter(m[1] for m in _TRANSPORT.finditer(text))), max(channels) if channels else None, done.duration_s,
     )  # fmt: skip
 
 

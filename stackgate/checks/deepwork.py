@@ -21,7 +21,10 @@ import os
 import sys
 import time
 
-import torch
+try:
+    import torch
+except ImportError as exc:  # stackgate's own interpreter imports this file only to collect doctests
+    torch, TORCH_ERROR = None, exc
 
 FAULTS = set(filter(None, os.environ.get("STACKGATE_DEEP_FAULT", "").split(",")))
 
@@ -221,6 +224,9 @@ def main(argv):
     if len(argv) != 4 or argv[1] not in ("gpu", "allreduce"):
         sys.stderr.write(__doc__)
         return 2
+    if torch is None:
+        sys.stderr.write(f"torch does not import: {TORCH_ERROR}\n")
+        return 1
     request = json.loads(argv[3])
     return (gpu_main if argv[1] == "gpu" else allreduce_main)(argv[2], request)
 
