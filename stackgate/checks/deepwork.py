@@ -1,0 +1,235 @@
+"""Real work for `invoke verify --deep`, run by the stack's OWN interpreter (stdlib + torch only).
+
+    <target python> deepwork.py gpu OUT.jsonl REQUEST-JSON
+    <target python> deepwork.py allreduce OUTDIR REQUEST-JSON
+
+``gpu``: on every GPU in turn, a bf16 and an fp32 matrix product on fresh random data (a sampled
+block checked against a float64 product on the CPU) and a device-to-device copy, each timed with
+CUDA events after warm-up. ``allreduce``: one process per rank (torch.multiprocessing), an
+in-place all-reduce over a sweep of sizes, timed and checked the way nccl-tests' all_reduce_perf
+does. Both write JSON lines as they go, so a run killed for a hang still says how far it got.
+This script only measures; stackgate judges the figures (stackgate/checks/deep.py).
+
+REQUEST-JSON names the device ("cuda", or "cpu" for the tests), the sizes and the counts.
+STACKGATE_DEEP_FAULT (tests only) plants faults, comma-separated: "matmul:<device index>" negates
+that device's product, "wrong:<rank>" adds 1 to one element of that rank's contribution,
+"hang:<rank>" makes that rank sleep before its first all-reduce.
+"""
+
+import json
+import os
+import sys
+import time
+
+try:
+    import torch
+except ImportError as exc:  # stackgate's own interpreter imports this file only to collect doctests
+    torch, TORCH_ERROR = None, exc
+
+FAULTS = set(filter(None, os.environ.get("STACKGATE_DEEP_FAULT", "").split(",")))
+
+
+def planted(kind, index):
+    return f"{kind}:{index}" in FAULTS
+
+
+class Lines:
+    """A JSON-lines file written one flushed line at a time."""
+
+    def __init__(self, path):
+        self.file = open(path, "a", buffering=1)  # open for the life of the process: one line per event
+
+    def __call__(self, **record):
+        self.file.write(json.dumps(record) + "\n")
+
+
+def timed_ms(device, op, warmup, iters):
+    """Mean milliseconds per call of ``op(i)`` over ``iters`` calls, after ``warmup`` untimed ones.
+
+    On a GPU, two CUDA events on the stream bracket the whole loop: they time the GPU's work
+    (Python's launch overhead overlaps it) and need one synchronisation, not one per call. The
+    CPU (tests only) uses the wall clock.
+    """
+    for i in range(warmup):
+        op(i)
+    if device.type != "cuda":
+        started = time.perf_counter()
+        for i in range(iters):
+            op(i)
+        return (time.perf_counter() - started) * 1e3 / iters
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(iters):
+        op(i)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+# --- per-GPU work -----------------------------------------------------------------------------
+
+
+def gpu_main(path, request):
+    out = Lines(path)
+    torch.manual_seed(request["seed"])
+    # fp32 must mean IEEE fp32: a TF32 product is ~1e-3 off and fails the fp32 tolerance.
+    torch.set_float32_matmul_precision("highest")
+    if request["device"] == "cuda" and not torch.cuda.is_available():
+        out(event="begin", torch=torch.__version__, error="torch.cuda.is_available() is False: torch sees no usable GPU")
+        return 1
+    count = torch.cuda.device_count() if request["device"] == "cuda" else 1
+    out(event="begin", torch=torch.__version__, devices=count, seed=request["seed"])
+    for index in range(count):
+        device = torch.device("cuda", index) if request["device"] == "cuda" else torch.device("cpu")
+        out(event="start", index=index)
+        started = time.monotonic()
+        try:
+            record = one_device(device, index, request)
+        except Exception as exc:  # one GPU failing is a finding about that GPU; go on to the next
+            record = {"index": index, "error": f"{type(exc).__name__}: {exc}"}
+        out(event="done", seconds=time.monotonic() - started, **record)
+    return 0
+
+
+def one_device(device, index, request):
+    record = {"index": index, "name": "cpu"}
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # the events record on this device's current stream
+        record["name"] = torch.cuda.get_device_name(device)
+    record["bfloat16"] = matmul(device, index, torch.bfloat16, request["bf16_n"], request)
+    record["float32"] = matmul(device, index, torch.float32, request["fp32_n"], request)
+    record["copy"] = copy(device, request["copy_bytes"], request)
+    return record
+
+
+def matmul(device, index, dtype, n, request):
+    """Time ``a @ b`` (n x n) and compare a sampled block of it with float64 on the CPU.
+
+    The reference multiplies the SAME rounded inputs in float64, so the error measured is the
+    GPU's (accumulation and output rounding), not the inputs' rounding. Sampling ``sample`` rows
+    and columns keeps the CPU part at sample^2 * n multiply-adds, milliseconds even for n = 8192.
+    """
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    c = torch.empty(n, n, device=device, dtype=dtype)
+    ms = timed_ms(device, lambda i: torch.matmul(a, b, out=c), request["warmup"], request["iters"])
+    if planted("matmul", index):
+        c.neg_()
+    k = min(n, request["sample"])
+    rows, cols = torch.randperm(n)[:k].to(device), torch.randperm(n)[:k].to(device)
+    got = c[rows][:, cols].double().cpu()
+    want = a[rows].double().cpu() @ b[:, cols].double().cpu()
+    # The max-norm relative error: one badly wrong element in the block is enough to show.
+    error = ((got - want).abs().max() / want.abs().max()).item()
+    return {"n": n, "ms": ms, "tflops": 2 * n**3 / (ms * 1e-3) / 1e12, "rel_err": error, "sample": k}
+
+
+def copy(device, nbytes, request):
+    """Time a device-to-device copy of ``nbytes`` random bytes and check it arrived intact.
+
+    GB/s counts bytes read plus bytes written (2 x nbytes a copy), as STREAM's copy does and as
+    the 4.3 TB/s H200 reference was measured; 1 GB = 1e9 bytes.
+    """
+    src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    ms = timed_ms(device, lambda i: dst.copy_(src), request["warmup"], request["iters"])
+    return {"bytes": nbytes, "ms": ms, "gbs": 2 * nbytes / (ms * 1e-3) / 1e9, "equal": bool(torch.equal(dst, src))}
+
+
+# --- the all-reduce sweep ---------------------------------------------------------------------
+
+
+def allreduce_main(outdir, request):
+    import torch.multiprocessing as mp
+
+    # One process per rank, as torchrun would start them, without its agent or a TCP port:
+    # the ranks meet through a file store in OUTDIR.
+    mp.spawn(rank_main, args=(outdir, request), nprocs=request["world"], join=True)
+    return 0
+
+
+def rank_main(rank, outdir, request):
+    import torch.distributed as dist
+
+    out = Lines(os.path.join(outdir, f"rank{rank}.jsonl"))
+    device = torch.device("cuda", rank) if request["device"] == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    store = "file://" + os.path.join(outdir, "store")
+    dist.init_process_group(request["backend"], init_method=store, rank=rank, world_size=request["world"])
+    nccl = list(torch.cuda.nccl.version()) if request["backend"] == "nccl" else None
+    out(event="init", rank=rank, pid=os.getpid(), device=str(device), nccl=nccl, torch=torch.__version__)
+    if planted("hang", rank):
+        time.sleep(3600)
+    sweep(dist, rank, device, request, out)
+    dist.destroy_process_group()
+
+
+def sweep(dist, rank, device, request, out):
+    """nccl-tests' all_reduce_perf loop, in place (torch's all_reduce has no out-of-place form).
+
+    As nccl-tests does: ``warmup`` ops at the largest size, then at the smallest; per size one
+    untimed op, then ``iters`` timed ops, each on the next slice of one largest-size buffer (so
+    small sizes are not served from L2 cache); then a check on fresh data. The buffer is reset
+    to this rank's data before each size, as nccl-tests re-initialises it: summing in place
+    multiplies the values by the world size per op, and 21 ops stay far from float32's range.
+    """
+    sizes, warmup, iters = request["sizes"], request["warmup"], request["iters"]
+    largest = sizes[-1] // 4
+    data = contribution(rank, largest, request["seed"], device)
+    buffer = data.clone()
+
+    def op(count, i):
+        start = (i % (largest // count)) * count
+        dist.all_reduce(buffer[start : start + count])
+
+    for size in (sizes[-1], sizes[0]):
+        for i in range(warmup):
+            op(size // 4, i)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # "warm" must mean the warm-up finished, not was queued
+    out(event="warm")
+    for size in sizes:
+        count = size // 4
+        buffer.copy_(data)
+        ms = timed_ms(device, lambda i, count=count: op(count, i), 1, iters)
+        out(event="size", bytes=size, us=ms * 1e3, wrong=check(dist, rank, count, request, device))
+
+
+def check(dist, rank, count, request, device):
+    """nccl-tests' #wrong: elements of one all-reduce of fresh data that differ from the exact sum."""
+    data = contribution(rank, count, request["seed"] + 1, device)
+    if planted("wrong", rank):
+        data[count // 2] += 1
+    dist.all_reduce(data)
+    expected = sum(contribution(r, count, request["seed"] + 1, device) for r in range(request["world"]))
+    return int((data != expected).sum().item())
+
+
+def contribution(rank, count, seed, device):
+    """This rank's data: pseudo-random integers in [-8, 8] from (seed, rank, element index).
+
+    Integer arithmetic gives the same values on any device, so each rank can compute every
+    other rank's contribution; sums of small integers are exact in float32 in any order, so the
+    expected sum is exact, as nccl-tests makes its own data. seed < 2^24 and count <= 2^28 keep
+    the product below 2^63.
+    """
+    h = (torch.arange(count, dtype=torch.int64, device=device) + seed) * 2654435761 + rank * 40503
+    h = h ^ (h >> 15)
+    return (h % 17 - 8).to(torch.float32)
+
+
+def main(argv):
+    if len(argv) != 4 or argv[1] not in ("gpu", "allreduce"):
+        sys.stderr.write(__doc__)
+        return 2
+    if torch is None:
+        sys.stderr.write(f"torch does not import: {TORCH_ERROR}\n")
+        return 1
+    request = json.loads(argv[3])
+    return (gpu_main if argv[1] == "gpu" else allreduce_main)(argv[2], request)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

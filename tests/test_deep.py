@@ -1,0 +1,354 @@
+"""Tests of the deep checks: the judgement with plain numbers, then the real scripts under CPU torch
+(gloo in place of NCCL, two real processes), then `invoke verify --deep` when torch is a CPU build."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from types import MappingProxyType, SimpleNamespace
+
+import pytest
+from fakes.fake_nvml import gpu, machine
+
+from stackgate.checks import deep
+from stackgate.checks.core import CheckError, Result, Status
+from stackgate.stack import lock as lockmodel
+from stackgate.verify import plan
+
+ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+
+
+# --- per-GPU judgement, plain numbers ---------------------------------------------------------
+
+
+def gpu_record(index: int, bf16: float = 790.0, fp32: float = 50.0, copy: float = 4300.0, err: float = 0.002, equal: bool = True) -> dict:
+    return {
+        "event": "done", "index": index, "name": "NVIDIA H200", "seconds": 0.4,
+        "bfloat16": {"n": 8192, "ms": 1.39, "tflops": bf16, "rel_err": err, "sample": 64},
+        "float32": {"n": 4096, "ms": 2.7, "tflops": fp32, "rel_err": 1e-6, "sample": 64},
+        "copy": {"bytes": 2 << 30, "ms": 1.0, "gbs": copy, "equal": equal},
+    }  # fmt: skip
+
+
+def gpu_work(records: list[dict], returncode: int | None = 0, running: int | None = None) -> deep.GpuWork:
+    begin = {"event": "begin", "torch": "2.11.0+cu130", "devices": len(records), "seed": 5}
+    return deep.GpuWork(begin, tuple(records), running, returncode, 300.0, ("last line",), Path("/tmp/gpu-work.log"), 4.2)
+
+
+def test_relative_error_judgement() -> None:
+    assert deep.within_tolerance(0.002, deep.TOLERANCE["bfloat16"])
+    assert not deep.within_tolerance(0.02, deep.TOLERANCE["bfloat16"])
+    assert not deep.within_tolerance(1e-3, deep.TOLERANCE["float32"])  # what TF32 would give
+    assert not deep.within_tolerance(float("nan"), 1.0)
+    assert not deep.within_tolerance(float("inf"), 1.0)
+
+
+def test_slow_peers_compares_each_gpu_with_the_others() -> None:
+    assert deep.slow_peers({"a": 790.0, "b": 400.0}) == {"b": (400.0, 790.0)}  # the slow one of two
+    assert deep.slow_peers({"a": 790.0, "b": 760.0, "c": 781.0, "d": 700.0}) == {}  # a few percent is health
+    assert deep.slow_peers({"a": 790.0}) == {}  # no peers
+    assert set(deep.slow_peers({"a": 10.0, "b": 10.0, "c": 6.9}, floor=0.7)) == {"c"}
+
+
+def test_healthy_gpus_pass_with_their_figures() -> None:
+    result = deep.judge_gpu_work(gpu_work([gpu_record(0), gpu_record(1, bf16=785.0)]))
+    assert result.status == Status.PASS
+    assert "2 GPU(s) correct: bf16 785-790 TFLOP/s" in result.summary
+    assert result.data["gpus"][1]["bfloat16"]["tflops"] == 785.0
+    assert result.data["gpus"][0]["copy"]["gbs"] == 4300.0
+    assert "bytes read + bytes written" in result.data["conventions"]["copy_gbs"]
+
+
+def test_a_tf32_sized_fp32_error_says_so() -> None:
+    record = gpu_record(0)
+    record["float32"]["rel_err"] = 4e-4
+    result = deep.judge_gpu_work(gpu_work([record]))
+    assert result.summary.endswith("float32 product wrong: relative error 0.0004 > 0.0001 against float64 (TF32-sized: is TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 set?)")
+
+
+def test_a_wrong_product_fails_by_name() -> None:
+    result = deep.judge_gpu_work(gpu_work([gpu_record(0), gpu_record(1, err=float("nan"))]))
+    assert result.status == Status.FAIL
+    assert "GPU 1 (NVIDIA H200): bfloat16 product wrong" in result.summary
+    assert not any("GPU 0" in line for line in result.details)
+
+
+def test_an_erroring_gpu_and_a_damaged_copy_fail_by_name() -> None:
+    broken = {"event": "done", "index": 2, "error": "RuntimeError: CUDA error: no kernel image is available for execution on the device", "seconds": 0.1}
+    result = deep.judge_gpu_work(gpu_work([gpu_record(0), gpu_record(1, equal=False), broken]))
+    assert result.status == Status.FAIL
+    assert any(line.startswith("GPU 2 (unknown): RuntimeError: CUDA error: no kernel image") for line in result.details)
+    assert any(line.startswith("GPU 1 (NVIDIA H200): a device-to-device copy") for line in result.details)
+    assert result.data["gpus"][2] == {"index": 2, "error": broken["error"]}
+
+
+def test_a_far_slower_gpu_fails_by_name() -> None:
+    records = [gpu_record(0), gpu_record(1), gpu_record(2, copy=2000.0)]
+    result = deep.judge_gpu_work(gpu_work(records))
+    assert result.status == Status.FAIL
+    assert result.details == ("GPU 2 (NVIDIA H200): copy 2000 GB/s, 47% of its peers' median 4300 GB/s",)
+
+
+def test_a_gpu_that_never_finishes_is_a_hang() -> None:
+    result = deep.judge_gpu_work(gpu_work([gpu_record(0)], returncode=None, running=1))
+    assert result.status == Status.FAIL
+    assert result.summary == "hang: GPU 1 did not finish its work within 300 s"
+    assert result.data["hung"] is True
+    assert result.details == ("log tail:", "last line")
+
+
+# --- collective judgement, plain numbers ------------------------------------------------------
+
+
+def size_line(size: int, us: float, wrong: int = 0) -> dict:
+    return {"event": "size", "bytes": size, "us": us, "wrong": wrong}
+
+
+def test_aggregate_averages_time_over_ranks_like_all_reduce_perf() -> None:
+    per_rank = {0: [size_line(1 << 20, 100.0)], 1: [size_line(1 << 20, 300.0, wrong=1)]}
+    [figures] = deep.aggregate(2, per_rank)
+    assert figures.time_us == 200.0
+    assert figures.algbw_gbs == pytest.approx((1 << 20) / 200e-6 / 1e9)
+    assert figures.busbw_gbs == pytest.approx(figures.algbw_gbs)  # 2(n-1)/n = 1 for two ranks
+    assert figures.wrong == 1  # summed over ranks, as nccl-tests reports #wrong
+
+
+def test_aggregate_uses_8_rank_bus_factor_and_drops_unfinished_sizes() -> None:
+    per_rank = {r: [size_line(1 << 30, 4000.0)] + ([size_line(2 << 30, 8000.0)] if r else []) for r in range(8)}
+    figures = deep.aggregate(8, per_rank)
+    assert [f.bytes for f in figures] == [1 << 30]  # rank 0 never finished 2 GiB
+    assert figures[0].busbw_gbs == pytest.approx(figures[0].algbw_gbs * 1.75)
+
+
+def make_sweep(world: int, sizes: list[deep.SizeFigures], **changes: object) -> deep.Sweep:
+    request = deep.AllReduceRequest(world, min_bytes=sizes[0].bytes if sizes else 8192, max_bytes=sizes[-1].bytes if sizes else 8192)
+    fields = dict(
+        request=request, sizes=tuple(sizes), progress={r: len(sizes) for r in range(world)}, pids=(), nccl_version="2.28.9",
+        returncode=0, timeout_s=300.0, tail=(), log=Path("/tmp/allreduce.log"),
+        nccl_env={"NCCL_DEBUG": "INFO", "NCCL_NVLS_ENABLE": "0", "NCCL_P2P_LEVEL": "SYS"},
+        transports={"P2P/CUMEM/read": 48}, channels=24, duration_s=9.0,
+    )  # fmt: skip
+    fields.update(changes)
+    return deep.Sweep(**fields)
+
+
+def test_one_rank_passes_and_says_busbw_is_not_defined() -> None:
+    sizes = [deep.SizeFigures(8192, 5.0, 1.6, None, 0), deep.SizeFigures(16384, 5.0, 3.3, None, 0)]
+    result = deep.judge_collective(make_sweep(1, sizes), min_busbw=30.0)
+    assert result.status == Status.PASS
+    assert "bus bandwidth is not defined for one rank (2(n-1)/n = 0); min_busbw_gbs 30 not judged" in result.summary
+    assert result.data["busbw_judged"] is False and result.data["peak_busbw_gbs"] is None
+    assert result.data["busbw_note"].startswith("bus bandwidth is not defined for one rank")
+    assert "busbw n/a (1 rank)" in result.details[0]
+
+
+def test_busbw_below_the_lock_fails_naming_the_nccl_variables() -> None:
+    sizes = [deep.SizeFigures(1 << 30, 50000.0, 21.5, 37.6, 0), deep.SizeFigures(2 << 30, 95000.0, 22.6, 39.5, 0)]
+    result = deep.judge_collective(make_sweep(8, sizes), min_busbw=45.0)
+    assert result.status == Status.FAIL
+    assert result.summary.startswith("peak busbw 39.5 GB/s at 2 GiB is below the lock's 45 GB/s (NCCL 2.28.9, 8 ranks; NCCL_P2P_LEVEL=SYS, NCCL_MIN_NCHANNELS=unset")
+    assert "NCCL variables in force: NCCL_DEBUG=INFO NCCL_NVLS_ENABLE=0 NCCL_P2P_LEVEL=SYS" in result.details
+    assert "transports in the INFO log: P2P/CUMEM/read x48" in result.details
+    assert deep.judge_collective(make_sweep(8, sizes), min_busbw=39.0).status == Status.PASS
+
+
+def test_a_crashed_sweep_fails_with_the_error_line() -> None:
+    sweep = make_sweep(2, [], returncode=1, tail=("NCCL INFO comm 0x1 rank 0", "RuntimeError: NCCL error: unhandled cuda error"))
+    result = deep.judge_collective(sweep, None)
+    assert result.status == Status.FAIL
+    assert result.summary == "the all-reduce failed (exit 1): RuntimeError: NCCL error: unhandled cuda error"
+
+
+# --- what deep stands on, and how verify plans it ---------------------------------------------
+
+
+def result(name: str, status: Status, summary: str = "", **data: object) -> Result:
+    return Result(name, status, summary or status.name.lower(), data=data)
+
+
+STATIC_OK = [result(n, Status.PASS) for n in ("gpu.driver", "gpu.count", "gpu.capability", "torch.build", "nccl.version")]
+
+
+def test_deep_checks_run_only_on_passed_prerequisites() -> None:
+    ok = [*STATIC_OK, result("torch.arch", Status.WARN, "compute capability 9.0 runs only through PTX JIT")]
+    assert deep.not_run("deep.gpu_work", ok) is None  # a warning is a pass here
+    cpu = [r for r in ok if r.check != "torch.build"] + [result("torch.build", Status.FAIL, "torch 2.13.0+cpu is a CPU build")]
+    skipped = deep.not_run("deep.collective", cpu)
+    assert skipped is not None and skipped.status == Status.SKIP and skipped.check == "deep.collective"
+    assert skipped.summary == "not run: torch.build failed: torch 2.13.0+cpu is a CPU build"
+    missing = deep.not_run("deep.collective", [r for r in ok if r.check != "nccl.version"])
+    assert missing is not None and missing.summary == "not run: nccl.version was not run"
+
+
+def test_a_gpu_hang_keeps_the_collective_from_running() -> None:
+    ok = [*STATIC_OK, result("torch.arch", Status.PASS)]
+    hung = result("deep.gpu_work", Status.FAIL, "hang: GPU 3 did not finish", hung=True)
+    skipped = deep.not_run("deep.collective", [*ok, hung])
+    assert skipped is not None and "a GPU hung in deep.gpu_work" in skipped.summary
+    assert deep.not_run("deep.collective", [*ok, result("deep.gpu_work", Status.FAIL, "slow GPU 2")]) is None
+
+
+def test_plan_keeps_deep_checks_out_of_plain_verify() -> None:
+    static, deep_checks = plan((), deep=False)
+    assert deep_checks == [] and not any(c.slow for c in static)
+    with pytest.raises(CheckError, match="deep.collective run only with --deep"):
+        plan(("deep.collective",), deep=False)
+    static, deep_checks = plan(("deep.collective",), deep=True)
+    assert [c.name for c in deep_checks] == ["deep.collective"]
+    assert {c.name for c in static} == set(deep.PREREQUISITES["deep.collective"])
+
+
+def test_launch_env_forces_multicast_off_and_an_info_log() -> None:
+    lock = SimpleNamespace(smoke=SimpleNamespace(env=MappingProxyType({"NCCL_MIN_NCHANNELS": "8"})))
+    shell = {"PATH": "/bin", "NCCL_NVLS_ENABLE": "1", "NCCL_DEBUG": "WARN", "NCCL_DEBUG_FILE": "/tmp/x.%p"}
+    facts = SimpleNamespace(env=SimpleNamespace(environ=shell))
+    env = deep.launch_env(lock, facts)  # type: ignore[arg-type]
+    assert env["NCCL_NVLS_ENABLE"] == "0" and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" and env["NVSHMEM_DISABLE_NVLS"] == "1"
+    assert env["NCCL_DEBUG"] == "INFO" and "NCCL_DEBUG_FILE" not in env and env["NCCL_MIN_NCHANNELS"] == "8"
+
+
+# --- the real scripts under CPU torch ---------------------------------------------------------
+
+
+def cpu_env(fault: str = "") -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "STACKGATE_DEEP_FAULT"}
+    env.update(deep.REQUIRED_ENV, NCCL_P2P_LEVEL="SYS", OMP_NUM_THREADS="1")
+    if fault:
+        env["STACKGATE_DEEP_FAULT"] = fault
+    return env
+
+
+SMALL_GPU_WORK = deep.GpuWorkRequest(device="cpu", bf16_n=128, fp32_n=96, copy_bytes=1 << 20, warmup=1, iters=2, sample=32)
+
+
+@pytest.mark.torch
+def test_gpu_work_runs_and_checks_real_products(torch_python: Path) -> None:
+    work = deep.run_gpu_work(torch_python, SMALL_GPU_WORK, cpu_env(), timeout_s=120)
+    result = deep.judge_gpu_work(work)
+    assert result.status == Status.PASS, result.details
+    [gpu] = result.data["gpus"]
+    assert gpu["bfloat16"]["n"] == 128 and gpu["float32"]["n"] == 96
+    assert 0 < gpu["bfloat16"]["rel_err"] < deep.TOLERANCE["bfloat16"]
+    assert 0 <= gpu["float32"]["rel_err"] < deep.TOLERANCE["float32"]
+    assert gpu["bfloat16"]["tflops"] > 0 and gpu["copy"]["gbs"] > 0 and gpu["copy"]["equal"] is True
+    assert result.data["seed"] == SMALL_GPU_WORK.seed and work.log.is_file()
+
+
+@pytest.mark.torch
+def test_gpu_work_catches_a_planted_wrong_product(torch_python: Path) -> None:
+    work = deep.run_gpu_work(torch_python, SMALL_GPU_WORK, cpu_env("matmul:0"), timeout_s=120)
+    result = deep.judge_gpu_work(work)
+    assert result.status == Status.FAIL
+    assert result.details == (
+        "GPU 0 (cpu): bfloat16 product wrong: relative error 2 > 0.01 against float64",
+        "GPU 0 (cpu): float32 product wrong: relative error 2 > 0.0001 against float64",
+    )
+
+
+SMALL_SWEEP = dict(backend="gloo", device="cpu", min_bytes=8 << 10, max_bytes=64 << 10, warmup=2, iters=3)
+
+
+@pytest.mark.torch
+def test_gloo_all_reduce_of_two_processes_is_exact(torch_python: Path) -> None:
+    sweep = deep.run_sweep(torch_python, deep.AllReduceRequest(2, **SMALL_SWEEP), cpu_env(), timeout_s=120)
+    assert sweep.returncode == 0, sweep.tail
+    assert [s.bytes for s in sweep.sizes] == [8192, 16384, 32768, 65536]
+    assert all(s.wrong == 0 and s.time_us > 0 and s.busbw_gbs == pytest.approx(s.algbw_gbs) for s in sweep.sizes)
+    assert len(set(sweep.pids)) == 2 and sweep.nccl_version is None
+    result = deep.judge_collective(sweep, None)
+    assert result.status == Status.PASS and result.summary.startswith("2 ranks, gloo: peak busbw")
+    assert result.data["wrong_total"] == 0 and len(result.data["sizes"]) == 4
+    # Real figures against an unreachable floor: the failure names the NCCL settings in force.
+    slow = deep.judge_collective(sweep, 1e6)
+    assert slow.status == Status.FAIL and "NCCL_P2P_LEVEL=SYS" in slow.summary
+
+
+@pytest.mark.torch
+def test_a_planted_wrong_contribution_is_counted(torch_python: Path) -> None:
+    sweep = deep.run_sweep(torch_python, deep.AllReduceRequest(2, **SMALL_SWEEP), cpu_env("wrong:1"), timeout_s=120)
+    assert sweep.returncode == 0, sweep.tail
+    assert [s.wrong for s in sweep.sizes] == [2, 2, 2, 2]  # one element, seen wrong by both ranks
+    result = deep.judge_collective(sweep, None)
+    assert result.status == Status.FAIL
+    assert result.summary == "all-reduce results wrong at 4 of 4 sizes (#wrong 8)"
+
+
+def running(pid: int) -> bool:
+    """A process that exists and is not a zombie (a killed child nobody has reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def all_gone(pids: tuple[int, ...], within_s: float = 10.0) -> bool:
+    """SIGKILL is delivered at once but a process takes a moment to finish dying."""
+    deadline = time.monotonic() + within_s
+    while any(running(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.mark.torch
+def test_a_planted_hang_fails_as_a_hang_and_the_group_is_killed(torch_python: Path) -> None:
+    sweep = deep.run_sweep(torch_python, deep.AllReduceRequest(2, **SMALL_SWEEP), cpu_env("hang:1"), timeout_s=25)
+    assert sweep.returncode is None
+    result = deep.judge_collective(sweep, None)
+    assert result.status == Status.FAIL and result.data["hung"] is True
+    assert result.summary == "hang: the warm-up all-reduces did not finish within 25 s (2 of 2 rank(s) set up)", result.details
+    assert "rank 1: stopped in the warm-up all-reduces" in result.details
+    assert len(sweep.pids) == 2 and all_gone(sweep.pids)
+
+
+# --- `invoke verify --deep` with a CPU build of torch -----------------------------------------
+
+CPU_LOCK = """
+[stack]
+name = "cpu-torch"
+[hardware]
+gpu_count = 1
+compute_capability = "9.0"
+gpu_name = "H200"
+min_driver = "580"
+[python]
+version = "{version}"
+interpreter = "{python}"
+torch_cuda = "13.0"
+[python.packages]
+torch = "==2.13.0"
+[nccl]
+min_busbw_gbs = 30.0
+"""
+
+
+@pytest.mark.torch
+def test_verify_deep_does_not_run_deep_checks_on_a_cpu_torch(torch_python: Path, tmp_path: Path) -> None:
+    lock = tmp_path / "cpu.toml"
+    lock.write_text(CPU_LOCK.format(version=f"{sys.version_info.major}.{sys.version_info.minor}", python=torch_python))
+    lockmodel.load(lock)  # the test's lock is itself valid
+    spec = tmp_path / "nvml.json"
+    spec.write_text(json.dumps(machine([gpu("NVIDIA H200", (9, 0))])))  # the GPU checks pass: only torch blocks
+    fake = {"STACKGATE_NVML_MODULE": "fakes.fake_nvml", "STACKGATE_FAKE_NVML": str(spec)}
+    env = dict(os.environ, **fake, PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT)]), NO_COLOR="1")
+    argv = [sys.executable, "-m", "invoke", "verify", "--deep", "--check", "deep.*", "--lock", str(lock), "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "r.xml")]
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr  # torch.build fails: the gate fails
+    doc = json.loads((tmp_path / "r.json").read_text())
+    status = {r["check"]: r for r in doc["results"]}
+    assert {status[n]["status"] for n in ("gpu.driver", "gpu.count", "gpu.capability")} == {"PASS"}
+    assert status["torch.build"]["status"] == "FAIL"
+    for name in ("deep.gpu_work", "deep.collective"):
+        assert status[name]["status"] == "SKIP"
+        assert status[name]["summary"].startswith("not run: torch.build failed: torch 2.13.0+cpu is a CPU build")
+    assert list(doc["phases_s"]) == ["static", "deep.gpu_work", "deep.collective"]
+    cases = {c.get("name"): c for c in ET.parse(tmp_path / "r.xml").getroot().iter("testcase")}
+    assert cases["deep.collective"].find("skipped") is not None
+    assert "wall time" in done.stdout and "deep.gpu_work" in done.stdout
