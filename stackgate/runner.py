@@ -6,15 +6,17 @@ whole tree it started, never just its leader.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
-__all__ = ["Completed", "kill_group", "run"]
+__all__ = ["Completed", "kill_group", "run", "stream"]
 
 
 @dataclass(frozen=True)
@@ -88,3 +90,83 @@ def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+#: How much of a streamed command's output is kept in memory (all of it goes to the log).
+_KEEP_CHARS = 1 << 20
+_PR_SET_PDEATHSIG = 1
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A child-side hook that makes the kernel SIGKILL the child when its parent dies, so that a
+    killed provisioner's installer cannot go on writing into a generation that the next run
+    rebuilds (Linux only; elsewhere None). prctl is looked up here, in the parent, so the child
+    only makes one plain call between fork and exec."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def stream(
+    argv: Sequence[str | Path],
+    *,
+    log: Path,
+    timeout_s: float,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | str | None = None,
+    on_line: Callable[[str], None] | None = None,
+) -> Completed:
+    """Run a long command, appending its merged stdout and stderr to ``log`` line by line.
+
+    ``on_line`` sees each line as it comes (for progress). The returned ``stdout`` holds the
+    output (its last megabyte); ``stderr`` is empty because both streams are merged.
+    """
+    args = tuple(str(a) for a in argv)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with open(log, "a", encoding="utf-8", errors="replace") as sink:
+        sink.write(f"$ {' '.join(args)}\n")
+        sink.flush()
+        try:
+            process = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=dict(env) if env is not None else None,
+                cwd=cwd,
+                text=True,
+                errors="replace",
+                start_new_session=True,
+                preexec_fn=_parent_death_signal(),
+            )
+        except OSError as exc:
+            message = f"cannot run {args[0]}: {exc.strerror or exc}"
+            sink.write(message + "\n")
+            return Completed(args, 127, "", message, 0.0)
+        expired = threading.Event()
+        timer = threading.Timer(timeout_s, lambda: (expired.set(), kill_group(process.pid)))
+        timer.start()
+        kept: list[str] = []
+        size = 0
+        try:
+            assert process.stdout is not None
+            for line in process.stdout:
+                sink.write(line)
+                sink.flush()
+                kept.append(line)
+                size += len(line)
+                while size > _KEEP_CHARS and len(kept) > 1:
+                    size -= len(kept.pop(0))
+                if on_line is not None:
+                    on_line(line.rstrip("\n"))
+            returncode = process.wait()
+        except BaseException:
+            kill_group(process.pid)
+            process.wait()
+            raise
+        finally:
+            timer.cancel()
+    return Completed(args, None if expired.is_set() else returncode, "".join(kept), "", time.monotonic() - started)

@@ -27,6 +27,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 __all__ = [
+    "DEFAULT_INDEX",
     "DEFAULT_LOCK",
     "Benchmark",
     "Capability",
@@ -52,6 +53,7 @@ DEFAULT_LOCK = Path(__file__).resolve().parents[2] / "lockfiles" / "blackwell-sm
 
 TOOLKIT_SOURCES = ("pypi", "runfile", "apt")
 INSTALLERS = ("uv", "pip")
+DEFAULT_INDEX = "https://pypi.org/simple"
 CUDA_LINK_POLICIES = ("leave", "default")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _REFERENCE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.]*)\}")
@@ -184,6 +186,8 @@ class Python:
     overrides: tuple[Override, ...]
     imports: tuple[str, ...]
     torch_cuda: str | None  #: torch.version.cuda the stack needs, e.g. "13.0"
+    #: where every package not mapped to a [[python.index]] comes from (PyPI, or a mirror of it)
+    default_index: str = DEFAULT_INDEX
 
     @property
     def target(self) -> Path:
@@ -501,6 +505,10 @@ class _Builder:
             t.error("installer", f"must be one of {', '.join(INSTALLERS)}, not {installer!r}")
         packages = self.packages(t.sub("packages"))
         names = {p.name for p in packages}
+        indexes = tuple(self.index(i, names) for i in t.array("index"))
+        default_index = t.get("default_index", str, DEFAULT_INDEX)
+        if default_index is not None and not re.match(r"^(https?|file)://", default_index):
+            t.error("default_index", f"must be an http(s):// or file:// URL, not {default_index!r}")
         guard = t.sub("guard")
         frozen = tuple(canonicalize_name(n) for n in guard.strings("frozen"))
         for i, name in enumerate(frozen):
@@ -517,21 +525,27 @@ class _Builder:
             root=Path(root) if root else None,
             interpreter=Path(interpreter) if interpreter else None,
             installer=installer or "uv",
-            indexes=tuple(self.index(i) for i in t.array("index")),
+            indexes=indexes,
             packages=packages,
             frozen=frozen,
             overrides=overrides,
             imports=t.strings("imports"),
             torch_cuda=torch_cuda,
+            default_index=default_index or DEFAULT_INDEX,
         )
         t.finish()
         return python
 
-    def index(self, t: _Table) -> Index:
+    def index(self, t: _Table, pinned: set[str]) -> Index:
         url = t.get("url", str)
         if url is not None and not re.match(r"^(https?|file)://", url):
             t.error("url", f"must be an http(s):// or file:// URL, not {url!r}")
         index = Index(url or "", tuple(canonicalize_name(n) for n in t.strings("packages")))
+        # provision installs from a named index exactly the pins it maps there; an unpinned name
+        # would be pulled in later, as someone's dependency, from the default index instead.
+        for i, name in enumerate(index.packages):
+            if name not in pinned:
+                t.error(f"packages[{i}]", f"{name!r} has no pin in python.packages: provision installs from this index only what the lock pins")
         t.finish()
         return index
 
