@@ -133,7 +133,7 @@ def _provision(lock: lockmodel.Lock, request: ProvisionRequest, environ: dict[st
         if isinstance(exc, _module_errors()):
             return _failed(exc, getattr(exc, "log", None), tuple(getattr(exc, "tail", ()) or ()), ui)
         raise
-    return _verify_built(lock, the_plan, ui)
+    return _verify_built(lock, the_plan, request, environ, ui)
 
 
 def _module_errors() -> tuple[type[BaseException], ...]:
@@ -222,6 +222,8 @@ def apply(the_plan: Plan, state: generations.RootState, environ: dict[str, str],
     lock = the_plan.lock
     stamp = the_plan.generation.name if the_plan.generation else time.strftime("%Y%m%dT%H%M%S")
     build = Build(lock, state, environ, _log_dir(lock, stamp), the_plan)
+    if the_plan.resume:
+        build.generation = next(g for g in state.generations if g.path == the_plan.generation)
     with _kept_toolkits_untouched(the_plan):
         for number, step in enumerate(the_plan.steps, 1):
             build.step_number = number
@@ -378,7 +380,7 @@ def _switch(build: Build, step: Step, activity: Activity) -> None:
     assert generation is not None
     build.generation = generations.mark(generation, "ready")
     _fault("during:python.switch")
-    generations.switch(build.root, build.generation)
+    build.generation = generations.switch(build.root, build.generation)
     removed = generations.prune(generations.read(build.root))
     activity.update(f"current -> {build.generation.id}" + (f"; removed {', '.join(g.id for g in removed)}" if removed else ""))
 
@@ -412,15 +414,23 @@ APPLIERS: dict[str, Callable[[Build, Step, Activity], None]] = {
 # --- after applying -----------------------------------------------------------------------------
 
 
-def _verify_built(lock: lockmodel.Lock, the_plan: Plan, ui: UI) -> ExitCode:
-    """Gather the facts again and run the checks that cover what was built."""
+def _verify_built(lock: lockmodel.Lock, the_plan: Plan, request: ProvisionRequest, environ: Mapping[str, str], ui: UI) -> ExitCode:
+    """Gather the facts again: plan again (nothing may be left to do), and run the verify checks
+    that cover what was built."""
+    assert lock.python.root is not None
+    again = _make_plan(lock, generations.read(lock.python.root), request, environ)
+    left = [f"{s.what} ({s.why})" for s in again.steps] + [b.message for b in again.blockers]
     checks = _registered(tuple(name for area in the_plan.areas for name in VERIFY_CHECKS[area]))
-    done = verify(lock, checks, ui)
-    ui.results(f"stackgate provision: verify {lock.name} after provisioning", done.results, done.verdict, done.duration_s)
-    if not done.verdict.passed:
-        differs = [f"{r.check}: {r.summary}" for r in done.results if r.status >= Status.FAIL]
-        ui.error("the machine still differs from the lock: " + ("; ".join(differs) or done.verdict.reason))
-    return done.verdict.exit_code
+    code = ExitCode.PASSED
+    if checks:
+        done = verify(lock, checks, ui)
+        ui.results(f"stackgate provision: verify {lock.name} after provisioning", done.results, done.verdict, done.duration_s)
+        left += [f"{r.check}: {r.summary}" for r in done.results if r.status >= Status.FAIL]
+        code = done.verdict.exit_code
+    if left:
+        ui.error("the machine still differs from the lock: " + "; ".join(left))
+        return ExitCode.FAILED
+    return code
 
 
 # --- rollback -----------------------------------------------------------------------------------

@@ -12,6 +12,8 @@ import base64
 import hashlib
 import html
 import http.server
+import os
+import sys
 import threading
 import urllib.parse
 import zipfile
@@ -19,9 +21,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
+import pytest
 from packaging.utils import canonicalize_name
 
-__all__ = ["Index", "IndexServer", "Wheel", "build_wheel", "stack_wheels"]
+__all__ = [
+    "DEAD_URL",
+    "Index",
+    "IndexServer",
+    "Wheel",
+    "build_wheel",
+    "install_environ",
+    "serve_stack",
+    "stack_index",
+    "stack_wheels",
+    "write_stack_lock",
+]
 
 PY_TAG = "py3-none-any"
 
@@ -91,8 +105,8 @@ def stack_wheels() -> dict[str, list[Wheel]]:
         _torch("2.10.0", "12.8", ["filelock", "nvidia-nccl-cu12==2.27.5; platform_system == 'Linux'", "triton==3.6.0; platform_system == 'Linux'"]),
         Wheel("torchaudio", "2.9.1", ("torch==2.9.1",)),
         Wheel("torchaudio", "2.10.0", ("torch==2.10.0",)),
-        Wheel("flashinfer-python", "0.6.3", ("torch", "flashinfer-cubin")),
-        Wheel("flashinfer-python", "0.6.4", ("torch", "flashinfer-cubin")),
+        Wheel("flashinfer-python", "0.6.3", ("torch", "flashinfer-cubin"), module="flashinfer"),
+        Wheel("flashinfer-python", "0.6.4", ("torch", "flashinfer-cubin"), module="flashinfer"),
         Wheel("flashinfer-cubin", "0.6.3"),
         Wheel("flashinfer-cubin", "0.6.4"),
         Wheel("sgl-kernel", "0.3.21"),  # PyPI's is a CUDA 12.9 build: the wrong one
@@ -237,3 +251,115 @@ def serve_stack(base: Path, extra: dict[str, list[Wheel]] | None = None) -> Inde
 
 def iter_wheels(base: Path) -> Iterator[Path]:
     yield from sorted((base / "files").glob("*.whl"))
+
+
+SGL_KERNEL_WHEEL = "sgl_kernel-0.3.21+cu130-cp310-abi3-manylinux2014_x86_64.whl"
+DEAD_URL = "http://127.0.0.1:9/simple"  # the discard port: nothing listens there
+
+
+def sgl_kernel_sha256(server: IndexServer) -> str:
+    return hashlib.sha256((server.files / SGL_KERNEL_WHEEL).read_bytes()).hexdigest()
+
+
+def write_stack_lock(
+    path: Path,
+    server: IndexServer,
+    root: Path,
+    *,
+    installer: str = "uv",
+    python: str | None = None,
+    extra_packages: dict[str, str] | None = None,
+    sha256: str | None = "",
+    default_index: str | None = None,
+    family_index: str | None = None,
+    env: dict[str, str] | None = None,
+    toolkits: str | None = None,
+) -> Path:
+    """A lockfile of the test stack (the default profile's shape) served by ``server``.
+
+    ``sha256=""`` puts the real digest of the sgl-kernel wheel; None leaves it out.
+    """
+    import platform
+
+    version = python or ".".join(platform.python_version_tuple()[:2])
+    digest = sgl_kernel_sha256(server) if sha256 == "" else sha256
+    kernel = f'{{ version = "==0.3.21+cu130", url = "{server.file_url(urllib.parse.quote(SGL_KERNEL_WHEEL))}"'
+    kernel += f', sha256 = "{digest}" }}' if digest else " }"
+    packages = {
+        "torch": "==2.9.1+cu130",
+        "torchaudio": "==2.9.1+cu130",
+        "triton": "==3.5.1",
+        "nvidia-nccl-cu13": "==2.27.7",
+        "flashinfer-python": "==0.6.4",
+        "flashinfer-cubin": "==0.6.4",
+        "sglang": "==0.5.9",
+        **(extra_packages or {}),
+    }
+    pins = "".join(f'{name} = "{spec}"\n' for name, spec in packages.items())
+    env_lines = "".join(f'{k} = "{v}"\n' for k, v in (env or {}).items())
+    default_toolkit = '[[toolkit]]\nversion = "13.0"\nprefix = "/usr/local/cuda-13.0"\nkeep = true\ndefault = true\n'
+    text = f"""# A test lock: the default profile's shape, served from {server.url}
+[stack]
+name = "test-stack"
+
+[hardware]
+gpu_count = 1
+compute_capability = "12.0"
+gpu_name = "RTX PRO 6000"
+min_driver = "580"
+
+{toolkits if toolkits is not None else default_toolkit}
+[python]
+version = "{version}"
+root = "{root}"
+installer = "{installer}"
+default_index = "{default_index or server.simple('pypi')}"
+
+[[python.index]]
+url = "{family_index or server.simple('cu130')}"
+packages = ["torch", "torchaudio", "triton"]
+
+[python.packages]
+{pins}sgl-kernel = {kernel}
+
+[python.guard]
+frozen = ["torch", "torchaudio", "triton", "nvidia-nccl-cu13"]
+
+[[python.override]]
+package = "flashinfer-python"
+version = "==0.6.4"
+reason = "sglang 0.5.9 pins flashinfer_python==0.6.3; the stack runs 0.6.4"
+
+[[python.override]]
+package = "flashinfer-cubin"
+version = "==0.6.4"
+reason = "sglang 0.5.9 pins flashinfer_cubin==0.6.3; it must equal flashinfer-python"
+
+[env]
+CUDA_HOME = "{{toolkit.default}}"
+TRITON_PTXAS_PATH = "{{toolkit.default}}/bin/ptxas"
+{env_lines}"""
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="session")
+def stack_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IndexServer]:
+    """The stack's wheels, served on 127.0.0.1 for the whole session."""
+    server = serve_stack(tmp_path_factory.mktemp("index"))
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def install_environ(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """An environment for provisioning in tests: no pip/uv configuration of this machine, caches
+    of the session's own, and the running interpreter as the stack's Python."""
+    from conftest import isolated_environ
+
+    caches = tmp_path_factory.mktemp("caches")
+    return isolated_environ(
+        UV_CACHE_DIR=str(caches / "uv"),
+        PIP_CACHE_DIR=str(caches / "pip"),
+        STACKGATE_PYTHON=os.path.realpath(getattr(sys, "_base_executable", sys.executable)),
+    )

@@ -37,6 +37,7 @@ __all__ = [
     "mark",
     "prune",
     "read",
+    "resumable",
     "rollback",
     "switch",
 ]
@@ -78,6 +79,11 @@ class Generation:
     @property
     def ready(self) -> bool:
         return self.state == "ready"
+
+    @property
+    def was_current(self) -> bool:
+        """Whether ``current`` ever pointed here (rollback only goes back to such a generation)."""
+        return bool(self.marker and self.marker.get("switched_in"))
 
     @property
     def python(self) -> Path:
@@ -156,7 +162,7 @@ def create(path: Path, about: Mapping[str, Any]) -> Generation:
 def mark(generation: Generation, state: str, **extra: Any) -> Generation:
     marker = {**(generation.marker or {}), "state": state, **extra}
     if state == "ready":
-        marker["finished"] = _now()
+        marker.setdefault("finished", _now())
     _write_marker(generation.path, marker)
     return Generation(generation.path, marker)
 
@@ -170,7 +176,7 @@ def _write_marker(path: Path, marker: Mapping[str, Any]) -> None:
     os.replace(part, path / MARKER)
 
 
-def switch(root: Path, generation: Generation) -> None:
+def switch(root: Path, generation: Generation) -> Generation:
     """Point ``current`` at a ready generation: a new symlink renamed over the old one, so any
     reader sees either the old target or the new one, never neither."""
     if not generation.ready:
@@ -181,6 +187,8 @@ def switch(root: Path, generation: Generation) -> None:
     os.symlink(os.path.relpath(generation.path, root), part)
     os.replace(part, link)
     _fsync_dir(root)
+    # After the rename: a crash in between costs only this note, never a half switch.
+    return mark(generation, "ready", switched_in=_now())
 
 
 def _fsync_dir(path: Path) -> None:
@@ -201,15 +209,30 @@ def discard_unfinished(state: RootState) -> list[Generation]:
 
 
 def prune(state: RootState, keep: int = KEEP) -> list[Generation]:
-    """Keep the current generation and the newest ready ones before it, ``keep`` in all."""
+    """Keep the current generation and the newest ones that were current before it, ``keep`` in
+    all; the rest go (generations rolled back from, and ready ones never switched to)."""
     if state.current is None:
         return []
-    older = [g for g in state.generations if g.ready and g.number < state.current.number]
-    kept = {state.current.path, *(g.path for g in older[-(keep - 1) :] if keep > 1)}
+    kept = {state.current.path, *(g.path for g in _earlier(state)[-(keep - 1) :] if keep > 1)}
     removed = [g for g in state.generations if g.path not in kept]
     for generation in removed:
         _remove(generation.path)
     return removed
+
+
+def _earlier(state: RootState) -> list[Generation]:
+    """Ready generations before the current one that were current once and not rolled back
+    from, oldest first: the history rollback walks back through."""
+    assert state.current is not None
+    earlier = [g for g in state.generations if g.ready and g.was_current and g.number < state.current.number]
+    return [g for g in earlier if not (g.marker or {}).get("rolled_back")]
+
+
+def resumable(state: RootState, spec: Mapping[str, Any]) -> Generation | None:
+    """A generation an interrupted run built and checked from ``spec`` but never switched to."""
+    after = state.current.number if state.current else 0
+    found = [g for g in state.generations if g.ready and not g.was_current and g.number > after and g.marker and g.marker.get("spec") == spec]
+    return found[-1] if found else None
 
 
 def _remove(path: Path) -> None:
@@ -223,16 +246,16 @@ def _remove(path: Path) -> None:
 
 
 def rollback(root: Path) -> tuple[Generation, Generation]:
-    """Switch ``current`` to the newest ready generation before it; return (from, to)."""
+    """Switch ``current`` to the newest generation before it that was current once; return (from, to)."""
     state = read(root)
     if state.current is None:
         raise GenerationError(state.current_error or f"nothing to roll back: {root / 'current'} does not exist")
-    earlier = [g for g in state.generations if g.ready and g.number < state.current.number and g.python.exists()]
+    earlier = [g for g in _earlier(state) if g.python.exists()]
     if not earlier:
         raise GenerationError(f"no earlier ready generation under {generations_dir(root)} to roll back to (current: {state.current.id})")
-    target = earlier[-1]
-    switch(root, target)
-    return state.current, target
+    target = switch(root, earlier[-1])
+    # The generation left behind was judged bad: never a rollback target or kept again.
+    return mark(state.current, "ready", rolled_back=_now()), target
 
 
 # --- one provision at a time -------------------------------------------------------------------

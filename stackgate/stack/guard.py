@@ -27,7 +27,12 @@ OVERRIDES = "overrides.txt"
 
 
 class GuardError(Exception):
-    """A resolution that needed another version of a frozen package."""
+    """A resolution that needed another version of a frozen package; ``log`` holds the resolver's output."""
+
+    def __init__(self, message: str, log: Path | None = None, tail: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.log = log
+        self.tail = tail
 
 
 @dataclass(frozen=True)
@@ -68,13 +73,13 @@ class Blocked:
     """A requirement the guard refused: who asked for what, and what the lock holds."""
 
     requirer: str
-    requirer_version: str | None
+    requirer_version: str | None  #: None: uv said "all versions of" the requirer
     requirement: str
     package: str
     locked: str
 
     def __str__(self) -> str:
-        who = f"{self.requirer} {self.requirer_version}" if self.requirer_version else self.requirer
+        who = f"{self.requirer} {self.requirer_version}" if self.requirer_version else f"every version of {self.requirer}"
         return f"{who} requires {self.requirement}, but the lock holds {self.package} at {self.locked}"
 
 
@@ -108,7 +113,7 @@ def blocked(output: str, lock: Lock) -> list[Blocked]:
             continue
         if requirement.specifier.contains(version, prereleases=True):
             continue
-        hit = Blocked(match["name"], match["pinned"] or match["version"], str(requirement), package, str(version))
+        hit = Blocked(match["name"], match["pinned"] or match["version"], match["requirement"].replace(" ", ""), package, str(version))
         if hit not in found:
             found.append(hit)
     return found

@@ -57,8 +57,9 @@ class Plan:
     steps: tuple[Step, ...]
     blockers: tuple[Blocker, ...]
     in_place: tuple[str, ...]  #: what already matches the lock
-    generation: Path | None = None  #: the generation a build creates
+    generation: Path | None = None  #: the generation a build creates (or resumes)
     base_python: BasePython | None = None
+    resume: bool = False  #: the generation exists: an interrupted run built and checked it
 
     @property
     def empty(self) -> bool:
@@ -104,6 +105,7 @@ class _Draft:
     in_place: list[str] = field(default_factory=list)
     generation: Path | None = None
     base_python: BasePython | None = None
+    resume: bool = False
 
 
 def plan(lock: Lock, facts: Facts, state: generations.RootState, *, only: str | None = None, uv: str | None = None) -> Plan:
@@ -113,7 +115,10 @@ def plan(lock: Lock, facts: Facts, state: generations.RootState, *, only: str | 
     if "toolkit" in areas:
         _toolkits(lock, facts, draft)
     rebuild = _python_drift(lock, facts, state) if "python" in areas else []
-    if rebuild:
+    resume = generations.resumable(state, pyenv.spec(lock)) if rebuild else None
+    if resume is not None:
+        _resume(state, resume, rebuild, draft)
+    elif rebuild:
         _build(lock, facts, state, rebuild, uv, draft)
     else:
         if "python" in areas:
@@ -121,7 +126,7 @@ def plan(lock: Lock, facts: Facts, state: generations.RootState, *, only: str | 
             _env_file(lock, state, draft)
         if "patches" in areas:
             _patches(lock, facts, state, draft)
-    return Plan(lock, tuple(draft.steps), tuple(draft.blockers), tuple(draft.in_place), draft.generation, draft.base_python)
+    return Plan(lock, tuple(draft.steps), tuple(draft.blockers), tuple(draft.in_place), draft.generation, draft.base_python, draft.resume)
 
 
 # --- CUDA toolkits -----------------------------------------------------------------------------
@@ -228,6 +233,18 @@ def _build(lock: Lock, facts: Facts, state: generations.RootState, reasons: Sequ
     steps.append(Step("python", "python.envfile", f"write {home.name}/stackgate.env and activate", "exports CUDA_HOME, PATH, TRITON_PTXAS_PATH, PIP_CONSTRAINT, UV_CONSTRAINT, VIRTUAL_ENV and the lock's [env]"))
     steps.append(Step("python", "python.check", f"check generation {home.name}: pins, guard, consistency, torch build" + (", patches" if lock.patches else ""), "a generation that fails its checks is never switched to"))
     steps.append(Step("python", "python.switch", f"switch {state.root / 'current'} to {home.name}; keep {generations.KEEP} generations", "atomically (a new symlink renamed over the old one), only now that the generation passed"))
+
+
+def _resume(state: generations.RootState, generation: generations.Generation, reasons: Sequence[str], draft: _Draft) -> None:
+    """Finish what an interrupted run left: a generation built and checked, never switched to."""
+    draft.generation, draft.resume = generation.path, True
+    steps = draft.steps
+    if state.unfinished:
+        steps.append(Step("python", "python.discard", f"remove unfinished generation(s) {', '.join(g.id for g in state.unfinished)}", "an interrupted or failed run left them; they were never current"))
+    why = f"{reasons[0]}; generation {generation.id} was built and checked from this lock by a run that stopped before switching"
+    steps.append(Step("python", "python.envfile", f"write {generation.id}/stackgate.env and activate", why))
+    steps.append(Step("python", "python.check", f"check generation {generation.id} again: pins, guard, consistency, torch build", "a generation that fails its checks is never switched to"))
+    steps.append(Step("python", "python.switch", f"switch {state.root / 'current'} to {generation.id}; keep {generations.KEEP} generations", "atomically (a new symlink renamed over the old one), only now that the generation passed"))
 
 
 def _can_build(lock: Lock, facts: Facts, uv: str | None, draft: _Draft) -> bool:
