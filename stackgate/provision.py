@@ -33,15 +33,16 @@ from stackgate.verify import verify
 __all__ = ["FAULT_ENV", "ProvisionError", "ProvisionRequest", "ProvisionUsage", "RollbackRequest", "rollback", "run"]
 
 #: Test-only fault hook: "<when>:<action>" kills this process with SIGKILL at that point
-#: (when = before | during | after; during = at the step's first line of output), and
-#: "<when>:<action>=ENOSPC" raises "No space left on device" there instead.
+#: (when = before | during | after; during = at the step's first line of output);
+#: "<when>:<action>=ENOSPC" raises "No space left on device" there instead, and
+#: "<when>:<action>=SIGINT" sends this process SIGINT, as Ctrl-C does.
 FAULT_ENV = "STACKGATE_FAULT"
 #: What a new generation must pass before ``current`` points at it (those registered).
 BUILD_CHECKS = ("python.interpreter", "python.pins", "python.frozen", "python.consistency", "torch.build", "flashinfer.cubin", "patches.applied")
 #: What verify checks after provisioning, per area provision touched.
 VERIFY_CHECKS = {
     "toolkit": ("cuda.toolkits", "cuda.ptxas_arch"),
-    "python": (*BUILD_CHECKS, "cuda.home", "cuda.triton_ptxas"),
+    "python": (*BUILD_CHECKS, "abi.imports", "abi.elf", "cuda.home", "cuda.triton_ptxas"),
     "patches": ("patches.applied",),
 }
 PLAN_PARTS = {"toolkit": ("toolkits", "env"), "python": ("dists",), "patches": ("dists",)}
@@ -265,7 +266,7 @@ def _fault(point: str, *, environ: Mapping[str, str] | None = None) -> None:
         return
     if kind == "ENOSPC":
         raise OSError(errno.ENOSPC, f"No space left on device ({FAULT_ENV}={wanted}={kind})")
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGINT if kind == "SIGINT" else signal.SIGKILL)
 
 
 def _run(build: Build, step: Step, activity: Activity, command: pyenv.Command) -> None:

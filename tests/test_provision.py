@@ -409,3 +409,32 @@ def test_dry_run_prints_the_plan_and_touches_nothing(tmp_path: Path, stack_index
     assert done.stdout.startswith("plan for test-stack (root ")
     assert "  5. [python] install the lock's 8 pins from " in done.stdout
     assert not (tmp_path / "root").exists()
+
+
+def test_ctrl_c_mid_install_exits_130_and_leaves_current(built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]) -> None:
+    root = _copy(built, tmp_path)
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"})
+    before = _current(root)
+    done = _invoke(["provision", "--lock", str(lock), "--yes"], install_environ, STACKGATE_FAULT="during:python.stack=SIGINT")
+    assert done.returncode == ExitCode.INTERRUPTED, done.stderr[-2000:]
+    assert "stackgate: interrupted" in done.stderr
+    assert _current(root) == before and _works(root, install_environ).startswith("2.9.1+cu130")
+    assert [g.state for g in generations.read(root).generations if g.path.name != before.split("/")[-1]] == ["building"]
+    rerun = _invoke(["provision", "--lock", str(lock), "--yes"], install_environ)
+    assert rerun.returncode == 0 and "remove unfinished generation(s)" in rerun.stdout, rerun.stderr[-2000:]
+
+
+def test_without_a_terminal_provision_asks_for_yes_and_changes_nothing(tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]) -> None:
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root")
+    done = _invoke(["provision", "--lock", str(lock)], install_environ)
+    assert done.returncode == ExitCode.USAGE
+    assert "there is no terminal to ask: pass --yes (or --dry-run to only see the plan)" in done.stderr
+    assert not (tmp_path / "root" / "generations").exists()
+
+
+def test_an_unwritable_root_is_a_clear_error(tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "file").write_text("")
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "file" / "root")
+    code, out, err = _provision(lock, install_environ, capsys)
+    assert code == ExitCode.FAILED
+    assert f"cannot create or lock {tmp_path / 'file' / 'root'}: " in err

@@ -264,8 +264,13 @@ def rollback(root: Path) -> tuple[Generation, Generation]:
 @contextlib.contextmanager
 def exclusive(root: Path, *, wait: bool, command: str | None = None, on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
     """Hold the root's provision lock; fail at once naming the holder, or wait for it."""
-    root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise GenerationError(
+            f"cannot create or lock {root}: {exc.strerror or exc} (run as a user who may write there, or set python.root elsewhere)"
+        ) from exc
     try:
         if not _try_lock(fd):
             holder = _holder(fd)
