@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from typing import Callable, ContextManager, Mapping
 
 from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import Check, Result, Status, run_checks
@@ -132,7 +132,7 @@ def _provision(lock: lockmodel.Lock, request: ProvisionRequest, environ: dict[st
         return _failed(exc, None, (), ui)
     except Exception as exc:  # noqa: BLE001 - the toolkit and patch modules' own errors
         if isinstance(exc, _module_errors()):
-            return _failed(exc, getattr(exc, "log", None), tuple(getattr(exc, "tail", ()) or ()), ui)
+            return _failed(exc, None, (), ui)  # their text names the log and its last lines
         raise
     return _verify_built(lock, the_plan, request, environ, ui)
 
@@ -246,18 +246,11 @@ def _log_dir(lock: lockmodel.Lock, stamp: str) -> Path:
     return directory
 
 
-@contextlib.contextmanager
-def _kept_toolkits_untouched(the_plan: Plan) -> Iterator[None]:
-    """Fingerprint the kept toolkits around toolkit installs: they must not change."""
+def _kept_toolkits_untouched(the_plan: Plan) -> ContextManager[object]:
+    """Around toolkit installs, the toolkit module fingerprints the kept toolkits: they must not change."""
     if "toolkit" not in the_plan.areas:
-        yield
-        return
-    kept = [t for t in the_plan.lock.toolkits if t.keep and t.prefix.is_dir()]
-    before = {t.prefix: adapters.fingerprint(t.prefix) for t in kept}
-    yield
-    changed = [f"{t.label} (fingerprint {before[t.prefix][:12]} -> {after[:12]})" for t in kept if (after := adapters.fingerprint(t.prefix)) != before[t.prefix]]
-    if changed:
-        raise ProvisionError(f"a kept toolkit changed while provisioning: {'; '.join(changed)}")
+        return contextlib.nullcontext()
+    return adapters.kept_untouched(the_plan.lock.toolkits)
 
 
 def _fault(point: str, *, environ: Mapping[str, str] | None = None) -> None:
@@ -387,7 +380,7 @@ def _switch(build: Build, step: Step, activity: Activity) -> None:
 
 
 def _toolkit(build: Build, step: Step, activity: Activity) -> None:
-    adapters.install_toolkit(step.subject, log=build.log(step), cache=build.cache / "toolkits", on_progress=lambda *a: activity.update(" ".join(map(str, a))))
+    adapters.install_toolkit(step.subject, log=build.log(step), cache=build.cache / "toolkits", on_progress=activity.update)
 
 
 def _link(build: Build, step: Step, activity: Activity) -> None:

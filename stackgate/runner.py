@@ -10,6 +10,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -94,7 +95,7 @@ def _spawn(
         text=True,
         errors="replace",
         start_new_session=True,
-        preexec_fn=_parent_death_signal() if die_with_parent else None,
+        preexec_fn=_die_with_parent() if die_with_parent else None,
     )
 
 
@@ -111,16 +112,18 @@ _KEEP_CHARS = 1 << 20
 _PR_SET_PDEATHSIG = 1
 
 
-def _parent_death_signal() -> Callable[[], None] | None:
-    """A child-side hook that makes the kernel SIGKILL the child when its parent dies, so that a
-    killed provisioner's installer cannot go on writing into a generation that the next run
-    rebuilds (Linux only; elsewhere None). prctl is looked up here, in the parent, so the child
-    only makes one plain call between fork and exec."""
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
+def _die_with_parent() -> Callable[[], None] | None:
+    """A pre-exec hook asking Linux to SIGKILL the child when its parent dies, so that a killed
+    provisioner's installer cannot go on writing into a generation the next run rebuilds."""
+    if not sys.platform.startswith("linux"):
         return None
-    return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    # Resolved before the fork: the child must not load libraries between fork and exec.
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+    return hook
 
 
 def stream(

@@ -199,7 +199,8 @@ def _fake_toolkit_module(reason: str | None) -> types.ModuleType:
     module = types.ModuleType("stackgate.stack.toolkit")
     module.ToolkitError = type("ToolkitError", (Exception,), {})  # type: ignore[attr-defined]
     module.toolkit_state = lambda toolkit, facts: reason  # type: ignore[attr-defined]
-    module.install_command = lambda toolkit: f"pip install cuda-toolkit[nvcc]=={toolkit.version} (laid out at {toolkit.prefix})"  # type: ignore[attr-defined]
+    module.install_command = lambda toolkit, cache=None: ["uv", "pip", "install", "--target", f"{cache}/site", f"cuda-toolkit[nvcc]=={toolkit.version}"]  # type: ignore[attr-defined]
+    module.cuda_link_state = lambda policy, default: None if policy == "leave" else f"/usr/local/cuda points at /usr/local/cuda-12.8; the lock wants {default.prefix}"  # type: ignore[attr-defined]
     return module
 
 
@@ -212,7 +213,7 @@ def test_a_toolkit_to_install_is_a_step_with_the_toolkit_modules_command(tmp_pat
     assert _actions(the_plan) == ["toolkit.install"]
     step = the_plan.steps[0]
     assert (step.what, step.why) == (f"install CUDA 13.0.1 at {tmp_path}/cuda-13.0 from pypi", f"{tmp_path}/cuda-13.0 does not exist")
-    assert step.commands == (f"pip install cuda-toolkit[nvcc]==13.0.1 (laid out at {tmp_path}/cuda-13.0)",)
+    assert step.commands == (f"uv pip install --target {tmp_path}/root/cache/toolkits/site 'cuda-toolkit[nvcc]==13.0.1'",)
     monkeypatch.setitem(sys.modules, "stackgate.stack.toolkit", _fake_toolkit_module(None))
     assert plan(lock, _facts(lock), state, uv=UV).in_place[0] == f"CUDA 13.0.1 at {tmp_path}/cuda-13.0: installed as locked"
 
@@ -225,13 +226,15 @@ def test_without_the_toolkit_module_a_toolkit_to_install_blocks(tmp_path: Path, 
     assert "CUDA toolkit installation" in blocker.message
 
 
-def test_cuda_link_policy_default_points_the_link_at_the_default_toolkit(tmp_path: Path, stack_index: IndexServer) -> None:
+def test_cuda_link_policy_default_points_the_link_at_the_default_toolkit(tmp_path: Path, stack_index: IndexServer, monkeypatch: pytest.MonkeyPatch) -> None:
     text = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", python="3.11").read_text()
     path = tmp_path / "lock.toml"
     path.write_text(text.replace('name = "test-stack"', 'name = "test-stack"\ncuda_link = "default"'))
     lock = lockmodel.load(path)
+    monkeypatch.setitem(sys.modules, "stackgate.stack.toolkit", _fake_toolkit_module(None))
     the_plan = plan(lock, _facts(lock), _provisioned(lock), uv=UV)
     assert _actions(the_plan) == ["toolkit.link"]
+    assert the_plan.steps[0].why == "/usr/local/cuda points at /usr/local/cuda-12.8; the lock wants /usr/local/cuda-13.0"
     assert the_plan.steps[0].commands == ("ln -sfn /usr/local/cuda-13.0 /usr/local/cuda",)
 
 

@@ -4,6 +4,7 @@ are stood in for where a test says so."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -342,13 +343,19 @@ def _fake_toolkit_module(calls: list[str]) -> types.ModuleType:
         for tool in ("nvcc", "ptxas"):
             (toolkit.prefix / "bin" / tool).symlink_to(real / tool)
 
+    @contextlib.contextmanager
+    def kept_untouched(toolkits):  # type: ignore[no-untyped-def]
+        kept = [t.prefix for t in toolkits if t.keep]
+        calls.extend(f"fingerprint {prefix}" for prefix in kept)
+        yield
+        calls.extend(f"fingerprint {prefix}" for prefix in kept)
+
     module = types.ModuleType("stackgate.stack.toolkit")
     module.ToolkitError = type("ToolkitError", (Exception,), {})  # type: ignore[attr-defined]
     module.toolkit_state = lambda toolkit, facts: None if facts.exists else f"{toolkit.prefix} does not exist"  # type: ignore[attr-defined]
     module.install_toolkit = install_toolkit  # type: ignore[attr-defined]
-    module.install_command = lambda toolkit: f"install cuda-toolkit=={toolkit.version} into {toolkit.prefix}"  # type: ignore[attr-defined]
-    module.fingerprint = lambda prefix: (calls.append(f"fingerprint {prefix}"), hashlib.sha256(str(sorted(os.listdir(prefix))).encode()).hexdigest())[1]  # type: ignore[attr-defined]
-    module.set_cuda_link = lambda target, link=Path("/usr/local/cuda"): calls.append(f"link {target}")  # type: ignore[attr-defined]
+    module.install_command = lambda toolkit, cache=None: ["uv", "pip", "install", f"cuda-toolkit=={toolkit.version}"]  # type: ignore[attr-defined]
+    module.kept_untouched = kept_untouched  # type: ignore[attr-defined]
     return module
 
 
@@ -365,6 +372,7 @@ def test_only_toolkit_installs_a_missing_toolkit_and_keeps_the_kept_one(
     code, out, err = _provision(lock, install_environ, capsys, only="toolkit")
     assert code == ExitCode.PASSED, err
     assert calls == ["fingerprint /usr/local/cuda-13.0", f"install {tmp_path}/cuda-13.0", "fingerprint /usr/local/cuda-13.0"]
+    assert "       $ uv pip install cuda-toolkit==13.0.1" in out
     assert any(line.split()[:2] == ["PASS", "cuda.toolkits"] and line.endswith("CUDA 13.0.1 (nvcc V13.0.88), CUDA 13.0 (nvcc V13.0.88)") for line in out.splitlines()), out
     assert "PASS  cuda.ptxas_arch" in out
     assert not (tmp_path / "root" / "generations").exists()  # --only toolkit left Python alone

@@ -7,9 +7,10 @@ all ``keep = true`` and that has no ``[[patch]]`` never imports either.
 from __future__ import annotations
 
 import importlib
+import shlex
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
+from typing import Callable, ContextManager, Sequence
 
 from stackgate.checks.facts import ToolkitFacts
 from stackgate.stack.lock import Patch, Toolkit
@@ -17,9 +18,10 @@ from stackgate.stack.lock import Patch, Toolkit
 __all__ = [
     "AdapterError",
     "apply_patch",
-    "fingerprint",
+    "cuda_link_state",
     "install_command",
     "install_toolkit",
+    "kept_untouched",
     "patch_errors",
     "patch_state",
     "set_cuda_link",
@@ -67,16 +69,24 @@ def toolkit_state(toolkit: Toolkit, facts: ToolkitFacts) -> str | None:
     return _toolkit().toolkit_state(toolkit, facts)
 
 
-def install_command(toolkit: Toolkit) -> str:
-    return str(_toolkit().install_command(toolkit))
+def install_command(toolkit: Toolkit, cache: Path | None) -> str:
+    """The exact command install_toolkit runs, as shell text."""
+    command = _toolkit().install_command(toolkit, cache=cache)
+    return command if isinstance(command, str) else shlex.join(str(part) for part in command)
 
 
-def install_toolkit(toolkit: Toolkit, *, log: Path, cache: Path | None, on_progress: Callable[..., None] | None) -> None:
+def install_toolkit(toolkit: Toolkit, *, log: Path, cache: Path | None, on_progress: Callable[[str], None] | None) -> None:
     _toolkit().install_toolkit(toolkit, log=log, cache=cache, on_progress=on_progress)
 
 
-def fingerprint(prefix: Path) -> str:
-    return str(_toolkit().fingerprint(prefix))
+def kept_untouched(toolkits: Sequence[Toolkit]) -> ContextManager[object]:
+    """Fingerprints the kept toolkits; leaving it raises ToolkitError if any of them changed."""
+    return _toolkit().kept_untouched(toolkits)
+
+
+def cuda_link_state(policy: str, default: Toolkit | None) -> str | None:
+    """None when /usr/local/cuda follows the lock's stack.cuda_link policy, else why it must change."""
+    return _toolkit().cuda_link_state(policy, default)
 
 
 def set_cuda_link(target: Path) -> None:

@@ -144,7 +144,7 @@ def _toolkits(lock: Lock, facts: Facts, draft: _Draft) -> None:
             continue
         try:
             reason = adapters.toolkit_state(toolkit, found)
-            command = adapters.install_command(toolkit) if reason else ""
+            command = adapters.install_command(toolkit, cache_dir(lock) / "toolkits") if reason else ""
         except adapters.AdapterError as exc:
             draft.blockers.append(Blocker(str(exc), Fix("Use a checkout with the toolkit half of provision, or mark the toolkit keep = true.")))
             continue
@@ -158,12 +158,15 @@ def _toolkits(lock: Lock, facts: Facts, draft: _Draft) -> None:
 def _cuda_link(lock: Lock, facts: Facts, draft: _Draft) -> None:
     default = lock.default_toolkit
     if lock.stack.cuda_link != "default" or default is None:
+        return  # "leave": /usr/local/cuda is not stackgate's to change
+    try:
+        why = adapters.cuda_link_state(lock.stack.cuda_link, default)
+    except adapters.AdapterError as exc:
+        draft.blockers.append(Blocker(str(exc)))
         return
-    link = facts.env.cuda_link
-    if link is not None and link == default.prefix.resolve():
+    if why is None:
         draft.in_place.append(f"/usr/local/cuda -> {default.prefix}")
         return
-    why = f"the lock says cuda_link = \"default\"; /usr/local/cuda -> {link or '(absent)'}"
     draft.steps.append(Step("toolkit", "toolkit.link", f"point /usr/local/cuda at {default.prefix}", why, shown=(f"ln -sfn {default.prefix} /usr/local/cuda",), subject=default))
 
 
