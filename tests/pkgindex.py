@@ -38,6 +38,9 @@ __all__ = [
 ]
 
 PY_TAG = "py3-none-any"
+#: A file of the test sglang that a test patch changes (our own text, in the place of the real one).
+SYMM_MEM_FILE = "sglang/srt/distributed/device_communicators/torch_symm_mem.py"
+SYMM_MEM_TEXT = "# The test stand-in for sglang's symmetric-memory size table.\nMAX_SIZES = {\n    9: 4,\n    10: 8,\n}\n"
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,7 @@ def stack_wheels() -> dict[str, list[Wheel]]:
             "sglang",
             "0.5.9",
             ("torch==2.9.1", "torchaudio==2.9.1", "sgl-kernel==0.3.21", "flashinfer_python==0.6.3", "flashinfer_cubin==0.6.3"),
+            files=((SYMM_MEM_FILE, SYMM_MEM_TEXT),),
         ),
         # Packages that only exist to show the guard at work.
         Wheel("eager-upgrader", "1.0", ("torch>=2.10",)),

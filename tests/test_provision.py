@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import io
 import os
 import shutil
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from pkgindex import DEAD_URL, IndexServer, install_environ, stack_index, write_stack_lock  # noqa: F401 (fixtures)
+from pkgindex import DEAD_URL, SYMM_MEM_FILE, SYMM_MEM_TEXT, IndexServer, install_environ, stack_index, write_stack_lock  # noqa: F401 (fixtures)
 
 from stackgate import provision
 from stackgate.exitcodes import ExitCode
@@ -379,34 +380,71 @@ def test_only_toolkit_installs_a_missing_toolkit_and_keeps_the_kept_one(
     assert _provision(lock, install_environ, capsys, only="toolkit")[1].startswith("nothing to do")
 
 
-def _fake_patches_module() -> types.ModuleType:
-    """Stands in for stackgate.stack.patches: a patch is "applied" when its mark file exists."""
+def _patches_module() -> types.ModuleType | None:
+    """None when stackgate.stack.patches is in this checkout (then it runs, with the real
+    patches.applied check); else a stand-in with its API that applies and tests the diff with
+    GNU patch, so that the provision side is tested either way."""
+    try:
+        importlib.import_module("stackgate.stack.patches")
+        return None
+    except ModuleNotFoundError:
+        pass
 
-    def mark(patch, site_packages: Path) -> Path:  # type: ignore[no-untyped-def]
-        return site_packages / patch.package / f".patched-{patch.file.name}"
+    def gnu_patch(patch, site: Path, *flags: str) -> bool:  # type: ignore[no-untyped-def]
+        done = subprocess.run(["patch", "-p1", "-s", "-f", "-d", str(site), "-i", str(patch.file), *flags], capture_output=True, text=True)
+        return done.returncode == 0
 
     module = types.ModuleType("stackgate.stack.patches")
     module.PatchError = type("PatchError", (Exception,), {})  # type: ignore[attr-defined]
-    module.patch_state = lambda patch, site: None if mark(patch, site).exists() else "not applied"  # type: ignore[attr-defined]
-    module.apply_patch = lambda patch, site: mark(patch, site).write_text("applied\n")  # type: ignore[attr-defined]
+    module.patch_state = lambda patch, site: None if gnu_patch(patch, site, "--dry-run", "-R") else "not applied"  # type: ignore[attr-defined]
+    module.apply_patch = lambda patch, site: None if gnu_patch(patch, site, "-N") else (_ for _ in ()).throw(module.PatchError("does not apply"))  # type: ignore[attr-defined]
     return module
+
+
+def _with_patch(lock: Path, tmp_path: Path) -> Path:
+    """Add a [[patch]]: a real unified diff (diff -u) of the test sglang's size table."""
+    for side, text in (("a", SYMM_MEM_TEXT), ("b", SYMM_MEM_TEXT.replace("    10: 8,\n", "    10: 8,\n    12: 8,\n"))):
+        (tmp_path / side / SYMM_MEM_FILE).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / side / SYMM_MEM_FILE).write_text(text)
+    diff = subprocess.run(["diff", "-u", f"a/{SYMM_MEM_FILE}", f"b/{SYMM_MEM_FILE}"], cwd=tmp_path, capture_output=True, text=True).stdout
+    (tmp_path / "sm120.patch").write_text(diff)
+    sha = hashlib.sha256(diff.encode()).hexdigest()
+    lock.write_text(lock.read_text() + f'\n[[patch]]\npackage = "sglang"\nversion = "0.5.9"\nfile = "sm120.patch"\nsha256 = "{sha}"\nreason = "capability 12 in the size table"\n')
+    return lock
+
+
+def _patched(root: Path) -> bool:
+    site = next((root / "current").glob("lib/python3*/site-packages"))
+    return "    12: 8," in (site / SYMM_MEM_FILE).read_text()
+
+
+def test_a_new_generation_gets_the_locks_patches_before_its_checks(
+    built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _copy(built, tmp_path)
+    lock = _with_patch(write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"}), tmp_path)
+    if (module := _patches_module()) is not None:
+        monkeypatch.setitem(sys.modules, "stackgate.stack.patches", module)
+    code, out, err = _provision(lock, install_environ, capsys)
+    assert code == ExitCode.PASSED, err
+    assert out.index("[patches] apply sm120.patch to sglang 0.5.9\n") < out.index("[python] check generation ")
+    assert _patched(root)
+    assert _provision(lock, install_environ, capsys)[1].startswith("nothing to do")
 
 
 def test_only_patches_applies_a_missing_patch_in_place_then_does_nothing(
     built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root = _copy(built, tmp_path)
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root)
-    text = lock.read_text() + '\n[[patch]]\npackage = "sglang"\nversion = "0.5.9"\nfile = "sm120.patch"\nreason = "capability 12 in the size table"\n'
-    lock.write_text(text)
-    monkeypatch.setitem(sys.modules, "stackgate.stack.patches", _fake_patches_module())
+    lock = _with_patch(write_stack_lock(tmp_path / "lock.toml", stack_index, root), tmp_path)
+    if (module := _patches_module()) is not None:
+        monkeypatch.setitem(sys.modules, "stackgate.stack.patches", module)
     before = _current(root)
+    assert not _patched(root)
     code, out, err = _provision(lock, install_environ, capsys, only="patches")
     assert code == ExitCode.PASSED, err
     assert "[patches] apply sm120.patch to sglang 0.5.9 in " in out
-    site = next((root / "current").glob("lib/python3*/site-packages"))
-    assert (site / "sglang" / ".patched-sm120.patch").read_text() == "applied\n"
-    assert _current(root) == before
+    assert _patched(root) and _current(root) == before
     assert _provision(lock, install_environ, capsys, only="patches")[1].startswith("nothing to do")
 
 
