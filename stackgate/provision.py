@@ -125,14 +125,12 @@ def _provision(lock: lockmodel.Lock, request: ProvisionRequest, environ: dict[st
     try:
         apply(the_plan, state, environ, ui)
     except (ProvisionError, pyenv.PyenvError, guard.GuardError) as exc:
-        return _failed(exc, exc.log, exc.tail, ui)
-    except adapters.AdapterError as exc:
-        return _failed(exc, None, (), ui)
-    except OSError as exc:  # a full disk, a vanished directory: the step's own words
-        return _failed(exc, None, (), ui)
+        return _failed(exc, exc.log, exc.tail, state, ui)
+    except (adapters.AdapterError, OSError) as exc:  # OSError: a full disk, a vanished folder
+        return _failed(exc, None, (), state, ui)
     except Exception as exc:  # noqa: BLE001 - the toolkit and patch modules' own errors
         if isinstance(exc, _module_errors()):
-            return _failed(exc, None, (), ui)  # their text names the log and its last lines
+            return _failed(exc, None, (), state, ui)  # their text names the log and its last lines
         raise
     return _verify_built(lock, the_plan, request, environ, ui)
 
@@ -145,9 +143,14 @@ def _module_errors() -> tuple[type[BaseException], ...]:
     return errors or (adapters.AdapterError,)
 
 
-def _failed(exc: BaseException, log: Path | None, tail: tuple[str, ...], ui: UI) -> ExitCode:
+def _failed(exc: BaseException, log: Path | None, tail: tuple[str, ...], before: generations.RootState, ui: UI) -> ExitCode:
     ui.tail(f"stackgate provision failed: {exc}", log, tail)
-    ui.error("current is unchanged; the next `invoke provision` removes the unfinished generation and builds again")
+    now = generations.read(before.root).current
+    link = before.root / "current"
+    if (now.path if now else None) == (before.current.path if before.current else None):
+        ui.error(f"{link} is unchanged; `invoke provision` again finishes the job (it removes what was half built)")
+    else:
+        ui.error(f"{link} was switched to {now.id if now else '(nothing)'} before the failure; `invoke rollback` goes back")
     return ExitCode.FAILED
 
 
