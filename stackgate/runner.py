@@ -59,7 +59,17 @@ def run(
     args = tuple(str(a) for a in argv)
     started = time.monotonic()
     try:
-        process = _spawn(args, env=env, cwd=cwd, stdin_pipe=stdin is not None)
+        process = subprocess.Popen(
+            args,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
     except OSError as exc:
         return Completed(args, 127, "", f"cannot run {args[0]}: {exc.strerror or exc}", 0.0)
     try:
@@ -73,30 +83,6 @@ def run(
         process.wait()
         raise
     return Completed(args, process.returncode, stdout, stderr, time.monotonic() - started)
-
-
-def _spawn(
-    args: tuple[str, ...],
-    *,
-    env: Mapping[str, str] | None,
-    cwd: Path | str | None,
-    stdin_pipe: bool = False,
-    merge_stderr: bool = False,
-    die_with_parent: bool = False,
-) -> subprocess.Popen[str]:
-    """Start a command in its own process group (session), text in and out."""
-    return subprocess.Popen(
-        args,
-        stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
-        env=dict(env) if env is not None else None,
-        cwd=cwd,
-        text=True,
-        errors="replace",
-        start_new_session=True,
-        preexec_fn=_die_with_parent() if die_with_parent else None,
-    )
 
 
 def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
@@ -147,7 +133,18 @@ def stream(
         sink.write(f"$ {' '.join(args)}\n")
         sink.flush()
         try:
-            process = _spawn(args, env=env, cwd=cwd, merge_stderr=True, die_with_parent=True)
+            process = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=dict(env) if env is not None else None,
+                cwd=cwd,
+                text=True,
+                errors="replace",
+                start_new_session=True,
+                preexec_fn=_die_with_parent(),
+            )
         except OSError as exc:
             message = f"cannot run {args[0]}: {exc.strerror or exc}"
             sink.write(message + "\n")

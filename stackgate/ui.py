@@ -118,52 +118,6 @@ class UI:
             self.console.print(_summary_text(verdict, duration_s))
 
 
-@dataclass
-class Activity:
-    """A running step, told what its command prints (``update``) or how far a download got."""
-
-    ui: UI
-    message: str
-    heartbeat_s: float = 30.0
-    started: float = 0.0
-    progress: Any = None
-    task: TaskID | None = None
-    _last_beat: float = 0.0
-    _detail: str = field(default="", repr=False)
-
-    def start(self, progress: Progress | None = None, task: TaskID | None = None) -> None:
-        self.started = self._last_beat = time.monotonic()
-        self.progress, self.task = progress, task
-
-    @property
-    def elapsed_s(self) -> float:
-        return time.monotonic() - self.started
-
-    def update(self, detail: str) -> None:
-        detail = detail.strip()
-        if not detail:
-            return
-        self._detail = detail
-        if self.progress is not None:
-            self.progress.update(self.task, detail=detail[:80])
-        else:
-            self._beat()
-
-    def transfer(self, done: int, total: int | None) -> None:
-        if self.progress is not None:
-            self.progress.update(self.task, completed=done, total=total)
-        else:
-            self._detail = f"{done / 1e6:.1f} MB" + (f" of {total / 1e6:.1f} MB" if total else "")
-            self._beat()
-
-    def _beat(self) -> None:
-        # A CI log needs a sign of life during a long download, not every line of it.
-        now = time.monotonic()
-        if now - self._last_beat >= self.heartbeat_s:
-            self._last_beat = now
-            self.ui.info(f"  ... {self.message}: {now - self.started:.0f} s, {self._detail[:100]}")
-
-
 def render_plain(title: str, results: Sequence[Result], verdict: Verdict, duration_s: float, *, verbose: int = 0) -> str:
     """The report as plain lines: grouped by area, failures with their fix under them."""
     width = max((len(r.check) for r in results), default=0)
@@ -209,3 +163,49 @@ def _summary(verdict: Verdict, duration_s: float) -> str:
 
 def _summary_text(verdict: Verdict, duration_s: float) -> Text:
     return Text(_summary(verdict, duration_s), style="success" if verdict.passed else "error")
+
+
+@dataclass
+class Activity:
+    """A running step, told what its command prints (``update``) or how far a download got."""
+
+    ui: UI
+    message: str
+    heartbeat_s: float = 30.0
+    started: float = 0.0
+    progress: Any = None
+    task: TaskID | None = None
+    _last_beat: float = 0.0
+    _detail: str = field(default="", repr=False)
+
+    def start(self, progress: Progress | None = None, task: TaskID | None = None) -> None:
+        self.started = self._last_beat = time.monotonic()
+        self.progress, self.task = progress, task
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
+
+    def update(self, detail: str) -> None:
+        detail = detail.strip()
+        if not detail:
+            return
+        self._detail = detail
+        if self.progress is not None:
+            self.progress.update(self.task, detail=detail[:80])
+        else:
+            self._beat()
+
+    def transfer(self, done: int, total: int | None) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, completed=done, total=total)
+        else:
+            self._detail = f"{done / 1e6:.1f} MB" + (f" of {total / 1e6:.1f} MB" if total else "")
+            self._beat()
+
+    def _beat(self) -> None:
+        # A CI log needs a sign of life during a long download, not every line of it.
+        now = time.monotonic()
+        if now - self._last_beat >= self.heartbeat_s:
+            self._last_beat = now
+            self.ui.info(f"  ... {self.message}: {now - self.started:.0f} s, {self._detail[:100]}")

@@ -180,9 +180,6 @@ class Facts:
             self._submit(part)
         return self
 
-    def get(self, part: str) -> Any:
-        return self._submit(part).result()
-
     def provide(self, part: str, value: Any) -> Facts:
         """Use a value already known for a part instead of gathering it (tests use this)."""
         if part not in PARTS:
@@ -192,6 +189,9 @@ class Facts:
         with self._guard:
             self._futures[part] = future
         return self
+
+    def get(self, part: str) -> Any:
+        return self._submit(part).result()
 
     def gathered(self) -> dict[str, Any]:
         """Every part started so far, awaited."""
@@ -579,4 +579,4 @@ PARTS: dict[str, Gatherer] = {
     "imports": _imports,
     "elf": _elf,
 }
-DEPENDS: dict[str, tuple[str, ...]] = {"probe": ("env",), "dists": ("env",), "imports": ("env", "probe"), "elf": ("probe",)}
+DEPENDS: dict[str, tuple[str, ...]] = {"probe": ("env",), "imports": ("env", "probe"), "elf": ("probe",)}

@@ -47,7 +47,7 @@ def pins(lock: Lock, facts: Facts) -> Result:
     if isinstance(probe, Result):
         return probe
     watched = [p for p in lock.python.packages if p.name not in lock.python.frozen]
-    wrong = [problem for p in watched if (problem := pin_problem(probe, p))]
+    wrong = [problem for p in watched if (problem := _pin_problem(probe, p))]
     data = {p.name: (probe.dist(p.name).version if probe.dist(p.name) else None) for p in watched}
     if wrong:
         return failed(f"{len(wrong)} of {len(watched)} pinned package(s) differ: {wrong[0]}", wrong, Fix("Install the locked versions.", (_PROVISION,)), data)
@@ -63,7 +63,7 @@ def frozen(lock: Lock, facts: Facts) -> Result:
     guarded = [p for p in lock.python.packages if p.name in lock.python.frozen]
     if not guarded:
         return skipped("the lock freezes no package")
-    moved = [problem for p in guarded if (problem := pin_problem(probe, p))]
+    moved = [problem for p in guarded if (problem := _pin_problem(probe, p))]
     data = {p.name: (probe.dist(p.name).version if probe.dist(p.name) else None) for p in guarded}
     if moved:
         fix = Fix(
@@ -75,8 +75,7 @@ def frozen(lock: Lock, facts: Facts) -> Result:
     return passed("frozen: " + ", ".join(f"{p.name} {data[p.name]}" for p in guarded), data=data)
 
 
-def pin_problem(probe: ProbeFacts, package: Package) -> str | None:
-    """What is wrong with one locked package in a probed environment; None when nothing is."""
+def _pin_problem(probe: ProbeFacts, package: Package) -> str | None:
     dist = probe.dist(package.name)
     if dist is None:
         return f"{package.name} is not installed (locked {package.specifier})"
@@ -243,3 +242,9 @@ def flashinfer_cubin(lock: Lock, facts: Facts) -> Result:
     if problems:
         return failed(problems[0], problems, Fix("Install flashinfer-cubin (and flashinfer-jit-cache) at flashinfer-python's version.", (_PROVISION,)), data)
     return passed(f"flashinfer-python {python.version}" + "".join(f", {k} {v}" for k, v in data.items() if v and k != "flashinfer-python"), data=data)
+
+
+def pin_problem(probe: ProbeFacts, package: Package) -> str | None:
+    """What is wrong with one locked package in a probed environment; None when nothing is
+    (provision plans from this, as python.pins and python.frozen judge by it)."""
+    return _pin_problem(probe, package)

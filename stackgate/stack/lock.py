@@ -27,7 +27,6 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 __all__ = [
-    "DEFAULT_INDEX",
     "DEFAULT_LOCK",
     "Benchmark",
     "Capability",
@@ -50,10 +49,11 @@ __all__ = [
 
 #: The profile used when neither --lock nor $STACKGATE_LOCK names one.
 DEFAULT_LOCK = Path(__file__).resolve().parents[2] / "lockfiles" / "blackwell-sm120-cu130.toml"
+#: Where packages not mapped to a [[python.index]] come from, unless python.default_index says.
+DEFAULT_INDEX = "https://pypi.org/simple"
 
 TOOLKIT_SOURCES = ("pypi", "runfile", "apt")
 INSTALLERS = ("uv", "pip")
-DEFAULT_INDEX = "https://pypi.org/simple"
 CUDA_LINK_POLICIES = ("leave", "default")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _REFERENCE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.]*)\}")
@@ -505,10 +505,6 @@ class _Builder:
             t.error("installer", f"must be one of {', '.join(INSTALLERS)}, not {installer!r}")
         packages = self.packages(t.sub("packages"))
         names = {p.name for p in packages}
-        indexes = tuple(self.index(i, names) for i in t.array("index"))
-        default_index = t.get("default_index", str, DEFAULT_INDEX)
-        if default_index is not None and not re.match(r"^(https?|file)://", default_index):
-            t.error("default_index", f"must be an http(s):// or file:// URL, not {default_index!r}")
         guard = t.sub("guard")
         frozen = tuple(canonicalize_name(n) for n in guard.strings("frozen"))
         for i, name in enumerate(frozen):
@@ -525,13 +521,13 @@ class _Builder:
             root=Path(root) if root else None,
             interpreter=Path(interpreter) if interpreter else None,
             installer=installer or "uv",
-            indexes=indexes,
+            indexes=tuple(self.index(i, names) for i in t.array("index")),
             packages=packages,
             frozen=frozen,
             overrides=overrides,
             imports=t.strings("imports"),
             torch_cuda=torch_cuda,
-            default_index=default_index or DEFAULT_INDEX,
+            default_index=self.default_index(t),
         )
         t.finish()
         return python
@@ -548,6 +544,12 @@ class _Builder:
                 t.error(f"packages[{i}]", f"{name!r} has no pin in python.packages: provision installs from this index only what the lock pins")
         t.finish()
         return index
+
+    def default_index(self, t: _Table) -> str:
+        url = t.get("default_index", str, DEFAULT_INDEX)
+        if url is not None and not re.match(r"^(https?|file)://", url):
+            t.error("default_index", f"must be an http(s):// or file:// URL, not {url!r}")
+        return url or DEFAULT_INDEX
 
     def packages(self, t: _Table) -> tuple[Package, ...]:
         packages = []
