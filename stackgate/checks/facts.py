@@ -381,18 +381,10 @@ def _target_missing(lock: Lock) -> Missing | None:
 
 
 def _probe(lock: Lock, facts: Facts) -> ProbeFacts | Missing:
-    return _run_probe(lock, facts, {"torch": True, "files_of": [p.name for p in lock.python.packages]})
-
-
-def _dists(lock: Lock, facts: Facts) -> ProbeFacts | Missing:
-    """The probe without importing torch: installed distributions only (what provision plans from)."""
-    return _run_probe(lock, facts, {"torch": False, "files_of": []})
-
-
-def _run_probe(lock: Lock, facts: Facts, request: Mapping[str, Any]) -> ProbeFacts | Missing:
     missing = _target_missing(lock)
     if missing is not None:
         return missing
+    request = {"torch": True, "files_of": [p.name for p in lock.python.packages]}
     env = facts.get("env").environ
     with tempfile.TemporaryDirectory(prefix="stackgate-probe-") as tmp:
         out = Path(tmp) / "facts.json"
@@ -410,6 +402,22 @@ def _probe_facts(raw: Mapping[str, Any], duration_s: float) -> ProbeFacts:
     }
     python = raw["python"]
     return ProbeFacts(python["executable"], python["version"], python["markers"], dists, raw.get("torch"), duration_s)
+
+
+def _dists(lock: Lock, facts: Facts) -> ProbeFacts | Missing:
+    """The probe without importing torch: the installed distributions only. What provision plans
+    from, so that a no-op provision does not pay for torch's import."""
+    missing = _target_missing(lock)
+    if missing is not None:
+        return missing
+    env = facts.get("env").environ
+    with tempfile.TemporaryDirectory(prefix="stackgate-dists-") as tmp:
+        out = Path(tmp) / "facts.json"
+        done = runner.run([lock.python.target, PROBE, out, json.dumps({"torch": False})], timeout_s=PROBE_TIMEOUT_S, env=env)
+        if not out.exists():
+            return Missing(f"the probe failed in {lock.python.target} ({_ended(done)}): {' / '.join(done.tail(3))}")
+        raw = json.loads(out.read_text())
+    return _probe_facts(raw, done.duration_s)
 
 
 # --- an interpreter to build the stack's environment from -------------------------------------
