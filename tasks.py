@@ -46,10 +46,21 @@ def verify(c, lock=None, deep=False, check=None, list=False, json=None, junit=No
     cli.run_command(lambda: command.run(request, UI(verbose=verbose)))
 
 
-@task(help={"lock": LOCK_HELP, "dry_run": "print the plan and change nothing", "only": "toolkit, python or patches", "yes": "do not ask before changing the machine"})
-def provision(c, lock=None, dry_run=False, only=None, yes=False):
+@task(
+    help={
+        "lock": LOCK_HELP,
+        "dry_run": "print the plan and change nothing",
+        "only": "plan and apply only one area: toolkit, python or patches",
+        "yes": "do not ask before changing the machine (needed without a terminal)",
+        "wait": "wait for a provision that is already running instead of failing at once",
+    },
+)
+def provision(c, lock=None, dry_run=False, only=None, yes=False, wait=False):
     """Install the locked CUDA toolkit and Python stack, then verify them."""
-    _not_yet("provision")
+    from stackgate import provision as command
+
+    request = command.ProvisionRequest(_path(lock), dry_run, only, yes, wait)
+    cli.run_command(lambda: command.run(request, UI()), usage_errors=(command.ProvisionUsage,))
 
 
 @task(help={"lock": LOCK_HELP, "benchmark": "measure decode tok/s against the baseline", "model": "model path", "tp": "tensor-parallel size", "json": "write the JSON report here"})
@@ -67,7 +78,10 @@ def gate(c, lock=None, json=None, junit=None):
 @task(help={"lock": LOCK_HELP})
 def rollback(c, lock=None):
     """Switch back to the previous good generation of the stack."""
-    _not_yet("rollback")
+    from stackgate import provision as command
+
+    request = command.RollbackRequest(_path(lock))
+    cli.run_command(lambda: command.rollback(request, UI()), usage_errors=(command.ProvisionUsage,))
 
 
 @task(help={})

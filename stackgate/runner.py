@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-__all__ = ["Completed", "kill_group", "run", "run_logged", "terminate_all"]
+__all__ = ["Completed", "kill_group", "run", "run_logged", "stream", "terminate_all"]
 
 # Process groups of the commands running now, so that an interrupt can end them all: worker
 # threads never see KeyboardInterrupt, and the interpreter waits for them at exit.
@@ -112,72 +112,16 @@ def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
         pass
 
 
-def run_logged(
-    argv: Sequence[str | Path],
-    log: Path,
-    *,
-    timeout_s: float | None,
-    env: Mapping[str, str] | None = None,
-    cwd: Path | str | None = None,
-    tail_bytes: int = 16384,
-) -> Completed:
-    """Run a long command (an installer) with its stdout and stderr appended to ``log``.
-
-    The log gets the command line first. ``stdout`` of the result holds the end of what the
-    command wrote, so that ``tail()`` works as for :func:`run`. The child is killed when this
-    process dies, even by SIGKILL, so that an interrupted provision leaves no installer running.
-    """
-    args = tuple(str(a) for a in argv)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    with open(log, "ab") as sink:
-        sink.write(f"$ {shlex.join(args)}\n".encode())
-        sink.flush()
-        start = sink.tell()
-        try:
-            process = subprocess.Popen(
-                args, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
-                env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent(),
-            )
-        except OSError as exc:
-            message = f"cannot run {args[0]}: {exc.strerror or exc}"
-            sink.write(f"{message}\n".encode())
-            return Completed(args, 127, "", message, 0.0)
-        with _LIVE_GUARD:
-            _LIVE.add(process.pid)
-        try:
-            code = _wait(process, timeout_s)
-        finally:
-            with _LIVE_GUARD:
-                _LIVE.discard(process.pid)
-    return Completed(args, code, _read_tail(log, start, tail_bytes), "", time.monotonic() - started)
-
-
-def _wait(process: subprocess.Popen[bytes], timeout_s: float | None) -> int | None:
-    try:
-        return process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        kill_group(process.pid)
-        process.wait()
-        return None
-    except BaseException:
-        kill_group(process.pid)
-        process.wait()
-        raise
-
-
-def _read_tail(log: Path, start: int, limit: int) -> str:
-    with open(log, "rb") as source:
-        size = source.seek(0, os.SEEK_END)
-        source.seek(max(start, size - limit))
-        return source.read().decode("utf-8", "replace")
+#: How much of a streamed command's output is kept in memory (all of it goes to the log).
+_KEEP_CHARS = 1 << 20
 
 
 _PR_SET_PDEATHSIG = 1
 
 
 def _die_with_parent() -> Callable[[], None] | None:
-    """A pre-exec hook asking Linux to SIGKILL the child when its parent dies."""
+    """A pre-exec hook asking Linux to SIGKILL the child when its parent dies, so that a killed
+    provisioner's installer cannot go on writing into a generation the next run rebuilds."""
     if not sys.platform.startswith("linux"):
         return None
     # Resolved before the fork: the child must not load libraries between fork and exec.
@@ -187,3 +131,76 @@ def _die_with_parent() -> Callable[[], None] | None:
         prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
     return hook
+
+
+def stream(
+    argv: Sequence[str | Path],
+    *,
+    log: Path,
+    timeout_s: float | None,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | str | None = None,
+    on_line: Callable[[str], None] | None = None,
+) -> Completed:
+    """Run a long command, appending its merged stdout and stderr to ``log`` line by line.
+
+    ``on_line`` sees each line as it comes (for progress). The returned ``stdout`` holds the
+    output (its last megabyte); ``stderr`` is empty because both streams are merged.
+    """
+    args = tuple(str(a) for a in argv)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with open(log, "a", encoding="utf-8", errors="replace") as sink:
+        sink.write(f"$ {shlex.join(args)}\n")
+        sink.flush()
+        try:
+            process = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=dict(env) if env is not None else None,
+                cwd=cwd,
+                text=True,
+                errors="replace",
+                start_new_session=True,
+                preexec_fn=_die_with_parent(),
+            )
+        except OSError as exc:
+            message = f"cannot run {args[0]}: {exc.strerror or exc}"
+            sink.write(message + "\n")
+            return Completed(args, 127, "", message, 0.0)
+        with _LIVE_GUARD:
+            _LIVE.add(process.pid)
+        expired = threading.Event()
+        timer = threading.Timer(timeout_s if timeout_s is not None else 1e9, lambda: (expired.set(), kill_group(process.pid)))
+        timer.daemon = True
+        timer.start()
+        kept: list[str] = []
+        size = 0
+        try:
+            assert process.stdout is not None
+            for line in process.stdout:
+                sink.write(line)
+                sink.flush()
+                kept.append(line)
+                size += len(line)
+                while size > _KEEP_CHARS and len(kept) > 1:
+                    size -= len(kept.pop(0))
+                if on_line is not None:
+                    on_line(line.rstrip("\n"))
+            returncode = process.wait()
+        except BaseException:
+            kill_group(process.pid)
+            process.wait()
+            raise
+        finally:
+            timer.cancel()
+            with _LIVE_GUARD:
+                _LIVE.discard(process.pid)
+    return Completed(args, None if expired.is_set() else returncode, "".join(kept), "", time.monotonic() - started)
+
+
+def run_logged(argv: Sequence[str | Path], log: Path, *, timeout_s: float | None, env: Mapping[str, str] | None = None, cwd: Path | str | None = None) -> Completed:
+    """:func:`stream` without a line callback: a long command (an installer, a GPU run) into ``log``."""
+    return stream(argv, log=log, timeout_s=timeout_s, env=env, cwd=cwd)

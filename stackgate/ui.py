@@ -10,11 +10,14 @@ import contextlib
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import groupby
-from typing import IO, Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any, Iterator, Sequence
 
 from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.prompt import Confirm
 from rich.table import Table
 from rich.text import Text
 from rich.theme import Theme
@@ -23,7 +26,7 @@ from stackgate.checks.core import Result, Status
 from stackgate.checks.report import Verdict, counts_line
 from stackgate.signatures import Finding
 
-__all__ = ["UI", "render_findings", "render_plain", "render_table"]
+__all__ = ["UI", "Activity", "render_findings", "render_plain", "render_table"]
 
 THEME = Theme({"success": "green", "warning": "yellow", "error": "bold red", "skip": "dim", "muted": "dim", "heading": "bold", "info": "cyan"})
 STYLES = {Status.PASS: "success", Status.SKIP: "skip", Status.WARN: "warning", Status.FAIL: "error", Status.ERROR: "error"}
@@ -42,7 +45,7 @@ class UI:
         plain = self.force_plain if self.force_plain is not None else (bool(os.environ.get("NO_COLOR")) or not stream.isatty())
         self.plain = plain
         self.console = Console(file=stream, theme=THEME, no_color=plain, highlight=False, soft_wrap=plain, force_terminal=False if plain else None)
-        self.err = Console(file=sys.stderr, theme=THEME, no_color=plain, highlight=False, stderr=True)
+        self.err = Console(file=sys.stderr, theme=THEME, no_color=plain, highlight=False, stderr=True, soft_wrap=plain)
 
     def line(self, text: str = "", style: str | None = None) -> None:
         if self.plain:
@@ -72,6 +75,41 @@ class UI:
         with self.err.status(Text(message, style="muted")):
             yield
         self.debug(f"{message}: {time.monotonic() - started:.1f} s")
+
+    @contextlib.contextmanager
+    def activity(self, message: str) -> Iterator[Activity]:
+        """A long step: on a terminal a spinner, the elapsed time and the latest output line (a
+        bar for downloads); otherwise a start line, a heartbeat line every so often, an end line."""
+        activity = Activity(self, message)
+        live = not (self.plain or not self.err.is_terminal)
+        try:
+            if not live:
+                self.info(f"{message} ...")
+                activity.start()
+                yield activity
+            else:
+                columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), BarColumn(bar_width=20), DownloadColumn(), TextColumn("[muted]{task.fields[detail]}"))
+                with Progress(*columns, console=self.err, transient=True) as progress:
+                    activity.start(progress, progress.add_task(message, total=None, detail=""))
+                    yield activity
+        except BaseException:
+            self.error(f"failed after {activity.elapsed_s:.1f} s: {message}")
+            raise
+        self.err.print(Text(f"done in {activity.elapsed_s:.1f} s: {message}", style="success" if live else "muted"))
+
+    def tail(self, headline: str, log: Path | None, lines: Sequence[str]) -> None:
+        """A failure: what failed, where the full log is, and its last lines."""
+        self.error(headline)
+        if log is not None:
+            self.info(f"full log: {log}")
+        for line in lines:
+            self.err.print(Text(f"  | {line}", style="muted"))
+
+    def confirm(self, question: str) -> bool | None:
+        """Ask a yes/no question on a terminal; None when there is no one to ask."""
+        if not (sys.stdin.isatty() and self.err.is_terminal):
+            return None
+        return Confirm.ask(question, console=self.err, default=False)
 
     def results(self, title: str, results: Sequence[Result], verdict: Verdict, duration_s: float) -> None:
         if self.plain:
@@ -183,3 +221,49 @@ def _summary(verdict: Verdict, duration_s: float) -> str:
 
 def _summary_text(verdict: Verdict, duration_s: float) -> Text:
     return Text(_summary(verdict, duration_s), style="success" if verdict.passed else "error")
+
+
+@dataclass
+class Activity:
+    """A running step, told what its command prints (``update``) or how far a download got."""
+
+    ui: UI
+    message: str
+    heartbeat_s: float = 30.0
+    started: float = 0.0
+    progress: Any = None
+    task: TaskID | None = None
+    _last_beat: float = 0.0
+    _detail: str = field(default="", repr=False)
+
+    def start(self, progress: Progress | None = None, task: TaskID | None = None) -> None:
+        self.started = self._last_beat = time.monotonic()
+        self.progress, self.task = progress, task
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
+
+    def update(self, detail: str) -> None:
+        detail = detail.strip()
+        if not detail:
+            return
+        self._detail = detail
+        if self.progress is not None:
+            self.progress.update(self.task, detail=detail[:80])
+        else:
+            self._beat()
+
+    def transfer(self, done: int, total: int | None) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, completed=done, total=total)
+        else:
+            self._detail = f"{done / 1e6:.1f} MB" + (f" of {total / 1e6:.1f} MB" if total else "")
+            self._beat()
+
+    def _beat(self) -> None:
+        # A CI log needs a sign of life during a long download, not every line of it.
+        now = time.monotonic()
+        if now - self._last_beat >= self.heartbeat_s:
+            self._last_beat = now
+            self.ui.info(f"  ... {self.message}: {now - self.started:.0f} s, {self._detail[:100]}")

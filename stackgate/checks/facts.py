@@ -31,6 +31,7 @@ from stackgate.stack.lock import Lock, Toolkit
 __all__ = [
     "PARTS",
     "ArchBuild",
+    "BasePython",
     "Distribution",
     "ElfFile",
     "EnvFacts",
@@ -179,6 +180,16 @@ class Facts:
             self._submit(part)
         return self
 
+    def provide(self, part: str, value: Any) -> Facts:
+        """Use a value already known for a part instead of gathering it (tests use this)."""
+        if part not in PARTS:
+            raise KeyError(f"unknown fact part {part!r}")
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        future.set_result(value)
+        with self._guard:
+            self._futures[part] = future
+        return self
+
     def get(self, part: str) -> Any:
         return self._submit(part).result()
 
@@ -213,6 +224,14 @@ class Facts:
     @property
     def imports(self) -> Mapping[str, ImportOutcome] | Missing:
         return self.get("imports")
+
+    @property
+    def dists(self) -> ProbeFacts | Missing:
+        return self.get("dists")
+
+    @property
+    def base_python(self) -> BasePython | Missing:
+        return self.get("base_python")
 
     @property
     def elf(self) -> ElfScan | Missing:
@@ -395,6 +414,100 @@ def _probe_facts(raw: Mapping[str, Any], duration_s: float) -> ProbeFacts:
     return ProbeFacts(python["executable"], python["version"], python["markers"], dists, raw.get("torch"), duration_s)
 
 
+def _dists(lock: Lock, facts: Facts) -> ProbeFacts | Missing:
+    """The probe without importing torch: the installed distributions only. What provision plans
+    from, so that a no-op provision does not pay for torch's import."""
+    missing = _target_missing(lock)
+    if missing is not None:
+        return missing
+    env = facts.get("env").environ
+    with tempfile.TemporaryDirectory(prefix="stackgate-dists-") as tmp:
+        out = Path(tmp) / "facts.json"
+        done = runner.run([lock.python.target, PROBE, out, json.dumps({"torch": False})], timeout_s=PROBE_TIMEOUT_S, env=env)
+        if not out.exists():
+            return Missing(f"the probe failed in {lock.python.target} ({_ended(done)}): {' / '.join(done.tail(3))}")
+        raw = json.loads(out.read_text())
+    return _probe_facts(raw, done.duration_s)
+
+
+# --- an interpreter to build the stack's environment from -------------------------------------
+
+
+@dataclass(frozen=True)
+class BasePython:
+    """An interpreter of the locked Python version found on this machine (what `uv venv` gets)."""
+
+    path: Path  #: the real executable (never a pyenv shim)
+    version: str  #: its full version, e.g. 3.12.1
+    found_by: str  #: where it was found, for -v and the plan
+
+
+def _base_python(lock: Lock, facts: Facts) -> BasePython | Missing:
+    want = lock.python.version
+    environ = facts.base_environ
+    tried: list[str] = []
+    for path, where in _python_candidates(want, environ):
+        found = _ask_python(path, want)
+        if isinstance(found, Missing):
+            tried.append(f"{where}: {found.reason}")
+            continue
+        real, version = found
+        return BasePython(real, version, where)
+    places = f"searched $STACKGATE_PYTHON, python{want} on PATH, pyenv's versions/{want}.*, uv's cpython-{want}.*, /usr/local/bin, /usr/bin"
+    rejected = f"; rejected: {'; '.join(tried)}" if tried else ""
+    return Missing(
+        f"no Python {want} on this machine ({places}{rejected}). uv cannot download Python here: install "
+        f"Python {want} (e.g. `pyenv install {want}` or `apt-get install python{want}-venv`) or set "
+        f"STACKGATE_PYTHON to its interpreter"
+    )
+
+
+def _python_candidates(want: str, environ: Mapping[str, str]) -> list[tuple[Path, str]]:
+    """Where an interpreter of version ``want`` may be: $STACKGATE_PYTHON, PATH, pyenv, uv, /usr."""
+    if environ.get("STACKGATE_PYTHON"):
+        return [(Path(environ["STACKGATE_PYTHON"]), "$STACKGATE_PYTHON")]
+    found: list[tuple[Path, str]] = []
+    for directory in environ.get("PATH", "").split(os.pathsep):
+        if directory and (Path(directory) / f"python{want}").exists():
+            found.append((Path(directory) / f"python{want}", f"python{want} on PATH ({directory})"))
+    pyenv = Path(environ.get("PYENV_ROOT") or Path(environ.get("HOME", "/root")) / ".pyenv") / "versions"
+    # pyenv's shims answer only for the selected version; its installs answer for themselves.
+    for home in sorted(pyenv.glob(f"{want}.*"), key=lambda p: _patch_level(p.name), reverse=True):
+        found.append((home / "bin" / f"python{want}", f"pyenv ({home})"))
+    uv_home = Path(environ.get("UV_PYTHON_INSTALL_DIR") or Path(environ.get("HOME", "/root")) / ".local/share/uv/python")
+    for home in sorted(uv_home.glob(f"cpython-{want}.*"), reverse=True):
+        found.append((home / "bin" / f"python{want}", f"uv-managed ({home})"))
+    for directory in ("/usr/local/bin", "/usr/bin"):
+        found.append((Path(directory) / f"python{want}", directory))
+    unique: dict[Path, str] = {}
+    for path, where in found:
+        unique.setdefault(path, where)
+    return [(path, where) for path, where in unique.items() if path.exists()]
+
+
+def _patch_level(name: str) -> tuple[int, ...]:
+    """3.12.10 sorts above 3.12.9.
+
+    >>> _patch_level("3.12.10") > _patch_level("3.12.9")
+    True
+    """
+    return tuple(int(p) if p.isdigit() else -1 for p in name.split("."))
+
+
+_ASK = "import sys, platform; print(sys.executable); print(platform.python_version())"
+
+
+def _ask_python(path: Path, want: str) -> tuple[Path, str] | Missing:
+    done = runner.run([path, "-c", _ASK], timeout_s=TOOL_TIMEOUT_S)
+    lines = done.stdout.split()
+    if not done.ok or len(lines) != 2:
+        return Missing(f"does not run ({_ended(done)}: {' '.join(done.tail(1))})")
+    executable, version = lines
+    if ".".join(version.split(".")[:2]) != want:
+        return Missing(f"is Python {version}")
+    return Path(executable), version
+
+
 def _imports(lock: Lock, facts: Facts) -> dict[str, ImportOutcome] | Missing:
     missing = _target_missing(lock)
     if missing is not None:
@@ -487,6 +600,8 @@ PARTS: dict[str, Gatherer] = {
     "toolkits": _toolkits,
     "env": _env,
     "probe": _probe,
+    "dists": _dists,
+    "base_python": _base_python,
     "imports": _imports,
     "elf": _elf,
     "patches": _patches,

@@ -14,7 +14,7 @@ from stackgate.checks.core import Fix, Result, check, failed, passed, skipped, w
 from stackgate.checks.facts import Facts, Missing, ProbeFacts
 from stackgate.stack.lock import Lock, Package
 
-__all__ = ["Conflict", "conflicts"]
+__all__ = ["Conflict", "conflicts", "pin_problem"]
 
 _PROVISION = "invoke provision --only python"
 
@@ -244,3 +244,9 @@ def flashinfer_cubin(lock: Lock, facts: Facts) -> Result:
     if problems:
         return failed(problems[0], problems, Fix("Install flashinfer-cubin (and flashinfer-jit-cache) at flashinfer-python's version.", (_PROVISION,)), data)
     return passed(f"flashinfer-python {python.version}" + "".join(f", {k} {v}" for k, v in data.items() if v and k != "flashinfer-python"), data=data)
+
+
+def pin_problem(probe: ProbeFacts, package: Package) -> str | None:
+    """What is wrong with one locked package in a probed environment; None when nothing is
+    (provision plans from this, as python.pins and python.frozen judge by it)."""
+    return _pin_problem(probe, package)

@@ -50,6 +50,8 @@ __all__ = [
 
 #: The profile used when neither --lock nor $STACKGATE_LOCK names one.
 DEFAULT_LOCK = Path(__file__).resolve().parents[2] / "lockfiles" / "blackwell-sm120-cu130.toml"
+#: Where packages not mapped to a [[python.index]] come from, unless python.default_index says.
+DEFAULT_INDEX = "https://pypi.org/simple"
 
 TOOLKIT_SOURCES = ("pypi", "runfile", "apt")
 INSTALLERS = ("uv", "pip")
@@ -190,6 +192,8 @@ class Python:
     overrides: tuple[Override, ...]
     imports: tuple[str, ...]
     torch_cuda: str | None  #: torch.version.cuda the stack needs, e.g. "13.0"
+    #: where every package not mapped to a [[python.index]] comes from (PyPI, or a mirror of it)
+    default_index: str = DEFAULT_INDEX
 
     @property
     def target(self) -> Path:
@@ -524,23 +528,35 @@ class _Builder:
             root=Path(root) if root else None,
             interpreter=Path(interpreter) if interpreter else None,
             installer=installer or "uv",
-            indexes=tuple(self.index(i) for i in t.array("index")),
+            indexes=tuple(self.index(i, names) for i in t.array("index")),
             packages=packages,
             frozen=frozen,
             overrides=overrides,
             imports=t.strings("imports"),
             torch_cuda=torch_cuda,
+            default_index=self.default_index(t),
         )
         t.finish()
         return python
 
-    def index(self, t: _Table) -> Index:
+    def index(self, t: _Table, pinned: set[str]) -> Index:
         url = t.get("url", str)
         if url is not None and not re.match(r"^(https?|file)://", url):
             t.error("url", f"must be an http(s):// or file:// URL, not {url!r}")
         index = Index(url or "", tuple(canonicalize_name(n) for n in t.strings("packages")))
+        # provision installs from a named index exactly the pins it maps there; an unpinned name
+        # would be pulled in later, as someone's dependency, from the default index instead.
+        for i, name in enumerate(index.packages):
+            if name not in pinned:
+                t.error(f"packages[{i}]", f"{name!r} has no pin in python.packages: provision installs from this index only what the lock pins")
         t.finish()
         return index
+
+    def default_index(self, t: _Table) -> str:
+        url = t.get("default_index", str, DEFAULT_INDEX)
+        if url is not None and not re.match(r"^(https?|file)://", url):
+            t.error("default_index", f"must be an http(s):// or file:// URL, not {url!r}")
+        return url or DEFAULT_INDEX
 
     def packages(self, t: _Table) -> tuple[Package, ...]:
         packages = []

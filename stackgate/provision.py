@@ -1,0 +1,453 @@
+"""`invoke provision` and `invoke rollback`.
+
+Provision: load the lock, take the root's lock, gather the facts the plan needs, plan, show the
+plan, apply only its steps, check a new generation before switching to it, then gather the facts
+again and run the verify checks that cover what was built. Any failure leaves ``current`` where
+it was; the next run removes what was half built and builds again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import os
+import shlex
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, ContextManager, Mapping
+
+from stackgate.checks.all import REGISTRY
+from stackgate.checks.core import Check, Result, Status, run_checks
+from stackgate.checks.facts import gather
+from stackgate.exitcodes import ExitCode
+from stackgate.stack import adapters, generations, guard, pyenv
+from stackgate.stack import lock as lockmodel
+from stackgate.stack.plan import AREAS, Plan, Step, cache_dir, plan
+from stackgate.ui import UI, Activity
+from stackgate.verify import verify
+
+__all__ = ["FAULT_ENV", "ProvisionError", "ProvisionRequest", "ProvisionUsage", "RollbackRequest", "rollback", "run"]
+
+#: Test-only fault hook: "<when>:<action>" kills this process with SIGKILL at that point
+#: (when = before | during | after; during = at the step's first line of output);
+#: "<when>:<action>=ENOSPC" raises "No space left on device" there instead, and
+#: "<when>:<action>=SIGINT" sends this process SIGINT, as Ctrl-C does.
+FAULT_ENV = "STACKGATE_FAULT"
+#: What a new generation must pass before ``current`` points at it (those registered).
+BUILD_CHECKS = ("python.interpreter", "python.pins", "python.frozen", "python.consistency", "torch.build", "flashinfer.cubin", "patches.applied")
+#: What verify checks after provisioning, per area provision touched.
+VERIFY_CHECKS = {
+    "toolkit": ("cuda.toolkits", "cuda.ptxas_arch"),
+    "python": (*BUILD_CHECKS, "abi.imports", "abi.elf", "cuda.home", "cuda.triton_ptxas"),
+    "patches": ("patches.applied",),
+}
+PLAN_PARTS = {"toolkit": ("toolkits", "env"), "python": ("dists",), "patches": ("dists",)}
+KEEP_LOGS = 10
+
+
+class ProvisionError(Exception):
+    """Provisioning failed; ``current`` is unchanged unless the message says otherwise."""
+
+    def __init__(self, message: str, log: Path | None = None, tail: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.log = log
+        self.tail = tail
+
+
+class ProvisionUsage(Exception):
+    """A request provision cannot take (exit 2): nothing was changed."""
+
+
+@dataclass(frozen=True)
+class ProvisionRequest:
+    lock_path: Path | None = None
+    dry_run: bool = False
+    only: str | None = None
+    yes: bool = False
+    wait: bool = False
+    environ: Mapping[str, str] | None = field(default=None, compare=False)  #: default: os.environ
+
+
+@dataclass(frozen=True)
+class RollbackRequest:
+    lock_path: Path | None = None
+
+
+def _load(lock_path: Path | None) -> lockmodel.Lock:
+    lock = lockmodel.load(lock_path)
+    if lock.python.root is None:
+        raise ProvisionUsage(
+            f"{lock.path}: python.interpreter names an existing environment ({lock.python.interpreter}); "
+            "provision builds only a stackgate-managed one: set python.root instead"
+        )
+    return lock
+
+
+def run(request: ProvisionRequest, ui: UI) -> ExitCode:
+    """The provision command: plan, show, apply, check, switch, verify."""
+    if request.only is not None and request.only not in AREAS:
+        raise ProvisionUsage(f"--only must be one of {', '.join(AREAS)}, not {request.only!r}")
+    lock = _load(request.lock_path)
+    environ = dict(os.environ if request.environ is None else request.environ)
+    root = lock.python.root
+    assert root is not None
+    if request.dry_run:
+        the_plan = _make_plan(lock, generations.read(root), request, environ)
+        _show(the_plan, ui)
+        return _blocked(the_plan) or ExitCode.PASSED
+    try:
+        with generations.exclusive(root, wait=request.wait, command=_command_line(), on_wait=ui.info):
+            return _provision(lock, request, environ, ui)
+    except (generations.GenerationError, PermissionError) as exc:
+        ui.error(f"stackgate provision: {exc}")
+        return ExitCode.FAILED
+
+
+def _provision(lock: lockmodel.Lock, request: ProvisionRequest, environ: dict[str, str], ui: UI) -> ExitCode:
+    assert lock.python.root is not None
+    state = generations.read(lock.python.root)
+    the_plan = _make_plan(lock, state, request, environ)
+    if the_plan.empty:
+        ui.line(f"nothing to do: {lock.name} is provisioned as locked")
+        for line in the_plan.in_place:
+            ui.line(f"  {line}")
+        return ExitCode.PASSED
+    _show(the_plan, ui)
+    if the_plan.blockers:
+        return _blocked(the_plan) or ExitCode.FAILED
+    if not request.yes and not _confirmed(the_plan, ui):
+        ui.line("nothing was changed")
+        return ExitCode.FAILED
+    try:
+        apply(the_plan, state, environ, ui)
+    except (ProvisionError, pyenv.PyenvError, guard.GuardError) as exc:
+        return _failed(exc, exc.log, exc.tail, state, ui)
+    except (adapters.AdapterError, OSError) as exc:  # OSError: a full disk, a vanished folder
+        return _failed(exc, None, (), state, ui)
+    except Exception as exc:  # noqa: BLE001 - the toolkit and patch modules' own errors
+        if isinstance(exc, _module_errors()):
+            return _failed(exc, None, (), state, ui)  # their text names the log and its last lines
+        raise
+    return _verify_built(lock, the_plan, request, environ, ui)
+
+
+def _module_errors() -> tuple[type[BaseException], ...]:
+    errors: tuple[type[BaseException], ...] = ()
+    for name in ("toolkit_errors", "patch_errors"):
+        with contextlib.suppress(adapters.AdapterError):
+            errors += getattr(adapters, name)()
+    return errors or (adapters.AdapterError,)
+
+
+def _failed(exc: BaseException, log: Path | None, tail: tuple[str, ...], before: generations.RootState, ui: UI) -> ExitCode:
+    ui.tail(f"stackgate provision failed: {exc}", log, tail)
+    now = generations.read(before.root).current
+    link = before.root / "current"
+    if (now.path if now else None) == (before.current.path if before.current else None):
+        ui.error(f"{link} is unchanged; `invoke provision` again finishes the job (it removes what was half built)")
+    else:
+        ui.error(f"{link} was switched to {now.id if now else '(nothing)'} before the failure; `invoke rollback` goes back")
+    return ExitCode.FAILED
+
+
+def _make_plan(lock: lockmodel.Lock, state: generations.RootState, request: ProvisionRequest, environ: Mapping[str, str]) -> Plan:
+    areas = (request.only,) if request.only else AREAS
+    parts = sorted({part for area in areas for part in PLAN_PARTS[area]})
+    facts = gather(lock, parts, environ=environ)
+    try:
+        return plan(lock, facts, state, only=request.only, uv=pyenv.find_uv())
+    finally:
+        facts.close()
+
+
+def _show(the_plan: Plan, ui: UI) -> None:
+    for line in the_plan.lines():
+        ui.line(line)
+
+
+def _blocked(the_plan: Plan) -> ExitCode | None:
+    if not the_plan.blockers:
+        return None
+    return ExitCode.USAGE if any(b.usage for b in the_plan.blockers) else ExitCode.FAILED
+
+
+def _confirmed(the_plan: Plan, ui: UI) -> bool:
+    answer = ui.confirm(f"apply these {len(the_plan.steps)} steps?")
+    if answer is None:
+        raise ProvisionUsage("the plan changes this machine and there is no terminal to ask: pass --yes (or --dry-run to only see the plan)")
+    return answer
+
+
+def _command_line() -> str:
+    """How this process was started, for the holder line another provision prints."""
+    if not sys.argv:
+        return "stackgate"
+    program = Path(sys.argv[0])
+    name = program.parent.name if program.name == "__main__.py" else program.name  # python -m invoke
+    return shlex.join([name, *sys.argv[1:]])
+
+
+# --- applying a plan ----------------------------------------------------------------------------
+
+
+@dataclass
+class Build:
+    """What the steps of one provision share."""
+
+    lock: lockmodel.Lock
+    state: generations.RootState
+    environ: dict[str, str]
+    logs: Path
+    the_plan: Plan
+    generation: generations.Generation | None = None
+    files: guard.GuardFiles | None = None
+    step_number: int = 0
+
+    @property
+    def root(self) -> Path:
+        assert self.lock.python.root is not None
+        return self.lock.python.root
+
+    @property
+    def cache(self) -> Path:
+        return cache_dir(self.lock)
+
+    def log(self, step: Step) -> Path:
+        return self.logs / f"{self.step_number:02d}-{step.action}.log"
+
+
+def apply(the_plan: Plan, state: generations.RootState, environ: dict[str, str], ui: UI) -> None:
+    """Run the plan's steps in order; the first failure stops it (``current`` is only switched by
+    the last step of a build)."""
+    lock = the_plan.lock
+    stamp = the_plan.generation.name if the_plan.generation else time.strftime("%Y%m%dT%H%M%S")
+    build = Build(lock, state, environ, _log_dir(lock, stamp), the_plan)
+    if the_plan.resume:
+        build.generation = next(g for g in state.generations if g.path == the_plan.generation)
+    with _kept_toolkits_untouched(the_plan):
+        for number, step in enumerate(the_plan.steps, 1):
+            build.step_number = number
+            _fault(f"before:{step.action}")
+            with ui.activity(f"[{number}/{len(the_plan.steps)}] {step.what}") as activity:
+                APPLIERS[step.action](build, step, activity)
+            _fault(f"after:{step.action}")
+
+
+def _log_dir(lock: lockmodel.Lock, stamp: str) -> Path:
+    assert lock.python.root is not None
+    logs = lock.python.root / "logs"
+    directory = logs / stamp
+    directory.mkdir(parents=True, exist_ok=True)
+    for old in sorted((p for p in logs.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)[:-KEEP_LOGS]:
+        for file in old.iterdir():
+            file.unlink(missing_ok=True)
+        old.rmdir()
+    return directory
+
+
+def _kept_toolkits_untouched(the_plan: Plan) -> ContextManager[object]:
+    """Around toolkit installs, the toolkit module fingerprints the kept toolkits: they must not change."""
+    if "toolkit" not in the_plan.areas:
+        return contextlib.nullcontext()
+    return adapters.kept_untouched(the_plan.lock.toolkits)
+
+
+def _fault(point: str, *, environ: Mapping[str, str] | None = None) -> None:
+    wanted, _, kind = (environ or os.environ).get(FAULT_ENV, "").partition("=")
+    if wanted != point:
+        return
+    if kind == "ENOSPC":
+        raise OSError(errno.ENOSPC, f"No space left on device ({FAULT_ENV}={wanted}={kind})")
+    os.kill(os.getpid(), signal.SIGINT if kind == "SIGINT" else signal.SIGKILL)
+
+
+def _run(build: Build, step: Step, activity: Activity, command: pyenv.Command) -> None:
+    seen = False
+
+    def on_line(line: str) -> None:
+        nonlocal seen
+        if not seen:
+            seen = True
+            _fault(f"during:{step.action}")
+        activity.update(line)
+
+    pyenv.run(command, log=build.log(step), environ=build.environ, lock=build.lock, on_line=on_line)
+
+
+def _discard(build: Build, step: Step, activity: Activity) -> None:
+    removed = generations.discard_unfinished(build.state)
+    activity.update(f"removed {', '.join(g.id for g in removed)}")
+
+
+def _venv(build: Build, step: Step, activity: Activity) -> None:
+    base = build.the_plan.base_python
+    assert base is not None and build.the_plan.generation is not None
+    lock = build.lock
+    about = {
+        "lock": {"name": lock.name, "path": str(lock.path), "sha256": lock.sha256},
+        "spec": pyenv.spec(lock),
+        "base_python": {"path": str(base.path), "version": base.version},
+    }
+    build.generation = generations.create(build.the_plan.generation, about)
+    for command in step.runs:
+        _run(build, step, activity, command)
+
+
+def _guard(build: Build, step: Step, activity: Activity) -> None:
+    assert build.generation is not None
+    build.files = guard.write(build.lock, build.generation.path)
+    pyenv.write_requirements(build.lock, build.generation.path, build.cache / "wheels")
+
+
+def _commands(build: Build, step: Step, activity: Activity) -> None:
+    for command in step.runs:
+        _run(build, step, activity, command)
+
+
+def _fetch(build: Build, step: Step, activity: Activity) -> None:
+    seen = False
+
+    def progress(done: int, total: int | None) -> None:
+        nonlocal seen
+        if not seen:
+            seen = True
+            _fault(f"during:{step.action}")
+        activity.transfer(done, total)
+
+    path, downloaded = pyenv.fetch_wheel(step.subject, build.cache / "wheels", on_progress=progress)
+    activity.update(f"{'downloaded' if downloaded else 'cached'}: {path.name}, sha256 matches")
+
+
+def _patch(build: Build, step: Step, activity: Activity) -> None:
+    home = build.generation.path if build.generation is not None else _current(build).path
+    adapters.apply_patch(step.subject, _site_packages(home))
+
+
+def _site_packages(home: Path) -> Path:
+    found = sorted(home.glob("lib/python3*/site-packages"))
+    if not found:
+        raise ProvisionError(f"{home} has no lib/python3.*/site-packages")
+    return found[0]
+
+
+def _current(build: Build) -> generations.Generation:
+    if build.state.current is None:
+        raise ProvisionError(f"{build.root / 'current'} does not exist")
+    return build.state.current
+
+
+def _envfile(build: Build, step: Step, activity: Activity) -> None:
+    home = build.generation.path if build.generation is not None else _current(build).path
+    pyenv.write_environment(build.lock, home, build.root)
+
+
+def _check(build: Build, step: Step, activity: Activity) -> None:
+    """The new generation's own checks, run against its interpreter before anything points at it."""
+    generation = build.generation
+    assert generation is not None
+    candidate = dataclasses.replace(build.lock, python=dataclasses.replace(build.lock.python, interpreter=generation.python))
+    results = _run_named(candidate, BUILD_CHECKS, build.environ)
+    bad = [r for r in results if r.status >= Status.FAIL]
+    if bad:
+        build.generation = generations.mark(generation, "failed", failures=[f"{r.check}: {r.summary}" for r in bad])
+        lines = tuple(f"{r.check}: {r.summary}" for r in bad) + tuple(f"  {d}" for r in bad for d in r.details[:5])
+        raise ProvisionError(f"generation {generation.id} failed its checks, so current was not switched: {bad[0].check}: {bad[0].summary}", tail=lines)
+    activity.update(", ".join(f"{r.check} {r.status.name}" for r in results))
+
+
+def _run_named(lock: lockmodel.Lock, names: tuple[str, ...], environ: Mapping[str, str]) -> list[Result]:
+    checks = _registered(names)
+    facts = gather(lock, sorted({p for c in checks for p in c.needs}), environ=environ)
+    try:
+        return run_checks(checks, lock, facts)
+    finally:
+        facts.close()
+
+
+def _registered(names: tuple[str, ...]) -> list[Check]:
+    return [REGISTRY[name] for name in dict.fromkeys(names) if name in REGISTRY]
+
+
+def _switch(build: Build, step: Step, activity: Activity) -> None:
+    generation = build.generation
+    assert generation is not None
+    build.generation = generations.mark(generation, "ready")
+    _fault("during:python.switch")
+    build.generation = generations.switch(build.root, build.generation)
+    removed = generations.prune(generations.read(build.root))
+    activity.update(f"current -> {build.generation.id}" + (f"; removed {', '.join(g.id for g in removed)}" if removed else ""))
+
+
+def _toolkit(build: Build, step: Step, activity: Activity) -> None:
+    adapters.install_toolkit(step.subject, log=build.log(step), cache=build.cache / "toolkits", on_progress=activity.update)
+
+
+def _link(build: Build, step: Step, activity: Activity) -> None:
+    adapters.set_cuda_link(step.subject.prefix)
+
+
+APPLIERS: dict[str, Callable[[Build, Step, Activity], None]] = {
+    "toolkit.install": _toolkit,
+    "toolkit.link": _link,
+    "python.discard": _discard,
+    "python.venv": _venv,
+    "python.guard": _guard,
+    "python.family": _commands,
+    "python.fetch": _fetch,
+    "python.stack": _commands,
+    "python.override": _commands,
+    "patches.apply": _patch,
+    "python.envfile": _envfile,
+    "python.envfile.current": _envfile,
+    "python.check": _check,
+    "python.switch": _switch,
+}
+
+
+# --- after applying -----------------------------------------------------------------------------
+
+
+def _verify_built(lock: lockmodel.Lock, the_plan: Plan, request: ProvisionRequest, environ: Mapping[str, str], ui: UI) -> ExitCode:
+    """Gather the facts again: plan again (nothing may be left to do), and run the verify checks
+    that cover what was built."""
+    assert lock.python.root is not None
+    again = _make_plan(lock, generations.read(lock.python.root), request, environ)
+    left = [f"{s.what} ({s.why})" for s in again.steps] + [b.message for b in again.blockers]
+    checks = _registered(tuple(name for area in the_plan.areas for name in VERIFY_CHECKS[area]))
+    code = ExitCode.PASSED
+    if checks:
+        done = verify(lock, checks, ui)
+        ui.results(f"stackgate provision: verify {lock.name} after provisioning", done.results, done.verdict, done.duration_s)
+        left += [f"{r.check}: {r.summary}" for r in done.results if r.status >= Status.FAIL]
+        code = done.verdict.exit_code
+    if left:
+        ui.error("the machine still differs from the lock: " + "; ".join(left))
+        return ExitCode.FAILED
+    return code
+
+
+# --- rollback -----------------------------------------------------------------------------------
+
+
+def rollback(request: RollbackRequest, ui: UI) -> ExitCode:
+    """Switch ``current`` back to the previous ready generation and say to which."""
+    lock = _load(request.lock_path)
+    root = lock.python.root
+    assert root is not None
+    try:
+        with generations.exclusive(root, wait=False, command=_command_line()):
+            before, after = generations.rollback(root)
+    except generations.GenerationError as exc:
+        ui.error(f"stackgate rollback: {exc}")
+        return ExitCode.FAILED
+    ui.line(f"rolled back {root / 'current'}: {before.id} -> {after.describe()}")
+    built_from = (after.marker or {}).get("lock", {}).get("sha256")
+    if built_from and built_from != lock.sha256:
+        ui.line(f"  it was built from another version of the lock (sha256 {built_from[:12]}); `invoke provision` would rebuild it")
+    ui.line("  `invoke verify` checks it; `invoke provision` builds from the lock again")
+    return ExitCode.PASSED
+

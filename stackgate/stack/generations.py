@@ -1,0 +1,313 @@
+"""Each build of the stack's environment is a new generation under ``<root>/generations/<id>/``;
+``<root>/current`` is a symlink switched atomically, and only to a generation that passed.
+
+A generation carries ``stackgate-generation.json``: its state ("building" until its checks
+pass, then "ready"), what it was built from, when. A generation that is not "ready" was left by an
+interrupted or failed run: it was never current, and the next provision removes it and builds
+again. One provision at a time: an exclusive ``fcntl`` lock on ``<root>/.provision.lock``, whose
+text names the holder; the kernel drops the lock when its holder dies, even by kill -9.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import errno
+import fcntl
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+__all__ = [
+    "KEEP",
+    "Busy",
+    "Generation",
+    "GenerationError",
+    "RootState",
+    "create",
+    "discard_unfinished",
+    "exclusive",
+    "generations_dir",
+    "mark",
+    "prune",
+    "read",
+    "resumable",
+    "rollback",
+    "switch",
+]
+
+MARKER = "stackgate-generation.json"
+SCHEMA = "stackgate.generation/1"
+LOCK_FILE = ".provision.lock"
+#: Generations kept after a switch: the current one and the ready ones before it.
+KEEP = int(os.environ.get("STACKGATE_KEEP_GENERATIONS", "3"))
+_ID = re.compile(r"^(\d{4,})-")
+
+
+class GenerationError(Exception):
+    """The root cannot be read or changed as asked."""
+
+
+class Busy(GenerationError):
+    """Another provision holds the root."""
+
+
+@dataclass(frozen=True)
+class Generation:
+    path: Path
+    marker: Mapping[str, Any] | None  #: None when the marker is missing or unreadable
+
+    @property
+    def id(self) -> str:
+        return self.path.name
+
+    @property
+    def number(self) -> int:
+        match = _ID.match(self.path.name)
+        return int(match[1]) if match else -1
+
+    @property
+    def state(self) -> str:
+        return str(self.marker.get("state", "unknown")) if self.marker else "unknown"
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    @property
+    def was_current(self) -> bool:
+        """Whether ``current`` ever pointed here (rollback only goes back to such a generation)."""
+        return bool(self.marker and self.marker.get("switched_in"))
+
+    @property
+    def python(self) -> Path:
+        return self.path / "bin" / "python"
+
+    def describe(self) -> str:
+        built = self.marker.get("finished") or self.marker.get("created") if self.marker else None
+        lock = self.marker.get("lock", {}) if self.marker else {}
+        parts = [f"built {built}" if built else self.state, f"from {lock.get('path')}" if lock.get("path") else ""]
+        return f"generation {self.id} ({', '.join(p for p in parts if p)})"
+
+
+@dataclass(frozen=True)
+class RootState:
+    """What is under a root: its generations, oldest first, and the one ``current`` points to."""
+
+    root: Path
+    generations: tuple[Generation, ...]
+    current: Generation | None
+    current_error: str | None = None  #: why ``current`` exists but is not a usable generation
+
+    @property
+    def next_id(self) -> str:
+        number = max((g.number for g in self.generations), default=0) + 1
+        return f"{number:04d}-{time.strftime('%Y%m%dT%H%M%S')}"
+
+    @property
+    def unfinished(self) -> tuple[Generation, ...]:
+        current = self.current.path if self.current else None
+        return tuple(g for g in self.generations if not g.ready and g.path != current)
+
+
+def generations_dir(root: Path) -> Path:
+    return root / "generations"
+
+
+def read(root: Path) -> RootState:
+    """Read a root without changing it (a root that does not exist yet is empty)."""
+    found = []
+    directory = generations_dir(root)
+    if directory.is_dir():
+        for path in sorted(directory.iterdir(), key=lambda p: (Generation(p, None).number, p.name)):
+            if path.is_dir() and not path.name.startswith("."):
+                found.append(Generation(path, _read_marker(path)))
+    current, error = _current(root, found)
+    return RootState(root, tuple(found), current, error)
+
+
+def _current(root: Path, found: list[Generation]) -> tuple[Generation | None, str | None]:
+    link = root / "current"
+    if not link.is_symlink():
+        return None, (f"{link} is not a symlink" if link.exists() else None)
+    target = (link.parent / os.readlink(link)).resolve()
+    match = next((g for g in found if g.path.resolve() == target), None)
+    if match is None:
+        return None, f"{link} points at {target}, which is not a generation of {root}"
+    return match, None
+
+
+def _read_marker(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((path / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def create(path: Path, about: Mapping[str, Any]) -> Generation:
+    """A new, empty generation in state "building" (the plan chose its id: ``RootState.next_id``)."""
+    path.mkdir(parents=True)
+    marker = {"schema": SCHEMA, "id": path.name, "state": "building", "created": _now(), **about}
+    _write_marker(path, marker)
+    return Generation(path, marker)
+
+
+def mark(generation: Generation, state: str, **extra: Any) -> Generation:
+    marker = {**(generation.marker or {}), "state": state, **extra}
+    if state == "ready":
+        marker.setdefault("finished", _now())
+    _write_marker(generation.path, marker)
+    return Generation(generation.path, marker)
+
+
+def _write_marker(path: Path, marker: Mapping[str, Any]) -> None:
+    part = path / f".{MARKER}.part"
+    with open(part, "w") as out:
+        json.dump(marker, out, indent=2)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(part, path / MARKER)
+
+
+def switch(root: Path, generation: Generation) -> Generation:
+    """Point ``current`` at a ready generation: a new symlink renamed over the old one, so any
+    reader sees either the old target or the new one, never neither."""
+    if not generation.ready:
+        raise GenerationError(f"{generation.describe()} is {generation.state}, not ready: not switching to it")
+    link = root / "current"
+    part = root / f".current.{os.getpid()}.part"
+    part.unlink(missing_ok=True)
+    os.symlink(os.path.relpath(generation.path, root), part)
+    os.replace(part, link)
+    _fsync_dir(root)
+    # After the rename: a crash in between costs only this note, never a half switch.
+    return mark(generation, "ready", switched_in=_now())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def discard_unfinished(state: RootState) -> list[Generation]:
+    """Remove generations an interrupted or failed run left (never the current one)."""
+    removed = []
+    for generation in state.unfinished:
+        _remove(generation.path)
+        removed.append(generation)
+    return removed
+
+
+def prune(state: RootState, keep: int = KEEP) -> list[Generation]:
+    """Keep the current generation and the newest ones that were current before it, ``keep`` in
+    all; the rest go (generations rolled back from, and ready ones never switched to)."""
+    if state.current is None:
+        return []
+    kept = {state.current.path, *(g.path for g in _earlier(state)[-(keep - 1) :] if keep > 1)}
+    removed = [g for g in state.generations if g.path not in kept]
+    for generation in removed:
+        _remove(generation.path)
+    return removed
+
+
+def _earlier(state: RootState) -> list[Generation]:
+    """Ready generations before the current one that were current once and not rolled back
+    from, oldest first: the history rollback walks back through."""
+    assert state.current is not None
+    earlier = [g for g in state.generations if g.ready and g.was_current and g.number < state.current.number]
+    return [g for g in earlier if not (g.marker or {}).get("rolled_back")]
+
+
+def resumable(state: RootState, spec: Mapping[str, Any]) -> Generation | None:
+    """A generation an interrupted run built and checked from ``spec`` but never switched to."""
+    after = state.current.number if state.current else 0
+    found = [g for g in state.generations if g.ready and not g.was_current and g.number > after and g.marker and g.marker.get("spec") == spec]
+    return found[-1] if found else None
+
+
+def _remove(path: Path) -> None:
+    # Renamed first, so that a crash half-way leaves a hidden folder, not a half generation.
+    doomed = path.with_name(f".{path.name}.removing")
+    try:
+        os.replace(path, doomed)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def rollback(root: Path) -> tuple[Generation, Generation]:
+    """Switch ``current`` to the newest generation before it that was current once; return (from, to)."""
+    state = read(root)
+    if state.current is None:
+        raise GenerationError(state.current_error or f"nothing to roll back: {root / 'current'} does not exist")
+    earlier = [g for g in _earlier(state) if g.python.exists()]
+    if not earlier:
+        raise GenerationError(f"no earlier ready generation under {generations_dir(root)} to roll back to (current: {state.current.id})")
+    target = switch(root, earlier[-1])
+    # The generation left behind was judged bad: never a rollback target or kept again.
+    return mark(state.current, "ready", rolled_back=_now()), target
+
+
+# --- one provision at a time -------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def exclusive(root: Path, *, wait: bool, command: str | None = None, on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Hold the root's provision lock; fail at once naming the holder, or wait for it."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise GenerationError(
+            f"cannot create or lock {root}: {exc.strerror or exc} (run as a user who may write there, or set python.root elsewhere)"
+        ) from exc
+    try:
+        if not _try_lock(fd):
+            holder = _holder(fd)
+            if not wait:
+                raise Busy(f"another provision is running on {root}: {holder}; wait for it, or pass --wait")
+            if on_wait is not None:
+                on_wait(f"waiting for the provision holding {root}: {holder}")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        _write_holder(fd, command)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock; the kernel does it too if this process dies
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            return False
+        raise
+    return True
+
+
+def _write_holder(fd: int, command: str | None) -> None:
+    text = json.dumps({"pid": os.getpid(), "started": _now(), "command": command or " ".join(sys.argv)})
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, text.encode() + b"\n", 0)
+
+
+def _holder(fd: int) -> str:
+    try:
+        data = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+        return f"pid {data['pid']}, started {data['started']}, command: {data['command']}"
+    except (ValueError, KeyError, TypeError, OSError):
+        return "a process that has not written its name yet"
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,128 @@
+"""The guard: constraints that hold the frozen packages (torch and its family) at their locked
+versions through every install, and the explanation of a resolution the guard blocked.
+
+Constraints, not index order, are what keep torch in place: pip merges indexes and takes the
+highest version, uv's default index strategy shields torch only by accident (FACTS.md). When a
+constraint blocks a resolution, pip lists every requirer of torch (the innocent unbounded
+``torch`` ones too) and uv folds the constraint into some requirer's text; the culprit is the
+requirement whose specifier EXCLUDES the locked version, so that is what :func:`blocked` finds.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from stackgate.stack.lock import Lock
+
+__all__ = ["Blocked", "GuardError", "GuardFiles", "blocked", "constraints", "overrides", "write"]
+
+CONSTRAINTS = "constraints.txt"
+OVERRIDES = "overrides.txt"
+
+
+class GuardError(Exception):
+    """A resolution that needed another version of a frozen package; ``log`` holds the resolver's output."""
+
+    def __init__(self, message: str, log: Path | None = None, tail: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.log = log
+        self.tail = tail
+
+
+@dataclass(frozen=True)
+class GuardFiles:
+    constraints: Path  #: passed to every install, and exported as PIP_CONSTRAINT/UV_CONSTRAINT
+    overrides: Path  #: uv's --override file (pip applies overrides in a --no-deps step instead)
+
+
+def constraints(lock: Lock) -> list[str]:
+    """One exact pin per frozen package.
+
+    The lock loader has already refused a frozen name without a pin.
+    """
+    lines = []
+    for name in lock.python.frozen:
+        package = lock.python.package(name)
+        assert package is not None
+        lines.append(f"{package.name}{package.specifier}")
+    return lines
+
+
+def overrides(lock: Lock) -> list[str]:
+    return [f"{o.package}{o.specifier}" for o in lock.python.overrides]
+
+
+def write(lock: Lock, directory: Path) -> GuardFiles:
+    """Write the guard's files into a generation; the header says where they come from."""
+    header = f"# Written by stackgate from {lock.path} (sha256 {lock.sha256[:12]}); do not edit.\n"
+    files = GuardFiles(directory / CONSTRAINTS, directory / OVERRIDES)
+    files.constraints.write_text(header + "".join(f"{line}\n" for line in constraints(lock)))
+    reasons = {f"{o.package}{o.specifier}": o.reason for o in lock.python.overrides}
+    files.overrides.write_text(header + "".join(f"{line}  # {reasons[line]}\n" for line in overrides(lock)))
+    return files
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """A requirement the guard refused: who asked for what, and what the lock holds."""
+
+    requirer: str
+    requirer_version: str | None  #: None: uv said "all versions of" the requirer
+    requirement: str
+    package: str
+    locked: str
+
+    def __str__(self) -> str:
+        who = f"{self.requirer} {self.requirer_version}" if self.requirer_version else f"every version of {self.requirer}"
+        return f"{who} requires {self.requirement}, but the lock holds {self.package} at {self.locked}"
+
+
+# "eager-upgrader 1.0 depends on torch>=2.10" (pip) and "all versions of eager-upgrader depend on
+# torch>=2.10", "eager-upgrader==1.0 depends on torch>=2.10" (uv). A specifier may be a list
+# ("torch>=2.10,<3"); the sentence's own commas are followed by a space and a word, not an operator.
+_DEPENDS = re.compile(
+    r"(?:all versions of |only )?(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)"
+    r"(?:==(?P<pinned>[^\s,]+)| (?P<version>\d[^\s,]*))?"
+    r" depends? on (?P<requirement>[A-Za-z0-9][A-Za-z0-9._-]*(?:\[[^\]]*\])?"
+    r"(?:\s*[<>=!~]=?=?\s*[^\s,;]+(?:,\s*[<>=!~]=?=?\s*[^\s,;]+)*)?)"
+)
+
+
+def blocked(output: str, lock: Lock) -> list[Blocked]:
+    """The requirements in a resolver's failure that exclude a frozen package's locked version.
+
+    Requirements that admit the locked version (an unbounded ``torch``, or a requirer into which
+    uv folded the constraint) are innocent and left out.
+    """
+    locked = {name: _locked_version(lock, name) for name in lock.python.frozen}
+    found: list[Blocked] = []
+    for match in _DEPENDS.finditer(output):
+        try:
+            requirement = Requirement(match["requirement"])
+        except InvalidRequirement:
+            continue
+        package = canonicalize_name(requirement.name)
+        version = locked.get(package)
+        if version is None or canonicalize_name(match["name"]) == package:
+            continue
+        if requirement.specifier.contains(version, prereleases=True):
+            continue
+        hit = Blocked(match["name"], match["pinned"] or match["version"], match["requirement"].replace(" ", ""), package, str(version))
+        if hit not in found:
+            found.append(hit)
+    return found
+
+
+def _locked_version(lock: Lock, name: str) -> Version | None:
+    package = lock.python.package(name)
+    pinned = package.pinned_version if package else None
+    try:
+        return Version(pinned) if pinned else None
+    except InvalidVersion:
+        return None

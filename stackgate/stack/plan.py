@@ -1,0 +1,306 @@
+"""Desired (the lock) against actual (the facts, the root's generations) -> ordered steps.
+
+Planning changes nothing, so ``--dry-run`` is free and a second provision right after a good one
+finds nothing to do without a download. The Python environment is rebuilt as a whole, in a new
+generation, whenever it differs from the lock (a changed pin, a moved torch, a conflict): a
+generation is complete and checked before ``current`` points at it, or it is never used. Only the
+environment file and patches are brought up to date in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from stackgate.checks.core import Fix
+from stackgate.checks.facts import BasePython, Facts, Missing, ProbeFacts
+from stackgate.checks.python import conflicts, pin_problem
+from stackgate.stack import adapters, generations, guard, pyenv
+from stackgate.stack.lock import Lock
+
+__all__ = ["AREAS", "Blocker", "Plan", "Step", "cache_dir", "plan"]
+
+AREAS = ("toolkit", "python", "patches")
+_REBUILD = "invoke provision --only python"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One change: what it does, why it is needed, and the exact commands it runs."""
+
+    area: str
+    action: str  #: what provision dispatches on, e.g. "python.stack"
+    what: str
+    why: str
+    runs: tuple[pyenv.Command, ...] = ()
+    shown: tuple[str, ...] = ()  #: commands as text, when the step runs no Command of its own
+    subject: Any = None  #: the Toolkit, Package or Patch the step is about
+
+    @property
+    def commands(self) -> tuple[str, ...]:
+        return self.shown or tuple(c.display for c in self.runs)
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """Why the plan cannot be applied; nothing is touched."""
+
+    message: str
+    fix: Fix | None = None
+    usage: bool = False  #: a problem of the lockfile (exit 2), not of the machine (exit 1)
+
+
+@dataclass(frozen=True)
+class Plan:
+    lock: Lock
+    steps: tuple[Step, ...]
+    blockers: tuple[Blocker, ...]
+    in_place: tuple[str, ...]  #: what already matches the lock
+    generation: Path | None = None  #: the generation a build creates (or resumes)
+    base_python: BasePython | None = None
+    resume: bool = False  #: the generation exists: an interrupted run built and checked it
+
+    @property
+    def empty(self) -> bool:
+        return not self.steps and not self.blockers
+
+    @property
+    def areas(self) -> tuple[str, ...]:
+        return tuple(a for a in AREAS if any(s.area == a for s in self.steps))
+
+    def lines(self) -> list[str]:
+        """The plan as a person reads it (and --dry-run prints it)."""
+        root = self.lock.python.root
+        lines = [f"plan for {self.lock.name} (root {root}): {_count(len(self.steps), 'step')}"]
+        for number, step in enumerate(self.steps, 1):
+            lines.append(f"  {number}. [{step.area}] {step.what}")
+            lines.append(f"       why: {step.why}")
+            lines.extend(f"       $ {command}" for command in step.commands)
+        if self.in_place:
+            lines.append("already as locked:")
+            lines.extend(f"  {line}" for line in self.in_place)
+        for blocker in self.blockers:
+            lines.append(f"cannot apply: {blocker.message}")
+            if blocker.fix is not None:
+                lines.append(f"  fix: {blocker.fix.text}")
+                lines.extend(f"  $ {command}" for command in blocker.fix.commands)
+        return lines
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def cache_dir(lock: Lock) -> Path:
+    """Where checked URL wheels (and toolkit downloads) are kept between generations."""
+    assert lock.python.root is not None
+    return lock.python.root / "cache"
+
+
+@dataclass
+class _Draft:
+    steps: list[Step] = field(default_factory=list)
+    blockers: list[Blocker] = field(default_factory=list)
+    in_place: list[str] = field(default_factory=list)
+    generation: Path | None = None
+    base_python: BasePython | None = None
+    resume: bool = False
+
+
+def plan(lock: Lock, facts: Facts, state: generations.RootState, *, only: str | None = None, uv: str | None = None) -> Plan:
+    """The steps that bring this machine to the lock, in order; ``only`` limits them to one area."""
+    areas = (only,) if only else AREAS
+    draft = _Draft()
+    if "toolkit" in areas:
+        _toolkits(lock, facts, draft)
+    rebuild = _python_drift(lock, facts, state) if "python" in areas else []
+    resume = generations.resumable(state, pyenv.spec(lock)) if rebuild else None
+    if resume is not None:
+        _resume(state, resume, rebuild, draft)
+    elif rebuild:
+        _build(lock, facts, state, rebuild, uv, draft)
+    else:
+        if "python" in areas:
+            draft.in_place.append(f"Python stack: {state.root / 'current'} -> {state.current.id if state.current else '?'} matches the lock ({_count(len(lock.python.packages), 'pin')}, guard: {', '.join(guard.constraints(lock)) or 'none'})")
+            _env_file(lock, state, draft)
+        if "patches" in areas:
+            _patches(lock, facts, state, draft)
+    return Plan(lock, tuple(draft.steps), tuple(draft.blockers), tuple(draft.in_place), draft.generation, draft.base_python, draft.resume)
+
+
+# --- CUDA toolkits -----------------------------------------------------------------------------
+
+
+def _toolkits(lock: Lock, facts: Facts, draft: _Draft) -> None:
+    for found in facts.toolkits:
+        toolkit = found.toolkit
+        if toolkit.keep:
+            if found.exists:
+                draft.in_place.append(f"{toolkit.label}: kept, present (never written to)")
+            else:
+                fix = Fix(f"Restore CUDA {toolkit.version} with its own installer (runfile or apt), or drop it from the lock.")
+                draft.blockers.append(Blocker(f"{toolkit.label} is kept (keep = true) but missing: stackgate never installs a kept toolkit", fix))
+            continue
+        try:
+            reason = adapters.toolkit_state(toolkit, found)
+            command = adapters.install_command(toolkit, cache_dir(lock) / "toolkits") if reason else ""
+        except adapters.AdapterError as exc:
+            draft.blockers.append(Blocker(str(exc), Fix("Use a checkout with the toolkit half of provision, or mark the toolkit keep = true.")))
+            continue
+        if reason is None:
+            draft.in_place.append(f"{toolkit.label}: installed as locked")
+        else:
+            draft.steps.append(Step("toolkit", "toolkit.install", f"install {toolkit.label} from {toolkit.source}", reason, shown=(command,), subject=toolkit))
+    _cuda_link(lock, facts, draft)
+
+
+def _cuda_link(lock: Lock, facts: Facts, draft: _Draft) -> None:
+    default = lock.default_toolkit
+    if lock.stack.cuda_link != "default" or default is None:
+        return  # "leave": /usr/local/cuda is not stackgate's to change
+    try:
+        why = adapters.cuda_link_state(lock.stack.cuda_link, default)
+    except adapters.AdapterError as exc:
+        draft.blockers.append(Blocker(str(exc)))
+        return
+    if why is None:
+        draft.in_place.append(f"/usr/local/cuda -> {default.prefix}")
+        return
+    draft.steps.append(Step("toolkit", "toolkit.link", f"point /usr/local/cuda at {default.prefix}", why, shown=(f"ln -sfn {default.prefix} /usr/local/cuda",), subject=default))
+
+
+# --- the Python stack --------------------------------------------------------------------------
+
+
+def _python_drift(lock: Lock, facts: Facts, state: generations.RootState) -> list[str]:
+    """Why the live environment is not the lock's (empty: it is)."""
+    current = state.current
+    if current is None:
+        return [state.current_error or f"no environment at {state.root / 'current'} yet"]
+    if current.marker is None:
+        return [f"generation {current.id} has no readable {generations.MARKER}"]
+    changes = pyenv.spec_changes(current.marker.get("spec", {}), pyenv.spec(lock))
+    if changes:
+        more = f" (and {len(changes) - 4} more)" if len(changes) > 4 else ""
+        return [f"the lock's Python stack changed since generation {current.id} was built: {'; '.join(changes[:4])}{more}"]
+    dists = facts.dists
+    if isinstance(dists, Missing):
+        return [dists.reason]
+    return _environment_drift(lock, dists)
+
+
+def _environment_drift(lock: Lock, dists: ProbeFacts) -> list[str]:
+    have = ".".join(dists.python_version.split(".")[:2])
+    if have != lock.python.version:
+        return [f"the environment runs Python {dists.python_version}, the lock wants {lock.python.version}"]
+    drift = [problem for p in lock.python.packages if (problem := pin_problem(dists, p))]
+    for conflict in conflicts(dists.distributions, dists.markers):
+        override = lock.python.override(conflict.package)
+        if not (override and conflict.installed and override.specifier.contains(conflict.installed, prereleases=True)):
+            drift.append(str(conflict))
+    return drift
+
+
+def _build(lock: Lock, facts: Facts, state: generations.RootState, reasons: Sequence[str], uv: str | None, draft: _Draft) -> None:
+    """A new generation: create, guard, torch family, URL wheels, the stack, overrides, patches,
+    environment file, checks, switch."""
+    # The steps are drafted even when something blocks them, so that --dry-run shows them all.
+    if _can_build(lock, facts, uv, draft):
+        draft.base_python = facts.base_python
+    base = draft.base_python or BasePython(Path(f"<no python{lock.python.version}>"), lock.python.version, "not found")
+    uv = uv or "uv"
+    home = generations.generations_dir(state.root) / state.next_id
+    draft.generation = home
+    files = guard.GuardFiles(home / guard.CONSTRAINTS, home / guard.OVERRIDES)
+    cache = cache_dir(lock) / "wheels"
+    steps = draft.steps
+    if state.unfinished:
+        ids = ", ".join(g.id for g in state.unfinished)
+        steps.append(Step("python", "python.discard", f"remove unfinished generation(s) {ids}", "an interrupted or failed run left them; they were never current"))
+    why = "; ".join(reasons[:3]) + (f" (and {len(reasons) - 3} more)" if len(reasons) > 3 else "")
+    steps.append(Step("python", "python.venv", f"create generation {home.name} with Python {base.version} (found: {base.found_by})", why, tuple(pyenv.venv_commands(lock, base.path, home, uv))))
+    pins = guard.constraints(lock)
+    steps.append(Step("python", "python.guard", f"write the guard into {home.name}: constraints {', '.join(pins) or '(none)'}; overrides; requirements", "every install runs with these constraints, so nothing can move a frozen package"))
+    for index, command in zip([i for i in lock.python.indexes if i.packages], pyenv.family_commands(lock, home, files, uv)):
+        steps.append(Step("python", "python.family", f"install {', '.join(index.packages)} from {index.url}", "the torch family first, from its own index and without dependencies: only what the lock maps there comes from it", (command,)))
+    for package in (p for p in lock.python.packages if p.url):
+        steps.append(Step("python", "python.fetch", f"download {package.name} from {package.url}", f"installed only after its sha256 matches the lock ({package.sha256 or 'missing'})", subject=package))
+    overrides = "; ".join(f"override {o.package}{o.specifier}: {o.reason}" for o in lock.python.overrides)
+    steps.append(Step("python", "python.stack", f"install the lock's {len(lock.python.packages)} pins from {lock.python.default_index}", overrides or "the rest of the stack, with the guard in force", (pyenv.stack_command(lock, home, files, uv),)))
+    override = pyenv.override_command(lock, home, files, cache)
+    if override is not None:
+        steps.append(Step("python", "python.override", f"install {', '.join(o.package + str(o.specifier) for o in lock.python.overrides)} without dependencies", f"pip cannot override a requirer's pin in one resolution; {overrides}", (override,)))
+    for patch in lock.patches:
+        steps.append(Step("patches", "patches.apply", f"apply {patch.file.name} to {patch.package} {patch.version}", patch.reason, subject=patch))
+    steps.append(Step("python", "python.envfile", f"write {home.name}/stackgate.env and activate", "exports CUDA_HOME, PATH, TRITON_PTXAS_PATH, PIP_CONSTRAINT, UV_CONSTRAINT, VIRTUAL_ENV and the lock's [env]"))
+    steps.append(Step("python", "python.check", f"check generation {home.name}: pins, guard, consistency, torch build" + (", patches" if lock.patches else ""), "a generation that fails its checks is never switched to"))
+    steps.append(Step("python", "python.switch", f"switch {state.root / 'current'} to {home.name}; keep {generations.KEEP} generations", "atomically (a new symlink renamed over the old one), only now that the generation passed"))
+
+
+def _resume(state: generations.RootState, generation: generations.Generation, reasons: Sequence[str], draft: _Draft) -> None:
+    """Finish what an interrupted run left: a generation built and checked, never switched to."""
+    draft.generation, draft.resume = generation.path, True
+    steps = draft.steps
+    if state.unfinished:
+        steps.append(Step("python", "python.discard", f"remove unfinished generation(s) {', '.join(g.id for g in state.unfinished)}", "an interrupted or failed run left them; they were never current"))
+    why = f"{reasons[0]}; generation {generation.id} was built and checked from this lock by a run that stopped before switching"
+    steps.append(Step("python", "python.envfile", f"write {generation.id}/stackgate.env and activate", why))
+    steps.append(Step("python", "python.check", f"check generation {generation.id} again: pins, guard, consistency, torch build", "a generation that fails its checks is never switched to"))
+    steps.append(Step("python", "python.switch", f"switch {state.root / 'current'} to {generation.id}; keep {generations.KEEP} generations", "atomically (a new symlink renamed over the old one), only now that the generation passed"))
+
+
+def _can_build(lock: Lock, facts: Facts, uv: str | None, draft: _Draft) -> bool:
+    blockers = draft.blockers
+    for package in lock.python.packages:
+        if package.url and not package.sha256:
+            fix = Fix(f"Compute the wheel's sha256 and add it to the lock: python.packages.{package.name}.sha256 = \"<digest>\".", (f"curl -fsSL '{package.url}' | sha256sum",))
+            blockers.append(Blocker(f"python.packages.{package.name} has a url but no sha256: stackgate installs no wheel it cannot check", fix, usage=True))
+    for patch in lock.patches:
+        pinned = lock.python.package(patch.package)
+        if pinned is not None and not pinned.specifier.contains(str(patch.version), prereleases=True):
+            blockers.append(Blocker(f"patch {patch.file.name} is for {patch.package} {patch.version}, but the lock pins {patch.package}{pinned.specifier}", usage=True))
+    if lock.python.installer == "uv" and uv is None:
+        blockers.append(Blocker("uv is not installed (python.installer = \"uv\")", Fix("Install uv, or set python.installer = \"pip\" in the lock.", ("python3 -m pip install uv",))))
+    base = facts.base_python
+    if isinstance(base, Missing):
+        blockers.append(Blocker(base.reason, Fix(f"Install Python {lock.python.version} beside the system one, then run provision again.", (f"pyenv install {lock.python.version}",))))
+    return isinstance(base, BasePython)
+
+
+def _env_file(lock: Lock, state: generations.RootState, draft: _Draft) -> None:
+    current = state.current
+    assert current is not None
+    path = current.path / pyenv.ENV_FILE
+    try:
+        have = path.read_text(encoding="utf-8")
+    except OSError:
+        have = None
+    if have == pyenv.environment_text(lock, current.path, state.root) and (current.path / pyenv.ACTIVATE).is_file():
+        draft.in_place.append(f"{state.root / 'current' / pyenv.ENV_FILE}: as the lock says")
+        return
+    why = "it is missing" if have is None else "the lock's [env] or default toolkit changed"
+    draft.steps.append(Step("python", "python.envfile.current", f"rewrite {current.id}/stackgate.env and activate", why))
+
+
+def _patches(lock: Lock, facts: Facts, state: generations.RootState, draft: _Draft) -> None:
+    if not lock.patches:
+        return
+    dists = facts.dists
+    if isinstance(dists, Missing):
+        draft.blockers.append(Blocker(f"no environment to patch: {dists.reason}", Fix("Build the Python stack first.", (_REBUILD,))))
+        return
+    for patch in lock.patches:
+        dist = dists.dist(patch.package)
+        if dist is None or dist.version != str(patch.version):
+            draft.blockers.append(Blocker(f"patch {patch.file.name} is for {patch.package} {patch.version}; the environment has {dist.version if dist else 'none'}", Fix("Rebuild the Python stack from the lock.", (_REBUILD,))))
+            continue
+        try:
+            reason = adapters.patch_state(patch, Path(dist.location))
+        except adapters.AdapterError as exc:
+            draft.blockers.append(Blocker(str(exc)))
+            continue
+        if reason is None:
+            draft.in_place.append(f"patch {patch.file.name}: applied to {patch.package} {patch.version}")
+        else:
+            draft.steps.append(Step("patches", "patches.apply", f"apply {patch.file.name} to {patch.package} {patch.version} in {state.current.id if state.current else '?'}", f"{reason} ({patch.reason})", subject=patch))

@@ -1,0 +1,133 @@
+"""The guard against real resolvers: uv and pip installing real wheels from a real local index."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from pkgindex import IndexServer, install_environ, stack_index, write_stack_lock  # noqa: F401 (fixtures)
+
+from stackgate.stack import guard, lock as lockmodel, pyenv
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _versions(python: Path, environ: dict[str, str]) -> dict[str, str]:
+    script = "import importlib.metadata as m; print('\\n'.join(f'{d.metadata[\"Name\"]}=={d.version}' for d in m.distributions()))"
+    done = subprocess.run([str(python), "-c", script], capture_output=True, text=True, env=environ, check=True)
+    return dict(line.split("==", 1) for line in done.stdout.split())
+
+
+def _family_env(tmp_path: Path, name: str, lock: lockmodel.Lock, environ: dict[str, str]) -> tuple[Path, guard.GuardFiles]:
+    """A fresh environment holding the torch family from the cu130 index: provision's first steps."""
+    home = tmp_path / name
+    home.mkdir()
+    base = Path(environ["STACKGATE_PYTHON"])
+    uv = pyenv.find_uv()
+    for command in pyenv.venv_commands(lock, base, home, uv):
+        pyenv.run(command, log=tmp_path / f"{name}.log", environ=environ)
+    files = guard.write(lock, home)
+    for command in pyenv.family_commands(lock, home, files, uv):
+        pyenv.run(command, log=tmp_path / f"{name}.log", environ=environ, lock=lock)
+    return home, files
+
+
+def test_constraints_pin_every_frozen_package_of_the_default_lock(tmp_path: Path) -> None:
+    lock = lockmodel.load()
+    assert guard.constraints(lock) == ["torch==2.9.1+cu130", "torchaudio==2.9.1+cu130", "triton==3.5.1", "nvidia-nccl-cu13==2.27.7"]
+    files = guard.write(lock, tmp_path)
+    lines = files.constraints.read_text().splitlines()
+    assert lines[0].startswith(f"# Written by stackgate from {lock.path}")
+    assert lines[1:] == guard.constraints(lock)
+    overrides = files.overrides.read_text().splitlines()[1:]
+    assert overrides == [
+        "flashinfer-python==0.6.4  # sglang 0.5.9 pins flashinfer_python==0.6.3; the stack runs 0.6.4",
+        "flashinfer-cubin==0.6.4  # sglang 0.5.9 pins flashinfer_cubin==0.6.3; it must equal flashinfer-python (0.6.4)",
+    ]
+
+
+@pytest.mark.parametrize("installer", ["uv", "pip"])
+def test_the_same_install_moves_torch_without_the_guard_and_not_with_it(
+    tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], installer: str
+) -> None:
+    """The reference deployment's accident, replayed: an eager install of flashinfer 0.6.4 (it
+    requires plain `torch`) next to torch 2.9.1+cu130. Without the constraints the real resolver
+    takes torch 2.10.0 (a CUDA 12.8 build) from the default index; with them torch stays."""
+    lock = lockmodel.load(write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", installer=installer))
+    outcomes = {}
+    for guarded in (False, True):
+        home, files = _family_env(tmp_path, f"env-{installer}-{guarded}", lock, install_environ)
+        assert _versions(pyenv.python_of(home), install_environ)["torch"] == "2.9.1+cu130"
+        guard_args = ("--constraint", str(files.constraints)) if guarded else ()
+        wanted = ("flashinfer-python==0.6.4", "flashinfer-cubin==0.6.4")
+        if installer == "uv":
+            argv = (pyenv.find_uv(), "pip", "install", "--no-config", "--python", str(pyenv.python_of(home)), "--upgrade", "--default-index", lock.python.default_index, *guard_args, *wanted)
+            command = pyenv.Command(argv)
+        else:
+            argv = (str(pyenv.python_of(home)), "-m", "pip", "install", "--upgrade", "--upgrade-strategy", "eager", "--index-url", lock.python.default_index, *guard_args, *wanted)
+            command = pyenv.Command(argv, {"PIP_CONFIG_FILE": "/dev/null"})
+        pyenv.run(command, log=tmp_path / f"eager-{guarded}.log", environ=install_environ)
+        outcomes[guarded] = _versions(pyenv.python_of(home), install_environ)
+    assert outcomes[False]["torch"] == "2.10.0"
+    assert outcomes[False]["triton"] == "3.6.0"
+    assert outcomes[True]["torch"] == "2.9.1+cu130"
+    assert outcomes[True]["triton"] == "3.5.1"
+    assert outcomes[True]["flashinfer-python"] == outcomes[False]["flashinfer-python"] == "0.6.4"
+
+
+@pytest.mark.parametrize("installer", ["uv", "pip"])
+def test_a_blocked_resolution_names_the_package_that_wanted_another_torch(
+    tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], installer: str
+) -> None:
+    """Real resolver output: flashinfer and torch-agnostic require plain `torch` (innocent), sglang
+    pins torch==2.9.1 (uv folds the constraint into its text), eager-upgrader wants torch>=2.10."""
+    extra = {"eager-upgrader": "==1.0", "torch-agnostic": "==1.0"}
+    lock = lockmodel.load(write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", installer=installer, extra_packages=extra))
+    home, files = _family_env(tmp_path, "env", lock, install_environ)
+    (home / pyenv.REQUIREMENTS).write_text("torch-agnostic==1.0\nflashinfer-python\nsglang==0.5.9\neager-upgrader==1.0\n")
+    with pytest.raises(guard.GuardError) as caught:
+        pyenv.run(pyenv.stack_command(lock, home, files, pyenv.find_uv()), log=tmp_path / "stack.log", environ=install_environ, lock=lock)
+    message = str(caught.value)
+    assert "eager-upgrader" in message and "torch>=2.10" in message, message
+    assert "the lock holds torch at 2.9.1+cu130" in message
+    assert "torch-agnostic" not in message and "flashinfer" not in message and "sglang" not in message
+    assert caught.value.log == tmp_path / "stack.log"
+    assert _versions(pyenv.python_of(home), install_environ)["torch"] == "2.9.1+cu130"
+
+
+def test_blocked_reads_both_resolvers_phrasings() -> None:
+    lock = lockmodel.load()
+    pip_text = (
+        "The conflict is caused by:\n    The user requested torch==2.9.1+cu130\n"
+        "    flashinfer-python 0.6.4 depends on torch\n    xformers 0.0.33 depends on torch>=2.10,<2.11\n"
+        "    The user requested (constraint) torch==2.9.1+cu130\n"
+    )
+    uv_text = (
+        "Because all versions of xformers depend on torch>=2.10 and all versions of sglang depend on "
+        "torch==2.9.1+cu130, we can conclude that all versions of xformers and all versions of sglang are incompatible."
+    )
+    (pip_hit,) = guard.blocked(pip_text, lock)
+    assert (pip_hit.requirer, pip_hit.requirer_version, pip_hit.package, pip_hit.locked) == ("xformers", "0.0.33", "torch", "2.9.1+cu130")
+    assert str(pip_hit) == "xformers 0.0.33 requires torch>=2.10,<2.11, but the lock holds torch at 2.9.1+cu130"
+    (uv_hit,) = guard.blocked(uv_text, lock)
+    assert str(uv_hit) == "every version of xformers requires torch>=2.10, but the lock holds torch at 2.9.1+cu130"
+    assert guard.blocked("ERROR: No matching distribution found for sglang==9.9", lock) == []
+
+
+def test_uv_resolver_output_is_read_from_a_real_run(tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]) -> None:
+    """The phrasing the test above relies on is uv's real one, not a copy of it."""
+    uv = pyenv.find_uv()
+    subprocess.run([uv, "venv", "-q", "--no-config", "--python", install_environ["STACKGATE_PYTHON"], str(tmp_path / "v")], check=True, env=install_environ)
+    constraints = tmp_path / "c.txt"
+    constraints.write_text("torch==2.9.1+cu130\n")
+    done = subprocess.run(
+        [uv, "pip", "install", "--no-config", "--python", str(tmp_path / "v/bin/python"), "--default-index", stack_index.simple("pypi"), "-c", str(constraints), "eager-upgrader", "torch-agnostic"],
+        capture_output=True, text=True, env=install_environ,
+    )  # fmt: skip
+    assert done.returncode != 0
+    lock = lockmodel.load()
+    hits = guard.blocked(done.stderr, lock)
+    assert [h.requirer for h in hits] == ["eager-upgrader"], done.stderr
+    assert hits[0].requirement == "torch>=2.10"
+

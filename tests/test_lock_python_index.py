@@ -1,0 +1,59 @@
+"""The lock fields provision added: python.default_index, and pins for every index-mapped name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stackgate.stack import lock as lockmodel
+
+BASE = """
+[stack]
+name = "t"
+[hardware]
+gpu_count = 1
+compute_capability = "12.0"
+gpu_name = "x"
+min_driver = "580"
+[python]
+version = "3.12"
+root = "/opt/stackgate"
+{extra}
+[[python.index]]
+url = "https://download.pytorch.org/whl/cu130"
+packages = ["torch", "torchvision"]
+[python.packages]
+torch = "==2.9.1+cu130"
+{pins}
+"""
+
+
+def _load(tmp_path: Path, extra: str = "", pins: str = 'torchvision = "==0.24.1+cu130"') -> lockmodel.Lock:
+    path = tmp_path / "lock.toml"
+    path.write_text(BASE.format(extra=extra, pins=pins))
+    return lockmodel.load(path)
+
+
+def test_the_default_index_is_pypi_unless_the_lock_names_a_mirror(tmp_path: Path) -> None:
+    assert _load(tmp_path).python.default_index == "https://pypi.org/simple"
+    assert _load(tmp_path, 'default_index = "https://mirror.example/simple"').python.default_index == "https://mirror.example/simple"
+
+
+def test_a_default_index_that_is_not_a_url_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(lockmodel.LockError) as caught:
+        _load(tmp_path, 'default_index = "pypi.org"')
+    assert caught.value.problems == ["python.default_index: must be an http(s):// or file:// URL, not 'pypi.org'"]
+
+
+def test_an_index_mapped_name_without_a_pin_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(lockmodel.LockError) as caught:
+        _load(tmp_path, pins="")
+    assert caught.value.problems == [
+        "python.index[0].packages[1]: 'torchvision' has no pin in python.packages: provision installs from this index only what the lock pins"
+    ]
+
+
+def test_the_shipped_lockfiles_still_load(tmp_path: Path) -> None:
+    for path in sorted((Path(__file__).resolve().parents[1] / "lockfiles").glob("*.toml")):
+        assert lockmodel.load(path).python.default_index == "https://pypi.org/simple"

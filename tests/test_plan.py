@@ -1,0 +1,251 @@
+"""The plan: desired (the lock) against actual (facts, generations) -> steps; pure, so exact."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from packaging.utils import canonicalize_name
+from pkgindex import IndexServer, stack_index, write_stack_lock  # noqa: F401 (fixtures)
+
+from stackgate.checks.facts import BasePython, Distribution, EnvFacts, Facts, Missing, ProbeFacts, inspect_toolkit
+from stackgate.stack import generations, lock as lockmodel, pyenv
+from stackgate.stack.plan import plan
+
+BASE = BasePython(Path("/opt/python3.11/bin/python3.11"), "3.11.7", "test")
+UV = "/usr/bin/uv"
+MARKERS = {"python_version": "3.11", "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64"}
+LOCKED = {
+    "torch": ("2.9.1+cu130", ["filelock", "nvidia-nccl-cu13==2.27.7; platform_system == 'Linux'", "triton==3.5.1; platform_system == 'Linux'"]),
+    "torchaudio": ("2.9.1+cu130", ["torch==2.9.1+cu130"]),
+    "triton": ("3.5.1", []),
+    "filelock": ("3.20.0", []),
+    "nvidia-nccl-cu13": ("2.27.7", []),
+    "flashinfer-python": ("0.6.4", ["torch", "flashinfer-cubin"]),
+    "flashinfer-cubin": ("0.6.4", []),
+    "sgl-kernel": ("0.3.21+cu130", []),
+    "sglang": ("0.5.9", ["torch==2.9.1", "torchaudio==2.9.1", "sgl-kernel==0.3.21", "flashinfer_python==0.6.3", "flashinfer_cubin==0.6.3"]),
+}
+
+
+def _lock(tmp_path: Path, server: IndexServer, **kwargs: object) -> lockmodel.Lock:
+    return lockmodel.load(write_stack_lock(tmp_path / "lock.toml", server, tmp_path / "root", python="3.11", **kwargs))  # type: ignore[arg-type]
+
+
+def _dists(**changes: str) -> ProbeFacts:
+    found = {}
+    for name, (version, requires) in LOCKED.items():
+        version = changes.get(name, version)
+        found[canonicalize_name(name)] = Distribution(name, version, tuple(requires), "/site-packages")
+    return ProbeFacts("/root/current/bin/python", "3.11.7", MARKERS, found, None, 0.0)
+
+
+def _facts(lock: lockmodel.Lock, *, dists: ProbeFacts | Missing | None = None, base: BasePython | Missing = BASE) -> Facts:
+    facts = Facts(lock, environ={})
+    facts.provide("dists", dists if dists is not None else _dists())
+    facts.provide("base_python", base)
+    facts.provide("toolkits", tuple(inspect_toolkit(t, lock.hardware.arch) for t in lock.toolkits))
+    facts.provide("env", EnvFacts({}, {}, None, None, None, None, Path("/usr/local/cuda"), "test"))
+    return facts
+
+
+def _provisioned(lock: lockmodel.Lock, spec: dict | None = None) -> generations.RootState:
+    """A root whose current generation was built from ``spec`` (default: this lock's)."""
+    root = lock.python.root
+    assert root is not None
+    home = generations.generations_dir(root) / "0001-built"
+    generation = generations.mark(generations.create(home, {"spec": spec or pyenv.spec(lock)}), "ready")
+    pyenv.write_environment(lock, home, root)
+    generations.switch(root, generation)
+    return generations.read(root)
+
+
+def _actions(the_plan) -> list[str]:  # type: ignore[no-untyped-def]
+    return [s.action for s in the_plan.steps]
+
+
+@pytest.mark.parametrize(
+    ("installer", "expected"),
+    [
+        ("uv", ["python.venv", "python.guard", "python.family", "python.fetch", "python.stack", "python.envfile", "python.check", "python.switch"]),
+        ("pip", ["python.venv", "python.guard", "python.family", "python.fetch", "python.stack", "python.override", "python.envfile", "python.check", "python.switch"]),
+    ],
+)
+def test_an_empty_root_plans_a_whole_generation_in_order(tmp_path: Path, stack_index: IndexServer, installer: str, expected: list[str]) -> None:
+    lock = _lock(tmp_path, stack_index, installer=installer)
+    the_plan = plan(lock, _facts(lock, dists=Missing("no stack environment")), generations.read(lock.python.root), uv=UV)
+    assert _actions(the_plan) == expected
+    assert the_plan.blockers == ()
+    assert the_plan.steps[0].why == f"no environment at {tmp_path / 'root' / 'current'} yet"
+    assert not (tmp_path / "root").exists()  # planning touched nothing
+
+
+def test_the_plan_reads_as_steps_with_why_and_exact_commands(tmp_path: Path, stack_index: IndexServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(generations.time, "strftime", lambda fmt: "20250101T000000")
+    lock = _lock(tmp_path, stack_index, installer="pip")
+    the_plan = plan(lock, _facts(lock, dists=Missing("no stack environment")), generations.read(lock.python.root), uv=UV)
+    text = "\n".join(the_plan.lines()).replace(str(tmp_path), "TMP").replace(stack_index.url, "http://INDEX")
+    home = "TMP/root/generations/0001-20250101T000000"
+    sha = lock.python.package("sgl-kernel").sha256
+    pip = f"PIP_CONFIG_FILE=/dev/null {home}/bin/python -m pip install --disable-pip-version-check --no-input"
+    assert text == "\n".join(
+        [
+            "plan for test-stack (root TMP/root): 9 steps",
+            "  1. [python] create generation 0001-20250101T000000 with Python 3.11.7 (found: test)",
+            "       why: no environment at TMP/root/current yet",
+            f"       $ PIP_CONFIG_FILE=/dev/null /opt/python3.11/bin/python3.11 -m venv {home}",
+            "  2. [python] write the guard into 0001-20250101T000000: constraints torch==2.9.1+cu130, torchaudio==2.9.1+cu130, triton==3.5.1, nvidia-nccl-cu13==2.27.7; overrides; requirements",
+            "       why: every install runs with these constraints, so nothing can move a frozen package",
+            "  3. [python] install torch, torchaudio, triton from http://INDEX/cu130/simple",
+            "       why: the torch family first, from its own index and without dependencies: only what the lock maps there comes from it",
+            f"       $ {pip} --index-url http://INDEX/cu130/simple --no-deps --constraint {home}/constraints.txt torch==2.9.1+cu130 torchaudio==2.9.1+cu130 triton==3.5.1",
+            "  4. [python] download sgl-kernel from http://INDEX/files/sgl_kernel-0.3.21%2Bcu130-cp310-abi3-manylinux2014_x86_64.whl",
+            f"       why: installed only after its sha256 matches the lock ({sha})",
+            "  5. [python] install the lock's 8 pins from http://INDEX/pypi/simple",
+            "       why: override flashinfer-python==0.6.4: sglang 0.5.9 pins flashinfer_python==0.6.3; the stack runs 0.6.4; override flashinfer-cubin==0.6.4: sglang 0.5.9 pins flashinfer_cubin==0.6.3; it must equal flashinfer-python",
+            f"       $ {pip} --index-url http://INDEX/pypi/simple --constraint {home}/constraints.txt --requirement {home}/requirements.txt",
+            "  6. [python] install flashinfer-python==0.6.4, flashinfer-cubin==0.6.4 without dependencies",
+            "       why: pip cannot override a requirer's pin in one resolution; override flashinfer-python==0.6.4: sglang 0.5.9 pins flashinfer_python==0.6.3; the stack runs 0.6.4; override flashinfer-cubin==0.6.4: sglang 0.5.9 pins flashinfer_cubin==0.6.3; it must equal flashinfer-python",
+            f"       $ {pip} --no-deps --index-url http://INDEX/pypi/simple --constraint {home}/constraints.txt flashinfer-python==0.6.4 flashinfer-cubin==0.6.4",
+            "  7. [python] write 0001-20250101T000000/stackgate.env and activate",
+            "       why: exports CUDA_HOME, PATH, TRITON_PTXAS_PATH, PIP_CONSTRAINT, UV_CONSTRAINT, VIRTUAL_ENV and the lock's [env]",
+            "  8. [python] check generation 0001-20250101T000000: pins, guard, consistency, torch build",
+            "       why: a generation that fails its checks is never switched to",
+            "  9. [python] switch TMP/root/current to 0001-20250101T000000; keep 3 generations",
+            "       why: atomically (a new symlink renamed over the old one), only now that the generation passed",
+            "already as locked:",
+            "  CUDA 13.0 at /usr/local/cuda-13.0: kept, present (never written to)",
+        ]
+    )
+
+
+def test_a_provisioned_root_plans_nothing(tmp_path: Path, stack_index: IndexServer) -> None:
+    lock = _lock(tmp_path, stack_index)
+    the_plan = plan(lock, _facts(lock), _provisioned(lock), uv=UV)
+    assert the_plan.empty
+    assert the_plan.in_place[1].startswith(f"Python stack: {tmp_path / 'root' / 'current'} -> 0001-built matches the lock (8 pins, guard: torch==2.9.1+cu130")
+    assert the_plan.in_place[2] == f"{tmp_path / 'root' / 'current' / 'stackgate.env'}: as the lock says"
+
+
+def test_a_moved_torch_is_rebuilt_in_a_new_generation(tmp_path: Path, stack_index: IndexServer) -> None:
+    lock = _lock(tmp_path, stack_index)
+    the_plan = plan(lock, _facts(lock, dists=_dists(torch="2.10.0")), _provisioned(lock), uv=UV)
+    assert _actions(the_plan)[0] == "python.venv"
+    assert the_plan.steps[0].why.startswith("torch is 2.10.0, locked ==2.9.1+cu130; ")
+    assert "torchaudio 2.9.1+cu130 requires torch==2.9.1+cu130, but torch 2.10.0 is installed" in the_plan.steps[0].why
+    assert the_plan.generation is not None and the_plan.generation.name.startswith("0002-")
+
+
+def test_a_changed_lock_is_rebuilt_and_says_what_changed(tmp_path: Path, stack_index: IndexServer) -> None:
+    lock = _lock(tmp_path, stack_index)
+    older = pyenv.spec(lock)
+    older["packages"]["sglang"]["version"] = "==0.5.8"
+    the_plan = plan(lock, _facts(lock), _provisioned(lock, older), uv=UV)
+    assert the_plan.steps[0].why == "the lock's Python stack changed since generation 0001-built was built: packages.sglang.version: ==0.5.8 -> ==0.5.9"
+
+
+def test_a_declared_override_is_no_drift_but_another_conflict_is(tmp_path: Path, stack_index: IndexServer) -> None:
+    lock = _lock(tmp_path, stack_index)
+    state = _provisioned(lock)
+    assert plan(lock, _facts(lock), state, uv=UV).empty  # sglang wants flashinfer 0.6.3: declared
+    unmet = _dists()
+    sglang = unmet.distributions["sglang"]
+    unmet.distributions["sglang"] = Distribution("sglang", "0.5.9", (*sglang.requires, "orjson"), "/site-packages")  # type: ignore[index]
+    the_plan = plan(lock, _facts(lock, dists=unmet), state, uv=UV)
+    assert "sglang 0.5.9 requires orjson, but orjson is not installed" in the_plan.steps[0].why
+
+
+def test_a_changed_env_only_rewrites_the_environment_file(tmp_path: Path, stack_index: IndexServer) -> None:
+    lock = _lock(tmp_path, stack_index)
+    state = _provisioned(lock)
+    changed = _lock(tmp_path, stack_index, env={"NCCL_P2P_LEVEL": "SYS"})
+    the_plan = plan(changed, _facts(changed), state, uv=UV)
+    assert _actions(the_plan) == ["python.envfile.current"]
+    assert the_plan.steps[0].why == "the lock's [env] or default toolkit changed"
+
+
+def test_a_url_wheel_without_sha256_is_refused_with_the_command_to_compute_it(tmp_path: Path, stack_index: IndexServer) -> None:
+    lock = _lock(tmp_path, stack_index, sha256=None)
+    the_plan = plan(lock, _facts(lock, dists=Missing("none")), generations.read(lock.python.root), uv=UV)
+    (blocker,) = the_plan.blockers
+    assert blocker.usage
+    assert blocker.message == "python.packages.sgl-kernel has a url but no sha256: stackgate installs no wheel it cannot check"
+    url = lock.python.package("sgl-kernel").url
+    assert blocker.fix is not None and blocker.fix.commands == (f"curl -fsSL '{url}' | sha256sum",)
+
+
+def test_no_interpreter_of_the_locked_version_blocks_with_why(tmp_path: Path, stack_index: IndexServer) -> None:
+    lock = _lock(tmp_path, stack_index)
+    missing = Missing("no Python 3.11 on this machine (...). uv cannot download Python here: install Python 3.11")
+    the_plan = plan(lock, _facts(lock, dists=Missing("none"), base=missing), generations.read(lock.python.root), uv=None)
+    messages = [b.message for b in the_plan.blockers]
+    assert messages == ['uv is not installed (python.installer = "uv")', missing.reason]
+    assert "$ " not in "".join(messages) and _actions(the_plan)[0] == "python.venv"  # still shown by --dry-run
+
+
+def test_a_kept_toolkit_that_is_missing_blocks_the_toolkit_area_only(tmp_path: Path, stack_index: IndexServer) -> None:
+    kept = '[[toolkit]]\nversion = "13.0"\nprefix = "/usr/local/cuda-13.0"\nkeep = true\ndefault = true\n\n[[toolkit]]\nversion = "12.8"\nprefix = "/nonexistent/cuda-12.8"\nkeep = true\n'
+    lock = _lock(tmp_path, stack_index, toolkits=kept)
+    state = _provisioned(lock)
+    (blocker,) = plan(lock, _facts(lock), state, uv=UV).blockers
+    assert blocker.message == "CUDA 12.8 at /nonexistent/cuda-12.8 is kept (keep = true) but missing: stackgate never installs a kept toolkit"
+    assert plan(lock, _facts(lock), state, only="python", uv=UV).empty
+
+
+def _fake_toolkit_module(reason: str | None) -> types.ModuleType:
+    """Stands in for stackgate.stack.toolkit (built by another helper) with its published API."""
+    module = types.ModuleType("stackgate.stack.toolkit")
+    module.ToolkitError = type("ToolkitError", (Exception,), {})  # type: ignore[attr-defined]
+    module.toolkit_state = lambda toolkit, facts: reason  # type: ignore[attr-defined]
+    module.install_command = lambda toolkit, cache=None: ["uv", "pip", "install", "--target", f"{cache}/site", f"cuda-toolkit[nvcc]=={toolkit.version}"]  # type: ignore[attr-defined]
+    module.cuda_link_state = lambda policy, default: None if policy == "leave" else f"/usr/local/cuda points at /usr/local/cuda-12.8; the lock wants {default.prefix}"  # type: ignore[attr-defined]
+    return module
+
+
+def test_a_toolkit_to_install_is_a_step_with_the_toolkit_modules_command(tmp_path: Path, stack_index: IndexServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    installed = f'[[toolkit]]\nversion = "13.0.1"\nprefix = "{tmp_path}/cuda-13.0"\nsource = "pypi"\ndefault = true\n'
+    lock = _lock(tmp_path, stack_index, toolkits=installed)
+    state = _provisioned(lock)
+    monkeypatch.setitem(sys.modules, "stackgate.stack.toolkit", _fake_toolkit_module(f"{tmp_path}/cuda-13.0 does not exist"))
+    the_plan = plan(lock, _facts(lock), state, uv=UV)
+    assert _actions(the_plan) == ["toolkit.install"]
+    step = the_plan.steps[0]
+    assert (step.what, step.why) == (f"install CUDA 13.0.1 at {tmp_path}/cuda-13.0 from pypi", f"{tmp_path}/cuda-13.0 does not exist")
+    assert step.commands == (f"uv pip install --target {tmp_path}/root/cache/toolkits/site 'cuda-toolkit[nvcc]==13.0.1'",)
+    monkeypatch.setitem(sys.modules, "stackgate.stack.toolkit", _fake_toolkit_module(None))
+    assert plan(lock, _facts(lock), state, uv=UV).in_place[0] == f"CUDA 13.0.1 at {tmp_path}/cuda-13.0: installed as locked"
+
+
+def test_without_the_toolkit_module_a_toolkit_to_install_blocks(tmp_path: Path, stack_index: IndexServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    installed = f'[[toolkit]]\nversion = "13.0.1"\nprefix = "{tmp_path}/cuda-13.0"\nsource = "pypi"\ndefault = true\n'
+    lock = _lock(tmp_path, stack_index, toolkits=installed)
+    monkeypatch.setitem(sys.modules, "stackgate.stack.toolkit", None)  # import fails as if absent
+    (blocker,) = plan(lock, _facts(lock), _provisioned(lock), uv=UV).blockers
+    assert "CUDA toolkit installation" in blocker.message
+
+
+def test_cuda_link_policy_default_points_the_link_at_the_default_toolkit(tmp_path: Path, stack_index: IndexServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", python="3.11").read_text()
+    path = tmp_path / "lock.toml"
+    path.write_text(text.replace('name = "test-stack"', 'name = "test-stack"\ncuda_link = "default"'))
+    lock = lockmodel.load(path)
+    monkeypatch.setitem(sys.modules, "stackgate.stack.toolkit", _fake_toolkit_module(None))
+    the_plan = plan(lock, _facts(lock), _provisioned(lock), uv=UV)
+    assert _actions(the_plan) == ["toolkit.link"]
+    assert the_plan.steps[0].why == "/usr/local/cuda points at /usr/local/cuda-12.8; the lock wants /usr/local/cuda-13.0"
+    assert the_plan.steps[0].commands == ("ln -sfn /usr/local/cuda-13.0 /usr/local/cuda",)
+
+
+def test_a_generation_built_and_checked_but_never_switched_to_is_resumed(tmp_path: Path, stack_index: IndexServer) -> None:
+    lock = _lock(tmp_path, stack_index)
+    older = pyenv.spec(lock)
+    older["packages"]["sglang"]["version"] = "==0.5.8"
+    state = _provisioned(lock, older)
+    left = generations.mark(generations.create(generations.generations_dir(tmp_path / "root") / "0002-left", {"spec": pyenv.spec(lock)}), "ready")
+    the_plan = plan(lock, _facts(lock), generations.read(tmp_path / "root"), uv=UV)
+    assert the_plan.resume and the_plan.generation == left.path
+    assert _actions(the_plan) == ["python.envfile", "python.check", "python.switch"]
+    assert the_plan.steps[0].why.endswith("generation 0002-left was built and checked from this lock by a run that stopped before switching")
+    assert state.current is not None and state.current.id == "0001-built"

@@ -1,0 +1,486 @@
+"""`invoke provision` and `invoke rollback` end to end: real uv and pip, real wheels from a real
+index on 127.0.0.1, real processes killed with SIGKILL; only the GPU-side toolkit and patch modules
+are stood in for where a test says so."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import io
+import os
+import shutil
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from pkgindex import DEAD_URL, SYMM_MEM_FILE, SYMM_MEM_TEXT, IndexServer, install_environ, stack_index, write_stack_lock  # noqa: F401 (fixtures)
+
+from stackgate import provision
+from stackgate.exitcodes import ExitCode
+from stackgate.stack import generations, lock as lockmodel
+from stackgate.ui import UI
+
+ROOT = Path(__file__).resolve().parents[1]
+IMPORT_ALL = "import torch, torchaudio, triton, sglang, sgl_kernel, flashinfer; print(torch.__version__, torch.version.cuda)"
+
+
+def _provision(lock: Path, environ: dict[str, str], capsys: pytest.CaptureFixture[str], **kwargs: object) -> tuple[ExitCode, str, str]:
+    """Provision in this process (what the task calls), capturing what it prints."""
+    out = io.StringIO()
+    capsys.readouterr()
+    request = provision.ProvisionRequest(lock, yes=True, environ=environ, **kwargs)  # type: ignore[arg-type]
+    code = provision.run(request, UI(stream=out, force_plain=True))
+    return code, out.getvalue(), capsys.readouterr().err
+
+
+def _invoke(args: list[str], environ: dict[str, str], **extra: str) -> subprocess.CompletedProcess[str]:
+    """The task itself, in its own process (so that it can be killed)."""
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, env={**environ, **extra}, capture_output=True, text=True, timeout=300)
+
+
+def _current(root: Path) -> str:
+    return os.readlink(root / "current")
+
+
+def _works(root: Path, environ: dict[str, str]) -> str:
+    done = subprocess.run([str(root / "current" / "bin" / "python"), "-c", IMPORT_ALL], capture_output=True, text=True, env=environ)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def _version(root: Path, name: str, environ: dict[str, str]) -> str:
+    script = f"import importlib.metadata as m; print(m.version({name!r}))"
+    return subprocess.run([str(root / "current" / "bin" / "python"), "-c", script], capture_output=True, text=True, env=environ, check=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, stack_index: IndexServer, install_environ: dict[str, str]) -> Iterator[Path]:
+    """A root provisioned once with uv, shared read-only; tests that change it take a copy."""
+    base = tmp_path_factory.mktemp("built")
+    lock = write_stack_lock(base / "lock.toml", stack_index, base / "root")
+    request = provision.ProvisionRequest(lock, yes=True, environ=install_environ)
+    assert provision.run(request, UI(stream=io.StringIO(), force_plain=True)) == ExitCode.PASSED
+    yield base / "root"
+
+
+def _copy(built: Path, tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    shutil.copytree(built, root, symlinks=True)
+    return root
+
+
+def test_first_run_builds_the_stack_and_a_second_run_does_nothing(
+    built: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _works(built, install_environ) == "2.9.1+cu130 13.0"
+    assert _version(built, "flashinfer-python", install_environ) == "0.6.4"  # the declared override
+    assert _version(built, "sgl-kernel", install_environ) == "0.3.21+cu130"  # the URL wheel
+    assert _version(built, "nvidia-nccl-cu13", install_environ) == "2.27.7"  # torch's dependency, from the default index
+    before = (_current(built), sorted(p.name for p in (built / "generations").iterdir()))
+    asked = len(stack_index.requests)
+    code, out, err = _provision(built.parent / "lock.toml", install_environ, capsys)
+    assert code == ExitCode.PASSED, err
+    assert out.startswith("nothing to do: test-stack is provisioned as locked\n")
+    assert len(stack_index.requests) == asked  # no download, not even an index page
+    assert (_current(built), sorted(p.name for p in (built / "generations").iterdir())) == before
+
+
+def test_the_pip_installer_builds_the_same_stack(tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", installer="pip")
+    code, out, err = _provision(lock, install_environ, capsys)
+    assert code == ExitCode.PASSED, err
+    assert "install flashinfer-python==0.6.4, flashinfer-cubin==0.6.4 without dependencies" in out
+    assert _works(tmp_path / "root", install_environ) == "2.9.1+cu130 13.0"
+    assert _version(tmp_path / "root", "flashinfer-cubin", install_environ) == "0.6.4"
+    assert _provision(lock, install_environ, capsys)[1].startswith("nothing to do")
+
+
+def test_a_later_pip_install_in_the_provisioned_environment_cannot_move_torch(built: Path, stack_index: IndexServer, install_environ: dict[str, str]) -> None:
+    """With stackgate.env sourced, plain `pip` and `uv pip` are the environment's, and the guard
+    (PIP_CONSTRAINT, UV_CONSTRAINT) holds torch through an eager upgrade and refuses torch 2.10."""
+    pypi = stack_index.simple("pypi")
+    shell = (
+        f". {built}/current/stackgate.env && "
+        f"pip install -q --upgrade --upgrade-strategy eager --index-url {pypi} flashinfer-python==0.6.4 && "
+        f"python -c 'import torch; print(torch.__version__)' && "
+        f"(pip install --index-url {pypi} torch==2.10.0 2>&1; echo pip-exit=$?) && "
+        f"(uv pip install --no-config --default-index {pypi} torch==2.10.0 2>&1; echo uv-exit=$?)"
+    )
+    done = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, env=install_environ)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "2.9.1+cu130"
+    assert "pip-exit=1" in lines and "uv-exit=1" in lines
+    assert "The user requested (constraint) torch==2.9.1+cu130" in done.stdout
+    assert _version(built, "torch", install_environ) == "2.9.1+cu130"
+
+
+def test_a_package_that_demands_a_newer_torch_fails_naming_itself(
+    built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _copy(built, tmp_path)
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0", "eager-upgrader": "==1.0"})
+    before = _current(root)
+    code, out, err = _provision(lock, install_environ, capsys)
+    assert code == ExitCode.FAILED
+    headline = next(line for line in err.splitlines() if line.startswith("stackgate provision failed:"))
+    assert "eager-upgrader requires torch>=2.10, but the lock holds torch at 2.9.1+cu130" in headline
+    assert "torch-agnostic" not in headline and "flashinfer" not in headline
+    assert "full log: " in err
+    assert _current(root) == before and _works(root, install_environ).startswith("2.9.1+cu130")
+
+
+def test_a_wrong_sha256_fails_clearly_and_leaves_current_unchanged(
+    built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _copy(built, tmp_path)
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, sha256="0" * 64)
+    before = _current(root)
+    code, out, err = _provision(lock, install_environ, capsys)
+    assert code == ExitCode.FAILED
+    real = hashlib.sha256((stack_index.files / "sgl_kernel-0.3.21+cu130-cp310-abi3-manylinux2014_x86_64.whl").read_bytes()).hexdigest()
+    assert f"has sha256 {real}, the lock says {'0' * 64}; refusing to install it" in err
+    assert _current(root) == before and _works(root, install_environ).startswith("2.9.1+cu130")
+    assert not list((root / "cache").rglob("0" * 64 + "/*.whl"))
+
+
+def test_a_dead_index_fails_clearly_and_leaves_current_unchanged(
+    built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _copy(built, tmp_path)
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, default_index=DEAD_URL, family_index=DEAD_URL)
+    before = _current(root)
+    code, out, err = _provision(lock, install_environ, capsys)
+    assert code == ExitCode.FAILED
+    assert "stackgate provision failed: `uv pip install` failed (exit 2)" in err
+    assert "127.0.0.1:9" in err  # the tail of the installer's own words
+    log = Path(next(line for line in err.splitlines() if line.startswith("full log: "))[len("full log: ") :])
+    assert log.is_file() and "127.0.0.1:9" in log.read_text()
+    assert _current(root) == before and _works(root, install_environ).startswith("2.9.1+cu130")
+
+
+def _snapshot(root: Path) -> list[tuple[str, float]]:
+    return sorted((str(p.relative_to(root)), p.lstat().st_mtime) for p in root.rglob("*"))
+
+
+def test_a_malformed_lock_changes_nothing(built: Path, tmp_path: Path, install_environ: dict[str, str]) -> None:
+    root = _copy(built, tmp_path)
+    before = _snapshot(root)
+    lock = tmp_path / "broken.toml"
+    lock.write_text((built.parent / "lock.toml").read_text().replace(f'root = "{built}"', f'root = "{root}"').replace('torch = "==2.9.1+cu130"', 'torch = "=2.9.1"'))
+    done = _invoke(["provision", "--lock", str(lock), "--yes"], install_environ)
+    assert done.returncode == ExitCode.USAGE
+    assert "python.packages.torch: invalid specifier '=2.9.1'" in done.stderr
+    assert _snapshot(root) == before
+
+
+def test_a_url_wheel_without_sha256_is_refused_with_the_command_to_compute_it(
+    tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", sha256=None)
+    for dry_run in (True, False):
+        code, out, err = _provision(lock, install_environ, capsys, dry_run=dry_run)
+        assert code == ExitCode.USAGE
+        assert "cannot apply: python.packages.sgl-kernel has a url but no sha256" in out
+        assert f"  $ curl -fsSL '{stack_index.file_url('sgl_kernel-0.3.21%2Bcu130-cp310-abi3-manylinux2014_x86_64.whl')}' | sha256sum" in out
+    assert not (tmp_path / "root" / "generations").exists()
+
+
+def test_no_python_of_the_locked_version_says_so(tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", python="3.99")
+    environ = {k: v for k, v in install_environ.items() if k != "STACKGATE_PYTHON"}
+    code, out, err = _provision(lock, environ, capsys)
+    assert code == ExitCode.FAILED
+    assert "cannot apply: no Python 3.99 on this machine (searched $STACKGATE_PYTHON, python3.99 on PATH" in out
+    assert "uv cannot download Python here: install Python 3.99" in out
+    assert not (tmp_path / "root" / "generations").exists()
+
+
+def test_a_full_disk_mid_install_leaves_current_and_the_next_run_finishes(
+    built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _copy(built, tmp_path)
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"})
+    before = _current(root)
+    monkeypatch.setenv(provision.FAULT_ENV, "during:python.stack=ENOSPC")
+    code, out, err = _provision(lock, install_environ, capsys)
+    assert code == ExitCode.FAILED and "No space left on device" in err
+    assert _current(root) == before and _works(root, install_environ).startswith("2.9.1+cu130")
+    monkeypatch.delenv(provision.FAULT_ENV)
+    code, out, err = _provision(lock, install_environ, capsys)
+    assert code == ExitCode.PASSED, err
+    assert "remove unfinished generation(s)" in out
+    assert _current(root) != before and _version(root, "torch-agnostic", install_environ) == "1.0"
+
+
+#: Where the provisioner is killed, and what the next run says it does about it.
+RERUN = {
+    "during:python.venv": "remove unfinished generation(s)",
+    "during:python.family": "remove unfinished generation(s)",
+    "during:python.stack": "remove unfinished generation(s)",
+    "before:python.check": "remove unfinished generation(s)",
+    "during:python.switch": "was built and checked from this lock by a run that stopped before switching",
+    "after:python.switch": "nothing to do",
+}
+
+
+def _orphans(generation: Path) -> list[str]:
+    """Processes still running with ``generation`` on their command line (waits a little for the
+    kernel to deliver the parent-death signal)."""
+    for _ in range(50):
+        found = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if str(generation) in text:
+                found.append(text)
+        if not found:
+            return []
+        time.sleep(0.1)
+    return found
+
+
+def test_kill_9_at_any_point_leaves_a_working_current_and_a_rerun_converges(
+    built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]
+) -> None:
+    """SIGKILL the provisioner (and, by its parent-death signal, the installer it runs) at each
+    point; every time `current` works, and the next run converges; rollback resets the scene."""
+    root = _copy(built, tmp_path)
+    original = _current(root)
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"})
+    for point in RERUN:
+        killed = _invoke(["provision", "--lock", str(lock), "--yes"], install_environ, STACKGATE_FAULT=point)
+        assert killed.returncode == -9, (point, killed.stderr[-2000:])
+        newest = generations.read(root).generations[-1].path
+        assert _orphans(newest) == [], point  # the installer died with the provisioner
+        switched = point == "after:python.switch"  # the switch itself had happened
+        assert (_current(root) != original) == switched, point
+        assert _works(root, install_environ).startswith("2.9.1+cu130"), point
+        rerun = _invoke(["provision", "--lock", str(lock), "--yes"], install_environ)
+        assert rerun.returncode == 0, (point, rerun.stdout[-3000:], rerun.stderr[-3000:])
+        assert RERUN[point] in rerun.stdout, (point, rerun.stdout)
+        assert _version(root, "torch-agnostic", install_environ) == "1.0", point
+        assert _invoke(["provision", "--lock", str(lock), "--yes"], install_environ).stdout.startswith("nothing to do"), point
+        assert [g for g in generations.read(root).generations if not g.ready] == [], point
+        back = _invoke(["rollback", "--lock", str(lock)], install_environ)
+        assert back.returncode == 0 and _current(root) == original, (point, back.stderr)
+
+
+def test_a_second_provision_fails_at_once_naming_the_running_one_or_waits_for_it(
+    tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root")
+    first = subprocess.Popen([sys.executable, "-m", "invoke", "provision", "--lock", str(lock), "--yes"], cwd=ROOT, env=install_environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        holder = tmp_path / "root" / generations.LOCK_FILE
+        deadline = time.monotonic() + 120
+        while f'"pid": {first.pid}' not in (holder.read_text() if holder.exists() else ""):
+            assert first.poll() is None and time.monotonic() < deadline, "the first provision never took the lock"
+            time.sleep(0.05)
+        code, out, err = _provision(lock, install_environ, capsys)
+        assert code == ExitCode.FAILED
+        assert f"another provision is running on {tmp_path / 'root'}: pid {first.pid}, started " in err
+        assert f"command: invoke provision --lock {lock} --yes; wait for it, or pass --wait" in err
+        code, out, err = _provision(lock, install_environ, capsys, wait=True)
+        assert first.wait() == 0
+        assert code == ExitCode.PASSED
+        assert f"waiting for the provision holding {tmp_path / 'root'}: pid {first.pid}" in err
+        assert out.startswith("nothing to do")  # the first one built it
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+
+
+def test_rollback_switches_back_and_says_to_what(
+    built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _copy(built, tmp_path)
+    first = _current(root)
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"})
+    assert _provision(lock, install_environ, capsys)[0] == ExitCode.PASSED
+    second = _current(root)
+    done = _invoke(["rollback", "--lock", str(lock)], install_environ)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"rolled back {root / 'current'}: {Path(second).name} -> generation {Path(first).name} (built ")
+    assert "it was built from another version of the lock" in done.stdout
+    assert _current(root) == first and _works(root, install_environ).startswith("2.9.1+cu130")
+    again = _invoke(["rollback", "--lock", str(lock)], install_environ)
+    assert again.returncode == 1 and "no earlier ready generation" in again.stderr
+
+
+def test_a_moved_torch_is_put_back_by_a_new_generation(
+    built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _copy(built, tmp_path)
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root)
+    # Someone installs torch around the guard (no constraints): the drift provision must undo.
+    subprocess.run(
+        [shutil.which("uv") or "uv", "pip", "install", "-q", "--no-config", "--python", str(root / "current/bin/python"), "--default-index", stack_index.simple("pypi"), "torch==2.10.0"],
+        env=install_environ, check=True,
+    )  # fmt: skip
+    assert _version(root, "torch", install_environ) == "2.10.0"
+    code, out, err = _provision(lock, install_environ, capsys)
+    assert code == ExitCode.PASSED, err
+    assert "why: torch is 2.10.0, locked ==2.9.1+cu130" in out
+    assert _version(root, "torch", install_environ) == "2.9.1+cu130"
+
+
+def _fake_toolkit_module(calls: list[str]) -> types.ModuleType:
+    """Stands in for stackgate.stack.toolkit (its published API); installing lays out a tree whose
+    nvcc and ptxas are this machine's real CUDA 13.0 ones."""
+    real = Path("/usr/local/cuda-13.0/bin")
+
+    def install_toolkit(toolkit, *, log: Path, cache: Path | None = None, on_progress=None) -> None:  # type: ignore[no-untyped-def]
+        calls.append(f"install {toolkit.prefix}")
+        (toolkit.prefix / "bin").mkdir(parents=True)
+        for tool in ("nvcc", "ptxas"):
+            (toolkit.prefix / "bin" / tool).symlink_to(real / tool)
+
+    @contextlib.contextmanager
+    def kept_untouched(toolkits):  # type: ignore[no-untyped-def]
+        kept = [t.prefix for t in toolkits if t.keep]
+        calls.extend(f"fingerprint {prefix}" for prefix in kept)
+        yield
+        calls.extend(f"fingerprint {prefix}" for prefix in kept)
+
+    module = types.ModuleType("stackgate.stack.toolkit")
+    module.ToolkitError = type("ToolkitError", (Exception,), {})  # type: ignore[attr-defined]
+    module.toolkit_state = lambda toolkit, facts: None if facts.exists else f"{toolkit.prefix} does not exist"  # type: ignore[attr-defined]
+    module.install_toolkit = install_toolkit  # type: ignore[attr-defined]
+    module.install_command = lambda toolkit, cache=None: ["uv", "pip", "install", f"cuda-toolkit=={toolkit.version}"]  # type: ignore[attr-defined]
+    module.kept_untouched = kept_untouched  # type: ignore[attr-defined]
+    return module
+
+
+def test_only_toolkit_installs_a_missing_toolkit_and_keeps_the_kept_one(
+    tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    toolkits = (
+        f'[[toolkit]]\nversion = "13.0.1"\nnvcc = "13.0.88"\nprefix = "{tmp_path}/cuda-13.0"\nsource = "pypi"\ndefault = true\n\n'
+        '[[toolkit]]\nversion = "13.0"\nprefix = "/usr/local/cuda-13.0"\nkeep = true\n'
+    )
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", toolkits=toolkits)
+    calls: list[str] = []
+    monkeypatch.setitem(sys.modules, "stackgate.stack.toolkit", _fake_toolkit_module(calls))
+    code, out, err = _provision(lock, install_environ, capsys, only="toolkit")
+    assert code == ExitCode.PASSED, err
+    assert calls == ["fingerprint /usr/local/cuda-13.0", f"install {tmp_path}/cuda-13.0", "fingerprint /usr/local/cuda-13.0"]
+    assert "       $ uv pip install cuda-toolkit==13.0.1" in out
+    assert any(line.split()[:2] == ["PASS", "cuda.toolkits"] and line.endswith("CUDA 13.0.1 (nvcc V13.0.88), CUDA 13.0 (nvcc V13.0.88)") for line in out.splitlines()), out
+    assert "PASS  cuda.ptxas_arch" in out
+    assert not (tmp_path / "root" / "generations").exists()  # --only toolkit left Python alone
+    assert _provision(lock, install_environ, capsys, only="toolkit")[1].startswith("nothing to do")
+
+
+def _patches_module() -> types.ModuleType | None:
+    """None when stackgate.stack.patches is in this checkout (then it runs, with the real
+    patches.applied check); else a stand-in with its API that applies and tests the diff with
+    GNU patch, so that the provision side is tested either way."""
+    try:
+        importlib.import_module("stackgate.stack.patches")
+        return None
+    except ModuleNotFoundError:
+        pass
+
+    def gnu_patch(patch, site: Path, *flags: str) -> bool:  # type: ignore[no-untyped-def]
+        done = subprocess.run(["patch", "-p1", "-s", "-f", "-d", str(site), "-i", str(patch.file), *flags], capture_output=True, text=True)
+        return done.returncode == 0
+
+    module = types.ModuleType("stackgate.stack.patches")
+    module.PatchError = type("PatchError", (Exception,), {})  # type: ignore[attr-defined]
+    module.patch_state = lambda patch, site: None if gnu_patch(patch, site, "--dry-run", "-R") else "not applied"  # type: ignore[attr-defined]
+    module.apply_patch = lambda patch, site: None if gnu_patch(patch, site, "-N") else (_ for _ in ()).throw(module.PatchError("does not apply"))  # type: ignore[attr-defined]
+    return module
+
+
+def _with_patch(lock: Path, tmp_path: Path) -> Path:
+    """Add a [[patch]]: a real unified diff (diff -u) of the test sglang's size table."""
+    for side, text in (("a", SYMM_MEM_TEXT), ("b", SYMM_MEM_TEXT.replace("    10: 8,\n", "    10: 8,\n    12: 8,\n"))):
+        (tmp_path / side / SYMM_MEM_FILE).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / side / SYMM_MEM_FILE).write_text(text)
+    diff = subprocess.run(["diff", "-u", f"a/{SYMM_MEM_FILE}", f"b/{SYMM_MEM_FILE}"], cwd=tmp_path, capture_output=True, text=True).stdout
+    (tmp_path / "sm120.patch").write_text(diff)
+    sha = hashlib.sha256(diff.encode()).hexdigest()
+    lock.write_text(lock.read_text() + f'\n[[patch]]\npackage = "sglang"\nversion = "0.5.9"\nfile = "sm120.patch"\nsha256 = "{sha}"\nreason = "capability 12 in the size table"\n')
+    return lock
+
+
+def _patched(root: Path) -> bool:
+    site = next((root / "current").glob("lib/python3*/site-packages"))
+    return "    12: 8," in (site / SYMM_MEM_FILE).read_text()
+
+
+def test_a_new_generation_gets_the_locks_patches_before_its_checks(
+    built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _copy(built, tmp_path)
+    lock = _with_patch(write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"}), tmp_path)
+    if (module := _patches_module()) is not None:
+        monkeypatch.setitem(sys.modules, "stackgate.stack.patches", module)
+    code, out, err = _provision(lock, install_environ, capsys)
+    assert code == ExitCode.PASSED, err
+    assert out.index("[patches] apply sm120.patch to sglang 0.5.9\n") < out.index("[python] check generation ")
+    assert _patched(root)
+    assert _provision(lock, install_environ, capsys)[1].startswith("nothing to do")
+
+
+def test_only_patches_applies_a_missing_patch_in_place_then_does_nothing(
+    built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _copy(built, tmp_path)
+    lock = _with_patch(write_stack_lock(tmp_path / "lock.toml", stack_index, root), tmp_path)
+    if (module := _patches_module()) is not None:
+        monkeypatch.setitem(sys.modules, "stackgate.stack.patches", module)
+    before = _current(root)
+    assert not _patched(root)
+    code, out, err = _provision(lock, install_environ, capsys, only="patches")
+    assert code == ExitCode.PASSED, err
+    assert "[patches] apply sm120.patch to sglang 0.5.9 in " in out
+    assert _patched(root) and _current(root) == before
+    assert _provision(lock, install_environ, capsys, only="patches")[1].startswith("nothing to do")
+
+
+def test_dry_run_prints_the_plan_and_touches_nothing(tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]) -> None:
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root")
+    done = _invoke(["provision", "--lock", str(lock), "--dry-run"], install_environ)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("plan for test-stack (root ")
+    assert "  5. [python] install the lock's 8 pins from " in done.stdout
+    assert not (tmp_path / "root").exists()
+
+
+def test_ctrl_c_mid_install_exits_130_and_leaves_current(built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]) -> None:
+    root = _copy(built, tmp_path)
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"})
+    before = _current(root)
+    done = _invoke(["provision", "--lock", str(lock), "--yes"], install_environ, STACKGATE_FAULT="during:python.stack=SIGINT")
+    assert done.returncode == ExitCode.INTERRUPTED, done.stderr[-2000:]
+    assert "stackgate: interrupted" in done.stderr
+    assert _current(root) == before and _works(root, install_environ).startswith("2.9.1+cu130")
+    assert [g.state for g in generations.read(root).generations if g.path.name != before.split("/")[-1]] == ["building"]
+    rerun = _invoke(["provision", "--lock", str(lock), "--yes"], install_environ)
+    assert rerun.returncode == 0 and "remove unfinished generation(s)" in rerun.stdout, rerun.stderr[-2000:]
+
+
+def test_without_a_terminal_provision_asks_for_yes_and_changes_nothing(tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]) -> None:
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root")
+    done = _invoke(["provision", "--lock", str(lock)], install_environ)
+    assert done.returncode == ExitCode.USAGE
+    assert "there is no terminal to ask: pass --yes (or --dry-run to only see the plan)" in done.stderr
+    assert not (tmp_path / "root" / "generations").exists()
+
+
+def test_an_unwritable_root_is_a_clear_error(tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "file").write_text("")
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "file" / "root")
+    code, out, err = _provision(lock, install_environ, capsys)
+    assert code == ExitCode.FAILED
+    assert f"cannot create or lock {tmp_path / 'file' / 'root'}: " in err
