@@ -68,7 +68,7 @@ def build_wheel(directory: Path, wheel: Wheel) -> Path:
     dist = wheel.name.replace("-", "_")
     info = f"{dist}-{wheel.version}.dist-info"
     module = wheel.module or dist
-    metadata = [f"Metadata-Version: 2.1", f"Name: {wheel.name}", f"Version: {wheel.version}"]
+    metadata = ["Metadata-Version: 2.1", f"Name: {wheel.name}", f"Version: {wheel.version}"]
     metadata += [f"Requires-Dist: {r}" for r in wheel.requires]
     entries = {
         f"{module}/__init__.py": f'__version__ = "{wheel.version}"\n',

@@ -22,7 +22,7 @@ from pkgindex import DEAD_URL, SYMM_MEM_FILE, SYMM_MEM_TEXT, IndexServer, instal
 
 from stackgate import provision
 from stackgate.exitcodes import ExitCode
-from stackgate.stack import generations, lock as lockmodel
+from stackgate.stack import generations
 from stackgate.ui import UI
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -268,7 +268,7 @@ def test_runfile_with_a_wrong_sha256_is_refused_before_it_runs(tmp_path: Path) -
     link, ran = tmp_path / "cuda", tmp_path / "ran"
     runfile = fake_runfile(tmp_path / "cuda.run", link, ran)
     toolkit = runfile_toolkit(tmp_path / "cuda-12.8", runfile, "0" * 64)
-    with pytest.raises(ToolkitError, match=f"sha256 is {sha256_of(runfile)}, the lock says 0{{64}}: refusing to run it"):
+    with pytest.raises(ToolkitError, match=f"has sha256 {sha256_of(runfile)}, the lock says 0{{64}}: refusing to run it"):
         tk.install_toolkit(toolkit, log=tmp_path / "log", link=link)
     assert not ran.exists() and not toolkit.prefix.exists() and not link.is_symlink()
     assert not tk._staging(toolkit.prefix).exists()

@@ -420,14 +420,11 @@ def _dists(lock: Lock, facts: Facts) -> ProbeFacts | Missing:
     missing = _target_missing(lock)
     if missing is not None:
         return missing
-    env = facts.get("env").environ
-    with tempfile.TemporaryDirectory(prefix="stackgate-dists-") as tmp:
-        out = Path(tmp) / "facts.json"
-        done = runner.run([lock.python.target, PROBE, out, json.dumps({"torch": False})], timeout_s=PROBE_TIMEOUT_S, env=env)
-        if not out.exists():
-            return Missing(f"the probe failed in {lock.python.target} ({_ended(done)}): {' / '.join(done.tail(3))}")
-        raw = json.loads(out.read_text())
-    return _probe_facts(raw, done.duration_s)
+    found = _run_probe(lock.python.target, {"torch": False}, facts.get("env").environ)
+    if isinstance(found, Missing):
+        return found
+    raw, seconds = found
+    return _probe_facts(raw, seconds)
 
 
 # --- an interpreter to build the stack's environment from -------------------------------------

@@ -37,6 +37,7 @@ from typing import Mapping, Sequence
 from packaging.utils import canonicalize_name
 
 from stackgate import runner
+from stackgate.stack import fetch
 from stackgate.stack.lock import Patch
 
 __all__ = [
@@ -320,7 +321,7 @@ def _require_unchanged(patch: Patch, site_packages: Path, changes: Sequence[_Fil
     """A recorded file edited since: re-applying would bless the edit, so refuse instead."""
     entry = _recorded(site_packages, patch)
     recorded = _final_hashes(read_record(site_packages)) if entry else {}
-    edited = [c.diff.path for c in changes if c.new_text is None and c.diff.path in recorded and _sha256_file(c.target) != recorded[c.diff.path]]
+    edited = [c.diff.path for c in changes if c.new_text is None and c.diff.path in recorded and fetch.sha256_file(c.target) != recorded[c.diff.path]]
     if edited:
         raise PatchError(
             f"{', '.join(edited)} changed since {patch.file.name} was applied; stackgate cannot restore the file: "
@@ -362,7 +363,7 @@ def _entry(patch: Patch, text: str, changes: Sequence[_FileChange]) -> dict[str,
         "patch": patch.file.name,
         "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
         "reason": patch.reason,
-        "files": {c.diff.path: _sha256_file(c.target) for c in changes},
+        "files": {c.diff.path: fetch.sha256_file(c.target) for c in changes},
     }
 
 
@@ -435,7 +436,7 @@ def _problem(patch: Patch, site_packages: Path, installed: str | None, entry: Ma
         return f"{patch.file.name} applied is not the locked one (sha256 {str(entry.get('sha256'))[:12]}..., the lock says {patch.sha256[:12]}...)"
     expected = _final_hashes(read_record(site_packages))
     for path in sorted(dict(entry.get("files", {}))):
-        have = _sha256_file(site_packages / path) if (site_packages / path).is_file() else None
+        have = fetch.sha256_file(site_packages / path) if (site_packages / path).is_file() else None
         if have != expected.get(path):
             return f"{path} changed since {patch.file.name} was applied" if have else f"{path} is gone since {patch.file.name} was applied"
     return None
@@ -472,7 +473,3 @@ def site_packages(python: Path) -> Path:
     if not done.ok or not done.stdout.strip():
         raise PatchError(f"cannot ask {python} for its site-packages: {' '.join(done.tail(2))}")
     return Path(done.stdout.strip())
-
-
-def _sha256_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()

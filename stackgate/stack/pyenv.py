@@ -17,7 +17,6 @@ gets installed.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shlex
 import shutil
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from stackgate import runner
-from stackgate.stack import envfile, guard
+from stackgate.stack import envfile, fetch, guard
 from stackgate.stack.lock import Lock, Package
 
 __all__ = [
@@ -257,47 +256,13 @@ def fetch_wheel(package: Package, cache: Path, *, on_progress: Callable[[int, in
     Returns the checked file and whether it was downloaded (False: the cache already had it).
     """
     target = wheel_path(package, cache)
-    if target.is_file() and _sha256(target) == package.sha256:
-        return target, False
-    target.parent.mkdir(parents=True, exist_ok=True)
-    part = target.with_name(f".{target.name}.{os.getpid()}.part")
     try:
-        digest = _download(str(package.url), part, on_progress)
-        if digest != package.sha256:
-            raise PyenvError(
-                f"{package.name}: {package.url} has sha256 {digest}, the lock says {package.sha256}; "
-                "refusing to install it (a changed or tampered file, or a wrong sha256 in the lock)"
-            )
-        os.replace(part, target)
-    finally:
-        part.unlink(missing_ok=True)
-    return target, True
-
-
-def _download(url: str, dest: Path, on_progress: Callable[[int, int | None], None] | None) -> str:
-    digest = hashlib.sha256()
-    try:
-        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response, open(dest, "wb") as out:
-            total = int(response.headers["Content-Length"]) if response.headers.get("Content-Length") else None
-            done = 0
-            while chunk := response.read(1 << 20):
-                out.write(chunk)
-                digest.update(chunk)
-                done += len(chunk)
-                if on_progress is not None:
-                    on_progress(done, total)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", None) or exc
-        raise PyenvError(f"cannot download {url}: {reason}") from exc
-    return digest.hexdigest()
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        downloaded = fetch.fetch_checked(str(package.url), target, str(package.sha256), timeout_s=DOWNLOAD_TIMEOUT_S, on_progress=on_progress)
+    except fetch.HashMismatch as exc:
+        raise PyenvError(f"{package.name}: {exc}; refusing to install it (a changed or tampered file, or a wrong sha256 in the lock)") from exc
+    except fetch.FetchError as exc:
+        raise PyenvError(str(exc)) from exc
+    return target, downloaded
 
 
 # --- the environment file ---------------------------------------------------------------------

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 from stackgate import runner
+from stackgate.stack import fetch
 from stackgate.checks.cuda import toolkit_problem
 from stackgate.checks.facts import ToolkitFacts, ToolVersion, tool_version
 from stackgate.stack.lock import PYPI_CUDA12_REASON, Toolkit
@@ -334,7 +335,7 @@ def _merge(source: Path, target: Path) -> None:
             _merge(entry, destination)  # file by file, so that what is not toolkit stays behind
         elif not destination.exists() and not destination.is_symlink():
             os.rename(entry, destination)
-        elif not (entry.is_file() and destination.is_file() and _sha256(entry) == _sha256(destination)):
+        elif not (entry.is_file() and destination.is_file() and fetch.sha256_file(entry) == fetch.sha256_file(destination)):
             raise ToolkitError(f"two CUDA wheels ship different files at {destination.relative_to(target.parent)}")
 
 
@@ -412,13 +413,11 @@ def _obtain_runfile(toolkit: Toolkit, cache: Path | None, progress: Progress) ->
         if not local.is_file():
             raise ToolkitError(f"{toolkit.label}: runfile {local} does not exist")
         progress(f"checking the sha256 of {local.name}")
-        _check_sha256(local, want, url)
+        _refuse_unless(lambda: fetch.check_file(local, want, url))
         return local
     target = _runfile_cache_path(toolkit, cache)
-    if target.is_file() and _sha256(target) == want:
-        return target
-    progress(f"downloading {url}")
-    _download(url, target, want)
+    progress(f"downloading {url} (unless the cache has it)")
+    _refuse_unless(lambda: fetch.fetch_checked(url, target, want))
     return target
 
 
@@ -434,29 +433,14 @@ def _runfile_cache_path(toolkit: Toolkit, cache: Path | None) -> Path:
     return (cache or RUNFILE_CACHE) / f"{(toolkit.sha256 or 'unknown')[:16]}-{name}"
 
 
-def _check_sha256(path: Path, want: str, origin: str) -> None:
-    have = _sha256(path)
-    if have != want:
-        raise ToolkitError(f"{origin}: sha256 is {have}, the lock says {want}: refusing to run it")
-
-
-def _download(url: str, target: Path, want: str) -> None:
-    """Stream ``url`` to ``target`` through a .part file; only a file with the right hash stays."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    part = target.with_name(target.name + ".part")
-    digest = hashlib.sha256()
+def _refuse_unless(step: Callable[[], object]) -> None:
+    """Run a fetch step; a wrong hash or a failed download stops the install before anything runs."""
     try:
-        with urllib.request.urlopen(url, timeout=60) as response, open(part, "wb") as sink:
-            while chunk := response.read(1 << 20):
-                digest.update(chunk)
-                sink.write(chunk)
-    except OSError as exc:
-        part.unlink(missing_ok=True)
-        raise ToolkitError(f"cannot download {url}: {exc}") from exc
-    if digest.hexdigest() != want:
-        part.unlink(missing_ok=True)
-        raise ToolkitError(f"{url}: sha256 is {digest.hexdigest()}, the lock says {want}: refusing to run it")
-    os.replace(part, target)
+        step()
+    except fetch.HashMismatch as exc:
+        raise ToolkitError(f"{exc}: refusing to run it") from exc
+    except fetch.FetchError as exc:
+        raise ToolkitError(str(exc)) from exc
 
 
 # --- apt ----------------------------------------------------------------------------------------
@@ -758,7 +742,7 @@ def _entry(path: Path, info: os.stat_result, relative: str) -> tuple[object, ...
         return ("link", os.readlink(path))
     if stat.S_ISDIR(info.st_mode):
         return ("dir", *owner)  # no mtime: an added or removed entry shows up by itself
-    content = _sha256(path) if stat.S_ISREG(info.st_mode) and relative.rpartition("/")[0] in _HASHED_DIRS else ""
+    content = fetch.sha256_file(path) if stat.S_ISREG(info.st_mode) and relative.rpartition("/")[0] in _HASHED_DIRS else ""
     return ("file", *owner, info.st_size, info.st_mtime_ns, content)
 
 
@@ -814,11 +798,3 @@ def _check_kept(kept: Sequence[Toolkit], before: Mapping[Path, Fingerprint]) -> 
         changes = fingerprint_diff(before[toolkit.prefix], take_fingerprint(toolkit.prefix))
         if changes:
             raise ToolkitError(f"{toolkit.label} is kept (keep = true) but changed during provisioning:\n" + "\n".join(f"  {c}" for c in changes))
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as source:
-        while chunk := source.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
