@@ -392,6 +392,7 @@ class Handler(BaseHTTPRequestHandler):
         with _LOCK:
             _STATE["streams"] += 1
             number = _STATE["streams"]
+        event(self.b, "stream", number=number)
         for payload in token_events(request, self.args, self.b, number):
             self.chunk(b"data: " + payload + b"\n\n")
         self.chunk(b"data: [DONE]\n\n")
