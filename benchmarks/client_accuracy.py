@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -23,10 +24,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from smoke_support import FAKES, free_port  # noqa: E402
+from smoke_support import FAKES, free_port
 
-from stackgate import httpclient  # noqa: E402
-from stackgate.checks.smoke import bench, launch, logscan, ready  # noqa: E402
+from stackgate import httpclient
+from stackgate.checks.smoke import bench, launch, logscan, ready
 
 CASES = ((50.0, 200), (200.0, 800), (1000.0, 2048))  # (tok/s, tokens): 2-4 s a run
 TTFT_S = 0.02
@@ -41,7 +42,7 @@ def start(rate: float, tmp: Path) -> tuple[launch.Server, str]:
     (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32}))
     port = free_port()
     argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--tp-size", "1", "--port", str(port), "--attention-backend", "flashinfer"]
-    env = {**__import__("os").environ, "PYTHONPATH": str(FAKES), "STACKGATE_FAKE_SGLANG": str(behaviour)}
+    env = {**os.environ, "PYTHONPATH": str(FAKES), "STACKGATE_FAKE_SGLANG": str(behaviour)}
     server = launch.start(argv, env, tmp / f"server-{rate:g}.log")
     url = f"http://127.0.0.1:{port}"
     readiness = ready.wait_ready(server, logscan.LogWatcher(server.log_path), url, 60.0)

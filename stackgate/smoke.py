@@ -301,7 +301,7 @@ def _run_dir(request: SmokeRequest) -> Path:
 def _finish(context: _Context, sessions: list[Session], started: float, clock: float, *, interrupted: bool) -> SmokeRun:
     results = [r for s in sessions for r in s.results]
     if len(sessions) == 2:
-        results += _compare_results(sessions[0], sessions[1], context.request)
+        results += _compare_results(sessions[0], sessions[1])
     if interrupted:
         results.append(dataclasses.replace(failed("interrupted (Ctrl-C or SIGTERM); every server was torn down"), check="smoke.interrupted"))
     verdict = report.judge(results, strict=context.request.strict)
@@ -387,7 +387,7 @@ def _serve(session: Session, context: _Context, server: launch.Server, watcher: 
     with context.ui.activity(f"waiting for SGLang ({config.title}, TP {config.tp}, pid {server.pid}) to be ready") as activity:
         ready = wait_ready(server, watcher, config.base_url, context.lock.smoke.ready_timeout_s, lambda phase, _: activity.update(phase))
     session.readiness = ready
-    session.add("launch", _launch_result(ready, server, context.lock.smoke.ready_timeout_s, ready.finding))
+    session.add("launch", _launch_result(ready, server, watcher, context.lock.smoke.ready_timeout_s, ready.finding))
     if not ready.ready:
         session.failed(f"not ready: {ready.reason}", ready.failed_at)
         return
@@ -396,8 +396,8 @@ def _serve(session: Session, context: _Context, server: launch.Server, watcher: 
         _measure(session, context, server, watcher)
 
 
-def _launch_result(ready: Readiness, server: launch.Server, timeout_s: float, cause: Finding | None) -> Result:
-    tail = [f"> {line}" for line in _watcher_tail(server)]
+def _launch_result(ready: Readiness, server: launch.Server, watcher: logscan.LogWatcher, timeout_s: float, cause: Finding | None) -> Result:
+    tail = [f"> {line}" for line in watcher.last_lines(15)]
     fix = Fix("Read the server log; the findings below name known causes.", (f"tail -n 200 {server.log_path}",))
     known = f" (known failure {cause.signature.id}: see below)" if cause else ""
     data = {"reason": ready.reason, "seconds": round(ready.seconds, 3), "phase": ready.phase, "exit_code": ready.exit_code, "pid": server.pid}
@@ -410,18 +410,6 @@ def _launch_result(ready: Readiness, server: launch.Server, timeout_s: float, ca
         return failed(f"the log shows a fatal error after {ready.seconds:.1f} s while {ready.phase}{known}; stopped waiting", tail, fix=fix, data=data)
     fix = Fix(f"If the model is only slow to load, raise [smoke] ready_timeout_s (now {timeout_s:g} s); otherwise read the log.", fix.commands)
     return failed(f"not ready after {timeout_s:g} s (last phase: {ready.phase})", tail, fix=fix, data=data)
-
-
-def _renamed(result: Result, name: str) -> Result:
-    return dataclasses.replace(result, check=name)
-
-
-def _watcher_tail(server: launch.Server, count: int = 15) -> list[str]:
-    try:
-        lines = server.log_path.read_text(errors="replace").replace("\r", "\n").splitlines()
-    except OSError:
-        return []
-    return [line for line in lines if line.strip()][-count:]
 
 
 def _exit_text(code: int | None) -> str:
@@ -521,8 +509,8 @@ def _conclude(session: Session, context: _Context, server: launch.Server, watche
     ready = session.readiness is not None and session.readiness.ready
     if session.readiness is not None and not ready:
         # The log is complete now: name the best-explaining finding, not the first one seen.
-        relaunch = _launch_result(session.readiness, server, context.lock.smoke.ready_timeout_s, watcher.cause)
-        session.results = [_renamed(relaunch, r.check) if r.check == session.config.check("launch") else r for r in session.results]
+        named = dataclasses.replace(_launch_result(session.readiness, server, watcher, context.lock.smoke.ready_timeout_s, watcher.cause), check=session.config.check("launch"))
+        session.results = [named if r.check == named.check else r for r in session.results]
     for item in session.evidence:
         name = f"evidence.{item.flag.lstrip('-')}"
         session.add(name, serverinfo.check_evidence(item, session.server_info) if ready else skipped("the server never became ready"))
@@ -553,15 +541,19 @@ def _teardown_result(session: Session, server: launch.Server) -> Result:
 # --- --compare --------------------------------------------------------------------------------
 
 
-def _compare_results(base: Session, full: Session, request: SmokeRequest) -> list[Result]:
+def _compare_results(base: Session, full: Session) -> list[Result]:
     names = (base.config.title, full.config.title)
     results = [_speed_result(base, full, names)]
     if full.shrink is None:
-        first = lambda s: next(iter(s.figures.good), None) if s.figures else None  # noqa: E731
-        results.append(dataclasses.replace(quality.check_agreement(first(base), first(full), names), check="smoke.compare.quality"))
+        agreement = quality.check_agreement(_first_good(base), _first_good(full), names)
+        results.append(dataclasses.replace(agreement, check="smoke.compare.quality"))
     if base.levels and full.levels:
         results.append(_crossover_result(base, full, names))
     return results
+
+
+def _first_good(session: Session) -> bench.Sample | None:
+    return next(iter(session.figures.good), None) if session.figures else None
 
 
 def _speed_result(base: Session, full: Session, names: tuple[str, str]) -> Result:
@@ -584,12 +576,12 @@ def _crossover_result(base: Session, full: Session, names: tuple[str, str]) -> R
     pays = [b.aggregate_tok_s > a.aggregate_tok_s for a, b in pairs]
     data = {"levels": [{"streams": a.streams, names[0]: round(a.aggregate_tok_s, 3), names[1]: round(b.aggregate_tok_s, 3)} for a, b in pairs]}
     what = "speculative decoding" if (full.config.speculative is not None) != (base.config.speculative is not None) else names[1]
-    if all(pays):
+    stop = next((a.streams for (a, _), good in zip(pairs, pays) if not good), None)
+    if stop is None:
         text = f"{what} pays at every level measured (up to {pairs[-1][0].streams} streams)"
     elif not any(pays):
         text = f"{what} pays at no level measured"
     else:
-        stop = next(a.streams for (a, _), good in zip(pairs, pays) if not good)
         text = f"{what} stops paying at {stop} concurrent streams"
-    data["stops_paying_at"] = None if all(pays) else next(a.streams for (a, _), good in zip(pairs, pays) if not good)
+    data["stops_paying_at"] = stop
     return dataclasses.replace(passed(text, lines, data=data), check="smoke.compare.concurrency")

@@ -9,6 +9,7 @@ by $STACKGATE_NVML_MODULE in subprocess tests.
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import os
 import socket
@@ -118,7 +119,7 @@ stop_grace_s = 3
     def run(self, lock_path: Path, **request: Any) -> smoke.SmokeRun:
         lock = lockmodel.load(lock_path)
         chosen = smoke.SmokeRequest(lock_path=lock_path, run_dir=self.runs, **request)
-        ui = UI(stream=open(os.devnull, "w"), force_plain=True)
+        ui = UI(stream=io.StringIO(), force_plain=True)
         return smoke.run_smoke(lock, chosen, ui, nvml_lib=fake_nvml)
 
     def events(self, name: str | None = None) -> list[dict[str, Any]]:

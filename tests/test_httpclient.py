@@ -8,8 +8,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-
 from smoke_support import free_port
+
 from stackgate import httpclient
 
 
@@ -28,7 +28,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         if self.path == "/slow":
             time.sleep(1.0)
         if self.path == "/ok":
@@ -36,7 +36,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self.send(503, b"")
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self.rfile.read(int(self.headers["content-length"]))
         if self.path == "/plain":
             self.send(200, b"{}")

@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from smoke_support import ROOT, Rig, assert_nothing_left, free_port, living, wait_for
 
 

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from smoke_support import fake_nvml, living
+
 from stackgate.checks.core import Status
 from stackgate.checks.smoke import bench, fastmode, launch, logscan, quality, serverinfo
 from stackgate.checks.smoke.procs import ProcessTree

@@ -12,8 +12,8 @@ import socket
 import subprocess
 
 import pytest
-
 from smoke_support import Rig, assert_nothing_left, by_name, free_port, living
+
 from stackgate.checks.core import Status
 from stackgate.checks.report import write_json
 
@@ -392,3 +392,13 @@ def test_compare_warns_when_the_configurations_disagree(rig):
     assert quality.status == Status.WARN
     assert quality.summary == "baseline and lock give different greedy outputs: first 120 of 200 tokens identical, then diverge (60.0% of positions agree)"
     assert_nothing_left(rig)
+
+
+def test_an_interpreter_without_sglang_fails_with_the_known_cause(rig):
+    done = rig.run(rig.lock(env={"PYTHONPATH": ""}))  # the real interpreter, no stand-in on its path
+    results = by_name(done.results)
+    assert results["smoke.launch"].summary.startswith("the server exited (exit code 1) after ")
+    missing = results["smoke.log.module-not-installed"]
+    assert missing.summary == "The module sglang is not installed in the stack's environment."
+    assert missing.fix.commands == ("invoke provision --only python",)
+    assert rig.events() == []

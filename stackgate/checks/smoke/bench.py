@@ -14,6 +14,7 @@ streams the cumulative text and ids, so parsing every event costs time quadratic
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -248,7 +249,9 @@ class Summary:
     values: tuple[float, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items() if k != "values"} | {"values": [round(v, 4) for v in self.values]}
+        raw = dataclasses.asdict(self)
+        raw["values"] = [round(v, 4) for v in self.values]
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in raw.items()}
 
     def text(self, unit: str = "tok/s") -> str:
         return f"{self.mean:.2f} {unit} (median {self.median:.2f}, CV {self.cv:.1%}, 95% CI {self.ci_low:.2f}-{self.ci_high:.2f}, n={self.n})"
@@ -322,13 +325,12 @@ class BenchFigures:
         return [r for r in self.runs if r.good]
 
     def to_dict(self) -> dict[str, Any]:
-        pick = lambda s: s.to_dict() if s else None  # noqa: E731
         return {
             "warmups": [s.row() for s in self.warmups],
             "runs": [s.row() for s in self.runs],
-            "tok_s": pick(self.tok_s),
-            "decode_tok_s": pick(self.decode_tok_s),
-            "ttft_s": pick(self.ttft_s),
+            "tok_s": self.tok_s.to_dict() if self.tok_s else None,
+            "decode_tok_s": self.decode_tok_s.to_dict() if self.decode_tok_s else None,
+            "ttft_s": self.ttft_s.to_dict() if self.ttft_s else None,
             "short_runs": [i + 1 for i, r in enumerate(self.runs) if r.short],
             "stopped": self.stopped,
         }

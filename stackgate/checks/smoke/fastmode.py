@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["FastModeError", "LAYER_KEYS", "Shrink", "launch_flags", "shrink"]
+__all__ = ["LAYER_KEYS", "FastModeError", "Shrink", "launch_flags", "shrink"]
 
 #: Config keys that hold the layer count, by model family (Llama/Qwen/DeepSeek..., ChatGLM and
 #: EXAONE, DBRX, GPT-2 style). Checked in this order; the first present at top level is used.

@@ -326,7 +326,7 @@ class Handler(BaseHTTPRequestHandler):
     args: dict[str, Any] = {}
     b: dict[str, Any] = {}
 
-    def log_message(self, format: str, *values: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's name
+    def log_message(self, format: str, *values: Any) -> None:
         pass  # access lines are written when a response starts, as uvicorn does
 
     def access(self, status: int) -> None:
@@ -342,7 +342,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         if self.path in ("/health", "/health_generate"):
             self.health()
         elif self.path == "/model_info":
@@ -365,7 +365,7 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(self.b["health_s"])
             self.reply(200)
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         length = int(self.headers.get("content-length") or 0)
         request = json.loads(self.rfile.read(length) or b"{}")
         if self.path != "/generate":
