@@ -243,13 +243,14 @@ def _rows(figures: bench.BenchFigures) -> list[list[str]]:
         decode = f"{sample.decode_tok_s:.2f}" if sample.decode_tok_s is not None else "-"
         mark = " short" if sample.short else " error" if sample.error else ""
         rows.append([f"{i + 1}{mark}", str(sample.tokens), f"{sample.seconds:.3f}", f"{sample.tok_s:.2f}", ttft, decode])
-    for name, summary in (("mean", figures.tok_s),):
-        if summary is not None:
-            decode = f"{figures.decode_tok_s.mean:.2f}" if figures.decode_tok_s else "-"
-            ttft = f"{figures.ttft_s.mean * 1000:.0f}" if figures.ttft_s else "-"
-            rows.append([name, "", "", f"{summary.mean:.2f}", ttft, decode])
-            rows.append(["95% CI", "", "", f"{summary.ci_low:.2f}-{summary.ci_high:.2f}", "", ""])
-            rows.append(["CV", "", "", f"{summary.cv:.2%}", "", ""])
+    tok, ttft, decode = figures.tok_s, figures.ttft_s, figures.decode_tok_s
+    if tok is None:
+        return rows
+    for name, pick in (("mean", lambda s: s.mean), ("median", lambda s: s.median), ("min", lambda s: s.min), ("max", lambda s: s.max)):
+        rows.append([name, "", "", f"{pick(tok):.2f}", f"{pick(ttft) * 1000:.0f}" if ttft else "-", f"{pick(decode):.2f}" if decode else "-"])
+    rows.append(["stdev", "", "", f"{tok.stdev:.2f}", "", f"{decode.stdev:.2f}" if decode else "-"])
+    rows.append(["CV", "", "", f"{tok.cv:.2%}", "", f"{decode.cv:.2%}" if decode else "-"])
+    rows.append(["95% CI", "", "", f"{tok.ci_low:.2f}-{tok.ci_high:.2f}", "", f"{decode.ci_low:.2f}-{decode.ci_high:.2f}" if decode else "-"])
     return rows
 
 

@@ -402,3 +402,12 @@ def test_an_interpreter_without_sglang_fails_with_the_known_cause(rig):
     assert missing.summary == "The module sglang is not installed in the stack's environment."
     assert missing.fix.commands == ("invoke provision --only python",)
     assert rig.events() == []
+
+
+def test_a_flag_this_sglang_does_not_know_is_refused_by_its_parser(rig):
+    done = rig.run(rig.lock(flags=("--enable-allreduce-fusion",)))
+    results = by_name(done.results)
+    assert results["smoke.launch"].summary.startswith("the server exited (exit code 2) after ")
+    refused = results["smoke.log.sglang-bad-arguments"]
+    assert refused.summary.startswith("SGLang refused its command line: unrecognized arguments: --enable-allreduce-fusion.")
+    assert_nothing_left(rig)
