@@ -19,6 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Mapping, Sequence
 
+from stackgate import signatures
 from stackgate.checks import report
 from stackgate.checks.core import Fix, Result, Status, failed, passed, skipped, warned
 from stackgate.checks.smoke import bench, fastmode, launch, logscan, quality, serverinfo
@@ -158,6 +159,7 @@ def _finding(finding: Finding) -> dict[str, Any]:
         "line": finding.line,
         "count": finding.count,
         "text": match.text[-2000:],
+        "title": match.title,
         "cause": match.cause,
         "fix": match.fix,
         "commands": list(match.commands),
@@ -319,7 +321,7 @@ def _run_session(session: Session, context: _Context, *, keep: bool) -> None:
     config = session.config
     session.argv = tuple(config.argv(context.lock.python.target, session.shrink))
     session.log_path = context.run_dir / f"{config.label or 'server'}.log"
-    watcher = logscan.LogWatcher(session.log_path, context={"lock_backend": config.attention_backend}, evidence=config.evidence)
+    watcher = logscan.LogWatcher(session.log_path, context=_scan_context(context.lock, config), evidence=config.evidence)
     server: launch.Server | None = None
     interrupted = False
     try:
@@ -333,6 +335,13 @@ def _run_session(session: Session, context: _Context, *, keep: bool) -> None:
             _conclude(session, context, server, watcher, memory_before)
     if interrupted:
         raise KeyboardInterrupt
+
+
+def _scan_context(lock: lockmodel.Lock, config: Config) -> dict[str, str]:
+    """What the knowledge base's causes and fixes quote: the lock's values, this launch's own."""
+    values = signatures.lock_context(lock)
+    values.update(lock_backend=config.attention_backend, lock_tp=str(config.tp), lock_port=str(config.port))
+    return values
 
 
 def _preflight(session: Session, context: _Context) -> bool:
@@ -505,7 +514,10 @@ def _teardown(session: Session, context: _Context, server: launch.Server, watche
 
 def _conclude(session: Session, context: _Context, server: launch.Server, watcher: logscan.LogWatcher, memory_before: dict[int, int] | str) -> None:
     """Evidence, log findings, teardown: judged on everything the log said."""
-    watcher.poll()
+    if session.kept:
+        watcher.poll()
+    else:
+        watcher.finish()  # the server is gone: the log is complete, and how it ends is judged
     session.findings, session.evidence = watcher.findings, watcher.evidence
     ready = session.readiness is not None and session.readiness.ready
     if session.readiness is not None and not ready:

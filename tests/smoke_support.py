@@ -8,7 +8,6 @@ by $STACKGATE_NVML_MODULE in subprocess tests.
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import os
@@ -21,6 +20,7 @@ from typing import Any
 
 from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
+
 from stackgate import smoke
 from stackgate.checks.core import Result
 from stackgate.checks.smoke.procs import read_stat

@@ -16,7 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-from smoke_support import fake_nvml, living
+from fakes import fake_nvml
+from fakes.fake_nvml import gpu, machine
+from smoke_support import living
 
 from stackgate.checks.core import Status
 from stackgate.checks.smoke import bench, fastmode, launch, logscan, quality, serverinfo
@@ -124,25 +126,25 @@ def test_a_port_in_use_is_refused_and_a_free_one_passes(tmp_path):
     assert launch.check_port(taken).status == Status.PASS
 
 
-def test_gpus_are_counted_through_nvml_and_cuda_visible_devices(tmp_path, monkeypatch):
-    machine = tmp_path / "nvml.json"
-    machine.write_text(json.dumps({"gpus": [{"uuid": "GPU-aaa"}, {"uuid": "GPU-bbb"}]}))
-    monkeypatch.setenv("STACKGATE_FAKE_NVML", str(machine))
+def test_gpus_are_counted_through_nvml_and_cuda_visible_devices(tmp_path):
     (config,) = launch.configs(make_lock(tmp_path))  # TP 2
-    lib = fake_nvml()
-    assert launch.check_gpus(config, {}, lib).summary == "2 GPU(s) visible for TP 2"
-    assert launch.check_gpus(config, {"CUDA_VISIBLE_DEVICES": "GPU-bbb"}, lib).status == Status.FAIL
-    monkeypatch.delenv("STACKGATE_FAKE_NVML")
-    unknown = launch.check_gpus(config, {}, lib)
-    assert unknown.status == Status.WARN and unknown.summary == "cannot count the GPUs (NVML not usable: Driver Not Loaded); launching anyway"
+    fake_nvml.configure(machine([gpu(uuid="GPU-aaa"), gpu(uuid="GPU-bbb")]))
+    try:
+        assert launch.check_gpus(config, {}, fake_nvml).summary == "2 GPU(s) visible for TP 2"
+        assert launch.check_gpus(config, {"CUDA_VISIBLE_DEVICES": "GPU-bbb"}, fake_nvml).status == Status.FAIL
+        fake_nvml.configure({**machine([]), "init_error": "NVML_ERROR_LIBRARY_NOT_FOUND"})
+        unknown = launch.check_gpus(config, {}, fake_nvml)
+    finally:
+        fake_nvml.configure(None)
+    assert unknown.status == Status.WARN
+    assert unknown.summary.startswith("cannot count the GPUs (NVML not usable: ") and unknown.summary.endswith("); launching anyway")
 
 
 def test_the_nvml_module_can_be_named_in_the_environment(tmp_path, monkeypatch):
-    machine = tmp_path / "nvml.json"
-    machine.write_text(json.dumps({"gpus": [{}]}))
-    monkeypatch.setenv("STACKGATE_FAKE_NVML", str(machine))
-    monkeypatch.setenv("STACKGATE_NVML_MODULE", "fake_nvml")
-    monkeypatch.syspath_prepend(str(Path(__file__).parent / "fakes"))
+    spec = tmp_path / "nvml.json"
+    spec.write_text(json.dumps(machine([gpu()])))
+    monkeypatch.setenv("STACKGATE_FAKE_NVML", str(spec))
+    monkeypatch.setenv("STACKGATE_NVML_MODULE", "fakes.fake_nvml")
     (config,) = launch.configs(make_lock(tmp_path))
     assert launch.check_gpus(config, {}).summary == "TP 2 needs 2 GPUs but 1 are visible; nothing was launched"
 
@@ -218,8 +220,8 @@ def test_the_cause_is_the_specific_error_not_the_wrapper(tmp_path):
     assert watcher.fatal.signature.id == "sglang-scheduler-exception"  # the first to stop on
     assert watcher.cause.signature.id == "cuda-out-of-memory"  # the one to report
     results = logscan.finding_results(watcher.findings, "log", lock_backend="flashinfer")
-    assert [r.check for r in results] == ["log.sglang-scheduler-exception", "log.cuda-out-of-memory", "log.sglang-child-failed"]
-    assert results[1].summary.startswith("A GPU ran out of memory (asked for 3.50 GiB)")
+    assert [r.check for r in results] == ["log.cuda-out-of-memory", "log.sglang-scheduler-exception", "log.sglang-child-failed"]
+    assert results[0].summary == "A GPU ran out of memory" and results[0].data["text"] == "CUDA out of memory. Tried to allocate 3.50 GiB"
 
 
 def test_a_default_backend_equal_to_the_lock_s_is_only_a_warning(tmp_path):

@@ -21,7 +21,7 @@ from typing import Mapping
 from stackgate.checks.core import Fix, Result, Status, failed, passed, warned
 from stackgate.signatures import Finding, Scanner
 
-__all__ = ["PHASES", "READY_LINE", "WRAPPERS", "Evidence", "LogWatcher", "finding_results"]
+__all__ = ["PHASES", "READY_LINE", "Evidence", "LogWatcher", "finding_results"]
 
 #: The start-up phases SGLang 0.5.9's log reveals, in order (message patterns, label).
 PHASES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
@@ -40,8 +40,6 @@ PHASES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
     )
 )
 READY_LINE = "The server is fired up and ready to roll!"
-#: Signatures that only say that some worker failed; the worker's own error explains more.
-WRAPPERS = frozenset({"sglang-scheduler-exception", "sglang-child-failed", "sglang-scheduler-dead", "sglang-warmup-failed"})
 _READ_SIZE = 1 << 20
 
 
@@ -98,11 +96,16 @@ class LogWatcher:
 
     @property
     def cause(self) -> Finding | None:
-        """The error that best explains a failure: a specific one before a wrapper that only
-        says a worker failed (its traceback, a few lines on, usually names the real error)."""
+        """The error that best explains a failure: a cause before a consequence (a line that only
+        says a worker failed; its traceback, a few lines on, usually names the real error)."""
         errors = [f for f in self.scanner.findings if f.signature.severity == "error"]
-        errors.sort(key=lambda f: (f.signature.id in WRAPPERS, f.line))
-        return errors[0] if errors else None
+        return errors[0] if errors else None  # findings are ranked: causes before consequences
+
+    def finish(self) -> list[Finding]:
+        """The log is complete (the server is gone): read the rest, judge how the log ends."""
+        found = self.poll()
+        with self._guard:
+            return found + self.scanner.finish()
 
     @property
     def evidence(self) -> list[Evidence]:
@@ -150,7 +153,8 @@ class LogWatcher:
 
 
 def finding_results(findings: list[Finding], check: str, *, lock_backend: str) -> list[Result]:
-    """One result per finding, named ``<check>.<signature id>``, with the signature's fix.
+    """One result per finding, named ``<check>.<signature id>``: its title, then its cause, the
+    lines that matched and the signature's fix.
 
     The attention backend chosen by default is a failure when the lock names another backend,
     a warning otherwise (the lock's backend was what SGLang would have picked anyway).
@@ -162,10 +166,10 @@ def finding_results(findings: list[Finding], check: str, *, lock_backend: str) -
         if finding.signature.id == "sglang-attention-backend-default" and match.groups.get("backend") not in (None, lock_backend):
             status = Status.FAIL
         where = f"{finding.source}:{finding.line}" + (f" (x{finding.count})" if finding.count > 1 else "")
-        details = [f"log: {where}", *(f"> {line}" for line in finding.lines[-6:]), f"source: {finding.signature.source}"]
+        details = [match.cause, f"log: {where}", *(f"> {line}" for line in finding.lines[-6:]), f"source: {finding.signature.source}"]
         fix = Fix(match.fix, match.commands)
         make = {Status.FAIL: failed, Status.WARN: warned}.get(status)
-        data = {"signature": finding.signature.id, "line": finding.line, "count": finding.count, "text": match.text[-2000:]}
-        result = make(match.cause, details, fix=fix, data=data) if make else passed(match.cause, details, data=data)
+        data = {"signature": finding.signature.id, "line": finding.line, "count": finding.count, "text": match.text[-2000:], "cause": match.cause}
+        result = make(match.title, details, fix=fix, data=data) if make else passed(match.title, details, data=data)
         results.append(dataclasses.replace(result, check=f"{check}.{finding.signature.id}"))
     return results
