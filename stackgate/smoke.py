@@ -36,6 +36,8 @@ __all__ = ["SCHEMA", "LaunchError", "Session", "SmokeInterrupted", "SmokeRequest
 SCHEMA = "stackgate.smoke/1"
 #: How long a failed request waits for the process/log watcher to say why the server failed.
 EXPLAIN_S = 1.0
+#: How long a server that logged a fatal error may take to end itself before teardown starts.
+SETTLE_S = 0.5
 
 
 class SmokeUsageError(Exception):
@@ -504,12 +506,21 @@ def _levels_result(levels: Sequence[bench.Level], label: str | None) -> Result:
 
 def _teardown(session: Session, context: _Context, server: launch.Server, watcher: logscan.LogWatcher, *, keep: bool) -> launch.Teardown | None:
     watcher.poll()
+    if session.failure is not None:
+        # After a fatal line SGLang kills its own tree at once: let it, so its exit code is reported.
+        _wait_exit(server, SETTLE_S)
     alive = server.exit_code() is None
     if keep and alive and session.readiness is not None and session.readiness.ready:
         session.kept = True
         return None
     session.teardown = launch.stop(server, context.lock.smoke.stop_grace_s)
     return session.teardown
+
+
+def _wait_exit(server: launch.Server, limit_s: float) -> None:
+    deadline = time.monotonic() + limit_s
+    while server.exit_code() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _conclude(session: Session, context: _Context, server: launch.Server, watcher: logscan.LogWatcher, memory_before: dict[int, int] | str) -> None:
@@ -521,8 +532,12 @@ def _conclude(session: Session, context: _Context, server: launch.Server, watche
     session.findings, session.evidence = watcher.findings, watcher.evidence
     ready = session.readiness is not None and session.readiness.ready
     if session.readiness is not None and not ready:
-        # The log is complete now: name the best-explaining finding, not the first one seen.
-        named = dataclasses.replace(_launch_result(session.readiness, server, watcher, context.lock.smoke.ready_timeout_s, watcher.cause), check=session.config.check("launch"))
+        # The log is complete now: name the best-explaining finding, not the first one seen, and
+        # the exit code of a server that died by itself just after its fatal line.
+        seen = session.readiness
+        if seen.reason == "fatal" and session.teardown is not None and session.teardown.how == "exited by itself":
+            seen = dataclasses.replace(seen, reason="exited", exit_code=session.teardown.exit_code)
+        named = dataclasses.replace(_launch_result(seen, server, watcher, context.lock.smoke.ready_timeout_s, watcher.cause), check=session.config.check("launch"))
         session.results = [named if r.check == named.check else r for r in session.results]
     for item in session.evidence:
         name = f"evidence.{item.flag.lstrip('-')}"
