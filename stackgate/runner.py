@@ -104,11 +104,19 @@ def terminate_all() -> None:
         kill_group(pgid)
 
 
-def spawn(argv: Sequence[str | Path], *, log_path: Path, env: Mapping[str, str] | None = None, cwd: Path | str | None = None) -> subprocess.Popen[bytes]:
+def spawn(
+    argv: Sequence[str | Path],
+    *,
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | str | None = None,
+    die_with_parent: bool = True,
+) -> subprocess.Popen[bytes]:
     """Start a long-running program in its own session (so its own process group), stdout and
     stderr appended to ``log_path``; the caller owns its lifetime (see :func:`kill_group`).
 
-    Raises OSError when the program cannot be started.
+    With ``die_with_parent`` Linux SIGKILLs it if this process dies, even by SIGKILL (a server
+    left up on purpose is started without). Raises OSError when the program cannot be started.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     # O_APPEND: the program's stdout and stderr (and its children's) interleave without overwriting.
@@ -121,6 +129,7 @@ def spawn(argv: Sequence[str | Path], *, log_path: Path, env: Mapping[str, str] 
             env=dict(env) if env is not None else None,
             cwd=cwd,
             start_new_session=True,
+            preexec_fn=_die_with_parent() if die_with_parent else None,
         )
 
 

@@ -327,7 +327,7 @@ def _run_session(session: Session, context: _Context, *, keep: bool) -> None:
     server: launch.Server | None = None
     interrupted = False
     try:
-        server = _start(session)
+        server = _start(session, keep)
         if server is not None:
             _serve(session, context, server, watcher)
     finally:
@@ -366,10 +366,10 @@ def _preflight(session: Session, context: _Context) -> bool:
     return not refused and (config.fast_layers is None or session.shrink is not None)
 
 
-def _start(session: Session) -> launch.Server | None:
+def _start(session: Session, keep: bool) -> launch.Server | None:
     assert session.log_path is not None
     try:
-        server = launch.start(session.argv, session.environment, session.log_path)
+        server = launch.start(session.argv, session.environment, session.log_path, keep=keep)
     except OSError as exc:
         session.add("launch", failed(f"cannot start {session.argv[0]}: {exc.strerror or exc}"))
         return None

@@ -64,6 +64,15 @@ def test_an_interrupt_during_the_benchmark_tears_the_server_down(rig, sig):
     assert_nothing_left(rig)
 
 
+def test_a_smoke_killed_outright_takes_its_server_with_it(rig):
+    lock = rig.lock(benchmark={"output_tokens": 2000, "runs": 2, "warmup": 0})
+    process = invoke(rig, "--lock", str(lock), "--benchmark")
+    wait_for(lambda: rig.events("stream"))
+    process.kill()  # SIGKILL: no teardown can run; the kernel's parent-death signal does it
+    process.communicate(timeout=30)
+    assert_nothing_left(rig)
+
+
 def test_a_passing_smoke_exits_0_and_prints_the_table(rig):
     code, out, err = finish(invoke(rig, "--lock", str(rig.lock()), "--benchmark"))
     assert code == 0, out + err

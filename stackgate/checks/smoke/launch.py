@@ -308,15 +308,17 @@ class Server:
         return f"kill -TERM -- -{self.pid}; sleep 10; kill -KILL -- -{self.pid}"
 
 
-def start(argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> Server:
+def start(argv: Sequence[str], env: Mapping[str, str], log_path: Path, *, keep: bool = False) -> Server:
     """Launch in a new session, output appended to ``log_path``. Raises OSError if it cannot start.
 
     Signals are not held here: a child inherits the signal mask, and an engine that cannot see
     SIGTERM cannot drain. A Ctrl-C that lands while Popen waits for the exec loses the Popen
     object, so the child is then found by its command line among this process's children.
+    Unless it is to be ``keep``-t running, the server is SIGKILLed by Linux if smoke dies
+    (SGLang's own workers follow their parent).
     """
     try:
-        process = runner.spawn(argv, log_path=log_path, env=env)
+        process = runner.spawn(argv, log_path=log_path, env=env, die_with_parent=not keep)
     except KeyboardInterrupt:
         _kill_strays(argv)
         raise
