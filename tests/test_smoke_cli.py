@@ -78,7 +78,7 @@ def test_a_passing_smoke_exits_0_and_prints_the_table(rig):
     assert code == 0, out + err
     assert out.startswith("benchmark (lock)\nrun     tokens  seconds")
     assert "PASS  smoke.launch" in out and ": PASSED" in out
-    assert "starting SGLang (lock, TP 1, pid " in err  # progress on stderr, phase by phase
+    assert "waiting for SGLang (lock, TP 1, pid " in err  # progress on stderr
     assert_nothing_left(rig)
 
 

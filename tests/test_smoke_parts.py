@@ -24,7 +24,6 @@ from stackgate.checks.core import Status
 from stackgate.checks.smoke import bench, fastmode, launch, logscan, quality, serverinfo
 from stackgate.checks.smoke.procs import ProcessTree
 from stackgate.stack import lock as lockmodel
-from stackgate.ui import UI
 
 LOCK = """
 [stack]
@@ -358,15 +357,3 @@ def test_a_process_tree_remembers_children_by_start_time(tmp_path):
         child.kill()
         child.wait()
     assert tree.alive() == []
-
-
-def test_the_live_status_prints_phase_changes_and_heartbeats(capsys):
-    ui = UI(force_plain=True)
-    with ui.live("starting SGLang", heartbeat_s=30) as show:
-        for phase, elapsed in (("loading weights", 1), ("loading weights", 5), ("loading weights", 31.5), ("capturing CUDA graphs", 40)):
-            show(phase, elapsed)
-    assert capsys.readouterr().err.splitlines() == [
-        "starting SGLang: loading weights (1 s)",
-        "starting SGLang: loading weights (32 s)",
-        "starting SGLang: capturing CUDA graphs (40 s)",
-    ]
