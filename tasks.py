@@ -63,10 +63,35 @@ def provision(c, lock=None, dry_run=False, only=None, yes=False, wait=False):
     cli.run_command(lambda: command.run(request, UI()), usage_errors=(command.ProvisionUsage,))
 
 
-@task(help={"lock": LOCK_HELP, "benchmark": "measure decode tok/s against the baseline", "model": "model path", "tp": "tensor-parallel size", "json": "write the JSON report here"})
-def smoke(c, lock=None, benchmark=False, model=None, tp=None, json=None):
+@task(
+    incrementable=["verbose"],
+    help={
+        "lock": LOCK_HELP,
+        "benchmark": "measure single-stream decode tok/s (the lock's warm-ups, runs and length) against the baseline",
+        "compare": "also launch the baseline configuration ([smoke.compare], or the lock's flags without fusion) and compare",
+        "concurrency": "stream counts to run at once, e.g. 1,10,30: aggregate and per-stream tok/s at each",
+        "fast": "random weights (--load-format dummy) and only [smoke] fast_layers layers: proves the launch in a fraction of a load",
+        "model": "model directory (default: [smoke] model)",
+        "tp": "tensor-parallel size (default: [smoke] tp)",
+        "port": "server port (default: [smoke] port)",
+        "keep_server": "leave the server running afterwards and print how to stop it",
+        "json": "write the JSON report here",
+        "strict": "fail on warnings too (a quality-guard difference, for instance)",
+        "verbose": "show details of passing checks",
+    },
+)
+def smoke(c, lock=None, benchmark=False, compare=False, concurrency=None, fast=False, model=None, tp=None, port=None, keep_server=False, json=None, strict=False, verbose=0):
     """Launch the serving engine as production will, prove what runs, benchmark it."""
-    _not_yet("smoke")
+    from stackgate import smoke as command
+
+    def go():
+        request = command.SmokeRequest(
+            _path(lock), model, command.parse_number("--tp", tp), command.parse_number("--port", port), benchmark, compare,
+            command.parse_levels(concurrency), fast, keep_server, _path(json), strict,
+        )  # fmt: skip
+        return command.run(request, UI(verbose=verbose))
+
+    cli.run_command(go, usage_errors=(command.LaunchError, command.SmokeUsageError))
 
 
 @task(help={"lock": LOCK_HELP, "json": "write the JSON report here", "junit": "write a JUnit XML report here"})

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-__all__ = ["Completed", "kill_group", "run", "run_logged", "stream", "terminate_all"]
+__all__ = ["Completed", "kill_group", "run", "run_logged", "spawn", "stream", "terminate_all"]
 
 # Process groups of the commands running now, so that an interrupt can end them all: worker
 # threads never see KeyboardInterrupt, and the interpreter waits for them at exit.
@@ -102,6 +102,35 @@ def terminate_all() -> None:
         groups = list(_LIVE)
     for pgid in groups:
         kill_group(pgid)
+
+
+def spawn(
+    argv: Sequence[str | Path],
+    *,
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | str | None = None,
+    die_with_parent: bool = True,
+) -> subprocess.Popen[bytes]:
+    """Start a long-running program in its own session (so its own process group), stdout and
+    stderr appended to ``log_path``; the caller owns its lifetime (see :func:`kill_group`).
+
+    With ``die_with_parent`` Linux SIGKILLs it if this process dies, even by SIGKILL (a server
+    left up on purpose is started without). Raises OSError when the program cannot be started.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    # O_APPEND: the program's stdout and stderr (and its children's) interleave without overwriting.
+    with open(log_path, "ab", buffering=0) as log:
+        return subprocess.Popen(
+            [str(a) for a in argv],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=_die_with_parent() if die_with_parent else None,
+        )
 
 
 def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:

@@ -26,7 +26,7 @@ from stackgate.checks.core import Result, Status
 from stackgate.checks.report import Verdict, counts_line
 from stackgate.signatures import Finding
 
-__all__ = ["UI", "Activity", "render_findings", "render_plain", "render_table"]
+__all__ = ["UI", "Activity", "render_findings", "render_plain", "render_rows", "render_table"]
 
 THEME = Theme({"success": "green", "warning": "yellow", "error": "bold red", "skip": "dim", "muted": "dim", "heading": "bold", "info": "cyan"})
 STYLES = {Status.PASS: "success", Status.SKIP: "skip", Status.WARN: "warning", Status.FAIL: "error", Status.ERROR: "error"}
@@ -111,6 +111,18 @@ class UI:
             return None
         return Confirm.ask(question, console=self.err, default=False)
 
+    def table(self, title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+        """A small table of figures (right-aligned columns after the first)."""
+        if self.plain:
+            self.console.file.write(render_rows(title, headers, rows))
+            return
+        table = Table(title=title, title_justify="left", pad_edge=False)
+        for i, header in enumerate(headers):
+            table.add_column(header, justify="left" if i == 0 else "right", no_wrap=True)
+        for row in rows:
+            table.add_row(*row)
+        self.console.print(table)
+
     def results(self, title: str, results: Sequence[Result], verdict: Verdict, duration_s: float) -> None:
         if self.plain:
             self.console.file.write(render_plain(title, results, verdict, duration_s, verbose=self.verbose))
@@ -187,6 +199,23 @@ def render_plain(title: str, results: Sequence[Result], verdict: Verdict, durati
             lines.extend(f"  {'':<5} {'':<{width}}  {line}" for line in _body(result, verbose))
     lines += ["", _summary(verdict, duration_s), ""]
     return "\n".join(lines)
+
+
+def render_rows(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Plain aligned columns.
+
+    >>> print(render_rows("t", ["run", "tok/s"], [["1", "92.50"], ["mean", "92.6"]]), end="")
+    t
+    run   tok/s
+    1     92.50
+    mean   92.6
+    """
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+    lines = [title]
+    for row in [headers, *rows]:
+        cells = [str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines) + "\n"
 
 
 def render_table(title: str, results: Sequence[Result], *, verbose: int = 0) -> Table:

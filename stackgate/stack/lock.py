@@ -31,6 +31,7 @@ __all__ = [
     "PYPI_CUDA12_REASON",
     "Benchmark",
     "Capability",
+    "Compare",
     "Hardware",
     "Index",
     "Lock",
@@ -41,6 +42,7 @@ __all__ = [
     "Patch",
     "Python",
     "Smoke",
+    "Speculative",
     "Stack",
     "Toolkit",
     "default_lock_path",
@@ -57,6 +59,23 @@ TOOLKIT_SOURCES = ("pypi", "runfile", "apt")
 INSTALLERS = ("uv", "pip")
 CUDA_LINK_POLICIES = ("leave", "default")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+#: Speculative algorithms SGLang 0.5.9 accepts (--speculative-algorithm choices).
+SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
+#: Algorithms whose draft is a separate model that --speculative-draft-model-path names.
+_DRAFT_MODEL_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE")
+#: Options smoke sets itself from [smoke] and the CLI; a flag list must not repeat them.
+MANAGED_FLAGS = {
+    "--model-path": "smoke.model",
+    "--model": "smoke.model",
+    "--tp-size": "smoke.tp",
+    "--tp": "smoke.tp",
+    "--tensor-parallel-size": "smoke.tp",
+    "--host": "smoke.host",
+    "--port": "smoke.port",
+    "--attention-backend": "smoke.attention_backend",
+    "--load-format": "fast mode (--fast)",
+    "--json-model-override-args": "fast mode (--fast)",
+}
 _REFERENCE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.]*)\}")
 #: Why source = "pypi" is refused for CUDA 12.x (stack/toolkit.py gives the same reason).
 PYPI_CUDA12_REASON = (
@@ -233,6 +252,47 @@ class Nccl:
 
 
 @dataclass(frozen=True)
+class Speculative:
+    """[smoke.speculative]: speculative decoding, turned into SGLang's --speculative-* flags."""
+
+    algorithm: str
+    draft_model: str = ""  #: the draft model's path (EAGLE, EAGLE3, STANDALONE)
+    num_steps: int | None = None
+    eagle_topk: int | None = None
+    num_draft_tokens: int | None = None
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """The launch flags, in the form SGLang 0.5.9's server_args.py spells them.
+
+        >>> Speculative("EAGLE3", "/m/draft", num_steps=3).flags
+        ('--speculative-algorithm', 'EAGLE3', '--speculative-draft-model-path', '/m/draft', '--speculative-num-steps', '3')
+        """
+        words = ["--speculative-algorithm", self.algorithm]
+        if self.draft_model:
+            words += ["--speculative-draft-model-path", self.draft_model]
+        for option, value in (("--speculative-num-steps", self.num_steps), ("--speculative-eagle-topk", self.eagle_topk), ("--speculative-num-draft-tokens", self.num_draft_tokens)):
+            if value is not None:
+                words += [option, str(value)]
+        return tuple(words)
+
+
+@dataclass(frozen=True)
+class Compare:
+    """[smoke.compare]: the baseline configuration that `smoke --compare` launches beside the lock's.
+
+    Unset fields follow the lock's [smoke]; ``flags`` unset means the lock's flags without the
+    allreduce-fusion flags.
+    """
+
+    name: str = "baseline"
+    flags: tuple[str, ...] | None = None
+    attention_backend: str | None = None
+    speculative: bool = True  #: keep the lock's speculative decoding in the baseline
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True)
 class Smoke:
     engine: str = "sglang"
     model: str = ""  #: the user's model path; smoke refuses to start without one
@@ -244,6 +304,10 @@ class Smoke:
     evidence: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     ready_timeout_s: float = 1200.0
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    speculative: Speculative | None = None
+    compare: Compare | None = None
+    fast_layers: int = 4  #: layers that fast mode keeps of the model's own architecture
+    stop_grace_s: float = 15.0  #: SIGTERM to SIGKILL; longer than SGLang's 5 s drain poll
 
 
 @dataclass(frozen=True)
@@ -627,9 +691,12 @@ class _Builder:
         evidence = t.sub("evidence")
         pairs = {flag: evidence.get(flag, str) for flag in list(evidence.data)}
         flags = t.strings("flags")
-        for flag in pairs:
+        _check_flags(t, "flags", flags)
+        for flag, pattern in pairs.items():
             if flag not in flags:
                 evidence.error(flag, "is not one of smoke.flags: evidence is asked only of a flag that is passed")
+            if pattern is not None:
+                _check_pattern(evidence, flag, pattern)
         smoke = Smoke(
             engine=t.get("engine", str, "sglang") or "sglang",
             model=t.get("model", str, "") or "",
@@ -641,9 +708,47 @@ class _Builder:
             evidence=MappingProxyType({k: v for k, v in pairs.items() if v is not None}),
             ready_timeout_s=t.positive("ready_timeout_s", float, 1200.0) or 1200.0,
             env=MappingProxyType(self.strings_table(t.sub("env"))),
+            speculative=self.speculative(t.sub("speculative")) if "speculative" in t.data else None,
+            compare=self.compare(t.sub("compare")) if "compare" in t.data else None,
+            fast_layers=t.positive("fast_layers", int, 4) or 4,
+            stop_grace_s=t.positive("stop_grace_s", float, 15.0) or 15.0,
         )
         t.finish()
         return smoke
+
+    def speculative(self, t: _Table) -> Speculative | None:
+        algorithm = t.get("algorithm", str)
+        if algorithm is not None and algorithm not in SPECULATIVE_ALGORITHMS:
+            t.error("algorithm", f"must be one of {', '.join(SPECULATIVE_ALGORITHMS)}, not {algorithm!r}")
+        draft = t.get("draft_model", str, "") or ""
+        if algorithm in _DRAFT_MODEL_ALGORITHMS and not draft:
+            t.error("draft_model", f"{algorithm} needs the draft model's path")
+        speculative = Speculative(
+            algorithm=algorithm or "",
+            draft_model=draft,
+            num_steps=t.positive("num_steps", int, None),
+            eagle_topk=t.positive("eagle_topk", int, None),
+            num_draft_tokens=t.positive("num_draft_tokens", int, None),
+        )
+        t.finish()
+        return speculative if algorithm else None
+
+    def compare(self, t: _Table) -> Compare:
+        name = t.get("name", str, "baseline") or "baseline"
+        if not re.fullmatch(r"[a-z][a-z0-9_-]*", name):
+            t.error("name", f"{name!r} must be lowercase letters, digits, '_' or '-' (it names the baseline's checks)")
+        flags = t.strings("flags") if "flags" in t.data else None
+        if flags is not None:
+            _check_flags(t, "flags", flags)
+        compare = Compare(
+            name=name,
+            flags=flags,
+            attention_backend=t.get("attention_backend", str, None),
+            speculative=bool(t.get("speculative", bool, True)),
+            env=MappingProxyType(self.strings_table(t.sub("env"))),
+        )
+        t.finish()
+        return compare
 
     def benchmark(self, t: _Table) -> Benchmark:
         regression = t.get("max_regression", (int, float), 0.03)
@@ -711,6 +816,23 @@ def _resolve(t: _Table, name: str, value: str, references: Mapping[str, str]) ->
         return match[0]
 
     return _REFERENCE.sub(replace, value)
+
+
+def _check_flags(t: _Table, name: str, flags: tuple[str, ...]) -> None:
+    """Flags are extra launch words; the ones smoke sets itself, or from a table, are refused."""
+    for i, word in enumerate(flags):
+        option = word.split("=", 1)[0]
+        if option in MANAGED_FLAGS:
+            t.error(f"{name}[{i}]", f"{option} is set by smoke from {MANAGED_FLAGS[option]}; do not repeat it in flags")
+        elif option.startswith("--speculative-"):
+            t.error(f"{name}[{i}]", f"{option}: describe speculative decoding in [smoke.speculative], not in flags")
+
+
+def _check_pattern(t: _Table, name: str, pattern: str) -> None:
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        t.error(name, f"invalid regular expression {pattern!r}: {exc}")
 
 
 def _specifier(t: _Table, name: str, text: str) -> SpecifierSet | None:

@@ -133,8 +133,31 @@ def nvmlDeviceGetTotalEccErrors(handle: int, error_type: int, counter: int) -> i
 
 def nvmlDeviceGetMemoryInfo(handle: int) -> SimpleNamespace:
     total, used = _device(handle, "memory")["memory"]
+    used += sum(h["bytes"] for h in _holders(handle))
     return SimpleNamespace(total=total, used=used, free=total - used)
 
 
 def nvmlDeviceGetComputeRunningProcesses(handle: int) -> list[SimpleNamespace]:
-    return [SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used"]) for p in _device(handle, "processes")["processes"]]
+    held = [SimpleNamespace(pid=h["pid"], usedGpuMemory=h["bytes"]) for h in _holders(handle)]
+    return [SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used"]) for p in _device(handle, "processes")["processes"]] + held
+
+
+def _holders(handle: int) -> list[dict[str, Any]]:
+    """Processes a spec's "holders" file (JSON lines: pid, gpu, bytes) says hold memory on this
+    GPU, as a stand-in server writes them. As with the driver, a process's memory is held only
+    while it lives: a dead (or zombie) process has released it."""
+    path = _spec().get("holders")
+    if not path or not os.path.exists(path):
+        return []
+    with open(path) as stream:
+        rows = [json.loads(line) for line in stream if line.strip()]
+    return [r for r in rows if r["gpu"] == handle and _alive(r["pid"])]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stream:
+            state = stream.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")

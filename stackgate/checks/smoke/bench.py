@@ -1,0 +1,465 @@
+"""Decode speed the way the reference deployment measured it: single-stream streaming /generate.
+
+Each request asks for the lock's output length with ``ignore_eos`` (a model that stops early
+would make a short run look fast) and temperature 0, and streams Server-Sent Events. Tokens are
+counted from the server's ``meta_info.completion_tokens``, never from chunks: speculative decoding
+delivers several tokens per event. Per run: tokens, seconds, tok/s, time to first token, and the
+decode rate without it. Over the runs: mean, median, stdev, CV, min, max and a 95% confidence
+interval (Student's t). A run that returns fewer tokens than asked is flagged and left out.
+
+The stream is read with one regular-expression search per event for ``completion_tokens``; only
+the last event is parsed as JSON (for the token ids the quality guard compares), because SGLang
+streams the cumulative text and ids, so parsing every event costs time quadratic in the length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from stackgate import httpclient
+from stackgate.checks.core import Fix, Result, failed, passed, skipped, warned
+from stackgate.stack.lock import Benchmark
+
+__all__ = [
+    "BenchFigures",
+    "Difference",
+    "Level",
+    "Sample",
+    "Streams",
+    "Summary",
+    "difference",
+    "generate",
+    "judge",
+    "run_benchmark",
+    "run_level",
+    "summarize",
+    "t95",
+]
+
+_COMPLETION = re.compile(rb'"completion_tokens":\s*(\d+)')
+STREAM_IDLE_S = 120.0  #: the longest silence accepted inside a stream
+# Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom.
+_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One streamed generation."""
+
+    asked: int
+    tokens: int  #: the server's completion_tokens at the end
+    started: float  #: perf_counter when the request was sent
+    ended: float  #: perf_counter when the last token arrived
+    first: float | None  #: perf_counter when the first token arrived
+    first_tokens: int  #: tokens in the first event (a speculative burst may carry several)
+    events: int
+    output_ids: tuple[int, ...] = ()
+    finish_reason: Any = None
+    error: str | None = None
+    cpu_s: float = 0.0  #: the client's CPU time on this stream
+
+    @property
+    def seconds(self) -> float:
+        return self.ended - self.started
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first is None else self.first - self.started
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        """Tokens after the first event over the time after it: the rate without TTFT."""
+        if self.first is None or self.ended <= self.first:
+            return None
+        return (self.tokens - self.first_tokens) / (self.ended - self.first)
+
+    @property
+    def short(self) -> bool:
+        return self.error is None and self.tokens < self.asked
+
+    @property
+    def good(self) -> bool:
+        return self.error is None and self.tokens >= self.asked
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "tokens": self.tokens,
+            "asked": self.asked,
+            "seconds": round(self.seconds, 4),
+            "tok_s": round(self.tok_s, 3),
+            "ttft_s": None if self.ttft_s is None else round(self.ttft_s, 4),
+            "decode_tok_s": None if self.decode_tok_s is None else round(self.decode_tok_s, 3),
+            "events": self.events,
+            "finish_reason": self.finish_reason,
+            "error": self.error,
+            "client_cpu_s": round(self.cpu_s, 4),
+        }
+
+
+class Streams:
+    """The streams open now, so that a watcher can cut them all when the server dies."""
+
+    def __init__(self) -> None:
+        self._open: set[httpclient.EventStream] = set()
+        self._guard = threading.Lock()
+        self.reason: str | None = None
+
+    def add(self, stream: httpclient.EventStream) -> None:
+        with self._guard:
+            if self.reason is not None:
+                stream.abort()
+            self._open.add(stream)
+
+    def discard(self, stream: httpclient.EventStream) -> None:
+        with self._guard:
+            self._open.discard(stream)
+
+    def abort_all(self, reason: str) -> None:
+        with self._guard:
+            self.reason = reason
+            for stream in self._open:
+                stream.abort()
+
+
+def generate(base_url: str, prompt: str, tokens: int, *, streams: Streams | None = None, incremental_ids: bool = False) -> Sample:
+    """Stream one greedy generation of exactly ``tokens`` tokens (ignore_eos) and time it."""
+    body = {"text": prompt, "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True, "temperature": 0}, "stream": True}
+    stream = httpclient.EventStream(f"{base_url}/generate", body, timeout_s=STREAM_IDLE_S)
+    reader = _Reader(tokens, incremental_ids)
+    cpu = time.thread_time()
+    if streams is not None:
+        streams.add(stream)
+    try:
+        reader.started = time.perf_counter()
+        for arrival, data in stream.events():
+            if reader.event(arrival, data):
+                break
+    except httpclient.HttpError as exc:
+        reader.error = f"{exc} after {reader.tokens} of {tokens} tokens"
+    finally:
+        stream.close()
+        if streams is not None:
+            streams.discard(stream)
+    return reader.sample(time.thread_time() - cpu)
+
+
+@dataclass
+class _Reader:
+    asked: int
+    incremental_ids: bool
+    started: float = 0.0
+    tokens: int = 0
+    ended: float = 0.0
+    first: float | None = None
+    first_tokens: int = 0
+    events: int = 0
+    last: bytes = b""
+    ids: list[int] = field(default_factory=list)
+    done: bool = False
+    error: str | None = None
+
+    def event(self, arrival: float, data: bytes) -> bool:
+        """Take one event; True at the end of the stream."""
+        if data == b"[DONE]":
+            self.done = True
+            return True
+        self.events += 1
+        counts = _COMPLETION.findall(data)
+        if not counts:
+            self.error = _error_text(data)
+            return self.error is not None
+        count = int(counts[-1])
+        if count > self.tokens:
+            if self.first is None:
+                self.first, self.first_tokens = arrival, count
+            self.tokens, self.ended = count, arrival
+        if self.incremental_ids:
+            self.ids.extend(_payload(data).get("output_ids") or ())
+        self.last = data
+        return False
+
+    def sample(self, cpu_s: float) -> Sample:
+        final = _payload(self.last) if self.last else {}
+        ids = tuple(self.ids) if self.incremental_ids else tuple(final.get("output_ids") or ())
+        error = self.error
+        if error is None and not self.done:
+            error = f"the stream ended without [DONE] after {self.tokens} of {self.asked} tokens"
+        ended = self.ended or time.perf_counter()
+        reason = (final.get("meta_info") or {}).get("finish_reason")
+        return Sample(self.asked, self.tokens, self.started, ended, self.first, self.first_tokens, self.events, ids, reason, error, cpu_s)
+
+
+def _payload(data: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _error_text(data: bytes) -> str | None:
+    """SGLang streams ``{"error": {"message": ...}}`` when a request fails mid-way."""
+    error = _payload(data).get("error")
+    if error is None:
+        return None
+    message = error.get("message") if isinstance(error, dict) else error
+    return f"the server reported an error: {message}"
+
+
+# --- statistics -------------------------------------------------------------------------------
+
+
+def t95(df: int) -> float:
+    """Two-sided 95% Student's t quantile (conservative for non-integer df: rounded down).
+
+    >>> t95(4), t95(1000)
+    (2.776, 1.96)
+    """
+    if df < 1:
+        return math.inf
+    if df <= len(_T95):
+        return _T95[df - 1]
+    return 2.021 if df < 60 else 2.0 if df < 120 else 1.98 if df < 1000 else 1.96
+
+
+@dataclass(frozen=True)
+class Summary:
+    n: int
+    mean: float
+    median: float
+    stdev: float  #: sample standard deviation (0 for one value)
+    cv: float  #: stdev / mean
+    min: float
+    max: float
+    ci_low: float  #: 95% confidence interval of the mean
+    ci_high: float
+    values: tuple[float, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        raw = dataclasses.asdict(self)
+        raw["values"] = [round(v, 4) for v in self.values]
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in raw.items()}
+
+    def text(self, unit: str = "tok/s") -> str:
+        return f"{self.mean:.2f} {unit} (median {self.median:.2f}, CV {self.cv:.1%}, 95% CI {self.ci_low:.2f}-{self.ci_high:.2f}, n={self.n})"
+
+
+def summarize(values: Sequence[float]) -> Summary | None:
+    """Mean, median, stdev, CV, min, max and a 95% confidence interval of the mean.
+
+    >>> s = summarize([90.0, 92.0, 94.0])
+    >>> (s.mean, s.median, s.stdev, round(s.cv, 4), round(s.ci_low, 3), round(s.ci_high, 3))
+    (92.0, 92.0, 2.0, 0.0217, 87.031, 96.969)
+    """
+    if not values:
+        return None
+    n = len(values)
+    mean = statistics.fmean(values)
+    stdev = statistics.stdev(values) if n > 1 else 0.0
+    half = t95(n - 1) * stdev / math.sqrt(n) if n > 1 else math.inf
+    return Summary(n, mean, statistics.median(values), stdev, stdev / mean if mean else 0.0, min(values), max(values), mean - half, mean + half, tuple(values))
+
+
+@dataclass(frozen=True)
+class Difference:
+    """``b - a`` of two sets of runs, with a 95% (Welch) interval."""
+
+    delta: float
+    ci_low: float
+    ci_high: float
+    relative: float  #: delta / mean of a
+
+    @property
+    def significant(self) -> bool:
+        return self.ci_low > 0 or self.ci_high < 0
+
+    def text(self) -> str:
+        return f"{self.delta:+.2f} tok/s ({self.relative:+.1%}; 95% CI {self.ci_low:+.2f} to {self.ci_high:+.2f})"
+
+
+def difference(a: Summary, b: Summary) -> Difference:
+    """Welch's interval for the difference of two means.
+
+    >>> d = difference(summarize([90.0, 91.0, 92.0]), summarize([95.0, 96.0, 97.0]))
+    >>> (d.delta, round(d.ci_low, 2), round(d.ci_high, 2), d.significant)
+    (5.0, 2.73, 7.27, True)
+    """
+    va, vb = a.stdev**2 / a.n, b.stdev**2 / b.n
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return Difference(b.mean - a.mean, b.mean - a.mean, b.mean - a.mean, (b.mean - a.mean) / a.mean)
+    df = (va + vb) ** 2 / ((va**2 / (a.n - 1) if a.n > 1 else 0) + (vb**2 / (b.n - 1) if b.n > 1 else 0) or 1e-12)
+    half = t95(int(df)) * se
+    delta = b.mean - a.mean
+    return Difference(delta, delta - half, delta + half, delta / a.mean)
+
+
+# --- the benchmark ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BenchFigures:
+    warmups: tuple[Sample, ...]
+    runs: tuple[Sample, ...]
+    tok_s: Summary | None
+    decode_tok_s: Summary | None
+    ttft_s: Summary | None
+    stopped: str | None  #: why the benchmark ended early, if it did
+    stopped_at: float | None = None  #: time.time() when the failed request ended
+
+    @property
+    def good(self) -> list[Sample]:
+        return [r for r in self.runs if r.good]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "warmups": [s.row() for s in self.warmups],
+            "runs": [s.row() for s in self.runs],
+            "tok_s": self.tok_s.to_dict() if self.tok_s else None,
+            "decode_tok_s": self.decode_tok_s.to_dict() if self.decode_tok_s else None,
+            "ttft_s": self.ttft_s.to_dict() if self.ttft_s else None,
+            "short_runs": [i + 1 for i, r in enumerate(self.runs) if r.short],
+            "stopped": self.stopped,
+        }
+
+
+def run_benchmark(
+    base_url: str,
+    bench: Benchmark,
+    *,
+    streams: Streams,
+    incremental_ids: bool = False,
+    show: Callable[[str], None] | None = None,
+    explain: Callable[[], str | None] = lambda: None,
+) -> BenchFigures:
+    """The lock's warm-ups, then its runs; stops at the first failed request.
+
+    A stream usually ends before anyone has seen the server die, so ``explain`` is asked why
+    (the watcher of the process and its log) before the stream's own error is taken as the reason.
+    """
+    warmups: list[Sample] = []
+    runs: list[Sample] = []
+    for kind, count, into in (("warm-up", bench.warmup, warmups), ("run", bench.runs, runs)):
+        for i in range(count):
+            if show is not None:
+                show(f"benchmark: {kind} {i + 1}/{count} ({bench.output_tokens} tokens)")
+            sample = generate(base_url, bench.prompt, bench.output_tokens, streams=streams, incremental_ids=incremental_ids)
+            into.append(sample)
+            if sample.error is not None:
+                at = time.time()
+                stopped = f"{kind} {i + 1} failed: {explain() or streams.reason or sample.error}"
+                return _figures(warmups, runs, stopped, at)
+    return _figures(warmups, runs, None)
+
+
+def _figures(warmups: list[Sample], runs: list[Sample], stopped: str | None, at: float | None = None) -> BenchFigures:
+    good = [r for r in runs if r.good]
+    decode = [r.decode_tok_s for r in good if r.decode_tok_s is not None]
+    ttft = [r.ttft_s for r in good if r.ttft_s is not None]
+    return BenchFigures(tuple(warmups), tuple(runs), summarize([r.tok_s for r in good]), summarize(decode), summarize(ttft), stopped, at)
+
+
+def judge(figures: BenchFigures, bench: Benchmark, *, fast_label: str | None = None) -> tuple[Result, Result | None]:
+    """The verdict against the baseline, and a flag for short runs (None when there are none)."""
+    details = [_run_line(i, r) for i, r in enumerate(figures.runs)]
+    data = figures.to_dict()
+    short = [i + 1 for i, r in enumerate(figures.runs) if r.short]
+    flag = None
+    if short:
+        flag = warned(
+            f"{len(short)} run(s) returned fewer tokens than the {bench.output_tokens} asked (runs {', '.join(map(str, short))}); left out of the figures",
+            [details[i - 1] for i in short],
+            fix=Fix("A short run means the server stopped early despite ignore_eos (context length? an abort?): read the server log."),
+        )
+    if figures.stopped is not None:
+        return failed(f"the benchmark stopped: {figures.stopped}", details, data=data), flag
+    if figures.tok_s is None:
+        return failed(f"no run returned the {bench.output_tokens} tokens asked", details, data=data), flag
+    measured = figures.tok_s
+    if fast_label is not None:
+        return passed(f"{fast_label}: {measured.mean:.2f} tok/s, a fast-mode figure never compared with the baseline", details, data=data), flag
+    return _against_baseline(measured, bench, details, data), flag
+
+
+def _against_baseline(measured: Summary, bench: Benchmark, details: list[str], data: dict[str, Any]) -> Result:
+    if bench.baseline_tok_s is None:
+        return skipped(f"{measured.text()}; the lock has no baseline_tok_s to judge it against", details, data=data)
+    floor = bench.baseline_tok_s * (1 - bench.max_regression)
+    change = measured.mean / bench.baseline_tok_s - 1
+    data = {**data, "baseline_tok_s": bench.baseline_tok_s, "max_regression": bench.max_regression, "change": round(change, 4)}
+    if measured.mean < floor:
+        return failed(
+            f"{measured.mean:.2f} tok/s is {-change:.1%} below the baseline {bench.baseline_tok_s:g} tok/s (allowed: {bench.max_regression:.1%}, floor {floor:.2f})",
+            [measured.text(), *details],
+            fix=Fix("Compare with the baseline's configuration (`invoke smoke --benchmark --compare`) and check the findings above (attention backend, NCCL settings)."),
+            data=data,
+        )
+    return passed(f"{measured.mean:.2f} tok/s vs baseline {bench.baseline_tok_s:g} ({change:+.1%}; allowed -{bench.max_regression:.1%})", [measured.text(), *details], data=data)
+
+
+def _run_line(index: int, sample: Sample) -> str:
+    ttft = f"{sample.ttft_s * 1000:.0f} ms" if sample.ttft_s is not None else "-"
+    decode = f"{sample.decode_tok_s:.2f}" if sample.decode_tok_s is not None else "-"
+    mark = f"  SHORT ({sample.tokens} of {sample.asked})" if sample.short else f"  ERROR: {sample.error}" if sample.error else ""
+    return f"run {index + 1}: {sample.tokens} tokens in {sample.seconds:.3f} s = {sample.tok_s:.2f} tok/s; TTFT {ttft}; decode {decode} tok/s{mark}"
+
+
+# --- concurrency ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Level:
+    """One concurrency level: that many streams started together."""
+
+    streams: int
+    samples: tuple[Sample, ...]
+
+    @property
+    def good(self) -> list[Sample]:
+        return [s for s in self.samples if s.good]
+
+    @property
+    def aggregate_tok_s(self) -> float:
+        """All tokens over the wall time from the first request to the last token."""
+        if not self.samples:
+            return 0.0
+        span = max(s.ended for s in self.samples) - min(s.started for s in self.samples)
+        return sum(s.tokens for s in self.samples) / span if span > 0 else 0.0
+
+    @property
+    def per_stream(self) -> Summary | None:
+        return summarize([s.tok_s for s in self.good])
+
+    def to_dict(self) -> dict[str, Any]:
+        per = self.per_stream
+        return {"streams": self.streams, "aggregate_tok_s": round(self.aggregate_tok_s, 3), "per_stream_tok_s": per.to_dict() if per else None, "failed": sum(1 for s in self.samples if not s.good)}
+
+
+def run_level(base_url: str, count: int, prompt: str, tokens: int, *, streams: Streams) -> Level:
+    """``count`` streams at once, released together by a barrier."""
+    gate = threading.Barrier(count)
+    samples: list[Sample | None] = [None] * count
+
+    def one(i: int) -> None:
+        gate.wait()
+        samples[i] = generate(base_url, prompt, tokens, streams=streams)
+
+    threads = [threading.Thread(target=one, args=(i,), name=f"smoke-stream-{i}", daemon=True) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return Level(count, tuple(s for s in samples if s is not None))

@@ -1,0 +1,164 @@
+"""What really runs: the server's own account of its configuration, and the log's proof.
+
+``/server_info`` (``/get_server_info`` before SGLang renamed it) returns every server argument as
+resolved, so a backend that SGLang picked by itself, a TP size or a flag value it changed shows
+there. It says what was asked, not what ran: a flag such as --enable-flashinfer-allreduce-fusion
+is reported true even where its fused path can never run. So for each flag the lock gives an
+evidence pattern, the pattern must appear in the log, or the flag fails.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Mapping, Sequence
+
+from stackgate import httpclient
+from stackgate.checks.core import Fix, Result, failed, passed, skipped, warned
+from stackgate.checks.smoke.logscan import Evidence
+
+__all__ = ["ENDPOINTS", "ServerInfoError", "check_backend", "check_evidence", "check_flags", "check_identity", "check_tp", "fetch", "parse_flags", "redact_info"]
+
+ENDPOINTS = ("/server_info", "/get_server_info")
+_SECRET_FIELD = re.compile(r"(^|_)(api_key|key|secret|password|token)($|_)", re.IGNORECASE)
+
+
+class ServerInfoError(Exception):
+    """Neither endpoint gave the server's configuration."""
+
+
+def fetch(base_url: str, timeout_s: float = 30.0) -> tuple[dict[str, Any], str]:
+    """The server's configuration and the endpoint that gave it."""
+    problems = []
+    for endpoint in ENDPOINTS:
+        try:
+            info = httpclient.get_json(base_url + endpoint, timeout_s=timeout_s)
+        except httpclient.HttpError as exc:
+            problems.append(f"{endpoint}: {exc}")
+            continue
+        if isinstance(info, dict):
+            return info, endpoint
+        problems.append(f"{endpoint}: not a JSON object")
+    raise ServerInfoError("; ".join(problems))
+
+
+def redact_info(info: Mapping[str, Any]) -> dict[str, Any]:
+    """The snapshot for a report, without secrets (api_key, admin_api_key, hf token ...).
+
+    >>> redact_info({"api_key": "sk-1", "max_total_num_tokens": 5, "tokenizer_path": "/m", "admin_api_key": None})
+    {'api_key': '<redacted>', 'max_total_num_tokens': 5, 'tokenizer_path': '/m', 'admin_api_key': None}
+    """
+    return {k: ("<redacted>" if _SECRET_FIELD.search(k) and isinstance(v, str) and v else v) for k, v in info.items()}
+
+
+def parse_flags(words: Sequence[str]) -> list[tuple[str, Any]]:
+    """Launch words as (option, expected value): a bare option means true, several values a list.
+
+    >>> parse_flags(["--enable-x", "--mem-fraction-static", "0.8", "--cuda-graph-bs", "1", "2", "--n=3"])
+    [('--enable-x', True), ('--mem-fraction-static', '0.8'), ('--cuda-graph-bs', ['1', '2']), ('--n', '3')]
+    """
+    parsed: list[tuple[str, Any]] = []
+    for word in words:
+        if word.startswith("--"):
+            option, _, value = word.partition("=")
+            parsed.append((option, value if value else True))
+        elif parsed:
+            option, have = parsed[-1]
+            values = [] if have is True else (have if isinstance(have, list) else [have])
+            parsed[-1] = (option, word if have is True else [*values, word])
+    return parsed
+
+
+def _same(expected: Any, actual: Any) -> bool:
+    """Whether a value given on the command line is the value the server reports."""
+    if isinstance(expected, list):
+        return isinstance(actual, list) and len(actual) == len(expected) and all(_same(e, a) for e, a in zip(expected, actual))
+    if expected is True or isinstance(actual, bool):
+        return actual is True if expected is True else str(expected).lower() == str(actual).lower()
+    if isinstance(actual, (int, float)):
+        try:
+            return float(expected) == float(actual)
+        except ValueError:
+            return False
+    if isinstance(actual, (dict, list)) or (isinstance(actual, str) and actual[:1] in "{["):
+        return _json(expected) == _json(actual)
+    return str(expected) == str(actual)
+
+
+def _json(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+def check_identity(info: Mapping[str, Any], endpoint: str, port: int, model: str) -> Result:
+    """The answering server is ours: same port, same model."""
+    data = {"endpoint": endpoint, "version": info.get("version"), "port": info.get("port"), "model_path": info.get("model_path")}
+    if info.get("port") not in (None, port) or info.get("model_path") not in (None, model):
+        return failed(
+            f"the server on port {port} reports port {info.get('port')} and model {info.get('model_path')}: another server answered",
+            fix=Fix("Stop the other server and run smoke again.", (f"ss -ltnp 'sport = :{port}'",)),
+            data=data,
+        )
+    return passed(f"SGLang {info.get('version', '?')} reports its configuration ({endpoint})", data=data)
+
+
+def check_backend(info: Mapping[str, Any], want: str) -> Result:
+    have = info.get("attention_backend")
+    data = {"want": want, "have": have}
+    if have != want:
+        return failed(
+            f"the server runs the {have} attention backend, the lock asks for {want}",
+            fix=Fix(f"Find why SGLang did not take --attention-backend {want} (the log above; `import flashinfer` in the stack).", ("invoke verify --check abi.imports",)),
+            data=data,
+        )
+    return passed(f"attention backend {have}", data=data)
+
+
+def check_tp(info: Mapping[str, Any], want: int) -> Result:
+    have = info.get("tp_size")
+    if have != want:
+        return failed(f"the server runs TP {have}, smoke asked for TP {want}", data={"want": want, "have": have})
+    return passed(f"TP {have}", data={"want": want, "have": have})
+
+
+def check_flags(info: Mapping[str, Any], words: Sequence[str]) -> Result:
+    """Each launch flag's value is the one the server reports."""
+    flags = parse_flags(words)
+    if not flags:
+        return skipped("no extra flags to compare")
+    wrong, unknown, good = [], [], []
+    for option, expected in flags:
+        field = option[2:].replace("-", "_")
+        if field not in info:
+            unknown.append(f"{option}: /server_info has no field {field!r}")
+        elif not _same(expected, info[field]):
+            wrong.append(f"{option}: asked {expected!r}, the server runs {field}={info[field]!r}")
+        else:
+            good.append(f"{option}: {field}={info[field]!r}")
+    data = {"flags": list(words), "mismatches": wrong, "unverified": unknown}
+    if wrong:
+        return failed(f"{len(wrong)} of {len(flags)} flag(s) do not run as asked: {wrong[0]}", wrong + unknown, data=data)
+    if unknown:
+        return warned(f"{len(unknown)} flag(s) cannot be verified from /server_info", unknown + good, data=data)
+    return passed(f"{len(flags)} flag(s) run as asked", good, data=data)
+
+
+def check_evidence(item: Evidence, info: Mapping[str, Any] | None) -> Result:
+    """A flag with an evidence pattern is proven by the log, or it fails with that explanation."""
+    field = item.flag[2:].replace("-", "_")
+    accepted = f"{field}={info.get(field)!r} in /server_info" if info is not None and field in info else "accepted at launch"
+    data = {"flag": item.flag, "pattern": item.pattern, "line": item.line}
+    if item.seen:
+        return passed(f"{item.flag}: the log shows {item.pattern!r} (line {item.line})", [f"> {item.text}"], data=data)
+    return failed(
+        f"{item.flag} was accepted ({accepted}) but the log never shows {item.pattern!r}: the path it enables never initialised",
+        fix=Fix(
+            "The flag is reported but its code path did not run on this machine (e.g. FlashInfer allreduce fusion "
+            "only runs on SM90/SM100 and with TP > 1). Drop the flag, or use a stack where the path runs.",
+        ),
+        data=data,
+    )

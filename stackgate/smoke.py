@@ -1,0 +1,615 @@
+"""`invoke smoke`: launch the engine as production will, prove what runs, benchmark it, tear it down.
+
+:func:`run_smoke` is the library entry point (the gate calls it): for each configuration (the
+lock's, and with --compare a baseline first) it refuses what cannot work before launching,
+launches the server in its own process group, waits for readiness while following the log,
+reads what really runs, benchmarks it, and always tears it down. Everything it learns becomes
+``smoke.*`` Results, so a report can hold them beside verify's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Mapping, Sequence
+
+from stackgate import signatures
+from stackgate.checks import report
+from stackgate.checks.core import Fix, Result, Status, failed, passed, skipped, warned
+from stackgate.checks.smoke import bench, fastmode, launch, logscan, quality, serverinfo
+from stackgate.checks.smoke.launch import Config, LaunchError
+from stackgate.checks.smoke.ready import Monitor, Readiness, wait_ready
+from stackgate.exitcodes import ExitCode
+from stackgate.signatures import Finding
+from stackgate.stack import envfile
+from stackgate.stack import lock as lockmodel
+from stackgate.ui import UI
+
+__all__ = ["SCHEMA", "LaunchError", "Session", "SmokeInterrupted", "SmokeRequest", "SmokeRun", "SmokeUsageError", "parse_levels", "parse_number", "run", "run_smoke"]
+
+SCHEMA = "stackgate.smoke/1"
+#: How long a failed request waits for the process/log watcher to say why the server failed.
+EXPLAIN_S = 1.0
+#: How long a server that logged a fatal error may take to end itself before teardown starts.
+SETTLE_S = 0.5
+
+
+class SmokeUsageError(Exception):
+    """Bad options for smoke; nothing was launched."""
+
+
+@dataclass(frozen=True)
+class SmokeRequest:
+    lock_path: Path | None = None
+    model: str | None = None
+    tp: int | None = None
+    port: int | None = None
+    benchmark: bool = False
+    compare: bool = False
+    concurrency: tuple[int, ...] = ()
+    fast: bool = False
+    keep_server: bool = False
+    json_path: Path | None = None
+    strict: bool = False
+    run_dir: Path | None = None  #: where the server logs go (default: reports/smoke/<time>-<pid>)
+
+    @property
+    def measures(self) -> bool:
+        """Single-stream runs are measured (--benchmark, or --compare, which compares them)."""
+        return self.benchmark or self.compare
+
+
+def parse_number(option: str, text: str | None) -> int | None:
+    """A whole-number option, or None when not given.
+
+    >>> parse_number("--tp", "8"), parse_number("--tp", None)
+    (8, None)
+    """
+    if text is None or text == "":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise SmokeUsageError(f"{option} takes a whole number, not {text!r}") from None
+
+
+def parse_levels(text: str | None) -> tuple[int, ...]:
+    """``"1,10,30"`` -> (1, 10, 30).
+
+    >>> parse_levels("1, 10,30"), parse_levels(None)
+    ((1, 10, 30), ())
+    """
+    if not text:
+        return ()
+    try:
+        levels = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise SmokeUsageError(f"--concurrency takes stream counts separated by commas, e.g. 1,10,30, not {text!r}") from None
+    if not levels or any(n < 1 for n in levels):
+        raise SmokeUsageError(f"--concurrency levels must be 1 or more, not {text!r}")
+    return levels
+
+
+@dataclass
+class Session:
+    """One launched configuration, and everything learned about it."""
+
+    config: Config
+    results: list[Result] = field(default_factory=list)
+    argv: tuple[str, ...] = ()
+    environment: dict[str, str] = field(default_factory=dict)
+    set_by_stackgate: dict[str, str] = field(default_factory=dict)
+    log_path: Path | None = None
+    pid: int | None = None
+    shrink: fastmode.Shrink | None = None
+    readiness: Readiness | None = None
+    server_info: dict[str, Any] | None = None
+    info_endpoint: str | None = None
+    findings: list[Finding] = field(default_factory=list)
+    evidence: list[logscan.Evidence] = field(default_factory=list)
+    figures: bench.BenchFigures | None = None
+    levels: list[bench.Level] = field(default_factory=list)
+    teardown: launch.Teardown | None = None
+    kept: bool = False
+    failure: str | None = None
+    failure_seen_at: float | None = None  #: time.time() when smoke knew the server had failed
+
+    def add(self, name: str, result: Result | None) -> None:
+        if result is not None:
+            self.results.append(dataclasses.replace(result, check=self.config.check(name)) if name else result)
+
+    def failed(self, reason: str, at: float | None) -> None:
+        if self.failure is None:
+            self.failure, self.failure_seen_at = reason, at or time.time()
+
+    def to_dict(self) -> dict[str, Any]:
+        ready = self.readiness
+        return {
+            "label": self.config.title,
+            "command": list(self.argv),
+            "command_line": shlex.join(self.argv) if self.argv else None,
+            "environment": launch.redacted(self.environment),
+            "set_by_stackgate": launch.redacted(self.set_by_stackgate),
+            "log_path": str(self.log_path) if self.log_path else None,
+            "pid": self.pid,
+            "fast_mode": {"layers": self.shrink.layers, "of": self.shrink.total, "key": self.shrink.key, "override": dict(self.shrink.override)} if self.shrink else None,
+            "readiness": {"ready": ready.ready, "reason": ready.reason, "seconds": round(ready.seconds, 3), "phase": ready.phase, "exit_code": ready.exit_code} if ready else None,
+            "server_info_endpoint": self.info_endpoint,
+            "server_info": serverinfo.redact_info(self.server_info) if self.server_info is not None else None,
+            "findings": [_finding(f) for f in self.findings],
+            "evidence": [dataclasses.asdict(e) for e in self.evidence],
+            "benchmark": self.figures.to_dict() if self.figures else None,
+            "concurrency": [level.to_dict() for level in self.levels],
+            "teardown": dataclasses.asdict(self.teardown) if self.teardown else None,
+            "kept_running": self.kept,
+            "failure": self.failure,
+            "failure_seen_at": self.failure_seen_at,
+        }
+
+
+def _finding(finding: Finding) -> dict[str, Any]:
+    match = finding.match
+    return {
+        "id": finding.signature.id,
+        "severity": finding.signature.severity,
+        "line": finding.line,
+        "count": finding.count,
+        "text": match.text[-2000:],
+        "title": match.title,
+        "cause": match.cause,
+        "fix": match.fix,
+        "commands": list(match.commands),
+        "source": finding.signature.source,
+    }
+
+
+@dataclass(frozen=True)
+class SmokeRun:
+    """A finished smoke: what the gate and the report need of it."""
+
+    lock: lockmodel.Lock
+    request: SmokeRequest
+    sessions: tuple[Session, ...]
+    results: list[Result]
+    verdict: report.Verdict
+    started: float
+    duration_s: float
+    interrupted: bool = False
+
+    @property
+    def log_paths(self) -> list[Path]:
+        return [s.log_path for s in self.sessions if s.log_path is not None]
+
+    @property
+    def figures(self) -> bench.BenchFigures | None:
+        """The lock's configuration's benchmark."""
+        return self.sessions[-1].figures if self.sessions else None
+
+    @property
+    def server_info(self) -> dict[str, Any] | None:
+        return self.sessions[-1].server_info if self.sessions else None
+
+    def document(self) -> dict[str, Any]:
+        request = {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self.request).items()}
+        smoke = {"schema": SCHEMA, "request": request, "interrupted": self.interrupted, "sessions": [s.to_dict() for s in self.sessions]}
+        return report.document("smoke", self.results, self.verdict, lock=self.lock, started=self.started, duration_s=self.duration_s, extra={"smoke": smoke})
+
+
+class SmokeInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM ended smoke; every server was torn down. ``run`` holds what was learned."""
+
+    def __init__(self, run: SmokeRun) -> None:
+        super().__init__("interrupted")
+        self.run = run
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def run(request: SmokeRequest, ui: UI) -> ExitCode:
+    """The smoke command: load the lock, smoke, render, write the JSON report."""
+    lock = lockmodel.load(request.lock_path)
+    try:
+        done = run_smoke(lock, request, ui)
+    except SmokeInterrupted as stop:
+        _render(stop.run, ui)
+        _write(stop.run, request)
+        raise
+    _render(done, ui)
+    _write(done, request)
+    return done.verdict.exit_code
+
+
+def _render(done: SmokeRun, ui: UI) -> None:
+    for session in done.sessions:
+        if session.figures is not None and session.figures.runs:
+            ui.table(f"benchmark ({session.config.title})", ["run", "tokens", "seconds", "tok/s", "TTFT ms", "decode tok/s"], _rows(session.figures))
+    title = f"stackgate smoke: {done.lock.name} ({done.lock.path})" + (" [interrupted]" if done.interrupted else "")
+    ui.results(title, done.results, done.verdict, done.duration_s)
+    for session in done.sessions:
+        if session.log_path is not None:
+            ui.line(f"server log ({session.config.title}): {session.log_path}")
+        if session.kept and session.pid is not None:
+            ui.line(f"the server is still running (--keep-server): pid {session.pid}, process group {session.pid}, {session.config.base_url}")
+            ui.line(f"stop it with: kill -TERM -- -{session.pid}   (it drains for up to ~5 s; then, if needed: kill -KILL -- -{session.pid})")
+
+
+def _rows(figures: bench.BenchFigures) -> list[list[str]]:
+    rows = []
+    for i, sample in enumerate(figures.runs):
+        ttft = f"{sample.ttft_s * 1000:.0f}" if sample.ttft_s is not None else "-"
+        decode = f"{sample.decode_tok_s:.2f}" if sample.decode_tok_s is not None else "-"
+        mark = " short" if sample.short else " error" if sample.error else ""
+        rows.append([f"{i + 1}{mark}", str(sample.tokens), f"{sample.seconds:.3f}", f"{sample.tok_s:.2f}", ttft, decode])
+    tok, ttft, decode = figures.tok_s, figures.ttft_s, figures.decode_tok_s
+    if tok is None:
+        return rows
+    for name, pick in (("mean", lambda s: s.mean), ("median", lambda s: s.median), ("min", lambda s: s.min), ("max", lambda s: s.max)):
+        rows.append([name, "", "", f"{pick(tok):.2f}", f"{pick(ttft) * 1000:.0f}" if ttft else "-", f"{pick(decode):.2f}" if decode else "-"])
+    rows.append(["stdev", "", "", f"{tok.stdev:.2f}", "", f"{decode.stdev:.2f}" if decode else "-"])
+    rows.append(["CV", "", "", f"{tok.cv:.2%}", "", f"{decode.cv:.2%}" if decode else "-"])
+    rows.append(["95% CI", "", "", f"{tok.ci_low:.2f}-{tok.ci_high:.2f}", "", f"{decode.ci_low:.2f}-{decode.ci_high:.2f}" if decode else "-"])
+    return rows
+
+
+def _write(done: SmokeRun, request: SmokeRequest) -> None:
+    if request.json_path:
+        report.write_json(request.json_path, done.document())
+
+
+# --- the library entry point ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Context:
+    lock: lockmodel.Lock
+    request: SmokeRequest
+    ui: UI
+    run_dir: Path
+    environ: Mapping[str, str]
+    nvml_lib: ModuleType | None
+
+
+def run_smoke(lock: lockmodel.Lock, request: SmokeRequest, ui: UI, *, environ: Mapping[str, str] | None = None, nvml_lib: ModuleType | None = None) -> SmokeRun:
+    """Smoke every configuration the request asks for; raise SmokeInterrupted on Ctrl-C/SIGTERM.
+
+    Raises :class:`LaunchError` or :class:`SmokeUsageError` (bad usage, nothing launched).
+    """
+    started, clock = time.time(), time.monotonic()
+    configs = launch.configs(lock, model=request.model, tp=request.tp, port=request.port, fast=request.fast, compare=request.compare)
+    context = _Context(lock, request, ui, _run_dir(request), dict(os.environ if environ is None else environ), nvml_lib)
+    sessions: list[Session] = []
+    try:
+        for i, config in enumerate(configs):
+            session = Session(config)
+            sessions.append(session)
+            _run_session(session, context, keep=request.keep_server and i == len(configs) - 1)
+    except KeyboardInterrupt:
+        done = _finish(context, sessions, started, clock, interrupted=True)
+        raise SmokeInterrupted(done) from None
+    return _finish(context, sessions, started, clock, interrupted=False)
+
+
+def _run_dir(request: SmokeRequest) -> Path:
+    if request.run_dir is not None:
+        return request.run_dir
+    root = Path(os.environ.get("STACKGATE_RUN_DIR") or "reports").resolve()
+    return root / "smoke" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+
+def _finish(context: _Context, sessions: list[Session], started: float, clock: float, *, interrupted: bool) -> SmokeRun:
+    results = [r for s in sessions for r in s.results]
+    if len(sessions) == 2:
+        results += _compare_results(sessions[0], sessions[1])
+    if interrupted:
+        results.append(dataclasses.replace(failed("interrupted (Ctrl-C or SIGTERM); every server was torn down"), check="smoke.interrupted"))
+    verdict = report.judge(results, strict=context.request.strict)
+    return SmokeRun(context.lock, context.request, tuple(sessions), results, verdict, started, time.monotonic() - clock, interrupted)
+
+
+# --- one configuration ------------------------------------------------------------------------
+
+
+def _run_session(session: Session, context: _Context, *, keep: bool) -> None:
+    memory_before = launch.gpu_memory(context.nvml_lib)
+    if not _preflight(session, context):
+        return
+    config = session.config
+    session.argv = tuple(config.argv(context.lock.python.target, session.shrink))
+    session.log_path = context.run_dir / f"{config.label or 'server'}.log"
+    watcher = logscan.LogWatcher(session.log_path, context=_scan_context(context.lock, config), evidence=config.evidence)
+    server: launch.Server | None = None
+    interrupted = False
+    try:
+        server = _start(session, keep)
+        if server is not None:
+            _serve(session, context, server, watcher)
+    finally:
+        if server is not None:
+            teardown = _teardown(session, context, server, watcher, keep=keep)
+            interrupted = teardown is not None and teardown.interrupted
+            _conclude(session, context, server, watcher, memory_before)
+    if interrupted:
+        raise KeyboardInterrupt
+
+
+def _scan_context(lock: lockmodel.Lock, config: Config) -> dict[str, str]:
+    """What the knowledge base's causes and fixes quote: the lock's values, this launch's own."""
+    values = signatures.lock_context(lock)
+    values.update(lock_backend=config.attention_backend, lock_tp=str(config.tp), lock_port=str(config.port))
+    return values
+
+
+def _preflight(session: Session, context: _Context) -> bool:
+    """The refusals before launch; True when the launch may go ahead."""
+    config, lock = session.config, context.lock
+    try:
+        environ, stackgate_set = launch.server_env(lock, config, context.environ)
+    except envfile.EnvFileError as exc:
+        session.add("preflight.env", failed(f"the live environment file cannot be read: {exc}; nothing was launched", fix=Fix("Re-run provision to rewrite it.", ("invoke provision",))))
+        return False
+    session.environment, session.set_by_stackgate = environ, stackgate_set
+    model = launch.check_model(config)
+    checks = {"preflight.python": _check_python(lock), "preflight.model": model, "preflight.port": launch.check_port(config)}
+    checks["preflight.gpus"] = launch.check_gpus(config, environ, context.nvml_lib)
+    for name, result in checks.items():
+        session.add(name, result)
+    if config.fast_layers is not None and model.status == Status.PASS:
+        session.shrink = _shrink(session, config)
+    refused = any(r.status >= Status.FAIL for r in checks.values())
+    return not refused and (config.fast_layers is None or session.shrink is not None)
+
+
+def _start(session: Session, keep: bool) -> launch.Server | None:
+    assert session.log_path is not None
+    try:
+        server = launch.start(session.argv, session.environment, session.log_path, keep=keep)
+    except OSError as exc:
+        session.add("launch", failed(f"cannot start {session.argv[0]}: {exc.strerror or exc}"))
+        return None
+    session.pid = server.pid
+    return server
+
+
+def _check_python(lock: lockmodel.Lock) -> Result:
+    target = lock.python.target
+    if target.exists():
+        return passed(f"the stack's interpreter {target}")
+    how = "run `invoke provision`" if lock.python.root is not None else "fix python.interpreter in the lock"
+    return failed(f"no interpreter at {target}: {how}; nothing was launched", fix=Fix("Provision the stack first.", ("invoke provision",)))
+
+
+def _shrink(session: Session, config: Config) -> fastmode.Shrink | None:
+    try:
+        return fastmode.shrink(Path(config.model), config.fast_layers or 1)
+    except fastmode.FastModeError as exc:
+        session.add("fast_mode", failed(f"{exc}; nothing was launched", fix=Fix("Run without --fast (a full load), or use a model whose config counts layers at top level.")))
+        return None
+
+
+def _serve(session: Session, context: _Context, server: launch.Server, watcher: logscan.LogWatcher) -> None:
+    """Readiness, what really runs, the benchmark and the concurrency sweep."""
+    config = session.config
+    with context.ui.activity(f"waiting for SGLang ({config.title}, TP {config.tp}, pid {server.pid}) to be ready") as activity:
+        ready = wait_ready(server, watcher, config.base_url, context.lock.smoke.ready_timeout_s, lambda phase, _: activity.update(phase))
+    session.readiness = ready
+    session.add("launch", _launch_result(ready, server, watcher, context.lock.smoke.ready_timeout_s, ready.finding))
+    if not ready.ready:
+        session.failed(f"not ready: {ready.reason}", ready.failed_at)
+        return
+    _what_runs(session)
+    if context.request.measures or context.request.concurrency:
+        _measure(session, context, server, watcher)
+
+
+def _launch_result(ready: Readiness, server: launch.Server, watcher: logscan.LogWatcher, timeout_s: float, cause: Finding | None) -> Result:
+    tail = [f"> {line}" for line in watcher.last_lines(15)]
+    fix = Fix("Read the server log; the findings below name known causes.", (f"tail -n 200 {server.log_path}",))
+    known = f" (known failure {cause.signature.id}: see below)" if cause else ""
+    data = {"reason": ready.reason, "seconds": round(ready.seconds, 3), "phase": ready.phase, "exit_code": ready.exit_code, "pid": server.pid}
+    if ready.reason == "ready":
+        return passed(f"ready after {ready.seconds:.1f} s (pid {server.pid})", data=data)
+    if ready.reason == "exited":
+        note = "; SGLang kills its own process tree on a fatal error" if ready.exit_code == -signal.SIGKILL else ""
+        return failed(f"the server exited ({_exit_text(ready.exit_code)}{note}) after {ready.seconds:.1f} s while {ready.phase}{known}", tail, fix=fix, data=data)
+    if ready.reason == "fatal":
+        return failed(f"the log shows a fatal error after {ready.seconds:.1f} s while {ready.phase}{known}; stopped waiting", tail, fix=fix, data=data)
+    fix = Fix(f"If the model is only slow to load, raise [smoke] ready_timeout_s (now {timeout_s:g} s); otherwise read the log.", fix.commands)
+    return failed(f"not ready after {timeout_s:g} s (last phase: {ready.phase})", tail, fix=fix, data=data)
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+        return f"killed by {name}, status {128 - code}"
+    return f"exit code {code}"
+
+
+def _what_runs(session: Session) -> None:
+    config = session.config
+    try:
+        info, endpoint = serverinfo.fetch(config.base_url)
+    except serverinfo.ServerInfoError as exc:
+        session.add("server_info", failed(f"the server's configuration could not be read: {exc}"))
+        return
+    session.server_info, session.info_endpoint = info, endpoint
+    session.add("server_info", serverinfo.check_identity(info, endpoint, config.port, config.model))
+    session.add("attention_backend", serverinfo.check_backend(info, config.attention_backend))
+    session.add("tp_size", serverinfo.check_tp(info, config.tp))
+    session.add("flags", serverinfo.check_flags(info, config.launch_flags(session.shrink)))
+
+
+def _measure(session: Session, context: _Context, server: launch.Server, watcher: logscan.LogWatcher) -> None:
+    config, request, benchmark = session.config, context.request, context.lock.benchmark
+    streams = bench.Streams()
+    incremental = bool((session.server_info or {}).get("stream_output"))
+    with Monitor(server, watcher, streams.abort_all) as monitor:
+        if request.measures:
+            session.figures = bench.run_benchmark(
+                config.base_url, benchmark, streams=streams, incremental_ids=incremental, show=context.ui.info, explain=lambda: monitor.wait_failure(EXPLAIN_S)
+            )
+        elif benchmark.warmup:
+            for _ in range(benchmark.warmup):
+                bench.generate(config.base_url, benchmark.prompt, benchmark.output_tokens, streams=streams)
+        for count in request.concurrency:
+            if monitor.failure is not None:
+                break
+            context.ui.info(f"concurrency: {count} stream(s) of {benchmark.output_tokens} tokens")
+            session.levels.append(bench.run_level(config.base_url, count, benchmark.prompt, benchmark.output_tokens, streams=streams))
+    stopped = session.figures.stopped_at if session.figures is not None else None
+    seen = [t for t in (monitor.failed_at, stopped) if t is not None]
+    if monitor.failure is not None or stopped is not None:
+        reason = monitor.failure or (session.figures.stopped if session.figures else None) or "a request failed"
+        session.failed(reason, min(seen))
+    _measure_results(session, context)
+
+
+def _measure_results(session: Session, context: _Context) -> None:
+    benchmark = context.lock.benchmark
+    label = session.shrink.label if session.shrink else None
+    if session.figures is not None:
+        verdict, short = bench.judge(session.figures, benchmark, fast_label=label)
+        session.add("benchmark", verdict)
+        session.add("benchmark.short_runs", short)
+        if label is not None:
+            session.add("quality", skipped("fast mode: random weights, so the quality guard does not apply"))
+        else:
+            session.add("quality", quality.check_repeatable(session.figures.runs))
+    if session.levels:
+        session.add("concurrency", _levels_result(session.levels, label))
+
+
+def _levels_result(levels: Sequence[bench.Level], label: str | None) -> Result:
+    lines = []
+    for level in levels:
+        per = level.per_stream
+        per_text = f"{per.mean:.2f} tok/s per stream (min {per.min:.2f})" if per else "no complete stream"
+        lines.append(f"{level.streams} stream(s): {level.aggregate_tok_s:.2f} tok/s aggregate, {per_text}")
+    data = {"levels": [level.to_dict() for level in levels], "fast_mode": label is not None}
+    broken = [level for level in levels if len(level.good) < level.streams]
+    if broken:
+        return failed(f"{sum(level.streams - len(level.good) for level in broken)} concurrent stream(s) did not complete", lines, data=data)
+    prefix = f"{label}: " if label else ""
+    return passed(f"{prefix}{'; '.join(line.split(',')[0] for line in lines)}", lines, data=data)
+
+
+# --- the end of a configuration ---------------------------------------------------------------
+
+
+def _teardown(session: Session, context: _Context, server: launch.Server, watcher: logscan.LogWatcher, *, keep: bool) -> launch.Teardown | None:
+    watcher.poll()
+    if session.failure is not None:
+        # After a fatal line SGLang kills its own tree at once: let it, so its exit code is reported.
+        _wait_exit(server, SETTLE_S)
+    alive = server.exit_code() is None
+    if keep and alive and session.readiness is not None and session.readiness.ready:
+        session.kept = True
+        return None
+    session.teardown = launch.stop(server, context.lock.smoke.stop_grace_s)
+    return session.teardown
+
+
+def _wait_exit(server: launch.Server, limit_s: float) -> None:
+    deadline = time.monotonic() + limit_s
+    while server.exit_code() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _conclude(session: Session, context: _Context, server: launch.Server, watcher: logscan.LogWatcher, memory_before: dict[int, int] | str) -> None:
+    """Evidence, log findings, teardown: judged on everything the log said."""
+    if session.kept:
+        watcher.poll()
+    else:
+        watcher.finish()  # the server is gone: the log is complete, and how it ends is judged
+    session.findings, session.evidence = watcher.findings, watcher.evidence
+    ready = session.readiness is not None and session.readiness.ready
+    if session.readiness is not None and not ready:
+        # The log is complete now: name the best-explaining finding, not the first one seen, and
+        # the exit code of a server that died by itself just after its fatal line.
+        seen = session.readiness
+        if seen.reason == "fatal" and session.teardown is not None and session.teardown.how == "exited by itself":
+            seen = dataclasses.replace(seen, reason="exited", exit_code=session.teardown.exit_code)
+        named = dataclasses.replace(_launch_result(seen, server, watcher, context.lock.smoke.ready_timeout_s, watcher.cause), check=session.config.check("launch"))
+        session.results = [named if r.check == named.check else r for r in session.results]
+    for item in session.evidence:
+        name = f"evidence.{item.flag.lstrip('-')}"
+        session.add(name, serverinfo.check_evidence(item, session.server_info) if ready else skipped("the server never became ready"))
+    for result in logscan.finding_results(session.findings, "log", lock_backend=session.config.attention_backend):
+        session.add(result.check, result)
+    if not session.findings:
+        session.add("log", passed(f"no known failure signature in {watcher.lines} log lines"))
+    session.add("teardown", _teardown_result(session, server))
+    if session.teardown is not None:
+        session.add("gpu_memory", launch.memory_released(memory_before, sorted(server.tree.seen), context.nvml_lib))
+
+
+def _teardown_result(session: Session, server: launch.Server) -> Result:
+    if session.kept:
+        return passed(f"left running on purpose (--keep-server): process group {server.pid}; stop it with `kill -TERM -- -{server.pid}`", data={"pid": server.pid})
+    teardown = session.teardown
+    assert teardown is not None
+    data = dataclasses.asdict(teardown)
+    if teardown.leftovers:
+        pids = " ".join(p.split()[0] for p in teardown.leftovers)
+        return failed(f"{len(teardown.leftovers)} process(es) of the server survived teardown", list(teardown.leftovers), fix=Fix("Kill them.", (f"kill -KILL {pids}",)), data=data)
+    ended = _exit_text(teardown.exit_code)
+    if teardown.how == "SIGTERM" and teardown.exit_code == -signal.SIGKILL:
+        ended = "it drained and ended its own tree with SIGKILL, as SGLang does"
+    return passed(f"server stopped ({teardown.how}; {ended}) in {teardown.seconds:.1f} s; none of its processes is left", data=data)
+
+
+# --- --compare --------------------------------------------------------------------------------
+
+
+def _compare_results(base: Session, full: Session) -> list[Result]:
+    names = (base.config.title, full.config.title)
+    results = [_speed_result(base, full, names)]
+    if full.shrink is None:
+        agreement = quality.check_agreement(_first_good(base), _first_good(full), names)
+        results.append(dataclasses.replace(agreement, check="smoke.compare.quality"))
+    if base.levels and full.levels:
+        results.append(_crossover_result(base, full, names))
+    return results
+
+
+def _first_good(session: Session) -> bench.Sample | None:
+    return next(iter(session.figures.good), None) if session.figures else None
+
+
+def _speed_result(base: Session, full: Session, names: tuple[str, str]) -> Result:
+    a = base.figures.tok_s if base.figures else None
+    b = full.figures.tok_s if full.figures else None
+    if a is None or b is None:
+        return dataclasses.replace(failed(f"cannot compare: {names[0] if a is None else names[1]} has no complete benchmark"), check="smoke.compare")
+    diff = bench.difference(a, b)
+    lines = [f"{names[0]}: {a.text()}", f"{names[1]}: {b.text()}", f"{names[1]} - {names[0]}: {diff.text()}"]
+    data = {"baseline": a.to_dict(), "full": b.to_dict(), "delta": round(diff.delta, 4), "ci": [round(diff.ci_low, 4), round(diff.ci_high, 4)], "relative": round(diff.relative, 4)}
+    summary = f"{names[1]} vs {names[0]}: {diff.text()}"
+    if diff.significant and diff.delta < 0:
+        return dataclasses.replace(warned(f"{summary}: slower than the baseline", lines, data=data), check="smoke.compare")
+    return dataclasses.replace(passed(summary, lines, data=data), check="smoke.compare")
+
+
+def _crossover_result(base: Session, full: Session, names: tuple[str, str]) -> Result:
+    pairs = [(a, b) for a in base.levels for b in full.levels if a.streams == b.streams]
+    lines = [f"{a.streams} stream(s): {names[0]} {a.aggregate_tok_s:.2f}, {names[1]} {b.aggregate_tok_s:.2f} tok/s ({b.aggregate_tok_s / a.aggregate_tok_s - 1:+.1%})" for a, b in pairs if a.aggregate_tok_s]
+    pays = [b.aggregate_tok_s > a.aggregate_tok_s for a, b in pairs]
+    data = {"levels": [{"streams": a.streams, names[0]: round(a.aggregate_tok_s, 3), names[1]: round(b.aggregate_tok_s, 3)} for a, b in pairs]}
+    what = "speculative decoding" if (full.config.speculative is not None) != (base.config.speculative is not None) else names[1]
+    stop = next((a.streams for (a, _), good in zip(pairs, pays) if not good), None)
+    if stop is None:
+        text = f"{what} pays at every level measured (up to {pairs[-1][0].streams} streams)"
+    elif not any(pays):
+        text = f"{what} pays at no level measured"
+    else:
+        text = f"{what} stops paying at {stop} concurrent streams"
+    data["stops_paying_at"] = stop
+    return dataclasses.replace(passed(text, lines, data=data), check="smoke.compare.concurrency")

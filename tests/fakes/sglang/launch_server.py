@@ -1,0 +1,8 @@
+"""`python -m sglang.launch_server ...`: the stand-in server (see standin.py)."""
+
+import sys
+
+from .standin import main
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

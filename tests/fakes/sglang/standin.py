@@ -1,0 +1,499 @@
+"""A stand-in for SGLang 0.5.9's server, started exactly like it: ``python -m sglang.launch_server ...``.
+
+It speaks what the real server speaks (read from the 0.5.9 wheel):
+- its command line is parsed with the 0.5.9 argument table (server_args.json, generated from the
+  wheel's server_args.py): an unknown flag or a bad choice fails as argparse fails there;
+- the port opens only after "loading" (connections are refused before), /health answers 503
+  while starting and until the warm-up request has run, then 200 after a one-second generation;
+- /server_info and the deprecated /get_server_info return every server argument as resolved,
+  plus scheduler info, internal_states and the version;
+- /generate streams ``data: {json}`` events over chunked HTTP/1.1, with cumulative ``text`` and
+  ``output_ids`` and ``meta_info.completion_tokens``, ending with ``data: [DONE]``;
+- the log goes to stderr in SGLang's default format (``[time TPn] message``) with its real
+  messages, the HTTP access lines to stdout;
+- it has worker processes (schedulers, detokenizer) in its process group; on SIGTERM (once up)
+  it drains, polling every 5 s, then kills its own tree with SIGKILL, as SGLang does; a fatal
+  error also ends in SIGKILL of the tree.
+
+Behaviour is set per test by a JSON file named in $STACKGATE_FAKE_SGLANG (see DEFAULTS), with
+"profiles" applying overrides when the command line matches (e.g. speculative decoding on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+TABLE = json.loads((Path(__file__).with_name("server_args.json")).read_text())
+VERSION = TABLE["sglang_version"]
+
+DEFAULTS: dict[str, Any] = {
+    "load_s": 0.4,  # from launch to the port opening (connection refused meanwhile)
+    "warmup_s": 0.2,  # from the port opening to the warm-up request (503 meanwhile)
+    "health_s": 1.0,  # /health runs a 1-token generation and checks after a 1 s sleep
+    "rate": 200.0,  # decode tokens per second per stream
+    "rate_by_streams": None,  # {"10": 80.0}: per-stream rate from that many active streams on
+    "ttft_s": 0.02,  # time to the first token (prefill)
+    "burst": 1,  # tokens per event (speculative decoding streams in bursts)
+    "default_backend": "flashinfer",  # chosen when --attention-backend is absent
+    "ignore_backend_flag": False,  # behave as if --attention-backend had not been given
+    "evidence": True,  # log "FlashInfer workspace initialized" when fusion is on and TP > 1
+    "resolve": {},  # server_info values that differ from what was asked
+    "server_info_404": False,  # an older server: only /get_server_info
+    "crash_at_start": None,  # {"phase": "load", "lines": [...]}: die (SIGKILL of the tree)
+    "fatal_line": None,  # {"phase": "load", "line": "..."}: log it, then hang
+    "hang": False,  # never open the port
+    "die_mid_stream": None,  # {"after_tokens": K, "lines": [...]}
+    "fatal_mid_stream": None,  # {"after_tokens": K, "line": "..."}: log it, keep streaming
+    "short_by": 0,  # streams stop this many tokens early (finish_reason "abort")
+    "diverge_from": None,  # every second streamed request differs from this token on
+    "shift_from": None,  # every request differs from the default ids from this token on
+    "drain_poll_s": 5.0,
+    "ignore_sigterm": False,
+    "escape": False,  # one worker moves to a session of its own (and ignores SIGTERM)
+    "leak": False,  # a detached process (new session, parent gone) that holds GPU memory
+    "gpu_bytes": 0,  # GPU memory each scheduler holds, recorded for the fake NVML
+    "gpu_state": None,  # the fake NVML's holders file
+    "events": None,  # append JSON lines of what happened, with time.time()
+    "profiles": [],  # [{"when": {"speculative_algorithm": "EAGLE3"}, "set": {...}}]
+}
+_WORDS = ("the", "keeper", "lit", "lamp", "over", "grey", "sea", "and", "waited", "for", "ships", "that", "never", "came", "home", "again")
+_STATE: dict[str, Any] = {"status": "starting", "draining": False, "requests": 0, "active": 0, "streams": 0}
+_LOCK = threading.Lock()
+_CHILDREN: list[subprocess.Popen[bytes]] = []
+
+
+def main(argv: list[str]) -> None:
+    args = server_args(parser().parse_args(argv))
+    b = behaviour(args)
+    event(b, "started", pid=os.getpid(), pgid=os.getpgid(0))
+    if args["attention_backend"] is None or b["ignore_backend_flag"]:
+        args["attention_backend"] = b["default_backend"]
+        log(f"Attention backend not specified. Use {args['attention_backend']} backend by default.")
+    args.update(b["resolve"])
+    log(f"server_args=ServerArgs({', '.join(f'{k}={v!r}' for k, v in args.items() if k in TABLE['fields'])})")
+    if b["ignore_sigterm"]:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    spawn_workers(args, b)
+    if b["leak"]:
+        leak(b)
+    load(args, b)
+    serve(args, b)
+
+
+# --- the command line -------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    """SGLang 0.5.9's parser, rebuilt from its argument table."""
+    parser = argparse.ArgumentParser()
+    types = {"int": int, "float": float, "str": str, "json": json.loads}
+    for arg in TABLE["arguments"]:
+        kwargs: dict[str, Any] = {"dest": arg["dest"], "default": arg["default"]}
+        if arg["action"] == "store_true":
+            kwargs["action"] = "store_true"
+            kwargs["default"] = bool(arg["default"])
+        elif arg["action"] == "DeprecatedAction":
+            kwargs.update(action="store_const", const=None)
+        else:
+            kwargs.update(type=types[arg["type"]], required=arg["required"])
+            if arg["nargs"] is not None and arg["nargs"] != "nargs":
+                kwargs["nargs"] = arg["nargs"]
+            if arg["choices"]:
+                kwargs["choices"] = arg["choices"]
+        parser.add_argument(*arg["flags"], **kwargs)
+    return parser
+
+
+def server_args(ns: argparse.Namespace) -> dict[str, Any]:
+    values = vars(ns)
+    for field, source in TABLE["renamed"].items():
+        values[field] = values.get(source)
+    args = dict(TABLE["fields"])
+    args.update({k: v for k, v in values.items() if k in args})
+    args["tokenizer_path"] = args.get("tokenizer_path") or args["model_path"]
+    return args
+
+
+def behaviour(args: dict[str, Any]) -> dict[str, Any]:
+    path = os.environ.get("STACKGATE_FAKE_SGLANG")
+    chosen = dict(DEFAULTS)
+    if path:
+        chosen.update(json.loads(Path(path).read_text()))
+    for profile in chosen["profiles"]:
+        if all(args.get(k) == v for k, v in profile["when"].items()):
+            chosen.update(profile["set"])
+    return chosen
+
+
+# --- output -----------------------------------------------------------------------------------
+
+
+def log(message: str, tp: int | None = None, tp_size: int = 1) -> None:
+    prefix = f" TP{tp}" if tp is not None and tp_size > 1 else ""
+    sys.stderr.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}{prefix}] {message}\n")
+    sys.stderr.flush()
+
+
+def uvicorn(level: str, message: str, stream: Any = None) -> None:
+    stream = stream or sys.stderr
+    stream.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {level + ':':<9} {message}\n")
+    stream.flush()
+
+
+def event(b: dict[str, Any], name: str, **data: Any) -> None:
+    if b.get("events"):
+        with open(b["events"], "a") as out:
+            out.write(json.dumps({"event": name, "t": time.time(), **data}) + "\n")
+
+
+# --- workers and loading ----------------------------------------------------------------------
+
+_WORKER = """
+import ctypes, os, signal, sys, time
+if sys.argv[2] == "1":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if sys.argv[3] == "1":
+    os.setsid()
+elif sys.argv[2] != "1":
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG, like SGLang's workers
+while True:
+    time.sleep(3600)
+"""
+
+
+def spawn_workers(args: dict[str, Any], b: dict[str, Any]) -> None:
+    names = [f"sglang::scheduler_TP{i}" if args["tp_size"] > 1 else "sglang::scheduler" for i in range(args["tp_size"])]
+    for i, name in enumerate([*names, "sglang::detokenizer"]):
+        escape = b["escape"] and i == 0
+        ignore = b["ignore_sigterm"] or escape
+        child = subprocess.Popen([sys.executable, "-c", _WORKER, name, "1" if ignore else "0", "1" if escape else "0"], stdin=subprocess.DEVNULL)
+        _CHILDREN.append(child)
+        if b["gpu_state"] and i < len(names):
+            with open(b["gpu_state"], "a") as out:
+                out.write(json.dumps({"pid": child.pid, "gpu": i, "bytes": b["gpu_bytes"]}) + "\n")
+    event(b, "workers", pids=[c.pid for c in _CHILDREN])
+
+
+def leak(b: dict[str, Any]) -> None:
+    """A process that escapes every tree at once (double fork into a new session) and holds GPU memory."""
+    first = os.fork()
+    if first == 0:
+        os.setsid()
+        second = os.fork()
+        if second:
+            event(b, "leaked", pid=second)
+            if b["gpu_state"]:
+                with open(b["gpu_state"], "a") as out:
+                    out.write(json.dumps({"pid": second, "gpu": 0, "bytes": b["gpu_bytes"]}) + "\n")
+            os._exit(0)
+        os.execvp("sleep", ["sleep", "600"])
+    os.waitpid(first, 0)
+
+
+def die(b: dict[str, Any], lines: list[str]) -> None:
+    """SGLang on a fatal error: log, then kill its process tree with SIGKILL, itself last."""
+    for line in lines:
+        log(line)
+    event(b, "dying")
+    for child in _CHILDREN:
+        try:
+            child.kill()
+        except ProcessLookupError:
+            pass
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def load(args: dict[str, Any], b: dict[str, Any]) -> None:
+    tp = args["tp_size"]
+    fusion = args["enable_flashinfer_allreduce_fusion"] and tp > 1 and b["evidence"]
+    steps = [
+        ("distributed", ["Init torch distributed begin."], "Init torch distributed ends. elapsed=0.41 s, mem usage=0.27 GB"),
+        ("load", ["Load weight begin. avail mem=93.52 GB"], "Load weight end. elapsed=0.52 s, type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=78.10 GB, mem usage=15.42 GB."),
+        ("memory", ["KV Cache is allocated. #tokens: 512000, K size: 29.30 GB, V size: 29.30 GB"], "Memory pool end. avail mem=18.60 GB"),
+        ("graphs", ["Capture cuda graph begin. This can take up to several minutes. avail mem=18.40 GB"], "Capture cuda graph end. Time elapsed: 1.20 s. mem usage=0.60 GB. avail mem=17.80 GB."),
+    ]
+    pause = b["load_s"] / (len(steps) + 1)
+    for phase, begin, end in steps:
+        for rank in range(tp):
+            for line in begin:
+                log(line, rank, tp)
+        if phase == "load":
+            progress(pause)
+        else:
+            time.sleep(pause)
+        inject(b, phase)
+        if phase == "graphs" and fusion:
+            for rank in range(tp):
+                log(f"FlashInfer workspace initialized for rank {rank}, world_size {tp}", rank, tp)
+        for rank in range(tp):
+            log(end, rank, tp)
+    log("max_total_num_tokens=512000, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=2048, context_len=131072, available_gpu_mem=17.80 GB", 0, tp)
+    inject(b, "serve")
+    while b["hang"]:
+        time.sleep(3600)
+    time.sleep(pause)
+
+
+def progress(seconds: float) -> None:
+    """tqdm's shard bar, redrawn with carriage returns as the real one is."""
+    for done in range(5):
+        sys.stderr.write(f"\rLoading safetensors checkpoint shards: {done * 25:3d}% Completed | {done}/4 [00:0{done}<00:00,  1.00it/s]")
+        sys.stderr.flush()
+        time.sleep(seconds / 5)
+    sys.stderr.write("\n")
+
+
+def inject(b: dict[str, Any], phase: str) -> None:
+    crash = b["crash_at_start"]
+    if crash and crash.get("phase", "load") == phase:
+        die(b, [*crash["lines"], "Received sigquit from a child process. It usually means the child failed."])
+    fatal = b["fatal_line"]
+    if fatal and fatal.get("phase", "load") == phase:
+        log(fatal["line"])
+        event(b, "fatal_line")
+        while True:
+            time.sleep(3600)
+
+
+# --- HTTP -------------------------------------------------------------------------------------
+
+
+def serve(args: dict[str, Any], b: dict[str, Any]) -> None:
+    Handler.args, Handler.b = args, b
+    try:
+        httpd = ThreadingHTTPServer((args["host"], args["port"]), Handler)
+    except OSError as exc:
+        uvicorn("ERROR", f"[Errno {exc.errno}] error while attempting to bind on address {(args['host'], args['port'])!r}: {exc.strerror.lower()}")
+        for child in _CHILDREN:
+            child.kill()
+        sys.exit(1)
+    httpd.daemon_threads = True
+    uvicorn("INFO", f"Started server process [{os.getpid()}]")
+    uvicorn("INFO", "Waiting for application startup.")
+    uvicorn("INFO", "Application startup complete.")
+    uvicorn("INFO", f"Uvicorn running on http://{args['host']}:{args['port']} (Press CTRL+C to quit)")
+    event(b, "port_open")
+    if not b["ignore_sigterm"]:
+        signal.signal(signal.SIGTERM, lambda *_: on_sigterm(b))
+    threading.Thread(target=warmup, args=(args, b), daemon=True).start()
+    threading.Thread(target=drain_watchdog, args=(b,), daemon=True).start()
+    httpd.serve_forever(poll_interval=0.05)
+
+
+def warmup(args: dict[str, Any], b: dict[str, Any]) -> None:
+    """The real server's own warm-up: GET /model_info, then an 8-token /generate, over HTTP."""
+    time.sleep(b["warmup_s"])
+    base = f"http://{args['host']}:{args['port']}"
+    urllib.request.urlopen(base + "/model_info", timeout=30).read()
+    body = json.dumps({"sampling_params": {"temperature": 0, "max_new_tokens": 8}, "text": "The capital city of France is"}).encode()
+    urllib.request.urlopen(urllib.request.Request(base + "/generate", body, {"Content-Type": "application/json"}), timeout=30).read()
+    _STATE["status"] = "up"
+    log("The server is fired up and ready to roll!")
+    event(b, "ready")
+
+
+def on_sigterm(b: dict[str, Any]) -> None:
+    log(f"SIGTERM received. signum={signal.Signals.SIGTERM!r} frame=None. Draining requests and shutting down...")
+    event(b, "sigterm")
+    _STATE["draining"] = True
+
+
+def drain_watchdog(b: dict[str, Any]) -> None:
+    while not _STATE["draining"]:
+        time.sleep(b["drain_poll_s"])
+    while True:
+        log(f"Gracefully exiting... Remaining number of requests {_STATE['active']}. Remaining requests remaining_rids=[].")
+        if _STATE["active"] == 0:
+            break
+        time.sleep(b["drain_poll_s"])
+    die(b, [])
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    args: dict[str, Any] = {}
+    b: dict[str, Any] = {}
+
+    def log_message(self, format: str, *values: Any) -> None:
+        pass  # access lines are written when a response starts, as uvicorn does
+
+    def access(self, status: int) -> None:
+        host, port = self.client_address[:2]
+        uvicorn("INFO", f'{host}:{port} - "{self.command} {self.path} HTTP/1.1" {status}', sys.stdout)
+
+    def reply(self, status: int, body: Any = None) -> None:
+        data = b"" if body is None else json.dumps(body).encode()
+        self.access(status)
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path in ("/health", "/health_generate"):
+            self.health()
+        elif self.path == "/model_info":
+            self.reply(200, model_info(self.args))
+        elif self.path == "/server_info" and not self.b["server_info_404"]:
+            self.reply(200, server_info(self.args, self.b))
+        elif self.path == "/get_server_info":
+            log("Endpoint '/get_server_info' is deprecated and will be removed in a future version. Please use '/server_info' instead.")
+            self.reply(200, server_info(self.args, self.b))
+        else:
+            self.reply(404, {"detail": "Not Found"})
+
+    def health(self) -> None:
+        if _STATE["draining"]:
+            log("Health check request received during shutdown. Returning 503.")
+            self.reply(503)
+        elif _STATE["status"] != "up":
+            self.reply(503)
+        else:
+            time.sleep(self.b["health_s"])
+            self.reply(200)
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        request = json.loads(self.rfile.read(length) or b"{}")
+        if self.path != "/generate":
+            self.reply(404, {"detail": "Not Found"})
+            return
+        with _LOCK:
+            _STATE["requests"] += 1
+            _STATE["active"] += 1
+        try:
+            if request.get("stream"):
+                self.stream(request)
+            else:
+                self.reply(200, generate_whole(request, self.args, self.b))
+        finally:
+            with _LOCK:
+                _STATE["active"] -= 1
+
+    def stream(self, request: dict[str, Any]) -> None:
+        self.access(200)
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        with _LOCK:
+            _STATE["streams"] += 1
+            number = _STATE["streams"]
+        event(self.b, "stream", number=number)
+        for payload in token_events(request, self.args, self.b, number):
+            self.chunk(b"data: " + payload + b"\n\n")
+        self.chunk(b"data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+
+# --- generation -------------------------------------------------------------------------------
+
+
+def token_ids(prompt: str, count: int, b: dict[str, Any], number: int) -> list[int]:
+    seed = zlib.crc32(prompt.encode())
+    ids = [(seed + i * 7919) % 32000 for i in range(count)]
+    changes = [b["shift_from"]] if b["shift_from"] is not None else []
+    if b["diverge_from"] is not None and number % 2 == 0:
+        changes.append(b["diverge_from"])
+    for start in changes:
+        ids[start:] = [(x + 1) % 32000 for x in ids[start:]]
+    return ids
+
+
+def meta(rid: str, count: int, prompt_tokens: int, finished: Any, started: float) -> dict[str, Any]:
+    info: dict[str, Any] = {"id": rid, "finish_reason": finished, "prompt_tokens": prompt_tokens, "weight_version": "default", "total_retractions": 0, "completion_tokens": count, "cached_tokens": 0}
+    if finished is not None:
+        info["e2e_latency"] = time.time() - started
+    return info
+
+
+def rate_now(b: dict[str, Any]) -> float:
+    table = b["rate_by_streams"] or {}
+    chosen = b["rate"]
+    for streams, rate in sorted(((int(k), v) for k, v in table.items())):
+        if _STATE["active"] >= streams:
+            chosen = rate
+    return float(chosen)
+
+
+def token_events(request: dict[str, Any], args: dict[str, Any], b: dict[str, Any], number: int) -> Any:
+    """The SSE payloads of one streamed generation, paced at the behaviour's rate."""
+    params = request.get("sampling_params") or {}
+    asked = int(params.get("max_new_tokens") or 16)
+    total = max(0, asked - b["short_by"])
+    prompt = request.get("text") or ""
+    ids = token_ids(prompt, total, b, number)
+    rid, started = f"{number:032x}", time.time()
+    burst, count, due = max(1, int(b["burst"])), 0, time.perf_counter() + b["ttft_s"]
+    while count < total:
+        step = min(burst, total - count)
+        wait = due - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        count += step
+        mid_stream(b, count)
+        finished = ({"type": "length", "length": asked} if total == asked else {"type": "abort", "message": "aborted"}) if count == total else None
+        text = "".join(_WORDS[i % len(_WORDS)] + " " for i in ids[:count])
+        yield json.dumps({"text": text, "output_ids": ids[:count], "meta_info": meta(rid, count, len(prompt.split()), finished, started)}, separators=(",", ":")).encode()
+        due += step / rate_now(b)
+
+
+def mid_stream(b: dict[str, Any], count: int) -> None:
+    dying = b["die_mid_stream"]
+    if dying and count >= dying["after_tokens"]:
+        die(b, [*dying["lines"], "SIGQUIT received. signum=None, frame=None. It usually means one child failed."])
+    fatal = b["fatal_mid_stream"]
+    if fatal and count == fatal["after_tokens"]:
+        log(fatal["line"])
+        event(b, "fatal_line")
+
+
+def generate_whole(request: dict[str, Any], args: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    params = request.get("sampling_params") or {}
+    asked = int(params.get("max_new_tokens") or 16)
+    prompt = request.get("text") or ""
+    ids = token_ids(prompt, asked, b, 0)
+    log(f"Prefill batch, #new-seq: 1, #new-token: {len(prompt.split())}, #cached-token: 0, token usage: 0.00, #running-req: 0, #queue-req: 0, input throughput (token/s): 0.00, cuda graph: False", 0, args["tp_size"])
+    time.sleep(b["ttft_s"] + asked / b["rate"])
+    text = "".join(_WORDS[i % len(_WORDS)] + " " for i in ids)
+    return {"text": text, "output_ids": ids, "meta_info": meta("0" * 32, asked, len(prompt.split()), {"type": "length", "length": asked}, time.time())}
+
+
+def model_info(args: dict[str, Any]) -> dict[str, Any]:
+    config = json.loads((Path(args["model_path"]) / "config.json").read_text())
+    return {
+        "model_path": args["model_path"],
+        "tokenizer_path": args["tokenizer_path"],
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": "default",
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
+        "model_type": config.get("model_type"),
+        "architectures": config.get("architectures"),
+    }
+
+
+def server_info(args: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    scheduler = {"status": "ready", "max_total_num_tokens": 512000, "max_req_input_len": 131066}
+    states = [{"last_gen_throughput": b["rate"], "memory_usage": {"weight": 15.42, "kvcache": 58.6, "token_capacity": 512000, "graph": 0.6}}]
+    return {**args, **scheduler, "internal_states": states, "version": VERSION}
+

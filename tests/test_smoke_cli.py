@@ -1,0 +1,120 @@
+"""`invoke smoke` as a person runs it: exit codes, Ctrl-C and SIGTERM, the printed report."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from smoke_support import ROOT, Rig, assert_nothing_left, free_port, living, wait_for
+
+
+@pytest.fixture
+def rig(tmp_path):
+    made = Rig(tmp_path, free_port())
+    yield made
+    for pid in living(made.processes()):
+        os.kill(pid, signal.SIGKILL)
+
+
+def invoke(rig: Rig, *args: str) -> subprocess.Popen[str]:
+    env = {**rig.environ(), "STACKGATE_RUN_DIR": str(rig.runs)}
+    return subprocess.Popen([sys.executable, "-m", "invoke", "smoke", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(process: subprocess.Popen[str]) -> tuple[int, str, str]:
+    out, err = process.communicate(timeout=60)
+    return process.returncode, out, err
+
+
+def log_text(rig: Rig) -> str:
+    logs = list(rig.runs.rglob("*.log"))
+    return logs[0].read_text(errors="replace") if logs else ""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_an_interrupt_while_the_server_loads_tears_it_down(rig, sig):
+    rig.behave(load_s=120.0)
+    report = rig.tmp / "smoke.json"
+    process = invoke(rig, "--lock", str(rig.lock()), "--json", str(report))
+    wait_for(lambda: "Load weight begin" in log_text(rig))
+    process.send_signal(sig)
+    code, out, err = finish(process)
+    assert code == 130, err
+    assert "stackgate: interrupted" in err
+    assert "smoke.interrupted" in out and "[interrupted]" in out
+    doc = json.loads(report.read_text())
+    assert doc["smoke"]["interrupted"] is True and doc["verdict"] == "failed"
+    assert_nothing_left(rig)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_an_interrupt_during_the_benchmark_tears_the_server_down(rig, sig):
+    rig.behave(rate=50.0, ignore_sigterm=True)  # a stubborn server: teardown must escalate
+    lock = rig.lock(benchmark={"output_tokens": 2000, "runs": 2, "warmup": 0})
+    process = invoke(rig, "--lock", str(lock), "--benchmark")
+    wait_for(lambda: rig.events("stream"))
+    process.send_signal(sig)
+    code, out, err = finish(process)
+    assert code == 130, err
+    assert "smoke.teardown" in out and "SIGKILL after" in out
+    assert_nothing_left(rig)
+
+
+def test_a_smoke_killed_outright_takes_its_server_with_it(rig):
+    lock = rig.lock(benchmark={"output_tokens": 2000, "runs": 2, "warmup": 0})
+    process = invoke(rig, "--lock", str(lock), "--benchmark")
+    wait_for(lambda: rig.events("stream"))
+    process.kill()  # SIGKILL: no teardown can run; the kernel's parent-death signal does it
+    process.communicate(timeout=30)
+    assert_nothing_left(rig)
+
+
+def test_a_passing_smoke_exits_0_and_prints_the_table(rig):
+    code, out, err = finish(invoke(rig, "--lock", str(rig.lock()), "--benchmark"))
+    assert code == 0, out + err
+    assert out.startswith("benchmark (lock)\nrun     tokens  seconds")
+    assert "PASS  smoke.launch" in out and ": PASSED" in out
+    assert "waiting for SGLang (lock, TP 1, pid " in err  # progress on stderr
+    assert_nothing_left(rig)
+
+
+def test_a_failing_smoke_exits_1(rig):
+    rig.behave(crash_at_start={"phase": "load", "lines": ["RuntimeError: CUDA error: no kernel image is available for execution on the device"]})
+    code, out, _ = finish(invoke(rig, "--lock", str(rig.lock())))
+    assert code == 1
+    assert "FAIL  smoke.log.cuda-no-kernel-image" in out
+    assert_nothing_left(rig)
+
+
+def test_keep_server_prints_how_to_stop_it(rig):
+    code, out, _ = finish(invoke(rig, "--lock", str(rig.lock()), "--keep-server"))
+    assert code == 0
+    pid = rig.events("started")[0]["pid"]
+    assert f"stop it with: kill -TERM -- -{pid}" in out
+    assert living([pid]) == [pid]
+    os.killpg(pid, signal.SIGTERM)
+    assert_nothing_left(rig)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((), "no model to launch: set [smoke] model in"),
+        (("--concurrency", "1,x"), "--concurrency takes stream counts separated by commas, e.g. 1,10,30, not '1,x'"),
+        (("--tp", "eight"), "--tp takes a whole number, not 'eight'"),
+        (("--compare",), "--compare needs a baseline that differs from the lock's configuration"),
+    ],
+    ids=["no-model", "bad-levels", "bad-tp", "compare-without-baseline"],
+)
+def test_bad_usage_exits_2_and_launches_nothing(rig, args, message):
+    lock = rig.lock()
+    if not args:
+        lock.write_text(lock.read_text().replace(f'model = "{rig.model}"', 'model = ""'))
+    code, _, err = finish(invoke(rig, "--lock", str(lock), *args))
+    assert code == 2
+    assert message in err
+    assert rig.events() == []

@@ -1,0 +1,359 @@
+"""smoke's parts one by one: configurations, refusals, fast mode, the log watcher, what-runs checks,
+statistics and verdicts, the quality guard, process trees and teardown."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from fakes import fake_nvml
+from fakes.fake_nvml import gpu, machine
+from smoke_support import living
+
+from stackgate.checks.core import Status
+from stackgate.checks.smoke import bench, fastmode, launch, logscan, quality, serverinfo
+from stackgate.checks.smoke.procs import ProcessTree
+from stackgate.stack import lock as lockmodel
+
+LOCK = """
+[stack]
+name = "t"
+[hardware]
+gpu_count = 2
+compute_capability = "12.0"
+gpu_name = "RTX PRO 6000"
+min_driver = "580"
+[python]
+version = "3.12"
+root = "{root}"
+[smoke]
+model = "/models/m"
+tp = 2
+flags = ["--enable-flashinfer-allreduce-fusion", "--enable-torch-symm-mem", "--mem-fraction-static", "0.85"]
+evidence = {{ "--enable-flashinfer-allreduce-fusion" = "FlashInfer workspace initialized" }}
+[smoke.env]
+NCCL_P2P_LEVEL = "SYS"
+{tables}
+"""
+
+
+def make_lock(tmp_path: Path, tables: str = "") -> lockmodel.Lock:
+    return lockmodel.loads(LOCK.format(root=tmp_path / "stack", tables=tables))
+
+
+# --- configurations ---------------------------------------------------------------------------
+
+
+def test_the_command_is_explicit_about_every_choice(tmp_path):
+    (config,) = launch.configs(make_lock(tmp_path), port=31000)
+    assert config.argv(Path("/opt/stackgate/current/bin/python")) == [
+        "/opt/stackgate/current/bin/python", "-m", "sglang.launch_server", "--model-path", "/models/m", "--tp-size", "2",
+        "--host", "127.0.0.1", "--port", "31000", "--attention-backend", "flashinfer",
+        "--enable-flashinfer-allreduce-fusion", "--enable-torch-symm-mem", "--mem-fraction-static", "0.85",
+    ]  # fmt: skip
+    assert config.check("launch") == "smoke.launch" and config.base_url == "http://127.0.0.1:31000"
+
+
+def test_the_default_compare_baseline_drops_the_fusion_flags_only(tmp_path):
+    baseline, main = launch.configs(make_lock(tmp_path), compare=True, model="/m2", tp=1)
+    assert baseline.flags == ("--enable-torch-symm-mem", "--mem-fraction-static", "0.85")
+    assert baseline.evidence == {} and dict(main.evidence) == {"--enable-flashinfer-allreduce-fusion": "FlashInfer workspace initialized"}
+    assert (baseline.label, baseline.model, baseline.tp, main.model, main.tp) == ("baseline", "/m2", 1, "/m2", 1)
+    assert baseline.check("launch") == "smoke.baseline.launch"
+
+
+def test_a_compare_table_describes_the_baseline(tmp_path):
+    tables = '[smoke.speculative]\nalgorithm = "NGRAM"\n[smoke.compare]\nname = "plain"\nflags = []\nspeculative = false\nattention_backend = "triton"\n[smoke.compare.env]\nNCCL_ALGO = "Ring"\n'
+    baseline, main = launch.configs(make_lock(tmp_path, tables), compare=True)
+    assert (baseline.label, baseline.flags, baseline.speculative, baseline.attention_backend) == ("plain", (), None, "triton")
+    assert dict(baseline.env) == {"NCCL_P2P_LEVEL": "SYS", "NCCL_ALGO": "Ring"}
+    assert main.speculative is not None and main.launch_flags()[-2:] == ("--speculative-algorithm", "NGRAM")
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"model": ""}, "no model to launch"),
+        ({"tp": 0}, "--tp must be 1 or more, not 0"),
+        ({"port": 70000}, "--port must be a TCP port (1-65535), not 70000"),
+    ],
+)
+def test_bad_options_are_usage_errors(tmp_path, kwargs, message):
+    lock = make_lock(tmp_path)
+    if kwargs.get("model") == "":
+        lock = dataclasses.replace(lock, smoke=dataclasses.replace(lock.smoke, model=""))
+    with pytest.raises(launch.LaunchError, match=re.escape(message)):
+        launch.configs(lock, **kwargs)
+
+
+def test_the_server_environment_is_the_shell_then_stackgate_env_then_smoke_env(tmp_path):
+    lock = make_lock(tmp_path)
+    lock.python.env_file.parent.mkdir(parents=True)
+    lock.python.env_file.write_text('export CUDA_HOME="/usr/local/cuda-13.0"\nexport PATH="$CUDA_HOME/bin:$PATH"\nexport NCCL_P2P_LEVEL="LOC"\n')
+    (config,) = launch.configs(lock)
+    environ, ours = launch.server_env(lock, config, {"PATH": "/usr/bin", "HOME": "/root"})
+    assert environ == {"PATH": "/usr/local/cuda-13.0/bin:/usr/bin", "HOME": "/root", "CUDA_HOME": "/usr/local/cuda-13.0", "NCCL_P2P_LEVEL": "SYS"}
+    assert ours == {"CUDA_HOME": "/usr/local/cuda-13.0", "PATH": "/usr/local/cuda-13.0/bin:/usr/bin", "NCCL_P2P_LEVEL": "SYS"}
+
+
+def test_secrets_are_redacted_by_name():
+    assert launch.redacted({"HF_TOKEN": "x", "WANDB_API_KEY": "y", "DB_PASSWORD": "z", "AWS_SECRET": "s", "CUDA_HOME": "/c"}) == {
+        "AWS_SECRET": "<redacted>", "CUDA_HOME": "/c", "DB_PASSWORD": "<redacted>", "HF_TOKEN": "<redacted>", "WANDB_API_KEY": "<redacted>",
+    }  # fmt: skip
+
+
+# --- refusals ---------------------------------------------------------------------------------
+
+
+def test_a_port_in_use_is_refused_and_a_free_one_passes(tmp_path):
+    (config,) = launch.configs(make_lock(tmp_path))
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = dataclasses.replace(config, port=squatter.getsockname()[1])
+        assert launch.check_port(taken).status == Status.FAIL
+    assert launch.check_port(taken).status == Status.PASS
+
+
+def test_gpus_are_counted_through_nvml_and_cuda_visible_devices(tmp_path):
+    (config,) = launch.configs(make_lock(tmp_path))  # TP 2
+    fake_nvml.configure(machine([gpu(uuid="GPU-aaa"), gpu(uuid="GPU-bbb")]))
+    try:
+        assert launch.check_gpus(config, {}, fake_nvml).summary == "2 GPU(s) visible for TP 2"
+        assert launch.check_gpus(config, {"CUDA_VISIBLE_DEVICES": "GPU-bbb"}, fake_nvml).status == Status.FAIL
+        fake_nvml.configure({**machine([]), "init_error": "NVML_ERROR_LIBRARY_NOT_FOUND"})
+        unknown = launch.check_gpus(config, {}, fake_nvml)
+    finally:
+        fake_nvml.configure(None)
+    assert unknown.status == Status.WARN
+    assert unknown.summary.startswith("cannot count the GPUs (NVML not usable: ") and unknown.summary.endswith("); launching anyway")
+
+
+def test_the_nvml_module_can_be_named_in_the_environment(tmp_path, monkeypatch):
+    spec = tmp_path / "nvml.json"
+    spec.write_text(json.dumps(machine([gpu()])))
+    monkeypatch.setenv("STACKGATE_FAKE_NVML", str(spec))
+    monkeypatch.setenv("STACKGATE_NVML_MODULE", "fakes.fake_nvml")
+    (config,) = launch.configs(make_lock(tmp_path))
+    assert launch.check_gpus(config, {}).summary == "TP 2 needs 2 GPUs but 1 are visible; nothing was launched"
+
+
+# --- fast mode --------------------------------------------------------------------------------
+
+
+def model_dir(tmp_path: Path, **config: object) -> Path:
+    tmp_path.joinpath("config.json").write_text(json.dumps(config))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "config, layers, override",
+    [
+        ({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 80}, 4, {"num_hidden_layers": 4}),
+        ({"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 61, "first_k_dense_replace": 3}, 2, {"num_hidden_layers": 4}),
+        ({"architectures": ["ChatGLMModel"], "num_layers": 28}, 4, {"num_layers": 4}),
+        ({"architectures": ["GPT2LMHeadModel"], "n_layer": 12}, 4, {"n_layer": 4}),
+        ({"architectures": ["Tiny"], "num_hidden_layers": 2}, 4, {"num_hidden_layers": 2}),
+    ],
+    ids=["llama", "deepseek-keeps-a-moe-layer", "chatglm", "gpt2", "already-small"],
+)
+def test_fast_mode_shrinks_the_model_s_own_layer_key(tmp_path, config, layers, override):
+    assert dict(fastmode.shrink(model_dir(tmp_path, **config), layers).override) == override
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"architectures": ["KimiK25ForConditionalGeneration"], "text_config": {"num_hidden_layers": 61}}, "counts its layers in text_config"),
+        ({"architectures": ["Mystery"]}, "has none of num_hidden_layers, num_layers, n_layers, n_layer"),
+    ],
+)
+def test_fast_mode_says_why_it_cannot_shrink_a_model(tmp_path, config, message):
+    with pytest.raises(fastmode.FastModeError, match=message):
+        fastmode.shrink(model_dir(tmp_path, **config), 4)
+
+
+# --- the log ----------------------------------------------------------------------------------
+
+
+def test_the_watcher_follows_partial_lines_progress_bars_phases_and_evidence(tmp_path):
+    log = tmp_path / "server.log"
+    watcher = logscan.LogWatcher(log, context={"lock_backend": "flashinfer"}, evidence={"--fusion": r"FlashInfer workspace initialized for rank \d+"})
+    assert watcher.poll() == [] and watcher.phase == "launching"  # no file yet
+    with open(log, "a") as out:
+        out.write("[2026-01-12 10:00:00 TP0] Load weight begin. avail mem=93.52 GB\n\rLoading safetensors checkpoint shards:  25% Comp")
+    watcher.poll()
+    assert watcher.phase == "loading weights"  # the bar's line is not complete yet
+    with open(log, "a") as out:
+        out.write("leted\rLoading safetensors checkpoint shards: 100% Completed\n[2026-01-12 10:00:09 TP1] FlashInfer workspace initialized for rank 1, world_size 2\n")
+    watcher.poll()
+    assert watcher.phase == "loading weights (100%)"
+    assert watcher.last_lines() == [
+        "[2026-01-12 10:00:00 TP0] Load weight begin. avail mem=93.52 GB",
+        "Loading safetensors checkpoint shards: 100% Completed",
+        "[2026-01-12 10:00:09 TP1] FlashInfer workspace initialized for rank 1, world_size 2",
+    ]
+    (evidence,) = watcher.evidence
+    assert evidence.seen and evidence.line == 4
+
+
+def test_the_cause_is_the_specific_error_not_the_wrapper(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text(
+        "[2026-01-12 10:00:09 TP3] Scheduler hit an exception: Traceback (most recent call last):\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB.\n"
+        "[2026-01-12 10:00:09] Received sigquit from a child process. It usually means the child failed.\n"
+    )
+    watcher = logscan.LogWatcher(log)
+    watcher.poll()
+    assert watcher.fatal.signature.id == "sglang-scheduler-exception"  # the first to stop on
+    assert watcher.cause.signature.id == "cuda-out-of-memory"  # the one to report
+    results = logscan.finding_results(watcher.findings, "log", lock_backend="flashinfer")
+    assert [r.check for r in results] == ["log.cuda-out-of-memory", "log.sglang-scheduler-exception", "log.sglang-child-failed"]
+    assert results[0].summary == "A GPU ran out of memory" and results[0].data["text"] == "CUDA out of memory. Tried to allocate 3.50 GiB"
+
+
+def test_a_default_backend_equal_to_the_lock_s_is_only_a_warning(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("[2026-01-12 10:00:01] Attention backend not specified. Use flashinfer backend by default.\n")
+    watcher = logscan.LogWatcher(log, context={"lock_backend": "flashinfer"})
+    watcher.poll()
+    (result,) = logscan.finding_results(watcher.findings, "log", lock_backend="flashinfer")
+    assert result.status == Status.WARN
+
+
+# --- what really runs -------------------------------------------------------------------------
+
+
+def test_flags_are_compared_with_the_server_s_resolved_values():
+    info = {"enable_torch_symm_mem": True, "mem_fraction_static": 0.85, "cuda_graph_bs": [1, 2, 4], "json_model_override_args": '{"num_hidden_layers": 4}'}
+    words = ["--enable-torch-symm-mem", "--mem-fraction-static", "0.85", "--cuda-graph-bs", "1", "2", "4", "--json-model-override-args", '{"num_hidden_layers":4}']
+    assert serverinfo.check_flags(info, words).status == Status.PASS
+    wrong = serverinfo.check_flags({**info, "enable_torch_symm_mem": False}, words)
+    assert wrong.status == Status.FAIL and wrong.details == ("--enable-torch-symm-mem: asked True, the server runs enable_torch_symm_mem=False",)
+    unknown = serverinfo.check_flags(info, ["--tp", "2"])
+    assert unknown.status == Status.WARN and unknown.details == ("--tp: /server_info has no field 'tp'",)
+
+
+def test_another_server_answering_on_the_port_fails():
+    result = serverinfo.check_identity({"port": 30001, "model_path": "/other", "version": "0.5.9"}, "/server_info", 30000, "/models/m")
+    assert result.status == Status.FAIL and result.summary.endswith("another server answered")
+
+
+# --- statistics and verdicts ------------------------------------------------------------------
+
+
+def sample(tokens: int, seconds: float, asked: int = 100, ids: tuple[int, ...] = (1, 2, 3), error: str | None = None) -> bench.Sample:
+    return bench.Sample(asked, tokens, 0.0, seconds, 0.05, 1, tokens, ids, None, error)
+
+
+def figures(*samples: bench.Sample, stopped: str | None = None) -> bench.BenchFigures:
+    return bench._figures([], list(samples), stopped)
+
+
+def test_the_verdict_names_the_measured_and_the_baseline_figures():
+    slow = figures(sample(100, 1.25), sample(100, 1.25))  # 80 tok/s
+    lock = lockmodel.Benchmark(output_tokens=100, baseline_tok_s=92.6, max_regression=0.03)
+    verdict, short = bench.judge(slow, lock)
+    assert verdict.status == Status.FAIL and short is None
+    assert verdict.summary == "80.00 tok/s is 13.6% below the baseline 92.6 tok/s (allowed: 3.0%, floor 89.82)"
+    fine, _ = bench.judge(figures(sample(100, 1.08), sample(100, 1.08)), lock)
+    assert fine.status == Status.PASS and fine.summary == "92.59 tok/s vs baseline 92.6 (-0.0%; allowed -3.0%)"
+
+
+def test_without_a_baseline_the_figure_is_recorded_but_not_judged():
+    verdict, _ = bench.judge(figures(sample(100, 1.0)), lockmodel.Benchmark(output_tokens=100))
+    assert verdict.status == Status.SKIP and "no baseline_tok_s" in verdict.summary
+
+
+def test_a_short_run_is_flagged_and_left_out_of_the_figures():
+    done = figures(sample(100, 1.0), sample(90, 0.5))
+    assert done.tok_s.n == 1 and done.tok_s.mean == 100.0
+    _, short = bench.judge(done, lockmodel.Benchmark(output_tokens=100))
+    assert short.status == Status.WARN and short.details == ("run 2: 90 tokens in 0.500 s = 180.00 tok/s; TTFT 50 ms; decode 197.78 tok/s  SHORT (90 of 100)",)
+
+
+def test_a_stopped_benchmark_fails_with_its_reason():
+    verdict, _ = bench.judge(figures(sample(10, 0.1, error="cut"), stopped="run 1 failed: the server exited with code -9"), lockmodel.Benchmark(output_tokens=100))
+    assert verdict.summary == "the benchmark stopped: run 1 failed: the server exited with code -9"
+
+
+def test_the_reader_counts_tokens_from_completion_tokens_and_keeps_the_last_ids():
+    reader = bench._Reader(asked=6, incremental_ids=False)
+    events = [b'{"text":"a","output_ids":[1,2,3],"meta_info":{"completion_tokens":3}}', b'{"text":"a b","output_ids":[1,2,3,4,5,6],"meta_info":{"finish_reason":{"type":"length","length":6},"completion_tokens":6}}', b"[DONE]"]
+    for t, data in zip((1.0, 2.0, 2.0), events):
+        if reader.event(t, data):
+            break
+    got = reader.sample(0.0)
+    assert (got.tokens, got.first_tokens, got.output_ids, got.finish_reason, got.error) == (6, 3, (1, 2, 3, 4, 5, 6), {"type": "length", "length": 6}, None)
+    assert got.decode_tok_s == 3.0  # three tokens after the first event, one second later
+
+
+def test_the_reader_reports_a_server_error_and_a_missing_done():
+    reader = bench._Reader(asked=6, incremental_ids=False)
+    assert reader.event(1.0, b'{"error": {"message": "The input is too long"}}')
+    assert reader.sample(0.0).error == "the server reported an error: The input is too long"
+    cut = bench._Reader(asked=6, incremental_ids=True)
+    cut.event(1.0, b'{"output_ids":[7,8],"meta_info":{"completion_tokens":2}}')
+    cut.event(1.5, b'{"output_ids":[9],"meta_info":{"completion_tokens":3}}')
+    got = cut.sample(0.0)
+    assert got.output_ids == (7, 8, 9) and got.error == "the stream ended without [DONE] after 3 of 6 tokens"
+
+
+# --- the quality guard ------------------------------------------------------------------------
+
+
+def test_repeated_greedy_runs_must_agree():
+    same = [sample(100, 1.0, ids=(1, 2, 3, 4))] * 3
+    assert quality.check_repeatable(same).status == Status.PASS
+    other = [*same, sample(100, 1.0, ids=(1, 2, 9, 9))]
+    result = quality.check_repeatable(other)
+    assert result.status == Status.WARN and result.details == ("run 4 vs run 1: first 2 of 4 tokens identical, then diverge (50.0% of positions agree)",)
+    assert quality.check_repeatable(same[:1]).status == Status.SKIP
+
+
+# --- processes and teardown -------------------------------------------------------------------
+
+STUBBORN = "trap '' TERM; (trap '' TERM; setsid sleep 60) & sleep 60 & wait"
+
+
+def test_teardown_escalates_to_sigkill_and_finds_a_worker_that_left_the_group(tmp_path):
+    server = launch.start(["bash", "-c", STUBBORN], dict(os.environ), tmp_path / "server.log")
+    deadline = time.monotonic() + 5
+    while len(server.tree.scan()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    seen = server.tree.scan()
+    assert len(seen) >= 3
+    done = launch.stop(server, grace_s=0.5)
+    assert done.how.startswith("SIGKILL after 0.") and done.leftovers == () and done.exit_code == -signal.SIGKILL
+    assert living(seen) == []
+
+
+def test_an_interrupt_during_the_grace_period_goes_straight_to_sigkill(tmp_path):
+    server = launch.start(["bash", "-c", "trap '' TERM; sleep 60 & wait"], dict(os.environ), tmp_path / "server.log")
+    time.sleep(0.2)
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    done = launch.stop(server, grace_s=30.0)
+    assert done.interrupted and done.how.startswith("SIGKILL after") and done.leftovers == ()
+    assert server.teardown is done
+
+
+def test_a_process_tree_remembers_children_by_start_time(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        tree = ProcessTree(child.pid)
+        assert tree.scan() == [child.pid] and tree.alive() == [child.pid]
+    finally:
+        child.kill()
+        child.wait()
+    assert tree.alive() == []

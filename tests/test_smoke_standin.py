@@ -1,0 +1,416 @@
+"""smoke against the stand-in SGLang server: real processes, real HTTP, real log files.
+
+Every test ends by checking that no process of any server it launched is left, whatever happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+
+import pytest
+from smoke_support import Rig, assert_nothing_left, by_name, free_port, living
+
+from stackgate.checks.core import Status
+from stackgate.checks.report import write_json
+
+FUSION = "--enable-flashinfer-allreduce-fusion"
+EVIDENCE = {FUSION: "FlashInfer workspace initialized for rank"}
+SYMM_MEM_CRASH = [
+    "Scheduler hit an exception: Traceback (most recent call last):",
+    '  File "/opt/stackgate/current/lib/python3.12/site-packages/sglang/srt/distributed/device_communicators/torch_symm_mem.py", line 83, in __init__',
+    "    not in TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES[self.device_capability]",
+    "           ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~^^^^^^^^^^^^^^^^^^^^^^^^",
+    "KeyError: 12",
+]
+
+
+@pytest.fixture
+def rig(tmp_path, monkeypatch):
+    made = Rig(tmp_path, free_port())
+    monkeypatch.setenv("STACKGATE_FAKE_NVML", str(made.nvml_path))
+    yield made
+    for pid in living(made.processes()):  # a failed test must not leave servers behind either
+        os.kill(pid, signal.SIGKILL)
+
+
+def statuses(run):
+    return {r.check: r.status.name for r in run.results}
+
+
+def test_a_plain_smoke_passes_proves_what_runs_and_leaves_nothing(rig):
+    done = rig.run(rig.lock(flags=("--mem-fraction-static", "0.8")))
+    results = by_name(done.results)
+    assert done.verdict.passed, statuses(done)
+    assert [r.check for r in done.results] == [
+        "smoke.preflight.python", "smoke.preflight.model", "smoke.preflight.port", "smoke.preflight.gpus",
+        "smoke.launch", "smoke.server_info", "smoke.attention_backend", "smoke.tp_size", "smoke.flags", "smoke.log", "smoke.teardown",
+    ]  # fmt: skip
+    assert results["smoke.flags"].summary == "1 flag(s) run as asked"
+    assert done.server_info["version"] == "0.5.9" and done.server_info["attention_backend"] == "flashinfer"
+    session = done.sessions[0]
+    assert session.argv[1:] == ("-m", "sglang.launch_server", "--model-path", str(rig.model), "--tp-size", "1", "--host", "127.0.0.1", "--port", str(rig.port), "--attention-backend", "flashinfer", "--mem-fraction-static", "0.8")
+    assert session.teardown.how == "SIGTERM" and session.teardown.leftovers == ()
+    assert "SGLang" in results["smoke.teardown"].summary
+    assert_nothing_left(rig)
+
+
+@pytest.mark.parametrize("rate, burst, ttft_s", [(200.0, 1, 0.02), (120.0, 1, 0.5), (200.0, 4, 0.02)], ids=["steady", "slow-first-token", "bursts"])
+def test_measured_rates_are_within_one_percent_of_the_true_rate(rig, rate, burst, ttft_s):
+    rig.behave(rate=rate, burst=burst, ttft_s=ttft_s)
+    done = rig.run(rig.lock(benchmark={"output_tokens": 240, "runs": 2, "warmup": 0}), benchmark=True)
+    figures = done.figures
+    assert len(figures.good) == 2
+    for sample in figures.runs:
+        assert sample.tokens == 240  # from completion_tokens, not from the events
+        assert sample.events == 240 // burst
+        assert sample.decode_tok_s == pytest.approx(rate, rel=0.01)
+        # The whole run: the first event after TTFT, then (240 - burst) tokens at the rate.
+        assert sample.tok_s == pytest.approx(240 / (ttft_s + (240 - burst) / rate), rel=0.01)
+        assert sample.ttft_s >= ttft_s
+    assert by_name(done.results)["smoke.benchmark"].status == Status.SKIP  # no baseline in this lock
+    assert_nothing_left(rig)
+
+
+def test_a_regression_beyond_the_allowed_one_fails_naming_both_numbers(rig):
+    rig.behave(rate=200.0)
+    done = rig.run(rig.lock(benchmark={"baseline_tok_s": 300.0, "max_regression": 0.03}), benchmark=True)
+    verdict = by_name(done.results)["smoke.benchmark"]
+    mean = done.figures.tok_s.mean
+    assert verdict.status == Status.FAIL
+    assert verdict.summary.startswith(f"{mean:.2f} tok/s is ") and "below the baseline 300 tok/s (allowed: 3.0%, floor 291.00)" in verdict.summary
+    assert by_name(done.results)["smoke.quality"].status == Status.PASS
+    assert_nothing_left(rig)
+
+
+def test_a_flag_whose_path_never_initialised_fails_with_that_explanation(rig):
+    rig.gpus(2)
+    rig.behave(evidence=False)
+    done = rig.run(rig.lock(tp=2, flags=(FUSION,), evidence=EVIDENCE))
+    result = by_name(done.results)["smoke.evidence.enable-flashinfer-allreduce-fusion"]
+    assert result.status == Status.FAIL
+    assert result.summary == (
+        "--enable-flashinfer-allreduce-fusion was accepted (enable_flashinfer_allreduce_fusion=True in /server_info) "
+        "but the log never shows 'FlashInfer workspace initialized for rank': the path it enables never initialised"
+    )
+    assert by_name(done.results)["smoke.flags"].status == Status.PASS  # the flag itself was reported on
+    assert_nothing_left(rig)
+
+
+def test_a_flag_with_its_evidence_in_the_log_passes(rig):
+    rig.gpus(2)
+    done = rig.run(rig.lock(tp=2, flags=(FUSION,), evidence=EVIDENCE))
+    result = by_name(done.results)["smoke.evidence.enable-flashinfer-allreduce-fusion"]
+    assert result.status == Status.PASS and "FlashInfer workspace initialized for rank" in result.details[0]
+    assert done.verdict.passed
+    assert_nothing_left(rig)
+
+
+def test_a_backend_chosen_by_default_is_found_in_the_log_and_in_server_info(rig):
+    rig.behave(ignore_backend_flag=True, default_backend="triton")
+    done = rig.run(rig.lock())
+    results = by_name(done.results)
+    finding = results["smoke.log.sglang-attention-backend-default"]
+    assert finding.status == Status.FAIL  # the lock names flashinfer
+    assert finding.summary == "No --attention-backend: the server chose triton by itself"
+    assert "chose triton by itself; the stack runs flashinfer" in finding.details[0]
+    assert results["smoke.attention_backend"].summary == "the server runs the triton attention backend, the lock asks for flashinfer"
+    assert_nothing_left(rig)
+
+
+def test_a_crash_at_start_is_reported_with_exit_code_last_lines_and_the_known_cause(rig):
+    rig.behave(crash_at_start={"phase": "distributed", "lines": SYMM_MEM_CRASH})
+    done = rig.run(rig.lock(), benchmark=True)
+    results = by_name(done.results)
+    launch = results["smoke.launch"]
+    assert launch.status == Status.FAIL
+    assert launch.summary.startswith("the server exited (killed by SIGKILL, status 137; SGLang kills its own process tree on a fatal error)")
+    assert "known failure sglang-symm-mem-keyerror" in launch.summary
+    assert any("KeyError: 12" in line for line in launch.details)
+    keyerror = results["smoke.log.sglang-symm-mem-keyerror"]
+    assert keyerror.status == Status.FAIL and keyerror.summary == "--enable-torch-symm-mem has no size table for compute capability 12"
+    assert keyerror.fix.commands[0] == f"invoke provision --only patches --lock {rig.tmp / 'lock.toml'}"  # the fix names this lock
+    assert "smoke.benchmark" not in results  # nothing to measure
+    assert done.sessions[0].teardown.how == "exited by itself"
+    assert_nothing_left(rig)
+
+
+def test_a_fatal_log_line_while_loading_stops_the_wait_at_once(rig):
+    line = "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, unhandled cuda error"
+    rig.behave(fatal_line={"phase": "load", "line": line})
+    done = rig.run(rig.lock())  # ready_timeout_s is 60: the wait must end on the line, not the clock
+    ready = done.sessions[0].readiness
+    assert ready.reason == "fatal" and ready.finding.signature.id == "nccl-error"
+    results = by_name(done.results)
+    assert "fatal error" in results["smoke.launch"].summary and results["smoke.log.nccl-error"].status == Status.FAIL
+    # Still loading, the server has not installed its drain handler: SIGTERM ends it at once.
+    assert (done.sessions[0].teardown.how, done.sessions[0].teardown.exit_code) == ("SIGTERM", -signal.SIGTERM)
+    assert_nothing_left(rig)
+
+
+def test_a_server_that_hangs_while_loading_times_out_with_its_last_phase(rig):
+    rig.behave(hang=True)
+    done = rig.run(_short_timeout(rig))
+    launch = by_name(done.results)["smoke.launch"]
+    assert launch.status == Status.FAIL
+    assert launch.summary.startswith("not ready after 1.5 s (last phase: CUDA graphs captured; /health: still loading (connection refused))")
+    assert "ready_timeout_s" in launch.fix.text
+    assert_nothing_left(rig)
+
+
+def _short_timeout(rig):
+    path = rig.lock()
+    path.write_text(path.read_text().replace("ready_timeout_s = 60", "ready_timeout_s = 1.5"))
+    return path
+
+
+def test_a_server_dying_mid_stream_stops_the_benchmark_with_its_cause(rig):
+    oom = ["Scheduler hit an exception: Traceback (most recent call last):", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.80 GiB"]
+    rig.behave(die_mid_stream={"after_tokens": 60, "lines": oom})
+    done = rig.run(rig.lock(benchmark={"warmup": 0}), benchmark=True)
+    results = by_name(done.results)
+    bench = results["smoke.benchmark"]
+    assert bench.status == Status.FAIL
+    # Whichever the watcher saw first: the fatal lines it wrote, or its death just after them.
+    assert re.match(r"the benchmark stopped: run 1 failed: the server (exited with code -9|logged a fatal error \((sglang-scheduler-exception|cuda-out-of-memory))", bench.summary)
+    assert results["smoke.log.cuda-out-of-memory"].status == Status.FAIL
+    assert results["smoke.log.cuda-out-of-memory"].data["text"] == "CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert done.figures.runs[0].tokens < 200
+    assert_nothing_left(rig)
+
+
+def test_a_fatal_log_line_mid_stream_cuts_the_stream_at_once(rig):
+    watchdog = "[rank0]:[E ProcessGroupNCCL.cpp:523] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600012 milliseconds before timing out."
+    rig.behave(rate=100.0, fatal_mid_stream={"after_tokens": 20, "line": watchdog})
+    done = rig.run(rig.lock(benchmark={"warmup": 0, "output_tokens": 3000}), benchmark=True)  # 30 s if not cut
+    bench = by_name(done.results)["smoke.benchmark"]
+    assert bench.status == Status.FAIL
+    assert "the server logged a fatal error (nccl-watchdog-timeout" in bench.summary
+    sample = done.figures.runs[0]
+    assert sample.tokens < 3000 and "cut on purpose" in sample.error
+    assert_nothing_left(rig)
+
+
+def test_a_server_ignoring_sigterm_and_an_escaped_worker_are_killed(rig):
+    rig.behave(ignore_sigterm=True, escape=True)
+    done = rig.run(rig.lock())
+    teardown = done.sessions[0].teardown
+    assert teardown.how.startswith("SIGKILL after 3.") and teardown.leftovers == ()
+    escaped = rig.events("workers")[0]["pids"][0]  # it left the group for a session of its own
+    assert living([escaped]) == []
+    assert by_name(done.results)["smoke.teardown"].status == Status.PASS
+    assert_nothing_left(rig)
+
+
+def test_sglang_s_real_drain_poll_fits_in_the_grace_period(rig):
+    rig.behave(drain_poll_s=5.0)
+    path = rig.lock()
+    path.write_text(path.read_text().replace("stop_grace_s = 3", "stop_grace_s = 15"))
+    done = rig.run(path)
+    teardown = done.sessions[0].teardown
+    assert teardown.how == "SIGTERM"  # it drained and ended itself: no SIGKILL from smoke
+    assert teardown.exit_code == -signal.SIGKILL
+    assert_nothing_left(rig)
+
+
+def test_a_taken_port_is_refused_before_launch(rig):
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", rig.port))
+        squatter.listen()
+        done = rig.run(rig.lock())
+    port = by_name(done.results)["smoke.preflight.port"]
+    assert port.status == Status.FAIL
+    assert port.summary == f"port {rig.port} on 127.0.0.1 is taken; nothing was launched (SGLang would find out only after loading the weights)"
+    assert port.fix.commands == (f"ss -ltnp 'sport = :{rig.port}'",)
+    assert rig.events() == [] and not rig.runs.exists()  # nothing started, no log
+
+
+@pytest.mark.parametrize("problem", ["missing", "no-config", "bad-config"])
+def test_a_missing_or_unreadable_model_is_refused_before_launch(rig, problem):
+    if problem == "missing":
+        rig.model.joinpath("config.json").unlink()
+        rig.model.rmdir()
+        want = "no such file or directory"
+    elif problem == "no-config":
+        rig.model.joinpath("config.json").unlink()
+        want = "has no config.json (not a Hugging Face model directory)"
+    else:
+        rig.model.joinpath("config.json").write_text("{not json")
+        want = "config.json is not JSON"
+    done = rig.run(rig.lock())
+    model = by_name(done.results)["smoke.preflight.model"]
+    assert model.status == Status.FAIL and want in model.summary and model.summary.endswith("; nothing was launched")
+    assert rig.events() == []
+    assert not done.verdict.passed
+
+
+def test_fewer_gpus_than_tp_are_refused_before_launch(rig):
+    rig.gpus(2)
+    done = rig.run(rig.lock(tp=2, env={"CUDA_VISIBLE_DEVICES": "1"}))
+    gpus = by_name(done.results)["smoke.preflight.gpus"]
+    assert gpus.status == Status.FAIL
+    assert gpus.summary == "TP 2 needs 2 GPUs but 1 are visible (CUDA_VISIBLE_DEVICES='1'); nothing was launched"
+    assert rig.events() == []
+
+
+def test_an_older_server_is_read_through_get_server_info(rig):
+    rig.behave(server_info_404=True)
+    done = rig.run(rig.lock())
+    assert done.sessions[0].info_endpoint == "/get_server_info"
+    assert by_name(done.results)["smoke.server_info"].summary == "SGLang 0.5.9 reports its configuration (/get_server_info)"
+    assert_nothing_left(rig)
+
+
+def test_a_flag_the_server_changed_fails(rig):
+    rig.behave(resolve={"mem_fraction_static": 0.7})
+    done = rig.run(rig.lock(flags=("--mem-fraction-static", "0.8")))
+    flags = by_name(done.results)["smoke.flags"]
+    assert flags.status == Status.FAIL
+    assert flags.details == ("--mem-fraction-static: asked '0.8', the server runs mem_fraction_static=0.7",)
+    assert_nothing_left(rig)
+
+
+def test_keep_server_leaves_it_up_and_the_printed_command_stops_it(rig):
+    done = rig.run(rig.lock(), keep_server=True)
+    session = done.sessions[0]
+    assert session.kept and session.teardown is None
+    assert living([session.pid]) == [session.pid]
+    teardown = by_name(done.results)["smoke.teardown"]
+    assert teardown.summary == f"left running on purpose (--keep-server): process group {session.pid}; stop it with `kill -TERM -- -{session.pid}`"
+    subprocess.run(["bash", "-c", f"kill -TERM -- -{session.pid}"], check=True)
+    assert_nothing_left(rig)
+
+
+def test_fast_mode_launches_random_weights_and_a_few_layers_and_labels_its_figure(rig):
+    done = rig.run(rig.lock(benchmark={"baseline_tok_s": 10000.0}), fast=True, benchmark=True)
+    session = done.sessions[0]
+    assert session.argv[-4:] == ("--load-format", "dummy", "--json-model-override-args", '{"num_hidden_layers": 4}')
+    assert session.server_info["load_format"] == "dummy"
+    assert session.server_info["json_model_override_args"] == '{"num_hidden_layers": 4}'
+    results = by_name(done.results)
+    assert results["smoke.flags"].status == Status.PASS
+    bench = results["smoke.benchmark"]
+    assert bench.status == Status.PASS  # never compared with the baseline of 10000 tok/s
+    assert bench.summary.startswith("fast mode: random weights, 4 of 32 layers of LlamaForCausalLM: ")
+    assert bench.summary.endswith("tok/s, a fast-mode figure never compared with the baseline")
+    assert results["smoke.quality"].status == Status.SKIP
+    assert_nothing_left(rig)
+
+
+def test_fast_mode_refuses_a_model_whose_layers_are_nested(rig):
+    rig.write_model(architectures=["KimiK25ForConditionalGeneration"], text_config={"num_hidden_layers": 61, "num_attention_heads": 64})
+    done = rig.run(rig.lock(), fast=True)
+    refused = by_name(done.results)["smoke.fast_mode"]
+    assert refused.status == Status.FAIL and "counts its layers in text_config" in refused.summary
+    assert rig.events() == []
+
+
+def test_the_quality_guard_warns_when_greedy_runs_differ_and_strict_fails(rig):
+    rig.behave(diverge_from=37)
+    lock = rig.lock(benchmark={"runs": 3, "warmup": 0})
+    done = rig.run(lock, benchmark=True)
+    guard = by_name(done.results)["smoke.quality"]
+    assert guard.status == Status.WARN
+    assert guard.details == ("run 2 vs run 1: first 37 of 200 tokens identical, then diverge (18.5% of positions agree)",)
+    assert done.verdict.passed
+    strict = rig.run(lock, benchmark=True, strict=True)
+    assert not strict.verdict.passed and strict.verdict.reason == "1 warning(s) with --strict"
+    assert_nothing_left(rig)
+
+
+def test_short_runs_are_flagged_and_left_out(rig):
+    rig.behave(short_by=5)
+    done = rig.run(rig.lock(), benchmark=True)
+    results = by_name(done.results)
+    assert results["smoke.benchmark.short_runs"].status == Status.WARN
+    assert results["smoke.benchmark.short_runs"].summary.startswith("2 run(s) returned fewer tokens than the 200 asked (runs 1, 2)")
+    assert results["smoke.benchmark"].summary == "no run returned the 200 tokens asked"
+    assert_nothing_left(rig)
+
+
+def test_the_json_report_records_the_run_and_redacts_secrets(rig, tmp_path):
+    done = rig.run(rig.lock(env={"HF_TOKEN": "hf_abc", "MY_API_KEY": "k", "NCCL_DEBUG": "INFO"}), benchmark=True)
+    doc = done.document()
+    write_json(tmp_path / "smoke.json", doc)
+    reread = json.loads((tmp_path / "smoke.json").read_text())
+    session = reread["smoke"]["sessions"][0]
+    assert reread["schema"] == "stackgate.report/1" and reread["smoke"]["schema"] == "stackgate.smoke/1"
+    assert session["environment"]["HF_TOKEN"] == "<redacted>" and session["environment"]["MY_API_KEY"] == "<redacted>"
+    assert session["set_by_stackgate"]["NCCL_DEBUG"] == "INFO"
+    assert "hf_abc" not in json.dumps(reread)
+    assert session["command"][1:4] == ["-m", "sglang.launch_server", "--model-path"]
+    assert session["server_info"]["version"] == "0.5.9"
+    assert os.path.exists(session["log_path"])
+    assert len(session["benchmark"]["runs"]) == 2 and session["benchmark"]["tok_s"]["n"] == 2
+    assert {r["check"] for r in reread["results"]} >= {"smoke.launch", "smoke.benchmark", "smoke.teardown"}
+    assert_nothing_left(rig)
+
+
+def test_gpu_memory_still_held_after_teardown_is_a_warning(rig):
+    rig.behave(leak=True)
+    done = rig.run(rig.lock())
+    leaked = rig.events("leaked")[0]["pid"]
+    try:
+        memory = by_name(done.results)["smoke.gpu_memory"]
+        assert memory.status == Status.WARN
+        assert memory.summary == "GPU memory not released after teardown: GPU 0: +2.00 GiB since launch"
+    finally:
+        os.kill(leaked, signal.SIGKILL)
+    assert_nothing_left(rig)
+
+
+def test_compare_reports_both_the_difference_and_where_speculation_stops_paying(rig):
+    draft = rig.tmp / "draft"
+    draft.mkdir()
+    draft.joinpath("config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1}))
+    rig.behave(rate=100.0, profiles=[{"when": {"speculative_algorithm": "EAGLE3"}, "set": {"rate": 150.0, "burst": 3, "rate_by_streams": {"3": 60.0}}}])
+    tables = f'[smoke.speculative]\nalgorithm = "EAGLE3"\ndraft_model = "{draft}"\nnum_steps = 3\n\n[smoke.compare]\nname = "plain"\nspeculative = false\n'
+    done = rig.run(rig.lock(tables=tables, benchmark={"output_tokens": 150, "runs": 2, "warmup": 0}), compare=True, concurrency=(1, 3))
+    results = by_name(done.results)
+    assert [s.config.title for s in done.sessions] == ["plain", "lock"]
+    assert "--speculative-algorithm" not in done.sessions[0].argv
+    assert done.sessions[1].argv[-6:] == ("--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(draft), "--speculative-num-steps", "3")
+    assert results["smoke.plain.launch"].status == Status.PASS and results["smoke.launch"].status == Status.PASS
+    compare = results["smoke.compare"]
+    assert compare.status == Status.PASS and compare.summary.startswith("lock vs plain: +")
+    assert results["smoke.compare.quality"].summary == "plain and lock agree: all 150 tokens identical"
+    crossover = results["smoke.compare.concurrency"]
+    assert crossover.summary == "speculative decoding stops paying at 3 concurrent streams"
+    assert crossover.data["stops_paying_at"] == 3
+    assert_nothing_left(rig)
+
+
+def test_compare_warns_when_the_configurations_disagree(rig):
+    rig.gpus(2)
+    rig.behave(profiles=[{"when": {"enable_flashinfer_allreduce_fusion": True}, "set": {"shift_from": 120}}])
+    done = rig.run(rig.lock(tp=2, flags=(FUSION,), evidence=EVIDENCE), compare=True)
+    results = by_name(done.results)
+    assert "smoke.baseline.evidence.enable-flashinfer-allreduce-fusion" not in results
+    assert FUSION not in done.sessions[0].argv and FUSION in done.sessions[1].argv
+    quality = results["smoke.compare.quality"]
+    assert quality.status == Status.WARN
+    assert quality.summary == "baseline and lock give different greedy outputs: first 120 of 200 tokens identical, then diverge (60.0% of positions agree)"
+    assert_nothing_left(rig)
+
+
+def test_an_interpreter_without_sglang_fails_with_the_known_cause(rig):
+    done = rig.run(rig.lock(env={"PYTHONPATH": ""}))  # the real interpreter, no stand-in on its path
+    results = by_name(done.results)
+    assert results["smoke.launch"].summary.startswith("the server exited (exit code 1) after ")
+    missing = results["smoke.log.module-not-installed"]
+    assert missing.summary == "Module sglang is not installed"
+    assert missing.fix.commands[0].startswith("invoke provision --only python --lock ")
+    assert rig.events() == []
+
+
+def test_a_flag_this_sglang_does_not_know_is_refused_by_its_parser(rig):
+    done = rig.run(rig.lock(flags=("--enable-allreduce-fusion",)))
+    results = by_name(done.results)
+    assert results["smoke.launch"].summary.startswith("the server exited (exit code 2) after ")
+    refused = results["smoke.log.sglang-bad-arguments"]
+    assert refused.summary == "SGLang refused its command line: unrecognized arguments: --enable-allreduce-fusion"
+    assert_nothing_left(rig)
