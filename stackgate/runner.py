@@ -6,6 +6,7 @@ whole tree it started, never just its leader.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import os
 import shlex
@@ -16,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import IO, Callable, Mapping, Sequence
 
 __all__ = ["Completed", "kill_group", "run", "run_logged", "spawn", "stream", "terminate_all"]
 
@@ -205,19 +206,8 @@ def stream(
         timer = threading.Timer(timeout_s if timeout_s is not None else 1e9, lambda: (expired.set(), kill_group(process.pid)))
         timer.daemon = True
         timer.start()
-        kept: list[str] = []
-        size = 0
         try:
-            assert process.stdout is not None
-            for line in process.stdout:
-                sink.write(line)
-                sink.flush()
-                kept.append(line)
-                size += len(line)
-                while size > _KEEP_CHARS and len(kept) > 1:
-                    size -= len(kept.pop(0))
-                if on_line is not None:
-                    on_line(line.rstrip("\n"))
+            kept = _pump(process, sink, on_line)
             returncode = process.wait()
         except BaseException:
             kill_group(process.pid)
@@ -227,7 +217,24 @@ def stream(
             timer.cancel()
             with _LIVE_GUARD:
                 _LIVE.discard(process.pid)
-    return Completed(args, None if expired.is_set() else returncode, "".join(kept), "", time.monotonic() - started)
+    return Completed(args, None if expired.is_set() else returncode, kept, "", time.monotonic() - started)
+
+
+def _pump(process: subprocess.Popen[str], sink: IO[str], on_line: Callable[[str], None] | None) -> str:
+    """Copy the child's output to the log as it comes; keep its last megabyte for the caller."""
+    kept: collections.deque[str] = collections.deque()
+    size = 0
+    assert process.stdout is not None
+    for line in process.stdout:
+        sink.write(line)
+        sink.flush()
+        kept.append(line)
+        size += len(line)
+        while size > _KEEP_CHARS and len(kept) > 1:
+            size -= len(kept.popleft())
+        if on_line is not None:
+            on_line(line.rstrip("\n"))
+    return "".join(kept)
 
 
 def run_logged(argv: Sequence[str | Path], log: Path, *, timeout_s: float | None, env: Mapping[str, str] | None = None, cwd: Path | str | None = None) -> Completed:
