@@ -78,3 +78,12 @@ def install_dist(site: Path, name: str, version: str, requires: tuple[str, ...] 
     record += [f"{dist_info.name}/METADATA,,", f"{dist_info.name}/RECORD,,"]
     (dist_info / "RECORD").write_text("\n".join(record) + "\n")
     return dist_info
+
+
+@pytest.fixture(autouse=True)
+def _runs_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The runs that gate and smoke keep (`invoke report`) go to a folder of each test's own,
+    never to the user's state directory; subprocesses inherit it."""
+    folder = tmp_path_factory.mktemp("runs")
+    monkeypatch.setenv("STACKGATE_RUNS_DIR", str(folder))
+    return folder
