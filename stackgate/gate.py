@@ -311,10 +311,8 @@ def _outcome(stage: Stage, results: Sequence[Result], seconds: float, strict: bo
         words = {"PASS": "passed", "WARN": "warning(s)", "SKIP": "skipped"}
         status, reason = PASSED, ", ".join(f"{verdict.counts[k]} {w}" for k, w in words.items() if verdict.counts.get(k))
     else:
-        worst = max(results, key=lambda r: r.status, default=None)
-        first = next((r for r in results if r.status >= Status.FAIL), worst)
-        status = FAILED
-        reason = verdict.reason + (f": {first.check}: {first.summary}" if first is not None and first.status >= Status.FAIL else "")
+        first = next((r for r in results if r.status >= Status.FAIL), None)
+        status, reason = FAILED, verdict.reason + (f": {first.check}: {first.summary}" if first is not None else "")
     return StageRun(stage.name, stage.title, stage.needs, status, reason, tuple(results), seconds, verdict)
 
 

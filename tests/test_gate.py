@@ -19,7 +19,10 @@ from smoke_support import ROOT, Rig, assert_nothing_left, free_port, living
 
 from stackgate import gate
 from stackgate.checks.core import Result, Status, failed, passed, skipped, warned
+from stackgate.checks.facts import Distribution, Facts, Missing, ProbeFacts
 from stackgate.exitcodes import ExitCode
+from stackgate.stack import generations, pyenv
+from stackgate.stack import lock as lockmodel
 from stackgate.ui import UI
 
 TESTS = ROOT / "tests"
@@ -316,3 +319,70 @@ def test_a_gate_against_the_standin_passes_then_regresses_and_report_names_the_c
     assert "    attention_backend: flashinfer -> triton" in lines
     assert "  server:" in lines and "  lock:" in lines
     assert any(line.startswith("  benchmark smoke.benchmark: PASS -> FAIL") for line in lines)
+
+
+# --- the environment stage against a root's generations ----------------------------------------
+
+
+def root_lock(tmp_path: Path, **replace: str) -> lockmodel.Lock:
+    text = (ROOT / "lockfiles" / "blackwell-sm120-cu130.toml").read_text().replace('root = "/opt/stackgate"', f'root = "{tmp_path / "root"}"')
+    for old, new in replace.items():
+        text = text.replace(old, new)
+    path = tmp_path / "lock.toml"
+    path.write_text(text)
+    return lockmodel.load(path)
+
+
+def provisioned(lock: lockmodel.Lock, spec: dict | None = None, sha256: str | None = None) -> None:
+    """A root whose current generation was built from ``spec`` (default: this lock's)."""
+    home = generations.generations_dir(lock.python.root) / "0001-built"
+    about = {"spec": spec or pyenv.spec(lock), "lock": {"path": str(lock.path), "sha256": sha256 or lock.sha256}}
+    generations.switch(lock.python.root, generations.mark(generations.create(home, about), "ready"))
+
+
+def installed(lock: lockmodel.Lock, **changes: str) -> Facts:
+    found = {p.name: Distribution(p.name, changes.get(p.name, p.pinned_version or "0"), (), "/site-packages") for p in lock.python.packages}
+    facts = Facts(lock, environ={})
+    facts.provide("dists", ProbeFacts("/root/current/bin/python", "3.12.3", {"python_version": "3.12"}, found, None, 0.0))
+    facts.provide("patches", ())
+    return facts
+
+
+def test_the_live_generation_built_from_this_lock_passes(tmp_path):
+    lock = root_lock(tmp_path)
+    provisioned(lock, sha256="b" * 64)
+    result = gate._generation(lock)
+    assert result.status == Status.PASS and result.summary == f"{tmp_path / 'root' / 'current'} -> generation 0001-built, built from this lock's Python stack"
+    assert result.details == ("built from another version of the lockfile (sha256 bbbbbbbbbbbb) with the same Python stack",)
+    assert gate._drift(lock, installed(lock)).status == Status.PASS
+
+
+def test_a_lock_whose_stack_changed_since_the_generation_was_built_fails_naming_the_change(tmp_path):
+    lock = root_lock(tmp_path)
+    provisioned(lock)
+    changed = root_lock(tmp_path, **{'sglang = "==0.5.9"': 'sglang = "==0.5.10"'})
+    result = gate._generation(changed)
+    assert result.status == Status.FAIL
+    assert result.summary == "the lock's Python stack changed since generation 0001-built was built: packages.sglang.version: ==0.5.9 -> ==0.5.10"
+    assert result.fix.commands == (f"invoke provision --lock {changed.path}",)
+
+
+def test_no_generation_fails_and_drift_cannot_be_judged(tmp_path):
+    lock = root_lock(tmp_path)
+    assert gate._generation(lock).summary == f"no live environment: {tmp_path / 'root' / 'current'} does not exist"
+    facts = Facts(lock, environ={})
+    facts.provide("dists", Missing("no stack environment"))
+    assert gate._drift(lock, facts).status == Status.SKIP
+
+
+def test_a_moved_package_is_drift(tmp_path):
+    lock = root_lock(tmp_path)
+    result = gate._drift(lock, installed(lock, torch="2.10.0"))
+    assert result.status == Status.FAIL
+    assert result.summary == "1 difference(s) from the lock: torch is 2.10.0, locked ==2.9.1+cu130"
+
+
+def test_a_lock_naming_an_interpreter_has_no_generation_to_compare():
+    lock = lockmodel.load(ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
+    result = gate._generation(lock)
+    assert result.status == Status.SKIP and "there is no generation to compare" in result.summary
