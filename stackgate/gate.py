@@ -423,8 +423,8 @@ def run(request: GateRequest, ui: UI) -> ExitCode:
     done = run_gate(request, ui)
     if done.usage is not None:
         ui.error(f"stackgate: {done.usage}")
-    render(done, ui)
     doc = done.document()
+    render(done, doc, ui)
     write_reports(doc, request)
     if done.usage is None:
         stored = history.keep(doc, done.lock, ui.error)
@@ -435,7 +435,7 @@ def run(request: GateRequest, ui: UI) -> ExitCode:
     return done.exit_code
 
 
-def render(done: GateRun, ui: UI) -> None:
+def render(done: GateRun, doc: Mapping[str, Any], ui: UI) -> None:
     """The console summary: each stage that ran, the benchmark, the stage table, the verdict."""
     count = len(done.stages)
     for number, stage in enumerate(done.stages, 1):
@@ -449,7 +449,7 @@ def render(done: GateRun, ui: UI) -> None:
     rows = [[s.name, s.status, f"{s.duration_s:.1f}", s.reason] for s in done.stages]
     lock = f"{done.lock.name} ({done.lock.path})" if done.lock else str(done.request.lock_path or lockmodel.default_lock_path())
     ui.table(f"stackgate gate: {lock}", ["stage", "status", "seconds", "reason"], rows, align="llrl")
-    for line in summaries.headline_lines(done.document()):
+    for line in summaries.headline_lines(doc):
         ui.line(line)
     word = "PASSED" if done.exit_code == ExitCode.PASSED else "INTERRUPTED" if done.interrupted else "FAILED"
     reason = "" if done.verdict.passed else f" ({done.verdict.reason})"

@@ -6,16 +6,16 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import exposition
 import pytest
-from smoke_support import ROOT, Rig, assert_nothing_left, free_port, living
+from smoke_support import ROOT, Rig, assert_nothing_left, living, wait_for
 
 from stackgate import gate
 from stackgate.checks.core import Result, Status, failed, passed, skipped, warned
@@ -221,9 +221,7 @@ def test_ctrl_c_exits_130_writes_the_reports_and_keeps_the_run(tmp_path, _runs_d
     environ = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1"}
     argv = [sys.executable, "-m", "invoke", "gate", "--lock", str(lock), "--model", str(tmp_path), "--json", str(report)]
     process = subprocess.Popen(argv, cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while not marker.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(marker.exists, 60)  # the environment stage's probe hangs in the stand-in interpreter
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=60)
     assert process.returncode == 130 and "stackgate: interrupted" in err
@@ -232,24 +230,19 @@ def test_ctrl_c_exits_130_writes_the_reports_and_keeps_the_run(tmp_path, _runs_d
     assert statuses(doc)["environment"] == "interrupted" and stage(doc, "verify")["reason"] == "the gate was interrupted"
     assert [d["run_id"] for d in kept(_runs_dir)] == [doc["run_id"]]
     pids = [int(p) for p in Path(f"{marker}.pids").read_text().split()]
-    deadline = time.monotonic() + 10
-    while living(pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert living(pids) == []  # the probes' process groups were killed
+    wait_for(lambda: not living(pids), 10)  # the probes' process groups were killed
 
 
 # --- end to end against the stand-in -----------------------------------------------------------
 
 
 @pytest.fixture
-def rig(tmp_path, monkeypatch):
-    made = Rig(tmp_path, free_port())
+def standin(rig, tmp_path, monkeypatch):
+    """The stand-in's rig, with the fake NVML named for every part of the gate that asks."""
     monkeypatch.setenv("STACKGATE_NVML_MODULE", "fakes.fake_nvml")
-    monkeypatch.setenv("STACKGATE_FAKE_NVML", str(made.nvml_path))
+    monkeypatch.setenv("STACKGATE_FAKE_NVML", str(rig.nvml_path))
     monkeypatch.setenv("STACKGATE_RUN_DIR", str(tmp_path / "logs"))
-    yield made
-    for pid in living(made.processes()):
-        os.kill(pid, signal.SIGKILL)
+    return rig
 
 
 def gate_lock(rig: Rig, python: Path, backend: str = "flashinfer") -> Path:
@@ -268,7 +261,8 @@ def run_gate(lock: Path, out: Path, **request: object) -> tuple[int, dict, str]:
     return code, json.loads(reports["json_path"].read_text()), stream.getvalue()
 
 
-def test_a_gate_against_the_standin_passes_then_regresses_and_report_names_the_change(rig, plain_python, tmp_path, _runs_dir):
+def test_a_gate_against_the_standin_passes_then_regresses_and_report_names_the_change(standin, plain_python, tmp_path, _runs_dir):
+    rig = standin
     # The stand-in decodes 200 tok/s per stream, 150 with the triton backend (as the
     # reference deployment saw triton cost speed); the lock's floor is 190 * 0.95 = 180.5.
     rig.behave(rate=200.0, profiles=[{"when": {"attention_backend": "triton"}, "set": {"rate": 150.0}}])
@@ -307,7 +301,7 @@ def test_a_gate_against_the_standin_passes_then_regresses_and_report_names_the_c
     assert exposition.parse((tmp_path / "slow.prom").read_text())["stackgate_gate_stage_status"].value(stage="benchmark", status="failed") == 1
     assert_nothing_left(rig)
 
-    listing = invoke("report")
+    listing = invoke("report", env={"PYTHONIOENCODING": "utf-8"})
     assert listing.returncode == 0, listing.stderr
     assert [line.split()[3] for line in listing.stdout.splitlines() if "-gate-" in line] == ["passed", "passed", "passed", "failed"]
     assert "trend standin (decode tok/s, last 4 run(s)): ██ ▁" in listing.stdout
@@ -315,7 +309,9 @@ def test_a_gate_against_the_standin_passes_then_regresses_and_report_names_the_c
     diff = invoke("report", "--", good["run_id"], slow["run_id"])
     assert diff.returncode == 0, diff.stderr
     lines = diff.stdout.splitlines()
-    assert any(line.startswith("decode tok/s: 2") and " -> 15" in line and "(-25." in line for line in lines), diff.stdout
+    (speed,) = [re.match(r"decode tok/s: ([\d.]+) -> ([\d.]+): -[\d.]+ tok/s \((-[\d.]+)%; 95% CI ", line) for line in lines if line.startswith("decode tok/s")]
+    assert speed is not None, diff.stdout
+    assert [float(speed[1]), float(speed[2]), float(speed[3])] == pytest.approx([200.0, 150.0, -25.0], rel=0.01)
     assert "    attention_backend: flashinfer -> triton" in lines
     assert "  server:" in lines and "  lock:" in lines
     assert any(line.startswith("  benchmark smoke.benchmark: PASS -> FAIL") for line in lines)

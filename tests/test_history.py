@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from history_support import gate_doc, keep
-from smoke_support import ROOT, Rig, assert_nothing_left, free_port, living
+from smoke_support import ROOT, assert_nothing_left
 
 from stackgate import history
 from stackgate.checks.core import Status
@@ -130,14 +129,6 @@ def test_report_usage_errors_exit_2(tmp_path):
     for args, text in [(("--", "a", "b", "c"), "name at most two runs"), (("--", "nope"), "no run 'nope'"), (("--html", str(tmp_path / "x.html"), "--", "a", "b"), "--html takes at most one run")]:
         done = invoke("report", *args, env=env)
         assert done.returncode == 2 and text in done.stderr, done.stderr
-
-
-@pytest.fixture
-def rig(tmp_path):
-    made = Rig(tmp_path, free_port())
-    yield made
-    for pid in living(made.processes()):
-        os.kill(pid, signal.SIGKILL)
 
 
 def test_smoke_keeps_its_runs_and_report_compares_them_on_what_they_recorded(rig, tmp_path):
