@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from invoke import task
-from invoke.exceptions import Exit
 
 from stackgate import cli
 from stackgate.ui import UI
@@ -18,10 +17,6 @@ LOCK_HELP = "lockfile to use (default: $STACKGATE_LOCK, then lockfiles/blackwell
 
 def _path(value: str | None) -> Path | None:
     return Path(value) if value else None
-
-
-def _not_yet(name: str) -> None:
-    raise Exit(f"stackgate: `invoke {name}` is not implemented yet", code=2)
 
 
 @task(
@@ -94,10 +89,26 @@ def smoke(c, lock=None, benchmark=False, compare=False, concurrency=None, fast=F
     cli.run_command(go, usage_errors=(command.LaunchError, command.SmokeUsageError))
 
 
-@task(help={"lock": LOCK_HELP, "json": "write the JSON report here", "junit": "write a JUnit XML report here"})
-def gate(c, lock=None, json=None, junit=None):
-    """Run the whole pre-deploy gate: verify --deep, then smoke --benchmark; one verdict."""
-    _not_yet("gate")
+@task(
+    incrementable=["verbose"],
+    help={
+        "lock": LOCK_HELP,
+        "json": "write the JSON report here: every stage's results, status, reason and time, the fingerprint, the benchmark",
+        "junit": "write a JUnit XML report here: one testsuite per stage",
+        "markdown": "write a Markdown summary here, for a CI job summary (the file is replaced, not appended to)",
+        "prom": "write Prometheus metrics here for node_exporter's textfile collector (a .prom file in its directory)",
+        "fast_only": "stop after the fast smoke (random weights, a few layers): a gate in minutes, without the benchmark",
+        "model": "model directory the smoke stages launch (default: [smoke] model)",
+        "strict": "fail on warnings too",
+        "verbose": "show details of passing checks",
+    },
+)
+def gate(c, lock=None, json=None, junit=None, markdown=None, prom=None, fast_only=False, model=None, strict=False, verbose=0):
+    """Run the pre-deploy gate: environment, verify --deep, fast smoke, benchmark; one verdict."""
+    from stackgate import gate as command
+
+    request = command.GateRequest(_path(lock), _path(json), _path(junit), _path(markdown), _path(prom), fast_only, model, strict)
+    cli.run_command(lambda: command.run(request, UI(verbose=verbose)), usage_errors=(command.GateUsageError,))
 
 
 @task(help={"lock": LOCK_HELP})
@@ -109,10 +120,24 @@ def rollback(c, lock=None):
     cli.run_command(lambda: command.rollback(request, UI()), usage_errors=(command.ProvisionUsage,))
 
 
-@task(help={})
-def report(c):
-    """List past runs, or show what changed between two of them."""
-    _not_yet("report")
+@task(
+    iterable=["run"],
+    help={
+        "run": "a run: its id, a unique prefix, its JSON file, or -1 (the newest), -2 ...; twice to compare (or give them after --: invoke report -- A B)",
+        "lock": "lockfile whose history to read (<python.root>/runs; default as for the other commands)",
+        "html": "write a self-contained HTML page here: the history, or the one run named",
+        "runs_dir": "read the runs kept in this folder instead (default: $STACKGATE_RUNS_DIR, the lock's root, ~/.local/state/stackgate/runs)",
+    },
+)
+def report(c, run=None, lock=None, html=None, runs_dir=None):
+    """List past runs and their trend, show one, or show what changed between two."""
+    import shlex
+
+    from stackgate import reporting as command
+
+    runs = (*(run or ()), *shlex.split(c.remainder or ""))
+    request = command.ReportRequest(tuple(runs), _path(lock), _path(html), _path(runs_dir))
+    cli.run_command(lambda: command.run(request, UI()), usage_errors=(command.ReportUsage,))
 
 
 @task(

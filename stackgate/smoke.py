@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Mapping, Sequence
 
-from stackgate import signatures
+from stackgate import history, signatures
 from stackgate.checks import report
 from stackgate.checks.core import Fix, Result, Status, failed, passed, skipped, warned
 from stackgate.checks.smoke import bench, fastmode, launch, logscan, quality, serverinfo
@@ -31,9 +31,11 @@ from stackgate.stack import envfile
 from stackgate.stack import lock as lockmodel
 from stackgate.ui import UI
 
-__all__ = ["SCHEMA", "LaunchError", "Session", "SmokeInterrupted", "SmokeRequest", "SmokeRun", "SmokeUsageError", "parse_levels", "parse_number", "run", "run_smoke"]
+__all__ = ["BENCHMARK_HEADERS", "SCHEMA", "LaunchError", "Session", "SmokeInterrupted", "SmokeRequest", "SmokeRun", "SmokeUsageError", "benchmark_rows", "parse_levels", "parse_number", "run", "run_smoke"]
 
 SCHEMA = "stackgate.smoke/1"
+#: The columns of a benchmark table (rows: :func:`benchmark_rows`).
+BENCHMARK_HEADERS = ("run", "tokens", "seconds", "tok/s", "TTFT ms", "decode tok/s")
 #: How long a failed request waits for the process/log watcher to say why the server failed.
 EXPLAIN_S = 1.0
 #: How long a server that logged a fatal error may take to end itself before teardown starts.
@@ -219,17 +221,17 @@ def run(request: SmokeRequest, ui: UI) -> ExitCode:
         done = run_smoke(lock, request, ui)
     except SmokeInterrupted as stop:
         _render(stop.run, ui)
-        _write(stop.run, request)
+        _write(stop.run, request, ui)
         raise
     _render(done, ui)
-    _write(done, request)
+    _write(done, request, ui)
     return done.verdict.exit_code
 
 
 def _render(done: SmokeRun, ui: UI) -> None:
     for session in done.sessions:
         if session.figures is not None and session.figures.runs:
-            ui.table(f"benchmark ({session.config.title})", ["run", "tokens", "seconds", "tok/s", "TTFT ms", "decode tok/s"], _rows(session.figures))
+            ui.table(f"benchmark ({session.config.title})", list(BENCHMARK_HEADERS), benchmark_rows(session.figures))
     title = f"stackgate smoke: {done.lock.name} ({done.lock.path})" + (" [interrupted]" if done.interrupted else "")
     ui.results(title, done.results, done.verdict, done.duration_s)
     for session in done.sessions:
@@ -240,7 +242,8 @@ def _render(done: SmokeRun, ui: UI) -> None:
             ui.line(f"stop it with: kill -TERM -- -{session.pid}   (it drains for up to ~5 s; then, if needed: kill -KILL -- -{session.pid})")
 
 
-def _rows(figures: bench.BenchFigures) -> list[list[str]]:
+def benchmark_rows(figures: bench.BenchFigures) -> list[list[str]]:
+    """Each run, then mean, median, min, max, stdev, CV and the 95% interval."""
     rows = []
     for i, sample in enumerate(figures.runs):
         ttft = f"{sample.ttft_s * 1000:.0f}" if sample.ttft_s is not None else "-"
@@ -258,9 +261,14 @@ def _rows(figures: bench.BenchFigures) -> list[list[str]]:
     return rows
 
 
-def _write(done: SmokeRun, request: SmokeRequest) -> None:
+def _write(done: SmokeRun, request: SmokeRequest, ui: UI) -> None:
+    """The JSON report, and the same document kept in the history of runs (`invoke report`)."""
+    doc = {**done.document(), "run_id": history.new_id("smoke", done.started)}
     if request.json_path:
-        report.write_json(request.json_path, done.document())
+        report.write_json(request.json_path, doc)
+    stored = history.keep(doc, done.lock, ui.error)
+    if stored is not None:
+        ui.info(f"run {doc['run_id']} kept in {stored.parent}")
 
 
 # --- the library entry point ------------------------------------------------------------------

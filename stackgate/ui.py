@@ -64,6 +64,15 @@ class UI:
     def error(self, text: str) -> None:
         self.err.print(Text(text, style="error"))
 
+    def warn(self, text: str) -> None:
+        """A warning on stderr: something was skipped or not kept, the command goes on."""
+        self.err.print(Text(text, style="warning"))
+
+    @property
+    def unicode(self) -> bool:
+        """Whether the report's stream takes characters beyond ASCII (a sparkline's bars)."""
+        return self.console.encoding.lower().replace("-", "").startswith("utf")
+
     @contextlib.contextmanager
     def progress(self, message: str) -> Iterator[None]:
         """A spinner with elapsed time on a terminal; a start line otherwise."""
@@ -111,14 +120,15 @@ class UI:
             return None
         return Confirm.ask(question, console=self.err, default=False)
 
-    def table(self, title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-        """A small table of figures (right-aligned columns after the first)."""
+    def table(self, title: str, headers: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None) -> None:
+        """A small table of figures (right-aligned columns after the first, unless ``align``
+        says otherwise: one "l" or "r" per column)."""
         if self.plain:
-            self.console.file.write(render_rows(title, headers, rows))
+            self.console.file.write(render_rows(title, headers, rows, align))
             return
         table = Table(title=title, title_justify="left", pad_edge=False)
         for i, header in enumerate(headers):
-            table.add_column(header, justify="left" if i == 0 else "right", no_wrap=True)
+            table.add_column(header, justify="left" if _left(align, i) else "right", no_wrap=True)
         for row in rows:
             table.add_row(*row)
         self.console.print(table)
@@ -201,7 +211,7 @@ def render_plain(title: str, results: Sequence[Result], verdict: Verdict, durati
     return "\n".join(lines)
 
 
-def render_rows(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def render_rows(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None) -> str:
     """Plain aligned columns.
 
     >>> print(render_rows("t", ["run", "tok/s"], [["1", "92.50"], ["mean", "92.6"]]), end="")
@@ -213,9 +223,13 @@ def render_rows(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]
     widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
     lines = [title]
     for row in [headers, *rows]:
-        cells = [str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        cells = [str(c).ljust(w) if _left(align, i) else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines) + "\n"
+
+
+def _left(align: str | None, column: int) -> bool:
+    return column == 0 if align is None else align[column : column + 1] != "r"
 
 
 def render_table(title: str, results: Sequence[Result], *, verbose: int = 0) -> Table:

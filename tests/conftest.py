@@ -7,6 +7,7 @@ import subprocess
 import sys
 import venv
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 
@@ -78,3 +79,23 @@ def install_dist(site: Path, name: str, version: str, requires: tuple[str, ...] 
     record += [f"{dist_info.name}/METADATA,,", f"{dist_info.name}/RECORD,,"]
     (dist_info / "RECORD").write_text("\n".join(record) + "\n")
     return dist_info
+
+
+@pytest.fixture(autouse=True)
+def _runs_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The runs that gate and smoke keep (`invoke report`) go to a folder of each test's own,
+    never to the user's state directory; subprocesses inherit it."""
+    folder = tmp_path_factory.mktemp("runs")
+    monkeypatch.setenv("STACKGATE_RUNS_DIR", str(folder))
+    return folder
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Any]:
+    """A stand-in SGLang rig (tests/smoke_support.py) in the test's folder; whatever a failed
+    test left running is killed afterwards. A module may define its own ``rig`` instead."""
+    from smoke_support import Rig, free_port, kill_leftovers
+
+    made = Rig(tmp_path, free_port())
+    yield made
+    kill_leftovers(made)

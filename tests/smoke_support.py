@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -140,6 +141,12 @@ stop_grace_s = 3
         env = dict(os.environ)
         env.update(STACKGATE_NVML_MODULE="fakes.fake_nvml", STACKGATE_FAKE_NVML=str(self.nvml_path), PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}", NO_COLOR="1")
         return env
+
+
+def kill_leftovers(rig: Rig) -> None:
+    """Whatever a failed test left running in this rig, killed."""
+    for pid in living(rig.processes()):
+        os.kill(pid, signal.SIGKILL)
 
 
 def living(pids: list[int]) -> list[int]:

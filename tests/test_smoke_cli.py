@@ -9,15 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from smoke_support import ROOT, Rig, assert_nothing_left, free_port, living, wait_for
-
-
-@pytest.fixture
-def rig(tmp_path):
-    made = Rig(tmp_path, free_port())
-    yield made
-    for pid in living(made.processes()):
-        os.kill(pid, signal.SIGKILL)
+from smoke_support import ROOT, Rig, assert_nothing_left, living, wait_for
 
 
 def invoke(rig: Rig, *args: str) -> subprocess.Popen[str]:

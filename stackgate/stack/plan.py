@@ -19,7 +19,7 @@ from stackgate.checks.python import conflicts, pin_problem
 from stackgate.stack import adapters, generations, guard, pyenv
 from stackgate.stack.lock import Lock
 
-__all__ = ["AREAS", "Blocker", "Plan", "Step", "cache_dir", "plan"]
+__all__ = ["AREAS", "Blocker", "Plan", "Step", "cache_dir", "environment_drift", "plan"]
 
 AREAS = ("toolkit", "python", "patches")
 _REBUILD = "invoke provision --only python"
@@ -187,10 +187,13 @@ def _python_drift(lock: Lock, facts: Facts, state: generations.RootState) -> lis
     dists = facts.dists
     if isinstance(dists, Missing):
         return [dists.reason]
-    return _environment_drift(lock, dists)
+    return environment_drift(lock, dists)
 
 
-def _environment_drift(lock: Lock, dists: ProbeFacts) -> list[str]:
+def environment_drift(lock: Lock, dists: ProbeFacts) -> list[str]:
+    """How an environment's installed distributions differ from the lock (empty: they do not):
+    its Python version, each pin, and requirement conflicts other than declared overrides.
+    The gate judges drift by this too."""
     have = ".".join(dists.python_version.split(".")[:2])
     if have != lock.python.version:
         return [f"the environment runs Python {dists.python_version}, the lock wants {lock.python.version}"]

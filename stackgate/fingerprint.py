@@ -1,0 +1,174 @@
+"""The fingerprint of a deployed stack: one stable hash over what defines it, with its parts.
+
+The parts ("components") are grouped in sections: the lock (its name and the hash of its
+bytes), the GPUs (driver, the CUDA version it supports, each GPU's model and compute
+capability), each CUDA toolkit's version, the stack's Python and every installed distribution,
+the locked patches' state, and the serving engine's effective arguments from ``/server_info``.
+What changes from one launch of the same stack to the next is left out (ports, the random
+seed, runtime state), and so is what fast mode sets (random weights, fewer layers), so a fast
+smoke and a full one of the same stack have the same fingerprint. Two runs on the same stack
+give the same digest; a change in any component changes it, and :func:`changes` names it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from stackgate.checks.facts import Facts, Missing, ProbeFacts, ToolkitFacts, ToolVersion
+from stackgate.checks.nvml import NvmlSnapshot
+from stackgate.checks.smoke.serverinfo import redact_info
+from stackgate.stack.lock import Lock
+from stackgate.stack.patches import PatchStatus
+
+__all__ = ["PARTS", "SECTIONS", "Change", "Fingerprint", "changes", "digest", "from_facts", "gpu_section", "server_section"]
+
+#: The fact parts a fingerprint is made from (the gate starts gathering them first).
+PARTS = ("nvml", "toolkits", "dists", "patches")
+#: Sections in the order reports list them.
+SECTIONS = ("lock", "gpu", "toolkits", "python", "distributions", "patches", "server")
+#: /server_info fields that differ between two launches of the same stack, or are not server
+#: arguments at all: SGLang picks a random seed when none is given (server_args.py), the ports
+#: are the launcher's choice, ``internal_states`` is live throughput and memory, and the
+#: scheduler's fields (status, token capacity) depend on the memory free at load time.
+VOLATILE = frozenset({"random_seed", "internal_states", "status", "max_total_num_tokens", "max_req_input_len", "dist_init_addr", "pid"})
+_PORT = re.compile(r"(^|_)ports?$")
+#: Fields that smoke's fast mode sets (--load-format dummy, --json-model-override-args).
+FAST_MODE = frozenset({"load_format", "json_model_override_args"})
+UNAVAILABLE = "unavailable"
+
+Section = Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Change:
+    """One component that differs between two fingerprints (None: absent on that side)."""
+
+    section: str
+    name: str
+    old: str | None
+    new: str | None
+
+    def __str__(self) -> str:
+        return f"{self.name}: {_shown(self.old)} -> {_shown(self.new)}"
+
+
+def _shown(value: str | None) -> str:
+    return "(none)" if value is None else value
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    components: Mapping[str, Section]
+
+    @property
+    def digest(self) -> str:
+        return digest(self.components)
+
+    @property
+    def short(self) -> str:
+        return self.digest[:12]
+
+    @property
+    def size(self) -> int:
+        return sum(len(section) for section in self.components.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"digest": self.digest, "short": self.short, "components": {k: dict(v) for k, v in self.components.items()}}
+
+
+def digest(components: Mapping[str, Section]) -> str:
+    """sha256 of the components as canonical JSON (sorted keys, no spaces).
+
+    >>> digest({"lock": {"name": "a"}}) == digest({"lock": {"name": "a"}}) != digest({"lock": {"name": "b"}})
+    True
+    """
+    canonical = json.dumps({k: dict(v) for k, v in components.items()}, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def from_facts(lock: Lock, facts: Facts, server_info: Mapping[str, Any] | None) -> Fingerprint:
+    """The fingerprint of the stack the facts describe and the server that ran on it."""
+    return Fingerprint({
+        "lock": {"name": lock.name, "sha256": lock.sha256},
+        "gpu": gpu_section(facts.nvml),
+        "toolkits": _toolkits(facts.toolkits),
+        "python": _python(facts.dists),
+        "distributions": _distributions(facts.dists),
+        "patches": _patches(facts.patches),
+        "server": server_section(server_info) if server_info is not None else {UNAVAILABLE: "no smoke stage read /server_info"},
+    })  # fmt: skip
+
+
+def gpu_section(snapshot: NvmlSnapshot | Missing) -> dict[str, str]:
+    """The driver, the CUDA version it supports, and each GPU's model and compute capability
+    (never its UUID or bus id: a swapped card of the same model is the same stack)."""
+    if isinstance(snapshot, Missing):
+        return {UNAVAILABLE: snapshot.reason}
+    section = {"driver": snapshot.driver_version, "count": str(len(snapshot.gpus))}
+    if snapshot.cuda_driver_version is not None:
+        section["cuda_driver"] = "{}.{}".format(*snapshot.cuda_driver_version)
+    for gpu in snapshot.gpus:
+        capability = "{}.{}".format(*gpu.capability) if gpu.capability else "unknown"
+        section[f"gpu{gpu.index}"] = f"{gpu.name}, compute capability {capability}"
+    return section
+
+
+def _toolkits(found: Iterable[ToolkitFacts]) -> dict[str, str]:
+    section = {}
+    for toolkit in found:
+        tool = toolkit.detected
+        section[str(toolkit.toolkit.prefix)] = f"{tool.release} (V{tool.build})" if isinstance(tool, ToolVersion) else "absent"
+    return section
+
+
+def _python(dists: ProbeFacts | Missing) -> dict[str, str]:
+    if isinstance(dists, Missing):
+        return {UNAVAILABLE: dists.reason}
+    return {"version": dists.python_version}
+
+
+def _distributions(dists: ProbeFacts | Missing) -> dict[str, str]:
+    if isinstance(dists, Missing):
+        return {UNAVAILABLE: dists.reason}
+    return {name: dist.version for name, dist in sorted(dists.distributions.items())}
+
+
+def _patches(found: Sequence[PatchStatus] | Missing) -> dict[str, str]:
+    if isinstance(found, Missing):
+        return {UNAVAILABLE: found.reason}
+    return {status.patch.file.name: status.problem or f"applied to {status.patch.package} {status.installed}" for status in found}
+
+
+def server_section(info: Mapping[str, Any]) -> dict[str, str]:
+    """The engine's effective arguments, without volatile fields, fast-mode fields, unset ones
+    and secrets.
+
+    >>> server_section({"attention_backend": "triton", "port": 30000, "random_seed": 7, "cuda_graph_bs": [1, 2], "api_key": "sk", "lora_paths": None})
+    {'api_key': '<redacted>', 'attention_backend': 'triton', 'cuda_graph_bs': '[1, 2]'}
+    """
+    section = {}
+    for name, value in sorted(redact_info(info).items()):
+        if value is None or name in VOLATILE or name in FAST_MODE or _PORT.search(name):
+            continue
+        section[name] = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return section
+
+
+def changes(old: Mapping[str, Section], new: Mapping[str, Section]) -> list[Change]:
+    """Every component that differs, section by section (in :data:`SECTIONS` order), by name.
+
+    >>> [str(c) for c in changes({"server": {"attention_backend": "flashinfer"}}, {"server": {"attention_backend": "triton"}})]
+    ['attention_backend: flashinfer -> triton']
+    """
+    found = []
+    names = [s for s in SECTIONS if s in old or s in new] + sorted((set(old) | set(new)) - set(SECTIONS))
+    for section in names:
+        before, after = old.get(section) or {}, new.get(section) or {}
+        for name in sorted(set(before) | set(after)):
+            if before.get(name) != after.get(name):
+                found.append(Change(section, name, before.get(name), after.get(name)))
+    return found

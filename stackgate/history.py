@@ -1,0 +1,234 @@
+"""The history of runs: every gate and smoke run's JSON document, kept in a runs directory.
+
+Where: ``$STACKGATE_RUNS_DIR`` when set; else ``<python.root>/runs`` when the lock has a root
+that exists and this user may write to; else the user's state directory
+(``$XDG_STATE_HOME/stackgate/runs``, by default ``~/.local/state/stackgate/runs``). A root that
+does not exist yet is not created just to keep a report in it.
+
+Each run is one file, ``<UTC time>-<command>-<random>.json`` (the name without ``.json`` is the
+run's id, also written into the document as ``run_id``), written atomically. Reading the
+directory never fails on what is in it: a file that is not JSON, or JSON that is not a stackgate
+gate or smoke report, is skipped with a warning saying why.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from stackgate.checks import report
+from stackgate.stack.lock import Lock
+
+__all__ = ["COMMANDS", "RUNS_ENV", "HistoryError", "Run", "find", "keep", "load", "new_id", "read", "runs_dir", "sparkline", "store"]
+
+RUNS_ENV = "STACKGATE_RUNS_DIR"
+#: The commands whose runs are kept, and read back.
+COMMANDS = ("gate", "smoke")
+BARS = "▁▂▃▄▅▆▇█"
+ASCII_BARS = "_.-:=+*#"
+
+
+class HistoryError(Exception):
+    """A run that cannot be stored, read or found."""
+
+
+def runs_dir(lock: Lock | None, environ: Mapping[str, str] | None = None, *, reading: bool = False) -> Path:
+    """Where runs of this lock are kept (see the module's docstring for the order). A reader
+    takes ``<root>/runs`` whenever it exists, even where it may not write."""
+    environ = os.environ if environ is None else environ
+    if environ.get(RUNS_ENV):
+        return Path(environ[RUNS_ENV])
+    root = lock.python.root if lock is not None else None
+    if root is not None and reading and (root / "runs").is_dir():
+        return root / "runs"
+    if root is not None and root.is_dir() and os.access(root, os.W_OK | os.X_OK):
+        return root / "runs"
+    state = Path(environ["XDG_STATE_HOME"]) if environ.get("XDG_STATE_HOME") else Path(environ.get("HOME") or Path.home()) / ".local" / "state"
+    return state / "stackgate" / "runs"
+
+
+def new_id(command: str, started: float) -> str:
+    """``20250101T120000Z-gate-3f9a1c``: sorts by time; the random tail keeps two runs of one second apart."""
+    stamp = _dt.datetime.fromtimestamp(started, _dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{command}-{secrets.token_hex(3)}"
+
+
+def store(doc: Mapping[str, Any], directory: Path) -> Path:
+    """Write a run's document as ``<run_id>.json`` in ``directory`` (atomically)."""
+    run_id = doc.get("run_id")
+    if not isinstance(run_id, str) or not run_id:
+        raise HistoryError("the document has no run_id")
+    path = directory / f"{run_id}.json"
+    try:
+        report.write_json(path, doc)
+    except OSError as exc:
+        raise HistoryError(f"cannot keep the run in {directory}: {exc.strerror or exc}") from exc
+    return path
+
+
+def keep(doc: Mapping[str, Any], lock: Lock | None, warn: Any) -> Path | None:
+    """Store a run in its lock's runs directory; a failure is a warning (``warn(text)``), never
+    the run's failure."""
+    try:
+        return store(doc, runs_dir(lock))
+    except HistoryError as exc:
+        warn(f"stackgate: the run was not kept in the history: {exc}")
+        return None
+
+
+@dataclass(frozen=True)
+class Run:
+    """A stored run, read back: what listing, comparing and the HTML page need of it."""
+
+    id: str
+    path: Path
+    doc: Mapping[str, Any]
+
+    @property
+    def command(self) -> str:
+        return str(self.doc["command"])
+
+    @property
+    def started(self) -> str:
+        return str(self.doc.get("started", ""))
+
+    @property
+    def verdict(self) -> str:
+        if _at(self.doc, "gate", "interrupted") is True or _at(self.doc, "smoke", "interrupted") is True:
+            return "interrupted"
+        return "usage error" if self.doc.get("exit_code") == 2 else str(self.doc.get("verdict", "?"))
+
+    @property
+    def lock_name(self) -> str:
+        return str(_at(self.doc, "lock", "name") or "?")
+
+    @property
+    def host(self) -> str:
+        return str(_at(self.doc, "host", "hostname") or "?")
+
+    @property
+    def benchmark(self) -> Mapping[str, Any] | None:
+        """The benchmark of the real weights (a fast-mode figure is not the stack's speed)."""
+        if self.command == "gate":
+            found = _at(self.doc, "gate", "benchmark")
+            return found if isinstance(found, Mapping) else None
+        sessions = _at(self.doc, "smoke", "sessions")
+        if not isinstance(sessions, list) or not sessions or not isinstance(sessions[-1], Mapping):
+            return None
+        last = sessions[-1]
+        found = last.get("benchmark")
+        return found if isinstance(found, Mapping) and not last.get("fast_mode") else None
+
+    def figure(self, name: str = "decode_tok_s") -> float | None:
+        """The mean of a benchmark figure (``decode_tok_s``, ``tok_s``), if this run measured one."""
+        value = _at(self.benchmark, name, "mean")
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        return self.figure("decode_tok_s")
+
+    @property
+    def fingerprint(self) -> Mapping[str, Any] | None:
+        found = _at(self.doc, "gate", "fingerprint")
+        return found if isinstance(found, Mapping) and isinstance(found.get("components"), Mapping) else None
+
+    @property
+    def results(self) -> list[Mapping[str, Any]]:
+        return [r for r in self.doc.get("results", ()) if isinstance(r, Mapping)]
+
+    def label(self) -> str:
+        tok = f", decode {self.decode_tok_s:.2f} tok/s" if self.decode_tok_s is not None else ""
+        return f"{self.id} ({self.command} of {self.lock_name}, {self.verdict}{tok})"
+
+
+def _at(value: Any, *keys: str) -> Any:
+    """``value[k1][k2]...``, or None wherever a level is missing or not a mapping."""
+    for key in keys:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(key)
+    return value
+
+
+def read(path: Path) -> Run:
+    """One stored run; :class:`HistoryError` says why a file is damaged or not a run."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HistoryError(f"{path}: unreadable ({exc})") from exc
+    except ValueError as exc:
+        raise HistoryError(f"{path}: damaged: not JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise HistoryError(f"{path}: not a stackgate run: a JSON {type(doc).__name__}, not an object")
+    if doc.get("schema") != report.SCHEMA or doc.get("command") not in COMMANDS:
+        raise HistoryError(f"{path}: not a stackgate run (schema {doc.get('schema')!r}, command {doc.get('command')!r})")
+    problems = [key for key, kind in (("results", list), ("verdict", str), ("started", str)) if not isinstance(doc.get(key), kind)]
+    if problems:
+        raise HistoryError(f"{path}: damaged: {', '.join(problems)} missing or of the wrong type")
+    run_id = doc.get("run_id") if isinstance(doc.get("run_id"), str) else path.stem
+    return Run(run_id, path, doc)
+
+
+def load(directory: Path) -> tuple[list[Run], list[str]]:
+    """Every run in ``directory``, oldest first, and a warning for each file skipped."""
+    if not directory.is_dir():
+        return [], []
+    runs, warnings = [], []
+    for path in sorted(directory.glob("*.json")):
+        if path.name.startswith(".") or not path.is_file():
+            continue  # a report being written (atomic writes use hidden temporary names)
+        try:
+            runs.append(read(path))
+        except HistoryError as exc:
+            warnings.append(f"skipped {exc}")
+    runs.sort(key=lambda r: (r.started, r.id))
+    return runs, warnings
+
+
+def find(ref: str, runs: Sequence[Run]) -> Run:
+    """A run by path, id, unique id prefix, or position from the newest (-1, -2 ...)."""
+    path = Path(ref)
+    if ref.endswith(".json") or os.sep in ref:
+        if not path.is_file():
+            raise HistoryError(f"no run file {ref}")
+        return read(path)
+    if ref.lstrip("-").isdigit() and ref.startswith("-"):
+        if int(ref) < -len(runs):
+            raise HistoryError(f"{ref}: there are only {len(runs)} run(s)")
+        return runs[int(ref)]
+    exact = [r for r in runs if r.id == ref]
+    matches = exact or [r for r in runs if r.id.startswith(ref)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise HistoryError(f"no run {ref!r} ({len(runs)} run(s) kept; `invoke report` lists them)")
+    raise HistoryError(f"{ref!r} names {len(matches)} runs: {', '.join(r.id for r in matches[:4])}")
+
+
+def sparkline(values: Iterable[float | None], *, unicode: bool = True) -> str:
+    """A bar per value, scaled between the smallest and the largest; a gap for a run without one.
+
+    >>> sparkline([1.0, 2.0, None, 3.0]), sparkline([1.0, 2.0, None, 3.0], unicode=False)
+    ('▁▅ █', '_= #')
+    """
+    bars = BARS if unicode else ASCII_BARS
+    values = list(values)
+    present = [v for v in values if v is not None]
+    if not present:
+        return ""
+    low, high = min(present), max(present)
+    span = high - low
+    out = []
+    for value in values:
+        if value is None:
+            out.append(" ")
+        else:
+            level = round((value - low) / span * (len(bars) - 1)) if span else len(bars) // 2
+            out.append(bars[level])
+    return "".join(out)

@@ -1,0 +1,234 @@
+"""The gate's report in the shapes others read: JUnit suites, a Markdown summary for a CI job,
+and the Prometheus text exposition format for node_exporter's textfile collector.
+
+Every renderer reads only the gate's JSON document (``GateRun.document()``), so a stored run
+renders the same way as the one that just finished.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import re
+from typing import Any, Iterable, Mapping
+
+from stackgate.checks.core import Result
+
+__all__ = ["STAGE_STATUSES", "benchmark_line", "headline_lines", "markdown", "prometheus", "suites", "verdict_word"]
+
+#: Every status a stage can have, as Prometheus label values (a state set: one series is 1).
+STAGE_STATUSES = ("passed", "failed", "not_run", "interrupted")
+_BAD = ("FAIL", "ERROR")
+_ICONS = {"passed": "✅", "failed": "❌", "not run": "⏭️", "interrupted": "⚠️"}
+
+
+def _gate(doc: Mapping[str, Any]) -> Mapping[str, Any]:
+    return doc.get("gate") or {}
+
+
+def verdict_word(doc: Mapping[str, Any]) -> str:
+    """PASSED, FAILED, USAGE ERROR or INTERRUPTED."""
+    if _gate(doc).get("interrupted"):
+        return "INTERRUPTED"
+    if doc.get("exit_code") == 2:
+        return "USAGE ERROR"
+    return "PASSED" if doc.get("verdict") == "passed" else "FAILED"
+
+
+def suites(doc: Mapping[str, Any]) -> dict[str, list[Result]]:
+    """One JUnit testsuite per stage, every stage listed (one not run holds its SKIP)."""
+    return {f"stackgate.gate.{stage['name']}": [Result.from_dict(r) for r in stage["results"]] for stage in _gate(doc).get("stages", ())}
+
+
+def headline_lines(doc: Mapping[str, Any]) -> list[str]:
+    """The fingerprint and the benchmark against its baseline, one line each."""
+    lines = []
+    finger = _gate(doc).get("fingerprint")
+    if finger:
+        components = finger["components"]
+        count = sum(len(section) for section in components.values())
+        lines.append(f"fingerprint {finger['short']} (sha256 {finger['digest']} over {count} components: {', '.join(components)})")
+    lines.append(benchmark_line(_gate(doc).get("benchmark")))
+    return lines
+
+
+def benchmark_line(bench: Mapping[str, Any] | None) -> str:
+    """``decode 197.31 tok/s; 195.20 tok/s vs baseline 190 (+2.7%, floor 180.50): PASS``"""
+    if not bench:
+        return "benchmark: not run"
+    decode = (bench.get("decode_tok_s") or {}).get("mean")
+    tok = (bench.get("tok_s") or {}).get("mean")
+    head = f"decode {decode:.2f} tok/s; " if decode is not None else ""
+    if tok is None:
+        return f"benchmark: {bench.get('summary') or 'no complete run'}"
+    baseline = bench.get("baseline_tok_s")
+    if not baseline:
+        return f"{head}{tok:.2f} tok/s (the lock sets no baseline_tok_s)"
+    return f"{head}{tok:.2f} tok/s vs baseline {baseline:g} ({tok / baseline - 1:+.1%}, floor {bench['floor_tok_s']:.2f}): {bench.get('status')}"
+
+
+# --- Markdown -----------------------------------------------------------------------------------
+
+
+def markdown(doc: Mapping[str, Any]) -> str:
+    """A summary fit for a CI job summary: verdict, stages, failures with fixes, the benchmark."""
+    gate = _gate(doc)
+    lock = doc.get("lock") or {}
+    word = verdict_word(doc)
+    finger = gate.get("fingerprint")
+    facts = [f"lock **{_text(lock.get('name') or lock.get('path'))}**", f"host `{doc['host']['hostname']}`", f"exit code {doc['exit_code']}", f"{doc['duration_s']:.1f} s", f"run `{doc.get('run_id')}`"]
+    if finger:
+        facts.append(f"fingerprint `{finger['short']}`")
+    out = [f"## {'✅' if word == 'PASSED' else '❌'} stackgate gate: {word}", "", " · ".join(facts), "", f"{_text(doc.get('reason', ''))}", ""]
+    out += ["| stage | status | seconds | reason |", "|---|---|---:|---|"]
+    for stage in gate.get("stages", ()):
+        out.append(f"| {stage['name']} | {_ICONS.get(stage['status'], '')} {stage['status']} | {stage['duration_s']:.1f} | {_text(stage['reason'])} |")
+    out += _failures(gate.get("stages", ()))
+    out += _benchmark_section(gate.get("benchmark"))
+    if finger:
+        out += _fingerprint_section(finger)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _failures(stages: Iterable[Mapping[str, Any]]) -> list[str]:
+    bad = [(stage["name"], r) for stage in stages for r in stage["results"] if r["status"] in _BAD or (r["status"] == "WARN")]
+    if not bad:
+        return []
+    out = ["", "### Failures and warnings", ""]
+    for stage, result in bad:
+        out.append(f"- **{result['status']}** {stage} `{result['check']}`: {_text(result['summary'])}")
+        out += [f"  - {_text(line)}" for line in result.get("details", ())[:6]]
+        fix = result.get("fix")
+        if fix:
+            out.append(f"  - fix: {_text(fix['text'])}")
+            if fix.get("commands"):
+                out += ["", "    ```sh", *(f"    {c}" for c in fix["commands"]), "    ```", ""]
+    return out
+
+
+def _benchmark_section(bench: Mapping[str, Any] | None) -> list[str]:
+    out = ["", "### Benchmark (real weights)", ""]
+    if not bench:
+        return out + ["Not run."]
+    out += ["| run | tokens | seconds | tok/s | TTFT ms | decode tok/s |", "|---|---:|---:|---:|---:|---:|"]
+    for i, row in enumerate(bench.get("runs", ()), 1):
+        ttft = f"{row['ttft_s'] * 1000:.0f}" if row.get("ttft_s") is not None else "-"
+        decode = f"{row['decode_tok_s']:.2f}" if row.get("decode_tok_s") is not None else "-"
+        out.append(f"| {i} | {row['tokens']} | {row['seconds']:.3f} | {row['tok_s']:.2f} | {ttft} | {decode} |")
+    return out + ["", benchmark_line(bench)]
+
+
+def _fingerprint_section(finger: Mapping[str, Any]) -> list[str]:
+    out = ["", f"### Fingerprint `{finger['short']}`", "", f"sha256 `{finger['digest']}` over:", ""]
+    for section, values in finger["components"].items():
+        out += [f"<details><summary>{section} ({len(values)})</summary>", "", "| component | value |", "|---|---|"]
+        out += [f"| {_text(name)} | {_text(value)} |" for name, value in values.items()]
+        out += ["", "</details>", ""]
+    return out
+
+
+def _text(value: Any) -> str:
+    """A value safe in a Markdown table cell (pipes escaped, one line)."""
+    return str(value).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+
+# --- Prometheus ---------------------------------------------------------------------------------
+
+
+def prometheus(doc: Mapping[str, Any]) -> str:
+    """The text exposition format (version 0.0.4) that node_exporter's textfile collector reads.
+
+    Every series carries the ``lock`` and ``host`` labels; stage status is a state set (one
+    series per status, the stage's own is 1); the benchmark's series are left out when it did
+    not run, rather than written as a number nobody measured.
+    """
+    gate = _gate(doc)
+    lock = (doc.get("lock") or {}).get("name") or (doc.get("lock") or {}).get("path") or "unknown"
+    base = {"lock": str(lock), "host": str(doc["host"]["hostname"])}
+    counts = doc.get("counts", {})
+    finger = gate.get("fingerprint") or {}
+    families: list[tuple[str, str, list[tuple[dict[str, str], float]]]] = [
+        ("stackgate_gate_passed", "Whether the last gate passed (1) or not (0).", [(base, 1.0 if doc.get("verdict") == "passed" else 0.0)]),
+        ("stackgate_gate_exit_code", "Exit code of the last gate: 0 passed, 1 failed, 2 usage or bad lockfile, 130 interrupted.", [(base, float(doc["exit_code"]))]),
+        ("stackgate_gate_checks_failed", "Checks that failed or crashed in the last gate.", [(base, float(sum(counts.get(s, 0) for s in _BAD)))]),
+        ("stackgate_gate_checks", "Checks of the last gate, by status.", [({**base, "status": s.lower()}, float(n)) for s, n in counts.items()]),
+        ("stackgate_gate_stage_status", "Status of each stage of the last gate (1 for the status it had).", _stage_states(gate, base)),
+        ("stackgate_gate_stage_duration_seconds", "Wall time of each stage of the last gate.", [({**base, "stage": s["name"]}, float(s["duration_s"])) for s in gate.get("stages", ())]),
+        ("stackgate_gate_duration_seconds", "Wall time of the last gate.", [(base, float(doc["duration_s"]))]),
+        ("stackgate_gate_last_run_timestamp_seconds", "When the last gate started (Unix time).", [(base, _timestamp(doc.get("started")))]),
+        ("stackgate_gate_info", "The last gate's run id and stack fingerprint.", [({**base, "run_id": str(doc.get("run_id") or ""), "fingerprint": str(finger.get("short") or ""), "lock_sha256": str((doc.get("lock") or {}).get("sha256") or "")}, 1.0)]),
+    ]
+    families += _benchmark_families(gate.get("benchmark"), base)
+    lines = []
+    for name, help_text, samples in families:
+        if not samples:
+            continue
+        lines += [f"# HELP {name} {_help(help_text)}", f"# TYPE {name} gauge"]
+        lines += [f"{name}{_labels(labels)} {_number(value)}" for labels, value in samples]
+    return "\n".join(lines) + "\n"
+
+
+def _stage_states(gate: Mapping[str, Any], base: Mapping[str, str]) -> list[tuple[dict[str, str], float]]:
+    samples = []
+    for stage in gate.get("stages", ()):
+        own = stage["status"].replace(" ", "_")
+        samples += [({**base, "stage": stage["name"], "status": status}, 1.0 if status == own else 0.0) for status in STAGE_STATUSES]
+    return samples
+
+
+def _benchmark_families(bench: Mapping[str, Any] | None, base: Mapping[str, str]) -> list[tuple[str, str, list[tuple[dict[str, str], float]]]]:
+    if not bench:
+        return []
+    decode = (bench.get("decode_tok_s") or {}).get("mean")
+    tok = (bench.get("tok_s") or {}).get("mean")
+    baseline = bench.get("baseline_tok_s")
+    found = [
+        ("stackgate_gate_decode_tokens_per_second", "Single-stream decode rate of the last gate's benchmark (mean over runs, first token excluded).", decode),
+        ("stackgate_gate_tokens_per_second", "Single-stream output rate of the last gate's benchmark (mean over runs), judged against the baseline.", tok),
+        ("stackgate_gate_baseline_tokens_per_second", "The lock's baseline_tok_s.", baseline),
+    ]
+    return [(name, text, [(dict(base), float(value))]) for name, text, value in found if value is not None]
+
+
+def _timestamp(started: Any) -> float:
+    try:
+        return _dt.datetime.fromisoformat(str(started)).timestamp()
+    except ValueError:
+        return math.nan
+
+
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+def _labels(labels: Mapping[str, str]) -> str:
+    r"""Label pairs, each value with backslash, double quote and newline escaped as the format requires.
+
+    >>> print(_labels({"lock": 'a"b', "host": "c\\d"}))
+    {lock="a\"b",host="c\\d"}
+    """
+    for name in labels:
+        if not _LABEL_NAME.match(name):
+            raise ValueError(f"invalid label name {name!r}")
+    inner = ",".join(f'{name}="{_escape(value)}"' for name, value in labels.items())
+    return "{" + inner + "}" if inner else ""
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    """Go's float syntax, as the format takes it: NaN, +Inf, -Inf, or the shortest repr.
+
+    >>> [_number(v) for v in (1.0, 197.3125, math.nan, math.inf)]
+    ['1', '197.3125', 'NaN', '+Inf']
+    """
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return str(int(value)) if value == int(value) and abs(value) < 2**53 else repr(value)

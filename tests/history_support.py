@@ -1,0 +1,50 @@
+"""Kept runs for the history and report tests: real gate documents (GateRun.document() of a gate
+whose stage functions are injected), with the benchmark figures summarised by smoke's own
+statistics and a fingerprint built by the fingerprint module."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+from stackgate import fingerprint as fp
+from stackgate import gate, history
+from stackgate.checks.core import Fix, Result, Status
+from stackgate.checks.smoke import bench
+from stackgate.ui import UI
+
+SERVER = {"attention_backend": "flashinfer", "tp_size": "8", "model_path": "/models/m", "version": "0.5.9"}
+
+
+def figures(decode: float, *, baseline: float = 190.0, max_regression: float = 0.05) -> dict[str, Any]:
+    """A benchmark of two runs around ``decode`` tok/s, as the gate's document holds it."""
+    rates = [decode - 0.2, decode + 0.2]
+    tok = [r * 0.985 for r in rates]
+    rows = [{"tokens": 200, "asked": 200, "seconds": round(200 / t, 4), "tok_s": round(t, 3), "ttft_s": 0.021, "decode_tok_s": round(r, 3), "events": 200, "finish_reason": {"type": "length"}, "error": None, "client_cpu_s": 0.01} for r, t in zip(rates, tok)]
+    floor = baseline * (1 - max_regression)
+    mean = sum(tok) / 2
+    status = "PASS" if mean >= floor else "FAIL"
+    return {
+        "warmups": [], "runs": rows, "tok_s": bench.summarize(tok).to_dict(), "decode_tok_s": bench.summarize(rates).to_dict(), "ttft_s": bench.summarize([0.021, 0.021]).to_dict(),
+        "short_runs": [], "stopped": None, "baseline_tok_s": baseline, "max_regression": max_regression, "floor_tok_s": round(floor, 3), "status": status, "summary": f"{mean:.2f} tok/s ({status})",
+    }  # fmt: skip
+
+
+def gate_doc(*, decode: float | None = 200.0, backend: str = "flashinfer", torch: str = "2.9.1+cu130", summary: str = "all good", status: Status = Status.PASS, lock: str = "standin") -> dict[str, Any]:
+    """A gate's document: four stages as given, the benchmark (``decode`` None: not run)."""
+    fix = Fix("Do the thing.", ("echo fix",)) if status >= Status.WARN else None
+    stages = [gate.Stage(name, name, (), (lambda n: lambda ctx: [Result(f"{n}.check", status if n == "verify" else Status.PASS, summary if n == "verify" else f"{n} ok", fix=fix if n == "verify" else None)])(name)) for name in ("lock", "environment", "verify", "fast_smoke")]
+    done = gate.run_gate(gate.GateRequest(), UI(stream=io.StringIO(), force_plain=True), stages=stages)
+    doc = done.document()
+    doc["lock"] = {"name": lock, "path": f"/locks/{lock}.toml", "sha256": "a" * 64}
+    components = {"lock": {"name": lock, "sha256": "a" * 64}, "gpu": {"driver": "580.82.07", "gpu0": "NVIDIA H200, compute capability 9.0"}, "distributions": {"torch": torch, "sglang": "0.5.9"}, "server": {**SERVER, "attention_backend": backend}}
+    doc["gate"]["fingerprint"] = fp.Fingerprint(components).to_dict()
+    doc["gate"]["benchmark"] = figures(decode) if decode is not None else None
+    return doc
+
+
+def keep(folder: Path, doc: dict[str, Any], started: str) -> history.Run:
+    """Store a document as run of ``started`` (ISO time) and read it back."""
+    doc = {**doc, "started": started, "run_id": f"{started.replace('-', '').replace(':', '')[:15]}Z-{doc['command']}-{abs(hash(started)) % 0xFFFFFF:06x}"}
+    return history.read(history.store(doc, folder))

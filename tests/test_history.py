@@ -1,0 +1,152 @@
+"""The history of runs and `invoke report`: where runs are kept, reading them back whatever is
+in the folder, naming them, listing, comparing; smoke keeps its runs too."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from history_support import gate_doc, keep
+from smoke_support import ROOT, assert_nothing_left
+
+from stackgate import history
+from stackgate.checks.core import Status
+from stackgate.stack import lock as lockmodel
+
+TESTS = ROOT / "tests"
+
+
+def invoke(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environ = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1", **(env or {})}
+    environ.pop("STACKGATE_LOCK", None)
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120)
+
+
+def root_lock(tmp_path: Path, root: Path) -> lockmodel.Lock:
+    text = (ROOT / "lockfiles" / "blackwell-sm120-cu130.toml").read_text().replace('root = "/opt/stackgate"', f'root = "{root}"')
+    path = tmp_path / "lock.toml"
+    path.write_text(text)
+    return lockmodel.load(path)
+
+
+def test_runs_are_kept_under_the_root_only_when_it_exists_and_is_writable(tmp_path):
+    lock = root_lock(tmp_path, tmp_path / "root")
+    home = {"HOME": str(tmp_path / "home")}
+    assert history.runs_dir(lock, home) == tmp_path / "home" / ".local" / "state" / "stackgate" / "runs"  # no root yet: not created for a report
+    assert history.runs_dir(lock, {**home, "XDG_STATE_HOME": str(tmp_path / "state")}) == tmp_path / "state" / "stackgate" / "runs"
+    (tmp_path / "root").mkdir()
+    assert history.runs_dir(lock, home) == tmp_path / "root" / "runs"
+    assert history.runs_dir(lock, {**home, "STACKGATE_RUNS_DIR": str(tmp_path / "elsewhere")}) == tmp_path / "elsewhere"
+    interpreter = lockmodel.load(ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
+    assert history.runs_dir(interpreter, home) == tmp_path / "home" / ".local" / "state" / "stackgate" / "runs"
+
+
+def test_a_run_round_trips_and_is_named_by_id_prefix_position_or_path(tmp_path):
+    first = keep(tmp_path, gate_doc(decode=200.0), "2025-01-01T10:00:00+00:00")
+    second = keep(tmp_path, gate_doc(decode=150.0, backend="triton"), "2025-01-02T10:00:00+00:00")
+    runs, warnings = history.load(tmp_path)
+    assert warnings == [] and [r.id for r in runs] == [first.id, second.id]
+    assert runs[0].decode_tok_s == pytest.approx(200.0) and runs[1].verdict == "passed" and runs[0].command == "gate"
+    assert history.find("-1", runs).id == second.id and history.find(first.id[:12], runs).id == first.id
+    assert history.find(str(second.path), runs).id == second.id
+    with pytest.raises(history.HistoryError, match="names 2 runs"):
+        history.find("2025", runs)
+    with pytest.raises(history.HistoryError, match="there are only 2 run"):
+        history.find("-3", runs)
+
+
+def damage(folder: Path) -> dict[str, str]:
+    """Files that must never crash a report, and what the warning says about each."""
+    files = {
+        "garbage.json": (b"\x00\xff\xfe binary", "unreadable"),
+        "empty.json": (b"", "damaged: not JSON"),
+        "truncated.json": (json.dumps(gate_doc())[:200].encode(), "damaged: not JSON"),
+        "array.json": (b"[1, 2, 3]", "not a stackgate run: a JSON list"),
+        "foreign.json": (json.dumps({"schema": "someone.else/3", "results": []}).encode(), "not a stackgate run (schema 'someone.else/3'"),
+        "verify.json": (json.dumps({**gate_doc(), "command": "verify"}).encode(), "command 'verify'"),
+        "wrong-types.json": (json.dumps({**gate_doc(), "results": "none", "verdict": 3}).encode(), "damaged: results, verdict missing or of the wrong type"),
+        "odd-inside.json": (json.dumps({**gate_doc(), "gate": "not a table", "run_id": None, "started": "2025-01-03T00:00:00+00:00"}).encode(), None),
+    }
+    for name, (data, _) in files.items():
+        (folder / name).write_bytes(data)
+    (folder / "a-folder.json").mkdir()
+    (folder / "notes.txt").write_text("not a run")
+    return {name: why for name, (_, why) in files.items() if why}
+
+
+def test_damaged_and_foreign_files_are_skipped_with_a_warning_never_a_crash(tmp_path):
+    good = keep(tmp_path, gate_doc(decode=200.0), "2025-01-01T10:00:00+00:00")
+    later = keep(tmp_path, gate_doc(decode=190.0), "2025-01-02T10:00:00+00:00")
+    why = damage(tmp_path)
+    env = {"STACKGATE_RUNS_DIR": str(tmp_path)}
+    listing = invoke("report", env=env)
+    assert listing.returncode == 0, listing.stderr
+    warnings = [line for line in listing.stderr.splitlines() if line.startswith("warning: skipped ")]
+    assert len(warnings) == len(why)
+    for name, text in why.items():
+        assert any(f"{tmp_path / name}: " in w and text in w for w in warnings), (name, listing.stderr)
+    assert "Traceback" not in listing.stderr
+    rows = [line.split()[0] for line in listing.stdout.splitlines() if line.split()[1:2] == ["gate"]]
+    assert rows == [good.id, later.id, "odd-inside"]  # a readable run whose inner parts are odd is listed, without figures
+    assert invoke("report", "--", good.id, "odd-inside", env=env).returncode == 0
+    assert invoke("report", "--html", str(tmp_path / "page.html"), env=env).returncode == 0
+    named = invoke("report", "--", str(tmp_path / "truncated.json"), env=env)
+    assert named.returncode == 2 and "damaged: not JSON" in named.stderr
+
+
+def test_report_a_b_names_each_changed_component_next_to_the_change_in_tok_s(tmp_path):
+    a = keep(tmp_path, gate_doc(decode=92.6), "2025-01-01T10:00:00+00:00")
+    b = keep(tmp_path, gate_doc(decode=83.9, backend="triton", torch="2.10.0", status=Status.FAIL, summary="torch moved"), "2025-01-02T10:00:00+00:00")
+    done = invoke("report", "--run", a.id, "--run", b.id, env={"STACKGATE_RUNS_DIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[2].startswith("decode tok/s: 92.60 -> 83.90: -8.70 tok/s (-9.4%; 95% CI -")
+    assert "  server:" in lines and "    attention_backend: flashinfer -> triton" in lines
+    assert "  distributions:" in lines and "    torch: 2.9.1+cu130 -> 2.10.0" in lines
+    assert "  verify verify.check: PASS -> FAIL: torch moved" in lines
+    assert lines.index("    torch: 2.9.1+cu130 -> 2.10.0") < lines.index("  server:")  # sections in their order
+
+
+def test_the_listing_shows_a_trend_per_lock_plain_without_unicode(tmp_path):
+    for day, decode in enumerate([90.0, 92.0, None, 96.0], 1):
+        keep(tmp_path, gate_doc(decode=decode), f"2025-01-0{day}T10:00:00+00:00")
+    keep(tmp_path, gate_doc(decode=50.0, lock="other"), "2025-01-05T10:00:00+00:00")
+    env = {"STACKGATE_RUNS_DIR": str(tmp_path)}
+    unicode = invoke("report", env={**env, "PYTHONIOENCODING": "utf-8"})
+    assert "trend standin (decode tok/s, last 4 run(s)): ▁▃ █  90.00 → 96.00 (min 90.00, max 96.00)" in unicode.stdout
+    assert "trend other (decode tok/s, last 1 run(s)): ▅  50.00 → 50.00" in unicode.stdout
+    plain = invoke("report", env={**env, "PYTHONIOENCODING": "ascii"})
+    assert "trend standin (decode tok/s, last 4 run(s)): _- #  90.00 -> 96.00" in plain.stdout
+
+
+def test_report_usage_errors_exit_2(tmp_path):
+    env = {"STACKGATE_RUNS_DIR": str(tmp_path)}
+    assert "no runs kept in" in invoke("report", env=env).stdout
+    for args, text in [(("--", "a", "b", "c"), "name at most two runs"), (("--", "nope"), "no run 'nope'"), (("--html", str(tmp_path / "x.html"), "--", "a", "b"), "--html takes at most one run")]:
+        done = invoke("report", *args, env=env)
+        assert done.returncode == 2 and text in done.stderr, done.stderr
+
+
+def test_smoke_keeps_its_runs_and_report_compares_them_on_what_they_recorded(rig, tmp_path):
+    env = {**rig.environ(), "STACKGATE_RUN_DIR": str(rig.runs), "STACKGATE_RUNS_DIR": str(tmp_path / "history")}
+    rig.behave(rate=200.0, profiles=[{"when": {"attention_backend": "triton"}, "set": {"rate": 150.0}}])
+    lock = rig.lock()
+    first = invoke("smoke", "--lock", str(lock), "--benchmark", "--json", str(tmp_path / "smoke.json"), env=env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    lock.write_text(lock.read_text().replace('attention_backend = "flashinfer"', 'attention_backend = "triton"'))
+    assert invoke("smoke", "--lock", str(lock), "--benchmark", env=env).returncode == 0
+    (one, two) = sorted((tmp_path / "history").glob("*.json"))
+    assert json.loads(one.read_text())["run_id"] == json.loads((tmp_path / "smoke.json").read_text())["run_id"] == one.stem
+    assert f"run {one.stem} kept in {tmp_path / 'history'}" in first.stderr
+    listing = invoke("report", env=env)
+    rows = [line.split() for line in listing.stdout.splitlines() if "-smoke-" in line]
+    assert [(r[1], r[3]) for r in rows] == [("smoke", "passed"), ("smoke", "passed")]
+    assert float(rows[0][4]) == pytest.approx(200.0, rel=0.01) and float(rows[1][4]) == pytest.approx(150.0, rel=0.01)
+    diff = invoke("report", "--", "-2", "-1", env=env)
+    assert "    attention_backend: flashinfer -> triton" in diff.stdout.splitlines()
+    assert "(not compared: gpu, toolkits, distributions, patches: a smoke run records only its lock and its server)" in diff.stdout
+    assert_nothing_left(rig)
