@@ -126,6 +126,16 @@ def test_aggregate_uses_8_rank_bus_factor_and_drops_unfinished_sizes() -> None:
     assert figures[0].busbw_gbs == pytest.approx(figures[0].algbw_gbs * 1.75)
 
 
+def test_graph_timed_sizes_keep_the_eager_latency_beside() -> None:
+    graphed = {"timing": "cuda-graph"}
+    per_rank = {0: [{**size_line(8192, 10.0), **graphed, "eager_us": 60.0}], 1: [{**size_line(8192, 12.0), **graphed, "eager_us": 64.0}]}
+    [figures] = deep.aggregate(2, per_rank)
+    assert (figures.time_us, figures.timing, figures.eager_us) == (11.0, "cuda-graph", 62.0)
+    # One rank that could not capture makes the size eager: the figure is then the eager one.
+    per_rank[1][0]["timing"] = "eager"
+    assert deep.aggregate(2, per_rank)[0].timing == "eager"
+
+
 def make_sweep(world: int, sizes: list[deep.SizeFigures], **changes: object) -> deep.Sweep:
     request = deep.AllReduceRequest(world, min_bytes=sizes[0].bytes if sizes else 8192, max_bytes=sizes[-1].bytes if sizes else 8192)
     fields = dict(

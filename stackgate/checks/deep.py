@@ -375,6 +375,8 @@ class SizeFigures:
     algbw_gbs: float  #: bytes / time, 1 GB = 1e9 B
     busbw_gbs: float | None  #: algbw x 2(n-1)/n; None for one rank, where it is not defined
     wrong: int  #: elements that differ from the exact sum, over all ranks
+    timing: str = "eager"  #: "cuda-graph": ops replayed from a captured graph (the GPUs' time)
+    eager_us: float | None = None  #: per op launched one by one from Python (host overhead included)
 
 
 @dataclass(frozen=True)
@@ -425,7 +427,10 @@ def aggregate(world: int, per_rank: Mapping[int, Sequence[Mapping[str, Any]]]) -
             continue
         time_us = statistics.fmean(line["us"] for line in lines)
         algbw = size / (time_us * 1e-6) / 1e9
-        figures.append(SizeFigures(size, time_us, algbw, bus_bandwidth(algbw, world), sum(line["wrong"] for line in lines)))
+        timing = "cuda-graph" if all(line.get("timing") == "cuda-graph" for line in lines) else "eager"
+        eager = [line["eager_us"] for line in lines if "eager_us" in line]
+        eager_us = statistics.fmean(eager) if len(eager) == len(lines) else None
+        figures.append(SizeFigures(size, time_us, algbw, bus_bandwidth(algbw, world), sum(line["wrong"] for line in lines), timing, eager_us))
     return figures
 
 
@@ -490,10 +495,18 @@ def _sweep_data(sweep: Sweep, min_busbw: float | None) -> dict[str, Any]:
         "progress": {str(rank): done for rank, done in sweep.progress.items()},
         "script_s": round(sweep.duration_s, 3),
         "log": str(sweep.log),
+        "timing": _timing(sweep),
         "method": "in-place all_reduce (sum, float32); per size 1 untimed op then "
         f"{sweep.request.iters} timed ops bracketed by CUDA events, mean over ranks; "
-        f"{sweep.request.warmup} warm-up ops at the largest and smallest size first (nccl-tests' all_reduce_perf)",
+        f"{sweep.request.warmup} warm-up ops at the largest and smallest size first (nccl-tests' all_reduce_perf); "
+        "on GPUs the timed ops are captured in a CUDA graph and replayed, so that torch's per-call host overhead "
+        "is not measured (eager_us keeps the op launched one by one)",
     }
+
+
+def _timing(sweep: Sweep) -> str | None:
+    kinds = {s.timing for s in sweep.sizes}
+    return kinds.pop() if len(kinds) == 1 else ("mixed" if kinds else None)
 
 
 _ONE_RANK_NOTE = (
@@ -546,7 +559,10 @@ def _size_lines(sweep: Sweep) -> list[str]:
     def bus(s: SizeFigures) -> str:
         return f"busbw {s.busbw_gbs:8.2f} GB/s" if s.busbw_gbs is not None else "busbw n/a (1 rank)"
 
-    return [f"{_size(s.bytes):>8}: {s.time_us:10.1f} us  algbw {s.algbw_gbs:8.2f} GB/s  {bus(s)}  #wrong {s.wrong}" for s in sweep.sizes]
+    def eager(s: SizeFigures) -> str:
+        return f"  (launched one by one: {s.eager_us:.1f} us)" if s.timing == "cuda-graph" and s.eager_us is not None else ""
+
+    return [f"{_size(s.bytes):>8}: {s.time_us:10.1f} us  algbw {s.algbw_gbs:8.2f} GB/s  {bus(s)}  #wrong {s.wrong}{eager(s)}" for s in sweep.sizes]
 
 
 def _env_lines(sweep: Sweep) -> list[str]:

@@ -190,11 +190,43 @@ def sweep(dist, rank, device, request, out):
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # "warm" must mean the warm-up finished, not was queued
     out(event="warm")
+    graphs = device.type == "cuda" and request.get("graphs", True)
     for size in sizes:
         count = size // 4
         buffer.copy_(data)
-        ms = timed_ms(device, lambda i, count=count: op(count, i), 1, iters)
-        out(event="size", bytes=size, us=ms * 1e3, wrong=check(dist, rank, count, request, device))
+        eager = timed_ms(device, lambda i, count=count: op(count, i), 1, iters)
+        graph = timed_graph_ms(device, lambda i, count=count: op(count, i), iters, lambda: buffer.copy_(data), out) if graphs else None
+        graphs = graphs and graph is not None
+        us = (graph if graph is not None else eager) * 1e3
+        out(event="size", bytes=size, us=us, eager_us=eager * 1e3, timing="cuda-graph" if graph is not None else "eager", wrong=check(dist, rank, count, request, device))
+
+
+def timed_graph_ms(device, op, iters, reset, out):
+    """Mean milliseconds per op of ``iters`` ops captured in one CUDA graph and replayed.
+
+    Eager timing of a small all-reduce measures the host: torch's per-call overhead (tens of
+    microseconds) exceeds the GPU's work, so the GPU idles between ops. nccl-tests launches from
+    C and does not see that; SGLang's decode steps run captured in CUDA graphs and do not see it
+    either. A replayed graph launches all ``iters`` ops at once, so the events time the GPUs.
+    Returns None (after saying why) when this torch/NCCL cannot capture collectives.
+    """
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(iters):
+                op(i)
+        graph.replay()  # the first replay uploads the graph: not timed
+        reset()  # summing in place multiplies the values by the world size per op
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / iters
+    except RuntimeError as exc:
+        out(event="graph-timing-unavailable", error=f"{type(exc).__name__}: {exc}")
+        return None
 
 
 def check(dist, rank, count, request, device):
