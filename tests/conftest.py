@@ -99,3 +99,33 @@ def rig(tmp_path: Path) -> Iterator[Any]:
     made = Rig(tmp_path, free_port())
     yield made
     kill_leftovers(made)
+
+
+def interpreter_lock(python: Path, packages: str = "", extra: str = "", *, imports: str = '["torch"]', version: str | None = None):
+    """A lock for one SM120 GPU whose stack is an existing interpreter of this machine."""
+    from stackgate.stack import lock as lockmodel
+
+    version = version or f"{sys.version_info.major}.{sys.version_info.minor}"
+    return lockmodel.loads(
+        f"""
+[stack]
+name = "t"
+[hardware]
+gpu_count = 1
+compute_capability = "12.0"
+gpu_name = "RTX PRO 6000"
+min_driver = "580"
+[[toolkit]]
+version = "13.0"
+prefix = "/usr/local/cuda-13.0"
+keep = true
+default = true
+[python]
+version = "{version}"
+interpreter = "{python}"
+imports = {imports}
+[python.packages]
+{packages}
+{extra}
+"""
+    )

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import install_dist, make_venv
+from conftest import install_dist, interpreter_lock, make_venv
 from stackgate.checks import elf
 from stackgate.checks.abi import symbol_provider
 from stackgate.checks.all import REGISTRY
@@ -50,28 +50,7 @@ PyMODINIT_FUNC PyInit_{name}(void) {{ touch(); return PyModule_Create(&def); }}
 
 
 def lock_for(python: Path, packages: str, imports: str = "[]") -> lockmodel.Lock:
-    return lockmodel.loads(
-        f"""
-[stack]
-name = "t"
-[hardware]
-gpu_count = 1
-compute_capability = "12.0"
-gpu_name = "RTX PRO 6000"
-min_driver = "580"
-[[toolkit]]
-version = "13.0"
-prefix = "/usr/local/cuda-13.0"
-keep = true
-default = true
-[python]
-version = "{VERSION}"
-interpreter = "{python}"
-imports = {imports}
-[python.packages]
-{packages}
-"""
-    )
+    return interpreter_lock(python, packages, imports=imports)
 
 
 def run(name, lock):

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 
-from conftest import install_dist, make_venv
+from conftest import install_dist, interpreter_lock, make_venv
 from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import Status
 from stackgate.checks.facts import PROBE, ProbeFacts, gather
@@ -20,29 +20,7 @@ VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
 def lock_for(python: Path, packages: str = "", extra: str = "", version: str = VERSION) -> lockmodel.Lock:
-    return lockmodel.loads(
-        f"""
-[stack]
-name = "t"
-[hardware]
-gpu_count = 1
-compute_capability = "12.0"
-gpu_name = "RTX PRO 6000"
-min_driver = "580"
-[[toolkit]]
-version = "13.0"
-prefix = "/usr/local/cuda-13.0"
-keep = true
-default = true
-[python]
-version = "{version}"
-interpreter = "{python}"
-imports = ["torch"]
-[python.packages]
-{packages}
-{extra}
-"""
-    )
+    return interpreter_lock(python, packages, extra, version=version)
 
 
 def run(name, lock):
