@@ -164,9 +164,17 @@ def test_references_resolve_against_the_default_toolkit():
     assert lock.env["X"] == "/usr/local/cuda-13.0/bin:t"
 
 
-def test_exactly_one_default_toolkit():
+def test_exactly_one_default_toolkit_and_the_second_is_named():
     two = MINIMAL + '[[toolkit]]\nversion = "12.8"\nprefix = "/usr/local/cuda-12.8"\nkeep = true\ndefault = true\n'
-    assert "toolkit: exactly one toolkit must have default = true, found 2" in problems(two)
+    assert problems(two) == ["toolkit[1].default: toolkit[0] is the default already: exactly one toolkit may have default = true"]
+    none = MINIMAL.replace("default = true\n", "")
+    assert problems(none) == ["toolkit: exactly one toolkit must have default = true, found none"]
+
+
+@pytest.mark.parametrize("second", ["/usr/local/cuda-13.0", "/usr/local/cuda-13.0/", "/usr/local//cuda-13.0", "//usr/local/cuda-13.0", "/usr/local/x/../cuda-13.0"])
+def test_a_shared_prefix_names_the_toolkit_that_repeats_it(second):
+    text = MINIMAL + f'[[toolkit]]\nversion = "12.8"\nprefix = "{second}"\nkeep = true\n'
+    assert problems(text) == ["toolkit[1].prefix: /usr/local/cuda-13.0 is toolkit[0]'s prefix too: two toolkits cannot share a prefix"]
 
 
 def test_a_url_package_hash_is_64_hex_digits():

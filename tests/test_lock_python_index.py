@@ -43,7 +43,7 @@ def test_the_default_index_is_pypi_unless_the_lock_names_a_mirror(tmp_path: Path
 def test_a_default_index_that_is_not_a_url_is_refused(tmp_path: Path) -> None:
     with pytest.raises(lockmodel.LockError) as caught:
         _load(tmp_path, 'default_index = "pypi.org"')
-    assert caught.value.problems == ["python.default_index: must be an http(s):// or file:// URL, not 'pypi.org'"]
+    assert caught.value.problems == ["python.default_index: must be an https:// URL or a file:// URL (http:// only to localhost or a loopback IP), not 'pypi.org'"]
 
 
 def test_an_index_mapped_name_without_a_pin_is_refused(tmp_path: Path) -> None:

@@ -2,7 +2,9 @@
 
 It is a POSIX shell file of ``export NAME="value"`` lines so that people and service managers
 can source it; stackgate reads it back without a shell, expanding only ``$NAME`` and
-``${NAME}`` against the environment it is applied to.
+``${NAME}`` against the environment it is applied to. Whatever the values hold, sourcing the
+file runs nothing: every ``$`` that does not start such a reference is escaped, like ``"``,
+backquotes and backslashes, and a name or value that a shell could not read back is refused.
 """
 
 from __future__ import annotations
@@ -11,10 +13,14 @@ import re
 from pathlib import Path
 from typing import Mapping
 
+from stackgate.stack.lock import SHELL_REFERENCE
+
 __all__ = ["EnvFileError", "apply", "parse", "read", "render"]
 
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LINE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
-_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+#: What a value may not hold: a line break would end the line parse reads, the rest is no text.
+_UNWRITABLE = re.compile("[\x00-\x08\x0a-\x1f\x7f]")
 
 
 class EnvFileError(Exception):
@@ -24,14 +30,27 @@ class EnvFileError(Exception):
 def render(values: Mapping[str, str], header: str = "") -> str:
     """Shell text exporting ``values``; ``$PATH``-style references are left to the shell.
 
-    >>> print(render({"CUDA_HOME": "/usr/local/cuda-13.0"}), end="")
+    >>> print(render({"CUDA_HOME": "/usr/local/cuda-13.0", "X": "$(id):$PATH"}), end="")
     export CUDA_HOME="/usr/local/cuda-13.0"
+    export X="\\$(id):$PATH"
     """
     lines = [f"# {line}" for line in header.splitlines()]
     for name, value in values.items():
+        if not _NAME.fullmatch(name) or _UNWRITABLE.search(value):
+            raise EnvFileError(f"{name!r}={value!r}: not a variable a shell file can export as written")
         escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`")
-        lines.append(f'export {name}="{escaped}"')
+        lines.append(f'export {name}="{_escape_dollars(escaped)}"')
     return "\n".join(lines) + "\n"
+
+
+def _escape_dollars(text: str) -> str:
+    """Every ``$`` that starts no plain ``$NAME``/``${NAME}`` reference written as ``\\$``, so
+    that a shell keeps it literal (no command substitution, arithmetic or parameter operators).
+
+    >>> print(_escape_dollars("$(id) $((1+1)) ${X:-y} $1 $PATH ${HOME}"))
+    \\$(id) \\$((1+1)) \\${X:-y} \\$1 $PATH ${HOME}
+    """
+    return "".join("\\$" if c == "$" and not SHELL_REFERENCE.match(text, i) else c for i, c in enumerate(text))
 
 
 def parse(text: str, base: Mapping[str, str]) -> dict[str, str]:
@@ -99,9 +118,9 @@ def _value(raw: str, scope: Mapping[str, str], number: int) -> str:
             i += 2
             continue
         if ch == "$":
-            match = _VARIABLE.match(body, i)
+            match = SHELL_REFERENCE.match(body, i)
             if match:
-                out.append(scope.get(match[1] or match[2], ""))
+                out.append(scope.get(match[0].strip("${}"), ""))
                 i = match.end()
                 continue
         out.append(ch)

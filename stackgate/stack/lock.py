@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import ipaddress
 import os
 import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
+from urllib.parse import urlsplit
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
@@ -29,6 +31,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 __all__ = [
     "DEFAULT_LOCK",
     "PYPI_CUDA12_REASON",
+    "SHELL_REFERENCE",
     "Benchmark",
     "Capability",
     "Compare",
@@ -45,9 +48,12 @@ __all__ = [
     "Speculative",
     "Stack",
     "Toolkit",
+    "control_problems",
     "default_lock_path",
+    "dollar_problem",
     "load",
     "loads",
+    "url_problem",
 ]
 
 #: The profile used when neither --lock nor $STACKGATE_LOCK names one.
@@ -76,7 +82,19 @@ MANAGED_FLAGS = {
     "--load-format": "fast mode (--fast)",
     "--json-model-override-args": "fast mode (--fast)",
 }
-_REFERENCE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.]*)\}")
+#: A lock reference such as {toolkit.default}; ``${NAME}`` is the shell's, not ours.
+_REFERENCE = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_.]*)\}")
+#: The only use of ``$`` an environment value may make: a plain variable reference, which
+#: stackgate.env leaves to the shell (and envfile.parse expands the same way).
+SHELL_REFERENCE = re.compile(r"\$(?:\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")
+#: Refused in every key and string of a lockfile: C0 controls (NUL, newline, ESC ...), DEL, C1
+#: controls, and the Unicode line and paragraph separators (Python's splitlines breaks there).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+#: Free text that may hold a tab (and the benchmark prompt, sent as JSON, may hold newlines).
+#: Nothing else may: every other string can reach a shell file, a command line or a log line.
+_FREE_TEXT = {"stack.description": "\t", "python.override[].reason": "\t", "patch[].reason": "\t", "benchmark.prompt": "\t\n"}
+#: The shipped patches (patches/ beside lockfiles/): any lockfile may name one of them.
+SHIPPED_PATCHES = DEFAULT_LOCK.parents[1] / "patches"
 #: Why source = "pypi" is refused for CUDA 12.x (stack/toolkit.py gives the same reason).
 PYPI_CUDA12_REASON = (
     "PyPI's CUDA 12 nvcc wheels carry ptxas, headers and nvvm but not the nvcc driver; "
@@ -376,6 +394,11 @@ def loads(data: bytes | str, path: Path | str = "<lockfile>") -> Lock:
         raise LockError(path, [f"not valid TOML: {exc}"]) from None
     except RecursionError:
         raise LockError(path, ["not valid TOML: nested too deeply"]) from None
+    # Control characters are refused before any value is read: nothing downstream (a path, an
+    # env file, a command line, a terminal) ever sees one, so no check below needs to care.
+    hostile = control_problems(document)
+    if hostile:
+        raise LockError(path, hostile)
     errors: list[str] = []
     lock = _Builder(errors, path).lock(_Table(document, "", errors), hashlib.sha256(raw).hexdigest())
     if errors or lock is None:
@@ -384,6 +407,56 @@ def loads(data: bytes | str, path: Path | str = "<lockfile>") -> Lock:
 
 
 _REQUIRED = object()
+
+
+def control_problems(document: Mapping[str, Any]) -> list[str]:
+    """Every key and string holding a control character, by key path (tab and newline only
+    where :data:`_FREE_TEXT` allows them).
+
+    >>> control_problems({"patch": [{"file": "a\\x00b"}], "stack": {"description": "a\\tb"}})
+    ['patch[0].file: contains a control character (U+0000)']
+    """
+    problems = []
+    for where, key, value in _walk(document):
+        if key is not None and _CONTROL.search(key):
+            problems.append(f"{where}: the key contains a control character ({_codepoint(key)})")
+        if isinstance(value, str):
+            allowed = _FREE_TEXT.get(re.sub(r"\[\d+\]", "[]", where), "")
+            if any(c not in allowed for c in _CONTROL.findall(value)):
+                problems.append(f"{where}: contains a control character ({_codepoint(value, allowed)})")
+    return problems
+
+
+def _walk(document: Mapping[str, Any]) -> Iterator[tuple[str, str | None, Any]]:
+    """(key path, key or None for an array item, value) of every value, depth first, without
+    recursion (a deeply nested document must not end in RecursionError)."""
+    stack: list[tuple[str, str | None, Any]] = [("", None, document)]
+    while stack:
+        where, key, value = stack.pop()
+        if where:
+            yield where, key, value
+        if isinstance(value, dict):
+            stack.extend((_join(where, k), k, v) for k, v in reversed(list(value.items())))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", None, v) for i, v in reversed(list(enumerate(value))))
+
+
+def _join(path: str, name: str) -> str:
+    name = _printable(name)
+    return f"{path}.{name}" if path else name
+
+
+def _printable(text: str) -> str:
+    r"""``text`` with control characters written as escapes, safe to print in an error.
+
+    >>> _printable("A\x1b[2JB")
+    'A\\x1b[2JB'
+    """
+    return _CONTROL.sub(lambda m: repr(m[0])[1:-1], text)
+
+
+def _codepoint(text: str, allowed: str = "") -> str:
+    return next(f"U+{ord(c):04X}" for c in _CONTROL.findall(text) if c not in allowed)
 
 
 class _Table:
@@ -399,7 +472,7 @@ class _Table:
         self.seen: set[str] = set()
 
     def key(self, name: str) -> str:
-        return f"{self.path}.{name}" if self.path else name
+        return _join(self.path, name)
 
     def error(self, name: str, message: str) -> None:
         where = self.key(name) if name else (self.path or "(top level)")
@@ -514,12 +587,16 @@ class _Builder:
 
     def toolkits(self, top: _Table) -> tuple[Toolkit, ...]:
         toolkits = tuple(self.toolkit(t) for t in top.array("toolkit"))
-        defaults = [t for t in toolkits if t.default]
-        if toolkits and len(defaults) != 1:
-            top.error("toolkit", f"exactly one toolkit must have default = true, found {len(defaults)}")
-        prefixes = [t.prefix for t in toolkits]
-        for prefix in {p for p in prefixes if prefixes.count(p) > 1}:
-            top.error("toolkit", f"two toolkits share the prefix {prefix}")
+        defaults = [i for i, t in enumerate(toolkits) if t.default]
+        if toolkits and not defaults:
+            top.error("toolkit", "exactly one toolkit must have default = true, found none")
+        for i in defaults[1:]:
+            top.error(f"toolkit[{i}].default", f"toolkit[{defaults[0]}] is the default already: exactly one toolkit may have default = true")
+        first: dict[Path, int] = {}
+        for i, toolkit in enumerate(toolkits):
+            if toolkit.prefix in first:
+                top.error(f"toolkit[{i}].prefix", f"{toolkit.prefix} is toolkit[{first[toolkit.prefix]}]'s prefix too: two toolkits cannot share a prefix")
+            first.setdefault(toolkit.prefix, i)
         return toolkits
 
     def toolkit(self, t: _Table) -> Toolkit:
@@ -541,12 +618,13 @@ class _Builder:
                 f"pypi cannot provide CUDA {version}: {PYPI_CUDA12_REASON}",
             )
         url = t.get("url", str, None)
+        _check_url(t, "url", url, local_path=True)
         sha256 = self.sha256(t, "sha256")
         if source == "runfile" and (url is None or sha256 is None):
             t.error("url" if url is None else "sha256", "a runfile toolkit needs both url and sha256")
         toolkit = Toolkit(
             version=version or Version("0"),
-            prefix=Path(prefix or "/"),
+            prefix=_normal_path(prefix or "/"),
             source=source,
             default=t.get("default", bool, False) or False,
             keep=keep or False,
@@ -605,8 +683,7 @@ class _Builder:
 
     def index(self, t: _Table, pinned: set[str]) -> Index:
         url = t.get("url", str)
-        if url is not None and not re.match(r"^(https?|file)://", url):
-            t.error("url", f"must be an http(s):// or file:// URL, not {url!r}")
+        _check_url(t, "url", url)
         index = Index(url or "", tuple(canonicalize_name(n) for n in t.strings("packages")))
         # provision installs from a named index exactly the pins it maps there; an unpinned name
         # would be pulled in later, as someone's dependency, from the default index instead.
@@ -618,8 +695,7 @@ class _Builder:
 
     def default_index(self, t: _Table) -> str:
         url = t.get("default_index", str, DEFAULT_INDEX)
-        if url is not None and not re.match(r"^(https?|file)://", url):
-            t.error("default_index", f"must be an http(s):// or file:// URL, not {url!r}")
+        _check_url(t, "default_index", url)
         return url or DEFAULT_INDEX
 
     def packages(self, t: _Table) -> tuple[Package, ...]:
@@ -648,8 +724,7 @@ class _Builder:
         table = _Table(value, t.key(raw_name), self.errors)
         spec = table.parsed("version", SpecifierSet)
         url = table.get("url", str, None)
-        if url is not None and not re.match(r"^(https?|file)://", url):
-            table.error("url", f"must be an http(s):// or file:// URL, not {url!r}")
+        _check_url(table, "url", url)
         sha256 = self.sha256(table, "sha256")
         if sha256 is not None and url is None:
             table.error("sha256", "only a url package carries a sha256")
@@ -672,12 +747,24 @@ class _Builder:
         patch = Patch(
             package=canonicalize_name(t.get("package", str) or ""),
             version=t.parsed("version", Version) or Version("0"),
-            file=(self.path.parent / file).resolve() if file else Path(),
+            file=self.patch_file(t, file) if file else Path(),
             reason=t.get("reason", str) or "",
             sha256=self.sha256(t, "sha256"),
         )
         t.finish()
         return patch
+
+    def patch_file(self, t: _Table, file: str) -> Path:
+        """The patch file, relative to the lockfile's folder; it must exist inside the
+        lockfile's checkout or stackgate's shipped patches, after ``..`` and symlinks."""
+        folder = self.path.parent.resolve()
+        path = (folder / file).resolve()
+        bases = (_checkout(folder), SHIPPED_PATCHES.resolve())
+        if not any(path.is_relative_to(base) for base in bases):
+            t.error("file", f"{file!r} resolves to {path}, outside the lockfile's checkout ({bases[0]}) and stackgate's patches ({bases[1]}): keep the patch beside the lock")
+        elif not path.is_file():
+            t.error("file", f"{path}: {'is not a file' if path.exists() else 'no such file'}")
+        return path
 
     def nccl(self, t: _Table) -> Nccl:
         nccl = Nccl(t.parsed("min_version", Version, None), t.positive("min_busbw_gbs", float, None))
@@ -789,7 +876,10 @@ class _Builder:
                 t.error(name, "is not a valid environment variable name")
                 continue
             value = t.get(name, str)
-            if value is not None:
+            problem = dollar_problem(value) if value is not None else None
+            if problem:
+                t.error(name, problem)
+            elif value is not None:
                 values[name] = value
         return values
 
@@ -816,6 +906,87 @@ def _resolve(t: _Table, name: str, value: str, references: Mapping[str, str]) ->
         return match[0]
 
     return _REFERENCE.sub(replace, value)
+
+
+def dollar_problem(value: str) -> str | None:
+    """Why an environment value may not be written into a file that shells source, or None:
+    a ``$`` may only start a plain ``$NAME`` or ``${NAME}`` reference.
+
+    >>> dollar_problem("{toolkit.default}/bin:$PATH:${HOME}") is None
+    True
+    >>> print(dollar_problem("$(touch /tmp/x)"))
+    '$(' at character 1: a '$' may only start a variable reference, $NAME or ${NAME} (no command substitution, arithmetic, ${NAME:-default} or $1); stackgate.env is sourced by shells
+    """
+    for i in (i for i, c in enumerate(value) if c == "$"):
+        if not SHELL_REFERENCE.match(value, i):
+            return (
+                f"{value[i:i + 2]!r} at character {i + 1}: a '$' may only start a variable reference, $NAME or ${{NAME}} "
+                "(no command substitution, arithmetic, ${NAME:-default} or $1); stackgate.env is sourced by shells"
+            )
+    return None
+
+
+def _normal_path(text: str) -> Path:
+    """An absolute path as the filesystem reads it: ``//``, ``.``, ``..`` and a trailing ``/`` gone.
+
+    >>> _normal_path("//usr/local//cuda-13.0/../cuda-13.0/")
+    PosixPath('/usr/local/cuda-13.0')
+    """
+    return Path("/" + os.path.normpath(text).lstrip("/")) if text.startswith("/") else Path(os.path.normpath(text))
+
+
+def _checkout(folder: Path) -> Path:
+    """The git checkout that holds ``folder`` (the nearest folder above with a .git), else ``folder``."""
+    return next((parent for parent in (folder, *folder.parents) if (parent / ".git").exists()), folder)
+
+
+def _check_url(t: _Table, name: str, url: str | None, *, local_path: bool = False) -> None:
+    problem = url_problem(url, local_path=local_path) if url is not None else None
+    if problem:
+        t.error(name, problem)
+
+
+def url_problem(url: str, *, local_path: bool = False) -> str | None:
+    """Why ``url`` may not be fetched from, or None: https to any host; http only to this machine
+    (``localhost`` or a loopback IP literal: nothing on the way can change the bytes); file:// on
+    this machine; with ``local_path``, an absolute path too (a runfile already on disk).
+
+    >>> url_problem("http://127.0.0.1:8080/simple") is None, url_problem("https://[::1]/x") is None
+    (True, True)
+    >>> print(url_problem("http://download.pytorch.org/whl/cu130"))
+    plain http to download.pytorch.org: use https (http only to localhost or a loopback IP such as 127.0.0.1 or [::1])
+    """
+    where = f"must be an https:// URL{', a file:// URL or an absolute path' if local_path else ' or a file:// URL'}"
+    if local_path and url.startswith("/"):
+        return None
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        parts.port  # noqa: B018 - an out-of-range port raises here, not later in a download
+    except ValueError as exc:
+        return f"{where}, not {url!r}: {exc}"
+    if parts.scheme == "https" and host:
+        return None
+    if parts.scheme == "file" and parts.netloc in ("", "localhost"):
+        return None
+    if parts.scheme == "http" and host:
+        return None if _loopback(host) else f"plain http to {host}: use https (http only to localhost or a loopback IP such as 127.0.0.1 or [::1])"
+    return f"{where} (http:// only to localhost or a loopback IP), not {url!r}"
+
+
+def _loopback(host: str) -> bool:
+    """``localhost`` or a loopback IP literal, written out: 127.0.0.1.evil.com, localhost.evil
+    and the inet_aton shorthands (0x7f.1, 2130706433) are names or guesses, not loopback.
+
+    >>> [_loopback(h) for h in ("localhost", "127.0.0.1", "::1", "127.0.0.1.evil.com", "0x7f.1", "localhost.evil")]
+    [True, True, True, False, False, False]
+    """
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _check_flags(t: _Table, name: str, flags: tuple[str, ...]) -> None:
