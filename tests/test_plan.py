@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
+import shlex
 import sys
 import types
 from pathlib import Path
@@ -249,3 +253,50 @@ def test_a_generation_built_and_checked_but_never_switched_to_is_resumed(tmp_pat
     assert _actions(the_plan) == ["python.envfile", "python.check", "python.switch"]
     assert the_plan.steps[0].why.endswith("generation 0002-left was built and checked from this lock by a run that stopped before switching")
     assert state.current is not None and state.current.id == "0001-built"
+
+
+DIFF = "--- a/sglang/m.py\n+++ b/sglang/m.py\n@@ -1 +1 @@\n-a = 1\n+a = 2\n"
+
+
+def _patched_lock(tmp_path: Path, server: IndexServer, text: str, sha256: str) -> lockmodel.Lock:
+    """The test lock with one [[patch]] whose file holds ``text`` and whose lock entry says ``sha256``."""
+    (tmp_path / "fix.patch").write_text(text)
+    path = write_stack_lock(tmp_path / "lock.toml", server, tmp_path / "root", python="3.11")
+    path.write_text(path.read_text() + f'\n[[patch]]\npackage = "sglang"\nversion = "0.5.9"\nfile = "fix.patch"\nsha256 = "{sha256}"\nreason = "r"\n')
+    return lockmodel.load(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "sha256", "expected"),
+    [
+        (DIFF, "0" * 64, "patch[0].file: fix.patch: sha256 is {digest}, the lock says " + "0" * 64),
+        ("not a diff\n", "", "patch[0].file: fix.patch: no file in the patch"),
+    ],
+)
+def test_a_patch_file_that_cannot_apply_blocks_the_plan_as_a_lockfile_problem(tmp_path: Path, stack_index: IndexServer, text: str, sha256: str, expected: str) -> None:
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    lock = _patched_lock(tmp_path, stack_index, text, sha256 or digest)
+    # a new generation (it would apply the patch) and the patches area of a live one
+    for the_plan in (
+        plan(lock, _facts(lock, dists=Missing("none")), generations.read(lock.python.root), uv=UV),
+        plan(lock, _facts(lock), _provisioned(lock), only="patches", uv=UV),
+    ):
+        (blocker,) = the_plan.blockers
+        assert blocker.usage and blocker.message.startswith(expected.format(digest=digest)), blocker.message
+        assert blocker.fix is not None and blocker.fix.commands == (f"sha256sum '{tmp_path / 'fix.patch'}'",)
+    assert "patches.apply" not in _actions(the_plan)
+
+
+def test_a_good_patch_file_is_planned(tmp_path: Path, stack_index: IndexServer) -> None:
+    lock = _patched_lock(tmp_path, stack_index, DIFF, hashlib.sha256(DIFF.encode()).hexdigest())
+    the_plan = plan(lock, _facts(lock, dists=Missing("none")), generations.read(lock.python.root), uv=UV)
+    assert the_plan.blockers == () and "patches.apply" in _actions(the_plan)
+
+
+def test_the_hash_command_for_a_url_keeps_the_url_one_quoted_word(tmp_path: Path, stack_index: IndexServer) -> None:
+    path = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", python="3.11", sha256=None)
+    url = "https://h.example/x'$(touch /tmp/p)'.whl"
+    path.write_text(re.sub(r'url = "[^"]*sgl_kernel[^"]*"', f"url = {json.dumps(url)}", path.read_text()))
+    lock = lockmodel.load(path)
+    (blocker,) = plan(lock, _facts(lock, dists=Missing("none")), generations.read(lock.python.root), uv=UV).blockers
+    assert blocker.fix is not None and shlex.split(blocker.fix.commands[0]) == ["curl", "-fsSL", url, "|", "sha256sum"]

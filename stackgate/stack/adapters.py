@@ -23,6 +23,7 @@ __all__ = [
     "install_toolkit",
     "kept_untouched",
     "patch_errors",
+    "patch_file_problem",
     "patch_state",
     "set_cuda_link",
     "toolkit_errors",
@@ -96,6 +97,16 @@ def set_cuda_link(target: Path) -> None:
 def patch_state(patch: Patch, site_packages: Path) -> str | None:
     """None when the patch is applied in ``site_packages``, else why it must be applied."""
     return getattr(_patches(), PATCH_FUNCTIONS[0])(patch, site_packages)
+
+
+def patch_file_problem(patch: Patch) -> str | None:
+    """None when the patch file reads, has the locked sha256 and is a diff, else why not."""
+    module = _patches()
+    try:
+        module.check_patch_file(patch)
+    except module.PatchError as exc:
+        return str(exc)
+    return None
 
 
 def apply_patch(patch: Patch, site_packages: Path) -> None:

@@ -16,6 +16,9 @@ The public API, as provision and verify call it:
     None when the patch is applied and its files unchanged, else why it must be (re)applied.
 ``inspect_patch(patch, site_packages) -> PatchStatus``
     The same, as data for verify (site_packages may be None: the package is not installed).
+``check_patch_file(patch) -> None``
+    Raise :class:`PatchError` unless the patch file reads, has the locked sha256 and is a diff
+    (plan asks before it plans an apply, so a bad file stops provision before anything runs).
 ``site_packages(python) -> Path``
     The purelib folder of an interpreter's environment.
 ``parse(text) -> tuple[FileDiff, ...]`` and ``patch_text(original, diff, reverse=False) -> str``
@@ -48,6 +51,7 @@ __all__ = [
     "PatchError",
     "PatchStatus",
     "apply_patch",
+    "check_patch_file",
     "inspect_patch",
     "installed_version",
     "parse",
@@ -284,6 +288,15 @@ def apply_patch(patch: Patch, site_packages: Path) -> Outcome:
     patched = tuple(c.diff.path for c in changes if c.new_text is not None)
     already = tuple(c.diff.path for c in changes if c.new_text is None)
     return Outcome(patch, patched, already, recorded)
+
+
+def check_patch_file(patch: Patch) -> None:
+    """Raise :class:`PatchError` unless ``patch``'s file reads, has the locked sha256 and parses."""
+    text = _read_patch(patch)
+    try:
+        parse(text)
+    except PatchError as exc:
+        raise PatchError(f"{patch.file.name}: {exc}") from exc
 
 
 def _read_patch(patch: Patch) -> str:

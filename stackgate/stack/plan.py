@@ -17,7 +17,7 @@ from stackgate.checks.core import Fix
 from stackgate.checks.facts import BasePython, Facts, Missing, ProbeFacts
 from stackgate.checks.python import conflicts, pin_problem
 from stackgate.stack import adapters, generations, guard, pyenv
-from stackgate.stack.lock import Lock
+from stackgate.stack.lock import Lock, Patch
 
 __all__ = ["AREAS", "Blocker", "Plan", "Step", "cache_dir", "environment_drift", "plan"]
 
@@ -257,12 +257,13 @@ def _can_build(lock: Lock, facts: Facts, uv: str | None, draft: _Draft) -> bool:
     blockers = draft.blockers
     for package in lock.python.packages:
         if package.url and not package.sha256:
-            fix = Fix(f"Compute the wheel's sha256 and add it to the lock: python.packages.{package.name}.sha256 = \"<digest>\".", (f"curl -fsSL '{package.url}' | sha256sum",))
+            fix = Fix(f"Compute the wheel's sha256 and add it to the lock: python.packages.{package.name}.sha256 = \"<digest>\".", (f"curl -fsSL {_quote(package.url)} | sha256sum",))
             blockers.append(Blocker(f"python.packages.{package.name} has a url but no sha256: stackgate installs no wheel it cannot check", fix, usage=True))
-    for patch in lock.patches:
+    for i, patch in enumerate(lock.patches):
         pinned = lock.python.package(patch.package)
         if pinned is not None and not pinned.specifier.contains(str(patch.version), prereleases=True):
             blockers.append(Blocker(f"patch {patch.file.name} is for {patch.package} {patch.version}, but the lock pins {patch.package}{pinned.specifier}", usage=True))
+        _check_patch_file(i, patch, blockers)
     if lock.python.installer == "uv" and uv is None:
         blockers.append(Blocker("uv is not installed (python.installer = \"uv\")", Fix("Install uv, or set python.installer = \"pip\" in the lock.", ("python3 -m pip install uv",))))
     base = facts.base_python
@@ -293,7 +294,7 @@ def _patches(lock: Lock, facts: Facts, state: generations.RootState, draft: _Dra
     if isinstance(dists, Missing):
         draft.blockers.append(Blocker(f"no environment to patch: {dists.reason}", Fix("Build the Python stack first.", (_REBUILD,))))
         return
-    for patch in lock.patches:
+    for i, patch in enumerate(lock.patches):
         dist = dists.dist(patch.package)
         if dist is None or dist.version != str(patch.version):
             draft.blockers.append(Blocker(f"patch {patch.file.name} is for {patch.package} {patch.version}; the environment has {dist.version if dist else 'none'}", Fix("Rebuild the Python stack from the lock.", (_REBUILD,))))
@@ -305,5 +306,26 @@ def _patches(lock: Lock, facts: Facts, state: generations.RootState, draft: _Dra
             continue
         if reason is None:
             draft.in_place.append(f"patch {patch.file.name}: applied to {patch.package} {patch.version}")
-        else:
+        elif _check_patch_file(i, patch, draft.blockers):
             draft.steps.append(Step("patches", "patches.apply", f"apply {patch.file.name} to {patch.package} {patch.version} in {state.current.id if state.current else '?'}", f"{reason} ({patch.reason})", subject=patch))
+
+
+def _check_patch_file(index: int, patch: Patch, blockers: list[Blocker]) -> bool:
+    """A patch is planned only when its file can be applied as far as reading tells (it exists,
+    has the locked sha256, is a diff): otherwise it blocks, as a lockfile problem."""
+    try:
+        problem = adapters.patch_file_problem(patch)
+    except adapters.AdapterError as exc:
+        problem = str(exc)
+    if problem:
+        blockers.append(Blocker(f"patch[{index}].file: {problem}", Fix("Point the lock's [[patch]] file at the patch, with its sha256 (sha256sum FILE).", (f"sha256sum {_quote(str(patch.file))}",)), usage=True))
+    return problem is None
+
+
+def _quote(word: str) -> str:
+    """One shell word in single quotes, whatever it holds.
+
+    >>> print(_quote("https://h/x'$(id)'.whl"))
+    'https://h/x'"'"'$(id)'"'"'.whl'
+    """
+    return "'" + word.replace("'", "'\"'\"'") + "'"
