@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from itertools import groupby
 from pathlib import Path
-from typing import IO, Any, Iterator, Sequence
+from typing import IO, Any, Collection, Iterator, Sequence
 
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
@@ -48,10 +48,11 @@ class UI:
         self.err = Console(file=sys.stderr, theme=THEME, no_color=plain, highlight=False, stderr=True, soft_wrap=plain)
 
     def line(self, text: str = "", style: str | None = None) -> None:
+        """One line of the report; a command (``$ ...``) is never wrapped, so that it pastes whole."""
         if self.plain:
             self.console.file.write(text + "\n")
         else:
-            self.console.print(Text(text, style=style or ""))
+            self.console.print(Text(text, style=style or ""), soft_wrap=_is_command(text))
 
     def info(self, text: str) -> None:
         """A progress or context line on stderr, so stdout stays the report."""
@@ -136,9 +137,30 @@ class UI:
     def results(self, title: str, results: Sequence[Result], verdict: Verdict, duration_s: float) -> None:
         if self.plain:
             self.console.file.write(render_plain(title, results, verdict, duration_s, verbose=self.verbose))
+            return
+        table = render_table(title, results, verbose=self.verbose)
+        wide = self._cut_commands(table, results)
+        if wide:
+            # A folded command pastes as several commands (a bare `curl -fsSL` first): the table
+            # points below itself, where each one is printed whole on its own line.
+            self.console.print(render_table(title, results, verbose=self.verbose, elsewhere=wide))
+            for result in results:
+                commands = result.fix.commands if result.fix is not None else ()
+                if wide.intersection(commands):
+                    self.line(f"{result.check}: fix", "muted")
+                    for command in commands:
+                        self.line(f"  $ {command}")
         else:
-            self.console.print(render_table(title, results, verbose=self.verbose))
-            self.console.print(_summary_text(verdict, duration_s))
+            self.console.print(table)
+        self.console.print(_summary_text(verdict, duration_s))
+
+    def _cut_commands(self, table: Table, results: Sequence[Result]) -> set[str]:
+        """The fix commands that the table, laid out at this console's width, would not show on one line."""
+        # A command row's status and check cells are blank: stripped of them and the borders, a
+        # command the table shows whole is the row's whole text.
+        lines = {"".join(segment.text for segment in line).strip(" │") for line in self.console.render_lines(table, pad=False)}
+        commands = {c for r in results if r.fix is not None and r.status >= Status.WARN for c in r.fix.commands}
+        return {c for c in commands if f"$ {c}" not in lines}
 
     def findings(self, title: str, findings: Sequence[Finding], verdict: str) -> None:
         """diagnose's report: each finding with its lines, cause and fix, most severe first."""
@@ -232,7 +254,8 @@ def _left(align: str | None, column: int) -> bool:
     return column == 0 if align is None else align[column : column + 1] != "r"
 
 
-def render_table(title: str, results: Sequence[Result], *, verbose: int = 0) -> Table:
+def render_table(title: str, results: Sequence[Result], *, verbose: int = 0, elsewhere: Collection[str] = ()) -> Table:
+    """The results as a rich table; the fix commands in ``elsewhere`` are named as printed below it."""
     table = Table(title=title, title_justify="left", expand=False)
     table.add_column("status", no_wrap=True)
     table.add_column("check", no_wrap=True)
@@ -243,8 +266,19 @@ def render_table(title: str, results: Sequence[Result], *, verbose: int = 0) -> 
             style = STYLES[result.status]
             table.add_row(Text(result.status.name, style=style), result.check, Text(result.summary, style=style if result.status >= Status.WARN else ""))
             for line in _body(result, verbose):
+                if line[2:] in elsewhere and _is_command(line):
+                    line = "(command too wide for the table: see below)"
                 table.add_row("", "", Text(line, style="muted" if not line.startswith(("fix:", "$ ")) else ""))
     return table
+
+
+def _is_command(line: str) -> bool:
+    """A line that shows a command to paste: ``$ cmd``, indented or not.
+
+    >>> _is_command("  $ invoke verify"), _is_command("fix: run it")
+    (True, False)
+    """
+    return line.lstrip().startswith("$ ")
 
 
 def _body(result: Result, verbose: int) -> list[str]:

@@ -1,0 +1,84 @@
+"""The terminal: on an 80-column terminal every command to paste comes out whole on one line."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+
+from stackgate.checks.core import Fix, Result, Status
+from stackgate.checks.report import judge
+from stackgate.signatures import Scanner
+from stackgate.ui import UI
+
+URL = "https://github.com/sgl-project/whl/releases/download/v0.3.21/sgl_kernel-0.3.21+cu130-cp310-abi3-manylinux2014_x86_64.whl"
+LONG = f"curl -fsSL '{URL}' | sha256sum"
+SHORT = "invoke provision --only python"
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal, as a real one does."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.fixture
+def terminal(monkeypatch: pytest.MonkeyPatch) -> tuple[UI, Terminal]:
+    """A UI on an 80-column colour terminal (rich reads COLUMNS and isatty, as on a real one)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    stream = Terminal()
+    ui = UI(stream=stream)
+    assert not ui.plain and ui.console.is_terminal and ui.console.width == 80
+    return ui, stream
+
+
+def shown(stream: Terminal) -> list[str]:
+    return [ANSI.sub("", line).rstrip() for line in stream.getvalue().splitlines()]
+
+
+def assert_whole(lines: list[str], command: str) -> None:
+    assert any(line.lstrip(" │").startswith(f"$ {command}") and line.rstrip(" │").endswith(command) for line in lines), "\n".join(lines)
+
+
+def test_a_command_line_is_never_wrapped(terminal: tuple[UI, Terminal]) -> None:
+    ui, stream = terminal
+    ui.line(f"  $ {LONG}")
+    ui.line("a sentence that is long enough to be wrapped by the terminal at eighty columns, as prose may be")
+    lines = shown(stream)
+    assert lines[0] == f"  $ {LONG}"
+    assert len(lines) == 3  # the prose wraps; the command does not
+
+
+def test_a_fix_command_too_wide_for_the_results_table_is_printed_whole_below_it(terminal: tuple[UI, Terminal]) -> None:
+    ui, stream = terminal
+    results = [
+        Result("python.url_wheels", Status.FAIL, "sgl-kernel has a url but no sha256", fix=Fix("Compute the wheel's sha256 and add it to the lock.", (LONG, SHORT))),
+        Result("gpu.driver", Status.FAIL, "driver too old", fix=Fix("Upgrade the driver.", ("nvidia-smi",))),
+    ]
+    ui.results("stackgate verify: t", results, judge(results), 1.0)
+    lines = shown(stream)
+    assert_whole(lines, LONG)
+    assert_whole(lines, SHORT)
+    assert_whole(lines, "nvidia-smi")
+    assert not any(line.strip(" │") == "$ curl -fsSL" for line in lines)
+    table_end = next(i for i, line in enumerate(lines) if line.startswith("└"))
+    assert "(command too wide for the table: see below)" in "\n".join(lines[:table_end])
+    assert lines[table_end + 1 : table_end + 4] == ["python.url_wheels: fix", f"  $ {LONG}", f"  $ {SHORT}"]
+    assert "│ $ nvidia-smi" in "\n".join(lines[:table_end])  # a command that fits stays in its row
+
+
+def test_diagnose_commands_are_never_wrapped(terminal: tuple[UI, Terminal]) -> None:
+    ui, stream = terminal
+    scanner = Scanner(context={"lock_flag": " --lock /a/very/long/path/to/the/lockfiles/of/this/deployment/blackwell-sm120-cu130.toml"}, source="server.log")
+    scanner.feed("ImportError: libcudart.so.12: cannot open shared object file: No such file or directory\n")
+    scanner.finish()
+    (finding,) = scanner.findings
+    ui.findings("stackgate diagnose", [finding], "1 finding")
+    lines = shown(stream)
+    for command in finding.match.commands:
+        assert len(f"  $ {command}") > 80
+        assert f"  $ {command}" in lines
