@@ -185,10 +185,18 @@ def verdict_line(done: Diagnosis) -> str:
 
 
 def inputs_summary(done: Diagnosis) -> str:
-    """``2 inputs, 1,204 lines, 3.1 MB``."""
+    """``2 inputs, 1,204 lines, 3.1 MB``; ``1 input, 1 line, 27 B``."""
     lines = sum(i.lines for i in done.inputs)
     size = sum(i.bytes for i in done.inputs)
-    return f"{len(done.inputs)} input(s), {lines:,} lines, {_size(size)}"
+    return f"{_count(len(done.inputs), 'input')}, {_count(lines, 'line')}, {_size(size)}"
+
+
+def _count(n: int, noun: str) -> str:
+    """
+    >>> _count(1, "line"), _count(1204, "line")
+    ('1 line', '1,204 lines')
+    """
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 def _size(n: float) -> str:

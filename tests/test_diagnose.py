@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stackgate import diagnose
+from stackgate import diagnose, signatures
 from stackgate.diagnose import DiagnoseError, DiagnoseRequest
 from stackgate.exitcodes import ExitCode
 from stackgate.signatures import Scanner
@@ -76,7 +76,7 @@ def test_several_inputs_and_standard_input_are_read(tmp_path: Path) -> None:
     first = write(tmp_path, "install.log", "  Attempting uninstall: torch\n      Successfully uninstalled torch-2.9.1+cu130\n")
     code, out = run(DiagnoseRequest((first, HEALTHY), stdin=True), stdin=b"ImportError: libcudart.so.12: cannot open shared object file: No such file or directory\n")
     assert code == ExitCode.FAILED
-    assert "stackgate diagnose: 3 input(s), " in out
+    assert "stackgate diagnose: 3 inputs, " in out
     assert "  at <stdin>:1  [cuda toolkit]" in out
     assert f"  at {first}:2  [installer]" in out
 
@@ -111,9 +111,23 @@ def test_no_input_is_a_usage_error() -> None:
 def test_the_lock_is_quoted(tmp_path: Path) -> None:
     log = write(tmp_path, "s.log", "ImportError: libnvrtc.so.12: cannot open shared object file: No such file or directory\n[x TP0] Attention backend not specified. Use triton backend by default.\n")
     _, out = run(DiagnoseRequest((log,), lock_path=LOCK))
-    assert "libnvrtc.so.12 is missing: a build for CUDA 12 in a CUDA 13.0 stack" in out
+    assert "libnvrtc.so.12 is missing: a build for CUDA 12, not for the stack's CUDA (13.0)" in out
     assert "the stack runs flashinfer." in out
     assert f"  $ invoke provision --only python --lock {LOCK}" in out
+
+
+def test_without_a_lock_the_report_reads_as_english(tmp_path: Path) -> None:
+    """The wording the issue found broken: holes where a lock value would go, "1 lines"."""
+    log = write(tmp_path, "s.log", "ImportError: libnvrtc.so.12: cannot open shared object file: No such file or directory")
+    _, out = run(DiagnoseRequest((log,)))
+    assert "stackgate diagnose: 1 input, 1 line, " in out
+    assert "libnvrtc.so.12 is missing: a build for CUDA 12, not for the stack's CUDA (13.0 in the default profile)" in out
+    assert "  $ invoke provision --only python\n" in out
+    for broken in ("a CUDA the", "packages ()", " 1 lines", "{"):
+        assert broken not in out
+    resolver = write(tmp_path, "pip.log", next(s for s in signatures.load() if s.id == "pip-resolution-impossible").examples[0])
+    _, out = run(DiagnoseRequest((resolver,)))
+    assert "Never let a resolution move the frozen packages (torch, torchaudio, triton and nvidia-nccl-cu13 in the default profile)." in out
 
 
 def test_the_json_report_carries_every_finding(tmp_path: Path) -> None:

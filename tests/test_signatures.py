@@ -287,14 +287,14 @@ def test_findings_quote_the_lock_or_a_neutral_phrase() -> None:
     assert "chose triton by itself; the stack runs flashinfer." in with_lock.cause
     assert with_lock.commands == (f"invoke verify --check abi.imports --check flashinfer.cubin --lock {LOCK}",)
     without = scan(line).findings[0].match
-    assert "the stack runs the backend you meant to run, flashinfer in the default profile." in without.cause
+    assert "the stack runs flashinfer in the default profile." in without.cause
     assert "{" not in without.cause + without.fix + "".join(without.commands)
 
 
 def test_cuda_major_findings_quote_the_locked_torch_build() -> None:
     context = signatures.lock_context(lockmodel.load(LOCK))
     match = scan("ImportError: libcudart.so.12: cannot open shared object file: No such file or directory", context=context).findings[0].match
-    assert match.title == "libcudart.so.12 is missing: a build for CUDA 12 in a CUDA 13.0 stack"
+    assert match.title == "libcudart.so.12 is missing: a build for CUDA 12, not for the stack's CUDA (13.0)"
     arch = scan("NVIDIA RTX PRO 6000 Blackwell Server Edition with CUDA capability sm_120 is not compatible with the current PyTorch installation.", context=context)
     assert "the stack pins torch==2.9.1+cu130" in arch.findings[0].match.cause
 
@@ -334,3 +334,55 @@ def test_verify_import_classifier_names_a_cuda_major_mismatch() -> None:
     outcome = ImportOutcome("sgl_kernel", False, 0.4, "Traceback (most recent call last):\nImportError: libcudart.so.12: cannot open shared object file: No such file or directory")
     text, _ = classify_import(outcome, lockmodel.load(LOCK))
     assert "built against CUDA 12 (libcudart.so.12)" in text and "the stack's (13.0)" in text
+
+
+# -- every text reads as English without a lock (invoke diagnose with no --lock) ----------------
+
+_WORDS = re.compile(r"[\w'.+=/<>-]+")
+_ARTICLE_CLASH = re.compile(r"\b(a|an|the)\s+\S+\s+(a|an|the)\b", re.IGNORECASE)
+
+
+def _texts(match: signatures.Match) -> dict[str, str]:
+    return {"title": match.title, "cause": match.cause, "fix": match.fix, **{f"commands[{i}]": c for i, c in enumerate(match.commands)}}
+
+
+def _bigrams(text: str) -> dict[tuple[str, str], int]:
+    words = [w.lower().strip(".,;:") for w in _WORDS.findall(text)]
+    counts: dict[tuple[str, str], int] = {}
+    for pair in zip(words, words[1:]):
+        counts[pair] = counts.get(pair, 0) + 1
+    return counts
+
+
+def _depth(text: str) -> int:
+    depth = deepest = 0
+    for ch in text:
+        depth += (ch == "(") - (ch == ")")
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def _holes(without: str, with_lock: str) -> list[str]:
+    """What the no-lock wording got wrong that the lock's wording did not: holes, empty
+    brackets, a doubled word or phrase, two articles in a row, brackets inside brackets."""
+    found = [f"unfilled {name}" for name in re.findall(r"\{(\w+)\}", without) if name in CONTEXT_KEYS]
+    if len(re.findall(r"\(\s*\)", without)) > len(re.findall(r"\(\s*\)", with_lock)):
+        found.append("empty brackets")
+    found += [f"doubled {m[1]!r}" for m in re.finditer(r"\b(\w+)\s+\1\b", without, re.IGNORECASE)]
+    lock_pairs = _bigrams(with_lock)
+    found += [f"repeated {' '.join(pair)!r}" for pair, n in _bigrams(without).items() if n > 1 and n > lock_pairs.get(pair, 0)]
+    if len(_ARTICLE_CLASH.findall(without)) > len(_ARTICLE_CLASH.findall(with_lock)):
+        found.append(f"two articles: {_ARTICLE_CLASH.search(without)[0]!r}")  # type: ignore[index]
+    if _depth(without) > max(1, _depth(with_lock)):
+        found.append("brackets inside brackets")
+    return found
+
+
+@pytest.mark.parametrize("signature", ALL, ids=lambda s: s.id)
+def test_without_a_lock_every_text_reads_without_holes(signature: signatures.Signature) -> None:
+    text = next(t for t in signature.examples if signatures.match_all(t, signatures=[signature]))
+    (without,) = signatures.match_all(text, signatures=[signature])
+    (with_lock,) = signatures.match_all(text, signatures=[signature], context=signatures.lock_context(lockmodel.load(LOCK)))
+    locked = _texts(with_lock)
+    problems = {name: found for name, value in _texts(without).items() if (found := _holes(value, locked[name]))}
+    assert not problems, "\n".join(f"{name}: {found}\n  {_texts(without)[name]}" for name, found in problems.items())

@@ -45,19 +45,22 @@ COMPONENTS = ("sglang", "sgl-kernel", "flashinfer", "torch", "triton", "nccl", "
 
 #: The stack's context a signature's texts may quote as ``{name}``: name -> (where it comes from
 #: in the lock, what is said when no lock was given). Defined here once; :func:`lock_context`
-#: fills them from a lock and the data files use them.
+#: fills them from a lock and the data files use them. A fallback stands where the lock's value
+#: would, so it reads as that value does: the default profile's value, said to be the default
+#: profile's in prose (``flashinfer in the default profile``), bare where a command or a
+#: sentence needs the value itself (a driver version, a URL, a placeholder path in ``<>``).
 CONTEXT_KEYS: Mapping[str, tuple[str, str]] = {
     "lock_name": ("stack.name", "the stack"),
     "lock_flag": ("' --lock PATH' when a lock was given", ""),
-    "lock_backend": ("smoke.attention_backend", "the backend you meant to run, flashinfer in the default profile"),
-    "lock_torch": ("python.packages.torch", "the torch build the stack pins"),
-    "lock_pins": ("python.guard.frozen, as requirements", ""),
-    "torch_cuda": ("python.torch_cuda", "the stack's CUDA version"),
-    "torch_index": ("python.index serving torch", "the CUDA index of torch (e.g. https://download.pytorch.org/whl/cu130)"),
-    "cuda_home": ("toolkit.default prefix", "<the CUDA 13 prefix, e.g. /usr/local/cuda-13.0>"),
-    "ptxas": ("env.TRITON_PTXAS_PATH", "<the CUDA 13 prefix>/bin/ptxas"),
-    "min_driver": ("hardware.min_driver", "the driver its CUDA release needs (580 or newer for CUDA 13)"),
-    "gpu_arch": ("hardware.arch", "this GPU's arch (sm_120a on an RTX PRO 6000 Blackwell)"),
+    "lock_backend": ("smoke.attention_backend", "flashinfer in the default profile"),
+    "lock_torch": ("python.packages.torch", "torch==2.9.1+cu130 in the default profile"),
+    "lock_pins": ("python.guard.frozen, as requirements", "torch, torchaudio, triton and nvidia-nccl-cu13 in the default profile"),
+    "torch_cuda": ("python.torch_cuda", "13.0 in the default profile"),
+    "torch_index": ("python.index serving torch", "https://download.pytorch.org/whl/cu130"),
+    "cuda_home": ("toolkit.default prefix", "<toolkit prefix, e.g. /usr/local/cuda-13.0>"),
+    "ptxas": ("env.TRITON_PTXAS_PATH", "<toolkit prefix>/bin/ptxas"),
+    "min_driver": ("hardware.min_driver", "580"),
+    "gpu_arch": ("hardware.arch", "sm_120a in the default profile"),
     "lock_tp": ("smoke.tp", "the TP size"),
     "lock_port": ("smoke.port", "30000"),
 }
