@@ -386,3 +386,14 @@ def test_no_error_message_carries_a_raw_control_character():
     for problem in problems(text):
         assert not any(CONTROL.match(c) for c in problem), repr(problem)
 
+
+
+@pytest.mark.parametrize("command", [["provision", "--dry-run"], ["verify"]])
+def test_through_invoke_a_hostile_lock_exits_2_with_the_key_path_and_no_traceback(tmp_path, command):
+    canary = tmp_path / "canary"
+    lock = tmp_path / "lock.toml"
+    lock.write_text(minimal(root=str(tmp_path / "root"), extra=f'[env]\nNCCL_DEBUG = "$(touch {canary})"\n[[patch]]\npackage = "torch"\nversion = "2.11.0"\nfile = "a\\u0000b.patch"\nreason = "r"\n'))
+    done = subprocess.run([sys.executable, "-m", "invoke", *command, "--lock", str(lock)], cwd=ROOT, capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "HOME": str(tmp_path)})
+    assert done.returncode == 2, done.stderr
+    assert "patch[0].file: contains a control character (U+0000)" in done.stderr and "Traceback" not in done.stderr + done.stdout
+    assert not (tmp_path / "root").exists() and not canary.exists()
