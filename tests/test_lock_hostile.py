@@ -221,6 +221,16 @@ def test_a_patch_file_outside_the_checkout_is_refused_at_load(tmp_path, how):
     assert problem.startswith(f"patch[0].file: {file!r} resolves to {outside / 'x.patch'}, outside the lockfile's checkout ({lockdir})")
 
 
+@pytest.mark.parametrize("how", ["too long", "loop"])
+def test_a_patch_path_that_cannot_be_resolved_is_a_lock_error(tmp_path, how):
+    file = "a" * 5000 if how == "too long" else "loop.patch"
+    (tmp_path / "loop.patch").symlink_to(tmp_path / "loop.patch")
+    with pytest.raises(LockError) as caught:
+        lockmodel.load(patch_lock(tmp_path, file))
+    (problem,) = caught.value.problems
+    assert problem.startswith("patch[0].file: ")
+
+
 def test_a_patch_inside_the_git_checkout_or_shipped_with_stackgate_loads(tmp_path):
     repo = tmp_path / "repo"
     (repo / ".git").mkdir(parents=True)

@@ -757,13 +757,18 @@ class _Builder:
     def patch_file(self, t: _Table, file: str) -> Path:
         """The patch file, relative to the lockfile's folder; it must exist inside the
         lockfile's checkout or stackgate's shipped patches, after ``..`` and symlinks."""
-        folder = self.path.parent.resolve()
-        path = (folder / file).resolve()
-        bases = (_checkout(folder), SHIPPED_PATCHES.resolve())
+        try:
+            folder = self.path.parent.resolve()
+            path = (folder / file).resolve()
+            bases = (_checkout(folder), SHIPPED_PATCHES.resolve())
+            found = "a file" if path.is_file() else "not a file" if path.exists() else "no such file"
+        except (OSError, RuntimeError) as exc:  # a name too long, a symlink loop (RuntimeError before 3.13)
+            t.error("file", f"{file!r} cannot be resolved: {getattr(exc, 'strerror', None) or exc}")
+            return Path(file)
         if not any(path.is_relative_to(base) for base in bases):
             t.error("file", f"{file!r} resolves to {path}, outside the lockfile's checkout ({bases[0]}) and stackgate's patches ({bases[1]}): keep the patch beside the lock")
-        elif not path.is_file():
-            t.error("file", f"{path}: {'is not a file' if path.exists() else 'no such file'}")
+        elif found != "a file":
+            t.error("file", f"{path}: {found}")
         return path
 
     def nccl(self, t: _Table) -> Nccl:
