@@ -98,7 +98,7 @@ def test_render_itself_escapes_every_dollar_that_is_not_a_plain_reference(tmp_pa
     assert envfile.parse(path.read_text(), {"HOME": "/home/u"}) == {**values, "C": "/home/u and /home/u"}
 
 
-@pytest.mark.parametrize(("name", "value"), [("X;touch /tmp/p;Y", "1"), ("X", "a\nb"), ("X", "a\x00b"), ("X", "\x1b[2J")])
+@pytest.mark.parametrize(("name", "value"), [("X;touch /tmp/p;Y", "1"), ("X", "a\nb"), ("X", "a\x00b"), ("X", "\x1b[2J"), ("X", "a\x85b"), ("X", "a\u2028b")])
 def test_render_refuses_what_a_shell_file_cannot_hold(name, value):
     with pytest.raises(envfile.EnvFileError):
         envfile.render({name: value})

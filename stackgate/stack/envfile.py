@@ -19,8 +19,9 @@ __all__ = ["EnvFileError", "apply", "parse", "read", "render"]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LINE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
-#: What a value may not hold: a line break would end the line parse reads, the rest is no text.
-_UNWRITABLE = re.compile("[\x00-\x08\x0a-\x1f\x7f]")
+#: What a value may not hold: a line break (for sh, or for parse's splitlines) would end the
+#: line that parse reads; the other control characters are not text.
+_UNWRITABLE = re.compile("[\x00-\x08\x0a-\x1f\x7f\x85\u2028\u2029]")
 
 
 class EnvFileError(Exception):
