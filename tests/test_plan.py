@@ -258,32 +258,35 @@ def test_a_generation_built_and_checked_but_never_switched_to_is_resumed(tmp_pat
 DIFF = "--- a/sglang/m.py\n+++ b/sglang/m.py\n@@ -1 +1 @@\n-a = 1\n+a = 2\n"
 
 
-def _patched_lock(tmp_path: Path, server: IndexServer, text: str, sha256: str) -> lockmodel.Lock:
+def _patched_lock(tmp_path: Path, server: IndexServer, text: str, sha256: str, file: str = "fix.patch") -> lockmodel.Lock:
     """The test lock with one [[patch]] whose file holds ``text`` and whose lock entry says ``sha256``."""
     (tmp_path / "fix.patch").write_text(text)
     path = write_stack_lock(tmp_path / "lock.toml", server, tmp_path / "root", python="3.11")
-    path.write_text(path.read_text() + f'\n[[patch]]\npackage = "sglang"\nversion = "0.5.9"\nfile = "fix.patch"\nsha256 = "{sha256}"\nreason = "r"\n')
+    path.write_text(path.read_text() + f'\n[[patch]]\npackage = "sglang"\nversion = "0.5.9"\nfile = "{file}"\nsha256 = "{sha256}"\nreason = "r"\n')
     return lockmodel.load(path)
 
 
 @pytest.mark.parametrize(
-    ("text", "sha256", "expected"),
+    ("text", "sha256", "file", "expected"),
     [
-        (DIFF, "0" * 64, "patch[0].file: fix.patch: sha256 is {digest}, the lock says " + "0" * 64),
-        ("not a diff\n", "", "patch[0].file: fix.patch: no file in the patch"),
+        (DIFF, "0" * 64, "fix.patch", "patch[0].file: fix.patch: sha256 is {digest}, the lock says " + "0" * 64),
+        ("not a diff\n", "", "fix.patch", "patch[0].file: fix.patch: no file in the patch"),
+        (DIFF, "", "absent.patch", "patch[0].file: {tmp}/absent.patch: no such file"),
+        (DIFF, "", "/nonexistent/x.patch", "patch[0].file: /nonexistent/x.patch resolves to /nonexistent/x.patch, outside the lockfile's checkout ({tmp})"),
     ],
 )
-def test_a_patch_file_that_cannot_apply_blocks_the_plan_as_a_lockfile_problem(tmp_path: Path, stack_index: IndexServer, text: str, sha256: str, expected: str) -> None:
+def test_a_patch_file_that_cannot_apply_blocks_the_plan_as_a_lockfile_problem(tmp_path: Path, stack_index: IndexServer, text: str, sha256: str, file: str, expected: str) -> None:
     digest = hashlib.sha256(text.encode()).hexdigest()
-    lock = _patched_lock(tmp_path, stack_index, text, sha256 or digest)
+    lock = _patched_lock(tmp_path, stack_index, text, sha256 or digest, file)
+    expected = expected.format(digest=digest, tmp=tmp_path)
     # a new generation (it would apply the patch) and the patches area of a live one
     for the_plan in (
         plan(lock, _facts(lock, dists=Missing("none")), generations.read(lock.python.root), uv=UV),
         plan(lock, _facts(lock), _provisioned(lock), only="patches", uv=UV),
     ):
         (blocker,) = the_plan.blockers
-        assert blocker.usage and blocker.message.startswith(expected.format(digest=digest)), blocker.message
-        assert blocker.fix is not None and blocker.fix.commands == (f"sha256sum '{tmp_path / 'fix.patch'}'",)
+        assert blocker.usage and blocker.message.startswith(expected), blocker.message
+        assert blocker.fix is not None and blocker.fix.commands == (f"sha256sum '{lock.patches[0].file}'",)
     assert "patches.apply" not in _actions(the_plan)
 
 

@@ -53,6 +53,7 @@ __all__ = [
     "dollar_problem",
     "load",
     "loads",
+    "patch_location_problem",
     "url_problem",
 ]
 
@@ -747,29 +748,12 @@ class _Builder:
         patch = Patch(
             package=canonicalize_name(t.get("package", str) or ""),
             version=t.parsed("version", Version) or Version("0"),
-            file=self.patch_file(t, file) if file else Path(),
+            file=_resolve_path(self.path.parent / file) if file else Path(),
             reason=t.get("reason", str) or "",
             sha256=self.sha256(t, "sha256"),
         )
         t.finish()
         return patch
-
-    def patch_file(self, t: _Table, file: str) -> Path:
-        """The patch file, relative to the lockfile's folder; it must exist inside the
-        lockfile's checkout or stackgate's shipped patches, after ``..`` and symlinks."""
-        try:
-            folder = self.path.parent.resolve()
-            path = (folder / file).resolve()
-            bases = (_checkout(folder), SHIPPED_PATCHES.resolve())
-            found = "a file" if path.is_file() else "not a file" if path.exists() else "no such file"
-        except (OSError, RuntimeError) as exc:  # a name too long, a symlink loop (RuntimeError before 3.13)
-            t.error("file", f"{file!r} cannot be resolved: {getattr(exc, 'strerror', None) or exc}")
-            return Path(file)
-        if not any(path.is_relative_to(base) for base in bases):
-            t.error("file", f"{file!r} resolves to {path}, outside the lockfile's checkout ({bases[0]}) and stackgate's patches ({bases[1]}): keep the patch beside the lock")
-        elif found != "a file":
-            t.error("file", f"{path}: {found}")
-        return path
 
     def nccl(self, t: _Table) -> Nccl:
         nccl = Nccl(t.parsed("min_version", Version, None), t.positive("min_busbw_gbs", float, None))
@@ -938,6 +922,31 @@ def _normal_path(text: str) -> Path:
     PosixPath('/usr/local/cuda-13.0')
     """
     return Path("/" + os.path.normpath(text).lstrip("/")) if text.startswith("/") else Path(os.path.normpath(text))
+
+
+def patch_location_problem(lock: Lock, patch: Patch) -> str | None:
+    """Why ``patch``'s file cannot be the lock's patch, or None: it must exist, after ``..`` and
+    symlinks, inside the lockfile's checkout or stackgate's shipped patches. Only provision reads
+    the file, so provision asks (before it plans to apply it); other commands need only its name.
+    """
+    try:
+        path = patch.file.resolve()
+        folder = lock.path.parent.resolve()
+        bases = (_checkout(folder), SHIPPED_PATCHES.resolve())
+        found = "a file" if path.is_file() else "not a file" if path.exists() else "no such file"
+    except (OSError, RuntimeError) as exc:  # a name too long, a symlink loop (RuntimeError before 3.13)
+        return f"{patch.file} cannot be resolved: {getattr(exc, 'strerror', None) or exc}"
+    if not any(path.is_relative_to(base) for base in bases):
+        return f"{patch.file} resolves to {path}, outside the lockfile's checkout ({bases[0]}) and stackgate's patches ({bases[1]}): keep the patch beside the lock"
+    return None if found == "a file" else f"{path}: {found}"
+
+
+def _resolve_path(path: Path) -> Path:
+    """``path`` made absolute with symlinks and ``..`` resolved, as far as that can be done."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):  # checked, with the reason, by patch_location_problem
+        return Path(os.path.abspath(path))
 
 
 def _checkout(folder: Path) -> Path:

@@ -17,7 +17,7 @@ from stackgate.checks.core import Fix
 from stackgate.checks.facts import BasePython, Facts, Missing, ProbeFacts
 from stackgate.checks.python import conflicts, pin_problem
 from stackgate.stack import adapters, generations, guard, pyenv
-from stackgate.stack.lock import Lock, Patch
+from stackgate.stack.lock import Lock, Patch, patch_location_problem
 
 __all__ = ["AREAS", "Blocker", "Plan", "Step", "cache_dir", "environment_drift", "plan"]
 
@@ -263,7 +263,7 @@ def _can_build(lock: Lock, facts: Facts, uv: str | None, draft: _Draft) -> bool:
         pinned = lock.python.package(patch.package)
         if pinned is not None and not pinned.specifier.contains(str(patch.version), prereleases=True):
             blockers.append(Blocker(f"patch {patch.file.name} is for {patch.package} {patch.version}, but the lock pins {patch.package}{pinned.specifier}", usage=True))
-        _check_patch_file(i, patch, blockers)
+        _check_patch_file(lock, i, patch, blockers)
     if lock.python.installer == "uv" and uv is None:
         blockers.append(Blocker("uv is not installed (python.installer = \"uv\")", Fix("Install uv, or set python.installer = \"pip\" in the lock.", ("python3 -m pip install uv",))))
     base = facts.base_python
@@ -306,15 +306,16 @@ def _patches(lock: Lock, facts: Facts, state: generations.RootState, draft: _Dra
             continue
         if reason is None:
             draft.in_place.append(f"patch {patch.file.name}: applied to {patch.package} {patch.version}")
-        elif _check_patch_file(i, patch, draft.blockers):
+        elif _check_patch_file(lock, i, patch, draft.blockers):
             draft.steps.append(Step("patches", "patches.apply", f"apply {patch.file.name} to {patch.package} {patch.version} in {state.current.id if state.current else '?'}", f"{reason} ({patch.reason})", subject=patch))
 
 
-def _check_patch_file(index: int, patch: Patch, blockers: list[Blocker]) -> bool:
-    """A patch is planned only when its file can be applied as far as reading tells (it exists,
-    has the locked sha256, is a diff): otherwise it blocks, as a lockfile problem."""
+def _check_patch_file(lock: Lock, index: int, patch: Patch, blockers: list[Blocker]) -> bool:
+    """A patch is planned only when its file can be applied as far as reading tells (it exists
+    inside the lock's checkout, has the locked sha256, is a diff): else it blocks, as a lockfile
+    problem, before anything is touched."""
     try:
-        problem = adapters.patch_file_problem(patch)
+        problem = patch_location_problem(lock, patch) or adapters.patch_file_problem(patch)
     except adapters.AdapterError as exc:
         problem = str(exc)
     if problem:
