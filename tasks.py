@@ -64,7 +64,7 @@ def provision(c, lock=None, dry_run=False, only=None, yes=False, wait=False):
         "lock": LOCK_HELP,
         "benchmark": "measure single-stream decode tok/s (the lock's warm-ups, runs and length) against the baseline",
         "compare": "also launch the baseline configuration ([smoke.compare], or the lock's flags without fusion) and compare",
-        "concurrency": "stream counts to run at once, e.g. 1,10,30: aggregate and per-stream tok/s at each",
+        "concurrency": "stream counts to run at once, e.g. 1,10,30: aggregate and per-stream tok/s, TTFT and inter-token latency (p50/p90/p99) at each",
         "fast": "random weights (--load-format dummy) and only [smoke] fast_layers layers: proves the launch in a fraction of a load",
         "model": "model directory (default: [smoke] model)",
         "tp": "tensor-parallel size (default: [smoke] tp)",

@@ -1,9 +1,12 @@
 """How fast smoke knows that a server failed: from its death, or a fatal log line, to the verdict.
 
 The stand-in SGLang server (tests/fakes) records, with time.time(), the moment it kills its own
-process tree (as SGLang does on a fatal error) or writes a fatal line; smoke records when it knew
-(the readiness wait's or the benchmark monitor's verdict). Four cases, while loading and in the
-middle of a stream. Also shown: the time until smoke returned, teardown included. Goal: < 1 s.
+process tree (as SGLang does on a fatal error), writes a fatal line, or drops a stream's
+connection while it stays up; smoke records when it knew (the readiness wait's or the benchmark
+monitor's verdict, or, for a failed request, the moment it had asked the watcher why). Five
+cases, while loading and in the middle of a stream. Also shown: the time until smoke returned,
+teardown included (for the server that stays up, its drain on SIGTERM, polled every 0.2 s here,
+is part of it). Goal: verdict < 1 s.
 
     python benchmarks/failure_detection.py [--repeats 5]
 """
@@ -30,6 +33,7 @@ CASES = {
     "fatal line while loading": ({"fatal_line": {"phase": "graphs", "line": NCCL}}, "fatal_line", False),
     "death mid-stream": ({"die_mid_stream": {"after_tokens": 100, "lines": OOM}}, "dying", True),
     "fatal line mid-stream": ({"fatal_mid_stream": {"after_tokens": 100, "line": NCCL}}, "fatal_line", True),
+    "stream cut, server up": ({"cut_mid_stream": {"after_tokens": 100}}, "cut", True),
 }
 
 

@@ -3,6 +3,9 @@
 Nothing else in stackgate opens an HTTP connection. Every failure is an :class:`HttpError` whose
 ``kind`` says what happened, because callers act on it: a refused connection while an engine
 loads means "still loading", a stream closed mid-way means the server went away.
+
+Extra request headers (``Authorization: Bearer <key>`` for a server started with --api-key) are
+sent as given and never appear in an error's text: an error names the URL, never the headers.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
-__all__ = ["EventStream", "HttpError", "Response", "get_json", "request"]
+__all__ = ["EventStream", "HttpError", "Response", "bearer", "get_json", "request"]
 
 #: How much a stream reads per system call at most; SSE events of a long generation stay far below.
 _READ_SIZE = 65536
@@ -50,6 +53,15 @@ class Response:
             raise HttpError("protocol", f"not JSON ({exc}): {self.body[:120]!r}") from None
 
 
+def bearer(key: str | None) -> dict[str, str]:
+    """The header a server started with ``--api-key KEY`` requires (none without a key).
+
+    >>> bearer("k1"), bearer(None)
+    ({'Authorization': 'Bearer k1'}, {})
+    """
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def _split(url: str) -> tuple[str, int, str]:
     parts = urllib.parse.urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
@@ -71,14 +83,14 @@ def _failure(exc: BaseException, url: str, timeout_s: float) -> HttpError:
     return HttpError("closed", f"{url}: {type(exc).__name__}: {exc}")
 
 
-def request(method: str, url: str, *, body: Any = None, timeout_s: float = 10.0) -> Response:
+def request(method: str, url: str, *, body: Any = None, timeout_s: float = 10.0, headers: Mapping[str, str] | None = None) -> Response:
     """One request on a fresh connection; a JSON ``body`` is sent as application/json."""
     host, port, path = _split(url)
     connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
     payload = None if body is None else json.dumps(body).encode()
-    headers = {"Content-Type": "application/json"} if payload is not None else {}
+    sent = {**({"Content-Type": "application/json"} if payload is not None else {}), **(headers or {})}
     try:
-        connection.request(method, path, body=payload, headers=headers)
+        connection.request(method, path, body=payload, headers=sent)
         answer = connection.getresponse()
         data = answer.read()
         return Response(answer.status, data, answer.getheader("Content-Type", "") or "")
@@ -88,9 +100,9 @@ def request(method: str, url: str, *, body: Any = None, timeout_s: float = 10.0)
         connection.close()
 
 
-def get_json(url: str, *, timeout_s: float = 10.0) -> Any:
+def get_json(url: str, *, timeout_s: float = 10.0, headers: Mapping[str, str] | None = None) -> Any:
     """GET a JSON document; any status but 200 is an error."""
-    answer = request("GET", url, timeout_s=timeout_s)
+    answer = request("GET", url, timeout_s=timeout_s, headers=headers)
     if answer.status != 200:
         raise HttpError("status", f"{url}: HTTP {answer.status}", answer.status, answer.body)
     return answer.json()
@@ -104,9 +116,10 @@ class EventStream:
     :meth:`abort` to cut the stream at once, e.g. when the server was seen to die.
     """
 
-    def __init__(self, url: str, body: Any, *, timeout_s: float = 120.0) -> None:
+    def __init__(self, url: str, body: Any, *, timeout_s: float = 120.0, headers: Mapping[str, str] | None = None) -> None:
         self.url = url
         self.body = body
+        self._headers = dict(headers or {})
         self.timeout_s = timeout_s  #: the longest silence accepted while reading
         self._connection: http.client.HTTPConnection | None = None
         self._aborted = threading.Event()
@@ -158,7 +171,8 @@ class EventStream:
         assert self._connection is not None
         payload = json.dumps(self.body).encode()
         try:
-            self._connection.request("POST", path, body=payload, headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+            headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **self._headers}
+            self._connection.request("POST", path, body=payload, headers=headers)
             answer = self._connection.getresponse()
         except (OSError, http.client.HTTPException) as exc:
             raise self._error(exc) from exc

@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 from stackgate import history, signatures
 from stackgate.checks import report
 from stackgate.checks.core import Fix, Result, Status, failed, passed, skipped, warned
-from stackgate.checks.smoke import bench, fastmode, launch, logscan, quality, serverinfo
+from stackgate.checks.smoke import bench, fastmode, launch, logscan, quality, secretargs, serverinfo
 from stackgate.checks.smoke.launch import Config, LaunchError
 from stackgate.checks.smoke.ready import Monitor, Readiness, wait_ready
 from stackgate.exitcodes import ExitCode
@@ -31,13 +31,34 @@ from stackgate.stack import envfile
 from stackgate.stack import lock as lockmodel
 from stackgate.ui import UI
 
-__all__ = ["BENCHMARK_HEADERS", "SCHEMA", "LaunchError", "Session", "SmokeInterrupted", "SmokeRequest", "SmokeRun", "SmokeUsageError", "benchmark_rows", "parse_levels", "parse_number", "run", "run_smoke"]
+__all__ = [
+    "BENCHMARK_HEADERS",
+    "CONCURRENCY_HEADERS",
+    "SCHEMA",
+    "LaunchError",
+    "Session",
+    "SmokeInterrupted",
+    "SmokeRequest",
+    "SmokeRun",
+    "SmokeUsageError",
+    "benchmark_rows",
+    "concurrency_rows",
+    "parse_levels",
+    "parse_number",
+    "run",
+    "run_smoke",
+]
 
 SCHEMA = "stackgate.smoke/1"
 #: The columns of a benchmark table (rows: :func:`benchmark_rows`).
 BENCHMARK_HEADERS = ("run", "tokens", "seconds", "tok/s", "TTFT ms", "decode tok/s")
-#: How long a failed request waits for the process/log watcher to say why the server failed.
-EXPLAIN_S = 1.0
+#: The columns of a concurrency table (rows: :func:`concurrency_rows`).
+CONCURRENCY_HEADERS = ("streams", "aggregate tok/s", "per-stream tok/s", "TTFT ms p50/p90/p99", "ITL ms p50/p90/p99", "failed")
+#: How long a failed request waits for the process/log watcher to say why the server failed. A
+#: dying server's stream closes when its main process exits, and its fatal lines are written
+#: before that, so the answer is in within a tick or two; a stream cut while the server stays up
+#: gets its verdict after this wait.
+EXPLAIN_S = 0.3
 #: How long a server that logged a fatal error may take to end itself before teardown starts.
 SETTLE_S = 0.5
 
@@ -104,7 +125,9 @@ class Session:
 
     config: Config
     results: list[Result] = field(default_factory=list)
-    argv: tuple[str, ...] = ()
+    argv: tuple[str, ...] = ()  #: the command line as shown: a secret option's literal value hidden
+    launch_argv: tuple[str, ...] = field(default=(), repr=False)  #: as launched: references resolved
+    api_key: str | None = field(default=None, repr=False)  #: the server's --api-key, sent by the client
     environment: dict[str, str] = field(default_factory=dict)
     set_by_stackgate: dict[str, str] = field(default_factory=dict)
     log_path: Path | None = None
@@ -136,8 +159,8 @@ class Session:
             "label": self.config.title,
             "command": list(self.argv),
             "command_line": shlex.join(self.argv) if self.argv else None,
-            "environment": launch.redacted(self.environment),
-            "set_by_stackgate": launch.redacted(self.set_by_stackgate),
+            "environment": launch.redacted(self.environment, [self.api_key]),
+            "set_by_stackgate": launch.redacted(self.set_by_stackgate, [self.api_key]),
             "log_path": str(self.log_path) if self.log_path else None,
             "pid": self.pid,
             "fast_mode": {"layers": self.shrink.layers, "of": self.shrink.total, "key": self.shrink.key, "override": dict(self.shrink.override)} if self.shrink else None,
@@ -232,6 +255,8 @@ def _render(done: SmokeRun, ui: UI) -> None:
     for session in done.sessions:
         if session.figures is not None and session.figures.runs:
             ui.table(f"benchmark ({session.config.title})", list(BENCHMARK_HEADERS), benchmark_rows(session.figures))
+        if session.levels:
+            ui.table(f"concurrency ({session.config.title})", list(CONCURRENCY_HEADERS), concurrency_rows(session.levels))
     title = f"stackgate smoke: {done.lock.name} ({done.lock.path})" + (" [interrupted]" if done.interrupted else "")
     ui.results(title, done.results, done.verdict, done.duration_s)
     for session in done.sessions:
@@ -246,10 +271,10 @@ def benchmark_rows(figures: bench.BenchFigures) -> list[list[str]]:
     """Each run, then mean, median, min, max, stdev, CV and the 95% interval."""
     rows = []
     for i, sample in enumerate(figures.runs):
-        ttft = f"{sample.ttft_s * 1000:.0f}" if sample.ttft_s is not None else "-"
-        decode = f"{sample.decode_tok_s:.2f}" if sample.decode_tok_s is not None else "-"
+        first = f"{sample.ttft_s * 1000:.0f}" if sample.ttft_s is not None else "-"
+        rate = f"{sample.decode_tok_s:.2f}" if sample.decode_tok_s is not None else "-"
         mark = " short" if sample.short else " error" if sample.error else ""
-        rows.append([f"{i + 1}{mark}", str(sample.tokens), f"{sample.seconds:.3f}", f"{sample.tok_s:.2f}", ttft, decode])
+        rows.append([f"{i + 1}{mark}", str(sample.tokens), f"{sample.seconds:.3f}", f"{sample.tok_s:.2f}", first, rate])
     tok, ttft, decode = figures.tok_s, figures.ttft_s, figures.decode_tok_s
     if tok is None:
         return rows
@@ -257,8 +282,28 @@ def benchmark_rows(figures: bench.BenchFigures) -> list[list[str]]:
         rows.append([name, "", "", f"{pick(tok):.2f}", f"{pick(ttft) * 1000:.0f}" if ttft else "-", f"{pick(decode):.2f}" if decode else "-"])
     rows.append(["stdev", "", "", f"{tok.stdev:.2f}", "", f"{decode.stdev:.2f}" if decode else "-"])
     rows.append(["CV", "", "", f"{tok.cv:.2%}", "", f"{decode.cv:.2%}" if decode else "-"])
-    rows.append(["95% CI", "", "", f"{tok.ci_low:.2f}-{tok.ci_high:.2f}", "", f"{decode.ci_low:.2f}-{decode.ci_high:.2f}" if decode else "-"])
+    rows.append(["95% CI", "", "", tok.interval(), "", decode.interval() if decode else "-"])
     return rows
+
+
+def concurrency_rows(levels: Sequence[bench.Level]) -> list[list[str]]:
+    """Per level: throughput, then the latencies operators read (TTFT and inter-token, in ms)."""
+    rows = []
+    for level in levels:
+        per = level.per_stream
+        rows.append([str(level.streams), f"{level.aggregate_tok_s:.2f}", f"{per.mean:.2f}" if per else "-", _ms(level.ttft_s()), _ms(level.itl_s()), str(level.streams - len(level.good))])
+    return rows
+
+
+def _ms(points: Mapping[str, float | None]) -> str:
+    """``12.0/15.5/20.1`` from seconds at p50/p90/p99; ``-`` where nothing was measured.
+
+    >>> _ms({"p50": 0.012, "p90": 0.0155, "p99": 0.0201}), _ms({"p50": None})
+    ('12.0/15.5/20.1', '-')
+    """
+    if any(v is None for v in points.values()):
+        return "-"
+    return "/".join(f"{1000 * v:.1f}" for v in points.values() if v is not None)
 
 
 def _write(done: SmokeRun, request: SmokeRequest, ui: UI) -> None:
@@ -318,6 +363,9 @@ def _finish(context: _Context, sessions: list[Session], started: float, clock: f
     if interrupted:
         results.append(dataclasses.replace(failed("interrupted (Ctrl-C or SIGTERM); every server was torn down"), check="smoke.interrupted"))
     verdict = report.judge(results, strict=context.request.strict)
+    if interrupted:
+        # The command exits 130: the report and the console say so too, not "1 check(s) failed".
+        verdict = report.Verdict(ExitCode.INTERRUPTED, verdict.counts, "interrupted (Ctrl-C or SIGTERM); every server was torn down")
     return SmokeRun(context.lock, context.request, tuple(sessions), results, verdict, started, time.monotonic() - clock, interrupted)
 
 
@@ -329,7 +377,6 @@ def _run_session(session: Session, context: _Context, *, keep: bool) -> None:
     if not _preflight(session, context):
         return
     config = session.config
-    session.argv = tuple(config.argv(context.lock.python.target, session.shrink))
     session.log_path = context.run_dir / f"{config.label or 'server'}.log"
     watcher = logscan.LogWatcher(session.log_path, context=_scan_context(context.lock, config), evidence=config.evidence)
     server: launch.Server | None = None
@@ -371,13 +418,26 @@ def _preflight(session: Session, context: _Context) -> bool:
     if config.fast_layers is not None and model.status == Status.PASS:
         session.shrink = _shrink(session, config)
     refused = any(r.status >= Status.FAIL for r in checks.values())
-    return not refused and (config.fast_layers is None or session.shrink is not None)
+    return not refused and (config.fast_layers is None or session.shrink is not None) and _command(session, context)
+
+
+def _command(session: Session, context: _Context) -> bool:
+    """The command line to launch, the one to show, and the client's key; False if a key is unset."""
+    words = session.config.argv(context.lock.python.target, session.shrink)
+    session.argv = tuple(secretargs.shown(words))
+    try:
+        session.launch_argv = tuple(secretargs.resolve(words, session.environment))
+    except secretargs.SecretArgError as exc:
+        session.add("preflight.api_key", failed(f"{exc}; nothing was launched", fix=Fix("Export the variable before running smoke, or set it in [smoke.env].")))
+        return False
+    session.api_key = secretargs.api_key(session.launch_argv)
+    return True
 
 
 def _start(session: Session, keep: bool) -> launch.Server | None:
     assert session.log_path is not None
     try:
-        server = launch.start(session.argv, session.environment, session.log_path, keep=keep)
+        server = launch.start(session.launch_argv, session.environment, session.log_path, keep=keep)
     except OSError as exc:
         session.add("launch", failed(f"cannot start {session.argv[0]}: {exc.strerror or exc}"))
         return None
@@ -444,7 +504,7 @@ def _exit_text(code: int | None) -> str:
 def _what_runs(session: Session) -> None:
     config = session.config
     try:
-        info, endpoint = serverinfo.fetch(config.base_url)
+        info, endpoint = serverinfo.fetch(config.base_url, api_key=session.api_key)
     except serverinfo.ServerInfoError as exc:
         session.add("server_info", failed(f"the server's configuration could not be read: {exc}"))
         return
@@ -452,7 +512,7 @@ def _what_runs(session: Session) -> None:
     session.add("server_info", serverinfo.check_identity(info, endpoint, config.port, config.model))
     session.add("attention_backend", serverinfo.check_backend(info, config.attention_backend))
     session.add("tp_size", serverinfo.check_tp(info, config.tp))
-    session.add("flags", serverinfo.check_flags(info, config.launch_flags(session.shrink)))
+    session.add("flags", serverinfo.check_flags(info, secretargs.resolve(config.launch_flags(session.shrink), session.environment)))
 
 
 def _measure(session: Session, context: _Context, server: launch.Server, watcher: logscan.LogWatcher) -> None:
@@ -462,16 +522,16 @@ def _measure(session: Session, context: _Context, server: launch.Server, watcher
     with Monitor(server, watcher, streams.abort_all) as monitor:
         if request.measures:
             session.figures = bench.run_benchmark(
-                config.base_url, benchmark, streams=streams, incremental_ids=incremental, show=context.ui.info, explain=lambda: monitor.wait_failure(EXPLAIN_S)
+                config.base_url, benchmark, streams=streams, incremental_ids=incremental, show=context.ui.info, explain=lambda error: _explain(monitor, error), api_key=session.api_key
             )
         elif benchmark.warmup:
             for _ in range(benchmark.warmup):
-                bench.generate(config.base_url, benchmark.prompt, benchmark.output_tokens, streams=streams)
+                bench.generate(config.base_url, benchmark.prompt, benchmark.output_tokens, streams=streams, api_key=session.api_key)
         for count in request.concurrency:
             if monitor.failure is not None:
                 break
             context.ui.info(f"concurrency: {count} stream(s) of {benchmark.output_tokens} tokens")
-            session.levels.append(bench.run_level(config.base_url, count, benchmark.prompt, benchmark.output_tokens, streams=streams))
+            session.levels.append(bench.run_level(config.base_url, count, benchmark.prompt, benchmark.output_tokens, streams=streams, api_key=session.api_key))
     stopped = session.figures.stopped_at if session.figures is not None else None
     seen = [t for t in (monitor.failed_at, stopped) if t is not None]
     if monitor.failure is not None or stopped is not None:
@@ -480,11 +540,17 @@ def _measure(session: Session, context: _Context, server: launch.Server, watcher
     _measure_results(session, context)
 
 
+def _explain(monitor: Monitor, error: str) -> str:
+    """Why a request failed: the server's exit or fatal line, or the stream's error with the server up."""
+    return monitor.wait_failure(EXPLAIN_S) or f"{error}; the server is still up (no exit, no fatal log line)"
+
+
 def _measure_results(session: Session, context: _Context) -> None:
     benchmark = context.lock.benchmark
     label = session.shrink.label if session.shrink else None
     if session.figures is not None:
-        verdict, short = bench.judge(session.figures, benchmark, fast_label=label)
+        # Only the lock's configuration is what baseline_tok_s describes; --compare's baseline is measured, not judged.
+        verdict, short = bench.judge(session.figures, benchmark, fast_label=label, against_baseline=not session.config.label)
         session.add("benchmark", verdict)
         session.add("benchmark.short_runs", short)
         if label is not None:
@@ -493,6 +559,21 @@ def _measure_results(session: Session, context: _Context) -> None:
             session.add("quality", quality.check_repeatable(session.figures.runs))
     if session.levels:
         session.add("concurrency", _levels_result(session.levels, label))
+        if session.config.speculative is not None and not context.request.compare:
+            session.add("compare.concurrency", _no_crossover(session.levels))
+
+
+def _no_crossover(levels: Sequence[bench.Level]) -> Result:
+    """A speculative lock's sweep without --compare: why no crossover is estimated (no guess is made)."""
+    counts = ",".join(str(level.streams) for level in levels)
+    return skipped(
+        "no crossover estimate without --compare: run with --compare to measure the non-speculative configuration at the same levels",
+        [
+            "speculative decoding stops paying where its per-stream rate falls below the non-speculative configuration's at the same concurrency;",
+            "that rate falls with concurrency too (batching), so a single-stream figure such as baseline_tok_s would place the crossover too early",
+            f"measure both: invoke smoke --compare --concurrency {counts}",
+        ],
+    )
 
 
 def _levels_result(levels: Sequence[bench.Level], label: str | None) -> Result:
@@ -500,7 +581,8 @@ def _levels_result(levels: Sequence[bench.Level], label: str | None) -> Result:
     for level in levels:
         per = level.per_stream
         per_text = f"{per.mean:.2f} tok/s per stream (min {per.min:.2f})" if per else "no complete stream"
-        lines.append(f"{level.streams} stream(s): {level.aggregate_tok_s:.2f} tok/s aggregate, {per_text}")
+        latency = f"; TTFT p50/p90/p99 {_ms(level.ttft_s())} ms, ITL p50/p90/p99 {_ms(level.itl_s())} ms"
+        lines.append(f"{level.streams} stream(s): {level.aggregate_tok_s:.2f} tok/s aggregate, {per_text}{latency}")
     data = {"levels": [level.to_dict() for level in levels], "fast_mode": label is not None}
     broken = [level for level in levels if len(level.good) < level.streams]
     if broken:
@@ -514,8 +596,9 @@ def _levels_result(levels: Sequence[bench.Level], label: str | None) -> Result:
 
 def _teardown(session: Session, context: _Context, server: launch.Server, watcher: logscan.LogWatcher, *, keep: bool) -> launch.Teardown | None:
     watcher.poll()
-    if session.failure is not None:
+    if watcher.fatal is not None:
         # After a fatal line SGLang kills its own tree at once: let it, so its exit code is reported.
+        # A stream cut while the server stays up has no such line: no wait.
         _wait_exit(server, SETTLE_S)
     alive = server.exit_code() is None
     if keep and alive and session.readiness is not None and session.readiness.ready:
@@ -549,17 +632,18 @@ def _conclude(session: Session, context: _Context, server: launch.Server, watche
         session.results = [named if r.check == named.check else r for r in session.results]
     for item in session.evidence:
         name = f"evidence.{item.flag.lstrip('-')}"
-        session.add(name, serverinfo.check_evidence(item, session.server_info) if ready else skipped("the server never became ready"))
+        evidence = serverinfo.check_evidence(item, session.server_info, session.config.launch_flags(session.shrink))
+        session.add(name, evidence if ready else skipped("the server never became ready"))
     for result in logscan.finding_results(session.findings, "log", lock_backend=session.config.attention_backend):
         session.add(result.check, result)
     if not session.findings:
         session.add("log", passed(f"no known failure signature in {watcher.lines} log lines"))
-    session.add("teardown", _teardown_result(session, server))
+    session.add("teardown", _teardown_result(session, server, context.lock.smoke.stop_grace_s))
     if session.teardown is not None:
         session.add("gpu_memory", launch.memory_released(memory_before, sorted(server.tree.seen), context.nvml_lib))
 
 
-def _teardown_result(session: Session, server: launch.Server) -> Result:
+def _teardown_result(session: Session, server: launch.Server, grace_s: float) -> Result:
     if session.kept:
         return passed(f"left running on purpose (--keep-server): process group {server.pid}; stop it with `kill -TERM -- -{server.pid}`", data={"pid": server.pid})
     teardown = session.teardown
@@ -568,10 +652,29 @@ def _teardown_result(session: Session, server: launch.Server) -> Result:
     if teardown.leftovers:
         pids = " ".join(p.split()[0] for p in teardown.leftovers)
         return failed(f"{len(teardown.leftovers)} process(es) of the server survived teardown", list(teardown.leftovers), fix=Fix("Kill them.", (f"kill -KILL {pids}",)), data=data)
+    summary = f"server stopped ({_teardown_story(teardown)}) in {teardown.seconds:.1f} s; none of its processes is left"
+    if teardown.stubborn:
+        return warned(
+            f"{summary}; {len(teardown.stubborn)} process(es) ignored SIGTERM for the whole {grace_s:g} s grace: a production drain (SIGTERM) would hang",
+            list(teardown.stubborn),
+            fix=Fix("Find what does not end on SIGTERM (a stuck request, a worker that ignores the signal); until then, stop the server with SIGKILL after a timeout."),
+            data=data,
+        )
+    if teardown.orphans:
+        return warned(summary, list(teardown.orphans), fix=Fix("A server's workers should end with it (SGLang's follow their parent): find what kept them."), data=data)
+    return passed(summary, data=data)
+
+
+def _teardown_story(teardown: launch.Teardown) -> str:
+    """What happened, in order: the server's own end, and what smoke did."""
     ended = _exit_text(teardown.exit_code)
+    if teardown.ended_before:
+        if not teardown.orphans:
+            return f"it had already ended: {ended}"
+        return f"it had already ended ({ended}), leaving {len(teardown.orphans)} process(es) behind; smoke ended them with {teardown.how}"
     if teardown.how == "SIGTERM" and teardown.exit_code == -signal.SIGKILL:
-        ended = "it drained and ended its own tree with SIGKILL, as SGLang does"
-    return passed(f"server stopped ({teardown.how}; {ended}) in {teardown.seconds:.1f} s; none of its processes is left", data=data)
+        return "SIGTERM; it drained and ended its own tree with SIGKILL, as SGLang does"
+    return f"{teardown.how}; {ended}"
 
 
 # --- --compare --------------------------------------------------------------------------------
@@ -593,14 +696,20 @@ def _first_good(session: Session) -> bench.Sample | None:
 
 
 def _speed_result(base: Session, full: Session, names: tuple[str, str]) -> Result:
-    a = base.figures.tok_s if base.figures else None
-    b = full.figures.tok_s if full.figures else None
+    """The lock's configuration against the baseline configuration: the decode rates' difference,
+    with the end-to-end rates beside it."""
+    a = base.figures.decode_tok_s if base.figures else None
+    b = full.figures.decode_tok_s if full.figures else None
     if a is None or b is None:
         return dataclasses.replace(failed(f"cannot compare: {names[0] if a is None else names[1]} has no complete benchmark"), check="smoke.compare")
     diff = bench.difference(a, b)
-    lines = [f"{names[0]}: {a.text()}", f"{names[1]}: {b.text()}", f"{names[1]} - {names[0]}: {diff.text()}"]
-    data = {"baseline": a.to_dict(), "full": b.to_dict(), "delta": round(diff.delta, 4), "ci": [round(diff.ci_low, 4), round(diff.ci_high, 4)], "relative": round(diff.relative, 4)}
-    summary = f"{names[1]} vs {names[0]}: {diff.text()}"
+    lines = [f"{names[0]}: decode {a.text()}", f"{names[1]}: decode {b.text()}", f"{names[1]} - {names[0]}: {diff.text()}"]
+    for session, name in ((base, names[0]), (full, names[1])):
+        whole = session.figures.tok_s if session.figures else None
+        if whole is not None:
+            lines.append(f"{name}: end-to-end {whole.text()}")
+    data = {"judged": "decode_tok_s", "baseline": a.to_dict(), "full": b.to_dict(), **diff.to_dict()}
+    summary = f"{names[1]} vs {names[0]}: decode {diff.text()}"
     if diff.significant and diff.delta < 0:
         return dataclasses.replace(warned(f"{summary}: slower than the baseline", lines, data=data), check="smoke.compare")
     return dataclasses.replace(passed(summary, lines, data=data), check="smoke.compare")
@@ -610,7 +719,7 @@ def _crossover_result(base: Session, full: Session, names: tuple[str, str]) -> R
     pairs = [(a, b) for a in base.levels for b in full.levels if a.streams == b.streams]
     lines = [f"{a.streams} stream(s): {names[0]} {a.aggregate_tok_s:.2f}, {names[1]} {b.aggregate_tok_s:.2f} tok/s ({b.aggregate_tok_s / a.aggregate_tok_s - 1:+.1%})" for a, b in pairs if a.aggregate_tok_s]
     pays = [b.aggregate_tok_s > a.aggregate_tok_s for a, b in pairs]
-    data = {"levels": [{"streams": a.streams, names[0]: round(a.aggregate_tok_s, 3), names[1]: round(b.aggregate_tok_s, 3)} for a, b in pairs]}
+    data: dict[str, Any] = {"levels": [{"streams": a.streams, names[0]: round(a.aggregate_tok_s, 3), names[1]: round(b.aggregate_tok_s, 3)} for a, b in pairs]}
     what = "speculative decoding" if (full.config.speculative is not None) != (base.config.speculative is not None) else names[1]
     stop = next((a.streams for (a, _), good in zip(pairs, pays) if not good), None)
     if stop is None:

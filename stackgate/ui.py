@@ -24,6 +24,7 @@ from rich.theme import Theme
 
 from stackgate.checks.core import Result, Status
 from stackgate.checks.report import Verdict, counts_line
+from stackgate.exitcodes import ExitCode
 from stackgate.signatures import Finding
 
 __all__ = ["UI", "Activity", "render_findings", "render_plain", "render_rows", "render_table"]
@@ -291,7 +292,7 @@ def _body(result: Result, verbose: int) -> list[str]:
 
 
 def _summary(verdict: Verdict, duration_s: float) -> str:
-    word = "PASSED" if verdict.passed else "FAILED"
+    word = "PASSED" if verdict.passed else "INTERRUPTED" if verdict.exit_code == ExitCode.INTERRUPTED else "FAILED"
     reason = "" if verdict.passed else f" ({verdict.reason})"
     return f"{counts_line(verdict.counts, duration_s)}: {word}{reason}"
 

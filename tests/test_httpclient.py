@@ -17,6 +17,7 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     chunks: list[bytes] = []
     pause_s = 0.0
+    seen: list[str | None] = []  #: the Authorization header of each request
 
     def log_message(self, *args: object) -> None:
         pass
@@ -29,6 +30,7 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self) -> None:
+        self.seen.append(self.headers.get("Authorization"))
         if self.path == "/slow":
             time.sleep(1.0)
         if self.path == "/ok":
@@ -37,6 +39,7 @@ class Handler(BaseHTTPRequestHandler):
             self.send(503, b"")
 
     def do_POST(self) -> None:
+        self.seen.append(self.headers.get("Authorization"))
         self.rfile.read(int(self.headers["content-length"]))
         if self.path == "/plain":
             self.send(200, b"{}")
@@ -58,7 +61,7 @@ class Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server():
-    Handler.chunks, Handler.pause_s = [], 0.0
+    Handler.chunks, Handler.pause_s, Handler.seen = [], 0.0, []
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     httpd.daemon_threads = True
     httpd.handle_error = lambda *args: None  # a client that cut its stream is the point of a test
@@ -120,3 +123,16 @@ def test_an_answer_that_is_not_an_event_stream_is_refused(server):
     with pytest.raises(httpclient.HttpError) as caught:
         list(httpclient.EventStream(server + "/plain", {}).events())
     assert caught.value.kind == "protocol" and "expected text/event-stream" in str(caught.value)
+
+
+def test_a_bearer_key_is_sent_on_every_kind_of_request_and_never_in_an_error(server):
+    key = httpclient.bearer("sk-edge")
+    assert httpclient.get_json(server + "/ok", headers=key) == {"a": 1}
+    Handler.chunks = [b"data: [DONE]\n\n"]
+    assert [d for _, d in httpclient.EventStream(server + "/generate", {}, headers=key).events()] == [b"[DONE]"]
+    with pytest.raises(httpclient.HttpError) as caught:
+        httpclient.get_json(server + "/health", headers=key)
+    assert Handler.seen == ["Bearer sk-edge"] * 3
+    assert "sk-edge" not in str(caught.value)
+    httpclient.request("GET", server + "/ok")
+    assert Handler.seen[-1] is None  # no key, no header

@@ -67,7 +67,7 @@ def test_the_markdown_summary_has_the_verdict_stages_failures_and_the_speed_agai
     assert any(line.startswith("| verify | ❌ failed | 0.0 | 1 check(s) failed: verify.check: a \\| pipe and a newline |") for line in lines)
     assert "- **FAIL** verify `verify.check`: a \\| pipe and a newline" in lines
     assert "    echo fix" in lines
-    assert "decode 83.90 tok/s; 82.64 tok/s vs baseline 190 (-56.5%, floor 180.50): FAIL" in lines
+    assert "decode 83.90 tok/s vs baseline 190 (-55.8%, floor 180.50): FAIL; end-to-end 82.64 tok/s" in lines
     assert f"### Fingerprint `{doc['gate']['fingerprint']['short']}`" in lines
     assert all(line.count("|") - line.count("\\|") in (0, 5, 7, 3) for line in lines if line.startswith("|"))
 

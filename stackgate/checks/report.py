@@ -134,7 +134,8 @@ def _clean(text: str) -> str:
 
 
 def write_json(path: Path | str, doc: Mapping[str, Any]) -> None:
-    write_text(path, json.dumps(doc, indent=2, sort_keys=False) + "\n")
+    # Strict JSON: a NaN or an infinity fails here, loudly, not later in a reader's parser.
+    write_text(path, json.dumps(doc, indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
 def write_junit(path: Path | str, suites: Mapping[str, Sequence[Result]], *, strict: bool = False) -> None:

@@ -7,6 +7,15 @@ delivers several tokens per event. Per run: tokens, seconds, tok/s, time to firs
 decode rate without it. Over the runs: mean, median, stdev, CV, min, max and a 95% confidence
 interval (Student's t). A run that returns fewer tokens than asked is flagged and left out.
 
+The verdict against ``[benchmark].baseline_tok_s`` judges the decode rate (tokens after the first
+event over the time after it), the figure the reference deployment's baseline is; the whole-run
+rate, which also carries the time to first token, is reported beside it. Concurrency levels also
+report time to first token and inter-token latency percentiles (p50/p90/p99), the inter-token
+latency counted as SGLang's bench_serving counts it: an event's gap split evenly over its tokens.
+
+A figure that does not exist (the confidence interval of one run) is written as JSON ``null``
+with a note, never as ``Infinity``, which strict JSON parsers refuse.
+
 The stream is read with one regular-expression search per event for ``completion_tokens``; only
 the last event is parsed as JSON (for the token ids the quality guard compares), because SGLang
 streams the cumulative text and ids, so parsing every event costs time quadratic in the length.
@@ -32,12 +41,15 @@ __all__ = [
     "BenchFigures",
     "Difference",
     "Level",
+    "PERCENTILES",
     "Sample",
     "Streams",
     "Summary",
     "difference",
+    "finite",
     "generate",
     "judge",
+    "percentile",
     "run_benchmark",
     "run_level",
     "summarize",
@@ -66,6 +78,7 @@ class Sample:
     finish_reason: Any = None
     error: str | None = None
     cpu_s: float = 0.0  #: the client's CPU time on this stream
+    gaps: tuple[float, ...] = ()  #: inter-token latencies: each event's gap, split evenly over its tokens
 
     @property
     def seconds(self) -> float:
@@ -134,10 +147,14 @@ class Streams:
                 stream.abort()
 
 
-def generate(base_url: str, prompt: str, tokens: int, *, streams: Streams | None = None, incremental_ids: bool = False) -> Sample:
-    """Stream one greedy generation of exactly ``tokens`` tokens (ignore_eos) and time it."""
+def generate(base_url: str, prompt: str, tokens: int, *, streams: Streams | None = None, incremental_ids: bool = False, api_key: str | None = None) -> Sample:
+    """Stream one greedy generation of exactly ``tokens`` tokens (ignore_eos) and time it.
+
+    ``api_key``: the server's --api-key, sent as ``Authorization: Bearer`` (SGLang refuses
+    /generate without it when it has one).
+    """
     body = {"text": prompt, "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True, "temperature": 0}, "stream": True}
-    stream = httpclient.EventStream(f"{base_url}/generate", body, timeout_s=STREAM_IDLE_S)
+    stream = httpclient.EventStream(f"{base_url}/generate", body, timeout_s=STREAM_IDLE_S, headers=httpclient.bearer(api_key))
     reader = _Reader(tokens, incremental_ids)
     cpu = time.thread_time()
     if streams is not None:
@@ -168,6 +185,7 @@ class _Reader:
     events: int = 0
     last: bytes = b""
     ids: list[int] = field(default_factory=list)
+    gaps: list[float] = field(default_factory=list)
     done: bool = False
     error: str | None = None
 
@@ -185,6 +203,9 @@ class _Reader:
         if count > self.tokens:
             if self.first is None:
                 self.first, self.first_tokens = arrival, count
+            else:
+                new = count - self.tokens
+                self.gaps.extend([(arrival - self.ended) / new] * new)
             self.tokens, self.ended = count, arrival
         if self.incremental_ids:
             self.ids.extend(_payload(data).get("output_ids") or ())
@@ -199,7 +220,7 @@ class _Reader:
             error = f"the stream ended without [DONE] after {self.tokens} of {self.asked} tokens"
         ended = self.ended or time.perf_counter()
         reason = (final.get("meta_info") or {}).get("finish_reason")
-        return Sample(self.asked, self.tokens, self.started, ended, self.first, self.first_tokens, self.events, ids, reason, error, cpu_s)
+        return Sample(self.asked, self.tokens, self.started, ended, self.first, self.first_tokens, self.events, ids, reason, error, cpu_s, tuple(self.gaps))
 
 
 def _payload(data: bytes) -> dict[str, Any]:
@@ -235,6 +256,30 @@ def t95(df: int) -> float:
     return 2.021 if df < 60 else 2.0 if df < 120 else 1.98 if df < 1000 else 1.96
 
 
+def finite(value: float, digits: int = 4) -> float | None:
+    """A figure for JSON: rounded, or None where it does not exist (inf, nan).
+
+    >>> finite(1.23456), finite(math.inf), finite(-math.inf)
+    (1.2346, None, None)
+    """
+    return round(value, digits) if math.isfinite(value) else None
+
+
+def percentile(values: Sequence[float], p: float) -> float | None:
+    """The ``p``-th percentile, interpolated between the closest ranks (numpy's default).
+
+    >>> percentile([4.0, 1.0, 3.0, 2.0], 50), percentile([1.0, 2.0, 3.0, 4.0], 90), percentile([], 50)
+    (2.5, 3.7, None)
+    """
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * p / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
 @dataclass(frozen=True)
 class Summary:
     n: int
@@ -248,13 +293,24 @@ class Summary:
     ci_high: float
     values: tuple[float, ...] = ()
 
+    @property
+    def has_interval(self) -> bool:
+        """One value has no spread to estimate, so no confidence interval."""
+        return math.isfinite(self.ci_low) and math.isfinite(self.ci_high)
+
     def to_dict(self) -> dict[str, Any]:
         raw = dataclasses.asdict(self)
         raw["values"] = [round(v, 4) for v in self.values]
-        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in raw.items()}
+        out = {k: (finite(v) if isinstance(v, float) else v) for k, v in raw.items()}
+        if not self.has_interval:
+            out["ci_note"] = f"no confidence interval from {self.n} value(s): ci_low and ci_high are null"
+        return out
+
+    def interval(self) -> str:
+        return f"{self.ci_low:.2f}-{self.ci_high:.2f}" if self.has_interval else f"n/a (n={self.n})"
 
     def text(self, unit: str = "tok/s") -> str:
-        return f"{self.mean:.2f} {unit} (median {self.median:.2f}, CV {self.cv:.1%}, 95% CI {self.ci_low:.2f}-{self.ci_high:.2f}, n={self.n})"
+        return f"{self.mean:.2f} {unit} (median {self.median:.2f}, CV {self.cv:.1%}, 95% CI {self.interval()}, n={self.n})"
 
 
 def summarize(values: Sequence[float]) -> Summary | None:
@@ -287,7 +343,12 @@ class Difference:
         return self.ci_low > 0 or self.ci_high < 0
 
     def text(self) -> str:
+        if not (math.isfinite(self.ci_low) and math.isfinite(self.ci_high)):
+            return f"{self.delta:+.2f} tok/s ({self.relative:+.1%}; no 95% CI: a side has one run)"
         return f"{self.delta:+.2f} tok/s ({self.relative:+.1%}; 95% CI {self.ci_low:+.2f} to {self.ci_high:+.2f})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"delta": round(self.delta, 4), "ci": [finite(self.ci_low), finite(self.ci_high)], "relative": round(self.relative, 4), "significant": self.significant}
 
 
 def difference(a: Summary, b: Summary) -> Difference:
@@ -296,12 +357,16 @@ def difference(a: Summary, b: Summary) -> Difference:
     >>> d = difference(summarize([90.0, 91.0, 92.0]), summarize([95.0, 96.0, 97.0]))
     >>> (d.delta, round(d.ci_low, 2), round(d.ci_high, 2), d.significant)
     (5.0, 2.73, 7.27, True)
+    >>> difference(summarize([90.0]), summarize([95.0, 96.0])).significant  # one run: no spread known
+    False
     """
+    if a.n < 2 or b.n < 2:
+        return Difference(b.mean - a.mean, -math.inf, math.inf, (b.mean - a.mean) / a.mean)
     va, vb = a.stdev**2 / a.n, b.stdev**2 / b.n
     se = math.sqrt(va + vb)
     if se == 0:
         return Difference(b.mean - a.mean, b.mean - a.mean, b.mean - a.mean, (b.mean - a.mean) / a.mean)
-    df = (va + vb) ** 2 / ((va**2 / (a.n - 1) if a.n > 1 else 0) + (vb**2 / (b.n - 1) if b.n > 1 else 0) or 1e-12)
+    df = (va + vb) ** 2 / (va**2 / (a.n - 1) + vb**2 / (b.n - 1) or 1e-12)
     half = t95(int(df)) * se
     delta = b.mean - a.mean
     return Difference(delta, delta - half, delta + half, delta / a.mean)
@@ -343,12 +408,15 @@ def run_benchmark(
     streams: Streams,
     incremental_ids: bool = False,
     show: Callable[[str], None] | None = None,
-    explain: Callable[[], str | None] = lambda: None,
+    explain: Callable[[str], str | None] = lambda error: None,
+    api_key: str | None = None,
 ) -> BenchFigures:
     """The lock's warm-ups, then its runs; stops at the first failed request.
 
-    A stream usually ends before anyone has seen the server die, so ``explain`` is asked why
-    (the watcher of the process and its log) before the stream's own error is taken as the reason.
+    A stream usually ends before anyone has seen the server die, so ``explain`` is asked why,
+    given the stream's own error (the watcher of the process and its log answers), before that
+    error is taken as the reason; the failure is dated when the answer is in: the moment smoke
+    knows its verdict.
     """
     warmups: list[Sample] = []
     runs: list[Sample] = []
@@ -356,12 +424,11 @@ def run_benchmark(
         for i in range(count):
             if show is not None:
                 show(f"benchmark: {kind} {i + 1}/{count} ({bench.output_tokens} tokens)")
-            sample = generate(base_url, bench.prompt, bench.output_tokens, streams=streams, incremental_ids=incremental_ids)
+            sample = generate(base_url, bench.prompt, bench.output_tokens, streams=streams, incremental_ids=incremental_ids, api_key=api_key)
             into.append(sample)
             if sample.error is not None:
-                at = time.time()
-                stopped = f"{kind} {i + 1} failed: {explain() or streams.reason or sample.error}"
-                return _figures(warmups, runs, stopped, at)
+                stopped = f"{kind} {i + 1} failed: {explain(sample.error) or streams.reason or sample.error}"
+                return _figures(warmups, runs, stopped, time.time())
     return _figures(warmups, runs, None)
 
 
@@ -372,10 +439,15 @@ def _figures(warmups: list[Sample], runs: list[Sample], stopped: str | None, at:
     return BenchFigures(tuple(warmups), tuple(runs), summarize([r.tok_s for r in good]), summarize(decode), summarize(ttft), stopped, at)
 
 
-def judge(figures: BenchFigures, bench: Benchmark, *, fast_label: str | None = None) -> tuple[Result, Result | None]:
-    """The verdict against the baseline, and a flag for short runs (None when there are none)."""
+def judge(figures: BenchFigures, bench: Benchmark, *, fast_label: str | None = None, against_baseline: bool = True) -> tuple[Result, Result | None]:
+    """The verdict against the baseline, and a flag for short runs (None when there are none).
+
+    The decode rate is judged (the baseline's figure: time to first token left out), the
+    whole-run rate reported beside it. ``against_baseline=False`` (the baseline configuration
+    --compare launches) measures without judging: that configuration is not the lock's.
+    """
     details = [_run_line(i, r) for i, r in enumerate(figures.runs)]
-    data = figures.to_dict()
+    data = {**figures.to_dict(), "judged": "decode_tok_s"}
     short = [i + 1 for i, r in enumerate(figures.runs) if r.short]
     flag = None
     if short:
@@ -388,26 +460,33 @@ def judge(figures: BenchFigures, bench: Benchmark, *, fast_label: str | None = N
         return failed(f"the benchmark stopped: {figures.stopped}", details, data=data), flag
     if figures.tok_s is None:
         return failed(f"no run returned the {bench.output_tokens} tokens asked", details, data=data), flag
-    measured = figures.tok_s
+    if figures.decode_tok_s is None:
+        return failed("no run streamed more than one event, so there is no decode rate to judge", details, data=data), flag
+    decode, whole = figures.decode_tok_s, figures.tok_s
+    lines = [f"decode: {decode.text()}", f"end-to-end (with time to first token): {whole.text()}", *details]
+    both = f"decode {decode.mean:.2f} tok/s (end-to-end {whole.mean:.2f})"
     if fast_label is not None:
-        return passed(f"{fast_label}: {measured.mean:.2f} tok/s, a fast-mode figure never compared with the baseline", details, data=data), flag
-    return _against_baseline(measured, bench, details, data), flag
+        return passed(f"{fast_label}: {both}, a fast-mode figure never compared with the baseline", lines, data=data), flag
+    if not against_baseline:
+        return passed(f"{both}: measured for the comparison, not judged against baseline_tok_s (it describes the lock's configuration)", lines, data=data), flag
+    return _against_baseline(decode, whole, bench, lines, data), flag
 
 
-def _against_baseline(measured: Summary, bench: Benchmark, details: list[str], data: dict[str, Any]) -> Result:
+def _against_baseline(decode: Summary, whole: Summary, bench: Benchmark, lines: list[str], data: dict[str, Any]) -> Result:
     if bench.baseline_tok_s is None:
-        return skipped(f"{measured.text()}; the lock has no baseline_tok_s to judge it against", details, data=data)
+        return skipped(f"decode {decode.text()}; end-to-end {whole.mean:.2f} tok/s; the lock has no baseline_tok_s to judge it against", lines, data=data)
     floor = bench.baseline_tok_s * (1 - bench.max_regression)
-    change = measured.mean / bench.baseline_tok_s - 1
+    change = decode.mean / bench.baseline_tok_s - 1
     data = {**data, "baseline_tok_s": bench.baseline_tok_s, "max_regression": bench.max_regression, "change": round(change, 4)}
-    if measured.mean < floor:
+    whole_text = f"end-to-end {whole.mean:.2f} tok/s with time to first token"
+    if decode.mean < floor:
         return failed(
-            f"{measured.mean:.2f} tok/s is {-change:.1%} below the baseline {bench.baseline_tok_s:g} tok/s (allowed: {bench.max_regression:.1%}, floor {floor:.2f})",
-            [measured.text(), *details],
+            f"decode {decode.mean:.2f} tok/s is {-change:.1%} below the baseline {bench.baseline_tok_s:g} tok/s (allowed: {bench.max_regression:.1%}, floor {floor:.2f}); {whole_text}",
+            lines,
             fix=Fix("Compare with the baseline's configuration (`invoke smoke --benchmark --compare`) and check the findings above (attention backend, NCCL settings)."),
             data=data,
         )
-    return passed(f"{measured.mean:.2f} tok/s vs baseline {bench.baseline_tok_s:g} ({change:+.1%}; allowed -{bench.max_regression:.1%})", [measured.text(), *details], data=data)
+    return passed(f"decode {decode.mean:.2f} tok/s vs baseline {bench.baseline_tok_s:g} ({change:+.1%}; allowed -{bench.max_regression:.1%}); {whole_text}", lines, data=data)
 
 
 def _run_line(index: int, sample: Sample) -> str:
@@ -418,6 +497,10 @@ def _run_line(index: int, sample: Sample) -> str:
 
 
 # --- concurrency ------------------------------------------------------------------------------
+
+
+#: The latency percentiles a concurrency level reports.
+PERCENTILES = (50, 90, 99)
 
 
 @dataclass(frozen=True)
@@ -443,19 +526,36 @@ class Level:
     def per_stream(self) -> Summary | None:
         return summarize([s.tok_s for s in self.good])
 
+    def ttft_s(self) -> dict[str, float | None]:
+        """Time to first token over the complete streams: p50, p90, p99 (seconds)."""
+        values = [s.ttft_s for s in self.good if s.ttft_s is not None]
+        return {f"p{p}": percentile(values, p) for p in PERCENTILES}
+
+    def itl_s(self) -> dict[str, float | None]:
+        """Inter-token latency over every token of the complete streams: p50, p90, p99 (seconds)."""
+        values = [gap for s in self.good for gap in s.gaps]
+        return {f"p{p}": percentile(values, p) for p in PERCENTILES}
+
     def to_dict(self) -> dict[str, Any]:
         per = self.per_stream
-        return {"streams": self.streams, "aggregate_tok_s": round(self.aggregate_tok_s, 3), "per_stream_tok_s": per.to_dict() if per else None, "failed": sum(1 for s in self.samples if not s.good)}
+        return {
+            "streams": self.streams,
+            "aggregate_tok_s": round(self.aggregate_tok_s, 3),
+            "per_stream_tok_s": per.to_dict() if per else None,
+            "ttft_s": {k: None if v is None else round(v, 5) for k, v in self.ttft_s().items()},
+            "itl_s": {k: None if v is None else round(v, 6) for k, v in self.itl_s().items()},
+            "failed": sum(1 for s in self.samples if not s.good),
+        }
 
 
-def run_level(base_url: str, count: int, prompt: str, tokens: int, *, streams: Streams) -> Level:
+def run_level(base_url: str, count: int, prompt: str, tokens: int, *, streams: Streams, api_key: str | None = None) -> Level:
     """``count`` streams at once, released together by a barrier."""
     gate = threading.Barrier(count)
     samples: list[Sample | None] = [None] * count
 
     def one(i: int) -> None:
         gate.wait()
-        samples[i] = generate(base_url, prompt, tokens, streams=streams)
+        samples[i] = generate(base_url, prompt, tokens, streams=streams, api_key=api_key)
 
     threads = [threading.Thread(target=one, args=(i,), name=f"smoke-stream-{i}", daemon=True) for i in range(count)]
     for thread in threads:

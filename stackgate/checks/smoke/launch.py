@@ -274,13 +274,16 @@ def _visible(snap: nvml.NvmlSnapshot, devices: str | None) -> int:
 
 @dataclass(frozen=True)
 class Teardown:
-    """How the server went away."""
+    """How the server went away, and what teardown had to do about it."""
 
-    how: str  #: "exited by itself", "SIGTERM", "SIGKILL after N s", "kept running"
+    how: str  #: "exited by itself", "SIGTERM", "SIGKILL after N s"
     exit_code: int | None
     seconds: float
     leftovers: tuple[str, ...] = ()  #: processes still alive afterwards, described
     interrupted: bool = False  #: a Ctrl-C/SIGTERM arrived during teardown (it escalated to SIGKILL)
+    ended_before: bool = False  #: the server's main process had already exited when teardown began
+    orphans: tuple[str, ...] = ()  #: processes it left behind then (teardown ended them)
+    stubborn: tuple[str, ...] = ()  #: processes still alive after SIGTERM and the whole grace period
 
 
 @dataclass
@@ -347,11 +350,16 @@ def stop(server: Server, grace_s: float) -> Teardown:
 
     A Ctrl-C or SIGTERM during the grace period cuts it short (straight to SIGKILL); the final
     kill-and-confirm runs with those signals held, so a second interrupt cannot leave processes.
-    The Teardown is also stored on ``server.teardown`` before any held signal is delivered.
+    The Teardown is also stored on ``server.teardown`` before any held signal is delivered. It
+    records what was found and done: a main process that had already ended and what it left
+    behind, and what outlived SIGTERM for the whole grace period.
     """
     begun = time.monotonic()
     server.tree.scan()
+    ended_before = server.exit_code() is not None
+    orphans = tuple(describe(pid) for pid in server.tree.alive()) if ended_before else ()
     how, interrupted = "exited by itself", False
+    stubborn: tuple[str, ...] = ()
     if server.exit_code() is None or server.tree.alive():
         server.tree.signal(signal.SIGTERM)
         how = "SIGTERM"
@@ -361,14 +369,22 @@ def stop(server: Server, grace_s: float) -> Teardown:
             interrupted = True
     with signals_held():
         if server.exit_code() is None or server.tree.alive():
+            if not interrupted:
+                stubborn = tuple(describe(pid) for pid in _living(server))
             how = f"SIGKILL after {time.monotonic() - begun:.1f} s"
             server.tree.signal(signal.SIGKILL)
             _wait_gone(server, 5.0)
         with contextlib.suppress(subprocess.TimeoutExpired):
             server.process.wait(timeout=1.0)
         left = tuple(describe(pid) for pid in server.tree.alive())
-        server.teardown = Teardown(how, server.exit_code(), time.monotonic() - begun, left, interrupted)
+        server.teardown = Teardown(how, server.exit_code(), time.monotonic() - begun, left, interrupted, ended_before, orphans, stubborn)
     return server.teardown
+
+
+def _living(server: Server) -> list[int]:
+    """The server's processes alive now, the main process first if it is."""
+    rest = [pid for pid in server.tree.alive() if pid != server.pid]
+    return ([server.pid] if server.exit_code() is None else []) + rest
 
 
 def _wait_gone(server: Server, limit_s: float) -> None:
@@ -435,11 +451,13 @@ def _held(before: dict[int, int], pids: set[int], lib: ModuleType | None) -> lis
     return held
 
 
-def redacted(environ: Mapping[str, str]) -> dict[str, Any]:
-    """The environment for a report: values of names holding TOKEN, KEY, SECRET or PASSWORD hidden.
+def redacted(environ: Mapping[str, str], secrets: Sequence[str | None] = ()) -> dict[str, Any]:
+    """The environment for a report: values of names holding TOKEN, KEY, SECRET or PASSWORD
+    hidden, and any variable whose value is one of ``secrets`` (the server's --api-key).
 
-    >>> redacted({"HF_TOKEN": "hf_x", "PATH": "/bin", "aws_secret_access_key": "s"})
-    {'HF_TOKEN': '<redacted>', 'PATH': '/bin', 'aws_secret_access_key': '<redacted>'}
+    >>> redacted({"HF_TOKEN": "hf_x", "PATH": "/bin", "aws_secret_access_key": "s", "SERVE": "k1"}, ["k1"])
+    {'HF_TOKEN': '<redacted>', 'PATH': '/bin', 'SERVE': '<redacted>', 'aws_secret_access_key': '<redacted>'}
     """
     marks = ("TOKEN", "KEY", "SECRET", "PASSWORD")
-    return {k: ("<redacted>" if any(m in k.upper() for m in marks) else v) for k, v in sorted(environ.items())}
+    known = {s for s in secrets if s}
+    return {k: ("<redacted>" if any(m in k.upper() for m in marks) or v in known else v) for k, v in sorted(environ.items())}

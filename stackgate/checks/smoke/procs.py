@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from stackgate.checks.smoke.secretargs import shown
+
 __all__ = ["ProcStat", "ProcessTree", "describe", "read_stat"]
 
 _PROC = Path("/proc")
@@ -106,11 +108,11 @@ class ProcessTree:
 
 
 def describe(pid: int) -> str:
-    """``1234 (python -m sglang.launch_server ...)`` for a report."""
+    """``1234 (python -m sglang.launch_server ...)`` for a report; an --api-key's value hidden."""
     try:
         words = (_PROC / str(pid) / "cmdline").read_bytes().split(b"\0")
     except OSError:
         return str(pid)
-    text = " ".join(w.decode(errors="replace") for w in words if w)
+    text = " ".join(shown([w.decode(errors="replace") for w in words if w]))
     return f"{pid} ({text[:100]})" if text else str(pid)
 

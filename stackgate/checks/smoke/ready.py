@@ -118,6 +118,7 @@ class Monitor:
         self.failure: str | None = None
         self.failed_at: float | None = None
         self._failed = threading.Event()
+        self._guard = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="smoke-monitor", daemon=True)
 
@@ -132,21 +133,35 @@ class Monitor:
     def _run(self) -> None:
         next_scan = time.monotonic()
         while not self._stop.is_set():
-            self.watcher.poll()
             if time.monotonic() >= next_scan:
                 self.server.tree.scan()
                 next_scan = time.monotonic() + SCAN_INTERVAL_S
-            reason = self._reason()
-            if reason is not None:
-                self.failure, self.failed_at = reason, time.time()
-                self._failed.set()
-                self.on_failure(reason)
+            if self._look():
                 return
             self._stop.wait(TICK_S)
 
+    def _look(self) -> bool:
+        """Read the log, look at the process; on a failure record it once and cut the streams."""
+        self.watcher.poll()
+        reason = self._reason()
+        if reason is None:
+            return False
+        with self._guard:
+            if self._failed.is_set():
+                return True
+            self.failure, self.failed_at = reason, time.time()
+            self._failed.set()
+        self.on_failure(reason)
+        return True
+
     def wait_failure(self, timeout_s: float) -> str | None:
-        """The failure, if the watcher sees one within ``timeout_s`` (a request just failed)."""
-        self._failed.wait(timeout_s)
+        """The failure, if the watcher sees one within ``timeout_s`` (a request just failed).
+
+        The last look is taken here, in the caller's thread, so a busy machine that delays the
+        watcher's thread cannot turn a dead server into "the stream was cut".
+        """
+        if not self._failed.wait(timeout_s):
+            self._look()
         return self.failure
 
     def _reason(self) -> str | None:

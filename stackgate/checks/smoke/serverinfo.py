@@ -4,7 +4,9 @@
 resolved, so a backend that SGLang picked by itself, a TP size or a flag value it changed shows
 there. It says what was asked, not what ran: a flag such as --enable-flashinfer-allreduce-fusion
 is reported true even where its fused path can never run. So for each flag the lock gives an
-evidence pattern, the pattern must appear in the log, or the flag fails.
+evidence pattern, the pattern must appear in the log, or the flag fails. Evidence lines are INFO
+messages (FlashInfer's "workspace initialized" is ``logger.info``): at ``--log-level warning`` or
+above the server never writes them, so their absence proves nothing and smoke says it cannot tell.
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ from typing import Any, Mapping, Sequence
 from stackgate import httpclient
 from stackgate.checks.core import Fix, Result, failed, passed, skipped, warned
 from stackgate.checks.smoke.logscan import Evidence
+from stackgate.checks.smoke.secretargs import HIDDEN, SECRET_OPTIONS, shown
 
-__all__ = ["ENDPOINTS", "ServerInfoError", "check_backend", "check_evidence", "check_flags", "check_identity", "check_tp", "fetch", "parse_flags", "redact_info"]
+__all__ = ["ENDPOINTS", "QUIET_LEVELS", "ServerInfoError", "check_backend", "check_evidence", "check_flags", "check_identity", "check_tp", "fetch", "log_level", "parse_flags", "redact_info"]
 
 ENDPOINTS = ("/server_info", "/get_server_info")
+#: Python logging levels above INFO: a server logging at one of them writes no INFO line.
+QUIET_LEVELS = ("warning", "error", "critical")
 _SECRET_FIELD = re.compile(r"(^|_)(api_key|key|secret|password|token)($|_)", re.IGNORECASE)
 
 
@@ -27,12 +32,12 @@ class ServerInfoError(Exception):
     """Neither endpoint gave the server's configuration."""
 
 
-def fetch(base_url: str, timeout_s: float = 30.0) -> tuple[dict[str, Any], str]:
-    """The server's configuration and the endpoint that gave it."""
+def fetch(base_url: str, timeout_s: float = 30.0, *, api_key: str | None = None) -> tuple[dict[str, Any], str]:
+    """The server's configuration and the endpoint that gave it (with the server's --api-key, if any)."""
     problems = []
     for endpoint in ENDPOINTS:
         try:
-            info = httpclient.get_json(base_url + endpoint, timeout_s=timeout_s)
+            info = httpclient.get_json(base_url + endpoint, timeout_s=timeout_s, headers=httpclient.bearer(api_key))
         except httpclient.HttpError as exc:
             problems.append(f"{endpoint}: {exc}")
             continue
@@ -126,20 +131,23 @@ def check_tp(info: Mapping[str, Any], want: int) -> Result:
 
 
 def check_flags(info: Mapping[str, Any], words: Sequence[str]) -> Result:
-    """Each launch flag's value is the one the server reports."""
+    """Each launch flag's value is the one the server reports (a secret's value compared, never shown)."""
     flags = parse_flags(words)
     if not flags:
         return skipped("no extra flags to compare")
     wrong, unknown, good = [], [], []
     for option, expected in flags:
         field = option[2:].replace("-", "_")
+        have = info.get(field)
+        if option in SECRET_OPTIONS:
+            expected, have = _masked(expected, have)
         if field not in info:
             unknown.append(f"{option}: /server_info has no field {field!r}")
-        elif not _same(expected, info[field]):
-            wrong.append(f"{option}: asked {expected!r}, the server runs {field}={info[field]!r}")
+        elif not _same(expected, have):
+            wrong.append(f"{option}: asked {expected!r}, the server runs {field}={have!r}")
         else:
-            good.append(f"{option}: {field}={info[field]!r}")
-    data = {"flags": list(words), "mismatches": wrong, "unverified": unknown}
+            good.append(f"{option}: {field}={have!r}")
+    data = {"flags": shown(words), "mismatches": wrong, "unverified": unknown}
     if wrong:
         return failed(f"{len(wrong)} of {len(flags)} flag(s) do not run as asked: {wrong[0]}", wrong + unknown, data=data)
     if unknown:
@@ -147,13 +155,31 @@ def check_flags(info: Mapping[str, Any], words: Sequence[str]) -> Result:
     return passed(f"{len(flags)} flag(s) run as asked", good, data=data)
 
 
-def check_evidence(item: Evidence, info: Mapping[str, Any] | None) -> Result:
-    """A flag with an evidence pattern is proven by the log, or it fails with that explanation."""
+def _masked(expected: Any, have: Any) -> tuple[str, Any]:
+    """A secret pair as a report may show it: compared by value, shown only as whether it matches.
+
+    >>> _masked("k", "k"), _masked("k", "j"), _masked("k", None)
+    (('<redacted>', '<redacted>'), ('<redacted>', 'another value'), ('<redacted>', None))
+    """
+    return HIDDEN, (HIDDEN if have == expected else "another value" if have else have)
+
+
+def check_evidence(item: Evidence, info: Mapping[str, Any] | None, words: Sequence[str] = ()) -> Result:
+    """A flag with an evidence pattern is proven by the log, or it fails with that explanation;
+    at a log level that hides INFO lines, an absent line proves nothing: a warning says so."""
     field = item.flag[2:].replace("-", "_")
     accepted = f"{field}={info.get(field)!r} in /server_info" if info is not None and field in info else "accepted at launch"
     data = {"flag": item.flag, "pattern": item.pattern, "line": item.line}
     if item.seen:
         return passed(f"{item.flag}: the log shows {item.pattern!r} (line {item.line})", [f"> {item.text}"], data=data)
+    level = log_level(info, words)
+    if level in QUIET_LEVELS:
+        return warned(
+            f"{item.flag} was accepted ({accepted}); whether its path ran cannot be told: the server logs at --log-level {level}, "
+            f"which hides INFO lines such as {item.pattern!r}",
+            fix=Fix("Run smoke with the server at --log-level info (the default) to prove the flag, or accept it unproven."),
+            data={**data, "log_level": level},
+        )
     return failed(
         f"{item.flag} was accepted ({accepted}) but the log never shows {item.pattern!r}: the path it enables never initialised",
         fix=Fix(
@@ -162,3 +188,15 @@ def check_evidence(item: Evidence, info: Mapping[str, Any] | None) -> Result:
         ),
         data=data,
     )
+
+
+def log_level(info: Mapping[str, Any] | None, words: Sequence[str]) -> str:
+    """The server's log level: what /server_info reports, else the launch flag, else SGLang's "info".
+
+    >>> log_level(None, ["--log-level", "WARNING"]), log_level({"log_level": "error"}, []), log_level(None, [])
+    ('warning', 'error', 'info')
+    """
+    if info is not None and isinstance(info.get("log_level"), str):
+        return info["log_level"].lower()
+    asked = dict(parse_flags(words)).get("--log-level")
+    return asked.lower() if isinstance(asked, str) else "info"

@@ -10,7 +10,12 @@ It speaks what the real server speaks (read from the 0.5.9 wheel):
 - /generate streams ``data: {json}`` events over chunked HTTP/1.1, with cumulative ``text`` and
   ``output_ids`` and ``meta_info.completion_tokens``, ending with ``data: [DONE]``;
 - the log goes to stderr in SGLang's default format (``[time TPn] message``) with its real
-  messages, the HTTP access lines to stdout;
+  messages at their real levels, the HTTP access lines to stdout; ``--log-level warning`` (or
+  higher) hides the INFO ones, as logging.basicConfig(level=...) does there;
+- with ``--api-key KEY`` every request but /health*, /metrics* and OPTIONS needs
+  ``Authorization: Bearer KEY`` (scheme case-insensitive, the key compared in constant time) or is
+  answered 401 ``{"error": "Unauthorized"}``, as sglang/srt/utils/auth.py decides; its own
+  warm-up request sends the key, as the real one does;
 - it has worker processes (schedulers, detokenizer) in its process group; on SIGTERM (once up)
   it drains, polling every 5 s, then kills its own tree with SIGKILL, as SGLang does; a fatal
   error also ends in SIGKILL of the tree.
@@ -24,7 +29,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -59,8 +66,10 @@ DEFAULTS: dict[str, Any] = {
     "short_by": 0,  # streams stop this many tokens early (finish_reason "abort")
     "diverge_from": None,  # every second streamed request differs from this token on
     "shift_from": None,  # every request differs from the default ids from this token on
+    "cut_mid_stream": None,  # {"after_tokens": K}: drop the stream's connection, stay up
     "drain_poll_s": 5.0,
     "ignore_sigterm": False,
+    "orphan_workers": False,  # workers do not follow their parent's death (no PR_SET_PDEATHSIG)
     "escape": False,  # one worker moves to a session of its own (and ignores SIGTERM)
     "leak": False,  # a detached process (new session, parent gone) that holds GPU memory
     "gpu_bytes": 0,  # GPU memory each scheduler holds, recorded for the fake NVML
@@ -72,10 +81,14 @@ _WORDS = ("the", "keeper", "lit", "lamp", "over", "grey", "sea", "and", "waited"
 _STATE: dict[str, Any] = {"status": "starting", "draining": False, "requests": 0, "active": 0, "streams": 0}
 _LOCK = threading.Lock()
 _CHILDREN: list[subprocess.Popen[bytes]] = []
+_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
+_SHOWN = {"log": 20, "http": 20}  # the lowest level written: --log-level, --log-level-http
 
 
 def main(argv: list[str]) -> None:
     args = server_args(parser().parse_args(argv))
+    _SHOWN["log"] = _LEVELS[str(args["log_level"]).lower()]
+    _SHOWN["http"] = _LEVELS[str(args["log_level_http"] or args["log_level"]).lower()]
     b = behaviour(args)
     event(b, "started", pid=os.getpid(), pgid=os.getpgid(0))
     if args["attention_backend"] is None or b["ignore_backend_flag"]:
@@ -140,13 +153,17 @@ def behaviour(args: dict[str, Any]) -> dict[str, Any]:
 # --- output -----------------------------------------------------------------------------------
 
 
-def log(message: str, tp: int | None = None, tp_size: int = 1) -> None:
+def log(message: str, tp: int | None = None, tp_size: int = 1, level: str = "info") -> None:
+    if _LEVELS[level] < _SHOWN["log"]:
+        return
     prefix = f" TP{tp}" if tp is not None and tp_size > 1 else ""
     sys.stderr.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}{prefix}] {message}\n")
     sys.stderr.flush()
 
 
 def uvicorn(level: str, message: str, stream: Any = None) -> None:
+    if _LEVELS[level.lower()] < _SHOWN["http"]:
+        return
     stream = stream or sys.stderr
     stream.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {level + ':':<9} {message}\n")
     stream.flush()
@@ -166,7 +183,7 @@ if sys.argv[2] == "1":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 if sys.argv[3] == "1":
     os.setsid()
-elif sys.argv[2] != "1":
+elif sys.argv[2] != "1" and sys.argv[4] != "1":
     ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG, like SGLang's workers
 while True:
     time.sleep(3600)
@@ -178,7 +195,8 @@ def spawn_workers(args: dict[str, Any], b: dict[str, Any]) -> None:
     for i, name in enumerate([*names, "sglang::detokenizer"]):
         escape = b["escape"] and i == 0
         ignore = b["ignore_sigterm"] or escape
-        child = subprocess.Popen([sys.executable, "-c", _WORKER, name, "1" if ignore else "0", "1" if escape else "0"], stdin=subprocess.DEVNULL)
+        flags = ["1" if ignore else "0", "1" if escape else "0", "1" if b["orphan_workers"] else "0"]
+        child = subprocess.Popen([sys.executable, "-c", _WORKER, name, *flags], stdin=subprocess.DEVNULL)
         _CHILDREN.append(child)
         if b["gpu_state"] and i < len(names):
             with open(b["gpu_state"], "a") as out:
@@ -205,7 +223,7 @@ def leak(b: dict[str, Any]) -> None:
 def die(b: dict[str, Any], lines: list[str]) -> None:
     """SGLang on a fatal error: log, then kill its process tree with SIGKILL, itself last."""
     for line in lines:
-        log(line)
+        log(line, level="error")
     event(b, "dying")
     for child in _CHILDREN:
         try:
@@ -261,7 +279,7 @@ def inject(b: dict[str, Any], phase: str) -> None:
         die(b, [*crash["lines"], "Received sigquit from a child process. It usually means the child failed."])
     fatal = b["fatal_line"]
     if fatal and fatal.get("phase", "load") == phase:
-        log(fatal["line"])
+        log(fatal["line"], level="error")
         event(b, "fatal_line")
         while True:
             time.sleep(3600)
@@ -296,16 +314,17 @@ def warmup(args: dict[str, Any], b: dict[str, Any]) -> None:
     """The real server's own warm-up: GET /model_info, then an 8-token /generate, over HTTP."""
     time.sleep(b["warmup_s"])
     base = f"http://{args['host']}:{args['port']}"
-    urllib.request.urlopen(base + "/model_info", timeout=30).read()
+    key = {"Authorization": f"Bearer {args['api_key']}"} if args["api_key"] else {}
+    urllib.request.urlopen(urllib.request.Request(base + "/model_info", headers=key), timeout=30).read()
     body = json.dumps({"sampling_params": {"temperature": 0, "max_new_tokens": 8}, "text": "The capital city of France is"}).encode()
-    urllib.request.urlopen(urllib.request.Request(base + "/generate", body, {"Content-Type": "application/json"}), timeout=30).read()
+    urllib.request.urlopen(urllib.request.Request(base + "/generate", body, {"Content-Type": "application/json", **key}), timeout=30).read()
     _STATE["status"] = "up"
     log("The server is fired up and ready to roll!")
     event(b, "ready")
 
 
 def on_sigterm(b: dict[str, Any]) -> None:
-    log(f"SIGTERM received. signum={signal.Signals.SIGTERM!r} frame=None. Draining requests and shutting down...")
+    log(f"SIGTERM received. signum={signal.Signals.SIGTERM!r} frame=None. Draining requests and shutting down...", level="warning")
     event(b, "sigterm")
     _STATE["draining"] = True
 
@@ -342,7 +361,21 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def allowed(self) -> bool:
+        """sglang/srt/utils/auth.py's decision for a normal endpoint; False after answering 401."""
+        key = self.args.get("api_key")
+        path = self.path.split("?", 1)[0]
+        if not key or self.command == "OPTIONS" or path.startswith(("/health", "/metrics")):
+            return True
+        scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+        if scheme.lower() == "bearer" and secrets.compare_digest(token, key):
+            return True
+        self.reply(401, {"error": "Unauthorized"})
+        return False
+
     def do_GET(self) -> None:
+        if not self.allowed():
+            return
         if self.path in ("/health", "/health_generate"):
             self.health()
         elif self.path == "/model_info":
@@ -350,7 +383,7 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/server_info" and not self.b["server_info_404"]:
             self.reply(200, server_info(self.args, self.b))
         elif self.path == "/get_server_info":
-            log("Endpoint '/get_server_info' is deprecated and will be removed in a future version. Please use '/server_info' instead.")
+            log("Endpoint '/get_server_info' is deprecated and will be removed in a future version. Please use '/server_info' instead.", level="warning")
             self.reply(200, server_info(self.args, self.b))
         else:
             self.reply(404, {"detail": "Not Found"})
@@ -368,6 +401,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("content-length") or 0)
         request = json.loads(self.rfile.read(length) or b"{}")
+        if not self.allowed():
+            return
         if self.path != "/generate":
             self.reply(404, {"detail": "Not Found"})
             return
@@ -393,11 +428,26 @@ class Handler(BaseHTTPRequestHandler):
             _STATE["streams"] += 1
             number = _STATE["streams"]
         event(self.b, "stream", number=number)
+        sent: list[float] = []  # time.perf_counter() (CLOCK_MONOTONIC, the client's clock too) just before each event is written
         for payload in token_events(request, self.args, self.b, number):
+            if self.cut(payload):
+                return
+            sent.append(time.perf_counter())
             self.chunk(b"data: " + payload + b"\n\n")
         self.chunk(b"data: [DONE]\n\n")
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
+        event(self.b, "stream_done", number=number, first_sent=sent[0] if sent else None, last_sent=sent[-1] if sent else None, events=len(sent))
+
+    def cut(self, payload: bytes) -> bool:
+        """Drop the connection mid-stream while the server stays up (a proxy's reset, a bug)."""
+        cutting = self.b["cut_mid_stream"]
+        if not cutting or json.loads(payload)["meta_info"]["completion_tokens"] < cutting["after_tokens"]:
+            return False
+        event(self.b, "cut")
+        self.close_connection = True
+        self.connection.shutdown(socket.SHUT_RDWR)
+        return True
 
     def chunk(self, data: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
@@ -462,7 +512,7 @@ def mid_stream(b: dict[str, Any], count: int) -> None:
         die(b, [*dying["lines"], "SIGQUIT received. signum=None, frame=None. It usually means one child failed."])
     fatal = b["fatal_mid_stream"]
     if fatal and count == fatal["after_tokens"]:
-        log(fatal["line"])
+        log(fatal["line"], level="error")
         event(b, "fatal_line")
 
 

@@ -1,0 +1,89 @@
+"""Launch options whose value is a secret: SGLang's --api-key and --admin-api-key.
+
+A server started with ``--api-key KEY`` refuses every request but /health and /metrics without
+``Authorization: Bearer KEY`` (sglang 0.5.9, srt/utils/auth.py), so smoke's client must send the
+key; and the key must never be shown. In a lock the value may be a reference to a variable of the
+server's environment (``"--api-key", "${SGLANG_API_KEY}"``), so that the lockfile holds no secret:
+smoke puts the variable's value on the command line it launches, and shows the reference.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Mapping, Sequence
+
+__all__ = ["HIDDEN", "SECRET_OPTIONS", "SecretArgError", "api_key", "resolve", "shown"]
+
+#: SGLang 0.5.9's options whose value is a secret.
+SECRET_OPTIONS = ("--api-key", "--admin-api-key")
+HIDDEN = "<redacted>"
+_REFERENCE = re.compile(r"\$(?:\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)\}|(?P<bare>[A-Za-z_][A-Za-z0-9_]*))")
+
+
+class SecretArgError(Exception):
+    """A secret option names a variable that the server's environment does not set."""
+
+
+def _values(words: Sequence[str]) -> list[tuple[int, str, str]]:
+    """(index, option, value) of each secret option's value, in both ``--opt V`` and ``--opt=V`` forms."""
+    found = []
+    for i, word in enumerate(words):
+        option, equals, value = word.partition("=")
+        if option not in SECRET_OPTIONS:
+            continue
+        if equals:
+            found.append((i, option, value))
+        elif i + 1 < len(words):
+            found.append((i + 1, option, words[i + 1]))
+    return found
+
+
+def _replace(words: list[str], index: int, value: str) -> None:
+    option, equals, _ = words[index].partition("=")
+    words[index] = f"{option}={value}" if equals and option in SECRET_OPTIONS else value
+
+
+def _reference(value: str) -> str | None:
+    """The variable a whole value names (``$NAME`` or ``${NAME}``), else None."""
+    found = _REFERENCE.fullmatch(value)
+    return (found.group("braced") or found.group("bare")) if found else None
+
+
+def shown(words: Sequence[str]) -> list[str]:
+    """The words as a report may show them: a secret's literal value hidden, a reference kept.
+
+    >>> shown(["--port", "1", "--api-key", "sk-1", "--admin-api-key=${ADMIN}"])
+    ['--port', '1', '--api-key', '<redacted>', '--admin-api-key=${ADMIN}']
+    """
+    out = list(words)
+    for index, _, value in _values(words):
+        if _reference(value) is None:
+            _replace(out, index, HIDDEN)
+    return out
+
+
+def resolve(words: Sequence[str], environ: Mapping[str, str]) -> list[str]:
+    """The words to launch: each secret option's ``$NAME`` reference replaced by the variable's value.
+
+    >>> resolve(["--api-key", "$K", "--x", "$K"], {"K": "sk-2"})
+    ['--api-key', 'sk-2', '--x', '$K']
+    """
+    out = list(words)
+    for index, option, value in _values(words):
+        name = _reference(value)
+        if name is None:
+            continue
+        if not environ.get(name):
+            raise SecretArgError(f"{option} refers to ${name}, which the server's environment does not set")
+        _replace(out, index, environ[name])
+    return out
+
+
+def api_key(words: Sequence[str]) -> str | None:
+    """The key the client must send: the (resolved) value of --api-key, if the server gets one.
+
+    >>> api_key(["--api-key=sk-3"]), api_key(["--admin-api-key", "a"])
+    ('sk-3', None)
+    """
+    keys = [value for _, option, value in _values(words) if option == "--api-key"]
+    return keys[-1] if keys else None
