@@ -12,6 +12,8 @@ from invoke import task
 from stackgate import cli
 from stackgate.ui import UI
 
+cli.quiet_closed_output()  # the program's entry: `invoke ... | head -1` must not end in a traceback
+
 LOCK_HELP = "lockfile to use (default: $STACKGATE_LOCK, then lockfiles/blackwell-sm120-cu130.toml)"
 
 
