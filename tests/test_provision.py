@@ -9,6 +9,7 @@ import hashlib
 import importlib
 import io
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -106,12 +107,14 @@ def test_a_later_pip_install_in_the_provisioned_environment_cannot_move_torch(bu
     """With stackgate.env sourced, plain `pip` and `uv pip` are the environment's, and the guard
     (PIP_CONSTRAINT, UV_CONSTRAINT) holds torch through an eager upgrade and refuses torch 2.10."""
     pypi = stack_index.simple("pypi")
+    uv = pyenv.find_uv()  # as stackgate finds it: PATH has it only where a venv is activated
+    assert uv is not None
     shell = (
         f". {built}/current/stackgate.env && "
         f"pip install -q --upgrade --upgrade-strategy eager --index-url {pypi} flashinfer-python==0.6.4 && "
         f"python -c 'import torch; print(torch.__version__)' && "
         f"(pip install --index-url {pypi} torch==2.10.0 2>&1; echo pip-exit=$?) && "
-        f"(uv pip install --no-config --default-index {pypi} torch==2.10.0 2>&1; echo uv-exit=$?)"
+        f"({shlex.quote(uv)} pip install --no-config --default-index {pypi} torch==2.10.0 2>&1; echo uv-exit=$?)"
     )
     done = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, env=install_environ)
     assert done.returncode == 0, done.stderr
