@@ -167,7 +167,7 @@ def _advice(exc: BaseException) -> str:
     again = "then `invoke provision` again (it removes what was half built)"
     full = _caused_by(exc, OSError)
     if isinstance(exc, guard.GuardError):
-        return f"a re-run is blocked the same way until the lock or the package that asked changes (above); {again}"
+        return f"a re-run is blocked the same way: change the lock as said above, {again}"
     if _caused_by(exc, fetch.HashMismatch) is not None:
         return f"a re-run refuses the same file: put the file's real sha256 in the lock (or fix its URL) if you trust it; {again}"
     if full is not None and full.errno == errno.ENOSPC:

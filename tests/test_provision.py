@@ -137,7 +137,7 @@ def test_a_package_that_demands_a_newer_torch_fails_naming_itself(
     assert "eager-upgrader requires torch>=2.10, but the lock holds torch at 2.9.1+cu130" in headline
     assert "torch-agnostic" not in headline and "flashinfer" not in headline
     assert "full log: " in err
-    assert f"{root / 'current'} is unchanged; a re-run is blocked the same way until the lock or the package that asked changes" in err
+    assert f"{root / 'current'} is unchanged; a re-run is blocked the same way: change the lock as said above, then `invoke provision` again" in err
     assert "finishes the job" not in err
     assert _current(root) == before and _works(root, install_environ).startswith("2.9.1+cu130")
 
@@ -403,6 +403,14 @@ def test_rollback_while_a_provision_runs_says_what_rollback_can_do(
     assert f"another provision is running on {root}: pid {holder.pid}" in err
     assert err.rstrip().endswith("command: invoke provision; run `invoke rollback` again once it has finished")
     assert "--wait" not in err
+
+
+def test_rollback_of_a_root_that_does_not_exist_says_so_and_creates_nothing(tmp_path: Path, stack_index: IndexServer, capsys: pytest.CaptureFixture[str]) -> None:
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root")
+    code = provision.rollback(provision.RollbackRequest(lock), UI(stream=io.StringIO(), force_plain=True))
+    assert code == ExitCode.FAILED
+    assert f"stackgate rollback: nothing to roll back: {tmp_path / 'root'} does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "root").exists()
 
 
 def test_pip_in_the_environment_keeps_the_guard_without_activation(built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]) -> None:
