@@ -12,6 +12,8 @@ from invoke import task
 from stackgate import cli
 from stackgate.ui import UI
 
+cli.quiet_closed_output()  # the program's entry: `invoke ... | head -1` must not end in a traceback
+
 LOCK_HELP = "lockfile to use (default: $STACKGATE_LOCK, then lockfiles/blackwell-sm120-cu130.toml)"
 
 
@@ -111,12 +113,12 @@ def gate(c, lock=None, json=None, junit=None, markdown=None, prom=None, fast_onl
     cli.run_command(lambda: command.run(request, UI(verbose=verbose)), usage_errors=(command.GateUsageError,))
 
 
-@task(help={"lock": LOCK_HELP})
-def rollback(c, lock=None):
+@task(help={"lock": LOCK_HELP, "force": "switch even to a generation whose pins or guard no longer hold (a package moved torch in it)"})
+def rollback(c, lock=None, force=False):
     """Switch back to the previous good generation of the stack."""
     from stackgate import provision as command
 
-    request = command.RollbackRequest(_path(lock))
+    request = command.RollbackRequest(_path(lock), force)
     cli.run_command(lambda: command.rollback(request, UI()), usage_errors=(command.ProvisionUsage,))
 
 

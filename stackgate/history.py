@@ -1,9 +1,11 @@
 """The history of runs: every gate and smoke run's JSON document, kept in a runs directory.
 
 Where: ``$STACKGATE_RUNS_DIR`` when set; else ``<python.root>/runs`` when the lock has a root
-that exists and this user may write to; else the user's state directory
+that holds a stack (provision made its ``generations`` or ``current``, or runs are kept there
+already) and this user may write to; else the user's state directory
 (``$XDG_STATE_HOME/stackgate/runs``, by default ``~/.local/state/stackgate/runs``). A root that
-does not exist yet is not created just to keep a report in it.
+does not hold a stack is not used just to keep a report in it: a refused provision leaves only
+its lock file there.
 
 Each run is one file, ``<UTC time>-<command>-<random>.json`` (the name without ``.json`` is the
 run's id, also written into the document as ``run_id``), written atomically. Reading the
@@ -46,10 +48,14 @@ def runs_dir(lock: Lock | None, environ: Mapping[str, str] | None = None, *, rea
     root = lock.python.root if lock is not None else None
     if root is not None and reading and (root / "runs").is_dir():
         return root / "runs"
-    if root is not None and root.is_dir() and os.access(root, os.W_OK | os.X_OK):
+    if root is not None and _holds_a_stack(root) and os.access(root, os.W_OK | os.X_OK):
         return root / "runs"
     state = Path(environ["XDG_STATE_HOME"]) if environ.get("XDG_STATE_HOME") else Path(environ.get("HOME") or Path.home()) / ".local" / "state"
     return state / "stackgate" / "runs"
+
+
+def _holds_a_stack(root: Path) -> bool:
+    return (root / "generations").is_dir() or (root / "current").is_symlink() or (root / "runs").is_dir()
 
 
 def new_id(command: str, started: float) -> str:

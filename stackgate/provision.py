@@ -22,18 +22,19 @@ from typing import Callable, ContextManager, Mapping
 
 from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import Check, Result, Status, run_checks
-from stackgate.checks.facts import gather
+from stackgate.checks.facts import Missing, gather
 from stackgate.exitcodes import ExitCode
-from stackgate.stack import adapters, generations, guard, pyenv
+from stackgate.stack import adapters, fetch, generations, guard, pyenv
 from stackgate.stack import lock as lockmodel
-from stackgate.stack.plan import AREAS, Plan, Step, cache_dir, plan
+from stackgate.stack.plan import AREAS, Plan, Step, cache_dir, environment_drift, plan
 from stackgate.ui import UI, Activity
 from stackgate.verify import verify
 
 __all__ = ["FAULT_ENV", "ProvisionError", "ProvisionRequest", "ProvisionUsage", "RollbackRequest", "rollback", "run"]
 
 #: Test-only fault hook: "<when>:<action>" kills this process with SIGKILL at that point
-#: (when = before | during | after; during = at the step's first line of output);
+#: (when = before | during | after; during = at the step's first line of output, for
+#: python.discard once a generation is renamed for removal and not yet deleted);
 #: "<when>:<action>=ENOSPC" raises "No space left on device" there instead, and
 #: "<when>:<action>=SIGINT" sends this process SIGINT, as Ctrl-C does.
 FAULT_ENV = "STACKGATE_FAULT"
@@ -52,10 +53,11 @@ KEEP_LOGS = 10
 class ProvisionError(Exception):
     """Provisioning failed; ``current`` is unchanged unless the message says otherwise."""
 
-    def __init__(self, message: str, log: Path | None = None, tail: tuple[str, ...] = ()) -> None:
+    def __init__(self, message: str, log: Path | None = None, tail: tuple[str, ...] = (), *, checks_failed: bool = False) -> None:
         super().__init__(message)
         self.log = log
         self.tail = tail
+        self.checks_failed = checks_failed  #: the new generation was built and failed its checks
 
 
 class ProvisionUsage(Exception):
@@ -75,10 +77,15 @@ class ProvisionRequest:
 @dataclass(frozen=True)
 class RollbackRequest:
     lock_path: Path | None = None
+    force: bool = False  #: switch even to a generation that no longer holds what it was built from
+    environ: Mapping[str, str] | None = field(default=None, compare=False)  #: default: os.environ
 
 
 def _load(lock_path: Path | None) -> lockmodel.Lock:
     lock = lockmodel.load(lock_path)
+    # Generations keep the path they were built from: one relative to this shell's directory
+    # would mean nothing to a later command run elsewhere.
+    lock = dataclasses.replace(lock, path=Path(os.path.abspath(lock.path)))
     if lock.python.root is None:
         raise ProvisionUsage(
             f"{lock.path}: python.interpreter names an existing environment ({lock.python.interpreter}); "
@@ -100,7 +107,8 @@ def run(request: ProvisionRequest, ui: UI) -> ExitCode:
         _show(the_plan, ui)
         return _blocked(the_plan) or ExitCode.PASSED
     try:
-        with generations.exclusive(root, wait=request.wait, command=_command_line(), on_wait=ui.info):
+        with generations.exclusive(root, wait=request.wait, command=_command_line(), on_wait=ui.info, busy_advice="wait for it, or pass --wait"):
+            _sweep(root, ui)
             return _provision(lock, request, environ, ui)
     except (generations.GenerationError, PermissionError) as exc:
         ui.error(f"stackgate provision: {exc}")
@@ -148,10 +156,45 @@ def _failed(exc: BaseException, log: Path | None, tail: tuple[str, ...], before:
     now = generations.read(before.root).current
     link = before.root / "current"
     if (now.path if now else None) == (before.current.path if before.current else None):
-        ui.error(f"{link} is unchanged; `invoke provision` again finishes the job (it removes what was half built)")
+        ui.error(f"{link} is unchanged; {_advice(exc)}")
     else:
         ui.error(f"{link} was switched to {now.id if now else '(nothing)'} before the failure; `invoke rollback` goes back")
     return ExitCode.FAILED
+
+
+def _advice(exc: BaseException) -> str:
+    """What to do before the next run: most failures a plain re-run repeats exactly."""
+    again = "then `invoke provision` again (it removes what was half built)"
+    full = _caused_by(exc, OSError)
+    if isinstance(exc, guard.GuardError):
+        return f"a re-run is blocked the same way: change the lock as said above, {again}"
+    if _caused_by(exc, fetch.HashMismatch) is not None:
+        return f"a re-run refuses the same file: put the file's real sha256 in the lock (or fix its URL) if you trust it; {again}"
+    if full is not None and full.errno == errno.ENOSPC:
+        return f"free space on that disk, {again}"
+    if isinstance(exc, pyenv.PyenvError) and exc.unreachable:
+        return f"a re-run fails the same way while {', '.join(exc.unreachable)} does not answer: check the URL in the lock and this machine's network; {again}"
+    if _caused_by(exc, fetch.FetchError) is not None:
+        return "check that the URL answers from this machine; `invoke provision` again resumes the download"
+    if isinstance(exc, ProvisionError) and exc.checks_failed:
+        return f"a re-run builds the same generation: fix what the checks name (in the lock or on this machine), {again}"
+    return f"fix the cause above, {again}"
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """``exc`` or the first exception of ``kind`` it was raised from."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, kind):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _sweep(root: Path, ui: UI) -> None:
+    removed = generations.sweep(root)
+    if removed:
+        ui.info(f"removed what an interrupted run left: {', '.join(str(p) for p in removed)}")
 
 
 def _make_plan(lock: lockmodel.Lock, state: generations.RootState, request: ProvisionRequest, environ: Mapping[str, str]) -> Plan:
@@ -279,7 +322,7 @@ def _run(build: Build, step: Step, activity: Activity, command: pyenv.Command) -
 
 
 def _discard(build: Build, step: Step, activity: Activity) -> None:
-    removed = generations.discard_unfinished(build.state)
+    removed = generations.discard_unfinished(build.state, on_renamed=lambda doomed: _fault(f"during:{step.action}"))
     activity.update(f"removed {', '.join(g.id for g in removed)}")
 
 
@@ -318,7 +361,7 @@ def _fetch(build: Build, step: Step, activity: Activity) -> None:
             _fault(f"during:{step.action}")
         activity.transfer(done, total)
 
-    path, downloaded = pyenv.fetch_wheel(step.subject, build.cache / "wheels", on_progress=progress)
+    path, downloaded = pyenv.fetch_wheel(step.subject, build.cache / "wheels", on_progress=progress, on_retry=activity.ui.warn)
     activity.update(f"{'downloaded' if downloaded else 'cached'}: {path.name}, sha256 matches")
 
 
@@ -355,7 +398,7 @@ def _check(build: Build, step: Step, activity: Activity) -> None:
     if bad:
         build.generation = generations.mark(generation, "failed", failures=[f"{r.check}: {r.summary}" for r in bad])
         lines = tuple(f"{r.check}: {r.summary}" for r in bad) + tuple(f"  {d}" for r in bad for d in r.details[:5])
-        raise ProvisionError(f"generation {generation.id} failed its checks, so current was not switched: {bad[0].check}: {bad[0].summary}", tail=lines)
+        raise ProvisionError(f"generation {generation.id} failed its checks, so current was not switched: {bad[0].check}: {bad[0].summary}", tail=lines, checks_failed=True)
     activity.update(", ".join(f"{r.check} {r.status.name}" for r in results))
 
 
@@ -434,20 +477,60 @@ def _verify_built(lock: lockmodel.Lock, the_plan: Plan, request: ProvisionReques
 
 
 def rollback(request: RollbackRequest, ui: UI) -> ExitCode:
-    """Switch ``current`` back to the previous ready generation and say to which."""
+    """Switch ``current`` back to the previous good generation and say to which; refuse one
+    that no longer holds what it was built from, unless forced."""
     lock = _load(request.lock_path)
     root = lock.python.root
     assert root is not None
+    environ = dict(os.environ if request.environ is None else request.environ)
+    if not root.is_dir():
+        ui.error(f"stackgate rollback: nothing to roll back: {root} does not exist")
+        return ExitCode.FAILED
     try:
-        with generations.exclusive(root, wait=False, command=_command_line()):
-            before, after = generations.rollback(root)
+        with generations.exclusive(root, wait=False, command=_command_line(), busy_advice="run `invoke rollback` again once it has finished"):
+            _sweep(root, ui)
+            target = generations.rollback_target(generations.read(root))
+            drift = _drift_of(lock, target, environ)
+            if drift and not request.force:
+                ui.error(_refusal(target, drift))
+                return ExitCode.FAILED
+            before, after = generations.rollback(root, target)
     except generations.GenerationError as exc:
         ui.error(f"stackgate rollback: {exc}")
         return ExitCode.FAILED
     ui.line(f"rolled back {root / 'current'}: {before.id} -> {after.describe()}")
+    if drift:
+        ui.warn(f"  switched anyway (--force), though it differs from what it was built from: {'; '.join(drift)}")
     built_from = (after.marker or {}).get("lock", {}).get("sha256")
     if built_from and built_from != lock.sha256:
         ui.line(f"  it was built from another version of the lock (sha256 {built_from[:12]}); `invoke provision` would rebuild it")
     ui.line("  `invoke verify` checks it; `invoke provision` builds from the lock again")
     return ExitCode.PASSED
 
+
+def _drift_of(lock: lockmodel.Lock, generation: generations.Generation, environ: Mapping[str, str]) -> list[str]:
+    """How a generation's environment differs from what it was built from (its marker's spec):
+    its pins, the frozen packages its guard holds, conflicts; and whether its guard is there."""
+    try:
+        python = pyenv.built_python(lock.python, (generation.marker or {}).get("spec"), generation.python)
+    except ValueError as exc:
+        return [f"its {generations.MARKER} does not say what it was built from ({exc})"]
+    built = dataclasses.replace(lock, python=python)
+    facts = gather(built, ["dists"], environ=environ)
+    try:
+        dists = facts.dists
+    finally:
+        facts.close()
+    drift = [dists.reason] if isinstance(dists, Missing) else environment_drift(built, dists)
+    if python.frozen and not (generation.path / guard.CONSTRAINTS).is_file():
+        drift.append(f"its guard ({guard.CONSTRAINTS}) is missing")
+    return drift
+
+
+def _refusal(target: generations.Generation, drift: list[str]) -> str:
+    more = f" (and {len(drift) - 4} more)" if len(drift) > 4 else ""
+    return (
+        f"stackgate rollback: not switching to generation {target.id}: it no longer holds what it was built from: "
+        f"{'; '.join(drift[:4])}{more}. `invoke provision` builds a good generation from the lock; "
+        "`invoke rollback --force` switches to this one anyway"
+    )

@@ -76,6 +76,22 @@ def test_discard_removes_unfinished_generations_but_never_current(tmp_path: Path
     assert [g.id for g in generations.read(tmp_path).generations] == [good.id]
 
 
+def test_sweep_removes_what_a_run_killed_while_removing_left_and_nothing_else(tmp_path: Path) -> None:
+    (good,) = _ready(tmp_path, 1)
+    generations.switch(tmp_path, good)
+    half = generations.generations_dir(tmp_path) / ".0002-x.removing"  # renamed, then the kill came
+    (half / "lib").mkdir(parents=True)
+    (half / "lib" / "torch.so").write_bytes(b"\0" * 1000)
+    os.symlink("generations/0002-x", tmp_path / ".current.4242.part")  # a switch killed before its rename
+    (tmp_path / ".hidden-by-the-user").mkdir()
+    assert generations.read(tmp_path).unfinished == ()  # invisible to the plan: only sweep sees them
+    removed = generations.sweep(tmp_path)
+    assert removed == [half, tmp_path / ".current.4242.part"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".hidden-by-the-user", "current", "generations"]
+    assert [p.name for p in generations.generations_dir(tmp_path).iterdir()] == [good.id]
+    assert generations.sweep(tmp_path) == [] and generations.sweep(tmp_path / "nothing-here") == []
+
+
 def test_prune_keeps_current_and_the_ones_current_before_it(tmp_path: Path) -> None:
     made = _ready(tmp_path, 6)
     for generation in made[:4]:
@@ -146,6 +162,17 @@ def test_a_second_provision_fails_at_once_naming_the_holder(tmp_path: Path) -> N
         message = str(caught.value)
         assert f"pid {holder.pid}, started " in message
         assert "command: invoke provision --lock held.toml" in message
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_the_busy_message_gives_the_callers_advice(tmp_path: Path) -> None:
+    holder = _holder(tmp_path, 30)
+    try:
+        with pytest.raises(generations.Busy, match=r"command: invoke provision --lock held.toml; run it again later$"):
+            with generations.exclusive(tmp_path, wait=False, busy_advice="run it again later"):
+                pass
     finally:
         holder.kill()
         holder.wait()

@@ -40,6 +40,7 @@ def test_constraints_pin_every_frozen_package_of_the_default_lock(tmp_path: Path
     lines = files.constraints.read_text().splitlines()
     assert lines[0].startswith(f"# Written by stackgate from {lock.path}")
     assert lines[1:] == guard.constraints(lock)
+    assert guard.write_pip_conf(lock, tmp_path).read_text().splitlines()[1:] == ["[install]", f"constraint = {files.constraints.as_uri()}"]
     overrides = files.overrides.read_text().splitlines()[1:]
     assert overrides == [
         "flashinfer-python==0.6.4  # sglang 0.5.9 pins flashinfer_python==0.6.3; the stack runs 0.6.4",

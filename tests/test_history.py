@@ -33,12 +33,16 @@ def root_lock(tmp_path: Path, root: Path) -> lockmodel.Lock:
     return lockmodel.load(path)
 
 
-def test_runs_are_kept_under_the_root_only_when_it_exists_and_is_writable(tmp_path):
+def test_runs_are_kept_under_the_root_only_when_it_holds_a_stack_and_is_writable(tmp_path):
     lock = root_lock(tmp_path, tmp_path / "root")
     home = {"HOME": str(tmp_path / "home")}
-    assert history.runs_dir(lock, home) == tmp_path / "home" / ".local" / "state" / "stackgate" / "runs"  # no root yet: not created for a report
+    state = tmp_path / "home" / ".local" / "state" / "stackgate" / "runs"
+    assert history.runs_dir(lock, home) == state  # no root yet: not created for a report
     assert history.runs_dir(lock, {**home, "XDG_STATE_HOME": str(tmp_path / "state")}) == tmp_path / "state" / "stackgate" / "runs"
     (tmp_path / "root").mkdir()
+    (tmp_path / "root" / ".provision.lock").write_text("")  # all that a refused provision leaves
+    assert history.runs_dir(lock, home) == state
+    (tmp_path / "root" / "generations").mkdir()
     assert history.runs_dir(lock, home) == tmp_path / "root" / "runs"
     assert history.runs_dir(lock, {**home, "STACKGATE_RUNS_DIR": str(tmp_path / "elsewhere")}) == tmp_path / "elsewhere"
     interpreter = lockmodel.load(ROOT / "lockfiles" / "hopper-sm90-cu130.toml")

@@ -113,8 +113,8 @@ def test_the_plan_reads_as_steps_with_why_and_exact_commands(tmp_path: Path, sta
             "  6. [python] install flashinfer-python==0.6.4, flashinfer-cubin==0.6.4 without dependencies",
             "       why: pip cannot override a requirer's pin in one resolution; override flashinfer-python==0.6.4: sglang 0.5.9 pins flashinfer_python==0.6.3; the stack runs 0.6.4; override flashinfer-cubin==0.6.4: sglang 0.5.9 pins flashinfer_cubin==0.6.3; it must equal flashinfer-python",
             f"       $ {pip} --no-deps --index-url http://INDEX/pypi/simple --constraint {home}/constraints.txt flashinfer-python==0.6.4 flashinfer-cubin==0.6.4",
-            "  7. [python] write 0001-20250101T000000/stackgate.env and activate",
-            "       why: exports CUDA_HOME, PATH, TRITON_PTXAS_PATH, PIP_CONSTRAINT, UV_CONSTRAINT, VIRTUAL_ENV and the lock's [env]",
+            "  7. [python] write 0001-20250101T000000/stackgate.env, activate and pip.conf",
+            "       why: stackgate.env exports CUDA_HOME, PATH, TRITON_PTXAS_PATH, PIP_CONSTRAINT, UV_CONSTRAINT, VIRTUAL_ENV and the lock's [env]; pip.conf holds its pip to the guard, activated or not",
             "  8. [python] check generation 0001-20250101T000000: pins, guard, consistency, torch build",
             "       why: a generation that fails its checks is never switched to",
             "  9. [python] switch TMP/root/current to 0001-20250101T000000; keep 3 generations",
@@ -168,6 +168,17 @@ def test_a_changed_env_only_rewrites_the_environment_file(tmp_path: Path, stack_
     the_plan = plan(changed, _facts(changed), state, uv=UV)
     assert _actions(the_plan) == ["python.envfile.current"]
     assert the_plan.steps[0].why == "the lock's [env] or default toolkit changed"
+
+
+def test_a_generation_without_pip_conf_gets_one_in_place(tmp_path: Path, stack_index: IndexServer) -> None:
+    lock = _lock(tmp_path, stack_index)
+    state = _provisioned(lock)
+    assert state.current is not None
+    (state.current.path / "pip.conf").unlink()  # built before stackgate wrote one
+    the_plan = plan(lock, _facts(lock), state, uv=UV)
+    assert _actions(the_plan) == ["python.envfile.current"]
+    assert the_plan.steps[0].what == "rewrite 0001-built/stackgate.env, activate and pip.conf"
+    assert the_plan.steps[0].why == "pip.conf is missing (built by an older stackgate): its pip is not guarded outside an activated shell"
 
 
 def test_a_url_wheel_without_sha256_is_refused_with_the_command_to_compute_it(tmp_path: Path, stack_index: IndexServer) -> None:

@@ -9,6 +9,7 @@ import hashlib
 import importlib
 import io
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -20,9 +21,10 @@ from typing import Iterator
 import pytest
 from pkgindex import DEAD_URL, SYMM_MEM_FILE, SYMM_MEM_TEXT, IndexServer, install_environ, stack_index, write_stack_lock  # noqa: F401 (fixtures)
 
-from stackgate import provision
+from stackgate import history, provision
 from stackgate.exitcodes import ExitCode
-from stackgate.stack import generations
+from stackgate.stack import generations, pyenv
+from stackgate.stack import lock as lockmodel
 from stackgate.ui import UI
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,9 +40,10 @@ def _provision(lock: Path, environ: dict[str, str], capsys: pytest.CaptureFixtur
     return code, out.getvalue(), capsys.readouterr().err
 
 
-def _invoke(args: list[str], environ: dict[str, str], **extra: str) -> subprocess.CompletedProcess[str]:
+def _invoke(args: list[str], environ: dict[str, str], cwd: Path = ROOT, **extra: str) -> subprocess.CompletedProcess[str]:
     """The task itself, in its own process (so that it can be killed)."""
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, env={**environ, **extra}, capture_output=True, text=True, timeout=300)
+    program = [sys.executable, "-m", "invoke", *(("--search-root", str(ROOT)) if cwd != ROOT else ())]
+    return subprocess.run([*program, *args], cwd=cwd, env={**environ, **extra}, capture_output=True, text=True, timeout=300)
 
 
 def _current(root: Path) -> str:
@@ -104,12 +107,14 @@ def test_a_later_pip_install_in_the_provisioned_environment_cannot_move_torch(bu
     """With stackgate.env sourced, plain `pip` and `uv pip` are the environment's, and the guard
     (PIP_CONSTRAINT, UV_CONSTRAINT) holds torch through an eager upgrade and refuses torch 2.10."""
     pypi = stack_index.simple("pypi")
+    uv = pyenv.find_uv()  # as stackgate finds it: PATH has it only where a venv is activated
+    assert uv is not None
     shell = (
         f". {built}/current/stackgate.env && "
         f"pip install -q --upgrade --upgrade-strategy eager --index-url {pypi} flashinfer-python==0.6.4 && "
         f"python -c 'import torch; print(torch.__version__)' && "
         f"(pip install --index-url {pypi} torch==2.10.0 2>&1; echo pip-exit=$?) && "
-        f"(uv pip install --no-config --default-index {pypi} torch==2.10.0 2>&1; echo uv-exit=$?)"
+        f"({shlex.quote(uv)} pip install --no-config --default-index {pypi} torch==2.10.0 2>&1; echo uv-exit=$?)"
     )
     done = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, env=install_environ)
     assert done.returncode == 0, done.stderr
@@ -132,6 +137,8 @@ def test_a_package_that_demands_a_newer_torch_fails_naming_itself(
     assert "eager-upgrader requires torch>=2.10, but the lock holds torch at 2.9.1+cu130" in headline
     assert "torch-agnostic" not in headline and "flashinfer" not in headline
     assert "full log: " in err
+    assert f"{root / 'current'} is unchanged; a re-run is blocked the same way: change the lock as said above, then `invoke provision` again" in err
+    assert "finishes the job" not in err
     assert _current(root) == before and _works(root, install_environ).startswith("2.9.1+cu130")
 
 
@@ -145,6 +152,8 @@ def test_a_wrong_sha256_fails_clearly_and_leaves_current_unchanged(
     assert code == ExitCode.FAILED
     real = hashlib.sha256((stack_index.files / "sgl_kernel-0.3.21+cu130-cp310-abi3-manylinux2014_x86_64.whl").read_bytes()).hexdigest()
     assert f"has sha256 {real}, the lock says {'0' * 64}; refusing to install it" in err
+    assert "is unchanged; a re-run refuses the same file: put the file's real sha256 in the lock (or fix its URL) if you trust it" in err
+    assert "finishes the job" not in err
     assert _current(root) == before and _works(root, install_environ).startswith("2.9.1+cu130")
     assert not list((root / "cache").rglob("0" * 64 + "/*.whl"))
 
@@ -157,7 +166,9 @@ def test_a_dead_index_fails_clearly_and_leaves_current_unchanged(
     before = _current(root)
     code, out, err = _provision(lock, install_environ, capsys)
     assert code == ExitCode.FAILED
-    assert "stackgate provision failed: `uv pip install` failed (exit 2)" in err
+    assert f"stackgate provision failed: `uv pip install` failed (exit 2); {DEAD_URL} does not answer (" in err
+    assert f"is unchanged; a re-run fails the same way while {DEAD_URL} does not answer: check the URL in the lock and this machine's network" in err
+    assert "finishes the job" not in err
     assert "127.0.0.1:9" in err  # the tail of the installer's own words
     log = Path(next(line for line in err.splitlines() if line.startswith("full log: "))[len("full log: ") :])
     assert log.is_file() and "127.0.0.1:9" in log.read_text()
@@ -210,6 +221,7 @@ def test_a_full_disk_mid_install_leaves_current_and_the_next_run_finishes(
     monkeypatch.setenv(provision.FAULT_ENV, "during:python.stack=ENOSPC")
     code, out, err = _provision(lock, install_environ, capsys)
     assert code == ExitCode.FAILED and "No space left on device" in err
+    assert "is unchanged; free space on that disk, then `invoke provision` again (it removes what was half built)" in err
     assert _current(root) == before and _works(root, install_environ).startswith("2.9.1+cu130")
     monkeypatch.delenv(provision.FAULT_ENV)
     code, out, err = _provision(lock, install_environ, capsys)
@@ -218,15 +230,9 @@ def test_a_full_disk_mid_install_leaves_current_and_the_next_run_finishes(
     assert _current(root) != before and _version(root, "torch-agnostic", install_environ) == "1.0"
 
 
-#: Where the provisioner is killed, and what the next run says it does about it.
-RERUN = {
-    "during:python.venv": "remove unfinished generation(s)",
-    "during:python.family": "remove unfinished generation(s)",
-    "during:python.stack": "remove unfinished generation(s)",
-    "before:python.check": "remove unfinished generation(s)",
-    "during:python.switch": "was built and checked from this lock by a run that stopped before switching",
-    "after:python.switch": "nothing to do",
-}
+#: Where the provisioner is killed, in the order one chain of runs meets them: each run finds
+#: what the killed one before it left.
+KILL_POINTS = ("during:python.venv", "during:python.discard", "during:python.family", "during:python.stack", "before:python.check", "during:python.switch")
 
 
 def _orphans(generation: Path) -> list[str]:
@@ -247,30 +253,55 @@ def _orphans(generation: Path) -> list[str]:
     return found
 
 
-def test_kill_9_at_any_point_leaves_a_working_current_and_a_rerun_converges(
+def _killed(lock: Path, point: str, root: Path, environ: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Provision with SIGKILL at ``point``; the installer it ran must have died with it."""
+    killed = _invoke(["provision", "--lock", str(lock), "--yes"], environ, STACKGATE_FAULT=point)
+    assert killed.returncode == -9, (point, killed.stderr[-2000:])
+    assert _orphans(generations.read(root).generations[-1].path) == [], point  # by its parent-death signal
+    assert _works(root, environ).startswith("2.9.1+cu130"), point
+    return killed
+
+
+def test_kill_9_at_any_point_leaves_a_working_current_and_the_next_run_cleans_up(
     built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]
 ) -> None:
-    """SIGKILL the provisioner (and, by its parent-death signal, the installer it runs) at each
-    point; every time `current` works, and the next run converges; rollback resets the scene."""
+    """SIGKILL the provisioner at each point of a build, each run finding what the one before it
+    left: every time `current` is untouched and works, and the next run removes what was left
+    (the generation, or what a killed removal left) or finishes it; then a kill right after a
+    switch leaves the new generation current, and rollback goes back."""
     root = _copy(built, tmp_path)
     original = _current(root)
     lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"})
-    for point in RERUN:
-        killed = _invoke(["provision", "--lock", str(lock), "--yes"], install_environ, STACKGATE_FAULT=point)
-        assert killed.returncode == -9, (point, killed.stderr[-2000:])
-        newest = generations.read(root).generations[-1].path
-        assert _orphans(newest) == [], point  # the installer died with the provisioner
-        switched = point == "after:python.switch"  # the switch itself had happened
-        assert (_current(root) != original) == switched, point
-        assert _works(root, install_environ).startswith("2.9.1+cu130"), point
-        rerun = _invoke(["provision", "--lock", str(lock), "--yes"], install_environ)
-        assert rerun.returncode == 0, (point, rerun.stdout[-3000:], rerun.stderr[-3000:])
-        assert RERUN[point] in rerun.stdout, (point, rerun.stdout)
-        assert _version(root, "torch-agnostic", install_environ) == "1.0", point
-        assert _invoke(["provision", "--lock", str(lock), "--yes"], install_environ).stdout.startswith("nothing to do"), point
-        assert [g for g in generations.read(root).generations if not g.ready] == [], point
-        back = _invoke(["rollback", "--lock", str(lock)], install_environ)
-        assert back.returncode == 0 and _current(root) == original, (point, back.stderr)
+    left: list[str] = []  # what the previous killed run left
+    for point in KILL_POINTS:
+        killed = _killed(lock, point, root, install_environ)
+        assert _current(root) == original, point
+        hidden = sorted(p.name for p in (root / "generations").glob(".*.removing"))
+        if point == "during:python.discard":
+            assert hidden == [f".{left[0]}.removing"]  # the kill came between the rename and the deletion
+        elif left and left[0].startswith("."):
+            assert f"removed what an interrupted run left: {root / 'generations' / left[0]}" in killed.stderr, point
+        elif left:
+            assert f"remove unfinished generation(s) {left[0]}" in killed.stderr, (point, killed.stderr[-2000:])
+        if point != "during:python.discard":
+            assert hidden == [], point
+        unfinished = [g.id for g in generations.read(root).generations if g.path.name != Path(original).name]
+        assert len(unfinished) <= 1, (point, unfinished)
+        left = hidden or unfinished
+    rerun = _invoke(["provision", "--lock", str(lock), "--yes"], install_environ)
+    assert rerun.returncode == 0, (rerun.stdout[-3000:], rerun.stderr[-3000:])
+    assert "was built and checked from this lock by a run that stopped before switching" in rerun.stdout
+    finished = _current(root)
+    assert _version(root, "torch-agnostic", install_environ) == "1.0"
+    assert _invoke(["provision", "--lock", str(lock), "--yes"], install_environ).stdout.startswith("nothing to do")
+    assert [g for g in generations.read(root).generations if not g.ready] == []
+    # Killed right after the switch: the new generation is current, and complete.
+    plain = write_stack_lock(tmp_path / "plain.toml", stack_index, root)
+    _killed(plain, "after:python.switch", root, install_environ)
+    assert _current(root) not in (original, finished)
+    assert _invoke(["provision", "--lock", str(plain), "--yes"], install_environ).stdout.startswith("nothing to do")
+    back = _invoke(["rollback", "--lock", str(plain)], install_environ)
+    assert back.returncode == 0 and _current(root) == finished, back.stderr
 
 
 def test_a_second_provision_fails_at_once_naming_the_running_one_or_waits_for_it(
@@ -305,8 +336,14 @@ def test_rollback_switches_back_and_says_to_what(
     root = _copy(built, tmp_path)
     first = _current(root)
     lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"})
-    assert _provision(lock, install_environ, capsys)[0] == ExitCode.PASSED
+    built_here = _invoke(["provision", "--lock", "lock.toml", "--yes"], install_environ, cwd=tmp_path)  # a relative --lock
+    assert built_here.returncode == 0, built_here.stderr[-2000:]
     second = _current(root)
+    new = generations.read(root).current
+    assert new is not None and new.marker is not None
+    assert new.marker["lock"]["path"] == str(lock)  # absolute: it is read from anywhere later
+    assert new.describe().endswith(f"from {lock})")
+    assert (root / second / "constraints.txt").read_text().startswith(f"# Written by stackgate from {lock} ")
     done = _invoke(["rollback", "--lock", str(lock)], install_environ)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"rolled back {root / 'current'}: {Path(second).name} -> generation {Path(first).name} (built ")
@@ -316,14 +353,18 @@ def test_rollback_switches_back_and_says_to_what(
     assert again.returncode == 1 and "no earlier ready generation" in again.stderr
 
 
-def test_a_moved_torch_is_put_back_by_a_new_generation(
+def test_a_moved_torch_is_put_back_by_a_new_generation_and_rollback_refuses_the_drifted_one(
     built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = _copy(built, tmp_path)
+    drifted = _current(root)
     lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root)
-    # Someone installs torch around the guard (no constraints): the drift provision must undo.
+    # uv reads no configuration inside an environment, so `uv pip install --python` goes around
+    # the guard (README): the drift provision must undo, and rollback must not go back to.
+    uv = pyenv.find_uv()
+    assert uv is not None
     subprocess.run(
-        [shutil.which("uv") or "uv", "pip", "install", "-q", "--no-config", "--python", str(root / "current/bin/python"), "--default-index", stack_index.simple("pypi"), "torch==2.10.0"],
+        [uv, "pip", "install", "-q", "--no-config", "--python", str(root / "current/bin/python"), "--default-index", stack_index.simple("pypi"), "torch==2.10.0"],
         env=install_environ, check=True,
     )  # fmt: skip
     assert _version(root, "torch", install_environ) == "2.10.0"
@@ -331,6 +372,70 @@ def test_a_moved_torch_is_put_back_by_a_new_generation(
     assert code == ExitCode.PASSED, err
     assert "why: torch is 2.10.0, locked ==2.9.1+cu130" in out
     assert _version(root, "torch", install_environ) == "2.9.1+cu130"
+    rebuilt = _current(root)
+    out = io.StringIO()
+    code = provision.rollback(provision.RollbackRequest(lock, environ=install_environ), UI(stream=out, force_plain=True))
+    err = capsys.readouterr().err
+    assert code == ExitCode.FAILED and _current(root) == rebuilt
+    assert f"not switching to generation {Path(drifted).name}: it no longer holds what it was built from: torch is 2.10.0, locked ==2.9.1+cu130" in err
+    assert "`invoke rollback --force` switches to this one anyway" in err
+    forced = _invoke(["rollback", "--lock", str(lock), "--force"], install_environ)
+    assert forced.returncode == 0, forced.stderr
+    assert "switched anyway (--force), though it differs from what it was built from: torch is 2.10.0" in forced.stderr
+    assert _current(root) == drifted and _version(root, "torch", install_environ) == "2.10.0"
+
+
+def test_rollback_while_a_provision_runs_says_what_rollback_can_do(
+    built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _copy(built, tmp_path)
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root)
+    hold = "import sys, time; from pathlib import Path; from stackgate.stack import generations\nwith generations.exclusive(Path(sys.argv[1]), wait=False, command='invoke provision'):\n    print('held', flush=True); time.sleep(60)"
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(root)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        code = provision.rollback(provision.RollbackRequest(lock, environ=install_environ), UI(stream=io.StringIO(), force_plain=True))
+        err = capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait()
+    assert code == ExitCode.FAILED
+    assert f"another provision is running on {root}: pid {holder.pid}" in err
+    assert err.rstrip().endswith("command: invoke provision; run `invoke rollback` again once it has finished")
+    assert "--wait" not in err
+
+
+def test_rollback_of_a_root_that_does_not_exist_says_so_and_creates_nothing(tmp_path: Path, stack_index: IndexServer, capsys: pytest.CaptureFixture[str]) -> None:
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root")
+    code = provision.rollback(provision.RollbackRequest(lock), UI(stream=io.StringIO(), force_plain=True))
+    assert code == ExitCode.FAILED
+    assert f"stackgate rollback: nothing to roll back: {tmp_path / 'root'} does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "root").exists()
+
+
+def test_pip_in_the_environment_keeps_the_guard_without_activation(built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]) -> None:
+    """`<root>/current/bin/pip install`, not activated, with only the machine's pip configuration
+    taken away (user and global files, PIP_* variables): the environment's own pip.conf holds
+    torch. --dry-run resolves for real and changes nothing."""
+    for folder in ("home", "xdg-dirs"):
+        (tmp_path / folder).mkdir()
+    environ = {k: v for k, v in install_environ.items() if k != "PIP_CONFIG_FILE" and k not in ("VIRTUAL_ENV",)}
+    environ.update(HOME=str(tmp_path / "home"), XDG_CONFIG_HOME=str(tmp_path / "home"), XDG_CONFIG_DIRS=str(tmp_path / "xdg-dirs"))
+    environ["PATH"] = "/usr/bin:/bin"  # not the environment's bin: nothing activated
+    pip = [str(built / "current" / "bin" / "pip"), "install", "--dry-run", "--index-url", stack_index.simple("pypi")]
+
+    def run(*wanted: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*pip, *wanted], capture_output=True, text=True, env=environ, cwd=tmp_path)
+
+    moved = run("torch==2.10.0")
+    assert moved.returncode == 1, moved.stdout
+    assert "The user requested (constraint) torch==2.9.1+cu130" in moved.stdout + moved.stderr
+    eager = run("--upgrade", "--upgrade-strategy", "eager", "eager-upgrader==1.0")
+    assert eager.returncode == 1 and "eager-upgrader 1.0 depends on torch>=2.10" in eager.stdout + eager.stderr
+    innocent = run("torch-agnostic==1.0")
+    assert innocent.returncode == 0, innocent.stderr
+    assert "Would install torch-agnostic-1.0" in innocent.stdout
+    assert _version(built, "torch", install_environ) == "2.9.1+cu130"
 
 
 def _fake_toolkit_module(calls: list[str]) -> types.ModuleType:
@@ -476,6 +581,10 @@ def test_without_a_terminal_provision_asks_for_yes_and_changes_nothing(tmp_path:
     assert done.returncode == ExitCode.USAGE
     assert "there is no terminal to ask: pass --yes (or --dry-run to only see the plan)" in done.stderr
     assert not (tmp_path / "root" / "generations").exists()
+    # It took the root's lock (so the root exists now), but that makes it no home for runs.
+    assert (tmp_path / "root" / generations.LOCK_FILE).exists()
+    home = {"HOME": str(tmp_path / "home")}
+    assert history.runs_dir(lockmodel.load(lock), home) == tmp_path / "home" / ".local" / "state" / "stackgate" / "runs"
 
 
 def test_an_unwritable_root_is_a_clear_error(tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pkgindex import DEAD_URL, IndexServer, stack_index, write_stack_lock  # noqa: F401 (fixtures)
 
-from stackgate.stack import envfile, guard, lock as lockmodel, pyenv
+from stackgate.stack import envfile, fetch, guard, lock as lockmodel, pyenv
 
 HOME = Path("/srv/root/generations/0001-x")
 
@@ -87,8 +87,10 @@ def test_an_unreachable_url_says_so(tmp_path: Path, stack_index: IndexServer) ->
     kernel = _lock(tmp_path, stack_index).python.package("sgl-kernel")
     assert kernel is not None
     dead = lockmodel.Package(kernel.name, kernel.specifier, DEAD_URL + "/sgl_kernel-0.3.21+cu130-cp310-abi3-manylinux2014_x86_64.whl", kernel.sha256)
-    with pytest.raises(pyenv.PyenvError, match=r"cannot download http://127\.0\.0\.1:9/.*Connection refused"):
-        pyenv.fetch_wheel(dead, tmp_path / "cache")
+    waits: list[float] = []
+    with pytest.raises(pyenv.PyenvError, match=r"cannot download http://127\.0\.0\.1:9/.*Connection refused.*gave up after 2 tries"):
+        pyenv.fetch_wheel(dead, tmp_path / "cache", retry=fetch.Retry(attempts=2, sleep=waits.append))
+    assert waits == [1.0]
 
 
 def test_installers_run_without_the_users_configuration() -> None:

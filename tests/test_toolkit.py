@@ -306,7 +306,10 @@ def test_runfile_from_a_url_is_downloaded_checked_and_cached(tmp_path: Path, htt
     runfile = fake_runfile(folder / "cuda_12.8.1_linux.run", tmp_path / "cuda", tmp_path / "ran")
     cache = tmp_path / "cache"
     toolkit = runfile_toolkit(tmp_path / "cuda-12.8", f"{base}/cuda_12.8.1_linux.run", sha256_of(runfile))
-    tk.install_toolkit(toolkit, log=tmp_path / "log", cache=cache, link=tmp_path / "cuda")
+    shown: list[str] = []
+    tk.install_toolkit(toolkit, log=tmp_path / "log", cache=cache, link=tmp_path / "cuda", on_progress=shown.append)
+    size = runfile.stat().st_size / 1e6
+    assert f"downloading {toolkit.sha256[:16]}-cuda_12.8.1_linux.run: {size:.1f} MB of {size:.1f} MB" in shown
     [cached] = cache.iterdir()
     assert sha256_of(cached) == toolkit.sha256 and tool_version(toolkit.prefix / "bin" / "nvcc")
     assert tk.install_command(toolkit, cache=cache)[1] == str(cached)

@@ -39,12 +39,15 @@ __all__ = [
     "read",
     "resumable",
     "rollback",
+    "rollback_target",
+    "sweep",
     "switch",
 ]
 
 MARKER = "stackgate-generation.json"
 SCHEMA = "stackgate.generation/1"
 LOCK_FILE = ".provision.lock"
+_REMOVING = ".removing"
 #: Generations kept after a switch: the current one and the ready ones before it.
 KEEP = int(os.environ.get("STACKGATE_KEEP_GENERATIONS", "3"))
 _ID = re.compile(r"^(\d{4,})-")
@@ -199,11 +202,12 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def discard_unfinished(state: RootState) -> list[Generation]:
-    """Remove generations an interrupted or failed run left (never the current one)."""
+def discard_unfinished(state: RootState, *, on_renamed: Callable[[Path], None] | None = None) -> list[Generation]:
+    """Remove generations an interrupted or failed run left (never the current one).
+    ``on_renamed`` is called between the rename and the deletion (provision's fault hook)."""
     removed = []
     for generation in state.unfinished:
-        _remove(generation.path)
+        _remove(generation.path, on_renamed)
         removed.append(generation)
     return removed
 
@@ -235,35 +239,64 @@ def resumable(state: RootState, spec: Mapping[str, Any]) -> Generation | None:
     return found[-1] if found else None
 
 
-def _remove(path: Path) -> None:
-    # Renamed first, so that a crash half-way leaves a hidden folder, not a half generation.
-    doomed = path.with_name(f".{path.name}.removing")
+def _remove(path: Path, on_renamed: Callable[[Path], None] | None = None) -> None:
+    # Renamed first, so that a crash half-way leaves a hidden folder (which sweep removes), not
+    # a half generation.
+    doomed = path.with_name(f".{path.name}{_REMOVING}")
     try:
         os.replace(path, doomed)
     except FileNotFoundError:
         return
+    if on_renamed is not None:
+        on_renamed(doomed)
     shutil.rmtree(doomed, ignore_errors=True)
 
 
-def rollback(root: Path) -> tuple[Generation, Generation]:
-    """Switch ``current`` to the newest generation before it that was current once; return (from, to)."""
-    state = read(root)
+def sweep(root: Path) -> list[Path]:
+    """Remove what a killed run left half-done under ``root`` and nothing else: generations it
+    was removing (``generations/.<id>.removing``, gigabytes with a real torch) and a ``current``
+    link it was about to rename (``.current.<pid>.part``). Call it holding :func:`exclusive`."""
+    directory = generations_dir(root)
+    leftovers = sorted(directory.glob(f".*{_REMOVING}")) if directory.is_dir() else []
+    leftovers += sorted(p for p in root.glob(".current.*.part") if p.is_symlink())
+    for path in leftovers:
+        if path.is_symlink() or not path.is_dir():
+            path.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+    return [p for p in leftovers if not os.path.lexists(p)]
+
+
+def rollback_target(state: RootState) -> Generation:
+    """Where rollback goes: the newest generation before ``current`` that was current once (and
+    was not rolled back from)."""
     if state.current is None:
-        raise GenerationError(state.current_error or f"nothing to roll back: {root / 'current'} does not exist")
+        raise GenerationError(state.current_error or f"nothing to roll back: {state.root / 'current'} does not exist")
     earlier = [g for g in _earlier(state) if g.python.exists()]
     if not earlier:
-        raise GenerationError(f"no earlier ready generation under {generations_dir(root)} to roll back to (current: {state.current.id})")
-    target = switch(root, earlier[-1])
+        raise GenerationError(f"no earlier ready generation under {generations_dir(state.root)} to roll back to (current: {state.current.id})")
+    return earlier[-1]
+
+
+def rollback(root: Path, target: Generation | None = None) -> tuple[Generation, Generation]:
+    """Switch ``current`` to ``target`` (default: :func:`rollback_target`); return (from, to)."""
+    state = read(root)
+    target = target or rollback_target(state)
+    assert state.current is not None  # rollback_target refused a root without one
+    switched = switch(root, target)
     # The generation left behind was judged bad: never a rollback target or kept again.
-    return mark(state.current, "ready", rolled_back=_now()), target
+    return mark(state.current, "ready", rolled_back=_now()), switched
 
 
 # --- one provision at a time -------------------------------------------------------------------
 
 
 @contextlib.contextmanager
-def exclusive(root: Path, *, wait: bool, command: str | None = None, on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
-    """Hold the root's provision lock; fail at once naming the holder, or wait for it."""
+def exclusive(
+    root: Path, *, wait: bool, command: str | None = None, on_wait: Callable[[str], None] | None = None, busy_advice: str = "wait for it"
+) -> Iterator[None]:
+    """Hold the root's provision lock; fail at once naming the holder (and ``busy_advice``: what
+    the caller's user can do about it), or wait for it."""
     try:
         root.mkdir(parents=True, exist_ok=True)
         fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
@@ -275,7 +308,7 @@ def exclusive(root: Path, *, wait: bool, command: str | None = None, on_wait: Ca
         if not _try_lock(fd):
             holder = _holder(fd)
             if not wait:
-                raise Busy(f"another provision is running on {root}: {holder}; wait for it, or pass --wait")
+                raise Busy(f"another provision is running on {root}: {holder}; {busy_advice}")
             if on_wait is not None:
                 on_wait(f"waiting for the provision holding {root}: {holder}")
             fcntl.flock(fd, fcntl.LOCK_EX)

@@ -20,10 +20,14 @@ from packaging.version import InvalidVersion, Version
 
 from stackgate.stack.lock import Lock
 
-__all__ = ["Blocked", "GuardError", "GuardFiles", "blocked", "constraints", "overrides", "write"]
+__all__ = ["PIP_CONF", "Blocked", "GuardError", "GuardFiles", "blocked", "constraints", "overrides", "pip_conf", "write", "write_pip_conf"]
 
 CONSTRAINTS = "constraints.txt"
 OVERRIDES = "overrides.txt"
+#: pip's "site" configuration file: pip reads ``<sys.prefix>/pip.conf`` whether or not the
+#: environment is activated, so ``<root>/current/bin/pip install`` is guarded too. uv has no
+#: such per-environment file (only project, user and system uv.toml, and UV_CONSTRAINT).
+PIP_CONF = "pip.conf"
 
 
 class GuardError(Exception):
@@ -58,14 +62,40 @@ def overrides(lock: Lock) -> list[str]:
     return [f"{o.package}{o.specifier}" for o in lock.python.overrides]
 
 
+def pip_conf(constraints_file: Path) -> str:
+    """The environment's own pip configuration: every ``pip install`` there takes the guard.
+
+    The file is named as a ``file:`` URL because pip splits a configured constraint on
+    whitespace, and a URL has none.
+
+    >>> print(pip_conf(Path("/srv/my stack/generations/0001-x/constraints.txt")))
+    [install]
+    constraint = file:///srv/my%20stack/generations/0001-x/constraints.txt
+    <BLANKLINE>
+    """
+    return f"[install]\nconstraint = {constraints_file.as_uri()}\n"
+
+
 def write(lock: Lock, directory: Path) -> GuardFiles:
-    """Write the guard's files into a generation; the header says where they come from."""
-    header = f"# Written by stackgate from {lock.path} (sha256 {lock.sha256[:12]}); do not edit.\n"
+    """Write the guard's files into a generation; the header says where they come from. (Its
+    pip.conf is written with the environment file: :func:`write_pip_conf`.)"""
+    header = _header(lock)
     files = GuardFiles(directory / CONSTRAINTS, directory / OVERRIDES)
     files.constraints.write_text(header + "".join(f"{line}\n" for line in constraints(lock)))
     reasons = {f"{o.package}{o.specifier}": o.reason for o in lock.python.overrides}
     files.overrides.write_text(header + "".join(f"{line}  # {reasons[line]}\n" for line in overrides(lock)))
     return files
+
+
+def write_pip_conf(lock: Lock, directory: Path) -> Path:
+    """Write an environment's pip.conf, naming the constraints beside it."""
+    path = directory / PIP_CONF
+    path.write_text(_header(lock) + pip_conf((directory / CONSTRAINTS).absolute()))
+    return path
+
+
+def _header(lock: Lock) -> str:
+    return f"# Written by stackgate from {lock.path} (sha256 {lock.sha256[:12]}); do not edit.\n"
 
 
 @dataclass(frozen=True)

@@ -236,7 +236,7 @@ def _build(lock: Lock, facts: Facts, state: generations.RootState, reasons: Sequ
         steps.append(Step("python", "python.override", f"install {', '.join(o.package + str(o.specifier) for o in lock.python.overrides)} without dependencies", f"pip cannot override a requirer's pin in one resolution; {overrides}", (override,)))
     for patch in lock.patches:
         steps.append(Step("patches", "patches.apply", f"apply {patch.file.name} to {patch.package} {patch.version}", patch.reason, subject=patch))
-    steps.append(Step("python", "python.envfile", f"write {home.name}/stackgate.env and activate", "exports CUDA_HOME, PATH, TRITON_PTXAS_PATH, PIP_CONSTRAINT, UV_CONSTRAINT, VIRTUAL_ENV and the lock's [env]"))
+    steps.append(Step("python", "python.envfile", f"write {home.name}/stackgate.env, activate and pip.conf", "stackgate.env exports CUDA_HOME, PATH, TRITON_PTXAS_PATH, PIP_CONSTRAINT, UV_CONSTRAINT, VIRTUAL_ENV and the lock's [env]; pip.conf holds its pip to the guard, activated or not"))
     steps.append(Step("python", "python.check", f"check generation {home.name}: pins, guard, consistency, torch build" + (", patches" if lock.patches else ""), "a generation that fails its checks is never switched to"))
     steps.append(Step("python", "python.switch", f"switch {state.root / 'current'} to {home.name}; keep {generations.KEEP} generations", "atomically (a new symlink renamed over the old one), only now that the generation passed"))
 
@@ -248,7 +248,7 @@ def _resume(state: generations.RootState, generation: generations.Generation, re
     if state.unfinished:
         steps.append(Step("python", "python.discard", f"remove unfinished generation(s) {', '.join(g.id for g in state.unfinished)}", "an interrupted or failed run left them; they were never current"))
     why = f"{reasons[0]}; generation {generation.id} was built and checked from this lock by a run that stopped before switching"
-    steps.append(Step("python", "python.envfile", f"write {generation.id}/stackgate.env and activate", why))
+    steps.append(Step("python", "python.envfile", f"write {generation.id}/stackgate.env, activate and pip.conf", why))
     steps.append(Step("python", "python.check", f"check generation {generation.id} again: pins, guard, consistency, torch build", "a generation that fails its checks is never switched to"))
     steps.append(Step("python", "python.switch", f"switch {state.root / 'current'} to {generation.id}; keep {generations.KEEP} generations", "atomically (a new symlink renamed over the old one), only now that the generation passed"))
 
@@ -280,11 +280,14 @@ def _env_file(lock: Lock, state: generations.RootState, draft: _Draft) -> None:
         have = path.read_text(encoding="utf-8")
     except OSError:
         have = None
-    if have == pyenv.environment_text(lock, current.path, state.root) and (current.path / pyenv.ACTIVATE).is_file():
+    guarded = (current.path / guard.PIP_CONF).is_file()
+    if have == pyenv.environment_text(lock, current.path, state.root) and (current.path / pyenv.ACTIVATE).is_file() and guarded:
         draft.in_place.append(f"{state.root / 'current' / pyenv.ENV_FILE}: as the lock says")
         return
     why = "it is missing" if have is None else "the lock's [env] or default toolkit changed"
-    draft.steps.append(Step("python", "python.envfile.current", f"rewrite {current.id}/stackgate.env and activate", why))
+    if have is not None and not guarded:
+        why = f"{guard.PIP_CONF} is missing (built by an older stackgate): its pip is not guarded outside an activated shell"
+    draft.steps.append(Step("python", "python.envfile.current", f"rewrite {current.id}/stackgate.env, activate and pip.conf", why))
 
 
 def _patches(lock: Lock, facts: Facts, state: generations.RootState, draft: _Draft) -> None:

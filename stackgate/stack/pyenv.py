@@ -17,6 +17,7 @@ gets installed.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import shutil
@@ -27,14 +28,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
 from stackgate import runner
 from stackgate.stack import envfile, fetch, guard
-from stackgate.stack.lock import Lock, Package
+from stackgate.stack.lock import Lock, Override, Package, Python
 
 __all__ = [
     "Command",
     "PyenvError",
     "activate_text",
+    "built_python",
     "environment",
     "environment_text",
     "family_commands",
@@ -70,12 +74,14 @@ _KEPT_SETTINGS = frozenset(
 
 
 class PyenvError(Exception):
-    """An environment step that failed; ``log`` holds its full output."""
+    """An environment step that failed; ``log`` holds its full output, ``unreachable`` the
+    indexes it used that did not answer."""
 
-    def __init__(self, message: str, log: Path | None = None, tail: tuple[str, ...] = ()) -> None:
+    def __init__(self, message: str, log: Path | None = None, tail: tuple[str, ...] = (), unreachable: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.log = log
         self.tail = tail
+        self.unreachable = unreachable
 
 
 @dataclass(frozen=True)
@@ -228,7 +234,23 @@ def run(command: Command, *, log: Path, environ: Mapping[str, str], lock: Lock |
     if culprits:
         raise guard.GuardError(_blocked_message(culprits), log, tail)
     ended = f"timed out after {INSTALL_TIMEOUT_S:g} s" if done.timed_out else f"exit {done.returncode}"
-    raise PyenvError(f"`{Path(command.argv[0]).name} {' '.join(command.argv[1:3])}` failed ({ended})", log, tail)
+    silent = {url: why for url in _indexes(command) if (why := fetch.unreachable(url)) is not None}
+    said = "".join(f"; {url} does not answer ({why})" for url, why in silent.items())
+    raise PyenvError(f"`{Path(command.argv[0]).name} {' '.join(command.argv[1:3])}` failed ({ended}){said}", log, tail, tuple(silent))
+
+
+#: The installer options that name an index (pip's and uv's spellings).
+_INDEX_OPTIONS = frozenset({"--index-url", "--extra-index-url", "--default-index", "--index"})
+
+
+def _indexes(command: Command) -> list[str]:
+    """The index URLs a command uses.
+
+    >>> _indexes(Command(("uv", "pip", "install", "--default-index", "https://a/simple", "torch")))
+    ['https://a/simple']
+    """
+    argv = command.argv
+    return [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg in _INDEX_OPTIONS]
 
 
 def _blocked_message(culprits: list[guard.Blocked]) -> str:
@@ -250,14 +272,24 @@ def wheel_path(package: Package, cache: Path) -> Path:
     return cache / package.sha256 / name
 
 
-def fetch_wheel(package: Package, cache: Path, *, on_progress: Callable[[int, int | None], None] | None = None) -> tuple[Path, bool]:
-    """Download a URL wheel and check its sha256 before anything installs it.
+def fetch_wheel(
+    package: Package,
+    cache: Path,
+    *,
+    on_progress: Callable[[int, int | None], None] | None = None,
+    on_retry: Callable[[str], None] | None = None,
+    retry: fetch.Retry = fetch.RETRY,
+) -> tuple[Path, bool]:
+    """Download a URL wheel (tried again and resumed when the connection drops) and check its
+    sha256 before anything installs it.
 
     Returns the checked file and whether it was downloaded (False: the cache already had it).
     """
     target = wheel_path(package, cache)
     try:
-        downloaded = fetch.fetch_checked(str(package.url), target, str(package.sha256), timeout_s=DOWNLOAD_TIMEOUT_S, on_progress=on_progress)
+        downloaded = fetch.fetch_checked(
+            str(package.url), target, str(package.sha256), timeout_s=DOWNLOAD_TIMEOUT_S, on_progress=on_progress, on_retry=on_retry, retry=retry
+        )
     except fetch.HashMismatch as exc:
         raise PyenvError(f"{package.name}: {exc}; refusing to install it (a changed or tampered file, or a wrong sha256 in the lock)") from exc
     except fetch.FetchError as exc:
@@ -302,9 +334,11 @@ def activate_text(lock: Lock, home: Path, root: Path) -> str:
 
 
 def write_environment(lock: Lock, home: Path, root: Path) -> Path:
-    """Write stackgate.env and activate into a generation (each replaced atomically)."""
+    """Write what people and their tools read in a generation: stackgate.env and activate (each
+    replaced atomically), and pip.conf, the guard for its pip whether activated or not."""
     _write_atomic(home / ENV_FILE, environment_text(lock, home, root))
     _write_atomic(home / ACTIVATE, activate_text(lock, home, root))
+    guard.write_pip_conf(lock, home)
     return home / ENV_FILE
 
 
@@ -315,6 +349,20 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 # --- what a generation was built from ---------------------------------------------------------
+
+
+def built_python(python: Python, built: Any, interpreter: Path) -> Python:
+    """``python`` as a generation was built: the pins, frozen packages and overrides of ``built``
+    (the :func:`spec` in its marker), read at ``interpreter``. ValueError when ``built`` is not
+    such a spec (a marker from elsewhere, or damaged)."""
+    try:
+        packages = tuple(Package(name, SpecifierSet(p["version"]), p.get("url"), p.get("sha256")) for name, p in built["packages"].items())
+        overrides = tuple(Override(name, SpecifierSet(spec), "declared when it was built") for name, spec in built["overrides"].items())
+        frozen = tuple(str(name) for name in built["frozen"])
+        version = str(built["python"])
+    except (KeyError, TypeError, AttributeError, InvalidSpecifier) as exc:
+        raise ValueError(f"no readable spec: {type(exc).__name__}: {exc}") from exc
+    return dataclasses.replace(python, version=version, interpreter=interpreter, packages=packages, frozen=frozen, overrides=overrides)
 
 
 def spec(lock: Lock) -> dict[str, Any]:

@@ -417,7 +417,11 @@ def _obtain_runfile(toolkit: Toolkit, cache: Path | None, progress: Progress) ->
         return local
     target = _runfile_cache_path(toolkit, cache)
     progress(f"downloading {url} (unless the cache has it)")
-    _refuse_unless(lambda: fetch.fetch_checked(url, target, want))
+
+    def shown(done: int, total: int | None) -> None:
+        progress(f"downloading {target.name}: {fetch.amount(done, total)}")
+
+    _refuse_unless(lambda: fetch.fetch_checked(url, target, want, on_progress=shown, on_retry=progress))
     return target
 
 
