@@ -179,6 +179,12 @@ def _lock_stage(ctx: GateContext) -> list[Result]:
         fix = Fix("Name the model the gate launches.", (f"invoke gate --model /path/to/model --lock {lock.path}",))
         results.append(_named("lock.model", failed(str(exc), fix=fix)))
         return results
+    readable = launch.check_model(config)
+    if readable.status >= Status.FAIL:
+        ctx.usage = readable.summary
+        fix = Fix("Name a readable Hugging Face model directory (--model PATH or [smoke] model).", readable.fix.commands if readable.fix else ())
+        results.append(_named("lock.model", failed(readable.summary, fix=fix)))
+        return results
     results.append(_named("lock.model", passed(f"the smoke stages launch {config.model}", data={"model": config.model})))
     return results
 
@@ -279,9 +285,9 @@ def run_stages(stages: Sequence[Stage], ctx: GateContext) -> tuple[list[StageRun
     for stage in stages:
         reasons = _not_run(stage, done, ctx.request, interrupted)
         if reasons:
-            summary = f"not run: {reasons[0]}"
-            result = Result(f"gate.{stage.name}", Status.SKIP, summary, tuple(reasons), data={"not_run": reasons})
-            done[stage.name] = StageRun(stage.name, stage.title, stage.needs, NOT_RUN, reasons[0], (result,), 0.0)
+            reason = "; ".join(reasons)
+            result = Result(f"gate.{stage.name}", Status.SKIP, f"not run: {reason}", tuple(reasons), data={"not_run": reasons})
+            done[stage.name] = StageRun(stage.name, stage.title, stage.needs, NOT_RUN, reason, (result,), 0.0)
             continue
         begun = time.monotonic()
         try:
@@ -295,12 +301,20 @@ def run_stages(stages: Sequence[Stage], ctx: GateContext) -> tuple[list[StageRun
 
 
 def _not_run(stage: Stage, done: Mapping[str, StageRun], request: GateRequest, interrupted: bool) -> list[str]:
+    """Why a stage does not run, in a few words: the stages it stands on that did not pass.
+
+    Each names the stage and its status only; that stage's own row says why, so a long reason
+    (no model, say) is told once, not again in every stage after it. A stage that did not run
+    only because an earlier one failed is left out when that failure is named already.
+    """
     if interrupted:
         return ["the gate was interrupted"]
     left_out = stage.left_out(request)
     if left_out is not None:
         return [left_out]
-    return [f"{need} {done[need].status}: {done[need].reason}" for need in stage.needs if done[need].status != PASSED]
+    blocking = [done[need] for need in stage.needs if done[need].status != PASSED]
+    ran = [need for need in blocking if need.ran]
+    return [f"{need.name} {need.status}" if need.ran else f"{need.name} not run: {need.reason}" for need in ran or blocking]
 
 
 def _outcome(stage: Stage, results: Sequence[Result], seconds: float, strict: bool, interrupted: bool) -> StageRun:
