@@ -45,6 +45,7 @@ from stackgate.checks.core import Fix, Result, Status, failed, passed, skipped
 from stackgate.checks.facts import Facts, Missing, gather
 from stackgate.checks.smoke import launch
 from stackgate.exitcodes import ExitCode
+from stackgate.redact import redact
 from stackgate.stack import generations, pyenv
 from stackgate.stack import lock as lockmodel
 from stackgate.stack.plan import environment_drift
@@ -432,12 +433,16 @@ def _server_info(ctx: GateContext) -> Mapping[str, Any] | None:
 
 
 def run(request: GateRequest, ui: UI) -> ExitCode:
-    """The gate command: run it, print the summary, write every report, keep the run."""
+    """The gate command: run it, print the summary, write every report, keep the run.
+
+    Everything shown or written is made from one document, redacted once here: the console,
+    every report and the kept run say the same, none with a secret in it.
+    """
     check_outputs(request)
     done = run_gate(request, ui)
+    doc = redact(done.document())
     if done.usage is not None:
-        ui.error(f"stackgate: {done.usage}")
-    doc = done.document()
+        ui.error(f"stackgate: {doc['gate']['usage_error']}")
     render(done, doc, ui)
     write_reports(doc, request)
     if done.usage is None:
@@ -450,32 +455,38 @@ def run(request: GateRequest, ui: UI) -> ExitCode:
 
 
 def render(done: GateRun, doc: Mapping[str, Any], ui: UI) -> None:
-    """The console summary: each stage that ran, the benchmark, the stage table, the verdict."""
+    """The console summary: each stage that ran, the benchmark, the stage table, the verdict.
+
+    Words come from the (redacted) document, so the console shows no more than the reports;
+    ``done`` gives only figures and counts."""
     count = len(done.stages)
-    for number, stage in enumerate(done.stages, 1):
+    for number, (stage, shown) in enumerate(zip(done.stages, doc["gate"]["stages"]), 1):
         if not stage.ran or stage.verdict is None:
             continue
-        ui.results(f"gate {number}/{count} {stage.name}: {stage.title}", stage.results, stage.verdict, stage.duration_s)
+        results = [Result.from_dict(r) for r in shown["results"]]
+        ui.results(f"gate {number}/{count} {stage.name}: {stage.title}", results, stage.verdict, stage.duration_s)
         if stage.name == "verify" and done.verify_run is not None and len(done.verify_run.phases) > 1:
             ui.line(verifycmd.phases_line(done.verify_run.phases, done.verify_run.duration_s))
-        _render_smoke(done.smoke_runs.get(stage.name), stage.name, ui)
+        _render_smoke(done.smoke_runs.get(stage.name), doc["gate"]["smoke"].get(stage.name), stage.name, ui)
     ui.line()
-    rows = [[s.name, s.status, f"{s.duration_s:.1f}", s.reason] for s in done.stages]
-    lock = f"{done.lock.name} ({done.lock.path})" if done.lock else str(done.request.lock_path or lockmodel.default_lock_path())
-    ui.table(f"stackgate gate: {lock}", ["stage", "status", "seconds", "reason"], rows, align="llrl")
+    rows = [[s["name"], s["status"], f"{s['duration_s']:.1f}", s["reason"]] for s in doc["gate"]["stages"]]
+    lock = doc["lock"]
+    title = f"{lock['name']} ({lock['path']})" if lock["name"] else lock["path"]
+    ui.table(f"stackgate gate: {title}", ["stage", "status", "seconds", "reason"], rows, align="llrl")
     for line in summaries.headline_lines(doc):
         ui.line(line)
     word = "PASSED" if done.exit_code == ExitCode.PASSED else "INTERRUPTED" if done.interrupted else "FAILED"
-    reason = "" if done.verdict.passed else f" ({done.verdict.reason})"
+    reason = "" if done.verdict.passed else f" ({doc['reason']})"
     ui.line(f"{report.counts_line(done.verdict.counts, done.duration_s)}: {word}{reason}", "success" if done.verdict.passed else "error")
 
 
-def _render_smoke(done: smoke.SmokeRun | None, name: str, ui: UI) -> None:
-    for session in done.sessions if done is not None else ():
+def _render_smoke(done: smoke.SmokeRun | None, shown: Mapping[str, Any] | None, name: str, ui: UI) -> None:
+    sessions = zip(done.sessions, (shown or {}).get("sessions", ())) if done is not None else ()
+    for session, written in sessions:
         if session.figures is not None and session.figures.runs:
             ui.table(f"benchmark ({name})", list(smoke.BENCHMARK_HEADERS), smoke.benchmark_rows(session.figures))
-        if session.log_path is not None:
-            ui.line(f"server log ({name}): {session.log_path}")
+        if written.get("log_path") is not None:
+            ui.line(f"server log ({name}): {written['log_path']}")
 
 
 def write_reports(doc: Mapping[str, Any], request: GateRequest) -> None:

@@ -8,11 +8,13 @@
 
 A run is named by its id, a unique prefix of it, a path to its JSON file, or its position from
 the newest (``-1`` the last run, ``-2`` the one before). Damaged or foreign files in the runs
-directory are skipped with a warning.
+directory are skipped with a warning. Runs are shown with their secrets hidden, also one kept
+before stackgate hid them, or copied in from elsewhere.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -20,6 +22,7 @@ from typing import Sequence
 from stackgate import history, htmlreport, rundiff, summaries
 from stackgate.checks import report
 from stackgate.exitcodes import ExitCode
+from stackgate.redact import redact
 from stackgate.stack import lock as lockmodel
 from stackgate.ui import UI
 
@@ -47,10 +50,12 @@ def run(request: ReportRequest, ui: UI) -> ExitCode:
     if request.html_path is not None and len(request.runs) > 1:
         raise ReportUsage("--html takes at most one run (none: the history)")
     directory = request.runs_dir or _directory(request.lock_path)
-    runs, warnings = history.load(directory)
+    found, warnings = history.load(directory)
     for warning in warnings:
         ui.warn(f"warning: {warning}")
-    chosen = [_find(ref, runs) for ref in request.runs]
+    runs = [_redacted(r) for r in found]
+    named = [_find(ref, runs) for ref in request.runs]
+    chosen = [run if any(run is r for r in runs) else _redacted(run) for run in named]  # a run named by its file
     if request.html_path is not None:
         return _html(request.html_path, runs, chosen[0] if chosen else None, directory, warnings, ui)
     if len(chosen) == 2:
@@ -71,6 +76,10 @@ def _directory(lock_path: Path | None) -> Path:
             raise
         lock = None
     return history.runs_dir(lock, reading=True)
+
+
+def _redacted(run: history.Run) -> history.Run:
+    return dataclasses.replace(run, doc=redact(run.doc))
 
 
 def _find(ref: str, runs: Sequence[history.Run]) -> history.Run:

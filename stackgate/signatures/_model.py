@@ -60,6 +60,7 @@ CONTEXT_KEYS: Mapping[str, tuple[str, str]] = {
     "gpu_arch": ("hardware.arch", "this GPU's arch (sm_120a on an RTX PRO 6000 Blackwell)"),
     "lock_tp": ("smoke.tp", "the TP size"),
     "lock_port": ("smoke.port", "30000"),
+    "log_file": ("the log being read: smoke fills in its server log's path", "server.log"),
 }
 
 _FIELDS = (
