@@ -22,6 +22,8 @@ a console shows, and the fingerprint's components.
 
 from __future__ import annotations
 
+import collections.abc
+import functools
 import os
 import re
 from typing import Any, Callable, Iterable, Mapping, TypeVar
@@ -49,6 +51,7 @@ def _words(name: str) -> list[str]:
     return [w for w in re.split(r"[^a-z0-9]+", spaced.lower()) if w]
 
 
+@functools.lru_cache(maxsize=4096)  # the same few hundred keys, in every document
 def is_secret_name(name: str) -> bool:
     """Whether a key or variable name names a secret.
 
@@ -124,12 +127,19 @@ def _named(pattern: re.Pattern[str], text: str, secret: Callable[[str], bool], f
 
 
 def _shapes(text: str, found: set[str]) -> str:
-    text = _SCHEME_USERINFO.sub(lambda m: _userinfo(m, found), text)
-    text = _BARE_USERINFO.sub(lambda m: _userinfo(m, found), text)
-    text = _named(_FLAG, text, is_secret_flag, found)
-    text = _BEARER.sub(lambda m: _hide(m, found), text)
-    text = _named(_ASSIGN, text, is_secret_name, found)
-    return _TOKENS.sub(lambda m: _hide(m, found), text)
+    # Each shape runs only where its telltale characters are: most strings have none of them.
+    if "@" in text:
+        text = _SCHEME_USERINFO.sub(lambda m: _userinfo(m, found), text)
+        text = _BARE_USERINFO.sub(lambda m: _userinfo(m, found), text)
+    if "--" in text:
+        text = _named(_FLAG, text, is_secret_flag, found)
+    if "earer" in text or "EARER" in text:
+        text = _BEARER.sub(lambda m: _hide(m, found), text)
+    if "=" in text or ":" in text:
+        text = _named(_ASSIGN, text, is_secret_name, found)
+    if "hf_" in text or "sk-" in text or "gh" in text:
+        text = _TOKENS.sub(lambda m: _hide(m, found), text)
+    return text
 
 
 # --- collecting and hiding --------------------------------------------------------------------
@@ -152,7 +162,7 @@ def secrets_in(value: Any, environ: Mapping[str, str] | None = None) -> set[str]
 def _collect(value: Any, found: set[str]) -> None:
     if isinstance(value, str):
         _shapes(value, found)
-    elif isinstance(value, Mapping):
+    elif isinstance(value, collections.abc.Mapping):
         for key, item in value.items():
             if isinstance(key, str) and is_secret_name(key) and isinstance(item, str):
                 found.add(item)
@@ -201,7 +211,7 @@ def _scrub(value: Any, secrets: list[str]) -> Any:
             if secret in text:
                 text = text.replace(secret, REDACTED)
         return text
-    if isinstance(value, Mapping):
+    if isinstance(value, collections.abc.Mapping):
         return {_scrub(k, secrets): (REDACTED if _hidden_by_name(k, v) else _scrub(v, secrets)) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         words = [_scrub(item, secrets) for item in value]

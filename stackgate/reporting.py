@@ -50,20 +50,18 @@ def run(request: ReportRequest, ui: UI) -> ExitCode:
     if request.html_path is not None and len(request.runs) > 1:
         raise ReportUsage("--html takes at most one run (none: the history)")
     directory = request.runs_dir or _directory(request.lock_path)
-    found, warnings = history.load(directory)
+    runs, warnings = history.load(directory)
     for warning in warnings:
         ui.warn(f"warning: {warning}")
-    runs = [_redacted(r) for r in found]
-    named = [_find(ref, runs) for ref in request.runs]
-    chosen = [run if any(run is r for r in runs) else _redacted(run) for run in named]  # a run named by its file
+    chosen = [_find(ref, runs) for ref in request.runs]
     if request.html_path is not None:
         return _html(request.html_path, runs, chosen[0] if chosen else None, directory, warnings, ui)
     if len(chosen) == 2:
-        show_comparison(rundiff.compare(chosen[0], chosen[1]), ui)
+        show_comparison(rundiff.compare(_redacted(chosen[0]), _redacted(chosen[1])), ui)
     elif chosen:
-        show_run(chosen[0], ui)
+        show_run(_redacted(chosen[0]), ui)
     else:
-        list_runs(runs, directory, ui)
+        list_runs(runs, directory, ui)  # ids, verdicts and figures: nothing a run's secrets could be in
     return ExitCode.PASSED
 
 
@@ -173,7 +171,9 @@ def _html(path: Path, runs: Sequence[history.Run], focus: history.Run | None, di
     if focus is not None and focus not in chosen:
         chosen.append(focus)  # a run named by a path from elsewhere
     title = f"stackgate: run {focus.id}" if focus else f"stackgate: {len(chosen)} run(s) of {lock or 'no lock'}"
-    text = htmlreport.page(chosen, focus or anchor, title=title, source=f"runs in {directory}", warnings=warnings)
+    shown = [_redacted(r) for r in chosen]
+    centre = next((r for r in shown if anchor is not None and r.id == (focus or anchor).id), None)
+    text = htmlreport.page(shown, centre, title=title, source=f"runs in {directory}", warnings=warnings)
     report.write_text(path, text)
     ui.line(f"wrote {path} ({len(chosen)} run(s){f', focus {focus.id}' if focus else ''})")
     return ExitCode.PASSED

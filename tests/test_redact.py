@@ -245,3 +245,25 @@ def test_a_launch_that_times_out_quotes_cut_log_lines_and_the_real_log_path(plan
     assert all(len(line) < 360 for line in never["details"])
     stdout = planted.console["timed-out gate stdout"]
     assert f"$ tail -n 50 {log}" in stdout and max(len(line) for line in stdout.splitlines()) < 400
+
+
+def test_invoke_report_hides_the_secrets_of_a_run_kept_before_they_were_hidden(planted, tmp_path):
+    """A run written by an older stackgate (or copied in) still holds its secrets: report shows
+    it, compares it and renders it without them."""
+    old = json.loads(json.dumps(planted.good))
+    session = old["gate"]["smoke"]["benchmark"]["sessions"][0]
+    session["command_line"] = session["command_line"].replace(f"--api-key {REDACTED}", f"--api-key {API_KEY}")
+    session["server_info"]["internal_states"][0]["api_key"] = API_KEY
+    old["results"][0]["details"] = [f"model /models/ops:{MODEL_PASSWORD}@nas/model: quoted by {HF_TOKEN}"]
+    old["gate"]["fingerprint"]["components"]["server"]["model_path"] = f"https://hub-user:{ENDPOINT_PASSWORD}@hub.example.com/m"
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for run_id, doc in (("20250101T000000Z-gate-000001", old), (planted.good["run_id"], planted.good)):
+        (runs / f"{run_id}.json").write_text(json.dumps({**doc, "run_id": run_id}))  # as kept then: not through stackgate's writer
+    console: dict[str, str] = {}
+    html = tmp_path / "page.html"
+    for name, refs, page in (("A", ("-2",), None), ("A B", ("-2", "-1"), None), ("html", ("-2",), html)):
+        assert _run(name, console, lambda ui: reporting.run(reporting.ReportRequest(refs, html_path=page, runs_dir=runs), ui)) == 0
+    assert "model_path: https://hub-user:<redacted>@hub.example.com/m ->" in console["A B stdout"]
+    shown = {**console, "page": html.read_text()}
+    assert [f"{name}: {secret}" for name, text in shown.items() for secret in SECRETS if secret in text] == []
