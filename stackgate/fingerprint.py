@@ -1,13 +1,14 @@
 """The fingerprint of a deployed stack: one stable hash over what defines it, with its parts.
 
 The parts ("components") are grouped in sections: the lock (its name and the hash of its
-bytes, taken with its secrets hidden), the GPUs (driver, the CUDA version it supports, each GPU's model and compute
-capability), each CUDA toolkit's version, the stack's Python and every installed distribution,
-the locked patches' state, and the serving engine's effective arguments from ``/server_info``.
-What changes from one launch of the same stack to the next is left out (ports, the random
-seed, runtime state), and so is what fast mode sets (random weights, fewer layers), so a fast
-smoke and a full one of the same stack have the same fingerprint. Two runs on the same stack
-give the same digest; a change in any component changes it, and :func:`changes` names it.
+bytes, taken with its secrets hidden), the GPUs (driver, the CUDA version it supports, each
+GPU's model and compute capability), each CUDA toolkit's version, the stack's Python and every
+installed distribution, the locked patches' state, and the serving engine's effective arguments
+from ``/server_info``. What changes from one launch of the same stack to the next is left out
+(ports, the random seed, runtime state), and so is what fast mode sets (random weights, fewer
+layers), so a fast smoke and a full one of the same stack have the same fingerprint. Two runs on
+the same stack give the same digest; a change in any component changes it, and :func:`changes`
+names it.
 No secret is hashed or shown (:mod:`stackgate.redact`): a changed API key, token or password
 leaves the digest as it was.
 """

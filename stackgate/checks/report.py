@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from stackgate import __version__
-from stackgate.redact import redact, secrets_in
 from stackgate.checks.core import Result, Status
 from stackgate.exitcodes import ExitCode
+from stackgate.redact import redact, secrets_in
 
 __all__ = ["SCHEMA", "Verdict", "document", "judge", "junit_xml", "redacted", "write_json", "write_junit", "write_text"]
 
