@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fakes import fake_nvml
-from smoke_support import FAKES, Rig, free_port, kill_leftovers
+from smoke_support import Rig, free_port, kill_leftovers
 
 from stackgate import fingerprint as fp
 from stackgate import gate, reporting, smoke
