@@ -13,6 +13,7 @@ from invoke.exceptions import Exit
 from stackgate import runner
 from stackgate.checks.core import CheckError
 from stackgate.exitcodes import ExitCode
+from stackgate.redact import redact_text
 from stackgate.stack.lock import LockError
 
 __all__ = ["USAGE_ERRORS", "quiet_closed_output", "run_command"]
@@ -28,7 +29,7 @@ def run_command(command: Callable[[], ExitCode], usage_errors: tuple[type[Except
     try:
         code = command()
     except USAGE_ERRORS + usage_errors as exc:
-        raise Exit(f"stackgate: {exc}", code=ExitCode.USAGE) from None
+        raise Exit(f"stackgate: {redact_text(str(exc))}", code=ExitCode.USAGE) from None
     except KeyboardInterrupt:
         runner.terminate_all()
         raise Exit("stackgate: interrupted", code=ExitCode.INTERRUPTED) from None

@@ -1,13 +1,16 @@
 """The fingerprint of a deployed stack: one stable hash over what defines it, with its parts.
 
 The parts ("components") are grouped in sections: the lock (its name and the hash of its
-bytes), the GPUs (driver, the CUDA version it supports, each GPU's model and compute
-capability), each CUDA toolkit's version, the stack's Python and every installed distribution,
-the locked patches' state, and the serving engine's effective arguments from ``/server_info``.
-What changes from one launch of the same stack to the next is left out (ports, the random
-seed, runtime state), and so is what fast mode sets (random weights, fewer layers), so a fast
-smoke and a full one of the same stack have the same fingerprint. Two runs on the same stack
-give the same digest; a change in any component changes it, and :func:`changes` names it.
+bytes, taken with its secrets hidden), the GPUs (driver, the CUDA version it supports, each
+GPU's model and compute capability), each CUDA toolkit's version, the stack's Python and every
+installed distribution, the locked patches' state, and the serving engine's effective arguments
+from ``/server_info``. What changes from one launch of the same stack to the next is left out
+(ports, the random seed, runtime state), and so is what fast mode sets (random weights, fewer
+layers), so a fast smoke and a full one of the same stack have the same fingerprint. Two runs on
+the same stack give the same digest; a change in any component changes it, and :func:`changes`
+names it.
+No secret is hashed or shown (:mod:`stackgate.redact`): a changed API key, token or password
+leaves the digest as it was.
 """
 
 from __future__ import annotations
@@ -20,11 +23,11 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from stackgate.checks.facts import Facts, Missing, ProbeFacts, ToolkitFacts, ToolVersion
 from stackgate.checks.nvml import NvmlSnapshot
-from stackgate.checks.smoke.serverinfo import redact_info
+from stackgate.redact import redact, redact_text, secrets_in
 from stackgate.stack.lock import Lock
 from stackgate.stack.patches import PatchStatus
 
-__all__ = ["PARTS", "SECTIONS", "Change", "Fingerprint", "changes", "digest", "from_facts", "gpu_section", "server_section"]
+__all__ = ["PARTS", "SECTIONS", "Change", "Fingerprint", "changes", "digest", "from_facts", "gpu_section", "lock_section", "server_section"]
 
 #: The fact parts a fingerprint is made from (the gate starts gathering them first).
 PARTS = ("nvml", "toolkits", "dists", "patches")
@@ -93,7 +96,7 @@ def digest(components: Mapping[str, Section]) -> str:
 def from_facts(lock: Lock, facts: Facts, server_info: Mapping[str, Any] | None) -> Fingerprint:
     """The fingerprint of the stack the facts describe and the server that ran on it."""
     return Fingerprint({
-        "lock": {"name": lock.name, "sha256": lock.sha256},
+        "lock": lock_section(lock),
         "gpu": gpu_section(facts.nvml),
         "toolkits": _toolkits(facts.toolkits),
         "python": _python(facts.dists),
@@ -101,6 +104,29 @@ def from_facts(lock: Lock, facts: Facts, server_info: Mapping[str, Any] | None) 
         "patches": _patches(facts.patches),
         "server": server_section(server_info) if server_info is not None else {UNAVAILABLE: "no smoke stage read /server_info"},
     })  # fmt: skip
+
+
+def lock_section(lock: Lock) -> dict[str, str]:
+    """The lock's name and sha256. A lockfile that holds secrets (an ``--api-key`` in its flags,
+    a token in its ``[smoke.env]``, a password in an index URL) is hashed with them hidden, so a
+    rotated key is the same stack; a lockfile without any keeps the sha256 of its bytes that every
+    report names."""
+    try:
+        raw = lock.path.read_bytes()
+    except OSError:
+        return {"name": lock.name, "sha256": lock.sha256}
+    if hashlib.sha256(raw).hexdigest() != lock.sha256:
+        return {"name": lock.name, "sha256": lock.sha256}  # changed since it was loaded: not this lock's text
+    text = raw.decode("utf-8", "surrogateescape")
+    smoke = lock.smoke
+    hidden = redact_text(text, known=secrets_in([list(smoke.flags), dict(smoke.env), dict(lock.env), *_compare_parts(lock)]))
+    sha256 = lock.sha256 if hidden == text else hashlib.sha256(hidden.encode("utf-8", "surrogateescape")).hexdigest()
+    return {"name": lock.name, "sha256": sha256}
+
+
+def _compare_parts(lock: Lock) -> list[Any]:
+    compare = lock.smoke.compare
+    return [] if compare is None else [list(compare.flags or ()), dict(compare.env)]
 
 
 def gpu_section(snapshot: NvmlSnapshot | Missing) -> dict[str, str]:
@@ -151,7 +177,7 @@ def server_section(info: Mapping[str, Any]) -> dict[str, str]:
     {'api_key': '<redacted>', 'attention_backend': 'triton', 'cuda_graph_bs': '[1, 2]'}
     """
     section = {}
-    for name, value in sorted(redact_info(info).items()):
+    for name, value in sorted(redact(dict(info)).items()):
         if value is None or name in VOLATILE or name in FAST_MODE or _PORT.search(name):
             continue
         section[name] = value if isinstance(value, str) else json.dumps(value, sort_keys=True)

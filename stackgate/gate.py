@@ -45,6 +45,7 @@ from stackgate.checks.core import Fix, Result, Status, failed, passed, skipped
 from stackgate.checks.facts import Facts, Missing, gather
 from stackgate.checks.smoke import launch
 from stackgate.exitcodes import ExitCode
+from stackgate.redact import redact
 from stackgate.stack import generations, pyenv
 from stackgate.stack import lock as lockmodel
 from stackgate.stack.plan import environment_drift
@@ -179,6 +180,12 @@ def _lock_stage(ctx: GateContext) -> list[Result]:
         fix = Fix("Name the model the gate launches.", (f"invoke gate --model /path/to/model --lock {lock.path}",))
         results.append(_named("lock.model", failed(str(exc), fix=fix)))
         return results
+    readable = launch.check_model(config)
+    if readable.status >= Status.FAIL:
+        ctx.usage = readable.summary
+        fix = Fix("Name a readable Hugging Face model directory (--model PATH or [smoke] model).", readable.fix.commands if readable.fix else ())
+        results.append(_named("lock.model", failed(readable.summary, fix=fix)))
+        return results
     results.append(_named("lock.model", passed(f"the smoke stages launch {config.model}", data={"model": config.model})))
     return results
 
@@ -279,9 +286,9 @@ def run_stages(stages: Sequence[Stage], ctx: GateContext) -> tuple[list[StageRun
     for stage in stages:
         reasons = _not_run(stage, done, ctx.request, interrupted)
         if reasons:
-            summary = f"not run: {reasons[0]}"
-            result = Result(f"gate.{stage.name}", Status.SKIP, summary, tuple(reasons), data={"not_run": reasons})
-            done[stage.name] = StageRun(stage.name, stage.title, stage.needs, NOT_RUN, reasons[0], (result,), 0.0)
+            reason = "; ".join(reasons)
+            result = Result(f"gate.{stage.name}", Status.SKIP, f"not run: {reason}", tuple(reasons), data={"not_run": reasons})
+            done[stage.name] = StageRun(stage.name, stage.title, stage.needs, NOT_RUN, reason, (result,), 0.0)
             continue
         begun = time.monotonic()
         try:
@@ -295,12 +302,20 @@ def run_stages(stages: Sequence[Stage], ctx: GateContext) -> tuple[list[StageRun
 
 
 def _not_run(stage: Stage, done: Mapping[str, StageRun], request: GateRequest, interrupted: bool) -> list[str]:
+    """Why a stage does not run, in a few words: the stages it stands on that did not pass.
+
+    Each names the stage and its status only; that stage's own row says why, so a long reason
+    (no model, say) is told once, not again in every stage after it. A stage that did not run
+    only because an earlier one failed is left out when that failure is named already.
+    """
     if interrupted:
         return ["the gate was interrupted"]
     left_out = stage.left_out(request)
     if left_out is not None:
         return [left_out]
-    return [f"{need} {done[need].status}: {done[need].reason}" for need in stage.needs if done[need].status != PASSED]
+    blocking = [done[need] for need in stage.needs if done[need].status != PASSED]
+    ran = [need for need in blocking if need.ran]
+    return [f"{need.name} {need.status}" if need.ran else f"{need.name} not run: {need.reason}" for need in ran or blocking]
 
 
 def _outcome(stage: Stage, results: Sequence[Result], seconds: float, strict: bool, interrupted: bool) -> StageRun:
@@ -418,12 +433,16 @@ def _server_info(ctx: GateContext) -> Mapping[str, Any] | None:
 
 
 def run(request: GateRequest, ui: UI) -> ExitCode:
-    """The gate command: run it, print the summary, write every report, keep the run."""
+    """The gate command: run it, print the summary, write every report, keep the run.
+
+    Everything shown or written is made from one document, redacted once here: the console,
+    every report and the kept run say the same, none with a secret in it.
+    """
     check_outputs(request)
     done = run_gate(request, ui)
+    doc = redact(done.document())
     if done.usage is not None:
-        ui.error(f"stackgate: {done.usage}")
-    doc = done.document()
+        ui.error(f"stackgate: {doc['gate']['usage_error']}")
     render(done, doc, ui)
     write_reports(doc, request)
     if done.usage is None:
@@ -436,32 +455,38 @@ def run(request: GateRequest, ui: UI) -> ExitCode:
 
 
 def render(done: GateRun, doc: Mapping[str, Any], ui: UI) -> None:
-    """The console summary: each stage that ran, the benchmark, the stage table, the verdict."""
+    """The console summary: each stage that ran, the benchmark, the stage table, the verdict.
+
+    Words come from the (redacted) document, so the console shows no more than the reports;
+    ``done`` gives only figures and counts."""
     count = len(done.stages)
-    for number, stage in enumerate(done.stages, 1):
+    for number, (stage, shown) in enumerate(zip(done.stages, doc["gate"]["stages"]), 1):
         if not stage.ran or stage.verdict is None:
             continue
-        ui.results(f"gate {number}/{count} {stage.name}: {stage.title}", stage.results, stage.verdict, stage.duration_s)
+        results = [Result.from_dict(r) for r in shown["results"]]
+        ui.results(f"gate {number}/{count} {stage.name}: {stage.title}", results, stage.verdict, stage.duration_s)
         if stage.name == "verify" and done.verify_run is not None and len(done.verify_run.phases) > 1:
             ui.line(verifycmd.phases_line(done.verify_run.phases, done.verify_run.duration_s))
-        _render_smoke(done.smoke_runs.get(stage.name), stage.name, ui)
+        _render_smoke(done.smoke_runs.get(stage.name), doc["gate"]["smoke"].get(stage.name), stage.name, ui)
     ui.line()
-    rows = [[s.name, s.status, f"{s.duration_s:.1f}", s.reason] for s in done.stages]
-    lock = f"{done.lock.name} ({done.lock.path})" if done.lock else str(done.request.lock_path or lockmodel.default_lock_path())
-    ui.table(f"stackgate gate: {lock}", ["stage", "status", "seconds", "reason"], rows, align="llrl")
+    rows = [[s["name"], s["status"], f"{s['duration_s']:.1f}", s["reason"]] for s in doc["gate"]["stages"]]
+    lock = doc["lock"]
+    title = f"{lock['name']} ({lock['path']})" if lock["name"] else lock["path"]
+    ui.table(f"stackgate gate: {title}", ["stage", "status", "seconds", "reason"], rows, align="llrl")
     for line in summaries.headline_lines(doc):
         ui.line(line)
     word = "PASSED" if done.exit_code == ExitCode.PASSED else "INTERRUPTED" if done.interrupted else "FAILED"
-    reason = "" if done.verdict.passed else f" ({done.verdict.reason})"
+    reason = "" if done.verdict.passed else f" ({doc['reason']})"
     ui.line(f"{report.counts_line(done.verdict.counts, done.duration_s)}: {word}{reason}", "success" if done.verdict.passed else "error")
 
 
-def _render_smoke(done: smoke.SmokeRun | None, name: str, ui: UI) -> None:
-    for session in done.sessions if done is not None else ():
+def _render_smoke(done: smoke.SmokeRun | None, shown: Mapping[str, Any] | None, name: str, ui: UI) -> None:
+    sessions = zip(done.sessions, (shown or {}).get("sessions", ())) if done is not None else ()
+    for session, written in sessions:
         if session.figures is not None and session.figures.runs:
             ui.table(f"benchmark ({name})", list(smoke.BENCHMARK_HEADERS), smoke.benchmark_rows(session.figures))
-        if session.log_path is not None:
-            ui.line(f"server log ({name}): {session.log_path}")
+        if written.get("log_path") is not None:
+            ui.line(f"server log ({name}): {written['log_path']}")
 
 
 def write_reports(doc: Mapping[str, Any], request: GateRequest) -> None:

@@ -8,11 +8,13 @@
 
 A run is named by its id, a unique prefix of it, a path to its JSON file, or its position from
 the newest (``-1`` the last run, ``-2`` the one before). Damaged or foreign files in the runs
-directory are skipped with a warning.
+directory are skipped with a warning. Runs are shown with their secrets hidden, also one kept
+before stackgate hid them, or copied in from elsewhere.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -20,6 +22,7 @@ from typing import Sequence
 from stackgate import history, htmlreport, rundiff, summaries
 from stackgate.checks import report
 from stackgate.exitcodes import ExitCode
+from stackgate.redact import redact
 from stackgate.stack import lock as lockmodel
 from stackgate.ui import UI
 
@@ -54,11 +57,11 @@ def run(request: ReportRequest, ui: UI) -> ExitCode:
     if request.html_path is not None:
         return _html(request.html_path, runs, chosen[0] if chosen else None, directory, warnings, ui)
     if len(chosen) == 2:
-        show_comparison(rundiff.compare(chosen[0], chosen[1]), ui)
+        show_comparison(rundiff.compare(_redacted(chosen[0]), _redacted(chosen[1])), ui)
     elif chosen:
-        show_run(chosen[0], ui)
+        show_run(_redacted(chosen[0]), ui)
     else:
-        list_runs(runs, directory, ui)
+        list_runs(runs, directory, ui)  # ids, verdicts and figures: nothing a run's secrets could be in
     return ExitCode.PASSED
 
 
@@ -71,6 +74,10 @@ def _directory(lock_path: Path | None) -> Path:
             raise
         lock = None
     return history.runs_dir(lock, reading=True)
+
+
+def _redacted(run: history.Run) -> history.Run:
+    return dataclasses.replace(run, doc=redact(run.doc))
 
 
 def _find(ref: str, runs: Sequence[history.Run]) -> history.Run:
@@ -164,7 +171,9 @@ def _html(path: Path, runs: Sequence[history.Run], focus: history.Run | None, di
     if focus is not None and focus not in chosen:
         chosen.append(focus)  # a run named by a path from elsewhere
     title = f"stackgate: run {focus.id}" if focus else f"stackgate: {len(chosen)} run(s) of {lock or 'no lock'}"
-    text = htmlreport.page(chosen, focus or anchor, title=title, source=f"runs in {directory}", warnings=warnings)
+    shown = [_redacted(r) for r in chosen]
+    centre = next((r for r in shown if anchor is not None and r.id == (focus or anchor).id), None)
+    text = htmlreport.page(shown, centre, title=title, source=f"runs in {directory}", warnings=warnings)
     report.write_text(path, text)
     ui.line(f"wrote {path} ({len(chosen)} run(s){f', focus {focus.id}' if focus else ''})")
     return ExitCode.PASSED

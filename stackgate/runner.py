@@ -1,7 +1,10 @@
 """The one edge through which stackgate runs other programs.
 
 Every subprocess runs in its own process group so that a timeout or an interrupt can end the
-whole tree it started, never just its leader.
+whole tree it started, never just its leader. Once :func:`terminate_all` has run (Ctrl-C or
+SIGTERM), nothing new starts: a worker thread that goes on to its next command (a facts part's
+next probe, say) gets :class:`Interrupted` instead of a process the interpreter would wait for
+at exit.
 """
 
 from __future__ import annotations
@@ -17,14 +20,27 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Mapping, Sequence
+from typing import IO, Any, Callable, Mapping, Sequence
 
-__all__ = ["Completed", "kill_group", "run", "run_logged", "spawn", "stream", "terminate_all"]
+__all__ = ["Completed", "Interrupted", "kill_group", "reopen", "run", "run_logged", "spawn", "stream", "terminate_all"]
 
 # Process groups of the commands running now, so that an interrupt can end them all: worker
 # threads never see KeyboardInterrupt, and the interpreter waits for them at exit.
 _LIVE: set[int] = set()
 _LIVE_GUARD = threading.Lock()
+#: Set by terminate_all: the run was interrupted, so no command may start any more.
+_CLOSED = threading.Event()
+
+
+class Interrupted(KeyboardInterrupt):
+    """A command asked to start after :func:`terminate_all`: the run is being interrupted.
+
+    A KeyboardInterrupt, so that it ends whatever asked (a check, a facts part, a stage) the
+    way Ctrl-C does, and is never mistaken for the command's own failure.
+    """
+
+    def __init__(self, argv: Sequence[str]) -> None:
+        super().__init__(f"interrupted: not starting {argv[0] if argv else 'a command'}")
 
 
 @dataclass(frozen=True)
@@ -64,6 +80,7 @@ def run(
     A program that cannot be started reports 127 and the OS error, as a shell would.
     """
     args = tuple(str(a) for a in argv)
+    _refuse_if_closed(args)
     started = time.monotonic()
     try:
         process = subprocess.Popen(
@@ -79,8 +96,7 @@ def run(
         )
     except OSError as exc:
         return Completed(args, 127, "", f"cannot run {args[0]}: {exc.strerror or exc}", 0.0)
-    with _LIVE_GUARD:
-        _LIVE.add(process.pid)
+    _register(process, args)
     try:
         stdout, stderr = process.communicate(stdin, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -98,11 +114,36 @@ def run(
 
 
 def terminate_all() -> None:
-    """Kill the process group of every command still running (on Ctrl-C or SIGTERM)."""
+    """Kill the process group of every command still running (on Ctrl-C or SIGTERM), and refuse
+    every command asked for from now on (:class:`Interrupted`) until :func:`reopen`."""
     with _LIVE_GUARD:
+        _CLOSED.set()
         groups = list(_LIVE)
     for pgid in groups:
         kill_group(pgid)
+
+
+def reopen() -> None:
+    """Let commands start again after :func:`terminate_all`: for a process that begins another
+    run after an interrupted one (a library caller, the tests). The command line never does."""
+    _CLOSED.clear()
+
+
+def _refuse_if_closed(args: Sequence[str]) -> None:
+    if _CLOSED.is_set():
+        raise Interrupted(args)
+
+
+def _register(process: subprocess.Popen[Any], args: Sequence[str]) -> None:
+    """Track a started command for terminate_all. One started while terminate_all ran (it was
+    past the check above but not yet tracked) is killed here, so it cannot slip through."""
+    with _LIVE_GUARD:
+        if not _CLOSED.is_set():
+            _LIVE.add(process.pid)
+            return
+    kill_group(process.pid)
+    process.wait()
+    raise Interrupted(args)
 
 
 def spawn(
@@ -119,6 +160,7 @@ def spawn(
     With ``die_with_parent`` Linux SIGKILLs it if this process dies, even by SIGKILL (a server
     left up on purpose is started without). Raises OSError when the program cannot be started.
     """
+    _refuse_if_closed([str(a) for a in argv])
     log_path.parent.mkdir(parents=True, exist_ok=True)
     # O_APPEND: the program's stdout and stderr (and its children's) interleave without overwriting.
     with open(log_path, "ab", buffering=0) as log:
@@ -178,6 +220,7 @@ def stream(
     output (its last megabyte); ``stderr`` is empty because both streams are merged.
     """
     args = tuple(str(a) for a in argv)
+    _refuse_if_closed(args)
     log.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with open(log, "a", encoding="utf-8", errors="replace") as sink:
@@ -200,8 +243,7 @@ def stream(
             message = f"cannot run {args[0]}: {exc.strerror or exc}"
             sink.write(message + "\n")
             return Completed(args, 127, "", message, 0.0)
-        with _LIVE_GUARD:
-            _LIVE.add(process.pid)
+        _register(process, args)
         expired = threading.Event()
         timer = threading.Timer(timeout_s if timeout_s is not None else 1e9, lambda: (expired.set(), kill_group(process.pid)))
         timer.daemon = True

@@ -258,7 +258,7 @@ def _render(done: SmokeRun, ui: UI) -> None:
         if session.levels:
             ui.table(f"concurrency ({session.config.title})", list(CONCURRENCY_HEADERS), concurrency_rows(session.levels))
     title = f"stackgate smoke: {done.lock.name} ({done.lock.path})" + (" [interrupted]" if done.interrupted else "")
-    ui.results(title, done.results, done.verdict, done.duration_s)
+    ui.results(title, report.redacted(done.results, done.document()), done.verdict, done.duration_s)
     for session in done.sessions:
         if session.log_path is not None:
             ui.line(f"server log ({session.config.title}): {session.log_path}")
@@ -378,7 +378,7 @@ def _run_session(session: Session, context: _Context, *, keep: bool) -> None:
         return
     config = session.config
     session.log_path = context.run_dir / f"{config.label or 'server'}.log"
-    watcher = logscan.LogWatcher(session.log_path, context=_scan_context(context.lock, config), evidence=config.evidence)
+    watcher = logscan.LogWatcher(session.log_path, context=_scan_context(context.lock, config, session.log_path), evidence=config.evidence)
     server: launch.Server | None = None
     interrupted = False
     try:
@@ -394,10 +394,10 @@ def _run_session(session: Session, context: _Context, *, keep: bool) -> None:
         raise KeyboardInterrupt
 
 
-def _scan_context(lock: lockmodel.Lock, config: Config) -> dict[str, str]:
+def _scan_context(lock: lockmodel.Lock, config: Config, log_path: Path) -> dict[str, str]:
     """What the knowledge base's causes and fixes quote: the lock's values, this launch's own."""
     values = signatures.lock_context(lock)
-    values.update(lock_backend=config.attention_backend, lock_tp=str(config.tp), lock_port=str(config.port))
+    values.update(lock_backend=config.attention_backend, lock_tp=str(config.tp), lock_port=str(config.port), log_file=shlex.quote(str(log_path)))
     return values
 
 
@@ -477,7 +477,7 @@ def _serve(session: Session, context: _Context, server: launch.Server, watcher: 
 
 
 def _launch_result(ready: Readiness, server: launch.Server, watcher: logscan.LogWatcher, timeout_s: float, cause: Finding | None) -> Result:
-    tail = [f"> {line}" for line in watcher.last_lines(15)]
+    tail = [f"> {logscan.excerpt(line)}" for line in watcher.last_lines(15)]
     fix = Fix("Read the server log; the findings below name known causes.", (f"tail -n 200 {server.log_path}",))
     known = f" (known failure {cause.signature.id}: see below)" if cause else ""
     data = {"reason": ready.reason, "seconds": round(ready.seconds, 3), "phase": ready.phase, "exit_code": ready.exit_code, "pid": server.pid}

@@ -58,7 +58,7 @@ def run(request: VerifyRequest, ui: UI) -> ExitCode:
     static, deep = plan(request.checks, deep=request.deep)
     done = verify(lock, static, ui, strict=request.strict, deep=deep)
     title = f"stackgate verify{' --deep' if request.deep else ''}: {lock.name} ({lock.path})"
-    ui.results(title, done.results, done.verdict, done.duration_s)
+    ui.results(title, report.redacted(done.results), done.verdict, done.duration_s)
     if deep:
         ui.line(phases_line(done.phases, done.duration_s))
     write_reports(done, request)

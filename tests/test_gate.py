@@ -15,9 +15,9 @@ from pathlib import Path
 
 import exposition
 import pytest
-from smoke_support import ROOT, Rig, assert_nothing_left, living, wait_for
+from smoke_support import ROOT, Rig, assert_nothing_left, group_members, living, wait_for
 
-from stackgate import gate
+from stackgate import gate, runner
 from stackgate.checks.core import Result, Status, failed, passed, skipped, warned
 from stackgate.checks.facts import Distribution, Facts, Missing, ProbeFacts
 from stackgate.exitcodes import ExitCode
@@ -50,6 +50,14 @@ def kept(folder: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
 
 
+@pytest.fixture(autouse=True)
+def _runner_opened_again():
+    """An interrupted gate run in this process closes the runner (runner.terminate_all); the
+    tests after it start commands again."""
+    yield
+    runner.reopen()
+
+
 # --- the stages, with stage functions injected -------------------------------------------------
 
 
@@ -74,8 +82,8 @@ def test_a_failed_stage_stops_the_stages_that_stand_on_it_with_the_reason():
     assert done.stage("b").reason == "1 check(s) failed: t.b: b broke"
     (d,) = done.stage("d").results
     assert d.check == "gate.d" and d.status == Status.SKIP
-    assert d.summary == "not run: b failed: 1 check(s) failed: t.b: b broke"
-    assert done.stage("e").reason == "d not run: b failed: 1 check(s) failed: t.b: b broke"
+    assert d.summary == "not run: b failed"  # b's own row says why, once
+    assert done.stage("e").reason == "d not run: b failed"
     assert done.exit_code == ExitCode.FAILED
 
 
@@ -130,6 +138,7 @@ def test_an_interrupted_stage_keeps_what_it_learned_and_stops_the_rest():
 def test_the_default_lock_on_this_machine_fails_lists_verify_failures_and_writes_every_report(tmp_path, _runs_dir):
     model = tmp_path / "model"
     model.mkdir()
+    (model / "config.json").write_text("{}")
     out = {kind: tmp_path / f"gate.{kind}" for kind in ("json", "xml", "md", "prom")}
     done = invoke("gate", "--model", str(model), "--json", str(out["json"]), "--junit", str(out["xml"]), "--markdown", str(out["md"]), "--prom", str(out["prom"]))
     assert done.returncode == 1, done.stdout + done.stderr
@@ -139,9 +148,9 @@ def test_the_default_lock_on_this_machine_fails_lists_verify_failures_and_writes
     assert statuses(doc) == {"lock": "passed", "environment": "failed", "verify": "failed", "fast_smoke": "not run", "benchmark": "not run"}
     (not_run,) = stage(doc, "fast_smoke")["results"]
     assert not_run["check"] == "gate.fast_smoke" and not_run["status"] == "SKIP"
-    assert not_run["summary"].startswith("not run: environment failed: ")
-    assert any(d.startswith("verify failed: ") and "gpu.driver" in d for d in not_run["details"])
-    assert "fast_smoke   not run" in done.stdout and "environment failed: " in done.stdout
+    assert not_run["summary"] == "not run: environment failed; verify failed"
+    assert not_run["details"] == ["environment failed", "verify failed"] and "gpu.driver" in stage(doc, "verify")["reason"]
+    assert "fast_smoke   not run      0.0  environment failed; verify failed" in done.stdout
     assert doc["gate"]["schema"] == "stackgate.gate/1" and doc["schema"] == "stackgate.report/1"
     assert doc["gate"]["benchmark"] is None and doc["gate"]["fingerprint"]["components"]["gpu"] == {"unavailable": "NVML not usable: NVML Shared Library Not Found"}
     failing = [r for r in doc["results"] if r["status"] in ("FAIL", "ERROR")]
@@ -167,7 +176,7 @@ def test_the_default_lock_on_this_machine_fails_lists_verify_failures_and_writes
 
     markdown = out["md"].read_text()
     assert markdown.startswith("## ❌ stackgate gate: FAILED\n")
-    assert "| fast_smoke | ⏭️ not run | 0.0 | environment failed: " in markdown
+    assert "| fast_smoke | ⏭️ not run | 0.0 | environment failed; verify failed |" in markdown
     assert "- **FAIL** verify `gpu.driver`: " in markdown and "    nvidia-smi" in markdown
     (stored,) = kept(_runs_dir)
     assert stored["run_id"] == doc["run_id"] and stored["results"] == doc["results"]
@@ -183,6 +192,29 @@ def test_a_gate_without_a_model_exits_2_and_the_reports_say_so(tmp_path, _runs_d
     assert doc["gate"]["usage_error"].startswith("no model to launch")
     assert exposition.parse(prom.read_text())["stackgate_gate_exit_code"].samples[0][1] == 2
     assert kept(_runs_dir) == []  # nothing about the stack was judged
+    # The stage table tells the reason once, in the lock's row; the stages after it say "lock failed".
+    rows = {line.split()[0]: line for line in done.stdout.splitlines() if line.split()[:1] and line.split()[0] in STAGES}
+    assert [name for name, row in rows.items() if "no model to launch" in row] == ["lock"]
+    assert [rows[name].split(None, 4)[4] for name in STAGES[1:]] == ["lock failed", "lock failed", "lock failed", "fast_smoke not run: lock failed"]
+
+
+@pytest.mark.parametrize("problem", ["missing", "a-file", "no-config"])
+def test_a_model_that_cannot_be_read_fails_the_lock_stage_and_runs_nothing(tmp_path, _runs_dir, problem):
+    model = tmp_path / "model"
+    if problem == "a-file":
+        model.write_text("")
+    elif problem == "no-config":
+        model.mkdir()
+    report = tmp_path / "gate.json"
+    done = invoke("gate", "--model", str(model), "--json", str(report))
+    assert done.returncode == 2, done.stdout + done.stderr
+    why = {"missing": "no such file or directory", "a-file": "is not a directory", "no-config": "has no config.json (not a Hugging Face model directory)"}[problem]
+    assert f"stackgate: model {model}: {why}" in done.stderr
+    doc = json.loads(report.read_text())
+    assert statuses(doc) == {"lock": "failed", **{name: "not run" for name in STAGES[1:]}}
+    (model_result,) = [r for r in stage(doc, "lock")["results"] if r["check"] == "lock.model"]
+    assert model_result["status"] == "FAIL" and model_result["summary"].startswith(f"model {model}: {why}")
+    assert kept(_runs_dir) == []
 
 
 def test_a_bad_lockfile_exits_2_lists_its_problems_in_the_reports_and_runs_nothing(tmp_path, _runs_dir):
@@ -209,28 +241,50 @@ def test_an_output_that_cannot_be_written_is_refused_before_anything_runs(tmp_pa
     assert done.stdout == "" and kept(_runs_dir) == []
 
 
-def test_ctrl_c_exits_130_writes_the_reports_and_keeps_the_run(tmp_path, _runs_dir):
-    hang = tmp_path / "python"
-    marker = tmp_path / "started"
-    hang.write_text(f"#!/bin/sh\necho $$ >> {marker}.pids\ntouch {marker}\nexec sleep 60\n")
-    hang.chmod(0o755)
-    text = (ROOT / "lockfiles" / "hopper-sm90-cu130.toml").read_text().replace("/opt/torch/.venv/bin/python3", str(hang))
+def hanging(path: Path, name: str, started: Path) -> Path:
+    """A program that records that it started (its name and pid), then hangs for ten minutes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\necho {name} $$ >> {started}\nexec sleep 600\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_ctrl_c_ends_the_gate_at_once_starts_nothing_more_and_leaves_no_process(tmp_path, _runs_dir):
+    """Ctrl-C while the facts are being gathered: the environment stage waits on the stack's
+    interpreter (hanging) and the toolkit part on the first of its tools (hanging), the other
+    still to come. The gate reports, keeps the run and exits 130; the second tool never starts
+    (nothing new starts after the interrupt) and no process is left. A gate that went on starting probes would
+    outlast the generous timeout below (each hangs for ten minutes)."""
+    started = tmp_path / "started"
+    python = hanging(tmp_path / "python", "python", started)
+    prefix = tmp_path / "cuda"
+    for tool in ("nvcc", "ptxas"):
+        hanging(prefix / "bin" / tool, tool, started)
+    text = (ROOT / "lockfiles" / "hopper-sm90-cu130.toml").read_text().replace("/opt/torch/.venv/bin/python3", str(python))
     lock = tmp_path / "hang.toml"
-    lock.write_text(text)
+    lock.write_text(text.replace('prefix = "/usr/local/cuda-13.0"', f'prefix = "{prefix}"'))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
     report = tmp_path / "gate.json"
     environ = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1"}
-    argv = [sys.executable, "-m", "invoke", "gate", "--lock", str(lock), "--model", str(tmp_path), "--json", str(report)]
+    argv = [sys.executable, "-m", "invoke", "gate", "--lock", str(lock), "--model", str(model), "--json", str(report)]
     process = subprocess.Popen(argv, cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    wait_for(marker.exists, 60)  # the environment stage's probe hangs in the stand-in interpreter
-    process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=60)
+    try:
+        wait_for(lambda: started.exists() and {"python", "tool"} <= {line.split()[0].replace("nvcc", "tool").replace("ptxas", "tool") for line in started.read_text().splitlines()}, 60)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=30)
+    finally:
+        process.kill()
     assert process.returncode == 130 and "stackgate: interrupted" in err
     doc = json.loads(report.read_text())
     assert doc["gate"]["interrupted"] is True and doc["exit_code"] == 130
     assert statuses(doc)["environment"] == "interrupted" and stage(doc, "verify")["reason"] == "the gate was interrupted"
     assert [d["run_id"] for d in kept(_runs_dir)] == [doc["run_id"]]
-    pids = [int(p) for p in Path(f"{marker}.pids").read_text().split()]
-    wait_for(lambda: not living(pids), 10)  # the probes' process groups were killed
+    ran = [line.split() for line in started.read_text().splitlines()]
+    assert len([name for name, _ in ran if name in ("nvcc", "ptxas")]) == 1
+    wait_for(lambda: not living([int(pid) for _, pid in ran]), 10)  # each probe's process group was killed
+    assert group_members(process.pid) == []
 
 
 # --- end to end against the stand-in -----------------------------------------------------------

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
+import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from stackgate import runner
 
@@ -34,3 +38,56 @@ def test_a_timeout_kills_the_children_too(tmp_path):
 def test_the_environment_is_the_one_given():
     done = runner.run(["sh", "-c", "echo $STACKGATE_X"], timeout_s=10, env={"PATH": os.environ["PATH"], "STACKGATE_X": "42"})
     assert done.stdout == "42\n"
+
+
+@pytest.fixture
+def closed_runner():
+    """The runner after an interrupt (terminate_all), opened again for the tests that follow."""
+    runner.terminate_all()
+    yield
+    runner.reopen()
+
+
+@pytest.mark.parametrize("how", ["run", "stream", "spawn"])
+def test_after_terminate_all_nothing_new_starts(tmp_path, closed_runner, how):
+    marker = tmp_path / "started"
+    argv = ["sh", "-c", f"touch {marker}"]
+    start = {
+        "run": lambda: runner.run(argv, timeout_s=10),
+        "stream": lambda: runner.stream(argv, log=tmp_path / "log", timeout_s=10),
+        "spawn": lambda: runner.spawn(argv, log_path=tmp_path / "log"),
+    }[how]
+    with pytest.raises(runner.Interrupted, match="interrupted: not starting sh"):
+        start()
+    time.sleep(0.2)  # a process that did start would have touched the marker by now
+    assert not marker.exists()
+
+
+def test_an_interrupt_ends_a_worker_that_goes_on_to_its_next_command(tmp_path):
+    """A thread of commands one after another (a facts part): the interrupt kills the running
+    one, and the next one is refused instead of started."""
+    pids = tmp_path / "pids"
+    started = threading.Event()
+
+    def worker():
+        for _ in range(3):
+            started.set()
+            runner.run(["sh", "-c", f"echo $$ >> {pids}; exec sleep 600"], timeout_s=600)
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(worker)
+        started.wait(10)
+        while not pids.exists():
+            time.sleep(0.02)
+        runner.terminate_all()
+        try:
+            with pytest.raises(runner.Interrupted):
+                future.result(timeout=30)  # a started second command would run for 600 s
+        finally:
+            runner.reopen()
+    assert len(pids.read_text().split()) == 1
+
+
+def test_reopen_lets_commands_start_again(closed_runner):
+    runner.reopen()
+    assert runner.run(["true"], timeout_s=10).ok

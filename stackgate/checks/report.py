@@ -1,6 +1,8 @@
 """Machine-readable reports of a run: the versioned JSON document and JUnit XML.
 
-Renderers only read results. The console rendering lives in :mod:`stackgate.ui`.
+Renderers only read results. The console rendering lives in :mod:`stackgate.ui`. Every JSON
+document and JUnit file is written with its secrets hidden (:mod:`stackgate.redact`), whoever
+built it; :func:`redacted` does the same for results on their way to a console.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from typing import Any, Mapping, Sequence
 from stackgate import __version__
 from stackgate.checks.core import Result, Status
 from stackgate.exitcodes import ExitCode
+from stackgate.redact import redact, secrets_in
 
-__all__ = ["SCHEMA", "Verdict", "document", "judge", "junit_xml", "write_json", "write_junit", "write_text"]
+__all__ = ["SCHEMA", "Verdict", "document", "judge", "junit_xml", "redacted", "write_json", "write_junit", "write_text"]
 
 SCHEMA = "stackgate.report/1"
 
@@ -134,12 +137,25 @@ def _clean(text: str) -> str:
 
 
 def write_json(path: Path | str, doc: Mapping[str, Any]) -> None:
-    # Strict JSON: a NaN or an infinity fails here, loudly, not later in a reader's parser.
-    write_text(path, json.dumps(doc, indent=2, sort_keys=False, allow_nan=False) + "\n")
+    """The document as strict JSON, its secrets hidden (a report, a kept run).
+
+    A NaN or an infinity fails here, loudly, not later in a reader's parser.
+    """
+    write_text(path, json.dumps(redact(doc), indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
 def write_junit(path: Path | str, suites: Mapping[str, Sequence[Result]], *, strict: bool = False) -> None:
-    write_text(path, junit_xml(suites, strict=strict))
+    """JUnit XML of the suites, their results' secrets hidden."""
+    hidden = redact({name: [r.to_dict() for r in results] for name, results in suites.items()})
+    write_text(path, junit_xml({name: [Result.from_dict(r) for r in results] for name, results in hidden.items()}, strict=strict))
+
+
+def redacted(results: Sequence[Result], context: Any = None) -> list[Result]:
+    """The results with their secrets hidden, for a console: also each secret found in
+    ``context`` (the run's whole document, say, whose command line holds the API key that a
+    check's details repeat)."""
+    known = secrets_in(context) if context is not None else set()
+    return [Result.from_dict(r) for r in redact([r.to_dict() for r in results], known=known)]
 
 
 def write_text(path: Path | str, text: str) -> None:

@@ -63,6 +63,7 @@ CONTEXT_KEYS: Mapping[str, tuple[str, str]] = {
     "gpu_arch": ("hardware.arch", "sm_120a in the default profile"),
     "lock_tp": ("smoke.tp", "the TP size"),
     "lock_port": ("smoke.port", "30000"),
+    "log_file": ("the log being read: smoke fills in its server log's path", "server.log"),
 }
 
 _FIELDS = (

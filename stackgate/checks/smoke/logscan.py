@@ -19,9 +19,29 @@ from pathlib import Path
 from typing import Mapping
 
 from stackgate.checks.core import Fix, Result, Status, failed, passed, warned
+from stackgate.redact import redact_text
 from stackgate.signatures import Finding, Scanner
 
-__all__ = ["PHASES", "READY_LINE", "Evidence", "LogWatcher", "finding_results"]
+__all__ = ["EXCERPT_CHARS", "PHASES", "READY_LINE", "Evidence", "LogWatcher", "excerpt", "finding_results"]
+
+#: How much of one log line a result quotes: SGLang's server_args line alone is ~9 KB.
+EXCERPT_CHARS = 300
+
+
+def excerpt(line: str, limit: int = EXCERPT_CHARS) -> str:
+    """A log line as a result quotes it: its secrets hidden, then at most ``limit`` characters,
+    cut after a separator so that no secret is cut in two (a half is no longer recognisable,
+    and would be shown), saying how many were cut.
+
+    >>> excerpt("server_args=ServerArgs(model_path='/m', api_key='sk-1', " + "x=1, " * 80 + ")", 60)
+    "server_args=ServerArgs(model_path='/m', api_key='<redacted>',... (402 chars cut)"
+    """
+    line = redact_text(line)
+    if len(line) <= limit:
+        return line
+    cut = max(line.rfind(sep, 0, limit + 1) for sep in " ,;()[]{}") + 1 or limit
+    return f"{line[:cut]}... ({len(line) - cut} chars cut)"
+
 
 #: The start-up phases SGLang 0.5.9's log reveals, in order (message patterns, label).
 PHASES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
@@ -166,7 +186,7 @@ def finding_results(findings: list[Finding], check: str, *, lock_backend: str) -
         if finding.signature.id == "sglang-attention-backend-default" and match.groups.get("backend") not in (None, lock_backend):
             status = Status.FAIL
         where = f"{finding.source}:{finding.line}" + (f" (x{finding.count})" if finding.count > 1 else "")
-        details = [match.cause, f"log: {where}", *(f"> {line}" for line in finding.lines[-6:]), f"source: {finding.signature.source}"]
+        details = [match.cause, f"log: {where}", *(f"> {excerpt(line)}" for line in finding.lines[-6:]), f"source: {finding.signature.source}"]
         fix = Fix(match.fix, match.commands)
         make = {Status.FAIL: failed, Status.WARN: warned}.get(status)
         data = {"signature": finding.signature.id, "line": finding.line, "count": finding.count, "text": match.text[-2000:], "cause": match.cause}

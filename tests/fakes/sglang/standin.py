@@ -136,6 +136,7 @@ def server_args(ns: argparse.Namespace) -> dict[str, Any]:
     args = dict(TABLE["fields"])
     args.update({k: v for k, v in values.items() if k in args})
     args["tokenizer_path"] = args.get("tokenizer_path") or args["model_path"]
+    args["served_model_name"] = args.get("served_model_name") or args["model_path"]  # as ServerArgs.__post_init__
     return args
 
 
@@ -544,6 +545,7 @@ def model_info(args: dict[str, Any]) -> dict[str, Any]:
 
 def server_info(args: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     scheduler = {"status": "ready", "max_total_num_tokens": 512000, "max_req_input_len": 131066}
-    states = [{"last_gen_throughput": b["rate"], "memory_usage": {"weight": 15.42, "kvcache": 58.6, "token_capacity": 512000, "graph": 0.6}}]
+    # Each scheduler's state starts from its own copy of the server arguments (Scheduler.get_internal_state).
+    states = [{**args, "last_gen_throughput": b["rate"], "memory_usage": {"weight": 15.42, "kvcache": 58.6, "token_capacity": 512000, "graph": 0.6}}]
     return {**args, **scheduler, "internal_states": states, "version": VERSION}
 
