@@ -26,6 +26,7 @@ from stackgate.checks.smoke import bench, fastmode, launch, logscan, quality, se
 from stackgate.checks.smoke.launch import Config, LaunchError
 from stackgate.checks.smoke.ready import Monitor, Readiness, wait_ready
 from stackgate.exitcodes import ExitCode
+from stackgate.redact import redact
 from stackgate.signatures import Finding
 from stackgate.stack import envfile
 from stackgate.stack import lock as lockmodel
@@ -158,7 +159,7 @@ class Session:
         return {
             "label": self.config.title,
             "command": list(self.argv),
-            "command_line": shlex.join(self.argv) if self.argv else None,
+            "command_line": secretargs.command_line(self.argv) if self.argv else None,
             "environment": launch.redacted(self.environment, [self.api_key]),
             "set_by_stackgate": launch.redacted(self.set_by_stackgate, [self.api_key]),
             "log_path": str(self.log_path) if self.log_path else None,
@@ -223,7 +224,13 @@ class SmokeRun:
     def document(self) -> dict[str, Any]:
         request = {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self.request).items()}
         smoke = {"schema": SCHEMA, "request": request, "interrupted": self.interrupted, "sessions": [s.to_dict() for s in self.sessions]}
-        return report.document("smoke", self.results, self.verdict, lock=self.lock, started=self.started, duration_s=self.duration_s, extra={"smoke": smoke})
+        doc = report.document("smoke", self.results, self.verdict, lock=self.lock, started=self.started, duration_s=self.duration_s, extra={"smoke": smoke})
+        return redact(doc, known=self.secrets())
+
+    def secrets(self) -> set[str]:
+        """The API keys the servers were launched with: the document shows them hidden, so a
+        log line that repeats one could not be recognised from the document alone."""
+        return {s.api_key for s in self.sessions if s.api_key}
 
 
 class SmokeInterrupted(KeyboardInterrupt):
@@ -258,7 +265,7 @@ def _render(done: SmokeRun, ui: UI) -> None:
         if session.levels:
             ui.table(f"concurrency ({session.config.title})", list(CONCURRENCY_HEADERS), concurrency_rows(session.levels))
     title = f"stackgate smoke: {done.lock.name} ({done.lock.path})" + (" [interrupted]" if done.interrupted else "")
-    ui.results(title, report.redacted(done.results, done.document()), done.verdict, done.duration_s)
+    ui.results(title, report.redacted(done.results, done.document(), known=done.secrets()), done.verdict, done.duration_s)
     for session in done.sessions:
         if session.log_path is not None:
             ui.line(f"server log ({session.config.title}): {session.log_path}")

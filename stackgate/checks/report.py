@@ -17,7 +17,7 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from stackgate import __version__
 from stackgate.checks.core import Result, Status
@@ -150,11 +150,11 @@ def write_junit(path: Path | str, suites: Mapping[str, Sequence[Result]], *, str
     write_text(path, junit_xml({name: [Result.from_dict(r) for r in results] for name, results in hidden.items()}, strict=strict))
 
 
-def redacted(results: Sequence[Result], context: Any = None) -> list[Result]:
+def redacted(results: Sequence[Result], context: Any = None, known: Iterable[str] = ()) -> list[Result]:
     """The results with their secrets hidden, for a console: also each secret found in
     ``context`` (the run's whole document, say, whose command line holds the API key that a
-    check's details repeat)."""
-    known = secrets_in(context) if context is not None else set()
+    check's details repeat) and each of ``known``."""
+    known = set(known) | (secrets_in(context) if context is not None else set())
     return [Result.from_dict(r) for r in redact([r.to_dict() for r in results], known=known)]
 
 

@@ -10,9 +10,10 @@ smoke puts the variable's value on the command line it launches, and shows the r
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Mapping, Sequence
 
-__all__ = ["HIDDEN", "SECRET_OPTIONS", "SecretArgError", "api_key", "resolve", "shown"]
+__all__ = ["HIDDEN", "SECRET_OPTIONS", "SecretArgError", "api_key", "command_line", "resolve", "shown"]
 
 #: SGLang 0.5.9's options whose value is a secret.
 SECRET_OPTIONS = ("--api-key", "--admin-api-key")
@@ -60,6 +61,16 @@ def shown(words: Sequence[str]) -> list[str]:
         if _reference(value) is None:
             _replace(out, index, HIDDEN)
     return out
+
+
+def command_line(words: Sequence[str]) -> str:
+    """The shown words as one shell line: each word quoted, the placeholder left bare so that a
+    reader sees ``--api-key <redacted>`` and not a quoted string that looks like the key.
+
+    >>> command_line(["sglang", "--api-key", HIDDEN, "--model-path", "/m m"])
+    "sglang --api-key <redacted> --model-path '/m m'"
+    """
+    return " ".join(word if word == HIDDEN else shlex.quote(word) for word in words)
 
 
 def resolve(words: Sequence[str], environ: Mapping[str, str]) -> list[str]:
