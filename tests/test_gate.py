@@ -209,10 +209,17 @@ def test_an_output_that_cannot_be_written_is_refused_before_anything_runs(tmp_pa
     assert done.stdout == "" and kept(_runs_dir) == []
 
 
+#: How long the Ctrl-C test's stand-in probe sleeps: far beyond any wait of a loaded machine.
+HANG_S = 600
+
+
 def test_ctrl_c_exits_130_writes_the_reports_and_keeps_the_run(tmp_path, _runs_dir):
     hang = tmp_path / "python"
     marker = tmp_path / "started"
-    hang.write_text(f"#!/bin/sh\necho $$ >> {marker}.pids\ntouch {marker}\nexec sleep 60\n")
+    # The stand-in's probe never ends on its own while the test runs (HANG_S): a gate that waited
+    # for it, instead of killing it, could not exit within the hang guard below, however loaded
+    # the machine; one that kills it exits in a second or two.
+    hang.write_text(f"#!/bin/sh\necho $$ >> {marker}.pids\ntouch {marker}\nexec sleep {HANG_S}\n")
     hang.chmod(0o755)
     text = (ROOT / "lockfiles" / "hopper-sm90-cu130.toml").read_text().replace("/opt/torch/.venv/bin/python3", str(hang))
     lock = tmp_path / "hang.toml"
@@ -221,16 +228,16 @@ def test_ctrl_c_exits_130_writes_the_reports_and_keeps_the_run(tmp_path, _runs_d
     environ = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1"}
     argv = [sys.executable, "-m", "invoke", "gate", "--lock", str(lock), "--model", str(tmp_path), "--json", str(report)]
     process = subprocess.Popen(argv, cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    wait_for(marker.exists, 60)  # the environment stage's probe hangs in the stand-in interpreter
+    wait_for(marker.exists, HANG_S / 4)  # the environment stage's probe hangs in the stand-in interpreter
     process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=60)
+    _, err = process.communicate(timeout=HANG_S / 2)  # a hang guard, not a speed limit
     assert process.returncode == 130 and "stackgate: interrupted" in err
     doc = json.loads(report.read_text())
     assert doc["gate"]["interrupted"] is True and doc["exit_code"] == 130
     assert statuses(doc)["environment"] == "interrupted" and stage(doc, "verify")["reason"] == "the gate was interrupted"
     assert [d["run_id"] for d in kept(_runs_dir)] == [doc["run_id"]]
     pids = [int(p) for p in Path(f"{marker}.pids").read_text().split()]
-    wait_for(lambda: not living(pids), 10)  # the probes' process groups were killed
+    wait_for(lambda: not living(pids), HANG_S / 4)  # killed: left alone they would live HANG_S
 
 
 # --- end to end against the stand-in -----------------------------------------------------------
