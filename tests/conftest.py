@@ -48,6 +48,7 @@ def cached_build(home: Path, build: Callable[[Path], None]) -> Path:
             return home  # another run built it while this one waited for the lock
         _sweep(home)
         folder = Path(tempfile.mkdtemp(prefix=f".{home.name}.", suffix=".d", dir=home.parent))
+        folder.chmod(0o755)  # as a folder made by hand: mkdtemp makes it private
         build(folder)
         (folder / READY).write_text(f"built by pid {os.getpid()}\n")
         link = folder.with_suffix(".link")
