@@ -157,7 +157,8 @@ def show_comparison(comparison: rundiff.Comparison, ui: UI) -> None:
             ui.line(f"    {change}")
     missing = [s for s in ("gpu", "toolkits", "distributions", "patches") if s not in comparison.sections]
     if missing and comparison.sections:
-        ui.line(f"  (not compared: {', '.join(missing)}: a smoke run records only its lock and its server)")
+        smoke = "smoke" in (old.command, new.command)
+        ui.line(f"  (not compared: {', '.join(missing)}: {'a smoke run records only its lock and its server' if smoke else 'not recorded by both runs'})")
     if comparison.statuses:
         ui.line(f"checks whose status changed ({len(comparison.statuses)}):")
         for status in comparison.statuses[:30]:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import venv
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -15,6 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("STACKGATE_TEST_CACHE", Path.home() / ".cache" / "stackgate-tests"))
 #: The CPU torch wheel that lies on this kind of machine's disk (pip finds it through its config).
 CPU_TORCH = os.environ.get("STACKGATE_TEST_TORCH", "torch==2.13.0")
+#: Written last into a cached build: its presence means the build is complete.
+READY = ".stackgate-ready"
 
 
 def isolated_environ(**extra: str) -> dict[str, str]:
@@ -25,32 +30,69 @@ def isolated_environ(**extra: str) -> dict[str, str]:
     return env
 
 
+def cached_build(home: Path, build: Callable[[Path], None]) -> Path:
+    """``home``, built once by ``build(folder)`` and shared by every run of the suite.
+
+    Two runs at once must not break each other, nor a run killed mid-build the next one: the
+    build runs under an exclusive lock, in a fresh folder beside ``home`` that no reader sees,
+    and a symbolic link renamed onto ``home`` (atomic) publishes it once it is complete. The
+    folder itself is never moved, because a venv cannot be (its scripts name their own path).
+    Nothing a reader may be using is deleted: only unfinished folders, under the lock.
+    """
+    if _built(home):
+        return home
+    home.parent.mkdir(parents=True, exist_ok=True)
+    with open(home.parent / f".{home.name}.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        if _built(home):
+            return home  # another run built it while this one waited for the lock
+        _sweep(home)
+        folder = Path(tempfile.mkdtemp(prefix=f".{home.name}.", suffix=".d", dir=home.parent))
+        folder.chmod(0o755)  # as a folder made by hand: mkdtemp makes it private
+        build(folder)
+        (folder / READY).write_text(f"built by pid {os.getpid()}\n")
+        link = folder.with_suffix(".link")
+        link.symlink_to(folder.name)
+        os.replace(link, home)
+    return home
+
+
+def _sweep(home: Path) -> None:
+    """Delete what killed builders left (only the lock's holder builds, so none is in use); a
+    complete build is kept, as a reader may be using it."""
+    legacy = [home] if home.is_dir() and not home.is_symlink() else []  # built in place by older tests
+    for folder in [*home.parent.glob(f".{home.name}.*.d"), *legacy]:
+        if not (folder / READY).is_file():
+            folder.rename(folder.with_name(f".{home.name}.{folder.name}.removing"))  # gone at once
+    for leftover in home.parent.glob(f".{home.name}.*.removing"):
+        shutil.rmtree(leftover)
+
+
+def _built(home: Path) -> bool:
+    return (home / READY).is_file()
+
+
 @pytest.fixture(scope="session")
 def torch_python() -> Path:
     """An interpreter of a venv holding the CPU build of torch, built once and cached.
 
     Uses the machine's pip configuration on purpose: that is where the CPU wheel is found.
     """
-    home = CACHE / f"torch-venv-{sys.version_info.major}.{sys.version_info.minor}-{CPU_TORCH.replace('=', '')}"
-    python = home / "bin" / "python"
-    ready = home / ".stackgate-ready"
-    if not ready.exists():
-        if home.exists():
-            subprocess.run(["rm", "-rf", str(home)], check=True)
+
+    def build(home: Path) -> None:
         venv.EnvBuilder(with_pip=True).create(home)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", CPU_TORCH, "numpy"], check=True)
-        ready.write_text(CPU_TORCH + "\n")
-    return python
+        subprocess.run([str(home / "bin" / "python"), "-m", "pip", "install", "-q", CPU_TORCH, "numpy"], check=True)
+
+    name = f"torch-venv-{sys.version_info.major}.{sys.version_info.minor}-{CPU_TORCH.replace('=', '')}"
+    return cached_build(CACHE / name, build) / "bin" / "python"
 
 
 @pytest.fixture(scope="session")
 def plain_python() -> Path:
     """An interpreter of an empty venv (no torch), built once and cached."""
-    home = CACHE / f"plain-venv-{sys.version_info.major}.{sys.version_info.minor}"
-    python = home / "bin" / "python"
-    if not python.exists():
-        venv.EnvBuilder(with_pip=False).create(home)
-    return python
+    # Not "plain-venv-*": older tests built that in place, and a run of theirs may be using it.
+    home = cached_build(CACHE / f"empty-venv-{sys.version_info.major}.{sys.version_info.minor}", lambda home: venv.EnvBuilder(with_pip=False).create(home))
+    return home / "bin" / "python"
 
 
 def make_venv(home: Path) -> tuple[Path, Path]:
@@ -129,3 +171,11 @@ imports = {imports}
 {extra}
 """
     )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that takes the CPU-torch venv is a ``torch`` test whether or not it says so, so
+    that ``-m "not torch"`` leaves out every test that needs the 1 GB venv."""
+    for item in items:
+        if "torch_python" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.torch)

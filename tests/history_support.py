@@ -48,3 +48,25 @@ def keep(folder: Path, doc: dict[str, Any], started: str) -> history.Run:
     """Store a document as run of ``started`` (ISO time) and read it back."""
     doc = {**doc, "started": started, "run_id": f"{started.replace('-', '').replace(':', '')[:15]}Z-{doc['command']}-{abs(hash(started)) % 0xFFFFFF:06x}"}
     return history.read(history.store(doc, folder))
+
+
+def smoke_doc(tmp: Path, *, decode: float | None = 200.0, backend: str = "flashinfer", fast: bool = False, status: Status = Status.PASS) -> dict[str, Any]:
+    """A smoke's document, written by smoke's own SmokeRun.document(): the stand-in's lock, one
+    session whose server reported ``backend``, and (``decode`` not None) a benchmark of two runs."""
+    from smoke_support import Rig
+
+    from stackgate import smoke
+    from stackgate.checks import report
+    from stackgate.checks.smoke import launch
+    from stackgate.stack import lock as lockmodel
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    lock = lockmodel.load(Rig(tmp, 30000).lock())
+    session = smoke.Session(launch.configs(lock, fast=fast)[0], server_info={**SERVER, "attention_backend": backend, "port": 30000, "random_seed": 7})
+    session.shrink = smoke.fastmode.Shrink("num_hidden_layers", 2, 32, {"num_hidden_layers": 2}, "LlamaForCausalLM") if fast else None
+    if decode is not None:
+        samples = [bench.Sample(200, 200, 0.0, 200 / (rate * 0.985), 0.021, 1, 200) for rate in (decode - 0.2, decode + 0.2)]
+        tok, rates = [s.tok_s for s in samples], [decode - 0.2, decode + 0.2]
+        session.figures = bench.BenchFigures((), tuple(samples), bench.summarize(tok), bench.summarize(rates), bench.summarize([0.021, 0.021]), None)
+    results = [Result("smoke.benchmark", status, f"{decode} tok/s")]
+    return smoke.SmokeRun(lock, smoke.SmokeRequest(benchmark=decode is not None), (session,), results, report.judge(results), 1735725600.0, 9.5).document()

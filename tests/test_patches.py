@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from conftest import CACHE, isolated_environ
+from conftest import CACHE, cached_build, isolated_environ
 from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import Status, run_checks, select
 from stackgate.checks.facts import gather
@@ -212,17 +212,17 @@ def test_lost_record_with_patched_files_is_recorded_again(tmp_path: Path) -> Non
 
 @pytest.fixture(scope="module")
 def sglang_wheel() -> Path:
-    """The real sglang 0.5.9 wheel from PyPI, downloaded once into the test cache."""
-    target = CACHE / "wheels"
-    found = sorted(target.glob("sglang-0.5.9-*.whl"))
-    if not found:
-        target.mkdir(parents=True, exist_ok=True)
+    """The real sglang 0.5.9 wheel from PyPI, downloaded once into the test cache (safely when
+    two runs start at once: ``cached_build``)."""
+
+    def download(folder: Path) -> None:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "sglang==0.5.9", "-d", str(target)],
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "sglang==0.5.9", "-d", str(folder)],
             env=isolated_environ(), check=True, capture_output=True,
         )
-        found = sorted(target.glob("sglang-0.5.9-*.whl"))
-    return found[0]
+
+    (found,) = cached_build(CACHE / "sglang-0.5.9-wheel", download).glob("sglang-0.5.9-*.whl")
+    return found
 
 
 @pytest.fixture()
