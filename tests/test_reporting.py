@@ -89,7 +89,7 @@ def test_one_gate_run_shows_its_stages_failures_with_their_fix_benchmark_and_fin
         "  FAIL  verify verify.check: torch moved",
         "        fix: Do the thing.",
         "        $ echo fix",
-        "decode 83.90 tok/s; 82.64 tok/s vs baseline 190 (-56.5%, floor 180.50): FAIL",
+        "decode 83.90 tok/s vs baseline 190 (-55.8%, floor 180.50): FAIL; end-to-end 82.64 tok/s",
         f"fingerprint {b.fingerprint['short']} (lock, gpu, distributions, server)",
         f"file: {b.path}",
     ]
