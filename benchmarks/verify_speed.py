@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from stackgate.stack import lock as lockmodel  # noqa: E402
+from stackgate.models import spec as lockmodel  # noqa: E402
 
 
 def timed(argv: list[str], env: dict[str, str], repeat: int) -> tuple[float, int]:

@@ -12,9 +12,9 @@ from invoke.exceptions import Exit
 
 from stackgate import runner
 from stackgate.checks.core import CheckError
-from stackgate.exitcodes import ExitCode
-from stackgate.redact import redact_text
-from stackgate.stack.lock import LockError
+from stackgate.models.exitcodes import ExitCode
+from stackgate.models.redact import redact_text
+from stackgate.models.spec import LockError
 
 __all__ = ["USAGE_ERRORS", "quiet_closed_output", "run_command"]
 

@@ -1,6 +1,6 @@
 """`invoke diagnose`: explain logs of this stack (server logs, installer output, tracebacks).
 
-Each input is streamed through a :class:`~stackgate.signatures.Scanner` in large blocks, so a
+Each input is streamed through a :class:`~stackgate.models.knowledge.Scanner` in large blocks, so a
 log of hundreds of MB is never held whole; the findings of all inputs are reported most severe
 first, with the lines that matched, the cause and the fix. With a lock, causes and fixes quote
 the stack's own values (its attention backend, its torch build). Exit 1 when a finding is an
@@ -21,11 +21,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Callable, Sequence
 
-from stackgate import __version__, signatures
+from stackgate import __version__
+from stackgate.models import knowledge
 from stackgate.checks import report
-from stackgate.exitcodes import ExitCode
-from stackgate.signatures import Finding
-from stackgate.stack import lock as lockmodel
+from stackgate.models.exitcodes import ExitCode
+from stackgate.models.knowledge import Finding
+from stackgate.models import spec as lockmodel
 
 __all__ = ["SCHEMA", "DiagnoseError", "DiagnoseRequest", "Diagnosis", "Input", "diagnose", "document", "inputs_summary", "run", "verdict_line"]
 
@@ -67,7 +68,7 @@ class Diagnosis:
     @property
     def counts(self) -> dict[str, int]:
         counted = Counter(f.signature.severity for f in self.findings)
-        return {severity: counted.get(severity, 0) for severity in reversed(signatures.SEVERITIES)}
+        return {severity: counted.get(severity, 0) for severity in reversed(knowledge.SEVERITIES)}
 
     @property
     def exit_code(self) -> ExitCode:
@@ -82,8 +83,8 @@ def run(request: DiagnoseRequest, ui: Any, stdin: BinaryIO | None = None) -> Exi
     if request.stdin:
         openers.append((STDIN, lambda: _borrowed(stdin or sys.stdin.buffer)))
     lock = lockmodel.load(request.lock_path) if request.lock_path else None
-    context = signatures.lock_context(lock) if lock else {}
-    with ui.progress(f"scanning {len(openers)} input(s) for {len(signatures.load())} known failures"):
+    context = knowledge.lock_context(lock) if lock else {}
+    with ui.progress(f"scanning {len(openers)} input(s) for {len(knowledge.load())} known failures"):
         done = diagnose(openers, context, lock=lock)
     ui.findings(f"stackgate diagnose: {inputs_summary(done)}", done.findings, verdict_line(done))
     if request.json_path:
@@ -96,7 +97,7 @@ def diagnose(inputs: Sequence[tuple[str, Callable[[], Any]]], context: dict[str,
     started, clock = time.time(), time.monotonic()
     scanned, findings = [], []
     for name, opener in inputs:
-        scanner = signatures.Scanner(context=context, source=name)
+        scanner = knowledge.Scanner(context=context, source=name)
         try:
             with opener() as stream:
                 scanner.scan_stream(stream)
@@ -104,7 +105,7 @@ def diagnose(inputs: Sequence[tuple[str, Callable[[], Any]]], context: dict[str,
             raise DiagnoseError(f"{name}: cannot read: {getattr(exc, 'strerror', None) or exc}") from exc
         scanned.append(Input(name, scanner.number, scanner.bytes))
         findings.extend(scanner.findings)
-    findings.sort(key=signatures.rank)
+    findings.sort(key=knowledge.rank)
     return Diagnosis(tuple(scanned), tuple(findings), started, time.monotonic() - clock, lock)
 
 

@@ -9,7 +9,7 @@ from ``/server_info``. What changes from one launch of the same stack to the nex
 layers), so a fast smoke and a full one of the same stack have the same fingerprint. Two runs on
 the same stack give the same digest; a change in any component changes it, and :func:`changes`
 names it.
-No secret is hashed or shown (:mod:`stackgate.redact`): a changed API key, token or password
+No secret is hashed or shown (:mod:`stackgate.models.redact`): a changed API key, token or password
 leaves the digest as it was.
 """
 
@@ -23,8 +23,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from stackgate.checks.facts import Facts, Missing, ProbeFacts, ToolkitFacts, ToolVersion
 from stackgate.checks.nvml import NvmlSnapshot
-from stackgate.redact import redact, redact_text, secrets_in
-from stackgate.stack.lock import Lock
+from stackgate.models.redact import redact, redact_text, secrets_in
+from stackgate.models.spec import Lock
 from stackgate.stack.patches import PatchStatus
 
 __all__ = ["PARTS", "SECTIONS", "Change", "Fingerprint", "changes", "digest", "from_facts", "gpu_section", "lock_section", "server_section"]

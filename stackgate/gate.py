@@ -41,13 +41,14 @@ from stackgate import fingerprint as fp
 from stackgate import history, runner, smoke, summaries
 from stackgate import verify as verifycmd
 from stackgate.checks import report
-from stackgate.checks.core import Fix, Result, Status, failed, passed, skipped
+from stackgate.models.finding import Fix
+from stackgate.models.result import Result, Status, failed, passed, skipped
 from stackgate.checks.facts import Facts, Missing, gather
 from stackgate.checks.smoke import launch
-from stackgate.exitcodes import ExitCode
-from stackgate.redact import redact
+from stackgate.models.exitcodes import ExitCode
+from stackgate.models.redact import redact
 from stackgate.stack import generations, pyenv
-from stackgate.stack import lock as lockmodel
+from stackgate.models import spec as lockmodel
 from stackgate.stack.plan import environment_drift
 from stackgate.ui import UI
 

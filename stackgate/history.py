@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from stackgate.checks import report
-from stackgate.stack.lock import Lock
+from stackgate.models.spec import Lock
 
 __all__ = ["COMMANDS", "RUNS_ENV", "HistoryError", "Run", "find", "keep", "load", "new_id", "read", "runs_dir", "sparkline", "store"]
 

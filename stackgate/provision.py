@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Callable, ContextManager, Mapping
 
 from stackgate.checks.all import REGISTRY
-from stackgate.checks.core import Check, Result, Status, run_checks
+from stackgate.checks.core import Check, run_checks
+from stackgate.models.result import Result, Status
 from stackgate.checks.facts import Missing, gather
-from stackgate.exitcodes import ExitCode
+from stackgate.models.exitcodes import ExitCode
 from stackgate.stack import adapters, fetch, generations, guard, pyenv
-from stackgate.stack import lock as lockmodel
+from stackgate.models import spec as lockmodel
 from stackgate.stack.plan import AREAS, Plan, Step, cache_dir, environment_drift, plan
 from stackgate.ui import UI, Activity
 from stackgate.verify import verify

@@ -21,9 +21,9 @@ from typing import Sequence
 
 from stackgate import history, htmlreport, rundiff, summaries
 from stackgate.checks import report
-from stackgate.exitcodes import ExitCode
-from stackgate.redact import redact
-from stackgate.stack import lock as lockmodel
+from stackgate.models.exitcodes import ExitCode
+from stackgate.models.redact import redact
+from stackgate.models import spec as lockmodel
 from stackgate.ui import UI
 
 __all__ = ["ReportRequest", "ReportUsage", "run"]

@@ -19,17 +19,20 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Mapping, Sequence
 
-from stackgate import history, signatures
+from stackgate import history
+from stackgate.models import knowledge
 from stackgate.checks import report
-from stackgate.checks.core import Fix, Result, Status, failed, passed, skipped, warned
-from stackgate.checks.smoke import bench, fastmode, launch, logscan, quality, secretargs, serverinfo
+from stackgate.models.finding import Fix
+from stackgate.models.result import Result, Status, failed, passed, skipped, warned
+from stackgate.checks.smoke import bench, fastmode, launch, logscan, quality, serverinfo
+from stackgate.models import secretargs
 from stackgate.checks.smoke.launch import Config, LaunchError
 from stackgate.checks.smoke.ready import Monitor, Readiness, wait_ready
-from stackgate.exitcodes import ExitCode
-from stackgate.redact import redact
-from stackgate.signatures import Finding
-from stackgate.stack import envfile
-from stackgate.stack import lock as lockmodel
+from stackgate.models.exitcodes import ExitCode
+from stackgate.models.redact import redact
+from stackgate.models.knowledge import Finding
+from stackgate.models import envfile
+from stackgate.models import spec as lockmodel
 from stackgate.ui import UI
 
 __all__ = [
@@ -403,7 +406,7 @@ def _run_session(session: Session, context: _Context, *, keep: bool) -> None:
 
 def _scan_context(lock: lockmodel.Lock, config: Config, log_path: Path) -> dict[str, str]:
     """What the knowledge base's causes and fixes quote: the lock's values, this launch's own."""
-    values = signatures.lock_context(lock)
+    values = knowledge.lock_context(lock)
     values.update(lock_backend=config.attention_backend, lock_tp=str(config.tp), lock_port=str(config.port), log_file=shlex.quote(str(log_path)))
     return values
 

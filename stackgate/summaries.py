@@ -12,7 +12,7 @@ import math
 import re
 from typing import Any, Iterable, Mapping
 
-from stackgate.checks.core import Result
+from stackgate.models.result import Result
 
 __all__ = ["STAGE_STATUSES", "benchmark_line", "headline_lines", "markdown", "prometheus", "suites", "verdict_word"]
 

@@ -22,10 +22,10 @@ from rich.table import Table
 from rich.text import Text
 from rich.theme import Theme
 
-from stackgate.checks.core import Result, Status
+from stackgate.models.result import Result, Status
 from stackgate.checks.report import Verdict, counts_line
-from stackgate.exitcodes import ExitCode
-from stackgate.signatures import Finding
+from stackgate.models.exitcodes import ExitCode
+from stackgate.models.knowledge import Finding
 
 __all__ = ["UI", "Activity", "render_findings", "render_plain", "render_rows", "render_table"]
 

@@ -16,10 +16,11 @@ from typing import Mapping, Sequence
 from stackgate.checks import deep as deepchecks
 from stackgate.checks import report
 from stackgate.checks.all import REGISTRY
-from stackgate.checks.core import Check, CheckError, Result, run_checks, select
+from stackgate.checks.core import Check, CheckError, run_checks, select
+from stackgate.models.result import Result
 from stackgate.checks.facts import Facts, gather
-from stackgate.exitcodes import ExitCode
-from stackgate.stack import lock as lockmodel
+from stackgate.models.exitcodes import ExitCode
+from stackgate.models import spec as lockmodel
 from stackgate.ui import UI
 
 __all__ = ["VerifyRequest", "VerifyRun", "list_checks", "phases_line", "plan", "run", "verify"]

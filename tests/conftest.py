@@ -145,7 +145,7 @@ def rig(tmp_path: Path) -> Iterator[Any]:
 
 def interpreter_lock(python: Path, packages: str = "", extra: str = "", *, imports: str = '["torch"]', version: str | None = None):
     """A lock for one SM120 GPU whose stack is an existing interpreter of this machine."""
-    from stackgate.stack import lock as lockmodel
+    from stackgate.models import spec as lockmodel
 
     version = version or f"{sys.version_info.major}.{sys.version_info.minor}"
     return lockmodel.loads(

@@ -10,7 +10,8 @@ from typing import Any
 
 from stackgate import fingerprint as fp
 from stackgate import gate, history
-from stackgate.checks.core import Fix, Result, Status
+from stackgate.models.finding import Fix
+from stackgate.models.result import Result, Status
 from stackgate.checks.smoke import bench
 from stackgate.ui import UI
 
@@ -58,7 +59,7 @@ def smoke_doc(tmp: Path, *, decode: float | None = 200.0, backend: str = "flashi
     from stackgate import smoke
     from stackgate.checks import report
     from stackgate.checks.smoke import launch
-    from stackgate.stack import lock as lockmodel
+    from stackgate.models import spec as lockmodel
 
     tmp.mkdir(parents=True, exist_ok=True)
     lock = lockmodel.load(Rig(tmp, 30000).lock())

@@ -23,9 +23,9 @@ from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
 
 from stackgate import smoke
-from stackgate.checks.core import Result
+from stackgate.models.result import Result
 from stackgate.checks.smoke.procs import read_stat
-from stackgate.stack import lock as lockmodel
+from stackgate.models import spec as lockmodel
 from stackgate.ui import UI
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,9 +15,9 @@ from conftest import install_dist, interpreter_lock, make_venv
 from stackgate.checks import elf
 from stackgate.checks.abi import symbol_provider
 from stackgate.checks.all import REGISTRY
-from stackgate.checks.core import Status
+from stackgate.models.result import Status
 from stackgate.checks.facts import gather
-from stackgate.stack import lock as lockmodel
+from stackgate.models import spec as lockmodel
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"

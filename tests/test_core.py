@@ -7,9 +7,10 @@ import threading
 import pytest
 
 from stackgate.checks import core
-from stackgate.checks.core import Check, CheckError, Status, failed, passed, run_checks, select, skipped, warned
+from stackgate.checks.core import Check, CheckError, run_checks, select
+from stackgate.models.result import Status, failed, passed, skipped, warned
 from stackgate.checks.report import judge
-from stackgate.exitcodes import ExitCode
+from stackgate.models.exitcodes import ExitCode
 
 
 def make(name, function, timeout_s=5.0, slow=False):

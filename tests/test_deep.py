@@ -16,8 +16,9 @@ import pytest
 from fakes.fake_nvml import gpu, machine
 
 from stackgate.checks import deep
-from stackgate.checks.core import CheckError, Result, Status
-from stackgate.stack import lock as lockmodel
+from stackgate.checks.core import CheckError
+from stackgate.models.result import Result, Status
+from stackgate.models import spec as lockmodel
 from stackgate.verify import plan
 
 ROOT = Path(__file__).resolve().parents[1]

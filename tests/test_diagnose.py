@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from stackgate import diagnose, signatures
+from stackgate import diagnose
+from stackgate.models import knowledge as signatures
 from stackgate.diagnose import DiagnoseError, DiagnoseRequest
-from stackgate.exitcodes import ExitCode
-from stackgate.signatures import Scanner
+from stackgate.models.exitcodes import ExitCode
+from stackgate.models.knowledge import Scanner
 from stackgate.ui import UI, render_findings
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from stackgate.stack import envfile
+from stackgate.models import envfile
 
 
 def test_render_then_parse_round_trips_awkward_values(tmp_path):

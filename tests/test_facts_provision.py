@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from stackgate.checks.facts import BasePython, Missing, gather
-from stackgate.stack import lock as lockmodel
+from stackgate.models import spec as lockmodel
 
 RUNNING = ".".join(platform.python_version_tuple()[:2])
 REAL = Path(os.path.realpath(sys.executable))

@@ -14,7 +14,7 @@ from fakes.fake_nvml import gpu, machine
 from stackgate import fingerprint as fp
 from stackgate.checks import nvml
 from stackgate.checks.facts import Distribution, Facts, Missing, ProbeFacts, ToolkitFacts, ToolVersion
-from stackgate.stack import lock as lockmodel
+from stackgate.models import spec as lockmodel
 from stackgate.stack.patches import PatchStatus
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,11 +19,11 @@ import pytest
 from smoke_support import ROOT, Rig, assert_nothing_left, group_members, living, wait_for
 
 from stackgate import gate, runner
-from stackgate.checks.core import Result, Status, failed, passed, skipped, warned
+from stackgate.models.result import Result, Status, failed, passed, skipped, warned
 from stackgate.checks.facts import Distribution, Facts, Missing, ProbeFacts
-from stackgate.exitcodes import ExitCode
+from stackgate.models.exitcodes import ExitCode
 from stackgate.stack import generations, pyenv
-from stackgate.stack import lock as lockmodel
+from stackgate.models import spec as lockmodel
 from stackgate.ui import UI
 
 TESTS = ROOT / "tests"

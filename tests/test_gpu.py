@@ -11,9 +11,9 @@ from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
 from stackgate.checks import nvml
 from stackgate.checks.all import REGISTRY
-from stackgate.checks.core import Status
+from stackgate.models.result import Status
 from stackgate.checks.facts import gather
-from stackgate.stack import lock as lockmodel
+from stackgate.models import spec as lockmodel
 
 ROOT = Path(__file__).resolve().parents[1]
 SM120 = lockmodel.load(ROOT / "lockfiles" / "blackwell-sm120-cu130.toml")

@@ -14,8 +14,8 @@ from history_support import gate_doc, keep
 from smoke_support import ROOT, assert_nothing_left
 
 from stackgate import history
-from stackgate.checks.core import Status
-from stackgate.stack import lock as lockmodel
+from stackgate.models.result import Status
+from stackgate.models import spec as lockmodel
 
 TESTS = ROOT / "tests"
 

@@ -19,7 +19,7 @@ import pytest
 from history_support import gate_doc, keep
 
 from stackgate import history, htmlreport, reporting
-from stackgate.checks.core import Status
+from stackgate.models.result import Status
 from stackgate.ui import UI
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

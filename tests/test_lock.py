@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from packaging.version import Version
 
-from stackgate.stack import lock as lockmodel
-from stackgate.stack.lock import Capability, LockError
+from stackgate.models import spec as lockmodel
+from stackgate.models.spec import Capability, LockError
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "lockfiles" / "blackwell-sm120-cu130.toml"

@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 
 import test_lock
 
-from stackgate.stack import envfile, lock as lockmodel, pyenv
-from stackgate.stack.lock import LockError
+from stackgate.models import envfile, spec as lockmodel
+from stackgate.stack import pyenv
+from stackgate.models.spec import LockError
 
 if sys.version_info >= (3, 11):
     import tomllib

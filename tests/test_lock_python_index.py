@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from stackgate.stack import lock as lockmodel
+from stackgate.models import spec as lockmodel
 
 BASE = """
 [stack]

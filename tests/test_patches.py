@@ -18,9 +18,10 @@ from packaging.version import Version
 
 from conftest import CACHE, cached_build, isolated_environ
 from stackgate.checks.all import REGISTRY
-from stackgate.checks.core import Status, run_checks, select
+from stackgate.models.result import Status
+from stackgate.checks.core import run_checks, select
 from stackgate.checks.facts import gather
-from stackgate.stack import lock as lockmodel
+from stackgate.models import spec as lockmodel
 from stackgate.stack import patches
 from stackgate.stack.patches import PatchError
 

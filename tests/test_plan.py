@@ -15,7 +15,8 @@ from packaging.utils import canonicalize_name
 from pkgindex import IndexServer, stack_index, write_stack_lock  # noqa: F401 (fixtures)
 
 from stackgate.checks.facts import BasePython, Distribution, EnvFacts, Facts, Missing, ProbeFacts, inspect_toolkit
-from stackgate.stack import generations, lock as lockmodel, pyenv
+from stackgate.stack import generations, pyenv
+from stackgate.models import spec as lockmodel
 from stackgate.stack.plan import plan
 
 BASE = BasePython(Path("/opt/python3.11/bin/python3.11"), "3.11.7", "test")

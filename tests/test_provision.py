@@ -22,9 +22,9 @@ import pytest
 from pkgindex import DEAD_URL, SYMM_MEM_FILE, SYMM_MEM_TEXT, IndexServer, install_environ, stack_index, write_stack_lock  # noqa: F401 (fixtures)
 
 from stackgate import history, provision
-from stackgate.exitcodes import ExitCode
+from stackgate.models.exitcodes import ExitCode
 from stackgate.stack import generations, pyenv
-from stackgate.stack import lock as lockmodel
+from stackgate.models import spec as lockmodel
 from stackgate.ui import UI
 
 ROOT = Path(__file__).resolve().parents[1]

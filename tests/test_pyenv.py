@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from pkgindex import DEAD_URL, IndexServer, stack_index, write_stack_lock  # noqa: F401 (fixtures)
 
-from stackgate.stack import envfile, fetch, guard, lock as lockmodel, pyenv
+from stackgate.models import envfile, spec as lockmodel
+from stackgate.stack import fetch, guard, pyenv
 
 HOME = Path("/srv/root/generations/0001-x")
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 from conftest import install_dist, interpreter_lock, make_venv
 from stackgate.checks.all import REGISTRY
-from stackgate.checks.core import Status
+from stackgate.models.result import Status
 from stackgate.checks.facts import PROBE, ProbeFacts, gather
 from stackgate.checks.python import conflicts
-from stackgate.stack import lock as lockmodel
+from stackgate.models import spec as lockmodel
 
 VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 

@@ -17,11 +17,12 @@ from smoke_support import Rig, free_port, kill_leftovers
 
 from stackgate import fingerprint as fp
 from stackgate import gate, reporting, smoke
-from stackgate.checks.core import Fix, Result, Status
+from stackgate.models.finding import Fix
+from stackgate.models.result import Result, Status
 from stackgate.checks.report import junit_xml, redacted, write_json, write_junit
 from stackgate.checks.smoke.logscan import excerpt
-from stackgate.redact import REDACTED, is_secret_name, redact, redact_text, secrets_in
-from stackgate.stack import lock as lockmodel
+from stackgate.models.redact import REDACTED, is_secret_name, redact, redact_text, secrets_in
+from stackgate.models import spec as lockmodel
 from stackgate.ui import UI
 
 # --- the rules ---------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ import io
 import json
 import xml.etree.ElementTree as ET
 
-from stackgate.checks.core import Fix, Result, Status
+from stackgate.models.finding import Fix
+from stackgate.models.result import Result, Status
 from stackgate.checks.report import document, judge, junit_xml, write_json
 from stackgate.ui import UI, render_plain
 

@@ -14,8 +14,8 @@ import pytest
 from history_support import gate_doc, keep, smoke_doc
 
 from stackgate import reporting
-from stackgate.checks.core import Status
-from stackgate.stack import lock as lockmodel
+from stackgate.models.result import Status
+from stackgate.models import spec as lockmodel
 from stackgate.ui import UI
 
 ROOT = Path(__file__).resolve().parents[1]

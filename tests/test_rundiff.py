@@ -8,7 +8,7 @@ import pytest
 from history_support import SERVER, gate_doc, keep, smoke_doc
 
 from stackgate import fingerprint, rundiff
-from stackgate.checks.core import Status
+from stackgate.models.result import Status
 from stackgate.checks.smoke import bench
 
 DAY1, DAY2 = "2025-01-01T10:00:00+00:00", "2025-01-02T10:00:00+00:00"

@@ -20,11 +20,12 @@ from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
 from smoke_support import living
 
-from stackgate.checks.core import Status
+from stackgate.models.result import Status
 from stackgate.checks.report import write_json
-from stackgate.checks.smoke import bench, fastmode, launch, logscan, quality, ready, secretargs, serverinfo
+from stackgate.checks.smoke import bench, fastmode, launch, logscan, quality, ready, serverinfo
+from stackgate.models import secretargs
 from stackgate.checks.smoke.procs import ProcessTree
-from stackgate.stack import lock as lockmodel
+from stackgate.models import spec as lockmodel
 
 LOCK = """
 [stack]

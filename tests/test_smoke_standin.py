@@ -17,7 +17,7 @@ import pytest
 from smoke_support import Rig, assert_nothing_left, by_name, free_port, living, wait_for
 
 from stackgate import httpclient
-from stackgate.checks.core import Status
+from stackgate.models.result import Status
 from stackgate.checks.report import write_json
 
 FUSION = "--enable-flashinfer-allreduce-fusion"

@@ -10,7 +10,7 @@ from history_support import gate_doc
 
 from stackgate import summaries
 from stackgate.checks import report
-from stackgate.checks.core import Status
+from stackgate.models.result import Status
 
 HOSTILE = 'node "7"\\a\nb'
 

@@ -26,11 +26,12 @@ from packaging.version import Version
 from conftest import CACHE, isolated_environ
 from stackgate import runner
 from stackgate.checks.all import REGISTRY
-from stackgate.checks.core import Status, run_checks, select
+from stackgate.models.result import Status
+from stackgate.checks.core import run_checks, select
 from stackgate.checks.facts import gather, inspect_toolkit, tool_version
-from stackgate.stack import lock as lockmodel
+from stackgate.models import spec as lockmodel
 from stackgate.stack import toolkit as tk
-from stackgate.stack.lock import Toolkit
+from stackgate.models.spec import Toolkit
 from stackgate.stack.toolkit import ToolkitError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -532,7 +533,7 @@ def test_killed_mid_install_leaves_no_prefix_and_a_rerun_completes(side_by_side:
     prefix = side_by_side.root / f"cuda-13.0-{point.split(':')[1]}"
     script = (
         "import sys; from pathlib import Path; from packaging.version import Version\n"
-        "from stackgate.stack.lock import Toolkit; from stackgate.stack.toolkit import install_toolkit\n"
+        "from stackgate.models.spec import Toolkit; from stackgate.stack.toolkit import install_toolkit\n"
         f"t = Toolkit(Version('13.0.1'), Path(sys.argv[1]), 'pypi', nvcc=Version('13.0.88'), components={COMPILER!r})\n"
         "install_toolkit(t, log=Path(sys.argv[2]), cache=Path(sys.argv[3]))\n"
     )

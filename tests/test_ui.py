@@ -7,9 +7,10 @@ import re
 
 import pytest
 
-from stackgate.checks.core import Fix, Result, Status
+from stackgate.models.finding import Fix
+from stackgate.models.result import Result, Status
 from stackgate.checks.report import judge
-from stackgate.signatures import Scanner
+from stackgate.models.knowledge import Scanner
 from stackgate.ui import UI
 
 URL = "https://github.com/sgl-project/whl/releases/download/v0.3.21/sgl_kernel-0.3.21+cu130-cp310-abi3-manylinux2014_x86_64.whl"

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 
-from stackgate import signatures
-from stackgate.checks.core import Fix, Result, check, failed, passed, skipped
+from stackgate.models import knowledge
+from stackgate.models.finding import Fix
+from stackgate.models.result import Result, failed, passed, skipped
+from stackgate.checks.core import check
 from stackgate.checks.facts import Facts, ImportOutcome, Missing
-from stackgate.stack.lock import Lock
+from stackgate.models.spec import Lock
 
 __all__ = ["classify_import", "symbol_provider"]
 
@@ -40,7 +42,7 @@ def classify_import(outcome: ImportOutcome, lock: Lock) -> tuple[str, Fix]:
     """What an import failure means, from the knowledge base; the raw error when it knows nothing."""
     if outcome.timed_out:
         return f"timed out after {outcome.duration_s:.0f} s (a hang at import: a lock, a network call, a GPU init)", Fix("Run the import by hand to see where it stops.", (f"{lock.python.target} -X importtime -c 'import {outcome.name}'",))
-    match = signatures.match_first(outcome.output, stage="verify", context=signatures.lock_context(lock))
+    match = knowledge.match_first(outcome.output, stage="verify", context=knowledge.lock_context(lock))
     if match is None:
         return outcome.error_line or "failed with no message", Fix("Reinstall the stack.", ("invoke provision --only python",))
     text = f"{match.text.strip()} -> {match.cause}"

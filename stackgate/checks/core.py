@@ -1,4 +1,5 @@
-"""The check framework: one result type, a registry of named checks, a parallel runner.
+"""The check framework: a registry of named checks and a parallel runner (the result type they
+return is :mod:`stackgate.models.result`).
 
 A check is a small pure function ``(lock, facts) -> Result`` registered under a stable dotted
 name. The runner runs the selected checks in parallel with a timeout each; a check that raises
@@ -10,128 +11,23 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import enum
 import fnmatch
 import time
 import traceback
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+
+from stackgate.models.result import Result, error
 
 if TYPE_CHECKING:
     from stackgate.checks.facts import Facts
-    from stackgate.stack.lock import Lock
+    from stackgate.models.spec import Lock
 
-__all__ = [
-    "REGISTRY",
-    "Check",
-    "CheckError",
-    "Fix",
-    "Result",
-    "Status",
-    "check",
-    "error",
-    "failed",
-    "passed",
-    "run_checks",
-    "select",
-    "skipped",
-    "warned",
-]
+__all__ = ["REGISTRY", "Check", "CheckError", "check", "run_checks", "select"]
 
 
 class CheckError(Exception):
     """A selection of checks that names nothing, or a registry misuse."""
-
-
-class Status(enum.IntEnum):
-    """Ordered by severity: the worst status of a run decides its verdict."""
-
-    PASS = 0
-    SKIP = 1
-    WARN = 2
-    FAIL = 3
-    ERROR = 4  #: the check itself crashed or timed out
-
-    @property
-    def label(self) -> str:
-        return self.name
-
-
-@dataclass(frozen=True)
-class Fix:
-    """What to do about a finding: a sentence and the commands to paste."""
-
-    text: str
-    commands: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"text": self.text, "commands": list(self.commands)}
-
-
-@dataclass(frozen=True)
-class Result:
-    """The outcome of one check: a one-line summary, details, a fix and machine-readable data."""
-
-    check: str
-    status: Status
-    summary: str
-    details: tuple[str, ...] = ()
-    fix: Fix | None = None
-    data: Mapping[str, Any] = field(default_factory=dict)
-    duration_s: float = 0.0
-
-    @property
-    def area(self) -> str:
-        return self.check.split(".", 1)[0]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "check": self.check,
-            "status": self.status.name,
-            "summary": self.summary,
-            "details": list(self.details),
-            "fix": self.fix.to_dict() if self.fix else None,
-            "data": dict(self.data),
-            "duration_s": round(self.duration_s, 4),
-        }
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> Result:
-        fix = raw.get("fix")
-        return cls(
-            check=raw["check"],
-            status=Status[raw["status"]],
-            summary=raw["summary"],
-            details=tuple(raw.get("details", ())),
-            fix=Fix(fix["text"], tuple(fix.get("commands", ()))) if fix else None,
-            data=dict(raw.get("data", {})),
-            duration_s=float(raw.get("duration_s", 0.0)),
-        )
-
-
-def _result(status: Status, summary: str, details: Iterable[str], fix: Fix | None, data: Mapping[str, Any] | None) -> Result:
-    # The runner stamps the check's name; a check only says what it found.
-    return Result("", status, summary, tuple(details), fix, dict(data or {}))
-
-
-def passed(summary: str, details: Iterable[str] = (), data: Mapping[str, Any] | None = None) -> Result:
-    return _result(Status.PASS, summary, details, None, data)
-
-
-def skipped(summary: str, details: Iterable[str] = (), data: Mapping[str, Any] | None = None) -> Result:
-    return _result(Status.SKIP, summary, details, None, data)
-
-
-def warned(summary: str, details: Iterable[str] = (), fix: Fix | None = None, data: Mapping[str, Any] | None = None) -> Result:
-    return _result(Status.WARN, summary, details, fix, data)
-
-
-def failed(summary: str, details: Iterable[str] = (), fix: Fix | None = None, data: Mapping[str, Any] | None = None) -> Result:
-    return _result(Status.FAIL, summary, details, fix, data)
-
-
-def error(summary: str, details: Iterable[str] = (), data: Mapping[str, Any] | None = None) -> Result:
-    return _result(Status.ERROR, summary, details, None, data)
 
 
 CheckFunction = Callable[["Lock", "Facts"], Result]

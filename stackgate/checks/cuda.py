@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stackgate.checks.core import Fix, Result, check, failed, passed, skipped
+from stackgate.models.finding import Fix
+from stackgate.models.result import Result, failed, passed, skipped
+from stackgate.checks.core import check
 from stackgate.checks.facts import EnvFacts, Facts, Missing, ToolkitFacts, ToolVersion
-from stackgate.stack.lock import Lock, Toolkit
+from stackgate.models.spec import Lock, Toolkit
 
 __all__ = ["toolkit_problem"]
 

@@ -25,9 +25,11 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from stackgate import runner
-from stackgate.checks.core import Fix, Result, Status, check, failed, passed
+from stackgate.models.finding import Fix
+from stackgate.models.result import Result, Status, failed, passed
+from stackgate.checks.core import check
 from stackgate.checks.facts import Facts, Missing, ProbeFacts
-from stackgate.stack.lock import Lock
+from stackgate.models.spec import Lock
 
 __all__ = [
     "PEER_FLOOR",

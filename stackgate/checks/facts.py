@@ -25,8 +25,9 @@ from packaging.version import Version
 
 from stackgate import runner
 from stackgate.checks import elf, nvml
-from stackgate.stack import envfile, patches
-from stackgate.stack.lock import Lock, Toolkit
+from stackgate.models import envfile
+from stackgate.stack import patches
+from stackgate.models.spec import Lock, Toolkit
 
 __all__ = [
     "PARTS",

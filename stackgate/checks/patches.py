@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from stackgate.checks.core import Fix, Result, check, failed, passed, skipped
+from stackgate.models.finding import Fix
+from stackgate.models.result import Result, failed, passed, skipped
+from stackgate.checks.core import check
 from stackgate.checks.facts import Facts, Missing
-from stackgate.stack.lock import Lock
+from stackgate.models.spec import Lock
 
 __all__: list[str] = []
 

@@ -10,9 +10,11 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from stackgate.checks.core import Fix, Result, check, failed, passed, skipped, warned
+from stackgate.models.finding import Fix
+from stackgate.models.result import Result, failed, passed, skipped, warned
+from stackgate.checks.core import check
 from stackgate.checks.facts import Facts, Missing, ProbeFacts
-from stackgate.stack.lock import Lock, Package
+from stackgate.models.spec import Lock, Package
 
 __all__ = ["Conflict", "conflicts", "pin_problem"]
 

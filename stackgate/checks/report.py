@@ -1,7 +1,7 @@
 """Machine-readable reports of a run: the versioned JSON document and JUnit XML.
 
 Renderers only read results. The console rendering lives in :mod:`stackgate.ui`. Every JSON
-document and JUnit file is written with its secrets hidden (:mod:`stackgate.redact`), whoever
+document and JUnit file is written with its secrets hidden (:mod:`stackgate.models.redact`), whoever
 built it; :func:`redacted` does the same for results on their way to a console.
 """
 
@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from stackgate import __version__
-from stackgate.checks.core import Result, Status
-from stackgate.exitcodes import ExitCode
-from stackgate.redact import redact, secrets_in
+from stackgate.models.result import Result, Status
+from stackgate.models.exitcodes import ExitCode
+from stackgate.models.redact import redact, secrets_in
 
 __all__ = ["SCHEMA", "Verdict", "document", "judge", "junit_xml", "redacted", "write_json", "write_junit", "write_text"]
 

@@ -13,7 +13,7 @@ from types import ModuleType
 from typing import Callable, ContextManager, Sequence
 
 from stackgate.checks.facts import ToolkitFacts
-from stackgate.stack.lock import Patch, Toolkit
+from stackgate.models.spec import Patch, Toolkit
 
 __all__ = [
     "AdapterError",

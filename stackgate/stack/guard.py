@@ -18,7 +18,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from stackgate.stack.lock import Lock
+from stackgate.models.spec import Lock
 
 __all__ = ["PIP_CONF", "Blocked", "GuardError", "GuardFiles", "blocked", "constraints", "overrides", "pip_conf", "write", "write_pip_conf"]
 

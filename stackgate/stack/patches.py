@@ -41,7 +41,7 @@ from packaging.utils import canonicalize_name
 
 from stackgate import runner
 from stackgate.stack import fetch
-from stackgate.stack.lock import Patch
+from stackgate.models.spec import Patch
 
 __all__ = [
     "RECORD",

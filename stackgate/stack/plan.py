@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from stackgate.checks.core import Fix
+from stackgate.models.finding import Fix
 from stackgate.checks.facts import BasePython, Facts, Missing, ProbeFacts
 from stackgate.checks.python import conflicts, pin_problem
 from stackgate.stack import adapters, generations, guard, pyenv
-from stackgate.stack.lock import Lock, Patch, patch_location_problem
+from stackgate.models.spec import Lock, Patch, patch_location_problem
 
 __all__ = ["AREAS", "Blocker", "Plan", "Step", "cache_dir", "environment_drift", "plan"]
 

@@ -31,8 +31,9 @@ from typing import Any, Callable, Mapping
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from stackgate import runner
-from stackgate.stack import envfile, fetch, guard
-from stackgate.stack.lock import Lock, Override, Package, Python
+from stackgate.models import envfile
+from stackgate.stack import fetch, guard
+from stackgate.models.spec import Lock, Override, Package, Python
 
 __all__ = [
     "Command",

@@ -54,7 +54,7 @@ from stackgate import runner
 from stackgate.stack import fetch
 from stackgate.checks.cuda import toolkit_problem
 from stackgate.checks.facts import ToolkitFacts, ToolVersion, tool_version
-from stackgate.stack.lock import PYPI_CUDA12_REASON, Toolkit
+from stackgate.models.spec import PYPI_CUDA12_REASON, Toolkit
 
 __all__ = [
     "CUDA_LINK",

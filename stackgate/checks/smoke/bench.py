@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from stackgate import httpclient
-from stackgate.checks.core import Fix, Result, failed, passed, skipped, warned
-from stackgate.stack.lock import Benchmark
+from stackgate.models.finding import Fix
+from stackgate.models.result import Result, failed, passed, skipped, warned
+from stackgate.models.spec import Benchmark
 
 __all__ = [
     "BenchFigures",

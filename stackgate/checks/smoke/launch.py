@@ -27,11 +27,12 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from stackgate import runner
 from stackgate.checks import nvml
-from stackgate.checks.core import Fix, Result, failed, passed, warned
+from stackgate.models.finding import Fix
+from stackgate.models.result import Result, failed, passed, warned
 from stackgate.checks.smoke import fastmode
 from stackgate.checks.smoke.procs import ProcessTree, describe, read_stat
-from stackgate.stack import envfile
-from stackgate.stack.lock import Lock, Speculative
+from stackgate.models import envfile
+from stackgate.models.spec import Lock, Speculative
 
 __all__ = [
     "FUSION_MARK",
@@ -168,7 +169,7 @@ def _baseline(lock: Lock, main: Config) -> Config:
 def server_env(lock: Lock, config: Config, base: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     """The server's environment and the variables stackgate set in it (file, then [smoke].env).
 
-    Raises :class:`stackgate.stack.envfile.EnvFileError` when the live stackgate.env is unreadable.
+    Raises :class:`stackgate.models.envfile.EnvFileError` when the live stackgate.env is unreadable.
     """
     environ, from_file = envfile.apply(lock.python.env_file, base)
     environ.update(config.env)

@@ -1,7 +1,7 @@
 """Follow a server's log file: known failures, the start-up phase, evidence lines, the last lines.
 
 The log is read incrementally while the server runs (during start-up and the whole benchmark),
-each line going through the shared knowledge base (:class:`stackgate.signatures.Scanner` at the
+each line going through the shared knowledge base (:class:`stackgate.models.knowledge.Scanner` at the
 "smoke" stage). tqdm progress bars end their updates with a carriage return, so a ``\\r`` also
 ends a line here, and a run of such updates keeps only its newest one in the tail. Messages are
 matched, never prefixes: SGLang writes ``[time TPn] message`` by default and other forms with
@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from stackgate.checks.core import Fix, Result, Status, failed, passed, warned
-from stackgate.redact import redact_text
-from stackgate.signatures import Finding, Scanner
+from stackgate.models.finding import Fix
+from stackgate.models.result import Result, Status, failed, passed, warned
+from stackgate.models.redact import redact_text
+from stackgate.models.knowledge import Finding, Scanner
 
 __all__ = ["EXCERPT_CHARS", "PHASES", "READY_LINE", "Evidence", "LogWatcher", "excerpt", "finding_results"]
 

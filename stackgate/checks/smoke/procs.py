@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from stackgate.checks.smoke.secretargs import shown
+from stackgate.models.secretargs import shown
 
 __all__ = ["ProcStat", "ProcessTree", "describe", "read_stat"]
 

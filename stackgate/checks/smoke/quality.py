@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from stackgate.checks.core import Fix, Result, passed, skipped, warned
+from stackgate.models.finding import Fix
+from stackgate.models.result import Result, passed, skipped, warned
 from stackgate.checks.smoke.bench import Sample
 
 __all__ = ["Agreement", "agreement", "check_agreement", "check_repeatable"]

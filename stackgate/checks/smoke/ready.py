@@ -18,7 +18,7 @@ from typing import Callable
 from stackgate import httpclient
 from stackgate.checks.smoke.launch import Server
 from stackgate.checks.smoke.logscan import LogWatcher
-from stackgate.signatures import Finding
+from stackgate.models.knowledge import Finding
 
 __all__ = ["HealthPoller", "Monitor", "Readiness", "wait_ready"]
 

@@ -16,9 +16,10 @@ import re
 from typing import Any, Mapping, Sequence
 
 from stackgate import httpclient
-from stackgate.checks.core import Fix, Result, failed, passed, skipped, warned
+from stackgate.models.finding import Fix
+from stackgate.models.result import Result, failed, passed, skipped, warned
 from stackgate.checks.smoke.logscan import Evidence
-from stackgate.checks.smoke.secretargs import HIDDEN, SECRET_OPTIONS, shown
+from stackgate.models.secretargs import HIDDEN, SECRET_OPTIONS, shown
 
 __all__ = ["ENDPOINTS", "QUIET_LEVELS", "ServerInfoError", "check_backend", "check_evidence", "check_flags", "check_identity", "check_tp", "fetch", "log_level", "parse_flags", "redact_info"]
 

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Mapping
 
-from stackgate.stack.lock import SHELL_REFERENCE
+from stackgate.models.spec import SHELL_REFERENCE
 
 __all__ = ["EnvFileError", "apply", "parse", "read", "render"]
 

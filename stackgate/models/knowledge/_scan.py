@@ -17,13 +17,8 @@ import string
 from dataclasses import dataclass, field
 from typing import BinaryIO, Iterable, Mapping
 
-from stackgate.signatures._model import (
-    _COMMONNESS,
-    SEVERITIES,
-    Signature,
-    context_defaults,
-)
-from stackgate.signatures.extract import EXTRACTORS
+from stackgate.models.knowledge._model import _COMMONNESS, SEVERITIES, Signature, context_defaults, load
+from stackgate.models.knowledge.extract import EXTRACTORS
 
 __all__ = ["Finding", "Match", "Scanner", "match_all", "rank"]
 
@@ -89,10 +84,6 @@ def rank(finding: Finding | Match) -> tuple[int, bool, int]:
 
 def match_all(text: str, *, stage: str | None = None, context: Mapping[str, str] | None = None, signatures: Iterable[Signature] | None = None) -> list[Match]:
     """Every signature (of a stage, if given) found anywhere in ``text``, most severe first."""
-    from stackgate.signatures import (
-        load,  # the loader lives in the package; avoid a cycle
-    )
-
     context = dict(context or {})
     found = []
     for signature in load() if signatures is None else signatures:
@@ -126,8 +117,6 @@ class Scanner:
     WINDOW = 12  #: the default lookback, in lines, of a multi-line signature
 
     def __init__(self, *, stage: str | None = None, context: Mapping[str, str] | None = None, signatures: Iterable[Signature] | None = None, source: str = "") -> None:
-        from stackgate.signatures import load
-
         chosen = load() if signatures is None else tuple(signatures)
         self.signatures = tuple(s for s in chosen if stage is None or stage in s.stages)
         self.context = dict(context or {})

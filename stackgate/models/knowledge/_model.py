@@ -6,6 +6,7 @@ quote) so that a broken entry fails at load with its file and id, not later in a
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 import string
@@ -23,7 +24,7 @@ else:  # pragma: no cover
 
     import tomli as tomllib
 
-from stackgate.signatures import extract
+from stackgate.models.knowledge import extract
 
 __all__ = [
     "COMPONENTS",
@@ -33,6 +34,7 @@ __all__ = [
     "Signature",
     "SignatureError",
     "context_defaults",
+    "load",
     "lock_context",
     "prefilter_key",
     "read_folder",
@@ -109,7 +111,7 @@ class Signature:
     not_followed_by: tuple[re.Pattern[str], ...] = ()  #: lines that must not follow an ``at_end`` match
     consequence: bool = False  #: a symptom that follows another failure: listed after the causes
     supersedes: tuple[str, ...] = ()  #: generic ids this more specific one replaces on the same line
-    extract: str | None = None  #: an extractor in :mod:`stackgate.signatures.extract`
+    extract: str | None = None  #: an extractor in :mod:`stackgate.models.knowledge.extract`
     file: str = field(default="", compare=False)
 
     def search(self, text: str) -> re.Match[str] | None:
@@ -122,6 +124,15 @@ class Signature:
     @property
     def group_names(self) -> frozenset[str]:
         return frozenset(name for p in self.patterns for name in p.groupindex)
+
+
+_FOLDER = Path(__file__).resolve().parent
+
+
+@functools.lru_cache(maxsize=None)
+def load(folder: Path = _FOLDER) -> tuple[Signature, ...]:
+    """Every signature in the folder's TOML files, ids unique; raises :class:`SignatureError`."""
+    return read_folder(folder)
 
 
 def read_folder(folder: Path) -> tuple[Signature, ...]:
@@ -320,7 +331,7 @@ def context_defaults() -> dict[str, str]:
 
 
 def lock_context(lock: Any) -> dict[str, str]:
-    """The context keys filled from a loaded lock (:class:`stackgate.stack.lock.Lock`)."""
+    """The context keys filled from a loaded lock (:class:`stackgate.models.spec.Lock`)."""
     toolkit = lock.default_toolkit
     torch = lock.python.package("torch")
     frozen = [lock.python.package(name) for name in lock.python.frozen]

@@ -18,27 +18,15 @@ line, like a traceback), ``after`` (lines following the anchor's line that belon
 event, like a resolver's explanation), ``at_end`` with ``followed_only_by`` (only when the log
 ends with it: a hang), ``consequence`` (a symptom listed after its cause), ``supersedes``
 (generic ids this specific one replaces on the same line), ``extract`` (an extractor of
-:mod:`stackgate.signatures.extract`), ``references`` and ``counterexamples``.
+:mod:`stackgate.models.knowledge.extract`), ``references`` and ``counterexamples``.
 """
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
 from typing import Any
 
-from stackgate.signatures._model import (
-    COMPONENTS,
-    CONTEXT_KEYS,
-    SEVERITIES,
-    STAGES,
-    Signature,
-    SignatureError,
-    context_defaults,
-    lock_context,
-    read_folder,
-)
-from stackgate.signatures._scan import Finding, Match, Scanner, match_all, rank
+from stackgate.models.knowledge._model import COMPONENTS, CONTEXT_KEYS, SEVERITIES, STAGES, Signature, SignatureError, context_defaults, load, lock_context
+from stackgate.models.knowledge._scan import Finding, Match, Scanner, match_all, rank
 
 __all__ = [
     "COMPONENTS",
@@ -57,15 +45,6 @@ __all__ = [
     "match_first",
     "rank",
 ]
-
-_FOLDER = Path(__file__).resolve().parent
-
-
-@functools.lru_cache(maxsize=None)
-def load(folder: Path = _FOLDER) -> tuple[Signature, ...]:
-    """Every signature in the folder's TOML files, ids unique; raises :class:`SignatureError`."""
-    return read_folder(folder)
-
 
 def match_first(text: str, **kwargs: Any) -> Match | None:
     """The most severe signature found in ``text`` (see :func:`match_all`), or None."""
