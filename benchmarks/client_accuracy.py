@@ -28,7 +28,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from smoke_support import FAKES, free_port
 
-from stackgate import httpclient
+from stackgate.edges import httpclient
 from stackgate.checks.smoke import bench, launch, logscan, ready
 
 CASES = ((50.0, 200), (200.0, 800), (1000.0, 2048))  # (tok/s, tokens): 2-4 s a run

@@ -10,7 +10,7 @@ from typing import Any, Callable, TextIO
 
 from invoke.exceptions import Exit
 
-from stackgate import runner
+from stackgate.edges import runner
 from stackgate.checks.core import CheckError
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.redact import redact_text

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from stackgate.checks.facts import Facts, Missing, ProbeFacts, ToolkitFacts, ToolVersion
-from stackgate.checks.nvml import NvmlSnapshot
+from stackgate.edges.nvml import NvmlSnapshot
 from stackgate.models.redact import redact, redact_text, secrets_in
 from stackgate.models.spec import Lock
 from stackgate.stack.patches import PatchStatus

@@ -38,7 +38,8 @@ from types import ModuleType
 from typing import Any, Callable, Mapping, Sequence
 
 from stackgate import fingerprint as fp
-from stackgate import history, runner, smoke, summaries
+from stackgate import history, smoke, summaries
+from stackgate.edges import runner
 from stackgate import verify as verifycmd
 from stackgate.checks import report
 from stackgate.models.finding import Fix

@@ -25,7 +25,8 @@ from stackgate.checks.core import Check, run_checks
 from stackgate.models.result import Result, Status
 from stackgate.checks.facts import Missing, gather
 from stackgate.models.exitcodes import ExitCode
-from stackgate.stack import adapters, fetch, generations, guard, pyenv
+from stackgate.stack import adapters, generations, guard, pyenv
+from stackgate.edges import fetch
 from stackgate.models import spec as lockmodel
 from stackgate.stack.plan import AREAS, Plan, Step, cache_dir, environment_drift, plan
 from stackgate.ui import UI, Activity

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import install_dist, interpreter_lock, make_venv
-from stackgate.checks import elf
+from stackgate.edges import elf
 from stackgate.checks.abi import symbol_provider
 from stackgate.checks.all import REGISTRY
 from stackgate.models.result import Status

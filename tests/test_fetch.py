@@ -13,7 +13,7 @@ from typing import Iterator
 
 import pytest
 
-from stackgate.stack import fetch
+from stackgate.edges import fetch
 
 BODY = bytes(range(256)) * 1200  # 300 KiB: several reads, cut in the middle
 WANT = hashlib.sha256(BODY).hexdigest()

@@ -12,7 +12,7 @@ from packaging.version import Version
 from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
 from stackgate import fingerprint as fp
-from stackgate.checks import nvml
+from stackgate.edges import nvml
 from stackgate.checks.facts import Distribution, Facts, Missing, ProbeFacts, ToolkitFacts, ToolVersion
 from stackgate.models import spec as lockmodel
 from stackgate.stack.patches import PatchStatus

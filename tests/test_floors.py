@@ -13,7 +13,7 @@ from fakes import fake_nvml
 
 def test_every_nvml_name_the_code_uses_exists_in_nvidia_ml_py_and_in_the_fake():
     # No GPU here, so the tests speak to the fake NVML; only this says the real module has them.
-    used = set(re.findall(r"\blib\.(\w+)", (ROOT / "stackgate" / "checks" / "nvml.py").read_text()))
+    used = set(re.findall(r"\blib\.(\w+)", (ROOT / "stackgate" / "edges" / "nvml.py").read_text()))
     assert {"nvmlInit", "nvmlDeviceGetGpuMaxPcieLinkGeneration", "NVMLError"} <= used
     assert sorted(n for n in used if not hasattr(pynvml, n)) == []
     assert sorted(n for n in used if not hasattr(fake_nvml, n)) == []

@@ -18,7 +18,8 @@ import exposition
 import pytest
 from smoke_support import ROOT, Rig, assert_nothing_left, group_members, living, wait_for
 
-from stackgate import gate, runner
+from stackgate import gate
+from stackgate.edges import runner
 from stackgate.models.result import Result, Status, failed, passed, skipped, warned
 from stackgate.checks.facts import Distribution, Facts, Missing, ProbeFacts
 from stackgate.models.exitcodes import ExitCode

@@ -9,7 +9,7 @@ import pytest
 
 from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
-from stackgate.checks import nvml
+from stackgate.edges import nvml
 from stackgate.checks.all import REGISTRY
 from stackgate.models.result import Status
 from stackgate.checks.facts import gather

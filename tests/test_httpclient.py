@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from smoke_support import free_port
 
-from stackgate import httpclient
+from stackgate.edges import httpclient
 
 
 class Handler(BaseHTTPRequestHandler):

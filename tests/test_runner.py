@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stackgate import runner
+from stackgate.edges import runner
 
 
 def test_output_and_exit_code():

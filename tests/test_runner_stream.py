@@ -8,7 +8,7 @@ import time
 import uuid
 from pathlib import Path
 
-from stackgate import runner
+from stackgate.edges import runner
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,7 +16,7 @@ import threading
 import pytest
 from smoke_support import Rig, assert_nothing_left, by_name, free_port, living, wait_for
 
-from stackgate import httpclient
+from stackgate.edges import httpclient
 from stackgate.models.result import Status
 from stackgate.checks.report import write_json
 

@@ -24,7 +24,7 @@ import pytest
 from packaging.version import Version
 
 from conftest import CACHE, isolated_environ
-from stackgate import runner
+from stackgate.edges import runner
 from stackgate.checks.all import REGISTRY
 from stackgate.models.result import Status
 from stackgate.checks.core import run_checks, select

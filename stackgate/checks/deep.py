@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from stackgate import runner
+from stackgate.edges import runner
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, Status, failed, passed
 from stackgate.checks.core import check
@@ -53,7 +53,7 @@ __all__ = [
     "within_tolerance",
 ]
 
-SCRIPT = Path(__file__).resolve().parent / "deepwork.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "edges" / "deepwork.py"  # run by the target interpreter, as a file
 #: How long each deep run may take before it counts as a hang (torch import and NCCL set-up included).
 TIMEOUT_S = float(os.environ.get("STACKGATE_DEEP_TIMEOUT_S", "300"))
 #: Where each run's folder (its JSON lines and full log) is made; kept after the run, named in the result.

@@ -23,8 +23,8 @@ from typing import Any, Callable, Iterable, Mapping
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from stackgate import runner
-from stackgate.checks import elf, nvml
+from stackgate.edges import runner
+from stackgate.edges import elf, nvml
 from stackgate.models import envfile
 from stackgate.stack import patches
 from stackgate.models.spec import Lock, Toolkit
@@ -45,7 +45,7 @@ __all__ = [
     "gather",
 ]
 
-PROBE = Path(__file__).resolve().parent / "probe.py"
+PROBE = Path(__file__).resolve().parents[1] / "edges" / "probe.py"  # run by the target interpreter, as a file
 PROBE_TIMEOUT_S = float(os.environ.get("STACKGATE_PROBE_TIMEOUT_S", "180"))
 IMPORT_TIMEOUT_S = float(os.environ.get("STACKGATE_IMPORT_TIMEOUT_S", "180"))
 TOOL_TIMEOUT_S = 60.0

@@ -8,7 +8,7 @@ from stackgate.models.finding import Fix
 from stackgate.models.result import Result, failed, passed, skipped, warned
 from stackgate.checks.core import check
 from stackgate.checks.facts import Facts, Missing
-from stackgate.checks.nvml import NvmlSnapshot
+from stackgate.edges.nvml import NvmlSnapshot
 from stackgate.models.spec import Lock
 
 __all__: list[str] = []

@@ -39,8 +39,8 @@ from typing import Mapping, Sequence
 
 from packaging.utils import canonicalize_name
 
-from stackgate import runner
-from stackgate.stack import fetch
+from stackgate.edges import runner
+from stackgate.edges import fetch
 from stackgate.models.spec import Patch
 
 __all__ = [

@@ -30,9 +30,10 @@ from typing import Any, Callable, Mapping
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-from stackgate import runner
+from stackgate.edges import runner
 from stackgate.models import envfile
-from stackgate.stack import fetch, guard
+from stackgate.edges import fetch
+from stackgate.stack import guard
 from stackgate.models.spec import Lock, Override, Package, Python
 
 __all__ = [

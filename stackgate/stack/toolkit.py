@@ -50,8 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
-from stackgate import runner
-from stackgate.stack import fetch
+from stackgate.edges import runner
+from stackgate.edges import fetch
 from stackgate.checks.cuda import toolkit_problem
 from stackgate.checks.facts import ToolkitFacts, ToolVersion, tool_version
 from stackgate.models.spec import PYPI_CUDA12_REASON, Toolkit

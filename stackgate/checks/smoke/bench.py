@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from stackgate import httpclient
+from stackgate.edges import httpclient
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, failed, passed, skipped, warned
 from stackgate.models.spec import Benchmark

@@ -25,8 +25,8 @@ from pathlib import Path
 from types import MappingProxyType, ModuleType
 from typing import Any, Iterator, Mapping, Sequence
 
-from stackgate import runner
-from stackgate.checks import nvml
+from stackgate.edges import runner
+from stackgate.edges import nvml
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, failed, passed, warned
 from stackgate.checks.smoke import fastmode

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from stackgate import httpclient
+from stackgate.edges import httpclient
 from stackgate.checks.smoke.launch import Server
 from stackgate.checks.smoke.logscan import LogWatcher
 from stackgate.models.knowledge import Finding

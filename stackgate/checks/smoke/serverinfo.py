@@ -15,7 +15,7 @@ import json
 import re
 from typing import Any, Mapping, Sequence
 
-from stackgate import httpclient
+from stackgate.edges import httpclient
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, failed, passed, skipped, warned
 from stackgate.checks.smoke.logscan import Evidence
