@@ -29,7 +29,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from smoke_support import FAKES, free_port
 
 from stackgate.edges import httpclient
-from stackgate.checks.smoke import bench, launch, logscan, ready
+from stackgate.checks.smoke import bench, launch, ready
+from stackgate.facts import serverlog
 
 CASES = ((50.0, 200), (200.0, 800), (1000.0, 2048))  # (tok/s, tokens): 2-4 s a run
 TTFT_S = 0.02
@@ -47,7 +48,7 @@ def start(rate: float, tmp: Path) -> tuple[launch.Server, str]:
     env = {**os.environ, "PYTHONPATH": str(FAKES), "STACKGATE_FAKE_SGLANG": str(behaviour)}
     server = launch.start(argv, env, tmp / f"server-{rate:g}.log")
     url = f"http://127.0.0.1:{port}"
-    readiness = ready.wait_ready(server, logscan.LogWatcher(server.log_path), url, 60.0)
+    readiness = ready.wait_ready(server, serverlog.LogWatcher(server.log_path), url, 60.0)
     if not readiness.ready:
         raise SystemExit(f"the stand-in did not start: {readiness}")
     return server, url

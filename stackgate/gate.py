@@ -44,7 +44,7 @@ from stackgate import verify as verifycmd
 from stackgate.checks import report
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, Status, failed, passed, skipped
-from stackgate.checks.facts import Facts, Missing, gather
+from stackgate.facts import Facts, Missing, gather
 from stackgate.checks.smoke import launch
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.redact import redact

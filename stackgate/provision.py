@@ -23,9 +23,9 @@ from typing import Callable, ContextManager, Mapping
 from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import Check, run_checks
 from stackgate.models.result import Result, Status
-from stackgate.checks.facts import Missing, gather
+from stackgate.facts import Missing, gather
 from stackgate.models.exitcodes import ExitCode
-from stackgate.stack import adapters, generations, guard, pyenv
+from stackgate.stack import generations, guard, patches, pyenv, toolkit
 from stackgate.edges import fetch
 from stackgate.models import spec as lockmodel
 from stackgate.stack.plan import AREAS, Plan, Step, cache_dir, environment_drift, plan
@@ -136,21 +136,11 @@ def _provision(lock: lockmodel.Lock, request: ProvisionRequest, environ: dict[st
         apply(the_plan, state, environ, ui)
     except (ProvisionError, pyenv.PyenvError, guard.GuardError) as exc:
         return _failed(exc, exc.log, exc.tail, state, ui)
-    except (adapters.AdapterError, OSError) as exc:  # OSError: a full disk, a vanished folder
+    except (toolkit.ToolkitError, patches.PatchError) as exc:
+        return _failed(exc, None, (), state, ui)  # their text names the log and its last lines
+    except OSError as exc:  # a full disk, a vanished folder
         return _failed(exc, None, (), state, ui)
-    except Exception as exc:  # noqa: BLE001 - the toolkit and patch modules' own errors
-        if isinstance(exc, _module_errors()):
-            return _failed(exc, None, (), state, ui)  # their text names the log and its last lines
-        raise
     return _verify_built(lock, the_plan, request, environ, ui)
-
-
-def _module_errors() -> tuple[type[BaseException], ...]:
-    errors: tuple[type[BaseException], ...] = ()
-    for name in ("toolkit_errors", "patch_errors"):
-        with contextlib.suppress(adapters.AdapterError):
-            errors += getattr(adapters, name)()
-    return errors or (adapters.AdapterError,)
 
 
 def _failed(exc: BaseException, log: Path | None, tail: tuple[str, ...], before: generations.RootState, ui: UI) -> ExitCode:
@@ -298,7 +288,7 @@ def _kept_toolkits_untouched(the_plan: Plan) -> ContextManager[object]:
     """Around toolkit installs, the toolkit module fingerprints the kept toolkits: they must not change."""
     if "toolkit" not in the_plan.areas:
         return contextlib.nullcontext()
-    return adapters.kept_untouched(the_plan.lock.toolkits)
+    return toolkit.kept_untouched(the_plan.lock.toolkits)
 
 
 def _fault(point: str, *, environ: Mapping[str, str] | None = None) -> None:
@@ -369,7 +359,7 @@ def _fetch(build: Build, step: Step, activity: Activity) -> None:
 
 def _patch(build: Build, step: Step, activity: Activity) -> None:
     home = build.generation.path if build.generation is not None else _current(build).path
-    adapters.apply_patch(step.subject, _site_packages(home))
+    patches.apply_patch(step.subject, _site_packages(home))
 
 
 def _site_packages(home: Path) -> Path:
@@ -428,11 +418,11 @@ def _switch(build: Build, step: Step, activity: Activity) -> None:
 
 
 def _toolkit(build: Build, step: Step, activity: Activity) -> None:
-    adapters.install_toolkit(step.subject, log=build.log(step), cache=build.cache / "toolkits", on_progress=activity.update)
+    toolkit.install_toolkit(step.subject, log=build.log(step), cache=build.cache / "toolkits", on_progress=activity.update)
 
 
 def _link(build: Build, step: Step, activity: Activity) -> None:
-    adapters.set_cuda_link(step.subject.prefix)
+    toolkit.set_cuda_link(step.subject.prefix)
 
 
 APPLIERS: dict[str, Callable[[Build, Step, Activity], None]] = {

@@ -25,6 +25,7 @@ from stackgate.checks import report
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, Status, failed, passed, skipped, warned
 from stackgate.checks.smoke import bench, fastmode, launch, logscan, quality, serverinfo
+from stackgate.facts import serverlog
 from stackgate.models import secretargs
 from stackgate.checks.smoke.launch import Config, LaunchError
 from stackgate.checks.smoke.ready import Monitor, Readiness, wait_ready
@@ -141,7 +142,7 @@ class Session:
     server_info: dict[str, Any] | None = None
     info_endpoint: str | None = None
     findings: list[Finding] = field(default_factory=list)
-    evidence: list[logscan.Evidence] = field(default_factory=list)
+    evidence: list[serverlog.Evidence] = field(default_factory=list)
     figures: bench.BenchFigures | None = None
     levels: list[bench.Level] = field(default_factory=list)
     teardown: launch.Teardown | None = None
@@ -388,7 +389,7 @@ def _run_session(session: Session, context: _Context, *, keep: bool) -> None:
         return
     config = session.config
     session.log_path = context.run_dir / f"{config.label or 'server'}.log"
-    watcher = logscan.LogWatcher(session.log_path, context=_scan_context(context.lock, config, session.log_path), evidence=config.evidence)
+    watcher = serverlog.LogWatcher(session.log_path, context=_scan_context(context.lock, config, session.log_path), evidence=config.evidence)
     server: launch.Server | None = None
     interrupted = False
     try:
@@ -471,7 +472,7 @@ def _shrink(session: Session, config: Config) -> fastmode.Shrink | None:
         return None
 
 
-def _serve(session: Session, context: _Context, server: launch.Server, watcher: logscan.LogWatcher) -> None:
+def _serve(session: Session, context: _Context, server: launch.Server, watcher: serverlog.LogWatcher) -> None:
     """Readiness, what really runs, the benchmark and the concurrency sweep."""
     config = session.config
     with context.ui.activity(f"waiting for SGLang ({config.title}, TP {config.tp}, pid {server.pid}) to be ready") as activity:
@@ -486,8 +487,8 @@ def _serve(session: Session, context: _Context, server: launch.Server, watcher: 
         _measure(session, context, server, watcher)
 
 
-def _launch_result(ready: Readiness, server: launch.Server, watcher: logscan.LogWatcher, timeout_s: float, cause: Finding | None) -> Result:
-    tail = [f"> {logscan.excerpt(line)}" for line in watcher.last_lines(15)]
+def _launch_result(ready: Readiness, server: launch.Server, watcher: serverlog.LogWatcher, timeout_s: float, cause: Finding | None) -> Result:
+    tail = [f"> {serverlog.excerpt(line)}" for line in watcher.last_lines(15)]
     fix = Fix("Read the server log; the findings below name known causes.", (f"tail -n 200 {server.log_path}",))
     known = f" (known failure {cause.signature.id}: see below)" if cause else ""
     data = {"reason": ready.reason, "seconds": round(ready.seconds, 3), "phase": ready.phase, "exit_code": ready.exit_code, "pid": server.pid}
@@ -525,7 +526,7 @@ def _what_runs(session: Session) -> None:
     session.add("flags", serverinfo.check_flags(info, secretargs.resolve(config.launch_flags(session.shrink), session.environment)))
 
 
-def _measure(session: Session, context: _Context, server: launch.Server, watcher: logscan.LogWatcher) -> None:
+def _measure(session: Session, context: _Context, server: launch.Server, watcher: serverlog.LogWatcher) -> None:
     config, request, benchmark = session.config, context.request, context.lock.benchmark
     streams = bench.Streams()
     incremental = bool((session.server_info or {}).get("stream_output"))
@@ -604,7 +605,7 @@ def _levels_result(levels: Sequence[bench.Level], label: str | None) -> Result:
 # --- the end of a configuration ---------------------------------------------------------------
 
 
-def _teardown(session: Session, context: _Context, server: launch.Server, watcher: logscan.LogWatcher, *, keep: bool) -> launch.Teardown | None:
+def _teardown(session: Session, context: _Context, server: launch.Server, watcher: serverlog.LogWatcher, *, keep: bool) -> launch.Teardown | None:
     watcher.poll()
     if watcher.fatal is not None:
         # After a fatal line SGLang kills its own tree at once: let it, so its exit code is reported.
@@ -624,7 +625,7 @@ def _wait_exit(server: launch.Server, limit_s: float) -> None:
         time.sleep(0.02)
 
 
-def _conclude(session: Session, context: _Context, server: launch.Server, watcher: logscan.LogWatcher, memory_before: dict[int, int] | str) -> None:
+def _conclude(session: Session, context: _Context, server: launch.Server, watcher: serverlog.LogWatcher, memory_before: dict[int, int] | str) -> None:
     """Evidence, log findings, teardown: judged on everything the log said."""
     if session.kept:
         watcher.poll()

@@ -18,7 +18,7 @@ from stackgate.checks import report
 from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import Check, CheckError, run_checks, select
 from stackgate.models.result import Result
-from stackgate.checks.facts import Facts, gather
+from stackgate.facts import Facts, gather
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models import spec as lockmodel
 from stackgate.ui import UI

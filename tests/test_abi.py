@@ -16,7 +16,7 @@ from stackgate.edges import elf
 from stackgate.checks.abi import symbol_provider
 from stackgate.checks.all import REGISTRY
 from stackgate.models.result import Status
-from stackgate.checks.facts import gather
+from stackgate.facts import gather
 from stackgate.models import spec as lockmodel
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
@@ -116,11 +116,11 @@ def test_imports_that_work_pass_with_their_times(tmp_path):
 
 
 def test_an_import_that_hangs_is_reported_as_a_timeout(tmp_path, monkeypatch):
-    from stackgate.checks import facts as factsmodule
+    from stackgate.facts import interpreters
 
     python, site = make_venv(tmp_path / "venv")
     (site / "hangs.py").write_text("import time\ntime.sleep(60)\n")
-    monkeypatch.setattr(factsmodule, "IMPORT_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(interpreters, "IMPORT_TIMEOUT_S", 1.0)
     result = run("abi.imports", lock_for(python, "", '["hangs"]'))
     assert result.status is Status.FAIL and "import hangs: timed out after" in result.details[0]
 

@@ -10,7 +10,7 @@ from packaging.version import Version
 
 from stackgate.checks.all import REGISTRY
 from stackgate.models.result import Status
-from stackgate.checks.facts import Missing, build_for_arch, gather, inspect_toolkit, jit_cuda_home, tool_version
+from stackgate.facts import Missing, build_for_arch, gather, inspect_toolkit, jit_cuda_home, tool_version
 from stackgate.models import spec as lockmodel
 
 REAL = Path("/usr/local/cuda-13.0")

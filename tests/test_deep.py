@@ -16,6 +16,7 @@ import pytest
 from fakes.fake_nvml import gpu, machine
 
 from stackgate.checks import deep
+from stackgate.facts import deep as measure
 from stackgate.checks.core import CheckError
 from stackgate.models.result import Result, Status
 from stackgate.models import spec as lockmodel
@@ -37,9 +38,9 @@ def gpu_record(index: int, bf16: float = 790.0, fp32: float = 50.0, copy: float 
     }  # fmt: skip
 
 
-def gpu_work(records: list[dict], returncode: int | None = 0, running: int | None = None) -> deep.GpuWork:
+def gpu_work(records: list[dict], returncode: int | None = 0, running: int | None = None) -> measure.GpuWork:
     begin = {"event": "begin", "torch": "2.11.0+cu130", "devices": len(records), "seed": 5}
-    return deep.GpuWork(begin, tuple(records), running, returncode, 300.0, ("last line",), Path("/tmp/gpu-work.log"), 4.2)
+    return measure.GpuWork(begin, tuple(records), running, returncode, 300.0, ("last line",), Path("/tmp/gpu-work.log"), 4.2)
 
 
 def test_relative_error_judgement() -> None:
@@ -113,7 +114,7 @@ def size_line(size: int, us: float, wrong: int = 0) -> dict:
 
 def test_aggregate_averages_time_over_ranks_like_all_reduce_perf() -> None:
     per_rank = {0: [size_line(1 << 20, 100.0)], 1: [size_line(1 << 20, 300.0, wrong=1)]}
-    [figures] = deep.aggregate(2, per_rank)
+    [figures] = measure.aggregate(2, per_rank)
     assert figures.time_us == 200.0
     assert figures.algbw_gbs == pytest.approx((1 << 20) / 200e-6 / 1e9)
     assert figures.busbw_gbs == pytest.approx(figures.algbw_gbs)  # 2(n-1)/n = 1 for two ranks
@@ -122,7 +123,7 @@ def test_aggregate_averages_time_over_ranks_like_all_reduce_perf() -> None:
 
 def test_aggregate_uses_8_rank_bus_factor_and_drops_unfinished_sizes() -> None:
     per_rank = {r: [size_line(1 << 30, 4000.0)] + ([size_line(2 << 30, 8000.0)] if r else []) for r in range(8)}
-    figures = deep.aggregate(8, per_rank)
+    figures = measure.aggregate(8, per_rank)
     assert [f.bytes for f in figures] == [1 << 30]  # rank 0 never finished 2 GiB
     assert figures[0].busbw_gbs == pytest.approx(figures[0].algbw_gbs * 1.75)
 
@@ -130,15 +131,15 @@ def test_aggregate_uses_8_rank_bus_factor_and_drops_unfinished_sizes() -> None:
 def test_graph_timed_sizes_keep_the_eager_latency_beside() -> None:
     graphed = {"timing": "cuda-graph"}
     per_rank = {0: [{**size_line(8192, 10.0), **graphed, "eager_us": 60.0}], 1: [{**size_line(8192, 12.0), **graphed, "eager_us": 64.0}]}
-    [figures] = deep.aggregate(2, per_rank)
+    [figures] = measure.aggregate(2, per_rank)
     assert (figures.time_us, figures.timing, figures.eager_us) == (11.0, "cuda-graph", 62.0)
     # One rank that could not capture makes the size eager: the figure is then the eager one.
     per_rank[1][0]["timing"] = "eager"
-    assert deep.aggregate(2, per_rank)[0].timing == "eager"
+    assert measure.aggregate(2, per_rank)[0].timing == "eager"
 
 
-def make_sweep(world: int, sizes: list[deep.SizeFigures], **changes: object) -> deep.Sweep:
-    request = deep.AllReduceRequest(world, min_bytes=sizes[0].bytes if sizes else 8192, max_bytes=sizes[-1].bytes if sizes else 8192)
+def make_sweep(world: int, sizes: list[measure.SizeFigures], **changes: object) -> measure.Sweep:
+    request = measure.AllReduceRequest(world, min_bytes=sizes[0].bytes if sizes else 8192, max_bytes=sizes[-1].bytes if sizes else 8192)
     fields = dict(
         request=request, sizes=tuple(sizes), progress={r: len(sizes) for r in range(world)}, pids=(), nccl_version="2.28.9",
         returncode=0, timeout_s=300.0, tail=(), log=Path("/tmp/allreduce.log"),
@@ -146,11 +147,11 @@ def make_sweep(world: int, sizes: list[deep.SizeFigures], **changes: object) -> 
         transports={"P2P/CUMEM/read": 48}, channels=24, duration_s=9.0,
     )  # fmt: skip
     fields.update(changes)
-    return deep.Sweep(**fields)
+    return measure.Sweep(**fields)
 
 
 def test_one_rank_passes_and_says_busbw_is_not_defined() -> None:
-    sizes = [deep.SizeFigures(8192, 5.0, 1.6, None, 0), deep.SizeFigures(16384, 5.0, 3.3, None, 0)]
+    sizes = [measure.SizeFigures(8192, 5.0, 1.6, None, 0), measure.SizeFigures(16384, 5.0, 3.3, None, 0)]
     result = deep.judge_collective(make_sweep(1, sizes), min_busbw=30.0)
     assert result.status == Status.PASS
     assert "bus bandwidth is not defined for one rank (2(n-1)/n = 0); min_busbw_gbs 30 not judged" in result.summary
@@ -160,7 +161,7 @@ def test_one_rank_passes_and_says_busbw_is_not_defined() -> None:
 
 
 def test_busbw_below_the_lock_fails_naming_the_nccl_variables() -> None:
-    sizes = [deep.SizeFigures(1 << 30, 50000.0, 21.5, 37.6, 0), deep.SizeFigures(2 << 30, 95000.0, 22.6, 39.5, 0)]
+    sizes = [measure.SizeFigures(1 << 30, 50000.0, 21.5, 37.6, 0), measure.SizeFigures(2 << 30, 95000.0, 22.6, 39.5, 0)]
     result = deep.judge_collective(make_sweep(8, sizes), min_busbw=45.0)
     assert result.status == Status.FAIL
     assert result.summary.startswith("peak busbw 39.5 GB/s at 2 GiB is below the lock's 45 GB/s (NCCL 2.28.9, 8 ranks; NCCL_P2P_LEVEL=SYS, NCCL_MIN_NCHANNELS=unset")
@@ -219,7 +220,7 @@ def test_launch_env_forces_multicast_off_and_an_info_log() -> None:
     lock = SimpleNamespace(smoke=SimpleNamespace(env=MappingProxyType({"NCCL_MIN_NCHANNELS": "8"})))
     shell = {"PATH": "/bin", "NCCL_NVLS_ENABLE": "1", "NCCL_DEBUG": "WARN", "NCCL_DEBUG_FILE": "/tmp/x.%p"}
     facts = SimpleNamespace(env=SimpleNamespace(environ=shell))
-    env = deep.launch_env(lock, facts)  # type: ignore[arg-type]
+    env = measure.launch_env(lock, facts)  # type: ignore[arg-type]
     assert env["NCCL_NVLS_ENABLE"] == "0" and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" and env["NVSHMEM_DISABLE_NVLS"] == "1"
     assert env["NCCL_DEBUG"] == "INFO" and "NCCL_DEBUG_FILE" not in env and env["NCCL_MIN_NCHANNELS"] == "8"
 
@@ -229,18 +230,18 @@ def test_launch_env_forces_multicast_off_and_an_info_log() -> None:
 
 def cpu_env(fault: str = "") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "STACKGATE_DEEP_FAULT"}
-    env.update(deep.REQUIRED_ENV, NCCL_P2P_LEVEL="SYS", OMP_NUM_THREADS="1")
+    env.update(measure.REQUIRED_ENV, NCCL_P2P_LEVEL="SYS", OMP_NUM_THREADS="1")
     if fault:
         env["STACKGATE_DEEP_FAULT"] = fault
     return env
 
 
-SMALL_GPU_WORK = deep.GpuWorkRequest(device="cpu", bf16_n=128, fp32_n=96, copy_bytes=1 << 20, warmup=1, iters=2, sample=32)
+SMALL_GPU_WORK = measure.GpuWorkRequest(device="cpu", bf16_n=128, fp32_n=96, copy_bytes=1 << 20, warmup=1, iters=2, sample=32)
 
 
 @pytest.mark.torch
 def test_gpu_work_runs_and_checks_real_products(torch_python: Path) -> None:
-    work = deep.run_gpu_work(torch_python, SMALL_GPU_WORK, cpu_env(), timeout_s=120)
+    work = measure.run_gpu_work(torch_python, SMALL_GPU_WORK, cpu_env(), timeout_s=120)
     result = deep.judge_gpu_work(work)
     assert result.status == Status.PASS, result.details
     [gpu] = result.data["gpus"]
@@ -253,7 +254,7 @@ def test_gpu_work_runs_and_checks_real_products(torch_python: Path) -> None:
 
 @pytest.mark.torch
 def test_gpu_work_catches_a_planted_wrong_product(torch_python: Path) -> None:
-    work = deep.run_gpu_work(torch_python, SMALL_GPU_WORK, cpu_env("matmul:0"), timeout_s=120)
+    work = measure.run_gpu_work(torch_python, SMALL_GPU_WORK, cpu_env("matmul:0"), timeout_s=120)
     result = deep.judge_gpu_work(work)
     assert result.status == Status.FAIL
     assert result.details == (
@@ -267,7 +268,7 @@ SMALL_SWEEP = dict(backend="gloo", device="cpu", min_bytes=8 << 10, max_bytes=64
 
 @pytest.mark.torch
 def test_gloo_all_reduce_of_two_processes_is_exact(torch_python: Path) -> None:
-    sweep = deep.run_sweep(torch_python, deep.AllReduceRequest(2, **SMALL_SWEEP), cpu_env(), timeout_s=120)
+    sweep = measure.run_sweep(torch_python, measure.AllReduceRequest(2, **SMALL_SWEEP), cpu_env(), timeout_s=120)
     assert sweep.returncode == 0, sweep.tail
     assert [s.bytes for s in sweep.sizes] == [8192, 16384, 32768, 65536]
     assert all(s.wrong == 0 and s.time_us > 0 and s.busbw_gbs == pytest.approx(s.algbw_gbs) for s in sweep.sizes)
@@ -282,7 +283,7 @@ def test_gloo_all_reduce_of_two_processes_is_exact(torch_python: Path) -> None:
 
 @pytest.mark.torch
 def test_a_planted_wrong_contribution_is_counted(torch_python: Path) -> None:
-    sweep = deep.run_sweep(torch_python, deep.AllReduceRequest(2, **SMALL_SWEEP), cpu_env("wrong:1"), timeout_s=120)
+    sweep = measure.run_sweep(torch_python, measure.AllReduceRequest(2, **SMALL_SWEEP), cpu_env("wrong:1"), timeout_s=120)
     assert sweep.returncode == 0, sweep.tail
     assert [s.wrong for s in sweep.sizes] == [2, 2, 2, 2]  # one element, seen wrong by both ranks
     result = deep.judge_collective(sweep, None)
@@ -310,7 +311,7 @@ def all_gone(pids: tuple[int, ...], within_s: float = 10.0) -> bool:
 
 @pytest.mark.torch
 def test_a_planted_hang_fails_as_a_hang_and_the_group_is_killed(torch_python: Path) -> None:
-    sweep = deep.run_sweep(torch_python, deep.AllReduceRequest(2, **SMALL_SWEEP), cpu_env("hang:1"), timeout_s=25)
+    sweep = measure.run_sweep(torch_python, measure.AllReduceRequest(2, **SMALL_SWEEP), cpu_env("hang:1"), timeout_s=25)
     assert sweep.returncode is None
     result = deep.judge_collective(sweep, None)
     assert result.status == Status.FAIL and result.data["hung"] is True

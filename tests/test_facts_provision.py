@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stackgate.checks.facts import BasePython, Missing, gather
+from stackgate.facts import BasePython, Missing, gather
 from stackgate.models import spec as lockmodel
 
 RUNNING = ".".join(platform.python_version_tuple()[:2])

@@ -13,9 +13,9 @@ from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
 from stackgate import fingerprint as fp
 from stackgate.edges import nvml
-from stackgate.checks.facts import Distribution, Facts, Missing, ProbeFacts, ToolkitFacts, ToolVersion
+from stackgate.facts import Distribution, Facts, Missing, ProbeFacts, ToolkitFacts, ToolVersion
 from stackgate.models import spec as lockmodel
-from stackgate.stack.patches import PatchStatus
+from stackgate.facts.patches import PatchStatus
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = lockmodel.load(ROOT / "lockfiles" / "blackwell-sm120-cu130.toml")

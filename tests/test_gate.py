@@ -21,7 +21,7 @@ from smoke_support import ROOT, Rig, assert_nothing_left, group_members, living,
 from stackgate import gate
 from stackgate.edges import runner
 from stackgate.models.result import Result, Status, failed, passed, skipped, warned
-from stackgate.checks.facts import Distribution, Facts, Missing, ProbeFacts
+from stackgate.facts import Distribution, Facts, Missing, ProbeFacts
 from stackgate.models.exitcodes import ExitCode
 from stackgate.stack import generations, pyenv
 from stackgate.models import spec as lockmodel

@@ -12,7 +12,7 @@ from fakes.fake_nvml import gpu, machine
 from stackgate.edges import nvml
 from stackgate.checks.all import REGISTRY
 from stackgate.models.result import Status
-from stackgate.checks.facts import gather
+from stackgate.facts import gather
 from stackgate.models import spec as lockmodel
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,8 +20,9 @@ from conftest import CACHE, cached_build, isolated_environ
 from stackgate.checks.all import REGISTRY
 from stackgate.models.result import Status
 from stackgate.checks.core import run_checks, select
-from stackgate.checks.facts import gather
+from stackgate.facts import gather
 from stackgate.models import spec as lockmodel
+from stackgate.facts import patches as applied
 from stackgate.stack import patches
 from stackgate.stack.patches import PatchError
 
@@ -140,13 +141,13 @@ def test_apply_twice_is_a_no_op_and_is_recorded(tmp_path: Path) -> None:
     first = patches.apply_patch(patch, site)
     assert first.patched == ("demo/m.py",) and first.changed
     assert (site / "demo" / "m.py").read_text() == NEW and not stale.exists()
-    record = (site / patches.RECORD).read_bytes()
+    record = (site / applied.RECORD).read_bytes()
     mtime = (site / "demo" / "m.py").stat().st_mtime_ns
     second = patches.apply_patch(patch, site)
     assert not second.changed and second.already == ("demo/m.py",)
-    assert (site / patches.RECORD).read_bytes() == record
+    assert (site / applied.RECORD).read_bytes() == record
     assert (site / "demo" / "m.py").stat().st_mtime_ns == mtime
-    assert patches.patch_state(patch, site) is None
+    assert applied.patch_state(patch, site) is None
 
 
 def test_a_patch_that_does_not_apply_changes_nothing(tmp_path: Path) -> None:
@@ -159,7 +160,7 @@ def test_a_patch_that_does_not_apply_changes_nothing(tmp_path: Path) -> None:
         patches.apply_patch(patch_entry(tmp_path / "demo.patch"), site)
     assert (site / "demo" / "a.py").read_text() == OLD
     assert (site / "demo" / "b.py").read_text() == other
-    assert not (site / patches.RECORD).exists()
+    assert not (site / applied.RECORD).exists()
 
 
 def test_only_the_exact_version_is_patched(tmp_path: Path) -> None:
@@ -193,7 +194,7 @@ def test_an_edited_patched_file_is_reported_and_not_blessed(tmp_path: Path) -> N
     patch = patch_entry(tmp_path / "demo.patch")
     patches.apply_patch(patch, site)
     (site / "demo" / "m.py").write_text(NEW + "# edited by hand\n")
-    assert patches.patch_state(patch, site) == "demo/m.py changed since demo.patch was applied"
+    assert applied.patch_state(patch, site) == "demo/m.py changed since demo.patch was applied"
     with pytest.raises(PatchError, match="reinstall demo==1.0"):
         patches.apply_patch(patch, site)
 
@@ -202,10 +203,10 @@ def test_lost_record_with_patched_files_is_recorded_again(tmp_path: Path) -> Non
     site = fake_site(tmp_path, "demo", "1.0", {"demo/m.py": NEW})  # patched, say, by hand
     (tmp_path / "demo.patch").write_text(unified_diff(tmp_path / "d", "demo/m.py", OLD, NEW))
     patch = patch_entry(tmp_path / "demo.patch")
-    assert "not applied" in (patches.patch_state(patch, site) or "")
+    assert "not applied" in (applied.patch_state(patch, site) or "")
     outcome = patches.apply_patch(patch, site)
     assert outcome.patched == () and outcome.recorded
-    assert patches.patch_state(patch, site) is None
+    assert applied.patch_state(patch, site) is None
 
 
 # --- the shipped SM120 patch against the real sglang 0.5.9 wheel --------------------------------

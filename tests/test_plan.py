@@ -5,18 +5,19 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import functools
 import shlex
-import sys
-import types
 from pathlib import Path
 
 import pytest
 from packaging.utils import canonicalize_name
 from pkgindex import IndexServer, stack_index, write_stack_lock  # noqa: F401 (fixtures)
 
-from stackgate.checks.facts import BasePython, Distribution, EnvFacts, Facts, Missing, ProbeFacts, inspect_toolkit
+from stackgate.facts import BasePython, Distribution, EnvFacts, Facts, Missing, ProbeFacts, inspect_toolkit
 from stackgate.stack import generations, pyenv
 from stackgate.models import spec as lockmodel
+from stackgate.stack import plan as planmodule
+from stackgate.stack import toolkit
 from stackgate.stack.plan import plan
 
 BASE = BasePython(Path("/opt/python3.11/bin/python3.11"), "3.11.7", "test")
@@ -210,36 +211,25 @@ def test_a_kept_toolkit_that_is_missing_blocks_the_toolkit_area_only(tmp_path: P
     assert plan(lock, _facts(lock), state, only="python", uv=UV).empty
 
 
-def _fake_toolkit_module(reason: str | None) -> types.ModuleType:
-    """Stands in for stackgate.stack.toolkit (built by another helper) with its published API."""
-    module = types.ModuleType("stackgate.stack.toolkit")
-    module.ToolkitError = type("ToolkitError", (Exception,), {})  # type: ignore[attr-defined]
-    module.toolkit_state = lambda toolkit, facts: reason  # type: ignore[attr-defined]
-    module.install_command = lambda toolkit, cache=None: ["uv", "pip", "install", "--target", f"{cache}/site", f"cuda-toolkit[nvcc]=={toolkit.version}"]  # type: ignore[attr-defined]
-    module.cuda_link_state = lambda policy, default: None if policy == "leave" else f"/usr/local/cuda points at /usr/local/cuda-12.8; the lock wants {default.prefix}"  # type: ignore[attr-defined]
-    return module
-
-
-def test_a_toolkit_to_install_is_a_step_with_the_toolkit_modules_command(tmp_path: Path, stack_index: IndexServer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_toolkit_to_install_is_a_step_with_the_toolkit_modules_command(tmp_path: Path, stack_index: IndexServer) -> None:
     installed = f'[[toolkit]]\nversion = "13.0.1"\nprefix = "{tmp_path}/cuda-13.0"\nsource = "pypi"\ndefault = true\n'
     lock = _lock(tmp_path, stack_index, toolkits=installed)
-    state = _provisioned(lock)
-    monkeypatch.setitem(sys.modules, "stackgate.stack.toolkit", _fake_toolkit_module(f"{tmp_path}/cuda-13.0 does not exist"))
-    the_plan = plan(lock, _facts(lock), state, uv=UV)
+    the_plan = plan(lock, _facts(lock), _provisioned(lock), uv=UV)
     assert _actions(the_plan) == ["toolkit.install"]
     step = the_plan.steps[0]
-    assert (step.what, step.why) == (f"install CUDA 13.0.1 at {tmp_path}/cuda-13.0 from pypi", f"{tmp_path}/cuda-13.0 does not exist")
-    assert step.commands == (f"uv pip install --target {tmp_path}/root/cache/toolkits/site 'cuda-toolkit[nvcc]==13.0.1'",)
-    monkeypatch.setitem(sys.modules, "stackgate.stack.toolkit", _fake_toolkit_module(None))
-    assert plan(lock, _facts(lock), state, uv=UV).in_place[0] == f"CUDA 13.0.1 at {tmp_path}/cuda-13.0: installed as locked"
+    assert (step.what, step.why) == (f"install CUDA 13.0.1 at {tmp_path}/cuda-13.0 from pypi", "missing")
+    (command,) = step.commands
+    assert command == shlex.join(toolkit.install_command(lock.toolkits[0], cache=tmp_path / "root" / "cache" / "toolkits"))
+    assert f"--cache-dir {tmp_path}/root/cache/toolkits " in command and command.endswith(" 'cuda-toolkit[nvcc,crt,nvvm,cudart,cccl]==13.0.1'")
 
 
-def test_without_the_toolkit_module_a_toolkit_to_install_blocks(tmp_path: Path, stack_index: IndexServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    installed = f'[[toolkit]]\nversion = "13.0.1"\nprefix = "{tmp_path}/cuda-13.0"\nsource = "pypi"\ndefault = true\n'
+def test_a_toolkit_that_matches_the_lock_is_left_in_place(tmp_path: Path, stack_index: IndexServer) -> None:
+    """This machine's /usr/local/cuda-13.0 answers as a locked, not kept, CUDA 13.0 (installed by
+    hand, so stackgate has no record of it, and nothing to do)."""
+    installed = '[[toolkit]]\nversion = "13.0"\nprefix = "/usr/local/cuda-13.0"\nsource = "pypi"\ndefault = true\n'
     lock = _lock(tmp_path, stack_index, toolkits=installed)
-    monkeypatch.setitem(sys.modules, "stackgate.stack.toolkit", None)  # import fails as if absent
-    (blocker,) = plan(lock, _facts(lock), _provisioned(lock), uv=UV).blockers
-    assert "CUDA toolkit installation" in blocker.message
+    the_plan = plan(lock, _facts(lock), _provisioned(lock), uv=UV)
+    assert the_plan.empty and the_plan.in_place[0] == "CUDA 13.0 at /usr/local/cuda-13.0: installed as locked"
 
 
 def test_cuda_link_policy_default_points_the_link_at_the_default_toolkit(tmp_path: Path, stack_index: IndexServer, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -247,10 +237,12 @@ def test_cuda_link_policy_default_points_the_link_at_the_default_toolkit(tmp_pat
     path = tmp_path / "lock.toml"
     path.write_text(text.replace('name = "test-stack"', 'name = "test-stack"\ncuda_link = "default"'))
     lock = lockmodel.load(path)
-    monkeypatch.setitem(sys.modules, "stackgate.stack.toolkit", _fake_toolkit_module(None))
+    link = tmp_path / "cuda"
+    link.symlink_to("/usr/local/cuda-12.8")  # the machine's /usr/local/cuda, as the plan sees it
+    monkeypatch.setattr(planmodule, "cuda_link_state", functools.partial(toolkit.cuda_link_state, link=link))
     the_plan = plan(lock, _facts(lock), _provisioned(lock), uv=UV)
     assert _actions(the_plan) == ["toolkit.link"]
-    assert the_plan.steps[0].why == "/usr/local/cuda points at /usr/local/cuda-12.8; the lock wants /usr/local/cuda-13.0"
+    assert the_plan.steps[0].why == f'{link} points at /usr/local/cuda-12.8; the lock (cuda_link = "default") wants it to point at /usr/local/cuda-13.0'
     assert the_plan.steps[0].commands == ("ln -sfn /usr/local/cuda-13.0 /usr/local/cuda",)
 
 

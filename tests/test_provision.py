@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib
 import io
 import os
 import shlex
@@ -14,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 from typing import Iterator
 
@@ -23,7 +21,7 @@ from pkgindex import DEAD_URL, SYMM_MEM_FILE, SYMM_MEM_TEXT, IndexServer, instal
 
 from stackgate import history, provision
 from stackgate.models.exitcodes import ExitCode
-from stackgate.stack import generations, pyenv
+from stackgate.stack import generations, pyenv, toolkit
 from stackgate.models import spec as lockmodel
 from stackgate.ui import UI
 
@@ -438,9 +436,10 @@ def test_pip_in_the_environment_keeps_the_guard_without_activation(built: Path, 
     assert _version(built, "torch", install_environ) == "2.9.1+cu130"
 
 
-def _fake_toolkit_module(calls: list[str]) -> types.ModuleType:
-    """Stands in for stackgate.stack.toolkit (its published API); installing lays out a tree whose
-    nvcc and ptxas are this machine's real CUDA 13.0 ones."""
+def _fake_installs(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> None:
+    """The toolkit module's installing and fingerprinting, faked where provision calls them:
+    installing lays out a tree whose nvcc and ptxas are this machine's real CUDA 13.0 ones
+    (a real install downloads the CUDA wheels: tests/test_toolkit.py does that)."""
     real = Path("/usr/local/cuda-13.0/bin")
 
     def install_toolkit(toolkit, *, log: Path, cache: Path | None = None, on_progress=None) -> None:  # type: ignore[no-untyped-def]
@@ -456,13 +455,8 @@ def _fake_toolkit_module(calls: list[str]) -> types.ModuleType:
         yield
         calls.extend(f"fingerprint {prefix}" for prefix in kept)
 
-    module = types.ModuleType("stackgate.stack.toolkit")
-    module.ToolkitError = type("ToolkitError", (Exception,), {})  # type: ignore[attr-defined]
-    module.toolkit_state = lambda toolkit, facts: None if facts.exists else f"{toolkit.prefix} does not exist"  # type: ignore[attr-defined]
-    module.install_toolkit = install_toolkit  # type: ignore[attr-defined]
-    module.install_command = lambda toolkit, cache=None: ["uv", "pip", "install", f"cuda-toolkit=={toolkit.version}"]  # type: ignore[attr-defined]
-    module.kept_untouched = kept_untouched  # type: ignore[attr-defined]
-    return module
+    monkeypatch.setattr(toolkit, "install_toolkit", install_toolkit)
+    monkeypatch.setattr(toolkit, "kept_untouched", kept_untouched)
 
 
 def test_only_toolkit_installs_a_missing_toolkit_and_keeps_the_kept_one(
@@ -474,36 +468,16 @@ def test_only_toolkit_installs_a_missing_toolkit_and_keeps_the_kept_one(
     )
     lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", toolkits=toolkits)
     calls: list[str] = []
-    monkeypatch.setitem(sys.modules, "stackgate.stack.toolkit", _fake_toolkit_module(calls))
+    _fake_installs(monkeypatch, calls)
     code, out, err = _provision(lock, install_environ, capsys, only="toolkit")
     assert code == ExitCode.PASSED, err
     assert calls == ["fingerprint /usr/local/cuda-13.0", f"install {tmp_path}/cuda-13.0", "fingerprint /usr/local/cuda-13.0"]
-    assert "       $ uv pip install cuda-toolkit==13.0.1" in out
+    installing = lockmodel.load(lock).toolkits[0]
+    assert f"       $ {shlex.join(toolkit.install_command(installing, cache=tmp_path / 'root' / 'cache' / 'toolkits'))}\n" in out
     assert any(line.split()[:2] == ["PASS", "cuda.toolkits"] and line.endswith("CUDA 13.0.1 (nvcc V13.0.88), CUDA 13.0 (nvcc V13.0.88)") for line in out.splitlines()), out
     assert "PASS  cuda.ptxas_arch" in out
     assert not (tmp_path / "root" / "generations").exists()  # --only toolkit left Python alone
     assert _provision(lock, install_environ, capsys, only="toolkit")[1].startswith("nothing to do")
-
-
-def _patches_module() -> types.ModuleType | None:
-    """None when stackgate.stack.patches is in this checkout (then it runs, with the real
-    patches.applied check); else a stand-in with its API that applies and tests the diff with
-    GNU patch, so that the provision side is tested either way."""
-    try:
-        importlib.import_module("stackgate.stack.patches")
-        return None
-    except ModuleNotFoundError:
-        pass
-
-    def gnu_patch(patch, site: Path, *flags: str) -> bool:  # type: ignore[no-untyped-def]
-        done = subprocess.run(["patch", "-p1", "-s", "-f", "-d", str(site), "-i", str(patch.file), *flags], capture_output=True, text=True)
-        return done.returncode == 0
-
-    module = types.ModuleType("stackgate.stack.patches")
-    module.PatchError = type("PatchError", (Exception,), {})  # type: ignore[attr-defined]
-    module.patch_state = lambda patch, site: None if gnu_patch(patch, site, "--dry-run", "-R") else "not applied"  # type: ignore[attr-defined]
-    module.apply_patch = lambda patch, site: None if gnu_patch(patch, site, "-N") else (_ for _ in ()).throw(module.PatchError("does not apply"))  # type: ignore[attr-defined]
-    return module
 
 
 def _with_patch(lock: Path, tmp_path: Path) -> Path:
@@ -524,12 +498,10 @@ def _patched(root: Path) -> bool:
 
 
 def test_a_new_generation_gets_the_locks_patches_before_its_checks(
-    built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = _copy(built, tmp_path)
     lock = _with_patch(write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"}), tmp_path)
-    if (module := _patches_module()) is not None:
-        monkeypatch.setitem(sys.modules, "stackgate.stack.patches", module)
     code, out, err = _provision(lock, install_environ, capsys)
     assert code == ExitCode.PASSED, err
     assert out.index("[patches] apply sm120.patch to sglang 0.5.9\n") < out.index("[python] check generation ")
@@ -538,12 +510,10 @@ def test_a_new_generation_gets_the_locks_patches_before_its_checks(
 
 
 def test_only_patches_applies_a_missing_patch_in_place_then_does_nothing(
-    built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = _copy(built, tmp_path)
     lock = _with_patch(write_stack_lock(tmp_path / "lock.toml", stack_index, root), tmp_path)
-    if (module := _patches_module()) is not None:
-        monkeypatch.setitem(sys.modules, "stackgate.stack.patches", module)
     before = _current(root)
     assert not _patched(root)
     code, out, err = _provision(lock, install_environ, capsys, only="patches")

@@ -12,8 +12,9 @@ from pathlib import Path
 from conftest import install_dist, interpreter_lock, make_venv
 from stackgate.checks.all import REGISTRY
 from stackgate.models.result import Status
-from stackgate.checks.facts import PROBE, ProbeFacts, gather
-from stackgate.checks.python import conflicts
+from stackgate.facts.interpreters import PROBE
+from stackgate.facts import ProbeFacts, gather
+from stackgate.facts.compare import conflicts
 from stackgate.models import spec as lockmodel
 
 VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"

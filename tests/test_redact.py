@@ -20,7 +20,7 @@ from stackgate import gate, reporting, smoke
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, Status
 from stackgate.checks.report import junit_xml, redacted, write_json, write_junit
-from stackgate.checks.smoke.logscan import excerpt
+from stackgate.facts.serverlog import excerpt
 from stackgate.models.redact import REDACTED, is_secret_name, redact, redact_text, secrets_in
 from stackgate.models import spec as lockmodel
 from stackgate.ui import UI

@@ -11,7 +11,7 @@ import pytest
 
 from stackgate.models import knowledge as signatures
 from stackgate.checks.abi import classify_import
-from stackgate.checks.facts import ImportOutcome
+from stackgate.facts import ImportOutcome
 from stackgate.models.knowledge import CONTEXT_KEYS, Scanner, SignatureError, extract
 from stackgate.models.knowledge._model import quoted_names, read_folder, required_literal
 from stackgate.models import spec as lockmodel

@@ -23,6 +23,7 @@ from smoke_support import living
 from stackgate.models.result import Status
 from stackgate.checks.report import write_json
 from stackgate.checks.smoke import bench, fastmode, launch, logscan, quality, ready, serverinfo
+from stackgate.facts import serverlog
 from stackgate.models import secretargs
 from stackgate.checks.smoke.procs import ProcessTree
 from stackgate.models import spec as lockmodel
@@ -190,7 +191,7 @@ def test_fast_mode_says_why_it_cannot_shrink_a_model(tmp_path, config, message):
 
 def test_the_watcher_follows_partial_lines_progress_bars_phases_and_evidence(tmp_path):
     log = tmp_path / "server.log"
-    watcher = logscan.LogWatcher(log, context={"lock_backend": "flashinfer"}, evidence={"--fusion": r"FlashInfer workspace initialized for rank \d+"})
+    watcher = serverlog.LogWatcher(log, context={"lock_backend": "flashinfer"}, evidence={"--fusion": r"FlashInfer workspace initialized for rank \d+"})
     assert watcher.poll() == [] and watcher.phase == "launching"  # no file yet
     with open(log, "a") as out:
         out.write("[2026-01-12 10:00:00 TP0] Load weight begin. avail mem=93.52 GB\n\rLoading safetensors checkpoint shards:  25% Comp")
@@ -216,7 +217,7 @@ def test_the_cause_is_the_specific_error_not_the_wrapper(tmp_path):
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB.\n"
         "[2026-01-12 10:00:09] Received sigquit from a child process. It usually means the child failed.\n"
     )
-    watcher = logscan.LogWatcher(log)
+    watcher = serverlog.LogWatcher(log)
     watcher.poll()
     assert watcher.fatal.signature.id == "sglang-scheduler-exception"  # the first to stop on
     assert watcher.cause.signature.id == "cuda-out-of-memory"  # the one to report
@@ -228,7 +229,7 @@ def test_the_cause_is_the_specific_error_not_the_wrapper(tmp_path):
 def test_a_default_backend_equal_to_the_lock_s_is_only_a_warning(tmp_path):
     log = tmp_path / "server.log"
     log.write_text("[2026-01-12 10:00:01] Attention backend not specified. Use flashinfer backend by default.\n")
-    watcher = logscan.LogWatcher(log, context={"lock_backend": "flashinfer"})
+    watcher = serverlog.LogWatcher(log, context={"lock_backend": "flashinfer"})
     watcher.poll()
     (result,) = logscan.finding_results(watcher.findings, "log", lock_backend="flashinfer")
     assert result.status == Status.WARN
@@ -257,7 +258,7 @@ def test_a_secret_option_may_name_a_variable_and_an_unset_one_is_refused():
 
 
 def test_the_evidence_cannot_be_judged_at_a_log_level_that_hides_info_lines():
-    unseen = logscan.Evidence("--enable-flashinfer-allreduce-fusion", "FlashInfer workspace initialized")
+    unseen = serverlog.Evidence("--enable-flashinfer-allreduce-fusion", "FlashInfer workspace initialized")
     info = {"enable_flashinfer_allreduce_fusion": True, "log_level": "info"}
     assert serverinfo.check_evidence(unseen, info).status == Status.FAIL
     quiet = serverinfo.check_evidence(unseen, {**info, "log_level": "warning"})
@@ -445,7 +446,7 @@ def test_a_failed_request_s_last_look_is_taken_in_the_caller_s_thread(tmp_path):
     server = launch.start(["bash", "-c", "exit 3"], dict(os.environ), tmp_path / "server.log")
     server.process.wait()
     cut = []
-    monitor = ready.Monitor(server, logscan.LogWatcher(tmp_path / "server.log"), cut.append)  # its thread never started: a starved watcher
+    monitor = ready.Monitor(server, serverlog.LogWatcher(tmp_path / "server.log"), cut.append)  # its thread never started: a starved watcher
     assert monitor.wait_failure(0.0) == "the server exited with code 3"
     assert cut == ["the server exited with code 3"] and monitor.failed_at is not None
 

@@ -28,7 +28,7 @@ from stackgate.edges import runner
 from stackgate.checks.all import REGISTRY
 from stackgate.models.result import Status
 from stackgate.checks.core import run_checks, select
-from stackgate.checks.facts import gather, inspect_toolkit, tool_version
+from stackgate.facts import gather, inspect_toolkit, tool_version
 from stackgate.models import spec as lockmodel
 from stackgate.stack import toolkit as tk
 from stackgate.models.spec import Toolkit

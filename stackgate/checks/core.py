@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 from stackgate.models.result import Result, error
 
 if TYPE_CHECKING:
-    from stackgate.checks.facts import Facts
+    from stackgate.facts import Facts
     from stackgate.models.spec import Lock
 
 __all__ = ["REGISTRY", "Check", "CheckError", "check", "run_checks", "select"]

@@ -7,10 +7,11 @@ from pathlib import Path
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, failed, passed, skipped
 from stackgate.checks.core import check
-from stackgate.checks.facts import EnvFacts, Facts, Missing, ToolkitFacts, ToolVersion
+from stackgate.facts import EnvFacts, Facts, Missing, ToolkitFacts, ToolVersion
+from stackgate.facts.compare import toolkit_problem
 from stackgate.models.spec import Lock, Toolkit
 
-__all__ = ["toolkit_problem"]
+__all__: list[str] = []
 
 _PROVISION = "invoke provision --only toolkit"
 
@@ -27,29 +28,6 @@ def toolkits(lock: Lock, facts: Facts) -> Result:
         details = [f"{t.toolkit.label}: {p}" for t, p in problems]
         return failed(f"{len(problems)} of {len(lock.toolkits)} toolkit(s) wrong: {problems[0][1]}", details, _toolkit_fix([t.toolkit for t, _ in problems]), data)
     return passed(", ".join(f"CUDA {t.toolkit.version} ({_describe(t)})" for t in facts.toolkits), found, data)
-
-
-def toolkit_problem(t: ToolkitFacts) -> str | None:
-    """What is wrong with the toolkit at a prefix, judged against its lock entry; None if nothing.
-
-    Provision's plan asks the same question (stackgate.stack.toolkit.toolkit_state), so that
-    what verify reports and what provision installs never disagree.
-    """
-    toolkit = t.toolkit
-    if not t.exists:
-        return "missing" + (" (a kept toolkit must stay installed)" if toolkit.keep else "")
-    detected = t.detected
-    if isinstance(detected, Missing):
-        return f"neither nvcc nor ptxas works: {detected.reason}"
-    if detected.release != toolkit.release:
-        return f"{detected.path.name} reports release {detected.release}, the lock wants {toolkit.release}"
-    if toolkit.nvcc and isinstance(t.nvcc, ToolVersion) and t.nvcc.build != toolkit.nvcc:
-        return f"nvcc is V{t.nvcc.build}, the lock wants V{toolkit.nvcc}"
-    if t.version_json and len(toolkit.version.release) >= 3 and t.version_json != str(toolkit.version):
-        return f"version.json says CUDA {t.version_json}, the lock wants {toolkit.version}"
-    if not toolkit.keep and isinstance(t.nvcc, Missing):
-        return f"no working nvcc: {t.nvcc.reason}"
-    return None
 
 
 def _describe(t: ToolkitFacts) -> str:

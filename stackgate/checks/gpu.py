@@ -7,7 +7,7 @@ from packaging.version import InvalidVersion, Version
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, failed, passed, skipped, warned
 from stackgate.checks.core import check
-from stackgate.checks.facts import Facts, Missing
+from stackgate.facts import Facts, Missing
 from stackgate.edges.nvml import NvmlSnapshot
 from stackgate.models.spec import Lock
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, failed, passed, skipped
 from stackgate.checks.core import check
-from stackgate.checks.facts import Facts, Missing
+from stackgate.facts import Facts, Missing
 from stackgate.models.spec import Lock
 
 __all__: list[str] = []

@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Mapping
-
-from packaging.markers import InvalidMarker, UndefinedComparison, UndefinedEnvironmentName
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
-
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, failed, passed, skipped, warned
 from stackgate.checks.core import check
-from stackgate.checks.facts import Facts, Missing, ProbeFacts
-from stackgate.models.spec import Lock, Package
+from stackgate.facts import Facts, Missing, ProbeFacts
+from stackgate.facts.compare import conflicts, pin_problem
+from stackgate.models.spec import Lock
 
-__all__ = ["Conflict", "conflicts", "pin_problem"]
+__all__: list[str] = []
 
 _PROVISION = "invoke provision --only python"
 
@@ -51,7 +44,7 @@ def pins(lock: Lock, facts: Facts) -> Result:
     watched = [p for p in lock.python.packages if p.name not in lock.python.frozen]
     if not watched:
         return skipped("every pinned package is frozen (see python.frozen)" if lock.python.packages else "the lock pins no package")
-    wrong = [problem for p in watched if (problem := _pin_problem(probe, p))]
+    wrong = [problem for p in watched if (problem := pin_problem(probe, p))]
     data = {p.name: (probe.dist(p.name).version if probe.dist(p.name) else None) for p in watched}
     if wrong:
         return failed(f"{len(wrong)} of {len(watched)} pinned package(s) differ: {wrong[0]}", wrong, Fix("Install the locked versions.", (_PROVISION,)), data)
@@ -67,7 +60,7 @@ def frozen(lock: Lock, facts: Facts) -> Result:
     guarded = [p for p in lock.python.packages if p.name in lock.python.frozen]
     if not guarded:
         return skipped("the lock freezes no package")
-    moved = [problem for p in guarded if (problem := _pin_problem(probe, p))]
+    moved = [problem for p in guarded if (problem := pin_problem(probe, p))]
     data = {p.name: (probe.dist(p.name).version if probe.dist(p.name) else None) for p in guarded}
     if moved:
         fix = Fix(
@@ -77,61 +70,6 @@ def frozen(lock: Lock, facts: Facts) -> Result:
         )
         return failed(f"frozen package(s) moved: {moved[0]}", moved, fix, data)
     return passed("frozen: " + ", ".join(f"{p.name} {data[p.name]}" for p in guarded), data=data)
-
-
-def _pin_problem(probe: ProbeFacts, package: Package) -> str | None:
-    dist = probe.dist(package.name)
-    if dist is None:
-        return f"{package.name} is not installed (locked {package.specifier})"
-    if not package.specifier.contains(dist.version, prereleases=True):
-        return f"{package.name} is {dist.version}, locked {package.specifier}"
-    return None
-
-
-@dataclass(frozen=True)
-class Conflict:
-    """One requirement that the installed distributions do not meet (what `pip check` reports)."""
-
-    requirer: str
-    requirer_version: str
-    requirement: str
-    package: str
-    installed: str | None
-
-    def __str__(self) -> str:
-        have = f"{self.package} {self.installed} is installed" if self.installed else f"{self.package} is not installed"
-        return f"{self.requirer} {self.requirer_version} requires {self.requirement}, but {have}"
-
-
-def conflicts(distributions: Mapping[str, Any], markers: Mapping[str, str]) -> list[Conflict]:
-    """Requirements of installed distributions that the installed set does not satisfy.
-
-    Requirements behind an extra are not checked, as `pip check` does not.
-    """
-    environment = {**markers, "extra": ""}
-    found = []
-    for dist in distributions.values():
-        for line in dist.requires:
-            try:
-                requirement = Requirement(line)
-                if requirement.marker is not None and not requirement.marker.evaluate(environment):
-                    continue
-            except (InvalidRequirement, InvalidMarker, UndefinedComparison, UndefinedEnvironmentName):
-                continue
-            target = distributions.get(canonicalize_name(requirement.name))
-            if target is None:
-                found.append(Conflict(dist.name, dist.version, str(requirement), requirement.name, None))
-            elif not _satisfies(requirement, target.version):
-                found.append(Conflict(dist.name, dist.version, str(requirement), target.name, target.version))
-    return found
-
-
-def _satisfies(requirement: Requirement, version: str) -> bool:
-    try:
-        Version(version)
-    except InvalidVersion:
-        return True  # a legacy version string: pip check cannot judge it either
-    return requirement.specifier.contains(version, prereleases=True)
 
 
 @check("python.consistency", needs=("probe",))
@@ -248,7 +186,3 @@ def flashinfer_cubin(lock: Lock, facts: Facts) -> Result:
     return passed(f"flashinfer-python {python.version}" + "".join(f", {k} {v}" for k, v in data.items() if v and k != "flashinfer-python"), data=data)
 
 
-def pin_problem(probe: ProbeFacts, package: Package) -> str | None:
-    """What is wrong with one locked package in a probed environment; None when nothing is
-    (provision plans from this, as python.pins and python.frozen judge by it)."""
-    return _pin_problem(probe, package)

@@ -61,6 +61,11 @@ class Completed:
     def timed_out(self) -> bool:
         return self.returncode is None
 
+    @property
+    def ended(self) -> str:
+        """How it ended, for a message: ``exit 2``, or ``timed out``."""
+        return "timed out" if self.timed_out else f"exit {self.returncode}"
+
     def tail(self, lines: int = 12) -> list[str]:
         """The last lines of stderr (stdout when stderr is empty)."""
         text = self.stderr.strip() or self.stdout.strip()

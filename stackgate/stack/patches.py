@@ -1,4 +1,4 @@
-"""Apply the lock's ``[[patch]]`` entries to installed packages, idempotently, and check them later.
+"""Apply the lock's ``[[patch]]`` entries to installed packages, idempotently.
 
 A patch is a unified diff against one exact version of one package, with paths relative to
 site-packages after the first component (``a/sglang/...``, as ``git diff`` writes them). It is
@@ -6,16 +6,13 @@ applied by this module's own small diff applier, strictly: every hunk must match
 it says, because the package version is exact too. All files are patched in memory first, so a
 hunk that does not match changes nothing; then each file is replaced atomically. The applied
 set is recorded in ``<site-packages>/stackgate-patches.json`` with each patched file's hash,
-which the ``patches.applied`` verify check compares against the files.
+which the ``patches.applied`` verify check compares against the files (reading the record and
+judging whether a patch is applied is :mod:`stackgate.facts.patches`: observation, not action).
 
-The public API, as provision and verify call it:
+The public API, as provision calls it:
 
 ``apply_patch(patch, site_packages) -> Outcome``
     Apply one locked patch (a no-op when it is already applied) or raise :class:`PatchError`.
-``patch_state(patch, site_packages) -> str | None``
-    None when the patch is applied and its files unchanged, else why it must be (re)applied.
-``inspect_patch(patch, site_packages) -> PatchStatus``
-    The same, as data for verify (site_packages may be None: the package is not installed).
 ``check_patch_file(patch) -> None``
     Raise :class:`PatchError` unless the patch file reads, has the locked sha256 and is a diff
     (plan asks before it plans an apply, so a bad file stops provision before anything runs).
@@ -32,37 +29,15 @@ import json
 import os
 import re
 import tempfile
-from dataclasses import dataclass, field
-from importlib import metadata
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Mapping, Sequence
 
-from packaging.utils import canonicalize_name
-
-from stackgate.edges import runner
-from stackgate.edges import fetch
+from stackgate.edges import fetch, runner
+from stackgate.facts.patches import RECORD, distribution, final_hashes, installed_version, read_record, recorded_entry
 from stackgate.models.spec import Patch
 
-__all__ = [
-    "RECORD",
-    "FileDiff",
-    "Hunk",
-    "Outcome",
-    "PatchError",
-    "PatchStatus",
-    "apply_patch",
-    "check_patch_file",
-    "inspect_patch",
-    "installed_version",
-    "parse",
-    "patch_state",
-    "patch_text",
-    "read_record",
-    "site_packages",
-]
-
-#: The file in site-packages that lists the applied patches and the hashes of what they wrote.
-RECORD = "stackgate-patches.json"
+__all__ = ["FileDiff", "Hunk", "Outcome", "PatchError", "apply_patch", "check_patch_file", "parse", "patch_text", "site_packages"]
 
 
 class PatchError(Exception):
@@ -323,7 +298,7 @@ def _require_version(patch: Patch, site_packages: Path) -> None:
 
 def _require_package_files(patch: Patch, site_packages: Path, diffs: Sequence[FileDiff]) -> None:
     """A patch of sglang changes sglang's files (RECORD), never another package's."""
-    dist = _distribution(site_packages, patch.package)
+    dist = distribution(site_packages, patch.package)
     owned = {str(f) for f in (dist.files or ())} if dist is not None else set()
     strangers = [d.path for d in diffs if not d.creates and d.path not in owned]
     if strangers:
@@ -332,8 +307,8 @@ def _require_package_files(patch: Patch, site_packages: Path, diffs: Sequence[Fi
 
 def _require_unchanged(patch: Patch, site_packages: Path, changes: Sequence[_FileChange]) -> None:
     """A recorded file edited since: re-applying would bless the edit, so refuse instead."""
-    entry = _recorded(site_packages, patch)
-    recorded = _final_hashes(read_record(site_packages)) if entry else {}
+    entry = recorded_entry(site_packages, patch)
+    recorded = final_hashes(read_record(site_packages)) if entry else {}
     edited = [c.diff.path for c in changes if c.new_text is None and c.diff.path in recorded and fetch.sha256_file(c.target) != recorded[c.diff.path]]
     if edited:
         raise PatchError(
@@ -380,16 +355,6 @@ def _entry(patch: Patch, text: str, changes: Sequence[_FileChange]) -> dict[str,
     }
 
 
-def read_record(site_packages: Path) -> list[dict[str, object]]:
-    """The applied patches recorded in ``site_packages`` (empty when none or unreadable)."""
-    try:
-        data = json.loads((site_packages / RECORD).read_text())
-    except (OSError, ValueError):
-        return []
-    patches = data.get("patches") if isinstance(data, dict) else None
-    return [p for p in patches if isinstance(p, dict)] if isinstance(patches, list) else []
-
-
 def _update_record(site_packages: Path, entry: dict[str, object]) -> bool:
     entries = read_record(site_packages)
     kept = [e for e in entries if not (e.get("package") == entry["package"] and e.get("patch") == entry["patch"])]
@@ -405,79 +370,7 @@ def _write_json(path: Path, data: Mapping[str, object]) -> None:
     os.replace(temporary, path)
 
 
-# --- state ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PatchStatus:
-    """One locked patch as found in an environment: None problem means applied and intact."""
-
-    patch: Patch
-    site_packages: Path | None
-    installed: str | None  #: the package's installed version
-    problem: str | None
-    files: Mapping[str, str] = field(default_factory=dict)  #: recorded path -> sha256
-
-
-def inspect_patch(patch: Patch, site_packages: Path | None) -> PatchStatus:
-    """Whether ``patch`` is applied in ``site_packages`` and its files are as it left them."""
-    if site_packages is None:
-        return PatchStatus(patch, None, None, f"{patch.package} is not installed")
-    installed = installed_version(site_packages, patch.package)
-    entry = _recorded(site_packages, patch)
-    files = dict(entry.get("files", {})) if entry else {}
-    return PatchStatus(patch, site_packages, installed, _problem(patch, site_packages, installed, entry), files)
-
-
-def patch_state(patch: Patch, site_packages: Path | None) -> str | None:
-    """None when ``patch`` is applied and intact, else why it must be applied."""
-    return inspect_patch(patch, site_packages).problem
-
-
-def _recorded(site_packages: Path, patch: Patch) -> dict[str, object] | None:
-    return next((e for e in read_record(site_packages) if e.get("package") == patch.package and e.get("patch") == patch.file.name), None)
-
-
-def _problem(patch: Patch, site_packages: Path, installed: str | None, entry: Mapping[str, object] | None) -> str | None:
-    if installed is None:
-        return f"{patch.package} is not installed in {site_packages}"
-    if installed != str(patch.version):
-        return f"{patch.package} {installed} is installed; {patch.file.name} is for {patch.version}"
-    if entry is None:
-        return f"{patch.file.name} is not applied (not in {RECORD})"
-    if patch.sha256 is not None and entry.get("sha256") != patch.sha256:
-        return f"{patch.file.name} applied is not the locked one (sha256 {str(entry.get('sha256'))[:12]}..., the lock says {patch.sha256[:12]}...)"
-    expected = _final_hashes(read_record(site_packages))
-    for path in sorted(dict(entry.get("files", {}))):
-        have = fetch.sha256_file(site_packages / path) if (site_packages / path).is_file() else None
-        if have != expected.get(path):
-            return f"{path} changed since {patch.file.name} was applied" if have else f"{path} is gone since {patch.file.name} was applied"
-    return None
-
-
-def _final_hashes(entries: Sequence[Mapping[str, object]]) -> dict[str, str]:
-    """Each file's expected hash: what the last patch that touched it left."""
-    final: dict[str, str] = {}
-    for entry in entries:
-        final.update({str(k): str(v) for k, v in dict(entry.get("files", {})).items()})
-    return final
-
-
 # --- the environment -----------------------------------------------------------------------------
-
-
-def _distribution(site_packages: Path, package: str) -> metadata.Distribution | None:
-    wanted = canonicalize_name(package)
-    for dist in metadata.distributions(path=[str(site_packages)]):
-        if canonicalize_name(dist.metadata["Name"] or "") == wanted:
-            return dist
-    return None
-
-
-def installed_version(site_packages: Path, package: str) -> str | None:
-    """The version of ``package`` installed in ``site_packages``, read from its dist-info."""
-    dist = _distribution(site_packages, package)
-    return dist.version if dist is not None else None
 
 
 def site_packages(python: Path) -> Path:

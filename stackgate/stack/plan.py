@@ -9,14 +9,18 @@ environment file and patches are brought up to date in place.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from stackgate.models.finding import Fix
-from stackgate.checks.facts import BasePython, Facts, Missing, ProbeFacts
-from stackgate.checks.python import conflicts, pin_problem
-from stackgate.stack import adapters, generations, guard, pyenv
+from stackgate.facts import BasePython, Facts, Missing, ProbeFacts
+from stackgate.facts.compare import conflicts, pin_problem
+from stackgate.facts.patches import patch_state
+from stackgate.stack import generations, guard, pyenv
+from stackgate.stack.patches import PatchError, check_patch_file
+from stackgate.stack.toolkit import cuda_link_state, install_command, toolkit_state
 from stackgate.models.spec import Lock, Patch, patch_location_problem
 
 __all__ = ["AREAS", "Blocker", "Plan", "Step", "cache_dir", "environment_drift", "plan"]
@@ -142,15 +146,11 @@ def _toolkits(lock: Lock, facts: Facts, draft: _Draft) -> None:
                 fix = Fix(f"Restore CUDA {toolkit.version} with its own installer (runfile or apt), or drop it from the lock.")
                 draft.blockers.append(Blocker(f"{toolkit.label} is kept (keep = true) but missing: stackgate never installs a kept toolkit", fix))
             continue
-        try:
-            reason = adapters.toolkit_state(toolkit, found)
-            command = adapters.install_command(toolkit, cache_dir(lock) / "toolkits") if reason else ""
-        except adapters.AdapterError as exc:
-            draft.blockers.append(Blocker(str(exc), Fix("Use a checkout with the toolkit half of provision, or mark the toolkit keep = true.")))
-            continue
+        reason = toolkit_state(toolkit, found)
         if reason is None:
             draft.in_place.append(f"{toolkit.label}: installed as locked")
         else:
+            command = shlex.join(install_command(toolkit, cache=cache_dir(lock) / "toolkits"))
             draft.steps.append(Step("toolkit", "toolkit.install", f"install {toolkit.label} from {toolkit.source}", reason, shown=(command,), subject=toolkit))
     _cuda_link(lock, facts, draft)
 
@@ -159,11 +159,7 @@ def _cuda_link(lock: Lock, facts: Facts, draft: _Draft) -> None:
     default = lock.default_toolkit
     if lock.stack.cuda_link != "default" or default is None:
         return  # "leave": /usr/local/cuda is not stackgate's to change
-    try:
-        why = adapters.cuda_link_state(lock.stack.cuda_link, default)
-    except adapters.AdapterError as exc:
-        draft.blockers.append(Blocker(str(exc)))
-        return
+    why = cuda_link_state(lock.stack.cuda_link, default)
     if why is None:
         draft.in_place.append(f"/usr/local/cuda -> {default.prefix}")
         return
@@ -302,11 +298,7 @@ def _patches(lock: Lock, facts: Facts, state: generations.RootState, draft: _Dra
         if dist is None or dist.version != str(patch.version):
             draft.blockers.append(Blocker(f"patch {patch.file.name} is for {patch.package} {patch.version}; the environment has {dist.version if dist else 'none'}", Fix("Rebuild the Python stack from the lock.", (_REBUILD,))))
             continue
-        try:
-            reason = adapters.patch_state(patch, Path(dist.location))
-        except adapters.AdapterError as exc:
-            draft.blockers.append(Blocker(str(exc)))
-            continue
+        reason = patch_state(patch, Path(dist.location))
         if reason is None:
             draft.in_place.append(f"patch {patch.file.name}: applied to {patch.package} {patch.version}")
         elif _check_patch_file(lock, i, patch, draft.blockers):
@@ -317,13 +309,19 @@ def _check_patch_file(lock: Lock, index: int, patch: Patch, blockers: list[Block
     """A patch is planned only when its file can be applied as far as reading tells (it exists
     inside the lock's checkout, has the locked sha256, is a diff): else it blocks, as a lockfile
     problem, before anything is touched."""
-    try:
-        problem = patch_location_problem(lock, patch) or adapters.patch_file_problem(patch)
-    except adapters.AdapterError as exc:
-        problem = str(exc)
+    problem = patch_location_problem(lock, patch) or _patch_file_problem(patch)
     if problem:
         blockers.append(Blocker(f"patch[{index}].file: {problem}", Fix("Point the lock's [[patch]] file at the patch, with its sha256 (sha256sum FILE).", (f"sha256sum {_quote(str(patch.file))}",)), usage=True))
     return problem is None
+
+
+def _patch_file_problem(patch: Patch) -> str | None:
+    """None when the patch file reads, has the locked sha256 and is a diff, else why not."""
+    try:
+        check_patch_file(patch)
+    except PatchError as exc:
+        return str(exc)
+    return None
 
 
 def _quote(word: str) -> str:

@@ -52,8 +52,8 @@ from typing import Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 from stackgate.edges import runner
 from stackgate.edges import fetch
-from stackgate.checks.cuda import toolkit_problem
-from stackgate.checks.facts import ToolkitFacts, ToolVersion, tool_version
+from stackgate.facts.compare import toolkit_problem
+from stackgate.facts import ToolkitFacts, ToolVersion, tool_version
 from stackgate.models.spec import PYPI_CUDA12_REASON, Toolkit
 
 __all__ = [
@@ -496,7 +496,7 @@ def _install_apt(toolkit: Toolkit, log: Path, apt: AptCommands, progress: Progre
     progress(f"apt-get install {_apt_package(toolkit)}")
     done = apt.install(_apt_install_command(toolkit), log)
     if not done.ok:
-        raise ToolkitError(f"apt-get could not install {_apt_package(toolkit)} ({_ended(done)})", log, done.tail())
+        raise ToolkitError(f"apt-get could not install {_apt_package(toolkit)} ({done.ended})", log, done.tail())
     _verify_nvcc(toolkit, toolkit.prefix, log)
 
 
@@ -619,11 +619,7 @@ def _run(argv: Sequence[str], log: Path, what: str, hint: str = "") -> None:
     done = runner.run_logged(argv, log, timeout_s=INSTALL_TIMEOUT_S, env=_installer_env())
     if not done.ok:
         extra = f"; {hint}" if hint else ""
-        raise ToolkitError(f"{what} failed ({_ended(done)}){extra}", log, done.tail())
-
-
-def _ended(done: runner.Completed) -> str:
-    return "timed out" if done.timed_out else f"exit {done.returncode}"
+        raise ToolkitError(f"{what} failed ({done.ended}){extra}", log, done.tail())
 
 
 def _log(log: Path, message: str) -> None:

@@ -17,7 +17,7 @@ from typing import Callable
 
 from stackgate.edges import httpclient
 from stackgate.checks.smoke.launch import Server
-from stackgate.checks.smoke.logscan import LogWatcher
+from stackgate.facts.serverlog import LogWatcher
 from stackgate.models.knowledge import Finding
 
 __all__ = ["HealthPoller", "Monitor", "Readiness", "wait_ready"]
