@@ -45,7 +45,7 @@ from stackgate.checks import report
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, Status, failed, passed, skipped
 from stackgate.facts import Facts, Missing, gather
-from stackgate.checks.smoke import launch
+from stackgate.serve import launch
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.redact import redact
 from stackgate.stack import generations, pyenv

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from stackgate import fingerprint
-from stackgate.checks.smoke import bench
+from stackgate.serve import bench
 from stackgate.history import Run
 
 __all__ = ["Comparison", "SpeedChange", "StatusChange", "compare", "components", "summary_of"]

@@ -24,11 +24,12 @@ from stackgate.models import knowledge
 from stackgate.checks import report
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, Status, failed, passed, skipped, warned
-from stackgate.checks.smoke import bench, fastmode, launch, logscan, quality, serverinfo
+from stackgate.serve import bench, fastmode, launch, quality
+from stackgate.checks.smoke import logscan, serverinfo
 from stackgate.facts import serverlog
 from stackgate.models import secretargs
-from stackgate.checks.smoke.launch import Config, LaunchError
-from stackgate.checks.smoke.ready import Monitor, Readiness, wait_ready
+from stackgate.serve.launch import Config, LaunchError
+from stackgate.serve.ready import Monitor, Readiness, wait_ready
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.redact import redact
 from stackgate.models.knowledge import Finding

@@ -12,7 +12,7 @@ from stackgate import fingerprint as fp
 from stackgate import gate, history
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, Status
-from stackgate.checks.smoke import bench
+from stackgate.serve import bench
 from stackgate.ui import UI
 
 SERVER = {"attention_backend": "flashinfer", "tp_size": "8", "model_path": "/models/m", "version": "0.5.9"}
@@ -58,7 +58,7 @@ def smoke_doc(tmp: Path, *, decode: float | None = 200.0, backend: str = "flashi
 
     from stackgate import smoke
     from stackgate.checks import report
-    from stackgate.checks.smoke import launch
+    from stackgate.serve import launch
     from stackgate.models import spec as lockmodel
 
     tmp.mkdir(parents=True, exist_ok=True)

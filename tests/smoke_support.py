@@ -24,7 +24,7 @@ from fakes.fake_nvml import gpu, machine
 
 from stackgate import smoke
 from stackgate.models.result import Result
-from stackgate.checks.smoke.procs import read_stat
+from stackgate.serve.procs import read_stat
 from stackgate.models import spec as lockmodel
 from stackgate.ui import UI
 

@@ -9,7 +9,7 @@ from history_support import SERVER, gate_doc, keep, smoke_doc
 
 from stackgate import fingerprint, rundiff
 from stackgate.models.result import Status
-from stackgate.checks.smoke import bench
+from stackgate.serve import bench
 
 DAY1, DAY2 = "2025-01-01T10:00:00+00:00", "2025-01-02T10:00:00+00:00"
 

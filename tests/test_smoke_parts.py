@@ -22,10 +22,11 @@ from smoke_support import living
 
 from stackgate.models.result import Status
 from stackgate.checks.report import write_json
-from stackgate.checks.smoke import bench, fastmode, launch, logscan, quality, ready, serverinfo
+from stackgate.serve import bench, fastmode, launch, quality, ready
+from stackgate.checks.smoke import logscan, serverinfo
 from stackgate.facts import serverlog
 from stackgate.models import secretargs
-from stackgate.checks.smoke.procs import ProcessTree
+from stackgate.serve.procs import ProcessTree
 from stackgate.models import spec as lockmodel
 
 LOCK = """

@@ -9,19 +9,7 @@ that both the checks and provisioning make.
 """
 
 from stackgate.facts.collect import PARTS, Facts, gather, jit_cuda_home
-from stackgate.facts.model import (
-    ArchBuild,
-    BasePython,
-    Distribution,
-    ElfFile,
-    ElfScan,
-    EnvFacts,
-    ImportOutcome,
-    Missing,
-    ProbeFacts,
-    ToolkitFacts,
-    ToolVersion,
-)
+from stackgate.facts.model import ArchBuild, BasePython, Distribution, ElfFile, ElfScan, EnvFacts, ImportOutcome, Missing, ProbeFacts, ToolkitFacts, ToolVersion
 from stackgate.facts.toolkits import build_for_arch, inspect_toolkit, tool_version
 
 __all__ = [

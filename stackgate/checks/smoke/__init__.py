@@ -1,5 +1,6 @@
-"""Smoke's parts: launch (engine process), ready (readiness and monitoring), logscan (the log),
-serverinfo (what really runs), bench (client and statistics), quality, fastmode, procs.
+"""Judgement over a running serving engine: serverinfo (what really runs, against the lock's
+flags and the log's evidence) and logscan (one result per known failure in the log).
 
-The command that puts them together is :mod:`stackgate.smoke`.
+Driving the engine is :mod:`stackgate.serve`; the command that puts both together is
+:mod:`stackgate.smoke`.
 """

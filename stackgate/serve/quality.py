@@ -14,7 +14,7 @@ from typing import Sequence
 
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, passed, skipped, warned
-from stackgate.checks.smoke.bench import Sample
+from stackgate.serve.bench import Sample
 
 __all__ = ["Agreement", "agreement", "check_agreement", "check_repeatable"]
 

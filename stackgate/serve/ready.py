@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from stackgate.edges import httpclient
-from stackgate.checks.smoke.launch import Server
+from stackgate.serve.launch import Server
 from stackgate.facts.serverlog import LogWatcher
 from stackgate.models.knowledge import Finding
 

@@ -29,8 +29,8 @@ from stackgate.edges import runner
 from stackgate.edges import nvml
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, failed, passed, warned
-from stackgate.checks.smoke import fastmode
-from stackgate.checks.smoke.procs import ProcessTree, describe, read_stat
+from stackgate.serve import fastmode
+from stackgate.serve.procs import ProcessTree, describe, read_stat
 from stackgate.models import envfile
 from stackgate.models.spec import Lock, Speculative
 
