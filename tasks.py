@@ -10,7 +10,7 @@ from pathlib import Path
 from invoke import task
 
 from stackgate import cli
-from stackgate.ui import UI
+from stackgate.render.ui import UI
 
 cli.quiet_closed_output()  # the program's entry: `invoke ... | head -1` must not end in a traceback
 
@@ -37,7 +37,7 @@ def _path(value: str | None) -> Path | None:
 )
 def verify(c, lock=None, deep=False, check=None, list=False, json=None, junit=None, strict=False, verbose=0):
     """Check the machine and the stack against the lockfile."""
-    from stackgate import verify as command
+    from stackgate.commands import verify as command
 
     request = command.VerifyRequest(_path(lock), tuple(check or ()), deep, _path(json), _path(junit), strict, list)
     cli.run_command(lambda: command.run(request, UI(verbose=verbose)))
@@ -54,7 +54,7 @@ def verify(c, lock=None, deep=False, check=None, list=False, json=None, junit=No
 )
 def provision(c, lock=None, dry_run=False, only=None, yes=False, wait=False):
     """Install the locked CUDA toolkit and Python stack, then verify them."""
-    from stackgate import provision as command
+    from stackgate.commands import provision as command
 
     request = command.ProvisionRequest(_path(lock), dry_run, only, yes, wait)
     cli.run_command(lambda: command.run(request, UI()), usage_errors=(command.ProvisionUsage,))
@@ -79,7 +79,7 @@ def provision(c, lock=None, dry_run=False, only=None, yes=False, wait=False):
 )
 def smoke(c, lock=None, benchmark=False, compare=False, concurrency=None, fast=False, model=None, tp=None, port=None, keep_server=False, json=None, strict=False, verbose=0):
     """Launch the serving engine as production will, prove what runs, benchmark it."""
-    from stackgate import smoke as command
+    from stackgate.commands import smoke as command
 
     def go():
         request = command.SmokeRequest(
@@ -107,7 +107,7 @@ def smoke(c, lock=None, benchmark=False, compare=False, concurrency=None, fast=F
 )
 def gate(c, lock=None, json=None, junit=None, markdown=None, prom=None, fast_only=False, model=None, strict=False, verbose=0):
     """Run the pre-deploy gate: environment, verify --deep, fast smoke, benchmark; one verdict."""
-    from stackgate import gate as command
+    from stackgate.commands import gate as command
 
     request = command.GateRequest(_path(lock), _path(json), _path(junit), _path(markdown), _path(prom), fast_only, model, strict)
     cli.run_command(lambda: command.run(request, UI(verbose=verbose)), usage_errors=(command.GateUsageError,))
@@ -116,7 +116,7 @@ def gate(c, lock=None, json=None, junit=None, markdown=None, prom=None, fast_onl
 @task(help={"lock": LOCK_HELP, "force": "switch even to a generation whose pins or guard no longer hold (a package moved torch in it)"})
 def rollback(c, lock=None, force=False):
     """Switch back to the previous good generation of the stack."""
-    from stackgate import provision as command
+    from stackgate.commands import provision as command
 
     request = command.RollbackRequest(_path(lock), force)
     cli.run_command(lambda: command.rollback(request, UI()), usage_errors=(command.ProvisionUsage,))
@@ -135,7 +135,7 @@ def report(c, run=None, lock=None, html=None, runs_dir=None):
     """List past runs and their trend, show one, or show what changed between two."""
     import shlex
 
-    from stackgate import reporting as command
+    from stackgate.commands import report as command
 
     runs = (*(run or ()), *shlex.split(c.remainder or ""))
     request = command.ReportRequest(tuple(runs), _path(lock), _path(html), _path(runs_dir))
@@ -157,7 +157,7 @@ def diagnose(c, path=None, stdin=False, json=None, lock=None, verbose=0):
     """Explain logs of this stack: each known failure with its cause and fix."""
     import shlex
 
-    from stackgate import diagnose as command
+    from stackgate.commands import diagnose as command
 
     paths = tuple(Path(p) for p in [*(path or ()), *shlex.split(c.remainder or "")])
     request = command.DiagnoseRequest(paths, stdin, _path(json), _path(lock))

@@ -29,8 +29,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from smoke_support import FAKES, free_port
 
 from stackgate.edges import httpclient
-from stackgate.serve import bench, launch, ready
 from stackgate.facts import serverlog
+from stackgate.serve import bench, launch, ready
 
 CASES = ((50.0, 200), (200.0, 800), (1000.0, 2048))  # (tok/s, tokens): 2-4 s a run
 TTFT_S = 0.02

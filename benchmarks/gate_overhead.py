@@ -27,8 +27,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from smoke_support import Rig, free_port  # noqa: E402
 
-from stackgate import gate  # noqa: E402
-from stackgate.ui import UI  # noqa: E402
+from stackgate.commands import gate  # noqa: E402
+from stackgate.render.ui import UI  # noqa: E402
 
 VERIFIABLE = ("gpu.*", "python.interpreter", "python.pins", "python.frozen", "python.consistency")
 

@@ -10,8 +10,8 @@ from typing import Any, Callable, TextIO
 
 from invoke.exceptions import Exit
 
-from stackgate.edges import runner
 from stackgate.checks.core import CheckError
+from stackgate.edges import runner
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.redact import redact_text
 from stackgate.models.spec import LockError

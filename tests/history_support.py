@@ -8,12 +8,13 @@ import io
 from pathlib import Path
 from typing import Any
 
-from stackgate import fingerprint as fp
-from stackgate import gate, history
+from stackgate.commands import gate
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, Status
+from stackgate.render.ui import UI
+from stackgate.runs import fingerprint as fp
+from stackgate.runs import history
 from stackgate.serve import bench
-from stackgate.ui import UI
 
 SERVER = {"attention_backend": "flashinfer", "tp_size": "8", "model_path": "/models/m", "version": "0.5.9"}
 
@@ -56,10 +57,10 @@ def smoke_doc(tmp: Path, *, decode: float | None = 200.0, backend: str = "flashi
     session whose server reported ``backend``, and (``decode`` not None) a benchmark of two runs."""
     from smoke_support import Rig
 
-    from stackgate import smoke
-    from stackgate.checks import report
-    from stackgate.serve import launch
+    from stackgate.commands import smoke
     from stackgate.models import spec as lockmodel
+    from stackgate.models.verdict import judge
+    from stackgate.serve import launch
 
     tmp.mkdir(parents=True, exist_ok=True)
     lock = lockmodel.load(Rig(tmp, 30000).lock())
@@ -70,4 +71,4 @@ def smoke_doc(tmp: Path, *, decode: float | None = 200.0, backend: str = "flashi
         tok, rates = [s.tok_s for s in samples], [decode - 0.2, decode + 0.2]
         session.figures = bench.BenchFigures((), tuple(samples), bench.summarize(tok), bench.summarize(rates), bench.summarize([0.021, 0.021]), None)
     results = [Result("smoke.benchmark", status, f"{decode} tok/s")]
-    return smoke.SmokeRun(lock, smoke.SmokeRequest(benchmark=decode is not None), (session,), results, report.judge(results), 1735725600.0, 9.5).document()
+    return smoke.SmokeRun(lock, smoke.SmokeRequest(benchmark=decode is not None), (session,), results, judge(results), 1735725600.0, 9.5).document()

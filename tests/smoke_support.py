@@ -22,11 +22,11 @@ from typing import Any
 from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
 
-from stackgate import smoke
-from stackgate.models.result import Result
-from stackgate.serve.procs import read_stat
+from stackgate.commands import smoke
 from stackgate.models import spec as lockmodel
-from stackgate.ui import UI
+from stackgate.models.result import Result
+from stackgate.render.ui import UI
+from stackgate.serve.procs import read_stat
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKES = ROOT / "tests" / "fakes"

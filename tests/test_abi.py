@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from conftest import install_dist, interpreter_lock, make_venv
-from stackgate.edges import elf
 from stackgate.checks.abi import symbol_provider
 from stackgate.checks.all import REGISTRY
-from stackgate.models.result import Status
+from stackgate.edges import elf
 from stackgate.facts import gather
 from stackgate.models import spec as lockmodel
+from stackgate.models.result import Status
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"

@@ -9,8 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import READY, ROOT, cached_build
 from smoke_support import wait_for
+
+from conftest import READY, ROOT, cached_build
 
 #: A builder in its own process: waits for the go file, then builds ``home`` through the helper
 #: (a venv holding ``standin.py``, slow like a real install) and imports the package from it.

@@ -8,9 +8,9 @@ import pytest
 
 from stackgate.checks import core
 from stackgate.checks.core import Check, CheckError, run_checks, select
-from stackgate.models.result import Status, failed, passed, skipped, warned
-from stackgate.checks.report import judge
 from stackgate.models.exitcodes import ExitCode
+from stackgate.models.result import Status, failed, passed, skipped, warned
+from stackgate.models.verdict import judge
 
 
 def make(name, function, timeout_s=5.0, slow=False):

@@ -9,9 +9,9 @@ import pytest
 from packaging.version import Version
 
 from stackgate.checks.all import REGISTRY
-from stackgate.models.result import Status
 from stackgate.facts import Missing, build_for_arch, gather, inspect_toolkit, jit_cuda_home, tool_version
 from stackgate.models import spec as lockmodel
+from stackgate.models.result import Status
 
 REAL = Path("/usr/local/cuda-13.0")
 needs_real_cuda = pytest.mark.skipif(not (REAL / "bin" / "nvcc").exists(), reason="no CUDA 13.0 toolkit at /usr/local/cuda-13.0")

@@ -16,11 +16,11 @@ import pytest
 from fakes.fake_nvml import gpu, machine
 
 from stackgate.checks import deep
-from stackgate.facts import deep as measure
 from stackgate.checks.core import CheckError
-from stackgate.models.result import Result, Status
+from stackgate.commands.verify import plan
+from stackgate.facts import deep as measure
 from stackgate.models import spec as lockmodel
-from stackgate.verify import plan
+from stackgate.models.result import Result, Status
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent

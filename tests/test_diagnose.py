@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from stackgate import diagnose
+from stackgate.commands import diagnose
+from stackgate.commands.diagnose import DiagnoseError, DiagnoseRequest
 from stackgate.models import knowledge as signatures
-from stackgate.diagnose import DiagnoseError, DiagnoseRequest
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.knowledge import Scanner
-from stackgate.ui import UI, render_findings
+from stackgate.render.ui import UI, render_findings
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"

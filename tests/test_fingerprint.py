@@ -7,15 +7,15 @@ import json
 from pathlib import Path
 
 import pytest
-from packaging.version import Version
-
 from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
-from stackgate import fingerprint as fp
+from packaging.version import Version
+
 from stackgate.edges import nvml
 from stackgate.facts import Distribution, Facts, Missing, ProbeFacts, ToolkitFacts, ToolVersion
-from stackgate.models import spec as lockmodel
 from stackgate.facts.patches import PatchStatus
+from stackgate.models import spec as lockmodel
+from stackgate.runs import fingerprint as fp
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = lockmodel.load(ROOT / "lockfiles" / "blackwell-sm120-cu130.toml")

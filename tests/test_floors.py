@@ -7,8 +7,9 @@ from __future__ import annotations
 import re
 
 import pynvml
-from conftest import ROOT
 from fakes import fake_nvml
+
+from conftest import ROOT
 
 
 def test_every_nvml_name_the_code_uses_exists_in_nvidia_ml_py_and_in_the_fake():

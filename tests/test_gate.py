@@ -18,14 +18,14 @@ import exposition
 import pytest
 from smoke_support import ROOT, Rig, assert_nothing_left, group_members, living, wait_for
 
-from stackgate import gate
+from stackgate.commands import gate
 from stackgate.edges import runner
-from stackgate.models.result import Result, Status, failed, passed, skipped, warned
 from stackgate.facts import Distribution, Facts, Missing, ProbeFacts
-from stackgate.models.exitcodes import ExitCode
-from stackgate.stack import generations, pyenv
 from stackgate.models import spec as lockmodel
-from stackgate.ui import UI
+from stackgate.models.exitcodes import ExitCode
+from stackgate.models.result import Result, Status, failed, passed, skipped, warned
+from stackgate.render.ui import UI
+from stackgate.stack import generations, pyenv
 
 TESTS = ROOT / "tests"
 STAGES = ["lock", "environment", "verify", "fast_smoke", "benchmark"]

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pynvml
 import pytest
-
 from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
-from stackgate.edges import nvml
+
 from stackgate.checks.all import REGISTRY
-from stackgate.models.result import Status
+from stackgate.edges import nvml
 from stackgate.facts import gather
 from stackgate.models import spec as lockmodel
+from stackgate.models.result import Status
 
 ROOT = Path(__file__).resolve().parents[1]
 SM120 = lockmodel.load(ROOT / "lockfiles" / "blackwell-sm120-cu130.toml")

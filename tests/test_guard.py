@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from pkgindex import IndexServer, install_environ, stack_index, write_stack_lock  # noqa: F401 (fixtures)
 
-from stackgate.stack import guard, pyenv
 from stackgate.models import spec as lockmodel
+from stackgate.stack import guard, pyenv
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,9 +13,9 @@ import pytest
 from history_support import gate_doc, keep
 from smoke_support import ROOT, assert_nothing_left
 
-from stackgate import history
-from stackgate.models.result import Status
 from stackgate.models import spec as lockmodel
+from stackgate.models.result import Status
+from stackgate.runs import history
 
 TESTS = ROOT / "tests"
 

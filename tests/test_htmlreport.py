@@ -7,20 +7,22 @@ from __future__ import annotations
 import html
 import io
 import re
-from collections import Counter
 import shutil
 import struct
 import subprocess
 import zlib
+from collections import Counter
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 from history_support import gate_doc, keep
 
-from stackgate import history, htmlreport, reporting
+from stackgate.commands import report as reporting
 from stackgate.models.result import Status
-from stackgate.ui import UI
+from stackgate.render import html as htmlreport
+from stackgate.render.ui import UI
+from stackgate.runs import history
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (Debian: apt-get install -y chromium; .ci/run installs it)")

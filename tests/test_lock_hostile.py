@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+import test_lock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import test_lock
-
-from stackgate.models import envfile, spec as lockmodel
-from stackgate.stack import pyenv
+from stackgate.models import envfile
+from stackgate.models import spec as lockmodel
 from stackgate.models.spec import LockError
+from stackgate.stack import pyenv
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -18,11 +18,11 @@ from packaging.version import Version
 
 from conftest import CACHE, cached_build, isolated_environ
 from stackgate.checks.all import REGISTRY
-from stackgate.models.result import Status
 from stackgate.checks.core import run_checks, select
 from stackgate.facts import gather
-from stackgate.models import spec as lockmodel
 from stackgate.facts import patches as applied
+from stackgate.models import spec as lockmodel
+from stackgate.models.result import Status
 from stackgate.stack import patches
 from stackgate.stack.patches import PatchError
 

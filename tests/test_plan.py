@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
-import functools
 import shlex
 from pathlib import Path
 
@@ -14,10 +14,9 @@ from packaging.utils import canonicalize_name
 from pkgindex import IndexServer, stack_index, write_stack_lock  # noqa: F401 (fixtures)
 
 from stackgate.facts import BasePython, Distribution, EnvFacts, Facts, Missing, ProbeFacts, inspect_toolkit
-from stackgate.stack import generations, pyenv
 from stackgate.models import spec as lockmodel
+from stackgate.stack import generations, pyenv, toolkit
 from stackgate.stack import plan as planmodule
-from stackgate.stack import toolkit
 from stackgate.stack.plan import plan
 
 BASE = BasePython(Path("/opt/python3.11/bin/python3.11"), "3.11.7", "test")

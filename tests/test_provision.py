@@ -19,11 +19,12 @@ from typing import Iterator
 import pytest
 from pkgindex import DEAD_URL, SYMM_MEM_FILE, SYMM_MEM_TEXT, IndexServer, install_environ, stack_index, write_stack_lock  # noqa: F401 (fixtures)
 
-from stackgate import history, provision
-from stackgate.models.exitcodes import ExitCode
-from stackgate.stack import generations, pyenv, toolkit
+from stackgate.commands import provision
 from stackgate.models import spec as lockmodel
-from stackgate.ui import UI
+from stackgate.models.exitcodes import ExitCode
+from stackgate.render.ui import UI
+from stackgate.runs import history
+from stackgate.stack import generations, pyenv, toolkit
 
 ROOT = Path(__file__).resolve().parents[1]
 IMPORT_ALL = "import torch, torchaudio, triton, sglang, sgl_kernel, flashinfer; print(torch.__version__, torch.version.cuda)"

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from pkgindex import DEAD_URL, IndexServer, stack_index, write_stack_lock  # noqa: F401 (fixtures)
 
-from stackgate.models import envfile, spec as lockmodel
 from stackgate.edges import fetch
+from stackgate.models import envfile
+from stackgate.models import spec as lockmodel
 from stackgate.stack import guard, pyenv
 
 HOME = Path("/srv/root/generations/0001-x")

@@ -8,14 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from conftest import install_dist, interpreter_lock, make_venv
 from stackgate.checks.all import REGISTRY
-from stackgate.models.result import Status
-from stackgate.facts.interpreters import PROBE
 from stackgate.facts import ProbeFacts, gather
 from stackgate.facts.compare import conflicts
+from stackgate.facts.interpreters import PROBE
 from stackgate.models import spec as lockmodel
+from stackgate.models.result import Status
 
 VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 

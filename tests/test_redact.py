@@ -15,15 +15,17 @@ from pathlib import Path
 import pytest
 from smoke_support import Rig, free_port, kill_leftovers
 
-from stackgate import fingerprint as fp
-from stackgate import gate, reporting, smoke
-from stackgate.models.finding import Fix
-from stackgate.models.result import Result, Status
-from stackgate.checks.report import junit_xml, redacted, write_json, write_junit
+from stackgate.commands import gate, smoke
+from stackgate.commands import report as reporting
+from stackgate.edges.files import write_json
 from stackgate.facts.serverlog import excerpt
-from stackgate.models.redact import REDACTED, is_secret_name, redact, redact_text, secrets_in
 from stackgate.models import spec as lockmodel
-from stackgate.ui import UI
+from stackgate.models.finding import Fix
+from stackgate.models.redact import REDACTED, is_secret_name, redact, redact_text, secrets_in
+from stackgate.models.result import Result, Status
+from stackgate.render.report import junit_xml, redacted, write_junit
+from stackgate.render.ui import UI
+from stackgate.runs import fingerprint as fp
 
 # --- the rules ---------------------------------------------------------------------------------
 

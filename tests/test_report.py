@@ -6,10 +6,12 @@ import io
 import json
 import xml.etree.ElementTree as ET
 
+from stackgate.edges.files import write_json
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, Status
-from stackgate.checks.report import document, judge, junit_xml, write_json
-from stackgate.ui import UI, render_plain
+from stackgate.models.verdict import document, judge
+from stackgate.render.report import junit_xml
+from stackgate.render.ui import UI, render_plain
 
 RESULTS = [
     Result("gpu.driver", Status.PASS, "driver 580.82.07 (>= 580.82.7)", duration_s=0.01),

@@ -1,4 +1,4 @@
-"""`invoke report` (stackgate/reporting.py) in process, through ``reporting.run``: the history
+"""`invoke report` (stackgate/commands/report.py) in process, through ``reporting.run``: the history
 with its trend, one run, two runs compared, the HTML page, which runs directory is read, and
 every usage error; and once through invoke, with runs named after ``--``."""
 
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from history_support import gate_doc, keep, smoke_doc
 
-from stackgate import reporting
-from stackgate.models.result import Status
+from stackgate.commands import report as reporting
 from stackgate.models import spec as lockmodel
-from stackgate.ui import UI
+from stackgate.models.result import Status
+from stackgate.render.ui import UI
 
 ROOT = Path(__file__).resolve().parents[1]
 DAYS = [f"2025-01-0{day}T10:00:00+00:00" for day in range(1, 10)]

@@ -1,4 +1,4 @@
-"""What changed between two kept runs (stackgate/rundiff.py), through its public functions: gate
+"""What changed between two kept runs (stackgate/runs/rundiff.py), through its public functions: gate
 runs compare their whole fingerprint, smoke runs their lock and server; the speed with its
 interval when both sides have the runs for one; the checks whose status changed."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from history_support import SERVER, gate_doc, keep, smoke_doc
 
-from stackgate import fingerprint, rundiff
 from stackgate.models.result import Status
+from stackgate.runs import fingerprint, rundiff
 from stackgate.serve import bench
 
 DAY1, DAY2 = "2025-01-01T10:00:00+00:00", "2025-01-02T10:00:00+00:00"

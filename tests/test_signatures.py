@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from stackgate.models import knowledge as signatures
 from stackgate.checks.abi import classify_import
 from stackgate.facts import ImportOutcome
+from stackgate.models import knowledge as signatures
+from stackgate.models import spec as lockmodel
 from stackgate.models.knowledge import CONTEXT_KEYS, Scanner, SignatureError, extract
 from stackgate.models.knowledge._model import quoted_names, read_folder, required_literal
-from stackgate.models import spec as lockmodel
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"

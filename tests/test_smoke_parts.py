@@ -20,14 +20,14 @@ from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
 from smoke_support import living
 
-from stackgate.models.result import Status
-from stackgate.checks.report import write_json
-from stackgate.serve import bench, fastmode, launch, quality, ready
 from stackgate.checks.smoke import logscan, serverinfo
+from stackgate.edges.files import write_json
 from stackgate.facts import serverlog
 from stackgate.models import secretargs
-from stackgate.serve.procs import ProcessTree
 from stackgate.models import spec as lockmodel
+from stackgate.models.result import Status
+from stackgate.serve import bench, fastmode, launch, quality, ready
+from stackgate.serve.procs import ProcessTree
 
 LOCK = """
 [stack]

@@ -17,8 +17,8 @@ import pytest
 from smoke_support import Rig, assert_nothing_left, by_name, free_port, living, wait_for
 
 from stackgate.edges import httpclient
+from stackgate.edges.files import write_json
 from stackgate.models.result import Status
-from stackgate.checks.report import write_json
 
 FUSION = "--enable-flashinfer-allreduce-fusion"
 EVIDENCE = {FUSION: "FlashInfer workspace initialized for rank"}

@@ -8,9 +8,8 @@ import exposition
 import pytest
 from history_support import gate_doc
 
-from stackgate import summaries
-from stackgate.checks import report
 from stackgate.models.result import Status
+from stackgate.render import report, summaries
 
 HOSTILE = 'node "7"\\a\nb'
 

@@ -24,14 +24,14 @@ import pytest
 from packaging.version import Version
 
 from conftest import CACHE, isolated_environ
-from stackgate.edges import runner
 from stackgate.checks.all import REGISTRY
-from stackgate.models.result import Status
 from stackgate.checks.core import run_checks, select
+from stackgate.edges import runner
 from stackgate.facts import gather, inspect_toolkit, tool_version
 from stackgate.models import spec as lockmodel
-from stackgate.stack import toolkit as tk
+from stackgate.models.result import Status
 from stackgate.models.spec import Toolkit
+from stackgate.stack import toolkit as tk
 from stackgate.stack.toolkit import ToolkitError
 
 ROOT = Path(__file__).resolve().parents[1]

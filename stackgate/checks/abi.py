@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 
+from stackgate.checks.core import check
+from stackgate.facts import Facts, ImportOutcome, Missing
 from stackgate.models import knowledge
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, failed, passed, skipped
-from stackgate.checks.core import check
-from stackgate.facts import Facts, ImportOutcome, Missing
 from stackgate.models.spec import Lock
 
 __all__ = ["classify_import", "symbol_provider"]

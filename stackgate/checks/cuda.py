@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stackgate.models.finding import Fix
-from stackgate.models.result import Result, failed, passed, skipped
 from stackgate.checks.core import check
 from stackgate.facts import EnvFacts, Facts, Missing, ToolkitFacts, ToolVersion
 from stackgate.facts.compare import toolkit_problem
+from stackgate.models.finding import Fix
+from stackgate.models.result import Result, failed, passed, skipped
 from stackgate.models.spec import Lock, Toolkit
 
 __all__: list[str] = []

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from packaging.version import InvalidVersion, Version
 
+from stackgate.checks.core import check
+from stackgate.edges.nvml import NvmlSnapshot
+from stackgate.facts import Facts, Missing
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, failed, passed, skipped, warned
-from stackgate.checks.core import check
-from stackgate.facts import Facts, Missing
-from stackgate.edges.nvml import NvmlSnapshot
 from stackgate.models.spec import Lock
 
 __all__: list[str] = []

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from packaging.version import Version
 
-from stackgate.models.finding import Fix
-from stackgate.models.result import Result, failed, passed, skipped
 from stackgate.checks.core import check
 from stackgate.facts import Facts, Missing
-
+from stackgate.models.finding import Fix
+from stackgate.models.result import Result, failed, passed, skipped
 from stackgate.models.spec import Lock
 
 __all__: list[str] = []

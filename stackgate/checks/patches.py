@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from stackgate.models.finding import Fix
-from stackgate.models.result import Result, failed, passed, skipped
 from stackgate.checks.core import check
 from stackgate.facts import Facts, Missing
+from stackgate.models.finding import Fix
+from stackgate.models.result import Result, failed, passed, skipped
 from stackgate.models.spec import Lock
 
 __all__: list[str] = []

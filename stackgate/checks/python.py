@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from stackgate.models.finding import Fix
-from stackgate.models.result import Result, failed, passed, skipped, warned
 from stackgate.checks.core import check
 from stackgate.facts import Facts, Missing, ProbeFacts
 from stackgate.facts.compare import conflicts, pin_problem
+from stackgate.models.finding import Fix
+from stackgate.models.result import Result, failed, passed, skipped, warned
 from stackgate.models.spec import Lock
 
 __all__: list[str] = []

@@ -15,7 +15,7 @@
 
 :func:`redact` returns a redacted copy of a document (dicts, lists, strings, any depth);
 :func:`redact_text` one string. Where they are applied: every JSON document and JUnit file
-(:mod:`stackgate.checks.report`, so also the kept runs), the gate's document before anything
+(:mod:`stackgate.edges.files`, so also the kept runs), the gate's document before anything
 renders it (console, Markdown, Prometheus), the runs ``invoke report`` reads back, the results
 a console shows, and the fingerprint's components.
 """

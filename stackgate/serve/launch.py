@@ -25,14 +25,13 @@ from pathlib import Path
 from types import MappingProxyType, ModuleType
 from typing import Any, Iterator, Mapping, Sequence
 
-from stackgate.edges import runner
-from stackgate.edges import nvml
+from stackgate.edges import nvml, runner
+from stackgate.models import envfile
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, failed, passed, warned
+from stackgate.models.spec import Lock, Speculative
 from stackgate.serve import fastmode
 from stackgate.serve.procs import ProcessTree, describe, read_stat
-from stackgate.models import envfile
-from stackgate.models.spec import Lock, Speculative
 
 __all__ = [
     "FUSION_MARK",

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from stackgate.edges import httpclient
-from stackgate.serve.launch import Server
 from stackgate.facts.serverlog import LogWatcher
 from stackgate.models.knowledge import Finding
+from stackgate.serve.launch import Server
 
 __all__ = ["HealthPoller", "Monitor", "Readiness", "wait_ready"]
 

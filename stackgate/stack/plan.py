@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from stackgate.models.finding import Fix
 from stackgate.facts import BasePython, Facts, Missing, ProbeFacts
 from stackgate.facts.compare import conflicts, pin_problem
 from stackgate.facts.patches import patch_state
+from stackgate.models.finding import Fix
+from stackgate.models.spec import Lock, Patch, patch_location_problem
 from stackgate.stack import generations, guard, pyenv
 from stackgate.stack.patches import PatchError, check_patch_file
 from stackgate.stack.toolkit import cuda_link_state, install_command, toolkit_state
-from stackgate.models.spec import Lock, Patch, patch_location_problem
 
 __all__ = ["AREAS", "Blocker", "Plan", "Step", "cache_dir", "environment_drift", "plan"]
 

@@ -30,11 +30,10 @@ from typing import Any, Callable, Mapping
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-from stackgate.edges import runner
+from stackgate.edges import fetch, runner
 from stackgate.models import envfile
-from stackgate.edges import fetch
-from stackgate.stack import guard
 from stackgate.models.spec import Lock, Override, Package, Python
+from stackgate.stack import guard
 
 __all__ = [
     "Command",

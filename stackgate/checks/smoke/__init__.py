@@ -2,5 +2,5 @@
 flags and the log's evidence) and logscan (one result per known failure in the log).
 
 Driving the engine is :mod:`stackgate.serve`; the command that puts both together is
-:mod:`stackgate.smoke`.
+:mod:`stackgate.commands.smoke`.
 """

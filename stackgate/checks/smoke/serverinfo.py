@@ -16,9 +16,9 @@ import re
 from typing import Any, Mapping, Sequence
 
 from stackgate.edges import httpclient
+from stackgate.facts.serverlog import Evidence
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, failed, passed, skipped, warned
-from stackgate.facts.serverlog import Evidence
 from stackgate.models.secretargs import HIDDEN, SECRET_OPTIONS, shown
 
 __all__ = ["ENDPOINTS", "QUIET_LEVELS", "ServerInfoError", "check_backend", "check_evidence", "check_flags", "check_identity", "check_tp", "fetch", "log_level", "parse_flags", "redact_info"]

@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 if sys.version_info >= (3, 11):
-    from re import _parser as _sre_parse  # type: ignore[attr-defined]
-
     import tomllib
+    from re import _parser as _sre_parse  # type: ignore[attr-defined]
 else:  # pragma: no cover
     import sre_parse as _sre_parse
 

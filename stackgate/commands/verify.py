@@ -14,14 +14,17 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from stackgate.checks import deep as deepchecks
-from stackgate.checks import report
 from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import Check, CheckError, run_checks, select
-from stackgate.models.result import Result
+from stackgate.edges.files import write_json
 from stackgate.facts import Facts, gather
-from stackgate.models.exitcodes import ExitCode
 from stackgate.models import spec as lockmodel
-from stackgate.ui import UI
+from stackgate.models.exitcodes import ExitCode
+from stackgate.models.result import Result
+from stackgate.models.verdict import Verdict, judge
+from stackgate.models.verdict import document as report_document
+from stackgate.render import report
+from stackgate.render.ui import UI
 
 __all__ = ["VerifyRequest", "VerifyRun", "list_checks", "phases_line", "plan", "run", "verify"]
 
@@ -43,7 +46,7 @@ class VerifyRun:
 
     lock: lockmodel.Lock
     results: list[Result]
-    verdict: report.Verdict
+    verdict: Verdict
     started: float
     duration_s: float
     facts: Facts | None = field(default=None, compare=False)
@@ -106,7 +109,7 @@ def verify(
     finally:
         facts.close()
     duration = time.monotonic() - clock
-    return VerifyRun(lock, results, report.judge(results, strict=strict), started, duration, facts, phases)
+    return VerifyRun(lock, results, judge(results, strict=strict), started, duration, facts, phases)
 
 
 def _run_deep(check: Check, lock: lockmodel.Lock, facts: Facts, results: Sequence[Result], ui: UI) -> Result:
@@ -126,8 +129,8 @@ def phases_line(phases: Mapping[str, float], total_s: float) -> str:
 def write_reports(done: VerifyRun, request: VerifyRequest) -> None:
     if request.json_path:
         extra = {"phases_s": {name: round(seconds, 3) for name, seconds in done.phases.items()}}
-        doc = report.document("verify", done.results, done.verdict, lock=done.lock, started=done.started, duration_s=done.duration_s, extra=extra)
-        report.write_json(request.json_path, doc)
+        doc = report_document("verify", done.results, done.verdict, lock=done.lock, started=done.started, duration_s=done.duration_s, extra=extra)
+        write_json(request.json_path, doc)
     if request.junit_path:
         report.write_junit(request.junit_path, {f"stackgate.verify.{done.lock.name}": done.results}, strict=request.strict)
 

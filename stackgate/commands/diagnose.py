@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import IO, Any, BinaryIO, Callable, Sequence
 
 from stackgate import __version__
+from stackgate.edges.files import write_json
 from stackgate.models import knowledge
-from stackgate.checks import report
+from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.knowledge import Finding
-from stackgate.models import spec as lockmodel
 
 __all__ = ["SCHEMA", "DiagnoseError", "DiagnoseRequest", "Diagnosis", "Input", "diagnose", "document", "inputs_summary", "run", "verdict_line"]
 
@@ -88,7 +88,7 @@ def run(request: DiagnoseRequest, ui: Any, stdin: BinaryIO | None = None) -> Exi
         done = diagnose(openers, context, lock=lock)
     ui.findings(f"stackgate diagnose: {inputs_summary(done)}", done.findings, verdict_line(done))
     if request.json_path:
-        report.write_json(request.json_path, document(done))
+        write_json(request.json_path, document(done))
     return done.exit_code
 
 

@@ -19,23 +19,24 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Mapping, Sequence
 
-from stackgate import history
-from stackgate.models import knowledge
-from stackgate.checks import report
-from stackgate.models.finding import Fix
-from stackgate.models.result import Result, Status, failed, passed, skipped, warned
-from stackgate.serve import bench, fastmode, launch, quality
 from stackgate.checks.smoke import logscan, serverinfo
+from stackgate.edges.files import write_json
 from stackgate.facts import serverlog
-from stackgate.models import secretargs
+from stackgate.models import envfile, knowledge, secretargs
+from stackgate.models import spec as lockmodel
+from stackgate.models.exitcodes import ExitCode
+from stackgate.models.finding import Fix
+from stackgate.models.knowledge import Finding
+from stackgate.models.redact import redact
+from stackgate.models.result import Result, Status, failed, passed, skipped, warned
+from stackgate.models.verdict import Verdict, judge
+from stackgate.models.verdict import document as report_document
+from stackgate.render import report
+from stackgate.render.ui import UI
+from stackgate.runs import history
+from stackgate.serve import bench, fastmode, launch, quality
 from stackgate.serve.launch import Config, LaunchError
 from stackgate.serve.ready import Monitor, Readiness, wait_ready
-from stackgate.models.exitcodes import ExitCode
-from stackgate.models.redact import redact
-from stackgate.models.knowledge import Finding
-from stackgate.models import envfile
-from stackgate.models import spec as lockmodel
-from stackgate.ui import UI
 
 __all__ = [
     "BENCHMARK_HEADERS",
@@ -208,7 +209,7 @@ class SmokeRun:
     request: SmokeRequest
     sessions: tuple[Session, ...]
     results: list[Result]
-    verdict: report.Verdict
+    verdict: Verdict
     started: float
     duration_s: float
     interrupted: bool = False
@@ -229,7 +230,7 @@ class SmokeRun:
     def document(self) -> dict[str, Any]:
         request = {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self.request).items()}
         smoke = {"schema": SCHEMA, "request": request, "interrupted": self.interrupted, "sessions": [s.to_dict() for s in self.sessions]}
-        doc = report.document("smoke", self.results, self.verdict, lock=self.lock, started=self.started, duration_s=self.duration_s, extra={"smoke": smoke})
+        doc = report_document("smoke", self.results, self.verdict, lock=self.lock, started=self.started, duration_s=self.duration_s, extra={"smoke": smoke})
         return redact(doc, known=self.secrets())
 
     def secrets(self) -> set[str]:
@@ -322,7 +323,7 @@ def _write(done: SmokeRun, request: SmokeRequest, ui: UI) -> None:
     """The JSON report, and the same document kept in the history of runs (`invoke report`)."""
     doc = {**done.document(), "run_id": history.new_id("smoke", done.started)}
     if request.json_path:
-        report.write_json(request.json_path, doc)
+        write_json(request.json_path, doc)
     stored = history.keep(doc, done.lock, ui.error)
     if stored is not None:
         ui.info(f"run {doc['run_id']} kept in {stored.parent}")
@@ -374,10 +375,10 @@ def _finish(context: _Context, sessions: list[Session], started: float, clock: f
         results += _compare_results(sessions[0], sessions[1])
     if interrupted:
         results.append(dataclasses.replace(failed("interrupted (Ctrl-C or SIGTERM); every server was torn down"), check="smoke.interrupted"))
-    verdict = report.judge(results, strict=context.request.strict)
+    verdict = judge(results, strict=context.request.strict)
     if interrupted:
         # The command exits 130: the report and the console say so too, not "1 check(s) failed".
-        verdict = report.Verdict(ExitCode.INTERRUPTED, verdict.counts, "interrupted (Ctrl-C or SIGTERM); every server was torn down")
+        verdict = Verdict(ExitCode.INTERRUPTED, verdict.counts, "interrupted (Ctrl-C or SIGTERM); every server was torn down")
     return SmokeRun(context.lock, context.request, tuple(sessions), results, verdict, started, time.monotonic() - clock, interrupted)
 
 

@@ -19,12 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from stackgate import history, htmlreport, rundiff, summaries
-from stackgate.checks import report
+from stackgate.edges.files import write_text
+from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.redact import redact
-from stackgate.models import spec as lockmodel
-from stackgate.ui import UI
+from stackgate.render import html, summaries
+from stackgate.render.ui import UI
+from stackgate.runs import history, rundiff
 
 __all__ = ["ReportRequest", "ReportUsage", "run"]
 
@@ -174,7 +175,7 @@ def _html(path: Path, runs: Sequence[history.Run], focus: history.Run | None, di
     title = f"stackgate: run {focus.id}" if focus else f"stackgate: {len(chosen)} run(s) of {lock or 'no lock'}"
     shown = [_redacted(r) for r in chosen]
     centre = next((r for r in shown if anchor is not None and r.id == (focus or anchor).id), None)
-    text = htmlreport.page(shown, centre, title=title, source=f"runs in {directory}", warnings=warnings)
-    report.write_text(path, text)
+    text = html.page(shown, centre, title=title, source=f"runs in {directory}", warnings=warnings)
+    write_text(path, text)
     ui.line(f"wrote {path} ({len(chosen)} run(s){f', focus {focus.id}' if focus else ''})")
     return ExitCode.PASSED

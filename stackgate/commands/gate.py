@@ -37,21 +37,25 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Mapping, Sequence
 
-from stackgate import fingerprint as fp
-from stackgate import history, smoke, summaries
+from stackgate.commands import smoke
+from stackgate.commands import verify as verifycmd
 from stackgate.edges import runner
-from stackgate import verify as verifycmd
-from stackgate.checks import report
-from stackgate.models.finding import Fix
-from stackgate.models.result import Result, Status, failed, passed, skipped
+from stackgate.edges.files import write_json, write_text
 from stackgate.facts import Facts, Missing, gather
-from stackgate.serve import launch
-from stackgate.models.exitcodes import ExitCode
-from stackgate.models.redact import redact
-from stackgate.stack import generations, pyenv
 from stackgate.models import spec as lockmodel
+from stackgate.models.exitcodes import ExitCode
+from stackgate.models.finding import Fix
+from stackgate.models.redact import redact
+from stackgate.models.result import Result, Status, failed, passed, skipped
+from stackgate.models.verdict import Verdict, judge
+from stackgate.models.verdict import document as report_document
+from stackgate.render import report, summaries
+from stackgate.render.ui import UI
+from stackgate.runs import fingerprint as fp
+from stackgate.runs import history
+from stackgate.serve import launch
+from stackgate.stack import generations, pyenv
 from stackgate.stack.plan import environment_drift
-from stackgate.ui import UI
 
 __all__ = ["SCHEMA", "STAGES", "GateContext", "GateRequest", "GateRun", "GateUsageError", "Stage", "StageInterrupted", "StageRun", "run", "run_gate", "run_stages"]
 
@@ -144,7 +148,7 @@ class StageRun:
     reason: str
     results: tuple[Result, ...]
     duration_s: float
-    verdict: report.Verdict | None = None  #: None when the stage did not run
+    verdict: Verdict | None = None  #: None when the stage did not run
 
     @property
     def ran(self) -> bool:
@@ -321,7 +325,7 @@ def _not_run(stage: Stage, done: Mapping[str, StageRun], request: GateRequest, i
 
 
 def _outcome(stage: Stage, results: Sequence[Result], seconds: float, strict: bool, interrupted: bool) -> StageRun:
-    verdict = report.judge(results, strict=strict)
+    verdict = judge(results, strict=strict)
     if interrupted:
         status, reason = INTERRUPTED, "interrupted (Ctrl-C or SIGTERM)"
     elif verdict.passed:
@@ -344,7 +348,7 @@ class GateRun:
     run_id: str
     lock: lockmodel.Lock | None
     stages: tuple[StageRun, ...]
-    verdict: report.Verdict
+    verdict: Verdict
     started: float
     duration_s: float
     fingerprint: fp.Fingerprint | None
@@ -366,7 +370,7 @@ class GateRun:
 
     def document(self) -> dict[str, Any]:
         extra = {"run_id": self.run_id, "gate": self._gate_part()}
-        doc = report.document("gate", self.results, self.verdict, lock=self.lock, started=self.started, duration_s=self.duration_s, extra=extra)
+        doc = report_document("gate", self.results, self.verdict, lock=self.lock, started=self.started, duration_s=self.duration_s, extra=extra)
         doc["results"] = [{**r.to_dict(), "stage": s.name} for s in self.stages for r in s.results]
         if self.lock is None:
             doc["lock"] = {"name": None, "path": str(self.request.lock_path or lockmodel.default_lock_path()), "sha256": None}
@@ -407,12 +411,12 @@ def run_gate(request: GateRequest, ui: UI, *, environ: Mapping[str, str] | None 
         finger = None if interrupted or ctx.lock is None or ctx.usage else fp.from_facts(ctx.lock, ctx.facts, _server_info(ctx))
     finally:
         ctx.close()
-    verdict = report.judge([r for s in outcomes for r in s.results], strict=request.strict)
+    verdict = judge([r for s in outcomes for r in s.results], strict=request.strict)
     if ctx.usage is not None:
-        verdict = report.Verdict(ExitCode.USAGE, verdict.counts, f"the gate cannot run: {ctx.usage.splitlines()[0]}")
+        verdict = Verdict(ExitCode.USAGE, verdict.counts, f"the gate cannot run: {ctx.usage.splitlines()[0]}")
     elif interrupted:
         where = next(s.name for s in outcomes if s.status == INTERRUPTED)
-        verdict = report.Verdict(ExitCode.INTERRUPTED, verdict.counts, f"interrupted (Ctrl-C or SIGTERM) during {where}")
+        verdict = Verdict(ExitCode.INTERRUPTED, verdict.counts, f"interrupted (Ctrl-C or SIGTERM) during {where}")
     return GateRun(request, run_id, ctx.lock, tuple(outcomes), verdict, started, time.monotonic() - clock, finger, dict(ctx.smoke_runs), ctx.verify_run, interrupted, ctx.usage)
 
 
@@ -493,13 +497,13 @@ def _render_smoke(done: smoke.SmokeRun | None, shown: Mapping[str, Any] | None, 
 
 def write_reports(doc: Mapping[str, Any], request: GateRequest) -> None:
     if request.json_path:
-        report.write_json(request.json_path, doc)
+        write_json(request.json_path, doc)
     if request.junit_path:
         report.write_junit(request.junit_path, summaries.suites(doc), strict=request.strict)
     if request.markdown_path:
-        report.write_text(request.markdown_path, summaries.markdown(doc))
+        write_text(request.markdown_path, summaries.markdown(doc))
     if request.prom_path:
-        report.write_text(request.prom_path, summaries.prometheus(doc))
+        write_text(request.prom_path, summaries.prometheus(doc))
 
 
 def check_outputs(request: GateRequest) -> None:

@@ -12,8 +12,8 @@ import datetime as _dt
 import html
 from typing import Any, Mapping, Sequence
 
-from stackgate import rundiff
-from stackgate.history import Run
+from stackgate.runs import rundiff
+from stackgate.runs.history import Run
 
 __all__ = ["CHART_ID", "page"]
 

@@ -22,15 +22,15 @@ from typing import Callable, ContextManager, Mapping
 
 from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import Check, run_checks
-from stackgate.models.result import Result, Status
-from stackgate.facts import Missing, gather
-from stackgate.models.exitcodes import ExitCode
-from stackgate.stack import generations, guard, patches, pyenv, toolkit
+from stackgate.commands.verify import verify
 from stackgate.edges import fetch
+from stackgate.facts import Missing, gather
 from stackgate.models import spec as lockmodel
+from stackgate.models.exitcodes import ExitCode
+from stackgate.models.result import Result, Status
+from stackgate.render.ui import UI, Activity
+from stackgate.stack import generations, guard, patches, pyenv, toolkit
 from stackgate.stack.plan import AREAS, Plan, Step, cache_dir, environment_drift, plan
-from stackgate.ui import UI, Activity
-from stackgate.verify import verify
 
 __all__ = ["FAULT_ENV", "ProvisionError", "ProvisionRequest", "ProvisionUsage", "RollbackRequest", "rollback", "run"]
 

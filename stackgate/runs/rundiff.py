@@ -10,9 +10,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from stackgate import fingerprint
+from stackgate.runs import fingerprint
+from stackgate.runs.history import Run
 from stackgate.serve import bench
-from stackgate.history import Run
 
 __all__ = ["Comparison", "SpeedChange", "StatusChange", "compare", "components", "summary_of"]
 

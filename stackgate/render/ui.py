@@ -22,10 +22,11 @@ from rich.table import Table
 from rich.text import Text
 from rich.theme import Theme
 
-from stackgate.models.result import Result, Status
-from stackgate.checks.report import Verdict, counts_line
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.knowledge import Finding
+from stackgate.models.result import Result, Status
+from stackgate.models.verdict import Verdict
+from stackgate.render.report import counts_line
 
 __all__ = ["UI", "Activity", "render_findings", "render_plain", "render_rows", "render_table"]
 

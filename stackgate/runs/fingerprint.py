@@ -21,11 +21,11 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from stackgate.facts import Facts, Missing, ProbeFacts, ToolkitFacts, ToolVersion
 from stackgate.edges.nvml import NvmlSnapshot
+from stackgate.facts import Facts, Missing, ProbeFacts, ToolkitFacts, ToolVersion
+from stackgate.facts.patches import PatchStatus
 from stackgate.models.redact import redact, redact_text, secrets_in
 from stackgate.models.spec import Lock
-from stackgate.facts.patches import PatchStatus
 
 __all__ = ["PARTS", "SECTIONS", "Change", "Fingerprint", "changes", "digest", "from_facts", "gpu_section", "lock_section", "server_section"]
 

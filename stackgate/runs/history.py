@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from stackgate.checks import report
+from stackgate.edges.files import write_json
 from stackgate.models.spec import Lock
+from stackgate.models.verdict import SCHEMA as REPORT_SCHEMA
 
 __all__ = ["COMMANDS", "RUNS_ENV", "HistoryError", "Run", "find", "keep", "load", "new_id", "read", "runs_dir", "sparkline", "store"]
 
@@ -71,7 +72,7 @@ def store(doc: Mapping[str, Any], directory: Path) -> Path:
         raise HistoryError("the document has no run_id")
     path = directory / f"{run_id}.json"
     try:
-        report.write_json(path, doc)
+        write_json(path, doc)
     except OSError as exc:
         raise HistoryError(f"cannot keep the run in {directory}: {exc.strerror or exc}") from exc
     return path
@@ -172,7 +173,7 @@ def read(path: Path) -> Run:
         raise HistoryError(f"{path}: damaged: not JSON ({exc})") from exc
     if not isinstance(doc, dict):
         raise HistoryError(f"{path}: not a stackgate run: a JSON {type(doc).__name__}, not an object")
-    if doc.get("schema") != report.SCHEMA or doc.get("command") not in COMMANDS:
+    if doc.get("schema") != REPORT_SCHEMA or doc.get("command") not in COMMANDS:
         raise HistoryError(f"{path}: not a stackgate run (schema {doc.get('schema')!r}, command {doc.get('command')!r})")
     problems = [key for key, kind in (("results", list), ("verdict", str), ("started", str)) if not isinstance(doc.get(key), kind)]
     if problems:

@@ -1,0 +1,2 @@
+"""Run history: the kept runs (history), the stack's fingerprint, and what changed between runs
+(rundiff)."""
