@@ -1,0 +1,307 @@
+"""Imports only go down: the layer rule of README's Layout section, read off the source with ast.
+
+Every module of stackgate belongs to the layer of its folder (LAYERS, bottom first). An import
+may reach its own folder or a lower layer's, never a higher one, never a peer on its own layer
+(checks, stack and serve do not import each other), and no modules may import each other in a
+cycle. An import is any ``import``/``from ... import`` at any depth (inside a function or under
+``TYPE_CHECKING`` too), relative ones included, and ``importlib.import_module("stackgate...")``
+with a literal name: each is a dependency whoever executes it.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "stackgate"
+
+#: The layers, bottom to top: (name, its folders). "" is a module at the package's top level;
+#: the package's own __init__ (its __version__) sits at the bottom, below everything that reads it.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("version", ("__init__",)),
+    ("models", ("models",)),
+    ("edges", ("edges",)),
+    ("facts", ("facts",)),
+    ("checks | stack | serve", ("checks", "stack", "serve")),
+    ("runs", ("runs",)),
+    ("render", ("render",)),
+    ("commands", ("commands",)),
+    ("program", ("",)),
+)
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import of a stackgate module: where it is written, and what it reaches."""
+
+    path: Path
+    line: int
+    text: str  #: the statement as written
+    target: str  #: the module imported (a package's __init__ when a name is not a module)
+
+
+def module_names(package: Path) -> dict[str, Path]:
+    """Every module of the package by dotted name (a package by its own name)."""
+    modules = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def folder(path: Path, package: Path) -> str:
+    """The layer folder of a module's file: its first folder below the package; "" for a module
+    at the top, "__init__" for the package's own __init__.
+
+    >>> [folder(Path(f"/s/stackgate/{p}"), Path("/s/stackgate")) for p in ("facts/collect.py", "cli.py", "__init__.py")]
+    ['facts', '', '__init__']
+    """
+    parts = path.relative_to(package).parts
+    if len(parts) > 1:
+        return parts[0]
+    return "__init__" if parts[0] == "__init__.py" else ""
+
+
+def rank(where: str) -> int | None:
+    """The layer index of a folder, None when it is in no layer."""
+    return next((i for i, (_, folders) in enumerate(LAYERS) if where in folders), None)
+
+
+def imports(path: Path, module: str, modules: dict[str, Path]) -> Iterator[Import]:
+    """The stackgate modules that ``module`` (the file at ``path``) imports, wherever it does."""
+    source = path.read_text()
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(source, str(path))):
+        targets = list(dict.fromkeys(_targets(node, module, is_package, modules)))  # one per module
+        text = " ".join((ast.get_source_segment(source, node) or "").split()) if targets else ""
+        for target in targets:
+            yield Import(path, getattr(node, "lineno", 0), text, target)
+
+
+def _targets(node: ast.AST, module: str, is_package: bool, modules: dict[str, Path]) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [_known(alias.name, modules) for alias in node.names if _ours(alias.name)]
+    if isinstance(node, ast.ImportFrom):
+        base = _absolute(node, module, is_package)
+        if not _ours(base):
+            return []
+        return [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else _known(base, modules) for a in node.names]
+    if isinstance(node, ast.Call) and _is_import_call(node.func) and node.args:
+        name = node.args[0]
+        if isinstance(name, ast.Constant) and isinstance(name.value, str) and _ours(name.value):
+            return [_known(name.value, modules)]
+    return []
+
+
+def _ours(name: str) -> bool:
+    return name == "stackgate" or name.startswith("stackgate.")
+
+
+def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """``from ..x import y`` in stackgate.a.b is stackgate.x."""
+    if not node.level:
+        return node.module or ""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    base = package[: len(package) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def _is_import_call(func: ast.expr) -> bool:
+    if isinstance(func, ast.Attribute):
+        return func.attr == "import_module"
+    return isinstance(func, ast.Name) and func.id in ("import_module", "__import__")
+
+
+def _known(name: str, modules: dict[str, Path]) -> str:
+    """The longest prefix of ``name`` that is a module (``import a.b.c`` where c is a class)."""
+    parts = name.split(".")
+    while len(parts) > 1 and ".".join(parts) not in modules:
+        parts.pop()
+    return ".".join(parts)
+
+
+def graph(package: Path) -> dict[str, list[Import]]:
+    """Each module's imports of other stackgate modules."""
+    modules = module_names(package)
+    return {name: [i for i in imports(path, name, modules) if i.target != name] for name, path in modules.items()}
+
+
+def _where(item: Import, package: Path) -> str:
+    return f"{item.path.relative_to(package.parent)}:{item.line}: {item.text}"
+
+
+def layer_violations(package: Path) -> list[str]:
+    """Each import that goes up a layer or across to a peer, named by file, line and statement."""
+    modules = module_names(package)
+    found = []
+    for module, items in graph(package).items():
+        here = folder(modules[module], package)
+        for item in items:
+            there = folder(modules[item.target], package)
+            low, high = rank(here), rank(there)
+            if low is None or high is None:
+                continue  # reported by unplaced_modules
+            if high > low:
+                found.append(f"{_where(item, package)}  ({LAYERS[low][0]} imports {item.target}, up in {LAYERS[high][0]})")
+            elif high == low and there != here:
+                found.append(f"{_where(item, package)}  (peers: {here}/ imports {item.target} of {there}/)")
+    return found
+
+
+def unplaced_modules(package: Path) -> list[str]:
+    found = []
+    for path in module_names(package).values():
+        if rank(folder(path, package)) is None:
+            found.append(f"{path.relative_to(package.parent)}: folder {folder(path, package)!r} is in no layer")
+    return found
+
+
+def cycles(package: Path) -> list[str]:
+    """Every import cycle (a strongly connected group of modules), shown as one path around it."""
+    edges = graph(package)
+    found = []
+    for group in _strongly_connected(edges):
+        if len(group) > 1:
+            found.append(_cycle_text(sorted(group)[0], set(group), edges, package))
+    return found
+
+
+def _strongly_connected(edges: dict[str, list[Import]]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative (no recursion limit on a deep import chain)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+    for root in edges:
+        if root in index:
+            continue
+        work = [(root, iter(edges[root]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next((i.target for i in children if i.target in edges), None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    group = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        group.append(member)
+                        if member == node:
+                            break
+                    groups.append(group)
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(edges[child])))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return groups
+
+
+def _cycle_text(start: str, group: set[str], edges: dict[str, list[Import]], package: Path) -> str:
+    """A shortest path from ``start`` back to itself inside the group, with each step's import."""
+    paths: dict[str, list[Import]] = {start: []}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        for item in edges[node]:
+            if item.target == start:
+                steps = [*paths[node], item]
+                names = " -> ".join([start, *(s.target for s in steps)])
+                return f"import cycle {names}: " + "; ".join(_where(s, package) for s in steps)
+            if item.target in group and item.target not in paths:
+                paths[item.target] = [*paths[node], item]
+                queue.append(item.target)
+    raise AssertionError(f"no cycle through {start}")  # pragma: no cover - a group always has one
+
+
+def test_every_module_is_in_a_layer() -> None:
+    unplaced = unplaced_modules(PACKAGE)
+    assert not unplaced, "a folder the layer table (LAYERS, README's Layout) does not name:\n" + "\n".join(unplaced)
+
+
+def test_imports_only_go_down_and_never_to_a_peer() -> None:
+    wrong = layer_violations(PACKAGE)
+    assert not wrong, "imports that go up a layer or across to a peer:\n" + "\n".join(wrong)
+
+
+def test_no_import_cycles() -> None:
+    found = cycles(PACKAGE)
+    assert not found, "\n".join(found)
+
+
+# --- the walker itself, on small packages written here -------------------------------------------
+
+
+def _package(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / "stackgate" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root / "stackgate"
+
+
+def test_the_walker_sees_imports_in_functions_relative_imports_and_import_module(tmp_path: Path) -> None:
+    package = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "models/__init__.py": "",
+            "models/spec.py": "def f():\n    from stackgate.facts import collect\n",
+            "facts/__init__.py": "",
+            "facts/collect.py": "from ..checks import core\n",
+            "checks/__init__.py": "",
+            "checks/core.py": "import importlib\nimportlib.import_module('stackgate.stack.plan')\n",
+            "stack/__init__.py": "",
+            "stack/plan.py": "from stackgate.models.spec import Lock\n",
+        },
+    )
+    assert layer_violations(package) == [
+        "stackgate/checks/core.py:2: importlib.import_module('stackgate.stack.plan')  (peers: checks/ imports stackgate.stack.plan of stack/)",
+        "stackgate/facts/collect.py:1: from ..checks import core  (facts imports stackgate.checks.core, up in checks | stack | serve)",
+        "stackgate/models/spec.py:2: from stackgate.facts import collect  (models imports stackgate.facts.collect, up in facts)",
+    ]
+    assert cycles(package) == [
+        "import cycle stackgate.checks.core -> stackgate.stack.plan -> stackgate.models.spec -> stackgate.facts.collect -> stackgate.checks.core: "
+        "stackgate/checks/core.py:2: importlib.import_module('stackgate.stack.plan'); "
+        "stackgate/stack/plan.py:1: from stackgate.models.spec import Lock; "
+        "stackgate/models/spec.py:2: from stackgate.facts import collect; "
+        "stackgate/facts/collect.py:1: from ..checks import core"
+    ]
+
+
+def test_a_cycle_inside_one_folder_and_a_module_in_no_layer_are_reported(tmp_path: Path) -> None:
+    package = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "models/__init__.py": "from stackgate.models.scan import Scanner\n",
+            "models/scan.py": "class Scanner:\n    def __init__(self):\n        from . import load\n",
+            "extras/thing.py": "",
+        },
+    )
+    assert cycles(package) == [
+        "import cycle stackgate.models -> stackgate.models.scan -> stackgate.models: "
+        "stackgate/models/__init__.py:1: from stackgate.models.scan import Scanner; "
+        "stackgate/models/scan.py:3: from . import load"
+    ]
+    assert unplaced_modules(package) == ["stackgate/extras/thing.py: folder 'extras' is in no layer"]
+    assert layer_violations(package) == []
+
+
+@pytest.mark.parametrize(("where", "expected"), [("__init__", "version"), ("models", "models"), ("", "program"), ("serve", "checks | stack | serve"), ("extras", None)])
+def test_the_layer_of_a_folder(where: str, expected: str | None) -> None:
+    index = rank(where)
+    assert (LAYERS[index][0] if index is not None else None) == expected
