@@ -8,6 +8,8 @@ log (:mod:`.serverlog`) are observed here; :mod:`.compare` holds the comparisons
 that both the checks and provisioning make.
 """
 
+from __future__ import annotations
+
 from stackgate.facts.collect import PARTS, Facts, gather, jit_cuda_home
 from stackgate.facts.model import ArchBuild, BasePython, Distribution, ElfFile, ElfScan, EnvFacts, ImportOutcome, Missing, ProbeFacts, ToolkitFacts, ToolVersion
 from stackgate.facts.toolkits import build_for_arch, inspect_toolkit, tool_version
