@@ -149,7 +149,7 @@ def test_smoke_keeps_its_runs_and_report_compares_them_on_what_they_recorded(rig
     listing = invoke("report", env=env)
     rows = [line.split() for line in listing.stdout.splitlines() if "-smoke-" in line]
     assert [(r[1], r[3]) for r in rows] == [("smoke", "passed"), ("smoke", "passed")]
-    assert float(rows[0][4]) == pytest.approx(200.0, rel=0.01) and float(rows[1][4]) == pytest.approx(150.0, rel=0.01)
+    assert float(rows[0][4]) == pytest.approx(200.0, rel=0.05) and float(rows[1][4]) == pytest.approx(150.0, rel=0.05)
     diff = invoke("report", "--", "-2", "-1", env=env)
     assert "    attention_backend: flashinfer -> triton" in diff.stdout.splitlines()
     assert "(not compared: gpu, toolkits, distributions, patches: a smoke run records only its lock and its server)" in diff.stdout
