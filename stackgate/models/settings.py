@@ -1,0 +1,311 @@
+"""Every ``STACKGATE_*`` setting, declared once: its variable, type, default and meaning.
+
+A setting is read from the environment each time it is asked for, never when a module is
+imported, so an ``export`` (or a test's ``monkeypatch.setenv``) takes effect at once and ``-v``
+can say where each value came from: the default, an environment variable, or a flag that a
+command passed. A value that does not parse is a :class:`SettingError` naming the variable (a
+usage error, exit 2); :func:`report` reads them all, so a command refuses a bad one before it
+touches anything. An empty variable counts as unset.
+
+Renamed variables keep their old name for one release: a value set only under the old name is
+used, with a one-line warning on stderr naming the new one.
+
+``python -m stackgate.models.settings`` prints the table that README.md carries.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
+
+__all__ = [
+    "BASE_PYTHON",
+    "DEEP_DIR",
+    "DEEP_TIMEOUT_S",
+    "DOWNLOAD_TIMEOUT_S",
+    "FAULT",
+    "HISTORY_DIR",
+    "IMPORT_TIMEOUT_S",
+    "KEEP_GENERATIONS",
+    "LOCK",
+    "LOG_DIR",
+    "NVML_MODULE",
+    "PROBE_TIMEOUT_S",
+    "PYTHON_INSTALL_TIMEOUT_S",
+    "RUNFILE_CACHE",
+    "SETTINGS",
+    "TOOLKIT_INDEX_URL",
+    "TOOLKIT_INSTALLER",
+    "TOOLKIT_INSTALL_TIMEOUT_S",
+    "Setting",
+    "SettingError",
+    "Value",
+    "markdown_table",
+    "report",
+]
+
+T = TypeVar("T")
+#: A flag that a command passed for a setting: (its name as typed, its value; None when not given).
+Flag = tuple[str, Any]
+
+
+class SettingError(ValueError):
+    """A ``STACKGATE_*`` variable holds a value its setting cannot take (bad usage: exit 2)."""
+
+
+@dataclass(frozen=True)
+class Value(Generic[T]):
+    """A setting's value in force, and where it came from."""
+
+    setting: Setting[T]
+    value: T
+    source: str  #: "default", "environment $NAME", or "flag --NAME"
+
+    @property
+    def is_default(self) -> bool:
+        return self.source == "default"
+
+    @property
+    def text(self) -> str:
+        """The value as a person reads it; an unset one says what happens instead."""
+        if self.value is None:
+            return f"(unset: {self.setting.unset})"
+        if isinstance(self.value, tuple):
+            return ",".join(self.value) or "(none)"
+        return f"{self.value:g}" if isinstance(self.value, float) else str(self.value)
+
+
+@dataclass(frozen=True)
+class Setting(Generic[T]):
+    """One setting: the variable that sets it, how its text parses, its default, what it means."""
+
+    env: str
+    parse: Callable[[str], T]  #: raises ValueError with the reason a text is refused
+    default: T
+    meaning: str
+    unset: str = ""  #: what happens when the default is None (the caller decides, e.g. a search)
+    old: str | None = None  #: the deprecated name it had until this release
+    test_only: bool = False
+
+    def value(self, environ: Mapping[str, str] | None = None) -> T:
+        """The value in force in ``environ`` (default: this process's environment, read now)."""
+        return self.lookup(environ).value
+
+    def lookup(self, environ: Mapping[str, str] | None = None, flag: Flag | None = None) -> Value[T]:
+        """The value in force and its source: a given flag, then the variable, then the default."""
+        if flag is not None and flag[1] is not None:
+            return Value(self, flag[1], f"flag {flag[0]}")
+        environ = os.environ if environ is None else environ
+        name = self.env if environ.get(self.env) or not self.old or not environ.get(self.old) else self.old
+        text = environ.get(name)
+        if not text:
+            return Value(self, self.default, "default")
+        if name != self.env:
+            _warn_renamed(name, self.env)
+        try:
+            parsed = self.parse(text)
+        except ValueError as exc:
+            raise SettingError(f"${name}={text[:200]!r}: {exc}; unset, it is {_shown(self) or 'empty'}") from exc
+        return Value(self, parsed, f"environment ${name}" + (f", the old name of ${self.env}" if name != self.env else ""))
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_renamed(old: str, new: str) -> None:
+    """One line on stderr, once per process and name: the old name still works, for now."""
+    if old in _WARNED:
+        return
+    _WARNED.add(old)
+    sys.stderr.write(f"stackgate: ${old} is deprecated and goes in the next release; set ${new} instead\n")
+
+
+def _shown(setting: Setting[Any]) -> str:
+    """The default as README and errors show it.
+
+    >>> _shown(DEEP_TIMEOUT_S), _shown(DEEP_DIR)
+    ('300', "the system's temp folder")
+    """
+    if setting.default is None:
+        return setting.unset
+    return Value(setting, setting.default, "default").text.replace("(none)", "")
+
+
+# --- parsers: each takes the variable's text, returns the value or raises ValueError(reason) ---
+
+
+def seconds(text: str) -> float:
+    """A positive, finite number of seconds.
+
+    >>> seconds("1.5"), seconds("300")
+    (1.5, 300.0)
+    >>> seconds("abc")
+    Traceback (most recent call last):
+    ValueError: not a number of seconds
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("not a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError("must be a number of seconds above 0")
+    return value
+
+
+def count(text: str) -> int:
+    """A whole number of at least 1.
+
+    >>> count("3")
+    3
+    >>> count("0")
+    Traceback (most recent call last):
+    ValueError: must be a whole number of at least 1
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError("not a whole number") from None
+    if value < 1:
+        raise ValueError("must be a whole number of at least 1")
+    return value
+
+
+def path(text: str) -> Path:
+    """A path; ``~`` is the user's home."""
+    return Path(text).expanduser()
+
+
+def url(text: str) -> str:
+    """An http(s) URL with a host.
+
+    >>> url("ftp://x/simple")
+    Traceback (most recent call last):
+    ValueError: not an http(s) URL with a host
+    """
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("not an http(s) URL with a host")
+    return text
+
+
+def module(text: str) -> str:
+    """A dotted module name.
+
+    >>> module("fakes.fake_nvml")
+    'fakes.fake_nvml'
+    >>> module("fakes/fake_nvml.py")
+    Traceback (most recent call last):
+    ValueError: not a module name (e.g. pynvml, or fakes.fake_nvml)
+    """
+    if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", text):
+        raise ValueError("not a module name (e.g. pynvml, or fakes.fake_nvml)")
+    return text
+
+
+def installer(text: str) -> str:
+    """``uv`` or ``pip``."""
+    if text not in ("uv", "pip"):
+        raise ValueError("must be uv or pip")
+    return text
+
+
+def points(text: str) -> tuple[str, ...]:
+    """Comma-separated names, blanks dropped.
+
+    >>> points("before:python.stack, deep.hang:1,")
+    ('before:python.stack', 'deep.hang:1')
+    """
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+# --- the declarations, in the order -v and README list them ------------------------------------
+
+LOCK: Setting[Path | None] = Setting(
+    "STACKGATE_LOCK", path, None, "the lockfile a command uses when `--lock` names none",
+    unset="the shipped profile, lockfiles/blackwell-sm120-cu130.toml",
+)  # fmt: skip
+NVML_MODULE: Setting[str] = Setting("STACKGATE_NVML_MODULE", module, "pynvml", "the module spoken to as NVML: pynvml's API (tests name a fake)")
+PROBE_TIMEOUT_S: Setting[float] = Setting("STACKGATE_PROBE_TIMEOUT_S", seconds, 180.0, "how long the stack's interpreter may take to describe itself, torch's import included")
+IMPORT_TIMEOUT_S: Setting[float] = Setting("STACKGATE_IMPORT_TIMEOUT_S", seconds, 180.0, "how long each locked import may take in its own interpreter")
+DEEP_TIMEOUT_S: Setting[float] = Setting("STACKGATE_DEEP_TIMEOUT_S", seconds, 300.0, "how long each `verify --deep` run may take before it counts as a hang")
+DEEP_DIR: Setting[Path | None] = Setting(
+    "STACKGATE_DEEP_DIR", path, None, "where each `verify --deep` run's folder (its JSON lines and full log) is made", unset="the system's temp folder"
+)
+BASE_PYTHON: Setting[Path | None] = Setting(
+    "STACKGATE_BASE_PYTHON", path, None, "the interpreter provision builds new generations from",
+    unset="searched: pythonX.Y on PATH, pyenv's and uv's installs, /usr/local/bin, /usr/bin", old="STACKGATE_PYTHON",
+)  # fmt: skip
+PYTHON_INSTALL_TIMEOUT_S: Setting[float] = Setting(
+    "STACKGATE_PYTHON_INSTALL_TIMEOUT_S", seconds, 3600.0, "how long one uv or pip run building the Python stack may take", old="STACKGATE_INSTALL_TIMEOUT_S"
+)
+DOWNLOAD_TIMEOUT_S: Setting[float] = Setting("STACKGATE_DOWNLOAD_TIMEOUT_S", seconds, 60.0, "how long a locked URL wheel's download may wait for data before it tries again")
+KEEP_GENERATIONS: Setting[int] = Setting("STACKGATE_KEEP_GENERATIONS", count, 3, "how many generations a switch keeps, the current one included")
+TOOLKIT_INDEX_URL: Setting[str] = Setting("STACKGATE_TOOLKIT_INDEX_URL", url, "https://pypi.org/simple", "the index CUDA toolkit wheels are installed from")
+TOOLKIT_INSTALLER: Setting[str] = Setting("STACKGATE_TOOLKIT_INSTALLER", installer, "uv", "what installs CUDA toolkit wheels: uv (pip where uv is not found) or pip")
+TOOLKIT_INSTALL_TIMEOUT_S: Setting[float] = Setting(
+    "STACKGATE_TOOLKIT_INSTALL_TIMEOUT_S", seconds, 3600.0, "how long one CUDA toolkit install (its wheels or its runfile) may take", old="STACKGATE_TOOLKIT_TIMEOUT_S"
+)
+RUNFILE_CACHE: Setting[Path | None] = Setting(
+    "STACKGATE_RUNFILE_CACHE", path, None, "where downloaded CUDA runfiles are kept", unset="~/.cache/stackgate/runfiles"
+)
+LOG_DIR: Setting[Path] = Setting(
+    "STACKGATE_LOG_DIR", path, Path("reports"), "where smoke and gate keep each run's server logs: `<dir>/smoke/<time>-<pid>/`, `<dir>/gate/<run id>/`",
+    old="STACKGATE_RUN_DIR",
+)  # fmt: skip
+HISTORY_DIR: Setting[Path | None] = Setting(
+    "STACKGATE_HISTORY_DIR", path, None, "where gate and smoke runs are kept, and `report` reads them",
+    unset="python.root's runs/ when the root holds a stack, else ~/.local/state/stackgate/runs", old="STACKGATE_RUNS_DIR",
+)  # fmt: skip
+FAULT: Setting[tuple[str, ...]] = Setting(
+    "STACKGATE_FAULT", points, (), "test only: faults to plant, `point[,point...]` (stackgate/models/faults.py lists the points)", test_only=True
+)
+
+#: Every setting, by variable, in declaration order.
+SETTINGS: dict[str, Setting[Any]] = {
+    s.env: s
+    for s in (
+        LOCK, NVML_MODULE, PROBE_TIMEOUT_S, IMPORT_TIMEOUT_S, DEEP_TIMEOUT_S, DEEP_DIR, BASE_PYTHON, PYTHON_INSTALL_TIMEOUT_S,
+        DOWNLOAD_TIMEOUT_S, KEEP_GENERATIONS, TOOLKIT_INDEX_URL, TOOLKIT_INSTALLER, TOOLKIT_INSTALL_TIMEOUT_S, RUNFILE_CACHE,
+        LOG_DIR, HISTORY_DIR, FAULT,
+    )  # fmt: skip
+}
+
+
+def report(environ: Mapping[str, str] | None = None, flags: Mapping[Setting[Any], Flag] | None = None) -> list[Value[Any]]:
+    """Every setting's value in force and its source; a :class:`SettingError` naming every bad one.
+
+    ``flags`` are what a command was given for a setting (``{LOCK: ("--lock", path)}``).
+    """
+    values: list[Value[Any]] = []
+    problems: list[str] = []
+    for setting in SETTINGS.values():
+        try:
+            values.append(setting.lookup(environ, (flags or {}).get(setting)))
+        except SettingError as exc:
+            problems.append(str(exc))
+    if len(problems) == 1:
+        raise SettingError(problems[0])
+    if problems:
+        raise SettingError(f"{len(problems)} bad settings in the environment:\n  " + "\n  ".join(problems))
+    return values
+
+
+def markdown_table(settings: Sequence[Setting[Any]] | None = None) -> str:
+    """The settings as README.md lists them: variable, default, meaning (the old name, if any)."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for setting in SETTINGS.values() if settings is None else settings:
+        shown = _shown(setting)
+        default = "(none)" if not shown else shown if setting.default is None else f"`{shown}`"
+        renamed = f" (was `{setting.old}`, still read until the next release)" if setting.old else ""
+        rows.append(f"| `{setting.env}` | {default} | {setting.meaning}{renamed} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown_table())
