@@ -128,7 +128,7 @@ def rollback(c, lock=None, force=False):
         "run": "a run: its id, a unique prefix, its JSON file, or -1 (the newest), -2 ...; twice to compare (or give them after --: invoke report -- A B)",
         "lock": "lockfile whose history to read (<python.root>/runs; default as for the other commands)",
         "html": "write a self-contained HTML page here: the history, or the one run named",
-        "runs_dir": "read the runs kept in this folder instead (default: $STACKGATE_RUNS_DIR, the lock's root, ~/.local/state/stackgate/runs)",
+        "runs_dir": "read the runs kept in this folder instead (default: $STACKGATE_HISTORY_DIR, the lock's root, ~/.local/state/stackgate/runs)",
     },
 )
 def report(c, run=None, lock=None, html=None, runs_dir=None):

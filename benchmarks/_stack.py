@@ -38,7 +38,7 @@ def environ(caches: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
     env.update(
         PIP_CONFIG_FILE=os.devnull, UV_NO_CONFIG="1", UV_CACHE_DIR=str(caches / "uv"), PIP_CACHE_DIR=str(caches / "pip"),
-        STACKGATE_PYTHON=os.path.realpath(getattr(sys, "_base_executable", sys.executable)), NO_COLOR="1",
+        STACKGATE_BASE_PYTHON=os.path.realpath(getattr(sys, "_base_executable", sys.executable)), NO_COLOR="1",
     )  # fmt: skip
     env.update(extra)
     return env

@@ -59,7 +59,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="stackgate-gate-bench-") as tmp:
         rig = Rig(Path(tmp), free_port())
-        os.environ.update(STACKGATE_NVML_MODULE="fakes.fake_nvml", STACKGATE_FAKE_NVML=str(rig.nvml_path), STACKGATE_RUNS_DIR=str(Path(tmp) / "history"), STACKGATE_RUN_DIR=str(Path(tmp) / "logs"))
+        os.environ.update(STACKGATE_NVML_MODULE="fakes.fake_nvml", STACKGATE_FAKE_NVML=str(rig.nvml_path), STACKGATE_HISTORY_DIR=str(Path(tmp) / "history"), STACKGATE_LOG_DIR=str(Path(tmp) / "logs"))
         lock = rig.lock(benchmark={"output_tokens": 200, "runs": 2, "warmup": 1, "baseline_tok_s": 190.0, "max_regression": 0.05})
         reference, gated, stages = [], [], []
         for _ in range(args.repeats):

@@ -12,6 +12,7 @@ from invoke.exceptions import Exit
 
 from stackgate.checks.core import CheckError
 from stackgate.edges import runner
+from stackgate.models import settings
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.redact import redact_text
 from stackgate.models.spec import LockError
@@ -19,7 +20,7 @@ from stackgate.models.spec import LockError
 __all__ = ["USAGE_ERRORS", "quiet_closed_output", "run_command"]
 
 #: Errors that mean "bad usage or bad lockfile: nothing was changed".
-USAGE_ERRORS: tuple[type[Exception], ...] = (LockError, CheckError)
+USAGE_ERRORS: tuple[type[Exception], ...] = (LockError, CheckError, settings.SettingError)
 
 
 def run_command(command: Callable[[], ExitCode], usage_errors: tuple[type[Exception], ...] = ()) -> None:
@@ -27,6 +28,7 @@ def run_command(command: Callable[[], ExitCode], usage_errors: tuple[type[Except
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM tears down like Ctrl-C
     try:
+        settings.report()  # every STACKGATE_* variable parses, or exit 2 before anything is touched
         code = command()
     except USAGE_ERRORS + usage_errors as exc:
         raise Exit(f"stackgate: {redact_text(str(exc))}", code=ExitCode.USAGE) from None

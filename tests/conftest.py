@@ -128,7 +128,7 @@ def _runs_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monk
     """The runs that gate and smoke keep (`invoke report`) go to a folder of each test's own,
     never to the user's state directory; subprocesses inherit it."""
     folder = tmp_path_factory.mktemp("runs")
-    monkeypatch.setenv("STACKGATE_RUNS_DIR", str(folder))
+    monkeypatch.setenv("STACKGATE_HISTORY_DIR", str(folder))
     return folder
 
 

@@ -365,5 +365,5 @@ def install_environ(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return isolated_environ(
         UV_CACHE_DIR=str(caches / "uv"),
         PIP_CACHE_DIR=str(caches / "pip"),
-        STACKGATE_PYTHON=os.path.realpath(getattr(sys, "_base_executable", sys.executable)),
+        STACKGATE_BASE_PYTHON=os.path.realpath(getattr(sys, "_base_executable", sys.executable)),
     )

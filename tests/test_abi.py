@@ -116,11 +116,9 @@ def test_imports_that_work_pass_with_their_times(tmp_path):
 
 
 def test_an_import_that_hangs_is_reported_as_a_timeout(tmp_path, monkeypatch):
-    from stackgate.facts import interpreters
-
     python, site = make_venv(tmp_path / "venv")
     (site / "hangs.py").write_text("import time\ntime.sleep(60)\n")
-    monkeypatch.setattr(interpreters, "IMPORT_TIMEOUT_S", 1.0)
+    monkeypatch.setenv("STACKGATE_IMPORT_TIMEOUT_S", "1")  # read when the import runs
     result = run("abi.imports", lock_for(python, "", '["hangs"]'))
     assert result.status is Status.FAIL and "import hangs: timed out after" in result.details[0]
 

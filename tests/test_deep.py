@@ -228,12 +228,15 @@ def test_launch_env_forces_multicast_off_and_an_info_log() -> None:
 # --- the real scripts under CPU torch ---------------------------------------------------------
 
 
-def cpu_env(fault: str = "") -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "STACKGATE_DEEP_FAULT"}
+def cpu_env() -> dict[str, str]:
+    env = dict(os.environ)
     env.update(measure.REQUIRED_ENV, NCCL_P2P_LEVEL="SYS", OMP_NUM_THREADS="1")
-    if fault:
-        env["STACKGATE_DEEP_FAULT"] = fault
     return env
+
+
+def plant(monkeypatch: pytest.MonkeyPatch, point: str) -> None:
+    """A deep.* fault point in stackgate's environment: the request hands it to deepwork.py."""
+    monkeypatch.setenv("STACKGATE_FAULT", f"deep.{point}")
 
 
 SMALL_GPU_WORK = measure.GpuWorkRequest(device="cpu", bf16_n=128, fp32_n=96, copy_bytes=1 << 20, warmup=1, iters=2, sample=32)
@@ -253,8 +256,9 @@ def test_gpu_work_runs_and_checks_real_products(torch_python: Path) -> None:
 
 
 @pytest.mark.torch
-def test_gpu_work_catches_a_planted_wrong_product(torch_python: Path) -> None:
-    work = measure.run_gpu_work(torch_python, SMALL_GPU_WORK, cpu_env("matmul:0"), timeout_s=120)
+def test_gpu_work_catches_a_planted_wrong_product(torch_python: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plant(monkeypatch, "matmul:0")
+    work = measure.run_gpu_work(torch_python, SMALL_GPU_WORK, cpu_env(), timeout_s=120)
     result = deep.judge_gpu_work(work)
     assert result.status == Status.FAIL
     assert result.details == (
@@ -282,8 +286,9 @@ def test_gloo_all_reduce_of_two_processes_is_exact(torch_python: Path) -> None:
 
 
 @pytest.mark.torch
-def test_a_planted_wrong_contribution_is_counted(torch_python: Path) -> None:
-    sweep = measure.run_sweep(torch_python, measure.AllReduceRequest(2, **SMALL_SWEEP), cpu_env("wrong:1"), timeout_s=120)
+def test_a_planted_wrong_contribution_is_counted(torch_python: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plant(monkeypatch, "wrong:1")
+    sweep = measure.run_sweep(torch_python, measure.AllReduceRequest(2, **SMALL_SWEEP), cpu_env(), timeout_s=120)
     assert sweep.returncode == 0, sweep.tail
     assert [s.wrong for s in sweep.sizes] == [2, 2, 2, 2]  # one element, seen wrong by both ranks
     result = deep.judge_collective(sweep, None)
@@ -310,8 +315,9 @@ def all_gone(pids: tuple[int, ...], within_s: float = 10.0) -> bool:
 
 
 @pytest.mark.torch
-def test_a_planted_hang_fails_as_a_hang_and_the_group_is_killed(torch_python: Path) -> None:
-    sweep = measure.run_sweep(torch_python, measure.AllReduceRequest(2, **SMALL_SWEEP), cpu_env("hang:1"), timeout_s=25)
+def test_a_planted_hang_fails_as_a_hang_and_the_group_is_killed(torch_python: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plant(monkeypatch, "hang:1")
+    sweep = measure.run_sweep(torch_python, measure.AllReduceRequest(2, **SMALL_SWEEP), cpu_env(), timeout_s=25)
     assert sweep.returncode is None
     result = deep.judge_collective(sweep, None)
     assert result.status == Status.FAIL and result.data["hung"] is True

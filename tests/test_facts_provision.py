@@ -35,9 +35,9 @@ def _base(lock: lockmodel.Lock, environ: dict[str, str]) -> BasePython | Missing
 
 
 def test_stackgate_python_names_the_interpreter(tmp_path: Path) -> None:
-    found = _base(_lock(), {"STACKGATE_PYTHON": str(REAL), "PATH": ""})
+    found = _base(_lock(), {"STACKGATE_BASE_PYTHON": str(REAL), "PATH": ""})
     assert isinstance(found, BasePython)
-    assert (found.path, found.version, found.found_by) == (REAL, platform.python_version(), "$STACKGATE_PYTHON")
+    assert (found.path, found.version, found.found_by) == (REAL, platform.python_version(), "environment $STACKGATE_BASE_PYTHON")
 
 
 def test_a_python_of_the_locked_version_is_found_on_path_and_a_broken_shim_is_skipped(tmp_path: Path) -> None:
@@ -67,7 +67,7 @@ def test_no_python_of_the_locked_version_is_a_clear_missing_fact(tmp_path: Path)
     (tmp_path / "bin" / "python3.99").symlink_to(REAL)  # answers, but with another version
     found = _base(_lock("3.99"), {"PATH": str(tmp_path / "bin"), "HOME": str(tmp_path)})
     assert isinstance(found, Missing)
-    assert found.reason.startswith("no Python 3.99 on this machine (searched $STACKGATE_PYTHON, python3.99 on PATH")
+    assert found.reason.startswith("no Python 3.99 on this machine (searched $STACKGATE_BASE_PYTHON, python3.99 on PATH")
     assert f"rejected: python3.99 on PATH ({tmp_path / 'bin'}): is Python {platform.python_version()}" in found.reason
     assert "uv cannot download Python here: install Python 3.99 (e.g. `pyenv install 3.99`" in found.reason
 

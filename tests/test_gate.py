@@ -297,7 +297,7 @@ def standin(rig, tmp_path, monkeypatch):
     """The stand-in's rig, with the fake NVML named for every part of the gate that asks."""
     monkeypatch.setenv("STACKGATE_NVML_MODULE", "fakes.fake_nvml")
     monkeypatch.setenv("STACKGATE_FAKE_NVML", str(rig.nvml_path))
-    monkeypatch.setenv("STACKGATE_RUN_DIR", str(tmp_path / "logs"))
+    monkeypatch.setenv("STACKGATE_LOG_DIR", str(tmp_path / "logs"))
     return rig
 
 

@@ -24,7 +24,7 @@ def _family_env(tmp_path: Path, name: str, lock: lockmodel.Lock, environ: dict[s
     """A fresh environment holding the torch family from the cu130 index: provision's first steps."""
     home = tmp_path / name
     home.mkdir()
-    base = Path(environ["STACKGATE_PYTHON"])
+    base = Path(environ["STACKGATE_BASE_PYTHON"])
     uv = pyenv.find_uv()
     for command in pyenv.venv_commands(lock, base, home, uv):
         pyenv.run(command, log=tmp_path / f"{name}.log", environ=environ)
@@ -120,7 +120,7 @@ def test_blocked_reads_both_resolvers_phrasings() -> None:
 def test_uv_resolver_output_is_read_from_a_real_run(tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]) -> None:
     """The phrasing the test above relies on is uv's real one, not a copy of it."""
     uv = pyenv.find_uv()
-    subprocess.run([uv, "venv", "-q", "--no-config", "--python", install_environ["STACKGATE_PYTHON"], str(tmp_path / "v")], check=True, env=install_environ)
+    subprocess.run([uv, "venv", "-q", "--no-config", "--python", install_environ["STACKGATE_BASE_PYTHON"], str(tmp_path / "v")], check=True, env=install_environ)
     constraints = tmp_path / "c.txt"
     constraints.write_text("torch==2.9.1+cu130\n")
     done = subprocess.run(

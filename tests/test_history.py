@@ -44,7 +44,7 @@ def test_runs_are_kept_under_the_root_only_when_it_holds_a_stack_and_is_writable
     assert history.runs_dir(lock, home) == state
     (tmp_path / "root" / "generations").mkdir()
     assert history.runs_dir(lock, home) == tmp_path / "root" / "runs"
-    assert history.runs_dir(lock, {**home, "STACKGATE_RUNS_DIR": str(tmp_path / "elsewhere")}) == tmp_path / "elsewhere"
+    assert history.runs_dir(lock, {**home, "STACKGATE_HISTORY_DIR": str(tmp_path / "elsewhere")}) == tmp_path / "elsewhere"
     interpreter = lockmodel.load(ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
     assert history.runs_dir(interpreter, home) == tmp_path / "home" / ".local" / "state" / "stackgate" / "runs"
 
@@ -86,7 +86,7 @@ def test_damaged_and_foreign_files_are_skipped_with_a_warning_never_a_crash(tmp_
     good = keep(tmp_path, gate_doc(decode=200.0), "2025-01-01T10:00:00+00:00")
     later = keep(tmp_path, gate_doc(decode=190.0), "2025-01-02T10:00:00+00:00")
     why = damage(tmp_path)
-    env = {"STACKGATE_RUNS_DIR": str(tmp_path)}
+    env = {"STACKGATE_HISTORY_DIR": str(tmp_path)}
     listing = invoke("report", env=env)
     assert listing.returncode == 0, listing.stderr
     warnings = [line for line in listing.stderr.splitlines() if line.startswith("warning: skipped ")]
@@ -105,7 +105,7 @@ def test_damaged_and_foreign_files_are_skipped_with_a_warning_never_a_crash(tmp_
 def test_report_a_b_names_each_changed_component_next_to_the_change_in_tok_s(tmp_path):
     a = keep(tmp_path, gate_doc(decode=92.6), "2025-01-01T10:00:00+00:00")
     b = keep(tmp_path, gate_doc(decode=83.9, backend="triton", torch="2.10.0", status=Status.FAIL, summary="torch moved"), "2025-01-02T10:00:00+00:00")
-    done = invoke("report", "--run", a.id, "--run", b.id, env={"STACKGATE_RUNS_DIR": str(tmp_path)})
+    done = invoke("report", "--run", a.id, "--run", b.id, env={"STACKGATE_HISTORY_DIR": str(tmp_path)})
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[2].startswith("decode tok/s: 92.60 -> 83.90: -8.70 tok/s (-9.4%; 95% CI -")
@@ -119,7 +119,7 @@ def test_the_listing_shows_a_trend_per_lock_plain_without_unicode(tmp_path):
     for day, decode in enumerate([90.0, 92.0, None, 96.0], 1):
         keep(tmp_path, gate_doc(decode=decode), f"2025-01-0{day}T10:00:00+00:00")
     keep(tmp_path, gate_doc(decode=50.0, lock="other"), "2025-01-05T10:00:00+00:00")
-    env = {"STACKGATE_RUNS_DIR": str(tmp_path)}
+    env = {"STACKGATE_HISTORY_DIR": str(tmp_path)}
     unicode = invoke("report", env={**env, "PYTHONIOENCODING": "utf-8"})
     assert "trend standin (decode tok/s, last 4 run(s)): ▁▃ █  90.00 → 96.00 (min 90.00, max 96.00)" in unicode.stdout
     assert "trend other (decode tok/s, last 1 run(s)): ▅  50.00 → 50.00" in unicode.stdout
@@ -128,7 +128,7 @@ def test_the_listing_shows_a_trend_per_lock_plain_without_unicode(tmp_path):
 
 
 def test_report_usage_errors_exit_2(tmp_path):
-    env = {"STACKGATE_RUNS_DIR": str(tmp_path)}
+    env = {"STACKGATE_HISTORY_DIR": str(tmp_path)}
     assert "no runs kept in" in invoke("report", env=env).stdout
     for args, text in [(("--", "a", "b", "c"), "name at most two runs"), (("--", "nope"), "no run 'nope'"), (("--html", str(tmp_path / "x.html"), "--", "a", "b"), "--html takes at most one run")]:
         done = invoke("report", *args, env=env)
@@ -136,7 +136,7 @@ def test_report_usage_errors_exit_2(tmp_path):
 
 
 def test_smoke_keeps_its_runs_and_report_compares_them_on_what_they_recorded(rig, tmp_path):
-    env = {**rig.environ(), "STACKGATE_RUN_DIR": str(rig.runs), "STACKGATE_RUNS_DIR": str(tmp_path / "history")}
+    env = {**rig.environ(), "STACKGATE_LOG_DIR": str(rig.runs), "STACKGATE_HISTORY_DIR": str(tmp_path / "history")}
     rig.behave(rate=200.0, profiles=[{"when": {"attention_backend": "triton"}, "set": {"rate": 150.0}}])
     lock = rig.lock()
     first = invoke("smoke", "--lock", str(lock), "--benchmark", "--json", str(tmp_path / "smoke.json"), env=env)

@@ -203,10 +203,10 @@ def test_a_url_wheel_without_sha256_is_refused_with_the_command_to_compute_it(
 
 def test_no_python_of_the_locked_version_says_so(tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", python="3.99")
-    environ = {k: v for k, v in install_environ.items() if k != "STACKGATE_PYTHON"}
+    environ = {k: v for k, v in install_environ.items() if k != "STACKGATE_BASE_PYTHON"}
     code, out, err = _provision(lock, environ, capsys)
     assert code == ExitCode.FAILED
-    assert "cannot apply: no Python 3.99 on this machine (searched $STACKGATE_PYTHON, python3.99 on PATH" in out
+    assert "cannot apply: no Python 3.99 on this machine (searched $STACKGATE_BASE_PYTHON, python3.99 on PATH" in out
     assert "uv cannot download Python here: install Python 3.99" in out
     assert not (tmp_path / "root" / "generations").exists()
 
@@ -217,12 +217,12 @@ def test_a_full_disk_mid_install_leaves_current_and_the_next_run_finishes(
     root = _copy(built, tmp_path)
     lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"})
     before = _current(root)
-    monkeypatch.setenv(provision.FAULT_ENV, "during:python.stack=ENOSPC")
+    monkeypatch.setenv("STACKGATE_FAULT", "during:python.stack=ENOSPC")
     code, out, err = _provision(lock, install_environ, capsys)
     assert code == ExitCode.FAILED and "No space left on device" in err
     assert "is unchanged; free space on that disk, then `invoke provision` again (it removes what was half built)" in err
     assert _current(root) == before and _works(root, install_environ).startswith("2.9.1+cu130")
-    monkeypatch.delenv(provision.FAULT_ENV)
+    monkeypatch.delenv("STACKGATE_FAULT")
     code, out, err = _provision(lock, install_environ, capsys)
     assert code == ExitCode.PASSED, err
     assert "remove unfinished generation(s)" in out

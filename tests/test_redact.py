@@ -182,8 +182,8 @@ def planted(tmp_path_factory, plain_python):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("STACKGATE_NVML_MODULE", "fakes.fake_nvml")
         patch.setenv("STACKGATE_FAKE_NVML", str(rig.nvml_path))
-        patch.setenv("STACKGATE_RUNS_DIR", str(folder / "runs"))
-        patch.setenv("STACKGATE_RUN_DIR", str(rig.tmp / "logs"))  # server logs: the server's own words, not stackgate's output
+        patch.setenv("STACKGATE_HISTORY_DIR", str(folder / "runs"))
+        patch.setenv("STACKGATE_LOG_DIR", str(rig.tmp / "logs"))  # server logs: the server's own words, not stackgate's output
         try:
             reports = {f"{kind}_path": folder / f"good.{suffix}" for kind, suffix in (("json", "json"), ("junit", "xml"), ("markdown", "md"), ("prom", "prom"))}
             request = gate.GateRequest(lock_path=lock, model=str(model), verify_checks=VERIFIABLE, **reports)

@@ -165,7 +165,7 @@ def test_usage_errors_name_the_problem(runs, tmp_path, runs_named, html, message
 
 
 def test_the_runs_directory_comes_from_the_lock_or_the_state_directory(tmp_path, monkeypatch):
-    monkeypatch.delenv("STACKGATE_RUNS_DIR")
+    monkeypatch.delenv("STACKGATE_HISTORY_DIR")
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     text = (ROOT / "lockfiles" / "blackwell-sm120-cu130.toml").read_text().replace('root = "/opt/stackgate"', f'root = "{tmp_path / "root"}"')
     (tmp_path / "lock.toml").write_text(text)
@@ -194,7 +194,7 @@ def test_the_html_page_of_the_history_and_of_one_run(runs, tmp_path):
 def test_invoke_report_takes_runs_after_a_double_dash_even_negative_ones(runs):
     """Item 30 of issue 11: `c.remainder` crashed on invoke 2.2.1; the floor is now 3.0."""
     folder, (_, _, s1, s2) = runs
-    environ = {**os.environ, "STACKGATE_RUNS_DIR": str(folder), "NO_COLOR": "1", "PYTHONPATH": str(ROOT)}
+    environ = {**os.environ, "STACKGATE_HISTORY_DIR": str(folder), "NO_COLOR": "1", "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-m", "invoke", "report", "--", "-2", "-1"], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[:2] == [f"A: {s1.label()}, started {s1.started}", f"B: {s2.label()}, started {s2.started}"]

@@ -13,7 +13,7 @@ from smoke_support import ROOT, Rig, assert_nothing_left, living, wait_for
 
 
 def invoke(rig: Rig, *args: str) -> subprocess.Popen[str]:
-    env = {**rig.environ(), "STACKGATE_RUN_DIR": str(rig.runs)}
+    env = {**rig.environ(), "STACKGATE_LOG_DIR": str(rig.runs)}
     return subprocess.Popen([sys.executable, "-m", "invoke", "smoke", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

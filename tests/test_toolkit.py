@@ -537,7 +537,7 @@ def test_killed_mid_install_leaves_no_prefix_and_a_rerun_completes(side_by_side:
         f"t = Toolkit(Version('13.0.1'), Path(sys.argv[1]), 'pypi', nvcc=Version('13.0.88'), components={COMPILER!r})\n"
         "install_toolkit(t, log=Path(sys.argv[2]), cache=Path(sys.argv[3]))\n"
     )
-    env = dict(os.environ, STACKGATE_TEST_FAULT=point, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, STACKGATE_FAULT=point, PYTHONPATH=str(ROOT))
     done = subprocess.run([sys.executable, "-c", script, str(prefix), str(prefix) + ".log", str(UV_CACHE)], cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     assert done.returncode == -9, done.stderr  # killed by SIGKILL at the fault point
     assert not prefix.exists()

@@ -41,8 +41,12 @@ class Check:
     function: CheckFunction
     title: str
     needs: tuple[str, ...]
-    timeout_s: float
+    timeout: float | Callable[[], float]  #: seconds, or how to read them when the check runs (a setting)
     slow: bool
+
+    @property
+    def timeout_s(self) -> float:
+        return self.timeout() if callable(self.timeout) else self.timeout
 
     @property
     def area(self) -> str:
@@ -53,7 +57,7 @@ class Check:
 REGISTRY: dict[str, Check] = {}
 
 
-def check(name: str, *, needs: Sequence[str] = (), timeout_s: float = 30.0, slow: bool = False) -> Callable[[CheckFunction], CheckFunction]:
+def check(name: str, *, needs: Sequence[str] = (), timeout_s: float | Callable[[], float] = 30.0, slow: bool = False) -> Callable[[CheckFunction], CheckFunction]:
     """Register a check under a stable dotted name; its docstring's first line is its title."""
 
     def register(function: CheckFunction) -> CheckFunction:
@@ -98,13 +102,12 @@ def run_checks(checks: Sequence[Check], lock: Lock, facts: Facts, *, workers: in
 
 
 def _collect(check_: Check, started: float, future: concurrent.futures.Future[Result]) -> Result:
-    remaining = max(0.0, check_.timeout_s - (time.monotonic() - started))
+    limit = check_.timeout_s
+    remaining = max(0.0, limit - (time.monotonic() - started))
     try:
         return future.result(timeout=remaining)
     except concurrent.futures.TimeoutError:
-        return dataclasses.replace(
-            error(f"timed out after {check_.timeout_s:g} s"), check=check_.name, duration_s=check_.timeout_s
-        )
+        return dataclasses.replace(error(f"timed out after {limit:g} s"), check=check_.name, duration_s=limit)
 
 
 def _run_one(check_: Check, lock: Lock, facts: Facts, verbose: bool) -> Result:

@@ -19,7 +19,8 @@ from typing import Any, Mapping, Sequence
 
 from stackgate.checks.core import check
 from stackgate.facts import Facts, Missing, ProbeFacts
-from stackgate.facts.deep import TIMEOUT_S, AllReduceRequest, GpuWork, GpuWorkRequest, SizeFigures, Sweep, launch_env, run_gpu_work, run_sweep
+from stackgate.facts.deep import AllReduceRequest, GpuWork, GpuWorkRequest, SizeFigures, Sweep, launch_env, run_gpu_work, run_sweep
+from stackgate.models import settings
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, Status, failed, passed
 from stackgate.models.spec import Lock
@@ -191,11 +192,16 @@ def _log_fix(log: Path) -> Fix:
     return Fix("Read the full log; a GPU that errors or hangs alone needs a reset (or its node drained).", (f"less {log}", "nvidia-smi -q -d PERFORMANCE,CLOCK"))
 
 
+def _limit_s() -> float:
+    """A deep check's own limit: its run's ($STACKGATE_DEEP_TIMEOUT_S, read when it runs) and a minute to read the figures."""
+    return settings.DEEP_TIMEOUT_S.value() + 60
+
+
 def _code(returncode: int | None) -> str:
     return "timed out" if returncode is None else f"exit {returncode}"
 
 
-@check("deep.gpu_work", needs=("probe", "env"), timeout_s=TIMEOUT_S + 60, slow=True)
+@check("deep.gpu_work", needs=("probe", "env"), timeout_s=_limit_s, slow=True)
 def gpu_work(lock: Lock, facts: Facts) -> Result:
     """Every GPU multiplies bf16/fp32 matrices correctly at its peers' rate and copies memory."""
     work = run_gpu_work(lock.python.target, GpuWorkRequest(), launch_env(lock, facts))
@@ -363,7 +369,7 @@ def world_size(lock: Lock, probe: ProbeFacts | Missing) -> tuple[int, int]:
     return (min(wanted, present) if isinstance(present, int) and present > 0 else wanted), wanted
 
 
-@check("deep.collective", needs=("probe", "env"), timeout_s=TIMEOUT_S + 60, slow=True)
+@check("deep.collective", needs=("probe", "env"), timeout_s=_limit_s, slow=True)
 def collective(lock: Lock, facts: Facts) -> Result:
     """An NCCL all-reduce from 8 KiB to 1 GiB is exact and reaches the locked bus bandwidth."""
     world, wanted = world_size(lock, facts.probe)

@@ -23,7 +23,7 @@ from typing import IO, Any, BinaryIO, Callable, Sequence
 
 from stackgate import __version__
 from stackgate.edges.files import write_json
-from stackgate.models import knowledge
+from stackgate.models import knowledge, settings
 from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.knowledge import Finding
@@ -77,6 +77,7 @@ class Diagnosis:
 
 def run(request: DiagnoseRequest, ui: Any, stdin: BinaryIO | None = None) -> ExitCode:
     """The diagnose command: check the inputs, scan them, render, write the JSON report."""
+    ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.lock_path)}))
     if not request.paths and not request.stdin:
         raise DiagnoseError("nothing to diagnose: give one or more log files, or --stdin")
     openers = [_opener(path) for path in request.paths]  # every file is checked before any is read

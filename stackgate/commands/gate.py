@@ -42,6 +42,7 @@ from stackgate.commands import verify as verifycmd
 from stackgate.edges import runner
 from stackgate.edges.files import write_json, write_text
 from stackgate.facts import Facts, Missing, gather
+from stackgate.models import settings
 from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.finding import Fix
@@ -423,7 +424,7 @@ def run_gate(request: GateRequest, ui: UI, *, environ: Mapping[str, str] | None 
 def _run_dir(request: GateRequest, run_id: str) -> Path:
     if request.run_dir is not None:
         return request.run_dir
-    return Path(os.environ.get("STACKGATE_RUN_DIR") or "reports").resolve() / "gate" / run_id
+    return settings.LOG_DIR.value().resolve() / "gate" / run_id
 
 
 def _server_info(ctx: GateContext) -> Mapping[str, Any] | None:
@@ -444,6 +445,7 @@ def run(request: GateRequest, ui: UI) -> ExitCode:
     Everything shown or written is made from one document, redacted once here: the console,
     every report and the kept run say the same, none with a secret in it.
     """
+    ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.lock_path)}))
     check_outputs(request)
     done = run_gate(request, ui)
     doc = redact(done.document())

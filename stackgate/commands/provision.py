@@ -13,7 +13,6 @@ import dataclasses
 import errno
 import os
 import shlex
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from stackgate.checks.core import Check, run_checks
 from stackgate.commands.verify import verify
 from stackgate.edges import fetch
 from stackgate.facts import Missing, gather
+from stackgate.models import faults
 from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.result import Result, Status
@@ -32,14 +32,8 @@ from stackgate.render.ui import UI, Activity
 from stackgate.stack import generations, guard, patches, pyenv, toolkit
 from stackgate.stack.plan import AREAS, Plan, Step, cache_dir, environment_drift, plan
 
-__all__ = ["FAULT_ENV", "ProvisionError", "ProvisionRequest", "ProvisionUsage", "RollbackRequest", "rollback", "run"]
+__all__ = ["ProvisionError", "ProvisionRequest", "ProvisionUsage", "RollbackRequest", "rollback", "run"]
 
-#: Test-only fault hook: "<when>:<action>" kills this process with SIGKILL at that point
-#: (when = before | during | after; during = at the step's first line of output, for
-#: python.discard once a generation is renamed for removal and not yet deleted);
-#: "<when>:<action>=ENOSPC" raises "No space left on device" there instead, and
-#: "<when>:<action>=SIGINT" sends this process SIGINT, as Ctrl-C does.
-FAULT_ENV = "STACKGATE_FAULT"
 #: What a new generation must pass before ``current`` points at it (those registered).
 BUILD_CHECKS = ("python.interpreter", "python.pins", "python.frozen", "python.consistency", "torch.build", "flashinfer.cubin", "patches.applied")
 #: What verify checks after provisioning, per area provision touched.
@@ -266,10 +260,10 @@ def apply(the_plan: Plan, state: generations.RootState, environ: dict[str, str],
     with _kept_toolkits_untouched(the_plan):
         for number, step in enumerate(the_plan.steps, 1):
             build.step_number = number
-            _fault(f"before:{step.action}")
+            faults.trip(f"before:{step.action}")
             with ui.activity(f"[{number}/{len(the_plan.steps)}] {step.what}") as activity:
                 APPLIERS[step.action](build, step, activity)
-            _fault(f"after:{step.action}")
+            faults.trip(f"after:{step.action}")
 
 
 def _log_dir(lock: lockmodel.Lock, stamp: str) -> Path:
@@ -291,15 +285,6 @@ def _kept_toolkits_untouched(the_plan: Plan) -> ContextManager[object]:
     return toolkit.kept_untouched(the_plan.lock.toolkits)
 
 
-def _fault(point: str, *, environ: Mapping[str, str] | None = None) -> None:
-    wanted, _, kind = (environ or os.environ).get(FAULT_ENV, "").partition("=")
-    if wanted != point:
-        return
-    if kind == "ENOSPC":
-        raise OSError(errno.ENOSPC, f"No space left on device ({FAULT_ENV}={wanted}={kind})")
-    os.kill(os.getpid(), signal.SIGINT if kind == "SIGINT" else signal.SIGKILL)
-
-
 def _run(build: Build, step: Step, activity: Activity, command: pyenv.Command) -> None:
     seen = False
 
@@ -307,14 +292,14 @@ def _run(build: Build, step: Step, activity: Activity, command: pyenv.Command) -
         nonlocal seen
         if not seen:
             seen = True
-            _fault(f"during:{step.action}")
+            faults.trip(f"during:{step.action}")
         activity.update(line)
 
     pyenv.run(command, log=build.log(step), environ=build.environ, lock=build.lock, on_line=on_line)
 
 
 def _discard(build: Build, step: Step, activity: Activity) -> None:
-    removed = generations.discard_unfinished(build.state, on_renamed=lambda doomed: _fault(f"during:{step.action}"))
+    removed = generations.discard_unfinished(build.state, on_renamed=lambda doomed: faults.trip(f"during:{step.action}"))
     activity.update(f"removed {', '.join(g.id for g in removed)}")
 
 
@@ -350,7 +335,7 @@ def _fetch(build: Build, step: Step, activity: Activity) -> None:
         nonlocal seen
         if not seen:
             seen = True
-            _fault(f"during:{step.action}")
+            faults.trip(f"during:{step.action}")
         activity.transfer(done, total)
 
     path, downloaded = pyenv.fetch_wheel(step.subject, build.cache / "wheels", on_progress=progress, on_retry=activity.ui.warn)
@@ -411,7 +396,7 @@ def _switch(build: Build, step: Step, activity: Activity) -> None:
     generation = build.generation
     assert generation is not None
     build.generation = generations.mark(generation, "ready")
-    _fault("during:python.switch")
+    faults.trip("during:python.switch")
     build.generation = generations.switch(build.root, build.generation)
     removed = generations.prune(generations.read(build.root))
     activity.update(f"current -> {build.generation.id}" + (f"; removed {', '.join(g.id for g in removed)}" if removed else ""))

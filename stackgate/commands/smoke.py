@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 from stackgate.checks.smoke import logscan, serverinfo
 from stackgate.edges.files import write_json
 from stackgate.facts import serverlog
-from stackgate.models import envfile, knowledge, secretargs
+from stackgate.models import envfile, knowledge, secretargs, settings
 from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.finding import Fix
@@ -252,6 +252,7 @@ class SmokeInterrupted(KeyboardInterrupt):
 
 def run(request: SmokeRequest, ui: UI) -> ExitCode:
     """The smoke command: load the lock, smoke, render, write the JSON report."""
+    ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.lock_path)}))
     lock = lockmodel.load(request.lock_path)
     try:
         done = run_smoke(lock, request, ui)
@@ -365,7 +366,7 @@ def run_smoke(lock: lockmodel.Lock, request: SmokeRequest, ui: UI, *, environ: M
 def _run_dir(request: SmokeRequest) -> Path:
     if request.run_dir is not None:
         return request.run_dir
-    root = Path(os.environ.get("STACKGATE_RUN_DIR") or "reports").resolve()
+    root = settings.LOG_DIR.value().resolve()
     return root / "smoke" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 

@@ -18,6 +18,7 @@ from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import Check, CheckError, run_checks, select
 from stackgate.edges.files import write_json
 from stackgate.facts import Facts, gather
+from stackgate.models import settings
 from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.result import Result
@@ -55,6 +56,7 @@ class VerifyRun:
 
 def run(request: VerifyRequest, ui: UI) -> ExitCode:
     """The verify command: load, check, render, write the reports."""
+    ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.lock_path)}))
     lock = lockmodel.load(request.lock_path)
     if request.list_only:
         list_checks(ui)

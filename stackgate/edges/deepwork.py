@@ -12,9 +12,10 @@ This script only measures; stackgate reads the figures (stackgate/facts/deep.py)
 (stackgate/checks/deep.py).
 
 REQUEST-JSON names the device ("cuda", or "cpu" for the tests), the sizes and the counts.
-STACKGATE_DEEP_FAULT (tests only) plants faults, comma-separated: "matmul:<device index>" negates
-that device's product, "wrong:<rank>" adds 1 to one element of that rank's contribution,
-"hang:<rank>" makes that rank sleep before its first all-reduce.
+Its "faults" (tests only: stackgate passes the deep.* points of $STACKGATE_FAULT, see
+stackgate/models/faults.py; this script reads no environment of its own) plant faults:
+"matmul:<device index>" negates that device's product, "wrong:<rank>" adds 1 to one element of
+that rank's contribution, "hang:<rank>" makes that rank sleep before its first all-reduce.
 """
 
 import json
@@ -27,11 +28,10 @@ try:
 except ImportError as exc:  # stackgate's own interpreter imports this file only to collect doctests
     torch, TORCH_ERROR = None, exc
 
-FAULTS = set(filter(None, os.environ.get("STACKGATE_DEEP_FAULT", "").split(",")))
 
-
-def planted(kind, index):
-    return f"{kind}:{index}" in FAULTS
+def planted(request, kind, index):
+    """Whether the request plants a fault of this kind at this device or rank (tests only)."""
+    return f"{kind}:{index}" in request.get("faults", ())
 
 
 class Lines:
@@ -115,7 +115,7 @@ def matmul(device, index, dtype, n, request):
     b = torch.randn(n, n, device=device, dtype=dtype)
     c = torch.empty(n, n, device=device, dtype=dtype)
     ms = timed_ms(device, lambda i: torch.matmul(a, b, out=c), request["warmup"], request["iters"])
-    if planted("matmul", index):
+    if planted(request, "matmul", index):
         c.neg_()
     k = min(n, request["sample"])
     rows, cols = torch.randperm(n)[:k].to(device), torch.randperm(n)[:k].to(device)
@@ -161,7 +161,7 @@ def rank_main(rank, outdir, request):
     dist.init_process_group(request["backend"], init_method=store, rank=rank, world_size=request["world"])
     nccl = list(torch.cuda.nccl.version()) if request["backend"] == "nccl" else None
     out(event="init", rank=rank, pid=os.getpid(), device=str(device), nccl=nccl, torch=torch.__version__)
-    if planted("hang", rank):
+    if planted(request, "hang", rank):
         time.sleep(3600)
     sweep(dist, rank, device, request, out)
     dist.destroy_process_group()
@@ -233,7 +233,7 @@ def timed_graph_ms(device, op, iters, reset, out):
 def check(dist, rank, count, request, device):
     """nccl-tests' #wrong: elements of one all-reduce of fresh data that differ from the exact sum."""
     data = contribution(rank, count, request["seed"] + 1, device)
-    if planted("wrong", rank):
+    if planted(request, "wrong", rank):
         data[count // 2] += 1
     dist.all_reduce(data)
     expected = sum(contribution(r, count, request["seed"] + 1, device) for r in range(request["world"]))

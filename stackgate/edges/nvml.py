@@ -8,10 +8,11 @@ pynvml's API (same functions, same return shapes, same NVMLError classes); so ca
 from __future__ import annotations
 
 import importlib
-import os
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable
+
+from stackgate.models import settings
 
 __all__ = ["GpuInfo", "NvmlError", "NvmlSnapshot", "ProcessInfo", "load_library", "snapshot"]
 
@@ -61,7 +62,7 @@ class NvmlSnapshot:
 
 def load_library() -> ModuleType:
     """pynvml, or the module ``$STACKGATE_NVML_MODULE`` names."""
-    name = os.environ.get("STACKGATE_NVML_MODULE") or "pynvml"
+    name = settings.NVML_MODULE.value()
     try:
         return importlib.import_module(name)
     except ImportError as exc:

@@ -11,7 +11,6 @@ it leaves behind and aggregates them (per-size means, bus bandwidth). Judging th
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 import statistics
@@ -23,12 +22,12 @@ from typing import Any, Mapping, Sequence
 
 from stackgate.edges import runner
 from stackgate.facts.collect import Facts
+from stackgate.models import faults, settings
 from stackgate.models.spec import Lock
 
 __all__ = [
     "REQUIRED_ENV",
     "SCRIPT",
-    "TIMEOUT_S",
     "AllReduceRequest",
     "GpuWork",
     "GpuWorkRequest",
@@ -43,10 +42,6 @@ __all__ = [
 ]
 
 SCRIPT = Path(__file__).resolve().parents[1] / "edges" / "deepwork.py"  # run by the target interpreter, as a file
-#: How long each deep run may take before it counts as a hang (torch import and NCCL set-up included).
-TIMEOUT_S = float(os.environ.get("STACKGATE_DEEP_TIMEOUT_S", "300"))
-#: Where each run's folder (its JSON lines and full log) is made; kept after the run, named in the result.
-WORK_DIR = os.environ.get("STACKGATE_DEEP_DIR") or None
 #: Set in every environment the deep checks launch, whatever the shell says: the GPU machines
 #: here require NVLink multicast off, and no PCIe box has multicast anyway.
 REQUIRED_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -78,10 +73,12 @@ def nccl_variables(env: Mapping[str, str]) -> dict[str, str]:
     return {k: env[k] for k in sorted(env) if k.startswith(("NCCL_", "TORCH_NCCL_"))}
 
 
-def _work_dir() -> str | None:
-    if WORK_DIR:
-        Path(WORK_DIR).mkdir(parents=True, exist_ok=True)
-    return WORK_DIR
+def _work_dir() -> Path | None:
+    """Where each run's folder (its JSON lines and full log) is made; kept after the run, named in the result."""
+    where = settings.DEEP_DIR.value()
+    if where is not None:
+        where.mkdir(parents=True, exist_ok=True)
+    return where
 
 
 def _new_seed() -> int:
@@ -139,12 +136,14 @@ class GpuWork:
     duration_s: float
 
 
-def run_gpu_work(python: Path, request: GpuWorkRequest, env: Mapping[str, str], timeout_s: float = TIMEOUT_S) -> GpuWork:
-    """Run deepwork.py's per-GPU work under ``python``; never raises for what happens there."""
+def run_gpu_work(python: Path, request: GpuWorkRequest, env: Mapping[str, str], timeout_s: float | None = None) -> GpuWork:
+    """Run deepwork.py's per-GPU work under ``python`` (for ``timeout_s``, default $STACKGATE_DEEP_TIMEOUT_S);
+    never raises for what happens there."""
+    timeout_s = settings.DEEP_TIMEOUT_S.value() if timeout_s is None else timeout_s
     workdir = Path(tempfile.mkdtemp(prefix="stackgate-gpu-work-", dir=_work_dir()))
     out = workdir / "gpu.jsonl"
     log = workdir / "gpu-work.log"
-    done = runner.run_logged([python, SCRIPT, "gpu", out, json.dumps(asdict(request))], log, timeout_s=timeout_s, env=env)
+    done = runner.run_logged([python, SCRIPT, "gpu", out, json.dumps({**asdict(request), "faults": faults.deep_faults()})], log, timeout_s=timeout_s, env=env)
     lines = _read_lines(out)
     begin = next((r for r in lines if r.get("event") == "begin"), {})
     records = tuple(r for r in lines if r.get("event") == "done")
@@ -254,10 +253,12 @@ def aggregate(world: int, per_rank: Mapping[int, Sequence[Mapping[str, Any]]]) -
     return figures
 
 
-def run_sweep(python: Path, request: AllReduceRequest, env: Mapping[str, str], timeout_s: float = TIMEOUT_S) -> Sweep:
-    """Run deepwork.py's all-reduce sweep under ``python``; never raises for what happens there."""
+def run_sweep(python: Path, request: AllReduceRequest, env: Mapping[str, str], timeout_s: float | None = None) -> Sweep:
+    """Run deepwork.py's all-reduce sweep under ``python`` (for ``timeout_s``, default
+    $STACKGATE_DEEP_TIMEOUT_S); never raises for what happens there."""
+    timeout_s = settings.DEEP_TIMEOUT_S.value() if timeout_s is None else timeout_s
     workdir = Path(tempfile.mkdtemp(prefix="stackgate-allreduce-", dir=_work_dir()))
-    argv = [python, SCRIPT, "allreduce", workdir, json.dumps(request.to_json())]
+    argv = [python, SCRIPT, "allreduce", workdir, json.dumps({**request.to_json(), "faults": faults.deep_faults()})]
     log = workdir / "allreduce.log"
     # Into a file as it is written (NCCL flushes each line), so a hang's log survives the kill.
     done = runner.run_logged(argv, log, timeout_s=timeout_s, env=env)

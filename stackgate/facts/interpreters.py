@@ -19,13 +19,12 @@ from typing import Any, Mapping
 from stackgate.edges import runner
 from stackgate.facts.model import BasePython, Distribution, ImportOutcome, Missing, ProbeFacts
 from stackgate.facts.toolkits import TOOL_TIMEOUT_S
+from stackgate.models import settings
 from stackgate.models.spec import Lock
 
-__all__ = ["IMPORT_TIMEOUT_S", "PROBE", "PROBE_TIMEOUT_S", "base_python", "demangle", "dists", "imports", "probe", "target_missing"]
+__all__ = ["PROBE", "base_python", "demangle", "dists", "imports", "probe", "target_missing"]
 
 PROBE = Path(__file__).resolve().parents[1] / "edges" / "probe.py"  # run by the target interpreter, as a file
-PROBE_TIMEOUT_S = float(os.environ.get("STACKGATE_PROBE_TIMEOUT_S", "180"))
-IMPORT_TIMEOUT_S = float(os.environ.get("STACKGATE_IMPORT_TIMEOUT_S", "180"))
 
 
 def target_missing(lock: Lock) -> Missing | None:
@@ -57,7 +56,7 @@ def probe(lock: Lock, env: Mapping[str, str]) -> ProbeFacts | Missing:
 def _run_probe(python: Path, request: Mapping[str, Any], env: Mapping[str, str]) -> tuple[dict[str, Any], float] | Missing:
     with tempfile.TemporaryDirectory(prefix="stackgate-probe-") as tmp:
         out = Path(tmp) / "facts.json"
-        done = runner.run([python, PROBE, out, json.dumps(request)], timeout_s=PROBE_TIMEOUT_S, env=env)
+        done = runner.run([python, PROBE, out, json.dumps(request)], timeout_s=settings.PROBE_TIMEOUT_S.value(), env=env)
         if not out.exists():
             return Missing(f"the probe failed in {python} ({done.ended}): {' / '.join(done.tail(3))}")
         return json.loads(out.read_text()), done.duration_s
@@ -96,19 +95,20 @@ def base_python(lock: Lock, environ: Mapping[str, str]) -> BasePython | Missing:
             continue
         real, version = found
         return BasePython(real, version, where)
-    places = f"searched $STACKGATE_PYTHON, python{want} on PATH, pyenv's versions/{want}.*, uv's cpython-{want}.*, /usr/local/bin, /usr/bin"
+    places = f"searched ${settings.BASE_PYTHON.env}, python{want} on PATH, pyenv's versions/{want}.*, uv's cpython-{want}.*, /usr/local/bin, /usr/bin"
     rejected = f"; rejected: {'; '.join(tried)}" if tried else ""
     return Missing(
         f"no Python {want} on this machine ({places}{rejected}). uv cannot download Python here: install "
         f"Python {want} (e.g. `pyenv install {want}` or `apt-get install python{want}-venv`) or set "
-        f"STACKGATE_PYTHON to its interpreter"
+        f"{settings.BASE_PYTHON.env} to its interpreter"
     )
 
 
 def _python_candidates(want: str, environ: Mapping[str, str]) -> list[tuple[Path, str]]:
-    """Where an interpreter of version ``want`` may be: $STACKGATE_PYTHON, PATH, pyenv, uv, /usr."""
-    if environ.get("STACKGATE_PYTHON"):
-        return [(Path(environ["STACKGATE_PYTHON"]), "$STACKGATE_PYTHON")]
+    """Where an interpreter of version ``want`` may be: $STACKGATE_BASE_PYTHON, PATH, pyenv, uv, /usr."""
+    named = settings.BASE_PYTHON.lookup(environ)
+    if named.value is not None:
+        return [(named.value, named.source)]
     found: list[tuple[Path, str]] = []
     for directory in environ.get("PATH", "").split(os.pathsep):
         if directory and (Path(directory) / f"python{want}").exists():
@@ -169,7 +169,7 @@ def imports(lock: Lock, env: Mapping[str, str], probed: ProbeFacts | Missing) ->
 
 
 def _import_one(python: Path, name: str, env: Mapping[str, str]) -> ImportOutcome:
-    done = runner.run([python, "-c", f"import {name}"], timeout_s=IMPORT_TIMEOUT_S, env=env)
+    done = runner.run([python, "-c", f"import {name}"], timeout_s=settings.IMPORT_TIMEOUT_S.value(), env=env)
     output = "" if done.ok else (done.stderr or done.stdout)
     return ImportOutcome(name, done.ok, done.duration_s, output, done.timed_out, demangle(output))
 

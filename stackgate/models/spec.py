@@ -23,6 +23,8 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from stackgate.models import settings
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
@@ -364,8 +366,7 @@ class Lock:
 
 def default_lock_path(environ: Mapping[str, str] | None = None) -> Path:
     """``$STACKGATE_LOCK``, then the default profile."""
-    environ = os.environ if environ is None else environ
-    return Path(environ["STACKGATE_LOCK"]) if environ.get("STACKGATE_LOCK") else DEFAULT_LOCK
+    return settings.LOCK.value(environ) or DEFAULT_LOCK
 
 
 def load(path: Path | str | None = None) -> Lock:

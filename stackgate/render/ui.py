@@ -24,11 +24,13 @@ from rich.theme import Theme
 
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.knowledge import Finding
+from stackgate.models.redact import redact_text
 from stackgate.models.result import Result, Status
+from stackgate.models.settings import Value
 from stackgate.models.verdict import Verdict
 from stackgate.render.report import counts_line
 
-__all__ = ["UI", "Activity", "render_findings", "render_plain", "render_rows", "render_table"]
+__all__ = ["UI", "Activity", "render_findings", "render_plain", "render_rows", "render_settings", "render_table"]
 
 THEME = Theme({"success": "green", "warning": "yellow", "error": "bold red", "skip": "dim", "muted": "dim", "heading": "bold", "info": "cyan"})
 STYLES = {Status.PASS: "success", Status.SKIP: "skip", Status.WARN: "warning", Status.FAIL: "error", Status.ERROR: "error"}
@@ -164,6 +166,11 @@ class UI:
         commands = {c for r in results if r.fix is not None and r.status >= Status.WARN for c in r.fix.commands}
         return {c for c in commands if f"$ {c}" not in lines}
 
+    def settings(self, values: Sequence[Value[Any]]) -> None:
+        """With -v, the settings not at their defaults and where each came from; with -vv, all (on stderr)."""
+        for text in render_settings(values, verbose=self.verbose):
+            self.info(text)
+
     def findings(self, title: str, findings: Sequence[Finding], verdict: str) -> None:
         """diagnose's report: each finding with its lines, cause and fix, most severe first."""
         for text, style in render_findings(title, findings, verdict, verbose=self.verbose):
@@ -233,6 +240,28 @@ def render_plain(title: str, results: Sequence[Result], verdict: Verdict, durati
             lines.extend(f"  {'':<5} {'':<{width}}  {line}" for line in _body(result, verbose))
     lines += ["", _summary(verdict, duration_s), ""]
     return "\n".join(lines)
+
+
+def render_settings(values: Sequence[Value[Any]], *, verbose: int) -> list[str]:
+    """The settings for -v (those not at their defaults) and -vv (all): variable, value, source.
+
+    >>> from stackgate.models import settings
+    >>> values = settings.report({"STACKGATE_DEEP_TIMEOUT_S": "600"})
+    >>> print("\\n".join(render_settings(values, verbose=1)))
+    settings: 1 of 17 not at its default (-vv lists all)
+      STACKGATE_DEEP_TIMEOUT_S  600  (environment $STACKGATE_DEEP_TIMEOUT_S)
+    """
+    if not verbose:
+        return []
+    shown = list(values) if verbose > 1 else [v for v in values if not v.is_default]
+    if verbose > 1:
+        head = f"settings ({len(values)}):"
+    elif shown:
+        head = f"settings: {len(shown)} of {len(values)} not at {'its' if len(shown) == 1 else 'their'} default (-vv lists all)"
+    else:
+        head = f"settings: all {len(values)} at their defaults (-vv lists them)"
+    width = max((len(v.setting.env) for v in shown), default=0)
+    return [head, *(f"  {v.setting.env:<{width}}  {redact_text(v.text)}  ({v.source})" for v in shown)]
 
 
 def render_rows(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None) -> str:

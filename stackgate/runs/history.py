@@ -1,6 +1,6 @@
 """The history of runs: every gate and smoke run's JSON document, kept in a runs directory.
 
-Where: ``$STACKGATE_RUNS_DIR`` when set; else ``<python.root>/runs`` when the lock has a root
+Where: ``$STACKGATE_HISTORY_DIR`` when set; else ``<python.root>/runs`` when the lock has a root
 that holds a stack (provision made its ``generations`` or ``current``, or runs are kept there
 already) and this user may write to; else the user's state directory
 (``$XDG_STATE_HOME/stackgate/runs``, by default ``~/.local/state/stackgate/runs``). A root that
@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from stackgate.edges.files import write_json
+from stackgate.models import settings
 from stackgate.models.spec import Lock
 from stackgate.models.verdict import SCHEMA as REPORT_SCHEMA
 
-__all__ = ["COMMANDS", "RUNS_ENV", "HistoryError", "Run", "find", "keep", "load", "new_id", "read", "runs_dir", "sparkline", "store"]
+__all__ = ["COMMANDS", "HistoryError", "Run", "find", "keep", "load", "new_id", "read", "runs_dir", "sparkline", "store"]
 
-RUNS_ENV = "STACKGATE_RUNS_DIR"
 #: The commands whose runs are kept, and read back.
 COMMANDS = ("gate", "smoke")
 BARS = "▁▂▃▄▅▆▇█"
@@ -44,8 +44,9 @@ def runs_dir(lock: Lock | None, environ: Mapping[str, str] | None = None, *, rea
     """Where runs of this lock are kept (see the module's docstring for the order). A reader
     takes ``<root>/runs`` whenever it exists, even where it may not write."""
     environ = os.environ if environ is None else environ
-    if environ.get(RUNS_ENV):
-        return Path(environ[RUNS_ENV])
+    named = settings.HISTORY_DIR.value(environ)
+    if named is not None:
+        return named
     root = lock.python.root if lock is not None else None
     if root is not None and reading and (root / "runs").is_dir():
         return root / "runs"

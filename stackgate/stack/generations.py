@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from stackgate.models import settings
+
 __all__ = [
-    "KEEP",
     "Busy",
     "Generation",
     "GenerationError",
@@ -48,8 +49,6 @@ MARKER = "stackgate-generation.json"
 SCHEMA = "stackgate.generation/1"
 LOCK_FILE = ".provision.lock"
 _REMOVING = ".removing"
-#: Generations kept after a switch: the current one and the ready ones before it.
-KEEP = int(os.environ.get("STACKGATE_KEEP_GENERATIONS", "3"))
 _ID = re.compile(r"^(\d{4,})-")
 
 
@@ -212,11 +211,13 @@ def discard_unfinished(state: RootState, *, on_renamed: Callable[[Path], None] |
     return removed
 
 
-def prune(state: RootState, keep: int = KEEP) -> list[Generation]:
+def prune(state: RootState, keep: int | None = None) -> list[Generation]:
     """Keep the current generation and the newest ones that were current before it, ``keep`` in
-    all; the rest go (generations rolled back from, and ready ones never switched to)."""
+    all (default: $STACKGATE_KEEP_GENERATIONS); the rest go (generations rolled back from, and
+    ready ones never switched to)."""
     if state.current is None:
         return []
+    keep = settings.KEEP_GENERATIONS.value() if keep is None else keep
     kept = {state.current.path, *(g.path for g in _earlier(state)[-(keep - 1) :] if keep > 1)}
     removed = [g for g in state.generations if g.path not in kept]
     for generation in removed:

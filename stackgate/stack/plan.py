@@ -17,6 +17,7 @@ from typing import Any, Sequence
 from stackgate.facts import BasePython, Facts, Missing, ProbeFacts
 from stackgate.facts.compare import conflicts, pin_problem
 from stackgate.facts.patches import patch_state
+from stackgate.models import settings
 from stackgate.models.finding import Fix
 from stackgate.models.spec import Lock, Patch, patch_location_problem
 from stackgate.stack import generations, guard, pyenv
@@ -234,7 +235,7 @@ def _build(lock: Lock, facts: Facts, state: generations.RootState, reasons: Sequ
         steps.append(Step("patches", "patches.apply", f"apply {patch.file.name} to {patch.package} {patch.version}", patch.reason, subject=patch))
     steps.append(Step("python", "python.envfile", f"write {home.name}/stackgate.env, activate and pip.conf", "stackgate.env exports CUDA_HOME, PATH, TRITON_PTXAS_PATH, PIP_CONSTRAINT, UV_CONSTRAINT, VIRTUAL_ENV and the lock's [env]; pip.conf holds its pip to the guard, activated or not"))
     steps.append(Step("python", "python.check", f"check generation {home.name}: pins, guard, consistency, torch build" + (", patches" if lock.patches else ""), "a generation that fails its checks is never switched to"))
-    steps.append(Step("python", "python.switch", f"switch {state.root / 'current'} to {home.name}; keep {generations.KEEP} generations", "atomically (a new symlink renamed over the old one), only now that the generation passed"))
+    steps.append(Step("python", "python.switch", f"switch {state.root / 'current'} to {home.name}; keep {settings.KEEP_GENERATIONS.value()} generations", "atomically (a new symlink renamed over the old one), only now that the generation passed"))
 
 
 def _resume(state: generations.RootState, generation: generations.Generation, reasons: Sequence[str], draft: _Draft) -> None:
@@ -246,7 +247,7 @@ def _resume(state: generations.RootState, generation: generations.Generation, re
     why = f"{reasons[0]}; generation {generation.id} was built and checked from this lock by a run that stopped before switching"
     steps.append(Step("python", "python.envfile", f"write {generation.id}/stackgate.env, activate and pip.conf", why))
     steps.append(Step("python", "python.check", f"check generation {generation.id} again: pins, guard, consistency, torch build", "a generation that fails its checks is never switched to"))
-    steps.append(Step("python", "python.switch", f"switch {state.root / 'current'} to {generation.id}; keep {generations.KEEP} generations", "atomically (a new symlink renamed over the old one), only now that the generation passed"))
+    steps.append(Step("python", "python.switch", f"switch {state.root / 'current'} to {generation.id}; keep {settings.KEEP_GENERATIONS.value()} generations", "atomically (a new symlink renamed over the old one), only now that the generation passed"))
 
 
 def _can_build(lock: Lock, facts: Facts, uv: str | None, draft: _Draft) -> bool:

@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from stackgate.edges import fetch, runner
-from stackgate.models import envfile
+from stackgate.models import envfile, settings
 from stackgate.models.spec import Lock, Override, Package, Python
 from stackgate.stack import guard
 
@@ -62,8 +62,6 @@ __all__ = [
 REQUIREMENTS = "requirements.txt"
 ENV_FILE = "stackgate.env"
 ACTIVATE = "activate"
-INSTALL_TIMEOUT_S = float(os.environ.get("STACKGATE_INSTALL_TIMEOUT_S", "3600"))
-DOWNLOAD_TIMEOUT_S = float(os.environ.get("STACKGATE_DOWNLOAD_TIMEOUT_S", "60"))
 #: pip/uv settings that do not change WHAT gets installed, so a user's values are kept.
 _KEPT_SETTINGS = frozenset(
     {
@@ -227,14 +225,15 @@ def run(command: Command, *, log: Path, environ: Mapping[str, str], lock: Lock |
     """Run one step's command; a failure names its log, and a resolution the guard blocked names
     the package that asked for another version of a frozen one."""
     env = {**installer_environ(environ), **command.env}
-    done = runner.stream(command.argv, log=log, timeout_s=INSTALL_TIMEOUT_S, env=env, on_line=on_line)
+    limit_s = settings.PYTHON_INSTALL_TIMEOUT_S.value(environ)
+    done = runner.stream(command.argv, log=log, timeout_s=limit_s, env=env, on_line=on_line)
     if done.ok:
         return done
     tail = tuple(done.tail(15))
     culprits = guard.blocked(done.stdout, lock) if lock is not None else []
     if culprits:
         raise guard.GuardError(_blocked_message(culprits), log, tail)
-    ended = f"timed out after {INSTALL_TIMEOUT_S:g} s" if done.timed_out else f"exit {done.returncode}"
+    ended = f"timed out after {limit_s:g} s" if done.timed_out else f"exit {done.returncode}"
     silent = {url: why for url in _indexes(command) if (why := fetch.unreachable(url)) is not None}
     said = "".join(f"; {url} does not answer ({why})" for url, why in silent.items())
     raise PyenvError(f"`{Path(command.argv[0]).name} {' '.join(command.argv[1:3])}` failed ({ended}){said}", log, tail, tuple(silent))
@@ -289,7 +288,7 @@ def fetch_wheel(
     target = wheel_path(package, cache)
     try:
         downloaded = fetch.fetch_checked(
-            str(package.url), target, str(package.sha256), timeout_s=DOWNLOAD_TIMEOUT_S, on_progress=on_progress, on_retry=on_retry, retry=retry
+            str(package.url), target, str(package.sha256), timeout_s=settings.DOWNLOAD_TIMEOUT_S.value(), on_progress=on_progress, on_retry=on_retry, retry=retry
         )
     except fetch.HashMismatch as exc:
         raise PyenvError(f"{package.name}: {exc}; refusing to install it (a changed or tampered file, or a wrong sha256 in the lock)") from exc

@@ -41,7 +41,6 @@ import os
 import platform
 import re
 import shutil
-import signal
 import stat
 import sys
 import urllib.parse
@@ -53,6 +52,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 from stackgate.edges import fetch, runner
 from stackgate.facts import ToolkitFacts, ToolVersion, tool_version
 from stackgate.facts.compare import toolkit_problem
+from stackgate.models import faults, settings
 from stackgate.models.spec import PYPI_CUDA12_REASON, Toolkit
 
 __all__ = [
@@ -80,10 +80,6 @@ CUDA_LINK = Path("/usr/local/cuda")
 DEFAULT_COMPONENTS = ("nvcc", "crt", "nvvm", "cudart", "cccl")
 #: What stackgate writes into a toolkit it installed: provenance, and the licence to replace it.
 RECORD = "stackgate-toolkit.json"
-INDEX_URL = os.environ.get("STACKGATE_TOOLKIT_INDEX_URL", "https://pypi.org/simple")
-INSTALL_TIMEOUT_S = float(os.environ.get("STACKGATE_TOOLKIT_TIMEOUT_S", "3600"))
-#: Where downloaded runfiles are kept when the caller names no cache.
-RUNFILE_CACHE = Path(os.environ.get("STACKGATE_RUNFILE_CACHE", Path.home() / ".cache" / "stackgate" / "runfiles"))
 # The runfile's documented silent, toolkit-only options: no driver, no man pages under
 # /usr/share/man, and no refusal because another toolkit (the kept 12.8) is detected.
 RUNFILE_FLAGS = ("--silent", "--toolkit", "--no-man-page", "--override")
@@ -241,7 +237,7 @@ def _requirement(toolkit: Toolkit) -> str:
 
 def _pypi_command(toolkit: Toolkit, site: Path, cache: Path | None) -> list[str]:
     uv = _uv()
-    common = ["--target", str(site), "--index-url", INDEX_URL, "--only-binary", ":all:"]
+    common = ["--target", str(site), "--index-url", settings.TOOLKIT_INDEX_URL.value(), "--only-binary", ":all:"]
     if uv is not None:
         # Copies, not hard links into the cache: the toolkit must outlive a cache clean-up.
         cached = ["--cache-dir", str(cache)] if cache else []
@@ -252,7 +248,7 @@ def _pypi_command(toolkit: Toolkit, site: Path, cache: Path | None) -> list[str]
 
 def _uv() -> str | None:
     """uv from this interpreter's environment (the test extra installs it), else from PATH."""
-    if os.environ.get("STACKGATE_TOOLKIT_INSTALLER") == "pip":
+    if settings.TOOLKIT_INSTALLER.value() == "pip":
         return None
     with contextlib.suppress(ImportError, FileNotFoundError):
         import uv  # type: ignore[import-not-found]
@@ -272,12 +268,12 @@ def _install_pypi(toolkit: Toolkit, staging: Path, log: Path, cache: Path | None
     site, tree = staging / "site", staging / "tree"
     progress(f"downloading and unpacking {_requirement(toolkit)}")
     _run(_pypi_command(toolkit, site, cache), log, f"installing {_requirement(toolkit)}")
-    _fault("toolkit:installed")
+    faults.trip("toolkit:installed")
     _check_extras(site, toolkit)
     progress(f"laying out the toolkit tree for {toolkit.prefix}")
     lay_out_wheels(site, tree, version=str(toolkit.version))
     _write_record(tree, {"source": "pypi", "requirement": _requirement(toolkit), "components": sorted(_components(toolkit))}, toolkit)
-    _fault("toolkit:laid-out")
+    faults.trip("toolkit:laid-out")
     _commit(toolkit, tree, log, progress)
 
 
@@ -398,7 +394,7 @@ def _install_runfile(toolkit: Toolkit, runfile: Path, staging: Path, log: Path, 
     _run(_runfile_command(runfile, staging), log, f"installing CUDA {toolkit.version} from {runfile.name}", hint="the runfile's own log: /var/log/cuda-installer.log")
     shutil.rmtree(staging / "tmp", ignore_errors=True)
     _write_record(staging / "tree", {"source": "runfile", "url": toolkit.url, "sha256": toolkit.sha256}, toolkit)
-    _fault("toolkit:laid-out")
+    faults.trip("toolkit:laid-out")
     _commit(toolkit, staging / "tree", log, progress)
 
 
@@ -433,7 +429,12 @@ def _local_path(url: str) -> Path | None:
 
 def _runfile_cache_path(toolkit: Toolkit, cache: Path | None) -> Path:
     name = Path(urllib.parse.urlparse(toolkit.url or "").path).name or "cuda.run"
-    return (cache or RUNFILE_CACHE) / f"{(toolkit.sha256 or 'unknown')[:16]}-{name}"
+    return (cache or _runfile_cache()) / f"{(toolkit.sha256 or 'unknown')[:16]}-{name}"
+
+
+def _runfile_cache() -> Path:
+    """Where downloaded runfiles are kept when the caller names no cache."""
+    return settings.RUNFILE_CACHE.value() or Path.home() / ".cache" / "stackgate" / "runfiles"
 
 
 def _refuse_unless(step: Callable[[], object]) -> None:
@@ -457,7 +458,7 @@ class Apt:
 
     def install(self, argv: Sequence[str], log: Path) -> runner.Completed:
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        return runner.run_logged(argv, log, timeout_s=INSTALL_TIMEOUT_S, env=env)
+        return runner.run_logged(argv, log, timeout_s=settings.TOOLKIT_INSTALL_TIMEOUT_S.value(), env=env)
 
 
 class AptCommands(Protocol):
@@ -615,7 +616,7 @@ def _remove_tree(path: Path) -> None:
 
 
 def _run(argv: Sequence[str], log: Path, what: str, hint: str = "") -> None:
-    done = runner.run_logged(argv, log, timeout_s=INSTALL_TIMEOUT_S, env=_installer_env())
+    done = runner.run_logged(argv, log, timeout_s=settings.TOOLKIT_INSTALL_TIMEOUT_S.value(), env=_installer_env())
     if not done.ok:
         extra = f"; {hint}" if hint else ""
         raise ToolkitError(f"{what} failed ({done.ended}){extra}", log, done.tail())
@@ -631,12 +632,6 @@ def _log_tail(log: Path, lines: int = 12) -> list[str]:
         return log.read_text(errors="replace").strip().splitlines()[-lines:]
     except OSError:
         return []
-
-
-def _fault(point: str) -> None:
-    """Test-only: die by SIGKILL at a named point when $STACKGATE_TEST_FAULT names it."""
-    if point in os.environ.get("STACKGATE_TEST_FAULT", "").split(","):
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 # --- the /usr/local/cuda link -------------------------------------------------------------------
