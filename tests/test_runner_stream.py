@@ -34,7 +34,7 @@ def test_a_program_that_cannot_start_reports_127(tmp_path: Path) -> None:
 _PARENT = """
 import os, signal, sys
 from pathlib import Path
-from stackgate import runner
+from stackgate.edges import runner
 child = [sys.executable, "-c", "import sys, time; print('started', flush=True); time.sleep(60)", sys.argv[1]]
 runner.stream(child, log=Path(sys.argv[2]), timeout_s=120, on_line=lambda line: os.kill(os.getpid(), signal.SIGKILL))
 """
