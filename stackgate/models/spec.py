@@ -57,8 +57,11 @@ __all__ = [
     "url_problem",
 ]
 
+#: The installed package: the lockfiles and the patches they name ship inside it (package data), so
+#: the default profile is found without a checkout (the checkout's lockfiles/ and patches/ link here).
+_PACKAGE = Path(__file__).resolve().parents[1]
 #: The profile used when neither --lock nor $STACKGATE_LOCK names one.
-DEFAULT_LOCK = Path(__file__).resolve().parents[2] / "lockfiles" / "blackwell-sm120-cu130.toml"
+DEFAULT_LOCK = _PACKAGE / "lockfiles" / "blackwell-sm120-cu130.toml"
 #: Where packages not mapped to a [[python.index]] come from, unless python.default_index says.
 DEFAULT_INDEX = "https://pypi.org/simple"
 
@@ -94,8 +97,8 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 #: Free text that may hold a tab (and the benchmark prompt, sent as JSON, may hold newlines).
 #: Nothing else may: every other string can reach a shell file, a command line or a log line.
 _FREE_TEXT = {"stack.description": "\t", "python.override[].reason": "\t", "patch[].reason": "\t", "benchmark.prompt": "\t\n"}
-#: The shipped patches (patches/ beside lockfiles/): any lockfile may name one of them.
-SHIPPED_PATCHES = DEFAULT_LOCK.parents[1] / "patches"
+#: The shipped patches (patches/ beside lockfiles/ in the package): any lockfile may name one of them.
+SHIPPED_PATCHES = _PACKAGE / "patches"
 #: Why source = "pypi" is refused for CUDA 12.x (stack/toolkit.py gives the same reason).
 PYPI_CUDA12_REASON = (
     "PyPI's CUDA 12 nvcc wheels carry ptxas, headers and nvvm but not the nvcc driver; "
