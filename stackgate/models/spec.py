@@ -23,6 +23,8 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from stackgate.models.exitcodes import UsageError
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
@@ -106,7 +108,7 @@ PYPI_CUDA12_REASON = (
 )
 
 
-class LockError(Exception):
+class LockError(UsageError):
     """A lockfile that cannot be used, with every problem found and its key path."""
 
     def __init__(self, path: Path | str, problems: list[str]) -> None:
