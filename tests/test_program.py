@@ -65,6 +65,11 @@ def test_no_flag_of_any_task_takes_h_and_a_long_flag_has_one_short_flag_everywhe
     assert len(set(cli.SHORT_FLAGS.values())) == len(cli.SHORT_FLAGS)  # a letter means one flag
 
 
+def test_h_after_a_command_is_its_help():
+    done = in_checkout("diagnose", "-h")
+    assert done.returncode == 0 and "Usage: stackgate [--core-opts] diagnose" in done.stdout and "-p, --path" in done.stdout, done.stderr
+
+
 def test_a_new_task_gets_short_flags_from_the_table_only():
     # invoke would give --hosts the free letter h (then --help has none after the task), and
     # --strict the letter its position in the signature leaves free.
