@@ -1,36 +1,90 @@
-"""Turn stackgate's domain errors into invoke exits with the documented codes, and keep a reader
-that stops reading (``invoke provision | head -1``) from turning into a traceback."""
+"""The command line's rules, shared by every task: one short flag per long flag, the same in every
+task (``SHORT_FLAGS``, through :func:`task`); domain errors into invoke exits with the documented
+codes (:func:`run_command`); and a reader that stops reading (``stackgate provision | head -1``)
+is not turned into a traceback."""
 
 from __future__ import annotations
 
 import os
 import signal
 import sys
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Mapping, TextIO
 
+import invoke
 from invoke.exceptions import Exit
 
-from stackgate.checks.core import CheckError
 from stackgate.edges import runner
 from stackgate.models import settings
-from stackgate.models.exitcodes import ExitCode
+from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.redact import redact_text
-from stackgate.models.spec import LockError
 
-__all__ = ["USAGE_ERRORS", "quiet_closed_output", "run_command"]
+__all__ = ["SHORT_FLAGS", "Task", "quiet_closed_output", "run_command", "task"]
 
-#: Errors that mean "bad usage or bad lockfile: nothing was changed".
-USAGE_ERRORS: tuple[type[Exception], ...] = (LockError, CheckError, settings.SettingError)
+#: Every short flag of every task, by long flag: a letter means the same in every task that has
+#: it, and a flag not named here has none (invoke would otherwise take a flag's first free letter,
+#: in order of the signature: --strict got -s in one task and nothing in another, and a --hosts
+#: flag would take -h, which must stay --help's). -v counts (-vv) wherever --verbose is.
+SHORT_FLAGS: Mapping[str, str] = {
+    "lock": "l",
+    "model": "m",
+    "json": "j",
+    "verbose": "v",
+    "strict": "s",
+    "check": "c",
+    "deep": "d",
+    "dry_run": "n",
+    "yes": "y",
+    "only": "o",
+    "wait": "w",
+    "force": "f",
+    "benchmark": "b",
+    "tp": "t",
+    "run": "r",
+    "path": "p",
+}
 
 
-def run_command(command: Callable[[], ExitCode], usage_errors: tuple[type[Exception], ...] = ()) -> None:
+class Task(invoke.Task):
+    """An invoke task whose short flags come from :data:`SHORT_FLAGS`, never from a guess.
+
+    ``rest`` names the argument that gathers a task's bare words (``stackgate diagnose a.log
+    b.log``): invoke gives a positional argument one word, so the program (stackgate.main) turns
+    each bare word after such a task into that flag.
+    """
+
+    def __init__(self, *args: Any, rest: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **{**kwargs, "auto_shortflags": False})
+        self.rest = rest
+
+    def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[invoke.parser.Argument]:
+        # invoke pops each flag's help text off self.help as it builds the arguments: a second
+        # parse of the same task (the program reads its flags before parsing) would lose them all.
+        kept = dict(self.help)
+        try:
+            return super().get_arguments(ignore_unknown_help)
+        finally:
+            self.help = kept
+
+    def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict[str, Any]:
+        opts = super().arg_opts(name, default, taken_names)
+        if name in SHORT_FLAGS:
+            opts["names"] = [*opts["names"], SHORT_FLAGS[name]]
+        return opts
+
+
+def task(*args: Any, **kwargs: Any) -> Any:
+    """``invoke.task`` making a :class:`Task`: ``@task(help={...})``, ``@task(rest="path")``."""
+    return invoke.task(*args, klass=Task, **kwargs)
+
+
+def run_command(command: Callable[[], ExitCode]) -> None:
     """Run a command; exit with its code, 2 for a usage error, 130 when interrupted."""
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM tears down like Ctrl-C
     try:
         settings.report()  # every STACKGATE_* variable parses, or exit 2 before anything is touched
         code = command()
-    except USAGE_ERRORS + usage_errors as exc:
+    except UsageError as exc:  # every command's bad usage, bad lockfile or unreadable input
         raise Exit(f"stackgate: {redact_text(str(exc))}", code=ExitCode.USAGE) from None
     except KeyboardInterrupt:
         runner.terminate_all()
@@ -48,12 +102,13 @@ def _interrupt(signum: int, frame: object) -> None:
 def quiet_closed_output() -> None:
     """From now on, output whose reader has gone is dropped, not an error.
 
-    Called once where the program starts (tasks.py, before invoke prints anything, --help
-    included). Python ignores SIGPIPE, so a write to a closed pipe raises BrokenPipeError, at
-    whatever print the command was at, or at exit while flushing ("Exception ignored ...", exit
-    120). Restoring SIGPIPE's default would instead kill the process for a write to any closed
-    pipe or socket (a server that went away), so the two standard streams are wrapped: the first
-    EPIPE points the stream's descriptor at /dev/null and the command goes on to its own exit code.
+    Called once where a program starts, before it prints anything (--help included): in
+    stackgate.main.run for `stackgate`, in the checkout's tasks.py for `invoke`. Python ignores
+    SIGPIPE, so a write to a closed pipe raises BrokenPipeError, at whatever print the command was
+    at, or at exit while flushing ("Exception ignored ...", exit 120). Restoring SIGPIPE's default
+    would instead kill the process for a write to any closed pipe or socket (a server that went
+    away), so the two standard streams are wrapped: the first EPIPE points the stream's
+    descriptor at /dev/null and the command goes on to its own exit code.
     """
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)

@@ -48,7 +48,7 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 
 
 def test_an_error_finding_fails_and_is_listed_first_with_its_lines(tmp_path: Path) -> None:
-    code, out = run(DiagnoseRequest((write(tmp_path, "server.log", FAILED_START),)))
+    code, out = run(DiagnoseRequest(paths=(write(tmp_path, "server.log", FAILED_START),)))
     assert code == ExitCode.FAILED
     order = [line.split()[1].rstrip(":") for line in out.splitlines() if line[:7] in ("ERROR  ", "WARNING", "INFO   ")]
     assert order == ["sglang-symm-mem-keyerror", "sglang-scheduler-exception", "sglang-child-failed", "sglang-attention-backend-default"]
@@ -60,22 +60,22 @@ def test_an_error_finding_fails_and_is_listed_first_with_its_lines(tmp_path: Pat
 
 
 def test_warnings_alone_pass_and_a_healthy_log_passes(tmp_path: Path) -> None:
-    code, out = run(DiagnoseRequest((write(tmp_path, "a.log", "Attention backend not specified. Use triton backend by default.\n"),)))
+    code, out = run(DiagnoseRequest(paths=(write(tmp_path, "a.log", "Attention backend not specified. Use triton backend by default.\n"),)))
     assert code == ExitCode.PASSED and "passed (no error-level finding)" in out
-    code, out = run(DiagnoseRequest((HEALTHY,)))
+    code, out = run(DiagnoseRequest(paths=(HEALTHY,)))
     assert code == ExitCode.PASSED
     assert "INFO     sglang-custom-allreduce-pcie" in out and "ERROR" not in out and "WARNING" not in out
 
 
 def test_nothing_known_passes(tmp_path: Path) -> None:
-    code, out = run(DiagnoseRequest((write(tmp_path, "a.log", "all good\n"),)))
+    code, out = run(DiagnoseRequest(paths=(write(tmp_path, "a.log", "all good\n"),)))
     assert code == ExitCode.PASSED
     assert out.splitlines()[-1].startswith("no known failure found in ") and out.rstrip().endswith(": passed")
 
 
 def test_several_inputs_and_standard_input_are_read(tmp_path: Path) -> None:
     first = write(tmp_path, "install.log", "  Attempting uninstall: torch\n      Successfully uninstalled torch-2.9.1+cu130\n")
-    code, out = run(DiagnoseRequest((first, HEALTHY), stdin=True), stdin=b"ImportError: libcudart.so.12: cannot open shared object file: No such file or directory\n")
+    code, out = run(DiagnoseRequest(paths=(first, HEALTHY), stdin=True), stdin=b"ImportError: libcudart.so.12: cannot open shared object file: No such file or directory\n")
     assert code == ExitCode.FAILED
     assert "stackgate diagnose: 3 inputs, " in out
     assert "  at <stdin>:1  [cuda toolkit]" in out
@@ -86,7 +86,7 @@ def test_a_compressed_log_is_read(tmp_path: Path) -> None:
     path = tmp_path / "server.log.gz"
     with gzip.open(path, "wt") as out:
         out.write(HEALTHY.read_text() + FAILED_START)
-    code, text = run(DiagnoseRequest((path,)))
+    code, text = run(DiagnoseRequest(paths=(path,)))
     assert code == ExitCode.FAILED and "KeyError: 12" in text
 
 
@@ -101,7 +101,7 @@ def test_a_compressed_log_is_read(tmp_path: Path) -> None:
 )
 def test_an_unreadable_input_is_a_usage_error(tmp_path: Path, make, message: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(DiagnoseError, match=message):
-        run(DiagnoseRequest((HEALTHY, make(tmp_path))))
+        run(DiagnoseRequest(paths=(HEALTHY, make(tmp_path))))
 
 
 def test_no_input_is_a_usage_error() -> None:
@@ -111,7 +111,7 @@ def test_no_input_is_a_usage_error() -> None:
 
 def test_the_lock_is_quoted(tmp_path: Path) -> None:
     log = write(tmp_path, "s.log", "ImportError: libnvrtc.so.12: cannot open shared object file: No such file or directory\n[x TP0] Attention backend not specified. Use triton backend by default.\n")
-    _, out = run(DiagnoseRequest((log,), lock_path=LOCK))
+    _, out = run(DiagnoseRequest(paths=(log,), lock_path=LOCK))
     assert "libnvrtc.so.12 is missing: a build for CUDA 12, not for the stack's CUDA (13.0)" in out
     assert "the stack runs flashinfer." in out
     assert f"  $ invoke provision --only python --lock {LOCK}" in out
@@ -120,21 +120,21 @@ def test_the_lock_is_quoted(tmp_path: Path) -> None:
 def test_without_a_lock_the_report_reads_as_english(tmp_path: Path) -> None:
     """The wording the issue found broken: holes where a lock value would go, "1 lines"."""
     log = write(tmp_path, "s.log", "ImportError: libnvrtc.so.12: cannot open shared object file: No such file or directory")
-    _, out = run(DiagnoseRequest((log,)))
+    _, out = run(DiagnoseRequest(paths=(log,)))
     assert "stackgate diagnose: 1 input, 1 line, " in out
     assert "libnvrtc.so.12 is missing: a build for CUDA 12, not for the stack's CUDA (13.0 in the default profile)" in out
     assert "  $ invoke provision --only python\n" in out
     for broken in ("a CUDA the", "packages ()", " 1 lines", "{"):
         assert broken not in out
     resolver = write(tmp_path, "pip.log", next(s for s in signatures.load() if s.id == "pip-resolution-impossible").examples[0])
-    _, out = run(DiagnoseRequest((resolver,)))
+    _, out = run(DiagnoseRequest(paths=(resolver,)))
     assert "Never let a resolution move the frozen packages (torch, torchaudio, triton and nvidia-nccl-cu13 in the default profile)." in out
 
 
 def test_the_json_report_carries_every_finding(tmp_path: Path) -> None:
     log = write(tmp_path, "server.log", FAILED_START)
     report = tmp_path / "out" / "diagnose.json"
-    code, _ = run(DiagnoseRequest((log,), json_path=report, lock_path=LOCK))
+    code, _ = run(DiagnoseRequest(paths=(log,), json_path=report, lock_path=LOCK))
     doc = json.loads(report.read_text())
     assert doc["schema"] == "stackgate.diagnose/1" and doc["exit_code"] == int(code) == 1 and doc["verdict"] == "failed"
     assert doc["lock"]["name"] == "blackwell-sm120-cu130"

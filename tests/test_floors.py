@@ -25,4 +25,4 @@ def test_invoke_gives_tasks_the_text_after_a_double_dash():
     from invoke import Context
 
     assert Context(remainder="-2 -1").remainder == "-2 -1"
-    assert re.search(r"c\.remainder\b", (ROOT / "tasks.py").read_text())
+    assert re.search(r"c\.remainder\b", (ROOT / "stackgate" / "tasks.py").read_text())

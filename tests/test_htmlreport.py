@@ -40,7 +40,7 @@ def write_page(tmp_path: Path, *runs: str) -> Path:
     folder = tmp_path / "runs"
     history_of(folder)
     page = tmp_path / "report.html"
-    code = reporting.run(reporting.ReportRequest(runs, html_path=page, runs_dir=folder), UI(stream=io.StringIO(), force_plain=True))
+    code = reporting.run(reporting.ReportRequest(runs=runs, html_path=page, runs_dir=folder), UI(stream=io.StringIO(), force_plain=True))
     assert code == 0
     return page
 

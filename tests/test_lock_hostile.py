@@ -28,7 +28,7 @@ else:  # pragma: no cover
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "lockfiles" / "blackwell-sm120-cu130.toml"
-SHIPPED_PATCH = ROOT / "patches" / "sglang-0.5.9-sm120-torch-symm-mem.patch"
+SHIPPED_PATCH = (ROOT / "patches" / "sglang-0.5.9-sm120-torch-symm-mem.patch").resolve()  # patches/ links to the package's
 #: What the loader must refuse outside free text: C0 and C1 controls, DEL, U+2028 and U+2029.
 CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 

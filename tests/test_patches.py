@@ -27,7 +27,7 @@ from stackgate.stack import patches
 from stackgate.stack.patches import PatchError
 
 ROOT = Path(__file__).resolve().parents[1]
-SM120_PATCH = ROOT / "patches" / "sglang-0.5.9-sm120-torch-symm-mem.patch"
+SM120_PATCH = (ROOT / "patches" / "sglang-0.5.9-sm120-torch-symm-mem.patch").resolve()  # patches/ links to the package's
 COMM = "sglang/srt/distributed/device_communicators"
 SIZES_FILE = f"{COMM}/all_reduce_utils.py"
 SYMM_FILE = f"{COMM}/torch_symm_mem.py"

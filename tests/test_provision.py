@@ -34,7 +34,7 @@ def _provision(lock: Path, environ: dict[str, str], capsys: pytest.CaptureFixtur
     """Provision in this process (what the task calls), capturing what it prints."""
     out = io.StringIO()
     capsys.readouterr()
-    request = provision.ProvisionRequest(lock, yes=True, environ=environ, **kwargs)  # type: ignore[arg-type]
+    request = provision.ProvisionRequest(lock_path=lock, yes=True, environ=environ, **kwargs)  # type: ignore[arg-type]
     code = provision.run(request, UI(stream=out, force_plain=True))
     return code, out.getvalue(), capsys.readouterr().err
 
@@ -65,7 +65,7 @@ def built(tmp_path_factory: pytest.TempPathFactory, stack_index: IndexServer, in
     """A root provisioned once with uv, shared read-only; tests that change it take a copy."""
     base = tmp_path_factory.mktemp("built")
     lock = write_stack_lock(base / "lock.toml", stack_index, base / "root")
-    request = provision.ProvisionRequest(lock, yes=True, environ=install_environ)
+    request = provision.ProvisionRequest(lock_path=lock, yes=True, environ=install_environ)
     assert provision.run(request, UI(stream=io.StringIO(), force_plain=True)) == ExitCode.PASSED
     yield base / "root"
 
@@ -373,7 +373,7 @@ def test_a_moved_torch_is_put_back_by_a_new_generation_and_rollback_refuses_the_
     assert _version(root, "torch", install_environ) == "2.9.1+cu130"
     rebuilt = _current(root)
     out = io.StringIO()
-    code = provision.rollback(provision.RollbackRequest(lock, environ=install_environ), UI(stream=out, force_plain=True))
+    code = provision.rollback(provision.RollbackRequest(lock_path=lock, environ=install_environ), UI(stream=out, force_plain=True))
     err = capsys.readouterr().err
     assert code == ExitCode.FAILED and _current(root) == rebuilt
     assert f"not switching to generation {Path(drifted).name}: it no longer holds what it was built from: torch is 2.10.0, locked ==2.9.1+cu130" in err
@@ -393,7 +393,7 @@ def test_rollback_while_a_provision_runs_says_what_rollback_can_do(
     holder = subprocess.Popen([sys.executable, "-c", hold, str(root)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        code = provision.rollback(provision.RollbackRequest(lock, environ=install_environ), UI(stream=io.StringIO(), force_plain=True))
+        code = provision.rollback(provision.RollbackRequest(lock_path=lock, environ=install_environ), UI(stream=io.StringIO(), force_plain=True))
         err = capsys.readouterr().err
     finally:
         holder.kill()
@@ -406,7 +406,7 @@ def test_rollback_while_a_provision_runs_says_what_rollback_can_do(
 
 def test_rollback_of_a_root_that_does_not_exist_says_so_and_creates_nothing(tmp_path: Path, stack_index: IndexServer, capsys: pytest.CaptureFixture[str]) -> None:
     lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root")
-    code = provision.rollback(provision.RollbackRequest(lock), UI(stream=io.StringIO(), force_plain=True))
+    code = provision.rollback(provision.RollbackRequest(lock_path=lock), UI(stream=io.StringIO(), force_plain=True))
     assert code == ExitCode.FAILED
     assert f"stackgate rollback: nothing to roll back: {tmp_path / 'root'} does not exist" in capsys.readouterr().err
     assert not (tmp_path / "root").exists()

@@ -25,7 +25,7 @@ DAYS = [f"2025-01-0{day}T10:00:00+00:00" for day in range(1, 10)]
 def report(*runs: str, **request: Path | None) -> list[str]:
     """``invoke report RUNS...``'s plain output, as lines."""
     out = io.StringIO()
-    assert reporting.run(reporting.ReportRequest(runs, **request), UI(stream=out, force_plain=True)) == 0
+    assert reporting.run(reporting.ReportRequest(runs=runs, **request), UI(stream=out, force_plain=True)) == 0
     return out.getvalue().splitlines()
 
 
@@ -157,7 +157,7 @@ def test_many_status_changes_are_cut_at_thirty(tmp_path):
 )
 def test_usage_errors_name_the_problem(runs, tmp_path, runs_named, html, message):
     folder, _ = runs
-    request = reporting.ReportRequest(runs_named, html_path=tmp_path / "page.html" if html else None, runs_dir=folder)
+    request = reporting.ReportRequest(runs=runs_named, html_path=tmp_path / "page.html" if html else None, runs_dir=folder)
     with pytest.raises(reporting.ReportUsage) as caught:
         reporting.run(request, UI(stream=io.StringIO(), force_plain=True))
     assert str(caught.value).startswith(message)

@@ -17,6 +17,7 @@ import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
+from stackgate.models.exitcodes import UsageError
 from stackgate.models.result import Result, error
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["REGISTRY", "Check", "CheckError", "check", "run_checks", "select"]
 
 
-class CheckError(Exception):
+class CheckError(UsageError):
     """A selection of checks that names nothing, or a registry misuse."""
 
 

@@ -25,7 +25,7 @@ from stackgate import __version__
 from stackgate.edges.files import write_json
 from stackgate.models import knowledge, settings
 from stackgate.models import spec as lockmodel
-from stackgate.models.exitcodes import ExitCode
+from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.knowledge import Finding
 
 __all__ = ["SCHEMA", "DiagnoseError", "DiagnoseRequest", "Diagnosis", "Input", "diagnose", "document", "inputs_summary", "run", "verdict_line"]
@@ -34,11 +34,11 @@ SCHEMA = "stackgate.diagnose/1"
 STDIN = "<stdin>"
 
 
-class DiagnoseError(Exception):
+class DiagnoseError(UsageError):
     """Bad usage or an input that cannot be read: nothing was diagnosed."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DiagnoseRequest:
     paths: tuple[Path, ...] = ()
     stdin: bool = False

@@ -44,7 +44,7 @@ from stackgate.edges.files import write_json, write_text
 from stackgate.facts import Facts, Missing, gather
 from stackgate.models import settings
 from stackgate.models import spec as lockmodel
-from stackgate.models.exitcodes import ExitCode
+from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.finding import Fix
 from stackgate.models.redact import redact
 from stackgate.models.result import Result, Status, failed, passed, skipped
@@ -64,7 +64,7 @@ SCHEMA = "stackgate.gate/1"
 PASSED, FAILED, NOT_RUN, INTERRUPTED = "passed", "failed", "not run", "interrupted"
 
 
-class GateUsageError(Exception):
+class GateUsageError(UsageError):
     """Options the gate cannot take (an output that cannot be written): nothing was run."""
 
 
@@ -76,7 +76,7 @@ class StageInterrupted(KeyboardInterrupt):
         self.results = list(results)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GateRequest:
     lock_path: Path | None = None
     json_path: Path | None = None

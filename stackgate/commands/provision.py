@@ -26,7 +26,7 @@ from stackgate.edges import fetch
 from stackgate.facts import Missing, gather
 from stackgate.models import faults
 from stackgate.models import spec as lockmodel
-from stackgate.models.exitcodes import ExitCode
+from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.result import Result, Status
 from stackgate.render.ui import UI, Activity
 from stackgate.stack import generations, guard, patches, pyenv, toolkit
@@ -56,11 +56,11 @@ class ProvisionError(Exception):
         self.checks_failed = checks_failed  #: the new generation was built and failed its checks
 
 
-class ProvisionUsage(Exception):
+class ProvisionUsage(UsageError):
     """A request provision cannot take (exit 2): nothing was changed."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ProvisionRequest:
     lock_path: Path | None = None
     dry_run: bool = False
@@ -70,7 +70,7 @@ class ProvisionRequest:
     environ: Mapping[str, str] | None = field(default=None, compare=False)  #: default: os.environ
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RollbackRequest:
     lock_path: Path | None = None
     force: bool = False  #: switch even to a generation that no longer holds what it was built from

@@ -21,7 +21,7 @@ from typing import Sequence
 
 from stackgate.edges.files import write_text
 from stackgate.models import spec as lockmodel
-from stackgate.models.exitcodes import ExitCode
+from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.redact import redact
 from stackgate.render import html, summaries
 from stackgate.render.ui import UI
@@ -33,11 +33,11 @@ __all__ = ["ReportRequest", "ReportUsage", "run"]
 TREND = 40
 
 
-class ReportUsage(Exception):
+class ReportUsage(UsageError):
     """Bad usage: too many runs named, or one that cannot be found or read."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ReportRequest:
     runs: tuple[str, ...] = ()
     lock_path: Path | None = None

@@ -24,7 +24,7 @@ from stackgate.edges.files import write_json
 from stackgate.facts import serverlog
 from stackgate.models import envfile, knowledge, secretargs, settings
 from stackgate.models import spec as lockmodel
-from stackgate.models.exitcodes import ExitCode
+from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.finding import Fix
 from stackgate.models.knowledge import Finding
 from stackgate.models.redact import redact
@@ -70,11 +70,11 @@ EXPLAIN_S = 0.3
 SETTLE_S = 0.5
 
 
-class SmokeUsageError(Exception):
+class SmokeUsageError(UsageError):
     """Bad options for smoke; nothing was launched."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SmokeRequest:
     lock_path: Path | None = None
     model: str | None = None

@@ -30,7 +30,7 @@ from stackgate.render.ui import UI
 __all__ = ["VerifyRequest", "VerifyRun", "list_checks", "phases_line", "plan", "run", "verify"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class VerifyRequest:
     lock_path: Path | None = None
     checks: tuple[str, ...] = ()

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
+from stackgate.models.exitcodes import UsageError
+
 __all__ = [
     "BASE_PYTHON",
     "DEEP_DIR",
@@ -55,7 +57,7 @@ T = TypeVar("T")
 Flag = tuple[str, Any]
 
 
-class SettingError(ValueError):
+class SettingError(UsageError, ValueError):
     """A ``STACKGATE_*`` variable holds a value its setting cannot take (bad usage: exit 2)."""
 
 

@@ -24,6 +24,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from stackgate.models import settings
+from stackgate.models.exitcodes import UsageError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -59,8 +60,11 @@ __all__ = [
     "url_problem",
 ]
 
+#: The installed package: the lockfiles and the patches they name ship inside it (package data), so
+#: the default profile is found without a checkout (the checkout's lockfiles/ and patches/ link here).
+_PACKAGE = Path(__file__).resolve().parents[1]
 #: The profile used when neither --lock nor $STACKGATE_LOCK names one.
-DEFAULT_LOCK = Path(__file__).resolve().parents[2] / "lockfiles" / "blackwell-sm120-cu130.toml"
+DEFAULT_LOCK = _PACKAGE / "lockfiles" / "blackwell-sm120-cu130.toml"
 #: Where packages not mapped to a [[python.index]] come from, unless python.default_index says.
 DEFAULT_INDEX = "https://pypi.org/simple"
 
@@ -96,8 +100,8 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 #: Free text that may hold a tab (and the benchmark prompt, sent as JSON, may hold newlines).
 #: Nothing else may: every other string can reach a shell file, a command line or a log line.
 _FREE_TEXT = {"stack.description": "\t", "python.override[].reason": "\t", "patch[].reason": "\t", "benchmark.prompt": "\t\n"}
-#: The shipped patches (patches/ beside lockfiles/): any lockfile may name one of them.
-SHIPPED_PATCHES = DEFAULT_LOCK.parents[1] / "patches"
+#: The shipped patches (patches/ beside lockfiles/ in the package): any lockfile may name one of them.
+SHIPPED_PATCHES = _PACKAGE / "patches"
 #: Why source = "pypi" is refused for CUDA 12.x (stack/toolkit.py gives the same reason).
 PYPI_CUDA12_REASON = (
     "PyPI's CUDA 12 nvcc wheels carry ptxas, headers and nvvm but not the nvcc driver; "
@@ -105,7 +109,7 @@ PYPI_CUDA12_REASON = (
 )
 
 
-class LockError(Exception):
+class LockError(UsageError):
     """A lockfile that cannot be used, with every problem found and its key path."""
 
     def __init__(self, path: Path | str, problems: list[str]) -> None:

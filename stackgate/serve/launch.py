@@ -27,6 +27,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from stackgate.edges import nvml, runner
 from stackgate.models import envfile
+from stackgate.models.exitcodes import UsageError
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, failed, passed, warned
 from stackgate.models.spec import Lock, Speculative
@@ -59,7 +60,7 @@ MEMORY_SLACK_BYTES = 512 * 2**20
 _POLL_S = 0.05
 
 
-class LaunchError(Exception):
+class LaunchError(UsageError):
     """Smoke cannot be set up from this lock and these options; nothing was launched."""
 
 

@@ -1,0 +1,172 @@
+"""stackgate's commands. Each task turns its flags into a request and calls the library.
+
+The `stackgate` program (stackgate.main) is built from these tasks, and the checkout's tasks.py
+re-exports them for `invoke`: `stackgate --list` shows them, `stackgate --help TASK` a task's flags.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stackgate import cli
+from stackgate.cli import task
+from stackgate.render.ui import UI
+
+__all__ = ["diagnose", "gate", "provision", "report", "rollback", "smoke", "verify"]
+
+LOCK_HELP = "lockfile to use (default: $STACKGATE_LOCK, then the blackwell-sm120-cu130.toml shipped with stackgate)"
+
+
+def _path(value: str | None) -> Path | None:
+    return Path(value) if value else None
+
+
+@task(
+    iterable=["check"],
+    incrementable=["verbose"],
+    help={
+        "lock": LOCK_HELP,
+        "deep": "after the static checks, run real work on every GPU and an NCCL all-reduce sweep (seconds to a minute)",
+        "check": "run only checks matching this name or glob (repeatable), e.g. 'gpu.*'",
+        "list": "list the checks and exit",
+        "json": "write the JSON report here",
+        "junit": "write a JUnit XML report here",
+        "strict": "fail on warnings too",
+        "verbose": "show details of passing checks and tracebacks (-vv for more)",
+    },
+)
+def verify(c, lock=None, deep=False, check=None, list=False, json=None, junit=None, strict=False, verbose=0):
+    """Check the machine and the stack against the lockfile."""
+    from stackgate.commands import verify as command
+
+    request = command.VerifyRequest(
+        lock_path=_path(lock), checks=tuple(check or ()), deep=deep, json_path=_path(json), junit_path=_path(junit), strict=strict, list_only=list
+    )
+    cli.run_command(lambda: command.run(request, UI(verbose=verbose)))
+
+
+@task(
+    help={
+        "lock": LOCK_HELP,
+        "dry_run": "print the plan and change nothing",
+        "only": "plan and apply only one area: toolkit, python or patches",
+        "yes": "do not ask before changing the machine (needed without a terminal)",
+        "wait": "wait for a provision that is already running instead of failing at once",
+    },
+)
+def provision(c, lock=None, dry_run=False, only=None, yes=False, wait=False):
+    """Install the locked CUDA toolkit and Python stack, then verify them."""
+    from stackgate.commands import provision as command
+
+    request = command.ProvisionRequest(lock_path=_path(lock), dry_run=dry_run, only=only, yes=yes, wait=wait)
+    cli.run_command(lambda: command.run(request, UI()))
+
+
+@task(
+    incrementable=["verbose"],
+    help={
+        "lock": LOCK_HELP,
+        "benchmark": "measure single-stream decode tok/s (the lock's warm-ups, runs and length) against the baseline",
+        "compare": "also launch the baseline configuration ([smoke.compare], or the lock's flags without fusion) and compare",
+        "concurrency": "stream counts to run at once, e.g. 1,10,30: aggregate and per-stream tok/s, TTFT and inter-token latency (p50/p90/p99) at each",
+        "fast": "random weights (--load-format dummy) and only [smoke] fast_layers layers: proves the launch in a fraction of a load",
+        "model": "model directory (default: [smoke] model)",
+        "tp": "tensor-parallel size (default: [smoke] tp)",
+        "port": "server port (default: [smoke] port)",
+        "keep_server": "leave the server running afterwards and print how to stop it",
+        "json": "write the JSON report here",
+        "strict": "fail on warnings too (a quality-guard difference, for instance)",
+        "verbose": "show details of passing checks",
+    },
+)
+def smoke(c, lock=None, benchmark=False, compare=False, concurrency=None, fast=False, model=None, tp=None, port=None, keep_server=False, json=None, strict=False, verbose=0):
+    """Launch the serving engine as production will, prove what runs, benchmark it."""
+    from stackgate.commands import smoke as command
+
+    def go():
+        request = command.SmokeRequest(
+            lock_path=_path(lock), model=model, tp=command.parse_number("--tp", tp), port=command.parse_number("--port", port),
+            benchmark=benchmark, compare=compare, concurrency=command.parse_levels(concurrency), fast=fast,
+            keep_server=keep_server, json_path=_path(json), strict=strict,
+        )  # fmt: skip
+        return command.run(request, UI(verbose=verbose))
+
+    cli.run_command(go)
+
+
+@task(
+    incrementable=["verbose"],
+    help={
+        "lock": LOCK_HELP,
+        "json": "write the JSON report here: every stage's results, status, reason and time, the fingerprint, the benchmark",
+        "junit": "write a JUnit XML report here: one testsuite per stage",
+        "markdown": "write a Markdown summary here, for a CI job summary (the file is replaced, not appended to)",
+        "prom": "write Prometheus metrics here for node_exporter's textfile collector (a .prom file in its directory)",
+        "fast_only": "stop after the fast smoke (random weights, a few layers): a gate in minutes, without the benchmark",
+        "model": "model directory the smoke stages launch (default: [smoke] model)",
+        "strict": "fail on warnings too",
+        "verbose": "show details of passing checks",
+    },
+)
+def gate(c, lock=None, json=None, junit=None, markdown=None, prom=None, fast_only=False, model=None, strict=False, verbose=0):
+    """Run the pre-deploy gate: environment, verify --deep, fast smoke, benchmark; one verdict."""
+    from stackgate.commands import gate as command
+
+    request = command.GateRequest(
+        lock_path=_path(lock), json_path=_path(json), junit_path=_path(junit), markdown_path=_path(markdown), prom_path=_path(prom),
+        fast_only=fast_only, model=model, strict=strict,
+    )  # fmt: skip
+    cli.run_command(lambda: command.run(request, UI(verbose=verbose)))
+
+
+@task(help={"lock": LOCK_HELP, "force": "switch even to a generation whose pins or guard no longer hold (a package moved torch in it)"})
+def rollback(c, lock=None, force=False):
+    """Switch back to the previous good generation of the stack."""
+    from stackgate.commands import provision as command
+
+    request = command.RollbackRequest(lock_path=_path(lock), force=force)
+    cli.run_command(lambda: command.rollback(request, UI()))
+
+
+@task(
+    iterable=["run"],
+    rest="run",
+    help={
+        "run": "a run: its id, a unique prefix, its JSON file, or -1 (the newest), -2 ...; twice to compare (or just name them: stackgate report -2 -1; with invoke, after --: invoke report -- -2 -1)",
+        "lock": "lockfile whose history to read (<python.root>/runs; default as for the other commands)",
+        "html": "write a self-contained HTML page here: the history, or the one run named",
+        "runs_dir": "read the runs kept in this folder instead (default: $STACKGATE_HISTORY_DIR, the lock's root, ~/.local/state/stackgate/runs)",
+    },
+)
+def report(c, run=None, lock=None, html=None, runs_dir=None):
+    """List past runs and their trend, show one, or show what changed between two."""
+    import shlex
+
+    from stackgate.commands import report as command
+
+    runs = (*(run or ()), *shlex.split(c.remainder or ""))
+    request = command.ReportRequest(runs=tuple(runs), lock_path=_path(lock), html_path=_path(html), runs_dir=_path(runs_dir))
+    cli.run_command(lambda: command.run(request, UI()))
+
+
+@task(
+    iterable=["path"],
+    rest="path",
+    incrementable=["verbose"],
+    help={
+        "path": "a log to read (repeatable; .gz is read too); or just name them: stackgate diagnose a.log b.log (with invoke, after --: invoke diagnose -- a.log b.log)",
+        "stdin": "read a log from standard input",
+        "json": "write the JSON report here",
+        "lock": "lockfile whose values the findings quote (attention backend, torch build, toolkit prefix)",
+        "verbose": "show every line of each event, the references and the captured values",
+    },
+)
+def diagnose(c, path=None, stdin=False, json=None, lock=None, verbose=0):
+    """Explain logs of this stack: each known failure with its cause and fix."""
+    import shlex
+
+    from stackgate.commands import diagnose as command
+
+    paths = tuple(Path(p) for p in [*(path or ()), *shlex.split(c.remainder or "")])
+    request = command.DiagnoseRequest(paths=paths, stdin=stdin, json_path=_path(json), lock_path=_path(lock))
+    cli.run_command(lambda: command.run(request, UI(verbose=verbose)))

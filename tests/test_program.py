@@ -1,0 +1,253 @@
+"""The `stackgate` program: built from the same tasks as the checkout's `invoke`, consistent short
+flags (none takes -h), bare words for diagnose's logs and report's runs, one usage-error type
+(exit 2), keyword-only requests; and, installed from the checkout into a fresh venv, it works
+from any directory with the lock and patch shipped in the package."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import invoke
+import pytest
+from invoke.exceptions import Exit
+
+from conftest import ROOT, isolated_environ
+from stackgate import __version__, cli, main
+from stackgate.checks.core import CheckError
+from stackgate.commands import diagnose, gate, provision, report, smoke, verify
+from stackgate.models.exitcodes import ExitCode, UsageError
+from stackgate.models.spec import LockError
+from stackgate.serve.launch import LaunchError
+
+ATTENTION = "Attention backend not specified. Use triton backend by default.\n"
+CUDART = "ImportError: libcudart.so.12: cannot open shared object file: No such file or directory\n"
+
+
+def arguments() -> dict[str, list[invoke.parser.Argument]]:
+    """Every task of the program, with its arguments as the parser sees them."""
+    return {name: main.namespace[name].get_arguments() for name in main.namespace.task_names}
+
+
+def parsed(*argv: str) -> list[invoke.parser.ParserContext]:
+    """The task contexts the program parses ``argv`` into (nothing runs)."""
+    program = main.StackgateProgram(name="stackgate", binary="stackgate", version=__version__, namespace=main.namespace)
+    program.create_config()
+    program.parse_core(["stackgate", *argv])
+    program.parse_collection()
+    program.parse_tasks()
+    return list(program.tasks)
+
+
+def in_checkout(*args: str, program: str = "stackgate") -> subprocess.CompletedProcess[str]:
+    """``python -m stackgate ARGS`` (or ``python -m invoke``) with this checkout's package."""
+    environ = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", program, *args], check=False, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120)
+
+
+# --- short flags ------------------------------------------------------------------------------
+
+
+def test_no_flag_of_any_task_takes_h_and_a_long_flag_has_one_short_flag_everywhere():
+    shorts: dict[str, set[tuple[str, ...]]] = {}
+    for task, args in arguments().items():
+        for arg in args:
+            assert "h" not in arg.names, (task, arg.names)
+            shorts.setdefault(str(arg.name), set()).add(tuple(n for n in arg.names if len(n) == 1))
+    assert {name: forms for name, forms in shorts.items() if len(forms) > 1} == {}
+    assert {name: forms.pop() for name, forms in shorts.items() if forms != {()}} == {name: (letter,) for name, letter in cli.SHORT_FLAGS.items()}
+    assert len(set(cli.SHORT_FLAGS.values())) == len(cli.SHORT_FLAGS)  # a letter means one flag
+
+
+def test_h_after_a_command_is_its_help():
+    done = in_checkout("diagnose", "-h")
+    assert done.returncode == 0 and "Usage: stackgate [--core-opts] diagnose" in done.stdout and "-p, --path" in done.stdout, done.stderr
+
+
+def test_a_new_task_gets_short_flags_from_the_table_only():
+    # invoke would give --hosts the free letter h (then --help has none after the task), and
+    # --strict the letter its position in the signature leaves free.
+    @cli.task(help={"hosts": "nodes", "strict": "s", "inventory": "i", "model": "m"})
+    def fleet(c, hosts=None, inventory=None, strict=False, model=None):
+        """A fleet command."""
+
+    names = {arg.name: arg.names for arg in fleet.get_arguments()}
+    assert names == {"hosts": ("hosts",), "inventory": ("inventory",), "strict": ("strict", "s"), "model": ("model", "m")}
+    assert [arg.help for arg in fleet.get_arguments()] == ["nodes", "i", "s", "m"]  # a second read keeps the help
+
+
+def test_the_readme_table_is_the_short_flag_table():
+    text = (ROOT / "README.md").read_text()
+    rows = re.findall(r"^\| `-(\w)` \| `--([\w-]+)`[^|]*\| ([^|]+) \|$", text, re.MULTILINE)
+    have: dict[str, list[str]] = {}
+    for task, args in arguments().items():
+        for arg in args:
+            have.setdefault(str(arg.name), []).append(task)
+    table = {long.replace("-", "_"): (short, {"every command"} if c.strip() == "every command" else set(c.strip().split(", "))) for short, long, c in rows}
+    everywhere = {name for name, tasks in have.items() if len(tasks) == len(main.namespace.task_names)}
+    assert table == {name: (letter, {"every command"} if name in everywhere else set(have[name])) for name, letter in cli.SHORT_FLAGS.items()}
+
+
+def test_verbose_counts():
+    assert [parsed("verify", *flags)[0].args["verbose"].value for flags in ([], ["-v"], ["-vv"], ["-v", "--verbose"])] == [0, 1, 2, 2]
+    assert parsed("diagnose", "-vvv", "-l", "x.toml")[0].args["lock"].value == "x.toml"
+
+
+# --- bare words -------------------------------------------------------------------------------
+
+
+def test_bare_words_after_diagnose_are_its_logs_and_after_report_its_runs():
+    [context] = parsed("diagnose", "server.log", "-j", "r.json", "install.log.gz", "--lock", "l.toml", "third.log")
+    assert context.args["path"].value == ["server.log", "install.log.gz", "third.log"]
+    assert (context.args["json"].value, context.args["lock"].value) == ("r.json", "l.toml")
+    [context] = parsed("report", "-2", "-1", "--runs-dir", "/r")
+    assert context.args["run"].value == ["-2", "-1"] and context.args["runs_dir"].value == "/r"
+
+
+def test_a_task_name_still_starts_that_task_and_the_words_after_a_double_dash_are_left():
+    first, second = parsed("diagnose", "a.log", "verify", "--strict")
+    assert (first.name, first.args["path"].value, second.name, second.args["strict"].value) == ("diagnose", ["a.log"], "verify", True)
+    [context] = parsed("diagnose", "a.log", "--", "b.log")
+    assert context.args["path"].value == ["a.log"]
+
+
+def test_invoke_alone_takes_one_word_per_positional_argument():
+    # Why the program spreads bare words itself: with invoke's own parsing, a second log is read
+    # as the name of a next task, and an iterable positional argument never takes a word.
+    @invoke.task(positional=["path"], iterable=["path"])
+    def diagnose(c, path=None):
+        """Read logs."""
+
+    parser = invoke.Parser(contexts=invoke.Collection(diagnose).to_contexts())
+    with pytest.raises(invoke.ParseError, match="No idea what 'a.log' is"):
+        parser.parse_argv(["diagnose", "a.log", "b.log"])
+
+
+def test_diagnose_reads_the_logs_named_bare(tmp_path):
+    for name, text in {"server.log": ATTENTION, "install.log": CUDART}.items():
+        (tmp_path / name).write_text(text)
+    done = in_checkout("diagnose", str(tmp_path / "server.log"), str(tmp_path / "install.log"), "-j", str(tmp_path / "r.json"))
+    assert done.returncode == ExitCode.FAILED, done.stderr  # libcudart.so.12 is an error finding
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert [Path(i["name"]).name for i in doc["inputs"]] == ["server.log", "install.log"]
+    assert "libcudart.so.12" in json.dumps(doc["findings"]) and "triton" in json.dumps(doc["findings"])
+
+
+# --- one program, one set of tasks, one usage error -------------------------------------------
+
+
+def test_invoke_in_the_checkout_and_the_program_list_the_same_tasks():
+    listed = [in_checkout("--list", "--list-format", "json", program=p) for p in ("invoke", "stackgate")]
+    assert [done.returncode for done in listed] == [0, 0], [done.stderr for done in listed]
+    names = [sorted(task["name"] for task in json.loads(done.stdout)["tasks"]) for done in listed]
+    assert names[0] == names[1] == sorted(main.namespace.task_names)
+    assert {"verify", "provision", "smoke", "gate", "rollback", "report", "diagnose"} <= set(names[0])
+
+
+def test_a_command_line_that_cannot_be_parsed_is_bad_usage():
+    for args in (["verify", "--bogus"], ["verify", "--lock"], ["--help", "nosuchtask"]):
+        done = in_checkout(*args)
+        assert (done.returncode, done.stderr.startswith("stackgate: ")) == (ExitCode.USAGE, True), (args, done.stderr)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [LockError, CheckError, LaunchError, diagnose.DiagnoseError, gate.GateUsageError, provision.ProvisionUsage, report.ReportUsage, smoke.SmokeUsageError],
+)
+def test_every_usage_error_is_one_type_and_exits_2(error):
+    assert issubclass(error, UsageError)
+    instance = error("lockfiles/x.toml", ["a: wrong"]) if error is LockError else error("wrong")
+
+    def command() -> ExitCode:
+        raise instance
+
+    with pytest.raises(Exit) as stopped:
+        cli.run_command(command)
+    assert stopped.value.code == ExitCode.USAGE and str(stopped.value.message).startswith("stackgate: ")
+
+
+def test_an_error_that_is_not_usage_is_not_turned_into_exit_2():
+    def command() -> ExitCode:
+        raise provision.ProvisionError("the resolution failed")
+
+    with pytest.raises(provision.ProvisionError):
+        cli.run_command(command)
+
+
+@pytest.mark.parametrize(
+    "request_type",
+    [verify.VerifyRequest, provision.ProvisionRequest, provision.RollbackRequest, smoke.SmokeRequest, gate.GateRequest, report.ReportRequest, diagnose.DiagnoseRequest],
+)
+def test_every_request_is_built_by_keyword(request_type):
+    assert all(field.kw_only for field in dataclasses.fields(request_type))
+    with pytest.raises(TypeError):
+        request_type(None)
+
+
+# --- installed from the checkout, run from / --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the checkout installed (not editable): its bin folder.
+
+    The checkout is copied first (a build writes build/ and *.egg-info beside the sources, and
+    two runs of the suite may build at once); uv resolves the dependencies from the default
+    index with this machine's pip/uv configuration kept out."""
+    home = tmp_path_factory.mktemp("installed")
+    source = home / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(ROOT / "stackgate", source / "stackgate", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    environ = isolated_environ()
+    environ.pop("PYTHONPATH", None)
+    uv = [sys.executable, "-m", "uv"]
+    subprocess.run([*uv, "venv", "-q", "--python", sys.executable, str(home / "venv")], env=environ, check=True, timeout=120)
+    subprocess.run([*uv, "pip", "install", "-q", "--python", str(home / "venv" / "bin" / "python"), str(source)], env=environ, check=True, timeout=600)
+    return home / "venv" / "bin"
+
+
+def run_installed(bin_dir: Path, *argv: str, cwd: Path | str = "/") -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in isolated_environ(NO_COLOR="1").items() if k not in ("PYTHONPATH", "STACKGATE_LOCK")}
+    return subprocess.run([str(bin_dir / argv[0]), *argv[1:]], check=False, cwd=cwd, env=environ, capture_output=True, text=True, timeout=120)
+
+
+def test_the_installed_program_runs_from_any_directory(installed):
+    version = run_installed(installed, "stackgate", "--version")
+    assert (version.returncode, version.stdout) == (0, f"stackgate {__version__}\n"), version.stderr
+    assert run_installed(installed, "python", "-m", "stackgate", "--version").stdout == version.stdout
+    listed = run_installed(installed, "stackgate", "verify", "--list")  # loads the default lock first
+    assert listed.returncode == 0, listed.stderr
+    assert "gpu.driver" in listed.stdout and "abi.imports" in listed.stdout
+    helped = run_installed(installed, "stackgate", "--help")
+    assert helped.returncode == 0 and "Usage: stackgate" in helped.stdout and "verify" in helped.stdout, helped.stderr
+
+
+def test_the_installed_package_holds_the_default_lock_and_its_patch(installed):
+    script = (
+        "import stackgate; from stackgate.models import spec; lock = spec.load(); patch = lock.patches[0]; "
+        "print(stackgate.__file__, lock.path, patch.file, spec.patch_location_problem(lock, patch), sep='\\n')"
+    )
+    done = run_installed(installed, "python", "-c", script)
+    assert done.returncode == 0, done.stderr
+    package, lock, patch, problem = done.stdout.splitlines()
+    site = Path(package).parent
+    assert ROOT not in Path(package).parents and "site-packages" in site.parts
+    assert (Path(lock), Path(patch), problem) == (site / "lockfiles" / "blackwell-sm120-cu130.toml", site / "patches" / "sglang-0.5.9-sm120-torch-symm-mem.patch", "None")
+
+
+def test_the_installed_program_diagnoses_logs_named_bare(installed, tmp_path):
+    (tmp_path / "some.log").write_text(ATTENTION)
+    (tmp_path / "other.log").write_text(CUDART)
+    done = run_installed(installed, "stackgate", "diagnose", "some.log", "other.log", "--json", "r.json", cwd=tmp_path)
+    assert done.returncode == ExitCode.FAILED, done.stderr
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert [i["name"] for i in doc["inputs"]] == ["some.log", "other.log"]
+    assert "libcudart.so.12" in json.dumps(doc["findings"]) and "triton" in json.dumps(doc["findings"])
