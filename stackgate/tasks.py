@@ -10,11 +10,12 @@ from pathlib import Path
 
 from stackgate import cli
 from stackgate.cli import task
+from stackgate.models import settings
 from stackgate.render.ui import UI
 
 __all__ = ["diagnose", "gate", "provision", "report", "rollback", "smoke", "verify"]
 
-LOCK_HELP = "lockfile to use (default: $STACKGATE_LOCK, then the blackwell-sm120-cu130.toml shipped with stackgate)"
+LOCK_HELP = f"lockfile to use (default: ${settings.LOCK.env}, then the blackwell-sm120-cu130.toml shipped with stackgate)"
 
 
 def _path(value: str | None) -> Path | None:
@@ -135,7 +136,7 @@ def rollback(c, lock=None, force=False):
         "run": "a run: its id, a unique prefix, its JSON file, or -1 (the newest), -2 ...; twice to compare (or just name them: stackgate report -2 -1; with invoke, after --: invoke report -- -2 -1)",
         "lock": "lockfile whose history to read (<python.root>/runs; default as for the other commands)",
         "html": "write a self-contained HTML page here: the history, or the one run named",
-        "runs_dir": "read the runs kept in this folder instead (default: $STACKGATE_HISTORY_DIR, the lock's root, ~/.local/state/stackgate/runs)",
+        "runs_dir": f"read the runs kept in this folder instead (default: ${settings.HISTORY_DIR.env}, the lock's root, ~/.local/state/stackgate/runs)",
     },
 )
 def report(c, run=None, lock=None, html=None, runs_dir=None):

@@ -169,7 +169,7 @@ def test_v_shows_the_settings_not_at_their_defaults_and_vv_all(monkeypatch: pyte
     monkeypatch.setenv("NO_COLOR", "1")
     lock = ROOT / "lockfiles" / "hopper-sm90-cu130.toml"
     for verbose in (0, 1, 2):
-        assert verify.run(verify.VerifyRequest(lock, list_only=True), UI(verbose=verbose, stream=io.StringIO())) == 0
+        assert verify.run(verify.VerifyRequest(lock_path=lock, list_only=True), UI(verbose=verbose, stream=io.StringIO())) == 0
         err = capsys.readouterr().err.splitlines()
         assert err[: 1 if verbose else 0] == {
             1: ["settings: 2 of 17 not at their default (-vv lists all)"],
