@@ -220,11 +220,11 @@ def test_the_cause_is_the_specific_error_not_the_wrapper(tmp_path):
     )
     watcher = serverlog.LogWatcher(log)
     watcher.poll()
-    assert watcher.fatal.signature.id == "sglang-scheduler-exception"  # the first to stop on
-    assert watcher.cause.signature.id == "cuda-out-of-memory"  # the one to report
+    assert watcher.fatal.id == "sglang-scheduler-exception"  # the first to stop on
+    assert watcher.cause.id == "cuda-out-of-memory"  # the one to report
     results = logscan.finding_results(watcher.findings, "log", lock_backend="flashinfer")
     assert [r.check for r in results] == ["log.cuda-out-of-memory", "log.sglang-scheduler-exception", "log.sglang-child-failed"]
-    assert results[0].summary == "A GPU ran out of memory" and results[0].data["text"] == "CUDA out of memory. Tried to allocate 3.50 GiB"
+    assert results[0].summary == "A GPU ran out of memory" and results[0].data["finding"]["evidence"] == {"file": str(log), "line": 2, "start_line": 2, "count": 1, "lines": ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB."]}
 
 
 def test_a_default_backend_equal_to_the_lock_s_is_only_a_warning(tmp_path):
