@@ -26,6 +26,7 @@ from stackgate.commands import diagnose
 from stackgate.commands.verify import verify
 from stackgate.edges import fetch
 from stackgate.facts import Missing, gather
+from stackgate.facts.compare import environment_drift, environment_spec
 from stackgate.models import knowledge
 from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode
@@ -33,7 +34,7 @@ from stackgate.models.finding import Finding
 from stackgate.models.result import Result, Status
 from stackgate.render.ui import UI, Activity
 from stackgate.stack import generations, guard, patches, pyenv, toolkit
-from stackgate.stack.plan import AREAS, Plan, Step, cache_dir, environment_drift, plan
+from stackgate.stack.plan import AREAS, Plan, Step, cache_dir, plan
 
 __all__ = ["FAULT_ENV", "ProvisionError", "ProvisionRequest", "ProvisionUsage", "RollbackRequest", "rollback", "run"]
 
@@ -338,7 +339,7 @@ def _venv(build: Build, step: Step, activity: Activity) -> None:
     lock = build.lock
     about = {
         "lock": {"name": lock.name, "path": str(lock.path), "sha256": lock.sha256},
-        "spec": pyenv.spec(lock),
+        "spec": environment_spec(lock),
         "base_python": {"path": str(base.path), "version": base.version},
     }
     build.generation = generations.create(build.the_plan.generation, about)
