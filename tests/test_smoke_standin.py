@@ -510,6 +510,8 @@ def test_a_server_with_an_api_key_gets_it_from_the_environment_and_it_is_never_s
     assert session.argv[-2:] == ("--api-key", "${SERVE_AUTH}")  # what is shown: the reference
     write_json(tmp_path / "smoke.json", done.document())
     assert key not in (tmp_path / "smoke.json").read_text()
+    (written,) = json.loads((tmp_path / "smoke.json").read_text())["smoke"]["sessions"]
+    assert written["command"][-2:] == ["--api-key", "${SERVE_AUTH}"] and written["command_line"].endswith(" --api-key '${SERVE_AUTH}'")  # the reference, as shown
     assert session.to_dict()["environment"]["SERVE_AUTH"] == "<redacted>"
     assert_nothing_left(rig)
 

@@ -162,19 +162,20 @@ class Session:
             self.failure, self.failure_seen_at = reason, at or time.time()
 
     def to_dict(self) -> dict[str, Any]:
+        """The session for a report, its secrets hidden (the server's key wherever it appears)."""
         ready = self.readiness
-        return {
+        shown = {
             "label": self.config.title,
             "command": list(self.argv),
             "command_line": secretargs.command_line(self.argv) if self.argv else None,
-            "environment": launch.redacted(self.environment, [self.api_key]),
-            "set_by_stackgate": launch.redacted(self.set_by_stackgate, [self.api_key]),
+            "environment": dict(sorted(self.environment.items())),
+            "set_by_stackgate": dict(sorted(self.set_by_stackgate.items())),
             "log_path": str(self.log_path) if self.log_path else None,
             "pid": self.pid,
             "fast_mode": {"layers": self.shrink.layers, "of": self.shrink.total, "key": self.shrink.key, "override": dict(self.shrink.override)} if self.shrink else None,
             "readiness": {"ready": ready.ready, "reason": ready.reason, "seconds": round(ready.seconds, 3), "phase": ready.phase, "exit_code": ready.exit_code} if ready else None,
             "server_info_endpoint": self.info_endpoint,
-            "server_info": serverinfo.redact_info(self.server_info) if self.server_info is not None else None,
+            "server_info": self.server_info,
             "findings": [f.to_dict() for f in self.findings],
             "evidence": [dataclasses.asdict(e) for e in self.evidence],
             "benchmark": self.figures.to_dict() if self.figures else None,
@@ -184,6 +185,7 @@ class Session:
             "failure": self.failure,
             "failure_seen_at": self.failure_seen_at,
         }
+        return redact(shown, known=[self.api_key] if self.api_key else ())
 
 
 @dataclass(frozen=True)
