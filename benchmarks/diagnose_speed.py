@@ -166,7 +166,7 @@ def scanner_alone(log: Path, repeat: int) -> float:
 def check_findings(log: Path, expected: dict[str, int], folder: Path) -> None:
     report = folder / "diagnose.json"
     done = subprocess.run([sys.executable, "-m", "invoke", "diagnose", "--path", str(log), "--json", str(report)], check=False, cwd=ROOT, capture_output=True, text=True)
-    found = {f["id"]: f["line"] for f in json.loads(report.read_text())["findings"]}
+    found = {f["id"]: f["evidence"]["line"] for f in json.loads(report.read_text())["findings"]}
     wrong = {k: (v, found.get(k)) for k, v in expected.items() if found.get(k) != v}
     if done.returncode != 1 or wrong:
         raise SystemExit(f"diagnose did not find the planted failures where they are: exit {done.returncode}, (expected, found): {wrong}")

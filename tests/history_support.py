@@ -10,6 +10,7 @@ from typing import Any
 
 from stackgate.commands import gate
 from stackgate.models.finding import Fix
+from stackgate.models.knowledge import Scanner
 from stackgate.models.result import Result, Status
 from stackgate.render.ui import UI
 from stackgate.runs import fingerprint as fp
@@ -52,9 +53,10 @@ def keep(folder: Path, doc: dict[str, Any], started: str) -> history.Run:
     return history.read(history.store(doc, folder))
 
 
-def smoke_doc(tmp: Path, *, decode: float | None = 200.0, backend: str = "flashinfer", fast: bool = False, status: Status = Status.PASS) -> dict[str, Any]:
+def smoke_doc(tmp: Path, *, decode: float | None = 200.0, backend: str = "flashinfer", fast: bool = False, status: Status = Status.PASS, log: str = "") -> dict[str, Any]:
     """A smoke's document, written by smoke's own SmokeRun.document(): the stand-in's lock, one
-    session whose server reported ``backend``, and (``decode`` not None) a benchmark of two runs."""
+    session whose server reported ``backend``, and (``decode`` not None) a benchmark of two runs;
+    the findings of the knowledge base's scan of ``log``, as the server's log at /logs/server.log."""
     from smoke_support import Rig
 
     from stackgate.commands import smoke
@@ -66,6 +68,11 @@ def smoke_doc(tmp: Path, *, decode: float | None = 200.0, backend: str = "flashi
     lock = lockmodel.load(Rig(tmp, 30000).lock())
     session = smoke.Session(launch.configs(lock, fast=fast)[0], server_info={**SERVER, "attention_backend": backend, "port": 30000, "random_seed": 7})
     session.shrink = smoke.fastmode.Shrink("num_hidden_layers", 2, 32, {"num_hidden_layers": 2}, "LlamaForCausalLM") if fast else None
+    session.log_path = Path("/logs/server.log")
+    scanner = Scanner(stage="smoke", source=str(session.log_path))
+    scanner.feed_text(log)
+    scanner.finish()
+    session.findings = scanner.findings
     if decode is not None:
         samples = [bench.Sample(200, 200, 0.0, 200 / (rate * 0.985), 0.021, 1, 200) for rate in (decode - 0.2, decode + 0.2)]
         tok, rates = [s.tok_s for s in samples], [decode - 0.2, decode + 0.2]

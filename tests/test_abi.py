@@ -106,6 +106,8 @@ def test_a_missing_cuda_12_runtime_is_a_cuda_major_mismatch(tmp_path):
     (detail,) = result.details
     assert "libcudart.so.12: cannot open shared object file" in detail
     assert "built against CUDA 12 (libcudart.so.12)" in detail
+    finding = result.data["needs_cuda12"]["finding"]  # the knowledge base's finding, in its one form
+    assert finding["id"] == "cuda-major-mismatch" and finding["evidence"]["file"] == "import needs_cuda12" and finding["values"]["lib"] == "libcudart.so.12"
 
 
 def test_imports_that_work_pass_with_their_times(tmp_path):

@@ -13,8 +13,8 @@ from stackgate.models.result import Status, failed, passed, skipped, warned
 from stackgate.models.verdict import judge
 
 
-def make(name, function, timeout_s=5.0, slow=False):
-    return Check(name, function, name, (), timeout_s, slow)
+def make(name, function, timeout_s=5.0, slow=False, named_only=False):
+    return Check(name, function, name, (), timeout_s, slow, named_only)
 
 
 def registry(*checks):
@@ -34,6 +34,7 @@ def test_the_real_registry_names_are_stable_and_dotted():
         "cuda.toolkits", "cuda.home", "cuda.ptxas_arch", "cuda.triton_ptxas",
         "python.interpreter", "python.pins", "python.frozen", "python.consistency",
         "torch.build", "torch.arch", "flashinfer.cubin", "nccl.version", "abi.imports", "abi.elf",
+        "environment.generation", "environment.drift",
     }
     assert expected <= set(REGISTRY)
     for check in REGISTRY.values():
@@ -52,6 +53,13 @@ def test_select_by_exact_name_glob_and_area_prefix():
     assert [c.name for c in select(["cuda"], checks)] == ["cuda.x"]
     assert [c.name for c in select(["cuda.x", "gpu.b"], checks)] == ["gpu.b", "cuda.x"]
     assert [c.name for c in select([], checks, include_slow=False)] == ["gpu.a", "gpu.b", "cuda.x"]
+
+
+def test_a_check_that_runs_only_when_named_is_left_out_until_a_pattern_names_it():
+    checks = registry(make("python.a", None), make("environment.g", None, named_only=True), make("environment.d", None, named_only=True))
+    assert [c.name for c in select([], checks)] == ["python.a"]
+    assert [c.name for c in select(["environment.*"], checks)] == ["environment.g", "environment.d"]
+    assert [c.name for c in select(["environment.d", "python"], checks)] == ["python.a", "environment.d"]
 
 
 def test_a_pattern_that_matches_nothing_is_an_error_not_a_green_run():

@@ -136,12 +136,13 @@ def test_the_json_report_carries_every_finding(tmp_path: Path) -> None:
     report = tmp_path / "out" / "diagnose.json"
     code, _ = run(DiagnoseRequest(paths=(log,), json_path=report, lock_path=LOCK))
     doc = json.loads(report.read_text())
-    assert doc["schema"] == "stackgate.diagnose/1" and doc["exit_code"] == int(code) == 1 and doc["verdict"] == "failed"
+    assert doc["schema"] == "stackgate.diagnose/2" and doc["exit_code"] == int(code) == 1 and doc["verdict"] == "failed"
     assert doc["lock"]["name"] == "blackwell-sm120-cu130"
     assert doc["inputs"] == [{"name": str(log), "lines": 8, "bytes": len(FAILED_START.encode())}]
     assert doc["counts"] == {"error": 3, "warning": 1, "info": 0}
     first = doc["findings"][0]
-    assert first["id"] == "sglang-symm-mem-keyerror" and first["line"] == 7 and first["start_line"] == 5
+    assert first["id"] == "sglang-symm-mem-keyerror" and first["evidence"]["line"] == 7 and first["evidence"]["start_line"] == 5
+    assert first["evidence"]["file"] == str(log) and first["evidence"]["lines"][-1].endswith("KeyError: 12")
     assert first["values"] == {"major": "12"}
     assert first["fix"]["commands"][0] == f"invoke provision --only patches --lock {LOCK}"
     assert first["learned_from"].startswith("sglang 0.5.9 wheel: ")

@@ -18,14 +18,17 @@ import exposition
 import pytest
 from smoke_support import ROOT, Rig, assert_nothing_left, group_members, living, wait_for
 
+from stackgate.checks.all import REGISTRY
+from stackgate.checks.core import run_checks, select
 from stackgate.commands import gate
 from stackgate.edges import runner
 from stackgate.facts import Distribution, Facts, Missing, ProbeFacts
+from stackgate.facts.compare import environment_spec
 from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.result import Result, Status, failed, passed, skipped, warned
 from stackgate.render.ui import UI
-from stackgate.stack import generations, pyenv
+from stackgate.stack import generations
 
 TESTS = ROOT / "tests"
 STAGES = ["lock", "environment", "verify", "fast_smoke", "benchmark"]
@@ -389,8 +392,15 @@ def root_lock(tmp_path: Path, **replace: str) -> lockmodel.Lock:
 def provisioned(lock: lockmodel.Lock, spec: dict | None = None, sha256: str | None = None) -> None:
     """A root whose current generation was built from ``spec`` (default: this lock's)."""
     home = generations.generations_dir(lock.python.root) / "0001-built"
-    about = {"spec": spec or pyenv.spec(lock), "lock": {"path": str(lock.path), "sha256": sha256 or lock.sha256}}
+    about = {"spec": spec or environment_spec(lock), "lock": {"path": str(lock.path), "sha256": sha256 or lock.sha256}}
     generations.switch(lock.python.root, generations.mark(generations.create(home, about), "ready"))
+
+
+def environment_check(name: str, lock: lockmodel.Lock, facts: Facts | None = None) -> Result:
+    """One of the environment stage's checks, run by name through the registry as the gate runs it."""
+    (result,) = run_checks(select([name], REGISTRY), lock, facts or Facts(lock, environ={}))
+    assert result.check == name
+    return result
 
 
 def installed(lock: lockmodel.Lock, **changes: str) -> Facts:
@@ -404,17 +414,17 @@ def installed(lock: lockmodel.Lock, **changes: str) -> Facts:
 def test_the_live_generation_built_from_this_lock_passes(tmp_path):
     lock = root_lock(tmp_path)
     provisioned(lock, sha256="b" * 64)
-    result = gate._generation(lock)
+    result = environment_check("environment.generation", lock)
     assert result.status == Status.PASS and result.summary == f"{tmp_path / 'root' / 'current'} -> generation 0001-built, built from this lock's Python stack"
     assert result.details == ("built from another version of the lockfile (sha256 bbbbbbbbbbbb) with the same Python stack",)
-    assert gate._drift(lock, installed(lock)).status == Status.PASS
+    assert environment_check("environment.drift", lock, installed(lock)).status == Status.PASS
 
 
 def test_a_lock_whose_stack_changed_since_the_generation_was_built_fails_naming_the_change(tmp_path):
     lock = root_lock(tmp_path)
     provisioned(lock)
     changed = root_lock(tmp_path, **{'sglang = "==0.5.9"': 'sglang = "==0.5.10"'})
-    result = gate._generation(changed)
+    result = environment_check("environment.generation", changed)
     assert result.status == Status.FAIL
     assert result.summary == "the lock's Python stack changed since generation 0001-built was built: packages.sglang.version: ==0.5.9 -> ==0.5.10"
     assert result.fix.commands == (f"invoke provision --lock {changed.path}",)
@@ -422,20 +432,20 @@ def test_a_lock_whose_stack_changed_since_the_generation_was_built_fails_naming_
 
 def test_no_generation_fails_and_drift_cannot_be_judged(tmp_path):
     lock = root_lock(tmp_path)
-    assert gate._generation(lock).summary == f"no live environment: {tmp_path / 'root' / 'current'} does not exist"
+    assert environment_check("environment.generation", lock).summary == f"no live environment: {tmp_path / 'root' / 'current'} does not exist"
     facts = Facts(lock, environ={})
     facts.provide("dists", Missing("no stack environment"))
-    assert gate._drift(lock, facts).status == Status.SKIP
+    assert environment_check("environment.drift", lock, facts).status == Status.SKIP
 
 
 def test_a_moved_package_is_drift(tmp_path):
     lock = root_lock(tmp_path)
-    result = gate._drift(lock, installed(lock, torch="2.10.0"))
+    result = environment_check("environment.drift", lock, installed(lock, torch="2.10.0"))
     assert result.status == Status.FAIL
     assert result.summary == "1 difference(s) from the lock: torch is 2.10.0, locked ==2.9.1+cu130"
 
 
 def test_a_lock_naming_an_interpreter_has_no_generation_to_compare():
     lock = lockmodel.load(ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
-    result = gate._generation(lock)
+    result = environment_check("environment.generation", lock)
     assert result.status == Status.SKIP and "there is no generation to compare" in result.summary

@@ -3,6 +3,9 @@ in the folder, naming them, listing, comparing; smoke keeps its runs too."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import io
 import json
 import os
 import subprocess
@@ -10,11 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from history_support import gate_doc, keep
+from history_support import gate_doc, keep, smoke_doc
 from smoke_support import ROOT, assert_nothing_left
 
+from stackgate.commands import report as reporting
 from stackgate.models import spec as lockmodel
 from stackgate.models.result import Status
+from stackgate.render.ui import UI
 from stackgate.runs import history
 
 TESTS = ROOT / "tests"
@@ -154,3 +159,51 @@ def test_smoke_keeps_its_runs_and_report_compares_them_on_what_they_recorded(rig
     assert "    attention_backend: flashinfer -> triton" in diff.stdout.splitlines()
     assert "(not compared: gpu, toolkits, distributions, patches: a smoke run records only its lock and its server)" in diff.stdout
     assert_nothing_left(rig)
+
+
+OOM = "[2026-01-12 10:00:27 TP0] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 23.53 GiB of which 20.38 MiB is free."
+
+
+def as_smoke_1(doc: dict) -> dict:
+    """The document as stackgate wrote it before findings had one form: smoke/1's flat findings."""
+    old = json.loads(json.dumps(doc))
+    old["smoke"]["schema"] = "stackgate.smoke/1"
+    for session in old["smoke"]["sessions"]:
+        session["findings"] = [
+            {"id": f["id"], "severity": f["severity"], "line": f["evidence"]["line"], "count": f["evidence"]["count"], "text": "\n".join(f["evidence"]["lines"]),
+             "title": f["title"], "cause": f["cause"], "fix": f["fix"]["text"], "commands": f["fix"]["commands"], "source": f["learned_from"]}
+            for f in session["findings"]
+        ]  # fmt: skip
+    return old
+
+
+def report_a(folder: Path, ref: str) -> tuple[list[str], str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert reporting.run(reporting.ReportRequest((ref,), runs_dir=folder), UI(stream=out, force_plain=True)) == 0
+    return out.getvalue().splitlines(), err.getvalue()
+
+
+def test_report_a_shows_the_findings_of_a_run_kept_in_either_shape(tmp_path):
+    doc = smoke_doc(tmp_path / "rig", decode=None, log=f"starting\n{OOM}\n")
+    (finding,) = doc["smoke"]["sessions"][0]["findings"]
+    assert doc["smoke"]["schema"] == "stackgate.smoke/2" and finding["evidence"]["file"] == "/logs/server.log" and finding["fix"]["commands"]
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    new = keep(runs, doc, "2025-01-01T10:00:00+00:00")
+    old = keep(runs, as_smoke_1(doc), "2025-01-02T10:00:00+00:00")
+    shown = f"  ERROR   cuda-out-of-memory: {finding['title']} (/logs/server.log:2)"
+    for run in (new, old):
+        lines, err = report_a(runs, run.id)
+        assert "known failures in the server logs (1):" in lines and shown in lines, lines
+        assert err == ""
+    assert old.findings()[0][0] == dataclasses.replace(new.findings()[0][0], references=(), values={}, evidence=dataclasses.replace(new.findings()[0][0].evidence, start_line=0))
+
+
+def test_a_finding_that_cannot_be_read_is_a_warning_not_a_crash(tmp_path):
+    doc = smoke_doc(tmp_path / "rig", decode=None, log=f"{OOM}\n")
+    doc["smoke"]["sessions"][0]["findings"].append({"id": "half", "severity": "fatal"})
+    run = keep(tmp_path, doc, "2025-01-01T10:00:00+00:00")
+    lines, err = report_a(tmp_path, run.id)
+    assert "known failures in the server logs (1):" in lines
+    assert f"warning: a finding of run {run.id} cannot be read: severity: 'fatal' is not one of info, warning, error" in err

@@ -7,6 +7,7 @@ import hashlib
 import json
 import re
 import shlex
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from packaging.utils import canonicalize_name
 from pkgindex import IndexServer, stack_index, write_stack_lock  # noqa: F401 (fixtures)
 
 from stackgate.facts import BasePython, Distribution, EnvFacts, Facts, Missing, ProbeFacts, inspect_toolkit
+from stackgate.facts.compare import environment_spec
 from stackgate.models import spec as lockmodel
 from stackgate.stack import generations, pyenv, toolkit
 from stackgate.stack import plan as planmodule
@@ -61,7 +63,7 @@ def _provisioned(lock: lockmodel.Lock, spec: dict | None = None) -> generations.
     root = lock.python.root
     assert root is not None
     home = generations.generations_dir(root) / "0001-built"
-    generation = generations.mark(generations.create(home, {"spec": spec or pyenv.spec(lock)}), "ready")
+    generation = generations.mark(generations.create(home, {"spec": spec or environment_spec(lock)}), "ready")
     pyenv.write_environment(lock, home, root)
     generations.switch(root, generation)
     return generations.read(root)
@@ -88,7 +90,7 @@ def test_an_empty_root_plans_a_whole_generation_in_order(tmp_path: Path, stack_i
 
 
 def test_the_plan_reads_as_steps_with_why_and_exact_commands(tmp_path: Path, stack_index: IndexServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(generations.time, "strftime", lambda fmt: "20250101T000000")
+    monkeypatch.setattr(time, "strftime", lambda fmt: "20250101T000000")
     lock = _lock(tmp_path, stack_index, installer="pip")
     the_plan = plan(lock, _facts(lock, dists=Missing("no stack environment")), generations.read(lock.python.root), uv=UV)
     text = "\n".join(the_plan.lines()).replace(str(tmp_path), "TMP").replace(stack_index.url, "http://INDEX")
@@ -145,7 +147,7 @@ def test_a_moved_torch_is_rebuilt_in_a_new_generation(tmp_path: Path, stack_inde
 
 def test_a_changed_lock_is_rebuilt_and_says_what_changed(tmp_path: Path, stack_index: IndexServer) -> None:
     lock = _lock(tmp_path, stack_index)
-    older = pyenv.spec(lock)
+    older = environment_spec(lock)
     older["packages"]["sglang"]["version"] = "==0.5.8"
     the_plan = plan(lock, _facts(lock), _provisioned(lock, older), uv=UV)
     assert the_plan.steps[0].why == "the lock's Python stack changed since generation 0001-built was built: packages.sglang.version: ==0.5.8 -> ==0.5.9"
@@ -247,10 +249,10 @@ def test_cuda_link_policy_default_points_the_link_at_the_default_toolkit(tmp_pat
 
 def test_a_generation_built_and_checked_but_never_switched_to_is_resumed(tmp_path: Path, stack_index: IndexServer) -> None:
     lock = _lock(tmp_path, stack_index)
-    older = pyenv.spec(lock)
+    older = environment_spec(lock)
     older["packages"]["sglang"]["version"] = "==0.5.8"
     state = _provisioned(lock, older)
-    left = generations.mark(generations.create(generations.generations_dir(tmp_path / "root") / "0002-left", {"spec": pyenv.spec(lock)}), "ready")
+    left = generations.mark(generations.create(generations.generations_dir(tmp_path / "root") / "0002-left", {"spec": environment_spec(lock)}), "ready")
     the_plan = plan(lock, _facts(lock), generations.read(tmp_path / "root"), uv=UV)
     assert the_plan.resume and the_plan.generation == left.path
     assert _actions(the_plan) == ["python.envfile", "python.check", "python.switch"]

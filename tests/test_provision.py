@@ -136,6 +136,9 @@ def test_a_package_that_demands_a_newer_torch_fails_naming_itself(
     assert "eager-upgrader requires torch>=2.10, but the lock holds torch at 2.9.1+cu130" in headline
     assert "torch-agnostic" not in headline and "flashinfer" not in headline
     assert "full log: " in err
+    # The installer's output read through the knowledge base: the finding names the same culprit.
+    assert "known failure(s) in the log (1):\nERROR    uv-no-solution: uv cannot resolve torch: eager-upgrader (torch>=2.10)\n" in err
+    assert f"  $ invoke provision --only python --lock {lock}\n" in err
     assert f"{root / 'current'} is unchanged; a re-run is blocked the same way: change the lock as said above, then `invoke provision` again" in err
     assert "finishes the job" not in err
     assert _current(root) == before and _works(root, install_environ).startswith("2.9.1+cu130")

@@ -9,6 +9,7 @@ import pytest
 from pkgindex import DEAD_URL, IndexServer, stack_index, write_stack_lock  # noqa: F401 (fixtures)
 
 from stackgate.edges import fetch
+from stackgate.facts.compare import environment_spec, spec_changes
 from stackgate.models import envfile
 from stackgate.models import spec as lockmodel
 from stackgate.stack import guard, pyenv
@@ -124,4 +125,4 @@ def test_the_spec_ignores_reasons_but_not_pins(tmp_path: Path, stack_index: Inde
     text = (tmp_path / "lock.toml").read_text()
     (tmp_path / "other.toml").write_text(text.replace("it must equal flashinfer-python", "kept equal").replace('sglang = "==0.5.9"', 'sglang = "==0.5.8"'))
     other = lockmodel.load(tmp_path / "other.toml")
-    assert pyenv.spec_changes(pyenv.spec(lock), pyenv.spec(other)) == ["packages.sglang.version: ==0.5.9 -> ==0.5.8"]
+    assert spec_changes(environment_spec(lock), environment_spec(other)) == ["packages.sglang.version: ==0.5.9 -> ==0.5.8"]

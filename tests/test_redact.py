@@ -88,6 +88,13 @@ def test_a_secret_found_in_one_place_is_hidden_in_every_other_at_any_depth():
     assert redact(shown, environ={}) == shown  # hiding twice changes nothing
 
 
+def test_a_value_that_only_names_a_variable_is_no_secret_and_is_shown():
+    text = "launch --api-key ${SERVE_AUTH} --admin-api-key=$ADMIN_KEY && export HF_TOKEN=$VAULT_TOKEN"
+    assert redact_text(text, environ={}) == text
+    doc = {"command": ["sglang", "--api-key", "${SERVE_AUTH}"], "env": {"HF_TOKEN": "${VAULT_TOKEN}"}, "log": "${SERVE_AUTH} is set"}
+    assert redact(doc, environ={}) == doc and secrets_in(doc, environ={}) == set()
+
+
 def test_the_environment_s_secrets_are_hidden_by_value():
     environ = {"WANDB_API_KEY": "wandb-Zq9-secret-1", "PATH": "/usr/bin"}
     assert secrets_in({}, environ) == {"wandb-Zq9-secret-1"}

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from stackgate.checks.abi import classify_import
+from stackgate.checks.abi import classify_import, explain_import
 from stackgate.facts import ImportOutcome
 from stackgate.models import knowledge as signatures
 from stackgate.models import spec as lockmodel
+from stackgate.models.finding import Finding
 from stackgate.models.knowledge import CONTEXT_KEYS, Scanner, SignatureError, extract
 from stackgate.models.knowledge._model import quoted_names, read_folder, required_literal
 
@@ -39,7 +40,7 @@ def scan(text: str, **kwargs: object) -> Scanner:
 
 
 def ids(scanner: Scanner) -> list[str]:
-    return [f.signature.id for f in scanner.findings]
+    return [f.id for f in scanner.findings]
 
 
 # -- the knowledge base, entry by entry -------------------------------------------------------
@@ -63,7 +64,7 @@ def test_each_example_is_found_when_it_arrives_in_pieces(signature: signatures.S
 
 @pytest.mark.parametrize(("signature", "index"), EXAMPLES)
 def test_each_example_is_found_by_match_all(signature: signatures.Signature, index: int) -> None:
-    assert signature.id in [m.signature.id for m in signatures.match_all(signature.examples[index])]
+    assert signature.id in [m.id for m in signatures.match_all(signature.examples[index])]
 
 
 @pytest.mark.parametrize("signature", ALL, ids=lambda s: s.id)
@@ -133,7 +134,7 @@ def test_a_healthy_sglang_start_has_no_warning_or_error() -> None:
     assert scanner.number == len((DATA / "sglang-0.5.9-tp8-healthy.log").read_text().splitlines())
     # Only the expected note that TP8 on PCIe runs all-reduce on NCCL.
     assert ids(scanner) == ["sglang-custom-allreduce-pcie"]
-    assert scanner.findings[0].signature.severity == "info" and scanner.findings[0].count == 8
+    assert scanner.findings[0].severity == "info" and scanner.findings[0].evidence.count == 8
 
 
 @pytest.mark.parametrize("name", ["pip-install-healthy.log", "uv-install-healthy.log"])
@@ -172,14 +173,14 @@ def test_line_numbers_are_right_whatever_the_block_size(chunk: int) -> None:
     text, where = planted()
     scanner = Scanner(source="planted.log")
     scanner.scan_stream(io.BytesIO(text.encode()), chunk=chunk)
-    found = {f.signature.id: f for f in scanner.findings}
+    found = {f.id: f for f in scanner.findings}
     assert scanner.number == text.count("\n")
     for signature_id, line in where.items():
-        assert found[signature_id].line == line, signature_id
-        assert found[signature_id].source == "planted.log"
-    assert found["sglang-symm-mem-keyerror"].lines[-1] == "KeyError: 12"
-    assert found["sglang-symm-mem-keyerror"].start_line == where["sglang-symm-mem-keyerror"] - 2
-    assert found["uv-no-solution"].match.groups["package"] == "cuda-toolkit"
+        assert found[signature_id].evidence.line == line, signature_id
+        assert found[signature_id].evidence.file == "planted.log"
+    assert found["sglang-symm-mem-keyerror"].evidence.lines[-1] == "KeyError: 12"
+    assert found["sglang-symm-mem-keyerror"].evidence.start_line == where["sglang-symm-mem-keyerror"] - 2
+    assert found["uv-no-solution"].values["package"] == "cuda-toolkit"
 
 
 def test_a_traceback_split_across_blocks_is_one_event() -> None:
@@ -189,8 +190,8 @@ def test_a_traceback_split_across_blocks_is_one_event() -> None:
     scanner.feed_bytes(data[:cut])
     scanner.feed_bytes(data[cut:] + b"\n")
     scanner.finish()
-    (finding,) = [f for f in scanner.findings if f.signature.id == "sglang-symm-mem-keyerror"]
-    assert finding.match.groups["major"] == "12" and finding.count == 1 and len(finding.lines) == 3
+    (finding,) = [f for f in scanner.findings if f.id == "sglang-symm-mem-keyerror"]
+    assert finding.values["major"] == "12" and finding.evidence.count == 1 and len(finding.evidence.lines) == 3
 
 
 def test_a_report_whose_explanation_arrives_later_is_completed() -> None:
@@ -200,8 +201,8 @@ def test_a_report_whose_explanation_arrives_later_is_completed() -> None:
     for line in rest.splitlines():
         scanner.feed(line)
     new = scanner.finish()
-    assert [f.signature.id for f in new] == ["uv-no-solution"]
-    assert new[0].match.groups["culprit"] == "torch 2.11.0+cu130 (cuda-toolkit[cublas]==13.0.2)"
+    assert [f.id for f in new] == ["uv-no-solution"]
+    assert new[0].values["culprit"] == "torch 2.11.0+cu130 (cuda-toolkit[cublas]==13.0.2)"
 
 
 def test_init_complete_is_a_hang_only_at_the_end_of_the_log() -> None:
@@ -230,7 +231,7 @@ def test_repeats_are_counted_and_the_first_is_reported() -> None:
     line = "[rank{r}]:[E226 11:16:37.1 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5653, OpType=ALLREDUCE, NumelIn=1, NumelOut=1"
     scanner = scan("\n".join(line.format(r=r) for r in range(8)))
     (finding,) = scanner.findings
-    assert finding.count == 8 and finding.line == 1 and finding.match.groups == {"seq": "5653", "op": "ALLREDUCE"}
+    assert finding.evidence.count == 8 and finding.evidence.line == 1 and finding.values == {"seq": "5653", "op": "ALLREDUCE"}
 
 
 def test_a_specific_signature_supersedes_the_generic_one_on_its_line() -> None:
@@ -247,10 +248,10 @@ def test_causes_come_before_their_consequences() -> None:
 def test_feed_reports_a_signature_once_and_finish_once() -> None:
     scanner = Scanner(stage="smoke")
     line = "RuntimeError: CUDA error: no kernel image is available for execution on the device"
-    assert [f.signature.id for f in scanner.feed(line)] == ["cuda-no-kernel-image"]
+    assert [f.id for f in scanner.feed(line)] == ["cuda-no-kernel-image"]
     assert scanner.feed(line) == []
     assert scanner.finish() == [] and scanner.finish() == []
-    assert scanner.findings[0].count == 2
+    assert scanner.findings[0].evidence.count == 2
 
 
 def test_a_stage_selects_its_signatures() -> None:
@@ -262,10 +263,10 @@ def test_a_stage_selects_its_signatures() -> None:
 def test_an_unterminated_last_line_and_a_huge_line_are_scanned() -> None:
     scanner = Scanner()
     scanner.feed_bytes(b"ok\nModuleNotFoundError: No module named 'sglang'")
-    assert scanner.finish()[0].signature.id == "module-not-installed"
+    assert scanner.finish()[0].id == "module-not-installed"
     scanner = Scanner()
     scanner.feed_bytes(b"\r" * (2 << 20) + b" undefined symbol: _ZN3c104cuda9SetDeviceEab")
-    assert "undefined-symbol" in ids(scanner) or "undefined-symbol" in [f.signature.id for f in scanner.finish()]
+    assert "undefined-symbol" in ids(scanner) or "undefined-symbol" in [f.id for f in scanner.finish()]
 
 
 # -- context and values -----------------------------------------------------------------------
@@ -283,20 +284,20 @@ def test_a_lock_fills_the_context_keys() -> None:
 
 def test_findings_quote_the_lock_or_a_neutral_phrase() -> None:
     line = "[2026-02-03 09:00:18 TP0] Attention backend not specified. Use triton backend by default."
-    with_lock = scan(line, context=signatures.lock_context(lockmodel.load(LOCK))).findings[0].match
+    with_lock = scan(line, context=signatures.lock_context(lockmodel.load(LOCK))).findings[0]
     assert "chose triton by itself; the stack runs flashinfer." in with_lock.cause
-    assert with_lock.commands == (f"invoke verify --check abi.imports --check flashinfer.cubin --lock {LOCK}",)
-    without = scan(line).findings[0].match
+    assert with_lock.fix.commands == (f"invoke verify --check abi.imports --check flashinfer.cubin --lock {LOCK}",)
+    without = scan(line).findings[0]
     assert "the stack runs flashinfer in the default profile." in without.cause
-    assert "{" not in without.cause + without.fix + "".join(without.commands)
+    assert "{" not in without.cause + without.fix.text + "".join(without.fix.commands)
 
 
 def test_cuda_major_findings_quote_the_locked_torch_build() -> None:
     context = signatures.lock_context(lockmodel.load(LOCK))
-    match = scan("ImportError: libcudart.so.12: cannot open shared object file: No such file or directory", context=context).findings[0].match
+    match = scan("ImportError: libcudart.so.12: cannot open shared object file: No such file or directory", context=context).findings[0]
     assert match.title == "libcudart.so.12 is missing: a build for CUDA 12, not for the stack's CUDA (13.0)"
     arch = scan("NVIDIA RTX PRO 6000 Blackwell Server Edition with CUDA capability sm_120 is not compatible with the current PyTorch installation.", context=context)
-    assert "the stack pins torch==2.9.1+cu130" in arch.findings[0].match.cause
+    assert "the stack pins torch==2.9.1+cu130" in arch.findings[0].cause
 
 
 PIP_BLOCK = next(s for s in ALL if s.id == "pip-resolution-impossible").examples[1]
@@ -313,9 +314,20 @@ def test_the_resolver_culprit_is_the_requirement_that_excludes_the_pin() -> None
 
 def test_uv_reports_are_read_through_their_line_wrapping() -> None:
     report = "  × No solution found when resolving dependencies:\n  ╰─▶ Because flashinfer-python==0.6.4 depends on\n      torch>=2.10 and you require torch==2.9.1+cu130, we can conclude that your\n      requirements are unsatisfiable."
-    found = scan(report, context={"lock_pins": "torch==2.9.1+cu130"}).findings[0].match.groups
+    found = scan(report, context={"lock_pins": "torch==2.9.1+cu130"}).findings[0].values
     assert found["package"] == "torch"
     assert found["culprit"] == "flashinfer-python 0.6.4 (torch>=2.10)"
+
+
+def test_a_uv_report_about_every_version_of_a_requirer_names_it() -> None:
+    """uv 0.9 writes "all versions of X depend on" (not "depends on") when no release fits."""
+    report = (
+        "error: No solution found when resolving dependencies\n"
+        "  cause: Because all versions of eager-upgrader depend on torch>=2.10 and you require torch==2.9.1+cu130, we can conclude that your requirements and all versions of eager-upgrader are incompatible.\n"
+        "         And because you require eager-upgrader==1.0, we can conclude that your requirements are unsatisfiable."
+    )
+    (finding,) = scan(report, stage="provision", context={"lock_pins": "torch==2.9.1+cu130"}).findings
+    assert finding.id == "uv-no-solution" and finding.values["culprit"] == "eager-upgrader (torch>=2.10)"
 
 
 # -- the other users of the knowledge base -----------------------------------------------------
@@ -324,7 +336,7 @@ def test_uv_reports_are_read_through_their_line_wrapping() -> None:
 def test_verify_import_classifier_still_names_undefined_symbols() -> None:
     lock = lockmodel.load(LOCK)
     outcome = ImportOutcome("sgl_kernel", False, 0.4, "ImportError: /x/sgl_kernel/common_ops.abi3.so: undefined symbol: _ZN3c104cuda9SetDeviceEab", demangled={"_ZN3c104cuda9SetDeviceEab": "c10::cuda::SetDevice(signed char, bool)"})
-    text, fix = classify_import(outcome, lock)
+    text, fix = classify_import(outcome, lock, explain_import(outcome, lock))
     assert text.startswith("undefined symbol c10::cuda::SetDevice(signed char, bool): ABI mismatch with torch")
     flag = f" --lock {lock.path}"
     assert fix.commands == (f"invoke provision --only python{flag}", f"invoke verify --check python.frozen --check abi.imports{flag}")
@@ -332,7 +344,8 @@ def test_verify_import_classifier_still_names_undefined_symbols() -> None:
 
 def test_verify_import_classifier_names_a_cuda_major_mismatch() -> None:
     outcome = ImportOutcome("sgl_kernel", False, 0.4, "Traceback (most recent call last):\nImportError: libcudart.so.12: cannot open shared object file: No such file or directory")
-    text, _ = classify_import(outcome, lockmodel.load(LOCK))
+    lock = lockmodel.load(LOCK)
+    text, _ = classify_import(outcome, lock, explain_import(outcome, lock))
     assert "built against CUDA 12 (libcudart.so.12)" in text and "the stack's (13.0)" in text
 
 
@@ -342,8 +355,8 @@ _WORDS = re.compile(r"[\w'.+=/<>-]+")
 _ARTICLE_CLASH = re.compile(r"\b(a|an|the)\s+\S+\s+(a|an|the)\b", re.IGNORECASE)
 
 
-def _texts(match: signatures.Match) -> dict[str, str]:
-    return {"title": match.title, "cause": match.cause, "fix": match.fix, **{f"commands[{i}]": c for i, c in enumerate(match.commands)}}
+def _texts(finding: Finding) -> dict[str, str]:
+    return {"title": finding.title, "cause": finding.cause, "fix": finding.fix.text, **{f"commands[{i}]": c for i, c in enumerate(finding.fix.commands)}}
 
 
 def _bigrams(text: str) -> dict[tuple[str, str], int]:

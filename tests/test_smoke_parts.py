@@ -21,10 +21,12 @@ from fakes.fake_nvml import gpu, machine
 from smoke_support import living
 
 from stackgate.checks.smoke import logscan, serverinfo
+from stackgate.commands import smoke
 from stackgate.edges.files import write_json
 from stackgate.facts import serverlog
 from stackgate.models import secretargs
 from stackgate.models import spec as lockmodel
+from stackgate.models.redact import REDACTED
 from stackgate.models.result import Status
 from stackgate.serve import bench, fastmode, launch, quality, ready
 from stackgate.serve.procs import ProcessTree
@@ -110,10 +112,18 @@ def test_the_server_environment_is_the_shell_then_stackgate_env_then_smoke_env(t
     assert ours == {"CUDA_HOME": "/usr/local/cuda-13.0", "PATH": "/usr/local/cuda-13.0/bin:/usr/bin", "NCCL_P2P_LEVEL": "SYS"}
 
 
-def test_secrets_are_redacted_by_name():
-    assert launch.redacted({"HF_TOKEN": "x", "WANDB_API_KEY": "y", "DB_PASSWORD": "z", "AWS_SECRET": "s", "CUDA_HOME": "/c"}) == {
-        "AWS_SECRET": "<redacted>", "CUDA_HOME": "/c", "DB_PASSWORD": "<redacted>", "HF_TOKEN": "<redacted>", "WANDB_API_KEY": "<redacted>",
+def test_a_session_shows_its_environment_and_server_info_with_the_secrets_hidden(tmp_path):
+    (config,) = launch.configs(make_lock(tmp_path))
+    key = "Zq9-served-key-1"
+    environment = {"HF_TOKEN": "x", "WANDB_API_KEY": "y", "DB_PASSWORD": "z", "AWS_SECRET": "s", "CUDA_HOME": "/c", "SERVE_AUTH": key}
+    info = {"api_key": key, "admin_api_key": None, "tokenizer_path": "/m", "max_total_num_tokens": 5}
+    session = smoke.Session(config, argv=("sglang", "--api-key", "${SERVE_AUTH}"), api_key=key, environment=environment, server_info=info)
+    shown = session.to_dict()
+    assert shown["environment"] == {
+        "AWS_SECRET": REDACTED, "CUDA_HOME": "/c", "DB_PASSWORD": REDACTED, "HF_TOKEN": REDACTED, "SERVE_AUTH": REDACTED, "WANDB_API_KEY": REDACTED,
     }  # fmt: skip
+    assert shown["server_info"] == {**info, "api_key": REDACTED} and shown["command"] == ["sglang", "--api-key", "${SERVE_AUTH}"]  # a reference is shown
+    assert key not in json.dumps(shown)
 
 
 # --- refusals ---------------------------------------------------------------------------------
@@ -220,11 +230,11 @@ def test_the_cause_is_the_specific_error_not_the_wrapper(tmp_path):
     )
     watcher = serverlog.LogWatcher(log)
     watcher.poll()
-    assert watcher.fatal.signature.id == "sglang-scheduler-exception"  # the first to stop on
-    assert watcher.cause.signature.id == "cuda-out-of-memory"  # the one to report
+    assert watcher.fatal.id == "sglang-scheduler-exception"  # the first to stop on
+    assert watcher.cause.id == "cuda-out-of-memory"  # the one to report
     results = logscan.finding_results(watcher.findings, "log", lock_backend="flashinfer")
     assert [r.check for r in results] == ["log.cuda-out-of-memory", "log.sglang-scheduler-exception", "log.sglang-child-failed"]
-    assert results[0].summary == "A GPU ran out of memory" and results[0].data["text"] == "CUDA out of memory. Tried to allocate 3.50 GiB"
+    assert results[0].summary == "A GPU ran out of memory" and results[0].data["finding"]["evidence"] == {"file": str(log), "line": 2, "start_line": 2, "count": 1, "lines": ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB."]}
 
 
 def test_a_default_backend_equal_to_the_lock_s_is_only_a_warning(tmp_path):

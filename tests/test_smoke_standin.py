@@ -18,6 +18,7 @@ from smoke_support import Rig, assert_nothing_left, by_name, free_port, living, 
 
 from stackgate.edges import httpclient
 from stackgate.edges.files import write_json
+from stackgate.models.finding import Finding
 from stackgate.models.result import Status
 
 FUSION = "--enable-flashinfer-allreduce-fusion"
@@ -164,6 +165,10 @@ def test_a_crash_at_start_is_reported_with_exit_code_last_lines_and_the_known_ca
     keyerror = results["smoke.log.sglang-symm-mem-keyerror"]
     assert keyerror.status == Status.FAIL and keyerror.summary == "--enable-torch-symm-mem has no size table for compute capability 12"
     assert keyerror.fix.commands[0] == f"invoke provision --only patches --lock {rig.tmp / 'lock.toml'}"  # the fix names this lock
+    (session,) = done.document()["smoke"]["sessions"]
+    written = next(f for f in session["findings"] if f["id"] == "sglang-symm-mem-keyerror")
+    assert keyerror.data == {"finding": written} and Finding.from_dict(written).fix == keyerror.fix  # one form, in the results and the session
+    assert written["evidence"]["file"] == session["log_path"] and written["evidence"]["lines"][-1].endswith("KeyError: 12")
     assert "smoke.benchmark" not in results  # nothing to measure
     assert done.sessions[0].teardown.how == "exited by itself"
     assert_nothing_left(rig)
@@ -174,7 +179,7 @@ def test_a_fatal_log_line_while_loading_stops_the_wait_at_once(rig):
     rig.behave(fatal_line={"phase": "load", "line": line})
     done = rig.run(rig.lock())  # ready_timeout_s is 60: the wait must end on the line, not the clock
     ready = done.sessions[0].readiness
-    assert ready.reason == "fatal" and ready.finding.signature.id == "nccl-error"
+    assert ready.reason == "fatal" and ready.finding.id == "nccl-error"
     results = by_name(done.results)
     assert "fatal error" in results["smoke.launch"].summary and results["smoke.log.nccl-error"].status == Status.FAIL
     # Still loading, the server has not installed its drain handler: SIGTERM ends it at once.
@@ -208,7 +213,7 @@ def test_a_server_dying_mid_stream_stops_the_benchmark_with_its_cause(rig):
     # Whichever the watcher saw first: the fatal lines it wrote, or its death just after them.
     assert re.match(r"the benchmark stopped: run 1 failed: the server (exited with code -9|logged a fatal error \((sglang-scheduler-exception|cuda-out-of-memory))", bench.summary)
     assert results["smoke.log.cuda-out-of-memory"].status == Status.FAIL
-    assert results["smoke.log.cuda-out-of-memory"].data["text"] == "CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert results["smoke.log.cuda-out-of-memory"].data["finding"]["evidence"]["lines"][-1].endswith(oom[1])
     assert done.figures.runs[0].tokens < 200
     assert_nothing_left(rig)
 
@@ -418,7 +423,7 @@ def test_the_json_report_records_the_run_and_redacts_secrets(rig, tmp_path):
     write_json(tmp_path / "smoke.json", doc)
     reread = json.loads((tmp_path / "smoke.json").read_text())
     session = reread["smoke"]["sessions"][0]
-    assert reread["schema"] == "stackgate.report/1" and reread["smoke"]["schema"] == "stackgate.smoke/1"
+    assert reread["schema"] == "stackgate.report/1" and reread["smoke"]["schema"] == "stackgate.smoke/2"
     assert session["environment"]["HF_TOKEN"] == "<redacted>" and session["environment"]["MY_API_KEY"] == "<redacted>"
     assert session["set_by_stackgate"]["NCCL_DEBUG"] == "INFO"
     assert "hf_abc" not in json.dumps(reread)
@@ -505,6 +510,8 @@ def test_a_server_with_an_api_key_gets_it_from_the_environment_and_it_is_never_s
     assert session.argv[-2:] == ("--api-key", "${SERVE_AUTH}")  # what is shown: the reference
     write_json(tmp_path / "smoke.json", done.document())
     assert key not in (tmp_path / "smoke.json").read_text()
+    (written,) = json.loads((tmp_path / "smoke.json").read_text())["smoke"]["sessions"]
+    assert written["command"][-2:] == ["--api-key", "${SERVE_AUTH}"] and written["command_line"].endswith(" --api-key '${SERVE_AUTH}'")  # the reference, as shown
     assert session.to_dict()["environment"]["SERVE_AUTH"] == "<redacted>"
     assert_nothing_left(rig)
 

@@ -80,6 +80,6 @@ def test_diagnose_commands_are_never_wrapped(terminal: tuple[UI, Terminal]) -> N
     (finding,) = scanner.findings
     ui.findings("stackgate diagnose", [finding], "1 finding")
     lines = shown(stream)
-    for command in finding.match.commands:
+    for command in finding.fix.commands:
         assert len(f"  $ {command}") > 80
         assert f"  $ {command}" in lines

@@ -96,6 +96,19 @@ def test_list_names_every_check():
     assert done.returncode == 0
     names = [line.split()[0] for line in done.stdout.splitlines()]
     assert "gpu.capability" in names and "abi.elf" in names
+    for name, title in (("environment.generation", "The live generation was built from this lock's Python stack."), ("environment.drift", "The installed distributions and the patches are as locked.")):
+        assert f"{name:<{len(max(names, key=len))}}  {title} (when named: --check; the gate runs it)" in done.stdout.splitlines()
+
+
+def test_the_gate_s_environment_checks_run_by_name(tmp_path):
+    """The default lock's root does not exist here: no live generation, nothing to judge drift on."""
+    done = verify("--check", "environment.*", "--json", str(tmp_path / "v.json"))
+    assert done.returncode == 1, done.stderr
+    results = {r["check"]: r for r in json.loads((tmp_path / "v.json").read_text())["results"]}
+    assert list(results) == ["environment.generation", "environment.drift"]
+    assert results["environment.generation"]["status"] == "FAIL" and results["environment.generation"]["summary"] == "no live environment: /opt/stackgate/current does not exist"
+    assert results["environment.generation"]["fix"]["commands"] == [f"invoke provision --lock {ROOT / 'lockfiles' / 'blackwell-sm120-cu130.toml'}"]
+    assert results["environment.drift"]["status"] == "SKIP"
 
 
 def test_a_run_where_everything_skipped_is_not_a_pass():

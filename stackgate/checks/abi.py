@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from stackgate.checks.core import check
 from stackgate.facts import Facts, ImportOutcome, Missing
 from stackgate.models import knowledge
-from stackgate.models.finding import Fix
+from stackgate.models.finding import Finding, Fix
 from stackgate.models.result import Result, failed, passed, skipped
 from stackgate.models.spec import Lock
 
-__all__ = ["classify_import", "symbol_provider"]
+__all__ = ["classify_import", "explain_import", "symbol_provider"]
 
 # Whose symbol a C++ name is, by its leading namespace; a C name, by its prefix.
 _NAMESPACES = {"c10": "torch", "at": "torch", "torch": "torch", "caffe2": "torch", "flashinfer": "flashinfer"}
@@ -27,30 +28,42 @@ def imports(lock: Lock, facts: Facts) -> Result:
     if not outcomes:
         return skipped("the lock lists no import names (python.imports)")
     broken = [o for o in outcomes.values() if not o.ok]
-    data = {o.name: {"ok": o.ok, "seconds": round(o.duration_s, 3), "error": o.error_line or None} for o in outcomes.values()}
+    data: dict[str, Any] = {o.name: {"ok": o.ok, "seconds": round(o.duration_s, 3), "error": o.error_line or None} for o in outcomes.values()}
     timings = ", ".join(f"{o.name} {o.duration_s:.1f}s" for o in outcomes.values() if o.ok)
     if broken:
-        findings = [classify_import(o, lock) for o in broken]
-        details = [f"import {o.name}: {text}" for o, (text, _) in zip(broken, findings, strict=True)]
-        commands = tuple(dict.fromkeys(c for _, fix in findings for c in fix.commands))
-        fix = Fix(" ".join(dict.fromkeys(fix.text for _, fix in findings)), commands)
+        known = {o.name: explain_import(o, lock) for o in broken}
+        for name, finding in known.items():
+            data[name]["finding"] = finding.to_dict() if finding else None
+        said = [classify_import(o, lock, known[o.name]) for o in broken]
+        details = [f"import {o.name}: {text}" for o, (text, _) in zip(broken, said, strict=True)]
+        commands = tuple(dict.fromkeys(c for _, fix in said for c in fix.commands))
+        fix = Fix(" ".join(dict.fromkeys(fix.text for _, fix in said)), commands)
         return failed(f"{len(broken)} of {len(outcomes)} import(s) fail: {details[0]}", details, fix, data)
     return passed(f"{len(outcomes)} module(s) import ({timings})", data=data)
 
 
-def classify_import(outcome: ImportOutcome, lock: Lock) -> tuple[str, Fix]:
-    """What an import failure means, from the knowledge base; the raw error when it knows nothing."""
+def explain_import(outcome: ImportOutcome, lock: Lock) -> Finding | None:
+    """What the knowledge base knows about an import's failure (its output read as the input
+    ``import <name>``); None for a hang, or an error it does not know."""
+    if outcome.timed_out:
+        return None
+    return knowledge.match_first(outcome.output, stage="verify", context=knowledge.lock_context(lock), source=f"import {outcome.name}")
+
+
+def classify_import(outcome: ImportOutcome, lock: Lock, finding: Finding | None) -> tuple[str, Fix]:
+    """What an import failure means in one line, and its fix: the finding's, the raw error when
+    the knowledge base knows nothing."""
     if outcome.timed_out:
         return f"timed out after {outcome.duration_s:.0f} s (a hang at import: a lock, a network call, a GPU init)", Fix("Run the import by hand to see where it stops.", (f"{lock.python.target} -X importtime -c 'import {outcome.name}'",))
-    match = knowledge.match_first(outcome.output, stage="verify", context=knowledge.lock_context(lock))
-    if match is None:
+    if finding is None:
         return outcome.error_line or "failed with no message", Fix("Reinstall the stack.", ("invoke provision --only python",))
-    text = f"{match.text.strip()} -> {match.cause}"
-    if match.signature.id == "undefined-symbol":
-        symbol = match.groups["symbol"]
+    evidence = finding.evidence
+    text = f"{evidence.lines[evidence.line - (evidence.start_line or evidence.line)].strip()} -> {finding.cause}"
+    if finding.id == "undefined-symbol":
+        symbol = finding.values["symbol"]
         demangled = outcome.demangled.get(symbol, symbol)
-        text = f"undefined symbol {demangled}: ABI mismatch with {symbol_provider(demangled)}; {match.cause}"
-    return text, Fix(match.fix, match.commands)
+        text = f"undefined symbol {demangled}: ABI mismatch with {symbol_provider(demangled)}; {finding.cause}"
+    return text, finding.fix
 
 
 def symbol_provider(symbol: str) -> str:

@@ -44,6 +44,9 @@ class Check:
     needs: tuple[str, ...]
     timeout: float | Callable[[], float]  #: seconds, or how to read them when the check runs (a setting)
     slow: bool
+    #: Runs only when a pattern names it (``verify --check environment.*``, the gate's
+    #: environment stage), never in a plain ``verify``.
+    named_only: bool = False
 
     @property
     def timeout_s(self) -> float:
@@ -58,28 +61,29 @@ class Check:
 REGISTRY: dict[str, Check] = {}
 
 
-def check(name: str, *, needs: Sequence[str] = (), timeout_s: float | Callable[[], float] = 30.0, slow: bool = False) -> Callable[[CheckFunction], CheckFunction]:
+def check(name: str, *, needs: Sequence[str] = (), timeout_s: float | Callable[[], float] = 30.0, slow: bool = False, named_only: bool = False) -> Callable[[CheckFunction], CheckFunction]:
     """Register a check under a stable dotted name; its docstring's first line is its title."""
 
     def register(function: CheckFunction) -> CheckFunction:
         if name in REGISTRY:
             raise CheckError(f"check {name!r} is registered twice")
         title = (function.__doc__ or name).strip().splitlines()[0]
-        REGISTRY[name] = Check(name, function, title, tuple(needs), timeout_s, slow)
+        REGISTRY[name] = Check(name, function, title, tuple(needs), timeout_s, slow, named_only)
         return function
 
     return register
 
 
 def select(patterns: Sequence[str] = (), registry: Mapping[str, Check] | None = None, *, include_slow: bool = True) -> list[Check]:
-    """The checks whose names match any pattern (exact name or glob); all of them by default.
+    """The checks whose names match any pattern (exact name or glob); without a pattern, all of
+    them but those that run only when named.
 
     A pattern that matches nothing is an error: a typo must not turn into a green run.
     """
     registry = REGISTRY if registry is None else registry
     checks = [c for c in registry.values() if include_slow or not c.slow]
     if not patterns:
-        return checks
+        return [c for c in checks if not c.named_only]
     chosen: list[Check] = []
     for pattern in patterns:
         hits = [c for c in checks if c.name == pattern or fnmatch.fnmatchcase(c.name, pattern) or c.name.startswith(pattern + ".")]

@@ -26,11 +26,13 @@ from stackgate.edges.files import write_json
 from stackgate.models import knowledge, settings
 from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode, UsageError
-from stackgate.models.knowledge import Finding
+from stackgate.models.finding import Finding
 
 __all__ = ["SCHEMA", "DiagnoseError", "DiagnoseRequest", "Diagnosis", "Input", "diagnose", "document", "inputs_summary", "run", "verdict_line"]
 
-SCHEMA = "stackgate.diagnose/1"
+#: /2: each finding in its one form (models.finding): ``evidence`` holds the input, line numbers,
+#: lines and count that /1 had at the top level.
+SCHEMA = "stackgate.diagnose/2"
 STDIN = "<stdin>"
 
 
@@ -67,7 +69,7 @@ class Diagnosis:
 
     @property
     def counts(self) -> dict[str, int]:
-        counted = Counter(f.signature.severity for f in self.findings)
+        counted = Counter(f.severity for f in self.findings)
         return {severity: counted.get(severity, 0) for severity in reversed(knowledge.SEVERITIES)}
 
     @property
@@ -93,12 +95,13 @@ def run(request: DiagnoseRequest, ui: Any, stdin: BinaryIO | None = None) -> Exi
     return done.exit_code
 
 
-def diagnose(inputs: Sequence[tuple[str, Callable[[], Any]]], context: dict[str, str] | None = None, *, lock: lockmodel.Lock | None = None) -> Diagnosis:
-    """Scan each ``(name, open)`` input (``open()`` gives a binary stream) and gather the findings."""
+def diagnose(inputs: Sequence[tuple[str, Callable[[], Any]]], context: dict[str, str] | None = None, *, lock: lockmodel.Lock | None = None, stage: str | None = None) -> Diagnosis:
+    """Scan each ``(name, open)`` input (``open()`` gives a binary stream) and gather the findings
+    (of the signatures of ``stage`` only, when given: provision reads installer logs so)."""
     started, clock = time.time(), time.monotonic()
     scanned, findings = [], []
     for name, opener in inputs:
-        scanner = knowledge.Scanner(context=context, source=name)
+        scanner = knowledge.Scanner(stage=stage, context=context, source=name)
         try:
             with opener() as stream:
                 scanner.scan_stream(stream)
@@ -122,31 +125,10 @@ def document(done: Diagnosis) -> dict[str, Any]:
         "started": datetime.fromtimestamp(done.started, timezone.utc).isoformat(timespec="seconds"),
         "duration_s": round(done.duration_s, 3),
         "inputs": [{"name": i.name, "lines": i.lines, "bytes": i.bytes} for i in done.inputs],
-        "findings": [_finding(f) for f in done.findings],
+        "findings": [f.to_dict() for f in done.findings],
         "counts": done.counts,
         "verdict": "failed" if done.exit_code else "passed",
         "exit_code": int(done.exit_code),
-    }
-
-
-def _finding(finding: Finding) -> dict[str, Any]:
-    signature, match = finding.signature, finding.match
-    return {
-        "id": signature.id,
-        "title": match.title,
-        "component": signature.component,
-        "severity": signature.severity,
-        "consequence": signature.consequence,
-        "input": finding.source,
-        "line": finding.line,
-        "start_line": finding.start_line,
-        "count": finding.count,
-        "lines": list(finding.lines),
-        "values": dict(match.groups),
-        "cause": match.cause,
-        "fix": {"text": match.fix, "commands": list(match.commands)},
-        "learned_from": signature.source,
-        "references": list(signature.references),
     }
 
 

@@ -8,7 +8,8 @@ stage           what it proves                                         runs only
 lock            the lockfile loads, and names a model to launch        (first)
 environment     the live environment is the one the lock describes:    lock
                 same generation (built from this lock's Python stack),
-                no drift (pins, requirements, patches)
+                no drift (pins, requirements, patches): the
+                registered ``environment.*`` checks
 verify          ``verify --deep``: every check, then real GPU work     lock
 fast_smoke      ``smoke --fast``: the launch, random weights, a few    lock, environment, verify
                 layers (minutes, not a full load)
@@ -37,17 +38,19 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Mapping, Sequence
 
+from stackgate.checks.all import REGISTRY
+from stackgate.checks.core import run_checks, select
 from stackgate.commands import smoke
 from stackgate.commands import verify as verifycmd
 from stackgate.edges import runner
 from stackgate.edges.files import write_json, write_text
-from stackgate.facts import Facts, Missing, gather
+from stackgate.facts import Facts, gather
 from stackgate.models import settings
 from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.finding import Fix
 from stackgate.models.redact import redact
-from stackgate.models.result import Result, Status, failed, passed, skipped
+from stackgate.models.result import Result, Status, failed, passed
 from stackgate.models.verdict import Verdict, judge
 from stackgate.models.verdict import document as report_document
 from stackgate.render import report, summaries
@@ -55,12 +58,12 @@ from stackgate.render.ui import UI
 from stackgate.runs import fingerprint as fp
 from stackgate.runs import history
 from stackgate.serve import launch
-from stackgate.stack import generations, pyenv
-from stackgate.stack.plan import environment_drift
 
 __all__ = ["SCHEMA", "STAGES", "GateContext", "GateRequest", "GateRun", "GateUsageError", "Stage", "StageInterrupted", "StageRun", "run", "run_gate", "run_stages"]
 
 SCHEMA = "stackgate.gate/1"
+#: The environment stage: the registered checks of the environment area (checks/environment.py).
+ENVIRONMENT_CHECKS = ("environment.*",)
 PASSED, FAILED, NOT_RUN, INTERRUPTED = "passed", "failed", "not run", "interrupted"
 
 
@@ -119,7 +122,8 @@ class GateContext:
         if self._facts is None:
             assert self.lock is not None
             static, deep = verifycmd.plan(self.request.verify_checks, deep=True)
-            parts = sorted({*fp.PARTS, *(part for c in (*static, *deep) for part in c.needs)})
+            environment = select(ENVIRONMENT_CHECKS, REGISTRY)
+            parts = sorted({*fp.PARTS, *(part for c in (*environment, *static, *deep) for part in c.needs)})
             self._facts = gather(self.lock, parts, environ=self.environ, nvml_lib=self.nvml_lib)
         return self._facts
 
@@ -199,45 +203,10 @@ def _lock_stage(ctx: GateContext) -> list[Result]:
 
 def _environment_stage(ctx: GateContext) -> list[Result]:
     assert ctx.lock is not None
-    return [_named("environment.generation", _generation(ctx.lock)), _named("environment.drift", _drift(ctx.lock, ctx.facts))]
-
-
-def _generation(lock: lockmodel.Lock) -> Result:
-    """The live generation was built from this lock's Python stack."""
-    root = lock.python.root
-    if root is None:
-        return skipped(f"python.interpreter names an existing environment ({lock.python.interpreter}): there is no generation to compare; drift is judged from its installed distributions")
-    provision = Fix("Build the lock's environment and switch to it.", (f"invoke provision --lock {lock.path}",))
-    state = generations.read(root)
-    current = state.current
-    if current is None:
-        missing = state.current_error or f"{root / 'current'} does not exist"
-        return failed(f"no live environment: {missing}", fix=provision)
-    if current.marker is None or not current.ready:
-        return failed(f"the live generation {current.id} is {current.state}: not one provision finished", fix=provision)
-    changed = pyenv.spec_changes(current.marker.get("spec", {}), pyenv.spec(lock))
-    data = {"generation": current.id, "built": current.marker.get("finished"), "built_from": current.marker.get("lock", {})}
-    if changed:
-        return failed(f"the lock's Python stack changed since generation {current.id} was built: {changed[0]}", changed, provision, data)
-    built_from = (current.marker.get("lock") or {}).get("sha256")
-    note = [] if built_from in (None, lock.sha256) else [f"built from another version of the lockfile (sha256 {built_from[:12]}) with the same Python stack"]
-    return passed(f"{root / 'current'} -> generation {current.id}, built from this lock's Python stack", note, data=data)
-
-
-def _drift(lock: lockmodel.Lock, facts: Facts) -> Result:
-    """The installed distributions and the patches are as locked."""
-    dists = facts.dists
-    if isinstance(dists, Missing):
-        return skipped(f"cannot be judged: {dists.reason}")
-    problems = environment_drift(lock, dists)
-    found = facts.patches
-    if not isinstance(found, Missing):
-        problems += [f"patch {s.patch.file.name}: {s.problem}" for s in found if s.problem]
-    data = {"pins": len(lock.python.packages), "patches": len(lock.patches), "distributions": len(dists.distributions), "drift": problems}
-    if problems:
-        how = f"invoke provision --lock {lock.path}" if lock.python.root else f"reinstall the locked versions into {lock.python.target}"
-        return failed(f"{len(problems)} difference(s) from the lock: {problems[0]}", problems, Fix("Bring the environment back to the lock.", (how,)), data)
-    return passed(f"{len(lock.python.packages)} pin(s) and {len(lock.patches)} patch(es) as locked; requirements of {len(dists.distributions)} distributions consistent", data=data)
+    checks = select(ENVIRONMENT_CHECKS, REGISTRY)
+    for part in sorted({part for c in checks for part in c.needs}):
+        ctx.facts.get(part)  # gathered first, as verify does: a check's timeout measures the check, not a slow probe
+    return run_checks(checks, ctx.lock, ctx.facts, verbose=bool(ctx.ui.verbose))
 
 
 def _verify_stage(ctx: GateContext) -> list[Result]:

@@ -17,20 +17,23 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ContextManager, Mapping
+from typing import Callable, ContextManager, Mapping, Sequence
 
 from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import Check, run_checks
+from stackgate.commands import diagnose
 from stackgate.commands.verify import verify
 from stackgate.edges import fetch
 from stackgate.facts import Missing, gather
-from stackgate.models import faults
+from stackgate.facts.compare import environment_drift, environment_spec
+from stackgate.models import faults, knowledge
 from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode, UsageError
+from stackgate.models.finding import Finding
 from stackgate.models.result import Result, Status
 from stackgate.render.ui import UI, Activity
 from stackgate.stack import generations, guard, patches, pyenv, toolkit
-from stackgate.stack.plan import AREAS, Plan, Step, cache_dir, environment_drift, plan
+from stackgate.stack.plan import AREAS, Plan, Step, cache_dir, plan
 
 __all__ = ["ProvisionError", "ProvisionRequest", "ProvisionUsage", "RollbackRequest", "rollback", "run"]
 
@@ -129,7 +132,7 @@ def _provision(lock: lockmodel.Lock, request: ProvisionRequest, environ: dict[st
     try:
         apply(the_plan, state, environ, ui)
     except (ProvisionError, pyenv.PyenvError, guard.GuardError) as exc:
-        return _failed(exc, exc.log, exc.tail, state, ui)
+        return _failed(exc, exc.log, exc.tail, state, ui, _known_failures(exc.log, lock))
     except (toolkit.ToolkitError, patches.PatchError) as exc:
         return _failed(exc, None, (), state, ui)  # their text names the log and its last lines
     except OSError as exc:  # a full disk, a vanished folder
@@ -137,8 +140,19 @@ def _provision(lock: lockmodel.Lock, request: ProvisionRequest, environ: dict[st
     return _verify_built(lock, the_plan, request, environ, ui)
 
 
-def _failed(exc: BaseException, log: Path | None, tail: tuple[str, ...], before: generations.RootState, ui: UI) -> ExitCode:
-    ui.tail(f"stackgate provision failed: {exc}", log, tail)
+def _known_failures(log: Path | None, lock: lockmodel.Lock) -> list[Finding]:
+    """What the knowledge base knows of a failed step, read from its full log (installer output)."""
+    if log is None:
+        return []
+    try:
+        done = diagnose.diagnose([(str(log), lambda: open(log, "rb"))], knowledge.lock_context(lock), stage="provision")
+    except diagnose.DiagnoseError:
+        return []  # the log is gone: the tail shown is all there is
+    return list(done.findings)
+
+
+def _failed(exc: BaseException, log: Path | None, tail: tuple[str, ...], before: generations.RootState, ui: UI, findings: Sequence[Finding] = ()) -> ExitCode:
+    ui.tail(f"stackgate provision failed: {exc}", log, tail, findings)
     now = generations.read(before.root).current
     link = before.root / "current"
     if (now.path if now else None) == (before.current.path if before.current else None):
@@ -309,7 +323,7 @@ def _venv(build: Build, step: Step, activity: Activity) -> None:
     lock = build.lock
     about = {
         "lock": {"name": lock.name, "path": str(lock.path), "sha256": lock.sha256},
-        "spec": pyenv.spec(lock),
+        "spec": environment_spec(lock),
         "base_python": {"path": str(base.path), "version": base.version},
     }
     build.generation = generations.create(build.the_plan.generation, about)

@@ -1,7 +1,8 @@
 """`invoke report`: the history of runs, one run, what changed between two, or an HTML page.
 
 - no run named: every kept run with its verdict and decode tok/s, and a trend per lock;
-- one run (``A``): its stages, failures, benchmark and fingerprint;
+- one run (``A``): its stages, failures, the known failures its server logs showed (also as a
+  run kept before findings had one form wrote them), benchmark and fingerprint;
 - two runs (``A B``): what changed from A to B, component by component, next to the change
   in tok/s, and the checks whose status changed;
 - ``--html PATH`` (with no run or one): a self-contained page for the history or that run.
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Sequence
 
 from stackgate.edges.files import write_text
+from stackgate.models import knowledge
 from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.redact import redact
@@ -27,7 +29,7 @@ from stackgate.render import html, summaries
 from stackgate.render.ui import UI
 from stackgate.runs import history, rundiff
 
-__all__ = ["ReportRequest", "ReportUsage", "run"]
+__all__ = ["ReportRequest", "ReportUsage", "run", "show_findings"]
 
 #: The trend shows at most this many of the newest runs.
 TREND = 40
@@ -128,6 +130,7 @@ def show_run(run: history.Run, ui: UI) -> None:
             ui.line(f"        fix: {fix.get('text', '')}")
             for command in fix.get("commands", ()):
                 ui.line(f"        $ {command}")
+    show_findings(run, ui)
     if run.command == "gate":
         ui.line(summaries.benchmark_line(run.benchmark))
     elif run.benchmark is not None:
@@ -136,6 +139,18 @@ def show_run(run: history.Run, ui: UI) -> None:
     if finger:
         ui.line(f"fingerprint {finger.get('short')} ({', '.join(finger['components'])})")
     ui.line(f"file: {run.path}")
+
+
+def show_findings(run: history.Run, ui: UI) -> None:
+    """The known failures the run's server logs showed, one line each, most severe first."""
+    findings, unreadable = run.findings()
+    if findings:
+        ui.line(f"known failures in the server logs ({len(findings)}):")
+    for finding in sorted(findings, key=knowledge.rank):
+        seen = f", {finding.evidence.count} times" if finding.evidence.count > 1 else ""
+        ui.line(f"  {finding.severity.upper():<7} {finding.id}: {finding.title} ({finding.evidence.where}{seen})")
+    for problem in unreadable:
+        ui.warn(f"warning: a finding of run {run.id} cannot be read: {problem}")
 
 
 def show_comparison(comparison: rundiff.Comparison, ui: UI) -> None:

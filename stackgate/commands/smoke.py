@@ -25,8 +25,7 @@ from stackgate.facts import serverlog
 from stackgate.models import envfile, knowledge, secretargs, settings
 from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode, UsageError
-from stackgate.models.finding import Fix
-from stackgate.models.knowledge import Finding
+from stackgate.models.finding import Finding, Fix
 from stackgate.models.redact import redact
 from stackgate.models.result import Result, Status, failed, passed, skipped, warned
 from stackgate.models.verdict import Verdict, judge
@@ -56,7 +55,9 @@ __all__ = [
     "run_smoke",
 ]
 
-SCHEMA = "stackgate.smoke/1"
+#: The smoke part's version: /2 carries each finding in its one form (models.finding), where /1
+#: had a flat form of its own (``"fix"`` text, ``"commands"``, ``"source"``, ``"line"``).
+SCHEMA = "stackgate.smoke/2"
 #: The columns of a benchmark table (rows: :func:`benchmark_rows`).
 BENCHMARK_HEADERS = ("run", "tokens", "seconds", "tok/s", "TTFT ms", "decode tok/s")
 #: The columns of a concurrency table (rows: :func:`concurrency_rows`).
@@ -161,20 +162,21 @@ class Session:
             self.failure, self.failure_seen_at = reason, at or time.time()
 
     def to_dict(self) -> dict[str, Any]:
+        """The session for a report, its secrets hidden (the server's key wherever it appears)."""
         ready = self.readiness
-        return {
+        shown = {
             "label": self.config.title,
             "command": list(self.argv),
             "command_line": secretargs.command_line(self.argv) if self.argv else None,
-            "environment": launch.redacted(self.environment, [self.api_key]),
-            "set_by_stackgate": launch.redacted(self.set_by_stackgate, [self.api_key]),
+            "environment": dict(sorted(self.environment.items())),
+            "set_by_stackgate": dict(sorted(self.set_by_stackgate.items())),
             "log_path": str(self.log_path) if self.log_path else None,
             "pid": self.pid,
             "fast_mode": {"layers": self.shrink.layers, "of": self.shrink.total, "key": self.shrink.key, "override": dict(self.shrink.override)} if self.shrink else None,
             "readiness": {"ready": ready.ready, "reason": ready.reason, "seconds": round(ready.seconds, 3), "phase": ready.phase, "exit_code": ready.exit_code} if ready else None,
             "server_info_endpoint": self.info_endpoint,
-            "server_info": serverinfo.redact_info(self.server_info) if self.server_info is not None else None,
-            "findings": [_finding(f) for f in self.findings],
+            "server_info": self.server_info,
+            "findings": [f.to_dict() for f in self.findings],
             "evidence": [dataclasses.asdict(e) for e in self.evidence],
             "benchmark": self.figures.to_dict() if self.figures else None,
             "concurrency": [level.to_dict() for level in self.levels],
@@ -183,22 +185,7 @@ class Session:
             "failure": self.failure,
             "failure_seen_at": self.failure_seen_at,
         }
-
-
-def _finding(finding: Finding) -> dict[str, Any]:
-    match = finding.match
-    return {
-        "id": finding.signature.id,
-        "severity": finding.signature.severity,
-        "line": finding.line,
-        "count": finding.count,
-        "text": match.text[-2000:],
-        "title": match.title,
-        "cause": match.cause,
-        "fix": match.fix,
-        "commands": list(match.commands),
-        "source": finding.signature.source,
-    }
+        return redact(shown, known=[self.api_key] if self.api_key else ())
 
 
 @dataclass(frozen=True)
@@ -493,7 +480,7 @@ def _serve(session: Session, context: _Context, server: launch.Server, watcher: 
 def _launch_result(ready: Readiness, server: launch.Server, watcher: serverlog.LogWatcher, timeout_s: float, cause: Finding | None) -> Result:
     tail = [f"> {serverlog.excerpt(line)}" for line in watcher.last_lines(15)]
     fix = Fix("Read the server log; the findings below name known causes.", (f"tail -n 200 {server.log_path}",))
-    known = f" (known failure {cause.signature.id}: see below)" if cause else ""
+    known = f" (known failure {cause.id}: see below)" if cause else ""
     data = {"reason": ready.reason, "seconds": round(ready.seconds, 3), "phase": ready.phase, "exit_code": ready.exit_code, "pid": server.pid}
     if ready.reason == "ready":
         return passed(f"ready after {ready.seconds:.1f} s (pid {server.pid})", data=data)

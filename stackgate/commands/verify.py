@@ -141,5 +141,5 @@ def list_checks(ui: UI) -> None:
     width = max(len(name) for name in REGISTRY)
     # Deep checks last, as they run, whichever module registered first.
     for check in sorted(REGISTRY.values(), key=lambda c: c.slow):
-        slow = " (deep: --deep)" if check.slow else ""
-        ui.line(f"{check.name:<{width}}  {check.title}{slow}")
+        when = " (deep: --deep)" if check.slow else " (when named: --check; the gate runs it)" if check.named_only else ""
+        ui.line(f"{check.name:<{width}}  {check.title}{when}")

@@ -1,7 +1,8 @@
 """Gather the facts about this machine once, in parallel, for the checks to judge.
 
 Facts come in parts (NVML, the toolkits, the environment, the target interpreter's probe, the
-import tests, the ELF scan); only the parts the selected checks need are gathered. A part that
+import tests, the ELF scan, the root's generations); only the parts the selected checks need are
+gathered. A part that
 cannot be gathered is a :class:`Missing` value with its reason, never an exception in a check.
 The stack's own interpreter is asked about the stack: stackgate never imports torch itself.
 """
@@ -17,7 +18,7 @@ from types import ModuleType
 from typing import Any, Callable, Iterable, Mapping
 
 from stackgate.edges import elf, nvml
-from stackgate.facts import interpreters
+from stackgate.facts import generations, interpreters
 from stackgate.facts.model import BasePython, ElfFile, ElfScan, EnvFacts, ImportOutcome, Missing, ProbeFacts, ToolkitFacts
 from stackgate.facts.patches import PatchStatus, inspect_patch
 from stackgate.facts.toolkits import inspect_toolkit
@@ -107,6 +108,10 @@ class Facts:
     @property
     def patches(self) -> tuple[PatchStatus, ...] | Missing:
         return self.get("patches")
+
+    @property
+    def generation(self) -> generations.RootState | Missing:
+        return self.get("generation")
 
     def toolkit(self, toolkit: Toolkit) -> ToolkitFacts:
         return next(t for t in self.toolkits if t.toolkit == toolkit)
@@ -236,6 +241,16 @@ def _patches(lock: Lock, facts: Facts) -> tuple[PatchStatus, ...] | Missing:
     return tuple(found)
 
 
+# --- the root's generations ------------------------------------------------------------------
+
+
+def _generation(lock: Lock, facts: Facts) -> generations.RootState | Missing:
+    """What provision built under the lock's root, and which generation is live."""
+    if lock.python.root is None:
+        return Missing(f"python.interpreter names an existing environment ({lock.python.interpreter}): there are no generations")
+    return generations.read(lock.python.root)
+
+
 #: How each part is gathered, and what it needs first.
 PARTS: dict[str, Gatherer] = {
     "nvml": _nvml,
@@ -247,5 +262,6 @@ PARTS: dict[str, Gatherer] = {
     "imports": _imports,
     "elf": _elf,
     "patches": _patches,
+    "generation": _generation,
 }
 DEPENDS: dict[str, tuple[str, ...]] = {"probe": ("env",), "imports": ("env", "probe"), "elf": ("probe",), "patches": ("probe",)}

@@ -1,8 +1,8 @@
 """The comparisons of what is (facts) with what the lock says that both judgement and action need.
 
-verify's checks (:mod:`stackgate.checks`) report them; provision's plan (:mod:`stackgate.stack`)
-acts on them. Kept here, one layer below both, so that what verify reports and what provision
-installs never disagree, and neither imports the other.
+verify's checks (:mod:`stackgate.checks`, the gate's environment checks among them) report them;
+provision's plan (:mod:`stackgate.stack`) acts on them. Kept here, one layer below both, so that
+what verify reports and what provision installs never disagree, and neither imports the other.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from stackgate.facts.model import Missing, ProbeFacts, ToolkitFacts, ToolVersion
-from stackgate.models.spec import Package
+from stackgate.models.spec import Lock, Package
 
-__all__ = ["Conflict", "conflicts", "pin_problem", "toolkit_problem"]
+__all__ = ["Conflict", "conflicts", "environment_drift", "environment_spec", "pin_problem", "spec_changes", "toolkit_problem"]
 
 
 def pin_problem(probe: ProbeFacts, package: Package) -> str | None:
@@ -76,6 +76,55 @@ def _satisfies(requirement: Requirement, version: str) -> bool:
     except InvalidVersion:
         return True  # a legacy version string: pip check cannot judge it either
     return requirement.specifier.contains(version, prereleases=True)
+
+
+def environment_drift(lock: Lock, dists: ProbeFacts) -> list[str]:
+    """How an environment's installed distributions differ from the lock (empty: they do not):
+    its Python version, each pin, and requirement conflicts other than declared overrides.
+    Provision plans a rebuild from this; the gate's environment.drift reports it."""
+    have = ".".join(dists.python_version.split(".")[:2])
+    if have != lock.python.version:
+        return [f"the environment runs Python {dists.python_version}, the lock wants {lock.python.version}"]
+    drift = [problem for p in lock.python.packages if (problem := pin_problem(dists, p))]
+    for conflict in conflicts(dists.distributions, dists.markers):
+        override = lock.python.override(conflict.package)
+        if not (override and conflict.installed and override.specifier.contains(conflict.installed, prereleases=True)):
+            drift.append(str(conflict))
+    return drift
+
+
+def environment_spec(lock: Lock) -> dict[str, Any]:
+    """The parts of the lock that decide an environment's contents (reasons and comments do not):
+    what provision writes into a generation's marker, and compares with it later."""
+    python = lock.python
+    return {
+        "python": python.version,
+        "installer": python.installer,
+        "default_index": python.default_index,
+        "indexes": {i.url: sorted(i.packages) for i in python.indexes},
+        "packages": {p.name: {"version": str(p.specifier), "url": p.url, "sha256": p.sha256} for p in python.packages},
+        "frozen": sorted(python.frozen),
+        "overrides": {o.package: str(o.specifier) for o in python.overrides},
+    }
+
+
+def spec_changes(built: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
+    """What differs between two environment specs, as dotted keys.
+
+    >>> spec_changes({"packages": {"sglang": {"version": "==0.5.8"}}}, {"packages": {"sglang": {"version": "==0.5.9"}}})
+    ['packages.sglang.version: ==0.5.8 -> ==0.5.9']
+    """
+    old, new = _flatten(built), _flatten(wanted)
+    return [f"{key}: {old.get(key, '(none)')} -> {new.get(key, '(none)')}" for key in sorted(old.keys() | new.keys()) if old.get(key) != new.get(key)]
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, str]:
+    if isinstance(value, Mapping):
+        flat: dict[str, str] = {}
+        for key, item in value.items():
+            flat.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return flat
+    return {prefix: str(value)} if value is not None else {}
 
 
 def toolkit_problem(t: ToolkitFacts) -> str | None:

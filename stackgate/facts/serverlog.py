@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from stackgate.models.knowledge import Finding, Scanner
+from stackgate.models.finding import Finding
+from stackgate.models.knowledge import Scanner
 from stackgate.models.redact import redact_text
 
 __all__ = ["EXCERPT_CHARS", "PHASES", "READY_LINE", "Evidence", "LogWatcher", "excerpt"]
@@ -110,14 +111,14 @@ class LogWatcher:
     @property
     def fatal(self) -> Finding | None:
         """The first error-severity finding: the server cannot come up (or stay up) after it."""
-        errors = [f for f in self.scanner.findings if f.signature.severity == "error"]
-        return min(errors, key=lambda f: f.line) if errors else None
+        errors = [f for f in self.scanner.findings if f.severity == "error"]
+        return min(errors, key=lambda f: f.evidence.line) if errors else None
 
     @property
     def cause(self) -> Finding | None:
         """The error that best explains a failure: a cause before a consequence (a line that only
         says a worker failed; its traceback, a few lines on, usually names the real error)."""
-        errors = [f for f in self.scanner.findings if f.signature.severity == "error"]
+        errors = [f for f in self.scanner.findings if f.severity == "error"]
         return errors[0] if errors else None  # findings are ranked: causes before consequences
 
     def finish(self) -> list[Finding]:

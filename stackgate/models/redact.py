@@ -12,12 +12,16 @@
   the secret-named variables of this process's environment, are hidden wherever else they
   appear, in any string at any depth (a key a server echoes in a log line, a password repeated
   in another field).
+- **Not a secret**: a value that only names a variable (``--api-key ${SERVE_AUTH}``,
+  ``HF_TOKEN=$HF_TOKEN``) says where the secret is, not what it is: it is shown as written.
 
 :func:`redact` returns a redacted copy of a document (dicts, lists, strings, any depth);
 :func:`redact_text` one string. Where they are applied: every JSON document and JUnit file
 (:mod:`stackgate.edges.files`, so also the kept runs), the gate's document before anything
 renders it (console, Markdown, Prometheus), the runs ``invoke report`` reads back, the results
-a console shows, and the fingerprint's components.
+a console shows, the fingerprint's components, a smoke session's environment, command line and
+server info, and a server process's command line. This is the one mechanism: every placeholder
+is :data:`REDACTED`.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ import os
 import re
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
-__all__ = ["MIN_SECRET", "REDACTED", "is_secret_flag", "is_secret_name", "redact", "redact_text", "secrets_in"]
+__all__ = ["MIN_SECRET", "REDACTED", "is_secret_flag", "is_secret_name", "redact", "redact_text", "reference_name", "secrets_in"]
 
+#: What stands where a secret was, in every output.
 REDACTED = "<redacted>"
 #: Shorter values are hidden where found by name or shape, but not hunted for elsewhere: "1" or
 #: "none" would blank out half a report.
@@ -44,6 +49,22 @@ _QUALIFIED = frozenset({"token", "key"})
 _UNSET = frozenset({"", "none", "null", "true", "false", "bearer", "basic", REDACTED})
 
 T = TypeVar("T")
+_REFERENCE = re.compile(r"\$(?:\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)\}|(?P<bare>[A-Za-z_][A-Za-z0-9_]*))")
+
+
+def reference_name(value: str) -> str | None:
+    """The variable a whole value names (``$NAME`` or ``${NAME}``): a reference, not a secret.
+
+    >>> reference_name("${SERVE_AUTH}"), reference_name("$K"), reference_name("sk-$K")
+    ('SERVE_AUTH', 'K', None)
+    """
+    found = _REFERENCE.fullmatch(value)
+    return (found["braced"] or found["bare"]) if found else None
+
+
+def _not_secret(value: str) -> bool:
+    """A value that says "not set" (or names an auth scheme) or names a variable: shown as written."""
+    return value.lower() in _UNSET or reference_name(value) is not None
 
 
 def _words(name: str) -> list[str]:
@@ -90,7 +111,7 @@ def _hide(match: re.Match[str], found: set[str]) -> str:
     secret = match["secret"]
     quote = secret[:1] if secret[:1] in "'\"" and secret[-1:] == secret[:1] and len(secret) > 1 else ""
     bare = secret[1:-1] if quote else secret
-    if bare.lower() in _UNSET or bare.replace(".", "").isdigit():
+    if _not_secret(bare) or bare.replace(".", "").isdigit():  # a shape's number is a port, a size
         return match[0]
     found.add(bare)
     return f"{match['head']}{quote}{REDACTED}{quote}"
@@ -156,7 +177,7 @@ def secrets_in(value: Any, environ: Mapping[str, str] | None = None) -> set[str]
     _collect(value, found)
     env = os.environ if environ is None else environ
     found.update(v for k, v in env.items() if is_secret_name(k))
-    return {s for s in found if len(s) >= MIN_SECRET and s.lower() not in _UNSET and s not in REDACTED}
+    return {s for s in found if len(s) >= MIN_SECRET and not _not_secret(s) and s not in REDACTED}
 
 
 def _collect(value: Any, found: set[str]) -> None:
@@ -224,8 +245,8 @@ def _scrub(value: Any, secrets: list[str]) -> Any:
 
 def _takes_secret(flag: Any, word: Any) -> bool:
     """Whether ``word`` is the value of the secret flag ``flag`` before it in an argv list."""
-    return isinstance(flag, str) and isinstance(word, str) and is_secret_flag(flag) and "=" not in flag and not word.startswith("--")
+    return isinstance(flag, str) and isinstance(word, str) and is_secret_flag(flag) and "=" not in flag and not word.startswith("--") and reference_name(word) is None
 
 
 def _hidden_by_name(key: Any, value: Any) -> bool:
-    return isinstance(key, str) and isinstance(value, str) and is_secret_name(key) and value.lower() not in _UNSET
+    return isinstance(key, str) and isinstance(value, str) and is_secret_name(key) and not _not_secret(value)

@@ -63,7 +63,7 @@ class Result:
             status=Status[raw["status"]],
             summary=raw["summary"],
             details=tuple(raw.get("details", ())),
-            fix=Fix(fix["text"], tuple(fix.get("commands", ()))) if fix else None,
+            fix=Fix.from_dict(fix) if fix else None,
             data=dict(raw.get("data", {})),
             duration_s=float(raw.get("duration_s", 0.0)),
         )

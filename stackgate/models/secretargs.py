@@ -4,21 +4,21 @@ A server started with ``--api-key KEY`` refuses every request but /health and /m
 ``Authorization: Bearer KEY`` (sglang 0.5.9, srt/utils/auth.py), so smoke's client must send the
 key; and the key must never be shown. In a lock the value may be a reference to a variable of the
 server's environment (``"--api-key", "${SGLANG_API_KEY}"``), so that the lockfile holds no secret:
-smoke puts the variable's value on the command line it launches, and shows the reference.
+smoke puts the variable's value on the command line it launches, and shows the reference. What a
+report shows is hidden by :mod:`stackgate.models.redact`, the one mechanism.
 """
 
 from __future__ import annotations
 
-import re
 import shlex
 from typing import Mapping, Sequence
 
-__all__ = ["HIDDEN", "SECRET_OPTIONS", "SecretArgError", "api_key", "command_line", "resolve", "shown"]
+from stackgate.models.redact import REDACTED, redact, reference_name
+
+__all__ = ["SECRET_OPTIONS", "SecretArgError", "api_key", "command_line", "resolve", "shown"]
 
 #: SGLang 0.5.9's options whose value is a secret.
 SECRET_OPTIONS = ("--api-key", "--admin-api-key")
-HIDDEN = "<redacted>"
-_REFERENCE = re.compile(r"\$(?:\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)\}|(?P<bare>[A-Za-z_][A-Za-z0-9_]*))")
 
 
 class SecretArgError(Exception):
@@ -44,33 +44,24 @@ def _replace(words: list[str], index: int, value: str) -> None:
     words[index] = f"{option}={value}" if equals and option in SECRET_OPTIONS else value
 
 
-def _reference(value: str) -> str | None:
-    """The variable a whole value names (``$NAME`` or ``${NAME}``), else None."""
-    found = _REFERENCE.fullmatch(value)
-    return (found.group("braced") or found.group("bare")) if found else None
-
-
 def shown(words: Sequence[str]) -> list[str]:
-    """The words as a report may show them: a secret's literal value hidden, a reference kept.
+    """The words as a report may show them (:func:`~stackgate.models.redact.redact`): a secret's
+    literal value hidden, a reference kept.
 
     >>> shown(["--port", "1", "--api-key", "sk-1", "--admin-api-key=${ADMIN}"])
     ['--port', '1', '--api-key', '<redacted>', '--admin-api-key=${ADMIN}']
     """
-    out = list(words)
-    for index, _, value in _values(words):
-        if _reference(value) is None:
-            _replace(out, index, HIDDEN)
-    return out
+    return redact(list(words))
 
 
 def command_line(words: Sequence[str]) -> str:
     """The shown words as one shell line: each word quoted, the placeholder left bare so that a
     reader sees ``--api-key <redacted>`` and not a quoted string that looks like the key.
 
-    >>> command_line(["sglang", "--api-key", HIDDEN, "--model-path", "/m m"])
+    >>> command_line(["sglang", "--api-key", REDACTED, "--model-path", "/m m"])
     "sglang --api-key <redacted> --model-path '/m m'"
     """
-    return " ".join(word if word == HIDDEN else shlex.quote(word) for word in words)
+    return " ".join(word if word == REDACTED else shlex.quote(word) for word in words)
 
 
 def resolve(words: Sequence[str], environ: Mapping[str, str]) -> list[str]:
@@ -81,7 +72,7 @@ def resolve(words: Sequence[str], environ: Mapping[str, str]) -> list[str]:
     """
     out = list(words)
     for index, option, value in _values(words):
-        name = _reference(value)
+        name = reference_name(value)
         if name is None:
             continue
         if not environ.get(name):

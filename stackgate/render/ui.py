@@ -23,14 +23,14 @@ from rich.text import Text
 from rich.theme import Theme
 
 from stackgate.models.exitcodes import ExitCode
-from stackgate.models.knowledge import Finding
+from stackgate.models.finding import Finding
 from stackgate.models.redact import redact_text
 from stackgate.models.result import Result, Status
 from stackgate.models.settings import Value
 from stackgate.models.verdict import Verdict
 from stackgate.render.report import counts_line
 
-__all__ = ["UI", "Activity", "render_findings", "render_plain", "render_rows", "render_settings", "render_table"]
+__all__ = ["UI", "Activity", "finding_lines", "render_findings", "render_plain", "render_rows", "render_settings", "render_table"]
 
 THEME = Theme({"success": "green", "warning": "yellow", "error": "bold red", "skip": "dim", "muted": "dim", "heading": "bold", "info": "cyan"})
 STYLES = {Status.PASS: "success", Status.SKIP: "skip", Status.WARN: "warning", Status.FAIL: "error", Status.ERROR: "error"}
@@ -111,13 +111,19 @@ class UI:
             raise
         self.err.print(Text(f"done in {activity.elapsed_s:.1f} s: {message}", style="success" if live else "muted"))
 
-    def tail(self, headline: str, log: Path | None, lines: Sequence[str]) -> None:
-        """A failure: what failed, where the full log is, and its last lines."""
+    def tail(self, headline: str, log: Path | None, lines: Sequence[str], findings: Sequence[Finding] = ()) -> None:
+        """A failure: what failed, where the full log is, its last lines, and the known failures
+        the log shows (with their causes and fixes)."""
         self.error(headline)
         if log is not None:
             self.info(f"full log: {log}")
         for line in lines:
             self.err.print(Text(f"  | {line}", style="muted"))
+        if findings:
+            self.err.print(Text(f"known failure(s) in the log ({len(findings)}):", style="heading"))
+        for finding in findings:
+            for text, style in finding_lines(finding, self.verbose):
+                self.err.print(Text(text, style=style or ""))
 
     def confirm(self, question: str) -> bool | None:
         """Ask a yes/no question on a terminal; None when there is no one to ask."""
@@ -186,39 +192,37 @@ def render_findings(title: str, findings: Sequence[Finding], verdict: str, *, ve
     """diagnose's report as (line, style) pairs: the same words with or without colour."""
     lines: list[tuple[str, str | None]] = [(title, "heading"), ("", None)]
     for finding in findings:
-        lines.extend(_finding_lines(finding, verbose))
+        lines.extend(finding_lines(finding, verbose))
         lines.append(("", None))
-    failed = any(f.signature.severity == "error" for f in findings)
+    failed = any(f.severity == "error" for f in findings)
     lines.append((verdict, "error" if failed else "success"))
     return lines
 
 
-def _finding_lines(finding: Finding, verbose: int) -> list[tuple[str, str | None]]:
-    signature, match = finding.signature, finding.match
-    severity = signature.severity
-    where = f"{finding.source or '<input>'}:{finding.start_line or finding.line}"
-    if finding.start_line and finding.line > finding.start_line:
-        where += f"-{finding.line}"
-    seen = f", seen {finding.count} times" if finding.count > 1 else ""
+def finding_lines(finding: Finding, verbose: int = 0) -> list[tuple[str, str | None]]:
+    """One finding as (line, style) pairs: what, where, the lines that matched, cause, fix, source."""
+    evidence = finding.evidence
+    seen = f", seen {evidence.count} times" if evidence.count > 1 else ""
     out: list[tuple[str, str | None]] = [
-        (f"{severity.upper():<8} {signature.id}: {match.title}", severity),
-        (f"  at {where}{seen}  [{signature.component}]", "muted"),
+        (f"{finding.severity.upper():<8} {finding.id}: {finding.title}", finding.severity),
+        (f"  at {evidence.where}{seen}  [{finding.component}]", "muted"),
     ]
     out.extend((f"  | {text}", "muted") for text in _event_lines(finding, verbose))
-    out.append((f"  cause: {match.cause}", None))
-    out.append((f"  fix: {match.fix}", None))
-    out.extend((f"  $ {command}", None) for command in match.commands)
-    out.append((f"  learned from: {signature.source}", "muted"))
+    out.append((f"  cause: {finding.cause}", None))
+    out.append((f"  fix: {finding.fix.text}", None))
+    out.extend((f"  $ {command}", None) for command in finding.fix.commands)
+    out.append((f"  learned from: {finding.learned_from}", "muted"))
     if verbose:
-        out.extend((f"  see also: {ref}", "muted") for ref in signature.references)
-        out.extend((f"  {name} = {value}", "muted") for name, value in sorted(match.groups.items()))
+        out.extend((f"  see also: {ref}", "muted") for ref in finding.references)
+        out.extend((f"  {name} = {value}", "muted") for name, value in sorted(finding.values.items()))
     return out
 
 
 def _event_lines(finding: Finding, verbose: int) -> list[str]:
-    first = finding.start_line or finding.line
-    width = len(str(first + len(finding.lines)))
-    numbered = [f"{first + i:>{width}}  {_clip(text, verbose)}" for i, text in enumerate(finding.lines)]
+    evidence = finding.evidence
+    first = evidence.start_line or evidence.line
+    width = len(str(first + len(evidence.lines)))
+    numbered = [f"{first + i:>{width}}  {_clip(text, verbose)}" for i, text in enumerate(evidence.lines)]
     if verbose or len(numbered) <= EVENT_LINES:
         return numbered
     keep = EVENT_LINES // 2

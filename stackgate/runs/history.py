@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from stackgate.edges.files import write_json
-from stackgate.models import settings
+from stackgate.models import knowledge, settings
+from stackgate.models.finding import Evidence, Finding, FindingError, Fix
 from stackgate.models.spec import Lock
 from stackgate.models.verdict import SCHEMA as REPORT_SCHEMA
 
@@ -150,9 +151,66 @@ class Run:
     def results(self) -> list[Mapping[str, Any]]:
         return [r for r in self.doc.get("results", ()) if isinstance(r, Mapping)]
 
+    def findings(self) -> tuple[list[Finding], list[str]]:
+        """The known failures the run's server logs showed, session by session, and why each
+        one that cannot be read was left out."""
+        found = _findings(self)
+        return [f for f in found if isinstance(f, Finding)], [str(f) for f in found if isinstance(f, FindingError)]
+
     def label(self) -> str:
         tok = f", decode {self.decode_tok_s:.2f} tok/s" if self.decode_tok_s is not None else ""
         return f"{self.id} ({self.command} of {self.lock_name}, {self.verdict}{tok})"
+
+
+def _smoke_parts(run: Run) -> list[Mapping[str, Any]]:
+    """The run's smoke documents: its own (a smoke run), or each smoke stage's (a gate run)."""
+    if run.command == "smoke":
+        parts = [_at(run.doc, "smoke")]
+    else:
+        stages = _at(run.doc, "gate", "smoke")
+        parts = list(stages.values()) if isinstance(stages, Mapping) else []
+    return [p for p in parts if isinstance(p, Mapping)]
+
+
+def _findings(run: Run) -> list[Finding | FindingError]:
+    found: list[Finding | FindingError] = []
+    for part in _smoke_parts(run):
+        sessions = part.get("sessions")
+        for session in sessions if isinstance(sessions, list) else ():
+            entries = session.get("findings") if isinstance(session, Mapping) else None
+            for raw in entries if isinstance(entries, list) else ():
+                found.append(_finding(raw, part.get("schema"), session.get("log_path")))
+    return found
+
+
+def _finding(raw: Any, schema: Any, log_path: Any) -> Finding | FindingError:
+    try:
+        if not isinstance(raw, Mapping):
+            raise FindingError(f"not an object: {type(raw).__name__}")
+        return _smoke_1_finding(raw, log_path) if schema == "stackgate.smoke/1" else Finding.from_dict(raw)
+    except FindingError as exc:
+        return exc
+
+
+def _smoke_1_finding(raw: Mapping[str, Any], log_path: Any) -> Finding:
+    """A finding as smoke wrote it before findings had one form (``stackgate.smoke/1``): flat, the
+    fix a sentence beside its ``commands``, ``source`` for where it was learned, the matched text
+    for its lines; the component, which it did not record, from the knowledge base."""
+    try:
+        signature = next((s for s in knowledge.load() if s.id == raw["id"]), None)
+        evidence = Evidence(str(log_path or ""), int(raw["line"]), tuple(str(raw.get("text", "")).splitlines()), 0, int(raw.get("count", 1)))
+        return Finding(
+            id=str(raw["id"]),
+            title=str(raw["title"]),
+            severity=str(raw["severity"]),
+            component=signature.component if signature else "unknown",
+            cause=str(raw["cause"]),
+            fix=Fix(str(raw["fix"]), tuple(str(c) for c in raw.get("commands", ()))),
+            learned_from=str(raw.get("source", "")),
+            evidence=evidence,
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise FindingError(f"a stackgate.smoke/1 finding without {exc}") from exc
 
 
 def _at(value: Any, *keys: str) -> Any:

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType, ModuleType
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 from stackgate.edges import nvml, runner
 from stackgate.models import envfile
@@ -46,7 +46,6 @@ __all__ = [
     "configs",
     "gpu_memory",
     "memory_released",
-    "redacted",
     "server_env",
     "signals_held",
     "start",
@@ -450,15 +449,3 @@ def _held(before: dict[int, int], pids: set[int], lib: ModuleType | None) -> lis
             who = f", by pid {', '.join(map(str, ours))}" if ours else ""
             held.append(f"GPU {gpu.index}: {grown / 2**30:+.2f} GiB since launch{who}")
     return held
-
-
-def redacted(environ: Mapping[str, str], secrets: Sequence[str | None] = ()) -> dict[str, Any]:
-    """The environment for a report: values of names holding TOKEN, KEY, SECRET or PASSWORD
-    hidden, and any variable whose value is one of ``secrets`` (the server's --api-key).
-
-    >>> redacted({"HF_TOKEN": "hf_x", "PATH": "/bin", "aws_secret_access_key": "s", "SERVE": "k1"}, ["k1"])
-    {'HF_TOKEN': '<redacted>', 'PATH': '/bin', 'SERVE': '<redacted>', 'aws_secret_access_key': '<redacted>'}
-    """
-    marks = ("TOKEN", "KEY", "SECRET", "PASSWORD")
-    known = {s for s in secrets if s}
-    return {k: ("<redacted>" if any(m in k.upper() for m in marks) or v in known else v) for k, v in sorted(environ.items())}

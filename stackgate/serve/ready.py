@@ -17,7 +17,7 @@ from typing import Callable
 
 from stackgate.edges import httpclient
 from stackgate.facts.serverlog import LogWatcher
-from stackgate.models.knowledge import Finding
+from stackgate.models.finding import Finding
 from stackgate.serve.launch import Server
 
 __all__ = ["HealthPoller", "Monitor", "Readiness", "wait_ready"]
@@ -171,5 +171,5 @@ class Monitor:
             return f"the server exited with code {code}"
         fatal = self.watcher.fatal
         if fatal is not None:
-            return f"the server logged a fatal error ({fatal.signature.id}, log line {fatal.line})"
+            return f"the server logged a fatal error ({fatal.id}, log line {fatal.evidence.line})"
         return None

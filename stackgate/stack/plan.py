@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from stackgate.facts import BasePython, Facts, Missing, ProbeFacts
-from stackgate.facts.compare import conflicts, pin_problem
+from stackgate.facts import BasePython, Facts, Missing
+from stackgate.facts.compare import environment_drift, environment_spec, spec_changes
 from stackgate.facts.patches import patch_state
 from stackgate.models import settings
 from stackgate.models.finding import Fix
@@ -24,7 +24,7 @@ from stackgate.stack import generations, guard, pyenv
 from stackgate.stack.patches import PatchError, check_patch_file
 from stackgate.stack.toolkit import cuda_link_state, install_command, toolkit_state
 
-__all__ = ["AREAS", "Blocker", "Plan", "Step", "cache_dir", "environment_drift", "plan"]
+__all__ = ["AREAS", "Blocker", "Plan", "Step", "cache_dir", "plan"]
 
 AREAS = ("toolkit", "python", "patches")
 _REBUILD = "invoke provision --only python"
@@ -120,7 +120,7 @@ def plan(lock: Lock, facts: Facts, state: generations.RootState, *, only: str | 
     if "toolkit" in areas:
         _toolkits(lock, facts, draft)
     rebuild = _python_drift(lock, facts, state) if "python" in areas else []
-    resume = generations.resumable(state, pyenv.spec(lock)) if rebuild else None
+    resume = generations.resumable(state, environment_spec(lock)) if rebuild else None
     if resume is not None:
         _resume(state, resume, rebuild, draft)
     elif rebuild:
@@ -177,7 +177,7 @@ def _python_drift(lock: Lock, facts: Facts, state: generations.RootState) -> lis
         return [state.current_error or f"no environment at {state.root / 'current'} yet"]
     if current.marker is None:
         return [f"generation {current.id} has no readable {generations.MARKER}"]
-    changes = pyenv.spec_changes(current.marker.get("spec", {}), pyenv.spec(lock))
+    changes = spec_changes(current.marker.get("spec", {}), environment_spec(lock))
     if changes:
         more = f" (and {len(changes) - 4} more)" if len(changes) > 4 else ""
         return [f"the lock's Python stack changed since generation {current.id} was built: {'; '.join(changes[:4])}{more}"]
@@ -185,21 +185,6 @@ def _python_drift(lock: Lock, facts: Facts, state: generations.RootState) -> lis
     if isinstance(dists, Missing):
         return [dists.reason]
     return environment_drift(lock, dists)
-
-
-def environment_drift(lock: Lock, dists: ProbeFacts) -> list[str]:
-    """How an environment's installed distributions differ from the lock (empty: they do not):
-    its Python version, each pin, and requirement conflicts other than declared overrides.
-    The gate judges drift by this too."""
-    have = ".".join(dists.python_version.split(".")[:2])
-    if have != lock.python.version:
-        return [f"the environment runs Python {dists.python_version}, the lock wants {lock.python.version}"]
-    drift = [problem for p in lock.python.packages if (problem := pin_problem(dists, p))]
-    for conflict in conflicts(dists.distributions, dists.markers):
-        override = lock.python.override(conflict.package)
-        if not (override and conflict.installed and override.specifier.contains(conflict.installed, prereleases=True)):
-            drift.append(str(conflict))
-    return drift
 
 
 def _build(lock: Lock, facts: Facts, state: generations.RootState, reasons: Sequence[str], uv: str | None, draft: _Draft) -> None:

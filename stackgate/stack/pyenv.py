@@ -50,8 +50,6 @@ __all__ = [
     "python_of",
     "requirements",
     "run",
-    "spec",
-    "spec_changes",
     "stack_command",
     "venv_commands",
     "wheel_path",
@@ -353,7 +351,7 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def built_python(python: Python, built: Any, interpreter: Path) -> Python:
     """``python`` as a generation was built: the pins, frozen packages and overrides of ``built``
-    (the :func:`spec` in its marker), read at ``interpreter``. ValueError when ``built`` is not
+    (the :func:`~stackgate.facts.compare.environment_spec` in its marker), read at ``interpreter``. ValueError when ``built`` is not
     such a spec (a marker from elsewhere, or damaged)."""
     try:
         packages = tuple(Package(name, SpecifierSet(p["version"]), p.get("url"), p.get("sha256")) for name, p in built["packages"].items())
@@ -363,36 +361,3 @@ def built_python(python: Python, built: Any, interpreter: Path) -> Python:
     except (KeyError, TypeError, AttributeError, InvalidSpecifier) as exc:
         raise ValueError(f"no readable spec: {type(exc).__name__}: {exc}") from exc
     return dataclasses.replace(python, version=version, interpreter=interpreter, packages=packages, frozen=frozen, overrides=overrides)
-
-
-def spec(lock: Lock) -> dict[str, Any]:
-    """The parts of the lock that decide an environment's contents (reasons and comments do not)."""
-    python = lock.python
-    return {
-        "python": python.version,
-        "installer": python.installer,
-        "default_index": python.default_index,
-        "indexes": {i.url: sorted(i.packages) for i in python.indexes},
-        "packages": {p.name: {"version": str(p.specifier), "url": p.url, "sha256": p.sha256} for p in python.packages},
-        "frozen": sorted(python.frozen),
-        "overrides": {o.package: str(o.specifier) for o in python.overrides},
-    }
-
-
-def spec_changes(built: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
-    """What differs between two specs, as dotted keys.
-
-    >>> spec_changes({"packages": {"sglang": {"version": "==0.5.8"}}}, {"packages": {"sglang": {"version": "==0.5.9"}}})
-    ['packages.sglang.version: ==0.5.8 -> ==0.5.9']
-    """
-    old, new = _flatten(built), _flatten(wanted)
-    return [f"{key}: {old.get(key, '(none)')} -> {new.get(key, '(none)')}" for key in sorted(old.keys() | new.keys()) if old.get(key) != new.get(key)]
-
-
-def _flatten(value: Any, prefix: str = "") -> dict[str, str]:
-    if isinstance(value, Mapping):
-        flat: dict[str, str] = {}
-        for key, item in value.items():
-            flat.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
-        return flat
-    return {prefix: str(value)} if value is not None else {}

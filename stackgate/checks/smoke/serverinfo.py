@@ -12,21 +12,20 @@ above the server never writes them, so their absence proves nothing and smoke sa
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Mapping, Sequence
 
 from stackgate.edges import httpclient
 from stackgate.facts.serverlog import Evidence
 from stackgate.models.finding import Fix
+from stackgate.models.redact import REDACTED
 from stackgate.models.result import Result, failed, passed, skipped, warned
-from stackgate.models.secretargs import HIDDEN, SECRET_OPTIONS, shown
+from stackgate.models.secretargs import SECRET_OPTIONS, shown
 
-__all__ = ["ENDPOINTS", "QUIET_LEVELS", "ServerInfoError", "check_backend", "check_evidence", "check_flags", "check_identity", "check_tp", "fetch", "log_level", "parse_flags", "redact_info"]
+__all__ = ["ENDPOINTS", "QUIET_LEVELS", "ServerInfoError", "check_backend", "check_evidence", "check_flags", "check_identity", "check_tp", "fetch", "log_level", "parse_flags"]
 
 ENDPOINTS = ("/server_info", "/get_server_info")
 #: Python logging levels above INFO: a server logging at one of them writes no INFO line.
 QUIET_LEVELS = ("warning", "error", "critical")
-_SECRET_FIELD = re.compile(r"(^|_)(api_key|key|secret|password|token)($|_)", re.IGNORECASE)
 
 
 class ServerInfoError(Exception):
@@ -46,15 +45,6 @@ def fetch(base_url: str, timeout_s: float = 30.0, *, api_key: str | None = None)
             return info, endpoint
         problems.append(f"{endpoint}: not a JSON object")
     raise ServerInfoError("; ".join(problems))
-
-
-def redact_info(info: Mapping[str, Any]) -> dict[str, Any]:
-    """The snapshot for a report, without secrets (api_key, admin_api_key, hf token ...).
-
-    >>> redact_info({"api_key": "sk-1", "max_total_num_tokens": 5, "tokenizer_path": "/m", "admin_api_key": None})
-    {'api_key': '<redacted>', 'max_total_num_tokens': 5, 'tokenizer_path': '/m', 'admin_api_key': None}
-    """
-    return {k: ("<redacted>" if _SECRET_FIELD.search(k) and isinstance(v, str) and v else v) for k, v in info.items()}
 
 
 def parse_flags(words: Sequence[str]) -> list[tuple[str, Any]]:
@@ -162,7 +152,7 @@ def _masked(expected: Any, have: Any) -> tuple[str, Any]:
     >>> _masked("k", "k"), _masked("k", "j"), _masked("k", None)
     (('<redacted>', '<redacted>'), ('<redacted>', 'another value'), ('<redacted>', None))
     """
-    return HIDDEN, (HIDDEN if have == expected else "another value" if have else have)
+    return REDACTED, (REDACTED if have == expected else "another value" if have else have)
 
 
 def check_evidence(item: Evidence, info: Mapping[str, Any] | None, words: Sequence[str] = ()) -> Result:

@@ -25,28 +25,28 @@ from __future__ import annotations
 
 from typing import Any
 
+from stackgate.models.finding import Finding
 from stackgate.models.knowledge._model import COMPONENTS, CONTEXT_KEYS, SEVERITIES, STAGES, Signature, SignatureError, context_defaults, load, lock_context
-from stackgate.models.knowledge._scan import Finding, Match, Scanner, match_all, rank
+from stackgate.models.knowledge._scan import Scanner, make_finding, match_all, rank
 
 __all__ = [
     "COMPONENTS",
     "CONTEXT_KEYS",
     "SEVERITIES",
     "STAGES",
-    "Finding",
-    "Match",
     "Scanner",
     "Signature",
     "SignatureError",
     "context_defaults",
     "load",
     "lock_context",
+    "make_finding",
     "match_all",
     "match_first",
     "rank",
 ]
 
-def match_first(text: str, **kwargs: Any) -> Match | None:
+def match_first(text: str, **kwargs: Any) -> Finding | None:
     """The most severe signature found in ``text`` (see :func:`match_all`), or None."""
     found = match_all(text, **kwargs)
     return found[0] if found else None

@@ -23,6 +23,7 @@ else:  # pragma: no cover
 
     import tomli as tomllib
 
+from stackgate.models.finding import SEVERITIES
 from stackgate.models.knowledge import extract
 
 __all__ = [
@@ -40,7 +41,6 @@ __all__ = [
     "required_literal",
 ]
 
-SEVERITIES = ("info", "warning", "error")
 STAGES = ("provision", "verify", "smoke")
 COMPONENTS = ("sglang", "sgl-kernel", "flashinfer", "torch", "triton", "nccl", "cuda toolkit", "driver", "resolver", "installer", "python")
 

@@ -14,94 +14,73 @@ import dataclasses
 import functools
 import re
 import string
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import BinaryIO, Iterable, Mapping
 
-from stackgate.models.knowledge._model import _COMMONNESS, SEVERITIES, Signature, context_defaults, load
+from stackgate.models.finding import SEVERITIES, Evidence, Finding, Fix
+from stackgate.models.knowledge._model import _COMMONNESS, Signature, context_defaults, load
 from stackgate.models.knowledge.extract import EXTRACTORS
 
-__all__ = ["Finding", "Match", "Scanner", "match_all", "rank"]
+__all__ = ["EVIDENCE_LINE", "Scanner", "make_finding", "match_all", "rank"]
 
 _CHUNK = 8 << 20  #: bytes read at a time from a file
 _TAIL = 64 << 10  #: bytes of the log's end kept to judge ``at_end`` signatures
 _LONG_LINE = 1 << 20  #: a "line" longer than this (a progress bar) is cut, not held forever
+EVIDENCE_LINE = 2000  #: characters of a matched line a finding keeps
 
 
-@dataclass(frozen=True)
-class Match:
-    """A signature found in some text, with the values its patterns captured."""
-
-    signature: Signature
-    text: str
-    groups: Mapping[str, str] = field(default_factory=dict)
-    context: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def values(self) -> dict[str, str]:
-        """What ``{names}`` stand for: the context (or its defaults), then the captured groups."""
-        unmatched = dict.fromkeys(self.signature.group_names, "")
-        return {**context_defaults(), **unmatched, **self.context, **self.groups}
-
-    @property
-    def title(self) -> str:
-        return _format(self.signature.title, self.values)
-
-    @property
-    def cause(self) -> str:
-        return _format(self.signature.cause, self.values)
-
-    @property
-    def fix(self) -> str:
-        return _format(self.signature.fix, self.values)
-
-    @property
-    def commands(self) -> tuple[str, ...]:
-        values = self.values
-        return tuple(_format(c, values) for c in self.signature.commands)
+def make_finding(signature: Signature, groups: Mapping[str, str], context: Mapping[str, str], evidence: Evidence) -> Finding:
+    """The finding a signature makes where it matched: its texts with ``{names}`` filled in from
+    the context (or its defaults) and the captured ``groups``."""
+    values = {**context_defaults(), **dict.fromkeys(signature.group_names, ""), **context, **groups}
+    return Finding(
+        id=signature.id,
+        title=_format(signature.title, values),
+        severity=signature.severity,
+        component=signature.component,
+        cause=_format(signature.cause, values),
+        fix=Fix(_format(signature.fix, values), tuple(_format(c, values) for c in signature.commands)),
+        learned_from=signature.source,
+        evidence=evidence,
+        references=signature.references,
+        values=dict(groups),
+        consequence=signature.consequence,
+    )
 
 
-@dataclass(frozen=True)
-class Finding:
-    """A signature found in a stream of lines, where it was first seen and how often."""
-
-    match: Match
-    source: str
-    line: int  #: 1-based number of the key's line (where a traceback ends, where a report starts)
-    lines: tuple[str, ...]  #: the lines that matched (the whole event for multi-line ones)
-    count: int = 1
-    start_line: int = 0  #: 1-based number of ``lines[0]``
-
-    @property
-    def signature(self) -> Signature:
-        return self.match.signature
-
-
-def rank(finding: Finding | Match) -> tuple[int, bool, int]:
+def rank(finding: Finding) -> tuple[int, bool, int]:
     """Sort key: most severe first, causes before their consequences, then by position."""
-    signature = finding.signature
-    return (-SEVERITIES.index(signature.severity), signature.consequence, getattr(finding, "line", 0))
+    return (-SEVERITIES.index(finding.severity), finding.consequence, finding.evidence.line)
 
 
-def match_all(text: str, *, stage: str | None = None, context: Mapping[str, str] | None = None, signatures: Iterable[Signature] | None = None) -> list[Match]:
-    """Every signature (of a stage, if given) found anywhere in ``text``, most severe first."""
+def match_all(text: str, *, stage: str | None = None, context: Mapping[str, str] | None = None, signatures: Iterable[Signature] | None = None, source: str = "") -> list[Finding]:
+    """Every signature (of a stage, if given) found anywhere in ``text``, most severe first; the
+    evidence names ``source`` and the lines where each matched."""
     context = dict(context or {})
-    found = []
+    findings = []
     for signature in load() if signatures is None else signatures:
         if stage is not None and stage not in signature.stages:
             continue
         hit = _search_text(signature, text)
-        if hit is not None:
-            event = text[hit.start():] if signature.after else text
-            found.append(Match(signature, hit[0], _groups(signature, hit, event, context), context))
-    found.sort(key=rank)
-    return found
+        if hit is None:
+            continue
+        match, event, offset = hit
+        start = offset + event.count("\n", 0, match.start()) + 1
+        end = offset + event.count("\n", 0, max(match.end() - 1, match.start())) + 1
+        evidence = Evidence(source, start if signature.after else end, _whole_lines(event, match.start(), match.end()), start)
+        groups = _groups(signature, match, event[match.start() :] if signature.after else event, context)
+        findings.append(make_finding(signature, groups, context, evidence))
+    findings.sort(key=rank)
+    return findings
 
 
-def _search_text(signature: Signature, text: str) -> re.Match[str] | None:
+def _search_text(signature: Signature, text: str) -> tuple[re.Match[str], str, int] | None:
+    """Where a signature matches: (the match, the text it was found in, that text's first line - 1)."""
     if not signature.at_end:
-        return signature.search(text)
+        hit = signature.search(text)
+        return (hit, text, 0) if hit is not None else None
     end = _ends_with(signature, text.splitlines())
-    return end[0] if end else None
+    return (end[0], end[0].string, end[1]) if end else None
 
 
 class Scanner:
@@ -292,13 +271,13 @@ class Scanner:
             return []  # another line of the same event (a traceback quoting it twice)
         previous = self._found.get(signature.id)
         if previous is not None:
-            self._found[signature.id] = dataclasses.replace(previous, count=previous.count + 1)
+            again = dataclasses.replace(previous.evidence, count=previous.evidence.count + 1)
+            self._found[signature.id] = dataclasses.replace(previous, evidence=again)
             return []
         groups = _groups(signature, hit, text, self.context)
-        lines = _whole_lines(text, hit.start(), hit.end())
         start = first + text.count("\n", 0, hit.start())
-        finding = Finding(Match(signature, hit[0], groups, self.context), self.source, number, lines, 1, start)
-        self._found[signature.id] = finding
+        evidence = Evidence(self.source, number, _whole_lines(text, hit.start(), hit.end()), start)
+        self._found[signature.id] = finding = make_finding(signature, groups, self.context, evidence)
         return [finding]
 
 
@@ -408,10 +387,16 @@ def _groups(signature: Signature, hit: re.Match[str], event: str, context: Mappi
 
 
 def _whole_lines(text: str, start: int, end: int) -> tuple[str, ...]:
-    """The complete lines of ``text`` that the span ``start:end`` touches."""
+    """The complete lines of ``text`` that the span ``start:end`` touches, each cut to
+    :data:`EVIDENCE_LINE` characters (a progress bar's megabyte "line" is no evidence).
+
+    >>> _whole_lines("a\\nbad one\\nc", 4, 7)
+    ('bad one',)
+    """
     first = text.rfind("\n", 0, start) + 1
     last = text.find("\n", max(end - 1, start))
-    return tuple(text[first : len(text) if last < 0 else last].split("\n"))
+    lines = text[first : len(text) if last < 0 else last].split("\n")
+    return tuple(line if len(line) <= EVIDENCE_LINE else f"{line[:EVIDENCE_LINE]}... ({len(line) - EVIDENCE_LINE} chars cut)" for line in lines)
 
 
 def _back_lines(data: bytes, offset: int, count: int, floor: int = 0) -> tuple[int, int]:

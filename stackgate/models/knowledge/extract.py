@@ -23,8 +23,9 @@ _NAME = r"[A-Za-z0-9][A-Za-z0-9._\-]*(?:\[[^\]\s]*\])?"
 _PIP_DEPENDS = re.compile(rf"^\s*(?P<req>{_NAME}) (?P<ver>\S+) depends on (?P<pkg>{_NAME})(?P<spec>[^;\s]*)", re.MULTILINE)
 #: pip: "    The user requested torch==2.1.1"
 _PIP_USER = re.compile(rf"^\s*The user requested (?P<pkg>{_NAME})(?P<spec>[^;\s]*)", re.MULTILINE)
-#: uv (after unwrapping): "Because sglang==0.5.9 depends on torch==2.9.1 and ..."
-_UV_DEPENDS = re.compile(rf"(?P<req>{_NAME})(?:(?:==|>=|<=|~=|>|<)(?P<ver>[^\s,{{}}]+))?(?:\{{[^}}]*\}})? depends on (?P<pkg>{_NAME})(?:\{{[^}}]*\}})?(?P<spec>[^\s,]*)")
+#: uv (after unwrapping): "Because sglang==0.5.9 depends on torch==2.9.1 and ...", "Because all
+#: versions of eager-upgrader depend on torch>=2.10 and ..."
+_UV_DEPENDS = re.compile(rf"(?P<req>{_NAME})(?:(?:==|>=|<=|~=|>|<)(?P<ver>[^\s,{{}}]+))?(?:\{{[^}}]*\}})? depends? on (?P<pkg>{_NAME})(?:\{{[^}}]*\}})?(?P<spec>[^\s,]*)")
 _UV_USER = re.compile(rf"(?:you require|your project depends on) (?P<pkg>{_NAME})(?P<spec>[^\s,]*)")
 _UV_DECORATION = re.compile(r"^[\s│╰─▶×]+", re.MULTILINE)
 #: "ImportError: libnvrtc.so.12: ...", "fatal error: curand_kernel.h: ...", "error : Feature ..."

@@ -1,0 +1,58 @@
+"""Checks that the live environment is the one the lock describes: the gate's environment stage.
+
+They run when named (``invoke verify --check 'environment.*'``) and in ``invoke gate``, never in
+a plain verify, whose python.* checks already judge the same distributions one by one.
+"""
+
+from __future__ import annotations
+
+from stackgate.checks.core import check
+from stackgate.facts import Facts, Missing
+from stackgate.facts.compare import environment_drift, environment_spec, spec_changes
+from stackgate.models.finding import Fix
+from stackgate.models.result import Result, failed, passed, skipped
+from stackgate.models.spec import Lock
+
+__all__: list[str] = []
+
+
+@check("environment.generation", needs=("generation",), named_only=True)
+def generation(lock: Lock, facts: Facts) -> Result:
+    """The live generation was built from this lock's Python stack."""
+    root = lock.python.root
+    if root is None:
+        return skipped(f"python.interpreter names an existing environment ({lock.python.interpreter}): there is no generation to compare; drift is judged from its installed distributions")
+    provision = Fix("Build the lock's environment and switch to it.", (f"invoke provision --lock {lock.path}",))
+    state = facts.generation
+    if isinstance(state, Missing):
+        return failed(f"the generations under {root} cannot be read: {state.reason}", fix=provision)
+    current = state.current
+    if current is None:
+        missing = state.current_error or f"{root / 'current'} does not exist"
+        return failed(f"no live environment: {missing}", fix=provision)
+    if current.marker is None or not current.ready:
+        return failed(f"the live generation {current.id} is {current.state}: not one provision finished", fix=provision)
+    changed = spec_changes(current.marker.get("spec", {}), environment_spec(lock))
+    data = {"generation": current.id, "built": current.marker.get("finished"), "built_from": current.marker.get("lock", {})}
+    if changed:
+        return failed(f"the lock's Python stack changed since generation {current.id} was built: {changed[0]}", changed, provision, data)
+    built_from = (current.marker.get("lock") or {}).get("sha256")
+    note = [] if built_from in (None, lock.sha256) else [f"built from another version of the lockfile (sha256 {built_from[:12]}) with the same Python stack"]
+    return passed(f"{root / 'current'} -> generation {current.id}, built from this lock's Python stack", note, data=data)
+
+
+@check("environment.drift", needs=("dists", "patches"), named_only=True)
+def drift(lock: Lock, facts: Facts) -> Result:
+    """The installed distributions and the patches are as locked."""
+    dists = facts.dists
+    if isinstance(dists, Missing):
+        return skipped(f"cannot be judged: {dists.reason}")
+    problems = environment_drift(lock, dists)
+    found = facts.patches
+    if not isinstance(found, Missing):
+        problems += [f"patch {s.patch.file.name}: {s.problem}" for s in found if s.problem]
+    data = {"pins": len(lock.python.packages), "patches": len(lock.patches), "distributions": len(dists.distributions), "drift": problems}
+    if problems:
+        how = f"invoke provision --lock {lock.path}" if lock.python.root else f"reinstall the locked versions into {lock.python.target}"
+        return failed(f"{len(problems)} difference(s) from the lock: {problems[0]}", problems, Fix("Bring the environment back to the lock.", (how,)), data)
+    return passed(f"{len(lock.python.packages)} pin(s) and {len(lock.patches)} patch(es) as locked; requirements of {len(dists.distributions)} distributions consistent", data=data)
