@@ -180,7 +180,7 @@ def as_smoke_1(doc: dict) -> dict:
 def report_a(folder: Path, ref: str) -> tuple[list[str], str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stderr(err):
-        assert reporting.run(reporting.ReportRequest((ref,), runs_dir=folder), UI(stream=out, force_plain=True)) == 0
+        assert reporting.run(reporting.ReportRequest(runs=(ref,), runs_dir=folder), UI(stream=out, force_plain=True)) == 0
     return out.getvalue().splitlines(), err.getvalue()
 
 
