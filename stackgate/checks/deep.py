@@ -507,12 +507,16 @@ class JitContext:
         return [f"kernels: {self.kernels_from()}; {locked}", f"JIT cache: {self.workspace} (from {self.workspace_from})"]
 
 
-def _jit_context(lock: Lock, facts: Facts, env: Mapping[str, str], timeout_s: float) -> JitContext:
+def _installed(facts: Facts, name: str) -> str | None:
     probe = facts.probe
-    installed = {name: (probe.dist(name).version if isinstance(probe, ProbeFacts) and probe.dist(name) else None) for name in ("flashinfer-jit-cache", "flashinfer-cubin")}  # type: ignore[union-attr]
+    dist = probe.dist(name) if isinstance(probe, ProbeFacts) else None
+    return dist.version if dist else None
+
+
+def _jit_context(lock: Lock, facts: Facts, env: Mapping[str, str], timeout_s: float) -> JitContext:
     locked = lock.python.package("flashinfer-jit-cache")
     workspace, origin = jit_workspace(lock, env)
-    return JitContext(str(workspace), origin, timeout_s, locked.requirement if locked else None, installed["flashinfer-jit-cache"], installed["flashinfer-cubin"])
+    return JitContext(str(workspace), origin, timeout_s, locked.requirement if locked else None, _installed(facts, "flashinfer-jit-cache"), _installed(facts, "flashinfer-cubin"))
 
 
 def _jit_line(seconds: float, compiled: int, jit: JitContext) -> str:
