@@ -87,6 +87,18 @@ def torch_python() -> Path:
     return cached_build(CACHE / name, build) / "bin" / "python"
 
 
+def released_wheel(name: str, version: str) -> Path:
+    """The released wheel of ``name==version`` from PyPI (a pure-Python one: ``*.whl``),
+    downloaded once into the test cache and shared by every run (``cached_build``)."""
+
+    def download(folder: Path) -> None:
+        argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", f"{name}=={version}", "-d", str(folder)]
+        subprocess.run(argv, env=isolated_environ(), check=True, capture_output=True)
+
+    (found,) = cached_build(CACHE / f"{name}-{version}-wheel", download).glob("*.whl")
+    return found
+
+
 @pytest.fixture(scope="session")
 def plain_python() -> Path:
     """An interpreter of an empty venv (no torch), built once and cached."""

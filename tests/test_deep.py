@@ -363,10 +363,11 @@ def test_verify_deep_does_not_run_deep_checks_on_a_cpu_torch(torch_python: Path,
     status = {r["check"]: r for r in doc["results"]}
     assert {status[n]["status"] for n in ("gpu.driver", "gpu.count", "gpu.capability")} == {"PASS"}
     assert status["torch.build"]["status"] == "FAIL"
-    for name in ("deep.gpu_work", "deep.collective"):
+    deep_checks = ["deep.gpu_work", "deep.collective", "deep.flashinfer_attention", "deep.allreduce_fusion"]
+    for name in deep_checks:
         assert status[name]["status"] == "SKIP"
         assert status[name]["summary"].startswith("not run: torch.build failed: torch 2.13.0+cpu is a CPU build")
-    assert list(doc["phases_s"]) == ["static", "deep.gpu_work", "deep.collective"]
+    assert list(doc["phases_s"]) == ["static", *deep_checks]
     cases = {c.get("name"): c for c in ET.parse(tmp_path / "r.xml").getroot().iter("testcase")}
     assert cases["deep.collective"].find("skipped") is not None
     assert "wall time" in done.stdout and "deep.gpu_work" in done.stdout

@@ -136,7 +136,7 @@ def test_a_lockfile_s_secret_does_not_change_its_fingerprint(tmp_path):
     digests = []
     for key in ("Zq9-secret-1", "Other-secret-2"):
         path = tmp_path / f"{key}.toml"
-        path.write_text(base.replace('attention_backend = "flashinfer"', f'attention_backend = "flashinfer"\nflags = ["--api-key", "{key}"]\nenv = {{ HF_TOKEN = "hf_{key}" }}'))
+        path.write_text(base.replace("flags = [", f'env = {{ HF_TOKEN = "hf_{key}" }}\nflags = ["--api-key", "{key}", '))
         section = fp.lock_section(lockmodel.load(path))
         assert key not in json.dumps(section)
         digests.append(section["sha256"])

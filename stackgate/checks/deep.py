@@ -13,19 +13,62 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict
+from collections import Counter
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from stackgate.checks.core import check
 from stackgate.facts import Facts, Missing, ProbeFacts
-from stackgate.facts.deep import AllReduceRequest, GpuWork, GpuWorkRequest, SizeFigures, Sweep, launch_env, run_gpu_work, run_sweep
+from stackgate.facts.deep import (
+    ATTENTION_RTOL,
+    GATE_TIMEOUT_S,
+    AllReduceRequest,
+    AttentionRequest,
+    AttentionRun,
+    FusionGate,
+    FusionRequest,
+    FusionRun,
+    GpuWork,
+    GpuWorkRequest,
+    SizeFigures,
+    Sweep,
+    flashinfer_env,
+    jit_workspace,
+    launch_env,
+    read_gate,
+    run_attention,
+    run_fusion,
+    run_gpu_work,
+    run_sweep,
+)
+from stackgate.models import knowledge
 from stackgate.models import settings
 from stackgate.models.finding import Fix
-from stackgate.models.result import Result, Status, failed, passed
-from stackgate.models.spec import Lock
+from stackgate.models.result import Result, Status, failed, passed, skipped, warned
+from stackgate.models.spec import MAX_JIT_TIMEOUT_S, Lock
 
-__all__ = ["PEER_FLOOR", "PREREQUISITES", "TOLERANCE", "judge_collective", "judge_gpu_work", "not_run", "slow_peers", "within_tolerance", "world_size"]
+__all__ = [
+    "ATTENTION_ATOL",
+    "FUSION_FLAG",
+    "PEER_FLOOR",
+    "PREREQUISITES",
+    "TOLERANCE",
+    "JitContext",
+    "Known",
+    "close_enough",
+    "fusion_arch_problem",
+    "fusion_atol",
+    "judge_attention",
+    "judge_collective",
+    "judge_fusion",
+    "judge_fusion_gate",
+    "judge_gpu_work",
+    "not_run",
+    "slow_peers",
+    "within_tolerance",
+    "world_size",
+]
 
 #: Largest max-norm relative error of a product against float64. bf16 output rounding alone is
 #: up to 2^-9 (~0.002); IEEE fp32 with fp32 accumulation stays near 1e-6 (TF32 would be ~1e-3).
@@ -43,10 +86,18 @@ RATES = (("bfloat16", "tflops", "TFLOP/s"), ("float32", "tflops", "TFLOP/s"), ("
 #: image"); nccl.version - for the collective, torch loads a usable NCCL. Left out on purpose:
 #: gpu.pcie and gpu.ecc (the deep figures are how their harm shows), gpu.processes (a warning),
 #: the toolkit and package pins (torch's matmul and NCCL do not use the CUDA toolkit).
+#: flashinfer.cubin - flashinfer-python and its cubin (and JIT cache) are one release, else
+#: `import flashinfer` raises; a SKIP there (flashinfer-python not installed) does not block:
+#: the flashinfer checks then fail themselves, saying so (see SKIP_PASSES).
 PREREQUISITES: dict[str, tuple[str, ...]] = {
     "deep.gpu_work": ("gpu.driver", "gpu.count", "gpu.capability", "torch.build", "torch.arch"),
     "deep.collective": ("gpu.driver", "gpu.count", "gpu.capability", "torch.build", "torch.arch", "nccl.version"),
+    "deep.flashinfer_attention": ("gpu.driver", "gpu.count", "gpu.capability", "torch.build", "torch.arch", "flashinfer.cubin"),
+    "deep.allreduce_fusion": ("gpu.driver", "gpu.count", "gpu.capability", "torch.build", "torch.arch", "nccl.version", "flashinfer.cubin"),
 }
+#: Prerequisites whose SKIP counts as passed: a stack without flashinfer is what the flashinfer
+#: checks exist to report, as a failure with its fix, not as a quiet "not run".
+SKIP_PASSES = frozenset({"flashinfer.cubin"})
 #: The NCCL tuning knobs that mattered on PCIe boxes; named in a slow result even when unset.
 TUNING = ("NCCL_P2P_LEVEL", "NCCL_MIN_NCHANNELS", "NCCL_ALGO", "NCCL_PROTO")
 _VERBS = {Status.SKIP: "was skipped", Status.FAIL: "failed", Status.ERROR: "crashed"}
@@ -60,11 +111,11 @@ def not_run(name: str, results: Sequence[Result]) -> Result | None:
         result = by_name.get(needed)
         if result is None:
             reasons.append(f"{needed} was not run")
-        elif result.status not in (Status.PASS, Status.WARN):
+        elif result.status not in (Status.PASS, Status.WARN) and not (result.status == Status.SKIP and needed in SKIP_PASSES):
             reasons.append(f"{needed} {_VERBS[result.status]}: {result.summary}")
     earlier = by_name.get("deep.gpu_work")
-    if name == "deep.collective" and earlier is not None and earlier.data.get("hung"):
-        reasons.append("a GPU hung in deep.gpu_work: the all-reduce would hang too")
+    if name != "deep.gpu_work" and earlier is not None and earlier.data.get("hung"):
+        reasons.append("a GPU hung in deep.gpu_work: this work would hang too")
     if not reasons:
         return None
     return Result(name, Status.SKIP, f"not run: {reasons[0]}", tuple(reasons), data={"not_run": reasons})
@@ -244,11 +295,12 @@ def _sweep_data(sweep: Sweep, min_busbw: float | None) -> dict[str, Any]:
         "script_s": round(sweep.duration_s, 3),
         "log": str(sweep.log),
         "timing": _timing(sweep),
-        "method": "in-place all_reduce (sum, float32); per size 1 untimed op then "
-        f"{sweep.request.iters} timed ops bracketed by CUDA events, mean over ranks; "
-        f"{sweep.request.warmup} warm-up ops at the largest and smallest size first (nccl-tests' all_reduce_perf); "
-        "on GPUs the timed ops are captured in a CUDA graph and replayed, so that torch's per-call host overhead "
-        "is not measured (eager_us keeps the op launched one by one)",
+        "method": "in-place all_reduce (sum, float32), nccl-tests' all_reduce_perf sweep: "
+        f"{sweep.request.warmup} warm-up ops at the largest and smallest size, then per size {sweep.request.iters} ops; "
+        f"on GPUs the {sweep.request.iters} ops are captured in one CUDA graph and replayed {sweep.request.replays} times, "
+        "each replay after the buffer's reset and a captured 1-element all-reduce that aligns the ranks, bracketed by CUDA events; "
+        "time_us is the mean over ranks of each rank's median replay, min_us the fastest replay; eager_us times the ops "
+        "launched one by one from Python (torch's per-call host overhead included), after the graph",
     }
 
 
@@ -307,10 +359,13 @@ def _size_lines(sweep: Sweep) -> list[str]:
     def bus(s: SizeFigures) -> str:
         return f"busbw {s.busbw_gbs:8.2f} GB/s" if s.busbw_gbs is not None else "busbw n/a (1 rank)"
 
+    def fastest(s: SizeFigures) -> str:
+        return f" (min {s.min_us:.1f})" if s.min_us is not None else ""
+
     def eager(s: SizeFigures) -> str:
         return f"  (launched one by one: {s.eager_us:.1f} us)" if s.timing == "cuda-graph" and s.eager_us is not None else ""
 
-    return [f"{_size(s.bytes):>8}: {s.time_us:10.1f} us  algbw {s.algbw_gbs:8.2f} GB/s  {bus(s)}  #wrong {s.wrong}{eager(s)}" for s in sweep.sizes]
+    return [f"{_size(s.bytes):>8}: {s.time_us:10.1f} us{fastest(s)}  algbw {s.algbw_gbs:8.2f} GB/s  {bus(s)}  #wrong {s.wrong}{eager(s)}" for s in sweep.sizes]
 
 
 def _env_lines(sweep: Sweep) -> list[str]:
@@ -375,3 +430,429 @@ def collective(lock: Lock, facts: Facts) -> Result:
     world, wanted = world_size(lock, facts.probe)
     sweep = run_sweep(lock.python.target, AllReduceRequest(world), launch_env(lock, facts))
     return judge_collective(sweep, lock.nccl.min_busbw_gbs, wanted)
+
+
+# --- flashinfer: what it shares -------------------------------------------------------------
+
+#: The flag whose code path deep.allreduce_fusion proves (SGLang 0.5.9's spelling).
+FUSION_FLAG = "--enable-flashinfer-allreduce-fusion"
+#: The absolute part of attention's tolerance ``|a - b| <= atol + rtol * |ref|`` (rtol: facts.deep).
+#: Outputs of softmax over thousands of random keys are small (|o| ~ 0.01-0.1), so the absolute
+#: part decides: 2e-3 is ~4x the largest error measured on an H200 (4.5e-4, paged decode) and
+#: ~5x below what a kernel that dropped half the KV would show (~0.01).
+ATTENTION_ATOL = 2e-3
+def _flashinfer_limit_s() -> float:
+    """A flashinfer check's own limit: its run's timeout (the lock's JIT timeout, at most
+    MAX_JIT_TIMEOUT_S, plus the deep run's own, read when it runs) and a minute to read what it left."""
+    return settings.DEEP_TIMEOUT_S.value() + MAX_JIT_TIMEOUT_S + 60
+
+
+def _fusion_limit_s() -> float:
+    """The fusion check's: a flashinfer check's, and the arch gate's reading before it."""
+    return _flashinfer_limit_s() + GATE_TIMEOUT_S
+
+
+def fusion_atol(world: int) -> float:
+    """The absolute part of the fusion's tolerance: half a bf16 ulp of the partial sums (|s| < 8:
+    2^-6) for each of the reduction's world - 1 additions, whose order the fused kernel and NCCL
+    may choose differently (values near zero have no relative tolerance to speak of).
+
+    >>> fusion_atol(2), fusion_atol(8)
+    (0.015625, 0.109375)
+    """
+    return 2.0**-6 * max(1, world - 1)
+
+
+def close_enough(worst: Sequence[float], atol: float, rtol: float) -> bool:
+    """``|a - b| <= atol + rtol * |ref|`` for the worst element ``(|a - b|, |ref|)``; NaN is not.
+
+    >>> close_enough((0.0625, 12.0), 2.0**-6, 2.0**-7), close_enough((0.5, 1.0), 2e-3, 2.0**-7), close_enough((float("nan"), 1.0), 1.0, 1.0)
+    (True, False, False)
+    """
+    error, scale = worst
+    return math.isfinite(error) and error <= atol + rtol * scale
+
+
+def _finite(value: Any) -> Any:
+    """A figure for the JSON report: non-finite numbers (a NaN error) become None."""
+    return value if not isinstance(value, float) or math.isfinite(value) else None
+
+
+@dataclass(frozen=True)
+class Known:
+    """What the knowledge base says of a failure's output."""
+
+    title: str
+    cause: str
+    fix: Fix
+
+
+def _classified(text: str, lock: Lock) -> Known | None:
+    match = knowledge.match_first(text, context=knowledge.lock_context(lock))
+    return None if match is None else Known(match.title, match.cause, match.fix)
+
+
+def _explained(error: str, known: Known | None) -> str:
+    return f"{error} -> {known.title}" if known else error
+
+
+@dataclass(frozen=True)
+class JitContext:
+    """Where flashinfer's kernels come from for this stack, and the JIT's allowance."""
+
+    workspace: str  #: FLASHINFER_WORKSPACE_BASE of the run
+    workspace_from: str
+    timeout_s: float  #: the lock's jit_timeout_s
+    jit_cache_locked: str | None  #: the lock's flashinfer-jit-cache pin, if any
+    jit_cache: str | None  #: flashinfer-jit-cache installed (its precompiled kernels), if any
+    cubin: str | None  #: flashinfer-cubin installed, if any
+
+    def kernels_from(self) -> str:
+        """What the fingerprint says of where the kernels come from (stable from run to run)."""
+        if self.jit_cache:
+            return f"precompiled: flashinfer-jit-cache {self.jit_cache}"
+        return f"JIT-compiled (no flashinfer-jit-cache{'; flashinfer-cubin ' + self.cubin if self.cubin else ''})"
+
+    def lines(self) -> list[str]:
+        locked = f"the lock pins flashinfer-jit-cache {self.jit_cache_locked}" if self.jit_cache_locked else "the lock ships no flashinfer-jit-cache"
+        return [f"kernels: {self.kernels_from()}; {locked}", f"JIT cache: {self.workspace} (from {self.workspace_from})"]
+
+
+def _installed(facts: Facts, name: str) -> str | None:
+    probe = facts.probe
+    dist = probe.dist(name) if isinstance(probe, ProbeFacts) else None
+    return dist.version if dist else None
+
+
+def _jit_context(lock: Lock, facts: Facts, env: Mapping[str, str], timeout_s: float) -> JitContext:
+    locked = lock.python.package("flashinfer-jit-cache")
+    workspace, origin = jit_workspace(lock, env)
+    return JitContext(str(workspace), origin, timeout_s, locked.requirement if locked else None, _installed(facts, "flashinfer-jit-cache"), _installed(facts, "flashinfer-cubin"))
+
+
+def _jit_line(seconds: float, compiled: int, jit: JitContext) -> str:
+    """``JIT (cold) took 70 s of the 600 s allowed (4 modules compiled)``, or the warm case."""
+    if compiled:
+        return f"JIT (cold) took {seconds:.0f} s of the {jit.timeout_s:g} s allowed ({compiled} module(s) compiled into {jit.workspace})"
+    return f"no JIT: every module came from {'flashinfer-jit-cache' if jit.jit_cache else 'the JIT cache'} (first calls {seconds:.1f} s)"
+
+
+def _flashinfer_import_fix(lock: Lock) -> Fix:
+    return Fix(
+        "Install flashinfer-python in the stack at the lock's version, with its dependencies (apache-tvm-ffi, nvidia-cudnn-frontend) "
+        "and flashinfer-cubin of the same release if any; then import it by hand to see the whole error.",
+        ("invoke provision --only python", f"{lock.python.target} -c 'import flashinfer'"),
+    )
+
+
+# --- deep.flashinfer_attention ----------------------------------------------------------------
+
+#: What each kernel's figure is called in the report and in `report A B`.
+ATTENTION_FIGURES = {"decode": ("decode GB/s", "gbs"), "decode_tensor_cores": ("decode (tensor cores) GB/s", "gbs"), "paged_decode": ("paged decode GB/s", "gbs"), "prefill": ("prefill TFLOP/s", "tflops")}
+
+
+def _kernel_label(record: Mapping[str, Any]) -> str:
+    return f"GPU {record['index']} {record['kind']}"
+
+
+def _kernel_problem(record: Mapping[str, Any], lock: Lock) -> tuple[str, Known | None] | None:
+    """What is wrong with one kernel's record: an error (classified), or a result out of tolerance."""
+    if "error" in record:
+        known = _classified(record.get("trace") or record["error"], lock)
+        return f"{_kernel_label(record)}: {_explained(record['error'], known)}", known
+    worst = record["worst"]
+    if not close_enough(worst, ATTENTION_ATOL, ATTENTION_RTOL):
+        limit = ATTENTION_ATOL + ATTENTION_RTOL * worst[1]
+        return f"{_kernel_label(record)}: wrong: error {worst[0]:.3g} where |ref| is {worst[1]:.3g} (allowed {limit:.3g}; max abs error {record['max_abs_err']:.3g}) against float32", None
+    return None
+
+
+def _attention_figures(kernels: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Each kernel's rate, the mean over GPUs (the figures `report A B` compares)."""
+    figures = {}
+    for kind, (name, key) in ATTENTION_FIGURES.items():
+        values = [k[key] for k in kernels if k.get("kind") == kind and isinstance(k.get(key), (int, float))]
+        if values:
+            figures[name] = round(statistics.fmean(values), 3)
+    return figures
+
+
+def _attention_data(run: AttentionRun, jit: JitContext) -> dict[str, Any]:
+    kernels = [{k: _finite(v) for k, v in record.items() if k not in ("event", "trace")} for record in run.kernels]
+    first = [k for k in run.kernels if k.get("index") == 0]
+    return {
+        "flashinfer": run.begin.get("flashinfer"),
+        "torch": run.begin.get("torch"),
+        "shapes": {k: v for k, v in asdict(run.request).items() if k not in ("rtol", "warmup", "iters", "seed")},
+        "seed": run.request.seed,
+        "kernels": kernels,
+        "figures": _attention_figures(run.kernels),
+        "tolerance": {"atol": ATTENTION_ATOL, "rtol": run.request.rtol, "rule": "|out - ref| <= atol + rtol * |ref|, ref in float32 from the same bf16 inputs"},
+        "jit": {**asdict(jit), "first_calls_s": round(sum(k.get("first_call_s") or 0.0 for k in first), 3), "compiled": sum(k.get("compiled") or 0 for k in first)},
+        "script_s": round(run.duration_s, 3),
+        "log": str(run.log),
+    }
+
+
+def judge_attention(run: AttentionRun, jit: JitContext, lock: Lock) -> Result:
+    """The attention verdict: flashinfer that does not import, a kernel that errors, times out in
+    its JIT or computes wrong fails, with the cause and fix the knowledge base knows."""
+    data = _attention_data(run, jit)
+    if run.returncode is None:
+        return failed(_attention_timeout(run, jit), _tail_lines(run.tail), Fix(_JIT_TIMEOUT_FIX, (f"less {run.log}",)), {**data, "hung": True})
+    if run.begin.get("error"):
+        known = _classified(run.begin.get("trace") or run.begin["error"], lock)
+        causes = [known.cause] if known else []
+        return failed(_explained(run.begin["error"], known), [*causes, *jit.lines(), *_tail_lines(run.tail)], known.fix if known else _flashinfer_import_fix(lock), data)
+    if run.returncode != 0 or not run.kernels:
+        return failed(f"the attention run failed ({_code(run.returncode)}): {' / '.join(run.tail[-3:])}", _tail_lines(run.tail), _log_fix(run.log), data)
+    problems = [p for p in (_kernel_problem(k, lock) for k in run.kernels) if p is not None]
+    if problems:
+        known = next((k for _, k in problems if k is not None), None)
+        details = [text for text, _ in problems] + ([known.cause] if known else [])
+        return failed(f"{len(problems)} kernel problem(s): {problems[0][0]}", details, known.fix if known else _log_fix(run.log), data)
+    kinds = ", ".join(dict.fromkeys(str(k["kind"]) for k in run.kernels))
+    data["defines"] = {"flashinfer_attention": f"{kinds} correct against float32; {jit.kernels_from()}"}
+    return passed(_attention_summary(run, data, jit), [*_attention_lines(run), *jit.lines()], data)
+
+
+_JIT_TIMEOUT_FIX = (
+    "A cold JIT compiles each kernel with nvcc (49 s for the prefill kernel on a 16-core H200): raise [deep.attention] jit_timeout_s "
+    "(or [deep.fusion]) on a machine with fewer cores, or install flashinfer-jit-cache (precompiled kernels). A kernel that hangs "
+    "after its JIT needs the log."
+)
+
+
+def _attention_timeout(run: AttentionRun, jit: JitContext) -> str:
+    where = f"GPU {run.running[0]}'s {run.running[1]} kernel" if run.running else "the attention run"
+    if run.running and run.running[0] == 0 and not any(k.get("kind") == run.running[1] for k in run.kernels):
+        return f"{where} did not finish within {run.timeout_s:g} s: its first call JIT-compiles (cold) with the lock's jit_timeout_s {jit.timeout_s:g} s allowed"
+    return f"hang: {where} did not finish within {run.timeout_s:g} s"
+
+
+def _attention_summary(run: AttentionRun, data: Mapping[str, Any], jit: JitContext) -> str:
+    rates = ", ".join(f"{name} {value:.4g}" for name, value in data["figures"].items())
+    worst = max((k["max_abs_err"] for k in run.kernels), default=0.0)
+    gpus = len({k["index"] for k in run.kernels})
+    return f"flashinfer {run.begin.get('flashinfer')} on {gpus} GPU(s): {rates}; max abs error {worst:.2g}; {_jit_line(data['jit']['first_calls_s'], data['jit']['compiled'], jit)}"
+
+
+def _attention_lines(run: AttentionRun) -> list[str]:
+    lines = []
+    for k in run.kernels:
+        rate = f"{k['gbs']:.4g} GB/s" if "gbs" in k else f"{k['tflops']:.4g} TFLOP/s (causal)"
+        lines.append(f"{_kernel_label(k)}: {k['us']:.1f} us, {rate}, max abs error {k['max_abs_err']:.2g}, first call {k['first_call_s']:.1f} s ({k['compiled']} module(s) compiled)")
+    return lines
+
+
+def _uses_flashinfer(lock: Lock) -> bool:
+    return lock.smoke.attention_backend == "flashinfer" or lock.python.package("flashinfer-python") is not None or FUSION_FLAG in lock.smoke.flags
+
+
+@check("deep.flashinfer_attention", needs=("probe", "env"), timeout_s=_flashinfer_limit_s, slow=True)
+def flashinfer_attention(lock: Lock, facts: Facts) -> Result:
+    """flashinfer's decode, prefill and paged attention run on every GPU and match float32."""
+    if not _uses_flashinfer(lock):
+        return skipped(f"the lock's stack does not use flashinfer (attention backend {lock.smoke.attention_backend}, no flashinfer-python pin)")
+    env = flashinfer_env(lock, facts)
+    shapes = lock.deep.attention
+    run = run_attention(lock.python.target, AttentionRequest.from_lock(shapes), env, shapes.jit_timeout_s + settings.DEEP_TIMEOUT_S.value())
+    return judge_attention(run, _jit_context(lock, facts, env, shapes.jit_timeout_s), lock)
+
+
+# --- deep.allreduce_fusion --------------------------------------------------------------------
+
+
+def _majors(text: str) -> set[int]:
+    """The compute capability majors of FLASHINFER_CUDA_ARCH_LIST, split as flashinfer splits it.
+
+    >>> sorted(_majors("12.0a 9.0"))
+    [9, 12]
+    """
+    return {int(arch.split(".")[0]) for arch in text.split(" ") if arch.split(".")[0].isdigit()}
+
+
+def fusion_arch_problem(gpu_majors: set[int], supported: Sequence[int], arch_list: str | None) -> str | None:
+    """Why the fused path cannot run on these GPUs, or None.
+
+    >>> fusion_arch_problem({12}, [9, 10], None)
+    'compute capability major 12 is not among the majors flashinfer builds the fusion module for ([9, 10])'
+    >>> fusion_arch_problem({9}, [9, 10], "12.0a")
+    'FLASHINFER_CUDA_ARCH_LIST=12.0a names no major flashinfer builds the fusion module for ([9, 10]): its JIT would raise'
+    >>> fusion_arch_problem({9}, [9, 10], None) is None
+    True
+    """
+    missing = sorted(gpu_majors - set(supported))
+    if missing:
+        return f"compute capability major {', '.join(map(str, missing))} is not among the majors flashinfer builds the fusion module for ({list(supported)})"
+    if arch_list and not _majors(arch_list) & set(supported):
+        return f"FLASHINFER_CUDA_ARCH_LIST={arch_list} names no major flashinfer builds the fusion module for ({list(supported)}): its JIT would raise"
+    return None
+
+
+def _gpu_capabilities(facts: Facts, lock: Lock) -> tuple[list[str], str]:
+    """Each GPU's compute capability ("12.0"), and where it was read."""
+    snapshot = facts.nvml
+    if isinstance(snapshot, Missing) or not snapshot.gpus:
+        return [str(lock.hardware.compute_capability)] * lock.hardware.gpu_count, "the lock's [hardware] (NVML gave none)"
+    return ["{}.{}".format(*gpu.capability) if gpu.capability else "unknown" for gpu in snapshot.gpus], "NVML"
+
+
+def _gate_evidence(gate: FusionGate, capabilities: Sequence[str], source: str, arch_list: str | None) -> list[str]:
+    fi = gate.flashinfer
+    counts = ", ".join(f"{n} x {cc}" for cc, n in sorted(Counter(capabilities).items()))
+    lines = [
+        f"GPUs: compute capability {counts} (from {source})",
+        f"flashinfer {fi.get('version')}: {fi.get('function')}() builds for supported_major_versions={fi.get('supported_majors')} (read from {fi.get('file')})",
+    ]
+    sglang = gate.sglang
+    if sglang and "supported_majors" in sglang:
+        lines.append(f"sglang {sglang.get('version')}: {sglang.get('function')}() admits majors {sglang['supported_majors']} (read from {sglang.get('file')} and {sglang.get('helpers')})")
+    elif sglang:
+        lines.append(f"sglang {sglang.get('version')}: its gate could not be read: {sglang.get('error')}")
+    lines.append(f"FLASHINFER_CUDA_ARCH_LIST={arch_list} (flashinfer compiles for these archs, not the GPUs')" if arch_list else "FLASHINFER_CUDA_ARCH_LIST unset: flashinfer compiles for the GPUs' own archs")
+    return lines
+
+
+_NO_COMPILE = (
+    "no compile was tried: flashinfer's JIT filters its target archs by these majors and raises "
+    "`No supported CUDA architectures found for major versions [...]` before nvcc runs (flashinfer/compilation_context.py; sglang issue 15650)"
+)
+
+
+def judge_fusion_gate(gate: FusionGate, capabilities: Sequence[str], source: str, arch_list: str | None, severity: str) -> Result | None:
+    """The verdict when the fused path cannot run here (or cannot be located), else None: the arch
+    gate, read from the installed flashinfer's own code, against each GPU's major."""
+    evidence = _gate_evidence(gate, capabilities, source, arch_list)
+    supported = gate.flashinfer.get("supported_majors")
+    data: dict[str, Any] = {"gate": dict(gate.flashinfer), "sglang_gate": dict(gate.sglang) if gate.sglang else None, "capabilities": list(capabilities), "arch_list": arch_list, "runs": False}
+    if not isinstance(supported, list):
+        why = gate.flashinfer.get("error", "no supported majors found")
+        return failed(f"flashinfer's allreduce-fusion module cannot be located: {why}", [*evidence, *_tail_lines(gate.tail)], _GATE_FIX, data)
+    majors = {int(cc.split(".")[0]) for cc in capabilities if cc.split(".")[0].isdigit()}
+    problem = fusion_arch_problem(majors, supported, arch_list)
+    if problem is None:
+        return None
+    data["defines"] = {"allreduce_fusion": f"no-op: {problem}"}
+    summary = f"the fused path cannot run here: {problem}: {FUSION_FLAG} is a no-op on this machine"
+    fix = Fix(
+        f"Drop {FUSION_FLAG} from [smoke] flags for this hardware (the TP all-reduce then runs on NCCL, as it already does), "
+        'or keep it knowingly with [deep.fusion] unsupported = "warn". Only a flashinfer whose comm module builds for this arch makes it real.',
+        ("invoke verify --deep --check deep.allreduce_fusion",),
+    )
+    return (warned if severity == "warn" else failed)(summary, [*evidence, _NO_COMPILE], fix, data)
+
+
+_GATE_FIX = Fix(
+    "Install flashinfer-python in the stack (its flashinfer/jit/comm.py holds the fusion module's arch list).",
+    ("invoke provision --only python", "invoke verify --check flashinfer.cubin"),
+)
+
+
+def _fusion_data(run: FusionRun, atol: float) -> dict[str, Any]:
+    tokens = []
+    for t in run.tokens:
+        tokens.append({**{k: _finite(v) for k, v in asdict(t).items() if k not in ("residual", "norm", "max_abs_err")}, "speedup": t.speedup,
+                       "max_abs_err": {k: _finite(v) for k, v in t.max_abs_err.items()}, "worst": {"residual": [_finite(v) for v in t.residual], "norm": [_finite(v) for v in t.norm]}})  # fmt: skip
+    return {
+        "world": run.request.world,
+        "hidden": run.request.hidden,
+        "flashinfer": run.begin.get("flashinfer"),
+        "tokens": tokens,
+        "figures": {f"fused speedup at {t.tokens} tokens": round(t.speedup, 3) for t in run.tokens if t.speedup},
+        "workspace_s": {str(rank): round(s, 3) for rank, s in sorted(run.workspace_s.items())},
+        "compiled": run.compiled,
+        "progress": {str(rank): where for rank, where in run.progress.items()},
+        "tolerance": {"atol": atol, "rtol": run.request.rtol, "rule": "|out - ref| <= atol + rtol * |ref|; ref: NCCL's all-reduce of the same bf16 inputs, then the residual add and RMSNorm in float32"},
+        "method": f"per token count: {run.request.iters} calls captured in one CUDA graph, {run.request.replays} timed replays after a 1-element all-reduce "
+        "that aligns the ranks; each rank's median, the mean over ranks. unfused: NCCL all-reduce, then torch's add and RMSNorm ops "
+        "(several kernels; SGLang's own unfused path runs one fused add+RMSNorm kernel there, so its speedup is smaller)",
+        "seed": run.request.seed,
+        "script_s": round(run.duration_s, 3),
+        "log": str(run.log),
+        "runs": True,
+    }
+
+
+def _fusion_wrong(run: FusionRun, atol: float) -> list[str]:
+    wrong = []
+    for t in run.tokens:
+        for part in ("residual", "norm"):
+            worst = getattr(t, part)
+            if not close_enough(worst, atol, run.request.rtol):
+                wrong.append(f"{t.tokens} token(s): {part} wrong: error {worst[0]:.3g} where |ref| is {worst[1]:.3g} (allowed {atol + run.request.rtol * worst[1]:.3g})")
+    return wrong
+
+
+def judge_fusion(run: FusionRun, jit: JitContext, lock: Lock) -> Result:
+    """The fusion verdict, once the arch gate passed: a failed or hung run, wrong outputs fail;
+    a fused path slower than the unfused one warns; else the figures per token count."""
+    atol = fusion_atol(run.request.world)
+    data = _fusion_data(run, atol)
+    if run.returncode is None:
+        return failed(_fusion_timeout(run, jit), [*(f"rank {r}: last {w}" for r, w in sorted(run.progress.items())), *_tail_lines(run.tail)], Fix(_JIT_TIMEOUT_FIX, (f"less {run.log}",)), {**data, "hung": True})
+    if run.begin.get("error") or run.failures or run.returncode != 0 or len(run.tokens) < len(run.request.tokens):
+        return _fusion_failed(run, lock, data)
+    wrong = _fusion_wrong(run, atol)
+    if wrong:
+        return failed(f"the fused outputs differ from NCCL + residual + RMSNorm at {len(wrong)} point(s): {wrong[0]}", wrong, _log_fix(run.log), data)
+    data["defines"] = {"allreduce_fusion": f"runs on {run.request.world} ranks: fused outputs match NCCL + residual + RMSNorm"}
+    lines = [*_fusion_lines(run), *jit.lines()]
+    slower = [t for t in run.tokens if t.speedup is not None and t.speedup < 1]
+    if slower:
+        return warned(f"the fused path is slower than the unfused one at {', '.join(str(t.tokens) for t in slower)} token(s): {_fusion_summary(run, jit)}", lines, None, data)
+    return passed(_fusion_summary(run, jit), lines, data)
+
+
+def _fusion_failed(run: FusionRun, lock: Lock, data: Mapping[str, Any]) -> Result:
+    failure = run.failures[0] if run.failures else run.begin
+    known = _classified(failure.get("trace") or failure.get("error") or "\n".join(run.tail), lock)
+    where = f"rank {failure['rank']} ({failure.get('stage')}): " if "rank" in failure else ""
+    cause = _explained(f"{where}{failure.get('error') or ' / '.join(run.tail[-3:])}", known)
+    details = [*([known.cause] if known else []), *_tail_lines(run.tail)]
+    return failed(f"the allreduce fusion failed ({_code(run.returncode)}): {cause}", details, known.fix if known else _log_fix(run.log), data)
+
+
+def _fusion_timeout(run: FusionRun, jit: JitContext) -> str:
+    if not run.workspace_s:
+        return f"the IPC workspace (its first creation JIT-compiles the comm module, cold) was not ready within {run.timeout_s:g} s (the lock's jit_timeout_s {jit.timeout_s:g} s included)"
+    return f"hang: the fusion run did not finish within {run.timeout_s:g} s ({', '.join(f'rank {r}: {w}' for r, w in sorted(run.progress.items()))})"
+
+
+def _fusion_summary(run: FusionRun, jit: JitContext) -> str:
+    timed = [t for t in run.tokens if t.speedup is not None]
+    worst = max((t.max_abs_err["norm"] for t in run.tokens), default=0.0)
+    speed = ", ".join(f"{t.tokens}: {t.fused_us:.1f} vs {t.unfused_us:.1f} us ({t.speedup:.1f}x)" for t in timed) or "not timed (no CUDA graph)"
+    workspace = max(run.workspace_s.values(), default=0.0)
+    return (
+        f"{run.request.world} ranks, hidden {run.request.hidden}: fused = NCCL + residual + RMSNorm (max abs error norm {worst:.2g}); "
+        f"fused vs unfused, graph-captured, per token count: {speed}; workspace {_jit_line(workspace, run.compiled, jit)}"
+    )
+
+
+def _fusion_lines(run: FusionRun) -> list[str]:
+    def us(value: float | None) -> str:
+        return f"{value:8.1f} us" if value is not None else "    n/a   "
+
+    lines = [f"{t.tokens:>5} token(s): fused {us(t.fused_us)} unfused {us(t.unfused_us)} (eager: {us(t.fused_eager_us)} vs {us(t.unfused_eager_us)}); "
+             f"max abs error residual {t.max_abs_err['residual']:.2g}, norm {t.max_abs_err['norm']:.2g}" + (f"; {t.graph_error}" if t.graph_error else "") for t in run.tokens]  # fmt: skip
+    return [*lines, *(f"rank {rank}: IPC workspace {s:.1f} s" for rank, s in sorted(run.workspace_s.items()))]
+
+
+@check("deep.allreduce_fusion", needs=("probe", "env", "nvml"), timeout_s=_fusion_limit_s, slow=True)
+def allreduce_fusion(lock: Lock, facts: Facts) -> Result:
+    """flashinfer's allreduce + residual + RMSNorm fusion runs on these GPUs, matches NCCL + torch, and pays."""
+    if FUSION_FLAG not in lock.smoke.flags:
+        return skipped(f"the lock's [smoke] flags do not include {FUSION_FLAG}: no fused path to prove")
+    env = flashinfer_env(lock, facts)
+    capabilities, source = _gpu_capabilities(facts, lock)
+    gate = read_gate(lock.python.target, env)
+    verdict = judge_fusion_gate(gate, capabilities, source, env.get("FLASHINFER_CUDA_ARCH_LIST"), lock.deep.fusion.unsupported)
+    if verdict is not None:
+        return verdict
+    world, wanted = world_size(lock, facts.probe)
+    if world < 2:
+        return skipped(f"{world} rank(s) (the lock's [smoke] tp {wanted}): there is no all-reduce to fuse (SGLang skips the fusion on one GPU); the arch gate passed: {gate.flashinfer.get('supported_majors')}")
+    fusion = lock.deep.fusion
+    run = run_fusion(lock.python.target, FusionRequest(world, fusion.hidden, fusion.tokens), env, fusion.jit_timeout_s + settings.DEEP_TIMEOUT_S.value())
+    return judge_fusion(run, _jit_context(lock, facts, env, fusion.jit_timeout_s), lock)

@@ -378,7 +378,7 @@ def run_gate(request: GateRequest, ui: UI, *, environ: Mapping[str, str] | None 
     ctx = GateContext(request, ui, dict(os.environ if environ is None else environ), nvml_lib, _run_dir(request, run_id))
     try:
         outcomes, interrupted = run_stages(stages, ctx)
-        finger = None if interrupted or ctx.lock is None or ctx.usage else fp.from_facts(ctx.lock, ctx.facts, _server_info(ctx))
+        finger = None if interrupted or ctx.lock is None or ctx.usage else fp.from_facts(ctx.lock, ctx.facts, _server_info(ctx), ctx.verify_run.results if ctx.verify_run else ())
     finally:
         ctx.close()
     verdict = judge([r for s in outcomes for r in s.results], strict=request.strict)

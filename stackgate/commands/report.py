@@ -159,6 +159,8 @@ def show_comparison(comparison: rundiff.Comparison, ui: UI) -> None:
     ui.line(f"B: {new.label()}, started {new.started}")
     for speed in comparison.speed:
         ui.line(speed.text())
+    for figure in comparison.figures:
+        ui.line(figure.text())
     a, b = (old.fingerprint or {}).get("short"), (new.fingerprint or {}).get("short")
     prints = f"; fingerprint {a} -> {b}" if a and b else ""
     if comparison.same_stack:

@@ -20,6 +20,7 @@ that rank's contribution, "hang:<rank>" makes that rank sleep before its first a
 
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -170,11 +171,13 @@ def rank_main(rank, outdir, request):
 def sweep(dist, rank, device, request, out):
     """nccl-tests' all_reduce_perf loop, in place (torch's all_reduce has no out-of-place form).
 
-    As nccl-tests does: ``warmup`` ops at the largest size, then at the smallest; per size one
-    untimed op, then ``iters`` timed ops, each on the next slice of one largest-size buffer (so
-    small sizes are not served from L2 cache); then a check on fresh data. The buffer is reset
-    to this rank's data before each size, as nccl-tests re-initialises it: summing in place
-    multiplies the values by the world size per op, and 21 ops stay far from float32's range.
+    As nccl-tests does: ``warmup`` ops at the largest size, then at the smallest; per size
+    ``iters`` timed ops, each on the next slice of one largest-size buffer (so small sizes are
+    not served from L2 cache); then a check on fresh data. The buffer is reset to this rank's data
+    before each timed pass, as nccl-tests re-initialises it: summing in place multiplies the values
+    by the world size per op, and 21 ops stay far from float32's range. On GPUs the ``iters`` ops
+    are captured in a CUDA graph and replayed ``replays`` times (see graph_replays_us); the eager
+    figure (ops launched one by one from Python) is taken after, so it cannot disturb the graph's.
     """
     sizes, warmup, iters = request["sizes"], request["warmup"], request["iters"]
     largest = sizes[-1] // 4
@@ -191,43 +194,82 @@ def sweep(dist, rank, device, request, out):
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # "warm" must mean the warm-up finished, not was queued
     out(event="warm")
-    graphs = device.type == "cuda" and request.get("graphs", True)
+    align = graph_timing(lambda: aligner(dist, device), out) if device.type == "cuda" and request.get("graphs", True) else None
+    graphs = align is not None
     for size in sizes:
         count = size // 4
+        replays = graph_timing(lambda count=count: graph_replays_us(lambda i: op(count, i), iters, request["replays"], align, lambda: buffer.copy_(data)), out) if graphs else None
+        graphs = graphs and replays is not None
         buffer.copy_(data)
-        eager = timed_ms(device, lambda i, count=count: op(count, i), 1, iters)
-        graph = timed_graph_ms(device, lambda i, count=count: op(count, i), iters, lambda: buffer.copy_(data), out) if graphs else None
-        graphs = graphs and graph is not None
-        us = (graph if graph is not None else eager) * 1e3
-        out(event="size", bytes=size, us=us, eager_us=eager * 1e3, timing="cuda-graph" if graph is not None else "eager", wrong=check(dist, rank, count, request, device))
+        eager_us = timed_ms(device, lambda i, count=count: op(count, i), 1, iters) * 1e3
+        figures = {"us": statistics.median(replays), "us_min": min(replays), "us_replays": replays} if replays else {"us": eager_us}
+        timing = "cuda-graph" if replays else "eager"
+        out(event="size", bytes=size, eager_us=eager_us, timing=timing, wrong=check(dist, rank, count, request, device), **figures)
 
 
-def timed_graph_ms(device, op, iters, reset, out):
-    """Mean milliseconds per op of ``iters`` ops captured in one CUDA graph and replayed.
+def aligner(dist, device):
+    """A captured one-element all-reduce, replayed right before a start event: it returns on every
+    rank at about the same time, so no rank's timed window includes waiting for a late peer.
 
-    Eager timing of a small all-reduce measures the host: torch's per-call overhead (tens of
+    Its first run is eager, so that NCCL's communicator exists before the capture.
+    """
+    one = torch.zeros(1, device=device)
+    dist.all_reduce(one)
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dist.all_reduce(one)
+
+    def align():
+        graph.replay()
+        return one  # the graph writes into this tensor: it must live as long as the graph, never freed for reuse
+
+    return align
+
+
+def graph_timing(capture, out):
+    """``capture()`` (a graph's setup or timing), or None (after saying why) when this torch/NCCL
+    cannot capture what it captures."""
+    try:
+        return capture()
+    except RuntimeError as exc:
+        out(event="graph-timing-unavailable", error=f"{type(exc).__name__}: {exc}")
+        return None
+
+
+def graph_replays_us(op, iters, replays, align, before):
+    """Microseconds per op of ``iters`` calls ``op(i)`` captured in one CUDA graph, for each of
+    ``replays`` timed replays (their median is the figure, as nccl-tests' is a mean of many).
+
+    Eager timing of a small op measures the host: torch's per-call overhead (tens of
     microseconds) exceeds the GPU's work, so the GPU idles between ops. nccl-tests launches from
     C and does not see that; SGLang's decode steps run captured in CUDA graphs and do not see it
     either. A replayed graph launches all ``iters`` ops at once, so the events time the GPUs.
-    Returns None (after saying why) when this torch/NCCL cannot capture collectives.
+
+    Before each timed replay ``before()`` (GPU work: the reset of an in-place buffer, or a
+    scratch copy) and ``align()`` are queued, with no wait on the host: while the GPU does them
+    the host queues the start event and the graph, so the timed window holds no launch gap and no
+    wait for a peer rank that started late. (One replay timed right after a host synchronisation,
+    unaligned, read 19 us per 1 MiB all-reduce on 2x H200; five back-to-back replays of the same
+    graph, whose collectives line the ranks up themselves, read 16.5 us.)
     """
-    try:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for i in range(iters):
-                op(i)
-        graph.replay()  # the first replay uploads the graph: not timed
-        reset()  # summing in place multiplies the values by the world size per op
-        torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(iters):
+            op(i)
+    before()
+    graph.replay()  # the first replay uploads the graph: not timed
+    times = []
+    for _ in range(replays):
+        before()
+        align()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         graph.replay()
         end.record()
         end.synchronize()
-        return start.elapsed_time(end) / iters
-    except RuntimeError as exc:
-        out(event="graph-timing-unavailable", error=f"{type(exc).__name__}: {exc}")
-        return None
+        times.append(start.elapsed_time(end) * 1e3 / iters)
+    return times
 
 
 def check(dist, rank, count, request, device):

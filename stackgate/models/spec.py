@@ -33,11 +33,16 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 __all__ = [
     "DEFAULT_LOCK",
+    "FUSION_SEVERITIES",
+    "MAX_JIT_TIMEOUT_S",
     "PYPI_CUDA12_REASON",
     "SHELL_REFERENCE",
     "Benchmark",
     "Capability",
     "Compare",
+    "Deep",
+    "DeepAttention",
+    "DeepFusion",
     "Hardware",
     "Index",
     "Lock",
@@ -345,6 +350,49 @@ class Benchmark:
     prompt: str = "Write a long story about a lighthouse keeper."
 
 
+#: What the allreduce-fusion check reports when this machine's GPUs cannot run the fused path.
+FUSION_SEVERITIES = ("fail", "warn")
+#: The longest JIT timeout a lock may ask for: the deep checks' own time limits are set from it.
+MAX_JIT_TIMEOUT_S = 3600.0
+#: The most tokens SGLang 0.5.9 sends through the fused path (FUSE_ALLREDUCE_MAX_BATCH_SIZE).
+MAX_FUSION_TOKENS = 2048
+
+
+@dataclass(frozen=True)
+class DeepAttention:
+    """[deep.attention]: the shapes deep.flashinfer_attention runs, per GPU (one TP rank's share).
+
+    The defaults are the reference deployment's model family where it has the number (64 query
+    heads, as Kimi K2.5 / DeepSeek-V3-style models at TP 1) and the common grouped-query layout
+    where it has none (8 KV heads of 128: that family uses MLA, which these GQA kernels are not).
+    """
+
+    q_heads: int = 64
+    kv_heads: int = 8
+    head_dim: int = 128
+    kv_len: int = 16384  #: KV tokens per request (decode, prefill and each paged request)
+    prefill_len: int = 2048  #: query tokens of the causal prefill, the last ones of kv_len
+    page_size: int = 16  #: KV tokens per page of the paged decode (SGLang's --page-size defaults to 1)
+    batch: int = 8  #: requests in the paged batch decode
+    jit_timeout_s: float = 600.0  #: the cold JIT of the four kernels took 70 s on an H200 (16 cores)
+
+
+@dataclass(frozen=True)
+class DeepFusion:
+    """[deep.fusion]: what deep.allreduce_fusion runs when [smoke] flags enable the fusion."""
+
+    hidden: int = 7168  #: the hidden size of the reference deployment's model (Kimi K2.5, DeepSeek-V3)
+    tokens: tuple[int, ...] = (1, 4, 16, 64, 128, 256, 512)  #: decode batches up to a small prefill
+    unsupported: str = "fail"  #: fail | warn when the GPUs' arch cannot run the fused path
+    jit_timeout_s: float = 600.0  #: the comm module's cold JIT took 94-137 s on 2x H200
+
+
+@dataclass(frozen=True)
+class Deep:
+    attention: DeepAttention = field(default_factory=DeepAttention)
+    fusion: DeepFusion = field(default_factory=DeepFusion)
+
+
 @dataclass(frozen=True)
 class Lock:
     path: Path
@@ -358,6 +406,7 @@ class Lock:
     nccl: Nccl
     smoke: Smoke
     benchmark: Benchmark
+    deep: Deep = field(default_factory=Deep)
 
     @property
     def name(self) -> str:
@@ -563,11 +612,12 @@ class _Builder:
         nccl = self.nccl(top.sub("nccl"))
         smoke = self.smoke(top.sub("smoke"), hardware)
         benchmark = self.benchmark(top.sub("benchmark"))
+        deep = self.deep(top.sub("deep"))
         env = self.env(top.sub("env"), stack, toolkits, python)
         top.finish()
         if self.errors:
             return None
-        return Lock(self.path, sha256, stack, hardware, toolkits, python, patches, env, nccl, smoke, benchmark)
+        return Lock(self.path, sha256, stack, hardware, toolkits, python, patches, env, nccl, smoke, benchmark, deep)
 
     def stack(self, t: _Table) -> Stack:
         name = t.get("name", str)
@@ -849,6 +899,42 @@ class _Builder:
         t.finish()
         return benchmark
 
+    def deep(self, t: _Table) -> Deep:
+        deep = Deep(self.attention(t.sub("attention")), self.fusion(t.sub("fusion")))
+        t.finish()
+        return deep
+
+    def attention(self, t: _Table) -> DeepAttention:
+        given = {name: t.positive(name, int, getattr(DeepAttention, name)) for name in ("q_heads", "kv_heads", "head_dim", "kv_len", "prefill_len", "page_size", "batch")}
+        shapes = DeepAttention(**{k: v or getattr(DeepAttention, k) for k, v in given.items()}, jit_timeout_s=_jit_timeout(t, DeepAttention.jit_timeout_s))
+        if shapes.q_heads % shapes.kv_heads:
+            t.error("q_heads", f"{shapes.q_heads} query heads do not group over {shapes.kv_heads} KV heads (q_heads must be a multiple of kv_heads)")
+        if shapes.kv_len % shapes.page_size:
+            t.error("kv_len", f"{shapes.kv_len} KV tokens do not fill whole pages of {shapes.page_size} (kv_len must be a multiple of page_size)")
+        if shapes.prefill_len > shapes.kv_len:
+            t.error("prefill_len", f"{shapes.prefill_len} query tokens exceed the {shapes.kv_len} KV tokens they attend to")
+        t.finish()
+        return shapes
+
+    def fusion(self, t: _Table) -> DeepFusion:
+        tokens = t.get("tokens", list, list(DeepFusion.tokens)) or []
+        bad = [i for i, n in enumerate(tokens) if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= MAX_FUSION_TOKENS]
+        for i in bad:
+            t.error(f"tokens[{i}]", f"must be a token count from 1 to {MAX_FUSION_TOKENS} (SGLang's largest fused batch), not {tokens[i]!r}")
+        if not bad and (not tokens or sorted(set(tokens)) != tokens):
+            t.error("tokens", f"must be distinct token counts in increasing order, not {tokens}")
+        unsupported = t.get("unsupported", str, DeepFusion.unsupported)
+        if unsupported is not None and unsupported not in FUSION_SEVERITIES:
+            t.error("unsupported", f"must be one of {', '.join(FUSION_SEVERITIES)}, not {unsupported!r}")
+        fusion = DeepFusion(
+            hidden=t.positive("hidden", int, DeepFusion.hidden) or DeepFusion.hidden,
+            tokens=tuple(tokens) if not bad else DeepFusion.tokens,
+            unsupported=unsupported or DeepFusion.unsupported,
+            jit_timeout_s=_jit_timeout(t, DeepFusion.jit_timeout_s),
+        )
+        t.finish()
+        return fusion
+
     def env(self, t: _Table, stack: Stack, toolkits: tuple[Toolkit, ...], python: Python) -> Mapping[str, str]:
         default = next((tk for tk in toolkits if tk.default), None)
         references = {"stack.name": stack.name}
@@ -1006,6 +1092,15 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _jit_timeout(t: _Table, default: float) -> float:
+    """A JIT timeout: seconds, at most :data:`MAX_JIT_TIMEOUT_S` (the deep checks' own limit)."""
+    value = t.positive("jit_timeout_s", float, default)
+    if value is not None and value > MAX_JIT_TIMEOUT_S:
+        t.error("jit_timeout_s", f"must be at most {MAX_JIT_TIMEOUT_S:g} s, not {value:g}")
+        return default
+    return value or default
 
 
 def _check_flags(t: _Table, name: str, flags: tuple[str, ...]) -> None:

@@ -213,7 +213,8 @@ def _checks_table(results: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _changes(comparison: rundiff.Comparison) -> str:
-    out = ["<ul>"] + [f"<li>{_e(s.text())}</li>" for s in comparison.speed] + ["</ul>"]
+    figures = [s.text() for s in comparison.speed] + [f.text() for f in comparison.figures]
+    out = ["<ul>"] + [f"<li>{_e(text)}</li>" for text in figures] + ["</ul>"]
     if comparison.same_stack:
         out.append(f'<p>The stack is the same ({_e(", ".join(comparison.sections) or "nothing to compare")}).</p>')
     else:

@@ -3,8 +3,9 @@
 The parts ("components") are grouped in sections: the lock (its name and the hash of its
 bytes, taken with its secrets hidden), the GPUs (driver, the CUDA version it supports, each
 GPU's model and compute capability), each CUDA toolkit's version, the stack's Python and every
-installed distribution, the locked patches' state, and the serving engine's effective arguments
-from ``/server_info``. What changes from one launch of the same stack to the next is left out
+installed distribution, the locked patches' state, what the deep flashinfer checks found the
+kernels to be (where they come from, whether the fused all-reduce runs or is a no-op here: never a
+timing), and the serving engine's effective arguments from ``/server_info``. What changes from one launch of the same stack to the next is left out
 (ports, the random seed, runtime state), and so is what fast mode sets (random weights, fewer
 layers), so a fast smoke and a full one of the same stack have the same fingerprint. Two runs on
 the same stack give the same digest; a change in any component changes it, and :func:`changes`
@@ -25,14 +26,17 @@ from stackgate.edges.nvml import NvmlSnapshot
 from stackgate.facts import Facts, Missing, ProbeFacts, ToolkitFacts, ToolVersion
 from stackgate.facts.patches import PatchStatus
 from stackgate.models.redact import redact, redact_text, secrets_in
+from stackgate.models.result import Result
 from stackgate.models.spec import Lock
 
-__all__ = ["PARTS", "SECTIONS", "Change", "Fingerprint", "changes", "digest", "from_facts", "gpu_section", "lock_section", "server_section"]
+__all__ = ["KERNEL_CHECKS", "PARTS", "SECTIONS", "Change", "Fingerprint", "changes", "digest", "from_facts", "gpu_section", "kernels_section", "lock_section", "server_section"]
 
 #: The fact parts a fingerprint is made from (the gate starts gathering them first).
 PARTS = ("nvml", "toolkits", "dists", "patches")
 #: Sections in the order reports list them.
-SECTIONS = ("lock", "gpu", "toolkits", "python", "distributions", "patches", "server")
+SECTIONS = ("lock", "gpu", "toolkits", "python", "distributions", "patches", "kernels", "server")
+#: The deep checks whose findings define the stack (their results' ``data["defines"]``).
+KERNEL_CHECKS = ("deep.flashinfer_attention", "deep.allreduce_fusion")
 #: /server_info fields that differ between two launches of the same stack, or are not server
 #: arguments at all: SGLang picks a random seed when none is given (server_args.py), the ports
 #: are the launcher's choice, ``internal_states`` is live throughput and memory, and the
@@ -93,8 +97,9 @@ def digest(components: Mapping[str, Section]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def from_facts(lock: Lock, facts: Facts, server_info: Mapping[str, Any] | None) -> Fingerprint:
-    """The fingerprint of the stack the facts describe and the server that ran on it."""
+def from_facts(lock: Lock, facts: Facts, server_info: Mapping[str, Any] | None, results: Sequence[Result] = ()) -> Fingerprint:
+    """The fingerprint of the stack the facts describe, the kernels the deep checks among
+    ``results`` found, and the server that ran on it."""
     return Fingerprint({
         "lock": lock_section(lock),
         "gpu": gpu_section(facts.nvml),
@@ -102,6 +107,7 @@ def from_facts(lock: Lock, facts: Facts, server_info: Mapping[str, Any] | None) 
         "python": _python(facts.dists),
         "distributions": _distributions(facts.dists),
         "patches": _patches(facts.patches),
+        "kernels": kernels_section(results),
         "server": server_section(server_info) if server_info is not None else {UNAVAILABLE: "no smoke stage read /server_info"},
     })  # fmt: skip
 
@@ -167,6 +173,29 @@ def _patches(found: Sequence[PatchStatus] | Missing) -> dict[str, str]:
     if isinstance(found, Missing):
         return {UNAVAILABLE: found.reason}
     return {status.patch.file.name: status.problem or f"applied to {status.patch.package} {status.installed}" for status in found}
+
+
+def kernels_section(results: Sequence[Result]) -> dict[str, str]:
+    """What the deep flashinfer checks found that defines the stack: each one's ``defines`` (where
+    the attention kernels come from; whether the fused all-reduce runs or is a no-op here), or its
+    status and summary when it found none (not run, failed). Never a timing.
+
+    >>> from stackgate.models.result import Status
+    >>> kernels_section([Result("deep.allreduce_fusion", Status.FAIL, "x", data={"defines": {"allreduce_fusion": "no-op: major 12"}})])
+    {'allreduce_fusion': 'no-op: major 12'}
+    >>> kernels_section([])
+    {'unavailable': 'no deep flashinfer check ran'}
+    """
+    section: dict[str, str] = {}
+    for result in results:
+        if result.check not in KERNEL_CHECKS:
+            continue
+        defines = result.data.get("defines")
+        if isinstance(defines, Mapping):
+            section.update({str(k): str(v) for k, v in defines.items()})
+        else:
+            section[result.check.split(".", 1)[1]] = f"{result.status.name}: {result.summary}"
+    return section or {UNAVAILABLE: "no deep flashinfer check ran"}
 
 
 def server_section(info: Mapping[str, Any]) -> dict[str, str]:

@@ -14,7 +14,7 @@ from stackgate.runs import fingerprint
 from stackgate.runs.history import Run
 from stackgate.serve import bench
 
-__all__ = ["Comparison", "SpeedChange", "StatusChange", "compare", "components", "summary_of"]
+__all__ = ["Comparison", "FigureChange", "SpeedChange", "StatusChange", "compare", "components", "figures_of", "summary_of"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,29 @@ def _figure(value: float | None) -> str:
 
 
 @dataclass(frozen=True)
+class FigureChange:
+    """A kernel figure of a deep check (attention GB/s, the fusion's speedup) in both runs."""
+
+    check: str
+    name: str
+    old: float | None
+    new: float | None
+
+    def text(self) -> str:
+        """``deep.flashinfer_attention decode GB/s: 1280 -> 1250 (-2.3%)``.
+
+        >>> FigureChange("deep.allreduce_fusion", "fused speedup at 1 tokens", 5.3, None).text()
+        'deep.allreduce_fusion fused speedup at 1 tokens: 5.3 -> (none)'
+        """
+        head = f"{self.check} {self.name}: {_rate(self.old)} -> {_rate(self.new)}"
+        return head + (f" ({self.new / self.old - 1:+.1%})" if self.old and self.new is not None else "")
+
+
+def _rate(value: float | None) -> str:
+    return "(none)" if value is None else f"{value:.4g}"
+
+
+@dataclass(frozen=True)
 class StatusChange:
     stage: str
     check: str
@@ -58,6 +81,7 @@ class Comparison:
     changes: tuple[fingerprint.Change, ...]
     speed: tuple[SpeedChange, ...]
     statuses: tuple[StatusChange, ...]
+    figures: tuple[FigureChange, ...] = ()  #: the deep checks' kernel figures, where either run has them
 
     @property
     def same_stack(self) -> bool:
@@ -93,7 +117,24 @@ def compare(old: Run, new: Run) -> Comparison:
     shared = tuple(s for s in fingerprint.SECTIONS if s in a and s in b) + tuple(sorted((set(a) & set(b)) - set(fingerprint.SECTIONS)))
     changes = fingerprint.changes({s: a[s] for s in shared}, {s: b[s] for s in shared})
     speed = tuple(_speed(old, new, name) for name in ("decode_tok_s", "tok_s"))
-    return Comparison(old, new, shared, tuple(changes), speed, tuple(_statuses(old, new)))
+    return Comparison(old, new, shared, tuple(changes), speed, tuple(_statuses(old, new)), tuple(_figures(old, new)))
+
+
+def figures_of(run: Run) -> dict[tuple[str, str], float]:
+    """(check, figure) -> value: every number a result put under ``data["figures"]``."""
+    found = {}
+    for result in run.results:
+        data = result.get("data")
+        figures = data.get("figures") if isinstance(data, Mapping) else None
+        for name, value in (figures.items() if isinstance(figures, Mapping) else ()):
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                found[(str(result.get("check")), str(name))] = float(value)
+    return found
+
+
+def _figures(old: Run, new: Run) -> list[FigureChange]:
+    a, b = figures_of(old), figures_of(new)
+    return [FigureChange(check, name, a.get((check, name)), b.get((check, name))) for check, name in [*a, *(k for k in b if k not in a)]]
 
 
 def _speed(old: Run, new: Run, name: str) -> SpeedChange:

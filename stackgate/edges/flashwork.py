@@ -1,0 +1,422 @@
+"""flashinfer's kernels for `invoke verify --deep`, run by the stack's OWN interpreter (stdlib, torch, flashinfer).
+
+    <target python> flashwork.py gate OUT.jsonl REQUEST-JSON
+    <target python> flashwork.py attention OUT.jsonl REQUEST-JSON
+    <target python> flashwork.py fusion OUTDIR REQUEST-JSON
+
+``gate``: which compute capability majors the INSTALLED flashinfer builds its allreduce-fusion
+(TRT-LLM comm) module for, read from its own code with ast (flashinfer is located, never
+imported), and the majors sglang's fused path admits, when sglang is installed. ``attention``:
+on every GPU, flashinfer's single decode (CUDA cores and tensor cores), causal single prefill and
+paged batch decode on fresh random data, each checked against a float32 reference and timed.
+``fusion``: one process per rank, flashinfer's allreduce + residual + RMSNorm fusion (the call
+SGLang 0.5.9 makes) checked against NCCL's all-reduce followed by the same sums in float32, and
+timed against the unfused path (NCCL all-reduce, then torch's add and RMSNorm), both captured in
+CUDA graphs. The kernels compile on first use (flashinfer's JIT) into
+$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer; each record says how long the first call took and
+how many modules it compiled, so a cold JIT is told from a warm cache.
+
+Every mode writes JSON lines as it goes, so a run killed in a JIT compile still says where it
+was. This script only measures; stackgate reads the figures (stackgate/facts/deep.py) and judges
+them (stackgate/checks/deep.py). It is a sibling of deepwork.py and shares its helpers.
+"""
+
+import ast
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+# Imported as stackgate.edges.flashwork (stackgate's doctests), or run as a file, whose folder
+# is then sys.path[0].
+try:
+    from . import deepwork as work
+except ImportError:
+    import deepwork as work
+
+torch = work.torch
+#: The TRT-LLM allreduce-fusion module's generator in flashinfer/jit/comm.py, and its keyword.
+COMM_GATE = ("jit/comm.py", "gen_trtllm_comm_module", "supported_major_versions")
+#: sglang 0.5.9's runtime gate of the fused path, and where its _is_smNN_supported come from.
+SGLANG_GATE = ("srt/layers/communicator.py", "apply_flashinfer_allreduce_fusion", "srt/utils/common.py", "device_capability_majors")
+KERNELS = ("decode", "decode_tensor_cores", "prefill", "paged_decode")
+TRACE_CHARS = 4000  #: of a traceback kept in a record: enough for the knowledge base's patterns
+
+
+def error_record(exc):
+    return {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-TRACE_CHARS:]}
+
+
+# --- the arch gate, read from the installed code ----------------------------------------------
+
+
+def keyword_value(source, owner, keyword):
+    """The literal ``keyword=`` argument of a call inside ``owner`` (a function, or a module-level
+    assignment of that name) in Python ``source``, read with ast: nothing is run.
+
+    >>> keyword_value("def gen():\\n    flags(supported_major_versions=[9, 10])\\n", "gen", "supported_major_versions")
+    [9, 10]
+    >>> keyword_value("is_sm90 = cache(partial(check, device_capability_majors=[9]))", "is_sm90", "device_capability_majors")
+    [9]
+    """
+    for node in ast.walk(ast.parse(source)):
+        named = isinstance(node, ast.FunctionDef) and node.name == owner
+        assigned = isinstance(node, ast.Assign) and any(getattr(t, "id", None) == owner for t in node.targets)
+        if named or assigned:
+            for call in ast.walk(node):
+                for kw in call.keywords if isinstance(call, ast.Call) else ():
+                    if kw.arg == keyword:
+                        return ast.literal_eval(kw.value)
+    raise ValueError(f"no {keyword}= in {owner}")
+
+
+def referenced(source, function, pattern):
+    """The names matching ``pattern`` that ``function`` reads, in order of first use.
+
+    >>> referenced("def f(n):\\n    return (_is_sm90_supported or _is_sm100_supported) and n\\n", "f", r"_is_sm\\d+_supported")
+    ['_is_sm90_supported', '_is_sm100_supported']
+    """
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            names = [n.id for n in ast.walk(node) if isinstance(n, ast.Name) and re.fullmatch(pattern, n.id)]
+            return list(dict.fromkeys(names))
+    raise ValueError(f"no function {function}")
+
+
+def package_dir(name):
+    """The folder of top-level package ``name``, found the way `import` would find it, without importing it."""
+    spec = importlib.util.find_spec(name)
+    locations = list(spec.submodule_search_locations or ()) if spec is not None else []
+    return Path(locations[0]) if locations else None
+
+
+def dist_version(name):
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def flashinfer_gate():
+    """The majors flashinfer's comm module JIT-builds for (its get_nvcc_flags_list raises
+    "No supported CUDA architectures found for major versions [...]" for any other)."""
+    where = package_dir("flashinfer")
+    if where is None:
+        return {"error": "flashinfer is not installed in this interpreter (no 'flashinfer' package on its sys.path)"}
+    relative, function, keyword = COMM_GATE
+    record = {"version": dist_version("flashinfer-python"), "file": str(where / relative), "function": function}
+    try:
+        return {**record, "supported_majors": keyword_value((where / relative).read_text(), function, keyword)}
+    except (OSError, SyntaxError, ValueError) as exc:
+        return {**record, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def sglang_gate():
+    """The majors sglang's ``apply_flashinfer_allreduce_fusion`` admits (None: no sglang here)."""
+    where = package_dir("sglang")
+    if where is None:
+        return None
+    relative, function, helpers, keyword = SGLANG_GATE
+    record = {"version": dist_version("sglang"), "file": str(where / relative), "function": function}
+    try:
+        names = referenced((where / relative).read_text(), function, r"_is_sm\d+_supported")
+        common = (where / helpers).read_text()
+        majors = [m for name in names for m in keyword_value(common, name.lstrip("_"), keyword)]
+        return {**record, "supported_majors": sorted(set(majors)), "helpers": str(where / helpers)}
+    except (OSError, SyntaxError, ValueError) as exc:
+        return {**record, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def gate_main(path, request):
+    work.Lines(path)(event="gate", flashinfer=flashinfer_gate(), sglang=sglang_gate())
+    return 0
+
+
+# --- JIT bookkeeping --------------------------------------------------------------------------
+
+
+def jit_dir():
+    """Where flashinfer's JIT keeps compiled modules (flashinfer/jit/env.py's layout)."""
+    return Path(os.environ.get("FLASHINFER_WORKSPACE_BASE") or Path.home()) / ".cache" / "flashinfer"
+
+
+def compiled_modules():
+    """How many compiled modules the JIT cache holds: a first call that adds some compiled them."""
+    return sum(1 for _ in jit_dir().rglob("*.so")) if jit_dir().is_dir() else 0
+
+
+def first_call(op):
+    """Run ``op()`` once, synchronised: (its result, seconds, modules it compiled)."""
+    before, started = compiled_modules(), time.monotonic()
+    result = op()
+    torch.cuda.synchronize()
+    return result, time.monotonic() - started, compiled_modules() - before
+
+
+def compare(got, want, rtol):
+    """The largest absolute error, and the element worst against ``|a - b| <= atol + rtol * |ref|``
+    (the one whose error exceeds ``rtol * |ref|`` most) as [its error, |ref|]: stackgate judges
+    that element with the tolerance's atol, so the tolerance is decided in one place."""
+    diff = (got.float() - want).abs().flatten()
+    scale = want.abs().flatten()
+    worst = int(torch.argmax(diff - rtol * scale))
+    return {"max_abs_err": float(diff.max()), "worst": [float(diff[worst]), float(scale[worst])]}
+
+
+# --- attention --------------------------------------------------------------------------------
+
+
+def reference_attention(q, k, v, causal):
+    """Softmax attention in float32, one KV head's query group at a time (a 2048 x 16k prefill
+    is 1 GiB of scores per group, not 8). q [Lq, Hq, D], k and v [Lk, Hk, D] -> [Lq, Hq, D]."""
+    lq, hq, d = q.shape
+    lk, hk = k.shape[0], k.shape[1]
+    group = hq // hk
+    out = torch.empty(lq, hq, d, dtype=torch.float32, device=q.device)
+    mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq) if causal else None
+    for h in range(hk):
+        qh = q[:, h * group : (h + 1) * group].float()
+        scores = torch.einsum("qgd,kd->gqk", qh, k[:, h].float()) / d**0.5
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        out[:, h * group : (h + 1) * group] = torch.einsum("gqk,kd->qgd", scores.softmax(-1), v[:, h].float())
+    return out
+
+
+def decode(fi, shapes, rtol, tensor_cores):
+    q = torch.randn(shapes["q_heads"], shapes["head_dim"], dtype=torch.bfloat16, device="cuda")
+    k, v = (torch.randn(shapes["kv_len"], shapes["kv_heads"], shapes["head_dim"], dtype=torch.bfloat16, device="cuda") for _ in range(2))
+
+    def op(i=0):
+        return fi.single_decode_with_kv_cache(q, k, v, use_tensor_cores=tensor_cores)
+
+    got, seconds, compiled = first_call(op)
+    record = compare(got, reference_attention(q[None], k, v, False)[0], rtol)
+    us = work.timed_ms(torch.device("cuda"), op, shapes["warmup"], shapes["iters"]) * 1e3
+    kv_bytes = 2 * k.numel() * k.element_size()
+    return {**record, "first_call_s": seconds, "compiled": compiled, "us": us, "gbs": kv_bytes / us / 1e3, "kv_bytes": kv_bytes}
+
+
+def prefill(fi, shapes, rtol):
+    lq, lk = shapes["prefill_len"], shapes["kv_len"]
+    q = torch.randn(lq, shapes["q_heads"], shapes["head_dim"], dtype=torch.bfloat16, device="cuda")
+    k, v = (torch.randn(lk, shapes["kv_heads"], shapes["head_dim"], dtype=torch.bfloat16, device="cuda") for _ in range(2))
+
+    def op(i=0):
+        return fi.single_prefill_with_kv_cache(q, k, v, causal=True)
+
+    got, seconds, compiled = first_call(op)
+    record = compare(got, reference_attention(q, k, v, True), rtol)
+    us = work.timed_ms(torch.device("cuda"), op, shapes["warmup"], shapes["iters"]) * 1e3
+    # Query i (of the last lq of lk tokens) attends to lk - lq + i + 1 keys: the causal count.
+    pairs = lq * (lk - lq) + lq * (lq + 1) // 2
+    flops = 4 * pairs * shapes["q_heads"] * shapes["head_dim"]
+    return {**record, "first_call_s": seconds, "compiled": compiled, "us": us, "tflops": flops / us / 1e6}
+
+
+def paged_decode(fi, shapes, rtol):
+    batch, page, per = shapes["batch"], shapes["page_size"], shapes["kv_len"]
+    hq, hk, d = shapes["q_heads"], shapes["kv_heads"], shapes["head_dim"]
+    pages = per // page
+    kv = torch.randn(batch * pages, 2, page, hk, d, dtype=torch.bfloat16, device="cuda")
+    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), "NHD")
+    indptr = torch.arange(0, batch + 1, dtype=torch.int32, device="cuda") * pages
+    indices = torch.arange(batch * pages, dtype=torch.int32, device="cuda")
+    last = torch.full((batch,), page, dtype=torch.int32, device="cuda")
+    q = torch.randn(batch, hq, d, dtype=torch.bfloat16, device="cuda")
+
+    def op(i=0):
+        return wrapper.run(q, kv)
+
+    def planned():
+        wrapper.plan(indptr, indices, last, hq, hk, d, page, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+        return op()
+
+    got, seconds, compiled = first_call(planned)
+    want = torch.stack([reference_attention(q[b][None], *(kv[b * pages : (b + 1) * pages, j].reshape(per, hk, d) for j in (0, 1)), False)[0] for b in range(batch)])
+    record = compare(got, want, rtol)
+    us = work.timed_ms(torch.device("cuda"), op, shapes["warmup"], shapes["iters"]) * 1e3
+    kv_bytes = kv.numel() * kv.element_size()
+    return {**record, "first_call_s": seconds, "compiled": compiled, "us": us, "gbs": kv_bytes / us / 1e3, "kv_bytes": kv_bytes}
+
+
+def kernel(fi, kind, request):
+    shapes, rtol = request, request["rtol"]
+    if kind == "prefill":
+        return prefill(fi, shapes, rtol)
+    if kind == "paged_decode":
+        return paged_decode(fi, shapes, rtol)
+    return decode(fi, shapes, rtol, tensor_cores=kind == "decode_tensor_cores")
+
+
+def attention_main(path, request):
+    out = work.Lines(path)
+    try:
+        import flashinfer as fi
+    except Exception as exc:  # flashinfer raises RuntimeError too (a cubin of another version)
+        out(event="begin", torch=torch.__version__, **error_record(exc))
+        return 1
+    if not torch.cuda.is_available():
+        out(event="begin", torch=torch.__version__, flashinfer=fi.__version__, error="torch.cuda.is_available() is False: torch sees no usable GPU")
+        return 1
+    count = torch.cuda.device_count()
+    out(event="begin", torch=torch.__version__, flashinfer=fi.__version__, devices=count, jit_dir=str(jit_dir()), compiled_before=compiled_modules(), seed=request["seed"])
+    torch.manual_seed(request["seed"])
+    for index in range(count):
+        torch.cuda.set_device(index)  # the tensors ("cuda") and the events go to this device
+        name = torch.cuda.get_device_name(index)
+        for kind in KERNELS:
+            out(event="start", index=index, kind=kind)
+            try:
+                record = kernel(fi, kind, request)
+            except Exception as exc:  # one kernel failing is a finding about that kernel; go on
+                record = error_record(exc)
+            out(event="kernel", index=index, name=name, kind=kind, **record)
+            torch.cuda.empty_cache()
+    return 0
+
+
+# --- the allreduce fusion ---------------------------------------------------------------------
+
+
+def fusion_main(outdir, request):
+    import torch.multiprocessing as mp
+
+    out = work.Lines(os.path.join(outdir, "fusion.jsonl"))
+    gate = flashinfer_gate()
+    if "error" in gate:
+        out(event="begin", error=f"flashinfer does not import: {gate['error']}")
+        return 1
+    if torch.cuda.device_count() < request["world"]:
+        out(event="begin", error=f"{request['world']} ranks asked for, torch sees {torch.cuda.device_count()} GPU(s)")
+        return 1
+    out(event="begin", torch=torch.__version__, flashinfer=gate["version"], world=request["world"], jit_dir=str(jit_dir()), compiled_before=compiled_modules())
+    mp.spawn(fusion_rank, args=(outdir, request), nprocs=request["world"], join=True)
+    return 0
+
+
+def fusion_rank(rank, outdir, request):
+    """One rank: the IPC workspace (its first creation JIT-compiles the comm module), then each
+    token count; the exit skips interpreter teardown, as the exploration that proved this did."""
+    import torch.distributed as dist
+
+    out = work.Lines(os.path.join(outdir, f"fusion{rank}.jsonl"))
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method="file://" + os.path.join(outdir, "store"), rank=rank, world_size=request["world"])
+    out(event="init", rank=rank, pid=os.getpid(), name=torch.cuda.get_device_name(rank))
+    try:
+        from flashinfer import comm
+
+        before, started = compiled_modules(), time.monotonic()
+        ipc, workspace = comm.trtllm_create_ipc_workspace_for_all_reduce_fusion(rank, request["world"], max(request["tokens"]), request["hidden"], group=dist.group.WORLD)
+    except Exception as exc:
+        out(event="failed", rank=rank, stage="workspace", **error_record(exc))
+        raise  # torch.multiprocessing.spawn then ends the other ranks, which would wait on this one
+    out(event="workspace", rank=rank, seconds=time.monotonic() - started, compiled=compiled_modules() - before)
+    case = FusionCase(comm, dist, rank, request, workspace)
+    for tokens in request["tokens"]:
+        out(event="tokens", rank=rank, tokens=tokens, **case.run(tokens))
+    dist.barrier()
+    try:
+        comm.trtllm_destroy_ipc_workspace_for_all_reduce_fusion(ipc, group=dist.group.WORLD)
+    except Exception as exc:
+        out(event="destroy-failed", rank=rank, error=f"{type(exc).__name__}: {exc}")
+    torch.cuda.synchronize()
+    out(event="done", rank=rank)
+    os._exit(0)
+
+
+class FusionCase:
+    """The fused and the unfused path at one token count, on this rank's share of the data."""
+
+    def __init__(self, comm, dist, rank, request, workspace):
+        self.comm, self.dist, self.rank, self.request, self.workspace = comm, dist, rank, request, workspace
+        self.hidden, self.eps, self.world = request["hidden"], request["eps"], request["world"]
+        seeded = torch.Generator(device="cuda").manual_seed(request["seed"])
+        self.gamma = torch.randn(self.hidden, dtype=torch.bfloat16, device="cuda", generator=seeded)  # the same on every rank
+        self.align = work.aligner(dist, torch.device("cuda", rank))
+        # A copy queued before each timed replay: while the GPU does it, the host queues the rest.
+        self.scratch = torch.empty(256 << 20, dtype=torch.uint8, device="cuda"), torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+
+    def run(self, tokens):
+        seed = self.request["seed"] + tokens
+        x = torch.randn(tokens, self.hidden, dtype=torch.bfloat16, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed + 1000 * (self.rank + 1)))
+        residual = torch.randn(tokens, self.hidden, dtype=torch.bfloat16, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed))
+        residual_out, norm_out, reduced = torch.empty_like(residual), torch.empty_like(x), torch.empty_like(x)
+
+        def fused(i=0):
+            self.comm.trtllm_allreduce_fusion(
+                allreduce_in=x, world_size=self.world, world_rank=self.rank, token_num=tokens, hidden_dim=self.hidden,
+                workspace_ptrs=self.workspace, launch_with_pdl=True, trigger_completion_at_end=False, fp32_acc=False,
+                pattern_code=self.comm.AllReduceFusionPattern.kARResidualRMSNorm, use_oneshot=None, allreduce_out=None,
+                residual_in=residual, residual_out=residual_out, norm_out=norm_out, quant_out=None, scale_out=None,
+                rms_gamma=self.gamma, rms_eps=self.eps, scale_factor=None, layout_code=None,
+            )  # fmt: skip
+
+        def unfused(i=0):
+            reduced.copy_(x)
+            self.dist.all_reduce(reduced)
+            summed = reduced + residual
+            return (summed.float() * torch.rsqrt(summed.float().pow(2).mean(-1, keepdim=True) + self.eps)).to(torch.bfloat16) * self.gamma
+
+        record = self.check(fused, x, residual, residual_out, norm_out, reduced)
+        for name, op in (("fused", fused), ("unfused", unfused)):
+            record[name] = self.timings(op)
+        return record
+
+    def check(self, fused, x, residual, residual_out, norm_out, reduced):
+        """The fused outputs against NCCL's all-reduce of the same inputs, followed by the residual
+        add and RMSNorm in float32 (one rounding, the fused kernel's, separates them)."""
+        fused()
+        reduced.copy_(x)
+        self.dist.all_reduce(reduced)
+        torch.cuda.synchronize()
+        summed = reduced.float() + residual.float()
+        normed = summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + self.eps) * self.gamma.float()
+        rtol = self.request["rtol"]
+        return {"residual": compare(residual_out, summed, rtol), "norm": compare(norm_out, normed, rtol)}
+
+    def timings(self, op):
+        """Eager (launched one by one) and CUDA-graph replays, as deepwork's collective times them."""
+        eager_us = work.timed_ms(torch.device("cuda"), op, self.request["warmup"], self.request["iters"]) * 1e3
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            op()  # capture wants the op warmed on a side stream first
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        try:
+            replays = work.graph_replays_us(op, self.request["iters"], self.request["replays"], self.align, lambda: self.scratch[1].copy_(self.scratch[0]))
+        except RuntimeError as exc:
+            return {"eager_us": eager_us, "graph_error": f"{type(exc).__name__}: {exc}"}
+        return {"eager_us": eager_us, "us": statistics.median(replays), "us_min": min(replays), "us_replays": replays}
+
+
+# --- the command line -------------------------------------------------------------------------
+
+MODES = {"gate": gate_main, "attention": attention_main, "fusion": fusion_main}
+
+
+def main(argv):
+    if len(argv) != 4 or argv[1] not in MODES:
+        sys.stderr.write(__doc__)
+        return 2
+    try:
+        request = json.loads(argv[3])
+    except ValueError as exc:
+        sys.stderr.write(f"REQUEST-JSON is not JSON: {exc}\n")
+        return 2
+    if torch is None and argv[1] != "gate":
+        work.Lines(argv[2] if argv[1] != "fusion" else os.path.join(argv[2], "fusion.jsonl"))(event="begin", error=f"torch does not import: {work.TORCH_ERROR}")
+        return 1
+    return MODES[argv[1]](argv[2], request)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
