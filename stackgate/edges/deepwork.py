@@ -172,10 +172,15 @@ def sweep(dist, rank, device, request, out):
     """nccl-tests' all_reduce_perf loop, in place (torch's all_reduce has no out-of-place form).
 
     As nccl-tests does: ``warmup`` ops at the largest size, then at the smallest; per size
-    ``iters`` timed ops, each on the next slice of one largest-size buffer (so small sizes are
-    not served from L2 cache); then a check on fresh data. The buffer is reset to this rank's data
-    before each timed pass, as nccl-tests re-initialises it: summing in place multiplies the values
-    by the world size per op, and 21 ops stay far from float32's range. On GPUs the ``iters`` ops
+    ``iters`` timed ops, each on the next slice of one largest-size buffer; then a check on fresh
+    data. The buffer is reset to this rank's data once per size and before the eager pass, as
+    nccl-tests initialises its buffers once per size, not between timed iterations: summing in
+    place multiplies a slice's values by the world size each time it is reduced, so at the
+    largest sizes (where every op reuses the one slice) they may grow to infinity over the
+    replays: harmless to the timing (GPUs add infinities at full speed), and exactness is judged
+    by ``check`` on fresh data. A reset of the whole buffer between the
+    timed replays cost ~3 us per 1 MiB all-reduce on 2x H200 (16.5 -> 19.5 us: it leaves the L2
+    cache full of the copy's lines), which nccl-tests does not pay. On GPUs the ``iters`` ops
     are captured in a CUDA graph and replayed ``replays`` times (see graph_replays_us); the eager
     figure (ops launched one by one from Python) is taken after, so it cannot disturb the graph's.
     """
@@ -198,7 +203,8 @@ def sweep(dist, rank, device, request, out):
     graphs = align is not None
     for size in sizes:
         count = size // 4
-        replays = graph_timing(lambda count=count: graph_replays_us(lambda i: op(count, i), iters, request["replays"], align, lambda: buffer.copy_(data)), out) if graphs else None
+        buffer.copy_(data)
+        replays = graph_timing(lambda count=count: graph_replays_us(lambda i: op(count, i), iters, request["replays"], align), out) if graphs else None
         graphs = graphs and replays is not None
         buffer.copy_(data)
         eager_us = timed_ms(device, lambda i, count=count: op(count, i), 1, iters) * 1e3
@@ -237,7 +243,7 @@ def graph_timing(capture, out):
         return None
 
 
-def graph_replays_us(op, iters, replays, align, before):
+def graph_replays_us(op, iters, replays, align, before=None):
     """Microseconds per op of ``iters`` calls ``op(i)`` captured in one CUDA graph, for each of
     ``replays`` timed replays (their median is the figure, as nccl-tests' is a mean of many).
 
@@ -246,22 +252,23 @@ def graph_replays_us(op, iters, replays, align, before):
     C and does not see that; SGLang's decode steps run captured in CUDA graphs and do not see it
     either. A replayed graph launches all ``iters`` ops at once, so the events time the GPUs.
 
-    Before each timed replay ``before()`` (GPU work: the reset of an in-place buffer, or a
-    scratch copy) and ``align()`` are queued, with no wait on the host: while the GPU does them
+    Before each timed replay ``before()`` (GPU work, if given: a scratch copy that the fused and
+    unfused paths both pay) and ``align()`` are queued, with no wait on the host: while the GPU does them
     the host queues the start event and the graph, so the timed window holds no launch gap and no
-    wait for a peer rank that started late. (One replay timed right after a host synchronisation,
-    unaligned, read 19 us per 1 MiB all-reduce on 2x H200; five back-to-back replays of the same
-    graph, whose collectives line the ranks up themselves, read 16.5 us.)
+    wait for a peer rank that started late. (What the timed window must not hold, measured on 2x H200 at 1 MiB: a reset of the whole
+    buffer queued before each replay, 19.5 us per all-reduce against 16.5 us without it.)
     """
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for i in range(iters):
             op(i)
-    before()
+    if before is not None:
+        before()
     graph.replay()  # the first replay uploads the graph: not timed
     times = []
     for _ in range(replays):
-        before()
+        if before is not None:
+            before()
         align()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
