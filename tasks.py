@@ -50,13 +50,14 @@ def verify(c, lock=None, deep=False, check=None, list=False, json=None, junit=No
         "only": "plan and apply only one area: toolkit, python or patches",
         "yes": "do not ask before changing the machine (needed without a terminal)",
         "wait": "wait for a provision that is already running instead of failing at once",
+        "wheelhouse": "install every locked file from this folder (filled by `invoke lock --wheelhouse`), with no index at all",
     },
 )
-def provision(c, lock=None, dry_run=False, only=None, yes=False, wait=False):
+def provision(c, lock=None, dry_run=False, only=None, yes=False, wait=False, wheelhouse=None):
     """Install the locked CUDA toolkit and Python stack, then verify them."""
     from stackgate.commands import provision as command
 
-    request = command.ProvisionRequest(_path(lock), dry_run, only, yes, wait)
+    request = command.ProvisionRequest(_path(lock), dry_run, only, yes, wait, wheelhouse=_path(wheelhouse))
     cli.run_command(lambda: command.run(request, UI()), usage_errors=(command.ProvisionUsage,))
 
 
@@ -111,6 +112,24 @@ def gate(c, lock=None, json=None, junit=None, markdown=None, prom=None, fast_onl
 
     request = command.GateRequest(_path(lock), _path(json), _path(junit), _path(markdown), _path(prom), fast_only, model, strict)
     cli.run_command(lambda: command.run(request, UI(verbose=verbose)), usage_errors=(command.GateUsageError,))
+
+
+@task(
+    iterable=["upgrade_package"],
+    help={
+        "lock": LOCK_HELP,
+        "check": "change nothing and use no network: exit 1 naming what differs when the spec changed since its pylock was made",
+        "all": "with --check: check every shipped spec that has a pylock",
+        "upgrade_package": "resolve again moving only this package and what it drags (repeatable); refused when a frozen package would move",
+        "wheelhouse": "also download every file of the pylock into this folder, hash-checked, for `invoke provision --wheelhouse`",
+    },
+)
+def lock(c, lock=None, check=False, all=False, upgrade_package=None, wheelhouse=None):
+    """Resolve the spec into its pylock: every distribution, file and sha256 (PEP 751)."""
+    from stackgate.commands import lock as command
+
+    request = command.LockRequest(_path(lock), check, all, tuple(upgrade_package or ()), _path(wheelhouse))
+    cli.run_command(lambda: command.run(request, UI()), usage_errors=(command.LockUsage,))
 
 
 @task(help={"lock": LOCK_HELP, "force": "switch even to a generation whose pins or guard no longer hold (a package moved torch in it)"})

@@ -21,7 +21,7 @@ from stackgate.facts import interpreters
 from stackgate.facts.model import BasePython, ElfFile, ElfScan, EnvFacts, ImportOutcome, Missing, ProbeFacts, ToolkitFacts
 from stackgate.facts.patches import PatchStatus, inspect_patch
 from stackgate.facts.toolkits import inspect_toolkit
-from stackgate.models import envfile
+from stackgate.models import envfile, pylock
 from stackgate.models.spec import Lock, Toolkit
 
 __all__ = ["CUDA_LINK", "DEPENDS", "PARTS", "Facts", "gather", "jit_cuda_home"]
@@ -107,6 +107,10 @@ class Facts:
     @property
     def patches(self) -> tuple[PatchStatus, ...] | Missing:
         return self.get("patches")
+
+    @property
+    def pylock(self) -> pylock.Resolution | Missing:
+        return self.get("pylock")
 
     def toolkit(self, toolkit: Toolkit) -> ToolkitFacts:
         return next(t for t in self.toolkits if t.toolkit == toolkit)
@@ -236,6 +240,20 @@ def _patches(lock: Lock, facts: Facts) -> tuple[PatchStatus, ...] | Missing:
     return tuple(found)
 
 
+# --- the pylock -------------------------------------------------------------------------------
+
+
+def _pylock(lock: Lock, facts: Facts) -> pylock.Resolution | Missing:
+    """The spec's resolution (``pylock.<name>.toml`` beside it), as the files say now."""
+    path = pylock.path_for(lock.path)
+    if not path.exists():
+        return Missing(f"the spec has no pylock: {path} does not exist (`{pylock.lock_command(lock.path)}` makes it)")
+    try:
+        return pylock.load(path)
+    except pylock.PylockError as exc:
+        return Missing(str(exc))
+
+
 #: How each part is gathered, and what it needs first.
 PARTS: dict[str, Gatherer] = {
     "nvml": _nvml,
@@ -247,5 +265,6 @@ PARTS: dict[str, Gatherer] = {
     "imports": _imports,
     "elf": _elf,
     "patches": _patches,
+    "pylock": _pylock,
 }
 DEPENDS: dict[str, tuple[str, ...]] = {"probe": ("env",), "imports": ("env", "probe"), "elf": ("probe",), "patches": ("probe",)}

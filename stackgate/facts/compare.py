@@ -7,18 +7,25 @@ installs never disagree, and neither imports the other.
 
 from __future__ import annotations
 
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from packaging.markers import InvalidMarker, UndefinedComparison, UndefinedEnvironmentName
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
+from packaging.markers import Marker
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from stackgate.facts.model import Missing, ProbeFacts, ToolkitFacts, ToolVersion
+from stackgate.facts.model import Distribution, Missing, ProbeFacts, ToolkitFacts, ToolVersion
+from stackgate.models.pylock import Locked, Resolution
 from stackgate.models.spec import Package
 
-__all__ = ["Conflict", "conflicts", "pin_problem", "toolkit_problem"]
+__all__ = ["SEEDED", "Conflict", "conflicts", "locked_problems", "pin_problem", "toolkit_problem"]
+
+#: Installed on purpose beside the pylock: the environment's own pip (the one its Python bundles),
+#: which people use later, held by the guard's pip.conf.
+SEEDED = frozenset({"pip"})
 
 
 def pin_problem(probe: ProbeFacts, package: Package) -> str | None:
@@ -99,3 +106,84 @@ def toolkit_problem(t: ToolkitFacts) -> str | None:
     if not toolkit.keep and isinstance(t.nvcc, Missing):
         return f"no working nvcc: {t.nvcc.reason}"
     return None
+
+
+def locked_problems(probe: ProbeFacts, resolution: Resolution) -> list[str]:
+    """How an environment's distributions differ from a pylock: missing (a locked package whose
+    marker holds here), extra (installed, not locked, not :data:`SEEDED`), another version, or
+    another file (a direct URL or sha256 that is not the pylock's, or a build for other tags)."""
+    problems = []
+    for name, locked in resolution.packages.items():
+        if not _applies(locked, probe.markers):
+            continue
+        dist = probe.dist(name)
+        if dist is None:
+            problems.append(f"{name} {locked.version} is locked but not installed")
+        elif not _same_version(dist.version, locked.version):
+            problems.append(f"{name} is {dist.version}, the pylock holds {locked.version}")
+        elif (other := _other_file(dist, locked)) is not None:
+            problems.append(f"{name} {dist.version} was installed from {other}, not from the pylock's {', '.join(f.filename for f in locked.files)}")
+    for name, dist in sorted(probe.distributions.items()):
+        if resolution.package(name) is None and name not in SEEDED:
+            problems.append(f"{dist.name} {dist.version} is installed but not in the pylock")
+    return problems
+
+
+def _applies(locked: Locked, markers: Mapping[str, str]) -> bool:
+    try:
+        return locked.marker is None or Marker(locked.marker).evaluate({**markers, "extra": ""})
+    except (InvalidMarker, UndefinedComparison, UndefinedEnvironmentName):
+        return True  # a marker this interpreter cannot judge: expect the package
+
+
+def _same_version(installed: str, locked: str) -> bool:
+    """PEP 440 equality (1.0 == 1.0.0), local labels included.
+
+    >>> _same_version("2.9.1+cu130", "2.9.1+cu130"), _same_version("2.9.1", "2.9.1+cu130"), _same_version("1.0", "1.0.0")
+    (True, False, True)
+    """
+    try:
+        return Version(installed) == Version(locked)
+    except InvalidVersion:
+        return installed == locked
+
+
+def _other_file(dist: Distribution, locked: Locked) -> str | None:
+    """What the installed files came from when that is not one of the locked files, else None:
+    a direct URL (PEP 610) names its file and often its sha256; an index install leaves only its
+    WHEEL tags, which must be a locked wheel's."""
+    origin = dist.direct_url
+    if origin:
+        url = str(origin.get("url", ""))
+        name = url.rsplit("/", 1)[-1]
+        files = [f for f in locked.files if f.url == url or _unquoted(f.filename) == _unquoted(name)]
+        sha256 = _direct_sha256(origin)
+        if not files:
+            return f"the direct URL {url}"
+        if sha256 and all(f.sha256 != sha256 for f in files):
+            return f"a file with sha256 {sha256}"
+        return None
+    if not dist.wheel_tags:
+        return None  # not installed from a wheel by a standard installer: nothing to compare
+    installed = set(dist.wheel_tags)
+    if any(installed & _tags(f.filename) for f in locked.files):
+        return None
+    return f"a wheel tagged {', '.join(sorted(installed))}"
+
+
+def _unquoted(name: str) -> str:
+    return urllib.parse.unquote(name)
+
+
+def _direct_sha256(origin: Mapping[str, Any]) -> str | None:
+    archive = origin.get("archive_info") if isinstance(origin.get("archive_info"), Mapping) else {}
+    hashes = archive.get("hashes") if isinstance(archive.get("hashes"), Mapping) else {}
+    legacy = str(archive.get("hash", ""))
+    return hashes.get("sha256") or (legacy.split("=", 1)[1] if legacy.startswith("sha256=") else None)
+
+
+def _tags(filename: str) -> set[str]:
+    try:
+        return {str(tag) for tag in parse_wheel_filename(filename)[3]}
+    except InvalidWheelFilename:
+        return set()
