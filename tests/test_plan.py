@@ -117,7 +117,7 @@ def test_the_plan_reads_as_steps_with_why_and_exact_commands(tmp_path: Path, sta
             f"       $ PIP_CONFIG_FILE=/dev/null {home}/bin/python -m ensurepip --default-pip",
             "  4. [python] write the guard and the pylock into 0001-20250101T000000: constraints torch==2.9.1+cu130, torchaudio==2.9.1+cu130, triton==3.5.1, nvidia-nccl-cu13==2.27.7",
             "       why: what people install later is held by these constraints; the installer reads the generation's copy of the pylock",
-            "  5. [python] install the pylock's 9 distributions (9 files, each checked against its sha256) from http://INDEX/pypi/simple, http://INDEX/cu130/simple",
+            "  5. [python] install the pylock's 9 distributions (9 files, each checked against its sha256) from http://INDEX/, http://INDEX/cu130/simple, http://INDEX/pypi/simple",
             "       why: exactly the pylock: nothing missing, nothing extra (resolved with override flashinfer-python==0.6.4: sglang 0.5.9 pins flashinfer_python==0.6.3; the stack runs 0.6.4; override flashinfer-cubin==0.6.4: sglang 0.5.9 pins flashinfer_cubin==0.6.3; it must equal flashinfer-python)",
             f"       $ {pip} --no-deps --require-hashes --only-binary :all: --index-url http://INDEX/pypi/simple --extra-index-url http://INDEX/cu130/simple --requirement {home}/requirements.txt",
             "  6. [python] write 0001-20250101T000000/stackgate.env, activate and pip.conf",
@@ -320,3 +320,15 @@ def test_the_lock_command_for_a_spec_keeps_its_path_one_quoted_word(tmp_path: Pa
     lock = lockmodel.load(write_stack_lock(folder / "lock.toml", stack_index, tmp_path / "root", python="3.11"))
     (blocker,) = plan(lock, _facts(lock, dists=Missing("none")), generations.read(lock.python.root), uv=UV).blockers
     assert blocker.fix is not None and shlex.split(blocker.fix.commands[0]) == ["invoke", "lock", "--lock", str(folder / "lock.toml")]
+
+
+def test_a_distribution_the_pylock_does_not_hold_is_drift_too(tmp_path: Path, stack_index: IndexServer) -> None:
+    """The environment must be exactly the pylock: an extra distribution (installed by hand, say)
+    is rebuilt away, as provision's plan and the gate's environment stage both judge."""
+    lock = _lock(tmp_path, stack_index)
+    extra = _dists()
+    extra.distributions["xgrammar"] = Distribution("xgrammar", "0.1.27", (), "/site-packages")  # type: ignore[index]
+    extra.distributions["pip"] = Distribution("pip", "24.0", (), "/site-packages")  # type: ignore[index]  # seeded on purpose
+    state = _provisioned(lock)
+    assert plan(lock, _facts(lock), state, uv=UV).empty
+    assert _why(plan(lock, _facts(lock, dists=extra), state, uv=UV)) == "xgrammar 0.1.27 is installed but not in the pylock"

@@ -637,3 +637,24 @@ def test_the_guard_holds_in_a_root_whose_path_has_a_space(tmp_path: Path, stack_
     assert "No such file" not in done.stdout and "File not found" not in done.stdout
     assert "The user requested (constraint) torch==2.9.1+cu130" in done.stdout
     assert _version(root, "torch", install_environ) == "2.9.1+cu130"
+
+
+def test_rollback_refuses_a_generation_holding_what_its_pylock_does_not(
+    built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]
+) -> None:
+    """Rollback reads the older generation against the pylock it was built from (its own copy):
+    a package installed there by hand since is named, and only --force switches to it."""
+    root = _copy(built, tmp_path)
+    first = _current(root)
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"}, resolve_with=install_environ)
+    assert _invoke(["provision", "--lock", str(lock), "--yes"], install_environ).returncode == 0
+    uv = pyenv.find_uv()
+    assert uv is not None
+    subprocess.run(
+        [uv, "pip", "install", "-q", "--no-config", "--python", str(root / first / "bin/python"), "--default-index", stack_index.simple("pypi"), "--no-deps", "torch-agnostic==1.0"],
+        env=install_environ, check=True,
+    )  # fmt: skip
+    refused = _invoke(["rollback", "--lock", str(lock)], install_environ)
+    assert refused.returncode == ExitCode.FAILED
+    assert f"not switching to generation {Path(first).name}: it no longer holds what it was built from: torch-agnostic 1.0 is installed but not in the pylock" in refused.stderr
+    assert _invoke(["rollback", "--lock", str(lock), "--force"], install_environ).returncode == 0 and _current(root) == first

@@ -228,7 +228,8 @@ def _drift(lock: lockmodel.Lock, facts: Facts) -> Result:
     dists = facts.dists
     if isinstance(dists, Missing):
         return skipped(f"cannot be judged: {dists.reason}")
-    problems = environment_drift(lock, dists)
+    resolution = facts.pylock
+    problems = environment_drift(lock, dists, None if isinstance(resolution, Missing) else resolution)
     found = facts.patches
     if not isinstance(found, Missing):
         problems += [f"patch {s.patch.file.name}: {s.problem}" for s in found if s.problem]

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from packaging.pylock import Package as PylockPackage
-from packaging.pylock import Pylock, PylockValidationError, is_valid_pylock_path
+from packaging.pylock import Pylock, PylockUnsupportedVersionError, PylockValidationError, is_valid_pylock_path
 from packaging.utils import canonicalize_name
 
 from stackgate.models.spec import Lock, LockError, read_toml, url_problem
@@ -145,8 +145,11 @@ def loads(data: bytes, path: Path) -> Resolution:
 
 
 def _validation_problem(exc: PylockValidationError) -> str:
+    """packaging's finding with its key path (``packages[2].version: Invalid version: 'x'``)."""
     context, message = getattr(exc, "context", None), getattr(exc, "message", None)
-    return f"{context}: {message}" if context and message else str(exc)
+    if isinstance(exc, PylockUnsupportedVersionError):
+        context = context or "lock-version"
+    return f"{context}: {message or exc}" if context else str(exc)
 
 
 def _packages(pylock: Pylock, problems: list[str]) -> dict[str, Locked]:

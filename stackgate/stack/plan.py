@@ -236,7 +236,8 @@ def _build(lock: Lock, facts: Facts, state: generations.RootState, reasons: Sequ
     pins = guard.constraints(lock)
     steps.append(Step("python", "python.guard", f"write the guard and the pylock into {home.name}: constraints {', '.join(pins) or '(none)'}", "what people install later is held by these constraints; the installer reads the generation's copy of the pylock", subject=resolution))
     installing = f"the pylock's {_count(len(resolution.packages), 'distribution')} ({_count(len(resolution.files), 'file')}, each checked against its sha256)" if resolution else "the pylock"
-    where = f"from {install.wheelhouse}, with no index" if install.wheelhouse else f"from {', '.join(_indexes(lock))}"
+    sources = pyenv.sources(lock, resolution) if resolution else [lock.python.default_index, *(i.url for i in lock.python.indexes)]
+    where = f"from {install.wheelhouse}, with no index" if install.wheelhouse else f"from {', '.join(sources)}"
     overrides = "; ".join(f"override {o.package}{o.specifier}: {o.reason}" for o in lock.python.overrides)
     steps.append(Step("python", "python.stack", f"install {installing} {where}", "exactly the pylock: nothing missing, nothing extra" + (f" (resolved with {overrides})" if overrides else ""), tuple(pyenv.install_commands(lock, home, uv, wheelhouse=install.wheelhouse, bundled_pip=base.bundled_pip))))
     for patch in lock.patches:
@@ -244,10 +245,6 @@ def _build(lock: Lock, facts: Facts, state: generations.RootState, reasons: Sequ
     steps.append(Step("python", "python.envfile", f"write {home.name}/stackgate.env, activate and pip.conf", "stackgate.env exports CUDA_HOME, PATH, TRITON_PTXAS_PATH, PIP_CONSTRAINT, UV_CONSTRAINT, VIRTUAL_ENV and the lock's [env]; pip.conf holds its pip to the guard, activated or not"))
     steps.append(Step("python", "python.check", f"check generation {home.name}: exactly the pylock, pins, guard, consistency, torch build" + (", patches" if lock.patches else ""), "a generation that fails its checks is never switched to"))
     steps.append(Step("python", "python.switch", f"switch {state.root / 'current'} to {home.name}; keep {generations.KEEP} generations", "atomically (a new symlink renamed over the old one), only now that the generation passed"))
-
-
-def _indexes(lock: Lock) -> list[str]:
-    return [lock.python.default_index, *(index.url for index in lock.python.indexes)]
 
 
 def _resolution(lock: Lock, facts: Facts, install: _Install, draft: _Draft) -> pylock.Resolution | None:
