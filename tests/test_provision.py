@@ -428,7 +428,7 @@ def test_rollback_while_a_provision_runs_says_what_rollback_can_do(
 
 
 def test_rollback_of_a_root_that_does_not_exist_says_so_and_creates_nothing(tmp_path: Path, stack_index: IndexServer, capsys: pytest.CaptureFixture[str]) -> None:
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", resolve_with=install_environ)
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root")
     code = provision.rollback(provision.RollbackRequest(lock), UI(stream=io.StringIO(), force_plain=True))
     assert code == ExitCode.FAILED
     assert f"stackgate rollback: nothing to roll back: {tmp_path / 'root'} does not exist" in capsys.readouterr().err

@@ -23,9 +23,10 @@ from stackgate.models.spec import Package
 
 __all__ = ["SEEDED", "Conflict", "conflicts", "locked_problems", "pin_problem", "toolkit_problem"]
 
-#: Installed on purpose beside the pylock: the environment's own pip (the one its Python bundles),
-#: which people use later, held by the guard's pip.conf.
-SEEDED = frozenset({"pip"})
+#: Installed on purpose beside the pylock (unless it locks them): the environment's own pip, which
+#: people use later, held by the guard's pip.conf; and the setuptools that ensurepip installs with
+#: pip before Python 3.12, where no bundled pip wheel was found to install alone.
+SEEDED = frozenset({"pip", "setuptools"})
 
 
 def pin_problem(probe: ProbeFacts, package: Package) -> str | None:
