@@ -50,8 +50,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="stackgate-noop-") as tmp:
         base = Path(tmp)
         server = serve_stack(base / "index")
-        lock = write_stack_lock(base / "lock.toml", server, base / "root")
         env = environ(base / "caches")
+        lock = write_stack_lock(base / "lock.toml", server, base / "root", resolve_with=env)  # its pylock, before any trace
         if strace:
             code, build_connects = traced(lock, env, base / "build.trace")
         else:

@@ -53,13 +53,14 @@ def verify(c, lock=None, deep=False, check=None, list=False, json=None, junit=No
         "only": "plan and apply only one area: toolkit, python or patches",
         "yes": "do not ask before changing the machine (needed without a terminal)",
         "wait": "wait for a provision that is already running instead of failing at once",
+        "wheelhouse": "install every locked file from this folder (filled by `stackgate lock --wheelhouse`), with no index at all",
     },
 )
-def provision(c, lock=None, dry_run=False, only=None, yes=False, wait=False):
+def provision(c, lock=None, dry_run=False, only=None, yes=False, wait=False, wheelhouse=None):
     """Install the locked CUDA toolkit and Python stack, then verify them."""
     from stackgate.commands import provision as command
 
-    request = command.ProvisionRequest(lock_path=_path(lock), dry_run=dry_run, only=only, yes=yes, wait=wait)
+    request = command.ProvisionRequest(lock_path=_path(lock), dry_run=dry_run, only=only, yes=yes, wait=wait, wheelhouse=_path(wheelhouse))
     cli.run_command(lambda: command.run(request, UI()))
 
 
@@ -118,6 +119,24 @@ def gate(c, lock=None, json=None, junit=None, markdown=None, prom=None, fast_onl
         fast_only=fast_only, model=model, strict=strict,
     )  # fmt: skip
     cli.run_command(lambda: command.run(request, UI(verbose=verbose)))
+
+
+@task(
+    iterable=["upgrade_package"],
+    help={
+        "lock": LOCK_HELP,
+        "check": "change nothing and use no network: exit 1 naming what differs when the spec changed since its pylock was made",
+        "all": "with --check: check every shipped spec that has a pylock",
+        "upgrade_package": "resolve again moving only this package and what it drags (repeatable); refused when a frozen package would move",
+        "wheelhouse": "also download every file of the pylock into this folder, hash-checked, for `stackgate provision --wheelhouse`",
+    },
+)
+def lock(c, lock=None, check=False, all=False, upgrade_package=None, wheelhouse=None):
+    """Resolve the spec into its pylock: every distribution, file and sha256 (PEP 751)."""
+    from stackgate.commands import lock as command
+
+    request = command.LockRequest(lock_path=_path(lock), check=check, all_specs=all, upgrade=tuple(upgrade_package or ()), wheelhouse=_path(wheelhouse))
+    cli.run_command(lambda: command.run(request, UI()))
 
 
 @task(help={"lock": LOCK_HELP, "force": "switch even to a generation whose pins or guard no longer hold (a package moved torch in it)"})

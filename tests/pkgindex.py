@@ -12,6 +12,7 @@ import base64
 import hashlib
 import html
 import http.server
+import json
 import os
 import sys
 import threading
@@ -19,7 +20,7 @@ import urllib.parse
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import pytest
 from packaging.utils import canonicalize_name
@@ -31,6 +32,7 @@ __all__ = [
     "Wheel",
     "build_wheel",
     "install_environ",
+    "lock_stack",
     "serve_stack",
     "stack_index",
     "stack_wheels",
@@ -278,10 +280,12 @@ def write_stack_lock(
     family_index: str | None = None,
     env: dict[str, str] | None = None,
     toolkits: str | None = None,
+    resolve_with: Mapping[str, str] | None = None,
 ) -> Path:
     """A lockfile of the test stack (the default profile's shape) served by ``server``.
 
     ``sha256=""`` puts the real digest of the sgl-kernel wheel; None leaves it out.
+    ``resolve_with``: an installer environment to make its pylock with (:func:`lock_stack`).
     """
     import platform
 
@@ -344,7 +348,32 @@ CUDA_HOME = "{{toolkit.default}}"
 TRITON_PTXAS_PATH = "{{toolkit.default}}/bin/ptxas"
 {env_lines}"""
     path.write_text(text)
+    if resolve_with is not None:
+        lock_stack(path, resolve_with)
     return path
+
+
+_RESOLVED: dict[str, str] = {}
+
+
+def lock_stack(spec: Path, environ: Mapping[str, str]) -> Path:
+    """Make a spec's pylock with `invoke lock`'s own code: real uv against the test index. The
+    same inputs (same server, pins, Python) are resolved once per test process and copied after."""
+    from stackgate.models import pylock
+    from stackgate.models import spec as lockmodel
+    from stackgate.stack import pyenv, resolve
+
+    lock = lockmodel.load(spec)
+    key = json.dumps([spec.name, pylock.inputs(lock)], sort_keys=True)
+    target = pylock.path_for(spec)
+    if key in _RESOLVED:
+        target.write_text(_RESOLVED[key])
+        return target
+    uv = pyenv.find_uv()
+    assert uv is not None
+    resolve.resolve(lock, uv=uv, environ=environ)
+    _RESOLVED[key] = target.read_text()
+    return target
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from pathlib import Path
 
@@ -106,3 +107,18 @@ def test_what_could_not_be_gathered_is_a_component_with_its_reason():
     facts.close()
     assert finger.components["server"] == {"unavailable": "no smoke stage read /server_info"}
     assert finger.components["distributions"] == {"unavailable": "no dists"}
+
+
+def test_the_pylock_is_a_component_another_resolution_is_another_stack(tmp_path: Path) -> None:
+    spec = tmp_path / "blackwell-sm120-cu128.toml"
+    spec.write_bytes((ROOT / "lockfiles" / spec.name).read_bytes())
+    lock = lockmodel.load(spec)
+    assert "pylock" not in make(lock=lock).components["lock"]  # none beside it: nothing to name
+    shipped = (ROOT / "lockfiles" / "pylock.blackwell-sm120-cu128.toml").read_bytes()
+    (tmp_path / "pylock.blackwell-sm120-cu128.toml").write_bytes(shipped)
+    first = make(lock=lock)
+    assert first.components["lock"]["pylock"] == hashlib.sha256(shipped).hexdigest()
+    (tmp_path / "pylock.blackwell-sm120-cu128.toml").write_bytes(shipped.replace(b'version = "0.5.9"', b'version = "0.5.10"'))
+    moved = make(lock=lock)
+    assert moved.digest != first.digest
+    assert [c.name for c in fp.changes(first.components, moved.components)] == ["pylock"]

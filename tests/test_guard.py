@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from pkgindex import IndexServer, install_environ, stack_index, write_stack_lock  # noqa: F401 (fixtures)
 
+from stackgate.facts import BasePython, interpreters
 from stackgate.models import spec as lockmodel
 from stackgate.stack import guard, pyenv
 
@@ -21,17 +22,30 @@ def _versions(python: Path, environ: dict[str, str]) -> dict[str, str]:
 
 
 def _family_env(tmp_path: Path, name: str, lock: lockmodel.Lock, environ: dict[str, str]) -> tuple[Path, guard.GuardFiles]:
-    """A fresh environment holding the torch family from the cu130 index: provision's first steps."""
+    """A fresh environment (created as provision creates one, pip in it) holding the torch
+    family from the cu130 index: what a provisioned stack looks like to a later install."""
     home = tmp_path / name
     home.mkdir()
-    base = Path(environ["STACKGATE_BASE_PYTHON"])
+    base = interpreters.base_python(lock, environ)  # as provision finds it: $STACKGATE_BASE_PYTHON
+    assert isinstance(base, BasePython), base
     uv = pyenv.find_uv()
-    for command in pyenv.venv_commands(lock, base, home, uv):
-        pyenv.run(command, log=tmp_path / f"{name}.log", environ=environ)
+    assert uv is not None
+    log = tmp_path / f"{name}.log"
+    for command in [*pyenv.venv_commands(lock, base.path, home, uv), pyenv.seed_command(home, uv, base.bundled_pip)]:
+        pyenv.run(command, log=log, environ=environ)
     files = guard.write(lock, home)
-    for command in pyenv.family_commands(lock, home, files, uv):
-        pyenv.run(command, log=tmp_path / f"{name}.log", environ=environ, lock=lock)
+    family = ("torch==2.9.1+cu130", "torchaudio==2.9.1+cu130", "triton==3.5.1")
+    install = (uv, "pip", "install", "--no-config", "--python", str(pyenv.python_of(home)), "--no-deps", "--default-index", lock.python.indexes[0].url, *family)
+    pyenv.run(pyenv.Command(install), log=log, environ=environ)
     return home, files
+
+
+def _later_install(installer: str, home: Path, index: str, guard_args: tuple[str, ...], wanted: tuple[str, ...]) -> pyenv.Command:
+    """An install into the stack after provisioning, as a person types it (eager, for pip)."""
+    if installer == "uv":
+        return pyenv.Command((str(pyenv.find_uv()), "pip", "install", "--no-config", "--python", str(pyenv.python_of(home)), "--upgrade", "--default-index", index, *guard_args, *wanted))
+    argv = (str(pyenv.python_of(home)), "-m", "pip", "install", "--upgrade", "--upgrade-strategy", "eager", "--index-url", index, *guard_args, *wanted)
+    return pyenv.Command(argv, {"PIP_CONFIG_FILE": "/dev/null"})
 
 
 def test_constraints_pin_every_frozen_package_of_the_default_lock(tmp_path: Path) -> None:
@@ -63,12 +77,7 @@ def test_the_same_install_moves_torch_without_the_guard_and_not_with_it(
         assert _versions(pyenv.python_of(home), install_environ)["torch"] == "2.9.1+cu130"
         guard_args = ("--constraint", str(files.constraints)) if guarded else ()
         wanted = ("flashinfer-python==0.6.4", "flashinfer-cubin==0.6.4")
-        if installer == "uv":
-            argv = (pyenv.find_uv(), "pip", "install", "--no-config", "--python", str(pyenv.python_of(home)), "--upgrade", "--default-index", lock.python.default_index, *guard_args, *wanted)
-            command = pyenv.Command(argv)
-        else:
-            argv = (str(pyenv.python_of(home)), "-m", "pip", "install", "--upgrade", "--upgrade-strategy", "eager", "--index-url", lock.python.default_index, *guard_args, *wanted)
-            command = pyenv.Command(argv, {"PIP_CONFIG_FILE": "/dev/null"})
+        command = _later_install(installer, home, lock.python.default_index, guard_args, wanted)
         pyenv.run(command, log=tmp_path / f"eager-{guarded}.log", environ=install_environ)
         outcomes[guarded] = _versions(pyenv.python_of(home), install_environ)
     assert outcomes[False]["torch"] == "2.10.0"
@@ -82,14 +91,16 @@ def test_the_same_install_moves_torch_without_the_guard_and_not_with_it(
 def test_a_blocked_resolution_names_the_package_that_wanted_another_torch(
     tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], installer: str
 ) -> None:
-    """Real resolver output: flashinfer and torch-agnostic require plain `torch` (innocent), sglang
-    pins torch==2.9.1 (uv folds the constraint into its text), eager-upgrader wants torch>=2.10."""
+    """Real resolver output of a later install under the guard: flashinfer and torch-agnostic
+    require plain `torch` (innocent), sglang pins torch==2.9.1 (uv folds the constraint into its
+    text), eager-upgrader wants torch>=2.10. (`invoke lock` reads uv's the same way: test_resolve.)"""
     extra = {"eager-upgrader": "==1.0", "torch-agnostic": "==1.0"}
     lock = lockmodel.load(write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", installer=installer, extra_packages=extra))
     home, files = _family_env(tmp_path, "env", lock, install_environ)
-    (home / pyenv.REQUIREMENTS).write_text("torch-agnostic==1.0\nflashinfer-python\nsglang==0.5.9\neager-upgrader==1.0\n")
+    wanted = ("torch-agnostic==1.0", "flashinfer-python", "sglang==0.5.9", "eager-upgrader==1.0")
+    command = _later_install(installer, home, lock.python.default_index, ("--constraint", str(files.constraints), "--override", str(files.overrides)) if installer == "uv" else ("--constraint", str(files.constraints)), wanted)
     with pytest.raises(guard.GuardError) as caught:
-        pyenv.run(pyenv.stack_command(lock, home, files, pyenv.find_uv()), log=tmp_path / "stack.log", environ=install_environ, lock=lock)
+        pyenv.run(command, log=tmp_path / "stack.log", environ=install_environ, lock=lock)
     message = str(caught.value)
     assert "eager-upgrader" in message and "torch>=2.10" in message, message
     assert "the lock holds torch at 2.9.1+cu130" in message

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
-import re
 import shlex
 import time
 from pathlib import Path
 
 import pytest
 from packaging.utils import canonicalize_name
+from conftest import isolated_environ
 from pkgindex import IndexServer, stack_index, write_stack_lock  # noqa: F401 (fixtures)
 
 from stackgate.facts import BasePython, Distribution, EnvFacts, Facts, Missing, ProbeFacts, inspect_toolkit
 from stackgate.facts.compare import environment_spec
+from stackgate.models import pylock
 from stackgate.models import spec as lockmodel
 from stackgate.stack import generations, pyenv, toolkit
 from stackgate.stack import plan as planmodule
@@ -38,7 +38,9 @@ LOCKED = {
 
 
 def _lock(tmp_path: Path, server: IndexServer, **kwargs: object) -> lockmodel.Lock:
-    return lockmodel.load(write_stack_lock(tmp_path / "lock.toml", server, tmp_path / "root", python="3.11", **kwargs))  # type: ignore[arg-type]
+    """A test spec with its pylock beside it (made by `invoke lock`'s code; once per process)."""
+    environ = isolated_environ(UV_CACHE_DIR=str(tmp_path / "uv-cache"))
+    return lockmodel.load(write_stack_lock(tmp_path / "lock.toml", server, tmp_path / "root", python="3.11", resolve_with=environ, **kwargs))  # type: ignore[arg-type]
 
 
 def _dists(**changes: str) -> ProbeFacts:
@@ -55,6 +57,8 @@ def _facts(lock: lockmodel.Lock, *, dists: ProbeFacts | Missing | None = None, b
     facts.provide("base_python", base)
     facts.provide("toolkits", tuple(inspect_toolkit(t, lock.hardware.arch) for t in lock.toolkits))
     facts.provide("env", EnvFacts({}, {}, None, None, None, None, Path("/usr/local/cuda"), "test"))
+    path = pylock.path_for(lock.path)
+    facts.provide("pylock", pylock.load(path) if path.exists() else Missing(f"{path} does not exist"))
     return facts
 
 
@@ -73,11 +77,16 @@ def _actions(the_plan) -> list[str]:  # type: ignore[no-untyped-def]
     return [s.action for s in the_plan.steps]
 
 
+def _why(the_plan) -> str:  # type: ignore[no-untyped-def]
+    """Why a new generation is built: the creating step says."""
+    return next(s.why for s in the_plan.steps if s.action == "python.venv")
+
+
 @pytest.mark.parametrize(
     ("installer", "expected"),
     [
-        ("uv", ["python.venv", "python.guard", "python.family", "python.fetch", "python.stack", "python.envfile", "python.check", "python.switch"]),
-        ("pip", ["python.venv", "python.guard", "python.family", "python.fetch", "python.stack", "python.override", "python.envfile", "python.check", "python.switch"]),
+        ("uv", ["python.preflight", "python.fetch", "python.venv", "python.guard", "python.stack", "python.envfile", "python.check", "python.switch"]),
+        ("pip", ["python.preflight", "python.fetch", "python.venv", "python.guard", "python.stack", "python.envfile", "python.check", "python.switch"]),
     ],
 )
 def test_an_empty_root_plans_a_whole_generation_in_order(tmp_path: Path, stack_index: IndexServer, installer: str, expected: list[str]) -> None:
@@ -85,7 +94,7 @@ def test_an_empty_root_plans_a_whole_generation_in_order(tmp_path: Path, stack_i
     the_plan = plan(lock, _facts(lock, dists=Missing("no stack environment")), generations.read(lock.python.root), uv=UV)
     assert _actions(the_plan) == expected
     assert the_plan.blockers == ()
-    assert the_plan.steps[0].why == f"no environment at {tmp_path / 'root' / 'current'} yet"
+    assert _why(the_plan) == f"no environment at {tmp_path / 'root' / 'current'} yet"
     assert not (tmp_path / "root").exists()  # planning touched nothing
 
 
@@ -99,28 +108,25 @@ def test_the_plan_reads_as_steps_with_why_and_exact_commands(tmp_path: Path, sta
     pip = f"PIP_CONFIG_FILE=/dev/null {home}/bin/python -m pip install --disable-pip-version-check --no-input"
     assert text == "\n".join(
         [
-            "plan for test-stack (root TMP/root): 9 steps",
-            "  1. [python] create generation 0001-20250101T000000 with Python 3.11.7 (found: test)",
+            "plan for test-stack (root TMP/root): 8 steps",
+            "  1. [python] check that http://INDEX/, http://INDEX/cu130/simple, http://INDEX/pypi/simple answer",
+            "       why: nothing is created before the files' sources are known to answer",
+            "  2. [python] download sgl-kernel from http://INDEX/files/sgl_kernel-0.3.21%2Bcu130-cp310-abi3-manylinux2014_x86_64.whl",
+            f"       why: installed only after its sha256 matches the pylock ({sha})",
+            "  3. [python] create generation 0001-20250101T000000 with Python 3.11.7 (found: test)",
             "       why: no environment at TMP/root/current yet",
-            f"       $ PIP_CONFIG_FILE=/dev/null /opt/python3.11/bin/python3.11 -m venv {home}",
-            "  2. [python] write the guard into 0001-20250101T000000: constraints torch==2.9.1+cu130, torchaudio==2.9.1+cu130, triton==3.5.1, nvidia-nccl-cu13==2.27.7; overrides; requirements",
-            "       why: every install runs with these constraints, so nothing can move a frozen package",
-            "  3. [python] install torch, torchaudio, triton from http://INDEX/cu130/simple",
-            "       why: the torch family first, from its own index and without dependencies: only what the lock maps there comes from it",
-            f"       $ {pip} --index-url http://INDEX/cu130/simple --no-deps --constraint {home}/constraints.txt torch==2.9.1+cu130 torchaudio==2.9.1+cu130 triton==3.5.1",
-            "  4. [python] download sgl-kernel from http://INDEX/files/sgl_kernel-0.3.21%2Bcu130-cp310-abi3-manylinux2014_x86_64.whl",
-            f"       why: installed only after its sha256 matches the lock ({sha})",
-            "  5. [python] install the lock's 8 pins from http://INDEX/pypi/simple",
-            "       why: override flashinfer-python==0.6.4: sglang 0.5.9 pins flashinfer_python==0.6.3; the stack runs 0.6.4; override flashinfer-cubin==0.6.4: sglang 0.5.9 pins flashinfer_cubin==0.6.3; it must equal flashinfer-python",
-            f"       $ {pip} --index-url http://INDEX/pypi/simple --constraint {home}/constraints.txt --requirement {home}/requirements.txt",
-            "  6. [python] install flashinfer-python==0.6.4, flashinfer-cubin==0.6.4 without dependencies",
-            "       why: pip cannot override a requirer's pin in one resolution; override flashinfer-python==0.6.4: sglang 0.5.9 pins flashinfer_python==0.6.3; the stack runs 0.6.4; override flashinfer-cubin==0.6.4: sglang 0.5.9 pins flashinfer_cubin==0.6.3; it must equal flashinfer-python",
-            f"       $ {pip} --no-deps --index-url http://INDEX/pypi/simple --constraint {home}/constraints.txt flashinfer-python==0.6.4 flashinfer-cubin==0.6.4",
-            "  7. [python] write 0001-20250101T000000/stackgate.env, activate and pip.conf",
+            f"       $ /usr/bin/uv venv --no-config --no-python-downloads --allow-existing --python /opt/python3.11/bin/python3.11 {home}",
+            f"       $ PIP_CONFIG_FILE=/dev/null {home}/bin/python -m ensurepip --default-pip",
+            "  4. [python] write the guard and the pylock into 0001-20250101T000000: constraints torch==2.9.1+cu130, torchaudio==2.9.1+cu130, triton==3.5.1, nvidia-nccl-cu13==2.27.7",
+            "       why: what people install later is held by these constraints; the installer reads the generation's copy of the pylock",
+            "  5. [python] install the pylock's 9 distributions (9 files, each checked against its sha256) from http://INDEX/, http://INDEX/cu130/simple, http://INDEX/pypi/simple",
+            "       why: exactly the pylock: nothing missing, nothing extra (resolved with override flashinfer-python==0.6.4: sglang 0.5.9 pins flashinfer_python==0.6.3; the stack runs 0.6.4; override flashinfer-cubin==0.6.4: sglang 0.5.9 pins flashinfer_cubin==0.6.3; it must equal flashinfer-python)",
+            f"       $ {pip} --no-deps --require-hashes --only-binary :all: --index-url http://INDEX/pypi/simple --extra-index-url http://INDEX/cu130/simple --requirement {home}/requirements.txt",
+            "  6. [python] write 0001-20250101T000000/stackgate.env, activate and pip.conf",
             "       why: stackgate.env exports CUDA_HOME, PATH, TRITON_PTXAS_PATH, PIP_CONSTRAINT, UV_CONSTRAINT, VIRTUAL_ENV and the lock's [env]; pip.conf holds its pip to the guard, activated or not",
-            "  8. [python] check generation 0001-20250101T000000: pins, guard, consistency, torch build",
+            "  7. [python] check generation 0001-20250101T000000: exactly the pylock, pins, guard, consistency, torch build",
             "       why: a generation that fails its checks is never switched to",
-            "  9. [python] switch TMP/root/current to 0001-20250101T000000; keep 3 generations",
+            "  8. [python] switch TMP/root/current to 0001-20250101T000000; keep 3 generations",
             "       why: atomically (a new symlink renamed over the old one), only now that the generation passed",
             "already as locked:",
             "  CUDA 13.0 at /usr/local/cuda-13.0: kept, present (never written to)",
@@ -139,9 +145,9 @@ def test_a_provisioned_root_plans_nothing(tmp_path: Path, stack_index: IndexServ
 def test_a_moved_torch_is_rebuilt_in_a_new_generation(tmp_path: Path, stack_index: IndexServer) -> None:
     lock = _lock(tmp_path, stack_index)
     the_plan = plan(lock, _facts(lock, dists=_dists(torch="2.10.0")), _provisioned(lock), uv=UV)
-    assert _actions(the_plan)[0] == "python.venv"
-    assert the_plan.steps[0].why.startswith("torch is 2.10.0, locked ==2.9.1+cu130; ")
-    assert "torchaudio 2.9.1+cu130 requires torch==2.9.1+cu130, but torch 2.10.0 is installed" in the_plan.steps[0].why
+    assert _actions(the_plan)[:3] == ["python.preflight", "python.fetch", "python.venv"]
+    assert _why(the_plan).startswith("torch is 2.10.0, locked ==2.9.1+cu130; ")
+    assert "torchaudio 2.9.1+cu130 requires torch==2.9.1+cu130, but torch 2.10.0 is installed" in _why(the_plan)
     assert the_plan.generation is not None and the_plan.generation.name.startswith("0002-")
 
 
@@ -150,7 +156,7 @@ def test_a_changed_lock_is_rebuilt_and_says_what_changed(tmp_path: Path, stack_i
     older = environment_spec(lock)
     older["packages"]["sglang"]["version"] = "==0.5.8"
     the_plan = plan(lock, _facts(lock), _provisioned(lock, older), uv=UV)
-    assert the_plan.steps[0].why == "the lock's Python stack changed since generation 0001-built was built: packages.sglang.version: ==0.5.8 -> ==0.5.9"
+    assert _why(the_plan) == "the lock's Python stack changed since generation 0001-built was built: packages.sglang.version: ==0.5.8 -> ==0.5.9"
 
 
 def test_a_declared_override_is_no_drift_but_another_conflict_is(tmp_path: Path, stack_index: IndexServer) -> None:
@@ -161,7 +167,7 @@ def test_a_declared_override_is_no_drift_but_another_conflict_is(tmp_path: Path,
     sglang = unmet.distributions["sglang"]
     unmet.distributions["sglang"] = Distribution("sglang", "0.5.9", (*sglang.requires, "orjson"), "/site-packages")  # type: ignore[index]
     the_plan = plan(lock, _facts(lock, dists=unmet), state, uv=UV)
-    assert "sglang 0.5.9 requires orjson, but orjson is not installed" in the_plan.steps[0].why
+    assert "sglang 0.5.9 requires orjson, but orjson is not installed" in _why(the_plan)
 
 
 def test_a_changed_env_only_rewrites_the_environment_file(tmp_path: Path, stack_index: IndexServer) -> None:
@@ -184,14 +190,23 @@ def test_a_generation_without_pip_conf_gets_one_in_place(tmp_path: Path, stack_i
     assert the_plan.steps[0].why == "pip.conf is missing (built by an older stackgate): its pip is not guarded outside an activated shell"
 
 
-def test_a_url_wheel_without_sha256_is_refused_with_the_command_to_compute_it(tmp_path: Path, stack_index: IndexServer) -> None:
-    lock = _lock(tmp_path, stack_index, sha256=None)
+def test_without_a_pylock_the_plan_is_blocked_with_the_command_that_makes_it(tmp_path: Path, stack_index: IndexServer) -> None:
+    lock = lockmodel.load(write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", python="3.11", sha256=None))
     the_plan = plan(lock, _facts(lock, dists=Missing("none")), generations.read(lock.python.root), uv=UV)
     (blocker,) = the_plan.blockers
+    assert blocker.usage and blocker.message == f"{tmp_path}/pylock.lock.toml does not exist"
+    assert blocker.fix is not None and blocker.fix.commands == (f"invoke lock --lock {tmp_path}/lock.toml",)
+    assert "python.venv" in _actions(the_plan)  # --dry-run still shows what a build would do
+
+
+def test_a_stale_pylock_blocks_naming_what_changed_in_the_spec(tmp_path: Path, stack_index: IndexServer) -> None:
+    lock = _lock(tmp_path, stack_index)
+    (tmp_path / "lock.toml").write_text((tmp_path / "lock.toml").read_text().replace('sglang = "==0.5.9"', 'sglang = "==0.5.8"'))
+    changed = lockmodel.load(tmp_path / "lock.toml")
+    (blocker,) = plan(changed, _facts(changed, dists=Missing("none")), generations.read(lock.python.root), uv=UV).blockers
     assert blocker.usage
-    assert blocker.message == "python.packages.sgl-kernel has a url but no sha256: stackgate installs no wheel it cannot check"
-    url = lock.python.package("sgl-kernel").url
-    assert blocker.fix is not None and blocker.fix.commands == (f"curl -fsSL '{url}' | sha256sum",)
+    assert blocker.message == "pylock.lock.toml does not match the spec: python.packages.sglang: ==0.5.9 in the pylock, ==0.5.8 in the spec"
+    assert blocker.fix is not None and blocker.fix.commands == (f"invoke lock --lock {tmp_path}/lock.toml",)
 
 
 def test_no_interpreter_of_the_locked_version_blocks_with_why(tmp_path: Path, stack_index: IndexServer) -> None:
@@ -200,7 +215,7 @@ def test_no_interpreter_of_the_locked_version_blocks_with_why(tmp_path: Path, st
     the_plan = plan(lock, _facts(lock, dists=Missing("none"), base=missing), generations.read(lock.python.root), uv=None)
     messages = [b.message for b in the_plan.blockers]
     assert messages == ['uv is not installed (python.installer = "uv")', missing.reason]
-    assert "$ " not in "".join(messages) and _actions(the_plan)[0] == "python.venv"  # still shown by --dry-run
+    assert "$ " not in "".join(messages) and "python.venv" in _actions(the_plan)  # still shown by --dry-run
 
 
 def test_a_kept_toolkit_that_is_missing_blocks_the_toolkit_area_only(tmp_path: Path, stack_index: IndexServer) -> None:
@@ -266,7 +281,7 @@ DIFF = "--- a/sglang/m.py\n+++ b/sglang/m.py\n@@ -1 +1 @@\n-a = 1\n+a = 2\n"
 def _patched_lock(tmp_path: Path, server: IndexServer, text: str, sha256: str, file: str = "fix.patch") -> lockmodel.Lock:
     """The test lock with one [[patch]] whose file holds ``text`` and whose lock entry says ``sha256``."""
     (tmp_path / "fix.patch").write_text(text)
-    path = write_stack_lock(tmp_path / "lock.toml", server, tmp_path / "root", python="3.11")
+    path = _lock(tmp_path, server).path
     path.write_text(path.read_text() + f'\n[[patch]]\npackage = "sglang"\nversion = "0.5.9"\nfile = "{file}"\nsha256 = "{sha256}"\nreason = "r"\n')
     return lockmodel.load(path)
 
@@ -301,10 +316,21 @@ def test_a_good_patch_file_is_planned(tmp_path: Path, stack_index: IndexServer) 
     assert the_plan.blockers == () and "patches.apply" in _actions(the_plan)
 
 
-def test_the_hash_command_for_a_url_keeps_the_url_one_quoted_word(tmp_path: Path, stack_index: IndexServer) -> None:
-    path = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", python="3.11", sha256=None)
-    url = "https://h.example/x'$(touch /tmp/p)'.whl"
-    path.write_text(re.sub(r'url = "[^"]*sgl_kernel[^"]*"', f"url = {json.dumps(url)}", path.read_text()))
-    lock = lockmodel.load(path)
+def test_the_lock_command_for_a_spec_keeps_its_path_one_quoted_word(tmp_path: Path, stack_index: IndexServer) -> None:
+    folder = tmp_path / "x'$(touch p)' y"
+    folder.mkdir()
+    lock = lockmodel.load(write_stack_lock(folder / "lock.toml", stack_index, tmp_path / "root", python="3.11"))
     (blocker,) = plan(lock, _facts(lock, dists=Missing("none")), generations.read(lock.python.root), uv=UV).blockers
-    assert blocker.fix is not None and shlex.split(blocker.fix.commands[0]) == ["curl", "-fsSL", url, "|", "sha256sum"]
+    assert blocker.fix is not None and shlex.split(blocker.fix.commands[0]) == ["invoke", "lock", "--lock", str(folder / "lock.toml")]
+
+
+def test_a_distribution_the_pylock_does_not_hold_is_drift_too(tmp_path: Path, stack_index: IndexServer) -> None:
+    """The environment must be exactly the pylock: an extra distribution (installed by hand, say)
+    is rebuilt away, as provision's plan and the gate's environment stage both judge."""
+    lock = _lock(tmp_path, stack_index)
+    extra = _dists()
+    extra.distributions["xgrammar"] = Distribution("xgrammar", "0.1.27", (), "/site-packages")  # type: ignore[index]
+    extra.distributions["pip"] = Distribution("pip", "24.0", (), "/site-packages")  # type: ignore[index]  # seeded on purpose
+    state = _provisioned(lock)
+    assert plan(lock, _facts(lock), state, uv=UV).empty
+    assert _why(plan(lock, _facts(lock, dists=extra), state, uv=UV)) == "xgrammar 0.1.27 is installed but not in the pylock"

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from pkgindex import DEAD_URL, SYMM_MEM_FILE, SYMM_MEM_TEXT, IndexServer, install_environ, stack_index, write_stack_lock  # noqa: F401 (fixtures)
+from pkgindex import SYMM_MEM_FILE, SYMM_MEM_TEXT, IndexServer, install_environ, serve_stack, stack_index, write_stack_lock  # noqa: F401 (fixtures)
 
 from stackgate.commands import provision
 from stackgate.models import spec as lockmodel
@@ -64,7 +64,7 @@ def _version(root: Path, name: str, environ: dict[str, str]) -> str:
 def built(tmp_path_factory: pytest.TempPathFactory, stack_index: IndexServer, install_environ: dict[str, str]) -> Iterator[Path]:
     """A root provisioned once with uv, shared read-only; tests that change it take a copy."""
     base = tmp_path_factory.mktemp("built")
-    lock = write_stack_lock(base / "lock.toml", stack_index, base / "root")
+    lock = write_stack_lock(base / "lock.toml", stack_index, base / "root", resolve_with=install_environ)
     request = provision.ProvisionRequest(lock_path=lock, yes=True, environ=install_environ)
     assert provision.run(request, UI(stream=io.StringIO(), force_plain=True)) == ExitCode.PASSED
     yield base / "root"
@@ -93,10 +93,10 @@ def test_first_run_builds_the_stack_and_a_second_run_does_nothing(
 
 
 def test_the_pip_installer_builds_the_same_stack(tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", installer="pip")
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", installer="pip", resolve_with=install_environ)
     code, out, err = _provision(lock, install_environ, capsys)
     assert code == ExitCode.PASSED, err
-    assert "install flashinfer-python==0.6.4, flashinfer-cubin==0.6.4 without dependencies" in out
+    assert " -m pip install --disable-pip-version-check --no-input --no-deps --require-hashes --only-binary :all: " in out
     assert _works(tmp_path / "root", install_environ) == "2.9.1+cu130 13.0"
     assert _version(tmp_path / "root", "flashinfer-cubin", install_environ) == "0.6.4"
     assert _provision(lock, install_environ, capsys)[1].startswith("nothing to do")
@@ -124,57 +124,77 @@ def test_a_later_pip_install_in_the_provisioned_environment_cannot_move_torch(bu
     assert _version(built, "torch", install_environ) == "2.9.1+cu130"
 
 
-def test_a_package_that_demands_a_newer_torch_fails_naming_itself(
+def test_a_package_that_demands_a_newer_torch_is_not_locked_and_so_not_installed(
     built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = _copy(built, tmp_path)
     lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0", "eager-upgrader": "==1.0"})
     before = _current(root)
-    code, out, err = _provision(lock, install_environ, capsys)
-    assert code == ExitCode.FAILED
-    headline = next(line for line in err.splitlines() if line.startswith("stackgate provision failed:"))
+    locking = _invoke(["lock", "--lock", str(lock)], install_environ)
+    assert locking.returncode == ExitCode.FAILED
+    headline = next(line for line in locking.stderr.splitlines() if line.startswith("stackgate lock: "))
     assert "eager-upgrader requires torch>=2.10, but the lock holds torch at 2.9.1+cu130" in headline
     assert "torch-agnostic" not in headline and "flashinfer" not in headline
-    assert "full log: " in err
-    # The installer's output read through the knowledge base: the finding names the same culprit.
-    assert "known failure(s) in the log (1):\nERROR    uv-no-solution: uv cannot resolve torch: eager-upgrader (torch>=2.10)\n" in err
-    assert f"  $ invoke provision --only python --lock {lock}\n" in err
-    assert f"{root / 'current'} is unchanged; a re-run is blocked the same way: change the lock as said above, then `invoke provision` again" in err
-    assert "finishes the job" not in err
+    assert "full log: " in locking.stderr and not (tmp_path / "pylock.lock.toml").exists()
+    code, out, err = _provision(lock, install_environ, capsys)
+    assert code == ExitCode.USAGE
+    assert f"cannot apply: the spec has no pylock: {tmp_path / 'pylock.lock.toml'} does not exist" in out
+    assert f"  $ invoke lock --lock {lock}" in out
     assert _current(root) == before and _works(root, install_environ).startswith("2.9.1+cu130")
 
 
-def test_a_wrong_sha256_fails_clearly_and_leaves_current_unchanged(
+def test_a_url_wheel_whose_sha256_changed_is_refused_before_anything_is_created(
     built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = _copy(built, tmp_path)
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, sha256="0" * 64)
-    before = _current(root)
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, sha256=None, extra_packages={"torch-agnostic": "==1.0"}, resolve_with=install_environ)
+    real = hashlib.sha256((stack_index.files / "sgl_kernel-0.3.21+cu130-cp310-abi3-manylinux2014_x86_64.whl").read_bytes()).hexdigest()
+    pylock = tmp_path / "pylock.lock.toml"
+    pylock.write_text(pylock.read_text().replace(real, "0" * 64))  # the file at the URL is not what was locked any more
+    before, ids = _current(root), _generation_ids(root)
     code, out, err = _provision(lock, install_environ, capsys)
     assert code == ExitCode.FAILED
-    real = hashlib.sha256((stack_index.files / "sgl_kernel-0.3.21+cu130-cp310-abi3-manylinux2014_x86_64.whl").read_bytes()).hexdigest()
     assert f"has sha256 {real}, the lock says {'0' * 64}; refusing to install it" in err
-    assert "is unchanged; a re-run refuses the same file: put the file's real sha256 in the lock (or fix its URL) if you trust it" in err
-    assert "finishes the job" not in err
-    assert _current(root) == before and _works(root, install_environ).startswith("2.9.1+cu130")
+    assert "is unchanged; a re-run refuses the same file: make the pylock again (invoke lock) only if you trust the file" in err
+    assert _current(root) == before and _generation_ids(root) == ids  # no generation was even created
     assert not list((root / "cache").rglob("0" * 64 + "/*.whl"))
 
 
-def test_a_dead_index_fails_clearly_and_leaves_current_unchanged(
-    built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("installer", ["uv", "pip"])
+def test_an_index_file_that_is_not_the_locked_one_is_refused_by_the_installer(
+    tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str], installer: str
 ) -> None:
-    root = _copy(built, tmp_path)
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, default_index=DEAD_URL, family_index=DEAD_URL)
-    before = _current(root)
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", installer=installer, resolve_with=install_environ)
+    real = hashlib.sha256((stack_index.files / "torch-2.9.1+cu130-py3-none-any.whl").read_bytes()).hexdigest()
+    pylock = tmp_path / "pylock.lock.toml"
+    pylock.write_text(pylock.read_text().replace(real, "1" * 64))
     code, out, err = _provision(lock, install_environ, capsys)
     assert code == ExitCode.FAILED
-    assert f"stackgate provision failed: `uv pip install` failed (exit 2); {DEAD_URL} does not answer (" in err
-    assert f"is unchanged; a re-run fails the same way while {DEAD_URL} does not answer: check the URL in the lock and this machine's network" in err
-    assert "finishes the job" not in err
-    assert "127.0.0.1:9" in err  # the tail of the installer's own words
     log = Path(next(line for line in err.splitlines() if line.startswith("full log: "))[len("full log: ") :])
-    assert log.is_file() and "127.0.0.1:9" in log.read_text()
-    assert _current(root) == before and _works(root, install_environ).startswith("2.9.1+cu130")
+    said = log.read_text()
+    assert ("Hash mismatch for `torch==2.9.1+cu130`" in said) if installer == "uv" else ("THESE PACKAGES DO NOT MATCH THE HASHES" in said), said[-2000:]
+    assert "1" * 64 in said and real in said
+    assert not (tmp_path / "root" / "current").exists()
+
+
+def test_a_dead_index_fails_before_anything_is_created_and_leaves_current(
+    built: Path, tmp_path: Path, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _copy(built, tmp_path)
+    gone = serve_stack(tmp_path / "index")
+    lock = write_stack_lock(tmp_path / "lock.toml", gone, root, resolve_with=install_environ)
+    gone.close()  # locked while it answered; now nothing listens there
+    before, ids = _current(root), _generation_ids(root)
+    code, out, err = _provision(lock, install_environ, capsys)
+    assert code == ExitCode.FAILED
+    assert f"stackgate provision failed: {gone.url}/ does not answer (" in err and ": nothing was created" in err
+    assert f"is unchanged; a re-run fails the same way while {gone.url}/ does not answer: check the URL in the lock and this machine's network" in err
+    assert _current(root) == before and _generation_ids(root) == ids
+    assert _works(root, install_environ).startswith("2.9.1+cu130")
+
+
+def _generation_ids(root: Path) -> list[str]:
+    return [g.id for g in generations.read(root).generations]
 
 
 def _snapshot(root: Path) -> list[tuple[str, float]]:
@@ -192,20 +212,20 @@ def test_a_malformed_lock_changes_nothing(built: Path, tmp_path: Path, install_e
     assert _snapshot(root) == before
 
 
-def test_a_url_wheel_without_sha256_is_refused_with_the_command_to_compute_it(
+def test_without_a_pylock_provision_refuses_with_the_command_that_makes_it(
     tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", sha256=None)
     for dry_run in (True, False):
         code, out, err = _provision(lock, install_environ, capsys, dry_run=dry_run)
         assert code == ExitCode.USAGE
-        assert "cannot apply: python.packages.sgl-kernel has a url but no sha256" in out
-        assert f"  $ curl -fsSL '{stack_index.file_url('sgl_kernel-0.3.21%2Bcu130-cp310-abi3-manylinux2014_x86_64.whl')}' | sha256sum" in out
+        assert f"cannot apply: the spec has no pylock: {tmp_path / 'pylock.lock.toml'} does not exist (`invoke lock --lock {lock}` makes it)" in out
+        assert f"  fix: Resolve the spec into its pylock where its indexes and URLs are reachable, then provision again.\n  $ invoke lock --lock {lock}\n" in out
     assert not (tmp_path / "root" / "generations").exists()
 
 
 def test_no_python_of_the_locked_version_says_so(tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", python="3.99")
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", python="3.99", resolve_with=install_environ)
     environ = {k: v for k, v in install_environ.items() if k != "STACKGATE_BASE_PYTHON"}
     code, out, err = _provision(lock, environ, capsys)
     assert code == ExitCode.FAILED
@@ -218,7 +238,7 @@ def test_a_full_disk_mid_install_leaves_current_and_the_next_run_finishes(
     built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root = _copy(built, tmp_path)
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"})
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"}, resolve_with=install_environ)
     before = _current(root)
     monkeypatch.setenv("STACKGATE_FAULT", "during:python.stack=ENOSPC")
     code, out, err = _provision(lock, install_environ, capsys)
@@ -234,7 +254,7 @@ def test_a_full_disk_mid_install_leaves_current_and_the_next_run_finishes(
 
 #: Where the provisioner is killed, in the order one chain of runs meets them: each run finds
 #: what the killed one before it left.
-KILL_POINTS = ("during:python.venv", "during:python.discard", "during:python.family", "during:python.stack", "before:python.check", "during:python.switch")
+KILL_POINTS = ("during:python.venv", "during:python.discard", "before:python.stack", "during:python.stack", "before:python.check", "during:python.switch")
 
 
 def _orphans(generation: Path) -> list[str]:
@@ -273,7 +293,7 @@ def test_kill_9_at_any_point_leaves_a_working_current_and_the_next_run_cleans_up
     switch leaves the new generation current, and rollback goes back."""
     root = _copy(built, tmp_path)
     original = _current(root)
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"})
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"}, resolve_with=install_environ)
     left: list[str] = []  # what the previous killed run left
     for point in KILL_POINTS:
         killed = _killed(lock, point, root, install_environ)
@@ -298,7 +318,7 @@ def test_kill_9_at_any_point_leaves_a_working_current_and_the_next_run_cleans_up
     assert _invoke(["provision", "--lock", str(lock), "--yes"], install_environ).stdout.startswith("nothing to do")
     assert [g for g in generations.read(root).generations if not g.ready] == []
     # Killed right after the switch: the new generation is current, and complete.
-    plain = write_stack_lock(tmp_path / "plain.toml", stack_index, root)
+    plain = write_stack_lock(tmp_path / "plain.toml", stack_index, root, resolve_with=install_environ)
     _killed(plain, "after:python.switch", root, install_environ)
     assert _current(root) not in (original, finished)
     assert _invoke(["provision", "--lock", str(plain), "--yes"], install_environ).stdout.startswith("nothing to do")
@@ -309,7 +329,7 @@ def test_kill_9_at_any_point_leaves_a_working_current_and_the_next_run_cleans_up
 def test_a_second_provision_fails_at_once_naming_the_running_one_or_waits_for_it(
     tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root")
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", resolve_with=install_environ)
     first = subprocess.Popen([sys.executable, "-m", "invoke", "provision", "--lock", str(lock), "--yes"], cwd=ROOT, env=install_environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         holder = tmp_path / "root" / generations.LOCK_FILE
@@ -337,7 +357,7 @@ def test_rollback_switches_back_and_says_to_what(
 ) -> None:
     root = _copy(built, tmp_path)
     first = _current(root)
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"})
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"}, resolve_with=install_environ)
     built_here = _invoke(["provision", "--lock", "lock.toml", "--yes"], install_environ, cwd=tmp_path)  # a relative --lock
     assert built_here.returncode == 0, built_here.stderr[-2000:]
     second = _current(root)
@@ -360,7 +380,7 @@ def test_a_moved_torch_is_put_back_by_a_new_generation_and_rollback_refuses_the_
 ) -> None:
     root = _copy(built, tmp_path)
     drifted = _current(root)
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root)
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, resolve_with=install_environ)
     # uv reads no configuration inside an environment, so `uv pip install --python` goes around
     # the guard (README): the drift provision must undo, and rollback must not go back to.
     uv = pyenv.find_uv()
@@ -391,7 +411,7 @@ def test_rollback_while_a_provision_runs_says_what_rollback_can_do(
     built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = _copy(built, tmp_path)
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root)
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, resolve_with=install_environ)
     hold = "import sys, time; from pathlib import Path; from stackgate.stack import generations\nwith generations.exclusive(Path(sys.argv[1]), wait=False, command='invoke provision'):\n    print('held', flush=True); time.sleep(60)"
     holder = subprocess.Popen([sys.executable, "-c", hold, str(root)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
@@ -470,7 +490,7 @@ def test_only_toolkit_installs_a_missing_toolkit_and_keeps_the_kept_one(
         f'[[toolkit]]\nversion = "13.0.1"\nnvcc = "13.0.88"\nprefix = "{tmp_path}/cuda-13.0"\nsource = "pypi"\ndefault = true\n\n'
         '[[toolkit]]\nversion = "13.0"\nprefix = "/usr/local/cuda-13.0"\nkeep = true\n'
     )
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", toolkits=toolkits)
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", toolkits=toolkits, resolve_with=install_environ)
     calls: list[str] = []
     _fake_installs(monkeypatch, calls)
     code, out, err = _provision(lock, install_environ, capsys, only="toolkit")
@@ -505,7 +525,7 @@ def test_a_new_generation_gets_the_locks_patches_before_its_checks(
     built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = _copy(built, tmp_path)
-    lock = _with_patch(write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"}), tmp_path)
+    lock = _with_patch(write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"}, resolve_with=install_environ), tmp_path)
     code, out, err = _provision(lock, install_environ, capsys)
     assert code == ExitCode.PASSED, err
     assert out.index("[patches] apply sm120.patch to sglang 0.5.9\n") < out.index("[python] check generation ")
@@ -517,7 +537,7 @@ def test_only_patches_applies_a_missing_patch_in_place_then_does_nothing(
     built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = _copy(built, tmp_path)
-    lock = _with_patch(write_stack_lock(tmp_path / "lock.toml", stack_index, root), tmp_path)
+    lock = _with_patch(write_stack_lock(tmp_path / "lock.toml", stack_index, root, resolve_with=install_environ), tmp_path)
     before = _current(root)
     assert not _patched(root)
     code, out, err = _provision(lock, install_environ, capsys, only="patches")
@@ -528,17 +548,17 @@ def test_only_patches_applies_a_missing_patch_in_place_then_does_nothing(
 
 
 def test_dry_run_prints_the_plan_and_touches_nothing(tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]) -> None:
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root")
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", resolve_with=install_environ)
     done = _invoke(["provision", "--lock", str(lock), "--dry-run"], install_environ)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("plan for test-stack (root ")
-    assert "  5. [python] install the lock's 8 pins from " in done.stdout
+    assert "  5. [python] install the pylock's 9 distributions (9 files, each checked against its sha256) from " in done.stdout
     assert not (tmp_path / "root").exists()
 
 
 def test_ctrl_c_mid_install_exits_130_and_leaves_current(built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]) -> None:
     root = _copy(built, tmp_path)
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"})
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"}, resolve_with=install_environ)
     before = _current(root)
     done = _invoke(["provision", "--lock", str(lock), "--yes"], install_environ, STACKGATE_FAULT="during:python.stack=SIGINT")
     assert done.returncode == ExitCode.INTERRUPTED, done.stderr[-2000:]
@@ -550,7 +570,7 @@ def test_ctrl_c_mid_install_exits_130_and_leaves_current(built: Path, tmp_path: 
 
 
 def test_without_a_terminal_provision_asks_for_yes_and_changes_nothing(tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]) -> None:
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root")
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", resolve_with=install_environ)
     done = _invoke(["provision", "--lock", str(lock)], install_environ)
     assert done.returncode == ExitCode.USAGE
     assert "there is no terminal to ask: pass --yes (or --dry-run to only see the plan)" in done.stderr
@@ -563,7 +583,78 @@ def test_without_a_terminal_provision_asks_for_yes_and_changes_nothing(tmp_path:
 
 def test_an_unwritable_root_is_a_clear_error(tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "file").write_text("")
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "file" / "root")
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "file" / "root", resolve_with=install_environ)
     code, out, err = _provision(lock, install_environ, capsys)
     assert code == ExitCode.FAILED
     assert f"cannot create or lock {tmp_path / 'file' / 'root'}: " in err
+
+
+@pytest.mark.parametrize("installer", ["uv", "pip"])
+def test_a_wheelhouse_provisions_with_the_network_cut(tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], installer: str) -> None:
+    """`invoke lock --wheelhouse` downloads every locked file once; `invoke provision --wheelhouse`
+    then runs in a network namespace of its own (`unshare -n`: not even 127.0.0.1's index
+    answers there) and installs the exact stack from the folder."""
+    if subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode != 0:
+        pytest.skip("unshare -n is not permitted here (it needs root or user namespaces)")
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", installer=installer, resolve_with=install_environ)
+    filled = _invoke(["lock", "--lock", str(lock), "--wheelhouse", str(tmp_path / "wheelhouse")], install_environ)
+    assert filled.returncode == 0, filled.stderr
+    assert "wheelhouse " in filled.stdout and ": 9 files, each checked against its sha256 (9 downloaded, 0 already there)" in filled.stdout
+    cut = ["unshare", "-n", sys.executable, "-m", "invoke", "provision", "--lock", str(lock), "--yes", "--wheelhouse", str(tmp_path / "wheelhouse")]
+    done = subprocess.run(cut, cwd=ROOT, env=install_environ, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    assert f"check that {tmp_path / 'wheelhouse'} holds all 9 locked files, each with its sha256" in done.stdout
+    assert "with no index" in done.stdout and "download sgl-kernel" not in done.stdout
+    assert "PASS  python.locked" in done.stdout
+    assert _works(tmp_path / "root", install_environ) == "2.9.1+cu130 13.0"
+    # A file of the wheelhouse that is not the locked one stops it before anything is created.
+    (tmp_path / "wheelhouse" / "sglang-0.5.9-py3-none-any.whl").write_bytes(b"not the wheel")
+    lock.write_text(lock.read_text() + '\n[smoke]\nport = 30001\n')  # any change: provision plans nothing otherwise
+    shutil.rmtree(tmp_path / "root")
+    refused = subprocess.run(cut, cwd=ROOT, env=install_environ, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == ExitCode.FAILED, refused.stderr[-2000:]
+    assert f"the wheelhouse {tmp_path / 'wheelhouse'} cannot be installed from: sglang-0.5.9-py3-none-any.whl has sha256 " in refused.stderr
+    assert not list((tmp_path / "root" / "generations").glob("0*"))
+
+
+def test_the_guard_holds_in_a_root_whose_path_has_a_space(tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    """pip and uv split PIP_CONSTRAINT and UV_CONSTRAINT on whitespace: stackgate.env names the
+    constraints as a file: URL, which both read, so "/srv/my stack" is guarded too."""
+    root = tmp_path / "my stack"
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, resolve_with=install_environ)
+    code, out, err = _provision(lock, install_environ, capsys)
+    assert code == ExitCode.PASSED, err
+    pypi = stack_index.simple("pypi")
+    uv = pyenv.find_uv()
+    assert uv is not None
+    shell = (
+        f". {shlex.quote(str(root / 'current' / 'stackgate.env'))} && "
+        f"(pip install --index-url {pypi} torch==2.10.0 2>&1; echo pip-exit=$?) && "
+        f"({shlex.quote(uv)} pip install --no-config --default-index {pypi} torch==2.10.0 2>&1; echo uv-exit=$?)"
+    )
+    done = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, env=install_environ)
+    assert "pip-exit=1" in done.stdout and "uv-exit=1" in done.stdout, done.stdout
+    assert "No such file" not in done.stdout and "File not found" not in done.stdout
+    assert "The user requested (constraint) torch==2.9.1+cu130" in done.stdout
+    assert _version(root, "torch", install_environ) == "2.9.1+cu130"
+
+
+def test_rollback_refuses_a_generation_holding_what_its_pylock_does_not(
+    built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]
+) -> None:
+    """Rollback reads the older generation against the pylock it was built from (its own copy):
+    a package installed there by hand since is named, and only --force switches to it."""
+    root = _copy(built, tmp_path)
+    first = _current(root)
+    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"}, resolve_with=install_environ)
+    assert _invoke(["provision", "--lock", str(lock), "--yes"], install_environ).returncode == 0
+    uv = pyenv.find_uv()
+    assert uv is not None
+    subprocess.run(
+        [uv, "pip", "install", "-q", "--no-config", "--python", str(root / first / "bin/python"), "--default-index", stack_index.simple("pypi"), "--no-deps", "torch-agnostic==1.0"],
+        env=install_environ, check=True,
+    )  # fmt: skip
+    refused = _invoke(["rollback", "--lock", str(lock)], install_environ)
+    assert refused.returncode == ExitCode.FAILED
+    assert f"not switching to generation {Path(first).name}: it no longer holds what it was built from: torch-agnostic 1.0 is installed but not in the pylock" in refused.stderr
+    assert _invoke(["rollback", "--lock", str(lock), "--force"], install_environ).returncode == 0 and _current(root) == first

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import os
+import dataclasses
 from pathlib import Path
 
 import pytest
-from pkgindex import DEAD_URL, IndexServer, stack_index, write_stack_lock  # noqa: F401 (fixtures)
+from conftest import isolated_environ
+from pkgindex import DEAD_URL, IndexServer, lock_stack, stack_index, write_stack_lock  # noqa: F401 (fixtures)
 
 from stackgate.edges import fetch
 from stackgate.facts.compare import environment_spec, spec_changes
-from stackgate.models import envfile
+from stackgate.models import envfile, pylock
 from stackgate.models import spec as lockmodel
-from stackgate.stack import guard, pyenv
+from stackgate.stack import pyenv
 
 HOME = Path("/srv/root/generations/0001-x")
 
@@ -21,80 +22,92 @@ def _lock(tmp_path: Path, server: IndexServer, **kwargs: object) -> lockmodel.Lo
     return lockmodel.load(write_stack_lock(tmp_path / "lock.toml", server, tmp_path / "root", python="3.11", **kwargs))  # type: ignore[arg-type]
 
 
-def _files() -> guard.GuardFiles:
-    return guard.GuardFiles(HOME / "constraints.txt", HOME / "overrides.txt")
+def _resolution(tmp_path: Path, server: IndexServer, **kwargs: object) -> tuple[lockmodel.Lock, pylock.Resolution]:
+    """A test spec and its pylock, made by `invoke lock`'s code against the test index."""
+    spec = write_stack_lock(tmp_path / "lock.toml", server, tmp_path / "root", python="3.11", **kwargs)  # type: ignore[arg-type]
+    lock = lockmodel.load(spec)
+    return lock, pylock.load(lock_stack(spec, isolated_environ(UV_CACHE_DIR=str(tmp_path / "uv-cache"))))
 
 
-def test_uv_creates_the_environment_then_puts_the_bundled_pip_in_it(tmp_path: Path, stack_index: IndexServer) -> None:
-    commands = pyenv.venv_commands(_lock(tmp_path, stack_index), Path("/usr/bin/python3.11"), HOME, "/bin/uv")
-    assert [c.display for c in commands] == [
-        f"/bin/uv venv --no-config --no-python-downloads --allow-existing --python /usr/bin/python3.11 {HOME}",
-        f"PIP_CONFIG_FILE=/dev/null {HOME}/bin/python -m ensurepip --default-pip",
+def test_uv_creates_the_environment_and_only_the_pip_installer_gets_pip_at_once(tmp_path: Path, stack_index: IndexServer) -> None:
+    wheel = Path("/py/lib/python3.11/ensurepip/_bundled/pip-24.0-py3-none-any.whl")
+    create = f"/bin/uv venv --no-config --no-python-downloads --allow-existing --python /usr/bin/python3.11 {HOME}"
+    assert [c.display for c in pyenv.venv_commands(_lock(tmp_path, stack_index), Path("/usr/bin/python3.11"), HOME, "/bin/uv", wheel)] == [create]
+    pip_lock = _lock(tmp_path, stack_index, installer="pip")
+    assert [c.display for c in pyenv.venv_commands(pip_lock, Path("/usr/bin/python3.11"), HOME, "/bin/uv", wheel)] == [
+        create,
+        f"/bin/uv pip install --no-config --offline --no-deps --python {HOME}/bin/python {wheel}",
     ]
+    # Without the bundled wheel (Debian keeps it in python3-venv), ensurepip; without uv, venv.
+    assert pyenv.seed_command(HOME, "/bin/uv", None).display == f"PIP_CONFIG_FILE=/dev/null {HOME}/bin/python -m ensurepip --default-pip"
+    assert [c.display for c in pyenv.venv_commands(pip_lock, Path("/usr/bin/python3.11"), HOME, None)] == [f"PIP_CONFIG_FILE=/dev/null /usr/bin/python3.11 -m venv {HOME}"]
 
 
-def test_each_install_step_sees_one_index_and_the_constraints(tmp_path: Path, stack_index: IndexServer) -> None:
-    lock = _lock(tmp_path, stack_index)
-    (family,) = pyenv.family_commands(lock, HOME, _files(), "/bin/uv")
-    assert family.argv[family.argv.index("--default-index") + 1] == stack_index.simple("cu130")
-    assert family.argv[-3:] == ("torch==2.9.1+cu130", "torchaudio==2.9.1+cu130", "triton==3.5.1")
-    assert "--no-deps" in family.argv and "--index-url" not in family.argv and "--index" not in family.argv
-    stack = pyenv.stack_command(lock, HOME, _files(), "/bin/uv")
-    assert stack.argv[stack.argv.index("--default-index") + 1] == lock.python.default_index
-    assert stack.argv[stack.argv.index("--override") + 1] == str(HOME / "overrides.txt")
-    for command in (family, stack):
-        assert command.argv[command.argv.index("--constraint") + 1] == str(HOME / "constraints.txt")
-        assert "--no-config" in command.argv
-
-
-def test_pip_installs_the_overridden_packages_in_their_own_no_deps_step(tmp_path: Path, stack_index: IndexServer) -> None:
+def test_uv_syncs_the_generations_pylock_and_pip_installs_its_hashed_requirements(tmp_path: Path, stack_index: IndexServer) -> None:
+    uv = pyenv.install_commands(_lock(tmp_path, stack_index), HOME, "/bin/uv")
+    assert [c.display for c in uv] == [
+        f"UV_PREVIEW_FEATURES=pylock /bin/uv pip sync --no-config --python {HOME}/bin/python {HOME}/pylock.install.toml",
+        f"PIP_CONFIG_FILE=/dev/null {HOME}/bin/python -m ensurepip --default-pip",  # pip goes in after the sync, which would remove it
+    ]
+    assert "--offline" in pyenv.install_commands(_lock(tmp_path, stack_index), HOME, "/bin/uv", wheelhouse=Path("/wh"))[0].argv
     lock = _lock(tmp_path, stack_index, installer="pip")
-    names = [line.split("==")[0].split(" @ ")[0] for line in pyenv.requirements(lock, tmp_path)]
-    assert "flashinfer-python" not in names and "flashinfer-cubin" not in names and "sglang" in names
-    override = pyenv.override_command(lock, HOME, _files(), tmp_path)
-    assert override is not None
-    assert override.argv[-2:] == ("flashinfer-python==0.6.4", "flashinfer-cubin==0.6.4")
-    assert "--no-deps" in override.argv and override.env == {"PIP_CONFIG_FILE": os.devnull}
-    assert pyenv.override_command(_lock(tmp_path, stack_index), HOME, _files(), tmp_path) is None  # uv: --override
+    (pip,) = pyenv.install_commands(lock, HOME, "/bin/uv")
+    assert pip.argv[3:] == (
+        "install", "--disable-pip-version-check", "--no-input", "--no-deps", "--require-hashes", "--only-binary", ":all:",
+        "--index-url", stack_index.simple("pypi"), "--extra-index-url", stack_index.simple("cu130"), "--requirement", f"{HOME}/requirements.txt",
+    )  # fmt: skip
+    (offline,) = pyenv.install_commands(lock, HOME, "/bin/uv", wheelhouse=Path("/wh"))
+    assert offline.argv[offline.argv.index("--only-binary") + 2 :] == ("--no-index", "--find-links", "/wh", "--requirement", f"{HOME}/requirements.txt")
 
 
-def test_the_url_wheel_is_required_as_its_checked_local_file(tmp_path: Path, stack_index: IndexServer) -> None:
-    lock = _lock(tmp_path, stack_index)
-    kernel = lock.python.package("sgl-kernel")
-    assert kernel is not None
-    line = pyenv.requirements(lock, tmp_path / "cache")[-1]
-    assert line == f"sgl-kernel @ file://{tmp_path}/cache/{kernel.sha256}/sgl_kernel-0.3.21+cu130-cp310-abi3-manylinux2014_x86_64.whl"
+def test_every_requirement_line_is_exact_and_hashed(tmp_path: Path, stack_index: IndexServer) -> None:
+    lock, resolution = _resolution(tmp_path, stack_index)
+    kernel = resolution.package("sgl-kernel")
+    assert kernel is not None and kernel.archive is not None
+    lines = pyenv.requirements(resolution, {})
+    assert len(lines) == len(resolution.packages) == 9
+    torch = resolution.package("torch")
+    assert torch is not None
+    assert f"torch==2.9.1+cu130 --hash=sha256:{torch.wheels[0].sha256}" in lines
+    assert f"sgl-kernel @ {kernel.archive.url} --hash=sha256:{kernel.archive.sha256}" in lines
+    local = pyenv.local_files(resolution, tmp_path / "cache", None)
+    assert local == {kernel.archive.sha256: tmp_path / "cache" / kernel.archive.sha256 / "sgl_kernel-0.3.21+cu130-cp310-abi3-manylinux2014_x86_64.whl"}
+    checked = f"sgl-kernel @ {local[kernel.archive.sha256].as_uri()} --hash=sha256:{kernel.archive.sha256}"
+    assert checked in pyenv.requirements(resolution, local)
+    assert len(pyenv.local_files(resolution, tmp_path / "cache", tmp_path / "wh")) == 9  # a wheelhouse: every file
 
 
 def test_a_url_wheel_is_downloaded_once_and_checked(tmp_path: Path, stack_index: IndexServer) -> None:
-    kernel = _lock(tmp_path, stack_index).python.package("sgl-kernel")
-    assert kernel is not None
-    path, downloaded = pyenv.fetch_wheel(kernel, tmp_path / "cache")
+    lock, resolution = _resolution(tmp_path, stack_index)
+    kernel = resolution.package("sgl-kernel")
+    assert kernel is not None and kernel.archive is not None
+    path, downloaded = pyenv.fetch_wheel(kernel.name, kernel.archive, tmp_path / "cache")
     assert downloaded and path.read_bytes() == (stack_index.files / path.name).read_bytes()
     asked = len(stack_index.requests)
-    again, downloaded = pyenv.fetch_wheel(kernel, tmp_path / "cache")
+    again, downloaded = pyenv.fetch_wheel(kernel.name, kernel.archive, tmp_path / "cache")
     assert (again, downloaded) == (path, False)
     assert len(stack_index.requests) == asked  # the cache answered
 
 
 def test_a_wrong_sha256_is_refused_and_nothing_is_kept(tmp_path: Path, stack_index: IndexServer) -> None:
-    kernel = _lock(tmp_path, stack_index, sha256="0" * 64).python.package("sgl-kernel")
-    assert kernel is not None
+    lock, resolution = _resolution(tmp_path, stack_index)
+    kernel = resolution.package("sgl-kernel")
+    assert kernel is not None and kernel.archive is not None
+    wrong = dataclasses.replace(kernel.archive, sha256="0" * 64)
     with pytest.raises(pyenv.PyenvError) as caught:
-        pyenv.fetch_wheel(kernel, tmp_path / "cache")
-    assert str(caught.value).startswith(f"sgl-kernel: {kernel.url} has sha256 ")
+        pyenv.fetch_wheel(kernel.name, wrong, tmp_path / "cache")
+    assert str(caught.value).startswith(f"sgl-kernel: {kernel.archive.url} has sha256 ")
     assert f"the lock says {'0' * 64}; refusing to install it" in str(caught.value)
     assert list((tmp_path / "cache").rglob("*.whl")) == [] and list((tmp_path / "cache").rglob("*.part")) == []
 
 
 def test_an_unreachable_url_says_so(tmp_path: Path, stack_index: IndexServer) -> None:
-    kernel = _lock(tmp_path, stack_index).python.package("sgl-kernel")
-    assert kernel is not None
-    dead = lockmodel.Package(kernel.name, kernel.specifier, DEAD_URL + "/sgl_kernel-0.3.21+cu130-cp310-abi3-manylinux2014_x86_64.whl", kernel.sha256)
+    dead = pylock.LockedFile("sgl_kernel-0.3.21+cu130-cp310-abi3-manylinux2014_x86_64.whl", "1" * 64, DEAD_URL + "/sgl_kernel-0.3.21+cu130-cp310-abi3-manylinux2014_x86_64.whl")
     waits: list[float] = []
     with pytest.raises(pyenv.PyenvError, match=r"cannot download http://127\.0\.0\.1:9/.*Connection refused.*gave up after 2 tries"):
-        pyenv.fetch_wheel(dead, tmp_path / "cache", retry=fetch.Retry(attempts=2, sleep=waits.append))
+        pyenv.fetch_wheel("sgl-kernel", dead, tmp_path / "cache", retry=fetch.Retry(attempts=2, sleep=waits.append))
     assert waits == [1.0]
+    assert pyenv.unreachable([DEAD_URL, stack_index.url + "/"]).keys() == {DEAD_URL}
 
 
 def test_installers_run_without_the_users_configuration() -> None:
@@ -113,8 +126,8 @@ def test_the_environment_file_puts_the_toolkit_first_and_exports_the_guard(tmp_p
         "CUDA_HOME": "/usr/local/cuda-13.0",
         "PATH": f"/usr/local/cuda-13.0/bin:{HOME}/bin:/usr/bin",
         "TRITON_PTXAS_PATH": "/usr/local/cuda-13.0/bin/ptxas",
-        "PIP_CONSTRAINT": f"{HOME}/constraints.txt",
-        "UV_CONSTRAINT": f"{HOME}/constraints.txt",
+        "PIP_CONSTRAINT": f"file://{HOME}/constraints.txt",
+        "UV_CONSTRAINT": f"file://{HOME}/constraints.txt",
         "VIRTUAL_ENV": str(HOME),
         "NCCL_P2P_LEVEL": "SYS",
     }

@@ -3,6 +3,8 @@ one with the CPU build of torch, and venvs holding real distribution metadata.""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import subprocess
 import sys
@@ -13,6 +15,7 @@ from stackgate.checks.all import REGISTRY
 from stackgate.facts import ProbeFacts, gather
 from stackgate.facts.compare import conflicts
 from stackgate.facts.interpreters import PROBE
+from stackgate.models import pylock
 from stackgate.models import spec as lockmodel
 from stackgate.models.result import Status
 
@@ -145,3 +148,76 @@ def test_probe_facts_parse_what_the_probe_writes(torch_python, tmp_path):
     _, facts = run("python.interpreter", lock_for(torch_python))
     assert isinstance(facts.probe, ProbeFacts)
     assert facts.probe.executable.startswith(str(torch_python.parent.parent))
+
+
+def _wheel(tag: str) -> bytes:
+    return f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: {tag}\n".encode()
+
+
+def _pylocked(tmp_path: Path, python: Path, packages: str, locked: str) -> lockmodel.Lock:
+    """A spec for ``python`` at tmp_path/spec.toml with the pylock ``locked`` (PEP 751 packages) beside it."""
+    lock = dataclasses.replace(lock_for(python, packages), path=tmp_path / "spec.toml")
+    (tmp_path / "pylock.spec.toml").write_text(pylock.stamp('lock-version = "1.0"\ncreated-by = "test"\n' + locked, lock))
+    return lock
+
+
+def _locked(name: str, version: str, filename: str, url: str = "https://files.example/", marker: str = "") -> str:
+    digest = hashlib.sha256(filename.encode()).hexdigest()
+    marker_line = f"marker = {json.dumps(marker)}\n" if marker else ""
+    return f'\n[[packages]]\nname = "{name}"\nversion = "{version}"\n{marker_line}wheels = [{{ url = "{url}{filename}", hashes = {{ sha256 = "{digest}" }} }}]\n'
+
+
+def test_python_locked_names_every_difference_from_the_pylock(tmp_path):
+    python, site = make_venv(tmp_path / "env")
+    install_dist(site, "torch", "2.9.1", files={"torch-2.9.1.dist-info/WHEEL": _wheel("py3-none-any")})
+    install_dist(site, "sglang", "0.5.8", files={"sglang-0.5.8.dist-info/WHEEL": _wheel("py3-none-any")})
+    # sgl-kernel: the locked version, but PyPI's build instead of the locked cu130 URL wheel
+    origin = {"url": "https://files.example/sgl_kernel-0.3.21-cp39-abi3-manylinux2014_x86_64.whl", "archive_info": {"hashes": {"sha256": "ab" * 32}}}
+    install_dist(site, "sgl-kernel", "0.3.21", files={"sgl_kernel-0.3.21.dist-info/direct_url.json": json.dumps(origin).encode()})
+    install_dist(site, "flashinfer-python", "0.6.4", files={"flashinfer_python-0.6.4.dist-info/WHEEL": _wheel("cp311-cp311-win_amd64")})
+    install_dist(site, "xgrammar", "0.1.27")
+    install_dist(site, "pip", "24.0")  # the environment's own pip: put there on purpose
+    locked = (
+        _locked("torch", "2.9.1", "torch-2.9.1-py3-none-any.whl")
+        + _locked("sglang", "0.5.9", "sglang-0.5.9-py3-none-any.whl")
+        + _locked("sgl-kernel", "0.3.21", "sgl_kernel-0.3.21-cp310-abi3-manylinux2014_x86_64.whl", url="https://github.example/")
+        + _locked("flashinfer-python", "0.6.4", "flashinfer_python-0.6.4-py3-none-any.whl")
+        + _locked("triton", "3.5.1", "triton-3.5.1-py3-none-any.whl")
+        + _locked("nvidia-nccl-cu13", "2.27.7", "nvidia_nccl_cu13-2.27.7-py3-none-win_amd64.whl", marker="sys_platform == 'win32'")
+    )
+    result, _ = run("python.locked", _pylocked(tmp_path, python, 'torch = "==2.9.1"', locked))
+    assert result.status is Status.FAIL
+    assert result.details == (
+        "flashinfer-python 0.6.4 was installed from a wheel tagged cp311-cp311-win_amd64, not from the pylock's flashinfer_python-0.6.4-py3-none-any.whl",
+        "sgl-kernel 0.3.21 was installed from the direct URL https://files.example/sgl_kernel-0.3.21-cp39-abi3-manylinux2014_x86_64.whl, not from the pylock's sgl_kernel-0.3.21-cp310-abi3-manylinux2014_x86_64.whl",
+        "sglang is 0.5.8, the pylock holds 0.5.9",
+        "triton 3.5.1 is locked but not installed",
+        "xgrammar 0.1.27 is installed but not in the pylock",
+    )  # nvidia-nccl-cu13 is locked for Windows only (its marker): not expected here
+    assert result.summary.startswith("5 difference(s) from pylock.spec.toml: flashinfer-python 0.6.4 was installed from a wheel tagged")
+    assert result.fix is not None and result.fix.commands == ("invoke provision --only python",)
+
+
+def test_python_locked_passes_on_exactly_the_pylock_and_warns_when_the_spec_moved_on(tmp_path):
+    python, site = make_venv(tmp_path / "env")
+    kernel = "sgl_kernel-0.3.21+cu130-cp310-abi3-manylinux2014_x86_64.whl"
+    origin = {"url": f"file:///srv/wheelhouse/{kernel.replace('+', '%2B')}", "archive_info": {"hashes": {"sha256": hashlib.sha256(kernel.encode()).hexdigest()}}}
+    install_dist(site, "sgl-kernel", "0.3.21+cu130", files={"sgl_kernel-0.3.21+cu130.dist-info/direct_url.json": json.dumps(origin).encode()})
+    install_dist(site, "torch", "2.9.1", files={"torch-2.9.1.dist-info/WHEEL": _wheel("py3-none-any")})
+    locked = _locked("torch", "2.9.1", "torch-2.9.1-py3-none-any.whl") + _locked("sgl-kernel", "0.3.21+cu130", kernel)
+    lock = _pylocked(tmp_path, python, 'torch = "==2.9.1"', locked)
+    result, _ = run("python.locked", lock)
+    assert result.status is Status.PASS, result.details
+    assert result.summary.startswith("2 distributions exactly as pylock.spec.toml (sha256 ")
+    moved = dataclasses.replace(lock_for(python, 'torch = "==2.9.2"'), path=lock.path)
+    result, _ = run("python.locked", moved)
+    assert result.status is Status.WARN
+    assert result.summary == "installed exactly as pylock.spec.toml, but the pylock no longer matches the spec: python.packages.torch: ==2.9.1 in the pylock, ==2.9.2 in the spec"
+
+
+def test_python_locked_skips_without_a_pylock_saying_how_to_make_one(tmp_path):
+    python, _ = make_venv(tmp_path / "env")
+    lock = dataclasses.replace(lock_for(python), path=tmp_path / "spec.toml")
+    result, _ = run("python.locked", lock)
+    assert result.status is Status.SKIP
+    assert result.summary == f"the spec has no pylock: {tmp_path / 'pylock.spec.toml'} does not exist (`invoke lock --lock {tmp_path / 'spec.toml'}` makes it)"

@@ -41,13 +41,14 @@ def generation(lock: Lock, facts: Facts) -> Result:
     return passed(f"{root / 'current'} -> generation {current.id}, built from this lock's Python stack", note, data=data)
 
 
-@check("environment.drift", needs=("dists", "patches"), named_only=True)
+@check("environment.drift", needs=("dists", "patches", "pylock"), named_only=True)
 def drift(lock: Lock, facts: Facts) -> Result:
     """The installed distributions and the patches are as locked."""
     dists = facts.dists
     if isinstance(dists, Missing):
         return skipped(f"cannot be judged: {dists.reason}")
-    problems = environment_drift(lock, dists)
+    resolution = facts.pylock
+    problems = environment_drift(lock, dists, None if isinstance(resolution, Missing) else resolution)
     found = facts.patches
     if not isinstance(found, Missing):
         problems += [f"patch {s.patch.file.name}: {s.problem}" for s in found if s.problem]

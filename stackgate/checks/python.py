@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from stackgate.checks.core import check
 from stackgate.facts import Facts, Missing, ProbeFacts
-from stackgate.facts.compare import conflicts, pin_problem
+from stackgate.facts.compare import conflicts, locked_problems, pin_problem
 from stackgate.models.finding import Fix
+from stackgate.models.pylock import differences, lock_command
 from stackgate.models.result import Result, failed, passed, skipped, warned
 from stackgate.models.spec import Lock
 
@@ -70,6 +71,26 @@ def frozen(lock: Lock, facts: Facts) -> Result:
         )
         return failed(f"frozen package(s) moved: {moved[0]}", moved, fix, data)
     return passed("frozen: " + ", ".join(f"{p.name} {data[p.name]}" for p in guarded), data=data)
+
+
+@check("python.locked", needs=("probe", "pylock"))
+def locked(lock: Lock, facts: Facts) -> Result:
+    """Every installed distribution is the pylock's: none missing or extra, same version, same file."""
+    probe = _probe(facts)
+    if isinstance(probe, Result):
+        return probe
+    resolution = facts.pylock
+    if isinstance(resolution, Missing):
+        return skipped(resolution.reason)
+    problems = locked_problems(probe, resolution)
+    data = {"pylock": str(resolution.path), "sha256": resolution.sha256, "locked": len(resolution.packages), "distributions": len(probe.distributions), "differences": problems}
+    if problems:
+        return failed(f"{len(problems)} difference(s) from {resolution.path.name}: {problems[0]}", problems, Fix("Install exactly the pylock.", (_PROVISION,)), data)
+    stale = differences(lock, resolution)
+    if stale:
+        fix = Fix("The spec changed since the pylock was made: resolve it again, then provision.", (lock_command(lock.path), _PROVISION))
+        return warned(f"installed exactly as {resolution.path.name}, but the pylock no longer matches the spec: {stale[0]}", stale, fix, data)
+    return passed(f"{len(probe.distributions)} distributions exactly as {resolution.path.name} (sha256 {resolution.sha256[:12]})", data=data)
 
 
 @check("python.consistency", needs=("probe",))

@@ -26,7 +26,7 @@ from stackgate.commands.verify import verify
 from stackgate.edges import fetch
 from stackgate.facts import Missing, gather
 from stackgate.facts.compare import environment_drift, environment_spec
-from stackgate.models import faults, knowledge
+from stackgate.models import faults, knowledge, pylock
 from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.finding import Finding
@@ -38,14 +38,14 @@ from stackgate.stack.plan import AREAS, Plan, Step, cache_dir, plan
 __all__ = ["ProvisionError", "ProvisionRequest", "ProvisionUsage", "RollbackRequest", "rollback", "run"]
 
 #: What a new generation must pass before ``current`` points at it (those registered).
-BUILD_CHECKS = ("python.interpreter", "python.pins", "python.frozen", "python.consistency", "torch.build", "flashinfer.cubin", "patches.applied")
+BUILD_CHECKS = ("python.interpreter", "python.locked", "python.pins", "python.frozen", "python.consistency", "torch.build", "flashinfer.cubin", "patches.applied")
 #: What verify checks after provisioning, per area provision touched.
 VERIFY_CHECKS = {
     "toolkit": ("cuda.toolkits", "cuda.ptxas_arch"),
     "python": (*BUILD_CHECKS, "abi.imports", "abi.elf", "cuda.home", "cuda.triton_ptxas"),
     "patches": ("patches.applied",),
 }
-PLAN_PARTS = {"toolkit": ("toolkits", "env"), "python": ("dists",), "patches": ("dists",)}
+PLAN_PARTS = {"toolkit": ("toolkits", "env"), "python": ("dists", "pylock"), "patches": ("dists",)}
 KEEP_LOGS = 10
 
 
@@ -71,6 +71,7 @@ class ProvisionRequest:
     yes: bool = False
     wait: bool = False
     environ: Mapping[str, str] | None = field(default=None, compare=False)  #: default: os.environ
+    wheelhouse: Path | None = None  #: install every locked file from this folder, with no index
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,7 +131,7 @@ def _provision(lock: lockmodel.Lock, request: ProvisionRequest, environ: dict[st
         ui.line("nothing was changed")
         return ExitCode.FAILED
     try:
-        apply(the_plan, state, environ, ui)
+        apply(the_plan, state, environ, ui, wheelhouse=request.wheelhouse)
     except (ProvisionError, pyenv.PyenvError, guard.GuardError) as exc:
         return _failed(exc, exc.log, exc.tail, state, ui, _known_failures(exc.log, lock))
     except (toolkit.ToolkitError, patches.PatchError) as exc:
@@ -169,7 +170,7 @@ def _advice(exc: BaseException) -> str:
     if isinstance(exc, guard.GuardError):
         return f"a re-run is blocked the same way: change the lock as said above, {again}"
     if _caused_by(exc, fetch.HashMismatch) is not None:
-        return f"a re-run refuses the same file: put the file's real sha256 in the lock (or fix its URL) if you trust it; {again}"
+        return f"a re-run refuses the same file: make the pylock again (invoke lock) only if you trust the file; {again}"
     if full is not None and full.errno == errno.ENOSPC:
         return f"free space on that disk, {again}"
     if isinstance(exc, pyenv.PyenvError) and exc.unreachable:
@@ -202,7 +203,8 @@ def _make_plan(lock: lockmodel.Lock, state: generations.RootState, request: Prov
     parts = sorted({part for area in areas for part in PLAN_PARTS[area]})
     facts = gather(lock, parts, environ=environ)
     try:
-        return plan(lock, facts, state, only=request.only, uv=pyenv.find_uv())
+        wheelhouse = Path(os.path.abspath(request.wheelhouse)) if request.wheelhouse else None
+        return plan(lock, facts, state, only=request.only, uv=pyenv.find_uv(), wheelhouse=wheelhouse)
     finally:
         facts.close()
 
@@ -249,6 +251,7 @@ class Build:
     generation: generations.Generation | None = None
     files: guard.GuardFiles | None = None
     step_number: int = 0
+    wheelhouse: Path | None = None
 
     @property
     def root(self) -> Path:
@@ -263,12 +266,12 @@ class Build:
         return self.logs / f"{self.step_number:02d}-{step.action}.log"
 
 
-def apply(the_plan: Plan, state: generations.RootState, environ: dict[str, str], ui: UI) -> None:
+def apply(the_plan: Plan, state: generations.RootState, environ: dict[str, str], ui: UI, *, wheelhouse: Path | None = None) -> None:
     """Run the plan's steps in order; the first failure stops it (``current`` is only switched by
     the last step of a build)."""
     lock = the_plan.lock
     stamp = the_plan.generation.name if the_plan.generation else time.strftime("%Y%m%dT%H%M%S")
-    build = Build(lock, state, environ, _log_dir(lock, stamp), the_plan)
+    build = Build(lock, state, environ, _log_dir(lock, stamp), the_plan, wheelhouse=Path(os.path.abspath(wheelhouse)) if wheelhouse else None)
     if the_plan.resume:
         build.generation = next(g for g in state.generations if g.path == the_plan.generation)
     with _kept_toolkits_untouched(the_plan):
@@ -334,7 +337,24 @@ def _venv(build: Build, step: Step, activity: Activity) -> None:
 def _guard(build: Build, step: Step, activity: Activity) -> None:
     assert build.generation is not None
     build.files = guard.write(build.lock, build.generation.path)
-    pyenv.write_requirements(build.lock, build.generation.path, build.cache / "wheels")
+    resolution = step.subject
+    pyenv.write_install_files(resolution, build.generation.path, pyenv.local_files(resolution, build.cache / "wheels", build.wheelhouse))
+
+
+def _preflight(build: Build, step: Step, activity: Activity) -> None:
+    """Before anything is created: every source answers, or the wheelhouse holds every file."""
+    resolution, wheelhouse = step.subject
+    if wheelhouse is not None:
+        problems = pyenv.wheelhouse_problems(resolution, wheelhouse)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise ProvisionError(f"the wheelhouse {wheelhouse} cannot be installed from: {problems[0]}{more}; fill it again with `{pylock.lock_command(build.lock.path)} --wheelhouse {wheelhouse}`", tail=tuple(problems[:15]))
+        activity.update(f"{len(resolution.files)} files, sha256 as locked")
+        return
+    silent = pyenv.unreachable(pyenv.sources(build.lock, resolution))
+    if silent:
+        said = "; ".join(f"{url} does not answer ({why})" for url, why in silent.items())
+        raise pyenv.PyenvError(f"{said}: nothing was created", unreachable=tuple(silent))
 
 
 def _commands(build: Build, step: Step, activity: Activity) -> None:
@@ -352,7 +372,8 @@ def _fetch(build: Build, step: Step, activity: Activity) -> None:
             faults.trip(f"during:{step.action}")
         activity.transfer(done, total)
 
-    path, downloaded = pyenv.fetch_wheel(step.subject, build.cache / "wheels", on_progress=progress, on_retry=activity.ui.warn)
+    name, file = step.subject
+    path, downloaded = pyenv.fetch_wheel(name, file, build.cache / "wheels", on_progress=progress, on_retry=activity.ui.warn)
     activity.update(f"{'downloaded' if downloaded else 'cached'}: {path.name}, sha256 matches")
 
 
@@ -428,12 +449,11 @@ APPLIERS: dict[str, Callable[[Build, Step, Activity], None]] = {
     "toolkit.install": _toolkit,
     "toolkit.link": _link,
     "python.discard": _discard,
+    "python.preflight": _preflight,
+    "python.fetch": _fetch,
     "python.venv": _venv,
     "python.guard": _guard,
-    "python.family": _commands,
-    "python.fetch": _fetch,
     "python.stack": _commands,
-    "python.override": _commands,
     "patches.apply": _patch,
     "python.envfile": _envfile,
     "python.envfile.current": _envfile,
@@ -512,10 +532,18 @@ def _drift_of(lock: lockmodel.Lock, generation: generations.Generation, environ:
         dists = facts.dists
     finally:
         facts.close()
-    drift = [dists.reason] if isinstance(dists, Missing) else environment_drift(built, dists)
+    drift = [dists.reason] if isinstance(dists, Missing) else environment_drift(built, dists, _built_pylock(generation))
     if python.frozen and not (generation.path / guard.CONSTRAINTS).is_file():
         drift.append(f"its guard ({guard.CONSTRAINTS}) is missing")
     return drift
+
+
+def _built_pylock(generation: generations.Generation) -> pylock.Resolution | None:
+    """The pylock a generation was built from (its own copy); None for one built before pylocks."""
+    try:
+        return pylock.load(generation.path / pyenv.BUILT_PYLOCK)
+    except pylock.PylockError:
+        return None
 
 
 def _refusal(target: generations.Generation, drift: list[str]) -> str:

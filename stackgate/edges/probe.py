@@ -75,11 +75,28 @@ def distributions(files_of):
             "version": dist.version,
             "requires": list(dist.requires or ()),
             "location": str(dist.locate_file("")),
+            "wheel_tags": wheel_tags(dist),
+            "direct_url": direct_url(dist),
         }
         if key in wanted:
             entry["shared_objects"] = shared_objects(dist)
         result[key] = entry
     return result
+
+
+def wheel_tags(dist):
+    """The tags of the wheel the distribution was installed from (its WHEEL file's Tag lines)."""
+    text = dist.read_text("WHEEL") or ""
+    return sorted(line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Tag:"))
+
+
+def direct_url(dist):
+    """Where a distribution installed from a URL or a file came from (PEP 610), or None."""
+    try:
+        found = json.loads(dist.read_text("direct_url.json") or "null")
+    except ValueError:
+        return {"error": "direct_url.json is not JSON"}
+    return found if isinstance(found, dict) else None
 
 
 def torch_facts():

@@ -22,7 +22,7 @@ from stackgate.facts import generations, interpreters
 from stackgate.facts.model import BasePython, ElfFile, ElfScan, EnvFacts, ImportOutcome, Missing, ProbeFacts, ToolkitFacts
 from stackgate.facts.patches import PatchStatus, inspect_patch
 from stackgate.facts.toolkits import inspect_toolkit
-from stackgate.models import envfile
+from stackgate.models import envfile, pylock
 from stackgate.models.spec import Lock, Toolkit
 
 __all__ = ["CUDA_LINK", "DEPENDS", "PARTS", "Facts", "gather", "jit_cuda_home"]
@@ -112,6 +112,10 @@ class Facts:
     @property
     def generation(self) -> generations.RootState | Missing:
         return self.get("generation")
+
+    @property
+    def pylock(self) -> pylock.Resolution | Missing:
+        return self.get("pylock")
 
     def toolkit(self, toolkit: Toolkit) -> ToolkitFacts:
         return next(t for t in self.toolkits if t.toolkit == toolkit)
@@ -251,6 +255,20 @@ def _generation(lock: Lock, facts: Facts) -> generations.RootState | Missing:
     return generations.read(lock.python.root)
 
 
+# --- the pylock -------------------------------------------------------------------------------
+
+
+def _pylock(lock: Lock, facts: Facts) -> pylock.Resolution | Missing:
+    """The spec's resolution (``pylock.<name>.toml`` beside it), as the files say now."""
+    path = pylock.path_for(lock.path)
+    if not path.exists():
+        return Missing(f"the spec has no pylock: {path} does not exist (`{pylock.lock_command(lock.path)}` makes it)")
+    try:
+        return pylock.load(path)
+    except pylock.PylockError as exc:
+        return Missing(str(exc))
+
+
 #: How each part is gathered, and what it needs first.
 PARTS: dict[str, Gatherer] = {
     "nvml": _nvml,
@@ -263,5 +281,6 @@ PARTS: dict[str, Gatherer] = {
     "elf": _elf,
     "patches": _patches,
     "generation": _generation,
+    "pylock": _pylock,
 }
 DEPENDS: dict[str, tuple[str, ...]] = {"probe": ("env",), "imports": ("env", "probe"), "elf": ("probe",), "patches": ("probe",)}

@@ -7,18 +7,28 @@ what verify reports and what provision installs never disagree, and neither impo
 
 from __future__ import annotations
 
+import hashlib
+import urllib.parse
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
-from packaging.markers import InvalidMarker, UndefinedComparison, UndefinedEnvironmentName
+from packaging.markers import InvalidMarker, Marker, UndefinedComparison, UndefinedEnvironmentName
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from stackgate.facts.model import Missing, ProbeFacts, ToolkitFacts, ToolVersion
+from stackgate.facts.model import Distribution, Missing, ProbeFacts, ToolkitFacts, ToolVersion
+from stackgate.models import pylock
+from stackgate.models.pylock import Locked, Resolution
 from stackgate.models.spec import Lock, Package
 
-__all__ = ["Conflict", "conflicts", "environment_drift", "environment_spec", "pin_problem", "spec_changes", "toolkit_problem"]
+__all__ = ["SEEDED", "Conflict", "conflicts", "environment_drift", "environment_spec", "locked_problems", "pin_problem", "spec_changes", "toolkit_problem"]
+
+#: Installed on purpose beside the pylock (unless it locks them): the environment's own pip, which
+#: people use later, held by the guard's pip.conf; and the setuptools that ensurepip installs with
+#: pip before Python 3.12, where no bundled pip wheel was found to install alone.
+SEEDED = frozenset({"pip", "setuptools"})
 
 
 def pin_problem(probe: ProbeFacts, package: Package) -> str | None:
@@ -78,9 +88,10 @@ def _satisfies(requirement: Requirement, version: str) -> bool:
     return requirement.specifier.contains(version, prereleases=True)
 
 
-def environment_drift(lock: Lock, dists: ProbeFacts) -> list[str]:
+def environment_drift(lock: Lock, dists: ProbeFacts, resolution: Resolution | None = None) -> list[str]:
     """How an environment's installed distributions differ from the lock (empty: they do not):
-    its Python version, each pin, and requirement conflicts other than declared overrides.
+    its Python version, each pin, requirement conflicts other than declared overrides, and, given
+    the pylock, every distribution it holds (missing, extra, other version or file).
     Provision plans a rebuild from this; the gate's environment.drift reports it."""
     have = ".".join(dists.python_version.split(".")[:2])
     if have != lock.python.version:
@@ -90,12 +101,15 @@ def environment_drift(lock: Lock, dists: ProbeFacts) -> list[str]:
         override = lock.python.override(conflict.package)
         if not (override and conflict.installed and override.specifier.contains(conflict.installed, prereleases=True)):
             drift.append(str(conflict))
+    if resolution is not None and not drift:
+        drift += locked_problems(dists, resolution)
     return drift
 
 
 def environment_spec(lock: Lock) -> dict[str, Any]:
-    """The parts of the lock that decide an environment's contents (reasons and comments do not):
-    what provision writes into a generation's marker, and compares with it later."""
+    """The parts of the lock that decide an environment's contents (reasons and comments do not),
+    and the sha256 of its pylock (a new resolution is a new environment): what provision writes
+    into a generation's marker, and compares with it later."""
     python = lock.python
     return {
         "python": python.version,
@@ -105,7 +119,16 @@ def environment_spec(lock: Lock) -> dict[str, Any]:
         "packages": {p.name: {"version": str(p.specifier), "url": p.url, "sha256": p.sha256} for p in python.packages},
         "frozen": sorted(python.frozen),
         "overrides": {o.package: str(o.specifier) for o in python.overrides},
+        "pylock": _sha256_of(pylock.path_for(lock.path)),
     }
+
+
+def _sha256_of(path: Path) -> str | None:
+    """The sha256 of a file's bytes; None when there is no such file."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def spec_changes(built: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
@@ -148,3 +171,84 @@ def toolkit_problem(t: ToolkitFacts) -> str | None:
     if not toolkit.keep and isinstance(t.nvcc, Missing):
         return f"no working nvcc: {t.nvcc.reason}"
     return None
+
+
+def locked_problems(probe: ProbeFacts, resolution: Resolution) -> list[str]:
+    """How an environment's distributions differ from a pylock: missing (a locked package whose
+    marker holds here), extra (installed, not locked, not :data:`SEEDED`), another version, or
+    another file (a direct URL or sha256 that is not the pylock's, or a build for other tags)."""
+    problems = []
+    for name, locked in resolution.packages.items():
+        if not _applies(locked, probe.markers):
+            continue
+        dist = probe.dist(name)
+        if dist is None:
+            problems.append(f"{name} {locked.version} is locked but not installed")
+        elif not _same_version(dist.version, locked.version):
+            problems.append(f"{name} is {dist.version}, the pylock holds {locked.version}")
+        elif (other := _other_file(dist, locked)) is not None:
+            problems.append(f"{name} {dist.version} was installed from {other}, not from the pylock's {', '.join(f.filename for f in locked.files)}")
+    for name, dist in sorted(probe.distributions.items()):
+        if resolution.package(name) is None and name not in SEEDED:
+            problems.append(f"{dist.name} {dist.version} is installed but not in the pylock")
+    return problems
+
+
+def _applies(locked: Locked, markers: Mapping[str, str]) -> bool:
+    try:
+        return locked.marker is None or Marker(locked.marker).evaluate({**markers, "extra": ""})
+    except (InvalidMarker, UndefinedComparison, UndefinedEnvironmentName):
+        return True  # a marker this interpreter cannot judge: expect the package
+
+
+def _same_version(installed: str, locked: str) -> bool:
+    """PEP 440 equality (1.0 == 1.0.0), local labels included.
+
+    >>> _same_version("2.9.1+cu130", "2.9.1+cu130"), _same_version("2.9.1", "2.9.1+cu130"), _same_version("1.0", "1.0.0")
+    (True, False, True)
+    """
+    try:
+        return Version(installed) == Version(locked)
+    except InvalidVersion:
+        return installed == locked
+
+
+def _other_file(dist: Distribution, locked: Locked) -> str | None:
+    """What the installed files came from when that is not one of the locked files, else None:
+    a direct URL (PEP 610) names its file and often its sha256; an index install leaves only its
+    WHEEL tags, which must be a locked wheel's."""
+    origin = dist.direct_url
+    if origin:
+        url = str(origin.get("url", ""))
+        name = url.rsplit("/", 1)[-1]
+        files = [f for f in locked.files if f.url == url or _unquoted(f.filename) == _unquoted(name)]
+        sha256 = _direct_sha256(origin)
+        if not files:
+            return f"the direct URL {url}"
+        if sha256 and all(f.sha256 != sha256 for f in files):
+            return f"a file with sha256 {sha256}"
+        return None
+    if not dist.wheel_tags:
+        return None  # not installed from a wheel by a standard installer: nothing to compare
+    installed = set(dist.wheel_tags)
+    if any(installed & _tags(f.filename) for f in locked.files):
+        return None
+    return f"a wheel tagged {', '.join(sorted(installed))}"
+
+
+def _unquoted(name: str) -> str:
+    return urllib.parse.unquote(name)
+
+
+def _direct_sha256(origin: Mapping[str, Any]) -> str | None:
+    archive = origin.get("archive_info") if isinstance(origin.get("archive_info"), Mapping) else {}
+    hashes = archive.get("hashes") if isinstance(archive.get("hashes"), Mapping) else {}
+    legacy = str(archive.get("hash", ""))
+    return hashes.get("sha256") or (legacy.split("=", 1)[1] if legacy.startswith("sha256=") else None)
+
+
+def _tags(filename: str) -> set[str]:
+    try:
+        return {str(tag) for tag in parse_wheel_filename(filename)[3]}
+    except InvalidWheelFilename:
+        return set()

@@ -64,7 +64,7 @@ def _run_probe(python: Path, request: Mapping[str, Any], env: Mapping[str, str])
 
 def _probe_facts(raw: Mapping[str, Any], duration_s: float) -> ProbeFacts:
     dists = {
-        key: Distribution(d["name"], d["version"], tuple(d["requires"]), d["location"], tuple(d.get("shared_objects", ())))
+        key: Distribution(d["name"], d["version"], tuple(d["requires"]), d["location"], tuple(d.get("shared_objects", ())), tuple(d.get("wheel_tags", ())), d.get("direct_url"))
         for key, d in raw["distributions"].items()
     }
     python = raw["python"]
@@ -93,8 +93,8 @@ def base_python(lock: Lock, environ: Mapping[str, str]) -> BasePython | Missing:
         if isinstance(found, Missing):
             tried.append(f"{where}: {found.reason}")
             continue
-        real, version = found
-        return BasePython(real, version, where)
+        real, version, pip = found
+        return BasePython(real, version, where, pip)
     places = f"searched ${settings.BASE_PYTHON.env}, python{want} on PATH, pyenv's versions/{want}.*, uv's cpython-{want}.*, /usr/local/bin, /usr/bin"
     rejected = f"; rejected: {'; '.join(tried)}" if tried else ""
     return Missing(
@@ -137,18 +137,24 @@ def _patch_level(name: str) -> tuple[int, ...]:
     return tuple(int(p) if p.isdigit() else -1 for p in name.split("."))
 
 
-_ASK = "import sys, platform; print(sys.executable); print(platform.python_version())"
+#: The interpreter, its version, and the pip wheel its ensurepip carries (empty: none; Debian's
+#: Python keeps it in python3-venv): installing that wheel takes well under a second, where
+#: ``python -m ensurepip`` takes seconds.
+_ASK = (
+    "import glob, os, platform, sys, sysconfig; print(sys.executable); print(platform.python_version()); "
+    "print((sorted(glob.glob(os.path.join(sysconfig.get_path('stdlib'), 'ensurepip', '_bundled', 'pip-*.whl'))) or [''])[-1])"
+)
 
 
-def _ask_python(path: Path, want: str) -> tuple[Path, str] | Missing:
+def _ask_python(path: Path, want: str) -> tuple[Path, str, Path | None] | Missing:
     done = runner.run([path, "-c", _ASK], timeout_s=TOOL_TIMEOUT_S)
-    lines = done.stdout.split()
-    if not done.ok or len(lines) != 2:
+    lines = done.stdout.splitlines()
+    if not done.ok or len(lines) != 3:
         return Missing(f"does not run ({done.ended}: {' '.join(done.tail(1))})")
-    executable, version = lines
+    executable, version, pip = lines
     if ".".join(version.split(".")[:2]) != want:
         return Missing(f"is Python {version}")
-    return Path(executable), version
+    return Path(executable), version, Path(pip) if pip else None
 
 
 def imports(lock: Lock, env: Mapping[str, str], probed: ProbeFacts | Missing) -> dict[str, ImportOutcome] | Missing:

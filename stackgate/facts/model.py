@@ -95,6 +95,8 @@ class Distribution:
     requires: tuple[str, ...]
     location: str
     shared_objects: tuple[str, ...] = ()
+    wheel_tags: tuple[str, ...] = ()  #: the Tag lines of its WHEEL file: which build was installed
+    direct_url: Mapping[str, Any] | None = None  #: its direct_url.json (PEP 610): installed from a URL or file
 
 
 @dataclass(frozen=True)
@@ -146,3 +148,4 @@ class BasePython:
     path: Path  #: the real executable (never a pyenv shim)
     version: str  #: its full version, e.g. 3.12.1
     found_by: str  #: where it was found, for -v and the plan
+    bundled_pip: Path | None = None  #: the pip wheel its ensurepip carries: installed offline into new environments

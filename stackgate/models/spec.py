@@ -33,6 +33,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 __all__ = [
     "DEFAULT_LOCK",
+    "DEFAULT_PLATFORM",
     "FUSION_SEVERITIES",
     "MAX_JIT_TIMEOUT_S",
     "PYPI_CUDA12_REASON",
@@ -62,6 +63,7 @@ __all__ = [
     "load",
     "loads",
     "patch_location_problem",
+    "read_toml",
     "url_problem",
 ]
 
@@ -72,6 +74,11 @@ _PACKAGE = Path(__file__).resolve().parents[1]
 DEFAULT_LOCK = _PACKAGE / "lockfiles" / "blackwell-sm120-cu130.toml"
 #: Where packages not mapped to a [[python.index]] come from, unless python.default_index says.
 DEFAULT_INDEX = "https://pypi.org/simple"
+#: The platform `invoke lock` resolves for (uv's --python-platform), unless python.platform says:
+#: the x86_64 Linux servers the profiles describe, glibc 2.28 or newer (torch's own wheels' floor).
+DEFAULT_PLATFORM = "x86_64-manylinux_2_28"
+#: What python.platform may name: uv's Linux targets (a GPU server runs Linux).
+_PLATFORM = re.compile(r"(x86_64|aarch64)-(unknown-linux-gnu|manylinux_2_\d{2})")
 
 TOOLKIT_SOURCES = ("pypi", "runfile", "apt")
 INSTALLERS = ("uv", "pip")
@@ -243,6 +250,8 @@ class Python:
     torch_cuda: str | None  #: torch.version.cuda the stack needs, e.g. "13.0"
     #: where every package not mapped to a [[python.index]] comes from (PyPI, or a mirror of it)
     default_index: str = DEFAULT_INDEX
+    #: the platform `invoke lock` resolves for, e.g. x86_64-manylinux_2_28 (not this machine's)
+    platform: str = DEFAULT_PLATFORM
 
     @property
     def target(self) -> Path:
@@ -440,25 +449,31 @@ def loads(data: bytes | str, path: Path | str = "<lockfile>") -> Lock:
     """Validate lockfile text; relative patch paths resolve against the file's folder."""
     path = Path(path)
     raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
-    try:
-        text = raw.decode("utf-8")
-        document = tomllib.loads(text)
-    except UnicodeDecodeError as exc:
-        raise LockError(path, [f"not UTF-8 text (byte {exc.start})"]) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise LockError(path, [f"not valid TOML: {exc}"]) from None
-    except RecursionError:
-        raise LockError(path, ["not valid TOML: nested too deeply"]) from None
-    # Control characters are refused before any value is read: nothing downstream (a path, an
-    # env file, a command line, a terminal) ever sees one, so no check below needs to care.
-    hostile = control_problems(document)
-    if hostile:
-        raise LockError(path, hostile)
+    document = read_toml(raw, path, LockError)
     errors: list[str] = []
     lock = _Builder(errors, path).lock(_Table(document, "", errors), hashlib.sha256(raw).hexdigest())
     if errors or lock is None:
         raise LockError(path, errors or ["invalid lockfile"])
     return lock
+
+
+def read_toml(raw: bytes, path: Path, error: type[LockError]) -> dict[str, Any]:
+    """TOML bytes as a document, or ``error`` with the problem: not UTF-8, not TOML, or holding a
+    control character anywhere (:func:`control_problems`). The spec and its pylock read this way."""
+    try:
+        document = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise error(path, [f"not UTF-8 text (byte {exc.start})"]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise error(path, [f"not valid TOML: {exc}"]) from None
+    except RecursionError:
+        raise error(path, ["not valid TOML: nested too deeply"]) from None
+    # Control characters are refused before any value is read: nothing downstream (a path, an
+    # env file, a command line, a terminal) ever sees one, so no check below needs to care.
+    hostile = control_problems(document)
+    if hostile:
+        raise error(path, hostile)
+    return document
 
 
 _REQUIRED = object()
@@ -733,6 +748,7 @@ class _Builder:
             imports=t.strings("imports"),
             torch_cuda=torch_cuda,
             default_index=self.default_index(t),
+            platform=self.platform(t),
         )
         t.finish()
         return python
@@ -753,6 +769,12 @@ class _Builder:
         url = t.get("default_index", str, DEFAULT_INDEX)
         _check_url(t, "default_index", url)
         return url or DEFAULT_INDEX
+
+    def platform(self, t: _Table) -> str:
+        value = t.get("platform", str, DEFAULT_PLATFORM) or DEFAULT_PLATFORM
+        if not _PLATFORM.fullmatch(value):
+            t.error("platform", f"must be a Linux target such as {DEFAULT_PLATFORM!r} or 'aarch64-manylinux_2_28', not {value!r}")
+        return value
 
     def packages(self, t: _Table) -> tuple[Package, ...]:
         packages = []

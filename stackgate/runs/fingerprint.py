@@ -1,7 +1,7 @@
 """The fingerprint of a deployed stack: one stable hash over what defines it, with its parts.
 
 The parts ("components") are grouped in sections: the lock (its name and the hash of its
-bytes, taken with its secrets hidden), the GPUs (driver, the CUDA version it supports, each
+bytes, taken with its secrets hidden, and the hash of its pylock), the GPUs (driver, the CUDA version it supports, each
 GPU's model and compute capability), each CUDA toolkit's version, the stack's Python and every
 installed distribution, the locked patches' state, what the deep flashinfer checks found the
 kernels to be (where they come from, whether the fused all-reduce runs or is a no-op here: never a
@@ -25,6 +25,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from stackgate.edges.nvml import NvmlSnapshot
 from stackgate.facts import Facts, Missing, ProbeFacts, ToolkitFacts, ToolVersion
 from stackgate.facts.patches import PatchStatus
+from stackgate.models import pylock
 from stackgate.models.redact import redact, redact_text, secrets_in
 from stackgate.models.result import Result
 from stackgate.models.spec import Lock
@@ -113,21 +114,30 @@ def from_facts(lock: Lock, facts: Facts, server_info: Mapping[str, Any] | None, 
 
 
 def lock_section(lock: Lock) -> dict[str, str]:
-    """The lock's name and sha256. A lockfile that holds secrets (an ``--api-key`` in its flags,
-    a token in its ``[smoke.env]``, a password in an index URL) is hashed with them hidden, so a
-    rotated key is the same stack; a lockfile without any keeps the sha256 of its bytes that every
-    report names."""
+    """The lock's name and sha256, and its pylock's sha256 when it has one (every distribution's
+    file: another resolution is another stack). A lockfile that holds secrets (an ``--api-key``
+    in its flags, a token in its ``[smoke.env]``, a password in an index URL) is hashed with them
+    hidden, so a rotated key is the same stack; a lockfile without any keeps the sha256 of its
+    bytes that every report names."""
+    section = {"name": lock.name, "sha256": _spec_sha256(lock)}
+    try:
+        section["pylock"] = hashlib.sha256(pylock.path_for(lock.path).read_bytes()).hexdigest()
+    except OSError:
+        pass  # no pylock beside the spec (an existing interpreter's profile, say)
+    return section
+
+
+def _spec_sha256(lock: Lock) -> str:
     try:
         raw = lock.path.read_bytes()
     except OSError:
-        return {"name": lock.name, "sha256": lock.sha256}
+        return lock.sha256
     if hashlib.sha256(raw).hexdigest() != lock.sha256:
-        return {"name": lock.name, "sha256": lock.sha256}  # changed since it was loaded: not this lock's text
+        return lock.sha256  # changed since it was loaded: not this lock's text
     text = raw.decode("utf-8", "surrogateescape")
     smoke = lock.smoke
     hidden = redact_text(text, known=secrets_in([list(smoke.flags), dict(smoke.env), dict(lock.env), *_compare_parts(lock)]))
-    sha256 = lock.sha256 if hidden == text else hashlib.sha256(hidden.encode("utf-8", "surrogateescape")).hexdigest()
-    return {"name": lock.name, "sha256": sha256}
+    return lock.sha256 if hidden == text else hashlib.sha256(hidden.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def _compare_parts(lock: Lock) -> list[Any]:

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from stackgate.facts import BasePython, Facts, Missing
 from stackgate.facts.compare import environment_drift, environment_spec, spec_changes
 from stackgate.facts.patches import patch_state
-from stackgate.models import settings
+from stackgate.models import pylock, settings
 from stackgate.models.finding import Fix
 from stackgate.models.spec import Lock, Patch, patch_location_problem
 from stackgate.stack import generations, guard, pyenv
@@ -113,8 +113,9 @@ class _Draft:
     resume: bool = False
 
 
-def plan(lock: Lock, facts: Facts, state: generations.RootState, *, only: str | None = None, uv: str | None = None) -> Plan:
-    """The steps that bring this machine to the lock, in order; ``only`` limits them to one area."""
+def plan(lock: Lock, facts: Facts, state: generations.RootState, *, only: str | None = None, uv: str | None = None, wheelhouse: Path | None = None) -> Plan:
+    """The steps that bring this machine to the lock, in order; ``only`` limits them to one area,
+    ``wheelhouse`` names the folder a new environment is installed from with no index."""
     areas = (only,) if only else AREAS
     draft = _Draft()
     if "toolkit" in areas:
@@ -124,7 +125,7 @@ def plan(lock: Lock, facts: Facts, state: generations.RootState, *, only: str | 
     if resume is not None:
         _resume(state, resume, rebuild, draft)
     elif rebuild:
-        _build(lock, facts, state, rebuild, uv, draft)
+        _build(lock, facts, state, rebuild, _Install(uv, wheelhouse), draft)
     else:
         if "python" in areas:
             draft.in_place.append(f"Python stack: {state.root / 'current'} -> {state.current.id if state.current else '?'} matches the lock ({_count(len(lock.python.packages), 'pin')}, guard: {', '.join(guard.constraints(lock)) or 'none'})")
@@ -184,43 +185,80 @@ def _python_drift(lock: Lock, facts: Facts, state: generations.RootState) -> lis
     dists = facts.dists
     if isinstance(dists, Missing):
         return [dists.reason]
-    return environment_drift(lock, dists)
+    resolution = facts.pylock
+    return environment_drift(lock, dists, None if isinstance(resolution, Missing) else resolution)
 
 
-def _build(lock: Lock, facts: Facts, state: generations.RootState, reasons: Sequence[str], uv: str | None, draft: _Draft) -> None:
-    """A new generation: create, guard, torch family, URL wheels, the stack, overrides, patches,
-    environment file, checks, switch."""
+@dataclass(frozen=True)
+class _Install:
+    uv: str | None
+    wheelhouse: Path | None  #: install every file from this folder, with no index
+
+
+def _build(lock: Lock, facts: Facts, state: generations.RootState, reasons: Sequence[str], install: _Install, draft: _Draft) -> None:
+    """A new generation: what can fail without installing first (sources answer, URL wheels
+    download and match), then create, install exactly the pylock, patches, environment file,
+    checks, switch."""
     # The steps are drafted even when something blocks them, so that --dry-run shows them all.
-    if _can_build(lock, facts, uv, draft):
+    resolution = _resolution(lock, facts, install, draft)
+    if _can_build(lock, facts, install.uv, draft):
         draft.base_python = facts.base_python
     base = draft.base_python or BasePython(Path(f"<no python{lock.python.version}>"), lock.python.version, "not found")
-    uv = uv or "uv"
+    uv = install.uv or ("uv" if lock.python.installer == "uv" else None)
     home = generations.generations_dir(state.root) / state.next_id
     draft.generation = home
-    files = guard.GuardFiles(home / guard.CONSTRAINTS, home / guard.OVERRIDES)
-    cache = cache_dir(lock) / "wheels"
     steps = draft.steps
     if state.unfinished:
         ids = ", ".join(g.id for g in state.unfinished)
         steps.append(Step("python", "python.discard", f"remove unfinished generation(s) {ids}", "an interrupted or failed run left them; they were never current"))
     why = "; ".join(reasons[:3]) + (f" (and {len(reasons) - 3} more)" if len(reasons) > 3 else "")
-    steps.append(Step("python", "python.venv", f"create generation {home.name} with Python {base.version} (found: {base.found_by})", why, tuple(pyenv.venv_commands(lock, base.path, home, uv))))
+    if resolution is not None:
+        _preflight(lock, resolution, install.wheelhouse, steps)
+    steps.append(Step("python", "python.venv", f"create generation {home.name} with Python {base.version} (found: {base.found_by})", why, tuple(pyenv.venv_commands(lock, base.path, home, uv, base.bundled_pip))))
     pins = guard.constraints(lock)
-    steps.append(Step("python", "python.guard", f"write the guard into {home.name}: constraints {', '.join(pins) or '(none)'}; overrides; requirements", "every install runs with these constraints, so nothing can move a frozen package"))
-    for index, command in zip([i for i in lock.python.indexes if i.packages], pyenv.family_commands(lock, home, files, uv)):
-        steps.append(Step("python", "python.family", f"install {', '.join(index.packages)} from {index.url}", "the torch family first, from its own index and without dependencies: only what the lock maps there comes from it", (command,)))
-    for package in (p for p in lock.python.packages if p.url):
-        steps.append(Step("python", "python.fetch", f"download {package.name} from {package.url}", f"installed only after its sha256 matches the lock ({package.sha256 or 'missing'})", subject=package))
+    steps.append(Step("python", "python.guard", f"write the guard and the pylock into {home.name}: constraints {', '.join(pins) or '(none)'}", "what people install later is held by these constraints; the installer reads the generation's copy of the pylock", subject=resolution))
+    installing = f"the pylock's {_count(len(resolution.packages), 'distribution')} ({_count(len(resolution.files), 'file')}, each checked against its sha256)" if resolution else "the pylock"
+    sources = pyenv.sources(lock, resolution) if resolution else [lock.python.default_index, *(i.url for i in lock.python.indexes)]
+    where = f"from {install.wheelhouse}, with no index" if install.wheelhouse else f"from {', '.join(sources)}"
     overrides = "; ".join(f"override {o.package}{o.specifier}: {o.reason}" for o in lock.python.overrides)
-    steps.append(Step("python", "python.stack", f"install the lock's {len(lock.python.packages)} pins from {lock.python.default_index}", overrides or "the rest of the stack, with the guard in force", (pyenv.stack_command(lock, home, files, uv),)))
-    override = pyenv.override_command(lock, home, files, cache)
-    if override is not None:
-        steps.append(Step("python", "python.override", f"install {', '.join(o.package + str(o.specifier) for o in lock.python.overrides)} without dependencies", f"pip cannot override a requirer's pin in one resolution; {overrides}", (override,)))
+    steps.append(Step("python", "python.stack", f"install {installing} {where}", "exactly the pylock: nothing missing, nothing extra" + (f" (resolved with {overrides})" if overrides else ""), tuple(pyenv.install_commands(lock, home, uv, wheelhouse=install.wheelhouse, bundled_pip=base.bundled_pip))))
     for patch in lock.patches:
         steps.append(Step("patches", "patches.apply", f"apply {patch.file.name} to {patch.package} {patch.version}", patch.reason, subject=patch))
     steps.append(Step("python", "python.envfile", f"write {home.name}/stackgate.env, activate and pip.conf", "stackgate.env exports CUDA_HOME, PATH, TRITON_PTXAS_PATH, PIP_CONSTRAINT, UV_CONSTRAINT, VIRTUAL_ENV and the lock's [env]; pip.conf holds its pip to the guard, activated or not"))
-    steps.append(Step("python", "python.check", f"check generation {home.name}: pins, guard, consistency, torch build" + (", patches" if lock.patches else ""), "a generation that fails its checks is never switched to"))
+    steps.append(Step("python", "python.check", f"check generation {home.name}: exactly the pylock, pins, guard, consistency, torch build" + (", patches" if lock.patches else ""), "a generation that fails its checks is never switched to"))
     steps.append(Step("python", "python.switch", f"switch {state.root / 'current'} to {home.name}; keep {settings.KEEP_GENERATIONS.value()} generations", "atomically (a new symlink renamed over the old one), only now that the generation passed"))
+
+
+def _resolution(lock: Lock, facts: Facts, install: _Install, draft: _Draft) -> pylock.Resolution | None:
+    """The pylock to install, when there is a current one; else a blocker with the command that
+    makes it (a stale pylock would install what the spec no longer says)."""
+    resolution = facts.pylock
+    again = pylock.lock_command(lock.path)
+    fix = Fix("Resolve the spec into its pylock where its indexes and URLs are reachable, then provision again.", (again,))
+    if isinstance(resolution, Missing):
+        draft.blockers.append(Blocker(resolution.reason, fix, usage=True))
+        return None
+    stale = pylock.differences(lock, resolution)
+    if stale:
+        more = f" (and {len(stale) - 3} more)" if len(stale) > 3 else ""
+        draft.blockers.append(Blocker(f"{resolution.path.name} does not match the spec: {'; '.join(stale[:3])}{more}", fix, usage=True))
+        return None
+    if install.wheelhouse is not None and not install.wheelhouse.is_dir():
+        draft.blockers.append(Blocker(f"--wheelhouse {install.wheelhouse}: no such folder", Fix("Fill it where the indexes are reachable, then bring it here.", (f"{again} --wheelhouse {install.wheelhouse}",)), usage=True))
+    return resolution
+
+
+def _preflight(lock: Lock, resolution: pylock.Resolution, wheelhouse: Path | None, steps: list[Step]) -> None:
+    """What can fail without installing, before anything is created: the sources answer (or the
+    wheelhouse holds every file, with its sha256), URL wheels download and match."""
+    if wheelhouse is not None:
+        steps.append(Step("python", "python.preflight", f"check that {wheelhouse} holds all {_count(len(resolution.files), 'locked file')}, each with its sha256", "nothing is created before every file is known to be there and right", subject=(resolution, wheelhouse)))
+        return
+    sources = pyenv.sources(lock, resolution)
+    verb = "answers" if len(sources) == 1 else "answer"
+    steps.append(Step("python", "python.preflight", f"check that {', '.join(sources)} {verb}", "nothing is created before the files' sources are known to answer", subject=(resolution, None)))
+    for package in (p for p in resolution.packages.values() if p.archive):
+        steps.append(Step("python", "python.fetch", f"download {package.name} from {package.archive.url}", f"installed only after its sha256 matches the pylock ({package.archive.sha256})", subject=(package.name, package.archive)))
 
 
 def _resume(state: generations.RootState, generation: generations.Generation, reasons: Sequence[str], draft: _Draft) -> None:
@@ -237,10 +275,6 @@ def _resume(state: generations.RootState, generation: generations.Generation, re
 
 def _can_build(lock: Lock, facts: Facts, uv: str | None, draft: _Draft) -> bool:
     blockers = draft.blockers
-    for package in lock.python.packages:
-        if package.url and not package.sha256:
-            fix = Fix(f"Compute the wheel's sha256 and add it to the lock: python.packages.{package.name}.sha256 = \"<digest>\".", (f"curl -fsSL {_quote(package.url)} | sha256sum",))
-            blockers.append(Blocker(f"python.packages.{package.name} has a url but no sha256: stackgate installs no wheel it cannot check", fix, usage=True))
     for i, patch in enumerate(lock.patches):
         pinned = lock.python.package(patch.package)
         if pinned is not None and not pinned.specifier.contains(str(patch.version), prereleases=True):

@@ -1,13 +1,13 @@
-"""The stack's Python environment: created with uv (pip when the lock asks), filled in the order
-the stack needs, with the guard in force.
+"""The stack's Python environment: created with uv, filled with exactly the spec's pylock.
 
-Order (FACTS.md): the torch family first, from its own index, with ``--no-deps``, so that exactly
-the packages the lock maps to that index come from it; then the whole lock from the default index
-(torch's own dependencies included), with the guard's constraints, the URL wheels checked against
-their sha256, and the declared overrides (uv: ``--override``; pip: a separate ``--no-deps`` step).
-Every install step sees exactly ONE index, so no index strategy (pip's "highest version of all
-indexes", uv's ``first-index`` or ``unsafe-best-match``) can take a package from the wrong one;
-the constraints, not the index order, hold torch.
+A new environment gets the pylock's distributions and nothing else, every file checked against
+the pylock's sha256: uv syncs the generation's copy of the pylock; pip installs hashed
+requirements written from it, ``--no-deps`` (the pylock is the resolution: nothing is resolved
+again on the machine) and ``--only-binary :all:``. Which index each file comes from was decided
+when the pylock was made (the torch family from its own index, explicitly), so no index
+strategy at install time can take a package from the wrong one; with a wheelhouse, no index is
+asked at all. The guard's constraints stay in every generation for what people install later
+(PIP_CONSTRAINT, UV_CONSTRAINT and the environment's pip.conf).
 
 Every command is built here as data (:class:`Command`), shown by the plan exactly as it runs.
 Installers run without the user's pip/uv configuration: a stray PIP_INDEX_URL, PIP_CONSTRAINT
@@ -17,44 +17,50 @@ gets installed.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import hashlib
 import os
 import shlex
 import shutil
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from stackgate.edges import fetch, runner
-from stackgate.models import envfile, settings
+from stackgate.models import envfile, pylock, settings
 from stackgate.models.spec import Lock, Override, Package, Python
 from stackgate.stack import guard
 
 __all__ = [
+    "BUILT_PYLOCK",
+    "INSTALL_PYLOCK",
     "Command",
     "PyenvError",
     "activate_text",
     "built_python",
     "environment",
     "environment_text",
-    "family_commands",
     "fetch_wheel",
     "find_uv",
+    "install_commands",
     "installer_environ",
-    "override_command",
+    "local_files",
     "python_of",
     "requirements",
     "run",
+    "seed_command",
+    "sources",
     "stack_command",
+    "unreachable",
     "venv_commands",
     "wheel_path",
+    "wheelhouse_problems",
     "write_environment",
-    "write_requirements",
+    "write_install_files",
 ]
 
 REQUIREMENTS = "requirements.txt"
@@ -124,6 +130,13 @@ def installer_environ(environ: Mapping[str, str]) -> dict[str, str]:
 # --- the commands -----------------------------------------------------------------------------
 
 _PIP_ENV = {"PIP_CONFIG_FILE": os.devnull}
+#: uv calls installing from a pylock a preview feature; saying so keeps the warning out of the logs
+#: (older uv versions ignore the variable).
+_UV_ENV = {"UV_PREVIEW_FEATURES": "pylock"}
+#: What a generation installs from: the pylock's packages, files named by URL or local path.
+INSTALL_PYLOCK = "pylock.install.toml"
+#: The pylock a generation was built from, as it was (rollback and verify read it there).
+BUILT_PYLOCK = "pylock.toml"
 
 
 def _pip(home: Path, *args: str) -> Command:
@@ -131,89 +144,110 @@ def _pip(home: Path, *args: str) -> Command:
     return Command(argv, _PIP_ENV)
 
 
-def _uv(uv: str, home: Path, *args: str) -> Command:
-    return Command((uv, "pip", "install", "--no-config", "--python", str(python_of(home)), *args))
-
-
-def venv_commands(lock: Lock, base: Path, home: Path, uv: str | None) -> list[Command]:
-    """Create the environment from ``base`` (an interpreter of the locked version), with pip in it:
-    pip is what people type later, and the guard (PIP_CONSTRAINT) must hold it too."""
-    if lock.python.installer == "pip":
+def venv_commands(lock: Lock, base: Path, home: Path, uv: str | None, bundled_pip: Path | None = None) -> list[Command]:
+    """Create the environment from ``base`` (an interpreter of the locked version) with uv (well
+    under a second, where ``python -m venv`` runs ensurepip for seconds); with the pip installer,
+    put pip in at once, since it does the installing."""
+    if uv is None:  # only the pip installer gets here (the plan blocks uv without uv)
         return [Command((str(base), "-m", "venv", str(home)), _PIP_ENV)]
-    assert uv is not None
     # --allow-existing: the generation's folder already holds its marker (state "building").
     create = Command((uv, "venv", "--no-config", "--no-python-downloads", "--allow-existing", "--python", str(base), str(home)))
-    # ensurepip installs the pip bundled with that Python: offline, and the same every time.
-    return [create, Command((str(python_of(home)), "-m", "ensurepip", "--default-pip"), _PIP_ENV)]
+    return [create, seed_command(home, uv, bundled_pip)] if lock.python.installer == "pip" else [create]
 
 
-def family_commands(lock: Lock, home: Path, files: guard.GuardFiles, uv: str | None) -> list[Command]:
-    """One install per [[python.index]]: only the pins the lock maps there, without dependencies
-    (those come from the default index in the next step)."""
-    commands = []
-    for index in lock.python.indexes:
-        pins = [_pin(lock, name) for name in index.packages]
-        if not pins:
-            continue
-        common = ("--no-deps", "--constraint", str(files.constraints), *pins)
-        if lock.python.installer == "pip":
-            commands.append(_pip(home, "--index-url", index.url, *common))
+def seed_command(home: Path, uv: str | None, bundled_pip: Path | None) -> Command:
+    """Put pip into the environment: what people type later, held there by the guard's pip.conf.
+    The pip wheel the base Python bundles, installed by uv offline; ensurepip where there is none."""
+    if uv is not None and bundled_pip is not None:
+        return Command((uv, "pip", "install", "--no-config", "--offline", "--no-deps", "--python", str(python_of(home)), str(bundled_pip)))
+    return Command((str(python_of(home)), "-m", "ensurepip", "--default-pip"), _PIP_ENV)
+
+
+def install_commands(lock: Lock, home: Path, uv: str | None, *, wheelhouse: Path | None = None, bundled_pip: Path | None = None) -> list[Command]:
+    """Install exactly the pylock into a new environment, every file checked against its sha256:
+    uv syncs the generation's pylock (then pip goes in beside it); pip installs the generation's
+    hashed requirements without resolving (``--no-deps``: the pylock is the resolution)."""
+    if lock.python.installer == "uv":
+        assert uv is not None
+        offline = ("--offline",) if wheelhouse is not None else ()
+        sync = Command((uv, "pip", "sync", "--no-config", *offline, "--python", str(python_of(home)), str(home / INSTALL_PYLOCK)), _UV_ENV)
+        return [sync, seed_command(home, uv, bundled_pip)]
+    if wheelhouse is not None:
+        where: tuple[str, ...] = ("--no-index", "--find-links", str(wheelhouse))
+    else:
+        where = ("--index-url", lock.python.default_index, *(arg for index in lock.python.indexes for arg in ("--extra-index-url", index.url)))
+    return [_pip(home, "--no-deps", "--require-hashes", "--only-binary", ":all:", *where, "--requirement", str(home / REQUIREMENTS))]
+
+
+def local_files(resolution: pylock.Resolution, cache: Path, wheelhouse: Path | None) -> dict[str, Path]:
+    """The locked files an install takes from this machine, by sha256: every file from a
+    wheelhouse; else the URL wheels (``archive``), which provision downloads and checks itself
+    (resumable, into ``cache``) before installing."""
+    if wheelhouse is not None:
+        return {file.sha256: wheelhouse / file.filename for file in resolution.files}
+    return {p.archive.sha256: wheel_path(p.archive, cache) for p in resolution.packages.values() if p.archive}
+
+
+def requirements(resolution: pylock.Resolution, local: Mapping[str, Path]) -> list[str]:
+    """pip's lines: each locked package at its version with every locked file's sha256 (pip takes
+    the one that fits this interpreter and checks it); a URL wheel by its URL or local file."""
+    lines = []
+    for package in resolution.packages.values():
+        marker = f" ; {package.marker}" if package.marker else ""
+        hashes = "".join(f" --hash=sha256:{f.sha256}" for f in package.files)
+        if package.archive is not None:
+            origin = local[package.archive.sha256].as_uri() if package.archive.sha256 in local else package.archive.url
+            lines.append(f"{package.name} @ {origin}{marker}{hashes}")
         else:
-            assert uv is not None
-            commands.append(_uv(uv, home, "--default-index", index.url, *common))
-    return commands
+            lines.append(f"{package.name}=={package.version}{marker}{hashes}")
+    return lines
 
 
-def stack_command(lock: Lock, home: Path, files: guard.GuardFiles, uv: str | None) -> Command:
-    """The whole lock, from the default index, with the guard (and uv's overrides)."""
-    requirement = str(home / REQUIREMENTS)
+def write_install_files(resolution: pylock.Resolution, home: Path, local: Mapping[str, Path]) -> None:
+    """What a generation installs from, written into it: the pylock as it was, the installer's
+    pylock (local files by path) and pip's hashed requirements."""
+    _write_atomic(home / BUILT_PYLOCK, resolution.path.read_text(encoding="utf-8"))
+    _write_atomic(home / INSTALL_PYLOCK, pylock.install_text(resolution, local))
+    _write_atomic(home / REQUIREMENTS, "".join(f"{line}\n" for line in requirements(resolution, local)))
+
+
+def sources(lock: Lock, resolution: pylock.Resolution) -> list[str]:
+    """Where an install from the index downloads from: uv fetches each locked file by its URL (its
+    server's root is asked), pip asks the spec's indexes; both fetch URL wheels by their URL."""
+    origins = {_origin(f.url) for f in resolution.files}
     if lock.python.installer == "pip":
-        return _pip(home, "--index-url", lock.python.default_index, "--constraint", str(files.constraints), "--requirement", requirement)
-    assert uv is not None
-    return _uv(
-        uv, home, "--default-index", lock.python.default_index, "--constraint", str(files.constraints),
-        "--override", str(files.overrides), "--requirement", requirement,
-    )  # fmt: skip
+        origins = {_origin(f.url) for p in resolution.packages.values() if p.archive for f in (p.archive,)}
+        origins |= {lock.python.default_index, *(index.url for index in lock.python.indexes)}
+    return sorted(origins)
 
 
-def override_command(lock: Lock, home: Path, files: guard.GuardFiles, cache: Path) -> Command | None:
-    """pip only: the overridden packages, over what the resolution chose, without dependencies
-    (pip cannot override a requirer's pin in one resolution; FACTS.md)."""
-    if lock.python.installer != "pip" or not lock.python.overrides:
-        return None
-    wanted = []
-    for override in lock.python.overrides:
-        package = lock.python.package(override.package)
-        wanted.append(_requirement(package, cache) if package and package.url else f"{override.package}{override.specifier}")
-    return _pip(home, "--no-deps", "--index-url", lock.python.default_index, "--constraint", str(files.constraints), *wanted)
+def _origin(url: str) -> str:
+    """The server root of a URL.
 
-
-def _pin(lock: Lock, name: str) -> str:
-    package = lock.python.package(name)
-    assert package is not None  # the lock loader refuses an index name without a pin
-    return f"{package.name}{package.specifier}"
-
-
-def requirements(lock: Lock, cache: Path) -> list[str]:
-    """The install step's requirement lines: every pin; URL packages as their checked local wheel.
-
-    With pip the overridden packages wait for their own step: in the same resolution their
-    requirers' pins would make it impossible.
+    >>> _origin("https://files.pythonhosted.org/packages/71/43/x.whl")
+    'https://files.pythonhosted.org/'
     """
-    skip = {o.package for o in lock.python.overrides} if lock.python.installer == "pip" else set()
-    return [_requirement(p, cache) for p in lock.python.packages if p.name not in skip]
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}/"
 
 
-def _requirement(package: Package, cache: Path) -> str:
-    if package.url:
-        return f"{package.name} @ file://{wheel_path(package, cache)}"
-    return f"{package.name}{package.specifier}"
+def unreachable(urls: Sequence[str]) -> dict[str, str]:
+    """Each URL that nothing answers at, with the reason (asked in parallel)."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(8, len(urls)))) as pool:
+        answers = dict(zip(urls, pool.map(fetch.unreachable, urls)))
+    return {url: why for url, why in answers.items() if why is not None}
 
 
-def write_requirements(lock: Lock, home: Path, cache: Path) -> Path:
-    path = home / REQUIREMENTS
-    _write_atomic(path, "".join(f"{line}\n" for line in requirements(lock, cache)))
-    return path
+def wheelhouse_problems(resolution: pylock.Resolution, wheelhouse: Path) -> list[str]:
+    """Each locked file the wheelhouse lacks or holds with another sha256."""
+    problems = []
+    for file in resolution.files:
+        path = wheelhouse / file.filename
+        if not path.is_file():
+            problems.append(f"{file.filename} is missing")
+        elif (have := fetch.sha256_file(path)) != file.sha256:
+            problems.append(f"{file.filename} has sha256 {have}, the pylock says {file.sha256}")
+    return problems
 
 
 # --- running them -----------------------------------------------------------------------------
@@ -263,15 +297,14 @@ def _blocked_message(culprits: list[guard.Blocked]) -> str:
 # --- URL wheels -------------------------------------------------------------------------------
 
 
-def wheel_path(package: Package, cache: Path) -> Path:
-    """Where a URL wheel lives once checked: under its sha256, so a changed pin is a new file."""
-    assert package.url is not None and package.sha256 is not None
-    name = urllib.parse.unquote(urllib.parse.urlsplit(package.url).path.rsplit("/", 1)[-1])
-    return cache / package.sha256 / name
+def wheel_path(file: pylock.LockedFile, cache: Path) -> Path:
+    """Where a URL wheel lives once checked: under its sha256, so another file is another path."""
+    return cache / file.sha256 / file.filename
 
 
 def fetch_wheel(
-    package: Package,
+    name: str,
+    file: pylock.LockedFile,
     cache: Path,
     *,
     on_progress: Callable[[int, int | None], None] | None = None,
@@ -279,17 +312,15 @@ def fetch_wheel(
     retry: fetch.Retry = fetch.RETRY,
 ) -> tuple[Path, bool]:
     """Download a URL wheel (tried again and resumed when the connection drops) and check its
-    sha256 before anything installs it.
+    sha256 (the pylock's) before anything installs it.
 
     Returns the checked file and whether it was downloaded (False: the cache already had it).
     """
-    target = wheel_path(package, cache)
+    target = wheel_path(file, cache)
     try:
-        downloaded = fetch.fetch_checked(
-            str(package.url), target, str(package.sha256), timeout_s=settings.DOWNLOAD_TIMEOUT_S.value(), on_progress=on_progress, on_retry=on_retry, retry=retry
-        )
+        downloaded = fetch.fetch_checked(file.url, target, file.sha256, timeout_s=settings.DOWNLOAD_TIMEOUT_S.value(), on_progress=on_progress, on_retry=on_retry, retry=retry)
     except fetch.HashMismatch as exc:
-        raise PyenvError(f"{package.name}: {exc}; refusing to install it (a changed or tampered file, or a wrong sha256 in the lock)") from exc
+        raise PyenvError(f"{name}: {exc}; refusing to install it (a changed or tampered file, or a wrong sha256 in the pylock)") from exc
     except fetch.FetchError as exc:
         raise PyenvError(str(exc)) from exc
     return target, downloaded
@@ -310,7 +341,9 @@ def environment(lock: Lock, home: Path) -> dict[str, str]:
     values["PATH"] = ":".join([*path, str(home / "bin"), "$PATH"])
     if default is not None:
         values["TRITON_PTXAS_PATH"] = str(default.prefix / "bin" / "ptxas")
-    constraints = str(home / guard.CONSTRAINTS)
+    # As a file: URL, which both read: pip and uv split these variables on whitespace, and a
+    # root such as "/srv/my stack" would otherwise become two files that do not exist.
+    constraints = (home / guard.CONSTRAINTS).absolute().as_uri()
     values.update(PIP_CONSTRAINT=constraints, UV_CONSTRAINT=constraints, VIRTUAL_ENV=str(home))
     values.update(lock.env)
     return values

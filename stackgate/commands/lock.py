@@ -1,0 +1,139 @@
+"""`invoke lock`: resolve a stack spec into its pylock, check that the pylock is current, fill a
+wheelhouse.
+
+- ``invoke lock``: resolve (uv, against the spec's indexes) and write ``pylock.<name>.toml``;
+  what moved since the last pylock is shown, and a URL wheel's sha256 taken on first use is
+  printed for review.
+- ``--check``: offline; exit 1 naming every difference when the spec changed since the pylock
+  was made (``--all``: every shipped spec that has a pylock).
+- ``--upgrade-package NAME``: resolve again moving only NAME (and what it drags), refusing when
+  a frozen package would move.
+- ``--wheelhouse DIR``: every file of the (current) pylock in DIR, hash-checked, for
+  ``invoke provision --wheelhouse DIR`` on nodes without an index.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from stackgate.models import pylock
+from stackgate.models import spec as lockmodel
+from stackgate.models.exitcodes import ExitCode, UsageError
+from stackgate.render.ui import UI
+from stackgate.stack import pyenv, resolve
+
+__all__ = ["LockRequest", "LockUsage", "fix_command", "run", "shipped_specs"]
+
+
+class LockUsage(UsageError):
+    """A request `invoke lock` cannot take (exit 2): nothing was written."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LockRequest:
+    lock_path: Path | None = None
+    check: bool = False
+    all_specs: bool = False  #: --check every shipped spec that has a pylock
+    upgrade: tuple[str, ...] = ()
+    wheelhouse: Path | None = None
+    environ: Mapping[str, str] | None = field(default=None, compare=False)  #: default: os.environ
+
+
+def fix_command(lock: lockmodel.Lock) -> str:
+    """The command that makes (or remakes) a spec's pylock."""
+    return pylock.lock_command(lock.path)
+
+
+def shipped_specs() -> list[Path]:
+    """The specs shipped beside the default one (pylock files are not specs)."""
+    return sorted(p for p in lockmodel.DEFAULT_LOCK.parent.glob("*.toml") if not p.name.startswith("pylock."))
+
+
+def run(request: LockRequest, ui: UI) -> ExitCode:
+    """The lock command."""
+    if request.all_specs and not request.check:
+        raise LockUsage("--all goes with --check: each spec is resolved on its own (invoke lock --lock SPEC)")
+    if request.check and (request.upgrade or request.wheelhouse):
+        raise LockUsage("--check only reads: it takes no --upgrade-package or --wheelhouse")
+    if request.check:
+        specs = shipped_specs() if request.all_specs else [request.lock_path]
+        return max((_check(lockmodel.load(path), ui, quiet_missing=request.all_specs) for path in specs), default=ExitCode.PASSED)
+    lock = lockmodel.load(request.lock_path)
+    environ = dict(os.environ if request.environ is None else request.environ)
+    uv = pyenv.find_uv()
+    if uv is None:
+        raise LockUsage("uv is not installed: `invoke lock` resolves with it (python3 -m pip install uv)")
+    try:
+        resolution = _resolved(lock, request, uv, environ, ui)
+        if request.wheelhouse is not None:
+            _fill(resolution, request.wheelhouse, ui)
+    except resolve.ResolveError as exc:
+        ui.tail(f"stackgate lock: {exc}", exc.log, exc.tail)
+        ui.error(f"{pylock.path_for(lock.path)} was left as it was")
+        return ExitCode.FAILED
+    return ExitCode.PASSED
+
+
+def _check(lock: lockmodel.Lock, ui: UI, *, quiet_missing: bool = False) -> ExitCode:
+    resolution, differences = resolve.current(lock)
+    where = pylock.path_for(lock.path)
+    if resolution is None:
+        if quiet_missing:
+            ui.line(f"{lock.path.name}: no pylock ({where.name}); not checked")
+            return ExitCode.PASSED
+        ui.error(f"stackgate lock --check: {lock.path.name} has no pylock: {where} does not exist")
+        ui.error(f"  fix: {fix_command(lock)}")
+        return ExitCode.FAILED
+    if differences:
+        ui.error(f"stackgate lock --check: {where} does not match {lock.path.name}:")
+        for line in differences:
+            ui.error(f"  {line}")
+        ui.error(f"  fix: {fix_command(lock)}")
+        return ExitCode.FAILED
+    assert resolution is not None
+    ui.line(f"{where.name} matches {lock.path.name}: {_size(resolution)}")
+    return ExitCode.PASSED
+
+
+def _size(resolution: pylock.Resolution) -> str:
+    return f"{len(resolution.packages)} distributions, {len(resolution.files)} files, each with its sha256"
+
+
+def _resolved(lock: lockmodel.Lock, request: LockRequest, uv: str, environ: Mapping[str, str], ui: UI) -> pylock.Resolution:
+    """The pylock to use: resolved now, unless only a wheelhouse was asked for and it is current."""
+    if request.wheelhouse is not None and not request.upgrade:
+        resolution, differences = resolve.current(lock)
+        if resolution is not None and not differences:
+            ui.line(f"{resolution.path.name} matches {lock.path.name}: its files go into {request.wheelhouse}")
+            return resolution
+    with ui.activity(f"resolving {lock.name} with uv for Python {lock.python.version} on {lock.python.platform}") as activity:
+        outcome = resolve.resolve(lock, uv=uv, environ=environ, upgrade=request.upgrade, on_line=activity.update)
+    _report(outcome, request, ui)
+    return outcome.resolution
+
+
+def _report(outcome: resolve.Outcome, request: LockRequest, ui: UI) -> None:
+    verb = "wrote" if outcome.changed else "unchanged:"
+    ui.line(f"{verb} {outcome.path} ({_size(outcome.resolution)})")
+    if outcome.moved and outcome.replaced:
+        ui.table("what moved", ("package", "before", "now"), [(m.name, m.old or "(none)", m.new or "(none)") for m in outcome.moved], align="lll")
+    elif request.upgrade:
+        ui.line(f"--upgrade-package {', '.join(request.upgrade)}: nothing moved")
+    for taken in outcome.first_use:
+        ui.warn(
+            f"{taken.name}: sha256 {taken.sha256} of {taken.url} was recorded on first use: nothing but this download "
+            f"vouches for those bytes. Compare it with the publisher's, then pin it in the spec: "
+            f'python.packages.{taken.name} = {{ ..., sha256 = "{taken.sha256}" }}'
+        )
+
+
+def _fill(resolution: pylock.Resolution, wheelhouse: Path, ui: UI) -> None:
+    fresh = []
+    with ui.activity(f"filling {wheelhouse} with the {len(resolution.files)} locked files") as activity:
+        resolve.download(resolution, wheelhouse, on_file=lambda name, downloaded: (activity.update(name), downloaded and fresh.append(name)))
+    kept = len(resolution.files) - len(fresh)
+    ui.line(f"wheelhouse {wheelhouse}: {len(resolution.files)} files, each checked against its sha256 ({len(fresh)} downloaded, {kept} already there)")
+    ui.line(f"  install from it with no index: invoke provision --wheelhouse {wheelhouse}")

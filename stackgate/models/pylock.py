@@ -1,0 +1,337 @@
+"""The resolution of a stack spec: a PEP 751 lock file, ``pylock.<name>.toml``, beside the spec.
+
+The spec (``lockfiles/<name>.toml``) says what the stack must be: its top-level pins, indexes,
+overrides and guard. ``invoke lock`` resolves it with uv into the pylock: every distribution with
+its version, markers, and each file's URL and sha256. This module reads a pylock through
+:mod:`packaging.pylock` (PEP 751's own validation, not a parser of ours), adds what stackgate asks
+of one before any of its values reach a requirements file, a command line or a terminal (every
+package installable from hashed wheels, URLs that may be fetched, no control characters), and
+says, offline, whether the pylock still matches its spec: ``[tool.stackgate.inputs]`` records the
+spec's resolution inputs when the pylock is made.
+
+Like the spec, a pylock is input: every problem is collected with its key path and raised at
+once as :class:`PylockError` (a :class:`~stackgate.models.spec.LockError`: exit 2, nothing done).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from packaging.pylock import Package as PylockPackage
+from packaging.pylock import Pylock, PylockUnsupportedVersionError, PylockValidationError, is_valid_pylock_path
+from packaging.utils import canonicalize_name
+
+from stackgate.models.spec import Lock, LockError, read_toml, url_problem
+
+__all__ = [
+    "Locked",
+    "LockedFile",
+    "PylockError",
+    "Resolution",
+    "differences",
+    "install_text",
+    "inputs",
+    "lock_command",
+    "load",
+    "loads",
+    "path_for",
+    "stamp",
+]
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class PylockError(LockError):
+    """A pylock that cannot be used, with every problem found and its key path."""
+
+    def __init__(self, path: Path | str, problems: list[str]) -> None:
+        super().__init__(path, problems)
+        noun = "problem" if len(self.problems) == 1 else "problems"
+        lines = "\n".join(f"  {problem}" for problem in self.problems)
+        self.args = (f"{self.path}: {len(self.problems)} {noun} in the pylock:\n{lines}",)
+
+
+@dataclass(frozen=True)
+class LockedFile:
+    """One file of a locked distribution: what an installer may take, and its sha256."""
+
+    filename: str
+    sha256: str
+    url: str
+
+
+@dataclass(frozen=True)
+class Locked:
+    """One locked distribution."""
+
+    name: str  #: canonical name (PEP 503)
+    version: str
+    marker: str | None
+    wheels: tuple[LockedFile, ...]
+    archive: LockedFile | None = None  #: a wheel named by URL (sgl-kernel's cu130 build), not by an index
+
+    @property
+    def files(self) -> tuple[LockedFile, ...]:
+        return (*self.wheels, *((self.archive,) if self.archive else ()))
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """A validated pylock: its packages by name and the spec inputs it was made from."""
+
+    path: Path
+    sha256: str  #: of the file's bytes: what the fingerprint and the generations record
+    requires_python: str | None
+    packages: Mapping[str, Locked]
+    inputs: Mapping[str, str]
+
+    def package(self, name: str) -> Locked | None:
+        return self.packages.get(canonicalize_name(name))
+
+    @property
+    def files(self) -> tuple[LockedFile, ...]:
+        return tuple(file for package in self.packages.values() for file in package.files)
+
+
+def path_for(spec: Path) -> Path:
+    """The pylock beside a spec: PEP 751 names it ``pylock.<name>.toml``, ``<name>`` without dots.
+
+    >>> path_for(Path("lockfiles/blackwell-sm120-cu128.toml"))
+    PosixPath('lockfiles/pylock.blackwell-sm120-cu128.toml')
+    """
+    return spec.parent / f"pylock.{spec.stem.replace('.', '-')}.toml"
+
+
+def lock_command(spec: Path) -> str:
+    """The command that makes (or makes again) a spec's pylock.
+
+    >>> lock_command(Path("/srv/my specs/a.toml"))
+    "invoke lock --lock '/srv/my specs/a.toml'"
+    """
+    return f"invoke lock --lock {shlex.quote(str(spec))}"
+
+
+def load(path: Path) -> Resolution:
+    """Read and validate a pylock; raise :class:`PylockError` listing every problem."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise PylockError(path, ["no such file"]) from None
+    except OSError as exc:
+        raise PylockError(path, [f"cannot read: {exc.strerror or exc}"]) from None
+    return loads(data, path)
+
+
+def loads(data: bytes, path: Path) -> Resolution:
+    """Validate pylock bytes (``path`` names it in errors and must be a PEP 751 file name)."""
+    document = read_toml(data, path, PylockError)
+    try:
+        pylock = Pylock.from_dict(document)
+    except PylockValidationError as exc:
+        raise PylockError(path, [_validation_problem(exc)]) from None
+    problems = [] if is_valid_pylock_path(Path(path.name)) else [f"(file name): {path.name!r} is not a PEP 751 name: pylock.toml or pylock.<name>.toml"]
+    packages = _packages(pylock, problems)
+    recorded = _recorded_inputs(document, problems)
+    if problems:
+        raise PylockError(path, problems)
+    return Resolution(path, hashlib.sha256(data).hexdigest(), str(pylock.requires_python) if pylock.requires_python else None, packages, recorded)
+
+
+def _validation_problem(exc: PylockValidationError) -> str:
+    """packaging's finding with its key path (``packages[2].version: Invalid version: 'x'``)."""
+    context, message = getattr(exc, "context", None), getattr(exc, "message", None)
+    if isinstance(exc, PylockUnsupportedVersionError):
+        context = context or "lock-version"
+    return f"{context}: {message or exc}" if context else str(exc)
+
+
+def _packages(pylock: Pylock, problems: list[str]) -> dict[str, Locked]:
+    found: dict[str, Locked] = {}
+    for i, package in enumerate(pylock.packages):
+        where = f"packages[{i}]"
+        name = canonicalize_name(package.name)
+        if name in found:
+            problems.append(f"{where}: {name} is listed twice (stackgate locks one platform: one entry per name)")
+            continue
+        locked = _locked(package, where, problems)
+        if locked is not None:
+            found[name] = locked
+    return dict(sorted(found.items()))
+
+
+def _locked(package: PylockPackage, where: str, problems: list[str]) -> Locked | None:
+    if package.vcs or package.directory or not (package.wheels or package.archive):
+        problems.append(f"{where}: {package.name} has no wheel: stackgate installs hashed wheels only (no sdist, VCS or directory)")
+        return None
+    if package.version is None:
+        problems.append(f"{where}.version: missing: stackgate locks exact versions")
+        return None
+    wheels = tuple(_file(wheel.url, wheel.path, wheel.hashes, wheel.filename, f"{where}.wheels[{j}]", problems) for j, wheel in enumerate(package.wheels or ()))
+    archive = None
+    if package.archive is not None:
+        name = _url_name(package.archive.url) or ""
+        archive = _file(package.archive.url, package.archive.path, package.archive.hashes, name, f"{where}.archive", problems)
+        if archive is not None and not name.endswith(".whl"):
+            problems.append(f"{where}.archive: {name!r} is not a wheel: stackgate installs hashed wheels only")
+    if any(file is None for file in wheels) or (package.archive is not None and archive is None):
+        return None
+    return Locked(canonicalize_name(package.name), str(package.version), str(package.marker) if package.marker else None, tuple(f for f in wheels if f), archive)
+
+
+def _file(url: str | None, path: Any, hashes: Mapping[str, str], filename: str, where: str, problems: list[str]) -> LockedFile | None:
+    """A file an installer may fetch: by URL (one this machine may fetch from), with a sha256."""
+    if url is None:
+        problems.append(f"{where}: names the path {path}, not a URL: a pylock from `invoke lock` names every file by its URL")
+        return None
+    problem = url_problem(url) or (f"{url!r} holds whitespace" if re.search(r"\s", url) else None)
+    if problem:
+        problems.append(f"{where}.url: {problem}")
+        return None
+    sha256 = hashes.get("sha256")
+    if sha256 is None or not _SHA256.fullmatch(sha256):
+        problems.append(f"{where}.hashes: needs a sha256 of 64 lowercase hex digits (found: {', '.join(sorted(hashes)) or 'none'})")
+        return None
+    return LockedFile(filename, sha256, url)
+
+
+def _url_name(url: str | None) -> str | None:
+    """The file name a URL ends in, percent-decoded.
+
+    >>> _url_name("https://h/whl/sgl_kernel-0.3.21%2Bcu130-cp310-abi3-manylinux2014_x86_64.whl")
+    'sgl_kernel-0.3.21+cu130-cp310-abi3-manylinux2014_x86_64.whl'
+    """
+    return urllib.parse.unquote(urllib.parse.urlsplit(url).path.rsplit("/", 1)[-1]) if url else None
+
+
+def _recorded_inputs(document: Mapping[str, Any], problems: list[str]) -> dict[str, str]:
+    tool = document.get("tool")
+    stackgate = tool.get("stackgate") if isinstance(tool, dict) else None
+    recorded = stackgate.get("inputs") if isinstance(stackgate, dict) else None
+    if not isinstance(recorded, dict):
+        problems.append("tool.stackgate.inputs: missing: this pylock was not made by `invoke lock`, so nothing says which spec it resolves")
+        return {}
+    bad = [key for key, value in recorded.items() if not isinstance(value, str)]
+    problems.extend(f"tool.stackgate.inputs.{key}: must be a string" for key in bad)
+    return {key: value for key, value in recorded.items() if isinstance(value, str)}
+
+
+# --- the spec's inputs and what differs ---------------------------------------------------------
+
+
+def inputs(lock: Lock) -> dict[str, str]:
+    """What of the spec decides its resolution, by key path: Python version and platform, the
+    indexes and which packages each serves, every pin (and URL), the guard, the overrides.
+    Reasons, comments and a URL's sha256 do not (the sha256 is compared with the pylock's file)."""
+    python = lock.python
+    found = {"python.version": python.version, "python.platform": python.platform, "python.default_index": python.default_index}
+    for index in python.indexes:
+        found[f"python.index[{index.url}]"] = ", ".join(sorted(index.packages))
+    for package in python.packages:
+        found[f"python.packages.{package.name}"] = str(package.specifier) + (f" @ {package.url}" if package.url else "")
+    found["python.guard.frozen"] = ", ".join(sorted(python.frozen))
+    for override in python.overrides:
+        found[f"python.override.{override.package}"] = str(override.specifier)
+    return found
+
+
+def differences(lock: Lock, resolution: Resolution) -> list[str]:
+    """How the spec and its pylock disagree (empty: the pylock is current), each by key path: an
+    input changed since the pylock was made, or the pylock does not hold what the spec pins (a
+    pylock edited by hand), or a URL file's sha256 is not the one the spec names."""
+    wanted, made = inputs(lock), resolution.inputs
+    changed = [_difference(key, made.get(key), wanted.get(key)) for key in sorted(wanted.keys() | made.keys()) if made.get(key) != wanted.get(key)]
+    return (changed or _unmet(lock, resolution)) + _hash_differences(lock, resolution)
+
+
+def _difference(key: str, made: str | None, wanted: str | None) -> str:
+    """One changed input.
+
+    >>> _difference("python.packages.sglang", "==0.5.9", "==0.5.8")
+    'python.packages.sglang: ==0.5.9 in the pylock, ==0.5.8 in the spec'
+    """
+    if made is None:
+        return f"{key}: {wanted} in the spec, not in the pylock"
+    if wanted is None:
+        return f"{key}: {made} in the pylock, not in the spec"
+    return f"{key}: {made} in the pylock, {wanted} in the spec"
+
+
+def _unmet(lock: Lock, resolution: Resolution) -> list[str]:
+    wants = [(f"python.packages.{p.name}", p.name, p.specifier) for p in lock.python.packages]
+    wants += [(f"python.override.{o.package}", o.package, o.specifier) for o in lock.python.overrides]
+    problems = []
+    for key, name, specifier in wants:
+        locked = resolution.package(name)
+        if locked is None:
+            problems.append(f"{key}: {specifier} in the spec, {name} not in the pylock")
+        elif not specifier.contains(locked.version, prereleases=True):
+            problems.append(f"{key}: {specifier} in the spec, {locked.version} in the pylock")
+    for package in (p for p in lock.python.packages if p.url):
+        locked = resolution.package(package.name)
+        urls = [f.url for f in locked.files] if locked else []
+        if locked and package.url not in urls:
+            problems.append(f"python.packages.{package.name}.url: {package.url} in the spec, {', '.join(urls)} in the pylock")
+    return problems
+
+
+def _hash_differences(lock: Lock, resolution: Resolution) -> list[str]:
+    problems = []
+    for package in (p for p in lock.python.packages if p.url and p.sha256):
+        locked = resolution.package(package.name)
+        file = next((f for f in locked.files if f.url == package.url), None) if locked else None
+        if file is not None and file.sha256 != package.sha256:
+            problems.append(f"python.packages.{package.name}.sha256: {package.sha256} in the spec, {file.sha256} in the pylock for {package.url}")
+    return problems
+
+
+# --- writing ------------------------------------------------------------------------------------
+
+
+def stamp(resolved: str, lock: Lock) -> str:
+    """uv's pylock text with stackgate's header and the spec's inputs (``[tool.stackgate.inputs]``)."""
+    header = (
+        f"# The resolution of {lock.path.name} (PEP 751), written by `invoke lock`: do not edit.\n"
+        "# Every distribution of the stack with its files and their sha256; `invoke lock --check` says\n"
+        "# whether it still matches the spec, `invoke provision` installs exactly this.\n"
+    )
+    table = "".join(f"{_string(key)} = {_string(value)}\n" for key, value in sorted(inputs(lock).items()))
+    return f"{header}{resolved.rstrip()}\n\n[tool.stackgate.inputs]\n{table}"
+
+
+def install_text(resolution: Resolution, local: Mapping[str, Path]) -> str:
+    """The pylock an installer is given: every locked package with its wheels, each named by its
+    URL or, when the file already lies on this machine (``local``, by sha256: a wheelhouse, a
+    checked download), by its path. sdists are left out: only hashed wheels are installed."""
+    lines = ['lock-version = "1.0"', 'created-by = "stackgate"']
+    if resolution.requires_python:
+        lines.append(f"requires-python = {_string(resolution.requires_python)}")
+    for package in resolution.packages.values():
+        lines += ["", "[[packages]]", f"name = {_string(package.name)}", f"version = {_string(package.version)}"]
+        if package.marker:
+            lines.append(f"marker = {_string(package.marker)}")
+        if package.wheels:
+            lines.append(f"wheels = [{', '.join(_file_table(f, local) for f in package.wheels)}]")
+        if package.archive:
+            lines.append(f"archive = {_file_table(package.archive, local)}")
+    return "\n".join(lines) + "\n"
+
+
+def _file_table(file: LockedFile, local: Mapping[str, Path]) -> str:
+    where = f"path = {_string(str(local[file.sha256]))}" if file.sha256 in local else f"url = {_string(file.url)}"
+    return f"{{ {where}, hashes = {{ sha256 = {_string(file.sha256)} }} }}"
+
+
+def _string(text: str) -> str:
+    """A TOML basic string (JSON's escapes are TOML's).
+
+    >>> _string('a "b" \\\\ c')
+    '"a \\\\"b\\\\" \\\\\\\\ c"'
+    """
+    return json.dumps(text, ensure_ascii=True)
