@@ -13,7 +13,7 @@ from stackgate.cli import task
 from stackgate.models import settings
 from stackgate.render.ui import UI
 
-__all__ = ["diagnose", "gate", "provision", "report", "rollback", "smoke", "verify"]
+__all__ = ["diagnose", "gate", "lock", "provision", "report", "rollback", "smoke", "verify"]
 
 LOCK_HELP = f"lockfile to use (default: ${settings.LOCK.env}, then the blackwell-sm120-cu130.toml shipped with stackgate)"
 

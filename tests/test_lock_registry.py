@@ -39,7 +39,7 @@ def _unreachable() -> str | None:
 
 def _lock(spec: Path, environ: dict[str, str], **kwargs: object) -> tuple[ExitCode, str]:
     out = io.StringIO()
-    code = command.run(command.LockRequest(spec, environ=environ, **kwargs), UI(stream=out, force_plain=True))  # type: ignore[arg-type]
+    code = command.run(command.LockRequest(lock_path=spec, environ=environ, **kwargs), UI(stream=out, force_plain=True))  # type: ignore[arg-type]
     return code, out.getvalue()
 
 

@@ -25,7 +25,7 @@ def _lock(spec: Path, environ: dict[str, str], capsys: pytest.CaptureFixture[str
     """`invoke lock` in this process, with what it printed (stdout, stderr)."""
     out = io.StringIO()
     capsys.readouterr()
-    code = command.run(command.LockRequest(spec, environ=environ, **kwargs), UI(stream=out, force_plain=True))  # type: ignore[arg-type]
+    code = command.run(command.LockRequest(lock_path=spec, environ=environ, **kwargs), UI(stream=out, force_plain=True))  # type: ignore[arg-type]
     return code, out.getvalue(), capsys.readouterr().err
 
 
