@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from conftest import released_wheel
 from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
 
+from conftest import released_wheel
 from stackgate.checks import deep
 from stackgate.checks.core import REGISTRY, run_checks
 from stackgate.commands.verify import plan

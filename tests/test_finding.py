@@ -16,7 +16,7 @@ from stackgate.commands import diagnose
 from stackgate.facts import ImportOutcome
 from stackgate.models import knowledge
 from stackgate.models import spec as lockmodel
-from stackgate.models.finding import Evidence, Finding, FindingError, Fix
+from stackgate.models.finding import Finding, FindingError, Fix
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = lockmodel.load(ROOT / "lockfiles" / "blackwell-sm120-cu130.toml")

@@ -3,7 +3,6 @@ against the stand-in SGLang server with a fake NVML."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os

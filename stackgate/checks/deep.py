@@ -42,8 +42,7 @@ from stackgate.facts.deep import (
     run_gpu_work,
     run_sweep,
 )
-from stackgate.models import knowledge
-from stackgate.models import settings
+from stackgate.models import knowledge, settings
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, Status, failed, passed, skipped, warned
 from stackgate.models.spec import MAX_JIT_TIMEOUT_S, Lock

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import hashlib
 import os
 import shlex
 import shutil
@@ -54,7 +53,6 @@ __all__ = [
     "run",
     "seed_command",
     "sources",
-    "stack_command",
     "unreachable",
     "venv_commands",
     "wheel_path",

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 if sys.version_info >= (3, 11):
-    import tomllib
     from re import _parser as _sre_parse  # type: ignore[attr-defined]
+
+    import tomllib
 else:  # pragma: no cover
     import sre_parse as _sre_parse
 
