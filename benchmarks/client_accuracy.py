@@ -26,11 +26,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from smoke_support import FAKES, free_port
+from smoke_support import FAKES, free_port  # noqa: E402
 
-from stackgate.edges import httpclient
-from stackgate.facts import serverlog
-from stackgate.serve import bench, launch, ready
+from stackgate.edges import httpclient  # noqa: E402
+from stackgate.facts import serverlog  # noqa: E402
+from stackgate.serve import bench, launch, ready  # noqa: E402
 
 CASES = ((50.0, 200), (200.0, 800), (1000.0, 2048))  # (tok/s, tokens): 2-4 s a run
 TTFT_S = 0.02

@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from stackgate.models import knowledge as signatures
+from stackgate.models import knowledge as signatures  # noqa: E402
 
 STARTUP = ROOT / "tests" / "data" / "sglang-0.5.9-tp8-healthy.log"
 
@@ -132,7 +132,7 @@ def grep_patterns() -> list[str]:
     patterns = []
     for signature in signatures.load():
         multiline = signature.window > 1 or signature.after > 0
-        for pattern, key in zip(signature.patterns, signature.keys):
+        for pattern, key in zip(signature.patterns, signature.keys, strict=False):
             if multiline or "(?s" in pattern.pattern or "\\n" in pattern.pattern or "(?=" in pattern.pattern:
                 patterns.append(re.sub(r"([\\^$.|?*+()\[\]{}])", r"\\\1", key))
             else:

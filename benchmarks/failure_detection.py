@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from smoke_support import Rig, free_port
+from smoke_support import Rig, free_port  # noqa: E402
 
 NCCL = "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, unhandled cuda error"
 OOM = ["Scheduler hit an exception: Traceback (most recent call last):", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."]
@@ -60,7 +60,7 @@ def main() -> None:
     print(f"{'case':<26} {'verdict median':>14} {'verdict max':>11} {'returned median':>15}")
     for name, (behaviour, event, benchmark) in CASES.items():
         seen, returned = [], []
-        for i in range(repeats):
+        for _ in range(repeats):
             with tempfile.TemporaryDirectory(prefix="stackgate-detect-") as tmp:
                 a, b = once(Path(tmp), behaviour, event, benchmark)
             seen.append(a)

@@ -13,6 +13,7 @@ and the pylock already there (its versions are preferences). `lock --check` is t
 from __future__ import annotations
 
 import argparse
+import functools
 import shutil
 import statistics
 import subprocess
@@ -84,7 +85,7 @@ def main() -> int:
                 spec = folder / SPEC.name
                 shutil.copyfile(SPEC, spec)
                 env = environ(folder / "caches")
-                run = (lambda: lock_s(spec, env)) if who == "lock" else (lambda: compile_s(spec, folder / "work", env))
+                run = functools.partial(lock_s, spec, env) if who == "lock" else functools.partial(compile_s, spec, folder / "work", env)
                 rows[f"{who} cold"].append(run())
                 rows[f"{who} warm"].append(run())
         spec = base / "lock-0" / SPEC.name

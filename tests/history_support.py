@@ -24,7 +24,7 @@ def figures(decode: float, *, baseline: float = 190.0, max_regression: float = 0
     """A benchmark of two runs around ``decode`` tok/s, as the gate's document holds it."""
     rates = [decode - 0.2, decode + 0.2]
     tok = [r * 0.985 for r in rates]
-    rows = [{"tokens": 200, "asked": 200, "seconds": round(200 / t, 4), "tok_s": round(t, 3), "ttft_s": 0.021, "decode_tok_s": round(r, 3), "events": 200, "finish_reason": {"type": "length"}, "error": None, "client_cpu_s": 0.01} for r, t in zip(rates, tok)]
+    rows = [{"tokens": 200, "asked": 200, "seconds": round(200 / t, 4), "tok_s": round(t, 3), "ttft_s": 0.021, "decode_tok_s": round(r, 3), "events": 200, "finish_reason": {"type": "length"}, "error": None, "client_cpu_s": 0.01} for r, t in zip(rates, tok, strict=True)]
     floor = baseline * (1 - max_regression)
     mean = sum(tok) / 2
     status = "PASS" if mean >= floor else "FAIL"

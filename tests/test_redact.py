@@ -6,6 +6,7 @@ the gate, smoke and `invoke report`, and every output searched for them."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import sys
@@ -212,7 +213,7 @@ def planted(tmp_path_factory, plain_python):
         good, timed_out = (json.loads((folder / f"{name}.json").read_text()) for name in ("good", "timed-out"))
         runs = folder / "runs"
         for name, refs, html in (("report", (), None), ("report A", (good["run_id"],), None), ("report A B", (good["run_id"], timed_out["run_id"]), None), ("report --html", (good["run_id"],), folder / "report.html")):
-            assert _run(name, console, lambda ui: reporting.run(reporting.ReportRequest(runs=refs, html_path=html, runs_dir=runs), ui)) == 0
+            assert _run(name, console, functools.partial(reporting.run, reporting.ReportRequest(runs=refs, html_path=html, runs_dir=runs))) == 0
     return Planted(folder, console, good, timed_out, json.loads((folder / "smoke.json").read_text()))
 
 
@@ -272,7 +273,7 @@ def test_invoke_report_hides_the_secrets_of_a_run_kept_before_they_were_hidden(p
     console: dict[str, str] = {}
     html = tmp_path / "page.html"
     for name, refs, page in (("A", ("-2",), None), ("A B", ("-2", "-1"), None), ("html", ("-2",), html)):
-        assert _run(name, console, lambda ui: reporting.run(reporting.ReportRequest(runs=refs, html_path=page, runs_dir=runs), ui)) == 0
+        assert _run(name, console, functools.partial(reporting.run, reporting.ReportRequest(runs=refs, html_path=page, runs_dir=runs))) == 0
     assert "model_path: https://hub-user:<redacted>@hub.example.com/m ->" in console["A B stdout"]
     shown = {**console, "page": html.read_text()}
     assert [f"{name}: {secret}" for name, text in shown.items() for secret in SECRETS if secret in text] == []

@@ -76,7 +76,7 @@ def test_a_gate_and_a_smoke_run_are_compared_on_what_both_recorded(tmp_path):
 
 def test_extra_sections_of_a_newer_fingerprint_are_compared_after_the_known_ones(tmp_path):
     docs = [gate_doc(decode=90.0), gate_doc(decode=90.0)]
-    for doc, value in zip(docs, ("1", "2")):
+    for doc, value in zip(docs, ("1", "2"), strict=True):
         doc["gate"]["fingerprint"]["components"]["zeta"] = {"knob": value}
         doc["gate"]["fingerprint"]["components"]["alpha"] = {"knob": "same"}
         doc["gate"]["fingerprint"]["components"]["broken"] = "not a table"

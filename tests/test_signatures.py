@@ -362,7 +362,7 @@ def _texts(finding: Finding) -> dict[str, str]:
 def _bigrams(text: str) -> dict[tuple[str, str], int]:
     words = [w.lower().strip(".,;:") for w in _WORDS.findall(text)]
     counts: dict[tuple[str, str], int] = {}
-    for pair in zip(words, words[1:]):
+    for pair in zip(words, words[1:], strict=False):
         counts[pair] = counts.get(pair, 0) + 1
     return counts
 

@@ -396,7 +396,7 @@ def test_a_stopped_benchmark_fails_with_its_reason():
 def test_the_reader_counts_tokens_from_completion_tokens_and_keeps_the_last_ids():
     reader = bench._Reader(asked=6, incremental_ids=False)
     events = [b'{"text":"a","output_ids":[1,2,3],"meta_info":{"completion_tokens":3}}', b'{"text":"a b","output_ids":[1,2,3,4,5,6],"meta_info":{"finish_reason":{"type":"length","length":6},"completion_tokens":6}}', b"[DONE]"]
-    for t, data in zip((1.0, 2.0, 2.0), events):
+    for t, data in zip((1.0, 2.0, 2.0), events, strict=True):
         if reader.event(t, data):
             break
     got = reader.sample(0.0)

@@ -437,7 +437,7 @@ def render(done: GateRun, doc: Mapping[str, Any], ui: UI) -> None:
     Words come from the (redacted) document, so the console shows no more than the reports;
     ``done`` gives only figures and counts."""
     count = len(done.stages)
-    for number, (stage, shown) in enumerate(zip(done.stages, doc["gate"]["stages"]), 1):
+    for number, (stage, shown) in enumerate(zip(done.stages, doc["gate"]["stages"], strict=True), 1):
         if not stage.ran or stage.verdict is None:
             continue
         results = [Result.from_dict(r) for r in shown["results"]]
@@ -458,7 +458,7 @@ def render(done: GateRun, doc: Mapping[str, Any], ui: UI) -> None:
 
 
 def _render_smoke(done: smoke.SmokeRun | None, shown: Mapping[str, Any] | None, name: str, ui: UI) -> None:
-    sessions = zip(done.sessions, (shown or {}).get("sessions", ())) if done is not None else ()
+    sessions = zip(done.sessions, (shown or {}).get("sessions", ()), strict=False) if done is not None else ()
     for session, written in sessions:
         if session.figures is not None and session.figures.runs:
             ui.table(f"benchmark ({name})", list(smoke.BENCHMARK_HEADERS), smoke.benchmark_rows(session.figures))

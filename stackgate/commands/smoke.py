@@ -722,7 +722,7 @@ def _crossover_result(base: Session, full: Session, names: tuple[str, str]) -> R
     pays = [b.aggregate_tok_s > a.aggregate_tok_s for a, b in pairs]
     data: dict[str, Any] = {"levels": [{"streams": a.streams, names[0]: round(a.aggregate_tok_s, 3), names[1]: round(b.aggregate_tok_s, 3)} for a, b in pairs]}
     what = "speculative decoding" if (full.config.speculative is not None) != (base.config.speculative is not None) else names[1]
-    stop = next((a.streams for (a, _), good in zip(pairs, pays) if not good), None)
+    stop = next((a.streams for (a, _), good in zip(pairs, pays, strict=True) if not good), None)
     if stop is None:
         text = f"{what} pays at every level measured (up to {pairs[-1][0].streams} streams)"
     elif not any(pays):

@@ -280,7 +280,7 @@ def render_rows(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]
     widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
     lines = [title]
     for row in [headers, *rows]:
-        cells = [str(c).ljust(w) if _left(align, i) else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        cells = [str(c).ljust(w) if _left(align, i) else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=False))]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines) + "\n"
 

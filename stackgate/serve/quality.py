@@ -47,8 +47,8 @@ def agreement(a: Sequence[int], b: Sequence[int]) -> Agreement:
     >>> agreement([1, 2, 3, 4], [1, 2, 9, 4])
     Agreement(prefix=2, matching=3, total=4)
     """
-    prefix = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    matching = sum(1 for x, y in zip(a, b) if x == y)
+    prefix = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    matching = sum(1 for x, y in zip(a, b, strict=False) if x == y)
     return Agreement(prefix, matching, max(len(a), len(b)))
 
 

@@ -232,7 +232,7 @@ def _origin(url: str) -> str:
 def unreachable(urls: Sequence[str]) -> dict[str, str]:
     """Each URL that nothing answers at, with the reason (asked in parallel)."""
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(8, len(urls)))) as pool:
-        answers = dict(zip(urls, pool.map(fetch.unreachable, urls)))
+        answers = dict(zip(urls, pool.map(fetch.unreachable, urls), strict=True))
     return {url: why for url, why in answers.items() if why is not None}
 
 

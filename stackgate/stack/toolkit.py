@@ -773,7 +773,7 @@ def _changed_fields(old: tuple[object, ...], new: tuple[object, ...]) -> str:
     if old[0] != new[0]:
         return f"was a {old[0]}, now a {new[0]}"
     names = _FIELDS.get(str(old[0]), ())
-    return ", ".join(name for name, a, b in zip(names, old, new) if a != b)
+    return ", ".join(name for name, a, b in zip(names, old, new, strict=False) if a != b)
 
 
 @contextlib.contextmanager

@@ -68,7 +68,7 @@ def parse_flags(words: Sequence[str]) -> list[tuple[str, Any]]:
 def _same(expected: Any, actual: Any) -> bool:
     """Whether a value given on the command line is the value the server reports."""
     if isinstance(expected, list):
-        return isinstance(actual, list) and len(actual) == len(expected) and all(_same(e, a) for e, a in zip(expected, actual))
+        return isinstance(actual, list) and len(actual) == len(expected) and all(_same(e, a) for e, a in zip(expected, actual, strict=True))
     if expected is True or isinstance(actual, bool):
         return actual is True if expected is True else str(expected).lower() == str(actual).lower()
     if isinstance(actual, (int, float)):
