@@ -119,7 +119,7 @@ def pcie(lock: Lock, facts: Facts) -> Result:
             problems.append(f"{g.label}: link width x{g.pcie_width}, the link can do x{g.pcie_width_max}")
         if g.pcie_gen_gpu_max and g.pcie_gen_max and g.pcie_gen_max < g.pcie_gen_gpu_max:
             problems.append(f"{g.label}: the slot limits the link to Gen{g.pcie_gen_max}; the GPU can do Gen{g.pcie_gen_gpu_max}")
-    data = {g.index: {"gen": g.pcie_gen, "gen_max": g.pcie_gen_max, "width": g.pcie_width, "width_max": g.pcie_width_max} for g in snap.gpus}
+    data = {str(g.index): {"gen": g.pcie_gen, "gen_max": g.pcie_gen_max, "width": g.pcie_width, "width_max": g.pcie_width_max} for g in snap.gpus}
     if problems:
         fix = Fix("Reseat the GPU or move it to a full x16 Gen5 slot; check the BIOS PCIe settings and risers.", ("nvidia-smi -q -d PCIE",))
         return failed(f"{len(problems)} PCIe link problem(s)", problems, fix, data)
@@ -138,7 +138,7 @@ def ecc(lock: Lock, facts: Facts) -> Result:
         return snap
     counted = [g for g in snap.gpus if g.ecc_uncorrected_volatile is not None]
     bad = [g for g in counted if g.ecc_uncorrected_volatile]
-    data = {g.index: {"volatile": g.ecc_uncorrected_volatile, "aggregate": g.ecc_uncorrected_aggregate} for g in snap.gpus}
+    data = {str(g.index): {"volatile": g.ecc_uncorrected_volatile, "aggregate": g.ecc_uncorrected_aggregate} for g in snap.gpus}
     if bad:
         details = [f"{g.label}: {g.ecc_uncorrected_volatile} uncorrectable ECC error(s)" for g in bad]
         fix = Fix("Drain the node, reset the GPU (or reboot) and watch the count; replace a GPU that keeps counting.", tuple(f"nvidia-smi -r -i {g.index}" for g in bad))

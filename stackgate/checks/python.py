@@ -46,7 +46,7 @@ def pins(lock: Lock, facts: Facts) -> Result:
     if not watched:
         return skipped("every pinned package is frozen (see python.frozen)" if lock.python.packages else "the lock pins no package")
     wrong = [problem for p in watched if (problem := pin_problem(probe, p))]
-    data = {p.name: (probe.dist(p.name).version if probe.dist(p.name) else None) for p in watched}
+    data = {p.name: (dist.version if (dist := probe.dist(p.name)) else None) for p in watched}
     if wrong:
         return failed(f"{len(wrong)} of {len(watched)} pinned package(s) differ: {wrong[0]}", wrong, Fix("Install the locked versions.", (_PROVISION,)), data)
     return passed(f"{len(watched)} pinned package(s) at their locked versions", data=data)
@@ -62,7 +62,7 @@ def frozen(lock: Lock, facts: Facts) -> Result:
     if not guarded:
         return skipped("the lock freezes no package")
     moved = [problem for p in guarded if (problem := pin_problem(probe, p))]
-    data = {p.name: (probe.dist(p.name).version if probe.dist(p.name) else None) for p in guarded}
+    data = {p.name: (dist.version if (dist := probe.dist(p.name)) else None) for p in guarded}
     if moved:
         fix = Fix(
             "Something upgraded a frozen package. Reinstall the lock with the guard in force; "
@@ -158,10 +158,11 @@ def torch_arch(lock: Lock, facts: Facts) -> Result:
     if missing:
         fix = Fix(f"Install a torch build whose arch list includes sm_{missing[0].replace('.', '')} (the cu128/cu130 builds carry sm_120).", (_PROVISION,))
         return failed(f"torch {torch['version']} has no kernels for compute capability {', '.join(missing)} ({source}); it carries {' '.join(arch_list)}", fix=fix, data=data)
-    jit = [cc for cc, how in coverage.items() if how.startswith("compute_")]
+    covered = {cc: how for cc, how in coverage.items() if how is not None}
+    jit = [cc for cc, how in covered.items() if how.startswith("compute_")]
     if jit:
-        return warned(f"compute capability {', '.join(jit)} runs only through PTX JIT ({', '.join(coverage[c] for c in jit)}): slow first launches", data=data)
-    return passed(f"torch covers {', '.join(f'{cc} ({how})' for cc, how in coverage.items())} from {source}", data=data)
+        return warned(f"compute capability {', '.join(jit)} runs only through PTX JIT ({', '.join(covered[c] for c in jit)}): slow first launches", data=data)
+    return passed(f"torch covers {', '.join(f'{cc} ({how})' for cc, how in covered.items())} from {source}", data=data)
 
 
 def _covered(arch_list: list[str], major: int, minor: int) -> str | None:

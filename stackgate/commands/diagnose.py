@@ -16,10 +16,11 @@ import socket
 import sys
 import time
 from collections import Counter
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any, BinaryIO, Callable, Sequence
+from typing import Any, BinaryIO, Callable, Sequence
 
 from stackgate import __version__
 from stackgate.edges.files import write_json
@@ -132,7 +133,7 @@ def document(done: Diagnosis) -> dict[str, Any]:
     }
 
 
-def _opener(path: Path) -> tuple[str, Callable[[], IO[bytes]]]:
+def _opener(path: Path) -> tuple[str, Callable[[], AbstractContextManager[BinaryIO | gzip.GzipFile]]]:
     """Check that ``path`` is a readable file now, so that a bad argument stops before any scan."""
     if not path.exists():
         raise DiagnoseError(f"{path}: no such file")

@@ -133,7 +133,13 @@ def _report(outcome: resolve.Outcome, request: LockRequest, ui: UI) -> None:
 def _fill(resolution: pylock.Resolution, wheelhouse: Path, ui: UI) -> None:
     fresh = []
     with ui.activity(f"filling {wheelhouse} with the {len(resolution.files)} locked files") as activity:
-        resolve.download(resolution, wheelhouse, on_file=lambda name, downloaded: (activity.update(name), downloaded and fresh.append(name)))
+
+        def on_file(name: str, downloaded: bool) -> None:
+            activity.update(name)
+            if downloaded:
+                fresh.append(name)
+
+        resolve.download(resolution, wheelhouse, on_file=on_file)
     kept = len(resolution.files) - len(fresh)
     ui.line(f"wheelhouse {wheelhouse}: {len(resolution.files)} files, each checked against its sha256 ({len(fresh)} downloaded, {kept} already there)")
     ui.line(f"  install from it with no index: invoke provision --wheelhouse {wheelhouse}")

@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ContextManager, Mapping, Sequence
+from typing import Callable, ContextManager, Mapping, Sequence, TypeVar
 
 from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import Check, run_checks
@@ -46,6 +46,7 @@ VERIFY_CHECKS = {
     "patches": ("patches.applied",),
 }
 PLAN_PARTS = {"toolkit": ("toolkits", "env"), "python": ("dists", "pylock"), "patches": ("dists",)}
+_E = TypeVar("_E", bound=BaseException)
 KEEP_LOGS = 10
 
 
@@ -182,7 +183,7 @@ def _advice(exc: BaseException) -> str:
     return f"fix the cause above, {again}"
 
 
-def _caused_by(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+def _caused_by(exc: BaseException, kind: type[_E]) -> _E | None:
     """``exc`` or the first exception of ``kind`` it was raised from."""
     seen: BaseException | None = exc
     while seen is not None:

@@ -41,7 +41,7 @@ def needed(path: Path | str) -> tuple[str, ...]:
         with open(path, "rb") as stream:
             elf = ELFFile(stream)
             return tuple(
-                tag.needed
+                tag.needed  # type: ignore[attr-defined]  # pyelftools sets DT_NEEDED's value by setattr, undeclared in its types
                 for section in elf.iter_sections()
                 if isinstance(section, DynamicSection)
                 for tag in section.iter_tags()

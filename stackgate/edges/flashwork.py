@@ -38,7 +38,7 @@ from pathlib import Path
 try:
     from . import deepwork as work
 except ImportError:
-    import deepwork as work
+    import deepwork as work  # type: ignore[import-not-found,no-redef]  # the same module run as a file; mypy checks it through the line above
 
 torch = work.torch
 #: The TRT-LLM allreduce-fusion module's generator in flashinfer/jit/comm.py, and its keyword.
@@ -238,8 +238,12 @@ def paged_decode(fi, shapes, rtol):
         wrapper.plan(indptr, indices, last, hq, hk, d, page, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
         return op()
 
+    def attend(b):  # sequence b's query against its own pages, as [kv_len, Hk, D] keys and values
+        keys, values = (kv[b * pages : (b + 1) * pages, j].reshape(per, hk, d) for j in (0, 1))
+        return reference_attention(q[b][None], keys, values, False)[0]
+
     got, seconds, compiled = first_call(planned)
-    want = torch.stack([reference_attention(q[b][None], *(kv[b * pages : (b + 1) * pages, j].reshape(per, hk, d) for j in (0, 1)), False)[0] for b in range(batch)])
+    want = torch.stack([attend(b) for b in range(batch)])
     record = compare(got, want, rtol)
     us = work.timed_ms(torch.device("cuda"), op, shapes["warmup"], shapes["iters"]) * 1e3
     kv_bytes = kv.numel() * kv.element_size()

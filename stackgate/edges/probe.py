@@ -17,7 +17,10 @@ import re
 import sys
 import time
 import traceback
+from types import ModuleType
+from typing import Any, Dict, Optional
 
+metadata: Optional[ModuleType]
 try:
     from importlib import metadata
 except ImportError:  # pragma: no cover - Python < 3.8 has no importlib.metadata
@@ -61,6 +64,8 @@ def shared_objects(dist):
 
 
 def distributions(files_of):
+    if metadata is None:  # Python < 3.8: main() does not ask
+        return None
     wanted = {canonical(n) for n in files_of}
     result = {}
     for dist in metadata.distributions():
@@ -110,7 +115,7 @@ def torch_facts():
             "traceback": traceback.format_exc(),
             "import_s": time.monotonic() - started,
         }
-    facts = {"imported": True, "import_s": time.monotonic() - started}
+    facts: Dict[str, Any] = {"imported": True, "import_s": time.monotonic() - started}
     facts["version"] = str(torch.__version__)
     facts["file"] = getattr(torch, "__file__", None)
     facts["cuda"] = getattr(torch.version, "cuda", None)

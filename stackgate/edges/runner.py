@@ -250,7 +250,7 @@ def stream(
             return Completed(args, 127, "", message, 0.0)
         _register(process, args)
         expired = threading.Event()
-        timer = threading.Timer(timeout_s if timeout_s is not None else 1e9, lambda: (expired.set(), kill_group(process.pid)))
+        timer = threading.Timer(timeout_s if timeout_s is not None else 1e9, _expire, (expired, process.pid))
         timer.daemon = True
         timer.start()
         try:
@@ -265,6 +265,12 @@ def stream(
             with _LIVE_GUARD:
                 _LIVE.discard(process.pid)
     return Completed(args, None if expired.is_set() else returncode, kept, "", time.monotonic() - started)
+
+
+def _expire(expired: threading.Event, pid: int) -> None:
+    """A timeout's action: note that it expired, then kill the process group."""
+    expired.set()
+    kill_group(pid)
 
 
 def _pump(process: subprocess.Popen[str], sink: IO[str], on_line: Callable[[str], None] | None) -> str:

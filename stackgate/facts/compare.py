@@ -240,9 +240,13 @@ def _unquoted(name: str) -> str:
     return urllib.parse.unquote(name)
 
 
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
 def _direct_sha256(origin: Mapping[str, Any]) -> str | None:
-    archive = origin.get("archive_info") if isinstance(origin.get("archive_info"), Mapping) else {}
-    hashes = archive.get("hashes") if isinstance(archive.get("hashes"), Mapping) else {}
+    archive = _mapping(origin.get("archive_info"))
+    hashes = _mapping(archive.get("hashes"))
     legacy = str(archive.get("hash", ""))
     return hashes.get("sha256") or (legacy.split("=", 1)[1] if legacy.startswith("sha256=") else None)
 

@@ -285,7 +285,7 @@ def run_sweep(python: Path, request: AllReduceRequest, env: Mapping[str, str], t
     $STACKGATE_DEEP_TIMEOUT_S); never raises for what happens there."""
     timeout_s = settings.DEEP_TIMEOUT_S.value() if timeout_s is None else timeout_s
     workdir = Path(tempfile.mkdtemp(prefix="stackgate-allreduce-", dir=_work_dir()))
-    argv = [python, SCRIPT, "allreduce", workdir, json.dumps({**request.to_json(), "faults": faults.deep_faults()})]
+    argv: list[str | Path] = [python, SCRIPT, "allreduce", workdir, json.dumps({**request.to_json(), "faults": faults.deep_faults()})]
     log = workdir / "allreduce.log"
     # Into a file as it is written (NCCL flushes each line), so a hang's log survives the kill.
     done = runner.run_logged(argv, log, timeout_s=timeout_s, env=env)

@@ -46,10 +46,12 @@ def probe(lock: Lock, env: Mapping[str, str]) -> ProbeFacts | Missing:
     requests = ({"torch": True, "distributions": False}, {"torch": False, "files_of": [p.name for p in lock.python.packages]})
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         parts = list(pool.map(lambda request: _run_probe(lock.python.target, request, env), requests))
-    for part in parts:
-        if isinstance(part, Missing):
-            return part
-    (torch_part, torch_s), (dists_part, dists_s) = parts
+    torch_run, dists_run = parts
+    if isinstance(torch_run, Missing):
+        return torch_run
+    if isinstance(dists_run, Missing):
+        return dists_run
+    (torch_part, torch_s), (dists_part, dists_s) = torch_run, dists_run
     return _probe_facts({**dists_part, "torch": torch_part["torch"]}, max(torch_s, dists_s))
 
 

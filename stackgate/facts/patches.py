@@ -56,7 +56,7 @@ def inspect_patch(patch: Patch, site_packages: Path | None) -> PatchStatus:
         return PatchStatus(patch, None, None, f"{patch.package} is not installed")
     installed = installed_version(site_packages, patch.package)
     entry = recorded_entry(site_packages, patch)
-    files = dict(entry.get("files", {})) if entry else {}
+    files = _recorded_files(entry) if entry else {}
     return PatchStatus(patch, site_packages, installed, _problem(patch, site_packages, installed, entry), files)
 
 
@@ -80,7 +80,7 @@ def _problem(patch: Patch, site_packages: Path, installed: str | None, entry: Ma
     if patch.sha256 is not None and entry.get("sha256") != patch.sha256:
         return f"{patch.file.name} applied is not the locked one (sha256 {str(entry.get('sha256'))[:12]}..., the lock says {patch.sha256[:12]}...)"
     expected = final_hashes(read_record(site_packages))
-    for path in sorted(dict(entry.get("files", {}))):
+    for path in sorted(_recorded_files(entry)):
         have = fetch.sha256_file(site_packages / path) if (site_packages / path).is_file() else None
         if have != expected.get(path):
             return f"{path} changed since {patch.file.name} was applied" if have else f"{path} is gone since {patch.file.name} was applied"
@@ -91,8 +91,14 @@ def final_hashes(entries: Sequence[Mapping[str, object]]) -> dict[str, str]:
     """Each file's expected hash: what the last patch that touched it left."""
     final: dict[str, str] = {}
     for entry in entries:
-        final.update({str(k): str(v) for k, v in dict(entry.get("files", {})).items()})
+        final.update(_recorded_files(entry))
     return final
+
+
+def _recorded_files(entry: Mapping[str, object]) -> dict[str, str]:
+    """An entry's ``files`` (recorded path -> sha256); an entry edited into another shape has none."""
+    files = entry.get("files")
+    return {str(k): str(v) for k, v in files.items()} if isinstance(files, dict) else {}
 
 
 def distribution(site_packages: Path, package: str) -> metadata.Distribution | None:

@@ -33,7 +33,7 @@ def inspect_toolkit(toolkit: Toolkit, arch: str) -> ToolkitFacts:
         tool_version(prefix / "bin" / "nvcc"),
         ptxas,
         _version_json(prefix),
-        build_for_arch(prefix / "bin" / "ptxas", arch) if ptxas else Missing(ptxas.reason),
+        Missing(ptxas.reason) if isinstance(ptxas, Missing) else build_for_arch(prefix / "bin" / "ptxas", arch),
     )
 
 

@@ -213,7 +213,7 @@ def redact(value: T, *, known: Iterable[str] = (), environ: Mapping[str, str] | 
     """
     secrets = secrets_in(value, environ) | {s for s in known if len(s) >= MIN_SECRET}
     # Longest first: a secret that contains another is hidden whole.
-    return _scrub(value, sorted(secrets, key=len, reverse=True))  # type: ignore[no-any-return]
+    return _scrub(value, sorted(secrets, key=len, reverse=True))
 
 
 def redact_text(text: str, *, known: Iterable[str] = (), environ: Mapping[str, str] | None = None) -> str:

@@ -724,7 +724,7 @@ class _Builder:
         table = t.sub("packages")
         packages = self.packages(table)
         # Cross-references count a pin that failed to parse as declared: one error, not two.
-        names = {canonicalize_name(str(key)) for key in table.data}
+        names: set[str] = {canonicalize_name(str(key)) for key in table.data}
         guard = t.sub("guard")
         frozen = tuple(canonicalize_name(n) for n in guard.strings("frozen"))
         for i, name in enumerate(frozen):

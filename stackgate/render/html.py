@@ -60,7 +60,7 @@ def _previous(runs: Sequence[Run], focus: Run) -> Run | None:
     earlier = [r for r in runs if (r.started, r.id) < (focus.started, focus.id) and r.lock_name == focus.lock_name]
     good = [r for r in earlier if r.verdict == "passed"]
     measured = [r for r in good if r.decode_tok_s is not None]
-    return (measured or good or earlier or [None])[-1]
+    return (measured or good or earlier)[-1] if earlier else None
 
 
 # --- the chart ----------------------------------------------------------------------------------
@@ -183,7 +183,7 @@ def _stages_table(stages: Sequence[Any]) -> str:
 
 def _bench_table(bench: Mapping[str, Any] | None) -> str:
     runs = bench.get("runs") if bench else None
-    if not isinstance(runs, list) or not runs:
+    if not bench or not isinstance(runs, list) or not runs:
         return '<p class="muted">No benchmark of the real weights in this run.</p>'
     rows = ["<table><thead><tr><th>run</th><th>tokens</th><th>seconds</th><th>tok/s</th><th>TTFT ms</th><th>decode tok/s</th></tr></thead><tbody>"]
     for i, row in enumerate(r for r in runs if isinstance(r, Mapping)):

@@ -237,8 +237,8 @@ def read(path: Path) -> Run:
     problems = [key for key, kind in (("results", list), ("verdict", str), ("started", str)) if not isinstance(doc.get(key), kind)]
     if problems:
         raise HistoryError(f"{path}: damaged: {', '.join(problems)} missing or of the wrong type")
-    run_id = doc.get("run_id") if isinstance(doc.get("run_id"), str) else path.stem
-    return Run(run_id, path, doc)
+    run_id = doc.get("run_id")
+    return Run(run_id if isinstance(run_id, str) else path.stem, path, doc)
 
 
 def load(directory: Path) -> tuple[list[Run], list[str]]:

@@ -151,8 +151,8 @@ def summary_of(run: Run, name: str) -> bench.Summary | None:
     if not isinstance(raw, Mapping):
         return None
     try:
-        fields = {f.name: raw[f.name] for f in dataclasses.fields(bench.Summary) if f.name != "values"}
-        return bench.Summary(**{k: (int(v) if k == "n" else float(v)) for k, v in fields.items()}, values=tuple(float(v) for v in raw.get("values", ())))
+        fields = {f.name: raw[f.name] for f in dataclasses.fields(bench.Summary) if f.name not in ("n", "values")}
+        return bench.Summary(int(raw["n"]), **{k: float(v) for k, v in fields.items()}, values=tuple(float(v) for v in raw.get("values", ())))
     except (KeyError, TypeError, ValueError):
         return None
 

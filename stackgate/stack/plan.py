@@ -201,8 +201,8 @@ def _build(lock: Lock, facts: Facts, state: generations.RootState, reasons: Sequ
     checks, switch."""
     # The steps are drafted even when something blocks them, so that --dry-run shows them all.
     resolution = _resolution(lock, facts, install, draft)
-    if _can_build(lock, facts, install.uv, draft):
-        draft.base_python = facts.base_python
+    if (found := _base_to_build(lock, facts, install.uv, draft)) is not None:
+        draft.base_python = found
     base = draft.base_python or BasePython(Path(f"<no python{lock.python.version}>"), lock.python.version, "not found")
     uv = install.uv or ("uv" if lock.python.installer == "uv" else None)
     home = generations.generations_dir(state.root) / state.next_id
@@ -257,7 +257,9 @@ def _preflight(lock: Lock, resolution: pylock.Resolution, wheelhouse: Path | Non
     sources = pyenv.sources(lock, resolution)
     verb = "answers" if len(sources) == 1 else "answer"
     steps.append(Step("python", "python.preflight", f"check that {', '.join(sources)} {verb}", "nothing is created before the files' sources are known to answer", subject=(resolution, None)))
-    for package in (p for p in resolution.packages.values() if p.archive):
+    for package in resolution.packages.values():
+        if package.archive is None:
+            continue
         steps.append(Step("python", "python.fetch", f"download {package.name} from {package.archive.url}", f"installed only after its sha256 matches the pylock ({package.archive.sha256})", subject=(package.name, package.archive)))
 
 
@@ -273,7 +275,8 @@ def _resume(state: generations.RootState, generation: generations.Generation, re
     steps.append(Step("python", "python.switch", f"switch {state.root / 'current'} to {generation.id}; keep {settings.KEEP_GENERATIONS.value()} generations", "atomically (a new symlink renamed over the old one), only now that the generation passed"))
 
 
-def _can_build(lock: Lock, facts: Facts, uv: str | None, draft: _Draft) -> bool:
+def _base_to_build(lock: Lock, facts: Facts, uv: str | None, draft: _Draft) -> BasePython | None:
+    """Note what blocks a build; the base interpreter to build from (None: there is none)."""
     blockers = draft.blockers
     for i, patch in enumerate(lock.patches):
         pinned = lock.python.package(patch.package)
@@ -285,7 +288,7 @@ def _can_build(lock: Lock, facts: Facts, uv: str | None, draft: _Draft) -> bool:
     base = facts.base_python
     if isinstance(base, Missing):
         blockers.append(Blocker(base.reason, Fix(f"Install Python {lock.python.version} beside the system one, then run provision again.", (f"pyenv install {lock.python.version}",))))
-    return isinstance(base, BasePython)
+    return base if isinstance(base, BasePython) else None
 
 
 def _env_file(lock: Lock, state: generations.RootState, draft: _Draft) -> None:

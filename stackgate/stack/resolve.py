@@ -166,7 +166,9 @@ def _judge(lock: Lock, old: pylock.Resolution | None, new: pylock.Resolution, up
     """Refuse what must not be written (a changed URL file, a moved frozen package), and say
     what moved and which hashes were taken on first use."""
     first_use = []
-    for package in (p for p in lock.python.packages if p.url):
+    for package in lock.python.packages:
+        if not package.url:
+            continue
         locked = new.package(package.name)
         file = next((f for f in locked.files if f.url == package.url), None) if locked else None
         if file is None:

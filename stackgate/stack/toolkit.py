@@ -127,7 +127,9 @@ def _record_problem(toolkit: Toolkit) -> str | None:
     if record.get("version") != str(toolkit.version):
         return f"stackgate installed CUDA {record.get('version')} here, the lock wants {toolkit.version}"
     if toolkit.source == "pypi":
-        missing = sorted(set(_components(toolkit)) - set(record.get("components", ())))
+        listed = record.get("components")
+        recorded = {c for c in listed if isinstance(c, str)} if isinstance(listed, list) else set()
+        missing = sorted(set(_components(toolkit)) - recorded)
         if missing:
             return f"installed without the component(s) {', '.join(missing)} that the lock lists"
     return None
@@ -251,7 +253,7 @@ def _uv() -> str | None:
     if settings.TOOLKIT_INSTALLER.value() == "pip":
         return None
     with contextlib.suppress(ImportError, FileNotFoundError):
-        import uv  # type: ignore[import-not-found]
+        import uv
 
         return str(uv.find_uv_bin())
     return shutil.which("uv")

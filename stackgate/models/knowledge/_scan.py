@@ -420,7 +420,7 @@ def _next_lines(data: bytes, start: int, count: int, end: int | None = None) -> 
     return data[start:stop]
 
 
-class _Keep(dict):  # type: ignore[type-arg]
+class _Keep(dict[str, str]):
     def __missing__(self, key: str) -> str:
         return "{" + key + "}"
 

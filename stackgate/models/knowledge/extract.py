@@ -112,7 +112,7 @@ def _spec(text: str) -> str:
 
 def _pins(text: str) -> dict[str, str]:
     """``"torch==2.9.1+cu130 triton==3.5.1"`` -> ``{"torch": "2.9.1+cu130", "triton": "3.5.1"}``."""
-    pins = {}
+    pins: dict[str, str] = {}
     for requirement in text.split():
         name, sep, version = requirement.partition("==")
         if sep:
