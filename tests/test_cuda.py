@@ -180,6 +180,6 @@ def test_triton_ptxas_unset_or_elsewhere_fails(tmp_path):
     lock = lock_with(tmp_path, toolkit("13.0", new, default=True))
     unset = check("cuda.triton_ptxas", lock, {"PATH": "/usr/bin"})
     assert unset.status is Status.FAIL and unset.summary.startswith("TRITON_PTXAS_PATH is not set")
-    assert unset.fix.commands == ("invoke provision", f". {tmp_path / 'root' / 'current' / 'stackgate.env'}")
+    assert unset.fix.commands == ("stackgate provision", f". {tmp_path / 'root' / 'current' / 'stackgate.env'}")
     elsewhere = check("cuda.triton_ptxas", lock, {"PATH": "/usr/bin", "TRITON_PTXAS_PATH": f"{old}/bin/ptxas"})
     assert elsewhere.status is Status.FAIL and elsewhere.summary == f"TRITON_PTXAS_PATH is {old}/bin/ptxas (set in the shell), not {new}/bin/ptxas"

@@ -426,7 +426,7 @@ def test_a_lock_whose_stack_changed_since_the_generation_was_built_fails_naming_
     result = environment_check("environment.generation", changed)
     assert result.status == Status.FAIL
     assert result.summary == "the lock's Python stack changed since generation 0001-built was built: packages.sglang.version: ==0.5.9 -> ==0.5.10"
-    assert result.fix.commands == (f"invoke provision --lock {changed.path}",)
+    assert result.fix.commands == (f"stackgate provision --lock {changed.path}",)
 
 
 def test_no_generation_fails_and_drift_cannot_be_judged(tmp_path):

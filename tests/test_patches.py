@@ -324,7 +324,7 @@ def test_patches_applied_check_through_the_real_probe(tmp_path: Path, sglang_env
     lock = verify_lock(tmp_path, python)
     missing = run_patches_check(lock)
     assert missing.status is Status.FAIL and "is not applied" in missing.summary
-    assert missing.fix is not None and "invoke provision --only patches" in missing.fix.commands
+    assert missing.fix is not None and "stackgate provision --only patches" in missing.fix.commands
     patches.apply_patch(lock.patches[0], site)
     good = run_patches_check(lock)
     assert good.status is Status.PASS, good.summary

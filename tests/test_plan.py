@@ -195,7 +195,7 @@ def test_without_a_pylock_the_plan_is_blocked_with_the_command_that_makes_it(tmp
     the_plan = plan(lock, _facts(lock, dists=Missing("none")), generations.read(lock.python.root), uv=UV)
     (blocker,) = the_plan.blockers
     assert blocker.usage and blocker.message == f"{tmp_path}/pylock.lock.toml does not exist"
-    assert blocker.fix is not None and blocker.fix.commands == (f"invoke lock --lock {tmp_path}/lock.toml",)
+    assert blocker.fix is not None and blocker.fix.commands == (f"stackgate lock --lock {tmp_path}/lock.toml",)
     assert "python.venv" in _actions(the_plan)  # --dry-run still shows what a build would do
 
 
@@ -206,7 +206,7 @@ def test_a_stale_pylock_blocks_naming_what_changed_in_the_spec(tmp_path: Path, s
     (blocker,) = plan(changed, _facts(changed, dists=Missing("none")), generations.read(lock.python.root), uv=UV).blockers
     assert blocker.usage
     assert blocker.message == "pylock.lock.toml does not match the spec: python.packages.sglang: ==0.5.9 in the pylock, ==0.5.8 in the spec"
-    assert blocker.fix is not None and blocker.fix.commands == (f"invoke lock --lock {tmp_path}/lock.toml",)
+    assert blocker.fix is not None and blocker.fix.commands == (f"stackgate lock --lock {tmp_path}/lock.toml",)
 
 
 def test_no_interpreter_of_the_locked_version_blocks_with_why(tmp_path: Path, stack_index: IndexServer) -> None:

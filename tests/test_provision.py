@@ -139,7 +139,7 @@ def test_a_package_that_demands_a_newer_torch_is_not_locked_and_so_not_installed
     code, out, err = _provision(lock, install_environ, capsys)
     assert code == ExitCode.USAGE
     assert f"cannot apply: the spec has no pylock: {tmp_path / 'pylock.lock.toml'} does not exist" in out
-    assert f"  $ invoke lock --lock {lock}" in out
+    assert f"  $ stackgate lock --lock {lock}" in out
     assert _current(root) == before and _works(root, install_environ).startswith("2.9.1+cu130")
 
 
@@ -155,7 +155,7 @@ def test_a_url_wheel_whose_sha256_changed_is_refused_before_anything_is_created(
     code, out, err = _provision(lock, install_environ, capsys)
     assert code == ExitCode.FAILED
     assert f"has sha256 {real}, the lock says {'0' * 64}; refusing to install it" in err
-    assert "is unchanged; a re-run refuses the same file: make the pylock again (invoke lock) only if you trust the file" in err
+    assert "is unchanged; a re-run refuses the same file: make the pylock again (stackgate lock) only if you trust the file" in err
     assert _current(root) == before and _generation_ids(root) == ids  # no generation was even created
     assert not list((root / "cache").rglob("0" * 64 + "/*.whl"))
 
@@ -219,8 +219,8 @@ def test_without_a_pylock_provision_refuses_with_the_command_that_makes_it(
     for dry_run in (True, False):
         code, out, err = _provision(lock, install_environ, capsys, dry_run=dry_run)
         assert code == ExitCode.USAGE
-        assert f"cannot apply: the spec has no pylock: {tmp_path / 'pylock.lock.toml'} does not exist (`invoke lock --lock {lock}` makes it)" in out
-        assert f"  fix: Resolve the spec into its pylock where its indexes and URLs are reachable, then provision again.\n  $ invoke lock --lock {lock}\n" in out
+        assert f"cannot apply: the spec has no pylock: {tmp_path / 'pylock.lock.toml'} does not exist (`stackgate lock --lock {lock}` makes it)" in out
+        assert f"  fix: Resolve the spec into its pylock where its indexes and URLs are reachable, then provision again.\n  $ stackgate lock --lock {lock}\n" in out
     assert not (tmp_path / "root" / "generations").exists()
 
 
@@ -243,7 +243,7 @@ def test_a_full_disk_mid_install_leaves_current_and_the_next_run_finishes(
     monkeypatch.setenv("STACKGATE_FAULT", "during:python.stack=ENOSPC")
     code, out, err = _provision(lock, install_environ, capsys)
     assert code == ExitCode.FAILED and "No space left on device" in err
-    assert "is unchanged; free space on that disk, then `invoke provision` again (it removes what was half built)" in err
+    assert "is unchanged; free space on that disk, then `stackgate provision` again (it removes what was half built)" in err
     assert _current(root) == before and _works(root, install_environ).startswith("2.9.1+cu130")
     monkeypatch.delenv("STACKGATE_FAULT")
     code, out, err = _provision(lock, install_environ, capsys)
@@ -400,7 +400,7 @@ def test_a_moved_torch_is_put_back_by_a_new_generation_and_rollback_refuses_the_
     err = capsys.readouterr().err
     assert code == ExitCode.FAILED and _current(root) == rebuilt
     assert f"not switching to generation {Path(drifted).name}: it no longer holds what it was built from: torch is 2.10.0, locked ==2.9.1+cu130" in err
-    assert "`invoke rollback --force` switches to this one anyway" in err
+    assert "`stackgate rollback --force` switches to this one anyway" in err
     forced = _invoke(["rollback", "--lock", str(lock), "--force"], install_environ)
     assert forced.returncode == 0, forced.stderr
     assert "switched anyway (--force), though it differs from what it was built from: torch is 2.10.0" in forced.stderr
@@ -423,7 +423,7 @@ def test_rollback_while_a_provision_runs_says_what_rollback_can_do(
         holder.wait()
     assert code == ExitCode.FAILED
     assert f"another provision is running on {root}: pid {holder.pid}" in err
-    assert err.rstrip().endswith("command: invoke provision; run `invoke rollback` again once it has finished")
+    assert err.rstrip().endswith("command: invoke provision; run `stackgate rollback` again once it has finished")
     assert "--wait" not in err
 
 

@@ -86,7 +86,7 @@ HOSTILE = [
     (lambda t: t.replace("archive = {", "sdist = {").replace("%2Bcu130-cp310-abi3-manylinux2014_x86_64.whl", "%2Bcu130.tar.gz"), "packages[1]: sgl-kernel has no wheel: stackgate installs hashed wheels only"),
     (lambda t: t.replace("%2Bcu130-cp310-abi3-manylinux2014_x86_64.whl", "%2Bcu130.tar.gz"), "packages[1].archive: 'sgl_kernel-0.3.21+cu130.tar.gz' is not a wheel"),
     (lambda t: t + '\n[[packages]]\nname = "torch"\nversion = "2.9.1"\n' + f'wheels = [{{ url = "{TORCH}", hashes = {{ sha256 = "{"a" * 64}" }} }}]\n', "packages[2]: torch is listed twice"),
-    (lambda t: t.replace('[tool.stackgate.inputs]', '[tool.other]'), "tool.stackgate.inputs: missing: this pylock was not made by `invoke lock`"),
+    (lambda t: t.replace('[tool.stackgate.inputs]', '[tool.other]'), "tool.stackgate.inputs: missing: this pylock was not made by `stackgate lock`"),
     (lambda t: t + "[[packages", "not valid TOML"),
 ]
 

@@ -195,7 +195,7 @@ def test_python_locked_names_every_difference_from_the_pylock(tmp_path):
         "xgrammar 0.1.27 is installed but not in the pylock",
     )  # nvidia-nccl-cu13 is locked for Windows only (its marker): not expected here
     assert result.summary.startswith("5 difference(s) from pylock.spec.toml: flashinfer-python 0.6.4 was installed from a wheel tagged")
-    assert result.fix is not None and result.fix.commands == ("invoke provision --only python",)
+    assert result.fix is not None and result.fix.commands == ("stackgate provision --only python",)
 
 
 def test_python_locked_passes_on_exactly_the_pylock_and_warns_when_the_spec_moved_on(tmp_path):
@@ -220,4 +220,4 @@ def test_python_locked_skips_without_a_pylock_saying_how_to_make_one(tmp_path):
     lock = dataclasses.replace(lock_for(python), path=tmp_path / "spec.toml")
     result, _ = run("python.locked", lock)
     assert result.status is Status.SKIP
-    assert result.summary == f"the spec has no pylock: {tmp_path / 'pylock.spec.toml'} does not exist (`invoke lock --lock {tmp_path / 'spec.toml'}` makes it)"
+    assert result.summary == f"the spec has no pylock: {tmp_path / 'pylock.spec.toml'} does not exist (`stackgate lock --lock {tmp_path / 'spec.toml'}` makes it)"

@@ -63,7 +63,7 @@ def test_a_lock_whose_runs_have_no_benchmark_of_the_real_weights_says_so(tmp_pat
 
 
 def test_an_empty_or_missing_runs_directory_says_where_runs_will_be_kept(tmp_path):
-    expected = f"no runs kept in {tmp_path / 'none'} yet: `invoke gate` and `invoke smoke` keep theirs there"
+    expected = f"no runs kept in {tmp_path / 'none'} yet: `stackgate gate` and `stackgate smoke` keep theirs there"
     assert report(runs_dir=tmp_path / "none") == [expected]
 
 
@@ -149,7 +149,7 @@ def test_many_status_changes_are_cut_at_thirty(tmp_path):
     [
         (("a", "b", "c"), False, "name at most two runs (A, or A B to compare), not 3"),
         (("-1", "-2"), True, "--html takes at most one run (none: the history)"),
-        (("nope",), False, "no run 'nope' (4 run(s) kept; `invoke report` lists them)"),
+        (("nope",), False, "no run 'nope' (4 run(s) kept; `stackgate report` lists them)"),
         (("-5",), False, "-5: there are only 4 run(s)"),
         (("2025",), False, "'2025' names 4 runs"),
         (("missing.json",), False, "no run file missing.json"),
@@ -174,7 +174,7 @@ def test_the_runs_directory_comes_from_the_lock_or_the_state_directory(tmp_path,
     state = tmp_path / "state" / "stackgate" / "runs"
     monkeypatch.setenv("STACKGATE_LOCK", str(tmp_path / "broken.toml"))  # the default lock does not load: its history still shows
     (tmp_path / "broken.toml").write_text("[stack\n")
-    assert report() == [f"no runs kept in {state} yet: `invoke gate` and `invoke smoke` keep theirs there"]
+    assert report() == [f"no runs kept in {state} yet: `stackgate gate` and `stackgate smoke` keep theirs there"]
     with pytest.raises(lockmodel.LockError):  # a lock named on purpose must load
         report(lock_path=tmp_path / "broken.toml")
 

@@ -86,7 +86,7 @@ def test_check_names_what_changed_in_the_spec_since_the_pylock_was_made(
     assert code == ExitCode.FAILED and out == ""
     assert f"stackgate lock --check: {tmp_path / 'pylock.lock.toml'} does not match lock.toml:" in err
     assert expected in err
-    assert err.rstrip().endswith(f"fix: invoke lock --lock {spec}")
+    assert err.rstrip().endswith(f"fix: stackgate lock --lock {spec}")
 
 
 def test_check_without_a_pylock_fails_and_a_damaged_one_is_a_bad_lockfile(
@@ -100,7 +100,7 @@ def test_check_without_a_pylock_fails_and_a_damaged_one_is_a_bad_lockfile(
     done = subprocess.run([sys.executable, "-m", "invoke", "lock", "--lock", str(spec), "--check"], cwd=ROOT, env=install_environ, capture_output=True, text=True)
     assert done.returncode == ExitCode.USAGE, done.stderr
     assert "packages[0].wheels[0].url: plain http to example.com: use https" in done.stderr
-    assert "tool.stackgate.inputs: missing: this pylock was not made by `invoke lock`" in done.stderr
+    assert "tool.stackgate.inputs: missing: this pylock was not made by `stackgate lock`" in done.stderr
 
 
 def test_a_url_wheel_that_is_not_the_specs_or_the_last_pylocks_is_refused_and_nothing_is_written(

@@ -107,7 +107,7 @@ def test_the_gate_s_environment_checks_run_by_name(tmp_path):
     results = {r["check"]: r for r in json.loads((tmp_path / "v.json").read_text())["results"]}
     assert list(results) == ["environment.generation", "environment.drift"]
     assert results["environment.generation"]["status"] == "FAIL" and results["environment.generation"]["summary"] == "no live environment: /opt/stackgate/current does not exist"
-    assert results["environment.generation"]["fix"]["commands"] == [f"invoke provision --lock {ROOT / 'stackgate' / 'lockfiles' / 'blackwell-sm120-cu130.toml'}"]
+    assert results["environment.generation"]["fix"]["commands"] == [f"stackgate provision --lock {ROOT / 'stackgate' / 'lockfiles' / 'blackwell-sm120-cu130.toml'}"]
     assert results["environment.drift"]["status"] == "SKIP"
 
 

@@ -88,7 +88,7 @@ def select(patterns: Sequence[str] = (), registry: Mapping[str, Check] | None = 
     for pattern in patterns:
         hits = [c for c in checks if c.name == pattern or fnmatch.fnmatchcase(c.name, pattern) or c.name.startswith(pattern + ".")]
         if not hits:
-            raise CheckError(f"no check matches {pattern!r}; `invoke verify --list` lists them")
+            raise CheckError(f"no check matches {pattern!r}; `stackgate verify --list` lists them")
         chosen.extend(c for c in hits if c not in chosen)
     return [c for c in checks if c in chosen]
 

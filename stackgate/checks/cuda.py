@@ -13,7 +13,7 @@ from stackgate.models.spec import Lock, Toolkit
 
 __all__: list[str] = []
 
-_PROVISION = "invoke provision --only toolkit"
+_PROVISION = "stackgate provision --only toolkit"
 
 
 @check("cuda.toolkits", needs=("toolkits",))
@@ -122,7 +122,7 @@ def _env_fix(lock: Lock, env: EnvFacts) -> Fix:
     if file is not None and env.env_file is not None:
         return Fix(f"Source the stack's environment file before running the stack (provision writes it: {file}).", (f". {file}",))
     if file is not None:
-        return Fix("Provision writes the stack's environment file; then source it.", ("invoke provision", f". {file}"))
+        return Fix("Provision writes the stack's environment file; then source it.", ("stackgate provision", f". {file}"))
     exports = tuple(f'export {k}="{v}"' for k, v in lock.env.items() if k in ("CUDA_HOME", "TRITON_PTXAS_PATH"))
     return Fix("Export the lock's [env] in the shell that runs the stack.", exports)
 

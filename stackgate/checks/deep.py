@@ -540,7 +540,7 @@ def _flashinfer_import_fix(lock: Lock) -> Fix:
     return Fix(
         "Install flashinfer-python in the stack at the lock's version, with its dependencies (apache-tvm-ffi, nvidia-cudnn-frontend) "
         "and flashinfer-cubin of the same release if any; then import it by hand to see the whole error.",
-        ("invoke provision --only python", f"{lock.python.target} -c 'import flashinfer'"),
+        ("stackgate provision --only python", f"{lock.python.target} -c 'import flashinfer'"),
     )
 
 
@@ -737,14 +737,14 @@ def judge_fusion_gate(gate: FusionGate, capabilities: Sequence[str], source: str
     fix = Fix(
         f"Drop {FUSION_FLAG} from [smoke] flags for this hardware (the TP all-reduce then runs on NCCL, as it already does), "
         'or keep it knowingly with [deep.fusion] unsupported = "warn". Only a flashinfer whose comm module builds for this arch makes it real.',
-        ("invoke verify --deep --check deep.allreduce_fusion",),
+        ("stackgate verify --deep --check deep.allreduce_fusion",),
     )
     return (warned if severity == "warn" else failed)(summary, [*evidence, _NO_COMPILE], fix, data)
 
 
 _GATE_FIX = Fix(
     "Install flashinfer-python in the stack (its flashinfer/jit/comm.py holds the fusion module's arch list).",
-    ("invoke provision --only python", "invoke verify --check flashinfer.cubin"),
+    ("stackgate provision --only python", "stackgate verify --check flashinfer.cubin"),
 )
 
 

@@ -1,6 +1,6 @@
 """Checks that the live environment is the one the lock describes: the gate's environment stage.
 
-They run when named (``invoke verify --check 'environment.*'``) and in ``invoke gate``, never in
+They run when named (``stackgate verify --check 'environment.*'``) and in ``stackgate gate``, never in
 a plain verify, whose python.* checks already judge the same distributions one by one.
 """
 
@@ -22,7 +22,7 @@ def generation(lock: Lock, facts: Facts) -> Result:
     root = lock.python.root
     if root is None:
         return skipped(f"python.interpreter names an existing environment ({lock.python.interpreter}): there is no generation to compare; drift is judged from its installed distributions")
-    provision = Fix("Build the lock's environment and switch to it.", (f"invoke provision --lock {lock.path}",))
+    provision = Fix("Build the lock's environment and switch to it.", (f"stackgate provision --lock {lock.path}",))
     state = facts.generation
     if isinstance(state, Missing):
         return failed(f"the generations under {root} cannot be read: {state.reason}", fix=provision)
@@ -54,6 +54,6 @@ def drift(lock: Lock, facts: Facts) -> Result:
         problems += [f"patch {s.patch.file.name}: {s.problem}" for s in found if s.problem]
     data = {"pins": len(lock.python.packages), "patches": len(lock.patches), "distributions": len(dists.distributions), "drift": problems}
     if problems:
-        how = f"invoke provision --lock {lock.path}" if lock.python.root else f"reinstall the locked versions into {lock.python.target}"
+        how = f"stackgate provision --lock {lock.path}" if lock.python.root else f"reinstall the locked versions into {lock.python.target}"
         return failed(f"{len(problems)} difference(s) from the lock: {problems[0]}", problems, Fix("Bring the environment back to the lock.", (how,)), data)
     return passed(f"{len(lock.python.packages)} pin(s) and {len(lock.patches)} patch(es) as locked; requirements of {len(dists.distributions)} distributions consistent", data=data)

@@ -24,13 +24,13 @@ def version(lock: Lock, facts: Facts) -> Result:
         return skipped("torch is not an importable CUDA build (see torch.build): no NCCL to check")
     loaded = torch["nccl_version"]
     if isinstance(loaded, dict):
-        return failed(f"torch cannot load NCCL: {loaded['error']}", fix=Fix("Reinstall torch with its nvidia-nccl dependency.", ("invoke provision --only python",)))
+        return failed(f"torch cannot load NCCL: {loaded['error']}", fix=Fix("Reinstall torch with its nvidia-nccl dependency.", ("stackgate provision --only python",)))
     have = Version(".".join(str(part) for part in loaded))
     dist = probe.dist(f"nvidia-nccl-cu{torch['cuda'].split('.')[0]}")
     data = {"loaded": str(have), "distribution": f"{dist.name} {dist.version}" if dist else None, "min_version": str(lock.nccl.min_version) if lock.nccl.min_version else None}
     want = lock.nccl.min_version
     if want and have < want:
-        return failed(f"torch loads NCCL {have}, older than the locked minimum {want}", fix=Fix("Install the locked nvidia-nccl distribution.", ("invoke provision --only python",)), data=data)
+        return failed(f"torch loads NCCL {have}, older than the locked minimum {want}", fix=Fix("Install the locked nvidia-nccl distribution.", ("stackgate provision --only python",)), data=data)
     if dist and Version(dist.version).release[:3] != have.release[:3]:
         return failed(
             f"torch loads NCCL {have} but {dist.name} {dist.version} is installed: another libnccl is found first",

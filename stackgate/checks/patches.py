@@ -10,7 +10,7 @@ from stackgate.models.spec import Lock
 
 __all__: list[str] = []
 
-_PROVISION = "invoke provision --only patches"
+_PROVISION = "stackgate provision --only patches"
 
 
 @check("patches.applied", needs=("patches",))

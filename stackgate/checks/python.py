@@ -12,7 +12,7 @@ from stackgate.models.spec import Lock
 
 __all__: list[str] = []
 
-_PROVISION = "invoke provision --only python"
+_PROVISION = "stackgate provision --only python"
 
 
 def _probe(facts: Facts) -> ProbeFacts | Result:
@@ -27,12 +27,12 @@ def interpreter(lock: Lock, facts: Facts) -> Result:
     """The stack's interpreter runs and is the locked Python version."""
     probe = facts.probe
     if isinstance(probe, Missing):
-        commands = ("invoke provision",) if lock.python.root else ()
+        commands = ("stackgate provision",) if lock.python.root else ()
         return failed(probe.reason, fix=Fix("Create the stack's environment." if commands else "Point python.interpreter at an existing interpreter.", commands))
     have = ".".join(probe.python_version.split(".")[:2])
     data = {"executable": probe.executable, "version": probe.python_version, "probe_s": round(probe.duration_s, 3)}
     if have != lock.python.version:
-        return failed(f"{probe.executable} is Python {probe.python_version}, the lock wants {lock.python.version}", fix=Fix("Rebuild the environment with the locked Python.", ("invoke provision --only python",)), data=data)
+        return failed(f"{probe.executable} is Python {probe.python_version}, the lock wants {lock.python.version}", fix=Fix("Rebuild the environment with the locked Python.", ("stackgate provision --only python",)), data=data)
     return passed(f"Python {probe.python_version} at {probe.executable}", data=data)
 
 

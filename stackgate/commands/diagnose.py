@@ -1,4 +1,4 @@
-"""`invoke diagnose`: explain logs of this stack (server logs, installer output, tracebacks).
+"""`stackgate diagnose`: explain logs of this stack (server logs, installer output, tracebacks).
 
 Each input is streamed through a :class:`~stackgate.models.knowledge.Scanner` in large blocks, so a
 log of hundreds of MB is never held whole; the findings of all inputs are reported most severe

@@ -1,4 +1,4 @@
-"""`invoke gate`: one verdict before deploy, from the lock to a benchmark of the real weights.
+"""`stackgate gate`: one verdict before deploy, from the lock to a benchmark of the real weights.
 
 The stages, in order, and what each stands on:
 
@@ -188,7 +188,7 @@ def _lock_stage(ctx: GateContext) -> list[Result]:
         (config,) = launch.configs(lock, model=ctx.request.model, fast=True)
     except launch.LaunchError as exc:
         ctx.usage = str(exc)
-        fix = Fix("Name the model the gate launches.", (f"invoke gate --model /path/to/model --lock {lock.path}",))
+        fix = Fix("Name the model the gate launches.", (f"stackgate gate --model /path/to/model --lock {lock.path}",))
         results.append(_named("lock.model", failed(str(exc), fix=fix)))
         return results
     readable = launch.check_model(config)

@@ -1,7 +1,7 @@
-"""`invoke lock`: resolve a stack spec into its pylock, check that the pylock is current, fill a
+"""`stackgate lock`: resolve a stack spec into its pylock, check that the pylock is current, fill a
 wheelhouse.
 
-- ``invoke lock``: resolve (uv, against the spec's indexes) and write ``pylock.<name>.toml``;
+- ``stackgate lock``: resolve (uv, against the spec's indexes) and write ``pylock.<name>.toml``;
   what moved since the last pylock is shown, and a URL wheel's sha256 taken on first use is
   printed for review.
 - ``--check``: offline; exit 1 naming every difference when the spec changed since the pylock
@@ -9,7 +9,7 @@ wheelhouse.
 - ``--upgrade-package NAME``: resolve again moving only NAME (and what it drags), refusing when
   a frozen package would move.
 - ``--wheelhouse DIR``: every file of the (current) pylock in DIR, hash-checked, for
-  ``invoke provision --wheelhouse DIR`` on nodes without an index.
+  ``stackgate provision --wheelhouse DIR`` on nodes without an index.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ __all__ = ["LockRequest", "LockUsage", "fix_command", "run", "shipped_specs"]
 
 
 class LockUsage(UsageError):
-    """A request `invoke lock` cannot take (exit 2): nothing was written."""
+    """A request `stackgate lock` cannot take (exit 2): nothing was written."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,7 +55,7 @@ def shipped_specs() -> list[Path]:
 def run(request: LockRequest, ui: UI) -> ExitCode:
     """The lock command."""
     if request.all_specs and not request.check:
-        raise LockUsage("--all goes with --check: each spec is resolved on its own (invoke lock --lock SPEC)")
+        raise LockUsage("--all goes with --check: each spec is resolved on its own (stackgate lock --lock SPEC)")
     if request.check and (request.upgrade or request.wheelhouse):
         raise LockUsage("--check only reads: it takes no --upgrade-package or --wheelhouse")
     if request.check:
@@ -65,7 +65,7 @@ def run(request: LockRequest, ui: UI) -> ExitCode:
     environ = dict(os.environ if request.environ is None else request.environ)
     uv = pyenv.find_uv()
     if uv is None:
-        raise LockUsage("uv is not installed: `invoke lock` resolves with it (python3 -m pip install uv)")
+        raise LockUsage("uv is not installed: `stackgate lock` resolves with it (python3 -m pip install uv)")
     try:
         resolution = _resolved(lock, request, uv, environ, ui)
         if request.wheelhouse is not None:
@@ -142,4 +142,4 @@ def _fill(resolution: pylock.Resolution, wheelhouse: Path, ui: UI) -> None:
         resolve.download(resolution, wheelhouse, on_file=on_file)
     kept = len(resolution.files) - len(fresh)
     ui.line(f"wheelhouse {wheelhouse}: {len(resolution.files)} files, each checked against its sha256 ({len(fresh)} downloaded, {kept} already there)")
-    ui.line(f"  install from it with no index: invoke provision --wheelhouse {wheelhouse}")
+    ui.line(f"  install from it with no index: stackgate provision --wheelhouse {wheelhouse}")

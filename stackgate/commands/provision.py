@@ -1,4 +1,4 @@
-"""`invoke provision` and `invoke rollback`.
+"""`stackgate provision` and `stackgate rollback`.
 
 Provision: load the lock, take the root's lock, gather the facts the plan needs, plan, show the
 plan, apply only its steps, check a new generation before switching to it, then gather the facts
@@ -160,24 +160,24 @@ def _failed(exc: BaseException, log: Path | None, tail: tuple[str, ...], before:
     if (now.path if now else None) == (before.current.path if before.current else None):
         ui.error(f"{link} is unchanged; {_advice(exc)}")
     else:
-        ui.error(f"{link} was switched to {now.id if now else '(nothing)'} before the failure; `invoke rollback` goes back")
+        ui.error(f"{link} was switched to {now.id if now else '(nothing)'} before the failure; `stackgate rollback` goes back")
     return ExitCode.FAILED
 
 
 def _advice(exc: BaseException) -> str:
     """What to do before the next run: most failures a plain re-run repeats exactly."""
-    again = "then `invoke provision` again (it removes what was half built)"
+    again = "then `stackgate provision` again (it removes what was half built)"
     full = _caused_by(exc, OSError)
     if isinstance(exc, guard.GuardError):
         return f"a re-run is blocked the same way: change the lock as said above, {again}"
     if _caused_by(exc, fetch.HashMismatch) is not None:
-        return f"a re-run refuses the same file: make the pylock again (invoke lock) only if you trust the file; {again}"
+        return f"a re-run refuses the same file: make the pylock again (stackgate lock) only if you trust the file; {again}"
     if full is not None and full.errno == errno.ENOSPC:
         return f"free space on that disk, {again}"
     if isinstance(exc, pyenv.PyenvError) and exc.unreachable:
         return f"a re-run fails the same way while {', '.join(exc.unreachable)} does not answer: check the URL in the lock and this machine's network; {again}"
     if _caused_by(exc, fetch.FetchError) is not None:
-        return "check that the URL answers from this machine; `invoke provision` again resumes the download"
+        return "check that the URL answers from this machine; `stackgate provision` again resumes the download"
     if isinstance(exc, ProvisionError) and exc.checks_failed:
         return f"a re-run builds the same generation: fix what the checks name (in the lock or on this machine), {again}"
     return f"fix the cause above, {again}"
@@ -499,7 +499,7 @@ def rollback(request: RollbackRequest, ui: UI) -> ExitCode:
         ui.error(f"stackgate rollback: nothing to roll back: {root} does not exist")
         return ExitCode.FAILED
     try:
-        with generations.exclusive(root, wait=False, command=_command_line(), busy_advice="run `invoke rollback` again once it has finished"):
+        with generations.exclusive(root, wait=False, command=_command_line(), busy_advice="run `stackgate rollback` again once it has finished"):
             _sweep(root, ui)
             target = generations.rollback_target(generations.read(root))
             drift = _drift_of(lock, target, environ)
@@ -515,8 +515,8 @@ def rollback(request: RollbackRequest, ui: UI) -> ExitCode:
         ui.warn(f"  switched anyway (--force), though it differs from what it was built from: {'; '.join(drift)}")
     built_from = (after.marker or {}).get("lock", {}).get("sha256")
     if built_from and built_from != lock.sha256:
-        ui.line(f"  it was built from another version of the lock (sha256 {built_from[:12]}); `invoke provision` would rebuild it")
-    ui.line("  `invoke verify` checks it; `invoke provision` builds from the lock again")
+        ui.line(f"  it was built from another version of the lock (sha256 {built_from[:12]}); `stackgate provision` would rebuild it")
+    ui.line("  `stackgate verify` checks it; `stackgate provision` builds from the lock again")
     return ExitCode.PASSED
 
 
@@ -551,6 +551,6 @@ def _refusal(target: generations.Generation, drift: list[str]) -> str:
     more = f" (and {len(drift) - 4} more)" if len(drift) > 4 else ""
     return (
         f"stackgate rollback: not switching to generation {target.id}: it no longer holds what it was built from: "
-        f"{'; '.join(drift[:4])}{more}. `invoke provision` builds a good generation from the lock; "
-        "`invoke rollback --force` switches to this one anyway"
+        f"{'; '.join(drift[:4])}{more}. `stackgate provision` builds a good generation from the lock; "
+        "`stackgate rollback --force` switches to this one anyway"
     )

@@ -1,4 +1,4 @@
-"""`invoke report`: the history of runs, one run, what changed between two, or an HTML page.
+"""`stackgate report`: the history of runs, one run, what changed between two, or an HTML page.
 
 - no run named: every kept run with its verdict and decode tok/s, and a trend per lock;
 - one run (``A``): its stages, failures, the known failures its server logs showed (also as a
@@ -92,7 +92,7 @@ def _find(ref: str, runs: Sequence[history.Run]) -> history.Run:
 
 def list_runs(runs: Sequence[history.Run], directory: Path, ui: UI) -> None:
     if not runs:
-        ui.line(f"no runs kept in {directory} yet: `invoke gate` and `invoke smoke` keep theirs there")
+        ui.line(f"no runs kept in {directory} yet: `stackgate gate` and `stackgate smoke` keep theirs there")
         return
     rows = [[r.id, r.command, r.lock_name, r.verdict, _num(r.decode_tok_s), _num(r.figure("tok_s")), (r.fingerprint or {}).get("short", "")] for r in runs]
     ui.table(f"{len(runs)} run(s) in {directory}, oldest first", ["run", "command", "lock", "verdict", "decode tok/s", "tok/s", "fingerprint"], rows, align="llllrrl")

@@ -1,4 +1,4 @@
-"""`invoke smoke`: launch the engine as production will, prove what runs, benchmark it, tear it down.
+"""`stackgate smoke`: launch the engine as production will, prove what runs, benchmark it, tear it down.
 
 :func:`run_smoke` is the library entry point (the gate calls it): for each configuration (the
 lock's, and with --compare a baseline first) it refuses what cannot work before launching,
@@ -308,7 +308,7 @@ def _ms(points: Mapping[str, float | None]) -> str:
 
 
 def _write(done: SmokeRun, request: SmokeRequest, ui: UI) -> None:
-    """The JSON report, and the same document kept in the history of runs (`invoke report`)."""
+    """The JSON report, and the same document kept in the history of runs (`stackgate report`)."""
     doc = {**done.document(), "run_id": history.new_id("smoke", done.started)}
     if request.json_path:
         write_json(request.json_path, doc)
@@ -408,7 +408,7 @@ def _preflight(session: Session, context: _Context) -> bool:
     try:
         environ, stackgate_set = launch.server_env(lock, config, context.environ)
     except envfile.EnvFileError as exc:
-        session.add("preflight.env", failed(f"the live environment file cannot be read: {exc}; nothing was launched", fix=Fix("Re-run provision to rewrite it.", ("invoke provision",))))
+        session.add("preflight.env", failed(f"the live environment file cannot be read: {exc}; nothing was launched", fix=Fix("Re-run provision to rewrite it.", ("stackgate provision",))))
         return False
     session.environment, session.set_by_stackgate = environ, stackgate_set
     model = launch.check_model(config)
@@ -450,8 +450,8 @@ def _check_python(lock: lockmodel.Lock) -> Result:
     target = lock.python.target
     if target.exists():
         return passed(f"the stack's interpreter {target}")
-    how = "run `invoke provision`" if lock.python.root is not None else "fix python.interpreter in the lock"
-    return failed(f"no interpreter at {target}: {how}; nothing was launched", fix=Fix("Provision the stack first.", ("invoke provision",)))
+    how = "run `stackgate provision`" if lock.python.root is not None else "fix python.interpreter in the lock"
+    return failed(f"no interpreter at {target}: {how}; nothing was launched", fix=Fix("Provision the stack first.", ("stackgate provision",)))
 
 
 def _shrink(session: Session, config: Config) -> fastmode.Shrink | None:
@@ -572,7 +572,7 @@ def _no_crossover(levels: Sequence[bench.Level]) -> Result:
         [
             "speculative decoding stops paying where its per-stream rate falls below the non-speculative configuration's at the same concurrency;",
             "that rate falls with concurrency too (batching), so a single-stream figure such as baseline_tok_s would place the crossover too early",
-            f"measure both: invoke smoke --compare --concurrency {counts}",
+            f"measure both: stackgate smoke --compare --concurrency {counts}",
         ],
     )
 

@@ -1,4 +1,4 @@
-"""`invoke verify`: gather the facts once, run the checks, report, return one exit code.
+"""`stackgate verify`: gather the facts once, run the checks, report, return one exit code.
 
 With ``--deep`` the static checks run first (in parallel), then the deep ones (real work on the
 GPUs), one after another so that they never share the GPUs, and each only when the static

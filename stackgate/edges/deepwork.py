@@ -1,4 +1,4 @@
-"""Real work for `invoke verify --deep`, run by the stack's OWN interpreter (stdlib + torch only).
+"""Real work for `stackgate verify --deep`, run by the stack's OWN interpreter (stdlib + torch only).
 
     <target python> deepwork.py gpu OUT.jsonl REQUEST-JSON
     <target python> deepwork.py allreduce OUTDIR REQUEST-JSON

@@ -1,4 +1,4 @@
-"""flashinfer's kernels for `invoke verify --deep`, run by the stack's OWN interpreter (stdlib, torch, flashinfer).
+"""flashinfer's kernels for `stackgate verify --deep`, run by the stack's OWN interpreter (stdlib, torch, flashinfer).
 
     <target python> flashwork.py gate OUT.jsonl REQUEST-JSON
     <target python> flashwork.py attention OUT.jsonl REQUEST-JSON

@@ -33,7 +33,7 @@ def target_missing(lock: Lock) -> Missing | None:
     if target.exists():
         return None
     if lock.python.root is not None:
-        return Missing(f"no stack environment at {target}: run `invoke provision`")
+        return Missing(f"no stack environment at {target}: run `stackgate provision`")
     return Missing(f"the lock's interpreter {target} does not exist")
 
 

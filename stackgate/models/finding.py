@@ -43,8 +43,8 @@ class Fix:
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Fix:
         """
-        >>> Fix.from_dict({"text": "Reinstall.", "commands": ["invoke provision"]})
-        Fix(text='Reinstall.', commands=('invoke provision',))
+        >>> Fix.from_dict({"text": "Reinstall.", "commands": ["stackgate provision"]})
+        Fix(text='Reinstall.', commands=('stackgate provision',))
         """
         return cls(_text(raw, "text"), _texts(raw, "commands"))
 

@@ -1,7 +1,7 @@
 """The resolution of a stack spec: a PEP 751 lock file, ``pylock.<name>.toml``, beside the spec.
 
 The spec (``lockfiles/<name>.toml``) says what the stack must be: its top-level pins, indexes,
-overrides and guard. ``invoke lock`` resolves it with uv into the pylock: every distribution with
+overrides and guard. ``stackgate lock`` resolves it with uv into the pylock: every distribution with
 its version, markers, and each file's URL and sha256. This module reads a pylock through
 :mod:`packaging.pylock` (PEP 751's own validation, not a parser of ours), adds what stackgate asks
 of one before any of its values reach a requirements file, a command line or a terminal (every
@@ -113,9 +113,9 @@ def lock_command(spec: Path) -> str:
     """The command that makes (or makes again) a spec's pylock.
 
     >>> lock_command(Path("/srv/my specs/a.toml"))
-    "invoke lock --lock '/srv/my specs/a.toml'"
+    "stackgate lock --lock '/srv/my specs/a.toml'"
     """
-    return f"invoke lock --lock {shlex.quote(str(spec))}"
+    return f"stackgate lock --lock {shlex.quote(str(spec))}"
 
 
 def load(path: Path) -> Resolution:
@@ -188,7 +188,7 @@ def _locked(package: PylockPackage, where: str, problems: list[str]) -> Locked |
 def _file(url: str | None, path: Any, hashes: Mapping[str, str], filename: str, where: str, problems: list[str]) -> LockedFile | None:
     """A file an installer may fetch: by URL (one this machine may fetch from), with a sha256."""
     if url is None:
-        problems.append(f"{where}: names the path {path}, not a URL: a pylock from `invoke lock` names every file by its URL")
+        problems.append(f"{where}: names the path {path}, not a URL: a pylock from `stackgate lock` names every file by its URL")
         return None
     problem = url_problem(url) or (f"{url!r} holds whitespace" if re.search(r"\s", url) else None)
     if problem:
@@ -215,7 +215,7 @@ def _recorded_inputs(document: Mapping[str, Any], problems: list[str]) -> dict[s
     stackgate = tool.get("stackgate") if isinstance(tool, dict) else None
     recorded = stackgate.get("inputs") if isinstance(stackgate, dict) else None
     if not isinstance(recorded, dict):
-        problems.append("tool.stackgate.inputs: missing: this pylock was not made by `invoke lock`, so nothing says which spec it resolves")
+        problems.append("tool.stackgate.inputs: missing: this pylock was not made by `stackgate lock`, so nothing says which spec it resolves")
         return {}
     bad = [key for key, value in recorded.items() if not isinstance(value, str)]
     problems.extend(f"tool.stackgate.inputs.{key}: must be a string" for key in bad)
@@ -296,6 +296,8 @@ def _hash_differences(lock: Lock, resolution: Resolution) -> list[str]:
 
 def stamp(resolved: str, lock: Lock) -> str:
     """uv's pylock text with stackgate's header and the spec's inputs (``[tool.stackgate.inputs]``)."""
+    # The header keeps the checkout's `invoke lock` wording (the same command as `stackgate lock`):
+    # new words would change every pylock's bytes, whose sha256 provisioned environments record.
     header = (
         f"# The resolution of {lock.path.name} (PEP 751), written by `invoke lock`: do not edit.\n"
         "# Every distribution of the stack with its files and their sha256; `invoke lock --check` says\n"

@@ -18,7 +18,7 @@
 :func:`redact` returns a redacted copy of a document (dicts, lists, strings, any depth);
 :func:`redact_text` one string. Where they are applied: every JSON document and JUnit file
 (:mod:`stackgate.edges.files`, so also the kept runs), the gate's document before anything
-renders it (console, Markdown, Prometheus), the runs ``invoke report`` reads back, the results
+renders it (console, Markdown, Prometheus), the runs ``stackgate report`` reads back, the results
 a console shows, the fingerprint's components, a smoke session's environment, command line and
 server info, and a server process's command line. This is the one mechanism: every placeholder
 is :data:`REDACTED`.

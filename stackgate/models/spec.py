@@ -74,7 +74,7 @@ _PACKAGE = Path(__file__).resolve().parents[1]
 DEFAULT_LOCK = _PACKAGE / "lockfiles" / "blackwell-sm120-cu130.toml"
 #: Where packages not mapped to a [[python.index]] come from, unless python.default_index says.
 DEFAULT_INDEX = "https://pypi.org/simple"
-#: The platform `invoke lock` resolves for (uv's --python-platform), unless python.platform says:
+#: The platform `stackgate lock` resolves for (uv's --python-platform), unless python.platform says:
 #: the x86_64 Linux servers the profiles describe, glibc 2.28 or newer (torch's own wheels' floor).
 DEFAULT_PLATFORM = "x86_64-manylinux_2_28"
 #: What python.platform may name: uv's Linux targets (a GPU server runs Linux).
@@ -250,7 +250,7 @@ class Python:
     torch_cuda: str | None  #: torch.version.cuda the stack needs, e.g. "13.0"
     #: where every package not mapped to a [[python.index]] comes from (PyPI, or a mirror of it)
     default_index: str = DEFAULT_INDEX
-    #: the platform `invoke lock` resolves for, e.g. x86_64-manylinux_2_28 (not this machine's)
+    #: the platform `stackgate lock` resolves for, e.g. x86_64-manylinux_2_28 (not this machine's)
     platform: str = DEFAULT_PLATFORM
 
     @property

@@ -310,7 +310,7 @@ def render_table(title: str, results: Sequence[Result], *, verbose: int = 0, els
 def _is_command(line: str) -> bool:
     """A line that shows a command to paste: ``$ cmd``, indented or not.
 
-    >>> _is_command("  $ invoke verify"), _is_command("fix: run it")
+    >>> _is_command("  $ stackgate verify"), _is_command("fix: run it")
     (True, False)
     """
     return line.lstrip().startswith("$ ")

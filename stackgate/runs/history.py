@@ -273,7 +273,7 @@ def find(ref: str, runs: Sequence[Run]) -> Run:
     if len(matches) == 1:
         return matches[0]
     if not matches:
-        raise HistoryError(f"no run {ref!r} ({len(runs)} run(s) kept; `invoke report` lists them)")
+        raise HistoryError(f"no run {ref!r} ({len(runs)} run(s) kept; `stackgate report` lists them)")
     raise HistoryError(f"{ref!r} names {len(matches)} runs: {', '.join(r.id for r in matches[:4])}")
 
 

@@ -484,7 +484,7 @@ def _against_baseline(decode: Summary, whole: Summary, bench: Benchmark, lines: 
         return failed(
             f"decode {decode.mean:.2f} tok/s is {-change:.1%} below the baseline {bench.baseline_tok_s:g} tok/s (allowed: {bench.max_regression:.1%}, floor {floor:.2f}); {whole_text}",
             lines,
-            fix=Fix("Compare with the baseline's configuration (`invoke smoke --benchmark --compare`) and check the findings above (attention backend, NCCL settings)."),
+            fix=Fix("Compare with the baseline's configuration (`stackgate smoke --benchmark --compare`) and check the findings above (attention backend, NCCL settings)."),
             data=data,
         )
     return passed(f"decode {decode.mean:.2f} tok/s vs baseline {bench.baseline_tok_s:g} ({change:+.1%}; allowed -{bench.max_regression:.1%}); {whole_text}", lines, data=data)

@@ -27,7 +27,7 @@ from stackgate.stack.toolkit import cuda_link_state, install_command, toolkit_st
 __all__ = ["AREAS", "Blocker", "Plan", "Step", "cache_dir", "plan"]
 
 AREAS = ("toolkit", "python", "patches")
-_REBUILD = "invoke provision --only python"
+_REBUILD = "stackgate provision --only python"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""`invoke lock`'s action: resolve a stack spec with uv into its pylock, and fill a wheelhouse.
+"""`stackgate lock`'s action: resolve a stack spec with uv into its pylock, and fill a wheelhouse.
 
 The resolution is one ``uv pip compile --format pylock.toml --generate-hashes`` of the spec's
 pins, for the spec's Python version and platform (not this machine's), against the spec's
@@ -81,7 +81,7 @@ class Outcome:
 
 
 def current(lock: Lock) -> tuple[pylock.Resolution | None, list[str]]:
-    """The spec's pylock and how it differs from the spec, offline (``invoke lock --check``):
+    """The spec's pylock and how it differs from the spec, offline (``stackgate lock --check``):
     (None, [why]) when there is none. A pylock that does not validate raises PylockError."""
     path = pylock.path_for(lock.path)
     if not path.exists():

@@ -108,7 +108,7 @@ def check_backend(info: Mapping[str, Any], want: str) -> Result:
     if have != want:
         return failed(
             f"the server runs the {have} attention backend, the lock asks for {want}",
-            fix=Fix(f"Find why SGLang did not take --attention-backend {want} (the log above; `import flashinfer` in the stack).", ("invoke verify --check abi.imports",)),
+            fix=Fix(f"Find why SGLang did not take --attention-backend {want} (the log above; `import flashinfer` in the stack).", ("stackgate verify --check abi.imports",)),
             data=data,
         )
     return passed(f"attention backend {have}", data=data)
