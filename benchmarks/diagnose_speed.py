@@ -58,7 +58,8 @@ PLANTED = [
     ("cuda-illegal-memory-access", ["[2026-02-03 12:10:00 TP3] RuntimeError: CUDA error: an illegal memory access was encountered"], 0),
     (
         "nccl-watchdog-timeout",
-        ["[rank5]:[E226 11:16:37.121617583 ProcessGroupNCCL.cpp:616] [Rank 5] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5653, OpType=ALLREDUCE, NumelIn=58720256, NumelOut=58720256, Timeout(ms)=600000) ran for 600028 milliseconds before timing out."],
+        ["[rank5]:[E226 11:16:37.121617583 ProcessGroupNCCL.cpp:616] [Rank 5] Watchdog caught collective operation timeout: "
+            "WorkNCCL(SeqNum=5653, OpType=ALLREDUCE, NumelIn=58720256, NumelOut=58720256, Timeout(ms)=600000) ran for 600028 milliseconds before timing out."],
         0,
     ),
 ]
@@ -73,9 +74,15 @@ def traffic(rng: random.Random, size: int) -> str:
         kind = rng.random()
         if kind < 0.75:
             running = rng.randint(1, 64)
-            line = f"[{stamp} TP0] Decode batch, #running-req: {running}, #token: {rng.randint(100, 1431212)}, token usage: {rng.random():.2f}, cuda graph: True, gen throughput (token/s): {rng.uniform(80, 2600):.2f}, #queue-req: {rng.randint(0, 9)}"
+            line = (
+                f"[{stamp} TP0] Decode batch, #running-req: {running}, #token: {rng.randint(100, 1431212)}, token usage: {rng.random():.2f}, "
+                f"cuda graph: True, gen throughput (token/s): {rng.uniform(80, 2600):.2f}, #queue-req: {rng.randint(0, 9)}"
+            )
         elif kind < 0.85:
-            line = f"[{stamp} TP0] Prefill batch, #new-seq: {rng.randint(1, 8)}, #new-token: {rng.randint(1, 8192)}, #cached-token: {rng.randint(0, 4096)}, token usage: {rng.random():.2f}, #running-req: {rng.randint(0, 64)}, #queue-req: {rng.randint(0, 9)}, input throughput (token/s): {rng.uniform(0, 40000):.2f}, cuda graph: False"
+            line = (
+                f"[{stamp} TP0] Prefill batch, #new-seq: {rng.randint(1, 8)}, #new-token: {rng.randint(1, 8192)}, #cached-token: {rng.randint(0, 4096)}, token usage: {rng.random():.2f}, "
+                f"#running-req: {rng.randint(0, 64)}, #queue-req: {rng.randint(0, 9)}, input throughput (token/s): {rng.uniform(0, 40000):.2f}, cuda graph: False"
+            )
         else:
             path = rng.choice(['"POST /generate HTTP/1.1" 200 OK', '"GET /health HTTP/1.1" 200 OK', '"POST /v1/chat/completions HTTP/1.1" 200 OK', '"GET /metrics HTTP/1.1" 200 OK'])
             line = f"[{stamp}] INFO:     127.0.0.1:{rng.randint(30000, 65000)} - {path}"

@@ -77,7 +77,8 @@ def main() -> int:
     verdict = "met" if pip_total / uv_total >= GOAL else "not met"
     print(f"  pip / uv: provision {pip_total / uv_total:.2f}x (goal >= {GOAL:.0f}x: {verdict}), install step {pip_installs / uv_installs:.2f}x, environment creation {pip_create / uv_create:.2f}x")
     shared = statistics.median([uv_total - uv_installs - uv_create, pip_total - pip_installs - pip_create])
-    print(f"  the installers' part (create env + install): pip / uv {(pip_installs + pip_create) / (uv_installs + uv_create):.2f}x; the rest of a provision (stackgate starting, planning, checking, verifying: the same for both) {shared:.2f}s")
+    print(f"  the installers' part (create env + install): pip / uv {(pip_installs + pip_create) / (uv_installs + uv_create):.2f}x; "
+        f"the rest of a provision (stackgate starting, planning, checking, verifying: the same for both) {shared:.2f}s")
     return 0
 
 

@@ -106,7 +106,8 @@ def main() -> int:
     check, start = statistics.median(checks), statistics.median(floor)
     verdict = "met" if check < CHECK_GOAL_S else "MISSED"
     print(f"  in one process, warm: resolve() minus the same uv command run bare just before it: {own * 1000:+.0f} ms (stackgate's own part of a lock)")
-    print(f"  invoke lock --check: median {check:.3f} s (goal < {CHECK_GOAL_S:.0f} s: {verdict}); `python -m invoke --list` {start:.3f} s: {check / start:.2f}x; in-process load + compare {in_process * 1000:.0f} ms")
+    print(f"  invoke lock --check: median {check:.3f} s (goal < {CHECK_GOAL_S:.0f} s: {verdict}); "
+        f"`python -m invoke --list` {start:.3f} s: {check / start:.2f}x; in-process load + compare {in_process * 1000:.0f} ms")
     return 0
 
 

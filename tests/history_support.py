@@ -24,7 +24,10 @@ def figures(decode: float, *, baseline: float = 190.0, max_regression: float = 0
     """A benchmark of two runs around ``decode`` tok/s, as the gate's document holds it."""
     rates = [decode - 0.2, decode + 0.2]
     tok = [r * 0.985 for r in rates]
-    rows = [{"tokens": 200, "asked": 200, "seconds": round(200 / t, 4), "tok_s": round(t, 3), "ttft_s": 0.021, "decode_tok_s": round(r, 3), "events": 200, "finish_reason": {"type": "length"}, "error": None, "client_cpu_s": 0.01} for r, t in zip(rates, tok, strict=True)]
+    rows = [{
+        "tokens": 200, "asked": 200, "seconds": round(200 / t, 4), "tok_s": round(t, 3), "ttft_s": 0.021, "decode_tok_s": round(r, 3), "events": 200, "finish_reason": {"type": "length"},
+        "error": None, "client_cpu_s": 0.01,
+    } for r, t in zip(rates, tok, strict=True)]
     floor = baseline * (1 - max_regression)
     mean = sum(tok) / 2
     status = "PASS" if mean >= floor else "FAIL"
@@ -34,14 +37,21 @@ def figures(decode: float, *, baseline: float = 190.0, max_regression: float = 0
     }  # fmt: skip
 
 
-def gate_doc(*, decode: float | None = 200.0, backend: str = "flashinfer", torch: str = "2.9.1+cu130", summary: str = "all good", status: Status = Status.PASS, lock: str = "standin") -> dict[str, Any]:
+def gate_doc(
+    *, decode: float | None = 200.0, backend: str = "flashinfer", torch: str = "2.9.1+cu130", summary: str = "all good", status: Status = Status.PASS, lock: str = "standin"
+) -> dict[str, Any]:
     """A gate's document: four stages as given, the benchmark (``decode`` None: not run)."""
     fix = Fix("Do the thing.", ("echo fix",)) if status >= Status.WARN else None
-    stages = [gate.Stage(name, name, (), (lambda n: lambda ctx: [Result(f"{n}.check", status if n == "verify" else Status.PASS, summary if n == "verify" else f"{n} ok", fix=fix if n == "verify" else None)])(name)) for name in ("lock", "environment", "verify", "fast_smoke")]
+    stages = [gate.Stage(
+        name, name, (), (lambda n: lambda ctx: [Result(f"{n}.check", status if n == "verify" else Status.PASS, summary if n == "verify" else f"{n} ok", fix=fix if n == "verify" else None)])(name)
+    ) for name in ("lock", "environment", "verify", "fast_smoke")]
     done = gate.run_gate(gate.GateRequest(), UI(stream=io.StringIO(), force_plain=True), stages=stages)
     doc = done.document()
     doc["lock"] = {"name": lock, "path": f"/locks/{lock}.toml", "sha256": "a" * 64}
-    components = {"lock": {"name": lock, "sha256": "a" * 64}, "gpu": {"driver": "580.82.07", "gpu0": "NVIDIA H200, compute capability 9.0"}, "distributions": {"torch": torch, "sglang": "0.5.9"}, "server": {**SERVER, "attention_backend": backend}}
+    components = {
+        "lock": {"name": lock, "sha256": "a" * 64}, "gpu": {"driver": "580.82.07", "gpu0": "NVIDIA H200, compute capability 9.0"}, "distributions": {"torch": torch, "sglang": "0.5.9"},
+        "server": {**SERVER, "attention_backend": backend},
+    }
     doc["gate"]["fingerprint"] = fp.Fingerprint(components).to_dict()
     doc["gate"]["benchmark"] = figures(decode) if decode is not None else None
     return doc

@@ -76,7 +76,10 @@ class Rig:
         chosen = {**FAST_DRAIN, "events": str(self.events_path), "gpu_state": str(self.holders_path), "gpu_bytes": 2 * 2**30, **behaviour}
         self.behaviour_path.write_text(json.dumps(chosen))
 
-    def lock(self, *, tp: int = 1, flags: tuple[str, ...] = (), evidence: dict[str, str] | None = None, smoke_extra: str = "", benchmark: dict[str, Any] | None = None, env: dict[str, str] | None = None, tables: str = "") -> Path:
+    def lock(
+        self, *, tp: int = 1, flags: tuple[str, ...] = (), evidence: dict[str, str] | None = None, smoke_extra: str = "", benchmark: dict[str, Any] | None = None, env: dict[str, str] | None = None,
+        tables: str = "",
+    ) -> Path:
         bench = {"output_tokens": 200, "runs": 2, "warmup": 1, **(benchmark or {})}
         env_lines = {"PYTHONPATH": str(FAKES), "STACKGATE_FAKE_SGLANG": str(self.behaviour_path), **(env or {})}
         evidence_line = f"evidence = {{ {', '.join(f'{json.dumps(k)} = {json.dumps(v)}' for k, v in (evidence or {}).items())} }}" if evidence else ""

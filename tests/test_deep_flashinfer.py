@@ -128,7 +128,10 @@ def test_an_attention_that_does_not_import_or_compile_fails_with_the_knowledge_b
     result = deep.judge_attention(attention_run([], begin={"event": "begin", "error": mismatch, "trace": f"Traceback ...\n{mismatch}"}, returncode=1), JIT, HOPPER)
     assert result.status == Status.FAIL and result.summary == f"{mismatch} -> flashinfer-cubin 0.6.3 beside flashinfer 0.6.4"
     assert result.fix is not None and "stackgate verify --check flashinfer.cubin --lock " in " ".join(result.fix.commands)
-    ninja = {"event": "kernel", "index": 0, "name": H200, "kind": "prefill", "error": "RuntimeError: Ninja build failed. Ninja output:", "trace": "RuntimeError: Ninja build failed. Ninja output:\nfatal error: curand_kernel.h: No such file or directory"}
+    ninja = {
+        "event": "kernel", "index": 0, "name": H200, "kind": "prefill", "error": "RuntimeError: Ninja build failed. Ninja output:",
+        "trace": "RuntimeError: Ninja build failed. Ninja output:\nfatal error: curand_kernel.h: No such file or directory",
+    }
     built = deep.judge_attention(attention_run([*attention_kernels()[:2], ninja]), JIT, HOPPER)
     assert built.status == Status.FAIL
     assert built.summary == "1 kernel problem(s): GPU 0 prefill: RuntimeError: Ninja build failed. Ninja output: -> A JIT build cannot find the CUDA header curand_kernel.h"
@@ -186,7 +189,8 @@ def test_the_recorded_fusion_passes_with_its_speedup_per_token_count() -> None:
     assert one.fused_us == pytest.approx((4.8672 + 4.8528) / 2, abs=1e-3) and one.unfused_us == pytest.approx((25.824 + 25.8688) / 2, abs=1e-3)
     result = deep.judge_fusion(run, JIT, HOPPER)
     assert result.status == Status.PASS, result.details
-    assert result.summary.startswith("2 ranks, hidden 7168: fused = NCCL + residual + RMSNorm (max abs error norm 0.062); fused vs unfused, graph-captured, per token count: 1: 4.9 vs 25.8 us (5.3x), 4: 4.9 vs 29.4 us (6.0x), ")
+    assert result.summary.startswith("2 ranks, hidden 7168: fused = NCCL + residual + RMSNorm (max abs error norm 0.062); fused vs unfused, graph-captured, per token count: "
+        "1: 4.9 vs 25.8 us (5.3x), 4: 4.9 vs 29.4 us (6.0x), ")
     assert "512: 33.0 vs 128.6 us (3.9x)" in result.summary
     assert result.summary.endswith("workspace JIT (cold) took 94 s of the 600 s allowed (1 module(s) compiled into /opt/stackgate/cache/flashinfer)")
     assert result.data["figures"]["fused speedup at 1 tokens"] == pytest.approx(5.31, abs=0.01)
@@ -408,7 +412,9 @@ def test_the_recorded_aligned_replays_give_each_ranks_median_and_the_fastest() -
     5 replays is 16.6 us (nccl-tests read 14.97 us beside it: the multi-process transport)."""
     [aligned] = [line for line in recorded("run2_ar_align.jsonl") if line["cfg"]["name"] == "align"]
     per_rank = {
-        rank: [{"event": "size", "bytes": int(size), "us": statistics.median(us), "us_min": min(us), "us_replays": us, "eager_us": 50.0, "timing": "cuda-graph", "wrong": 0} for size, us in replays.items()]
+        rank: [{
+            "event": "size", "bytes": int(size), "us": statistics.median(us), "us_min": min(us), "us_replays": us, "eager_us": 50.0, "timing": "cuda-graph", "wrong": 0
+        } for size, us in replays.items()]
         for rank, replays in enumerate(aligned["us_per_rank"])
     }  # fmt: skip
     figures = {f.bytes: f for f in measure.aggregate(2, per_rank)}

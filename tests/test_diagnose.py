@@ -150,15 +150,18 @@ def test_the_json_report_carries_every_finding(tmp_path: Path) -> None:
 
 def test_the_rendered_finding_reads_exactly() -> None:
     scanner = Scanner(source="server.log")
-    scanner.feed_text("ok\n[rank5]:[E226 11:16:37.121617583 ProcessGroupNCCL.cpp:616] [Rank 5] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5653, OpType=ALLREDUCE, NumelIn=58720256, NumelOut=58720256")
+    scanner.feed_text("ok\n[rank5]:[E226 11:16:37.121617583 ProcessGroupNCCL.cpp:616] [Rank 5] "
+        "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5653, OpType=ALLREDUCE, NumelIn=58720256, NumelOut=58720256")
     lines = [text for text, _ in render_findings("stackgate diagnose: 1 input(s)", scanner.findings, "1 finding(s): FAILED")]
     assert lines == [
         "stackgate diagnose: 1 input(s)",
         "",
         "ERROR    nccl-watchdog-timeout: A collective timed out (ALLREDUCE, sequence 5653)",
         "  at server.log:2  [nccl]",
-        "  | 2  [rank5]:[E226 11:16:37.121617583 ProcessGroupNCCL.cpp:616] [Rank 5] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5653, OpType=ALLREDUCE, NumelIn=58720256, NumelOut=58720256",
-        "  cause: A collective (ALLREDUCE, sequence 5653) did not finish within the process group's timeout: a rank hung or died, or peer-to-peer traffic between the GPUs stalls (IOMMU, ACS on PCIe hosts).",
+        "  | 2  [rank5]:[E226 11:16:37.121617583 ProcessGroupNCCL.cpp:616] [Rank 5] "
+        "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5653, OpType=ALLREDUCE, NumelIn=58720256, NumelOut=58720256",
+        "  cause: A collective (ALLREDUCE, sequence 5653) did not finish within the process group's timeout: "
+        "a rank hung or died, or peer-to-peer traffic between the GPUs stalls (IOMMU, ACS on PCIe hosts).",
         "  fix: Find the rank that stopped first (its error is earlier in the log); run the collective test to find a GPU pair or setting that hangs; check NCCL_P2P_LEVEL and the PCIe topology.",
         "  $ stackgate verify --deep",
         "  $ nvidia-smi topo -m",

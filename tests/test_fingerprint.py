@@ -79,7 +79,10 @@ def test_a_different_gpu_is_the_same_stack_only_if_it_is_the_same_model():
         ({"info": {**INFO, "attention_backend": "triton"}}, "server", "attention_backend", "flashinfer", "triton"),
         ({"dists": {**DISTS, "torch": "2.10.0"}}, "distributions", "torch", "2.9.1+cu130", "2.10.0"),
         ({"gpus": machine([gpu() for _ in range(8)], driver="580.95.05")}, "gpu", "driver", "580.82.07", "580.95.05"),
-        ({"gpus": machine([gpu() for _ in range(7)] + [gpu("NVIDIA H200", (9, 0))])}, "gpu", "gpu7", "NVIDIA RTX PRO 6000 Blackwell Server Edition, compute capability 12.0", "NVIDIA H200, compute capability 9.0"),
+        (
+            {"gpus": machine([gpu() for _ in range(7)] + [gpu("NVIDIA H200", (9, 0))])}, "gpu", "gpu7", "NVIDIA RTX PRO 6000 Blackwell Server Edition, compute capability 12.0",
+            "NVIDIA H200, compute capability 9.0",
+        ),
         ({"toolkit": "13.0.48"}, "toolkits", "/usr/local/cuda-13.0", "13.0 (V13.0.88)", "13.0 (V13.0.48)"),
         ({"patch": "not applied"}, "patches", "sglang-0.5.9-sm120-torch-symm-mem.patch", "applied to sglang 0.5.9", "not applied"),
         ({"lock": dataclasses.replace(LOCK, sha256="0" * 64)}, "lock", "sha256", LOCK.sha256, "0" * 64),

@@ -337,7 +337,9 @@ def test_a_gate_against_the_standin_passes_then_regresses_and_report_names_the_c
 
     families = exposition.parse((tmp_path / "good.prom").read_text())
     assert families["stackgate_gate_passed"].value(lock="standin") == 1
-    assert families["stackgate_gate_decode_tokens_per_second"].value(lock="standin") == pytest.approx(200.0, rel=0.05)  # the stand-in paces by its sleeps; its accuracy is measured in benchmarks/client_accuracy.py
+    assert families["stackgate_gate_decode_tokens_per_second"].value(lock="standin") == pytest.approx(
+        200.0, rel=0.05
+    )  # the stand-in paces by its sleeps; its accuracy is measured in benchmarks/client_accuracy.py
     assert families["stackgate_gate_baseline_tokens_per_second"].value(lock="standin") == 190
     suites = ET.parse(tmp_path / "good.xml").getroot().findall("testsuite")
     assert [s.attrib["failures"] for s in suites] == ["0"] * 5 and int(suites[-1].attrib["tests"]) > 5

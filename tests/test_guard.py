@@ -98,7 +98,10 @@ def test_a_blocked_resolution_names_the_package_that_wanted_another_torch(
     lock = lockmodel.load(write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", installer=installer, extra_packages=extra))
     home, files = _family_env(tmp_path, "env", lock, install_environ)
     wanted = ("torch-agnostic==1.0", "flashinfer-python", "sglang==0.5.9", "eager-upgrader==1.0")
-    command = _later_install(installer, home, lock.python.default_index, ("--constraint", str(files.constraints), "--override", str(files.overrides)) if installer == "uv" else ("--constraint", str(files.constraints)), wanted)
+    command = _later_install(
+        installer, home, lock.python.default_index, ("--constraint", str(files.constraints), "--override", str(files.overrides)) if installer == "uv" else ("--constraint", str(files.constraints)),
+        wanted,
+    )
     with pytest.raises(guard.GuardError) as caught:
         pyenv.run(command, log=tmp_path / "stack.log", environ=install_environ, lock=lock)
     message = str(caught.value)

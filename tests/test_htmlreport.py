@@ -46,7 +46,10 @@ def write_page(tmp_path: Path, *runs: str) -> Path:
 
 
 def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'chromium-profile'}"]
+    flags = [
+        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+    ]
     return subprocess.run([CHROMIUM, *flags, *args], capture_output=True, text=True, timeout=120)
 
 

@@ -281,7 +281,9 @@ def _rich_document() -> dict[str, Any]:
     """The default profile, with every optional string field filled in too."""
     document = tomllib.loads(DEFAULT.read_text())
     document["python"]["default_index"] = "https://pypi.org/simple"
-    document["toolkit"].append({"version": "12.9.1", "prefix": "/usr/local/cuda-12.9", "source": "runfile", "url": "https://developer.download.nvidia.com/cuda_12.9.1_575.57.08_linux.run", "sha256": "0" * 64})
+    document["toolkit"].append({
+        "version": "12.9.1", "prefix": "/usr/local/cuda-12.9", "source": "runfile", "url": "https://developer.download.nvidia.com/cuda_12.9.1_575.57.08_linux.run", "sha256": "0" * 64
+    })
     smoke = document["smoke"]
     smoke.update(model="/models/m", env={"NCCL_P2P_LEVEL": "SYS"}, speculative={"algorithm": "EAGLE3", "draft_model": "/models/draft"})
     smoke["compare"] = {"name": "baseline", "attention_backend": "triton", "flags": ["--enable-x"], "env": {"X": "1"}}
@@ -406,7 +408,9 @@ def test_through_invoke_a_hostile_lock_exits_2_with_the_key_path_and_no_tracebac
     canary = tmp_path / "canary"
     lock = tmp_path / "lock.toml"
     lock.write_text(minimal(root=str(tmp_path / "root"), extra=f'[env]\nNCCL_DEBUG = "$(touch {canary})"\n[[patch]]\npackage = "torch"\nversion = "2.11.0"\nfile = "a\\u0000b.patch"\nreason = "r"\n'))
-    done = subprocess.run([sys.executable, "-m", "invoke", *command, "--lock", str(lock)], cwd=ROOT, capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "HOME": str(tmp_path)})
+    done = subprocess.run(
+        [sys.executable, "-m", "invoke", *command, "--lock", str(lock)], cwd=ROOT, capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1", "HOME": str(tmp_path)}
+    )
     assert done.returncode == 2, done.stderr
     assert "patch[0].file: contains a control character (U+0000)" in done.stderr and "Traceback" not in done.stderr + done.stdout
     assert not (tmp_path / "root").exists() and not canary.exists()

@@ -120,10 +120,12 @@ def test_the_plan_reads_as_steps_with_why_and_exact_commands(tmp_path: Path, sta
             "  4. [python] write the guard and the pylock into 0001-20250101T000000: constraints torch==2.9.1+cu130, torchaudio==2.9.1+cu130, triton==3.5.1, nvidia-nccl-cu13==2.27.7",
             "       why: what people install later is held by these constraints; the installer reads the generation's copy of the pylock",
             "  5. [python] install the pylock's 9 distributions (9 files, each checked against its sha256) from http://INDEX/, http://INDEX/cu130/simple, http://INDEX/pypi/simple",
-            "       why: exactly the pylock: nothing missing, nothing extra (resolved with override flashinfer-python==0.6.4: sglang 0.5.9 pins flashinfer_python==0.6.3; the stack runs 0.6.4; override flashinfer-cubin==0.6.4: sglang 0.5.9 pins flashinfer_cubin==0.6.3; it must equal flashinfer-python)",
+            "       why: exactly the pylock: nothing missing, nothing extra (resolved with override flashinfer-python==0.6.4: sglang 0.5.9 pins flashinfer_python==0.6.3; the stack runs 0.6.4; "
+            "override flashinfer-cubin==0.6.4: sglang 0.5.9 pins flashinfer_cubin==0.6.3; it must equal flashinfer-python)",
             f"       $ {pip} --no-deps --require-hashes --only-binary :all: --index-url http://INDEX/pypi/simple --extra-index-url http://INDEX/cu130/simple --requirement {home}/requirements.txt",
             "  6. [python] write 0001-20250101T000000/stackgate.env, activate and pip.conf",
-            "       why: stackgate.env exports CUDA_HOME, PATH, TRITON_PTXAS_PATH, PIP_CONSTRAINT, UV_CONSTRAINT, VIRTUAL_ENV and the lock's [env]; pip.conf holds its pip to the guard, activated or not",
+            "       why: stackgate.env exports CUDA_HOME, PATH, TRITON_PTXAS_PATH, PIP_CONSTRAINT, UV_CONSTRAINT, VIRTUAL_ENV and the lock's [env]; "
+            "pip.conf holds its pip to the guard, activated or not",
             "  7. [python] check generation 0001-20250101T000000: exactly the pylock, pins, guard, consistency, torch build",
             "       why: a generation that fails its checks is never switched to",
             "  8. [python] switch TMP/root/current to 0001-20250101T000000; keep 3 generations",

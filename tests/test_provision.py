@@ -412,7 +412,10 @@ def test_rollback_while_a_provision_runs_says_what_rollback_can_do(
 ) -> None:
     root = _copy(built, tmp_path)
     lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, resolve_with=install_environ)
-    hold = "import sys, time; from pathlib import Path; from stackgate.stack import generations\nwith generations.exclusive(Path(sys.argv[1]), wait=False, command='invoke provision'):\n    print('held', flush=True); time.sleep(60)"
+    hold = (
+        "import sys, time; from pathlib import Path; from stackgate.stack import generations\n"
+        "with generations.exclusive(Path(sys.argv[1]), wait=False, command='invoke provision'):\n    print('held', flush=True); time.sleep(60)"
+    )
     holder = subprocess.Popen([sys.executable, "-c", hold, str(root)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"

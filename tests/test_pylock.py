@@ -83,7 +83,10 @@ HOSTILE = [
     (lambda t: t.replace('version = "2.9.1"', 'version = "two"'), "packages[0].version: Invalid version: 'two'"),
     (lambda t: t.replace('name = "torch"', 'name = "Torch Evil"'), "packages[0].name: Name 'Torch Evil' is not normalized"),
     (lambda t: t.replace('lock-version = "1.0"', 'lock-version = "2.0"'), "lock-version: pylock version 2.0 is not supported"),
-    (lambda t: t.replace("archive = {", "sdist = {").replace("%2Bcu130-cp310-abi3-manylinux2014_x86_64.whl", "%2Bcu130.tar.gz"), "packages[1]: sgl-kernel has no wheel: stackgate installs hashed wheels only"),
+    (
+        lambda t: t.replace("archive = {", "sdist = {").replace("%2Bcu130-cp310-abi3-manylinux2014_x86_64.whl", "%2Bcu130.tar.gz"),
+        "packages[1]: sgl-kernel has no wheel: stackgate installs hashed wheels only",
+    ),
     (lambda t: t.replace("%2Bcu130-cp310-abi3-manylinux2014_x86_64.whl", "%2Bcu130.tar.gz"), "packages[1].archive: 'sgl_kernel-0.3.21+cu130.tar.gz' is not a wheel"),
     (lambda t: t + '\n[[packages]]\nname = "torch"\nversion = "2.9.1"\n' + f'wheels = [{{ url = "{TORCH}", hashes = {{ sha256 = "{"a" * 64}" }} }}]\n', "packages[2]: torch is listed twice"),
     (lambda t: t.replace('[tool.stackgate.inputs]', '[tool.other]'), "tool.stackgate.inputs: missing: this pylock was not made by `stackgate lock`"),

@@ -189,7 +189,8 @@ def test_python_locked_names_every_difference_from_the_pylock(tmp_path):
     assert result.status is Status.FAIL
     assert result.details == (
         "flashinfer-python 0.6.4 was installed from a wheel tagged cp311-cp311-win_amd64, not from the pylock's flashinfer_python-0.6.4-py3-none-any.whl",
-        "sgl-kernel 0.3.21 was installed from the direct URL https://files.example/sgl_kernel-0.3.21-cp39-abi3-manylinux2014_x86_64.whl, not from the pylock's sgl_kernel-0.3.21-cp310-abi3-manylinux2014_x86_64.whl",
+        "sgl-kernel 0.3.21 was installed from the direct URL https://files.example/sgl_kernel-0.3.21-cp39-abi3-manylinux2014_x86_64.whl, "
+        "not from the pylock's sgl_kernel-0.3.21-cp310-abi3-manylinux2014_x86_64.whl",
         "sglang is 0.5.8, the pylock holds 0.5.9",
         "triton 3.5.1 is locked but not installed",
         "xgrammar 0.1.27 is installed but not in the pylock",

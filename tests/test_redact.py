@@ -38,7 +38,10 @@ from stackgate.runs import fingerprint as fp
         ("launch --api-key=Zq9-secret-1 --tp-size 8", "launch --api-key=<redacted> --tp-size 8"),
         ("launch --enable-x --api-key 'Zq9 secret 1'", "launch --enable-x --api-key '<redacted>'"),
         ("--api-key: api_key='Zq9-secret-1'", "--api-key: api_key='<redacted>'"),
-        ("server_args=ServerArgs(model_path='/m', api_key='Zq9-secret-1', admin_api_key=None, port=30000)", "server_args=ServerArgs(model_path='/m', api_key='<redacted>', admin_api_key=None, port=30000)"),
+        (
+            "server_args=ServerArgs(model_path='/m', api_key='Zq9-secret-1', admin_api_key=None, port=30000)",
+            "server_args=ServerArgs(model_path='/m', api_key='<redacted>', admin_api_key=None, port=30000)",
+        ),
         ('{"api_key": "Zq9-secret-1", "tp_size": 8}', '{"api_key": "<redacted>", "tp_size": 8}'),
         ("export HF_TOKEN=Zq9-secret-1", "export HF_TOKEN=<redacted>"),
         ("HF_ENDPOINT=https://hub-user:Zq9-secret-1@hub.example.com/api", "HF_ENDPOINT=https://hub-user:<redacted>@hub.example.com/api"),
@@ -212,7 +215,9 @@ def planted(tmp_path_factory, plain_python):
             kill_leftovers(rig)
         good, timed_out = (json.loads((folder / f"{name}.json").read_text()) for name in ("good", "timed-out"))
         runs = folder / "runs"
-        for name, refs, html in (("report", (), None), ("report A", (good["run_id"],), None), ("report A B", (good["run_id"], timed_out["run_id"]), None), ("report --html", (good["run_id"],), folder / "report.html")):
+        for name, refs, html in (
+            ("report", (), None), ("report A", (good["run_id"],), None), ("report A B", (good["run_id"], timed_out["run_id"]), None), ("report --html", (good["run_id"],), folder / "report.html")
+        ):
             assert _run(name, console, functools.partial(reporting.run, reporting.ReportRequest(runs=refs, html_path=html, runs_dir=runs))) == 0
     return Planted(folder, console, good, timed_out, json.loads((folder / "smoke.json").read_text()))
 

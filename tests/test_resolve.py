@@ -70,7 +70,10 @@ def test_lock_resolves_the_spec_into_an_exact_hashed_pylock_the_same_every_time(
     ("old", "new", "expected"),
     [
         ('sglang = "==0.5.9"', 'sglang = "==0.5.8"', "python.packages.sglang: ==0.5.9 in the pylock, ==0.5.8 in the spec"),
-        ('version = "==0.6.4"\nreason = "sglang 0.5.9 pins flashinfer_cubin', 'version = ">=0.6.3"\nreason = "sglang 0.5.9 pins flashinfer_cubin', "python.override.flashinfer-cubin: ==0.6.4 in the pylock, >=0.6.3 in the spec"),
+        (
+            'version = "==0.6.4"\nreason = "sglang 0.5.9 pins flashinfer_cubin', 'version = ">=0.6.3"\nreason = "sglang 0.5.9 pins flashinfer_cubin',
+            "python.override.flashinfer-cubin: ==0.6.4 in the pylock, >=0.6.3 in the spec",
+        ),
         ('packages = ["torch", "torchaudio", "triton"]', 'packages = ["torch", "torchaudio"]', "torch, torchaudio, triton in the pylock, torch, torchaudio in the spec"),
         ('version = "3.11"', 'version = "3.12"', "python.version: 3.11 in the pylock, 3.12 in the spec"),
         ('[python.packages]\n', '[python.packages]\nrich = "==13.7.1"\n', "python.packages.rich: ==13.7.1 in the spec, not in the pylock"),
@@ -96,7 +99,8 @@ def test_check_without_a_pylock_fails_and_a_damaged_one_is_a_bad_lockfile(
     code, out, err = _lock(spec, install_environ, capsys, check=True)
     assert code == ExitCode.FAILED
     assert f"lock.toml has no pylock: {tmp_path / 'pylock.lock.toml'} does not exist" in err
-    (tmp_path / "pylock.lock.toml").write_text('lock-version = "1.0"\ncreated-by = "x"\n[[packages]]\nname = "torch"\nversion = "2.9.1"\nwheels = [{ url = "http://example.com/torch-2.9.1-py3-none-any.whl", hashes = { sha256 = "00" } }]\n')
+    (tmp_path / "pylock.lock.toml").write_text('lock-version = "1.0"\ncreated-by = "x"\n[[packages]]\nname = "torch"\nversion = "2.9.1"\n'
+        'wheels = [{ url = "http://example.com/torch-2.9.1-py3-none-any.whl", hashes = { sha256 = "00" } }]\n')
     done = subprocess.run([sys.executable, "-m", "invoke", "lock", "--lock", str(spec), "--check"], cwd=ROOT, env=install_environ, capture_output=True, text=True)
     assert done.returncode == ExitCode.USAGE, done.stderr
     assert "packages[0].wheels[0].url: plain http to example.com: use https" in done.stderr

@@ -107,7 +107,10 @@ def test_a_malformed_entry_fails_at_load_with_its_file_and_id(tmp_path: Path, te
 
 
 def test_duplicate_ids_fail_at_load(tmp_path: Path) -> None:
-    entry = '[[signature]]\nid = "x"\ntitle = "t"\ncomponent = "torch"\nstages = ["smoke"]\nseverity = "error"\npatterns = ["some literal text"]\ncause = "c"\nfix = "f"\nsource = "s"\nexamples = ["e"]\n'
+    entry = (
+        '[[signature]]\nid = "x"\ntitle = "t"\ncomponent = "torch"\nstages = ["smoke"]\nseverity = "error"\n'
+        'patterns = ["some literal text"]\ncause = "c"\nfix = "f"\nsource = "s"\nexamples = ["e"]\n'
+    )
     (tmp_path / "a.toml").write_text(entry)
     (tmp_path / "b.toml").write_text(entry)
     with pytest.raises(SignatureError, match="duplicate signature ids: x"):
@@ -313,7 +316,10 @@ def test_the_resolver_culprit_is_the_requirement_that_excludes_the_pin() -> None
 
 
 def test_uv_reports_are_read_through_their_line_wrapping() -> None:
-    report = "  × No solution found when resolving dependencies:\n  ╰─▶ Because flashinfer-python==0.6.4 depends on\n      torch>=2.10 and you require torch==2.9.1+cu130, we can conclude that your\n      requirements are unsatisfiable."
+    report = (
+        "  × No solution found when resolving dependencies:\n  ╰─▶ Because flashinfer-python==0.6.4 depends on\n      "
+        "torch>=2.10 and you require torch==2.9.1+cu130, we can conclude that your\n      requirements are unsatisfiable."
+    )
     found = scan(report, context={"lock_pins": "torch==2.9.1+cu130"}).findings[0].values
     assert found["package"] == "torch"
     assert found["culprit"] == "flashinfer-python 0.6.4 (torch>=2.10)"
@@ -323,7 +329,8 @@ def test_a_uv_report_about_every_version_of_a_requirer_names_it() -> None:
     """uv 0.9 writes "all versions of X depend on" (not "depends on") when no release fits."""
     report = (
         "error: No solution found when resolving dependencies\n"
-        "  cause: Because all versions of eager-upgrader depend on torch>=2.10 and you require torch==2.9.1+cu130, we can conclude that your requirements and all versions of eager-upgrader are incompatible.\n"
+        "  cause: Because all versions of eager-upgrader depend on torch>=2.10 and you require torch==2.9.1+cu130, "
+        "we can conclude that your requirements and all versions of eager-upgrader are incompatible.\n"
         "         And because you require eager-upgrader==1.0, we can conclude that your requirements are unsatisfiable."
     )
     (finding,) = scan(report, stage="provision", context={"lock_pins": "torch==2.9.1+cu130"}).findings
@@ -335,7 +342,10 @@ def test_a_uv_report_about_every_version_of_a_requirer_names_it() -> None:
 
 def test_verify_import_classifier_still_names_undefined_symbols() -> None:
     lock = lockmodel.load(LOCK)
-    outcome = ImportOutcome("sgl_kernel", False, 0.4, "ImportError: /x/sgl_kernel/common_ops.abi3.so: undefined symbol: _ZN3c104cuda9SetDeviceEab", demangled={"_ZN3c104cuda9SetDeviceEab": "c10::cuda::SetDevice(signed char, bool)"})
+    outcome = ImportOutcome(
+        "sgl_kernel", False, 0.4, "ImportError: /x/sgl_kernel/common_ops.abi3.so: undefined symbol: _ZN3c104cuda9SetDeviceEab",
+        demangled={"_ZN3c104cuda9SetDeviceEab": "c10::cuda::SetDevice(signed char, bool)"},
+    )
     text, fix = classify_import(outcome, lock, explain_import(outcome, lock))
     assert text.startswith("undefined symbol c10::cuda::SetDevice(signed char, bool): ABI mismatch with torch")
     flag = f" --lock {lock.path}"

@@ -52,7 +52,8 @@ def test_an_ngram_speculation_needs_no_draft_model():
 
 
 def test_the_compare_table_and_the_other_new_fields_load():
-    lock = load('[smoke]\nfast_layers = 2\nstop_grace_s = 20\n[smoke.compare]\nname = "no-fusion"\nflags = ["--disable-cuda-graph"]\nattention_backend = "triton"\nspeculative = false\n[smoke.compare.env]\nNCCL_ALGO = "Ring"\n')
+    lock = load('[smoke]\nfast_layers = 2\nstop_grace_s = 20\n'
+        '[smoke.compare]\nname = "no-fusion"\nflags = ["--disable-cuda-graph"]\nattention_backend = "triton"\nspeculative = false\n[smoke.compare.env]\nNCCL_ALGO = "Ring"\n')
     compare = lock.smoke.compare
     assert (compare.name, compare.flags, compare.attention_backend, compare.speculative, dict(compare.env)) == ("no-fusion", ("--disable-cuda-graph",), "triton", False, {"NCCL_ALGO": "Ring"})
     assert (lock.smoke.fast_layers, lock.smoke.stop_grace_s) == (2, 20.0)

@@ -234,7 +234,9 @@ def test_the_cause_is_the_specific_error_not_the_wrapper(tmp_path):
     assert watcher.cause.id == "cuda-out-of-memory"  # the one to report
     results = logscan.finding_results(watcher.findings, "log", lock_backend="flashinfer")
     assert [r.check for r in results] == ["log.cuda-out-of-memory", "log.sglang-scheduler-exception", "log.sglang-child-failed"]
-    assert results[0].summary == "A GPU ran out of memory" and results[0].data["finding"]["evidence"] == {"file": str(log), "line": 2, "start_line": 2, "count": 1, "lines": ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB."]}
+    assert results[0].summary == "A GPU ran out of memory" and results[0].data["finding"]["evidence"] == {
+        "file": str(log), "line": 2, "start_line": 2, "count": 1, "lines": ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB."]
+    }
 
 
 def test_a_default_backend_equal_to_the_lock_s_is_only_a_warning(tmp_path):
@@ -395,7 +397,10 @@ def test_a_stopped_benchmark_fails_with_its_reason():
 
 def test_the_reader_counts_tokens_from_completion_tokens_and_keeps_the_last_ids():
     reader = bench._Reader(asked=6, incremental_ids=False)
-    events = [b'{"text":"a","output_ids":[1,2,3],"meta_info":{"completion_tokens":3}}', b'{"text":"a b","output_ids":[1,2,3,4,5,6],"meta_info":{"finish_reason":{"type":"length","length":6},"completion_tokens":6}}', b"[DONE]"]
+    events = [
+        b'{"text":"a","output_ids":[1,2,3],"meta_info":{"completion_tokens":3}}',
+        b'{"text":"a b","output_ids":[1,2,3,4,5,6],"meta_info":{"finish_reason":{"type":"length","length":6},"completion_tokens":6}}', b"[DONE]",
+    ]
     for t, data in zip((1.0, 2.0, 2.0), events, strict=True):
         if reader.event(t, data):
             break

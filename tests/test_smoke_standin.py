@@ -56,7 +56,10 @@ def test_a_plain_smoke_passes_proves_what_runs_and_leaves_nothing(rig):
     assert results["smoke.flags"].summary == "1 flag(s) run as asked"
     assert done.server_info["version"] == "0.5.9" and done.server_info["attention_backend"] == "flashinfer"
     session = done.sessions[0]
-    assert session.argv[1:] == ("-m", "sglang.launch_server", "--model-path", str(rig.model), "--tp-size", "1", "--host", "127.0.0.1", "--port", str(rig.port), "--attention-backend", "flashinfer", "--mem-fraction-static", "0.8")
+    assert session.argv[1:] == (
+        "-m", "sglang.launch_server", "--model-path", str(rig.model), "--tp-size", "1", "--host", "127.0.0.1", "--port", str(rig.port), "--attention-backend", "flashinfer", "--mem-fraction-static",
+        "0.8",
+    )
     assert session.teardown.how == "SIGTERM" and session.teardown.leftovers == ()
     assert "SGLang" in results["smoke.teardown"].summary
     assert_nothing_left(rig)
@@ -219,7 +222,10 @@ def test_a_server_dying_mid_stream_stops_the_benchmark_with_its_cause(rig):
 
 
 def test_a_fatal_log_line_mid_stream_cuts_the_stream_at_once(rig):
-    watchdog = "[rank0]:[E ProcessGroupNCCL.cpp:523] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600012 milliseconds before timing out."
+    watchdog = (
+        "[rank0]:[E ProcessGroupNCCL.cpp:523] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) "
+        "ran for 600012 milliseconds before timing out."
+    )
     rig.behave(rate=100.0, fatal_mid_stream={"after_tokens": 20, "line": watchdog})
     done = rig.run(rig.lock(benchmark={"warmup": 0, "output_tokens": 3000}), benchmark=True)  # 30 s if not cut
     bench = by_name(done.results)["smoke.benchmark"]

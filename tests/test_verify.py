@@ -96,7 +96,9 @@ def test_list_names_every_check():
     assert done.returncode == 0
     names = [line.split()[0] for line in done.stdout.splitlines()]
     assert "gpu.capability" in names and "abi.elf" in names
-    for name, title in (("environment.generation", "The live generation was built from this lock's Python stack."), ("environment.drift", "The installed distributions and the patches are as locked.")):
+    for name, title in (
+        ("environment.generation", "The live generation was built from this lock's Python stack."), ("environment.drift", "The installed distributions and the patches are as locked.")
+    ):
         assert f"{name:<{len(max(names, key=len))}}  {title} (when named: --check; the gate runs it)" in done.stdout.splitlines()
 
 
@@ -130,7 +132,10 @@ def test_ctrl_c_exits_130_and_leaves_no_process(tmp_path):
     hang.write_text(f"#!/bin/sh\necho $$ > {marker}.pid\ntouch {marker}\nexec sleep 60\n")
     hang.chmod(0o755)
     environ = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "invoke", "verify", "--lock", str(hopper_like(tmp_path, hang)), "--check", "python.interpreter"], cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "invoke", "verify", "--lock", str(hopper_like(tmp_path, hang)), "--check", "python.interpreter"], cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )
     deadline = time.monotonic() + 60
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.05)

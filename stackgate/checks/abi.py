@@ -54,7 +54,8 @@ def classify_import(outcome: ImportOutcome, lock: Lock, finding: Finding | None)
     """What an import failure means in one line, and its fix: the finding's, the raw error when
     the knowledge base knows nothing."""
     if outcome.timed_out:
-        return f"timed out after {outcome.duration_s:.0f} s (a hang at import: a lock, a network call, a GPU init)", Fix("Run the import by hand to see where it stops.", (f"{lock.python.target} -X importtime -c 'import {outcome.name}'",))
+        by_hand = Fix("Run the import by hand to see where it stops.", (f"{lock.python.target} -X importtime -c 'import {outcome.name}'",))
+        return f"timed out after {outcome.duration_s:.0f} s (a hang at import: a lock, a network call, a GPU init)", by_hand
     if finding is None:
         return outcome.error_line or "failed with no message", Fix("Reinstall the stack.", ("stackgate provision --only python",))
     evidence = finding.evidence
@@ -105,7 +106,10 @@ def elf_links(lock: Lock, facts: Facts) -> Result:
     if wrong:
         details = [f"{_short(f.path)} ({f.distribution}) links {n.library}" for f, n in wrong]
         packages = sorted({f.distribution for f, _ in wrong})
-        fix = Fix(f"Install the CUDA {want} build of {', '.join(packages)} (e.g. the +cu{want.replace('.', '')} wheel); PyPI's sgl-kernel 0.3.21 is a CUDA 12.9 build.", ("stackgate provision --only python",))
+        fix = Fix(
+            f"Install the CUDA {want} build of {', '.join(packages)} (e.g. the +cu{want.replace('.', '')} wheel); PyPI's sgl-kernel 0.3.21 is a CUDA 12.9 build.",
+            ("stackgate provision --only python",),
+        )
         summary = f"{len(wrong)} shared object(s) link CUDA {wrong[0][1].major} libraries but torch is CUDA {want}: {details[0]}"
         return failed(summary, details, fix, data)
     extra = [f"unreadable: {u}" for u in scan.unreadable]

@@ -67,7 +67,9 @@ def home(lock: Lock, facts: Facts) -> Result:
     want = _real(default.prefix)
     picked = _real(env.jit_home)
     data = {"jit_home": str(env.jit_home), "chosen_by": env.jit_home_by, "want": str(default.prefix), "CUDA_HOME": env.environ.get("CUDA_HOME")}
-    details = [f"CUDA_HOME: {env.environ.get('CUDA_HOME', '(unset)')} ({env.source('CUDA_HOME')})", f"nvcc on PATH: {env.nvcc_on_path or '(none)'}", f"/usr/local/cuda -> {env.cuda_link or '(absent)'}"]
+    details = [
+        f"CUDA_HOME: {env.environ.get('CUDA_HOME', '(unset)')} ({env.source('CUDA_HOME')})", f"nvcc on PATH: {env.nvcc_on_path or '(none)'}", f"/usr/local/cuda -> {env.cuda_link or '(absent)'}"
+    ]
     if env.env_file_error:
         details.append(f"stackgate.env unreadable: {env.env_file_error}")
     if picked != want:
@@ -94,7 +96,9 @@ def ptxas_arch(lock: Lock, facts: Facts) -> Result:
         return failed(f"cannot try ptxas for {arch}: {build.reason}", fix=Fix("Install the default toolkit.", (_PROVISION,)))
     if not build.ok:
         detail = build.output.splitlines()[-1] if build.output else "no output"
-        return failed(f"CUDA {default.version}'s ptxas cannot build {arch}: {detail}", build.output.splitlines()[-5:], Fix(f"Use a toolkit that knows {arch} (12.8 or newer for sm_120a).", (_PROVISION,)))
+        return failed(
+            f"CUDA {default.version}'s ptxas cannot build {arch}: {detail}", build.output.splitlines()[-5:], Fix(f"Use a toolkit that knows {arch} (12.8 or newer for sm_120a).", (_PROVISION,))
+        )
     return passed(f"ptxas of CUDA {default.version} builds {arch}", data={"arch": arch})
 
 

@@ -547,7 +547,9 @@ def _flashinfer_import_fix(lock: Lock) -> Fix:
 # --- deep.flashinfer_attention ----------------------------------------------------------------
 
 #: What each kernel's figure is called in the report and in `report A B`.
-ATTENTION_FIGURES = {"decode": ("decode GB/s", "gbs"), "decode_tensor_cores": ("decode (tensor cores) GB/s", "gbs"), "paged_decode": ("paged decode GB/s", "gbs"), "prefill": ("prefill TFLOP/s", "tflops")}
+ATTENTION_FIGURES = {
+    "decode": ("decode GB/s", "gbs"), "decode_tensor_cores": ("decode (tensor cores) GB/s", "gbs"), "paged_decode": ("paged decode GB/s", "gbs"), "prefill": ("prefill TFLOP/s", "tflops")
+}
 
 
 def _kernel_label(record: Mapping[str, Any]) -> str:
@@ -709,7 +711,9 @@ def _gate_evidence(gate: FusionGate, capabilities: Sequence[str], source: str, a
         lines.append(f"sglang {sglang.get('version')}: {sglang.get('function')}() admits majors {sglang['supported_majors']} (read from {sglang.get('file')} and {sglang.get('helpers')})")
     elif sglang:
         lines.append(f"sglang {sglang.get('version')}: its gate could not be read: {sglang.get('error')}")
-    lines.append(f"FLASHINFER_CUDA_ARCH_LIST={arch_list} (flashinfer compiles for these archs, not the GPUs')" if arch_list else "FLASHINFER_CUDA_ARCH_LIST unset: flashinfer compiles for the GPUs' own archs")
+    lines.append(
+        f"FLASHINFER_CUDA_ARCH_LIST={arch_list} (flashinfer compiles for these archs, not the GPUs')" if arch_list else "FLASHINFER_CUDA_ARCH_LIST unset: flashinfer compiles for the GPUs' own archs"
+    )
     return lines
 
 
@@ -762,7 +766,9 @@ def _fusion_data(run: FusionRun, atol: float) -> dict[str, Any]:
         "workspace_s": {str(rank): round(s, 3) for rank, s in sorted(run.workspace_s.items())},
         "compiled": run.compiled,
         "progress": {str(rank): where for rank, where in run.progress.items()},
-        "tolerance": {"atol": atol, "rtol": run.request.rtol, "rule": "|out - ref| <= atol + rtol * |ref|; ref: NCCL's all-reduce of the same bf16 inputs, then the residual add and RMSNorm in float32"},
+        "tolerance": {
+            "atol": atol, "rtol": run.request.rtol, "rule": "|out - ref| <= atol + rtol * |ref|; ref: NCCL's all-reduce of the same bf16 inputs, then the residual add and RMSNorm in float32"
+        },
         "method": f"per token count: {run.request.iters} calls captured in one CUDA graph, {run.request.replays} timed replays after a 1-element all-reduce "
         "that aligns the ranks; each rank's median, the mean over ranks. unfused: NCCL all-reduce, then torch's add and RMSNorm ops "
         "(several kernels; SGLang's own unfused path runs one fused add+RMSNorm kernel there, so its speedup is smaller)",
@@ -789,7 +795,9 @@ def judge_fusion(run: FusionRun, jit: JitContext, lock: Lock) -> Result:
     atol = fusion_atol(run.request.world)
     data = _fusion_data(run, atol)
     if run.returncode is None:
-        return failed(_fusion_timeout(run, jit), [*(f"rank {r}: last {w}" for r, w in sorted(run.progress.items())), *_tail_lines(run.tail)], Fix(_JIT_TIMEOUT_FIX, (f"less {run.log}",)), {**data, "hung": True})
+        return failed(
+            _fusion_timeout(run, jit), [*(f"rank {r}: last {w}" for r, w in sorted(run.progress.items())), *_tail_lines(run.tail)], Fix(_JIT_TIMEOUT_FIX, (f"less {run.log}",)), {**data, "hung": True}
+        )
     if run.begin.get("error") or run.failures or run.returncode != 0 or len(run.tokens) < len(run.request.tokens):
         return _fusion_failed(run, lock, data)
     wrong = _fusion_wrong(run, atol)
@@ -851,7 +859,8 @@ def allreduce_fusion(lock: Lock, facts: Facts) -> Result:
         return verdict
     world, wanted = world_size(lock, facts.probe)
     if world < 2:
-        return skipped(f"{world} rank(s) (the lock's [smoke] tp {wanted}): there is no all-reduce to fuse (SGLang skips the fusion on one GPU); the arch gate passed: {gate.flashinfer.get('supported_majors')}")
+        return skipped(f"{world} rank(s) (the lock's [smoke] tp {wanted}): there is no all-reduce to fuse (SGLang skips the fusion on one GPU); "
+            f"the arch gate passed: {gate.flashinfer.get('supported_majors')}")
     fusion = lock.deep.fusion
     run = run_fusion(lock.python.target, FusionRequest(world, fusion.hidden, fusion.tokens), env, fusion.jit_timeout_s + settings.DEEP_TIMEOUT_S.value())
     return judge_fusion(run, _jit_context(lock, facts, env, fusion.jit_timeout_s), lock)

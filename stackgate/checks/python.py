@@ -32,7 +32,10 @@ def interpreter(lock: Lock, facts: Facts) -> Result:
     have = ".".join(probe.python_version.split(".")[:2])
     data = {"executable": probe.executable, "version": probe.python_version, "probe_s": round(probe.duration_s, 3)}
     if have != lock.python.version:
-        return failed(f"{probe.executable} is Python {probe.python_version}, the lock wants {lock.python.version}", fix=Fix("Rebuild the environment with the locked Python.", ("stackgate provision --only python",)), data=data)
+        return failed(
+            f"{probe.executable} is Python {probe.python_version}, the lock wants {lock.python.version}",
+            fix=Fix("Rebuild the environment with the locked Python.", ("stackgate provision --only python",)), data=data,
+        )
     return passed(f"Python {probe.python_version} at {probe.executable}", data=data)
 
 
@@ -108,7 +111,10 @@ def consistency(lock: Lock, facts: Facts) -> Result:
             rejected.append(str(conflict))
     data = {"accepted": accepted, "conflicts": rejected, "distributions": len(probe.distributions)}
     if rejected:
-        return failed(f"{len(rejected)} requirement conflict(s): {rejected[0]}", rejected + accepted, Fix("Install the locked stack with its constraints; add an override to the lock only with a reason.", (_PROVISION,)), data)
+        return failed(
+            f"{len(rejected)} requirement conflict(s): {rejected[0]}", rejected + accepted,
+            Fix("Install the locked stack with its constraints; add an override to the lock only with a reason.", (_PROVISION,)), data,
+        )
     summary = f"{len(probe.distributions)} distributions consistent"
     return passed(summary + (f", {len(accepted)} accepted override(s)" if accepted else ""), accepted, data)
 

@@ -349,7 +349,10 @@ def _preflight(build: Build, step: Step, activity: Activity) -> None:
         problems = pyenv.wheelhouse_problems(resolution, wheelhouse)
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            raise ProvisionError(f"the wheelhouse {wheelhouse} cannot be installed from: {problems[0]}{more}; fill it again with `{pylock.lock_command(build.lock.path)} --wheelhouse {wheelhouse}`", tail=tuple(problems[:15]))
+            raise ProvisionError(
+                f"the wheelhouse {wheelhouse} cannot be installed from: {problems[0]}{more}; fill it again with `{pylock.lock_command(build.lock.path)} --wheelhouse {wheelhouse}`",
+                tail=tuple(problems[:15]),
+            )
         activity.update(f"{len(resolution.files)} files, sha256 as locked")
         return
     silent = pyenv.unreachable(pyenv.sources(build.lock, resolution))

@@ -718,7 +718,11 @@ def _speed_result(base: Session, full: Session, names: tuple[str, str]) -> Resul
 
 def _crossover_result(base: Session, full: Session, names: tuple[str, str]) -> Result:
     pairs = [(a, b) for a in base.levels for b in full.levels if a.streams == b.streams]
-    lines = [f"{a.streams} stream(s): {names[0]} {a.aggregate_tok_s:.2f}, {names[1]} {b.aggregate_tok_s:.2f} tok/s ({b.aggregate_tok_s / a.aggregate_tok_s - 1:+.1%})" for a, b in pairs if a.aggregate_tok_s]
+    lines = [
+        f"{a.streams} stream(s): {names[0]} {a.aggregate_tok_s:.2f}, {names[1]} {b.aggregate_tok_s:.2f} tok/s ({b.aggregate_tok_s / a.aggregate_tok_s - 1:+.1%})"
+        for a, b in pairs
+        if a.aggregate_tok_s
+    ]
     pays = [b.aggregate_tok_s > a.aggregate_tok_s for a, b in pairs]
     data: dict[str, Any] = {"levels": [{"streams": a.streams, names[0]: round(a.aggregate_tok_s, 3), names[1]: round(b.aggregate_tok_s, 3)} for a, b in pairs]}
     what = "speculative decoding" if (full.config.speculative is not None) != (base.config.speculative is not None) else names[1]

@@ -103,7 +103,10 @@ def _scale_y(low: float, high: float) -> Any:
 
 
 def _axes(low: float, high: float, y: Any, runs: Sequence[Run], x: Any) -> list[str]:
-    out = [f'<line x1="{LEFT}" x2="{LEFT}" y1="{TOP}" y2="{HEIGHT - BOTTOM}" stroke="#d0d7de"/>', f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{HEIGHT - BOTTOM}" y2="{HEIGHT - BOTTOM}" stroke="#d0d7de"/>']
+    out = [
+        f'<line x1="{LEFT}" x2="{LEFT}" y1="{TOP}" y2="{HEIGHT - BOTTOM}" stroke="#d0d7de"/>',
+        f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{HEIGHT - BOTTOM}" y2="{HEIGHT - BOTTOM}" stroke="#d0d7de"/>',
+    ]
     for i in range(5):
         value = low + (high - low) * i / 4
         out.append(f'<text x="{LEFT - 6}" y="{y(value) + 4:.1f}" text-anchor="end">{value:.1f}</text>')
@@ -176,7 +179,8 @@ def _stages_table(stages: Sequence[Any]) -> str:
     for stage in stages:
         if isinstance(stage, Mapping):
             status = str(stage.get("status"))
-            rows.append(f'<tr><td>{_e(stage.get("name"))}</td><td class="{_e(status.replace(" ", "-"))}">{_e(status)}</td><td class="num">{float(stage.get("duration_s") or 0):.1f}</td><td>{_e(stage.get("reason"))}</td></tr>')
+            rows.append(f'<tr><td>{_e(stage.get("name"))}</td><td class="{_e(status.replace(" ", "-"))}">{_e(status)}</td>'
+                f'<td class="num">{float(stage.get("duration_s") or 0):.1f}</td><td>{_e(stage.get("reason"))}</td></tr>')
     rows.append("</tbody></table>")
     return "\n".join(rows)
 

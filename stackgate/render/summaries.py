@@ -80,7 +80,9 @@ def markdown(doc: Mapping[str, Any]) -> str:
     lock = doc.get("lock") or {}
     word = verdict_word(doc)
     finger = gate.get("fingerprint")
-    facts = [f"lock **{_text(lock.get('name') or lock.get('path'))}**", f"host `{doc['host']['hostname']}`", f"exit code {doc['exit_code']}", f"{doc['duration_s']:.1f} s", f"run `{doc.get('run_id')}`"]
+    facts = [
+        f"lock **{_text(lock.get('name') or lock.get('path'))}**", f"host `{doc['host']['hostname']}`", f"exit code {doc['exit_code']}", f"{doc['duration_s']:.1f} s", f"run `{doc.get('run_id')}`"
+    ]
     if finger:
         facts.append(f"fingerprint `{finger['short']}`")
     out = [f"## {'✅' if word == 'PASSED' else '❌'} stackgate gate: {word}", "", " · ".join(facts), "", f"{_text(doc.get('reason', ''))}", ""]
@@ -160,7 +162,10 @@ def prometheus(doc: Mapping[str, Any]) -> str:
         ("stackgate_gate_stage_duration_seconds", "Wall time of each stage of the last gate.", [({**base, "stage": s["name"]}, float(s["duration_s"])) for s in gate.get("stages", ())]),
         ("stackgate_gate_duration_seconds", "Wall time of the last gate.", [(base, float(doc["duration_s"]))]),
         ("stackgate_gate_last_run_timestamp_seconds", "When the last gate started (Unix time).", [(base, _timestamp(doc.get("started")))]),
-        ("stackgate_gate_info", "The last gate's run id and stack fingerprint.", [({**base, "run_id": str(doc.get("run_id") or ""), "fingerprint": str(finger.get("short") or ""), "lock_sha256": str((doc.get("lock") or {}).get("sha256") or "")}, 1.0)]),
+        (
+            "stackgate_gate_info", "The last gate's run id and stack fingerprint.",
+            [({**base, "run_id": str(doc.get("run_id") or ""), "fingerprint": str(finger.get("short") or ""), "lock_sha256": str((doc.get("lock") or {}).get("sha256") or "")}, 1.0)],
+        ),
     ]
     families += _benchmark_families(gate.get("benchmark"), base)
     lines = []

@@ -128,7 +128,8 @@ def plan(lock: Lock, facts: Facts, state: generations.RootState, *, only: str | 
         _build(lock, facts, state, rebuild, _Install(uv, wheelhouse), draft)
     else:
         if "python" in areas:
-            draft.in_place.append(f"Python stack: {state.root / 'current'} -> {state.current.id if state.current else '?'} matches the lock ({_count(len(lock.python.packages), 'pin')}, guard: {', '.join(guard.constraints(lock)) or 'none'})")
+            draft.in_place.append(f"Python stack: {state.root / 'current'} -> {state.current.id if state.current else '?'} "
+                f"matches the lock ({_count(len(lock.python.packages), 'pin')}, guard: {', '.join(guard.constraints(lock)) or 'none'})")
             _env_file(lock, state, draft)
         if "patches" in areas:
             _patches(lock, facts, state, draft)
@@ -214,19 +215,36 @@ def _build(lock: Lock, facts: Facts, state: generations.RootState, reasons: Sequ
     why = "; ".join(reasons[:3]) + (f" (and {len(reasons) - 3} more)" if len(reasons) > 3 else "")
     if resolution is not None:
         _preflight(lock, resolution, install.wheelhouse, steps)
-    steps.append(Step("python", "python.venv", f"create generation {home.name} with Python {base.version} (found: {base.found_by})", why, tuple(pyenv.venv_commands(lock, base.path, home, uv, base.bundled_pip))))
+    steps.append(Step(
+        "python", "python.venv", f"create generation {home.name} with Python {base.version} (found: {base.found_by})", why, tuple(pyenv.venv_commands(lock, base.path, home, uv, base.bundled_pip))
+    ))
     pins = guard.constraints(lock)
-    steps.append(Step("python", "python.guard", f"write the guard and the pylock into {home.name}: constraints {', '.join(pins) or '(none)'}", "what people install later is held by these constraints; the installer reads the generation's copy of the pylock", subject=resolution))
+    steps.append(Step(
+        "python", "python.guard", f"write the guard and the pylock into {home.name}: constraints {', '.join(pins) or '(none)'}",
+        "what people install later is held by these constraints; the installer reads the generation's copy of the pylock", subject=resolution,
+    ))
     installing = f"the pylock's {_count(len(resolution.packages), 'distribution')} ({_count(len(resolution.files), 'file')}, each checked against its sha256)" if resolution else "the pylock"
     sources = pyenv.sources(lock, resolution) if resolution else [lock.python.default_index, *(i.url for i in lock.python.indexes)]
     where = f"from {install.wheelhouse}, with no index" if install.wheelhouse else f"from {', '.join(sources)}"
     overrides = "; ".join(f"override {o.package}{o.specifier}: {o.reason}" for o in lock.python.overrides)
-    steps.append(Step("python", "python.stack", f"install {installing} {where}", "exactly the pylock: nothing missing, nothing extra" + (f" (resolved with {overrides})" if overrides else ""), tuple(pyenv.install_commands(lock, home, uv, wheelhouse=install.wheelhouse, bundled_pip=base.bundled_pip))))
+    steps.append(Step(
+        "python", "python.stack", f"install {installing} {where}", "exactly the pylock: nothing missing, nothing extra" + (f" (resolved with {overrides})" if overrides else ""),
+        tuple(pyenv.install_commands(lock, home, uv, wheelhouse=install.wheelhouse, bundled_pip=base.bundled_pip)),
+    ))
     for patch in lock.patches:
         steps.append(Step("patches", "patches.apply", f"apply {patch.file.name} to {patch.package} {patch.version}", patch.reason, subject=patch))
-    steps.append(Step("python", "python.envfile", f"write {home.name}/stackgate.env, activate and pip.conf", "stackgate.env exports CUDA_HOME, PATH, TRITON_PTXAS_PATH, PIP_CONSTRAINT, UV_CONSTRAINT, VIRTUAL_ENV and the lock's [env]; pip.conf holds its pip to the guard, activated or not"))
-    steps.append(Step("python", "python.check", f"check generation {home.name}: exactly the pylock, pins, guard, consistency, torch build" + (", patches" if lock.patches else ""), "a generation that fails its checks is never switched to"))
-    steps.append(Step("python", "python.switch", f"switch {state.root / 'current'} to {home.name}; keep {settings.KEEP_GENERATIONS.value()} generations", "atomically (a new symlink renamed over the old one), only now that the generation passed"))
+    steps.append(Step(
+        "python", "python.envfile", f"write {home.name}/stackgate.env, activate and pip.conf",
+        "stackgate.env exports CUDA_HOME, PATH, TRITON_PTXAS_PATH, PIP_CONSTRAINT, UV_CONSTRAINT, VIRTUAL_ENV and the lock's [env]; pip.conf holds its pip to the guard, activated or not",
+    ))
+    steps.append(Step(
+        "python", "python.check", f"check generation {home.name}: exactly the pylock, pins, guard, consistency, torch build" + (", patches" if lock.patches else ""),
+        "a generation that fails its checks is never switched to",
+    ))
+    steps.append(Step(
+        "python", "python.switch", f"switch {state.root / 'current'} to {home.name}; keep {settings.KEEP_GENERATIONS.value()} generations",
+        "atomically (a new symlink renamed over the old one), only now that the generation passed",
+    ))
 
 
 def _resolution(lock: Lock, facts: Facts, install: _Install, draft: _Draft) -> pylock.Resolution | None:
@@ -244,7 +262,9 @@ def _resolution(lock: Lock, facts: Facts, install: _Install, draft: _Draft) -> p
         draft.blockers.append(Blocker(f"{resolution.path.name} does not match the spec: {'; '.join(stale[:3])}{more}", fix, usage=True))
         return None
     if install.wheelhouse is not None and not install.wheelhouse.is_dir():
-        draft.blockers.append(Blocker(f"--wheelhouse {install.wheelhouse}: no such folder", Fix("Fill it where the indexes are reachable, then bring it here.", (f"{again} --wheelhouse {install.wheelhouse}",)), usage=True))
+        draft.blockers.append(Blocker(
+            f"--wheelhouse {install.wheelhouse}: no such folder", Fix("Fill it where the indexes are reachable, then bring it here.", (f"{again} --wheelhouse {install.wheelhouse}",)), usage=True
+        ))
     return resolution
 
 
@@ -252,7 +272,10 @@ def _preflight(lock: Lock, resolution: pylock.Resolution, wheelhouse: Path | Non
     """What can fail without installing, before anything is created: the sources answer (or the
     wheelhouse holds every file, with its sha256), URL wheels download and match."""
     if wheelhouse is not None:
-        steps.append(Step("python", "python.preflight", f"check that {wheelhouse} holds all {_count(len(resolution.files), 'locked file')}, each with its sha256", "nothing is created before every file is known to be there and right", subject=(resolution, wheelhouse)))
+        steps.append(Step(
+            "python", "python.preflight", f"check that {wheelhouse} holds all {_count(len(resolution.files), 'locked file')}, each with its sha256",
+            "nothing is created before every file is known to be there and right", subject=(resolution, wheelhouse),
+        ))
         return
     sources = pyenv.sources(lock, resolution)
     verb = "answers" if len(sources) == 1 else "answer"
@@ -260,7 +283,10 @@ def _preflight(lock: Lock, resolution: pylock.Resolution, wheelhouse: Path | Non
     for package in resolution.packages.values():
         if package.archive is None:
             continue
-        steps.append(Step("python", "python.fetch", f"download {package.name} from {package.archive.url}", f"installed only after its sha256 matches the pylock ({package.archive.sha256})", subject=(package.name, package.archive)))
+        steps.append(Step(
+            "python", "python.fetch", f"download {package.name} from {package.archive.url}", f"installed only after its sha256 matches the pylock ({package.archive.sha256})",
+            subject=(package.name, package.archive),
+        ))
 
 
 def _resume(state: generations.RootState, generation: generations.Generation, reasons: Sequence[str], draft: _Draft) -> None:
@@ -268,11 +294,16 @@ def _resume(state: generations.RootState, generation: generations.Generation, re
     draft.generation, draft.resume = generation.path, True
     steps = draft.steps
     if state.unfinished:
-        steps.append(Step("python", "python.discard", f"remove unfinished generation(s) {', '.join(g.id for g in state.unfinished)}", "an interrupted or failed run left them; they were never current"))
+        steps.append(Step(
+            "python", "python.discard", f"remove unfinished generation(s) {', '.join(g.id for g in state.unfinished)}", "an interrupted or failed run left them; they were never current"
+        ))
     why = f"{reasons[0]}; generation {generation.id} was built and checked from this lock by a run that stopped before switching"
     steps.append(Step("python", "python.envfile", f"write {generation.id}/stackgate.env, activate and pip.conf", why))
     steps.append(Step("python", "python.check", f"check generation {generation.id} again: pins, guard, consistency, torch build", "a generation that fails its checks is never switched to"))
-    steps.append(Step("python", "python.switch", f"switch {state.root / 'current'} to {generation.id}; keep {settings.KEEP_GENERATIONS.value()} generations", "atomically (a new symlink renamed over the old one), only now that the generation passed"))
+    steps.append(Step(
+        "python", "python.switch", f"switch {state.root / 'current'} to {generation.id}; keep {settings.KEEP_GENERATIONS.value()} generations",
+        "atomically (a new symlink renamed over the old one), only now that the generation passed",
+    ))
 
 
 def _base_to_build(lock: Lock, facts: Facts, uv: str | None, draft: _Draft) -> BasePython | None:
@@ -319,13 +350,17 @@ def _patches(lock: Lock, facts: Facts, state: generations.RootState, draft: _Dra
     for i, patch in enumerate(lock.patches):
         dist = dists.dist(patch.package)
         if dist is None or dist.version != str(patch.version):
-            draft.blockers.append(Blocker(f"patch {patch.file.name} is for {patch.package} {patch.version}; the environment has {dist.version if dist else 'none'}", Fix("Rebuild the Python stack from the lock.", (_REBUILD,))))
+            draft.blockers.append(Blocker(
+                f"patch {patch.file.name} is for {patch.package} {patch.version}; the environment has {dist.version if dist else 'none'}", Fix("Rebuild the Python stack from the lock.", (_REBUILD,))
+            ))
             continue
         reason = patch_state(patch, Path(dist.location))
         if reason is None:
             draft.in_place.append(f"patch {patch.file.name}: applied to {patch.package} {patch.version}")
         elif _check_patch_file(lock, i, patch, draft.blockers):
-            draft.steps.append(Step("patches", "patches.apply", f"apply {patch.file.name} to {patch.package} {patch.version} in {state.current.id if state.current else '?'}", f"{reason} ({patch.reason})", subject=patch))
+            draft.steps.append(Step(
+                "patches", "patches.apply", f"apply {patch.file.name} to {patch.package} {patch.version} in {state.current.id if state.current else '?'}", f"{reason} ({patch.reason})", subject=patch
+            ))
 
 
 def _check_patch_file(lock: Lock, index: int, patch: Patch, blockers: list[Blocker]) -> bool:
@@ -334,7 +369,9 @@ def _check_patch_file(lock: Lock, index: int, patch: Patch, blockers: list[Block
     problem, before anything is touched."""
     problem = patch_location_problem(lock, patch) or _patch_file_problem(patch)
     if problem:
-        blockers.append(Blocker(f"patch[{index}].file: {problem}", Fix("Point the lock's [[patch]] file at the patch, with its sha256 (sha256sum FILE).", (f"sha256sum {_quote(str(patch.file))}",)), usage=True))
+        blockers.append(Blocker(
+            f"patch[{index}].file: {problem}", Fix("Point the lock's [[patch]] file at the patch, with its sha256 (sha256sum FILE).", (f"sha256sum {_quote(str(patch.file))}",)), usage=True
+        ))
     return problem is None
 
 

@@ -175,9 +175,15 @@ def _judge(lock: Lock, old: pylock.Resolution | None, new: pylock.Resolution, up
             raise ResolveError(f"{package.name}: the resolution did not take {package.url}", log)
         before = _sha256_of(old, package.url)
         if package.sha256 and file.sha256 != package.sha256:
-            raise ResolveError(f"{package.name}: {package.url} has sha256 {file.sha256}, the spec says {package.sha256}; nothing was written (a changed or tampered file, or a wrong sha256 in the spec)", log)
+            raise ResolveError(
+                f"{package.name}: {package.url} has sha256 {file.sha256}, the spec says {package.sha256}; nothing was written (a changed or tampered file, or a wrong sha256 in the spec)", log
+            )
         if before and before != file.sha256:
-            raise ResolveError(f"{package.name}: {package.url} has sha256 {file.sha256} now, {before} when the last pylock was made; nothing was written (the file at that URL changed: pin the sha256 you trust in the spec)", log)
+            raise ResolveError(
+                f"{package.name}: {package.url} has sha256 {file.sha256} now, {before} when the last pylock was made; "
+                f"nothing was written (the file at that URL changed: pin the sha256 you trust in the spec)",
+                log,
+            )
         if not package.sha256 and not before:
             first_use.append(FirstUse(package.name, package.url, file.sha256))
     moved = _moved(old, new)

@@ -522,7 +522,10 @@ def generate_whole(request: dict[str, Any], args: dict[str, Any], b: dict[str, A
     asked = int(params.get("max_new_tokens") or 16)
     prompt = request.get("text") or ""
     ids = token_ids(prompt, asked, b, 0)
-    log(f"Prefill batch, #new-seq: 1, #new-token: {len(prompt.split())}, #cached-token: 0, token usage: 0.00, #running-req: 0, #queue-req: 0, input throughput (token/s): 0.00, cuda graph: False", 0, args["tp_size"])
+    log(
+        f"Prefill batch, #new-seq: 1, #new-token: {len(prompt.split())}, #cached-token: 0, token usage: 0.00, #running-req: 0, #queue-req: 0, input throughput (token/s): 0.00, cuda graph: False", 0,
+        args["tp_size"],
+    )
     time.sleep(b["ttft_s"] + asked / b["rate"])
     text = "".join(_WORDS[i % len(_WORDS)] + " " for i in ids)
     return {"text": text, "output_ids": ids, "meta_info": meta("0" * 32, asked, len(prompt.split()), {"type": "length", "length": asked}, time.time())}
