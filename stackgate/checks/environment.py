@@ -37,7 +37,7 @@ def generation(lock: Lock, facts: Facts) -> Result:
     if changed:
         return failed(f"the lock's Python stack changed since generation {current.id} was built: {changed[0]}", changed, provision, data)
     built_from = (current.marker.get("lock") or {}).get("sha256")
-    note = [] if built_from in (None, lock.sha256) else [f"built from another version of the lockfile (sha256 {built_from[:12]}) with the same Python stack"]
+    note = [] if built_from is None or built_from == lock.sha256 else [f"built from another version of the lockfile (sha256 {built_from[:12]}) with the same Python stack"]
     return passed(f"{root / 'current'} -> generation {current.id}, built from this lock's Python stack", note, data=data)
 
 

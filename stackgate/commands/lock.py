@@ -59,7 +59,7 @@ def run(request: LockRequest, ui: UI) -> ExitCode:
     if request.check and (request.upgrade or request.wheelhouse):
         raise LockUsage("--check only reads: it takes no --upgrade-package or --wheelhouse")
     if request.check:
-        specs = shipped_specs() if request.all_specs else [request.lock_path]
+        specs: list[Path | None] = [*shipped_specs()] if request.all_specs else [request.lock_path]  # None: the default lock
         return max((_check(lockmodel.load(path), ui, quiet_missing=request.all_specs) for path in specs), default=ExitCode.PASSED)
     lock = lockmodel.load(request.lock_path)
     environ = dict(os.environ if request.environ is None else request.environ)
