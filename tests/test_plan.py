@@ -323,7 +323,7 @@ def test_the_lock_command_for_a_spec_keeps_its_path_one_quoted_word(tmp_path: Pa
     folder.mkdir()
     lock = lockmodel.load(write_stack_lock(folder / "lock.toml", stack_index, tmp_path / "root", python="3.11"))
     (blocker,) = plan(lock, _facts(lock, dists=Missing("none")), generations.read(lock.python.root), uv=UV).blockers
-    assert blocker.fix is not None and shlex.split(blocker.fix.commands[0]) == ["invoke", "lock", "--lock", str(folder / "lock.toml")]
+    assert blocker.fix is not None and shlex.split(blocker.fix.commands[0]) == ["stackgate", "lock", "--lock", str(folder / "lock.toml")]
 
 
 def test_a_distribution_the_pylock_does_not_hold_is_drift_too(tmp_path: Path, stack_index: IndexServer) -> None:
