@@ -10,6 +10,7 @@ its stackgate sleeps; its timeout is three seconds).
 from __future__ import annotations
 
 import json
+import signal
 import os
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from pathlib import Path
 import exposition
 import pytest
 from fleet_support import TESTS, VERIFIABLE, Sshd, behaviour, keygen, make_venv, node_wrapper, nvml_file, spec, stand_in_pids, why_no_sshd
-from smoke_support import FAKES, ROOT, free_port, living
+from smoke_support import FAKES, ROOT, free_port, living, wait_for
 
 from stackgate.models.exitcodes import ExitCode
 
@@ -180,3 +181,36 @@ def test_each_node_run_is_kept_in_the_controller_history_and_nothing_is_left(gat
         assert stand_in_pids(fleet.home / name / "events.jsonl") == []
     slow = [int(line.split()[0]) for line in fleet.started.read_text().splitlines() if line.split()[1:2] == ["gate"]]
     assert slow and living(slow) == []  # every node's gate ended, the hung one's process group killed
+
+
+def test_ctrl_c_stops_every_remote_run_and_still_writes_the_report(tmp_path):
+    """Ctrl-C while both nodes' stand-ins load their weights: each remote process group gets
+    SIGTERM over a fresh connection, each node's gate tears its server down and writes its report,
+    the fleet report says interrupted, the exit is 130, and no process is left on any node."""
+    fleet = Fleet(tmp_path)
+    try:
+        for name in ("a", "b"):
+            fleet.node(name, load_s=120.0)
+        inventory = fleet.inventory()
+        env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1", "STACKGATE_HISTORY_DIR": str(tmp_path / "controller-runs")}
+        argv = [sys.executable, "-m", "stackgate", "fleet", "gate", "--inventory", str(inventory), "--lock", str(fleet.spec), "--json", str(tmp_path / "fleet.json")]
+        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            events = [tmp_path / name / "events.jsonl" for name in ("a", "b")]
+            wait_for(lambda: all(e.exists() and '"started"' in e.read_text() for e in events), 60)
+            process.send_signal(signal.SIGINT)
+            _, err = process.communicate(timeout=90)
+        finally:
+            process.kill()
+        assert process.returncode == ExitCode.INTERRUPTED and "stackgate: interrupted" in err
+        doc = json.loads((tmp_path / "fleet.json").read_text())
+        assert doc["interrupted"] is True and doc["exit_code"] == 130
+        by = nodes(doc)
+        assert {n["status"] for n in by.values()} == {"interrupted"}
+        assert by["a"]["stages"]["fast_smoke"] == "interrupted"  # the node's own report, written as its gate stopped
+        for name in ("a", "b"):
+            assert stand_in_pids(tmp_path / name / "events.jsonl") == []
+        gates = [int(line.split()[0]) for line in fleet.started.read_text().splitlines()]
+        wait_for(lambda: living(gates) == [], 10)
+    finally:
+        fleet.stop()
