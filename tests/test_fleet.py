@@ -10,8 +10,8 @@ its stackgate sleeps; its timeout is three seconds).
 from __future__ import annotations
 
 import json
-import signal
 import os
+import signal
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
