@@ -92,10 +92,11 @@ def stackgate(*args: str, history: Path, timeout: float = 240) -> subprocess.Com
     return subprocess.run([sys.executable, "-m", "stackgate", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture(scope="module")
-def gated(tmp_path_factory: pytest.TempPathFactory):
-    """One `stackgate fleet gate` over the whole loopback fleet; the tests below read its reports."""
-    home = tmp_path_factory.mktemp("fleet")
+def test_a_fleet_gate_over_loopback_nodes(tmp_path):
+    """One `stackgate fleet gate` over the whole loopback fleet (the module's docstring), then
+    what it found, each part by a function below: one fleet run, read by each (a pytest-xdist
+    worker per test would build the fleet again in each)."""
+    home = tmp_path
     fleet = Fleet(home)
     try:
         for name in ("a", "b", "c"):
@@ -113,7 +114,11 @@ def gated(tmp_path_factory: pytest.TempPathFactory):
             "--json", f"{out}.json", "--junit", f"{out}.xml", "--markdown", f"{out}.md", "--prom", f"{out}.prom", "--html", f"{out}.html",
             history=home / "controller-runs",
         )  # fmt: skip
-        yield fleet, done, json.loads(Path(f"{out}.json").read_text()), out
+        gated = (fleet, done, json.loads(Path(f"{out}.json").read_text()), out)
+        for part in (the_fleet_verdict_and_each_node, the_groups_name_the_drifted_node_and_what_differs, the_outlier_is_named_with_both_numbers):
+            part(gated)
+        every_report_format_says_the_same(gated)
+        each_node_run_is_kept_in_the_controller_history_and_nothing_is_left(gated)
     finally:
         fleet.stop()
 
@@ -122,7 +127,7 @@ def nodes(doc: dict) -> dict[str, dict]:
     return {n["name"]: n for n in doc["nodes"]}
 
 
-def test_the_fleet_verdict_and_each_node(gated):
+def the_fleet_verdict_and_each_node(gated) -> None:
     fleet, done, doc, _ = gated
     assert done.returncode == ExitCode.FAILED, done.stdout + done.stderr
     by = nodes(doc)
@@ -138,7 +143,7 @@ def test_the_fleet_verdict_and_each_node(gated):
     assert doc["shipped"] == {"fleet.toml": __import__("hashlib").sha256(fleet.spec.read_bytes()).hexdigest()}
 
 
-def test_the_groups_name_the_drifted_node_and_what_differs(gated):
+def the_groups_name_the_drifted_node_and_what_differs(gated) -> None:
     _, done, doc, _ = gated
     stacks = [g for g in doc["groups"] if g["digest"]]
     assert [(g["nodes"], g["majority"]) for g in stacks] == [(["a", "b", "c", "d"], True), (["drift"], False)]
@@ -148,7 +153,7 @@ def test_the_groups_name_the_drifted_node_and_what_differs(gated):
     assert "    distributions: flashinfer-python: (none) -> 0.6.3" in done.stdout
 
 
-def test_the_outlier_is_named_with_both_numbers(gated):
+def the_outlier_is_named_with_both_numbers(gated) -> None:
     _, done, doc, _ = gated
     (outlier,) = doc["outliers"]
     assert outlier["node"] == "d" and outlier["metric"] == "decode_tok_s"
@@ -156,7 +161,7 @@ def test_the_outlier_is_named_with_both_numbers(gated):
     assert f"outlier d: decode {outlier['value']:.2f} tok/s, fleet median {outlier['median']:.2f} tok/s" in done.stdout
 
 
-def test_every_report_format_says_the_same(gated):
+def every_report_format_says_the_same(gated) -> None:
     _, _, doc, out = gated
     families = exposition.parse(Path(f"{out}.prom").read_text())
     assert families["stackgate_fleet_passed"].value(lock="fleetstack") == 0
@@ -172,7 +177,7 @@ def test_every_report_format_says_the_same(gated):
     assert "<script" not in page and "drift" in page and doc["reason"].split(":")[0] in page
 
 
-def test_each_node_run_is_kept_in_the_controller_history_and_nothing_is_left(gated):
+def each_node_run_is_kept_in_the_controller_history_and_nothing_is_left(gated) -> None:
     fleet, _, doc, _ = gated
     kept = [json.loads(p.read_text()) for p in sorted((fleet.home / "controller-runs").glob("*.json"))]
     assert sorted(k["fleet"]["node"] for k in kept) == ["a", "b", "c", "d", "drift"]
@@ -212,5 +217,20 @@ def test_ctrl_c_stops_every_remote_run_and_still_writes_the_report(tmp_path):
             assert stand_in_pids(tmp_path / name / "events.jsonl") == []
         gates = [int(line.split()[0]) for line in fleet.started.read_text().splitlines()]
         wait_for(lambda: living(gates) == [], 10)
+    finally:
+        fleet.stop()
+
+
+def test_fleet_verify_runs_the_named_checks_on_every_node(tmp_path):
+    fleet = Fleet(tmp_path)
+    try:
+        for name in ("a", "b"):
+            fleet.node(name)
+        done = stackgate("fleet", "verify", "--inventory", str(fleet.inventory()), "--lock", str(fleet.spec), "-c", "gpu.*", "--json", str(tmp_path / "v.json"), history=tmp_path / "runs")
+        assert done.returncode == ExitCode.PASSED, done.stdout + done.stderr
+        doc = json.loads((tmp_path / "v.json").read_text())
+        assert doc["command"] == "fleet verify" and {n["status"] for n in doc["nodes"]} == {"passed"}
+        assert doc["reason"] == "2 node(s) passed" and all(n["counts"]["PASS"] >= 1 and n["counts"].get("FAIL", 0) == 0 for n in doc["nodes"])
+        assert not list((tmp_path / "runs").glob("*.json"))  # verify runs are not kept, here as on one node
     finally:
         fleet.stop()
