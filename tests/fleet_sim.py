@@ -61,6 +61,9 @@ def report(node: Node, sim: SimNode, command: str) -> dict[str, Any]:
     }
 
 
+FOLDER = "/tmp/stackgate-fleet.Sim00000"
+
+
 class SimSession:
     def __init__(self, node: Node, sim: SimNode) -> None:
         self.node, self.sim = node, sim
@@ -70,20 +73,23 @@ class SimSession:
         self.sim.calls.append(command)
         if command.endswith(" --version"):
             return Completed(0, f"stackgate {self.sim.version}\n", "")
-        if command.startswith("mktemp"):
-            return Completed(0, "/tmp/stackgate-fleet.sim\n", "")
-        if command.startswith("umask 077 && cat > "):
-            self.files[shlex.split(command.split("cat > ", 1)[1])[0]] = (stdin or b"") + (b"x" if self.sim.corrupt else b"")
-            return Completed(0, "", "")
-        if " sha256sum -- " in command:
-            lines = [f"{hashlib.sha256(data).hexdigest()}  {path.rsplit('/', 1)[1]}" for path, data in self.files.items()]
-            return Completed(0, "\n".join(lines) + "\n", "")
+        if command.startswith("umask 077 && d=$(mktemp"):
+            return self._ship(command, stdin or b"")
         if "setsid -w" in command:
             return self._stackgate(shlex.split(command.split(" pgid ", 1)[1].replace(" </dev/null", "")))
         if command.startswith("test -f "):
             found = next((data for path, data in self.files.items() if path.endswith("/report.json")), None)
             return Completed(3, "", "") if found is None else Completed(0, found.decode(), "")
         return Completed(0, "", "")  # rm -rf, the kill script
+
+    def _ship(self, command: str, stdin: bytes) -> Completed:
+        """The controller's one shipping command: each ``head -c N > "$d"/NAME`` takes N bytes of stdin."""
+        lines = [FOLDER]
+        for size, name in re.findall(r'head -c (\d+) > "\$d"/(\S+)', command):
+            data, stdin = stdin[: int(size)], stdin[int(size) :]
+            self.files[f"{FOLDER}/{shlex.split(name)[0]}"] = data + (b"x" if self.sim.corrupt else b"")
+            lines.append(f"{hashlib.sha256(self.files[f'{FOLDER}/{shlex.split(name)[0]}']).hexdigest()}  {shlex.split(name)[0]}")
+        return Completed(0, "\n".join(lines) + "\n", "")
 
     def _stackgate(self, argv: list[str]) -> Completed:
         what = argv[1]

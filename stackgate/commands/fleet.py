@@ -65,6 +65,7 @@ PASSED, FAILED, UNREACHABLE, TIMED_OUT, INTERRUPTED, NOT_RUN = "passed", "failed
 MAX_REPORT_BYTES = 64 << 20
 #: How long a stopped node's stackgate gets to tear down (its servers) before SIGKILL.
 STOP_GRACE_S = 30.0
+_FOLDER = re.compile(r"^/[^\n]*/stackgate-fleet\.[A-Za-z0-9]{8}$")
 _RUN_ID = re.compile(r"^[0-9]{8}T[0-9]{6}Z-[a-z]+-[0-9a-f]{1,32}$")
 
 
@@ -180,21 +181,22 @@ class Remote:
         return words[1]
 
     def ship(self, shipment: Shipment) -> str:
-        """The spec (and pylock) in a fresh folder on the node, their sha256 checked there; the spec's path there."""
-        made = self.sh('mktemp -d "${TMPDIR:-/tmp}/stackgate-fleet.XXXXXXXX"')
-        folder = made.stdout.strip()
-        if made.returncode != 0 or not folder.startswith("/") or "\n" in folder:
-            raise NodeFailed(FAILED, f"cannot make a temporary folder on the node: {_tail(made.stderr or made.stdout)}")
-        self.folder = folder
-        for name, data in shipment.files.items():
-            self._check(self.sh(f"umask 077 && cat > {self.path(name)}", stdin=data), f"cannot write {name} on the node")
-        sums = self.sh(f"cd {shlex.quote(folder)} && sha256sum -- {' '.join(shlex.quote(n) for n in shipment.files)}")
-        self._check(sums, "cannot hash the shipped files on the node")
-        found = {line.split(None, 1)[1].lstrip("*"): line.split(None, 1)[0] for line in sums.stdout.splitlines() if len(line.split(None, 1)) == 2}
+        """The spec (and pylock) in a fresh folder on the node, their sha256 checked there; the
+        spec's path there. One command: each file is read from its stdin, exactly its length."""
+        names = [shlex.quote(name) for name in shipment.files]
+        writes = " && ".join(f'head -c {len(data)} > "$d"/{name}' for name, data in zip(names, shipment.files.values(), strict=True))
+        script = f'umask 077 && d=$(mktemp -d "${{TMPDIR:-/tmp}}/stackgate-fleet.XXXXXXXX") && echo "$d" && {writes} && cd "$d" && sha256sum -- {" ".join(names)}'
+        done = self.sh(script, stdin=b"".join(shipment.files.values()))
+        lines = done.stdout.splitlines()
+        if lines and _FOLDER.match(lines[0]):
+            self.folder = lines[0]  # made: removed at the end whatever happens next (only a folder of this shape is ever removed)
+        if done.returncode != 0 or not self.folder:
+            raise NodeFailed(FAILED, f"cannot write the spec into a temporary folder on the node: exit {done.returncode}: {_tail(done.stderr or done.stdout)}")
+        found = {line.split(None, 1)[1].lstrip("*"): line.split(None, 1)[0] for line in lines[1:] if len(line.split(None, 1)) == 2}
         for name, digest in shipment.sha256.items():
             if found.get(name) != digest:
                 raise NodeFailed(FAILED, f"{name} arrived damaged: sha256 {found.get(name, '(none)')} on the node, {digest} here")
-        return f"{folder}/{shipment.spec_name}"
+        return f"{self.folder}/{shipment.spec_name}"
 
     def path(self, name: str) -> str:
         return shlex.quote(f"{self.folder}/{name}")

@@ -28,7 +28,7 @@ from stackgate.models.fleet import Node
 __all__ = ["CommandTimeout", "Completed", "Session", "SshTransport", "Stopped", "Transport", "TransportError"]
 
 _CHUNK = 1 << 16
-_POLL_S = 0.1
+_POLL_S = 0.02  # select() wakes on output, not on the exit status: this bounds the wait for the latter
 
 
 class TransportError(Exception):
