@@ -34,6 +34,7 @@ class SimNode:
     distributions: dict[str, str] = field(default_factory=lambda: {"torch": "2.9.1+cu130", "sglang": "0.5.9", "flashinfer-python": "0.6.4"})
     reachable: bool = True
     corrupt: bool = False  #: the shipped files arrive damaged
+    raw_report: str | None = None  #: what the node writes as its report instead of a real one
     calls: list[str] = field(default_factory=list)
 
 
@@ -94,7 +95,8 @@ class SimSession:
     def _stackgate(self, argv: list[str]) -> Completed:
         what = argv[1]
         if what in ("gate", "verify"):
-            self.files[argv[argv.index("--json") + 1]] = json.dumps(report(self.node, self.sim, what)).encode()
+            written = self.sim.raw_report if self.sim.raw_report is not None else json.dumps(report(self.node, self.sim, what))
+            self.files[argv[argv.index("--json") + 1]] = written.encode()
             return Completed(self.sim.gate_exit, "", "")
         code = self.sim.provision_exit if what == "provision" else self.sim.rollback_exit
         return Completed(code, "", "" if code == 0 else f"{what} failed on {self.node.name}\n")

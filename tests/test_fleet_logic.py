@@ -127,3 +127,24 @@ def test_lock_is_loaded_before_any_node_is_touched(tmp_path):
     with pytest.raises(lockmodel.LockError):
         fleet.run(fleet.FleetRequest(action="gate", hosts="a", lock_path=bad), UI(stream=io.StringIO(), force_plain=True), SimTransport(sims))
     assert sims == {}
+
+
+def test_a_hostile_node_report_fails_that_node_with_the_reason_and_prints_nothing_raw(tmp_path):
+    evil = json.dumps({"schema": "stackgate.report/1", "verdict": "passed", "exit_code": 0, "results": [], "reason": "ok\x1b]0;pwned\x07\x1b[2J"})
+    sims = {
+        "notjson": SimNode(raw_report="{not json"),
+        "foreign": SimNode(raw_report=json.dumps({"schema": "other/1"})),
+        "damaged": SimNode(raw_report=json.dumps({"schema": "stackgate.report/1", "verdict": 1, "exit_code": "0", "results": {}})),
+        "escapes": SimNode(raw_report=evil),
+    }
+    stream = io.StringIO()
+    out = tmp_path / "fleet.json"
+    code = fleet.run(fleet.FleetRequest(action="gate", hosts=",".join(sims), lock_path=LOCK, json_path=out), UI(stream=stream, force_plain=True), SimTransport(sims))
+    doc = json.loads(out.read_text())
+    by = {n["name"]: n for n in doc["nodes"]}
+    assert code == ExitCode.FAILED
+    assert by["notjson"]["reason"].startswith("the node's report is not JSON (")
+    assert by["foreign"]["reason"] == "the node's report is not a stackgate.report/1 document"
+    assert by["damaged"]["reason"] == "the node's report is damaged: verdict, exit_code, results missing or of the wrong type"
+    assert by["escapes"]["status"] == "passed" and by["escapes"]["reason"] == "ok?]0;pwned??[2J"
+    assert "\x1b" not in stream.getvalue() and "\\u001b" not in out.read_text()

@@ -54,7 +54,7 @@ from stackgate.runs import fleet as aggregate
 from stackgate.runs import history
 
 __all__ = [
-    "ACTIONS", "SCHEMA", "FleetRequest", "FleetRun", "FleetUsageError", "NodeRun", "Remote", "Shipment", "document", "gate_on_node", "on_node",
+    "ACTIONS", "SCHEMA", "FleetRequest", "FleetRun", "FleetUsageError", "NodeRun", "Remote", "Shipment", "document", "gate_on_node", "on_node", "printable",
     "provision_on_node", "rolling", "run", "run_fleet", "run_nodes", "seconds", "whole",
 ]  # fmt: skip
 
@@ -431,8 +431,29 @@ class FleetRun:
         return document(self)
 
 
+def printable(value: Any) -> Any:
+    r"""``value`` with every character a terminal would act on (escape sequences, carriage
+    returns: what a hostile node could print into the reasons and its report) shown as ``?``.
+
+    >>> printable({"reason": "ok\x1b[2Jgone", "n": [1, "a\rb"]})
+    {'reason': 'ok?[2Jgone', 'n': [1, 'a?b']}
+    """
+    if isinstance(value, str):
+        return value if value.isprintable() else "".join(ch if ch.isprintable() else "?" for ch in value)
+    if isinstance(value, Mapping):
+        return {printable(k): printable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [printable(v) for v in value]
+    return value
+
+
 def document(done: FleetRun) -> dict[str, Any]:
-    """The fleet's report (``stackgate.fleet/1``): every node, the groups, the outliers, one verdict."""
+    """The fleet's report (``stackgate.fleet/1``): every node, the groups, the outliers, one
+    verdict; what came from the nodes made printable (:func:`printable`)."""
+    return printable(_document(done))
+
+
+def _document(done: FleetRun) -> dict[str, Any]:
     groups = aggregate.groups([(n.node.name, n.doc) for n in done.nodes])
     outliers = aggregate.outliers([(n.node.name, aggregate.figures(n.doc)) for n in done.nodes if n.doc is not None])
     code, reason = _verdict(done, groups, outliers)
@@ -509,7 +530,7 @@ def run_fleet(request: FleetRequest, nodes: Sequence[Node], lock: lockmodel.Lock
         return on_node(node, shipment, action, transport, stop)
 
     def progress(done: NodeRun) -> None:
-        ui.info(f"{done.node.name}: {done.status} in {done.duration_s:.1f} s: {done.reason}")
+        ui.info(printable(f"{done.node.name}: {done.status} in {done.duration_s:.1f} s: {done.reason}"))
 
     if request.action == "provision":
         ran = rolling(nodes, request.batch, work, stop, progress)
