@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -100,26 +101,35 @@ def ssh(repeat: int) -> None:
         env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "NO_COLOR": "1", "STACKGATE_HISTORY_DIR": str(home / "controller-runs")}
         single_cmd = [str(home / "n0" / "stackgate"), "gate", "--lock", str(rig.spec), "--json", str(home / "single.json")]
         fleet_cmd = [sys.executable, "-m", "stackgate", "fleet", "gate", "--lock", str(rig.spec), "--parallel", "8", "--json", str(home / "fleet.json")]
-        figures = {"single": [], "fleet1": [], "fleet8": []}
+        figures: dict[str, list[float]] = {"single": [], "fleet1": [], "fleet8": []}
+        cpu: dict[str, list[float]] = {"single": [], "fleet1": [], "fleet8": []}
         for _ in range(repeat):
-            figures["single"].append(_timed(single_cmd, env))
-            figures["fleet1"].append(_timed([*fleet_cmd, "--inventory", str(home / "one.toml")], env))
-            figures["fleet8"].append(_timed([*fleet_cmd, "--inventory", str(one)], env))
+            for name, argv in (("single", single_cmd), ("fleet1", [*fleet_cmd, "--inventory", str(home / "one.toml")]), ("fleet8", [*fleet_cmd, "--inventory", str(one)])):
+                figures[name].append(_timed(argv, env))
+                cpu[name].append(CPU[-1])
         cores = os.cpu_count()
         single = statistics.median(figures["single"])
         print(f"gate of the same spec, loopback sshd nodes, {repeat} run(s) each, median; this machine has {cores} CPU(s), shared with other work")
         for name, label in (("single", "one node's own gate (no SSH)"), ("fleet1", "fleet gate over 1 node"), ("fleet8", "fleet gate over 8 nodes")):
             value = statistics.median(figures[name])
-            print(f"  {label:<32} {value:7.2f} s  {value / single:5.2f}x  (runs: {', '.join(f'{v:.2f}' for v in figures[name])})")
+            print(f"  {label:<32} {value:7.2f} s  {value / single:5.2f}x  (runs: {', '.join(f'{v:.2f}' for v in figures[name])}; CPU {statistics.median(cpu[name]):.1f} s)")
+        floor = 8 * statistics.median(cpu["single"]) / (cores or 1)
+        print(f"  8 single gates' CPU time over {cores} CPU(s): {floor:.2f} s = {floor / single:.2f}x the single gate, the least any 8-node run takes here")
     finally:
         rig.stop()
         shutil.rmtree(home, ignore_errors=True)
 
 
+CPU: list[float] = []  #: CPU seconds (user + system, the command and its children) of each timed run
+
+
 def _timed(argv: list[str], env: dict[str, str]) -> float:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     begun = time.perf_counter()
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     seconds = time.perf_counter() - begun
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(argv[:4])} ... exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     return seconds

@@ -599,12 +599,16 @@ def check_outputs(request: FleetRequest) -> None:
 
 def keep_node_runs(done: FleetRun, warn: Callable[[str], None]) -> list[Path]:
     """Each node's gate document in this controller's run history, named by node and fleet run."""
-    kept = []
+    kept: list[Path] = []
+    seen: set[str] = set()
     for node in done.nodes:
         doc = node.doc
         if doc is None or doc.get("command") not in history.COMMANDS:
             continue
-        run_id = doc.get("run_id") if isinstance(doc.get("run_id"), str) and _RUN_ID.match(str(doc.get("run_id"))) else history.new_id(str(doc.get("command")), time.time())
+        run_id = str(doc.get("run_id"))
+        if not _RUN_ID.match(run_id) or run_id in seen:  # a path in a run id, or two nodes' reports with one id: a fresh one
+            run_id = history.new_id(str(doc.get("command")), time.time())
+        seen.add(run_id)
         stored = {**doc, "run_id": run_id, "fleet": {"node": node.node.name, "address": node.node.address, "fleet_run_id": done.run_id}}
         path = history.keep(redact(stored), done.lock, warn)
         if path is not None:
