@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import resource
 import shutil
@@ -103,33 +104,50 @@ def ssh(repeat: int) -> None:
         fleet_cmd = [sys.executable, "-m", "stackgate", "fleet", "gate", "--lock", str(rig.spec), "--parallel", "8", "--json", str(home / "fleet.json")]
         figures: dict[str, list[float]] = {"single": [], "fleet1": [], "fleet8": []}
         cpu: dict[str, list[float]] = {"single": [], "fleet1": [], "fleet8": []}
+        busy: dict[str, list[float]] = {"single": [], "fleet1": [], "fleet8": []}
+        nodes: dict[str, list[float]] = {"fleet8": []}
         for _ in range(repeat):
             for name, argv in (("single", single_cmd), ("fleet1", [*fleet_cmd, "--inventory", str(home / "one.toml")]), ("fleet8", [*fleet_cmd, "--inventory", str(one)])):
                 figures[name].append(_timed(argv, env))
                 cpu[name].append(CPU[-1])
+                busy[name].append(BUSY[-1])
+                if name == "fleet8":
+                    nodes[name].append(statistics.median(n["duration_s"] for n in json.loads((home / "fleet.json").read_text())["nodes"]))
         cores = os.cpu_count()
         single = statistics.median(figures["single"])
         print(f"gate of the same spec, loopback sshd nodes, {repeat} run(s) each, median; this machine has {cores} CPU(s), shared with other work")
         for name, label in (("single", "one node's own gate (no SSH)"), ("fleet1", "fleet gate over 1 node"), ("fleet8", "fleet gate over 8 nodes")):
             value = statistics.median(figures[name])
-            print(f"  {label:<32} {value:7.2f} s  {value / single:5.2f}x  (runs: {', '.join(f'{v:.2f}' for v in figures[name])}; CPU {statistics.median(cpu[name]):.1f} s)")
-        floor = 8 * statistics.median(cpu["single"]) / (cores or 1)
-        print(f"  8 single gates' CPU time over {cores} CPU(s): {floor:.2f} s = {floor / single:.2f}x the single gate, the least any 8-node run takes here")
+            print(f"  {label:<32} {value:7.2f} s  {value / single:5.2f}x  (runs: {', '.join(f'{v:.2f}' for v in figures[name])}; the machine's CPUs {statistics.median(busy[name]):.0%} busy)")
+        print(f"  in the 8-node runs, each node's own run took {statistics.median(nodes['fleet8']):.2f} s (median over nodes, median over runs)")
+        spent = ", ".join(f"{label} {statistics.median(cpu[name]):.1f} s" for name, label in (("single", "single gate"), ("fleet1", "fleet controller, 1 node"), ("fleet8", "8 nodes")))
+        print(f"  CPU seconds of the commands run here (a node's gate runs under its sshd, not counted for the fleet): {spent}")
     finally:
         rig.stop()
         shutil.rmtree(home, ignore_errors=True)
 
 
 CPU: list[float] = []  #: CPU seconds (user + system, the command and its children) of each timed run
+BUSY: list[float] = []  #: the whole machine's busy share of its CPUs during each timed run (/proc/stat)
+
+
+def _busy() -> tuple[int, int]:
+    """(busy, total) jiffies of every CPU since boot."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields) - idle, sum(fields)
 
 
 def _timed(argv: list[str], env: dict[str, str]) -> float:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    machine = _busy()
     begun = time.perf_counter()
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     seconds = time.perf_counter() - begun
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     CPU.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    now = _busy()
+    BUSY.append((now[0] - machine[0]) / max(now[1] - machine[1], 1))
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(argv[:4])} ... exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     return seconds

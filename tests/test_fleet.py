@@ -182,6 +182,8 @@ def each_node_run_is_kept_in_the_controller_history_and_nothing_is_left(gated) -
     kept = [json.loads(p.read_text()) for p in sorted((fleet.home / "controller-runs").glob("*.json"))]
     assert sorted(k["fleet"]["node"] for k in kept) == ["a", "b", "c", "d", "drift"]
     assert {k["fleet"]["fleet_run_id"] for k in kept} == {doc["run_id"]}
+    listing = stackgate("report", history=fleet.home / "controller-runs")
+    assert listing.returncode == 0 and len([line for line in listing.stdout.splitlines() if "-gate-" in line]) == 5, listing.stdout + listing.stderr
     for name in ("a", "b", "c", "d", "drift", "slow"):
         assert stand_in_pids(fleet.home / name / "events.jsonl") == []
     slow = [int(line.split()[0]) for line in fleet.started.read_text().splitlines() if line.split()[1:2] == ["gate"]]
