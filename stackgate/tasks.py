@@ -215,7 +215,7 @@ def diagnose(c, path=None, stdin=False, json=None, lock=None, verbose=0):
     },
 )
 def fleet(
-    c, action, hosts=None, inventory=None, lock=None, parallel=8, batch=1, fast_only=False, check=None, timeout=None, connect_timeout=None,
+    c, action, hosts=None, inventory=None, lock=None, parallel=None, batch=None, fast_only=False, check=None, timeout=None, connect_timeout=None,
     json=None, junit=None, markdown=None, prom=None, html=None, strict=False,
 ):  # fmt: skip
     """Run gate, verify or provision on every node over SSH: one report, groups, outliers, one verdict."""
@@ -223,8 +223,8 @@ def fleet(
 
     def go():
         request = command.FleetRequest(
-            action=action, hosts=hosts, inventory=_path(inventory), lock_path=_path(lock), parallel=command.whole("--parallel", parallel),
-            batch=command.whole("--batch", batch), fast_only=fast_only, checks=tuple(check or ()), timeout_s=command.seconds("--timeout", timeout),
+            action=action, hosts=hosts, inventory=_path(inventory), lock_path=_path(lock), parallel=command.whole("--parallel", parallel, 8),
+            batch=command.whole("--batch", batch, 1), fast_only=fast_only, checks=tuple(check or ()), timeout_s=command.seconds("--timeout", timeout),
             connect_timeout_s=command.seconds("--connect-timeout", connect_timeout), strict=strict, json_path=_path(json), junit_path=_path(junit),
             markdown_path=_path(markdown), prom_path=_path(prom), html_path=_path(html),
         )  # fmt: skip

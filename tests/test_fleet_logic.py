@@ -70,6 +70,9 @@ def test_a_bad_inventory_on_the_command_line_exits_2_before_connecting(tmp_path)
     assert both.returncode == ExitCode.USAGE and "one of them" in both.stderr
     unknown = stackgate("fleet", "deploy", "--hosts", "a", history=tmp_path / "runs")
     assert unknown.returncode == ExitCode.USAGE and "unknown action 'deploy'" in unknown.stderr
+    for flags, said in ((["--parallel", "x"], "--parallel 'x': not a whole number"), (["--timeout", "0"], "--timeout '0': must be a number of seconds above 0")):
+        done = stackgate("fleet", "gate", "--hosts", "a", *flags, history=tmp_path / "runs")
+        assert done.returncode == ExitCode.USAGE and said in done.stderr and "Traceback" not in done.stderr
 
 
 def test_another_version_on_a_node_or_a_damaged_spec_fails_that_node_only(tmp_path):

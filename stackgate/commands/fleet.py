@@ -546,8 +546,11 @@ def _action(request: FleetRequest) -> Action:
     return provision_on_node(gate_args) if request.action == "provision" else gate_on_node(gate_args)
 
 
-def whole(flag: str, value: Any) -> int:
-    """A flag's whole number (invoke hands a typed default through, a given value as text)."""
+def whole(flag: str, value: Any, default: int) -> int:
+    """A flag's whole number, from its text (taken as text: invoke's own int flags end in a
+    traceback on a word that is not a number)."""
+    if value is None:
+        return default
     try:
         number = int(value)
     except (TypeError, ValueError):
