@@ -13,7 +13,7 @@ from stackgate.cli import task
 from stackgate.models import settings
 from stackgate.render.ui import UI
 
-__all__ = ["diagnose", "gate", "lock", "provision", "report", "rollback", "smoke", "verify"]
+__all__ = ["diagnose", "fleet", "gate", "lock", "provision", "report", "rollback", "smoke", "verify"]
 
 LOCK_HELP = f"lockfile to use (default: ${settings.LOCK.env}, then the blackwell-sm120-cu130.toml shipped with stackgate)"
 
@@ -190,3 +190,44 @@ def diagnose(c, path=None, stdin=False, json=None, lock=None, verbose=0):
     paths = tuple(Path(p) for p in [*(path or ()), *shlex.split(c.remainder or "")])
     request = command.DiagnoseRequest(paths=paths, stdin=stdin, json_path=_path(json), lock_path=_path(lock))
     cli.run_command(lambda: command.run(request, UI(verbose=verbose)))
+
+
+@task(
+    positional=["action"],
+    iterable=["check"],
+    help={
+        "action": "what to run on every node: gate, verify or provision (provision: then a gate; a node that fails is rolled back)",
+        "hosts": "the nodes: comma-separated [user@]host[:port] (or --inventory)",
+        "inventory": "the nodes: a TOML inventory ([fleet] defaults, one [[node]] per node; README, Fleet)",
+        "lock": LOCK_HELP + "; shipped to every node with its pylock, sha256 checked there",
+        "parallel": "nodes run at once (gate, verify; default 8)",
+        "batch": "provision: nodes moved at a time; the first batch with a failure stops the rollout (default 1)",
+        "fast_only": "gate: stop each node's gate after the fast smoke",
+        "check": "verify: run only checks matching this name or glob on each node (repeatable)",
+        "timeout": "seconds each node's whole run may take (default: the inventory's timeout_s, else 7200)",
+        "connect_timeout": "seconds to connect and log in to a node (default: the inventory's connect_timeout_s, else 10)",
+        "json": "write the fleet's JSON report here: every node, the stacks (fingerprint groups), the outliers",
+        "junit": "write a JUnit XML report here: one testsuite per node",
+        "markdown": "write a Markdown summary here, for a CI job summary",
+        "prom": "write Prometheus metrics here (one series per node) for node_exporter's textfile collector",
+        "html": "write a self-contained HTML page here",
+        "strict": "fail on warnings too: the nodes' own, and the fleet's outliers",
+    },
+)
+def fleet(
+    c, action, hosts=None, inventory=None, lock=None, parallel=None, batch=None, fast_only=False, check=None, timeout=None, connect_timeout=None,
+    json=None, junit=None, markdown=None, prom=None, html=None, strict=False,
+):  # fmt: skip
+    """Run gate, verify or provision on every node over SSH: one report, groups, outliers, one verdict."""
+    from stackgate.commands import fleet as command
+
+    def go():
+        request = command.FleetRequest(
+            action=action, hosts=hosts, inventory=_path(inventory), lock_path=_path(lock), parallel=command.whole("--parallel", parallel, 8),
+            batch=command.whole("--batch", batch, 1), fast_only=fast_only, checks=tuple(check or ()), timeout_s=command.seconds("--timeout", timeout),
+            connect_timeout_s=command.seconds("--connect-timeout", connect_timeout), strict=strict, json_path=_path(json), junit_path=_path(junit),
+            markdown_path=_path(markdown), prom_path=_path(prom), html_path=_path(html),
+        )  # fmt: skip
+        return command.run(request, UI())
+
+    cli.run_command(go)

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping
 
 from stackgate.models.result import Result
 
-__all__ = ["STAGE_STATUSES", "benchmark_line", "headline_lines", "markdown", "prometheus", "suites", "verdict_word"]
+__all__ = ["STAGE_STATUSES", "Family", "benchmark_line", "exposition", "headline_lines", "markdown", "prometheus", "suites", "verdict_word"]
 
 #: Every status a stage can have, as Prometheus label values (a state set: one series is 1).
 STAGE_STATUSES = ("passed", "failed", "not_run", "interrupted")
@@ -168,6 +168,15 @@ def prometheus(doc: Mapping[str, Any]) -> str:
         ),
     ]
     families += _benchmark_families(gate.get("benchmark"), base)
+    return exposition(families)
+
+
+Family = tuple[str, str, list[tuple[dict[str, str], float]]]
+
+
+def exposition(families: Iterable[Family]) -> str:
+    """Gauge families (name, help, samples of (labels, value)) in the text format; a family
+    without samples is left out."""
     lines = []
     for name, help_text, samples in families:
         if not samples:

@@ -1,0 +1,197 @@
+"""The fleet's report in every shape the gate's has: console, JUnit, Markdown, Prometheus, HTML.
+
+Every renderer reads only the fleet document (``stackgate.fleet/1``, commands/fleet.py): nodes x
+stages, the fingerprint groups with what each odd node has that the majority has not, the
+outliers with both numbers, one verdict.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any, Mapping, Sequence
+
+from stackgate.models.result import Result, Status
+from stackgate.render import report, summaries
+from stackgate.render.ui import UI
+
+__all__ = ["STAGES", "group_lines", "html_page", "junit", "markdown", "prometheus", "render", "rows"]
+
+#: The gate's stages, in order (a verify node has none: its verdict stands alone).
+STAGES = ("lock", "environment", "verify", "fast_smoke", "benchmark")
+_ABBREV = {"passed": "pass", "failed": "FAIL", "not run": "-", "interrupted": "INT"}
+_FIGURES = (("decode_tok_s", "decode tok/s"), ("busbw_gbs", "busbw GB/s"), ("tflops", "TFLOP/s"))
+
+
+def _stages(doc: Mapping[str, Any]) -> list[str]:
+    named = {s for node in doc.get("nodes", ()) for s in node.get("stages", {})}
+    return [s for s in STAGES if s in named] + sorted(named - set(STAGES))
+
+
+def _figure(node: Mapping[str, Any], name: str) -> str:
+    value = node.get("figures", {}).get(name)
+    return f"{value:.2f}" if isinstance(value, (int, float)) else "-"
+
+
+def rows(doc: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The nodes x stages table: headers and one row per node."""
+    stages = _stages(doc)
+    shown = [(key, label) for key, label in _FIGURES if any(key in n.get("figures", {}) for n in doc.get("nodes", ()))]
+    headers = ["node", "status", *stages, *(label for _, label in shown), "stack", "seconds", "reason"]
+    table = []
+    for node in doc.get("nodes", ()):
+        cells = [node["name"], node["status"], *(_ABBREV.get(node.get("stages", {}).get(s, ""), node.get("stages", {}).get(s, "")) for s in stages)]
+        cells += [_figure(node, key) for key, _ in shown]
+        cells += [node.get("fingerprint") or "-", f"{node.get('duration_s', 0):.1f}", node.get("reason", "") if node["status"] != "passed" else ""]
+        table.append([str(c) for c in cells])
+    return headers, table
+
+
+def group_lines(doc: Mapping[str, Any]) -> list[str]:
+    """The fingerprint groups, majority first, and each odd node's differences, component by component."""
+    groups = [g for g in doc.get("groups", ()) if g.get("digest")]
+    lines = []
+    for group in groups:
+        role = "majority" if group.get("majority") else "differs"
+        lines.append(f"stack {group['short']} ({role}): {', '.join(group['nodes'])}")
+        for node, changes in group.get("differences", {}).items():
+            lines.append(f"  {node}: {len(changes)} component(s) differ from {groups[0]['short']}:")
+            lines += [f"    {c['section']}: {c['name']}: {c['majority'] or '(none)'} -> {c['node'] or '(none)'}" for c in changes[:40]]
+            if len(changes) > 40:
+                lines.append(f"    ... and {len(changes) - 40} more (the JSON report lists them all)")
+    missing = [g for g in doc.get("groups", ()) if not g.get("digest")]
+    for group in missing:
+        lines.append(f"no fingerprint: {', '.join(group['nodes'])}")
+    return lines
+
+
+def render(doc: Mapping[str, Any], ui: UI) -> None:
+    headers, table = rows(doc)
+    lock = doc.get("lock") or {}
+    ui.table(f"stackgate {doc['command']}: {lock.get('name')} ({lock.get('path')}) on {len(table)} node(s)", headers, table)
+    for line in group_lines(doc):
+        ui.line(line)
+    for outlier in doc.get("outliers", ()):
+        ui.line(f"outlier {outlier['text']}", "warning")
+    word = _word(doc)
+    ui.line(f"{_counts(doc)} in {doc['duration_s']:.2f} s: {word} ({doc['reason']})", "success" if word == "PASSED" else "error")
+
+
+def _word(doc: Mapping[str, Any]) -> str:
+    return "INTERRUPTED" if doc.get("interrupted") else "PASSED" if doc.get("verdict") == "passed" else "FAILED"
+
+
+def _counts(doc: Mapping[str, Any]) -> str:
+    return ", ".join(f"{n} {status}" for status, n in sorted(doc.get("counts", {}).items())) or "no node"
+
+
+# --- JUnit ----------------------------------------------------------------------------------------
+
+_STATUS = {"passed": Status.PASS, "not run": Status.SKIP}
+
+
+def _results(doc: Mapping[str, Any]) -> dict[str, list[Result]]:
+    suites: dict[str, list[Result]] = {}
+    for node in doc.get("nodes", ()):
+        status = _STATUS.get(node["status"], Status.FAIL)
+        results = [Result(f"{node['name']}.node", status, f"{node['status']}: {node['reason']}", data={"address": node["address"]}, duration_s=float(node.get("duration_s", 0)))]
+        for stage, state in node.get("stages", {}).items():
+            results.append(Result(f"{node['name']}.{stage}", _STATUS.get(state, Status.FAIL), state))
+        suites[f"stackgate.fleet.{node['name']}"] = results
+    fleet = [Result("fleet.stacks", Status.FAIL if len([g for g in doc.get("groups", ()) if g.get("digest")]) > 1 else Status.PASS, "; ".join(group_lines(doc)) or "no fingerprint")]
+    fleet += [Result(f"fleet.outlier.{o['node']}.{o['metric']}", Status.WARN, o["text"]) for o in doc.get("outliers", ())]
+    suites["stackgate.fleet"] = fleet
+    return suites
+
+
+def junit(doc: Mapping[str, Any]) -> str:
+    """One testsuite per node (a case for the node and one per stage), and one for the fleet."""
+    return report.junit_xml(_results(doc), strict=bool(doc.get("request", {}).get("strict")))
+
+
+# --- Markdown -------------------------------------------------------------------------------------
+
+
+def _cell(value: Any) -> str:
+    return str(value).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+
+def markdown(doc: Mapping[str, Any]) -> str:
+    word = _word(doc)
+    lock = doc.get("lock") or {}
+    out = [f"## {'✅' if word == 'PASSED' else '❌'} stackgate {doc['command']}: {word}", ""]
+    out += [f"lock **{_cell(lock.get('name'))}** · {len(doc.get('nodes', ()))} node(s) · exit code {doc['exit_code']} · {doc['duration_s']:.1f} s · run `{doc['run_id']}`", ""]
+    out += [_cell(doc["reason"]), ""]
+    headers, table = rows(doc)
+    out += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in table]
+    lines = group_lines(doc)
+    if lines:
+        out += ["", "### Stacks (fingerprint groups)", "", "```", *lines, "```"]
+    if doc.get("outliers"):
+        out += ["", "### Outliers (against the fleet median, MAD rule)", ""]
+        out += [f"- {_cell(o['text'])}" for o in doc["outliers"]]
+    return "\n".join(out).rstrip() + "\n"
+
+
+# --- Prometheus -----------------------------------------------------------------------------------
+
+
+def prometheus(doc: Mapping[str, Any]) -> str:
+    """One series per node (``node`` label) and the fleet's own; figures only where measured."""
+    lock = str((doc.get("lock") or {}).get("name") or "unknown")
+    base = {"lock": lock}
+    nodes = doc.get("nodes", ())
+    per_node = [({**base, "node": n["name"]}, n) for n in nodes]
+    families: list[summaries.Family] = [
+        ("stackgate_fleet_passed", "Whether the last fleet run passed (1) or not (0).", [(base, 1.0 if doc.get("verdict") == "passed" else 0.0)]),
+        ("stackgate_fleet_exit_code", "Exit code of the last fleet run.", [(base, float(doc["exit_code"]))]),
+        ("stackgate_fleet_nodes", "Nodes of the last fleet run, by status.", [({**base, "status": s.replace(" ", "_")}, float(c)) for s, c in doc.get("counts", {}).items()]),
+        ("stackgate_fleet_stacks", "Distinct stacks (fingerprints) among the nodes of the last fleet run.", [(base, float(len([g for g in doc.get("groups", ()) if g.get("digest")])))]),
+        ("stackgate_fleet_node_passed", "Whether each node passed (1) or not (0).", [(labels, 1.0 if n["status"] == "passed" else 0.0) for labels, n in per_node]),
+        ("stackgate_fleet_node_majority_stack", "Whether each node runs the majority's stack (1) or not (0).", [(labels, 1.0 if _in_majority(doc, n["name"]) else 0.0) for labels, n in per_node]),
+        ("stackgate_fleet_node_duration_seconds", "Wall time of each node's run.", [(labels, float(n.get("duration_s", 0))) for labels, n in per_node]),
+        ("stackgate_fleet_outlier", "1 for each node and figure found far from the fleet median.", [({**base, "node": o["node"], "metric": o["metric"]}, 1.0) for o in doc.get("outliers", ())]),
+    ]
+    measured = (
+        ("decode_tok_s", "decode_tokens_per_second", "decode tok/s"),
+        ("busbw_gbs", "allreduce_busbw_gbytes_per_second", "all-reduce bus bandwidth, GB/s"),
+        ("tflops", "bf16_tflops", "bf16 matmul TFLOP/s (slowest GPU)"),
+    )
+    for key, name, text in measured:
+        samples = [(labels, float(n["figures"][key])) for labels, n in per_node if key in n.get("figures", {})]
+        families.append((f"stackgate_fleet_node_{name}", f"Each node's {text}.", samples))
+    return summaries.exposition(families)
+
+
+def _in_majority(doc: Mapping[str, Any], name: str) -> bool:
+    return any(g.get("majority") and name in g.get("nodes", ()) for g in doc.get("groups", ()))
+
+
+# --- HTML -----------------------------------------------------------------------------------------
+
+_CSS = """body { font: 14px/1.45 system-ui, sans-serif; margin: 24px; color: #1f2328; } table { border-collapse: collapse; }
+th, td { text-align: left; padding: 4px 8px; border-bottom: 1px solid #eaeef2; } th { background: #f6f8fa; }
+.passed, .pass { color: #1a7f37; } .failed, .FAIL, .unreachable, .timed-out, .interrupted, .INT { color: #cf222e; font-weight: 600; }
+pre { background: #f6f8fa; padding: 6px 8px; }"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _html_table(headers: Sequence[str], table: Sequence[Sequence[str]]) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f'<td class="{_e(c.replace(" ", "-"))}">{_e(c)}</td>' for c in row) + "</tr>" for row in table)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def html_page(doc: Mapping[str, Any]) -> str:
+    """One self-contained page (no script, nothing fetched): the verdict, the table, groups, outliers."""
+    word = _word(doc)
+    headers, table = rows(doc)
+    parts = [f"<h1>stackgate {_e(doc['command'])}: <span class=\"{'passed' if word == 'PASSED' else 'failed'}\">{_e(word)}</span></h1>", f"<p>{_e(doc['reason'])}</p>"]
+    parts += ["<h2>Nodes</h2>", _html_table(headers, table)]
+    parts += ["<h2>Stacks</h2>", f"<pre>{_e(chr(10).join(group_lines(doc)) or 'no fingerprint')}</pre>"]
+    parts += ["<h2>Outliers</h2>", "<ul>" + "".join(f"<li>{_e(o['text'])}</li>" for o in doc.get("outliers", ())) + "</ul>" if doc.get("outliers") else "<p>none</p>"]
+    body = "\n".join(parts)
+    return f'<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>stackgate {_e(doc["command"])}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n'

@@ -1,0 +1,169 @@
+"""What a fleet's node reports add up to: which nodes run the same stack, and which are slow.
+
+Pure functions over the nodes' own JSON documents (``stackgate.report/1``, as each node's gate or
+verify wrote it), so the same aggregation serves SSH, a Kubernetes Job per node or Slurm's
+``srun``: whatever collects the documents.
+
+- **Groups**: nodes whose fingerprints (runs/fingerprint.py) have the same digest run byte-identical
+  stacks. The largest group is the majority (a tie goes to the group of the first node listed);
+  for each node of another group, every component that differs from the majority's, section by
+  section, as ``report A B`` names them.
+- **Outliers**: for decode tok/s, all-reduce bus bandwidth and bf16 TFLOP/s, the fleet median
+  and the median absolute deviation (MAD). A node is an outlier when it lies further from the
+  median than 3.5 robust standard deviations (``|x - median| * 0.6745 / MAD > 3.5``, Iglewicz
+  and Hoaglin's rule) and more than 5% of the median (so that a fleet of near-identical nodes,
+  MAD near 0, does not flag a 0.1% difference). At least three nodes must have the figure.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from stackgate.runs import fingerprint
+
+__all__ = ["METRICS", "Group", "Outlier", "figures", "groups", "outliers"]
+
+#: figure name -> (label, unit)
+METRICS: Mapping[str, tuple[str, str]] = {
+    "decode_tok_s": ("decode", "tok/s"),
+    "busbw_gbs": ("all-reduce busbw", "GB/s"),
+    "tflops": ("bf16 matmul (slowest GPU)", "TFLOP/s"),
+}
+MAD_LIMIT = 3.5
+MIN_RELATIVE = 0.05
+MIN_NODES = 3
+
+
+def _at(value: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(key)
+    return value
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def figures(doc: Mapping[str, Any]) -> dict[str, float]:
+    """A node report's figures that the fleet compares (those it measured).
+
+    >>> figures({"gate": {"benchmark": {"decode_tok_s": {"mean": 92.6}}}, "results": [{"check": "deep.collective", "data": {"peak_busbw_gbs": 38.5}}]})
+    {'decode_tok_s': 92.6, 'busbw_gbs': 38.5}
+    """
+    found: dict[str, float] = {}
+    decode = _number(_at(doc, "gate", "benchmark", "decode_tok_s", "mean"))
+    if decode is not None:
+        found["decode_tok_s"] = decode
+    results = doc.get("results")
+    for result in results if isinstance(results, list) else ():
+        data = _at(result, "data")
+        if _at(result, "check") == "deep.collective":
+            busbw = _number(_at(data, "peak_busbw_gbs"))
+            if busbw is not None:
+                found["busbw_gbs"] = busbw
+        elif _at(result, "check") == "deep.gpu_work":
+            gpus = _at(data, "gpus")
+            rates = [r for g in (gpus if isinstance(gpus, list) else ()) if (r := _number(_at(g, "bfloat16", "tflops"))) is not None]
+            if rates:
+                found["tflops"] = min(rates)
+    return found
+
+
+@dataclass(frozen=True)
+class Group:
+    digest: str | None  #: None: the nodes that reported no fingerprint
+    nodes: tuple[str, ...]
+    majority: bool
+    #: node -> what differs from the majority's stack, as fingerprint.Change
+    differences: Mapping[str, tuple[fingerprint.Change, ...]]
+
+    @property
+    def short(self) -> str:
+        return self.digest[:12] if self.digest else "none"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "digest": self.digest,
+            "short": self.short,
+            "nodes": list(self.nodes),
+            "majority": self.majority,
+            "differences": {node: [{"section": c.section, "name": c.name, "majority": c.old, "node": c.new} for c in found] for node, found in self.differences.items()},
+        }
+
+
+def _fingerprint(doc: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    found = _at(doc, "gate", "fingerprint")
+    return found if isinstance(found, Mapping) and isinstance(found.get("digest"), str) and isinstance(found.get("components"), Mapping) else None
+
+
+def _components(finger: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    return {str(k): {str(n): str(v) for n, v in s.items()} for k, s in finger["components"].items() if isinstance(s, Mapping)}
+
+
+def groups(docs: Sequence[tuple[str, Mapping[str, Any] | None]]) -> list[Group]:
+    """The nodes by fingerprint, majority first, then by size; the nodes without one last."""
+    by_digest: dict[str, list[str]] = {}
+    parts: dict[str, dict[str, dict[str, str]]] = {}
+    missing = []
+    for name, doc in docs:
+        finger = _fingerprint(doc)
+        if finger is None:
+            missing.append(name)
+            continue
+        by_digest.setdefault(finger["digest"], []).append(name)
+        parts.setdefault(finger["digest"], _components(finger))
+    ordered = sorted(by_digest.items(), key=lambda item: -len(item[1]))  # stable: a tie keeps the first node's group first
+    found = []
+    for index, (digest, nodes) in enumerate(ordered):
+        majority = parts[ordered[0][0]]
+        differences = {} if index == 0 else {node: tuple(fingerprint.changes(majority, parts[digest])) for node in nodes}
+        found.append(Group(digest, tuple(nodes), index == 0, differences))
+    if missing:
+        found.append(Group(None, tuple(missing), False, {}))
+    return found
+
+
+@dataclass(frozen=True)
+class Outlier:
+    node: str
+    metric: str
+    value: float
+    median: float
+    mad: float
+
+    @property
+    def relative(self) -> float:
+        return self.value / self.median - 1 if self.median else 0.0
+
+    def text(self) -> str:
+        """``n4: decode 1000.00 tok/s, fleet median 2000.00 tok/s (-50.0%, below)``"""
+        label, unit = METRICS[self.metric]
+        side = "below" if self.value < self.median else "above"
+        return f"{self.node}: {label} {self.value:.2f} {unit}, fleet median {self.median:.2f} {unit} ({self.relative:+.1%}, {side})"
+
+    def to_dict(self) -> dict[str, Any]:
+        label, unit = METRICS[self.metric]
+        figures = {"value": self.value, "median": self.median, "mad": self.mad, "relative": round(self.relative, 4)}
+        return {"node": self.node, "metric": self.metric, "label": label, "unit": unit, **figures, "text": self.text()}
+
+
+def outliers(per_node: Sequence[tuple[str, Mapping[str, float]]]) -> list[Outlier]:
+    """Every node whose figure lies far from the fleet's median (the module's rule).
+
+    >>> [o.text() for o in outliers([("a", {"decode_tok_s": 92.5}), ("b", {"decode_tok_s": 92.7}), ("c", {"decode_tok_s": 92.6}), ("d", {"decode_tok_s": 61.0})])]
+    ['d: decode 61.00 tok/s, fleet median 92.55 tok/s (-34.1%, below)']
+    """
+    found = []
+    for metric in METRICS:
+        values = [(name, figs[metric]) for name, figs in per_node if metric in figs]
+        if len(values) < MIN_NODES:
+            continue
+        median = statistics.median(v for _, v in values)
+        mad = statistics.median(abs(v - median) for _, v in values)
+        limit = max(MAD_LIMIT * mad / 0.6745, MIN_RELATIVE * abs(median))
+        found += [Outlier(name, metric, value, median, mad) for name, value in values if abs(value - median) > limit]
+    return found

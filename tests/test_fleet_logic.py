@@ -1,0 +1,153 @@
+"""The fleet controller above its transport: the inventory as hostile input, the version and
+sha256 checks, rolling provision, and the aggregation (groups, outliers), with simulated nodes
+(tests/fleet_sim.py) at the transport edge. Real SSH: tests/test_fleet.py."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from fleet_sim import SimNode, SimTransport, rollbacks
+from smoke_support import ROOT
+
+from stackgate.commands import fleet
+from stackgate.models import spec as lockmodel
+from stackgate.models.exitcodes import ExitCode
+from stackgate.models.fleet import InventoryError, parse_hosts, parse_inventory
+from stackgate.render.ui import UI
+from stackgate.runs import fleet as aggregate
+
+LOCK = ROOT / "lockfiles" / "blackwell-sm120-cu128.toml"  # a spec with a pylock beside it: both are shipped
+
+
+def run(action: str, names: list[str], sims: dict[str, SimNode], tmp_path: Path, **request: object) -> tuple[int, dict]:
+    out = tmp_path / "fleet.json"
+    chosen = fleet.FleetRequest(action=action, hosts=",".join(names), lock_path=LOCK, json_path=out, **request)  # type: ignore[arg-type]
+    code = fleet.run(chosen, UI(stream=io.StringIO(), force_plain=True), SimTransport(sims))
+    return code, json.loads(out.read_text())
+
+
+def statuses(doc: dict) -> dict[str, str]:
+    return {n["name"]: n["status"] for n in doc["nodes"]}
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ('[[node]]\nhost = "a"\nport = 70000\n', "node[0].port: port 70000 is not a port number (1-65535)"),
+        ('[[node]]\nhost = "-oProxyCommand=touch /tmp/x"\n', "node[0].host: '-oProxyCommand=touch /tmp/x' is not a host name or address"),
+        ('[[node]]\nhost = "a"\nstackgate = "stackgate; rm -rf /"\n', "node[0].stackgate: 'stackgate; rm -rf /' is not a program path"),
+        ('[[node]]\nhost = "a"\nprot = 22\n', "node[0].prot: unknown key (did you mean 'port'?)"),
+        ('[fleet]\ntimeout_s = -1\n[[node]]\nhost = "a"\n', "fleet.timeout_s: -1 is not a number of seconds above 0"),
+        ('[[node]]\nhost = "a"\n[[node]]\nhost = "a"\n', "node: the node name 'a' is given twice"),
+        ('[fleet]\nuser = "ops"\n', "node: no [[node]] table"),
+        ("[[node]\n", "not valid TOML"),
+        ('[[node]]\nhost = "a"\nname = "a b"\n', "node[0].name: 'a b' is not a node name"),
+    ],
+)
+def test_a_hostile_inventory_is_refused_naming_the_key(text, problem):
+    with pytest.raises(InventoryError) as caught:
+        parse_inventory(text, "fleet.toml")
+    assert problem in str(caught.value) and str(caught.value).startswith("fleet.toml: ")
+
+
+def test_an_inventory_sets_defaults_and_each_node_overrides_them(tmp_path):
+    nodes = parse_inventory('[fleet]\nuser = "ops"\nport = 2222\nidentity = "keys/id"\n[[node]]\nhost = "10.0.0.1"\n[[node]]\nname = "g2"\nhost = "h2"\nport = 22\n', base=tmp_path)
+    assert [(n.name, n.address, n.identity) for n in nodes] == [("10.0.0.1", "ops@10.0.0.1:2222", tmp_path / "keys" / "id"), ("g2", "ops@h2:22", tmp_path / "keys" / "id")]
+    assert [n.address for n in parse_hosts("a,root@b:2200,[::1]:22")] == ["a:22", "root@b:2200", "::1:22"]
+
+
+def test_a_bad_inventory_on_the_command_line_exits_2_before_connecting(tmp_path):
+    from test_fleet import stackgate  # the program in a subprocess, as a user runs it
+
+    bad = tmp_path / "fleet.toml"
+    bad.write_text('[[node]]\nhost = "a"\nport = "x"\n')
+    done = stackgate("fleet", "gate", "--inventory", str(bad), "--lock", str(LOCK), history=tmp_path / "runs")
+    assert done.returncode == ExitCode.USAGE and "node[0].port: port 'x' is not a port number" in done.stderr and "Traceback" not in done.stderr
+    both = stackgate("fleet", "verify", "--hosts", "a", "--inventory", str(bad), history=tmp_path / "runs")
+    assert both.returncode == ExitCode.USAGE and "one of them" in both.stderr
+    unknown = stackgate("fleet", "deploy", "--hosts", "a", history=tmp_path / "runs")
+    assert unknown.returncode == ExitCode.USAGE and "unknown action 'deploy'" in unknown.stderr
+    for flags, said in ((["--parallel", "x"], "--parallel 'x': not a whole number"), (["--timeout", "0"], "--timeout '0': must be a number of seconds above 0")):
+        done = stackgate("fleet", "gate", "--hosts", "a", *flags, history=tmp_path / "runs")
+        assert done.returncode == ExitCode.USAGE and said in done.stderr and "Traceback" not in done.stderr
+
+
+def test_another_version_on_a_node_or_a_damaged_spec_fails_that_node_only(tmp_path):
+    sims = {"old": SimNode(version="0.0.9"), "bent": SimNode(corrupt=True), "down": SimNode(reachable=False)}
+    code, doc = run("gate", ["ok1", "ok2", "old", "bent", "down"], sims, tmp_path)
+    assert code == ExitCode.FAILED
+    by = {n["name"]: n for n in doc["nodes"]}
+    assert statuses(doc) == {"ok1": "passed", "ok2": "passed", "old": "failed", "bent": "failed", "down": "unreachable"}
+    assert by["old"]["reason"].startswith("the node has stackgate 0.0.9, this controller ")
+    assert by["bent"]["reason"].startswith("blackwell-sm120-cu128.toml arrived damaged: sha256 ")
+    assert sorted(doc["shipped"]) == ["blackwell-sm120-cu128.toml", "pylock.blackwell-sm120-cu128.toml"]
+    assert not any("setsid" in c for c in sims["old"].calls)  # nothing ran on a node of another version
+
+
+def test_rolling_provision_stops_at_the_first_failed_batch_and_rolls_that_node_back(tmp_path):
+    sims = {f"n{i}": SimNode() for i in range(1, 8)}
+    sims["n4"] = SimNode(gate_exit=1)
+    code, doc = run("provision", list(sims), sims, tmp_path, batch=2)
+    assert code == ExitCode.FAILED
+    assert statuses(doc) == {"n1": "passed", "n2": "passed", "n3": "passed", "n4": "failed", "n5": "not run", "n6": "not run", "n7": "not run"}
+    steps = {n["name"]: n["steps"] for n in doc["nodes"]}
+    assert steps["n1"] == ["provisioned", "gated"] and steps["n4"] == ["provisioned", "gate failed", "rolled back"] and steps["n5"] == []
+    assert [rollbacks(sims[n]) for n in sims] == [0, 0, 0, 1, 0, 0, 0]
+    assert not sims["n5"].calls  # never touched
+    assert "an earlier batch failed (n4)" in {n["name"]: n for n in doc["nodes"]}["n6"]["reason"]
+
+
+def test_a_failed_provision_is_not_rolled_back_nothing_moved(tmp_path):
+    sims = {"a": SimNode(provision_exit=1), "b": SimNode()}
+    code, doc = run("provision", ["a", "b"], sims, tmp_path)
+    assert code == ExitCode.FAILED and statuses(doc) == {"a": "failed", "b": "not run"}
+    assert doc["nodes"][0]["steps"] == ["provision failed"] and rollbacks(sims["a"]) == 0
+
+
+def test_groups_and_outliers_across_simulated_nodes(tmp_path):
+    sims = {f"n{i}": SimNode(rate=92.6 + i * 0.05) for i in range(6)}
+    sims["n5"] = SimNode(rate=61.0)
+    sims["n2"] = SimNode(distributions={"torch": "2.10.0", "sglang": "0.5.9", "flashinfer-python": "0.6.4"})
+    code, doc = run("gate", list(sims), sims, tmp_path)
+    assert code == ExitCode.FAILED and doc["reason"].startswith("the nodes run 2 different stacks: n2 differ from the majority ")
+    assert doc["groups"][1]["differences"] == {"n2": [{"section": "distributions", "name": "torch", "majority": "2.9.1+cu130", "node": "2.10.0"}]}
+    assert [(o["node"], o["metric"]) for o in doc["outliers"]] == [("n5", "decode_tok_s")]
+
+
+def test_outliers_need_three_nodes_and_a_real_difference():
+    assert aggregate.outliers([("a", {"decode_tok_s": 10.0}), ("b", {"decode_tok_s": 50.0})]) == []
+    same = [(n, {"busbw_gbs": 38.0 + d}) for n, d in (("a", 0.0), ("b", 0.01), ("c", 0.0), ("d", 0.02))]
+    assert aggregate.outliers(same) == []  # MAD near 0: a 0.05% difference is not an outlier
+
+
+def test_lock_is_loaded_before_any_node_is_touched(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[stack]\nname = 1\n")
+    sims: dict[str, SimNode] = {}
+    with pytest.raises(lockmodel.LockError):
+        fleet.run(fleet.FleetRequest(action="gate", hosts="a", lock_path=bad), UI(stream=io.StringIO(), force_plain=True), SimTransport(sims))
+    assert sims == {}
+
+
+def test_a_hostile_node_report_fails_that_node_with_the_reason_and_prints_nothing_raw(tmp_path):
+    evil = json.dumps({"schema": "stackgate.report/1", "verdict": "passed", "exit_code": 0, "results": [], "reason": "ok\x1b]0;pwned\x07\x1b[2J"})
+    sims = {
+        "notjson": SimNode(raw_report="{not json"),
+        "foreign": SimNode(raw_report=json.dumps({"schema": "other/1"})),
+        "damaged": SimNode(raw_report=json.dumps({"schema": "stackgate.report/1", "verdict": 1, "exit_code": "0", "results": {}})),
+        "escapes": SimNode(raw_report=evil),
+    }
+    stream = io.StringIO()
+    out = tmp_path / "fleet.json"
+    code = fleet.run(fleet.FleetRequest(action="gate", hosts=",".join(sims), lock_path=LOCK, json_path=out), UI(stream=stream, force_plain=True), SimTransport(sims))
+    doc = json.loads(out.read_text())
+    by = {n["name"]: n for n in doc["nodes"]}
+    assert code == ExitCode.FAILED
+    assert by["notjson"]["reason"].startswith("the node's report is not JSON (")
+    assert by["foreign"]["reason"] == "the node's report is not a stackgate.report/1 document"
+    assert by["damaged"]["reason"] == "the node's report is damaged: verdict, exit_code, results missing or of the wrong type"
+    assert by["escapes"]["status"] == "passed" and by["escapes"]["reason"] == "ok?]0;pwned??[2J"
+    assert "\x1b" not in stream.getvalue() and "\\u001b" not in out.read_text()
