@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's stackgate, not on PYTHONPATH (test_fleet.fleet_env)
 
 from stackgate.commands import gate
 from stackgate.models import spec as lockmodel

@@ -29,7 +29,10 @@ pytestmark = pytest.mark.skipif(why_no_sshd() is not None, reason=why_no_sshd() 
 
 def fleet_env(home: Path, python: Path, port: int, events: Path, runs: Path, **behave: object) -> dict[str, str]:
     return {
-        "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}{os.pathsep}{FAKES}",
+        # not the checkout itself: the node's stack interpreter inherits this, and a checkout
+        # installed with `pip install -e` holds stackgate.egg-info, a distribution it would see
+        # (fleet_node.py puts the checkout first on its own sys.path instead)
+        "PYTHONPATH": f"{TESTS}{os.pathsep}{FAKES}",
         "STACKGATE_NVML_MODULE": "fakes.fake_nvml",
         "STACKGATE_FAKE_NVML": str(nvml_file(home / "nvml.json")),
         "STACKGATE_FAKE_SGLANG": str(behaviour(home / "behaviour.json", events, **behave)),
