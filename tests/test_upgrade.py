@@ -35,23 +35,29 @@ BENCH = {"output_tokens": 120, "runs": 2, "warmup": 1}
 TRITON_SLOW = [{"when": {"attention_backend": "triton"}, "set": {"rate": 150.0}}]
 
 
-def _spec(path: Path, server: IndexServer, root: Path, environ: dict[str, str], rig: Rig, *, flashinfer: str, backend: str, hardware: dict[str, str] | None = None) -> Path:
+def _spec(
+    path: Path, server: IndexServer, root: Path, environ: dict[str, str], rig: Rig, *, flashinfer: str, backend: str, hardware: dict[str, str] | None = None, tp: int = 1, fusion: bool = False
+) -> Path:
     """A spec of the test stack with its pylock: flashinfer 0.6.3 as sglang pins it, or 0.6.4 by
-    the declared override; smoke launches the stand-in with ``backend``."""
+    the declared override; smoke launches the stand-in with ``backend`` on ``tp`` GPUs, with the
+    FlashInfer all-reduce fusion and its evidence line when ``fusion``."""
+    hardware = {**({"gpu_count": str(tp)} if tp != 1 else {}), **(hardware or {})}
     write_stack_lock(path, server, root)
     text = path.read_text()
     if flashinfer == "0.6.3":
         text = text.replace('flashinfer-python = "==0.6.4"', 'flashinfer-python = "==0.6.3"').replace('flashinfer-cubin = "==0.6.4"', 'flashinfer-cubin = "==0.6.3"')
         text = text.split("[[python.override]]")[0] + "[env]" + text.split("[env]", 1)[1]
-    for key, value in (hardware or {}).items():
+    for key, value in hardware.items():
         text = text.replace(f"{key} = ", f"{key} = {value}\n# was: {key} = ", 1)
     bench = "\n".join(f"{k} = {v}" for k, v in BENCH.items())
     text += textwrap.dedent(f"""
         [smoke]
         model = "{rig.model}"
-        tp = 1
+        tp = {tp}
         port = {rig.port}
         attention_backend = "{backend}"
+        flags = {json.dumps(["--enable-flashinfer-allreduce-fusion"] if fusion else [])}
+        {'evidence = { "--enable-flashinfer-allreduce-fusion" = "FlashInfer workspace initialized" }' if fusion else ""}
         ready_timeout_s = 60
         stop_grace_s = 3
 
@@ -80,22 +86,23 @@ def live_root(tmp_path_factory: pytest.TempPathFactory, stack_index: IndexServer
 class Node:
     """A copy of the live root, the stand-in's rig, spec A (live) and spec B (new) for it."""
 
-    def __init__(self, live_root: Path, tmp: Path, server: IndexServer, environ: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, live_root: Path, tmp: Path, server: IndexServer, environ: dict[str, str], monkeypatch: pytest.MonkeyPatch, gpus: int = 1) -> None:
         self.root = tmp / "root"
         shutil.copytree(live_root, self.root, symlinks=True)
         self.tmp, self.server = tmp, server
         self.rig = Rig(tmp, free_port())
-        spec = machine([gpu(uuid="GPU-0000", memory=[96 * 2**30, 2**20])])
+        self.gpus = gpus
+        spec = machine([gpu(uuid=f"GPU-{i:04d}", memory=[96 * 2**30, 2**20]) for i in range(gpus)])
         self.rig.nvml_path.write_text(json.dumps({**spec, "holders": str(self.rig.holders_path)}))
         self.rig.behave(profiles=TRITON_SLOW)
         self.environ = {**environ, "STACKGATE_NVML_MODULE": "fakes.fake_nvml", "STACKGATE_FAKE_NVML": str(self.rig.nvml_path), "STACKGATE_LOG_DIR": str(tmp / "logs")}
         for key in ("STACKGATE_NVML_MODULE", "STACKGATE_FAKE_NVML", "STACKGATE_LOG_DIR"):
             monkeypatch.setenv(key, self.environ[key])
-        self.a = _spec(tmp / "a.toml", server, self.root, environ, self.rig, flashinfer="0.6.3", backend="triton")
+        self.a = _spec(tmp / "a.toml", server, self.root, environ, self.rig, flashinfer="0.6.3", backend="triton", tp=gpus)
         self.live = os.readlink(self.root / "current")
 
-    def spec_b(self, *, backend: str = "flashinfer", hardware: dict[str, str] | None = None) -> Path:
-        return _spec(self.tmp / "b.toml", self.server, self.root, self.environ, self.rig, flashinfer="0.6.4", backend=backend, hardware=hardware)
+    def spec_b(self, *, backend: str = "flashinfer", hardware: dict[str, str] | None = None, fusion: bool = False) -> Path:
+        return _spec(self.tmp / "b.toml", self.server, self.root, self.environ, self.rig, flashinfer="0.6.4", backend=backend, hardware=hardware, tp=self.gpus, fusion=fusion)
 
     def upgrade(self, to: Path, **request: Any) -> tuple[upgrade.UpgradeRun, dict[str, Any], str]:
         out = io.StringIO()
@@ -130,8 +137,17 @@ def node(live_root: Path, tmp_path: Path, stack_index: IndexServer, install_envi
     kill_leftovers(made.rig)
 
 
-def test_a_faster_new_stack_with_the_same_tokens_is_switched_to(node: Node) -> None:
-    done, doc, out = node.upgrade(node.spec_b())
+@pytest.fixture
+def node2(live_root: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[Node]:
+    """A node of two GPUs: both sides launch with TP 2, where the fusion's evidence is logged."""
+    made = Node(live_root, tmp_path, stack_index, install_environ, monkeypatch, gpus=2)
+    yield made
+    kill_leftovers(made.rig)
+
+
+def test_a_faster_new_stack_with_the_same_tokens_is_switched_to(node2: Node) -> None:
+    node = node2
+    done, doc, out = node.upgrade(node.spec_b(fusion=True))
     assert done.exit_code == ExitCode.PASSED and done.won, out
     part = doc["upgrade"]
     assert part["ab"]["order"] == ["live", "new", "new", "live"]
@@ -144,4 +160,136 @@ def test_a_faster_new_stack_with_the_same_tokens_is_switched_to(node: Node) -> N
     assert part["current"]["switched"] and node.current() == f"generations/{part['new']['generation']}"
     assert node.serves().startswith("0.6.4 ")
     assert "flashinfer-python: 0.6.3 -> 0.6.4" in out and "SWITCHED: switched" in out
+    # The fusion's evidence, before (not asked for) and after (its log line seen, in every new leg).
+    assert all(leg["evidence"] == [] for leg in part["ab"]["legs"] if leg["side"] == "live")
+    assert all([e["status"] for e in leg["evidence"]] == ["PASS"] for leg in part["ab"]["legs"] if leg["side"] == "new")
+    assert "new: attention backend flashinfer; evidence: enable-flashinfer-allreduce-fusion: PASS" in out
+    assert changes["flags"] == ("(none)", "--enable-flashinfer-allreduce-fusion")
+    assert_nothing_left(node.rig)
+
+
+def test_a_slower_new_stack_is_kept_and_the_report_says_by_how_much(node: Node) -> None:
+    node.rig.behave(profiles=[{"when": {"attention_backend": "flashinfer"}, "set": {"rate": 120.0}}])  # triton: 200
+    done, doc, out = node.upgrade(node.spec_b(), rounds=1, markdown_path=node.tmp / "up.md", html_path=node.tmp / "up.html")
+    assert done.exit_code == ExitCode.FAILED and not done.won, out
+    part = doc["upgrade"]
+    assert part["decision"]["switch"] is False
+    assert part["decision"]["reason"].startswith("kept the live stack: slower beyond the measured noise: decode new - live: -")
+    assert node.current() == node.live and part["current"] == {"before": Path(node.live).name, "after": Path(node.live).name, "switched": False}
+    new = generations.read(node.root).generations[-1]
+    assert new.ready and not new.was_current  # built and verified, never switched to: the next run may resume it
+    assert "KEPT: kept the live stack: slower" in out
+    markdown = (node.tmp / "up.md").read_text()
+    assert "**KEPT: kept the live stack: slower" in markdown and "| distribution | flashinfer-python | 0.6.3 | 0.6.4 |" in markdown
+    assert "flashinfer-python" in (node.tmp / "up.html").read_text() and "<script" not in (node.tmp / "up.html").read_text()
+
+
+def test_diverging_tokens_are_kept_naming_the_first_differing_position_unless_accepted(node: Node) -> None:
+    node.rig.behave(profiles=[{"when": {"attention_backend": "flashinfer"}, "set": {"shift_from": 37}}])  # same speed both sides
+    spec = node.spec_b()
+    done, doc, out = node.upgrade(spec, rounds=1)
+    assert done.exit_code == ExitCode.FAILED and node.current() == node.live, out
+    reason = doc["upgrade"]["decision"]["reason"]
+    assert reason.startswith("kept the live stack: greedy outputs differ: first differing token at position 37 (live token id "), reason
+    assert "first 37 of 120 tokens identical" in reason
+    # Accepted: the same (resumed, not rebuilt) generation is switched to, the difference still reported.
+    built = doc["upgrade"]["new"]["generation"]
+    done, doc, out = node.upgrade(spec, rounds=1, accept_output_change=True)
+    assert done.won and doc["upgrade"]["build"]["status"] == "resumed" and doc["upgrade"]["new"]["generation"] == built, out
+    same = next(c for c in doc["upgrade"]["decision"]["conditions"] if c["name"] == "same_output")
+    assert same["held"] and same["text"].startswith("greedy outputs differ, accepted with --accept-output-change: first differing token at position 37")
+    assert node.current() == f"generations/{built}"
+
+
+def test_a_new_stack_failing_verify_is_kept_marked_failed_never_measured_nor_rolled_back_to(node: Node) -> None:
+    spec = node.spec_b(hardware={"compute_capability": '"9.0"'})  # the fake GPU is an SM120
+    done, doc, out = node.upgrade(spec)
+    assert done.exit_code == ExitCode.FAILED and node.current() == node.live, out
+    part = doc["upgrade"]
+    assert part["build"]["status"] == "built" and part["build"]["verify"].startswith("failed")
+    assert part["new"]["state"] == "failed" and part["ab"]["legs"] == [] and node.rig.events("started") == []
+    assert part["decision"] is None and any(r["check"].startswith("upgrade.verify.gpu.") and r["status"] == "FAIL" for r in doc["results"])
+    failed = generations.read(node.root).generations[-1]
+    assert failed.failed and failed.path.is_dir() and f"kept for inspection at {failed.path}" in out
+    with pytest.raises(generations.GenerationError, match="failed its checks .*kept for inspection, never rolled back to"):
+        generations.rollback(node.root, failed)
+    assert node.current() == node.live and node.serves().startswith("0.6.3 ")
+    # The next upgrade keeps it for inspection (a failed generation is not an unfinished one).
+    assert generations.read(node.root).unfinished == ()
+
+
+def test_dry_run_shows_the_plan_and_changes_nothing(node: Node) -> None:
+    before = sorted(p.name for p in (node.root / "generations").iterdir())
+    done, doc, out = node.upgrade(node.spec_b(), dry_run=True)
+    assert done.exit_code == ExitCode.PASSED and doc["upgrade"]["step"] == "plan", out
+    assert "distribution flashinfer-python: 0.6.3 -> 0.6.4" in out and "smoke        attention_backend: triton -> flashinfer" in out
+    assert "build beside the live stack (current is not switched):" in out and "install the pylock's 9 distributions" in out
+    assert "switch" not in "\n".join(line for line in out.splitlines() if line.strip().startswith(tuple("0123456789")))
+    assert sorted(p.name for p in (node.root / "generations").iterdir()) == before and node.current() == node.live
+    assert node.rig.events("started") == []
+
+
+def test_bad_usage_is_refused_before_anything_runs(node: Node, tmp_path: Path) -> None:
+    spec = node.spec_b()
+    for request, message in (
+        ({"switch": "always"}, "--switch must be one of if-better, if-passes, never"),
+        ({"json_path": tmp_path}, "cannot write there"),
+    ):
+        with pytest.raises(upgrade.UpgradeUsage, match=message):
+            upgrade.upgrade_node(upgrade.UpgradeRequest(to=spec, lock_path=node.a, **request), UI(stream=io.StringIO(), force_plain=True))
+    empty = _spec(tmp_path / "c.toml", node.server, tmp_path / "elsewhere", node.environ, node.rig, flashinfer="0.6.4", backend="flashinfer")
+    with pytest.raises(upgrade.UpgradeUsage, match="nothing live to upgrade: .* does not exist; `stackgate provision --lock"):
+        upgrade.upgrade_node(upgrade.UpgradeRequest(to=empty), UI(stream=io.StringIO(), force_plain=True))
+
+
+_UPGRADE = """
+import json, sys
+from pathlib import Path
+from invoke.exceptions import Exit
+from stackgate import cli
+from stackgate.commands import upgrade
+from stackgate.render.ui import UI
+
+args = json.loads(sys.argv[1])
+request = upgrade.UpgradeRequest(to=Path(args["to"]), lock_path=Path(args["lock"]), verify_checks=tuple(args["verify"]), run_dir=Path(args["run_dir"]), json_path=Path(args["json"]), rounds=1)
+try:
+    cli.run_command(lambda: upgrade.run(request, UI()))
+except Exit as stop:
+    print(stop.message or "", file=sys.stderr)
+    sys.exit(stop.code)
+"""
+
+
+def _in_process_of_its_own(node: Node, spec: Path, fault: str) -> subprocess.CompletedProcess[str]:
+    args = {"to": str(spec), "lock": str(node.a), "verify": list(VERIFY), "run_dir": str(node.tmp / "servers"), "json": str(node.tmp / "killed.json")}
+    environ = {**node.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "STACKGATE_FAULT": fault, "NO_COLOR": "1"}
+    return subprocess.run([sys.executable, "-c", _UPGRADE, json.dumps(args)], env=environ, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("point", ["before:upgrade.build", "during:python.stack", "before:upgrade.verify", "smoke:ready", "before:upgrade.leg2", "before:upgrade.switch"])
+def test_kill_9_at_each_step_leaves_current_serving_the_old_stack_and_no_server(node: Node, point: str) -> None:
+    spec = node.spec_b()
+    killed = _in_process_of_its_own(node, spec, point)
+    assert killed.returncode == -9, (point, killed.stderr[-3000:])
+    assert node.current() == node.live and node.serves().startswith("0.6.3 "), point
+    assert_nothing_left(node.rig)  # each server died with its parent (its parent-death signal)
+    if point == "during:python.stack":
+        # The half-built generation is removed by the next run, which then builds its own.
+        half = generations.read(node.root).unfinished
+        assert len(half) == 1
+        done, doc, out = node.upgrade(spec, rounds=1, switch="never")
+        assert f"remove unfinished generation(s) {half[0].id}" in out and not half[0].path.exists(), out
+        assert doc["upgrade"]["build"]["status"] == "built" and node.current() == node.live
+    if point == "smoke:ready":
+        # Built and verified before the kill: the next run finishes it without building again.
+        done, doc, out = node.upgrade(spec, rounds=1)
+        assert doc["upgrade"]["build"]["status"] == "resumed" and done.won, out
+
+
+def test_ctrl_c_during_the_ab_exits_130_with_the_report_and_current_unchanged(node: Node) -> None:
+    stopped = _in_process_of_its_own(node, node.spec_b(), "smoke:ready=SIGINT")
+    assert stopped.returncode == ExitCode.INTERRUPTED, stopped.stderr[-3000:]
+    doc = json.loads((node.tmp / "killed.json").read_text())
+    assert doc["upgrade"]["interrupted"] is True and doc["upgrade"]["step"] == "ab" and doc["exit_code"] == 130
+    assert doc["upgrade"]["current"]["switched"] is False and node.current() == node.live
     assert_nothing_left(node.rig)
