@@ -52,3 +52,15 @@ def test_no_figure_from_the_live_side_is_no_evidence_of_being_better() -> None:
     legs = [Leg(LIVE, 1, False, (), (), ("smoke.benchmark: no run returned the tokens asked",)), Leg(NEW, 2, True, (100.0, 101.0), TOKENS)]
     found = abtest.decide("if-better", abtest.side(LIVE, legs), abtest.side(NEW, legs), accept_output_change=False)
     assert not found.switch and "no greedy token ids from both sides" in found.reason
+
+
+def test_in_the_order_live_new_a_drifting_machine_alone_makes_the_new_stack_slower() -> None:
+    """Two equal stacks on a machine that loses 15 tok/s per launch (two runs per launch)."""
+
+    def measured(rounds: int) -> abtest.Decision:
+        legs = [Leg(side, i + 1, True, (200.0 - 15 * i, 200.0 - 15 * i + 0.1), TOKENS) for i, side in enumerate(abtest.order(rounds))]
+        return abtest.decide("if-better", abtest.side(LIVE, legs), abtest.side(NEW, legs), accept_output_change=False)
+
+    assert measured(1).reason.startswith("kept the live stack: slower beyond the measured noise: decode new - live: -15.00 tok/s")
+    alternated = measured(2)
+    assert alternated.switch and "within the measured noise: decode new - live: +0.00 tok/s" in alternated.reason
