@@ -21,7 +21,7 @@ from fakes.fake_nvml import gpu, machine
 from pkgindex import IndexServer, install_environ, lock_stack, stack_index, write_stack_lock  # noqa: F401 (fixtures)
 from smoke_support import FAKES, Rig, assert_nothing_left, free_port, kill_leftovers
 
-from stackgate.commands import provision, upgrade
+from stackgate.commands import provision, report, upgrade
 from stackgate.models.exitcodes import ExitCode
 from stackgate.render.ui import UI
 from stackgate.stack import generations
@@ -108,6 +108,7 @@ class Node:
         out = io.StringIO()
         chosen = upgrade.UpgradeRequest(to=to, lock_path=self.a, verify_checks=VERIFY, environ=self.environ, run_dir=self.tmp / "servers", json_path=self.tmp / "up.json", **request)
         done = upgrade.upgrade_node(chosen, UI(stream=out, force_plain=True), nvml_lib=fake_nvml)
+        upgrade.keep_legs(done, UI(stream=out, force_plain=True))  # as the command does
         doc = done.document()
         upgrade.write_reports(doc, chosen)
         upgrade_console(doc, out)
@@ -165,6 +166,11 @@ def test_a_faster_new_stack_with_the_same_tokens_is_switched_to(node2: Node) -> 
     assert all([e["status"] for e in leg["evidence"]] == ["PASS"] for leg in part["ab"]["legs"] if leg["side"] == "new")
     assert "new: attention backend flashinfer; evidence: enable-flashinfer-allreduce-fusion: PASS" in out
     assert changes["flags"] == ("(none)", "--enable-flashinfer-allreduce-fusion")
+    # Each leg is kept in the history: `report LIVE NEW` names what changed between the sides.
+    ids = [leg["run_id"] for leg in part["ab"]["legs"]]
+    shown = io.StringIO()
+    assert report.run(report.ReportRequest(runs=(ids[0], ids[1]), runs_dir=Path(os.environ["STACKGATE_HISTORY_DIR"])), UI(stream=shown, force_plain=True)) == ExitCode.PASSED
+    assert "attention_backend: triton -> flashinfer" in shown.getvalue(), shown.getvalue()
     assert_nothing_left(node.rig)
 
 

@@ -55,7 +55,7 @@ from stackgate.serve import launch
 from stackgate.stack import generations, guard, pyenv, toolkit
 from stackgate.stack import patches as stackpatches
 
-__all__ = ["SCHEMA", "UpgradeRequest", "UpgradeRun", "UpgradeUsage", "run", "upgrade_node"]
+__all__ = ["SCHEMA", "UpgradeRequest", "UpgradeRun", "UpgradeUsage", "check_request", "keep_legs", "run", "upgrade_node", "write_reports"]
 
 SCHEMA = "stackgate.upgrade/1"
 BUILD_ERRORS = (provision.ProvisionError, pyenv.PyenvError, guard.GuardError, toolkit.ToolkitError, stackpatches.PatchError, OSError)
@@ -108,6 +108,7 @@ class UpgradeRun:
     verify_results: list[Result] = field(default_factory=list)
     legs: list[dict[str, Any]] = field(default_factory=list)
     measured: list[abtest.Leg] = field(default_factory=list)
+    smoke_runs: list[tuple[dict[str, Any], smoke.SmokeRun]] = field(default_factory=list)  #: each leg's part and its smoke
     decision: abtest.Decision | None = None
     current_after: str | None = None
     interrupted: bool = False
@@ -151,16 +152,28 @@ def run(request: UpgradeRequest, ui: UI) -> ExitCode:
     ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.lock_path)}))
     check_request(request)
     done = upgrade_node(request, ui)
+    keep_legs(done, ui)
     doc = redact(done.document())
     upgrade_render.console(doc, ui)
     write_reports(doc, request)
-    if not request.dry_run and not done.blocked:
-        stored = history.keep(doc, done.new_lock, ui.error)
-        if stored is not None:
-            ui.info(f"run {done.run_id} kept in {stored.parent}")
     if done.interrupted:
         raise KeyboardInterrupt
     return done.exit_code
+
+
+def keep_legs(done: UpgradeRun, ui: UI) -> None:
+    """Each leg's smoke kept in the history, as `stackgate smoke` keeps its runs: `stackgate
+    report LIVE_RUN NEW_RUN` then shows what changed between the two sides, component by component."""
+    for part, ran in done.smoke_runs:
+        doc = {**ran.document(), "run_id": history.new_id("smoke", ran.started)}
+        if history.keep(doc, ran.lock, ui.error) is not None:
+            part["run_id"] = doc["run_id"]
+    ids: dict[str, str] = {}
+    for part, _ in done.smoke_runs:
+        if "run_id" in part:
+            ids.setdefault(part["side"], part["run_id"])  # each side's first leg
+    if len(ids) == 2:
+        ui.info(f"each leg is kept in the history: `stackgate report {ids['live']} {ids['new']}` compares the two sides")
 
 
 def check_request(request: UpgradeRequest) -> None:
@@ -409,6 +422,7 @@ def _record(done: UpgradeRun, name: str, position: int, generation: generations.
     leg = abtest.Leg(name, position, ran.verdict.passed and not ran.interrupted, decode, good[0].output_ids if good else (), bad)
     done.measured.append(leg)
     done.legs.append(_leg_part(leg, generation, ran))
+    done.smoke_runs.append((done.legs[-1], ran))
     return leg
 
 
