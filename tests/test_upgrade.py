@@ -22,6 +22,7 @@ from pkgindex import IndexServer, install_environ, lock_stack, stack_index, writ
 from smoke_support import FAKES, Rig, assert_nothing_left, free_port, kill_leftovers
 
 from stackgate.commands import provision, report, upgrade
+from stackgate.models import pylock
 from stackgate.models.exitcodes import ExitCode
 from stackgate.render.ui import UI
 from stackgate.stack import generations
@@ -310,3 +311,22 @@ def test_ctrl_c_during_the_ab_exits_130_with_the_report_and_current_unchanged(no
     assert doc["upgrade"]["interrupted"] is True and doc["upgrade"]["step"] == "ab" and doc["exit_code"] == 130
     assert doc["upgrade"]["current"]["switched"] is False and node.current() == node.live
     assert_nothing_left(node.rig)
+
+
+def test_a_spec_that_changes_only_smoke_flags_is_measured_on_the_live_generation(node: Node) -> None:
+    """The reference deployment's last step: the same packages, the right backend flag."""
+    flags_only = _spec(node.tmp / "flags.toml", node.server, node.root, node.environ, node.rig, flashinfer="0.6.3", backend="flashinfer")
+    pylock.path_for(flags_only).write_bytes(pylock.path_for(node.a).read_bytes())  # the same resolution, byte for byte
+    done, doc, out = node.upgrade(flags_only, rounds=1)
+    part = doc["upgrade"]
+    assert part["build"]["status"] == "not needed" and part["new"]["generation"] == Path(node.live).name, out
+    assert [c["name"] for c in part["plan"]["changes"]] == ["attention_backend"]
+    assert done.won and done.exit_code == ExitCode.PASSED and node.current() == node.live, out
+    assert "the new spec runs on the live generation" in out
+    assert [g.id for g in generations.read(node.root).generations] == [Path(node.live).name]  # nothing built
+
+
+def test_upgrading_to_the_live_spec_has_nothing_to_do(node: Node) -> None:
+    done, doc, out = node.upgrade(node.a)
+    assert done.exit_code == ExitCode.PASSED and doc["upgrade"]["step"] == "plan" and node.rig.events("started") == [], out
+    assert f"nothing to upgrade: the live generation {Path(node.live).name} already is {node.a}'s stack" in out

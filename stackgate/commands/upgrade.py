@@ -120,9 +120,14 @@ class UpgradeRun:
         return self.current_after is not None and self.current_after != self.live_generation.id
 
     @property
+    def same_generation(self) -> bool:
+        """The new spec's Python stack is the live generation's (only flags or env differ)."""
+        return self.new_generation is not None and self.new_generation.path == self.live_generation.path
+
+    @property
     def won(self) -> bool:
         """For a fleet's canary: the new stack won and is now live here."""
-        return bool(self.decision and self.decision.switch and self.switched)
+        return bool(self.decision and self.decision.switch and (self.switched or (self.same_generation and self.current_after is not None)))
 
     @property
     def exit_code(self) -> ExitCode:
@@ -130,7 +135,7 @@ class UpgradeRun:
             return ExitCode.INTERRUPTED
         if self.blocked is not None:
             return ExitCode.FAILED
-        if self.request.dry_run or self.won:
+        if self.request.dry_run or self.won or not self.changes:
             return ExitCode.PASSED
         decision = self.decision
         if decision is not None and decision.mode == "never" and decision.conditions and decision.conditions[0].held:
@@ -210,7 +215,9 @@ def upgrade_node(request: UpgradeRequest, ui: UI, *, nvml_lib: ModuleType | None
     done = _plan(request, environ, started)
     for line in done.plan_lines:
         ui.line(line)
-    if request.dry_run or done.blocked:
+    if not done.changes and not done.blocked:
+        ui.line(f"nothing to upgrade: the live generation {done.live_generation.id} already is {request.to}'s stack")
+    if request.dry_run or done.blocked or not done.changes:
         done.duration_s = time.monotonic() - clock
         return done
     try:

@@ -72,10 +72,15 @@ def summary_lines(doc: Mapping[str, Any]) -> list[str]:
     if decision:
         lines += [f"  [{'x' if c['held'] else ' '}] {c['name']}: {c['text']}" for c in decision.get("conditions", [])]
     current = part.get("current") or {}
-    word = "SWITCHED" if current.get("switched") else "KEPT"
+    word = "SWITCHED" if current.get("switched") or (decision and decision.get("switch") and part.get("step") == "done") else "KEPT"
     reason = decision["reason"] if decision else doc.get("reason", "")
     lines.append(f"{word}: {reason}")
-    lines.append(f"current: {current.get('before')} -> {current.get('after')}" if current.get("switched") else f"current: {current.get('before')} (unchanged)")
+    if current.get("switched"):
+        lines.append(f"current: {current.get('before')} -> {current.get('after')}")
+    elif decision and decision.get("switch") and part.get("new", {}).get("generation") == current.get("before"):
+        lines.append(f"current: {current.get('before')} (unchanged: the new spec runs on the live generation; its [smoke] flags and [env] are what changed)")
+    else:
+        lines.append(f"current: {current.get('before')} (unchanged)")
     if part.get("new", {}).get("state") == "failed":
         lines.append(f"the new generation {part['new']['generation']} failed: kept for inspection at {part['new']['path']}, never switched or rolled back to")
     return lines
