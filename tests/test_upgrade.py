@@ -226,7 +226,9 @@ def test_a_new_stack_failing_verify_is_kept_marked_failed_never_measured_nor_rol
     part = doc["upgrade"]
     assert part["build"]["status"] == "built" and part["build"]["verify"].startswith("failed")
     assert part["new"]["state"] == "failed" and part["ab"]["legs"] == [] and node.rig.events("started") == []
-    assert part["decision"] is None and any(r["check"].startswith("upgrade.verify.gpu.") and r["status"] == "FAIL" for r in doc["results"])
+    assert part["decision"]["reason"].startswith("kept the live stack: the new generation failed verify, so it was not launched: gpu.")
+    assert any(r["check"].startswith("upgrade.verify.gpu.") and r["status"] == "FAIL" for r in doc["results"])
+    assert "  verify FAIL: gpu." in out
     failed = generations.read(node.root).generations[-1]
     assert failed.failed and failed.path.is_dir() and f"kept for inspection at {failed.path}" in out
     with pytest.raises(generations.GenerationError, match="failed its checks .*kept for inspection, never rolled back to"):
@@ -241,6 +243,7 @@ def test_dry_run_shows_the_plan_and_changes_nothing(node: Node) -> None:
     done, doc, out = node.upgrade(node.spec_b(), dry_run=True)
     assert done.exit_code == ExitCode.PASSED and doc["upgrade"]["step"] == "plan", out
     assert "distribution flashinfer-python: 0.6.3 -> 0.6.4" in out and "smoke        attention_backend: triton -> flashinfer" in out
+    assert "dry run (--dry-run): nothing was built, launched or switched; current: " in out and "KEPT" not in out
     assert "build beside the live stack (current is not switched):" in out and "install the pylock's 9 distributions" in out
     assert "switch" not in "\n".join(line for line in out.splitlines() if line.strip().startswith(tuple("0123456789")))
     assert sorted(p.name for p in (node.root / "generations").iterdir()) == before and node.current() == node.live

@@ -244,10 +244,13 @@ def _steps(done: UpgradeRun, environ: dict[str, str], ui: UI, nvml_lib: ModuleTy
     faults.trip("before:upgrade.build")
     generation = _build(done, environ, ui)
     if generation is None:
+        done.decision = abtest.not_measured(done.request.switch, f"the new generation was not built: {done.build.get('reason')}")
         return
     done.step = "verify"
     faults.trip("before:upgrade.verify")
     if not _verify(done, generation, environ, ui, nvml_lib):
+        bad = [f"{r.check}: {r.summary}" for r in done.verify_results if r.status >= Status.FAIL]
+        done.decision = abtest.not_measured(done.request.switch, f"the new generation failed verify, so it was not launched: {'; '.join(bad[:3]) or done.build.get('verify')}")
         return
     done.step = "ab"
     faults.trip("before:upgrade.ab")

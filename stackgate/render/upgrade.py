@@ -54,10 +54,17 @@ def summary_lines(doc: Mapping[str, Any]) -> list[str]:
     """The decision's lines: what changed beside the tok/s change, backends, evidence, reason."""
     part = _part(doc)
     ab, decision = part.get("ab") or {}, part.get("decision")
+    current = part.get("current") or {}
+    if part.get("blocked"):
+        return [f"CANNOT UPGRADE: {part['blocked']}", f"current: {current.get('before')} (unchanged)"]
+    if part.get("step") == "plan":
+        what = "dry run (--dry-run): nothing was built, launched or switched" if (part.get("request") or {}).get("dry_run") else "nothing to upgrade"
+        return [f"{what}; current: {current.get('before')} (unchanged)"]
     lines = []
     build = part.get("build") or {}
     if build:
         lines.append(f"build: {build.get('status')}: {build.get('reason')}" + (f"; verify {build['verify']}" if build.get("verify") else ""))
+    lines += [f"  verify {r['status']}: {r['check']}: {r['summary']}" for r in part.get("verify", []) if r.get("status") in ("FAIL", "ERROR")]
     sides = ab.get("sides") or {}
     for name in ("live", "new"):
         side = sides.get(name) or {}
@@ -71,7 +78,6 @@ def summary_lines(doc: Mapping[str, Any]) -> list[str]:
     lines += _backend_lines(ab.get("legs", []))
     if decision:
         lines += [f"  [{'x' if c['held'] else ' '}] {c['name']}: {c['text']}" for c in decision.get("conditions", [])]
-    current = part.get("current") or {}
     word = "SWITCHED" if current.get("switched") or (decision and decision.get("switch") and part.get("step") == "done") else "KEPT"
     reason = decision["reason"] if decision else doc.get("reason", "")
     lines.append(f"{word}: {reason}")
