@@ -333,3 +333,26 @@ def test_upgrading_to_the_live_spec_has_nothing_to_do(node: Node) -> None:
     done, doc, out = node.upgrade(node.a)
     assert done.exit_code == ExitCode.PASSED and doc["upgrade"]["step"] == "plan" and node.rig.events("started") == [], out
     assert f"nothing to upgrade: the live generation {Path(node.live).name} already is {node.a}'s stack" in out
+
+
+def _program(node: Node, *args: str) -> subprocess.CompletedProcess[str]:
+    environ = {**node.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "NO_COLOR": "1"}
+    return subprocess.run([sys.executable, "-m", "stackgate", "upgrade", *args], env=environ, capture_output=True, text=True, timeout=120, cwd="/")
+
+
+def test_the_program_shows_the_plan_and_refuses_bad_usage_with_exit_2(node: Node) -> None:
+    spec = node.spec_b()
+    shown = _program(node, "--to", str(spec), "-l", str(node.a), "-n")
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert shown.stdout.startswith(f"upgrade plan: live generation {Path(node.live).name} (from {node.a}) -> {spec}\n")
+    assert "dry run (--dry-run): nothing was built, launched or switched" in shown.stdout and node.current() == node.live
+    bad = node.tmp / "bad.toml"
+    bad.write_text(spec.read_text().replace("[python]\n", "[python]\nverison = 1\n"))
+    for args, message in (
+        ((), "stackgate: --to NEW_SPEC is required"),
+        (("--to", str(spec), "--switch", "maybe"), "stackgate: --switch must be one of if-better, if-passes, never, not 'maybe'"),
+        (("--to", str(bad)), "python.verison: unknown key"),
+    ):
+        refused = _program(node, *args)
+        assert refused.returncode == ExitCode.USAGE and message in refused.stderr and "Traceback" not in refused.stderr, (args, refused.stderr[-2000:])
+    assert node.current() == node.live and len(list((node.root / "generations").iterdir())) == 1
