@@ -258,6 +258,10 @@ def test_bad_usage_is_refused_before_anything_runs(node: Node, tmp_path: Path) -
     ):
         with pytest.raises(upgrade.UpgradeUsage, match=message):
             upgrade.upgrade_node(upgrade.UpgradeRequest(to=spec, lock_path=node.a, **request), UI(stream=io.StringIO(), force_plain=True))
+    unlocked = node.spec_b()
+    pylock.path_for(unlocked).unlink()
+    with pytest.raises(upgrade.UpgradeUsage, match="b.toml: .*pylock.* `invoke lock --lock"):
+        upgrade.upgrade_node(upgrade.UpgradeRequest(to=unlocked, lock_path=node.a), UI(stream=io.StringIO(), force_plain=True))
     empty = _spec(tmp_path / "c.toml", node.server, tmp_path / "elsewhere", node.environ, node.rig, flashinfer="0.6.4", backend="flashinfer")
     with pytest.raises(upgrade.UpgradeUsage, match="nothing live to upgrade: .* does not exist; `stackgate provision --lock"):
         upgrade.upgrade_node(upgrade.UpgradeRequest(to=empty), UI(stream=io.StringIO(), force_plain=True))
@@ -313,6 +317,7 @@ def test_ctrl_c_during_the_ab_exits_130_with_the_report_and_current_unchanged(no
     doc = json.loads((node.tmp / "killed.json").read_text())
     assert doc["upgrade"]["interrupted"] is True and doc["upgrade"]["step"] == "ab" and doc["exit_code"] == 130
     assert doc["upgrade"]["current"]["switched"] is False and node.current() == node.live
+    assert "INTERRUPTED during ab (Ctrl-C or SIGTERM): every server was torn down; current: " in stopped.stdout
     assert_nothing_left(node.rig)
 
 

@@ -285,6 +285,10 @@ def _plan(request: UpgradeRequest, environ: Mapping[str, str], started: float) -
     changes = stackdiff.changes(live, (live_generation.marker or {}).get("spec"), _built_pylock(live_generation), new, environment_spec(new), _pylock_of(new))
     done = UpgradeRun(request, history.new_id("upgrade", started), started, root, live, new, live_generation, changes, [])
     done.plan_lines = upgrade_render.plan_lines(done.live_generation.id, live.path, new.path, [c.to_dict() for c in changes], beside.lines())
+    usage = [b for b in the_plan.blockers if b.usage]
+    if usage:  # the new spec cannot be built as it is (no pylock, a stale one, a patch file): nothing was changed
+        fix = f" ({usage[0].fix.text} `{usage[0].fix.commands[0]}`)" if usage[0].fix and usage[0].fix.commands else ""
+        raise UpgradeUsage(f"{request.to}: {'; '.join(b.message for b in usage)}{fix}")
     if the_plan.blockers:
         done.blocked = "; ".join(b.message for b in the_plan.blockers)
     return done

@@ -78,6 +78,9 @@ def summary_lines(doc: Mapping[str, Any]) -> list[str]:
     lines += _backend_lines(ab.get("legs", []))
     if decision:
         lines += [f"  [{'x' if c['held'] else ' '}] {c['name']}: {c['text']}" for c in decision.get("conditions", [])]
+    if part.get("interrupted"):
+        lines.append(f"INTERRUPTED during {part.get('step')} (Ctrl-C or SIGTERM): every server was torn down; current: {current.get('before')} (unchanged)")
+        return lines
     word = "SWITCHED" if current.get("switched") or (decision and decision.get("switch") and part.get("step") == "done") else "KEPT"
     reason = decision["reason"] if decision else doc.get("reason", "")
     lines.append(f"{word}: {reason}")
