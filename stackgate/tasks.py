@@ -13,7 +13,7 @@ from stackgate.cli import task
 from stackgate.models import settings
 from stackgate.render.ui import UI
 
-__all__ = ["diagnose", "fleet", "gate", "lock", "provision", "report", "rollback", "smoke", "verify"]
+__all__ = ["diagnose", "fleet", "gate", "lock", "provision", "report", "rollback", "smoke", "upgrade", "verify"]
 
 LOCK_HELP = f"lockfile to use (default: ${settings.LOCK.env}, then the blackwell-sm120-cu130.toml shipped with stackgate)"
 
@@ -227,6 +227,35 @@ def fleet(
             batch=command.whole("--batch", batch, 1), fast_only=fast_only, checks=tuple(check or ()), timeout_s=command.seconds("--timeout", timeout),
             connect_timeout_s=command.seconds("--connect-timeout", connect_timeout), strict=strict, json_path=_path(json), junit_path=_path(junit),
             markdown_path=_path(markdown), prom_path=_path(prom), html_path=_path(html),
+        )  # fmt: skip
+        return command.run(request, UI())
+
+    cli.run_command(go)
+
+
+@task(
+    help={
+        "to": "the new spec to upgrade to (its pylock beside it, as provision needs); built beside the live stack",
+        "lock": "the live spec (default: the one the live generation was built from)",
+        "model": "model directory both sides launch (default: the specs' [smoke] model)",
+        "switch": "if-better (default: passes, same greedy tokens, not slower beyond the measured noise), if-passes, or never (report only)",
+        "dry_run": "print the plan (what changes, what would be built) and change nothing",
+        "accept_output_change": "with if-better: accept greedy outputs that differ from the live stack's (still reported, with the first differing position)",
+        "json": "write the JSON report here",
+        "markdown": "write a Markdown report here (the file is replaced)",
+        "html": "write a self-contained HTML report here",
+    },
+)
+def upgrade(c, to=None, lock=None, model=None, switch="if-better", dry_run=False, accept_output_change=False, json=None, markdown=None, html=None):
+    """Build a new stack beside the live one, A/B it on the GPUs, switch only if it wins."""
+    from stackgate.commands import upgrade as command
+
+    def go():
+        if not to:
+            raise command.UpgradeUsage("--to NEW_SPEC is required: the spec to upgrade to")
+        request = command.UpgradeRequest(
+            to=Path(to), lock_path=_path(lock), model=model, switch=switch, dry_run=dry_run, accept_output_change=accept_output_change,
+            json_path=_path(json), markdown_path=_path(markdown), html_path=_path(html),
         )  # fmt: skip
         return command.run(request, UI())
 

@@ -194,3 +194,20 @@ def test_a_holder_killed_by_sigkill_releases_the_lock(tmp_path: Path) -> None:
     with generations.exclusive(tmp_path, wait=False, command="next"):
         text = json.loads((tmp_path / generations.LOCK_FILE).read_text())
         assert text["pid"] == os.getpid() and text["command"] == "next"
+
+
+def test_a_failed_generation_is_kept_for_inspection_never_switched_or_rolled_back_to(tmp_path: Path) -> None:
+    first, second = _ready(tmp_path, 2)
+    generations.switch(tmp_path, first)
+    failed = [generations.mark(generations.create(generations.generations_dir(tmp_path) / generations.read(tmp_path).next_id, {}), "failed", failures=[f"gpu.count: {n}"]) for n in (1, 2)]
+    state = generations.read(tmp_path)
+    assert state.unfinished == () and [g.id for g in state.failed] == [g.id for g in failed]
+    removed = generations.discard_unfinished(state)
+    assert [g.id for g in removed] == [failed[0].id] and failed[1].path.is_dir()  # the newest failed one stays
+    with pytest.raises(generations.GenerationError, match="failed, not ready"):
+        generations.switch(tmp_path, failed[1])
+    with pytest.raises(generations.GenerationError, match=f"generation {failed[1].id} .*failed its checks \\(gpu.count: 2\\): it is kept for inspection, never rolled back to"):
+        generations.rollback(tmp_path, failed[1])
+    generations.switch(tmp_path, second)
+    assert generations.rollback_target(generations.read(tmp_path)).id == first.id
+    assert failed[1].path.is_dir() and failed[1].id not in [g.id for g in generations.prune(generations.read(tmp_path), keep=2)]

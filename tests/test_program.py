@@ -21,7 +21,7 @@ from invoke.exceptions import Exit
 from conftest import ROOT, isolated_environ
 from stackgate import __version__, cli, main
 from stackgate.checks.core import CheckError
-from stackgate.commands import diagnose, gate, provision, report, smoke, verify
+from stackgate.commands import diagnose, gate, provision, report, smoke, upgrade, verify
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.spec import LockError
 from stackgate.serve.launch import LaunchError
@@ -147,7 +147,7 @@ def test_invoke_in_the_checkout_and_the_program_list_the_same_tasks():
     assert [done.returncode for done in listed] == [0, 0], [done.stderr for done in listed]
     names = [sorted(task["name"] for task in json.loads(done.stdout)["tasks"]) for done in listed]
     assert names[0] == names[1] == sorted(main.namespace.task_names)
-    assert {"verify", "provision", "smoke", "gate", "rollback", "report", "diagnose"} <= set(names[0])
+    assert {"verify", "provision", "smoke", "gate", "rollback", "report", "diagnose", "upgrade"} <= set(names[0])
 
 
 def test_a_command_line_that_cannot_be_parsed_is_bad_usage():
@@ -158,7 +158,7 @@ def test_a_command_line_that_cannot_be_parsed_is_bad_usage():
 
 @pytest.mark.parametrize(
     "error",
-    [LockError, CheckError, LaunchError, diagnose.DiagnoseError, gate.GateUsageError, provision.ProvisionUsage, report.ReportUsage, smoke.SmokeUsageError],
+    [LockError, CheckError, LaunchError, diagnose.DiagnoseError, gate.GateUsageError, provision.ProvisionUsage, report.ReportUsage, smoke.SmokeUsageError, upgrade.UpgradeUsage],
 )
 def test_every_usage_error_is_one_type_and_exits_2(error):
     assert issubclass(error, UsageError)
@@ -182,7 +182,7 @@ def test_an_error_that_is_not_usage_is_not_turned_into_exit_2():
 
 @pytest.mark.parametrize(
     "request_type",
-    [verify.VerifyRequest, provision.ProvisionRequest, provision.RollbackRequest, smoke.SmokeRequest, gate.GateRequest, report.ReportRequest, diagnose.DiagnoseRequest],
+    [verify.VerifyRequest, provision.ProvisionRequest, provision.RollbackRequest, smoke.SmokeRequest, gate.GateRequest, report.ReportRequest, diagnose.DiagnoseRequest, upgrade.UpgradeRequest],
 )
 def test_every_request_is_built_by_keyword(request_type):
     assert all(field.kw_only for field in dataclasses.fields(request_type))

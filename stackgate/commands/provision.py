@@ -35,7 +35,7 @@ from stackgate.render.ui import UI, Activity
 from stackgate.stack import generations, guard, patches, pyenv, toolkit
 from stackgate.stack.plan import AREAS, Plan, Step, cache_dir, plan
 
-__all__ = ["ProvisionError", "ProvisionRequest", "ProvisionUsage", "RollbackRequest", "rollback", "run"]
+__all__ = ["LIVE_ACTIONS", "ProvisionError", "ProvisionRequest", "ProvisionUsage", "RollbackRequest", "apply", "plan_for", "rollback", "run", "split_live"]
 
 #: What a new generation must pass before ``current`` points at it (those registered).
 BUILD_CHECKS = ("python.interpreter", "python.locked", "python.pins", "python.frozen", "python.consistency", "torch.build", "flashinfer.cubin", "patches.applied")
@@ -45,6 +45,8 @@ VERIFY_CHECKS = {
     "python": (*BUILD_CHECKS, "abi.imports", "abi.elf", "cuda.home", "cuda.triton_ptxas"),
     "patches": ("patches.applied",),
 }
+#: The steps that change what is live (an upgrade runs them only once it decided to switch).
+LIVE_ACTIONS = frozenset({"toolkit.link", "python.envfile.current", "python.switch"})
 PLAN_PARTS = {"toolkit": ("toolkits", "env"), "python": ("dists", "pylock"), "patches": ("dists",)}
 _E = TypeVar("_E", bound=BaseException)
 KEEP_LOGS = 10
@@ -210,6 +212,26 @@ def _make_plan(lock: lockmodel.Lock, state: generations.RootState, request: Prov
         facts.close()
 
 
+def plan_for(lock: lockmodel.Lock, state: generations.RootState, environ: Mapping[str, str]) -> Plan:
+    """What provision would do to bring this machine to ``lock`` (facts gathered now)."""
+    return _make_plan(lock, state, ProvisionRequest(lock_path=lock.path), environ)
+
+
+def split_live(the_plan: Plan) -> tuple[Plan, Plan]:
+    """(the steps that build beside the live stack, the steps that change it: the switch).
+
+    What changes the live stack is the switch of ``current``, the ``/usr/local/cuda`` link and
+    what a plan without a new generation does in place (its environment file, its patches). A
+    new toolkit goes beside the others and a new generation beside ``current``: those build."""
+
+    def live(step: Step) -> bool:
+        return step.action in LIVE_ACTIONS or (the_plan.generation is None and step.area != "toolkit")
+
+    beside = dataclasses.replace(the_plan, steps=tuple(s for s in the_plan.steps if not live(s)))
+    switch = dataclasses.replace(the_plan, steps=tuple(s for s in the_plan.steps if live(s)), resume=the_plan.generation is not None)
+    return beside, switch
+
+
 def _show(the_plan: Plan, ui: UI) -> None:
     for line in the_plan.lines():
         ui.line(line)
@@ -267,9 +289,9 @@ class Build:
         return self.logs / f"{self.step_number:02d}-{step.action}.log"
 
 
-def apply(the_plan: Plan, state: generations.RootState, environ: dict[str, str], ui: UI, *, wheelhouse: Path | None = None) -> None:
+def apply(the_plan: Plan, state: generations.RootState, environ: dict[str, str], ui: UI, *, wheelhouse: Path | None = None) -> generations.Generation | None:
     """Run the plan's steps in order; the first failure stops it (``current`` is only switched by
-    the last step of a build)."""
+    the last step of a build). Returns the generation the plan built or resumed, if any."""
     lock = the_plan.lock
     stamp = the_plan.generation.name if the_plan.generation else time.strftime("%Y%m%dT%H%M%S")
     build = Build(lock, state, environ, _log_dir(lock, stamp), the_plan, wheelhouse=Path(os.path.abspath(wheelhouse)) if wheelhouse else None)
@@ -282,6 +304,7 @@ def apply(the_plan: Plan, state: generations.RootState, environ: dict[str, str],
             with ui.activity(f"[{number}/{len(the_plan.steps)}] {step.what}") as activity:
                 APPLIERS[step.action](build, step, activity)
             faults.trip(f"after:{step.action}")
+    return build.generation
 
 
 def _log_dir(lock: lockmodel.Lock, stamp: str) -> Path:

@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 from stackgate.checks.smoke import logscan, serverinfo
 from stackgate.edges.files import write_json
 from stackgate.facts import serverlog
-from stackgate.models import envfile, knowledge, secretargs, settings
+from stackgate.models import envfile, faults, knowledge, secretargs, settings
 from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.finding import Finding, Fix
@@ -472,6 +472,7 @@ def _serve(session: Session, context: _Context, server: launch.Server, watcher: 
     if not ready.ready:
         session.failed(f"not ready: {ready.reason}", ready.failed_at)
         return
+    faults.trip("smoke:ready")
     _what_runs(session)
     if context.request.measures or context.request.concurrency:
         _measure(session, context, server, watcher)

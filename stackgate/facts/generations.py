@@ -45,6 +45,12 @@ class Generation:
         return self.state == "ready"
 
     @property
+    def failed(self) -> bool:
+        """Built, then failed its checks (or an upgrade's verify): kept for inspection, never
+        switched or rolled back to."""
+        return self.state == "failed"
+
+    @property
     def was_current(self) -> bool:
         """Whether ``current`` ever pointed here (rollback only goes back to such a generation)."""
         return bool(self.marker and self.marker.get("switched_in"))
@@ -77,7 +83,12 @@ class RootState:
     @property
     def unfinished(self) -> tuple[Generation, ...]:
         current = self.current.path if self.current else None
-        return tuple(g for g in self.generations if not g.ready and g.path != current)
+        return tuple(g for g in self.generations if not g.ready and not g.failed and g.path != current)
+
+    @property
+    def failed(self) -> tuple[Generation, ...]:
+        """Generations that failed their checks, oldest first (the newest is kept for inspection)."""
+        return tuple(g for g in self.generations if g.failed)
 
 
 def generations_dir(root: Path) -> Path:

@@ -9,6 +9,10 @@ hook here returns at once and does nothing. The points, by the code that passes 
   ``after:<step>``, a step being its action (``python.stack``, ``python.switch`` ...). The
   process is killed there with SIGKILL; ``<point>=SIGINT`` sends it SIGINT instead, as Ctrl-C
   does, and ``<point>=ENOSPC`` raises "No space left on device" there.
+- upgrade: ``before:upgrade.build``, ``before:upgrade.verify``, ``before:upgrade.ab``,
+  ``before:upgrade.leg<N>`` (the A/B's Nth launch) and ``before:upgrade.switch``; its build runs
+  provision's steps, so their points apply there too.
+- smoke: ``smoke:ready`` (a server is up and ready, nothing measured yet).
 - toolkit installs: ``toolkit:installed`` (the wheels are in staging) and ``toolkit:laid-out``
   (the tree is laid out in staging, not yet moved into place): SIGKILL.
 - the deep work, which the target interpreter's ``edges/deepwork.py`` does (it imports nothing of

@@ -263,8 +263,14 @@ class Python:
 
     @property
     def env_file(self) -> Path | None:
-        """The environment file provision writes into the live generation."""
-        return None if self.root is None else self.root / "current" / "stackgate.env"
+        """The environment file provision writes into the live generation; for a generation
+        looked at before it is live (``interpreter`` set beside ``root``, as provision's checks
+        and an upgrade's A/B do), that generation's own."""
+        if self.root is None:
+            return None
+        if self.interpreter is not None:
+            return self.interpreter.parent.parent / "stackgate.env"
+        return self.root / "current" / "stackgate.env"
 
     def package(self, name: str) -> Package | None:
         wanted = canonicalize_name(name)

@@ -105,10 +105,11 @@ def _fsync_dir(path: Path) -> None:
 
 
 def discard_unfinished(state: RootState, *, on_renamed: Callable[[Path], None] | None = None) -> list[Generation]:
-    """Remove generations an interrupted or failed run left (never the current one).
-    ``on_renamed`` is called between the rename and the deletion (provision's fault hook)."""
+    """Remove generations an interrupted run left (never the current one), and failed ones but
+    the newest (kept for inspection). ``on_renamed`` is called between the rename and the
+    deletion (provision's fault hook)."""
     removed = []
-    for generation in state.unfinished:
+    for generation in (*state.unfinished, *state.failed[:-1]):
         _remove(generation.path, on_renamed)
         removed.append(generation)
     return removed
@@ -117,11 +118,11 @@ def discard_unfinished(state: RootState, *, on_renamed: Callable[[Path], None] |
 def prune(state: RootState, keep: int | None = None) -> list[Generation]:
     """Keep the current generation and the newest ones that were current before it, ``keep`` in
     all (default: $STACKGATE_KEEP_GENERATIONS); the rest go (generations rolled back from, and
-    ready ones never switched to)."""
+    ready ones never switched to); the newest failed generation stays, for inspection."""
     if state.current is None:
         return []
     keep = settings.KEEP_GENERATIONS.value() if keep is None else keep
-    kept = {state.current.path, *(g.path for g in _earlier(state)[-(keep - 1) :] if keep > 1)}
+    kept = {state.current.path, *(g.path for g in _earlier(state)[-(keep - 1) :] if keep > 1), *(g.path for g in state.failed[-1:])}
     removed = [g for g in state.generations if g.path not in kept]
     for generation in removed:
         _remove(generation.path)
@@ -186,6 +187,9 @@ def rollback(root: Path, target: Generation | None = None) -> tuple[Generation, 
     """Switch ``current`` to ``target`` (default: :func:`rollback_target`); return (from, to)."""
     state = read(root)
     target = target or rollback_target(state)
+    if target.failed:
+        failures = "; ".join(str(f) for f in (target.marker or {}).get("failures", [])[:3]) or "no reason recorded"
+        raise GenerationError(f"{target.describe()} failed its checks ({failures}): it is kept for inspection, never rolled back to")
     assert state.current is not None  # rollback_target refused a root without one
     switched = switch(root, target)
     # The generation left behind was judged bad: never a rollback target or kept again.

@@ -50,6 +50,7 @@ DEFAULTS: dict[str, Any] = {
     "warmup_s": 0.2,  # from the port opening to the warm-up request (503 meanwhile)
     "health_s": 1.0,  # /health runs a 1-token generation and checks after a 1 s sleep
     "rate": 200.0,  # decode tokens per second per stream
+    "slowdown_per_launch": 0.0,  # a machine that drifts: each launch decodes this much slower than the one before (launches counted in "events")
     "rate_by_streams": None,  # {"10": 80.0}: per-stream rate from that many active streams on
     "ttft_s": 0.02,  # time to the first token (prefill)
     "burst": 1,  # tokens per event (speculative decoding streams in bursts)
@@ -148,6 +149,9 @@ def behaviour(args: dict[str, Any]) -> dict[str, Any]:
     for profile in chosen["profiles"]:
         if all(args.get(k) == v for k, v in profile["when"].items()):
             chosen.update(profile["set"])
+    if chosen["slowdown_per_launch"] and chosen["events"] and Path(chosen["events"]).exists():
+        launches = sum(1 for line in Path(chosen["events"]).read_text().splitlines() if '"event": "started"' in line)
+        chosen["rate"] = chosen["rate"] - chosen["slowdown_per_launch"] * launches
     return chosen
 
 
