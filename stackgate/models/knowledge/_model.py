@@ -17,14 +17,13 @@ from typing import Any, Mapping
 
 if sys.version_info >= (3, 11):
     import tomllib
-    from re import _parser as _sre_parse  # type: ignore[attr-defined]
 else:  # pragma: no cover
-    import sre_parse as _sre_parse
-
     import tomli as tomllib
 
 from stackgate.models.finding import SEVERITIES
 from stackgate.models.knowledge import extract
+from stackgate.models.knowledge._literals import LiteralError
+from stackgate.models.knowledge._literals import required_literals as _literal_runs
 
 __all__ = [
     "COMPONENTS",
@@ -167,7 +166,7 @@ def _signature(file: str, index: int, raw: Mapping[str, Any]) -> Signature:
         raise SignatureError(f"{where}: " + "; ".join([*(f"missing {m!r}" for m in missing), *([f"unknown keys {unknown}"] if unknown else [])]))
     try:
         signature = _build(file, raw)
-    except re.error as exc:
+    except (re.error, LiteralError) as exc:
         raise SignatureError(f"{where}: bad pattern: {exc}") from exc
     except (TypeError, ValueError) as exc:
         raise SignatureError(f"{where}: {exc}") from exc
@@ -259,25 +258,7 @@ def required_literals(pattern: re.Pattern[str]) -> list[str]:
     >>> required_literals(re.compile(r"NCCL error in: (?P<where>\\S+), (?P<what>[a-z ]+)"))
     ['NCCL error in: ', ', ']
     """
-    runs: list[str] = []
-    current: list[str] = []
-
-    def walk(items: Any) -> None:
-        for op, value in items:
-            name = str(op)
-            if name == "LITERAL" and value != 10:  # a key never spans lines
-                current.append(chr(value))
-            elif name == "SUBPATTERN" and value[3] is not None:
-                walk(value[3])  # a plain group: its literals stay contiguous with ours
-            elif name == "AT":
-                continue  # ^, $, \b take no characters
-            else:
-                runs.append("".join(current))
-                current.clear()
-
-    walk(_sre_parse.parse(pattern.pattern, pattern.flags & ~re.MULTILINE).data)
-    runs.append("".join(current))
-    return [run for run in runs if run]
+    return _literal_runs(pattern.pattern)
 
 
 def required_literal(pattern: re.Pattern[str]) -> str:

@@ -220,7 +220,9 @@ class Scanner:
         superseded = {old for h in hits for old in h[0].supersedes}
         return [f for s, m, text, at in hits if s.id not in superseded for f in self._record(s, m, text, number, at)]
 
-    def _try(self, signature: Signature, pattern: re.Pattern[str], data: bytes, start: int, end: int, first: int, last: int, line: str, number: int) -> tuple[Signature, re.Match[str], str, int] | None:
+    def _try(
+        self, signature: Signature, pattern: re.Pattern[str], data: bytes, start: int, end: int, first: int, last: int, line: str, number: int
+    ) -> tuple[Signature, re.Match[str], str, int] | None:
         if signature.after:
             rest = _next_lines(data, last + 1, signature.after, end)
             following = rest.decode("utf-8", "replace").splitlines()

@@ -84,7 +84,7 @@ def torch_requirers(text: str, context: Mapping[str, str]) -> dict[str, str]:
     names = [canonicalize_name(r.package.split("[")[0]) for r in found]
     # The contested package: the most required one; among equals a pinned one, then torch.
     package = max(dict.fromkeys(names), key=lambda n: (names.count(n), n in pins, n == "torch"))
-    mine = [r for r, n in zip(found, names) if n == package]
+    mine = [r for r, n in zip(found, names, strict=True) if n == package]
     return {"package": package, "requirers": "; ".join(map(str, mine)), "culprit": _culprit(mine, pins.get(package))}
 
 
