@@ -136,10 +136,10 @@ def test_the_json_report_carries_every_finding(tmp_path: Path) -> None:
     report = tmp_path / "out" / "diagnose.json"
     code, _ = run(DiagnoseRequest(paths=(log,), json_path=report, lock_path=LOCK))
     doc = json.loads(report.read_text())
-    assert doc["schema"] == "stackgate.diagnose/2" and doc["exit_code"] == int(code) == 1 and doc["verdict"] == "failed"
+    assert doc["schema"] == "stackgate.diagnose/3" and doc["exit_code"] == int(code) == 1 and doc["verdict"] == "failed"
     assert doc["lock"]["name"] == "blackwell-sm120-cu130"
     assert doc["inputs"] == [{"name": str(log), "lines": 8, "bytes": len(FAILED_START.encode())}]
-    assert doc["counts"] == {"error": 3, "warning": 1, "info": 0}
+    assert doc["counts"] == {"error": 3, "warning": 1, "info": 0, "unrecognized": 0} and doc["unrecognized"] == []
     first = doc["findings"][0]
     assert first["id"] == "sglang-symm-mem-keyerror" and first["evidence"]["line"] == 7 and first["evidence"]["start_line"] == 5
     assert first["evidence"]["file"] == str(log) and first["evidence"]["lines"][-1].endswith("KeyError: 12")

@@ -31,8 +31,9 @@ from stackgate.models.finding import Finding
 __all__ = ["SCHEMA", "DiagnoseError", "DiagnoseRequest", "Diagnosis", "Input", "diagnose", "document", "inputs_summary", "run", "verdict_line"]
 
 #: /2: each finding in its one form (models.finding): ``evidence`` holds the input, line numbers,
-#: lines and count that /1 had at the top level.
-SCHEMA = "stackgate.diagnose/2"
+#: lines and count that /1 had at the top level. /3: ``unrecognized`` (failures no signature
+#: explains, id ``unrecognized-failure``) apart from ``findings``; ``counts.unrecognized``.
+SCHEMA = "stackgate.diagnose/3"
 STDIN = "<stdin>"
 
 
@@ -62,19 +63,22 @@ class Diagnosis:
     """What diagnose found in its inputs, most severe first."""
 
     inputs: tuple[Input, ...]
-    findings: tuple[Finding, ...]
+    findings: tuple[Finding, ...]  #: recognised: a signature explains each
     started: float
     duration_s: float
     lock: lockmodel.Lock | None = field(default=None, compare=False)
+    unrecognized: tuple[Finding, ...] = ()  #: failures no signature explains (``unrecognized-failure``)
 
     @property
     def counts(self) -> dict[str, int]:
+        """The recognised findings by severity, and the unrecognized failures apart."""
         counted = Counter(f.severity for f in self.findings)
-        return {severity: counted.get(severity, 0) for severity in reversed(knowledge.SEVERITIES)}
+        counts = {severity: counted.get(severity, 0) for severity in reversed(knowledge.SEVERITIES)}
+        return {**counts, "unrecognized": len(self.unrecognized)}
 
     @property
     def exit_code(self) -> ExitCode:
-        return ExitCode.FAILED if self.counts["error"] else ExitCode.PASSED
+        return ExitCode.FAILED if self.counts["error"] or self.unrecognized else ExitCode.PASSED
 
 
 def run(request: DiagnoseRequest, ui: Any, stdin: BinaryIO | None = None) -> ExitCode:
@@ -88,20 +92,28 @@ def run(request: DiagnoseRequest, ui: Any, stdin: BinaryIO | None = None) -> Exi
     lock = lockmodel.load(request.lock_path) if request.lock_path else None
     context = knowledge.lock_context(lock) if lock else {}
     with ui.progress(f"scanning {len(openers)} input(s) for {len(knowledge.load())} known failures"):
-        done = diagnose(openers, context, lock=lock)
-    ui.findings(f"stackgate diagnose: {inputs_summary(done)}", done.findings, verdict_line(done))
+        done = diagnose(openers, context, lock=lock, never_silent=True)
+    ui.findings(f"stackgate diagnose: {inputs_summary(done)}", done.findings, verdict_line(done), unrecognized=done.unrecognized)
     if request.json_path:
         write_json(request.json_path, document(done))
     return done.exit_code
 
 
-def diagnose(inputs: Sequence[tuple[str, Callable[[], Any]]], context: dict[str, str] | None = None, *, lock: lockmodel.Lock | None = None, stage: str | None = None) -> Diagnosis:
+def diagnose(
+    inputs: Sequence[tuple[str, Callable[[], Any]]],
+    context: dict[str, str] | None = None,
+    *,
+    lock: lockmodel.Lock | None = None,
+    stage: str | None = None,
+    never_silent: bool = False,
+) -> Diagnosis:
     """Scan each ``(name, open)`` input (``open()`` gives a binary stream) and gather the findings
-    (of the signatures of ``stage`` only, when given: provision reads installer logs so)."""
+    (of the signatures of ``stage`` only, when given: provision reads installer logs so); with
+    ``never_silent``, failures no signature explains as well (``unrecognized-failure``)."""
     started, clock = time.time(), time.monotonic()
-    scanned, findings = [], []
+    scanned, findings, unrecognized = [], [], []
     for name, opener in inputs:
-        scanner = knowledge.Scanner(stage=stage, context=context, source=name)
+        scanner = knowledge.Scanner(stage=stage, context=context, source=name, never_silent=never_silent)
         try:
             with opener() as stream:
                 scanner.scan_stream(stream)
@@ -109,8 +121,9 @@ def diagnose(inputs: Sequence[tuple[str, Callable[[], Any]]], context: dict[str,
             raise DiagnoseError(f"{name}: cannot read: {getattr(exc, 'strerror', None) or exc}") from exc
         scanned.append(Input(name, scanner.number, scanner.bytes))
         findings.extend(scanner.findings)
+        unrecognized.extend(scanner.unrecognized)
     findings.sort(key=knowledge.rank)
-    return Diagnosis(tuple(scanned), tuple(findings), started, time.monotonic() - clock, lock)
+    return Diagnosis(tuple(scanned), tuple(findings), started, time.monotonic() - clock, lock, tuple(unrecognized))
 
 
 def document(done: Diagnosis) -> dict[str, Any]:
@@ -126,6 +139,7 @@ def document(done: Diagnosis) -> dict[str, Any]:
         "duration_s": round(done.duration_s, 3),
         "inputs": [{"name": i.name, "lines": i.lines, "bytes": i.bytes} for i in done.inputs],
         "findings": [f.to_dict() for f in done.findings],
+        "unrecognized": [f.to_dict() for f in done.unrecognized],
         "counts": done.counts,
         "verdict": "failed" if done.exit_code else "passed",
         "exit_code": int(done.exit_code),
@@ -160,12 +174,13 @@ class _borrowed:
 
 def verdict_line(done: Diagnosis) -> str:
     """``3 findings (2 errors, 1 warning) in 0.41 s: FAILED``; a run with no error passes."""
-    counts = done.counts
-    if not done.findings:
+    counts = {k: v for k, v in done.counts.items() if k != "unrecognized"}
+    apart = f"; {len(done.unrecognized)} unrecognized failure(s)" if done.unrecognized else ""
+    if not done.findings and not done.unrecognized:
         return f"no known failure found in {done.duration_s:.2f} s: passed"
-    parts = ", ".join(f"{n} {word}{'s' if n != 1 and word != 'info' else ''}" for word, n in counts.items() if n)
+    parts = ", ".join(f"{n} {word}{'s' if n != 1 and word != 'info' else ''}" for word, n in counts.items() if n) or "none recognised"
     word = "FAILED" if done.exit_code else "passed (no error-level finding)"
-    return f"{len(done.findings)} finding(s) ({parts}) in {done.duration_s:.2f} s: {word}"
+    return f"{len(done.findings)} finding(s) ({parts}){apart} in {done.duration_s:.2f} s: {word}"
 
 
 def inputs_summary(done: Diagnosis) -> str:
