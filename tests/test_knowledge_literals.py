@@ -57,3 +57,10 @@ def test_the_knowledge_base_no_longer_imports_the_private_parser() -> None:
 
     assert "_parser" not in open(model.__file__, encoding="utf-8").read()
     assert re.compile("x")  # the public module is all it needs
+
+
+def test_no_pattern_holds_a_raw_newline() -> None:
+    """A TOML basic string turns "\\n" into a newline: the pattern must say \\\\n (grep reads lines)."""
+    for signature in knowledge.load():
+        for pattern in signature.patterns:
+            assert "\n" not in pattern.pattern, signature.id

@@ -9,6 +9,7 @@ error, 0 otherwise, 2 when an input cannot be read.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import os
 import platform
@@ -22,11 +23,14 @@ from pathlib import Path
 from typing import IO, Any, BinaryIO, Callable, Sequence
 
 from stackgate import __version__
+from stackgate.edges import kernellog, nvml
 from stackgate.edges.files import write_json
+from stackgate.models import kernellog as kernelmodel
 from stackgate.models import knowledge, settings
 from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.finding import Finding
+from stackgate.runs import bundle
 
 __all__ = ["SCHEMA", "DiagnoseError", "DiagnoseRequest", "Diagnosis", "Input", "diagnose", "document", "inputs_summary", "run", "verdict_line"]
 
@@ -47,6 +51,9 @@ class DiagnoseRequest:
     stdin: bool = False
     json_path: Path | None = None
     lock_path: Path | None = None
+    kernel: bool = False  #: read this boot's kernel log too
+    kernel_path: Path | None = None  #: a saved kernel log to read instead of the live one
+    bundle_path: Path | None = None  #: write a support bundle here
 
 
 @dataclass(frozen=True)
@@ -84,19 +91,58 @@ class Diagnosis:
 def run(request: DiagnoseRequest, ui: Any, stdin: BinaryIO | None = None) -> ExitCode:
     """The diagnose command: check the inputs, scan them, render, write the JSON report."""
     ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.lock_path)}))
-    if not request.paths and not request.stdin:
-        raise DiagnoseError("nothing to diagnose: give one or more log files, or --stdin")
+    kernel = request.kernel or request.kernel_path is not None
+    if not request.paths and not request.stdin and not kernel and not request.bundle_path:
+        raise DiagnoseError("nothing to diagnose: give one or more log files, --stdin, --kernel or --bundle PATH")
     openers = [_opener(path) for path in request.paths]  # every file is checked before any is read
+    if request.kernel_path is not None:
+        _opener(request.kernel_path)
+    if request.bundle_path is not None and request.bundle_path.is_dir():
+        raise DiagnoseError(f"--bundle: {request.bundle_path} is a directory; name the .tar.gz to write")
     if request.stdin:
         openers.append((STDIN, lambda: _borrowed(stdin or sys.stdin.buffer)))
     lock = lockmodel.load(request.lock_path) if request.lock_path else None
     context = knowledge.lock_context(lock) if lock else {}
     with ui.progress(f"scanning {len(openers)} input(s) for {len(knowledge.load())} known failures"):
         done = diagnose(openers, context, lock=lock, never_silent=True)
+        if kernel:
+            done = with_kernel(done, request.kernel_path)
     ui.findings(f"stackgate diagnose: {inputs_summary(done)}", done.findings, verdict_line(done), unrecognized=done.unrecognized)
     if request.json_path:
         write_json(request.json_path, document(done))
+    if request.bundle_path is not None:
+        with ui.progress(f"writing the support bundle {request.bundle_path}"):
+            try:
+                made = bundle.write(request.bundle_path, lock=lock, diagnose_report=document(done))
+            except bundle.BundleError as exc:
+                raise DiagnoseError(str(exc)) from exc
+        ui.line(f"support bundle: {request.bundle_path} ({len(made.members) + 1} files, secrets redacted; {len(made.notes)} part(s) missing, see NOTES.txt)")
     return done.exit_code
+
+
+def with_kernel(done: Diagnosis, path: Path | None) -> Diagnosis:
+    """The diagnosis with the kernel log's GPU events added (a saved log, or this boot's)."""
+    if path is not None:
+        name, text = str(path), path.read_text(encoding="utf-8", errors="replace")
+    else:
+        try:
+            log = kernellog.read()
+        except kernellog.KernelLogError as exc:
+            raise DiagnoseError(str(exc)) from exc
+        name, text = log.source, log.text
+    found = kernelmodel.findings(kernelmodel.parse(text), gpu_indexes(), name)
+    scanned = Input(f"kernel log ({name})", text.count("\n"), len(text.encode()))
+    findings = sorted([*done.findings, *found], key=knowledge.rank)
+    return dataclasses.replace(done, inputs=(*done.inputs, scanned), findings=tuple(findings))
+
+
+def gpu_indexes() -> dict[str, int]:
+    """PCI bus id -> GPU index, from NVML; empty when no driver answers (the events keep their bus ids)."""
+    try:
+        snap = nvml.snapshot()
+    except nvml.NvmlError:
+        return {}
+    return {kernelmodel.normalize_bus(g.bus_id): g.index for g in snap.gpus if g.bus_id}
 
 
 def diagnose(
