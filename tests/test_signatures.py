@@ -288,7 +288,7 @@ def test_findings_quote_the_lock_or_a_neutral_phrase() -> None:
     line = "[2026-02-03 09:00:18 TP0] Attention backend not specified. Use triton backend by default."
     with_lock = scan(line, context=signatures.lock_context(lockmodel.load(LOCK))).findings[0]
     assert "chose triton by itself; the stack runs flashinfer." in with_lock.cause
-    assert with_lock.fix.commands == (f"invoke verify --check abi.imports --check flashinfer.cubin --lock {LOCK}",)
+    assert with_lock.fix.commands == (f"stackgate verify --check abi.imports --check flashinfer.cubin --lock {LOCK}",)
     without = scan(line).findings[0]
     assert "the stack runs flashinfer in the default profile." in without.cause
     assert "{" not in without.cause + without.fix.text + "".join(without.fix.commands)
@@ -341,7 +341,7 @@ def test_verify_import_classifier_still_names_undefined_symbols() -> None:
     text, fix = classify_import(outcome, lock, explain_import(outcome, lock))
     assert text.startswith("undefined symbol c10::cuda::SetDevice(signed char, bool): ABI mismatch with torch")
     flag = f" --lock {lock.path}"
-    assert fix.commands == (f"invoke provision --only python{flag}", f"invoke verify --check python.frozen --check abi.imports{flag}")
+    assert fix.commands == (f"stackgate provision --only python{flag}", f"stackgate verify --check python.frozen --check abi.imports{flag}")
 
 
 def test_verify_import_classifier_names_a_cuda_major_mismatch() -> None:
@@ -351,7 +351,7 @@ def test_verify_import_classifier_names_a_cuda_major_mismatch() -> None:
     assert "built against CUDA 12 (libcudart.so.12)" in text and "the stack's (13.0)" in text
 
 
-# -- every text reads as English without a lock (invoke diagnose with no --lock) ----------------
+# -- every text reads as English without a lock (stackgate diagnose with no --lock) ----------------
 
 _WORDS = re.compile(r"[\w'.+=/<>-]+")
 _ARTICLE_CLASH = re.compile(r"\b(a|an|the)\s+\S+\s+(a|an|the)\b", re.IGNORECASE)
