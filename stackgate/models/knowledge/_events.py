@@ -26,7 +26,8 @@ TRACEBACK_LINES = 120  #: lines after a traceback's header searched for its exce
 EXCERPT_LINES = 14
 
 #: The literals the prefilter looks for on behalf of this module.
-GENERIC_KEYS = (b"Traceback (most recent call last)", b"ERROR", b"FATAL", b"CRITICAL", b"Assertion", b"exit code", b"exitcode", b"exit status", b"exited with")
+#: (each starts at a rare character: the key scan stops on every position whose character starts one)
+GENERIC_KEYS = (b"Traceback (most recent call last)", b"ERROR", b"FATAL", b"CRITICAL", b"Assertion", b"xit code", b"xitcode", b"xit status", b"xited with")
 
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 _LEVEL = re.compile(r"(?<![A-Za-z_])(?:ERROR|FATAL|CRITICAL)(?![A-Za-z_])")
