@@ -73,11 +73,13 @@ _FIELDS = (
 _REQUIRED = ("id", "title", "component", "stages", "severity", "patterns", "cause", "fix", "source", "examples")
 
 # Characters ordered from most to least common in serving and installer logs (counted on the
-# healthy SGLang 0.5.9 and pip/uv logs under tests/data; characters not listed count as rarest).
-# The prefilter key of a signature starts at its rarest character, so that the combined key scan
-# stops on few positions of a healthy log. Any choice is correct (a key is a substring of a
-# literal every match contains); this one is fast.
-_COMMONNESS = " e0ntaour:2,sgich-dp_l1.3k9m=q6#Tb4/P[]5fy7()DN8vw'FGBxCzILMKO|+Vj%<\"AUSQRWH>E{}!$&*;?@JXYZ\\^`~"
+# healthy SGLang 0.5.9 and pip/uv logs under tests/data and on SGLang's serving lines, decode and
+# prefill batches and access lines, as benchmarks/diagnose_speed.py writes them; characters not
+# listed count as rarest). The prefilter key of a signature starts at its rarest character, so
+# that the combined key scan stops on few positions of a healthy log ("TP0" is on every serving
+# line: a key starting at "T" costs). Any choice is correct (a key is a substring of a literal
+# every match contains); this one is fast.
+_COMMONNESS = ' e0:un2tr,oa1g-h3ck#sq.6pdT45i978/P][bl()D_m=OFwf"NyIKGHv\'xSBECLzM+jARW|V<U%>Q}{!XJ\\;^@~*&Z?`$Y'
 
 
 class SignatureError(Exception):
