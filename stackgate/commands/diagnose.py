@@ -23,14 +23,13 @@ from pathlib import Path
 from typing import IO, Any, BinaryIO, Callable, Sequence
 
 from stackgate import __version__
-from stackgate.edges import kernellog, nvml
+from stackgate.edges import kernellog
 from stackgate.edges.files import write_json
 from stackgate.models import kernellog as kernelmodel
 from stackgate.models import knowledge, settings
 from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.finding import Finding
-from stackgate.runs import bundle
 
 __all__ = ["SCHEMA", "DiagnoseError", "DiagnoseRequest", "Diagnosis", "Input", "diagnose", "document", "inputs_summary", "run", "verdict_line"]
 
@@ -111,6 +110,8 @@ def run(request: DiagnoseRequest, ui: Any, stdin: BinaryIO | None = None) -> Exi
     if request.json_path:
         write_json(request.json_path, document(done))
     if request.bundle_path is not None:
+        from stackgate.runs import bundle  # gathers facts: loaded only when a bundle is asked for
+
         with ui.progress(f"writing the support bundle {request.bundle_path}"):
             try:
                 made = bundle.write(request.bundle_path, lock=lock, diagnose_report=document(done))
@@ -138,6 +139,8 @@ def with_kernel(done: Diagnosis, path: Path | None) -> Diagnosis:
 
 def gpu_indexes() -> dict[str, int]:
     """PCI bus id -> GPU index, from NVML; empty when no driver answers (the events keep their bus ids)."""
+    from stackgate.edges import nvml  # loads the NVML bindings: only for --kernel
+
     try:
         snap = nvml.snapshot()
     except nvml.NvmlError:
