@@ -120,7 +120,8 @@ def test_an_unexplained_traceback_is_reported_with_its_last_exception_first() ->
     scanner = scan(TRACEBACK)
     (unknown,) = scanner.unrecognized
     assert unknown.id == "unrecognized-failure" and unknown.component == "flashinfer"
-    assert unknown.evidence.lines[0] == "ValueError: page size 7 is not one of 1, 16"
+    assert unknown.title == "Unrecognized traceback: ValueError: page size 7 is not one of 1, 16"
+    assert unknown.values["headline"] == unknown.evidence.lines[-1] == "ValueError: page size 7 is not one of 1, 16"
     assert unknown.values["kind"] == "traceback" and "its last frame is in flashinfer" in unknown.cause
     assert [f.id for f in scanner.findings] == ["sglang-scheduler-exception", "sglang-child-failed"]  # consequences only
 

@@ -161,7 +161,7 @@ def guess_component(text: str) -> tuple[str, str]:
 def _finding(event: Event, source: str) -> Finding:
     headline = event.headline or (event.lines[-1].strip() if event.kind == "traceback" else event.lines[0].strip())
     body = event.lines[: EXCERPT_LINES - 1] if len(event.lines) <= EXCERPT_LINES else [*event.lines[:4], "...", *event.lines[-(EXCERPT_LINES - 6) :]]
-    lines = (headline, *body) if event.kind == "traceback" and event.headline else tuple(body)
+    lines = tuple(body)  # numbered from the event's first line; the last exception leads the title and `headline`
     component, why = guess_component("\n".join(event.lines))
     what = {"traceback": "traceback", "assertion": "failed assertion", "non-zero exit": "non-zero exit", "error line": "error line"}[event.kind]
     return Finding(
