@@ -14,7 +14,7 @@ the same run and on the same file:
 * the scanner alone, in this process (no interpreter start), for reference.
 
 Each is run ``--repeat`` times; the best time counts. Prints MB/s and the ratio to grep; the
-goal is diagnose within 3x of grep.
+goal is diagnose within 2x of grep (issue 14; it was 3x).
 
     python benchmarks/diagnose_speed.py [--size-mb 500] [--repeat 3] [--dir DIR] [--keep]
 """
@@ -208,7 +208,7 @@ def main() -> None:
         print(f"invoke diagnose (exit {code}):             {diagnose_s:6.2f} s  {mb / diagnose_s:7.1f} MB/s")
         print(f"scanner alone, in process:               {alone_s:6.2f} s  {mb / alone_s:7.1f} MB/s")
         ratio = diagnose_s / grep_s
-        print(f"invoke diagnose takes {ratio:.2f}x grep's time (goal: within 3x): {'met' if ratio <= 3 else 'NOT met'}")
+        print(f"invoke diagnose takes {ratio:.2f}x grep's time (goal: within 2x): {'met' if ratio <= 2 else 'NOT met'}")
     finally:
         if args.keep:
             print(f"kept {folder}")

@@ -177,18 +177,23 @@ def report(c, run=None, lock=None, html=None, runs_dir=None):
         "path": "a log to read (repeatable; .gz is read too); or just name them: stackgate diagnose a.log b.log (with invoke, after --: invoke diagnose -- a.log b.log)",
         "stdin": "read a log from standard input",
         "json": "write the JSON report here",
-        "lock": "lockfile whose values the findings quote (attention backend, torch build, toolkit prefix)",
+        "lock": "lockfile whose values the findings quote (attention backend, torch build, toolkit prefix); installer versions are read against it",
+        "kernel": "also read this boot's kernel log (dmesg, else journalctl -k): Xid, PCIe AER and NVRM events, by GPU index",
+        "kernel_log": "read the kernel log from this file (a saved dmesg or journalctl -k) instead of the live one",
+        "bundle": "write a support bundle (.tar.gz, secrets redacted) to attach to an upstream issue",
         "verbose": "show every line of each event, the references and the captured values",
     },
 )
-def diagnose(c, path=None, stdin=False, json=None, lock=None, verbose=0):
+def diagnose(c, path=None, stdin=False, json=None, lock=None, kernel=False, kernel_log=None, bundle=None, verbose=0):
     """Explain logs of this stack: each known failure with its cause and fix."""
     import shlex
 
     from stackgate.commands import diagnose as command
 
     paths = tuple(Path(p) for p in [*(path or ()), *shlex.split(c.remainder or "")])
-    request = command.DiagnoseRequest(paths=paths, stdin=stdin, json_path=_path(json), lock_path=_path(lock))
+    request = command.DiagnoseRequest(
+        paths=paths, stdin=stdin, json_path=_path(json), lock_path=_path(lock), kernel=kernel, kernel_path=_path(kernel_log), bundle_path=_path(bundle)
+    )
     cli.run_command(lambda: command.run(request, UI(verbose=verbose)))
 
 

@@ -94,7 +94,7 @@ def test_an_undefined_torch_symbol_is_an_abi_mismatch_named_readably(tmp_path):
     assert result.status is Status.FAIL
     (detail,) = result.details
     assert detail.startswith("import sgl_kernel_stub: undefined symbol c10::cuda::SetDevice(signed char, bool): ABI mismatch with torch")
-    assert result.fix.commands[0].startswith("invoke provision --only python")
+    assert result.fix.commands[0].startswith("stackgate provision --only python")
 
 
 def test_a_missing_cuda_12_runtime_is_a_cuda_major_mismatch(tmp_path):

@@ -127,7 +127,7 @@ def test_an_attention_that_does_not_import_or_compile_fails_with_the_knowledge_b
     mismatch = "RuntimeError: flashinfer-cubin version (0.6.3) does not match flashinfer version (0.6.4). Please install the same version of both packages."
     result = deep.judge_attention(attention_run([], begin={"event": "begin", "error": mismatch, "trace": f"Traceback ...\n{mismatch}"}, returncode=1), JIT, HOPPER)
     assert result.status == Status.FAIL and result.summary == f"{mismatch} -> flashinfer-cubin 0.6.3 beside flashinfer 0.6.4"
-    assert result.fix is not None and "invoke verify --check flashinfer.cubin --lock " in " ".join(result.fix.commands)
+    assert result.fix is not None and "stackgate verify --check flashinfer.cubin --lock " in " ".join(result.fix.commands)
     ninja = {
         "event": "kernel", "index": 0, "name": H200, "kind": "prefill", "error": "RuntimeError: Ninja build failed. Ninja output:",
         "trace": "RuntimeError: Ninja build failed. Ninja output:\nfatal error: curand_kernel.h: No such file or directory",
@@ -135,7 +135,7 @@ def test_an_attention_that_does_not_import_or_compile_fails_with_the_knowledge_b
     built = deep.judge_attention(attention_run([*attention_kernels()[:2], ninja]), JIT, HOPPER)
     assert built.status == Status.FAIL
     assert built.summary == "1 kernel problem(s): GPU 0 prefill: RuntimeError: Ninja build failed. Ninja output: -> A JIT build cannot find the CUDA header curand_kernel.h"
-    assert built.fix is not None and built.fix.commands[0].startswith("invoke provision --only toolkit")
+    assert built.fix is not None and built.fix.commands[0].startswith("stackgate provision --only toolkit")
 
 
 def test_a_kernel_killed_in_its_cold_jit_says_so_with_the_timeout() -> None:
@@ -331,7 +331,7 @@ def test_attention_reports_a_flashinfer_that_does_not_import(torch_python: Path,
     result = run_check("deep.flashinfer_attention", lock, released_site, nvml, [gpu(H200, (9, 0))], FLASHINFER_WORKSPACE_BASE=str(tmp_path / "jit"))
     assert result.status == Status.FAIL
     assert result.summary == "ModuleNotFoundError: No module named 'tvm_ffi' -> Module tvm_ffi is not installed"
-    assert result.fix is not None and result.fix.commands[0].startswith("invoke provision --only python")
+    assert result.fix is not None and result.fix.commands[0].startswith("stackgate provision --only python")
     assert f"JIT cache: {tmp_path / 'jit'} (from FLASHINFER_WORKSPACE_BASE)" in result.details
     missing = run_check("deep.flashinfer_attention", lock, None, nvml, [gpu(H200, (9, 0))])
     assert missing.summary == "ModuleNotFoundError: No module named 'flashinfer' -> Module flashinfer is not installed"

@@ -54,7 +54,7 @@ def test_an_error_finding_fails_and_is_listed_first_with_its_lines(tmp_path: Pat
     assert order == ["sglang-symm-mem-keyerror", "sglang-scheduler-exception", "sglang-child-failed", "sglang-attention-backend-default"]
     assert f"  at {tmp_path / 'server.log'}:5-7  [sglang]" in out
     assert "  | 7  KeyError: 12" in out
-    assert "  $ invoke provision --only patches" in out
+    assert "  $ stackgate provision --only patches" in out
     assert out.rstrip().endswith("4 finding(s) (3 errors, 1 warning) in " + out.rstrip().rsplit(" in ", 1)[1])
     assert out.rstrip().endswith(": FAILED")
 
@@ -114,7 +114,7 @@ def test_the_lock_is_quoted(tmp_path: Path) -> None:
     _, out = run(DiagnoseRequest(paths=(log,), lock_path=LOCK))
     assert "libnvrtc.so.12 is missing: a build for CUDA 12, not for the stack's CUDA (13.0)" in out
     assert "the stack runs flashinfer." in out
-    assert f"  $ invoke provision --only python --lock {LOCK}" in out
+    assert f"  $ stackgate provision --only python --lock {LOCK}" in out
 
 
 def test_without_a_lock_the_report_reads_as_english(tmp_path: Path) -> None:
@@ -123,7 +123,7 @@ def test_without_a_lock_the_report_reads_as_english(tmp_path: Path) -> None:
     _, out = run(DiagnoseRequest(paths=(log,)))
     assert "stackgate diagnose: 1 input, 1 line, " in out
     assert "libnvrtc.so.12 is missing: a build for CUDA 12, not for the stack's CUDA (13.0 in the default profile)" in out
-    assert "  $ invoke provision --only python\n" in out
+    assert "  $ stackgate provision --only python\n" in out
     for broken in ("a CUDA the", "packages ()", " 1 lines", "{"):
         assert broken not in out
     resolver = write(tmp_path, "pip.log", next(s for s in signatures.load() if s.id == "pip-resolution-impossible").examples[0])
@@ -136,15 +136,15 @@ def test_the_json_report_carries_every_finding(tmp_path: Path) -> None:
     report = tmp_path / "out" / "diagnose.json"
     code, _ = run(DiagnoseRequest(paths=(log,), json_path=report, lock_path=LOCK))
     doc = json.loads(report.read_text())
-    assert doc["schema"] == "stackgate.diagnose/2" and doc["exit_code"] == int(code) == 1 and doc["verdict"] == "failed"
+    assert doc["schema"] == "stackgate.diagnose/3" and doc["exit_code"] == int(code) == 1 and doc["verdict"] == "failed"
     assert doc["lock"]["name"] == "blackwell-sm120-cu130"
     assert doc["inputs"] == [{"name": str(log), "lines": 8, "bytes": len(FAILED_START.encode())}]
-    assert doc["counts"] == {"error": 3, "warning": 1, "info": 0}
+    assert doc["counts"] == {"error": 3, "warning": 1, "info": 0, "unrecognized": 0} and doc["unrecognized"] == []
     first = doc["findings"][0]
     assert first["id"] == "sglang-symm-mem-keyerror" and first["evidence"]["line"] == 7 and first["evidence"]["start_line"] == 5
     assert first["evidence"]["file"] == str(log) and first["evidence"]["lines"][-1].endswith("KeyError: 12")
     assert first["values"] == {"major": "12"}
-    assert first["fix"]["commands"][0] == f"invoke provision --only patches --lock {LOCK}"
+    assert first["fix"]["commands"][0] == f"stackgate provision --only patches --lock {LOCK}"
     assert first["learned_from"].startswith("sglang 0.5.9 wheel: ")
 
 
@@ -163,7 +163,7 @@ def test_the_rendered_finding_reads_exactly() -> None:
         "  cause: A collective (ALLREDUCE, sequence 5653) did not finish within the process group's timeout: "
         "a rank hung or died, or peer-to-peer traffic between the GPUs stalls (IOMMU, ACS on PCIe hosts).",
         "  fix: Find the rank that stopped first (its error is earlier in the log); run the collective test to find a GPU pair or setting that hangs; check NCCL_P2P_LEVEL and the PCIe topology.",
-        "  $ invoke verify --deep",
+        "  $ stackgate verify --deep",
         "  $ nvidia-smi topo -m",
         "  learned from: https://github.com/sgl-project/sglang/issues/3836",
         "",

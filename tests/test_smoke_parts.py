@@ -234,7 +234,7 @@ def test_the_cause_is_the_specific_error_not_the_wrapper(tmp_path):
     assert watcher.cause.id == "cuda-out-of-memory"  # the one to report
     results = logscan.finding_results(watcher.findings, "log", lock_backend="flashinfer")
     assert [r.check for r in results] == ["log.cuda-out-of-memory", "log.sglang-scheduler-exception", "log.sglang-child-failed"]
-    assert results[0].summary == "A GPU ran out of memory" and results[0].data["finding"]["evidence"] == {
+    assert results[0].summary == "A GPU ran out of memory while serving" and results[0].data["finding"]["evidence"] == {
         "file": str(log), "line": 2, "start_line": 2, "count": 1, "lines": ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB."]
     }
 

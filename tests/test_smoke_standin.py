@@ -167,7 +167,7 @@ def test_a_crash_at_start_is_reported_with_exit_code_last_lines_and_the_known_ca
     assert any("KeyError: 12" in line for line in launch.details)
     keyerror = results["smoke.log.sglang-symm-mem-keyerror"]
     assert keyerror.status == Status.FAIL and keyerror.summary == "--enable-torch-symm-mem has no size table for compute capability 12"
-    assert keyerror.fix.commands[0] == f"invoke provision --only patches --lock {rig.tmp / 'lock.toml'}"  # the fix names this lock
+    assert keyerror.fix.commands[0] == f"stackgate provision --only patches --lock {rig.tmp / 'lock.toml'}"  # the fix names this lock
     (session,) = done.document()["smoke"]["sessions"]
     written = next(f for f in session["findings"] if f["id"] == "sglang-symm-mem-keyerror")
     assert keyerror.data == {"finding": written} and Finding.from_dict(written).fix == keyerror.fix  # one form, in the results and the session
@@ -563,7 +563,7 @@ def test_an_interpreter_without_sglang_fails_with_the_known_cause(rig):
     assert results["smoke.launch"].summary.startswith("the server exited (exit code 1) after ")
     missing = results["smoke.log.module-not-installed"]
     assert missing.summary == "Module sglang is not installed"
-    assert missing.fix.commands[0].startswith("invoke provision --only python --lock ")
+    assert missing.fix.commands[0].startswith("stackgate provision --only python --lock ")
     assert rig.events() == []
 
 

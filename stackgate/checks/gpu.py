@@ -7,6 +7,7 @@ from packaging.version import InvalidVersion, Version
 from stackgate.checks.core import check
 from stackgate.edges.nvml import NvmlSnapshot
 from stackgate.facts import Facts, Missing
+from stackgate.models import kernellog
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, failed, passed, skipped, warned
 from stackgate.models.spec import Lock
@@ -161,6 +162,27 @@ def processes(lock: Lock, facts: Facts) -> Result:
         pids = " ".join(sorted({str(p.pid) for _, p in held}))
         return warned(f"{len(held)} process(es) hold GPU memory", details, Fix("Stop them before serving: they take memory the engine expects.", (f"ps -o pid,user,cmd -p {pids}",)), data)
     return passed("no process holds GPU memory", data=data)
+
+
+@check("gpu.kernel_events", needs=("kernel", "nvml"))
+def kernel_events(lock: Lock, facts: Facts) -> Result:
+    """No Xid, PCIe AER or NVRM error on this boot (fail on GPU faults, warn on application ones)."""
+    log = facts.kernel
+    if isinstance(log, Missing):
+        return skipped(f"the kernel log cannot be read: {log.reason}")
+    snap = facts.nvml
+    gpus = {} if isinstance(snap, Missing) else {kernellog.normalize_bus(g.bus_id): g.index for g in snap.gpus if g.bus_id}
+    found = kernellog.findings(log.events, gpus, log.source)
+    data = {"source": log.source, "lines": log.lines, "events": [f.to_dict() for f in found]}
+    if not found:
+        return passed(f"no GPU event in {log.lines} lines of `{log.source}`", data=data)
+    details = [f"{f.title}{f' (x{f.evidence.count})' if f.evidence.count > 1 else ''}: {f.fix.text}" for f in found]
+    worst = found[0]
+    summary = f"{len(found)} kind(s) of GPU event on this boot, first: {worst.title}"
+    fix = Fix(worst.fix.text + " `stackgate diagnose --kernel` explains each event.", worst.fix.commands)
+    if any(f.severity == "error" for f in found):
+        return failed(summary, details, fix, data)
+    return warned(summary, details, fix, data)
 
 
 def _cc(capability: tuple[int, int] | None) -> str:

@@ -9,6 +9,7 @@ error, 0 otherwise, 2 when an input cannot be read.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import os
 import platform
@@ -23,7 +24,9 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, Sequence
 
 from stackgate import __version__
+from stackgate.edges import kernellog
 from stackgate.edges.files import write_json
+from stackgate.models import kernellog as kernelmodel
 from stackgate.models import knowledge, settings
 from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode, UsageError
@@ -32,8 +35,9 @@ from stackgate.models.finding import Finding
 __all__ = ["SCHEMA", "DiagnoseError", "DiagnoseRequest", "Diagnosis", "Input", "diagnose", "document", "inputs_summary", "run", "verdict_line"]
 
 #: /2: each finding in its one form (models.finding): ``evidence`` holds the input, line numbers,
-#: lines and count that /1 had at the top level.
-SCHEMA = "stackgate.diagnose/2"
+#: lines and count that /1 had at the top level. /3: ``unrecognized`` (failures no signature
+#: explains, id ``unrecognized-failure``) apart from ``findings``; ``counts.unrecognized``.
+SCHEMA = "stackgate.diagnose/3"
 STDIN = "<stdin>"
 
 
@@ -47,6 +51,9 @@ class DiagnoseRequest:
     stdin: bool = False
     json_path: Path | None = None
     lock_path: Path | None = None
+    kernel: bool = False  #: read this boot's kernel log too
+    kernel_path: Path | None = None  #: a saved kernel log to read instead of the live one
+    bundle_path: Path | None = None  #: write a support bundle here
 
 
 @dataclass(frozen=True)
@@ -63,46 +70,100 @@ class Diagnosis:
     """What diagnose found in its inputs, most severe first."""
 
     inputs: tuple[Input, ...]
-    findings: tuple[Finding, ...]
+    findings: tuple[Finding, ...]  #: recognised: a signature explains each
     started: float
     duration_s: float
     lock: lockmodel.Lock | None = field(default=None, compare=False)
+    unrecognized: tuple[Finding, ...] = ()  #: failures no signature explains (``unrecognized-failure``)
 
     @property
     def counts(self) -> dict[str, int]:
+        """The recognised findings by severity, and the unrecognized failures apart."""
         counted = Counter(f.severity for f in self.findings)
-        return {severity: counted.get(severity, 0) for severity in reversed(knowledge.SEVERITIES)}
+        counts = {severity: counted.get(severity, 0) for severity in reversed(knowledge.SEVERITIES)}
+        return {**counts, "unrecognized": len(self.unrecognized)}
 
     @property
     def exit_code(self) -> ExitCode:
-        return ExitCode.FAILED if self.counts["error"] else ExitCode.PASSED
+        return ExitCode.FAILED if self.counts["error"] or self.unrecognized else ExitCode.PASSED
 
 
 def run(request: DiagnoseRequest, ui: Any, stdin: BinaryIO | None = None) -> ExitCode:
     """The diagnose command: check the inputs, scan them, render, write the JSON report."""
     ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.lock_path)}))
-    if not request.paths and not request.stdin:
-        raise DiagnoseError("nothing to diagnose: give one or more log files, or --stdin")
+    kernel = request.kernel or request.kernel_path is not None
+    if not request.paths and not request.stdin and not kernel and not request.bundle_path:
+        raise DiagnoseError("nothing to diagnose: give one or more log files, --stdin, --kernel or --bundle PATH")
     openers = [_opener(path) for path in request.paths]  # every file is checked before any is read
+    if request.kernel_path is not None:
+        _opener(request.kernel_path)
+    if request.bundle_path is not None and request.bundle_path.is_dir():
+        raise DiagnoseError(f"--bundle: {request.bundle_path} is a directory; name the .tar.gz to write")
     if request.stdin:
         openers.append((STDIN, lambda: _borrowed(stdin or sys.stdin.buffer)))
     lock = lockmodel.load(request.lock_path) if request.lock_path else None
     context = knowledge.lock_context(lock) if lock else {}
     with ui.progress(f"scanning {len(openers)} input(s) for {len(knowledge.load())} known failures"):
-        done = diagnose(openers, context, lock=lock)
-    ui.findings(f"stackgate diagnose: {inputs_summary(done)}", done.findings, verdict_line(done))
+        done = diagnose(openers, context, lock=lock, never_silent=True)
+        if kernel:
+            done = with_kernel(done, request.kernel_path)
+    ui.findings(f"stackgate diagnose: {inputs_summary(done)}", done.findings, verdict_line(done), unrecognized=done.unrecognized)
     if request.json_path:
         write_json(request.json_path, document(done))
+    if request.bundle_path is not None:
+        from stackgate.runs import bundle  # gathers facts: loaded only when a bundle is asked for
+
+        with ui.progress(f"writing the support bundle {request.bundle_path}"):
+            try:
+                made = bundle.write(request.bundle_path, lock=lock, diagnose_report=document(done))
+            except bundle.BundleError as exc:
+                raise DiagnoseError(str(exc)) from exc
+        ui.line(f"support bundle: {request.bundle_path} ({len(made.members) + 1} files, secrets redacted; {len(made.notes)} part(s) missing, see NOTES.txt)")
     return done.exit_code
 
 
-def diagnose(inputs: Sequence[tuple[str, Callable[[], Any]]], context: dict[str, str] | None = None, *, lock: lockmodel.Lock | None = None, stage: str | None = None) -> Diagnosis:
+def with_kernel(done: Diagnosis, path: Path | None) -> Diagnosis:
+    """The diagnosis with the kernel log's GPU events added (a saved log, or this boot's)."""
+    if path is not None:
+        name, text = str(path), path.read_text(encoding="utf-8", errors="replace")
+    else:
+        try:
+            log = kernellog.read()
+        except kernellog.KernelLogError as exc:
+            raise DiagnoseError(str(exc)) from exc
+        name, text = log.source, log.text
+    found = kernelmodel.findings(kernelmodel.parse(text), gpu_indexes(), name)
+    scanned = Input(f"kernel log ({name})", text.count("\n"), len(text.encode()))
+    findings = sorted([*done.findings, *found], key=knowledge.rank)
+    return dataclasses.replace(done, inputs=(*done.inputs, scanned), findings=tuple(findings))
+
+
+def gpu_indexes() -> dict[str, int]:
+    """PCI bus id -> GPU index, from NVML; empty when no driver answers (the events keep their bus ids)."""
+    from stackgate.edges import nvml  # loads the NVML bindings: only for --kernel
+
+    try:
+        snap = nvml.snapshot()
+    except nvml.NvmlError:
+        return {}
+    return {kernelmodel.normalize_bus(g.bus_id): g.index for g in snap.gpus if g.bus_id}
+
+
+def diagnose(
+    inputs: Sequence[tuple[str, Callable[[], Any]]],
+    context: dict[str, str] | None = None,
+    *,
+    lock: lockmodel.Lock | None = None,
+    stage: str | None = None,
+    never_silent: bool = False,
+) -> Diagnosis:
     """Scan each ``(name, open)`` input (``open()`` gives a binary stream) and gather the findings
-    (of the signatures of ``stage`` only, when given: provision reads installer logs so)."""
+    (of the signatures of ``stage`` only, when given: provision reads installer logs so); with
+    ``never_silent``, failures no signature explains as well (``unrecognized-failure``)."""
     started, clock = time.time(), time.monotonic()
-    scanned, findings = [], []
+    scanned, findings, unrecognized = [], [], []
     for name, opener in inputs:
-        scanner = knowledge.Scanner(stage=stage, context=context, source=name)
+        scanner = knowledge.Scanner(stage=stage, context=context, source=name, never_silent=never_silent)
         try:
             with opener() as stream:
                 scanner.scan_stream(stream)
@@ -110,8 +171,9 @@ def diagnose(inputs: Sequence[tuple[str, Callable[[], Any]]], context: dict[str,
             raise DiagnoseError(f"{name}: cannot read: {getattr(exc, 'strerror', None) or exc}") from exc
         scanned.append(Input(name, scanner.number, scanner.bytes))
         findings.extend(scanner.findings)
+        unrecognized.extend(scanner.unrecognized)
     findings.sort(key=knowledge.rank)
-    return Diagnosis(tuple(scanned), tuple(findings), started, time.monotonic() - clock, lock)
+    return Diagnosis(tuple(scanned), tuple(findings), started, time.monotonic() - clock, lock, tuple(unrecognized))
 
 
 def document(done: Diagnosis) -> dict[str, Any]:
@@ -127,6 +189,7 @@ def document(done: Diagnosis) -> dict[str, Any]:
         "duration_s": round(done.duration_s, 3),
         "inputs": [{"name": i.name, "lines": i.lines, "bytes": i.bytes} for i in done.inputs],
         "findings": [f.to_dict() for f in done.findings],
+        "unrecognized": [f.to_dict() for f in done.unrecognized],
         "counts": done.counts,
         "verdict": "failed" if done.exit_code else "passed",
         "exit_code": int(done.exit_code),
@@ -161,12 +224,13 @@ class _borrowed:
 
 def verdict_line(done: Diagnosis) -> str:
     """``3 findings (2 errors, 1 warning) in 0.41 s: FAILED``; a run with no error passes."""
-    counts = done.counts
-    if not done.findings:
+    counts = {k: v for k, v in done.counts.items() if k != "unrecognized"}
+    apart = f"; {len(done.unrecognized)} unrecognized failure(s)" if done.unrecognized else ""
+    if not done.findings and not done.unrecognized:
         return f"no known failure found in {done.duration_s:.2f} s: passed"
-    parts = ", ".join(f"{n} {word}{'s' if n != 1 and word != 'info' else ''}" for word, n in counts.items() if n)
+    parts = ", ".join(f"{n} {word}{'s' if n != 1 and word != 'info' else ''}" for word, n in counts.items() if n) or "none recognised"
     word = "FAILED" if done.exit_code else "passed (no error-level finding)"
-    return f"{len(done.findings)} finding(s) ({parts}) in {done.duration_s:.2f} s: {word}"
+    return f"{len(done.findings)} finding(s) ({parts}){apart} in {done.duration_s:.2f} s: {word}"
 
 
 def inputs_summary(done: Diagnosis) -> str:

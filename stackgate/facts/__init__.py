@@ -11,7 +11,7 @@ that both the checks and provisioning make.
 from __future__ import annotations
 
 from stackgate.facts.collect import PARTS, Facts, gather, jit_cuda_home
-from stackgate.facts.model import ArchBuild, BasePython, Distribution, ElfFile, ElfScan, EnvFacts, ImportOutcome, Missing, ProbeFacts, ToolkitFacts, ToolVersion
+from stackgate.facts.model import ArchBuild, BasePython, Distribution, ElfFile, ElfScan, EnvFacts, ImportOutcome, KernelEvents, Missing, ProbeFacts, ToolkitFacts, ToolVersion
 from stackgate.facts.toolkits import build_for_arch, inspect_toolkit, tool_version
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "EnvFacts",
     "Facts",
     "ImportOutcome",
+    "KernelEvents",
     "Missing",
     "ProbeFacts",
     "ToolVersion",

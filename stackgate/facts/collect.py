@@ -17,12 +17,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Iterable, Mapping
 
-from stackgate.edges import elf, nvml
+from stackgate.edges import elf, kernellog, nvml
 from stackgate.facts import generations, interpreters
-from stackgate.facts.model import BasePython, ElfFile, ElfScan, EnvFacts, ImportOutcome, Missing, ProbeFacts, ToolkitFacts
+from stackgate.facts.model import BasePython, ElfFile, ElfScan, EnvFacts, ImportOutcome, KernelEvents, Missing, ProbeFacts, ToolkitFacts
 from stackgate.facts.patches import PatchStatus, inspect_patch
 from stackgate.facts.toolkits import inspect_toolkit
 from stackgate.models import envfile, pylock
+from stackgate.models import kernellog as kernelmodel
 from stackgate.models.spec import Lock, Toolkit
 
 __all__ = ["CUDA_LINK", "DEPENDS", "PARTS", "Facts", "gather", "jit_cuda_home"]
@@ -76,6 +77,10 @@ class Facts:
     @property
     def nvml(self) -> nvml.NvmlSnapshot | Missing:
         return self.get("nvml")
+
+    @property
+    def kernel(self) -> KernelEvents | Missing:
+        return self.get("kernel")
 
     @property
     def toolkits(self) -> tuple[ToolkitFacts, ...]:
@@ -269,6 +274,18 @@ def _pylock(lock: Lock, facts: Facts) -> pylock.Resolution | Missing:
         return Missing(str(exc))
 
 
+# --- the kernel log ------------------------------------------------------------------------------
+
+
+def _kernel(lock: Lock, facts: Facts) -> KernelEvents | Missing:
+    """The GPU events (Xid, AER, NVRM) of this boot's kernel log."""
+    try:
+        log = kernellog.read()
+    except kernellog.KernelLogError as exc:
+        return Missing(str(exc))
+    return KernelEvents(log.source, tuple(kernelmodel.parse(log.text)), log.text.count("\n"))
+
+
 #: How each part is gathered, and what it needs first.
 PARTS: dict[str, Gatherer] = {
     "nvml": _nvml,
@@ -282,5 +299,6 @@ PARTS: dict[str, Gatherer] = {
     "patches": _patches,
     "generation": _generation,
     "pylock": _pylock,
+    "kernel": _kernel,
 }
 DEPENDS: dict[str, tuple[str, ...]] = {"probe": ("env",), "imports": ("env", "probe"), "elf": ("probe",), "patches": ("probe",)}

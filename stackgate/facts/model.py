@@ -13,6 +13,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from stackgate.edges import elf
+from stackgate.models.kernellog import KernelEvent
 from stackgate.models.spec import Toolkit
 
 __all__ = [
@@ -23,11 +24,21 @@ __all__ = [
     "ElfScan",
     "EnvFacts",
     "ImportOutcome",
+    "KernelEvents",
     "Missing",
     "ProbeFacts",
     "ToolVersion",
     "ToolkitFacts",
 ]
+
+
+@dataclass(frozen=True)
+class KernelEvents:
+    """The GPU events of this boot's kernel log, and which reader printed it."""
+
+    source: str
+    events: tuple[KernelEvent, ...]
+    lines: int
 
 
 @dataclass(frozen=True)

@@ -177,9 +177,10 @@ class UI:
         for text in render_settings(values, verbose=self.verbose):
             self.info(text)
 
-    def findings(self, title: str, findings: Sequence[Finding], verdict: str) -> None:
-        """diagnose's report: each finding with its lines, cause and fix, most severe first."""
-        for text, style in render_findings(title, findings, verdict, verbose=self.verbose):
+    def findings(self, title: str, findings: Sequence[Finding], verdict: str, unrecognized: Sequence[Finding] = ()) -> None:
+        """diagnose's report: each finding with its lines, cause and fix, most severe first; the
+        failures no entry explains after them, apart."""
+        for text, style in render_findings(title, findings, verdict, verbose=self.verbose, unrecognized=unrecognized):
             self.line(text, style)
 
 
@@ -188,13 +189,20 @@ EVENT_LINES = 8
 LINE_WIDTH = 240
 
 
-def render_findings(title: str, findings: Sequence[Finding], verdict: str, *, verbose: int = 0) -> list[tuple[str, str | None]]:
+def render_findings(
+    title: str, findings: Sequence[Finding], verdict: str, *, verbose: int = 0, unrecognized: Sequence[Finding] = ()
+) -> list[tuple[str, str | None]]:
     """diagnose's report as (line, style) pairs: the same words with or without colour."""
     lines: list[tuple[str, str | None]] = [(title, "heading"), ("", None)]
     for finding in findings:
         lines.extend(finding_lines(finding, verbose))
         lines.append(("", None))
-    failed = any(f.severity == "error" for f in findings)
+    if unrecognized:
+        lines.extend([(f"Not recognised by any entry ({len(unrecognized)}):", "heading"), ("", None)])
+        for finding in unrecognized:
+            lines.extend(finding_lines(finding, verbose))
+            lines.append(("", None))
+    failed = any(f.severity == "error" for f in [*findings, *unrecognized])
     lines.append((verdict, "error" if failed else "success"))
     return lines
 

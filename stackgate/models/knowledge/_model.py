@@ -16,16 +16,14 @@ from pathlib import Path
 from typing import Any, Mapping
 
 if sys.version_info >= (3, 11):
-    from re import _parser as _sre_parse  # type: ignore[attr-defined]
-
     import tomllib
 else:  # pragma: no cover
-    import sre_parse as _sre_parse
-
     import tomli as tomllib
 
 from stackgate.models.finding import SEVERITIES
 from stackgate.models.knowledge import extract
+from stackgate.models.knowledge._literals import LiteralError
+from stackgate.models.knowledge._literals import required_literals as _literal_runs
 
 __all__ = [
     "COMPONENTS",
@@ -75,11 +73,13 @@ _FIELDS = (
 _REQUIRED = ("id", "title", "component", "stages", "severity", "patterns", "cause", "fix", "source", "examples")
 
 # Characters ordered from most to least common in serving and installer logs (counted on the
-# healthy SGLang 0.5.9 and pip/uv logs under tests/data; characters not listed count as rarest).
-# The prefilter key of a signature starts at its rarest character, so that the combined key scan
-# stops on few positions of a healthy log. Any choice is correct (a key is a substring of a
-# literal every match contains); this one is fast.
-_COMMONNESS = " e0ntaour:2,sgich-dp_l1.3k9m=q6#Tb4/P[]5fy7()DN8vw'FGBxCzILMKO|+Vj%<\"AUSQRWH>E{}!$&*;?@JXYZ\\^`~"
+# healthy SGLang 0.5.9 and pip/uv logs under tests/data and on SGLang's serving lines, decode and
+# prefill batches and access lines, as benchmarks/diagnose_speed.py writes them; characters not
+# listed count as rarest). The prefilter key of a signature starts at its rarest character, so
+# that the combined key scan stops on few positions of a healthy log ("TP0" is on every serving
+# line: a key starting at "T" costs). Any choice is correct (a key is a substring of a literal
+# every match contains); this one is fast.
+_COMMONNESS = ' e0:un2tr,oa1g-h3ck#sq.6pdT45i978/P][bl()D_m=OFwf"NyIKGHv\'xSBECLzM+jARW|V<U%>Q}{!XJ\\;^@~*&Z?`$Y'
 
 
 class SignatureError(Exception):
@@ -168,7 +168,7 @@ def _signature(file: str, index: int, raw: Mapping[str, Any]) -> Signature:
         raise SignatureError(f"{where}: " + "; ".join([*(f"missing {m!r}" for m in missing), *([f"unknown keys {unknown}"] if unknown else [])]))
     try:
         signature = _build(file, raw)
-    except re.error as exc:
+    except (re.error, LiteralError) as exc:
         raise SignatureError(f"{where}: bad pattern: {exc}") from exc
     except (TypeError, ValueError) as exc:
         raise SignatureError(f"{where}: {exc}") from exc
@@ -260,25 +260,7 @@ def required_literals(pattern: re.Pattern[str]) -> list[str]:
     >>> required_literals(re.compile(r"NCCL error in: (?P<where>\\S+), (?P<what>[a-z ]+)"))
     ['NCCL error in: ', ', ']
     """
-    runs: list[str] = []
-    current: list[str] = []
-
-    def walk(items: Any) -> None:
-        for op, value in items:
-            name = str(op)
-            if name == "LITERAL" and value != 10:  # a key never spans lines
-                current.append(chr(value))
-            elif name == "SUBPATTERN" and value[3] is not None:
-                walk(value[3])  # a plain group: its literals stay contiguous with ours
-            elif name == "AT":
-                continue  # ^, $, \b take no characters
-            else:
-                runs.append("".join(current))
-                current.clear()
-
-    walk(_sre_parse.parse(pattern.pattern, pattern.flags & ~re.MULTILINE).data)
-    runs.append("".join(current))
-    return [run for run in runs if run]
+    return _literal_runs(pattern.pattern)
 
 
 def required_literal(pattern: re.Pattern[str]) -> str:

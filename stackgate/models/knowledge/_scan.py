@@ -18,10 +18,17 @@ from dataclasses import dataclass
 from typing import BinaryIO, Iterable, Mapping
 
 from stackgate.models.finding import SEVERITIES, Evidence, Finding, Fix
+from stackgate.models.knowledge._events import GENERIC_KEYS, Events
 from stackgate.models.knowledge._model import _COMMONNESS, Signature, context_defaults, load
-from stackgate.models.knowledge.extract import EXTRACTORS
+from stackgate.models.knowledge.extract import COMPONENT, DROP, EXTRACTORS
 
 __all__ = ["EVIDENCE_LINE", "Scanner", "make_finding", "match_all", "rank"]
+
+#: An extractor that returns DROP_KEY (with any value) says the match is not the failure after
+#: all (an installer line of a package at the version the lock wants): it is dropped. One that
+#: returns COMPONENT_KEY names the component the event belongs to (a kernel assert's file names
+#: DeepGEMM or flashinfer), overriding the signature's own.
+DROP_KEY, COMPONENT_KEY = DROP, COMPONENT
 
 _CHUNK = 8 << 20  #: bytes read at a time from a file
 _TAIL = 64 << 10  #: bytes of the log's end kept to judge ``at_end`` signatures
@@ -37,7 +44,7 @@ def make_finding(signature: Signature, groups: Mapping[str, str], context: Mappi
         id=signature.id,
         title=_format(signature.title, values),
         severity=signature.severity,
-        component=signature.component,
+        component=groups.get(COMPONENT_KEY) or signature.component,
         cause=_format(signature.cause, values),
         fix=Fix(_format(signature.fix, values), tuple(_format(c, values) for c in signature.commands)),
         learned_from=signature.source,
@@ -69,7 +76,8 @@ def match_all(text: str, *, stage: str | None = None, context: Mapping[str, str]
         end = offset + event.count("\n", 0, max(match.end() - 1, match.start())) + 1
         evidence = Evidence(source, start if signature.after else end, _whole_lines(event, match.start(), match.end()), start)
         groups = _groups(signature, match, event[match.start() :] if signature.after else event, context)
-        findings.append(make_finding(signature, groups, context, evidence))
+        if DROP_KEY not in groups:
+            findings.append(make_finding(signature, groups, context, evidence))
     findings.sort(key=rank)
     return findings
 
@@ -95,14 +103,25 @@ class Scanner:
 
     WINDOW = 12  #: the default lookback, in lines, of a multi-line signature
 
-    def __init__(self, *, stage: str | None = None, context: Mapping[str, str] | None = None, signatures: Iterable[Signature] | None = None, source: str = "") -> None:
+    def __init__(
+        self,
+        *,
+        stage: str | None = None,
+        context: Mapping[str, str] | None = None,
+        signatures: Iterable[Signature] | None = None,
+        source: str = "",
+        never_silent: bool = False,
+    ) -> None:
         chosen = load() if signatures is None else tuple(signatures)
         self.signatures = tuple(s for s in chosen if stage is None or stage in s.stages)
         self.context = dict(context or {})
         self.source = source
         self.number = 0  #: complete lines read so far
         self.bytes = 0  #: bytes read so far
-        self._plan = _plan(self.signatures)
+        #: With ``never_silent``, failures no signature explains (see :mod:`._events`).
+        self.events: Events | None = Events(source) if never_silent else None
+        self.unrecognized: list[Finding] = []  #: filled by :meth:`finish`
+        self._plan = _plan(self.signatures, never_silent)
         self._carry = b""  # the last lines of what was scanned, for multi-line lookback
         self._partial = b""  # a line whose end has not arrived yet
         self._tail = b""  # the end of the log, for at_end signatures
@@ -165,6 +184,8 @@ class Scanner:
         self._pending.clear()
         found.extend(self._judge_end())
         self._finished = True
+        if self.events is not None:
+            self.unrecognized = self.events.findings()
         return found
 
     @property
@@ -177,6 +198,8 @@ class Scanner:
     def _scan(self, data: bytes, start: int, end: int) -> list[Finding]:
         """Scan the complete lines ``data[start:end]`` (``end`` is just past a newline), in place."""
         found = self._feed_pending(data, start, end) if self._pending else []
+        if self.events is not None and self.events.waiting:
+            self._follow(data, start, end, self.number + 1)
         keys = self._plan.keys
         position, counted_at, counted = start, start, self.number
         while keys is not None:
@@ -218,7 +241,22 @@ class Scanner:
                 if hit is not None:
                     hits.append(hit)
         superseded = {old for h in hits for old in h[0].supersedes}
-        return [f for s, m, text, at in hits if s.id not in superseded for f in self._record(s, m, text, number, at)]
+        found = [f for s, m, text, at in hits if s.id not in superseded for f in self._record(s, m, text, number, at)]
+        if self.events is not None and any(key in raw for key in GENERIC_KEYS):
+            self.events.see(line, number)
+            if self.events.waiting:
+                self._follow(data, last + 1, end, number + 1)
+        return found
+
+    def _follow(self, data: bytes, offset: int, end: int, number: int) -> None:
+        """Hand the lines from ``offset`` to an open traceback until it has its exception."""
+        assert self.events is not None
+        while self.events.waiting and offset < end:
+            newline = data.find(b"\n", offset, end)
+            if newline < 0:
+                break
+            self.events.follow(data[offset:newline].decode("utf-8", "replace"), number)
+            offset, number = newline + 1, number + 1
 
     def _try(
         self, signature: Signature, pattern: re.Pattern[str], data: bytes, start: int, end: int, first: int, last: int, line: str, number: int
@@ -267,6 +305,11 @@ class Scanner:
         return found
 
     def _record(self, signature: Signature, hit: re.Match[str], text: str, number: int, first: int) -> list[Finding]:
+        groups = _groups(signature, hit, text, self.context)
+        if DROP_KEY in groups:
+            return []
+        if self.events is not None and signature.severity == "error" and not signature.consequence:
+            self.events.explain(first, number)  # a consequence (a scheduler died) or a warning explains no failure
         last = self._last.get(signature.id)
         self._last[signature.id] = number
         if last is not None and signature.window > 1 and number - last < signature.window:
@@ -276,7 +319,6 @@ class Scanner:
             again = dataclasses.replace(previous.evidence, count=previous.evidence.count + 1)
             self._found[signature.id] = dataclasses.replace(previous, evidence=again)
             return []
-        groups = _groups(signature, hit, text, self.context)
         start = first + text.count("\n", 0, hit.start())
         evidence = Evidence(self.source, number, _whole_lines(text, hit.start(), hit.end()), start)
         self._found[signature.id] = finding = make_finding(signature, groups, self.context, evidence)
@@ -304,7 +346,7 @@ class _Plan:
 
 
 @functools.lru_cache(maxsize=64)
-def _plan(signatures: tuple[Signature, ...]) -> _Plan:
+def _plan(signatures: tuple[Signature, ...], generic: bool = False) -> _Plan:
     entries: dict[bytes, list[tuple[Signature, int]]] = {}
     for signature in signatures:
         if signature.at_end:
@@ -313,7 +355,8 @@ def _plan(signatures: tuple[Signature, ...]) -> _Plan:
             entries.setdefault(key.encode("utf-8"), []).append((signature, index))
     # Specific signatures first, so that one that supersedes a generic one sees it on the same line.
     ordered = tuple((key, tuple(sorted(group, key=lambda e: -len(e[0].supersedes)))) for key, group in entries.items())
-    keys = re.compile(_trie(sorted(entries))) if entries else None
+    words = sorted({*entries, *(GENERIC_KEYS if generic else ())})
+    keys = re.compile(_trie(words)) if words else None
     lookback = max((s.window - 1 for s in signatures), default=0)
     return _Plan(keys, ordered, lookback, tuple(s for s in signatures if s.at_end))
 

@@ -16,7 +16,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-__all__ = ["EXTRACTORS", "Extractor", "Requirement", "first_error", "requirers", "torch_requirers"]
+__all__ = ["CUDA_INIT_ERRORS", "EXTRACTORS", "NCCL_CLASSES", "Extractor", "Requirement", "demangle", "first_error", "requirers", "torch_requirers"]
 
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._\-]*(?:\[[^\]\s]*\])?"
 #: pip: "    sglang[srt] 0.4.9.post3 depends on torch==2.7.1; extra == "srt""
@@ -136,7 +136,273 @@ def _allows(specifier: str, version: Version) -> bool:
         return True  # a specifier we cannot read is not evidence against it
 
 
+# -- families: what a match's variables mean -------------------------------------------------
+
+#: Namespaces of mangled C++ names, and C symbol prefixes -> the library that exports them.
+_PROVIDERS = (
+    (("c10", "at", "torch", "caffe2"), "torch (libc10.so / libtorch*.so)", "torch"),
+    (("flashinfer",), "flashinfer", "flashinfer"),
+    (("nccl",), "NCCL (libnccl.so)", "nccl"),
+    (("cublas", "cublasLt"), "cuBLAS (libcublas.so)", "cuda toolkit"),
+    (("cudnn",), "cuDNN (libcudnn.so)", "cuda toolkit"),
+    (("cuda",), "the CUDA runtime (libcudart.so)", "cuda toolkit"),
+    (("nvrtc",), "NVRTC (libnvrtc.so)", "cuda toolkit"),
+    (("cu", "cuGreen", "cuMem"), "the NVIDIA driver (libcuda.so)", "driver"),
+    (("std", "__cxx11", "GLIBCXX"), "the C++ runtime (libstdc++.so)", "python"),
+)
+_SOURCE_NAME = re.compile(r"(?P<n>\d+)")
+
+
+def demangle(symbol: str) -> str:
+    """A readable name for an Itanium-mangled C++ symbol: its qualified name, without the
+    argument types; a name that is not mangled comes back as it is.
+
+    >>> demangle("_ZN3c104cuda9SetDeviceEa"), demangle("_ZNK3c105Error4whatEv"), demangle("cuGreenCtxStreamCreate")
+    ('c10::cuda::SetDevice', 'c10::Error::what', 'cuGreenCtxStreamCreate')
+    >>> demangle("_ZN5torch3jit17parseSchemaOrNameERKSsb"), demangle("c10::MessageLogger::MessageLogger(char const*, int)")
+    ('torch::jit::parseSchemaOrName', 'c10::MessageLogger::MessageLogger')
+    """
+    if not symbol.startswith("_Z"):
+        return symbol.split("(")[0]
+    rest = symbol[2:]
+    nested = rest.startswith("N")
+    rest = rest[1:] if nested else rest
+    while rest[:1] in ("K", "V", "r"):
+        rest = rest[1:]
+    parts = []
+    while rest[:1].isdigit():
+        count = _SOURCE_NAME.match(rest)
+        assert count is not None
+        length, start = int(count["n"]), count.end()
+        parts.append(rest[start : start + length])
+        rest = rest[start + length :]
+        if rest.startswith("C1") or rest.startswith("C2"):
+            parts.append(parts[-1])
+            break
+        if not nested:
+            break
+    return "::".join(parts) if parts else symbol
+
+
+def _exports(prefixes: tuple[str, ...], name: str, head: str) -> bool:
+    """A C++ name by its namespace, a C name by its prefix followed by a capital (cuMemAlloc)."""
+    if "::" in name:
+        return head in prefixes
+    return any(head.startswith(p) and head[len(p) : len(p) + 1].isupper() for p in prefixes)
+
+
+def symbol_provider(text: str, context: Mapping[str, str]) -> dict[str, str]:
+    """The undefined symbol's readable name, the library that exports it and what that means."""
+    match = re.search(r"undefined symbol: (?P<s>[^\s`'\"]+(?:\([^)\n]*\)(?: const)?)?)", text)
+    symbol = match["s"] if match else ""
+    name = demangle(symbol)
+    head = name.split("::")[0] if "::" in name else name
+    provider, component = next(
+        ((provider, component) for prefixes, provider, component in _PROVIDERS if _exports(prefixes, name, head)), ("the library it was built against", "torch")
+    )
+    library = re.search(r"(?P<lib>[\w.\-]+\.so(?:\.[\w.]+)?)(?:: error: symbol lookup error)?: undefined symbol", text)
+    reason = {
+        "driver": "the extension calls a driver function this NVIDIA driver does not have: the driver is older than the CUDA the extension was built with",
+        "python": "the extension was built with a newer C++ compiler than this system's libstdc++",
+    }.get(component, f"the extension was built against another version of {provider}")
+    return {"name": name, "provider": provider, "extension": library["lib"] if library else "a compiled extension", "reason": reason, COMPONENT: component}
+
+
+#: CUDA shared objects -> (what they are, how their soname's number reads).
+_CUDA_LIBRARIES = {
+    "cudart": "the CUDA runtime", "cublas": "cuBLAS", "cublasLt": "cuBLASLt", "nvrtc": "NVRTC (runtime compilation)",
+    "nvrtc-builtins": "NVRTC's builtins", "cusparse": "cuSPARSE", "cufft": "cuFFT", "curand": "cuRAND", "cusolver": "cuSOLVER",
+    "nvJitLink": "nvJitLink", "cupti": "CUPTI", "nvToolsExt": "NVTX", "cudnn": "cuDNN", "nccl": "NCCL", "cuda": "the NVIDIA driver's CUDA library",
+    "nvidia-ml": "NVML (the driver's management library)", "cufile": "cuFile", "cusparseLt": "cuSPARSELt",
+}  # fmt: skip
+
+
+def shared_object(text: str, context: Mapping[str, str]) -> dict[str, str]:
+    """What a missing ``lib*.so.N`` belongs to and which CUDA (or component) major its number names."""
+    match = re.search(r"lib(?P<library>[A-Za-z][\w\-]*?)(?:\.alt)?[.,]so[.,](?P<major>\d+)", text)
+    if not match:
+        return {}
+    library, major = match["library"], match["major"]
+    what = _CUDA_LIBRARIES.get(library, f"lib{library}")
+    stack = (context.get("torch_cuda") or "13.0").split(" ")[0]
+    if library in ("cuda", "nvidia-ml"):
+        belongs = "it comes with the NVIDIA driver: no driver is installed, or the container was started without the GPU (no --gpus, no NVIDIA container toolkit)"
+    elif library.startswith("cudnn"):
+        belongs = f"its number is cuDNN's major: a package was built against cuDNN {major}"
+    elif library == "nccl":
+        belongs = "it comes from the nvidia-nccl wheel of this CUDA, which is missing"
+    elif stack.startswith(major + "."):
+        belongs = f"CUDA {major} is the stack's major, so its nvidia-*-cu{major} wheel or the toolkit's lib folder is not on the library path"
+    else:
+        belongs = f"it is its package's build for another CUDA than the stack's ({stack})"
+    return {"what": what, "belongs": belongs}
+
+
+#: CUDA error codes of device discovery and initialisation -> (name, what it means here, what to do).
+CUDA_INIT_ERRORS = {
+    "3": (
+        "initialization error",
+        "the driver and runtime could not be initialised: the kernel module is not loaded, the device files are missing (a container without the GPU) or the GPU is in a bad state",
+        "Check `nvidia-smi` and `dmesg` (stackgate diagnose --kernel); in a container pass the GPUs (--gpus all / the NVIDIA container toolkit).",
+    ),
+    "35": ("insufficient driver", "the driver is older than the CUDA runtime", "Install a driver that supports this CUDA (stackgate verify --check gpu.driver_cuda)."),
+    "100": (
+        "no CUDA-capable device is detected",
+        "no GPU is visible to the process: CUDA_VISIBLE_DEVICES is empty or wrong, or the container got no GPU",
+        "Check CUDA_VISIBLE_DEVICES and the container's GPU options; `nvidia-smi -L` lists what the driver sees.",
+    ),
+    "101": ("invalid device ordinal", "CUDA_VISIBLE_DEVICES (or the code) names a GPU index that does not exist", "Set CUDA_VISIBLE_DEVICES to indexes `nvidia-smi -L` lists."),
+    "802": (
+        "system not yet initialized",
+        "on NVSwitch systems (HGX) the fabric manager is not running, so no GPU can be used",
+        "Start nvidia-fabricmanager at the driver's exact version (systemctl status nvidia-fabricmanager).",
+    ),
+    "803": (
+        "system has unsupported display driver / cuda driver combination",
+        "the user-space driver library does not match the loaded kernel module (a driver upgrade without reboot, or a container's compat libraries)",
+        "Reboot after a driver upgrade, or remove mismatched libcuda from LD_LIBRARY_PATH.",
+    ),
+    "804": (
+        "forward compatibility was attempted on non supported HW",
+        "a cuda-compat (forward compatibility) libcuda is used on a GPU that does not support it (GeForce/RTX workstation cards)",
+        "Remove the cuda-compat libraries from LD_LIBRARY_PATH (or the image) and install a driver new enough for this CUDA.",
+    ),
+    "999": (
+        "unknown error",
+        "often the nvidia-uvm module is not loaded or the GPU did not come back from suspend",
+        "Load the UVM module (sudo modprobe nvidia-uvm) or reboot; check dmesg (stackgate diagnose --kernel) for Xid events.",
+    ),
+}  # fmt: skip
+_CUDA_NAMES = {name: code for code, (name, _, _) in CUDA_INIT_ERRORS.items()}
+
+
+def cuda_error(text: str, context: Mapping[str, str]) -> dict[str, str]:
+    """The CUDA error's code and name, what they mean and what to do."""
+    codes = [m["code"] for m in re.finditer(r"(?:\bError |error=|error |\()\(?(?P<code>\d{1,3})(?!\d)", text)]
+    found = next((c for c in codes if c in CUDA_INIT_ERRORS), None)
+    if found is None:
+        lowered = text.lower()
+        found = next((c for name, c in _CUDA_NAMES.items() if name.lower() in lowered), None)
+    if found is None and re.search(r"driver initialization failed|InitializationError|NOT_INITIALIZED", text):
+        found = "3"
+    if found is None:
+        return {"code": "?", "name": "unknown", "meaning": "CUDA could not be initialised", "action": CUDA_INIT_ERRORS["3"][2]}
+    name, meaning, action = CUDA_INIT_ERRORS[found]
+    return {"code": found, "name": name, "meaning": meaning, "action": action}
+
+
+#: NCCL's result classes -> what they usually mean on a serving node.
+NCCL_CLASSES = {
+    "unhandled cuda error": "a CUDA call inside NCCL failed (the CUDA error is in the NCCL WARN lines: out of memory, an invalid argument from a P2P mapping the platform refuses, a GPU fault)",
+    "system error": "a system call failed: sockets (a firewall, the wrong interface: NCCL_SOCKET_IFNAME), shared memory (/dev/shm too small) or a device error",
+    "internal error": "NCCL hit an internal check, often after another rank died or with mismatched NCCL versions across ranks",
+    "invalid argument": "NCCL was called with an invalid value (a bad communicator setting, or a buffer on the wrong device)",
+    "invalid usage": "NCCL was used wrongly: two ranks on one GPU (more ranks than GPUs, or CUDA_VISIBLE_DEVICES repeating a GPU), or ranks calling different collectives",
+    "remote error": "a peer rank failed or exited; its own error is in its log",
+    "cuda failure": "a CUDA call NCCL made failed",
+    "connection closed": "a peer closed its connection: it died or its network path broke",
+}
+
+
+def nccl_class(text: str, context: Mapping[str, str]) -> dict[str, str]:
+    """The NCCL error's class and what it usually means."""
+    lowered = text.lower()
+    named = {"ncclunhandledcudaerror": "unhandled cuda error", "ncclsystemerror": "system error", "ncclinternalerror": "internal error",
+             "ncclinvalidargument": "invalid argument", "ncclinvalidusage": "invalid usage", "ncclremoteerror": "remote error"}  # fmt: skip
+    found = next((c for c in NCCL_CLASSES if c in lowered), None) or next((c for n, c in named.items() if n in lowered), None)
+    if found is None and "connection closed" in lowered:
+        found = "connection closed"
+    found = found or "cuda failure"
+    return {"nccl_class": found, "meaning": NCCL_CLASSES[found]}
+
+
+_KERNEL_OWNERS = (
+    (re.compile(r"deep_?gemm|jit_kernels|csrc/(?:utils|apis|jit)/", re.I), "DeepGEMM", "deepgemm"),
+    (re.compile(r"flashinfer", re.I), "flashinfer", "flashinfer"),
+    (re.compile(r"sgl[_-]kernel", re.I), "sgl-kernel", "sgl-kernel"),
+    (re.compile(r"unknown:0: unknown:|\btmp\d+\b|triton", re.I), "a Triton kernel (triton, or torch.compile's generated code)", "triton"),
+    (re.compile(r"aten/src|ATen|IndexKernel|c10/cuda", re.I), "a torch (ATen) kernel", "torch"),
+)
+
+
+def kernel_assert(text: str, context: Mapping[str, str]) -> dict[str, str]:
+    """Which library's kernel asserted, from the assert's file and condition."""
+    for pattern, owner, component in _KERNEL_OWNERS:
+        if pattern.search(text):
+            return {"owner": owner, COMPONENT: component}
+    return {"owner": "a CUDA kernel", COMPONENT: "torch"}
+
+
+def moe_config(text: str, context: Mapping[str, str]) -> dict[str, str]:
+    """The missing tuned MoE config's shape and GPU, from its file name."""
+    match = re.search(r"E=(?P<experts>\d+),N=(?P<n>\d+),device_name=(?P<device>[^,.\]'\s]+)(?:,dtype=(?P<dtype>[^,.\]'\s]+))?", text)
+    if not match:
+        return {"shape": "this model's", "device": "this GPU", "dtype": ""}
+    dtype = f", {match['dtype']}" if match["dtype"] else ""
+    return {"shape": f"E={match['experts']} N={match['n']}{dtype}", "device": match["device"], "dtype": match["dtype"] or ""}
+
+
+_WHEEL = re.compile(r"(?P<package>[A-Za-z0-9][\w.]*?)-(?P<version>\d[^-\s]*)-(?:cp|py)\d")
+_REQUIRED = re.compile(r"(?:Collecting|\+|Installing|Downloading|Would install|Downloaded)\s+(?P<package>[A-Za-z0-9][\w.\-]*?)(?:\[[^\]]*\])?==(?P<version>[^\s,;)]+)")
+_CUDA_WHEEL = re.compile(r"^nvidia-[\w-]+-cu(?P<major>\d+)$")
+
+
+def installed_version(text: str, context: Mapping[str, str]) -> dict[str, str]:
+    """An installer line that takes a frozen package at another version than the lock's, or a
+    CUDA-specific wheel of another CUDA; any other line is dropped (``_drop``)."""
+    match = _WHEEL.search(text) or _REQUIRED.search(text)
+    if not match:
+        return {DROP: "no package"}
+    package, version = canonicalize_name(match["package"]), match["version"].rstrip(".")
+    pins = _pins(context.get("lock_pins", ""))
+    if not pins:
+        return {DROP: "no lock to read it against (--lock)"}
+    stack_major = (context.get("torch_cuda") or "13.0").split(".")[0]
+    cuda = _CUDA_WHEEL.match(package)
+    local = re.search(r"\+cu(?P<major>\d+?)\d$", version)
+    if cuda and cuda["major"] != stack_major:
+        reason = f"{package} is a CUDA {cuda['major']} library wheel; the stack runs CUDA {stack_major}"
+    elif package in pins and local and local["major"] != stack_major:
+        reason = f"{package} {version} is a build for CUDA {local['major']}; the stack runs CUDA {stack_major}"
+    elif package in pins and _version(version) is not None and _version(version) != _version(pins[package]):
+        plain = _version(pins[package])
+        if plain is not None and _version(version) == Version(plain.public) and not local:
+            reason = f"{package} {version} is the plain build of the locked {pins[package]}: without its local +cu tag it is PyPI's, another CUDA"
+        else:
+            reason = f"the lock pins {package}=={pins[package]}; this installs {version}"
+    else:
+        return {DROP: "at the locked version, or not frozen"}
+    return {"package": package, "version": version, "locked": pins.get(package, "its CUDA " + stack_major + " build"), "reason": reason}
+
+
+_OOM_PHASES = (
+    (re.compile(r"capture|cuda_graph|CudaGraph", re.I), "while capturing CUDA graphs", "lower --cuda-graph-max-bs (or leave more memory: lower --mem-fraction-static)"),
+    (re.compile(r"init_memory_pool|KV ?[Cc]ache|kv_cache|token_to_kv|mem_fraction", re.I), "while allocating the KV cache", "lower --mem-fraction-static"),
+    (re.compile(r"load_model|load_weights|weight_loader|from_pretrained|Loading|safetensors", re.I), "while loading the weights", "raise the TP size or use a smaller (quantised) checkpoint"),
+)
+
+
+def oom_phase(text: str, context: Mapping[str, str]) -> dict[str, str]:
+    """When the GPU ran out of memory (weights, KV cache, CUDA graph capture, serving) and what helps then."""
+    for pattern, phase, action in _OOM_PHASES:
+        if pattern.search(text):
+            return {"phase": phase, "action": action}
+    return {"phase": "while serving", "action": "lower --mem-fraction-static or --max-running-requests, and make sure no other process holds GPU memory"}
+
+
+#: Extractor keys the scanner acts on (see _scan): drop the match, name the component.
+DROP = "_drop"
+COMPONENT = "component"
+
 EXTRACTORS: Mapping[str, Extractor] = {
     "torch_requirers": Extractor(("package", "requirers", "culprit"), torch_requirers),
     "first_error": Extractor(("first_error",), first_error),
+    "symbol_provider": Extractor(("name", "provider", "extension", "reason"), symbol_provider),
+    "shared_object": Extractor(("what", "belongs"), shared_object),
+    "cuda_error": Extractor(("code", "name", "meaning", "action"), cuda_error),
+    "nccl_class": Extractor(("nccl_class", "meaning"), nccl_class),
+    "kernel_assert": Extractor(("owner",), kernel_assert),
+    "moe_config": Extractor(("shape", "device", "dtype"), moe_config),
+    "installed_version": Extractor(("package", "version", "locked", "reason"), installed_version),
+    "oom_phase": Extractor(("phase", "action"), oom_phase),
 }

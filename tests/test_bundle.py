@@ -1,0 +1,72 @@
+"""`stackgate diagnose --bundle`: what a user attaches upstream, with secrets planted in the
+environment, in URLs and in a server log, and none of them in the archive."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCK = ROOT / "lockfiles" / "blackwell-sm120-cu130.toml"
+
+HF = "hf_PlantedTokenAbcdefghijklmnop1234"
+PASSWORD = "Planted-Pw-9f8e7d6c"
+API_KEY = "sk-plantedapikey0123456789abcdef"
+SMI = "==============NVSMI LOG==============\nDriver Version                            : 580.82.07\nAttached GPUs                             : 1\n"
+
+
+def fake_tools(tmp_path: Path) -> Path:
+    """`dmesg` and `nvidia-smi` that print what the real ones print (this machine has no GPU)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "dmesg.out").write_text("[    1.0] something else\n[  269.5] NVRM: Xid (PCI:0000:18:00): 79, pid=7, name=python3, GPU has fallen off the bus.\n[  270.0] later\n")
+    (tmp_path / "smi.out").write_text(SMI)
+    for name, out in (("dmesg", "dmesg.out"), ("nvidia-smi", "smi.out")):
+        (bin_dir / name).write_text(f"#!/bin/sh\ncat {tmp_path / out}\n")
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
+def test_a_bundle_holds_the_parts_and_no_planted_secret(tmp_path: Path) -> None:
+    runs = tmp_path / "reports" / "smoke" / "20261130-120000-42"
+    runs.mkdir(parents=True)
+    (runs / "server.log").write_text(
+        f"[2026-11-30 12:00:00] server_args=ServerArgs(model_path='/models/x', api_key='{API_KEY}', tp_size=8)\n"
+        f"[2026-11-30 12:00:01] downloading from https://user:{PASSWORD}@hub.example.com/models/x with {HF}\n"
+        "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+    )
+    env = {
+        **os.environ,
+        "PATH": f"{fake_tools(tmp_path)}{os.pathsep}{os.environ['PATH']}",
+        "HF_TOKEN": HF,
+        "PIP_INDEX_URL": f"https://ci:{PASSWORD}@pypi.example.com/simple",
+        "STACKGATE_LOG_DIR": str(tmp_path / "reports"),
+        "NO_COLOR": "1",
+    }
+    out = tmp_path / "support" / "bundle.tar.gz"
+    done = subprocess.run(
+        [sys.executable, "-m", "stackgate", "diagnose", str(runs / "server.log"), "--kernel", "--lock", str(LOCK), "--bundle", str(out)],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr  # the illegal memory access and the Xid are errors
+    assert f"support bundle: {out}" in done.stdout
+    with tarfile.open(out) as archive:
+        members = {m.name.removeprefix("stackgate-bundle/"): archive.extractfile(m).read().decode() for m in archive.getmembers()}  # type: ignore[union-attr]
+    for part in ("MANIFEST.txt", "diagnose.json", "verify.json", "nvidia-smi-q.txt", "kernel-log-gpu-events.txt", "environment.txt",
+                 f"spec/{LOCK.name}", "server-logs/smoke/20261130-120000-42/server.log"):  # fmt: skip
+        assert part in members, sorted(members)
+    assert "Driver Version" in members["nvidia-smi-q.txt"] and "Xid (PCI:0000:18:00): 79" in members["kernel-log-gpu-events.txt"]
+    assert '"command": "verify"' in members["verify.json"] and "xid-79" in members["diagnose.json"]
+    assert all(name in members["MANIFEST.txt"] for name in members if name != "MANIFEST.txt")
+    for name, text in members.items():
+        for secret in (HF, PASSWORD, API_KEY):
+            assert secret not in text, f"{secret} in {name}"
+    assert "HF_TOKEN=<redacted>" in members["environment.txt"] and "<redacted>" in members["server-logs/smoke/20261130-120000-42/server.log"]
+
+
+def test_a_bundle_path_that_is_a_folder_is_a_usage_error(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "stackgate", "diagnose", "--bundle", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 2 and "is a directory" in done.stderr and "Traceback" not in done.stderr
