@@ -260,7 +260,7 @@ def test_bad_usage_is_refused_before_anything_runs(node: Node, tmp_path: Path) -
             upgrade.upgrade_node(upgrade.UpgradeRequest(to=spec, lock_path=node.a, **request), UI(stream=io.StringIO(), force_plain=True))
     unlocked = node.spec_b()
     pylock.path_for(unlocked).unlink()
-    with pytest.raises(upgrade.UpgradeUsage, match="b.toml: .*pylock.* `invoke lock --lock"):
+    with pytest.raises(upgrade.UpgradeUsage, match="b.toml: .*pylock.* `stackgate lock --lock"):
         upgrade.upgrade_node(upgrade.UpgradeRequest(to=unlocked, lock_path=node.a), UI(stream=io.StringIO(), force_plain=True))
     empty = _spec(tmp_path / "c.toml", node.server, tmp_path / "elsewhere", node.environ, node.rig, flashinfer="0.6.4", backend="flashinfer")
     with pytest.raises(upgrade.UpgradeUsage, match="nothing live to upgrade: .* does not exist; `stackgate provision --lock"):
@@ -270,6 +270,7 @@ def test_bad_usage_is_refused_before_anything_runs(node: Node, tmp_path: Path) -
 _UPGRADE = """
 import json, sys
 from pathlib import Path
+sys.path.insert(0, json.loads(sys.argv[1])["checkout"])
 from invoke.exceptions import Exit
 from stackgate import cli
 from stackgate.commands import upgrade
@@ -286,8 +287,11 @@ except Exit as stop:
 
 
 def _in_process_of_its_own(node: Node, spec: Path, fault: str) -> subprocess.CompletedProcess[str]:
-    args = {"to": str(spec), "lock": str(node.a), "verify": list(VERIFY), "run_dir": str(node.tmp / "servers"), "json": str(node.tmp / "killed.json")}
-    environ = {**node.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "STACKGATE_FAULT": fault, "NO_COLOR": "1"}
+    args = {"to": str(spec), "lock": str(node.a), "verify": list(VERIFY), "run_dir": str(node.tmp / "servers"), "json": str(node.tmp / "killed.json"), "checkout": str(ROOT)}
+    # the checkout goes on sys.path in the process, not on PYTHONPATH: the stack interpreters it
+    # starts inherit PYTHONPATH, and an editable install's stackgate.egg-info in the checkout is a
+    # distribution the new generation's pylock check would rightly call extra
+    environ = {**node.environ, "PYTHONPATH": str(ROOT / "tests"), "STACKGATE_FAULT": fault, "NO_COLOR": "1"}
     return subprocess.run([sys.executable, "-c", _UPGRADE, json.dumps(args)], env=environ, capture_output=True, text=True, timeout=120)
 
 
