@@ -148,7 +148,8 @@ def mark_dirty(directory: Path) -> bool:
 class Store:
     """An open index of one runs directory (a context manager; closes its connection)."""
 
-    def __init__(self, directory: Path, *, timeout_s: float = BUSY_TIMEOUT_S) -> None:
+    def __init__(self, directory: Path, *, timeout_s: float | None = None) -> None:
+        timeout_s = BUSY_TIMEOUT_S if timeout_s is None else timeout_s
         self.directory = directory
         self.path = database_path(directory)
         try:
