@@ -34,15 +34,18 @@ def _path(value: str | None) -> Path | None:
         "junit": "write a JUnit XML report here",
         "strict": "fail on warnings too",
         "verbose": "show details of passing checks and tracebacks (-vv for more)",
+        "cached": "reuse the static checks' results while what they judged is unchanged (distributions, toolkits, driver, spec, pylock); the GPUs' state is measured every time",
+        "prom": "write Prometheus metrics here for node_exporter's textfile collector (a .prom file in its directory)",
     },
 )
-def verify(c, lock=None, deep=False, check=None, list=False, json=None, junit=None, strict=False, verbose=0):
+def verify(c, lock=None, deep=False, check=None, list=False, json=None, junit=None, strict=False, verbose=0, cached=False, prom=None):
     """Check the machine and the stack against the lockfile."""
     from stackgate.commands import verify as command
 
     request = command.VerifyRequest(
-        lock_path=_path(lock), checks=tuple(check or ()), deep=deep, json_path=_path(json), junit_path=_path(junit), strict=strict, list_only=list
-    )
+        lock_path=_path(lock), checks=tuple(check or ()), deep=deep, json_path=_path(json), junit_path=_path(junit), strict=strict, list_only=list,
+        cached=cached, prom_path=_path(prom),
+    )  # fmt: skip
     cli.run_command(lambda: command.run(request, UI(verbose=verbose)))
 
 
