@@ -6,7 +6,7 @@ live environment file's sha256; the driver and the GPUs as NVML reports them (ta
 the live checks); the stack's interpreter (where its path resolves, its file's identity), the
 root's live generation; each locked toolkit's tree (the prefix, bin/, nvcc, ptxas, version.json:
 where they resolve and their identity) and where /usr/local/cuda points; each site-packages
-folder the last full verify found distributions in (its own identity and every ``*.dist-info``,
+folder the last full verify found distributions in, and the interpreter's own (its identity and every ``*.dist-info``,
 ``*.egg-info`` and ``*.pth`` entry's), the patch record there and every file it lists; and the
 environment variables the stack reads (CUDA_*, NCCL_*, LD_*, PATH, TRITON_*, ...; never a
 per-invocation one such as systemd's INVOCATION_ID).
@@ -47,7 +47,7 @@ _DIST_SUFFIXES = (".dist-info", ".egg-info", ".pth", ".egg-link")
 
 def take(lock: Lock, nvml: NvmlSnapshot | Missing, site_dirs: Iterable[str], environ: Mapping[str, str]) -> Stamp:
     """The stamp of this machine as the static checks of ``lock`` would judge it now."""
-    sites = sorted(set(site_dirs))
+    sites = sorted({*site_dirs, *_own_sites(lock)})
     return {
         "stackgate": {"version": __version__},
         "lock": _lock(lock),
@@ -126,6 +126,13 @@ def _interpreter(lock: Lock) -> dict[str, str]:
         found["current"] = _where(root / "current")
         found["generations"] = identity(root / "generations")
     return found
+
+
+def _own_sites(lock: Lock) -> list[str]:
+    """The interpreter's own site-packages (an environment with no distribution yet has one too)."""
+    prefix = lock.python.target.parent.parent  # not resolved: a venv's python links to its base's
+    found = [prefix / lib / f"python{lock.python.version}" / "site-packages" for lib in ("lib", "lib64")]
+    return [str(p) for p in found if p.is_dir() and not p.is_symlink()]
 
 
 def _tree(prefix: Path) -> str:
