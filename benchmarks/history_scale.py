@@ -46,7 +46,8 @@ def template() -> str:
     finger["toolkits"] = {"/usr/local/cuda-13.0": "13.0 (V13.0.88)", "/usr/local/cuda-12.8": "12.8 (V12.8.93)"}
     finger["gpu"] = {"driver": "580.82.07", "count": "8", **{f"gpu{i}": "NVIDIA RTX PRO 6000 Blackwell, compute capability 12.0" for i in range(8)}}
     doc["gate"]["fingerprint"] = {**fp.Fingerprint(finger).to_dict(), "digest": "@@DIGEST@@", "short": "@@SHORT@@"}
-    extra = [Result(f"area{i % 8}.check{i}", Status.PASS, f"check {i}: everything as locked, {i} item(s) compared", (f"detail line {i}",), data={"value": i, "names": [f"n{j}" for j in range(5)]}) for i in range(56)]
+    data = {"names": [f"n{j}" for j in range(5)]}
+    extra = [Result(f"area{i % 8}.check{i}", Status.PASS, f"check {i}: everything as locked, {i} item(s) compared", (f"detail line {i}",), data={"value": i, **data}) for i in range(56)]
     doc["results"] += [{**r.to_dict(), "stage": "verify"} for r in extra]
     doc["results"].append({**Result("deep.collective", Status.PASS, "busbw", data={"peak_busbw_gbs": "@@BUSBW@@"}).to_dict(), "stage": "verify"})
     gpus = [{"index": i, "bfloat16": {"n": 8192, "ms": 2.0, "tflops": "@@TFLOPS@@", "rel_err": 0.001}} for i in range(8)]

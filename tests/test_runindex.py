@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -237,3 +238,11 @@ def test_the_command_lists_through_the_index_after_a_run_was_kept(tmp_path):
     stream = io.StringIO()
     reporting.run(reporting.ReportRequest(runs_dir=folder), UI(stream=stream, force_plain=True))
     assert stream.getvalue().splitlines()[0] == f"1 run(s) in {folder}, oldest first"
+
+
+def test_a_rebuilt_index_has_seen_the_folder_complete(kept):
+    folder, runs = kept
+    shutil.rmtree(folder / index.FOLDER)
+    assert catalog.reindex(folder).runs == len(runs)
+    with index.Store(folder) as db:
+        assert db.fresh()  # the next listing reads rows only: making the index's own folder is no document

@@ -143,9 +143,9 @@ def reindex(directory: Path) -> Reindexed:
     """Rebuild the index from the documents (also a damaged database: its files are replaced)."""
     started = time.monotonic()
     index.remove(directory)
-    seen = index.folder_mtime(directory)
     count = skipped_count = 0
     with index.Store(directory) as db:
+        seen = index.folder_mtime(directory)  # after the index's own folder was made: that is no document
         batch: list[str] = []
         for name in names(directory):
             batch.append(name)
