@@ -26,16 +26,18 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence, TypeVar
+from typing import TYPE_CHECKING, Sequence, TypeVar
 
 from stackgate.edges.files import write_text
-from stackgate.models import knowledge
 from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.redact import redact
-from stackgate.render import html, summaries
+from stackgate.render import summaries
 from stackgate.render.ui import UI
-from stackgate.runs import catalog, history, index, rundiff
+from stackgate.runs import catalog, history, index
+
+if TYPE_CHECKING:
+    from stackgate.runs import rundiff
 
 __all__ = ["ReportRequest", "ReportUsage", "parse_number", "run", "show_findings", "show_regressions"]
 
@@ -72,6 +74,8 @@ def run(request: ReportRequest, ui: UI) -> ExitCode:
     if request.html_path is not None:
         return _html(request.html_path, chosen[0] if chosen else None, directory, ui)
     if len(chosen) == 2:
+        from stackgate.runs import rundiff  # only here: the listing need not load the comparison's machinery (a tenth of a second)
+
         show_comparison(rundiff.compare(_redacted(chosen[0]), _redacted(chosen[1])), ui)
     elif chosen:
         show_run(_redacted(chosen[0]), ui)
@@ -221,6 +225,7 @@ def show_run(run: history.Run, ui: UI) -> None:
 
 def show_findings(run: history.Run, ui: UI) -> None:
     """The known failures the run's server logs showed, one line each, most severe first."""
+    from stackgate.models import knowledge  # its patterns load at import: not for a listing
     findings, unreadable = run.findings()
     if findings:
         ui.line(f"known failures in the server logs ({len(findings)}):")
@@ -262,6 +267,8 @@ def show_comparison(comparison: rundiff.Comparison, ui: UI) -> None:
 
 
 def _html(path: Path, focus: history.Run | None, directory: Path, ui: UI) -> ExitCode:
+    from stackgate.render import html
+
     fallback: list[str] = []
 
     def warn(text: str) -> None:

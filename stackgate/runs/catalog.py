@@ -18,11 +18,14 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from stackgate.models import settings
-from stackgate.runs import fingerprint, history, index, rundiff
+from stackgate.runs import history, index
 from stackgate.runs.index import IndexUnusable, Row, Skipped
+
+if TYPE_CHECKING:
+    from stackgate.runs import fingerprint
 
 __all__ = ["Listing", "Regression", "Reindexed", "find", "html_runs", "listing", "parse_since", "regressed_since", "regressions", "reindex", "sync"]
 
@@ -342,5 +345,7 @@ def _with_changes(directory: Path, found: Regression) -> Regression:
     old, new = _read_or_none(directory / found.against.file), _read_or_none(directory / found.run.file)
     if old is None or new is None:
         return found
+    from stackgate.runs import rundiff  # the comparison's machinery (the facts' model) only where a regression is explained
+
     comparison = rundiff.compare(old, new)
     return Regression(found.host, found.run, found.against, found.reasons, comparison.changes, comparison.sections)

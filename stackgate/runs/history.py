@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from stackgate.edges.files import write_json
-from stackgate.models import knowledge, settings
+from stackgate.models import settings
 from stackgate.models.finding import Evidence, Finding, FindingError, Fix
 from stackgate.models.spec import Lock
 from stackgate.models.verdict import SCHEMA as REPORT_SCHEMA
@@ -267,6 +267,8 @@ def _smoke_1_finding(raw: Mapping[str, Any], log_path: Any) -> Finding:
     """A finding as smoke wrote it before findings had one form (``stackgate.smoke/1``): flat, the
     fix a sentence beside its ``commands``, ``source`` for where it was learned, the matched text
     for its lines; the component, which it did not record, from the knowledge base."""
+    from stackgate.models import knowledge  # the knowledge base loads its patterns: only for a run kept in this old shape
+
     try:
         signature = next((s for s in knowledge.load() if s.id == raw["id"]), None)
         evidence = Evidence(str(log_path or ""), int(raw["line"]), tuple(str(raw.get("text", "")).splitlines()), 0, int(raw.get("count", 1)))
