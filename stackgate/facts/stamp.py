@@ -39,8 +39,9 @@ Stamp = dict[str, dict[str, str]]
 
 #: Environment variables the stack's checks read (and the engine would): by prefix or name.
 ENV_PREFIXES = (
-    "CUDA", "NCCL_", "NVIDIA_", "LD_", "PATH", "PYTHON", "TRITON_", "SGLANG_", "FLASHINFER_", "TORCH", "HF_", "TRANSFORMERS_", "OMP_", "MKL_",
+    "CUDA", "NCCL_", "NVIDIA_", "LD_", "PATH", "TRITON_", "SGLANG_", "FLASHINFER_", "TORCH", "HF_", "TRANSFORMERS_", "OMP_", "MKL_",
     "VIRTUAL_ENV", "CONDA_PREFIX", "STACKGATE_", "HOME", "XDG_CACHE_HOME",
+    "PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONUSERBASE", "PYTHONSAFEPATH",  # not PYTHONUNBUFFERED and the like: they change no result
 )  # fmt: skip
 _DIST_SUFFIXES = (".dist-info", ".egg-info", ".pth", ".egg-link")
 
