@@ -103,9 +103,9 @@ def sync(db: index.Store) -> None:
     if db.fresh():
         return
     directory = db.directory
+    known = db.known()  # first: a run a writer enters after this is not taken for one deleted
     seen = index.folder_mtime(directory)
     on_disk = set(names(directory))
-    known = db.known()
     added = sorted(on_disk - known)
     for start in range(0, max(len(added), 1), BATCH):
         rows, skipped = _read_rows(directory, added[start : start + BATCH])
@@ -251,7 +251,7 @@ def _ambiguous(ref: str, matches: Sequence[Row]) -> Row:
 def html_runs(directory: Path, focus: history.Run | None, warn: Warn) -> list[history.Run]:
     """The runs the HTML page shows: the newest :data:`HTML_RUNS` of the focus's lock (else of
     the newest run's lock), oldest first."""
-    if _indexing():
+    if _indexing() and directory.is_dir():
         try:
             with _open(directory) as db:
                 newest = db.newest(1)
