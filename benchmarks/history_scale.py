@@ -83,7 +83,7 @@ def generate(folder: Path, count: int, text: str, seed: int = 1) -> int:
     return size // count
 
 
-def measure(args: list[str], env: dict[str, str]) -> tuple[float, float, int]:
+def measure(args: list[str], env: dict[str, str], *, quiet: bool = False) -> tuple[float, float, int]:
     """(wall seconds, peak RSS in MiB, exit status) of one `stackgate` process."""
     started = time.perf_counter()
     process = subprocess.Popen([sys.executable, "-m", "stackgate", *args], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -91,7 +91,7 @@ def measure(args: list[str], env: dict[str, str]) -> tuple[float, float, int]:
     wall = time.perf_counter() - started
     process.returncode = os.waitstatus_to_exitcode(status)
     stderr = process.stderr.read().decode() if process.stderr else ""
-    if process.returncode:
+    if process.returncode and not quiet:
         print(f"    ({' '.join(args)} exited {process.returncode}: {stderr.strip()[-300:]})")
     return wall, usage.ru_maxrss / 1024, process.returncode
 
@@ -115,8 +115,8 @@ def main() -> int:
     base.pop("PYTHONDONTWRITEBYTECODE", None)
     base["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
     try:
-        measure(["report", "--runs-dir", str(work / "none"), "-1"], base)  # compiles what report imports
-        measure(["report", "--runs-dir", str(work / "none")], base)
+        measure(["report", "--runs-dir", str(work / "none"), "-1"], base, quiet=True)  # compiles what report imports
+        measure(["report", "--runs-dir", str(work / "none")], base, quiet=True)
         start = measure(["--version"], base)
         print(f"stackgate --version (the program's start): {start[0]:.3f} s, {start[1]:.1f} MiB")
         for size in sizes:
