@@ -34,6 +34,7 @@ from history_support import gate_doc  # noqa: E402
 from stackgate.models.result import Result, Status  # noqa: E402
 from stackgate.runs import fingerprint as fp  # noqa: E402
 
+TIME = shutil.which("time", path="/usr/bin:/bin") or "/usr/bin/time"  # GNU time (Debian: apt-get install -y time)
 HOSTS = [f"gpu-node-{i:03d}" for i in range(64)]
 LOCKS = ["blackwell-sm120-cu130", "hopper-sm90-cu130", "blackwell-sm120-cu128"]
 
@@ -84,16 +85,20 @@ def generate(folder: Path, count: int, text: str, seed: int = 1) -> int:
 
 
 def measure(args: list[str], env: dict[str, str], *, quiet: bool = False) -> tuple[float, float, int]:
-    """(wall seconds, peak RSS in MiB, exit status) of one `stackgate` process."""
-    started = time.perf_counter()
-    process = subprocess.Popen([sys.executable, "-m", "stackgate", *args], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(process.pid, 0)
-    wall = time.perf_counter() - started
-    process.returncode = os.waitstatus_to_exitcode(status)
-    stderr = process.stderr.read().decode() if process.stderr else ""
-    if process.returncode and not quiet:
-        print(f"    ({' '.join(args)} exited {process.returncode}: {stderr.strip()[-300:]})")
-    return wall, usage.ru_maxrss / 1024, process.returncode
+    """(wall seconds, peak RSS in MiB, exit status) of one `stackgate` process.
+
+    The peak RSS is GNU time's (``%M``): a child spawned straight from this process would count
+    this process's own memory too (Linux carries the parent's peak across a vfork and exec).
+    """
+    with tempfile.NamedTemporaryFile("r", prefix="stackgate-rss-") as rss:
+        argv = [sys.executable, "-m", "stackgate", *args]
+        started = time.perf_counter()
+        done = subprocess.run([TIME, "-f", "%M", "-o", rss.name, *argv], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        wall = time.perf_counter() - started
+        peak_kb = float(rss.read().split()[-1])
+    if done.returncode and not quiet:
+        print(f"    ({' '.join(args)} exited {done.returncode}: {done.stderr.strip()[-300:]})")
+    return wall, peak_kb / 1024, done.returncode
 
 
 def row(label: str, figures: tuple[float, float, int]) -> str:
