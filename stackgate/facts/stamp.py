@@ -30,7 +30,7 @@ from stackgate.edges.nvml import NvmlSnapshot
 from stackgate.facts.collect import CUDA_LINK
 from stackgate.facts.model import Missing
 from stackgate.facts.patches import RECORD, read_record
-from stackgate.models import pylock
+from stackgate.models import pylock, settings
 from stackgate.models.spec import Lock
 
 __all__ = ["ENV_PREFIXES", "Stamp", "changed", "identity", "take"]
@@ -40,7 +40,7 @@ Stamp = dict[str, dict[str, str]]
 #: Environment variables the stack's checks read (and the engine would): by prefix or name.
 ENV_PREFIXES = (
     "CUDA", "NCCL_", "NVIDIA_", "LD_", "PATH", "TRITON_", "SGLANG_", "FLASHINFER_", "TORCH", "HF_", "TRANSFORMERS_", "OMP_", "MKL_",
-    "VIRTUAL_ENV", "CONDA_PREFIX", "STACKGATE_", "HOME", "XDG_CACHE_HOME",
+    "VIRTUAL_ENV", "CONDA_PREFIX", "HOME", "XDG_CACHE_HOME",
     "PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONUSERBASE", "PYTHONSAFEPATH",  # not PYTHONUNBUFFERED and the like: they change no result
 )  # fmt: skip
 _DIST_SUFFIXES = (".dist-info", ".egg-info", ".pth", ".egg-link")
@@ -57,7 +57,7 @@ def take(lock: Lock, nvml: NvmlSnapshot | Missing, site_dirs: Iterable[str], env
         "toolkits": {str(t.prefix): _tree(t.prefix) for t in lock.toolkits} | {str(CUDA_LINK): _where(CUDA_LINK)},
         "distributions": {site: _site(Path(site)) for site in sites},
         "patches": {site: _patch_files(Path(site)) for site in sites},
-        "environment": {name: _digest(environ[name]) for name in sorted(environ) if name.startswith(ENV_PREFIXES) or name in _lock_env(lock)},
+        "environment": {name: _digest(environ[name]) for name in sorted(environ) if name.startswith(ENV_PREFIXES) or name in _named(lock)},
     }
 
 
@@ -101,8 +101,9 @@ def _lock(lock: Lock) -> dict[str, str]:
     return {"spec": _file_sha(lock.path), "pylock": _file_sha(pylock.path_for(lock.path)), "env_file": _file_sha(lock.python.env_file)}
 
 
-def _lock_env(lock: Lock) -> set[str]:
-    return {*lock.env, *lock.smoke.env}
+def _named(lock: Lock) -> set[str]:
+    """The lock's own variables and stackgate's settings."""
+    return {*lock.env, *lock.smoke.env, *settings.SETTINGS}
 
 
 def _gpu(nvml: NvmlSnapshot | Missing) -> dict[str, str]:
