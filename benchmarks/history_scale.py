@@ -1,12 +1,13 @@
 """`stackgate report` and `report A B` as the history grows: the run index against the old scan.
 
-    python benchmarks/history_scale.py [--sizes 1000,10000,100000] [--scan-max 10000] [--keep DIR]
+    python benchmarks/history_scale.py [--sizes 1000,10000,100000] [--scan-max 10000] [--repeat 3] [--keep DIR]
 
 For each size, writes that many realistic gate documents (a gate's own document with a full
 fingerprint: 169 distributions, ~60 check results, deep figures; ~20 KB each, 64 hosts, 3 locks)
 into a temporary runs directory, then times, each in its own `stackgate` process:
   - `report --reindex` (the index rebuilt from every document),
-  - `report` (the newest 20 runs and a trend per lock) and `report -2 -1`, through the index,
+  - `report` (the newest 20 runs and a trend per lock) and `report -2 -1`, through the index
+    (the median of --repeat runs),
   - the same two with `STACKGATE_HISTORY_INDEX=off`: every document read, as before the index
     (up to --scan-max runs: at 100,000 documents the scan needs ~10 GB of memory),
   - `stackgate --version`: the program's own start, the floor under every figure.
@@ -109,6 +110,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--scan-max", type=int, default=10000, help="time the scan only up to this many runs")
+    parser.add_argument("--repeat", type=int, default=3, help="indexed commands: the median of this many runs (the scan runs once)")
     parser.add_argument("--keep", type=Path, help="write the runs here and keep them (default: a temporary folder, removed)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -125,14 +127,20 @@ def main() -> int:
         start = measure(["--version"], base)
         print(f"stackgate --version (the program's start): {start[0]:.3f} s, {start[1]:.1f} MiB")
         for size in sizes:
-            run_size(work / str(size), size, text, base, args.scan_max)
+            run_size(work / str(size), size, text, base, args.scan_max, args.repeat)
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
-def run_size(folder: Path, size: int, text: str, base: dict[str, str], scan_max: int) -> None:
+def median_of(repeat: int, argv: list[str], env: dict[str, str]) -> tuple[float, float, int]:
+    """The run of median wall time among ``repeat`` (this machine is shared: one run can be unlucky)."""
+    runs = sorted((measure(argv, env) for _ in range(repeat)), key=lambda r: r[0])
+    return runs[len(runs) // 2]
+
+
+def run_size(folder: Path, size: int, text: str, base: dict[str, str], scan_max: int, repeat: int) -> None:
     clock = time.perf_counter()
     if folder.is_dir() and sum(1 for _ in folder.glob("*.json")) == size:
         print(f"\n{size} runs (kept from an earlier run) in {folder}")
@@ -141,7 +149,7 @@ def run_size(folder: Path, size: int, text: str, base: dict[str, str], scan_max:
         print(f"\n{size} runs ({each / 1024:.1f} KB each, written in {time.perf_counter() - clock:.1f} s) in {folder}")
     env = {**base, "STACKGATE_HISTORY_DIR": str(folder)}
     print(row("report --reindex", measure(["report", "--reindex"], env)))
-    indexed = {name: measure(argv, env) for name, argv in (("report", ["report"]), ("report -2 -1", ["report", "-2", "-1"]))}
+    indexed = {name: median_of(repeat, argv, env) for name, argv in (("report", ["report"]), ("report -2 -1", ["report", "-2", "-1"]))}
     for name, figures in indexed.items():
         print(row(f"{name} (index)", figures))
     if size > scan_max:
