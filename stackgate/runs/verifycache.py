@@ -1,6 +1,6 @@
 """``verify --cached``: the static checks' results, kept while the stamp of what they judged holds.
 
-A check is live when it reads only NVML (the GPUs' count, driver, ECC, PCIe links, throttling,
+A check is live when it reads only NVML (the GPUs' count, driver, ECC, PCIe links,
 processes) or is named in :data:`LIVE_CHECKS` (the kernel's Xid events): live checks run on
 every verify. The others (the stack's interpreter, distributions, toolkits, patches, the
 environment) are static: a cached verify reuses their results while the stamp
