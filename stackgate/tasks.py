@@ -34,15 +34,18 @@ def _path(value: str | None) -> Path | None:
         "junit": "write a JUnit XML report here",
         "strict": "fail on warnings too",
         "verbose": "show details of passing checks and tracebacks (-vv for more)",
+        "cached": "reuse the static checks' results while what they judged is unchanged (distributions, toolkits, driver, spec, pylock); the GPUs' state is measured every time",
+        "prom": "write Prometheus metrics here for node_exporter's textfile collector (a .prom file in its directory)",
     },
 )
-def verify(c, lock=None, deep=False, check=None, list=False, json=None, junit=None, strict=False, verbose=0):
+def verify(c, lock=None, deep=False, check=None, list=False, json=None, junit=None, strict=False, verbose=0, cached=False, prom=None):
     """Check the machine and the stack against the lockfile."""
     from stackgate.commands import verify as command
 
     request = command.VerifyRequest(
-        lock_path=_path(lock), checks=tuple(check or ()), deep=deep, json_path=_path(json), junit_path=_path(junit), strict=strict, list_only=list
-    )
+        lock_path=_path(lock), checks=tuple(check or ()), deep=deep, json_path=_path(json), junit_path=_path(junit), strict=strict, list_only=list,
+        cached=cached, prom_path=_path(prom),
+    )  # fmt: skip
     cli.run_command(lambda: command.run(request, UI(verbose=verbose)))
 
 
@@ -156,17 +159,27 @@ def rollback(c, lock=None, force=False):
         "lock": "lockfile whose history to read (<python.root>/runs; default as for the other commands)",
         "html": "write a self-contained HTML page here: the history, or the one run named",
         "runs_dir": f"read the runs kept in this folder instead (default: ${settings.HISTORY_DIR.env}, the lock's root, ~/.local/state/stackgate/runs)",
+        "last": "list this many of the newest runs (default 20); the trends and the count cover every run",
+        "reindex": "rebuild the run index (<runs>/.index/runs.sqlite3) from the run documents, and exit",
+        "regressed_since": "which hosts regressed since this date or time (2026-11-23, or ISO 8601 with a time), and what changed on them",
+        "threshold": "with --regressed-since: the drop in decode tok/s, in percent of the host's previous measured run, that counts (default 5)",
     },
 )
-def report(c, run=None, lock=None, html=None, runs_dir=None):
+def report(c, run=None, lock=None, html=None, runs_dir=None, last=None, reindex=False, regressed_since=None, threshold=None):
     """List past runs and their trend, show one, or show what changed between two."""
     import shlex
 
     from stackgate.commands import report as command
 
-    runs = (*(run or ()), *shlex.split(c.remainder or ""))
-    request = command.ReportRequest(runs=tuple(runs), lock_path=_path(lock), html_path=_path(html), runs_dir=_path(runs_dir))
-    cli.run_command(lambda: command.run(request, UI()))
+    def go():
+        runs = (*(run or ()), *shlex.split(c.remainder or ""))
+        request = command.ReportRequest(
+            runs=tuple(runs), lock_path=_path(lock), html_path=_path(html), runs_dir=_path(runs_dir), last=command.parse_number("--last", last, 20),
+            reindex=reindex, regressed_since=regressed_since, threshold_pct=command.parse_number("--threshold", threshold, 5.0),
+        )  # fmt: skip
+        return command.run(request, UI())
+
+    cli.run_command(go)
 
 
 @task(

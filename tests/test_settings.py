@@ -40,6 +40,7 @@ DEFAULTS: dict[str, Any] = {
     "STACKGATE_RUNFILE_CACHE": None,
     "STACKGATE_LOG_DIR": Path("reports"),
     "STACKGATE_HISTORY_DIR": None,
+    "STACKGATE_HISTORY_INDEX": True,
     "STACKGATE_FAULT": (),
 }
 #: A text each setting takes, and the value it gives.
@@ -60,6 +61,7 @@ GOOD: dict[str, tuple[str, Any]] = {
     "STACKGATE_RUNFILE_CACHE": ("~/runfiles", Path.home() / "runfiles"),
     "STACKGATE_LOG_DIR": ("/var/log/stackgate", Path("/var/log/stackgate")),
     "STACKGATE_HISTORY_DIR": ("/srv/runs", Path("/srv/runs")),
+    "STACKGATE_HISTORY_INDEX": ("off", False),
     "STACKGATE_FAULT": ("before:python.stack,deep.hang:1", ("before:python.stack", "deep.hang:1")),
 }
 #: A text each refusing setting refuses, and the reason it gives.
@@ -74,6 +76,7 @@ BAD: dict[str, tuple[str, str]] = {
     "STACKGATE_TOOLKIT_INDEX_URL": ("pypi.org/simple", "not an http(s) URL with a host"),
     "STACKGATE_TOOLKIT_INSTALLER": ("conda", "must be uv or pip"),
     "STACKGATE_TOOLKIT_INSTALL_TIMEOUT_S": ("1h", "not a number of seconds"),
+    "STACKGATE_HISTORY_INDEX": ("maybe", "must be on or off"),
 }
 RENAMED = {
     "STACKGATE_RUN_DIR": "STACKGATE_LOG_DIR",
@@ -172,13 +175,13 @@ def test_v_shows_the_settings_not_at_their_defaults_and_vv_all(monkeypatch: pyte
         assert verify.run(verify.VerifyRequest(lock_path=lock, list_only=True), UI(verbose=verbose, stream=io.StringIO())) == 0
         err = capsys.readouterr().err.splitlines()
         assert err[: 1 if verbose else 0] == {
-            1: ["settings: 2 of 17 not at their default (-vv lists all)"],
-            2: ["settings (17):"],
+            1: ["settings: 2 of 18 not at their default (-vv lists all)"],
+            2: ["settings (18):"],
         }.get(verbose, [])
         if verbose:
             assert ["STACKGATE_DEEP_TIMEOUT_S", "600", "(environment", "$STACKGATE_DEEP_TIMEOUT_S)"] in [line.split() for line in err]
             assert ["STACKGATE_LOCK", str(lock), "(flag", "--lock)"] in [line.split() for line in err]
-        assert sum("(default)" in line for line in err) == (15 if verbose == 2 else 0)
+        assert sum("(default)" in line for line in err) == (16 if verbose == 2 else 0)
 
 
 def test_the_settings_shown_hide_a_secret_in_a_value() -> None:

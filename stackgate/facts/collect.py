@@ -62,6 +62,12 @@ class Facts:
     def get(self, part: str) -> Any:
         return self._submit(part).result()
 
+    @property
+    def started(self) -> frozenset[str]:
+        """The parts asked for so far (gathered, or being gathered)."""
+        with self._guard:
+            return frozenset(self._futures)
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 

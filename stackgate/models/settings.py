@@ -33,6 +33,7 @@ __all__ = [
     "DOWNLOAD_TIMEOUT_S",
     "FAULT",
     "HISTORY_DIR",
+    "HISTORY_INDEX",
     "IMPORT_TIMEOUT_S",
     "KEEP_GENERATIONS",
     "LOCK",
@@ -80,6 +81,8 @@ class Value(Generic[T]):
             return f"(unset: {self.setting.unset})"
         if isinstance(self.value, tuple):
             return ",".join(self.value) or "(none)"
+        if isinstance(self.value, bool):
+            return "on" if self.value else "off"
         return f"{self.value:g}" if isinstance(self.value, float) else str(self.value)
 
 
@@ -217,6 +220,20 @@ def installer(text: str) -> str:
     return text
 
 
+def switch(text: str) -> bool:
+    """``on`` or ``off`` (also 1/0, yes/no, true/false).
+
+    >>> switch("off"), switch("1")
+    (False, True)
+    """
+    value = text.strip().lower()
+    if value in ("1", "on", "yes", "true"):
+        return True
+    if value in ("0", "off", "no", "false"):
+        return False
+    raise ValueError("must be on or off")
+
+
 def points(text: str) -> tuple[str, ...]:
     """Comma-separated names, blanks dropped.
 
@@ -264,6 +281,9 @@ HISTORY_DIR: Setting[Path | None] = Setting(
     "STACKGATE_HISTORY_DIR", path, None, "where gate and smoke runs are kept, and `report` reads them",
     unset="python.root's runs/ when the root holds a stack, else ~/.local/state/stackgate/runs", old="STACKGATE_RUNS_DIR",
 )  # fmt: skip
+HISTORY_INDEX: Setting[bool] = Setting(
+    "STACKGATE_HISTORY_INDEX", switch, True, "`off`: keep and read runs without their SQLite index (`report` reads every document, as before the index)"
+)
 FAULT: Setting[tuple[str, ...]] = Setting(
     "STACKGATE_FAULT", points, (), "test only: faults to plant, `point[,point...]` (stackgate/models/faults.py lists the points)", test_only=True
 )
@@ -274,7 +294,7 @@ SETTINGS: dict[str, Setting[Any]] = {
     for s in (
         LOCK, NVML_MODULE, PROBE_TIMEOUT_S, IMPORT_TIMEOUT_S, DEEP_TIMEOUT_S, DEEP_DIR, BASE_PYTHON, PYTHON_INSTALL_TIMEOUT_S,
         DOWNLOAD_TIMEOUT_S, KEEP_GENERATIONS, TOOLKIT_INDEX_URL, TOOLKIT_INSTALLER, TOOLKIT_INSTALL_TIMEOUT_S, RUNFILE_CACHE,
-        LOG_DIR, HISTORY_DIR, FAULT,
+        LOG_DIR, HISTORY_DIR, HISTORY_INDEX, FAULT,
     )  # fmt: skip
 }
 

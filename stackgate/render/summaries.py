@@ -10,11 +10,11 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import re
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from stackgate.models.result import Result
 
-__all__ = ["STAGE_STATUSES", "Family", "benchmark_line", "exposition", "headline_lines", "markdown", "prometheus", "suites", "verdict_word"]
+__all__ = ["STAGE_STATUSES", "Family", "benchmark_line", "exposition", "headline_lines", "markdown", "prometheus", "suites", "verdict_word", "verify_prometheus"]
 
 #: Every status a stage can have, as Prometheus label values (a state set: one series is 1).
 STAGE_STATUSES = ("passed", "failed", "not_run", "interrupted")
@@ -171,7 +171,7 @@ def prometheus(doc: Mapping[str, Any]) -> str:
     return exposition(families)
 
 
-Family = tuple[str, str, list[tuple[dict[str, str], float]]]
+Family = tuple[str, str, Sequence[tuple[Mapping[str, str], float]]]
 
 
 def exposition(families: Iterable[Family]) -> str:
@@ -184,6 +184,31 @@ def exposition(families: Iterable[Family]) -> str:
         lines += [f"# HELP {name} {_help(help_text)}", f"# TYPE {name} gauge"]
         lines += [f"{name}{_labels(labels)} {_number(value)}" for labels, value in samples]
     return "\n".join(lines) + "\n"
+
+
+def verify_prometheus(doc: Mapping[str, Any]) -> str:
+    """A verify's verdict in the same format as the gate's (``stackgate verify --cached --prom``
+    on a timer): whether it passed, its checks by status, each check failed or not, the GPUs
+    visible, its wall time and start, and whether the static checks came from the cache."""
+    lock = (doc.get("lock") or {}).get("name") or (doc.get("lock") or {}).get("path") or "unknown"
+    base = {"lock": str(lock), "host": str(doc["host"]["hostname"])}
+    counts = doc.get("counts", {})
+    results = [r for r in doc.get("results", ()) if isinstance(r, Mapping)]
+    gpus = next((r.get("data", {}).get("gpus") for r in results if r.get("check") == "gpu.count"), None)
+    cache = doc.get("cache")
+    failed: list[tuple[Mapping[str, str], float]] = [({**base, "check": str(r.get("check"))}, 1.0 if r.get("status") in _BAD else 0.0) for r in results]
+    hit: list[tuple[Mapping[str, str], float]] = [(base, 1.0 if cache.get("hit") else 0.0)] if isinstance(cache, Mapping) else []
+    families: list[tuple[str, str, list[tuple[Mapping[str, str], float]]]] = [
+        ("stackgate_verify_passed", "Whether the last verify passed (1) or not (0).", [(base, 1.0 if doc.get("verdict") == "passed" else 0.0)]),
+        ("stackgate_verify_exit_code", "Exit code of the last verify: 0 passed, 1 failed, 2 usage or bad lockfile, 130 interrupted.", [(base, float(doc["exit_code"]))]),
+        ("stackgate_verify_checks", "Checks of the last verify, by status.", [({**base, "status": s.lower()}, float(n)) for s, n in counts.items()]),
+        ("stackgate_verify_check_failed", "Whether each check of the last verify failed or crashed (1) or not (0).", failed),
+        ("stackgate_verify_gpus", "GPUs visible to NVML at the last verify.", [(base, float(len(gpus)))] if isinstance(gpus, list) else []),
+        ("stackgate_verify_duration_seconds", "Wall time of the last verify.", [(base, float(doc["duration_s"]))]),
+        ("stackgate_verify_last_run_timestamp_seconds", "When the last verify started (Unix time).", [(base, _timestamp(doc.get("started")))]),
+        ("stackgate_verify_cache_hit", "Whether the last verify --cached reused the static checks' results (1) or ran them (0).", hit),
+    ]
+    return exposition(families)
 
 
 def _stage_states(gate: Mapping[str, Any], base: Mapping[str, str]) -> list[tuple[dict[str, str], float]]:

@@ -20,15 +20,19 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from stackgate.edges.nvml import NvmlSnapshot
-from stackgate.facts import Facts, Missing, ProbeFacts, ToolkitFacts, ToolVersion
-from stackgate.facts.patches import PatchStatus
 from stackgate.models import pylock
 from stackgate.models.redact import redact, redact_text, secrets_in
 from stackgate.models.result import Result
 from stackgate.models.spec import Lock
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
+
+    from stackgate.edges.nvml import NvmlSnapshot
+    from stackgate.facts import Facts, Missing, ProbeFacts, ToolkitFacts
+    from stackgate.facts.patches import PatchStatus
 
 __all__ = ["KERNEL_CHECKS", "PARTS", "SECTIONS", "Change", "Fingerprint", "changes", "digest", "from_facts", "gpu_section", "kernels_section", "lock_section", "server_section"]
 
@@ -148,7 +152,7 @@ def _compare_parts(lock: Lock) -> list[Any]:
 def gpu_section(snapshot: NvmlSnapshot | Missing) -> dict[str, str]:
     """The driver, the CUDA version it supports, and each GPU's model and compute capability
     (never its UUID or bus id: a swapped card of the same model is the same stack)."""
-    if isinstance(snapshot, Missing):
+    if _missing(snapshot):
         return {UNAVAILABLE: snapshot.reason}
     section = {"driver": snapshot.driver_version, "count": str(len(snapshot.gpus))}
     if snapshot.cuda_driver_version is not None:
@@ -159,7 +163,17 @@ def gpu_section(snapshot: NvmlSnapshot | Missing) -> dict[str, str]:
     return section
 
 
+def _missing(value: object) -> TypeIs[Missing]:
+    """Whether a part of the facts is Missing. The facts' package (how every part is gathered) is
+    loaded here, where a fingerprint is taken, and not by `report A B`, which compares kept ones."""
+    from stackgate.facts import Missing
+
+    return isinstance(value, Missing)
+
+
 def _toolkits(found: Iterable[ToolkitFacts]) -> dict[str, str]:
+    from stackgate.facts import ToolVersion
+
     section = {}
     for toolkit in found:
         tool = toolkit.detected
@@ -168,19 +182,19 @@ def _toolkits(found: Iterable[ToolkitFacts]) -> dict[str, str]:
 
 
 def _python(dists: ProbeFacts | Missing) -> dict[str, str]:
-    if isinstance(dists, Missing):
+    if _missing(dists):
         return {UNAVAILABLE: dists.reason}
     return {"version": dists.python_version}
 
 
 def _distributions(dists: ProbeFacts | Missing) -> dict[str, str]:
-    if isinstance(dists, Missing):
+    if _missing(dists):
         return {UNAVAILABLE: dists.reason}
     return {name: dist.version for name, dist in sorted(dists.distributions.items())}
 
 
 def _patches(found: Sequence[PatchStatus] | Missing) -> dict[str, str]:
-    if isinstance(found, Missing):
+    if _missing(found):
         return {UNAVAILABLE: found.reason}
     return {status.patch.file.name: status.problem or f"applied to {status.patch.package} {status.installed}" for status in found}
 

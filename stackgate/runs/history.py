@@ -8,9 +8,12 @@ does not hold a stack is not used just to keep a report in it: a refused provisi
 its lock file there.
 
 Each run is one file, ``<UTC time>-<command>-<random>.json`` (the name without ``.json`` is the
-run's id, also written into the document as ``run_id``), written atomically. Reading the
-directory never fails on what is in it: a file that is not JSON, or JSON that is not a stackgate
-gate or smoke report, is skipped with a warning saying why.
+run's id, also written into the document as ``run_id``), written atomically, and entered in the
+directory's index (:mod:`stackgate.runs.index`; :mod:`stackgate.runs.catalog` reads through it).
+A run whose index entry cannot be written is still kept: the document is the source of truth,
+and the next reader finds it. Reading the directory never fails on what is in it: a file that
+is not JSON, or JSON that is not a stackgate gate or smoke report, is skipped with a warning
+saying why.
 """
 
 from __future__ import annotations
@@ -21,15 +24,16 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from stackgate.edges.files import write_json
-from stackgate.models import knowledge, settings
+from stackgate.models import settings
 from stackgate.models.finding import Evidence, Finding, FindingError, Fix
 from stackgate.models.spec import Lock
 from stackgate.models.verdict import SCHEMA as REPORT_SCHEMA
+from stackgate.runs import index
 
-__all__ = ["COMMANDS", "HistoryError", "Run", "find", "keep", "load", "new_id", "read", "runs_dir", "sparkline", "store"]
+__all__ = ["COMMANDS", "HistoryError", "Run", "find", "keep", "load", "new_id", "read", "row_of", "runs_dir", "sparkline", "store"]
 
 #: The commands whose runs are kept, and read back.
 COMMANDS = ("gate", "smoke")
@@ -67,24 +71,43 @@ def new_id(command: str, started: float) -> str:
     return f"{stamp}-{command}-{secrets.token_hex(3)}"
 
 
-def store(doc: Mapping[str, Any], directory: Path) -> Path:
-    """Write a run's document as ``<run_id>.json`` in ``directory`` (atomically)."""
+def store(doc: Mapping[str, Any], directory: Path, warn: Callable[[str], Any] | None = None) -> Path:
+    """Write a run's document as ``<run_id>.json`` in ``directory`` (atomically) and enter it in
+    the directory's index; an index that cannot take it is a warning (``warn(text)``), never a
+    lost run (the next reader reconciles)."""
     run_id = doc.get("run_id")
     if not isinstance(run_id, str) or not run_id:
         raise HistoryError("the document has no run_id")
     path = directory / f"{run_id}.json"
+    before = index.folder_mtime(directory)
     try:
         write_json(path, doc)
     except OSError as exc:
         raise HistoryError(f"cannot keep the run in {directory}: {exc.strerror or exc}") from exc
+    problem = enter(path, before) if settings.HISTORY_INDEX.value() else None
+    if problem and warn is not None:
+        warn(f"stackgate: the run was kept in {path} but not entered in the run index ({problem}); the next `stackgate report` finds it")
     return path
+
+
+def enter(path: Path, before_ns: int | None) -> str | None:
+    """Enter a run just written in its directory's index; the reason when it could not be."""
+    directory = path.parent
+    try:
+        row = row_of(read(path))
+        with index.Store(directory) as db:
+            db.record(row, before_ns, index.folder_mtime(directory))
+        return None
+    except (HistoryError, index.IndexUnusable) as exc:
+        index.mark_dirty(directory)
+        return str(exc)
 
 
 def keep(doc: Mapping[str, Any], lock: Lock | None, warn: Any) -> Path | None:
     """Store a run in its lock's runs directory; a failure is a warning (``warn(text)``), never
     the run's failure."""
     try:
-        return store(doc, runs_dir(lock))
+        return store(doc, runs_dir(lock), warn)
     except HistoryError as exc:
         warn(f"stackgate: the run was not kept in the history: {exc}")
         return None
@@ -161,6 +184,54 @@ class Run:
         tok = f", decode {self.decode_tok_s:.2f} tok/s" if self.decode_tok_s is not None else ""
         return f"{self.id} ({self.command} of {self.lock_name}, {self.verdict}{tok})"
 
+    @property
+    def kind(self) -> str:
+        """``gate``, ``gate --fast-only``, ``smoke``, ``smoke --fast`` or ``smoke --benchmark``."""
+        if self.command == "gate":
+            return "gate --fast-only" if _at(self.doc, "gate", "request", "fast_only") is True else "gate"
+        sessions = _at(self.doc, "smoke", "sessions")
+        last = sessions[-1] if isinstance(sessions, list) and sessions and isinstance(sessions[-1], Mapping) else {}
+        if last.get("fast_mode"):
+            return "smoke --fast"
+        return "smoke --benchmark" if self.benchmark is not None else "smoke"
+
+    def result_data(self, check: str) -> Mapping[str, Any]:
+        """The ``data`` of the run's result of ``check`` (empty when it has none)."""
+        found = next((r.get("data") for r in self.results if r.get("check") == check), None)
+        return found if isinstance(found, Mapping) else {}
+
+    @property
+    def busbw_gbs(self) -> float | None:
+        """deep.collective's peak all-reduce bus bandwidth (GB/s)."""
+        return _number(self.result_data("deep.collective").get("peak_busbw_gbs"))
+
+    @property
+    def tflops(self) -> float | None:
+        """deep.gpu_work's bf16 TFLOP/s, the mean over the GPUs that measured it."""
+        gpus = self.result_data("deep.gpu_work").get("gpus")
+        rates = [_number(_at(g, "bfloat16", "tflops")) for g in (gpus if isinstance(gpus, list) else ())]
+        measured = [r for r in rates if r is not None]
+        return sum(measured) / len(measured) if measured else None
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def row_of(run: Run) -> index.Row:
+    """The run as its directory's index holds it."""
+    try:
+        stat = run.path.stat()
+        mtime_ns, size = stat.st_mtime_ns, stat.st_size
+    except OSError:
+        mtime_ns, size = 0, 0
+    finger = run.fingerprint or {}
+    digest, short = finger.get("digest"), finger.get("short")
+    return index.Row(
+        run.path.name, run.id, run.started, run.command, run.kind, run.host, run.lock_name, run.verdict, run.decode_tok_s, run.figure("tok_s"),
+        run.busbw_gbs, run.tflops, str(digest) if digest else None, str(short) if short else None, mtime_ns, size,
+    )  # fmt: skip
+
 
 def _smoke_parts(run: Run) -> list[Mapping[str, Any]]:
     """The run's smoke documents: its own (a smoke run), or each smoke stage's (a gate run)."""
@@ -196,6 +267,8 @@ def _smoke_1_finding(raw: Mapping[str, Any], log_path: Any) -> Finding:
     """A finding as smoke wrote it before findings had one form (``stackgate.smoke/1``): flat, the
     fix a sentence beside its ``commands``, ``source`` for where it was learned, the matched text
     for its lines; the component, which it did not record, from the knowledge base."""
+    from stackgate.models import knowledge  # the knowledge base loads its patterns: only for a run kept in this old shape
+
     try:
         signature = next((s for s in knowledge.load() if s.id == raw["id"]), None)
         evidence = Evidence(str(log_path or ""), int(raw["line"]), tuple(str(raw.get("text", "")).splitlines()), 0, int(raw.get("count", 1)))

@@ -1,0 +1,96 @@
+"""`stackgate verify --cached` on an unchanged node against a full `stackgate verify`, in one run.
+
+    python benchmarks/verify_cached.py [--lock L] [--python PY] [--real-nvml] [--repeat N]
+
+Times, each in its own `stackgate` process, on the same node and environment:
+  - `stackgate verify --lock L` (every static and live check: the reference),
+  - `stackgate verify --cached --lock L`, once to fill the cache, then N times on the unchanged
+    node (the live GPU checks run, the static ones' results come from the cache),
+  - `stackgate --version` (the program's own start: the floor under both),
+and prints the medians and the ratio full / cached (goal >= 10).
+The node: L (default: the H200 profile) pointed at --python (default: this interpreter); NVML is
+the test suite's fake of one H200 unless --real-nvml (on a GPU machine, with its own lock).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from stackgate.models import spec as lockmodel  # noqa: E402
+
+
+def timed(argv: list[str], env: dict[str, str], repeat: int) -> tuple[float, int]:
+    """Median wall time of ``repeat`` runs, and the last exit status."""
+    times, code = [], 0
+    for _ in range(repeat):
+        started = time.perf_counter()
+        code = subprocess.run([sys.executable, "-m", "stackgate", *argv], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+        times.append(time.perf_counter() - started)
+    return statistics.median(times), code
+
+
+def retarget(lock_path: Path, python: str, folder: Path) -> Path:
+    """A copy of the lock whose stack interpreter is ``python``, at that interpreter's version."""
+    version = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True, check=True).stdout.strip()
+    lock = lockmodel.load(lock_path)
+    text = lock_path.read_text()
+    target = f'interpreter = "{python}"'
+    text = text.replace(f'interpreter = "{lock.python.interpreter}"', target) if lock.python.interpreter else text.replace(f'root = "{lock.python.root}"', target)
+    text = text.replace(f'version = "{lock.python.version}"', f'version = "{version}"', 1)
+    out = folder / lock_path.name
+    out.write_text(text)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lock", type=Path, default=ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
+    parser.add_argument("--python", help="the stack's interpreter (default: this one, unless --real-nvml keeps the lock's)")
+    parser.add_argument("--real-nvml", action="store_true", help="use the machine's NVML and the lock as it is")
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="stackgate-verify-cached-") as tmp:
+        folder = Path(tmp)
+        env = {**os.environ, "NO_COLOR": "1", "XDG_CACHE_HOME": str(folder / "cache"), "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+        env.pop("STACKGATE_LOCK", None)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: compiled modules kept (here, out of the checkout)
+        env["PYTHONPYCACHEPREFIX"] = str(folder / "pycache")
+        lock_path = args.lock
+        if not args.real_nvml:
+            lock_path = retarget(args.lock, args.python or sys.executable, folder)
+            h200 = {"name": "NVIDIA H200", "cc": [9, 0], "pcie": [5, 5, 5, 16, 16], "ecc": [0, 0], "memory": [141 * 2**30, 2**29], "processes": [], "unsupported": []}
+            spec = {"driver": "580.159.03", "cuda": 13000, "gpus": [h200]}
+            (folder / "nvml.json").write_text(json.dumps(spec))
+            env.update(STACKGATE_NVML_MODULE="fakes.fake_nvml", STACKGATE_FAKE_NVML=str(folder / "nvml.json"))
+        elif args.python:
+            lock_path = retarget(args.lock, args.python, folder)
+        lock = ["--lock", str(lock_path)]
+        timed(["verify", "--list"], env, 1)  # compiles the modules verify imports
+        start, _ = timed(["--version"], env, args.repeat)
+        full, full_code = timed(["verify", *lock], env, args.repeat)
+        first, _ = timed(["verify", "--cached", *lock], env, 1)
+        cached, cached_code = timed(["verify", "--cached", *lock, "--prom", str(folder / "node.prom")], env, args.repeat)
+        hit = "stackgate_verify_cache_hit" in (text := (folder / "node.prom").read_text()) and 'cache_hit{' in text and text.split("stackgate_verify_cache_hit{")[1].split()[1] == "1"
+    print(f"lock: {lock_path.name}  interpreter: {lockmodel.load(args.lock).python.target if args.real_nvml and not args.python else args.python or sys.executable}")
+    print(f"NVML: {'this machine' if args.real_nvml else 'the fake of one H200'}; median of {args.repeat} runs each")
+    print(f"  stackgate --version            {start:7.3f} s  (the program's start)")
+    print(f"  stackgate verify               {full:7.3f} s  (exit {full_code})")
+    print(f"  stackgate verify --cached      {first:7.3f} s  (the first: fills the cache)")
+    print(f"  stackgate verify --cached      {cached:7.3f} s  (exit {cached_code}, cache hit: {hit})")
+    print(f"full / cached = {full / cached:.1f}x  (goal >= 10)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""`stackgate verify --cached --prom`: the static checks' results reused while the stamp of what
+they judged holds (a distribution, a toolkit, the spec, the driver changed: they run again), the
+live GPU checks run every time (a GPU that loses a link or disappears fails a cached verify too),
+a hostile cache ignored with a note, the .prom file read back by Prometheus' own parser, and the
+systemd units shipped in the package checked by systemd-analyze."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fakes.fake_nvml import gpu, machine
+from prometheus_client.parser import text_string_to_metric_families
+
+from stackgate.runs import verifycache
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"
+VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
+H200 = gpu(name="NVIDIA H200", cc=(9, 0))
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory) -> Path:
+    """A bare environment of this Python: the stack's interpreter, quick to probe."""
+    folder = tmp_path_factory.mktemp("stack") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=120)
+    return folder
+
+
+class Node:
+    """A node: its lock (the H200 profile on a venv and a toolkit under tmp), its fake GPUs, its cache folder."""
+
+    def __init__(self, tmp: Path, venv: Path) -> None:
+        self.tmp, self.venv = tmp, venv
+        self.toolkit = tmp / "cuda-13.0"
+        (self.toolkit / "bin").mkdir(parents=True)
+        text = (ROOT / "lockfiles" / "hopper-sm90-cu130.toml").read_text()
+        text = text.replace("/opt/torch/.venv/bin/python3", str(venv / "bin" / "python")).replace('version = "3.12"', f'version = "{VERSION}"')
+        self.lock = tmp / "hopper.toml"
+        self.lock.write_text(text.replace('prefix = "/usr/local/cuda-13.0"', f'prefix = "{self.toolkit}"'))
+        self.gpus(machine([H200], driver="580.159.03"))
+
+    def gpus(self, spec: dict) -> None:
+        (self.tmp / "nvml.json").write_text(json.dumps(spec))
+
+    def verify(self, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], dict]:
+        env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1", "XDG_CACHE_HOME": str(self.tmp / "cache"), "CUDA_HOME": "/usr/local/cuda-13.0", **(env or {})}
+        env.update(STACKGATE_NVML_MODULE="fakes.fake_nvml", STACKGATE_FAKE_NVML=str(self.tmp / "nvml.json"))
+        env.pop("STACKGATE_LOCK", None)
+        report = self.tmp / "report.json"
+        report.unlink(missing_ok=True)
+        argv = [sys.executable, "-m", "stackgate", "verify", "--cached", "--lock", str(self.lock), "--json", str(report), "--prom", str(self.tmp / "node.prom"), *args]
+        done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert "Traceback" not in done.stderr, done.stderr
+        return done, json.loads(report.read_text()) if report.exists() else {}
+
+    def cache_file(self) -> Path:
+        (found,) = (self.tmp / "cache" / "stackgate" / "verify").glob("verify-*.json")
+        return found
+
+
+def statuses(doc: dict) -> dict[str, str]:
+    return {r["check"]: r["status"] for r in doc["results"]}
+
+
+@pytest.fixture
+def node(tmp_path, venv) -> Node:
+    return Node(tmp_path, venv)
+
+
+def test_an_unchanged_node_reuses_the_static_results_and_measures_the_gpus(node):
+    first, cold = node.verify()
+    assert cold["cache"]["hit"] is False and cold["cache"]["why"] == "no cache yet" and cold["cache"]["written"]
+    assert "cache: the static checks ran (no cache yet); written" in first.stdout
+    second, warm = node.verify()
+    assert warm["cache"]["hit"] is True and second.returncode == first.returncode
+    assert statuses(warm) == statuses(cold) and [r["check"] for r in warm["results"]] == [r["check"] for r in cold["results"]]
+    assert warm["cache"]["live"] == 7 and warm["cache"]["reused"] == len(cold["results"]) - 7
+    assert "static check result(s) reused from" in second.stdout and "7 live check(s) run" in second.stdout
+    assert node.cache_file().stat().st_mode & 0o022 == 0  # no one else may write what the next verify trusts
+
+
+def test_live_checks_run_on_a_hit_a_lost_link_or_ecc_errors_fail_at_once(node):
+    node.verify()
+    node.gpus(machine([gpu(name="NVIDIA H200", cc=(9, 0), pcie=[5, 5, 5, 8, 16], ecc=[3, 3])], driver="580.159.03"))
+    done, doc = node.verify()
+    assert doc["cache"]["hit"] is True and done.returncode == 1
+    assert statuses(doc)["gpu.pcie"] == "FAIL" and statuses(doc)["gpu.ecc"] == "FAIL"
+
+
+def test_a_gpu_that_disappears_fails_even_when_cached(node):
+    node.gpus(machine([H200, H200], driver="580.159.03"))
+    node.lock.write_text(node.lock.read_text().replace("gpu_count = 1", "gpu_count = 2"))
+    ok, _ = node.verify()
+    assert ok.returncode in (0, 1)
+    node.gpus(machine([H200], driver="580.159.03"))
+    done, doc = node.verify()
+    assert done.returncode == 1 and statuses(doc)["gpu.count"] == "FAIL" and "1 GPU(s) visible, the lock wants 2" in done.stdout
+    assert "gpu (count, gpu1)" in doc["cache"]["why"]  # the stamp saw it too: the static checks ran again
+    families = {f.name: f for f in text_string_to_metric_families((node.tmp / "node.prom").read_text())}
+    assert families["stackgate_verify_passed"].samples[0].value == 0 and families["stackgate_verify_gpus"].samples[0].value == 1
+    failed = {s.labels["check"]: s.value for s in families["stackgate_verify_check_failed"].samples}
+    assert failed["gpu.count"] == 1 and failed["gpu.driver"] == 0
+
+
+@pytest.mark.parametrize(
+    "change, section",
+    [
+        ("distribution", "distributions"),
+        ("toolkit", "toolkits"),
+        ("spec", "lock (spec)"),
+        ("pylock", "lock (pylock)"),
+        ("driver", "gpu (driver)"),
+        ("environment", "environment (CUDA_HOME)"),
+    ],
+)
+def test_a_change_in_what_the_static_checks_judged_makes_them_run_again(node, change, section):
+    node.verify()
+    assert node.verify()[1]["cache"]["hit"] is True
+    if change == "distribution":
+        site = next((node.venv / "lib").glob("python*/site-packages"))
+        info = site / f"node_change_{node.tmp.name}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: node-change-{node.tmp.name}\nVersion: 1.0\n")
+    elif change == "toolkit":
+        (node.toolkit / "bin" / "nvcc").write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n")
+    elif change == "spec":
+        node.lock.write_text(node.lock.read_text() + "\n# edited\n")
+    elif change == "pylock":
+        (node.tmp / "pylock.hopper.toml").write_text('lock-version = "1.0"\n')
+    elif change == "driver":
+        node.gpus(machine([H200], driver="580.160.01"))
+    done, doc = node.verify(env={"CUDA_HOME": str(node.tmp)} if change == "environment" else None)
+    assert doc["cache"]["hit"] is False and doc["cache"]["why"].startswith("changed since: ") and section in doc["cache"]["why"], doc["cache"]
+    assert node.verify(env={"CUDA_HOME": str(node.tmp)} if change == "environment" else None)[1]["cache"]["hit"] is True, "the refreshed cache answers the next verify"
+
+
+@pytest.mark.parametrize(
+    "damage, why",
+    [
+        (lambda p: p.write_bytes(b"\x00garbage"), "damaged"),
+        (lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "schema": "other/9"})), "damaged: ValueError: not a stackgate.verify-cache/1 document"),
+        (lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "results": [{"check": "x", "status": "PASS", "summary": 3}]})), "a result without its check or summary"),
+        (lambda p: p.write_text(p.read_text().replace('"status": "FAIL"', '"status": "GREAT"')), "damaged: KeyError"),
+        (lambda p: os.chmod(p, 0o666), "only a file of this user that no one else may write is trusted"),
+    ],
+)
+def test_a_hostile_or_damaged_cache_is_ignored_with_a_note(node, damage, why):
+    cold = node.verify()[1]
+    damage(node.cache_file())
+    done, doc = node.verify()
+    assert doc["cache"]["hit"] is False and why in doc["cache"]["why"] and statuses(doc) == statuses(cold)
+    assert node.verify()[1]["cache"]["hit"] is True  # written again, from a real run
+
+
+def test_cached_and_deep_together_is_bad_usage(node):
+    done, doc = node.verify("--deep")
+    assert done.returncode == 2 and "--cached reuses the static checks' results; --deep measures the GPUs every time" in done.stderr and doc == {}
+
+
+def test_a_check_is_live_when_it_reads_only_nvml_or_is_the_kernel_events_check():
+    from stackgate.checks.all import REGISTRY
+    from stackgate.checks.core import Check
+
+    live = sorted(name for name, check in REGISTRY.items() if verifycache.is_live(check))
+    assert live == ["gpu.capability", "gpu.count", "gpu.driver", "gpu.driver_cuda", "gpu.ecc", "gpu.pcie", "gpu.processes"]
+    assert verifycache.is_live(Check("gpu.kernel_events", lambda lock, facts: None, "x", ("kernel_log",), 5.0, False))  # type: ignore[arg-type, return-value]
+
+
+UNITS = ROOT / "stackgate" / "systemd"
+
+
+def test_the_systemd_units_ship_in_the_package_and_verify(tmp_path):
+    service, timer = UNITS / "stackgate-health.service", UNITS / "stackgate-health.timer"
+    assert "ExecStart=/usr/local/bin/stackgate verify --cached --prom " in service.read_text() and "OnUnitActiveSec=1min" in timer.read_text()
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed (Debian: apt-get install -y systemd)")
+    program = tmp_path / "bin" / "stackgate"  # the program where the unit runs it; here, this checkout's
+    program.parent.mkdir()
+    program.write_text(f"#!/bin/sh\nexec {sys.executable} -m stackgate \"$@\"\n")
+    program.chmod(0o755)
+    (tmp_path / service.name).write_text(service.read_text().replace("/usr/local/bin/stackgate", str(program)))
+    shutil.copy(timer, tmp_path / timer.name)
+    done = subprocess.run([analyze, "verify", "--man=no", str(tmp_path / service.name), str(tmp_path / timer.name)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "stackgate-health" not in done.stderr, done.stderr
+    broken = tmp_path / "broken.service"
+    broken.write_text(service.read_text().replace("Type=oneshot", "Type=oneshoot"))
+    assert "Failed to parse service type" in subprocess.run([analyze, "verify", "--man=no", str(broken)], capture_output=True, text=True, timeout=120).stderr
