@@ -81,8 +81,8 @@ def test_an_unchanged_node_reuses_the_static_results_and_measures_the_gpus(node)
     second, warm = node.verify()
     assert warm["cache"]["hit"] is True and second.returncode == first.returncode
     assert statuses(warm) == statuses(cold) and [r["check"] for r in warm["results"]] == [r["check"] for r in cold["results"]]
-    assert warm["cache"]["live"] == 7 and warm["cache"]["reused"] == len(cold["results"]) - 7
-    assert "static check result(s) reused from" in second.stdout and "7 live check(s) run" in second.stdout
+    assert warm["cache"]["live"] == 8 and warm["cache"]["reused"] == len(cold["results"]) - 8  # the 7 NVML checks and gpu.kernel_events
+    assert "static check result(s) reused from" in second.stdout and "8 live check(s) run" in second.stdout
     assert node.cache_file().stat().st_mode & 0o022 == 0  # no one else may write what the next verify trusts
 
 
@@ -169,8 +169,9 @@ def test_a_check_is_live_when_it_reads_only_nvml_or_is_the_kernel_events_check()
     from stackgate.checks.core import Check
 
     live = sorted(name for name, check in REGISTRY.items() if verifycache.is_live(check))
-    assert live == ["gpu.capability", "gpu.count", "gpu.driver", "gpu.driver_cuda", "gpu.ecc", "gpu.pcie", "gpu.processes"]
+    assert live == ["gpu.capability", "gpu.count", "gpu.driver", "gpu.driver_cuda", "gpu.ecc", "gpu.kernel_events", "gpu.pcie", "gpu.processes"]
     assert verifycache.is_live(Check("gpu.kernel_events", lambda lock, facts: None, "x", ("kernel_log",), 5.0, False))  # type: ignore[arg-type, return-value]
+    assert not verifycache.is_live(Check("gpu.other", lambda lock, facts: None, "x", ("kernel",), 5.0, False))  # type: ignore[arg-type, return-value]
 
 
 UNITS = ROOT / "stackgate" / "systemd"

@@ -239,7 +239,7 @@ def _row_named(db: index.Store, ref: str) -> Row:
     if len(matches) == 1:
         return matches[0]
     if not matches:
-        raise history.HistoryError(f"no run {ref!r} ({db.count()} run(s) kept; `invoke report` lists them)")
+        raise history.HistoryError(f"no run {ref!r} ({db.count()} run(s) kept; `stackgate report` lists them)")
     return _ambiguous(ref, matches)
 
 
