@@ -14,8 +14,10 @@ import io
 import json
 import re
 import shutil
+import threading
 from pathlib import Path
 
+import exposition
 import pytest
 from fleet_sim import SimNode, SimTransport, rollbacks
 from fleet_support import Sshd, node_wrapper, spec, why_no_sshd
@@ -24,6 +26,7 @@ from test_fleet import Fleet, fleet_env, stackgate
 
 from stackgate.commands import fleet
 from stackgate.models.exitcodes import ExitCode
+from stackgate.models.fleet import parse_hosts
 from stackgate.render.ui import UI
 
 LIVE = ROOT / "lockfiles" / "blackwell-sm120-cu128.toml"  # with its pylock beside it
@@ -92,8 +95,10 @@ def test_a_canary_that_keeps_its_stack_leaves_every_other_node_untouched(tmp_pat
 def test_a_node_that_keeps_its_stack_mid_rollout_stops_the_rollout_after_its_batch(tmp_path):
     sims = {f"n{i}": SimNode() for i in range(1, 8)}
     sims["n3"] = SimNode(upgrade="keep", keep_reason="kept the live stack: greedy outputs differ: first differing token at position 7")
-    code, doc, transport, _ = upgrade(list(sims), sims, tmp_path, batch=2)
+    code, doc, transport, _ = upgrade(list(sims), sims, tmp_path, batch=2, prom_path=tmp_path / "fleet.prom")
     assert code == ExitCode.FAILED
+    upgraded = exposition.parse((tmp_path / "fleet.prom").read_text())["stackgate_fleet_node_upgraded"]
+    assert [upgraded.value(lock="blackwell-sm120-cu128", node=n) for n in ("n1", "n2", "n3", "n4")] == [1, 1, 0, 0]
     assert {n: d["status"] for n, d in by_name(doc).items()} == {"n1": "passed", "n2": "passed", "n3": "failed", "n4": "not run", "n5": "not run", "n6": "not run", "n7": "not run"}
     assert sorted(transport.begun) == ["n1", "n2", "n3"] and not sims["n4"].calls
     assert doc["upgrade"]["moved"] == ["n1", "n2"] and doc["upgrade"]["kept"] == ["n3"] and doc["upgrade"]["untouched"] == ["n4", "n5", "n6", "n7"]
@@ -212,3 +217,26 @@ def test_fleet_upgrade_over_loopback_sshd_nodes(tmp_path):
         assert "### Upgrade (canary first)" in markdown and "| a | canary | passed | switched | 400.00 -> 440.00 |" in markdown
     finally:
         cluster.stop()
+
+
+def test_ctrl_c_during_the_canary_touches_no_other_node():
+    nodes = parse_hosts("a,b,c")
+    stop = threading.Event()
+    began: list[str] = []
+
+    def work(node, stop):
+        began.append(node.name)
+        stop.set()  # Ctrl-C while the canary runs: its remote group is stopped (tests/test_fleet.py, over real sshd)
+        return fleet.NodeRun(node, fleet.INTERRUPTED, "interrupted (Ctrl-C or SIGTERM)")
+
+    ran = fleet.canary_rollout(nodes, 1, 2, work, stop)
+    assert began == ["a"] and [(n.status, n.reason) for n in ran[1:]] == [("not run", "not run: the fleet was interrupted")] * 2
+    assert ran[0].steps == ("canary",)
+
+
+def test_fleet_upgrade_usage_on_the_command_line_exits_2(tmp_path):
+    for flags, said in (([], "--to NEW_SPEC is required"), (["--to", str(LIVE), "--canary", "x"], "--canary 'x': not a whole number")):
+        done = stackgate("fleet", "upgrade", "--hosts", "a", *flags, history=tmp_path / "runs")
+        assert done.returncode == ExitCode.USAGE and said in done.stderr and "Traceback" not in done.stderr
+    done = stackgate("fleet", "gate", "--hosts", "a", "--canary", "2", history=tmp_path / "runs")
+    assert done.returncode == ExitCode.USAGE and "are for `fleet upgrade`" in done.stderr

@@ -73,6 +73,8 @@ SWITCHES = ("if-better", "if-passes")
 PASSED, FAILED, UNREACHABLE, TIMED_OUT, INTERRUPTED, NOT_RUN = "passed", "failed", "unreachable", "timed out", "interrupted", "not run"
 #: What an upgrade that did not win left on its node (commands/upgrade.py: ``current`` moves only in its last, atomic step).
 KEPT = "kept the live stack: nothing to roll back"
+#: ... and what a node stopped before it wrote its report left: upgrade's rule, no report to confirm it.
+STOPPED = "stopped before its report: current is the live stack unless upgrade's last, atomic step (the switch) had run"
 #: A node's report is read whole: a bigger one is not a stackgate report.
 MAX_REPORT_BYTES = 64 << 20
 #: How long a stopped node's stackgate gets to tear down (its servers) before SIGKILL.
@@ -422,6 +424,8 @@ def upgraded(ran: NodeRun) -> NodeRun:
         return replace(ran, reason=outcome["reason"], steps=("already on the new stack",))
     if ran.passed:  # exit 0 without a switch: not a win a rollout can build on
         return replace(ran, status=FAILED, reason=f"the node did not switch: {outcome['reason'] if outcome else 'its report has no upgrade part'}", steps=("upgrade", KEPT))
+    if outcome is None and ran.status in (INTERRUPTED, TIMED_OUT):
+        return replace(ran, steps=("upgrade", STOPPED))
     return replace(ran, steps=("upgrade", KEPT))
 
 

@@ -209,6 +209,10 @@ def prometheus(doc: Mapping[str, Any]) -> str:
         ("stackgate_fleet_node_duration_seconds", "Wall time of each node's run.", [(labels, float(n.get("duration_s", 0))) for labels, n in per_node]),
         ("stackgate_fleet_outlier", "1 for each node and figure found far from the fleet median.", [({**base, "node": o["node"], "metric": o["metric"]}, 1.0) for o in doc.get("outliers", ())]),
     ]
+    if isinstance(doc.get("upgrade"), Mapping):
+        moved = set(doc["upgrade"].get("moved", ()))
+        samples = [(labels, 1.0 if n["name"] in moved else 0.0) for labels, n in per_node]
+        families.append(("stackgate_fleet_node_upgraded", "Whether fleet upgrade moved each node to the new stack (1) or not (0).", samples))
     measured = (
         ("decode_tok_s", "decode_tokens_per_second", "decode tok/s"),
         ("busbw_gbs", "allreduce_busbw_gbytes_per_second", "all-reduce bus bandwidth, GB/s"),
