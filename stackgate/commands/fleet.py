@@ -429,7 +429,7 @@ def upgraded(ran: NodeRun) -> NodeRun:
     return replace(ran, steps=("upgrade", KEPT))
 
 
-# --- many nodes -------------------------------------------------------------------------------
+# --- many nodes ----------------------------------------------------------------------------------
 
 Work = Callable[[Node, threading.Event], NodeRun]
 Progress = Callable[[NodeRun], None]
