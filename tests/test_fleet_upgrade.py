@@ -56,8 +56,11 @@ def by_name(doc: dict) -> dict[str, dict]:
 
 def test_the_canary_wins_then_the_rest_roll_in_batches(tmp_path):
     sims = {f"n{i}": SimNode(rate=92.6, new_rate=99.8) for i in range(1, 6)}
-    code, doc, transport, console = upgrade(list(sims), sims, tmp_path, batch=2)
+    code, doc, transport, console = upgrade(list(sims), sims, tmp_path, batch=2, html_path=tmp_path / "f.html", junit_path=tmp_path / "f.xml")
     assert code == ExitCode.PASSED and doc["command"] == "fleet upgrade"
+    page = (tmp_path / "f.html").read_text()
+    assert "<h2>Upgrade (canary first)</h2>" in page and "<script" not in page and "moved to the new stack: n1, n2, n3, n4, n5" in page
+    assert 'name="stackgate.fleet.n1"' in (tmp_path / "f.xml").read_text()
     assert transport.begun[0] == "n1" and set(transport.begun[1:3]) == {"n2", "n3"} and set(transport.begun[3:5]) == {"n4", "n5"}
     assert doc["upgrade"]["canary_nodes"] == ["n1"] and doc["upgrade"]["moved"] == ["n1", "n2", "n3", "n4", "n5"] and doc["upgrade"]["untouched"] == []
     assert doc["reason"] == "5 of 5 node(s) moved to the new stack"
