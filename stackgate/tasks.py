@@ -214,12 +214,17 @@ def diagnose(c, path=None, stdin=False, json=None, lock=None, kernel=False, kern
     positional=["action"],
     iterable=["check"],
     help={
-        "action": "what to run on every node: gate, verify or provision (provision: then a gate; a node that fails is rolled back)",
+        "action": "what to run on every node: gate, verify, provision (then a gate; a node that fails is rolled back) or upgrade (a canary first)",
         "hosts": "the nodes: comma-separated [user@]host[:port] (or --inventory)",
         "inventory": "the nodes: a TOML inventory ([fleet] defaults, one [[node]] per node; README, Fleet)",
-        "lock": LOCK_HELP + "; shipped to every node with its pylock, sha256 checked there",
+        "lock": LOCK_HELP + "; shipped to every node with its pylock, sha256 checked there (upgrade: the live spec, default each node's own)",
         "parallel": "nodes run at once (gate, verify; default 8)",
-        "batch": "provision: nodes moved at a time; the first batch with a failure stops the rollout (default 1)",
+        "batch": "provision, upgrade: nodes moved at a time; the first batch with a failure stops the rollout (default 1)",
+        "to": "upgrade: the new spec (its pylock beside it), shipped to every node and built beside its live stack",
+        "canary": "upgrade: nodes upgraded first; the rest only if every one of them won (default 1)",
+        "switch": "upgrade: each node's stackgate upgrade --switch: if-better (default) or if-passes",
+        "accept_output_change": "upgrade: accept greedy outputs that differ from the live stack's (still reported)",
+        "model": "upgrade: model directory both sides launch on each node (default: the specs' [smoke] model)",
         "fast_only": "gate: stop each node's gate after the fast smoke",
         "check": "verify: run only checks matching this name or glob on each node (repeatable)",
         "timeout": "seconds each node's whole run may take (default: the inventory's timeout_s, else 7200)",
@@ -234,9 +239,9 @@ def diagnose(c, path=None, stdin=False, json=None, lock=None, kernel=False, kern
 )
 def fleet(
     c, action, hosts=None, inventory=None, lock=None, parallel=None, batch=None, fast_only=False, check=None, timeout=None, connect_timeout=None,
-    json=None, junit=None, markdown=None, prom=None, html=None, strict=False,
+    json=None, junit=None, markdown=None, prom=None, html=None, strict=False, to=None, canary=None, switch="if-better", accept_output_change=False, model=None,
 ):  # fmt: skip
-    """Run gate, verify or provision on every node over SSH: one report, groups, outliers, one verdict."""
+    """Run gate, verify, provision or upgrade on every node over SSH: one report, one verdict."""
     from stackgate.commands import fleet as command
 
     def go():
@@ -244,7 +249,8 @@ def fleet(
             action=action, hosts=hosts, inventory=_path(inventory), lock_path=_path(lock), parallel=command.whole("--parallel", parallel, 8),
             batch=command.whole("--batch", batch, 1), fast_only=fast_only, checks=tuple(check or ()), timeout_s=command.seconds("--timeout", timeout),
             connect_timeout_s=command.seconds("--connect-timeout", connect_timeout), strict=strict, json_path=_path(json), junit_path=_path(junit),
-            markdown_path=_path(markdown), prom_path=_path(prom), html_path=_path(html),
+            markdown_path=_path(markdown), prom_path=_path(prom), html_path=_path(html), to_path=_path(to), canary=command.whole("--canary", canary, 1),
+            switch=switch, accept_output_change=accept_output_change, model=model,
         )  # fmt: skip
         return command.run(request, UI())
 

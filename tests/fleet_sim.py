@@ -4,8 +4,9 @@ It stands in for SSH at the transport edge (stackgate.edges.ssh.Transport) and n
 controller's code above it (version check, shipping and hashing the spec, the remote run, reading
 the report back, groups, outliers, batches, rollbacks) runs unchanged. Each node answers from a
 :class:`SimNode`: its version, what its gate/provision/rollback exit with, its decode rate and its
-stack's distributions (its fingerprint). Used by tests/test_fleet_logic.py and
-benchmarks/fleet_scale.py (1,000 nodes in one process).
+stack's distributions (its fingerprint), and what its ``stackgate upgrade`` decides (switch, keep
+or "already on it") with the decode rate of each side. Used by tests/test_fleet_logic.py,
+tests/test_fleet_upgrade.py and benchmarks/fleet_scale.py (1,000 nodes in one process).
 """
 
 from __future__ import annotations
@@ -35,7 +36,11 @@ class SimNode:
     reachable: bool = True
     corrupt: bool = False  #: the shipped files arrive damaged
     raw_report: str | None = None  #: what the node writes as its report instead of a real one
+    upgrade: str = "switch"  #: what its `stackgate upgrade` does: switch, keep, or current (already on the new stack)
+    new_rate: float = 99.8  #: the new stack's decode tok/s in its A/B (``rate`` is the live one's)
+    keep_reason: str = "kept the live stack: slower beyond the measured noise: decode new - live: -7.20 tok/s (-7.8%; 95% CI -8.10 to -6.30)"
     calls: list[str] = field(default_factory=list)
+    upgrades: list[list[str]] = field(default_factory=list)  #: each `stackgate upgrade` argv, and the shipped files it named were there
 
 
 def report(node: Node, sim: SimNode, command: str) -> dict[str, Any]:
@@ -62,13 +67,35 @@ def report(node: Node, sim: SimNode, command: str) -> dict[str, Any]:
     }
 
 
+def upgrade_report(node: Node, sim: SimNode) -> dict[str, Any]:
+    """A node's `stackgate upgrade --json` report (the parts the fleet reads: commands/upgrade.py)."""
+    won, same = sim.upgrade == "switch", sim.upgrade == "current"
+    decision = None if same else {"mode": "if-better", "switch": won, "reason": "switched: it passes, gives the same greedy tokens and is faster" if won else sim.keep_reason}
+    sides = {name: {"decode_tok_s": {"mean": rate, "ci_low": rate - 0.4, "ci_high": rate + 0.4, "n": 4}} for name, rate in (("live", sim.rate), ("new", sim.new_rate))}
+    delta = sim.new_rate - sim.rate
+    ab = {"sides": sides, "difference": {"delta": delta, "ci": [delta - 0.6, delta + 0.6], "relative": delta / sim.rate, "significant": True}, "difference_text": f"{delta:+.2f} tok/s"}
+    part = {
+        "schema": "stackgate.upgrade/1",
+        "step": "done",
+        "plan": {"changes": [] if same else [{"kind": "distribution", "name": "flashinfer-python", "old": "0.6.3", "new": "0.6.4"}]},
+        "ab": ab if not same else {"sides": {}, "difference": None, "difference_text": None},
+        "decision": decision,
+        "current": {"before": "g1", "after": "g2" if won else "g1", "switched": won},
+    }
+    code = 0 if won or same else 1
+    reason = decision["reason"] if decision else "plan only (--dry-run)"
+    return {"schema": "stackgate.report/1", "command": "upgrade", "run_id": "20261130T000000Z-upgrade-abc123", "host": {"hostname": node.name}, "results": [], "counts": {},
+            "verdict": "passed" if code == 0 else "failed", "reason": reason, "exit_code": code, "upgrade": part}  # fmt: skip
+
+
 FOLDER = "/tmp/stackgate-fleet.Sim00000"
 
 
 class SimSession:
-    def __init__(self, node: Node, sim: SimNode) -> None:
+    def __init__(self, node: Node, sim: SimNode, begun: list[str] | None = None) -> None:
         self.node, self.sim = node, sim
         self.files: dict[str, bytes] = {}
+        self.begun = begun if begun is not None else []  #: the transport's: node names, as each remote stackgate run began
 
     def run(self, command: str, *, timeout_s: float, stdin: bytes | None = None, stop: threading.Event | None = None) -> Completed:
         self.sim.calls.append(command)
@@ -94,10 +121,17 @@ class SimSession:
 
     def _stackgate(self, argv: list[str]) -> Completed:
         what = argv[1]
+        self.begun.append(self.node.name)
         if what in ("gate", "verify"):
             written = self.sim.raw_report if self.sim.raw_report is not None else json.dumps(report(self.node, self.sim, what))
             self.files[argv[argv.index("--json") + 1]] = written.encode()
             return Completed(self.sim.gate_exit, "", "")
+        if what == "upgrade":
+            named = [argv[argv.index(flag) + 1] for flag in ("--to", "--lock") if flag in argv]
+            self.sim.upgrades.append([*argv[1:], *(f"shipped:{path in self.files}" for path in named)])
+            doc = upgrade_report(self.node, self.sim)
+            self.files[argv[argv.index("--json") + 1]] = json.dumps(doc).encode()
+            return Completed(doc["exit_code"], "", "")
         code = self.sim.provision_exit if what == "provision" else self.sim.rollback_exit
         return Completed(code, "", "" if code == 0 else f"{what} failed on {self.node.name}\n")
 
@@ -110,12 +144,13 @@ class SimTransport:
 
     def __init__(self, sims: dict[str, SimNode] | None = None) -> None:
         self.sims = sims or {}
+        self.begun: list[str] = []  #: every node's remote stackgate runs, in the order they began
 
     def connect(self, node: Node) -> SimSession:
         sim = self.sims.setdefault(node.name, SimNode())
         if not sim.reachable:
             raise TransportError(f"{node.address}: cannot connect: Connection refused")
-        return SimSession(node, sim)
+        return SimSession(node, sim, self.begun)
 
 
 def rollbacks(sim: SimNode) -> int:

@@ -21,6 +21,14 @@ first batch with a failure the failed nodes that were provisioned are rolled bac
 rollback``) and no further node is touched. :func:`run_nodes` and :func:`rolling` take any
 per-node action, so other rollouts can reuse them.
 
+``fleet upgrade --to NEW [--lock LIVE] --canary N --batch K`` is a canary rollout of ``stackgate
+upgrade`` (commands/upgrade.py): both specs (and their pylocks) are shipped; the first N nodes
+upgrade together (each builds the new stack beside its live one, A/Bs them on its own GPUs and
+switches only if the new one wins); only when every canary won, the rest follow K at a time,
+stopping after the first batch where a node did not win. A node that did not win kept its live
+stack by upgrade's own rule (``current`` moves only in its last, atomic step): nothing is rolled
+back. :func:`canary_rollout` is that order of nodes, for any per-node action.
+
 Each gate document collected is kept in this controller's run history (runs/history.py), as
 local runs are, with a ``fleet`` part naming the node and the fleet run.
 """
@@ -54,13 +62,19 @@ from stackgate.runs import fleet as aggregate
 from stackgate.runs import history
 
 __all__ = [
-    "ACTIONS", "SCHEMA", "FleetRequest", "FleetRun", "FleetUsageError", "NodeRun", "Remote", "Shipment", "document", "gate_on_node", "on_node", "printable",
-    "provision_on_node", "rolling", "run", "run_fleet", "run_nodes", "seconds", "whole",
+    "ACTIONS", "SCHEMA", "SWITCHES", "FleetRequest", "FleetRun", "FleetUsageError", "NodeRun", "Remote", "Shipment", "canary_rollout", "document", "gate_on_node",
+    "on_node", "printable", "provision_on_node", "rolling", "run", "run_fleet", "run_nodes", "seconds", "upgrade_on_node", "whole",
 ]  # fmt: skip
 
 SCHEMA = "stackgate.fleet/1"
-ACTIONS = ("gate", "verify", "provision")
+ACTIONS = ("gate", "verify", "provision", "upgrade")
+#: upgrade's --switch modes a rollout can take (``never`` moves no node: the canary could not win).
+SWITCHES = ("if-better", "if-passes")
 PASSED, FAILED, UNREACHABLE, TIMED_OUT, INTERRUPTED, NOT_RUN = "passed", "failed", "unreachable", "timed out", "interrupted", "not run"
+#: What an upgrade that did not win left on its node (commands/upgrade.py: ``current`` moves only in its last, atomic step).
+KEPT = "kept the live stack: nothing to roll back"
+#: ... and what a node stopped before it wrote its report left: upgrade's rule, no report to confirm it.
+STOPPED = "stopped before its report: current is the live stack unless upgrade's last, atomic step (the switch) had run"
 #: A node's report is read whole: a bigger one is not a stackgate report.
 MAX_REPORT_BYTES = 64 << 20
 #: How long a stopped node's stackgate gets to tear down (its servers) before SIGKILL.
@@ -80,7 +94,7 @@ class FleetRequest:
     inventory: Path | None = None
     lock_path: Path | None = None
     parallel: int = 8
-    batch: int = 1  #: provision only: nodes moved at a time
+    batch: int = 1  #: provision, upgrade: nodes moved at a time
     fast_only: bool = False
     checks: tuple[str, ...] = ()  #: verify only: ``--check`` patterns handed to each node
     timeout_s: float | None = None  #: every node's; default: the inventory's, else models.fleet's
@@ -91,6 +105,16 @@ class FleetRequest:
     markdown_path: Path | None = None
     prom_path: Path | None = None
     html_path: Path | None = None
+    to_path: Path | None = None  #: upgrade only: the new spec (``lock_path``, when given, is the live one)
+    canary: int = 1  #: upgrade only: nodes upgraded first; the rest only if every one of them won
+    switch: str = "if-better"  #: upgrade only: each node's ``stackgate upgrade --switch``
+    accept_output_change: bool = False  #: upgrade only
+    model: str | None = None  #: upgrade only: the model both sides launch on each node
+
+    @property
+    def upgrade_options(self) -> bool:
+        """Whether an option only ``fleet upgrade`` takes was given."""
+        return self.to_path is not None or self.canary != 1 or self.switch != "if-better" or self.accept_output_change or self.model is not None
 
     @property
     def outputs(self) -> dict[str, Path]:
@@ -122,18 +146,33 @@ class Shipment:
 
     spec_name: str
     files: Mapping[str, bytes]
+    live_name: str | None = None  #: upgrade: the live spec's name among the files
 
     @property
     def sha256(self) -> dict[str, str]:
         return {name: hashlib.sha256(data).hexdigest() for name, data in self.files.items()}
 
     @staticmethod
-    def of(lock: lockmodel.Lock) -> Shipment:
-        files = {lock.path.name: lock.path.read_bytes()}
-        locked = pylock.path_for(lock.path)
-        if locked.is_file():
-            files[locked.name] = locked.read_bytes()
-        return Shipment(lock.path.name, files)
+    def of(lock: lockmodel.Lock, live: lockmodel.Lock | None = None) -> Shipment:
+        """The spec and its pylock; with ``live`` (an upgrade's live spec) that one's too, under
+        ``live-NAME`` when its names would take the new one's."""
+        files = _spec_files(lock.path.name, lock.path)
+        if live is None:
+            return Shipment(lock.path.name, files)
+        name = live.path.name
+        if name in files or pylock.path_for(Path(name)).name in files:
+            name = f"live-{name}"
+        return Shipment(lock.path.name, {**files, **_spec_files(name, live.path)}, name)
+
+
+def _spec_files(name: str, path: Path) -> dict[str, bytes]:
+    """A spec's bytes under ``name``, and its pylock's (when there is one) under the name the node's
+    stackgate will look for beside ``name``."""
+    files = {name: path.read_bytes()}
+    locked = pylock.path_for(path)
+    if locked.is_file():
+        files[pylock.path_for(Path(name)).name] = locked.read_bytes()
+    return files
 
 
 # --- one node ------------------------------------------------------------------------------------
@@ -314,12 +353,12 @@ def _judged(remote: Remote, done: ssh.Completed, what: str, steps: tuple[str, ..
     return NodeRun(node, FAILED, f"{what} exit {done.returncode}: {reason}", exit_code=done.returncode, doc=doc, steps=steps)
 
 
-def gate_on_node(args: Sequence[str], what: str = "gate") -> Action:
+def gate_on_node(args: Sequence[str], what: str = "gate", spec_flag: str = "--lock") -> Action:
     """The action: ``stackgate <what> --lock SPEC --json report.json ARGS`` and its report."""
 
     def act(remote: Remote, spec: str) -> NodeRun:
         try:
-            done = remote.stackgate(what, "--lock", spec, "--json", f"{remote.folder}/report.json", *args)
+            done = remote.stackgate(what, spec_flag, spec, "--json", f"{remote.folder}/report.json", *args)
         except NodeFailed as failure:
             if failure.status not in (INTERRUPTED, TIMED_OUT):
                 raise
@@ -362,6 +401,34 @@ def provision_on_node(gate_args: Sequence[str]) -> Action:
     return act
 
 
+def upgrade_on_node(args: Sequence[str], live_name: str | None = None) -> Action:
+    """``stackgate upgrade --to NEW [--lock LIVE] --json report.json ARGS``: the node passes only
+    when the new stack won and is live there (or already was). One that did not win kept its live
+    stack by upgrade's own rule, so nothing is rolled back: its steps say so."""
+
+    def act(remote: Remote, spec: str) -> NodeRun:
+        live = ["--lock", f"{remote.folder}/{live_name}"] if live_name else []  # else: the spec its live generation was built from
+        return upgraded(gate_on_node([*live, *args], "upgrade", "--to")(remote, spec))
+
+    return act
+
+
+def upgraded(ran: NodeRun) -> NodeRun:
+    """A node's upgrade judged for the rollout: won (moved), already there, or kept its live stack."""
+    outcome = aggregate.upgrade_outcome(ran.doc)
+    if outcome is not None and outcome["moved"]:
+        if ran.passed:
+            return replace(ran, reason=outcome["reason"], steps=("upgraded", "switched"))
+        return replace(ran, steps=("upgraded", "switched", f"then {ran.status}"))  # e.g. interrupted after its atomic switch
+    if ran.passed and outcome is not None and outcome["decision"] == aggregate.UNCHANGED:
+        return replace(ran, reason=outcome["reason"], steps=("already on the new stack",))
+    if ran.passed:  # exit 0 without a switch: not a win a rollout can build on
+        return replace(ran, status=FAILED, reason=f"the node did not switch: {outcome['reason'] if outcome else 'its report has no upgrade part'}", steps=("upgrade", KEPT))
+    if outcome is None and ran.status in (INTERRUPTED, TIMED_OUT):
+        return replace(ran, steps=("upgrade", STOPPED))
+    return replace(ran, steps=("upgrade", KEPT))
+
+
 # --- many nodes ----------------------------------------------------------------------------------
 
 Work = Callable[[Node, threading.Event], NodeRun]
@@ -400,17 +467,28 @@ def _result(future: concurrent.futures.Future[NodeRun], node: Node) -> NodeRun:
     return future.result()
 
 
-def rolling(nodes: Sequence[Node], batch: int, work: Work, stop: threading.Event, progress: Progress = lambda done: None) -> list[NodeRun]:
+def rolling(nodes: Sequence[Node], batch: int, work: Work, stop: threading.Event, progress: Progress = lambda done: None, lost: str = "failed") -> list[NodeRun]:
     """``work`` on ``batch`` nodes at a time; after a batch with a node that did not pass, the
-    nodes after it are not run."""
+    nodes after it are not run (``not run: an earlier batch <lost> (its nodes)``)."""
     done: list[NodeRun] = []
     for start in range(0, len(nodes), batch):
         if stop.is_set() or any(not d.passed for d in done):
-            why = "the fleet was interrupted" if stop.is_set() else f"an earlier batch failed ({', '.join(d.node.name for d in done if not d.passed)})"
+            why = "the fleet was interrupted" if stop.is_set() else f"an earlier batch {lost} ({', '.join(d.node.name for d in done if not d.passed)})"
             done += [NodeRun(node, NOT_RUN, f"not run: {why}") for node in nodes[start:]]
             break
         done += run_nodes(nodes[start : start + batch], work, batch, stop, progress)
     return done
+
+
+def canary_rollout(nodes: Sequence[Node], canary: int, batch: int, work: Work, stop: threading.Event, progress: Progress = lambda done: None) -> list[NodeRun]:
+    """``work`` on the first ``canary`` nodes together; only when every one of them passed, on the
+    rest ``batch`` at a time (:func:`rolling`); otherwise no other node is touched."""
+    first = [replace(n, steps=("canary", *n.steps)) for n in run_nodes(nodes[:canary], work, canary, stop, progress)]
+    lost = [n.node.name for n in first if not n.passed]
+    if stop.is_set() or lost:
+        why = "the fleet was interrupted" if stop.is_set() else f"the canary did not win ({', '.join(lost)})"
+        return first + [NodeRun(node, NOT_RUN, f"not run: {why}") for node in nodes[canary:]]
+    return first + rolling(nodes[canary:], batch, work, stop, progress, "did not win")
 
 
 # --- the fleet -----------------------------------------------------------------------------------
@@ -454,11 +532,13 @@ def document(done: FleetRun) -> dict[str, Any]:
 
 
 def _document(done: FleetRun) -> dict[str, Any]:
-    groups = aggregate.groups([(n.node.name, n.doc) for n in done.nodes])
-    outliers = aggregate.outliers([(n.node.name, aggregate.figures(n.doc)) for n in done.nodes if n.doc is not None])
-    code, reason = _verdict(done, groups, outliers)
+    upgrade = done.request.action == "upgrade"
+    # an upgrade's node reports carry no fingerprint nor gate figures: its own part says what moved
+    groups = [] if upgrade else aggregate.groups([(n.node.name, n.doc) for n in done.nodes])
+    outliers = [] if upgrade else aggregate.outliers([(n.node.name, aggregate.figures(n.doc)) for n in done.nodes if n.doc is not None])
+    code, reason = _upgrade_verdict(done) if upgrade else _verdict(done, groups, outliers)
     lock = done.lock
-    return {
+    doc = {
         "schema": SCHEMA,
         "command": f"fleet {done.request.action}",
         "run_id": done.run_id,
@@ -477,6 +557,50 @@ def _document(done: FleetRun) -> dict[str, Any]:
         "reason": reason,
         "exit_code": int(code),
     }
+    if upgrade:
+        doc["upgrade"] = _upgrade_part(done)
+    return doc
+
+
+def _upgrade_part(done: FleetRun) -> dict[str, Any]:
+    """The rollout: its options, the canary nodes, and which nodes moved, kept or were not touched."""
+    request = done.request
+    return {
+        "to": str(request.to_path),
+        "live_lock": str(request.lock_path) if request.lock_path else None,  #: None: each node's live generation's own spec
+        "canary": request.canary,
+        "batch": request.batch,
+        "switch": request.switch,
+        "accept_output_change": request.accept_output_change,
+        "canary_nodes": [n.node.name for n in done.nodes[: request.canary]],
+        "moved": [n.node.name for n in done.nodes if _moved(n)],
+        "kept": [n.node.name for n in done.nodes if n.status not in (PASSED, NOT_RUN) and not _moved(n)],
+        "untouched": [n.node.name for n in done.nodes if n.status == NOT_RUN],
+    }
+
+
+def _moved(done: NodeRun) -> bool:
+    return "switched" in done.steps
+
+
+def _upgrade_verdict(done: FleetRun) -> tuple[ExitCode, str]:
+    nodes, canary = done.nodes, done.request.canary
+    moved = [n.node.name for n in nodes if _moved(n)]
+    if done.interrupted:
+        return ExitCode.INTERRUPTED, f"interrupted (Ctrl-C or SIGTERM): {len(moved)} of {len(nodes)} node(s) had moved to the new stack" + (f" ({', '.join(moved)})" if moved else "")
+    if not nodes:
+        return ExitCode.FAILED, "no node was upgraded"
+    lost = [n for n in nodes[:canary] if not n.passed]
+    if lost:
+        return ExitCode.FAILED, f"the canary {lost[0].node.name} did not win ({lost[0].status}: {lost[0].reason}): no other node was touched"
+    bad = [n for n in nodes if not n.passed and n.status != NOT_RUN]
+    if bad:
+        left = [n.node.name for n in nodes if n.status == NOT_RUN]
+        return ExitCode.FAILED, (
+            f"{bad[0].node.name} did not win ({bad[0].status}: {bad[0].reason}): the rollout stopped after its batch; "
+            f"{len(moved)} node(s) moved, {len(bad)} kept their live stack, {len(left)} not touched"
+        )
+    return ExitCode.PASSED, f"{len(moved)} of {len(nodes)} node(s) moved to the new stack" + (f", {len(nodes) - len(moved)} already on it" if len(moved) < len(nodes) else "")
 
 
 def _node_part(done: NodeRun) -> dict[str, Any]:
@@ -498,6 +622,7 @@ def _node_part(done: NodeRun) -> dict[str, Any]:
         "fingerprint": finger.get("short") if isinstance(finger, Mapping) and isinstance(finger.get("short"), str) else None,
         "figures": aggregate.figures(doc),
         "counts": doc.get("counts") if isinstance(doc.get("counts"), Mapping) else {},
+        **({"upgrade": aggregate.upgrade_outcome(done.doc)} if doc.get("command") == "upgrade" else {}),
     }
 
 
@@ -518,11 +643,14 @@ def _verdict(done: FleetRun, groups: Sequence[aggregate.Group], outliers: Sequen
     return ExitCode.PASSED, f"{len(done.nodes)} node(s) passed" + (f", {len(outliers)} outlier(s)" if outliers else "")
 
 
-def run_fleet(request: FleetRequest, nodes: Sequence[Node], lock: lockmodel.Lock, ui: UI, transport: ssh.Transport | None = None) -> FleetRun:
-    """Run the request's action on every node (see the module's docstring); never raises for what a node does."""
+def run_fleet(
+    request: FleetRequest, nodes: Sequence[Node], lock: lockmodel.Lock, ui: UI, transport: ssh.Transport | None = None, live: lockmodel.Lock | None = None
+) -> FleetRun:
+    """Run the request's action on every node (see the module's docstring); never raises for what
+    a node does. ``lock`` is the spec shipped (an upgrade's new one; ``live``, its live one)."""
     transport = transport or ssh.SshTransport()
-    shipment = Shipment.of(lock)
-    action = _action(request)
+    shipment = Shipment.of(lock, live)
+    action = _action(request, shipment)
     stop = threading.Event()
     started, clock = time.time(), time.monotonic()
 
@@ -532,14 +660,19 @@ def run_fleet(request: FleetRequest, nodes: Sequence[Node], lock: lockmodel.Lock
     def progress(done: NodeRun) -> None:
         ui.info(printable(f"{done.node.name}: {done.status} in {done.duration_s:.1f} s: {done.reason}"))
 
-    if request.action == "provision":
+    if request.action == "upgrade":
+        ran = canary_rollout(nodes, request.canary, request.batch, work, stop, progress)
+    elif request.action == "provision":
         ran = rolling(nodes, request.batch, work, stop, progress)
     else:
         ran = run_nodes(nodes, work, request.parallel, stop, progress)
     return FleetRun(request, history.new_id("fleet", started), lock, shipment, tuple(ran), started, time.monotonic() - clock, stop.is_set())
 
 
-def _action(request: FleetRequest) -> Action:
+def _action(request: FleetRequest, shipment: Shipment) -> Action:
+    if request.action == "upgrade":
+        args = ["--switch", request.switch, *(["--accept-output-change"] if request.accept_output_change else []), *(["--model", request.model] if request.model else [])]
+        return upgrade_on_node(args, shipment.live_name)
     if request.action == "verify":
         return gate_on_node([*(a for c in request.checks for a in ("--check", c)), *(["--strict"] if request.strict else [])], "verify")
     gate_args = [*(["--fast-only"] if request.fast_only else []), *(["--strict"] if request.strict else [])]
@@ -580,14 +713,44 @@ def nodes_of(request: FleetRequest) -> list[Node]:
         raise FleetUsageError("fleet: name the nodes with --hosts a,b,c or --inventory FILE (one of them)")
     if request.parallel < 1 or request.batch < 1:
         raise FleetUsageError("fleet: --parallel and --batch must be at least 1")
-    if request.batch != 1 and request.action != "provision":
-        raise FleetUsageError("fleet: --batch is for `fleet provision` (gate and verify use --parallel)")
+    if request.batch != 1 and request.action not in ("provision", "upgrade"):
+        raise FleetUsageError("fleet: --batch is for `fleet provision` and `fleet upgrade` (gate and verify use --parallel)")
     if request.checks and request.action != "verify":
         raise FleetUsageError("fleet: --check is for `fleet verify`")
+    _check_upgrade(request)
     nodes = parse_hosts(request.hosts) if request.hosts is not None else load_inventory(request.inventory)  # type: ignore[arg-type]
+    if request.action == "upgrade" and request.canary > len(nodes):
+        raise FleetUsageError(f"fleet upgrade: --canary {request.canary}: the fleet has {len(nodes)} node(s)")
     return [
         replace(node, timeout_s=request.timeout_s or node.timeout_s, connect_timeout_s=request.connect_timeout_s or node.connect_timeout_s) for node in nodes
     ]
+
+
+def _check_upgrade(request: FleetRequest) -> None:
+    if request.action != "upgrade":
+        if request.upgrade_options:
+            raise FleetUsageError("fleet: --to, --canary, --switch, --accept-output-change and --model are for `fleet upgrade`")
+        return
+    if request.to_path is None:
+        raise FleetUsageError("fleet upgrade: --to NEW_SPEC is required: the spec every node upgrades to")
+    if request.switch not in SWITCHES:
+        raise FleetUsageError(f"fleet upgrade: --switch {request.switch!r}: one of {', '.join(SWITCHES)} (`never` would move no node; `stackgate upgrade --switch never` rehearses one)")
+    if request.canary < 1:
+        raise FleetUsageError("fleet upgrade: --canary must be at least 1")
+
+
+def upgrade_specs(request: FleetRequest) -> tuple[lockmodel.Lock, lockmodel.Lock | None]:
+    """The new spec and the live one (None: each node's live generation names its own), loaded
+    here, before any node is touched: what a node would refuse is refused here first."""
+    assert request.to_path is not None
+    new = lockmodel.load(request.to_path)
+    live = lockmodel.load(request.lock_path) if request.lock_path is not None else None
+    for option, lock in (("--to", new), ("--lock", live)):
+        if lock is not None and lock.python.root is None:
+            raise FleetUsageError(f"fleet upgrade: {option} {lock.path}: python.interpreter names an existing environment; an upgrade builds generations under a python.root")
+    if live is not None and live.python.root != new.python.root:
+        raise FleetUsageError(f"fleet upgrade: --to {new.path}: python.root is {new.python.root}, but the live spec {live.path} has {live.python.root}: an upgrade builds beside the live stack")
+    return new, live
 
 
 def check_outputs(request: FleetRequest) -> None:
@@ -624,8 +787,8 @@ def run(request: FleetRequest, ui: UI, transport: ssh.Transport | None = None) -
     ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.lock_path)}))
     nodes = nodes_of(request)
     check_outputs(request)
-    lock = lockmodel.load(request.lock_path)
-    done = run_fleet(request, nodes, lock, ui, transport)
+    lock, live = upgrade_specs(request) if request.action == "upgrade" else (lockmodel.load(request.lock_path), None)
+    done = run_fleet(request, nodes, lock, ui, transport, live)
     doc = redact(done.document())
     fleetreport.render(doc, ui)
     write_reports(doc, request)

@@ -2,7 +2,8 @@
 
 Every renderer reads only the fleet document (``stackgate.fleet/1``, commands/fleet.py): nodes x
 stages, the fingerprint groups with what each odd node has that the majority has not, the
-outliers with both numbers, one verdict.
+outliers with both numbers, one verdict; for ``fleet upgrade``, each node's decision and its
+reason, decode tok/s live -> new with their 95% CIs, and which nodes moved.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from stackgate.models.result import Result, Status
 from stackgate.render import report, summaries
 from stackgate.render.ui import UI
 
-__all__ = ["STAGES", "group_lines", "html_page", "junit", "markdown", "prometheus", "render", "rows"]
+__all__ = ["STAGES", "group_lines", "html_page", "junit", "markdown", "prometheus", "render", "rows", "upgrade_lines"]
 
 #: The gate's stages, in order (a verify node has none: its verdict stands alone).
 STAGES = ("lock", "environment", "verify", "fast_smoke", "benchmark")
@@ -33,7 +34,9 @@ def _figure(node: Mapping[str, Any], name: str) -> str:
 
 
 def rows(doc: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """The nodes x stages table: headers and one row per node."""
+    """The nodes x stages table: headers and one row per node (an upgrade's: its decision and decode live -> new)."""
+    if isinstance(doc.get("upgrade"), Mapping):
+        return _upgrade_rows(doc)
     stages = _stages(doc)
     shown = [(key, label) for key, label in _FIGURES if any(key in n.get("figures", {}) for n in doc.get("nodes", ()))]
     headers = ["node", "status", *stages, *(label for _, label in shown), "stack", "seconds", "reason"]
@@ -44,6 +47,18 @@ def rows(doc: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
         cells += [node.get("fingerprint") or "-", f"{node.get('duration_s', 0):.1f}", node.get("reason", "") if node["status"] != "passed" else ""]
         table.append([str(c) for c in cells])
     return headers, table
+
+
+def _upgrade_rows(doc: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    canaries = set(doc["upgrade"].get("canary_nodes", ()))
+    table = []
+    for node in doc.get("nodes", ()):
+        outcome = node.get("upgrade") if isinstance(node.get("upgrade"), Mapping) else {}
+        live, new = (outcome.get(k) or {} for k in ("live_tok_s", "new_tok_s"))
+        rates = f"{live['mean']:.2f} -> {new['mean']:.2f}" if live.get("mean") is not None and new.get("mean") is not None else "-"
+        role = "canary" if node["name"] in canaries else "rollout"
+        table.append([node["name"], role, node["status"], outcome.get("decision") or "-", rates, f"{node.get('duration_s', 0):.1f}", node.get("reason", "") if node["status"] != "passed" else ""])
+    return ["node", "role", "status", "decision", "decode tok/s live -> new", "seconds", "reason"], table
 
 
 def group_lines(doc: Mapping[str, Any]) -> list[str]:
@@ -64,11 +79,50 @@ def group_lines(doc: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _rate(rate: Any) -> str:
+    """``92.61 tok/s (95% CI 92.10-93.12, n=4)`` from an upgrade outcome's side."""
+    if not isinstance(rate, Mapping) or rate.get("mean") is None:
+        return "not measured"
+    low, high = rate.get("ci_low"), rate.get("ci_high")
+    interval = f"95% CI {low:.2f}-{high:.2f}" if low is not None and high is not None else "no CI"
+    return f"{rate['mean']:.2f} tok/s ({interval}, n={rate.get('n') if rate.get('n') is not None else '?'})"
+
+
+def upgrade_lines(doc: Mapping[str, Any]) -> list[str]:
+    """``fleet upgrade``: per node, its part in the rollout, the decision and why, decode live ->
+    new; then which nodes moved, kept their stack, were not touched."""
+    rollout = doc.get("upgrade")
+    if not isinstance(rollout, Mapping):
+        return []
+    canaries = set(rollout.get("canary_nodes", ()))
+    lines = []
+    for node in doc.get("nodes", ()):
+        role = "canary " if node["name"] in canaries else ""
+        outcome = node.get("upgrade")
+        if not isinstance(outcome, Mapping):
+            lines.append(f"{role}{node['name']}: {_led(node['status'], node['reason'])}")
+            continue
+        kept = " (nothing to roll back: current never moved)" if outcome["decision"] != "switched" and "switched" not in node.get("steps", ()) else ""
+        lines.append(f"{role}{node['name']}: {_led(outcome['decision'], outcome['reason'])}{kept}")
+        if outcome.get("live_tok_s") or outcome.get("new_tok_s"):
+            diff = f"; new - live {outcome['difference_text']}" if outcome.get("difference_text") else ""
+            lines.append(f"  decode live {_rate(outcome.get('live_tok_s'))} -> new {_rate(outcome.get('new_tok_s'))}{diff}")
+    for key, label in (("moved", "moved to the new stack"), ("kept", "kept their live stack"), ("untouched", "not touched")):
+        if rollout.get(key):
+            lines.append(f"{label}: {', '.join(rollout[key])}")
+    return lines
+
+
+def _led(word: str, reason: str) -> str:
+    """``reason``, led by ``word`` unless it already is (``kept the live stack: ...``)."""
+    return reason if reason.startswith(word) else f"{word}: {reason}"
+
+
 def render(doc: Mapping[str, Any], ui: UI) -> None:
     headers, table = rows(doc)
     lock = doc.get("lock") or {}
     ui.table(f"stackgate {doc['command']}: {lock.get('name')} ({lock.get('path')}) on {len(table)} node(s)", headers, table)
-    for line in group_lines(doc):
+    for line in [*group_lines(doc), *upgrade_lines(doc)]:
         ui.line(line)
     for outlier in doc.get("outliers", ()):
         ui.line(f"outlier {outlier['text']}", "warning")
@@ -127,6 +181,9 @@ def markdown(doc: Mapping[str, Any]) -> str:
     lines = group_lines(doc)
     if lines:
         out += ["", "### Stacks (fingerprint groups)", "", "```", *lines, "```"]
+    rollout = upgrade_lines(doc)
+    if rollout:
+        out += ["", "### Upgrade (canary first)", "", "```", *rollout, "```"]
     if doc.get("outliers"):
         out += ["", "### Outliers (against the fleet median, MAD rule)", ""]
         out += [f"- {_cell(o['text'])}" for o in doc["outliers"]]
@@ -152,6 +209,10 @@ def prometheus(doc: Mapping[str, Any]) -> str:
         ("stackgate_fleet_node_duration_seconds", "Wall time of each node's run.", [(labels, float(n.get("duration_s", 0))) for labels, n in per_node]),
         ("stackgate_fleet_outlier", "1 for each node and figure found far from the fleet median.", [({**base, "node": o["node"], "metric": o["metric"]}, 1.0) for o in doc.get("outliers", ())]),
     ]
+    if isinstance(doc.get("upgrade"), Mapping):
+        moved = set(doc["upgrade"].get("moved", ()))
+        samples = [(labels, 1.0 if n["name"] in moved else 0.0) for labels, n in per_node]
+        families.append(("stackgate_fleet_node_upgraded", "Whether fleet upgrade moved each node to the new stack (1) or not (0).", samples))
     measured = (
         ("decode_tok_s", "decode_tokens_per_second", "decode tok/s"),
         ("busbw_gbs", "allreduce_busbw_gbytes_per_second", "all-reduce bus bandwidth, GB/s"),
@@ -191,7 +252,10 @@ def html_page(doc: Mapping[str, Any]) -> str:
     headers, table = rows(doc)
     parts = [f"<h1>stackgate {_e(doc['command'])}: <span class=\"{'passed' if word == 'PASSED' else 'failed'}\">{_e(word)}</span></h1>", f"<p>{_e(doc['reason'])}</p>"]
     parts += ["<h2>Nodes</h2>", _html_table(headers, table)]
-    parts += ["<h2>Stacks</h2>", f"<pre>{_e(chr(10).join(group_lines(doc)) or 'no fingerprint')}</pre>"]
+    if doc.get("upgrade"):
+        parts += ["<h2>Upgrade (canary first)</h2>", f"<pre>{_e(chr(10).join(upgrade_lines(doc)))}</pre>"]
+    else:
+        parts += ["<h2>Stacks</h2>", f"<pre>{_e(chr(10).join(group_lines(doc)) or 'no fingerprint')}</pre>"]
     parts += ["<h2>Outliers</h2>", "<ul>" + "".join(f"<li>{_e(o['text'])}</li>" for o in doc.get("outliers", ())) + "</ul>" if doc.get("outliers") else "<p>none</p>"]
     body = "\n".join(parts)
     return f'<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>stackgate {_e(doc["command"])}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n'

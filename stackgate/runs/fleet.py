@@ -13,6 +13,9 @@ verify wrote it), so the same aggregation serves SSH, a Kubernetes Job per node 
   median than 3.5 robust standard deviations (``|x - median| * 0.6745 / MAD > 3.5``, Iglewicz
   and Hoaglin's rule) and more than 5% of the median (so that a fleet of near-identical nodes,
   MAD near 0, does not flag a 0.1% difference). At least three nodes must have the figure.
+- **Upgrade outcomes**: a node's ``stackgate upgrade`` report (its ``stackgate.upgrade/1`` part)
+  in the fleet's words: switched or kept and why, decode tok/s of each side with its 95% CI, the
+  difference new - live, whether the node moved to the new stack.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any, Mapping, Sequence
 
 from stackgate.runs import fingerprint
 
-__all__ = ["METRICS", "Group", "Outlier", "figures", "groups", "outliers"]
+__all__ = ["KEPT", "METRICS", "SWITCHED", "UNCHANGED", "UNDECIDED", "Group", "Outlier", "figures", "groups", "outliers", "upgrade_outcome"]
 
 #: figure name -> (label, unit)
 METRICS: Mapping[str, tuple[str, str]] = {
@@ -34,6 +37,9 @@ METRICS: Mapping[str, tuple[str, str]] = {
 MAD_LIMIT = 3.5
 MIN_RELATIVE = 0.05
 MIN_NODES = 3
+#: An upgrade's outcome on a node: the new stack is live, the live one kept, the node already ran
+#: the new spec's stack, or no decision (the plan was blocked, the run stopped).
+SWITCHED, KEPT, UNCHANGED, UNDECIDED = "switched", "kept", "already on the new stack", "not decided"
 
 
 def _at(value: Any, *keys: str) -> Any:
@@ -167,3 +173,54 @@ def outliers(per_node: Sequence[tuple[str, Mapping[str, float]]]) -> list[Outlie
         limit = max(MAD_LIMIT * mad / 0.6745, MIN_RELATIVE * abs(median))
         found += [Outlier(name, metric, value, median, mad) for name, value in values if abs(value - median) > limit]
     return found
+
+
+def upgrade_outcome(doc: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A node's upgrade report in the fleet's words (None when ``doc`` holds no upgrade part);
+    every value type-checked (the report came from a node).
+
+    >>> part = {"schema": "stackgate.upgrade/1", "decision": {"switch": True, "reason": "switched: faster"}, "current": {"before": "g1", "after": "g2", "switched": True},
+    ...         "ab": {"sides": {"live": {"decode_tok_s": {"mean": 90.0, "ci_low": 89.0, "ci_high": 91.0, "n": 4}}, "new": {"decode_tok_s": {"mean": "fast"}}}}}
+    >>> found = upgrade_outcome({"exit_code": 0, "upgrade": part})
+    >>> (found["decision"], found["moved"], found["live_tok_s"], found["new_tok_s"], found["generation"])
+    ('switched', True, {'mean': 90.0, 'ci_low': 89.0, 'ci_high': 91.0, 'n': 4}, None, {'before': 'g1', 'after': 'g2'})
+    """
+    part = _at(doc, "upgrade")
+    if doc is None or not isinstance(part, Mapping) or part.get("schema") != "stackgate.upgrade/1":
+        return None
+    decision = _at(part, "decision")
+    changes = _at(part, "plan", "changes")
+    moved = _at(part, "current", "switched") is True or (_at(decision, "switch") is True and doc.get("exit_code") == 0)
+    reason = _text(_at(decision, "reason")) or _text(_at(part, "blocked")) or _text(doc.get("reason")) or "no reason given"
+    if moved:
+        word = SWITCHED
+    elif isinstance(changes, list) and not changes and decision is None and _at(part, "blocked") is None:
+        word, reason = UNCHANGED, "already on the new stack: nothing to upgrade"
+    else:
+        word = KEPT if isinstance(decision, Mapping) else UNDECIDED
+    sides = _at(part, "ab", "sides")
+    diff = _at(part, "ab", "difference")
+    return {
+        "decision": word,
+        "reason": reason,
+        "moved": moved,
+        "step": _text(_at(part, "step")),
+        "generation": {"before": _text(_at(part, "current", "before")), "after": _text(_at(part, "current", "after"))},
+        "live_tok_s": _rate(_at(sides, "live", "decode_tok_s")),
+        "new_tok_s": _rate(_at(sides, "new", "decode_tok_s")),
+        "difference": {"delta": _number(_at(diff, "delta")), "relative": _number(_at(diff, "relative")), "significant": _at(diff, "significant") is True} if isinstance(diff, Mapping) else None,
+        "difference_text": _text(_at(part, "ab", "difference_text")),
+    }
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _rate(summary: Any) -> dict[str, Any] | None:
+    """A side's decode tok/s: its mean and 95% CI (None where the node gave none)."""
+    mean = _number(_at(summary, "mean"))
+    if mean is None:
+        return None
+    n = _at(summary, "n")
+    return {"mean": mean, "ci_low": _number(_at(summary, "ci_low")), "ci_high": _number(_at(summary, "ci_high")), "n": n if isinstance(n, int) and not isinstance(n, bool) else None}
