@@ -15,7 +15,9 @@ from stackgate.models import knowledge as signatures
 from stackgate.models import spec as lockmodel
 from stackgate.models.finding import Finding
 from stackgate.models.knowledge import CONTEXT_KEYS, Scanner, SignatureError, extract
+from stackgate.models.knowledge._events import GENERIC_KEYS
 from stackgate.models.knowledge._model import quoted_names, read_folder, required_literal
+from stackgate.models.knowledge._scan import _anchor
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"
@@ -186,6 +188,22 @@ def test_line_numbers_are_right_whatever_the_block_size(chunk: int) -> None:
     assert found["sglang-symm-mem-keyerror"].evidence.lines[-1] == "KeyError: 12"
     assert found["sglang-symm-mem-keyerror"].evidence.start_line == where["sglang-symm-mem-keyerror"] - 2
     assert found["uv-no-solution"].values["package"] == "cuda-toolkit"
+
+
+def test_the_prefilter_finds_every_key_wherever_it_stands() -> None:
+    """The scan looks for keys in text translated so that each key's anchor byte reads as NUL: every
+    key must still be found, behind and among other keys' anchor bytes and real NULs, at any offset;
+    a line of anchor bytes and no key is a candidate at most, never a hit of the keys themselves."""
+    scanner = Scanner(never_silent=True)
+    plan = scanner._plan
+    assert plan.keys is not None and plan.search is not None
+    words = sorted({*(key for key, _ in plan.by_key), *GENERIC_KEYS})
+    noise = bytes(sorted({w[_anchor(w)] for w in words})) + b"\x00\x01 "
+    for word in words:
+        for line in (word, noise + word, word + noise, noise[::-1] + word[:-1] + noise + word + b"!"):
+            hit = plan.search.search(line.translate(plan.table))
+            assert hit is not None and plan.keys.search(line) is not None, (word, line)
+    assert plan.keys.search(noise * 3) is None
 
 
 def test_a_traceback_split_across_blocks_is_one_event() -> None:
