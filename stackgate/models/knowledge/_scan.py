@@ -24,7 +24,7 @@ from typing import BinaryIO, Iterable, Mapping
 
 from stackgate.models.finding import SEVERITIES, Evidence, Finding, Fix
 from stackgate.models.knowledge._events import GENERIC_KEYS, Events
-from stackgate.models.knowledge._model import _COMMONNESS, Signature, context_defaults, load
+from stackgate.models.knowledge._model import _COMMONNESS, Signature, context_defaults, load, required_literals
 from stackgate.models.knowledge.extract import COMPONENT, DROP, EXTRACTORS
 
 __all__ = ["EVIDENCE_LINE", "Scanner", "make_finding", "match_all", "rank"]
@@ -367,9 +367,22 @@ def _plan(signatures: tuple[Signature, ...], generic: bool = False) -> _Plan:
     ordered = tuple((key, tuple(sorted(group, key=lambda e: -len(e[0].supersedes)))) for key, group in entries.items())
     words = sorted({*entries, *(GENERIC_KEYS if generic else ())})
     keys = re.compile(_trie(words)) if words else None
-    table, search = _anchored(words)
+    sought = {_sought(s, i) for s in signatures if not s.at_end for i in range(len(s.keys))}
+    table, search = _anchored(sorted({*sought, *(GENERIC_KEYS if generic else ())}))
     lookback = max((s.window - 1 for s in signatures), default=0)
     return _Plan(keys, table, search, ordered, lookback, tuple(s for s in signatures if s.at_end))
+
+
+def _sought(signature: Signature, index: int) -> bytes:
+    """What the translated search looks for on behalf of one pattern: its key or, for a pattern
+    matched within one line, whichever literal every match holds has the rarest anchor (a line
+    without that literal cannot match, so it need not be looked at; a line found is still
+    examined only when it holds a key, as every line that holds one and can match does)."""
+    key = signature.keys[index].encode("utf-8")
+    if signature.window > 1 or signature.after:
+        return key  # an event's key line is the line that holds its key
+    literals = [run.encode("utf-8") for run in required_literals(signature.patterns[index]) if len(run) >= 4]
+    return max([key, *literals], key=lambda word: (_commonness(word[_anchor(word)]), len(word)))
 
 
 def _anchored(words: list[bytes]) -> tuple[bytes, re.Pattern[bytes] | None]:
