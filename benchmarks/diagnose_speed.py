@@ -204,9 +204,12 @@ def main() -> None:
         diagnose_s, code = best([sys.executable, "-m", "stackgate", "diagnose", "--path", str(log)], args.repeat, folder / "diagnose.out")
         alone_s = scanner_alone(log, args.repeat)
         mb = size / 1e6
-        print(f"grep -n -E -f ({len(grep_patterns())} patterns, LC_ALL=C): {grep_s:6.2f} s  {mb / grep_s:7.1f} MB/s")
-        print(f"stackgate diagnose (exit {code}):          {diagnose_s:6.2f} s  {mb / diagnose_s:7.1f} MB/s")
-        print(f"scanner alone, in process:               {alone_s:6.2f} s  {mb / alone_s:7.1f} MB/s")
+        for label, seconds in (
+            (f"grep -n -E -f ({len(grep_patterns())} patterns, LC_ALL=C):", grep_s),
+            (f"stackgate diagnose (exit {code}):", diagnose_s),
+            ("scanner alone, in process:", alone_s),
+        ):
+            print(f"{label:<42} {seconds:6.2f} s  {mb / seconds:7.1f} MB/s")
         ratio = diagnose_s / grep_s
         print(f"stackgate diagnose takes {ratio:.2f}x grep's time (goal: within 2x): {'met' if ratio <= 2 else 'NOT met'}")
     finally:
