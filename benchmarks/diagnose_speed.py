@@ -14,7 +14,7 @@ the same run and on the same file:
 * the scanner alone, in this process (no interpreter start), for reference.
 
 Each is run ``--repeat`` times; the best time counts. Prints MB/s and the ratio to grep; the
-goal is diagnose within 2x of grep (issue 14; it was 3x).
+goal is diagnose within 2x of grep (issue 14; it was 2.4x, 0.7x since the scan searches translated blocks).
 
     python benchmarks/diagnose_speed.py [--size-mb 500] [--repeat 3] [--dir DIR] [--keep]
 """
