@@ -15,7 +15,9 @@ from stackgate.models import knowledge as signatures
 from stackgate.models import spec as lockmodel
 from stackgate.models.finding import Finding
 from stackgate.models.knowledge import CONTEXT_KEYS, Scanner, SignatureError, extract
+from stackgate.models.knowledge._events import GENERIC_KEYS
 from stackgate.models.knowledge._model import quoted_names, read_folder, required_literal
+from stackgate.models.knowledge._scan import _anchor, _sought
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"
@@ -186,6 +188,32 @@ def test_line_numbers_are_right_whatever_the_block_size(chunk: int) -> None:
     assert found["sglang-symm-mem-keyerror"].evidence.lines[-1] == "KeyError: 12"
     assert found["sglang-symm-mem-keyerror"].evidence.start_line == where["sglang-symm-mem-keyerror"] - 2
     assert found["uv-no-solution"].values["package"] == "cuda-toolkit"
+
+
+def test_the_prefilter_finds_every_key_wherever_it_stands() -> None:
+    """The scan looks for its words in text translated so that each word's anchor byte reads as NUL:
+    every word must still be found, behind and among other words' anchor bytes and real NULs, at
+    any offset. The word of a pattern matched within one line may be another literal than its key:
+    then every match holds it."""
+    plan = Scanner(never_silent=True)._plan
+    assert plan.keys is not None and plan.search is not None
+    words = {_sought(s, i) for s in ALL if not s.at_end for i in range(len(s.keys))} | set(GENERIC_KEYS)
+    noise = bytes(sorted({w[_anchor(w)] for w in words})) + b"\x00\x01 "
+    for word in words:
+        for line in (word, noise + word, word + noise, noise[::-1] + word[:-1] + noise + word + b"!"):
+            assert plan.search.search(line.translate(plan.table)) is not None, (word, line)
+    assert plan.keys.search(noise * 3) is None
+    others = 0
+    for signature in ALL:
+        for index, pattern in enumerate(signature.patterns):
+            word = _sought(signature, index).decode()
+            if signature.at_end or word == signature.keys[index]:
+                continue
+            others += 1
+            assert signature.window == 1 and not signature.after, signature.id
+            for example in signature.examples:
+                assert all(word in hit.group() for hit in pattern.finditer(example)), (signature.id, word)
+    assert others >= 10  # the rarer literal is the one sought for many one-line patterns
 
 
 def test_a_traceback_split_across_blocks_is_one_event() -> None:

@@ -21,16 +21,16 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Sequence
 
 from stackgate import __version__
-from stackgate.edges import kernellog
 from stackgate.edges.files import write_json
-from stackgate.models import kernellog as kernelmodel
 from stackgate.models import knowledge, settings
-from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.finding import Finding
+
+if TYPE_CHECKING:  # the lock model and the kernel log's readers load only when --lock or --kernel asks for them
+    from stackgate.models import spec as lockmodel
 
 __all__ = ["SCHEMA", "DiagnoseError", "DiagnoseRequest", "Diagnosis", "Input", "diagnose", "document", "inputs_summary", "run", "verdict_line"]
 
@@ -101,7 +101,7 @@ def run(request: DiagnoseRequest, ui: Any, stdin: BinaryIO | None = None) -> Exi
         raise DiagnoseError(f"--bundle: {request.bundle_path} is a directory; name the .tar.gz to write")
     if request.stdin:
         openers.append((STDIN, lambda: _borrowed(stdin or sys.stdin.buffer)))
-    lock = lockmodel.load(request.lock_path) if request.lock_path else None
+    lock = _load_lock(request.lock_path) if request.lock_path else None
     context = knowledge.lock_context(lock) if lock else {}
     with ui.progress(f"scanning {len(openers)} input(s) for {len(knowledge.load())} known failures"):
         done = diagnose(openers, context, lock=lock, never_silent=True)
@@ -122,8 +122,17 @@ def run(request: DiagnoseRequest, ui: Any, stdin: BinaryIO | None = None) -> Exi
     return done.exit_code
 
 
+def _load_lock(path: Path) -> lockmodel.Lock:
+    from stackgate.models import spec as lockmodel
+
+    return lockmodel.load(path)
+
+
 def with_kernel(done: Diagnosis, path: Path | None) -> Diagnosis:
     """The diagnosis with the kernel log's GPU events added (a saved log, or this boot's)."""
+    from stackgate.edges import kernellog
+    from stackgate.models import kernellog as kernelmodel
+
     if path is not None:
         name, text = str(path), path.read_text(encoding="utf-8", errors="replace")
     else:
@@ -141,6 +150,7 @@ def with_kernel(done: Diagnosis, path: Path | None) -> Diagnosis:
 def gpu_indexes() -> dict[str, int]:
     """PCI bus id -> GPU index, from NVML; empty when no driver answers (the events keep their bus ids)."""
     from stackgate.edges import nvml  # loads the NVML bindings: only for --kernel
+    from stackgate.models import kernellog as kernelmodel
 
     try:
         snap = nvml.snapshot()

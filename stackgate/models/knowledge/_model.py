@@ -75,10 +75,11 @@ _REQUIRED = ("id", "title", "component", "stages", "severity", "patterns", "caus
 # Characters ordered from most to least common in serving and installer logs (counted on the
 # healthy SGLang 0.5.9 and pip/uv logs under tests/data and on SGLang's serving lines, decode and
 # prefill batches and access lines, as benchmarks/diagnose_speed.py writes them; characters not
-# listed count as rarest). The prefilter key of a signature starts at its rarest character, so
-# that the combined key scan stops on few positions of a healthy log ("TP0" is on every serving
-# line: a key starting at "T" costs). Any choice is correct (a key is a substring of a literal
-# every match contains); this one is fast.
+# listed count as rarest). The prefilter key of a signature starts at its rarest character, and
+# the scan looks for each key (or a one-line pattern's rarest literal) at its rarest byte, so
+# that the search stops on few positions of a healthy log ("TP0" is on every serving line: a
+# search anchored at "T" costs). Any choice is correct (a key is a substring of a literal every
+# match contains); this one is fast.
 _COMMONNESS = ' e0:un2tr,oa1g-h3ck#sq.6pdT45i978/P][bl()D_m=OFwf"NyIKGHv\'xSBECLzM+jARW|V<U%>Q}{!XJ\\;^@~*&Z?`$Y'
 
 

@@ -1,8 +1,13 @@
 """Finding signatures in text: whole texts (:func:`match_all`) and streams of any size (:class:`Scanner`).
 
-The scanner reads large blocks of bytes. One combined expression of the signatures' prefilter
-keys (a trie, so that it branches once per character) finds the few candidate lines; only
-those are decoded and tried against the full patterns. A multi-line event (a traceback) is
+The scanner reads large blocks of bytes and finds the few lines that hold a signature's
+prefilter key without looking at the others in Python: each block is translated so that every
+key's anchor byte (its rarest, see :func:`_anchor`) reads as NUL, and one expression that starts
+with NUL (the rest of each key after its anchor, as a trie) is searched there: ``re`` looks for
+a pattern's literal first byte in a tight loop, where an expression starting with a set of
+characters (the keys as they are) costs it several times more per byte. A line it stops on is
+checked against the keys themselves; only the lines that hold one are decoded and tried
+against the full patterns. A multi-line event (a traceback) is
 matched over the window of lines that ends on its key's line; a resolver report that follows
 its first line is collected forward. Signatures that describe the end of a log (a hang) are
 judged once the stream is finished.
@@ -19,7 +24,7 @@ from typing import BinaryIO, Iterable, Mapping
 
 from stackgate.models.finding import SEVERITIES, Evidence, Finding, Fix
 from stackgate.models.knowledge._events import GENERIC_KEYS, Events
-from stackgate.models.knowledge._model import _COMMONNESS, Signature, context_defaults, load
+from stackgate.models.knowledge._model import _COMMONNESS, Signature, context_defaults, load, required_literals
 from stackgate.models.knowledge.extract import COMPONENT, DROP, EXTRACTORS
 
 __all__ = ["EVIDENCE_LINE", "Scanner", "make_finding", "match_all", "rank"]
@@ -200,19 +205,22 @@ class Scanner:
         found = self._feed_pending(data, start, end) if self._pending else []
         if self.events is not None and self.events.waiting:
             self._follow(data, start, end, self.number + 1)
-        keys = self._plan.keys
+        plan = self._plan
         position, counted_at, counted = start, start, self.number
-        while keys is not None:
-            hit = keys.search(data, position, end)
+        translated = data.translate(plan.table) if plan.search is not None else b""
+        while plan.search is not None and plan.keys is not None:
+            hit = plan.search.search(translated, position, end)
             if hit is None:
                 break
             first = max(data.rfind(b"\n", start, hit.start()) + 1, start)
-            last = data.index(b"\n", hit.end(), end)  # keys hold no newline; the region ends with one
+            last = data.index(b"\n", hit.start(), end)  # keys hold no newline; the region ends with one
+            position = last + 1
+            if plan.keys.search(data, first, last) is None:
+                continue  # the anchor's byte stood for another: no key here
             counted += data.count(b"\n", counted_at, first)
             counted_at = first
             found.extend(self._examine(data, start, end, first, last, counted + 1))
-            position = last + 1
-        self.number += data.count(b"\n", start, end)
+        self.number = counted + data.count(b"\n", counted_at, end)
         self._carry = self._lines_before(data, start, end, self._plan.lookback)
         self._tail = (self._tail + data[max(start, end - _TAIL) : end])[-_TAIL:]
         return found
@@ -340,6 +348,8 @@ class _Pending:
 @dataclass(frozen=True)
 class _Plan:
     keys: re.Pattern[bytes] | None  #: one expression for every key, None when there is none
+    table: bytes  #: bytes.translate table: each key's anchor byte -> NUL (NUL itself -> 1)
+    search: re.Pattern[bytes] | None  #: NUL, then the rest of any key after its anchor, translated
     by_key: tuple[tuple[bytes, tuple[tuple[Signature, int], ...]], ...]
     lookback: int  #: lines kept from one block for the next (the longest window)
     at_end: tuple[Signature, ...]
@@ -357,8 +367,54 @@ def _plan(signatures: tuple[Signature, ...], generic: bool = False) -> _Plan:
     ordered = tuple((key, tuple(sorted(group, key=lambda e: -len(e[0].supersedes)))) for key, group in entries.items())
     words = sorted({*entries, *(GENERIC_KEYS if generic else ())})
     keys = re.compile(_trie(words)) if words else None
+    sought = {_sought(s, i) for s in signatures if not s.at_end for i in range(len(s.keys))}
+    table, search = _anchored(sorted({*sought, *(GENERIC_KEYS if generic else ())}))
     lookback = max((s.window - 1 for s in signatures), default=0)
-    return _Plan(keys, ordered, lookback, tuple(s for s in signatures if s.at_end))
+    return _Plan(keys, table, search, ordered, lookback, tuple(s for s in signatures if s.at_end))
+
+
+def _sought(signature: Signature, index: int) -> bytes:
+    """What the translated search looks for on behalf of one pattern: its key or, for a pattern
+    matched within one line, whichever literal every match holds has the rarest anchor (a line
+    without that literal cannot match, so it need not be looked at; a line found is still
+    examined only when it holds a key, as every line that holds one and can match does)."""
+    key = signature.keys[index].encode("utf-8")
+    if signature.window > 1 or signature.after:
+        return key  # an event's key line is the line that holds its key
+    literals = [run.encode("utf-8") for run in required_literals(signature.patterns[index]) if len(run) >= 4]
+    return max([key, *literals], key=lambda word: (_commonness(word[_anchor(word)]), len(word)))
+
+
+def _anchored(words: list[bytes]) -> tuple[bytes, re.Pattern[bytes] | None]:
+    """The translation table and the expression that find, in translated text, every place one of ``words`` may be.
+
+    Each word's anchor byte reads as NUL in the translated text (a NUL of the text reads as 1, so
+    that it starts nothing); so does every other word's anchor byte, which is why a place found
+    is only a candidate. A word that is in the text is always found: its translation is in the
+    translated text, at the same place.
+
+    >>> table, search = _anchored([b"NCCL WARN", b"undefined symbol: "])
+    >>> text = b"NCCL INFO x; NCCL WARN y; undefined symbol: z"
+    >>> [text[m.start() : m.end()] for m in search.finditer(text.translate(table))]
+    [b'WARN', b'ymbol: ']
+    """
+    if not words:
+        return bytes(range(256)), None
+    anchors = {word[_anchor(word)] for word in words}
+    table = bytes(0 if byte in anchors else (1 if byte == 0 else byte) for byte in range(256))
+    rests = sorted({word.translate(table)[_anchor(word) + 1 :] for word in words})
+    return table, re.compile(b"\x00" + _trie(rests))
+
+
+def _anchor(word: bytes, rest: int = 2) -> int:
+    """Where the translated search for ``word`` starts: at its rarest byte that has ``rest``
+    bytes after it (a byte near the end would leave the search too little to tell its word apart).
+
+    >>> _anchor(b"NCCL WARN"), _anchor(b"ERROR")
+    (5, 1)
+    """
+    last = max(len(word) - 1 - rest, 0)
+    return max(range(last + 1), key=lambda i: (_commonness(word[i]), -i))
 
 
 def _trie(words: list[bytes]) -> bytes:
