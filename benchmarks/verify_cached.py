@@ -17,40 +17,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+import verify_speed  # noqa: E402  (beside this script: its timer and its lock retargeting)
+from verify_speed import retarget  # noqa: E402
+
 from stackgate.models import spec as lockmodel  # noqa: E402
 
 
 def timed(argv: list[str], env: dict[str, str], repeat: int) -> tuple[float, int]:
-    """Median wall time of ``repeat`` runs, and the last exit status."""
-    times, code = [], 0
-    for _ in range(repeat):
-        started = time.perf_counter()
-        code = subprocess.run([sys.executable, "-m", "stackgate", *argv], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
-        times.append(time.perf_counter() - started)
-    return statistics.median(times), code
-
-
-def retarget(lock_path: Path, python: str, folder: Path) -> Path:
-    """A copy of the lock whose stack interpreter is ``python``, at that interpreter's version."""
-    version = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True, check=True).stdout.strip()
-    lock = lockmodel.load(lock_path)
-    text = lock_path.read_text()
-    target = f'interpreter = "{python}"'
-    text = text.replace(f'interpreter = "{lock.python.interpreter}"', target) if lock.python.interpreter else text.replace(f'root = "{lock.python.root}"', target)
-    text = text.replace(f'version = "{lock.python.version}"', f'version = "{version}"', 1)
-    out = folder / lock_path.name
-    out.write_text(text)
-    return out
+    """Median wall time of ``repeat`` runs of the program, and the last exit status."""
+    return verify_speed.timed([sys.executable, "-m", "stackgate", *argv], env, repeat)
 
 
 def main() -> int:
