@@ -29,10 +29,10 @@ def log_text(rig: Rig) -> str:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_an_interrupt_while_the_server_loads_tears_it_down(rig, sig):
-    rig.behave(load_s=120.0)
+    rig.behave(load_s=120.0)  # each of the stand-in's loading phases takes 24 s
     report = rig.tmp / "smoke.json"
     process = invoke(rig, "--lock", str(rig.lock()), "--json", str(report))
-    wait_for(lambda: "Load weight begin" in log_text(rig))
+    wait_for(lambda: "Init torch distributed begin" in log_text(rig))  # the first phase of loading
     process.send_signal(sig)
     code, out, err = finish(process)
     assert code == 130, err
