@@ -216,7 +216,7 @@ def diagnose(c, path=None, stdin=False, json=None, lock=None, kernel=False, kern
     help={
         "action": "what to run on every node: gate, verify, provision (then a gate; a node that fails is rolled back) or upgrade (a canary first)",
         "hosts": "the nodes: comma-separated [user@]host[:port] (or --inventory)",
-        "inventory": "the nodes: a TOML inventory ([fleet] defaults, one [[node]] per node; README, Fleet)",
+        "inventory": "the nodes: a TOML inventory ([fleet] defaults, one [[node]] per node; docs/fleet.md)",
         "lock": LOCK_HELP + "; shipped to every node with its pylock, sha256 checked there (upgrade: the live spec, default each node's own)",
         "parallel": "nodes run at once (gate, verify; default 8)",
         "batch": "provision, upgrade: nodes moved at a time; the first batch with a failure stops the rollout (default 1)",

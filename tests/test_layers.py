@@ -1,4 +1,4 @@
-"""Imports only go down: the layer rule of README's Layout section, read off the source with ast.
+"""Imports only go down: the layer rule of docs/architecture.md (Layout), read off the source with ast.
 
 Every module of stackgate belongs to the layer of its folder (LAYERS, bottom first). An import
 may reach its own folder or a lower layer's, never a higher one, never a peer on its own layer
@@ -229,7 +229,8 @@ def _cycle_text(start: str, group: set[str], edges: dict[str, list[Import]], pac
 
 def test_every_module_is_in_a_layer() -> None:
     unplaced = unplaced_modules(PACKAGE)
-    assert not unplaced, "a folder the layer table (LAYERS, README's Layout) does not name:\n" + "\n".join(unplaced)
+    unnamed = "a folder the layer table (LAYERS, docs/architecture.md) does not name:\n"
+    assert not unplaced, unnamed + "\n".join(unplaced)
 
 
 def test_imports_only_go_down_and_never_to_a_peer() -> None:

@@ -82,8 +82,8 @@ def test_a_new_task_gets_short_flags_from_the_table_only():
     assert [arg.help for arg in fleet.get_arguments()] == ["nodes", "i", "s", "m"]  # a second read keeps the help
 
 
-def test_the_readme_table_is_the_short_flag_table():
-    text = (ROOT / "README.md").read_text()
+def test_the_docs_table_is_the_short_flag_table():
+    text = (ROOT / "docs" / "cli.md").read_text()
     rows = re.findall(r"^\| `-(\w)` \| `--([\w-]+)`[^|]*\| ([^|]+) \|$", text, re.MULTILINE)
     have: dict[str, list[str]] = {}
     for task, args in arguments().items():

@@ -1,5 +1,5 @@
 """Every STACKGATE_* setting: its default, an override, its source, a bad value, the old names,
-read when used; -v shows them; README's table is the declarations'; nothing else reads them."""
+read when used; -v shows them; docs/settings.md's table is the declarations'; nothing else reads them."""
 
 from __future__ import annotations
 
@@ -201,9 +201,10 @@ def test_a_bad_setting_exits_2_naming_it_before_any_command_runs(tmp_path: Path)
         assert done.stdout == ""
 
 
-def test_the_readme_table_is_the_declarations() -> None:
+def test_the_docs_table_is_the_declarations() -> None:
     table = settings.markdown_table()
-    assert table in (ROOT / "README.md").read_text(), "README.md's settings table is stale: paste `python -m stackgate.models.settings`"
+    stale = "docs/settings.md's table is stale: paste `python -m stackgate.models.settings`"
+    assert table in (ROOT / "docs" / "settings.md").read_text(), stale
     assert len(table.splitlines()) == 2 + len(SETTINGS)
 
 

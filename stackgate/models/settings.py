@@ -10,7 +10,7 @@ touches anything. An empty variable counts as unset.
 Renamed variables keep their old name for one release: a value set only under the old name is
 used, with a one-line warning on stderr naming the new one.
 
-``python -m stackgate.models.settings`` prints the table that README.md carries.
+``python -m stackgate.models.settings`` prints the table that docs/settings.md carries.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def _warn_renamed(old: str, new: str) -> None:
 
 
 def _shown(setting: Setting[Any]) -> str:
-    """The default as README and errors show it.
+    """The default as docs/settings.md and errors show it.
 
     >>> _shown(DEEP_TIMEOUT_S), _shown(DEEP_DIR)
     ('300', "the system's temp folder")
@@ -243,7 +243,7 @@ def points(text: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in text.split(",") if p.strip())
 
 
-# --- the declarations, in the order -v and README list them ------------------------------------
+# --- the declarations, in the order -v and docs/settings.md list them --------------------------
 
 LOCK: Setting[Path | None] = Setting(
     "STACKGATE_LOCK", path, None, "the lockfile a command uses when `--lock` names none",
@@ -319,7 +319,7 @@ def report(environ: Mapping[str, str] | None = None, flags: Mapping[Setting[Any]
 
 
 def markdown_table(settings: Sequence[Setting[Any]] | None = None) -> str:
-    """The settings as README.md lists them: variable, default, meaning (the old name, if any)."""
+    """The settings as docs/settings.md lists them: variable, default, meaning (the old name, if any)."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]
     for setting in SETTINGS.values() if settings is None else settings:
         shown = _shown(setting)

@@ -1,0 +1,125 @@
+"""The documentation: docs/ builds with MkDocs in strict mode, and the strict build really fails on
+a link to a missing page, a missing anchor, and a page left out of the nav (each planted in a copy
+of the docs); the short README names every command and points at pages that exist; its test
+command is the one .ci/run runs."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from stackgate import main
+
+try:
+    import mkdocs  # noqa: F401
+except ImportError:  # the `docs` extra; .ci/run installs it, so CI never skips
+    HAVE_MKDOCS = False
+else:
+    HAVE_MKDOCS = True
+needs_mkdocs = pytest.mark.skipif(
+    not HAVE_MKDOCS, reason="mkdocs is not installed (pip install -e '.[docs]'; .ci/run installs it)"
+)
+
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+
+
+def build(root: Path, site: Path) -> subprocess.CompletedProcess[str]:
+    """`mkdocs build --strict` of the mkdocs.yml in ``root`` into ``site``."""
+    argv = [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(root / "mkdocs.yml"), "-d", str(site)]
+    output = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+    return subprocess.run(argv, cwd=root, **output, timeout=300, check=False)
+
+
+def copy_of_docs(tmp_path: Path) -> Path:
+    """mkdocs.yml and docs/ copied into a folder of their own, to plant faults in."""
+    root = tmp_path / "project"
+    root.mkdir()
+    shutil.copy(ROOT / "mkdocs.yml", root / "mkdocs.yml")
+    shutil.copytree(DOCS, root / "docs")
+    return root
+
+
+def nav_pages() -> list[str]:
+    """Every page mkdocs.yml's nav names (the .md entries), in order."""
+    return re.findall(r"^\s*-\s.*?:?\s*([\w./-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.MULTILINE)
+
+
+@needs_mkdocs
+def test_the_docs_build_strictly_with_every_page_in_the_nav(tmp_path):
+    done = build(ROOT, tmp_path / "site")
+    assert done.returncode == 0, done.stdout
+    pages = sorted(path.relative_to(DOCS).as_posix() for path in DOCS.rglob("*.md"))
+    assert sorted(nav_pages()) == pages
+    for page in pages:
+        built = "index.html" if page == "index.md" else page.removesuffix(".md") + "/index.html"
+        assert (tmp_path / "site" / built).is_file(), page
+
+
+@needs_mkdocs
+@pytest.mark.parametrize(
+    ("fault", "named"),
+    [
+        ("[the old section](no-such-page.md)", "no-such-page.md"),
+        ("[the old section](verify.md#no-such-heading)", "no-such-heading"),
+        ("[the old section](#not-on-this-page)", "not-on-this-page"),
+    ],
+    ids=["missing page", "missing anchor on another page", "missing anchor on this page"],
+)
+def test_a_broken_link_fails_the_build(tmp_path, fault, named):
+    root = copy_of_docs(tmp_path)
+    page = root / "docs" / "gate.md"
+    page.write_text(page.read_text() + f"\nSee {fault}.\n")
+    done = build(root, tmp_path / "site")
+    assert done.returncode != 0, done.stdout
+    assert named in done.stdout and "Aborted with 1 warnings in strict mode" in done.stdout, done.stdout
+
+
+@needs_mkdocs
+def test_a_page_missing_from_the_nav_fails_the_build(tmp_path):
+    root = copy_of_docs(tmp_path)
+    (root / "docs" / "orphan.md").write_text("# An orphan\n\nNo page links here and the nav does not name it.\n")
+    done = build(root, tmp_path / "site")
+    assert done.returncode != 0, done.stdout
+    assert "orphan.md" in done.stdout, done.stdout
+
+
+@needs_mkdocs
+def test_a_nav_entry_without_its_page_fails_the_build(tmp_path):
+    root = copy_of_docs(tmp_path)
+    (root / "docs" / "fleet.md").unlink()
+    done = build(root, tmp_path / "site")
+    assert done.returncode != 0, done.stdout
+    assert "fleet.md" in done.stdout, done.stdout
+
+
+def test_the_readme_fits_a_screen_or_three_and_starts_with_the_two_commands():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 200
+    commands = re.findall(r"^    (python3 .*)$", text, re.MULTILINE)[:2]
+    assert commands == [
+        "python3 -m pip install . && stackgate verify",
+        "python3 -m pip install -e '.[test]' && python3 -m pytest",
+    ]
+    assert text.index(commands[1]) < text.index("\n## "), "the two commands come before the first section"
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert commands[1] in ci, ".ci/run runs exactly the README's test command"
+
+
+def test_the_readme_names_every_command_and_links_pages_that_exist():
+    text = README.read_text()
+    table = set(re.findall(r"^\| \[`(\w+)[^`]*`\]\(docs/[\w-]+\.md\) \|", text, re.MULTILINE))
+    assert set(main.namespace.task_names) <= table, set(main.namespace.task_names) - table
+    links = re.findall(r"\]\((docs/[^)#]*)(?:#[^)]*)?\)", text)
+    assert len(links) >= len(table)
+    for link in links:
+        assert (ROOT / link).exists(), link
+    index = (DOCS / "index.md").read_text()
+    for name in main.namespace.task_names:
+        assert f"`stackgate {name}`" in index, name
