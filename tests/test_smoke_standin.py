@@ -320,6 +320,32 @@ def test_a_taken_port_is_refused_before_launch(rig):
     assert rig.events() == [] and not rig.runs.exists()  # nothing started, no log
 
 
+def test_a_port_taken_while_the_server_loads_is_named_and_not_called_a_silent_hang(rig):
+    """SGLang binds its port only after loading: a port taken meanwhile is its logged error, so the
+    generic "never became ready, and logged no error" must not stand beside it."""
+    loaded = rig.tmp / "loaded"
+    rig.behave(load_until=str(loaded))
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taker = threading.Thread(target=_take_port_while_loading, args=(rig, squatter, loaded), daemon=True)
+        taker.start()
+        done = rig.run(rig.lock())
+        taker.join()
+    results = by_name(done.results)
+    assert results["smoke.preflight.port"].status == Status.PASS  # free when smoke looked
+    assert results["smoke.log.sglang-http-port-in-use"].status == Status.FAIL
+    assert "known failure sglang-http-port-in-use" in results["smoke.launch"].summary
+    assert "smoke.log.sglang-never-ready" not in results, results["smoke.log.sglang-never-ready"].summary
+    assert_nothing_left(rig)
+
+
+def _take_port_while_loading(rig, squatter, loaded):
+    wait_for(lambda: rig.events("started"))
+    squatter.bind(("127.0.0.1", rig.port))
+    squatter.listen()
+    loaded.touch()
+
+
 @pytest.mark.parametrize("problem", ["missing", "no-config", "bad-config"])
 def test_a_missing_or_unreadable_model_is_refused_before_launch(rig, problem):
     if problem == "missing":

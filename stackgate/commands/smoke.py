@@ -621,7 +621,9 @@ def _conclude(session: Session, context: _Context, server: launch.Server, watche
     if session.kept:
         watcher.poll()
     else:
-        watcher.finish()  # the server is gone: the log is complete, and how it ends is judged
+        # The server is gone: the log is complete. How it ends is judged unless smoke stopped the
+        # server before the wait for readiness ended (an interrupt): the log then ends mid-load.
+        watcher.finish(judge_end=session.readiness is not None)
     session.findings, session.evidence = watcher.findings, watcher.evidence
     ready = session.readiness is not None and session.readiness.ready
     if session.readiness is not None and not ready:

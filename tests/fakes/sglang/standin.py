@@ -62,6 +62,7 @@ DEFAULTS: dict[str, Any] = {
     "crash_at_start": None,  # {"phase": "load", "lines": [...]}: die (SIGKILL of the tree)
     "fatal_line": None,  # {"phase": "load", "line": "..."}: log it, then hang
     "hang": False,  # never open the port
+    "load_until": None,  # a file: loading ends (the port is bound) only once it exists
     "die_mid_stream": None,  # {"after_tokens": K, "lines": [...]}
     "fatal_mid_stream": None,  # {"after_tokens": K, "line": "..."}: log it, keep streaming
     "short_by": 0,  # streams stop this many tokens early (finish_reason "abort")
@@ -266,6 +267,8 @@ def load(args: dict[str, Any], b: dict[str, Any]) -> None:
     inject(b, "serve")
     while b["hang"]:
         time.sleep(3600)
+    while b["load_until"] and not Path(b["load_until"]).exists():
+        time.sleep(0.02)
     time.sleep(pause)
 
 
