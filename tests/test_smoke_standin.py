@@ -297,6 +297,35 @@ def test_a_stream_cut_while_the_server_stays_up_fails_and_says_the_server_is_up(
     assert_nothing_left(rig)
 
 
+def test_a_server_stopped_mid_stream_is_named_after_the_locks_idle_limit(rig):
+    """A server stopped (SIGSTOP: state T) after ready answers nothing: the stream ends after the
+    lock's idle limit (here its 1 s floor), the verdict names the stopped process, and teardown's
+    SIGCONT lets it act on SIGTERM, so it drains instead of waiting out the grace for SIGKILL."""
+    rig.behave(rate=50.0)
+    lock = _grace(rig, 10, benchmark={"output_tokens": 2000, "runs": 1, "warmup": 0, "stream_idle_floor_s": 1})
+    stopper = threading.Thread(target=_stop_leader_once_streaming, args=(rig,), daemon=True)
+    stopper.start()
+    done = rig.run(lock, benchmark=True)
+    stopper.join()
+    bench = by_name(done.results)["smoke.benchmark"]
+    pid = rig.events("started")[0]["pid"]
+    assert bench.status == Status.FAIL
+    assert re.fullmatch(
+        r"the benchmark stopped: run 1 failed: http://127\.0\.0\.1:\d+/generate: "
+        r"the server sent nothing for 1 s \(the stream's idle limit\) after \d+ of 2000 tokens; "
+        rf"the server stopped answering: process {pid} \([^)]*sglang\.launch_server[^)]*\) is stopped \(state T: .*\)",
+        bench.summary,
+    ), bench.summary
+    assert "still up" not in bench.summary
+    assert done.sessions[0].teardown.how == "SIGTERM"  # it ran again, drained and ended itself
+    assert_nothing_left(rig)
+
+
+def _stop_leader_once_streaming(rig):
+    wait_for(lambda: rig.events("stream"))
+    os.kill(rig.events("started")[0]["pid"], signal.SIGSTOP)
+
+
 def test_sglang_s_real_drain_poll_fits_in_the_grace_period(rig):
     rig.behave(drain_poll_s=5.0)
     path = rig.lock()

@@ -528,12 +528,20 @@ def _measure(session: Session, context: _Context, server: launch.Server, watcher
             )
         elif benchmark.warmup:
             for _ in range(benchmark.warmup):
-                bench.generate(config.base_url, benchmark.prompt, benchmark.output_tokens, streams=streams, api_key=session.api_key)
+                bench.generate(
+                    config.base_url, benchmark.prompt, benchmark.output_tokens,
+                    streams=streams, api_key=session.api_key, idle_s=benchmark.stream_idle_s,
+                )  # fmt: skip
         for count in request.concurrency:
             if monitor.failure is not None:
                 break
             context.ui.info(f"concurrency: {count} stream(s) of {benchmark.output_tokens} tokens")
-            session.levels.append(bench.run_level(config.base_url, count, benchmark.prompt, benchmark.output_tokens, streams=streams, api_key=session.api_key))
+            session.levels.append(
+                bench.run_level(
+                    config.base_url, count, benchmark.prompt, benchmark.output_tokens,
+                    streams=streams, api_key=session.api_key, idle_s=benchmark.stream_idle_s,
+                )
+            )  # fmt: skip
     stopped = session.figures.stopped_at if session.figures is not None else None
     seen = [t for t in (monitor.failed_at, stopped) if t is not None]
     if monitor.failure is not None or stopped is not None:
@@ -543,8 +551,15 @@ def _measure(session: Session, context: _Context, server: launch.Server, watcher
 
 
 def _explain(monitor: Monitor, error: str) -> str:
-    """Why a request failed: the server's exit or fatal line, or the stream's error with the server up."""
-    return monitor.wait_failure(EXPLAIN_S) or f"{error}; the server is still up (no exit, no fatal log line)"
+    """Why a request failed: the server's exit or fatal line, a process of it that cannot answer
+    (stopped, state T), or the stream's error with the server up."""
+    failure = monitor.wait_failure(EXPLAIN_S)
+    if failure is not None:
+        return failure
+    halted = monitor.server.tree.halted()
+    if halted:
+        return f"{error}; the server stopped answering: {'; '.join(halted)}"
+    return f"{error}; the server is still up (no exit, no fatal log line)"
 
 
 def _measure_results(session: Session, context: _Context) -> None:

@@ -38,6 +38,7 @@ __all__ = [
     "MAX_JIT_TIMEOUT_S",
     "PYPI_CUDA12_REASON",
     "SHELL_REFERENCE",
+    "STREAM_IDLE_GAPS",
     "Benchmark",
     "Capability",
     "Compare",
@@ -363,6 +364,22 @@ class Benchmark:
     baseline_tok_s: float | None = None
     max_regression: float = 0.03
     prompt: str = "Write a long story about a lighthouse keeper."
+    stream_idle_floor_s: float = 15.0  #: the shortest silence inside a stream that ends it
+
+    @property
+    def stream_idle_s(self) -> float:
+        """The longest silence accepted inside a stream: STREAM_IDLE_GAPS expected inter-token
+        gaps at baseline_tok_s, never less than stream_idle_floor_s.
+
+        >>> Benchmark(baseline_tok_s=92.6).stream_idle_s, Benchmark(baseline_tok_s=2.0).stream_idle_s
+        (15.0, 50.0)
+        """
+        expected = STREAM_IDLE_GAPS / self.baseline_tok_s if self.baseline_tok_s else 0.0
+        return max(self.stream_idle_floor_s, expected)
+
+
+#: A stream silent for this many expected inter-token gaps has stopped (see Benchmark.stream_idle_s).
+STREAM_IDLE_GAPS = 100
 
 
 #: What the allreduce-fusion check reports when this machine's GPUs cannot run the fused path.
@@ -923,6 +940,7 @@ class _Builder:
             baseline_tok_s=t.positive("baseline_tok_s", float, None),
             max_regression=float(regression if regression is not None else 0.03),
             prompt=t.get("prompt", str, Benchmark.prompt) or Benchmark.prompt,
+            stream_idle_floor_s=t.positive("stream_idle_floor_s", float, None) or Benchmark.stream_idle_floor_s,
         )
         t.finish()
         return benchmark

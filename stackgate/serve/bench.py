@@ -58,7 +58,7 @@ __all__ = [
 ]
 
 _COMPLETION = re.compile(rb'"completion_tokens":\s*(\d+)')
-STREAM_IDLE_S = 120.0  #: the longest silence accepted inside a stream
+STREAM_IDLE_S = Benchmark.stream_idle_floor_s  #: the longest silence inside a stream, unless the lock says
 # Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom.
 _T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
@@ -148,14 +148,24 @@ class Streams:
                 stream.abort()
 
 
-def generate(base_url: str, prompt: str, tokens: int, *, streams: Streams | None = None, incremental_ids: bool = False, api_key: str | None = None) -> Sample:
+def generate(
+    base_url: str,
+    prompt: str,
+    tokens: int,
+    *,
+    streams: Streams | None = None,
+    incremental_ids: bool = False,
+    api_key: str | None = None,
+    idle_s: float = STREAM_IDLE_S,
+) -> Sample:
     """Stream one greedy generation of exactly ``tokens`` tokens (ignore_eos) and time it.
 
     ``api_key``: the server's --api-key, sent as ``Authorization: Bearer`` (SGLang refuses
-    /generate without it when it has one).
+    /generate without it when it has one). ``idle_s``: the longest silence accepted between two
+    events (the lock's :attr:`Benchmark.stream_idle_s`); a longer one ends the stream as failed.
     """
     body = {"text": prompt, "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True, "temperature": 0}, "stream": True}
-    stream = httpclient.EventStream(f"{base_url}/generate", body, timeout_s=STREAM_IDLE_S, headers=httpclient.bearer(api_key))
+    stream = httpclient.EventStream(f"{base_url}/generate", body, timeout_s=idle_s, headers=httpclient.bearer(api_key))
     reader = _Reader(tokens, incremental_ids)
     cpu = time.thread_time()
     if streams is not None:
@@ -166,7 +176,10 @@ def generate(base_url: str, prompt: str, tokens: int, *, streams: Streams | None
             if reader.event(arrival, data):
                 break
     except httpclient.HttpError as exc:
-        reader.error = f"{exc} after {reader.tokens} of {tokens} tokens"
+        what = str(exc)
+        if exc.kind == "timeout":
+            what = f"{stream.url}: the server sent nothing for {idle_s:g} s (the stream's idle limit)"
+        reader.error = f"{what} after {reader.tokens} of {tokens} tokens"
     finally:
         stream.close()
         if streams is not None:
@@ -425,7 +438,10 @@ def run_benchmark(
         for i in range(count):
             if show is not None:
                 show(f"benchmark: {kind} {i + 1}/{count} ({bench.output_tokens} tokens)")
-            sample = generate(base_url, bench.prompt, bench.output_tokens, streams=streams, incremental_ids=incremental_ids, api_key=api_key)
+            sample = generate(
+                base_url, bench.prompt, bench.output_tokens,
+                streams=streams, incremental_ids=incremental_ids, api_key=api_key, idle_s=bench.stream_idle_s,
+            )  # fmt: skip
             into.append(sample)
             if sample.error is not None:
                 stopped = f"{kind} {i + 1} failed: {explain(sample.error) or streams.reason or sample.error}"
@@ -549,14 +565,23 @@ class Level:
         }
 
 
-def run_level(base_url: str, count: int, prompt: str, tokens: int, *, streams: Streams, api_key: str | None = None) -> Level:
+def run_level(
+    base_url: str,
+    count: int,
+    prompt: str,
+    tokens: int,
+    *,
+    streams: Streams,
+    api_key: str | None = None,
+    idle_s: float = STREAM_IDLE_S,
+) -> Level:
     """``count`` streams at once, released together by a barrier."""
     gate = threading.Barrier(count)
     samples: list[Sample | None] = [None] * count
 
     def one(i: int) -> None:
         gate.wait()
-        samples[i] = generate(base_url, prompt, tokens, streams=streams, api_key=api_key)
+        samples[i] = generate(base_url, prompt, tokens, streams=streams, api_key=api_key, idle_s=idle_s)
 
     threads = [threading.Thread(target=one, args=(i,), name=f"smoke-stream-{i}", daemon=True) for i in range(count)]
     for thread in threads:

@@ -6,8 +6,8 @@ process's, with the live stackgate.env and the lock's [smoke].env applied. Befor
 launched, the refusals: a model path that is missing or unreadable, a port that is taken (SGLang
 only binds it after loading the weights, so it would notice ten minutes late), fewer GPUs visible
 than the TP size. The server runs in its own session, its output appended to the run's log file.
-Teardown sends SIGTERM to the group, waits longer than SGLang's 5 s drain poll, then SIGKILLs what
-is left and checks that nothing of it survives.
+Teardown sends SIGTERM to the group (then SIGCONT, so that a stopped process can act on it), waits
+longer than SGLang's 5 s drain poll, then SIGKILLs what is left and checks that nothing of it survives.
 """
 
 from __future__ import annotations
@@ -362,6 +362,7 @@ def stop(server: Server, grace_s: float) -> Teardown:
     stubborn: tuple[str, ...] = ()
     if server.exit_code() is None or server.tree.alive():
         server.tree.signal(signal.SIGTERM)
+        server.tree.signal(signal.SIGCONT)  # a stopped process acts on SIGTERM only once it runs again
         how = "SIGTERM"
         try:
             _wait_gone(server, grace_s)

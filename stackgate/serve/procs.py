@@ -14,9 +14,15 @@ from pathlib import Path
 
 from stackgate.models.secretargs import shown
 
-__all__ = ["ProcStat", "ProcessTree", "describe", "read_stat"]
+__all__ = ["HALTED", "ProcStat", "ProcessTree", "describe", "read_stat"]
 
 _PROC = Path("/proc")
+#: The states of a process that cannot answer, as /proc/<pid>/stat writes them.
+HALTED = {
+    "T": "is stopped (state T: SIGSTOP, or a job-control stop)",
+    "t": "is stopped by a debugger (state t)",
+    "D": "is in uninterruptible sleep (state D: waiting in the kernel or a driver)",
+}
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,15 @@ class ProcessTree:
             if stat is not None and stat.starttime == started and stat.alive:
                 now.add(pid)
         return sorted(now)
+
+    def halted(self) -> list[str]:
+        """The living members that cannot answer now (stopped, or stuck in the kernel), described."""
+        found = []
+        for pid in self.alive():
+            stat = read_stat(pid)
+            if stat is not None and stat.state in HALTED:
+                found.append(f"process {describe(pid)} {HALTED[stat.state]}")
+        return found
 
     def signal(self, sig: int) -> None:
         """Signal the group, then any remembered process that left it."""
