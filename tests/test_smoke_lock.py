@@ -70,6 +70,12 @@ def test_the_stream_idle_limit_comes_from_the_expected_inter_token_time_and_a_fl
     assert "benchmark.stream_idle_floor_s: must be greater than 0, not 0" in refused
 
 
+def test_the_run_cap_defaults_to_twice_the_runs_and_is_never_below_them():
+    assert load("[benchmark]\nruns = 5\n").benchmark.run_cap == 10
+    assert load("[benchmark]\nruns = 5\nmax_runs = 12\n").benchmark.run_cap == 12
+    assert "benchmark.max_runs: must be at least runs (5), not 3" in problems("[benchmark]\nruns = 5\nmax_runs = 3\n")
+
+
 def test_a_compare_table_without_flags_means_the_default_baseline():
     assert load("[smoke.compare]\n").smoke.compare.flags is None
 

@@ -109,6 +109,28 @@ def test_a_regression_beyond_the_allowed_one_fails_naming_both_numbers(rig):
     assert_nothing_left(rig)
 
 
+@pytest.mark.parametrize("strict", [False, True], ids=["warn", "strict-fails"])
+def test_an_interval_that_spans_the_floor_earns_more_runs_then_is_inconclusive(rig, strict):
+    """Runs at 125 and 75 tok/s in turn: a mean of 100 over a floor of 90 says nothing when the
+    95% interval reaches below the floor; smoke runs more, up to max_runs, then says so."""
+    rig.behave(rate_cycle=[125.0, 75.0])
+    bench = {"output_tokens": 100, "runs": 2, "max_runs": 4, "warmup": 0}
+    lock = rig.lock(benchmark={**bench, "baseline_tok_s": 100.0, "max_regression": 0.1})
+    done = rig.run(lock, benchmark=True, strict=strict)
+    verdict = by_name(done.results)["smoke.benchmark"]
+    decode = done.figures.decode_tok_s
+    assert len(done.figures.runs) == 4 and decode.n == 4  # two more than asked: the cap
+    assert decode.ci_low < 90.0 < decode.ci_high
+    assert verdict.status == (Status.FAIL if strict else Status.WARN)
+    assert verdict.summary.startswith(
+        f"inconclusive: decode {decode.mean:.2f} tok/s, but the 95% interval {decode.interval()} tok/s "
+        "spans the floor 90.00 after 4 runs (2 asked, up to max_runs 4 while it spanned)"
+    ), verdict.summary
+    assert verdict.data["inconclusive"] is True and verdict.data["floor_tok_s"] == 90.0
+    assert int(done.verdict.exit_code) == (1 if strict else 0)
+    assert_nothing_left(rig)
+
+
 def test_a_flag_whose_path_never_initialised_fails_with_that_explanation(rig):
     rig.gpus(2)
     rig.behave(evidence=False)

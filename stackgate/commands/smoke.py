@@ -521,11 +521,14 @@ def _measure(session: Session, context: _Context, server: launch.Server, watcher
     config, request, benchmark = session.config, context.request, context.lock.benchmark
     streams = bench.Streams()
     incremental = bool((session.server_info or {}).get("stream_output"))
+    # Only the lock's configuration at full weights is judged against the floor, so only it earns extra runs.
+    floor = benchmark.floor_tok_s if not config.label and session.shrink is None else None
     with Monitor(server, watcher, streams.abort_all) as monitor:
         if request.measures:
             session.figures = bench.run_benchmark(
-                config.base_url, benchmark, streams=streams, incremental_ids=incremental, show=context.ui.info, explain=lambda error: _explain(monitor, error), api_key=session.api_key
-            )
+                config.base_url, benchmark, streams=streams, incremental_ids=incremental, show=context.ui.info,
+                explain=lambda error: _explain(monitor, error), api_key=session.api_key, floor=floor,
+            )  # fmt: skip
         elif benchmark.warmup:
             for _ in range(benchmark.warmup):
                 bench.generate(
@@ -567,7 +570,11 @@ def _measure_results(session: Session, context: _Context) -> None:
     label = session.shrink.label if session.shrink else None
     if session.figures is not None:
         # Only the lock's configuration is what baseline_tok_s describes; --compare's baseline is measured, not judged.
-        verdict, short = bench.judge(session.figures, benchmark, fast_label=label, against_baseline=not session.config.label)
+        judged, strict = not session.config.label, context.request.strict
+        verdict, short = bench.judge(
+            session.figures, benchmark, fast_label=label,
+            against_baseline=judged, strict=strict
+        )
         session.add("benchmark", verdict)
         session.add("benchmark.short_runs", short)
         if label is not None:
