@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 from smoke_support import ROOT, Rig, assert_nothing_left, living, wait_for
@@ -57,6 +58,33 @@ def test_an_interrupt_during_the_benchmark_tears_the_server_down(rig, sig):
     code, out, err = finish(process)
     assert code == 130, err
     assert "smoke.teardown" in out and "SIGKILL after" in out
+    assert_nothing_left(rig)
+
+
+def test_after_ctrl_c_a_server_ignoring_sigterm_is_waited_for_aloud_and_a_second_ctrl_c_kills_it(rig):
+    """No silent grace: smoke says it waits for the server and that another Ctrl-C ends the wait."""
+    rig.behave(rate=50.0, ignore_sigterm=True)
+    lock = rig.lock(benchmark={"output_tokens": 2000, "runs": 2, "warmup": 0})
+    lock.write_text(lock.read_text().replace("stop_grace_s = 3", "stop_grace_s = 300"))  # only a Ctrl-C ends it soon
+    report = rig.tmp / "smoke.json"
+    process = invoke(rig, "--lock", str(lock), "--benchmark", "--json", str(report))
+    err: list[str] = []
+    lines = iter(process.stderr.readline, "")  # type: ignore[union-attr]
+    reader = threading.Thread(target=lambda: err.extend(lines), daemon=True)
+    reader.start()
+    wait_for(lambda: rig.events("stream"))
+    process.send_signal(signal.SIGINT)
+    wait_for(lambda: any("waiting up to 300 s for the server" in line for line in err))
+    process.send_signal(signal.SIGINT)
+    out, _ = process.communicate(timeout=60)
+    reader.join(timeout=10)
+    assert process.returncode == 130
+    pid = rig.events("started")[0]["pid"]
+    notice = next(line for line in err if "waiting up to" in line)
+    wanted = f"waiting up to 300 s for the server (pid {pid}) to stop after SIGTERM; press Ctrl-C again to kill it now"
+    assert notice.strip() == wanted
+    teardown = json.loads(report.read_text())["smoke"]["sessions"][0]["teardown"]
+    assert teardown["interrupted"] is True and teardown["how"].startswith("SIGKILL after")
     assert_nothing_left(rig)
 
 

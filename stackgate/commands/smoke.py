@@ -381,14 +381,17 @@ def _run_session(session: Session, context: _Context, *, keep: bool) -> None:
     session.log_path = context.run_dir / f"{config.label or 'server'}.log"
     watcher = serverlog.LogWatcher(session.log_path, context=_scan_context(context.lock, config, session.log_path), evidence=config.evidence)
     server: launch.Server | None = None
-    interrupted = False
+    interrupted = stopping = False  # a Ctrl-C during teardown; one before it (teardown follows it)
     try:
         server = _start(session, keep)
         if server is not None:
             _serve(session, context, server, watcher)
+    except KeyboardInterrupt:
+        stopping = True
+        raise
     finally:
         if server is not None:
-            teardown = _teardown(session, context, server, watcher, keep=keep)
+            teardown = _teardown(session, context, server, watcher, keep=keep, interrupted=stopping)
             interrupted = teardown is not None and teardown.interrupted
             _conclude(session, context, server, watcher, memory_before)
     if interrupted:
@@ -618,7 +621,15 @@ def _levels_result(levels: Sequence[bench.Level], label: str | None) -> Result:
 # --- the end of a configuration ---------------------------------------------------------------
 
 
-def _teardown(session: Session, context: _Context, server: launch.Server, watcher: serverlog.LogWatcher, *, keep: bool) -> launch.Teardown | None:
+def _teardown(
+    session: Session,
+    context: _Context,
+    server: launch.Server,
+    watcher: serverlog.LogWatcher,
+    *,
+    keep: bool,
+    interrupted: bool,
+) -> launch.Teardown | None:
     watcher.poll()
     if watcher.fatal is not None:
         # After a fatal line SGLang kills its own tree at once: let it, so its exit code is reported.
@@ -628,7 +639,15 @@ def _teardown(session: Session, context: _Context, server: launch.Server, watche
     if keep and alive and session.readiness is not None and session.readiness.ready:
         session.kept = True
         return None
-    session.teardown = launch.stop(server, context.lock.smoke.stop_grace_s)
+    again = "again " if interrupted else ""
+
+    def waiting(grace_s: float) -> None:
+        context.ui.info(
+            f"waiting up to {grace_s:g} s for the server (pid {server.pid}) to stop after SIGTERM; "
+            f"press Ctrl-C {again}to kill it now"
+        )
+
+    session.teardown = launch.stop(server, context.lock.smoke.stop_grace_s, waiting)
     return session.teardown
 
 

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType, ModuleType
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from stackgate.edges import nvml, runner
 from stackgate.models import envfile
@@ -56,6 +56,8 @@ __all__ = [
 FUSION_MARK = "fusion"
 #: Memory a GPU may still show in use after teardown (driver bookkeeping), per GPU.
 MEMORY_SLACK_BYTES = 512 * 2**20
+#: How long a server may take to stop after SIGTERM before teardown says that it is waiting.
+NOTICE_S = 1.0
 _POLL_S = 0.05
 
 
@@ -345,8 +347,11 @@ def _kill_strays(argv: Sequence[str]) -> None:
             runner.kill_group(stat.pid)
 
 
-def stop(server: Server, grace_s: float) -> Teardown:
+def stop(server: Server, grace_s: float, on_wait: Callable[[float], None] | None = None) -> Teardown:
     """SIGTERM the group, wait ``grace_s``, SIGKILL what is left, confirm nothing survives.
+
+    ``on_wait(grace_s)`` is called once when the server is still up :data:`NOTICE_S` after
+    SIGTERM, so that the wait is never silent (and a person knows a Ctrl-C ends it).
 
     A Ctrl-C or SIGTERM during the grace period cuts it short (straight to SIGKILL); the final
     kill-and-confirm runs with those signals held, so a second interrupt cannot leave processes.
@@ -365,7 +370,9 @@ def stop(server: Server, grace_s: float) -> Teardown:
         server.tree.signal(signal.SIGCONT)  # a stopped process acts on SIGTERM only once it runs again
         how = "SIGTERM"
         try:
-            _wait_gone(server, grace_s)
+            if not _wait_gone(server, min(NOTICE_S, grace_s)) and on_wait is not None:
+                on_wait(grace_s)
+            _wait_gone(server, grace_s - (time.monotonic() - begun))
         except KeyboardInterrupt:
             interrupted = True
     with signals_held():
@@ -388,12 +395,14 @@ def _living(server: Server) -> list[int]:
     return ([server.pid] if server.exit_code() is None else []) + rest
 
 
-def _wait_gone(server: Server, limit_s: float) -> None:
+def _wait_gone(server: Server, limit_s: float) -> bool:
+    """Wait up to ``limit_s`` for every process of the server to end; True when they did."""
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         if server.exit_code() is not None and not server.tree.alive():
-            return
+            return True
         time.sleep(_POLL_S)
+    return server.exit_code() is not None and not server.tree.alive()
 
 
 @contextlib.contextmanager
