@@ -216,6 +216,8 @@ def test_diverging_tokens_are_kept_naming_the_first_differing_position_unless_ac
     assert done.won and doc["upgrade"]["build"]["status"] == "resumed" and doc["upgrade"]["new"]["generation"] == built, out
     same = next(c for c in doc["upgrade"]["decision"]["conditions"] if c["name"] == "same_output")
     assert same["held"] and same["text"].startswith("greedy outputs differ, accepted with --accept-output-change: first differing token at position 37")
+    reason = doc["upgrade"]["decision"]["reason"]
+    assert doc["reason"] == reason and "same greedy tokens" not in reason and same["text"] in reason, reason
     assert node.current() == f"generations/{built}"
 
 
@@ -320,6 +322,7 @@ def test_ctrl_c_during_the_ab_exits_130_with_the_report_and_current_unchanged(no
     assert stopped.returncode == ExitCode.INTERRUPTED, stopped.stderr[-3000:]
     doc = json.loads((node.tmp / "killed.json").read_text())
     assert doc["upgrade"]["interrupted"] is True and doc["upgrade"]["step"] == "ab" and doc["exit_code"] == 130
+    assert doc["reason"] == "interrupted (Ctrl-C or SIGTERM) during ab; current is unchanged"
     assert doc["upgrade"]["current"]["switched"] is False and node.current() == node.live
     assert "INTERRUPTED during ab (Ctrl-C or SIGTERM): every server was torn down; current: " in stopped.stdout
     assert_nothing_left(node.rig)

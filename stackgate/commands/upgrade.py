@@ -493,8 +493,13 @@ def _results(done: UpgradeRun) -> list[Result]:
         make = passed if done.won or done.exit_code == ExitCode.PASSED else failed
         found.append(dataclasses.replace(make(done.decision.reason, [c.text for c in done.decision.conditions]), check="upgrade.decision"))
     if done.interrupted:
-        found.append(Result("upgrade.interrupted", Status.FAIL, f"interrupted (Ctrl-C or SIGTERM) during {done.step}; current is unchanged"))
+        found.append(Result("upgrade.interrupted", Status.FAIL, _interrupted(done)))
     return found
+
+
+def _interrupted(done: UpgradeRun) -> str:
+    after = f"current was switched to {done.current_after}" if done.switched else "current is unchanged"
+    return f"interrupted (Ctrl-C or SIGTERM) during {done.step}; {after}"
 
 
 def _speed_result(done: UpgradeRun) -> Result:
@@ -511,7 +516,11 @@ def _document(done: UpgradeRun) -> dict[str, Any]:
     results = _results(done)
     code = done.exit_code
     counts = {s.name: sum(1 for r in results if r.status == s) for s in Status}
-    reason = done.decision.reason if done.decision else done.blocked or done.build.get("reason") or ("interrupted" if done.interrupted else "plan only (--dry-run)")
+    reason = done.blocked or done.build.get("reason") or "plan only (--dry-run)"
+    if done.interrupted:
+        reason = _interrupted(done)
+    elif done.decision:
+        reason = done.decision.reason
     verdict = Verdict(code, counts, str(reason))
     extra = {"run_id": done.run_id, "upgrade": _upgrade_part(done)}
     return report_document("upgrade", results, verdict, lock=done.new_lock, started=done.started, duration_s=done.duration_s, extra=extra)
