@@ -141,6 +141,8 @@ def _runs_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monk
     never to the user's state directory; subprocesses inherit it."""
     folder = tmp_path_factory.mktemp("runs")
     monkeypatch.setenv("STACKGATE_HISTORY_DIR", str(folder))
+    # The state folder too: what a test's launches record (and a later run reaps) stays its own.
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
     return folder
 
 

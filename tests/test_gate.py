@@ -16,7 +16,7 @@ from pathlib import Path
 
 import exposition
 import pytest
-from smoke_support import ROOT, Rig, assert_nothing_left, group_members, living, wait_for
+from smoke_support import ROOT, Rig, assert_nothing_left, dead_runs_server, group_members, living, wait_for
 
 from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import run_checks, select
@@ -74,6 +74,15 @@ def fixed(*results: Result):
 
 def run_stages(*stages: gate.Stage, **request: object) -> gate.GateRun:
     return gate.run_gate(gate.GateRequest(**request), UI(stream=io.StringIO(), force_plain=True), stages=stages)
+
+
+def test_a_gate_first_ends_what_a_dead_run_left_and_says_so(capsys):
+    pids, record = dead_runs_server()
+    run_stages(gate.Stage("a", "a", (), fixed(passed("a ok"))))
+    err = capsys.readouterr().err
+    assert "ended 3 process(es) that a dead stackgate run left running (launched " in err, err
+    assert all(f"  {pid} (" in err for pid in pids)
+    assert living(pids) == [] and not record.exists()
 
 
 def test_a_failed_stage_stops_the_stages_that_stand_on_it_with_the_reason():

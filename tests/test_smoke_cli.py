@@ -97,6 +97,26 @@ def test_a_smoke_killed_outright_takes_its_server_with_it(rig):
     assert_nothing_left(rig)
 
 
+def test_workers_a_smoke_killed_outright_left_are_ended_by_the_next_run_which_says_so(rig):
+    """Workers that set no parent-death signal outlive a SIGKILLed smoke; its record names them."""
+    rig.behave(rate=50.0, orphan_workers=True)
+    lock = rig.lock(benchmark={"output_tokens": 2000, "runs": 2, "warmup": 0})
+    process = invoke(rig, "--lock", str(lock), "--benchmark")
+    wait_for(lambda: rig.events("stream"))
+    process.kill()
+    process.communicate(timeout=30)
+    (workers,) = [e["pids"] for e in rig.events("workers")]
+    wait_for(lambda: living([rig.events("started")[0]["pid"]]) == [])  # the leader died with smoke
+    assert living(workers) == workers  # its workers did not
+    rig.behave()  # the next run's server is a well-behaved one
+    code, out, err = finish(invoke(rig, "--lock", str(lock)))
+    assert code == 0, out + err
+    assert "ended 2 process(es) that a dead stackgate run left running (launched " in err, err
+    assert all(f"  {pid} (" in err for pid in workers), err
+    assert living(workers) == []
+    assert_nothing_left(rig)
+
+
 def test_a_passing_smoke_exits_0_and_prints_the_table(rig):
     code, out, err = finish(invoke(rig, "--lock", str(rig.lock()), "--benchmark"))
     assert code == 0, out + err

@@ -57,7 +57,7 @@ from stackgate.render import report, summaries
 from stackgate.render.ui import UI
 from stackgate.runs import fingerprint as fp
 from stackgate.runs import history
-from stackgate.serve import launch
+from stackgate.serve import launch, launched
 
 __all__ = ["SCHEMA", "STAGES", "GateContext", "GateRequest", "GateRun", "GateUsageError", "Stage", "StageInterrupted", "StageRun", "run", "run_gate", "run_stages"]
 
@@ -376,6 +376,7 @@ def run_gate(request: GateRequest, ui: UI, *, environ: Mapping[str, str] | None 
     started, clock = time.time(), time.monotonic()
     run_id = history.new_id("gate", started)
     ctx = GateContext(request, ui, dict(os.environ if environ is None else environ), nvml_lib, _run_dir(request, run_id))
+    launched.reap_and_tell(ui.warn)  # before verify: what a run killed outright left holds GPUs and ports
     try:
         outcomes, interrupted = run_stages(stages, ctx)
         finger = None if interrupted or ctx.lock is None or ctx.usage else fp.from_facts(ctx.lock, ctx.facts, _server_info(ctx), ctx.verify_run.results if ctx.verify_run else ())

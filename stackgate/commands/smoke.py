@@ -33,7 +33,7 @@ from stackgate.models.verdict import document as report_document
 from stackgate.render import report
 from stackgate.render.ui import UI
 from stackgate.runs import history
-from stackgate.serve import bench, fastmode, launch, quality
+from stackgate.serve import bench, fastmode, launch, launched, quality
 from stackgate.serve.launch import Config, LaunchError
 from stackgate.serve.ready import Monitor, Readiness, wait_ready
 
@@ -337,6 +337,7 @@ def run_smoke(lock: lockmodel.Lock, request: SmokeRequest, ui: UI, *, environ: M
     """
     started, clock = time.time(), time.monotonic()
     configs = launch.configs(lock, model=request.model, tp=request.tp, port=request.port, fast=request.fast, compare=request.compare)
+    launched.reap_and_tell(ui.warn)  # what a run killed outright left running (its port, its GPUs)
     context = _Context(lock, request, ui, _run_dir(request), dict(os.environ if environ is None else environ), nvml_lib)
     sessions: list[Session] = []
     try:
@@ -638,6 +639,7 @@ def _teardown(
     alive = server.exit_code() is None
     if keep and alive and session.readiness is not None and session.readiness.ready:
         session.kept = True
+        launch.release(server)
         return None
     again = "again " if interrupted else ""
 
@@ -684,6 +686,9 @@ def _conclude(session: Session, context: _Context, server: launch.Server, watche
     if not session.findings:
         session.add("log", passed(f"no known failure signature in {watcher.lines} log lines"))
     session.add("teardown", _teardown_result(session, server, context.lock.smoke.stop_grace_s))
+    if server.record is not None and server.record.error is not None:
+        why = "a run killed outright could leave processes that the next run cannot find"
+        session.add("launch.record", warned(f"{server.record.error}: {why}"))
     if session.teardown is not None:
         session.add("gpu_memory", launch.memory_released(memory_before, sorted(server.tree.seen), context.nvml_lib))
 

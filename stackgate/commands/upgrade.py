@@ -51,7 +51,7 @@ from stackgate.render import upgrade as upgrade_render
 from stackgate.render.ui import UI
 from stackgate.runs import abtest, history, stackdiff
 from stackgate.runs import fingerprint as fp
-from stackgate.serve import launch
+from stackgate.serve import launch, launched
 from stackgate.stack import generations, guard, pyenv, toolkit
 from stackgate.stack import patches as stackpatches
 
@@ -220,6 +220,7 @@ def upgrade_node(request: UpgradeRequest, ui: UI, *, nvml_lib: ModuleType | None
     if request.dry_run or done.blocked or not done.changes:
         done.duration_s = time.monotonic() - clock
         return done
+    launched.reap_and_tell(ui.warn)  # what a run killed outright left would skew the A/B
     try:
         with generations.exclusive(done.root, wait=False, command=f"stackgate upgrade --to {request.to}", busy_advice="run `stackgate upgrade` again once it has finished"):
             _sweep(done.root, ui)

@@ -31,7 +31,7 @@ from stackgate.models.exitcodes import UsageError
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, failed, passed, warned
 from stackgate.models.spec import Lock, Speculative
-from stackgate.serve import fastmode
+from stackgate.serve import fastmode, launched
 from stackgate.serve.procs import ProcessTree, describe, read_stat
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "configs",
     "gpu_memory",
     "memory_released",
+    "release",
     "server_env",
     "signals_held",
     "start",
@@ -296,11 +297,12 @@ class Server:
     argv: tuple[str, ...]
     log_path: Path
     started: float  #: time.monotonic() at launch
+    record: launched.Record | None = None  #: the launch's record under the state folder
     tree: ProcessTree = field(init=False)
     teardown: Teardown | None = None
 
     def __post_init__(self) -> None:
-        self.tree = ProcessTree(self.process.pid)
+        self.tree = ProcessTree(self.process.pid, self.record.update if self.record is not None else None)
 
     @property
     def pid(self) -> int:
@@ -327,9 +329,15 @@ def start(argv: Sequence[str], env: Mapping[str, str], log_path: Path, *, keep: 
     except KeyboardInterrupt:
         _kill_strays(argv)
         raise
-    server = Server(process, tuple(argv), log_path, time.monotonic())
-    server.tree.scan()
+    server = Server(process, tuple(argv), log_path, time.monotonic(), launched.Record(process.pid, argv))
+    server.tree.scan()  # the first look writes the record
     return server
+
+
+def release(server: Server) -> None:
+    """The server stays up on purpose (--keep-server): its record goes, so no later run reaps it."""
+    if server.record is not None:
+        server.record.forget()
 
 
 def _kill_strays(argv: Sequence[str]) -> None:
@@ -385,6 +393,8 @@ def stop(server: Server, grace_s: float, on_wait: Callable[[float], None] | None
         with contextlib.suppress(subprocess.TimeoutExpired):
             server.process.wait(timeout=1.0)
         left = tuple(describe(pid) for pid in server.tree.alive())
+        if not left and server.record is not None:
+            server.record.forget()  # what survives stays recorded: the next run reaps it
         server.teardown = Teardown(how, server.exit_code(), time.monotonic() - begun, left, interrupted, ended_before, orphans, stubborn)
     return server.teardown
 
