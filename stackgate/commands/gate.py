@@ -366,7 +366,7 @@ class GateRun:
             return None
         bench = self.lock.benchmark
         verdict = next((r for r in done.results if r.check == "smoke.benchmark"), None)
-        floor = bench.baseline_tok_s * (1 - bench.max_regression) if bench.baseline_tok_s else None
+        floor = bench.floor_tok_s
         judged = {"baseline_tok_s": bench.baseline_tok_s, "max_regression": bench.max_regression, "floor_tok_s": round(floor, 3) if floor else None}
         return {**done.figures.to_dict(), **judged, "status": verdict.status.name if verdict else None, "summary": verdict.summary if verdict else None}
 

@@ -531,9 +531,9 @@ def judge(
 def _against_baseline(
     decode: Summary, whole: Summary, bench: Benchmark, lines: list[str], data: dict[str, Any], strict: bool
 ) -> Result:
-    if bench.baseline_tok_s is None:
+    floor = bench.floor_tok_s
+    if bench.baseline_tok_s is None or floor is None:
         return skipped(f"decode {decode.text()}; end-to-end {whole.mean:.2f} tok/s; the lock has no baseline_tok_s to judge it against", lines, data=data)
-    floor = bench.baseline_tok_s * (1 - bench.max_regression)
     change = decode.mean / bench.baseline_tok_s - 1
     data = {**data, "baseline_tok_s": bench.baseline_tok_s, "max_regression": bench.max_regression, "change": round(change, 4)}
     data.update(floor_tok_s=round(floor, 4), runs_asked=bench.runs, run_cap=bench.run_cap, inconclusive=False)
