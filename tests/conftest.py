@@ -141,6 +141,8 @@ def _runs_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monk
     never to the user's state directory; subprocesses inherit it."""
     folder = tmp_path_factory.mktemp("runs")
     monkeypatch.setenv("STACKGATE_HISTORY_DIR", str(folder))
+    # The state folder too: what a test's launches record (and a later run reaps) stays its own.
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
     return folder
 
 
@@ -159,8 +161,13 @@ def interpreter_lock(python: Path, packages: str = "", extra: str = "", *, impor
     """A lock for one SM120 GPU whose stack is an existing interpreter of this machine."""
     from stackgate.models import spec as lockmodel
 
+    return lockmodel.loads(interpreter_spec(python, packages, extra, imports=imports, version=version))
+
+
+def interpreter_spec(python: Path, packages: str = "", extra: str = "", *, imports: str = '["torch"]', version: str | None = None) -> str:
+    """The text of :func:`interpreter_lock`'s spec, for a test that needs it in a file."""
     version = version or f"{sys.version_info.major}.{sys.version_info.minor}"
-    return lockmodel.loads(
+    return (
         f"""
 [stack]
 name = "t"

@@ -36,7 +36,14 @@ def test_if_better_needs_the_same_tokens_unless_accepted() -> None:
         "kept the live stack: greedy outputs differ: first differing token at position 37 (live token id 37, new token id 1037); "
         "first 37 of 100 tokens identical, then diverge (37.0% of positions agree)"
     )
-    assert abtest.decide("if-better", *_sides([100.0, 101.0], [110.0, 111.0], new_tokens=shifted), accept_output_change=True).switch
+    sides = _sides([100.0, 101.0], [110.0, 111.0], new_tokens=shifted)
+    accepted = abtest.decide("if-better", *sides, accept_output_change=True)
+    assert accepted.switch and "same greedy tokens" not in accepted.reason
+    assert accepted.reason.startswith("switched: it passes and is ") and accepted.reason.endswith(
+        "; greedy outputs differ, accepted with --accept-output-change: first differing token at position 37 "
+        "(live token id 37, new token id 1037); first 37 of 100 tokens identical, then diverge "
+        "(37.0% of positions agree)"
+    )
 
 
 def test_if_passes_switches_a_slower_stack_that_passes_and_never_only_reports() -> None:

@@ -9,6 +9,10 @@ import sys
 import tarfile
 from pathlib import Path
 
+from conftest import install_dist, interpreter_spec, make_venv
+from stackgate.models import spec
+from stackgate.runs import bundle
+
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "lockfiles" / "blackwell-sm120-cu130.toml"
 
@@ -70,3 +74,18 @@ def test_a_bundle_holds_the_parts_and_no_planted_secret(tmp_path: Path) -> None:
 def test_a_bundle_path_that_is_a_folder_is_a_usage_error(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "stackgate", "diagnose", "--bundle", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 2 and "is a directory" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_bundle_lists_the_stacks_installed_distributions(tmp_path: Path) -> None:
+    """The distributions come from the stack's own interpreter, each with its version and place."""
+    python, site = make_venv(tmp_path / "stack")
+    install_dist(site, "flashinfer-python", "0.6.4")
+    install_dist(site, "sglang", "0.5.9")
+    spec_file = tmp_path / "stackgate.toml"
+    spec_file.write_text(interpreter_spec(python))
+    env = {**os.environ, "PATH": f"{fake_tools(tmp_path)}{os.pathsep}{os.environ['PATH']}", "STACKGATE_LOG_DIR": str(tmp_path / "none")}
+    made = bundle.write(tmp_path / "b.tar.gz", lock=spec.load(spec_file), diagnose_report=None, environ=env)
+    assert not any("installed distributions" in note or "installed-distributions" in note for note in made.notes), made.notes
+    listed = made.members["installed-distributions.txt"]
+    assert f"flashinfer-python==0.6.4  {site}" in listed and f"sglang==0.5.9  {site}" in listed, listed
+    assert listed.startswith(f"# 2 distribution(s) in {tmp_path / 'stack'}"), listed

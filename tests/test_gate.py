@@ -10,12 +10,13 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import exposition
 import pytest
-from smoke_support import ROOT, Rig, assert_nothing_left, group_members, living, wait_for
+from smoke_support import ROOT, Rig, assert_nothing_left, dead_runs_server, group_members, living, wait_for
 
 from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import run_checks, select
@@ -26,6 +27,7 @@ from stackgate.facts.compare import environment_spec
 from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.result import Result, Status, failed, passed, skipped, warned
+from stackgate.render import summaries
 from stackgate.render.ui import UI
 from stackgate.stack import generations
 
@@ -72,6 +74,15 @@ def fixed(*results: Result):
 
 def run_stages(*stages: gate.Stage, **request: object) -> gate.GateRun:
     return gate.run_gate(gate.GateRequest(**request), UI(stream=io.StringIO(), force_plain=True), stages=stages)
+
+
+def test_a_gate_first_ends_what_a_dead_run_left_and_says_so(capsys):
+    pids, record = dead_runs_server()
+    run_stages(gate.Stage("a", "a", (), fixed(passed("a ok"))))
+    err = capsys.readouterr().err
+    assert "ended 3 process(es) that a dead stackgate run left running (launched " in err, err
+    assert all(f"  {pid} (" in err for pid in pids)
+    assert living(pids) == [] and not record.exists()
 
 
 def test_a_failed_stage_stops_the_stages_that_stand_on_it_with_the_reason():
@@ -376,6 +387,33 @@ def test_a_gate_against_the_standin_passes_then_regresses_and_report_names_the_c
     assert "    attention_backend: flashinfer -> triton" in lines
     assert "  server:" in lines and "  lock:" in lines
     assert any(line.startswith("  benchmark smoke.benchmark: PASS -> FAIL") for line in lines)
+
+
+def test_a_gate_interrupted_in_its_benchmark_says_so_under_the_table(standin, plain_python, tmp_path):
+    """The stage table says "interrupted": the benchmark line and the Markdown say the same, not "not run"."""
+    rig = standin
+    rig.behave(rate=20.0)  # 200 tokens take 10 s: the interrupt lands mid-stream
+    interrupter = threading.Thread(target=_interrupt_the_benchmark_stage, args=(rig,), daemon=True)
+    interrupter.start()
+    with pytest.raises(KeyboardInterrupt):
+        run_gate(gate_lock(rig, plain_python), tmp_path / "cut")
+    interrupter.join()
+    doc = json.loads((tmp_path / "cut.json").read_text())
+    assert statuses(doc)["benchmark"] == "interrupted" and doc["exit_code"] == 130
+    assert summaries.headline_lines(doc)[-1] == "benchmark: interrupted before a figure was measured"
+    markdown = (tmp_path / "cut.md").read_text()
+    assert "Interrupted before a figure was measured." in markdown and "Not run." not in markdown
+    assert_nothing_left(rig)
+
+
+def _interrupt_the_benchmark_stage(rig: Rig) -> None:
+    """Ctrl-C once the second launch (the benchmark stage's) streams."""
+    def streaming() -> bool:
+        starts = [e["t"] for e in rig.events("started")]
+        return len(starts) == 2 and any(e["t"] > starts[1] for e in rig.events("stream"))
+
+    wait_for(streaming, 120)
+    os.kill(os.getpid(), signal.SIGINT)
 
 
 # --- the environment stage against a root's generations ----------------------------------------

@@ -9,10 +9,13 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+from fakes import fake_nvml
 
 from conftest import install_dist, interpreter_lock, make_venv
 from stackgate.checks.all import REGISTRY
-from stackgate.facts import ProbeFacts, gather
+from stackgate.facts import Facts, Missing, ProbeFacts, gather
 from stackgate.facts.compare import conflicts
 from stackgate.facts.interpreters import PROBE
 from stackgate.models import pylock
@@ -222,3 +225,39 @@ def test_python_locked_skips_without_a_pylock_saying_how_to_make_one(tmp_path):
     result, _ = run("python.locked", lock)
     assert result.status is Status.SKIP
     assert result.summary == f"the spec has no pylock: {tmp_path / 'pylock.spec.toml'} does not exist (`stackgate lock --lock {tmp_path / 'spec.toml'}` makes it)"
+
+
+def _cuda_torch_seeing_no_gpu(plain_python: Path, nvml_lib: Any = None) -> Facts:
+    """The facts of a cu130 torch that sees no GPU (CUDA_VISIBLE_DEVICES hides them, or no driver):
+    torch.cuda.get_arch_list() is then empty, as it was on the H200 with the GPU hidden."""
+    lock = lock_for(plain_python)
+    facts = gather(lock, ["probe"], environ={"PATH": "/usr/bin:/bin"}, nvml_lib=nvml_lib)
+    probe = facts.probe
+    assert isinstance(probe, ProbeFacts), probe
+    torch = {"imported": True, "version": "2.11.0+cu130", "cuda": "13.0", "hip": None, "arch_list": [], "cuda_available": False}
+    return facts.provide("probe", dataclasses.replace(probe, torch=torch))
+
+
+def test_an_empty_arch_list_is_not_a_missing_kernel(plain_python):
+    fake_nvml.configure(fake_nvml.machine([fake_nvml.gpu("NVIDIA H200", (9, 0))]))
+    facts = _cuda_torch_seeing_no_gpu(plain_python, fake_nvml)
+    try:
+        result = REGISTRY["torch.arch"].function(lock_for(plain_python), facts)
+    finally:
+        fake_nvml.configure(None)
+        facts.close()
+    assert result.status is Status.FAIL
+    assert result.summary == (
+        "torch 2.11.0+cu130 sees none of the 1 GPU(s) NVML lists (torch.cuda.is_available() is False), "
+        "so its arch list is empty and its kernels cannot be judged"
+    )
+    assert "it carries" not in result.summary and "arch list includes" not in result.fix.text
+
+
+def test_an_empty_arch_list_without_a_gpu_skips(plain_python):
+    facts = _cuda_torch_seeing_no_gpu(plain_python).provide("nvml", Missing("NVML not loadable: libnvidia-ml.so.1 not found"))
+    try:
+        result = REGISTRY["torch.arch"].function(lock_for(plain_python), facts)
+    finally:
+        facts.close()
+    assert result.status is Status.SKIP and "sees no GPU" in result.summary, result.summary

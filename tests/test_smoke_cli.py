@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 from smoke_support import ROOT, Rig, assert_nothing_left, living, wait_for
@@ -39,6 +40,8 @@ def test_an_interrupt_while_the_server_loads_tears_it_down(rig, sig):
     assert "stackgate: interrupted" in err
     assert "smoke.interrupted" in out and "[interrupted]" in out
     assert ": INTERRUPTED (interrupted (Ctrl-C or SIGTERM); every server was torn down)" in out and "check(s) failed" not in out
+    # The log ends mid-load because smoke stopped the server: how it ends is no hang, no silent failure.
+    assert "never became ready" not in out and "sglang-hang-at-dist-init" not in out, out
     doc = json.loads(report.read_text())
     assert doc["smoke"]["interrupted"] is True and doc["verdict"] == "failed"
     assert doc["exit_code"] == code == 130 and doc["reason"].startswith("interrupted")
@@ -58,12 +61,59 @@ def test_an_interrupt_during_the_benchmark_tears_the_server_down(rig, sig):
     assert_nothing_left(rig)
 
 
+def test_after_ctrl_c_a_server_ignoring_sigterm_is_waited_for_aloud_and_a_second_ctrl_c_kills_it(rig):
+    """No silent grace: smoke says it waits for the server and that another Ctrl-C ends the wait."""
+    rig.behave(rate=50.0, ignore_sigterm=True)
+    lock = rig.lock(benchmark={"output_tokens": 2000, "runs": 2, "warmup": 0})
+    lock.write_text(lock.read_text().replace("stop_grace_s = 3", "stop_grace_s = 300"))  # only a Ctrl-C ends it soon
+    report = rig.tmp / "smoke.json"
+    process = invoke(rig, "--lock", str(lock), "--benchmark", "--json", str(report))
+    err: list[str] = []
+    lines = iter(process.stderr.readline, "")  # type: ignore[union-attr]
+    reader = threading.Thread(target=lambda: err.extend(lines), daemon=True)
+    reader.start()
+    wait_for(lambda: rig.events("stream"))
+    process.send_signal(signal.SIGINT)
+    wait_for(lambda: any("waiting up to 300 s for the server" in line for line in err))
+    process.send_signal(signal.SIGINT)
+    out, _ = process.communicate(timeout=60)
+    reader.join(timeout=10)
+    assert process.returncode == 130
+    pid = rig.events("started")[0]["pid"]
+    notice = next(line for line in err if "waiting up to" in line)
+    wanted = f"waiting up to 300 s for the server (pid {pid}) to stop after SIGTERM; press Ctrl-C again to kill it now"
+    assert notice.strip() == wanted
+    teardown = json.loads(report.read_text())["smoke"]["sessions"][0]["teardown"]
+    assert teardown["interrupted"] is True and teardown["how"].startswith("SIGKILL after")
+    assert_nothing_left(rig)
+
+
 def test_a_smoke_killed_outright_takes_its_server_with_it(rig):
     lock = rig.lock(benchmark={"output_tokens": 2000, "runs": 2, "warmup": 0})
     process = invoke(rig, "--lock", str(lock), "--benchmark")
     wait_for(lambda: rig.events("stream"))
     process.kill()  # SIGKILL: no teardown can run; the kernel's parent-death signal does it
     process.communicate(timeout=30)
+    assert_nothing_left(rig)
+
+
+def test_workers_a_smoke_killed_outright_left_are_ended_by_the_next_run_which_says_so(rig):
+    """Workers that set no parent-death signal outlive a SIGKILLed smoke; its record names them."""
+    rig.behave(rate=50.0, orphan_workers=True)
+    lock = rig.lock(benchmark={"output_tokens": 2000, "runs": 2, "warmup": 0})
+    process = invoke(rig, "--lock", str(lock), "--benchmark")
+    wait_for(lambda: rig.events("stream"))
+    process.kill()
+    process.communicate(timeout=30)
+    (workers,) = [e["pids"] for e in rig.events("workers")]
+    wait_for(lambda: living([rig.events("started")[0]["pid"]]) == [])  # the leader died with smoke
+    assert living(workers) == workers  # its workers did not
+    rig.behave()  # the next run's server is a well-behaved one
+    code, out, err = finish(invoke(rig, "--lock", str(lock)))
+    assert code == 0, out + err
+    assert "ended 2 process(es) that a dead stackgate run left running (launched " in err, err
+    assert all(f"  {pid} (" in err for pid in workers), err
+    assert living(workers) == []
     assert_nothing_left(rig)
 
 

@@ -59,6 +59,23 @@ def test_the_compare_table_and_the_other_new_fields_load():
     assert (lock.smoke.fast_layers, lock.smoke.stop_grace_s) == (2, 20.0)
 
 
+def test_the_stream_idle_limit_comes_from_the_expected_inter_token_time_and_a_floor():
+    """100 expected inter-token gaps at baseline_tok_s, never below [benchmark] stream_idle_floor_s."""
+    assert load("[benchmark]\nbaseline_tok_s = 92.6\n").benchmark.stream_idle_s == 15.0  # the default floor
+    assert load("[benchmark]\nbaseline_tok_s = 92.6\nstream_idle_floor_s = 4\n").benchmark.stream_idle_s == 4.0
+    slow = load("[benchmark]\nbaseline_tok_s = 2\nstream_idle_floor_s = 4\n")
+    assert slow.benchmark.stream_idle_s == 50.0  # 0.5 s a token
+    assert load("").benchmark.stream_idle_s == 15.0  # no baseline: the floor alone
+    refused = problems("[benchmark]\nstream_idle_floor_s = 0\n")
+    assert "benchmark.stream_idle_floor_s: must be greater than 0, not 0" in refused
+
+
+def test_the_run_cap_defaults_to_twice_the_runs_and_is_never_below_them():
+    assert load("[benchmark]\nruns = 5\n").benchmark.run_cap == 10
+    assert load("[benchmark]\nruns = 5\nmax_runs = 12\n").benchmark.run_cap == 12
+    assert "benchmark.max_runs: must be at least runs (5), not 3" in problems("[benchmark]\nruns = 5\nmax_runs = 3\n")
+
+
 def test_a_compare_table_without_flags_means_the_default_baseline():
     assert load("[smoke.compare]\n").smoke.compare.flags is None
 

@@ -109,6 +109,28 @@ def test_a_regression_beyond_the_allowed_one_fails_naming_both_numbers(rig):
     assert_nothing_left(rig)
 
 
+@pytest.mark.parametrize("strict", [False, True], ids=["warn", "strict-fails"])
+def test_an_interval_that_spans_the_floor_earns_more_runs_then_is_inconclusive(rig, strict):
+    """Runs at 125 and 75 tok/s in turn: a mean of 100 over a floor of 90 says nothing when the
+    95% interval reaches below the floor; smoke runs more, up to max_runs, then says so."""
+    rig.behave(rate_cycle=[125.0, 75.0])
+    bench = {"output_tokens": 100, "runs": 2, "max_runs": 4, "warmup": 0}
+    lock = rig.lock(benchmark={**bench, "baseline_tok_s": 100.0, "max_regression": 0.1})
+    done = rig.run(lock, benchmark=True, strict=strict)
+    verdict = by_name(done.results)["smoke.benchmark"]
+    decode = done.figures.decode_tok_s
+    assert len(done.figures.runs) == 4 and decode.n == 4  # two more than asked: the cap
+    assert decode.ci_low < 90.0 < decode.ci_high
+    assert verdict.status == (Status.FAIL if strict else Status.WARN)
+    assert verdict.summary.startswith(
+        f"inconclusive: decode {decode.mean:.2f} tok/s, but the 95% interval {decode.interval()} tok/s "
+        "spans the floor 90.00 after 4 runs (2 asked, up to max_runs 4 while it spanned)"
+    ), verdict.summary
+    assert verdict.data["inconclusive"] is True and verdict.data["floor_tok_s"] == 90.0
+    assert int(done.verdict.exit_code) == (1 if strict else 0)
+    assert_nothing_left(rig)
+
+
 def test_a_flag_whose_path_never_initialised_fails_with_that_explanation(rig):
     rig.gpus(2)
     rig.behave(evidence=False)
@@ -297,6 +319,35 @@ def test_a_stream_cut_while_the_server_stays_up_fails_and_says_the_server_is_up(
     assert_nothing_left(rig)
 
 
+def test_a_server_stopped_mid_stream_is_named_after_the_locks_idle_limit(rig):
+    """A server stopped (SIGSTOP: state T) after ready answers nothing: the stream ends after the
+    lock's idle limit (here its 1 s floor), the verdict names the stopped process, and teardown's
+    SIGCONT lets it act on SIGTERM, so it drains instead of waiting out the grace for SIGKILL."""
+    rig.behave(rate=50.0)
+    lock = _grace(rig, 10, benchmark={"output_tokens": 2000, "runs": 1, "warmup": 0, "stream_idle_floor_s": 1})
+    stopper = threading.Thread(target=_stop_leader_once_streaming, args=(rig,), daemon=True)
+    stopper.start()
+    done = rig.run(lock, benchmark=True)
+    stopper.join()
+    bench = by_name(done.results)["smoke.benchmark"]
+    pid = rig.events("started")[0]["pid"]
+    assert bench.status == Status.FAIL
+    assert re.fullmatch(
+        r"the benchmark stopped: run 1 failed: http://127\.0\.0\.1:\d+/generate: "
+        r"the server sent nothing for 1 s \(the stream's idle limit\) after \d+ of 2000 tokens; "
+        rf"the server stopped answering: process {pid} \([^)]*sglang\.launch_server[^)]*\) is stopped \(state T: .*\)",
+        bench.summary,
+    ), bench.summary
+    assert "still up" not in bench.summary
+    assert done.sessions[0].teardown.how == "SIGTERM"  # it ran again, drained and ended itself
+    assert_nothing_left(rig)
+
+
+def _stop_leader_once_streaming(rig):
+    wait_for(lambda: rig.events("stream"))
+    os.kill(rig.events("started")[0]["pid"], signal.SIGSTOP)
+
+
 def test_sglang_s_real_drain_poll_fits_in_the_grace_period(rig):
     rig.behave(drain_poll_s=5.0)
     path = rig.lock()
@@ -318,6 +369,32 @@ def test_a_taken_port_is_refused_before_launch(rig):
     assert port.summary == f"port {rig.port} on 127.0.0.1 is taken; nothing was launched (SGLang would find out only after loading the weights)"
     assert port.fix.commands == (f"ss -ltnp 'sport = :{rig.port}'",)
     assert rig.events() == [] and not rig.runs.exists()  # nothing started, no log
+
+
+def test_a_port_taken_while_the_server_loads_is_named_and_not_called_a_silent_hang(rig):
+    """SGLang binds its port only after loading: a port taken meanwhile is its logged error, so the
+    generic "never became ready, and logged no error" must not stand beside it."""
+    loaded = rig.tmp / "loaded"
+    rig.behave(load_until=str(loaded))
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taker = threading.Thread(target=_take_port_while_loading, args=(rig, squatter, loaded), daemon=True)
+        taker.start()
+        done = rig.run(rig.lock())
+        taker.join()
+    results = by_name(done.results)
+    assert results["smoke.preflight.port"].status == Status.PASS  # free when smoke looked
+    assert results["smoke.log.sglang-http-port-in-use"].status == Status.FAIL
+    assert "known failure sglang-http-port-in-use" in results["smoke.launch"].summary
+    assert "smoke.log.sglang-never-ready" not in results, results["smoke.log.sglang-never-ready"].summary
+    assert_nothing_left(rig)
+
+
+def _take_port_while_loading(rig, squatter, loaded):
+    wait_for(lambda: rig.events("started"))
+    squatter.bind(("127.0.0.1", rig.port))
+    squatter.listen()
+    loaded.touch()
 
 
 @pytest.mark.parametrize("problem", ["missing", "no-config", "bad-config"])

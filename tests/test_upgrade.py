@@ -19,7 +19,7 @@ import pytest
 from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
 from pkgindex import IndexServer, install_environ, lock_stack, stack_index, write_stack_lock  # noqa: F401 (fixtures)
-from smoke_support import FAKES, Rig, assert_nothing_left, free_port, kill_leftovers
+from smoke_support import FAKES, Rig, assert_nothing_left, dead_runs_server, free_port, kill_leftovers, living
 
 from stackgate.commands import provision, report, upgrade
 from stackgate.models import pylock
@@ -97,6 +97,7 @@ class Node:
         self.rig.nvml_path.write_text(json.dumps({**spec, "holders": str(self.rig.holders_path)}))
         self.rig.behave(profiles=TRITON_SLOW)
         self.environ = {**environ, "STACKGATE_NVML_MODULE": "fakes.fake_nvml", "STACKGATE_FAKE_NVML": str(self.rig.nvml_path), "STACKGATE_LOG_DIR": str(tmp / "logs")}
+        self.environ["XDG_STATE_HOME"] = os.environ["XDG_STATE_HOME"]  # this test's state folder (what launches record)
         for key in ("STACKGATE_NVML_MODULE", "STACKGATE_FAKE_NVML", "STACKGATE_LOG_DIR"):
             monkeypatch.setenv(key, self.environ[key])
         self.a = _spec(tmp / "a.toml", server, self.root, environ, self.rig, flashinfer="0.6.3", backend="triton", tp=gpus)
@@ -216,6 +217,8 @@ def test_diverging_tokens_are_kept_naming_the_first_differing_position_unless_ac
     assert done.won and doc["upgrade"]["build"]["status"] == "resumed" and doc["upgrade"]["new"]["generation"] == built, out
     same = next(c for c in doc["upgrade"]["decision"]["conditions"] if c["name"] == "same_output")
     assert same["held"] and same["text"].startswith("greedy outputs differ, accepted with --accept-output-change: first differing token at position 37")
+    reason = doc["upgrade"]["decision"]["reason"]
+    assert doc["reason"] == reason and "same greedy tokens" not in reason and same["text"] in reason, reason
     assert node.current() == f"generations/{built}"
 
 
@@ -236,6 +239,14 @@ def test_a_new_stack_failing_verify_is_kept_marked_failed_never_measured_nor_rol
     assert node.current() == node.live and node.serves().startswith("0.6.3 ")
     # The next upgrade keeps it for inspection (a failed generation is not an unfinished one).
     assert generations.read(node.root).unfinished == ()
+
+
+def test_an_upgrade_first_ends_what_a_dead_run_left_and_says_so(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    pids, record = dead_runs_server()
+    node.upgrade(node.spec_b(hardware={"compute_capability": '"9.0"'}))  # fails verify: nothing is launched
+    err = capsys.readouterr().err
+    assert "ended 3 process(es) that a dead stackgate run left running (launched " in err, err
+    assert living(pids) == [] and not record.exists()
 
 
 def test_dry_run_shows_the_plan_and_changes_nothing(node: Node) -> None:
@@ -320,6 +331,7 @@ def test_ctrl_c_during_the_ab_exits_130_with_the_report_and_current_unchanged(no
     assert stopped.returncode == ExitCode.INTERRUPTED, stopped.stderr[-3000:]
     doc = json.loads((node.tmp / "killed.json").read_text())
     assert doc["upgrade"]["interrupted"] is True and doc["upgrade"]["step"] == "ab" and doc["exit_code"] == 130
+    assert doc["reason"] == "interrupted (Ctrl-C or SIGTERM) during ab; current is unchanged"
     assert doc["upgrade"]["current"]["switched"] is False and node.current() == node.live
     assert "INTERRUPTED during ab (Ctrl-C or SIGTERM): every server was torn down; current: " in stopped.stdout
     assert_nothing_left(node.rig)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from stackgate.checks.core import check
 from stackgate.facts import Facts, Missing, ProbeFacts
 from stackgate.facts.compare import conflicts, locked_problems, pin_problem
@@ -156,6 +158,8 @@ def torch_arch(lock: Lock, facts: Facts) -> Result:
         return failed(f"torch cannot list its architectures: {arch_list['error']}")
     snap = facts.nvml
     wanted = sorted({g.capability for g in snap.gpus if g.capability}) if not isinstance(snap, Missing) else []
+    if not arch_list:
+        return _no_arch_list(torch, len(snap.gpus) if not isinstance(snap, Missing) else 0)
     source = "the GPUs" if wanted else "the lock (no GPU visible)"
     wanted = wanted or [(lock.hardware.compute_capability.major, lock.hardware.compute_capability.minor)]
     coverage = {f"{m}.{n}": _covered(arch_list, m, n) for m, n in wanted}
@@ -169,6 +173,17 @@ def torch_arch(lock: Lock, facts: Facts) -> Result:
     if jit:
         return warned(f"compute capability {', '.join(jit)} runs only through PTX JIT ({', '.join(covered[c] for c in jit)}): slow first launches", data=data)
     return passed(f"torch covers {', '.join(f'{cc} ({how})' for cc, how in covered.items())} from {source}", data=data)
+
+
+def _no_arch_list(torch: Mapping[str, Any], nvml_gpus: int) -> Result:
+    """torch.cuda.get_arch_list() is empty whenever torch sees no GPU: nothing to judge from it."""
+    seen = f"torch.cuda.is_available() is {torch.get('cuda_available')}"
+    data: dict[str, Any] = {"arch_list": [], "cuda_available": torch.get("cuda_available"), "nvml_gpus": nvml_gpus}
+    if not nvml_gpus:
+        return skipped(f"torch {torch['version']} lists no architectures: it sees no GPU ({seen}) and NVML lists none", data=data)
+    fix = Fix("Make the GPUs visible to torch (see CUDA_VISIBLE_DEVICES and `nvidia-smi`), then verify again.", ())
+    why = f"torch {torch['version']} sees none of the {nvml_gpus} GPU(s) NVML lists ({seen})"
+    return failed(f"{why}, so its arch list is empty and its kernels cannot be judged", fix=fix, data=data)
 
 
 def _covered(arch_list: list[str], major: int, minor: int) -> str | None:

@@ -57,7 +57,7 @@ from stackgate.render import report, summaries
 from stackgate.render.ui import UI
 from stackgate.runs import fingerprint as fp
 from stackgate.runs import history
-from stackgate.serve import launch
+from stackgate.serve import launch, launched
 
 __all__ = ["SCHEMA", "STAGES", "GateContext", "GateRequest", "GateRun", "GateUsageError", "Stage", "StageInterrupted", "StageRun", "run", "run_gate", "run_stages"]
 
@@ -366,7 +366,7 @@ class GateRun:
             return None
         bench = self.lock.benchmark
         verdict = next((r for r in done.results if r.check == "smoke.benchmark"), None)
-        floor = bench.baseline_tok_s * (1 - bench.max_regression) if bench.baseline_tok_s else None
+        floor = bench.floor_tok_s
         judged = {"baseline_tok_s": bench.baseline_tok_s, "max_regression": bench.max_regression, "floor_tok_s": round(floor, 3) if floor else None}
         return {**done.figures.to_dict(), **judged, "status": verdict.status.name if verdict else None, "summary": verdict.summary if verdict else None}
 
@@ -376,6 +376,7 @@ def run_gate(request: GateRequest, ui: UI, *, environ: Mapping[str, str] | None 
     started, clock = time.time(), time.monotonic()
     run_id = history.new_id("gate", started)
     ctx = GateContext(request, ui, dict(os.environ if environ is None else environ), nvml_lib, _run_dir(request, run_id))
+    launched.reap_and_tell(ui.warn)  # before verify: what a run killed outright left holds GPUs and ports
     try:
         outcomes, interrupted = run_stages(stages, ctx)
         finger = None if interrupted or ctx.lock is None or ctx.usage else fp.from_facts(ctx.lock, ctx.facts, _server_info(ctx), ctx.verify_run.results if ctx.verify_run else ())

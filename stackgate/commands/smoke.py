@@ -33,7 +33,7 @@ from stackgate.models.verdict import document as report_document
 from stackgate.render import report
 from stackgate.render.ui import UI
 from stackgate.runs import history
-from stackgate.serve import bench, fastmode, launch, quality
+from stackgate.serve import bench, fastmode, launch, launched, quality
 from stackgate.serve.launch import Config, LaunchError
 from stackgate.serve.ready import Monitor, Readiness, wait_ready
 
@@ -337,6 +337,7 @@ def run_smoke(lock: lockmodel.Lock, request: SmokeRequest, ui: UI, *, environ: M
     """
     started, clock = time.time(), time.monotonic()
     configs = launch.configs(lock, model=request.model, tp=request.tp, port=request.port, fast=request.fast, compare=request.compare)
+    launched.reap_and_tell(ui.warn)  # what a run killed outright left running (its port, its GPUs)
     context = _Context(lock, request, ui, _run_dir(request), dict(os.environ if environ is None else environ), nvml_lib)
     sessions: list[Session] = []
     try:
@@ -381,14 +382,17 @@ def _run_session(session: Session, context: _Context, *, keep: bool) -> None:
     session.log_path = context.run_dir / f"{config.label or 'server'}.log"
     watcher = serverlog.LogWatcher(session.log_path, context=_scan_context(context.lock, config, session.log_path), evidence=config.evidence)
     server: launch.Server | None = None
-    interrupted = False
+    interrupted = stopping = False  # a Ctrl-C during teardown; one before it (teardown follows it)
     try:
         server = _start(session, keep)
         if server is not None:
             _serve(session, context, server, watcher)
+    except KeyboardInterrupt:
+        stopping = True
+        raise
     finally:
         if server is not None:
-            teardown = _teardown(session, context, server, watcher, keep=keep)
+            teardown = _teardown(session, context, server, watcher, keep=keep, interrupted=stopping)
             interrupted = teardown is not None and teardown.interrupted
             _conclude(session, context, server, watcher, memory_before)
     if interrupted:
@@ -521,19 +525,30 @@ def _measure(session: Session, context: _Context, server: launch.Server, watcher
     config, request, benchmark = session.config, context.request, context.lock.benchmark
     streams = bench.Streams()
     incremental = bool((session.server_info or {}).get("stream_output"))
+    # Only the lock's configuration at full weights is judged against the floor, so only it earns extra runs.
+    floor = benchmark.floor_tok_s if not config.label and session.shrink is None else None
     with Monitor(server, watcher, streams.abort_all) as monitor:
         if request.measures:
             session.figures = bench.run_benchmark(
-                config.base_url, benchmark, streams=streams, incremental_ids=incremental, show=context.ui.info, explain=lambda error: _explain(monitor, error), api_key=session.api_key
-            )
+                config.base_url, benchmark, streams=streams, incremental_ids=incremental, show=context.ui.info,
+                explain=lambda error: _explain(monitor, error), api_key=session.api_key, floor=floor,
+            )  # fmt: skip
         elif benchmark.warmup:
             for _ in range(benchmark.warmup):
-                bench.generate(config.base_url, benchmark.prompt, benchmark.output_tokens, streams=streams, api_key=session.api_key)
+                bench.generate(
+                    config.base_url, benchmark.prompt, benchmark.output_tokens,
+                    streams=streams, api_key=session.api_key, idle_s=benchmark.stream_idle_s,
+                )  # fmt: skip
         for count in request.concurrency:
             if monitor.failure is not None:
                 break
             context.ui.info(f"concurrency: {count} stream(s) of {benchmark.output_tokens} tokens")
-            session.levels.append(bench.run_level(config.base_url, count, benchmark.prompt, benchmark.output_tokens, streams=streams, api_key=session.api_key))
+            session.levels.append(
+                bench.run_level(
+                    config.base_url, count, benchmark.prompt, benchmark.output_tokens,
+                    streams=streams, api_key=session.api_key, idle_s=benchmark.stream_idle_s,
+                )
+            )  # fmt: skip
     stopped = session.figures.stopped_at if session.figures is not None else None
     seen = [t for t in (monitor.failed_at, stopped) if t is not None]
     if monitor.failure is not None or stopped is not None:
@@ -543,8 +558,15 @@ def _measure(session: Session, context: _Context, server: launch.Server, watcher
 
 
 def _explain(monitor: Monitor, error: str) -> str:
-    """Why a request failed: the server's exit or fatal line, or the stream's error with the server up."""
-    return monitor.wait_failure(EXPLAIN_S) or f"{error}; the server is still up (no exit, no fatal log line)"
+    """Why a request failed: the server's exit or fatal line, a process of it that cannot answer
+    (stopped, state T), or the stream's error with the server up."""
+    failure = monitor.wait_failure(EXPLAIN_S)
+    if failure is not None:
+        return failure
+    halted = monitor.server.tree.halted()
+    if halted:
+        return f"{error}; the server stopped answering: {'; '.join(halted)}"
+    return f"{error}; the server is still up (no exit, no fatal log line)"
 
 
 def _measure_results(session: Session, context: _Context) -> None:
@@ -552,7 +574,11 @@ def _measure_results(session: Session, context: _Context) -> None:
     label = session.shrink.label if session.shrink else None
     if session.figures is not None:
         # Only the lock's configuration is what baseline_tok_s describes; --compare's baseline is measured, not judged.
-        verdict, short = bench.judge(session.figures, benchmark, fast_label=label, against_baseline=not session.config.label)
+        judged, strict = not session.config.label, context.request.strict
+        verdict, short = bench.judge(
+            session.figures, benchmark, fast_label=label,
+            against_baseline=judged, strict=strict
+        )
         session.add("benchmark", verdict)
         session.add("benchmark.short_runs", short)
         if label is not None:
@@ -596,7 +622,15 @@ def _levels_result(levels: Sequence[bench.Level], label: str | None) -> Result:
 # --- the end of a configuration ---------------------------------------------------------------
 
 
-def _teardown(session: Session, context: _Context, server: launch.Server, watcher: serverlog.LogWatcher, *, keep: bool) -> launch.Teardown | None:
+def _teardown(
+    session: Session,
+    context: _Context,
+    server: launch.Server,
+    watcher: serverlog.LogWatcher,
+    *,
+    keep: bool,
+    interrupted: bool,
+) -> launch.Teardown | None:
     watcher.poll()
     if watcher.fatal is not None:
         # After a fatal line SGLang kills its own tree at once: let it, so its exit code is reported.
@@ -605,8 +639,17 @@ def _teardown(session: Session, context: _Context, server: launch.Server, watche
     alive = server.exit_code() is None
     if keep and alive and session.readiness is not None and session.readiness.ready:
         session.kept = True
+        launch.release(server)
         return None
-    session.teardown = launch.stop(server, context.lock.smoke.stop_grace_s)
+    again = "again " if interrupted else ""
+
+    def waiting(grace_s: float) -> None:
+        context.ui.info(
+            f"waiting up to {grace_s:g} s for the server (pid {server.pid}) to stop after SIGTERM; "
+            f"press Ctrl-C {again}to kill it now"
+        )
+
+    session.teardown = launch.stop(server, context.lock.smoke.stop_grace_s, waiting)
     return session.teardown
 
 
@@ -621,7 +664,9 @@ def _conclude(session: Session, context: _Context, server: launch.Server, watche
     if session.kept:
         watcher.poll()
     else:
-        watcher.finish()  # the server is gone: the log is complete, and how it ends is judged
+        # The server is gone: the log is complete. How it ends is judged unless smoke stopped the
+        # server before the wait for readiness ended (an interrupt): the log then ends mid-load.
+        watcher.finish(judge_end=session.readiness is not None)
     session.findings, session.evidence = watcher.findings, watcher.evidence
     ready = session.readiness is not None and session.readiness.ready
     if session.readiness is not None and not ready:
@@ -641,6 +686,9 @@ def _conclude(session: Session, context: _Context, server: launch.Server, watche
     if not session.findings:
         session.add("log", passed(f"no known failure signature in {watcher.lines} log lines"))
     session.add("teardown", _teardown_result(session, server, context.lock.smoke.stop_grace_s))
+    if server.record is not None and server.record.error is not None:
+        why = "a run killed outright could leave processes that the next run cannot find"
+        session.add("launch.record", warned(f"{server.record.error}: {why}"))
     if session.teardown is not None:
         session.add("gpu_memory", launch.memory_released(memory_before, sorted(server.tree.seen), context.nvml_lib))
 

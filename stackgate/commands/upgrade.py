@@ -51,7 +51,7 @@ from stackgate.render import upgrade as upgrade_render
 from stackgate.render.ui import UI
 from stackgate.runs import abtest, history, stackdiff
 from stackgate.runs import fingerprint as fp
-from stackgate.serve import launch
+from stackgate.serve import launch, launched
 from stackgate.stack import generations, guard, pyenv, toolkit
 from stackgate.stack import patches as stackpatches
 
@@ -220,6 +220,7 @@ def upgrade_node(request: UpgradeRequest, ui: UI, *, nvml_lib: ModuleType | None
     if request.dry_run or done.blocked or not done.changes:
         done.duration_s = time.monotonic() - clock
         return done
+    launched.reap_and_tell(ui.warn)  # what a run killed outright left would skew the A/B
     try:
         with generations.exclusive(done.root, wait=False, command=f"stackgate upgrade --to {request.to}", busy_advice="run `stackgate upgrade` again once it has finished"):
             _sweep(done.root, ui)
@@ -493,8 +494,13 @@ def _results(done: UpgradeRun) -> list[Result]:
         make = passed if done.won or done.exit_code == ExitCode.PASSED else failed
         found.append(dataclasses.replace(make(done.decision.reason, [c.text for c in done.decision.conditions]), check="upgrade.decision"))
     if done.interrupted:
-        found.append(Result("upgrade.interrupted", Status.FAIL, f"interrupted (Ctrl-C or SIGTERM) during {done.step}; current is unchanged"))
+        found.append(Result("upgrade.interrupted", Status.FAIL, _interrupted(done)))
     return found
+
+
+def _interrupted(done: UpgradeRun) -> str:
+    after = f"current was switched to {done.current_after}" if done.switched else "current is unchanged"
+    return f"interrupted (Ctrl-C or SIGTERM) during {done.step}; {after}"
 
 
 def _speed_result(done: UpgradeRun) -> Result:
@@ -511,7 +517,11 @@ def _document(done: UpgradeRun) -> dict[str, Any]:
     results = _results(done)
     code = done.exit_code
     counts = {s.name: sum(1 for r in results if r.status == s) for s in Status}
-    reason = done.decision.reason if done.decision else done.blocked or done.build.get("reason") or ("interrupted" if done.interrupted else "plan only (--dry-run)")
+    reason = done.blocked or done.build.get("reason") or "plan only (--dry-run)"
+    if done.interrupted:
+        reason = _interrupted(done)
+    elif done.decision:
+        reason = done.decision.reason
     verdict = Verdict(code, counts, str(reason))
     extra = {"run_id": done.run_id, "upgrade": _upgrade_part(done)}
     return report_document("upgrade", results, verdict, lock=done.new_lock, started=done.started, duration_s=done.duration_s, extra=extra)

@@ -121,11 +121,12 @@ class LogWatcher:
         errors = [f for f in self.scanner.findings if f.severity == "error"]
         return errors[0] if errors else None  # findings are ranked: causes before consequences
 
-    def finish(self) -> list[Finding]:
-        """The log is complete (the server is gone): read the rest, judge how the log ends."""
+    def finish(self, *, judge_end: bool = True) -> list[Finding]:
+        """The log is complete (the server is gone): read the rest, judge how the log ends (unless
+        ``judge_end`` is False: a server stopped while starting ends its log wherever it was)."""
         found = self.poll()
         with self._guard:
-            return found + self.scanner.finish()
+            return found + self.scanner.finish(judge_end=judge_end)
 
     @property
     def evidence(self) -> list[Evidence]:

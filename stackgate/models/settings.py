@@ -51,6 +51,7 @@ __all__ = [
     "Value",
     "markdown_table",
     "report",
+    "state_home",
 ]
 
 T = TypeVar("T")
@@ -297,6 +298,18 @@ SETTINGS: dict[str, Setting[Any]] = {
         LOG_DIR, HISTORY_DIR, HISTORY_INDEX, FAULT,
     )  # fmt: skip
 }
+
+
+def state_home(environ: Mapping[str, str] | None = None) -> Path:
+    """stackgate's state folder: ``$XDG_STATE_HOME/stackgate``, by default ``~/.local/state/stackgate``.
+
+    >>> state_home({"XDG_STATE_HOME": "/s", "HOME": "/h"}), state_home({"HOME": "/h"})
+    (PosixPath('/s/stackgate'), PosixPath('/h/.local/state/stackgate'))
+    """
+    environ = os.environ if environ is None else environ
+    if environ.get("XDG_STATE_HOME"):
+        return Path(environ["XDG_STATE_HOME"]) / "stackgate"
+    return Path(environ.get("HOME") or Path.home()) / ".local" / "state" / "stackgate"
 
 
 def report(environ: Mapping[str, str] | None = None, flags: Mapping[Setting[Any], Flag] | None = None) -> list[Value[Any]]:

@@ -38,6 +38,7 @@ __all__ = [
     "MAX_JIT_TIMEOUT_S",
     "PYPI_CUDA12_REASON",
     "SHELL_REFERENCE",
+    "STREAM_IDLE_GAPS",
     "Benchmark",
     "Capability",
     "Compare",
@@ -363,6 +364,32 @@ class Benchmark:
     baseline_tok_s: float | None = None
     max_regression: float = 0.03
     prompt: str = "Write a long story about a lighthouse keeper."
+    stream_idle_floor_s: float = 15.0  #: the shortest silence inside a stream that ends it
+    max_runs: int | None = None  #: the cap on runs while the 95% interval spans the floor (default: twice runs)
+
+    @property
+    def floor_tok_s(self) -> float | None:
+        """The lowest decode rate that passes: baseline_tok_s less max_regression."""
+        return self.baseline_tok_s * (1 - self.max_regression) if self.baseline_tok_s else None
+
+    @property
+    def run_cap(self) -> int:
+        return self.max_runs or 2 * self.runs
+
+    @property
+    def stream_idle_s(self) -> float:
+        """The longest silence accepted inside a stream: STREAM_IDLE_GAPS expected inter-token
+        gaps at baseline_tok_s, never less than stream_idle_floor_s.
+
+        >>> Benchmark(baseline_tok_s=92.6).stream_idle_s, Benchmark(baseline_tok_s=2.0).stream_idle_s
+        (15.0, 50.0)
+        """
+        expected = STREAM_IDLE_GAPS / self.baseline_tok_s if self.baseline_tok_s else 0.0
+        return max(self.stream_idle_floor_s, expected)
+
+
+#: A stream silent for this many expected inter-token gaps has stopped (see Benchmark.stream_idle_s).
+STREAM_IDLE_GAPS = 100
 
 
 #: What the allreduce-fusion check reports when this machine's GPUs cannot run the fused path.
@@ -916,13 +943,19 @@ class _Builder:
         warmup = t.get("warmup", int, 2)
         if warmup is not None and warmup < 0:
             t.error("warmup", f"must be 0 or more, not {warmup}")
+        runs = t.positive("runs", int, 5) or 5
+        max_runs = t.get("max_runs", int, None)
+        if max_runs is not None and max_runs < runs:
+            t.error("max_runs", f"must be at least runs ({runs}), not {max_runs}")
         benchmark = Benchmark(
             output_tokens=t.positive("output_tokens", int, 2048) or 2048,
-            runs=t.positive("runs", int, 5) or 5,
+            runs=runs,
             warmup=warmup if warmup is not None else 2,
             baseline_tok_s=t.positive("baseline_tok_s", float, None),
             max_regression=float(regression if regression is not None else 0.03),
             prompt=t.get("prompt", str, Benchmark.prompt) or Benchmark.prompt,
+            stream_idle_floor_s=t.positive("stream_idle_floor_s", float, None) or Benchmark.stream_idle_floor_s,
+            max_runs=max_runs if max_runs is not None and max_runs >= runs else None,
         )
         t.finish()
         return benchmark

@@ -48,18 +48,27 @@ def headline_lines(doc: Mapping[str, Any]) -> list[str]:
         components = finger["components"]
         count = sum(len(section) for section in components.values())
         lines.append(f"fingerprint {finger['short']} (sha256 {finger['digest']} over {count} components: {', '.join(components)})")
-    lines.append(benchmark_line(_gate(doc).get("benchmark")))
+    lines.append(benchmark_line(_gate(doc).get("benchmark"), _stage_status(doc, "benchmark")))
     return lines
 
 
-def benchmark_line(bench: Mapping[str, Any] | None) -> str:
+def _stage_status(doc: Mapping[str, Any], name: str) -> str | None:
+    return next((s.get("status") for s in _gate(doc).get("stages", ()) if s.get("name") == name), None)
+
+
+def benchmark_line(bench: Mapping[str, Any] | None, stage: str | None = None) -> str:
     """``decode 197.31 tok/s vs baseline 190 (+3.8%, floor 180.50): PASS; end-to-end 195.20 tok/s``
 
     The decode rate is what the verdict judges against the baseline; the end-to-end rate (with
-    the time to first token) stands beside it.
+    the time to first token) stands beside it. Without figures, the benchmark stage's status
+    (``stage``) says why: it did not run, or it was interrupted or failed before a figure.
+
+    >>> benchmark_line(None), benchmark_line(None, "interrupted"), benchmark_line(None, "not run")
+    ('benchmark: not run', 'benchmark: interrupted before a figure was measured', 'benchmark: not run')
     """
     if not bench:
-        return "benchmark: not run"
+        cut = stage in ("interrupted", "failed")
+        return f"benchmark: {stage} before a figure was measured" if cut else "benchmark: not run"
     decode = (bench.get("decode_tok_s") or {}).get("mean")
     tok = (bench.get("tok_s") or {}).get("mean")
     if tok is None or decode is None:
@@ -90,7 +99,7 @@ def markdown(doc: Mapping[str, Any]) -> str:
     for stage in gate.get("stages", ()):
         out.append(f"| {stage['name']} | {_ICONS.get(stage['status'], '')} {stage['status']} | {stage['duration_s']:.1f} | {_text(stage['reason'])} |")
     out += _failures(gate.get("stages", ()))
-    out += _benchmark_section(gate.get("benchmark"))
+    out += _benchmark_section(gate.get("benchmark"), _stage_status(doc, "benchmark"))
     if finger:
         out += _fingerprint_section(finger)
     return "\n".join(out).rstrip() + "\n"
@@ -112,10 +121,10 @@ def _failures(stages: Iterable[Mapping[str, Any]]) -> list[str]:
     return out
 
 
-def _benchmark_section(bench: Mapping[str, Any] | None) -> list[str]:
+def _benchmark_section(bench: Mapping[str, Any] | None, stage: str | None) -> list[str]:
     out = ["", "### Benchmark (real weights)", ""]
     if not bench:
-        return out + ["Not run."]
+        return out + [benchmark_line(bench, stage).removeprefix("benchmark: ").capitalize() + "."]
     out += ["| run | tokens | seconds | tok/s | TTFT ms | decode tok/s |", "|---|---:|---:|---:|---:|---:|"]
     for i, row in enumerate(bench.get("runs", ()), 1):
         ttft = f"{row['ttft_s'] * 1000:.0f}" if row.get("ttft_s") is not None else "-"

@@ -167,7 +167,10 @@ def decide(mode: str, live: Side, new: Side, *, accept_output_change: bool) -> D
         return Decision(mode, False, f"kept the live stack: {passes.text}", found)
     if failed:
         return Decision(mode, False, f"kept the live stack: {failed[0].text}", found)
-    return Decision(mode, True, f"switched: it passes, gives the same greedy tokens and is {found[2].text}", found)
+    if quality.agreement(live.tokens, new.tokens).identical:
+        return Decision(mode, True, f"switched: it passes, gives the same greedy tokens and is {found[2].text}", found)
+    # Switched on --accept-output-change: the reason says the outputs differed, and where.
+    return Decision(mode, True, f"switched: it passes and is {found[2].text}; {found[1].text}", found)
 
 
 def not_measured(mode: str, why: str) -> Decision:

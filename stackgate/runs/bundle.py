@@ -132,7 +132,9 @@ def _dists(lock: Lock, bundle: Bundle) -> str | None:
         facts.close()
     if isinstance(found, Missing):
         return _note(bundle, f"installed distributions: {found.reason}")
-    return "".join(f"{d.name}=={d.version}  {d.location}\n" for d in sorted(found, key=lambda d: d.name.lower()))
+    listed = sorted(found.distributions.values(), key=lambda d: d.name.lower())
+    head = f"# {len(listed)} distribution(s) in {found.executable} (Python {found.python_version})\n"
+    return head + "".join(f"{d.name}=={d.version}  {d.location}\n" for d in listed)
 
 
 def _server_logs(env: Mapping[str, str]) -> list[tuple[str, str]]:

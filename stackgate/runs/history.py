@@ -57,8 +57,7 @@ def runs_dir(lock: Lock | None, environ: Mapping[str, str] | None = None, *, rea
         return root / "runs"
     if root is not None and _holds_a_stack(root) and os.access(root, os.W_OK | os.X_OK):
         return root / "runs"
-    state = Path(environ["XDG_STATE_HOME"]) if environ.get("XDG_STATE_HOME") else Path(environ.get("HOME") or Path.home()) / ".local" / "state"
-    return state / "stackgate" / "runs"
+    return settings.state_home(environ) / "runs"
 
 
 def _holds_a_stack(root: Path) -> bool:

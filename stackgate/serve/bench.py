@@ -58,7 +58,7 @@ __all__ = [
 ]
 
 _COMPLETION = re.compile(rb'"completion_tokens":\s*(\d+)')
-STREAM_IDLE_S = 120.0  #: the longest silence accepted inside a stream
+STREAM_IDLE_S = Benchmark.stream_idle_floor_s  #: the longest silence inside a stream, unless the lock says
 # Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom.
 _T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
@@ -148,14 +148,24 @@ class Streams:
                 stream.abort()
 
 
-def generate(base_url: str, prompt: str, tokens: int, *, streams: Streams | None = None, incremental_ids: bool = False, api_key: str | None = None) -> Sample:
+def generate(
+    base_url: str,
+    prompt: str,
+    tokens: int,
+    *,
+    streams: Streams | None = None,
+    incremental_ids: bool = False,
+    api_key: str | None = None,
+    idle_s: float = STREAM_IDLE_S,
+) -> Sample:
     """Stream one greedy generation of exactly ``tokens`` tokens (ignore_eos) and time it.
 
     ``api_key``: the server's --api-key, sent as ``Authorization: Bearer`` (SGLang refuses
-    /generate without it when it has one).
+    /generate without it when it has one). ``idle_s``: the longest silence accepted between two
+    events (the lock's :attr:`Benchmark.stream_idle_s`); a longer one ends the stream as failed.
     """
     body = {"text": prompt, "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True, "temperature": 0}, "stream": True}
-    stream = httpclient.EventStream(f"{base_url}/generate", body, timeout_s=STREAM_IDLE_S, headers=httpclient.bearer(api_key))
+    stream = httpclient.EventStream(f"{base_url}/generate", body, timeout_s=idle_s, headers=httpclient.bearer(api_key))
     reader = _Reader(tokens, incremental_ids)
     cpu = time.thread_time()
     if streams is not None:
@@ -166,7 +176,10 @@ def generate(base_url: str, prompt: str, tokens: int, *, streams: Streams | None
             if reader.event(arrival, data):
                 break
     except httpclient.HttpError as exc:
-        reader.error = f"{exc} after {reader.tokens} of {tokens} tokens"
+        what = str(exc)
+        if exc.kind == "timeout":
+            what = f"{stream.url}: the server sent nothing for {idle_s:g} s (the stream's idle limit)"
+        reader.error = f"{what} after {reader.tokens} of {tokens} tokens"
     finally:
         stream.close()
         if streams is not None:
@@ -411,8 +424,11 @@ def run_benchmark(
     show: Callable[[str], None] | None = None,
     explain: Callable[[str], str | None] = lambda error: None,
     api_key: str | None = None,
+    floor: float | None = None,
 ) -> BenchFigures:
-    """The lock's warm-ups, then its runs; stops at the first failed request.
+    """The lock's warm-ups, then its runs, then, while the decode rate's 95% interval spans
+    ``floor`` (the verdict's threshold), more runs up to ``bench.run_cap``; stops at the first
+    failed request.
 
     A stream usually ends before anyone has seen the server die, so ``explain`` is asked why,
     given the stream's own error (the watcher of the process and its log answers), before that
@@ -421,31 +437,70 @@ def run_benchmark(
     """
     warmups: list[Sample] = []
     runs: list[Sample] = []
-    for kind, count, into in (("warm-up", bench.warmup, warmups), ("run", bench.runs, runs)):
-        for i in range(count):
-            if show is not None:
-                show(f"benchmark: {kind} {i + 1}/{count} ({bench.output_tokens} tokens)")
-            sample = generate(base_url, bench.prompt, bench.output_tokens, streams=streams, incremental_ids=incremental_ids, api_key=api_key)
-            into.append(sample)
-            if sample.error is not None:
-                stopped = f"{kind} {i + 1} failed: {explain(sample.error) or streams.reason or sample.error}"
+
+    def take(kind: str, into: list[Sample], total: int, why: str = "") -> str | None:
+        """One request; why the benchmark stops, if it failed."""
+        if show is not None:
+            show(f"benchmark: {kind} {len(into) + 1}/{total} ({bench.output_tokens} tokens){why}")
+        sample = generate(
+            base_url, bench.prompt, bench.output_tokens,
+            streams=streams, incremental_ids=incremental_ids, api_key=api_key, idle_s=bench.stream_idle_s,
+        )  # fmt: skip
+        into.append(sample)
+        if sample.error is None:
+            return None
+        return f"{kind} {len(into)} failed: {explain(sample.error) or streams.reason or sample.error}"
+
+    for kind, into, total in (("warm-up", warmups, bench.warmup), ("run", runs, bench.runs)):
+        for _ in range(total):
+            if (stopped := take(kind, into, total)) is not None:
                 return _figures(warmups, runs, stopped, time.time())
+    while len(runs) < bench.run_cap and (spans := spanned(_decode_summary(runs), floor)) is not None:
+        if (stopped := take("run", runs, bench.run_cap, f"; {spans}: one more")) is not None:
+            return _figures(warmups, runs, stopped, time.time())
     return _figures(warmups, runs, None)
+
+
+def spanned(decode: Summary | None, floor: float | None) -> str | None:
+    """Why the decode rate cannot be judged against ``floor`` yet: its 95% interval spans it.
+    None when it can (or there is no floor, or one run, whose interval is unknown).
+
+    >>> spanned(summarize([85.1, 101.9, 93.5]), 89.8)
+    'the 95% interval 72.63-114.37 tok/s spans the floor 89.80'
+    >>> spanned(summarize([92.5, 92.7, 92.6]), 89.8) is None
+    True
+    """
+    if decode is None or floor is None or not decode.has_interval or not decode.ci_low < floor < decode.ci_high:
+        return None
+    return f"the 95% interval {decode.interval()} tok/s spans the floor {floor:.2f}"
+
+
+def _decode_summary(runs: Sequence[Sample]) -> Summary | None:
+    return summarize([r.decode_tok_s for r in runs if r.good and r.decode_tok_s is not None])
 
 
 def _figures(warmups: list[Sample], runs: list[Sample], stopped: str | None, at: float | None = None) -> BenchFigures:
     good = [r for r in runs if r.good]
-    decode = [r.decode_tok_s for r in good if r.decode_tok_s is not None]
     ttft = [r.ttft_s for r in good if r.ttft_s is not None]
-    return BenchFigures(tuple(warmups), tuple(runs), summarize([r.tok_s for r in good]), summarize(decode), summarize(ttft), stopped, at)
+    whole = summarize([r.tok_s for r in good])
+    return BenchFigures(tuple(warmups), tuple(runs), whole, _decode_summary(runs), summarize(ttft), stopped, at)
 
 
-def judge(figures: BenchFigures, bench: Benchmark, *, fast_label: str | None = None, against_baseline: bool = True) -> tuple[Result, Result | None]:
+def judge(
+    figures: BenchFigures,
+    bench: Benchmark,
+    *,
+    fast_label: str | None = None,
+    against_baseline: bool = True,
+    strict: bool = False,
+) -> tuple[Result, Result | None]:
     """The verdict against the baseline, and a flag for short runs (None when there are none).
 
     The decode rate is judged (the baseline's figure: time to first token left out), the
     whole-run rate reported beside it. ``against_baseline=False`` (the baseline configuration
-    --compare launches) measures without judging: that configuration is not the lock's.
+    --compare launches) measures without judging: that configuration is not the lock's. A 95%
+    interval that still spans the floor after the extra runs is inconclusive: a WARN, a FAIL
+    when ``strict``.
     """
     details = [_run_line(i, r) for i, r in enumerate(figures.runs)]
     data = {**figures.to_dict(), "judged": "decode_tok_s"}
@@ -470,16 +525,22 @@ def judge(figures: BenchFigures, bench: Benchmark, *, fast_label: str | None = N
         return passed(f"{fast_label}: {both}, a fast-mode figure never compared with the baseline", lines, data=data), flag
     if not against_baseline:
         return passed(f"{both}: measured for the comparison, not judged against baseline_tok_s (it describes the lock's configuration)", lines, data=data), flag
-    return _against_baseline(decode, whole, bench, lines, data), flag
+    return _against_baseline(decode, whole, bench, lines, data, strict), flag
 
 
-def _against_baseline(decode: Summary, whole: Summary, bench: Benchmark, lines: list[str], data: dict[str, Any]) -> Result:
-    if bench.baseline_tok_s is None:
+def _against_baseline(
+    decode: Summary, whole: Summary, bench: Benchmark, lines: list[str], data: dict[str, Any], strict: bool
+) -> Result:
+    floor = bench.floor_tok_s
+    if bench.baseline_tok_s is None or floor is None:
         return skipped(f"decode {decode.text()}; end-to-end {whole.mean:.2f} tok/s; the lock has no baseline_tok_s to judge it against", lines, data=data)
-    floor = bench.baseline_tok_s * (1 - bench.max_regression)
     change = decode.mean / bench.baseline_tok_s - 1
     data = {**data, "baseline_tok_s": bench.baseline_tok_s, "max_regression": bench.max_regression, "change": round(change, 4)}
+    data.update(floor_tok_s=round(floor, 4), runs_asked=bench.runs, run_cap=bench.run_cap, inconclusive=False)
     whole_text = f"end-to-end {whole.mean:.2f} tok/s with time to first token"
+    spans = spanned(decode, floor)
+    if spans is not None:
+        return _inconclusive(decode, bench, spans, lines, {**data, "inconclusive": True}, strict)
     if decode.mean < floor:
         return failed(
             f"decode {decode.mean:.2f} tok/s is {-change:.1%} below the baseline {bench.baseline_tok_s:g} tok/s (allowed: {bench.max_regression:.1%}, floor {floor:.2f}); {whole_text}",
@@ -488,6 +549,21 @@ def _against_baseline(decode: Summary, whole: Summary, bench: Benchmark, lines: 
             data=data,
         )
     return passed(f"decode {decode.mean:.2f} tok/s vs baseline {bench.baseline_tok_s:g} ({change:+.1%}; allowed -{bench.max_regression:.1%}); {whole_text}", lines, data=data)
+
+
+def _inconclusive(
+    decode: Summary, bench: Benchmark, spans: str, lines: list[str], data: dict[str, Any], strict: bool
+) -> Result:
+    """The interval still spans the floor after the extra runs: neither a pass nor a regression."""
+    extra = f"{decode.n} runs ({bench.runs} asked, up to max_runs {bench.run_cap} while it spanned)"
+    summary = f"inconclusive: decode {decode.mean:.2f} tok/s, but {spans} after {extra}"
+    fix = Fix(
+        "Measure on a quiet machine (no other GPU work), or raise [benchmark] runs or max_runs for a "
+        "narrower interval.",
+        ("nvidia-smi --query-compute-apps=pid,used_memory --format=csv",),
+    )
+    make = failed if strict else warned
+    return make(summary + ("; --strict fails it" if strict else ""), lines, fix=fix, data=data)
 
 
 def _run_line(index: int, sample: Sample) -> str:
@@ -549,14 +625,23 @@ class Level:
         }
 
 
-def run_level(base_url: str, count: int, prompt: str, tokens: int, *, streams: Streams, api_key: str | None = None) -> Level:
+def run_level(
+    base_url: str,
+    count: int,
+    prompt: str,
+    tokens: int,
+    *,
+    streams: Streams,
+    api_key: str | None = None,
+    idle_s: float = STREAM_IDLE_S,
+) -> Level:
     """``count`` streams at once, released together by a barrier."""
     gate = threading.Barrier(count)
     samples: list[Sample | None] = [None] * count
 
     def one(i: int) -> None:
         gate.wait()
-        samples[i] = generate(base_url, prompt, tokens, streams=streams, api_key=api_key)
+        samples[i] = generate(base_url, prompt, tokens, streams=streams, api_key=api_key, idle_s=idle_s)
 
     threads = [threading.Thread(target=one, args=(i,), name=f"smoke-stream-{i}", daemon=True) for i in range(count)]
     for thread in threads:

@@ -6,8 +6,8 @@ process's, with the live stackgate.env and the lock's [smoke].env applied. Befor
 launched, the refusals: a model path that is missing or unreadable, a port that is taken (SGLang
 only binds it after loading the weights, so it would notice ten minutes late), fewer GPUs visible
 than the TP size. The server runs in its own session, its output appended to the run's log file.
-Teardown sends SIGTERM to the group, waits longer than SGLang's 5 s drain poll, then SIGKILLs what
-is left and checks that nothing of it survives.
+Teardown sends SIGTERM to the group (then SIGCONT, so that a stopped process can act on it), waits
+longer than SGLang's 5 s drain poll, then SIGKILLs what is left and checks that nothing of it survives.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType, ModuleType
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from stackgate.edges import nvml, runner
 from stackgate.models import envfile
@@ -31,7 +31,7 @@ from stackgate.models.exitcodes import UsageError
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, failed, passed, warned
 from stackgate.models.spec import Lock, Speculative
-from stackgate.serve import fastmode
+from stackgate.serve import fastmode, launched
 from stackgate.serve.procs import ProcessTree, describe, read_stat
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "configs",
     "gpu_memory",
     "memory_released",
+    "release",
     "server_env",
     "signals_held",
     "start",
@@ -56,6 +57,8 @@ __all__ = [
 FUSION_MARK = "fusion"
 #: Memory a GPU may still show in use after teardown (driver bookkeeping), per GPU.
 MEMORY_SLACK_BYTES = 512 * 2**20
+#: How long a server may take to stop after SIGTERM before teardown says that it is waiting.
+NOTICE_S = 1.0
 _POLL_S = 0.05
 
 
@@ -294,11 +297,12 @@ class Server:
     argv: tuple[str, ...]
     log_path: Path
     started: float  #: time.monotonic() at launch
+    record: launched.Record | None = None  #: the launch's record under the state folder
     tree: ProcessTree = field(init=False)
     teardown: Teardown | None = None
 
     def __post_init__(self) -> None:
-        self.tree = ProcessTree(self.process.pid)
+        self.tree = ProcessTree(self.process.pid, self.record.update if self.record is not None else None)
 
     @property
     def pid(self) -> int:
@@ -325,9 +329,15 @@ def start(argv: Sequence[str], env: Mapping[str, str], log_path: Path, *, keep: 
     except KeyboardInterrupt:
         _kill_strays(argv)
         raise
-    server = Server(process, tuple(argv), log_path, time.monotonic())
-    server.tree.scan()
+    server = Server(process, tuple(argv), log_path, time.monotonic(), launched.Record(process.pid, argv))
+    server.tree.scan()  # the first look writes the record
     return server
+
+
+def release(server: Server) -> None:
+    """The server stays up on purpose (--keep-server): its record goes, so no later run reaps it."""
+    if server.record is not None:
+        server.record.forget()
 
 
 def _kill_strays(argv: Sequence[str]) -> None:
@@ -345,8 +355,11 @@ def _kill_strays(argv: Sequence[str]) -> None:
             runner.kill_group(stat.pid)
 
 
-def stop(server: Server, grace_s: float) -> Teardown:
+def stop(server: Server, grace_s: float, on_wait: Callable[[float], None] | None = None) -> Teardown:
     """SIGTERM the group, wait ``grace_s``, SIGKILL what is left, confirm nothing survives.
+
+    ``on_wait(grace_s)`` is called once when the server is still up :data:`NOTICE_S` after
+    SIGTERM, so that the wait is never silent (and a person knows a Ctrl-C ends it).
 
     A Ctrl-C or SIGTERM during the grace period cuts it short (straight to SIGKILL); the final
     kill-and-confirm runs with those signals held, so a second interrupt cannot leave processes.
@@ -362,9 +375,12 @@ def stop(server: Server, grace_s: float) -> Teardown:
     stubborn: tuple[str, ...] = ()
     if server.exit_code() is None or server.tree.alive():
         server.tree.signal(signal.SIGTERM)
+        server.tree.signal(signal.SIGCONT)  # a stopped process acts on SIGTERM only once it runs again
         how = "SIGTERM"
         try:
-            _wait_gone(server, grace_s)
+            if not _wait_gone(server, min(NOTICE_S, grace_s)) and on_wait is not None:
+                on_wait(grace_s)
+            _wait_gone(server, grace_s - (time.monotonic() - begun))
         except KeyboardInterrupt:
             interrupted = True
     with signals_held():
@@ -377,6 +393,8 @@ def stop(server: Server, grace_s: float) -> Teardown:
         with contextlib.suppress(subprocess.TimeoutExpired):
             server.process.wait(timeout=1.0)
         left = tuple(describe(pid) for pid in server.tree.alive())
+        if not left and server.record is not None:
+            server.record.forget()  # what survives stays recorded: the next run reaps it
         server.teardown = Teardown(how, server.exit_code(), time.monotonic() - begun, left, interrupted, ended_before, orphans, stubborn)
     return server.teardown
 
@@ -387,12 +405,14 @@ def _living(server: Server) -> list[int]:
     return ([server.pid] if server.exit_code() is None else []) + rest
 
 
-def _wait_gone(server: Server, limit_s: float) -> None:
+def _wait_gone(server: Server, limit_s: float) -> bool:
+    """Wait up to ``limit_s`` for every process of the server to end; True when they did."""
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         if server.exit_code() is not None and not server.tree.alive():
-            return
+            return True
         time.sleep(_POLL_S)
+    return server.exit_code() is not None and not server.tree.alive()
 
 
 @contextlib.contextmanager

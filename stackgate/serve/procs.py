@@ -11,12 +11,19 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Mapping
 
 from stackgate.models.secretargs import shown
 
-__all__ = ["ProcStat", "ProcessTree", "describe", "read_stat"]
+__all__ = ["HALTED", "ProcStat", "ProcessTree", "describe", "processes", "read_stat"]
 
 _PROC = Path("/proc")
+#: The states of a process that cannot answer, as /proc/<pid>/stat writes them.
+HALTED = {
+    "T": "is stopped (state T: SIGSTOP, or a job-control stop)",
+    "t": "is stopped by a debugger (state t)",
+    "D": "is in uninterruptible sleep (state D: waiting in the kernel or a driver)",
+}
 
 
 @dataclass(frozen=True)
@@ -49,7 +56,8 @@ def read_stat(pid: int) -> ProcStat | None:
     return ProcStat(pid, int(fields[1]), int(fields[2]), int(fields[3]), fields[0], int(fields[19]))
 
 
-def _all() -> list[ProcStat]:
+def processes() -> list[ProcStat]:
+    """Every process of this machine now (that this user may read)."""
     stats = []
     for entry in _PROC.iterdir():
         if entry.name.isdigit():
@@ -60,15 +68,19 @@ def _all() -> list[ProcStat]:
 
 
 class ProcessTree:
-    """The processes of one server: its group, its session, and every descendant ever seen."""
+    """The processes of one server: its group, its session, and every descendant ever seen.
 
-    def __init__(self, leader: int) -> None:
+    ``on_seen(seen)`` is called whenever a process is seen for the first time (the launch's
+    record is kept up to date with it)."""
+
+    def __init__(self, leader: int, on_seen: Callable[[Mapping[int, int]], None] | None = None) -> None:
         self.leader = leader
         self.seen: dict[int, int] = {}  #: pid -> start time
+        self.on_seen = on_seen
 
     def scan(self) -> list[int]:
         """The living members now; each is remembered."""
-        stats = _all()
+        stats = processes()
         children: dict[int, list[ProcStat]] = {}
         for stat in stats:
             children.setdefault(stat.ppid, []).append(stat)
@@ -79,8 +91,11 @@ class ProcessTree:
                 if child.pid not in members:
                     members[child.pid] = child
                     queue.append(child.pid)
-        for stat in members.values():
+        new = [stat for stat in members.values() if stat.pid not in self.seen]
+        for stat in new:
             self.seen.setdefault(stat.pid, stat.starttime)
+        if new and self.on_seen is not None:
+            self.on_seen(dict(self.seen))
         return sorted(s.pid for s in members.values() if s.alive)
 
     def alive(self) -> list[int]:
@@ -91,6 +106,15 @@ class ProcessTree:
             if stat is not None and stat.starttime == started and stat.alive:
                 now.add(pid)
         return sorted(now)
+
+    def halted(self) -> list[str]:
+        """The living members that cannot answer now (stopped, or stuck in the kernel), described."""
+        found = []
+        for pid in self.alive():
+            stat = read_stat(pid)
+            if stat is not None and stat.state in HALTED:
+                found.append(f"process {describe(pid)} {HALTED[stat.state]}")
+        return found
 
     def signal(self, sig: int) -> None:
         """Signal the group, then any remembered process that left it."""

@@ -69,6 +69,7 @@ CONTEXT_KEYS: Mapping[str, tuple[str, str]] = {
 _FIELDS = (
     "id", "title", "component", "stages", "severity", "patterns", "cause", "fix", "commands", "source", "references",
     "examples", "counterexamples", "anchor", "window", "after", "at_end", "followed_only_by", "not_followed_by", "consequence", "supersedes", "extract",
+    "without_errors",
 )  # fmt: skip
 _REQUIRED = ("id", "title", "component", "stages", "severity", "patterns", "cause", "fix", "source", "examples")
 
@@ -110,6 +111,8 @@ class Signature:
     at_end: bool = False  #: only counts when the log ends with it (a hang)
     followed_only_by: tuple[re.Pattern[str], ...] = ()  #: the only lines that may follow an ``at_end`` match
     not_followed_by: tuple[re.Pattern[str], ...] = ()  #: lines that must not follow an ``at_end`` match
+    #: an ``at_end`` signature that says the log holds no error: not reported beside an error finding
+    without_errors: bool = False
     consequence: bool = False  #: a symptom that follows another failure: listed after the causes
     supersedes: tuple[str, ...] = ()  #: generic ids this more specific one replaces on the same line
     extract: str | None = None  #: an extractor in :mod:`stackgate.models.knowledge.extract`
@@ -205,6 +208,7 @@ def _build(file: str, raw: Mapping[str, Any]) -> Signature:
         at_end=bool(raw.get("at_end", False)),
         followed_only_by=tuple(re.compile(p) for p in _strings(raw.get("followed_only_by", []), "followed_only_by")),
         not_followed_by=tuple(re.compile(p) for p in _strings(raw.get("not_followed_by", []), "not_followed_by")),
+        without_errors=bool(raw.get("without_errors", False)),
         consequence=bool(raw.get("consequence", False)),
         supersedes=_strings(raw.get("supersedes", []), "supersedes"),
         extract=raw.get("extract"),

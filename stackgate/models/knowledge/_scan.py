@@ -178,8 +178,9 @@ class Scanner:
             found.extend(self.feed_bytes(block))
         return found + self.finish()
 
-    def finish(self) -> list[Finding]:
-        """The stream has ended: scan a last unterminated line, complete waiting events, judge the end."""
+    def finish(self, *, judge_end: bool = True) -> list[Finding]:
+        """The stream has ended: scan a last unterminated line, complete waiting events, judge the end
+        (unless ``judge_end`` is False: a log cut short on purpose says nothing by how it ends)."""
         if self._finished:
             return []
         line, self._partial = self._partial + b"\n", b""
@@ -187,7 +188,7 @@ class Scanner:
         for pending in self._pending:
             found.extend(self._complete(pending))
         self._pending.clear()
-        found.extend(self._judge_end())
+        found.extend(self._judge_end() if judge_end else [])
         self._finished = True
         if self.events is not None:
             self.unrecognized = self.events.findings()
@@ -305,6 +306,8 @@ class Scanner:
         lines = lines[:-1] if lines and lines[-1] == "" else lines
         ends = [(signature, end) for signature in self._plan.at_end if (end := _ends_with(signature, lines)) is not None]
         superseded = {old for signature, _ in ends for old in signature.supersedes}
+        if any(f.severity == "error" for f in self._found.values()):
+            superseded |= {signature.id for signature, _ in ends if signature.without_errors}
         found = []
         for signature, (hit, index) in ends:
             if signature.id not in superseded:

@@ -52,6 +52,7 @@ DEFAULTS: dict[str, Any] = {
     "rate": 200.0,  # decode tokens per second per stream
     "slowdown_per_launch": 0.0,  # a machine that drifts: each launch decodes this much slower than the one before (launches counted in "events")
     "rate_by_streams": None,  # {"10": 80.0}: per-stream rate from that many active streams on
+    "rate_cycle": None,  # [120.0, 80.0]: the rate of each streamed request in turn (a noisy machine)
     "ttft_s": 0.02,  # time to the first token (prefill)
     "burst": 1,  # tokens per event (speculative decoding streams in bursts)
     "default_backend": "flashinfer",  # chosen when --attention-backend is absent
@@ -62,6 +63,7 @@ DEFAULTS: dict[str, Any] = {
     "crash_at_start": None,  # {"phase": "load", "lines": [...]}: die (SIGKILL of the tree)
     "fatal_line": None,  # {"phase": "load", "line": "..."}: log it, then hang
     "hang": False,  # never open the port
+    "load_until": None,  # a file: loading ends (the port is bound) only once it exists
     "die_mid_stream": None,  # {"after_tokens": K, "lines": [...]}
     "fatal_mid_stream": None,  # {"after_tokens": K, "line": "..."}: log it, keep streaming
     "short_by": 0,  # streams stop this many tokens early (finish_reason "abort")
@@ -266,6 +268,8 @@ def load(args: dict[str, Any], b: dict[str, Any]) -> None:
     inject(b, "serve")
     while b["hang"]:
         time.sleep(3600)
+    while b["load_until"] and not Path(b["load_until"]).exists():
+        time.sleep(0.02)
     time.sleep(pause)
 
 
@@ -480,9 +484,9 @@ def meta(rid: str, count: int, prompt_tokens: int, finished: Any, started: float
     return info
 
 
-def rate_now(b: dict[str, Any]) -> float:
+def rate_now(b: dict[str, Any], number: int) -> float:
     table = b["rate_by_streams"] or {}
-    chosen = b["rate"]
+    chosen = b["rate_cycle"][(number - 1) % len(b["rate_cycle"])] if b["rate_cycle"] else b["rate"]
     for streams, rate in sorted(((int(k), v) for k, v in table.items())):
         if _STATE["active"] >= streams:
             chosen = rate
@@ -508,7 +512,7 @@ def token_events(request: dict[str, Any], args: dict[str, Any], b: dict[str, Any
         finished = ({"type": "length", "length": asked} if total == asked else {"type": "abort", "message": "aborted"}) if count == total else None
         text = "".join(_WORDS[i % len(_WORDS)] + " " for i in ids[:count])
         yield json.dumps({"text": text, "output_ids": ids[:count], "meta_info": meta(rid, count, len(prompt.split()), finished, started)}, separators=(",", ":")).encode()
-        due += step / rate_now(b)
+        due += step / rate_now(b, number)
 
 
 def mid_stream(b: dict[str, Any], count: int) -> None:
