@@ -10,7 +10,7 @@ from typing import Any
 
 from stackgate.commands import gate
 from stackgate.models.finding import Fix
-from stackgate.models.knowledge import Scanner
+from stackgate.scan import Scanner
 from stackgate.models.result import Result, Status
 from stackgate.render.ui import UI
 from stackgate.runs import fingerprint as fp

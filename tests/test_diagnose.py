@@ -16,7 +16,7 @@ from stackgate.commands import diagnose
 from stackgate.commands.diagnose import DiagnoseError, DiagnoseRequest
 from stackgate.models import knowledge as signatures
 from stackgate.models.exitcodes import ExitCode
-from stackgate.models.knowledge import Scanner
+from stackgate.scan import Scanner
 from stackgate.render.ui import UI, render_findings
 
 ROOT = Path(__file__).resolve().parents[1]

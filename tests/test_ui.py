@@ -8,7 +8,7 @@ import re
 import pytest
 
 from stackgate.models.finding import Fix
-from stackgate.models.knowledge import Scanner
+from stackgate.scan import Scanner
 from stackgate.models.result import Result, Status
 from stackgate.models.verdict import judge
 from stackgate.render.ui import UI

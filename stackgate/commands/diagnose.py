@@ -1,6 +1,6 @@
 """`stackgate diagnose`: explain logs of this stack (server logs, installer output, tracebacks).
 
-Each input is streamed through a :class:`~stackgate.models.knowledge.Scanner` in large blocks, so a
+Each input is streamed through a :class:`~stackgate.scan.Scanner` in large blocks, so a
 log of hundreds of MB is never held whole; the findings of all inputs are reported most severe
 first, with the lines that matched, the cause and the fix. With a lock, causes and fixes quote
 the stack's own values (its attention backend, its torch build). Exit 1 when a finding is an
@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Sequence
 
-from stackgate import __version__
+from stackgate import __version__, scan
 from stackgate.edges.files import write_json
 from stackgate.models import knowledge, settings
 from stackgate.models.exitcodes import ExitCode, UsageError
@@ -173,7 +173,7 @@ def diagnose(
     started, clock = time.time(), time.monotonic()
     scanned, findings, unrecognized = [], [], []
     for name, opener in inputs:
-        scanner = knowledge.Scanner(stage=stage, context=context, source=name, never_silent=never_silent)
+        scanner = scan.Scanner(stage=stage, context=context, source=name, never_silent=never_silent)
         try:
             with opener() as stream:
                 scanner.scan_stream(stream)

@@ -26,7 +26,7 @@ TRACEBACK_LINES = 120  #: lines after a traceback's header searched for its exce
 EXCERPT_LINES = 14
 
 #: The literals the prefilter looks for on behalf of this module.
-#: (the scan looks for each at its rarest byte, as for every key: see ``_scan._anchor``)
+#: (the scan looks for each at its rarest byte, as for every key: see ``scanner._anchor``)
 GENERIC_KEYS = (b"Traceback (most recent call last)", b"ERROR", b"FATAL", b"CRITICAL", b"Assertion", b"xit code", b"xitcode", b"xit status", b"xited with")
 
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")

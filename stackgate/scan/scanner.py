@@ -20,14 +20,15 @@ import functools
 import re
 import string
 from dataclasses import dataclass
-from typing import BinaryIO, Iterable, Mapping
+from typing import Any, BinaryIO, Iterable, Mapping
 
-from stackgate.models.finding import SEVERITIES, Evidence, Finding, Fix
-from stackgate.models.knowledge._events import GENERIC_KEYS, Events
-from stackgate.models.knowledge._model import _COMMONNESS, Signature, context_defaults, load, required_literals
-from stackgate.models.knowledge.extract import COMPONENT, DROP, EXTRACTORS
+from stackgate.models.finding import Evidence, Finding, Fix
+from stackgate.models.knowledge import Signature, context_defaults, rank
+from stackgate.scan.events import GENERIC_KEYS, Events
+from stackgate.scan.extract import COMPONENT, DROP, EXTRACTORS
+from stackgate.scan.keys import COMMONNESS, load, ready, required_literals
 
-__all__ = ["EVIDENCE_LINE", "Scanner", "make_finding", "match_all", "rank"]
+__all__ = ["EVIDENCE_LINE", "Scanner", "make_finding", "match_all", "match_first", "rank"]
 
 #: An extractor that returns DROP_KEY (with any value) says the match is not the failure after
 #: all (an installer line of a package at the version the lock wants): it is dropped. One that
@@ -60,11 +61,6 @@ def make_finding(signature: Signature, groups: Mapping[str, str], context: Mappi
     )
 
 
-def rank(finding: Finding) -> tuple[int, bool, int]:
-    """Sort key: most severe first, causes before their consequences, then by position."""
-    return (-SEVERITIES.index(finding.severity), finding.consequence, finding.evidence.line)
-
-
 def match_all(text: str, *, stage: str | None = None, context: Mapping[str, str] | None = None, signatures: Iterable[Signature] | None = None, source: str = "") -> list[Finding]:
     """Every signature (of a stage, if given) found anywhere in ``text``, most severe first; the
     evidence names ``source`` and the lines where each matched."""
@@ -85,6 +81,12 @@ def match_all(text: str, *, stage: str | None = None, context: Mapping[str, str]
             findings.append(make_finding(signature, groups, context, evidence))
     findings.sort(key=rank)
     return findings
+
+
+def match_first(text: str, **kwargs: Any) -> Finding | None:
+    """The most severe signature found in ``text`` (see :func:`match_all`), or None."""
+    found = match_all(text, **kwargs)
+    return found[0] if found else None
 
 
 def _search_text(signature: Signature, text: str) -> tuple[re.Match[str], str, int] | None:
@@ -117,7 +119,7 @@ class Scanner:
         source: str = "",
         never_silent: bool = False,
     ) -> None:
-        chosen = load() if signatures is None else tuple(signatures)
+        chosen = load() if signatures is None else tuple(s if s.keys else ready(s) for s in signatures)
         self.signatures = tuple(s for s in chosen if stage is None or stage in s.stages)
         self.context = dict(context or {})
         self.source = source
@@ -446,8 +448,8 @@ def _trie(words: list[bytes]) -> bytes:
 
 
 def _commonness(byte: int) -> int:
-    index = _COMMONNESS.find(chr(byte))
-    return len(_COMMONNESS) if index < 0 else index
+    index = COMMONNESS.find(chr(byte))
+    return len(COMMONNESS) if index < 0 else index
 
 
 def _ends_with(signature: Signature, lines: list[str]) -> tuple[re.Match[str], int] | None:

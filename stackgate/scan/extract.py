@@ -390,7 +390,7 @@ def oom_phase(text: str, context: Mapping[str, str]) -> dict[str, str]:
     return {"phase": "while serving", "action": "lower --mem-fraction-static or --max-running-requests, and make sure no other process holds GPU memory"}
 
 
-#: Extractor keys the scanner acts on (see _scan): drop the match, name the component.
+#: Extractor keys the scanner acts on (see scanner): drop the match, name the component.
 DROP = "_drop"
 COMPONENT = "component"
 
