@@ -19,7 +19,7 @@ from typing import Iterable, Mapping
 
 from stackgate.models.finding import Evidence, Finding, Fix
 
-__all__ = ["CATALOG", "CATALOG_URL", "KernelEvent", "Xid", "findings", "normalize_bus", "parse"]
+__all__ = ["CATALOG", "CATALOG_URL", "KernelEvent", "Xid", "event", "findings", "normalize_bus", "parse"]
 
 CATALOG_URL = "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html"
 
@@ -80,7 +80,10 @@ _BUS = r"(?:PCI:)?(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-
 _XID = re.compile(r"NVRM: Xid \(" + _BUS + r"\): (?P<xid>\d+), (?P<rest>.*)")
 _AER_DEVICE = re.compile(r"(?P<driver>[\w\-]+) " + _BUS + r": (?:AER: )?PCIe Bus Error: severity=(?P<severity>[^,]+), type=(?P<type>[^,]+)")
 _AER_RECEIVED = re.compile(r"AER: (?P<severity>Corrected|Uncorrected \(Non-Fatal\)|Uncorrected \(Fatal\)|Multiple \w+) error (?:message )?received(?: from|:) " + _BUS)
-_NVRM = re.compile(r"NVRM: (?P<message>.*(?:fallen off the bus|failed|error|Error|mismatch|not supported|RmInitAdapter|timeout|Timeout).*)")
+_NVRM = re.compile(
+    r"NVRM: (?P<message>.*(?:fallen off the bus|failed|error|Error|mismatch|not supported|RmInitAdapter|timeout|Timeout"
+    r"|No NVIDIA (?:graphics adapter|GPU) (?:probed|found)|probe routine was not called|not responding).*)"
+)
 _NVRM_BUS = re.compile(r"(?:GPU at |GPU |device )" + _BUS)
 
 
@@ -112,13 +115,14 @@ def parse(text: str) -> list[KernelEvent]:
     """The GPU events of a kernel log, in order."""
     events = []
     for number, line in enumerate(text.splitlines(), 1):
-        event = _event(line.rstrip(), number)
-        if event is not None:
-            events.append(event)
+        found = event(line.rstrip(), number)
+        if found is not None:
+            events.append(found)
     return events
 
 
-def _event(line: str, number: int) -> KernelEvent | None:
+def event(line: str, number: int) -> KernelEvent | None:
+    """The GPU event one kernel log line reports (line ``number``), or None."""
     xid = _XID.search(line)
     if xid:
         code = int(xid["xid"])

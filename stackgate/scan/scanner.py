@@ -26,6 +26,7 @@ from stackgate.models.finding import Evidence, Finding, Fix
 from stackgate.models.knowledge import Signature, context_defaults, rank
 from stackgate.scan.events import GENERIC_KEYS, Events
 from stackgate.scan.extract import COMPONENT, DROP, EXTRACTORS
+from stackgate.scan.kernel import KERNEL_KEYS, KernelLines
 from stackgate.scan.keys import COMMONNESS, load, ready, required_literals
 
 __all__ = ["EVIDENCE_LINE", "Scanner", "make_finding", "match_all", "match_first", "rank"]
@@ -118,6 +119,7 @@ class Scanner:
         signatures: Iterable[Signature] | None = None,
         source: str = "",
         never_silent: bool = False,
+        kernel: bool = False,
     ) -> None:
         chosen = load() if signatures is None else tuple(s if s.keys else ready(s) for s in signatures)
         self.signatures = tuple(s for s in chosen if stage is None or stage in s.stages)
@@ -128,7 +130,9 @@ class Scanner:
         #: With ``never_silent``, failures no signature explains (see :mod:`._events`).
         self.events: Events | None = Events(source) if never_silent else None
         self.unrecognized: list[Finding] = []  #: filled by :meth:`finish`
-        self._plan = _plan(self.signatures, never_silent)
+        #: With ``kernel``, the kernel's GPU lines (Xid, NVRM, AER) of this input (see :mod:`.kernel`).
+        self.kernel: KernelLines | None = KernelLines() if kernel else None
+        self._plan = _plan(self.signatures, never_silent, kernel)
         self._carry = b""  # the last lines of what was scanned, for multi-line lookback
         self._partial = b""  # a line whose end has not arrived yet
         self._tail = b""  # the end of the log, for at_end signatures
@@ -256,6 +260,9 @@ class Scanner:
             self.events.see(line, number)
             if self.events.waiting:
                 self._follow(data, last + 1, end, number + 1)
+        if self.kernel is not None and any(key in raw for key in KERNEL_KEYS) and self.kernel.see(line, number):
+            if self.events is not None:
+                self.events.explain(number, number)  # a GPU event of the kernel is a known failure
         return found
 
     def _follow(self, data: bytes, offset: int, end: int, number: int) -> None:
@@ -358,7 +365,7 @@ class _Plan:
 
 
 @functools.lru_cache(maxsize=64)
-def _plan(signatures: tuple[Signature, ...], generic: bool = False) -> _Plan:
+def _plan(signatures: tuple[Signature, ...], generic: bool = False, kernel: bool = False) -> _Plan:
     entries: dict[bytes, list[tuple[Signature, int]]] = {}
     for signature in signatures:
         if signature.at_end:
@@ -367,10 +374,11 @@ def _plan(signatures: tuple[Signature, ...], generic: bool = False) -> _Plan:
             entries.setdefault(key.encode("utf-8"), []).append((signature, index))
     # Specific signatures first, so that one that supersedes a generic one sees it on the same line.
     ordered = tuple((key, tuple(sorted(group, key=lambda e: -len(e[0].supersedes)))) for key, group in entries.items())
-    words = sorted({*entries, *(GENERIC_KEYS if generic else ())})
+    extra = {*(GENERIC_KEYS if generic else ()), *(KERNEL_KEYS if kernel else ())}
+    words = sorted({*entries, *extra})
     keys = re.compile(_trie(words)) if words else None
     sought = {_sought(s, i) for s in signatures if not s.at_end for i in range(len(s.keys))}
-    table, search = _anchored(sorted({*sought, *(GENERIC_KEYS if generic else ())}))
+    table, search = _anchored(sorted({*sought, *extra}))
     lookback = max((s.window - 1 for s in signatures), default=0)
     return _Plan(keys, table, search, ordered, lookback, tuple(s for s in signatures if s.at_end))
 
