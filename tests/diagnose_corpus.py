@@ -88,7 +88,7 @@ def by_url(case: Case) -> str:
 def run(case: Case) -> Outcome:
     """What `stackgate diagnose` says of the excerpt given as a log (never silent, no lock)."""
     data = case.text.encode("utf-8")
-    done = diagnose.diagnose([(case.id, lambda: io.BytesIO(data))], never_silent=True)
+    done = diagnose.diagnose([(case.id, lambda: io.BytesIO(data))], never_silent=True, kernel=True)
     causes = [f.id for f in done.findings if not f.consequence] + [f.id for f in done.findings if f.consequence]
     return Outcome(case, tuple(causes), len(done.unrecognized))
 

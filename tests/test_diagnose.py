@@ -175,6 +175,7 @@ def test_long_lines_are_clipped_unless_verbose() -> None:
     scanner = Scanner(source="x.log")
     line = "ImportError: /opt/" + "very/" * 60 + "common_ops.abi3.so: undefined symbol: _ZN3c104cuda9SetDeviceEab"
     scanner.feed_text(line)
+    scanner.finish()  # the symbol may follow on the next line: the event is complete at the end
     short = [t for t, _ in render_findings("t", scanner.findings, "v")]
     assert f"  | 1  {line[:237]}..." in short
     verbose = [t for t, _ in render_findings("t", scanner.findings, "v", verbose=1)]

@@ -18,7 +18,7 @@ from stackgate.models.finding import Finding
 __all__ = ["KERNEL_KEYS", "MAX_EVENTS", "KernelLines"]
 
 #: The literals that mark a kernel line worth decoding (each decoder's pattern holds one).
-KERNEL_KEYS = (b"NVRM: ", b"PCIe Bus Error", b"AER: ")
+KERNEL_KEYS = (b"NVRM: ", b"PCIe Bus Error", b"AER: ", b"aer_uncor_status", b"aer_cor_status")
 MAX_EVENTS = 20_000  #: events kept per input (a storm of corrected AER errors is counted in its first ones)
 
 

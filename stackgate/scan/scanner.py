@@ -201,8 +201,17 @@ class Scanner:
 
     @property
     def findings(self) -> list[Finding]:
-        """Everything found so far: most severe first, causes before consequences, then in order of appearance."""
-        return sorted(self._found.values(), key=rank)
+        """Everything found so far: most severe first, causes before consequences, then in order of appearance.
+        A generic finding that a more specific one supersedes within :attr:`WINDOW` lines is one event
+        told twice (torch's "NCCL error ... unhandled cuda error" above NCCL's own WARN line): it is left out."""
+        supersedes = {s.id: s.supersedes for s in self.signatures if s.supersedes}
+        near = {
+            old
+            for found in self._found.values()
+            for old in supersedes.get(found.id, ())
+            if old in self._found and abs(self._found[old].evidence.line - found.evidence.line) <= self.WINDOW
+        }
+        return sorted((f for f in self._found.values() if f.id not in near), key=rank)
 
     # -- the scan ------------------------------------------------------------------------------
 

@@ -35,7 +35,10 @@ __all__ = [
 ]
 
 STAGES = ("provision", "verify", "smoke")
-COMPONENTS = ("sglang", "sgl-kernel", "flashinfer", "torch", "triton", "nccl", "cuda toolkit", "driver", "resolver", "installer", "python")
+COMPONENTS = (
+    "sglang", "sgl-kernel", "flashinfer", "torch", "triton", "nccl", "cuda toolkit", "driver", "resolver", "installer", "python",
+    "container runtime", "kubernetes", "ray", "vllm", "tensorrt-llm",
+)  # fmt: skip
 
 #: The stack's context a signature's texts may quote as ``{name}``: name -> (where it comes from
 #: in the lock, what is said when no lock was given). Defined here once; :func:`lock_context`
