@@ -51,9 +51,9 @@ _FAILED = re.compile(
     r"|Segmentation fault|core dumped|Check failed|terminate called after throwing|not found \(required by|\berror=\"[^\"]"
     r"|\] \[E\] |\b[Cc]annot (?:find|load|open|allocate|access|connect)\b|\b[Ee]rror\s*:\s*(?!0\b|None\b|none\b|null\b|\[\])\S"
 )
-#: Lines that only report, whatever words they hold: NCCL's INFO (it logs optional plugins it did not find) and
-#: a failure it says it recovers from.
-_REPORT = re.compile(r"\bNCCL INFO\b|\b(?:continuing|skipping|ignoring|falling back|will retry)\b")
+#: Lines that only report, whatever words they hold: NCCL's INFO (it logs optional plugins it did not find),
+#: a failure the tool says it recovers from, and glog's info and warning lines (I1128 ..., W1128 ...).
+_REPORT = re.compile(r"\bNCCL INFO\b|\b(?:continuing|skipping|ignoring|falling back|will retry)\b|^[IW]\d{4} \d\d:\d\d:\d\d\.\d+ ")
 _FRAME = re.compile(r"(?:site|dist)-packages/(?P<package>[A-Za-z_][\w]*)/")
 _PACKAGES = {
     "sglang": "sglang", "sgl_kernel": "sgl-kernel", "flashinfer": "flashinfer", "torch": "torch", "triton": "triton",
