@@ -65,7 +65,7 @@ def test_no_entry_learned_from_a_held_out_project() -> None:
         ("E   RuntimeError: the kernel said no", "unknown"),  # pytest
         ("error: Failed to prepare distributions", "unknown"),  # an installer's error line
         ("node1:1:2 [0] NCCL WARN something new went wrong", "nccl"),
-        ('time=2025-01-01T00:00:00Z level=INFO source=gpu.go:1 msg="probe" error="device vanished"', "unknown"),
+        ('time=2025-01-01T00:00:00Z level=INFO source=gpu.go:1 msg="device discovery failure" error="device vanished"', "unknown"),
         ("[TRT] [E] 3: something broke in the engine", "tensorrt-llm"),
     ],
 )

@@ -31,9 +31,9 @@ EXCERPT_LINES = 14
 #: stop), so the lowercase forms are sought through the words that go with them (fatal, ptxas, CUDA).
 GENERIC_KEYS = (
     b"Traceback (most recent call last)", b"ERROR", b"FATAL", b"CRITICAL", b"Assertion", b"xit code", b"xitcode", b"xit status", b"xited with",
-    b"Error", b"Exception", b'File "', b"NCCL WARN", b"ailed to ", b"failure", b"FAILED", b"has failed", b"fatal", b"ptxas",
-    b"CUDA", b"cudaError", b"CUBLAS_STATUS_", b"cuBLAS error", b"cannot open shared object", b"failed to open", b"Segmentation fault",
-    b"core dumped", b"Check failed", b"terminate called", b"not found (required", b'error="', b"] [E] ", b"Cannot ", b"cannot ",
+    b"Error", b"Exception", b'File "', b"NCCL WARN", b"Failed to ", b"failed to ", b"failure", b"has failed", b"fatal", b"ptxas",
+    b"CUDA error", b"CUDA Error", b"cudaError", b"CUBLAS_STATUS_", b"cuBLAS error", b"cannot open shared object", b"failed to open", b"Segmentation fault",
+    b"core dumped", b"Check failed", b"terminate called", b"not found (required", b"] [E] ", b"Cannot ",
 )  # fmt: skip
 
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
