@@ -102,7 +102,7 @@ def run(request: DiagnoseRequest, ui: Any, stdin: BinaryIO | None = None) -> Exi
         openers.append((STDIN, lambda: _borrowed(stdin or sys.stdin.buffer)))
     lock = _load_lock(request.lock_path) if request.lock_path else None
     context = knowledge.lock_context(lock) if lock else {}
-    if request.kernel:
+    if request.kernel and request.kernel_path is None:  # a saved kernel log stands for the live one, as before
         openers.append(live_kernel_log())
     with ui.progress(f"scanning {len(openers)} input(s) for {len(knowledge.load())} known failures"):
         done = diagnose(openers, context, lock=lock, never_silent=True, kernel=True)
