@@ -89,3 +89,23 @@ def test_never_silent_on_excerpts_with_a_best_guess_component(text: str, compone
 )
 def test_report_lines_that_hold_failure_words_stay_quiet(text: str) -> None:
     assert run(Case("t", "t", "https://example.invalid", True, (), text)).silent
+
+
+def test_the_prefilter_stops_on_no_line_of_serving_traffic() -> None:
+    """The scan keeps grep's speed only while no key's anchor and rest read like everyday serving
+    lines (a key whose rest is all anchor bytes matches "INFO"; one anchored at 'K' matches "fill"):
+    on SGLang's decode, prefill and access lines the translated search must find nothing."""
+    from stackgate.scan import scanner
+
+    lines = [
+        "[2026-02-03 10:00:01 TP0] Decode batch, #running-req: 37, #token: 91544, token usage: 0.31, cuda graph: True, "
+        "gen throughput (token/s): 1843.22, #queue-req: 0",
+        "[2026-02-03 10:00:02 TP0] Prefill batch, #new-seq: 2, #new-token: 4096, #cached-token: 512, token usage: 0.32, "
+        "#running-req: 37, #queue-req: 1, input throughput (token/s): 21877.40, cuda graph: False",
+        '[2026-02-03 10:00:03] INFO:     127.0.0.1:51234 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+        '[2026-02-03 10:00:04] INFO:     127.0.0.1:51240 - "GET /health HTTP/1.1" 200 OK',
+    ]
+    data = ("\n".join(lines) + "\n").encode() * 50
+    plan = scanner._plan(scan.load(), True, True)
+    assert plan.search is not None
+    assert [m.group(0) for m in plan.search.finditer(data.translate(plan.table))] == []

@@ -37,7 +37,7 @@ __all__ = [
 STAGES = ("provision", "verify", "smoke")
 COMPONENTS = (
     "sglang", "sgl-kernel", "flashinfer", "torch", "triton", "nccl", "cuda toolkit", "driver", "resolver", "installer", "python",
-    "container runtime", "kubernetes", "ray", "vllm", "tensorrt-llm",
+    "container runtime", "kubernetes", "ray", "vllm", "tensorrt-llm", "host",
 )  # fmt: skip
 
 #: The stack's context a signature's texts may quote as ``{name}``: name -> (where it comes from
