@@ -245,6 +245,8 @@ def test_init_complete_is_a_hang_only_at_the_end_of_the_log() -> None:
     assert "nccl-hang-after-init" in ids(scan(HEALTHY + init))
     assert "nccl-hang-after-init" not in ids(scan(init + "\n" + HEALTHY))
     assert "nccl-hang-after-init" in ids(scan(init + "\nhost:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC\n\n"))
+    nccl_only = "\n".join(line for line in init.splitlines() if "NCCL INFO" in line)
+    assert "nccl-hang-after-init" not in ids(scan("NCCL version 2.27.7+cuda13.0\n" + nccl_only))  # a pasted init excerpt: no context
 
 
 def test_dist_init_without_its_end_is_a_hang_but_a_crash_is_not() -> None:

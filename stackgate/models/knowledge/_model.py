@@ -65,7 +65,7 @@ CONTEXT_KEYS: Mapping[str, tuple[str, str]] = {
 
 _FIELDS = (
     "id", "title", "component", "stages", "severity", "patterns", "cause", "fix", "commands", "source", "references",
-    "examples", "counterexamples", "anchor", "window", "after", "at_end", "followed_only_by", "not_followed_by", "consequence", "supersedes", "extract",
+    "examples", "counterexamples", "anchor", "window", "after", "at_end", "followed_only_by", "not_followed_by", "preceded_by", "consequence", "supersedes", "extract",
 )  # fmt: skip
 _REQUIRED = ("id", "title", "component", "stages", "severity", "patterns", "cause", "fix", "source", "examples")
 
@@ -99,6 +99,7 @@ class Signature:
     at_end: bool = False  #: only counts when the log ends with it (a hang)
     followed_only_by: tuple[re.Pattern[str], ...] = ()  #: the only lines that may follow an ``at_end`` match
     not_followed_by: tuple[re.Pattern[str], ...] = ()  #: lines that must not follow an ``at_end`` match
+    preceded_by: tuple[re.Pattern[str], ...] = ()  #: an ``at_end`` match counts only after a line matching one
     consequence: bool = False  #: a symptom that follows another failure: listed after the causes
     supersedes: tuple[str, ...] = ()  #: generic ids this more specific one replaces on the same line
     extract: str | None = None  #: an extractor of :mod:`stackgate.scan.extract`, by name
@@ -193,6 +194,7 @@ def _build(file: str, raw: Mapping[str, Any]) -> Signature:
         at_end=bool(raw.get("at_end", False)),
         followed_only_by=tuple(re.compile(p) for p in _strings(raw.get("followed_only_by", []), "followed_only_by")),
         not_followed_by=tuple(re.compile(p) for p in _strings(raw.get("not_followed_by", []), "not_followed_by")),
+        preceded_by=tuple(re.compile(p) for p in _strings(raw.get("preceded_by", []), "preceded_by")),
         consequence=bool(raw.get("consequence", False)),
         supersedes=_strings(raw.get("supersedes", []), "supersedes"),
         extract=raw.get("extract"),
