@@ -16,7 +16,8 @@ Optional fields, for entries that need them: ``anchor`` (the literal the scan lo
 it cannot be read off the pattern), ``window`` (a multi-line event ending on the anchor's
 line, like a traceback), ``after`` (lines following the anchor's line that belong to the
 event, like a resolver's explanation), ``at_end`` with ``followed_only_by`` (only when the log
-ends with it: a hang), ``consequence`` (a symptom listed after its cause), ``supersedes``
+ends with it: a hang), ``preceded_by`` (an ``at_end`` match counts only after a line of
+context, not in a pasted excerpt of its own kind of lines), ``consequence`` (a symptom listed after its cause), ``supersedes``
 (generic ids this specific one replaces on the same line), ``extract`` (an extractor of
 :mod:`stackgate.scan.extract`), ``references`` and ``counterexamples``.
 
