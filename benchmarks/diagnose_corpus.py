@@ -36,14 +36,16 @@ def report(outcomes: list[corpus.Outcome], verbose: bool) -> None:
             if o.case.healthy and (o.recognised or o.unrecognized):
                 print(f"  ALARM {o.case.id}: {list(o.recognised)} +{o.unrecognized} unrecognized")
             elif not o.case.healthy and o.first not in o.case.expected:
-                print(f"  MISS  {o.case.id} [{corpus.by_project(o.case)}]: expected {list(o.case.expected)}, got {list(o.recognised)}"
-                      f" +{o.unrecognized} unrecognized | {o.case.text.splitlines()[0][:100]}")
+                split = corpus.by_project(o.case)
+                print(f"  MISS  {o.case.id} [{split}]: expected {list(o.case.expected)}, got {list(o.recognised)}")
+                print(f"        +{o.unrecognized} unrecognized | {o.case.text.splitlines()[0][:100]}")
 
 
 def set1(path: Path) -> None:
     cases = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     outcomes = [corpus.run(corpus.Case(c["id"], c["component"], c["source"], False, (), c["log"])) for c in cases]
-    print(corpus.score(outcomes).line("set 1 (shared)").split(", right cause")[0] + f", never silent {sum(not o.silent for o in outcomes)}")
+    line = corpus.score(outcomes).line("set 1 (shared)").split(", right cause")[0]
+    print(f"{line}, never silent {sum(not o.silent for o in outcomes)}")
 
 
 def main() -> None:

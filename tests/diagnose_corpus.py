@@ -63,9 +63,9 @@ class Score:
         rate = self.recognised / self.failures if self.failures else 0.0
         right = self.right_first / self.recognised if self.recognised else 0.0
         return (
-            f"{label:<28} failures {self.failures:>3}: recognised {self.recognised:>3} ({rate:6.1%}), right cause first"
-            f" {self.right_first:>3} ({right:6.1%} of those), never silent {self.never_silent:>3}; healthy {self.healthy:>3}:"
-            f" findings {self.alarms}"
+            f"{label:<28} failures {self.failures:>3}: recognised {self.recognised:>3} ({rate:6.1%}),"
+            f" right cause first {self.right_first:>3} ({right:6.1%} of those), never silent {self.never_silent:>3};"
+            f" healthy {self.healthy:>3}: findings {self.alarms}"
         )
 
 

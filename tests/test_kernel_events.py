@@ -114,7 +114,8 @@ def test_any_input_s_kernel_lines_are_decoded_without_a_flag(tmp_path: Path) -> 
     """A dmesg excerpt given as a plain log (or pasted among server lines) is read in the same pass."""
     log = tmp_path / "dmesg.txt"
     log.write_text("[2026-02-03 09:00:14 TP0] Init torch distributed begin.\n" + FALLEN + APP_FAULT)
-    out = subprocess.run([sys.executable, "-m", "stackgate", "diagnose", str(log), "--json", str(tmp_path / "d.json")], capture_output=True, text=True, cwd=ROOT)
+    argv = [sys.executable, "-m", "stackgate", "diagnose", str(log), "--json", str(tmp_path / "d.json")]
+    out = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 1, out.stderr
     import json
 

@@ -21,7 +21,10 @@ from stackgate.scan import extract
 from stackgate.scan.literals import LiteralError
 from stackgate.scan.literals import required_literals as _literal_runs
 
-__all__ = ["COMMONNESS", "best_key", "known_names", "load", "prefilter_key", "quoted_names", "ready", "required_literal", "required_literals"]
+__all__ = [
+    "COMMONNESS", "best_key", "known_names", "load", "prefilter_key", "quoted_names", "ready", "required_literal",
+    "required_literals",
+]  # fmt: skip
 
 # Characters ordered from most to least common in serving and installer logs (counted on the
 # healthy SGLang 0.5.9 and pip/uv logs under tests/data and on SGLang's serving lines, decode and
@@ -102,7 +105,8 @@ def ready(signature: Signature) -> Signature:
     """The signature with its prefilter keys; an entry the engine cannot use raises :class:`SignatureError`."""
     where = f"{signature.file}: {signature.id}"
     try:
-        keys = tuple(map(prefilter_key, signature.anchors)) or tuple(best_key(required_literals(p)) for p in signature.patterns)
+        keys = tuple(map(prefilter_key, signature.anchors))
+        keys = keys or tuple(best_key(required_literals(p)) for p in signature.patterns)
     except LiteralError as exc:
         raise SignatureError(f"{where}: bad pattern: {exc}") from exc
     problems = []

@@ -478,7 +478,8 @@ def _ends_with(signature: Signature, lines: list[str]) -> tuple[re.Match[str], i
             only = signature.followed_only_by
             allowed = all(any(p.search(line) for p in only) for line in after) if only else True
             forbidden = any(p.search(line) for p in signature.not_followed_by for line in after)
-            if signature.preceded_by and not any(p.search(line) for p in signature.preceded_by for line in lines[:index]):
+            context = any(p.search(line) for p in signature.preceded_by for line in lines[:index])
+            if signature.preceded_by and not context:
                 return None  # no context before it (a pasted excerpt of these lines alone): nothing to judge
             return (hit, index) if allowed and not forbidden else None
     return None
