@@ -4,12 +4,14 @@ corpus (not a tight rate), and no entry learned from the projects the cross-proj
 
 from __future__ import annotations
 
+import io
 import re
 
 import pytest
 from diagnose_corpus import HELD_OUT_PROJECTS, Case, by_project, load, run, score
 
 from stackgate import scan
+from stackgate.commands import diagnose
 from stackgate.models import kernellog
 
 CASES = load()
@@ -76,9 +78,7 @@ def test_no_entry_learned_from_a_held_out_project() -> None:
 def test_never_silent_on_excerpts_with_a_best_guess_component(text: str, component: str) -> None:
     outcome = run(Case("t", "t", "https://example.invalid", False, (), text))
     assert outcome.recognised == () and outcome.unrecognized == 1
-    from stackgate.commands import diagnose
-
-    done = diagnose.diagnose([("t", lambda: __import__("io").BytesIO(text.encode()))], never_silent=True)
+    done = diagnose.diagnose([("t", lambda: io.BytesIO(text.encode()))], never_silent=True)
     assert done.unrecognized[0].component == component
 
 
