@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from stackgate.models import knowledge as signatures  # noqa: E402
+from stackgate import scan as signatures  # noqa: E402
 
 STARTUP = ROOT / "tests" / "data" / "sglang-0.5.9-tp8-healthy.log"
 

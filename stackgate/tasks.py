@@ -192,7 +192,7 @@ def report(c, run=None, lock=None, html=None, runs_dir=None, last=None, reindex=
         "json": "write the JSON report here",
         "lock": "lockfile whose values the findings quote (attention backend, torch build, toolkit prefix); installer versions are read against it",
         "kernel": "also read this boot's kernel log (dmesg, else journalctl -k): Xid, PCIe AER and NVRM events, by GPU index",
-        "kernel_log": "read the kernel log from this file (a saved dmesg or journalctl -k) instead of the live one",
+        "kernel_log": "a saved kernel log to read instead of this boot's (any input is read for kernel lines)",
         "bundle": "write a support bundle (.tar.gz, secrets redacted) to attach to an upstream issue",
         "verbose": "show every line of each event, the references and the captured values",
     },

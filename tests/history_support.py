@@ -10,11 +10,11 @@ from typing import Any
 
 from stackgate.commands import gate
 from stackgate.models.finding import Fix
-from stackgate.models.knowledge import Scanner
 from stackgate.models.result import Result, Status
 from stackgate.render.ui import UI
 from stackgate.runs import fingerprint as fp
 from stackgate.runs import history
+from stackgate.scan import Scanner
 from stackgate.serve import bench
 
 SERVER = {"attention_backend": "flashinfer", "tp_size": "8", "model_path": "/models/m", "version": "0.5.9"}

@@ -13,7 +13,7 @@ import tomllib
 from stackgate.commands import diagnose
 from stackgate.models import knowledge
 from stackgate.models import spec as lockmodel
-from stackgate.models.knowledge import Scanner, extract
+from stackgate.scan import Scanner, extract
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"

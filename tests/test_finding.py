@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from stackgate import scan
 from stackgate.checks.abi import explain_import
 from stackgate.checks.smoke import logscan
 from stackgate.commands import diagnose
@@ -25,7 +26,7 @@ KEYS = {"id", "title", "severity", "component", "consequence", "cause", "fix", "
 
 
 def scanned(text: str, source: str) -> list[Finding]:
-    scanner = knowledge.Scanner(context=knowledge.lock_context(LOCK), source=source)
+    scanner = scan.Scanner(context=knowledge.lock_context(LOCK), source=source)
     scanner.feed_text(text)
     scanner.finish()
     return scanner.findings

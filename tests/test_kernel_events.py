@@ -108,3 +108,35 @@ def test_diagnose_kernel_reads_the_live_log_and_a_saved_one(tmp_path: Path, monk
     assert quiet.returncode == 0 and "xid-13" in quiet.stdout
     missing = subprocess.run([sys.executable, "-m", "stackgate", "diagnose", "--kernel-log", str(tmp_path / "nope")], capture_output=True, text=True, cwd=ROOT)
     assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+def test_any_input_s_kernel_lines_are_decoded_without_a_flag(tmp_path: Path) -> None:
+    """A dmesg excerpt given as a plain log (or pasted among server lines) is read in the same pass."""
+    log = tmp_path / "dmesg.txt"
+    log.write_text("[2026-02-03 09:00:14 TP0] Init torch distributed begin.\n" + FALLEN + APP_FAULT)
+    argv = [sys.executable, "-m", "stackgate", "diagnose", str(log), "--json", str(tmp_path / "d.json")]
+    out = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 1, out.stderr
+    import json
+
+    doc = json.loads((tmp_path / "d.json").read_text())
+    ids = [f["id"] for f in doc["findings"]]
+    assert ids[:2] == ["xid-79", "xid-63"] and "xid-13" in ids and "pcie-aer" in ids
+    assert "gpu-fallen-off-bus" not in ids and doc["unrecognized"] == []  # the Xid line is the catalog's, once
+    aer = next(f for f in doc["findings"] if f["id"] == "pcie-aer")
+    assert aer["evidence"]["count"] == 2 and aer["evidence"]["line"] == 7
+
+
+def test_the_scanner_maps_bus_ids_to_gpus_given_the_index() -> None:
+    from stackgate.scan import Scanner
+
+    scanner = Scanner(kernel=True, never_silent=True)
+    scanner.feed_text("ImportError: x\n" + APP_FAULT)
+    scanner.finish()
+    assert scanner.kernel is not None and [e.code for e in scanner.kernel.events] == [13]
+    (found,) = scanner.kernel.findings({"0000:18:00": 5}, "pasted")
+    assert found.title.startswith("Xid 13 on GPU 5 (PCI 0000:18:00)") and found.evidence.line == 2
+    quiet = Scanner(kernel=True)
+    quiet.feed_text(CLEAN)
+    quiet.finish()
+    assert quiet.kernel is not None and quiet.kernel.events == []

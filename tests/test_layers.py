@@ -24,6 +24,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "stackgate"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("version", ("__init__",)),
     ("models", ("models",)),
+    ("scan", ("scan",)),
     ("edges", ("edges",)),
     ("facts", ("facts",)),
     ("checks | stack | serve", ("checks", "stack", "serve")),

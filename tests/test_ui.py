@@ -8,10 +8,10 @@ import re
 import pytest
 
 from stackgate.models.finding import Fix
-from stackgate.models.knowledge import Scanner
 from stackgate.models.result import Result, Status
 from stackgate.models.verdict import judge
 from stackgate.render.ui import UI
+from stackgate.scan import Scanner
 
 URL = "https://github.com/sgl-project/whl/releases/download/v0.3.21/sgl_kernel-0.3.21+cu130-cp310-abi3-manylinux2014_x86_64.whl"
 LONG = f"curl -fsSL '{URL}' | sha256sum"

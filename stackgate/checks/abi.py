@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from stackgate import scan
 from stackgate.checks.core import check
 from stackgate.facts import Facts, ImportOutcome, Missing
 from stackgate.models import knowledge
@@ -47,7 +48,7 @@ def explain_import(outcome: ImportOutcome, lock: Lock) -> Finding | None:
     ``import <name>``); None for a hang, or an error it does not know."""
     if outcome.timed_out:
         return None
-    return knowledge.match_first(outcome.output, stage="verify", context=knowledge.lock_context(lock), source=f"import {outcome.name}")
+    return scan.match_first(outcome.output, stage="verify", context=knowledge.lock_context(lock), source=f"import {outcome.name}")
 
 
 def classify_import(outcome: ImportOutcome, lock: Lock, finding: Finding | None) -> tuple[str, Fix]:

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from stackgate import scan
 from stackgate.checks.core import check
 from stackgate.facts import Facts, Missing, ProbeFacts
 from stackgate.facts.deep import (
@@ -487,7 +488,7 @@ class Known:
 
 
 def _classified(text: str, lock: Lock) -> Known | None:
-    match = knowledge.match_first(text, context=knowledge.lock_context(lock))
+    match = scan.match_first(text, context=knowledge.lock_context(lock))
     return None if match is None else Known(match.title, match.cause, match.fix)
 
 

@@ -1,6 +1,6 @@
 """`stackgate diagnose`: explain logs of this stack (server logs, installer output, tracebacks).
 
-Each input is streamed through a :class:`~stackgate.models.knowledge.Scanner` in large blocks, so a
+Each input is streamed through a :class:`~stackgate.scan.Scanner` in large blocks, so a
 log of hundreds of MB is never held whole; the findings of all inputs are reported most severe
 first, with the lines that matched, the cause and the fix. With a lock, causes and fixes quote
 the stack's own values (its attention backend, its torch build). Exit 1 when a finding is an
@@ -9,8 +9,8 @@ error, 0 otherwise, 2 when an input cannot be read.
 
 from __future__ import annotations
 
-import dataclasses
 import gzip
+import io
 import os
 import platform
 import socket
@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Sequence
 
-from stackgate import __version__
+from stackgate import __version__, scan
 from stackgate.edges.files import write_json
 from stackgate.models import knowledge, settings
 from stackgate.models.exitcodes import ExitCode, UsageError
@@ -94,19 +94,18 @@ def run(request: DiagnoseRequest, ui: Any, stdin: BinaryIO | None = None) -> Exi
     kernel = request.kernel or request.kernel_path is not None
     if not request.paths and not request.stdin and not kernel and not request.bundle_path:
         raise DiagnoseError("nothing to diagnose: give one or more log files, --stdin, --kernel or --bundle PATH")
-    openers = [_opener(path) for path in request.paths]  # every file is checked before any is read
-    if request.kernel_path is not None:
-        _opener(request.kernel_path)
+    saved_kernel = (request.kernel_path,) if request.kernel_path is not None else ()  # --kernel-log: one more input
+    openers = [_opener(path) for path in (*request.paths, *saved_kernel)]  # every file is checked before any is read
     if request.bundle_path is not None and request.bundle_path.is_dir():
         raise DiagnoseError(f"--bundle: {request.bundle_path} is a directory; name the .tar.gz to write")
     if request.stdin:
         openers.append((STDIN, lambda: _borrowed(stdin or sys.stdin.buffer)))
     lock = _load_lock(request.lock_path) if request.lock_path else None
     context = knowledge.lock_context(lock) if lock else {}
+    if request.kernel and request.kernel_path is None:  # a saved kernel log stands for the live one, as before
+        openers.append(live_kernel_log())
     with ui.progress(f"scanning {len(openers)} input(s) for {len(knowledge.load())} known failures"):
-        done = diagnose(openers, context, lock=lock, never_silent=True)
-        if kernel:
-            done = with_kernel(done, request.kernel_path)
+        done = diagnose(openers, context, lock=lock, never_silent=True, kernel=True)
     ui.findings(f"stackgate diagnose: {inputs_summary(done)}", done.findings, verdict_line(done), unrecognized=done.unrecognized)
     if request.json_path:
         write_json(request.json_path, document(done))
@@ -128,28 +127,21 @@ def _load_lock(path: Path) -> lockmodel.Lock:
     return lockmodel.load(path)
 
 
-def with_kernel(done: Diagnosis, path: Path | None) -> Diagnosis:
-    """The diagnosis with the kernel log's GPU events added (a saved log, or this boot's)."""
+def live_kernel_log() -> tuple[str, Callable[[], AbstractContextManager[BinaryIO]]]:
+    """This boot's kernel log (dmesg, else journalctl -k) as one more input."""
     from stackgate.edges import kernellog
-    from stackgate.models import kernellog as kernelmodel
 
-    if path is not None:
-        name, text = str(path), path.read_text(encoding="utf-8", errors="replace")
-    else:
-        try:
-            log = kernellog.read()
-        except kernellog.KernelLogError as exc:
-            raise DiagnoseError(str(exc)) from exc
-        name, text = log.source, log.text
-    found = kernelmodel.findings(kernelmodel.parse(text), gpu_indexes(), name)
-    scanned = Input(f"kernel log ({name})", text.count("\n"), len(text.encode()))
-    findings = sorted([*done.findings, *found], key=knowledge.rank)
-    return dataclasses.replace(done, inputs=(*done.inputs, scanned), findings=tuple(findings))
+    try:
+        log = kernellog.read()
+    except kernellog.KernelLogError as exc:
+        raise DiagnoseError(str(exc)) from exc
+    data = log.text.encode("utf-8", "replace")
+    return f"kernel log ({log.source})", lambda: io.BytesIO(data)
 
 
 def gpu_indexes() -> dict[str, int]:
     """PCI bus id -> GPU index, from NVML; empty when no driver answers (the events keep their bus ids)."""
-    from stackgate.edges import nvml  # loads the NVML bindings: only for --kernel
+    from stackgate.edges import nvml  # loads the NVML bindings: only when an input holds kernel GPU events
     from stackgate.models import kernellog as kernelmodel
 
     try:
@@ -166,21 +158,28 @@ def diagnose(
     lock: lockmodel.Lock | None = None,
     stage: str | None = None,
     never_silent: bool = False,
+    kernel: bool = False,
 ) -> Diagnosis:
     """Scan each ``(name, open)`` input (``open()`` gives a binary stream) and gather the findings
     (of the signatures of ``stage`` only, when given: provision reads installer logs so); with
-    ``never_silent``, failures no signature explains as well (``unrecognized-failure``)."""
+    ``never_silent``, failures no signature explains as well (``unrecognized-failure``); with
+    ``kernel``, the kernel's GPU lines in any input (Xid, NVRM, AER), their GPUs named by NVML."""
     started, clock = time.time(), time.monotonic()
-    scanned, findings, unrecognized = [], [], []
+    scanned, findings, unrecognized, gpus = [], [], [], None
     for name, opener in inputs:
-        scanner = knowledge.Scanner(stage=stage, context=context, source=name, never_silent=never_silent)
+        scanner = scan.Scanner(stage=stage, context=context, source=name, never_silent=never_silent, kernel=kernel)
         try:
             with opener() as stream:
                 scanner.scan_stream(stream)
         except (OSError, EOFError, gzip.BadGzipFile) as exc:
             raise DiagnoseError(f"{name}: cannot read: {getattr(exc, 'strerror', None) or exc}") from exc
         scanned.append(Input(name, scanner.number, scanner.bytes))
-        findings.extend(scanner.findings)
+        found = scanner.findings
+        if scanner.kernel is not None and scanner.kernel.events:
+            gpus = gpu_indexes() if gpus is None else gpus  # NVML is asked once, and only when there are events
+            xids = scanner.kernel.xid_lines  # an Xid is read from NVIDIA's catalog: no signature repeats it
+            found = [f for f in found if f.evidence.line not in xids] + scanner.kernel.findings(gpus, name)
+        findings.extend(found)
         unrecognized.extend(scanner.unrecognized)
     findings.sort(key=knowledge.rank)
     return Diagnosis(tuple(scanned), tuple(findings), started, time.monotonic() - clock, lock, tuple(unrecognized))

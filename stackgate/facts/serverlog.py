@@ -1,7 +1,7 @@
 """Follow a server's log file: known failures, the start-up phase, evidence lines, the last lines.
 
 The log is read incrementally while the server runs (during start-up and the whole benchmark),
-each line going through the shared knowledge base (:class:`stackgate.models.knowledge.Scanner`
+each line going through the shared knowledge base (:class:`stackgate.scan.Scanner`
 at the "smoke" stage). tqdm progress bars end their updates with a carriage return, so a ``\\r``
 also ends a line here, and a run of such updates keeps only its newest one in the tail. Messages
 are matched, never prefixes: SGLang writes ``[time TPn] message`` by default and other forms
@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Mapping
 
 from stackgate.models.finding import Finding
-from stackgate.models.knowledge import Scanner
 from stackgate.models.redact import redact_text
+from stackgate.scan import Scanner
 
 __all__ = ["EXCERPT_CHARS", "PHASES", "READY_LINE", "Evidence", "LogWatcher", "excerpt"]
 

@@ -19,7 +19,7 @@ from typing import Iterable, Mapping
 
 from stackgate.models.finding import Evidence, Finding, Fix
 
-__all__ = ["CATALOG", "CATALOG_URL", "KernelEvent", "Xid", "findings", "normalize_bus", "parse"]
+__all__ = ["CATALOG", "CATALOG_URL", "KernelEvent", "Xid", "event", "findings", "normalize_bus", "parse"]
 
 CATALOG_URL = "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html"
 
@@ -80,7 +80,11 @@ _BUS = r"(?:PCI:)?(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-
 _XID = re.compile(r"NVRM: Xid \(" + _BUS + r"\): (?P<xid>\d+), (?P<rest>.*)")
 _AER_DEVICE = re.compile(r"(?P<driver>[\w\-]+) " + _BUS + r": (?:AER: )?PCIe Bus Error: severity=(?P<severity>[^,]+), type=(?P<type>[^,]+)")
 _AER_RECEIVED = re.compile(r"AER: (?P<severity>Corrected|Uncorrected \(Non-Fatal\)|Uncorrected \(Fatal\)|Multiple \w+) error (?:message )?received(?: from|:) " + _BUS)
-_NVRM = re.compile(r"NVRM: (?P<message>.*(?:fallen off the bus|failed|error|Error|mismatch|not supported|RmInitAdapter|timeout|Timeout).*)")
+_AER_STATUS = re.compile(r"aer_(?P<which>uncor|cor)_status: (?P<status>0x[0-9a-fA-F]+)")
+_NVRM = re.compile(
+    r"NVRM: (?P<message>.*(?:fallen off the bus|failed|error|Error|mismatch|not supported|RmInitAdapter|timeout|Timeout"
+    r"|No NVIDIA (?:graphics adapter|GPU) (?:probed|found)|probe routine was not called|not responding).*)"
+)
 _NVRM_BUS = re.compile(r"(?:GPU at |GPU |device )" + _BUS)
 
 
@@ -112,13 +116,14 @@ def parse(text: str) -> list[KernelEvent]:
     """The GPU events of a kernel log, in order."""
     events = []
     for number, line in enumerate(text.splitlines(), 1):
-        event = _event(line.rstrip(), number)
-        if event is not None:
-            events.append(event)
+        found = event(line.rstrip(), number)
+        if found is not None:
+            events.append(found)
     return events
 
 
-def _event(line: str, number: int) -> KernelEvent | None:
+def event(line: str, number: int) -> KernelEvent | None:
+    """The GPU event one kernel log line reports (line ``number``), or None."""
     xid = _XID.search(line)
     if xid:
         code = int(xid["xid"])
@@ -129,6 +134,12 @@ def _event(line: str, number: int) -> KernelEvent | None:
         severity = aer["severity"].strip()
         detail = f"{severity}" + (f", {aer['type'].strip()}" if "type" in aer.groupdict() and aer.groupdict().get("type") else "")
         return KernelEvent("aer", number, line, normalize_bus(aer["bus"]), "warn" if severity.startswith("Corrected") else "fail", None, detail)
+    status = _AER_STATUS.search(line)
+    if status and int(status["status"], 16):
+        bus = _NVRM_BUS.search(line)
+        which = "Uncorrected" if status["which"] == "uncor" else "Corrected"
+        severity = "warn" if which == "Corrected" else "fail"
+        return KernelEvent("aer", number, line, normalize_bus(bus["bus"]) if bus else None, severity, None, f"{which}, status {status['status']}")
     nvrm = _NVRM.search(line)
     if nvrm:
         bus = _NVRM_BUS.search(line)

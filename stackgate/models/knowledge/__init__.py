@@ -16,37 +16,23 @@ Optional fields, for entries that need them: ``anchor`` (the literal the scan lo
 it cannot be read off the pattern), ``window`` (a multi-line event ending on the anchor's
 line, like a traceback), ``after`` (lines following the anchor's line that belong to the
 event, like a resolver's explanation), ``at_end`` with ``followed_only_by`` (only when the log
-ends with it: a hang), ``consequence`` (a symptom listed after its cause), ``supersedes``
+ends with it: a hang), ``preceded_by`` (an ``at_end`` match counts only after a line of
+context, not in a pasted excerpt of its own kind of lines), ``consequence`` (a symptom listed after its cause), ``supersedes``
 (generic ids this specific one replaces on the same line), ``extract`` (an extractor of
-:mod:`stackgate.models.knowledge.extract`), ``references`` and ``counterexamples``.
+:mod:`stackgate.scan.extract`), ``references`` and ``counterexamples``.
+
+This package is the data and its model; the engine that scans text for it (the prefilter, the
+scanner, the extractors, never-silent events) is :mod:`stackgate.scan`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from stackgate.models.finding import SEVERITIES, Finding
+from stackgate.models.knowledge._model import COMPONENTS, CONTEXT_KEYS, STAGES, Signature, SignatureError, context_defaults, load, lock_context, read_folder
 
-from stackgate.models.finding import Finding
-from stackgate.models.knowledge._model import COMPONENTS, CONTEXT_KEYS, SEVERITIES, STAGES, Signature, SignatureError, context_defaults, load, lock_context
-from stackgate.models.knowledge._scan import Scanner, make_finding, match_all, rank
+__all__ = ["COMPONENTS", "CONTEXT_KEYS", "SEVERITIES", "STAGES", "Signature", "SignatureError", "context_defaults", "load", "lock_context", "rank", "read_folder"]
 
-__all__ = [
-    "COMPONENTS",
-    "CONTEXT_KEYS",
-    "SEVERITIES",
-    "STAGES",
-    "Scanner",
-    "Signature",
-    "SignatureError",
-    "context_defaults",
-    "load",
-    "lock_context",
-    "make_finding",
-    "match_all",
-    "match_first",
-    "rank",
-]
 
-def match_first(text: str, **kwargs: Any) -> Finding | None:
-    """The most severe signature found in ``text`` (see :func:`match_all`), or None."""
-    found = match_all(text, **kwargs)
-    return found[0] if found else None
+def rank(finding: Finding) -> tuple[int, bool, int]:
+    """Sort key of findings: most severe first, causes before their consequences, then by position."""
+    return (-SEVERITIES.index(finding.severity), finding.consequence, finding.evidence.line)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import re
 import shlex
-import string
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,9 +20,6 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from stackgate.models.finding import SEVERITIES
-from stackgate.models.knowledge import extract
-from stackgate.models.knowledge._literals import LiteralError
-from stackgate.models.knowledge._literals import required_literals as _literal_runs
 
 __all__ = [
     "COMPONENTS",
@@ -35,13 +31,14 @@ __all__ = [
     "context_defaults",
     "load",
     "lock_context",
-    "prefilter_key",
     "read_folder",
-    "required_literal",
 ]
 
 STAGES = ("provision", "verify", "smoke")
-COMPONENTS = ("sglang", "sgl-kernel", "flashinfer", "torch", "triton", "nccl", "cuda toolkit", "driver", "resolver", "installer", "python")
+COMPONENTS = (
+    "sglang", "sgl-kernel", "flashinfer", "torch", "triton", "nccl", "cuda toolkit", "driver", "resolver", "installer", "python",
+    "container runtime", "kubernetes", "ray", "vllm", "tensorrt-llm", "host",
+)  # fmt: skip
 
 #: The stack's context a signature's texts may quote as ``{name}``: name -> (where it comes from
 #: in the lock, what is said when no lock was given). Defined here once; :func:`lock_context`
@@ -68,20 +65,11 @@ CONTEXT_KEYS: Mapping[str, tuple[str, str]] = {
 
 _FIELDS = (
     "id", "title", "component", "stages", "severity", "patterns", "cause", "fix", "commands", "source", "references",
-    "examples", "counterexamples", "anchor", "window", "after", "at_end", "followed_only_by", "not_followed_by", "consequence", "supersedes", "extract",
+    "examples", "counterexamples", "anchor", "window", "after", "at_end", "followed_only_by", "not_followed_by", "preceded_by", "consequence", "supersedes", "extract",
     "without_errors",
 )  # fmt: skip
 _REQUIRED = ("id", "title", "component", "stages", "severity", "patterns", "cause", "fix", "source", "examples")
 
-# Characters ordered from most to least common in serving and installer logs (counted on the
-# healthy SGLang 0.5.9 and pip/uv logs under tests/data and on SGLang's serving lines, decode and
-# prefill batches and access lines, as benchmarks/diagnose_speed.py writes them; characters not
-# listed count as rarest). The prefilter key of a signature starts at its rarest character, and
-# the scan looks for each key (or a one-line pattern's rarest literal) at its rarest byte, so
-# that the search stops on few positions of a healthy log ("TP0" is on every serving line: a
-# search anchored at "T" costs). Any choice is correct (a key is a substring of a literal every
-# match contains); this one is fast.
-_COMMONNESS = ' e0:un2tr,oa1g-h3ck#sq.6pdT45i978/P][bl()D_m=OFwf"NyIKGHv\'xSBECLzM+jARW|V<U%>Q}{!XJ\\;^@~*&Z?`$Y'
 
 
 class SignatureError(Exception):
@@ -105,7 +93,8 @@ class Signature:
     title: str = ""
     references: tuple[str, ...] = ()  #: further reports and fixes of the same failure
     counterexamples: tuple[str, ...] = ()  #: healthy text that must not match
-    keys: tuple[str, ...] = ()  #: per pattern, a literal every match contains (the prefilter)
+    anchors: tuple[str, ...] = ()  #: declared prefilter literals, one per pattern (``anchor``), when not read off the patterns
+    keys: tuple[str, ...] = ()  #: per pattern, a literal every match contains (the prefilter): filled by stackgate.scan
     window: int = 1  #: lines of an event ending on the key's line (a traceback), 1 = one line
     after: int = 0  #: lines after the key's line that belong to the event (resolver reports)
     at_end: bool = False  #: only counts when the log ends with it (a hang)
@@ -113,9 +102,10 @@ class Signature:
     not_followed_by: tuple[re.Pattern[str], ...] = ()  #: lines that must not follow an ``at_end`` match
     #: an ``at_end`` signature that says the log holds no error: not reported beside an error finding
     without_errors: bool = False
+    preceded_by: tuple[re.Pattern[str], ...] = ()  #: an ``at_end`` match counts only after a line matching one
     consequence: bool = False  #: a symptom that follows another failure: listed after the causes
     supersedes: tuple[str, ...] = ()  #: generic ids this more specific one replaces on the same line
-    extract: str | None = None  #: an extractor in :mod:`stackgate.models.knowledge.extract`
+    extract: str | None = None  #: an extractor of :mod:`stackgate.scan.extract`, by name
     file: str = field(default="", compare=False)
 
     def search(self, text: str) -> re.Match[str] | None:
@@ -172,7 +162,7 @@ def _signature(file: str, index: int, raw: Mapping[str, Any]) -> Signature:
         raise SignatureError(f"{where}: " + "; ".join([*(f"missing {m!r}" for m in missing), *([f"unknown keys {unknown}"] if unknown else [])]))
     try:
         signature = _build(file, raw)
-    except (re.error, LiteralError) as exc:
+    except re.error as exc:
         raise SignatureError(f"{where}: bad pattern: {exc}") from exc
     except (TypeError, ValueError) as exc:
         raise SignatureError(f"{where}: {exc}") from exc
@@ -187,7 +177,6 @@ def _build(file: str, raw: Mapping[str, Any]) -> Signature:
     anchors = _strings(raw.get("anchor", []), "anchor")
     if anchors and len(anchors) != len(patterns):
         raise ValueError("anchor needs one literal per pattern")
-    keys = tuple(prefilter_key(a) for a in anchors) if anchors else tuple(best_key(required_literals(p)) for p in patterns)
     return Signature(
         id=raw["id"],
         title=str(raw["title"]).strip(),
@@ -202,13 +191,14 @@ def _build(file: str, raw: Mapping[str, Any]) -> Signature:
         references=_strings(raw.get("references", []), "references"),
         examples=_strings(raw["examples"], "examples"),
         counterexamples=_strings(raw.get("counterexamples", []), "counterexamples"),
-        keys=keys,
+        anchors=anchors,
         window=int(raw.get("window", 1)),
         after=int(raw.get("after", 0)),
         at_end=bool(raw.get("at_end", False)),
         followed_only_by=tuple(re.compile(p) for p in _strings(raw.get("followed_only_by", []), "followed_only_by")),
         not_followed_by=tuple(re.compile(p) for p in _strings(raw.get("not_followed_by", []), "not_followed_by")),
         without_errors=bool(raw.get("without_errors", False)),
+        preceded_by=tuple(re.compile(p) for p in _strings(raw.get("preceded_by", []), "preceded_by")),
         consequence=bool(raw.get("consequence", False)),
         supersedes=_strings(raw.get("supersedes", []), "supersedes"),
         extract=raw.get("extract"),
@@ -236,74 +226,9 @@ def _problems(signature: Signature) -> list[str]:
         problems.append("needs a source and real examples from it")
     if any(p.flags & re.IGNORECASE for p in signature.patterns):
         problems.append("patterns must be case-sensitive (the prefilter keys are)")
-    if any(len(k) < 4 for k in signature.keys) and not signature.at_end:
-        problems.append(f"each pattern needs a literal of 4+ characters for the prefilter (got {list(signature.keys)}); declare `anchor`")
     if signature.window < 1 or signature.after < 0 or (signature.window > 1 and signature.after):
         problems.append("window >= 1 and after >= 0, not both")
-    if signature.extract is not None and signature.extract not in extract.EXTRACTORS:
-        problems.append(f"unknown extractor {signature.extract!r}")
-    unknown = sorted(quoted_names(signature) - known_names(signature))
-    if unknown:
-        problems.append(f"quotes unknown names {unknown}")
     return problems
-
-
-def quoted_names(signature: Signature) -> set[str]:
-    """The ``{names}`` its title, cause, fix and commands quote."""
-    texts = [signature.title, signature.cause, signature.fix, *signature.commands]
-    return {name for text in texts for _, name, _, _ in string.Formatter().parse(text) if name}
-
-
-def known_names(signature: Signature) -> set[str]:
-    extracted = extract.EXTRACTORS[signature.extract].provides if signature.extract else ()
-    return set(signature.group_names) | set(CONTEXT_KEYS) | set(extracted)
-
-
-def required_literals(pattern: re.Pattern[str]) -> list[str]:
-    """The runs of literal characters that every match of ``pattern`` contains, in order.
-
-    >>> required_literals(re.compile(r"NCCL error in: (?P<where>\\S+), (?P<what>[a-z ]+)"))
-    ['NCCL error in: ', ', ']
-    """
-    return _literal_runs(pattern.pattern)
-
-
-def required_literal(pattern: re.Pattern[str]) -> str:
-    """The longest run of literal characters that every match of ``pattern`` contains.
-
-    >>> required_literal(re.compile(r"undefined symbol: (?P<symbol>\\S+)"))
-    'undefined symbol: '
-    """
-    return max(required_literals(pattern), key=len, default="")
-
-
-def best_key(literals: list[str]) -> str:
-    """Of the keys the literals offer, the one that starts at the rarest character (then the longest).
-
-    >>> best_key(["hint: `", "` was found on ", ", but not at the requested version"])
-    '` was found on '
-    """
-    keys = [prefilter_key(literal) for literal in literals]
-    return max(keys, key=lambda k: (len(k) >= 8, _rarity(k[0]) if k else -1, len(k)), default="")
-
-
-def prefilter_key(literal: str, *, minimum: int = 8, longest: int = 24) -> str:
-    """The part of ``literal`` the scan looks for: it starts at its rarest character.
-
-    >>> prefilter_key("GPU has fallen off the bus")
-    'U has fallen off the bus'
-    >>> prefilter_key("abc")
-    'abc'
-    """
-    if len(literal) <= minimum:
-        return literal
-    start = max(range(len(literal) - minimum + 1), key=lambda i: (_rarity(literal[i]), -i))
-    return literal[start : start + longest]
-
-
-def _rarity(ch: str) -> int:
-    index = _COMMONNESS.find(ch)
-    return len(_COMMONNESS) if index < 0 else index
 
 
 def _driver(version: Any) -> str:

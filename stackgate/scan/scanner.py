@@ -20,14 +20,16 @@ import functools
 import re
 import string
 from dataclasses import dataclass
-from typing import BinaryIO, Iterable, Mapping
+from typing import Any, BinaryIO, Iterable, Mapping
 
-from stackgate.models.finding import SEVERITIES, Evidence, Finding, Fix
-from stackgate.models.knowledge._events import GENERIC_KEYS, Events
-from stackgate.models.knowledge._model import _COMMONNESS, Signature, context_defaults, load, required_literals
-from stackgate.models.knowledge.extract import COMPONENT, DROP, EXTRACTORS
+from stackgate.models.finding import Evidence, Finding, Fix
+from stackgate.models.knowledge import Signature, context_defaults, rank
+from stackgate.scan.events import GENERIC_KEYS, Events
+from stackgate.scan.extract import COMPONENT, DROP, EXTRACTORS
+from stackgate.scan.kernel import KERNEL_KEYS, KernelLines
+from stackgate.scan.keys import COMMONNESS, load, ready, required_literals
 
-__all__ = ["EVIDENCE_LINE", "Scanner", "make_finding", "match_all", "rank"]
+__all__ = ["EVIDENCE_LINE", "Scanner", "make_finding", "match_all", "match_first", "rank"]
 
 #: An extractor that returns DROP_KEY (with any value) says the match is not the failure after
 #: all (an installer line of a package at the version the lock wants): it is dropped. One that
@@ -60,11 +62,6 @@ def make_finding(signature: Signature, groups: Mapping[str, str], context: Mappi
     )
 
 
-def rank(finding: Finding) -> tuple[int, bool, int]:
-    """Sort key: most severe first, causes before their consequences, then by position."""
-    return (-SEVERITIES.index(finding.severity), finding.consequence, finding.evidence.line)
-
-
 def match_all(text: str, *, stage: str | None = None, context: Mapping[str, str] | None = None, signatures: Iterable[Signature] | None = None, source: str = "") -> list[Finding]:
     """Every signature (of a stage, if given) found anywhere in ``text``, most severe first; the
     evidence names ``source`` and the lines where each matched."""
@@ -85,6 +82,12 @@ def match_all(text: str, *, stage: str | None = None, context: Mapping[str, str]
             findings.append(make_finding(signature, groups, context, evidence))
     findings.sort(key=rank)
     return findings
+
+
+def match_first(text: str, **kwargs: Any) -> Finding | None:
+    """The most severe signature found in ``text`` (see :func:`match_all`), or None."""
+    found = match_all(text, **kwargs)
+    return found[0] if found else None
 
 
 def _search_text(signature: Signature, text: str) -> tuple[re.Match[str], str, int] | None:
@@ -116,8 +119,9 @@ class Scanner:
         signatures: Iterable[Signature] | None = None,
         source: str = "",
         never_silent: bool = False,
+        kernel: bool = False,
     ) -> None:
-        chosen = load() if signatures is None else tuple(signatures)
+        chosen = load() if signatures is None else tuple(s if s.keys else ready(s) for s in signatures)
         self.signatures = tuple(s for s in chosen if stage is None or stage in s.stages)
         self.context = dict(context or {})
         self.source = source
@@ -126,7 +130,9 @@ class Scanner:
         #: With ``never_silent``, failures no signature explains (see :mod:`._events`).
         self.events: Events | None = Events(source) if never_silent else None
         self.unrecognized: list[Finding] = []  #: filled by :meth:`finish`
-        self._plan = _plan(self.signatures, never_silent)
+        #: With ``kernel``, the kernel's GPU lines (Xid, NVRM, AER) of this input (see :mod:`.kernel`).
+        self.kernel: KernelLines | None = KernelLines() if kernel else None
+        self._plan = _plan(self.signatures, never_silent, kernel)
         self._carry = b""  # the last lines of what was scanned, for multi-line lookback
         self._partial = b""  # a line whose end has not arrived yet
         self._tail = b""  # the end of the log, for at_end signatures
@@ -196,8 +202,17 @@ class Scanner:
 
     @property
     def findings(self) -> list[Finding]:
-        """Everything found so far: most severe first, causes before consequences, then in order of appearance."""
-        return sorted(self._found.values(), key=rank)
+        """Everything found so far: most severe first, causes before consequences, then in order of appearance.
+        A generic finding that a more specific one supersedes within :attr:`WINDOW` lines is one event
+        told twice (torch's "NCCL error ... unhandled cuda error" above NCCL's own WARN line): it is left out."""
+        supersedes = {s.id: s.supersedes for s in self.signatures if s.supersedes}
+        near = {
+            old
+            for found in self._found.values()
+            for old in supersedes.get(found.id, ())
+            if old in self._found and abs(self._found[old].evidence.line - found.evidence.line) <= self.WINDOW
+        }
+        return sorted((f for f in self._found.values() if f.id not in near), key=rank)
 
     # -- the scan ------------------------------------------------------------------------------
 
@@ -255,6 +270,9 @@ class Scanner:
             self.events.see(line, number)
             if self.events.waiting:
                 self._follow(data, last + 1, end, number + 1)
+        if self.kernel is not None and any(key in raw for key in KERNEL_KEYS) and self.kernel.see(line, number):
+            if self.events is not None:
+                self.events.explain(number, number)  # a GPU event of the kernel is a known failure
         return found
 
     def _follow(self, data: bytes, offset: int, end: int, number: int) -> None:
@@ -359,7 +377,7 @@ class _Plan:
 
 
 @functools.lru_cache(maxsize=64)
-def _plan(signatures: tuple[Signature, ...], generic: bool = False) -> _Plan:
+def _plan(signatures: tuple[Signature, ...], generic: bool = False, kernel: bool = False) -> _Plan:
     entries: dict[bytes, list[tuple[Signature, int]]] = {}
     for signature in signatures:
         if signature.at_end:
@@ -368,10 +386,11 @@ def _plan(signatures: tuple[Signature, ...], generic: bool = False) -> _Plan:
             entries.setdefault(key.encode("utf-8"), []).append((signature, index))
     # Specific signatures first, so that one that supersedes a generic one sees it on the same line.
     ordered = tuple((key, tuple(sorted(group, key=lambda e: -len(e[0].supersedes)))) for key, group in entries.items())
-    words = sorted({*entries, *(GENERIC_KEYS if generic else ())})
+    extra = {*(GENERIC_KEYS if generic else ()), *(KERNEL_KEYS if kernel else ())}
+    words = sorted({*entries, *extra})
     keys = re.compile(_trie(words)) if words else None
     sought = {_sought(s, i) for s in signatures if not s.at_end for i in range(len(s.keys))}
-    table, search = _anchored(sorted({*sought, *(GENERIC_KEYS if generic else ())}))
+    table, search = _anchored(sorted({*sought, *extra}))
     lookback = max((s.window - 1 for s in signatures), default=0)
     return _Plan(keys, table, search, ordered, lookback, tuple(s for s in signatures if s.at_end))
 
@@ -449,8 +468,8 @@ def _trie(words: list[bytes]) -> bytes:
 
 
 def _commonness(byte: int) -> int:
-    index = _COMMONNESS.find(chr(byte))
-    return len(_COMMONNESS) if index < 0 else index
+    index = COMMONNESS.find(chr(byte))
+    return len(COMMONNESS) if index < 0 else index
 
 
 def _ends_with(signature: Signature, lines: list[str]) -> tuple[re.Match[str], int] | None:
@@ -462,6 +481,9 @@ def _ends_with(signature: Signature, lines: list[str]) -> tuple[re.Match[str], i
             only = signature.followed_only_by
             allowed = all(any(p.search(line) for p in only) for line in after) if only else True
             forbidden = any(p.search(line) for p in signature.not_followed_by for line in after)
+            context = any(p.search(line) for p in signature.preceded_by for line in lines[:index])
+            if signature.preceded_by and not context:
+                return None  # no context before it (a pasted excerpt of these lines alone): nothing to judge
             return (hit, index) if allowed and not forbidden else None
     return None
 

@@ -193,7 +193,7 @@ def _exports(prefixes: tuple[str, ...], name: str, head: str) -> bool:
 
 def symbol_provider(text: str, context: Mapping[str, str]) -> dict[str, str]:
     """The undefined symbol's readable name, the library that exports it and what that means."""
-    match = re.search(r"undefined symbol: (?P<s>[^\s`'\"]+(?:\([^)\n]*\)(?: const)?)?)", text)
+    match = re.search(r"undefined symbol:\s*(?P<s>[^\s`'\"]+(?:\([^)\n]*\)(?: const)?)?)", text)
     symbol = match["s"] if match else ""
     name = demangle(symbol)
     head = name.split("::")[0] if "::" in name else name
@@ -219,7 +219,7 @@ _CUDA_LIBRARIES = {
 
 def shared_object(text: str, context: Mapping[str, str]) -> dict[str, str]:
     """What a missing ``lib*.so.N`` belongs to and which CUDA (or component) major its number names."""
-    match = re.search(r"lib(?P<library>[A-Za-z][\w\-]*?)(?:\.alt)?[.,]so[.,](?P<major>\d+)", text)
+    match = re.search(r"(?P<lib>lib(?P<library>[A-Za-z][\w\-]*?)(?:\.alt)?[.,]so[.,](?P<major>\d+)(?:\.\d+)*)", text)
     if not match:
         return {}
     library, major = match["library"], match["major"]
@@ -235,7 +235,7 @@ def shared_object(text: str, context: Mapping[str, str]) -> dict[str, str]:
         belongs = f"CUDA {major} is the stack's major, so its nvidia-*-cu{major} wheel or the toolkit's lib folder is not on the library path"
     else:
         belongs = f"it is its package's build for another CUDA than the stack's ({stack})"
-    return {"what": what, "belongs": belongs}
+    return {"what": what, "belongs": belongs, "lib": match["lib"], "major": major}
 
 
 #: CUDA error codes of device discovery and initialisation -> (name, what it means here, what to do).
@@ -278,7 +278,7 @@ _CUDA_NAMES = {name: code for code, (name, _, _) in CUDA_INIT_ERRORS.items()}
 
 def cuda_error(text: str, context: Mapping[str, str]) -> dict[str, str]:
     """The CUDA error's code and name, what they mean and what to do."""
-    codes = [m["code"] for m in re.finditer(r"(?:\bError |error=|error |\()\(?(?P<code>\d{1,3})(?!\d)", text)]
+    codes = [m["code"] for m in re.finditer(r"(?:\bError |error=|error |returned |failure: |\()\(?(?P<code>\d{1,3})(?!\d)", text)]
     found = next((c for c in codes if c in CUDA_INIT_ERRORS), None)
     if found is None:
         lowered = text.lower()
@@ -390,7 +390,7 @@ def oom_phase(text: str, context: Mapping[str, str]) -> dict[str, str]:
     return {"phase": "while serving", "action": "lower --mem-fraction-static or --max-running-requests, and make sure no other process holds GPU memory"}
 
 
-#: Extractor keys the scanner acts on (see _scan): drop the match, name the component.
+#: Extractor keys the scanner acts on (see scanner): drop the match, name the component.
 DROP = "_drop"
 COMPONENT = "component"
 
@@ -398,7 +398,7 @@ EXTRACTORS: Mapping[str, Extractor] = {
     "torch_requirers": Extractor(("package", "requirers", "culprit"), torch_requirers),
     "first_error": Extractor(("first_error",), first_error),
     "symbol_provider": Extractor(("name", "provider", "extension", "reason"), symbol_provider),
-    "shared_object": Extractor(("what", "belongs"), shared_object),
+    "shared_object": Extractor(("what", "belongs", "lib", "major"), shared_object),
     "cuda_error": Extractor(("code", "name", "meaning", "action"), cuda_error),
     "nccl_class": Extractor(("nccl_class", "meaning"), nccl_class),
     "kernel_assert": Extractor(("owner",), kernel_assert),

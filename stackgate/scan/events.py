@@ -26,23 +26,63 @@ TRACEBACK_LINES = 120  #: lines after a traceback's header searched for its exce
 EXCERPT_LINES = 14
 
 #: The literals the prefilter looks for on behalf of this module.
-#: (the scan looks for each at its rarest byte, as for every key: see ``_scan._anchor``)
-GENERIC_KEYS = (b"Traceback (most recent call last)", b"ERROR", b"FATAL", b"CRITICAL", b"Assertion", b"xit code", b"xitcode", b"xit status", b"xited with")
+#: (the scan looks for each at its rarest byte, as for every key: see ``scanner._anchor``)
+#: Each has a rare byte to be sought at: a lone lowercase "error" does not (every 'o' would be a
+#: stop), so the lowercase forms are sought through the words that go with them (fatal, ptxas, CUDA).
+GENERIC_KEYS = (
+    b"Traceback (most recent call last)", b"ERROR", b"FATAL", b"CRITICAL", b"Assertion", b"xit code",
+    b"xitcode", b"xit status", b"xited with", b"Error", b"Exception", b'File "', b"NCCL WARN", b"Failed to ",
+    b"failed to ", b"failure", b"has failed", b"fatal", b"ptxas", b"CUDA error", b"CUDA Error", b"cudaError",
+    b"CUBLAS_STATUS_", b"cuBLAS error", b"cannot open shared object", b"failed to open",
+    b"Segmentation fault", b"core dumped", b"Check failed", b"terminate called", b"not found (required",
+    b"] [E] ", b"Cannot ",
+)  # fmt: skip
 
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 _LEVEL = re.compile(r"(?<![A-Za-z_])(?:ERROR|FATAL|CRITICAL)(?![A-Za-z_])")
 _ASSERT = re.compile(r"Assertion\b[^\n]*\bfailed|Assertion (?:error|failed)\b|AssertionError")
 _EXIT = re.compile(r"(?:exit(?:ed)?(?: with)? (?:code|status)|exitcode)\s*[:=]?\s*(?P<code>-?[1-9]\d*)")
 _EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Failure|Fault)\b(?::|$)")
+#: An exception named anywhere a person pastes one: bare, after a log prefix, a pytest "E   ", "[rank0]: ".
+_RAISED = re.compile(r"(?:^|[\s\]>):|(])(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)\b(?:\([\w.]*\))?(?::|$)")
+_FRAME_LINE = re.compile(r'^\s*File "[^"\n]+", line \d+')  #: a traceback's frame, with or without its header
+#: Lines a person calls an error whatever the tool: installers, compilers, NCCL, CUDA, the C++ runtime, crashes.
+_FAILED = re.compile(
+    r"\bNCCL WARN\b|\b[Ff]ailed to \w|\bfailure\b(?!s?=0)|\bFAILED\b|\bhas failed\b"
+    r"|\bfatal(?: error)?\s*:|\b(?:ptxas|nvcc)\b[^\n]*\b(?:fatal|error)\b|\bCUDA[ _](?:[Ee]rror|ERROR)"
+    r"|\bcudaError\w+|CUBLAS_STATUS_(?!SUCCESS)|cuBLAS error|cannot open shared object|failed to open"
+    r"|Segmentation fault|core dumped|Check failed|terminate called after throwing"
+    r"|not found \(required by|\berror=\"[^\"]|\] \[E\] |\b[Cc]annot (?:find|load|open|allocate|access"
+    r"|connect)\b|\b[Ee]rror\s*:\s*(?!0\b|None\b|none\b|null\b|\[\])\S"
+)
+#: Lines that only report, whatever words they hold: NCCL's INFO (it logs optional plugins it did not find),
+#: a failure the tool says it recovers from, lines logged at WARNING (or glog's I1128/W1128 levels), and git
+#: saying a folder is no checkout (version probes print it on healthy starts).
+_REPORT = re.compile(
+    r"\bNCCL INFO\b|\b(?:continuing|skipping|ignoring|falling back|will retry)\b"
+    r"|^[IW]\d{4} \d\d:\d\d:\d\d\.\d+ |\bWARNING\b|fatal: not a git repository"
+)
 _FRAME = re.compile(r"(?:site|dist)-packages/(?P<package>[A-Za-z_][\w]*)/")
 _PACKAGES = {
     "sglang": "sglang", "sgl_kernel": "sgl-kernel", "flashinfer": "flashinfer", "torch": "torch", "triton": "triton",
     "deep_gemm": "deepgemm", "nccl": "nccl", "pip": "installer", "uv": "installer", "transformers": "sglang", "vllm": "vllm",
 }  # fmt: skip
 _WORDS = (
-    (re.compile(r"\bNCCL\b|\bnccl"), "nccl"), (re.compile(r"\bflashinfer\b", re.I), "flashinfer"), (re.compile(r"sgl[_-]kernel"), "sgl-kernel"),
-    (re.compile(r"\btriton\b", re.I), "triton"), (re.compile(r"deep_?gemm", re.I), "deepgemm"), (re.compile(r"\bsglang\b|\bTP\d+\]"), "sglang"),
-    (re.compile(r"\bpip\b|\buv\b|Collecting |resolv"), "installer"), (re.compile(r"\bCUDA\b|\bcuda"), "cuda toolkit"), (re.compile(r"\btorch\b"), "torch"),
+    (re.compile(r"nvidia-container|could not select device driver|OCI runtime|\bdocker\b"), "container runtime"),
+    (re.compile(r"\bNVRM\b|\bXid\b|NVIDIA-SMI|\bNVML\b|nvidia-smi|fabric ?manager", re.I), "driver"),
+    (re.compile(r"\bray\b|raylet|\bRay(?:Task|Actor)"), "ray"),
+    (re.compile(r"TensorRT|\bTRT\b|tensorrt_llm"), "tensorrt-llm"),
+    (re.compile(r"\bvllm\b|EngineCore"), "vllm"),
+    (re.compile(r"\bptxas\b|\bnvcc\b|\bnvrtc\b"), "cuda toolkit"),
+    (re.compile(r"\bNCCL\b|\bnccl"), "nccl"),
+    (re.compile(r"\bflashinfer\b", re.I), "flashinfer"),
+    (re.compile(r"sgl[_-]kernel"), "sgl-kernel"),
+    (re.compile(r"\btriton\b", re.I), "triton"),
+    (re.compile(r"deep_?gemm", re.I), "deepgemm"),
+    (re.compile(r"\bsglang\b|\bTP\d+\]"), "sglang"),
+    (re.compile(r"\bpip\b|\buv\b|Collecting |resolv"), "installer"),
+    (re.compile(r"\bCUDA\b|\bcuda"), "cuda toolkit"),
+    (re.compile(r"\btorch\b"), "torch"),
 )  # fmt: skip
 
 
@@ -124,13 +164,17 @@ class Events:
 
 
 def _kind(line: str) -> str | None:
-    if _TRACEBACK.search(line):
-        return "traceback"
+    if _TRACEBACK.search(line) or _FRAME_LINE.search(line):
+        return "traceback"  # a frame without its header starts one too: people paste from the middle
     if _ASSERT.search(line):
         return "assertion"
     if _EXIT.search(line):
         return "non-zero exit"
+    if _RAISED.search(line):
+        return "exception"
     if _LEVEL.search(line):
+        return "error line"
+    if _FAILED.search(line) and not _REPORT.search(line):
         return "error line"
     return None
 
@@ -163,7 +207,9 @@ def _finding(event: Event, source: str) -> Finding:
     body = event.lines[: EXCERPT_LINES - 1] if len(event.lines) <= EXCERPT_LINES else [*event.lines[:4], "...", *event.lines[-(EXCERPT_LINES - 6) :]]
     lines = tuple(body)  # numbered from the event's first line; the last exception leads the title and `headline`
     component, why = guess_component("\n".join(event.lines))
-    what = {"traceback": "traceback", "assertion": "failed assertion", "non-zero exit": "non-zero exit", "error line": "error line"}[event.kind]
+    what = {"traceback": "traceback", "assertion": "failed assertion", "non-zero exit": "non-zero exit", "error line": "error line", "exception": "exception"}[
+        event.kind
+    ]
     return Finding(
         id=ID,
         title=f"Unrecognized {what}: {headline[:160]}",
