@@ -105,7 +105,7 @@ def _size(resolution: pylock.Resolution) -> str:
 def _resolved(lock: lockmodel.Lock, request: LockRequest, uv: str, environ: Mapping[str, str], ui: UI) -> pylock.Resolution:
     """The pylock to use: resolved now, unless only a wheelhouse was asked for and it is current."""
     if request.wheelhouse is not None and not request.upgrade:
-        resolution, differences = resolve.current(lock)
+        resolution, differences = resolve.current(lock, request.wheelhouse)
         if resolution is not None and not differences:
             ui.line(f"{resolution.path.name} matches {lock.path.name}: its files go into {request.wheelhouse}")
             return resolution

@@ -320,7 +320,7 @@ def _built_pylock(generation: generations.Generation) -> pylock.Resolution | Non
 
 def _pylock_of(lock: lockmodel.Lock) -> pylock.Resolution | None:
     try:
-        return pylock.load(pylock.path_for(lock.path))
+        return pylock.load_beside(lock)
     except pylock.PylockError:
         return None
 

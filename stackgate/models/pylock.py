@@ -36,16 +36,23 @@ __all__ = [
     "PylockError",
     "Resolution",
     "differences",
+    "file_roots",
     "install_text",
     "inputs",
     "lock_command",
     "load",
+    "load_beside",
     "loads",
+    "outside_roots",
     "path_for",
+    "wheel_name_problem",
     "stamp",
 ]
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+#: A wheel's file name (name-version[-build]-python-abi-platform.whl), each field in the escaped
+#: alphabet of wheel names: a plain base name, no path separator, nothing a join could resolve away.
+_WHEEL_NAME = re.compile(r"[A-Za-z0-9_.]+-[A-Za-z0-9_.!+]+(?:-\d[A-Za-z0-9_.]*)?(?:-[A-Za-z0-9_.]+){3}\.whl")
 
 
 class PylockError(LockError):
@@ -65,6 +72,17 @@ class LockedFile:
     filename: str
     sha256: str
     url: str
+
+    def within(self, folder: Path) -> Path:
+        """Where this file lies in ``folder``; :class:`PylockError` unless that is inside it (a
+        name that is no plain wheel name, or a link there that leads out, is never written through)."""
+        target = folder / self.filename
+        problem = wheel_name_problem(self.filename)
+        if problem is None and target.resolve().parent != folder.resolve():
+            problem = f"{self.filename!r} resolves to {target.resolve()}, outside {folder}"
+        if problem is not None:
+            raise PylockError(folder, [f"{self.url}: {problem}"])
+        return target
 
 
 @dataclass(frozen=True)
@@ -109,6 +127,19 @@ def path_for(spec: Path) -> Path:
     return spec.parent / f"pylock.{spec.stem.replace('.', '-')}.toml"
 
 
+def wheel_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a locked file's name, or None: it must be a plain wheel file name.
+
+    >>> wheel_name_problem("torch-2.9.1+cu130-1-cp312-cp312-manylinux_2_28_x86_64.whl") is None
+    True
+    >>> print(wheel_name_problem("torch-2.9.1-1/../../x/pwn-cp312-cp312-any.whl"))
+    'torch-2.9.1-1/../../x/pwn-cp312-cp312-any.whl' is not a wheel file name (name-version[-build]-python-abi-platform.whl, a plain base name)
+    """
+    if _WHEEL_NAME.fullmatch(name):
+        return None
+    return f"{name!r} is not a wheel file name (name-version[-build]-python-abi-platform.whl, a plain base name)"
+
+
 def lock_command(spec: Path) -> str:
     """The command that makes (or makes again) a spec's pylock.
 
@@ -142,6 +173,55 @@ def loads(data: bytes, path: Path) -> Resolution:
     if problems:
         raise PylockError(path, problems)
     return Resolution(path, hashlib.sha256(data).hexdigest(), str(pylock.requires_python) if pylock.requires_python else None, packages, recorded)
+
+
+def load_beside(lock: Lock, *, wheelhouse: Path | None = None) -> Resolution:
+    """The spec's pylock, validated, with every ``file://`` URL under a root the spec allows
+    (:func:`file_roots`); raise :class:`PylockError` naming each file that is not."""
+    resolution = load(path_for(lock.path))
+    problems = outside_roots(resolution, file_roots(lock, wheelhouse))
+    if problems:
+        raise PylockError(resolution.path, problems)
+    return resolution
+
+
+def file_roots(lock: Lock, wheelhouse: Path | None = None) -> tuple[Path, ...]:
+    """Where a pylock's ``file://`` URLs may point: the spec's folder, the wheelhouse, and the
+    folders the spec's own ``file://`` URLs name (an index's folder, a URL wheel's folder)."""
+    python = lock.python
+    roots = [lock.path.parent, *((wheelhouse,) if wheelhouse is not None else ())]
+    roots += [_file_path(url) for url in (python.default_index, *(index.url for index in python.indexes)) if _is_file(url)]
+    roots += [_file_path(p.url).parent for p in python.packages if p.url and _is_file(p.url)]
+    return tuple(roots)
+
+
+def outside_roots(resolution: Resolution, roots: tuple[Path, ...]) -> list[str]:
+    """Each locked ``file://`` URL that resolves (after ``..`` and symlinks) outside ``roots``."""
+    allowed = [root.resolve() for root in roots]
+    problems = []
+    for package in resolution.packages.values():
+        for file in (f for f in package.files if _is_file(f.url)):
+            path = _file_path(file.url).resolve()
+            if not any(path.is_relative_to(root) for root in allowed):
+                folders = ", ".join(str(root) for root in allowed)
+                problems.append(
+                    f"{package.name}: {file.url} resolves to {path}, outside the spec's folder and the roots it names ({folders}): "
+                    "a file:// URL may only name a file there"
+                )
+    return problems
+
+
+def _is_file(url: str) -> bool:
+    return urllib.parse.urlsplit(url).scheme == "file"
+
+
+def _file_path(url: str) -> Path:
+    """The local path a ``file://`` URL names, percent-decoded.
+
+    >>> _file_path("file:///srv/wheel%20house/simple/")
+    PosixPath('/srv/wheel house/simple')
+    """
+    return Path(urllib.parse.unquote(urllib.parse.urlsplit(url).path))
 
 
 def _validation_problem(exc: PylockValidationError) -> str:
@@ -178,8 +258,6 @@ def _locked(package: PylockPackage, where: str, problems: list[str]) -> Locked |
     if package.archive is not None:
         name = _url_name(package.archive.url) or ""
         archive = _file(package.archive.url, package.archive.path, package.archive.hashes, name, f"{where}.archive", problems)
-        if archive is not None and not name.endswith(".whl"):
-            problems.append(f"{where}.archive: {name!r} is not a wheel: stackgate installs hashed wheels only")
     if any(file is None for file in wheels) or (package.archive is not None and archive is None):
         return None
     return Locked(canonicalize_name(package.name), str(package.version), str(package.marker) if package.marker else None, tuple(f for f in wheels if f), archive)
@@ -193,6 +271,10 @@ def _file(url: str | None, path: Any, hashes: Mapping[str, str], filename: str, 
     problem = url_problem(url) or (f"{url!r} holds whitespace" if re.search(r"\s", url) else None)
     if problem:
         problems.append(f"{where}.url: {problem}")
+        return None
+    named = wheel_name_problem(filename)
+    if named:
+        problems.append(f"{where}: {named}: stackgate installs hashed wheels only, each under its own name")
         return None
     sha256 = hashes.get("sha256")
     if sha256 is None or not _SHA256.fullmatch(sha256):
