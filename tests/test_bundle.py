@@ -42,6 +42,8 @@ def test_a_bundle_holds_the_parts_and_no_planted_secret(tmp_path: Path) -> None:
         **os.environ,
         "PATH": f"{fake_tools(tmp_path)}{os.pathsep}{os.environ['PATH']}",
         "HF_TOKEN": HF,
+        "FOO": "AKIAPLANTED7QX9ZZ4B",
+        "SOME_TOOL_SETTING": "Unrelated-value-31337",
         "PIP_INDEX_URL": f"https://ci:{PASSWORD}@pypi.example.com/simple",
         "STACKGATE_LOG_DIR": str(tmp_path / "reports"),
         "NO_COLOR": "1",
@@ -62,8 +64,10 @@ def test_a_bundle_holds_the_parts_and_no_planted_secret(tmp_path: Path) -> None:
     assert '"command": "verify"' in members["verify.json"] and "xid-79" in members["diagnose.json"]
     assert all(name in members["MANIFEST.txt"] for name in members if name != "MANIFEST.txt")
     for name, text in members.items():
-        for secret in (HF, PASSWORD, API_KEY):
+        for secret in (HF, PASSWORD, API_KEY, "AKIAPLANTED7QX9ZZ4B", "Unrelated-value-31337"):
             assert secret not in text, f"{secret} in {name}"
+    names_only = members["environment.txt"].split("# set, value not recorded: ", 1)[1].strip().split(", ")
+    assert {"FOO", "SOME_TOOL_SETTING", "PIP_INDEX_URL"} <= set(names_only)
     assert "HF_TOKEN=<redacted>" in members["environment.txt"] and "<redacted>" in members["server-logs/smoke/20261130-120000-42/server.log"]
 
 

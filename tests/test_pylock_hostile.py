@@ -23,22 +23,35 @@ TORCH = Wheel("torch", "2.11.0")
 
 def stackgate(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
     """The real program, in a clean environment (no inherited PIP_*/UV_* settings)."""
-    env = {"PATH": os.environ["PATH"], "HOME": str(home), "NO_COLOR": "1", "PIP_CONFIG_FILE": "/dev/null", "UV_NO_CONFIG": "1"}
-    return subprocess.run([sys.executable, "-m", "stackgate", *args], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(home),
+        "NO_COLOR": "1",
+        "PIP_CONFIG_FILE": "/dev/null",
+        "UV_NO_CONFIG": "1",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "stackgate", *args], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env
+    )
 
 
-def write_pair(folder: Path, *, url: str | None = None, name: str | None = None, extra: str = "", index: str | None = None) -> Path:
+def write_pair(
+    folder: Path, *, url: str | None = None, name: str | None = None, extra: str = "", index: str | None = None
+) -> Path:
     """A spec pinning torch and its current pylock, torch's wheel named by a file:// URL (by
     default the real wheel beside the spec); ``name`` is the wheel table's file name, ``extra``
     top-level pylock keys, ``index`` the spec's python.default_index."""
     wheel = build_wheel(folder, TORCH)
+    sha256 = hashlib.sha256(wheel.read_bytes()).hexdigest()
     spec = folder / "stack.toml"
-    spec.write_text(test_lock.MINIMAL.replace("[python]\n", f'[python]\ndefault_index = "{index}"\n' if index else "[python]\n"))
+    spec.write_text(
+        test_lock.MINIMAL.replace("[python]\n", f'[python]\ndefault_index = "{index}"\n' if index else "[python]\n")
+    )
     named = f'name = "{name}", ' if name else ""
     body = (
         'lock-version = "1.0"\ncreated-by = "uv"\nrequires-python = ">=3.12"\n' + extra + "\n[[packages]]\n"
         f'name = "torch"\nversion = "2.11.0"\n'
-        f'wheels = [{{ {named}url = "{url or wheel.as_uri()}", hashes = {{ sha256 = "{hashlib.sha256(wheel.read_bytes()).hexdigest()}" }} }}]\n'
+        f'wheels = [{{ {named}url = "{url or wheel.as_uri()}", hashes = {{ sha256 = "{sha256}" }} }}]\n'
     )
     pylock.path_for(spec).write_text(pylock.stamp(body, lockmodel.load(spec)))
     return spec
@@ -80,14 +93,22 @@ def test_a_file_url_outside_the_specs_roots_is_refused_by_every_reader(tmp_path:
     for command in (["lock", "--check"], ["lock", "--wheelhouse", str(tmp_path / "wh")]):
         done = stackgate(*command, "--lock", str(spec), home=tmp_path)
         assert done.returncode == 2, done.stdout + done.stderr
-        assert f"torch: file://{path} resolves to " in done.stderr and "outside the spec's folder and the roots it names" in done.stderr
+        assert (
+            f"torch: file://{path} resolves to " in done.stderr
+            and "outside the spec's folder and the roots it names" in done.stderr
+        )
     assert not (tmp_path / "wh").exists()
 
 
 def test_a_file_url_under_a_folder_the_spec_names_is_allowed(tmp_path: Path) -> None:
     mirror = tmp_path / "mirror"
     wheel = build_wheel(mirror, TORCH)
-    assert stackgate("lock", "--check", "--lock", str(write_pair(tmp_path / "a", url=wheel.as_uri())), home=tmp_path).returncode == 2
+    assert (
+        stackgate(
+            "lock", "--check", "--lock", str(write_pair(tmp_path / "a", url=wheel.as_uri())), home=tmp_path
+        ).returncode
+        == 2
+    )
     spec = write_pair(tmp_path / "b", url=wheel.as_uri(), index=mirror.as_uri())  # the spec names the mirror
     done = stackgate("lock", "--check", "--lock", str(spec), home=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -95,7 +116,9 @@ def test_a_file_url_under_a_folder_the_spec_names_is_allowed(tmp_path: Path) -> 
 
 def test_provisions_download_cache_never_builds_a_path_out_of_its_folder(tmp_path: Path) -> None:
     """A LockedFile made without the loader (whatever builds one): the cache path is checked too."""
-    hostile = pylock.LockedFile("sgl_kernel-0.3.21-1/../../../x/pwn-cp310-abi3-any.whl", "a" * 64, "https://h/sgl_kernel.whl")
+    hostile = pylock.LockedFile(
+        "sgl_kernel-0.3.21-1/../../../x/pwn-cp310-abi3-any.whl", "a" * 64, "https://h/sgl_kernel.whl"
+    )
     with pytest.raises(pylock.PylockError) as caught:
         pyenv.wheel_path(hostile, tmp_path / "cache")
     assert "is not a wheel file name" in str(caught.value)

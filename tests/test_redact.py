@@ -73,7 +73,32 @@ def test_what_is_no_secret_is_left_as_it_is(text):
 def test_names_words_not_substrings():
     assert [n for n in ("OPENAI_API_KEY", "hf_token", "x-api-key", "clientSecret", "DB_PASSWD") if is_secret_name(n)] == ["OPENAI_API_KEY", "hf_token", "x-api-key", "clientSecret", "DB_PASSWD"]
     # fast mode's layer-count key, token counts, the tokenizer: no secrets
-    assert [n for n in ("key", "output_tokens", "tokenizer_mode", "TOKENIZERS_PARALLELISM", "AWS_ACCESS_KEY_ID") if is_secret_name(n)] == []
+    plain = ("key", "output_tokens", "tokenizer_mode", "TOKENIZERS_PARALLELISM", "PWD", "OLDPWD", "BYPASS_CACHE")
+    assert [n for n in plain if is_secret_name(n)] == []
+
+
+@pytest.mark.parametrize("name", ["PGPASSWORD", "MYSQL_PWD", "DB_PASS", "AWS_ACCESS_KEY_ID", "GITHUB_PAT"])
+def test_the_names_an_audit_found_missing_name_secrets(name):
+    assert is_secret_name(name)
+    assert redact_text(f"export {name}=Zq7vLm2xK9", environ={}) == f"export {name}=<redacted>"
+    doc = {"env": {name: "Zq7vLm2xK9"}, "log": "connecting with Zq7vLm2xK9"}
+    assert redact(doc, environ={}) == {"env": {name: "<redacted>"}, "log": "connecting with <redacted>"}
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        "AKIAIOSFODNN7EXAMPLE",
+        "ASIAY34FZKBOKMUTVV7A",
+        "ghp_16C7e42F292c6912E7710c838347Ae178B4a",
+        "github_pat_11ABCDEFG0abcdefghijklmn_opq",
+        "xoxb-17653672481-19874698323-pdFZKVeTuE8sk7oOcBrzbqgy",
+        "xoxp-1234567890-abcdefghij",
+    ],
+)
+def test_token_shapes_an_audit_found_missing_are_hidden_under_any_name(token):
+    assert redact_text(f"FOO={token} in a log line", environ={}) == "FOO=<redacted> in a log line"
+    assert token not in redact({"environment": {"FOO": token}, "note": f"saw {token}"}, environ={})["note"]
 
 
 def test_a_secret_found_in_one_place_is_hidden_in_every_other_at_any_depth():
@@ -155,7 +180,9 @@ API_KEY = "Planted-ApiKey-4f1d2c3b9a"  # matches no token format: found as a fla
 MODEL_PASSWORD = "Hunter2-planted"
 ENDPOINT_PASSWORD = "Endpoint-planted-77"
 HF_TOKEN = "hf_PlantedToken" + "x" * 24
-SECRETS = (API_KEY, MODEL_PASSWORD, ENDPOINT_PASSWORD, HF_TOKEN)
+AWS_KEY_ID = "AKIAPLANTED7QX9ZZ4B"  # under a name that says nothing (FOO): found by its shape, or never recorded
+UNRELATED = "Unrelated-value-31337"  # no secret by name or shape: a run records the variable's name only
+SECRETS = (API_KEY, MODEL_PASSWORD, ENDPOINT_PASSWORD, HF_TOKEN, AWS_KEY_ID, UNRELATED)
 VERIFIABLE = ("gpu.*", "python.interpreter", "python.pins", "python.frozen", "python.consistency")
 BENCH = {"output_tokens": 64, "runs": 2, "warmup": 1, "baseline_tok_s": 150.0, "max_regression": 0.5}
 
@@ -195,6 +222,8 @@ def planted(tmp_path_factory, plain_python):
         patch.setenv("STACKGATE_FAKE_NVML", str(rig.nvml_path))
         patch.setenv("STACKGATE_HISTORY_DIR", str(folder / "runs"))
         patch.setenv("STACKGATE_LOG_DIR", str(rig.tmp / "logs"))  # server logs: the server's own words, not stackgate's output
+        patch.setenv("FOO", AWS_KEY_ID)
+        patch.setenv("SOME_TOOL_SETTING", UNRELATED)
         try:
             reports = {f"{kind}_path": folder / f"good.{suffix}" for kind, suffix in (("json", "json"), ("junit", "xml"), ("markdown", "md"), ("prom", "prom"))}
             request = gate.GateRequest(lock_path=lock, model=str(model), verify_checks=VERIFIABLE, **reports)
@@ -231,6 +260,16 @@ def test_no_output_holds_a_planted_secret(planted):
     leaks = [f"{path.relative_to(planted.folder)}: {secret}" for path in files for secret in SECRETS if secret.encode() in path.read_bytes()]
     leaks += [f"{name}: {secret}" for name, text in planted.console.items() for secret in SECRETS if secret in text]
     assert leaks == []
+
+
+def test_a_session_records_the_variables_that_explain_it_and_only_the_names_of_the_rest(planted):
+    for session in (planted.smoke["smoke"]["sessions"][0], planted.good["gate"]["smoke"]["benchmark"]["sessions"][0]):
+        recorded, names = session["environment"], session["environment_names_only"]
+        unrelated = {"FOO", "SOME_TOOL_SETTING", "HOME"}
+        assert unrelated <= set(names) and not unrelated & set(recorded)
+        # a search path, the stack's family, the lock's tables
+        assert {"PATH", "PYTHONPATH", "HF_TOKEN", "STACKGATE_FAKE_SGLANG"} <= set(recorded)
+        assert not set(recorded) & set(names)
 
 
 def test_the_secrets_were_there_and_are_hidden_where_they_stood(planted):
