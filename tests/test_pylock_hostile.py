@@ -1,5 +1,6 @@
-"""Hostile pylocks through the real command line: a wheel name that walks out of its folder, a
-file:// URL outside the spec's roots. Each is a bad lockfile: exit 2, nothing written."""
+"""Hostile input files through the real command line: a wheel name that walks out of its folder, a
+file:// URL outside the spec's roots, a spec, pylock or inventory that is a FIFO, a link to
+/dev/zero or huge, a pylock that does not validate. Each is a bad input: exit 2, nothing written."""
 
 from __future__ import annotations
 
@@ -124,3 +125,66 @@ def test_provisions_download_cache_never_builds_a_path_out_of_its_folder(tmp_pat
     assert "is not a wheel file name" in str(caught.value)
     good = pylock.LockedFile("sgl_kernel-0.3.21-cp310-abi3-any.whl", "a" * 64, "https://h/sgl_kernel.whl")
     assert pyenv.wheel_path(good, tmp_path / "cache") == tmp_path / "cache" / ("a" * 64) / good.filename
+
+
+# --- files that are no files, or too large -------------------------------------------------------
+
+
+def hostile(path: Path, kind: str) -> str:
+    """Make ``path`` a FIFO, a link to /dev/zero or a 50 MB (sparse) file; what the refusal says."""
+    if kind == "fifo":
+        os.mkfifo(path)
+        return "is a FIFO (named pipe), not a regular file: refused unread"
+    if kind == "zero":
+        path.symlink_to("/dev/zero")
+        return "is a character device (/dev/zero), not a regular file: refused unread"
+    with open(path, "wb") as out:
+        out.truncate(50 << 20)
+    return "is 52428800 bytes, more than the "
+
+
+KINDS = ["fifo", "zero", "huge"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_spec_that_is_no_regular_file_or_huge_is_refused_at_once(tmp_path: Path, kind: str) -> None:
+    said = hostile(tmp_path / "stack.toml", kind)
+    for command in (["verify"], ["lock", "--check"], ["provision", "--dry-run"]):
+        done = stackgate(*command, "--lock", str(tmp_path / "stack.toml"), home=tmp_path)  # a hang fails on the timeout
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert f"cannot read: {said}" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_pylock_that_is_no_regular_file_or_huge_is_refused_by_every_reader(tmp_path: Path, kind: str) -> None:
+    spec = write_pair(tmp_path)
+    pylock.path_for(spec).unlink()
+    said = hostile(pylock.path_for(spec), kind)
+    commands = (["verify"], ["lock", "--check"], ["gate", "--model", str(tmp_path)], ["fleet", "verify", "--hosts", "127.0.0.1"])
+    for command in commands:
+        done = stackgate(*command, "--lock", str(spec), home=tmp_path)
+        assert done.returncode == 2, (command, done.stdout + done.stderr)
+        assert said in done.stdout + done.stderr and "Traceback" not in done.stderr, command
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_inventory_that_is_no_regular_file_or_huge_is_refused_at_once(tmp_path: Path, kind: str) -> None:
+    said = hostile(tmp_path / "nodes.toml", kind)
+    done = stackgate("fleet", "verify", "--inventory", str(tmp_path / "nodes.toml"), home=tmp_path)
+    assert done.returncode == 2 and f"cannot read the inventory: {said}" in done.stderr, done.stderr
+
+
+# --- a pylock that does not validate: exit 2 everywhere --------------------------------------------
+
+
+READERS = [["verify"], ["verify", "--cached"], ["lock", "--check"], ["provision", "--dry-run"]]
+
+
+@pytest.mark.parametrize("command", READERS)
+def test_a_pylock_that_does_not_validate_is_a_bad_lockfile_in_every_command(tmp_path: Path, command: list[str]) -> None:
+    spec = write_pair(tmp_path)
+    locked = pylock.path_for(spec)
+    locked.write_text(locked.read_text().replace('version = "2.11.0"', 'version = "two"'))
+    done = stackgate(*command, "--lock", str(spec), home=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "packages[0].version: Invalid version: 'two'" in done.stderr and "SKIP" not in done.stdout

@@ -89,6 +89,7 @@ def _load(lock_path: Path | None) -> lockmodel.Lock:
     # Generations keep the path they were built from: one relative to this shell's directory
     # would mean nothing to a later command run elsewhere.
     lock = dataclasses.replace(lock, path=Path(os.path.abspath(lock.path)))
+    pylock.check_beside(lock)
     if lock.python.root is None:
         raise ProvisionUsage(
             f"{lock.path}: python.interpreter names an existing environment ({lock.python.interpreter}); "

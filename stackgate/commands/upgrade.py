@@ -297,6 +297,7 @@ def _plan(request: UpgradeRequest, environ: Mapping[str, str], started: float) -
 def _load(path: Path | None, option: str) -> lockmodel.Lock:
     lock = lockmodel.load(path)
     lock = dataclasses.replace(lock, path=Path(os.path.abspath(lock.path)))
+    pylock.check_beside(lock)
     if lock.python.root is None:
         raise UpgradeUsage(f"{option} {lock.path}: python.interpreter names an existing environment; upgrade builds generations under a python.root")
     return lock

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shlex
 import urllib.parse
@@ -28,6 +29,7 @@ from packaging.pylock import Package as PylockPackage
 from packaging.pylock import Pylock, PylockUnsupportedVersionError, PylockValidationError, is_valid_pylock_path
 from packaging.utils import canonicalize_name
 
+from stackgate.models import inputfile
 from stackgate.models.spec import Lock, LockError, read_toml, url_problem
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "LockedFile",
     "PylockError",
     "Resolution",
+    "check_beside",
     "differences",
     "file_roots",
     "install_text",
@@ -152,7 +155,7 @@ def lock_command(spec: Path) -> str:
 def load(path: Path) -> Resolution:
     """Read and validate a pylock; raise :class:`PylockError` listing every problem."""
     try:
-        data = path.read_bytes()
+        data = inputfile.read_capped(path, inputfile.MAX_PYLOCK_BYTES)
     except FileNotFoundError:
         raise PylockError(path, ["no such file"]) from None
     except OSError as exc:
@@ -183,6 +186,13 @@ def load_beside(lock: Lock, *, wheelhouse: Path | None = None) -> Resolution:
     if problems:
         raise PylockError(resolution.path, problems)
     return resolution
+
+
+def check_beside(lock: Lock) -> None:
+    """Refuse the spec's pylock when there is one and it cannot be used (:class:`PylockError`, a
+    bad lockfile: exit 2) before a command looks at anything else; no pylock is no error here."""
+    if os.path.lexists(path_for(lock.path)):
+        load_beside(lock)
 
 
 def file_roots(lock: Lock, wheelhouse: Path | None = None) -> tuple[Path, ...]:
