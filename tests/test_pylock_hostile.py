@@ -37,11 +37,17 @@ def stackgate(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
 
 
 def write_pair(
-    folder: Path, *, url: str | None = None, name: str | None = None, extra: str = "", index: str | None = None
+    folder: Path,
+    *,
+    url: str | None = None,
+    name: str | None = None,
+    extra: str = "",
+    index: str | None = None,
+    package: str = "",
 ) -> Path:
     """A spec pinning torch and its current pylock, torch's wheel named by a file:// URL (by
     default the real wheel beside the spec); ``name`` is the wheel table's file name, ``extra``
-    top-level pylock keys, ``index`` the spec's python.default_index."""
+    top-level pylock keys, ``package`` keys of torch's entry, ``index`` the spec's python.default_index."""
     wheel = build_wheel(folder, TORCH)
     sha256 = hashlib.sha256(wheel.read_bytes()).hexdigest()
     spec = folder / "stack.toml"
@@ -51,7 +57,7 @@ def write_pair(
     named = f'name = "{name}", ' if name else ""
     body = (
         'lock-version = "1.0"\ncreated-by = "uv"\nrequires-python = ">=3.12"\n' + extra + "\n[[packages]]\n"
-        f'name = "torch"\nversion = "2.11.0"\n'
+        f'name = "torch"\nversion = "2.11.0"\n{package}'
         f'wheels = [{{ {named}url = "{url or wheel.as_uri()}", hashes = {{ sha256 = "{sha256}" }} }}]\n'
     )
     pylock.path_for(spec).write_text(pylock.stamp(body, lockmodel.load(spec)))
@@ -160,7 +166,12 @@ def test_a_pylock_that_is_no_regular_file_or_huge_is_refused_by_every_reader(tmp
     spec = write_pair(tmp_path)
     pylock.path_for(spec).unlink()
     said = hostile(pylock.path_for(spec), kind)
-    commands = (["verify"], ["lock", "--check"], ["gate", "--model", str(tmp_path)], ["fleet", "verify", "--hosts", "127.0.0.1"])
+    commands = (
+        ["verify"],
+        ["lock", "--check"],
+        ["gate", "--model", str(tmp_path)],
+        ["fleet", "verify", "--hosts", "127.0.0.1"],
+    )
     for command in commands:
         done = stackgate(*command, "--lock", str(spec), home=tmp_path)
         assert done.returncode == 2, (command, done.stdout + done.stderr)
@@ -188,3 +199,57 @@ def test_a_pylock_that_does_not_validate_is_a_bad_lockfile_in_every_command(tmp_
     done = stackgate(*command, "--lock", str(spec), home=tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "packages[0].version: Invalid version: 'two'" in done.stderr and "SKIP" not in done.stdout
+
+
+# --- a pylock that leaves out the spec's platform or Python ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "package", "said"),
+    [
+        (
+            "",
+            "marker = \"sys_platform == 'win32'\"\n",
+            'packages.torch.marker: sys_platform == "win32" excludes the spec',
+        ),
+        (
+            "environments = [\"sys_platform == 'darwin'\"]\n",
+            "",
+            'environments: sys_platform == "darwin": none admits the spec',
+        ),
+        ("", 'requires-python = "<3.12"\n', "packages.torch.requires-python: <3.12 excludes the spec"),
+    ],
+    ids=["package-for-win32", "lock-for-darwin", "package-for-older-python"],
+)
+def test_a_pylock_that_leaves_out_the_specs_target_fails_the_check(
+    tmp_path: Path, extra: str, package: str, said: str
+) -> None:
+    spec = write_pair(tmp_path, extra=extra, package=package)
+    done = stackgate("lock", "--check", "--lock", str(spec), home=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert (
+        said in done.stderr
+        and "x86_64-manylinux_2_28 with Python 3.12 (python.platform, python.version)" in done.stderr
+    )
+
+
+def test_a_pylock_whose_requires_python_excludes_the_specs_python_fails_the_check(tmp_path: Path) -> None:
+    spec = write_pair(tmp_path)
+    locked = pylock.path_for(spec)
+    locked.write_text(locked.read_text().replace('requires-python = ">=3.12"', 'requires-python = ">=3.13"'))
+    done = stackgate("lock", "--check", "--lock", str(spec), home=tmp_path)
+    assert (
+        done.returncode == 1
+        and "requires-python: >=3.13 excludes the spec's x86_64-manylinux_2_28 with Python 3.12" in done.stderr
+    )
+
+
+def test_markers_and_bounds_that_admit_the_target_pass(tmp_path: Path) -> None:
+    extra = "environments = [\"sys_platform == 'darwin'\", \"sys_platform == 'linux'\"]\n"
+    package = (
+        "marker = \"platform_machine == 'x86_64' and python_full_version >= '3.12.4'\"\nrequires-python = \">=3.10\"\n"
+    )
+    done = stackgate(
+        "lock", "--check", "--lock", str(write_pair(tmp_path, extra=extra, package=package)), home=tmp_path
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -25,8 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from packaging.markers import Marker
 from packaging.pylock import Package as PylockPackage
 from packaging.pylock import Pylock, PylockUnsupportedVersionError, PylockValidationError, is_valid_pylock_path
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 from stackgate.models import inputfile
@@ -50,6 +52,7 @@ __all__ = [
     "path_for",
     "wheel_name_problem",
     "stamp",
+    "target_problems",
 ]
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -97,6 +100,7 @@ class Locked:
     marker: str | None
     wheels: tuple[LockedFile, ...]
     archive: LockedFile | None = None  #: a wheel named by URL (sgl-kernel's cu130 build), not by an index
+    requires_python: str | None = None
 
     @property
     def files(self) -> tuple[LockedFile, ...]:
@@ -112,6 +116,7 @@ class Resolution:
     requires_python: str | None
     packages: Mapping[str, Locked]
     inputs: Mapping[str, str]
+    environments: tuple[str, ...] = ()  #: the environments the pylock says it is for (none: any)
 
     def package(self, name: str) -> Locked | None:
         return self.packages.get(canonicalize_name(name))
@@ -175,7 +180,9 @@ def loads(data: bytes, path: Path) -> Resolution:
     recorded = _recorded_inputs(document, problems)
     if problems:
         raise PylockError(path, problems)
-    return Resolution(path, hashlib.sha256(data).hexdigest(), str(pylock.requires_python) if pylock.requires_python else None, packages, recorded)
+    requires_python = str(pylock.requires_python) if pylock.requires_python else None
+    environments = tuple(str(marker) for marker in pylock.environments or ())
+    return Resolution(path, hashlib.sha256(data).hexdigest(), requires_python, packages, recorded, environments)
 
 
 def load_beside(lock: Lock, *, wheelhouse: Path | None = None) -> Resolution:
@@ -271,7 +278,10 @@ def _locked(package: PylockPackage, where: str, problems: list[str]) -> Locked |
         archive = _file(package.archive.url, package.archive.path, package.archive.hashes, name, f"{where}.archive", problems)
     if any(file is None for file in wheels) or (package.archive is not None and archive is None):
         return None
-    return Locked(canonicalize_name(package.name), str(package.version), str(package.marker) if package.marker else None, tuple(f for f in wheels if f), archive)
+    marker = str(package.marker) if package.marker else None
+    requires = str(package.requires_python) if package.requires_python else None
+    files = tuple(f for f in wheels if f)
+    return Locked(canonicalize_name(package.name), str(package.version), marker, files, archive, requires)
 
 
 def _file(url: str | None, path: Any, hashes: Mapping[str, str], filename: str, where: str, problems: list[str]) -> LockedFile | None:
@@ -340,7 +350,8 @@ def differences(lock: Lock, resolution: Resolution) -> list[str]:
     pylock edited by hand), or a URL file's sha256 is not the one the spec names."""
     wanted, made = inputs(lock), resolution.inputs
     changed = [_difference(key, made.get(key), wanted.get(key)) for key in sorted(wanted.keys() | made.keys()) if made.get(key) != wanted.get(key)]
-    return (changed or _unmet(lock, resolution)) + _hash_differences(lock, resolution)
+    found = (changed or _unmet(lock, resolution)) + _hash_differences(lock, resolution)
+    return found + target_problems(lock, resolution)
 
 
 def _difference(key: str, made: str | None, wanted: str | None) -> str:
@@ -372,6 +383,72 @@ def _unmet(lock: Lock, resolution: Resolution) -> list[str]:
         if locked and package.url not in urls:
             problems.append(f"python.packages.{package.name}.url: {package.url} in the spec, {', '.join(urls)} in the pylock")
     return problems
+
+
+def target_problems(lock: Lock, resolution: Resolution) -> list[str]:
+    """Where the pylock leaves out the spec's target (``python.platform`` and ``python.version``):
+    its ``environments`` or ``requires-python``, or a package whose marker or requires-python
+    excludes it (that package would never be installed there)."""
+    python = lock.python
+    target = f"the spec's {python.platform} with Python {python.version} (python.platform, python.version)"
+    problems = []
+    if resolution.requires_python and not _admits_python(resolution.requires_python, python.version):
+        problems.append(f"requires-python: {resolution.requires_python} excludes {target}")
+    admitted = (_admits_target(m, python.platform, python.version) for m in resolution.environments)
+    if resolution.environments and not any(admitted):
+        problems.append(f"environments: {' | '.join(resolution.environments)}: none admits {target}")
+    for package in resolution.packages.values():
+        if package.requires_python and not _admits_python(package.requires_python, python.version):
+            problems.append(f"packages.{package.name}.requires-python: {package.requires_python} excludes {target}")
+        if package.marker and not _admits_target(package.marker, python.platform, python.version):
+            problems.append(
+                f"packages.{package.name}.marker: {package.marker} excludes {target}: it would not be installed"
+            )
+    return problems
+
+
+#: The patch releases a spec's Python major.minor may be: a bound on the full version admits it
+#: when one of them satisfies it.
+_PATCHES = range(0, 41)
+
+
+def _admits_python(specifier: str, version: str) -> bool:
+    """Whether some X.Y.z of the spec's Python satisfies a requires-python.
+
+    >>> _admits_python(">=3.12", "3.12"), _admits_python(">=3.12.4", "3.12"), _admits_python("<3.12", "3.12")
+    (True, True, False)
+    """
+    allowed = SpecifierSet(specifier)
+    return any(allowed.contains(f"{version}.{patch}", prereleases=True) for patch in _PATCHES)
+
+
+def _admits_target(marker: str, platform: str, version: str) -> bool:
+    """Whether a marker holds on the spec's target (Linux on the platform's machine, CPython at
+    some X.Y.z; no extras or dependency groups: stackgate installs none).
+
+    >>> _admits_target("sys_platform == 'linux' and platform_machine == 'x86_64'", "x86_64-manylinux_2_28", "3.12")
+    True
+    >>> _admits_target("sys_platform == 'win32'", "x86_64-manylinux_2_28", "3.12")
+    False
+    """
+    parsed = Marker(marker)
+    machine = platform.split("-", 1)[0]
+    base = {
+        "implementation_name": "cpython",
+        "os_name": "posix",
+        "platform_machine": machine,
+        "platform_python_implementation": "CPython",
+        "platform_release": "",
+        "platform_system": "Linux",
+        "platform_version": "",
+        "python_version": version,
+        "sys_platform": "linux",
+    }
+    for patch in _PATCHES:
+        full = f"{version}.{patch}"
+        if parsed.evaluate({**base, "python_full_version": full, "implementation_version": full}, context="lock_file"):
+            return True
+    return False
 
 
 def _hash_differences(lock: Lock, resolution: Resolution) -> list[str]:
