@@ -34,7 +34,17 @@ from stackgate.models import pylock, settings
 from stackgate.models.spec import Lock
 from stackgate.stack import guard, pyenv
 
-__all__ = ["FirstUse", "Moved", "Outcome", "ResolveError", "compile_command", "current", "download", "resolve"]
+__all__ = [
+    "FirstUse",
+    "Moved",
+    "Outcome",
+    "ResolveError",
+    "compile_command",
+    "current",
+    "download",
+    "previous",
+    "resolve",
+]
 
 #: Files downloaded into a wheelhouse at once.
 DOWNLOADS_AT_ONCE = 4
@@ -96,7 +106,7 @@ def resolve(
 ) -> Outcome:
     """Resolve the spec into its pylock and write it; :class:`ResolveError` leaves the old one."""
     target = pylock.path_for(lock.path)
-    old = _previous(target)
+    old = previous(target)
     work = Path(tempfile.mkdtemp(prefix=f"stackgate-lock-{lock.name}-"))
     log = work / "uv.log"
     output = work / "pylock.toml"
@@ -120,7 +130,7 @@ def resolve(
     return outcome
 
 
-def _previous(target: Path) -> pylock.Resolution | None:
+def previous(target: Path) -> pylock.Resolution | None:
     """The pylock being replaced, when it is one stackgate can read (else it is resolved afresh)."""
     try:
         return pylock.load(target) if target.exists() else None
