@@ -15,6 +15,7 @@ LOCK = ROOT / "lockfiles" / "blackwell-sm120-cu130.toml"
 HF = "hf_PlantedTokenAbcdefghijklmnop1234"
 PASSWORD = "Planted-Pw-9f8e7d6c"
 API_KEY = "sk-plantedapikey0123456789abcdef"
+SPEC_KEY = "sk-APIKEYlock7Qx9"
 SMI = "==============NVSMI LOG==============\nDriver Version                            : 580.82.07\nAttached GPUs                             : 1\n"
 
 
@@ -49,8 +50,11 @@ def test_a_bundle_holds_the_parts_and_no_planted_secret(tmp_path: Path) -> None:
         "NO_COLOR": "1",
     }
     out = tmp_path / "support" / "bundle.tar.gz"
+    spec = tmp_path / LOCK.name  # its flags carry a literal key of no known token shape
+    spec.write_text(LOCK.read_text().replace('flags = ["--enable', f'flags = ["--api-key", "{SPEC_KEY}", "--enable'))
     done = subprocess.run(
-        [sys.executable, "-m", "stackgate", "diagnose", str(runs / "server.log"), "--kernel", "--lock", str(LOCK), "--bundle", str(out)],
+        [sys.executable, "-m", "stackgate", "diagnose", str(runs / "server.log"), "--kernel", "--lock", str(spec),
+         "--bundle", str(out)],
         capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
     )  # fmt: skip
     assert done.returncode == 1, done.stderr  # the illegal memory access and the Xid are errors
@@ -64,10 +68,11 @@ def test_a_bundle_holds_the_parts_and_no_planted_secret(tmp_path: Path) -> None:
     assert '"command": "verify"' in members["verify.json"] and "xid-79" in members["diagnose.json"]
     assert all(name in members["MANIFEST.txt"] for name in members if name != "MANIFEST.txt")
     for name, text in members.items():
-        for secret in (HF, PASSWORD, API_KEY, "AKIAPLANTED7QX9ZZ4B", "Unrelated-value-31337"):
+        for secret in (HF, PASSWORD, API_KEY, SPEC_KEY, "AKIAPLANTED7QX9ZZ4B", "Unrelated-value-31337"):
             assert secret not in text, f"{secret} in {name}"
     names_only = members["environment.txt"].split("# set, value not recorded: ", 1)[1].strip().split(", ")
     assert {"FOO", "SOME_TOOL_SETTING", "PIP_INDEX_URL"} <= set(names_only)
+    assert 'flags = ["--api-key", "<redacted>", "--enable' in members[f"spec/{LOCK.name}"]
     assert "HF_TOKEN=<redacted>" in members["environment.txt"] and "<redacted>" in members["server-logs/smoke/20261130-120000-42/server.log"]
 
 

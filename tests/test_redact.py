@@ -101,6 +101,22 @@ def test_token_shapes_an_audit_found_missing_are_hidden_under_any_name(token):
     assert token not in redact({"environment": {"FOO": token}, "note": f"saw {token}"}, environ={})["note"]
 
 
+REFERENCE = 'flags = ["--api-key", "${SERVE_AUTH}", "--port", "80"]'
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ('flags = ["--api-key", "sk-APIKEYlock7Qx9"]', 'flags = ["--api-key", "<redacted>"]'),
+        ("flags = ['--enable-x', '--admin-api-key', 'k1']", "flags = ['--enable-x', '--admin-api-key', '<redacted>']"),
+        ("serve --api-key 123456 --port 30000", "serve --api-key <redacted> --port 30000"),
+        (REFERENCE, REFERENCE),  # a reference is shown
+    ],
+)
+def test_a_value_after_a_secret_flag_is_hidden_whatever_its_length_or_shape(text, shown):
+    assert redact_text(text, environ={}) == shown
+
+
 def test_a_secret_found_in_one_place_is_hidden_in_every_other_at_any_depth():
     doc = {
         "sessions": [{"command": ["python", "--api-key", "Zq9-secret-1"], "server_info": {"api_key": "Zq9-secret-1", "internal_states": [{"api_key": "Zq9-secret-1"}]}}],

@@ -112,6 +112,11 @@ def is_secret_flag(word: str) -> bool:
 _SCHEME_USERINFO = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^\s/@'\"<>:]*)(?::(?P<secret>[^\s/@'\"<>]*))?@")
 _BARE_USERINFO = re.compile(r"(?P<head>(?:^|(?<=[\s/'\"=(,\[])))(?P<user>[^\s/:@'\"<>]+):(?P<secret>[^\s/@'\"<>]+)@(?=[\w\[])")
 _FLAG = re.compile(r"(?P<head>(?P<name>--[A-Za-z][\w-]*)(?:=|[ \t]+))(?!--)(?P<secret>'[^'\n]*'|\"[^\"\n]*\"|[^\s'\"]+)")
+#: A secret flag and its value as two quoted words of a list (a spec's ``flags = ["--api-key", "X"]``,
+#: a JSON argv printed in a log).
+_LISTED_FLAG = re.compile(
+    r"""(?P<head>(?P<q>["'])(?P<name>--[A-Za-z][\w-]*)(?P=q)[ \t]*,[ \t]*)(?!["']--)(?P<secret>"[^"\n]*"|'[^'\n]*')"""
+)
 _BEARER = re.compile(r"(?P<head>\b(?:[Bb]earer|BEARER)[ \t]+)(?P<secret>[A-Za-z0-9._~+/=-]+)")
 _ASSIGN = re.compile(r"(?P<head>(?P<name>(?<![-\w])[A-Za-z_][\w-]*)['\"]?[ \t]*[:=][ \t]*)(?P<secret>'[^'\n\"]*'|\"[^\"\n\\]*\"|[^\s'\",;)}\]]+)")
 _NEXT_NAME = re.compile(r"[A-Za-z_][\w-]*[=:]")
@@ -127,12 +132,13 @@ _TOKENS = re.compile(
 _TOKEN_TELLTALES = ("hf_", "sk-", "gh", "AKIA", "ASIA", "xox")
 
 
-def _hide(match: re.Match[str], found: set[str]) -> str:
-    """The match with its secret hidden (quotes kept), the secret remembered."""
+def _hide(match: re.Match[str], found: set[str], *, numbers: bool = False) -> str:
+    """The match with its secret hidden (quotes kept), the secret remembered; a number only with
+    ``numbers`` (the value of a secret flag is a secret whatever its shape)."""
     secret = match["secret"]
     quote = secret[:1] if secret[:1] in "'\"" and secret[-1:] == secret[:1] and len(secret) > 1 else ""
     bare = secret[1:-1] if quote else secret
-    if _not_secret(bare) or bare.replace(".", "").isdigit():  # a shape's number is a port, a size
+    if _not_secret(bare) or (not numbers and bare.replace(".", "").isdigit()):  # elsewhere a number is a port, a size
         return match[0]
     found.add(bare)
     return f"{match['head']}{quote}{REDACTED}{quote}"
@@ -151,7 +157,9 @@ def _userinfo(match: re.Match[str], found: set[str]) -> str:
     return f"{match['head']}{match['user']}:{REDACTED}@"
 
 
-def _named(pattern: re.Pattern[str], text: str, secret: Callable[[str], bool], found: set[str]) -> str:
+def _named(
+    pattern: re.Pattern[str], text: str, secret: Callable[[str], bool], found: set[str], *, numbers: bool = False
+) -> str:
     """Hide the value of each match whose name is a secret's. A match whose name is not (or whose
     "value" is the next name, as in check_flags' ``--api-key: api_key='X'``) is left, and the
     search goes on right after that name, so that it cannot swallow a secret one
@@ -159,7 +167,7 @@ def _named(pattern: re.Pattern[str], text: str, secret: Callable[[str], bool], f
     out, pos = [], 0
     while (match := pattern.search(text, pos)) is not None:
         if secret(match["name"]) and not _NEXT_NAME.match(match["secret"]):
-            out += [text[pos : match.start()], _hide(match, found)]
+            out += [text[pos : match.start()], _hide(match, found, numbers=numbers)]
             pos = match.end()
         else:
             out.append(text[pos : match.end("name")])
@@ -174,7 +182,8 @@ def _shapes(text: str, found: set[str]) -> str:
         text = _SCHEME_USERINFO.sub(lambda m: _userinfo(m, found), text)
         text = _BARE_USERINFO.sub(lambda m: _userinfo(m, found), text)
     if "--" in text:
-        text = _named(_FLAG, text, is_secret_flag, found)
+        text = _named(_FLAG, text, is_secret_flag, found, numbers=True)
+        text = _named(_LISTED_FLAG, text, is_secret_flag, found, numbers=True)
     if "earer" in text or "EARER" in text:
         text = _BEARER.sub(lambda m: _hide(m, found), text)
     if "=" in text or ":" in text:
