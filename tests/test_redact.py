@@ -9,6 +9,7 @@ import contextlib
 import functools
 import io
 import json
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -338,3 +339,20 @@ def test_invoke_report_hides_the_secrets_of_a_run_kept_before_they_were_hidden(p
     assert "model_path: https://hub-user:<redacted>@hub.example.com/m ->" in console["A B stdout"]
     shown = {**console, "page": html.read_text()}
     assert [f"{name}: {secret}" for name, text in shown.items() for secret in SECRETS if secret in text] == []
+
+
+def test_diagnose_shows_an_unrecognised_failure_on_the_console_with_its_secrets_hidden(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text(
+        "Traceback (most recent call last):\n"
+        '  File "/opt/venv/lib/python3.12/site-packages/flashinfer/decode.py", line 83, in plan\n'
+        f"    fetch('https://bot:{MODEL_PASSWORD}@hub.example.com/m', token='{HF_TOKEN}')\n"
+        f"ValueError: the hub refused {HF_TOKEN}\n"
+    )
+    argv = [sys.executable, "-m", "stackgate", "diagnose", str(log), "--json", str(tmp_path / "d.json")]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert done.returncode == 1 and "Not recognised by any entry (1):" in done.stdout, done.stdout + done.stderr
+    assert f"ValueError: the hub refused {REDACTED}" in done.stdout
+    assert f"https://bot:{REDACTED}@hub.example.com" in done.stdout
+    for text in (done.stdout, done.stderr, (tmp_path / "d.json").read_text()):
+        assert HF_TOKEN not in text and MODEL_PASSWORD not in text
