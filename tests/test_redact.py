@@ -211,6 +211,7 @@ class Planted:
     good: dict  #: the passing gate's JSON
     timed_out: dict  #: the gate whose server never became ready
     smoke: dict  #: the smoke whose server died, its last words naming the token and the key
+    logs: Path  #: where the server logs were kept
 
 
 def _run(name: str, console: dict[str, str], command) -> object:
@@ -265,7 +266,7 @@ def planted(tmp_path_factory, plain_python):
             ("report", (), None), ("report A", (good["run_id"],), None), ("report A B", (good["run_id"], timed_out["run_id"]), None), ("report --html", (good["run_id"],), folder / "report.html")
         ):
             assert _run(name, console, functools.partial(reporting.run, reporting.ReportRequest(runs=refs, html_path=html, runs_dir=runs))) == 0
-    return Planted(folder, console, good, timed_out, json.loads((folder / "smoke.json").read_text()))
+    return Planted(folder, console, good, timed_out, json.loads((folder / "smoke.json").read_text()), rig.tmp / "logs")
 
 
 def test_no_output_holds_a_planted_secret(planted):
@@ -339,6 +340,14 @@ def test_invoke_report_hides_the_secrets_of_a_run_kept_before_they_were_hidden(p
     assert "model_path: https://hub-user:<redacted>@hub.example.com/m ->" in console["A B stdout"]
     shown = {**console, "page": html.read_text()}
     assert [f"{name}: {secret}" for name, text in shown.items() for secret in SECRETS if secret in text] == []
+
+
+def test_kept_server_logs_hold_the_raw_output_readable_only_by_their_owner_and_the_console_says_so(planted):
+    logs = sorted(planted.logs.rglob("*.log"))
+    assert len(logs) >= 3 and any(HF_TOKEN in p.read_text() for p in logs)  # the server's own words, unredacted
+    assert {oct(p.stat().st_mode & 0o777) for p in logs} == {"0o600"}
+    for name in ("gate stdout", "smoke stdout"):
+        assert "readable only by its owner (mode 0600)" in planted.console[name], planted.console[name]
 
 
 def test_diagnose_shows_an_unrecognised_failure_on_the_console_with_its_secrets_hidden(tmp_path):

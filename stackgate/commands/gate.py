@@ -464,7 +464,7 @@ def _render_smoke(done: smoke.SmokeRun | None, shown: Mapping[str, Any] | None, 
         if session.figures is not None and session.figures.runs:
             ui.table(f"benchmark ({name})", list(smoke.BENCHMARK_HEADERS), smoke.benchmark_rows(session.figures))
         if written.get("log_path") is not None:
-            ui.line(f"server log ({name}): {written['log_path']}")
+            ui.line(f"server log ({name}): {written['log_path']} ({launch.LOG_NOTE})")
 
 
 def write_reports(doc: Mapping[str, Any], request: GateRequest) -> None:

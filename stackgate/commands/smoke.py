@@ -264,7 +264,7 @@ def _render(done: SmokeRun, ui: UI) -> None:
     ui.results(title, report.redacted(done.results, done.document(), known=done.secrets()), done.verdict, done.duration_s)
     for session in done.sessions:
         if session.log_path is not None:
-            ui.line(f"server log ({session.config.title}): {session.log_path}")
+            ui.line(f"server log ({session.config.title}): {session.log_path} ({launch.LOG_NOTE})")
         if session.kept and session.pid is not None:
             ui.line(f"the server is still running (--keep-server): pid {session.pid}, process group {session.pid}, {session.config.base_url}")
             ui.line(f"stop it with: kill -TERM -- -{session.pid}   (it drains for up to ~5 s; then, if needed: kill -KILL -- -{session.pid})")
