@@ -50,9 +50,9 @@ __all__ = [
     "loads",
     "outside_roots",
     "path_for",
-    "wheel_name_problem",
     "stamp",
     "target_problems",
+    "wheel_name_problem",
 ]
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
