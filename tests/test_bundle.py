@@ -19,6 +19,7 @@ LOCK = ROOT / "lockfiles" / "blackwell-sm120-cu130.toml"
 HF = "hf_PlantedTokenAbcdefghijklmnop1234"
 PASSWORD = "Planted-Pw-9f8e7d6c"
 API_KEY = "sk-plantedapikey0123456789abcdef"
+SPEC_KEY = "sk-APIKEYlock7Qx9"
 SMI = "==============NVSMI LOG==============\nDriver Version                            : 580.82.07\nAttached GPUs                             : 1\n"
 
 
@@ -46,13 +47,18 @@ def test_a_bundle_holds_the_parts_and_no_planted_secret(tmp_path: Path) -> None:
         **os.environ,
         "PATH": f"{fake_tools(tmp_path)}{os.pathsep}{os.environ['PATH']}",
         "HF_TOKEN": HF,
+        "FOO": "AKIAPLANTED7QX9ZZ4B",
+        "SOME_TOOL_SETTING": "Unrelated-value-31337",
         "PIP_INDEX_URL": f"https://ci:{PASSWORD}@pypi.example.com/simple",
         "STACKGATE_LOG_DIR": str(tmp_path / "reports"),
         "NO_COLOR": "1",
     }
     out = tmp_path / "support" / "bundle.tar.gz"
+    spec = tmp_path / LOCK.name  # its flags carry a literal key of no known token shape
+    spec.write_text(LOCK.read_text().replace('flags = ["--enable', f'flags = ["--api-key", "{SPEC_KEY}", "--enable'))
     done = subprocess.run(
-        [sys.executable, "-m", "stackgate", "diagnose", str(runs / "server.log"), "--kernel", "--lock", str(LOCK), "--bundle", str(out)],
+        [sys.executable, "-m", "stackgate", "diagnose", str(runs / "server.log"), "--kernel", "--lock", str(spec),
+         "--bundle", str(out)],
         capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
     )  # fmt: skip
     assert done.returncode == 1, done.stderr  # the illegal memory access and the Xid are errors
@@ -66,8 +72,11 @@ def test_a_bundle_holds_the_parts_and_no_planted_secret(tmp_path: Path) -> None:
     assert '"command": "verify"' in members["verify.json"] and "xid-79" in members["diagnose.json"]
     assert all(name in members["MANIFEST.txt"] for name in members if name != "MANIFEST.txt")
     for name, text in members.items():
-        for secret in (HF, PASSWORD, API_KEY):
+        for secret in (HF, PASSWORD, API_KEY, SPEC_KEY, "AKIAPLANTED7QX9ZZ4B", "Unrelated-value-31337"):
             assert secret not in text, f"{secret} in {name}"
+    names_only = members["environment.txt"].split("# set, value not recorded: ", 1)[1].strip().split(", ")
+    assert {"FOO", "SOME_TOOL_SETTING", "PIP_INDEX_URL"} <= set(names_only)
+    assert 'flags = ["--api-key", "<redacted>", "--enable' in members[f"spec/{LOCK.name}"]
     assert "HF_TOKEN=<redacted>" in members["environment.txt"] and "<redacted>" in members["server-logs/smoke/20261130-120000-42/server.log"]
 
 

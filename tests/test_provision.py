@@ -369,7 +369,11 @@ def test_rollback_switches_back_and_says_to_what(
     done = _invoke(["rollback", "--lock", str(lock)], install_environ)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"rolled back {root / 'current'}: {Path(second).name} -> generation {Path(first).name} (built ")
-    assert "it was built from another version of the lock" in done.stdout
+    built_first = next(g for g in generations.read(root).generations if g.path.name == Path(first).name)
+    first_lock = built_first.marker["lock"]  # type: ignore[index]
+    assert first_lock["path"] != str(lock)  # the fixture built it from its own lock file: named, not "another version"
+    said = f"it was built from another lock file, {first_lock['path']} (sha256 {first_lock['sha256'][:12]})"
+    assert said in done.stdout
     assert _current(root) == first and _works(root, install_environ).startswith("2.9.1+cu130")
     again = _invoke(["rollback", "--lock", str(lock)], install_environ)
     assert again.returncode == 1 and "no earlier ready generation" in again.stderr

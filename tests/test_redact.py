@@ -9,6 +9,7 @@ import contextlib
 import functools
 import io
 import json
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,7 +74,48 @@ def test_what_is_no_secret_is_left_as_it_is(text):
 def test_names_words_not_substrings():
     assert [n for n in ("OPENAI_API_KEY", "hf_token", "x-api-key", "clientSecret", "DB_PASSWD") if is_secret_name(n)] == ["OPENAI_API_KEY", "hf_token", "x-api-key", "clientSecret", "DB_PASSWD"]
     # fast mode's layer-count key, token counts, the tokenizer: no secrets
-    assert [n for n in ("key", "output_tokens", "tokenizer_mode", "TOKENIZERS_PARALLELISM", "AWS_ACCESS_KEY_ID") if is_secret_name(n)] == []
+    plain = ("key", "output_tokens", "tokenizer_mode", "TOKENIZERS_PARALLELISM", "PWD", "OLDPWD", "BYPASS_CACHE")
+    assert [n for n in plain if is_secret_name(n)] == []
+
+
+@pytest.mark.parametrize("name", ["PGPASSWORD", "MYSQL_PWD", "DB_PASS", "AWS_ACCESS_KEY_ID", "GITHUB_PAT"])
+def test_the_names_an_audit_found_missing_name_secrets(name):
+    assert is_secret_name(name)
+    assert redact_text(f"export {name}=Zq7vLm2xK9", environ={}) == f"export {name}=<redacted>"
+    doc = {"env": {name: "Zq7vLm2xK9"}, "log": "connecting with Zq7vLm2xK9"}
+    assert redact(doc, environ={}) == {"env": {name: "<redacted>"}, "log": "connecting with <redacted>"}
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        "AKIAIOSFODNN7EXAMPLE",
+        "ASIAY34FZKBOKMUTVV7A",
+        "ghp_16C7e42F292c6912E7710c838347Ae178B4a",
+        "github_pat_11ABCDEFG0abcdefghijklmn_opq",
+        "xoxb-17653672481-19874698323-pdFZKVeTuE8sk7oOcBrzbqgy",
+        "xoxp-1234567890-abcdefghij",
+    ],
+)
+def test_token_shapes_an_audit_found_missing_are_hidden_under_any_name(token):
+    assert redact_text(f"FOO={token} in a log line", environ={}) == "FOO=<redacted> in a log line"
+    assert token not in redact({"environment": {"FOO": token}, "note": f"saw {token}"}, environ={})["note"]
+
+
+REFERENCE = 'flags = ["--api-key", "${SERVE_AUTH}", "--port", "80"]'
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ('flags = ["--api-key", "sk-APIKEYlock7Qx9"]', 'flags = ["--api-key", "<redacted>"]'),
+        ("flags = ['--enable-x', '--admin-api-key', 'k1']", "flags = ['--enable-x', '--admin-api-key', '<redacted>']"),
+        ("serve --api-key 123456 --port 30000", "serve --api-key <redacted> --port 30000"),
+        (REFERENCE, REFERENCE),  # a reference is shown
+    ],
+)
+def test_a_value_after_a_secret_flag_is_hidden_whatever_its_length_or_shape(text, shown):
+    assert redact_text(text, environ={}) == shown
 
 
 def test_a_secret_found_in_one_place_is_hidden_in_every_other_at_any_depth():
@@ -155,7 +197,9 @@ API_KEY = "Planted-ApiKey-4f1d2c3b9a"  # matches no token format: found as a fla
 MODEL_PASSWORD = "Hunter2-planted"
 ENDPOINT_PASSWORD = "Endpoint-planted-77"
 HF_TOKEN = "hf_PlantedToken" + "x" * 24
-SECRETS = (API_KEY, MODEL_PASSWORD, ENDPOINT_PASSWORD, HF_TOKEN)
+AWS_KEY_ID = "AKIAPLANTED7QX9ZZ4B"  # under a name that says nothing (FOO): found by its shape, or never recorded
+UNRELATED = "Unrelated-value-31337"  # no secret by name or shape: a run records the variable's name only
+SECRETS = (API_KEY, MODEL_PASSWORD, ENDPOINT_PASSWORD, HF_TOKEN, AWS_KEY_ID, UNRELATED)
 VERIFIABLE = ("gpu.*", "python.interpreter", "python.pins", "python.frozen", "python.consistency")
 BENCH = {"output_tokens": 64, "runs": 2, "warmup": 1, "baseline_tok_s": 150.0, "max_regression": 0.5}
 
@@ -167,6 +211,7 @@ class Planted:
     good: dict  #: the passing gate's JSON
     timed_out: dict  #: the gate whose server never became ready
     smoke: dict  #: the smoke whose server died, its last words naming the token and the key
+    logs: Path  #: where the server logs were kept
 
 
 def _run(name: str, console: dict[str, str], command) -> object:
@@ -195,6 +240,8 @@ def planted(tmp_path_factory, plain_python):
         patch.setenv("STACKGATE_FAKE_NVML", str(rig.nvml_path))
         patch.setenv("STACKGATE_HISTORY_DIR", str(folder / "runs"))
         patch.setenv("STACKGATE_LOG_DIR", str(rig.tmp / "logs"))  # server logs: the server's own words, not stackgate's output
+        patch.setenv("FOO", AWS_KEY_ID)
+        patch.setenv("SOME_TOOL_SETTING", UNRELATED)
         try:
             reports = {f"{kind}_path": folder / f"good.{suffix}" for kind, suffix in (("json", "json"), ("junit", "xml"), ("markdown", "md"), ("prom", "prom"))}
             request = gate.GateRequest(lock_path=lock, model=str(model), verify_checks=VERIFIABLE, **reports)
@@ -219,7 +266,7 @@ def planted(tmp_path_factory, plain_python):
             ("report", (), None), ("report A", (good["run_id"],), None), ("report A B", (good["run_id"], timed_out["run_id"]), None), ("report --html", (good["run_id"],), folder / "report.html")
         ):
             assert _run(name, console, functools.partial(reporting.run, reporting.ReportRequest(runs=refs, html_path=html, runs_dir=runs))) == 0
-    return Planted(folder, console, good, timed_out, json.loads((folder / "smoke.json").read_text()))
+    return Planted(folder, console, good, timed_out, json.loads((folder / "smoke.json").read_text()), rig.tmp / "logs")
 
 
 def test_no_output_holds_a_planted_secret(planted):
@@ -231,6 +278,16 @@ def test_no_output_holds_a_planted_secret(planted):
     leaks = [f"{path.relative_to(planted.folder)}: {secret}" for path in files for secret in SECRETS if secret.encode() in path.read_bytes()]
     leaks += [f"{name}: {secret}" for name, text in planted.console.items() for secret in SECRETS if secret in text]
     assert leaks == []
+
+
+def test_a_session_records_the_variables_that_explain_it_and_only_the_names_of_the_rest(planted):
+    for session in (planted.smoke["smoke"]["sessions"][0], planted.good["gate"]["smoke"]["benchmark"]["sessions"][0]):
+        recorded, names = session["environment"], session["environment_names_only"]
+        unrelated = {"FOO", "SOME_TOOL_SETTING", "HOME"}
+        assert unrelated <= set(names) and not unrelated & set(recorded)
+        # a search path, the stack's family, the lock's tables
+        assert {"PATH", "PYTHONPATH", "HF_TOKEN", "STACKGATE_FAKE_SGLANG"} <= set(recorded)
+        assert not set(recorded) & set(names)
 
 
 def test_the_secrets_were_there_and_are_hidden_where_they_stood(planted):
@@ -283,3 +340,28 @@ def test_invoke_report_hides_the_secrets_of_a_run_kept_before_they_were_hidden(p
     assert "model_path: https://hub-user:<redacted>@hub.example.com/m ->" in console["A B stdout"]
     shown = {**console, "page": html.read_text()}
     assert [f"{name}: {secret}" for name, text in shown.items() for secret in SECRETS if secret in text] == []
+
+
+def test_kept_server_logs_hold_the_raw_output_readable_only_by_their_owner_and_the_console_says_so(planted):
+    logs = sorted(planted.logs.rglob("*.log"))
+    assert len(logs) >= 3 and any(HF_TOKEN in p.read_text() for p in logs)  # the server's own words, unredacted
+    assert {oct(p.stat().st_mode & 0o777) for p in logs} == {"0o600"}
+    for name in ("gate stdout", "smoke stdout"):
+        assert "readable only by its owner (mode 0600)" in planted.console[name], planted.console[name]
+
+
+def test_diagnose_shows_an_unrecognised_failure_on_the_console_with_its_secrets_hidden(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text(
+        "Traceback (most recent call last):\n"
+        '  File "/opt/venv/lib/python3.12/site-packages/flashinfer/decode.py", line 83, in plan\n'
+        f"    fetch('https://bot:{MODEL_PASSWORD}@hub.example.com/m', token='{HF_TOKEN}')\n"
+        f"ValueError: the hub refused {HF_TOKEN}\n"
+    )
+    argv = [sys.executable, "-m", "stackgate", "diagnose", str(log), "--json", str(tmp_path / "d.json")]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert done.returncode == 1 and "Not recognised by any entry (1):" in done.stdout, done.stdout + done.stderr
+    assert f"ValueError: the hub refused {REDACTED}" in done.stdout
+    assert f"https://bot:{REDACTED}@hub.example.com" in done.stdout
+    for text in (done.stdout, done.stderr, (tmp_path / "d.json").read_text()):
+        assert HF_TOKEN not in text and MODEL_PASSWORD not in text

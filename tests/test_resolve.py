@@ -118,6 +118,8 @@ def test_a_url_wheel_that_is_not_the_specs_or_the_last_pylocks_is_refused_and_no
         assert code == ExitCode.FAILED
         assert f"has sha256 {real}, the spec says {'0' * 64}; nothing was written" in err
         assert not (tmp_path / "pylock.lock.toml").exists()
+        assert f"no pylock was written ({tmp_path / 'pylock.lock.toml'} does not exist)" in err
+        assert "left as it was" not in err
         write_stack_lock(tmp_path / "lock.toml", server, tmp_path / "root", sha256=None)
         assert _lock(spec, install_environ, capsys)[0] == ExitCode.PASSED
         before = (tmp_path / "pylock.lock.toml").read_bytes()
@@ -127,6 +129,7 @@ def test_a_url_wheel_that_is_not_the_specs_or_the_last_pylocks_is_refused_and_no
         code, out, err = _lock(spec, env, capsys)
         assert code == ExitCode.FAILED
         assert f"has sha256 {changed} now, {real} when the last pylock was made; nothing was written" in err
+        assert f"{tmp_path / 'pylock.lock.toml'} was left as it was" in err
         assert (tmp_path / "pylock.lock.toml").read_bytes() == before
     finally:
         server.close()
@@ -141,6 +144,15 @@ def test_upgrade_package_moves_only_that_package_and_what_it_drags(tmp_path: Pat
         env = {**install_environ, "UV_NO_CACHE": "1"}  # the index pages changed: no cached answer
         code, out, err = _lock(spec, env, capsys)
         assert code == ExitCode.PASSED and out.startswith("unchanged: ")  # the pylock's versions are preferences
+        before = (tmp_path / "pylock.lock.toml").read_bytes()
+        names = ["--upgrade-package", "torch-agnostc", "--upgrade-package", "sglang"]
+        argv = [sys.executable, "-m", "stackgate", "lock", "--lock", str(spec), *names]
+        misspelt = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert misspelt.returncode == ExitCode.USAGE, misspelt.stderr
+        said = "--upgrade-package torch-agnostc: not in pylock.lock.toml or lock.toml's pins"
+        said += " (closest: torch-agnostic, torchaudio)"
+        assert said in misspelt.stderr and "sglang" not in misspelt.stderr  # a locked name is fine
+        assert (tmp_path / "pylock.lock.toml").read_bytes() == before
         code, out, err = _lock(spec, env, capsys, upgrade=("torch-agnostic",))
         assert code == ExitCode.PASSED, err
         assert out.splitlines()[1:] == ["what moved", "package         before  now", "filelock        3.20.0  3.21.0", "torch-agnostic  1.0     1.1"]

@@ -17,6 +17,7 @@ import pytest
 from fakes.fake_nvml import gpu, machine
 from prometheus_client.parser import text_string_to_metric_families
 
+from stackgate.models import pylock, spec
 from stackgate.runs import verifycache
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,7 +134,9 @@ def test_a_change_in_what_the_static_checks_judged_makes_them_run_again(node, ch
     elif change == "spec":
         node.lock.write_text(node.lock.read_text() + "\n# edited\n")
     elif change == "pylock":
-        (node.tmp / "pylock.hopper.toml").write_text('lock-version = "1.0"\n')
+        # a pylock appears beside the spec (one that validates: one that does not is exit 2 before any check)
+        empty = pylock.stamp('lock-version = "1.0"\ncreated-by = "x"\npackages = []\n', spec.load(node.lock))
+        (node.tmp / "pylock.hopper.toml").write_text(empty)
     elif change == "driver":
         node.gpus(machine([H200], driver="580.160.01"))
     done, doc = node.verify(env={"CUDA_HOME": str(node.tmp)} if change == "environment" else None)

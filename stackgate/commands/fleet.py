@@ -51,7 +51,7 @@ from typing import Any, Callable, Mapping, Sequence
 from stackgate import __version__
 from stackgate.edges import ssh
 from stackgate.edges.files import write_json, write_text
-from stackgate.models import pylock, settings
+from stackgate.models import inputfile, pylock, settings
 from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.fleet import Node, load_inventory, parse_hosts
@@ -168,10 +168,11 @@ class Shipment:
 def _spec_files(name: str, path: Path) -> dict[str, bytes]:
     """A spec's bytes under ``name``, and its pylock's (when there is one) under the name the node's
     stackgate will look for beside ``name``."""
-    files = {name: path.read_bytes()}
+    files = {name: inputfile.read_capped(path, inputfile.MAX_SPEC_BYTES)}
     locked = pylock.path_for(path)
-    if locked.is_file():
-        files[pylock.path_for(Path(name)).name] = locked.read_bytes()
+    if locked.exists():  # a pylock that does not validate is a bad lockfile (exit 2), not each node's failure
+        checked = pylock.load(locked).path
+        files[pylock.path_for(Path(name)).name] = inputfile.read_capped(checked, inputfile.MAX_PYLOCK_BYTES)
     return files
 
 

@@ -45,7 +45,7 @@ from stackgate.commands import verify as verifycmd
 from stackgate.edges import runner
 from stackgate.edges.files import write_json, write_text
 from stackgate.facts import Facts, gather
-from stackgate.models import settings
+from stackgate.models import pylock, settings
 from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.finding import Fix
@@ -178,6 +178,7 @@ class StageRun:
 def _lock_stage(ctx: GateContext) -> list[Result]:
     try:
         lock = lockmodel.load(ctx.request.lock_path)
+        pylock.check_beside(lock)
     except lockmodel.LockError as exc:
         ctx.usage = str(exc)
         summary = str(exc).splitlines()[0].rstrip(":")
@@ -464,7 +465,7 @@ def _render_smoke(done: smoke.SmokeRun | None, shown: Mapping[str, Any] | None, 
         if session.figures is not None and session.figures.runs:
             ui.table(f"benchmark ({name})", list(smoke.BENCHMARK_HEADERS), smoke.benchmark_rows(session.figures))
         if written.get("log_path") is not None:
-            ui.line(f"server log ({name}): {written['log_path']}")
+            ui.line(f"server log ({name}): {written['log_path']} ({launch.LOG_NOTE})")
 
 
 def write_reports(doc: Mapping[str, Any], request: GateRequest) -> None:

@@ -14,10 +14,13 @@ wheelhouse.
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
+
+from packaging.utils import canonicalize_name
 
 from stackgate.models import pylock
 from stackgate.models import spec as lockmodel
@@ -62,6 +65,7 @@ def run(request: LockRequest, ui: UI) -> ExitCode:
         specs: list[Path | None] = [*shipped_specs()] if request.all_specs else [request.lock_path]  # None: the default lock
         return max((_check(lockmodel.load(path), ui, quiet_missing=request.all_specs) for path in specs), default=ExitCode.PASSED)
     lock = lockmodel.load(request.lock_path)
+    _check_upgrade_names(lock, request.upgrade)
     environ = dict(os.environ if request.environ is None else request.environ)
     uv = pyenv.find_uv()
     if uv is None:
@@ -72,9 +76,35 @@ def run(request: LockRequest, ui: UI) -> ExitCode:
             _fill(resolution, request.wheelhouse, ui)
     except resolve.ResolveError as exc:
         ui.tail(f"stackgate lock: {exc}", exc.log, exc.tail)
-        ui.error(f"{pylock.path_for(lock.path)} was left as it was")
+        target = pylock.path_for(lock.path)
+        left = f"{target} was left as it was" if target.exists() else f"no pylock was written ({target} does not exist)"
+        ui.error(left)
         return ExitCode.FAILED
     return ExitCode.PASSED
+
+
+def _check_upgrade_names(lock: lockmodel.Lock, names: tuple[str, ...]) -> None:
+    """Refuse an --upgrade-package name that neither the pylock locks nor the spec pins, naming the
+    closest ones: a misspelt name would move nothing."""
+    if not names:
+        return
+    locked = resolve.previous(pylock.path_for(lock.path))
+    known = sorted({*(locked.packages if locked is not None else ()), *(p.name for p in lock.python.packages)})
+    pins = f"{lock.path.name}'s pins"
+    where = f"{pylock.path_for(lock.path).name} or {pins}" if locked is not None else pins
+    unknown = [name for name in names if canonicalize_name(name) not in known]
+    if unknown:
+        lines = [f"--upgrade-package {name}: not in {where}{_closest(name, known)}" for name in unknown]
+        raise LockUsage("\n".join(lines))
+
+
+def _closest(name: str, known: list[str]) -> str:
+    """
+    >>> _closest("antropic", ["anthropic", "anyio", "torch"])
+    ' (closest: anthropic)'
+    """
+    close = difflib.get_close_matches(canonicalize_name(name), known, n=3, cutoff=0.6)
+    return f" (closest: {', '.join(close)})" if close else ""
 
 
 def _check(lock: lockmodel.Lock, ui: UI, *, quiet_missing: bool = False) -> ExitCode:
@@ -105,7 +135,7 @@ def _size(resolution: pylock.Resolution) -> str:
 def _resolved(lock: lockmodel.Lock, request: LockRequest, uv: str, environ: Mapping[str, str], ui: UI) -> pylock.Resolution:
     """The pylock to use: resolved now, unless only a wheelhouse was asked for and it is current."""
     if request.wheelhouse is not None and not request.upgrade:
-        resolution, differences = resolve.current(lock)
+        resolution, differences = resolve.current(lock, request.wheelhouse)
         if resolution is not None and not differences:
             ui.line(f"{resolution.path.name} matches {lock.path.name}: its files go into {request.wheelhouse}")
             return resolution

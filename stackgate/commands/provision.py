@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ContextManager, Mapping, Sequence, TypeVar
+from typing import Any, Callable, ContextManager, Mapping, Sequence, TypeVar
 
 from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import Check, run_checks
@@ -89,6 +89,7 @@ def _load(lock_path: Path | None) -> lockmodel.Lock:
     # Generations keep the path they were built from: one relative to this shell's directory
     # would mean nothing to a later command run elsewhere.
     lock = dataclasses.replace(lock, path=Path(os.path.abspath(lock.path)))
+    pylock.check_beside(lock)
     if lock.python.root is None:
         raise ProvisionUsage(
             f"{lock.path}: python.interpreter names an existing environment ({lock.python.interpreter}); "
@@ -539,11 +540,22 @@ def rollback(request: RollbackRequest, ui: UI) -> ExitCode:
     ui.line(f"rolled back {root / 'current'}: {before.id} -> {after.describe()}")
     if drift:
         ui.warn(f"  switched anyway (--force), though it differs from what it was built from: {'; '.join(drift)}")
-    built_from = (after.marker or {}).get("lock", {}).get("sha256")
-    if built_from and built_from != lock.sha256:
-        ui.line(f"  it was built from another version of the lock (sha256 {built_from[:12]}); `stackgate provision` would rebuild it")
+    other = _other_lock(lock, (after.marker or {}).get("lock", {}))
+    if other:
+        ui.line(f"  it was built from {other}; `stackgate provision` would rebuild it")
     ui.line("  `stackgate verify` checks it; `stackgate provision` builds from the lock again")
     return ExitCode.PASSED
+
+
+def _other_lock(lock: lockmodel.Lock, built_from: Mapping[str, Any]) -> str | None:
+    """What a generation was built from when it is not this lock: another lock file (named), or
+    another version of this one; None when it is this lock or the marker does not say."""
+    sha256, path = built_from.get("sha256"), built_from.get("path")
+    if path and Path(str(path)) != lock.path:
+        return f"another lock file, {path}" + (f" (sha256 {str(sha256)[:12]})" if sha256 else "")
+    if sha256 and sha256 != lock.sha256:
+        return f"another version of the lock (sha256 {str(sha256)[:12]})"
+    return None
 
 
 def _drift_of(lock: lockmodel.Lock, generation: generations.Generation, environ: Mapping[str, str]) -> list[str]:

@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 from stackgate.checks.smoke import logscan, serverinfo
 from stackgate.edges.files import write_json
 from stackgate.facts import serverlog
-from stackgate.models import envfile, faults, knowledge, secretargs, settings
+from stackgate.models import envfile, faults, knowledge, runenv, secretargs, settings
 from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.finding import Finding, Fix
@@ -164,11 +164,13 @@ class Session:
     def to_dict(self) -> dict[str, Any]:
         """The session for a report, its secrets hidden (the server's key wherever it appears)."""
         ready = self.readiness
+        explaining, others = runenv.recorded(self.environment, self.set_by_stackgate)
         shown = {
             "label": self.config.title,
             "command": list(self.argv),
             "command_line": secretargs.command_line(self.argv) if self.argv else None,
-            "environment": dict(sorted(self.environment.items())),
+            "environment": explaining,
+            "environment_names_only": others,
             "set_by_stackgate": dict(sorted(self.set_by_stackgate.items())),
             "log_path": str(self.log_path) if self.log_path else None,
             "pid": self.pid,
@@ -262,7 +264,7 @@ def _render(done: SmokeRun, ui: UI) -> None:
     ui.results(title, report.redacted(done.results, done.document(), known=done.secrets()), done.verdict, done.duration_s)
     for session in done.sessions:
         if session.log_path is not None:
-            ui.line(f"server log ({session.config.title}): {session.log_path}")
+            ui.line(f"server log ({session.config.title}): {session.log_path} ({launch.LOG_NOTE})")
         if session.kept and session.pid is not None:
             ui.line(f"the server is still running (--keep-server): pid {session.pid}, process group {session.pid}, {session.config.base_url}")
             ui.line(f"stop it with: kill -TERM -- -{session.pid}   (it drains for up to ~5 s; then, if needed: kill -KILL -- -{session.pid})")

@@ -298,6 +298,7 @@ def _plan(request: UpgradeRequest, environ: Mapping[str, str], started: float) -
 def _load(path: Path | None, option: str) -> lockmodel.Lock:
     lock = lockmodel.load(path)
     lock = dataclasses.replace(lock, path=Path(os.path.abspath(lock.path)))
+    pylock.check_beside(lock)
     if lock.python.root is None:
         raise UpgradeUsage(f"{option} {lock.path}: python.interpreter names an existing environment; upgrade builds generations under a python.root")
     return lock
@@ -321,7 +322,7 @@ def _built_pylock(generation: generations.Generation) -> pylock.Resolution | Non
 
 def _pylock_of(lock: lockmodel.Lock) -> pylock.Resolution | None:
     try:
-        return pylock.load(pylock.path_for(lock.path))
+        return pylock.load_beside(lock)
     except pylock.PylockError:
         return None
 

@@ -25,7 +25,7 @@ from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import Check, CheckError, run_checks, select
 from stackgate.edges.files import write_json, write_text
 from stackgate.facts import Facts, Missing, gather, stamp
-from stackgate.models import settings
+from stackgate.models import pylock, settings
 from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.result import Result
@@ -72,6 +72,7 @@ def run(request: VerifyRequest, ui: UI) -> ExitCode:
     if request.list_only:
         list_checks(ui)
         return ExitCode.PASSED
+    pylock.check_beside(lock)
     if request.cached and request.deep:
         raise UsageError("--cached reuses the static checks' results; --deep measures the GPUs every time: give one of them")
     static, deep = plan(request.checks, deep=request.deep)

@@ -168,7 +168,11 @@ def spawn(
     _refuse_if_closed([str(a) for a in argv])
     log_path.parent.mkdir(parents=True, exist_ok=True)
     # O_APPEND: the program's stdout and stderr (and its children's) interleave without overwriting.
-    with open(log_path, "ab", buffering=0) as log:
+    # 0600: the log is the program's raw output (a server echoes its --api-key, a URL's password):
+    # readable by its owner only, an existing file too; never written through a planted link.
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with open(fd, "ab", buffering=0) as log:
+        os.fchmod(log.fileno(), 0o600)
         return subprocess.Popen(
             [str(a) for a in argv],
             stdin=subprocess.DEVNULL,

@@ -275,7 +275,7 @@ def _pylock(lock: Lock, facts: Facts) -> pylock.Resolution | Missing:
     if not path.exists():
         return Missing(f"the spec has no pylock: {path} does not exist (`{pylock.lock_command(lock.path)}` makes it)")
     try:
-        return pylock.load(path)
+        return pylock.load_beside(lock)
     except pylock.PylockError as exc:
         return Missing(str(exc))
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from stackgate.models import inputfile
 from stackgate.models.exitcodes import UsageError
 
 if sys.version_info >= (3, 11):
@@ -127,7 +128,7 @@ def _port(value: Any, where: str, problems: list[str]) -> int:
 def load_inventory(path: Path) -> list[Node]:
     """The nodes of an inventory file (see the module's docstring)."""
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = inputfile.read_capped(path, inputfile.MAX_INVENTORY_BYTES).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InventoryError(f"{path}: cannot read the inventory: {getattr(exc, 'strerror', None) or exc}") from exc
     return parse_inventory(text, str(path), base=path.parent)

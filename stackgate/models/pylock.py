@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shlex
 import urllib.parse
@@ -24,10 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from packaging.markers import Marker
 from packaging.pylock import Package as PylockPackage
 from packaging.pylock import Pylock, PylockUnsupportedVersionError, PylockValidationError, is_valid_pylock_path
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
+from stackgate.models import inputfile
 from stackgate.models.spec import Lock, LockError, read_toml, url_problem
 
 __all__ = [
@@ -35,17 +39,26 @@ __all__ = [
     "LockedFile",
     "PylockError",
     "Resolution",
+    "check_beside",
     "differences",
+    "file_roots",
     "install_text",
     "inputs",
     "lock_command",
     "load",
+    "load_beside",
     "loads",
+    "outside_roots",
     "path_for",
     "stamp",
+    "target_problems",
+    "wheel_name_problem",
 ]
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+#: A wheel's file name (name-version[-build]-python-abi-platform.whl), each field in the escaped
+#: alphabet of wheel names: a plain base name, no path separator, nothing a join could resolve away.
+_WHEEL_NAME = re.compile(r"[A-Za-z0-9_.]+-[A-Za-z0-9_.!+]+(?:-\d[A-Za-z0-9_.]*)?(?:-[A-Za-z0-9_.]+){3}\.whl")
 
 
 class PylockError(LockError):
@@ -66,6 +79,17 @@ class LockedFile:
     sha256: str
     url: str
 
+    def within(self, folder: Path) -> Path:
+        """Where this file lies in ``folder``; :class:`PylockError` unless that is inside it (a
+        name that is no plain wheel name, or a link there that leads out, is never written through)."""
+        target = folder / self.filename
+        problem = wheel_name_problem(self.filename)
+        if problem is None and target.resolve().parent != folder.resolve():
+            problem = f"{self.filename!r} resolves to {target.resolve()}, outside {folder}"
+        if problem is not None:
+            raise PylockError(folder, [f"{self.url}: {problem}"])
+        return target
+
 
 @dataclass(frozen=True)
 class Locked:
@@ -76,6 +100,7 @@ class Locked:
     marker: str | None
     wheels: tuple[LockedFile, ...]
     archive: LockedFile | None = None  #: a wheel named by URL (sgl-kernel's cu130 build), not by an index
+    requires_python: str | None = None
 
     @property
     def files(self) -> tuple[LockedFile, ...]:
@@ -91,6 +116,7 @@ class Resolution:
     requires_python: str | None
     packages: Mapping[str, Locked]
     inputs: Mapping[str, str]
+    environments: tuple[str, ...] = ()  #: the environments the pylock says it is for (none: any)
 
     def package(self, name: str) -> Locked | None:
         return self.packages.get(canonicalize_name(name))
@@ -109,6 +135,19 @@ def path_for(spec: Path) -> Path:
     return spec.parent / f"pylock.{spec.stem.replace('.', '-')}.toml"
 
 
+def wheel_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a locked file's name, or None: it must be a plain wheel file name.
+
+    >>> wheel_name_problem("torch-2.9.1+cu130-1-cp312-cp312-manylinux_2_28_x86_64.whl") is None
+    True
+    >>> wheel_name_problem("torch-2.9.1-1/../../x/pwn-cp312-cp312-any.whl").split(" (")[0]
+    "'torch-2.9.1-1/../../x/pwn-cp312-cp312-any.whl' is not a wheel file name"
+    """
+    if _WHEEL_NAME.fullmatch(name):
+        return None
+    return f"{name!r} is not a wheel file name (name-version[-build]-python-abi-platform.whl, a plain base name)"
+
+
 def lock_command(spec: Path) -> str:
     """The command that makes (or makes again) a spec's pylock.
 
@@ -121,7 +160,7 @@ def lock_command(spec: Path) -> str:
 def load(path: Path) -> Resolution:
     """Read and validate a pylock; raise :class:`PylockError` listing every problem."""
     try:
-        data = path.read_bytes()
+        data = inputfile.read_capped(path, inputfile.MAX_PYLOCK_BYTES)
     except FileNotFoundError:
         raise PylockError(path, ["no such file"]) from None
     except OSError as exc:
@@ -141,7 +180,66 @@ def loads(data: bytes, path: Path) -> Resolution:
     recorded = _recorded_inputs(document, problems)
     if problems:
         raise PylockError(path, problems)
-    return Resolution(path, hashlib.sha256(data).hexdigest(), str(pylock.requires_python) if pylock.requires_python else None, packages, recorded)
+    requires_python = str(pylock.requires_python) if pylock.requires_python else None
+    environments = tuple(str(marker) for marker in pylock.environments or ())
+    return Resolution(path, hashlib.sha256(data).hexdigest(), requires_python, packages, recorded, environments)
+
+
+def load_beside(lock: Lock, *, wheelhouse: Path | None = None) -> Resolution:
+    """The spec's pylock, validated, with every ``file://`` URL under a root the spec allows
+    (:func:`file_roots`); raise :class:`PylockError` naming each file that is not."""
+    resolution = load(path_for(lock.path))
+    problems = outside_roots(resolution, file_roots(lock, wheelhouse))
+    if problems:
+        raise PylockError(resolution.path, problems)
+    return resolution
+
+
+def check_beside(lock: Lock) -> None:
+    """Refuse the spec's pylock when there is one and it cannot be used (:class:`PylockError`, a
+    bad lockfile: exit 2) before a command looks at anything else; no pylock is no error here."""
+    if os.path.lexists(path_for(lock.path)):
+        load_beside(lock)
+
+
+def file_roots(lock: Lock, wheelhouse: Path | None = None) -> tuple[Path, ...]:
+    """Where a pylock's ``file://`` URLs may point: the spec's folder, the wheelhouse, and the
+    folders the spec's own ``file://`` URLs name (an index's folder, a URL wheel's folder)."""
+    python = lock.python
+    roots = [lock.path.parent, *((wheelhouse,) if wheelhouse is not None else ())]
+    indexes = (python.default_index, *(index.url for index in python.indexes))
+    roots += [_file_path(url) for url in indexes if _is_file(url)]
+    roots += [_file_path(p.url).parent for p in python.packages if p.url and _is_file(p.url)]
+    return tuple(roots)
+
+
+def outside_roots(resolution: Resolution, roots: tuple[Path, ...]) -> list[str]:
+    """Each locked ``file://`` URL that resolves (after ``..`` and symlinks) outside ``roots``."""
+    allowed = [root.resolve() for root in roots]
+    problems = []
+    for package in resolution.packages.values():
+        for file in (f for f in package.files if _is_file(f.url)):
+            path = _file_path(file.url).resolve()
+            if not any(path.is_relative_to(root) for root in allowed):
+                folders = ", ".join(str(root) for root in allowed)
+                problems.append(
+                    f"{package.name}: {file.url} resolves to {path}, outside the spec's folder and the roots it "
+                    f"names ({folders}): a file:// URL may only name a file there"
+                )
+    return problems
+
+
+def _is_file(url: str) -> bool:
+    return urllib.parse.urlsplit(url).scheme == "file"
+
+
+def _file_path(url: str) -> Path:
+    """The local path a ``file://`` URL names, percent-decoded.
+
+    >>> _file_path("file:///srv/wheel%20house/simple/")
+    PosixPath('/srv/wheel house/simple')
+    """
+    return Path(urllib.parse.unquote(urllib.parse.urlsplit(url).path))
 
 
 def _validation_problem(exc: PylockValidationError) -> str:
@@ -178,11 +276,12 @@ def _locked(package: PylockPackage, where: str, problems: list[str]) -> Locked |
     if package.archive is not None:
         name = _url_name(package.archive.url) or ""
         archive = _file(package.archive.url, package.archive.path, package.archive.hashes, name, f"{where}.archive", problems)
-        if archive is not None and not name.endswith(".whl"):
-            problems.append(f"{where}.archive: {name!r} is not a wheel: stackgate installs hashed wheels only")
     if any(file is None for file in wheels) or (package.archive is not None and archive is None):
         return None
-    return Locked(canonicalize_name(package.name), str(package.version), str(package.marker) if package.marker else None, tuple(f for f in wheels if f), archive)
+    marker = str(package.marker) if package.marker else None
+    requires = str(package.requires_python) if package.requires_python else None
+    files = tuple(f for f in wheels if f)
+    return Locked(canonicalize_name(package.name), str(package.version), marker, files, archive, requires)
 
 
 def _file(url: str | None, path: Any, hashes: Mapping[str, str], filename: str, where: str, problems: list[str]) -> LockedFile | None:
@@ -193,6 +292,10 @@ def _file(url: str | None, path: Any, hashes: Mapping[str, str], filename: str, 
     problem = url_problem(url) or (f"{url!r} holds whitespace" if re.search(r"\s", url) else None)
     if problem:
         problems.append(f"{where}.url: {problem}")
+        return None
+    named = wheel_name_problem(filename)
+    if named:
+        problems.append(f"{where}: {named}: stackgate installs hashed wheels only, each under its own name")
         return None
     sha256 = hashes.get("sha256")
     if sha256 is None or not _SHA256.fullmatch(sha256):
@@ -247,7 +350,8 @@ def differences(lock: Lock, resolution: Resolution) -> list[str]:
     pylock edited by hand), or a URL file's sha256 is not the one the spec names."""
     wanted, made = inputs(lock), resolution.inputs
     changed = [_difference(key, made.get(key), wanted.get(key)) for key in sorted(wanted.keys() | made.keys()) if made.get(key) != wanted.get(key)]
-    return (changed or _unmet(lock, resolution)) + _hash_differences(lock, resolution)
+    found = (changed or _unmet(lock, resolution)) + _hash_differences(lock, resolution)
+    return found + target_problems(lock, resolution)
 
 
 def _difference(key: str, made: str | None, wanted: str | None) -> str:
@@ -279,6 +383,72 @@ def _unmet(lock: Lock, resolution: Resolution) -> list[str]:
         if locked and package.url not in urls:
             problems.append(f"python.packages.{package.name}.url: {package.url} in the spec, {', '.join(urls)} in the pylock")
     return problems
+
+
+def target_problems(lock: Lock, resolution: Resolution) -> list[str]:
+    """Where the pylock leaves out the spec's target (``python.platform`` and ``python.version``):
+    its ``environments`` or ``requires-python``, or a package whose marker or requires-python
+    excludes it (that package would never be installed there)."""
+    python = lock.python
+    target = f"the spec's {python.platform} with Python {python.version} (python.platform, python.version)"
+    problems = []
+    if resolution.requires_python and not _admits_python(resolution.requires_python, python.version):
+        problems.append(f"requires-python: {resolution.requires_python} excludes {target}")
+    admitted = (_admits_target(m, python.platform, python.version) for m in resolution.environments)
+    if resolution.environments and not any(admitted):
+        problems.append(f"environments: {' | '.join(resolution.environments)}: none admits {target}")
+    for package in resolution.packages.values():
+        if package.requires_python and not _admits_python(package.requires_python, python.version):
+            problems.append(f"packages.{package.name}.requires-python: {package.requires_python} excludes {target}")
+        if package.marker and not _admits_target(package.marker, python.platform, python.version):
+            problems.append(
+                f"packages.{package.name}.marker: {package.marker} excludes {target}: it would not be installed"
+            )
+    return problems
+
+
+#: The patch releases a spec's Python major.minor may be: a bound on the full version admits it
+#: when one of them satisfies it.
+_PATCHES = range(0, 41)
+
+
+def _admits_python(specifier: str, version: str) -> bool:
+    """Whether some X.Y.z of the spec's Python satisfies a requires-python.
+
+    >>> _admits_python(">=3.12", "3.12"), _admits_python(">=3.12.4", "3.12"), _admits_python("<3.12", "3.12")
+    (True, True, False)
+    """
+    allowed = SpecifierSet(specifier)
+    return any(allowed.contains(f"{version}.{patch}", prereleases=True) for patch in _PATCHES)
+
+
+def _admits_target(marker: str, platform: str, version: str) -> bool:
+    """Whether a marker holds on the spec's target (Linux on the platform's machine, CPython at
+    some X.Y.z; no extras or dependency groups: stackgate installs none).
+
+    >>> _admits_target("sys_platform == 'linux' and platform_machine == 'x86_64'", "x86_64-manylinux_2_28", "3.12")
+    True
+    >>> _admits_target("sys_platform == 'win32'", "x86_64-manylinux_2_28", "3.12")
+    False
+    """
+    parsed = Marker(marker)
+    machine = platform.split("-", 1)[0]
+    base = {
+        "implementation_name": "cpython",
+        "os_name": "posix",
+        "platform_machine": machine,
+        "platform_python_implementation": "CPython",
+        "platform_release": "",
+        "platform_system": "Linux",
+        "platform_version": "",
+        "python_version": version,
+        "sys_platform": "linux",
+    }
+    for patch in _PATCHES:
+        full = f"{version}.{patch}"
+        if parsed.evaluate({**base, "python_full_version": full, "implementation_version": full}, context="lock_file"):
+            return True
+    return False
 
 
 def _hash_differences(lock: Lock, resolution: Resolution) -> list[str]:

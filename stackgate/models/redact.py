@@ -7,7 +7,8 @@
   the value after a secret flag in a command line (``--api-key X``, ``--api-key=X``) or in an
   argv list (``["--api-key", "X"]``); ``Authorization: Bearer X``; an assignment to a secret
   name in any notation (``api_key='X'`` inside a ``ServerArgs(...)`` line, ``"api_key": "X"``,
-  ``HF_TOKEN=X``); and token formats (``hf_...``, ``sk-...``, ``ghp_...``).
+  ``HF_TOKEN=X``); and token formats (``hf_...``, ``sk-...``, ``ghp_...``, ``github_pat_...``, ``AKIA...``,
+  ``xoxb-...``).
 - **By value**: every secret found by name or shape anywhere in the document, and the values of
   the secret-named variables of this process's environment, are hidden wherever else they
   appear, in any string at any depth (a key a server echoes in a log line, a password repeated
@@ -42,9 +43,14 @@ MIN_SECRET = 6
 
 #: A name with one of these words names a secret wherever the word stands.
 _SECRET_WORDS = frozenset({"secret", "secrets", "password", "passwd", "passphrase", "credential", "credentials", "authorization", "cookie", "apikey"})
-#: Words that name a secret as the last word of a longer name (api_key, HF_TOKEN, access_token)
-#: but not alone: a config field called ``key`` (fast mode's layer-count key) is no secret.
-_QUALIFIED = frozenset({"token", "key"})
+#: Words that name a secret inside a longer word too (PGPASSWORD, mysqlpasswd).
+_SECRET_STEMS = ("password", "passwd", "passphrase")
+#: Words that name a secret as the last word of a longer name (api_key, HF_TOKEN, access_token,
+#: MYSQL_PWD, DB_PASS, GITHUB_PAT) but not alone: a config field called ``key`` (fast mode's
+#: layer-count key) is no secret, nor is ``PWD`` (the working directory).
+_QUALIFIED = frozenset({"token", "key", "pwd", "pass", "pat"})
+#: Names whose last words name a secret's identifier that is itself kept private (AWS_ACCESS_KEY_ID).
+_QUALIFIED_TAILS = (("access", "key", "id"),)
 #: Values that say "not set" (or name an auth scheme) rather than hold a secret.
 _UNSET = frozenset({"", "none", "null", "true", "false", "bearer", "basic", REDACTED})
 
@@ -78,11 +84,17 @@ def is_secret_name(name: str) -> bool:
 
     >>> [n for n in ("api_key", "HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "apiKey", "db_password", "Authorization") if is_secret_name(n)]
     ['api_key', 'HF_TOKEN', 'AWS_SECRET_ACCESS_KEY', 'apiKey', 'db_password', 'Authorization']
-    >>> [n for n in ("key", "max_total_num_tokens", "tokenizer_path", "speculative_token_map", "eos_token_id") if is_secret_name(n)]
+    >>> [n for n in ("PGPASSWORD", "MYSQL_PWD", "DB_PASS", "AWS_ACCESS_KEY_ID", "GITHUB_PAT") if is_secret_name(n)]
+    ['PGPASSWORD', 'MYSQL_PWD', 'DB_PASS', 'AWS_ACCESS_KEY_ID', 'GITHUB_PAT']
+    >>> plain = ("key", "max_total_num_tokens", "tokenizer_path", "speculative_token_map", "eos_token_id", "PWD")
+    >>> [n for n in plain if is_secret_name(n)]
     []
     """
     words = _words(name)
-    return bool(_SECRET_WORDS.intersection(words)) or (len(words) > 1 and words[-1] in _QUALIFIED)
+    if _SECRET_WORDS.intersection(words) or any(stem in word for word in words for stem in _SECRET_STEMS):
+        return True
+    qualified = len(words) > 1 and words[-1] in _QUALIFIED
+    return qualified or any(tuple(words[-len(tail) :]) == tail for tail in _QUALIFIED_TAILS)
 
 
 def is_secret_flag(word: str) -> bool:
@@ -100,18 +112,33 @@ def is_secret_flag(word: str) -> bool:
 _SCHEME_USERINFO = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^\s/@'\"<>:]*)(?::(?P<secret>[^\s/@'\"<>]*))?@")
 _BARE_USERINFO = re.compile(r"(?P<head>(?:^|(?<=[\s/'\"=(,\[])))(?P<user>[^\s/:@'\"<>]+):(?P<secret>[^\s/@'\"<>]+)@(?=[\w\[])")
 _FLAG = re.compile(r"(?P<head>(?P<name>--[A-Za-z][\w-]*)(?:=|[ \t]+))(?!--)(?P<secret>'[^'\n]*'|\"[^\"\n]*\"|[^\s'\"]+)")
+#: A secret flag and its value as two quoted words of a list (a spec's ``flags = ["--api-key", "X"]``,
+#: a JSON argv printed in a log).
+_LISTED_FLAG = re.compile(
+    r"""(?P<head>(?P<q>["'])(?P<name>--[A-Za-z][\w-]*)(?P=q)[ \t]*,[ \t]*)(?!["']--)(?P<secret>"[^"\n]*"|'[^'\n]*')"""
+)
 _BEARER = re.compile(r"(?P<head>\b(?:[Bb]earer|BEARER)[ \t]+)(?P<secret>[A-Za-z0-9._~+/=-]+)")
 _ASSIGN = re.compile(r"(?P<head>(?P<name>(?<![-\w])[A-Za-z_][\w-]*)['\"]?[ \t]*[:=][ \t]*)(?P<secret>'[^'\n\"]*'|\"[^\"\n\\]*\"|[^\s'\",;)}\]]+)")
 _NEXT_NAME = re.compile(r"[A-Za-z_][\w-]*[=:]")
-_TOKENS = re.compile(r"(?P<head>)(?P<secret>\bhf_[A-Za-z0-9]{30,}|\bsk-[A-Za-z0-9_-]{20,}|\bgh[pousr]_[A-Za-z0-9]{30,})")
+#: Token formats: Hugging Face, OpenAI-style, GitHub (classic and fine-grained), AWS access key
+#: ids (long-term AKIA, temporary ASIA), Slack (xoxb-, xoxp-, ...).
+_TOKENS = re.compile(
+    r"(?P<head>)(?P<secret>\bhf_[A-Za-z0-9]{30,}|\bsk-[A-Za-z0-9_-]{20,}"
+    r"|\bgh[pousr]_[A-Za-z0-9]{20,}|\bgithub_pat_[A-Za-z0-9_]{20,}"
+    r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b|\bxox[abposre]-[A-Za-z0-9-]{10,})"
+)
+
+#: What a text holds when it may hold a token (``gh`` covers ``ghp_`` and ``github_pat_``).
+_TOKEN_TELLTALES = ("hf_", "sk-", "gh", "AKIA", "ASIA", "xox")
 
 
-def _hide(match: re.Match[str], found: set[str]) -> str:
-    """The match with its secret hidden (quotes kept), the secret remembered."""
+def _hide(match: re.Match[str], found: set[str], *, numbers: bool = False) -> str:
+    """The match with its secret hidden (quotes kept), the secret remembered; a number only with
+    ``numbers`` (the value of a secret flag is a secret whatever its shape)."""
     secret = match["secret"]
     quote = secret[:1] if secret[:1] in "'\"" and secret[-1:] == secret[:1] and len(secret) > 1 else ""
     bare = secret[1:-1] if quote else secret
-    if _not_secret(bare) or bare.replace(".", "").isdigit():  # a shape's number is a port, a size
+    if _not_secret(bare) or (not numbers and bare.replace(".", "").isdigit()):  # elsewhere a number is a port, a size
         return match[0]
     found.add(bare)
     return f"{match['head']}{quote}{REDACTED}{quote}"
@@ -130,7 +157,9 @@ def _userinfo(match: re.Match[str], found: set[str]) -> str:
     return f"{match['head']}{match['user']}:{REDACTED}@"
 
 
-def _named(pattern: re.Pattern[str], text: str, secret: Callable[[str], bool], found: set[str]) -> str:
+def _named(
+    pattern: re.Pattern[str], text: str, secret: Callable[[str], bool], found: set[str], *, numbers: bool = False
+) -> str:
     """Hide the value of each match whose name is a secret's. A match whose name is not (or whose
     "value" is the next name, as in check_flags' ``--api-key: api_key='X'``) is left, and the
     search goes on right after that name, so that it cannot swallow a secret one
@@ -138,7 +167,7 @@ def _named(pattern: re.Pattern[str], text: str, secret: Callable[[str], bool], f
     out, pos = [], 0
     while (match := pattern.search(text, pos)) is not None:
         if secret(match["name"]) and not _NEXT_NAME.match(match["secret"]):
-            out += [text[pos : match.start()], _hide(match, found)]
+            out += [text[pos : match.start()], _hide(match, found, numbers=numbers)]
             pos = match.end()
         else:
             out.append(text[pos : match.end("name")])
@@ -153,12 +182,13 @@ def _shapes(text: str, found: set[str]) -> str:
         text = _SCHEME_USERINFO.sub(lambda m: _userinfo(m, found), text)
         text = _BARE_USERINFO.sub(lambda m: _userinfo(m, found), text)
     if "--" in text:
-        text = _named(_FLAG, text, is_secret_flag, found)
+        text = _named(_FLAG, text, is_secret_flag, found, numbers=True)
+        text = _named(_LISTED_FLAG, text, is_secret_flag, found, numbers=True)
     if "earer" in text or "EARER" in text:
         text = _BEARER.sub(lambda m: _hide(m, found), text)
     if "=" in text or ":" in text:
         text = _named(_ASSIGN, text, is_secret_name, found)
-    if "hf_" in text or "sk-" in text or "gh" in text:
+    if any(telltale in text for telltale in _TOKEN_TELLTALES):
         text = _TOKENS.sub(lambda m: _hide(m, found), text)
     return text
 

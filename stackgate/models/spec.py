@@ -23,7 +23,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from stackgate.models import settings
+from stackgate.models import inputfile, settings
 from stackgate.models.exitcodes import UsageError
 
 if sys.version_info >= (3, 11):
@@ -468,7 +468,7 @@ def load(path: Path | str | None = None) -> Lock:
     """Read and validate a lockfile; raise :class:`LockError` listing every problem."""
     path = default_lock_path() if path is None else Path(path)
     try:
-        data = path.read_bytes()
+        data = inputfile.read_capped(path, inputfile.MAX_SPEC_BYTES)
     except FileNotFoundError:
         raise LockError(path, ["no such file"]) from None
     except IsADirectoryError:

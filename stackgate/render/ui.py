@@ -24,7 +24,7 @@ from rich.theme import Theme
 
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.finding import Finding
-from stackgate.models.redact import redact_text
+from stackgate.models.redact import redact, redact_text
 from stackgate.models.result import Result, Status
 from stackgate.models.settings import Value
 from stackgate.models.verdict import Verdict
@@ -117,7 +117,8 @@ class UI:
         self.error(headline)
         if log is not None:
             self.info(f"full log: {log}")
-        for line in lines:
+        shown, (findings,) = redact([*lines]), _redacted(findings)
+        for line in shown:
             self.err.print(Text(f"  | {line}", style="muted"))
         if findings:
             self.err.print(Text(f"known failure(s) in the log ({len(findings)}):", style="heading"))
@@ -179,9 +180,17 @@ class UI:
 
     def findings(self, title: str, findings: Sequence[Finding], verdict: str, unrecognized: Sequence[Finding] = ()) -> None:
         """diagnose's report: each finding with its lines, cause and fix, most severe first; the
-        failures no entry explains after them, apart."""
+        failures no entry explains after them, apart. Their secrets are hidden, as in the JSON."""
+        findings, unrecognized = _redacted(findings, unrecognized)
         for text, style in render_findings(title, findings, verdict, verbose=self.verbose, unrecognized=unrecognized):
             self.line(text, style)
+
+
+def _redacted(*groups: Sequence[Finding]) -> list[list[Finding]]:
+    """Findings as a console may show them: their secrets hidden as a JSON report hides them (all
+    in one document, so a secret found in one is hidden in every other)."""
+    shown = redact([[finding.to_dict() for finding in group] for group in groups])
+    return [[Finding.from_dict(raw) for raw in group] for group in shown]
 
 
 #: How many lines of one event are shown, and how long a line may be, without -v.

@@ -4,7 +4,8 @@
 failure: verify's JSON report (run as the program itself, ``stackgate verify --json``), ``nvidia-smi
 -q``, the kernel log's GPU events with their neighbouring lines, the stack's installed
 distributions (asked of the stack's interpreter), the spec and its pylock, the server logs of the
-last runs (their ends), the environment, and diagnose's own report of the logs it was given.
+last runs (their ends), the environment (the variables that explain a run; the others by name),
+and diagnose's own report of the logs it was given.
 Every text goes through :mod:`stackgate.models.redact` before it is written (the environment's
 secret-named variables, tokens in URLs, secret flags and token shapes in logs), and the archive
 lists its members in ``MANIFEST.txt``.
@@ -25,7 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 from stackgate.edges import kernellog, runner
 from stackgate.facts import Missing, gather
 from stackgate.models import kernellog as kernelmodel
-from stackgate.models import pylock, settings
+from stackgate.models import pylock, runenv, settings
 from stackgate.models.redact import redact, redact_text
 from stackgate.models.spec import Lock
 
@@ -68,7 +69,7 @@ def write(out: Path, *, lock: Lock | None, diagnose_report: Mapping[str, Any] | 
     bundle.add("verify.json", lambda: _verify(lock, env, bundle))
     bundle.add("nvidia-smi-q.txt", lambda: _command(("nvidia-smi", "-q"), bundle))
     bundle.add("kernel-log-gpu-events.txt", lambda: _kernel(bundle))
-    bundle.add("environment.txt", lambda: "".join(f"{k}={v}\n" for k, v in sorted(env.items())))
+    bundle.add("environment.txt", lambda: _environment(env, lock))
     if lock is not None:
         bundle.add(f"spec/{lock.path.name}", lambda: lock.path.read_text(encoding="utf-8"))
         locked = pylock.path_for(lock.path)
@@ -102,6 +103,15 @@ def _verify(lock: Lock | None, env: Mapping[str, str], bundle: Bundle) -> str | 
         return _note(bundle, f"verify.json: verify wrote no report (exit {done.returncode}): {(done.stderr or done.stdout).strip()[-500:]}")
     finally:
         report.unlink(missing_ok=True)
+
+
+def _environment(env: Mapping[str, str], lock: Lock | None) -> str:
+    """The variables that explain a run with their values (:mod:`stackgate.models.runenv`), the
+    others by name only."""
+    named = [*lock.env, *lock.smoke.env] if lock is not None else []
+    kept, others = runenv.recorded(env, named)
+    names = f"# set, value not recorded: {', '.join(others)}\n" if others else ""
+    return "".join(f"{k}={v}\n" for k, v in kept.items()) + names
 
 
 def _command(argv: Sequence[str], bundle: Bundle) -> str | None:

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from stackgate.models import pylock
+from stackgate.models import inputfile, pylock
 from stackgate.models.redact import redact, redact_text, secrets_in
 from stackgate.models.result import Result
 from stackgate.models.spec import Lock
@@ -125,15 +125,16 @@ def lock_section(lock: Lock) -> dict[str, str]:
     bytes that every report names."""
     section = {"name": lock.name, "sha256": _spec_sha256(lock)}
     try:
-        section["pylock"] = hashlib.sha256(pylock.path_for(lock.path).read_bytes()).hexdigest()
+        locked = inputfile.read_capped(pylock.path_for(lock.path), inputfile.MAX_PYLOCK_BYTES)
+        section["pylock"] = hashlib.sha256(locked).hexdigest()
     except OSError:
-        pass  # no pylock beside the spec (an existing interpreter's profile, say)
+        pass  # no pylock beside the spec (an existing interpreter's profile, say), or none it may read
     return section
 
 
 def _spec_sha256(lock: Lock) -> str:
     try:
-        raw = lock.path.read_bytes()
+        raw = inputfile.read_capped(lock.path, inputfile.MAX_SPEC_BYTES)
     except OSError:
         return lock.sha256
     if hashlib.sha256(raw).hexdigest() != lock.sha256:

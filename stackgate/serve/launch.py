@@ -36,6 +36,7 @@ from stackgate.serve.procs import ProcessTree, describe, read_stat
 
 __all__ = [
     "FUSION_MARK",
+    "LOG_NOTE",
     "Config",
     "LaunchError",
     "Server",
@@ -53,6 +54,8 @@ __all__ = [
     "stop",
 ]
 
+#: What the console says of a kept server log: the server's own words, secrets and all, kept private.
+LOG_NOTE = "the server's raw output, unredacted: readable only by its owner (mode 0600)"
 #: Flags that turn on a fused communication path; the default --compare baseline drops them.
 FUSION_MARK = "fusion"
 #: Memory a GPU may still show in use after teardown (driver bookkeeping), per GPU.

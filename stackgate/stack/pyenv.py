@@ -182,7 +182,7 @@ def local_files(resolution: pylock.Resolution, cache: Path, wheelhouse: Path | N
     wheelhouse; else the URL wheels (``archive``), which provision downloads and checks itself
     (resumable, into ``cache``) before installing."""
     if wheelhouse is not None:
-        return {file.sha256: wheelhouse / file.filename for file in resolution.files}
+        return {file.sha256: file.within(wheelhouse) for file in resolution.files}
     return {p.archive.sha256: wheel_path(p.archive, cache) for p in resolution.packages.values() if p.archive}
 
 
@@ -240,7 +240,7 @@ def wheelhouse_problems(resolution: pylock.Resolution, wheelhouse: Path) -> list
     """Each locked file the wheelhouse lacks or holds with another sha256."""
     problems = []
     for file in resolution.files:
-        path = wheelhouse / file.filename
+        path = file.within(wheelhouse)
         if not path.is_file():
             problems.append(f"{file.filename} is missing")
         elif (have := fetch.sha256_file(path)) != file.sha256:
@@ -297,7 +297,7 @@ def _blocked_message(culprits: list[guard.Blocked]) -> str:
 
 def wheel_path(file: pylock.LockedFile, cache: Path) -> Path:
     """Where a URL wheel lives once checked: under its sha256, so another file is another path."""
-    return cache / file.sha256 / file.filename
+    return file.within(cache / file.sha256)
 
 
 def fetch_wheel(

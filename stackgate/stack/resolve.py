@@ -34,7 +34,17 @@ from stackgate.models import pylock, settings
 from stackgate.models.spec import Lock
 from stackgate.stack import guard, pyenv
 
-__all__ = ["FirstUse", "Moved", "Outcome", "ResolveError", "compile_command", "current", "download", "resolve"]
+__all__ = [
+    "FirstUse",
+    "Moved",
+    "Outcome",
+    "ResolveError",
+    "compile_command",
+    "current",
+    "download",
+    "previous",
+    "resolve",
+]
 
 #: Files downloaded into a wheelhouse at once.
 DOWNLOADS_AT_ONCE = 4
@@ -80,13 +90,14 @@ class Outcome:
     replaced: bool  #: there was a pylock before (``moved`` is measured against it)
 
 
-def current(lock: Lock) -> tuple[pylock.Resolution | None, list[str]]:
+def current(lock: Lock, wheelhouse: Path | None = None) -> tuple[pylock.Resolution | None, list[str]]:
     """The spec's pylock and how it differs from the spec, offline (``stackgate lock --check``):
-    (None, [why]) when there is none. A pylock that does not validate raises PylockError."""
+    (None, [why]) when there is none. A pylock that does not validate, or names a local file
+    outside the roots the spec allows, raises PylockError."""
     path = pylock.path_for(lock.path)
     if not path.exists():
         return None, [f"{path} does not exist"]
-    resolution = pylock.load(path)
+    resolution = pylock.load_beside(lock, wheelhouse=wheelhouse)
     return resolution, pylock.differences(lock, resolution)
 
 
@@ -95,7 +106,7 @@ def resolve(
 ) -> Outcome:
     """Resolve the spec into its pylock and write it; :class:`ResolveError` leaves the old one."""
     target = pylock.path_for(lock.path)
-    old = _previous(target)
+    old = previous(target)
     work = Path(tempfile.mkdtemp(prefix=f"stackgate-lock-{lock.name}-"))
     log = work / "uv.log"
     output = work / "pylock.toml"
@@ -106,6 +117,9 @@ def resolve(
         pyenv.run(command, log=log, environ=environ, lock=lock, on_line=on_line)
         text = pylock.stamp(output.read_text(encoding="utf-8"), lock)
         resolution = pylock.loads(text.encode(), target)
+        outside = pylock.outside_roots(resolution, pylock.file_roots(lock))
+        if outside:
+            raise pylock.PylockError(target, outside)
     except (pyenv.PyenvError, guard.GuardError) as exc:
         raise ResolveError(f"the resolution failed: {exc}", exc.log, exc.tail) from exc
     except pylock.PylockError as exc:
@@ -116,7 +130,7 @@ def resolve(
     return outcome
 
 
-def _previous(target: Path) -> pylock.Resolution | None:
+def previous(target: Path) -> pylock.Resolution | None:
     """The pylock being replaced, when it is one stackgate can read (else it is resolved afresh)."""
     try:
         return pylock.load(target) if target.exists() else None
@@ -217,11 +231,12 @@ def _write(target: Path, text: str) -> None:
 def download(resolution: pylock.Resolution, wheelhouse: Path, *, on_file: Callable[[str, bool], None] | None = None, retry: fetch.Retry = fetch.RETRY) -> list[Path]:
     """Every locked file in ``wheelhouse``, each checked against its sha256 (a file already
     there and right is kept); ``on_file(name, downloaded)`` hears about each."""
-    wheelhouse.mkdir(parents=True, exist_ok=True)
     files = resolution.files
+    targets = {file: file.within(wheelhouse) for file in files}  # every name checked before anything is written
+    wheelhouse.mkdir(parents=True, exist_ok=True)
 
     def one(file: pylock.LockedFile) -> Path:
-        target = wheelhouse / file.filename
+        target = targets[file]
         try:
             downloaded = fetch.fetch_checked(file.url, target, file.sha256, timeout_s=settings.DOWNLOAD_TIMEOUT_S.value(), retry=retry)
         except fetch.FetchError as exc:
