@@ -50,7 +50,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from stackgate import __version__
 from stackgate.edges import ssh
-from stackgate.edges.files import write_json, write_text
+from stackgate.edges.files import unwritable, write_json, write_text
 from stackgate.models import pylock, settings
 from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode, UsageError
@@ -755,12 +755,9 @@ def upgrade_specs(request: FleetRequest) -> tuple[lockmodel.Lock, lockmodel.Lock
 
 def check_outputs(request: FleetRequest) -> None:
     """Refuse, before any node is touched, a report path that could not be written at the end."""
-    for option, path in request.outputs.items():
-        if path.is_dir():
-            raise FleetUsageError(f"{option} {path}: is a directory")
-        existing = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
-        if existing is None or not existing.is_dir():
-            raise FleetUsageError(f"{option} {path}: cannot write there ({existing or path.parent} is not a folder)")
+    problem = unwritable(request.outputs)
+    if problem is not None:
+        raise FleetUsageError(problem)
 
 
 def keep_node_runs(done: FleetRun, warn: Callable[[str], None]) -> list[Path]:
