@@ -246,3 +246,33 @@ def test_a_rebuilt_index_has_seen_the_folder_complete(kept):
     assert catalog.reindex(folder).runs == len(runs)
     with index.Store(folder) as db:
         assert db.fresh()  # the next listing reads rows only: making the index's own folder is no document
+
+
+def test_a_document_copied_in_while_a_writer_is_inside_store_is_listed(kept, monkeypatch):
+    folder, runs = kept
+    listing(folder)  # the index has seen the folder complete
+    copied = {**json.loads(runs[1].path.read_text()), "run_id": "copied-in", "started": day(25)}
+    real = history.write_json
+
+    def copy_in_then_write(path, doc):  # another process copies a document in while this one writes its own
+        (folder / "copied-in.json").write_text(json.dumps(copied))
+        real(path, doc)
+
+    monkeypatch.setattr(history, "write_json", copy_in_then_write)
+    history.store({**gate_doc(decode=80.0), "started": day(26), "run_id": "written"}, folder, pytest.fail)
+    found, warnings = listing(folder)
+    assert warnings == [] and found.total == 9 and [r.id for r in found.rows[-2:]] == ["copied-in", "written"]
+    with index.Store(folder) as db:
+        assert db.fresh()  # the reader reconciled once; the next one reads rows only
+
+
+def test_a_writer_sweeps_the_temporary_files_killed_writes_left(kept):
+    folder, _ = kept
+    old, young = folder / ".20261101T100000Z-gate-0a0b0c.json.k3j4h5g6", folder / ".20261102T100000Z-gate-0a0b0d.json.a1b2c3d4"
+    for path in (old, young):
+        path.write_bytes(b"")
+    hour_ago = old.stat().st_mtime - 3600
+    os.utime(old, (hour_ago, hour_ago))
+    history.store({**gate_doc(decode=80.0), "started": day(26), "run_id": "written"}, folder, pytest.fail)
+    assert not old.exists() and young.exists()  # a young one may be another writer's, still writing
+    assert listing(folder)[0].total == 8

@@ -18,7 +18,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from stackgate.models import settings
 from stackgate.runs import history, index
@@ -76,18 +76,6 @@ def _indexing() -> bool:
 # --- keeping the index true to the folder ---------------------------------------------------------
 
 
-def names(directory: Path) -> Iterator[str]:
-    """The names of the folder's documents (a hidden name is a report being written)."""
-    try:
-        entries = os.scandir(directory)
-    except OSError:
-        return
-    with entries:
-        for entry in entries:
-            if entry.name.endswith(".json") and not entry.name.startswith(".") and entry.is_file():
-                yield entry.name
-
-
 def _read_rows(directory: Path, files: Sequence[str]) -> tuple[list[Row], list[Skipped]]:
     rows, skipped = [], []
     for file in files:
@@ -105,7 +93,7 @@ def sync(db: index.Store) -> None:
     directory = db.directory
     known = db.known()  # first: a run a writer enters after this is not taken for one deleted
     seen = index.folder_mtime(directory)
-    on_disk = set(names(directory))
+    on_disk = set(index.names(directory))
     added = sorted(on_disk - known)
     for start in range(0, max(len(added), 1), BATCH):
         rows, skipped = _read_rows(directory, added[start : start + BATCH])
@@ -150,7 +138,7 @@ def reindex(directory: Path) -> Reindexed:
     with index.Store(directory) as db:
         seen = index.folder_mtime(directory)  # after the index's own folder was made: that is no document
         batch: list[str] = []
-        for name in names(directory):
+        for name in index.names(directory):
             batch.append(name)
             if len(batch) >= BATCH:
                 count, skipped_count = _add(db, batch, count, skipped_count)

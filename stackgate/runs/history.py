@@ -79,24 +79,23 @@ def store(doc: Mapping[str, Any], directory: Path, warn: Callable[[str], Any] | 
     if not isinstance(run_id, str) or not run_id:
         raise HistoryError("the document has no run_id")
     path = directory / f"{run_id}.json"
-    before = index.folder_mtime(directory)
     try:
         write_json(path, doc)
     except OSError as exc:
         raise HistoryError(f"cannot keep the run in {directory}: {exc.strerror or exc}") from exc
-    problem = enter(path, before) if settings.HISTORY_INDEX.value() else None
+    problem = enter(path) if settings.HISTORY_INDEX.value() else None
     if problem and warn is not None:
         warn(f"stackgate: the run was kept in {path} but not entered in the run index ({problem}); the next `stackgate report` finds it")
     return path
 
 
-def enter(path: Path, before_ns: int | None) -> str | None:
+def enter(path: Path) -> str | None:
     """Enter a run just written in its directory's index; the reason when it could not be."""
     directory = path.parent
     try:
         row = row_of(read(path))
         with index.Store(directory) as db:
-            db.record(row, before_ns, index.folder_mtime(directory))
+            db.record(row)
         return None
     except (HistoryError, index.IndexUnusable) as exc:
         index.mark_dirty(directory)
