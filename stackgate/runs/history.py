@@ -143,6 +143,16 @@ class Run:
         return str(_at(self.doc, "host", "hostname") or "?")
 
     @property
+    def node(self) -> str:
+        """The node that ran it: its fleet name when a fleet controller kept it, else its hostname
+        with its machine (``vm (machine 1f0e...)``): nodes cloned from one image share a hostname."""
+        fleet = _at(self.doc, "fleet", "node")
+        if isinstance(fleet, str) and fleet:
+            return fleet
+        machine = _at(self.doc, "host", "machine")
+        return f"{self.host} (machine {machine})" if isinstance(machine, str) and machine else self.host
+
+    @property
     def benchmark(self) -> Mapping[str, Any] | None:
         """The benchmark of the real weights (a fast-mode figure is not the stack's speed)."""
         if self.command == "gate":
@@ -227,7 +237,7 @@ def row_of(run: Run) -> index.Row:
     finger = run.fingerprint or {}
     digest, short = finger.get("digest"), finger.get("short")
     return index.Row(
-        run.path.name, run.id, run.started, run.command, run.kind, run.host, run.lock_name, run.verdict, run.decode_tok_s, run.figure("tok_s"),
+        run.path.name, run.id, run.started, run.command, run.kind, run.host, run.node, run.lock_name, run.verdict, run.decode_tok_s, run.figure("tok_s"),
         run.busbw_gbs, run.tflops, str(digest) if digest else None, str(short) if short else None, mtime_ns, size,
     )  # fmt: skip
 

@@ -92,6 +92,18 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         CREATE TABLE skipped (file TEXT PRIMARY KEY, reason TEXT NOT NULL);
         """,
     ),
+    (
+        2,
+        # the node that ran it (a fleet node's name, else its hostname and machine): its rows are
+        # read again from their documents, so the folder is listed at the next read
+        """
+        ALTER TABLE runs ADD COLUMN node TEXT NOT NULL DEFAULT '';
+        CREATE INDEX runs_node ON runs (node, started, id);
+        DELETE FROM runs;
+        DELETE FROM skipped;
+        DELETE FROM meta WHERE key = 'folder_mtime_ns';
+        """,
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
@@ -110,6 +122,7 @@ class Row:
     command: str
     kind: str
     host: str
+    node: str  #: who ran it (history.Run.node): the node regressions are judged per
     lock: str
     verdict: str
     decode_tok_s: float | None
@@ -329,17 +342,17 @@ class Store:
         """The newest ``limit`` runs of a lock, oldest first."""
         return list(reversed(self._rows(f"{_SELECT} WHERE lock = ? {_NEWEST} LIMIT ?", (lock, limit))))
 
-    def hosts_since(self, since: str) -> list[str]:
-        return [host for (host,) in self.db.execute("SELECT DISTINCT host FROM runs WHERE started >= ? ORDER BY host", (since,))]
+    def nodes_since(self, since: str) -> list[str]:
+        return [node for (node,) in self.db.execute("SELECT DISTINCT node FROM runs WHERE started >= ? ORDER BY node", (since,))]
 
-    def of_host(self, host: str, since: str) -> list[Row]:
-        """A host's runs since ``since``, oldest first."""
-        return self._rows(f"{_SELECT} WHERE host = ? AND started >= ? ORDER BY started, id", (host, since))
+    def of_node(self, node: str, since: str) -> list[Row]:
+        """A node's runs since ``since``, oldest first."""
+        return self._rows(f"{_SELECT} WHERE node = ? AND started >= ? ORDER BY started, id", (node, since))
 
-    def before(self, host: str, since: str, *, measured: bool = False) -> Row | None:
-        """A host's last run before ``since`` (``measured``: the last one with a decode figure)."""
+    def before(self, node: str, since: str, *, measured: bool = False) -> Row | None:
+        """A node's last run before ``since`` (``measured``: the last one with a decode figure)."""
         extra = " AND decode_tok_s IS NOT NULL" if measured else ""
-        found = self._rows(f"{_SELECT} WHERE host = ? AND started < ?{extra} {_NEWEST} LIMIT 1", (host, since))
+        found = self._rows(f"{_SELECT} WHERE node = ? AND started < ?{extra} {_NEWEST} LIMIT 1", (node, since))
         return found[0] if found else None
 
     def skipped(self) -> list[Skipped]:
