@@ -38,6 +38,7 @@ def fleet_env(home: Path, python: Path, port: int, events: Path, runs: Path, **b
         "STACKGATE_FAKE_SGLANG": str(behaviour(home / "behaviour.json", events, **behave)),
         "STACKGATE_HISTORY_DIR": str(runs),
         "STACKGATE_LOG_DIR": str(home / "logs"),
+        "STACKGATE_DEEP_DIR": str(home / "deep"),
         "FLEET_NODE_PORT": str(port),
         "FLEET_NODE_INTERPRETER": str(python),
         "FLEET_NODE_CHECKS": ",".join(VERIFIABLE),
