@@ -242,11 +242,13 @@ def diagnose(c, path=None, stdin=False, json=None, lock=None, kernel=False, kern
         "prom": "write Prometheus metrics here (one series per node) for node_exporter's textfile collector",
         "html": "write a self-contained HTML page here",
         "strict": "fail on warnings too: the nodes' own, and the fleet's outliers",
+        "max_nodes": "refuse a fleet of more nodes than this (default 1000): a runaway inventory is not dialled",
     },
 )
 def fleet(
     c, action, hosts=None, inventory=None, lock=None, parallel=None, batch=None, fast_only=False, check=None, timeout=None, connect_timeout=None,
     json=None, junit=None, markdown=None, prom=None, html=None, strict=False, to=None, canary=None, switch="if-better", accept_output_change=False, model=None,
+    max_nodes=None,
 ):  # fmt: skip
     """Run gate, verify, provision or upgrade on every node over SSH: one report, one verdict."""
     from stackgate.commands import fleet as command
@@ -258,6 +260,7 @@ def fleet(
             connect_timeout_s=command.seconds("--connect-timeout", connect_timeout), strict=strict, json_path=_path(json), junit_path=_path(junit),
             markdown_path=_path(markdown), prom_path=_path(prom), html_path=_path(html), to_path=_path(to), canary=command.whole("--canary", canary, 1),
             switch=switch, accept_output_change=accept_output_change, model=model,
+            max_nodes=command.whole("--max-nodes", max_nodes, command.MAX_NODES),
         )  # fmt: skip
         return command.run(request, _ui(0, json, junit, markdown, prom, html))
 

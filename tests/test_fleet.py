@@ -75,6 +75,13 @@ class Fleet:
         self.entries.append({"name": name, "port": server.port, "stackgate": str(program), **({"timeout_s": 3} if hang else {})})
         return server
 
+    def server(self, name: str) -> Sshd:
+        """An sshd alone (in known_hosts, with the fleet's authorized key), for a node that is never logged into."""
+        home = self.home / name
+        home.mkdir()
+        self.servers[name] = Sshd(home, self.authorized).start()
+        return self.servers[name]
+
     def inventory(self, *entries: dict[str, object]) -> Path:
         known = self.home / "known_hosts"
         known.write_text("".join(s.known_hosts_line() + "\n" for s in self.servers.values()))
@@ -110,7 +117,7 @@ def test_a_fleet_gate_over_loopback_nodes(tmp_path):
         fleet.node("slow", hang=True)
         inventory = fleet.inventory(
             {"name": "down", "port": free_port()},
-            {"name": "denied", "port": fleet.servers["a"].port, "identity": str(fleet.stranger), "stackgate": "stackgate"},
+            {"name": "denied", "port": fleet.server("denied").port, "identity": str(fleet.stranger), "stackgate": "stackgate"},
         )
         out = home / "report"
         done = stackgate(

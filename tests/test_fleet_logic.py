@@ -4,8 +4,10 @@ sha256 checks, rolling provision, and the aggregation (groups, outliers), with s
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -45,12 +47,44 @@ def statuses(doc: dict) -> dict[str, str]:
         ('[fleet]\nuser = "ops"\n', "node: no [[node]] table"),
         ("[[node]\n", "not valid TOML"),
         ('[[node]]\nhost = "a"\nname = "a b"\n', "node[0].name: 'a b' is not a node name"),
+        ('[[node]]\nhost = "127.0.0.1:65536"\n', "node[0].host: '127.0.0.1:65536' is not a host name or address (a colon makes it an IPv6"),
+        ('[[node]]\nhost = ":"\n', "node[0].host: ':' is not a host name or address (a colon makes it an IPv6 address"),
+        ('[[node]]\nhost = "1:2:3:4:5:6:7:8:9:10"\n', "node[0].host: '1:2:3:4:5:6:7:8:9:10' is not a host name or address"),
+        ('[[node]]\nhost = "[10.0.0.1]"\n', "node[0].host: '[10.0.0.1]' is not a host name or address"),
+        ('[[node]]\nhost = "10.0.0.256"\n', "node[0].host: '10.0.0.256' is not a host name or address (digits and dots make it an IPv4"),
+        ('[[node]]\nhost = "a..b"\n', "node[0].host: 'a..b' is not a host name or address (a host name is labels"),
+        ('[[node]]\nname = "a"\nhost = "10.0.0.1"\n[[node]]\nname = "b"\nhost = "10.0.0.1"\nport = 22\n', "node: 'b' has the address 10.0.0.1:22 of 'a' (the same node twice)"),
+        ('[[node]]\nname = "a"\nhost = "fe80::1"\n[[node]]\nname = "b"\nhost = "[FE80:0::1]"\n', "node: 'b' has the address FE80:0::1:22 of 'a' (the same node twice)"),
     ],
 )
 def test_a_hostile_inventory_is_refused_naming_the_key(text, problem):
     with pytest.raises(InventoryError) as caught:
         parse_inventory(text, "fleet.toml")
     assert problem in str(caught.value) and str(caught.value).startswith("fleet.toml: ")
+
+
+def test_host_forms_are_judged_as_text_never_looked_up(monkeypatch):
+    def no_dns(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"a DNS lookup of {args[0]!r} while reading the nodes")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    monkeypatch.setattr(socket, "gethostbyname", no_dns)
+    for bad, why in (("1:2:3:4:5:6:7:8:9:10", "IPv6"), ("127.0.0.1:65536", "port"), (":", "no host"), ("a,b,A", "twice")):
+        with pytest.raises(InventoryError) as caught:
+            parse_hosts(bad)
+        assert caught.value.args[0].startswith("--hosts: "), why
+    assert [n.address for n in parse_hosts("gpu-01.example,10.0.0.1:2222,[fe80::1]:22")] == ["gpu-01.example:22", "10.0.0.1:2222", "fe80::1:22"]
+
+
+def test_more_nodes_than_the_cap_are_refused_before_any_is_dialled(tmp_path):
+    sims: dict[str, SimNode] = {}
+    many = ",".join(f"n{i}" for i in range(fleet.MAX_NODES + 1))
+    request = fleet.FleetRequest(action="gate", hosts=many, lock_path=LOCK, json_path=tmp_path / "fleet.json")
+    with pytest.raises(fleet.FleetUsageError, match=rf"^fleet: {fleet.MAX_NODES + 1} nodes, more than {fleet.MAX_NODES} \(--max-nodes\): nothing was dialled"):
+        fleet.run(request, UI(stream=io.StringIO(), force_plain=True), SimTransport(sims))
+    assert sims == {} and not (tmp_path / "fleet.json").exists()
+    raised = dataclasses.replace(request, max_nodes=fleet.MAX_NODES + 1)
+    assert len(fleet.nodes_of(raised)) == fleet.MAX_NODES + 1
 
 
 def test_an_inventory_sets_defaults_and_each_node_overrides_them(tmp_path):

@@ -62,8 +62,9 @@ from stackgate.runs import fleet as aggregate
 from stackgate.runs import history
 
 __all__ = [
-    "ACTIONS", "SCHEMA", "SWITCHES", "FleetRequest", "FleetRun", "FleetUsageError", "NodeRun", "Remote", "Shipment", "canary_rollout", "document", "gate_on_node",
-    "on_node", "printable", "provision_on_node", "rolling", "run", "run_fleet", "run_nodes", "seconds", "upgrade_on_node", "whole",
+    "ACTIONS", "MAX_NODES", "SCHEMA", "SWITCHES", "FleetRequest", "FleetRun", "FleetUsageError", "NodeRun", "Remote",
+    "Shipment", "canary_rollout", "document", "gate_on_node", "on_node", "printable", "provision_on_node", "rolling",
+    "run", "run_fleet", "run_nodes", "seconds", "upgrade_on_node", "whole",
 ]  # fmt: skip
 
 SCHEMA = "stackgate.fleet/1"
@@ -77,6 +78,9 @@ KEPT = "kept the live stack: nothing to roll back"
 STOPPED = "stopped before its report: current is the live stack unless upgrade's last, atomic step (the switch) had run"
 #: A node's report is read whole: a bigger one is not a stackgate report.
 MAX_REPORT_BYTES = 64 << 20
+#: The most nodes a fleet run takes unless --max-nodes says more: a generated inventory gone wrong
+#: (10,000 hosts) is refused before anything is dialled.
+MAX_NODES = 1000
 #: How long a stopped node's stackgate gets to tear down (its servers) before SIGKILL.
 STOP_GRACE_S = 30.0
 _FOLDER = re.compile(r"^/[^\n]*/stackgate-fleet\.[A-Za-z0-9]{8}$")
@@ -110,6 +114,7 @@ class FleetRequest:
     switch: str = "if-better"  #: upgrade only: each node's ``stackgate upgrade --switch``
     accept_output_change: bool = False  #: upgrade only
     model: str | None = None  #: upgrade only: the model both sides launch on each node
+    max_nodes: int = MAX_NODES  #: more nodes than this is refused (a runaway inventory); --max-nodes raises it
 
     @property
     def upgrade_options(self) -> bool:
@@ -719,6 +724,11 @@ def nodes_of(request: FleetRequest) -> list[Node]:
         raise FleetUsageError("fleet: --check is for `fleet verify`")
     _check_upgrade(request)
     nodes = parse_hosts(request.hosts) if request.hosts is not None else load_inventory(request.inventory)  # type: ignore[arg-type]
+    if len(nodes) > request.max_nodes:
+        raise FleetUsageError(
+            f"fleet: {len(nodes)} nodes, more than {request.max_nodes} (--max-nodes): nothing was dialled; "
+            f"pass --max-nodes {len(nodes)} if the fleet really is that large"
+        )
     if request.action == "upgrade" and request.canary > len(nodes):
         raise FleetUsageError(f"fleet upgrade: --canary {request.canary}: the fleet has {len(nodes)} node(s)")
     return [
