@@ -247,3 +247,29 @@ def test_fleet_verify_runs_the_named_checks_on_every_node(tmp_path):
         assert not list((tmp_path / "runs").glob("*.json"))  # verify runs are not kept, here as on one node
     finally:
         fleet.stop()
+
+
+def test_fleet_verify_names_the_failed_checks_of_each_node(tmp_path):
+    """A node whose fake NVML shows two H200s where the spec wants one: its failed check and the
+    check's own reason reach the console, the JSON and the Markdown report."""
+    from fakes.fake_nvml import gpu, machine
+
+    fleet = Fleet(tmp_path)
+    try:
+        fleet.node("a")
+        fleet.node("two")
+        h200 = gpu("NVIDIA H200", (9, 0), memory=[141 * 2**30, 2**20])
+        (tmp_path / "two" / "nvml.json").write_text(json.dumps(machine([h200, gpu("NVIDIA H200", (9, 0), uuid="GPU-0001", memory=[141 * 2**30, 2**20])])))
+        out = tmp_path / "v"
+        done = stackgate(
+            "fleet", "verify", "--inventory", str(fleet.inventory()), "--lock", str(fleet.spec), "-c", "gpu.*", "--json", f"{out}.json", "--markdown", f"{out}.md",
+            history=tmp_path / "runs",
+        )  # fmt: skip
+        assert done.returncode == ExitCode.FAILED, done.stdout + done.stderr
+        two = nodes(json.loads(Path(f"{out}.json").read_text()))["two"]
+        (count,) = [c for c in two["failed_checks"] if c["check"] == "gpu.count"]
+        assert count["status"] == "FAIL" and "2" in count["summary"] and "gpu.count" in two["reason"]
+        assert f"two: {len(two['failed_checks'])} check(s) failed:" in done.stdout and f"  gpu.count FAIL: {count['summary']}" in done.stdout
+        assert f"  gpu.count FAIL: {count['summary']}" in Path(f"{out}.md").read_text()
+    finally:
+        fleet.stop()

@@ -185,3 +185,45 @@ def test_a_hostile_node_report_fails_that_node_with_the_reason_and_prints_nothin
     assert by["damaged"]["reason"] == "the node's report is damaged: verdict, exit_code, results missing or of the wrong type"
     assert by["escapes"]["status"] == "passed" and by["escapes"]["reason"] == "ok?]0;pwned??[2J"
     assert "\x1b" not in stream.getvalue() and "\\u001b" not in out.read_text()
+
+
+def _verify_report(failed: dict[str, str]) -> str:
+    results = [{"check": "gpu.driver", "status": "PASS", "summary": "driver 580.82.07"}]
+    results += [{"check": name, "status": "FAIL", "summary": summary} for name, summary in failed.items()]
+    return json.dumps({
+        "schema": "stackgate.report/1", "command": "verify", "run_id": "20261130T000000Z-verify-abc123", "host": {"hostname": "vm"}, "results": results,
+        "counts": {"PASS": 1, "FAIL": len(failed)}, "verdict": "failed", "reason": f"{len(failed)} check(s) failed", "exit_code": 1,
+    })  # fmt: skip
+
+
+def _verify_fleet(tmp_path: Path) -> tuple[dict[str, dict], str, str]:
+    """``fleet verify`` of three nodes: one passes, one fails two checks (one reason long), one a single check."""
+    long = "python.pins: " + "torch is 2.10.0, locked ==2.9.1+cu130; " * 8
+    sims = {
+        "ok": SimNode(),
+        "wordy": SimNode(gate_exit=1, raw_report=_verify_report({"gpu.count": "2 GPU(s) visible, the lock wants 1", "python.pins": long})),
+        "terse": SimNode(gate_exit=1, raw_report=_verify_report({"gpu.ecc": "GPU 0: 3 uncorrectable ECC errors"})),
+    }
+    stream, out, md = io.StringIO(), tmp_path / "fleet.json", tmp_path / "fleet.md"
+    request = fleet.FleetRequest(action="verify", hosts="ok,wordy,terse", lock_path=LOCK, json_path=out, markdown_path=md)
+    assert fleet.run(request, UI(stream=stream, force_plain=True), SimTransport(sims)) == ExitCode.FAILED
+    return {n["name"]: n for n in json.loads(out.read_text())["nodes"]}, stream.getvalue(), md.read_text()
+
+
+def test_fleet_verify_names_each_nodes_failed_checks_with_their_reasons(tmp_path):
+    by, console, markdown = _verify_fleet(tmp_path)
+    assert by["terse"]["failed_checks"] == [{"check": "gpu.ecc", "status": "FAIL", "summary": "GPU 0: 3 uncorrectable ECC errors"}]
+    assert [c["check"] for c in by["wordy"]["failed_checks"]] == ["gpu.count", "python.pins"] and by["ok"]["failed_checks"] == []
+    assert by["wordy"]["reason"] == "verify exit 1: 2 check(s) failed (gpu.count, python.pins)"
+    assert "terse: 1 check(s) failed:\n  gpu.ecc FAIL: GPU 0: 3 uncorrectable ECC errors\n" in console
+    assert "wordy: 2 check(s) failed:\n  gpu.count FAIL: 2 GPU(s) visible, the lock wants 1\n  python.pins FAIL: python.pins: torch is 2.10.0" in console
+    assert "### Failed checks" in markdown and "  gpu.ecc FAIL: GPU 0: 3 uncorrectable ECC errors" in markdown
+
+
+def test_the_fleet_consoles_reason_column_is_left_aligned_and_unpadded(tmp_path):
+    by, console, _ = _verify_fleet(tmp_path)
+    lines = console.splitlines()
+    column = next(line for line in lines if line.startswith("node ")).index("reason")
+    rows = {line.split()[0]: line for line in lines if line.split()[:1] in (["ok"], ["wordy"], ["terse"]) and "check(s) failed:" not in line}
+    assert rows["terse"][column:] == by["terse"]["reason"] and rows["wordy"][column:] == by["wordy"]["reason"], rows
+    assert len(rows["ok"]) <= column and all(row == row.rstrip() for row in rows.values())

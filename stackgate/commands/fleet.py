@@ -355,7 +355,9 @@ def _judged(remote: Remote, done: ssh.Completed, what: str, steps: tuple[str, ..
     if done.returncode == ExitCode.INTERRUPTED:
         return NodeRun(node, INTERRUPTED, "interrupted on the node", exit_code=done.returncode, doc=doc, steps=steps)
     reason = str(doc.get("reason")) if doc is not None and doc.get("reason") and done.returncode in (1, 2) else _tail(done.stderr or done.stdout)
-    return NodeRun(node, FAILED, f"{what} exit {done.returncode}: {reason}", exit_code=done.returncode, doc=doc, steps=steps)
+    failed = [c["check"] for c in aggregate.failed_checks(doc)]
+    named = f" ({', '.join(failed[:5])}{', ...' if len(failed) > 5 else ''})" if failed else ""
+    return NodeRun(node, FAILED, f"{what} exit {done.returncode}: {reason}{named}", exit_code=done.returncode, doc=doc, steps=steps)
 
 
 def gate_on_node(args: Sequence[str], what: str = "gate", spec_flag: str = "--lock") -> Action:
@@ -627,6 +629,7 @@ def _node_part(done: NodeRun) -> dict[str, Any]:
         "fingerprint": finger.get("short") if isinstance(finger, Mapping) and isinstance(finger.get("short"), str) else None,
         "figures": aggregate.figures(doc),
         "counts": doc.get("counts") if isinstance(doc.get("counts"), Mapping) else {},
+        "failed_checks": aggregate.failed_checks(doc),
         **({"upgrade": aggregate.upgrade_outcome(done.doc)} if doc.get("command") == "upgrade" else {}),
     }
 
