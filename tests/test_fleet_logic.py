@@ -7,7 +7,13 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -227,3 +233,76 @@ def test_the_fleet_consoles_reason_column_is_left_aligned_and_unpadded(tmp_path)
     rows = {line.split()[0]: line for line in lines if line.split()[:1] in (["ok"], ["wordy"], ["terse"]) and "check(s) failed:" not in line}
     assert rows["terse"][column:] == by["terse"]["reason"] and rows["wordy"][column:] == by["wordy"]["reason"], rows
     assert len(rows["ok"]) <= column and all(row == row.rstrip() for row in rows.values())
+
+
+class Listener:
+    """A loopback TCP port that accepts connections and then says ``greeting`` (nothing: never speaks SSH)."""
+
+    def __init__(self, greeting: bytes = b"") -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.accepted: list[socket.socket] = []
+        self.greeting = greeting
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            self.accepted.append(conn)
+            if self.greeting:
+                conn.sendall(self.greeting)
+
+    def close(self) -> None:
+        for conn in [*self.accepted, self.server]:
+            conn.close()
+
+
+def _fleet_process(tmp_path: Path, hosts: str, connect_timeout: int) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "STACKGATE_HISTORY_DIR": str(tmp_path / "runs")}
+    env["STACKGATE_LOG_DIR"] = str(tmp_path / "logs")
+    argv = [sys.executable, "-m", "stackgate", "fleet", "verify", "--hosts", hosts, "--lock", str(LOCK)]
+    argv += ["--connect-timeout", str(connect_timeout), "--json", str(tmp_path / "f.json")]
+    piped = subprocess.PIPE
+    return subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=piped, stderr=piped, text=True, start_new_session=True)
+
+
+def test_a_port_that_never_speaks_ssh_is_named_and_paramikos_log_stays_off_the_terminal(tmp_path):
+    mute, bogus = Listener(), Listener(b"SSH-2.0-NotReally\r\n\x00\x00\x00\x0cnot a packet")
+    try:
+        process = _fleet_process(tmp_path, f"127.0.0.1:{mute.port},localhost:{bogus.port}", 2)
+        out, err = process.communicate(timeout=120)
+    finally:
+        mute.close()
+        bogus.close()
+    by = {n["address"]: n for n in json.loads((tmp_path / "f.json").read_text())["nodes"]}
+    assert process.returncode == ExitCode.FAILED, out + err
+    silent, hostile = by[f"127.0.0.1:{mute.port}"], by[f"localhost:{bogus.port}"]
+    banner = "no SSH banner within 2 s (the banner timeout): the port accepts TCP"
+    assert silent["reason"].startswith(f"127.0.0.1:{mute.port}: {banner}")
+    assert hostile["status"] == "unreachable" and "the SSH handshake failed (IndexError" in hostile["reason"]
+    assert "Exception (client)" not in err and "paramiko.transport" not in err and "Traceback" not in err, err
+    (log,) = (tmp_path / "logs" / "fleet").glob("*-ssh.log")  # paramiko's own words went here
+    assert "paramiko.transport" in log.read_text() and f"the SSH layer's log: {log}" in err
+
+
+def test_ctrl_c_while_nodes_connect_cancels_the_connects_at_once(tmp_path):
+    mute = Listener()
+    try:
+        process = _fleet_process(tmp_path, f"127.0.0.1:{mute.port},localhost:{mute.port}", 600)
+        try:
+            deadline = time.monotonic() + 60
+            while len(mute.accepted) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(mute.accepted) == 2  # both nodes are waiting for an SSH banner that never comes
+            process.send_signal(signal.SIGINT)
+            _, err = process.communicate(timeout=120)  # far below the 600 s connect timeout: cancelled
+        finally:
+            process.kill()
+    finally:
+        mute.close()
+    doc = json.loads((tmp_path / "f.json").read_text())
+    assert process.returncode == ExitCode.INTERRUPTED and doc["interrupted"] is True, err
+    assert {n["reason"] for n in doc["nodes"]} == {"interrupted (Ctrl-C or SIGTERM) while connecting"}

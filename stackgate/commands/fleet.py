@@ -331,6 +331,8 @@ def on_node(node: Node, shipment: Shipment, action: Action, transport: ssh.Trans
         return NodeRun(node, NOT_RUN, "not run: the fleet was interrupted")
     try:
         session = transport.connect(node)
+    except ssh.Stopped:
+        return NodeRun(node, INTERRUPTED, "interrupted (Ctrl-C or SIGTERM) while connecting", time.monotonic() - begun)
     except ssh.TransportError as exc:
         return NodeRun(node, UNREACHABLE, str(exc), time.monotonic() - begun)
     remote = Remote(node, session, transport, stop)
@@ -656,11 +658,12 @@ def run_fleet(
 ) -> FleetRun:
     """Run the request's action on every node (see the module's docstring); never raises for what
     a node does. ``lock`` is the spec shipped (an upgrade's new one; ``live``, its live one)."""
-    transport = transport or ssh.SshTransport()
+    stop = threading.Event()
+    transport = transport or ssh.SshTransport(stop)  # a connect under way ends at once on Ctrl-C
     shipment = Shipment.of(lock, live)
     action = _action(request, shipment)
-    stop = threading.Event()
     started, clock = time.time(), time.monotonic()
+    run_id = history.new_id("fleet", started)
 
     def work(node: Node, stop: threading.Event) -> NodeRun:
         return on_node(node, shipment, action, transport, stop)
@@ -668,13 +671,22 @@ def run_fleet(
     def progress(done: NodeRun) -> None:
         ui.info(printable(f"{done.node.name}: {done.status} in {done.duration_s:.1f} s: {done.reason}"))
 
-    if request.action == "upgrade":
-        ran = canary_rollout(nodes, request.canary, request.batch, work, stop, progress)
-    elif request.action == "provision":
-        ran = rolling(nodes, request.batch, work, stop, progress)
-    else:
-        ran = run_nodes(nodes, work, request.parallel, stop, progress)
-    return FleetRun(request, history.new_id("fleet", started), lock, shipment, tuple(ran), started, time.monotonic() - clock, stop.is_set())
+    log = ssh_log(run_id)
+    with ssh.paramiko_log(log):
+        if request.action == "upgrade":
+            ran = canary_rollout(nodes, request.canary, request.batch, work, stop, progress)
+        elif request.action == "provision":
+            ran = rolling(nodes, request.batch, work, stop, progress)
+        else:
+            ran = run_nodes(nodes, work, request.parallel, stop, progress)
+    if log.is_file():
+        ui.info(f"the SSH layer's log: {log}")
+    return FleetRun(request, run_id, lock, shipment, tuple(ran), started, time.monotonic() - clock, stop.is_set())
+
+
+def ssh_log(run_id: str) -> Path:
+    """Where paramiko's own log of a fleet run goes (``$STACKGATE_LOG_DIR/fleet/<run id>-ssh.log``)."""
+    return Path(settings.LOG_DIR.value()) / "fleet" / f"{run_id}-ssh.log"
 
 
 def _action(request: FleetRequest, shipment: Shipment) -> Action:
