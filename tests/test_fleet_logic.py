@@ -260,9 +260,9 @@ class Listener:
             conn.close()
 
 
-def _fleet_process(tmp_path: Path, hosts: str, connect_timeout: int) -> subprocess.Popen[str]:
+def _fleet_process(tmp_path: Path, hosts: str, connect_timeout: int, logs: Path | None = None) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "STACKGATE_HISTORY_DIR": str(tmp_path / "runs")}
-    env["STACKGATE_LOG_DIR"] = str(tmp_path / "logs")
+    env["STACKGATE_LOG_DIR"] = str(logs or tmp_path / "logs")
     argv = [sys.executable, "-m", "stackgate", "fleet", "verify", "--hosts", hosts, "--lock", str(LOCK)]
     argv += ["--connect-timeout", str(connect_timeout), "--json", str(tmp_path / "f.json")]
     piped = subprocess.PIPE
@@ -286,6 +286,17 @@ def test_a_port_that_never_speaks_ssh_is_named_and_paramikos_log_stays_off_the_t
     assert "Exception (client)" not in err and "paramiko.transport" not in err and "Traceback" not in err, err
     (log,) = (tmp_path / "logs" / "fleet").glob("*-ssh.log")  # paramiko's own words went here
     assert "paramiko.transport" in log.read_text() and f"the SSH layer's log: {log}" in err
+
+
+def test_an_ssh_log_that_cannot_be_written_is_dropped_not_printed(tmp_path):
+    (tmp_path / "file").write_text("")
+    bogus = Listener(b"SSH-2.0-NotReally\r\n\x00\x00\x00\x0cnot a packet")
+    try:
+        process = _fleet_process(tmp_path, f"127.0.0.1:{bogus.port}", 5, tmp_path / "file" / "logs")
+        _, err = process.communicate(timeout=120)
+    finally:
+        bogus.close()
+    assert "Traceback" not in err and "the SSH handshake failed (IndexError" in err and "the SSH layer's log:" not in err, err
 
 
 def test_ctrl_c_while_nodes_connect_cancels_the_connects_at_once(tmp_path):

@@ -99,11 +99,19 @@ def paramiko_log(path: Path) -> Iterator[None]:
 
 
 class _LazyFile(logging.FileHandler):
-    """A log file made (with its folder) only when something is logged."""
+    """A log file made (with its folder) only when something is logged; one that cannot be
+    written is dropped (logging's default prints a traceback to stderr)."""
 
-    def _open(self) -> Any:
-        Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
-        return super()._open()
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            if self.stream is None:
+                Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+            super().emit(record)
+        except OSError:
+            pass
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        pass
 
 
 class SshTransport:
