@@ -210,9 +210,12 @@ def _verify_fleet(tmp_path: Path) -> tuple[dict[str, dict], str, str]:
         "wordy": SimNode(gate_exit=1, raw_report=_verify_report({"gpu.count": "2 GPU(s) visible, the lock wants 1", "python.pins": long})),
         "terse": SimNode(gate_exit=1, raw_report=_verify_report({"gpu.ecc": "GPU 0: 3 uncorrectable ECC errors"})),
     }
-    stream, out, md = io.StringIO(), tmp_path / "fleet.json", tmp_path / "fleet.md"
+    stream, out, md, page = io.StringIO(), tmp_path / "fleet.json", tmp_path / "fleet.md", tmp_path / "fleet.html"
     request = fleet.FleetRequest(action="verify", hosts="ok,wordy,terse", lock_path=LOCK, json_path=out, markdown_path=md)
+    request = dataclasses.replace(request, html_path=page)
     assert fleet.run(request, UI(stream=stream, force_plain=True), SimTransport(sims)) == ExitCode.FAILED
+    html = page.read_text()
+    assert "<h2>Failed checks</h2>" in html and "gpu.ecc FAIL: GPU 0: 3 uncorrectable ECC errors" in html
     return {n["name"]: n for n in json.loads(out.read_text())["nodes"]}, stream.getvalue(), md.read_text()
 
 

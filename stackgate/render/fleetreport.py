@@ -281,6 +281,8 @@ def html_page(doc: Mapping[str, Any]) -> str:
     headers, table = rows(doc)
     parts = [f"<h1>stackgate {_e(doc['command'])}: <span class=\"{'passed' if word == 'PASSED' else 'failed'}\">{_e(word)}</span></h1>", f"<p>{_e(doc['reason'])}</p>"]
     parts += ["<h2>Nodes</h2>", _html_table(headers, table)]
+    if failure_lines(doc):
+        parts += ["<h2>Failed checks</h2>", f"<pre>{_e(chr(10).join(failure_lines(doc)))}</pre>"]
     if doc.get("upgrade"):
         parts += ["<h2>Upgrade (canary first)</h2>", f"<pre>{_e(chr(10).join(upgrade_lines(doc)))}</pre>"]
     else:
