@@ -6,10 +6,12 @@ re-exports them for `invoke`: `stackgate --list` shows them, `stackgate --help T
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from stackgate import cli
 from stackgate.cli import task
+from stackgate.edges.files import STDOUT
 from stackgate.models import settings
 from stackgate.render.ui import UI
 
@@ -20,6 +22,11 @@ LOCK_HELP = f"lockfile to use (default: ${settings.LOCK.env}, then the blackwell
 
 def _path(value: str | None) -> Path | None:
     return Path(value) if value else None
+
+
+def _ui(verbose: int = 0, *reports: str | None) -> UI:
+    """The console; on standard error when a report goes to standard output (``--json -``)."""
+    return UI(verbose=verbose, stream=sys.stderr if STDOUT in reports else None)
 
 
 @task(
@@ -46,7 +53,7 @@ def verify(c, lock=None, deep=False, check=None, list=False, json=None, junit=No
         lock_path=_path(lock), checks=tuple(check or ()), deep=deep, json_path=_path(json), junit_path=_path(junit), strict=strict, list_only=list,
         cached=cached, prom_path=_path(prom),
     )  # fmt: skip
-    cli.run_command(lambda: command.run(request, UI(verbose=verbose)))
+    cli.run_command(lambda: command.run(request, _ui(verbose, json, junit, prom)))
 
 
 @task(
@@ -94,7 +101,7 @@ def smoke(c, lock=None, benchmark=False, compare=False, concurrency=None, fast=F
             benchmark=benchmark, compare=compare, concurrency=command.parse_levels(concurrency), fast=fast,
             keep_server=keep_server, json_path=_path(json), strict=strict,
         )  # fmt: skip
-        return command.run(request, UI(verbose=verbose))
+        return command.run(request, _ui(verbose, json))
 
     cli.run_command(go)
 
@@ -121,7 +128,7 @@ def gate(c, lock=None, json=None, junit=None, markdown=None, prom=None, fast_onl
         lock_path=_path(lock), json_path=_path(json), junit_path=_path(junit), markdown_path=_path(markdown), prom_path=_path(prom),
         fast_only=fast_only, model=model, strict=strict,
     )  # fmt: skip
-    cli.run_command(lambda: command.run(request, UI(verbose=verbose)))
+    cli.run_command(lambda: command.run(request, _ui(verbose, json, junit, markdown, prom)))
 
 
 @task(
@@ -207,7 +214,7 @@ def diagnose(c, path=None, stdin=False, json=None, lock=None, kernel=False, kern
     request = command.DiagnoseRequest(
         paths=paths, stdin=stdin, json_path=_path(json), lock_path=_path(lock), kernel=kernel, kernel_path=_path(kernel_log), bundle_path=_path(bundle)
     )
-    cli.run_command(lambda: command.run(request, UI(verbose=verbose)))
+    cli.run_command(lambda: command.run(request, _ui(verbose, json)))
 
 
 @task(
@@ -235,11 +242,13 @@ def diagnose(c, path=None, stdin=False, json=None, lock=None, kernel=False, kern
         "prom": "write Prometheus metrics here (one series per node) for node_exporter's textfile collector",
         "html": "write a self-contained HTML page here",
         "strict": "fail on warnings too: the nodes' own, and the fleet's outliers",
+        "max_nodes": "refuse a fleet of more nodes than this (default 1000): a runaway inventory is not dialled",
     },
 )
 def fleet(
     c, action, hosts=None, inventory=None, lock=None, parallel=None, batch=None, fast_only=False, check=None, timeout=None, connect_timeout=None,
     json=None, junit=None, markdown=None, prom=None, html=None, strict=False, to=None, canary=None, switch="if-better", accept_output_change=False, model=None,
+    max_nodes=None,
 ):  # fmt: skip
     """Run gate, verify, provision or upgrade on every node over SSH: one report, one verdict."""
     from stackgate.commands import fleet as command
@@ -251,8 +260,9 @@ def fleet(
             connect_timeout_s=command.seconds("--connect-timeout", connect_timeout), strict=strict, json_path=_path(json), junit_path=_path(junit),
             markdown_path=_path(markdown), prom_path=_path(prom), html_path=_path(html), to_path=_path(to), canary=command.whole("--canary", canary, 1),
             switch=switch, accept_output_change=accept_output_change, model=model,
+            max_nodes=command.whole("--max-nodes", max_nodes, command.MAX_NODES),
         )  # fmt: skip
-        return command.run(request, UI())
+        return command.run(request, _ui(0, json, junit, markdown, prom, html))
 
     cli.run_command(go)
 
@@ -281,6 +291,6 @@ def upgrade(c, to=None, lock=None, model=None, switch="if-better", dry_run=False
             to=Path(to), lock_path=_path(lock), model=model, switch=switch, dry_run=dry_run, accept_output_change=accept_output_change,
             json_path=_path(json), markdown_path=_path(markdown), html_path=_path(html),
         )  # fmt: skip
-        return command.run(request, UI())
+        return command.run(request, _ui(0, json, markdown, html))
 
     cli.run_command(go)

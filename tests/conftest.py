@@ -146,6 +146,16 @@ def _runs_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monk
     return folder
 
 
+@pytest.fixture(autouse=True)
+def _deep_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The folders the deep runs keep (each run's JSON lines and full log, named in its result)
+    go to a folder of each test's own under pytest's temporary base, which pytest prunes, never
+    to the system's temp folder; subprocesses inherit it."""
+    folder = tmp_path_factory.mktemp("deep")
+    monkeypatch.setenv("STACKGATE_DEEP_DIR", str(folder))
+    return folder
+
+
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[Any]:
     """A stand-in SGLang rig (tests/smoke_support.py) in the test's folder; whatever a failed

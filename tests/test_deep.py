@@ -243,8 +243,9 @@ SMALL_GPU_WORK = measure.GpuWorkRequest(device="cpu", bf16_n=128, fp32_n=96, cop
 
 
 @pytest.mark.torch
-def test_gpu_work_runs_and_checks_real_products(torch_python: Path) -> None:
+def test_gpu_work_runs_and_checks_real_products(torch_python: Path, _deep_dir: Path) -> None:
     work = measure.run_gpu_work(torch_python, SMALL_GPU_WORK, cpu_env(), timeout_s=120)
+    assert work.log.parent.parent == _deep_dir  # the run's folder, kept for its log: the test's own, not the system's temp folder
     result = deep.judge_gpu_work(work)
     assert result.status == Status.PASS, result.details
     [gpu] = result.data["gpus"]

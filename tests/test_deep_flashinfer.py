@@ -266,8 +266,9 @@ def run_check(name: str, lock: lockmodel.Lock, site: Path | None, nvml: Any, gpu
     return result
 
 
-def test_the_gate_is_read_from_the_released_flashinfer_and_sglang_code(plain_python: Path, released_site: Path, tmp_path: Path) -> None:
+def test_the_gate_is_read_from_the_released_flashinfer_and_sglang_code(plain_python: Path, released_site: Path, _deep_dir: Path) -> None:
     gate = measure.read_gate(plain_python, {**os.environ, "PYTHONPATH": str(released_site)})
+    assert list(_deep_dir.iterdir()) == []  # the gate's folder is gone once read: no result names it
     assert gate.returncode == 0, gate.tail
     assert gate.flashinfer == {"version": "0.6.4", "file": str(released_site / "flashinfer" / "jit" / "comm.py"), "function": "gen_trtllm_comm_module", "supported_majors": [9, 10]}
     assert gate.sglang is not None and gate.sglang["supported_majors"] == [9, 10] and gate.sglang["version"] == "0.5.9"

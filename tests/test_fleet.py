@@ -38,6 +38,7 @@ def fleet_env(home: Path, python: Path, port: int, events: Path, runs: Path, **b
         "STACKGATE_FAKE_SGLANG": str(behaviour(home / "behaviour.json", events, **behave)),
         "STACKGATE_HISTORY_DIR": str(runs),
         "STACKGATE_LOG_DIR": str(home / "logs"),
+        "STACKGATE_DEEP_DIR": str(home / "deep"),
         "FLEET_NODE_PORT": str(port),
         "FLEET_NODE_INTERPRETER": str(python),
         "FLEET_NODE_CHECKS": ",".join(VERIFIABLE),
@@ -74,6 +75,13 @@ class Fleet:
         self.entries.append({"name": name, "port": server.port, "stackgate": str(program), **({"timeout_s": 3} if hang else {})})
         return server
 
+    def server(self, name: str) -> Sshd:
+        """An sshd alone (in known_hosts, with the fleet's authorized key), for a node that is never logged into."""
+        home = self.home / name
+        home.mkdir()
+        self.servers[name] = Sshd(home, self.authorized).start()
+        return self.servers[name]
+
     def inventory(self, *entries: dict[str, object]) -> Path:
         known = self.home / "known_hosts"
         known.write_text("".join(s.known_hosts_line() + "\n" for s in self.servers.values()))
@@ -109,7 +117,7 @@ def test_a_fleet_gate_over_loopback_nodes(tmp_path):
         fleet.node("slow", hang=True)
         inventory = fleet.inventory(
             {"name": "down", "port": free_port()},
-            {"name": "denied", "port": fleet.servers["a"].port, "identity": str(fleet.stranger), "stackgate": "stackgate"},
+            {"name": "denied", "port": fleet.server("denied").port, "identity": str(fleet.stranger), "stackgate": "stackgate"},
         )
         out = home / "report"
         done = stackgate(
@@ -237,5 +245,31 @@ def test_fleet_verify_runs_the_named_checks_on_every_node(tmp_path):
         assert doc["command"] == "fleet verify" and {n["status"] for n in doc["nodes"]} == {"passed"}
         assert doc["reason"] == "2 node(s) passed" and all(n["counts"]["PASS"] >= 1 and n["counts"].get("FAIL", 0) == 0 for n in doc["nodes"])
         assert not list((tmp_path / "runs").glob("*.json"))  # verify runs are not kept, here as on one node
+    finally:
+        fleet.stop()
+
+
+def test_fleet_verify_names_the_failed_checks_of_each_node(tmp_path):
+    """A node whose fake NVML shows two H200s where the spec wants one: its failed check and the
+    check's own reason reach the console, the JSON and the Markdown report."""
+    from fakes.fake_nvml import gpu, machine
+
+    fleet = Fleet(tmp_path)
+    try:
+        fleet.node("a")
+        fleet.node("two")
+        h200 = gpu("NVIDIA H200", (9, 0), memory=[141 * 2**30, 2**20])
+        (tmp_path / "two" / "nvml.json").write_text(json.dumps(machine([h200, gpu("NVIDIA H200", (9, 0), uuid="GPU-0001", memory=[141 * 2**30, 2**20])])))
+        out = tmp_path / "v"
+        done = stackgate(
+            "fleet", "verify", "--inventory", str(fleet.inventory()), "--lock", str(fleet.spec), "-c", "gpu.*", "--json", f"{out}.json", "--markdown", f"{out}.md",
+            history=tmp_path / "runs",
+        )  # fmt: skip
+        assert done.returncode == ExitCode.FAILED, done.stdout + done.stderr
+        two = nodes(json.loads(Path(f"{out}.json").read_text()))["two"]
+        (count,) = [c for c in two["failed_checks"] if c["check"] == "gpu.count"]
+        assert count["status"] == "FAIL" and "2" in count["summary"] and "gpu.count" in two["reason"]
+        assert f"two: {len(two['failed_checks'])} check(s) failed:" in done.stdout and f"  gpu.count FAIL: {count['summary']}" in done.stdout
+        assert f"  gpu.count FAIL: {count['summary']}" in Path(f"{out}.md").read_text()
     finally:
         fleet.stop()

@@ -4,8 +4,16 @@ sha256 checks, rolling provision, and the aggregation (groups, outliers), with s
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -45,12 +53,44 @@ def statuses(doc: dict) -> dict[str, str]:
         ('[fleet]\nuser = "ops"\n', "node: no [[node]] table"),
         ("[[node]\n", "not valid TOML"),
         ('[[node]]\nhost = "a"\nname = "a b"\n', "node[0].name: 'a b' is not a node name"),
+        ('[[node]]\nhost = "127.0.0.1:65536"\n', "node[0].host: '127.0.0.1:65536' is not a host name or address (a colon makes it an IPv6"),
+        ('[[node]]\nhost = ":"\n', "node[0].host: ':' is not a host name or address (a colon makes it an IPv6 address"),
+        ('[[node]]\nhost = "1:2:3:4:5:6:7:8:9:10"\n', "node[0].host: '1:2:3:4:5:6:7:8:9:10' is not a host name or address"),
+        ('[[node]]\nhost = "[10.0.0.1]"\n', "node[0].host: '[10.0.0.1]' is not a host name or address"),
+        ('[[node]]\nhost = "10.0.0.256"\n', "node[0].host: '10.0.0.256' is not a host name or address (digits and dots make it an IPv4"),
+        ('[[node]]\nhost = "a..b"\n', "node[0].host: 'a..b' is not a host name or address (a host name is labels"),
+        ('[[node]]\nname = "a"\nhost = "10.0.0.1"\n[[node]]\nname = "b"\nhost = "10.0.0.1"\nport = 22\n', "node: 'b' has the address 10.0.0.1:22 of 'a' (the same node twice)"),
+        ('[[node]]\nname = "a"\nhost = "fe80::1"\n[[node]]\nname = "b"\nhost = "[FE80:0::1]"\n', "node: 'b' has the address FE80:0::1:22 of 'a' (the same node twice)"),
     ],
 )
 def test_a_hostile_inventory_is_refused_naming_the_key(text, problem):
     with pytest.raises(InventoryError) as caught:
         parse_inventory(text, "fleet.toml")
     assert problem in str(caught.value) and str(caught.value).startswith("fleet.toml: ")
+
+
+def test_host_forms_are_judged_as_text_never_looked_up(monkeypatch):
+    def no_dns(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"a DNS lookup of {args[0]!r} while reading the nodes")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    monkeypatch.setattr(socket, "gethostbyname", no_dns)
+    for bad, why in (("1:2:3:4:5:6:7:8:9:10", "IPv6"), ("127.0.0.1:65536", "port"), (":", "no host"), ("a,b,A", "twice")):
+        with pytest.raises(InventoryError) as caught:
+            parse_hosts(bad)
+        assert caught.value.args[0].startswith("--hosts: "), why
+    assert [n.address for n in parse_hosts("gpu-01.example,10.0.0.1:2222,[fe80::1]:22")] == ["gpu-01.example:22", "10.0.0.1:2222", "fe80::1:22"]
+
+
+def test_more_nodes_than_the_cap_are_refused_before_any_is_dialled(tmp_path):
+    sims: dict[str, SimNode] = {}
+    many = ",".join(f"n{i}" for i in range(fleet.MAX_NODES + 1))
+    request = fleet.FleetRequest(action="gate", hosts=many, lock_path=LOCK, json_path=tmp_path / "fleet.json")
+    with pytest.raises(fleet.FleetUsageError, match=rf"^fleet: {fleet.MAX_NODES + 1} nodes, more than {fleet.MAX_NODES} \(--max-nodes\): nothing was dialled"):
+        fleet.run(request, UI(stream=io.StringIO(), force_plain=True), SimTransport(sims))
+    assert sims == {} and not (tmp_path / "fleet.json").exists()
+    raised = dataclasses.replace(request, max_nodes=fleet.MAX_NODES + 1)
+    assert len(fleet.nodes_of(raised)) == fleet.MAX_NODES + 1
 
 
 def test_an_inventory_sets_defaults_and_each_node_overrides_them(tmp_path):
@@ -151,3 +191,132 @@ def test_a_hostile_node_report_fails_that_node_with_the_reason_and_prints_nothin
     assert by["damaged"]["reason"] == "the node's report is damaged: verdict, exit_code, results missing or of the wrong type"
     assert by["escapes"]["status"] == "passed" and by["escapes"]["reason"] == "ok?]0;pwned??[2J"
     assert "\x1b" not in stream.getvalue() and "\\u001b" not in out.read_text()
+
+
+def _verify_report(failed: dict[str, str]) -> str:
+    results = [{"check": "gpu.driver", "status": "PASS", "summary": "driver 580.82.07"}]
+    results += [{"check": name, "status": "FAIL", "summary": summary} for name, summary in failed.items()]
+    return json.dumps({
+        "schema": "stackgate.report/1", "command": "verify", "run_id": "20261130T000000Z-verify-abc123", "host": {"hostname": "vm"}, "results": results,
+        "counts": {"PASS": 1, "FAIL": len(failed)}, "verdict": "failed", "reason": f"{len(failed)} check(s) failed", "exit_code": 1,
+    })  # fmt: skip
+
+
+def _verify_fleet(tmp_path: Path) -> tuple[dict[str, dict], str, str]:
+    """``fleet verify`` of three nodes: one passes, one fails two checks (one reason long), one a single check."""
+    long = "python.pins: " + "torch is 2.10.0, locked ==2.9.1+cu130; " * 8
+    sims = {
+        "ok": SimNode(),
+        "wordy": SimNode(gate_exit=1, raw_report=_verify_report({"gpu.count": "2 GPU(s) visible, the lock wants 1", "python.pins": long})),
+        "terse": SimNode(gate_exit=1, raw_report=_verify_report({"gpu.ecc": "GPU 0: 3 uncorrectable ECC errors"})),
+    }
+    stream, out, md, page = io.StringIO(), tmp_path / "fleet.json", tmp_path / "fleet.md", tmp_path / "fleet.html"
+    request = fleet.FleetRequest(action="verify", hosts="ok,wordy,terse", lock_path=LOCK, json_path=out, markdown_path=md)
+    request = dataclasses.replace(request, html_path=page)
+    assert fleet.run(request, UI(stream=stream, force_plain=True), SimTransport(sims)) == ExitCode.FAILED
+    html = page.read_text()
+    assert "<h2>Failed checks</h2>" in html and "gpu.ecc FAIL: GPU 0: 3 uncorrectable ECC errors" in html
+    return {n["name"]: n for n in json.loads(out.read_text())["nodes"]}, stream.getvalue(), md.read_text()
+
+
+def test_fleet_verify_names_each_nodes_failed_checks_with_their_reasons(tmp_path):
+    by, console, markdown = _verify_fleet(tmp_path)
+    assert by["terse"]["failed_checks"] == [{"check": "gpu.ecc", "status": "FAIL", "summary": "GPU 0: 3 uncorrectable ECC errors"}]
+    assert [c["check"] for c in by["wordy"]["failed_checks"]] == ["gpu.count", "python.pins"] and by["ok"]["failed_checks"] == []
+    assert by["wordy"]["reason"] == "verify exit 1: 2 check(s) failed (gpu.count, python.pins)"
+    assert "terse: 1 check(s) failed:\n  gpu.ecc FAIL: GPU 0: 3 uncorrectable ECC errors\n" in console
+    assert "wordy: 2 check(s) failed:\n  gpu.count FAIL: 2 GPU(s) visible, the lock wants 1\n  python.pins FAIL: python.pins: torch is 2.10.0" in console
+    assert "### Failed checks" in markdown and "  gpu.ecc FAIL: GPU 0: 3 uncorrectable ECC errors" in markdown
+
+
+def test_the_fleet_consoles_reason_column_is_left_aligned_and_unpadded(tmp_path):
+    by, console, _ = _verify_fleet(tmp_path)
+    lines = console.splitlines()
+    column = next(line for line in lines if line.startswith("node ")).index("reason")
+    rows = {line.split()[0]: line for line in lines if line.split()[:1] in (["ok"], ["wordy"], ["terse"]) and "check(s) failed:" not in line}
+    assert rows["terse"][column:] == by["terse"]["reason"] and rows["wordy"][column:] == by["wordy"]["reason"], rows
+    assert len(rows["ok"]) <= column and all(row == row.rstrip() for row in rows.values())
+
+
+class Listener:
+    """A loopback TCP port that accepts connections and then says ``greeting`` (nothing: never speaks SSH)."""
+
+    def __init__(self, greeting: bytes = b"") -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.accepted: list[socket.socket] = []
+        self.greeting = greeting
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            self.accepted.append(conn)
+            if self.greeting:
+                conn.sendall(self.greeting)
+
+    def close(self) -> None:
+        for conn in [*self.accepted, self.server]:
+            conn.close()
+
+
+def _fleet_process(tmp_path: Path, hosts: str, connect_timeout: int, logs: Path | None = None) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "STACKGATE_HISTORY_DIR": str(tmp_path / "runs")}
+    env["STACKGATE_LOG_DIR"] = str(logs or tmp_path / "logs")
+    argv = [sys.executable, "-m", "stackgate", "fleet", "verify", "--hosts", hosts, "--lock", str(LOCK)]
+    argv += ["--connect-timeout", str(connect_timeout), "--json", str(tmp_path / "f.json")]
+    piped = subprocess.PIPE
+    return subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=piped, stderr=piped, text=True, start_new_session=True)
+
+
+def test_a_port_that_never_speaks_ssh_is_named_and_paramikos_log_stays_off_the_terminal(tmp_path):
+    mute, bogus = Listener(), Listener(b"SSH-2.0-NotReally\r\n\x00\x00\x00\x0cnot a packet")
+    try:
+        process = _fleet_process(tmp_path, f"127.0.0.1:{mute.port},localhost:{bogus.port}", 2)
+        out, err = process.communicate(timeout=120)
+    finally:
+        mute.close()
+        bogus.close()
+    by = {n["address"]: n for n in json.loads((tmp_path / "f.json").read_text())["nodes"]}
+    assert process.returncode == ExitCode.FAILED, out + err
+    silent, hostile = by[f"127.0.0.1:{mute.port}"], by[f"localhost:{bogus.port}"]
+    banner = "no SSH banner within 2 s (the banner timeout): the port accepts TCP"
+    assert silent["reason"].startswith(f"127.0.0.1:{mute.port}: {banner}")
+    assert hostile["status"] == "unreachable" and "the SSH handshake failed (IndexError" in hostile["reason"]
+    assert "Exception (client)" not in err and "paramiko.transport" not in err and "Traceback" not in err, err
+    (log,) = (tmp_path / "logs" / "fleet").glob("*-ssh.log")  # paramiko's own words went here
+    assert "paramiko.transport" in log.read_text() and f"the SSH layer's log: {log}" in err
+
+
+def test_an_ssh_log_that_cannot_be_written_is_dropped_not_printed(tmp_path):
+    (tmp_path / "file").write_text("")
+    bogus = Listener(b"SSH-2.0-NotReally\r\n\x00\x00\x00\x0cnot a packet")
+    try:
+        process = _fleet_process(tmp_path, f"127.0.0.1:{bogus.port}", 5, tmp_path / "file" / "logs")
+        _, err = process.communicate(timeout=120)
+    finally:
+        bogus.close()
+    assert "Traceback" not in err and "the SSH handshake failed (IndexError" in err and "the SSH layer's log:" not in err, err
+
+
+def test_ctrl_c_while_nodes_connect_cancels_the_connects_at_once(tmp_path):
+    mute = Listener()
+    try:
+        process = _fleet_process(tmp_path, f"127.0.0.1:{mute.port},localhost:{mute.port}", 600)
+        try:
+            deadline = time.monotonic() + 60
+            while len(mute.accepted) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(mute.accepted) == 2  # both nodes are waiting for an SSH banner that never comes
+            process.send_signal(signal.SIGINT)
+            _, err = process.communicate(timeout=120)  # far below the 600 s connect timeout: cancelled
+        finally:
+            process.kill()
+    finally:
+        mute.close()
+    doc = json.loads((tmp_path / "f.json").read_text())
+    assert process.returncode == ExitCode.INTERRUPTED and doc["interrupted"] is True, err
+    assert {n["reason"] for n in doc["nodes"]} == {"interrupted (Ctrl-C or SIGTERM) while connecting"}

@@ -221,7 +221,7 @@ def test_without_a_pylock_provision_refuses_with_the_command_that_makes_it(
         assert code == ExitCode.USAGE
         assert f"cannot apply: the spec has no pylock: {tmp_path / 'pylock.lock.toml'} does not exist (`stackgate lock --lock {lock}` makes it)" in out
         assert f"  fix: Resolve the spec into its pylock where its indexes and URLs are reachable, then provision again.\n  $ stackgate lock --lock {lock}\n" in out
-    assert not (tmp_path / "root" / "generations").exists()
+    assert not (tmp_path / "root").exists()  # a refusal touches nothing: no root, no .provision.lock
 
 
 def test_no_python_of_the_locked_version_says_so(tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -231,7 +231,7 @@ def test_no_python_of_the_locked_version_says_so(tmp_path: Path, stack_index: In
     assert code == ExitCode.FAILED
     assert "cannot apply: no Python 3.99 on this machine (searched $STACKGATE_BASE_PYTHON, python3.99 on PATH" in out
     assert "uv cannot download Python here: install Python 3.99" in out
-    assert not (tmp_path / "root" / "generations").exists()
+    assert not (tmp_path / "root").exists()
 
 
 def test_a_full_disk_mid_install_leaves_current_and_the_next_run_finishes(
@@ -581,9 +581,7 @@ def test_without_a_terminal_provision_asks_for_yes_and_changes_nothing(tmp_path:
     done = _invoke(["provision", "--lock", str(lock)], install_environ)
     assert done.returncode == ExitCode.USAGE
     assert "there is no terminal to ask: pass --yes (or --dry-run to only see the plan)" in done.stderr
-    assert not (tmp_path / "root" / "generations").exists()
-    # It took the root's lock (so the root exists now), but that makes it no home for runs.
-    assert (tmp_path / "root" / generations.LOCK_FILE).exists()
+    assert not (tmp_path / "root").exists()  # refused before the root's lock was taken: nothing created
     home = {"HOME": str(tmp_path / "home")}
     assert history.runs_dir(lockmodel.load(lock), home) == tmp_path / "home" / ".local" / "state" / "stackgate" / "runs"
 

@@ -32,8 +32,9 @@ def stackgate(*args: str, folder: Path, env: dict[str, str] | None = None) -> su
     return subprocess.run([sys.executable, "-m", "stackgate", "report", *args], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120)
 
 
-def on_host(doc: dict, host: str) -> dict:
-    return {**doc, "host": {**doc["host"], "hostname": host}}
+def on_host(doc: dict, host: str, machine: str | None = None) -> dict:
+    """The document as ``host`` wrote it (``machine`` None: a document of before the machine was recorded)."""
+    return {**doc, "host": {**doc["host"], "hostname": host, "machine": machine}}
 
 
 def day(n: int, hour: int = 10) -> str:
@@ -143,12 +144,13 @@ def test_a_database_of_a_newer_stackgate_is_not_touched(kept):
 
 
 def test_migrations_run_in_order_from_an_empty_database(tmp_path, monkeypatch):
-    later = (2, "ALTER TABLE runs ADD COLUMN note TEXT; CREATE TABLE extra (x INTEGER)")
+    version = index.SCHEMA_VERSION + 1
+    later = (version, "ALTER TABLE runs ADD COLUMN note TEXT; CREATE TABLE extra (x INTEGER)")
     index.Store(tmp_path).close()
     monkeypatch.setattr(index, "MIGRATIONS", (*index.MIGRATIONS, later))
-    monkeypatch.setattr(index, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(index, "SCHEMA_VERSION", version)
     with index.Store(tmp_path) as db:
-        assert db.db.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert db.db.execute("PRAGMA user_version").fetchone()[0] == version
         assert "note" in [c[1] for c in db.db.execute("PRAGMA table_info(runs)")] and db.db.execute("SELECT count(*) FROM extra").fetchone()[0] == 0
 
 
@@ -211,13 +213,13 @@ def test_which_hosts_regressed_since_a_time_and_what_changed_on_them(tmp_path, m
     folder = tmp_path / "runs"
     regression_history(folder)
     found, hosts = catalog.regressed_since(folder, catalog.parse_since("2026-11-23"), pytest.fail)
-    assert hosts == 3 and [(r.host, r.reasons) for r in found] == [("node-a", ("decode tok/s 100.00 -> 90.00 (-10.0%)",)), ("node-b", ("verdict passed -> failed",))]
+    assert hosts == 3 and [(r.node, r.reasons) for r in found] == [("node-a", ("decode tok/s 100.00 -> 90.00 (-10.0%)",)), ("node-b", ("verdict passed -> failed",))]
     assert [(c.section, c.name, c.old, c.new) for c in found[0].changes] == [("distributions", "torch", "2.9.1+cu130", "2.10.0")]
     assert found[1].run.fingerprint == found[1].against.fingerprint and found[1].changes == ()
     monkeypatch.setenv("STACKGATE_HISTORY_INDEX", "off")
     assert catalog.regressed_since(folder, "2026-11-23", pytest.fail) == (found, hosts)
     monkeypatch.delenv("STACKGATE_HISTORY_INDEX")
-    assert catalog.regressed_since(folder, "2026-11-23", pytest.fail, threshold=0.01)[0][-1].host == "node-c"
+    assert catalog.regressed_since(folder, "2026-11-23", pytest.fail, threshold=0.01)[0][-1].node == "node-c"
 
 
 def test_report_regressed_since_prints_each_host_and_what_changed(tmp_path):
@@ -226,7 +228,7 @@ def test_report_regressed_since_prints_each_host_and_what_changed(tmp_path):
     done = stackgate("--regressed-since", "2026-11-23", folder=folder)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0] == "2 of 3 host(s) with runs since 2026-11-23T00:00:00+00:00 regressed (decode tok/s more than 5% below the host's previous measured run, or passed -> failed)"
+    assert lines[0] == "2 of 3 node(s) with runs since 2026-11-23T00:00:00+00:00 regressed (decode tok/s more than 5% below the node's previous measured run, or passed -> failed)"
     assert lines[1].startswith("node-a: ") and lines[1].endswith(": decode tok/s 100.00 -> 90.00 (-10.0%); against " + lines[1].split()[-1])
     assert lines[2].startswith("  what changed (1 component(s), fingerprint ") and lines[3] == "    distributions: torch: 2.9.1+cu130 -> 2.10.0"
     assert lines[4].startswith("node-b: ") and "verdict passed -> failed" in lines[4] and lines[5].startswith("  nothing changed in the stack (fingerprint ")
@@ -246,3 +248,58 @@ def test_a_rebuilt_index_has_seen_the_folder_complete(kept):
     assert catalog.reindex(folder).runs == len(runs)
     with index.Store(folder) as db:
         assert db.fresh()  # the next listing reads rows only: making the index's own folder is no document
+
+
+def test_a_document_copied_in_while_a_writer_is_inside_store_is_listed(kept, monkeypatch):
+    folder, runs = kept
+    listing(folder)  # the index has seen the folder complete
+    copied = {**json.loads(runs[1].path.read_text()), "run_id": "copied-in", "started": day(25)}
+    real = history.write_json
+
+    def copy_in_then_write(path, doc):  # another process copies a document in while this one writes its own
+        (folder / "copied-in.json").write_text(json.dumps(copied))
+        real(path, doc)
+
+    monkeypatch.setattr(history, "write_json", copy_in_then_write)
+    history.store({**gate_doc(decode=80.0), "started": day(26), "run_id": "written"}, folder, pytest.fail)
+    found, warnings = listing(folder)
+    assert warnings == [] and found.total == 9 and [r.id for r in found.rows[-2:]] == ["copied-in", "written"]
+    with index.Store(folder) as db:
+        assert db.fresh()  # the reader reconciled once; the next one reads rows only
+
+
+def test_a_writer_sweeps_the_temporary_files_killed_writes_left(kept):
+    folder, _ = kept
+    old, young = folder / ".20261101T100000Z-gate-0a0b0c.json.k3j4h5g6", folder / ".20261102T100000Z-gate-0a0b0d.json.a1b2c3d4"
+    for path in (old, young):
+        path.write_bytes(b"")
+    hour_ago = old.stat().st_mtime - 3600
+    os.utime(old, (hour_ago, hour_ago))
+    history.store({**gate_doc(decode=80.0), "started": day(26), "run_id": "written"}, folder, pytest.fail)
+    assert not old.exists() and young.exists()  # a young one may be another writer's, still writing
+    assert listing(folder)[0].total == 8
+
+
+def test_regressions_are_judged_per_node_not_per_hostname(tmp_path, monkeypatch):
+    """Nodes cloned from one image share the hostname "vm": a slow node and a fast one, each
+    steady, are no regression of each other, told apart by their fleet names or their machines."""
+    folder = tmp_path / "runs"
+    for hour, (name, machine, rate) in enumerate([("n1", "m1", 100.0), ("n2", "m2", 60.0)] * 3):
+        fleet = {"fleet": {"node": name, "address": f"{name}:22", "fleet_run_id": "f"}}
+        keep(folder, {**on_host(gate_doc(decode=rate), "vm"), **fleet}, day(20 + hour // 2, 10 + 2 * hour))
+        keep(folder, on_host(gate_doc(decode=rate), "vm", machine), day(20 + hour // 2, 11 + 2 * hour))
+    keep(folder, on_host(gate_doc(decode=50.0), "vm", "m2"), day(24))  # the one real regression
+    found, nodes = catalog.regressed_since(folder, "2026-11-21", pytest.fail)
+    assert nodes == 4 and [(r.node, r.reasons) for r in found] == [("vm (machine m2)", ("decode tok/s 60.00 -> 50.00 (-16.7%)",))]
+    monkeypatch.setenv("STACKGATE_HISTORY_INDEX", "off")
+    assert catalog.regressed_since(folder, "2026-11-21", pytest.fail) == (found, nodes)
+
+
+def test_a_report_records_this_machine_as_a_hash_of_its_machine_id(tmp_path):
+    from stackgate.models.verdict import machine
+
+    (tmp_path / "machine-id").write_text("0123456789abcdef0123456789abcdef\n")
+    found = machine((str(tmp_path / "none"), str(tmp_path / "machine-id")))
+    assert found is not None and len(found) == 16 and "0123456789abcdef" not in found
+    assert machine((str(tmp_path / "none"),)) is None
+    assert gate_doc()["host"]["machine"] == machine()

@@ -197,3 +197,28 @@ def test_the_systemd_units_ship_in_the_package_and_verify(tmp_path):
     broken = tmp_path / "broken.service"
     broken.write_text(service.read_text().replace("Type=oneshot", "Type=oneshoot"))
     assert "Failed to parse service type" in subprocess.run([analyze, "verify", "--man=no", str(broken)], capture_output=True, text=True, timeout=120).stderr
+
+
+def test_a_metadata_rewritten_in_place_is_seen_and_a_stale_fail_clears_when_it_is_restored(tmp_path):
+    """A distribution's METADATA edited in place (its folder's entries, and so the folder's time,
+    unchanged): the cached verify judges again and FAILs as the full one does; the file restored,
+    the FAIL clears."""
+    own = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(own)], check=True, timeout=120)
+    site = next((own / "lib").glob("python*/site-packages"))
+    frozen = (("torch", "2.11.0"), ("triton", "3.6.0"), ("nvidia_nccl_cu13", "2.28.9"))  # the lock's frozen packages
+    for name, version in frozen:
+        info = site / f"{name}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n")
+        (info / "RECORD").write_text(f"{info.name}/METADATA,,\n{info.name}/RECORD,,\n")
+    metadata = site / "torch-2.11.0.dist-info" / "METADATA"
+    node = Node(tmp_path, own)
+    pins = []
+    for version in ("2.11.0", "2.10.0", "2.11.0"):
+        with open(metadata, "r+") as rewrite:  # in place: the same file, the same size
+            rewrite.write(f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n")
+        done, doc = node.verify("--check", "python.frozen")
+        pins.append((statuses(doc)["python.frozen"], doc["cache"]["hit"]))
+    assert pins == [("PASS", False), ("FAIL", False), ("PASS", False)], pins
+    assert node.verify("--check", "python.frozen")[1]["cache"]["hit"] is True  # unchanged since: reused

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Sequence
 
 from stackgate import __version__, scan
-from stackgate.edges.files import write_json
+from stackgate.edges.files import unwritable, write_json
 from stackgate.models import knowledge, settings
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.finding import Finding
@@ -98,6 +98,9 @@ def run(request: DiagnoseRequest, ui: Any, stdin: BinaryIO | None = None) -> Exi
     openers = [_opener(path) for path in (*request.paths, *saved_kernel)]  # every file is checked before any is read
     if request.bundle_path is not None and request.bundle_path.is_dir():
         raise DiagnoseError(f"--bundle: {request.bundle_path} is a directory; name the .tar.gz to write")
+    problem = unwritable({"--json": request.json_path} if request.json_path else {})
+    if problem is not None:
+        raise DiagnoseError(problem)
     if request.stdin:
         openers.append((STDIN, lambda: _borrowed(stdin or sys.stdin.buffer)))
     lock = _load_lock(request.lock_path) if request.lock_path else None

@@ -50,7 +50,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from stackgate import __version__
 from stackgate.edges import ssh
-from stackgate.edges.files import write_json, write_text
+from stackgate.edges.files import unwritable, write_json, write_text
 from stackgate.models import inputfile, pylock, settings
 from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode, UsageError
@@ -62,8 +62,9 @@ from stackgate.runs import fleet as aggregate
 from stackgate.runs import history
 
 __all__ = [
-    "ACTIONS", "SCHEMA", "SWITCHES", "FleetRequest", "FleetRun", "FleetUsageError", "NodeRun", "Remote", "Shipment", "canary_rollout", "document", "gate_on_node",
-    "on_node", "printable", "provision_on_node", "rolling", "run", "run_fleet", "run_nodes", "seconds", "upgrade_on_node", "whole",
+    "ACTIONS", "MAX_NODES", "SCHEMA", "SWITCHES", "FleetRequest", "FleetRun", "FleetUsageError", "NodeRun", "Remote",
+    "Shipment", "canary_rollout", "document", "gate_on_node", "on_node", "printable", "provision_on_node", "rolling",
+    "run", "run_fleet", "run_nodes", "seconds", "upgrade_on_node", "whole",
 ]  # fmt: skip
 
 SCHEMA = "stackgate.fleet/1"
@@ -77,6 +78,9 @@ KEPT = "kept the live stack: nothing to roll back"
 STOPPED = "stopped before its report: current is the live stack unless upgrade's last, atomic step (the switch) had run"
 #: A node's report is read whole: a bigger one is not a stackgate report.
 MAX_REPORT_BYTES = 64 << 20
+#: The most nodes a fleet run takes unless --max-nodes says more: a generated inventory gone wrong
+#: (10,000 hosts) is refused before anything is dialled.
+MAX_NODES = 1000
 #: How long a stopped node's stackgate gets to tear down (its servers) before SIGKILL.
 STOP_GRACE_S = 30.0
 _FOLDER = re.compile(r"^/[^\n]*/stackgate-fleet\.[A-Za-z0-9]{8}$")
@@ -110,6 +114,7 @@ class FleetRequest:
     switch: str = "if-better"  #: upgrade only: each node's ``stackgate upgrade --switch``
     accept_output_change: bool = False  #: upgrade only
     model: str | None = None  #: upgrade only: the model both sides launch on each node
+    max_nodes: int = MAX_NODES  #: more nodes than this is refused (a runaway inventory); --max-nodes raises it
 
     @property
     def upgrade_options(self) -> bool:
@@ -327,6 +332,8 @@ def on_node(node: Node, shipment: Shipment, action: Action, transport: ssh.Trans
         return NodeRun(node, NOT_RUN, "not run: the fleet was interrupted")
     try:
         session = transport.connect(node)
+    except ssh.Stopped:
+        return NodeRun(node, INTERRUPTED, "interrupted (Ctrl-C or SIGTERM) while connecting", time.monotonic() - begun)
     except ssh.TransportError as exc:
         return NodeRun(node, UNREACHABLE, str(exc), time.monotonic() - begun)
     remote = Remote(node, session, transport, stop)
@@ -351,7 +358,9 @@ def _judged(remote: Remote, done: ssh.Completed, what: str, steps: tuple[str, ..
     if done.returncode == ExitCode.INTERRUPTED:
         return NodeRun(node, INTERRUPTED, "interrupted on the node", exit_code=done.returncode, doc=doc, steps=steps)
     reason = str(doc.get("reason")) if doc is not None and doc.get("reason") and done.returncode in (1, 2) else _tail(done.stderr or done.stdout)
-    return NodeRun(node, FAILED, f"{what} exit {done.returncode}: {reason}", exit_code=done.returncode, doc=doc, steps=steps)
+    failed = [c["check"] for c in aggregate.failed_checks(doc)]
+    named = f" ({', '.join(failed[:5])}{', ...' if len(failed) > 5 else ''})" if failed else ""
+    return NodeRun(node, FAILED, f"{what} exit {done.returncode}: {reason}{named}", exit_code=done.returncode, doc=doc, steps=steps)
 
 
 def gate_on_node(args: Sequence[str], what: str = "gate", spec_flag: str = "--lock") -> Action:
@@ -623,6 +632,7 @@ def _node_part(done: NodeRun) -> dict[str, Any]:
         "fingerprint": finger.get("short") if isinstance(finger, Mapping) and isinstance(finger.get("short"), str) else None,
         "figures": aggregate.figures(doc),
         "counts": doc.get("counts") if isinstance(doc.get("counts"), Mapping) else {},
+        "failed_checks": aggregate.failed_checks(doc),
         **({"upgrade": aggregate.upgrade_outcome(done.doc)} if doc.get("command") == "upgrade" else {}),
     }
 
@@ -649,11 +659,12 @@ def run_fleet(
 ) -> FleetRun:
     """Run the request's action on every node (see the module's docstring); never raises for what
     a node does. ``lock`` is the spec shipped (an upgrade's new one; ``live``, its live one)."""
-    transport = transport or ssh.SshTransport()
+    stop = threading.Event()
+    transport = transport or ssh.SshTransport(stop)  # a connect under way ends at once on Ctrl-C
     shipment = Shipment.of(lock, live)
     action = _action(request, shipment)
-    stop = threading.Event()
     started, clock = time.time(), time.monotonic()
+    run_id = history.new_id("fleet", started)
 
     def work(node: Node, stop: threading.Event) -> NodeRun:
         return on_node(node, shipment, action, transport, stop)
@@ -661,13 +672,22 @@ def run_fleet(
     def progress(done: NodeRun) -> None:
         ui.info(printable(f"{done.node.name}: {done.status} in {done.duration_s:.1f} s: {done.reason}"))
 
-    if request.action == "upgrade":
-        ran = canary_rollout(nodes, request.canary, request.batch, work, stop, progress)
-    elif request.action == "provision":
-        ran = rolling(nodes, request.batch, work, stop, progress)
-    else:
-        ran = run_nodes(nodes, work, request.parallel, stop, progress)
-    return FleetRun(request, history.new_id("fleet", started), lock, shipment, tuple(ran), started, time.monotonic() - clock, stop.is_set())
+    log = ssh_log(run_id)
+    with ssh.paramiko_log(log):
+        if request.action == "upgrade":
+            ran = canary_rollout(nodes, request.canary, request.batch, work, stop, progress)
+        elif request.action == "provision":
+            ran = rolling(nodes, request.batch, work, stop, progress)
+        else:
+            ran = run_nodes(nodes, work, request.parallel, stop, progress)
+    if log.is_file():
+        ui.info(f"the SSH layer's log: {log}")
+    return FleetRun(request, run_id, lock, shipment, tuple(ran), started, time.monotonic() - clock, stop.is_set())
+
+
+def ssh_log(run_id: str) -> Path:
+    """Where paramiko's own log of a fleet run goes (``$STACKGATE_LOG_DIR/fleet/<run id>-ssh.log``)."""
+    return Path(settings.LOG_DIR.value()) / "fleet" / f"{run_id}-ssh.log"
 
 
 def _action(request: FleetRequest, shipment: Shipment) -> Action:
@@ -720,6 +740,11 @@ def nodes_of(request: FleetRequest) -> list[Node]:
         raise FleetUsageError("fleet: --check is for `fleet verify`")
     _check_upgrade(request)
     nodes = parse_hosts(request.hosts) if request.hosts is not None else load_inventory(request.inventory)  # type: ignore[arg-type]
+    if len(nodes) > request.max_nodes:
+        raise FleetUsageError(
+            f"fleet: {len(nodes)} nodes, more than {request.max_nodes} (--max-nodes): nothing was dialled; "
+            f"pass --max-nodes {len(nodes)} if the fleet really is that large"
+        )
     if request.action == "upgrade" and request.canary > len(nodes):
         raise FleetUsageError(f"fleet upgrade: --canary {request.canary}: the fleet has {len(nodes)} node(s)")
     return [
@@ -756,12 +781,9 @@ def upgrade_specs(request: FleetRequest) -> tuple[lockmodel.Lock, lockmodel.Lock
 
 def check_outputs(request: FleetRequest) -> None:
     """Refuse, before any node is touched, a report path that could not be written at the end."""
-    for option, path in request.outputs.items():
-        if path.is_dir():
-            raise FleetUsageError(f"{option} {path}: is a directory")
-        existing = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
-        if existing is None or not existing.is_dir():
-            raise FleetUsageError(f"{option} {path}: cannot write there ({existing or path.parent} is not a folder)")
+    problem = unwritable(request.outputs)
+    if problem is not None:
+        raise FleetUsageError(problem)
 
 
 def keep_node_runs(done: FleetRun, warn: Callable[[str], None]) -> list[Path]:

@@ -43,7 +43,7 @@ from stackgate.checks.core import run_checks, select
 from stackgate.commands import smoke
 from stackgate.commands import verify as verifycmd
 from stackgate.edges import runner
-from stackgate.edges.files import write_json, write_text
+from stackgate.edges.files import unwritable, write_json, write_text
 from stackgate.facts import Facts, gather
 from stackgate.models import pylock, settings
 from stackgate.models import spec as lockmodel
@@ -481,9 +481,6 @@ def write_reports(doc: Mapping[str, Any], request: GateRequest) -> None:
 
 def check_outputs(request: GateRequest) -> None:
     """Refuse, before anything runs, a report path that could not be written at the end."""
-    for option, path in request.outputs.items():
-        if path.is_dir():
-            raise GateUsageError(f"{option} {path}: is a directory")
-        existing = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
-        if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-            raise GateUsageError(f"{option} {path}: cannot write there ({existing or path.parent} is not a writable folder)")
+    problem = unwritable(request.outputs)
+    if problem is not None:
+        raise GateUsageError(problem)

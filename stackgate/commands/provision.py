@@ -110,21 +110,28 @@ def run(request: ProvisionRequest, ui: UI) -> ExitCode:
         the_plan = _make_plan(lock, generations.read(root), request, environ)
         _show(the_plan, ui)
         return _blocked(the_plan) or ExitCode.PASSED
+    # A root never provisioned is planned (and the plan shown, judged, confirmed) before its
+    # lock is taken: a refusal then leaves no root and no lock file behind.
+    first = None
+    if not (root / generations.LOCK_FILE).exists():
+        first = _make_plan(lock, generations.read(root), request, environ)
+        refused = _decide(first, request, ui)
+        if refused is not None:
+            return refused
     try:
         with generations.exclusive(root, wait=request.wait, command=_command_line(), on_wait=ui.info, busy_advice="wait for it, or pass --wait"):
             _sweep(root, ui)
-            return _provision(lock, request, environ, ui)
+            return _provision(lock, request, environ, ui, first)
     except (generations.GenerationError, PermissionError) as exc:
         ui.error(f"stackgate provision: {exc}")
         return ExitCode.FAILED
 
 
-def _provision(lock: lockmodel.Lock, request: ProvisionRequest, environ: dict[str, str], ui: UI) -> ExitCode:
-    assert lock.python.root is not None
-    state = generations.read(lock.python.root)
-    the_plan = _make_plan(lock, state, request, environ)
+def _decide(the_plan: Plan, request: ProvisionRequest, ui: UI) -> ExitCode | None:
+    """Show the plan; the exit code when it is not to be applied (nothing to do, blocked, not
+    confirmed), None when it is."""
     if the_plan.empty:
-        ui.line(f"nothing to do: {lock.name} is provisioned as locked")
+        ui.line(f"nothing to do: {the_plan.lock.name} is provisioned as locked")
         for line in the_plan.in_place:
             ui.line(f"  {line}")
         return ExitCode.PASSED
@@ -134,6 +141,22 @@ def _provision(lock: lockmodel.Lock, request: ProvisionRequest, environ: dict[st
     if not request.yes and not _confirmed(the_plan, ui):
         ui.line("nothing was changed")
         return ExitCode.FAILED
+    return None
+
+
+def _provision(
+    lock: lockmodel.Lock, request: ProvisionRequest, environ: dict[str, str], ui: UI, first: Plan | None = None
+) -> ExitCode:
+    """Plan and apply under the root's lock; ``first``, the plan already decided on for a root
+    never provisioned, is applied as it is while the root still holds no generation."""
+    assert lock.python.root is not None
+    state = generations.read(lock.python.root)
+    the_plan = first if first is not None and not state.generations and state.current is None else None
+    if the_plan is None:
+        the_plan = _make_plan(lock, state, request, environ)
+        refused = _decide(the_plan, request, ui)
+        if refused is not None:
+            return refused
     try:
         apply(the_plan, state, environ, ui, wheelhouse=request.wheelhouse)
     except (ProvisionError, pyenv.PyenvError, guard.GuardError) as exc:

@@ -126,17 +126,17 @@ def _regressed(directory: Path, request: ReportRequest, ui: UI) -> ExitCode:
         since = catalog.parse_since(request.regressed_since or "")
     except ValueError as exc:
         raise ReportUsage(f"--regressed-since: {exc}") from None
-    found, hosts = catalog.regressed_since(directory, since, ui.warn, threshold=request.threshold_pct / 100)
-    show_regressions(found, hosts, since, request.threshold_pct, ui)
+    found, nodes = catalog.regressed_since(directory, since, ui.warn, threshold=request.threshold_pct / 100)
+    show_regressions(found, nodes, since, request.threshold_pct, ui)
     return ExitCode.PASSED
 
 
-def show_regressions(found: Sequence[catalog.Regression], hosts: int, since: str, threshold_pct: float, ui: UI) -> None:
-    rule = f"decode tok/s more than {threshold_pct:g}% below the host's previous measured run, or passed -> failed"
-    regressed = list(dict.fromkeys(r.host for r in found))
-    ui.line(f"{len(regressed)} of {hosts} host(s) with runs since {since} regressed ({rule})")
+def show_regressions(found: Sequence[catalog.Regression], nodes: int, since: str, threshold_pct: float, ui: UI) -> None:
+    rule = f"decode tok/s more than {threshold_pct:g}% below the node's previous measured run, or passed -> failed"
+    regressed = list(dict.fromkeys(r.node for r in found))
+    ui.line(f"{len(regressed)} of {nodes} node(s) with runs since {since} regressed ({rule})")
     for item in found:
-        ui.line(f"{item.host}: {item.run.id} ({item.run.kind} of {item.run.lock}): {'; '.join(item.reasons)}; against {item.against.id}")
+        ui.line(f"{item.node}: {item.run.id} ({item.run.kind} of {item.run.lock}): {'; '.join(item.reasons)}; against {item.against.id}")
         prints = f"fingerprint {item.against.short} -> {item.run.short}" if item.against.short and item.run.short else "fingerprints not both recorded"
         if item.run.fingerprint and item.run.fingerprint == item.against.fingerprint:
             ui.line(f"  nothing changed in the stack (fingerprint {item.run.short}): look at the node itself")

@@ -20,7 +20,7 @@ from types import ModuleType
 from typing import Any, Mapping, Sequence
 
 from stackgate.checks.smoke import logscan, serverinfo
-from stackgate.edges.files import write_json
+from stackgate.edges.files import unwritable, write_json
 from stackgate.facts import serverlog
 from stackgate.models import envfile, faults, knowledge, runenv, secretargs, settings
 from stackgate.models import spec as lockmodel
@@ -242,6 +242,9 @@ class SmokeInterrupted(KeyboardInterrupt):
 def run(request: SmokeRequest, ui: UI) -> ExitCode:
     """The smoke command: load the lock, smoke, render, write the JSON report."""
     ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.lock_path)}))
+    problem = unwritable({"--json": request.json_path} if request.json_path else {})
+    if problem is not None:
+        raise SmokeUsageError(problem)
     lock = lockmodel.load(request.lock_path)
     try:
         done = run_smoke(lock, request, ui)

@@ -37,7 +37,7 @@ from typing import Any, Mapping
 from stackgate.commands import provision, smoke
 from stackgate.commands import verify as verifycmd
 from stackgate.edges import runner
-from stackgate.edges.files import write_json, write_text
+from stackgate.edges.files import unwritable, write_json, write_text
 from stackgate.facts import gather
 from stackgate.facts.compare import environment_spec
 from stackgate.models import faults, pylock, settings
@@ -187,10 +187,9 @@ def check_request(request: UpgradeRequest) -> None:
         raise UpgradeUsage(f"--switch must be one of {', '.join(abtest.MODES)}, not {request.switch!r}")
     if request.rounds < 1:
         raise UpgradeUsage(f"rounds must be 1 or more, not {request.rounds}")
-    for option, path in request.outputs.items():
-        existing = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
-        if path.is_dir() or existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-            raise UpgradeUsage(f"{option} {path}: cannot write there")
+    problem = unwritable(request.outputs)
+    if problem is not None:
+        raise UpgradeUsage(problem)
 
 
 def write_reports(doc: Mapping[str, Any], request: UpgradeRequest) -> None:

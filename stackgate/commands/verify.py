@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 from stackgate.checks import deep as deepchecks
 from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import Check, CheckError, run_checks, select
-from stackgate.edges.files import write_json, write_text
+from stackgate.edges.files import unwritable, write_json, write_text
 from stackgate.facts import Facts, Missing, gather, stamp
 from stackgate.models import pylock, settings
 from stackgate.models import spec as lockmodel
@@ -50,6 +50,11 @@ class VerifyRequest:
     cached: bool = False
     prom_path: Path | None = None
 
+    @property
+    def outputs(self) -> dict[str, Path]:
+        chosen = {"--json": self.json_path, "--junit": self.junit_path, "--prom": self.prom_path}
+        return {option: path for option, path in chosen.items() if path is not None}
+
 
 @dataclass(frozen=True)
 class VerifyRun:
@@ -68,6 +73,9 @@ class VerifyRun:
 def run(request: VerifyRequest, ui: UI) -> ExitCode:
     """The verify command: load, check, render, write the reports."""
     ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.lock_path)}))
+    problem = unwritable(request.outputs)
+    if problem is not None:
+        raise UsageError(problem)
     lock = lockmodel.load(request.lock_path)
     if request.list_only:
         list_checks(ui)

@@ -12,20 +12,35 @@ SSH. Every error of the SSH layer (refused, unreachable, a host key that does no
 accepted key, a reset) becomes a :class:`TransportError` carrying paramiko's text, never a hang:
 the connection, its handshake and its authentication each wait at most the node's
 ``connect_timeout_s``, and a command at most its own timeout.
+
+The TCP connection is made here, not by paramiko, and the first bytes of the server are awaited
+here: a port that accepts connections but never speaks SSH is named as such (no SSH banner
+within the timeout), and a connect begun before the caller's ``stop`` is set (Ctrl-C) ends at
+once when it is set, in any phase (the socket is shut down under paramiko). A connect begun
+after it (the fresh connection that stops a node's remote group, or reads its last report) runs
+to its own timeouts. paramiko's own log goes to a file (:func:`paramiko_log`), never to the
+terminal.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import logging
+import os
 import select
 import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol
 
 from stackgate.models.fleet import Node
 
-__all__ = ["CommandTimeout", "Completed", "Session", "SshTransport", "Stopped", "Transport", "TransportError"]
+__all__ = [
+    "CommandTimeout", "Completed", "Session", "SshTransport", "Stopped", "Transport", "TransportError", "paramiko_log",
+]  # fmt: skip
 
 _CHUNK = 1 << 16
 _POLL_S = 0.02  # select() wakes on output, not on the exit status: this bounds the wait for the latter
@@ -64,14 +79,61 @@ class Transport(Protocol):
         ...
 
 
+@contextlib.contextmanager
+def paramiko_log(path: Path) -> Iterator[None]:
+    """paramiko's own log (its ``Exception (client): ...`` lines among them) into ``path`` (made
+    only when something is logged) while inside, and nowhere after: never on the terminal."""
+    logger = logging.getLogger("paramiko")
+    logger.propagate = False
+    if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):
+        logger.addHandler(logging.NullHandler())  # else Python's last-resort handler prints to stderr
+    handler = _LazyFile(path, delay=True, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+
+
+class _LazyFile(logging.FileHandler):
+    """A log file made (with its folder) only when something is logged; one that cannot be
+    written is dropped (logging's default prints a traceback to stderr)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            if self.stream is None:
+                Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+            super().emit(record)
+        except OSError:
+            pass
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        pass
+
+
 class SshTransport:
-    """Sessions over SSH (paramiko): one client per node, opened per call of :meth:`connect`."""
+    """Sessions over SSH (paramiko): one client per node, opened per call of :meth:`connect`;
+    connects begun before ``stop`` is set end when it is (see the module's docstring)."""
+
+    def __init__(self, stop: threading.Event | None = None) -> None:
+        self._stop = stop
+        self._dialing: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._watching = False
 
     def connect(self, node: Node) -> Session:
         import paramiko  # type: ignore[import-untyped]  # imported on first use: a single-node command never pays for it
 
+        # a stop set already: this is a cleanup connect (stopping a node's group), run to its timeouts
+        stop = self._stop if self._stop is not None and not self._stop.is_set() else None
+        sock = _dial(node, stop)
         client = paramiko.SSHClient()
         try:
+            self._cancellable(sock, stop)
+            _await_banner(sock, node, stop)
             if node.known_hosts is not None:
                 client.load_host_keys(str(node.known_hosts))
             else:
@@ -79,13 +141,104 @@ class SshTransport:
             client.set_missing_host_key_policy(paramiko.RejectPolicy())
             client.connect(
                 node.host, port=node.port, username=node.user, key_filename=str(node.identity) if node.identity else None,
-                timeout=node.connect_timeout_s, banner_timeout=node.connect_timeout_s, auth_timeout=node.connect_timeout_s,
-                channel_timeout=node.connect_timeout_s, allow_agent=node.identity is None, look_for_keys=node.identity is None,
+                sock=sock, timeout=node.connect_timeout_s, banner_timeout=node.connect_timeout_s,
+                auth_timeout=node.connect_timeout_s, channel_timeout=node.connect_timeout_s,
+                allow_agent=node.identity is None, look_for_keys=node.identity is None,
             )  # fmt: skip
-        except (paramiko.SSHException, OSError, EOFError, ValueError) as exc:
+        except Exception as exc:  # a hostile server can make paramiko raise anything (IndexError): each a value
             client.close()
-            raise TransportError(_why(exc, node)) from exc
+            sock.close()
+            if stop is not None and stop.is_set():
+                raise Stopped(f"{node.address}: interrupted while connecting") from exc
+            if isinstance(exc, TransportError):
+                raise
+            known = isinstance(exc, (paramiko.SSHException, OSError, EOFError, ValueError))
+            failed = f"the SSH handshake failed ({type(exc).__name__}: {exc}; the SSH layer's log has the rest)"
+            why = _why(exc, node) if known else f"{node.address}: {failed}"
+            raise TransportError(why) from exc
+        finally:
+            with self._lock:
+                self._dialing.discard(sock)
         return SshSession(client, node)
+
+    def _cancellable(self, sock: socket.socket, stop: threading.Event | None) -> None:
+        """Shut ``sock`` down when ``stop`` is set, until it is connected (one watcher a transport)."""
+        if stop is None:
+            return
+        with self._lock:
+            self._dialing.add(sock)
+            if not self._watching:
+                self._watching = True
+                threading.Thread(target=self._watch, args=(stop,), name="ssh-stop", daemon=True).start()
+
+    def _watch(self, stop: threading.Event) -> None:
+        stop.wait()
+        with self._lock:
+            for sock in self._dialing:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+
+_SLICE_S = 0.1  #: how often a connect in progress looks at ``stop``
+_WAITING = (errno.EINPROGRESS, errno.EALREADY, errno.EWOULDBLOCK)
+
+
+def _dial(node: Node, stop: threading.Event | None) -> socket.socket:
+    """A TCP connection to the node within its connect timeout, given up at once on ``stop``."""
+    deadline = time.monotonic() + node.connect_timeout_s
+    try:
+        addresses = socket.getaddrinfo(node.host, node.port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise TransportError(f"{node.address}: cannot connect: {exc.strerror or exc}") from exc
+    problems: list[str] = []
+    for family, kind, proto, _, address in addresses:
+        sock = socket.socket(family, kind, proto)
+        try:
+            _connect(sock, address, deadline, stop)
+            return sock
+        except OSError as exc:
+            sock.close()
+            problems.append(exc.strerror or str(exc))
+        except BaseException:
+            sock.close()
+            raise
+    if problems and all(p == "timed out" for p in problems):
+        raise TransportError(f"{node.address}: no answer within {node.connect_timeout_s:g} s (timed out)")
+    raise TransportError(f"{node.address}: cannot connect: " + "; ".join(sorted(set(problems))))
+
+
+def _connect(sock: socket.socket, address: Any, deadline: float, stop: threading.Event | None) -> None:
+    """``sock.connect(address)`` by the deadline, looking at ``stop`` every slice."""
+    sock.setblocking(False)
+    code = sock.connect_ex(address)
+    while code in _WAITING:
+        if stop is not None and stop.is_set():
+            raise Stopped("interrupted while connecting")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise OSError(errno.ETIMEDOUT, "timed out")
+        if select.select([], [sock], [], min(_SLICE_S, left))[1]:
+            code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    if code:
+        raise OSError(code, os.strerror(code))
+    sock.setblocking(True)
+
+
+def _await_banner(sock: socket.socket, node: Node, stop: threading.Event | None) -> None:
+    """Wait for the server's first bytes (its SSH banner) within the connect timeout: a port that
+    accepts TCP but never speaks SSH is named, not left to paramiko's "No existing session"."""
+    deadline = time.monotonic() + node.connect_timeout_s
+    while not select.select([sock], [], [], _SLICE_S)[0]:
+        if stop is not None and stop.is_set():
+            raise Stopped(f"{node.address}: interrupted while connecting")
+        if time.monotonic() > deadline:
+            raise TransportError(
+                f"{node.address}: no SSH banner within {node.connect_timeout_s:g} s (the banner timeout): "
+                "the port accepts TCP connections but does not speak SSH (is it the node's sshd port?)"
+            )
+    if not sock.recv(1, socket.MSG_PEEK):
+        closed = "the connection was closed before the SSH banner (is it the node's sshd port?)"
+        raise TransportError(f"{node.address}: {closed}")
 
 
 def _why(exc: BaseException, node: Node) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import shutil
 import statistics
 import tempfile
 from collections import Counter
@@ -368,17 +369,17 @@ class FusionGate:
     flashinfer: Mapping[str, Any]  #: version, file, function, supported_majors; or error
     sglang: Mapping[str, Any] | None  #: the same for sglang's runtime gate; None: no sglang there
     returncode: int | None
-    tail: tuple[str, ...]
-    log: Path
+    tail: tuple[str, ...]  #: the run's last lines (its folder is removed: the result holds what it said)
 
 
 def read_gate(python: Path, env: Mapping[str, str], timeout_s: float = GATE_TIMEOUT_S) -> FusionGate:
     """Read the fused path's gate from the code installed for ``python``; never raises for what happens there."""
     workdir, done = _run_script("fusion-gate", "gate", "gate.jsonl", {}, env, python, timeout_s)
     line = next((r for r in _read_lines(workdir / "gate.jsonl") if r.get("event") == "gate"), {})
+    shutil.rmtree(workdir, ignore_errors=True)  # read at once, named in no result: nothing to keep
     found: Mapping[str, Any] = line["flashinfer"] if isinstance(line.get("flashinfer"), Mapping) else {"error": f"the gate was not read ({_ended(done)})"}
     sglang: Mapping[str, Any] | None = line["sglang"] if isinstance(line.get("sglang"), Mapping) else None
-    return FusionGate(found, sglang, done.returncode, _tail(done), workdir / "fusion-gate.log")
+    return FusionGate(found, sglang, done.returncode, _tail(done))
 
 
 def _ended(done: runner.Completed) -> str:

@@ -6,16 +6,17 @@ live environment file's sha256; the driver and the GPUs as NVML reports them (ta
 the live checks); the stack's interpreter (where its path resolves, its file's identity), the
 root's live generation; each locked toolkit's tree (the prefix, bin/, nvcc, ptxas, version.json:
 where they resolve and their identity) and where /usr/local/cuda points; each site-packages
-folder the last full verify found distributions in, and the interpreter's own (its identity and every ``*.dist-info``,
-``*.egg-info`` and ``*.pth`` entry's), the patch record there and every file it lists; and the
+folder the last full verify found distributions in, and the interpreter's own (its identity and
+every ``*.dist-info``, ``*.egg-info`` and ``*.pth`` entry's, with each metadata folder's
+METADATA and RECORD, or PKG-INFO), the patch record there and every file it lists; and the
 environment variables the stack reads (CUDA_*, NCCL_*, LD_*, PATH, TRITON_*, ...; never a
 per-invocation one such as systemd's INVOCATION_ID).
 
 Identity is (inode, size, modification time in ns): installing, removing or upgrading a
-distribution renames dist-info folders, which changes their folder's time; a toolkit installed
-again has new files. What this stamp cannot see (a library rewritten in place inside a
-distribution, with the same size and time) is what the full verify, or a cache's maximum age,
-is for.
+distribution renames dist-info folders, which changes their folder's time; a METADATA or RECORD
+edited in place changes its own time; a toolkit installed again has new files. What this stamp
+cannot see (a library rewritten in place inside a distribution, with the same size and time) is
+what the full verify, or a cache's maximum age, is for.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ ENV_PREFIXES = (
     "PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONUSERBASE", "PYTHONSAFEPATH",  # not PYTHONUNBUFFERED and the like: they change no result
 )  # fmt: skip
 _DIST_SUFFIXES = (".dist-info", ".egg-info", ".pth", ".egg-link")
+#: The files of a metadata folder whose content the checks read (name, version, requirements, files).
+_METADATA_FILES = {".dist-info": ("METADATA", "RECORD"), ".egg-info": ("PKG-INFO", "SOURCES.txt")}
 
 
 def take(lock: Lock, nvml: NvmlSnapshot | Missing, site_dirs: Iterable[str], environ: Mapping[str, str]) -> Stamp:
@@ -143,13 +146,21 @@ def _tree(prefix: Path) -> str:
 
 
 def _site(site: Path) -> str:
-    """The folder's identity and every distribution entry's in it, as one digest."""
+    """The folder's identity and every distribution entry's in it (with its metadata files'), as
+    one digest."""
     try:
         with os.scandir(site) as entries:
             names = sorted(e.name for e in entries if e.name.endswith(_DIST_SUFFIXES))
     except OSError as exc:
         return f"unreadable: {exc.strerror or exc}"
-    return _digest("|".join([identity(site), *(f"{n} {identity(site / n)}" for n in names)]))
+    return _digest("|".join([identity(site), *(_entry(site / n) for n in names)]))
+
+
+def _entry(path: Path) -> str:
+    """A distribution entry's identity, and for a metadata folder its METADATA's and RECORD's (or
+    PKG-INFO's): a file rewritten in place changes neither the folder's entries nor its time."""
+    inside = _METADATA_FILES.get(path.suffix, ())
+    return " ".join([path.name, identity(path), *(identity(path / name) for name in inside)])
 
 
 def _patch_files(site: Path) -> str:

@@ -25,6 +25,7 @@ An inventory::
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import math
 import re
 import sys
@@ -40,12 +41,17 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - the 3.10 floor
     import tomli as tomllib
 
-__all__ = ["DEFAULT_CONNECT_TIMEOUT_S", "DEFAULT_TIMEOUT_S", "InventoryError", "Node", "load_inventory", "parse_hosts", "parse_inventory"]
+__all__ = [
+    "DEFAULT_CONNECT_TIMEOUT_S", "DEFAULT_TIMEOUT_S", "InventoryError", "Node", "host_problem", "load_inventory",
+    "parse_hosts", "parse_inventory",
+]  # fmt: skip
 
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_TIMEOUT_S = 7200.0  #: a full gate loads real weights: minutes, not seconds
 _WORD = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,62}$")
-_HOST = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9._-]{0,252}|\[[0-9A-Fa-f:.]+\]|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*)$")
+#: One label of a host name (RFC 1123, and the ``_`` some inventories hold): no empty label, no
+#: leading or trailing ``-``.
+_LABEL = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")
 _USER = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}$")
 _PROGRAM = re.compile(r"^[A-Za-z0-9_./~+-]{1,4096}$")
 NODE_KEYS = ("name", "host", "port", "user", "identity", "known_hosts", "stackgate", "connect_timeout_s", "timeout_s")
@@ -76,15 +82,45 @@ class Node:
         return f"{self.user + '@' if self.user else ''}{self.host}:{self.port}"
 
 
+def host_problem(host: str) -> str | None:
+    """Why ``host`` is not a host name or an IP address (None when it is one); read as text only,
+    never looked up: an IPv6 address (bare, or in brackets) must be one, digits and dots an IPv4
+    address, anything else a host name of labels.
+
+    >>> [host_problem(h) for h in ("gpu01.example", "10.0.0.1", "[::1]", "fe80::1")]
+    [None, None, None, None]
+    >>> {host_problem(h) for h in ("127.0.0.1:65536", ":", "1:2:3:4:5:6:7:8:9:10")}
+    {'a colon makes it an IPv6 address, and it is none; a port goes in `port` (in --hosts: host:port)'}
+    >>> host_problem("300.1.1.1"), host_problem("a..b") == host_problem("-oProxyCommand=x")
+    ('digits and dots make it an IPv4 address, and it is none', True)
+    """
+    inner = host[1:-1] if host.startswith("[") and host.endswith("]") else None
+    if inner is not None or ":" in host:
+        try:
+            ipaddress.IPv6Address(inner if inner is not None else host)
+        except ValueError:
+            return "a colon makes it an IPv6 address, and it is none; a port goes in `port` (in --hosts: host:port)"
+        return None
+    if re.fullmatch(r"[0-9.]+", host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            return "digits and dots make it an IPv4 address, and it is none"
+        return None
+    if len(host) > 253 or not all(_LABEL.match(label) for label in host.split(".")):
+        return "a host name is labels of letters, digits, '-' and '_', joined by dots"
+    return None
+
+
 def parse_hosts(text: str) -> list[Node]:
     """``--hosts``: comma-separated ``[user@]host[:port]``, each node named after its host.
 
     >>> [n.address for n in parse_hosts("a, ops@b:2222")]
     ['a:22', 'ops@b:2222']
-    >>> parse_hosts("a,-oProxyCommand=x")
+    >>> parse_hosts("a,-oProxyCommand=x")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     stackgate.models.fleet.InventoryError: --hosts: 1 problem:
-      --hosts[1]: '-oProxyCommand=x' is not a host name or address
+      --hosts[1]: '-oProxyCommand=x' is not a host name or address (a host name is labels of ...)
     """
     problems: list[str] = []
     nodes = []
@@ -109,8 +145,9 @@ def _host_word(word: str, where: str, problems: list[str]) -> Node | None:
     before = len(problems)
     if user and not _USER.match(user):
         problems.append(f"{where}: user {user!r} is not a user name")
-    if not _HOST.match(host):
-        problems.append(f"{where}: {word!r} is not a host name or address")
+    why = host_problem(host)
+    if why is not None:
+        problems.append(f"{where}: {word!r} is not a host name or address ({why})")
     port = _port(port_text, where, problems) if port_text else 22
     if len(problems) > before:
         return None
@@ -164,8 +201,12 @@ def _node(entry: Any, index: int, defaults: Mapping[str, Any], base: Path | None
         return None
     _unknown(entry, NODE_KEYS, f"{where}.", problems)
     host = entry.get("host")
-    if not isinstance(host, str) or not _HOST.match(host):
-        problems.append(f"{where}.host: {host!r} is not a host name or address" if host is not None else f"{where}.host: missing")
+    why = host_problem(host) if isinstance(host, str) else "a string"
+    if host is None:
+        problems.append(f"{where}.host: missing")
+        return None
+    if why is not None:
+        problems.append(f"{where}.host: {host!r} is not a host name or address ({why})")
         return None
     name = entry.get("name", host)
     if not isinstance(name, str) or not _WORD.match(name):
@@ -225,11 +266,29 @@ def _unknown(table: Mapping[str, Any], known: tuple[str, ...], prefix: str, prob
 
 
 def _unique(nodes: list[Node], where: str, problems: list[str]) -> None:
+    """Each name once, and each address (host and port) once: two names for one node would dial
+    it twice and run the action on it twice at once."""
     seen: set[str] = set()
+    addresses: dict[tuple[str, int], str] = {}
     for node in nodes:
         if node.name in seen:
             problems.append(f"{where}: the node name {node.name!r} is given twice")
         seen.add(node.name)
+        key = (_canonical(node.host), node.port)
+        if key in addresses and addresses[key] != node.name:
+            first = addresses[key]
+            address = f"{node.host}:{node.port}"
+            problems.append(f"{where}: {node.name!r} has the address {address} of {first!r} (the same node twice)")
+        addresses.setdefault(key, node.name)
+
+
+def _canonical(host: str) -> str:
+    """A host as one text per node: an IP address in its compressed form, a name in lower case
+    (no lookup: ``localhost`` and ``127.0.0.1`` stay two)."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return host.lower()
 
 
 def _checked(nodes: list[Node], source: str, problems: list[str]) -> list[Node]:

@@ -275,7 +275,9 @@ RUNFILE_CACHE: Setting[Path | None] = Setting(
     "STACKGATE_RUNFILE_CACHE", path, None, "where downloaded CUDA runfiles are kept", unset="~/.cache/stackgate/runfiles"
 )
 LOG_DIR: Setting[Path] = Setting(
-    "STACKGATE_LOG_DIR", path, Path("reports"), "where smoke and gate keep each run's server logs: `<dir>/smoke/<time>-<pid>/`, `<dir>/gate/<run id>/`",
+    "STACKGATE_LOG_DIR", path, Path("reports"),
+    "where smoke and gate keep each run's server logs: `<dir>/smoke/<time>-<pid>/`, `<dir>/gate/<run id>/`; "
+    "a fleet run's SSH log: `<dir>/fleet/<run id>-ssh.log`",
     old="STACKGATE_RUN_DIR",
 )  # fmt: skip
 HISTORY_DIR: Setting[Path | None] = Setting(

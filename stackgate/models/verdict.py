@@ -5,6 +5,7 @@ carries them: stable and self-contained, for aggregation across a fleet and for 
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import platform
 import socket
 from collections import Counter
@@ -15,7 +16,25 @@ from stackgate import __version__
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.result import Result, Status
 
-__all__ = ["SCHEMA", "Verdict", "document", "judge"]
+__all__ = ["SCHEMA", "Verdict", "document", "judge", "machine"]
+
+#: Where systemd (and D-Bus before it) keep the machine's id.
+MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
+
+
+def machine(files: Sequence[str] = MACHINE_ID_FILES) -> str | None:
+    """This machine's identity in reports: an application-specific hash of its machine id (the id
+    itself is not to be published), or None when it has none. Nodes cloned from one image may
+    share a hostname ("vm"); their machine ids differ."""
+    for name in files:
+        try:
+            with open(name, "rb") as source:
+                text = source.read(64).decode("ascii", "replace").strip()
+        except OSError:
+            continue
+        if text:
+            return hashlib.sha256(b"stackgate machine:" + text.encode()).hexdigest()[:16]
+    return None
 
 SCHEMA = "stackgate.report/1"
 
@@ -62,7 +81,7 @@ def document(
         "schema": SCHEMA,
         "command": command,
         "tool": {"name": "stackgate", "version": __version__},
-        "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "python": platform.python_version()},
+        "host": {"hostname": socket.gethostname(), "machine": machine(), "platform": platform.platform(), "python": platform.python_version()},
         "lock": {"name": lock.name, "path": str(lock.path), "sha256": lock.sha256} if lock is not None else None,
         "started": _dt.datetime.fromtimestamp(started, _dt.timezone.utc).isoformat(timespec="seconds"),
         "duration_s": round(duration_s, 3),

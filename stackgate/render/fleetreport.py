@@ -15,7 +15,7 @@ from stackgate.models.result import Result, Status
 from stackgate.render import report, summaries
 from stackgate.render.ui import UI
 
-__all__ = ["STAGES", "group_lines", "html_page", "junit", "markdown", "prometheus", "render", "rows", "upgrade_lines"]
+__all__ = ["STAGES", "failure_lines", "group_lines", "html_page", "junit", "markdown", "prometheus", "render", "rows", "upgrade_lines"]
 
 #: The gate's stages, in order (a verify node has none: its verdict stands alone).
 STAGES = ("lock", "environment", "verify", "fast_smoke", "benchmark")
@@ -79,6 +79,25 @@ def group_lines(doc: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+#: Failed checks shown per node on the console and in Markdown (the JSON report holds them all).
+SHOWN_CHECKS = 10
+
+
+def failure_lines(doc: Mapping[str, Any]) -> list[str]:
+    """Each node's failed checks with their one-line reasons (``fleet verify``: which checks, not
+    only how many)."""
+    lines = []
+    for node in doc.get("nodes", ()):
+        failed = node.get("failed_checks") or []
+        if not failed:
+            continue
+        lines.append(f"{node['name']}: {len(failed)} check(s) failed:")
+        lines += [f"  {c['check']} {c['status']}: {c['summary']}" for c in failed[:SHOWN_CHECKS]]
+        if len(failed) > SHOWN_CHECKS:
+            lines.append(f"  ... and {len(failed) - SHOWN_CHECKS} more (the JSON report lists them all)")
+    return lines
+
+
 def _rate(rate: Any) -> str:
     """``92.61 tok/s (95% CI 92.10-93.12, n=4)`` from an upgrade outcome's side."""
     if not isinstance(rate, Mapping) or rate.get("mean") is None:
@@ -121,13 +140,20 @@ def _led(word: str, reason: str) -> str:
 def render(doc: Mapping[str, Any], ui: UI) -> None:
     headers, table = rows(doc)
     lock = doc.get("lock") or {}
-    ui.table(f"stackgate {doc['command']}: {lock.get('name')} ({lock.get('path')}) on {len(table)} node(s)", headers, table)
-    for line in [*group_lines(doc), *upgrade_lines(doc)]:
+    ui.table(f"stackgate {doc['command']}: {lock.get('name')} ({lock.get('path')}) on {len(table)} node(s)", headers, table, _align(headers))
+    for line in [*failure_lines(doc), *group_lines(doc), *upgrade_lines(doc)]:
         ui.line(line)
     for outlier in doc.get("outliers", ()):
         ui.line(f"outlier {outlier['text']}", "warning")
     word = _word(doc)
     ui.line(f"{_counts(doc)} in {doc['duration_s']:.2f} s: {word} ({doc['reason']})", "success" if word == "PASSED" else "error")
+
+
+def _align(headers: Sequence[str]) -> str:
+    """Figures and seconds to the right, words (the reason above all) to the left: a long reason
+    never pads the others."""
+    figures = {label for _, label in _FIGURES} | {"seconds", "decode tok/s live -> new"}
+    return "".join("r" if header in figures else "l" for header in headers)
 
 
 def _word(doc: Mapping[str, Any]) -> str:
@@ -178,6 +204,9 @@ def markdown(doc: Mapping[str, Any]) -> str:
     headers, table = rows(doc)
     out += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in table]
+    failures = failure_lines(doc)
+    if failures:
+        out += ["", "### Failed checks", "", "```", *failures, "```"]
     lines = group_lines(doc)
     if lines:
         out += ["", "### Stacks (fingerprint groups)", "", "```", *lines, "```"]
@@ -252,6 +281,8 @@ def html_page(doc: Mapping[str, Any]) -> str:
     headers, table = rows(doc)
     parts = [f"<h1>stackgate {_e(doc['command'])}: <span class=\"{'passed' if word == 'PASSED' else 'failed'}\">{_e(word)}</span></h1>", f"<p>{_e(doc['reason'])}</p>"]
     parts += ["<h2>Nodes</h2>", _html_table(headers, table)]
+    if failure_lines(doc):
+        parts += ["<h2>Failed checks</h2>", f"<pre>{_e(chr(10).join(failure_lines(doc)))}</pre>"]
     if doc.get("upgrade"):
         parts += ["<h2>Upgrade (canary first)</h2>", f"<pre>{_e(chr(10).join(upgrade_lines(doc)))}</pre>"]
     else:

@@ -18,7 +18,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from stackgate.models import settings
 from stackgate.runs import history, index
@@ -48,11 +48,11 @@ class Listing:
 
 @dataclass(frozen=True)
 class Regression:
-    """A run of a host slower than its previous measured run beyond the threshold, or failed after a pass."""
+    """A run of a node slower than its previous measured run beyond the threshold, or failed after a pass."""
 
-    host: str
+    node: str  #: history.Run.node: a fleet node's name, else the hostname with the machine
     run: Row
-    against: Row  #: the host's earlier run it is judged against
+    against: Row  #: the node's earlier run it is judged against
     reasons: tuple[str, ...]
     changes: tuple[fingerprint.Change, ...] = ()
     compared: tuple[str, ...] = ()  #: the fingerprint sections both runs recorded (empty: not compared)
@@ -76,18 +76,6 @@ def _indexing() -> bool:
 # --- keeping the index true to the folder ---------------------------------------------------------
 
 
-def names(directory: Path) -> Iterator[str]:
-    """The names of the folder's documents (a hidden name is a report being written)."""
-    try:
-        entries = os.scandir(directory)
-    except OSError:
-        return
-    with entries:
-        for entry in entries:
-            if entry.name.endswith(".json") and not entry.name.startswith(".") and entry.is_file():
-                yield entry.name
-
-
 def _read_rows(directory: Path, files: Sequence[str]) -> tuple[list[Row], list[Skipped]]:
     rows, skipped = [], []
     for file in files:
@@ -105,7 +93,7 @@ def sync(db: index.Store) -> None:
     directory = db.directory
     known = db.known()  # first: a run a writer enters after this is not taken for one deleted
     seen = index.folder_mtime(directory)
-    on_disk = set(names(directory))
+    on_disk = set(index.names(directory))
     added = sorted(on_disk - known)
     for start in range(0, max(len(added), 1), BATCH):
         rows, skipped = _read_rows(directory, added[start : start + BATCH])
@@ -150,7 +138,7 @@ def reindex(directory: Path) -> Reindexed:
     with index.Store(directory) as db:
         seen = index.folder_mtime(directory)  # after the index's own folder was made: that is no document
         batch: list[str] = []
-        for name in names(directory):
+        for name in index.names(directory):
             batch.append(name)
             if len(batch) >= BATCH:
                 count, skipped_count = _add(db, batch, count, skipped_count)
@@ -289,8 +277,8 @@ def parse_since(text: str) -> str:
     return when.isoformat(timespec="seconds")
 
 
-def regressions(host: str, rows: Sequence[Row], before: Row | None, measured: Row | None, threshold: float) -> list[Regression]:
-    """A host's regressions among ``rows`` (its runs since the time asked, oldest first), given
+def regressions(node: str, rows: Sequence[Row], before: Row | None, measured: Row | None, threshold: float) -> list[Regression]:
+    """A node's regressions among ``rows`` (its runs since the time asked, oldest first), given
     its last run before them and its last run with a decode figure before them."""
     found = []
     for row in rows:
@@ -303,37 +291,38 @@ def regressions(host: str, rows: Sequence[Row], before: Row | None, measured: Ro
             reasons.append("verdict passed -> failed")
             against = against or before
         if reasons and against is not None:
-            found.append(Regression(host, row, against, tuple(reasons)))
+            found.append(Regression(node, row, against, tuple(reasons)))
         before = row
         measured = row if row.decode_tok_s is not None else measured
     return found
 
 
 def regressed_since(directory: Path, since: str, warn: Warn, *, threshold: float = 0.05) -> tuple[list[Regression], int]:
-    """Every host's regressions since ``since`` (see :func:`parse_since`), each with what changed
-    on the host between the two runs; and how many hosts ran since then."""
-    found, hosts = [], 0
-    for host, rows, before, measured in _by_host(directory, since, warn):
-        hosts += 1
-        found += regressions(host, rows, before, measured, threshold)
-    return [_with_changes(directory, r) for r in found], hosts
+    """Every node's regressions since ``since`` (see :func:`parse_since`), each with what changed
+    on the node between the two runs; and how many nodes ran since then. A node is who ran the
+    run (:attr:`history.Run.node`), not its hostname, which nodes cloned from one image share."""
+    found, nodes = [], 0
+    for node, rows, before, measured in _by_node(directory, since, warn):
+        nodes += 1
+        found += regressions(node, rows, before, measured, threshold)
+    return [_with_changes(directory, r) for r in found], nodes
 
 
-def _by_host(directory: Path, since: str, warn: Warn) -> list[tuple[str, list[Row], Row | None, Row | None]]:
+def _by_node(directory: Path, since: str, warn: Warn) -> list[tuple[str, list[Row], Row | None, Row | None]]:
     if _indexing():
         try:
             if not directory.is_dir():
                 return []
             with _open(directory) as db:
-                return [(h, db.of_host(h, since), db.before(h, since), db.before(h, since, measured=True)) for h in db.hosts_since(since)]
+                return [(n, db.of_node(n, since), db.before(n, since), db.before(n, since, measured=True)) for n in db.nodes_since(since)]
         except IndexUnusable as exc:
             _warn_fallback(warn, directory, exc)
     rows = [history.row_of(r) for r in history.load(directory)[0]]
     out = []
-    for host in sorted({r.host for r in rows if r.started >= since}):
-        mine = [r for r in rows if r.host == host]
+    for node in sorted({r.node for r in rows if r.started >= since}):
+        mine = [r for r in rows if r.node == node]
         earlier = [r for r in mine if r.started < since]
-        out.append((host, [r for r in mine if r.started >= since], earlier[-1] if earlier else None, next((r for r in reversed(earlier) if r.decode_tok_s is not None), None)))
+        out.append((node, [r for r in mine if r.started >= since], earlier[-1] if earlier else None, next((r for r in reversed(earlier) if r.decode_tok_s is not None), None)))
     return out
 
 
@@ -348,4 +337,4 @@ def _with_changes(directory: Path, found: Regression) -> Regression:
     from stackgate.runs import rundiff  # the comparison's machinery (the facts' model) only where a regression is explained
 
     comparison = rundiff.compare(old, new)
-    return Regression(found.host, found.run, found.against, found.reasons, comparison.changes, comparison.sections)
+    return Regression(found.node, found.run, found.against, found.reasons, comparison.changes, comparison.sections)

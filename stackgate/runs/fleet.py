@@ -26,7 +26,10 @@ from typing import Any, Mapping, Sequence
 
 from stackgate.runs import fingerprint
 
-__all__ = ["KEPT", "METRICS", "SWITCHED", "UNCHANGED", "UNDECIDED", "Group", "Outlier", "figures", "groups", "outliers", "upgrade_outcome"]
+__all__ = [
+    "KEPT", "METRICS", "SWITCHED", "UNCHANGED", "UNDECIDED", "Group", "Outlier", "failed_checks", "figures", "groups", "outliers",
+    "upgrade_outcome",
+]  # fmt: skip
 
 #: figure name -> (label, unit)
 METRICS: Mapping[str, tuple[str, str]] = {
@@ -76,6 +79,28 @@ def figures(doc: Mapping[str, Any]) -> dict[str, float]:
             rates = [r for g in (gpus if isinstance(gpus, list) else ()) if (r := _number(_at(g, "bfloat16", "tflops"))) is not None]
             if rates:
                 found["tflops"] = min(rates)
+    return found
+
+
+#: A failed check's summary is kept to this many characters (one line of a console or a table cell).
+SUMMARY_CHARS = 240
+FAILED = ("FAIL", "ERROR")
+
+
+def failed_checks(doc: Mapping[str, Any] | None) -> list[dict[str, str]]:
+    r"""A node report's failed (or crashed) checks, each with its one-line reason, in its order.
+
+    >>> failed_checks({"results": [{"check": "gpu.count", "status": "FAIL", "summary": "1 GPU(s) visible,\nthe lock wants 2"},
+    ...                            {"check": "gpu.driver", "status": "PASS", "summary": "ok"}, "junk"]})
+    [{'check': 'gpu.count', 'status': 'FAIL', 'summary': '1 GPU(s) visible, the lock wants 2'}]
+    """
+    results = _at(doc, "results")
+    found = []
+    for result in results if isinstance(results, list) else ():
+        check, status, summary = _at(result, "check"), _at(result, "status"), _at(result, "summary")
+        if isinstance(check, str) and status in FAILED:
+            line = " ".join(str(summary or "").split())
+            found.append({"check": check, "status": str(status), "summary": line if len(line) <= SUMMARY_CHARS else line[: SUMMARY_CHARS - 3] + "..."})
     return found
 
 

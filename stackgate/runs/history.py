@@ -78,24 +78,23 @@ def store(doc: Mapping[str, Any], directory: Path, warn: Callable[[str], Any] | 
     if not isinstance(run_id, str) or not run_id:
         raise HistoryError("the document has no run_id")
     path = directory / f"{run_id}.json"
-    before = index.folder_mtime(directory)
     try:
         write_json(path, doc)
     except OSError as exc:
         raise HistoryError(f"cannot keep the run in {directory}: {exc.strerror or exc}") from exc
-    problem = enter(path, before) if settings.HISTORY_INDEX.value() else None
+    problem = enter(path) if settings.HISTORY_INDEX.value() else None
     if problem and warn is not None:
         warn(f"stackgate: the run was kept in {path} but not entered in the run index ({problem}); the next `stackgate report` finds it")
     return path
 
 
-def enter(path: Path, before_ns: int | None) -> str | None:
+def enter(path: Path) -> str | None:
     """Enter a run just written in its directory's index; the reason when it could not be."""
     directory = path.parent
     try:
         row = row_of(read(path))
         with index.Store(directory) as db:
-            db.record(row, before_ns, index.folder_mtime(directory))
+            db.record(row)
         return None
     except (HistoryError, index.IndexUnusable) as exc:
         index.mark_dirty(directory)
@@ -141,6 +140,16 @@ class Run:
     @property
     def host(self) -> str:
         return str(_at(self.doc, "host", "hostname") or "?")
+
+    @property
+    def node(self) -> str:
+        """The node that ran it: its fleet name when a fleet controller kept it, else its hostname
+        with its machine (``vm (machine 1f0e...)``): nodes cloned from one image share a hostname."""
+        fleet = _at(self.doc, "fleet", "node")
+        if isinstance(fleet, str) and fleet:
+            return fleet
+        machine = _at(self.doc, "host", "machine")
+        return f"{self.host} (machine {machine})" if isinstance(machine, str) and machine else self.host
 
     @property
     def benchmark(self) -> Mapping[str, Any] | None:
@@ -227,7 +236,7 @@ def row_of(run: Run) -> index.Row:
     finger = run.fingerprint or {}
     digest, short = finger.get("digest"), finger.get("short")
     return index.Row(
-        run.path.name, run.id, run.started, run.command, run.kind, run.host, run.lock_name, run.verdict, run.decode_tok_s, run.figure("tok_s"),
+        run.path.name, run.id, run.started, run.command, run.kind, run.host, run.node, run.lock_name, run.verdict, run.decode_tok_s, run.figure("tok_s"),
         run.busbw_gbs, run.tflops, str(digest) if digest else None, str(short) if short else None, mtime_ns, size,
     )  # fmt: skip
 

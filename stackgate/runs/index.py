@@ -13,19 +13,25 @@ in one transaction. A database that a newer stackgate wrote, that is damaged or 
 locked is :class:`IndexUnusable`: the caller reads the documents instead and says so.
 
 Freshness without reading the folder: the index stores the runs directory's modification time
-as it last saw the folder complete. A writer moves it along with its own document only when
-nothing else changed the folder since (compare and set, in the transaction that adds its row);
-a reader that finds the folder's time different (a document added or deleted by hand, a writer
-that crashed or could not reach the index) lists the folder's names once and reconciles: it
-reads only the documents it does not know and drops the rows of those gone. A writer that could
-not update the index leaves a ``dirty`` marker, which forces that reconciliation too.
+as it last saw the folder complete. A reader that finds the folder's time different (a document
+added or deleted by hand, a writer that crashed or could not reach the index) lists the folder's
+names once and reconciles: it reads only the documents it does not know and drops the rows of
+those gone. A writer, in the transaction that adds its row, reads the folder's time and then
+lists its names (no document is read): when they are exactly the index's, the index is complete
+as of that time; when they are not (a document copied in meanwhile, another writer's not entered
+yet), it leaves the ``dirty`` marker, which forces the next reader's reconciliation, as does a
+writer that could not update the index at all. The same listing removes the hidden temporary
+files (``.RUNID.json.XXXXXXXX``) that writes killed mid-way left, once they are older than
+:data:`TEMPORARY_AGE_S`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sqlite3
+import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
@@ -41,6 +47,7 @@ __all__ = [
     "database_path",
     "folder_mtime",
     "mark_dirty",
+    "names",
     "remove",
 ]
 
@@ -49,6 +56,10 @@ DB_NAME = "runs.sqlite3"
 DIRTY = "dirty"
 #: How long a writer waits for another writer's transaction before giving up (seconds).
 BUSY_TIMEOUT_S = 10.0
+#: A report's temporary file (edges/files.py: ``.<name>.`` and mkstemp's eight characters) this
+#: old was left by a write that was killed: a write takes milliseconds.
+TEMPORARY_AGE_S = 600.0
+_TEMPORARY = re.compile(r"^\.[^/]+\.json\.[A-Za-z0-9_]{8}$")
 
 #: Each schema version's migration, applied in order to a database whose user_version is lower.
 MIGRATIONS: tuple[tuple[int, str], ...] = (
@@ -81,6 +92,18 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         CREATE TABLE skipped (file TEXT PRIMARY KEY, reason TEXT NOT NULL);
         """,
     ),
+    (
+        2,
+        # the node that ran it (a fleet node's name, else its hostname and machine): its rows are
+        # read again from their documents, so the folder is listed at the next read
+        """
+        ALTER TABLE runs ADD COLUMN node TEXT NOT NULL DEFAULT '';
+        CREATE INDEX runs_node ON runs (node, started, id);
+        DELETE FROM runs;
+        DELETE FROM skipped;
+        DELETE FROM meta WHERE key = 'folder_mtime_ns';
+        """,
+    ),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
@@ -99,6 +122,7 @@ class Row:
     command: str
     kind: str
     host: str
+    node: str  #: who ran it (history.Run.node): the node regressions are judged per
     lock: str
     verdict: str
     decode_tok_s: float | None
@@ -133,6 +157,34 @@ def folder_mtime(directory: Path) -> int | None:
         return directory.stat().st_mtime_ns
     except OSError:
         return None
+
+
+def names(directory: Path) -> Iterator[str]:
+    """The names of the folder's documents (a hidden name is a report being written)."""
+    try:
+        entries = os.scandir(directory)
+    except OSError:
+        return
+    with entries:
+        yield from (entry.name for entry in entries if _document(entry))
+
+
+def _document(entry: os.DirEntry[str]) -> bool:
+    return entry.name.endswith(".json") and not entry.name.startswith(".") and entry.is_file()
+
+
+def _listed(directory: Path) -> tuple[set[str], list[Path]]:
+    """The folder's documents, and the temporary files killed writes left there (old enough)."""
+    documents: set[str] = set()
+    left: list[Path] = []
+    oldest = time.time() - TEMPORARY_AGE_S
+    with contextlib.suppress(OSError), os.scandir(directory) as entries:
+        for entry in entries:
+            if _document(entry):
+                documents.add(entry.name)
+            elif _TEMPORARY.match(entry.name) and entry.is_file() and entry.stat().st_mtime < oldest:
+                left.append(Path(entry.path))
+    return documents, left
 
 
 def mark_dirty(directory: Path) -> bool:
@@ -210,14 +262,28 @@ class Store:
 
     # --- writing -------------------------------------------------------------------------------
 
-    def record(self, row: Row, before_ns: int | None, after_ns: int | None) -> None:
-        """Add a run just written; move the folder's time from ``before_ns`` to ``after_ns`` only
-        when the index had seen the folder complete at ``before_ns`` (nothing else came meanwhile)."""
+    def record(self, row: Row) -> None:
+        """Add a run just written. Then the folder's time, and after it the folder's names: when
+        they are the index's, the index is complete as of that time; else it is marked dirty (the
+        next reader reconciles). Temporary files killed writes left are removed."""
         with self.transaction() as db:
             _upsert(db, [row])
             db.execute("DELETE FROM skipped WHERE file = ?", (row.file,))
-            if before_ns is not None and after_ns is not None and self._meta("folder_mtime_ns") == str(before_ns):
-                self._set_meta("folder_mtime_ns", str(after_ns))
+            seen = folder_mtime(self.directory)  # before the listing: what comes after it changes the time again
+            documents, left = _listed(self.directory)
+            if seen is not None and documents == self.known():
+                self._set_meta("folder_mtime_ns", str(seen))
+                complete = True
+            else:
+                complete = False
+        if complete:
+            with contextlib.suppress(OSError):
+                (self.path.parent / DIRTY).unlink()
+        else:
+            mark_dirty(self.directory)
+        for path in left:
+            with contextlib.suppress(OSError):
+                path.unlink()
 
     def reconcile(self, seen_ns: int | None, add: Sequence[Row], skip: Sequence[Skipped], gone: Iterable[str], *, complete: bool = False) -> None:
         """Apply what a listing of the folder found; ``seen_ns`` is the folder's time read before it."""
@@ -276,17 +342,17 @@ class Store:
         """The newest ``limit`` runs of a lock, oldest first."""
         return list(reversed(self._rows(f"{_SELECT} WHERE lock = ? {_NEWEST} LIMIT ?", (lock, limit))))
 
-    def hosts_since(self, since: str) -> list[str]:
-        return [host for (host,) in self.db.execute("SELECT DISTINCT host FROM runs WHERE started >= ? ORDER BY host", (since,))]
+    def nodes_since(self, since: str) -> list[str]:
+        return [node for (node,) in self.db.execute("SELECT DISTINCT node FROM runs WHERE started >= ? ORDER BY node", (since,))]
 
-    def of_host(self, host: str, since: str) -> list[Row]:
-        """A host's runs since ``since``, oldest first."""
-        return self._rows(f"{_SELECT} WHERE host = ? AND started >= ? ORDER BY started, id", (host, since))
+    def of_node(self, node: str, since: str) -> list[Row]:
+        """A node's runs since ``since``, oldest first."""
+        return self._rows(f"{_SELECT} WHERE node = ? AND started >= ? ORDER BY started, id", (node, since))
 
-    def before(self, host: str, since: str, *, measured: bool = False) -> Row | None:
-        """A host's last run before ``since`` (``measured``: the last one with a decode figure)."""
+    def before(self, node: str, since: str, *, measured: bool = False) -> Row | None:
+        """A node's last run before ``since`` (``measured``: the last one with a decode figure)."""
         extra = " AND decode_tok_s IS NOT NULL" if measured else ""
-        found = self._rows(f"{_SELECT} WHERE host = ? AND started < ?{extra} {_NEWEST} LIMIT 1", (host, since))
+        found = self._rows(f"{_SELECT} WHERE node = ? AND started < ?{extra} {_NEWEST} LIMIT 1", (node, since))
         return found[0] if found else None
 
     def skipped(self) -> list[Skipped]:
