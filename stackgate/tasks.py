@@ -132,13 +132,16 @@ def gate(c, lock=None, json=None, junit=None, markdown=None, prom=None, fast_onl
         "all": "with --check: check every shipped spec that has a pylock",
         "upgrade_package": "resolve again moving only this package and what it drags (repeatable); refused when a frozen package would move",
         "wheelhouse": "also download every file of the pylock into this folder, hash-checked, for `stackgate provision --wheelhouse`",
+        "refresh": "resolve against the indexes even when the pylock matches the spec (else that pylock is the answer)",
     },
 )
-def lock(c, lock=None, check=False, all=False, upgrade_package=None, wheelhouse=None):
+def lock(c, lock=None, check=False, all=False, upgrade_package=None, wheelhouse=None, refresh=False):
     """Resolve the spec into its pylock: every distribution, file and sha256 (PEP 751)."""
     from stackgate.commands import lock as command
 
-    request = command.LockRequest(lock_path=_path(lock), check=check, all_specs=all, upgrade=tuple(upgrade_package or ()), wheelhouse=_path(wheelhouse))
+    request = command.LockRequest(
+        lock_path=_path(lock), check=check, all_specs=all, upgrade=tuple(upgrade_package or ()), wheelhouse=_path(wheelhouse), refresh=refresh
+    )
     cli.run_command(lambda: command.run(request, UI()))
 
 
