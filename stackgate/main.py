@@ -180,6 +180,8 @@ def _parse_errors_are_usage() -> Iterator[None]:
 
 #: invoke's words for a flag given last without its value: ``Flag <Argument: json (j)> needed ...``.
 _NEEDED_VALUE = re.compile(r"Flag <Argument: ([\w-]+)[^>]*> needed value")
+#: Where the commands and their options are listed.
+_LISTS = "`stackgate --help` lists the commands, `stackgate COMMAND --help` its options"
 #: invoke's words for a word that is no flag and no task here.
 _UNKNOWN = re.compile(r"No idea what '(.*)' is!")
 
@@ -189,7 +191,7 @@ def _usage_text(error: ParseError) -> str:
     which value it needs (``--json needs a value: write the JSON report here``)."""
     unknown = _UNKNOWN.fullmatch(str(error))
     if unknown is not None:
-        return f"no option or command {unknown[1]!r} here (`stackgate --help` lists the commands, `stackgate COMMAND --help` its options)"
+        return f"no option or command {unknown[1]!r} here ({_LISTS})"
     found = _NEEDED_VALUE.match(str(error))
     if found is None:
         return str(error)

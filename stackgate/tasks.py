@@ -7,19 +7,42 @@ re-exports them for `invoke`: bare `stackgate` lists them, `stackgate TASK --hel
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from stackgate import cli
 from stackgate.cli import task
 from stackgate.models import settings
 from stackgate.render.ui import UI
 
-__all__ = ["diagnose", "fleet", "gate", "lock", "provision", "report", "rollback", "smoke", "upgrade", "verify"]
+__all__ = ["diagnose", "fleet", "gate", "init", "lock", "provision", "report", "rollback", "smoke", "upgrade", "verify"]
 
-LOCK_HELP = f"lockfile to use (default: ${settings.LOCK.env}, then the blackwell-sm120-cu130.toml shipped with stackgate)"
+LOCK_HELP = (
+    f"lockfile to use (default: ${settings.LOCK.env}, ./stackgate.toml, /etc/stackgate/stack.toml, "
+    "then the blackwell-sm120-cu130 profile shipped with stackgate)"
+)
 
 
 def _path(value: str | None) -> Path | None:
     return Path(value) if value else None
+
+
+@task(
+    help={
+        "out": "write the spec here (default: ./stackgate.toml, which every command then uses)",
+        "profile": "copy this shipped profile (and its pylock) out of the package instead of describing this machine",
+        "list": "list the shipped profiles with their descriptions",
+        "system": "write /etc/stackgate/stack.toml (the machine's spec for every user) instead of ./stackgate.toml",
+        "python": "the interpreter whose environment is the stack (default: the first here that holds torch)",
+        "force": "replace a spec (and pylock) that is already there",
+    },
+)
+def init(c, out=None, profile=None, list=False, system=False, python=None, force=False):
+    """Describe this machine as a spec (./stackgate.toml), or copy a shipped profile out."""
+    from stackgate.commands import init as command
+
+    paths: dict[str, Any] = {"out": _path(out), "python": _path(python)}
+    request = command.InitRequest(**paths, profile=profile, list_only=list, system=system, force=force)
+    cli.run_command(lambda: command.run(request, UI()))
 
 
 @task(
@@ -140,8 +163,9 @@ def lock(c, lock=None, check=False, all=False, upgrade_package=None, wheelhouse=
     from stackgate.commands import lock as command
 
     request = command.LockRequest(
-        lock_path=_path(lock), check=check, all_specs=all, upgrade=tuple(upgrade_package or ()), wheelhouse=_path(wheelhouse), refresh=refresh
-    )
+        lock_path=_path(lock), check=check, all_specs=all, upgrade=tuple(upgrade_package or ()),
+        wheelhouse=_path(wheelhouse), refresh=refresh,
+    )  # fmt: skip
     cli.run_command(lambda: command.run(request, UI()))
 
 

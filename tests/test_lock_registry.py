@@ -66,7 +66,7 @@ def test_the_cu128_profile_resolves_against_pypi_into_a_complete_hashed_pylock(t
     first = target.read_bytes()
     size = f"{len(resolution.packages)} distributions, {len(resolution.files)} files, each with its sha256"
     assert _lock(spec, environ)[1].startswith(f"unchanged: {target} matches {SPEC.name} ({size})\n")  # from the pylock
-    assert _lock(spec, environ, refresh=True) == (ExitCode.PASSED, f"unchanged: {target} ({size})\n")  # the indexes asked again
+    assert _lock(spec, environ, refresh=True) == (ExitCode.PASSED, f"unchanged: {target} ({size})\n")  # asked again
     assert target.read_bytes() == first
     assert _lock(spec, environ, check=True)[0] == ExitCode.PASSED
     spec.write_text(spec.read_text().replace('sglang = "==0.5.9"', 'sglang = "==0.5.8"'))

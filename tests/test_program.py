@@ -21,7 +21,7 @@ from invoke.exceptions import Exit
 from conftest import ROOT, isolated_environ
 from stackgate import __version__, cli, main
 from stackgate.checks.core import CheckError
-from stackgate.commands import diagnose, gate, provision, report, smoke, upgrade, verify
+from stackgate.commands import diagnose, gate, init, provision, report, smoke, upgrade, verify
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.spec import LockError
 from stackgate.serve.launch import LaunchError
@@ -157,24 +157,30 @@ def test_bare_stackgate_and_help_show_its_commands_and_global_flags_only():
     bare, helped = in_checkout(), in_checkout("--help")
     assert (bare.returncode, helped.returncode, bare.stdout) == (0, 0, helped.stdout), bare.stderr
     flags = re.findall(r"^  (-\S.*?)   ", bare.stdout.split("Global options:")[1], re.MULTILINE)
-    assert flags == ["--complete", "--print-completion-script=STRING", "-h [COMMAND], --help[=COMMAND]", "-V, --version"]
+    assert flags == [
+        "--complete", "--print-completion-script=STRING", "-h [COMMAND], --help[=COMMAND]", "-V, --version",
+    ]
     for invoke_only in ("--prompt-for-sudo-password", "--dry", "--debug", "--list", "--pty", "--echo", "core-opts"):
         assert invoke_only not in bare.stdout
     for flag in ("--list", "-R", "--dry", "-d", "--debug", "--prompt-for-sudo-password"):
         refused = in_checkout(flag, "verify", "--list")
-        assert refused.returncode == ExitCode.USAGE and f"no option or command '{flag}'" in refused.stderr, (flag, refused.stderr)
+        assert refused.returncode == ExitCode.USAGE, (flag, refused.stderr)
+        assert f"no option or command '{flag}'" in refused.stderr, (flag, refused.stderr)
 
 
 def test_a_flag_without_its_value_says_which_value_it_needs():
     done = in_checkout("verify", "--json")
-    assert (done.returncode, done.stderr) == (ExitCode.USAGE, "stackgate: verify --json needs a value: write the JSON report here\n")
-    assert in_checkout("smoke", "--tp").stderr == "stackgate: smoke --tp needs a value: tensor-parallel size (default: [smoke] tp)\n"
+    assert done.returncode == ExitCode.USAGE
+    assert done.stderr == "stackgate: verify --json needs a value: write the JSON report here\n"
+    tp = in_checkout("smoke", "--tp").stderr
+    assert tp == "stackgate: smoke --tp needs a value: tensor-parallel size (default: [smoke] tp)\n"
     assert "Argument" not in in_checkout("report", "--last").stderr
 
 
 def test_help_shows_verbose_as_it_counts():
     done = in_checkout("verify", "--help")
-    assert "-v, -vv, --verbose" in done.stdout and "INT" not in done.stdout and "-c STRING, --check=STRING" in done.stdout
+    assert "-v, -vv, --verbose" in done.stdout and "INT" not in done.stdout
+    assert "-c STRING, --check=STRING" in done.stdout
     assert parsed("verify", "-vv")[0].args["verbose"].value == 2
 
 
@@ -210,7 +216,10 @@ def test_an_error_that_is_not_usage_is_not_turned_into_exit_2():
 
 @pytest.mark.parametrize(
     "request_type",
-    [verify.VerifyRequest, provision.ProvisionRequest, provision.RollbackRequest, smoke.SmokeRequest, gate.GateRequest, report.ReportRequest, diagnose.DiagnoseRequest, upgrade.UpgradeRequest],
+    [
+        verify.VerifyRequest, provision.ProvisionRequest, provision.RollbackRequest, smoke.SmokeRequest,
+        gate.GateRequest, report.ReportRequest, diagnose.DiagnoseRequest, upgrade.UpgradeRequest, init.InitRequest,
+    ],  # fmt: skip
 )
 def test_every_request_is_built_by_keyword(request_type):
     assert all(field.kw_only for field in dataclasses.fields(request_type))

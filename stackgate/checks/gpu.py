@@ -31,7 +31,8 @@ def driver(lock: Lock, facts: Facts) -> Result:
     """The NVIDIA driver is present and at least the locked minimum."""
     snap = facts.nvml
     if isinstance(snap, Missing):
-        return failed(f"no NVIDIA driver answers: {snap.reason}", fix=Fix(_NO_NVML, ("nvidia-smi",)), data={NO_DRIVER: snap.reason})
+        fix = Fix(_NO_NVML, ("nvidia-smi",))
+        return failed(f"no NVIDIA driver answers: {snap.reason}", fix=fix, data={NO_DRIVER: snap.reason})
     want = lock.hardware.min_driver
     try:
         have = Version(snap.driver_version)

@@ -28,7 +28,13 @@ from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.render.ui import UI
 from stackgate.stack import pyenv, resolve
 
-__all__ = ["LockRequest", "LockUsage", "fix_command", "run", "shipped_specs"]
+__all__ = ["UNCHANGED", "LockRequest", "LockUsage", "fix_command", "run", "shipped_specs"]
+
+
+#: What a lock of an unchanged spec says under its answer.
+UNCHANGED = (
+    "the spec's inputs have not changed since it was resolved; `stackgate lock --refresh` asks the indexes again"
+)
 
 
 class LockUsage(UsageError):
@@ -66,6 +72,11 @@ def run(request: LockRequest, ui: UI) -> ExitCode:
         specs: list[Path | None] = [*shipped_specs()] if request.all_specs else [request.lock_path]  # None: the default lock
         return max((_check(lockmodel.load(path), ui, quiet_missing=request.all_specs) for path in specs), default=ExitCode.PASSED)
     lock = lockmodel.load(request.lock_path)
+    writes = bool(request.upgrade or request.refresh) or _current(lock) is None  # else the pylock is the answer
+    action = f"`stackgate lock` (its {pylock.path_for(lock.path).name})"
+    read_only = lockmodel.read_only_problem(lock.path, action) if writes else None
+    if read_only is not None:
+        raise LockUsage(read_only)
     environ = dict(os.environ if request.environ is None else request.environ)
     uv = pyenv.find_uv()
     if uv is None:
@@ -115,7 +126,7 @@ def _resolved(lock: lockmodel.Lock, request: LockRequest, uv: str, environ: Mapp
             ui.line(f"{current.path.name} matches {lock.path.name}: its files go into {request.wheelhouse}")
         elif current is not None:
             ui.line(f"unchanged: {current.path} matches {lock.path.name} ({_size(current)})")
-            ui.line("  the spec's inputs have not changed since it was resolved; `stackgate lock --refresh` asks the indexes again")
+            ui.line(f"  {UNCHANGED}")
         if current is not None:
             return current
     with ui.activity(f"resolving {lock.name} with uv for Python {lock.python.version} on {lock.python.platform}") as activity:

@@ -31,8 +31,8 @@ from stackgate.models.verdict import Verdict
 from stackgate.render.report import counts_line
 
 __all__ = [
-    "UI", "Activity", "finding_lines", "fold_needs_gpu", "no_driver_line", "render_findings", "render_plain", "render_rows",
-    "render_settings", "render_table",
+    "UI", "Activity", "finding_lines", "fold_needs_gpu", "no_driver_line", "render_findings", "render_plain",
+    "render_rows", "render_settings", "render_table",
 ]  # fmt: skip
 
 THEME = Theme({"success": "green", "warning": "yellow", "error": "bold red", "skip": "dim", "muted": "dim", "heading": "bold", "info": "cyan"})
@@ -295,7 +295,8 @@ def fold_needs_gpu(results: Sequence[Result]) -> list[Result]:
         if len(skips) < 2:
             folded += group
             continue
-        row = Result(f"{area}.* ({len(skips)} checks)", Status.SKIP, f"skipped, no NVIDIA driver: {', '.join(r.check for r in skips)}")
+        names = ", ".join(r.check for r in skips)
+        row = Result(f"{area}.* ({len(skips)} checks)", Status.SKIP, f"skipped, no NVIDIA driver: {names}")
         first = next(i for i, r in enumerate(group) if _needs_gpu(r))
         folded += [*group[:first], row, *(r for r in group[first:] if not _needs_gpu(r))]
     return folded
@@ -307,7 +308,7 @@ def render_settings(values: Sequence[Value[Any]], *, verbose: int) -> list[str]:
     >>> from stackgate.models import settings
     >>> values = settings.report({"STACKGATE_DEEP_TIMEOUT_S": "600"})
     >>> print("\\n".join(render_settings(values, verbose=1)))
-    settings: 1 of 18 not at its default (-vv lists all)
+    settings: 1 of 19 not at its default (-vv lists all)
       STACKGATE_DEEP_TIMEOUT_S  600  (environment $STACKGATE_DEEP_TIMEOUT_S)
     """
     if not verbose:
