@@ -209,12 +209,21 @@ def test_init_pins_the_stack_reads_the_fusion_gate_and_its_spec_locks(tmp_path: 
         lock.smoke.flags == ()
         and "no fusion flag: compute capability major 12 is not among the majors flashinfer builds" in text
     )
+    (site,) = python.parent.parent.glob("lib/python3*/site-packages")
+    bundled = site / "triton" / "backends" / "nvidia" / "bin" / "ptxas"  # Triton's own ptxas, which knows sm_90a
+    bundled.parent.mkdir(parents=True)
+    bundled.write_text("#!/bin/sh\nexit 0\n")
+    bundled.chmod(0o755)
     hopper = stackgate(
         "init", "--python", str(python), "--out", "h200.toml", cwd=tmp_path, env={**env, **nvml(tmp_path, H200)}
     )
     assert hopper.returncode == ExitCode.PASSED, hopper.stderr
     assert lockmodel.load(tmp_path / "h200.toml").smoke.flags == ("--enable-flashinfer-allreduce-fusion",)
-    assert "flashinfer's fusion arch gate admits majors [9, 10]" in (tmp_path / "h200.toml").read_text()
+    h200 = (tmp_path / "h200.toml").read_text()
+    assert "flashinfer's fusion arch gate admits majors [9, 10]" in h200
+    assert "TRITON_PTXAS_PATH" not in lockmodel.load(tmp_path / "h200.toml").env
+    assert "TRITON_PTXAS_PATH" not in hopper.stderr
+    assert "# TRITON_PTXAS_PATH unset: Triton's bundled ptxas builds sm_90a" in h200
 
     # The spec init wrote resolves with `stackgate lock` (its PyPI and PyTorch indexes pointed at the test's).
     spec.write_text(text.replace("https://download.pytorch.org/whl/cu130", stack_index.simple("cu130")).replace(

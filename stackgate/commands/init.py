@@ -117,10 +117,10 @@ def _describe(request: InitRequest, target: Path, environ: Mapping[str, str], ui
     _refuse_without(machine)
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     text = machine_spec(machine, when)
-    lockmodel.loads(text, path=target)  # a spec init writes always loads; a failure here is a bug, exit 2 names it
+    lock = lockmodel.loads(text, path=target)  # a spec init writes always loads; a failure is a bug, exit 2 names it
     write_text(target, text)
     ui.line(f"wrote {target}: this machine as a spec, each value with where it came from")
-    for line in _notes(machine, environ):
+    for line in _notes(machine, lock, environ):
         ui.warn(line)
     _next_steps(target, ui)
     return ExitCode.PASSED
@@ -135,18 +135,17 @@ def _refuse_without(machine: Machine) -> None:
         raise InitUsage(machine.python.reason)
 
 
-def _notes(machine: Machine, environ: Mapping[str, str]) -> list[str]:
-    """What init saw that verify will report: a shell that does not select the default toolkit."""
+def _notes(machine: Machine, lock: lockmodel.Lock, environ: Mapping[str, str]) -> list[str]:
+    """What init saw that verify will report: a shell that does not set the spec's [env]."""
     if machine.default is None:
         return [
             "no CUDA toolkit found (searched $CUDA_HOME, $CUDA_PATH, the nvcc on PATH, /usr/local/cuda*): "
             "the spec names none"
         ]
-    prefix = machine.default[0].prefix
     notes = []
-    for name, want in (("CUDA_HOME", prefix), ("TRITON_PTXAS_PATH", prefix / "bin" / "ptxas")):
+    for name, want in lock.env.items():
         have = environ.get(name)
-        if not have or Path(have).resolve() != want:
+        if not have or Path(have).resolve() != Path(want).resolve():
             notes.append(
                 f"{name} is {have or 'not set'} in this shell: "
                 f"export {name}={want} where the stack runs ([env] says so)"

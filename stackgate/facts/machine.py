@@ -15,8 +15,9 @@ from typing import Mapping
 from stackgate.edges import nvml
 from stackgate.facts.deep import FusionGate, read_gate
 from stackgate.facts.interpreters import describe
-from stackgate.facts.model import Missing, ProbeFacts, ToolVersion
-from stackgate.facts.toolkits import tool_version
+from stackgate.facts.model import ArchBuild, Missing, ProbeFacts, ToolVersion
+from stackgate.facts.toolkits import build_for_arch, tool_version
+from stackgate.models.spec import Capability
 
 __all__ = ["CUDA_ROOT", "FoundPython", "FoundToolkit", "Machine", "find_python", "find_toolkits", "observe"]
 
@@ -47,6 +48,8 @@ class Machine:
     python: FoundPython | Missing
     gate: FusionGate | None  #: None when there is no interpreter to read it with
     environ: Mapping[str, str]
+    #: whether the ptxas Triton bundles builds GPU 0's arch (None: no Triton, or no GPU to ask for)
+    triton_ptxas: ArchBuild | Missing | None = None
 
 
 def observe(environ: Mapping[str, str], python: Path | None = None, nvml_lib: ModuleType | None = None) -> Machine:
@@ -58,7 +61,24 @@ def observe(environ: Mapping[str, str], python: Path | None = None, nvml_lib: Mo
     toolkits = find_toolkits(environ)
     found = find_python(environ, python)
     gate = read_gate(found.path, environ) if isinstance(found, FoundPython) else None
-    return Machine(snapshot, toolkits, _default(toolkits, environ), found, gate, environ)
+    triton = _triton_ptxas(found, snapshot) if isinstance(found, FoundPython) else None
+    return Machine(snapshot, toolkits, _default(toolkits, environ), found, gate, environ, triton)
+
+
+#: Where Triton keeps the ptxas it bundles, by release (3.x, then 2.x), under its package.
+_TRITON_PTXAS = ("triton/backends/nvidia/bin/ptxas", "triton/third_party/cuda/bin/ptxas")
+
+
+def _triton_ptxas(found: FoundPython, snapshot: nvml.NvmlSnapshot | Missing) -> ArchBuild | Missing | None:
+    """Whether the ptxas Triton bundles builds GPU 0's arch (None: no Triton, or no GPU)."""
+    triton = found.facts.dist("triton")
+    if triton is None or isinstance(snapshot, Missing) or not snapshot.gpus or snapshot.gpus[0].capability is None:
+        return None
+    arch = Capability(*snapshot.gpus[0].capability).arch
+    bundled = next((Path(triton.location) / p for p in _TRITON_PTXAS if (Path(triton.location) / p).is_file()), None)
+    if bundled is None:
+        return Missing(f"triton {triton.version} bundles no ptxas ({', '.join(_TRITON_PTXAS)} under {triton.location})")
+    return build_for_arch(bundled, arch)
 
 
 def _jit_places(environ: Mapping[str, str]) -> list[tuple[Path, str]]:

@@ -15,6 +15,7 @@ from packaging.version import Version
 from stackgate.checks.deep import FUSION_FLAG, fusion_arch_problem
 from stackgate.edges.nvml import NvmlSnapshot
 from stackgate.facts.machine import FoundPython, Machine
+from stackgate.facts.model import ArchBuild, Missing
 from stackgate.models.spec import Capability
 
 __all__ = ["PINNED", "Line", "machine_spec", "stack_name"]
@@ -200,6 +201,19 @@ def _smoke(machine: Machine, gpus: int, capabilities: list[str]) -> list[Line]:
     ]
 
 
+def _triton_env(machine: Machine, capability: Capability) -> list[Line]:
+    """TRITON_PTXAS_PATH at the default toolkit, unless Triton's own ptxas builds this arch (and
+    the shell does not set it): then it is left out, and the comment says why."""
+    build = machine.triton_ptxas
+    if isinstance(build, ArchBuild) and build.ok and not machine.environ.get("TRITON_PTXAS_PATH"):
+        return [(f"# TRITON_PTXAS_PATH unset: Triton's bundled ptxas builds {build.arch}", None)]
+    if isinstance(build, ArchBuild):
+        why = f"Triton's bundled ptxas cannot build {capability.arch}" if not build.ok else "this shell sets it"
+    else:
+        why = build.reason if isinstance(build, Missing) else "no Triton to ask: its ptxas may not know this arch"
+    return [('TRITON_PTXAS_PATH = "{toolkit.default}/bin/ptxas"', why)]
+
+
 def machine_spec(machine: Machine, when: str) -> str:
     """This machine as a spec (``machine.nvml`` must be a snapshot with a GPU)."""
     assert isinstance(machine.nvml, NvmlSnapshot) and machine.nvml.gpus
@@ -232,7 +246,7 @@ def machine_spec(machine: Machine, when: str) -> str:
         lines += [
             ("[env]", None),
             ('CUDA_HOME = "{toolkit.default}"', "flashinfer's JIT and sgl-kernel build with this toolkit"),
-            ('TRITON_PTXAS_PATH = "{toolkit.default}/bin/ptxas"', "Triton's bundled ptxas may not know this arch"),
+            *_triton_env(machine, capability),
             ("", None),
         ]
     nccl = torch.get("nccl_version")
