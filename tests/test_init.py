@@ -148,6 +148,13 @@ def test_init_refuses_without_a_gpu_or_a_torch_and_writes_nothing(tmp_path: Path
     assert not (tmp_path / "stackgate.toml").exists()
 
 
+def install_wheels(python: Path, index: IndexServer, names: tuple[str, ...]) -> None:
+    """The test index's wheels ``NAME-VERSION``, installed into ``python``'s environment with uv, no dependencies."""
+    wheels = [str(next(index.files.glob(f"{name}-*.whl"))) for name in names]
+    install = [sys.executable, "-m", "uv", "pip", "install", "-q", "--no-deps", "--python", str(python), *wheels]
+    subprocess.run(install, env=isolated_environ(), check=True, timeout=300)
+
+
 def stack_env(tmp_path: Path, index: IndexServer, comm_majors: list[int] | None) -> Path:
     """A venv holding the stack's wheels (the test index's torch 2.9.1+cu130 and family, flashinfer
     0.6.4), installed with uv from their files; with ``comm_majors``, flashinfer's comm module
@@ -165,9 +172,7 @@ def stack_env(tmp_path: Path, index: IndexServer, comm_majors: list[int] | None)
         "flashinfer_cubin-0.6.4",
         "filelock-3.20.0",
     )
-    wheels = [str(next(index.files.glob(f"{name}-*.whl"))) for name in names]
-    install = [*uv, "pip", "install", "-q", "--no-deps", "--python", str(home / "bin" / "python"), *wheels]
-    subprocess.run(install, env=isolated_environ(), check=True, timeout=300)
+    install_wheels(home / "bin" / "python", index, names)
     if comm_majors is not None:
         (site,) = home.glob("lib/python3*/site-packages")
         comm = site / "flashinfer" / "jit" / "comm.py"
@@ -233,6 +238,19 @@ def test_init_pins_the_stack_reads_the_fusion_gate_and_its_spec_locks(tmp_path: 
     resolution = pylock.load(tmp_path / "pylock.stackgate.toml")
     assert {n: p.version for n, p in resolution.packages.items() if n in pins} == pins
     assert stackgate("lock", "--check", cwd=tmp_path, env=env).returncode == ExitCode.PASSED
+
+    # sglang 0.5.9 pins flashinfer 0.6.3; 0.6.4 is installed: init declares the overrides, with the pin as the reason.
+    install_wheels(python, stack_index, ("sglang-0.5.9", "torchaudio-2.9.1+cu130", "sgl_kernel-0.3.21+cu130"))
+    full = stackgate("init", "--python", str(python), "--out", "full.toml", cwd=tmp_path, env=env)
+    assert full.returncode == ExitCode.PASSED, full.stderr
+    overrides = {o.package: (str(o.specifier), o.reason) for o in lockmodel.load(tmp_path / "full.toml").python.overrides}
+    assert overrides == {
+        "flashinfer-python": ("==0.6.4", "sglang 0.5.9 requires flashinfer_python==0.6.3; 0.6.4 is installed here"),
+        "flashinfer-cubin": ("==0.6.4", "sglang 0.5.9 requires flashinfer_cubin==0.6.3; 0.6.4 is installed here"),
+    }
+    assert lockmodel.load(tmp_path / "full.toml").python.imports == ("torch", "triton", "flashinfer", "sgl_kernel", "sglang")
+    consistent = stackgate("verify", "--lock", "full.toml", "--check", "python.consistency", cwd=tmp_path, env=env)
+    assert consistent.returncode == ExitCode.PASSED and "2 accepted override(s)" in consistent.stdout, consistent.stdout
 
 
 def test_init_lists_the_shipped_profiles_and_copies_one_out_with_its_pylock(tmp_path: Path) -> None:

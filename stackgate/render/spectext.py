@@ -10,12 +10,14 @@ import socket
 from collections import Counter
 from typing import Any, Mapping, Sequence
 
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from stackgate.checks.deep import FUSION_FLAG, fusion_arch_problem
 from stackgate.edges.nvml import NvmlSnapshot
+from stackgate.facts.compare import conflicts
 from stackgate.facts.machine import FoundPython, Machine
-from stackgate.facts.model import ArchBuild, Missing
+from stackgate.facts.model import ArchBuild, Missing, ProbeFacts
 from stackgate.models.spec import Capability
 
 __all__ = ["PINNED", "Line", "machine_spec", "stack_name"]
@@ -147,6 +149,28 @@ def _python(found: FoundPython) -> list[Line]:
             ("", None),
             ("[python.guard]", None),
             (f"frozen = {_toml(list(pins))}", "pinned above: no install may move them"),
+        ]
+    return [*lines, *_overrides(facts, pins)]
+
+
+def _overrides(facts: ProbeFacts, pins: Mapping[str, str]) -> list[Line]:
+    """A pinned package installed against another's requirement (sglang 0.5.9 pins flashinfer 0.6.3,
+    0.6.4 is installed): the override that states it, so python.consistency reports it as accepted,
+    with the requirement it overrides as its reason. One override per package."""
+    lines: list[Line] = []
+    seen: set[str] = set()
+    for conflict in conflicts(facts.distributions, facts.markers):
+        name = canonicalize_name(conflict.package)
+        if name not in pins or name in seen or conflict.installed is None:
+            continue
+        seen.add(name)
+        needs = f"{conflict.requirer} {conflict.requirer_version} requires {conflict.requirement}"
+        lines += [
+            ("", None),
+            ("[[python.override]]", "found installed so by `stackgate init`: keep it only if it is meant"),
+            (f"package = {_toml(name)}", None),
+            (f'version = "=={pins[name]}"', None),
+            (f"reason = {_toml(f'{needs}; {conflict.installed} is installed here')}", None),
         ]
     return lines
 
