@@ -243,12 +243,13 @@ def test_init_pins_the_stack_reads_the_fusion_gate_and_its_spec_locks(tmp_path: 
     install_wheels(python, stack_index, ("sglang-0.5.9", "torchaudio-2.9.1+cu130", "sgl_kernel-0.3.21+cu130"))
     full = stackgate("init", "--python", str(python), "--out", "full.toml", cwd=tmp_path, env=env)
     assert full.returncode == ExitCode.PASSED, full.stderr
-    overrides = {o.package: (str(o.specifier), o.reason) for o in lockmodel.load(tmp_path / "full.toml").python.overrides}
+    described = lockmodel.load(tmp_path / "full.toml").python
+    overrides = {o.package: (str(o.specifier), o.reason) for o in described.overrides}
     assert overrides == {
         "flashinfer-python": ("==0.6.4", "sglang 0.5.9 requires flashinfer_python==0.6.3; 0.6.4 is installed here"),
         "flashinfer-cubin": ("==0.6.4", "sglang 0.5.9 requires flashinfer_cubin==0.6.3; 0.6.4 is installed here"),
     }
-    assert lockmodel.load(tmp_path / "full.toml").python.imports == ("torch", "triton", "flashinfer", "sgl_kernel", "sglang")
+    assert described.imports == ("torch", "triton", "flashinfer", "sgl_kernel", "sglang")
     consistent = stackgate("verify", "--lock", "full.toml", "--check", "python.consistency", cwd=tmp_path, env=env)
     assert consistent.returncode == ExitCode.PASSED and "2 accepted override(s)" in consistent.stdout, consistent.stdout
 
