@@ -145,6 +145,10 @@ def test_init_refuses_without_a_gpu_or_a_torch_and_writes_nothing(tmp_path: Path
         and "no interpreter here holds torch" in no_torch.stderr
         and "--python PATH" in no_torch.stderr
     )
+    blind = nvml(tmp_path, machine([gpu(name="NVIDIA H200", unsupported=["capability"])]))
+    no_capability = stackgate("init", "--python", str(plain_python), cwd=tmp_path, env=blind)
+    assert no_capability.returncode == ExitCode.USAGE
+    assert "NVML gives no GPU's compute capability (GPU 0 (NVIDIA H200): Not Supported)" in no_capability.stderr
     assert not (tmp_path / "stackgate.toml").exists()
 
 
