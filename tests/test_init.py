@@ -149,7 +149,18 @@ def test_init_refuses_without_a_gpu_or_a_torch_and_writes_nothing(tmp_path: Path
     no_capability = stackgate("init", "--python", str(plain_python), cwd=tmp_path, env=blind)
     assert no_capability.returncode == ExitCode.USAGE
     assert "NVML gives no GPU's compute capability (GPU 0 (NVIDIA H200): Not Supported)" in no_capability.stderr
+    missing = stackgate("init", "--python", str(tmp_path / "nope" / "python"), cwd=tmp_path, env=nvml(tmp_path, H200))
+    assert missing.returncode == ExitCode.USAGE
+    assert f"stackgate: --python {tmp_path / 'nope' / 'python'} cannot be asked: the probe failed" in missing.stderr
     assert not (tmp_path / "stackgate.toml").exists()
+
+
+def test_init_that_cannot_write_says_why_with_no_traceback(tmp_path: Path, torch_python: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    target = tmp_path / "a-file" / "stackgate.toml"  # its folder is a file
+    done = stackgate("init", "--python", str(torch_python), "--out", str(target), cwd=tmp_path, env=nvml(tmp_path, H200))
+    assert (done.returncode, done.stderr.splitlines()[-1]) == (ExitCode.USAGE, f"stackgate: cannot write {target}: File exists")
+    assert "Traceback" not in done.stderr
 
 
 def install_wheels(python: Path, index: IndexServer, names: tuple[str, ...]) -> None:

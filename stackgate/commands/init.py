@@ -102,10 +102,10 @@ def _copy_profile(name: str, target: Path, ui: UI, *, force: bool) -> ExitCode:
     pylock_source, pylock_target = pylock.path_for(source), pylock.path_for(target)
     if pylock_source.exists() and pylock_target.exists() and not force:
         raise InitUsage(f"{pylock_target} exists: nothing was written (--force replaces it)")
-    write_text(target, source.read_text(encoding="utf-8"))
+    _write(target, source.read_text(encoding="utf-8"))
     ui.line(f"wrote {target}: a copy of the shipped profile {name} ({found[name].stack.description})")
     if pylock_source.exists():
-        write_text(pylock_target, pylock_source.read_text(encoding="utf-8"))
+        _write(pylock_target, pylock_source.read_text(encoding="utf-8"))
         ui.line(f"wrote {pylock_target}: its pylock")
     _next_steps(target, ui)
     return ExitCode.PASSED
@@ -118,7 +118,7 @@ def _describe(request: InitRequest, target: Path, environ: Mapping[str, str], ui
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     text = machine_spec(machine, when)
     lock = lockmodel.loads(text, path=target)  # a spec init writes always loads; a failure is a bug, exit 2 names it
-    write_text(target, text)
+    _write(target, text)
     ui.line(f"wrote {target}: this machine as a spec, each value with where it came from")
     for line in _notes(machine, lock, environ):
         ui.warn(line)
@@ -154,6 +154,15 @@ def _notes(machine: Machine, lock: lockmodel.Lock, environ: Mapping[str, str]) -
                 f"export {name}={want} where the stack runs ([env] says so)"
             )
     return notes
+
+
+def _write(path: Path, text: str) -> None:
+    """Write a spec (or its pylock), or stop with why it cannot be written (exit 2)."""
+    try:
+        write_text(path, text)
+    except OSError as exc:
+        hint = " (--system writes /etc/stackgate: run it as root)" if path.is_relative_to("/etc") else ""
+        raise InitUsage(f"cannot write {path}: {exc.strerror or exc}{hint}") from None
 
 
 def _next_steps(target: Path, ui: UI) -> None:

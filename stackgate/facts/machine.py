@@ -150,6 +150,8 @@ def find_python(environ: Mapping[str, str], python: Path | None = None) -> Found
     tried = []
     for path, by in candidates:
         listed = describe(path, environ, torch=False)
+        if isinstance(listed, Missing) and python is not None:
+            return Missing(f"--python {python} cannot be asked: {listed.reason}")
         if isinstance(listed, Missing):
             tried.append(f"{path} ({by}): {listed.reason}")
         elif listed.dist("torch") is None and python is None:
