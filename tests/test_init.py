@@ -158,8 +158,10 @@ def test_init_refuses_without_a_gpu_or_a_torch_and_writes_nothing(tmp_path: Path
 def test_init_that_cannot_write_says_why_with_no_traceback(tmp_path: Path, torch_python: Path) -> None:
     (tmp_path / "a-file").write_text("")
     target = tmp_path / "a-file" / "stackgate.toml"  # its folder is a file
-    done = stackgate("init", "--python", str(torch_python), "--out", str(target), cwd=tmp_path, env=nvml(tmp_path, H200))
-    assert (done.returncode, done.stderr.splitlines()[-1]) == (ExitCode.USAGE, f"stackgate: cannot write {target}: File exists")
+    env = nvml(tmp_path, H200)
+    done = stackgate("init", "--python", str(torch_python), "--out", str(target), cwd=tmp_path, env=env)
+    assert done.returncode == ExitCode.USAGE
+    assert done.stderr.splitlines()[-1] == f"stackgate: cannot write {target}: File exists"
     assert "Traceback" not in done.stderr
 
 

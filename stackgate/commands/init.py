@@ -133,7 +133,7 @@ def _refuse_without(machine: Machine) -> None:
         raise InitUsage(f"no NVIDIA GPU to describe ({why}): pick a shipped profile instead (stackgate init --list)")
     if not any(gpu.capability for gpu in machine.nvml.gpus):
         unknown = "; ".join(f"{g.label}: {dict(g.unknown).get('capability')}" for g in machine.nvml.gpus)
-        raise InitUsage(f"NVML gives no GPU's compute capability ({unknown}): write [hardware] by hand or pick a profile")
+        raise InitUsage(f"NVML gives no GPU's compute capability ({unknown}): write [hardware] by hand, or --profile")
     if isinstance(machine.python, Missing):
         raise InitUsage(machine.python.reason)
 
