@@ -293,8 +293,16 @@ def test_init_lists_the_shipped_profiles_and_copies_one_out_with_its_pylock(tmp_
     )  # the copy and its pylock still agree
     refused = stackgate("init", "--profile", "hopper-sm90-cu130", cwd=tmp_path)
     assert refused.returncode == ExitCode.USAGE and "exists: nothing was written" in refused.stderr
-    assert stackgate("init", "--profile", "hopper-sm90-cu130", "--force", cwd=tmp_path).returncode == ExitCode.PASSED
+    spec_text = (tmp_path / "stackgate.toml").read_text()
+    (tmp_path / "stackgate.toml").unlink()  # the spec gone, its pylock left: it still resolves another spec
+    alone = stackgate("init", "--profile", "hopper-sm90-cu130", cwd=tmp_path)
+    assert alone.returncode == ExitCode.USAGE and f"{tmp_path / 'pylock.stackgate.toml'} exists" in alone.stderr
+    (tmp_path / "stackgate.toml").write_text(spec_text)
+    forced = stackgate("init", "--profile", "hopper-sm90-cu130", "--force", cwd=tmp_path)
+    assert forced.returncode == ExitCode.PASSED, forced.stderr
     assert lockmodel.load(tmp_path / "stackgate.toml").name == "hopper-sm90-cu130"
+    assert f"removed {tmp_path / 'pylock.stackgate.toml'}: it resolved the replaced spec" in forced.stdout
+    assert not (tmp_path / "pylock.stackgate.toml").exists()  # hopper ships none: the cu128 one would mislead verify
     unknown = stackgate("init", "--profile", "nope", cwd=tmp_path)
     assert (
         unknown.returncode == ExitCode.USAGE

@@ -76,8 +76,9 @@ def run(request: InitRequest, ui: UI) -> ExitCode:
         )
     if lockmodel.is_shipped(target):
         raise InitUsage(f"{target} is inside the stackgate package: nothing is written there")
-    if target.exists() and not request.force:
-        raise InitUsage(f"{target} exists: nothing was written (--force replaces it; --out FILE writes elsewhere)")
+    for there in (target, pylock.path_for(target)):  # a pylock beside resolves the spec it was made for
+        if there.exists() and not request.force:
+            raise InitUsage(f"{there} exists: nothing was written (--force replaces it; --out FILE writes elsewhere)")
     if request.profile is not None:
         return _copy_profile(request.profile, target, ui, force=request.force)
     return _describe(request, target, environ, ui)
@@ -100,13 +101,13 @@ def _copy_profile(name: str, target: Path, ui: UI, *, force: bool) -> ExitCode:
     found = profiles()
     source = found[name].path
     pylock_source, pylock_target = pylock.path_for(source), pylock.path_for(target)
-    if pylock_source.exists() and pylock_target.exists() and not force:
-        raise InitUsage(f"{pylock_target} exists: nothing was written (--force replaces it)")
     _write(target, source.read_text(encoding="utf-8"))
     ui.line(f"wrote {target}: a copy of the shipped profile {name} ({found[name].stack.description})")
     if pylock_source.exists():
         _write(pylock_target, pylock_source.read_text(encoding="utf-8"))
         ui.line(f"wrote {pylock_target}: its pylock")
+    else:
+        _drop_stale_pylock(target, ui)
     _next_steps(target, ui)
     return ExitCode.PASSED
 
@@ -120,6 +121,7 @@ def _describe(request: InitRequest, target: Path, environ: Mapping[str, str], ui
     lock = lockmodel.loads(text, path=target)  # a spec init writes always loads; a failure is a bug, exit 2 names it
     _write(target, text)
     ui.line(f"wrote {target}: this machine as a spec, each value with where it came from")
+    _drop_stale_pylock(target, ui)
     for line in _notes(machine, lock, environ):
         ui.warn(line)
     _next_steps(target, ui)
@@ -154,6 +156,17 @@ def _notes(machine: Machine, lock: lockmodel.Lock, environ: Mapping[str, str]) -
                 f"export {name}={want} where the stack runs ([env] says so)"
             )
     return notes
+
+
+def _drop_stale_pylock(target: Path, ui: UI) -> None:
+    """Remove the pylock of the spec --force replaced: it resolves that spec, not the new one."""
+    stale = pylock.path_for(target)
+    if stale.exists():
+        try:
+            stale.unlink()
+        except OSError as exc:
+            raise InitUsage(f"cannot remove {stale}, the pylock of the replaced spec: {exc.strerror or exc}") from None
+        ui.line(f"removed {stale}: it resolved the replaced spec (`stackgate lock` makes this one's)")
 
 
 def _write(path: Path, text: str) -> None:
