@@ -1,13 +1,14 @@
 """stackgate's commands. Each task turns its flags into a request and calls the library.
 
 The `stackgate` program (stackgate.main) is built from these tasks, and the checkout's tasks.py
-re-exports them for `invoke`: `stackgate --list` shows them, `stackgate --help TASK` a task's flags.
+re-exports them for `invoke`: bare `stackgate` lists them, `stackgate TASK --help` shows a task's flags.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 from stackgate import cli
 from stackgate.cli import task
@@ -15,9 +16,12 @@ from stackgate.edges.files import STDOUT
 from stackgate.models import settings
 from stackgate.render.ui import UI
 
-__all__ = ["diagnose", "fleet", "gate", "lock", "provision", "report", "rollback", "smoke", "upgrade", "verify"]
+__all__ = ["diagnose", "fleet", "gate", "init", "lock", "provision", "report", "rollback", "smoke", "upgrade", "verify"]
 
-LOCK_HELP = f"lockfile to use (default: ${settings.LOCK.env}, then the blackwell-sm120-cu130.toml shipped with stackgate)"
+LOCK_HELP = (
+    f"lockfile to use (default: ${settings.LOCK.env}, ./stackgate.toml, /etc/stackgate/stack.toml, "
+    "then the blackwell-sm120-cu130 profile shipped with stackgate)"
+)
 
 
 def _path(value: str | None) -> Path | None:
@@ -27,6 +31,25 @@ def _path(value: str | None) -> Path | None:
 def _ui(verbose: int = 0, *reports: str | None) -> UI:
     """The console; on standard error when a report goes to standard output (``--json -``)."""
     return UI(verbose=verbose, stream=sys.stderr if STDOUT in reports else None)
+
+
+@task(
+    help={
+        "out": "write the spec here (default: ./stackgate.toml, which every command then uses)",
+        "profile": "copy this shipped profile (and its pylock) out of the package instead of describing this machine",
+        "list": "list the shipped profiles with their descriptions",
+        "system": "write /etc/stackgate/stack.toml (the machine's spec for every user) instead of ./stackgate.toml",
+        "python": "the interpreter whose environment is the stack (default: the first here that holds torch)",
+        "force": "replace a spec (and pylock) that is already there",
+    },
+)
+def init(c, out=None, profile=None, list=False, system=False, python=None, force=False):
+    """Describe this machine as a spec (./stackgate.toml), or copy a shipped profile out."""
+    from stackgate.commands import init as command
+
+    paths: dict[str, Any] = {"out": _path(out), "python": _path(python)}
+    request = command.InitRequest(**paths, profile=profile, list_only=list, system=system, force=force)
+    cli.run_command(lambda: command.run(request, UI()))
 
 
 @task(
@@ -139,13 +162,17 @@ def gate(c, lock=None, json=None, junit=None, markdown=None, prom=None, fast_onl
         "all": "with --check: check every shipped spec that has a pylock",
         "upgrade_package": "resolve again moving only this package and what it drags (repeatable); refused when a frozen package would move",
         "wheelhouse": "also download every file of the pylock into this folder, hash-checked, for `stackgate provision --wheelhouse`",
+        "refresh": "resolve against the indexes even when the pylock matches the spec (else that pylock is the answer)",
     },
 )
-def lock(c, lock=None, check=False, all=False, upgrade_package=None, wheelhouse=None):
+def lock(c, lock=None, check=False, all=False, upgrade_package=None, wheelhouse=None, refresh=False):
     """Resolve the spec into its pylock: every distribution, file and sha256 (PEP 751)."""
     from stackgate.commands import lock as command
 
-    request = command.LockRequest(lock_path=_path(lock), check=check, all_specs=all, upgrade=tuple(upgrade_package or ()), wheelhouse=_path(wheelhouse))
+    request = command.LockRequest(
+        lock_path=_path(lock), check=check, all_specs=all, upgrade=tuple(upgrade_package or ()),
+        wheelhouse=_path(wheelhouse), refresh=refresh,
+    )  # fmt: skip
     cli.run_command(lambda: command.run(request, UI()))
 
 

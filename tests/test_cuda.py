@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
+from conftest import interpreter_lock
 from stackgate.checks.all import REGISTRY
 from stackgate.facts import Missing, build_for_arch, gather, inspect_toolkit, jit_cuda_home, tool_version
 from stackgate.models import spec as lockmodel
@@ -183,3 +184,14 @@ def test_triton_ptxas_unset_or_elsewhere_fails(tmp_path):
     assert unset.fix.commands == ("stackgate provision", f". {tmp_path / 'root' / 'current' / 'stackgate.env'}")
     elsewhere = check("cuda.triton_ptxas", lock, {"PATH": "/usr/bin", "TRITON_PTXAS_PATH": f"{old}/bin/ptxas"})
     assert elsewhere.status is Status.FAIL and elsewhere.summary == f"TRITON_PTXAS_PATH is {old}/bin/ptxas (set in the shell), not {new}/bin/ptxas"
+
+
+def test_an_interpreter_spec_that_leaves_triton_ptxas_out_skips_it_and_one_that_names_it_fails_unset(tmp_path):
+    left_out = check("cuda.triton_ptxas", interpreter_lock(tmp_path / "bin" / "python"), {"PATH": "/usr/bin"})
+    assert left_out.status is Status.SKIP
+    assert left_out.summary == "the lock's [env] leaves TRITON_PTXAS_PATH unset: Triton uses its bundled ptxas"
+    env = '[env]\nTRITON_PTXAS_PATH = "{toolkit.default}/bin/ptxas"'
+    named = interpreter_lock(tmp_path / "bin" / "python", extra=env)
+    unset = check("cuda.triton_ptxas", named, {"PATH": "/usr/bin"})
+    want = 'export TRITON_PTXAS_PATH="/usr/local/cuda-13.0/bin/ptxas"'
+    assert unset.status is Status.FAIL and unset.fix.commands == (want,)

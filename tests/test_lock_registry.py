@@ -64,7 +64,9 @@ def test_the_cu128_profile_resolves_against_pypi_into_a_complete_hashed_pylock(t
     (torch_wheel,) = resolution.packages["torch"].wheels
     assert torch_wheel.filename.startswith("torch-2.9.1-cp312-cp312-manylinux") and torch_wheel.filename.endswith("_x86_64.whl")
     first = target.read_bytes()
-    assert _lock(spec, environ) == (ExitCode.PASSED, f"unchanged: {target} ({len(resolution.packages)} distributions, {len(resolution.files)} files, each with its sha256)\n")
+    size = f"{len(resolution.packages)} distributions, {len(resolution.files)} files, each with its sha256"
+    assert _lock(spec, environ)[1].startswith(f"unchanged: {target} matches {SPEC.name} ({size})\n")  # from the pylock
+    assert _lock(spec, environ, refresh=True) == (ExitCode.PASSED, f"unchanged: {target} ({size})\n")  # asked again
     assert target.read_bytes() == first
     assert _lock(spec, environ, check=True)[0] == ExitCode.PASSED
     spec.write_text(spec.read_text().replace('sglang = "==0.5.9"', 'sglang = "==0.5.8"'))

@@ -21,7 +21,7 @@ from invoke.exceptions import Exit
 from conftest import ROOT, isolated_environ
 from stackgate import __version__, cli, main
 from stackgate.checks.core import CheckError
-from stackgate.commands import diagnose, gate, provision, report, smoke, upgrade, verify
+from stackgate.commands import diagnose, gate, init, provision, report, smoke, upgrade, verify
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.spec import LockError
 from stackgate.serve.launch import LaunchError
@@ -67,7 +67,8 @@ def test_no_flag_of_any_task_takes_h_and_a_long_flag_has_one_short_flag_everywhe
 
 def test_h_after_a_command_is_its_help():
     done = in_checkout("diagnose", "-h")
-    assert done.returncode == 0 and "Usage: stackgate [--core-opts] diagnose" in done.stdout and "-p, --path" in done.stdout, done.stderr
+    assert done.returncode == 0 and "Usage: stackgate diagnose [--options]" in done.stdout, done.stderr
+    assert "-p STRING, --path=STRING" in done.stdout and "-v, -vv, --verbose" in done.stdout, done.stdout
 
 
 def test_a_new_task_gets_short_flags_from_the_table_only():
@@ -143,11 +144,44 @@ def test_diagnose_reads_the_logs_named_bare(tmp_path):
 
 
 def test_invoke_in_the_checkout_and_the_program_list_the_same_tasks():
-    listed = [in_checkout("--list", "--list-format", "json", program=p) for p in ("invoke", "stackgate")]
-    assert [done.returncode for done in listed] == [0, 0], [done.stderr for done in listed]
-    names = [sorted(task["name"] for task in json.loads(done.stdout)["tasks"]) for done in listed]
-    assert names[0] == names[1] == sorted(main.namespace.task_names)
-    assert {"verify", "provision", "smoke", "gate", "rollback", "report", "diagnose", "upgrade"} <= set(names[0])
+    listed = in_checkout("--list", "--list-format", "json", program="invoke")
+    assert listed.returncode == 0, listed.stderr
+    names = sorted(task["name"] for task in json.loads(listed.stdout)["tasks"])
+    helped = in_checkout()  # bare `stackgate`: its commands
+    commands = helped.stdout.split("Commands:")[1].split("Global options:")[0]
+    assert re.findall(r"^  (\w+) ", commands, re.MULTILINE) == names == sorted(main.namespace.task_names)
+    assert {"verify", "provision", "smoke", "gate", "rollback", "report", "diagnose", "upgrade"} <= set(names)
+
+
+def test_bare_stackgate_and_help_show_its_commands_and_global_flags_only():
+    bare, helped = in_checkout(), in_checkout("--help")
+    assert (bare.returncode, helped.returncode, bare.stdout) == (0, 0, helped.stdout), bare.stderr
+    flags = re.findall(r"^  (-\S.*?)   ", bare.stdout.split("Global options:")[1], re.MULTILINE)
+    assert flags == [
+        "--complete", "--print-completion-script=STRING", "-h [COMMAND], --help[=COMMAND]", "-V, --version",
+    ]
+    for invoke_only in ("--prompt-for-sudo-password", "--dry", "--debug", "--list", "--pty", "--echo", "core-opts"):
+        assert invoke_only not in bare.stdout
+    for flag in ("--list", "-R", "--dry", "-d", "--debug", "--prompt-for-sudo-password"):
+        refused = in_checkout(flag, "verify", "--list")
+        assert refused.returncode == ExitCode.USAGE, (flag, refused.stderr)
+        assert f"no option or command '{flag}'" in refused.stderr, (flag, refused.stderr)
+
+
+def test_a_flag_without_its_value_says_which_value_it_needs():
+    done = in_checkout("verify", "--json")
+    assert done.returncode == ExitCode.USAGE
+    assert done.stderr == "stackgate: verify --json needs a value: write the JSON report here\n"
+    tp = in_checkout("smoke", "--tp").stderr
+    assert tp == "stackgate: smoke --tp needs a value: tensor-parallel size (default: [smoke] tp)\n"
+    assert "Argument" not in in_checkout("report", "--last").stderr
+
+
+def test_help_shows_verbose_as_it_counts():
+    done = in_checkout("verify", "--help")
+    assert "-v, -vv, --verbose" in done.stdout and "INT" not in done.stdout
+    assert "-c STRING, --check=STRING" in done.stdout
+    assert parsed("verify", "-vv")[0].args["verbose"].value == 2
 
 
 def test_a_command_line_that_cannot_be_parsed_is_bad_usage():
@@ -182,7 +216,10 @@ def test_an_error_that_is_not_usage_is_not_turned_into_exit_2():
 
 @pytest.mark.parametrize(
     "request_type",
-    [verify.VerifyRequest, provision.ProvisionRequest, provision.RollbackRequest, smoke.SmokeRequest, gate.GateRequest, report.ReportRequest, diagnose.DiagnoseRequest, upgrade.UpgradeRequest],
+    [
+        verify.VerifyRequest, provision.ProvisionRequest, provision.RollbackRequest, smoke.SmokeRequest,
+        gate.GateRequest, report.ReportRequest, diagnose.DiagnoseRequest, upgrade.UpgradeRequest, init.InitRequest,
+    ],  # fmt: skip
 )
 def test_every_request_is_built_by_keyword(request_type):
     assert all(field.kw_only for field in dataclasses.fields(request_type))

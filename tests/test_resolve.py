@@ -126,7 +126,7 @@ def test_a_url_wheel_that_is_not_the_specs_or_the_last_pylocks_is_refused_and_no
         (server.files / KERNEL).write_bytes((server.files / KERNEL).read_bytes() + b"\0")  # the file at the URL changes
         changed = hashlib.sha256((server.files / KERNEL).read_bytes()).hexdigest()
         env = {**install_environ, "UV_NO_CACHE": "1"}  # uv would answer from its cache otherwise
-        code, out, err = _lock(spec, env, capsys)
+        code, out, err = _lock(spec, env, capsys, refresh=True)  # the spec did not change: only --refresh asks
         assert code == ExitCode.FAILED
         assert f"has sha256 {changed} now, {real} when the last pylock was made; nothing was written" in err
         assert f"{tmp_path / 'pylock.lock.toml'} was left as it was" in err
@@ -175,6 +175,37 @@ def test_an_upgrade_that_would_move_a_frozen_package_is_refused(tmp_path: Path, 
         assert (tmp_path / "pylock.lock.toml").read_bytes() == before
     finally:
         server.close()
+
+
+def test_a_spec_that_has_not_changed_is_answered_from_its_pylock_and_refresh_asks_the_indexes(
+    tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]
+) -> None:
+    spec = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", resolve_with=install_environ)
+    target = tmp_path / "pylock.lock.toml"
+    before, asked = target.read_bytes(), len(stack_index.requests)
+
+    def lock(*flags: str) -> subprocess.CompletedProcess[str]:
+        env = {**install_environ, "NO_COLOR": "1", "UV_NO_CACHE": "1"}  # index pages are asked for, not cached
+        argv = [sys.executable, "-m", "stackgate", "lock", "--lock", str(spec), *flags]
+        return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
+
+    done = lock()
+    assert done.returncode == ExitCode.PASSED, done.stderr
+    assert done.stdout.splitlines() == [
+        f"unchanged: {target} matches lock.toml (9 distributions, 9 files, each with its sha256)",
+        f"  {command.UNCHANGED}",
+    ]
+    assert (len(stack_index.requests), target.read_bytes()) == (asked, before)  # no index was asked, nothing written
+    refreshed = lock("--refresh")
+    assert refreshed.returncode == ExitCode.PASSED, refreshed.stderr
+    assert refreshed.stdout.startswith(f"unchanged: {target} (9 distributions")
+    assert len(stack_index.requests) > asked and target.read_bytes() == before
+    asked = len(stack_index.requests)
+    spec.write_text(spec.read_text().replace('sglang = "==0.5.9"', 'sglang = ">=0.5.9"'))  # an input changed
+    again = lock()
+    assert again.returncode == ExitCode.PASSED and again.stdout.startswith(f"wrote {target} "), again.stderr
+    assert len(stack_index.requests) > asked
+    assert lock("--check", "--refresh").returncode == ExitCode.USAGE
 
 
 def test_a_wheelhouse_is_downloaded_once_and_checked(tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:

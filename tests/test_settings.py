@@ -25,6 +25,7 @@ PACKAGE = ROOT / "stackgate"
 #: Each setting's default, written out again: a changed default is a decision, not an accident.
 DEFAULTS: dict[str, Any] = {
     "STACKGATE_LOCK": None,
+    "STACKGATE_SYSTEM_DIR": Path("/etc/stackgate"),
     "STACKGATE_NVML_MODULE": "pynvml",
     "STACKGATE_PROBE_TIMEOUT_S": 180.0,
     "STACKGATE_IMPORT_TIMEOUT_S": 180.0,
@@ -46,6 +47,7 @@ DEFAULTS: dict[str, Any] = {
 #: A text each setting takes, and the value it gives.
 GOOD: dict[str, tuple[str, Any]] = {
     "STACKGATE_LOCK": ("/etc/stackgate/h200.toml", Path("/etc/stackgate/h200.toml")),
+    "STACKGATE_SYSTEM_DIR": ("/srv/stackgate", Path("/srv/stackgate")),
     "STACKGATE_NVML_MODULE": ("fakes.fake_nvml", "fakes.fake_nvml"),
     "STACKGATE_PROBE_TIMEOUT_S": ("30", 30.0),
     "STACKGATE_IMPORT_TIMEOUT_S": ("2.5", 2.5),
@@ -175,13 +177,13 @@ def test_v_shows_the_settings_not_at_their_defaults_and_vv_all(monkeypatch: pyte
         assert verify.run(verify.VerifyRequest(lock_path=lock, list_only=True), UI(verbose=verbose, stream=io.StringIO())) == 0
         err = capsys.readouterr().err.splitlines()
         assert err[: 1 if verbose else 0] == {
-            1: ["settings: 2 of 18 not at their default (-vv lists all)"],
-            2: ["settings (18):"],
+            1: ["settings: 2 of 19 not at their default (-vv lists all)"],
+            2: ["settings (19):"],
         }.get(verbose, [])
         if verbose:
             assert ["STACKGATE_DEEP_TIMEOUT_S", "600", "(environment", "$STACKGATE_DEEP_TIMEOUT_S)"] in [line.split() for line in err]
             assert ["STACKGATE_LOCK", str(lock), "(flag", "--lock)"] in [line.split() for line in err]
-        assert sum("(default)" in line for line in err) == (16 if verbose == 2 else 0)
+        assert sum("(default)" in line for line in err) == (17 if verbose == 2 else 0)
 
 
 def test_the_settings_shown_hide_a_secret_in_a_value() -> None:

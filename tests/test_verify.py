@@ -53,6 +53,31 @@ def test_the_default_lock_on_a_machine_without_gpus_fails_with_reports(tmp_path)
     assert {c.attrib["name"] for c in cases} == set(by_name)
 
 
+def test_without_a_driver_one_line_says_so_and_the_checks_that_need_a_gpu_are_one_row(tmp_path):
+    no_driver = {"STACKGATE_NVML_MODULE": "fakes.fake_nvml", "STACKGATE_FAKE_NVML": ""}  # the fake's LIBRARY_NOT_FOUND
+    done = verify("--json", str(tmp_path / "r.json"), env=no_driver)
+    assert done.returncode == 1, done.stderr  # as before: gpu.driver fails
+    lines = done.stdout.splitlines()
+    assert lines[0] == "no NVIDIA driver on this machine: 6 checks that need a GPU are skipped", lines[:3]
+    assert lines[1].startswith("stackgate verify: blackwell-sm120-cu130")
+    names = "gpu.driver_cuda, gpu.count, gpu.capability, gpu.pcie, gpu.ecc, gpu.processes"
+    row = f"  SKIP  gpu.* (6 checks)    skipped, no NVIDIA driver: {names}"
+    assert row in lines and done.stdout.count("NVML Shared Library Not Found") == 1, done.stdout
+    results = json.loads((tmp_path / "r.json").read_text())["results"]
+    assert ", ".join(r["check"] for r in results if r["data"].get("needs_gpu")) == names
+    deep = verify("--deep", env=no_driver)
+    assert deep.returncode == 1
+    assert deep.stdout.splitlines()[0] == "no NVIDIA driver on this machine: 10 checks that need a GPU are skipped"
+    assert "  SKIP  deep.* (4 checks)   skipped, no NVIDIA driver: deep.gpu_work, deep.collective, " in deep.stdout
+
+
+def test_with_a_driver_there_is_no_such_line(tmp_path):
+    env = fake_gpus(tmp_path, machine([gpu(name="NVIDIA H200", cc=(9, 0))], driver="580.159.03"))
+    done = verify("--check", "gpu.*", env=env)
+    assert "no NVIDIA driver" not in done.stdout and "gpu.*" not in done.stdout
+    assert "  FAIL  gpu.capability" in done.stdout
+
+
 def test_the_h200_scenario_names_the_gpu_its_capability_and_the_lock(tmp_path):
     env = fake_gpus(tmp_path, machine([gpu(name="NVIDIA H200", cc=(9, 0), pcie=[5, 5, 5, 16, 16])], driver="580.159.03"))
     done = verify("--check", "gpu.*", "--json", str(tmp_path / "r.json"), env=env)

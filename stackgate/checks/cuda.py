@@ -112,6 +112,10 @@ def triton_ptxas(lock: Lock, facts: Facts) -> Result:
     value = env.environ.get("TRITON_PTXAS_PATH")
     want = default.prefix / "bin" / "ptxas"
     data = {"TRITON_PTXAS_PATH": value, "want": str(want)}
+    if not value and lock.python.env_file is None and "TRITON_PTXAS_PATH" not in lock.env:
+        # An existing interpreter's spec that leaves it out: its Triton's bundled ptxas knows the arch
+        # (`stackgate init` writes it only when that ptxas cannot build the GPUs' arch).
+        return skipped("the lock's [env] leaves TRITON_PTXAS_PATH unset: Triton uses its bundled ptxas", data=data)
     if not value:
         return failed(f"TRITON_PTXAS_PATH is not set: Triton uses its bundled ptxas, which may not know {lock.hardware.arch}", fix=_env_fix(lock, env), data=data)
     if _real(Path(value)) != _real(want):

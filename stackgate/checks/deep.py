@@ -45,7 +45,7 @@ from stackgate.facts.deep import (
 )
 from stackgate.models import knowledge, settings
 from stackgate.models.finding import Fix
-from stackgate.models.result import Result, Status, failed, passed, skipped, warned
+from stackgate.models.result import NEEDS_GPU, NO_DRIVER, Result, Status, failed, passed, skipped, warned
 from stackgate.models.spec import MAX_JIT_TIMEOUT_S, Lock
 
 __all__ = [
@@ -118,7 +118,10 @@ def not_run(name: str, results: Sequence[Result]) -> Result | None:
         reasons.append("a GPU hung in deep.gpu_work: this work would hang too")
     if not reasons:
         return None
-    return Result(name, Status.SKIP, f"not run: {reasons[0]}", tuple(reasons), data={"not_run": reasons})
+    driver = by_name.get("gpu.driver")
+    no_driver = driver is not None and NO_DRIVER in driver.data
+    data = {"not_run": reasons, **({NEEDS_GPU: True} if no_driver else {})}
+    return Result(name, Status.SKIP, f"not run: {reasons[0]}", tuple(reasons), data=data)
 
 
 def _tail_lines(tail: Sequence[str]) -> tuple[str, ...]:

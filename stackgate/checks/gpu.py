@@ -9,7 +9,7 @@ from stackgate.edges.nvml import NvmlSnapshot
 from stackgate.facts import Facts, Missing
 from stackgate.models import kernellog
 from stackgate.models.finding import Fix
-from stackgate.models.result import Result, failed, passed, skipped, warned
+from stackgate.models.result import NEEDS_GPU, NO_DRIVER, Result, failed, passed, skipped, warned
 from stackgate.models.spec import Lock
 
 __all__: list[str] = []
@@ -22,7 +22,7 @@ def _snapshot(facts: Facts) -> NvmlSnapshot | Result:
     """The NVML snapshot, or the SKIP that points at gpu.driver (which owns that failure)."""
     snap = facts.nvml
     if isinstance(snap, Missing):
-        return skipped(f"no NVIDIA driver answers (see gpu.driver): {snap.reason}")
+        return skipped(f"no NVIDIA driver answers (see gpu.driver): {snap.reason}", data={NEEDS_GPU: True})
     return snap
 
 
@@ -31,7 +31,8 @@ def driver(lock: Lock, facts: Facts) -> Result:
     """The NVIDIA driver is present and at least the locked minimum."""
     snap = facts.nvml
     if isinstance(snap, Missing):
-        return failed(f"no NVIDIA driver answers: {snap.reason}", fix=Fix(_NO_NVML, ("nvidia-smi",)))
+        fix = Fix(_NO_NVML, ("nvidia-smi",))
+        return failed(f"no NVIDIA driver answers: {snap.reason}", fix=fix, data={NO_DRIVER: snap.reason})
     want = lock.hardware.min_driver
     try:
         have = Version(snap.driver_version)

@@ -3,7 +3,10 @@ wheelhouse.
 
 - ``stackgate lock``: resolve (uv, against the spec's indexes) and write ``pylock.<name>.toml``;
   what moved since the last pylock is shown, and a URL wheel's sha256 taken on first use is
-  printed for review.
+  printed for review. When the pylock already matches the spec's inputs (the offline ``--check``
+  comparison) and nothing is to be upgraded, that pylock is the answer: no index is asked.
+- ``--refresh``: resolve against the indexes even when the pylock matches the spec (a newer
+  release of an unpinned dependency, a yanked file).
 - ``--check``: offline; exit 1 naming every difference when the spec changed since the pylock
   was made (``--all``: every shipped spec that has a pylock).
 - ``--upgrade-package NAME``: resolve again moving only NAME (and what it drags), refusing when
@@ -28,7 +31,13 @@ from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.render.ui import UI
 from stackgate.stack import pyenv, resolve
 
-__all__ = ["LockRequest", "LockUsage", "fix_command", "run", "shipped_specs"]
+__all__ = ["UNCHANGED", "LockRequest", "LockUsage", "fix_command", "run", "shipped_specs"]
+
+
+#: What a lock of an unchanged spec says under its answer.
+UNCHANGED = (
+    "the spec's inputs have not changed since it was resolved; `stackgate lock --refresh` asks the indexes again"
+)
 
 
 class LockUsage(UsageError):
@@ -42,6 +51,7 @@ class LockRequest:
     all_specs: bool = False  #: --check every shipped spec that has a pylock
     upgrade: tuple[str, ...] = ()
     wheelhouse: Path | None = None
+    refresh: bool = False  #: ask the indexes even when the pylock matches the spec
     environ: Mapping[str, str] | None = field(default=None, compare=False)  #: default: os.environ
 
 
@@ -59,13 +69,18 @@ def run(request: LockRequest, ui: UI) -> ExitCode:
     """The lock command."""
     if request.all_specs and not request.check:
         raise LockUsage("--all goes with --check: each spec is resolved on its own (stackgate lock --lock SPEC)")
-    if request.check and (request.upgrade or request.wheelhouse):
-        raise LockUsage("--check only reads: it takes no --upgrade-package or --wheelhouse")
+    if request.check and (request.upgrade or request.wheelhouse or request.refresh):
+        raise LockUsage("--check only reads: it takes no --upgrade-package, --wheelhouse or --refresh")
     if request.check:
         specs: list[Path | None] = [*shipped_specs()] if request.all_specs else [request.lock_path]  # None: the default lock
         return max((_check(lockmodel.load(path), ui, quiet_missing=request.all_specs) for path in specs), default=ExitCode.PASSED)
     lock = lockmodel.load(request.lock_path)
     _check_upgrade_names(lock, request.upgrade)
+    writes = bool(request.upgrade or request.refresh) or _current(lock) is None  # else the pylock is the answer
+    action = f"`stackgate lock` (its {pylock.path_for(lock.path).name})"
+    read_only = lockmodel.read_only_problem(lock.path, action) if writes else None
+    if read_only is not None:
+        raise LockUsage(read_only)
     environ = dict(os.environ if request.environ is None else request.environ)
     uv = pyenv.find_uv()
     if uv is None:
@@ -133,16 +148,30 @@ def _size(resolution: pylock.Resolution) -> str:
 
 
 def _resolved(lock: lockmodel.Lock, request: LockRequest, uv: str, environ: Mapping[str, str], ui: UI) -> pylock.Resolution:
-    """The pylock to use: resolved now, unless only a wheelhouse was asked for and it is current."""
-    if request.wheelhouse is not None and not request.upgrade:
-        resolution, differences = resolve.current(lock, request.wheelhouse)
-        if resolution is not None and not differences:
-            ui.line(f"{resolution.path.name} matches {lock.path.name}: its files go into {request.wheelhouse}")
-            return resolution
+    """The pylock to use: the current one when it matches the spec and nothing is to move (no
+    --upgrade-package, no --refresh), else resolved now."""
+    if not request.upgrade and not request.refresh:
+        current = _current(lock)
+        if current is not None and request.wheelhouse is not None:
+            ui.line(f"{current.path.name} matches {lock.path.name}: its files go into {request.wheelhouse}")
+        elif current is not None:
+            ui.line(f"unchanged: {current.path} matches {lock.path.name} ({_size(current)})")
+            ui.line(f"  {UNCHANGED}")
+        if current is not None:
+            return current
     with ui.activity(f"resolving {lock.name} with uv for Python {lock.python.version} on {lock.python.platform}") as activity:
         outcome = resolve.resolve(lock, uv=uv, environ=environ, upgrade=request.upgrade, on_line=activity.update)
     _report(outcome, request, ui)
     return outcome.resolution
+
+
+def _current(lock: lockmodel.Lock) -> pylock.Resolution | None:
+    """The spec's pylock when it is readable and matches the spec, else None (resolve again)."""
+    try:
+        resolution, differences = resolve.current(lock)
+    except pylock.PylockError:
+        return None
+    return resolution if resolution is not None and not differences else None
 
 
 def _report(outcome: resolve.Outcome, request: LockRequest, ui: UI) -> None:

@@ -28,14 +28,20 @@ from stackgate.facts import Facts, Missing, gather, stamp
 from stackgate.models import pylock, settings
 from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode, UsageError
-from stackgate.models.result import Result
+from stackgate.models.result import NO_DRIVER, Result, Status
 from stackgate.models.verdict import Verdict, judge
 from stackgate.models.verdict import document as report_document
 from stackgate.render import report, summaries
 from stackgate.render.ui import UI
 from stackgate.runs import verifycache
 
-__all__ = ["VerifyRequest", "VerifyRun", "list_checks", "phases_line", "plan", "run", "verify", "verify_cached"]
+__all__ = [
+    "VerifyRequest", "VerifyRun", "default_profile_note", "list_checks", "phases_line", "plan", "run", "verify",
+    "verify_cached",
+]  # fmt: skip
+
+#: The checks whose failure means this machine is not the one a spec describes.
+_MACHINE_CHECKS = ("gpu.driver", "gpu.count", "gpu.capability")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +95,8 @@ def run(request: VerifyRequest, ui: UI) -> ExitCode:
     else:
         done = verify(lock, static, ui, strict=request.strict, deep=deep)
     title = f"stackgate verify{' --deep' if request.deep else ' --cached' if request.cached else ''}: {lock.name} ({lock.path})"
+    for line in default_profile_note(lock, done.results):
+        ui.line(line, "warning")
     ui.results(title, report.redacted(done.results), done.verdict, done.duration_s)
     if deep:
         ui.line(phases_line(done.phases, done.duration_s))
@@ -96,6 +104,23 @@ def run(request: VerifyRequest, ui: UI) -> ExitCode:
         ui.line(cache_line(done.cache))
     write_reports(done, request)
     return done.verdict.exit_code
+
+
+def default_profile_note(lock: lockmodel.Lock, results: Sequence[Result]) -> list[str]:
+    """When the shipped default profile judged a machine it does not describe: the lines that say
+    so and how to describe this one (else nothing)."""
+    if lock.path.resolve() != lockmodel.DEFAULT_LOCK.resolve():
+        return []
+    # Without a driver nothing says which machine this is (the report's first line says there is none).
+    wrong = [r for r in results if r.check in _MACHINE_CHECKS and r.status >= Status.FAIL and NO_DRIVER not in r.data]
+    if not wrong:
+        return []
+    return [
+        f"this machine is not the one the shipped default profile {lock.name} describes ({lock.stack.description}): "
+        f"{wrong[0].check}: {wrong[0].summary}",
+        "describe this machine with `stackgate init` (it writes ./stackgate.toml, which every command then uses), "
+        "or copy a shipped profile: `stackgate init --list`",
+    ]
 
 
 def plan(patterns: Sequence[str], *, deep: bool) -> tuple[list[Check], list[Check]]:

@@ -22,7 +22,7 @@ from stackgate.facts.toolkits import TOOL_TIMEOUT_S
 from stackgate.models import settings
 from stackgate.models.spec import Lock
 
-__all__ = ["PROBE", "base_python", "demangle", "dists", "imports", "probe", "target_missing"]
+__all__ = ["PROBE", "base_python", "demangle", "describe", "dists", "imports", "probe", "target_missing"]
 
 PROBE = Path(__file__).resolve().parents[1] / "edges" / "probe.py"  # run by the target interpreter, as a file
 
@@ -80,6 +80,16 @@ def dists(lock: Lock, env: Mapping[str, str]) -> ProbeFacts | Missing:
     if missing is not None:
         return missing
     found = _run_probe(lock.python.target, {"torch": False}, env)
+    if isinstance(found, Missing):
+        return found
+    raw, seconds = found
+    return _probe_facts(raw, seconds)
+
+
+def describe(python: Path, env: Mapping[str, str], *, torch: bool) -> ProbeFacts | Missing:
+    """Any interpreter's account of itself and its distributions (with ``torch``: torch's facts too,
+    importing it there), with no lock: what `stackgate init` writes a spec from."""
+    found = _run_probe(python, {"torch": torch, "files_of": []}, env)
     if isinstance(found, Missing):
         return found
     raw, seconds = found

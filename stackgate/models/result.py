@@ -11,7 +11,12 @@ from typing import Any, Iterable, Mapping
 
 from stackgate.models.finding import Fix
 
-__all__ = ["Result", "Status", "error", "failed", "passed", "skipped", "warned"]
+__all__ = ["NEEDS_GPU", "NO_DRIVER", "Result", "Status", "error", "failed", "passed", "skipped", "warned"]
+
+#: ``data`` key of gpu.driver's failure when no NVIDIA driver answers at all (its value: NVML's reason).
+NO_DRIVER = "no_driver"
+#: ``data`` key of a check skipped only because there is no driver: the report folds these into one line.
+NEEDS_GPU = "needs_gpu"
 
 
 class Status(enum.IntEnum):

@@ -43,6 +43,7 @@ __all__ = [
     "PYTHON_INSTALL_TIMEOUT_S",
     "RUNFILE_CACHE",
     "SETTINGS",
+    "SYSTEM_DIR",
     "TOOLKIT_INDEX_URL",
     "TOOLKIT_INSTALLER",
     "TOOLKIT_INSTALL_TIMEOUT_S",
@@ -248,7 +249,12 @@ def points(text: str) -> tuple[str, ...]:
 
 LOCK: Setting[Path | None] = Setting(
     "STACKGATE_LOCK", path, None, "the lockfile a command uses when `--lock` names none",
-    unset="the shipped profile, lockfiles/blackwell-sm120-cu130.toml",
+    unset="./stackgate.toml, then <system dir>/stack.toml, then the shipped profile blackwell-sm120-cu130",
+)  # fmt: skip
+SYSTEM_DIR: Setting[Path] = Setting(
+    "STACKGATE_SYSTEM_DIR", path, Path("/etc/stackgate"),
+    "the machine's own folder: its stack.toml is the lock when neither --lock, $STACKGATE_LOCK "
+    "nor ./stackgate.toml names one; `init --system` writes there",
 )  # fmt: skip
 NVML_MODULE: Setting[str] = Setting("STACKGATE_NVML_MODULE", module, "pynvml", "the module spoken to as NVML: pynvml's API (tests name a fake)")
 PROBE_TIMEOUT_S: Setting[float] = Setting("STACKGATE_PROBE_TIMEOUT_S", seconds, 180.0, "how long the stack's interpreter may take to describe itself, torch's import included")
@@ -295,7 +301,8 @@ FAULT: Setting[tuple[str, ...]] = Setting(
 SETTINGS: dict[str, Setting[Any]] = {
     s.env: s
     for s in (
-        LOCK, NVML_MODULE, PROBE_TIMEOUT_S, IMPORT_TIMEOUT_S, DEEP_TIMEOUT_S, DEEP_DIR, BASE_PYTHON, PYTHON_INSTALL_TIMEOUT_S,
+        LOCK, SYSTEM_DIR,
+        NVML_MODULE, PROBE_TIMEOUT_S, IMPORT_TIMEOUT_S, DEEP_TIMEOUT_S, DEEP_DIR, BASE_PYTHON, PYTHON_INSTALL_TIMEOUT_S,
         DOWNLOAD_TIMEOUT_S, KEEP_GENERATIONS, TOOLKIT_INDEX_URL, TOOLKIT_INSTALLER, TOOLKIT_INSTALL_TIMEOUT_S, RUNFILE_CACHE,
         LOG_DIR, HISTORY_DIR, HISTORY_INDEX, FAULT,
     )  # fmt: skip

@@ -60,6 +60,9 @@ __all__ = [
     "Toolkit",
     "control_problems",
     "default_lock_path",
+    "edit_hint",
+    "is_shipped",
+    "read_only_problem",
     "dollar_problem",
     "load",
     "loads",
@@ -71,8 +74,12 @@ __all__ = [
 #: The installed package: the lockfiles and the patches they name ship inside it (package data), so
 #: the default profile is found without a checkout (the checkout's lockfiles/ and patches/ link here).
 _PACKAGE = Path(__file__).resolve().parents[1]
-#: The profile used when neither --lock nor $STACKGATE_LOCK names one.
+#: The profile used when nothing else names one (:func:`default_lock_path`).
 DEFAULT_LOCK = _PACKAGE / "lockfiles" / "blackwell-sm120-cu130.toml"
+#: The spec of the current folder, as `stackgate init` writes it.
+LOCAL_LOCK = "stackgate.toml"
+#: The machine's spec, in $STACKGATE_SYSTEM_DIR (`stackgate init --system` writes it).
+SYSTEM_LOCK = "stack.toml"
 #: Where packages not mapped to a [[python.index]] come from, unless python.default_index says.
 DEFAULT_INDEX = "https://pypi.org/simple"
 #: The platform `stackgate lock` resolves for (uv's --python-platform), unless python.platform says:
@@ -459,9 +466,44 @@ class Lock:
         return next((t for t in self.toolkits if t.default), None)
 
 
-def default_lock_path(environ: Mapping[str, str] | None = None) -> Path:
-    """``$STACKGATE_LOCK``, then the default profile."""
-    return settings.LOCK.value(environ) or DEFAULT_LOCK
+def default_lock_path(environ: Mapping[str, str] | None = None, cwd: Path | None = None) -> Path:
+    """The lock a command uses without ``--lock``: ``$STACKGATE_LOCK``, ``./stackgate.toml``,
+    ``/etc/stackgate/stack.toml`` (``$STACKGATE_SYSTEM_DIR``), then the shipped default profile."""
+    named = settings.LOCK.value(environ)
+    if named is not None:
+        return named
+    here = (Path.cwd() if cwd is None else cwd) / LOCAL_LOCK
+    system = settings.SYSTEM_DIR.value(environ) / SYSTEM_LOCK
+    return next((p for p in (here, system) if p.is_file()), DEFAULT_LOCK)
+
+
+def is_shipped(path: Path) -> bool:
+    """Whether ``path`` is one of the profiles shipped inside the stackgate package."""
+    try:
+        return Path(path).resolve().parent == DEFAULT_LOCK.parent.resolve()
+    except OSError:
+        return False
+
+
+def read_only_problem(path: Path, action: str) -> str | None:
+    """Why ``action`` must not write beside ``path``: it is a profile inside the INSTALLED package
+    (site-packages: an upgrade replaces it, another user shares it). In a source checkout (a
+    pyproject.toml beside the package) the shipped profiles are the project's own files."""
+    if not is_shipped(path) or (_PACKAGE.parent / "pyproject.toml").is_file():
+        return None
+    return (
+        f"{path} is a profile shipped inside the installed stackgate package: {action} would write there. "
+        f"Copy it out first: `stackgate init --profile {Path(path).stem}` (./{LOCAL_LOCK}, which every command "
+        "then uses; --system for /etc/stackgate), then run it again"
+    )
+
+
+def edit_hint(lock: Lock) -> str:
+    """Where a user changes a value of ``lock``: the file, or for a profile inside the installed
+    package, the copy `stackgate init --profile` makes (nothing is ever written into the package)."""
+    if read_only_problem(lock.path, "an edit") is None:
+        return f"in {lock.path}"
+    return f"in a copy of the shipped profile (`stackgate init --profile {lock.path.stem}` writes ./{LOCAL_LOCK})"
 
 
 def load(path: Path | str | None = None) -> Lock:

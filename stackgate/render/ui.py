@@ -25,12 +25,15 @@ from rich.theme import Theme
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.finding import Finding
 from stackgate.models.redact import redact, redact_text
-from stackgate.models.result import Result, Status
+from stackgate.models.result import NEEDS_GPU, Result, Status
 from stackgate.models.settings import Value
 from stackgate.models.verdict import Verdict
 from stackgate.render.report import counts_line
 
-__all__ = ["UI", "Activity", "finding_lines", "render_findings", "render_plain", "render_rows", "render_settings", "render_table"]
+__all__ = [
+    "UI", "Activity", "finding_lines", "fold_needs_gpu", "no_driver_line", "render_findings", "render_plain",
+    "render_rows", "render_settings", "render_table",
+]  # fmt: skip
 
 THEME = Theme({"success": "green", "warning": "yellow", "error": "bold red", "skip": "dim", "muted": "dim", "heading": "bold", "info": "cyan"})
 STYLES = {Status.PASS: "success", Status.SKIP: "skip", Status.WARN: "warning", Status.FAIL: "error", Status.ERROR: "error"}
@@ -149,6 +152,10 @@ class UI:
         if self.plain:
             self.console.file.write(render_plain(title, results, verdict, duration_s, verbose=self.verbose))
             return
+        note = no_driver_line(results)
+        if note is not None:
+            self.console.print(Text(note, style="warning"))
+        results = fold_needs_gpu(results)
         table = render_table(title, results, verbose=self.verbose)
         wide = self._cut_commands(table, results)
         if wide:
@@ -252,8 +259,10 @@ def _clip(text: str, verbose: int) -> str:
 
 def render_plain(title: str, results: Sequence[Result], verdict: Verdict, duration_s: float, *, verbose: int = 0) -> str:
     """The report as plain lines: grouped by area, failures with their fix under them."""
+    note = no_driver_line(results)
+    results = fold_needs_gpu(results)
     width = max((len(r.check) for r in results), default=0)
-    lines = [title, ""]
+    lines = [*([note] if note else []), title, ""]
     for area, group in groupby(results, key=lambda r: r.area):
         lines.append(area)
         for result in group:
@@ -263,13 +272,52 @@ def render_plain(title: str, results: Sequence[Result], verdict: Verdict, durati
     return "\n".join(lines)
 
 
+def _needs_gpu(result: Result) -> bool:
+    return result.status == Status.SKIP and bool(result.data.get(NEEDS_GPU))
+
+
+def no_driver_line(results: Sequence[Result]) -> str | None:
+    """The one line that says there is no driver, or None when there is one (or nothing needed it).
+
+    >>> no_driver_line([Result("gpu.count", Status.SKIP, "no driver", data={NEEDS_GPU: True})])
+    'no NVIDIA driver on this machine: 1 check that needs a GPU is skipped'
+    """
+    count = sum(1 for r in results if _needs_gpu(r))
+    if not count:
+        return None
+    words = "check that needs a GPU is" if count == 1 else "checks that need a GPU are"
+    return f"no NVIDIA driver on this machine: {count} {words} skipped"
+
+
+def fold_needs_gpu(results: Sequence[Result]) -> list[Result]:
+    """The results with each area's checks skipped for want of a driver in one row, where the
+    first of them stood: the same sentence is not repeated on each (the JSON keeps every one).
+
+    >>> rows = fold_needs_gpu([Result(f"gpu.{n}", Status.SKIP, "no driver", data={NEEDS_GPU: True}) for n in "ab"])
+    >>> [(r.check, r.summary) for r in rows]
+    [('gpu.* (2 checks)', 'skipped, no NVIDIA driver: gpu.a, gpu.b')]
+    """
+    folded: list[Result] = []
+    for area, grouped in groupby(results, key=lambda r: r.area):
+        group = list(grouped)
+        skips = [r for r in group if _needs_gpu(r)]
+        if len(skips) < 2:
+            folded += group
+            continue
+        names = ", ".join(r.check for r in skips)
+        row = Result(f"{area}.* ({len(skips)} checks)", Status.SKIP, f"skipped, no NVIDIA driver: {names}")
+        first = next(i for i, r in enumerate(group) if _needs_gpu(r))
+        folded += [*group[:first], row, *(r for r in group[first:] if not _needs_gpu(r))]
+    return folded
+
+
 def render_settings(values: Sequence[Value[Any]], *, verbose: int) -> list[str]:
     """The settings for -v (those not at their defaults) and -vv (all): variable, value, source.
 
     >>> from stackgate.models import settings
     >>> values = settings.report({"STACKGATE_DEEP_TIMEOUT_S": "600"})
     >>> print("\\n".join(render_settings(values, verbose=1)))
-    settings: 1 of 18 not at its default (-vv lists all)
+    settings: 1 of 19 not at its default (-vv lists all)
       STACKGATE_DEEP_TIMEOUT_S  600  (environment $STACKGATE_DEEP_TIMEOUT_S)
     """
     if not verbose:

@@ -30,7 +30,7 @@ from stackgate.models import envfile
 from stackgate.models.exitcodes import UsageError
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, failed, passed, warned
-from stackgate.models.spec import Lock, Speculative
+from stackgate.models.spec import Lock, Speculative, edit_hint
 from stackgate.serve import fastmode, launched
 from stackgate.serve.procs import ProcessTree, describe, read_stat
 
@@ -122,7 +122,7 @@ def configs(lock: Lock, *, model: str | None = None, tp: int | None = None, port
     smoke = lock.smoke
     chosen = model or smoke.model
     if not chosen:
-        raise LaunchError(f"no model to launch: set [smoke] model in {lock.path} or pass --model PATH")
+        raise LaunchError(f"no model to launch: set [smoke] model {edit_hint(lock)} or pass --model PATH")
     if tp is not None and tp < 1:
         raise LaunchError(f"--tp must be 1 or more, not {tp}")
     if port is not None and not 0 < port < 65536:

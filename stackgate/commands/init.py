@@ -1,0 +1,184 @@
+"""`stackgate init`: start a machine's spec, as `uv init` starts a project.
+
+- ``stackgate init``: describe THIS machine (:mod:`stackgate.facts.machine`) as a spec, each value
+  with where it came from (:mod:`stackgate.render.spectext`), in ./stackgate.toml (or ``--out``),
+  which every command then uses without ``--lock``.
+- ``--profile NAME``: copy a shipped profile (and its pylock, when it has one) out of the package
+  into the current folder as stackgate.toml, or with ``--system`` into /etc/stackgate/stack.toml.
+- ``--list``: the shipped profiles with their one-line descriptions.
+
+Nothing is overwritten without ``--force``, and nothing is ever written into the package.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from stackgate.edges.files import write_text
+from stackgate.facts import Missing
+from stackgate.facts.machine import Machine, observe
+from stackgate.models import pylock, settings
+from stackgate.models import spec as lockmodel
+from stackgate.models.exitcodes import ExitCode, UsageError
+from stackgate.render.spectext import machine_spec
+from stackgate.render.ui import UI
+
+__all__ = ["InitRequest", "InitUsage", "profiles", "run", "target_path"]
+
+
+class InitUsage(UsageError):
+    """A request `stackgate init` cannot take (exit 2): nothing was written."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class InitRequest:
+    out: Path | None = None
+    profile: str | None = None
+    list_only: bool = False
+    system: bool = False
+    python: Path | None = None
+    force: bool = False
+    environ: Mapping[str, str] | None = field(default=None, compare=False)  #: default: os.environ
+
+
+def profiles() -> dict[str, lockmodel.Lock]:
+    """The shipped profiles by name (each loads: a shipped profile that does not is a bug)."""
+    found = sorted(p for p in lockmodel.DEFAULT_LOCK.parent.glob("*.toml") if not p.name.startswith("pylock."))
+    return {path.stem: lockmodel.load(path) for path in found}
+
+
+def target_path(request: InitRequest, environ: Mapping[str, str]) -> Path:
+    """Where the spec goes: --out, else <system dir>/stack.toml with --system, else ./stackgate.toml."""
+    if request.out is not None:
+        return request.out
+    if request.system:
+        return settings.SYSTEM_DIR.value(environ) / lockmodel.SYSTEM_LOCK
+    return Path.cwd() / lockmodel.LOCAL_LOCK
+
+
+def run(request: InitRequest, ui: UI) -> ExitCode:
+    """The init command."""
+    environ = dict(os.environ if request.environ is None else request.environ)
+    if request.list_only:
+        if request.profile or request.out or request.system or request.python:
+            raise InitUsage("--list only lists the shipped profiles: it takes no other option")
+        return _list(ui)
+    target = target_path(request, environ)
+    if request.system and request.out is not None:
+        raise InitUsage("--system writes /etc/stackgate/stack.toml; --out names another file: give one of them")
+    if request.profile is not None and request.profile not in profiles():
+        raise InitUsage(
+            f"no shipped profile {request.profile!r}: the profiles are {', '.join(profiles())} (stackgate init --list)"
+        )
+    if lockmodel.is_shipped(target):
+        raise InitUsage(f"{target} is inside the stackgate package: nothing is written there")
+    for there in (target, pylock.path_for(target)):  # a pylock beside resolves the spec it was made for
+        if there.exists() and not request.force:
+            raise InitUsage(f"{there} exists: nothing was written (--force replaces it; --out FILE writes elsewhere)")
+    if request.profile is not None:
+        return _copy_profile(request.profile, target, ui, force=request.force)
+    return _describe(request, target, environ, ui)
+
+
+def _list(ui: UI) -> ExitCode:
+    found = profiles()
+    width = max(len(name) for name in found)
+    for name, lock in found.items():
+        default = " (the default)" if lock.path == lockmodel.DEFAULT_LOCK else ""
+        has = " [pylock]" if pylock.path_for(lock.path).exists() else ""
+        ui.line(f"{name:<{width}}  {lock.stack.description}{default}{has}")
+    ui.line("")
+    ui.line("copy one out: stackgate init --profile NAME (./stackgate.toml; --system: /etc/stackgate/stack.toml)")
+    ui.line("or describe this machine: stackgate init")
+    return ExitCode.PASSED
+
+
+def _copy_profile(name: str, target: Path, ui: UI, *, force: bool) -> ExitCode:
+    found = profiles()
+    source = found[name].path
+    pylock_source, pylock_target = pylock.path_for(source), pylock.path_for(target)
+    _write(target, source.read_text(encoding="utf-8"))
+    ui.line(f"wrote {target}: a copy of the shipped profile {name} ({found[name].stack.description})")
+    if pylock_source.exists():
+        _write(pylock_target, pylock_source.read_text(encoding="utf-8"))
+        ui.line(f"wrote {pylock_target}: its pylock")
+    else:
+        _drop_stale_pylock(target, ui)
+    _next_steps(target, ui)
+    return ExitCode.PASSED
+
+
+def _describe(request: InitRequest, target: Path, environ: Mapping[str, str], ui: UI) -> ExitCode:
+    with ui.progress("looking at this machine: NVML, CUDA toolkits, the interpreter that holds torch"):
+        machine = observe(environ, request.python)
+    _refuse_without(machine)
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    text = machine_spec(machine, when)
+    lock = lockmodel.loads(text, path=target)  # a spec init writes always loads; a failure is a bug, exit 2 names it
+    _write(target, text)
+    ui.line(f"wrote {target}: this machine as a spec, each value with where it came from")
+    _drop_stale_pylock(target, ui)
+    for line in _notes(machine, lock, environ):
+        ui.warn(line)
+    _next_steps(target, ui)
+    return ExitCode.PASSED
+
+
+def _refuse_without(machine: Machine) -> None:
+    """init describes a GPU machine with a stack interpreter; without either there is nothing to pin."""
+    if isinstance(machine.nvml, Missing) or not machine.nvml.gpus:
+        why = machine.nvml.reason if isinstance(machine.nvml, Missing) else "the driver shows no GPU"
+        raise InitUsage(f"no NVIDIA GPU to describe ({why}): pick a shipped profile instead (stackgate init --list)")
+    if not any(gpu.capability for gpu in machine.nvml.gpus):
+        unknown = "; ".join(f"{g.label}: {dict(g.unknown).get('capability')}" for g in machine.nvml.gpus)
+        raise InitUsage(f"NVML gives no GPU's compute capability ({unknown}): write [hardware] by hand, or --profile")
+    if isinstance(machine.python, Missing):
+        raise InitUsage(machine.python.reason)
+
+
+def _notes(machine: Machine, lock: lockmodel.Lock, environ: Mapping[str, str]) -> list[str]:
+    """What init saw that verify will report: a shell that does not set the spec's [env]."""
+    if machine.default is None:
+        return [
+            "no CUDA toolkit found (searched $CUDA_HOME, $CUDA_PATH, the nvcc on PATH, /usr/local/cuda*): "
+            "the spec names none"
+        ]
+    notes = []
+    for name, want in lock.env.items():
+        have = environ.get(name)
+        if not have or Path(have).resolve() != Path(want).resolve():
+            notes.append(
+                f"{name} is {have or 'not set'} in this shell: "
+                f"export {name}={want} where the stack runs ([env] says so)"
+            )
+    return notes
+
+
+def _drop_stale_pylock(target: Path, ui: UI) -> None:
+    """Remove the pylock of the spec --force replaced: it resolves that spec, not the new one."""
+    stale = pylock.path_for(target)
+    if stale.exists():
+        try:
+            stale.unlink()
+        except OSError as exc:
+            raise InitUsage(f"cannot remove {stale}, the pylock of the replaced spec: {exc.strerror or exc}") from None
+        ui.line(f"removed {stale}: it resolved the replaced spec (`stackgate lock` makes this one's)")
+
+
+def _write(path: Path, text: str) -> None:
+    """Write a spec (or its pylock), or stop with why it cannot be written (exit 2)."""
+    try:
+        write_text(path, text)
+    except OSError as exc:
+        hint = " (--system writes /etc/stackgate: run it as root)" if path.is_relative_to("/etc") else ""
+        raise InitUsage(f"cannot write {path}: {exc.strerror or exc}{hint}") from None
+
+
+def _next_steps(target: Path, ui: UI) -> None:
+    here = target.parent.resolve() == Path.cwd().resolve() and target.name == lockmodel.LOCAL_LOCK
+    lock = "" if here else f" --lock {target}"
+    ui.line(f"next: stackgate verify{lock}   (then: stackgate lock{lock}, stackgate verify --deep{lock})")
