@@ -10,6 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fakes import fake_nvml
+from fakes.fake_nvml import gpu, machine
+
 from conftest import install_dist, interpreter_lock, make_venv
 from stackgate.checks.all import REGISTRY
 from stackgate.facts import ProbeFacts, gather
@@ -222,3 +225,30 @@ def test_python_locked_skips_without_a_pylock_saying_how_to_make_one(tmp_path):
     result, _ = run("python.locked", lock)
     assert result.status is Status.SKIP
     assert result.summary == f"the spec has no pylock: {tmp_path / 'pylock.spec.toml'} does not exist (`stackgate lock --lock {tmp_path / 'spec.toml'}` makes it)"
+
+
+def hidden_gpus(torch_python, visible: str):
+    """torch.arch on one H200 (fake NVML) with the probe run for real, by the CPU torch venv, under
+    CUDA_VISIBLE_DEVICES=``visible``; CPU torch sees no GPU just as a hidden CUDA one does (device_count 0, an
+    empty arch list), and only its CUDA version is set as a CUDA build would report it."""
+    lock = lock_for(torch_python, 'torch = ">=2"')
+    fake_nvml.configure(machine([gpu(name="NVIDIA H200", cc=(9, 0))]))
+    facts = gather(lock, ["probe", "nvml", "env"], environ={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": visible}, nvml_lib=fake_nvml)
+    try:
+        probe = facts.probe
+        assert probe.torch["device_count"] == 0 and probe.torch["arch_list"] == []
+        facts.provide("probe", dataclasses.replace(probe, torch={**probe.torch, "cuda": "13.0"}))
+        return REGISTRY["torch.arch"].function(lock, facts)
+    finally:
+        facts.close()
+        fake_nvml.configure(None)
+
+
+def test_hidden_gpus_are_named_as_the_variable_that_hides_them_not_as_a_missing_arch(torch_python):
+    result = hidden_gpus(torch_python, "")
+    assert result.status is Status.FAIL
+    assert result.summary.startswith("torch sees no GPU: CUDA_VISIBLE_DEVICES='' hides 1 of the 1 GPU(s) NVML lists; ")
+    assert "arch list is judged only when torch sees the GPUs" in result.summary and "sm_" not in result.fix.text
+    assert "Unset CUDA_VISIBLE_DEVICES" in result.fix.text
+    missing = hidden_gpus(torch_python, "3")
+    assert missing.summary.startswith("torch sees no GPU: CUDA_VISIBLE_DEVICES='3' hides 1 of the 1 GPU(s) NVML lists: it names 3, which is not a GPU here (NVML lists 0)")
