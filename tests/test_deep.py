@@ -13,6 +13,7 @@ from pathlib import Path
 from types import MappingProxyType, SimpleNamespace
 
 import pytest
+from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
 
 from stackgate.checks import deep
@@ -103,6 +104,49 @@ def test_a_gpu_that_never_finishes_is_a_hang() -> None:
     assert result.summary == "hang: GPU 1 did not finish its work within 300 s"
     assert result.data["hung"] is True
     assert result.details == ("log tail:", "last line")
+
+
+def test_one_gpu_is_judged_against_an_idle_gpu_of_its_model_and_the_neighbour_is_named(tmp_path: Path) -> None:
+    # The rates one H200 gave while another process kept it 100% busy (bf16 311.2, fp32 21.16, copy 2000).
+    busy = gpu_record(0, bf16=311.2, fp32=21.16, copy=2000.0)
+    neighbour = started(["sleep", "300"])
+    try:
+        fake_nvml.configure(machine([gpu(name="NVIDIA H200", cc=(9, 0), util=[100, 23], process_util=[{"pid": neighbour.pid, "sm": 90}],
+                                         processes=[{"pid": neighbour.pid, "used": 874 * 2**20}])]))  # fmt: skip
+        activity = measure.gpu_activity(fake_nvml)
+        result = deep.judge_gpu_work(gpu_work([busy]), activity)
+    finally:
+        fake_nvml.configure(None)
+        neighbour.kill()
+        neighbour.wait()
+    assert result.status == Status.FAIL
+    assert result.summary == "3 GPU problem(s): GPU 0 (NVIDIA H200): bfloat16 311.2 TFLOP/s, 40% of an idle NVIDIA H200's 781.2 TFLOP/s (floor 70%)"
+    assert result.details[-1] == f"before measuring: GPU 0 (NVIDIA H200) was 100% busy; pid {neighbour.pid} (sleep 300) used 90% of its SMs"
+    assert f"ps -o pid,user,cmd -p {neighbour.pid}" in result.fix.commands and "reset" not in result.fix.text
+    idle = deep.judge_gpu_work(gpu_work([gpu_record(0, bf16=781.0)]), measure.gpu_activity(configured(machine([gpu(name="NVIDIA H200", cc=(9, 0))]))))
+    fake_nvml.configure(None)
+    assert idle.status == Status.PASS and idle.details[-1] == "before measuring: GPU 0 (NVIDIA H200) was 0% busy; no other process on it"
+
+
+def test_a_slow_gpu_with_nothing_else_on_it_says_the_cause_is_not_known() -> None:
+    result = deep.judge_gpu_work(gpu_work([gpu_record(0, copy=2000.0)]), measure.gpu_activity(configured(machine([gpu(name="NVIDIA H200", cc=(9, 0))]))))
+    fake_nvml.configure(None)
+    assert result.details[0] == "GPU 0 (NVIDIA H200): copy 2000 GB/s, 47% of an idle NVIDIA H200's 4266 GB/s (floor 70%)"
+    assert "the cause is not known" in result.fix.text and "reset" not in result.fix.text
+
+
+def started(argv: list[str]) -> subprocess.Popen:
+    """A process whose command line /proc already shows (it is empty for a moment while the exec completes)."""
+    proc = subprocess.Popen(argv)
+    deadline = time.monotonic() + 10
+    while not Path(f"/proc/{proc.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return proc
+
+
+def configured(spec: dict) -> object:
+    fake_nvml.configure(spec)
+    return fake_nvml
 
 
 # --- collective judgement, plain numbers ------------------------------------------------------

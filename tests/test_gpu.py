@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pynvml
@@ -131,6 +132,8 @@ def test_foreign_processes_warn():
 def holder(tmp_path):
     """A real process that the fake NVML says holds 120 GiB of an H200 (141 GiB), as one did on the GPU machine."""
     proc = subprocess.Popen(["sleep", "300"])
+    while not Path(f"/proc/{proc.pid}/cmdline").read_bytes():  # empty for a moment while the exec completes
+        time.sleep(0.01)
     holders = tmp_path / "holders.jsonl"
     holders.write_text(json.dumps({"pid": proc.pid, "gpu": 0, "bytes": 120 * 2**30}) + "\n")
     try:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from stackgate.checks.core import check
+from stackgate.edges.nvml import NvmlSnapshot, command_line
 from stackgate.facts import Facts, Missing, ProbeFacts
 from stackgate.facts.deep import (
     ATTENTION_RTOL,
@@ -34,6 +35,7 @@ from stackgate.facts.deep import (
     SizeFigures,
     Sweep,
     flashinfer_env,
+    gpu_activity,
     jit_workspace,
     launch_env,
     read_gate,
@@ -50,11 +52,13 @@ from stackgate.models.spec import MAX_JIT_TIMEOUT_S, Lock
 __all__ = [
     "ATTENTION_ATOL",
     "FUSION_FLAG",
+    "MODEL_RATES",
     "PEER_FLOOR",
     "PREREQUISITES",
     "TOLERANCE",
     "JitContext",
     "Known",
+    "activity_lines",
     "close_enough",
     "fusion_arch_problem",
     "fusion_atol",
@@ -176,14 +180,65 @@ def _device_problems(record: Mapping[str, Any]) -> list[str]:
     return problems
 
 
+#: What deep.gpu_work measured on an idle GPU of each model (NVML's name), by its own method: the floor a GPU
+#: without peers is judged by (PEER_FLOOR of these). NVIDIA H200: stackgate verify --deep, warm, 1x H200,
+#: driver 580.159.04, torch 2.11.0+cu130, 2026-12-01 (a second run: 786.1, 50.97, 4273).
+MODEL_RATES: dict[str, dict[str, float]] = {"NVIDIA H200": {"bfloat16": 781.2, "float32": 51.0, "copy": 4266.0}}
+
+
 def _slow_problems(records: Sequence[Mapping[str, Any]]) -> list[str]:
     healthy = [r for r in records if "error" not in r]
-    problems = []
+    problems, flagged = [], set()
     for part, rate, unit in RATES:
         slow = slow_peers({_label(r): r[part][rate] for r in healthy})
         for label, (have, median) in slow.items():
+            flagged.add((label, part))
             problems.append(f"{label}: {part} {have:.4g} {unit}, {have / median:.0%} of its peers' median {median:.4g} {unit}")
+    for r in healthy:
+        for part, rate, unit in RATES:
+            idle = MODEL_RATES.get(str(r.get("name")), {}).get(part)
+            have = r[part][rate]
+            if idle and (_label(r), part) not in flagged and have < PEER_FLOOR * idle:
+                problems.append(f"{_label(r)}: {part} {have:.4g} {unit}, {have / idle:.0%} of an idle {r['name']}'s {idle:.4g} {unit} (floor {PEER_FLOOR:.0%})")
     return problems
+
+
+def activity_lines(snap: NvmlSnapshot | Missing | None) -> list[str]:
+    """What the GPUs were doing for other processes just before the measurement, by NVML."""
+    if snap is None:
+        return []
+    if isinstance(snap, Missing):
+        return [f"before measuring: NVML could not say what else ran on the GPUs ({snap.reason})"]
+    lines = []
+    for g in snap.gpus:
+        busy = f"{g.utilization}% busy" if g.utilization is not None else "busy: not reported"
+        commands = {p.pid: p.command for p in g.processes}
+        users = [f"pid {pid} ({commands.get(pid) or command_line(pid) or 'command not visible here'}) used {sm}% of its SMs" for pid, sm in g.process_utilization if sm]
+        holders = [f"pid {p.pid} ({p.command or 'command not visible here'}) holds {(p.used_memory_bytes or 0) / 2**20:.0f} MiB"
+                   for p in g.processes if p.pid not in dict(g.process_utilization)]  # fmt: skip
+        lines.append(f"before measuring: {g.label} was {busy}" + (f"; {'; '.join([*users, *holders])}" if users or holders else "; no other process on it"))
+    return lines
+
+
+def _others(snap: NvmlSnapshot | Missing | None) -> list[int]:
+    """The pids that ran kernels or held memory on a GPU just before the measurement."""
+    if snap is None or isinstance(snap, Missing):
+        return []
+    return sorted({pid for g in snap.gpus for pid, sm in g.process_utilization if sm} | {p.pid for g in snap.gpus for p in g.processes})
+
+
+def _slow_fix(snap: NvmlSnapshot | Missing | None, log: Path) -> Fix:
+    pids = _others(snap)
+    if pids:
+        listed = " ".join(map(str, pids))
+        return Fix(
+            f"Other processes used the GPU while it was measured (pid {listed}): the figures say how much of it was left, not how "
+            "healthy it is. Stop them, or measure when the GPU is idle.", (f"ps -o pid,user,cmd -p {listed}", "stackgate verify --deep --check deep.gpu_work"),
+        )
+    return Fix(
+        "No other process was seen on the GPU, so the cause is not known from these figures: read the log, and the clocks and "
+        "throttle reasons NVIDIA reports.", (f"less {log}", "nvidia-smi -q -d PERFORMANCE,CLOCK"),
+    )
 
 
 def _gpu_figures(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -194,9 +249,13 @@ def _gpu_figures(record: Mapping[str, Any]) -> dict[str, Any]:
     return {"index": record["index"], "name": record["name"], "seconds": round(record["seconds"], 3), **keep, "copy": copy}
 
 
-def judge_gpu_work(work: GpuWork) -> Result:
-    """The per-GPU verdict: a hang, an error, a wrong result or a far slower GPU fails by name."""
+def judge_gpu_work(work: GpuWork, activity: NvmlSnapshot | Missing | None = None) -> Result:
+    """The per-GPU verdict: a hang, an error, a wrong result or a GPU far slower than its peers or than an idle GPU of
+    its model fails by name; ``activity`` (NVML just before the run) says what else was using the GPUs."""
+    before = activity_lines(activity)
     data = {
+        "before": before,
+        "model_rates": {str(r.get("name")): MODEL_RATES[str(r.get("name"))] for r in work.records if str(r.get("name")) in MODEL_RATES},
         "gpus": [_gpu_figures(r) for r in work.records],
         "seed": work.begin.get("seed"),
         "torch": work.begin.get("torch"),
@@ -212,10 +271,13 @@ def judge_gpu_work(work: GpuWork) -> Result:
     if work.returncode != 0 or work.running is not None or not work.records:
         where = f" on GPU {work.running}" if work.running is not None else ""
         return failed(f"the per-GPU work failed{where} ({_code(work.returncode)}): {' / '.join(work.tail[-3:])}", work.tail, _log_fix(work.log), data)
-    problems = [p for r in work.records for p in _device_problems(r)] + _slow_problems(work.records)
-    if problems:
-        return failed(f"{len(problems)} GPU problem(s): {problems[0]}", problems, _log_fix(work.log), data)
-    return passed(_gpu_summary(work.records), [_gpu_line(r) for r in work.records], data)
+    wrong = [p for r in work.records for p in _device_problems(r)]
+    if wrong:
+        return failed(f"{len(wrong)} GPU problem(s): {wrong[0]}", [*wrong, *_slow_problems(work.records), *before], _log_fix(work.log), data)
+    slow = _slow_problems(work.records)
+    if slow:
+        return failed(f"{len(slow)} GPU problem(s): {slow[0]}", [*slow, *before], _slow_fix(activity, work.log), data)
+    return passed(_gpu_summary(work.records), [*(_gpu_line(r) for r in work.records), *before], data)
 
 
 def _gpu_summary(records: Sequence[Mapping[str, Any]]) -> str:
@@ -253,9 +315,10 @@ def _code(returncode: int | None) -> str:
 
 @check("deep.gpu_work", needs=("probe", "env"), timeout_s=_limit_s, slow=True)
 def gpu_work(lock: Lock, facts: Facts) -> Result:
-    """Every GPU multiplies bf16/fp32 matrices correctly at its peers' rate and copies memory."""
+    """Every GPU multiplies bf16/fp32 matrices correctly at its peers' (and its model's) rate and copies memory."""
+    activity = gpu_activity(facts.nvml_lib)
     work = run_gpu_work(lock.python.target, GpuWorkRequest(), launch_env(lock, facts))
-    return judge_gpu_work(work)
+    return judge_gpu_work(work, activity)
 
 
 # --- the collective ---------------------------------------------------------------------------

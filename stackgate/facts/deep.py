@@ -18,10 +18,12 @@ import tempfile
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Mapping, Sequence
 
-from stackgate.edges import runner
+from stackgate.edges import nvml, runner
 from stackgate.facts.collect import Facts
+from stackgate.facts.model import Missing
 from stackgate.models import faults, settings
 from stackgate.models.spec import DeepAttention, Lock
 
@@ -47,6 +49,7 @@ __all__ = [
     "aggregate_fusion",
     "bus_bandwidth",
     "flashinfer_env",
+    "gpu_activity",
     "jit_workspace",
     "launch_env",
     "nccl_variables",
@@ -120,6 +123,14 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
 def _tail(done: runner.Completed, lines: int = 20) -> tuple[str, ...]:
     """The last lines of the run's log: NCCL's INFO lines and Python's, in the order written."""
     return tuple([line for line in done.stdout.splitlines() if line.strip()][-lines:])
+
+
+def gpu_activity(lib: ModuleType | None = None) -> nvml.NvmlSnapshot | Missing:
+    """NVML now, just before a measurement: what other processes are doing on the GPUs."""
+    try:
+        return nvml.snapshot(lib)
+    except nvml.NvmlError as exc:
+        return Missing(str(exc))
 
 
 # --- per-GPU work -----------------------------------------------------------------------------
