@@ -12,6 +12,7 @@ The deep checks run only after the static checks that they stand on have passed;
 from __future__ import annotations
 
 import math
+import signal
 import statistics
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -59,6 +60,7 @@ __all__ = [
     "JitContext",
     "Known",
     "activity_lines",
+    "signal_name",
     "close_enough",
     "fusion_arch_problem",
     "fusion_atol",
@@ -301,7 +303,8 @@ def _gpu_line(r: Mapping[str, Any]) -> str:
 
 
 def _log_fix(log: Path) -> Fix:
-    return Fix("Read the full log; a GPU that errors or hangs alone needs a reset (or its node drained).", (f"less {log}", "nvidia-smi -q -d PERFORMANCE,CLOCK"))
+    """Where the output does not say why: the log, never a reset or a drain on a guess."""
+    return Fix("The cause is not known from this output: read the full log.", (f"less {log}", "nvidia-smi -q -d PERFORMANCE,CLOCK"))
 
 
 def _limit_s() -> float:
@@ -668,6 +671,11 @@ def judge_attention(run: AttentionRun, jit: JitContext, lock: Lock) -> Result:
         known = _classified(run.begin.get("trace") or run.begin["error"], lock)
         causes = [known.cause] if known else []
         return failed(_explained(run.begin["error"], known), [*causes, *jit.lines(), *_tail_lines(run.tail)], known.fix if known else _flashinfer_import_fix(lock), data)
+    if run.returncode is not None and run.returncode < 0:
+        return _killed(run, jit, data)
+    full = _out_of_space(run, jit, data)
+    if full is not None:
+        return full
     if run.returncode != 0 or not run.kernels:
         return failed(f"the attention run failed ({_code(run.returncode)}): {' / '.join(run.tail[-3:])}", _tail_lines(run.tail), _log_fix(run.log), data)
     problems = [p for p in (_kernel_problem(k, lock) for k in run.kernels) if p is not None]
@@ -678,6 +686,64 @@ def judge_attention(run: AttentionRun, jit: JitContext, lock: Lock) -> Result:
     kinds = ", ".join(dict.fromkeys(str(k["kind"]) for k in run.kernels))
     data["defines"] = {"flashinfer_attention": f"{kinds} correct against float32; {jit.kernels_from()}"}
     return passed(_attention_summary(run, data, jit), [*_attention_lines(run), *jit.lines()], data)
+
+
+#: What a cold build of the four attention modules left in flashinfer's JIT cache on an H200 (flashinfer 0.6.4,
+#: sm_90a; `du -sh` of the cache): about what the build needs there, the compiler's objects more while it runs.
+JIT_BUILD_BYTES = 19 << 20
+_NO_SPACE = "No space left on device"
+
+
+def signal_name(returncode: int) -> str:
+    """The signal a negative exit status means.
+
+    >>> signal_name(-7), signal_name(-9), signal_name(-99)
+    ('SIGBUS', 'SIGKILL', 'signal 99')
+    """
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+def _killed(run: AttentionRun, jit: JitContext, data: Mapping[str, Any]) -> Result:
+    """A run killed by a signal: the damaged modules of the JIT cache when there are any (a module cut short dies of
+    SIGBUS when mapped), else the signal and what it was running, with the cause left open."""
+    rc = run.returncode or 0
+    where = f" while GPU {run.running[0]} ran its {run.running[1]} kernel" if run.running else ""
+    killed = f"the attention run was killed by {signal_name(rc)} (exit {rc}){where}"
+    details = [f"{d['file']}: {d['why']}" for d in run.damaged]
+    data = {**data, "signal": signal_name(rc), "damaged": list(run.damaged)}
+    if run.damaged:
+        first = run.damaged[0]
+        fix = Fix(
+            "Remove the damaged module from the JIT cache (its folder): flashinfer builds it again on the next run.",
+            (*(f"rm -r {Path(d['file']).parent}" for d in run.damaged), "stackgate verify --deep --check deep.flashinfer_attention"),
+        )
+        return failed(f"{killed}: {len(run.damaged)} module(s) of flashinfer's JIT cache are cut short, first {first['file']} ({first['why']})", details, fix, data)
+    unknown = f"{killed}; no module of the JIT cache {jit.workspace} is cut short, so the cause is not known from this"
+    return failed(unknown, _tail_lines(run.tail), Fix("Read the run's full log; it names the command that ran.", (f"less {run.log}",)), data)
+
+
+def _out_of_space(run: AttentionRun, jit: JitContext, data: Mapping[str, Any]) -> Result | None:
+    """The JIT cache's filesystem full (ninja's pages of output hide "No space left on device"), or None."""
+    texts = [str(k.get("error", "")) + str(k.get("trace", "")) for k in run.kernels] + [str(run.begin.get("error", "")), *run.tail]
+    hit = [t for t in texts if _NO_SPACE in t]
+    if not hit:
+        return None
+    free = "an unknown amount" if run.cache_free_bytes is None else f"{run.cache_free_bytes / 2**20:.1f} MiB"
+    failed_kernels = [_kernel_label(k) for k in run.kernels if _NO_SPACE in str(k.get("error", "")) + str(k.get("trace", ""))]
+    summary = (
+        f"flashinfer's JIT cache {jit.workspace} is out of space ({_NO_SPACE}): its filesystem has {free} free, and a cold build of "
+        f"these kernels takes about {JIT_BUILD_BYTES >> 20} MiB there; {len(failed_kernels) or 'the'} kernel(s) could not be built"
+    )
+    line = next(line.strip() for t in hit for line in t.splitlines() if _NO_SPACE in line)
+    fix = Fix(
+        "Free space on that filesystem, or point the JIT cache at one with room: FLASHINFER_WORKSPACE_BASE in the lock's [env] "
+        "(so the server shares the cache) or in the shell.",
+        (f"df -h {jit.workspace}", "FLASHINFER_WORKSPACE_BASE=/a/folder/with/room stackgate verify --deep --check deep.flashinfer_attention"),
+    )
+    return failed(summary, [*failed_kernels, f"first: {line}"], fix, {**data, "out_of_space": True, "cache_free_bytes": run.cache_free_bytes})
 
 
 _JIT_TIMEOUT_FIX = (

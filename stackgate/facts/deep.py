@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import shutil
 import statistics
 import tempfile
 from collections import Counter
@@ -21,7 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Mapping, Sequence
 
-from stackgate.edges import nvml, runner
+from stackgate.edges import elf, nvml, runner
 from stackgate.facts.collect import Facts
 from stackgate.facts.model import Missing
 from stackgate.models import faults, settings
@@ -431,6 +432,8 @@ class AttentionRun:
     tail: tuple[str, ...]
     log: Path
     duration_s: float
+    damaged: tuple[Mapping[str, Any], ...] = ()  #: modules of the JIT cache cut short, when the run was killed by a signal
+    cache_free_bytes: int | None = None  #: free space on the JIT cache's filesystem after the run
 
 
 def run_attention(python: Path, request: AttentionRequest, env: Mapping[str, str], timeout_s: float) -> AttentionRun:
@@ -441,7 +444,31 @@ def run_attention(python: Path, request: AttentionRequest, env: Mapping[str, str
     kernels = tuple(r for r in lines if r.get("event") == "kernel")
     started = [(r["index"], r["kind"]) for r in lines if r.get("event") == "start"]
     running = started[-1] if len(started) > len(kernels) else None
-    return AttentionRun(request, begin, kernels, running, done.returncode, timeout_s, _tail(done), workdir / "attention.log", done.duration_s)
+    killed = done.returncode is not None and done.returncode < 0
+    damaged = damaged_modules(Path(env["FLASHINFER_WORKSPACE_BASE"])) if killed and env.get("FLASHINFER_WORKSPACE_BASE") else ()
+    free = free_bytes(Path(env.get("FLASHINFER_WORKSPACE_BASE") or workdir))
+    return AttentionRun(request, begin, kernels, running, done.returncode, timeout_s, _tail(done), workdir / "attention.log", done.duration_s, damaged, free)
+
+
+def damaged_modules(workspace: Path) -> tuple[dict[str, Any], ...]:
+    """The compiled modules in flashinfer's JIT cache under ``workspace`` that are cut short: a process that maps one
+    dies of SIGBUS when it touches the missing pages. Reading their headers takes milliseconds."""
+    found = []
+    for module in sorted((workspace / ".cache" / "flashinfer").rglob("*.so")):
+        why = elf.damaged(module)
+        if why is not None:
+            found.append({"file": str(module), "bytes": module.stat().st_size, "why": why})
+    return tuple(found)
+
+
+def free_bytes(path: Path) -> int | None:
+    """Free space on the filesystem that holds ``path`` (or its nearest existing parent)."""
+    for where in (path, *path.parents):
+        try:
+            return shutil.disk_usage(where).free
+        except OSError:
+            continue
+    return None
 
 
 @dataclass(frozen=True)
