@@ -219,6 +219,30 @@ def test_a_crashed_sweep_fails_with_the_error_line() -> None:
     result = deep.judge_collective(sweep, None)
     assert result.status == Status.FAIL
     assert result.summary == "the all-reduce failed (exit 1): RuntimeError: NCCL error: unhandled cuda error"
+    assert result.fix.text == "The cause is not known from this output: read the full log."  # not P2P tuning on a guess
+
+
+#: The tail of deep.collective's log on 1x H200 with NCCL_SOCKET_IFNAME=nope (2026-12-01).
+NO_SOCKET_TAIL = (
+    "torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3135, invalid usage "
+    "(run with NCCL_DEBUG=WARN for details), NCCL version 2.28.9",
+    "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.", "Last error:", "Bootstrap : no socket interface found",
+)
+
+
+def test_a_bootstrap_without_a_socket_interface_names_the_variable_and_the_hosts_interfaces() -> None:
+    nccl_env = {"NCCL_DEBUG": "INFO", "NCCL_NVLS_ENABLE": "0", "NCCL_SOCKET_IFNAME": "nope"}
+    sweep = make_sweep(1, [], returncode=1, tail=NO_SOCKET_TAIL, nccl_env=nccl_env, interfaces=("eth0", "ifb0", "ifb1", "lo"))
+    result = deep.judge_collective(sweep, None)
+    assert result.summary == (
+        "the all-reduce failed (exit 1): NCCL's bootstrap found no socket interface: NCCL_SOCKET_IFNAME=nope matches none of this host's "
+        "interfaces (eth0, ifb0, ifb1, lo)"
+    )
+    assert result.fix.text.startswith("Unset NCCL_SOCKET_IFNAME, or set it to interfaces this host has (eth0, ifb0, ifb1, lo;")
+    assert "P2P" not in result.fix.text and "NCCL_MIN_NCHANNELS" not in result.fix.text
+    unset = deep.judge_collective(make_sweep(1, [], returncode=1, tail=NO_SOCKET_TAIL, interfaces=("lo",)), None)
+    assert unset.summary.endswith("(NCCL_SOCKET_IFNAME is not set; this host has lo): the cause is not known from this")
+    assert "lo" in measure.host_interfaces()  # this machine's own, read as the sweep reads them
 
 
 # --- what deep stands on, and how verify plans it ---------------------------------------------

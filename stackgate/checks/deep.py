@@ -388,7 +388,10 @@ def judge_collective(sweep: Sweep, min_busbw: float | None, wanted: int | None =
         return failed(_hang_summary(sweep), (*_hang_details(sweep), *_tail_lines(sweep.tail)), _nccl_fix(sweep), {**data, "hung": True})
     if sweep.returncode != 0 or len(sweep.sizes) < len(sweep.request.sizes()):
         reason = sweep.tail[-1] if sweep.tail else "no output"
-        return failed(f"the all-reduce failed ({_code(sweep.returncode)}): {reason}", _tail_lines(sweep.tail), _nccl_fix(sweep), data)
+        socket = _socket_problem(sweep)
+        if socket is not None:
+            return failed(f"the all-reduce failed ({_code(sweep.returncode)}): {socket[0]}", _tail_lines(sweep.tail), socket[1], data)
+        return failed(f"the all-reduce failed ({_code(sweep.returncode)}): {reason}", _tail_lines(sweep.tail), _log_fix(sweep.log), data)
     wrong = [s for s in sweep.sizes if s.wrong]
     if wrong:
         details = [f"{_size(s.bytes)}: #wrong {s.wrong}" for s in wrong]
@@ -400,6 +403,27 @@ def judge_collective(sweep: Sweep, min_busbw: float | None, wanted: int | None =
     floor = f" (>= {min_busbw:g} GB/s)" if min_busbw is not None else ""
     summary = f"{sweep.world} ranks, {_library(sweep)}: peak busbw {data['peak_busbw_gbs']:.4g} GB/s at {_size(data['peak_bytes'])}{floor}, #wrong 0 at {len(sweep.sizes)} sizes"
     return passed(summary, [*notes, *_size_lines(sweep)], data)
+
+
+_NO_SOCKET = "no socket interface found"
+
+
+def _socket_problem(sweep: Sweep) -> tuple[str, Fix] | None:
+    """NCCL's bootstrap found no network interface to use: the variable that chose none, and the host's interfaces."""
+    if not any(_NO_SOCKET in line for line in sweep.tail):
+        return None
+    have = ", ".join(sweep.interfaces) or "none that /sys/class/net lists"
+    chosen = sweep.nccl_env.get("NCCL_SOCKET_IFNAME")
+    if chosen is None:
+        summary = f"NCCL's bootstrap found no socket interface (NCCL_SOCKET_IFNAME is not set; this host has {have}): the cause is not known from this"
+        return summary, Fix("Read the NCCL INFO lines of the log: they name the interfaces NCCL looked at.", (f"grep -E 'NET|Bootstrap|NCCL WARN' {sweep.log}",))
+    summary = f"NCCL's bootstrap found no socket interface: NCCL_SOCKET_IFNAME={chosen} matches none of this host's interfaces ({have})"
+    fix = Fix(
+        f"Unset NCCL_SOCKET_IFNAME, or set it to interfaces this host has ({have}; a name is a prefix, '=' matches exactly, '^' excludes) "
+        "where the stack runs (the lock's [smoke.env] or the shell).",
+        ("ip -brief link", "stackgate verify --deep --check deep.collective"),
+    )
+    return summary, fix
 
 
 def _library(sweep: Sweep) -> str:

@@ -51,6 +51,7 @@ __all__ = [
     "bus_bandwidth",
     "flashinfer_env",
     "gpu_activity",
+    "host_interfaces",
     "jit_workspace",
     "launch_env",
     "nccl_variables",
@@ -246,6 +247,7 @@ class Sweep:
     transports: Mapping[str, int]  #: "P2P/CUMEM/read": channels, from the INFO log
     channels: int | None
     duration_s: float
+    interfaces: tuple[str, ...] = ()  #: this host's network interfaces (/sys/class/net), for a bootstrap that found none
 
     @property
     def world(self) -> int:
@@ -309,8 +311,16 @@ def run_sweep(python: Path, request: AllReduceRequest, env: Mapping[str, str], t
     return Sweep(
         request, tuple(aggregate(request.world, per_rank)), _progress(per_rank), tuple(i["pid"] for i in inits), nccl,
         done.returncode, timeout_s, _tail(done), log, nccl_variables(env),
-        dict(Counter(m[1] for m in _TRANSPORT.finditer(text))), max(channels) if channels else None, done.duration_s,
+        dict(Counter(m[1] for m in _TRANSPORT.finditer(text))), max(channels) if channels else None, done.duration_s, host_interfaces(),
     )  # fmt: skip
+
+
+def host_interfaces(root: Path = Path("/sys/class/net")) -> tuple[str, ...]:
+    """The host's network interfaces, as NCCL's socket bootstrap chooses among them."""
+    try:
+        return tuple(sorted(entry.name for entry in root.iterdir()))
+    except OSError:
+        return ()
 
 
 def _progress(per_rank: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[int, int]:
