@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -198,7 +199,7 @@ def test_one_rank_passes_and_says_busbw_is_not_defined() -> None:
     sizes = [measure.SizeFigures(8192, 5.0, 1.6, None, 0), measure.SizeFigures(16384, 5.0, 3.3, None, 0)]
     result = deep.judge_collective(make_sweep(1, sizes), min_busbw=30.0)
     assert result.status == Status.PASS
-    assert "bus bandwidth is not defined for one rank (2(n-1)/n = 0); min_busbw_gbs 30 not judged" in result.summary
+    assert "bus bandwidth is not defined for one rank (2(n-1)/n = 0): a correctness pass, not timed; min_busbw_gbs 30 not judged" in result.summary
     assert result.data["busbw_judged"] is False and result.data["peak_busbw_gbs"] is None
     assert result.data["busbw_note"].startswith("bus bandwidth is not defined for one rank")
     assert "busbw n/a (1 rank)" in result.details[0]
@@ -335,6 +336,17 @@ def test_gpu_work_catches_a_planted_wrong_product(torch_python: Path, monkeypatc
     )
 
 
+@pytest.mark.torch
+def test_one_rank_gets_a_correctness_pass_in_its_own_process(torch_python: Path) -> None:
+    one = dataclasses.replace(measure.AllReduceRequest.for_world(1), backend="gloo", device="cpu", max_bytes=64 << 10)
+    assert (one.graphs, one.iters, one.warmup) == (False, 2, 1) and measure.AllReduceRequest.for_world(2).graphs
+    sweep = measure.run_sweep(torch_python, one, cpu_env(), timeout_s=120)
+    result = deep.judge_collective(sweep, None)
+    assert result.status == Status.PASS, result.details
+    assert result.summary.startswith("1 rank, gloo: all-reduce exact at 4 sizes (8 KiB-64 KiB)") and "a correctness pass, not timed" in result.summary
+    assert "torch/multiprocessing/spawn.py" not in sweep.log.read_text()  # rank 0 ran in the script's own process
+
+
 SMALL_SWEEP = dict(backend="gloo", device="cpu", min_bytes=8 << 10, max_bytes=64 << 10, warmup=2, iters=3)
 
 
@@ -435,7 +447,9 @@ def test_verify_deep_does_not_run_deep_checks_on_a_cpu_torch(torch_python: Path,
     for name in deep_checks:
         assert status[name]["status"] == "SKIP"
         assert status[name]["summary"].startswith("not run: torch.build failed: torch 2.13.0+cpu is a CPU build")
-    assert list(doc["phases_s"]) == ["static", *deep_checks]
+    # The deep checks wait only for what they stand on; the other static checks run beside them.
+    assert list(doc["phases_s"])[0] == "prerequisites"
+    assert set(doc["phases_s"]) == {"prerequisites", *deep_checks, "static (beside the deep checks)"}
     cases = {c.get("name"): c for c in ET.parse(tmp_path / "r.xml").getroot().iter("testcase")}
     assert cases["deep.collective"].find("skipped") is not None
     assert "wall time" in done.stdout and "deep.gpu_work" in done.stdout

@@ -314,6 +314,17 @@ def test_the_gate_is_read_from_the_released_flashinfer_and_sglang_code(plain_pyt
     assert missing.flashinfer == {"error": "flashinfer is not installed in this interpreter (no 'flashinfer' package on its sys.path)"} and missing.sglang is None
 
 
+def test_reading_the_gate_imports_no_torch(torch_python: Path, released_site: Path, tmp_path: Path) -> None:
+    # A torch that leaves a mark when imported, first on the path: the gate must read flashinfer's code without it
+    # (a CUDA torch's import took seconds of the one-GPU skip on the H200).
+    marked = tmp_path / "marked"
+    (marked / "torch").mkdir(parents=True)
+    (marked / "torch" / "__init__.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\nraise ImportError('marked')\n")
+    gate = measure.read_gate(torch_python, {**os.environ, "PYTHONPATH": os.pathsep.join([str(marked), str(released_site)])})
+    assert gate.flashinfer["supported_majors"] == [9, 10], gate.tail
+    assert not (tmp_path / "imported").exists()
+
+
 def test_on_the_sm120_lock_the_fusion_check_says_the_fused_path_cannot_run(plain_python: Path, released_site: Path, tmp_path: Path, nvml: Any) -> None:
     lock = interpreter_lock(tmp_path, plain_python)
     assert lock.hardware.compute_capability == lockmodel.Capability(12, 0) and deep.FUSION_FLAG in lock.smoke.flags

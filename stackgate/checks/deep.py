@@ -435,7 +435,7 @@ def _one_rank_summary(sweep: Sweep, min_busbw: float | None) -> str:
     floor = f"; min_busbw_gbs {min_busbw:g} not judged" if min_busbw is not None else ""
     return (
         f"1 rank, {_library(sweep)}: all-reduce exact at {len(sweep.sizes)} sizes ({_size(first)}-{_size(last)}); "
-        f"bus bandwidth is not defined for one rank (2(n-1)/n = 0){floor}"
+        f"bus bandwidth is not defined for one rank (2(n-1)/n = 0): a correctness pass, not timed{floor}"
     )
 
 
@@ -517,7 +517,7 @@ def world_size(lock: Lock, probe: ProbeFacts | Missing) -> tuple[int, int]:
 def collective(lock: Lock, facts: Facts) -> Result:
     """An NCCL all-reduce from 8 KiB to 1 GiB is exact and reaches the locked bus bandwidth."""
     world, wanted = world_size(lock, facts.probe)
-    sweep = run_sweep(lock.python.target, AllReduceRequest(world), launch_env(lock, facts))
+    sweep = run_sweep(lock.python.target, AllReduceRequest.for_world(world), launch_env(lock, facts))
     return judge_collective(sweep, lock.nccl.min_busbw_gbs, wanted)
 
 

@@ -199,6 +199,13 @@ class AllReduceRequest:
     iters: int = 20
     replays: int = 5  #: timed replays of the captured ``iters`` ops; each rank's figure is their median
     seed: int = field(default_factory=_new_seed)
+    graphs: bool = True  #: time from captured CUDA graphs (False: eager only, as one rank's correctness pass)
+
+    @classmethod
+    def for_world(cls, world: int) -> AllReduceRequest:
+        """The sweep for ``world`` ranks: one rank has no bus bandwidth to measure (2(n-1)/n = 0), so it gets a
+        correctness pass over the same sizes (one warm-up and two ops each, no graphs) instead of the timed sweep."""
+        return cls(world) if world > 1 else cls(world, warmup=1, iters=2, replays=1, graphs=False)
 
     def sizes(self) -> list[int]:
         """Doubling from min_bytes to max_bytes.
