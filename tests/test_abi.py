@@ -15,7 +15,7 @@ from conftest import install_dist, interpreter_lock, make_venv
 from stackgate.checks.abi import symbol_provider
 from stackgate.checks.all import REGISTRY
 from stackgate.edges import elf
-from stackgate.facts import gather
+from stackgate.facts import Missing, gather, interpreters
 from stackgate.models import spec as lockmodel
 from stackgate.models.result import Status
 
@@ -172,3 +172,18 @@ def test_an_import_error_of_unknown_cause_says_so_instead_of_reinstalling(tmp_pa
     assert result.status is Status.FAIL and result.details == ("import odd: RuntimeError: something only its author knows",)
     assert result.fix.text == "The cause is not known from this error: run the import by hand to see it whole."
     assert result.fix.commands == (f"{python} -c 'import odd'",)
+
+
+def test_the_import_tests_run_beside_the_probe_not_after_it(tmp_path):
+    # An import that leaves a mark: by the time the imports ask for the probe (for torch's outcome only),
+    # the other imports have run, so the probe's seconds and theirs overlap in a full verify.
+    python, site = make_venv(tmp_path / "venv")
+    (site / "marks.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
+    asked = []
+
+    def probed():
+        asked.append((tmp_path / "imported").exists())
+        return Missing("not needed here")
+
+    outcomes = interpreters.imports(lock_for(python, "", '["marks", "torch"]'), {"PATH": "/usr/bin:/bin"}, probed)
+    assert asked == [True] and outcomes["marks"].ok
