@@ -8,7 +8,6 @@ from typing import Any, Mapping
 
 from stackgate.checks.core import check
 from stackgate.facts import Facts, ImportOutcome, Missing
-from stackgate.models import knowledge
 from stackgate.models.finding import Finding, Fix
 from stackgate.models.result import Result, failed, passed, skipped
 from stackgate.models.spec import Lock
@@ -48,6 +47,8 @@ def explain_import(outcome: ImportOutcome, lock: Lock) -> Finding | None:
     ``import <name>``); None for a hang, or an error it does not know."""
     if outcome.timed_out:
         return None
+    from stackgate.models import knowledge  # the knowledge base loads only to explain a failure: a cached verify skips it
+
     return knowledge.match_first(outcome.output, stage="verify", context=knowledge.lock_context(lock), source=f"import {outcome.name}")
 
 

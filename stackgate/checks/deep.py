@@ -45,7 +45,7 @@ from stackgate.facts.deep import (
     run_gpu_work,
     run_sweep,
 )
-from stackgate.models import knowledge, settings
+from stackgate.models import settings
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, Status, failed, passed, skipped, warned
 from stackgate.models.spec import MAX_JIT_TIMEOUT_S, Lock
@@ -577,6 +577,8 @@ class Known:
 
 
 def _classified(text: str, lock: Lock) -> Known | None:
+    from stackgate.models import knowledge  # the knowledge base loads only to explain a failure: a cached verify skips it
+
     match = knowledge.match_first(text, context=knowledge.lock_context(lock))
     return None if match is None else Known(match.title, match.cause, match.fix)
 

@@ -12,10 +12,6 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.dynamic import DynamicSection
-from elftools.elf.elffile import ELFFile
-
 __all__ = ["CUDA_LIBRARIES", "ElfError", "cuda_majors", "damaged", "needed"]
 
 #: The CUDA libraries whose soname tells the CUDA major a binary was built against. Most carry
@@ -39,6 +35,11 @@ class CudaNeed:
 
 def needed(path: Path | str) -> tuple[str, ...]:
     """The DT_NEEDED sonames of an ELF file, in the file's order."""
+    # pyelftools is imported here, not with the module: a cached verify (which reads no ELF file) never pays for it.
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.dynamic import DynamicSection
+    from elftools.elf.elffile import ELFFile
+
     try:
         with open(path, "rb") as stream:
             elf = ELFFile(stream)
