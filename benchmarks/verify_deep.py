@@ -13,7 +13,6 @@ run against its goal (<= 15 s warm on one GPU). Needs a GPU: there is nothing to
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -29,11 +28,7 @@ GOAL_S = 15.0
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lock", type=Path, default=ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
-    parser.add_argument("--python", help="the stack's interpreter (default: the lock's)")
-    parser.add_argument("--repeat", type=int, default=3)
-    args = parser.parse_args()
+    args = verify_speed.arguments(__doc__, "the stack's interpreter (default: the lock's)")
     with tempfile.TemporaryDirectory(prefix="stackgate-verify-deep-") as tmp:
         folder = Path(tmp)
         env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(ROOT)}
