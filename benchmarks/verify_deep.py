@@ -51,7 +51,10 @@ def main() -> int:
     for result in doc["results"]:
         if result["check"].startswith("deep."):
             print(f"  {result['status']:5} {result['check']}: {result['summary'][:160]}")
-    print(f"deep / static = {deep / static:.2f}x; deep warm {deep:.1f} s against the goal of {GOAL_S:g} s: {'met' if deep <= GOAL_S else 'NOT met'}")
+    print(
+        f"deep / static = {deep / static:.2f}x; deep warm {deep:.1f} s against the goal of {GOAL_S:g} s: "
+        f"{'met' if deep <= GOAL_S else 'NOT met'}"
+    )
     return 0
 
 

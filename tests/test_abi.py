@@ -158,18 +158,26 @@ def test_a_package_shadowed_through_pythonpath_names_the_file_and_the_variable(t
         facts.close()
     assert result.status is Status.FAIL
     assert result.details == (
-        f"import triton: ImportError: shadowed triton for the test: it came from {shadow}/triton/__init__.py, which PYTHONPATH={shadow} "
+        f"import triton: ImportError: shadowed triton for the test: it came from {shadow}/triton/__init__.py, which "
+        f"PYTHONPATH={shadow} "
         "puts ahead of the stack's own packages",
     )
-    assert result.fix.text == f"Take {shadow} out of PYTHONPATH (or unset it) where the stack runs: it shadows the installed triton."
-    assert "Reinstall" not in result.fix.text and result.fix.commands == (f"env -u PYTHONPATH {python} -c 'import triton'",)
+    assert (
+        result.fix.text
+        == f"Take {shadow} out of PYTHONPATH (or unset it) where the stack runs: it shadows the installed triton."
+    )
+    assert "Reinstall" not in result.fix.text and result.fix.commands == (
+        f"env -u PYTHONPATH {python} -c 'import triton'",
+    )
 
 
 def test_an_import_error_of_unknown_cause_says_so_instead_of_reinstalling(tmp_path):
     python, site = make_venv(tmp_path / "venv")
     (site / "odd.py").write_text('raise RuntimeError("something only its author knows")\n')
     result = run("abi.imports", lock_for(python, "", '["odd"]'))
-    assert result.status is Status.FAIL and result.details == ("import odd: RuntimeError: something only its author knows",)
+    assert result.status is Status.FAIL and result.details == (
+        "import odd: RuntimeError: something only its author knows",
+    )
     assert result.fix.text == "The cause is not known from this error: run the import by hand to see it whole."
     assert result.fix.commands == (f"{python} -c 'import odd'",)
 

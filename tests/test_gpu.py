@@ -124,7 +124,9 @@ def test_foreign_processes_warn():
     spec = machine([gpu(processes=[{"pid": 4242, "used": 10 * 2**30}]), *eight()[1:]])
     result = judge("gpu.processes", spec)
     assert result.status is Status.WARN
-    assert result.details == ("GPU 0 (NVIDIA RTX PRO 6000 Blackwell Server Edition): pid 4242 (command not visible here) holds 10240 MiB",)
+    assert result.details == (
+        "GPU 0 (NVIDIA RTX PRO 6000 Blackwell Server Edition): pid 4242 (command not visible here) holds 10240 MiB",
+    )
     assert judge("gpu.processes", machine(eight())).status is Status.PASS
 
 
@@ -137,7 +139,11 @@ def holder(tmp_path):
     holders = tmp_path / "holders.jsonl"
     holders.write_text(json.dumps({"pid": proc.pid, "gpu": 0, "bytes": 120 * 2**30}) + "\n")
     try:
-        yield proc.pid, machine([gpu(name=H200, cc=(9, 0), memory=[141 * 2**30, 512 * 2**20])], driver="580.159.03") | {"holders": str(holders)}
+        yield (
+            proc.pid,
+            machine([gpu(name=H200, cc=(9, 0), memory=[141 * 2**30, 512 * 2**20])], driver="580.159.03")
+            | {"holders": str(holders)},
+        )
     finally:
         proc.kill()
         proc.wait()
@@ -148,7 +154,8 @@ def test_a_process_holding_the_memory_the_engine_needs_fails_naming_it(holder):
     result = judge("gpu.processes", spec, HOPPER)
     assert result.status is Status.FAIL
     assert result.summary == (
-        f"GPU 0 (NVIDIA H200) has 20992 MiB free, the engine takes 115507 MiB (0.8 of 144384 MiB): pid {pid} (sleep 300) holds 122880 MiB"
+        f"GPU 0 (NVIDIA H200) has 20992 MiB free, the engine takes 115507 MiB (0.8 of 144384 MiB): pid {pid} (sleep "
+        "300) holds 122880 MiB"
     )
     assert result.fix.commands == (f"ps -o pid,user,cmd -p {pid}",) and "--mem-fraction-static" in result.fix.text
     assert result.data["engine_fraction_from"] == "--mem-fraction-static not in [smoke] flags: assumed 0.8"
@@ -158,7 +165,9 @@ def test_the_locks_memory_fraction_decides(holder):
     pid, spec = holder
     small = dataclasses.replace(HOPPER, smoke=dataclasses.replace(HOPPER.smoke, flags=("--mem-fraction-static", "0.1")))
     result = judge("gpu.processes", spec, small)
-    assert result.status is Status.WARN and result.details == (f"GPU 0 (NVIDIA H200): pid {pid} (sleep 300) holds 122880 MiB",)
+    assert result.status is Status.WARN and result.details == (
+        f"GPU 0 (NVIDIA H200): pid {pid} (sleep 300) holds 122880 MiB",
+    )
     assert result.data["engine_fraction"] == 0.1
 
 

@@ -233,7 +233,12 @@ def hidden_gpus(torch_python, visible: str):
     empty arch list), and only its CUDA version is set as a CUDA build would report it."""
     lock = lock_for(torch_python, 'torch = ">=2"')
     fake_nvml.configure(machine([gpu(name="NVIDIA H200", cc=(9, 0))]))
-    facts = gather(lock, ["probe", "nvml", "env"], environ={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": visible}, nvml_lib=fake_nvml)
+    facts = gather(
+        lock,
+        ["probe", "nvml", "env"],
+        environ={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": visible},
+        nvml_lib=fake_nvml,
+    )
     try:
         probe = facts.probe
         assert probe.torch["device_count"] == 0 and probe.torch["arch_list"] == []
@@ -251,4 +256,7 @@ def test_hidden_gpus_are_named_as_the_variable_that_hides_them_not_as_a_missing_
     assert "arch list is judged only when torch sees the GPUs" in result.summary and "sm_" not in result.fix.text
     assert "Unset CUDA_VISIBLE_DEVICES" in result.fix.text
     missing = hidden_gpus(torch_python, "3")
-    assert missing.summary.startswith("torch sees no GPU: CUDA_VISIBLE_DEVICES='3' hides 1 of the 1 GPU(s) NVML lists: it names 3, which is not a GPU here (NVML lists 0)")
+    assert missing.summary.startswith(
+        "torch sees no GPU: CUDA_VISIBLE_DEVICES='3' hides 1 of the 1 GPU(s) NVML lists: it names 3, which is not a "
+        "GPU here (NVML lists 0)"
+    )

@@ -47,19 +47,27 @@ def explain_import(outcome: ImportOutcome, lock: Lock) -> Finding | None:
     ``import <name>``); None for a hang, or an error it does not know."""
     if outcome.timed_out:
         return None
-    from stackgate.models import knowledge  # the knowledge base loads only to explain a failure: a cached verify skips it
+    from stackgate.models import (
+        knowledge,
+    )  # the knowledge base loads only to explain a failure: a cached verify skips it
 
     return knowledge.match_first(outcome.output, stage="verify", context=knowledge.lock_context(lock), source=f"import {outcome.name}")
 
 
-def classify_import(outcome: ImportOutcome, lock: Lock, finding: Finding | None, environ: Mapping[str, str] | None = None) -> tuple[str, Fix]:
+def classify_import(
+    outcome: ImportOutcome, lock: Lock, finding: Finding | None, environ: Mapping[str, str] | None = None
+) -> tuple[str, Fix]:
     """What an import failure means in one line, and its fix: the finding's; where the knowledge base knows nothing,
     the file PYTHONPATH put ahead of the stack's own when the traceback came from one, else the raw error and the
     way to see it whole (never a reinstall on a guess)."""
     by_hand = f"{lock.python.target} -c 'import {outcome.name}'"
     if outcome.timed_out:
-        return f"timed out after {outcome.duration_s:.0f} s (a hang at import: a lock, a network call, a GPU init)", Fix(
-            "Run the import by hand to see where it stops.", (f"{lock.python.target} -X importtime -c 'import {outcome.name}'",)
+        return (
+            f"timed out after {outcome.duration_s:.0f} s (a hang at import: a lock, a network call, a GPU init)",
+            Fix(
+                "Run the import by hand to see where it stops.",
+                (f"{lock.python.target} -X importtime -c 'import {outcome.name}'",),
+            ),
         )
     if finding is None:
         said = outcome.error_line or "failed with no message"
@@ -68,7 +76,8 @@ def classify_import(outcome: ImportOutcome, lock: Lock, finding: Finding | None,
             file, entry = shadow
             value = (environ or {})["PYTHONPATH"]
             return f"{said}: it came from {file}, which PYTHONPATH={value} puts ahead of the stack's own packages", Fix(
-                f"Take {entry} out of PYTHONPATH (or unset it) where the stack runs: it shadows the installed {outcome.name}.",
+                f"Take {entry} out of PYTHONPATH (or unset it) where the stack runs: it shadows the installed "
+                f"{outcome.name}.",
                 (f"env -u PYTHONPATH {by_hand}",),
             )
         return said, Fix("The cause is not known from this error: run the import by hand to see it whole.", (by_hand,))
@@ -87,7 +96,9 @@ _FRAME = re.compile(r'^\s*File "([^"]+)", line \d+', re.MULTILINE)
 def shadowed(output: str, pythonpath: str) -> tuple[str, str] | None:
     """(the file, the PYTHONPATH entry holding it) of the first traceback frame that PYTHONPATH put on the path.
 
-    >>> shadowed('Traceback (most recent call last):\\n  File "<string>", line 1\\n  File "/tmp/s/triton/__init__.py", line 1', "/x:/tmp/s/")
+    >>> trace = 'Traceback (most recent call last):\\n  File "<string>", line 1\\n'
+    >>> trace += '  File "/tmp/s/triton/__init__.py", line 1'
+    >>> shadowed(trace, "/x:/tmp/s/")
     ('/tmp/s/triton/__init__.py', '/tmp/s/')
     >>> shadowed('  File "/usr/lib/python3/triton/__init__.py", line 1', "/tmp/s") is None
     True

@@ -201,7 +201,10 @@ def _slow_problems(records: Sequence[Mapping[str, Any]]) -> list[str]:
             idle = MODEL_RATES.get(str(r.get("name")), {}).get(part)
             have = r[part][rate]
             if idle and (_label(r), part) not in flagged and have < PEER_FLOOR * idle:
-                problems.append(f"{_label(r)}: {part} {have:.4g} {unit}, {have / idle:.0%} of an idle {r['name']}'s {idle:.4g} {unit} (floor {PEER_FLOOR:.0%})")
+                problems.append(
+                    f"{_label(r)}: {part} {have:.4g} {unit}, {have / idle:.0%} of an idle {r['name']}'s {idle:.4g} "
+                    f"{unit} (floor {PEER_FLOOR:.0%})"
+                )
     return problems
 
 
@@ -215,10 +218,21 @@ def activity_lines(snap: NvmlSnapshot | Missing | None) -> list[str]:
     for g in snap.gpus:
         busy = f"{g.utilization}% busy" if g.utilization is not None else "busy: not reported"
         commands = {p.pid: p.command for p in g.processes}
-        users = [f"pid {pid} ({commands.get(pid) or command_line(pid) or 'command not visible here'}) used {sm}% of its SMs" for pid, sm in g.process_utilization if sm]
-        holders = [f"pid {p.pid} ({p.command or 'command not visible here'}) holds {(p.used_memory_bytes or 0) / 2**20:.0f} MiB"
-                   for p in g.processes if p.pid not in dict(g.process_utilization)]  # fmt: skip
-        lines.append(f"before measuring: {g.label} was {busy}" + (f"; {'; '.join([*users, *holders])}" if users or holders else "; no other process on it"))
+        users = [
+            f"pid {pid} ({commands.get(pid) or command_line(pid) or 'command not visible here'}) used {sm}% of its SMs"
+            for pid, sm in g.process_utilization
+            if sm
+        ]
+        holders = [
+            f"pid {p.pid} ({p.command or 'command not visible here'}) holds {(p.used_memory_bytes or 0) / 2**20:.0f} "
+            "MiB"
+            for p in g.processes
+            if p.pid not in dict(g.process_utilization)
+        ]
+        lines.append(
+            f"before measuring: {g.label} was {busy}"
+            + (f"; {'; '.join([*users, *holders])}" if users or holders else "; no other process on it")
+        )
     return lines
 
 
@@ -226,7 +240,10 @@ def _others(snap: NvmlSnapshot | Missing | None) -> list[int]:
     """The pids that ran kernels or held memory on a GPU just before the measurement."""
     if snap is None or isinstance(snap, Missing):
         return []
-    return sorted({pid for g in snap.gpus for pid, sm in g.process_utilization if sm} | {p.pid for g in snap.gpus for p in g.processes})
+    return sorted(
+        {pid for g in snap.gpus for pid, sm in g.process_utilization if sm}
+        | {p.pid for g in snap.gpus for p in g.processes}
+    )
 
 
 def _slow_fix(snap: NvmlSnapshot | Missing | None, log: Path) -> Fix:
@@ -234,12 +251,16 @@ def _slow_fix(snap: NvmlSnapshot | Missing | None, log: Path) -> Fix:
     if pids:
         listed = " ".join(map(str, pids))
         return Fix(
-            f"Other processes used the GPU while it was measured (pid {listed}): the figures say how much of it was left, not how "
-            "healthy it is. Stop them, or measure when the GPU is idle.", (f"ps -o pid,user,cmd -p {listed}", "stackgate verify --deep --check deep.gpu_work"),
+            f"Other processes used the GPU while it was measured (pid {listed}): the figures say how much of it was "
+            "left, not how "
+            "healthy it is. Stop them, or measure when the GPU is idle.",
+            (f"ps -o pid,user,cmd -p {listed}", "stackgate verify --deep --check deep.gpu_work"),
         )
     return Fix(
-        "No other process was seen on the GPU, so the cause is not known from these figures: read the log, and the clocks and "
-        "throttle reasons NVIDIA reports.", (f"less {log}", "nvidia-smi -q -d PERFORMANCE,CLOCK"),
+        "No other process was seen on the GPU, so the cause is not known from these figures: read the log, and the "
+        "clocks and "
+        "throttle reasons NVIDIA reports.",
+        (f"less {log}", "nvidia-smi -q -d PERFORMANCE,CLOCK"),
     )
 
 
@@ -257,13 +278,20 @@ def judge_gpu_work(work: GpuWork, activity: NvmlSnapshot | Missing | None = None
     before = activity_lines(activity)
     data = {
         "before": before,
-        "model_rates": {str(r.get("name")): MODEL_RATES[str(r.get("name"))] for r in work.records if str(r.get("name")) in MODEL_RATES},
+        "model_rates": {
+            str(r.get("name")): MODEL_RATES[str(r.get("name"))]
+            for r in work.records
+            if str(r.get("name")) in MODEL_RATES
+        },
         "gpus": [_gpu_figures(r) for r in work.records],
         "seed": work.begin.get("seed"),
         "torch": work.begin.get("torch"),
         "script_s": round(work.duration_s, 3),
         "log": str(work.log),
-        "conventions": {"tflops": "2 n^3 per product / time", "copy_gbs": "(bytes read + bytes written) / time, 1 GB = 1e9 B"},
+        "conventions": {
+            "tflops": "2 n^3 per product / time",
+            "copy_gbs": "(bytes read + bytes written) / time, 1 GB = 1e9 B",
+        },
     }
     if work.returncode is None:
         where = f"GPU {work.running} did not finish its work" if work.running is not None else "the per-GPU work did not finish"
@@ -275,7 +303,12 @@ def judge_gpu_work(work: GpuWork, activity: NvmlSnapshot | Missing | None = None
         return failed(f"the per-GPU work failed{where} ({_code(work.returncode)}): {' / '.join(work.tail[-3:])}", work.tail, _log_fix(work.log), data)
     wrong = [p for r in work.records for p in _device_problems(r)]
     if wrong:
-        return failed(f"{len(wrong)} GPU problem(s): {wrong[0]}", [*wrong, *_slow_problems(work.records), *before], _log_fix(work.log), data)
+        return failed(
+            f"{len(wrong)} GPU problem(s): {wrong[0]}",
+            [*wrong, *_slow_problems(work.records), *before],
+            _log_fix(work.log),
+            data,
+        )
     slow = _slow_problems(work.records)
     if slow:
         return failed(f"{len(slow)} GPU problem(s): {slow[0]}", [*slow, *before], _slow_fix(activity, work.log), data)
@@ -304,7 +337,10 @@ def _gpu_line(r: Mapping[str, Any]) -> str:
 
 def _log_fix(log: Path) -> Fix:
     """Where the output does not say why: the log, never a reset or a drain on a guess."""
-    return Fix("The cause is not known from this output: read the full log.", (f"less {log}", "nvidia-smi -q -d PERFORMANCE,CLOCK"))
+    return Fix(
+        "The cause is not known from this output: read the full log.",
+        (f"less {log}", "nvidia-smi -q -d PERFORMANCE,CLOCK"),
+    )
 
 
 def _limit_s() -> float:
@@ -390,8 +426,18 @@ def judge_collective(sweep: Sweep, min_busbw: float | None, wanted: int | None =
         reason = sweep.tail[-1] if sweep.tail else "no output"
         socket = _socket_problem(sweep)
         if socket is not None:
-            return failed(f"the all-reduce failed ({_code(sweep.returncode)}): {socket[0]}", _tail_lines(sweep.tail), socket[1], data)
-        return failed(f"the all-reduce failed ({_code(sweep.returncode)}): {reason}", _tail_lines(sweep.tail), _log_fix(sweep.log), data)
+            return failed(
+                f"the all-reduce failed ({_code(sweep.returncode)}): {socket[0]}",
+                _tail_lines(sweep.tail),
+                socket[1],
+                data,
+            )
+        return failed(
+            f"the all-reduce failed ({_code(sweep.returncode)}): {reason}",
+            _tail_lines(sweep.tail),
+            _log_fix(sweep.log),
+            data,
+        )
     wrong = [s for s in sweep.sizes if s.wrong]
     if wrong:
         details = [f"{_size(s.bytes)}: #wrong {s.wrong}" for s in wrong]
@@ -415,11 +461,21 @@ def _socket_problem(sweep: Sweep) -> tuple[str, Fix] | None:
     have = ", ".join(sweep.interfaces) or "none that /sys/class/net lists"
     chosen = sweep.nccl_env.get("NCCL_SOCKET_IFNAME")
     if chosen is None:
-        summary = f"NCCL's bootstrap found no socket interface (NCCL_SOCKET_IFNAME is not set; this host has {have}): the cause is not known from this"
-        return summary, Fix("Read the NCCL INFO lines of the log: they name the interfaces NCCL looked at.", (f"grep -E 'NET|Bootstrap|NCCL WARN' {sweep.log}",))
-    summary = f"NCCL's bootstrap found no socket interface: NCCL_SOCKET_IFNAME={chosen} matches none of this host's interfaces ({have})"
+        summary = (
+            f"NCCL's bootstrap found no socket interface (NCCL_SOCKET_IFNAME is not set; this host has {have}): the "
+            "cause is not known from this"
+        )
+        return summary, Fix(
+            "Read the NCCL INFO lines of the log: they name the interfaces NCCL looked at.",
+            (f"grep -E 'NET|Bootstrap|NCCL WARN' {sweep.log}",),
+        )
+    summary = (
+        f"NCCL's bootstrap found no socket interface: NCCL_SOCKET_IFNAME={chosen} matches none of this host's "
+        f"interfaces ({have})"
+    )
     fix = Fix(
-        f"Unset NCCL_SOCKET_IFNAME, or set it to interfaces this host has ({have}; a name is a prefix, '=' matches exactly, '^' excludes) "
+        f"Unset NCCL_SOCKET_IFNAME, or set it to interfaces this host has ({have}; a name is a prefix, '=' matches "
+        "exactly, '^' excludes) "
         "where the stack runs (the lock's [smoke.env] or the shell).",
         ("ip -brief link", "stackgate verify --deep --check deep.collective"),
     )
@@ -577,7 +633,9 @@ class Known:
 
 
 def _classified(text: str, lock: Lock) -> Known | None:
-    from stackgate.models import knowledge  # the knowledge base loads only to explain a failure: a cached verify skips it
+    from stackgate.models import (
+        knowledge,
+    )  # the knowledge base loads only to explain a failure: a cached verify skips it
 
     match = knowledge.match_first(text, context=knowledge.lock_context(lock))
     return None if match is None else Known(match.title, match.cause, match.fix)
@@ -744,32 +802,62 @@ def _killed(run: AttentionRun, jit: JitContext, data: Mapping[str, Any]) -> Resu
         first = run.damaged[0]
         fix = Fix(
             "Remove the damaged module from the JIT cache (its folder): flashinfer builds it again on the next run.",
-            (*(f"rm -r {Path(d['file']).parent}" for d in run.damaged), "stackgate verify --deep --check deep.flashinfer_attention"),
+            (
+                *(f"rm -r {Path(d['file']).parent}" for d in run.damaged),
+                "stackgate verify --deep --check deep.flashinfer_attention",
+            ),
         )
-        return failed(f"{killed}: {len(run.damaged)} module(s) of flashinfer's JIT cache are cut short, first {first['file']} ({first['why']})", details, fix, data)
+        return failed(
+            f"{killed}: {len(run.damaged)} module(s) of flashinfer's JIT cache are cut short, first {first['file']} "
+            f"({first['why']})",
+            details,
+            fix,
+            data,
+        )
     unknown = f"{killed}; no module of the JIT cache {jit.workspace} is cut short, so the cause is not known from this"
-    return failed(unknown, _tail_lines(run.tail), Fix("Read the run's full log; it names the command that ran.", (f"less {run.log}",)), data)
+    return failed(
+        unknown,
+        _tail_lines(run.tail),
+        Fix("Read the run's full log; it names the command that ran.", (f"less {run.log}",)),
+        data,
+    )
 
 
 def _out_of_space(run: AttentionRun, jit: JitContext, data: Mapping[str, Any]) -> Result | None:
     """The JIT cache's filesystem full (ninja's pages of output hide "No space left on device"), or None."""
-    texts = [str(k.get("error", "")) + str(k.get("trace", "")) for k in run.kernels] + [str(run.begin.get("error", "")), *run.tail]
+    texts = [str(k.get("error", "")) + str(k.get("trace", "")) for k in run.kernels] + [
+        str(run.begin.get("error", "")),
+        *run.tail,
+    ]
     hit = [t for t in texts if _NO_SPACE in t]
     if not hit:
         return None
     free = "an unknown amount" if run.cache_free_bytes is None else f"{run.cache_free_bytes / 2**20:.1f} MiB"
-    failed_kernels = [_kernel_label(k) for k in run.kernels if _NO_SPACE in str(k.get("error", "")) + str(k.get("trace", ""))]
+    failed_kernels = [
+        _kernel_label(k) for k in run.kernels if _NO_SPACE in str(k.get("error", "")) + str(k.get("trace", ""))
+    ]
     summary = (
-        f"flashinfer's JIT cache {jit.workspace} is out of space ({_NO_SPACE}): its filesystem has {free} free, and a cold build of "
-        f"these kernels takes about {JIT_BUILD_BYTES >> 20} MiB there; {len(failed_kernels) or 'the'} kernel(s) could not be built"
+        f"flashinfer's JIT cache {jit.workspace} is out of space ({_NO_SPACE}): its filesystem has {free} free, and a "
+        "cold build of "
+        f"these kernels takes about {JIT_BUILD_BYTES >> 20} MiB there; {len(failed_kernels) or 'the'} kernel(s) could "
+        "not be built"
     )
     line = next(line.strip() for t in hit for line in t.splitlines() if _NO_SPACE in line)
     fix = Fix(
-        "Free space on that filesystem, or point the JIT cache at one with room: FLASHINFER_WORKSPACE_BASE in the lock's [env] "
+        "Free space on that filesystem, or point the JIT cache at one with room: FLASHINFER_WORKSPACE_BASE in the "
+        "lock's [env] "
         "(so the server shares the cache) or in the shell.",
-        (f"df -h {jit.workspace}", "FLASHINFER_WORKSPACE_BASE=/a/folder/with/room stackgate verify --deep --check deep.flashinfer_attention"),
+        (
+            f"df -h {jit.workspace}",
+            "FLASHINFER_WORKSPACE_BASE=/a/folder/with/room stackgate verify --deep --check deep.flashinfer_attention",
+        ),
     )
-    return failed(summary, [*failed_kernels, f"first: {line}"], fix, {**data, "out_of_space": True, "cache_free_bytes": run.cache_free_bytes})
+    return failed(
+        summary,
+        [*failed_kernels, f"first: {line}"],
+        fix,
+        {**data, "out_of_space": True, "cache_free_bytes": run.cache_free_bytes},
+    )
 
 
 _JIT_TIMEOUT_FIX = (

@@ -162,8 +162,10 @@ def engine_fraction(lock: Lock) -> tuple[float, str]:
     >>> from types import SimpleNamespace as NS
     >>> engine_fraction(NS(smoke=NS(flags=("--tp-size", "1", "--mem-fraction-static", "0.6"))))
     (0.6, '[smoke] flags --mem-fraction-static 0.6')
-    >>> engine_fraction(NS(smoke=NS(flags=("--mem-fraction-static=0.7",))))[0], engine_fraction(NS(smoke=NS(flags=())))[0]
-    (0.7, 0.8)
+    >>> engine_fraction(NS(smoke=NS(flags=("--mem-fraction-static=0.7",))))[0]
+    0.7
+    >>> engine_fraction(NS(smoke=NS(flags=())))[0]
+    0.8
     """
     flags = list(lock.smoke.flags)
     for i, flag in enumerate(flags):
@@ -202,23 +204,45 @@ def processes(lock: Lock, facts: Facts) -> Result:
     fraction, source = engine_fraction(lock)
     held = [(g, p) for g in snap.gpus for p in g.processes]
     data = {
-        "processes": [{"gpu": g.index, "pid": p.pid, "used_bytes": p.used_memory_bytes, "command": p.command} for g, p in held],
-        "engine_fraction": fraction, "engine_fraction_from": source,
+        "processes": [
+            {"gpu": g.index, "pid": p.pid, "used_bytes": p.used_memory_bytes, "command": p.command} for g, p in held
+        ],
+        "engine_fraction": fraction,
+        "engine_fraction_from": source,
         "free_bytes": {str(g.index): g.memory_free_bytes for g in snap.gpus},
     }
     details = [f"{g.label}: {_holder(p)}" for g, p in held]
     pids = " ".join(sorted({str(p.pid) for _, p in held}))
-    look = (f"ps -o pid,user,cmd -p {pids}",) if pids else ("nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv",)
+    look = (
+        (f"ps -o pid,user,cmd -p {pids}",)
+        if pids
+        else ("nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv",)
+    )
     short = _short_gpus(snap, fraction)
     if short:
         g, free, need = short[0]
         who = "; ".join(_holder(p) for p in g.processes) or "no process NVML lists holds it"
-        summary = f"{g.label} has {_mib(free)} free, the engine takes {_mib(need)} ({fraction:g} of {_mib(g.memory_total_bytes)}): {who}"
-        lines = [f"{gpu.label}: {_mib(f)} free of {_mib(gpu.memory_total_bytes)}, the engine takes {_mib(n)}" for gpu, f, n in short]
-        fix = Fix(f"Stop the process(es) holding the memory, or lower {_FRACTION_FLAG} in the lock's [smoke] flags ({source}).", look)
+        summary = (
+            f"{g.label} has {_mib(free)} free, the engine takes {_mib(need)} ({fraction:g} of "
+            f"{_mib(g.memory_total_bytes)}): {who}"
+        )
+        lines = [
+            f"{gpu.label}: {_mib(f)} free of {_mib(gpu.memory_total_bytes)}, the engine takes {_mib(n)}"
+            for gpu, f, n in short
+        ]
+        fix = Fix(
+            f"Stop the process(es) holding the memory, or lower {_FRACTION_FLAG} in the lock's [smoke] flags "
+            f"({source}).",
+            look,
+        )
         return failed(summary, [*lines, *details], fix, data)
     if held:
-        return warned(f"{len(held)} process(es) hold GPU memory", details, Fix("Stop them before serving: they take memory the engine expects.", look), data)
+        return warned(
+            f"{len(held)} process(es) hold GPU memory",
+            details,
+            Fix("Stop them before serving: they take memory the engine expects.", look),
+            data,
+        )
     return passed("no process holds GPU memory", data=data)
 
 

@@ -170,7 +170,12 @@ def torch_arch(lock: Lock, facts: Facts) -> Result:
     if missing:
         fix = Fix(f"Install a torch build whose arch list includes sm_{missing[0].replace('.', '')} (the cu128/cu130 builds carry sm_120).", (_PROVISION,))
         carries = " ".join(arch_list) or "no arch at all"
-        return failed(f"torch {torch['version']} has no kernels for compute capability {', '.join(missing)} ({source}); it carries {carries}", fix=fix, data=data)
+        return failed(
+            f"torch {torch['version']} has no kernels for compute capability {', '.join(missing)} ({source}); it "
+            f"carries {carries}",
+            fix=fix,
+            data=data,
+        )
     covered = {cc: how for cc, how in coverage.items() if how is not None}
     jit = [cc for cc, how in covered.items() if how.startswith("compute_")]
     if jit:
@@ -190,7 +195,14 @@ def hidden_by(value: str, gpus: Sequence[GpuInfo]) -> tuple[int, str]:
     """
     seen: set[int] = set()
     for entry in (e.strip() for e in value.split(",") if e.strip()):
-        found = next((g.index for g in gpus if (entry.isdigit() and int(entry) == g.index) or (len(entry) > 4 and g.uuid.startswith(entry))), None)
+        found = next(
+            (
+                g.index
+                for g in gpus
+                if (entry.isdigit() and int(entry) == g.index) or (len(entry) > 4 and g.uuid.startswith(entry))
+            ),
+            None,
+        )
         if found is None:
             return len(gpus) - len(seen), entry
         seen.add(found)
@@ -208,15 +220,33 @@ def _unseen(torch: Mapping[str, Any], snap: NvmlSnapshot | Missing, visible: str
     judged = "torch's arch list is judged only when torch sees the GPUs"
     if visible is not None:
         hides, missing = hidden_by(visible, snap.gpus)
-        named = f": it names {missing}, which is not a GPU here (NVML lists {', '.join(str(g.index) for g in snap.gpus)})" if missing else ""
-        summary = f"torch sees no GPU: CUDA_VISIBLE_DEVICES={visible!r} hides {hides} of the {total} GPU(s) NVML lists{named}; {judged}"
-        fix = Fix("Unset CUDA_VISIBLE_DEVICES, or set it to GPU indices or UUIDs that exist, in the shell or unit that runs the stack.", ("nvidia-smi -L",))
+        named = (
+            f": it names {missing}, which is not a GPU here (NVML lists {', '.join(str(g.index) for g in snap.gpus)})"
+            if missing
+            else ""
+        )
+        summary = (
+            f"torch sees no GPU: CUDA_VISIBLE_DEVICES={visible!r} hides {hides} of the {total} GPU(s) NVML "
+            f"lists{named}; {judged}"
+        )
+        fix = Fix(
+            "Unset CUDA_VISIBLE_DEVICES, or set it to GPU indices or UUIDs that exist, in the shell or unit that runs "
+            "the stack.",
+            ("nvidia-smi -L",),
+        )
         return failed(summary, fix=fix, data=data)
     why = torch.get("cuda_available")
     said = f" (torch.cuda.device_count() said {count!r})" if isinstance(count, dict) else ""
-    summary = f"torch sees none of the {total} GPU(s) NVML lists{said}, and CUDA_VISIBLE_DEVICES is not set: the cause is not known from this; {judged}"
+    summary = (
+        f"torch sees none of the {total} GPU(s) NVML lists{said}, and CUDA_VISIBLE_DEVICES is not set: the cause is "
+        f"not known from this; {judged}"
+    )
     command = f"{lock.python.target} -c 'import torch; torch.cuda.init()'"
-    return failed(summary, fix=Fix("Initialise CUDA by hand in the stack's interpreter: its error names the cause.", (command,)), data={**data, "cuda_available": why})
+    return failed(
+        summary,
+        fix=Fix("Initialise CUDA by hand in the stack's interpreter: its error names the cause.", (command,)),
+        data={**data, "cuda_available": why},
+    )
 
 
 def _covered(arch_list: list[str], major: int, minor: int) -> str | None:

@@ -120,7 +120,11 @@ def verify(
     phases: dict[str, float] = {}
     try:
         facts.start(needs)
-        standing = {name for c in deep for name in deepchecks.PREREQUISITES.get(c.name, ())} if deep else {c.name for c in checks}
+        standing = (
+            {name for c in deep for name in deepchecks.PREREQUISITES.get(c.name, ())}
+            if deep
+            else {c.name for c in checks}
+        )
         first = [c for c in checks if c.name in standing]
         with ui.progress(f"gathering facts: {', '.join(sorted({p for c in first for p in c.needs}) or needs)}"):
             # Every part is bounded by its own subprocess timeouts; a check's timeout then
@@ -143,7 +147,13 @@ def verify(
 
 
 def _beside(
-    checks: Sequence[Check], first: Sequence[Check], lock: lockmodel.Lock, facts: Facts, ui: UI, clock: float, phases: dict[str, float]
+    checks: Sequence[Check],
+    first: Sequence[Check],
+    lock: lockmodel.Lock,
+    facts: Facts,
+    ui: UI,
+    clock: float,
+    phases: dict[str, float],
 ) -> concurrent.futures.Future[list[Result]]:
     """The static checks the deep ones do not stand on, judged in a thread while the deep checks run."""
     rest = [c for c in checks if c not in first]

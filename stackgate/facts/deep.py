@@ -254,7 +254,9 @@ class Sweep:
     transports: Mapping[str, int]  #: "P2P/CUMEM/read": channels, from the INFO log
     channels: int | None
     duration_s: float
-    interfaces: tuple[str, ...] = ()  #: this host's network interfaces (/sys/class/net), for a bootstrap that found none
+    interfaces: tuple[
+        str, ...
+    ] = ()  #: this host's network interfaces (/sys/class/net), for a bootstrap that found none
 
     @property
     def world(self) -> int:
@@ -318,7 +320,8 @@ def run_sweep(python: Path, request: AllReduceRequest, env: Mapping[str, str], t
     return Sweep(
         request, tuple(aggregate(request.world, per_rank)), _progress(per_rank), tuple(i["pid"] for i in inits), nccl,
         done.returncode, timeout_s, _tail(done), log, nccl_variables(env),
-        dict(Counter(m[1] for m in _TRANSPORT.finditer(text))), max(channels) if channels else None, done.duration_s, host_interfaces(),
+        dict(Counter(m[1] for m in _TRANSPORT.finditer(text))), max(channels) if channels else None, done.duration_s,
+        host_interfaces(),
     )  # fmt: skip
 
 
@@ -449,7 +452,9 @@ class AttentionRun:
     tail: tuple[str, ...]
     log: Path
     duration_s: float
-    damaged: tuple[Mapping[str, Any], ...] = ()  #: modules of the JIT cache cut short, when the run was killed by a signal
+    damaged: tuple[
+        Mapping[str, Any], ...
+    ] = ()  #: modules of the JIT cache cut short, when the run was killed by a signal
     cache_free_bytes: int | None = None  #: free space on the JIT cache's filesystem after the run
 
 
@@ -462,9 +467,25 @@ def run_attention(python: Path, request: AttentionRequest, env: Mapping[str, str
     started = [(r["index"], r["kind"]) for r in lines if r.get("event") == "start"]
     running = started[-1] if len(started) > len(kernels) else None
     killed = done.returncode is not None and done.returncode < 0
-    damaged = damaged_modules(Path(env["FLASHINFER_WORKSPACE_BASE"])) if killed and env.get("FLASHINFER_WORKSPACE_BASE") else ()
+    damaged = (
+        damaged_modules(Path(env["FLASHINFER_WORKSPACE_BASE"]))
+        if killed and env.get("FLASHINFER_WORKSPACE_BASE")
+        else ()
+    )
     free = free_bytes(Path(env.get("FLASHINFER_WORKSPACE_BASE") or workdir))
-    return AttentionRun(request, begin, kernels, running, done.returncode, timeout_s, _tail(done), workdir / "attention.log", done.duration_s, damaged, free)
+    return AttentionRun(
+        request,
+        begin,
+        kernels,
+        running,
+        done.returncode,
+        timeout_s,
+        _tail(done),
+        workdir / "attention.log",
+        done.duration_s,
+        damaged,
+        free,
+    )
 
 
 def damaged_modules(workspace: Path) -> tuple[dict[str, Any], ...]:

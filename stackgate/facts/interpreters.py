@@ -159,7 +159,9 @@ def _ask_python(path: Path, want: str) -> tuple[Path, str, Path | None] | Missin
     return Path(executable), version, Path(pip) if pip else None
 
 
-def imports(lock: Lock, env: Mapping[str, str], probed: Callable[[], ProbeFacts | Missing]) -> dict[str, ImportOutcome] | Missing:
+def imports(
+    lock: Lock, env: Mapping[str, str], probed: Callable[[], ProbeFacts | Missing]
+) -> dict[str, ImportOutcome] | Missing:
     """Each locked import tried in its own process, beside the probe; torch's outcome is the probe's (``probed()``,
     awaited last)."""
     missing = target_missing(lock)
