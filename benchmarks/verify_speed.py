@@ -51,12 +51,17 @@ def retarget(lock_path: Path, python: str, folder: Path) -> Path:
     return out
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(doc: str | None, python_help: str) -> argparse.Namespace:
+    """--lock (default: the H200 profile), --python and --repeat, as the verify benchmarks take them."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lock", type=Path, default=ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
-    parser.add_argument("--python", help="run the stack checks against this interpreter instead of the lock's")
+    parser.add_argument("--python", help=python_help)
     parser.add_argument("--repeat", type=int, default=3)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = arguments(__doc__, "run the stack checks against this interpreter instead of the lock's")
     paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": os.pathsep.join(paths)}
     with tempfile.TemporaryDirectory() as tmp:

@@ -15,7 +15,7 @@ from conftest import install_dist, interpreter_lock, make_venv
 from stackgate.checks.abi import symbol_provider
 from stackgate.checks.all import REGISTRY
 from stackgate.edges import elf
-from stackgate.facts import gather
+from stackgate.facts import Missing, gather, interpreters
 from stackgate.models import spec as lockmodel
 from stackgate.models.result import Status
 
@@ -141,3 +141,57 @@ def test_cuda_13_libraries_with_their_own_numbering_are_not_mismatches():
     assert {n.major for n in elf.cuda_majors(needed)} == {13}
     # CUDA 12's cuFFT and cuSOLVER are .so.11: a CUDA 12 build.
     assert [n.major for n in elf.cuda_majors(("libcufft.so.11", "libcusolver.so.11"))] == [12, 12]
+
+
+def test_a_package_shadowed_through_pythonpath_names_the_file_and_the_variable(tmp_path):
+    python, site = make_venv(tmp_path / "venv")
+    (site / "triton").mkdir()
+    (site / "triton" / "__init__.py").write_text("x = 1\n")
+    shadow = tmp_path / "shadow"
+    (shadow / "triton").mkdir(parents=True)
+    (shadow / "triton" / "__init__.py").write_text('raise ImportError("shadowed triton for the test")\n')
+    lock = lock_for(python, "", '["triton"]')
+    facts = gather(lock, REGISTRY["abi.imports"].needs, environ={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(shadow)})
+    try:
+        result = REGISTRY["abi.imports"].function(lock, facts)
+    finally:
+        facts.close()
+    assert result.status is Status.FAIL
+    assert result.details == (
+        f"import triton: ImportError: shadowed triton for the test: it came from {shadow}/triton/__init__.py, which "
+        f"PYTHONPATH={shadow} "
+        "puts ahead of the stack's own packages",
+    )
+    assert (
+        result.fix.text
+        == f"Take {shadow} out of PYTHONPATH (or unset it) where the stack runs: it shadows the installed triton."
+    )
+    assert "Reinstall" not in result.fix.text and result.fix.commands == (
+        f"env -u PYTHONPATH {python} -c 'import triton'",
+    )
+
+
+def test_an_import_error_of_unknown_cause_says_so_instead_of_reinstalling(tmp_path):
+    python, site = make_venv(tmp_path / "venv")
+    (site / "odd.py").write_text('raise RuntimeError("something only its author knows")\n')
+    result = run("abi.imports", lock_for(python, "", '["odd"]'))
+    assert result.status is Status.FAIL and result.details == (
+        "import odd: RuntimeError: something only its author knows",
+    )
+    assert result.fix.text == "The cause is not known from this error: run the import by hand to see it whole."
+    assert result.fix.commands == (f"{python} -c 'import odd'",)
+
+
+def test_the_import_tests_run_beside_the_probe_not_after_it(tmp_path):
+    # An import that leaves a mark: by the time the imports ask for the probe (for torch's outcome only),
+    # the other imports have run, so the probe's seconds and theirs overlap in a full verify.
+    python, site = make_venv(tmp_path / "venv")
+    (site / "marks.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
+    asked = []
+
+    def probed():
+        asked.append((tmp_path / "imported").exists())
+        return Missing("not needed here")
+
+    outcomes = interpreters.imports(lock_for(python, "", '["marks", "torch"]'), {"PATH": "/usr/bin:/bin"}, probed)
+    assert asked == [True] and outcomes["marks"].ok

@@ -111,6 +111,62 @@ def test_the_recorded_attention_passes_with_its_bandwidth_and_the_cold_jit_again
     assert deep.judge_attention(attention_run(warm), JIT, HOPPER).summary.endswith("no JIT: every module came from the JIT cache (first calls 0.2 s)")
 
 
+def test_a_run_killed_by_sigbus_names_the_signal_and_the_module_cut_short(tmp_path: Path) -> None:
+    # A JIT cache holding one module cut short (as a killed build or a full disk leaves it: here half of a real
+    # shared library), and a stand-in for the stack's interpreter that dies of SIGBUS, as the H200's run did
+    # mapping the truncated paged-decode module (exit -7, nothing printed).
+    module = (
+        tmp_path / "ws" / ".cache" / "flashinfer" / "0.6.4" / "90a" / "cached_ops" / "batch_decode" / "batch_decode.so"
+    )
+    module.parent.mkdir(parents=True)
+    whole = Path(sys.executable).resolve().read_bytes()
+    module.write_bytes(whole[: len(whole) // 2])
+    (module.parent.parent / "single_decode").mkdir()
+    (module.parent.parent / "single_decode" / "single_decode.so").write_bytes(whole)
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\nkill -BUS $$\n")
+    python.chmod(0o755)
+    env = {**os.environ, "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "ws")}
+    run = measure.run_attention(python, measure.AttentionRequest(seed=5), env, timeout_s=60)
+    assert run.returncode == -7 and [d["file"] for d in run.damaged] == [str(module)]
+    result = deep.judge_attention(run, JIT, HOPPER)
+    assert result.status == Status.FAIL
+    assert result.summary.startswith(
+        "the attention run was killed by SIGBUS (exit -7): 1 module(s) of flashinfer's JIT cache are cut short, "
+        f"first {module} ("
+    )
+    assert (
+        result.fix.commands[0] == f"rm -r {module.parent}"
+        and "reset" not in result.fix.text
+        and "drain" not in result.fix.text
+    )
+    module.write_bytes(whole)
+    healthy = deep.judge_attention(
+        measure.run_attention(python, measure.AttentionRequest(seed=5), env, timeout_s=60), JIT, HOPPER
+    )
+    assert (
+        "killed by SIGBUS (exit -7); no module of the JIT cache" in healthy.summary
+        and "the cause is not known" in healthy.summary
+    )
+    assert healthy.fix.commands[0].startswith("less ") and "reset" not in healthy.fix.text
+
+
+def test_a_jit_cache_on_a_full_filesystem_says_so_with_the_room_it_needs() -> None:
+    kernels = recorded("h200_jit_no_space.jsonl")  # ninja's pages of output, "No space left on device" inside
+    result = deep.judge_attention(attention_run(kernels, returncode=0, cache_free_bytes=0), JIT, HOPPER)
+    assert result.status == Status.FAIL
+    assert result.summary == (
+        "flashinfer's JIT cache /opt/stackgate/cache/flashinfer is out of space (No space left on device): its "
+        "filesystem has 0.0 MiB free, "
+        "and a cold build of these kernels takes about 19 MiB there; 4 kernel(s) could not be built"
+    )
+    assert result.details[-1] == "first: /usr/bin/ld: final link failed: No space left on device"
+    assert (
+        "FLASHINFER_WORKSPACE_BASE" in result.fix.text
+        and result.fix.commands[0] == "df -h /opt/stackgate/cache/flashinfer"
+    )
+
+
 def test_a_wrong_or_nan_attention_output_fails_by_kernel() -> None:
     kernels = attention_kernels()
     kernels[2].update(max_abs_err=0.011, worst=[0.011, 0.03])  # a prefill that lost half its keys would look like this
@@ -275,6 +331,21 @@ def test_the_gate_is_read_from_the_released_flashinfer_and_sglang_code(plain_pyt
     assert gate.sglang["file"].endswith("sglang/srt/layers/communicator.py")
     missing = measure.read_gate(plain_python, {**os.environ, "PYTHONPATH": ""})
     assert missing.flashinfer == {"error": "flashinfer is not installed in this interpreter (no 'flashinfer' package on its sys.path)"} and missing.sglang is None
+
+
+def test_reading_the_gate_imports_no_torch(torch_python: Path, released_site: Path, tmp_path: Path) -> None:
+    # A torch that leaves a mark when imported, first on the path: the gate must read flashinfer's code without it
+    # (a CUDA torch's import took seconds of the one-GPU skip on the H200).
+    marked = tmp_path / "marked"
+    (marked / "torch").mkdir(parents=True)
+    (marked / "torch" / "__init__.py").write_text(
+        f"open({str(tmp_path / 'imported')!r}, 'w').close()\nraise ImportError('marked')\n"
+    )
+    gate = measure.read_gate(
+        torch_python, {**os.environ, "PYTHONPATH": os.pathsep.join([str(marked), str(released_site)])}
+    )
+    assert gate.flashinfer["supported_majors"] == [9, 10], gate.tail
+    assert not (tmp_path / "imported").exists()
 
 
 def test_on_the_sm120_lock_the_fusion_check_says_the_fused_path_cannot_run(plain_python: Path, released_site: Path, tmp_path: Path, nvml: Any) -> None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import subprocess
+import time
 from pathlib import Path
 
 import pynvml
@@ -18,6 +22,7 @@ from stackgate.models.result import Status
 ROOT = Path(__file__).resolve().parents[1]
 SM120 = lockmodel.load(ROOT / "lockfiles" / "blackwell-sm120-cu130.toml")
 H200 = "NVIDIA H200"
+HOPPER = lockmodel.load(ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
 
 
 @pytest.fixture
@@ -118,8 +123,52 @@ def test_uncorrectable_ecc_errors_fail_by_gpu():
 def test_foreign_processes_warn():
     spec = machine([gpu(processes=[{"pid": 4242, "used": 10 * 2**30}]), *eight()[1:]])
     result = judge("gpu.processes", spec)
-    assert result.status is Status.WARN and result.details == ("GPU 0 (NVIDIA RTX PRO 6000 Blackwell Server Edition): pid 4242 holds 10240 MiB",)
+    assert result.status is Status.WARN
+    assert result.details == (
+        "GPU 0 (NVIDIA RTX PRO 6000 Blackwell Server Edition): pid 4242 (command not visible here) holds 10240 MiB",
+    )
     assert judge("gpu.processes", machine(eight())).status is Status.PASS
+
+
+@pytest.fixture
+def holder(tmp_path):
+    """A real process that the fake NVML says holds 120 GiB of an H200 (141 GiB), as one did on the GPU machine."""
+    proc = subprocess.Popen(["sleep", "300"])
+    while not Path(f"/proc/{proc.pid}/cmdline").read_bytes():  # empty for a moment while the exec completes
+        time.sleep(0.01)
+    holders = tmp_path / "holders.jsonl"
+    holders.write_text(json.dumps({"pid": proc.pid, "gpu": 0, "bytes": 120 * 2**30}) + "\n")
+    try:
+        yield (
+            proc.pid,
+            machine([gpu(name=H200, cc=(9, 0), memory=[141 * 2**30, 512 * 2**20])], driver="580.159.03")
+            | {"holders": str(holders)},
+        )
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_process_holding_the_memory_the_engine_needs_fails_naming_it(holder):
+    pid, spec = holder
+    result = judge("gpu.processes", spec, HOPPER)
+    assert result.status is Status.FAIL
+    assert result.summary == (
+        f"GPU 0 (NVIDIA H200) has 20992 MiB free, the engine takes 115507 MiB (0.8 of 144384 MiB): pid {pid} (sleep "
+        "300) holds 122880 MiB"
+    )
+    assert result.fix.commands == (f"ps -o pid,user,cmd -p {pid}",) and "--mem-fraction-static" in result.fix.text
+    assert result.data["engine_fraction_from"] == "--mem-fraction-static not in [smoke] flags: assumed 0.8"
+
+
+def test_the_locks_memory_fraction_decides(holder):
+    pid, spec = holder
+    small = dataclasses.replace(HOPPER, smoke=dataclasses.replace(HOPPER.smoke, flags=("--mem-fraction-static", "0.1")))
+    result = judge("gpu.processes", spec, small)
+    assert result.status is Status.WARN and result.details == (
+        f"GPU 0 (NVIDIA H200): pid {pid} (sleep 300) holds 122880 MiB",
+    )
+    assert result.data["engine_fraction"] == 0.1
 
 
 def test_the_fake_raises_the_real_error_classes(fake):

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fakes import fake_nvml
+from fakes.fake_nvml import gpu, machine
 
 from conftest import install_dist, interpreter_lock, make_venv
 from stackgate.checks.all import REGISTRY
@@ -248,8 +249,8 @@ def test_an_empty_arch_list_is_not_a_missing_kernel(plain_python):
         facts.close()
     assert result.status is Status.FAIL
     assert result.summary == (
-        "torch 2.11.0+cu130 sees none of the 1 GPU(s) NVML lists (torch.cuda.is_available() is False), "
-        "so its arch list is empty and its kernels cannot be judged"
+        "torch sees none of the 1 GPU(s) NVML lists, and CUDA_VISIBLE_DEVICES is not set: the cause is not known "
+        "from this; torch's arch list is judged only when torch sees the GPUs"
     )
     assert "it carries" not in result.summary and "arch list includes" not in result.fix.text
 
@@ -261,3 +262,38 @@ def test_an_empty_arch_list_without_a_gpu_skips(plain_python):
     finally:
         facts.close()
     assert result.status is Status.SKIP and "sees no GPU" in result.summary, result.summary
+
+
+def hidden_gpus(torch_python, visible: str):
+    """torch.arch on one H200 (fake NVML) with the probe run for real, by the CPU torch venv, under
+    CUDA_VISIBLE_DEVICES=``visible``; CPU torch sees no GPU just as a hidden CUDA one does (device_count 0, an
+    empty arch list), and only its CUDA version is set as a CUDA build would report it."""
+    lock = lock_for(torch_python, 'torch = ">=2"')
+    fake_nvml.configure(machine([gpu(name="NVIDIA H200", cc=(9, 0))]))
+    facts = gather(
+        lock,
+        ["probe", "nvml", "env"],
+        environ={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": visible},
+        nvml_lib=fake_nvml,
+    )
+    try:
+        probe = facts.probe
+        assert probe.torch["device_count"] == 0 and probe.torch["arch_list"] == []
+        facts.provide("probe", dataclasses.replace(probe, torch={**probe.torch, "cuda": "13.0"}))
+        return REGISTRY["torch.arch"].function(lock, facts)
+    finally:
+        facts.close()
+        fake_nvml.configure(None)
+
+
+def test_hidden_gpus_are_named_as_the_variable_that_hides_them_not_as_a_missing_arch(torch_python):
+    result = hidden_gpus(torch_python, "")
+    assert result.status is Status.FAIL
+    assert result.summary.startswith("torch sees no GPU: CUDA_VISIBLE_DEVICES='' hides 1 of the 1 GPU(s) NVML lists; ")
+    assert "arch list is judged only when torch sees the GPUs" in result.summary and "sm_" not in result.fix.text
+    assert "Unset CUDA_VISIBLE_DEVICES" in result.fix.text
+    missing = hidden_gpus(torch_python, "3")
+    assert missing.summary.startswith(
+        "torch sees no GPU: CUDA_VISIBLE_DEVICES='3' hides 1 of the 1 GPU(s) NVML lists: it names 3, which is not a "
+        "GPU here (NVML lists 0)"
+    )

@@ -3,24 +3,23 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+import re
+from typing import Any, Mapping
 
-from stackgate import scan
 from stackgate.checks.core import check
 from stackgate.facts import Facts, ImportOutcome, Missing
-from stackgate.models import knowledge
 from stackgate.models.finding import Finding, Fix
 from stackgate.models.result import Result, failed, passed, skipped
 from stackgate.models.spec import Lock
 
-__all__ = ["classify_import", "explain_import", "symbol_provider"]
+__all__ = ["classify_import", "explain_import", "shadowed", "symbol_provider"]
 
 # Whose symbol a C++ name is, by its leading namespace; a C name, by its prefix.
 _NAMESPACES = {"c10": "torch", "at": "torch", "torch": "torch", "caffe2": "torch", "flashinfer": "flashinfer"}
 _C_PREFIXES = (("nccl", "nvidia-nccl"), ("cuda", "the CUDA runtime (libcudart)"), ("cu", "the CUDA driver (libcuda)"), ("_Py", "Python"), ("Py", "Python"))
 
 
-@check("abi.imports", needs=("imports",), timeout_s=300.0)
+@check("abi.imports", needs=("imports", "env"), timeout_s=300.0)
 def imports(lock: Lock, facts: Facts) -> Result:
     """Each of the stack's modules imports, each in its own interpreter."""
     outcomes = facts.imports
@@ -35,7 +34,7 @@ def imports(lock: Lock, facts: Facts) -> Result:
         known = {o.name: explain_import(o, lock) for o in broken}
         for name, finding in known.items():
             data[name]["finding"] = finding.to_dict() if finding else None
-        said = [classify_import(o, lock, known[o.name]) for o in broken]
+        said = [classify_import(o, lock, known[o.name], facts.env.environ) for o in broken]
         details = [f"import {o.name}: {text}" for o, (text, _) in zip(broken, said, strict=True)]
         commands = tuple(dict.fromkeys(c for _, fix in said for c in fix.commands))
         fix = Fix(" ".join(dict.fromkeys(fix.text for _, fix in said)), commands)
@@ -48,17 +47,39 @@ def explain_import(outcome: ImportOutcome, lock: Lock) -> Finding | None:
     ``import <name>``); None for a hang, or an error it does not know."""
     if outcome.timed_out:
         return None
-    return scan.match_first(outcome.output, stage="verify", context=knowledge.lock_context(lock), source=f"import {outcome.name}")
+    from stackgate.models import knowledge  # the knowledge base loads only to explain a failure: a cached verify
+    from stackgate.scan import match_first  # skips both
+
+    return match_first(outcome.output, stage="verify", context=knowledge.lock_context(lock), source=f"import {outcome.name}")
 
 
-def classify_import(outcome: ImportOutcome, lock: Lock, finding: Finding | None) -> tuple[str, Fix]:
-    """What an import failure means in one line, and its fix: the finding's, the raw error when
-    the knowledge base knows nothing."""
+def classify_import(
+    outcome: ImportOutcome, lock: Lock, finding: Finding | None, environ: Mapping[str, str] | None = None
+) -> tuple[str, Fix]:
+    """What an import failure means in one line, and its fix: the finding's; where the knowledge base knows nothing,
+    the file PYTHONPATH put ahead of the stack's own when the traceback came from one, else the raw error and the
+    way to see it whole (never a reinstall on a guess)."""
+    by_hand = f"{lock.python.target} -c 'import {outcome.name}'"
     if outcome.timed_out:
-        by_hand = Fix("Run the import by hand to see where it stops.", (f"{lock.python.target} -X importtime -c 'import {outcome.name}'",))
-        return f"timed out after {outcome.duration_s:.0f} s (a hang at import: a lock, a network call, a GPU init)", by_hand
+        return (
+            f"timed out after {outcome.duration_s:.0f} s (a hang at import: a lock, a network call, a GPU init)",
+            Fix(
+                "Run the import by hand to see where it stops.",
+                (f"{lock.python.target} -X importtime -c 'import {outcome.name}'",),
+            ),
+        )
     if finding is None:
-        return outcome.error_line or "failed with no message", Fix("Reinstall the stack.", ("stackgate provision --only python",))
+        said = outcome.error_line or "failed with no message"
+        shadow = shadowed(outcome.output, (environ or {}).get("PYTHONPATH", ""))
+        if shadow is not None:
+            file, entry = shadow
+            value = (environ or {})["PYTHONPATH"]
+            return f"{said}: it came from {file}, which PYTHONPATH={value} puts ahead of the stack's own packages", Fix(
+                f"Take {entry} out of PYTHONPATH (or unset it) where the stack runs: it shadows the installed "
+                f"{outcome.name}.",
+                (f"env -u PYTHONPATH {by_hand}",),
+            )
+        return said, Fix("The cause is not known from this error: run the import by hand to see it whole.", (by_hand,))
     evidence = finding.evidence
     text = f"{evidence.lines[evidence.line - (evidence.start_line or evidence.line)].strip()} -> {finding.cause}"
     if finding.id == "undefined-symbol":
@@ -66,6 +87,27 @@ def classify_import(outcome: ImportOutcome, lock: Lock, finding: Finding | None)
         demangled = outcome.demangled.get(symbol, symbol)
         text = f"undefined symbol {demangled}: ABI mismatch with {symbol_provider(demangled)}; {finding.cause}"
     return text, finding.fix
+
+
+_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+', re.MULTILINE)
+
+
+def shadowed(output: str, pythonpath: str) -> tuple[str, str] | None:
+    """(the file, the PYTHONPATH entry holding it) of the first traceback frame that PYTHONPATH put on the path.
+
+    >>> trace = 'Traceback (most recent call last):\\n  File "<string>", line 1\\n'
+    >>> trace += '  File "/tmp/s/triton/__init__.py", line 1'
+    >>> shadowed(trace, "/x:/tmp/s/")
+    ('/tmp/s/triton/__init__.py', '/tmp/s/')
+    >>> shadowed('  File "/usr/lib/python3/triton/__init__.py", line 1', "/tmp/s") is None
+    True
+    """
+    entries = [e for e in pythonpath.split(os.pathsep) if e]
+    for file in _FRAME.findall(output):
+        for entry in entries:
+            if file.startswith(entry.rstrip("/") + "/"):
+                return file, entry
+    return None
 
 
 def symbol_provider(symbol: str) -> str:

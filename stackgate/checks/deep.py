@@ -12,14 +12,15 @@ The deep checks run only after the static checks that they stand on have passed;
 from __future__ import annotations
 
 import math
+import signal
 import statistics
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from stackgate import scan
 from stackgate.checks.core import check
+from stackgate.edges.nvml import NvmlSnapshot, command_line
 from stackgate.facts import Facts, Missing, ProbeFacts
 from stackgate.facts.deep import (
     ATTENTION_RTOL,
@@ -35,6 +36,7 @@ from stackgate.facts.deep import (
     SizeFigures,
     Sweep,
     flashinfer_env,
+    gpu_activity,
     jit_workspace,
     launch_env,
     read_gate,
@@ -43,7 +45,7 @@ from stackgate.facts.deep import (
     run_gpu_work,
     run_sweep,
 )
-from stackgate.models import knowledge, settings
+from stackgate.models import settings
 from stackgate.models.finding import Fix
 from stackgate.models.result import NEEDS_GPU, NO_DRIVER, Result, Status, failed, passed, skipped, warned
 from stackgate.models.spec import MAX_JIT_TIMEOUT_S, Lock
@@ -51,11 +53,14 @@ from stackgate.models.spec import MAX_JIT_TIMEOUT_S, Lock
 __all__ = [
     "ATTENTION_ATOL",
     "FUSION_FLAG",
+    "MODEL_RATES",
     "PEER_FLOOR",
     "PREREQUISITES",
     "TOLERANCE",
     "JitContext",
     "Known",
+    "activity_lines",
+    "signal_name",
     "close_enough",
     "fusion_arch_problem",
     "fusion_atol",
@@ -180,14 +185,86 @@ def _device_problems(record: Mapping[str, Any]) -> list[str]:
     return problems
 
 
+#: What deep.gpu_work measured on an idle GPU of each model (NVML's name), by its own method: the floor a GPU
+#: without peers is judged by (PEER_FLOOR of these). NVIDIA H200: stackgate verify --deep, warm, 1x H200,
+#: driver 580.159.04, torch 2.11.0+cu130, 2026-12-01 (a second run: 786.1, 50.97, 4273).
+MODEL_RATES: dict[str, dict[str, float]] = {"NVIDIA H200": {"bfloat16": 781.2, "float32": 51.0, "copy": 4266.0}}
+
+
 def _slow_problems(records: Sequence[Mapping[str, Any]]) -> list[str]:
     healthy = [r for r in records if "error" not in r]
-    problems = []
+    problems, flagged = [], set()
     for part, rate, unit in RATES:
         slow = slow_peers({_label(r): r[part][rate] for r in healthy})
         for label, (have, median) in slow.items():
+            flagged.add((label, part))
             problems.append(f"{label}: {part} {have:.4g} {unit}, {have / median:.0%} of its peers' median {median:.4g} {unit}")
+    for r in healthy:
+        for part, rate, unit in RATES:
+            idle = MODEL_RATES.get(str(r.get("name")), {}).get(part)
+            have = r[part][rate]
+            if idle and (_label(r), part) not in flagged and have < PEER_FLOOR * idle:
+                problems.append(
+                    f"{_label(r)}: {part} {have:.4g} {unit}, {have / idle:.0%} of an idle {r['name']}'s {idle:.4g} "
+                    f"{unit} (floor {PEER_FLOOR:.0%})"
+                )
     return problems
+
+
+def activity_lines(snap: NvmlSnapshot | Missing | None) -> list[str]:
+    """What the GPUs were doing for other processes just before the measurement, by NVML."""
+    if snap is None:
+        return []
+    if isinstance(snap, Missing):
+        return [f"before measuring: NVML could not say what else ran on the GPUs ({snap.reason})"]
+    lines = []
+    for g in snap.gpus:
+        busy = f"{g.utilization}% busy" if g.utilization is not None else "busy: not reported"
+        commands = {p.pid: p.command for p in g.processes}
+        users = [
+            f"pid {pid} ({commands.get(pid) or command_line(pid) or 'command not visible here'}) used {sm}% of its SMs"
+            for pid, sm in g.process_utilization
+            if sm
+        ]
+        holders = [
+            f"pid {p.pid} ({p.command or 'command not visible here'}) holds {(p.used_memory_bytes or 0) / 2**20:.0f} "
+            "MiB"
+            for p in g.processes
+            if p.pid not in dict(g.process_utilization)
+        ]
+        lines.append(
+            f"before measuring: {g.label} was {busy}"
+            + (f"; {'; '.join([*users, *holders])}" if users or holders else "; no other process on it")
+        )
+    return lines
+
+
+def _others(snap: NvmlSnapshot | Missing | None) -> list[int]:
+    """The pids that ran kernels or held memory on a GPU just before the measurement."""
+    if snap is None or isinstance(snap, Missing):
+        return []
+    return sorted(
+        {pid for g in snap.gpus for pid, sm in g.process_utilization if sm}
+        | {p.pid for g in snap.gpus for p in g.processes}
+    )
+
+
+def _slow_fix(snap: NvmlSnapshot | Missing | None, log: Path) -> Fix:
+    pids = _others(snap)
+    if pids:
+        listed = " ".join(map(str, pids))
+        return Fix(
+            f"Other processes used the GPU while it was measured (pid {listed}): the figures say how much of it was "
+            "left, not how "
+            "healthy it is. Stop them, or measure when the GPU is idle.",
+            (f"ps -o pid,user,cmd -p {listed}", "stackgate verify --deep --check deep.gpu_work"),
+        )
+    return Fix(
+        "No other process was seen on the GPU, so the cause is not known from these figures: read the log, and the "
+        "clocks and "
+        "throttle reasons NVIDIA reports.",
+        (f"less {log}", "nvidia-smi -q -d PERFORMANCE,CLOCK"),
+    )
 
 
 def _gpu_figures(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -198,15 +275,26 @@ def _gpu_figures(record: Mapping[str, Any]) -> dict[str, Any]:
     return {"index": record["index"], "name": record["name"], "seconds": round(record["seconds"], 3), **keep, "copy": copy}
 
 
-def judge_gpu_work(work: GpuWork) -> Result:
-    """The per-GPU verdict: a hang, an error, a wrong result or a far slower GPU fails by name."""
+def judge_gpu_work(work: GpuWork, activity: NvmlSnapshot | Missing | None = None) -> Result:
+    """The per-GPU verdict: a hang, an error, a wrong result or a GPU far slower than its peers or than an idle GPU of
+    its model fails by name; ``activity`` (NVML just before the run) says what else was using the GPUs."""
+    before = activity_lines(activity)
     data = {
+        "before": before,
+        "model_rates": {
+            str(r.get("name")): MODEL_RATES[str(r.get("name"))]
+            for r in work.records
+            if str(r.get("name")) in MODEL_RATES
+        },
         "gpus": [_gpu_figures(r) for r in work.records],
         "seed": work.begin.get("seed"),
         "torch": work.begin.get("torch"),
         "script_s": round(work.duration_s, 3),
         "log": str(work.log),
-        "conventions": {"tflops": "2 n^3 per product / time", "copy_gbs": "(bytes read + bytes written) / time, 1 GB = 1e9 B"},
+        "conventions": {
+            "tflops": "2 n^3 per product / time",
+            "copy_gbs": "(bytes read + bytes written) / time, 1 GB = 1e9 B",
+        },
     }
     if work.returncode is None:
         where = f"GPU {work.running} did not finish its work" if work.running is not None else "the per-GPU work did not finish"
@@ -216,10 +304,18 @@ def judge_gpu_work(work: GpuWork) -> Result:
     if work.returncode != 0 or work.running is not None or not work.records:
         where = f" on GPU {work.running}" if work.running is not None else ""
         return failed(f"the per-GPU work failed{where} ({_code(work.returncode)}): {' / '.join(work.tail[-3:])}", work.tail, _log_fix(work.log), data)
-    problems = [p for r in work.records for p in _device_problems(r)] + _slow_problems(work.records)
-    if problems:
-        return failed(f"{len(problems)} GPU problem(s): {problems[0]}", problems, _log_fix(work.log), data)
-    return passed(_gpu_summary(work.records), [_gpu_line(r) for r in work.records], data)
+    wrong = [p for r in work.records for p in _device_problems(r)]
+    if wrong:
+        return failed(
+            f"{len(wrong)} GPU problem(s): {wrong[0]}",
+            [*wrong, *_slow_problems(work.records), *before],
+            _log_fix(work.log),
+            data,
+        )
+    slow = _slow_problems(work.records)
+    if slow:
+        return failed(f"{len(slow)} GPU problem(s): {slow[0]}", [*slow, *before], _slow_fix(activity, work.log), data)
+    return passed(_gpu_summary(work.records), [*(_gpu_line(r) for r in work.records), *before], data)
 
 
 def _gpu_summary(records: Sequence[Mapping[str, Any]]) -> str:
@@ -243,7 +339,11 @@ def _gpu_line(r: Mapping[str, Any]) -> str:
 
 
 def _log_fix(log: Path) -> Fix:
-    return Fix("Read the full log; a GPU that errors or hangs alone needs a reset (or its node drained).", (f"less {log}", "nvidia-smi -q -d PERFORMANCE,CLOCK"))
+    """Where the output does not say why: the log, never a reset or a drain on a guess."""
+    return Fix(
+        "The cause is not known from this output: read the full log.",
+        (f"less {log}", "nvidia-smi -q -d PERFORMANCE,CLOCK"),
+    )
 
 
 def _limit_s() -> float:
@@ -257,9 +357,10 @@ def _code(returncode: int | None) -> str:
 
 @check("deep.gpu_work", needs=("probe", "env"), timeout_s=_limit_s, slow=True)
 def gpu_work(lock: Lock, facts: Facts) -> Result:
-    """Every GPU multiplies bf16/fp32 matrices correctly at its peers' rate and copies memory."""
+    """Every GPU multiplies bf16/fp32 matrices correctly at its peers' (and its model's) rate and copies memory."""
+    activity = gpu_activity(facts.nvml_lib)
     work = run_gpu_work(lock.python.target, GpuWorkRequest(), launch_env(lock, facts))
-    return judge_gpu_work(work)
+    return judge_gpu_work(work, activity)
 
 
 # --- the collective ---------------------------------------------------------------------------
@@ -326,7 +427,20 @@ def judge_collective(sweep: Sweep, min_busbw: float | None, wanted: int | None =
         return failed(_hang_summary(sweep), (*_hang_details(sweep), *_tail_lines(sweep.tail)), _nccl_fix(sweep), {**data, "hung": True})
     if sweep.returncode != 0 or len(sweep.sizes) < len(sweep.request.sizes()):
         reason = sweep.tail[-1] if sweep.tail else "no output"
-        return failed(f"the all-reduce failed ({_code(sweep.returncode)}): {reason}", _tail_lines(sweep.tail), _nccl_fix(sweep), data)
+        socket = _socket_problem(sweep)
+        if socket is not None:
+            return failed(
+                f"the all-reduce failed ({_code(sweep.returncode)}): {socket[0]}",
+                _tail_lines(sweep.tail),
+                socket[1],
+                data,
+            )
+        return failed(
+            f"the all-reduce failed ({_code(sweep.returncode)}): {reason}",
+            _tail_lines(sweep.tail),
+            _log_fix(sweep.log),
+            data,
+        )
     wrong = [s for s in sweep.sizes if s.wrong]
     if wrong:
         details = [f"{_size(s.bytes)}: #wrong {s.wrong}" for s in wrong]
@@ -340,6 +454,37 @@ def judge_collective(sweep: Sweep, min_busbw: float | None, wanted: int | None =
     return passed(summary, [*notes, *_size_lines(sweep)], data)
 
 
+_NO_SOCKET = "no socket interface found"
+
+
+def _socket_problem(sweep: Sweep) -> tuple[str, Fix] | None:
+    """NCCL's bootstrap found no network interface to use: the variable that chose none, and the host's interfaces."""
+    if not any(_NO_SOCKET in line for line in sweep.tail):
+        return None
+    have = ", ".join(sweep.interfaces) or "none that /sys/class/net lists"
+    chosen = sweep.nccl_env.get("NCCL_SOCKET_IFNAME")
+    if chosen is None:
+        summary = (
+            f"NCCL's bootstrap found no socket interface (NCCL_SOCKET_IFNAME is not set; this host has {have}): the "
+            "cause is not known from this"
+        )
+        return summary, Fix(
+            "Read the NCCL INFO lines of the log: they name the interfaces NCCL looked at.",
+            (f"grep -E 'NET|Bootstrap|NCCL WARN' {sweep.log}",),
+        )
+    summary = (
+        f"NCCL's bootstrap found no socket interface: NCCL_SOCKET_IFNAME={chosen} matches none of this host's "
+        f"interfaces ({have})"
+    )
+    fix = Fix(
+        f"Unset NCCL_SOCKET_IFNAME, or set it to interfaces this host has ({have}; a name is a prefix, '=' matches "
+        "exactly, '^' excludes) "
+        "where the stack runs (the lock's [smoke.env] or the shell).",
+        ("ip -brief link", "stackgate verify --deep --check deep.collective"),
+    )
+    return summary, fix
+
+
 def _library(sweep: Sweep) -> str:
     return f"NCCL {sweep.nccl_version}" if sweep.nccl_version else sweep.request.backend
 
@@ -349,7 +494,7 @@ def _one_rank_summary(sweep: Sweep, min_busbw: float | None) -> str:
     floor = f"; min_busbw_gbs {min_busbw:g} not judged" if min_busbw is not None else ""
     return (
         f"1 rank, {_library(sweep)}: all-reduce exact at {len(sweep.sizes)} sizes ({_size(first)}-{_size(last)}); "
-        f"bus bandwidth is not defined for one rank (2(n-1)/n = 0){floor}"
+        f"bus bandwidth is not defined for one rank (2(n-1)/n = 0): a correctness pass, not timed{floor}"
     )
 
 
@@ -431,7 +576,7 @@ def world_size(lock: Lock, probe: ProbeFacts | Missing) -> tuple[int, int]:
 def collective(lock: Lock, facts: Facts) -> Result:
     """An NCCL all-reduce from 8 KiB to 1 GiB is exact and reaches the locked bus bandwidth."""
     world, wanted = world_size(lock, facts.probe)
-    sweep = run_sweep(lock.python.target, AllReduceRequest(world), launch_env(lock, facts))
+    sweep = run_sweep(lock.python.target, AllReduceRequest.for_world(world), launch_env(lock, facts))
     return judge_collective(sweep, lock.nccl.min_busbw_gbs, wanted)
 
 
@@ -491,7 +636,10 @@ class Known:
 
 
 def _classified(text: str, lock: Lock) -> Known | None:
-    match = scan.match_first(text, context=knowledge.lock_context(lock))
+    from stackgate.models import knowledge  # the knowledge base loads only to explain a failure: a cached verify
+    from stackgate.scan import match_first  # skips both
+
+    match = match_first(text, context=knowledge.lock_context(lock))
     return None if match is None else Known(match.title, match.cause, match.fix)
 
 
@@ -609,6 +757,11 @@ def judge_attention(run: AttentionRun, jit: JitContext, lock: Lock) -> Result:
         known = _classified(run.begin.get("trace") or run.begin["error"], lock)
         causes = [known.cause] if known else []
         return failed(_explained(run.begin["error"], known), [*causes, *jit.lines(), *_tail_lines(run.tail)], known.fix if known else _flashinfer_import_fix(lock), data)
+    if run.returncode is not None and run.returncode < 0:
+        return _killed(run, jit, data)
+    full = _out_of_space(run, jit, data)
+    if full is not None:
+        return full
     if run.returncode != 0 or not run.kernels:
         return failed(f"the attention run failed ({_code(run.returncode)}): {' / '.join(run.tail[-3:])}", _tail_lines(run.tail), _log_fix(run.log), data)
     problems = [p for p in (_kernel_problem(k, lock) for k in run.kernels) if p is not None]
@@ -619,6 +772,94 @@ def judge_attention(run: AttentionRun, jit: JitContext, lock: Lock) -> Result:
     kinds = ", ".join(dict.fromkeys(str(k["kind"]) for k in run.kernels))
     data["defines"] = {"flashinfer_attention": f"{kinds} correct against float32; {jit.kernels_from()}"}
     return passed(_attention_summary(run, data, jit), [*_attention_lines(run), *jit.lines()], data)
+
+
+#: What a cold build of the four attention modules left in flashinfer's JIT cache on an H200 (flashinfer 0.6.4,
+#: sm_90a; `du -sh` of the cache): about what the build needs there, the compiler's objects more while it runs.
+JIT_BUILD_BYTES = 19 << 20
+_NO_SPACE = "No space left on device"
+
+
+def signal_name(returncode: int) -> str:
+    """The signal a negative exit status means.
+
+    >>> signal_name(-7), signal_name(-9), signal_name(-99)
+    ('SIGBUS', 'SIGKILL', 'signal 99')
+    """
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+def _killed(run: AttentionRun, jit: JitContext, data: Mapping[str, Any]) -> Result:
+    """A run killed by a signal: the damaged modules of the JIT cache when there are any (a module cut short dies of
+    SIGBUS when mapped), else the signal and what it was running, with the cause left open."""
+    rc = run.returncode or 0
+    where = f" while GPU {run.running[0]} ran its {run.running[1]} kernel" if run.running else ""
+    killed = f"the attention run was killed by {signal_name(rc)} (exit {rc}){where}"
+    details = [f"{d['file']}: {d['why']}" for d in run.damaged]
+    data = {**data, "signal": signal_name(rc), "damaged": list(run.damaged)}
+    if run.damaged:
+        first = run.damaged[0]
+        fix = Fix(
+            "Remove the damaged module from the JIT cache (its folder): flashinfer builds it again on the next run.",
+            (
+                *(f"rm -r {Path(d['file']).parent}" for d in run.damaged),
+                "stackgate verify --deep --check deep.flashinfer_attention",
+            ),
+        )
+        return failed(
+            f"{killed}: {len(run.damaged)} module(s) of flashinfer's JIT cache are cut short, first {first['file']} "
+            f"({first['why']})",
+            details,
+            fix,
+            data,
+        )
+    unknown = f"{killed}; no module of the JIT cache {jit.workspace} is cut short, so the cause is not known from this"
+    return failed(
+        unknown,
+        _tail_lines(run.tail),
+        Fix("Read the run's full log; it names the command that ran.", (f"less {run.log}",)),
+        data,
+    )
+
+
+def _out_of_space(run: AttentionRun, jit: JitContext, data: Mapping[str, Any]) -> Result | None:
+    """The JIT cache's filesystem full (ninja's pages of output hide "No space left on device"), or None."""
+    texts = [str(k.get("error", "")) + str(k.get("trace", "")) for k in run.kernels] + [
+        str(run.begin.get("error", "")),
+        *run.tail,
+    ]
+    hit = [t for t in texts if _NO_SPACE in t]
+    if not hit:
+        return None
+    free = "an unknown amount" if run.cache_free_bytes is None else f"{run.cache_free_bytes / 2**20:.1f} MiB"
+    failed_kernels = [
+        _kernel_label(k) for k in run.kernels if _NO_SPACE in str(k.get("error", "")) + str(k.get("trace", ""))
+    ]
+    summary = (
+        f"flashinfer's JIT cache {jit.workspace} is out of space ({_NO_SPACE}): its filesystem has {free} free, and a "
+        "cold build of "
+        f"these kernels takes about {JIT_BUILD_BYTES >> 20} MiB there; {len(failed_kernels) or 'the'} kernel(s) could "
+        "not be built"
+    )
+    line = next(line.strip() for t in hit for line in t.splitlines() if _NO_SPACE in line)
+    fix = Fix(
+        "Free space on that filesystem, or point the JIT cache at one with room: FLASHINFER_WORKSPACE_BASE in the "
+        "lock's [env] "
+        "(so the server shares the cache) or in the shell.",
+        (
+            f"df -h {jit.workspace}",
+            "FLASHINFER_WORKSPACE_BASE=/a/folder/with/room stackgate verify --deep --check deep.flashinfer_attention",
+        ),
+    )
+    return failed(
+        summary,
+        [*failed_kernels, f"first: {line}"],
+        fix,
+        {**data, "out_of_space": True, "cache_free_bytes": run.cache_free_bytes},
+    )
 
 
 _JIT_TIMEOUT_FIX = (

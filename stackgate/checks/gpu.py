@@ -5,14 +5,14 @@ from __future__ import annotations
 from packaging.version import InvalidVersion, Version
 
 from stackgate.checks.core import check
-from stackgate.edges.nvml import NvmlSnapshot
+from stackgate.edges.nvml import GpuInfo, NvmlSnapshot, ProcessInfo
 from stackgate.facts import Facts, Missing
 from stackgate.models import kernellog
 from stackgate.models.finding import Fix
 from stackgate.models.result import NEEDS_GPU, NO_DRIVER, Result, failed, passed, skipped, warned
 from stackgate.models.spec import Lock
 
-__all__: list[str] = []
+__all__ = ["ENGINE_FRACTION", "engine_fraction"]
 
 _DRIVER_FIX = "Install an NVIDIA driver of at least {want} (CUDA 13 needs the 580 series), then reboot."
 _NO_NVML = "Install the NVIDIA driver (it provides libnvidia-ml.so.1) and check `nvidia-smi` works."
@@ -150,18 +150,100 @@ def ecc(lock: Lock, facts: Facts) -> Result:
     return passed(f"no uncorrectable ECC errors on {len(counted)} GPU(s)", data=data)
 
 
+#: The share of each GPU's memory the engine is assumed to take when the lock's [smoke] flags do not set
+#: --mem-fraction-static: below SGLang 0.5.9's own default on a large GPU ((total - reserved) / total, about 0.9
+#: on an H200 at TP 1), so the check fails only where the engine cannot fit.
+ENGINE_FRACTION = 0.8
+_FRACTION_FLAG = "--mem-fraction-static"
+
+
+def engine_fraction(lock: Lock) -> tuple[float, str]:
+    """The share of a GPU's memory the lock's engine takes, and where that came from.
+
+    >>> from types import SimpleNamespace as NS
+    >>> engine_fraction(NS(smoke=NS(flags=("--tp-size", "1", "--mem-fraction-static", "0.6"))))
+    (0.6, '[smoke] flags --mem-fraction-static 0.6')
+    >>> engine_fraction(NS(smoke=NS(flags=("--mem-fraction-static=0.7",))))[0]
+    0.7
+    >>> engine_fraction(NS(smoke=NS(flags=())))[0]
+    0.8
+    """
+    flags = list(lock.smoke.flags)
+    for i, flag in enumerate(flags):
+        name, _, value = flag.partition("=")
+        if name == _FRACTION_FLAG:
+            value = value or (flags[i + 1] if i + 1 < len(flags) else "")
+            try:
+                fraction = float(value)
+            except ValueError:
+                break
+            if 0 < fraction <= 1:
+                return fraction, f"[smoke] flags {_FRACTION_FLAG} {value}"
+    return ENGINE_FRACTION, f"{_FRACTION_FLAG} not in [smoke] flags: assumed {ENGINE_FRACTION:g}"
+
+
+def _holder(p: ProcessInfo) -> str:
+    return f"pid {p.pid} ({p.command or 'command not visible here'}) holds {_mib(p.used_memory_bytes)}"
+
+
+def _short_gpus(snap: NvmlSnapshot, fraction: float) -> list[tuple[GpuInfo, int, int]]:
+    """(GPU, free bytes, bytes the engine takes) for each GPU whose free memory is below the engine's share."""
+    short = []
+    for g in snap.gpus:
+        free = g.memory_free_bytes
+        if free is not None and g.memory_total_bytes and free < fraction * g.memory_total_bytes:
+            short.append((g, free, int(fraction * g.memory_total_bytes)))
+    return short
+
+
 @check("gpu.processes", needs=("nvml",))
 def processes(lock: Lock, facts: Facts) -> Result:
-    """No other process holds GPU memory."""
+    """No GPU lacks the memory the engine takes; no other process holds GPU memory (warning)."""
     snap = _snapshot(facts)
     if isinstance(snap, Result):
         return snap
+    fraction, source = engine_fraction(lock)
     held = [(g, p) for g in snap.gpus for p in g.processes]
-    data = {"processes": [{"gpu": g.index, "pid": p.pid, "used_bytes": p.used_memory_bytes} for g, p in held]}
+    data = {
+        "processes": [
+            {"gpu": g.index, "pid": p.pid, "used_bytes": p.used_memory_bytes, "command": p.command} for g, p in held
+        ],
+        "engine_fraction": fraction,
+        "engine_fraction_from": source,
+        "free_bytes": {str(g.index): g.memory_free_bytes for g in snap.gpus},
+    }
+    details = [f"{g.label}: {_holder(p)}" for g, p in held]
+    pids = " ".join(sorted({str(p.pid) for _, p in held}))
+    look = (
+        (f"ps -o pid,user,cmd -p {pids}",)
+        if pids
+        else ("nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv",)
+    )
+    short = _short_gpus(snap, fraction)
+    if short:
+        g, free, need = short[0]
+        who = "; ".join(_holder(p) for p in g.processes) or "no process NVML lists holds it"
+        summary = (
+            f"{g.label} has {_mib(free)} free, the engine takes {_mib(need)} ({fraction:g} of "
+            f"{_mib(g.memory_total_bytes)}): {who}"
+        )
+        lines = [
+            f"{gpu.label}: {_mib(f)} free of {_mib(gpu.memory_total_bytes)}, the engine takes {_mib(n)}"
+            for gpu, f, n in short
+        ]
+        fix = Fix(
+            f"Stop the process(es) holding the memory, or lower {_FRACTION_FLAG} in the lock's [smoke] flags "
+            f"({source}).",
+            look,
+        )
+        return failed(summary, [*lines, *details], fix, data)
     if held:
-        details = [f"{g.label}: pid {p.pid} holds {_mib(p.used_memory_bytes)}" for g, p in held]
-        pids = " ".join(sorted({str(p.pid) for _, p in held}))
-        return warned(f"{len(held)} process(es) hold GPU memory", details, Fix("Stop them before serving: they take memory the engine expects.", (f"ps -o pid,user,cmd -p {pids}",)), data)
+        return warned(
+            f"{len(held)} process(es) hold GPU memory",
+            details,
+            Fix("Stop them before serving: they take memory the engine expects.", look),
+            data,
+        )
     return passed("no process holds GPU memory", data=data)
 
 

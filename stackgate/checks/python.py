@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from stackgate.checks.core import check
+from stackgate.edges.nvml import GpuInfo, NvmlSnapshot
 from stackgate.facts import Facts, Missing, ProbeFacts
 from stackgate.facts.compare import conflicts, locked_problems, pin_problem
 from stackgate.models.finding import Fix
@@ -12,7 +13,7 @@ from stackgate.models.pylock import differences, lock_command
 from stackgate.models.result import Result, failed, passed, skipped, warned
 from stackgate.models.spec import Lock
 
-__all__: list[str] = []
+__all__ = ["hidden_by"]
 
 _PROVISION = "stackgate provision --only python"
 
@@ -144,19 +145,22 @@ def torch_build(lock: Lock, facts: Facts) -> Result:
     return passed(f"torch {torch['version']} is a CUDA {torch['cuda']} build", data=data)
 
 
-@check("torch.arch", needs=("probe", "nvml"))
+@check("torch.arch", needs=("probe", "nvml", "env"))
 def torch_arch(lock: Lock, facts: Facts) -> Result:
-    """torch carries kernels for every GPU's compute capability."""
+    """torch sees the GPUs NVML lists and carries kernels for every GPU's compute capability."""
     probe = _probe(facts)
     if isinstance(probe, Result):
         return probe
     torch = probe.torch
     if not torch or not torch["imported"] or not torch["cuda"]:
         return skipped("torch is not an importable CUDA build (see torch.build)")
+    snap = facts.nvml
+    hidden = _unseen(torch, snap, facts.env.environ.get("CUDA_VISIBLE_DEVICES"), lock)
+    if hidden is not None:
+        return hidden
     arch_list = torch["arch_list"]
     if isinstance(arch_list, dict):
         return failed(f"torch cannot list its architectures: {arch_list['error']}")
-    snap = facts.nvml
     wanted = sorted({g.capability for g in snap.gpus if g.capability}) if not isinstance(snap, Missing) else []
     if not arch_list:
         return _no_arch_list(torch, len(snap.gpus) if not isinstance(snap, Missing) else 0)
@@ -167,12 +171,84 @@ def torch_arch(lock: Lock, facts: Facts) -> Result:
     missing = [cc for cc, how in coverage.items() if how is None]
     if missing:
         fix = Fix(f"Install a torch build whose arch list includes sm_{missing[0].replace('.', '')} (the cu128/cu130 builds carry sm_120).", (_PROVISION,))
-        return failed(f"torch {torch['version']} has no kernels for compute capability {', '.join(missing)} ({source}); it carries {' '.join(arch_list)}", fix=fix, data=data)
+        carries = " ".join(arch_list) or "no arch at all"
+        return failed(
+            f"torch {torch['version']} has no kernels for compute capability {', '.join(missing)} ({source}); it "
+            f"carries {carries}",
+            fix=fix,
+            data=data,
+        )
     covered = {cc: how for cc, how in coverage.items() if how is not None}
     jit = [cc for cc, how in covered.items() if how.startswith("compute_")]
     if jit:
         return warned(f"compute capability {', '.join(jit)} runs only through PTX JIT ({', '.join(covered[c] for c in jit)}): slow first launches", data=data)
     return passed(f"torch covers {', '.join(f'{cc} ({how})' for cc, how in covered.items())} from {source}", data=data)
+
+
+def hidden_by(value: str, gpus: Sequence[GpuInfo]) -> tuple[int, str]:
+    """How many of ``gpus`` CUDA_VISIBLE_DEVICES=``value`` hides, and what it names that is not there.
+
+    CUDA reads the list up to the first entry that names no GPU, so an index past the last GPU ends it.
+
+    >>> from types import SimpleNamespace as GPU
+    >>> gpus = [GPU(index=0, uuid="GPU-aa"), GPU(index=1, uuid="GPU-bb")]
+    >>> hidden_by("", gpus), hidden_by("3", gpus), hidden_by("1,3,0", gpus), hidden_by("GPU-bb", gpus)
+    ((2, ''), (2, '3'), (1, '3'), (1, ''))
+    """
+    seen: set[int] = set()
+    for entry in (e.strip() for e in value.split(",") if e.strip()):
+        found = next(
+            (
+                g.index
+                for g in gpus
+                if (entry.isdigit() and int(entry) == g.index) or (len(entry) > 4 and g.uuid.startswith(entry))
+            ),
+            None,
+        )
+        if found is None:
+            return len(gpus) - len(seen), entry
+        seen.add(found)
+    return len(gpus) - len(seen), ""
+
+
+def _unseen(torch: Mapping[str, Any], snap: NvmlSnapshot | Missing, visible: str | None, lock: Lock) -> Result | None:
+    """The FAIL when torch sees none of the GPUs NVML lists (its arch list is then empty: nothing to judge), naming
+    CUDA_VISIBLE_DEVICES when it hides them; None when torch sees a GPU or NVML lists none."""
+    count = torch.get("device_count")
+    if isinstance(snap, Missing) or not snap.gpus or (isinstance(count, int) and count > 0):
+        return None
+    total = len(snap.gpus)
+    data = {"device_count": count, "nvml_gpus": total, "CUDA_VISIBLE_DEVICES": visible}
+    judged = "torch's arch list is judged only when torch sees the GPUs"
+    if visible is not None:
+        hides, missing = hidden_by(visible, snap.gpus)
+        named = (
+            f": it names {missing}, which is not a GPU here (NVML lists {', '.join(str(g.index) for g in snap.gpus)})"
+            if missing
+            else ""
+        )
+        summary = (
+            f"torch sees no GPU: CUDA_VISIBLE_DEVICES={visible!r} hides {hides} of the {total} GPU(s) NVML "
+            f"lists{named}; {judged}"
+        )
+        fix = Fix(
+            "Unset CUDA_VISIBLE_DEVICES, or set it to GPU indices or UUIDs that exist, in the shell or unit that runs "
+            "the stack.",
+            ("nvidia-smi -L",),
+        )
+        return failed(summary, fix=fix, data=data)
+    why = torch.get("cuda_available")
+    said = f" (torch.cuda.device_count() said {count!r})" if isinstance(count, dict) else ""
+    summary = (
+        f"torch sees none of the {total} GPU(s) NVML lists{said}, and CUDA_VISIBLE_DEVICES is not set: the cause is "
+        f"not known from this; {judged}"
+    )
+    command = f"{lock.python.target} -c 'import torch; torch.cuda.init()'"
+    return failed(
+        summary,
+        fix=Fix("Initialise CUDA by hand in the stack's interpreter: its error names the cause.", (command,)),
+        data={**data, "cuda_available": why},
+    )
 
 
 def _no_arch_list(torch: Mapping[str, Any], nvml_gpus: int) -> Result:

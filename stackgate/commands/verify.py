@@ -13,6 +13,7 @@ not run, with the reason. The wall time is split into those phases, in the repor
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -142,28 +143,71 @@ def plan(patterns: Sequence[str], *, deep: bool) -> tuple[list[Check], list[Chec
 def verify(
     lock: lockmodel.Lock, checks: list[Check], ui: UI, *, strict: bool = False, facts: Facts | None = None, deep: Sequence[Check] = ()
 ) -> VerifyRun:
-    """Gather what the checks need, in parallel, judge it; then run the deep checks in turn."""
+    """Gather what the checks need, in parallel, judge it; then run the deep checks in turn.
+
+    With deep checks, only the static checks they stand on are awaited first; the others (the imports, the ELF scan,
+    the toolkits: seconds of CPU work) are gathered and judged beside the deep checks, which use the GPUs."""
     started = time.time()
     clock = time.monotonic()
     needs = sorted({part for c in (*checks, *deep) for part in c.needs})
     facts = facts or gather(lock, needs)
     phases: dict[str, float] = {}
     try:
-        with ui.progress(f"gathering facts: {', '.join(needs)}"):
+        facts.start(needs)
+        standing = (
+            {name for c in deep for name in deepchecks.PREREQUISITES.get(c.name, ())}
+            if deep
+            else {c.name for c in checks}
+        )
+        first = [c for c in checks if c.name in standing]
+        with ui.progress(f"gathering facts: {', '.join(sorted({p for c in first for p in c.needs}) or needs)}"):
             # Every part is bounded by its own subprocess timeouts; a check's timeout then
             # measures the check, not the wait for a slow probe.
-            for part in needs:
+            for part in sorted({p for c in (first if deep else checks) for p in c.needs}):
                 facts.get(part)
-        results = run_checks(checks, lock, facts, verbose=bool(ui.verbose))
-        phases["static"] = time.monotonic() - clock
+        results = run_checks(first, lock, facts, verbose=bool(ui.verbose))
+        phases["static" if not deep else "prerequisites"] = time.monotonic() - clock
+        rest = _beside(checks, first, lock, facts, ui, clock, phases) if deep else None
         for check in deep:
             begun = time.monotonic()
             results.append(_run_deep(check, lock, facts, results, ui))
             phases[check.name] = time.monotonic() - begun
+        if rest is not None:
+            results = _in_order(checks, deep, [*results, *rest.result()])
     finally:
         facts.close()
     duration = time.monotonic() - clock
     return VerifyRun(lock, results, judge(results, strict=strict), started, duration, facts, phases)
+
+
+def _beside(
+    checks: Sequence[Check],
+    first: Sequence[Check],
+    lock: lockmodel.Lock,
+    facts: Facts,
+    ui: UI,
+    clock: float,
+    phases: dict[str, float],
+) -> concurrent.futures.Future[list[Result]]:
+    """The static checks the deep ones do not stand on, judged in a thread while the deep checks run."""
+    rest = [c for c in checks if c not in first]
+
+    def judge_rest() -> list[Result]:
+        done = run_checks(rest, lock, facts, verbose=bool(ui.verbose))
+        phases["static (beside the deep checks)"] = time.monotonic() - clock
+        return done
+
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="static")
+    try:
+        return pool.submit(judge_rest)
+    finally:
+        pool.shutdown(wait=False)
+
+
+def _in_order(checks: Sequence[Check], deep: Sequence[Check], results: Sequence[Result]) -> list[Result]:
+    """Results in the order verify lists its checks: the static ones, then the deep ones."""
+    order = {c.name: i for i, c in enumerate((*checks, *deep))}
+    return sorted(results, key=lambda r: order.get(r.check, len(order)))
 
 
 def verify_cached(lock: lockmodel.Lock, checks: list[Check], ui: UI, *, strict: bool = False, environ: Mapping[str, str] | None = None, nvml_lib: ModuleType | None = None) -> VerifyRun:

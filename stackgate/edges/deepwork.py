@@ -145,6 +145,9 @@ def copy(device, nbytes, request):
 def allreduce_main(outdir, request):
     import torch.multiprocessing as mp
 
+    if request["world"] == 1:  # one rank needs no second interpreter (a start and a torch import: seconds)
+        rank_main(0, outdir, request)
+        return 0
     # One process per rank, as torchrun would start them, without its agent or a TCP port:
     # the ranks meet through a file store in OUTDIR.
     mp.spawn(rank_main, args=(outdir, request), nprocs=request["world"], join=True)

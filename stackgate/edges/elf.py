@@ -6,15 +6,13 @@ costs milliseconds, not the gigabytes the files weigh.
 
 from __future__ import annotations
 
+import os
 import re
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.dynamic import DynamicSection
-from elftools.elf.elffile import ELFFile
-
-__all__ = ["CUDA_LIBRARIES", "ElfError", "cuda_majors", "needed"]
+__all__ = ["CUDA_LIBRARIES", "ElfError", "cuda_majors", "damaged", "needed"]
 
 #: The CUDA libraries whose soname tells the CUDA major a binary was built against. Most carry
 #: the CUDA major itself; cuFFT and cuSOLVER number their own (CUDA 12 ships .so.11, CUDA 13
@@ -37,6 +35,11 @@ class CudaNeed:
 
 def needed(path: Path | str) -> tuple[str, ...]:
     """The DT_NEEDED sonames of an ELF file, in the file's order."""
+    # pyelftools is imported here, not with the module: a cached verify (which reads no ELF file) never pays for it.
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.dynamic import DynamicSection
+    from elftools.elf.elffile import ELFFile
+
     try:
         with open(path, "rb") as stream:
             elf = ELFFile(stream)
@@ -67,3 +70,29 @@ def cuda_majors(sonames: tuple[str, ...]) -> tuple[CudaNeed, ...]:
         if major is not None:
             found.append(CudaNeed(soname, major))
     return tuple(found)
+
+
+def damaged(path: Path | str) -> str | None:
+    """Why an ELF file is cut short (what a killed build or a full disk leaves), or None when its headers, section
+    table and segments all lie inside it. Reads the headers only: what the loader maps, not what it means."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as stream:
+            head = stream.read(64)
+            if len(head) < 52 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) or head[5] not in (1, 2):
+                return f"not an ELF file ({size} bytes)"
+            order = "<" if head[5] == 1 else ">"
+            wide = head[4] == 2
+            phoff, shoff = struct.unpack_from(order + ("QQ" if wide else "II"), head, 32 if wide else 28)
+            phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "HHxxHH", head, 54 if wide else 42)
+            if shoff + shnum * shentsize > size:
+                return f"its section table ends at byte {shoff + shnum * shentsize}, past its {size} bytes: cut short"
+            stream.seek(phoff)
+            table = stream.read(phnum * phentsize)
+    except OSError as exc:
+        return f"unreadable: {exc}"
+    for i in range(phnum if len(table) == phnum * phentsize else 0):
+        offset, filesz = struct.unpack_from(order + ("8xQ16xQ" if wide else "4xI8xI"), table, i * phentsize)
+        if offset + filesz > size:
+            return f"segment {i} ends at byte {offset + filesz}, past its {size} bytes: cut short"
+    return None

@@ -33,6 +33,11 @@ import time
 import traceback
 from pathlib import Path
 
+# The gate reads two source files and needs no torch: run as `flashwork.py gate`, the import of torch in deepwork
+# (seconds with a CUDA build) is refused before it starts, so reading the gate costs an interpreter's start alone.
+if __name__ == "__main__" and sys.argv[1:2] == ["gate"]:
+    sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` then raises ImportError
+
 # Imported as stackgate.edges.flashwork (stackgate's doctests), or run as a file, whose folder
 # is then sys.path[0].
 try:

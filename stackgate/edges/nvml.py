@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from stackgate.models import settings
 
-__all__ = ["GpuInfo", "NvmlError", "NvmlSnapshot", "ProcessInfo", "load_library", "snapshot"]
+__all__ = ["GpuInfo", "NvmlError", "NvmlSnapshot", "ProcessInfo", "command_line", "load_library", "snapshot"]
 
 
 class NvmlError(Exception):
@@ -25,6 +25,7 @@ class NvmlError(Exception):
 class ProcessInfo:
     pid: int
     used_memory_bytes: int | None
+    command: str | None = None  #: its command line (/proc/PID/cmdline), None where this machine cannot see it
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,14 @@ class GpuInfo:
     memory_used_bytes: int | None
     processes: tuple[ProcessInfo, ...]
     unknown: tuple[tuple[str, str], ...] = ()  #: (field, why NVML could not say)
+    utilization: int | None = None  #: percent of the last sample period a kernel ran (nvidia-smi's GPU-Util)
+    process_utilization: tuple[tuple[int, int], ...] = ()  #: (pid, percent of the SMs it used), NVML's latest samples
+
+    @property
+    def memory_free_bytes(self) -> int | None:
+        if self.memory_total_bytes is None or self.memory_used_bytes is None:
+            return None
+        return self.memory_total_bytes - self.memory_used_bytes
 
     @property
     def label(self) -> str:
@@ -104,6 +113,7 @@ def _gpu(lib: ModuleType, index: int) -> GpuInfo:
     pci = ask("bus_id", lambda: lib.nvmlDeviceGetPciInfo(handle))
     capability = ask("capability", lambda: lib.nvmlDeviceGetCudaComputeCapability(handle))
     processes = ask("processes", lambda: lib.nvmlDeviceGetComputeRunningProcesses(handle)) or ()
+    rates = ask("utilization", lambda: lib.nvmlDeviceGetUtilizationRates(handle))
     return GpuInfo(
         index=index,
         name=_text(lib.nvmlDeviceGetName(handle)),
@@ -119,9 +129,39 @@ def _gpu(lib: ModuleType, index: int) -> GpuInfo:
         ecc_uncorrected_aggregate=ask("ecc_aggregate", lambda: _ecc(lib, handle, lib.NVML_AGGREGATE_ECC)),
         memory_total_bytes=memory.total if memory is not None else None,
         memory_used_bytes=memory.used if memory is not None else None,
-        processes=tuple(ProcessInfo(p.pid, _memory(p.usedGpuMemory)) for p in processes),
+        processes=tuple(ProcessInfo(p.pid, _memory(p.usedGpuMemory), command_line(p.pid)) for p in processes),
         unknown=tuple(unknown),
+        utilization=int(rates.gpu) if rates is not None else None,
+        process_utilization=_process_utilization(lib, handle),
     )
+
+
+def _process_utilization(lib: ModuleType, handle: Any) -> tuple[tuple[int, int], ...]:
+    """Each process's latest SM utilisation sample; none where NVML keeps none (no process ran a kernel lately)."""
+    try:
+        samples = lib.nvmlDeviceGetProcessUtilization(handle, 0)
+    except lib.NVMLError:
+        return ()
+    latest: dict[int, Any] = {}
+    for sample in samples:
+        if sample.pid not in latest or sample.timeStamp > latest[sample.pid].timeStamp:
+            latest[sample.pid] = sample
+    return tuple(sorted((pid, int(s.smUtil)) for pid, s in latest.items()))
+
+
+def command_line(pid: int) -> str | None:
+    """A process's command line as ps shows it (at most 200 characters), None where /proc does not show it.
+
+    >>> import os; command_line(os.getpid()) is not None
+    True
+    """
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as stream:
+            raw = stream.read(4096)
+    except OSError:
+        return None
+    text = raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
+    return (text[:197] + "...") if len(text) > 200 else text or None
 
 
 def _ecc(lib: ModuleType, handle: Any, counter: int) -> int:

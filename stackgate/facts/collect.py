@@ -218,7 +218,8 @@ def _base_python(lock: Lock, facts: Facts) -> BasePython | Missing:
 
 
 def _imports(lock: Lock, facts: Facts) -> dict[str, ImportOutcome] | Missing:
-    return interpreters.imports(lock, facts.get("env").environ, facts.get("probe"))
+    # The probe is awaited only for torch's outcome, after the other imports ran beside it.
+    return interpreters.imports(lock, facts.get("env").environ, lambda: facts.get("probe"))
 
 
 # --- ELF scan ---------------------------------------------------------------------------------

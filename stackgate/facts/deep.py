@@ -19,10 +19,12 @@ import tempfile
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Mapping, Sequence
 
-from stackgate.edges import runner
+from stackgate.edges import elf, nvml, runner
 from stackgate.facts.collect import Facts
+from stackgate.facts.model import Missing
 from stackgate.models import faults, settings
 from stackgate.models.spec import DeepAttention, Lock
 
@@ -48,6 +50,8 @@ __all__ = [
     "aggregate_fusion",
     "bus_bandwidth",
     "flashinfer_env",
+    "gpu_activity",
+    "host_interfaces",
     "jit_workspace",
     "launch_env",
     "nccl_variables",
@@ -123,6 +127,14 @@ def _tail(done: runner.Completed, lines: int = 20) -> tuple[str, ...]:
     return tuple([line for line in done.stdout.splitlines() if line.strip()][-lines:])
 
 
+def gpu_activity(lib: ModuleType | None = None) -> nvml.NvmlSnapshot | Missing:
+    """NVML now, just before a measurement: what other processes are doing on the GPUs."""
+    try:
+        return nvml.snapshot(lib)
+    except nvml.NvmlError as exc:
+        return Missing(str(exc))
+
+
 # --- per-GPU work -----------------------------------------------------------------------------
 
 
@@ -187,6 +199,13 @@ class AllReduceRequest:
     iters: int = 20
     replays: int = 5  #: timed replays of the captured ``iters`` ops; each rank's figure is their median
     seed: int = field(default_factory=_new_seed)
+    graphs: bool = True  #: time from captured CUDA graphs (False: eager only, as one rank's correctness pass)
+
+    @classmethod
+    def for_world(cls, world: int) -> AllReduceRequest:
+        """The sweep for ``world`` ranks: one rank has no bus bandwidth to measure (2(n-1)/n = 0), so it gets a
+        correctness pass over the same sizes (one warm-up and two ops each, no graphs) instead of the timed sweep."""
+        return cls(world) if world > 1 else cls(world, warmup=1, iters=2, replays=1, graphs=False)
 
     def sizes(self) -> list[int]:
         """Doubling from min_bytes to max_bytes.
@@ -235,6 +254,9 @@ class Sweep:
     transports: Mapping[str, int]  #: "P2P/CUMEM/read": channels, from the INFO log
     channels: int | None
     duration_s: float
+    interfaces: tuple[
+        str, ...
+    ] = ()  #: this host's network interfaces (/sys/class/net), for a bootstrap that found none
 
     @property
     def world(self) -> int:
@@ -299,7 +321,16 @@ def run_sweep(python: Path, request: AllReduceRequest, env: Mapping[str, str], t
         request, tuple(aggregate(request.world, per_rank)), _progress(per_rank), tuple(i["pid"] for i in inits), nccl,
         done.returncode, timeout_s, _tail(done), log, nccl_variables(env),
         dict(Counter(m[1] for m in _TRANSPORT.finditer(text))), max(channels) if channels else None, done.duration_s,
+        host_interfaces(),
     )  # fmt: skip
+
+
+def host_interfaces(root: Path = Path("/sys/class/net")) -> tuple[str, ...]:
+    """The host's network interfaces, as NCCL's socket bootstrap chooses among them."""
+    try:
+        return tuple(sorted(entry.name for entry in root.iterdir()))
+    except OSError:
+        return ()
 
 
 def _progress(per_rank: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[int, int]:
@@ -421,6 +452,10 @@ class AttentionRun:
     tail: tuple[str, ...]
     log: Path
     duration_s: float
+    damaged: tuple[
+        Mapping[str, Any], ...
+    ] = ()  #: modules of the JIT cache cut short, when the run was killed by a signal
+    cache_free_bytes: int | None = None  #: free space on the JIT cache's filesystem after the run
 
 
 def run_attention(python: Path, request: AttentionRequest, env: Mapping[str, str], timeout_s: float) -> AttentionRun:
@@ -431,7 +466,47 @@ def run_attention(python: Path, request: AttentionRequest, env: Mapping[str, str
     kernels = tuple(r for r in lines if r.get("event") == "kernel")
     started = [(r["index"], r["kind"]) for r in lines if r.get("event") == "start"]
     running = started[-1] if len(started) > len(kernels) else None
-    return AttentionRun(request, begin, kernels, running, done.returncode, timeout_s, _tail(done), workdir / "attention.log", done.duration_s)
+    killed = done.returncode is not None and done.returncode < 0
+    damaged = (
+        damaged_modules(Path(env["FLASHINFER_WORKSPACE_BASE"]))
+        if killed and env.get("FLASHINFER_WORKSPACE_BASE")
+        else ()
+    )
+    free = free_bytes(Path(env.get("FLASHINFER_WORKSPACE_BASE") or workdir))
+    return AttentionRun(
+        request,
+        begin,
+        kernels,
+        running,
+        done.returncode,
+        timeout_s,
+        _tail(done),
+        workdir / "attention.log",
+        done.duration_s,
+        damaged,
+        free,
+    )
+
+
+def damaged_modules(workspace: Path) -> tuple[dict[str, Any], ...]:
+    """The compiled modules in flashinfer's JIT cache under ``workspace`` that are cut short: a process that maps one
+    dies of SIGBUS when it touches the missing pages. Reading their headers takes milliseconds."""
+    found = []
+    for module in sorted((workspace / ".cache" / "flashinfer").rglob("*.so")):
+        why = elf.damaged(module)
+        if why is not None:
+            found.append({"file": str(module), "bytes": module.stat().st_size, "why": why})
+    return tuple(found)
+
+
+def free_bytes(path: Path) -> int | None:
+    """Free space on the filesystem that holds ``path`` (or its nearest existing parent)."""
+    for where in (path, *path.parents):
+        try:
+            return shutil.disk_usage(where).free
+        except OSError:
+            continue
+    return None
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from stackgate.edges import runner
 from stackgate.facts.model import BasePython, Distribution, ImportOutcome, Missing, ProbeFacts
@@ -169,8 +169,11 @@ def _ask_python(path: Path, want: str) -> tuple[Path, str, Path | None] | Missin
     return Path(executable), version, Path(pip) if pip else None
 
 
-def imports(lock: Lock, env: Mapping[str, str], probed: ProbeFacts | Missing) -> dict[str, ImportOutcome] | Missing:
-    """Each locked import tried in its own process; torch's outcome is the probe's (``probed``)."""
+def imports(
+    lock: Lock, env: Mapping[str, str], probed: Callable[[], ProbeFacts | Missing]
+) -> dict[str, ImportOutcome] | Missing:
+    """Each locked import tried in its own process, beside the probe; torch's outcome is the probe's (``probed()``,
+    awaited last)."""
     missing = target_missing(lock)
     if missing is not None:
         return missing
@@ -182,7 +185,7 @@ def imports(lock: Lock, env: Mapping[str, str], probed: ProbeFacts | Missing) ->
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(own))) as pool:
         tested = dict(zip(own, pool.map(lambda n: _import_one(lock.python.target, n, env), own), strict=True))
     if "torch" in names:
-        tested["torch"] = _torch_import(probed)
+        tested["torch"] = _torch_import(probed())
     return {n: tested[n] for n in names}
 
 

@@ -142,6 +142,20 @@ def nvmlDeviceGetComputeRunningProcesses(handle: int) -> list[SimpleNamespace]:
     return [SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used"]) for p in _device(handle, "processes")["processes"]] + held
 
 
+def nvmlDeviceGetUtilizationRates(handle: int) -> SimpleNamespace:
+    gpu_util, memory_util = _device(handle, "utilization").get("util", [0, 0])
+    return SimpleNamespace(gpu=gpu_util, memory=memory_util)
+
+
+def nvmlDeviceGetProcessUtilization(handle: int, last_seen: int) -> list[SimpleNamespace]:
+    """As the driver: one sample per process that ran kernels lately (spec "process_util": [{"pid", "sm"}]), and
+    NVML_ERROR_NOT_FOUND when there is none."""
+    samples = _device(handle, "process_utilization").get("process_util", [])
+    if not samples:
+        raise NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+    return [SimpleNamespace(pid=s["pid"], smUtil=s["sm"], memUtil=s.get("mem", 0), timeStamp=1) for s in samples]
+
+
 def _holders(handle: int) -> list[dict[str, Any]]:
     """Processes a spec's "holders" file (JSON lines: pid, gpu, bytes) says hold memory on this
     GPU, as a stand-in server writes them. As with the driver, a process's memory is held only

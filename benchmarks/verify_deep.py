@@ -1,0 +1,62 @@
+"""`stackgate verify --deep` on a GPU machine, warm, against a plain `stackgate verify`, in one run.
+
+    python benchmarks/verify_deep.py [--lock L] [--python PY] [--repeat N]
+
+Times, each in its own `stackgate` process, on this machine's real GPUs (NVML, the stack's torch):
+  - `stackgate verify --lock L` (the static checks: the reference),
+  - `stackgate verify --deep --lock L` once to warm flashinfer's JIT cache (not counted), then N
+    times warm,
+and prints the medians, the ratio deep / static, each phase of the last deep run (from its JSON
+report: the prerequisites, each deep check, the static checks judged beside them) and the deep
+run against its goal (<= 15 s warm on one GPU). Needs a GPU: there is nothing to measure without one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT)]
+
+import verify_speed  # noqa: E402  (beside this script: its timer and its lock retargeting)
+
+GOAL_S = 15.0
+
+
+def main() -> int:
+    args = verify_speed.arguments(__doc__, "the stack's interpreter (default: the lock's)")
+    with tempfile.TemporaryDirectory(prefix="stackgate-verify-deep-") as tmp:
+        folder = Path(tmp)
+        env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(ROOT)}
+        env.pop("STACKGATE_LOCK", None)
+        lock_path = verify_speed.retarget(args.lock, args.python, folder) if args.python else args.lock
+        lock = ["--lock", str(lock_path)]
+        program = [sys.executable, "-m", "stackgate", "verify", *lock]
+        verify_speed.timed([*program, "--list"], env, 1)  # compiles the modules verify imports
+        static, static_code = verify_speed.timed(program, env, args.repeat)
+        cold, _ = verify_speed.timed([*program, "--deep"], env, 1)
+        report = folder / "deep.json"
+        deep, deep_code = verify_speed.timed([*program, "--deep", "--json", str(report)], env, args.repeat)
+        doc = json.loads(report.read_text())
+    print(f"lock: {lock_path.name}; median of {args.repeat} runs each")
+    print(f"  stackgate verify               {static:7.2f} s  (exit {static_code})")
+    print(f"  stackgate verify --deep        {cold:7.2f} s  (the first: warms flashinfer's JIT cache)")
+    print(f"  stackgate verify --deep        {deep:7.2f} s  (exit {deep_code}, warm)")
+    phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in doc.get("phases_s", {}).items())
+    print(f"  phases of the last deep run: {phases}")
+    for result in doc["results"]:
+        if result["check"].startswith("deep."):
+            print(f"  {result['status']:5} {result['check']}: {result['summary'][:160]}")
+    print(
+        f"deep / static = {deep / static:.2f}x; deep warm {deep:.1f} s against the goal of {GOAL_S:g} s: "
+        f"{'met' if deep <= GOAL_S else 'NOT met'}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
