@@ -26,7 +26,14 @@ H200 = machine([gpu(name="NVIDIA H200", cc=(9, 0), memory=[141 * 2**30, 2**29])]
 RTX8 = machine([gpu() for _ in range(8)], driver="580.82.07")
 
 
-def stackgate(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _main(root: Path) -> str:
+    """A command line's program text: ``root``'s stackgate, run as ``python -m stackgate``."""
+    return f"import runpy, sys; sys.path.insert(0, {str(root)!r}); runpy.run_module('stackgate', run_name='__main__')"
+
+
+def stackgate(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, root: Path = ROOT
+) -> subprocess.CompletedProcess[str]:
     """``python -m stackgate ARGS`` with this checkout's package, run in ``cwd``."""
     environ = {
         k: v
@@ -35,14 +42,16 @@ def stackgate(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subpr
     }
     environ.update(
         {
-            "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}",
+            # the checkout goes on sys.path by the command line, not PYTHONPATH: the stack's interpreter inherits
+            # PYTHONPATH, and an editable install's egg-info in the checkout would be one more distribution there
+            "PYTHONPATH": str(TESTS),
             "NO_COLOR": "1",
             "STACKGATE_SYSTEM_DIR": str(cwd / "etc-stackgate"),
         }
     )
     environ.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "stackgate", *args], cwd=cwd, env=environ, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", _main(root), *args], cwd=cwd, env=environ, capture_output=True, text=True, timeout=600
     )
 
 
@@ -358,7 +367,7 @@ def test_no_command_writes_into_an_installed_package(tmp_path: Path) -> None:
     before = sorted(p.name for p in (site / "stackgate" / "lockfiles").iterdir())
 
     def installed(*args: str) -> subprocess.CompletedProcess[str]:
-        return stackgate(*args, cwd=work, env={"PYTHONPATH": f"{site}{os.pathsep}{TESTS}"})
+        return stackgate(*args, cwd=work, env={"PYTHONPATH": f"{site}{os.pathsep}{TESTS}"}, root=site)
 
     locked = installed("lock")  # the shipped default has no pylock: lock would write one beside it
     assert locked.returncode == ExitCode.USAGE
