@@ -212,7 +212,7 @@ def diagnose(c, path=None, stdin=False, json=None, lock=None, kernel=False, kern
 
 @task(
     positional=["action"],
-    iterable=["check"],
+    iterable=["check", "slurm_arg"],
     help={
         "action": "what to run on every node: gate, verify, provision (then a gate; a node that fails is rolled back) or upgrade (a canary first)",
         "hosts": "the nodes: comma-separated [user@]host[:port] (or --inventory)",
@@ -235,17 +235,32 @@ def diagnose(c, path=None, stdin=False, json=None, lock=None, kernel=False, kern
         "prom": "write Prometheus metrics here (one series per node) for node_exporter's textfile collector",
         "html": "write a self-contained HTML page here",
         "strict": "fail on warnings too: the nodes' own, and the fleet's outliers",
+        "engine": "ssh (default: --hosts/--inventory) or slurm: the allocation's nodes, one srun task each (docs/slurm.md)",
+        "partition": "slurm, outside an allocation: the partition to ask nodes of",
+        "nodes": "slurm, outside an allocation: how many nodes to ask for (or --nodelist)",
+        "nodelist": "slurm, outside an allocation: the nodes to ask for, a Slurm host list (gpu[01-04])",
+        "time": "slurm, outside an allocation: the allocation's time limit (salloc --time)",
+        "slurm_arg": "slurm, outside an allocation: one more salloc flag for the site, e.g. --slurm-arg=--account=ops (repeatable)",
+        "stackgate": "slurm: the stackgate program on the nodes (default: stackgate on the PATH srun exports)",
+        "node_dir": "slurm: node-local folder the spec is sent to with sbcast (default /tmp)",
+        "shared_dir": "slurm: a folder every node and this host share: the documents come back there instead of through srun",
     },
 )
 def fleet(
     c, action, hosts=None, inventory=None, lock=None, parallel=None, batch=None, fast_only=False, check=None, timeout=None, connect_timeout=None,
     json=None, junit=None, markdown=None, prom=None, html=None, strict=False, to=None, canary=None, switch="if-better", accept_output_change=False, model=None,
+    engine="ssh", partition=None, nodes=None, nodelist=None, time=None, slurm_arg=None, stackgate="stackgate", node_dir="/tmp", shared_dir=None,
 ):  # fmt: skip
-    """Run gate, verify, provision or upgrade on every node over SSH: one report, one verdict."""
+    """Run gate, verify, provision or upgrade on every node over SSH (or Slurm): one report, one verdict."""
     from stackgate.commands import fleet as command
 
     def go():
+        options = command.SlurmOptions(
+            partition=partition, nodes=command.whole("--nodes", nodes, 1) if nodes is not None else None, nodelist=nodelist,
+            time_limit=time, extra=tuple(slurm_arg or ()), stackgate=stackgate, node_dir=node_dir, shared_dir=_path(shared_dir),
+        )  # fmt: skip
         request = command.FleetRequest(
+            engine=engine, slurm=options if engine == "slurm" else None,
             action=action, hosts=hosts, inventory=_path(inventory), lock_path=_path(lock), parallel=command.whole("--parallel", parallel, 8),
             batch=command.whole("--batch", batch, 1), fast_only=fast_only, checks=tuple(check or ()), timeout_s=command.seconds("--timeout", timeout),
             connect_timeout_s=command.seconds("--connect-timeout", connect_timeout), strict=strict, json_path=_path(json), junit_path=_path(junit),

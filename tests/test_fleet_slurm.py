@@ -1,0 +1,184 @@
+"""`stackgate fleet --engine slurm` on a real Slurm cluster (tests/slurm_cluster.py, one per
+pytest-xdist worker, shared by the tests): munged, slurmctld and four ``slurmd -N nK``.
+
+The fleet: ``n1`` good, ``n2`` drifted (its stack interpreter holds one more distribution:
+another fingerprint), ``n3`` slow (its stand-in decodes at half the speed: an outlier that still
+passes), ``n4`` DOWN with a reason full of shell characters. Each node's differences reach its
+tasks through the cluster's TaskProlog, as FACTS.md (Slurm) describes; every node runs this
+checkout's stackgate through tests/fleet_node.py (fake NVML, the stand-in server on its own port).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fleet_support import TESTS, VERIFIABLE, behaviour, make_venv, nvml_file, spec, stand_in_pids
+from slurm_cluster import NODE_LOCAL, Cluster
+from smoke_support import FAKES, ROOT, free_port, living, wait_for
+
+from stackgate.models.exitcodes import ExitCode
+
+HOSTILE = 'psu "B" failed; $(touch /tmp/sg-pwned) `id` & rm -rf x'
+
+
+class SlurmFleet:
+    """The nodes' homes, their shared stackgate wrapper and spec, on the session's cluster."""
+
+    def __init__(self, cluster: Cluster, home: Path) -> None:
+        self.cluster, self.home = cluster, home
+        model = home / "model"
+        model.mkdir()
+        (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 4}))
+        self.python = make_venv(home / "stack")
+        self.drifted_python = make_venv(home / "stack-drift", {"flashinfer-python": "0.6.3"})
+        self.spec = spec(home / "fleet.toml", model, self.python)
+        self.started = home / "started"
+        self.program = home / "stackgate"
+        self.program.write_text(f'#!/bin/sh\n[ "$1" = --version ] || echo "$$ $SLURMD_NODENAME $*" >> {self.started}\nexec {sys.executable} {TESTS / "fleet_node.py"} "$@"\n')
+        self.program.chmod(0o755)
+
+    def node(self, name: str, *, python: Path | None = None, **behave: Any) -> None:
+        home = self.home / name
+        home.mkdir()
+        events = home / "events.jsonl"
+        self.cluster.set_env(name, {
+            "PYTHONPATH": f"{TESTS}{os.pathsep}{FAKES}", "STACKGATE_NVML_MODULE": "fakes.fake_nvml",
+            "STACKGATE_FAKE_NVML": str(nvml_file(home / "nvml.json")),
+            "STACKGATE_FAKE_SGLANG": str(behaviour(home / "behaviour.json", events, **{"rate": 400.0, "load_s": 0.2, **behave})),
+            "STACKGATE_HISTORY_DIR": str(home / "runs"), "STACKGATE_LOG_DIR": str(home / "logs"), "FLEET_NODE_PORT": str(free_port()),
+            "FLEET_NODE_INTERPRETER": str(python or self.python), "FLEET_NODE_CHECKS": ",".join(VERIFIABLE),
+        })  # fmt: skip
+
+    def stackgate(self, *args: str, timeout: float = 240, popen: bool = False) -> Any:
+        env = {**self.cluster.env, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1", "STACKGATE_HISTORY_DIR": str(self.home / "controller-runs")}
+        env.pop("STACKGATE_LOCK", None)
+        argv = [sys.executable, "-m", "stackgate", *args]
+        if popen:
+            return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+    def slurm_args(self) -> list[str]:
+        return ["--engine", "slurm", "--stackgate", str(self.program), "--node-dir", str(NODE_LOCAL), "--lock", str(self.spec)]
+
+    def left_behind(self) -> dict[str, list[str]]:
+        """What any node's local storage still holds, and the cluster's jobs and steps."""
+        left = {n: sorted(p.name for p in self.cluster.local(n).iterdir()) for n in self.cluster.nodes}
+        left["jobs"] = self.cluster.run("squeue", "-h", "-o", "%i %j").stdout.split()
+        return {k: v for k, v in left.items() if v}
+
+
+@pytest.fixture
+def fleet(slurm: Cluster, tmp_path: Path) -> Any:
+    made = SlurmFleet(slurm, tmp_path)
+    try:
+        yield made
+    finally:
+        for node in slurm.nodes:
+            slurm.reset(node)
+        slurm.wait_states(dict.fromkeys(slurm.nodes, "idle"))
+
+
+def by_name(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {n["name"]: n for n in doc["nodes"]}
+
+
+def test_a_drifted_a_slow_and_a_down_node_through_slurm(fleet: SlurmFleet, tmp_path: Path) -> None:
+    """One `fleet gate --engine slurm --nodelist n[1-4]` outside any allocation: the allocation
+    is asked for and released, n4 (DOWN) is listed with its state and its reason as data, the
+    drifted node is named with what differs, the slow one is the outlier, every report format
+    says so, and no file, job or process is left."""
+    for name in ("n1", "n2", "n3"):
+        fleet.node(name, python=fleet.drifted_python if name == "n2" else None, rate=200.0 if name == "n3" else 400.0)
+    fleet.cluster.run("scontrol", "update", "nodename=n4", "state=down", f"reason={HOSTILE}")
+    out = tmp_path / "report"
+    done = fleet.stackgate(
+        "fleet", "gate", *fleet.slurm_args(), "--nodelist", "n[1-4]", "--time", "10",
+        "--json", f"{out}.json", "--junit", f"{out}.xml", "--markdown", f"{out}.md", "--prom", f"{out}.prom", "--html", f"{out}.html",
+    )  # fmt: skip
+    assert done.returncode == ExitCode.FAILED, done.stdout + done.stderr
+    doc = json.loads(Path(f"{out}.json").read_text())
+    nodes = by_name(doc)
+    assert {n: v["status"] for n, v in nodes.items()} == {"n1": "passed", "n2": "passed", "n3": "passed", "n4": "unreachable"}, nodes
+    assert nodes["n4"]["reason"] == f"not dialled: Slurm state down ({HOSTILE})" and nodes["n4"]["address"] == "slurm:n4"
+    assert not Path("/tmp/sg-pwned").exists()
+    assert nodes["n1"]["stages"] == dict.fromkeys(["lock", "environment", "verify", "fast_smoke", "benchmark"], "passed")
+    assert nodes["n1"]["version"] == nodes["n3"]["version"] is not None
+    assert doc["shipped"] == {"fleet.toml": hashlib.sha256(fleet.spec.read_bytes()).hexdigest()}
+    assert doc["engine"]["name"] == "slurm" and doc["engine"]["allocated_here"] is True and doc["engine"]["step_id"].startswith(doc["engine"]["job_id"] + ".")
+    stacks = [g for g in doc["groups"] if g["digest"]]
+    assert [(g["nodes"], g["majority"]) for g in stacks] == [(["n1", "n3"], True), (["n2"], False)]
+    assert stacks[1]["differences"] == {"n2": [{"section": "distributions", "name": "flashinfer-python", "majority": None, "node": "0.6.3"}]}
+    assert "    distributions: flashinfer-python: (none) -> 0.6.3" in done.stdout
+    (outlier,) = doc["outliers"]
+    assert outlier["node"] == "n3" and outlier["value"] == pytest.approx(200.0, rel=0.15) and outlier["median"] == pytest.approx(400.0, rel=0.15)
+    assert doc["reason"].startswith("1 of 4 node(s) did not pass: n4 unreachable")
+    assert "| n2 | passed |" in Path(f"{out}.md").read_text() and 'name="stackgate.fleet.n4"' in Path(f"{out}.xml").read_text()
+    assert 'stackgate_fleet_node_passed{lock="fleetstack",node="n4"} 0' in Path(f"{out}.prom").read_text()
+    wait_for(lambda: fleet.left_behind() == {}, 20)
+    for name in ("n1", "n2", "n3"):
+        assert stand_in_pids(fleet.home / name / "events.jsonl") == []
+    kept = [json.loads(p.read_text()) for p in sorted((fleet.home / "controller-runs").glob("*.json"))]
+    assert sorted(k["fleet"]["node"] for k in kept) == ["n1", "n2", "n3"]
+    global SLURM_REPORT
+    SLURM_REPORT = doc
+
+
+SLURM_REPORT: dict[str, Any] = {}
+
+
+def test_inside_an_allocation_with_a_shared_folder(fleet: SlurmFleet, tmp_path: Path) -> None:
+    """`fleet verify --engine slurm` run inside `salloc -N2`: the allocation's nodes, its
+    documents through --shared-dir; the allocation is the caller's, so it is not released."""
+    for name in ("n1", "n2"):
+        fleet.node(name)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    done = fleet.stackgate(
+        "fleet", "verify", *fleet.slurm_args(), "--shared-dir", str(shared), "-c", "gpu.*", "--json", str(tmp_path / "v.json"),
+    )  # fmt: skip
+    assert done.returncode == ExitCode.USAGE and "--nodes N or --nodelist" in done.stderr  # outside an allocation, nothing asked: nothing run
+    argv = [sys.executable, "-m", "stackgate", "fleet", "verify", *fleet.slurm_args(), "--shared-dir", str(shared), "-c", "gpu.*", "--json", str(tmp_path / "v.json")]
+    env = {**fleet.cluster.env, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1"}
+    inside = subprocess.run(["salloc", "-N2", "-w", "n1,n2", "--job-name=caller", *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert inside.returncode == ExitCode.PASSED, inside.stdout + inside.stderr
+    doc = json.loads((tmp_path / "v.json").read_text())
+    assert doc["engine"]["allocated_here"] is False and doc["command"] == "fleet verify"
+    assert {n["name"]: n["status"] for n in doc["nodes"]} == {"n1": "passed", "n2": "passed"}
+    assert all(n["counts"]["PASS"] >= 1 and n["counts"].get("FAIL", 0) == 0 for n in doc["nodes"])
+    assert list(shared.iterdir()) == []
+    wait_for(lambda: fleet.left_behind() == {}, 20)  # the caller's own job ends as its salloc does
+
+
+def test_ctrl_c_cancels_the_step_keeps_the_reports_and_leaves_nothing(fleet: SlurmFleet, tmp_path: Path) -> None:
+    """Ctrl-C while both nodes' stand-ins load: the step gets SIGTERM (scancel), each node's gate
+    tears its server down and writes its report, which comes back; exit 130, the allocation is
+    released, and no stackgate, stand-in or task is left on any node."""
+    for name in ("n1", "n2"):
+        fleet.node(name, load_s=120.0)
+    process = fleet.stackgate("fleet", "gate", *fleet.slurm_args(), "--nodes", "2", "--json", str(tmp_path / "f.json"), popen=True)
+    try:
+        events = [fleet.home / name / "events.jsonl" for name in ("n1", "n2")]
+        wait_for(lambda: all(e.exists() and '"started"' in e.read_text() for e in events), 90)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=90)
+    finally:
+        process.kill()
+    assert process.returncode == ExitCode.INTERRUPTED and "stackgate: interrupted" in err, err
+    doc = json.loads((tmp_path / "f.json").read_text())
+    assert doc["interrupted"] is True and doc["exit_code"] == 130
+    nodes = by_name(doc)
+    assert {n["status"] for n in nodes.values()} == {"interrupted"}, nodes
+    assert {n["stages"]["fast_smoke"] for n in nodes.values()} == {"interrupted"}  # each node's own report, written as its gate stopped
+    for name in ("n1", "n2"):
+        assert stand_in_pids(fleet.home / name / "events.jsonl") == []
+    gates = [int(line.split()[0]) for line in fleet.started.read_text().splitlines()]
+    wait_for(lambda: living(gates) == [], 10)
+    wait_for(lambda: fleet.left_behind() == {}, 20)
