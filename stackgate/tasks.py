@@ -13,7 +13,7 @@ from stackgate.cli import task
 from stackgate.models import settings
 from stackgate.render.ui import UI
 
-__all__ = ["diagnose", "fleet", "gate", "lock", "provision", "report", "rollback", "smoke", "upgrade", "verify"]
+__all__ = ["diagnose", "fleet", "gate", "lock", "provision", "report", "rollback", "slurm_health", "smoke", "upgrade", "verify"]
 
 LOCK_HELP = f"lockfile to use (default: ${settings.LOCK.env}, then the blackwell-sm120-cu130.toml shipped with stackgate)"
 
@@ -299,3 +299,28 @@ def upgrade(c, to=None, lock=None, model=None, switch="if-better", dry_run=False
         return command.run(request, UI())
 
     cli.run_command(go)
+
+
+@task(
+    iterable=["check"],
+    help={
+        "config": "a TOML file with a [slurm-health] table (docs/slurm.md): what slurmd's HealthCheckProgram points at",
+        "lock": "the spec to check against (an absolute path; default: the config's lock)",
+        "prom": "write verify's Prometheus metrics here, as verify --cached --prom does",
+        "timeout": "seconds verify may take before it is killed and the node counts as failing (default 30)",
+        "check": "run only checks matching this name or glob (repeatable; default: verify --cached's)",
+        "stackgate": "the stackgate program that runs verify (default: this one's interpreter)",
+        "slurm_bin": "the folder of Slurm's scontrol and sinfo (slurmd gives the check no PATH)",
+        "slurm_conf": "the slurm.conf those commands read (default: Slurm's own)",
+        "node": "this node's Slurm name (default: $SLURMD_NODENAME, else the short hostname)",
+    },
+)
+def slurm_health(c, config=None, lock=None, prom=None, timeout=None, check=None, stackgate=None, slurm_bin=None, slurm_conf=None, node=None):
+    """Slurm's HealthCheckProgram: verify --cached under a time cap; drain on a failure, resume only what it drained."""
+    from stackgate.commands import slurmhealth as command
+
+    flags = {
+        "lock": lock, "prom": prom, "timeout_s": timeout, "checks": tuple(check or ()), "stackgate": stackgate, "slurm_bin": slurm_bin,
+        "slurm_conf": slurm_conf, "node": node,
+    }  # fmt: skip
+    cli.run_command(lambda: command.run(_path(config), flags, UI()))

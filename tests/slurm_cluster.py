@@ -87,8 +87,8 @@ class Cluster:
         return dict(line.split() for line in done.stdout.splitlines() if line.strip())
 
     def reason(self, node: str) -> str:
-        doc = json.loads(self.run("sinfo", "--json", "-n", node).stdout)
-        return str(doc["nodes"][0].get("reason") or "")
+        doc = json.loads(self.run("sinfo", "--json").stdout)
+        return next(str(n.get("reason") or "") for n in doc["nodes"] if n["name"] == node)
 
     def wait_states(self, wanted: dict[str, str], timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -100,10 +100,19 @@ class Cluster:
                 raise AssertionError(f"the nodes did not reach {wanted} within {timeout_s} s: {states}\n{self.logs()}")
             time.sleep(0.2)
 
-    def reset(self, node: str) -> None:
-        """The node back to idle, whatever a test did to it."""
-        self.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
-        self.set_env(node, {})
+    def reset(self) -> None:
+        """Every node back to idle, whatever a test did to it: no health script any more (and none
+        still running, which could drain a node after its resume), no environment, resumed."""
+        for node in self.nodes:
+            (self.node_dir(node) / "health").unlink(missing_ok=True)
+            self.set_env(node, {})
+        scripts = [str(self.node_dir(node) / "health").encode() for node in self.nodes]
+        deadline = time.monotonic() + 60
+        while any(script in cmdline for cmdline in _cmdlines() for script in scripts) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for node in self.nodes:
+            self.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
+        self.wait_states(dict.fromkeys(self.nodes, "idle"))
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(self.home.glob("*.log")))
@@ -118,6 +127,17 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 process.kill()
         shutil.rmtree(self.home, ignore_errors=True)
+
+
+def _cmdlines() -> list[bytes]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                found.append((entry / "cmdline").read_bytes())
+            except OSError:
+                continue
+    return found
 
 
 def _stop(pid: int, name: str, grace_s: float = 10.0) -> None:

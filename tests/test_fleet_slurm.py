@@ -45,17 +45,20 @@ class SlurmFleet:
         self.program.write_text(f'#!/bin/sh\n[ "$1" = --version ] || echo "$$ $SLURMD_NODENAME $*" >> {self.started}\nexec {sys.executable} {TESTS / "fleet_node.py"} "$@"\n')
         self.program.chmod(0o755)
 
-    def node(self, name: str, *, python: Path | None = None, **behave: Any) -> None:
+    def node(self, name: str, *, python: Path | None = None, **behave: Any) -> dict[str, str]:
+        """The node's home and what its tasks get (through the TaskProlog): that environment."""
         home = self.home / name
         home.mkdir()
         events = home / "events.jsonl"
-        self.cluster.set_env(name, {
+        env = {
             "PYTHONPATH": f"{TESTS}{os.pathsep}{FAKES}", "STACKGATE_NVML_MODULE": "fakes.fake_nvml",
             "STACKGATE_FAKE_NVML": str(nvml_file(home / "nvml.json")),
             "STACKGATE_FAKE_SGLANG": str(behaviour(home / "behaviour.json", events, **{"rate": 400.0, "load_s": 0.2, **behave})),
             "STACKGATE_HISTORY_DIR": str(home / "runs"), "STACKGATE_LOG_DIR": str(home / "logs"), "FLEET_NODE_PORT": str(free_port()),
             "FLEET_NODE_INTERPRETER": str(python or self.python), "FLEET_NODE_CHECKS": ",".join(VERIFIABLE),
-        })  # fmt: skip
+        }  # fmt: skip
+        self.cluster.set_env(name, env)
+        return env
 
     def stackgate(self, *args: str, timeout: float = 240, popen: bool = False) -> Any:
         env = {**self.cluster.env, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1", "STACKGATE_HISTORY_DIR": str(self.home / "controller-runs")}
@@ -81,9 +84,7 @@ def fleet(slurm: Cluster, tmp_path: Path) -> Any:
     try:
         yield made
     finally:
-        for node in slurm.nodes:
-            slurm.reset(node)
-        slurm.wait_states(dict.fromkeys(slurm.nodes, "idle"))
+        slurm.reset()
 
 
 def by_name(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:

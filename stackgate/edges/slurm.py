@@ -41,7 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
-__all__ = ["Allocation", "Frame", "NodeState", "SlurmError", "Step", "TASK", "allocate", "broadcast", "node_states", "release", "run_step"]
+__all__ = [
+    "Allocation", "Frame", "NodeState", "SlurmError", "Step", "TASK", "allocate", "broadcast", "current", "drain", "hostnames", "node_states",
+    "parse_frames", "release", "resume", "run_step",
+]  # fmt: skip
 
 #: Node states (sinfo's %T, its flags after '+') in which a node takes work.
 USABLE = frozenset({"idle", "mixed", "allocated", "completing", "planned", "reserved"})
@@ -94,18 +97,28 @@ def hostnames(nodelist: str) -> tuple[str, ...]:
     return tuple(line.strip() for line in _run(["scontrol", "show", "hostnames", nodelist]).splitlines() if line.strip())
 
 
-def node_states(names: Sequence[str] = (), partition: str | None = None) -> dict[str, NodeState]:
+def node_states(names: Sequence[str] = (), partition: str | None = None, env: Mapping[str, str] | None = None) -> dict[str, NodeState]:
     """Each node's state and reason (``sinfo -N``), of the nodes named or of a partition."""
     argv = ["sinfo", "-N", "-h", "-o", f"%N{_SEP}%T{_SEP}%E"]
     argv += ["-n", ",".join(names)] if names else []
     argv += ["-p", partition] if partition else []
     found: dict[str, NodeState] = {}
-    for line in _run(argv).splitlines():
+    for line in _run(argv, env).splitlines():
         parts = line.split(_SEP)
         if len(parts) == 3 and parts[0] not in found:
             reason = "" if parts[2] == "none" else parts[2]
             found[parts[0]] = NodeState(parts[0], parts[1], reason)
     return found
+
+
+def drain(node: str, reason: str, env: Mapping[str, str] | None = None) -> None:
+    """``scontrol update nodename=NODE state=drain reason=REASON`` (an argument vector: the
+    reason is data, whatever it holds)."""
+    _run(["scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}"], env)
+
+
+def resume(node: str, env: Mapping[str, str] | None = None) -> None:
+    _run(["scontrol", "update", f"nodename={node}", "state=resume"], env)
 
 
 def current() -> Allocation | None:
