@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleet_support import TESTS, VERIFIABLE, behaviour, make_venv, nvml_file, spec, stand_in_pids
+import test_fleet
+from fleet_support import TESTS, VERIFIABLE, behaviour, make_venv, nvml_file, spec, stand_in_pids, why_no_sshd
 from slurm_cluster import NODE_LOCAL, Cluster
 from smoke_support import FAKES, ROOT, free_port, living, wait_for
+from test_fleet import Fleet
 
 from stackgate.models.exitcodes import ExitCode
 
@@ -42,10 +44,15 @@ class SlurmFleet:
         self.spec = spec(home / "fleet.toml", model, self.python)
         self.started = home / "started"
         self.program = home / "stackgate"
-        self.program.write_text(f'#!/bin/sh\n[ "$1" = --version ] || echo "$$ $SLURMD_NODENAME $*" >> {self.started}\nexec {sys.executable} {TESTS / "fleet_node.py"} "$@"\n')
+        self.program.write_text(
+            f'#!/bin/sh\n[ "$1" = --version ] || echo "$$ $SLURMD_NODENAME $*" >> {self.started}\n'
+            '[ -n "${FLEET_NODE_BROKEN:-}" ] && { echo "stackgate: cannot start: $FLEET_NODE_BROKEN" >&2; exit 127; }\n'
+            '[ -n "${FLEET_NODE_HANG:-}" ] && [ "$1" != --version ] && exec sleep 600\n'
+            f'exec {sys.executable} {TESTS / "fleet_node.py"} "$@"\n'
+        )
         self.program.chmod(0o755)
 
-    def node(self, name: str, *, python: Path | None = None, **behave: Any) -> dict[str, str]:
+    def node(self, name: str, *, python: Path | None = None, own: dict[str, str] | None = None, **behave: Any) -> dict[str, str]:
         """The node's home and what its tasks get (through the TaskProlog): that environment."""
         home = self.home / name
         home.mkdir()
@@ -56,6 +63,7 @@ class SlurmFleet:
             "STACKGATE_FAKE_SGLANG": str(behaviour(home / "behaviour.json", events, **{"rate": 400.0, "load_s": 0.2, **behave})),
             "STACKGATE_HISTORY_DIR": str(home / "runs"), "STACKGATE_LOG_DIR": str(home / "logs"), "FLEET_NODE_PORT": str(free_port()),
             "FLEET_NODE_INTERPRETER": str(python or self.python), "FLEET_NODE_CHECKS": ",".join(VERIFIABLE),
+            **(own or {}),
         }  # fmt: skip
         self.cluster.set_env(name, env)
         return env
@@ -128,11 +136,54 @@ def test_a_drifted_a_slow_and_a_down_node_through_slurm(fleet: SlurmFleet, tmp_p
         assert stand_in_pids(fleet.home / name / "events.jsonl") == []
     kept = [json.loads(p.read_text()) for p in sorted((fleet.home / "controller-runs").glob("*.json"))]
     assert sorted(k["fleet"]["node"] for k in kept) == ["n1", "n2", "n3"]
-    global SLURM_REPORT
-    SLURM_REPORT = doc
+    if why_no_sshd() is None:
+        the_same_fleet_over_ssh_gives_the_same_report(tmp_path / "ssh", doc)
 
 
-SLURM_REPORT: dict[str, Any] = {}
+def the_same_fleet_over_ssh_gives_the_same_report(home: Path, through_slurm: dict[str, Any]) -> None:
+    """The fleet above as loopback SSH nodes (tests/test_fleet.py): n4 a closed port. The same
+    statuses, stacks, differences, outlier and verdict; only the down node's reason and the
+    addresses say which engine reached them."""
+    home.mkdir()
+    ssh = Fleet(home)
+    try:
+        ssh.node("n1")
+        ssh.node("n2", python=ssh.drifted_python)
+        ssh.node("n3", rate=200.0)
+        done = test_fleet.stackgate(
+            "fleet", "gate", "--inventory", str(ssh.inventory({"name": "n4", "port": free_port()})), "--lock", str(ssh.spec), "--json", str(home / "f.json"),
+            history=home / "runs",
+        )  # fmt: skip
+    finally:
+        ssh.stop()
+    assert done.returncode == ExitCode.FAILED, done.stdout + done.stderr
+    doc = json.loads((home / "f.json").read_text())
+
+    def seen(report: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "statuses": {n["name"]: n["status"] for n in report["nodes"]}, "stages": {n["name"]: n["stages"] for n in report["nodes"]},
+            "groups": [(g["nodes"], g["majority"], g["differences"], g["digest"] is None) for g in report["groups"]],
+            "outliers": [(o["node"], o["metric"]) for o in report["outliers"]], "verdict": (report["verdict"], report["exit_code"], report["reason"]),
+        }  # fmt: skip
+
+    assert seen(doc) == seen(through_slurm)
+
+
+def test_failures_are_values_a_task_that_cannot_start_and_a_node_past_its_timeout(fleet: SlurmFleet, tmp_path: Path) -> None:
+    """n2's stackgate cannot start (its --version fails), n3's hangs past --timeout: n1 passes, n2
+    failed with its words, n3 timed out (its step got SIGTERM), and nothing is left."""
+    fleet.node("n1")
+    fleet.node("n2", own={"FLEET_NODE_BROKEN": "libpython3.so: not found"})
+    fleet.node("n3", own={"FLEET_NODE_HANG": "1"})
+    done = fleet.stackgate("fleet", "verify", *fleet.slurm_args(), "--nodelist", "n[1-3]", "-c", "gpu.*", "--timeout", "8", "--json", str(tmp_path / "v.json"))
+    assert done.returncode == ExitCode.FAILED, done.stdout + done.stderr
+    nodes = by_name(json.loads((tmp_path / "v.json").read_text()))
+    assert {n: v["status"] for n, v in nodes.items()} == {"n1": "passed", "n2": "failed", "n3": "timed out"}, nodes
+    assert nodes["n2"]["reason"] == f"`{fleet.program} --version` on the node: exit 127: stackgate: cannot start: libpython3.so: not found"
+    assert nodes["n3"]["reason"].startswith("timed out: verify exit 143")
+    wait_for(lambda: fleet.left_behind() == {}, 20)
+    hung = [int(line.split()[0]) for line in fleet.started.read_text().splitlines() if " n3 " in line]
+    assert hung and living(hung) == []
 
 
 def test_inside_an_allocation_with_a_shared_folder(fleet: SlurmFleet, tmp_path: Path) -> None:
