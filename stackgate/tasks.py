@@ -13,7 +13,10 @@ from stackgate.cli import task
 from stackgate.models import settings
 from stackgate.render.ui import UI
 
-__all__ = ["diagnose", "fleet", "gate", "lock", "provision", "report", "rollback", "slurm_health", "smoke", "upgrade", "verify"]
+__all__ = [
+    "diagnose", "fleet", "gate", "lock", "provision", "report", "rollback", "slurm_health", "smoke", "upgrade",
+    "verify",
+]  # fmt: skip
 
 LOCK_HELP = f"lockfile to use (default: ${settings.LOCK.env}, then the blackwell-sm120-cu130.toml shipped with stackgate)"
 
@@ -235,29 +238,31 @@ def diagnose(c, path=None, stdin=False, json=None, lock=None, kernel=False, kern
         "prom": "write Prometheus metrics here (one series per node) for node_exporter's textfile collector",
         "html": "write a self-contained HTML page here",
         "strict": "fail on warnings too: the nodes' own, and the fleet's outliers",
-        "engine": "ssh (default: --hosts/--inventory) or slurm: the allocation's nodes, one srun task each (docs/slurm.md)",
+        "engine": "ssh (default: --hosts/--inventory) or slurm: an allocation's nodes (docs/slurm.md)",
         "partition": "slurm, outside an allocation: the partition to ask nodes of",
         "nodes": "slurm, outside an allocation: how many nodes to ask for (or --nodelist)",
         "nodelist": "slurm, outside an allocation: the nodes to ask for, a Slurm host list (gpu[01-04])",
         "time": "slurm, outside an allocation: the allocation's time limit (salloc --time)",
-        "slurm_arg": "slurm, outside an allocation: one more salloc flag for the site, e.g. --slurm-arg=--account=ops (repeatable)",
+        "slurm_arg": "slurm, outside an allocation: one more salloc flag, e.g. --slurm-arg=--account=ops (repeatable)",
         "stackgate": "slurm: the stackgate program on the nodes (default: stackgate on the PATH srun exports)",
         "node_dir": "slurm: node-local folder the spec is sent to with sbcast (default /tmp)",
-        "shared_dir": "slurm: a folder every node and this host share: the documents come back there instead of through srun",
+        "shared_dir": "slurm: a folder every node and this host share: the documents come back there, not through srun",
     },
 )
 def fleet(
     c, action, hosts=None, inventory=None, lock=None, parallel=None, batch=None, fast_only=False, check=None, timeout=None, connect_timeout=None,
     json=None, junit=None, markdown=None, prom=None, html=None, strict=False, to=None, canary=None, switch="if-better", accept_output_change=False, model=None,
-    engine="ssh", partition=None, nodes=None, nodelist=None, time=None, slurm_arg=None, stackgate="stackgate", node_dir="/tmp", shared_dir=None,
+    engine="ssh", partition=None, nodes=None, nodelist=None, time=None, slurm_arg=None, stackgate="stackgate",
+    node_dir="/tmp", shared_dir=None,
 ):  # fmt: skip
     """Run gate, verify, provision or upgrade on every node over SSH (or Slurm): one report, one verdict."""
     from stackgate.commands import fleet as command
 
     def go():
         options = command.SlurmOptions(
-            partition=partition, nodes=command.whole("--nodes", nodes, 1) if nodes is not None else None, nodelist=nodelist,
-            time_limit=time, extra=tuple(slurm_arg or ()), stackgate=stackgate, node_dir=node_dir, shared_dir=_path(shared_dir),
+            partition=partition, nodes=command.whole("--nodes", nodes, 1) if nodes is not None else None,
+            nodelist=nodelist, time_limit=time, extra=tuple(slurm_arg or ()), stackgate=stackgate, node_dir=node_dir,
+            shared_dir=_path(shared_dir),
         )  # fmt: skip
         request = command.FleetRequest(
             engine=engine, slurm=options if engine == "slurm" else None,
@@ -315,12 +320,15 @@ def upgrade(c, to=None, lock=None, model=None, switch="if-better", dry_run=False
         "node": "this node's Slurm name (default: $SLURMD_NODENAME, else the short hostname)",
     },
 )
-def slurm_health(c, config=None, lock=None, prom=None, timeout=None, check=None, stackgate=None, slurm_bin=None, slurm_conf=None, node=None):
+def slurm_health(
+    c, config=None, lock=None, prom=None, timeout=None, check=None, stackgate=None, slurm_bin=None, slurm_conf=None,
+    node=None,
+):  # fmt: skip
     """Slurm's HealthCheckProgram: verify --cached under a time cap; drain on a failure, resume only what it drained."""
     from stackgate.commands import slurmhealth as command
 
     flags = {
-        "lock": lock, "prom": prom, "timeout_s": timeout, "checks": tuple(check or ()), "stackgate": stackgate, "slurm_bin": slurm_bin,
-        "slurm_conf": slurm_conf, "node": node,
+        "lock": lock, "prom": prom, "timeout_s": timeout, "checks": tuple(check or ()), "stackgate": stackgate,
+        "slurm_bin": slurm_bin, "slurm_conf": slurm_conf, "node": node,
     }  # fmt: skip
     cli.run_command(lambda: command.run(_path(config), flags, UI()))

@@ -35,7 +35,11 @@ NODE_LOCAL = Path("/run/stackgate-test-node")
 
 def why_no_slurm() -> str | None:
     """Why a real Slurm cannot run here (None when it can)."""
-    missing = [p for p in (SLURMCTLD, SLURMD, MUNGED, shutil.which("srun"), shutil.which("unshare")) if not p or not Path(p).exists()]
+    missing = [
+        p
+        for p in (SLURMCTLD, SLURMD, MUNGED, shutil.which("srun"), shutil.which("unshare"))
+        if not p or not Path(p).exists()
+    ]
     if missing:
         return "no Slurm here (Debian: apt-get install slurm-wlm munge; .ci/run installs them)"
     if os.geteuid() != 0:
@@ -115,7 +119,9 @@ class Cluster:
         self.wait_states(dict.fromkeys(self.nodes, "idle"))
 
     def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(self.home.glob("*.log")))
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(self.home.glob("*.log"))
+        )
 
     def stop(self) -> None:
         """Every daemon by its pid: the nodes, the controller, munged; then the folder."""
@@ -177,10 +183,23 @@ def _munge(home: Path) -> tuple[int, Path]:
         shutil.chown(path, "munge", "munge")
     socket = folder / "munge.socket"
     subprocess.run(
-        ["runuser", "-u", "munge", "--", MUNGED, f"--key-file={key}", f"--socket={socket}", f"--pid-file={folder / 'munged.pid'}",
-         f"--log-file={folder / 'munged.log'}", f"--seed-file={folder / 'munged.seed'}", "--num-threads=4"],
-        check=True, capture_output=True, timeout=30,
-    )  # fmt: skip
+        [
+            "runuser",
+            "-u",
+            "munge",
+            "--",
+            MUNGED,
+            f"--key-file={key}",
+            f"--socket={socket}",
+            f"--pid-file={folder / 'munged.pid'}",
+            f"--log-file={folder / 'munged.log'}",
+            f"--seed-file={folder / 'munged.seed'}",
+            "--num-threads=4",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
     return _pid(folder / "munged.pid"), socket
 
 
@@ -203,17 +222,42 @@ exec "$f"
 def _conf(cluster: Cluster, socket: Path) -> str:
     home = cluster.home
     lines = [
-        f"ClusterName=sg{secrets.token_hex(3)}", "SlurmctldHost=localhost", f"SlurmctldPort={cluster.ctld_port}",
-        "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={socket}", f"StateSaveLocation={home / 'state'}",
-        f"SlurmdSpoolDir={home / 'spool'}/%n", f"SlurmctldPidFile={home / 'slurmctld.pid'}", f"SlurmdPidFile={home / 'slurmd'}.%n.pid",
-        f"SlurmctldLogFile={home / 'slurmctld.log'}", f"SlurmdLogFile={home / 'slurmd'}.%n.log", "ProctrackType=proctrack/linuxproc",
-        "TaskPlugin=task/none", "SelectType=select/cons_tres", "SlurmUser=root", "SlurmdUser=root", "ReturnToService=1", "MpiDefault=none",
-        f"TaskProlog={home / 'taskprolog'}", f"HealthCheckProgram={home / 'healthcheck'}", "HealthCheckInterval=2",
-        "HealthCheckNodeState=ANY", "KillWait=5", "MessageTimeout=10", "SlurmdTimeout=300", "InactiveLimit=0",
-        "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none", "SchedulerParameters=sched_interval=1",
-        "SlurmctldParameters=enable_configless", cluster.extra,
-    ]  # fmt: skip
-    lines += [f"NodeName={n} NodeHostname=localhost Port={cluster.node_ports[n]} CPUs=1 State=UNKNOWN" for n in cluster.nodes]
+        f"ClusterName=sg{secrets.token_hex(3)}",
+        "SlurmctldHost=localhost",
+        f"SlurmctldPort={cluster.ctld_port}",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        f"AuthInfo=socket={socket}",
+        f"StateSaveLocation={home / 'state'}",
+        f"SlurmdSpoolDir={home / 'spool'}/%n",
+        f"SlurmctldPidFile={home / 'slurmctld.pid'}",
+        f"SlurmdPidFile={home / 'slurmd'}.%n.pid",
+        f"SlurmctldLogFile={home / 'slurmctld.log'}",
+        f"SlurmdLogFile={home / 'slurmd'}.%n.log",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "SelectType=select/cons_tres",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        "ReturnToService=1",
+        "MpiDefault=none",
+        f"TaskProlog={home / 'taskprolog'}",
+        f"HealthCheckProgram={home / 'healthcheck'}",
+        "HealthCheckInterval=2",
+        "HealthCheckNodeState=ANY",
+        "KillWait=5",
+        "MessageTimeout=10",
+        "SlurmdTimeout=300",
+        "InactiveLimit=0",
+        "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none",
+        "SchedulerParameters=sched_interval=1",
+        "SlurmctldParameters=enable_configless",
+        cluster.extra,
+    ]
+    lines += [
+        f"NodeName={n} NodeHostname=localhost Port={cluster.node_ports[n]} CPUs=1 State=UNKNOWN" for n in cluster.nodes
+    ]
     lines.append(f"PartitionName=debug Nodes={','.join(cluster.nodes)} Default=YES MaxTime=INFINITE State=UP")
     return "\n".join(line for line in lines if line) + "\n"
 
@@ -247,12 +291,28 @@ def start(nodes: int = 4, *, extra: str = "", timeout_s: float = 60.0) -> Cluste
 def _daemons(cluster: Cluster) -> None:
     home, env = cluster.home, cluster.env
     log = open(home / "daemons.out", "ab")
-    cluster.processes.append(subprocess.Popen([SLURMCTLD, "-D", "-i", "-f", str(cluster.conf)], env=env, stdout=log, stderr=log, start_new_session=True))
+    cluster.processes.append(
+        subprocess.Popen(
+            [SLURMCTLD, "-D", "-i", "-f", str(cluster.conf)], env=env, stdout=log, stderr=log, start_new_session=True
+        )
+    )
     cluster.pids["slurmctld"] = cluster.processes[-1].pid
     NODE_LOCAL.mkdir(exist_ok=True)
     for name in cluster.nodes:
         # its own mount namespace: the node's private folder at NODE_LOCAL (its node-local storage)
         script = f'mount --bind "$1" {NODE_LOCAL} && exec {SLURMD} -D -N "$2" -f "$3"'
-        argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", str(cluster.local(name)), name, str(cluster.conf)]
+        argv = [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            str(cluster.local(name)),
+            name,
+            str(cluster.conf),
+        ]
         cluster.processes.append(subprocess.Popen(argv, env=env, stdout=log, stderr=log, start_new_session=True))
         cluster.pids[f"slurmd {name}"] = cluster.processes[-1].pid

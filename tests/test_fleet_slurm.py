@@ -38,7 +38,9 @@ class SlurmFleet:
         self.cluster, self.home = cluster, home
         model = home / "model"
         model.mkdir()
-        (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 4}))
+        (model / "config.json").write_text(
+            json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 4})
+        )
         self.python = make_venv(home / "stack")
         self.drifted_python = make_venv(home / "stack-drift", {"flashinfer-python": "0.6.3"})
         self.spec = spec(home / "fleet.toml", model, self.python)
@@ -52,32 +54,62 @@ class SlurmFleet:
         )
         self.program.chmod(0o755)
 
-    def node(self, name: str, *, python: Path | None = None, own: dict[str, str] | None = None, **behave: Any) -> dict[str, str]:
+    def node(
+        self, name: str, *, python: Path | None = None, own: dict[str, str] | None = None, **behave: Any
+    ) -> dict[str, str]:
         """The node's home and what its tasks get (through the TaskProlog): that environment."""
         home = self.home / name
         home.mkdir()
         events = home / "events.jsonl"
         env = {
-            "PYTHONPATH": f"{TESTS}{os.pathsep}{FAKES}", "STACKGATE_NVML_MODULE": "fakes.fake_nvml",
+            "PYTHONPATH": f"{TESTS}{os.pathsep}{FAKES}",
+            "STACKGATE_NVML_MODULE": "fakes.fake_nvml",
             "STACKGATE_FAKE_NVML": str(nvml_file(home / "nvml.json")),
-            "STACKGATE_FAKE_SGLANG": str(behaviour(home / "behaviour.json", events, **{"rate": 400.0, "load_s": 0.2, **behave})),
-            "STACKGATE_HISTORY_DIR": str(home / "runs"), "STACKGATE_LOG_DIR": str(home / "logs"), "FLEET_NODE_PORT": str(free_port()),
-            "FLEET_NODE_INTERPRETER": str(python or self.python), "FLEET_NODE_CHECKS": ",".join(VERIFIABLE),
+            "STACKGATE_FAKE_SGLANG": str(
+                behaviour(home / "behaviour.json", events, **{"rate": 400.0, "load_s": 0.2, **behave})
+            ),
+            "STACKGATE_HISTORY_DIR": str(home / "runs"),
+            "STACKGATE_LOG_DIR": str(home / "logs"),
+            "FLEET_NODE_PORT": str(free_port()),
+            "FLEET_NODE_INTERPRETER": str(python or self.python),
+            "FLEET_NODE_CHECKS": ",".join(VERIFIABLE),
             **(own or {}),
-        }  # fmt: skip
+        }
         self.cluster.set_env(name, env)
         return env
 
     def stackgate(self, *args: str, timeout: float = 240, popen: bool = False) -> Any:
-        env = {**self.cluster.env, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1", "STACKGATE_HISTORY_DIR": str(self.home / "controller-runs")}
+        env = {
+            **self.cluster.env,
+            "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}",
+            "NO_COLOR": "1",
+            "STACKGATE_HISTORY_DIR": str(self.home / "controller-runs"),
+        }
         env.pop("STACKGATE_LOCK", None)
         argv = [sys.executable, "-m", "stackgate", *args]
         if popen:
-            return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+            return subprocess.Popen(
+                argv,
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
         return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
     def slurm_args(self) -> list[str]:
-        return ["--engine", "slurm", "--stackgate", str(self.program), "--node-dir", str(NODE_LOCAL), "--lock", str(self.spec)]
+        return [
+            "--engine",
+            "slurm",
+            "--stackgate",
+            str(self.program),
+            "--node-dir",
+            str(NODE_LOCAL),
+            "--lock",
+            str(self.spec),
+        ]
 
     def left_behind(self) -> dict[str, list[str]]:
         """What any node's local storage still holds, and the cluster's jobs and steps."""
@@ -109,27 +141,64 @@ def test_a_drifted_a_slow_and_a_down_node_through_slurm(fleet: SlurmFleet, tmp_p
     fleet.cluster.run("scontrol", "update", "nodename=n4", "state=down", f"reason={HOSTILE}")
     out = tmp_path / "report"
     done = fleet.stackgate(
-        "fleet", "gate", *fleet.slurm_args(), "--nodelist", "n[1-4]", "--time", "10",
-        "--json", f"{out}.json", "--junit", f"{out}.xml", "--markdown", f"{out}.md", "--prom", f"{out}.prom", "--html", f"{out}.html",
-    )  # fmt: skip
+        "fleet",
+        "gate",
+        *fleet.slurm_args(),
+        "--nodelist",
+        "n[1-4]",
+        "--time",
+        "10",
+        "--json",
+        f"{out}.json",
+        "--junit",
+        f"{out}.xml",
+        "--markdown",
+        f"{out}.md",
+        "--prom",
+        f"{out}.prom",
+        "--html",
+        f"{out}.html",
+    )
     assert done.returncode == ExitCode.FAILED, done.stdout + done.stderr
     doc = json.loads(Path(f"{out}.json").read_text())
     nodes = by_name(doc)
-    assert {n: v["status"] for n, v in nodes.items()} == {"n1": "passed", "n2": "passed", "n3": "passed", "n4": "unreachable"}, nodes
-    assert nodes["n4"]["reason"] == f"not dialled: Slurm state down ({HOSTILE})" and nodes["n4"]["address"] == "slurm:n4"
+    assert {n: v["status"] for n, v in nodes.items()} == {
+        "n1": "passed",
+        "n2": "passed",
+        "n3": "passed",
+        "n4": "unreachable",
+    }, nodes
+    assert (
+        nodes["n4"]["reason"] == f"not dialled: Slurm state down ({HOSTILE})" and nodes["n4"]["address"] == "slurm:n4"
+    )
     assert not Path("/tmp/sg-pwned").exists()
-    assert nodes["n1"]["stages"] == dict.fromkeys(["lock", "environment", "verify", "fast_smoke", "benchmark"], "passed")
+    assert nodes["n1"]["stages"] == dict.fromkeys(
+        ["lock", "environment", "verify", "fast_smoke", "benchmark"], "passed"
+    )
     assert nodes["n1"]["version"] == nodes["n3"]["version"] is not None
     assert doc["shipped"] == {"fleet.toml": hashlib.sha256(fleet.spec.read_bytes()).hexdigest()}
-    assert doc["engine"]["name"] == "slurm" and doc["engine"]["allocated_here"] is True and doc["engine"]["step_id"].startswith(doc["engine"]["job_id"] + ".")
+    assert (
+        doc["engine"]["name"] == "slurm"
+        and doc["engine"]["allocated_here"] is True
+        and doc["engine"]["step_id"].startswith(doc["engine"]["job_id"] + ".")
+    )
     stacks = [g for g in doc["groups"] if g["digest"]]
     assert [(g["nodes"], g["majority"]) for g in stacks] == [(["n1", "n3"], True), (["n2"], False)]
-    assert stacks[1]["differences"] == {"n2": [{"section": "distributions", "name": "flashinfer-python", "majority": None, "node": "0.6.3"}]}
+    assert stacks[1]["differences"] == {
+        "n2": [{"section": "distributions", "name": "flashinfer-python", "majority": None, "node": "0.6.3"}]
+    }
     assert "    distributions: flashinfer-python: (none) -> 0.6.3" in done.stdout
     (outlier,) = doc["outliers"]
-    assert outlier["node"] == "n3" and outlier["value"] == pytest.approx(200.0, rel=0.15) and outlier["median"] == pytest.approx(400.0, rel=0.15)
+    assert (
+        outlier["node"] == "n3"
+        and outlier["value"] == pytest.approx(200.0, rel=0.15)
+        and outlier["median"] == pytest.approx(400.0, rel=0.15)
+    )
     assert doc["reason"].startswith("1 of 4 node(s) did not pass: n4 unreachable")
-    assert "| n2 | passed |" in Path(f"{out}.md").read_text() and 'name="stackgate.fleet.n4"' in Path(f"{out}.xml").read_text()
+    assert (
+        "| n2 | passed |" in Path(f"{out}.md").read_text()
+        and 'name="stackgate.fleet.n4"' in Path(f"{out}.xml").read_text()
+    )
     assert 'stackgate_fleet_node_passed{lock="fleetstack",node="n4"} 0' in Path(f"{out}.prom").read_text()
     wait_for(lambda: fleet.left_behind() == {}, 20)
     for name in ("n1", "n2", "n3"):
@@ -151,9 +220,16 @@ def the_same_fleet_over_ssh_gives_the_same_report(home: Path, through_slurm: dic
         ssh.node("n2", python=ssh.drifted_python)
         ssh.node("n3", rate=200.0)
         done = test_fleet.stackgate(
-            "fleet", "gate", "--inventory", str(ssh.inventory({"name": "n4", "port": free_port()})), "--lock", str(ssh.spec), "--json", str(home / "f.json"),
+            "fleet",
+            "gate",
+            "--inventory",
+            str(ssh.inventory({"name": "n4", "port": free_port()})),
+            "--lock",
+            str(ssh.spec),
+            "--json",
+            str(home / "f.json"),
             history=home / "runs",
-        )  # fmt: skip
+        )
     finally:
         ssh.stop()
     assert done.returncode == ExitCode.FAILED, done.stdout + done.stderr
@@ -161,26 +237,31 @@ def the_same_fleet_over_ssh_gives_the_same_report(home: Path, through_slurm: dic
 
     def seen(report: dict[str, Any]) -> dict[str, Any]:
         return {
-            "statuses": {n["name"]: n["status"] for n in report["nodes"]}, "stages": {n["name"]: n["stages"] for n in report["nodes"]},
+            "statuses": {n["name"]: n["status"] for n in report["nodes"]},
+            "stages": {n["name"]: n["stages"] for n in report["nodes"]},
             "groups": [(g["nodes"], g["majority"], g["differences"], g["digest"] is None) for g in report["groups"]],
-            "outliers": [(o["node"], o["metric"]) for o in report["outliers"]], "verdict": (report["verdict"], report["exit_code"], report["reason"]),
-        }  # fmt: skip
+            "outliers": [(o["node"], o["metric"]) for o in report["outliers"]],
+            "verdict": (report["verdict"], report["exit_code"], report["reason"]),
+        }
 
     assert seen(doc) == seen(through_slurm)
 
 
-def test_failures_are_values_a_task_that_cannot_start_and_a_node_past_its_timeout(fleet: SlurmFleet, tmp_path: Path) -> None:
-    """n2's stackgate cannot start (its --version fails), n3's hangs past --timeout: n1 passes, n2
-    failed with its words, n3 timed out (its step got SIGTERM), and nothing is left."""
-    fleet.node("n1")
+def test_failures_are_values_a_task_that_cannot_start_and_a_node_past_its_timeout(
+    fleet: SlurmFleet, tmp_path: Path
+) -> None:
+    """n2's stackgate cannot start (its --version fails), n3's hangs past --timeout: n2 failed with
+    its words, n3 timed out (its step got SIGTERM, its stackgate ended), and nothing is left."""
     fleet.node("n2", own={"FLEET_NODE_BROKEN": "libpython3.so: not found"})
     fleet.node("n3", own={"FLEET_NODE_HANG": "1"})
-    done = fleet.stackgate("fleet", "verify", *fleet.slurm_args(), "--nodelist", "n[1-3]", "-c", "gpu.*", "--timeout", "8", "--json", str(tmp_path / "v.json"))
+    argv = [*fleet.slurm_args(), "--nodelist", "n[2-3]", "-c", "gpu.*", "--timeout", "10"]
+    done = fleet.stackgate("fleet", "verify", *argv, "--json", str(tmp_path / "v.json"))
     assert done.returncode == ExitCode.FAILED, done.stdout + done.stderr
     nodes = by_name(json.loads((tmp_path / "v.json").read_text()))
-    assert {n: v["status"] for n, v in nodes.items()} == {"n1": "passed", "n2": "failed", "n3": "timed out"}, nodes
-    assert nodes["n2"]["reason"] == f"`{fleet.program} --version` on the node: exit 127: stackgate: cannot start: libpython3.so: not found"
-    assert nodes["n3"]["reason"].startswith("timed out: verify exit 143")
+    assert {n: v["status"] for n, v in nodes.items()} == {"n2": "failed", "n3": "timed out"}, nodes
+    broken = f"`{fleet.program} --version` on the node: exit 127: stackgate: cannot start: libpython3.so: not found"
+    assert nodes["n2"]["reason"] == broken
+    assert nodes["n3"]["reason"].startswith("timed out: "), nodes["n3"]
     wait_for(lambda: fleet.left_behind() == {}, 20)
     hung = [int(line.split()[0]) for line in fleet.started.read_text().splitlines() if " n3 " in line]
     assert hung and living(hung) == []
@@ -194,12 +275,42 @@ def test_inside_an_allocation_with_a_shared_folder(fleet: SlurmFleet, tmp_path: 
     shared = tmp_path / "shared"
     shared.mkdir()
     done = fleet.stackgate(
-        "fleet", "verify", *fleet.slurm_args(), "--shared-dir", str(shared), "-c", "gpu.*", "--json", str(tmp_path / "v.json"),
-    )  # fmt: skip
-    assert done.returncode == ExitCode.USAGE and "--nodes N or --nodelist" in done.stderr  # outside an allocation, nothing asked: nothing run
-    argv = [sys.executable, "-m", "stackgate", "fleet", "verify", *fleet.slurm_args(), "--shared-dir", str(shared), "-c", "gpu.*", "--json", str(tmp_path / "v.json")]
+        "fleet",
+        "verify",
+        *fleet.slurm_args(),
+        "--shared-dir",
+        str(shared),
+        "-c",
+        "gpu.*",
+        "--json",
+        str(tmp_path / "v.json"),
+    )
+    assert (
+        done.returncode == ExitCode.USAGE and "--nodes N or --nodelist" in done.stderr
+    )  # outside an allocation, nothing asked: nothing run
+    argv = [
+        sys.executable,
+        "-m",
+        "stackgate",
+        "fleet",
+        "verify",
+        *fleet.slurm_args(),
+        "--shared-dir",
+        str(shared),
+        "-c",
+        "gpu.*",
+        "--json",
+        str(tmp_path / "v.json"),
+    ]
     env = {**fleet.cluster.env, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1"}
-    inside = subprocess.run(["salloc", "-N2", "-w", "n1,n2", "--job-name=caller", *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    inside = subprocess.run(
+        ["salloc", "-N2", "-w", "n1,n2", "--job-name=caller", *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert inside.returncode == ExitCode.PASSED, inside.stdout + inside.stderr
     doc = json.loads((tmp_path / "v.json").read_text())
     assert doc["engine"]["allocated_here"] is False and doc["command"] == "fleet verify"
@@ -215,7 +326,9 @@ def test_ctrl_c_cancels_the_step_keeps_the_reports_and_leaves_nothing(fleet: Slu
     released, and no stackgate, stand-in or task is left on any node."""
     for name in ("n1", "n2"):
         fleet.node(name, load_s=120.0)
-    process = fleet.stackgate("fleet", "gate", *fleet.slurm_args(), "--nodes", "2", "--json", str(tmp_path / "f.json"), popen=True)
+    process = fleet.stackgate(
+        "fleet", "gate", *fleet.slurm_args(), "--nodes", "2", "--json", str(tmp_path / "f.json"), popen=True
+    )
     try:
         events = [fleet.home / name / "events.jsonl" for name in ("n1", "n2")]
         wait_for(lambda: all(e.exists() and '"started"' in e.read_text() for e in events), 90)
@@ -228,7 +341,9 @@ def test_ctrl_c_cancels_the_step_keeps_the_reports_and_leaves_nothing(fleet: Slu
     assert doc["interrupted"] is True and doc["exit_code"] == 130
     nodes = by_name(doc)
     assert {n["status"] for n in nodes.values()} == {"interrupted"}, nodes
-    assert {n["stages"]["fast_smoke"] for n in nodes.values()} == {"interrupted"}  # each node's own report, written as its gate stopped
+    assert {n["stages"]["fast_smoke"] for n in nodes.values()} == {
+        "interrupted"
+    }  # each node's own report, written as its gate stopped
     for name in ("n1", "n2"):
         assert stand_in_pids(fleet.home / name / "events.jsonl") == []
     gates = [int(line.split()[0]) for line in fleet.started.read_text().splitlines()]

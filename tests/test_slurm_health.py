@@ -33,13 +33,15 @@ def health(fleet: SlurmFleet, name: str) -> Path:
     config = home / "health.toml"
     config.write_text(
         "[slurm-health]\n"
-        f'lock = "{fleet.spec}"\nprom = "{home / "stackgate_verify.prom"}"\ntimeout_s = 60\nchecks = {json.dumps(list(VERIFIABLE))}\n'
+        f'lock = "{fleet.spec}"\nprom = "{home / "stackgate_verify.prom"}"\ntimeout_s = 60\n'
+        f"checks = {json.dumps(list(VERIFIABLE))}\n"
         f'stackgate = "{fleet.program}"\nslurm_bin = "/usr/bin"\nslurm_conf = "{fleet.cluster.conf}"\n'
     )
     exports = "".join(f"export {k}='{v}'\n" for k, v in env.items())
     script = fleet.cluster.node_dir(name) / "health"
     script.write_text(
-        f"#!/bin/sh\n{exports}{sys.executable} {TESTS / 'fleet_node.py'} slurm-health --config {config} >> {home / 'health.log'} 2>&1\n"
+        f"#!/bin/sh\n{exports}{sys.executable} {TESTS / 'fleet_node.py'} slurm-health --config {config}"
+        f" >> {home / 'health.log'} 2>&1\n"
         f"echo $? >> {home / 'runs'}\n"
     )
     script.chmod(0o755)
@@ -68,7 +70,12 @@ def test_a_failing_node_is_drained_with_its_reason_and_resumed_after_the_fix(fle
     cluster.wait_states({"n3": "idle"}, 60)
     wait_for(lambda: "resumed (this check had drained it" in (home / "health.log").read_text(), 30)
     log = (home / "health.log").read_text()
-    assert "n3: FAIL gpu." in log and "; drained: stackgate: gpu." in log and "n3: healthy" in log and "resumed (this check had drained it" in log
+    assert (
+        "n3: FAIL gpu." in log
+        and "; drained: stackgate: gpu." in log
+        and "n3: healthy" in log
+        and "resumed (this check had drained it" in log
+    )
 
 
 def test_an_admin_drain_stays_drained_with_its_reason_whatever_the_check_finds(fleet: SlurmFleet) -> None:
@@ -92,5 +99,8 @@ def test_settings_it_cannot_use_exit_2_and_touch_nothing(fleet: SlurmFleet, tmp_
     bad.write_text('[slurm-health]\nlock = "relative.toml"\ntimeout_s = "soon"\n')
     done = fleet.stackgate("slurm-health", "--config", str(bad), "--node", "n1")
     assert done.returncode == ExitCode.USAGE, done.stdout + done.stderr
-    assert "slurm-health.lock: 'relative.toml' is not an absolute path" in done.stderr and "slurm-health.timeout_s: 'soon'" in done.stderr
+    assert (
+        "slurm-health.lock: 'relative.toml' is not an absolute path" in done.stderr
+        and "slurm-health.timeout_s: 'soon'" in done.stderr
+    )
     assert fleet.cluster.states()["n1"] == "idle"

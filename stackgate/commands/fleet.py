@@ -365,7 +365,9 @@ def _judged(remote: Remote, done: ssh.Completed, what: str, steps: tuple[str, ..
     return judged(remote.node, done.returncode, _tail(done.stderr or done.stdout), remote.report(), what, steps)
 
 
-def judged(node: Node, returncode: int, tail: str, doc: Mapping[str, Any] | None, what: str, steps: tuple[str, ...]) -> NodeRun:
+def judged(
+    node: Node, returncode: int, tail: str, doc: Mapping[str, Any] | None, what: str, steps: tuple[str, ...]
+) -> NodeRun:
     """A NodeRun from a stackgate run's exit code, its output's last line and its report."""
     if returncode == 0 and doc is not None:
         return NodeRun(node, PASSED, str(doc.get("reason") or "passed"), exit_code=0, doc=doc, steps=steps)
@@ -818,7 +820,8 @@ def run(request: FleetRequest, ui: UI, transport: ssh.Transport | None = None) -
     else:
         nodes = nodes_of(request)
         check_outputs(request)
-        lock, live = upgrade_specs(request) if request.action == "upgrade" else (lockmodel.load(request.lock_path), None)
+        specs = upgrade_specs(request) if request.action == "upgrade" else (lockmodel.load(request.lock_path), None)
+        lock, live = specs
         done = run_fleet(request, nodes, lock, ui, transport, live)
     doc = redact(done.document())
     fleetreport.render(doc, ui)
@@ -851,16 +854,25 @@ def check_slurm(request: FleetRequest) -> None:
     """What `fleet --engine slurm` cannot take, refused before anything is asked of Slurm."""
     options = request.slurm or SlurmOptions()
     if request.action not in ("gate", "verify"):
-        raise FleetUsageError(f"fleet {request.action} --engine slurm: the Slurm engine runs gate and verify; {request.action} rolls out over SSH")
+        raise FleetUsageError(
+            f"fleet {request.action} --engine slurm: the Slurm engine runs gate and verify;"
+            f" {request.action} rolls out over SSH"
+        )
     if request.hosts is not None or request.inventory is not None:
-        raise FleetUsageError("fleet --engine slurm: the nodes are Slurm's (the allocation's, or --nodes/--nodelist): not --hosts or --inventory")
+        raise FleetUsageError(
+            "fleet --engine slurm: the nodes are Slurm's (the allocation's, or --nodes/--nodelist):"
+            " not --hosts or --inventory"
+        )
     if request.checks and request.action != "verify":
         raise FleetUsageError("fleet: --check is for `fleet verify`")
     if options.nodes is not None and options.nodelist is not None:
         raise FleetUsageError("fleet --engine slurm: --nodes N or --nodelist LIST, not both")
     inside = bool(os.environ.get("SLURM_JOB_ID"))
     if not inside and options.nodes is None and options.nodelist is None:
-        raise FleetUsageError("fleet --engine slurm: outside an allocation, ask for nodes with --nodes N or --nodelist LIST (SLURM_JOB_ID is not set)")
+        raise FleetUsageError(
+            "fleet --engine slurm: outside an allocation, ask for nodes with --nodes N or --nodelist LIST"
+            " (SLURM_JOB_ID is not set)"
+        )
     if options.shared_dir is not None and not options.shared_dir.is_dir():
         raise FleetUsageError(f"--shared-dir {options.shared_dir}: not a folder")
 
@@ -868,8 +880,20 @@ def check_slurm(request: FleetRequest) -> None:
 def _slurm_task_args(request: FleetRequest, spec_name: str) -> list[str]:
     """The action's arguments on the node (the spec named relative to the task's folder)."""
     if request.action == "verify":
-        return ["verify", "--lock", spec_name, *(a for c in request.checks for a in ("--check", c)), *(["--strict"] if request.strict else [])]
-    return ["gate", "--lock", spec_name, *(["--fast-only"] if request.fast_only else []), *(["--strict"] if request.strict else [])]
+        return [
+            "verify",
+            "--lock",
+            spec_name,
+            *(a for c in request.checks for a in ("--check", c)),
+            *(["--strict"] if request.strict else []),
+        ]
+    return [
+        "gate",
+        "--lock",
+        spec_name,
+        *(["--fast-only"] if request.fast_only else []),
+        *(["--strict"] if request.strict else []),
+    ]
 
 
 def slurm_fleet(request: FleetRequest, lock: lockmodel.Lock, ui: UI) -> FleetRun:
@@ -885,19 +909,36 @@ def slurm_fleet(request: FleetRequest, lock: lockmodel.Lock, ui: UI) -> FleetRun
     names = tuple(dict.fromkeys([*states, *(allocation.nodes if allocation is not None else ())]))
     usable = [n for n in names if n in states and states[n].usable] if allocation is not None else []
     ran: dict[str, NodeRun] = {n: _not_dialled(n, states.get(n)) for n in names if n not in usable}
-    engine: dict[str, Any] = {"name": "slurm", "job_id": allocation.job_id if allocation else None, "allocated_here": bool(allocation and allocation.ours)}
+    engine: dict[str, Any] = {
+        "name": "slurm",
+        "job_id": allocation.job_id if allocation else None,
+        "allocated_here": bool(allocation and allocation.ours),
+    }
     try:
         if usable and allocation is not None:
             step = _slurm_step(request, options, shipment, allocation, usable, stop)
             engine["step_id"] = step.step_id
-            ran |= {n: _from_frame(_slurm_node(n), step.frames.get(n), step, request.action, time.monotonic() - clock) for n in usable}
+            ran |= {
+                n: _from_frame(_slurm_node(n), step.frames.get(n), step, request.action, time.monotonic() - clock)
+                for n in usable
+            }
     finally:
         if allocation is not None:
             slurm.release(allocation)
     nodes = tuple(ran[n] for n in names)
     for done in nodes:
         ui.info(printable(f"{done.node.name}: {done.status} in {done.duration_s:.1f} s: {done.reason}"))
-    return FleetRun(request, history.new_id("fleet", started), lock, shipment, nodes, started, time.monotonic() - clock, stop.is_set(), engine)
+    return FleetRun(
+        request,
+        history.new_id("fleet", started),
+        lock,
+        shipment,
+        nodes,
+        started,
+        time.monotonic() - clock,
+        stop.is_set(),
+        engine,
+    )
 
 
 def _slurm_nodes(options: SlurmOptions) -> tuple[slurm.Allocation | None, dict[str, slurm.NodeState]]:
@@ -908,11 +949,22 @@ def _slurm_nodes(options: SlurmOptions) -> tuple[slurm.Allocation | None, dict[s
         return current, slurm.node_states(current.nodes)
     named = slurm.hostnames(options.nodelist) if options.nodelist else ()
     found = slurm.node_states(named, options.partition)
-    states = {n: found.get(n, slurm.NodeState(n, "unknown", "not a node of this cluster")) for n in named} if named else found
+    states = (
+        {n: found.get(n, slurm.NodeState(n, "unknown", "not a node of this cluster")) for n in named}
+        if named
+        else found
+    )
     usable = [n for n, s in states.items() if s.usable]
-    if not usable or (options.nodes is not None and len(usable) < options.nodes and not named):
+    if options.nodes is not None and len(usable) < options.nodes:
+        raise slurm.SlurmError(
+            f"--nodes {options.nodes}: {len(usable)} node(s) of {options.partition or 'the default partition'}"
+            " can take work (the rest are down or drained)"
+        )
+    if not usable:
         return None, states
-    allocation = slurm.allocate(usable if named else (), options.nodes, options.partition, options.time_limit, options.extra)
+    allocation = slurm.allocate(
+        usable if named else (), options.nodes, options.partition, options.time_limit, options.extra
+    )
     return allocation, {**{n: s for n, s in states.items() if not s.usable}, **slurm.node_states(allocation.nodes)}
 
 
@@ -928,7 +980,12 @@ def _not_dialled(name: str, state: slurm.NodeState | None) -> NodeRun:
 
 
 def _slurm_step(
-    request: FleetRequest, options: SlurmOptions, shipment: Shipment, allocation: slurm.Allocation, usable: Sequence[str], stop: threading.Event
+    request: FleetRequest,
+    options: SlurmOptions,
+    shipment: Shipment,
+    allocation: slurm.Allocation,
+    usable: Sequence[str],
+    stop: threading.Event,
 ) -> slurm.Step:
     token = slurm.new_token()
     try:
@@ -936,12 +993,26 @@ def _slurm_step(
     except slurm.SlurmError as exc:
         return slurm.Step({}, None, f"sbcast failed: {exc}")
     files = [word for name, digest in shipment.sha256.items() for word in (name, digest)]
-    task_args = [options.stackgate, __version__, options.node_dir, token, str(options.shared_dir or ""), str(len(shipment.files)), *files]
+    task_args = [
+        options.stackgate,
+        __version__,
+        options.node_dir,
+        token,
+        str(options.shared_dir or ""),
+        str(len(shipment.files)),
+        *files,
+    ]
     timeout_s = request.timeout_s or DEFAULT_NODE_TIMEOUT_S
     return slurm.run_step(
-        allocation, usable, [*task_args, *_slurm_task_args(request, shipment.spec_name)], token=token, timeout_s=timeout_s, grace_s=STOP_GRACE_S,
-        stop=stop, shared=options.shared_dir,
-    )  # fmt: skip
+        allocation,
+        usable,
+        [*task_args, *_slurm_task_args(request, shipment.spec_name)],
+        token=token,
+        timeout_s=timeout_s,
+        grace_s=STOP_GRACE_S,
+        stop=stop,
+        shared=options.shared_dir,
+    )
 
 
 def _from_frame(node: Node, frame: slurm.Frame | None, step: slurm.Step, what: str, elapsed_s: float) -> NodeRun:
@@ -961,8 +1032,14 @@ def _from_frame(node: Node, frame: slurm.Frame | None, step: slurm.Step, what: s
     if not code.lstrip("-").isdigit():
         status = stopped or UNREACHABLE
         why = _srun_words(step.stderr, node.name) or f"srun exit {step.returncode}"
-        text = f"{status}: the node's task ended before its stackgate did ({why})" if stopped else f"the node's task did not start or was lost: {why}"
-        return NodeRun(node, status, text, duration, version=version, doc=doc, steps=(what,) if "started" in fields else ())
+        text = (
+            f"{status}: the node's task ended before its stackgate did ({why})"
+            if stopped
+            else f"the node's task did not start or was lost: {why}"
+        )
+        return NodeRun(
+            node, status, text, duration, version=version, doc=doc, steps=(what,) if "started" in fields else ()
+        )
     done = judged(node, int(code), fields.get("tail") or "(no output)", doc, what, (what,))
     if stopped and not done.passed and done.status != INTERRUPTED:
         done = replace(done, status=stopped, reason=f"{stopped}: {done.reason}")

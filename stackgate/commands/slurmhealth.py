@@ -54,7 +54,9 @@ class Finding:
 def run(config_path: Path | None, flags: Mapping[str, Any], ui: UI) -> ExitCode:
     config = (slurmhealth.load(config_path) if config_path is not None else HealthConfig()).merged(flags)
     if config.lock is None:
-        raise HealthConfigError("slurm-health: no spec to check against: give --lock or `lock` in --config (an absolute path)")
+        raise HealthConfigError(
+            "slurm-health: no spec to check against: give --lock or `lock` in --config (an absolute path)"
+        )
     env = environment(config)
     node = config.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     found = check_node(config, env)

@@ -42,9 +42,23 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 __all__ = [
-    "Allocation", "Frame", "NodeState", "SlurmError", "Step", "TASK", "allocate", "broadcast", "current", "drain", "hostnames", "node_states",
-    "parse_frames", "release", "resume", "run_step",
-]  # fmt: skip
+    "Allocation",
+    "Frame",
+    "NodeState",
+    "SlurmError",
+    "Step",
+    "TASK",
+    "allocate",
+    "broadcast",
+    "current",
+    "drain",
+    "hostnames",
+    "node_states",
+    "parse_frames",
+    "release",
+    "resume",
+    "run_step",
+]
 
 #: Node states (sinfo's %T, its flags after '+') in which a node takes work.
 USABLE = frozenset({"idle", "mixed", "allocated", "completing", "planned", "reserved"})
@@ -70,7 +84,11 @@ class NodeState:
     def usable(self) -> bool:
         """Whether a task may be sent there: up, responding, not drained."""
         words = self.state.lower().split("+")
-        return not self.state.endswith(("*", "~", "#", "!", "%")) and words[0] in USABLE and not any("drain" in w for w in words)
+        return (
+            not self.state.endswith(("*", "~", "#", "!", "%"))
+            and words[0] in USABLE
+            and not any("drain" in w for w in words)
+        )
 
 
 @dataclass(frozen=True)
@@ -82,9 +100,13 @@ class Allocation:
 
 def _run(argv: Sequence[str], env: Mapping[str, str] | None = None, timeout_s: float = _COMMAND_S) -> str:
     try:
-        done = subprocess.run(list(argv), env=dict(env) if env is not None else None, capture_output=True, text=True, timeout=timeout_s)
+        done = subprocess.run(
+            list(argv), env=dict(env) if env is not None else None, capture_output=True, text=True, timeout=timeout_s
+        )
     except FileNotFoundError:
-        raise SlurmError(f"`{argv[0]}` not found: is this a Slurm login or compute node (slurm-client installed, on PATH)?") from None
+        raise SlurmError(
+            f"`{argv[0]}` not found: is this a Slurm login or compute node (slurm-client installed, on PATH)?"
+        ) from None
     except subprocess.TimeoutExpired:
         raise SlurmError(f"`{shlex.join(argv)}` did not end within {timeout_s:g} s") from None
     if done.returncode != 0:
@@ -94,10 +116,14 @@ def _run(argv: Sequence[str], env: Mapping[str, str] | None = None, timeout_s: f
 
 def hostnames(nodelist: str) -> tuple[str, ...]:
     """A Slurm host list (``gpu[01-04],x``) as names, by ``scontrol show hostnames``."""
-    return tuple(line.strip() for line in _run(["scontrol", "show", "hostnames", nodelist]).splitlines() if line.strip())
+    return tuple(
+        line.strip() for line in _run(["scontrol", "show", "hostnames", nodelist]).splitlines() if line.strip()
+    )
 
 
-def node_states(names: Sequence[str] = (), partition: str | None = None, env: Mapping[str, str] | None = None) -> dict[str, NodeState]:
+def node_states(
+    names: Sequence[str] = (), partition: str | None = None, env: Mapping[str, str] | None = None
+) -> dict[str, NodeState]:
     """Each node's state and reason (``sinfo -N``), of the nodes named or of a partition."""
     argv = ["sinfo", "-N", "-h", "-o", f"%N{_SEP}%T{_SEP}%E"]
     argv += ["-n", ",".join(names)] if names else []
@@ -132,7 +158,9 @@ def current() -> Allocation | None:
     return Allocation(job, hostnames(nodelist), ours=False)
 
 
-def allocate(nodes: Sequence[str], count: int | None, partition: str | None, time_limit: str | None, extra: Sequence[str]) -> Allocation:
+def allocate(
+    nodes: Sequence[str], count: int | None, partition: str | None, time_limit: str | None, extra: Sequence[str]
+) -> Allocation:
     """An allocation of its own (``salloc --no-shell``): the named nodes, or ``count`` of the partition's."""
     argv = ["salloc", "--no-shell", "--job-name=stackgate-fleet", "--ntasks-per-node=1"]
     argv += [f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}"] if nodes else [f"--nodes={count}"]
@@ -165,7 +193,10 @@ def broadcast(job_id: str, files: Mapping[str, bytes], node_dir: str, token: str
         for index, data in enumerate(files.values()):
             source = Path(local) / str(index)
             source.write_bytes(data)
-            _run(["sbcast", "--force", f"--jobid={job_id}", str(source), f"{node_dir}/stackgate-fleet.{token}.{index}"], timeout_s=300.0)
+            _run(
+                ["sbcast", "--force", f"--jobid={job_id}", str(source), f"{node_dir}/stackgate-fleet.{token}.{index}"],
+                timeout_s=300.0,
+            )
 
 
 #: What each task runs (``sh -c TASK sh ARGS``): see the module's docstring. Its arguments: the
@@ -186,15 +217,22 @@ trap 'rm -rf -- "$d"' EXIT
 i=0
 while [ $i -lt "$count" ]; do
   name=$1 sum=$2; shift 2
-  if ! mv -- "$base/stackgate-fleet.$token.$i" "$d/$name" 2>/dev/null; then emit failed "$name did not arrive (sbcast)"; exit 3; fi
+  if ! mv -- "$base/stackgate-fleet.$token.$i" "$d/$name" 2>/dev/null; then
+    emit failed "$name did not arrive (sbcast)"; exit 3
+  fi
   got=$(sha256sum < "$d/$name" | cut -d' ' -f1)
   if [ "$got" != "$sum" ]; then emit failed "$name arrived damaged: sha256 $got on the node, $sum here"; exit 3; fi
   i=$((i+1))
 done
 v=$("$sg" --version 2>&1); rc=$?
 emit version "$v"
-if [ $rc -ne 0 ]; then emit failed "\`$sg --version\` on the node: exit $rc: $(printf '%s' "$v" | tail -n 1 | cut -c1-300)"; exit 3; fi
-if [ "$v" != "stackgate $want" ]; then emit failed "the node has ${v#stackgate }, this controller stackgate $want: install the same version on every node"; exit 3; fi
+if [ $rc -ne 0 ]; then
+  emit failed "\`$sg --version\` on the node: exit $rc: $(printf '%s' "$v" | tail -n 1 | cut -c1-300)"; exit 3
+fi
+if [ "$v" != "stackgate $want" ]; then
+  emit failed "the node has ${v#stackgate }, this controller stackgate $want: install the same version on every node"
+  exit 3
+fi
 cd "$d" || exit 3
 trap ':' TERM INT HUP
 NO_COLOR=1 "$sg" "$@" --json report.json < /dev/null > output 2>&1 &
@@ -205,7 +243,10 @@ while kill -0 $pid 2>/dev/null; do wait $pid; rc=$?; done
 emit exit "$rc"
 emit tail "$(grep -v '^[[:space:]]*$' output | tail -n 1 | cut -c1-300)"
 emit duration_ns "$(( $(date +%s%N) - t0 ))"
-[ -f report.json ] && { printf '@sg report \n' >> "$out"; head -c 67108865 report.json | base64 -w 700 | sed 's/^/@sg report /' >> "$out"; }
+if [ -f report.json ]; then
+  printf '@sg report \n' >> "$out"
+  head -c 67108865 report.json | base64 -w 700 | sed 's/^/@sg report /' >> "$out"
+fi
 cd / && rm -rf -- "$d"
 exit 0
 """
@@ -228,7 +269,9 @@ def parse_frames(lines: Sequence[str], labelled: bool = True) -> list[Frame]:
     nothing after the key, its pieces after it); other lines are ignored, and a value that is not
     base64, not text or too large is dropped.
 
-    >>> [f.fields for f in parse_frames(["0: @sg node ", "0: @sg node bjE=", "noise", "1: @sg node ", "1: @sg node bjI=", "0: @sg exit ", "0: @sg exit MA=="])]
+    >>> lines = ["0: @sg node ", "0: @sg node bjE=", "noise", "1: @sg node ", "1: @sg node bjI="]
+    >>> lines += ["0: @sg exit ", "0: @sg exit MA=="]
+    >>> [f.fields for f in parse_frames(lines)]
     [{'node': 'n1', 'exit': '0'}, {'node': 'n2'}]
     """
     pieces: dict[int | None, dict[str, list[str]]] = {}
@@ -271,23 +314,53 @@ class Step:
 
 
 def run_step(
-    allocation: Allocation, nodes: Sequence[str], task_args: Sequence[str], *, token: str, timeout_s: float, grace_s: float,
-    stop: threading.Event, shared: Path | None = None,
-) -> Step:  # fmt: skip
+    allocation: Allocation,
+    nodes: Sequence[str],
+    task_args: Sequence[str],
+    *,
+    token: str,
+    timeout_s: float,
+    grace_s: float,
+    stop: threading.Event,
+    shared: Path | None = None,
+) -> Step:
     """:data:`TASK` on each of ``nodes``, one task per node, until it ends, ``stop`` is set or
     ``timeout_s`` passes (then SIGTERM to the step, and after ``grace_s`` its cancellation)."""
     name = f"stackgate-fleet-{token}"
     argv = [
-        "srun", f"--jobid={allocation.job_id}", f"--job-name={name}", f"--nodes={len(nodes)}", f"--nodelist={','.join(nodes)}",
-        "--ntasks-per-node=1", f"--ntasks={len(nodes)}", "--kill-on-bad-exit=0", "--overlap", "--label", "--input=none",
-        "--mpi=none", "sh", "-c", TASK, "sh", *task_args,
-    ]  # fmt: skip
+        "srun",
+        f"--jobid={allocation.job_id}",
+        f"--job-name={name}",
+        f"--nodes={len(nodes)}",
+        f"--nodelist={','.join(nodes)}",
+        "--ntasks-per-node=1",
+        f"--ntasks={len(nodes)}",
+        "--kill-on-bad-exit=0",
+        "--overlap",
+        "--label",
+        "--input=none",
+        "--mpi=none",
+        "sh",
+        "-c",
+        TASK,
+        "sh",
+        *task_args,
+    ]
     # the allocation is named by --jobid: a batch script's SLURM_NTASKS and the like must not shape the step
-    env = {k: v for k, v in os.environ.items() if k == "SLURM_CONF" or not k.startswith(("SLURM_", "SRUN_", "SALLOC_", "SBATCH_"))}
-    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k == "SLURM_CONF" or not k.startswith(("SLURM_", "SRUN_", "SALLOC_", "SBATCH_"))
+    }
+    process = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     out: list[str] = []
     err: list[str] = []
-    readers = [threading.Thread(target=_read, args=(s, b), daemon=True) for s, b in ((process.stdout, out), (process.stderr, err))]
+    readers = [
+        threading.Thread(target=_read, args=(s, b), daemon=True)
+        for s, b in ((process.stdout, out), (process.stderr, err))
+    ]
     for reader in readers:
         reader.start()
     stopped, step_id = _watch(process, allocation.job_id, name, timeout_s, grace_s, stop)
@@ -304,7 +377,9 @@ def _read(stream: object, into: list[str]) -> None:
         into.append(line)
 
 
-def _watch(process: subprocess.Popen[str], job_id: str, name: str, timeout_s: float, grace_s: float, stop: threading.Event) -> tuple[str | None, str | None]:
+def _watch(
+    process: subprocess.Popen[str], job_id: str, name: str, timeout_s: float, grace_s: float, stop: threading.Event
+) -> tuple[str | None, str | None]:
     deadline = time.monotonic() + timeout_s
     while process.poll() is None:
         if stop.is_set() or time.monotonic() > deadline:
@@ -342,7 +417,9 @@ def _end_step(process: subprocess.Popen[str], job_id: str, name: str, grace_s: f
 def _step_id(job_id: str, name: str, wait_s: float = 5.0) -> str | None:
     deadline = time.monotonic() + wait_s
     while True:
-        done = subprocess.run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i %j"], capture_output=True, text=True, timeout=_COMMAND_S)
+        done = subprocess.run(
+            ["squeue", "-h", "-s", "-j", job_id, "-o", "%i %j"], capture_output=True, text=True, timeout=_COMMAND_S
+        )
         for line in done.stdout.splitlines():
             words = line.split()
             if len(words) == 2 and words[1] == name:

@@ -136,7 +136,9 @@ def _values(table: Mapping[str, Any], where: str, problems: list[str], *, flag: 
             else:
                 found[key] = number
         elif key == "checks":
-            if isinstance(value, (list, tuple)) and all(isinstance(v, str) and v and not v.startswith("-") for v in value):
+            if isinstance(value, (list, tuple)) and all(
+                isinstance(v, str) and v and not v.startswith("-") for v in value
+            ):
                 found[key] = tuple(value)
             else:
                 problems.append(f"{path}: {value!r} is not a list of check names or globs")
