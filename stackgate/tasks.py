@@ -331,4 +331,19 @@ def slurm_health(
         "lock": lock, "prom": prom, "timeout_s": timeout, "checks": tuple(check or ()), "stackgate": stackgate,
         "slurm_bin": slurm_bin, "slurm_conf": slurm_conf, "node": node,
     }  # fmt: skip
-    cli.run_command(lambda: command.run(_path(config), flags, UI()))
+    cli.run_command(lambda: command.run(_path(config), flags, UI(), _verify_cached))
+
+
+def _verify_cached(lock: Path, json: Path, prom: Path | None, checks: tuple[str, ...]) -> int:
+    """`stackgate verify --cached` in this process (slurm-health's forked child): its exit status."""
+    import sys
+
+    from stackgate.commands import verify
+    from stackgate.models.exitcodes import UsageError
+
+    request = verify.VerifyRequest(lock_path=lock, checks=checks, json_path=json, cached=True, prom_path=prom)
+    try:
+        return int(verify.run(request, UI()))
+    except UsageError as exc:
+        print(f"stackgate verify: {exc}", file=sys.stderr)
+        return 2

@@ -78,8 +78,11 @@ class SlurmFleet:
         self.cluster.set_env(name, env)
         return env
 
-    def stackgate(self, *args: str, timeout: float = 240, popen: bool = False) -> Any:
+    def stackgate(
+        self, *args: str, timeout: float = 240, popen: bool = False, env: dict[str, str] | None = None
+    ) -> Any:
         env = {
+            **(env or {}),
             **self.cluster.env,
             "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}",
             "NO_COLOR": "1",

@@ -20,14 +20,16 @@ from pathlib import Path
 from fakes.fake_nvml import machine
 from fleet_support import TESTS, VERIFIABLE, nvml_file
 from slurm_cluster import Cluster
-from smoke_support import wait_for
+from smoke_support import living, wait_for
 from test_fleet_slurm import HOSTILE, SlurmFleet, fleet  # noqa: F401  (the fixture)
 
 from stackgate.models.exitcodes import ExitCode
 
 
-def health(fleet: SlurmFleet, name: str) -> Path:
-    """The node's health script and config (see the module's docstring); its runs counted in ``runs``."""
+def health(fleet: SlurmFleet, name: str, *, forked: bool = False) -> Path:
+    """The node's health script and config (see the module's docstring); its runs counted in
+    ``runs``. ``forked``: verify runs in a forked child of slurm-health (the default of an
+    installed stackgate), else through the node's stackgate program (the config's ``stackgate``)."""
     env = fleet.node(name)
     home = fleet.home / name
     config = home / "health.toml"
@@ -35,7 +37,8 @@ def health(fleet: SlurmFleet, name: str) -> Path:
         "[slurm-health]\n"
         f'lock = "{fleet.spec}"\nprom = "{home / "stackgate_verify.prom"}"\ntimeout_s = 60\n'
         f"checks = {json.dumps(list(VERIFIABLE))}\n"
-        f'stackgate = "{fleet.program}"\nslurm_bin = "/usr/bin"\nslurm_conf = "{fleet.cluster.conf}"\n'
+        + ("" if forked else f'stackgate = "{fleet.program}"\n')
+        + f'slurm_bin = "/usr/bin"\nslurm_conf = "{fleet.cluster.conf}"\n'
     )
     exports = "".join(f"export {k}='{v}'\n" for k, v in env.items())
     script = fleet.cluster.node_dir(name) / "health"
@@ -59,7 +62,7 @@ def break_gpus(home: Path) -> None:
 
 def test_a_failing_node_is_drained_with_its_reason_and_resumed_after_the_fix(fleet: SlurmFleet) -> None:
     cluster: Cluster = fleet.cluster
-    home = health(fleet, "n3")
+    home = health(fleet, "n3", forked=True)
     break_gpus(home)
     cluster.wait_states({"n3": "drain"}, 60)
     reason = cluster.reason("n3")
@@ -104,3 +107,18 @@ def test_settings_it_cannot_use_exit_2_and_touch_nothing(fleet: SlurmFleet, tmp_
         and "slurm-health.timeout_s: 'soon'" in done.stderr
     )
     assert fleet.cluster.states()["n1"] == "idle"
+
+
+def test_a_verify_past_the_time_cap_is_killed_and_drains_the_node(fleet: SlurmFleet, tmp_path: Path) -> None:
+    """The node's stackgate hangs: past --timeout its process group is killed, the node drained
+    with `stackgate: verify: no verdict within 2 s (killed)`; run by hand, flags only, no config."""
+    env = fleet.node("n4", own={"FLEET_NODE_HANG": "1"})
+    argv = ["--lock", str(fleet.spec), "--stackgate", str(fleet.program), "--timeout", "2", "--node", "n4"]
+    done = fleet.stackgate(
+        "slurm-health", *argv, "--slurm-bin", "/usr/bin", "--slurm-conf", str(fleet.cluster.conf), env=env
+    )
+    assert done.returncode == ExitCode.FAILED, done.stdout + done.stderr
+    assert fleet.cluster.states()["n4"] == "drain"
+    assert fleet.cluster.reason("n4") == "stackgate: verify: no verdict within 2 s (killed)"
+    hung = [int(line.split()[0]) for line in fleet.started.read_text().splitlines()]
+    assert hung and living(hung) == []

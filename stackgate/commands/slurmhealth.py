@@ -3,9 +3,10 @@
 One run, on the node it checks:
 
 1. ``stackgate verify --cached`` against the configured spec (its static checks' results reused
-   while what they judged is unchanged, the GPUs measured every time), as a child process under a
-   hard time cap (``timeout_s``: past it, its whole process group is killed and that is the
-   failure); it writes the Prometheus textfile as ``verify --cached --prom`` does;
+   while what they judged is unchanged, the GPUs measured every time), in a forked child (or as the
+   configured ``stackgate`` program) under a hard time cap (``timeout_s``: past it, the child's
+   whole process group is killed and that is the failure); it writes the Prometheus textfile as
+   ``verify --cached --prom`` does;
 2. the node's Slurm state and reason (``sinfo``), then one decision:
 
    - a failed check drains the node: ``scontrol update nodename=NODE state=drain
@@ -30,7 +31,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from stackgate.edges import runner, slurm
 from stackgate.models import slurmhealth
@@ -51,7 +52,12 @@ class Finding:
     duration_s: float = 0.0
 
 
-def run(config_path: Path | None, flags: Mapping[str, Any], ui: UI) -> ExitCode:
+#: verify in this program: (spec, JSON report, Prometheus file, checks) -> its exit status. Given by
+#: the task (tasks.py), and run in a forked child: one Python start fewer than the program again.
+LocalVerify = Callable[[Path, Path, "Path | None", tuple[str, ...]], int]
+
+
+def run(config_path: Path | None, flags: Mapping[str, Any], ui: UI, local: LocalVerify | None = None) -> ExitCode:
     config = (slurmhealth.load(config_path) if config_path is not None else HealthConfig()).merged(flags)
     if config.lock is None:
         raise HealthConfigError(
@@ -59,7 +65,7 @@ def run(config_path: Path | None, flags: Mapping[str, Any], ui: UI) -> ExitCode:
         )
     env = environment(config)
     node = config.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-    found = check_node(config, env)
+    found = check_node(config, env, local)
     try:
         state = slurm.node_states([node], env=env).get(node)
         action = decide(node, state, found, env)
@@ -82,15 +88,20 @@ def environment(config: HealthConfig) -> dict[str, str]:
     return env
 
 
-def check_node(config: HealthConfig, env: Mapping[str, str]) -> Finding:
-    """``verify --cached`` under the time cap, read back from its JSON report."""
-    program = [str(config.stackgate)] if config.stackgate else [sys.executable, "-m", "stackgate"]
+def check_node(config: HealthConfig, env: Mapping[str, str], local: LocalVerify | None = None) -> Finding:
+    """``verify --cached`` under the time cap (``local`` in a forked child, else the configured
+    program, else this interpreter's stackgate), read back from its JSON report."""
     with tempfile.TemporaryDirectory(prefix="stackgate-slurm-health.") as folder:
         report = Path(folder) / "verify.json"
-        argv = [*program, "verify", "--cached", "--lock", str(config.lock), "--json", str(report)]
-        argv += ["--prom", str(config.prom)] if config.prom else []
-        argv += [a for c in config.checks for a in ("--check", c)]
-        done = runner.run(argv, timeout_s=config.timeout_s, env=env, cwd=folder)
+        if local is not None and config.stackgate is None:
+            child = _child(local, config, report, env)
+            done = runner.call_forked(child, timeout_s=config.timeout_s, output=Path(folder) / "out")
+        else:
+            program = [str(config.stackgate)] if config.stackgate else [sys.executable, "-m", "stackgate"]
+            argv = [*program, "verify", "--cached", "--lock", str(config.lock), "--json", str(report)]
+            argv += ["--prom", str(config.prom)] if config.prom else []
+            argv += [a for c in config.checks for a in ("--check", c)]
+            done = runner.run(argv, timeout_s=config.timeout_s, env=env, cwd=folder)
         doc = _report(report)
     if done.timed_out:
         return Finding(False, "verify", f"no verdict within {config.timeout_s:g} s (killed)", done.duration_s)
@@ -101,6 +112,17 @@ def check_node(config: HealthConfig, env: Mapping[str, str]) -> Finding:
         return Finding(False, str(bad[0].get("check")), str(bad[0].get("summary")), done.duration_s)
     tail = (done.tail(1) or ["(no output)"])[0]
     return Finding(False, "verify", f"{done.ended}: {tail}", done.duration_s)
+
+
+def _child(local: LocalVerify, config: HealthConfig, report: Path, env: Mapping[str, str]) -> Callable[[], int]:
+    def child() -> int:
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(report.parent)
+        assert config.lock is not None
+        return local(config.lock, report, config.prom, config.checks)
+
+    return child
 
 
 def _report(path: Path) -> dict[str, Any] | None:
