@@ -41,6 +41,7 @@ class SlurmFleet:
         (model / "config.json").write_text(
             json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 4})
         )
+        self.model = model
         self.python = make_venv(home / "stack")
         self.drifted_python = make_venv(home / "stack-drift", {"flashinfer-python": "0.6.3"})
         self.spec = spec(home / "fleet.toml", model, self.python)
@@ -130,6 +131,10 @@ def fleet(slurm: Cluster, tmp_path: Path) -> Any:
         slurm.reset()
 
 
+def statuses(nodes: dict[str, dict[str, Any]]) -> dict[str, str]:
+    return {name: node["status"] for name, node in nodes.items()}
+
+
 def by_name(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {n["name"]: n for n in doc["nodes"]}
 
@@ -165,12 +170,7 @@ def test_a_drifted_a_slow_and_a_down_node_through_slurm(fleet: SlurmFleet, tmp_p
     assert done.returncode == ExitCode.FAILED, done.stdout + done.stderr
     doc = json.loads(Path(f"{out}.json").read_text())
     nodes = by_name(doc)
-    assert {n: v["status"] for n, v in nodes.items()} == {
-        "n1": "passed",
-        "n2": "passed",
-        "n3": "passed",
-        "n4": "unreachable",
-    }, nodes
+    assert statuses(nodes) == {"n1": "passed", "n2": "passed", "n3": "passed", "n4": "unreachable"}, nodes
     assert (
         nodes["n4"]["reason"] == f"not dialled: Slurm state down ({HOSTILE})" and nodes["n4"]["address"] == "slurm:n4"
     )
@@ -351,4 +351,42 @@ def test_ctrl_c_cancels_the_step_keeps_the_reports_and_leaves_nothing(fleet: Slu
         assert stand_in_pids(fleet.home / name / "events.jsonl") == []
     gates = [int(line.split()[0]) for line in fleet.started.read_text().splitlines()]
     wait_for(lambda: living(gates) == [], 10)
+    wait_for(lambda: fleet.left_behind() == {}, 20)
+
+
+def test_fleet_upgrade_through_slurm_keeps_its_canary_and_batch_order(fleet: SlurmFleet, tmp_path: Path) -> None:
+    """`fleet upgrade --engine slurm`: canary n1 wins (400 -> 440 tok/s), then n2 (wins) and n3
+    (300 tok/s: keeps its stack) in one batch; n4, drained by an admin, is not run. Each command a
+    one-task srun step: the SSH engine's shipping, sha256 checks and the node's real `stackgate
+    upgrade` command line (tests/fleet_node.py measures the given rates)."""
+
+    def upgrading(path: Path, extra: str = "") -> Path:
+        text = spec(path, fleet.model, fleet.python).read_text()
+        path.write_text(text.replace(f'interpreter = "{fleet.python}"', f'root = "{tmp_path / "root"}"') + extra)
+        return path
+
+    live, new = (
+        upgrading(tmp_path / "live.toml"),
+        upgrading(tmp_path / "new.toml", '\n[env]\nSGLANG_ENABLE_DEMO = "1"\n'),
+    )
+    for name, rates in (("n1", "400,440"), ("n2", "400,441"), ("n3", "400,300")):
+        env = fleet.node(name, own={"FLEET_NODE_UPGRADE": rates, "FLEET_NODE_HOME": str(fleet.home / name)})
+        del env["FLEET_NODE_INTERPRETER"]  # the spec's python.root stays as shipped
+        fleet.cluster.set_env(name, env)
+    fleet.cluster.run("scontrol", "update", "nodename=n4", "state=drain", f"reason={HOSTILE}")
+    argv = ["--engine", "slurm", "--stackgate", str(fleet.program), "--nodelist", "n[1-4]", "--to", str(new)]
+    argv += ["--lock", str(live), "--canary", "1", "--batch", "2", "--json", str(tmp_path / "u.json")]
+    done = fleet.stackgate("fleet", "upgrade", *argv)
+    assert done.returncode == ExitCode.FAILED, done.stdout + done.stderr
+    doc = json.loads((tmp_path / "u.json").read_text())
+    nodes = by_name(doc)
+    assert statuses(nodes) == {"n1": "passed", "n2": "passed", "n3": "failed", "n4": "not run"}
+    assert nodes["n4"]["reason"] == f"not run: Slurm state drained ({HOSTILE})"
+    assert doc["upgrade"]["canary_nodes"] == ["n1"] and doc["upgrade"]["moved"] == ["n1", "n2"]
+    assert doc["upgrade"]["kept"] == ["n3"] and doc["upgrade"]["untouched"] == ["n4"]
+    assert doc["reason"].startswith("n3 did not win (failed: upgrade exit 1: kept the live stack: slower")
+    shipped = {hashlib.sha256(p.read_bytes()).hexdigest() for p in (new, live)}
+    for name in ("n1", "n2", "n3"):
+        (call,) = [json.loads(line) for line in (fleet.home / name / "upgrades.jsonl").read_text().splitlines()]
+        assert set(call["sha256"].values()) == shipped and not Path(call["to"]).parent.exists()
     wait_for(lambda: fleet.left_behind() == {}, 20)

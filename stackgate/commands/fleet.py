@@ -1,5 +1,8 @@
 """`stackgate fleet gate|verify|provision`: the same command on every node, one fleet verdict.
 
+Over SSH (below), or with ``--engine slurm`` over the nodes Slurm gives (the section "the Slurm
+engine" at the end, edges/slurm.py, docs/slurm.md).
+
 On each node, over one SSH session (edges/ssh.py), in order:
 
 1. ``stackgate --version``: the node's installed stackgate must be this one's version;
@@ -739,8 +742,7 @@ def nodes_of(request: FleetRequest) -> list[Node]:
         raise FleetUsageError("fleet: name the nodes with --hosts a,b,c or --inventory FILE (one of them)")
     if request.parallel < 1 or request.batch < 1:
         raise FleetUsageError("fleet: --parallel and --batch must be at least 1")
-    if request.batch != 1 and request.action not in ("provision", "upgrade"):
-        raise FleetUsageError("fleet: --batch is for `fleet provision` and `fleet upgrade` (gate and verify use --parallel)")
+    _check_batch(request)
     if request.checks and request.action != "verify":
         raise FleetUsageError("fleet: --check is for `fleet verify`")
     _check_upgrade(request)
@@ -750,6 +752,13 @@ def nodes_of(request: FleetRequest) -> list[Node]:
     return [
         replace(node, timeout_s=request.timeout_s or node.timeout_s, connect_timeout_s=request.connect_timeout_s or node.connect_timeout_s) for node in nodes
     ]
+
+
+def _check_batch(request: FleetRequest) -> None:
+    if request.batch != 1 and request.action not in ("provision", "upgrade"):
+        raise FleetUsageError(
+            "fleet: --batch is for `fleet provision` and `fleet upgrade` (gate and verify use --parallel)"
+        )
 
 
 def _check_upgrade(request: FleetRequest) -> None:
@@ -816,7 +825,11 @@ def run(request: FleetRequest, ui: UI, transport: ssh.Transport | None = None) -
     if request.engine == "slurm":
         check_slurm(request)
         check_outputs(request)
-        done = slurm_fleet(request, lockmodel.load(request.lock_path), ui)
+        if request.action in ("provision", "upgrade"):
+            specs = upgrade_specs(request) if request.action == "upgrade" else (lockmodel.load(request.lock_path), None)
+            done = slurm_rollout(request, *specs, ui)
+        else:
+            done = slurm_fleet(request, lockmodel.load(request.lock_path), ui)
     else:
         nodes = nodes_of(request)
         check_outputs(request)
@@ -853,11 +866,12 @@ def write_reports(doc: Mapping[str, Any], request: FleetRequest) -> None:
 def check_slurm(request: FleetRequest) -> None:
     """What `fleet --engine slurm` cannot take, refused before anything is asked of Slurm."""
     options = request.slurm or SlurmOptions()
-    if request.action not in ("gate", "verify"):
-        raise FleetUsageError(
-            f"fleet {request.action} --engine slurm: the Slurm engine runs gate and verify;"
-            f" {request.action} rolls out over SSH"
-        )
+    if request.action not in ACTIONS:
+        raise FleetUsageError(f"fleet: unknown action {request.action!r} (one of: {', '.join(ACTIONS)})")
+    _check_batch(request)
+    _check_upgrade(request)
+    if options.shared_dir is not None and request.action not in ("gate", "verify"):
+        raise FleetUsageError(f"fleet {request.action} --engine slurm: --shared-dir is for gate and verify")
     if request.hosts is not None or request.inventory is not None:
         raise FleetUsageError(
             "fleet --engine slurm: the nodes are Slurm's (the allocation's, or --nodes/--nodelist):"
@@ -902,18 +916,9 @@ def slurm_fleet(request: FleetRequest, lock: lockmodel.Lock, ui: UI) -> FleetRun
     options = request.slurm or SlurmOptions()
     shipment = Shipment.of(lock)
     started, clock, stop = time.time(), time.monotonic(), threading.Event()
-    try:
-        allocation, states = _slurm_nodes(options)
-    except slurm.SlurmError as exc:
-        raise FleetUsageError(f"fleet --engine slurm: {exc}") from None
-    names = tuple(dict.fromkeys([*states, *(allocation.nodes if allocation is not None else ())]))
-    usable = [n for n in names if n in states and states[n].usable] if allocation is not None else []
+    allocation, states, names, usable = _slurm_plan(options)
     ran: dict[str, NodeRun] = {n: _not_dialled(n, states.get(n)) for n in names if n not in usable}
-    engine: dict[str, Any] = {
-        "name": "slurm",
-        "job_id": allocation.job_id if allocation else None,
-        "allocated_here": bool(allocation and allocation.ours),
-    }
+    engine = _engine(allocation)
     try:
         if usable and allocation is not None:
             step = _slurm_step(request, options, shipment, allocation, usable, stop)
@@ -939,6 +944,29 @@ def slurm_fleet(request: FleetRequest, lock: lockmodel.Lock, ui: UI) -> FleetRun
         stop.is_set(),
         engine,
     )
+
+
+def _slurm_plan(
+    options: SlurmOptions,
+) -> tuple[slurm.Allocation | None, dict[str, slurm.NodeState], tuple[str, ...], list[str]]:
+    """The allocation, every node's state, every node named (the allocation's, then those not
+    dialled) and the usable ones, which run; a Slurm command that failed is a usage error."""
+    try:
+        allocation, states = _slurm_nodes(options)
+    except slurm.SlurmError as exc:
+        raise FleetUsageError(f"fleet --engine slurm: {exc}") from None
+    names = tuple(dict.fromkeys([*states, *(allocation.nodes if allocation is not None else ())]))
+    usable = [n for n in names if n in states and states[n].usable] if allocation is not None else []
+    return allocation, states, names, usable
+
+
+def _engine(allocation: slurm.Allocation | None) -> dict[str, Any]:
+    """The report's ``engine`` part: the Slurm job, and whether this run asked for it."""
+    return {
+        "name": "slurm",
+        "job_id": allocation.job_id if allocation else None,
+        "allocated_here": bool(allocation and allocation.ours),
+    }
 
 
 def _slurm_nodes(options: SlurmOptions) -> tuple[slurm.Allocation | None, dict[str, slurm.NodeState]]:
@@ -972,11 +1000,13 @@ def _slurm_node(name: str) -> Node:
     return Node(name=name, host=name, port=0, engine="slurm")
 
 
-def _not_dialled(name: str, state: slurm.NodeState | None) -> NodeRun:
+def _not_dialled(name: str, state: slurm.NodeState | None, status: str = UNREACHABLE) -> NodeRun:
+    """A node Slurm says cannot take work: ``unreachable`` in a gate, ``not run`` in a rollout."""
+    said = "not dialled" if status == UNREACHABLE else "not run"
     if state is None:
-        return NodeRun(_slurm_node(name), UNREACHABLE, "not dialled: Slurm reports no state for the node")
+        return NodeRun(_slurm_node(name), status, f"{said}: Slurm reports no state for the node")
     reason = f" ({state.reason})" if state.reason else ""
-    return NodeRun(_slurm_node(name), UNREACHABLE, f"not dialled: Slurm state {state.state}{reason}")
+    return NodeRun(_slurm_node(name), status, f"{said}: Slurm state {state.state}{reason}")
 
 
 def _slurm_step(
@@ -1059,3 +1089,29 @@ def _srun_words(stderr: str, node: str) -> str:
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     about = [line for line in lines if node in line.split()] or [line for line in lines if node in line]
     return _tail("\n".join(about or lines[-1:]), 200) if lines else ""
+
+
+def slurm_rollout(
+    request: FleetRequest, lock: lockmodel.Lock, live: lockmodel.Lock | None, ui: UI
+) -> FleetRun:
+    """``fleet provision`` or ``fleet upgrade`` on the nodes Slurm gives: the SSH engine's per-node
+    actions and order (rolling batches; canaries first) with each command a one-task srun step
+    (edges/slurm.py, SrunTransport). Nodes down or drained are not run, listed after the others."""
+    options = request.slurm or SlurmOptions()
+    allocation, states, names, usable = _slurm_plan(options)
+    timeout_s = request.timeout_s or DEFAULT_NODE_TIMEOUT_S
+    nodes = [replace(_slurm_node(n), stackgate=options.stackgate, timeout_s=timeout_s) for n in usable]
+    try:
+        if request.action == "upgrade" and request.canary > len(nodes):
+            raise FleetUsageError(f"fleet upgrade: --canary {request.canary}: Slurm gives {len(nodes)} usable node(s)")
+        transport = slurm.SrunTransport(allocation) if allocation is not None else None
+        done = run_fleet(request, nodes, lock, ui, transport, live) if transport is not None and nodes else None
+    finally:
+        if allocation is not None:
+            slurm.release(allocation)
+    skipped = tuple(_not_dialled(n, states.get(n), NOT_RUN) for n in names if n not in usable)
+    engine = _engine(allocation)
+    if done is None:
+        run_id = history.new_id("fleet", time.time())
+        return FleetRun(request, run_id, lock, Shipment.of(lock, live), skipped, time.time(), 0.0, False, engine)
+    return replace(done, nodes=done.nodes + skipped, engine=engine)

@@ -21,6 +21,9 @@ on these nodes and hand back what each node said. With Slurm that is, in order:
    --signal=TERM``): each task waits for its stackgate to tear down and write its report, prints
    its frame, and ends; after the grace the step is cancelled (``scancel``).
 
+For ``fleet provision`` and ``fleet upgrade``, :class:`SrunTransport` is the SSH engine's
+transport over Slurm: each command on a node a one-task step, its input forwarded to the task.
+
 Every Slurm command runs with an argument vector (no shell on this side); node names and
 reasons are data. What a node printed is parsed as frames, everything else is ignored.
 """
@@ -41,11 +44,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from stackgate.edges import ssh
+from stackgate.models.fleet import Node
+
 __all__ = [
     "Allocation",
     "Frame",
     "NodeState",
     "SlurmError",
+    "SrunTransport",
     "Step",
     "TASK",
     "allocate",
@@ -346,14 +353,8 @@ def run_step(
         "sh",
         *task_args,
     ]
-    # the allocation is named by --jobid: a batch script's SLURM_NTASKS and the like must not shape the step
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k == "SLURM_CONF" or not k.startswith(("SLURM_", "SRUN_", "SALLOC_", "SBATCH_"))
-    }
     process = subprocess.Popen(
-        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        argv, env=_step_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
     out: list[str] = []
     err: list[str] = []
@@ -444,3 +445,83 @@ def _shared_frames(shared: Path, nodes: Sequence[str], token: str) -> list[Frame
 
 def new_token() -> str:
     return secrets.token_hex(6)
+
+
+class SrunTransport:
+    """The SSH engine's transport (edges/ssh.py) over Slurm: each command a one-task step
+    (``srun --nodelist=NODE -N1 -n1``) in the allocation, its input forwarded to the task. The
+    fleet's per-node actions (provision, then a gate; an upgrade) run through it unchanged."""
+
+    def __init__(self, allocation: Allocation) -> None:
+        self.allocation = allocation
+
+    def connect(self, node: Node) -> SrunSession:
+        return SrunSession(self.allocation.job_id, node.name)
+
+
+class SrunSession:
+    def __init__(self, job_id: str, node: str) -> None:
+        self.job_id, self.node = job_id, node
+
+    def run(
+        self, command: str, *, timeout_s: float, stdin: bytes | None = None, stop: threading.Event | None = None
+    ) -> ssh.Completed:
+        argv = [
+            "srun", f"--jobid={self.job_id}", f"--nodelist={self.node}", "--nodes=1", "--ntasks=1", "--overlap",
+            "--kill-on-bad-exit=0", "--mpi=none", f"--input={'0' if stdin is not None else 'none'}",
+            "sh", "-c", command,
+        ]  # fmt: skip
+        try:
+            process = subprocess.Popen(
+                argv, env=_step_env(), stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            )  # fmt: skip
+        except OSError as exc:
+            raise ssh.TransportError(f"slurm:{self.node}: cannot run srun: {exc.strerror or exc}") from exc
+        out: list[bytes] = []
+        err: list[bytes] = []
+        threads = [
+            threading.Thread(target=_drain, args=(s, b), daemon=True)
+            for s, b in ((process.stdout, out), (process.stderr, err))
+        ]
+        if stdin is not None:
+            threads.append(threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True))
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + timeout_s
+        while process.poll() is None:
+            if stop is not None and stop.is_set():
+                raise ssh.Stopped("stopped")  # left running: the caller stops the node's process group
+            if time.monotonic() > deadline:
+                raise ssh.CommandTimeout(f"no end within {timeout_s:g} s")
+            time.sleep(0.02)
+        for thread in threads:
+            thread.join(10)
+        text = [b"".join(part).decode(errors="replace") for part in (out, err)]
+        return ssh.Completed(process.returncode, text[0], text[1])
+
+    def close(self) -> None:
+        pass
+
+
+def _step_env() -> dict[str, str]:
+    """This environment without a batch script's SLURM_NTASKS and the like: the step is named by
+    --jobid, and those would shape it."""
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k == "SLURM_CONF" or not k.startswith(("SLURM_", "SRUN_", "SALLOC_", "SBATCH_"))
+    }
+
+
+def _drain(stream: object, into: list[bytes]) -> None:
+    while chunk := stream.read1(1 << 16):  # type: ignore[attr-defined]
+        into.append(chunk)
+
+
+def _feed(stream: object, data: bytes) -> None:
+    try:
+        stream.write(data)  # type: ignore[attr-defined]
+        stream.close()  # type: ignore[attr-defined]
+    except OSError:
+        pass  # the task ended without reading it all: its exit status says why
