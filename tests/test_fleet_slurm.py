@@ -390,3 +390,29 @@ def test_fleet_upgrade_through_slurm_keeps_its_canary_and_batch_order(fleet: Slu
         (call,) = [json.loads(line) for line in (fleet.home / name / "upgrades.jsonl").read_text().splitlines()]
         assert set(call["sha256"].values()) == shipped and not Path(call["to"]).parent.exists()
     wait_for(lambda: fleet.left_behind() == {}, 20)
+
+
+def test_what_a_node_prints_is_data_only_where_it_is_a_frame() -> None:
+    """srun's labelled output read back (edges/slurm.py): lines that are not frames, values that
+    are not base64 or not UTF-8, and a task's frame split across lines; nothing is executed."""
+    import base64
+
+    from stackgate.edges.slurm import parse_frames
+
+    def value(task: int, key: str, text: bytes) -> list[str]:
+        encoded = base64.b64encode(text).decode()
+        return [f"{task}: @sg {key} ", *(f"{task}: @sg {key} {encoded[i : i + 8]}" for i in range(0, len(encoded), 8))]
+
+    lines = [
+        *value(0, "node", b"n1"),
+        "0: $(rm -rf /) plain output",
+        *value(0, "reason", "a `b` $(c) ;\u00e9".encode()),
+    ]
+    lines += [
+        "1: @sg node not-base64!",
+        *value(1, "exit", b"\xff\xfe"),
+        "garbage without a label",
+        *value(2, "node", b"n3"),
+    ]
+    frames = {f.task: f.fields for f in parse_frames(lines)}
+    assert frames == {0: {"node": "n1", "reason": "a `b` $(c) ;\u00e9"}, 1: {}, 2: {"node": "n3"}}

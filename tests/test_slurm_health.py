@@ -122,3 +122,26 @@ def test_a_verify_past_the_time_cap_is_killed_and_drains_the_node(fleet: SlurmFl
     assert fleet.cluster.reason("n4") == "stackgate: verify: no verdict within 2 s (killed)"
     hung = [int(line.split()[0]) for line in fleet.started.read_text().splitlines()]
     assert hung and living(hung) == []
+
+
+def test_a_forked_verify_past_its_cap_is_killed_with_its_group(tmp_path: Path) -> None:
+    """runner.call_forked, as slurm-health runs verify: the child's group (a grandchild too) is
+    killed at the cap, what it printed is kept; a child that returns gives its exit status."""
+    import os
+    import subprocess
+
+    from stackgate.edges import runner
+
+    pids = tmp_path / "pids"
+
+    def hangs() -> int:
+        child = subprocess.Popen(["sleep", "600"])
+        pids.write_text(f"{os.getpid()} {child.pid}")
+        print("verify: started", flush=True)
+        child.wait()
+        return 0
+
+    done = runner.call_forked(hangs, timeout_s=1.0, output=tmp_path / "out")
+    assert done.timed_out and "verify: started" in done.stderr
+    wait_for(lambda: living([int(p) for p in pids.read_text().split()]) == [], 10)
+    assert runner.call_forked(lambda: 7, timeout_s=10.0, output=tmp_path / "out2").returncode == 7

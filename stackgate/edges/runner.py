@@ -313,6 +313,7 @@ def call_forked(function: Callable[[], int], *, timeout_s: float, output: Path) 
             sink = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             os.dup2(sink, 1)
             os.dup2(sink, 2)
+            sys.stdout = sys.stderr = open(sink, "w", buffering=1, closefd=False)  # whatever they were bound to
             code = function()
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 2
