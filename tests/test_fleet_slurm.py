@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -416,3 +417,33 @@ def test_what_a_node_prints_is_data_only_where_it_is_a_frame() -> None:
     ]
     frames = {f.task: f.fields for f in parse_frames(lines)}
     assert frames == {0: {"node": "n1", "reason": "a `b` $(c) ;\u00e9"}, 1: {}, 2: {"node": "n3"}}
+
+
+@pytest.mark.parametrize(
+    ("changes", "said"),
+    [
+        (
+            {"hosts": "a,b"},
+            "the nodes are Slurm's (the allocation's, or --nodes/--nodelist): not --hosts or --inventory",
+        ),
+        ({"slurm": {"nodes": 2, "nodelist": "n[1-2]"}}, "--nodes N or --nodelist LIST, not both"),
+        ({"slurm": {}}, "outside an allocation, ask for nodes with --nodes N or --nodelist LIST"),
+        ({"action": "gate", "batch": 2, "slurm": {"nodes": 2}}, "--batch is for `fleet provision` and `fleet upgrade`"),
+        ({"action": "upgrade", "slurm": {"nodes": 2}}, "fleet upgrade: --to NEW_SPEC is required"),
+        (
+            {"action": "provision", "slurm": {"nodes": 2, "shared_dir": Path("/")}},
+            "--shared-dir is for gate and verify",
+        ),
+        ({"checks": ("gpu.*",), "slurm": {"nodes": 2}}, "--check is for `fleet verify`"),
+    ],
+)
+def test_what_the_slurm_engine_cannot_take_is_refused_before_slurm_is_asked(
+    changes: dict[str, Any], said: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stackgate.commands import fleet as command
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    fields = {"action": "gate", "engine": "slurm", **changes}
+    fields["slurm"] = command.SlurmOptions(**fields.get("slurm", {}))
+    with pytest.raises(command.FleetUsageError, match=re.escape(said)):
+        command.check_slurm(command.FleetRequest(**fields))
