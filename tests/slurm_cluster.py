@@ -98,7 +98,7 @@ class Cluster:
         deadline = time.monotonic() + timeout_s
         while True:
             states = self.states()
-            if all(states.get(node, "").rstrip("*~#") == state for node, state in wanted.items()):
+            if all(states.get(node, "") == state for node, state in wanted.items()):  # "idle*": not responding yet
                 return
             if time.monotonic() > deadline:
                 raise AssertionError(f"the nodes did not reach {wanted} within {timeout_s} s: {states}\n{self.logs()}")

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -447,3 +448,35 @@ def test_what_the_slurm_engine_cannot_take_is_refused_before_slurm_is_asked(
     fields["slurm"] = command.SlurmOptions(**fields.get("slurm", {}))
     with pytest.raises(command.FleetUsageError, match=re.escape(said)):
         command.check_slurm(command.FleetRequest(**fields))
+
+
+def test_a_node_lost_mid_run_fails_alone(fleet: SlurmFleet, tmp_path: Path) -> None:
+    """n2 goes DOWN while its stand-in loads (Slurm kills its part of the step; the allocation,
+    asked for with --no-kill, lives on): n1 still passes, n2 is unreachable with srun's words about
+    it; the allocation is released and no process is left."""
+    fleet.node("n1", load_s=10.0)  # still loading as n2 goes down, long done with its output
+    fleet.node("n2", load_s=120.0)
+    process = fleet.stackgate(
+        "fleet", "gate", *fleet.slurm_args(), "--nodelist", "n[1-2]", "--json", str(tmp_path / "f.json"), popen=True
+    )
+    try:
+        events = fleet.home / "n2" / "events.jsonl"
+        wait_for(lambda: events.exists() and '"started"' in events.read_text(), 90)
+        fleet.cluster.run("scontrol", "update", "nodename=n2", "state=down", "reason=lost power")
+        out, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == ExitCode.FAILED, out + err
+    nodes = by_name(json.loads((tmp_path / "f.json").read_text()))
+    assert statuses(nodes) == {"n1": "passed", "n2": "unreachable"}, {n: v["reason"] for n, v in nodes.items()}
+    assert nodes["n2"]["reason"] == "the node's task did not start or was lost: srun: error: Node failure on n2"
+    assert nodes["n1"]["stages"]["benchmark"] == "passed"
+    # Slurm killed n2's processes; its task could not clean up, so its folder stays (as over SSH, a
+    # node that went away keeps a folder in its temp dir): removed here, after the check
+    wait_for(lambda: [k for k in fleet.left_behind() if k != "n2"] == [], 30)
+    (left,) = fleet.cluster.local("n2").iterdir()
+    assert left.name.startswith("stackgate-fleet.")
+    shutil.rmtree(left)
+    wait_for(lambda: stand_in_pids(fleet.home / "n2" / "events.jsonl") == [], 30)
+    gates = [int(line.split()[0]) for line in fleet.started.read_text().splitlines()]
+    wait_for(lambda: living(gates) == [], 30)

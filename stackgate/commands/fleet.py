@@ -1053,6 +1053,9 @@ def _from_frame(node: Node, frame: slurm.Frame | None, step: slurm.Step, what: s
     if "failed" in fields:
         return NodeRun(node, FAILED, fields["failed"], duration, version=version)
     doc = None
+    if "report" in fields and hashlib.sha256(fields["report"].encode()).hexdigest() != fields.get("report_sha256"):
+        why = _srun_words(step.stderr, node.name) or f"srun exit {step.returncode}"
+        return NodeRun(node, UNREACHABLE, f"the node's report arrived cut short: srun's output ended early ({why})", duration)
     try:
         doc = _parse_report(fields["report"]) if "report" in fields else None
     except NodeFailed as failure:

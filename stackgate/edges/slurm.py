@@ -169,7 +169,8 @@ def allocate(
     nodes: Sequence[str], count: int | None, partition: str | None, time_limit: str | None, extra: Sequence[str]
 ) -> Allocation:
     """An allocation of its own (``salloc --no-shell``): the named nodes, or ``count`` of the partition's."""
-    argv = ["salloc", "--no-shell", "--job-name=stackgate-fleet", "--ntasks-per-node=1"]
+    # --no-kill: a node lost mid-run fails its own task, not the whole allocation
+    argv = ["salloc", "--no-shell", "--job-name=stackgate-fleet", "--ntasks-per-node=1", "--no-kill"]
     argv += [f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}"] if nodes else [f"--nodes={count}"]
     argv += [f"--partition={partition}"] if partition else []
     argv += [f"--time={time_limit}"] if time_limit else []
@@ -251,6 +252,7 @@ emit exit "$rc"
 emit tail "$(grep -v '^[[:space:]]*$' output | tail -n 1 | cut -c1-300)"
 emit duration_ns "$(( $(date +%s%N) - t0 ))"
 if [ -f report.json ]; then
+  emit report_sha256 "$(head -c 67108865 report.json | sha256sum | cut -d' ' -f1)"
   printf '@sg report \n' >> "$out"
   head -c 67108865 report.json | base64 -w 700 | sed 's/^/@sg report /' >> "$out"
 fi
@@ -343,6 +345,7 @@ def run_step(
         "--ntasks-per-node=1",
         f"--ntasks={len(nodes)}",
         "--kill-on-bad-exit=0",
+        "--no-kill",
         "--overlap",
         "--label",
         "--input=none",
