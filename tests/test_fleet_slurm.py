@@ -451,10 +451,10 @@ def test_what_the_slurm_engine_cannot_take_is_refused_before_slurm_is_asked(
 
 
 def test_a_node_lost_mid_run_fails_alone(fleet: SlurmFleet, tmp_path: Path) -> None:
-    """n2 goes DOWN while its stand-in loads (Slurm kills its part of the step; the allocation,
-    asked for with --no-kill, lives on): n1 still passes, n2 is unreachable with srun's words about
-    it; the allocation is released and no process is left."""
-    fleet.node("n1", load_s=10.0)  # still loading as n2 goes down, long done with its output
+    """n2 goes DOWN while its stand-in loads, after n1 has sent its report (Slurm may end the whole
+    step on a node failure: what a node had sent stays): n1 passed, n2 is unreachable with srun's
+    words about it; the allocation (asked for with --no-kill) is released, no process is left."""
+    fleet.node("n1")
     fleet.node("n2", load_s=120.0)
     process = fleet.stackgate(
         "fleet", "gate", *fleet.slurm_args(), "--nodelist", "n[1-2]", "--json", str(tmp_path / "f.json"), popen=True
@@ -462,6 +462,11 @@ def test_a_node_lost_mid_run_fails_alone(fleet: SlurmFleet, tmp_path: Path) -> N
     try:
         events = fleet.home / "n2" / "events.jsonl"
         wait_for(lambda: events.exists() and '"started"' in events.read_text(), 90)
+        # n1's task removes its folder right after printing its report
+        wait_for(
+            lambda: list((fleet.home / "n1" / "runs").glob("*.json")) and not any(fleet.cluster.local("n1").iterdir()),
+            90,
+        )
         fleet.cluster.run("scontrol", "update", "nodename=n2", "state=down", "reason=lost power")
         out, err = process.communicate(timeout=120)
     finally:
