@@ -16,7 +16,10 @@ from stackgate.edges.files import STDOUT
 from stackgate.models import settings
 from stackgate.render.ui import UI
 
-__all__ = ["diagnose", "fleet", "gate", "init", "lock", "provision", "report", "rollback", "smoke", "upgrade", "verify"]
+__all__ = [
+    "diagnose", "fleet", "gate", "init", "lock", "provision", "report", "rollback", "slurm_health", "smoke",
+    "upgrade", "verify",
+]  # fmt: skip
 
 LOCK_HELP = (
     f"lockfile to use (default: ${settings.LOCK.env}, ./stackgate.toml, /etc/stackgate/stack.toml, "
@@ -246,7 +249,7 @@ def diagnose(c, path=None, stdin=False, json=None, lock=None, kernel=False, kern
 
 @task(
     positional=["action"],
-    iterable=["check"],
+    iterable=["check", "slurm_arg"],
     help={
         "action": "what to run on every node: gate, verify, provision (then a gate; a node that fails is rolled back) or upgrade (a canary first)",
         "hosts": "the nodes: comma-separated [user@]host[:port] (or --inventory)",
@@ -270,18 +273,35 @@ def diagnose(c, path=None, stdin=False, json=None, lock=None, kernel=False, kern
         "html": "write a self-contained HTML page here",
         "strict": "fail on warnings too: the nodes' own, and the fleet's outliers",
         "max_nodes": "refuse a fleet of more nodes than this (default 1000): a runaway inventory is not dialled",
+        "engine": "ssh (default: --hosts/--inventory) or slurm: an allocation's nodes (docs/slurm.md)",
+        "partition": "slurm, outside an allocation: the partition to ask nodes of",
+        "nodes": "slurm, outside an allocation: how many nodes to ask for (or --nodelist)",
+        "nodelist": "slurm, outside an allocation: the nodes to ask for, a Slurm host list (gpu[01-04])",
+        "time": "slurm, outside an allocation: the allocation's time limit (salloc --time)",
+        "slurm_arg": "slurm, outside an allocation: one more salloc flag, e.g. --slurm-arg=--account=ops (repeatable)",
+        "stackgate": "slurm: the stackgate program on the nodes (default: stackgate on the PATH srun exports)",
+        "node_dir": "slurm: node-local folder the spec is sent to with sbcast (default /tmp)",
+        "shared_dir": "slurm: a folder every node and this host share: the documents come back there, not through srun",
     },
 )
 def fleet(
     c, action, hosts=None, inventory=None, lock=None, parallel=None, batch=None, fast_only=False, check=None, timeout=None, connect_timeout=None,
     json=None, junit=None, markdown=None, prom=None, html=None, strict=False, to=None, canary=None, switch="if-better", accept_output_change=False, model=None,
     max_nodes=None,
+    engine="ssh", partition=None, nodes=None, nodelist=None, time=None, slurm_arg=None, stackgate="stackgate",
+    node_dir="/tmp", shared_dir=None,
 ):  # fmt: skip
-    """Run gate, verify, provision or upgrade on every node over SSH: one report, one verdict."""
+    """Run gate, verify, provision or upgrade on every node over SSH (or Slurm): one report, one verdict."""
     from stackgate.commands import fleet as command
 
     def go():
+        options = command.SlurmOptions(
+            partition=partition, nodes=command.whole("--nodes", nodes, 1) if nodes is not None else None,
+            nodelist=nodelist, time_limit=time, extra=tuple(slurm_arg or ()), stackgate=stackgate, node_dir=node_dir,
+            shared_dir=_path(shared_dir),
+        )  # fmt: skip
         request = command.FleetRequest(
+            engine=engine, slurm=options if engine == "slurm" else None,
             action=action, hosts=hosts, inventory=_path(inventory), lock_path=_path(lock), parallel=command.whole("--parallel", parallel, 8),
             batch=command.whole("--batch", batch, 1), fast_only=fast_only, checks=tuple(check or ()), timeout_s=command.seconds("--timeout", timeout),
             connect_timeout_s=command.seconds("--connect-timeout", connect_timeout), strict=strict, json_path=_path(json), junit_path=_path(junit),
@@ -321,3 +341,46 @@ def upgrade(c, to=None, lock=None, model=None, switch="if-better", dry_run=False
         return command.run(request, _ui(0, json, markdown, html))
 
     cli.run_command(go)
+
+
+@task(
+    iterable=["check"],
+    help={
+        "config": "a TOML file with a [slurm-health] table (docs/slurm.md): what slurmd's HealthCheckProgram points at",
+        "lock": "the spec to check against (an absolute path; default: the config's lock)",
+        "prom": "write verify's Prometheus metrics here, as verify --cached --prom does",
+        "timeout": "seconds verify may take before it is killed and the node counts as failing (default 30)",
+        "check": "run only checks matching this name or glob (repeatable; default: verify --cached's)",
+        "stackgate": "the stackgate program that runs verify (default: this one's interpreter)",
+        "slurm_bin": "the folder of Slurm's scontrol and sinfo (slurmd gives the check no PATH)",
+        "slurm_conf": "the slurm.conf those commands read (default: Slurm's own)",
+        "node": "this node's Slurm name (default: $SLURMD_NODENAME, else the short hostname)",
+    },
+)
+def slurm_health(
+    c, config=None, lock=None, prom=None, timeout=None, check=None, stackgate=None, slurm_bin=None, slurm_conf=None,
+    node=None,
+):  # fmt: skip
+    """Slurm's HealthCheckProgram: verify --cached under a time cap; drain on a failure, resume only what it drained."""
+    from stackgate.commands import slurmhealth as command
+
+    flags = {
+        "lock": lock, "prom": prom, "timeout_s": timeout, "checks": tuple(check or ()), "stackgate": stackgate,
+        "slurm_bin": slurm_bin, "slurm_conf": slurm_conf, "node": node,
+    }  # fmt: skip
+    cli.run_command(lambda: command.run(_path(config), flags, UI(), _verify_cached))
+
+
+def _verify_cached(lock: Path, json: Path, prom: Path | None, checks: tuple[str, ...]) -> int:
+    """`stackgate verify --cached` in this process (slurm-health's forked child): its exit status."""
+    import sys
+
+    from stackgate.commands import verify
+    from stackgate.models.exitcodes import UsageError
+
+    request = verify.VerifyRequest(lock_path=lock, checks=checks, json_path=json, cached=True, prom_path=prom)
+    try:
+        return int(verify.run(request, UI()))
+    except UsageError as exc:
+        print(f"stackgate verify: {exc}", file=sys.stderr)
+        return 2

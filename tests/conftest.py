@@ -202,6 +202,22 @@ imports = {imports}
     )
 
 
+@pytest.fixture(scope="session")
+def slurm() -> Iterator[Any]:
+    """A real Slurm cluster of four idle nodes (tests/slurm_cluster.py), shared by a session's
+    tests (each pytest-xdist worker starts its own); a test that changes a node resets it."""
+    import slurm_cluster
+
+    why = slurm_cluster.why_no_slurm()
+    if why is not None:
+        pytest.skip(why)
+    cluster = slurm_cluster.start(4)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that takes the CPU-torch venv is a ``torch`` test whether or not it says so, so
     that ``-m "not torch"`` leaves out every test that needs the 1 GB venv."""

@@ -114,7 +114,7 @@ def test_the_readme_fits_a_screen_or_three_and_starts_with_the_two_commands():
 
 def test_the_readme_names_every_command_and_links_pages_that_exist():
     text = README.read_text()
-    table = set(re.findall(r"^\| \[`(\w+)[^`]*`\]\(docs/[\w-]+\.md\) \|", text, re.MULTILINE))
+    table = set(re.findall(r"^\| \[`([\w-]+)[^`]*`\]\(docs/[\w-]+\.md\) \|", text, re.MULTILINE))
     assert set(main.namespace.task_names) <= table, set(main.namespace.task_names) - table
     links = re.findall(r"\]\((docs/[^)#]*)(?:#[^)]*)?\)", text)
     assert len(links) >= len(table)

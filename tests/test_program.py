@@ -149,7 +149,7 @@ def test_invoke_in_the_checkout_and_the_program_list_the_same_tasks():
     names = sorted(task["name"] for task in json.loads(listed.stdout)["tasks"])
     helped = in_checkout()  # bare `stackgate`: its commands
     commands = helped.stdout.split("Commands:")[1].split("Global options:")[0]
-    assert re.findall(r"^  (\w+) ", commands, re.MULTILINE) == names == sorted(main.namespace.task_names)
+    assert re.findall(r"^  ([\w-]+) ", commands, re.MULTILINE) == names == sorted(main.namespace.task_names)
     assert {"verify", "provision", "smoke", "gate", "rollback", "report", "diagnose", "upgrade"} <= set(names)
 
 

@@ -76,7 +76,7 @@ def run(request: LockRequest, ui: UI) -> ExitCode:
         return max((_check(lockmodel.load(path), ui, quiet_missing=request.all_specs) for path in specs), default=ExitCode.PASSED)
     lock = lockmodel.load(request.lock_path)
     _check_upgrade_names(lock, request.upgrade)
-    writes = bool(request.upgrade or request.refresh) or _current(lock) is None  # else the pylock is the answer
+    writes = bool(request.upgrade or request.refresh) or _current(lock, request.wheelhouse) is None  # else the pylock
     action = f"`stackgate lock` (its {pylock.path_for(lock.path).name})"
     read_only = lockmodel.read_only_problem(lock.path, action) if writes else None
     if read_only is not None:
@@ -151,7 +151,7 @@ def _resolved(lock: lockmodel.Lock, request: LockRequest, uv: str, environ: Mapp
     """The pylock to use: the current one when it matches the spec and nothing is to move (no
     --upgrade-package, no --refresh), else resolved now."""
     if not request.upgrade and not request.refresh:
-        current = _current(lock)
+        current = _current(lock, request.wheelhouse)
         if current is not None and request.wheelhouse is not None:
             ui.line(f"{current.path.name} matches {lock.path.name}: its files go into {request.wheelhouse}")
         elif current is not None:
@@ -165,11 +165,15 @@ def _resolved(lock: lockmodel.Lock, request: LockRequest, uv: str, environ: Mapp
     return outcome.resolution
 
 
-def _current(lock: lockmodel.Lock) -> pylock.Resolution | None:
-    """The spec's pylock when it is readable and matches the spec, else None (resolve again)."""
+def _current(lock: lockmodel.Lock, wheelhouse: Path | None = None) -> pylock.Resolution | None:
+    """The spec's pylock when it is readable and matches the spec, else None (resolve again). With a
+    wheelhouse, whose files would be fetched from it, a pylock that does not validate is refused
+    (PylockError: exit 2), never resolved around."""
     try:
-        resolution, differences = resolve.current(lock)
+        resolution, differences = resolve.current(lock, wheelhouse)
     except pylock.PylockError:
+        if wheelhouse is not None:
+            raise
         return None
     return resolution if resolution is not None and not differences else None
 

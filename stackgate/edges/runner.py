@@ -22,7 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Mapping, Sequence
 
-__all__ = ["Completed", "Interrupted", "kill_group", "reopen", "run", "run_logged", "spawn", "stream", "terminate_all"]
+__all__ = [
+    "Completed", "Interrupted", "call_forked", "kill_group", "reopen", "run", "run_logged", "spawn", "stream",
+    "terminate_all",
+]  # fmt: skip
 
 # Process groups of the commands running now, so that an interrupt can end them all: worker
 # threads never see KeyboardInterrupt, and the interpreter waits for them at exit.
@@ -297,3 +300,59 @@ def _pump(process: subprocess.Popen[str], sink: IO[str], on_line: Callable[[str]
 def run_logged(argv: Sequence[str | Path], log: Path, *, timeout_s: float | None, env: Mapping[str, str] | None = None, cwd: Path | str | None = None) -> Completed:
     """:func:`stream` without a line callback: a long command (an installer, a GPU run) into ``log``."""
     return stream(argv, log=log, timeout_s=timeout_s, env=env, cwd=cwd)
+
+
+def call_forked(function: Callable[[], int], *, timeout_s: float, output: Path) -> Completed:
+    """``function()`` in a forked child in its own process group, its output into ``output``,
+    its return value the exit status; past ``timeout_s`` the group is killed (``returncode``
+    None). One Python start fewer than running the program again: what a check every minute
+    (slurm-health's verify) is made of."""
+    started = time.monotonic()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into the caller's code
+        code = 3
+        try:
+            os.setpgid(0, 0)
+            sink = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(sink, 1)
+            os.dup2(sink, 2)
+            sys.stdout = sys.stderr = open(sink, "w", buffering=1, closefd=False)  # whatever they were bound to
+            code = function()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 2
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    try:
+        os.setpgid(pid, pid)  # here too: a kill must not find the child before it made its group
+    except OSError:
+        pass
+    return _reap(pid, started, timeout_s, output)
+
+
+def _reap(pid: int, started: float, timeout_s: float, output: Path) -> Completed:
+    status: int | None = None
+    try:
+        while status is None:
+            done, raw = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = os.waitstatus_to_exitcode(raw)
+            elif time.monotonic() - started > timeout_s:
+                kill_group(pid)
+                os.waitpid(pid, 0)
+                break
+            else:
+                time.sleep(0.005)
+    except BaseException:
+        kill_group(pid)
+        os.waitpid(pid, 0)
+        raise
+    text = output.read_text(errors="replace") if output.exists() else ""
+    return Completed(("(forked)",), status, "", text, time.monotonic() - started)

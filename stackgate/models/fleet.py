@@ -75,10 +75,13 @@ class Node:
     stackgate: str = "stackgate"
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
     timeout_s: float = DEFAULT_TIMEOUT_S
+    engine: str = "ssh"  #: ssh, or slurm: a Slurm node, reached through srun by its Slurm name
 
     @property
     def address(self) -> str:
-        """``user@host:port`` as a person reads it."""
+        """``user@host:port`` as a person reads it (``slurm:NAME`` for a Slurm node)."""
+        if self.engine == "slurm":
+            return f"slurm:{self.name}"
         return f"{self.user + '@' if self.user else ''}{self.host}:{self.port}"
 
 

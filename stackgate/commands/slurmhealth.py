@@ -1,0 +1,152 @@
+"""`stackgate slurm-health`: the node health check slurmd runs as slurm.conf's ``HealthCheckProgram``.
+
+One run, on the node it checks:
+
+1. ``stackgate verify --cached`` against the configured spec (its static checks' results reused
+   while what they judged is unchanged, the GPUs measured every time), in a forked child (or as the
+   configured ``stackgate`` program) under a hard time cap (``timeout_s``: past it, the child's
+   whole process group is killed and that is the failure); it writes the Prometheus textfile as
+   ``verify --cached --prom`` does;
+2. the node's Slurm state and reason (``sinfo``), then one decision:
+
+   - a failed check drains the node: ``scontrol update nodename=NODE state=drain
+     reason="stackgate: <check>: <summary>"`` (one line, at most 120 characters); a node this
+     check drained already gets the newer reason; a node an admin drained (any reason without the
+     ``stackgate:`` prefix) is left exactly as it is;
+   - a pass resumes the node only when this check drained it (its reason has the prefix), never
+     a node an admin drained.
+
+Settings come from flags or the ``--config`` file (models/slurmhealth.py): slurmd gives the
+program no PATH of the site's and no SLURM_CONF, so the paths are absolute and Slurm's commands
+are looked for in ``slurm_bin`` first. Exit 0 when the node is healthy, 1 when it is not, 2 for
+settings it cannot use (nothing was run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from stackgate.edges import runner, slurm
+from stackgate.models import slurmhealth
+from stackgate.models.exitcodes import ExitCode
+from stackgate.models.slurmhealth import HealthConfig, HealthConfigError
+from stackgate.render.ui import UI
+
+__all__ = ["Finding", "check_node", "decide", "run"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What verify said: healthy, or the first failed check and its summary."""
+
+    healthy: bool
+    check: str = ""
+    summary: str = ""
+    duration_s: float = 0.0
+
+
+#: verify in this program: (spec, JSON report, Prometheus file, checks) -> its exit status. Given by
+#: the task (tasks.py), and run in a forked child: one Python start fewer than the program again.
+LocalVerify = Callable[[Path, Path, "Path | None", tuple[str, ...]], int]
+
+
+def run(config_path: Path | None, flags: Mapping[str, Any], ui: UI, local: LocalVerify | None = None) -> ExitCode:
+    config = (slurmhealth.load(config_path) if config_path is not None else HealthConfig()).merged(flags)
+    if config.lock is None:
+        raise HealthConfigError(
+            "slurm-health: no spec to check against: give --lock or `lock` in --config (an absolute path)"
+        )
+    env = environment(config)
+    node = config.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    found = check_node(config, env, local)
+    try:
+        state = slurm.node_states([node], env=env).get(node)
+        action = decide(node, state, found, env)
+    except slurm.SlurmError as exc:
+        action = f"Slurm not told: {exc}"
+    verdict = "healthy" if found.healthy else f"FAIL {found.check}: {found.summary}"
+    ui.info(f"stackgate slurm-health {node}: {verdict} ({found.duration_s:.2f} s); {action}")
+    return ExitCode.PASSED if found.healthy else ExitCode.FAILED
+
+
+def environment(config: HealthConfig) -> dict[str, str]:
+    """This process's environment with Slurm's commands found first in ``slurm_bin`` (slurmd's
+    own gives no PATH) and the configured slurm.conf."""
+    env = dict(os.environ)
+    path = env.get("PATH") or os.defpath
+    env["PATH"] = f"{config.slurm_bin}{os.pathsep}{path}" if config.slurm_bin else path
+    if config.slurm_conf is not None:
+        env["SLURM_CONF"] = str(config.slurm_conf)
+    env["NO_COLOR"] = "1"
+    return env
+
+
+def check_node(config: HealthConfig, env: Mapping[str, str], local: LocalVerify | None = None) -> Finding:
+    """``verify --cached`` under the time cap (``local`` in a forked child, else the configured
+    program, else this interpreter's stackgate), read back from its JSON report."""
+    with tempfile.TemporaryDirectory(prefix="stackgate-slurm-health.") as folder:
+        report = Path(folder) / "verify.json"
+        if local is not None and config.stackgate is None:
+            child = _child(local, config, report, env)
+            done = runner.call_forked(child, timeout_s=config.timeout_s, output=Path(folder) / "out")
+        else:
+            program = [str(config.stackgate)] if config.stackgate else [sys.executable, "-m", "stackgate"]
+            argv = [*program, "verify", "--cached", "--lock", str(config.lock), "--json", str(report)]
+            argv += ["--prom", str(config.prom)] if config.prom else []
+            argv += [a for c in config.checks for a in ("--check", c)]
+            done = runner.run(argv, timeout_s=config.timeout_s, env=env, cwd=folder)
+        doc = _report(report)
+    if done.timed_out:
+        return Finding(False, "verify", f"no verdict within {config.timeout_s:g} s (killed)", done.duration_s)
+    if done.returncode == 0 and doc is not None:
+        return Finding(True, duration_s=done.duration_s)
+    bad = [r for r in (doc or {}).get("results", ()) if isinstance(r, Mapping) and r.get("status") in ("FAIL", "ERROR")]
+    if done.returncode == 1 and bad:
+        return Finding(False, str(bad[0].get("check")), str(bad[0].get("summary")), done.duration_s)
+    tail = (done.tail(1) or ["(no output)"])[0]
+    return Finding(False, "verify", f"{done.ended}: {tail}", done.duration_s)
+
+
+def _child(local: LocalVerify, config: HealthConfig, report: Path, env: Mapping[str, str]) -> Callable[[], int]:
+    def child() -> int:
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(report.parent)
+        assert config.lock is not None
+        return local(config.lock, report, config.prom, config.checks)
+
+    return child
+
+
+def _report(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def decide(node: str, state: slurm.NodeState | None, found: Finding, env: Mapping[str, str]) -> str:
+    """Drain, resume or leave the node (the module's rule); what was done, in words."""
+    if state is None:
+        return f"left alone: Slurm does not know a node {node!r}"
+    drained = "drain" in state.state.lower()
+    if drained and not slurmhealth.ours(state.reason):
+        return f"left alone: drained by an admin ({state.reason or 'no reason'})"
+    if found.healthy:
+        if drained:
+            slurm.resume(node, env)
+            return f"resumed (this check had drained it: {state.reason})"
+        return f"left {state.state}"
+    reason = slurmhealth.drain_reason(found.check, found.summary)
+    if drained and state.reason.startswith(reason):  # Slurm may append [user@time] to what was written
+        return "kept drained"
+    slurm.drain(node, reason, env)
+    return f"drained: {reason}"

@@ -1,0 +1,530 @@
+"""Slurm as the fleet's engine: which nodes, in which state, and one step of one task per node.
+
+The fleet controller (commands/fleet.py) asks this edge one thing: run ``stackgate ACTION``
+on these nodes and hand back what each node said. With Slurm that is, in order:
+
+1. the nodes: those of the allocation the controller runs in (``SLURM_JOB_ID``), or an
+   allocation asked for here (``salloc --no-shell``: ``--partition``, ``--nodes`` or
+   ``--nodelist``, ``--time`` and the site's own flags) and released at the end (``scancel``);
+   each node's state and reason from ``sinfo``, so that a node DOWN or drained is listed, not
+   dialled;
+2. the spec and its pylock go to each node's local storage with ``sbcast`` (one flat file per
+   file of the shipment, under a name only this run uses);
+3. one step, one task per node (``srun --ntasks-per-node=1 --kill-on-bad-exit=0``), runs
+   :data:`TASK` there: it moves the files into a fresh folder (``mktemp -d``), checks each
+   sha256 against the controller's, checks the node's ``stackgate --version``, runs the action,
+   and prints what happened as ``@sg KEY BASE64`` lines (its frame: each value in lines short
+   enough that srun, which cuts lines at 1 KiB, never cuts one) on the task's output, which
+   srun brings back labelled with the task's number: no shared filesystem is assumed. With a
+   shared folder the frame is written there instead (one file per node), and read from there;
+4. a stop (Ctrl-C, SIGTERM, the controller's timeout) sends SIGTERM to the step (``scancel
+   --signal=TERM``): each task waits for its stackgate to tear down and write its report, prints
+   its frame, and ends; after the grace the step is cancelled (``scancel``).
+
+For ``fleet provision`` and ``fleet upgrade``, :class:`SrunTransport` is the SSH engine's
+transport over Slurm: each command on a node a one-task step, its input forwarded to the task.
+
+Every Slurm command runs with an argument vector (no shell on this side); node names and
+reasons are data. What a node printed is parsed as frames, everything else is ignored.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import re
+import secrets
+import shlex
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from stackgate.edges import ssh
+from stackgate.models.fleet import Node
+
+__all__ = [
+    "Allocation",
+    "Frame",
+    "NodeState",
+    "SlurmError",
+    "SrunTransport",
+    "Step",
+    "TASK",
+    "allocate",
+    "broadcast",
+    "current",
+    "drain",
+    "hostnames",
+    "node_states",
+    "parse_frames",
+    "release",
+    "resume",
+    "run_step",
+]
+
+#: Node states (sinfo's %T, its flags after '+') in which a node takes work.
+USABLE = frozenset({"idle", "mixed", "allocated", "completing", "planned", "reserved"})
+_SEP = "\x1f"
+_LABEL = re.compile(r"^\s*(\d+): (.*)$")
+_GRANTED = re.compile(r"Granted job allocation (\d+)")
+_COMMAND_S = 60.0
+#: Largest base64 frame value read back (a report is read whole: a bigger one is not a stackgate report).
+MAX_VALUE = 96 << 20
+
+
+class SlurmError(Exception):
+    """A Slurm command failed (the text says which and why): nothing ran on the nodes."""
+
+
+@dataclass(frozen=True)
+class NodeState:
+    name: str
+    state: str  #: sinfo's %T: idle, mixed, allocated, drained, draining, down*, ...
+    reason: str = ""
+
+    @property
+    def usable(self) -> bool:
+        """Whether a task may be sent there: up, responding, not drained."""
+        words = self.state.lower().split("+")
+        return (
+            not self.state.endswith(("*", "~", "#", "!", "%"))
+            and words[0] in USABLE
+            and not any("drain" in w for w in words)
+        )
+
+
+@dataclass(frozen=True)
+class Allocation:
+    job_id: str
+    nodes: tuple[str, ...]
+    ours: bool  #: asked for here: released at the end
+
+
+def _run(argv: Sequence[str], env: Mapping[str, str] | None = None, timeout_s: float = _COMMAND_S) -> str:
+    try:
+        done = subprocess.run(
+            list(argv), env=dict(env) if env is not None else None, capture_output=True, text=True, timeout=timeout_s
+        )
+    except FileNotFoundError:
+        raise SlurmError(
+            f"`{argv[0]}` not found: is this a Slurm login or compute node (slurm-client installed, on PATH)?"
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"`{shlex.join(argv)}` did not end within {timeout_s:g} s") from None
+    if done.returncode != 0:
+        raise SlurmError(f"`{shlex.join(argv)}`: exit {done.returncode}: {(done.stderr or done.stdout).strip()[-400:]}")
+    return done.stdout
+
+
+def hostnames(nodelist: str) -> tuple[str, ...]:
+    """A Slurm host list (``gpu[01-04],x``) as names, by ``scontrol show hostnames``."""
+    return tuple(
+        line.strip() for line in _run(["scontrol", "show", "hostnames", nodelist]).splitlines() if line.strip()
+    )
+
+
+def node_states(
+    names: Sequence[str] = (), partition: str | None = None, env: Mapping[str, str] | None = None
+) -> dict[str, NodeState]:
+    """Each node's state and reason (``sinfo -N``), of the nodes named or of a partition."""
+    argv = ["sinfo", "-N", "-h", "-o", f"%N{_SEP}%T{_SEP}%E"]
+    argv += ["-n", ",".join(names)] if names else []
+    argv += ["-p", partition] if partition else []
+    found: dict[str, NodeState] = {}
+    for line in _run(argv, env).splitlines():
+        parts = line.split(_SEP)
+        if len(parts) == 3 and parts[0] not in found:
+            reason = "" if parts[2] == "none" else parts[2]
+            found[parts[0]] = NodeState(parts[0], parts[1], reason)
+    return found
+
+
+def drain(node: str, reason: str, env: Mapping[str, str] | None = None) -> None:
+    """``scontrol update nodename=NODE state=drain reason=REASON`` (an argument vector: the
+    reason is data, whatever it holds)."""
+    _run(["scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}"], env)
+
+
+def resume(node: str, env: Mapping[str, str] | None = None) -> None:
+    _run(["scontrol", "update", f"nodename={node}", "state=resume"], env)
+
+
+def current() -> Allocation | None:
+    """The allocation this process runs in (``SLURM_JOB_ID``), None outside one."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return None
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+    if not nodelist:
+        nodelist = _run(["squeue", "-h", "-j", job, "-o", "%N"]).strip()
+    return Allocation(job, hostnames(nodelist), ours=False)
+
+
+def allocate(
+    nodes: Sequence[str], count: int | None, partition: str | None, time_limit: str | None, extra: Sequence[str]
+) -> Allocation:
+    """An allocation of its own (``salloc --no-shell``): the named nodes, or ``count`` of the partition's."""
+    # --no-kill: a node lost mid-run fails its own task, not the whole allocation
+    argv = ["salloc", "--no-shell", "--job-name=stackgate-fleet", "--ntasks-per-node=1", "--no-kill"]
+    argv += [f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}"] if nodes else [f"--nodes={count}"]
+    argv += [f"--partition={partition}"] if partition else []
+    argv += [f"--time={time_limit}"] if time_limit else []
+    try:
+        done = subprocess.run([*argv, *extra], capture_output=True, text=True, timeout=24 * 3600)
+    except FileNotFoundError:
+        raise SlurmError("`salloc` not found: is this a Slurm login node (slurm-client installed, on PATH)?") from None
+    granted = _GRANTED.search(done.stderr)
+    if done.returncode != 0 or granted is None:
+        raise SlurmError(f"`{shlex.join([*argv, *extra])}`: exit {done.returncode}: {done.stderr.strip()[-400:]}")
+    job = granted.group(1)
+    try:
+        return Allocation(job, hostnames(_run(["squeue", "-h", "-j", job, "-o", "%N"]).strip()), ours=True)
+    except SlurmError:
+        release(Allocation(job, (), ours=True))
+        raise
+
+
+def release(allocation: Allocation) -> None:
+    """An allocation asked for here is cancelled; one this process runs in is left alone."""
+    if allocation.ours:
+        subprocess.run(["scancel", allocation.job_id], capture_output=True, timeout=_COMMAND_S)
+
+
+def broadcast(job_id: str, files: Mapping[str, bytes], node_dir: str, token: str) -> None:
+    """Each file to every node of the job: ``<node_dir>/stackgate-fleet.<token>.<index>``."""
+    with tempfile.TemporaryDirectory(prefix="stackgate-sbcast.") as local:
+        for index, data in enumerate(files.values()):
+            source = Path(local) / str(index)
+            source.write_bytes(data)
+            _run(
+                ["sbcast", "--force", f"--jobid={job_id}", str(source), f"{node_dir}/stackgate-fleet.{token}.{index}"],
+                timeout_s=300.0,
+            )
+
+
+#: What each task runs (``sh -c TASK sh ARGS``): see the module's docstring. Its arguments: the
+#: node's stackgate, the version it must have, the node folder the files were sent to, this run's
+#: token, the shared folder ("" for none), the number of files, then a name and a sha256 for each
+#: file, then the action's arguments (the spec named relative to the task's folder).
+TASK = r"""
+sg=$1 want=$2 base=$3 token=$4 shared=$5 count=$6; shift 6
+node=${SLURMD_NODENAME:-$(hostname)}
+out=/dev/stdout
+[ -n "$shared" ] && out="$shared/$node.frame.$token" && : > "$out"
+emit() { printf '@sg %s \n' "$1" >> "$out"; printf '%s' "$2" | base64 -w 700 | sed "s/^/@sg $1 /" >> "$out"; }
+t0=$(date +%s%N)
+emit node "$node"
+emit step "${SLURM_JOB_ID:-}.${SLURM_STEP_ID:-}"
+d=$(mktemp -d "$base/stackgate-fleet.XXXXXXXX") || { emit failed "cannot make a folder in $base on the node"; exit 3; }
+trap 'rm -rf -- "$d"' EXIT
+i=0
+while [ $i -lt "$count" ]; do
+  name=$1 sum=$2; shift 2
+  if ! mv -- "$base/stackgate-fleet.$token.$i" "$d/$name" 2>/dev/null; then
+    emit failed "$name did not arrive (sbcast)"; exit 3
+  fi
+  got=$(sha256sum < "$d/$name" | cut -d' ' -f1)
+  if [ "$got" != "$sum" ]; then emit failed "$name arrived damaged: sha256 $got on the node, $sum here"; exit 3; fi
+  i=$((i+1))
+done
+v=$("$sg" --version 2>&1); rc=$?
+emit version "$v"
+if [ $rc -ne 0 ]; then
+  emit failed "\`$sg --version\` on the node: exit $rc: $(printf '%s' "$v" | tail -n 1 | cut -c1-300)"; exit 3
+fi
+if [ "$v" != "stackgate $want" ]; then
+  emit failed "the node has ${v#stackgate }, this controller stackgate $want: install the same version on every node"
+  exit 3
+fi
+cd "$d" || exit 3
+trap ':' TERM INT HUP
+NO_COLOR=1 "$sg" "$@" --json report.json < /dev/null > output 2>&1 &
+pid=$!
+emit started "$pid"
+wait $pid; rc=$?
+while kill -0 $pid 2>/dev/null; do wait $pid; rc=$?; done
+emit exit "$rc"
+emit tail "$(grep -v '^[[:space:]]*$' output | tail -n 1 | cut -c1-300)"
+emit duration_ns "$(( $(date +%s%N) - t0 ))"
+if [ -f report.json ]; then
+  emit report_sha256 "$(head -c 67108865 report.json | sha256sum | cut -d' ' -f1)"
+  printf '@sg report \n' >> "$out"
+  head -c 67108865 report.json | base64 -w 700 | sed 's/^/@sg report /' >> "$out"
+fi
+cd / && rm -rf -- "$d"
+exit 0
+"""
+
+
+@dataclass
+class Frame:
+    """What one node's task said: its fields (node, version, failed, exit, tail, report, ...)."""
+
+    task: int | None
+    fields: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def node(self) -> str | None:
+        return self.fields.get("node")
+
+
+def parse_frames(lines: Sequence[str], labelled: bool = True) -> list[Frame]:
+    """The frames in srun's labelled output (``N: @sg KEY BASE64``, a value's first line with
+    nothing after the key, its pieces after it); other lines are ignored, and a value that is not
+    base64, not text or too large is dropped.
+
+    >>> lines = ["0: @sg node ", "0: @sg node bjE=", "noise", "1: @sg node ", "1: @sg node bjI="]
+    >>> lines += ["0: @sg exit ", "0: @sg exit MA=="]
+    >>> [f.fields for f in parse_frames(lines)]
+    [{'node': 'n1', 'exit': '0'}, {'node': 'n2'}]
+    """
+    pieces: dict[int | None, dict[str, list[str]]] = {}
+    for line in lines:
+        task, text = None, line.rstrip("\n")
+        if labelled:
+            matched = _LABEL.match(text)
+            if matched is None:
+                continue
+            task, text = int(matched.group(1)), matched.group(2)
+        words = text.split(" ", 2)
+        if len(words) == 3 and words[0] == "@sg":
+            values = pieces.setdefault(task, {})
+            if not words[2].strip():
+                values[words[1]] = []  # a value begins (again)
+            elif sum(map(len, values.setdefault(words[1], []))) < MAX_VALUE:
+                values[words[1]].append(words[2].strip())
+    return [Frame(task, _decoded(values)) for task, values in pieces.items()]
+
+
+def _decoded(values: Mapping[str, list[str]]) -> dict[str, str]:
+    found = {}
+    for key, parts in values.items():
+        try:
+            found[key] = base64.b64decode("".join(parts), validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            continue
+    return found
+
+
+@dataclass
+class Step:
+    """One step's outcome: each node's frame, srun's exit and its own words, why it stopped."""
+
+    frames: dict[str, Frame]
+    returncode: int | None
+    stderr: str
+    stopped: str | None = None  #: "interrupted" or "timed out" when the controller ended it
+    step_id: str | None = None
+
+
+def run_step(
+    allocation: Allocation,
+    nodes: Sequence[str],
+    task_args: Sequence[str],
+    *,
+    token: str,
+    timeout_s: float,
+    grace_s: float,
+    stop: threading.Event,
+    shared: Path | None = None,
+) -> Step:
+    """:data:`TASK` on each of ``nodes``, one task per node, until it ends, ``stop`` is set or
+    ``timeout_s`` passes (then SIGTERM to the step, and after ``grace_s`` its cancellation)."""
+    name = f"stackgate-fleet-{token}"
+    argv = [
+        "srun",
+        f"--jobid={allocation.job_id}",
+        f"--job-name={name}",
+        f"--nodes={len(nodes)}",
+        f"--nodelist={','.join(nodes)}",
+        "--ntasks-per-node=1",
+        f"--ntasks={len(nodes)}",
+        "--kill-on-bad-exit=0",
+        "--no-kill",
+        "--overlap",
+        "--label",
+        "--input=none",
+        "--mpi=none",
+        "sh",
+        "-c",
+        TASK,
+        "sh",
+        *task_args,
+    ]
+    process = subprocess.Popen(
+        argv, env=_step_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    out: list[str] = []
+    err: list[str] = []
+    readers = [
+        threading.Thread(target=_read, args=(s, b), daemon=True)
+        for s, b in ((process.stdout, out), (process.stderr, err))
+    ]
+    for reader in readers:
+        reader.start()
+    stopped, step_id = _watch(process, allocation.job_id, name, timeout_s, grace_s, stop)
+    for reader in readers:
+        reader.join(10)
+    frames = parse_frames(out) if shared is None else _shared_frames(shared, nodes, token)
+    by_node = {f.node: f for f in frames if f.node is not None and f.node in nodes}
+    step_id = step_id or next((f.fields["step"] for f in by_node.values() if "step" in f.fields), None)
+    return Step(by_node, process.returncode, "".join(err), stopped, step_id)
+
+
+def _read(stream: object, into: list[str]) -> None:
+    for line in stream:  # type: ignore[attr-defined]
+        into.append(line)
+
+
+def _watch(
+    process: subprocess.Popen[str], job_id: str, name: str, timeout_s: float, grace_s: float, stop: threading.Event
+) -> tuple[str | None, str | None]:
+    deadline = time.monotonic() + timeout_s
+    while process.poll() is None:
+        if stop.is_set() or time.monotonic() > deadline:
+            why = "interrupted" if stop.is_set() else "timed out"
+            return why, _end_step(process, job_id, name, grace_s)
+        try:
+            process.wait(0.1)
+        except subprocess.TimeoutExpired:
+            pass
+        except KeyboardInterrupt:
+            stop.set()
+    return None, None
+
+
+def _end_step(process: subprocess.Popen[str], job_id: str, name: str, grace_s: float) -> str | None:
+    """SIGTERM to the step's every process, its cancellation after ``grace_s``; the step's id."""
+    step = _step_id(job_id, name)
+    if step is None:  # not started yet (or gone): srun itself is stopped, which ends what it began
+        process.terminate()
+    else:
+        subprocess.run(["scancel", "--signal=TERM", step], capture_output=True, timeout=_COMMAND_S)
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        if step is not None:
+            subprocess.run(["scancel", step], capture_output=True, timeout=_COMMAND_S)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return step
+
+
+def _step_id(job_id: str, name: str, wait_s: float = 5.0) -> str | None:
+    deadline = time.monotonic() + wait_s
+    while True:
+        done = subprocess.run(
+            ["squeue", "-h", "-s", "-j", job_id, "-o", "%i %j"], capture_output=True, text=True, timeout=_COMMAND_S
+        )
+        for line in done.stdout.splitlines():
+            words = line.split()
+            if len(words) == 2 and words[1] == name:
+                return words[0]
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.1)
+
+
+def _shared_frames(shared: Path, nodes: Sequence[str], token: str) -> list[Frame]:
+    frames = []
+    for node in nodes:
+        path = shared / f"{node}.frame.{token}"
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        path.unlink(missing_ok=True)
+        frames += parse_frames(text.splitlines(), labelled=False)
+    return frames
+
+
+def new_token() -> str:
+    return secrets.token_hex(6)
+
+
+class SrunTransport:
+    """The SSH engine's transport (edges/ssh.py) over Slurm: each command a one-task step
+    (``srun --nodelist=NODE -N1 -n1``) in the allocation, its input forwarded to the task. The
+    fleet's per-node actions (provision, then a gate; an upgrade) run through it unchanged."""
+
+    def __init__(self, allocation: Allocation) -> None:
+        self.allocation = allocation
+
+    def connect(self, node: Node) -> SrunSession:
+        return SrunSession(self.allocation.job_id, node.name)
+
+
+class SrunSession:
+    def __init__(self, job_id: str, node: str) -> None:
+        self.job_id, self.node = job_id, node
+
+    def run(
+        self, command: str, *, timeout_s: float, stdin: bytes | None = None, stop: threading.Event | None = None
+    ) -> ssh.Completed:
+        argv = [
+            "srun", f"--jobid={self.job_id}", f"--nodelist={self.node}", "--nodes=1", "--ntasks=1", "--overlap",
+            "--kill-on-bad-exit=0", "--mpi=none", f"--input={'0' if stdin is not None else 'none'}",
+            "sh", "-c", command,
+        ]  # fmt: skip
+        try:
+            process = subprocess.Popen(
+                argv, env=_step_env(), stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            )  # fmt: skip
+        except OSError as exc:
+            raise ssh.TransportError(f"slurm:{self.node}: cannot run srun: {exc.strerror or exc}") from exc
+        out: list[bytes] = []
+        err: list[bytes] = []
+        threads = [
+            threading.Thread(target=_drain, args=(s, b), daemon=True)
+            for s, b in ((process.stdout, out), (process.stderr, err))
+        ]
+        if stdin is not None:
+            threads.append(threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True))
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + timeout_s
+        while process.poll() is None:
+            if stop is not None and stop.is_set():
+                raise ssh.Stopped("stopped")  # left running: the caller stops the node's process group
+            if time.monotonic() > deadline:
+                raise ssh.CommandTimeout(f"no end within {timeout_s:g} s")
+            time.sleep(0.02)
+        for thread in threads:
+            thread.join(10)
+        text = [b"".join(part).decode(errors="replace") for part in (out, err)]
+        return ssh.Completed(process.returncode, text[0], text[1])
+
+    def close(self) -> None:
+        pass
+
+
+def _step_env() -> dict[str, str]:
+    """This environment without a batch script's SLURM_NTASKS and the like: the step is named by
+    --jobid, and those would shape it."""
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k == "SLURM_CONF" or not k.startswith(("SLURM_", "SRUN_", "SALLOC_", "SBATCH_"))
+    }
+
+
+def _drain(stream: object, into: list[bytes]) -> None:
+    while chunk := stream.read1(1 << 16):  # type: ignore[attr-defined]
+        into.append(chunk)
+
+
+def _feed(stream: object, data: bytes) -> None:
+    try:
+        stream.write(data)  # type: ignore[attr-defined]
+        stream.close()  # type: ignore[attr-defined]
+    except OSError:
+        pass  # the task ended without reading it all: its exit status says why
