@@ -44,7 +44,19 @@ def start(rate: float, tmp: Path) -> tuple[launch.Server, str]:
     model.mkdir(exist_ok=True)
     (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32}))
     port = free_port()
-    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--tp-size", "1", "--port", str(port), "--attention-backend", "flashinfer"]
+    argv = [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(model),
+        "--tp-size",
+        "1",
+        "--port",
+        str(port),
+        "--attention-backend",
+        "flashinfer",
+    ]
     env = {**os.environ, "PYTHONPATH": str(FAKES), "STACKGATE_FAKE_SGLANG": str(behaviour)}
     server = launch.start(argv, env, tmp / f"server-{rate:g}.log")
     url = f"http://127.0.0.1:{port}"
@@ -56,7 +68,11 @@ def start(rate: float, tmp: Path) -> tuple[launch.Server, str]:
 
 def reference(url: str, tokens: int) -> tuple[int, float]:
     """The obvious client: json.loads on every event. Returns (tokens, CPU seconds)."""
-    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True, "temperature": 0}, "stream": True}
+    body = {
+        "text": PROMPT,
+        "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True, "temperature": 0},
+        "stream": True,
+    }
     cpu = time.thread_time()
     count = 0
     for _, data in httpclient.EventStream(f"{url}/generate", body).events():
@@ -97,7 +113,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     runs = parser.parse_args().runs
     print(f"client accuracy and cost, {runs} runs per rate (worst run's error shown)")
-    print(f"{'true tok/s':>10} {'tokens':>6} {'decode tok/s':>12} {'decode err':>10} {'whole-run err':>13} {'ITL p50 err':>11} {'CPU us/token':>12} {'reference':>10} {'ratio':>6}")
+    print(
+        f"{'true tok/s':>10} {'tokens':>6} {'decode tok/s':>12} {'decode err':>10} {'whole-run err':>13} {'ITL p50 err':>11} {'CPU us/token':>12} {'reference':>10} {'ratio':>6}"
+    )
     with tempfile.TemporaryDirectory(prefix="stackgate-bench-") as tmp:
         for rate, tokens in CASES:
             row = measure(rate, tokens, runs, Path(tmp))

@@ -49,8 +49,10 @@ def score(half: str, verbose: bool) -> tuple[int, int]:
         right += cause in case["expect"]
         if verbose or cause not in case["expect"]:
             mark = "ok  " if cause in case["expect"] else "MISS"
-            print(f"  {mark} {case['file']}: expected {'/'.join(case['expect'])}, got {cause or 'nothing recognised'}"
-                  + (f" (+{len(done.unrecognized)} unrecognized)" if done.unrecognized else ""))
+            print(
+                f"  {mark} {case['file']}: expected {'/'.join(case['expect'])}, got {cause or 'nothing recognised'}"
+                + (f" (+{len(done.unrecognized)} unrecognized)" if done.unrecognized else "")
+            )
     return right, len(cases)
 
 
@@ -59,7 +61,10 @@ def alarms() -> int:
     for name in HEALTHY:
         done = scan(DATA / name)
         found = [f for f in done.findings if f.severity != "info"] + list(done.unrecognized)
-        print(f"  healthy {name}: {done.inputs[0].lines} lines, {len(found)} false alarm(s)" + "".join(f"\n    {f.id}: {f.title}" for f in found))
+        print(
+            f"  healthy {name}: {done.inputs[0].lines} lines, {len(found)} false alarm(s)"
+            + "".join(f"\n    {f.id}: {f.title}" for f in found)
+        )
         total += len(found)
     return total
 
@@ -71,7 +76,9 @@ def main() -> int:
     args = parser.parse_args()
     right, total = score(args.half, args.verbose)
     false = alarms()
-    print(f"{args.half}: {right}/{total} recognised with the right cause ({100 * right / max(total, 1):.1f}%); goal >= 90%")
+    print(
+        f"{args.half}: {right}/{total} recognised with the right cause ({100 * right / max(total, 1):.1f}%); goal >= 90%"
+    )
     print(f"healthy logs: {false} false alarm(s); goal 0")
     return 0 if right >= 0.9 * total and false == 0 else 1
 

@@ -42,8 +42,16 @@ STARTUP = ROOT / "tests" / "data" / "sglang-0.5.9-tp8-healthy.log"
 
 #: The failures planted in the log: (signature id, the lines, which of them is the finding's line).
 PLANTED = [
-    ("sglang-attention-backend-default", ["[2026-02-03 09:00:18 TP0] Attention backend not specified. Use triton backend by default."], 0),
-    ("cuda-major-mismatch", ["ImportError: libcudart.so.12: cannot open shared object file: No such file or directory"], 0),
+    (
+        "sglang-attention-backend-default",
+        ["[2026-02-03 09:00:18 TP0] Attention backend not specified. Use triton backend by default."],
+        0,
+    ),
+    (
+        "cuda-major-mismatch",
+        ["ImportError: libcudart.so.12: cannot open shared object file: No such file or directory"],
+        0,
+    ),
     (
         "sglang-symm-mem-keyerror",
         [
@@ -55,11 +63,17 @@ PLANTED = [
         ],
         4,
     ),
-    ("cuda-illegal-memory-access", ["[2026-02-03 12:10:00 TP3] RuntimeError: CUDA error: an illegal memory access was encountered"], 0),
+    (
+        "cuda-illegal-memory-access",
+        ["[2026-02-03 12:10:00 TP3] RuntimeError: CUDA error: an illegal memory access was encountered"],
+        0,
+    ),
     (
         "nccl-watchdog-timeout",
-        ["[rank5]:[E226 11:16:37.121617583 ProcessGroupNCCL.cpp:616] [Rank 5] Watchdog caught collective operation timeout: "
-            "WorkNCCL(SeqNum=5653, OpType=ALLREDUCE, NumelIn=58720256, NumelOut=58720256, Timeout(ms)=600000) ran for 600028 milliseconds before timing out."],
+        [
+            "[rank5]:[E226 11:16:37.121617583 ProcessGroupNCCL.cpp:616] [Rank 5] Watchdog caught collective operation timeout: "
+            "WorkNCCL(SeqNum=5653, OpType=ALLREDUCE, NumelIn=58720256, NumelOut=58720256, Timeout(ms)=600000) ran for 600028 milliseconds before timing out."
+        ],
         0,
     ),
 ]
@@ -84,7 +98,14 @@ def traffic(rng: random.Random, size: int) -> str:
                 f"#running-req: {rng.randint(0, 64)}, #queue-req: {rng.randint(0, 9)}, input throughput (token/s): {rng.uniform(0, 40000):.2f}, cuda graph: False"
             )
         else:
-            path = rng.choice(['"POST /generate HTTP/1.1" 200 OK', '"GET /health HTTP/1.1" 200 OK', '"POST /v1/chat/completions HTTP/1.1" 200 OK', '"GET /metrics HTTP/1.1" 200 OK'])
+            path = rng.choice(
+                [
+                    '"POST /generate HTTP/1.1" 200 OK',
+                    '"GET /health HTTP/1.1" 200 OK',
+                    '"POST /v1/chat/completions HTTP/1.1" 200 OK',
+                    '"GET /metrics HTTP/1.1" 200 OK',
+                ]
+            )
             line = f"[{stamp}] INFO:     127.0.0.1:{rng.randint(30000, 65000)} - {path}"
         lines.append(line)
         total += len(line) + 1
@@ -154,7 +175,9 @@ def best(command: list[str], repeat: int, output: Path, env: dict[str, str] | No
     for _ in range(repeat):
         with open(output, "wb") as out:
             start = time.perf_counter()
-            code = subprocess.run(command, check=False, stdout=out, stderr=subprocess.DEVNULL, env=env, cwd=ROOT).returncode
+            code = subprocess.run(
+                command, check=False, stdout=out, stderr=subprocess.DEVNULL, env=env, cwd=ROOT
+            ).returncode
             times.append(time.perf_counter() - start)
     return min(times), code
 
@@ -172,19 +195,31 @@ def scanner_alone(log: Path, repeat: int) -> float:
 
 def check_findings(log: Path, expected: dict[str, int], folder: Path) -> None:
     report = folder / "diagnose.json"
-    done = subprocess.run([sys.executable, "-m", "stackgate", "diagnose", "--path", str(log), "--json", str(report)], check=False, cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "stackgate", "diagnose", "--path", str(log), "--json", str(report)],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     found = {f["id"]: f["evidence"]["line"] for f in json.loads(report.read_text())["findings"]}
     wrong = {k: (v, found.get(k)) for k, v in expected.items() if found.get(k) != v}
     if done.returncode != 1 or wrong:
-        raise SystemExit(f"diagnose did not find the planted failures where they are: exit {done.returncode}, (expected, found): {wrong}")
-    print(f"diagnose found all {len(expected)} planted failures at their lines (and {len(found) - len(expected)} other finding(s): {sorted(set(found) - set(expected))})")
+        raise SystemExit(
+            f"diagnose did not find the planted failures where they are: exit {done.returncode}, (expected, found): {wrong}"
+        )
+    print(
+        f"diagnose found all {len(expected)} planted failures at their lines (and {len(found) - len(expected)} other finding(s): {sorted(set(found) - set(expected))})"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mb", type=int, default=500)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--dir", type=Path, default=None, help="where to write the log (default: a temporary directory)")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="where to write the log (default: a temporary directory)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the generated log")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="diagnose-speed-", dir=args.dir))
@@ -193,15 +228,21 @@ def main() -> None:
         started = time.perf_counter()
         expected = write_log(log, args.size_mb)
         size = log.stat().st_size
-        print(f"log: {log} ({size / 1e6:.0f} MB, {len(expected)} planted failures), written in {time.perf_counter() - started:.1f} s")
+        print(
+            f"log: {log} ({size / 1e6:.0f} MB, {len(expected)} planted failures), written in {time.perf_counter() - started:.1f} s"
+        )
         patterns = folder / "patterns.ere"
         patterns.write_text("\n".join(grep_patterns()) + "\n")
         check_findings(log, expected, folder)
         grep_env = {**os.environ, "LC_ALL": "C"}
-        grep_s, grep_code = best(["grep", "-n", "-E", "-f", str(patterns), str(log)], args.repeat, folder / "grep.out", grep_env)
+        grep_s, grep_code = best(
+            ["grep", "-n", "-E", "-f", str(patterns), str(log)], args.repeat, folder / "grep.out", grep_env
+        )
         if grep_code != 0:
             raise SystemExit(f"grep failed (exit {grep_code}): a converted pattern is not valid ERE? see {patterns}")
-        diagnose_s, code = best([sys.executable, "-m", "stackgate", "diagnose", "--path", str(log)], args.repeat, folder / "diagnose.out")
+        diagnose_s, code = best(
+            [sys.executable, "-m", "stackgate", "diagnose", "--path", str(log)], args.repeat, folder / "diagnose.out"
+        )
         alone_s = scanner_alone(log, args.repeat)
         mb = size / 1e6
         for label, seconds in (
@@ -211,7 +252,9 @@ def main() -> None:
         ):
             print(f"{label:<42} {seconds:6.2f} s  {mb / seconds:7.1f} MB/s")
         ratio = diagnose_s / grep_s
-        print(f"stackgate diagnose takes {ratio:.2f}x grep's time (goal: within 2x): {'met' if ratio <= 2 else 'NOT met'}")
+        print(
+            f"stackgate diagnose takes {ratio:.2f}x grep's time (goal: within 2x): {'met' if ratio <= 2 else 'NOT met'}"
+        )
     finally:
         if args.keep:
             print(f"kept {folder}")

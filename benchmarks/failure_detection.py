@@ -27,7 +27,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from smoke_support import Rig, free_port  # noqa: E402
 
 NCCL = "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, unhandled cuda error"
-OOM = ["Scheduler hit an exception: Traceback (most recent call last):", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."]
+OOM = [
+    "Scheduler hit an exception: Traceback (most recent call last):",
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+]
 CASES = {
     "death while loading": ({"crash_at_start": {"phase": "graphs", "lines": OOM}}, "dying", False),
     "fatal line while loading": ({"fatal_line": {"phase": "graphs", "line": NCCL}}, "fatal_line", False),
@@ -65,7 +68,9 @@ def main() -> None:
                 a, b = once(Path(tmp), behaviour, event, benchmark)
             seen.append(a)
             returned.append(b)
-        print(f"{name:<26} {1000 * statistics.median(seen):>11.0f} ms {1000 * max(seen):>8.0f} ms {1000 * statistics.median(returned):>12.0f} ms")
+        print(
+            f"{name:<26} {1000 * statistics.median(seen):>11.0f} ms {1000 * max(seen):>8.0f} ms {1000 * statistics.median(returned):>12.0f} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ def simulated(size: int) -> tuple[float, int]:
     tracemalloc.start()
     begun = time.perf_counter()
     nodes = fleet.nodes_of(request)
-    done = fleet.run_fleet(request, nodes, fleet.lockmodel.load(LOCK), ui, SimTransport(sims))
+    done = fleet.run_fleet(request, nodes, fleet.load_spec(LOCK), ui, SimTransport(sims))
     doc = fleet.document(done)
     fleetreport.render(doc, ui)
     for writer in (fleetreport.junit, fleetreport.markdown, fleetreport.prometheus, fleetreport.html_page):
@@ -69,8 +69,12 @@ def simulated(size: int) -> tuple[float, int]:
 
 
 def scale(sizes: list[int], repeat: int) -> None:
-    print(f"controller over an in-process transport, {repeat} run(s) per size, median; per-node ratios against {sizes[0]} nodes")
-    print(f"{'nodes':>6} {'seconds':>9} {'ms/node':>8} {'time ratio/node':>16} {'peak MiB':>9} {'KiB/node':>9} {'memory ratio/node':>18}")
+    print(
+        f"controller over an in-process transport, {repeat} run(s) per size, median; per-node ratios against {sizes[0]} nodes"
+    )
+    print(
+        f"{'nodes':>6} {'seconds':>9} {'ms/node':>8} {'time ratio/node':>16} {'peak MiB':>9} {'KiB/node':>9} {'memory ratio/node':>18}"
+    )
     base: tuple[float, float] | None = None
     for size in sizes:
         runs = [simulated(size) for _ in range(repeat)]
@@ -78,7 +82,9 @@ def scale(sizes: list[int], repeat: int) -> None:
         peak = statistics.median(r[1] for r in runs)
         per_node = (seconds / size, peak / size)
         base = base or per_node
-        print(f"{size:>6} {seconds:>9.3f} {per_node[0] * 1000:>8.2f} {per_node[0] / base[0]:>16.2f} {peak / 2**20:>9.1f} {per_node[1] / 1024:>9.1f} {per_node[1] / base[1]:>18.2f}")
+        print(
+            f"{size:>6} {seconds:>9.3f} {per_node[0] * 1000:>8.2f} {per_node[0] / base[0]:>16.2f} {peak / 2**20:>9.1f} {per_node[1] / 1024:>9.1f} {per_node[1] / base[1]:>18.2f}"
+        )
 
 
 def ssh(repeat: int) -> None:
@@ -99,29 +105,80 @@ def ssh(repeat: int) -> None:
         text = one.read_text()
         first = text.split("[[node]]")
         (home / "one.toml").write_text(first[0] + "[[node]]" + first[1])
-        env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "NO_COLOR": "1", "STACKGATE_HISTORY_DIR": str(home / "controller-runs")}
-        single_cmd = [str(home / "n0" / "stackgate"), "gate", "--lock", str(rig.spec), "--json", str(home / "single.json")]
-        fleet_cmd = [sys.executable, "-m", "stackgate", "fleet", "gate", "--lock", str(rig.spec), "--parallel", "8", "--json", str(home / "fleet.json")]
+        env = {
+            **os.environ,
+            "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}",
+            "NO_COLOR": "1",
+            "STACKGATE_HISTORY_DIR": str(home / "controller-runs"),
+        }
+        single_cmd = [
+            str(home / "n0" / "stackgate"),
+            "gate",
+            "--lock",
+            str(rig.spec),
+            "--json",
+            str(home / "single.json"),
+        ]
+        fleet_cmd = [
+            sys.executable,
+            "-m",
+            "stackgate",
+            "fleet",
+            "gate",
+            "--lock",
+            str(rig.spec),
+            "--parallel",
+            "8",
+            "--json",
+            str(home / "fleet.json"),
+        ]
         figures: dict[str, list[float]] = {"single": [], "fleet1": [], "fleet8": []}
         cpu: dict[str, list[float]] = {"single": [], "fleet1": [], "fleet8": []}
         busy: dict[str, list[float]] = {"single": [], "fleet1": [], "fleet8": []}
         nodes: dict[str, list[float]] = {"fleet8": []}
         for _ in range(repeat):
-            for name, argv in (("single", single_cmd), ("fleet1", [*fleet_cmd, "--inventory", str(home / "one.toml")]), ("fleet8", [*fleet_cmd, "--inventory", str(one)])):
+            for name, argv in (
+                ("single", single_cmd),
+                ("fleet1", [*fleet_cmd, "--inventory", str(home / "one.toml")]),
+                ("fleet8", [*fleet_cmd, "--inventory", str(one)]),
+            ):
                 figures[name].append(_timed(argv, env))
                 cpu[name].append(CPU[-1])
                 busy[name].append(BUSY[-1])
                 if name == "fleet8":
-                    nodes[name].append(statistics.median(n["duration_s"] for n in json.loads((home / "fleet.json").read_text())["nodes"]))
+                    nodes[name].append(
+                        statistics.median(
+                            n["duration_s"] for n in json.loads((home / "fleet.json").read_text())["nodes"]
+                        )
+                    )
         cores = os.cpu_count()
         single = statistics.median(figures["single"])
-        print(f"gate of the same spec, loopback sshd nodes, {repeat} run(s) each, median; this machine has {cores} CPU(s), shared with other work")
-        for name, label in (("single", "one node's own gate (no SSH)"), ("fleet1", "fleet gate over 1 node"), ("fleet8", "fleet gate over 8 nodes")):
+        print(
+            f"gate of the same spec, loopback sshd nodes, {repeat} run(s) each, median; this machine has {cores} CPU(s), shared with other work"
+        )
+        for name, label in (
+            ("single", "one node's own gate (no SSH)"),
+            ("fleet1", "fleet gate over 1 node"),
+            ("fleet8", "fleet gate over 8 nodes"),
+        ):
             value = statistics.median(figures[name])
-            print(f"  {label:<32} {value:7.2f} s  {value / single:5.2f}x  (runs: {', '.join(f'{v:.2f}' for v in figures[name])}; the machine's CPUs {statistics.median(busy[name]):.0%} busy)")
-        print(f"  in the 8-node runs, each node's own run took {statistics.median(nodes['fleet8']):.2f} s (median over nodes, median over runs)")
-        spent = ", ".join(f"{label} {statistics.median(cpu[name]):.1f} s" for name, label in (("single", "single gate"), ("fleet1", "fleet controller, 1 node"), ("fleet8", "8 nodes")))
-        print(f"  CPU seconds of the commands run here (a node's gate runs under its sshd, not counted for the fleet): {spent}")
+            print(
+                f"  {label:<32} {value:7.2f} s  {value / single:5.2f}x  (runs: {', '.join(f'{v:.2f}' for v in figures[name])}; the machine's CPUs {statistics.median(busy[name]):.0%} busy)"
+            )
+        print(
+            f"  in the 8-node runs, each node's own run took {statistics.median(nodes['fleet8']):.2f} s (median over nodes, median over runs)"
+        )
+        spent = ", ".join(
+            f"{label} {statistics.median(cpu[name]):.1f} s"
+            for name, label in (
+                ("single", "single gate"),
+                ("fleet1", "fleet controller, 1 node"),
+                ("fleet8", "8 nodes"),
+            )
+        )
+        print(
+            f"  CPU seconds of the commands run here (a node's gate runs under its sshd, not counted for the fleet): {spent}"
+        )
     finally:
         rig.stop()
         shutil.rmtree(home, ignore_errors=True)
@@ -149,7 +206,9 @@ def _timed(argv: list[str], env: dict[str, str]) -> float:
     now = _busy()
     BUSY.append((now[0] - machine[0]) / max(now[1] - machine[1], 1))
     if done.returncode != 0:
-        raise SystemExit(f"{' '.join(argv[:4])} ... exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+        raise SystemExit(
+            f"{' '.join(argv[:4])} ... exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+        )
     return seconds
 
 

@@ -43,7 +43,14 @@ def smokes(rig: Rig, lock: Path) -> float:
 
 
 def whole_gate(lock: Path, out: Path) -> tuple[float, dict[str, float]]:
-    request = gate.GateRequest(lock_path=lock, verify_checks=VERIFIABLE, json_path=out / "g.json", junit_path=out / "g.xml", markdown_path=out / "g.md", prom_path=out / "g.prom")
+    request = gate.GateRequest(
+        lock_path=lock,
+        verify_checks=VERIFIABLE,
+        json_path=out / "g.json",
+        junit_path=out / "g.xml",
+        markdown_path=out / "g.md",
+        prom_path=out / "g.prom",
+    )
     started = time.monotonic()
     code = gate.run(request, UI(stream=io.StringIO(), force_plain=True))
     seconds = time.monotonic() - started
@@ -59,8 +66,15 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="stackgate-gate-bench-") as tmp:
         rig = Rig(Path(tmp), free_port())
-        os.environ.update(STACKGATE_NVML_MODULE="fakes.fake_nvml", STACKGATE_FAKE_NVML=str(rig.nvml_path), STACKGATE_HISTORY_DIR=str(Path(tmp) / "history"), STACKGATE_LOG_DIR=str(Path(tmp) / "logs"))
-        lock = rig.lock(benchmark={"output_tokens": 200, "runs": 2, "warmup": 1, "baseline_tok_s": 190.0, "max_regression": 0.05})
+        os.environ.update(
+            STACKGATE_NVML_MODULE="fakes.fake_nvml",
+            STACKGATE_FAKE_NVML=str(rig.nvml_path),
+            STACKGATE_HISTORY_DIR=str(Path(tmp) / "history"),
+            STACKGATE_LOG_DIR=str(Path(tmp) / "logs"),
+        )
+        lock = rig.lock(
+            benchmark={"output_tokens": 200, "runs": 2, "warmup": 1, "baseline_tok_s": 190.0, "max_regression": 0.05}
+        )
         reference, gated, stages = [], [], []
         for _ in range(args.repeats):
             reference.append(smokes(rig, lock))
@@ -68,8 +82,12 @@ def main() -> None:
             gated.append(seconds)
             stages.append(per_stage)
     ref, total = statistics.median(reference), statistics.median(gated)
-    print(f"smoke --fast + smoke --benchmark alone: median {ref:.2f} s over {args.repeats} runs ({', '.join(f'{s:.2f}' for s in reference)})")
-    print(f"invoke gate (all stages, 4 reports, history): median {total:.2f} s ({', '.join(f'{s:.2f}' for s in gated)})")
+    print(
+        f"smoke --fast + smoke --benchmark alone: median {ref:.2f} s over {args.repeats} runs ({', '.join(f'{s:.2f}' for s in reference)})"
+    )
+    print(
+        f"invoke gate (all stages, 4 reports, history): median {total:.2f} s ({', '.join(f'{s:.2f}' for s in gated)})"
+    )
     for name in stages[0]:
         print(f"  {name:<12} median {statistics.median(s[name] for s in stages):.2f} s")
     print(f"the gate's own overhead: {total - ref:+.2f} s ({total / ref:.2f}x the smokes alone)")

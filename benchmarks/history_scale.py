@@ -46,14 +46,36 @@ def template() -> str:
     finger = doc["gate"]["fingerprint"]["components"]
     finger["distributions"] = {f"package-{i:03d}": f"{i % 7}.{i % 13}.{i % 5}" for i in range(169)}
     finger["toolkits"] = {"/usr/local/cuda-13.0": "13.0 (V13.0.88)", "/usr/local/cuda-12.8": "12.8 (V12.8.93)"}
-    finger["gpu"] = {"driver": "580.82.07", "count": "8", **{f"gpu{i}": "NVIDIA RTX PRO 6000 Blackwell, compute capability 12.0" for i in range(8)}}
+    finger["gpu"] = {
+        "driver": "580.82.07",
+        "count": "8",
+        **{f"gpu{i}": "NVIDIA RTX PRO 6000 Blackwell, compute capability 12.0" for i in range(8)},
+    }
     doc["gate"]["fingerprint"] = {**fp.Fingerprint(finger).to_dict(), "digest": "@@DIGEST@@", "short": "@@SHORT@@"}
     data = {"names": [f"n{j}" for j in range(5)]}
-    extra = [Result(f"area{i % 8}.check{i}", Status.PASS, f"check {i}: everything as locked, {i} item(s) compared", (f"detail line {i}",), data={"value": i, **data}) for i in range(56)]
+    extra = [
+        Result(
+            f"area{i % 8}.check{i}",
+            Status.PASS,
+            f"check {i}: everything as locked, {i} item(s) compared",
+            (f"detail line {i}",),
+            data={"value": i, **data},
+        )
+        for i in range(56)
+    ]
     doc["results"] += [{**r.to_dict(), "stage": "verify"} for r in extra]
-    doc["results"].append({**Result("deep.collective", Status.PASS, "busbw", data={"peak_busbw_gbs": "@@BUSBW@@"}).to_dict(), "stage": "verify"})
-    gpus = [{"index": i, "bfloat16": {"n": 8192, "ms": 2.0, "tflops": "@@TFLOPS@@", "rel_err": 0.001}} for i in range(8)]
-    doc["results"].append({**Result("deep.gpu_work", Status.PASS, "work", data={"gpus": gpus}).to_dict(), "stage": "verify"})
+    doc["results"].append(
+        {
+            **Result("deep.collective", Status.PASS, "busbw", data={"peak_busbw_gbs": "@@BUSBW@@"}).to_dict(),
+            "stage": "verify",
+        }
+    )
+    gpus = [
+        {"index": i, "bfloat16": {"n": 8192, "ms": 2.0, "tflops": "@@TFLOPS@@", "rel_err": 0.001}} for i in range(8)
+    ]
+    doc["results"].append(
+        {**Result("deep.gpu_work", Status.PASS, "work", data={"gpus": gpus}).to_dict(), "stage": "verify"}
+    )
     doc.update(run_id="@@RUNID@@", started="@@STARTED@@", verdict="@@VERDICT@@")
     doc["host"]["hostname"] = "@@HOST@@"
     doc["lock"]["name"] = "@@LOCK@@"
@@ -94,7 +116,14 @@ def measure(args: list[str], env: dict[str, str], *, quiet: bool = False) -> tup
     with tempfile.NamedTemporaryFile("r", prefix="stackgate-rss-") as rss:
         argv = [sys.executable, "-m", "stackgate", *args]
         started = time.perf_counter()
-        done = subprocess.run([TIME, "-f", "%M", "-o", rss.name, *argv], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        done = subprocess.run(
+            [TIME, "-f", "%M", "-o", rss.name, *argv],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         wall = time.perf_counter() - started
         peak_kb = float(rss.read().split()[-1])
     if done.returncode and not quiet:
@@ -110,11 +139,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--scan-max", type=int, default=10000, help="time the scan only up to this many runs")
-    parser.add_argument("--repeat", type=int, default=3, help="indexed commands: the median of this many runs (the scan runs once)")
-    parser.add_argument("--keep", type=Path, help="write the runs here and keep them (default: a temporary folder, removed)")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="indexed commands: the median of this many runs (the scan runs once)"
+    )
+    parser.add_argument(
+        "--keep", type=Path, help="write the runs here and keep them (default: a temporary folder, removed)"
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    base = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])}
+    base = {
+        **os.environ,
+        "NO_COLOR": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]),
+    }
     base.pop("STACKGATE_LOCK", None)
     text = template()
     work = args.keep or Path(tempfile.mkdtemp(prefix="stackgate-history-"))
@@ -149,7 +186,10 @@ def run_size(folder: Path, size: int, text: str, base: dict[str, str], scan_max:
         print(f"\n{size} runs ({each / 1024:.1f} KB each, written in {time.perf_counter() - clock:.1f} s) in {folder}")
     env = {**base, "STACKGATE_HISTORY_DIR": str(folder)}
     print(row("report --reindex", measure(["report", "--reindex"], env)))
-    indexed = {name: median_of(repeat, argv, env) for name, argv in (("report", ["report"]), ("report -2 -1", ["report", "-2", "-1"]))}
+    indexed = {
+        name: median_of(repeat, argv, env)
+        for name, argv in (("report", ["report"]), ("report -2 -1", ["report", "-2", "-1"]))
+    }
     for name, figures in indexed.items():
         print(row(f"{name} (index)", figures))
     if size > scan_max:

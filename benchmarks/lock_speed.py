@@ -27,7 +27,7 @@ from pathlib import Path
 from _stack import ROOT, environ
 
 from stackgate.models import pylock
-from stackgate.models import spec as lockmodel
+from stackgate.models.spec import load_spec
 from stackgate.stack import pyenv, resolve
 
 SPEC = ROOT / "lockfiles" / "blackwell-sm120-cu128.toml"
@@ -51,7 +51,7 @@ def compile_s(spec: Path, work: Path, env: dict[str, str]) -> float:
     uv = pyenv.find_uv()
     assert uv is not None
     work.mkdir(parents=True, exist_ok=True)
-    command = resolve.compile_command(lockmodel.load(spec), uv, work, work / "pylock.toml")
+    command = resolve.compile_command(load_spec(spec), uv, work, work / "pylock.toml")
     return timed(list(command.argv), env)
 
 
@@ -60,7 +60,7 @@ def in_process_overhead(spec: Path, work: Path, env: dict[str, str]) -> float:
     the old pylock, validating, stamping and writing add (no interpreter start in either)."""
     uv = pyenv.find_uv()
     assert uv is not None
-    lock = lockmodel.load(spec)
+    lock = load_spec(spec)
     work.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(pylock.path_for(spec), work / "pylock.toml")  # the same preferences
     command = resolve.compile_command(lock, uv, work, work / "pylock.toml")
@@ -99,27 +99,39 @@ def main() -> int:
         for _ in range(5):  # alternating: the unchanged spec answered from its pylock, and --refresh
             unchanged.append(lock_s(spec, env))
             refreshed.append(lock_s(spec, env, "--refresh"))
-        checks = [timed([sys.executable, "-m", "invoke", "lock", "--check", "--lock", str(spec)], env) for _ in range(5)]
+        checks = [
+            timed([sys.executable, "-m", "invoke", "lock", "--check", "--lock", str(spec)], env) for _ in range(5)
+        ]
         floor = [timed([sys.executable, "-m", "invoke", "--list"], env) for _ in range(5)]
         started = time.perf_counter()
         for _ in range(20):
-            resolution, differences = resolve.current(lockmodel.load(spec))
+            resolution, differences = resolve.current(load_spec(spec))
         in_process = (time.perf_counter() - started) / 20
         assert resolution is not None and not differences
         own = statistics.median(in_process_overhead(spec, base / "lock-0" / "again", env) for _ in range(args.repeats))
     median = {key: statistics.median(values) for key, values in rows.items()}
-    print(f"invoke lock of {SPEC.name} against PyPI ({len(resolution.packages)} distributions, {len(resolution.files)} files), median of {args.repeats}:")
+    print(
+        f"invoke lock of {SPEC.name} against PyPI ({len(resolution.packages)} distributions, {len(resolution.files)} files), median of {args.repeats}:"
+    )
     for state in ("cold", "warm"):
         ours, bare = median[f"lock {state}"], median[f"uv {state}"]
-        print(f"  {state}: invoke lock {ours:.2f} s, bare uv pip compile {bare:.2f} s: {ours / bare:.2f}x ({ours - bare:+.2f} s: Python and invoke starting, and stackgate's own part below)")
+        print(
+            f"  {state}: invoke lock {ours:.2f} s, bare uv pip compile {bare:.2f} s: {ours / bare:.2f}x ({ours - bare:+.2f} s: Python and invoke starting, and stackgate's own part below)"
+        )
     fast, slow = statistics.median(unchanged), statistics.median(refreshed)
-    print(f"  unchanged spec: invoke lock {fast:.3f} s (from the pylock, no index asked) against "
-        f"invoke lock --refresh {slow:.2f} s (resolved again, warm): {slow / fast:.1f}x faster")
+    print(
+        f"  unchanged spec: invoke lock {fast:.3f} s (from the pylock, no index asked) against "
+        f"invoke lock --refresh {slow:.2f} s (resolved again, warm): {slow / fast:.1f}x faster"
+    )
     check, start = statistics.median(checks), statistics.median(floor)
     verdict = "met" if check < CHECK_GOAL_S else "MISSED"
-    print(f"  in one process, warm: resolve() minus the same uv command run bare just before it: {own * 1000:+.0f} ms (stackgate's own part of a lock)")
-    print(f"  invoke lock --check: median {check:.3f} s (goal < {CHECK_GOAL_S:.0f} s: {verdict}); "
-        f"`python -m invoke --list` {start:.3f} s: {check / start:.2f}x; in-process load + compare {in_process * 1000:.0f} ms")
+    print(
+        f"  in one process, warm: resolve() minus the same uv command run bare just before it: {own * 1000:+.0f} ms (stackgate's own part of a lock)"
+    )
+    print(
+        f"  invoke lock --check: median {check:.3f} s (goal < {CHECK_GOAL_S:.0f} s: {verdict}); "
+        f"`python -m invoke --list` {start:.3f} s: {check / start:.2f}x; in-process load + compare {in_process * 1000:.0f} ms"
+    )
     return 0
 
 

@@ -51,7 +51,9 @@ def main() -> int:
         base = Path(tmp)
         server = serve_stack(base / "index")
         env = environ(base / "caches")
-        lock = write_stack_lock(base / "lock.toml", server, base / "root", resolve_with=env)  # its pylock, before any trace
+        lock = write_stack_lock(
+            base / "lock.toml", server, base / "root", resolve_with=env
+        )  # its pylock, before any trace
         if strace:
             code, build_connects = traced(lock, env, base / "build.trace")
         else:
@@ -60,7 +62,10 @@ def main() -> int:
             print(f"the first provision (the build) failed with exit {code}", file=sys.stderr)
             return 1
         server.close()  # the index is gone from here on
-        dead_env = {**env, **{k: DEAD for k in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")}}
+        dead_env = {
+            **env,
+            **{k: DEAD for k in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")},
+        }
         runs = [provision(lock, dead_env) for _ in range(args.runs)]
         bad = [r for r in runs if r.returncode != 0 or not r.stdout.startswith("nothing to do")]
         if bad:
@@ -71,8 +76,12 @@ def main() -> int:
     walls = sorted(r.wall_s for r in runs)
     median = statistics.median(walls)
     print(f"no-op provision, {len(walls)} runs (index shut down, proxies -> {DEAD}):")
-    print(f"  wall: median {median:.3f} s, min {walls[0]:.3f} s, max {walls[-1]:.3f} s (goal <= {GOAL_S:.1f} s: {'met' if median <= GOAL_S else 'MISSED'})")
-    print(f"  reference, `python -m invoke --list` in the same run: median {floor:.3f} s; no-op / reference = {median / floor:.2f}x")
+    print(
+        f"  wall: median {median:.3f} s, min {walls[0]:.3f} s, max {walls[-1]:.3f} s (goal <= {GOAL_S:.1f} s: {'met' if median <= GOAL_S else 'MISSED'})"
+    )
+    print(
+        f"  reference, `python -m invoke --list` in the same run: median {floor:.3f} s; no-op / reference = {median / floor:.2f}x"
+    )
     if strace:
         print(f"  IPv4/IPv6 connect() calls under strace -f: build {build_connects} (control), no-op {noop_connects}")
     else:

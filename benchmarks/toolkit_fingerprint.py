@@ -46,7 +46,9 @@ def main(prefixes: list[Path]) -> None:
         walk_s, entries = best(bare_walk, prefix.resolve())
         hashed = sum(e[4] for e in fingerprint.entries.values() if e[0] == "file" and e[6])
         print(f"{prefix}: {entries} entries, {hashed / 2**20:.0f} MiB hashed (bin/*, nvvm/bin/*)")
-        print(f"  fingerprint {fingerprint_s * 1000:.0f} ms, bare walk {walk_s * 1000:.0f} ms, ratio {fingerprint_s / walk_s:.1f}x (best of {RUNS})")
+        print(
+            f"  fingerprint {fingerprint_s * 1000:.0f} ms, bare walk {walk_s * 1000:.0f} ms, ratio {fingerprint_s / walk_s:.1f}x (best of {RUNS})"
+        )
 
 
 if __name__ == "__main__":

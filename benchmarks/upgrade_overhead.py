@@ -38,7 +38,7 @@ from fakes import fake_nvml  # noqa: E402
 from pkgindex import serve_stack  # noqa: E402
 
 from stackgate.commands import provision, smoke, upgrade  # noqa: E402
-from stackgate.models import spec as lockmodel  # noqa: E402
+from stackgate.models.spec import load_spec  # noqa: E402
 from stackgate.render.ui import UI  # noqa: E402
 from stackgate.runs import abtest  # noqa: E402
 from stackgate.stack import generations  # noqa: E402
@@ -56,16 +56,24 @@ def by_hand(node: rig_of.Node, b: Path) -> float:
     started = time.monotonic()
     live = generations.read(node.root).current
     assert live is not None
-    if provision.run(provision.ProvisionRequest(lock_path=b, yes=True, environ=node.environ), UI(stream=io.StringIO(), force_plain=True)) != 0:
+    if (
+        provision.run(
+            provision.ProvisionRequest(lock_path=b, yes=True, environ=node.environ),
+            UI(stream=io.StringIO(), force_plain=True),
+        )
+        != 0
+    ):
         raise SystemExit("the reference provision failed")
     new = generations.read(node.root).current
     assert new is not None
     for position, side in enumerate(abtest.order(2), 1):
         path, generation = (node.a, live) if side == abtest.LIVE else (b, new)
-        lock = lockmodel.load(path)
+        lock = load_spec(path)
         lock = dataclasses.replace(lock, python=dataclasses.replace(lock.python, interpreter=generation.python))
         request = smoke.SmokeRequest(lock_path=path, benchmark=True, run_dir=node.tmp / "by-hand" / str(position))
-        done = smoke.run_smoke(lock, request, UI(stream=io.StringIO(), force_plain=True), environ=node.environ, nvml_lib=fake_nvml)
+        done = smoke.run_smoke(
+            lock, request, UI(stream=io.StringIO(), force_plain=True), environ=node.environ, nvml_lib=fake_nvml
+        )
         if not done.verdict.passed:
             raise SystemExit(f"the reference smoke failed: {done.verdict.reason}")
     return time.monotonic() - started
@@ -101,12 +109,29 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         server = serve_stack(base / "index")
-        environ = _isolated_environ(UV_CACHE_DIR=str(base / "uv"), STACKGATE_BASE_PYTHON=os.path.realpath(getattr(sys, "_base_executable", sys.executable)))
+        environ = _isolated_environ(
+            UV_CACHE_DIR=str(base / "uv"),
+            STACKGATE_BASE_PYTHON=os.path.realpath(getattr(sys, "_base_executable", sys.executable)),
+        )
         os.environ["STACKGATE_HISTORY_DIR"] = str(base / "runs")
         (base / "seed").mkdir()
         seed = rig_of.Rig(base / "seed", rig_of.free_port())
-        a = rig_of._spec(base / "seed" / "a.toml", server, base / "seed" / "root", environ, seed, flashinfer="0.6.3", backend="triton")
-        if provision.run(provision.ProvisionRequest(lock_path=a, yes=True, environ=environ), UI(stream=io.StringIO(), force_plain=True)) != 0:
+        a = rig_of._spec(
+            base / "seed" / "a.toml",
+            server,
+            base / "seed" / "root",
+            environ,
+            seed,
+            flashinfer="0.6.3",
+            backend="triton",
+        )
+        if (
+            provision.run(
+                provision.ProvisionRequest(lock_path=a, yes=True, environ=environ),
+                UI(stream=io.StringIO(), force_plain=True),
+            )
+            != 0
+        ):
             raise SystemExit("provisioning spec A failed")
         hand, auto = [], []
         for i in range(args.repeats):
@@ -121,7 +146,9 @@ def main() -> None:
         server.close()
     reference, measured = statistics.median(hand), statistics.median(auto)
     print(f"by hand (provision B, 4 benchmark smokes): median {reference:.2f} s over {len(hand)}")
-    print(f"stackgate upgrade (plan, build, verify, 4 legs, decide, switch, 3 reports): median {measured:.2f} s over {len(auto)}")
+    print(
+        f"stackgate upgrade (plan, build, verify, 4 legs, decide, switch, 3 reports): median {measured:.2f} s over {len(auto)}"
+    )
     print(f"upgrade / by hand: {measured / reference:.2f}x ({measured - reference:+.2f} s)")
 
 

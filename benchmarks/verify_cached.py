@@ -27,7 +27,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import verify_speed  # noqa: E402  (beside this script: its timer and its lock retargeting)
 from verify_speed import retarget  # noqa: E402
 
-from stackgate.models import spec as lockmodel  # noqa: E402
+from stackgate.models.spec import load_spec  # noqa: E402
 
 
 def timed(argv: list[str], env: dict[str, str], repeat: int) -> tuple[float, int]:
@@ -38,20 +38,35 @@ def timed(argv: list[str], env: dict[str, str], repeat: int) -> tuple[float, int
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lock", type=Path, default=ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
-    parser.add_argument("--python", help="the stack's interpreter (default: this one, unless --real-nvml keeps the lock's)")
+    parser.add_argument(
+        "--python", help="the stack's interpreter (default: this one, unless --real-nvml keeps the lock's)"
+    )
     parser.add_argument("--real-nvml", action="store_true", help="use the machine's NVML and the lock as it is")
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="stackgate-verify-cached-") as tmp:
         folder = Path(tmp)
-        env = {**os.environ, "NO_COLOR": "1", "XDG_CACHE_HOME": str(folder / "cache"), "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+        env = {
+            **os.environ,
+            "NO_COLOR": "1",
+            "XDG_CACHE_HOME": str(folder / "cache"),
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+        }
         env.pop("STACKGATE_LOCK", None)
         env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: compiled modules kept (here, out of the checkout)
         env["PYTHONPYCACHEPREFIX"] = str(folder / "pycache")
         lock_path = args.lock
         if not args.real_nvml:
             lock_path = retarget(args.lock, args.python or sys.executable, folder)
-            h200 = {"name": "NVIDIA H200", "cc": [9, 0], "pcie": [5, 5, 5, 16, 16], "ecc": [0, 0], "memory": [141 * 2**30, 2**29], "processes": [], "unsupported": []}
+            h200 = {
+                "name": "NVIDIA H200",
+                "cc": [9, 0],
+                "pcie": [5, 5, 5, 16, 16],
+                "ecc": [0, 0],
+                "memory": [141 * 2**30, 2**29],
+                "processes": [],
+                "unsupported": [],
+            }
             spec = {"driver": "580.159.03", "cuda": 13000, "gpus": [h200]}
             (folder / "nvml.json").write_text(json.dumps(spec))
             env.update(STACKGATE_NVML_MODULE="fakes.fake_nvml", STACKGATE_FAKE_NVML=str(folder / "nvml.json"))
@@ -62,9 +77,17 @@ def main() -> int:
         start, _ = timed(["--version"], env, args.repeat)
         full, full_code = timed(["verify", *lock], env, args.repeat)
         first, _ = timed(["verify", "--cached", *lock], env, 1)
-        cached, cached_code = timed(["verify", "--cached", *lock, "--prom", str(folder / "node.prom")], env, args.repeat)
-        hit = "stackgate_verify_cache_hit" in (text := (folder / "node.prom").read_text()) and 'cache_hit{' in text and text.split("stackgate_verify_cache_hit{")[1].split()[1] == "1"
-    print(f"lock: {lock_path.name}  interpreter: {lockmodel.load(args.lock).python.target if args.real_nvml and not args.python else args.python or sys.executable}")
+        cached, cached_code = timed(
+            ["verify", "--cached", *lock, "--prom", str(folder / "node.prom")], env, args.repeat
+        )
+        hit = (
+            "stackgate_verify_cache_hit" in (text := (folder / "node.prom").read_text())
+            and "cache_hit{" in text
+            and text.split("stackgate_verify_cache_hit{")[1].split()[1] == "1"
+        )
+    print(
+        f"lock: {lock_path.name}  interpreter: {load_spec(args.lock).python.target if args.real_nvml and not args.python else args.python or sys.executable}"
+    )
     print(f"NVML: {'this machine' if args.real_nvml else 'the fake of one H200'}; median of {args.repeat} runs each")
     print(f"  stackgate --version            {start:7.3f} s  (the program's start)")
     print(f"  stackgate verify               {full:7.3f} s  (exit {full_code})")

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from stackgate.models import spec as lockmodel  # noqa: E402
+from stackgate.models.spec import load_spec  # noqa: E402
 
 
 def timed(argv: list[str], env: dict[str, str], repeat: int) -> tuple[float, int]:
@@ -40,11 +40,17 @@ def timed(argv: list[str], env: dict[str, str], repeat: int) -> tuple[float, int
 
 def retarget(lock_path: Path, python: str, folder: Path) -> Path:
     """A copy of the lock whose stack interpreter is `python`, at that interpreter's version."""
-    version = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True, check=True).stdout.strip()
-    lock = lockmodel.load(lock_path)
+    version = subprocess.run(
+        [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    lock = load_spec(lock_path)
     text = lock_path.read_text()
     target = f'interpreter = "{python}"'
-    text = text.replace(f'interpreter = "{lock.python.interpreter}"', target) if lock.python.interpreter else text.replace(f'root = "{lock.python.root}"', target)
+    text = (
+        text.replace(f'interpreter = "{lock.python.interpreter}"', target)
+        if lock.python.interpreter
+        else text.replace(f'root = "{lock.python.root}"', target)
+    )
     text = text.replace(f'version = "{lock.python.version}"', f'version = "{version}"', 1)
     out = folder / lock_path.name
     out.write_text(text)
@@ -66,11 +72,13 @@ def main() -> int:
     env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": os.pathsep.join(paths)}
     with tempfile.TemporaryDirectory() as tmp:
         lock_path = retarget(args.lock, args.python, Path(tmp)) if args.python else args.lock
-        lock = lockmodel.load(lock_path)
+        lock = load_spec(lock_path)
         python = str(lock.python.target)
         imports = {name: timed([python, "-c", f"import {name}"], env, args.repeat) for name in lock.python.imports}
         collect_env, collect_code = timed([python, "-m", "torch.utils.collect_env"], env, args.repeat)
-        verify, verify_code = timed([sys.executable, "-m", "invoke", "verify", "--lock", str(lock_path)], env, args.repeat)
+        verify, verify_code = timed(
+            [sys.executable, "-m", "invoke", "verify", "--lock", str(lock_path)], env, args.repeat
+        )
     print(f"lock: {args.lock.name}  interpreter: {python}  median of {args.repeat} runs each")
     for name, (seconds, code) in imports.items():
         print(f"  import {name:<14} {seconds:7.3f} s" + ("" if code == 0 else f"  (failed: exit {code}, not counted)"))

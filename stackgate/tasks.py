@@ -71,7 +71,19 @@ def init(c, out=None, profile=None, list=False, system=False, python=None, force
         "prom": "write Prometheus metrics here for node_exporter's textfile collector (a .prom file in its directory)",
     },
 )
-def verify(c, lock=None, deep=False, check=None, list=False, json=None, junit=None, strict=False, verbose=0, cached=False, prom=None):
+def verify(
+    c,
+    lock=None,
+    deep=False,
+    check=None,
+    list=False,
+    json=None,
+    junit=None,
+    strict=False,
+    verbose=0,
+    cached=False,
+    prom=None,
+):
     """Check the machine and the stack against the lockfile."""
     from stackgate.commands import verify as command
 
@@ -96,7 +108,9 @@ def provision(c, lock=None, dry_run=False, only=None, yes=False, wait=False, whe
     """Install the locked CUDA toolkit and Python stack, then verify them."""
     from stackgate.commands import provision as command
 
-    request = command.ProvisionRequest(lock_path=_path(lock), dry_run=dry_run, only=only, yes=yes, wait=wait, wheelhouse=_path(wheelhouse))
+    request = command.ProvisionRequest(
+        lock_path=_path(lock), dry_run=dry_run, only=only, yes=yes, wait=wait, wheelhouse=_path(wheelhouse)
+    )
     cli.run_command(lambda: command.run(request, UI()))
 
 
@@ -117,7 +131,21 @@ def provision(c, lock=None, dry_run=False, only=None, yes=False, wait=False, whe
         "verbose": "show details of passing checks",
     },
 )
-def smoke(c, lock=None, benchmark=False, compare=False, concurrency=None, fast=False, model=None, tp=None, port=None, keep_server=False, json=None, strict=False, verbose=0):
+def smoke(
+    c,
+    lock=None,
+    benchmark=False,
+    compare=False,
+    concurrency=None,
+    fast=False,
+    model=None,
+    tp=None,
+    port=None,
+    keep_server=False,
+    json=None,
+    strict=False,
+    verbose=0,
+):
     """Launch the serving engine as production will, prove what runs, benchmark it."""
     from stackgate.commands import smoke as command
 
@@ -146,7 +174,9 @@ def smoke(c, lock=None, benchmark=False, compare=False, concurrency=None, fast=F
         "verbose": "show details of passing checks",
     },
 )
-def gate(c, lock=None, json=None, junit=None, markdown=None, prom=None, fast_only=False, model=None, strict=False, verbose=0):
+def gate(
+    c, lock=None, json=None, junit=None, markdown=None, prom=None, fast_only=False, model=None, strict=False, verbose=0
+):
     """Run the pre-deploy gate: environment, verify --deep, fast smoke, benchmark; one verdict."""
     from stackgate.commands import gate as command
 
@@ -179,7 +209,12 @@ def lock(c, lock=None, check=False, all=False, upgrade_package=None, wheelhouse=
     cli.run_command(lambda: command.run(request, UI()))
 
 
-@task(help={"lock": LOCK_HELP, "force": "switch even to a generation whose pins or guard no longer hold (a package moved torch in it)"})
+@task(
+    help={
+        "lock": LOCK_HELP,
+        "force": "switch even to a generation whose pins or guard no longer hold (a package moved torch in it)",
+    }
+)
 def rollback(c, lock=None, force=False):
     """Switch back to the previous good generation of the stack."""
     from stackgate.commands import provision as command
@@ -202,7 +237,9 @@ def rollback(c, lock=None, force=False):
         "threshold": "with --regressed-since: the drop in decode tok/s, in percent of the host's previous measured run, that counts (default 5)",
     },
 )
-def report(c, run=None, lock=None, html=None, runs_dir=None, last=None, reindex=False, regressed_since=None, threshold=None):
+def report(
+    c, run=None, lock=None, html=None, runs_dir=None, last=None, reindex=False, regressed_since=None, threshold=None
+):
     """List past runs and their trend, show one, or show what changed between two."""
     import shlex
 
@@ -242,7 +279,13 @@ def diagnose(c, path=None, stdin=False, json=None, lock=None, kernel=False, kern
 
     paths = tuple(Path(p) for p in [*(path or ()), *shlex.split(c.remainder or "")])
     request = command.DiagnoseRequest(
-        paths=paths, stdin=stdin, json_path=_path(json), lock_path=_path(lock), kernel=kernel, kernel_path=_path(kernel_log), bundle_path=_path(bundle)
+        paths=paths,
+        stdin=stdin,
+        json_path=_path(json),
+        lock_path=_path(lock),
+        kernel=kernel,
+        kernel_path=_path(kernel_log),
+        bundle_path=_path(bundle),
     )
     cli.run_command(lambda: command.run(request, _ui(verbose, json)))
 
@@ -254,7 +297,8 @@ def diagnose(c, path=None, stdin=False, json=None, lock=None, kernel=False, kern
         "action": "what to run on every node: gate, verify, provision (then a gate; a node that fails is rolled back) or upgrade (a canary first)",
         "hosts": "the nodes: comma-separated [user@]host[:port] (or --inventory)",
         "inventory": "the nodes: a TOML inventory ([fleet] defaults, one [[node]] per node; docs/fleet.md)",
-        "lock": LOCK_HELP + "; shipped to every node with its pylock, sha256 checked there (upgrade: the live spec, default each node's own)",
+        "lock": LOCK_HELP
+        + "; shipped to every node with its pylock, sha256 checked there (upgrade: the live spec, default each node's own)",
         "parallel": "nodes run at once (gate, verify; default 8)",
         "batch": "provision, upgrade: nodes moved at a time; the first batch with a failure stops the rollout (default 1)",
         "to": "upgrade: the new spec (its pylock beside it), shipped to every node and built beside its live stack",
@@ -327,13 +371,24 @@ def fleet(
         "html": "write a self-contained HTML report here",
     },
 )
-def upgrade(c, to=None, lock=None, model=None, switch="if-better", dry_run=False, accept_output_change=False, json=None, markdown=None, html=None):
+def upgrade(
+    c,
+    to=None,
+    lock=None,
+    model=None,
+    switch="if-better",
+    dry_run=False,
+    accept_output_change=False,
+    json=None,
+    markdown=None,
+    html=None,
+):
     """Build a new stack beside the live one, A/B it on the GPUs, switch only if it wins."""
     from stackgate.commands import upgrade as command
 
     def go():
         if not to:
-            raise command.UpgradeUsage("--to NEW_SPEC is required: the spec to upgrade to")
+            raise command.UpgradeUsageError("--to NEW_SPEC is required: the spec to upgrade to")
         request = command.UpgradeRequest(
             to=Path(to), lock_path=_path(lock), model=model, switch=switch, dry_run=dry_run, accept_output_change=accept_output_change,
             json_path=_path(json), markdown_path=_path(markdown), html_path=_path(html),

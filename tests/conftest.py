@@ -92,7 +92,18 @@ def released_wheel(name: str, version: str) -> Path:
     downloaded once into the test cache and shared by every run (``cached_build``)."""
 
     def download(folder: Path) -> None:
-        argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", f"{name}=={version}", "-d", str(folder)]
+        argv = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary",
+            ":all:",
+            f"{name}=={version}",
+            "-d",
+            str(folder),
+        ]
         subprocess.run(argv, env=isolated_environ(), check=True, capture_output=True)
 
     (found,) = cached_build(CACHE / f"{name}-{version}-wheel", download).glob("*.whl")
@@ -103,7 +114,10 @@ def released_wheel(name: str, version: str) -> Path:
 def plain_python() -> Path:
     """An interpreter of an empty venv (no torch), built once and cached."""
     # Not "plain-venv-*": older tests built that in place, and a run of theirs may be using it.
-    home = cached_build(CACHE / f"empty-venv-{sys.version_info.major}.{sys.version_info.minor}", lambda home: venv.EnvBuilder(with_pip=False).create(home))
+    home = cached_build(
+        CACHE / f"empty-venv-{sys.version_info.major}.{sys.version_info.minor}",
+        lambda home: venv.EnvBuilder(with_pip=False).create(home),
+    )
     return home / "bin" / "python"
 
 
@@ -115,14 +129,21 @@ def make_venv(home: Path) -> tuple[Path, Path]:
     return python, site
 
 
-def install_dist(site: Path, name: str, version: str, requires: tuple[str, ...] = (), files: dict[str, bytes] | None = None) -> Path:
+def install_dist(
+    site: Path, name: str, version: str, requires: tuple[str, ...] = (), files: dict[str, bytes] | None = None
+) -> Path:
     """Install a distribution the way an installer leaves it: files, METADATA and RECORD.
 
     Real metadata, read by importlib.metadata in the target interpreter like any wheel's.
     """
     dist_info = site / f"{name.replace('-', '_')}-{version}.dist-info"
     dist_info.mkdir(parents=True)
-    metadata = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", *(f"Requires-Dist: {r}" for r in requires)]
+    metadata = [
+        "Metadata-Version: 2.1",
+        f"Name: {name}",
+        f"Version: {version}",
+        *(f"Requires-Dist: {r}" for r in requires),
+    ]
     (dist_info / "METADATA").write_text("\n".join(metadata) + "\n")
     record = []
     for relative, content in (files or {}).items():
@@ -167,18 +188,21 @@ def rig(tmp_path: Path) -> Iterator[Any]:
     kill_leftovers(made)
 
 
-def interpreter_lock(python: Path, packages: str = "", extra: str = "", *, imports: str = '["torch"]', version: str | None = None):
+def interpreter_lock(
+    python: Path, packages: str = "", extra: str = "", *, imports: str = '["torch"]', version: str | None = None
+):
     """A lock for one SM120 GPU whose stack is an existing interpreter of this machine."""
-    from stackgate.models import spec as lockmodel
+    from stackgate.models.spec import loads_spec
 
-    return lockmodel.loads(interpreter_spec(python, packages, extra, imports=imports, version=version))
+    return loads_spec(interpreter_spec(python, packages, extra, imports=imports, version=version))
 
 
-def interpreter_spec(python: Path, packages: str = "", extra: str = "", *, imports: str = '["torch"]', version: str | None = None) -> str:
+def interpreter_spec(
+    python: Path, packages: str = "", extra: str = "", *, imports: str = '["torch"]', version: str | None = None
+) -> str:
     """The text of :func:`interpreter_lock`'s spec, for a test that needs it in a file."""
     version = version or f"{sys.version_info.major}.{sys.version_info.minor}"
-    return (
-        f"""
+    return f"""
 [stack]
 name = "t"
 [hardware]
@@ -199,7 +223,6 @@ imports = {imports}
 {packages}
 {extra}
 """
-    )
 
 
 @pytest.fixture(scope="session")

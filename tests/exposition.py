@@ -79,7 +79,7 @@ def _comment(line: str, families: dict[str, Family], closed: set[str], where: st
     if kind == "HELP":
         if family.help is not None:
             raise ExpositionError(f"{where}: HELP given twice for {name}")
-        family.help = _unescape(rest, '\\n', where)
+        family.help = _unescape(rest, "\\n", where)
         return
     if family.type is not None:
         raise ExpositionError(f"{where}: TYPE given twice for {name}")
@@ -94,7 +94,7 @@ def _sample(line: str, where: str) -> tuple[str, dict[str, str], float]:
     match = METRIC.match(line)
     if not match:
         raise ExpositionError(f"{where}: bad metric name")
-    name, rest = match[0], line[match.end():]
+    name, rest = match[0], line[match.end() :]
     labels: dict[str, str] = {}
     if rest.startswith("{"):
         labels, rest = _labels(rest[1:], where)
@@ -116,12 +116,12 @@ def _labels(text: str, where: str) -> tuple[dict[str, str], str]:
         if text.startswith("}"):
             return labels, text[1:]
         match = LABEL.match(text)
-        if not match or text[match.end():match.end() + 2] != '="':
+        if not match or text[match.end() : match.end() + 2] != '="':
             raise ExpositionError(f"{where}: bad label at {text[:20]!r}")
         name = match[0]
         if name in labels:
             raise ExpositionError(f"{where}: label {name} given twice")
-        value, text = _quoted(text[match.end() + 2:], where)
+        value, text = _quoted(text[match.end() + 2 :], where)
         labels[name] = value
         if text.startswith(","):
             text = text[1:]
@@ -135,12 +135,12 @@ def _quoted(text: str, where: str) -> tuple[str, str]:
     while i < len(text):
         ch = text[i]
         if ch == '"':
-            return "".join(out), text[i + 1:]
+            return "".join(out), text[i + 1 :]
         if ch == "\n":
             raise ExpositionError(f"{where}: raw newline in a label value")
         if ch == "\\":
-            nxt = text[i + 1:i + 2]
-            if nxt not in ('\\', '"', "n"):
+            nxt = text[i + 1 : i + 2]
+            if nxt not in ("\\", '"', "n"):
                 raise ExpositionError(f"{where}: bad escape \\{nxt}")
             out.append("\n" if nxt == "n" else nxt)
             i += 2
@@ -155,7 +155,7 @@ def _unescape(text: str, allowed: str, where: str) -> str:
     i = 0
     while i < len(text):
         if text[i] == "\\":
-            nxt = text[i + 1:i + 2]
+            nxt = text[i + 1 : i + 2]
             if nxt not in allowed:
                 raise ExpositionError(f"{where}: bad escape \\{nxt} in HELP")
             out.append("\n" if nxt == "n" else nxt)

@@ -30,15 +30,17 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's stackgate, not on PYTHONPATH (test_fleet.fleet_env)
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # the checkout's stackgate, not on PYTHONPATH (test_fleet.fleet_env)
 
 from stackgate.commands import gate, upgrade
 from stackgate.facts.compare import environment_spec
-from stackgate.models import spec as lockmodel
+from stackgate.models.spec import load_spec
 from stackgate.runs import abtest, history, stackdiff
 from stackgate.stack.generations import Generation
 
-_load = lockmodel.load
+_load = load_spec
 _gate = gate.run
 
 
@@ -59,16 +61,27 @@ def run_gate(request, ui):
 
 def upgrade_node(request, ui, *, nvml_lib=None):
     live_rate, new_rate = (float(v) for v in os.environ["FLEET_NODE_UPGRADE"].split(","))
-    new, live = lockmodel.load(request.to), lockmodel.load(request.lock_path)
+    new, live = load_spec(request.to), load_spec(request.lock_path)
     given = {str(p): hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in (request.to, request.lock_path)}
     with open(Path(os.environ["FLEET_NODE_HOME"]) / "upgrades.jsonl", "a") as log:
-        log.write(json.dumps({"to": str(request.to), "lock": str(request.lock_path), "sha256": given, "switch": request.switch}) + "\n")
+        log.write(
+            json.dumps(
+                {"to": str(request.to), "lock": str(request.lock_path), "sha256": given, "switch": request.switch}
+            )
+            + "\n"
+        )
     root = new.python.root
     live_generation = Generation(root / "g0001", {"state": "ready"})
     changes = stackdiff.changes(live, None, None, new, environment_spec(new), None)
-    done = upgrade.UpgradeRun(request, history.new_id("upgrade", time.time()), time.time(), root, live, new, live_generation, changes, [])
+    done = upgrade.UpgradeRun(
+        request, history.new_id("upgrade", time.time()), time.time(), root, live, new, live_generation, changes, []
+    )
     done.new_generation = Generation(root / "g0002", {"state": "ready"})
-    done.build = {"status": "built", "reason": "generation g0002 built beside g0001", "verify": "passed: the node's stand-in"}
+    done.build = {
+        "status": "built",
+        "reason": "generation g0002 built beside g0001",
+        "verify": "passed: the node's stand-in",
+    }
     for position, side in enumerate(abtest.order(request.rounds), 1):
         rate = live_rate if side == abtest.LIVE else new_rate
         done.measured.append(abtest.Leg(side, position, True, (rate * 0.995, rate, rate * 1.005), (11, 12, 13)))
@@ -79,7 +92,7 @@ def upgrade_node(request, ui, *, nvml_lib=None):
     return done
 
 
-lockmodel.load = load
+load_spec = load
 gate.run = run_gate
 if os.environ.get("FLEET_NODE_UPGRADE"):
     upgrade.upgrade_node = upgrade_node

@@ -32,7 +32,9 @@ class SimNode:
     provision_exit: int = 0
     rollback_exit: int = 0
     rate: float = 92.6
-    distributions: dict[str, str] = field(default_factory=lambda: {"torch": "2.9.1+cu130", "sglang": "0.5.9", "flashinfer-python": "0.6.4"})
+    distributions: dict[str, str] = field(
+        default_factory=lambda: {"torch": "2.9.1+cu130", "sglang": "0.5.9", "flashinfer-python": "0.6.4"}
+    )
     reachable: bool = True
     corrupt: bool = False  #: the shipped files arrive damaged
     raw_report: str | None = None  #: what the node writes as its report instead of a real one
@@ -40,14 +42,23 @@ class SimNode:
     new_rate: float = 99.8  #: the new stack's decode tok/s in its A/B (``rate`` is the live one's)
     keep_reason: str = "kept the live stack: slower beyond the measured noise: decode new - live: -7.20 tok/s (-7.8%; 95% CI -8.10 to -6.30)"
     calls: list[str] = field(default_factory=list)
-    upgrades: list[list[str]] = field(default_factory=list)  #: each `stackgate upgrade` argv, and the shipped files it named were there
+    upgrades: list[list[str]] = field(
+        default_factory=list
+    )  #: each `stackgate upgrade` argv, and the shipped files it named were there
 
 
 def report(node: Node, sim: SimNode, command: str) -> dict[str, Any]:
     """A node's report as stackgate writes it (the parts the fleet reads)."""
-    components = {"lock": {"name": "sim", "sha256": "0" * 64}, "gpu": {"driver": "580.82.07", "count": "8"}, "distributions": dict(sim.distributions)}
+    components = {
+        "lock": {"name": "sim", "sha256": "0" * 64},
+        "gpu": {"driver": "580.82.07", "count": "8"},
+        "distributions": dict(sim.distributions),
+    }
     passed = sim.gate_exit == 0
-    stages = [{"name": s, "status": "passed" if passed or s != "verify" else "failed"} for s in ("lock", "environment", "verify", "fast_smoke", "benchmark")]
+    stages = [
+        {"name": s, "status": "passed" if passed or s != "verify" else "failed"}
+        for s in ("lock", "environment", "verify", "fast_smoke", "benchmark")
+    ]
     return {
         "schema": "stackgate.report/1",
         "command": command,
@@ -61,7 +72,11 @@ def report(node: Node, sim: SimNode, command: str) -> dict[str, Any]:
         "exit_code": sim.gate_exit,
         "gate": {
             "stages": stages,
-            "fingerprint": {"digest": fingerprint.digest(components), "short": fingerprint.digest(components)[:12], "components": components},
+            "fingerprint": {
+                "digest": fingerprint.digest(components),
+                "short": fingerprint.digest(components)[:12],
+                "components": components,
+            },
             "benchmark": {"decode_tok_s": {"mean": sim.rate}},
         },
     }
@@ -70,14 +85,38 @@ def report(node: Node, sim: SimNode, command: str) -> dict[str, Any]:
 def upgrade_report(node: Node, sim: SimNode) -> dict[str, Any]:
     """A node's `stackgate upgrade --json` report (the parts the fleet reads: commands/upgrade.py)."""
     won, same = sim.upgrade == "switch", sim.upgrade == "current"
-    decision = None if same else {"mode": "if-better", "switch": won, "reason": "switched: it passes, gives the same greedy tokens and is faster" if won else sim.keep_reason}
-    sides = {name: {"decode_tok_s": {"mean": rate, "ci_low": rate - 0.4, "ci_high": rate + 0.4, "n": 4}} for name, rate in (("live", sim.rate), ("new", sim.new_rate))}
+    decision = (
+        None
+        if same
+        else {
+            "mode": "if-better",
+            "switch": won,
+            "reason": "switched: it passes, gives the same greedy tokens and is faster" if won else sim.keep_reason,
+        }
+    )
+    sides = {
+        name: {"decode_tok_s": {"mean": rate, "ci_low": rate - 0.4, "ci_high": rate + 0.4, "n": 4}}
+        for name, rate in (("live", sim.rate), ("new", sim.new_rate))
+    }
     delta = sim.new_rate - sim.rate
-    ab = {"sides": sides, "difference": {"delta": delta, "ci": [delta - 0.6, delta + 0.6], "relative": delta / sim.rate, "significant": True}, "difference_text": f"{delta:+.2f} tok/s"}
+    ab = {
+        "sides": sides,
+        "difference": {
+            "delta": delta,
+            "ci": [delta - 0.6, delta + 0.6],
+            "relative": delta / sim.rate,
+            "significant": True,
+        },
+        "difference_text": f"{delta:+.2f} tok/s",
+    }
     part = {
         "schema": "stackgate.upgrade/1",
         "step": "done",
-        "plan": {"changes": [] if same else [{"kind": "distribution", "name": "flashinfer-python", "old": "0.6.3", "new": "0.6.4"}]},
+        "plan": {
+            "changes": []
+            if same
+            else [{"kind": "distribution", "name": "flashinfer-python", "old": "0.6.3", "new": "0.6.4"}]
+        },
         "ab": ab if not same else {"sides": {}, "difference": None, "difference_text": None},
         "decision": decision,
         "current": {"before": "g1", "after": "g2" if won else "g1", "switched": won},
@@ -95,9 +134,13 @@ class SimSession:
     def __init__(self, node: Node, sim: SimNode, begun: list[str] | None = None) -> None:
         self.node, self.sim = node, sim
         self.files: dict[str, bytes] = {}
-        self.begun = begun if begun is not None else []  #: the transport's: node names, as each remote stackgate run began
+        self.begun = (
+            begun if begun is not None else []
+        )  #: the transport's: node names, as each remote stackgate run began
 
-    def run(self, command: str, *, timeout_s: float, stdin: bytes | None = None, stop: threading.Event | None = None) -> Completed:
+    def run(
+        self, command: str, *, timeout_s: float, stdin: bytes | None = None, stop: threading.Event | None = None
+    ) -> Completed:
         self.sim.calls.append(command)
         if command.endswith(" --version"):
             return Completed(0, f"stackgate {self.sim.version}\n", "")
@@ -116,14 +159,20 @@ class SimSession:
         for size, name in re.findall(r'head -c (\d+) > "\$d"/(\S+)', command):
             data, stdin = stdin[: int(size)], stdin[int(size) :]
             self.files[f"{FOLDER}/{shlex.split(name)[0]}"] = data + (b"x" if self.sim.corrupt else b"")
-            lines.append(f"{hashlib.sha256(self.files[f'{FOLDER}/{shlex.split(name)[0]}']).hexdigest()}  {shlex.split(name)[0]}")
+            lines.append(
+                f"{hashlib.sha256(self.files[f'{FOLDER}/{shlex.split(name)[0]}']).hexdigest()}  {shlex.split(name)[0]}"
+            )
         return Completed(0, "\n".join(lines) + "\n", "")
 
     def _stackgate(self, argv: list[str]) -> Completed:
         what = argv[1]
         self.begun.append(self.node.name)
         if what in ("gate", "verify"):
-            written = self.sim.raw_report if self.sim.raw_report is not None else json.dumps(report(self.node, self.sim, what))
+            written = (
+                self.sim.raw_report
+                if self.sim.raw_report is not None
+                else json.dumps(report(self.node, self.sim, what))
+            )
             self.files[argv[argv.index("--json") + 1]] = written.encode()
             return Completed(self.sim.gate_exit, "", "")
         if what == "upgrade":

@@ -73,7 +73,12 @@ class Sshd:
             "KbdInteractiveAuthentication no\nPubkeyAuthentication yes\nPermitRootLogin prohibit-password\n"
             f"AllowUsers {USER}\nLogLevel ERROR\nMaxStartups 100:30:200\nMaxSessions 100\n"
         )
-        self.process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=open(self.home / "sshd.log", "wb"), start_new_session=True)
+        self.process = subprocess.Popen(
+            [SSHD, "-D", "-e", "-f", str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.home / "sshd.log", "wb"),
+            start_new_session=True,
+        )
         wait_port(self.port)
         return self
 
@@ -170,5 +175,7 @@ def stand_in_pids(events: Path) -> list[int]:
     if not events.exists():
         return []
     rows = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
-    pids = [r["pid"] for r in rows if r["event"] in ("started", "leaked")] + [p for r in rows if r["event"] == "workers" for p in r["pids"]]
+    pids = [r["pid"] for r in rows if r["event"] in ("started", "leaked")] + [
+        p for r in rows if r["event"] == "workers" for p in r["pids"]
+    ]
     return living(pids)

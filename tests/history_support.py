@@ -24,10 +24,21 @@ def figures(decode: float, *, baseline: float = 190.0, max_regression: float = 0
     """A benchmark of two runs around ``decode`` tok/s, as the gate's document holds it."""
     rates = [decode - 0.2, decode + 0.2]
     tok = [r * 0.985 for r in rates]
-    rows = [{
-        "tokens": 200, "asked": 200, "seconds": round(200 / t, 4), "tok_s": round(t, 3), "ttft_s": 0.021, "decode_tok_s": round(r, 3), "events": 200, "finish_reason": {"type": "length"},
-        "error": None, "client_cpu_s": 0.01,
-    } for r, t in zip(rates, tok, strict=True)]
+    rows = [
+        {
+            "tokens": 200,
+            "asked": 200,
+            "seconds": round(200 / t, 4),
+            "tok_s": round(t, 3),
+            "ttft_s": 0.021,
+            "decode_tok_s": round(r, 3),
+            "events": 200,
+            "finish_reason": {"type": "length"},
+            "error": None,
+            "client_cpu_s": 0.01,
+        }
+        for r, t in zip(rates, tok, strict=True)
+    ]
     floor = baseline * (1 - max_regression)
     mean = sum(tok) / 2
     status = "PASS" if mean >= floor else "FAIL"
@@ -38,18 +49,43 @@ def figures(decode: float, *, baseline: float = 190.0, max_regression: float = 0
 
 
 def gate_doc(
-    *, decode: float | None = 200.0, backend: str = "flashinfer", torch: str = "2.9.1+cu130", summary: str = "all good", status: Status = Status.PASS, lock: str = "standin"
+    *,
+    decode: float | None = 200.0,
+    backend: str = "flashinfer",
+    torch: str = "2.9.1+cu130",
+    summary: str = "all good",
+    status: Status = Status.PASS,
+    lock: str = "standin",
 ) -> dict[str, Any]:
     """A gate's document: four stages as given, the benchmark (``decode`` None: not run)."""
     fix = Fix("Do the thing.", ("echo fix",)) if status >= Status.WARN else None
-    stages = [gate.Stage(
-        name, name, (), (lambda n: lambda ctx: [Result(f"{n}.check", status if n == "verify" else Status.PASS, summary if n == "verify" else f"{n} ok", fix=fix if n == "verify" else None)])(name)
-    ) for name in ("lock", "environment", "verify", "fast_smoke")]
+    stages = [
+        gate.Stage(
+            name,
+            name,
+            (),
+            (
+                lambda n: (
+                    lambda ctx: [
+                        Result(
+                            f"{n}.check",
+                            status if n == "verify" else Status.PASS,
+                            summary if n == "verify" else f"{n} ok",
+                            fix=fix if n == "verify" else None,
+                        )
+                    ]
+                )
+            )(name),
+        )
+        for name in ("lock", "environment", "verify", "fast_smoke")
+    ]
     done = gate.run_gate(gate.GateRequest(), UI(stream=io.StringIO(), force_plain=True), stages=stages)
     doc = done.document()
     doc["lock"] = {"name": lock, "path": f"/locks/{lock}.toml", "sha256": "a" * 64}
     components = {
-        "lock": {"name": lock, "sha256": "a" * 64}, "gpu": {"driver": "580.82.07", "gpu0": "NVIDIA H200, compute capability 9.0"}, "distributions": {"torch": torch, "sglang": "0.5.9"},
+        "lock": {"name": lock, "sha256": "a" * 64},
+        "gpu": {"driver": "580.82.07", "gpu0": "NVIDIA H200, compute capability 9.0"},
+        "distributions": {"torch": torch, "sglang": "0.5.9"},
         "server": {**SERVER, "attention_backend": backend},
     }
     doc["gate"]["fingerprint"] = fp.Fingerprint(components).to_dict()
@@ -59,33 +95,58 @@ def gate_doc(
 
 def keep(folder: Path, doc: dict[str, Any], started: str) -> history.Run:
     """Store a document as run of ``started`` (ISO time) and read it back."""
-    doc = {**doc, "started": started, "run_id": f"{started.replace('-', '').replace(':', '')[:15]}Z-{doc['command']}-{abs(hash(started)) % 0xFFFFFF:06x}"}
+    doc = {
+        **doc,
+        "started": started,
+        "run_id": f"{started.replace('-', '').replace(':', '')[:15]}Z-{doc['command']}-{abs(hash(started)) % 0xFFFFFF:06x}",
+    }
     return history.read(history.store(doc, folder))
 
 
-def smoke_doc(tmp: Path, *, decode: float | None = 200.0, backend: str = "flashinfer", fast: bool = False, status: Status = Status.PASS, log: str = "") -> dict[str, Any]:
+def smoke_doc(
+    tmp: Path,
+    *,
+    decode: float | None = 200.0,
+    backend: str = "flashinfer",
+    fast: bool = False,
+    status: Status = Status.PASS,
+    log: str = "",
+) -> dict[str, Any]:
     """A smoke's document, written by smoke's own SmokeRun.document(): the stand-in's lock, one
     session whose server reported ``backend``, and (``decode`` not None) a benchmark of two runs;
     the findings of the knowledge base's scan of ``log``, as the server's log at /logs/server.log."""
     from smoke_support import Rig
 
     from stackgate.commands import smoke
-    from stackgate.models import spec as lockmodel
+    from stackgate.models.spec import load_spec
     from stackgate.models.verdict import judge
     from stackgate.serve import launch
 
     tmp.mkdir(parents=True, exist_ok=True)
-    lock = lockmodel.load(Rig(tmp, 30000).lock())
-    session = smoke.Session(launch.configs(lock, fast=fast)[0], server_info={**SERVER, "attention_backend": backend, "port": 30000, "random_seed": 7})
-    session.shrink = smoke.fastmode.Shrink("num_hidden_layers", 2, 32, {"num_hidden_layers": 2}, "LlamaForCausalLM") if fast else None
+    lock = load_spec(Rig(tmp, 30000).lock())
+    session = smoke.Session(
+        launch.configs(lock, fast=fast)[0],
+        server_info={**SERVER, "attention_backend": backend, "port": 30000, "random_seed": 7},
+    )
+    session.shrink = (
+        smoke.fastmode.Shrink("num_hidden_layers", 2, 32, {"num_hidden_layers": 2}, "LlamaForCausalLM")
+        if fast
+        else None
+    )
     session.log_path = Path("/logs/server.log")
     scanner = Scanner(stage="smoke", source=str(session.log_path))
     scanner.feed_text(log)
     scanner.finish()
     session.findings = scanner.findings
     if decode is not None:
-        samples = [bench.Sample(200, 200, 0.0, 200 / (rate * 0.985), 0.021, 1, 200) for rate in (decode - 0.2, decode + 0.2)]
+        samples = [
+            bench.Sample(200, 200, 0.0, 200 / (rate * 0.985), 0.021, 1, 200) for rate in (decode - 0.2, decode + 0.2)
+        ]
         tok, rates = [s.tok_s for s in samples], [decode - 0.2, decode + 0.2]
-        session.figures = bench.BenchFigures((), tuple(samples), bench.summarize(tok), bench.summarize(rates), bench.summarize([0.021, 0.021]), None)
+        session.figures = bench.BenchFigures(
+            (), tuple(samples), bench.summarize(tok), bench.summarize(rates), bench.summarize([0.021, 0.021]), None
+        )
     results = [Result("smoke.benchmark", status, f"{decode} tok/s")]
-    return smoke.SmokeRun(lock, smoke.SmokeRequest(benchmark=decode is not None), (session,), results, judge(results), 1735725600.0, 9.5).document()
+    return smoke.SmokeRun(
+        lock, smoke.SmokeRequest(benchmark=decode is not None), (session,), results, judge(results), 1735725600.0, 9.5
+    ).document()

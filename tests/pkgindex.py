@@ -42,7 +42,9 @@ __all__ = [
 PY_TAG = "py3-none-any"
 #: A file of the test sglang that a test patch changes (our own text, in the place of the real one).
 SYMM_MEM_FILE = "sglang/srt/distributed/device_communicators/torch_symm_mem.py"
-SYMM_MEM_TEXT = "# The test stand-in for sglang's symmetric-memory size table.\nMAX_SIZES = {\n    9: 4,\n    10: 8,\n}\n"
+SYMM_MEM_TEXT = (
+    "# The test stand-in for sglang's symmetric-memory size table.\nMAX_SIZES = {\n    9: 4,\n    10: 8,\n}\n"
+)
 
 
 @dataclass(frozen=True)
@@ -92,12 +94,18 @@ def _torch(version: str, cuda: str | None, requires: Sequence[str]) -> Wheel:
     # torch.version.cuda is what the probe reads to tell a CUDA build from another.
     version_py = f'__version__ = "{version}"\ncuda = {cuda!r}\nhip = None\ngit_version = "stackgate-test"\n'
     init = f'from torch import version\n__version__ = "{version}"\n'
-    return Wheel("torch", version, tuple(requires), files=(("torch/version.py", version_py), ("torch/__init__.py", init)))
+    return Wheel(
+        "torch", version, tuple(requires), files=(("torch/version.py", version_py), ("torch/__init__.py", init))
+    )
 
 
 def stack_wheels() -> dict[str, list[Wheel]]:
     """The stack's wheels by where they live: "pypi", "cu130" and "url"."""
-    cu130_deps = ["filelock", "nvidia-nccl-cu13==2.27.7; platform_system == 'Linux'", "triton==3.5.1; platform_system == 'Linux'"]
+    cu130_deps = [
+        "filelock",
+        "nvidia-nccl-cu13==2.27.7; platform_system == 'Linux'",
+        "triton==3.5.1; platform_system == 'Linux'",
+    ]
     pypi = [
         Wheel("filelock", "3.20.0"),
         Wheel("nvidia-nccl-cu13", "2.27.7", module="nvidia_nccl_cu13"),
@@ -106,8 +114,24 @@ def stack_wheels() -> dict[str, list[Wheel]]:
         Wheel("triton", "3.5.1"),
         Wheel("triton", "3.6.0"),
         # PyPI's plain torch builds are CUDA 12.8 builds with the cu12 family.
-        _torch("2.9.1", "12.8", ["filelock", "nvidia-nccl-cu12==2.27.5; platform_system == 'Linux'", "triton==3.5.1; platform_system == 'Linux'"]),
-        _torch("2.10.0", "12.8", ["filelock", "nvidia-nccl-cu12==2.27.5; platform_system == 'Linux'", "triton==3.6.0; platform_system == 'Linux'"]),
+        _torch(
+            "2.9.1",
+            "12.8",
+            [
+                "filelock",
+                "nvidia-nccl-cu12==2.27.5; platform_system == 'Linux'",
+                "triton==3.5.1; platform_system == 'Linux'",
+            ],
+        ),
+        _torch(
+            "2.10.0",
+            "12.8",
+            [
+                "filelock",
+                "nvidia-nccl-cu12==2.27.5; platform_system == 'Linux'",
+                "triton==3.6.0; platform_system == 'Linux'",
+            ],
+        ),
         Wheel("torchaudio", "2.9.1", ("torch==2.9.1",)),
         Wheel("torchaudio", "2.10.0", ("torch==2.10.0",)),
         Wheel("flashinfer-python", "0.6.3", ("torch", "flashinfer-cubin"), module="flashinfer"),
@@ -118,7 +142,13 @@ def stack_wheels() -> dict[str, list[Wheel]]:
         Wheel(
             "sglang",
             "0.5.9",
-            ("torch==2.9.1", "torchaudio==2.9.1", "sgl-kernel==0.3.21", "flashinfer_python==0.6.3", "flashinfer_cubin==0.6.3"),
+            (
+                "torch==2.9.1",
+                "torchaudio==2.9.1",
+                "sgl-kernel==0.3.21",
+                "flashinfer_python==0.6.3",
+                "flashinfer_cubin==0.6.3",
+            ),
             files=((SYMM_MEM_FILE, SYMM_MEM_TEXT),),
         ),
         # Packages that only exist to show the guard at work.
@@ -321,10 +351,10 @@ min_driver = "580"
 version = "{version}"
 root = "{root}"
 installer = "{installer}"
-default_index = "{default_index or server.simple('pypi')}"
+default_index = "{default_index or server.simple("pypi")}"
 
 [[python.index]]
-url = "{family_index or server.simple('cu130')}"
+url = "{family_index or server.simple("cu130")}"
 packages = ["torch", "torchaudio", "triton"]
 
 [python.packages]
@@ -360,10 +390,10 @@ def lock_stack(spec: Path, environ: Mapping[str, str]) -> Path:
     """Make a spec's pylock with `invoke lock`'s own code: real uv against the test index. The
     same inputs (same server, pins, Python) are resolved once per test process and copied after."""
     from stackgate.models import pylock
-    from stackgate.models import spec as lockmodel
+    from stackgate.models.spec import load_spec
     from stackgate.stack import pyenv, resolve
 
-    lock = lockmodel.load(spec)
+    lock = load_spec(spec)
     key = json.dumps([spec.name, pylock.inputs(lock)], sort_keys=True)
     target = pylock.path_for(spec)
     if key in _RESOLVED:

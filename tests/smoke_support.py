@@ -23,8 +23,8 @@ from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
 
 from stackgate.commands import smoke
-from stackgate.models import spec as lockmodel
 from stackgate.models.result import Result
+from stackgate.models.spec import load_spec
 from stackgate.render.ui import UI
 from stackgate.serve.procs import read_stat
 
@@ -69,20 +69,39 @@ class Rig:
 
     def gpus(self, count: int) -> None:
         """The fake NVML's machine: ``count`` H200s, plus the file where stand-ins record GPU memory."""
-        spec = machine([gpu("NVIDIA H200", (9, 0), uuid=f"GPU-{i:04d}", memory=[141 * 2**30, 2**20]) for i in range(count)])
+        spec = machine(
+            [gpu("NVIDIA H200", (9, 0), uuid=f"GPU-{i:04d}", memory=[141 * 2**30, 2**20]) for i in range(count)]
+        )
         self.nvml_path.write_text(json.dumps({**spec, "holders": str(self.holders_path)}))
 
     def behave(self, **behaviour: Any) -> None:
-        chosen = {**FAST_DRAIN, "events": str(self.events_path), "gpu_state": str(self.holders_path), "gpu_bytes": 2 * 2**30, **behaviour}
+        chosen = {
+            **FAST_DRAIN,
+            "events": str(self.events_path),
+            "gpu_state": str(self.holders_path),
+            "gpu_bytes": 2 * 2**30,
+            **behaviour,
+        }
         self.behaviour_path.write_text(json.dumps(chosen))
 
     def lock(
-        self, *, tp: int = 1, flags: tuple[str, ...] = (), evidence: dict[str, str] | None = None, smoke_extra: str = "", benchmark: dict[str, Any] | None = None, env: dict[str, str] | None = None,
+        self,
+        *,
+        tp: int = 1,
+        flags: tuple[str, ...] = (),
+        evidence: dict[str, str] | None = None,
+        smoke_extra: str = "",
+        benchmark: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
         tables: str = "",
     ) -> Path:
         bench = {"output_tokens": 200, "runs": 2, "warmup": 1, **(benchmark or {})}
         env_lines = {"PYTHONPATH": str(FAKES), "STACKGATE_FAKE_SGLANG": str(self.behaviour_path), **(env or {})}
-        evidence_line = f"evidence = {{ {', '.join(f'{json.dumps(k)} = {json.dumps(v)}' for k, v in (evidence or {}).items())} }}" if evidence else ""
+        evidence_line = (
+            f"evidence = {{ {', '.join(f'{json.dumps(k)} = {json.dumps(v)}' for k, v in (evidence or {}).items())} }}"
+            if evidence
+            else ""
+        )
         text = f"""
 [stack]
 name = "standin"
@@ -109,19 +128,19 @@ stop_grace_s = 3
 {smoke_extra}
 
 [smoke.env]
-{chr(10).join(f'{k} = {json.dumps(v)}' for k, v in env_lines.items())}
+{chr(10).join(f"{k} = {json.dumps(v)}" for k, v in env_lines.items())}
 
 {tables}
 
 [benchmark]
-{chr(10).join(f'{k} = {toml_value(v)}' for k, v in bench.items())}
+{chr(10).join(f"{k} = {toml_value(v)}" for k, v in bench.items())}
 """
         path = self.tmp / "lock.toml"
         path.write_text(text)
         return path
 
     def run(self, lock_path: Path, **request: Any) -> smoke.SmokeRun:
-        lock = lockmodel.load(lock_path)
+        lock = load_spec(lock_path)
         chosen = smoke.SmokeRequest(lock_path=lock_path, run_dir=self.runs, **request)
         ui = UI(stream=io.StringIO(), force_plain=True)
         return smoke.run_smoke(lock, chosen, ui, nvml_lib=fake_nvml)
@@ -142,7 +161,12 @@ stop_grace_s = 3
     def environ(self) -> dict[str, str]:
         """For `python -m invoke smoke` in a subprocess: the fake NVML and the checkout on the path."""
         env = dict(os.environ)
-        env.update(STACKGATE_NVML_MODULE="fakes.fake_nvml", STACKGATE_FAKE_NVML=str(self.nvml_path), PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}", NO_COLOR="1")
+        env.update(
+            STACKGATE_NVML_MODULE="fakes.fake_nvml",
+            STACKGATE_FAKE_NVML=str(self.nvml_path),
+            PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}",
+            NO_COLOR="1",
+        )
         return env
 
 

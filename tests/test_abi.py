@@ -16,8 +16,8 @@ from stackgate.checks.abi import symbol_provider
 from stackgate.checks.all import REGISTRY
 from stackgate.edges import elf
 from stackgate.facts import Missing, gather, interpreters
-from stackgate.models import spec as lockmodel
 from stackgate.models.result import Status
+from stackgate.models.spec import Spec
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -34,7 +34,11 @@ def gcc(out: Path, source: str, *args: str) -> Path:
 def fake_cudart(folder: Path, major: int) -> Path:
     """A library whose soname is the CUDA runtime's: what an extension built for CUDA `major` needs."""
     folder.mkdir(parents=True, exist_ok=True)
-    return gcc(folder / f"libcudart.so.{major}", "int cudaGetDeviceCount(int *n) { *n = 0; return 0; }\n", f"-Wl,-soname,libcudart.so.{major}")
+    return gcc(
+        folder / f"libcudart.so.{major}",
+        "int cudaGetDeviceCount(int *n) { *n = 0; return 0; }\n",
+        f"-Wl,-soname,libcudart.so.{major}",
+    )
 
 
 def extension(folder: Path, name: str, body: str, *args: str) -> Path:
@@ -49,7 +53,7 @@ PyMODINIT_FUNC PyInit_{name}(void) {{ touch(); return PyModule_Create(&def); }}
     return gcc(folder / f"{name}.so", source, f"-I{include}", *args)
 
 
-def lock_for(python: Path, packages: str, imports: str = "[]") -> lockmodel.Lock:
+def lock_for(python: Path, packages: str, imports: str = "[]") -> Spec:
     return interpreter_lock(python, packages, imports=imports)
 
 
@@ -63,7 +67,12 @@ def run(name, lock):
 
 def test_needed_entries_are_read_from_a_real_elf(tmp_path):
     cudart = fake_cudart(tmp_path / "lib", 12)
-    ops = gcc(tmp_path / "ops.so", "int cudaGetDeviceCount(int*); int f(void) { int n; return cudaGetDeviceCount(&n); }\n", f"-L{cudart.parent}", "-l:libcudart.so.12")
+    ops = gcc(
+        tmp_path / "ops.so",
+        "int cudaGetDeviceCount(int*); int f(void) { int n; return cudaGetDeviceCount(&n); }\n",
+        f"-L{cudart.parent}",
+        "-l:libcudart.so.12",
+    )
     assert "libcudart.so.12" in elf.needed(ops)
     assert elf.cuda_majors(elf.needed(ops)) == (elf.CudaNeed("libcudart.so.12", 12),)
     with pytest.raises(elf.ElfError):
@@ -76,7 +85,9 @@ def test_a_package_linking_cuda_12_beside_a_cuda_13_stack_fails_by_file(tmp_path
     code = "int cudaGetDeviceCount(int*); int f(void) { int n; return cudaGetDeviceCount(&n); }\n"
     bad = gcc(tmp_path / "common_ops.abi3.so", code, f"-L{cuda12.parent}", "-l:libcudart.so.12").read_bytes()
     good = gcc(tmp_path / "flashinfer_ops.so", code, f"-L{cuda13.parent}", "-l:libcudart.so.13").read_bytes()
-    install_dist(site, "sgl-kernel", "0.3.21", files={"sgl_kernel/common_ops.abi3.so": bad, "sgl_kernel/__init__.py": b""})
+    install_dist(
+        site, "sgl-kernel", "0.3.21", files={"sgl_kernel/common_ops.abi3.so": bad, "sgl_kernel/__init__.py": b""}
+    )
     install_dist(site, "flashinfer-python", "0.6.4", files={"flashinfer/ops.so": good})
     result = run("abi.elf", lock_for(python, 'sgl-kernel = "==0.3.21"\nflashinfer-python = "==0.6.4"'))
     assert result.status is Status.FAIL
@@ -93,21 +104,33 @@ def test_an_undefined_torch_symbol_is_an_abi_mismatch_named_readably(tmp_path):
     result = run("abi.imports", lock_for(python, "", '["sgl_kernel_stub"]'))
     assert result.status is Status.FAIL
     (detail,) = result.details
-    assert detail.startswith("import sgl_kernel_stub: undefined symbol c10::cuda::SetDevice(signed char, bool): ABI mismatch with torch")
+    assert detail.startswith(
+        "import sgl_kernel_stub: undefined symbol c10::cuda::SetDevice(signed char, bool): ABI mismatch with torch"
+    )
     assert result.fix.commands[0].startswith("stackgate provision --only python")
 
 
 def test_a_missing_cuda_12_runtime_is_a_cuda_major_mismatch(tmp_path):
     python, site = make_venv(tmp_path / "venv")
     cudart = fake_cudart(tmp_path / "cu12", 12)  # linked at build time, absent at run time
-    extension(site, "needs_cuda12", "int cudaGetDeviceCount(int*); static void touch(void) { int n; cudaGetDeviceCount(&n); }", f"-L{cudart.parent}", "-l:libcudart.so.12")
+    extension(
+        site,
+        "needs_cuda12",
+        "int cudaGetDeviceCount(int*); static void touch(void) { int n; cudaGetDeviceCount(&n); }",
+        f"-L{cudart.parent}",
+        "-l:libcudart.so.12",
+    )
     result = run("abi.imports", lock_for(python, "", '["needs_cuda12"]'))
     assert result.status is Status.FAIL
     (detail,) = result.details
     assert "libcudart.so.12: cannot open shared object file" in detail
     assert "built against CUDA 12 (libcudart.so.12)" in detail
     finding = result.data["needs_cuda12"]["finding"]  # the knowledge base's finding, in its one form
-    assert finding["id"] == "cuda-major-mismatch" and finding["evidence"]["file"] == "import needs_cuda12" and finding["values"]["lib"] == "libcudart.so.12"
+    assert (
+        finding["id"] == "cuda-major-mismatch"
+        and finding["evidence"]["file"] == "import needs_cuda12"
+        and finding["values"]["lib"] == "libcudart.so.12"
+    )
 
 
 def test_imports_that_work_pass_with_their_times(tmp_path):
@@ -127,7 +150,13 @@ def test_an_import_that_hangs_is_reported_as_a_timeout(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(
     ("symbol", "provider"),
-    [("_ZN3c104cuda9SetDeviceEab", "torch"), ("at::Tensor::add(int)", "torch"), ("_ZN10flashinfer3fooEv", "flashinfer"), ("ncclCommInitRank", "nvidia-nccl"), ("zzz::f()", "the library defining zzz")],
+    [
+        ("_ZN3c104cuda9SetDeviceEab", "torch"),
+        ("at::Tensor::add(int)", "torch"),
+        ("_ZN10flashinfer3fooEv", "flashinfer"),
+        ("ncclCommInitRank", "nvidia-nccl"),
+        ("zzz::f()", "the library defining zzz"),
+    ],
 )
 def test_symbol_providers(symbol, provider):
     assert symbol_provider(symbol) == provider
@@ -137,7 +166,16 @@ def test_cuda_13_libraries_with_their_own_numbering_are_not_mismatches():
     # DT_NEEDED of PyPI's torch 2.11.0+cu130 torch/lib/libtorch_cuda.so and libtorch_cuda_linalg.so,
     # as read on the H200 machine: cuSPARSE and cuRAND keep .so.12/.so.10 across CUDA 12 and 13,
     # cuFFT 12 and cuSOLVER 12 are CUDA 13's.
-    needed = ("libcudart.so.13", "libcusparse.so.12", "libcufft.so.12", "libcurand.so.10", "libcusolver.so.12", "libcublas.so.13", "libcublasLt.so.13", "libnccl.so.2")
+    needed = (
+        "libcudart.so.13",
+        "libcusparse.so.12",
+        "libcufft.so.12",
+        "libcurand.so.10",
+        "libcusolver.so.12",
+        "libcublas.so.13",
+        "libcublasLt.so.13",
+        "libnccl.so.2",
+    )
     assert {n.major for n in elf.cuda_majors(needed)} == {13}
     # CUDA 12's cuFFT and cuSOLVER are .so.11: a CUDA 12 build.
     assert [n.major for n in elf.cuda_majors(("libcufft.so.11", "libcusolver.so.11"))] == [12, 12]

@@ -27,7 +27,9 @@ def fake_tools(tmp_path: Path) -> Path:
     """`dmesg` and `nvidia-smi` that print what the real ones print (this machine has no GPU)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (tmp_path / "dmesg.out").write_text("[    1.0] something else\n[  269.5] NVRM: Xid (PCI:0000:18:00): 79, pid=7, name=python3, GPU has fallen off the bus.\n[  270.0] later\n")
+    (tmp_path / "dmesg.out").write_text(
+        "[    1.0] something else\n[  269.5] NVRM: Xid (PCI:0000:18:00): 79, pid=7, name=python3, GPU has fallen off the bus.\n[  270.0] later\n"
+    )
     (tmp_path / "smi.out").write_text(SMI)
     for name, out in (("dmesg", "dmesg.out"), ("nvidia-smi", "smi.out")):
         (bin_dir / name).write_text(f"#!/bin/sh\ncat {tmp_path / out}\n")
@@ -64,11 +66,17 @@ def test_a_bundle_holds_the_parts_and_no_planted_secret(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stderr  # the illegal memory access and the Xid are errors
     assert f"support bundle: {out}" in done.stdout
     with tarfile.open(out) as archive:
-        members = {m.name.removeprefix("stackgate-bundle/"): archive.extractfile(m).read().decode() for m in archive.getmembers()}  # type: ignore[union-attr]
+        members = {
+            m.name.removeprefix("stackgate-bundle/"): archive.extractfile(m).read().decode()
+            for m in archive.getmembers()
+        }  # type: ignore[union-attr]
     for part in ("MANIFEST.txt", "diagnose.json", "verify.json", "nvidia-smi-q.txt", "kernel-log-gpu-events.txt", "environment.txt",
                  f"spec/{LOCK.name}", "server-logs/smoke/20261130-120000-42/server.log"):  # fmt: skip
         assert part in members, sorted(members)
-    assert "Driver Version" in members["nvidia-smi-q.txt"] and "Xid (PCI:0000:18:00): 79" in members["kernel-log-gpu-events.txt"]
+    assert (
+        "Driver Version" in members["nvidia-smi-q.txt"]
+        and "Xid (PCI:0000:18:00): 79" in members["kernel-log-gpu-events.txt"]
+    )
     assert '"command": "verify"' in members["verify.json"] and "xid-79" in members["diagnose.json"]
     assert all(name in members["MANIFEST.txt"] for name in members if name != "MANIFEST.txt")
     for name, text in members.items():
@@ -77,11 +85,19 @@ def test_a_bundle_holds_the_parts_and_no_planted_secret(tmp_path: Path) -> None:
     names_only = members["environment.txt"].split("# set, value not recorded: ", 1)[1].strip().split(", ")
     assert {"FOO", "SOME_TOOL_SETTING", "PIP_INDEX_URL"} <= set(names_only)
     assert 'flags = ["--api-key", "<redacted>", "--enable' in members[f"spec/{LOCK.name}"]
-    assert "HF_TOKEN=<redacted>" in members["environment.txt"] and "<redacted>" in members["server-logs/smoke/20261130-120000-42/server.log"]
+    assert (
+        "HF_TOKEN=<redacted>" in members["environment.txt"]
+        and "<redacted>" in members["server-logs/smoke/20261130-120000-42/server.log"]
+    )
 
 
 def test_a_bundle_path_that_is_a_folder_is_a_usage_error(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "stackgate", "diagnose", "--bundle", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "stackgate", "diagnose", "--bundle", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert done.returncode == 2 and "is a directory" in done.stderr and "Traceback" not in done.stderr
 
 
@@ -92,9 +108,15 @@ def test_a_bundle_lists_the_stacks_installed_distributions(tmp_path: Path) -> No
     install_dist(site, "sglang", "0.5.9")
     spec_file = tmp_path / "stackgate.toml"
     spec_file.write_text(interpreter_spec(python))
-    env = {**os.environ, "PATH": f"{fake_tools(tmp_path)}{os.pathsep}{os.environ['PATH']}", "STACKGATE_LOG_DIR": str(tmp_path / "none")}
+    env = {
+        **os.environ,
+        "PATH": f"{fake_tools(tmp_path)}{os.pathsep}{os.environ['PATH']}",
+        "STACKGATE_LOG_DIR": str(tmp_path / "none"),
+    }
     made = bundle.write(tmp_path / "b.tar.gz", lock=spec.load(spec_file), diagnose_report=None, environ=env)
-    assert not any("installed distributions" in note or "installed-distributions" in note for note in made.notes), made.notes
+    assert not any("installed distributions" in note or "installed-distributions" in note for note in made.notes), (
+        made.notes
+    )
     listed = made.members["installed-distributions.txt"]
     assert f"flashinfer-python==0.6.4  {site}" in listed and f"sglang==0.5.9  {site}" in listed, listed
     assert listed.startswith(f"# 2 distribution(s) in {tmp_path / 'stack'}"), listed

@@ -39,7 +39,14 @@ print(subprocess.run([str(python), "-c", "import standin; print(standin.NAME)"],
 
 def builder(home: Path, tmp_path: Path, pause: float) -> subprocess.Popen[str]:
     argv = [sys.executable, "-c", BUILDER, str(home), str(tmp_path / "go"), str(tmp_path / "builds.log"), str(pause)]
-    return subprocess.Popen(argv, cwd=tmp_path, env={"PYTHONPATH": str(ROOT / "tests"), "PATH": "/usr/bin:/bin"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        argv,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(ROOT / "tests"), "PATH": "/usr/bin:/bin"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_two_runs_at_once_build_the_cache_once_and_both_use_it(tmp_path):
@@ -50,7 +57,9 @@ def test_two_runs_at_once_build_the_cache_once_and_both_use_it(tmp_path):
     assert [(out.strip(), code) for out, _, code in outcomes] == [("stand-in", 0), ("stand-in", 0)], outcomes
     assert len((tmp_path / "builds.log").read_text().splitlines()) == 1
     assert home.is_symlink() and (home / READY).is_file()
-    assert sorted(p.name for p in home.parent.iterdir()) == sorted([home.name, f".{home.name}.lock", home.resolve().name])
+    assert sorted(p.name for p in home.parent.iterdir()) == sorted(
+        [home.name, f".{home.name}.lock", home.resolve().name]
+    )
 
 
 def test_a_builder_killed_mid_build_leaves_nothing_published_and_the_next_run_builds_afresh(tmp_path):

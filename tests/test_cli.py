@@ -26,7 +26,14 @@ def _run_into_closed_pipe(program: str, args: list[str], *, lines_read: int) -> 
     environ.pop("STACKGATE_LOCK", None)
     if lines_read == 0:
         os.close(read_end)
-    process = subprocess.Popen([sys.executable, "-m", program, *args], cwd=ROOT, stdout=write_end, stderr=subprocess.PIPE, env=environ, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", program, *args],
+        cwd=ROOT,
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        env=environ,
+        text=True,
+    )
     os.close(write_end)
     if lines_read:
         with os.fdopen(read_end, "rb") as reader:
@@ -42,5 +49,8 @@ def test_a_closed_stdout_ends_the_output_not_the_program(name: str, program: str
     args, code = COMMANDS[name]
     for lines_read in (0, 0, 1):
         returncode, err = _run_into_closed_pipe(program, args, lines_read=lines_read)
-        assert "Traceback" not in err and "BrokenPipeError" not in err and "Exception ignored" not in err, (lines_read, err)
+        assert "Traceback" not in err and "BrokenPipeError" not in err and "Exception ignored" not in err, (
+            lines_read,
+            err,
+        )
         assert returncode == code, (lines_read, returncode, err)

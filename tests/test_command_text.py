@@ -20,7 +20,11 @@ ALLOWED = (
 
 def _strings(path: Path) -> list[tuple[int, str]]:
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-    return [(node.lineno, node.value) for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    ]
 
 
 def test_no_string_tells_users_to_run_invoke():
@@ -37,4 +41,6 @@ def test_no_string_tells_users_to_run_invoke():
 def test_the_check_sees_a_planted_command(tmp_path):
     planted = tmp_path / "m.py"
     planted.write_text('FIX = f"run `invoke provision --lock {1}`"\n')
-    assert [text for _, text in _strings(planted) if re.search(r"\binvoke provision\b", text)] == ["run `invoke provision --lock "]
+    assert [text for _, text in _strings(planted) if re.search(r"\binvoke provision\b", text)] == [
+        "run `invoke provision --lock "
+    ]

@@ -30,11 +30,29 @@ def test_the_real_registry_names_are_stable_and_dotted():
     from stackgate.checks.all import REGISTRY
 
     expected = {
-        "gpu.driver", "gpu.driver_cuda", "gpu.count", "gpu.capability", "gpu.pcie", "gpu.ecc", "gpu.processes",
-        "cuda.toolkits", "cuda.home", "cuda.ptxas_arch", "cuda.triton_ptxas",
-        "python.interpreter", "python.pins", "python.frozen", "python.consistency",
-        "torch.build", "torch.arch", "flashinfer.cubin", "nccl.version", "abi.imports", "abi.elf",
-        "environment.generation", "environment.drift",
+        "gpu.driver",
+        "gpu.driver_cuda",
+        "gpu.count",
+        "gpu.capability",
+        "gpu.pcie",
+        "gpu.ecc",
+        "gpu.processes",
+        "cuda.toolkits",
+        "cuda.home",
+        "cuda.ptxas_arch",
+        "cuda.triton_ptxas",
+        "python.interpreter",
+        "python.pins",
+        "python.frozen",
+        "python.consistency",
+        "torch.build",
+        "torch.arch",
+        "flashinfer.cubin",
+        "nccl.version",
+        "abi.imports",
+        "abi.elf",
+        "environment.generation",
+        "environment.drift",
     }
     assert expected <= set(REGISTRY)
     for check in REGISTRY.values():
@@ -56,7 +74,11 @@ def test_select_by_exact_name_glob_and_area_prefix():
 
 
 def test_a_check_that_runs_only_when_named_is_left_out_until_a_pattern_names_it():
-    checks = registry(make("python.a", None), make("environment.g", None, named_only=True), make("environment.d", None, named_only=True))
+    checks = registry(
+        make("python.a", None),
+        make("environment.g", None, named_only=True),
+        make("environment.d", None, named_only=True),
+    )
     assert [c.name for c in select([], checks)] == ["python.a"]
     assert [c.name for c in select(["environment.*"], checks)] == ["environment.g", "environment.d"]
     assert [c.name for c in select(["environment.d", "python"], checks)] == ["python.a", "environment.d"]

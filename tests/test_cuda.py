@@ -11,11 +11,13 @@ from packaging.version import Version
 from conftest import interpreter_lock
 from stackgate.checks.all import REGISTRY
 from stackgate.facts import Missing, build_for_arch, gather, inspect_toolkit, jit_cuda_home, tool_version
-from stackgate.models import spec as lockmodel
 from stackgate.models.result import Status
+from stackgate.models.spec import Spec, loads_spec
 
 REAL = Path("/usr/local/cuda-13.0")
-needs_real_cuda = pytest.mark.skipif(not (REAL / "bin" / "nvcc").exists(), reason="no CUDA 13.0 toolkit at /usr/local/cuda-13.0")
+needs_real_cuda = pytest.mark.skipif(
+    not (REAL / "bin" / "nvcc").exists(), reason="no CUDA 13.0 toolkit at /usr/local/cuda-13.0"
+)
 
 VERSION_TEXT = """nvcc: NVIDIA (R) Cuda compiler driver
 Copyright (c) 2005-2025 NVIDIA Corporation
@@ -42,13 +44,13 @@ def fake_prefix(root: Path, release: str, build: str, nvcc: bool = True, ptxas_f
     script.write_text(
         "#!/bin/sh\n"
         f'if [ "$1" = "--version" ]; then cat <<\'EOF\'\n{text}EOF\nexit 0; fi\n'
-        + (f"echo \"{refuse}\" >&2; exit 255\n" if ptxas_fails else "exit 0\n")
+        + (f'echo "{refuse}" >&2; exit 255\n' if ptxas_fails else "exit 0\n")
     )
     script.chmod(0o755)
     return root
 
 
-def lock_with(tmp_path: Path, *toolkits: str, env: str = "") -> lockmodel.Lock:
+def lock_with(tmp_path: Path, *toolkits: str, env: str = "") -> Spec:
     text = f"""
 [stack]
 name = "t"
@@ -57,18 +59,21 @@ gpu_count = 1
 compute_capability = "12.0"
 gpu_name = "RTX PRO 6000"
 min_driver = "580"
-{''.join(toolkits)}
+{"".join(toolkits)}
 [python]
 version = "3.11"
-root = "{tmp_path / 'root'}"
+root = "{tmp_path / "root"}"
 [env]
 {env}
 """
-    return lockmodel.loads(text)
+    return loads_spec(text)
 
 
 def toolkit(version: str, prefix: Path, default: bool = False, keep: bool = True, nvcc: str | None = None) -> str:
-    lines = [f'[[toolkit]]\nversion = "{version}"\nprefix = "{prefix}"\n', "keep = true\n" if keep else 'source = "pypi"\n']
+    lines = [
+        f'[[toolkit]]\nversion = "{version}"\nprefix = "{prefix}"\n',
+        "keep = true\n" if keep else 'source = "pypi"\n',
+    ]
     if default:
         lines.append("default = true\n")
     if nvcc:
@@ -96,7 +101,11 @@ def test_the_real_toolkit_reports_13_0_88_and_builds_sm_120a():
 
 @needs_real_cuda
 def test_the_real_toolkit_passes_the_checks(tmp_path):
-    lock = lock_with(tmp_path, toolkit("13.0.1", REAL, default=True, nvcc="13.0.88"), env=f'CUDA_HOME = "{REAL}"\nTRITON_PTXAS_PATH = "{REAL}/bin/ptxas"')
+    lock = lock_with(
+        tmp_path,
+        toolkit("13.0.1", REAL, default=True, nvcc="13.0.88"),
+        env=f'CUDA_HOME = "{REAL}"\nTRITON_PTXAS_PATH = "{REAL}/bin/ptxas"',
+    )
     assert check("cuda.toolkits", lock).status is Status.PASS
     assert check("cuda.ptxas_arch", lock).summary == "ptxas of CUDA 13.0.1 builds sm_120a"
     environ = {"PATH": "/usr/bin", "CUDA_HOME": str(REAL), "TRITON_PTXAS_PATH": f"{REAL}/bin/ptxas"}
@@ -136,7 +145,10 @@ def test_a_ptxas_that_does_not_know_the_arch_fails(tmp_path):
     old = fake_prefix(tmp_path / "cuda-12.6", "12.6", "12.6.85", ptxas_fails=True)
     result = check("cuda.ptxas_arch", lock_with(tmp_path, toolkit("12.6", old, default=True)))
     assert result.status is Status.FAIL
-    assert result.summary == "CUDA 12.6's ptxas cannot build sm_120a: ptxas fatal   : Value 'sm_120a' is not defined for option 'gpu-name'"
+    assert (
+        result.summary
+        == "CUDA 12.6's ptxas cannot build sm_120a: ptxas fatal   : Value 'sm_120a' is not defined for option 'gpu-name'"
+    )
 
 
 @pytest.mark.parametrize(
@@ -169,7 +181,9 @@ def test_the_environment_file_of_the_live_generation_is_applied(tmp_path):
     lock = lock_with(tmp_path, toolkit("13.0", new, default=True))
     env_file = tmp_path / "root" / "current" / "stackgate.env"
     env_file.parent.mkdir(parents=True)
-    env_file.write_text(f'export CUDA_HOME="{new}"\nexport TRITON_PTXAS_PATH="{new}/bin/ptxas"\nexport PATH="{new}/bin:$PATH"\n')
+    env_file.write_text(
+        f'export CUDA_HOME="{new}"\nexport TRITON_PTXAS_PATH="{new}/bin/ptxas"\nexport PATH="{new}/bin:$PATH"\n'
+    )
     home = check("cuda.home", lock, {"PATH": "/usr/bin"})
     assert home.status is Status.PASS and f"CUDA_HOME: {new} (set by {env_file})" in home.details
     assert check("cuda.triton_ptxas", lock, {"PATH": "/usr/bin"}).status is Status.PASS
@@ -183,7 +197,10 @@ def test_triton_ptxas_unset_or_elsewhere_fails(tmp_path):
     assert unset.status is Status.FAIL and unset.summary.startswith("TRITON_PTXAS_PATH is not set")
     assert unset.fix.commands == ("stackgate provision", f". {tmp_path / 'root' / 'current' / 'stackgate.env'}")
     elsewhere = check("cuda.triton_ptxas", lock, {"PATH": "/usr/bin", "TRITON_PTXAS_PATH": f"{old}/bin/ptxas"})
-    assert elsewhere.status is Status.FAIL and elsewhere.summary == f"TRITON_PTXAS_PATH is {old}/bin/ptxas (set in the shell), not {new}/bin/ptxas"
+    assert (
+        elsewhere.status is Status.FAIL
+        and elsewhere.summary == f"TRITON_PTXAS_PATH is {old}/bin/ptxas (set in the shell), not {new}/bin/ptxas"
+    )
 
 
 def test_an_interpreter_spec_that_leaves_triton_ptxas_out_skips_it_and_one_that_names_it_fails_unset(tmp_path):

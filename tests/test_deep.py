@@ -21,8 +21,8 @@ from stackgate.checks import deep
 from stackgate.checks.core import CheckError
 from stackgate.commands.verify import plan
 from stackgate.facts import deep as measure
-from stackgate.models import spec as lockmodel
 from stackgate.models.result import Result, Status
+from stackgate.models.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
@@ -31,7 +31,9 @@ HERE = Path(__file__).resolve().parent
 # --- per-GPU judgement, plain numbers ---------------------------------------------------------
 
 
-def gpu_record(index: int, bf16: float = 790.0, fp32: float = 50.0, copy: float = 4300.0, err: float = 0.002, equal: bool = True) -> dict:
+def gpu_record(
+    index: int, bf16: float = 790.0, fp32: float = 50.0, copy: float = 4300.0, err: float = 0.002, equal: bool = True
+) -> dict:
     return {
         "event": "done", "index": index, "name": "NVIDIA H200", "seconds": 0.4,
         "bfloat16": {"n": 8192, "ms": 1.39, "tflops": bf16, "rel_err": err, "sample": 64},
@@ -42,7 +44,9 @@ def gpu_record(index: int, bf16: float = 790.0, fp32: float = 50.0, copy: float 
 
 def gpu_work(records: list[dict], returncode: int | None = 0, running: int | None = None) -> measure.GpuWork:
     begin = {"event": "begin", "torch": "2.11.0+cu130", "devices": len(records), "seed": 5}
-    return measure.GpuWork(begin, tuple(records), running, returncode, 300.0, ("last line",), Path("/tmp/gpu-work.log"), 4.2)
+    return measure.GpuWork(
+        begin, tuple(records), running, returncode, 300.0, ("last line",), Path("/tmp/gpu-work.log"), 4.2
+    )
 
 
 def test_relative_error_judgement() -> None:
@@ -73,7 +77,9 @@ def test_a_tf32_sized_fp32_error_says_so() -> None:
     record = gpu_record(0)
     record["float32"]["rel_err"] = 4e-4
     result = deep.judge_gpu_work(gpu_work([record]))
-    assert result.summary.endswith("float32 product wrong: relative error 0.0004 > 0.0001 against float64 (TF32-sized: is TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 set?)")
+    assert result.summary.endswith(
+        "float32 product wrong: relative error 0.0004 > 0.0001 against float64 (TF32-sized: is TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 set?)"
+    )
 
 
 def test_a_wrong_product_fails_by_name() -> None:
@@ -84,7 +90,12 @@ def test_a_wrong_product_fails_by_name() -> None:
 
 
 def test_an_erroring_gpu_and_a_damaged_copy_fail_by_name() -> None:
-    broken = {"event": "done", "index": 2, "error": "RuntimeError: CUDA error: no kernel image is available for execution on the device", "seconds": 0.1}
+    broken = {
+        "event": "done",
+        "index": 2,
+        "error": "RuntimeError: CUDA error: no kernel image is available for execution on the device",
+        "seconds": 0.1,
+    }
     result = deep.judge_gpu_work(gpu_work([gpu_record(0), gpu_record(1, equal=False), broken]))
     assert result.status == Status.FAIL
     assert any(line.startswith("GPU 2 (unknown): RuntimeError: CUDA error: no kernel image") for line in result.details)
@@ -127,12 +138,9 @@ def test_one_gpu_is_judged_against_an_idle_gpu_of_its_model_and_the_neighbour_is
         neighbour.kill()
         neighbour.wait()
     assert result.status == Status.FAIL
-    assert (
-        result.summary
-        == (
-            "3 GPU problem(s): GPU 0 (NVIDIA H200): bfloat16 311.2 TFLOP/s, 40% of an idle NVIDIA H200's 781.2 "
-            "TFLOP/s (floor 70%)"
-        )
+    assert result.summary == (
+        "3 GPU problem(s): GPU 0 (NVIDIA H200): bfloat16 311.2 TFLOP/s, 40% of an idle NVIDIA H200's 781.2 "
+        "TFLOP/s (floor 70%)"
     )
     assert (
         result.details[-1]
@@ -201,7 +209,10 @@ def test_aggregate_uses_8_rank_bus_factor_and_drops_unfinished_sizes() -> None:
 
 def test_graph_timed_sizes_keep_the_eager_latency_beside() -> None:
     graphed = {"timing": "cuda-graph"}
-    per_rank = {0: [{**size_line(8192, 10.0), **graphed, "eager_us": 60.0}], 1: [{**size_line(8192, 12.0), **graphed, "eager_us": 64.0}]}
+    per_rank = {
+        0: [{**size_line(8192, 10.0), **graphed, "eager_us": 60.0}],
+        1: [{**size_line(8192, 12.0), **graphed, "eager_us": 64.0}],
+    }
     [figures] = measure.aggregate(2, per_rank)
     assert (figures.time_us, figures.timing, figures.eager_us) == (11.0, "cuda-graph", 62.0)
     # One rank that could not capture makes the size eager: the figure is then the eager one.
@@ -210,7 +221,9 @@ def test_graph_timed_sizes_keep_the_eager_latency_beside() -> None:
 
 
 def make_sweep(world: int, sizes: list[measure.SizeFigures], **changes: object) -> measure.Sweep:
-    request = measure.AllReduceRequest(world, min_bytes=sizes[0].bytes if sizes else 8192, max_bytes=sizes[-1].bytes if sizes else 8192)
+    request = measure.AllReduceRequest(
+        world, min_bytes=sizes[0].bytes if sizes else 8192, max_bytes=sizes[-1].bytes if sizes else 8192
+    )
     fields = dict(
         request=request, sizes=tuple(sizes), progress={r: len(sizes) for r in range(world)}, pids=(), nccl_version="2.28.9",
         returncode=0, timeout_s=300.0, tail=(), log=Path("/tmp/allreduce.log"),
@@ -227,8 +240,7 @@ def test_one_rank_passes_and_says_busbw_is_not_defined() -> None:
     assert result.status == Status.PASS
     assert (
         "bus bandwidth is not defined for one rank (2(n-1)/n = 0): a correctness pass, not timed; min_busbw_gbs 30 "
-        "not judged"
-        in result.summary
+        "not judged" in result.summary
     )
     assert result.data["busbw_judged"] is False and result.data["peak_busbw_gbs"] is None
     assert result.data["busbw_note"].startswith("bus bandwidth is not defined for one rank")
@@ -239,14 +251,18 @@ def test_busbw_below_the_lock_fails_naming_the_nccl_variables() -> None:
     sizes = [measure.SizeFigures(1 << 30, 50000.0, 21.5, 37.6, 0), measure.SizeFigures(2 << 30, 95000.0, 22.6, 39.5, 0)]
     result = deep.judge_collective(make_sweep(8, sizes), min_busbw=45.0)
     assert result.status == Status.FAIL
-    assert result.summary.startswith("peak busbw 39.5 GB/s at 2 GiB is below the lock's 45 GB/s (NCCL 2.28.9, 8 ranks; NCCL_P2P_LEVEL=SYS, NCCL_MIN_NCHANNELS=unset")
+    assert result.summary.startswith(
+        "peak busbw 39.5 GB/s at 2 GiB is below the lock's 45 GB/s (NCCL 2.28.9, 8 ranks; NCCL_P2P_LEVEL=SYS, NCCL_MIN_NCHANNELS=unset"
+    )
     assert "NCCL variables in force: NCCL_DEBUG=INFO NCCL_NVLS_ENABLE=0 NCCL_P2P_LEVEL=SYS" in result.details
     assert "transports in the INFO log: P2P/CUMEM/read x48" in result.details
     assert deep.judge_collective(make_sweep(8, sizes), min_busbw=39.0).status == Status.PASS
 
 
 def test_a_crashed_sweep_fails_with_the_error_line() -> None:
-    sweep = make_sweep(2, [], returncode=1, tail=("NCCL INFO comm 0x1 rank 0", "RuntimeError: NCCL error: unhandled cuda error"))
+    sweep = make_sweep(
+        2, [], returncode=1, tail=("NCCL INFO comm 0x1 rank 0", "RuntimeError: NCCL error: unhandled cuda error")
+    )
     result = deep.judge_collective(sweep, None)
     assert result.status == Status.FAIL
     assert result.summary == "the all-reduce failed (exit 1): RuntimeError: NCCL error: unhandled cuda error"
@@ -291,13 +307,17 @@ def result(name: str, status: Status, summary: str = "", **data: object) -> Resu
     return Result(name, status, summary or status.name.lower(), data=data)
 
 
-STATIC_OK = [result(n, Status.PASS) for n in ("gpu.driver", "gpu.count", "gpu.capability", "torch.build", "nccl.version")]
+STATIC_OK = [
+    result(n, Status.PASS) for n in ("gpu.driver", "gpu.count", "gpu.capability", "torch.build", "nccl.version")
+]
 
 
 def test_deep_checks_run_only_on_passed_prerequisites() -> None:
     ok = [*STATIC_OK, result("torch.arch", Status.WARN, "compute capability 9.0 runs only through PTX JIT")]
     assert deep.not_run("deep.gpu_work", ok) is None  # a warning is a pass here
-    cpu = [r for r in ok if r.check != "torch.build"] + [result("torch.build", Status.FAIL, "torch 2.13.0+cpu is a CPU build")]
+    cpu = [r for r in ok if r.check != "torch.build"] + [
+        result("torch.build", Status.FAIL, "torch 2.13.0+cpu is a CPU build")
+    ]
     skipped = deep.not_run("deep.collective", cpu)
     assert skipped is not None and skipped.status == Status.SKIP and skipped.check == "deep.collective"
     assert skipped.summary == "not run: torch.build failed: torch 2.13.0+cpu is a CPU build"
@@ -328,7 +348,11 @@ def test_launch_env_forces_multicast_off_and_an_info_log() -> None:
     shell = {"PATH": "/bin", "NCCL_NVLS_ENABLE": "1", "NCCL_DEBUG": "WARN", "NCCL_DEBUG_FILE": "/tmp/x.%p"}
     facts = SimpleNamespace(env=SimpleNamespace(environ=shell))
     env = measure.launch_env(lock, facts)  # type: ignore[arg-type]
-    assert env["NCCL_NVLS_ENABLE"] == "0" and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" and env["NVSHMEM_DISABLE_NVLS"] == "1"
+    assert (
+        env["NCCL_NVLS_ENABLE"] == "0"
+        and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+        and env["NVSHMEM_DISABLE_NVLS"] == "1"
+    )
     assert env["NCCL_DEBUG"] == "INFO" and "NCCL_DEBUG_FILE" not in env and env["NCCL_MIN_NCHANNELS"] == "8"
 
 
@@ -346,13 +370,17 @@ def plant(monkeypatch: pytest.MonkeyPatch, point: str) -> None:
     monkeypatch.setenv("STACKGATE_FAULT", f"deep.{point}")
 
 
-SMALL_GPU_WORK = measure.GpuWorkRequest(device="cpu", bf16_n=128, fp32_n=96, copy_bytes=1 << 20, warmup=1, iters=2, sample=32)
+SMALL_GPU_WORK = measure.GpuWorkRequest(
+    device="cpu", bf16_n=128, fp32_n=96, copy_bytes=1 << 20, warmup=1, iters=2, sample=32
+)
 
 
 @pytest.mark.torch
 def test_gpu_work_runs_and_checks_real_products(torch_python: Path, _deep_dir: Path) -> None:
     work = measure.run_gpu_work(torch_python, SMALL_GPU_WORK, cpu_env(), timeout_s=120)
-    assert work.log.parent.parent == _deep_dir  # the run's folder, kept for its log: the test's own, not the system's temp folder
+    assert (
+        work.log.parent.parent == _deep_dir
+    )  # the run's folder, kept for its log: the test's own, not the system's temp folder
     result = deep.judge_gpu_work(work)
     assert result.status == Status.PASS, result.details
     [gpu] = result.data["gpus"]
@@ -437,13 +465,17 @@ def all_gone(pids: tuple[int, ...], within_s: float = 10.0) -> bool:
 
 
 @pytest.mark.torch
-def test_a_planted_hang_fails_as_a_hang_and_the_group_is_killed(torch_python: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_planted_hang_fails_as_a_hang_and_the_group_is_killed(
+    torch_python: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     plant(monkeypatch, "hang:1")
     sweep = measure.run_sweep(torch_python, measure.AllReduceRequest(2, **SMALL_SWEEP), cpu_env(), timeout_s=25)
     assert sweep.returncode is None
     result = deep.judge_collective(sweep, None)
     assert result.status == Status.FAIL and result.data["hung"] is True
-    assert result.summary == "hang: the warm-up all-reduces did not finish within 25 s (2 of 2 rank(s) set up)", result.details
+    assert result.summary == "hang: the warm-up all-reduces did not finish within 25 s (2 of 2 rank(s) set up)", (
+        result.details
+    )
     assert "rank 1: stopped in the warm-up all-reduces" in result.details
     assert len(sweep.pids) == 2 and all_gone(sweep.pids)
 
@@ -473,12 +505,26 @@ min_busbw_gbs = 30.0
 def test_verify_deep_does_not_run_deep_checks_on_a_cpu_torch(torch_python: Path, tmp_path: Path) -> None:
     lock = tmp_path / "cpu.toml"
     lock.write_text(CPU_LOCK.format(version=f"{sys.version_info.major}.{sys.version_info.minor}", python=torch_python))
-    lockmodel.load(lock)  # the test's lock is itself valid
+    load_spec(lock)  # the test's lock is itself valid
     spec = tmp_path / "nvml.json"
     spec.write_text(json.dumps(machine([gpu("NVIDIA H200", (9, 0))])))  # the GPU checks pass: only torch blocks
     fake = {"STACKGATE_NVML_MODULE": "fakes.fake_nvml", "STACKGATE_FAKE_NVML": str(spec)}
     env = dict(os.environ, **fake, PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT)]), NO_COLOR="1")
-    argv = [sys.executable, "-m", "invoke", "verify", "--deep", "--check", "deep.*", "--lock", str(lock), "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "r.xml")]
+    argv = [
+        sys.executable,
+        "-m",
+        "invoke",
+        "verify",
+        "--deep",
+        "--check",
+        "deep.*",
+        "--lock",
+        str(lock),
+        "--json",
+        str(tmp_path / "r.json"),
+        "--junit",
+        str(tmp_path / "r.xml"),
+    ]
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stdout + done.stderr  # torch.build fails: the gate fails
     doc = json.loads((tmp_path / "r.json").read_text())

@@ -25,8 +25,8 @@ from stackgate.checks.core import REGISTRY, run_checks
 from stackgate.commands.verify import plan
 from stackgate.facts import Facts
 from stackgate.facts import deep as measure
-from stackgate.models import spec as lockmodel
 from stackgate.models.result import Result, Status
+from stackgate.models.spec import DEFAULT_LOCK, Capability, Spec, SpecError, load_spec, loads_spec
 from stackgate.runs import fingerprint, rundiff
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,13 +43,20 @@ def recorded(name: str) -> list[dict[str, Any]]:
 
 
 def test_deep_tables_default_to_the_reference_models_shapes_and_validate_with_key_paths() -> None:
-    lock = lockmodel.load(lockmodel.DEFAULT_LOCK)
+    lock = load_spec(DEFAULT_LOCK)
     assert (lock.deep.attention.q_heads, lock.deep.attention.kv_heads, lock.deep.attention.head_dim) == (64, 8, 128)
-    assert (lock.deep.fusion.hidden, lock.deep.fusion.tokens, lock.deep.fusion.unsupported) == (7168, (1, 4, 16, 64, 128, 256, 512), "fail")
+    assert (lock.deep.fusion.hidden, lock.deep.fusion.tokens, lock.deep.fusion.unsupported) == (
+        7168,
+        (1, 4, 16, 64, 128, 256, 512),
+        "fail",
+    )
     text = (ROOT / "lockfiles" / "hopper-sm90-cu130.toml").read_text()
-    hostile = text + '[deep.attention]\nq_heads = 60\nkv_len = 100\njit_timeout_s = 99999\n[deep.fusion]\ntokens = [4, 1]\nunsupported = "ignore"\nhiden = 1\n'
-    with pytest.raises(lockmodel.LockError) as caught:
-        lockmodel.loads(hostile)
+    hostile = (
+        text
+        + '[deep.attention]\nq_heads = 60\nkv_len = 100\njit_timeout_s = 99999\n[deep.fusion]\ntokens = [4, 1]\nunsupported = "ignore"\nhiden = 1\n'
+    )
+    with pytest.raises(SpecError) as caught:
+        loads_spec(hostile)
     assert caught.value.problems == [
         "deep.attention.jit_timeout_s: must be at most 3600 s, not 99999",
         "deep.attention.q_heads: 60 query heads do not group over 8 KV heads (q_heads must be a multiple of kv_heads)",
@@ -59,17 +66,30 @@ def test_deep_tables_default_to_the_reference_models_shapes_and_validate_with_ke
         "deep.fusion.unsupported: must be one of fail, warn, not 'ignore'",
         "deep.fusion.hiden: unknown key (did you mean 'hidden'?)",
     ]
-    shaped = lockmodel.loads(text + "[deep.attention]\nkv_heads = 4\nkv_len = 4096\n[deep.fusion]\ntokens = [8, 2048]\nunsupported = \"warn\"\n")
-    assert (shaped.deep.attention.kv_heads, shaped.deep.attention.kv_len, shaped.deep.fusion.tokens, shaped.deep.fusion.unsupported) == (4, 4096, (8, 2048), "warn")
+    shaped = loads_spec(
+        text
+        + '[deep.attention]\nkv_heads = 4\nkv_len = 4096\n[deep.fusion]\ntokens = [8, 2048]\nunsupported = "warn"\n'
+    )
+    assert (
+        shaped.deep.attention.kv_heads,
+        shaped.deep.attention.kv_len,
+        shaped.deep.fusion.tokens,
+        shaped.deep.fusion.unsupported,
+    ) == (4, 4096, (8, 2048), "warn")
 
 
 def test_the_hopper_lock_enables_the_fusion_flag() -> None:
-    assert deep.FUSION_FLAG in lockmodel.load(ROOT / "lockfiles" / "hopper-sm90-cu130.toml").smoke.flags
+    assert deep.FUSION_FLAG in load_spec(ROOT / "lockfiles" / "hopper-sm90-cu130.toml").smoke.flags
 
 
 # --- attention judgement, from the H200 run -----------------------------------------------------
 
-KINDS = {("decode", False): "decode", ("decode", True): "decode_tensor_cores", ("prefill", None): "prefill", ("paged_decode", None): "paged_decode"}
+KINDS = {
+    ("decode", False): "decode",
+    ("decode", True): "decode_tensor_cores",
+    ("prefill", None): "prefill",
+    ("paged_decode", None): "paged_decode",
+}
 
 
 def attention_kernels() -> list[dict[str, Any]]:
@@ -80,9 +100,19 @@ def attention_kernels() -> list[dict[str, Any]]:
     kernels = []
     for line in recorded("run2_flashinfer.jsonl"):
         if line.get("part") == "attention" and "kind" in line:
-            record = {"event": "kernel", "index": 0, "name": H200, "kind": KINDS[(line["kind"], line.get("tensor_cores"))], "us": line["us"], "first_call_s": line["first_call_s"], "compiled": 1}
+            record = {
+                "event": "kernel",
+                "index": 0,
+                "name": H200,
+                "kind": KINDS[(line["kind"], line.get("tensor_cores"))],
+                "us": line["us"],
+                "first_call_s": line["first_call_s"],
+                "compiled": 1,
+            }
             record.update(max_abs_err=line["max_abs_err"], worst=[line["max_abs_err"], 0.0])
-            record.update({"gbs": line["gbs"]} if "gbs" in line else {"tflops": line["tflops_dense"] * 0.9375})  # causal: 15/16 of the dense pairs
+            record.update(
+                {"gbs": line["gbs"]} if "gbs" in line else {"tflops": line["tflops_dense"] * 0.9375}
+            )  # causal: 15/16 of the dense pairs
             kernels.append(record)
     return kernels
 
@@ -96,19 +126,32 @@ def attention_run(kernels: list[dict[str, Any]], **changes: Any) -> measure.Atte
     return measure.AttentionRun(**fields)
 
 
-HOPPER = lockmodel.load(ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
+HOPPER = load_spec(ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
 
 
 def test_the_recorded_attention_passes_with_its_bandwidth_and_the_cold_jit_against_its_timeout() -> None:
     result = deep.judge_attention(attention_run(attention_kernels()), JIT, HOPPER)
     assert result.status == Status.PASS, result.details
-    assert result.summary.startswith("flashinfer 0.6.4 on 1 GPU(s): decode GB/s 1280, decode (tensor cores) GB/s 2208, paged decode GB/s 1382, prefill TFLOP/s 705.5; max abs error 0.00045; ")
-    assert result.summary.endswith("JIT (cold) took 70 s of the 600 s allowed (4 module(s) compiled into /opt/stackgate/cache/flashinfer)")
-    assert result.data["figures"] == {"decode GB/s": 1279.922, "decode (tensor cores) GB/s": 2207.993, "paged decode GB/s": 1382.16, "prefill TFLOP/s": 705.468}
-    assert result.data["defines"] == {"flashinfer_attention": "decode, decode_tensor_cores, prefill, paged_decode correct against float32; JIT-compiled (no flashinfer-jit-cache)"}
+    assert result.summary.startswith(
+        "flashinfer 0.6.4 on 1 GPU(s): decode GB/s 1280, decode (tensor cores) GB/s 2208, paged decode GB/s 1382, prefill TFLOP/s 705.5; max abs error 0.00045; "
+    )
+    assert result.summary.endswith(
+        "JIT (cold) took 70 s of the 600 s allowed (4 module(s) compiled into /opt/stackgate/cache/flashinfer)"
+    )
+    assert result.data["figures"] == {
+        "decode GB/s": 1279.922,
+        "decode (tensor cores) GB/s": 2207.993,
+        "paged decode GB/s": 1382.16,
+        "prefill TFLOP/s": 705.468,
+    }
+    assert result.data["defines"] == {
+        "flashinfer_attention": "decode, decode_tensor_cores, prefill, paged_decode correct against float32; JIT-compiled (no flashinfer-jit-cache)"
+    }
     assert "kernels: JIT-compiled (no flashinfer-jit-cache); the lock ships no flashinfer-jit-cache" in result.details
     warm = [{**k, "compiled": 0, "first_call_s": 0.05} for k in attention_kernels()]
-    assert deep.judge_attention(attention_run(warm), JIT, HOPPER).summary.endswith("no JIT: every module came from the JIT cache (first calls 0.2 s)")
+    assert deep.judge_attention(attention_run(warm), JIT, HOPPER).summary.endswith(
+        "no JIT: every module came from the JIT cache (first calls 0.2 s)"
+    )
 
 
 def test_a_run_killed_by_sigbus_names_the_signal_and_the_module_cut_short(tmp_path: Path) -> None:
@@ -173,7 +216,10 @@ def test_a_wrong_or_nan_attention_output_fails_by_kernel() -> None:
     kernels[3].update(max_abs_err=float("nan"), worst=[float("nan"), 0.05])
     result = deep.judge_attention(attention_run(kernels), JIT, HOPPER)
     assert result.status == Status.FAIL
-    assert result.summary == "2 kernel problem(s): GPU 0 prefill: wrong: error 0.011 where |ref| is 0.03 (allowed 0.00223; max abs error 0.011) against float32"
+    assert (
+        result.summary
+        == "2 kernel problem(s): GPU 0 prefill: wrong: error 0.011 where |ref| is 0.03 (allowed 0.00223; max abs error 0.011) against float32"
+    )
     assert result.details[1].startswith("GPU 0 paged_decode: wrong: error nan")
     assert result.data["kernels"][3]["max_abs_err"] is None  # the JSON report holds no NaN
     assert "defines" not in result.data
@@ -181,16 +227,34 @@ def test_a_wrong_or_nan_attention_output_fails_by_kernel() -> None:
 
 def test_an_attention_that_does_not_import_or_compile_fails_with_the_knowledge_bases_cause_and_fix() -> None:
     mismatch = "RuntimeError: flashinfer-cubin version (0.6.3) does not match flashinfer version (0.6.4). Please install the same version of both packages."
-    result = deep.judge_attention(attention_run([], begin={"event": "begin", "error": mismatch, "trace": f"Traceback ...\n{mismatch}"}, returncode=1), JIT, HOPPER)
-    assert result.status == Status.FAIL and result.summary == f"{mismatch} -> flashinfer-cubin 0.6.3 beside flashinfer 0.6.4"
-    assert result.fix is not None and "stackgate verify --check flashinfer.cubin --lock " in " ".join(result.fix.commands)
+    result = deep.judge_attention(
+        attention_run(
+            [], begin={"event": "begin", "error": mismatch, "trace": f"Traceback ...\n{mismatch}"}, returncode=1
+        ),
+        JIT,
+        HOPPER,
+    )
+    assert (
+        result.status == Status.FAIL
+        and result.summary == f"{mismatch} -> flashinfer-cubin 0.6.3 beside flashinfer 0.6.4"
+    )
+    assert result.fix is not None and "stackgate verify --check flashinfer.cubin --lock " in " ".join(
+        result.fix.commands
+    )
     ninja = {
-        "event": "kernel", "index": 0, "name": H200, "kind": "prefill", "error": "RuntimeError: Ninja build failed. Ninja output:",
+        "event": "kernel",
+        "index": 0,
+        "name": H200,
+        "kind": "prefill",
+        "error": "RuntimeError: Ninja build failed. Ninja output:",
         "trace": "RuntimeError: Ninja build failed. Ninja output:\nfatal error: curand_kernel.h: No such file or directory",
     }
     built = deep.judge_attention(attention_run([*attention_kernels()[:2], ninja]), JIT, HOPPER)
     assert built.status == Status.FAIL
-    assert built.summary == "1 kernel problem(s): GPU 0 prefill: RuntimeError: Ninja build failed. Ninja output: -> A JIT build cannot find the CUDA header curand_kernel.h"
+    assert (
+        built.summary
+        == "1 kernel problem(s): GPU 0 prefill: RuntimeError: Ninja build failed. Ninja output: -> A JIT build cannot find the CUDA header curand_kernel.h"
+    )
     assert built.fix is not None and built.fix.commands[0].startswith("stackgate provision --only toolkit")
 
 
@@ -198,9 +262,14 @@ def test_a_kernel_killed_in_its_cold_jit_says_so_with_the_timeout() -> None:
     run = attention_run(attention_kernels()[:2], running=(0, "prefill"), returncode=None)
     result = deep.judge_attention(run, JIT, HOPPER)
     assert result.status == Status.FAIL and result.data["hung"] is True
-    assert result.summary == "GPU 0's prefill kernel did not finish within 900 s: its first call JIT-compiles (cold) with the lock's jit_timeout_s 600 s allowed"
+    assert (
+        result.summary
+        == "GPU 0's prefill kernel did not finish within 900 s: its first call JIT-compiles (cold) with the lock's jit_timeout_s 600 s allowed"
+    )
     assert result.fix is not None and "jit_timeout_s" in result.fix.text
-    later = deep.judge_attention(attention_run(attention_kernels(), running=(1, "decode"), returncode=None), JIT, HOPPER)
+    later = deep.judge_attention(
+        attention_run(attention_kernels(), running=(1, "decode"), returncode=None), JIT, HOPPER
+    )
     assert later.summary == "hang: GPU 1's decode kernel did not finish within 900 s"
 
 
@@ -216,11 +285,26 @@ def fusion_lines() -> dict[int, list[dict[str, Any]]]:
         if line.get("part") != "fusion" or "rank" not in line:
             continue
         if line.get("event") == "workspace":
-            per_rank[line["rank"]].append({"event": "workspace", "rank": line["rank"], "seconds": line["s"], "compiled": 1})
+            per_rank[line["rank"]].append(
+                {"event": "workspace", "rank": line["rank"], "seconds": line["s"], "compiled": 1}
+            )
         elif "tokens" in line:
-            parts = {p: {"max_abs_err": line[f"err_{p}"], "worst": [line[f"err_{p}"], line[f"err_{p}"] * 128]} for p in ("residual", "norm")}
-            paths = {p: {"eager_us": line[p]["eager_us"], "us": line[p]["graph_us"], "us_min": line[p]["graph_us"], "us_replays": [line[p]["graph_us"]]} for p in ("fused", "unfused")}
-            per_rank[line["rank"]].append({"event": "tokens", "rank": line["rank"], "tokens": line["tokens"], **parts, **paths})
+            parts = {
+                p: {"max_abs_err": line[f"err_{p}"], "worst": [line[f"err_{p}"], line[f"err_{p}"] * 128]}
+                for p in ("residual", "norm")
+            }
+            paths = {
+                p: {
+                    "eager_us": line[p]["eager_us"],
+                    "us": line[p]["graph_us"],
+                    "us_min": line[p]["graph_us"],
+                    "us_replays": [line[p]["graph_us"]],
+                }
+                for p in ("fused", "unfused")
+            }
+            per_rank[line["rank"]].append(
+                {"event": "tokens", "rank": line["rank"], "tokens": line["tokens"], **parts, **paths}
+            )
     return per_rank
 
 
@@ -242,16 +326,27 @@ def test_the_recorded_fusion_passes_with_its_speedup_per_token_count() -> None:
     run = fusion_run(fusion_lines())
     assert [t.tokens for t in run.tokens] == list(REQUEST.tokens)
     one = run.tokens[0]
-    assert one.fused_us == pytest.approx((4.8672 + 4.8528) / 2, abs=1e-3) and one.unfused_us == pytest.approx((25.824 + 25.8688) / 2, abs=1e-3)
+    assert one.fused_us == pytest.approx((4.8672 + 4.8528) / 2, abs=1e-3) and one.unfused_us == pytest.approx(
+        (25.824 + 25.8688) / 2, abs=1e-3
+    )
     result = deep.judge_fusion(run, JIT, HOPPER)
     assert result.status == Status.PASS, result.details
-    assert result.summary.startswith("2 ranks, hidden 7168: fused = NCCL + residual + RMSNorm (max abs error norm 0.062); fused vs unfused, graph-captured, per token count: "
-        "1: 4.9 vs 25.8 us (5.3x), 4: 4.9 vs 29.4 us (6.0x), ")
+    assert result.summary.startswith(
+        "2 ranks, hidden 7168: fused = NCCL + residual + RMSNorm (max abs error norm 0.062); fused vs unfused, graph-captured, per token count: "
+        "1: 4.9 vs 25.8 us (5.3x), 4: 4.9 vs 29.4 us (6.0x), "
+    )
     assert "512: 33.0 vs 128.6 us (3.9x)" in result.summary
-    assert result.summary.endswith("workspace JIT (cold) took 94 s of the 600 s allowed (1 module(s) compiled into /opt/stackgate/cache/flashinfer)")
+    assert result.summary.endswith(
+        "workspace JIT (cold) took 94 s of the 600 s allowed (1 module(s) compiled into /opt/stackgate/cache/flashinfer)"
+    )
     assert result.data["figures"]["fused speedup at 1 tokens"] == pytest.approx(5.31, abs=0.01)
-    assert result.data["defines"] == {"allreduce_fusion": "runs on 2 ranks: fused outputs match NCCL + residual + RMSNorm"}
-    assert result.data["tolerance"]["atol"] == 2.0**-6 and "unfused: NCCL all-reduce, then torch's add and RMSNorm" in result.data["method"]
+    assert result.data["defines"] == {
+        "allreduce_fusion": "runs on 2 ranks: fused outputs match NCCL + residual + RMSNorm"
+    }
+    assert (
+        result.data["tolerance"]["atol"] == 2.0**-6
+        and "unfused: NCCL all-reduce, then torch's add and RMSNorm" in result.data["method"]
+    )
 
 
 def test_wrong_fused_outputs_fail_and_a_slower_fused_path_warns() -> None:
@@ -259,22 +354,41 @@ def test_wrong_fused_outputs_fail_and_a_slower_fused_path_warns() -> None:
     per_rank[1][3]["norm"] = {"max_abs_err": 0.5, "worst": [0.5, 1.0]}  # 16 tokens
     wrong = deep.judge_fusion(fusion_run(per_rank), JIT, HOPPER)
     assert wrong.status == Status.FAIL
-    assert wrong.summary == "the fused outputs differ from NCCL + residual + RMSNorm at 1 point(s): 16 token(s): norm wrong: error 0.5 where |ref| is 1 (allowed 0.0234)"
+    assert (
+        wrong.summary
+        == "the fused outputs differ from NCCL + residual + RMSNorm at 1 point(s): 16 token(s): norm wrong: error 0.5 where |ref| is 1 (allowed 0.0234)"
+    )
     per_rank = fusion_lines()
     for rank in (0, 1):
         per_rank[rank][-1]["fused"]["us"] = 200.0
     slower = deep.judge_fusion(fusion_run(per_rank), JIT, HOPPER)
-    assert slower.status == Status.WARN and slower.summary.startswith("the fused path is slower than the unfused one at 512 token(s): ")
+    assert slower.status == Status.WARN and slower.summary.startswith(
+        "the fused path is slower than the unfused one at 512 token(s): "
+    )
 
 
 def test_a_fusion_that_fails_or_hangs_in_its_jit_says_where() -> None:
     error = "RuntimeError: No supported CUDA architectures found for major versions [9, 10]."
     failure = {"event": "failed", "rank": 0, "stage": "workspace", "error": error, "trace": f"Traceback ...\n{error}"}
-    failed = deep.judge_fusion(fusion_run({0: [], 1: []}, failures=(failure,), returncode=1, workspace_s={}, progress={0: "failed", 1: "init"}), JIT, HOPPER)
+    failed = deep.judge_fusion(
+        fusion_run(
+            {0: [], 1: []}, failures=(failure,), returncode=1, workspace_s={}, progress={0: "failed", 1: "init"}
+        ),
+        JIT,
+        HOPPER,
+    )
     assert failed.status == Status.FAIL
-    assert failed.summary == f"the allreduce fusion failed (exit 1): rank 0 (workspace): {error} -> flashinfer's allreduce-fusion module has no build for this GPU"
-    hung = deep.judge_fusion(fusion_run({0: [], 1: []}, returncode=None, workspace_s={}, progress={0: "init", 1: "init"}), JIT, HOPPER)
-    assert hung.summary == "the IPC workspace (its first creation JIT-compiles the comm module, cold) was not ready within 900 s (the lock's jit_timeout_s 600 s included)"
+    assert (
+        failed.summary
+        == f"the allreduce fusion failed (exit 1): rank 0 (workspace): {error} -> flashinfer's allreduce-fusion module has no build for this GPU"
+    )
+    hung = deep.judge_fusion(
+        fusion_run({0: [], 1: []}, returncode=None, workspace_s={}, progress={0: "init", 1: "init"}), JIT, HOPPER
+    )
+    assert (
+        hung.summary
+        == "the IPC workspace (its first creation JIT-compiles the comm module, cold) was not ready within 900 s (the lock's jit_timeout_s 600 s included)"
+    )
     assert "rank 1: last init" in hung.details and hung.data["hung"] is True
 
 
@@ -298,20 +412,24 @@ def nvml() -> Iterator[Any]:
     fake_nvml.configure(None)
 
 
-def interpreter_lock(tmp_path: Path, python: Path, *, base: Path = lockmodel.DEFAULT_LOCK, edits: tuple[tuple[str, str], ...] = ()) -> lockmodel.Lock:
+def interpreter_lock(
+    tmp_path: Path, python: Path, *, base: Path = DEFAULT_LOCK, edits: tuple[tuple[str, str], ...] = ()
+) -> Spec:
     """A shipped lock whose stack is ``python`` (an existing interpreter) instead of a root."""
     text = base.read_text()
-    text = text.replace('root = "/opt/stackgate"', f'interpreter = "{python}"').replace('interpreter = "/opt/torch/.venv/bin/python3"', f'interpreter = "{python}"')
+    text = text.replace('root = "/opt/stackgate"', f'interpreter = "{python}"').replace(
+        'interpreter = "/opt/torch/.venv/bin/python3"', f'interpreter = "{python}"'
+    )
     text = text.replace('version = "3.12"', f'version = "{sys.version_info.major}.{sys.version_info.minor}"')
     for old, new in edits:
         assert old in text
         text = text.replace(old, new)
     path = tmp_path / base.name
     path.write_text(text)
-    return lockmodel.load(path)
+    return load_spec(path)
 
 
-def run_check(name: str, lock: lockmodel.Lock, site: Path | None, nvml: Any, gpus: list[dict[str, Any]], **env: str) -> Result:
+def run_check(name: str, lock: Spec, site: Path | None, nvml: Any, gpus: list[dict[str, Any]], **env: str) -> Result:
     nvml.configure(machine(gpus))
     environ = {**os.environ, **env, "PYTHONPATH": str(site) if site else ""}
     facts = Facts(lock, environ=environ, nvml_lib=nvml)
@@ -322,15 +440,26 @@ def run_check(name: str, lock: lockmodel.Lock, site: Path | None, nvml: Any, gpu
     return result
 
 
-def test_the_gate_is_read_from_the_released_flashinfer_and_sglang_code(plain_python: Path, released_site: Path, _deep_dir: Path) -> None:
+def test_the_gate_is_read_from_the_released_flashinfer_and_sglang_code(
+    plain_python: Path, released_site: Path, _deep_dir: Path
+) -> None:
     gate = measure.read_gate(plain_python, {**os.environ, "PYTHONPATH": str(released_site)})
     assert list(_deep_dir.iterdir()) == []  # the gate's folder is gone once read: no result names it
     assert gate.returncode == 0, gate.tail
-    assert gate.flashinfer == {"version": "0.6.4", "file": str(released_site / "flashinfer" / "jit" / "comm.py"), "function": "gen_trtllm_comm_module", "supported_majors": [9, 10]}
+    assert gate.flashinfer == {
+        "version": "0.6.4",
+        "file": str(released_site / "flashinfer" / "jit" / "comm.py"),
+        "function": "gen_trtllm_comm_module",
+        "supported_majors": [9, 10],
+    }
     assert gate.sglang is not None and gate.sglang["supported_majors"] == [9, 10] and gate.sglang["version"] == "0.5.9"
     assert gate.sglang["file"].endswith("sglang/srt/layers/communicator.py")
     missing = measure.read_gate(plain_python, {**os.environ, "PYTHONPATH": ""})
-    assert missing.flashinfer == {"error": "flashinfer is not installed in this interpreter (no 'flashinfer' package on its sys.path)"} and missing.sglang is None
+    assert (
+        missing.flashinfer
+        == {"error": "flashinfer is not installed in this interpreter (no 'flashinfer' package on its sys.path)"}
+        and missing.sglang is None
+    )
 
 
 def test_reading_the_gate_imports_no_torch(torch_python: Path, released_site: Path, tmp_path: Path) -> None:
@@ -348,10 +477,14 @@ def test_reading_the_gate_imports_no_torch(torch_python: Path, released_site: Pa
     assert not (tmp_path / "imported").exists()
 
 
-def test_on_the_sm120_lock_the_fusion_check_says_the_fused_path_cannot_run(plain_python: Path, released_site: Path, tmp_path: Path, nvml: Any) -> None:
+def test_on_the_sm120_lock_the_fusion_check_says_the_fused_path_cannot_run(
+    plain_python: Path, released_site: Path, tmp_path: Path, nvml: Any
+) -> None:
     lock = interpreter_lock(tmp_path, plain_python)
-    assert lock.hardware.compute_capability == lockmodel.Capability(12, 0) and deep.FUSION_FLAG in lock.smoke.flags
-    result = run_check("deep.allreduce_fusion", lock, released_site, nvml, [gpu() for _ in range(8)], FLASHINFER_CUDA_ARCH_LIST="12.0a")
+    assert lock.hardware.compute_capability == Capability(12, 0) and deep.FUSION_FLAG in lock.smoke.flags
+    result = run_check(
+        "deep.allreduce_fusion", lock, released_site, nvml, [gpu() for _ in range(8)], FLASHINFER_CUDA_ARCH_LIST="12.0a"
+    )
     assert result.status == Status.FAIL
     assert result.summary == (
         "the fused path cannot run here: compute capability major 12 is not among the majors flashinfer builds the fusion module "
@@ -362,45 +495,82 @@ def test_on_the_sm120_lock_the_fusion_check_says_the_fused_path_cannot_run(plain
         "GPUs: compute capability 8 x 12.0 (from NVML)",
         f"flashinfer 0.6.4: gen_trtllm_comm_module() builds for supported_major_versions=[9, 10] (read from {comm})",
     )
-    assert result.details[2].startswith("sglang 0.5.9: apply_flashinfer_allreduce_fusion() admits majors [9, 10] (read from ")
+    assert result.details[2].startswith(
+        "sglang 0.5.9: apply_flashinfer_allreduce_fusion() admits majors [9, 10] (read from "
+    )
     assert result.details[3] == "FLASHINFER_CUDA_ARCH_LIST=12.0a (flashinfer compiles for these archs, not the GPUs')"
     assert result.details[4].startswith("no compile was tried: ")
-    assert result.data["defines"] == {"allreduce_fusion": "no-op: compute capability major 12 is not among the majors flashinfer builds the fusion module for ([9, 10])"}
+    assert result.data["defines"] == {
+        "allreduce_fusion": "no-op: compute capability major 12 is not among the majors flashinfer builds the fusion module for ([9, 10])"
+    }
     assert result.fix is not None and 'unsupported = "warn"' in result.fix.text
-    warn = interpreter_lock(tmp_path, plain_python, edits=(("[benchmark]", '[deep.fusion]\nunsupported = "warn"\n\n[benchmark]'),))
-    assert run_check("deep.allreduce_fusion", warn, released_site, nvml, [gpu() for _ in range(8)]).status == Status.WARN
+    warn = interpreter_lock(
+        tmp_path, plain_python, edits=(("[benchmark]", '[deep.fusion]\nunsupported = "warn"\n\n[benchmark]'),)
+    )
+    assert (
+        run_check("deep.allreduce_fusion", warn, released_site, nvml, [gpu() for _ in range(8)]).status == Status.WARN
+    )
 
 
-def test_on_hopper_the_gate_passes_and_one_rank_has_nothing_to_fuse(plain_python: Path, released_site: Path, tmp_path: Path, nvml: Any) -> None:
+def test_on_hopper_the_gate_passes_and_one_rank_has_nothing_to_fuse(
+    plain_python: Path, released_site: Path, tmp_path: Path, nvml: Any
+) -> None:
     hopper = ROOT / "lockfiles" / "hopper-sm90-cu130.toml"
     lock = interpreter_lock(tmp_path, plain_python, base=hopper)
     one = run_check("deep.allreduce_fusion", lock, released_site, nvml, [gpu(H200, (9, 0))])
     assert one.status == Status.SKIP
-    assert one.summary == "1 rank(s) (the lock's [smoke] tp 1): there is no all-reduce to fuse (SGLang skips the fusion on one GPU); the arch gate passed: [9, 10]"
-    forced = run_check("deep.allreduce_fusion", lock, released_site, nvml, [gpu(H200, (9, 0))], FLASHINFER_CUDA_ARCH_LIST="12.0a")
+    assert (
+        one.summary
+        == "1 rank(s) (the lock's [smoke] tp 1): there is no all-reduce to fuse (SGLang skips the fusion on one GPU); the arch gate passed: [9, 10]"
+    )
+    forced = run_check(
+        "deep.allreduce_fusion", lock, released_site, nvml, [gpu(H200, (9, 0))], FLASHINFER_CUDA_ARCH_LIST="12.0a"
+    )
     assert forced.status == Status.FAIL and "FLASHINFER_CUDA_ARCH_LIST=12.0a names no major" in forced.summary
-    plain = interpreter_lock(tmp_path, plain_python, base=hopper, edits=(('flags = ["--enable-flashinfer-allreduce-fusion"]', "flags = []"),))
-    assert run_check("deep.allreduce_fusion", plain, released_site, nvml, [gpu(H200, (9, 0))]).summary.startswith("the lock's [smoke] flags do not include")
+    plain = interpreter_lock(
+        tmp_path, plain_python, base=hopper, edits=(('flags = ["--enable-flashinfer-allreduce-fusion"]', "flags = []"),)
+    )
+    assert run_check("deep.allreduce_fusion", plain, released_site, nvml, [gpu(H200, (9, 0))]).summary.startswith(
+        "the lock's [smoke] flags do not include"
+    )
     absent = run_check("deep.allreduce_fusion", lock, None, nvml, [gpu(H200, (9, 0))])
-    assert absent.status == Status.FAIL and absent.summary.startswith("flashinfer's allreduce-fusion module cannot be located: flashinfer is not installed")
+    assert absent.status == Status.FAIL and absent.summary.startswith(
+        "flashinfer's allreduce-fusion module cannot be located: flashinfer is not installed"
+    )
 
 
 # --- the target script's paths that need no GPU, under CPU torch ------------------------------
 
 
 @pytest.mark.torch
-def test_two_ranks_on_a_machine_without_gpus_fail_before_spawning(torch_python: Path, released_site: Path, tmp_path: Path, nvml: Any) -> None:
-    lock = interpreter_lock(tmp_path, torch_python, base=ROOT / "lockfiles" / "hopper-sm90-cu130.toml", edits=(("tp = 1 ", "tp = 2 "), ("gpu_count = 1", "gpu_count = 2")))
+def test_two_ranks_on_a_machine_without_gpus_fail_before_spawning(
+    torch_python: Path, released_site: Path, tmp_path: Path, nvml: Any
+) -> None:
+    lock = interpreter_lock(
+        tmp_path,
+        torch_python,
+        base=ROOT / "lockfiles" / "hopper-sm90-cu130.toml",
+        edits=(("tp = 1 ", "tp = 2 "), ("gpu_count = 1", "gpu_count = 2")),
+    )
     result = run_check("deep.allreduce_fusion", lock, released_site, nvml, [gpu(H200, (9, 0)), gpu(H200, (9, 0))])
     assert result.status == Status.FAIL
     assert result.summary == "the allreduce fusion failed (exit 1): 2 ranks asked for, torch sees 0 GPU(s)"
 
 
 @pytest.mark.torch
-def test_attention_reports_a_flashinfer_that_does_not_import(torch_python: Path, released_site: Path, tmp_path: Path, nvml: Any) -> None:
+def test_attention_reports_a_flashinfer_that_does_not_import(
+    torch_python: Path, released_site: Path, tmp_path: Path, nvml: Any
+) -> None:
     """The released wheel installed without its dependencies (as `pip install --no-deps` leaves it)."""
     lock = interpreter_lock(tmp_path, torch_python, base=ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
-    result = run_check("deep.flashinfer_attention", lock, released_site, nvml, [gpu(H200, (9, 0))], FLASHINFER_WORKSPACE_BASE=str(tmp_path / "jit"))
+    result = run_check(
+        "deep.flashinfer_attention",
+        lock,
+        released_site,
+        nvml,
+        [gpu(H200, (9, 0))],
+        FLASHINFER_WORKSPACE_BASE=str(tmp_path / "jit"),
+    )
     assert result.status == Status.FAIL
     assert result.summary == "ModuleNotFoundError: No module named 'tvm_ffi' -> Module tvm_ffi is not installed"
     assert result.fix is not None and result.fix.commands[0].startswith("stackgate provision --only python")
@@ -410,7 +580,9 @@ def test_attention_reports_a_flashinfer_that_does_not_import(torch_python: Path,
 
 
 def flashwork(python: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(python), str(measure.FLASHWORK), *args], capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [str(python), str(measure.FLASHWORK), *args], capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 def test_the_target_script_refuses_bad_usage_and_says_when_torch_is_missing(plain_python: Path, tmp_path: Path) -> None:
@@ -419,13 +591,19 @@ def test_the_target_script_refuses_bad_usage_and_says_when_torch_is_missing(plai
     assert flashwork(plain_python, "attention", str(tmp_path / "x.jsonl"), "{not json").returncode == 2
     done = flashwork(plain_python, "attention", str(tmp_path / "a.jsonl"), "{}")
     [line] = [json.loads(text) for text in (tmp_path / "a.jsonl").read_text().splitlines()]
-    assert done.returncode == 1 and line == {"event": "begin", "error": "torch does not import: No module named 'torch'"}
+    assert done.returncode == 1 and line == {
+        "event": "begin",
+        "error": "torch does not import: No module named 'torch'",
+    }
 
 
 def test_jit_workspace_follows_the_environment_then_the_stack() -> None:
-    assert measure.jit_workspace(HOPPER, {"FLASHINFER_WORKSPACE_BASE": "/fast/fi"}) == (Path("/fast/fi"), "FLASHINFER_WORKSPACE_BASE")
+    assert measure.jit_workspace(HOPPER, {"FLASHINFER_WORKSPACE_BASE": "/fast/fi"}) == (
+        Path("/fast/fi"),
+        "FLASHINFER_WORKSPACE_BASE",
+    )
     assert measure.jit_workspace(HOPPER, {"XDG_CACHE_HOME": "/xdg"})[0] == Path("/xdg/stackgate/flashinfer")
-    root = lockmodel.load(lockmodel.DEFAULT_LOCK)
+    root = load_spec(DEFAULT_LOCK)
     assert measure.jit_workspace(root, {"HOME": "/h"}) == (Path("/opt/stackgate/cache/flashinfer"), "the stack's root")
 
 
@@ -435,20 +613,36 @@ def test_jit_workspace_follows_the_environment_then_the_stack() -> None:
 def test_flashinfer_checks_stand_on_the_static_checks_and_a_missing_flashinfer_is_not_a_skip() -> None:
     static, deep_checks = plan(("deep.allreduce_fusion",), deep=True)
     assert [c.name for c in deep_checks] == ["deep.allreduce_fusion"]
-    assert {c.name for c in static} == {"gpu.driver", "gpu.count", "gpu.capability", "torch.build", "torch.arch", "nccl.version", "flashinfer.cubin"}
-    passed = [Result(n, Status.PASS, "ok") for n in deep.PREREQUISITES["deep.allreduce_fusion"] if n != "flashinfer.cubin"]
+    assert {c.name for c in static} == {
+        "gpu.driver",
+        "gpu.count",
+        "gpu.capability",
+        "torch.build",
+        "torch.arch",
+        "nccl.version",
+        "flashinfer.cubin",
+    }
+    passed = [
+        Result(n, Status.PASS, "ok") for n in deep.PREREQUISITES["deep.allreduce_fusion"] if n != "flashinfer.cubin"
+    ]
     absent = Result("flashinfer.cubin", Status.SKIP, "flashinfer-python is not installed")
     assert deep.not_run("deep.flashinfer_attention", [*passed, absent]) is None  # the check itself fails, saying so
     mismatch = Result("flashinfer.cubin", Status.FAIL, "flashinfer-cubin 0.6.3 != flashinfer-python 0.6.4")
     blocked = deep.not_run("deep.allreduce_fusion", [*passed, mismatch])
-    assert blocked is not None and blocked.summary == "not run: flashinfer.cubin failed: flashinfer-cubin 0.6.3 != flashinfer-python 0.6.4"
+    assert (
+        blocked is not None
+        and blocked.summary == "not run: flashinfer.cubin failed: flashinfer-cubin 0.6.3 != flashinfer-python 0.6.4"
+    )
 
 
 def kept_gate(folder: Path, started: str, attention: Result, fusion: Result) -> Any:
     """A kept gate run whose verify stage holds the two results, named as the check runner names them."""
     from history_support import gate_doc, keep
 
-    attention, fusion = dataclasses.replace(attention, check="deep.flashinfer_attention"), dataclasses.replace(fusion, check="deep.allreduce_fusion")
+    attention, fusion = (
+        dataclasses.replace(attention, check="deep.flashinfer_attention"),
+        dataclasses.replace(fusion, check="deep.allreduce_fusion"),
+    )
     doc = gate_doc()
     doc["results"] += [{**r.to_dict(), "stage": "verify"} for r in (attention, fusion)]
     doc["gate"]["fingerprint"]["components"]["kernels"] = fingerprint.kernels_section([attention, fusion])
@@ -462,7 +656,9 @@ def test_the_figures_reach_the_fingerprint_and_report_a_b(tmp_path: Path) -> Non
     slower[0]["gbs"] = 1000.0
     cached = deep.JitContext(JIT.workspace, JIT.workspace_from, 600.0, "==0.6.4+cu130", "0.6.4+cu130", None)
     a = kept_gate(tmp_path, "2025-01-01T10:00:00+00:00", attention, fusion)
-    b = kept_gate(tmp_path, "2025-01-02T10:00:00+00:00", deep.judge_attention(attention_run(slower), cached, HOPPER), fusion)
+    b = kept_gate(
+        tmp_path, "2025-01-02T10:00:00+00:00", deep.judge_attention(attention_run(slower), cached, HOPPER), fusion
+    )
     done = rundiff.compare(a, b)
     assert [str(c) for c in done.changes] == [
         (
@@ -473,7 +669,9 @@ def test_the_figures_reach_the_fingerprint_and_report_a_b(tmp_path: Path) -> Non
     texts = [f.text() for f in done.figures]
     assert texts[0] == "deep.flashinfer_attention decode GB/s: 1280 -> 1000 (-21.9%)"
     assert "deep.allreduce_fusion fused speedup at 1 tokens: 5.318 -> 5.318 (+0.0%)" in texts
-    assert fingerprint.kernels_section([Result("deep.flashinfer_attention", Status.SKIP, "not run: torch.build failed")]) == {"flashinfer_attention": "SKIP: not run: torch.build failed"}
+    assert fingerprint.kernels_section(
+        [Result("deep.flashinfer_attention", Status.SKIP, "not run: torch.build failed")]
+    ) == {"flashinfer_attention": "SKIP: not run: torch.build failed"}
 
 
 # --- the collective's timing (item 29) --------------------------------------------------------
@@ -494,7 +692,10 @@ def test_the_recorded_aligned_replays_give_each_ranks_median_and_the_fastest() -
     assert mib.time_us == pytest.approx((16.62 + 16.58) / 2) and mib.min_us == 16.52
     assert mib.busbw_gbs == pytest.approx((1 << 20) / 16.6e-6 / 1e9, rel=1e-3)
     sweep_lines = deep._size_lines(SimpleSweep(tuple(figures.values())))  # type: ignore[arg-type]
-    assert sweep_lines[2] == "   1 MiB:       16.6 us (min 16.5)  algbw    63.17 GB/s  busbw    63.17 GB/s  #wrong 0  (launched one by one: 50.0 us)"
+    assert (
+        sweep_lines[2]
+        == "   1 MiB:       16.6 us (min 16.5)  algbw    63.17 GB/s  busbw    63.17 GB/s  #wrong 0  (launched one by one: 50.0 us)"
+    )
 
 
 class SimpleSweep:

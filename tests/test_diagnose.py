@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from stackgate.commands import diagnose
-from stackgate.commands.diagnose import DiagnoseError, DiagnoseRequest
+from stackgate.commands.diagnose import DiagnoseRequest, DiagnoseUsageError
 from stackgate.models import knowledge as signatures
 from stackgate.models.exitcodes import ExitCode
 from stackgate.render.ui import UI, render_findings
@@ -37,7 +37,9 @@ KeyError: 12
 
 def run(request: DiagnoseRequest, stdin: bytes | None = None) -> tuple[ExitCode, str]:
     out = io.StringIO()
-    code = diagnose.run(request, UI(stream=out, force_plain=True), stdin=io.BytesIO(stdin) if stdin is not None else None)
+    code = diagnose.run(
+        request, UI(stream=out, force_plain=True), stdin=io.BytesIO(stdin) if stdin is not None else None
+    )
     return code, out.getvalue()
 
 
@@ -51,7 +53,12 @@ def test_an_error_finding_fails_and_is_listed_first_with_its_lines(tmp_path: Pat
     code, out = run(DiagnoseRequest(paths=(write(tmp_path, "server.log", FAILED_START),)))
     assert code == ExitCode.FAILED
     order = [line.split()[1].rstrip(":") for line in out.splitlines() if line[:7] in ("ERROR  ", "WARNING", "INFO   ")]
-    assert order == ["sglang-symm-mem-keyerror", "sglang-scheduler-exception", "sglang-child-failed", "sglang-attention-backend-default"]
+    assert order == [
+        "sglang-symm-mem-keyerror",
+        "sglang-scheduler-exception",
+        "sglang-child-failed",
+        "sglang-attention-backend-default",
+    ]
     assert f"  at {tmp_path / 'server.log'}:5-7  [sglang]" in out
     assert "  | 7  KeyError: 12" in out
     assert "  $ stackgate provision --only patches" in out
@@ -60,7 +67,11 @@ def test_an_error_finding_fails_and_is_listed_first_with_its_lines(tmp_path: Pat
 
 
 def test_warnings_alone_pass_and_a_healthy_log_passes(tmp_path: Path) -> None:
-    code, out = run(DiagnoseRequest(paths=(write(tmp_path, "a.log", "Attention backend not specified. Use triton backend by default.\n"),)))
+    code, out = run(
+        DiagnoseRequest(
+            paths=(write(tmp_path, "a.log", "Attention backend not specified. Use triton backend by default.\n"),)
+        )
+    )
     assert code == ExitCode.PASSED and "passed (no error-level finding)" in out
     code, out = run(DiagnoseRequest(paths=(HEALTHY,)))
     assert code == ExitCode.PASSED
@@ -74,8 +85,13 @@ def test_nothing_known_passes(tmp_path: Path) -> None:
 
 
 def test_several_inputs_and_standard_input_are_read(tmp_path: Path) -> None:
-    first = write(tmp_path, "install.log", "  Attempting uninstall: torch\n      Successfully uninstalled torch-2.9.1+cu130\n")
-    code, out = run(DiagnoseRequest(paths=(first, HEALTHY), stdin=True), stdin=b"ImportError: libcudart.so.12: cannot open shared object file: No such file or directory\n")
+    first = write(
+        tmp_path, "install.log", "  Attempting uninstall: torch\n      Successfully uninstalled torch-2.9.1+cu130\n"
+    )
+    code, out = run(
+        DiagnoseRequest(paths=(first, HEALTHY), stdin=True),
+        stdin=b"ImportError: libcudart.so.12: cannot open shared object file: No such file or directory\n",
+    )
     assert code == ExitCode.FAILED
     assert "stackgate diagnose: 3 inputs, " in out
     assert "  at <stdin>:1  [cuda toolkit]" in out
@@ -100,17 +116,21 @@ def test_a_compressed_log_is_read(tmp_path: Path) -> None:
     ids=["missing", "directory", "bad-gzip"],
 )
 def test_an_unreadable_input_is_a_usage_error(tmp_path: Path, make, message: str) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(DiagnoseError, match=message):
+    with pytest.raises(DiagnoseUsageError, match=message):
         run(DiagnoseRequest(paths=(HEALTHY, make(tmp_path))))
 
 
 def test_no_input_is_a_usage_error() -> None:
-    with pytest.raises(DiagnoseError, match="nothing to diagnose"):
+    with pytest.raises(DiagnoseUsageError, match="nothing to diagnose"):
         run(DiagnoseRequest())
 
 
 def test_the_lock_is_quoted(tmp_path: Path) -> None:
-    log = write(tmp_path, "s.log", "ImportError: libnvrtc.so.12: cannot open shared object file: No such file or directory\n[x TP0] Attention backend not specified. Use triton backend by default.\n")
+    log = write(
+        tmp_path,
+        "s.log",
+        "ImportError: libnvrtc.so.12: cannot open shared object file: No such file or directory\n[x TP0] Attention backend not specified. Use triton backend by default.\n",
+    )
     _, out = run(DiagnoseRequest(paths=(log,), lock_path=LOCK))
     assert "libnvrtc.so.12 is missing: a build for CUDA 12, not for the stack's CUDA (13.0)" in out
     assert "the stack runs flashinfer." in out
@@ -119,16 +139,25 @@ def test_the_lock_is_quoted(tmp_path: Path) -> None:
 
 def test_without_a_lock_the_report_reads_as_english(tmp_path: Path) -> None:
     """The wording the issue found broken: holes where a lock value would go, "1 lines"."""
-    log = write(tmp_path, "s.log", "ImportError: libnvrtc.so.12: cannot open shared object file: No such file or directory")
+    log = write(
+        tmp_path, "s.log", "ImportError: libnvrtc.so.12: cannot open shared object file: No such file or directory"
+    )
     _, out = run(DiagnoseRequest(paths=(log,)))
     assert "stackgate diagnose: 1 input, 1 line, " in out
-    assert "libnvrtc.so.12 is missing: a build for CUDA 12, not for the stack's CUDA (13.0 in the default profile)" in out
+    assert (
+        "libnvrtc.so.12 is missing: a build for CUDA 12, not for the stack's CUDA (13.0 in the default profile)" in out
+    )
     assert "  $ stackgate provision --only python\n" in out
     for broken in ("a CUDA the", "packages ()", " 1 lines", "{"):
         assert broken not in out
-    resolver = write(tmp_path, "pip.log", next(s for s in signatures.load() if s.id == "pip-resolution-impossible").examples[0])
+    resolver = write(
+        tmp_path, "pip.log", next(s for s in signatures.load() if s.id == "pip-resolution-impossible").examples[0]
+    )
     _, out = run(DiagnoseRequest(paths=(resolver,)))
-    assert "Never let a resolution move the frozen packages (torch, torchaudio, triton and nvidia-nccl-cu13 in the default profile)." in out
+    assert (
+        "Never let a resolution move the frozen packages (torch, torchaudio, triton and nvidia-nccl-cu13 in the default profile)."
+        in out
+    )
 
 
 def test_the_json_report_carries_every_finding(tmp_path: Path) -> None:
@@ -141,7 +170,11 @@ def test_the_json_report_carries_every_finding(tmp_path: Path) -> None:
     assert doc["inputs"] == [{"name": str(log), "lines": 8, "bytes": len(FAILED_START.encode())}]
     assert doc["counts"] == {"error": 3, "warning": 1, "info": 0, "unrecognized": 0} and doc["unrecognized"] == []
     first = doc["findings"][0]
-    assert first["id"] == "sglang-symm-mem-keyerror" and first["evidence"]["line"] == 7 and first["evidence"]["start_line"] == 5
+    assert (
+        first["id"] == "sglang-symm-mem-keyerror"
+        and first["evidence"]["line"] == 7
+        and first["evidence"]["start_line"] == 5
+    )
     assert first["evidence"]["file"] == str(log) and first["evidence"]["lines"][-1].endswith("KeyError: 12")
     assert first["values"] == {"major": "12"}
     assert first["fix"]["commands"][0] == f"stackgate provision --only patches --lock {LOCK}"
@@ -150,9 +183,13 @@ def test_the_json_report_carries_every_finding(tmp_path: Path) -> None:
 
 def test_the_rendered_finding_reads_exactly() -> None:
     scanner = Scanner(source="server.log")
-    scanner.feed_text("ok\n[rank5]:[E226 11:16:37.121617583 ProcessGroupNCCL.cpp:616] [Rank 5] "
-        "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5653, OpType=ALLREDUCE, NumelIn=58720256, NumelOut=58720256")
-    lines = [text for text, _ in render_findings("stackgate diagnose: 1 input(s)", scanner.findings, "1 finding(s): FAILED")]
+    scanner.feed_text(
+        "ok\n[rank5]:[E226 11:16:37.121617583 ProcessGroupNCCL.cpp:616] [Rank 5] "
+        "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5653, OpType=ALLREDUCE, NumelIn=58720256, NumelOut=58720256"
+    )
+    lines = [
+        text for text, _ in render_findings("stackgate diagnose: 1 input(s)", scanner.findings, "1 finding(s): FAILED")
+    ]
     assert lines == [
         "stackgate diagnose: 1 input(s)",
         "",
@@ -189,7 +226,16 @@ def test_long_lines_are_clipped_unless_verbose() -> None:
 
 def invoke(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "NO_COLOR": "1"}
-    return subprocess.run([sys.executable, "-m", "invoke", "diagnose", *args], check=False, cwd=ROOT, input=stdin, capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "invoke", "diagnose", *args],
+        check=False,
+        cwd=ROOT,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
 
 
 def test_invoke_diagnose_exit_codes(tmp_path: Path) -> None:
@@ -206,7 +252,14 @@ def test_invoke_diagnose_exit_codes(tmp_path: Path) -> None:
 
 def test_invoke_diagnose_reads_standard_input_and_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "d.json"
-    done = invoke("--stdin", "--json", str(out), "--lock", str(LOCK), stdin="NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.\n")
+    done = invoke(
+        "--stdin",
+        "--json",
+        str(out),
+        "--lock",
+        str(LOCK),
+        stdin="NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.\n",
+    )
     assert done.returncode == 1, done.stderr
     assert "  at <stdin>:1  [driver]" in done.stdout
     found = json.loads(out.read_text())["findings"]

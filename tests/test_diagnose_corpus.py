@@ -67,7 +67,10 @@ def test_no_entry_learned_from_a_held_out_project() -> None:
     [
         ("AttributeError: 'NoneType' object has no attribute 'shape'", "unknown"),  # a bare exception, no traceback
         # frames without their header
-        ('  File "/x/site-packages/flashinfer/utils.py", line 7, in f\n    assert K % 4 == 0\nAssertionError', "flashinfer"),
+        (
+            '  File "/x/site-packages/flashinfer/utils.py", line 7, in f\n    assert K % 4 == 0\nAssertionError',
+            "flashinfer",
+        ),
         ("E   RuntimeError: the kernel said no", "unknown"),  # pytest
         ("error: Failed to prepare distributions", "unknown"),  # an installer's error line
         ("node1:1:2 [0] NCCL WARN something new went wrong", "nccl"),

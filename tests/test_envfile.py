@@ -24,7 +24,13 @@ def test_a_shell_sourcing_the_file_sees_what_parse_sees(tmp_path):
     text = envfile.render({"CUDA_HOME": "/opt/cuda-13.0", "PATH": "/opt/cuda-13.0/bin:$PATH", "NCCL_P2P_LEVEL": "SYS"})
     path = tmp_path / "stackgate.env"
     path.write_text(text)
-    shell = subprocess.run(["sh", "-c", f". {path}; printf '%s\\n' \"$CUDA_HOME\" \"$PATH\" \"$NCCL_P2P_LEVEL\""], env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=True)
+    shell = subprocess.run(
+        ["sh", "-c", f'. {path}; printf \'%s\\n\' "$CUDA_HOME" "$PATH" "$NCCL_P2P_LEVEL"'],
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     parsed = envfile.parse(text, {"PATH": "/usr/bin:/bin"})
     assert shell.stdout.splitlines() == [parsed["CUDA_HOME"], parsed["PATH"], parsed["NCCL_P2P_LEVEL"]]
     assert parsed["PATH"] == "/opt/cuda-13.0/bin:/usr/bin:/bin"

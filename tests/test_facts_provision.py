@@ -12,21 +12,21 @@ from pathlib import Path
 import pytest
 
 from stackgate.facts import BasePython, Missing, gather
-from stackgate.models import spec as lockmodel
+from stackgate.models.spec import Spec, load_spec
 
 RUNNING = ".".join(platform.python_version_tuple()[:2])
 REAL = Path(os.path.realpath(sys.executable))
 
 
-def _lock(version: str = RUNNING, interpreter: Path | None = None) -> lockmodel.Lock:
-    lock = lockmodel.load()
+def _lock(version: str = RUNNING, interpreter: Path | None = None) -> Spec:
+    lock = load_spec()
     python = dataclasses.replace(lock.python, version=version)
     if interpreter is not None:
         python = dataclasses.replace(python, interpreter=interpreter, root=None)
     return dataclasses.replace(lock, python=python)
 
 
-def _base(lock: lockmodel.Lock, environ: dict[str, str]) -> BasePython | Missing:
+def _base(lock: Spec, environ: dict[str, str]) -> BasePython | Missing:
     facts = gather(lock, ["base_python"], environ=environ)
     try:
         return facts.base_python
@@ -37,7 +37,11 @@ def _base(lock: lockmodel.Lock, environ: dict[str, str]) -> BasePython | Missing
 def test_stackgate_python_names_the_interpreter(tmp_path: Path) -> None:
     found = _base(_lock(), {"STACKGATE_BASE_PYTHON": str(REAL), "PATH": ""})
     assert isinstance(found, BasePython)
-    assert (found.path, found.version, found.found_by) == (REAL, platform.python_version(), "environment $STACKGATE_BASE_PYTHON")
+    assert (found.path, found.version, found.found_by) == (
+        REAL,
+        platform.python_version(),
+        "environment $STACKGATE_BASE_PYTHON",
+    )
 
 
 def test_a_python_of_the_locked_version_is_found_on_path_and_a_broken_shim_is_skipped(tmp_path: Path) -> None:
@@ -67,7 +71,9 @@ def test_no_python_of_the_locked_version_is_a_clear_missing_fact(tmp_path: Path)
     (tmp_path / "bin" / "python3.99").symlink_to(REAL)  # answers, but with another version
     found = _base(_lock("3.99"), {"PATH": str(tmp_path / "bin"), "HOME": str(tmp_path)})
     assert isinstance(found, Missing)
-    assert found.reason.startswith("no Python 3.99 on this machine (searched $STACKGATE_BASE_PYTHON, python3.99 on PATH")
+    assert found.reason.startswith(
+        "no Python 3.99 on this machine (searched $STACKGATE_BASE_PYTHON, python3.99 on PATH"
+    )
     assert f"rejected: python3.99 on PATH ({tmp_path / 'bin'}): is Python {platform.python_version()}" in found.reason
     assert "uv cannot download Python here: install Python 3.99 (e.g. `pyenv install 3.99`" in found.reason
 

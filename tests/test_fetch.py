@@ -39,7 +39,11 @@ class Server:
                 if owner.statuses:
                     self.send_error(owner.statuses.pop(0))
                     return
-                start = int(match[1]) if owner.ranges and (match := re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range") or "")) else 0
+                start = (
+                    int(match[1])
+                    if owner.ranges and (match := re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range") or ""))
+                    else 0
+                )
                 self.send_response(206 if start else 200)
                 if start:
                     self.send_header("Content-Range", f"bytes {start}-{len(BODY) - 1}/{len(BODY)}")
@@ -89,7 +93,14 @@ def test_a_download_cut_twice_resumes_where_it_stopped(tmp_path: Path, serve: ty
     notes: list[str] = []
     progress: list[tuple[int, int | None]] = []
     target = tmp_path / "cuda.run"
-    assert fetch.fetch_checked(server.url, target, WANT, retry=_retry(waits), on_retry=notes.append, on_progress=lambda d, t: progress.append((d, t)))
+    assert fetch.fetch_checked(
+        server.url,
+        target,
+        WANT,
+        retry=_retry(waits),
+        on_retry=notes.append,
+        on_progress=lambda d, t: progress.append((d, t)),
+    )
     assert target.read_bytes() == BODY
     first = len(BODY) // 2
     second = first + (len(BODY) - first) // 2
@@ -121,7 +132,10 @@ def test_tries_are_bounded_and_the_next_run_resumes_the_part(tmp_path: Path, ser
     server = serve(drops=99)
     waits: list[float] = []
     target = tmp_path / "cuda.run"
-    with pytest.raises(fetch.FetchError, match=r"the connection closed at byte \d+ of 307200 \(gave up after 3 tries; the next run resumes at byte \d+\)"):
+    with pytest.raises(
+        fetch.FetchError,
+        match=r"the connection closed at byte \d+ of 307200 \(gave up after 3 tries; the next run resumes at byte \d+\)",
+    ):
         fetch.fetch_checked(server.url, target, WANT, retry=_retry(waits, attempts=3))
     assert len(server.requests) == 3 and waits == [1.0, 2.0]
     part = tmp_path / ".cuda.run.part"
@@ -156,7 +170,10 @@ def test_two_downloads_of_one_file_at_once_fetch_it_once(tmp_path: Path, serve: 
     server = serve()
     target = tmp_path / "cuda.run"
     results: list[bool] = []
-    threads = [threading.Thread(target=lambda: results.append(fetch.fetch_checked(server.url, target, WANT, retry=_retry([])))) for _ in range(2)]
+    threads = [
+        threading.Thread(target=lambda: results.append(fetch.fetch_checked(server.url, target, WANT, retry=_retry([]))))
+        for _ in range(2)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:

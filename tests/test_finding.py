@@ -16,13 +16,25 @@ from stackgate.checks.smoke import logscan
 from stackgate.commands import diagnose
 from stackgate.facts import ImportOutcome
 from stackgate.models import knowledge
-from stackgate.models import spec as lockmodel
 from stackgate.models.finding import Finding, FindingError, Fix
+from stackgate.models.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
-LOCK = lockmodel.load(ROOT / "lockfiles" / "blackwell-sm120-cu130.toml")
+LOCK = load_spec(ROOT / "lockfiles" / "blackwell-sm120-cu130.toml")
 LINE = "ImportError: libcudart.so.12: cannot open shared object file: No such file or directory"
-KEYS = {"id", "title", "severity", "component", "consequence", "cause", "fix", "learned_from", "references", "evidence", "values"}
+KEYS = {
+    "id",
+    "title",
+    "severity",
+    "component",
+    "consequence",
+    "cause",
+    "fix",
+    "learned_from",
+    "references",
+    "evidence",
+    "values",
+}
 
 
 def scanned(text: str, source: str) -> list[Finding]:
@@ -41,13 +53,20 @@ def test_every_finding_the_knowledge_base_makes_round_trips_through_json(signatu
 
 def test_diagnose_smoke_and_verify_write_the_same_form() -> None:
     (finding,) = scanned(f"starting\n{LINE}\n", "server.log")
-    done = diagnose.diagnose([("server.log", lambda: io.BytesIO(f"starting\n{LINE}\n".encode()))], knowledge.lock_context(LOCK))
+    done = diagnose.diagnose(
+        [("server.log", lambda: io.BytesIO(f"starting\n{LINE}\n".encode()))], knowledge.lock_context(LOCK)
+    )
     (in_diagnose,) = diagnose.document(done)["findings"]
     (in_smoke,) = logscan.finding_results([finding], "log", lock_backend="flashinfer")
-    in_verify = explain_import(ImportOutcome("sgl_kernel", False, 0.1, f"Traceback (most recent call last):\n{LINE}"), LOCK)
+    in_verify = explain_import(
+        ImportOutcome("sgl_kernel", False, 0.1, f"Traceback (most recent call last):\n{LINE}"), LOCK
+    )
     assert in_verify is not None
     assert in_diagnose == in_smoke.data["finding"] == finding.to_dict()
-    assert in_verify.to_dict() == {**finding.to_dict(), "evidence": {"file": "import sgl_kernel", "line": 2, "start_line": 2, "count": 1, "lines": [LINE]}}
+    assert in_verify.to_dict() == {
+        **finding.to_dict(),
+        "evidence": {"file": "import sgl_kernel", "line": 2, "start_line": 2, "count": 1, "lines": [LINE]},
+    }
     assert in_smoke.fix == finding.fix == Fix.from_dict(in_diagnose["fix"])
 
 
@@ -55,8 +74,14 @@ def test_the_evidence_of_a_multi_line_event_names_its_first_and_last_line() -> N
     example = next(s for s in knowledge.load() if s.id == "sglang-symm-mem-keyerror").examples[0]
     (finding,) = [f for f in scanned(f"one\ntwo\n{example}\n", "server.log") if f.id == "sglang-symm-mem-keyerror"]
     evidence = finding.evidence
-    assert evidence.start_line >= 3 and evidence.line == evidence.start_line + len(evidence.lines) - 1 > evidence.start_line
-    assert evidence.where == f"server.log:{evidence.start_line}-{evidence.line}" and evidence.lines[-1] == example.splitlines()[-1]
+    assert (
+        evidence.start_line >= 3
+        and evidence.line == evidence.start_line + len(evidence.lines) - 1 > evidence.start_line
+    )
+    assert (
+        evidence.where == f"server.log:{evidence.start_line}-{evidence.line}"
+        and evidence.lines[-1] == example.splitlines()[-1]
+    )
 
 
 @pytest.mark.parametrize(

@@ -15,11 +15,11 @@ from packaging.version import Version
 from stackgate.edges import nvml
 from stackgate.facts import Distribution, Facts, Missing, ProbeFacts, ToolkitFacts, ToolVersion
 from stackgate.facts.patches import PatchStatus
-from stackgate.models import spec as lockmodel
+from stackgate.models.spec import Spec, load_spec
 from stackgate.runs import fingerprint as fp
 
 ROOT = Path(__file__).resolve().parents[1]
-LOCK = lockmodel.load(ROOT / "lockfiles" / "blackwell-sm120-cu130.toml")
+LOCK = load_spec(ROOT / "lockfiles" / "blackwell-sm120-cu130.toml")
 ARGS = json.loads((ROOT / "tests" / "fakes" / "sglang" / "server_args.json").read_text())["fields"]
 INFO = {**ARGS, "model_path": "/models/m", "tp_size": 8, "attention_backend": "flashinfer", "port": 30000, "random_seed": 41, "nccl_port": 45123, "status": "ready",
         "max_total_num_tokens": 512000, "internal_states": [{"last_gen_throughput": 92.6}], "version": "0.5.9"}  # fmt: skip
@@ -34,7 +34,15 @@ def snapshot(spec: dict) -> nvml.NvmlSnapshot:
         fake_nvml.configure(None)
 
 
-def make(*, gpus: dict | None = None, dists: dict[str, str] | None = None, toolkit: str = "13.0.88", patch: str | None = None, info: dict | None = None, lock: lockmodel.Lock = LOCK) -> fp.Fingerprint:
+def make(
+    *,
+    gpus: dict | None = None,
+    dists: dict[str, str] | None = None,
+    toolkit: str = "13.0.88",
+    patch: str | None = None,
+    info: dict | None = None,
+    lock: Spec = LOCK,
+) -> fp.Fingerprint:
     facts = Facts(lock, environ={})
     facts.provide("nvml", snapshot(gpus or machine([gpu() for _ in range(8)])))
     default = lock.default_toolkit
@@ -60,11 +68,26 @@ def test_the_same_stack_gives_the_same_fingerprint():
 
 
 def test_what_changes_between_launches_of_the_same_stack_is_left_out():
-    relaunched = {**INFO, "port": 30001, "random_seed": 7, "nccl_port": 40000, "max_total_num_tokens": 498000, "internal_states": [{"last_gen_throughput": 80.0}]}
+    relaunched = {
+        **INFO,
+        "port": 30001,
+        "random_seed": 7,
+        "nccl_port": 40000,
+        "max_total_num_tokens": 498000,
+        "internal_states": [{"last_gen_throughput": 80.0}],
+    }
     fast = {**INFO, "load_format": "dummy", "json_model_override_args": '{"num_hidden_layers": 4}'}
     assert make(info=relaunched).digest == make().digest == make(info=fast).digest
     server = make().components["server"]
-    assert {"port", "random_seed", "nccl_port", "internal_states", "status", "max_total_num_tokens", "load_format"}.isdisjoint(server)
+    assert {
+        "port",
+        "random_seed",
+        "nccl_port",
+        "internal_states",
+        "status",
+        "max_total_num_tokens",
+        "load_format",
+    }.isdisjoint(server)
     assert server["attention_backend"] == "flashinfer" and server["tp_size"] == "8" and server["version"] == "0.5.9"
 
 
@@ -80,11 +103,20 @@ def test_a_different_gpu_is_the_same_stack_only_if_it_is_the_same_model():
         ({"dists": {**DISTS, "torch": "2.10.0"}}, "distributions", "torch", "2.9.1+cu130", "2.10.0"),
         ({"gpus": machine([gpu() for _ in range(8)], driver="580.95.05")}, "gpu", "driver", "580.82.07", "580.95.05"),
         (
-            {"gpus": machine([gpu() for _ in range(7)] + [gpu("NVIDIA H200", (9, 0))])}, "gpu", "gpu7", "NVIDIA RTX PRO 6000 Blackwell Server Edition, compute capability 12.0",
+            {"gpus": machine([gpu() for _ in range(7)] + [gpu("NVIDIA H200", (9, 0))])},
+            "gpu",
+            "gpu7",
+            "NVIDIA RTX PRO 6000 Blackwell Server Edition, compute capability 12.0",
             "NVIDIA H200, compute capability 9.0",
         ),
         ({"toolkit": "13.0.48"}, "toolkits", "/usr/local/cuda-13.0", "13.0 (V13.0.88)", "13.0 (V13.0.48)"),
-        ({"patch": "not applied"}, "patches", "sglang-0.5.9-sm120-torch-symm-mem.patch", "applied to sglang 0.5.9", "not applied"),
+        (
+            {"patch": "not applied"},
+            "patches",
+            "sglang-0.5.9-sm120-torch-symm-mem.patch",
+            "applied to sglang 0.5.9",
+            "not applied",
+        ),
         ({"lock": dataclasses.replace(LOCK, sha256="0" * 64)}, "lock", "sha256", LOCK.sha256, "0" * 64),
     ],
     ids=["backend", "torch", "driver", "gpu-model", "toolkit", "patch", "lock"],
@@ -92,7 +124,9 @@ def test_a_different_gpu_is_the_same_stack_only_if_it_is_the_same_model():
 def test_one_changed_component_changes_the_fingerprint_and_is_named(change, section, name, old, new):
     before, after = make(), make(**change)
     assert before.digest != after.digest
-    assert [(c.section, c.name, c.old, c.new) for c in fp.changes(before.components, after.components)] == [(section, name, old, new)]
+    assert [(c.section, c.name, c.old, c.new) for c in fp.changes(before.components, after.components)] == [
+        (section, name, old, new)
+    ]
 
 
 def test_secrets_never_reach_the_fingerprint():
@@ -102,7 +136,9 @@ def test_secrets_never_reach_the_fingerprint():
 
 
 def test_what_could_not_be_gathered_is_a_component_with_its_reason():
-    assert fp.gpu_section(Missing("NVML not usable: NVML Shared Library Not Found")) == {"unavailable": "NVML not usable: NVML Shared Library Not Found"}
+    assert fp.gpu_section(Missing("NVML not usable: NVML Shared Library Not Found")) == {
+        "unavailable": "NVML not usable: NVML Shared Library Not Found"
+    }
     facts = Facts(LOCK, environ={})
     for part in fp.PARTS:
         facts.provide(part, () if part == "toolkits" else Missing(f"no {part}"))
@@ -115,13 +151,15 @@ def test_what_could_not_be_gathered_is_a_component_with_its_reason():
 def test_the_pylock_is_a_component_another_resolution_is_another_stack(tmp_path: Path) -> None:
     spec = tmp_path / "blackwell-sm120-cu128.toml"
     spec.write_bytes((ROOT / "lockfiles" / spec.name).read_bytes())
-    lock = lockmodel.load(spec)
+    lock = load_spec(spec)
     assert "pylock" not in make(lock=lock).components["lock"]  # none beside it: nothing to name
     shipped = (ROOT / "lockfiles" / "pylock.blackwell-sm120-cu128.toml").read_bytes()
     (tmp_path / "pylock.blackwell-sm120-cu128.toml").write_bytes(shipped)
     first = make(lock=lock)
     assert first.components["lock"]["pylock"] == hashlib.sha256(shipped).hexdigest()
-    (tmp_path / "pylock.blackwell-sm120-cu128.toml").write_bytes(shipped.replace(b'version = "0.5.9"', b'version = "0.5.10"'))
+    (tmp_path / "pylock.blackwell-sm120-cu128.toml").write_bytes(
+        shipped.replace(b'version = "0.5.9"', b'version = "0.5.10"')
+    )
     moved = make(lock=lock)
     assert moved.digest != first.digest
     assert [c.name for c in fp.changes(first.components, moved.components)] == ["pylock"]

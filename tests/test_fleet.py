@@ -19,7 +19,19 @@ from pathlib import Path
 
 import exposition
 import pytest
-from fleet_support import TESTS, VERIFIABLE, Sshd, behaviour, keygen, make_venv, node_wrapper, nvml_file, spec, stand_in_pids, why_no_sshd
+from fleet_support import (
+    TESTS,
+    VERIFIABLE,
+    Sshd,
+    behaviour,
+    keygen,
+    make_venv,
+    node_wrapper,
+    nvml_file,
+    spec,
+    stand_in_pids,
+    why_no_sshd,
+)
 from smoke_support import FAKES, ROOT, free_port, living, wait_for
 
 from stackgate.models.exitcodes import ExitCode
@@ -57,7 +69,9 @@ class Fleet:
         self.authorized.write_text((home / "user_ed25519.pub").read_text())
         self.model = home / "model"
         self.model.mkdir()
-        (self.model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 4}))
+        (self.model / "config.json").write_text(
+            json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 4})
+        )
         self.python = make_venv(home / "stack")
         self.drifted_python = make_venv(home / "stack-drift", {"flashinfer-python": "0.6.3"})
         self.spec = spec(home / "fleet.toml", self.model, self.python)
@@ -70,9 +84,18 @@ class Fleet:
         home.mkdir()
         server = Sshd(home, self.authorized).start()
         self.servers[name] = server
-        env = fleet_env(home, python or self.python, free_port(), home / "events.jsonl", home / "runs", **{"rate": 400.0, "load_s": 0.2, **behave})
+        env = fleet_env(
+            home,
+            python or self.python,
+            free_port(),
+            home / "events.jsonl",
+            home / "runs",
+            **{"rate": 400.0, "load_s": 0.2, **behave},
+        )
         program = node_wrapper(home / "stackgate", env, hang=hang, started=self.started)
-        self.entries.append({"name": name, "port": server.port, "stackgate": str(program), **({"timeout_s": 3} if hang else {})})
+        self.entries.append(
+            {"name": name, "port": server.port, "stackgate": str(program), **({"timeout_s": 3} if hang else {})}
+        )
         return server
 
     def server(self, name: str) -> Sshd:
@@ -85,7 +108,14 @@ class Fleet:
     def inventory(self, *entries: dict[str, object]) -> Path:
         known = self.home / "known_hosts"
         known.write_text("".join(s.known_hosts_line() + "\n" for s in self.servers.values()))
-        lines = ["[fleet]", f'user = "{os.environ.get("USER") or "root"}"', f'identity = "{self.key}"', f'known_hosts = "{known}"', "connect_timeout_s = 5", ""]
+        lines = [
+            "[fleet]",
+            f'user = "{os.environ.get("USER") or "root"}"',
+            f'identity = "{self.key}"',
+            f'known_hosts = "{known}"',
+            "connect_timeout_s = 5",
+            "",
+        ]
         for entry in [*self.entries, *entries]:
             lines += ["[[node]]", 'host = "127.0.0.1"', *(f"{k} = {json.dumps(v)}" for k, v in entry.items()), ""]
         path = self.home / "inventory.toml"
@@ -98,9 +128,16 @@ class Fleet:
 
 
 def stackgate(*args: str, history: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1", "STACKGATE_HISTORY_DIR": str(history)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}",
+        "NO_COLOR": "1",
+        "STACKGATE_HISTORY_DIR": str(history),
+    }
     env.pop("STACKGATE_LOCK", None)
-    return subprocess.run([sys.executable, "-m", "stackgate", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "stackgate", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_a_fleet_gate_over_loopback_nodes(tmp_path):
@@ -117,7 +154,12 @@ def test_a_fleet_gate_over_loopback_nodes(tmp_path):
         fleet.node("slow", hang=True)
         inventory = fleet.inventory(
             {"name": "down", "port": free_port()},
-            {"name": "denied", "port": fleet.server("denied").port, "identity": str(fleet.stranger), "stackgate": "stackgate"},
+            {
+                "name": "denied",
+                "port": fleet.server("denied").port,
+                "identity": str(fleet.stranger),
+                "stackgate": "stackgate",
+            },
         )
         out = home / "report"
         done = stackgate(
@@ -126,7 +168,11 @@ def test_a_fleet_gate_over_loopback_nodes(tmp_path):
             history=home / "controller-runs",
         )  # fmt: skip
         gated = (fleet, done, json.loads(Path(f"{out}.json").read_text()), out)
-        for part in (the_fleet_verdict_and_each_node, the_groups_name_the_drifted_node_and_what_differs, the_outlier_is_named_with_both_numbers):
+        for part in (
+            the_fleet_verdict_and_each_node,
+            the_groups_name_the_drifted_node_and_what_differs,
+            the_outlier_is_named_with_both_numbers,
+        ):
             part(gated)
         every_report_format_says_the_same(gated)
         each_node_run_is_kept_in_the_controller_history_and_nothing_is_left(gated)
@@ -158,8 +204,12 @@ def the_groups_name_the_drifted_node_and_what_differs(gated) -> None:
     _, done, doc, _ = gated
     stacks = [g for g in doc["groups"] if g["digest"]]
     assert [(g["nodes"], g["majority"]) for g in stacks] == [(["a", "b", "c", "d"], True), (["drift"], False)]
-    assert stacks[1]["differences"] == {"drift": [{"section": "distributions", "name": "flashinfer-python", "majority": None, "node": "0.6.3"}]}
-    assert ["down", "denied", "slow"] == sorted(doc["groups"][-1]["nodes"], key=["down", "denied", "slow"].index) and doc["groups"][-1]["digest"] is None
+    assert stacks[1]["differences"] == {
+        "drift": [{"section": "distributions", "name": "flashinfer-python", "majority": None, "node": "0.6.3"}]
+    }
+    assert ["down", "denied", "slow"] == sorted(
+        doc["groups"][-1]["nodes"], key=["down", "denied", "slow"].index
+    ) and doc["groups"][-1]["digest"] is None
     assert f"stack {stacks[1]['short']} (differs): drift" in done.stdout
     assert "    distributions: flashinfer-python: (none) -> 0.6.3" in done.stdout
 
@@ -180,10 +230,17 @@ def every_report_format_says_the_same(gated) -> None:
     assert families["stackgate_fleet_node_majority_stack"].value(lock="fleetstack", node="drift") == 0
     assert families["stackgate_fleet_outlier"].value(lock="fleetstack", node="d", metric="decode_tok_s") == 1
     suites = {s.attrib["name"]: s for s in ET.parse(f"{out}.xml").getroot().findall("testsuite")}
-    assert suites["stackgate.fleet.a"].attrib["failures"] == "0" and suites["stackgate.fleet.down"].attrib["failures"] == "1"
+    assert (
+        suites["stackgate.fleet.a"].attrib["failures"] == "0"
+        and suites["stackgate.fleet.down"].attrib["failures"] == "1"
+    )
     assert suites["stackgate.fleet"].attrib["failures"] == "1"  # two stacks
     markdown = Path(f"{out}.md").read_text()
-    assert markdown.startswith("## ❌ stackgate fleet gate: FAILED\n") and "| drift | passed |" in markdown and "- d: decode " in markdown
+    assert (
+        markdown.startswith("## ❌ stackgate fleet gate: FAILED\n")
+        and "| drift | passed |" in markdown
+        and "- d: decode " in markdown
+    )
     page = Path(f"{out}.html").read_text()
     assert "<script" not in page and "drift" in page and doc["reason"].split(":")[0] in page
 
@@ -194,7 +251,9 @@ def each_node_run_is_kept_in_the_controller_history_and_nothing_is_left(gated) -
     assert sorted(k["fleet"]["node"] for k in kept) == ["a", "b", "c", "d", "drift"]
     assert {k["fleet"]["fleet_run_id"] for k in kept} == {doc["run_id"]}
     listing = stackgate("report", history=fleet.home / "controller-runs")
-    assert listing.returncode == 0 and len([line for line in listing.stdout.splitlines() if "-gate-" in line]) == 5, listing.stdout + listing.stderr
+    assert listing.returncode == 0 and len([line for line in listing.stdout.splitlines() if "-gate-" in line]) == 5, (
+        listing.stdout + listing.stderr
+    )
     for name in ("a", "b", "c", "d", "drift", "slow"):
         assert stand_in_pids(fleet.home / name / "events.jsonl") == []
     slow = [int(line.split()[0]) for line in fleet.started.read_text().splitlines() if line.split()[1:2] == ["gate"]]
@@ -210,9 +269,28 @@ def test_ctrl_c_stops_every_remote_run_and_still_writes_the_report(tmp_path):
         for name in ("a", "b"):
             fleet.node(name, load_s=120.0)
         inventory = fleet.inventory()
-        env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1", "STACKGATE_HISTORY_DIR": str(tmp_path / "controller-runs")}
-        argv = [sys.executable, "-m", "stackgate", "fleet", "gate", "--inventory", str(inventory), "--lock", str(fleet.spec), "--json", str(tmp_path / "fleet.json")]
-        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        env = {
+            **os.environ,
+            "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}",
+            "NO_COLOR": "1",
+            "STACKGATE_HISTORY_DIR": str(tmp_path / "controller-runs"),
+        }
+        argv = [
+            sys.executable,
+            "-m",
+            "stackgate",
+            "fleet",
+            "gate",
+            "--inventory",
+            str(inventory),
+            "--lock",
+            str(fleet.spec),
+            "--json",
+            str(tmp_path / "fleet.json"),
+        ]
+        process = subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
         try:
             events = [tmp_path / name / "events.jsonl" for name in ("a", "b")]
             wait_for(lambda: all(e.exists() and '"started"' in e.read_text() for e in events), 60)
@@ -239,11 +317,25 @@ def test_fleet_verify_runs_the_named_checks_on_every_node(tmp_path):
     try:
         for name in ("a", "b"):
             fleet.node(name)
-        done = stackgate("fleet", "verify", "--inventory", str(fleet.inventory()), "--lock", str(fleet.spec), "-c", "gpu.*", "--json", str(tmp_path / "v.json"), history=tmp_path / "runs")
+        done = stackgate(
+            "fleet",
+            "verify",
+            "--inventory",
+            str(fleet.inventory()),
+            "--lock",
+            str(fleet.spec),
+            "-c",
+            "gpu.*",
+            "--json",
+            str(tmp_path / "v.json"),
+            history=tmp_path / "runs",
+        )
         assert done.returncode == ExitCode.PASSED, done.stdout + done.stderr
         doc = json.loads((tmp_path / "v.json").read_text())
         assert doc["command"] == "fleet verify" and {n["status"] for n in doc["nodes"]} == {"passed"}
-        assert doc["reason"] == "2 node(s) passed" and all(n["counts"]["PASS"] >= 1 and n["counts"].get("FAIL", 0) == 0 for n in doc["nodes"])
+        assert doc["reason"] == "2 node(s) passed" and all(
+            n["counts"]["PASS"] >= 1 and n["counts"].get("FAIL", 0) == 0 for n in doc["nodes"]
+        )
         assert not list((tmp_path / "runs").glob("*.json"))  # verify runs are not kept, here as on one node
     finally:
         fleet.stop()
@@ -259,7 +351,9 @@ def test_fleet_verify_names_the_failed_checks_of_each_node(tmp_path):
         fleet.node("a")
         fleet.node("two")
         h200 = gpu("NVIDIA H200", (9, 0), memory=[141 * 2**30, 2**20])
-        (tmp_path / "two" / "nvml.json").write_text(json.dumps(machine([h200, gpu("NVIDIA H200", (9, 0), uuid="GPU-0001", memory=[141 * 2**30, 2**20])])))
+        (tmp_path / "two" / "nvml.json").write_text(
+            json.dumps(machine([h200, gpu("NVIDIA H200", (9, 0), uuid="GPU-0001", memory=[141 * 2**30, 2**20])]))
+        )
         out = tmp_path / "v"
         done = stackgate(
             "fleet", "verify", "--inventory", str(fleet.inventory()), "--lock", str(fleet.spec), "-c", "gpu.*", "--json", f"{out}.json", "--markdown", f"{out}.md",
@@ -269,7 +363,10 @@ def test_fleet_verify_names_the_failed_checks_of_each_node(tmp_path):
         two = nodes(json.loads(Path(f"{out}.json").read_text()))["two"]
         (count,) = [c for c in two["failed_checks"] if c["check"] == "gpu.count"]
         assert count["status"] == "FAIL" and "2" in count["summary"] and "gpu.count" in two["reason"]
-        assert f"two: {len(two['failed_checks'])} check(s) failed:" in done.stdout and f"  gpu.count FAIL: {count['summary']}" in done.stdout
+        assert (
+            f"two: {len(two['failed_checks'])} check(s) failed:" in done.stdout
+            and f"  gpu.count FAIL: {count['summary']}" in done.stdout
+        )
         assert f"  gpu.count FAIL: {count['summary']}" in Path(f"{out}.md").read_text()
     finally:
         fleet.stop()

@@ -21,9 +21,9 @@ from fleet_sim import SimNode, SimTransport, rollbacks
 from smoke_support import ROOT
 
 from stackgate.commands import fleet
-from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.fleet import InventoryError, parse_hosts, parse_inventory
+from stackgate.models.spec import SpecError
 from stackgate.render.ui import UI
 from stackgate.runs import fleet as aggregate
 
@@ -45,22 +45,43 @@ def statuses(doc: dict) -> dict[str, str]:
     ("text", "problem"),
     [
         ('[[node]]\nhost = "a"\nport = 70000\n', "node[0].port: port 70000 is not a port number (1-65535)"),
-        ('[[node]]\nhost = "-oProxyCommand=touch /tmp/x"\n', "node[0].host: '-oProxyCommand=touch /tmp/x' is not a host name or address"),
-        ('[[node]]\nhost = "a"\nstackgate = "stackgate; rm -rf /"\n', "node[0].stackgate: 'stackgate; rm -rf /' is not a program path"),
+        (
+            '[[node]]\nhost = "-oProxyCommand=touch /tmp/x"\n',
+            "node[0].host: '-oProxyCommand=touch /tmp/x' is not a host name or address",
+        ),
+        (
+            '[[node]]\nhost = "a"\nstackgate = "stackgate; rm -rf /"\n',
+            "node[0].stackgate: 'stackgate; rm -rf /' is not a program path",
+        ),
         ('[[node]]\nhost = "a"\nprot = 22\n', "node[0].prot: unknown key (did you mean 'port'?)"),
         ('[fleet]\ntimeout_s = -1\n[[node]]\nhost = "a"\n', "fleet.timeout_s: -1 is not a number of seconds above 0"),
         ('[[node]]\nhost = "a"\n[[node]]\nhost = "a"\n', "node: the node name 'a' is given twice"),
         ('[fleet]\nuser = "ops"\n', "node: no [[node]] table"),
         ("[[node]\n", "not valid TOML"),
         ('[[node]]\nhost = "a"\nname = "a b"\n', "node[0].name: 'a b' is not a node name"),
-        ('[[node]]\nhost = "127.0.0.1:65536"\n', "node[0].host: '127.0.0.1:65536' is not a host name or address (a colon makes it an IPv6"),
+        (
+            '[[node]]\nhost = "127.0.0.1:65536"\n',
+            "node[0].host: '127.0.0.1:65536' is not a host name or address (a colon makes it an IPv6",
+        ),
         ('[[node]]\nhost = ":"\n', "node[0].host: ':' is not a host name or address (a colon makes it an IPv6 address"),
-        ('[[node]]\nhost = "1:2:3:4:5:6:7:8:9:10"\n', "node[0].host: '1:2:3:4:5:6:7:8:9:10' is not a host name or address"),
+        (
+            '[[node]]\nhost = "1:2:3:4:5:6:7:8:9:10"\n',
+            "node[0].host: '1:2:3:4:5:6:7:8:9:10' is not a host name or address",
+        ),
         ('[[node]]\nhost = "[10.0.0.1]"\n', "node[0].host: '[10.0.0.1]' is not a host name or address"),
-        ('[[node]]\nhost = "10.0.0.256"\n', "node[0].host: '10.0.0.256' is not a host name or address (digits and dots make it an IPv4"),
+        (
+            '[[node]]\nhost = "10.0.0.256"\n',
+            "node[0].host: '10.0.0.256' is not a host name or address (digits and dots make it an IPv4",
+        ),
         ('[[node]]\nhost = "a..b"\n', "node[0].host: 'a..b' is not a host name or address (a host name is labels"),
-        ('[[node]]\nname = "a"\nhost = "10.0.0.1"\n[[node]]\nname = "b"\nhost = "10.0.0.1"\nport = 22\n', "node: 'b' has the address 10.0.0.1:22 of 'a' (the same node twice)"),
-        ('[[node]]\nname = "a"\nhost = "fe80::1"\n[[node]]\nname = "b"\nhost = "[FE80:0::1]"\n', "node: 'b' has the address FE80:0::1:22 of 'a' (the same node twice)"),
+        (
+            '[[node]]\nname = "a"\nhost = "10.0.0.1"\n[[node]]\nname = "b"\nhost = "10.0.0.1"\nport = 22\n',
+            "node: 'b' has the address 10.0.0.1:22 of 'a' (the same node twice)",
+        ),
+        (
+            '[[node]]\nname = "a"\nhost = "fe80::1"\n[[node]]\nname = "b"\nhost = "[FE80:0::1]"\n',
+            "node: 'b' has the address FE80:0::1:22 of 'a' (the same node twice)",
+        ),
     ],
 )
 def test_a_hostile_inventory_is_refused_naming_the_key(text, problem):
@@ -75,18 +96,30 @@ def test_host_forms_are_judged_as_text_never_looked_up(monkeypatch):
 
     monkeypatch.setattr(socket, "getaddrinfo", no_dns)
     monkeypatch.setattr(socket, "gethostbyname", no_dns)
-    for bad, why in (("1:2:3:4:5:6:7:8:9:10", "IPv6"), ("127.0.0.1:65536", "port"), (":", "no host"), ("a,b,A", "twice")):
+    for bad, why in (
+        ("1:2:3:4:5:6:7:8:9:10", "IPv6"),
+        ("127.0.0.1:65536", "port"),
+        (":", "no host"),
+        ("a,b,A", "twice"),
+    ):
         with pytest.raises(InventoryError) as caught:
             parse_hosts(bad)
         assert caught.value.args[0].startswith("--hosts: "), why
-    assert [n.address for n in parse_hosts("gpu-01.example,10.0.0.1:2222,[fe80::1]:22")] == ["gpu-01.example:22", "10.0.0.1:2222", "fe80::1:22"]
+    assert [n.address for n in parse_hosts("gpu-01.example,10.0.0.1:2222,[fe80::1]:22")] == [
+        "gpu-01.example:22",
+        "10.0.0.1:2222",
+        "fe80::1:22",
+    ]
 
 
 def test_more_nodes_than_the_cap_are_refused_before_any_is_dialled(tmp_path):
     sims: dict[str, SimNode] = {}
     many = ",".join(f"n{i}" for i in range(fleet.MAX_NODES + 1))
     request = fleet.FleetRequest(action="gate", hosts=many, lock_path=LOCK, json_path=tmp_path / "fleet.json")
-    with pytest.raises(fleet.FleetUsageError, match=rf"^fleet: {fleet.MAX_NODES + 1} nodes, more than {fleet.MAX_NODES} \(--max-nodes\): nothing was dialled"):
+    with pytest.raises(
+        fleet.FleetUsageError,
+        match=rf"^fleet: {fleet.MAX_NODES + 1} nodes, more than {fleet.MAX_NODES} \(--max-nodes\): nothing was dialled",
+    ):
         fleet.run(request, UI(stream=io.StringIO(), force_plain=True), SimTransport(sims))
     assert sims == {} and not (tmp_path / "fleet.json").exists()
     raised = dataclasses.replace(request, max_nodes=fleet.MAX_NODES + 1)
@@ -94,8 +127,14 @@ def test_more_nodes_than_the_cap_are_refused_before_any_is_dialled(tmp_path):
 
 
 def test_an_inventory_sets_defaults_and_each_node_overrides_them(tmp_path):
-    nodes = parse_inventory('[fleet]\nuser = "ops"\nport = 2222\nidentity = "keys/id"\n[[node]]\nhost = "10.0.0.1"\n[[node]]\nname = "g2"\nhost = "h2"\nport = 22\n', base=tmp_path)
-    assert [(n.name, n.address, n.identity) for n in nodes] == [("10.0.0.1", "ops@10.0.0.1:2222", tmp_path / "keys" / "id"), ("g2", "ops@h2:22", tmp_path / "keys" / "id")]
+    nodes = parse_inventory(
+        '[fleet]\nuser = "ops"\nport = 2222\nidentity = "keys/id"\n[[node]]\nhost = "10.0.0.1"\n[[node]]\nname = "g2"\nhost = "h2"\nport = 22\n',
+        base=tmp_path,
+    )
+    assert [(n.name, n.address, n.identity) for n in nodes] == [
+        ("10.0.0.1", "ops@10.0.0.1:2222", tmp_path / "keys" / "id"),
+        ("g2", "ops@h2:22", tmp_path / "keys" / "id"),
+    ]
     assert [n.address for n in parse_hosts("a,root@b:2200,[::1]:22")] == ["a:22", "root@b:2200", "::1:22"]
 
 
@@ -105,12 +144,19 @@ def test_a_bad_inventory_on_the_command_line_exits_2_before_connecting(tmp_path)
     bad = tmp_path / "fleet.toml"
     bad.write_text('[[node]]\nhost = "a"\nport = "x"\n')
     done = stackgate("fleet", "gate", "--inventory", str(bad), "--lock", str(LOCK), history=tmp_path / "runs")
-    assert done.returncode == ExitCode.USAGE and "node[0].port: port 'x' is not a port number" in done.stderr and "Traceback" not in done.stderr
+    assert (
+        done.returncode == ExitCode.USAGE
+        and "node[0].port: port 'x' is not a port number" in done.stderr
+        and "Traceback" not in done.stderr
+    )
     both = stackgate("fleet", "verify", "--hosts", "a", "--inventory", str(bad), history=tmp_path / "runs")
     assert both.returncode == ExitCode.USAGE and "one of them" in both.stderr
     unknown = stackgate("fleet", "deploy", "--hosts", "a", history=tmp_path / "runs")
     assert unknown.returncode == ExitCode.USAGE and "unknown action 'deploy'" in unknown.stderr
-    for flags, said in ((["--parallel", "x"], "--parallel 'x': not a whole number"), (["--timeout", "0"], "--timeout '0': must be a number of seconds above 0")):
+    for flags, said in (
+        (["--parallel", "x"], "--parallel 'x': not a whole number"),
+        (["--timeout", "0"], "--timeout '0': must be a number of seconds above 0"),
+    ):
         done = stackgate("fleet", "gate", "--hosts", "a", *flags, history=tmp_path / "runs")
         assert done.returncode == ExitCode.USAGE and said in done.stderr and "Traceback" not in done.stderr
 
@@ -132,9 +178,21 @@ def test_rolling_provision_stops_at_the_first_failed_batch_and_rolls_that_node_b
     sims["n4"] = SimNode(gate_exit=1)
     code, doc = run("provision", list(sims), sims, tmp_path, batch=2)
     assert code == ExitCode.FAILED
-    assert statuses(doc) == {"n1": "passed", "n2": "passed", "n3": "passed", "n4": "failed", "n5": "not run", "n6": "not run", "n7": "not run"}
+    assert statuses(doc) == {
+        "n1": "passed",
+        "n2": "passed",
+        "n3": "passed",
+        "n4": "failed",
+        "n5": "not run",
+        "n6": "not run",
+        "n7": "not run",
+    }
     steps = {n["name"]: n["steps"] for n in doc["nodes"]}
-    assert steps["n1"] == ["provisioned", "gated"] and steps["n4"] == ["provisioned", "gate failed", "rolled back"] and steps["n5"] == []
+    assert (
+        steps["n1"] == ["provisioned", "gated"]
+        and steps["n4"] == ["provisioned", "gate failed", "rolled back"]
+        and steps["n5"] == []
+    )
     assert [rollbacks(sims[n]) for n in sims] == [0, 0, 0, 1, 0, 0, 0]
     assert not sims["n5"].calls  # never touched
     assert "an earlier batch failed (n4)" in {n["name"]: n for n in doc["nodes"]}["n6"]["reason"]
@@ -152,8 +210,12 @@ def test_groups_and_outliers_across_simulated_nodes(tmp_path):
     sims["n5"] = SimNode(rate=61.0)
     sims["n2"] = SimNode(distributions={"torch": "2.10.0", "sglang": "0.5.9", "flashinfer-python": "0.6.4"})
     code, doc = run("gate", list(sims), sims, tmp_path)
-    assert code == ExitCode.FAILED and doc["reason"].startswith("the nodes run 2 different stacks: n2 differ from the majority ")
-    assert doc["groups"][1]["differences"] == {"n2": [{"section": "distributions", "name": "torch", "majority": "2.9.1+cu130", "node": "2.10.0"}]}
+    assert code == ExitCode.FAILED and doc["reason"].startswith(
+        "the nodes run 2 different stacks: n2 differ from the majority "
+    )
+    assert doc["groups"][1]["differences"] == {
+        "n2": [{"section": "distributions", "name": "torch", "majority": "2.9.1+cu130", "node": "2.10.0"}]
+    }
     assert [(o["node"], o["metric"]) for o in doc["outliers"]] == [("n5", "decode_tok_s")]
 
 
@@ -167,28 +229,49 @@ def test_lock_is_loaded_before_any_node_is_touched(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[stack]\nname = 1\n")
     sims: dict[str, SimNode] = {}
-    with pytest.raises(lockmodel.LockError):
-        fleet.run(fleet.FleetRequest(action="gate", hosts="a", lock_path=bad), UI(stream=io.StringIO(), force_plain=True), SimTransport(sims))
+    with pytest.raises(SpecError):
+        fleet.run(
+            fleet.FleetRequest(action="gate", hosts="a", lock_path=bad),
+            UI(stream=io.StringIO(), force_plain=True),
+            SimTransport(sims),
+        )
     assert sims == {}
 
 
 def test_a_hostile_node_report_fails_that_node_with_the_reason_and_prints_nothing_raw(tmp_path):
-    evil = json.dumps({"schema": "stackgate.report/1", "verdict": "passed", "exit_code": 0, "results": [], "reason": "ok\x1b]0;pwned\x07\x1b[2J"})
+    evil = json.dumps(
+        {
+            "schema": "stackgate.report/1",
+            "verdict": "passed",
+            "exit_code": 0,
+            "results": [],
+            "reason": "ok\x1b]0;pwned\x07\x1b[2J",
+        }
+    )
     sims = {
         "notjson": SimNode(raw_report="{not json"),
         "foreign": SimNode(raw_report=json.dumps({"schema": "other/1"})),
-        "damaged": SimNode(raw_report=json.dumps({"schema": "stackgate.report/1", "verdict": 1, "exit_code": "0", "results": {}})),
+        "damaged": SimNode(
+            raw_report=json.dumps({"schema": "stackgate.report/1", "verdict": 1, "exit_code": "0", "results": {}})
+        ),
         "escapes": SimNode(raw_report=evil),
     }
     stream = io.StringIO()
     out = tmp_path / "fleet.json"
-    code = fleet.run(fleet.FleetRequest(action="gate", hosts=",".join(sims), lock_path=LOCK, json_path=out), UI(stream=stream, force_plain=True), SimTransport(sims))
+    code = fleet.run(
+        fleet.FleetRequest(action="gate", hosts=",".join(sims), lock_path=LOCK, json_path=out),
+        UI(stream=stream, force_plain=True),
+        SimTransport(sims),
+    )
     doc = json.loads(out.read_text())
     by = {n["name"]: n for n in doc["nodes"]}
     assert code == ExitCode.FAILED
     assert by["notjson"]["reason"].startswith("the node's report is not JSON (")
     assert by["foreign"]["reason"] == "the node's report is not a stackgate.report/1 document"
-    assert by["damaged"]["reason"] == "the node's report is damaged: verdict, exit_code, results missing or of the wrong type"
+    assert (
+        by["damaged"]["reason"]
+        == "the node's report is damaged: verdict, exit_code, results missing or of the wrong type"
+    )
     assert by["escapes"]["status"] == "passed" and by["escapes"]["reason"] == "ok?]0;pwned??[2J"
     assert "\x1b" not in stream.getvalue() and "\\u001b" not in out.read_text()
 
@@ -207,11 +290,16 @@ def _verify_fleet(tmp_path: Path) -> tuple[dict[str, dict], str, str]:
     long = "python.pins: " + "torch is 2.10.0, locked ==2.9.1+cu130; " * 8
     sims = {
         "ok": SimNode(),
-        "wordy": SimNode(gate_exit=1, raw_report=_verify_report({"gpu.count": "2 GPU(s) visible, the lock wants 1", "python.pins": long})),
+        "wordy": SimNode(
+            gate_exit=1,
+            raw_report=_verify_report({"gpu.count": "2 GPU(s) visible, the lock wants 1", "python.pins": long}),
+        ),
         "terse": SimNode(gate_exit=1, raw_report=_verify_report({"gpu.ecc": "GPU 0: 3 uncorrectable ECC errors"})),
     }
     stream, out, md, page = io.StringIO(), tmp_path / "fleet.json", tmp_path / "fleet.md", tmp_path / "fleet.html"
-    request = fleet.FleetRequest(action="verify", hosts="ok,wordy,terse", lock_path=LOCK, json_path=out, markdown_path=md)
+    request = fleet.FleetRequest(
+        action="verify", hosts="ok,wordy,terse", lock_path=LOCK, json_path=out, markdown_path=md
+    )
     request = dataclasses.replace(request, html_path=page)
     assert fleet.run(request, UI(stream=stream, force_plain=True), SimTransport(sims)) == ExitCode.FAILED
     html = page.read_text()
@@ -221,11 +309,18 @@ def _verify_fleet(tmp_path: Path) -> tuple[dict[str, dict], str, str]:
 
 def test_fleet_verify_names_each_nodes_failed_checks_with_their_reasons(tmp_path):
     by, console, markdown = _verify_fleet(tmp_path)
-    assert by["terse"]["failed_checks"] == [{"check": "gpu.ecc", "status": "FAIL", "summary": "GPU 0: 3 uncorrectable ECC errors"}]
-    assert [c["check"] for c in by["wordy"]["failed_checks"]] == ["gpu.count", "python.pins"] and by["ok"]["failed_checks"] == []
+    assert by["terse"]["failed_checks"] == [
+        {"check": "gpu.ecc", "status": "FAIL", "summary": "GPU 0: 3 uncorrectable ECC errors"}
+    ]
+    assert [c["check"] for c in by["wordy"]["failed_checks"]] == ["gpu.count", "python.pins"] and by["ok"][
+        "failed_checks"
+    ] == []
     assert by["wordy"]["reason"] == "verify exit 1: 2 check(s) failed (gpu.count, python.pins)"
     assert "terse: 1 check(s) failed:\n  gpu.ecc FAIL: GPU 0: 3 uncorrectable ECC errors\n" in console
-    assert "wordy: 2 check(s) failed:\n  gpu.count FAIL: 2 GPU(s) visible, the lock wants 1\n  python.pins FAIL: python.pins: torch is 2.10.0" in console
+    assert (
+        "wordy: 2 check(s) failed:\n  gpu.count FAIL: 2 GPU(s) visible, the lock wants 1\n  python.pins FAIL: python.pins: torch is 2.10.0"
+        in console
+    )
     assert "### Failed checks" in markdown and "  gpu.ecc FAIL: GPU 0: 3 uncorrectable ECC errors" in markdown
 
 
@@ -233,7 +328,11 @@ def test_the_fleet_consoles_reason_column_is_left_aligned_and_unpadded(tmp_path)
     by, console, _ = _verify_fleet(tmp_path)
     lines = console.splitlines()
     column = next(line for line in lines if line.startswith("node ")).index("reason")
-    rows = {line.split()[0]: line for line in lines if line.split()[:1] in (["ok"], ["wordy"], ["terse"]) and "check(s) failed:" not in line}
+    rows = {
+        line.split()[0]: line
+        for line in lines
+        if line.split()[:1] in (["ok"], ["wordy"], ["terse"]) and "check(s) failed:" not in line
+    }
     assert rows["terse"][column:] == by["terse"]["reason"] and rows["wordy"][column:] == by["wordy"]["reason"], rows
     assert len(rows["ok"]) <= column and all(row == row.rstrip() for row in rows.values())
 
@@ -299,7 +398,9 @@ def test_an_ssh_log_that_cannot_be_written_is_dropped_not_printed(tmp_path):
         _, err = process.communicate(timeout=120)
     finally:
         bogus.close()
-    assert "Traceback" not in err and "the SSH handshake failed (IndexError" in err and "the SSH layer's log:" not in err, err
+    assert (
+        "Traceback" not in err and "the SSH handshake failed (IndexError" in err and "the SSH layer's log:" not in err
+    ), err
 
 
 def test_ctrl_c_while_nodes_connect_cancels_the_connects_at_once(tmp_path):

@@ -24,9 +24,9 @@ from stackgate.commands import gate
 from stackgate.edges import runner
 from stackgate.facts import Distribution, Facts, Missing, ProbeFacts
 from stackgate.facts.compare import environment_spec
-from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.result import Result, Status, failed, passed, skipped, warned
+from stackgate.models.spec import Spec, load_spec
 from stackgate.render import summaries
 from stackgate.render.ui import UI
 from stackgate.stack import generations
@@ -41,7 +41,9 @@ BENCH = {"output_tokens": 200, "runs": 2, "warmup": 1, "baseline_tok_s": 190.0, 
 def invoke(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     environ = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1", **(env or {})}
     environ.pop("STACKGATE_LOCK", None)
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "invoke", *args], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def statuses(doc: dict) -> dict[str, str]:
@@ -93,7 +95,13 @@ def test_a_failed_stage_stops_the_stages_that_stand_on_it_with_the_reason():
         gate.Stage("d", "d", ("b", "c"), fixed(passed("d ok"))),
         gate.Stage("e", "e", ("d",), fixed(passed("e ok"))),
     )
-    assert [(s.name, s.status) for s in done.stages] == [("a", "passed"), ("b", "failed"), ("c", "passed"), ("d", "not run"), ("e", "not run")]
+    assert [(s.name, s.status) for s in done.stages] == [
+        ("a", "passed"),
+        ("b", "failed"),
+        ("c", "passed"),
+        ("d", "not run"),
+        ("e", "not run"),
+    ]
     assert done.stage("b").reason == "1 check(s) failed: t.b: b broke"
     (d,) = done.stage("d").results
     assert d.check == "gate.d" and d.status == Status.SKIP
@@ -105,7 +113,20 @@ def test_a_failed_stage_stops_the_stages_that_stand_on_it_with_the_reason():
 def test_verify_runs_even_when_the_environment_drifted_but_nothing_launches():
     ran = []
     stages = [
-        gate.Stage(s.name, s.title, s.needs, (lambda name: lambda ctx: ran.append(name) or [Result(f"t.{name}", Status.FAIL if name == "environment" else Status.PASS, name)])(s.name), s.left_out)
+        gate.Stage(
+            s.name,
+            s.title,
+            s.needs,
+            (
+                lambda name: (
+                    lambda ctx: (
+                        ran.append(name)
+                        or [Result(f"t.{name}", Status.FAIL if name == "environment" else Status.PASS, name)]
+                    )
+                )
+            )(s.name),
+            s.left_out,
+        )
         for s in gate.STAGES
     ]
     done = run_stages(*stages)
@@ -122,7 +143,9 @@ def test_fast_only_leaves_the_benchmark_out_and_still_passes():
 
 
 def test_a_gate_where_everything_was_skipped_is_not_a_pass():
-    done = run_stages(gate.Stage("a", "a", (), fixed(skipped("a skipped"))), gate.Stage("b", "b", (), fixed(skipped("b skipped"))))
+    done = run_stages(
+        gate.Stage("a", "a", (), fixed(skipped("a skipped"))), gate.Stage("b", "b", (), fixed(skipped("b skipped")))
+    )
     assert done.exit_code == ExitCode.FAILED
     assert done.verdict.reason == "nothing was checked: every check was skipped"
     assert done.stage("a").status == "failed"
@@ -139,7 +162,11 @@ def test_an_interrupted_stage_keeps_what_it_learned_and_stops_the_rest():
     def interrupted(ctx):
         raise gate.StageInterrupted([Result("t.half", Status.PASS, "half way")])
 
-    done = run_stages(gate.Stage("a", "a", (), fixed(passed("a ok"))), gate.Stage("b", "b", ("a",), interrupted), gate.Stage("c", "c", (), fixed(passed("c ok"))))
+    done = run_stages(
+        gate.Stage("a", "a", (), fixed(passed("a ok"))),
+        gate.Stage("b", "b", ("a",), interrupted),
+        gate.Stage("c", "c", (), fixed(passed("c ok"))),
+    )
     assert done.interrupted and done.exit_code == ExitCode.INTERRUPTED
     assert [s.status for s in done.stages] == ["passed", "interrupted", "not run"]
     assert [r.check for r in done.stage("b").results] == ["t.half", "gate.b"]
@@ -155,19 +182,41 @@ def test_the_default_lock_on_this_machine_fails_lists_verify_failures_and_writes
     model.mkdir()
     (model / "config.json").write_text("{}")
     out = {kind: tmp_path / f"gate.{kind}" for kind in ("json", "xml", "md", "prom")}
-    done = invoke("gate", "--model", str(model), "--json", str(out["json"]), "--junit", str(out["xml"]), "--markdown", str(out["md"]), "--prom", str(out["prom"]))
+    done = invoke(
+        "gate",
+        "--model",
+        str(model),
+        "--json",
+        str(out["json"]),
+        "--junit",
+        str(out["xml"]),
+        "--markdown",
+        str(out["md"]),
+        "--prom",
+        str(out["prom"]),
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "FAIL  gpu.driver" in done.stdout  # verify's failures are listed, with their fixes
     assert "$ nvidia-smi" in done.stdout
     doc = json.loads(out["json"].read_text())
-    assert statuses(doc) == {"lock": "passed", "environment": "failed", "verify": "failed", "fast_smoke": "not run", "benchmark": "not run"}
+    assert statuses(doc) == {
+        "lock": "passed",
+        "environment": "failed",
+        "verify": "failed",
+        "fast_smoke": "not run",
+        "benchmark": "not run",
+    }
     (not_run,) = stage(doc, "fast_smoke")["results"]
     assert not_run["check"] == "gate.fast_smoke" and not_run["status"] == "SKIP"
     assert not_run["summary"] == "not run: environment failed; verify failed"
-    assert not_run["details"] == ["environment failed", "verify failed"] and "gpu.driver" in stage(doc, "verify")["reason"]
+    assert (
+        not_run["details"] == ["environment failed", "verify failed"] and "gpu.driver" in stage(doc, "verify")["reason"]
+    )
     assert "fast_smoke   not run      0.0  environment failed; verify failed" in done.stdout
     assert doc["gate"]["schema"] == "stackgate.gate/1" and doc["schema"] == "stackgate.report/1"
-    assert doc["gate"]["benchmark"] is None and doc["gate"]["fingerprint"]["components"]["gpu"] == {"unavailable": "NVML not usable: NVML Shared Library Not Found"}
+    assert doc["gate"]["benchmark"] is None and doc["gate"]["fingerprint"]["components"]["gpu"] == {
+        "unavailable": "NVML not usable: NVML Shared Library Not Found"
+    }
     failing = [r for r in doc["results"] if r["status"] in ("FAIL", "ERROR")]
 
     suites = ET.parse(out["xml"]).getroot().findall("testsuite")
@@ -201,16 +250,25 @@ def test_a_gate_without_a_model_exits_2_and_the_reports_say_so(tmp_path, _runs_d
     report, prom = tmp_path / "gate.json", tmp_path / "gate.prom"
     done = invoke("gate", "--json", str(report), "--prom", str(prom))
     assert done.returncode == 2
-    assert "stackgate: no model to launch: set [smoke] model in" in done.stderr and "or pass --model PATH" in done.stderr
+    assert (
+        "stackgate: no model to launch: set [smoke] model in" in done.stderr and "or pass --model PATH" in done.stderr
+    )
     doc = json.loads(report.read_text())
     assert doc["exit_code"] == 2 and statuses(doc) == {"lock": "failed", **{name: "not run" for name in STAGES[1:]}}
     assert doc["gate"]["usage_error"].startswith("no model to launch")
     assert exposition.parse(prom.read_text())["stackgate_gate_exit_code"].samples[0][1] == 2
     assert kept(_runs_dir) == []  # nothing about the stack was judged
     # The stage table tells the reason once, in the lock's row; the stages after it say "lock failed".
-    rows = {line.split()[0]: line for line in done.stdout.splitlines() if line.split()[:1] and line.split()[0] in STAGES}
+    rows = {
+        line.split()[0]: line for line in done.stdout.splitlines() if line.split()[:1] and line.split()[0] in STAGES
+    }
     assert [name for name, row in rows.items() if "no model to launch" in row] == ["lock"]
-    assert [rows[name].split(None, 4)[4] for name in STAGES[1:]] == ["lock failed", "lock failed", "lock failed", "fast_smoke not run: lock failed"]
+    assert [rows[name].split(None, 4)[4] for name in STAGES[1:]] == [
+        "lock failed",
+        "lock failed",
+        "lock failed",
+        "fast_smoke not run: lock failed",
+    ]
 
 
 @pytest.mark.parametrize("problem", ["missing", "a-file", "no-config"])
@@ -223,7 +281,11 @@ def test_a_model_that_cannot_be_read_fails_the_lock_stage_and_runs_nothing(tmp_p
     report = tmp_path / "gate.json"
     done = invoke("gate", "--model", str(model), "--json", str(report))
     assert done.returncode == 2, done.stdout + done.stderr
-    why = {"missing": "no such file or directory", "a-file": "is not a directory", "no-config": "has no config.json (not a Hugging Face model directory)"}[problem]
+    why = {
+        "missing": "no such file or directory",
+        "a-file": "is not a directory",
+        "no-config": "has no config.json (not a Hugging Face model directory)",
+    }[problem]
     assert f"stackgate: model {model}: {why}" in done.stderr
     doc = json.loads(report.read_text())
     assert statuses(doc) == {"lock": "failed", **{name: "not run" for name in STAGES[1:]}}
@@ -234,14 +296,18 @@ def test_a_model_that_cannot_be_read_fails_the_lock_stage_and_runs_nothing(tmp_p
 
 def test_a_bad_lockfile_exits_2_lists_its_problems_in_the_reports_and_runs_nothing(tmp_path, _runs_dir):
     bad = tmp_path / "bad.toml"
-    bad.write_text((ROOT / "lockfiles" / "hopper-sm90-cu130.toml").read_text().replace('torch = "==2.11.0"', 'torch = "=2.11.0"'))
+    bad.write_text(
+        (ROOT / "lockfiles" / "hopper-sm90-cu130.toml").read_text().replace('torch = "==2.11.0"', 'torch = "=2.11.0"')
+    )
     report, xml = tmp_path / "gate.json", tmp_path / "gate.xml"
     done = invoke("gate", "--lock", str(bad), "--json", str(report), "--junit", str(xml))
     assert done.returncode == 2
     assert f"{bad}: 1 problem in the lockfile:" in done.stderr and "Traceback" not in done.stderr
     doc = json.loads(report.read_text())
     (load,) = stage(doc, "lock")["results"]
-    assert load["status"] == "FAIL" and load["details"] == ["python.packages.torch: invalid specifier '=2.11.0' (expected e.g. '==2.9.1+cu130')"]
+    assert load["status"] == "FAIL" and load["details"] == [
+        "python.packages.torch: invalid specifier '=2.11.0' (expected e.g. '==2.9.1+cu130')"
+    ]
     assert doc["lock"] == {"name": None, "path": str(bad), "sha256": None}
     assert ET.parse(xml).getroot().find("testsuite[@name='stackgate.gate.lock']/testcase/failure") is not None
     assert kept(_runs_dir) == []
@@ -275,7 +341,9 @@ def test_ctrl_c_ends_the_gate_at_once_starts_nothing_more_and_leaves_no_process(
     prefix = tmp_path / "cuda"
     for tool in ("nvcc", "ptxas"):
         hanging(prefix / "bin" / tool, tool, started)
-    text = (ROOT / "lockfiles" / "hopper-sm90-cu130.toml").read_text().replace("/opt/torch/.venv/bin/python3", str(python))
+    text = (
+        (ROOT / "lockfiles" / "hopper-sm90-cu130.toml").read_text().replace("/opt/torch/.venv/bin/python3", str(python))
+    )
     lock = tmp_path / "hang.toml"
     lock.write_text(text.replace('prefix = "/usr/local/cuda-13.0"', f'prefix = "{prefix}"'))
     model = tmp_path / "model"
@@ -284,9 +352,21 @@ def test_ctrl_c_ends_the_gate_at_once_starts_nothing_more_and_leaves_no_process(
     report = tmp_path / "gate.json"
     environ = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1"}
     argv = [sys.executable, "-m", "invoke", "gate", "--lock", str(lock), "--model", str(model), "--json", str(report)]
-    process = subprocess.Popen(argv, cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        argv, cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
-        wait_for(lambda: started.exists() and {"python", "tool"} <= {line.split()[0].replace("nvcc", "tool").replace("ptxas", "tool") for line in started.read_text().splitlines()}, 60)
+        wait_for(
+            lambda: (
+                started.exists()
+                and {"python", "tool"}
+                <= {
+                    line.split()[0].replace("nvcc", "tool").replace("ptxas", "tool")
+                    for line in started.read_text().splitlines()
+                }
+            ),
+            60,
+        )
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=30)
     finally:
@@ -294,7 +374,9 @@ def test_ctrl_c_ends_the_gate_at_once_starts_nothing_more_and_leaves_no_process(
     assert process.returncode == 130 and "stackgate: interrupted" in err
     doc = json.loads(report.read_text())
     assert doc["gate"]["interrupted"] is True and doc["exit_code"] == 130
-    assert statuses(doc)["environment"] == "interrupted" and stage(doc, "verify")["reason"] == "the gate was interrupted"
+    assert (
+        statuses(doc)["environment"] == "interrupted" and stage(doc, "verify")["reason"] == "the gate was interrupted"
+    )
     assert [d["run_id"] for d in kept(_runs_dir)] == [doc["run_id"]]
     ran = [line.split() for line in started.read_text().splitlines()]
     assert len([name for name, _ in ran if name in ("nvcc", "ptxas")]) == 1
@@ -324,13 +406,23 @@ def gate_lock(rig: Rig, python: Path, backend: str = "flashinfer") -> Path:
 
 
 def run_gate(lock: Path, out: Path, **request: object) -> tuple[int, dict, str]:
-    reports = {"json_path": out.with_suffix(".json"), "junit_path": out.with_suffix(".xml"), "markdown_path": out.with_suffix(".md"), "prom_path": out.with_suffix(".prom")}
+    reports = {
+        "json_path": out.with_suffix(".json"),
+        "junit_path": out.with_suffix(".xml"),
+        "markdown_path": out.with_suffix(".md"),
+        "prom_path": out.with_suffix(".prom"),
+    }
     stream = io.StringIO()
-    code = gate.run(gate.GateRequest(lock_path=lock, verify_checks=VERIFIABLE, **reports, **request), UI(stream=stream, force_plain=True))
+    code = gate.run(
+        gate.GateRequest(lock_path=lock, verify_checks=VERIFIABLE, **reports, **request),
+        UI(stream=stream, force_plain=True),
+    )
     return code, json.loads(reports["json_path"].read_text()), stream.getvalue()
 
 
-def test_a_gate_against_the_standin_passes_then_regresses_and_report_names_the_change(standin, plain_python, tmp_path, _runs_dir):
+def test_a_gate_against_the_standin_passes_then_regresses_and_report_names_the_change(
+    standin, plain_python, tmp_path, _runs_dir
+):
     rig = standin
     # The stand-in decodes 200 tok/s per stream, 150 with the triton backend (as the
     # reference deployment saw triton cost speed); the lock's floor is 190 * 0.95 = 180.5.
@@ -338,13 +430,26 @@ def test_a_gate_against_the_standin_passes_then_regresses_and_report_names_the_c
     code, good, out = run_gate(gate_lock(rig, plain_python), tmp_path / "good")
     assert code == ExitCode.PASSED, out
     assert statuses(good) == dict.fromkeys(STAGES, "passed")
-    assert good["gate"]["benchmark"]["decode_tok_s"]["mean"] == pytest.approx(200.0, rel=0.05)  # the stand-in paces by its sleeps; its accuracy is measured in benchmarks/client_accuracy.py
+    assert good["gate"]["benchmark"]["decode_tok_s"]["mean"] == pytest.approx(
+        200.0, rel=0.05
+    )  # the stand-in paces by its sleeps; its accuracy is measured in benchmarks/client_accuracy.py
     assert good["gate"]["benchmark"]["status"] == "PASS" and good["gate"]["benchmark"]["floor_tok_s"] == 180.5
     components = good["gate"]["fingerprint"]["components"]
-    assert components["server"]["attention_backend"] == "flashinfer" and components["gpu"]["gpu0"] == "NVIDIA H200, compute capability 9.0"
-    assert "load_format" not in components["server"] and "port" not in components["server"] and "random_seed" not in components["server"]
+    assert (
+        components["server"]["attention_backend"] == "flashinfer"
+        and components["gpu"]["gpu0"] == "NVIDIA H200, compute capability 9.0"
+    )
+    assert (
+        "load_format" not in components["server"]
+        and "port" not in components["server"]
+        and "random_seed" not in components["server"]
+    )
     assert f"fingerprint {good['gate']['fingerprint']['short']}" in out
-    assert re.search(r"^decode \d+\.\d\d tok/s vs baseline 190 \([-+]\d+\.\d%, floor 180\.50\): PASS; end-to-end \d+\.\d\d tok/s$", out, re.M)
+    assert re.search(
+        r"^decode \d+\.\d\d tok/s vs baseline 190 \([-+]\d+\.\d%, floor 180\.50\): PASS; end-to-end \d+\.\d\d tok/s$",
+        out,
+        re.M,
+    )
 
     families = exposition.parse((tmp_path / "good.prom").read_text())
     assert families["stackgate_gate_passed"].value(lock="standin") == 1
@@ -355,7 +460,11 @@ def test_a_gate_against_the_standin_passes_then_regresses_and_report_names_the_c
     suites = ET.parse(tmp_path / "good.xml").getroot().findall("testsuite")
     assert [s.attrib["failures"] for s in suites] == ["0"] * 5 and int(suites[-1].attrib["tests"]) > 5
     markdown = (tmp_path / "good.md").read_text()
-    assert markdown.startswith("## ✅ stackgate gate: PASSED\n") and "| 2 | 200 |" in markdown and "vs baseline 190" in markdown
+    assert (
+        markdown.startswith("## ✅ stackgate gate: PASSED\n")
+        and "| 2 | 200 |" in markdown
+        and "vs baseline 190" in markdown
+    )
 
     code, again, _ = run_gate(gate_lock(rig, plain_python), tmp_path / "again")
     assert code == ExitCode.PASSED
@@ -363,25 +472,41 @@ def test_a_gate_against_the_standin_passes_then_regresses_and_report_names_the_c
 
     code, fast, _ = run_gate(gate_lock(rig, plain_python), tmp_path / "fast", fast_only=True)
     assert code == ExitCode.PASSED and statuses(fast)["benchmark"] == "not run"
-    assert fast["gate"]["fingerprint"]["digest"] == good["gate"]["fingerprint"]["digest"]  # fast mode's own arguments are left out
+    assert (
+        fast["gate"]["fingerprint"]["digest"] == good["gate"]["fingerprint"]["digest"]
+    )  # fast mode's own arguments are left out
 
     code, slow, out = run_gate(gate_lock(rig, plain_python, backend="triton"), tmp_path / "slow")
     assert code == ExitCode.FAILED
     assert statuses(slow) == {**dict.fromkeys(STAGES, "passed"), "benchmark": "failed"}
     assert "below the baseline 190 tok/s (allowed: 5.0%, floor 180.50)" in stage(slow, "benchmark")["reason"]
     assert slow["gate"]["fingerprint"]["digest"] != good["gate"]["fingerprint"]["digest"]
-    assert exposition.parse((tmp_path / "slow.prom").read_text())["stackgate_gate_stage_status"].value(stage="benchmark", status="failed") == 1
+    assert (
+        exposition.parse((tmp_path / "slow.prom").read_text())["stackgate_gate_stage_status"].value(
+            stage="benchmark", status="failed"
+        )
+        == 1
+    )
     assert_nothing_left(rig)
 
     listing = invoke("report", env={"PYTHONIOENCODING": "utf-8"})
     assert listing.returncode == 0, listing.stderr
-    assert [line.split()[3] for line in listing.stdout.splitlines() if "-gate-" in line] == ["passed", "passed", "passed", "failed"]
+    assert [line.split()[3] for line in listing.stdout.splitlines() if "-gate-" in line] == [
+        "passed",
+        "passed",
+        "passed",
+        "failed",
+    ]
     assert "trend standin (decode tok/s, last 4 run(s)): ██ ▁" in listing.stdout
 
     diff = invoke("report", "--", good["run_id"], slow["run_id"])
     assert diff.returncode == 0, diff.stderr
     lines = diff.stdout.splitlines()
-    (speed,) = [re.match(r"decode tok/s: ([\d.]+) -> ([\d.]+): -[\d.]+ tok/s \((-[\d.]+)%; 95% CI ", line) for line in lines if line.startswith("decode tok/s")]
+    (speed,) = [
+        re.match(r"decode tok/s: ([\d.]+) -> ([\d.]+): -[\d.]+ tok/s \((-[\d.]+)%; 95% CI ", line)
+        for line in lines
+        if line.startswith("decode tok/s")
+    ]
     assert speed is not None, diff.stdout
     assert [float(speed[1]), float(speed[2]), float(speed[3])] == pytest.approx([200.0, 150.0, -25.0], rel=0.05)
     assert "    attention_backend: flashinfer -> triton" in lines
@@ -408,6 +533,7 @@ def test_a_gate_interrupted_in_its_benchmark_says_so_under_the_table(standin, pl
 
 def _interrupt_the_benchmark_stage(rig: Rig) -> None:
     """Ctrl-C once the second launch (the benchmark stage's) streams."""
+
     def streaming() -> bool:
         starts = [e["t"] for e in rig.events("started")]
         return len(starts) == 2 and any(e["t"] > starts[1] for e in rig.events("stream"))
@@ -419,33 +545,42 @@ def _interrupt_the_benchmark_stage(rig: Rig) -> None:
 # --- the environment stage against a root's generations ----------------------------------------
 
 
-def root_lock(tmp_path: Path, **replace: str) -> lockmodel.Lock:
-    text = (ROOT / "lockfiles" / "blackwell-sm120-cu130.toml").read_text().replace('root = "/opt/stackgate"', f'root = "{tmp_path / "root"}"')
+def root_lock(tmp_path: Path, **replace: str) -> Spec:
+    text = (
+        (ROOT / "lockfiles" / "blackwell-sm120-cu130.toml")
+        .read_text()
+        .replace('root = "/opt/stackgate"', f'root = "{tmp_path / "root"}"')
+    )
     for old, new in replace.items():
         text = text.replace(old, new)
     path = tmp_path / "lock.toml"
     path.write_text(text)
-    return lockmodel.load(path)
+    return load_spec(path)
 
 
-def provisioned(lock: lockmodel.Lock, spec: dict | None = None, sha256: str | None = None) -> None:
+def provisioned(lock: Spec, spec: dict | None = None, sha256: str | None = None) -> None:
     """A root whose current generation was built from ``spec`` (default: this lock's)."""
     home = generations.generations_dir(lock.python.root) / "0001-built"
     about = {"spec": spec or environment_spec(lock), "lock": {"path": str(lock.path), "sha256": sha256 or lock.sha256}}
     generations.switch(lock.python.root, generations.mark(generations.create(home, about), "ready"))
 
 
-def environment_check(name: str, lock: lockmodel.Lock, facts: Facts | None = None) -> Result:
+def environment_check(name: str, lock: Spec, facts: Facts | None = None) -> Result:
     """One of the environment stage's checks, run by name through the registry as the gate runs it."""
     (result,) = run_checks(select([name], REGISTRY), lock, facts or Facts(lock, environ={}))
     assert result.check == name
     return result
 
 
-def installed(lock: lockmodel.Lock, **changes: str) -> Facts:
-    found = {p.name: Distribution(p.name, changes.get(p.name, p.pinned_version or "0"), (), "/site-packages") for p in lock.python.packages}
+def installed(lock: Spec, **changes: str) -> Facts:
+    found = {
+        p.name: Distribution(p.name, changes.get(p.name, p.pinned_version or "0"), (), "/site-packages")
+        for p in lock.python.packages
+    }
     facts = Facts(lock, environ={})
-    facts.provide("dists", ProbeFacts("/root/current/bin/python", "3.12.3", {"python_version": "3.12"}, found, None, 0.0))
+    facts.provide(
+        "dists", ProbeFacts("/root/current/bin/python", "3.12.3", {"python_version": "3.12"}, found, None, 0.0)
+    )
     facts.provide("patches", ())
     return facts
 
@@ -454,8 +589,14 @@ def test_the_live_generation_built_from_this_lock_passes(tmp_path):
     lock = root_lock(tmp_path)
     provisioned(lock, sha256="b" * 64)
     result = environment_check("environment.generation", lock)
-    assert result.status == Status.PASS and result.summary == f"{tmp_path / 'root' / 'current'} -> generation 0001-built, built from this lock's Python stack"
-    assert result.details == ("built from another version of the lockfile (sha256 bbbbbbbbbbbb) with the same Python stack",)
+    assert (
+        result.status == Status.PASS
+        and result.summary
+        == f"{tmp_path / 'root' / 'current'} -> generation 0001-built, built from this lock's Python stack"
+    )
+    assert result.details == (
+        "built from another version of the lockfile (sha256 bbbbbbbbbbbb) with the same Python stack",
+    )
     assert environment_check("environment.drift", lock, installed(lock)).status == Status.PASS
 
 
@@ -465,13 +606,19 @@ def test_a_lock_whose_stack_changed_since_the_generation_was_built_fails_naming_
     changed = root_lock(tmp_path, **{'sglang = "==0.5.9"': 'sglang = "==0.5.10"'})
     result = environment_check("environment.generation", changed)
     assert result.status == Status.FAIL
-    assert result.summary == "the lock's Python stack changed since generation 0001-built was built: packages.sglang.version: ==0.5.9 -> ==0.5.10"
+    assert (
+        result.summary
+        == "the lock's Python stack changed since generation 0001-built was built: packages.sglang.version: ==0.5.9 -> ==0.5.10"
+    )
     assert result.fix.commands == (f"stackgate provision --lock {changed.path}",)
 
 
 def test_no_generation_fails_and_drift_cannot_be_judged(tmp_path):
     lock = root_lock(tmp_path)
-    assert environment_check("environment.generation", lock).summary == f"no live environment: {tmp_path / 'root' / 'current'} does not exist"
+    assert (
+        environment_check("environment.generation", lock).summary
+        == f"no live environment: {tmp_path / 'root' / 'current'} does not exist"
+    )
     facts = Facts(lock, environ={})
     facts.provide("dists", Missing("no stack environment"))
     assert environment_check("environment.drift", lock, facts).status == Status.SKIP
@@ -485,6 +632,6 @@ def test_a_moved_package_is_drift(tmp_path):
 
 
 def test_a_lock_naming_an_interpreter_has_no_generation_to_compare():
-    lock = lockmodel.load(ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
+    lock = load_spec(ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
     result = environment_check("environment.generation", lock)
     assert result.status == Status.SKIP and "there is no generation to compare" in result.summary

@@ -20,7 +20,9 @@ def _ready(root: Path, count: int) -> list[generations.Generation]:
     made = []
     for _ in range(count):
         state = generations.read(root)
-        generation = generations.create(generations.generations_dir(root) / state.next_id, {"lock": {"path": "/x.toml"}, "spec": {"n": len(made)}})
+        generation = generations.create(
+            generations.generations_dir(root) / state.next_id, {"lock": {"path": "/x.toml"}, "spec": {"n": len(made)}}
+        )
         (generation.path / "bin").mkdir()
         (generation.path / "bin" / "python").write_text("")
         made.append(generations.mark(generation, "ready"))
@@ -63,7 +65,10 @@ def test_a_current_link_to_elsewhere_is_reported_not_followed(tmp_path: Path) ->
     os.symlink(tmp_path / "elsewhere", tmp_path / "current")
     state = generations.read(tmp_path)
     assert state.current is None
-    assert state.current_error == f"{tmp_path / 'current'} points at {tmp_path / 'elsewhere'}, which is not a generation of {tmp_path}"
+    assert (
+        state.current_error
+        == f"{tmp_path / 'current'} points at {tmp_path / 'elsewhere'}, which is not a generation of {tmp_path}"
+    )
 
 
 def test_discard_removes_unfinished_generations_but_never_current(tmp_path: Path) -> None:
@@ -108,7 +113,9 @@ def test_a_ready_generation_never_switched_to_is_resumable(tmp_path: Path) -> No
     generations.switch(tmp_path, first)
     assert generations.resumable(generations.read(tmp_path), {"other": 1}) is None
     spec_of_second = dict(second.marker or {}).get("spec")
-    assert generations.resumable(generations.read(tmp_path), spec_of_second) == generations.read(tmp_path).generations[1]
+    assert (
+        generations.resumable(generations.read(tmp_path), spec_of_second) == generations.read(tmp_path).generations[1]
+    )
     generations.switch(tmp_path, second)
     generations.rollback(tmp_path)  # rolled back from: never resumed
     assert generations.resumable(generations.read(tmp_path), spec_of_second) is None
@@ -122,7 +129,9 @@ def test_rollback_goes_back_one_generation_that_was_current_at_a_time(tmp_path: 
     assert (before.id, after.id) == (made[3].id, made[1].id)
     before, after = generations.rollback(tmp_path)
     assert (before.id, after.id) == (made[1].id, made[0].id)
-    with pytest.raises(generations.GenerationError, match=f"no earlier ready generation .* \\(current: {made[0].id}\\)"):
+    with pytest.raises(
+        generations.GenerationError, match=f"no earlier ready generation .* \\(current: {made[0].id}\\)"
+    ):
         generations.rollback(tmp_path)
     assert generations.read(tmp_path).current.id == made[0].id
     generations.switch(tmp_path, generations.read(tmp_path).generations[2])  # a new one, later
@@ -147,7 +156,9 @@ with generations.exclusive(Path(sys.argv[1]), wait=False, command="invoke provis
 
 
 def _holder(root: Path, seconds: float) -> subprocess.Popen[str]:
-    process = subprocess.Popen([sys.executable, "-c", _HOLD, str(root), str(seconds)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(root), str(seconds)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
     assert process.stdout is not None and process.stdout.readline().strip() == "held"
     return process
 
@@ -199,15 +210,27 @@ def test_a_holder_killed_by_sigkill_releases_the_lock(tmp_path: Path) -> None:
 def test_a_failed_generation_is_kept_for_inspection_never_switched_or_rolled_back_to(tmp_path: Path) -> None:
     first, second = _ready(tmp_path, 2)
     generations.switch(tmp_path, first)
-    failed = [generations.mark(generations.create(generations.generations_dir(tmp_path) / generations.read(tmp_path).next_id, {}), "failed", failures=[f"gpu.count: {n}"]) for n in (1, 2)]
+    failed = [
+        generations.mark(
+            generations.create(generations.generations_dir(tmp_path) / generations.read(tmp_path).next_id, {}),
+            "failed",
+            failures=[f"gpu.count: {n}"],
+        )
+        for n in (1, 2)
+    ]
     state = generations.read(tmp_path)
     assert state.unfinished == () and [g.id for g in state.failed] == [g.id for g in failed]
     removed = generations.discard_unfinished(state)
     assert [g.id for g in removed] == [failed[0].id] and failed[1].path.is_dir()  # the newest failed one stays
     with pytest.raises(generations.GenerationError, match="failed, not ready"):
         generations.switch(tmp_path, failed[1])
-    with pytest.raises(generations.GenerationError, match=f"generation {failed[1].id} .*failed its checks \\(gpu.count: 2\\): it is kept for inspection, never rolled back to"):
+    with pytest.raises(
+        generations.GenerationError,
+        match=f"generation {failed[1].id} .*failed its checks \\(gpu.count: 2\\): it is kept for inspection, never rolled back to",
+    ):
         generations.rollback(tmp_path, failed[1])
     generations.switch(tmp_path, second)
     assert generations.rollback_target(generations.read(tmp_path)).id == first.id
-    assert failed[1].path.is_dir() and failed[1].id not in [g.id for g in generations.prune(generations.read(tmp_path), keep=2)]
+    assert failed[1].path.is_dir() and failed[1].id not in [
+        g.id for g in generations.prune(generations.read(tmp_path), keep=2)
+    ]

@@ -16,13 +16,13 @@ from fakes.fake_nvml import gpu, machine
 from stackgate.checks.all import REGISTRY
 from stackgate.edges import nvml
 from stackgate.facts import gather
-from stackgate.models import spec as lockmodel
 from stackgate.models.result import Status
+from stackgate.models.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
-SM120 = lockmodel.load(ROOT / "lockfiles" / "blackwell-sm120-cu130.toml")
+SM120 = load_spec(ROOT / "lockfiles" / "blackwell-sm120-cu130.toml")
 H200 = "NVIDIA H200"
-HOPPER = lockmodel.load(ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
+HOPPER = load_spec(ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
 
 
 @pytest.fixture
@@ -107,14 +107,18 @@ def test_a_narrow_link_fails_but_an_idle_generation_drop_does_not():
     assert idle.status is Status.PASS
     narrow = machine([gpu(pcie=[5, 5, 5, 8, 16]), *eight()[1:]])
     result = judge("gpu.pcie", narrow)
-    assert result.status is Status.FAIL and result.details == ("GPU 0 (NVIDIA RTX PRO 6000 Blackwell Server Edition): link width x8, the link can do x16",)
+    assert result.status is Status.FAIL and result.details == (
+        "GPU 0 (NVIDIA RTX PRO 6000 Blackwell Server Edition): link width x8, the link can do x16",
+    )
     slot = judge("gpu.pcie", machine([gpu(pcie=[4, 4, 5, 16, 16]), *eight()[1:]]))
     assert slot.status is Status.FAIL and "the slot limits the link to Gen4; the GPU can do Gen5" in slot.details[0]
 
 
 def test_uncorrectable_ecc_errors_fail_by_gpu():
     result = judge("gpu.ecc", machine([*eight()[:3], gpu(ecc=[2, 5]), *eight()[4:]]))
-    assert result.status is Status.FAIL and result.details == ("GPU 3 (NVIDIA RTX PRO 6000 Blackwell Server Edition): 2 uncorrectable ECC error(s)",)
+    assert result.status is Status.FAIL and result.details == (
+        "GPU 3 (NVIDIA RTX PRO 6000 Blackwell Server Edition): 2 uncorrectable ECC error(s)",
+    )
     assert result.fix.commands == ("nvidia-smi -r -i 3",)
     off = judge("gpu.ecc", machine(eight(unsupported=["ecc"])))
     assert off.status is Status.SKIP

@@ -17,8 +17,8 @@ from history_support import gate_doc, keep, smoke_doc
 from smoke_support import ROOT, assert_nothing_left
 
 from stackgate.commands import report as reporting
-from stackgate.models import spec as lockmodel
 from stackgate.models.result import Status
+from stackgate.models.spec import Spec, load_spec
 from stackgate.render.ui import UI
 from stackgate.runs import history
 
@@ -28,14 +28,20 @@ TESTS = ROOT / "tests"
 def invoke(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     environ = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1", **(env or {})}
     environ.pop("STACKGATE_LOCK", None)
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "invoke", *args], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120
+    )
 
 
-def root_lock(tmp_path: Path, root: Path) -> lockmodel.Lock:
-    text = (ROOT / "lockfiles" / "blackwell-sm120-cu130.toml").read_text().replace('root = "/opt/stackgate"', f'root = "{root}"')
+def root_lock(tmp_path: Path, root: Path) -> Spec:
+    text = (
+        (ROOT / "lockfiles" / "blackwell-sm120-cu130.toml")
+        .read_text()
+        .replace('root = "/opt/stackgate"', f'root = "{root}"')
+    )
     path = tmp_path / "lock.toml"
     path.write_text(text)
-    return lockmodel.load(path)
+    return load_spec(path)
 
 
 def test_runs_are_kept_under_the_root_only_when_it_holds_a_stack_and_is_writable(tmp_path):
@@ -43,14 +49,19 @@ def test_runs_are_kept_under_the_root_only_when_it_holds_a_stack_and_is_writable
     home = {"HOME": str(tmp_path / "home")}
     state = tmp_path / "home" / ".local" / "state" / "stackgate" / "runs"
     assert history.runs_dir(lock, home) == state  # no root yet: not created for a report
-    assert history.runs_dir(lock, {**home, "XDG_STATE_HOME": str(tmp_path / "state")}) == tmp_path / "state" / "stackgate" / "runs"
+    assert (
+        history.runs_dir(lock, {**home, "XDG_STATE_HOME": str(tmp_path / "state")})
+        == tmp_path / "state" / "stackgate" / "runs"
+    )
     (tmp_path / "root").mkdir()
     (tmp_path / "root" / ".provision.lock").write_text("")  # all that a refused provision leaves
     assert history.runs_dir(lock, home) == state
     (tmp_path / "root" / "generations").mkdir()
     assert history.runs_dir(lock, home) == tmp_path / "root" / "runs"
-    assert history.runs_dir(lock, {**home, "STACKGATE_HISTORY_DIR": str(tmp_path / "elsewhere")}) == tmp_path / "elsewhere"
-    interpreter = lockmodel.load(ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
+    assert (
+        history.runs_dir(lock, {**home, "STACKGATE_HISTORY_DIR": str(tmp_path / "elsewhere")}) == tmp_path / "elsewhere"
+    )
+    interpreter = load_spec(ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
     assert history.runs_dir(interpreter, home) == tmp_path / "home" / ".local" / "state" / "stackgate" / "runs"
 
 
@@ -75,10 +86,21 @@ def damage(folder: Path) -> dict[str, str]:
         "empty.json": (b"", "damaged: not JSON"),
         "truncated.json": (json.dumps(gate_doc())[:200].encode(), "damaged: not JSON"),
         "array.json": (b"[1, 2, 3]", "not a stackgate run: a JSON list"),
-        "foreign.json": (json.dumps({"schema": "someone.else/3", "results": []}).encode(), "not a stackgate run (schema 'someone.else/3'"),
+        "foreign.json": (
+            json.dumps({"schema": "someone.else/3", "results": []}).encode(),
+            "not a stackgate run (schema 'someone.else/3'",
+        ),
         "verify.json": (json.dumps({**gate_doc(), "command": "verify"}).encode(), "command 'verify'"),
-        "wrong-types.json": (json.dumps({**gate_doc(), "results": "none", "verdict": 3}).encode(), "damaged: results, verdict missing or of the wrong type"),
-        "odd-inside.json": (json.dumps({**gate_doc(), "gate": "not a table", "run_id": None, "started": "2025-01-03T00:00:00+00:00"}).encode(), None),
+        "wrong-types.json": (
+            json.dumps({**gate_doc(), "results": "none", "verdict": 3}).encode(),
+            "damaged: results, verdict missing or of the wrong type",
+        ),
+        "odd-inside.json": (
+            json.dumps(
+                {**gate_doc(), "gate": "not a table", "run_id": None, "started": "2025-01-03T00:00:00+00:00"}
+            ).encode(),
+            None,
+        ),
     }
     for name, (data, _) in files.items():
         (folder / name).write_bytes(data)
@@ -100,7 +122,11 @@ def test_damaged_and_foreign_files_are_skipped_with_a_warning_never_a_crash(tmp_
         assert any(f"{tmp_path / name}: " in w and text in w for w in warnings), (name, listing.stderr)
     assert "Traceback" not in listing.stderr
     rows = [line.split()[0] for line in listing.stdout.splitlines() if line.split()[1:2] == ["gate"]]
-    assert rows == [good.id, later.id, "odd-inside"]  # a readable run whose inner parts are odd is listed, without figures
+    assert rows == [
+        good.id,
+        later.id,
+        "odd-inside",
+    ]  # a readable run whose inner parts are odd is listed, without figures
     assert invoke("report", "--", good.id, "odd-inside", env=env).returncode == 0
     assert invoke("report", "--html", str(tmp_path / "page.html"), env=env).returncode == 0
     named = invoke("report", "--", str(tmp_path / "truncated.json"), env=env)
@@ -109,7 +135,11 @@ def test_damaged_and_foreign_files_are_skipped_with_a_warning_never_a_crash(tmp_
 
 def test_report_a_b_names_each_changed_component_next_to_the_change_in_tok_s(tmp_path):
     a = keep(tmp_path, gate_doc(decode=92.6), "2025-01-01T10:00:00+00:00")
-    b = keep(tmp_path, gate_doc(decode=83.9, backend="triton", torch="2.10.0", status=Status.FAIL, summary="torch moved"), "2025-01-02T10:00:00+00:00")
+    b = keep(
+        tmp_path,
+        gate_doc(decode=83.9, backend="triton", torch="2.10.0", status=Status.FAIL, summary="torch moved"),
+        "2025-01-02T10:00:00+00:00",
+    )
     done = invoke("report", "--run", a.id, "--run", b.id, env={"STACKGATE_HISTORY_DIR": str(tmp_path)})
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -135,7 +165,11 @@ def test_the_listing_shows_a_trend_per_lock_plain_without_unicode(tmp_path):
 def test_report_usage_errors_exit_2(tmp_path):
     env = {"STACKGATE_HISTORY_DIR": str(tmp_path)}
     assert "no runs kept in" in invoke("report", env=env).stdout
-    for args, text in [(("--", "a", "b", "c"), "name at most two runs"), (("--", "nope"), "no run 'nope'"), (("--html", str(tmp_path / "x.html"), "--", "a", "b"), "--html takes at most one run")]:
+    for args, text in [
+        (("--", "a", "b", "c"), "name at most two runs"),
+        (("--", "nope"), "no run 'nope'"),
+        (("--html", str(tmp_path / "x.html"), "--", "a", "b"), "--html takes at most one run"),
+    ]:
         done = invoke("report", *args, env=env)
         assert done.returncode == 2 and text in done.stderr, done.stderr
 
@@ -149,7 +183,9 @@ def test_smoke_keeps_its_runs_and_report_compares_them_on_what_they_recorded(rig
     lock.write_text(lock.read_text().replace('attention_backend = "flashinfer"', 'attention_backend = "triton"'))
     assert invoke("smoke", "--lock", str(lock), "--benchmark", env=env).returncode == 0
     (one, two) = sorted((tmp_path / "history").glob("*.json"))
-    assert json.loads(one.read_text())["run_id"] == json.loads((tmp_path / "smoke.json").read_text())["run_id"] == one.stem
+    assert (
+        json.loads(one.read_text())["run_id"] == json.loads((tmp_path / "smoke.json").read_text())["run_id"] == one.stem
+    )
     assert f"run {one.stem} kept in {tmp_path / 'history'}" in first.stderr
     listing = invoke("report", env=env)
     rows = [line.split() for line in listing.stdout.splitlines() if "-smoke-" in line]
@@ -157,7 +193,10 @@ def test_smoke_keeps_its_runs_and_report_compares_them_on_what_they_recorded(rig
     assert float(rows[0][4]) == pytest.approx(200.0, rel=0.05) and float(rows[1][4]) == pytest.approx(150.0, rel=0.05)
     diff = invoke("report", "--", "-2", "-1", env=env)
     assert "    attention_backend: flashinfer -> triton" in diff.stdout.splitlines()
-    assert "(not compared: gpu, toolkits, distributions, patches: a smoke run records only its lock and its server)" in diff.stdout
+    assert (
+        "(not compared: gpu, toolkits, distributions, patches: a smoke run records only its lock and its server)"
+        in diff.stdout
+    )
     assert_nothing_left(rig)
 
 
@@ -180,14 +219,20 @@ def as_smoke_1(doc: dict) -> dict:
 def report_a(folder: Path, ref: str) -> tuple[list[str], str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stderr(err):
-        assert reporting.run(reporting.ReportRequest(runs=(ref,), runs_dir=folder), UI(stream=out, force_plain=True)) == 0
+        assert (
+            reporting.run(reporting.ReportRequest(runs=(ref,), runs_dir=folder), UI(stream=out, force_plain=True)) == 0
+        )
     return out.getvalue().splitlines(), err.getvalue()
 
 
 def test_report_a_shows_the_findings_of_a_run_kept_in_either_shape(tmp_path):
     doc = smoke_doc(tmp_path / "rig", decode=None, log=f"starting\n{OOM}\n")
     (finding,) = doc["smoke"]["sessions"][0]["findings"]
-    assert doc["smoke"]["schema"] == "stackgate.smoke/2" and finding["evidence"]["file"] == "/logs/server.log" and finding["fix"]["commands"]
+    assert (
+        doc["smoke"]["schema"] == "stackgate.smoke/2"
+        and finding["evidence"]["file"] == "/logs/server.log"
+        and finding["fix"]["commands"]
+    )
     runs = tmp_path / "runs"
     runs.mkdir()
     new = keep(runs, doc, "2025-01-01T10:00:00+00:00")
@@ -197,7 +242,12 @@ def test_report_a_shows_the_findings_of_a_run_kept_in_either_shape(tmp_path):
         lines, err = report_a(runs, run.id)
         assert "known failures in the server logs (1):" in lines and shown in lines, lines
         assert err == ""
-    assert old.findings()[0][0] == dataclasses.replace(new.findings()[0][0], references=(), values={}, evidence=dataclasses.replace(new.findings()[0][0].evidence, start_line=0))
+    assert old.findings()[0][0] == dataclasses.replace(
+        new.findings()[0][0],
+        references=(),
+        values={},
+        evidence=dataclasses.replace(new.findings()[0][0].evidence, start_line=0),
+    )
 
 
 def test_a_finding_that_cannot_be_read_is_a_warning_not_a_crash(tmp_path):
@@ -206,4 +256,7 @@ def test_a_finding_that_cannot_be_read_is_a_warning_not_a_crash(tmp_path):
     run = keep(tmp_path, doc, "2025-01-01T10:00:00+00:00")
     lines, err = report_a(tmp_path, run.id)
     assert "known failures in the server logs (1):" in lines
-    assert f"warning: a finding of run {run.id} cannot be read: severity: 'fatal' is not one of info, warning, error" in err
+    assert (
+        f"warning: a finding of run {run.id} cannot be read: severity: 'fatal' is not one of info, warning, error"
+        in err
+    )

@@ -25,14 +25,26 @@ from stackgate.render.ui import UI
 from stackgate.runs import history
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (Debian: apt-get install -y chromium; .ci/run installs it)")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="headless Chromium is not installed (Debian: apt-get install -y chromium; .ci/run installs it)",
+)
 DECODE = [92.6, 92.4, None, 83.9, 92.7]
 
 
 def history_of(folder: Path) -> list[history.Run]:
     for day, decode in enumerate(DECODE, 1):
         backend = "triton" if decode == 83.9 else "flashinfer"
-        keep(folder, gate_doc(decode=decode, backend=backend, status=Status.FAIL if decode == 83.9 else Status.PASS, summary="slow" if decode == 83.9 else "fine"), f"2025-01-0{day}T10:00:00+00:00")
+        keep(
+            folder,
+            gate_doc(
+                decode=decode,
+                backend=backend,
+                status=Status.FAIL if decode == 83.9 else Status.PASS,
+                summary="slow" if decode == 83.9 else "fine",
+            ),
+            f"2025-01-0{day}T10:00:00+00:00",
+        )
     return history.load(folder)[0]
 
 
@@ -40,14 +52,23 @@ def write_page(tmp_path: Path, *runs: str) -> Path:
     folder = tmp_path / "runs"
     history_of(folder)
     page = tmp_path / "report.html"
-    code = reporting.run(reporting.ReportRequest(runs=runs, html_path=page, runs_dir=folder), UI(stream=io.StringIO(), force_plain=True))
+    code = reporting.run(
+        reporting.ReportRequest(runs=runs, html_path=page, runs_dir=folder), UI(stream=io.StringIO(), force_plain=True)
+    )
     assert code == 0
     return page
 
 
 def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     flags = [
-        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
         f"--user-data-dir={tmp_path / 'chromium-profile'}",
     ]
     return subprocess.run([CHROMIUM, *flags, *args], capture_output=True, text=True, timeout=120)

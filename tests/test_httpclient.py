@@ -92,7 +92,12 @@ def test_a_silent_server_times_out(server):
 
 
 def test_events_are_framed_whatever_the_chunking(server):
-    Handler.chunks = [b"data: {\"n\":", b" 1}\n\ndata: {\"n\": 2}\r\n\r\n: a comment\n\nda", b"ta: line one\ndata: line two\n\n", b"data: [DONE]\n\n"]
+    Handler.chunks = [
+        b'data: {"n":',
+        b' 1}\n\ndata: {"n": 2}\r\n\r\n: a comment\n\nda',
+        b"ta: line one\ndata: line two\n\n",
+        b"data: [DONE]\n\n",
+    ]
     with httpclient.EventStream(server + "/generate", {"x": 1}) as stream:
         payloads = [data for _, data in stream.events()]
     assert payloads == [b'{"n": 1}', b'{"n": 2}', b"line one\nline two", b"[DONE]"]

@@ -17,8 +17,8 @@ from test_cuda import fake_prefix
 
 from conftest import isolated_environ
 from stackgate.models import pylock
-from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode
+from stackgate.models.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
@@ -84,7 +84,7 @@ def test_init_describes_this_machine_and_verify_then_reports_only_true_problems(
     spec = tmp_path / "stackgate.toml"
     assert done.stdout.splitlines()[0] == f"wrote {spec}: this machine as a spec, each value with where it came from"
     text = spec.read_text()
-    lock = lockmodel.load(spec)
+    lock = load_spec(spec)
     assert (
         lock.hardware.gpu_count,
         lock.hardware.gpu_name,
@@ -133,7 +133,7 @@ def test_init_describes_this_machine_and_verify_then_reports_only_true_problems(
         "init", "--out", str(other), "--python", str(torch_python), cwd=tmp_path, env={**env, "VIRTUAL_ENV": ""}
     )
     assert elsewhere.returncode == ExitCode.PASSED, elsewhere.stderr
-    assert lockmodel.load(other).python.interpreter == torch_python and "# found by --python" in other.read_text()
+    assert load_spec(other).python.interpreter == torch_python and "# found by --python" in other.read_text()
     assert f"next: stackgate verify --lock {other}" in elsewhere.stdout
 
 
@@ -219,7 +219,7 @@ def test_init_pins_the_stack_reads_the_fusion_gate_and_its_spec_locks(tmp_path: 
         "TRITON_PTXAS_PATH is not set in this shell: export TRITON_PTXAS_PATH=" in done.stderr
     )  # what verify will say too
     spec = tmp_path / "stackgate.toml"
-    lock, text = lockmodel.load(spec), spec.read_text()
+    lock, text = load_spec(spec), spec.read_text()
     pins = {p.name: p.pinned_version for p in lock.python.packages}
     assert pins == {
         "torch": "2.9.1+cu130", "triton": "3.5.1", "nvidia-nccl-cu13": "2.27.7", "flashinfer-python": "0.6.4",
@@ -249,10 +249,10 @@ def test_init_pins_the_stack_reads_the_fusion_gate_and_its_spec_locks(tmp_path: 
         "init", "--python", str(python), "--out", "h200.toml", cwd=tmp_path, env={**env, **nvml(tmp_path, H200)}
     )
     assert hopper.returncode == ExitCode.PASSED, hopper.stderr
-    assert lockmodel.load(tmp_path / "h200.toml").smoke.flags == ("--enable-flashinfer-allreduce-fusion",)
+    assert load_spec(tmp_path / "h200.toml").smoke.flags == ("--enable-flashinfer-allreduce-fusion",)
     h200 = (tmp_path / "h200.toml").read_text()
     assert "flashinfer's fusion arch gate admits majors [9, 10]" in h200
-    assert "TRITON_PTXAS_PATH" not in lockmodel.load(tmp_path / "h200.toml").env
+    assert "TRITON_PTXAS_PATH" not in load_spec(tmp_path / "h200.toml").env
     assert "TRITON_PTXAS_PATH" not in hopper.stderr
     assert "# TRITON_PTXAS_PATH unset: Triton's bundled ptxas builds sm_90a" in h200
 
@@ -269,7 +269,7 @@ def test_init_pins_the_stack_reads_the_fusion_gate_and_its_spec_locks(tmp_path: 
     install_wheels(python, stack_index, ("sglang-0.5.9", "torchaudio-2.9.1+cu130", "sgl_kernel-0.3.21+cu130"))
     full = stackgate("init", "--python", str(python), "--out", "full.toml", cwd=tmp_path, env=env)
     assert full.returncode == ExitCode.PASSED, full.stderr
-    described = lockmodel.load(tmp_path / "full.toml").python
+    described = load_spec(tmp_path / "full.toml").python
     overrides = {o.package: (str(o.specifier), o.reason) for o in described.overrides}
     assert overrides == {
         "flashinfer-python": ("==0.6.4", "sglang 0.5.9 requires flashinfer_python==0.6.3; 0.6.4 is installed here"),
@@ -309,7 +309,7 @@ def test_init_lists_the_shipped_profiles_and_copies_one_out_with_its_pylock(tmp_
     (tmp_path / "stackgate.toml").write_text(spec_text)
     forced = stackgate("init", "--profile", "hopper-sm90-cu130", "--force", cwd=tmp_path)
     assert forced.returncode == ExitCode.PASSED, forced.stderr
-    assert lockmodel.load(tmp_path / "stackgate.toml").name == "hopper-sm90-cu130"
+    assert load_spec(tmp_path / "stackgate.toml").name == "hopper-sm90-cu130"
     assert f"removed {tmp_path / 'pylock.stackgate.toml'}: it resolved the replaced spec" in forced.stdout
     assert not (tmp_path / "pylock.stackgate.toml").exists()  # hopper ships none: the cu128 one would mislead verify
     unknown = stackgate("init", "--profile", "nope", cwd=tmp_path)
@@ -320,7 +320,7 @@ def test_init_lists_the_shipped_profiles_and_copies_one_out_with_its_pylock(tmp_
 
     system = stackgate("init", "--profile", "hopper-sm90-cu130", "--system", cwd=tmp_path)
     assert system.returncode == ExitCode.PASSED, system.stderr
-    assert lockmodel.load(tmp_path / "etc-stackgate" / "stack.toml").name == "hopper-sm90-cu130"
+    assert load_spec(tmp_path / "etc-stackgate" / "stack.toml").name == "hopper-sm90-cu130"
 
 
 def _lock_used(cwd: Path, *flags: str, env: dict[str, str] | None = None) -> str:

@@ -16,11 +16,11 @@ from fakes.fake_nvml import gpu, machine
 from stackgate.checks.all import REGISTRY
 from stackgate.facts import gather
 from stackgate.models import kernellog
-from stackgate.models import spec as lockmodel
 from stackgate.models.result import Status
+from stackgate.models.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
-SM120 = lockmodel.load(ROOT / "lockfiles" / "blackwell-sm120-cu130.toml")
+SM120 = load_spec(ROOT / "lockfiles" / "blackwell-sm120-cu130.toml")
 
 # As dmesg prints them (the Xid lines as NVIDIA's driver writes them; fake NVML puts GPU i at bus 0x18 + i).
 FALLEN = """[    2.104512] nvidia: loading out-of-tree module taints kernel.
@@ -31,7 +31,9 @@ FALLEN = """[    2.104512] nvidia: loading out-of-tree module taints kernel.
 [  412.337100] pcieport 0000:00:03.1: AER: Corrected error received: 0000:18:00.0
 [  412.337120] nvidia 0000:18:00.0: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)
 """
-APP_FAULT = "[  100.1] NVRM: Xid (PCI:0000:18:00): 13, pid=4242, name=python3, Graphics Exception: ESR 0x405048=0x80000000\n"
+APP_FAULT = (
+    "[  100.1] NVRM: Xid (PCI:0000:18:00): 13, pid=4242, name=python3, Graphics Exception: ESR 0x405048=0x80000000\n"
+)
 CLEAN = "[    2.104512] nvidia: loading out-of-tree module taints kernel.\n[    3.0] nvidia-uvm: Loaded the UVM driver, major device number 508.\n"
 
 
@@ -62,7 +64,11 @@ def judge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str | None, jou
 
 def test_the_xid_catalog_decodes_meaning_action_and_gpu() -> None:
     found = kernellog.findings(kernellog.parse(FALLEN), {"0000:18:00": 0, "0000:19:00": 1, "0000:1a:00": 2})
-    assert [f.id for f in found] == ["xid-79", "xid-63", "pcie-aer"]  # the driver's own "fallen off" line is the same event
+    assert [f.id for f in found] == [
+        "xid-79",
+        "xid-63",
+        "pcie-aer",
+    ]  # the driver's own "fallen off" line is the same event
     fallen, remap, aer = found
     assert fallen.title == "Xid 79 on GPU 2 (PCI 0000:1a:00): GPU has fallen off the bus: it stopped answering on PCIe"
     assert fallen.severity == "error" and fallen.values["action"] == "RESTART_BM" and "reboot" in fallen.fix.text
@@ -72,7 +78,9 @@ def test_the_xid_catalog_decodes_meaning_action_and_gpu() -> None:
 
 def test_bus_ids_are_one_form_whoever_writes_them() -> None:
     old = kernellog.parse("NVRM: Xid (0000:01:00): 3, C 00000005 SC 00000007 M 00001ffc Data ffffffff")
-    assert old[0].bus == "0000:01:00" and old[0].code == 3 and old[0].severity == "fail"  # not in the summary: a GPU fault until looked up
+    assert (
+        old[0].bus == "0000:01:00" and old[0].code == 3 and old[0].severity == "fail"
+    )  # not in the summary: a GPU fault until looked up
     assert kernellog.normalize_bus("00000000:1A:00.0") == "0000:1a:00"
 
 
@@ -83,30 +91,57 @@ def test_verify_fails_on_a_gpu_fault_of_this_boot(tmp_path: Path, monkeypatch: p
     assert result.data["source"] == "dmesg" and len(result.data["events"]) == 3
 
 
-def test_verify_warns_on_an_application_fault_and_passes_a_clean_boot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_verify_warns_on_an_application_fault_and_passes_a_clean_boot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     warned = judge(tmp_path, monkeypatch, APP_FAULT)
-    assert warned.status is Status.WARN and "Xid 13 on GPU 0" in warned.summary and "Restart the application" in warned.fix.text
+    assert (
+        warned.status is Status.WARN
+        and "Xid 13 on GPU 0" in warned.summary
+        and "Restart the application" in warned.fix.text
+    )
     clean = judge(tmp_path, monkeypatch, CLEAN)
     assert clean.status is Status.PASS and clean.summary == "no GPU event in 2 lines of `dmesg`"
 
 
-def test_journalctl_is_read_when_dmesg_is_refused_and_neither_is_a_skip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_journalctl_is_read_when_dmesg_is_refused_and_neither_is_a_skip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     journal = judge(tmp_path, monkeypatch, None, "Nov 30 10:00:00 node kernel: " + APP_FAULT.split("] ", 1)[1])
     assert journal.status is Status.WARN and journal.data["source"].startswith("journalctl -k -b")
     neither = judge(tmp_path, monkeypatch, None, None)
-    assert neither.status is Status.SKIP and "dmesg: dmesg: read kernel buffer failed: Operation not permitted" in neither.summary
+    assert (
+        neither.status is Status.SKIP
+        and "dmesg: dmesg: read kernel buffer failed: Operation not permitted" in neither.summary
+    )
 
 
 def test_diagnose_kernel_reads_the_live_log_and_a_saved_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_dmesg(tmp_path, monkeypatch, FALLEN)
-    live = subprocess.run([sys.executable, "-m", "stackgate", "diagnose", "--kernel"], capture_output=True, text=True, cwd=ROOT, env={**os.environ, "NO_COLOR": "1"})
+    live = subprocess.run(
+        [sys.executable, "-m", "stackgate", "diagnose", "--kernel"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
     assert live.returncode == 1, live.stderr
     assert "xid-79: Xid 79 on the device at PCI 0000:1a:00" in live.stdout and "kernel log (dmesg)" not in live.stderr
     saved = tmp_path / "dmesg.txt"
     saved.write_text(APP_FAULT)
-    quiet = subprocess.run([sys.executable, "-m", "stackgate", "diagnose", "--kernel-log", str(saved)], capture_output=True, text=True, cwd=ROOT)
+    quiet = subprocess.run(
+        [sys.executable, "-m", "stackgate", "diagnose", "--kernel-log", str(saved)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert quiet.returncode == 0 and "xid-13" in quiet.stdout
-    missing = subprocess.run([sys.executable, "-m", "stackgate", "diagnose", "--kernel-log", str(tmp_path / "nope")], capture_output=True, text=True, cwd=ROOT)
+    missing = subprocess.run(
+        [sys.executable, "-m", "stackgate", "diagnose", "--kernel-log", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert missing.returncode == 2 and "no such file" in missing.stderr
 
 

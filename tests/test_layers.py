@@ -147,7 +147,9 @@ def layer_violations(package: Path) -> list[str]:
             if low is None or high is None:
                 continue  # reported by unplaced_modules
             if high > low:
-                found.append(f"{_where(item, package)}  ({LAYERS[low][0]} imports {item.target}, up in {LAYERS[high][0]})")
+                found.append(
+                    f"{_where(item, package)}  ({LAYERS[low][0]} imports {item.target}, up in {LAYERS[high][0]})"
+                )
             elif high == low and there != here:
                 found.append(f"{_where(item, package)}  (peers: {here}/ imports {item.target} of {there}/)")
     return found
@@ -303,7 +305,16 @@ def test_a_cycle_inside_one_folder_and_a_module_in_no_layer_are_reported(tmp_pat
     assert layer_violations(package) == []
 
 
-@pytest.mark.parametrize(("where", "expected"), [("__init__", "version"), ("models", "models"), ("", "program"), ("serve", "checks | stack | serve"), ("extras", None)])
+@pytest.mark.parametrize(
+    ("where", "expected"),
+    [
+        ("__init__", "version"),
+        ("models", "models"),
+        ("", "program"),
+        ("serve", "checks | stack | serve"),
+        ("extras", None),
+    ],
+)
 def test_the_layer_of_a_folder(where: str, expected: str | None) -> None:
     index = rank(where)
     assert (LAYERS[index][0] if index is not None else None) == expected

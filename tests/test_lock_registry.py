@@ -43,7 +43,9 @@ def _lock(spec: Path, environ: dict[str, str], **kwargs: object) -> tuple[ExitCo
     return code, out.getvalue()
 
 
-def test_the_cu128_profile_resolves_against_pypi_into_a_complete_hashed_pylock(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cu128_profile_resolves_against_pypi_into_a_complete_hashed_pylock(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     why = _unreachable()
     if why:
         pytest.skip(f"the registry is unreachable from here ({why})")
@@ -59,10 +61,17 @@ def test_the_cu128_profile_resolves_against_pypi_into_a_complete_hashed_pylock(t
     versions = {name: p.version for name, p in resolution.packages.items()}
     assert (versions["sglang"], versions["torch"], versions["sgl-kernel"]) == ("0.5.9", "2.9.1", "0.3.21")
     assert (versions["flashinfer-python"], versions["flashinfer-cubin"]) == ("0.6.3", "0.6.3")
-    assert (versions["triton"], versions["nvidia-nccl-cu12"], versions["torchaudio"], versions["torchvision"]) == ("3.5.1", "2.27.5", "2.9.1", "0.24.1")
+    assert (versions["triton"], versions["nvidia-nccl-cu12"], versions["torchaudio"], versions["torchvision"]) == (
+        "3.5.1",
+        "2.27.5",
+        "2.9.1",
+        "0.24.1",
+    )
     # Resolved for the spec's target (CPython 3.12 on x86_64 manylinux), not for this machine.
     (torch_wheel,) = resolution.packages["torch"].wheels
-    assert torch_wheel.filename.startswith("torch-2.9.1-cp312-cp312-manylinux") and torch_wheel.filename.endswith("_x86_64.whl")
+    assert torch_wheel.filename.startswith("torch-2.9.1-cp312-cp312-manylinux") and torch_wheel.filename.endswith(
+        "_x86_64.whl"
+    )
     first = target.read_bytes()
     size = f"{len(resolution.packages)} distributions, {len(resolution.files)} files, each with its sha256"
     assert _lock(spec, environ)[1].startswith(f"unchanged: {target} matches {SPEC.name} ({size})\n")  # from the pylock

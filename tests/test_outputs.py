@@ -23,7 +23,9 @@ HEALTHY = ROOT / "tests" / "data" / "sglang-0.5.9-tp8-healthy.log"
 def stackgate(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "STACKGATE_HISTORY_DIR": str(cwd / "runs")}
     env.pop("STACKGATE_LOCK", None)
-    return subprocess.run([sys.executable, "-m", "stackgate", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+    return subprocess.run(
+        [sys.executable, "-m", "stackgate", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=240
+    )
 
 
 @pytest.mark.parametrize(
@@ -50,9 +52,14 @@ def test_verify_refuses_a_report_path_that_is_a_folder_before_any_check(tmp_path
 def test_smoke_and_diagnose_refuse_an_unwritable_json_path_up_front(tmp_path: Path) -> None:
     under_a_file = tmp_path / "file"
     under_a_file.write_text("")
-    for args in (["smoke", "--json", str(under_a_file / "r.json")], ["diagnose", str(HEALTHY), "--json", str(tmp_path)]):
+    for args in (
+        ["smoke", "--json", str(under_a_file / "r.json")],
+        ["diagnose", str(HEALTHY), "--json", str(tmp_path)],
+    ):
         done = stackgate(*args, cwd=tmp_path)
-        assert done.returncode == ExitCode.USAGE and "--json " in done.stderr and "Traceback" not in done.stderr, done.stderr
+        assert done.returncode == ExitCode.USAGE and "--json " in done.stderr and "Traceback" not in done.stderr, (
+            done.stderr
+        )
 
 
 def test_one_check_serves_every_command(tmp_path: Path) -> None:
@@ -60,5 +67,11 @@ def test_one_check_serves_every_command(tmp_path: Path) -> None:
     file.write_text("")
     assert unwritable({"--json": tmp_path / "a" / "r.json", "--prom": Path("-")}) is None
     assert unwritable({"--json": tmp_path}) == f"--json {tmp_path}: is a directory"
-    assert unwritable({"--json": file / "r.json"}) == f"--json {file / 'r.json'}: cannot write there ({file} is not a writable folder)"
-    assert unwritable({"--json": Path("-"), "--prom": Path("-")}) == "--json and --prom: only one report can go to standard output (-)"
+    assert (
+        unwritable({"--json": file / "r.json"})
+        == f"--json {file / 'r.json'}: cannot write there ({file} is not a writable folder)"
+    )
+    assert (
+        unwritable({"--json": Path("-"), "--prom": Path("-")})
+        == "--json and --prom: only one report can go to standard output (-)"
+    )

@@ -21,13 +21,15 @@ from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import run_checks, select
 from stackgate.facts import gather
 from stackgate.facts import patches as applied
-from stackgate.models import spec as lockmodel
 from stackgate.models.result import Status
+from stackgate.models.spec import DEFAULT_LOCK, Patch, Spec, load_spec, loads_spec
 from stackgate.stack import patches
 from stackgate.stack.patches import PatchError
 
 ROOT = Path(__file__).resolve().parents[1]
-SM120_PATCH = (ROOT / "patches" / "sglang-0.5.9-sm120-torch-symm-mem.patch").resolve()  # patches/ links to the package's
+SM120_PATCH = (
+    ROOT / "patches" / "sglang-0.5.9-sm120-torch-symm-mem.patch"
+).resolve()  # patches/ links to the package's
 COMM = "sglang/srt/distributed/device_communicators"
 SIZES_FILE = f"{COMM}/all_reduce_utils.py"
 SYMM_FILE = f"{COMM}/torch_symm_mem.py"
@@ -38,7 +40,9 @@ def unified_diff(tmp_path: Path, relative: str, old: str, new: str) -> str:
     for side, text in (("a", old), ("b", new)):
         (tmp_path / side / relative).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / side / relative).write_bytes(text.encode())
-    done = subprocess.run(["diff", "-u", f"a/{relative}", f"b/{relative}"], cwd=tmp_path, capture_output=True, check=False)
+    done = subprocess.run(
+        ["diff", "-u", f"a/{relative}", f"b/{relative}"], cwd=tmp_path, capture_output=True, check=False
+    )
     assert done.returncode == 1, done.stderr  # 1: the files differ
     return done.stdout.decode()  # bytes as they are: "\r\n" must reach the parser
 
@@ -57,8 +61,8 @@ def fake_site(tmp_path: Path, name: str, version: str, files: dict[str, str]) ->
     return site
 
 
-def patch_entry(path: Path, package: str = "demo", version: str = "1.0") -> lockmodel.Patch:
-    return lockmodel.Patch(package, Version(version), path, "a test", hashlib.sha256(path.read_bytes()).hexdigest())
+def patch_entry(path: Path, package: str = "demo", version: str = "1.0") -> Patch:
+    return Patch(package, Version(version), path, "a test", hashlib.sha256(path.read_bytes()).hexdigest())
 
 
 OLD = "".join(f"line {i}\n" for i in range(1, 31))
@@ -219,8 +223,21 @@ def sglang_wheel() -> Path:
 
     def download(folder: Path) -> None:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "sglang==0.5.9", "-d", str(folder)],
-            env=isolated_environ(), check=True, capture_output=True,
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary",
+                ":all:",
+                "sglang==0.5.9",
+                "-d",
+                str(folder),
+            ],
+            env=isolated_environ(),
+            check=True,
+            capture_output=True,
         )
 
     (found,) = cached_build(CACHE / "sglang-0.5.9-wheel", download).glob("sglang-0.5.9-*.whl")
@@ -239,8 +256,8 @@ def sglang_env(tmp_path: Path, sglang_wheel: Path) -> tuple[Path, Path]:
     return python, site
 
 
-def locked_patch() -> lockmodel.Patch:
-    [patch] = lockmodel.load(lockmodel.DEFAULT_LOCK).patches
+def locked_patch() -> Patch:
+    [patch] = load_spec(DEFAULT_LOCK).patches
     return patch
 
 
@@ -287,7 +304,7 @@ def test_sm120_patch_refuses_another_sglang_version(sglang_env: tuple[Path, Path
     assert (site / SIZES_FILE).read_bytes() == before
 
 
-def verify_lock(tmp_path: Path, python: Path) -> lockmodel.Lock:
+def verify_lock(tmp_path: Path, python: Path) -> Spec:
     patch = locked_patch()
     text = f"""
 [stack]
@@ -307,10 +324,10 @@ file = "{patch.file}"
 sha256 = "{patch.sha256}"
 reason = "{patch.reason}"
 """
-    return lockmodel.loads(text, path=tmp_path / "lock.toml")
+    return loads_spec(text, path=tmp_path / "lock.toml")
 
 
-def run_patches_check(lock: lockmodel.Lock):
+def run_patches_check(lock: Spec):
     facts = gather(lock, ("patches",))
     try:
         [result] = run_checks(select(["patches.applied"], REGISTRY), lock, facts)

@@ -16,7 +16,7 @@ from conftest import isolated_environ
 from stackgate.facts import BasePython, Distribution, EnvFacts, Facts, Missing, ProbeFacts, inspect_toolkit
 from stackgate.facts.compare import environment_spec
 from stackgate.models import pylock
-from stackgate.models import spec as lockmodel
+from stackgate.models.spec import Spec, load_spec
 from stackgate.stack import generations, pyenv, toolkit
 from stackgate.stack import plan as planmodule
 from stackgate.stack.plan import plan
@@ -25,7 +25,14 @@ BASE = BasePython(Path("/opt/python3.11/bin/python3.11"), "3.11.7", "test")
 UV = "/usr/bin/uv"
 MARKERS = {"python_version": "3.11", "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64"}
 LOCKED = {
-    "torch": ("2.9.1+cu130", ["filelock", "nvidia-nccl-cu13==2.27.7; platform_system == 'Linux'", "triton==3.5.1; platform_system == 'Linux'"]),
+    "torch": (
+        "2.9.1+cu130",
+        [
+            "filelock",
+            "nvidia-nccl-cu13==2.27.7; platform_system == 'Linux'",
+            "triton==3.5.1; platform_system == 'Linux'",
+        ],
+    ),
     "torchaudio": ("2.9.1+cu130", ["torch==2.9.1+cu130"]),
     "triton": ("3.5.1", []),
     "filelock": ("3.20.0", []),
@@ -33,14 +40,27 @@ LOCKED = {
     "flashinfer-python": ("0.6.4", ["torch", "flashinfer-cubin"]),
     "flashinfer-cubin": ("0.6.4", []),
     "sgl-kernel": ("0.3.21+cu130", []),
-    "sglang": ("0.5.9", ["torch==2.9.1", "torchaudio==2.9.1", "sgl-kernel==0.3.21", "flashinfer_python==0.6.3", "flashinfer_cubin==0.6.3"]),
+    "sglang": (
+        "0.5.9",
+        [
+            "torch==2.9.1",
+            "torchaudio==2.9.1",
+            "sgl-kernel==0.3.21",
+            "flashinfer_python==0.6.3",
+            "flashinfer_cubin==0.6.3",
+        ],
+    ),
 }
 
 
-def _lock(tmp_path: Path, server: IndexServer, **kwargs: object) -> lockmodel.Lock:
+def _lock(tmp_path: Path, server: IndexServer, **kwargs: object) -> Spec:
     """A test spec with its pylock beside it (made by `invoke lock`'s code; once per process)."""
     environ = isolated_environ(UV_CACHE_DIR=str(tmp_path / "uv-cache"))
-    return lockmodel.load(write_stack_lock(tmp_path / "lock.toml", server, tmp_path / "root", python="3.11", resolve_with=environ, **kwargs))  # type: ignore[arg-type]
+    return load_spec(
+        write_stack_lock(
+            tmp_path / "lock.toml", server, tmp_path / "root", python="3.11", resolve_with=environ, **kwargs
+        )
+    )  # type: ignore[arg-type]
 
 
 def _dists(**changes: str) -> ProbeFacts:
@@ -51,7 +71,7 @@ def _dists(**changes: str) -> ProbeFacts:
     return ProbeFacts("/root/current/bin/python", "3.11.7", MARKERS, found, None, 0.0)
 
 
-def _facts(lock: lockmodel.Lock, *, dists: ProbeFacts | Missing | None = None, base: BasePython | Missing = BASE) -> Facts:
+def _facts(lock: Spec, *, dists: ProbeFacts | Missing | None = None, base: BasePython | Missing = BASE) -> Facts:
     facts = Facts(lock, environ={})
     facts.provide("dists", dists if dists is not None else _dists())
     facts.provide("base_python", base)
@@ -62,7 +82,7 @@ def _facts(lock: lockmodel.Lock, *, dists: ProbeFacts | Missing | None = None, b
     return facts
 
 
-def _provisioned(lock: lockmodel.Lock, spec: dict | None = None) -> generations.RootState:
+def _provisioned(lock: Spec, spec: dict | None = None) -> generations.RootState:
     """A root whose current generation was built from ``spec`` (default: this lock's)."""
     root = lock.python.root
     assert root is not None
@@ -85,23 +105,55 @@ def _why(the_plan) -> str:  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize(
     ("installer", "expected"),
     [
-        ("uv", ["python.preflight", "python.fetch", "python.venv", "python.guard", "python.stack", "python.envfile", "python.check", "python.switch"]),
-        ("pip", ["python.preflight", "python.fetch", "python.venv", "python.guard", "python.stack", "python.envfile", "python.check", "python.switch"]),
+        (
+            "uv",
+            [
+                "python.preflight",
+                "python.fetch",
+                "python.venv",
+                "python.guard",
+                "python.stack",
+                "python.envfile",
+                "python.check",
+                "python.switch",
+            ],
+        ),
+        (
+            "pip",
+            [
+                "python.preflight",
+                "python.fetch",
+                "python.venv",
+                "python.guard",
+                "python.stack",
+                "python.envfile",
+                "python.check",
+                "python.switch",
+            ],
+        ),
     ],
 )
-def test_an_empty_root_plans_a_whole_generation_in_order(tmp_path: Path, stack_index: IndexServer, installer: str, expected: list[str]) -> None:
+def test_an_empty_root_plans_a_whole_generation_in_order(
+    tmp_path: Path, stack_index: IndexServer, installer: str, expected: list[str]
+) -> None:
     lock = _lock(tmp_path, stack_index, installer=installer)
-    the_plan = plan(lock, _facts(lock, dists=Missing("no stack environment")), generations.read(lock.python.root), uv=UV)
+    the_plan = plan(
+        lock, _facts(lock, dists=Missing("no stack environment")), generations.read(lock.python.root), uv=UV
+    )
     assert _actions(the_plan) == expected
     assert the_plan.blockers == ()
     assert _why(the_plan) == f"no environment at {tmp_path / 'root' / 'current'} yet"
     assert not (tmp_path / "root").exists()  # planning touched nothing
 
 
-def test_the_plan_reads_as_steps_with_why_and_exact_commands(tmp_path: Path, stack_index: IndexServer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_plan_reads_as_steps_with_why_and_exact_commands(
+    tmp_path: Path, stack_index: IndexServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(time, "strftime", lambda fmt: "20250101T000000")
     lock = _lock(tmp_path, stack_index, installer="pip")
-    the_plan = plan(lock, _facts(lock, dists=Missing("no stack environment")), generations.read(lock.python.root), uv=UV)
+    the_plan = plan(
+        lock, _facts(lock, dists=Missing("no stack environment")), generations.read(lock.python.root), uv=UV
+    )
     text = "\n".join(the_plan.lines()).replace(str(tmp_path), "TMP").replace(stack_index.url, "http://INDEX")
     home = "TMP/root/generations/0001-20250101T000000"
     sha = lock.python.package("sgl-kernel").sha256
@@ -140,7 +192,9 @@ def test_a_provisioned_root_plans_nothing(tmp_path: Path, stack_index: IndexServ
     lock = _lock(tmp_path, stack_index)
     the_plan = plan(lock, _facts(lock), _provisioned(lock), uv=UV)
     assert the_plan.empty
-    assert the_plan.in_place[1].startswith(f"Python stack: {tmp_path / 'root' / 'current'} -> 0001-built matches the lock (8 pins, guard: torch==2.9.1+cu130")
+    assert the_plan.in_place[1].startswith(
+        f"Python stack: {tmp_path / 'root' / 'current'} -> 0001-built matches the lock (8 pins, guard: torch==2.9.1+cu130"
+    )
     assert the_plan.in_place[2] == f"{tmp_path / 'root' / 'current' / 'stackgate.env'}: as the lock says"
 
 
@@ -158,7 +212,10 @@ def test_a_changed_lock_is_rebuilt_and_says_what_changed(tmp_path: Path, stack_i
     older = environment_spec(lock)
     older["packages"]["sglang"]["version"] = "==0.5.8"
     the_plan = plan(lock, _facts(lock), _provisioned(lock, older), uv=UV)
-    assert _why(the_plan) == "the lock's Python stack changed since generation 0001-built was built: packages.sglang.version: ==0.5.8 -> ==0.5.9"
+    assert (
+        _why(the_plan)
+        == "the lock's Python stack changed since generation 0001-built was built: packages.sglang.version: ==0.5.8 -> ==0.5.9"
+    )
 
 
 def test_a_declared_override_is_no_drift_but_another_conflict_is(tmp_path: Path, stack_index: IndexServer) -> None:
@@ -189,11 +246,18 @@ def test_a_generation_without_pip_conf_gets_one_in_place(tmp_path: Path, stack_i
     the_plan = plan(lock, _facts(lock), state, uv=UV)
     assert _actions(the_plan) == ["python.envfile.current"]
     assert the_plan.steps[0].what == "rewrite 0001-built/stackgate.env, activate and pip.conf"
-    assert the_plan.steps[0].why == "pip.conf is missing (built by an older stackgate): its pip is not guarded outside an activated shell"
+    assert (
+        the_plan.steps[0].why
+        == "pip.conf is missing (built by an older stackgate): its pip is not guarded outside an activated shell"
+    )
 
 
-def test_without_a_pylock_the_plan_is_blocked_with_the_command_that_makes_it(tmp_path: Path, stack_index: IndexServer) -> None:
-    lock = lockmodel.load(write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", python="3.11", sha256=None))
+def test_without_a_pylock_the_plan_is_blocked_with_the_command_that_makes_it(
+    tmp_path: Path, stack_index: IndexServer
+) -> None:
+    lock = load_spec(
+        write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", python="3.11", sha256=None)
+    )
     the_plan = plan(lock, _facts(lock, dists=Missing("none")), generations.read(lock.python.root), uv=UV)
     (blocker,) = the_plan.blockers
     assert blocker.usage and blocker.message == f"{tmp_path}/pylock.lock.toml does not exist"
@@ -203,18 +267,27 @@ def test_without_a_pylock_the_plan_is_blocked_with_the_command_that_makes_it(tmp
 
 def test_a_stale_pylock_blocks_naming_what_changed_in_the_spec(tmp_path: Path, stack_index: IndexServer) -> None:
     lock = _lock(tmp_path, stack_index)
-    (tmp_path / "lock.toml").write_text((tmp_path / "lock.toml").read_text().replace('sglang = "==0.5.9"', 'sglang = "==0.5.8"'))
-    changed = lockmodel.load(tmp_path / "lock.toml")
-    (blocker,) = plan(changed, _facts(changed, dists=Missing("none")), generations.read(lock.python.root), uv=UV).blockers
+    (tmp_path / "lock.toml").write_text(
+        (tmp_path / "lock.toml").read_text().replace('sglang = "==0.5.9"', 'sglang = "==0.5.8"')
+    )
+    changed = load_spec(tmp_path / "lock.toml")
+    (blocker,) = plan(
+        changed, _facts(changed, dists=Missing("none")), generations.read(lock.python.root), uv=UV
+    ).blockers
     assert blocker.usage
-    assert blocker.message == "pylock.lock.toml does not match the spec: python.packages.sglang: ==0.5.9 in the pylock, ==0.5.8 in the spec"
+    assert (
+        blocker.message
+        == "pylock.lock.toml does not match the spec: python.packages.sglang: ==0.5.9 in the pylock, ==0.5.8 in the spec"
+    )
     assert blocker.fix is not None and blocker.fix.commands == (f"stackgate lock --lock {tmp_path}/lock.toml",)
 
 
 def test_no_interpreter_of_the_locked_version_blocks_with_why(tmp_path: Path, stack_index: IndexServer) -> None:
     lock = _lock(tmp_path, stack_index)
     missing = Missing("no Python 3.11 on this machine (...). uv cannot download Python here: install Python 3.11")
-    the_plan = plan(lock, _facts(lock, dists=Missing("none"), base=missing), generations.read(lock.python.root), uv=None)
+    the_plan = plan(
+        lock, _facts(lock, dists=Missing("none"), base=missing), generations.read(lock.python.root), uv=None
+    )
     messages = [b.message for b in the_plan.blockers]
     assert messages == ['uv is not installed (python.installer = "uv")', missing.reason]
     assert "$ " not in "".join(messages) and "python.venv" in _actions(the_plan)  # still shown by --dry-run
@@ -225,11 +298,16 @@ def test_a_kept_toolkit_that_is_missing_blocks_the_toolkit_area_only(tmp_path: P
     lock = _lock(tmp_path, stack_index, toolkits=kept)
     state = _provisioned(lock)
     (blocker,) = plan(lock, _facts(lock), state, uv=UV).blockers
-    assert blocker.message == "CUDA 12.8 at /nonexistent/cuda-12.8 is kept (keep = true) but missing: stackgate never installs a kept toolkit"
+    assert (
+        blocker.message
+        == "CUDA 12.8 at /nonexistent/cuda-12.8 is kept (keep = true) but missing: stackgate never installs a kept toolkit"
+    )
     assert plan(lock, _facts(lock), state, only="python", uv=UV).empty
 
 
-def test_a_toolkit_to_install_is_a_step_with_the_toolkit_modules_command(tmp_path: Path, stack_index: IndexServer) -> None:
+def test_a_toolkit_to_install_is_a_step_with_the_toolkit_modules_command(
+    tmp_path: Path, stack_index: IndexServer
+) -> None:
     installed = f'[[toolkit]]\nversion = "13.0.1"\nprefix = "{tmp_path}/cuda-13.0"\nsource = "pypi"\ndefault = true\n'
     lock = _lock(tmp_path, stack_index, toolkits=installed)
     the_plan = plan(lock, _facts(lock), _provisioned(lock), uv=UV)
@@ -237,8 +315,12 @@ def test_a_toolkit_to_install_is_a_step_with_the_toolkit_modules_command(tmp_pat
     step = the_plan.steps[0]
     assert (step.what, step.why) == (f"install CUDA 13.0.1 at {tmp_path}/cuda-13.0 from pypi", "missing")
     (command,) = step.commands
-    assert command == shlex.join(toolkit.install_command(lock.toolkits[0], cache=tmp_path / "root" / "cache" / "toolkits"))
-    assert f"--cache-dir {tmp_path}/root/cache/toolkits " in command and command.endswith(" 'cuda-toolkit[nvcc,crt,nvvm,cudart,cccl]==13.0.1'")
+    assert command == shlex.join(
+        toolkit.install_command(lock.toolkits[0], cache=tmp_path / "root" / "cache" / "toolkits")
+    )
+    assert f"--cache-dir {tmp_path}/root/cache/toolkits " in command and command.endswith(
+        " 'cuda-toolkit[nvcc,crt,nvvm,cudart,cccl]==13.0.1'"
+    )
 
 
 def test_a_toolkit_that_matches_the_lock_is_left_in_place(tmp_path: Path, stack_index: IndexServer) -> None:
@@ -250,42 +332,59 @@ def test_a_toolkit_that_matches_the_lock_is_left_in_place(tmp_path: Path, stack_
     assert the_plan.empty and the_plan.in_place[0] == "CUDA 13.0 at /usr/local/cuda-13.0: installed as locked"
 
 
-def test_cuda_link_policy_default_points_the_link_at_the_default_toolkit(tmp_path: Path, stack_index: IndexServer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cuda_link_policy_default_points_the_link_at_the_default_toolkit(
+    tmp_path: Path, stack_index: IndexServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     text = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", python="3.11").read_text()
     path = tmp_path / "lock.toml"
     path.write_text(text.replace('name = "test-stack"', 'name = "test-stack"\ncuda_link = "default"'))
-    lock = lockmodel.load(path)
+    lock = load_spec(path)
     link = tmp_path / "cuda"
     link.symlink_to("/usr/local/cuda-12.8")  # the machine's /usr/local/cuda, as the plan sees it
     monkeypatch.setattr(planmodule, "cuda_link_state", functools.partial(toolkit.cuda_link_state, link=link))
     the_plan = plan(lock, _facts(lock), _provisioned(lock), uv=UV)
     assert _actions(the_plan) == ["toolkit.link"]
-    assert the_plan.steps[0].why == f'{link} points at /usr/local/cuda-12.8; the lock (cuda_link = "default") wants it to point at /usr/local/cuda-13.0'
+    assert (
+        the_plan.steps[0].why
+        == f'{link} points at /usr/local/cuda-12.8; the lock (cuda_link = "default") wants it to point at /usr/local/cuda-13.0'
+    )
     assert the_plan.steps[0].commands == ("ln -sfn /usr/local/cuda-13.0 /usr/local/cuda",)
 
 
-def test_a_generation_built_and_checked_but_never_switched_to_is_resumed(tmp_path: Path, stack_index: IndexServer) -> None:
+def test_a_generation_built_and_checked_but_never_switched_to_is_resumed(
+    tmp_path: Path, stack_index: IndexServer
+) -> None:
     lock = _lock(tmp_path, stack_index)
     older = environment_spec(lock)
     older["packages"]["sglang"]["version"] = "==0.5.8"
     state = _provisioned(lock, older)
-    left = generations.mark(generations.create(generations.generations_dir(tmp_path / "root") / "0002-left", {"spec": environment_spec(lock)}), "ready")
+    left = generations.mark(
+        generations.create(
+            generations.generations_dir(tmp_path / "root") / "0002-left", {"spec": environment_spec(lock)}
+        ),
+        "ready",
+    )
     the_plan = plan(lock, _facts(lock), generations.read(tmp_path / "root"), uv=UV)
     assert the_plan.resume and the_plan.generation == left.path
     assert _actions(the_plan) == ["python.envfile", "python.check", "python.switch"]
-    assert the_plan.steps[0].why.endswith("generation 0002-left was built and checked from this lock by a run that stopped before switching")
+    assert the_plan.steps[0].why.endswith(
+        "generation 0002-left was built and checked from this lock by a run that stopped before switching"
+    )
     assert state.current is not None and state.current.id == "0001-built"
 
 
 DIFF = "--- a/sglang/m.py\n+++ b/sglang/m.py\n@@ -1 +1 @@\n-a = 1\n+a = 2\n"
 
 
-def _patched_lock(tmp_path: Path, server: IndexServer, text: str, sha256: str, file: str = "fix.patch") -> lockmodel.Lock:
+def _patched_lock(tmp_path: Path, server: IndexServer, text: str, sha256: str, file: str = "fix.patch") -> Spec:
     """The test lock with one [[patch]] whose file holds ``text`` and whose lock entry says ``sha256``."""
     (tmp_path / "fix.patch").write_text(text)
     path = _lock(tmp_path, server).path
-    path.write_text(path.read_text() + f'\n[[patch]]\npackage = "sglang"\nversion = "0.5.9"\nfile = "{file}"\nsha256 = "{sha256}"\nreason = "r"\n')
-    return lockmodel.load(path)
+    path.write_text(
+        path.read_text()
+        + f'\n[[patch]]\npackage = "sglang"\nversion = "0.5.9"\nfile = "{file}"\nsha256 = "{sha256}"\nreason = "r"\n'
+    )
+    return load_spec(path)
 
 
 @pytest.mark.parametrize(
@@ -294,10 +393,17 @@ def _patched_lock(tmp_path: Path, server: IndexServer, text: str, sha256: str, f
         (DIFF, "0" * 64, "fix.patch", "patch[0].file: fix.patch: sha256 is {digest}, the lock says " + "0" * 64),
         ("not a diff\n", "", "fix.patch", "patch[0].file: fix.patch: no file in the patch"),
         (DIFF, "", "absent.patch", "patch[0].file: {tmp}/absent.patch: no such file"),
-        (DIFF, "", "/nonexistent/x.patch", "patch[0].file: /nonexistent/x.patch resolves to /nonexistent/x.patch, outside the lockfile's checkout ({tmp})"),
+        (
+            DIFF,
+            "",
+            "/nonexistent/x.patch",
+            "patch[0].file: /nonexistent/x.patch resolves to /nonexistent/x.patch, outside the lockfile's checkout ({tmp})",
+        ),
     ],
 )
-def test_a_patch_file_that_cannot_apply_blocks_the_plan_as_a_lockfile_problem(tmp_path: Path, stack_index: IndexServer, text: str, sha256: str, file: str, expected: str) -> None:
+def test_a_patch_file_that_cannot_apply_blocks_the_plan_as_a_lockfile_problem(
+    tmp_path: Path, stack_index: IndexServer, text: str, sha256: str, file: str, expected: str
+) -> None:
     digest = hashlib.sha256(text.encode()).hexdigest()
     lock = _patched_lock(tmp_path, stack_index, text, sha256 or digest, file)
     expected = expected.format(digest=digest, tmp=tmp_path)
@@ -321,9 +427,14 @@ def test_a_good_patch_file_is_planned(tmp_path: Path, stack_index: IndexServer) 
 def test_the_lock_command_for_a_spec_keeps_its_path_one_quoted_word(tmp_path: Path, stack_index: IndexServer) -> None:
     folder = tmp_path / "x'$(touch p)' y"
     folder.mkdir()
-    lock = lockmodel.load(write_stack_lock(folder / "lock.toml", stack_index, tmp_path / "root", python="3.11"))
+    lock = load_spec(write_stack_lock(folder / "lock.toml", stack_index, tmp_path / "root", python="3.11"))
     (blocker,) = plan(lock, _facts(lock, dists=Missing("none")), generations.read(lock.python.root), uv=UV).blockers
-    assert blocker.fix is not None and shlex.split(blocker.fix.commands[0]) == ["stackgate", "lock", "--lock", str(folder / "lock.toml")]
+    assert blocker.fix is not None and shlex.split(blocker.fix.commands[0]) == [
+        "stackgate",
+        "lock",
+        "--lock",
+        str(folder / "lock.toml"),
+    ]
 
 
 def test_a_distribution_the_pylock_does_not_hold_is_drift_too(tmp_path: Path, stack_index: IndexServer) -> None:
@@ -335,4 +446,7 @@ def test_a_distribution_the_pylock_does_not_hold_is_drift_too(tmp_path: Path, st
     extra.distributions["pip"] = Distribution("pip", "24.0", (), "/site-packages")  # type: ignore[index]  # seeded on purpose
     state = _provisioned(lock)
     assert plan(lock, _facts(lock), state, uv=UV).empty
-    assert _why(plan(lock, _facts(lock, dists=extra), state, uv=UV)) == "xgrammar 0.1.27 is installed but not in the pylock"
+    assert (
+        _why(plan(lock, _facts(lock, dists=extra), state, uv=UV))
+        == "xgrammar 0.1.27 is installed but not in the pylock"
+    )

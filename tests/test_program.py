@@ -23,7 +23,7 @@ from stackgate import __version__, cli, main
 from stackgate.checks.core import CheckError
 from stackgate.commands import diagnose, gate, init, provision, report, smoke, upgrade, verify
 from stackgate.models.exitcodes import ExitCode, UsageError
-from stackgate.models.spec import LockError
+from stackgate.models.spec import SpecError
 from stackgate.serve.launch import LaunchError
 
 ATTENTION = "Attention backend not specified. Use triton backend by default.\n"
@@ -48,7 +48,15 @@ def parsed(*argv: str) -> list[invoke.parser.ParserContext]:
 def in_checkout(*args: str, program: str = "stackgate") -> subprocess.CompletedProcess[str]:
     """``python -m stackgate ARGS`` (or ``python -m invoke``) with this checkout's package."""
     environ = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", program, *args], check=False, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", program, *args],
+        check=False,
+        cwd=ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 # --- short flags ------------------------------------------------------------------------------
@@ -61,7 +69,9 @@ def test_no_flag_of_any_task_takes_h_and_a_long_flag_has_one_short_flag_everywhe
             assert "h" not in arg.names, (task, arg.names)
             shorts.setdefault(str(arg.name), set()).add(tuple(n for n in arg.names if len(n) == 1))
     assert {name: forms for name, forms in shorts.items() if len(forms) > 1} == {}
-    assert {name: forms.pop() for name, forms in shorts.items() if forms != {()}} == {name: (letter,) for name, letter in cli.SHORT_FLAGS.items()}
+    assert {name: forms.pop() for name, forms in shorts.items() if forms != {()}} == {
+        name: (letter,) for name, letter in cli.SHORT_FLAGS.items()
+    }
     assert len(set(cli.SHORT_FLAGS.values())) == len(cli.SHORT_FLAGS)  # a letter means one flag
 
 
@@ -79,7 +89,12 @@ def test_a_new_task_gets_short_flags_from_the_table_only():
         """A fleet command."""
 
     names = {arg.name: arg.names for arg in fleet.get_arguments()}
-    assert names == {"hosts": ("hosts",), "inventory": ("inventory",), "strict": ("strict", "s"), "model": ("model", "m")}
+    assert names == {
+        "hosts": ("hosts",),
+        "inventory": ("inventory",),
+        "strict": ("strict", "s"),
+        "model": ("model", "m"),
+    }
     assert [arg.help for arg in fleet.get_arguments()] == ["nodes", "i", "s", "m"]  # a second read keeps the help
 
 
@@ -90,13 +105,24 @@ def test_the_docs_table_is_the_short_flag_table():
     for task, args in arguments().items():
         for arg in args:
             have.setdefault(str(arg.name), []).append(task)
-    table = {long.replace("-", "_"): (short, {"every command"} if c.strip() == "every command" else set(c.strip().split(", "))) for short, long, c in rows}
+    table = {
+        long.replace("-", "_"): (
+            short,
+            {"every command"} if c.strip() == "every command" else set(c.strip().split(", ")),
+        )
+        for short, long, c in rows
+    }
     everywhere = {name for name, tasks in have.items() if len(tasks) == len(main.namespace.task_names)}
-    assert table == {name: (letter, {"every command"} if name in everywhere else set(have[name])) for name, letter in cli.SHORT_FLAGS.items()}
+    assert table == {
+        name: (letter, {"every command"} if name in everywhere else set(have[name]))
+        for name, letter in cli.SHORT_FLAGS.items()
+    }
 
 
 def test_verbose_counts():
-    assert [parsed("verify", *flags)[0].args["verbose"].value for flags in ([], ["-v"], ["-vv"], ["-v", "--verbose"])] == [0, 1, 2, 2]
+    assert [
+        parsed("verify", *flags)[0].args["verbose"].value for flags in ([], ["-v"], ["-vv"], ["-v", "--verbose"])
+    ] == [0, 1, 2, 2]
     assert parsed("diagnose", "-vvv", "-l", "x.toml")[0].args["lock"].value == "x.toml"
 
 
@@ -113,7 +139,12 @@ def test_bare_words_after_diagnose_are_its_logs_and_after_report_its_runs():
 
 def test_a_task_name_still_starts_that_task_and_the_words_after_a_double_dash_are_left():
     first, second = parsed("diagnose", "a.log", "verify", "--strict")
-    assert (first.name, first.args["path"].value, second.name, second.args["strict"].value) == ("diagnose", ["a.log"], "verify", True)
+    assert (first.name, first.args["path"].value, second.name, second.args["strict"].value) == (
+        "diagnose",
+        ["a.log"],
+        "verify",
+        True,
+    )
     [context] = parsed("diagnose", "a.log", "--", "b.log")
     assert context.args["path"].value == ["a.log"]
 
@@ -133,7 +164,9 @@ def test_invoke_alone_takes_one_word_per_positional_argument():
 def test_diagnose_reads_the_logs_named_bare(tmp_path):
     for name, text in {"server.log": ATTENTION, "install.log": CUDART}.items():
         (tmp_path / name).write_text(text)
-    done = in_checkout("diagnose", str(tmp_path / "server.log"), str(tmp_path / "install.log"), "-j", str(tmp_path / "r.json"))
+    done = in_checkout(
+        "diagnose", str(tmp_path / "server.log"), str(tmp_path / "install.log"), "-j", str(tmp_path / "r.json")
+    )
     assert done.returncode == ExitCode.FAILED, done.stderr  # libcudart.so.12 is an error finding
     doc = json.loads((tmp_path / "r.json").read_text())
     assert [Path(i["name"]).name for i in doc["inputs"]] == ["server.log", "install.log"]
@@ -158,7 +191,10 @@ def test_bare_stackgate_and_help_show_its_commands_and_global_flags_only():
     assert (bare.returncode, helped.returncode, bare.stdout) == (0, 0, helped.stdout), bare.stderr
     flags = re.findall(r"^  (-\S.*?)   ", bare.stdout.split("Global options:")[1], re.MULTILINE)
     assert flags == [
-        "--complete", "--print-completion-script=STRING", "-h [COMMAND], --help[=COMMAND]", "-V, --version",
+        "--complete",
+        "--print-completion-script=STRING",
+        "-h [COMMAND], --help[=COMMAND]",
+        "-V, --version",
     ]
     for invoke_only in ("--prompt-for-sudo-password", "--dry", "--debug", "--list", "--pty", "--echo", "core-opts"):
         assert invoke_only not in bare.stdout
@@ -192,11 +228,21 @@ def test_a_command_line_that_cannot_be_parsed_is_bad_usage():
 
 @pytest.mark.parametrize(
     "error",
-    [LockError, CheckError, LaunchError, diagnose.DiagnoseError, gate.GateUsageError, provision.ProvisionUsage, report.ReportUsage, smoke.SmokeUsageError, upgrade.UpgradeUsage],
+    [
+        SpecError,
+        CheckError,
+        LaunchError,
+        diagnose.DiagnoseUsageError,
+        gate.GateUsageError,
+        provision.ProvisionUsageError,
+        report.ReportUsageError,
+        smoke.SmokeUsageError,
+        upgrade.UpgradeUsageError,
+    ],
 )
 def test_every_usage_error_is_one_type_and_exits_2(error):
     assert issubclass(error, UsageError)
-    instance = error("lockfiles/x.toml", ["a: wrong"]) if error is LockError else error("wrong")
+    instance = error("lockfiles/x.toml", ["a: wrong"]) if error is SpecError else error("wrong")
 
     def command() -> ExitCode:
         raise instance
@@ -217,8 +263,15 @@ def test_an_error_that_is_not_usage_is_not_turned_into_exit_2():
 @pytest.mark.parametrize(
     "request_type",
     [
-        verify.VerifyRequest, provision.ProvisionRequest, provision.RollbackRequest, smoke.SmokeRequest,
-        gate.GateRequest, report.ReportRequest, diagnose.DiagnoseRequest, upgrade.UpgradeRequest, init.InitRequest,
+        verify.VerifyRequest,
+        provision.ProvisionRequest,
+        provision.RollbackRequest,
+        smoke.SmokeRequest,
+        gate.GateRequest,
+        report.ReportRequest,
+        diagnose.DiagnoseRequest,
+        upgrade.UpgradeRequest,
+        init.InitRequest,
     ],  # fmt: skip
 )
 def test_every_request_is_built_by_keyword(request_type):
@@ -246,14 +299,29 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     environ = isolated_environ()
     environ.pop("PYTHONPATH", None)
     uv = [sys.executable, "-m", "uv"]
-    subprocess.run([*uv, "venv", "-q", "--python", sys.executable, str(home / "venv")], env=environ, check=True, timeout=120)
-    subprocess.run([*uv, "pip", "install", "-q", "--python", str(home / "venv" / "bin" / "python"), str(source)], env=environ, check=True, timeout=600)
+    subprocess.run(
+        [*uv, "venv", "-q", "--python", sys.executable, str(home / "venv")], env=environ, check=True, timeout=120
+    )
+    subprocess.run(
+        [*uv, "pip", "install", "-q", "--python", str(home / "venv" / "bin" / "python"), str(source)],
+        env=environ,
+        check=True,
+        timeout=600,
+    )
     return home / "venv" / "bin"
 
 
 def run_installed(bin_dir: Path, *argv: str, cwd: Path | str = "/") -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in isolated_environ(NO_COLOR="1").items() if k not in ("PYTHONPATH", "STACKGATE_LOCK")}
-    return subprocess.run([str(bin_dir / argv[0]), *argv[1:]], check=False, cwd=cwd, env=environ, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(bin_dir / argv[0]), *argv[1:]],
+        check=False,
+        cwd=cwd,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_the_installed_program_runs_from_any_directory(installed):
@@ -277,7 +345,11 @@ def test_the_installed_package_holds_the_default_lock_and_its_patch(installed):
     package, lock, patch, problem = done.stdout.splitlines()
     site = Path(package).parent
     assert ROOT not in Path(package).parents and "site-packages" in site.parts
-    assert (Path(lock), Path(patch), problem) == (site / "lockfiles" / "blackwell-sm120-cu130.toml", site / "patches" / "sglang-0.5.9-sm120-torch-symm-mem.patch", "None")
+    assert (Path(lock), Path(patch), problem) == (
+        site / "lockfiles" / "blackwell-sm120-cu130.toml",
+        site / "patches" / "sglang-0.5.9-sm120-torch-symm-mem.patch",
+        "None",
+    )
 
 
 def test_the_installed_program_diagnoses_logs_named_bare(installed, tmp_path):

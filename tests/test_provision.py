@@ -17,20 +17,30 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from pkgindex import SYMM_MEM_FILE, SYMM_MEM_TEXT, IndexServer, install_environ, serve_stack, stack_index, write_stack_lock  # noqa: F401 (fixtures)
+from pkgindex import (
+    SYMM_MEM_FILE,
+    SYMM_MEM_TEXT,
+    IndexServer,
+    serve_stack,
+    write_stack_lock,
+)  # noqa: F401 (fixtures)
 
 from stackgate.commands import provision
-from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode
+from stackgate.models.spec import load_spec
 from stackgate.render.ui import UI
 from stackgate.runs import history
 from stackgate.stack import generations, pyenv, toolkit
 
 ROOT = Path(__file__).resolve().parents[1]
-IMPORT_ALL = "import torch, torchaudio, triton, sglang, sgl_kernel, flashinfer; print(torch.__version__, torch.version.cuda)"
+IMPORT_ALL = (
+    "import torch, torchaudio, triton, sglang, sgl_kernel, flashinfer; print(torch.__version__, torch.version.cuda)"
+)
 
 
-def _provision(lock: Path, environ: dict[str, str], capsys: pytest.CaptureFixture[str], **kwargs: object) -> tuple[ExitCode, str, str]:
+def _provision(
+    lock: Path, environ: dict[str, str], capsys: pytest.CaptureFixture[str], **kwargs: object
+) -> tuple[ExitCode, str, str]:
     """Provision in this process (what the task calls), capturing what it prints."""
     out = io.StringIO()
     capsys.readouterr()
@@ -39,10 +49,14 @@ def _provision(lock: Path, environ: dict[str, str], capsys: pytest.CaptureFixtur
     return code, out.getvalue(), capsys.readouterr().err
 
 
-def _invoke(args: list[str], environ: dict[str, str], cwd: Path = ROOT, **extra: str) -> subprocess.CompletedProcess[str]:
+def _invoke(
+    args: list[str], environ: dict[str, str], cwd: Path = ROOT, **extra: str
+) -> subprocess.CompletedProcess[str]:
     """The task itself, in its own process (so that it can be killed)."""
     program = [sys.executable, "-m", "invoke", *(("--search-root", str(ROOT)) if cwd != ROOT else ())]
-    return subprocess.run([*program, *args], cwd=cwd, env={**environ, **extra}, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [*program, *args], cwd=cwd, env={**environ, **extra}, capture_output=True, text=True, timeout=300
+    )
 
 
 def _current(root: Path) -> str:
@@ -50,18 +64,28 @@ def _current(root: Path) -> str:
 
 
 def _works(root: Path, environ: dict[str, str]) -> str:
-    done = subprocess.run([str(root / "current" / "bin" / "python"), "-c", IMPORT_ALL], capture_output=True, text=True, env=environ)
+    done = subprocess.run(
+        [str(root / "current" / "bin" / "python"), "-c", IMPORT_ALL], capture_output=True, text=True, env=environ
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
 
 
 def _version(root: Path, name: str, environ: dict[str, str]) -> str:
     script = f"import importlib.metadata as m; print(m.version({name!r}))"
-    return subprocess.run([str(root / "current" / "bin" / "python"), "-c", script], capture_output=True, text=True, env=environ, check=True).stdout.strip()
+    return subprocess.run(
+        [str(root / "current" / "bin" / "python"), "-c", script],
+        capture_output=True,
+        text=True,
+        env=environ,
+        check=True,
+    ).stdout.strip()
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory, stack_index: IndexServer, install_environ: dict[str, str]) -> Iterator[Path]:
+def built(
+    tmp_path_factory: pytest.TempPathFactory, stack_index: IndexServer, install_environ: dict[str, str]
+) -> Iterator[Path]:
     """A root provisioned once with uv, shared read-only; tests that change it take a copy."""
     base = tmp_path_factory.mktemp("built")
     lock = write_stack_lock(base / "lock.toml", stack_index, base / "root", resolve_with=install_environ)
@@ -82,7 +106,9 @@ def test_first_run_builds_the_stack_and_a_second_run_does_nothing(
     assert _works(built, install_environ) == "2.9.1+cu130 13.0"
     assert _version(built, "flashinfer-python", install_environ) == "0.6.4"  # the declared override
     assert _version(built, "sgl-kernel", install_environ) == "0.3.21+cu130"  # the URL wheel
-    assert _version(built, "nvidia-nccl-cu13", install_environ) == "2.27.7"  # torch's dependency, from the default index
+    assert (
+        _version(built, "nvidia-nccl-cu13", install_environ) == "2.27.7"
+    )  # torch's dependency, from the default index
     before = (_current(built), sorted(p.name for p in (built / "generations").iterdir()))
     asked = len(stack_index.requests)
     code, out, err = _provision(built.parent / "lock.toml", install_environ, capsys)
@@ -92,17 +118,25 @@ def test_first_run_builds_the_stack_and_a_second_run_does_nothing(
     assert (_current(built), sorted(p.name for p in (built / "generations").iterdir())) == before
 
 
-def test_the_pip_installer_builds_the_same_stack(tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", installer="pip", resolve_with=install_environ)
+def test_the_pip_installer_builds_the_same_stack(
+    tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    lock = write_stack_lock(
+        tmp_path / "lock.toml", stack_index, tmp_path / "root", installer="pip", resolve_with=install_environ
+    )
     code, out, err = _provision(lock, install_environ, capsys)
     assert code == ExitCode.PASSED, err
-    assert " -m pip install --disable-pip-version-check --no-input --no-deps --require-hashes --only-binary :all: " in out
+    assert (
+        " -m pip install --disable-pip-version-check --no-input --no-deps --require-hashes --only-binary :all: " in out
+    )
     assert _works(tmp_path / "root", install_environ) == "2.9.1+cu130 13.0"
     assert _version(tmp_path / "root", "flashinfer-cubin", install_environ) == "0.6.4"
     assert _provision(lock, install_environ, capsys)[1].startswith("nothing to do")
 
 
-def test_a_later_pip_install_in_the_provisioned_environment_cannot_move_torch(built: Path, stack_index: IndexServer, install_environ: dict[str, str]) -> None:
+def test_a_later_pip_install_in_the_provisioned_environment_cannot_move_torch(
+    built: Path, stack_index: IndexServer, install_environ: dict[str, str]
+) -> None:
     """With stackgate.env sourced, plain `pip` and `uv pip` are the environment's, and the guard
     (PIP_CONSTRAINT, UV_CONSTRAINT) holds torch through an eager upgrade and refuses torch 2.10."""
     pypi = stack_index.simple("pypi")
@@ -125,10 +159,16 @@ def test_a_later_pip_install_in_the_provisioned_environment_cannot_move_torch(bu
 
 
 def test_a_package_that_demands_a_newer_torch_is_not_locked_and_so_not_installed(
-    built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
+    built: Path,
+    tmp_path: Path,
+    stack_index: IndexServer,
+    install_environ: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     root = _copy(built, tmp_path)
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0", "eager-upgrader": "==1.0"})
+    lock = write_stack_lock(
+        tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0", "eager-upgrader": "==1.0"}
+    )
     before = _current(root)
     locking = _invoke(["lock", "--lock", str(lock)], install_environ)
     assert locking.returncode == ExitCode.FAILED
@@ -144,27 +184,49 @@ def test_a_package_that_demands_a_newer_torch_is_not_locked_and_so_not_installed
 
 
 def test_a_url_wheel_whose_sha256_changed_is_refused_before_anything_is_created(
-    built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
+    built: Path,
+    tmp_path: Path,
+    stack_index: IndexServer,
+    install_environ: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     root = _copy(built, tmp_path)
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, sha256=None, extra_packages={"torch-agnostic": "==1.0"}, resolve_with=install_environ)
-    real = hashlib.sha256((stack_index.files / "sgl_kernel-0.3.21+cu130-cp310-abi3-manylinux2014_x86_64.whl").read_bytes()).hexdigest()
+    lock = write_stack_lock(
+        tmp_path / "lock.toml",
+        stack_index,
+        root,
+        sha256=None,
+        extra_packages={"torch-agnostic": "==1.0"},
+        resolve_with=install_environ,
+    )
+    real = hashlib.sha256(
+        (stack_index.files / "sgl_kernel-0.3.21+cu130-cp310-abi3-manylinux2014_x86_64.whl").read_bytes()
+    ).hexdigest()
     pylock = tmp_path / "pylock.lock.toml"
     pylock.write_text(pylock.read_text().replace(real, "0" * 64))  # the file at the URL is not what was locked any more
     before, ids = _current(root), _generation_ids(root)
     code, out, err = _provision(lock, install_environ, capsys)
     assert code == ExitCode.FAILED
     assert f"has sha256 {real}, the lock says {'0' * 64}; refusing to install it" in err
-    assert "is unchanged; a re-run refuses the same file: make the pylock again (stackgate lock) only if you trust the file" in err
+    assert (
+        "is unchanged; a re-run refuses the same file: make the pylock again (stackgate lock) only if you trust the file"
+        in err
+    )
     assert _current(root) == before and _generation_ids(root) == ids  # no generation was even created
     assert not list((root / "cache").rglob("0" * 64 + "/*.whl"))
 
 
 @pytest.mark.parametrize("installer", ["uv", "pip"])
 def test_an_index_file_that_is_not_the_locked_one_is_refused_by_the_installer(
-    tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str], installer: str
+    tmp_path: Path,
+    stack_index: IndexServer,
+    install_environ: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+    installer: str,
 ) -> None:
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", installer=installer, resolve_with=install_environ)
+    lock = write_stack_lock(
+        tmp_path / "lock.toml", stack_index, tmp_path / "root", installer=installer, resolve_with=install_environ
+    )
     real = hashlib.sha256((stack_index.files / "torch-2.9.1+cu130-py3-none-any.whl").read_bytes()).hexdigest()
     pylock = tmp_path / "pylock.lock.toml"
     pylock.write_text(pylock.read_text().replace(real, "1" * 64))
@@ -172,7 +234,11 @@ def test_an_index_file_that_is_not_the_locked_one_is_refused_by_the_installer(
     assert code == ExitCode.FAILED
     log = Path(next(line for line in err.splitlines() if line.startswith("full log: "))[len("full log: ") :])
     said = log.read_text()
-    assert ("Hash mismatch for `torch==2.9.1+cu130`" in said) if installer == "uv" else ("THESE PACKAGES DO NOT MATCH THE HASHES" in said), said[-2000:]
+    assert (
+        ("Hash mismatch for `torch==2.9.1+cu130`" in said)
+        if installer == "uv"
+        else ("THESE PACKAGES DO NOT MATCH THE HASHES" in said)
+    ), said[-2000:]
     assert "1" * 64 in said and real in said
     assert not (tmp_path / "root" / "current").exists()
 
@@ -188,7 +254,10 @@ def test_a_dead_index_fails_before_anything_is_created_and_leaves_current(
     code, out, err = _provision(lock, install_environ, capsys)
     assert code == ExitCode.FAILED
     assert f"stackgate provision failed: {gone.url}/ does not answer (" in err and ": nothing was created" in err
-    assert f"is unchanged; a re-run fails the same way while {gone.url}/ does not answer: check the URL in the lock and this machine's network" in err
+    assert (
+        f"is unchanged; a re-run fails the same way while {gone.url}/ does not answer: check the URL in the lock and this machine's network"
+        in err
+    )
     assert _current(root) == before and _generation_ids(root) == ids
     assert _works(root, install_environ).startswith("2.9.1+cu130")
 
@@ -205,7 +274,12 @@ def test_a_malformed_lock_changes_nothing(built: Path, tmp_path: Path, install_e
     root = _copy(built, tmp_path)
     before = _snapshot(root)
     lock = tmp_path / "broken.toml"
-    lock.write_text((built.parent / "lock.toml").read_text().replace(f'root = "{built}"', f'root = "{root}"').replace('torch = "==2.9.1+cu130"', 'torch = "=2.9.1"'))
+    lock.write_text(
+        (built.parent / "lock.toml")
+        .read_text()
+        .replace(f'root = "{built}"', f'root = "{root}"')
+        .replace('torch = "==2.9.1+cu130"', 'torch = "=2.9.1"')
+    )
     done = _invoke(["provision", "--lock", str(lock), "--yes"], install_environ)
     assert done.returncode == ExitCode.USAGE
     assert "python.packages.torch: invalid specifier '=2.9.1'" in done.stderr
@@ -219,13 +293,23 @@ def test_without_a_pylock_provision_refuses_with_the_command_that_makes_it(
     for dry_run in (True, False):
         code, out, err = _provision(lock, install_environ, capsys, dry_run=dry_run)
         assert code == ExitCode.USAGE
-        assert f"cannot apply: the spec has no pylock: {tmp_path / 'pylock.lock.toml'} does not exist (`stackgate lock --lock {lock}` makes it)" in out
-        assert f"  fix: Resolve the spec into its pylock where its indexes and URLs are reachable, then provision again.\n  $ stackgate lock --lock {lock}\n" in out
+        assert (
+            f"cannot apply: the spec has no pylock: {tmp_path / 'pylock.lock.toml'} does not exist (`stackgate lock --lock {lock}` makes it)"
+            in out
+        )
+        assert (
+            f"  fix: Resolve the spec into its pylock where its indexes and URLs are reachable, then provision again.\n  $ stackgate lock --lock {lock}\n"
+            in out
+        )
     assert not (tmp_path / "root").exists()  # a refusal touches nothing: no root, no .provision.lock
 
 
-def test_no_python_of_the_locked_version_says_so(tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", python="3.99", resolve_with=install_environ)
+def test_no_python_of_the_locked_version_says_so(
+    tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    lock = write_stack_lock(
+        tmp_path / "lock.toml", stack_index, tmp_path / "root", python="3.99", resolve_with=install_environ
+    )
     environ = {k: v for k, v in install_environ.items() if k != "STACKGATE_BASE_PYTHON"}
     code, out, err = _provision(lock, environ, capsys)
     assert code == ExitCode.FAILED
@@ -235,15 +319,29 @@ def test_no_python_of_the_locked_version_says_so(tmp_path: Path, stack_index: In
 
 
 def test_a_full_disk_mid_install_leaves_current_and_the_next_run_finishes(
-    built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    built: Path,
+    tmp_path: Path,
+    stack_index: IndexServer,
+    install_environ: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     root = _copy(built, tmp_path)
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"}, resolve_with=install_environ)
+    lock = write_stack_lock(
+        tmp_path / "lock.toml",
+        stack_index,
+        root,
+        extra_packages={"torch-agnostic": "==1.0"},
+        resolve_with=install_environ,
+    )
     before = _current(root)
     monkeypatch.setenv("STACKGATE_FAULT", "during:python.stack=ENOSPC")
     code, out, err = _provision(lock, install_environ, capsys)
     assert code == ExitCode.FAILED and "No space left on device" in err
-    assert "is unchanged; free space on that disk, then `stackgate provision` again (it removes what was half built)" in err
+    assert (
+        "is unchanged; free space on that disk, then `stackgate provision` again (it removes what was half built)"
+        in err
+    )
     assert _current(root) == before and _works(root, install_environ).startswith("2.9.1+cu130")
     monkeypatch.delenv("STACKGATE_FAULT")
     code, out, err = _provision(lock, install_environ, capsys)
@@ -254,7 +352,14 @@ def test_a_full_disk_mid_install_leaves_current_and_the_next_run_finishes(
 
 #: Where the provisioner is killed, in the order one chain of runs meets them: each run finds
 #: what the killed one before it left.
-KILL_POINTS = ("during:python.venv", "during:python.discard", "before:python.stack", "during:python.stack", "before:python.check", "during:python.switch")
+KILL_POINTS = (
+    "during:python.venv",
+    "during:python.discard",
+    "before:python.stack",
+    "during:python.stack",
+    "before:python.check",
+    "during:python.switch",
+)
 
 
 def _orphans(generation: Path) -> list[str]:
@@ -293,7 +398,13 @@ def test_kill_9_at_any_point_leaves_a_working_current_and_the_next_run_cleans_up
     switch leaves the new generation current, and rollback goes back."""
     root = _copy(built, tmp_path)
     original = _current(root)
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"}, resolve_with=install_environ)
+    lock = write_stack_lock(
+        tmp_path / "lock.toml",
+        stack_index,
+        root,
+        extra_packages={"torch-agnostic": "==1.0"},
+        resolve_with=install_environ,
+    )
     left: list[str] = []  # what the previous killed run left
     for point in KILL_POINTS:
         killed = _killed(lock, point, root, install_environ)
@@ -330,7 +441,13 @@ def test_a_second_provision_fails_at_once_naming_the_running_one_or_waits_for_it
     tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", resolve_with=install_environ)
-    first = subprocess.Popen([sys.executable, "-m", "invoke", "provision", "--lock", str(lock), "--yes"], cwd=ROOT, env=install_environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "invoke", "provision", "--lock", str(lock), "--yes"],
+        cwd=ROOT,
+        env=install_environ,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         holder = tmp_path / "root" / generations.LOCK_FILE
         deadline = time.monotonic() + 120
@@ -353,12 +470,24 @@ def test_a_second_provision_fails_at_once_naming_the_running_one_or_waits_for_it
 
 
 def test_rollback_switches_back_and_says_to_what(
-    built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
+    built: Path,
+    tmp_path: Path,
+    stack_index: IndexServer,
+    install_environ: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     root = _copy(built, tmp_path)
     first = _current(root)
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"}, resolve_with=install_environ)
-    built_here = _invoke(["provision", "--lock", "lock.toml", "--yes"], install_environ, cwd=tmp_path)  # a relative --lock
+    lock = write_stack_lock(
+        tmp_path / "lock.toml",
+        stack_index,
+        root,
+        extra_packages={"torch-agnostic": "==1.0"},
+        resolve_with=install_environ,
+    )
+    built_here = _invoke(
+        ["provision", "--lock", "lock.toml", "--yes"], install_environ, cwd=tmp_path
+    )  # a relative --lock
     assert built_here.returncode == 0, built_here.stderr[-2000:]
     second = _current(root)
     new = generations.read(root).current
@@ -368,7 +497,9 @@ def test_rollback_switches_back_and_says_to_what(
     assert (root / second / "constraints.txt").read_text().startswith(f"# Written by stackgate from {lock} ")
     done = _invoke(["rollback", "--lock", str(lock)], install_environ)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith(f"rolled back {root / 'current'}: {Path(second).name} -> generation {Path(first).name} (built ")
+    assert done.stdout.startswith(
+        f"rolled back {root / 'current'}: {Path(second).name} -> generation {Path(first).name} (built "
+    )
     built_first = next(g for g in generations.read(root).generations if g.path.name == Path(first).name)
     first_lock = built_first.marker["lock"]  # type: ignore[index]
     assert first_lock["path"] != str(lock)  # the fixture built it from its own lock file: named, not "another version"
@@ -380,7 +511,11 @@ def test_rollback_switches_back_and_says_to_what(
 
 
 def test_a_moved_torch_is_put_back_by_a_new_generation_and_rollback_refuses_the_drifted_one(
-    built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
+    built: Path,
+    tmp_path: Path,
+    stack_index: IndexServer,
+    install_environ: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     root = _copy(built, tmp_path)
     drifted = _current(root)
@@ -400,10 +535,15 @@ def test_a_moved_torch_is_put_back_by_a_new_generation_and_rollback_refuses_the_
     assert _version(root, "torch", install_environ) == "2.9.1+cu130"
     rebuilt = _current(root)
     out = io.StringIO()
-    code = provision.rollback(provision.RollbackRequest(lock_path=lock, environ=install_environ), UI(stream=out, force_plain=True))
+    code = provision.rollback(
+        provision.RollbackRequest(lock_path=lock, environ=install_environ), UI(stream=out, force_plain=True)
+    )
     err = capsys.readouterr().err
     assert code == ExitCode.FAILED and _current(root) == rebuilt
-    assert f"not switching to generation {Path(drifted).name}: it no longer holds what it was built from: torch is 2.10.0, locked ==2.9.1+cu130" in err
+    assert (
+        f"not switching to generation {Path(drifted).name}: it no longer holds what it was built from: torch is 2.10.0, locked ==2.9.1+cu130"
+        in err
+    )
     assert "`stackgate rollback --force` switches to this one anyway" in err
     forced = _invoke(["rollback", "--lock", str(lock), "--force"], install_environ)
     assert forced.returncode == 0, forced.stderr
@@ -412,7 +552,11 @@ def test_a_moved_torch_is_put_back_by_a_new_generation_and_rollback_refuses_the_
 
 
 def test_rollback_while_a_provision_runs_says_what_rollback_can_do(
-    built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
+    built: Path,
+    tmp_path: Path,
+    stack_index: IndexServer,
+    install_environ: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     root = _copy(built, tmp_path)
     lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, resolve_with=install_environ)
@@ -423,7 +567,10 @@ def test_rollback_while_a_provision_runs_says_what_rollback_can_do(
     holder = subprocess.Popen([sys.executable, "-c", hold, str(root)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        code = provision.rollback(provision.RollbackRequest(lock_path=lock, environ=install_environ), UI(stream=io.StringIO(), force_plain=True))
+        code = provision.rollback(
+            provision.RollbackRequest(lock_path=lock, environ=install_environ),
+            UI(stream=io.StringIO(), force_plain=True),
+        )
         err = capsys.readouterr().err
     finally:
         holder.kill()
@@ -434,7 +581,9 @@ def test_rollback_while_a_provision_runs_says_what_rollback_can_do(
     assert "--wait" not in err
 
 
-def test_rollback_of_a_root_that_does_not_exist_says_so_and_creates_nothing(tmp_path: Path, stack_index: IndexServer, capsys: pytest.CaptureFixture[str]) -> None:
+def test_rollback_of_a_root_that_does_not_exist_says_so_and_creates_nothing(
+    tmp_path: Path, stack_index: IndexServer, capsys: pytest.CaptureFixture[str]
+) -> None:
     lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root")
     code = provision.rollback(provision.RollbackRequest(lock_path=lock), UI(stream=io.StringIO(), force_plain=True))
     assert code == ExitCode.FAILED
@@ -442,14 +591,18 @@ def test_rollback_of_a_root_that_does_not_exist_says_so_and_creates_nothing(tmp_
     assert not (tmp_path / "root").exists()
 
 
-def test_pip_in_the_environment_keeps_the_guard_without_activation(built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]) -> None:
+def test_pip_in_the_environment_keeps_the_guard_without_activation(
+    built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]
+) -> None:
     """`<root>/current/bin/pip install`, not activated, with only the machine's pip configuration
     taken away (user and global files, PIP_* variables): the environment's own pip.conf holds
     torch. --dry-run resolves for real and changes nothing."""
     for folder in ("home", "xdg-dirs"):
         (tmp_path / folder).mkdir()
     environ = {k: v for k, v in install_environ.items() if k != "PIP_CONFIG_FILE" and k not in ("VIRTUAL_ENV",)}
-    environ.update(HOME=str(tmp_path / "home"), XDG_CONFIG_HOME=str(tmp_path / "home"), XDG_CONFIG_DIRS=str(tmp_path / "xdg-dirs"))
+    environ.update(
+        HOME=str(tmp_path / "home"), XDG_CONFIG_HOME=str(tmp_path / "home"), XDG_CONFIG_DIRS=str(tmp_path / "xdg-dirs")
+    )
     environ["PATH"] = "/usr/bin:/bin"  # not the environment's bin: nothing activated
     pip = [str(built / "current" / "bin" / "pip"), "install", "--dry-run", "--index-url", stack_index.simple("pypi")]
 
@@ -491,21 +644,38 @@ def _fake_installs(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> None:
 
 
 def test_only_toolkit_installs_a_missing_toolkit_and_keeps_the_kept_one(
-    tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    stack_index: IndexServer,
+    install_environ: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     toolkits = (
         f'[[toolkit]]\nversion = "13.0.1"\nnvcc = "13.0.88"\nprefix = "{tmp_path}/cuda-13.0"\nsource = "pypi"\ndefault = true\n\n'
         '[[toolkit]]\nversion = "13.0"\nprefix = "/usr/local/cuda-13.0"\nkeep = true\n'
     )
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", toolkits=toolkits, resolve_with=install_environ)
+    lock = write_stack_lock(
+        tmp_path / "lock.toml", stack_index, tmp_path / "root", toolkits=toolkits, resolve_with=install_environ
+    )
     calls: list[str] = []
     _fake_installs(monkeypatch, calls)
     code, out, err = _provision(lock, install_environ, capsys, only="toolkit")
     assert code == ExitCode.PASSED, err
-    assert calls == ["fingerprint /usr/local/cuda-13.0", f"install {tmp_path}/cuda-13.0", "fingerprint /usr/local/cuda-13.0"]
-    installing = lockmodel.load(lock).toolkits[0]
-    assert f"       $ {shlex.join(toolkit.install_command(installing, cache=tmp_path / 'root' / 'cache' / 'toolkits'))}\n" in out
-    assert any(line.split()[:2] == ["PASS", "cuda.toolkits"] and line.endswith("CUDA 13.0.1 (nvcc V13.0.88), CUDA 13.0 (nvcc V13.0.88)") for line in out.splitlines()), out
+    assert calls == [
+        "fingerprint /usr/local/cuda-13.0",
+        f"install {tmp_path}/cuda-13.0",
+        "fingerprint /usr/local/cuda-13.0",
+    ]
+    installing = load_spec(lock).toolkits[0]
+    assert (
+        f"       $ {shlex.join(toolkit.install_command(installing, cache=tmp_path / 'root' / 'cache' / 'toolkits'))}\n"
+        in out
+    )
+    assert any(
+        line.split()[:2] == ["PASS", "cuda.toolkits"]
+        and line.endswith("CUDA 13.0.1 (nvcc V13.0.88), CUDA 13.0 (nvcc V13.0.88)")
+        for line in out.splitlines()
+    ), out
     assert "PASS  cuda.ptxas_arch" in out
     assert not (tmp_path / "root" / "generations").exists()  # --only toolkit left Python alone
     assert _provision(lock, install_environ, capsys, only="toolkit")[1].startswith("nothing to do")
@@ -516,10 +686,15 @@ def _with_patch(lock: Path, tmp_path: Path) -> Path:
     for side, text in (("a", SYMM_MEM_TEXT), ("b", SYMM_MEM_TEXT.replace("    10: 8,\n", "    10: 8,\n    12: 8,\n"))):
         (tmp_path / side / SYMM_MEM_FILE).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / side / SYMM_MEM_FILE).write_text(text)
-    diff = subprocess.run(["diff", "-u", f"a/{SYMM_MEM_FILE}", f"b/{SYMM_MEM_FILE}"], cwd=tmp_path, capture_output=True, text=True).stdout
+    diff = subprocess.run(
+        ["diff", "-u", f"a/{SYMM_MEM_FILE}", f"b/{SYMM_MEM_FILE}"], cwd=tmp_path, capture_output=True, text=True
+    ).stdout
     (tmp_path / "sm120.patch").write_text(diff)
     sha = hashlib.sha256(diff.encode()).hexdigest()
-    lock.write_text(lock.read_text() + f'\n[[patch]]\npackage = "sglang"\nversion = "0.5.9"\nfile = "sm120.patch"\nsha256 = "{sha}"\nreason = "capability 12 in the size table"\n')
+    lock.write_text(
+        lock.read_text()
+        + f'\n[[patch]]\npackage = "sglang"\nversion = "0.5.9"\nfile = "sm120.patch"\nsha256 = "{sha}"\nreason = "capability 12 in the size table"\n'
+    )
     return lock
 
 
@@ -529,10 +704,23 @@ def _patched(root: Path) -> bool:
 
 
 def test_a_new_generation_gets_the_locks_patches_before_its_checks(
-    built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
+    built: Path,
+    tmp_path: Path,
+    stack_index: IndexServer,
+    install_environ: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     root = _copy(built, tmp_path)
-    lock = _with_patch(write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"}, resolve_with=install_environ), tmp_path)
+    lock = _with_patch(
+        write_stack_lock(
+            tmp_path / "lock.toml",
+            stack_index,
+            root,
+            extra_packages={"torch-agnostic": "==1.0"},
+            resolve_with=install_environ,
+        ),
+        tmp_path,
+    )
     code, out, err = _provision(lock, install_environ, capsys)
     assert code == ExitCode.PASSED, err
     assert out.index("[patches] apply sm120.patch to sglang 0.5.9\n") < out.index("[python] check generation ")
@@ -541,10 +729,16 @@ def test_a_new_generation_gets_the_locks_patches_before_its_checks(
 
 
 def test_only_patches_applies_a_missing_patch_in_place_then_does_nothing(
-    built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
+    built: Path,
+    tmp_path: Path,
+    stack_index: IndexServer,
+    install_environ: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     root = _copy(built, tmp_path)
-    lock = _with_patch(write_stack_lock(tmp_path / "lock.toml", stack_index, root, resolve_with=install_environ), tmp_path)
+    lock = _with_patch(
+        write_stack_lock(tmp_path / "lock.toml", stack_index, root, resolve_with=install_environ), tmp_path
+    )
     before = _current(root)
     assert not _patched(root)
     code, out, err = _provision(lock, install_environ, capsys, only="patches")
@@ -554,20 +748,35 @@ def test_only_patches_applies_a_missing_patch_in_place_then_does_nothing(
     assert _provision(lock, install_environ, capsys, only="patches")[1].startswith("nothing to do")
 
 
-def test_dry_run_prints_the_plan_and_touches_nothing(tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]) -> None:
+def test_dry_run_prints_the_plan_and_touches_nothing(
+    tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]
+) -> None:
     lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", resolve_with=install_environ)
     done = _invoke(["provision", "--lock", str(lock), "--dry-run"], install_environ)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("plan for test-stack (root ")
-    assert "  5. [python] install the pylock's 9 distributions (9 files, each checked against its sha256) from " in done.stdout
+    assert (
+        "  5. [python] install the pylock's 9 distributions (9 files, each checked against its sha256) from "
+        in done.stdout
+    )
     assert not (tmp_path / "root").exists()
 
 
-def test_ctrl_c_mid_install_exits_130_and_leaves_current(built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]) -> None:
+def test_ctrl_c_mid_install_exits_130_and_leaves_current(
+    built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]
+) -> None:
     root = _copy(built, tmp_path)
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"}, resolve_with=install_environ)
+    lock = write_stack_lock(
+        tmp_path / "lock.toml",
+        stack_index,
+        root,
+        extra_packages={"torch-agnostic": "==1.0"},
+        resolve_with=install_environ,
+    )
     before = _current(root)
-    done = _invoke(["provision", "--lock", str(lock), "--yes"], install_environ, STACKGATE_FAULT="during:python.stack=SIGINT")
+    done = _invoke(
+        ["provision", "--lock", str(lock), "--yes"], install_environ, STACKGATE_FAULT="during:python.stack=SIGINT"
+    )
     assert done.returncode == ExitCode.INTERRUPTED, done.stderr[-2000:]
     assert "stackgate: interrupted" in done.stderr
     assert _current(root) == before and _works(root, install_environ).startswith("2.9.1+cu130")
@@ -576,36 +785,61 @@ def test_ctrl_c_mid_install_exits_130_and_leaves_current(built: Path, tmp_path: 
     assert rerun.returncode == 0 and "remove unfinished generation(s)" in rerun.stdout, rerun.stderr[-2000:]
 
 
-def test_without_a_terminal_provision_asks_for_yes_and_changes_nothing(tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]) -> None:
+def test_without_a_terminal_provision_asks_for_yes_and_changes_nothing(
+    tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]
+) -> None:
     lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", resolve_with=install_environ)
     done = _invoke(["provision", "--lock", str(lock)], install_environ)
     assert done.returncode == ExitCode.USAGE
     assert "there is no terminal to ask: pass --yes (or --dry-run to only see the plan)" in done.stderr
     assert not (tmp_path / "root").exists()  # refused before the root's lock was taken: nothing created
     home = {"HOME": str(tmp_path / "home")}
-    assert history.runs_dir(lockmodel.load(lock), home) == tmp_path / "home" / ".local" / "state" / "stackgate" / "runs"
+    assert history.runs_dir(load_spec(lock), home) == tmp_path / "home" / ".local" / "state" / "stackgate" / "runs"
 
 
-def test_an_unwritable_root_is_a_clear_error(tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unwritable_root_is_a_clear_error(
+    tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "file").write_text("")
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "file" / "root", resolve_with=install_environ)
+    lock = write_stack_lock(
+        tmp_path / "lock.toml", stack_index, tmp_path / "file" / "root", resolve_with=install_environ
+    )
     code, out, err = _provision(lock, install_environ, capsys)
     assert code == ExitCode.FAILED
     assert f"cannot create or lock {tmp_path / 'file' / 'root'}: " in err
 
 
 @pytest.mark.parametrize("installer", ["uv", "pip"])
-def test_a_wheelhouse_provisions_with_the_network_cut(tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], installer: str) -> None:
+def test_a_wheelhouse_provisions_with_the_network_cut(
+    tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], installer: str
+) -> None:
     """`invoke lock --wheelhouse` downloads every locked file once; `invoke provision --wheelhouse`
     then runs in a network namespace of its own (`unshare -n`: not even 127.0.0.1's index
     answers there) and installs the exact stack from the folder."""
     if subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode != 0:
         pytest.skip("unshare -n is not permitted here (it needs root or user namespaces)")
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", installer=installer, resolve_with=install_environ)
+    lock = write_stack_lock(
+        tmp_path / "lock.toml", stack_index, tmp_path / "root", installer=installer, resolve_with=install_environ
+    )
     filled = _invoke(["lock", "--lock", str(lock), "--wheelhouse", str(tmp_path / "wheelhouse")], install_environ)
     assert filled.returncode == 0, filled.stderr
-    assert "wheelhouse " in filled.stdout and ": 9 files, each checked against its sha256 (9 downloaded, 0 already there)" in filled.stdout
-    cut = ["unshare", "-n", sys.executable, "-m", "invoke", "provision", "--lock", str(lock), "--yes", "--wheelhouse", str(tmp_path / "wheelhouse")]
+    assert (
+        "wheelhouse " in filled.stdout
+        and ": 9 files, each checked against its sha256 (9 downloaded, 0 already there)" in filled.stdout
+    )
+    cut = [
+        "unshare",
+        "-n",
+        sys.executable,
+        "-m",
+        "invoke",
+        "provision",
+        "--lock",
+        str(lock),
+        "--yes",
+        "--wheelhouse",
+        str(tmp_path / "wheelhouse"),
+    ]
     done = subprocess.run(cut, cwd=ROOT, env=install_environ, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
     assert f"check that {tmp_path / 'wheelhouse'} holds all 9 locked files, each with its sha256" in done.stdout
@@ -614,15 +848,20 @@ def test_a_wheelhouse_provisions_with_the_network_cut(tmp_path: Path, stack_inde
     assert _works(tmp_path / "root", install_environ) == "2.9.1+cu130 13.0"
     # A file of the wheelhouse that is not the locked one stops it before anything is created.
     (tmp_path / "wheelhouse" / "sglang-0.5.9-py3-none-any.whl").write_bytes(b"not the wheel")
-    lock.write_text(lock.read_text() + '\n[smoke]\nport = 30001\n')  # any change: provision plans nothing otherwise
+    lock.write_text(lock.read_text() + "\n[smoke]\nport = 30001\n")  # any change: provision plans nothing otherwise
     shutil.rmtree(tmp_path / "root")
     refused = subprocess.run(cut, cwd=ROOT, env=install_environ, capture_output=True, text=True, timeout=300)
     assert refused.returncode == ExitCode.FAILED, refused.stderr[-2000:]
-    assert f"the wheelhouse {tmp_path / 'wheelhouse'} cannot be installed from: sglang-0.5.9-py3-none-any.whl has sha256 " in refused.stderr
+    assert (
+        f"the wheelhouse {tmp_path / 'wheelhouse'} cannot be installed from: sglang-0.5.9-py3-none-any.whl has sha256 "
+        in refused.stderr
+    )
     assert not list((tmp_path / "root" / "generations").glob("0*"))
 
 
-def test_the_guard_holds_in_a_root_whose_path_has_a_space(tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_guard_holds_in_a_root_whose_path_has_a_space(
+    tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
     """pip and uv split PIP_CONSTRAINT and UV_CONSTRAINT on whitespace: stackgate.env names the
     constraints as a file: URL, which both read, so "/srv/my stack" is guarded too."""
     root = tmp_path / "my stack"
@@ -651,7 +890,13 @@ def test_rollback_refuses_a_generation_holding_what_its_pylock_does_not(
     a package installed there by hand since is named, and only --force switches to it."""
     root = _copy(built, tmp_path)
     first = _current(root)
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0"}, resolve_with=install_environ)
+    lock = write_stack_lock(
+        tmp_path / "lock.toml",
+        stack_index,
+        root,
+        extra_packages={"torch-agnostic": "==1.0"},
+        resolve_with=install_environ,
+    )
     assert _invoke(["provision", "--lock", str(lock), "--yes"], install_environ).returncode == 0
     uv = pyenv.find_uv()
     assert uv is not None
@@ -661,5 +906,11 @@ def test_rollback_refuses_a_generation_holding_what_its_pylock_does_not(
     )  # fmt: skip
     refused = _invoke(["rollback", "--lock", str(lock)], install_environ)
     assert refused.returncode == ExitCode.FAILED
-    assert f"not switching to generation {Path(first).name}: it no longer holds what it was built from: torch-agnostic 1.0 is installed but not in the pylock" in refused.stderr
-    assert _invoke(["rollback", "--lock", str(lock), "--force"], install_environ).returncode == 0 and _current(root) == first
+    assert (
+        f"not switching to generation {Path(first).name}: it no longer holds what it was built from: torch-agnostic 1.0 is installed but not in the pylock"
+        in refused.stderr
+    )
+    assert (
+        _invoke(["rollback", "--lock", str(lock), "--force"], install_environ).returncode == 0
+        and _current(root) == first
+    )

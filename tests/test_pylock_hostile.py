@@ -15,7 +15,7 @@ import test_lock
 from pkgindex import Wheel, build_wheel
 
 from stackgate.models import pylock
-from stackgate.models import spec as lockmodel
+from stackgate.models.spec import load_spec
 from stackgate.stack import pyenv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +60,7 @@ def write_pair(
         f'name = "torch"\nversion = "2.11.0"\n{package}'
         f'wheels = [{{ {named}url = "{url or wheel.as_uri()}", hashes = {{ sha256 = "{sha256}" }} }}]\n'
     )
-    pylock.path_for(spec).write_text(pylock.stamp(body, lockmodel.load(spec)))
+    pylock.path_for(spec).write_text(pylock.stamp(body, load_spec(spec)))
     return spec
 
 

@@ -20,13 +20,13 @@ from stackgate.facts import Facts, Missing, ProbeFacts, gather
 from stackgate.facts.compare import conflicts
 from stackgate.facts.interpreters import PROBE
 from stackgate.models import pylock
-from stackgate.models import spec as lockmodel
 from stackgate.models.result import Status
+from stackgate.models.spec import Spec
 
 VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
-def lock_for(python: Path, packages: str = "", extra: str = "", version: str = VERSION) -> lockmodel.Lock:
+def lock_for(python: Path, packages: str = "", extra: str = "", version: str = VERSION) -> Spec:
     return interpreter_lock(python, packages, extra, version=version)
 
 
@@ -40,7 +40,9 @@ def run(name, lock):
 
 def test_the_probe_runs_in_an_interpreter_without_torch(tmp_path):
     out = tmp_path / "facts.json"
-    done = subprocess.run([sys.executable, str(PROBE), str(out), json.dumps({"torch": True})], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, str(PROBE), str(out), json.dumps({"torch": True})], capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
     facts = json.loads(out.read_text())
     assert facts["schema"] == "stackgate.probe/1"
@@ -66,10 +68,14 @@ def test_torch_checks_that_depend_on_a_cuda_build_skip_with_the_reason(torch_pyt
 
 
 def test_pins_compare_distribution_versions_with_the_local_label(torch_python):
-    right, facts = run("python.frozen", lock_for(torch_python, 'torch = "==2.13.0"', '[python.guard]\nfrozen = ["torch"]'))
+    right, facts = run(
+        "python.frozen", lock_for(torch_python, 'torch = "==2.13.0"', '[python.guard]\nfrozen = ["torch"]')
+    )
     installed = facts.probe.dist("torch").version
     assert right.status is Status.PASS, right.summary
-    wrong, _ = run("python.frozen", lock_for(torch_python, 'torch = "==2.13.0+cu130"', '[python.guard]\nfrozen = ["torch"]'))
+    wrong, _ = run(
+        "python.frozen", lock_for(torch_python, 'torch = "==2.13.0+cu130"', '[python.guard]\nfrozen = ["torch"]')
+    )
     assert wrong.status is Status.FAIL
     assert wrong.summary == f"frozen package(s) moved: torch is {installed}, locked ==2.13.0+cu130"
 
@@ -83,12 +89,19 @@ def test_a_missing_pinned_package_fails_the_pins(torch_python):
 def test_the_wrong_python_version_fails(tmp_path):
     python, _ = make_venv(tmp_path / "venv")
     result, _ = run("python.interpreter", lock_for(python, version="3.9"))
-    assert result.status is Status.FAIL and result.summary.endswith(f"is Python {sys.version.split()[0]}, the lock wants 3.9")
+    assert result.status is Status.FAIL and result.summary.endswith(
+        f"is Python {sys.version.split()[0]}, the lock wants 3.9"
+    )
 
 
 def overridden_venv(tmp_path):
     python, site = make_venv(tmp_path / "venv")
-    install_dist(site, "sglang", "0.5.9", ("flashinfer_python==0.6.3", "torch==2.9.1; sys_platform == 'win32'", "uvloop; extra == 'srt'"))
+    install_dist(
+        site,
+        "sglang",
+        "0.5.9",
+        ("flashinfer_python==0.6.3", "torch==2.9.1; sys_platform == 'win32'", "uvloop; extra == 'srt'"),
+    )
     install_dist(site, "flashinfer-python", "0.6.4", ("torch",))
     return python, site
 
@@ -96,7 +109,9 @@ def overridden_venv(tmp_path):
 def test_a_declared_override_is_accepted_with_its_reason(tmp_path):
     python, site = overridden_venv(tmp_path)
     install_dist(site, "torch", "2.9.1+cu130")
-    override = '[[python.override]]\npackage = "flashinfer-python"\nversion = "==0.6.4"\nreason = "sglang 0.5.9 pins 0.6.3"'
+    override = (
+        '[[python.override]]\npackage = "flashinfer-python"\nversion = "==0.6.4"\nreason = "sglang 0.5.9 pins 0.6.3"'
+    )
     result, _ = run("python.consistency", lock_for(python, 'flashinfer-python = "==0.6.4"', override))
     assert result.status is Status.PASS
     assert result.details == (
@@ -121,9 +136,19 @@ def test_conflicts_skip_requirements_behind_extras_and_false_markers():
     sglang = dist()
     sglang.name, sglang.version = "sglang", "0.5.9"
     sglang.requires = ("uvloop; extra == 'srt'", "torch==2.9.1; sys_platform == 'win32'", "not a requirement !!")
-    markers = {"python_version": VERSION, "sys_platform": "linux", "platform_machine": "x86_64", "os_name": "posix",
-               "platform_system": "Linux", "platform_release": "", "platform_version": "", "python_full_version": "3.11.7",
-               "platform_python_implementation": "CPython", "implementation_name": "cpython", "implementation_version": "3.11.7"}
+    markers = {
+        "python_version": VERSION,
+        "sys_platform": "linux",
+        "platform_machine": "x86_64",
+        "os_name": "posix",
+        "platform_system": "Linux",
+        "platform_release": "",
+        "platform_version": "",
+        "python_full_version": "3.11.7",
+        "platform_python_implementation": "CPython",
+        "implementation_name": "cpython",
+        "implementation_version": "3.11.7",
+    }
     assert conflicts({"sglang": sglang}, markers) == []
 
 
@@ -135,15 +160,23 @@ def test_flashinfer_cubin_must_equal_flashinfer_python(tmp_path):
     result, _ = run("flashinfer.cubin", lock_for(python))
     assert result.status is Status.FAIL
     assert result.summary == "flashinfer-cubin 0.6.3 != flashinfer-python 0.6.4: import flashinfer raises RuntimeError"
-    (site / "flashinfer_cubin-0.6.3.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: flashinfer-cubin\nVersion: 0.6.4\n")
+    (site / "flashinfer_cubin-0.6.3.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: flashinfer-cubin\nVersion: 0.6.4\n"
+    )
     result, _ = run("flashinfer.cubin", lock_for(python))
-    assert result.status is Status.PASS and result.summary == "flashinfer-python 0.6.4, flashinfer-cubin 0.6.4, flashinfer-jit-cache 0.6.4+cu130"
+    assert (
+        result.status is Status.PASS
+        and result.summary == "flashinfer-python 0.6.4, flashinfer-cubin 0.6.4, flashinfer-jit-cache 0.6.4+cu130"
+    )
 
 
 def test_a_missing_interpreter_is_one_failure_and_the_rest_skip(tmp_path):
     lock = lock_for(tmp_path / "nowhere" / "python", 'torch = ">=2"')
     result, _ = run("python.interpreter", lock)
-    assert result.status is Status.FAIL and result.summary == f"the lock's interpreter {tmp_path / 'nowhere' / 'python'} does not exist"
+    assert (
+        result.status is Status.FAIL
+        and result.summary == f"the lock's interpreter {tmp_path / 'nowhere' / 'python'} does not exist"
+    )
     for name in ("python.pins", "torch.build", "abi.imports", "abi.elf"):
         assert run(name, lock)[0].status is Status.SKIP, name
 
@@ -158,10 +191,12 @@ def _wheel(tag: str) -> bytes:
     return f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: {tag}\n".encode()
 
 
-def _pylocked(tmp_path: Path, python: Path, packages: str, locked: str) -> lockmodel.Lock:
+def _pylocked(tmp_path: Path, python: Path, packages: str, locked: str) -> Spec:
     """A spec for ``python`` at tmp_path/spec.toml with the pylock ``locked`` (PEP 751 packages) beside it."""
     lock = dataclasses.replace(lock_for(python, packages), path=tmp_path / "spec.toml")
-    (tmp_path / "pylock.spec.toml").write_text(pylock.stamp('lock-version = "1.0"\ncreated-by = "test"\n' + locked, lock))
+    (tmp_path / "pylock.spec.toml").write_text(
+        pylock.stamp('lock-version = "1.0"\ncreated-by = "test"\n' + locked, lock)
+    )
     return lock
 
 
@@ -176,18 +211,38 @@ def test_python_locked_names_every_difference_from_the_pylock(tmp_path):
     install_dist(site, "torch", "2.9.1", files={"torch-2.9.1.dist-info/WHEEL": _wheel("py3-none-any")})
     install_dist(site, "sglang", "0.5.8", files={"sglang-0.5.8.dist-info/WHEEL": _wheel("py3-none-any")})
     # sgl-kernel: the locked version, but PyPI's build instead of the locked cu130 URL wheel
-    origin = {"url": "https://files.example/sgl_kernel-0.3.21-cp39-abi3-manylinux2014_x86_64.whl", "archive_info": {"hashes": {"sha256": "ab" * 32}}}
-    install_dist(site, "sgl-kernel", "0.3.21", files={"sgl_kernel-0.3.21.dist-info/direct_url.json": json.dumps(origin).encode()})
-    install_dist(site, "flashinfer-python", "0.6.4", files={"flashinfer_python-0.6.4.dist-info/WHEEL": _wheel("cp311-cp311-win_amd64")})
+    origin = {
+        "url": "https://files.example/sgl_kernel-0.3.21-cp39-abi3-manylinux2014_x86_64.whl",
+        "archive_info": {"hashes": {"sha256": "ab" * 32}},
+    }
+    install_dist(
+        site, "sgl-kernel", "0.3.21", files={"sgl_kernel-0.3.21.dist-info/direct_url.json": json.dumps(origin).encode()}
+    )
+    install_dist(
+        site,
+        "flashinfer-python",
+        "0.6.4",
+        files={"flashinfer_python-0.6.4.dist-info/WHEEL": _wheel("cp311-cp311-win_amd64")},
+    )
     install_dist(site, "xgrammar", "0.1.27")
     install_dist(site, "pip", "24.0")  # the environment's own pip: put there on purpose
     locked = (
         _locked("torch", "2.9.1", "torch-2.9.1-py3-none-any.whl")
         + _locked("sglang", "0.5.9", "sglang-0.5.9-py3-none-any.whl")
-        + _locked("sgl-kernel", "0.3.21", "sgl_kernel-0.3.21-cp310-abi3-manylinux2014_x86_64.whl", url="https://github.example/")
+        + _locked(
+            "sgl-kernel",
+            "0.3.21",
+            "sgl_kernel-0.3.21-cp310-abi3-manylinux2014_x86_64.whl",
+            url="https://github.example/",
+        )
         + _locked("flashinfer-python", "0.6.4", "flashinfer_python-0.6.4-py3-none-any.whl")
         + _locked("triton", "3.5.1", "triton-3.5.1-py3-none-any.whl")
-        + _locked("nvidia-nccl-cu13", "2.27.7", "nvidia_nccl_cu13-2.27.7-py3-none-win_amd64.whl", marker="sys_platform == 'win32'")
+        + _locked(
+            "nvidia-nccl-cu13",
+            "2.27.7",
+            "nvidia_nccl_cu13-2.27.7-py3-none-win_amd64.whl",
+            marker="sys_platform == 'win32'",
+        )
     )
     result, _ = run("python.locked", _pylocked(tmp_path, python, 'torch = "==2.9.1"', locked))
     assert result.status is Status.FAIL
@@ -199,15 +254,25 @@ def test_python_locked_names_every_difference_from_the_pylock(tmp_path):
         "triton 3.5.1 is locked but not installed",
         "xgrammar 0.1.27 is installed but not in the pylock",
     )  # nvidia-nccl-cu13 is locked for Windows only (its marker): not expected here
-    assert result.summary.startswith("5 difference(s) from pylock.spec.toml: flashinfer-python 0.6.4 was installed from a wheel tagged")
+    assert result.summary.startswith(
+        "5 difference(s) from pylock.spec.toml: flashinfer-python 0.6.4 was installed from a wheel tagged"
+    )
     assert result.fix is not None and result.fix.commands == ("stackgate provision --only python",)
 
 
 def test_python_locked_passes_on_exactly_the_pylock_and_warns_when_the_spec_moved_on(tmp_path):
     python, site = make_venv(tmp_path / "env")
     kernel = "sgl_kernel-0.3.21+cu130-cp310-abi3-manylinux2014_x86_64.whl"
-    origin = {"url": f"file:///srv/wheelhouse/{kernel.replace('+', '%2B')}", "archive_info": {"hashes": {"sha256": hashlib.sha256(kernel.encode()).hexdigest()}}}
-    install_dist(site, "sgl-kernel", "0.3.21+cu130", files={"sgl_kernel-0.3.21+cu130.dist-info/direct_url.json": json.dumps(origin).encode()})
+    origin = {
+        "url": f"file:///srv/wheelhouse/{kernel.replace('+', '%2B')}",
+        "archive_info": {"hashes": {"sha256": hashlib.sha256(kernel.encode()).hexdigest()}},
+    }
+    install_dist(
+        site,
+        "sgl-kernel",
+        "0.3.21+cu130",
+        files={"sgl_kernel-0.3.21+cu130.dist-info/direct_url.json": json.dumps(origin).encode()},
+    )
     install_dist(site, "torch", "2.9.1", files={"torch-2.9.1.dist-info/WHEEL": _wheel("py3-none-any")})
     locked = _locked("torch", "2.9.1", "torch-2.9.1-py3-none-any.whl") + _locked("sgl-kernel", "0.3.21+cu130", kernel)
     lock = _pylocked(tmp_path, python, 'torch = "==2.9.1"', locked)
@@ -217,7 +282,10 @@ def test_python_locked_passes_on_exactly_the_pylock_and_warns_when_the_spec_move
     moved = dataclasses.replace(lock_for(python, 'torch = "==2.9.2"'), path=lock.path)
     result, _ = run("python.locked", moved)
     assert result.status is Status.WARN
-    assert result.summary == "installed exactly as pylock.spec.toml, but the pylock no longer matches the spec: python.packages.torch: ==2.9.1 in the pylock, ==2.9.2 in the spec"
+    assert (
+        result.summary
+        == "installed exactly as pylock.spec.toml, but the pylock no longer matches the spec: python.packages.torch: ==2.9.1 in the pylock, ==2.9.2 in the spec"
+    )
 
 
 def test_python_locked_skips_without_a_pylock_saying_how_to_make_one(tmp_path):
@@ -225,7 +293,10 @@ def test_python_locked_skips_without_a_pylock_saying_how_to_make_one(tmp_path):
     lock = dataclasses.replace(lock_for(python), path=tmp_path / "spec.toml")
     result, _ = run("python.locked", lock)
     assert result.status is Status.SKIP
-    assert result.summary == f"the spec has no pylock: {tmp_path / 'pylock.spec.toml'} does not exist (`stackgate lock --lock {tmp_path / 'spec.toml'}` makes it)"
+    assert (
+        result.summary
+        == f"the spec has no pylock: {tmp_path / 'pylock.spec.toml'} does not exist (`stackgate lock --lock {tmp_path / 'spec.toml'}` makes it)"
+    )
 
 
 def _cuda_torch_seeing_no_gpu(plain_python: Path, nvml_lib: Any = None) -> Facts:
@@ -235,7 +306,14 @@ def _cuda_torch_seeing_no_gpu(plain_python: Path, nvml_lib: Any = None) -> Facts
     facts = gather(lock, ["probe"], environ={"PATH": "/usr/bin:/bin"}, nvml_lib=nvml_lib)
     probe = facts.probe
     assert isinstance(probe, ProbeFacts), probe
-    torch = {"imported": True, "version": "2.11.0+cu130", "cuda": "13.0", "hip": None, "arch_list": [], "cuda_available": False}
+    torch = {
+        "imported": True,
+        "version": "2.11.0+cu130",
+        "cuda": "13.0",
+        "hip": None,
+        "arch_list": [],
+        "cuda_available": False,
+    }
     return facts.provide("probe", dataclasses.replace(probe, torch=torch))
 
 
@@ -256,7 +334,9 @@ def test_an_empty_arch_list_is_not_a_missing_kernel(plain_python):
 
 
 def test_an_empty_arch_list_without_a_gpu_skips(plain_python):
-    facts = _cuda_torch_seeing_no_gpu(plain_python).provide("nvml", Missing("NVML not loadable: libnvidia-ml.so.1 not found"))
+    facts = _cuda_torch_seeing_no_gpu(plain_python).provide(
+        "nvml", Missing("NVML not loadable: libnvidia-ml.so.1 not found")
+    )
     try:
         result = REGISTRY["torch.arch"].function(lock_for(plain_python), facts)
     finally:

@@ -21,10 +21,10 @@ from stackgate.commands import gate, smoke
 from stackgate.commands import report as reporting
 from stackgate.edges.files import write_json
 from stackgate.facts.serverlog import excerpt
-from stackgate.models import spec as lockmodel
 from stackgate.models.finding import Fix
 from stackgate.models.redact import REDACTED, is_secret_name, redact, redact_text, secrets_in
 from stackgate.models.result import Result, Status
+from stackgate.models.spec import load_spec
 from stackgate.render.report import junit_xml, redacted, write_junit
 from stackgate.render.ui import UI
 from stackgate.runs import fingerprint as fp
@@ -35,7 +35,10 @@ from stackgate.runs import fingerprint as fp
 @pytest.mark.parametrize(
     ("text", "shown"),
     [
-        ("python -m sglang.launch_server --model-path /m --api-key Zq9-secret-1 --port 30000", "python -m sglang.launch_server --model-path /m --api-key <redacted> --port 30000"),
+        (
+            "python -m sglang.launch_server --model-path /m --api-key Zq9-secret-1 --port 30000",
+            "python -m sglang.launch_server --model-path /m --api-key <redacted> --port 30000",
+        ),
         ("launch --api-key=Zq9-secret-1 --tp-size 8", "launch --api-key=<redacted> --tp-size 8"),
         ("launch --enable-x --api-key 'Zq9 secret 1'", "launch --enable-x --api-key '<redacted>'"),
         ("--api-key: api_key='Zq9-secret-1'", "--api-key: api_key='<redacted>'"),
@@ -45,10 +48,16 @@ from stackgate.runs import fingerprint as fp
         ),
         ('{"api_key": "Zq9-secret-1", "tp_size": 8}', '{"api_key": "<redacted>", "tp_size": 8}'),
         ("export HF_TOKEN=Zq9-secret-1", "export HF_TOKEN=<redacted>"),
-        ("HF_ENDPOINT=https://hub-user:Zq9-secret-1@hub.example.com/api", "HF_ENDPOINT=https://hub-user:<redacted>@hub.example.com/api"),
+        (
+            "HF_ENDPOINT=https://hub-user:Zq9-secret-1@hub.example.com/api",
+            "HF_ENDPOINT=https://hub-user:<redacted>@hub.example.com/api",
+        ),
         ("git clone https://ghs_Zq9secret1Zq9secret1@github.com/o/r", "git clone https://<redacted>@github.com/o/r"),
         ("model_path='/mnt/ops:Zq9-secret-1@nas/llama'", "model_path='/mnt/ops:<redacted>@nas/llama'"),
-        ("curl -H 'Authorization: Bearer Zq9-secret-1' http://127.0.0.1:30000/generate", "curl -H 'Authorization: Bearer <redacted>' http://127.0.0.1:30000/generate"),
+        (
+            "curl -H 'Authorization: Bearer Zq9-secret-1' http://127.0.0.1:30000/generate",
+            "curl -H 'Authorization: Bearer <redacted>' http://127.0.0.1:30000/generate",
+        ),
         ("401 Client Error for token hf_" + "a1B2" * 9, "401 Client Error for token <redacted>"),
     ],
 )
@@ -72,7 +81,9 @@ def test_what_is_no_secret_is_left_as_it_is(text):
 
 
 def test_names_words_not_substrings():
-    assert [n for n in ("OPENAI_API_KEY", "hf_token", "x-api-key", "clientSecret", "DB_PASSWD") if is_secret_name(n)] == ["OPENAI_API_KEY", "hf_token", "x-api-key", "clientSecret", "DB_PASSWD"]
+    assert [
+        n for n in ("OPENAI_API_KEY", "hf_token", "x-api-key", "clientSecret", "DB_PASSWD") if is_secret_name(n)
+    ] == ["OPENAI_API_KEY", "hf_token", "x-api-key", "clientSecret", "DB_PASSWD"]
     # fast mode's layer-count key, token counts, the tokenizer: no secrets
     plain = ("key", "output_tokens", "tokenizer_mode", "TOKENIZERS_PARALLELISM", "PWD", "OLDPWD", "BYPASS_CACHE")
     assert [n for n in plain if is_secret_name(n)] == []
@@ -120,7 +131,12 @@ def test_a_value_after_a_secret_flag_is_hidden_whatever_its_length_or_shape(text
 
 def test_a_secret_found_in_one_place_is_hidden_in_every_other_at_any_depth():
     doc = {
-        "sessions": [{"command": ["python", "--api-key", "Zq9-secret-1"], "server_info": {"api_key": "Zq9-secret-1", "internal_states": [{"api_key": "Zq9-secret-1"}]}}],
+        "sessions": [
+            {
+                "command": ["python", "--api-key", "Zq9-secret-1"],
+                "server_info": {"api_key": "Zq9-secret-1", "internal_states": [{"api_key": "Zq9-secret-1"}]},
+            }
+        ],
         "results": [{"details": ["the server said: bad credential Zq9-secret-1", "--api-key: api_key='Zq9-secret-1'"]}],
         "fast_mode": {"key": "num_hidden_layers", "override": {"num_hidden_layers": 2}},
         "env": {"HF_ENDPOINT": "https://u:Endpoint-pw-9@hub", "mirror": "the password Endpoint-pw-9 again"},
@@ -137,25 +153,42 @@ def test_a_secret_found_in_one_place_is_hidden_in_every_other_at_any_depth():
 def test_a_value_that_only_names_a_variable_is_no_secret_and_is_shown():
     text = "launch --api-key ${SERVE_AUTH} --admin-api-key=$ADMIN_KEY && export HF_TOKEN=$VAULT_TOKEN"
     assert redact_text(text, environ={}) == text
-    doc = {"command": ["sglang", "--api-key", "${SERVE_AUTH}"], "env": {"HF_TOKEN": "${VAULT_TOKEN}"}, "log": "${SERVE_AUTH} is set"}
+    doc = {
+        "command": ["sglang", "--api-key", "${SERVE_AUTH}"],
+        "env": {"HF_TOKEN": "${VAULT_TOKEN}"},
+        "log": "${SERVE_AUTH} is set",
+    }
     assert redact(doc, environ={}) == doc and secrets_in(doc, environ={}) == set()
 
 
 def test_the_environment_s_secrets_are_hidden_by_value():
     environ = {"WANDB_API_KEY": "wandb-Zq9-secret-1", "PATH": "/usr/bin"}
     assert secrets_in({}, environ) == {"wandb-Zq9-secret-1"}
-    assert redact_text("login with wandb-Zq9-secret-1 on /usr/bin", environ=environ) == "login with <redacted> on /usr/bin"
+    assert (
+        redact_text("login with wandb-Zq9-secret-1 on /usr/bin", environ=environ) == "login with <redacted> on /usr/bin"
+    )
 
 
 def test_every_json_and_junit_file_is_written_redacted_and_a_console_gets_redacted_results(tmp_path):
-    leaky = Result("smoke.flags", Status.FAIL, "1 flag differs", ("--api-key: asked 'Zq9-secret-1'",), Fix("Relaunch.", ("sglang --api-key Zq9-secret-1",)))
+    leaky = Result(
+        "smoke.flags",
+        Status.FAIL,
+        "1 flag differs",
+        ("--api-key: asked 'Zq9-secret-1'",),
+        Fix("Relaunch.", ("sglang --api-key Zq9-secret-1",)),
+    )
     write_json(tmp_path / "r.json", {"results": [leaky.to_dict()]})
     write_junit(tmp_path / "r.xml", {"suite": [leaky]})
     assert "Zq9-secret-1" in junit_xml({"suite": [leaky]})  # the plain renderer shows what it is given
     for name in ("r.json", "r.xml"):
-        assert "Zq9-secret-1" not in (tmp_path / name).read_text() and REDACTED.strip("<>") in (tmp_path / name).read_text()
+        assert (
+            "Zq9-secret-1" not in (tmp_path / name).read_text()
+            and REDACTED.strip("<>") in (tmp_path / name).read_text()
+        )
     (shown,) = redacted([leaky], context={"command": ["sglang", "--api-key", "Zq9-secret-1"]})
-    assert shown.details == ("--api-key: asked '<redacted>'",) and shown.fix.commands == ("sglang --api-key <redacted>",)
+    assert shown.details == ("--api-key: asked '<redacted>'",) and shown.fix.commands == (
+        "sglang --api-key <redacted>",
+    )
 
 
 def test_a_quoted_log_line_is_cut_between_words_never_inside_a_secret():
@@ -168,8 +201,16 @@ def test_a_quoted_log_line_is_cut_between_words_never_inside_a_secret():
 
 
 def test_the_fingerprint_hashes_no_secret():
-    info = {"model_path": "https://ops:Zq9-secret-1@hub/m", "api_key": "Zq9-secret-1", "attention_backend": "flashinfer"}
-    rotated = {"model_path": "https://ops:Other-secret-2@hub/m", "api_key": "Other-secret-2", "attention_backend": "flashinfer"}
+    info = {
+        "model_path": "https://ops:Zq9-secret-1@hub/m",
+        "api_key": "Zq9-secret-1",
+        "attention_backend": "flashinfer",
+    }
+    rotated = {
+        "model_path": "https://ops:Other-secret-2@hub/m",
+        "api_key": "Other-secret-2",
+        "attention_backend": "flashinfer",
+    }
     section = fp.server_section(info)
     assert section == fp.server_section(rotated) and "Zq9-secret-1" not in json.dumps(section)
     assert section["model_path"] == "https://ops:<redacted>@hub/m"
@@ -182,13 +223,18 @@ def test_a_lockfile_s_secret_does_not_change_its_fingerprint(tmp_path):
     digests = []
     for key in ("Zq9-secret-1", "Other-secret-2"):
         path = tmp_path / f"{key}.toml"
-        path.write_text(base.replace("flags = [", f'env = {{ HF_TOKEN = "hf_{key}" }}\nflags = ["--api-key", "{key}", '))
-        section = fp.lock_section(lockmodel.load(path))
+        path.write_text(
+            base.replace("flags = [", f'env = {{ HF_TOKEN = "hf_{key}" }}\nflags = ["--api-key", "{key}", ')
+        )
+        section = fp.lock_section(load_spec(path))
         assert key not in json.dumps(section)
         digests.append(section["sha256"])
     assert digests[0] == digests[1]
-    no_secret = lockmodel.load(plain)
-    assert fp.lock_section(no_secret) == {"name": no_secret.name, "sha256": no_secret.sha256}  # as every report names it
+    no_secret = load_spec(plain)
+    assert fp.lock_section(no_secret) == {
+        "name": no_secret.name,
+        "sha256": no_secret.sha256,
+    }  # as every report names it
 
 
 # --- planted secrets, run for real --------------------------------------------------------------
@@ -230,7 +276,9 @@ def planted(tmp_path_factory, plain_python):
     rig = Rig(tmp_path_factory.mktemp("rig"), free_port())
     model = rig.tmp / f"ops:{MODEL_PASSWORD}@nas" / "model"
     model.mkdir(parents=True)
-    (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 32}))
+    (model / "config.json").write_text(
+        json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 32})
+    )
     env = {"HF_ENDPOINT": f"https://hub-user:{ENDPOINT_PASSWORD}@hub.example.com", "HF_TOKEN": HF_TOKEN}
     lock = rig.lock(flags=("--api-key", API_KEY), env=env, benchmark=BENCH)
     lock.write_text(lock.read_text().replace(f'interpreter = "{sys.executable}"', f'interpreter = "{plain_python}"'))
@@ -239,18 +287,26 @@ def planted(tmp_path_factory, plain_python):
         patch.setenv("STACKGATE_NVML_MODULE", "fakes.fake_nvml")
         patch.setenv("STACKGATE_FAKE_NVML", str(rig.nvml_path))
         patch.setenv("STACKGATE_HISTORY_DIR", str(folder / "runs"))
-        patch.setenv("STACKGATE_LOG_DIR", str(rig.tmp / "logs"))  # server logs: the server's own words, not stackgate's output
+        patch.setenv(
+            "STACKGATE_LOG_DIR", str(rig.tmp / "logs")
+        )  # server logs: the server's own words, not stackgate's output
         patch.setenv("FOO", AWS_KEY_ID)
         patch.setenv("SOME_TOOL_SETTING", UNRELATED)
         try:
-            reports = {f"{kind}_path": folder / f"good.{suffix}" for kind, suffix in (("json", "json"), ("junit", "xml"), ("markdown", "md"), ("prom", "prom"))}
+            reports = {
+                f"{kind}_path": folder / f"good.{suffix}"
+                for kind, suffix in (("json", "json"), ("junit", "xml"), ("markdown", "md"), ("prom", "prom"))
+            }
             request = gate.GateRequest(lock_path=lock, model=str(model), verify_checks=VERIFIABLE, **reports)
             assert _run("gate", console, lambda ui: gate.run(request, ui)) == 0, console["gate stdout"]
 
             rig.behave(hang=True)
             never = rig.tmp / "never.toml"
             never.write_text(lock.read_text().replace("ready_timeout_s = 60", "ready_timeout_s = 2"))
-            reports = {f"{kind}_path": folder / f"timed-out.{suffix}" for kind, suffix in (("json", "json"), ("junit", "xml"), ("markdown", "md"), ("prom", "prom"))}
+            reports = {
+                f"{kind}_path": folder / f"timed-out.{suffix}"
+                for kind, suffix in (("json", "json"), ("junit", "xml"), ("markdown", "md"), ("prom", "prom"))
+            }
             request = gate.GateRequest(lock_path=never, model=str(model), verify_checks=VERIFIABLE, **reports)
             assert _run("timed-out gate", console, lambda ui: gate.run(request, ui)) == 1
 
@@ -263,19 +319,39 @@ def planted(tmp_path_factory, plain_python):
         good, timed_out = (json.loads((folder / f"{name}.json").read_text()) for name in ("good", "timed-out"))
         runs = folder / "runs"
         for name, refs, html in (
-            ("report", (), None), ("report A", (good["run_id"],), None), ("report A B", (good["run_id"], timed_out["run_id"]), None), ("report --html", (good["run_id"],), folder / "report.html")
+            ("report", (), None),
+            ("report A", (good["run_id"],), None),
+            ("report A B", (good["run_id"], timed_out["run_id"]), None),
+            ("report --html", (good["run_id"],), folder / "report.html"),
         ):
-            assert _run(name, console, functools.partial(reporting.run, reporting.ReportRequest(runs=refs, html_path=html, runs_dir=runs))) == 0
+            assert (
+                _run(
+                    name,
+                    console,
+                    functools.partial(reporting.run, reporting.ReportRequest(runs=refs, html_path=html, runs_dir=runs)),
+                )
+                == 0
+            )
     return Planted(folder, console, good, timed_out, json.loads((folder / "smoke.json").read_text()), rig.tmp / "logs")
 
 
 def test_no_output_holds_a_planted_secret(planted):
     files = sorted(p for p in planted.folder.rglob("*") if p.is_file())
     kinds = {p.suffix for p in files}
-    assert {".json", ".xml", ".md", ".prom", ".html"} <= kinds and len(list((planted.folder / "runs").glob("*.json"))) == 3
-    assert "kept in" in planted.console["gate stderr"] and "what changed from A to B" in planted.console["report A B stdout"]  # the console was caught
+    assert {".json", ".xml", ".md", ".prom", ".html"} <= kinds and len(
+        list((planted.folder / "runs").glob("*.json"))
+    ) == 3
+    assert (
+        "kept in" in planted.console["gate stderr"]
+        and "what changed from A to B" in planted.console["report A B stdout"]
+    )  # the console was caught
     assert any(p.name == "runs.sqlite3" for p in files)  # the run index holds no secret either: read as bytes
-    leaks = [f"{path.relative_to(planted.folder)}: {secret}" for path in files for secret in SECRETS if secret.encode() in path.read_bytes()]
+    leaks = [
+        f"{path.relative_to(planted.folder)}: {secret}"
+        for path in files
+        for secret in SECRETS
+        if secret.encode() in path.read_bytes()
+    ]
     leaks += [f"{name}: {secret}" for name, text in planted.console.items() for secret in SECRETS if secret in text]
     assert leaks == []
 
@@ -292,14 +368,22 @@ def test_a_session_records_the_variables_that_explain_it_and_only_the_names_of_t
 
 def test_the_secrets_were_there_and_are_hidden_where_they_stood(planted):
     (session,) = planted.good["gate"]["smoke"]["benchmark"]["sessions"]
-    assert f"--api-key {REDACTED}" in session["command_line"] and session["command"][session["command"].index("--api-key") + 1] == REDACTED
+    assert (
+        f"--api-key {REDACTED}" in session["command_line"]
+        and session["command"][session["command"].index("--api-key") + 1] == REDACTED
+    )
     info = session["server_info"]
     assert info["api_key"] == REDACTED and info["internal_states"][0]["api_key"] == REDACTED
     for field in ("model_path", "tokenizer_path", "served_model_name"):
         assert f"/ops:{REDACTED}@nas/model" in info[field]
-    assert session["environment"]["HF_ENDPOINT"] == f"https://hub-user:{REDACTED}@hub.example.com" and session["environment"]["HF_TOKEN"] == REDACTED
+    assert (
+        session["environment"]["HF_ENDPOINT"] == f"https://hub-user:{REDACTED}@hub.example.com"
+        and session["environment"]["HF_TOKEN"] == REDACTED
+    )
     flags = next(r for r in planted.good["results"] if r["check"] == "smoke.flags" and r["stage"] == "benchmark")
-    assert flags["data"]["flags"] == ["--api-key", REDACTED] and flags["details"] == [f"--api-key: api_key='{REDACTED}'"]
+    assert flags["data"]["flags"] == ["--api-key", REDACTED] and flags["details"] == [
+        f"--api-key: api_key='{REDACTED}'"
+    ]
     server = planted.good["gate"]["fingerprint"]["components"]["server"]
     assert server["api_key"] == REDACTED and f"/ops:{REDACTED}@nas/model" in server["model_path"]
     died = next(r for r in planted.smoke["results"] if r["check"] == "smoke.launch")
@@ -328,15 +412,26 @@ def test_invoke_report_hides_the_secrets_of_a_run_kept_before_they_were_hidden(p
     session["command_line"] = session["command_line"].replace(f"--api-key {REDACTED}", f"--api-key {API_KEY}")
     session["server_info"]["internal_states"][0]["api_key"] = API_KEY
     old["results"][0]["details"] = [f"model /models/ops:{MODEL_PASSWORD}@nas/model: quoted by {HF_TOKEN}"]
-    old["gate"]["fingerprint"]["components"]["server"]["model_path"] = f"https://hub-user:{ENDPOINT_PASSWORD}@hub.example.com/m"
+    old["gate"]["fingerprint"]["components"]["server"]["model_path"] = (
+        f"https://hub-user:{ENDPOINT_PASSWORD}@hub.example.com/m"
+    )
     runs = tmp_path / "runs"
     runs.mkdir()
     for run_id, doc in (("20250101T000000Z-gate-000001", old), (planted.good["run_id"], planted.good)):
-        (runs / f"{run_id}.json").write_text(json.dumps({**doc, "run_id": run_id}))  # as kept then: not through stackgate's writer
+        (runs / f"{run_id}.json").write_text(
+            json.dumps({**doc, "run_id": run_id})
+        )  # as kept then: not through stackgate's writer
     console: dict[str, str] = {}
     html = tmp_path / "page.html"
     for name, refs, page in (("A", ("-2",), None), ("A B", ("-2", "-1"), None), ("html", ("-2",), html)):
-        assert _run(name, console, functools.partial(reporting.run, reporting.ReportRequest(runs=refs, html_path=page, runs_dir=runs))) == 0
+        assert (
+            _run(
+                name,
+                console,
+                functools.partial(reporting.run, reporting.ReportRequest(runs=refs, html_path=page, runs_dir=runs)),
+            )
+            == 0
+        )
     assert "model_path: https://hub-user:<redacted>@hub.example.com/m ->" in console["A B stdout"]
     shown = {**console, "page": html.read_text()}
     assert [f"{name}: {secret}" for name, text in shown.items() for secret in SECRETS if secret in text] == []

@@ -20,12 +20,26 @@ RESULTS = [
         Status.FAIL,
         "1 of 8 GPU(s) are not compute capability 12.0: NVIDIA H200 is 9.0",
         ("GPU 2 (NVIDIA H200): compute capability 9.0, the lock wants 12.0",),
-        Fix("Run with the lock for this machine's GPUs (--lock).", ("invoke verify --lock lockfiles/hopper-sm90-cu130.toml",)),
+        Fix(
+            "Run with the lock for this machine's GPUs (--lock).",
+            ("invoke verify --lock lockfiles/hopper-sm90-cu130.toml",),
+        ),
         {"want": "12.0"},
         0.02,
     ),
-    Result("gpu.processes", Status.WARN, "1 process(es) hold GPU memory", ("GPU 0 (X): pid 7 holds 10 MiB",), Fix("Stop them.")),
-    Result("python.pins", Status.SKIP, "no probe of the stack's interpreter (see python.interpreter)", ("no stack environment",)),
+    Result(
+        "gpu.processes",
+        Status.WARN,
+        "1 process(es) hold GPU memory",
+        ("GPU 0 (X): pid 7 holds 10 MiB",),
+        Fix("Stop them."),
+    ),
+    Result(
+        "python.pins",
+        Status.SKIP,
+        "no probe of the stack's interpreter (see python.interpreter)",
+        ("no stack environment",),
+    ),
     Result("abi.imports", Status.ERROR, "the check crashed: ValueError: boom", duration_s=0.5),
 ]
 
@@ -56,7 +70,10 @@ def test_the_plain_report_exactly():
 
 def test_verbose_shows_details_of_passing_and_skipped_checks():
     text = render_plain("t", RESULTS, judge(RESULTS), 1.5, verbose=1)
-    assert "  SKIP  python.pins     no probe of the stack's interpreter (see python.interpreter)\n                        no stack environment\n" in text
+    assert (
+        "  SKIP  python.pins     no probe of the stack's interpreter (see python.interpreter)\n                        no stack environment\n"
+        in text
+    )
 
 
 def test_the_ui_writes_plain_lines_without_a_terminal(monkeypatch):
@@ -101,7 +118,14 @@ def test_the_rich_table_exactly(monkeypatch):
 def test_junit_has_one_testcase_per_check_and_parses_as_xml():
     root = ET.fromstring(junit_xml({"stackgate.verify.t": RESULTS}))
     (suite,) = root.findall("testsuite")
-    assert suite.attrib == {"name": "stackgate.verify.t", "tests": "5", "failures": "1", "errors": "1", "skipped": "1", "time": "0.530"}
+    assert suite.attrib == {
+        "name": "stackgate.verify.t",
+        "tests": "5",
+        "failures": "1",
+        "errors": "1",
+        "skipped": "1",
+        "time": "0.530",
+    }
     cases = {c.attrib["name"]: c for c in suite.findall("testcase")}
     assert set(cases) == {r.check for r in RESULTS}
     failure = cases["gpu.capability"].find("failure")

@@ -14,8 +14,8 @@ import pytest
 from history_support import gate_doc, keep, smoke_doc
 
 from stackgate.commands import report as reporting
-from stackgate.models import spec as lockmodel
 from stackgate.models.result import Status
+from stackgate.models.spec import SpecError
 from stackgate.render.ui import UI
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,7 +36,11 @@ def runs(tmp_path):
     folder = tmp_path / "runs"
     kept = [
         keep(folder, gate_doc(decode=92.6), DAYS[0]),
-        keep(folder, gate_doc(decode=83.9, backend="triton", torch="2.10.0", status=Status.FAIL, summary="torch moved"), DAYS[1]),
+        keep(
+            folder,
+            gate_doc(decode=83.9, backend="triton", torch="2.10.0", status=Status.FAIL, summary="torch moved"),
+            DAYS[1],
+        ),
         keep(folder, smoke_doc(tmp_path / "s1"), DAYS[2]),
         keep(folder, smoke_doc(tmp_path / "s2", backend="triton", decode=150.0), DAYS[3]),
     ]
@@ -46,7 +50,10 @@ def runs(tmp_path):
 def test_the_history_lists_every_run_and_a_trend_per_lock(runs):
     folder, (a, b, s1, s2) = runs
     lines = report(runs_dir=folder)
-    assert lines[:2] == [f"4 run(s) in {folder}, oldest first", "run                            command  lock     verdict  decode tok/s   tok/s  fingerprint"]
+    assert lines[:2] == [
+        f"4 run(s) in {folder}, oldest first",
+        "run                            command  lock     verdict  decode tok/s   tok/s  fingerprint",
+    ]
     assert lines[2].split() == [a.id, "gate", "standin", "passed", "92.60", "91.21", a.fingerprint["short"]]
     assert lines[3].split() == [b.id, "gate", "standin", "failed", "83.90", "82.64", b.fingerprint["short"]]
     assert lines[4].split() == [s1.id, "smoke", "standin", "passed", "200.00", "197.00"]
@@ -59,7 +66,10 @@ def test_a_lock_whose_runs_have_no_benchmark_of_the_real_weights_says_so(tmp_pat
     keep(tmp_path, smoke_doc(tmp_path / "fast", fast=True), DAYS[1])  # a fast-mode figure is not the stack's speed
     lines = report(runs_dir=tmp_path)
     assert [line.split()[4:6] for line in lines[2:4]] == [["-", "-"], ["-", "-"]]
-    assert lines[4:] == ["trend bare: no run with a benchmark of the real weights yet", "trend standin: no run with a benchmark of the real weights yet"]
+    assert lines[4:] == [
+        "trend bare: no run with a benchmark of the real weights yet",
+        "trend standin: no run with a benchmark of the real weights yet",
+    ]
 
 
 def test_an_empty_or_missing_runs_directory_says_where_runs_will_be_kept(tmp_path):
@@ -106,7 +116,9 @@ def test_two_gate_runs_compared(runs):
     folder, (a, b, _, _) = runs
     lines = report(a.id, b.id, runs_dir=folder)
     assert lines[0] == f"A: {a.label()}, started {a.started}" and lines[1] == f"B: {b.label()}, started {b.started}"
-    assert lines[2].startswith("decode tok/s: 92.60 -> 83.90: -8.70 tok/s (-9.4%; 95% CI -") and lines[3].startswith("tok/s: 91.21 -> 82.64: ")
+    assert lines[2].startswith("decode tok/s: 92.60 -> 83.90: -8.70 tok/s (-9.4%; 95% CI -") and lines[3].startswith(
+        "tok/s: 91.21 -> 82.64: "
+    )
     assert lines[4:] == [
         f"what changed from A to B (2 component(s); fingerprint {a.fingerprint['short']} -> {b.fingerprint['short']}):",
         "  distributions:",
@@ -132,7 +144,10 @@ def test_two_smoke_runs_compared_on_what_a_smoke_records(runs):
         "  (not compared: gpu, toolkits, distributions, patches: a smoke run records only its lock and its server)",
     ]
     same = report("-1", "-1", runs_dir=folder)
-    assert same[4:] == ["the stack is the same in what both runs recorded (lock, server)", "  (not compared: gpu, toolkits, distributions, patches: a smoke run records only its lock and its server)"]
+    assert same[4:] == [
+        "the stack is the same in what both runs recorded (lock, server)",
+        "  (not compared: gpu, toolkits, distributions, patches: a smoke run records only its lock and its server)",
+    ]
 
 
 def test_many_status_changes_are_cut_at_thirty(tmp_path):
@@ -157,8 +172,10 @@ def test_many_status_changes_are_cut_at_thirty(tmp_path):
 )
 def test_usage_errors_name_the_problem(runs, tmp_path, runs_named, html, message):
     folder, _ = runs
-    request = reporting.ReportRequest(runs=runs_named, html_path=tmp_path / "page.html" if html else None, runs_dir=folder)
-    with pytest.raises(reporting.ReportUsage) as caught:
+    request = reporting.ReportRequest(
+        runs=runs_named, html_path=tmp_path / "page.html" if html else None, runs_dir=folder
+    )
+    with pytest.raises(reporting.ReportUsageError) as caught:
         reporting.run(request, UI(stream=io.StringIO(), force_plain=True))
     assert str(caught.value).startswith(message)
     assert not (tmp_path / "page.html").exists()
@@ -167,15 +184,21 @@ def test_usage_errors_name_the_problem(runs, tmp_path, runs_named, html, message
 def test_the_runs_directory_comes_from_the_lock_or_the_state_directory(tmp_path, monkeypatch):
     monkeypatch.delenv("STACKGATE_HISTORY_DIR")
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    text = (ROOT / "lockfiles" / "blackwell-sm120-cu130.toml").read_text().replace('root = "/opt/stackgate"', f'root = "{tmp_path / "root"}"')
+    text = (
+        (ROOT / "lockfiles" / "blackwell-sm120-cu130.toml")
+        .read_text()
+        .replace('root = "/opt/stackgate"', f'root = "{tmp_path / "root"}"')
+    )
     (tmp_path / "lock.toml").write_text(text)
     kept = keep(tmp_path / "root" / "runs", gate_doc(decode=90.0), DAYS[0])
     assert report(lock_path=tmp_path / "lock.toml")[2].split()[0] == kept.id
     state = tmp_path / "state" / "stackgate" / "runs"
-    monkeypatch.setenv("STACKGATE_LOCK", str(tmp_path / "broken.toml"))  # the default lock does not load: its history still shows
+    monkeypatch.setenv(
+        "STACKGATE_LOCK", str(tmp_path / "broken.toml")
+    )  # the default lock does not load: its history still shows
     (tmp_path / "broken.toml").write_text("[stack\n")
     assert report() == [f"no runs kept in {state} yet: `stackgate gate` and `stackgate smoke` keep theirs there"]
-    with pytest.raises(lockmodel.LockError):  # a lock named on purpose must load
+    with pytest.raises(SpecError):  # a lock named on purpose must load
         report(lock_path=tmp_path / "broken.toml")
 
 
@@ -185,9 +208,13 @@ def test_the_html_page_of_the_history_and_of_one_run(runs, tmp_path):
     page = (tmp_path / "all.html").read_text()
     assert all(r.id in page for r in (a, b, s1, s2)) and "stackgate: 4 run(s) of standin" in page
     other = keep(tmp_path / "elsewhere", gate_doc(decode=50.0, lock="other"), DAYS[6])
-    assert report(str(other.path), html_path=tmp_path / "one.html", runs_dir=folder) == [f"wrote {tmp_path / 'one.html'} (1 run(s), focus {other.id})"]
+    assert report(str(other.path), html_path=tmp_path / "one.html", runs_dir=folder) == [
+        f"wrote {tmp_path / 'one.html'} (1 run(s), focus {other.id})"
+    ]
     assert f"stackgate: run {other.id}" in (tmp_path / "one.html").read_text()
-    assert report(html_path=tmp_path / "none.html", runs_dir=tmp_path / "empty") == [f"wrote {tmp_path / 'none.html'} (0 run(s))"]
+    assert report(html_path=tmp_path / "none.html", runs_dir=tmp_path / "empty") == [
+        f"wrote {tmp_path / 'none.html'} (0 run(s))"
+    ]
     assert "stackgate: 0 run(s) of no lock" in (tmp_path / "none.html").read_text()
 
 
@@ -195,6 +222,16 @@ def test_invoke_report_takes_runs_after_a_double_dash_even_negative_ones(runs):
     """Item 30 of issue 11: `c.remainder` crashed on invoke 2.2.1; the floor is now 3.0."""
     folder, (_, _, s1, s2) = runs
     environ = {**os.environ, "STACKGATE_HISTORY_DIR": str(folder), "NO_COLOR": "1", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "invoke", "report", "--", "-2", "-1"], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "invoke", "report", "--", "-2", "-1"],
+        cwd=ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[:2] == [f"A: {s1.label()}, started {s1.started}", f"B: {s2.label()}, started {s2.started}"]
+    assert done.stdout.splitlines()[:2] == [
+        f"A: {s1.label()}, started {s1.started}",
+        f"B: {s2.label()}, started {s2.started}",
+    ]

@@ -16,7 +16,11 @@ DAY1, DAY2 = "2025-01-01T10:00:00+00:00", "2025-01-02T10:00:00+00:00"
 
 def test_two_gate_runs_differ_by_component_with_the_speed_interval_and_the_status_changes(tmp_path):
     a = keep(tmp_path, gate_doc(decode=92.6), DAY1)
-    b = keep(tmp_path, gate_doc(decode=83.9, backend="triton", torch="2.10.0", status=Status.FAIL, summary="torch moved"), DAY2)
+    b = keep(
+        tmp_path,
+        gate_doc(decode=83.9, backend="triton", torch="2.10.0", status=Status.FAIL, summary="torch moved"),
+        DAY2,
+    )
     done = rundiff.compare(a, b)
     assert (done.old, done.new) == (a, b) and not done.same_stack
     assert done.sections == ("lock", "gpu", "distributions", "server")
@@ -24,7 +28,9 @@ def test_two_gate_runs_differ_by_component_with_the_speed_interval_and_the_statu
     assert [c.section for c in done.changes] == ["distributions", "server"]
     decode, tok = done.speed
     assert (decode.name, decode.old, decode.new) == ("decode_tok_s", pytest.approx(92.6), pytest.approx(83.9))
-    assert decode.difference == bench.difference(rundiff.summary_of(a, "decode_tok_s"), rundiff.summary_of(b, "decode_tok_s"))
+    assert decode.difference == bench.difference(
+        rundiff.summary_of(a, "decode_tok_s"), rundiff.summary_of(b, "decode_tok_s")
+    )
     assert decode.text().startswith("decode tok/s: 92.60 -> 83.90: -8.70 tok/s (-9.4%; 95% CI -")
     assert tok.name == "tok_s" and tok.text().startswith("tok/s: 91.21 -> 82.64: ")
     assert done.statuses == (rundiff.StatusChange("verify", "verify.check", "PASS", "FAIL", "torch moved"),)
@@ -55,11 +61,17 @@ def test_smoke_runs_are_compared_on_their_lock_and_their_servers_arguments(tmp_p
     a = keep(tmp_path / "runs", smoke_doc(tmp_path / "a"), DAY1)
     b = keep(tmp_path / "runs", smoke_doc(tmp_path / "b", backend="triton", decode=150.0), DAY2)
     parts = rundiff.components(a)
-    assert parts == {"lock": {"name": "standin", "sha256": a.doc["lock"]["sha256"]}, "server": fingerprint.server_section({**SERVER, "port": 30000, "random_seed": 7})}
+    assert parts == {
+        "lock": {"name": "standin", "sha256": a.doc["lock"]["sha256"]},
+        "server": fingerprint.server_section({**SERVER, "port": 30000, "random_seed": 7}),
+    }
     assert "port" not in parts["server"] and "random_seed" not in parts["server"]  # a launch's own choices
     done = rundiff.compare(a, b)
     assert done.sections == ("lock", "server")
-    assert [(c.section, c.name, c.old, c.new) for c in done.changes] == [("lock", "sha256", a.doc["lock"]["sha256"], b.doc["lock"]["sha256"]), ("server", "attention_backend", "flashinfer", "triton")]
+    assert [(c.section, c.name, c.old, c.new) for c in done.changes] == [
+        ("lock", "sha256", a.doc["lock"]["sha256"], b.doc["lock"]["sha256"]),
+        ("server", "attention_backend", "flashinfer", "triton"),
+    ]
     assert done.speed[0].text().startswith("decode tok/s: 200.00 -> 150.00: -50.00 tok/s (-25.0%; 95% CI -")
 
 
@@ -69,7 +81,10 @@ def test_a_gate_and_a_smoke_run_are_compared_on_what_both_recorded(tmp_path):
     done = rundiff.compare(gate, smoke)
     assert done.sections == ("lock", "server")
     assert [(c.section, c.name) for c in done.changes] == [("lock", "sha256")]  # the same server arguments
-    assert {(s.check, s.old, s.new) for s in done.statuses} >= {("smoke.benchmark", None, "PASS"), ("verify.check", "PASS", None)}
+    assert {(s.check, s.old, s.new) for s in done.statuses} >= {
+        ("smoke.benchmark", None, "PASS"),
+        ("verify.check", "PASS", None),
+    }
     gone = next(s for s in done.statuses if s.check == "verify.check")
     assert gone.summary == "all good" and str(gone) == "verify verify.check: PASS -> (absent): all good"
 
@@ -87,7 +102,14 @@ def test_extra_sections_of_a_newer_fingerprint_are_compared_after_the_known_ones
 
 @pytest.mark.parametrize(
     "raw",
-    [None, "fast", [], {"mean": 90.0}, {**bench.summarize([1.0, 2.0]).to_dict(), "n": "two"}, {**bench.summarize([1.0, 2.0]).to_dict(), "values": [None]}],
+    [
+        None,
+        "fast",
+        [],
+        {"mean": 90.0},
+        {**bench.summarize([1.0, 2.0]).to_dict(), "n": "two"},
+        {**bench.summarize([1.0, 2.0]).to_dict(), "values": [None]},
+    ],
     ids=["absent", "text", "list", "fields-missing", "n-not-a-number", "value-not-a-number"],
 )
 def test_a_malformed_stored_figure_reads_as_absent_never_a_crash(tmp_path, raw):

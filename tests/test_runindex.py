@@ -27,9 +27,22 @@ TESTS = ROOT / "tests"
 
 
 def stackgate(*args: str, folder: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    environ = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1", "STACKGATE_HISTORY_DIR": str(folder), **(env or {})}
+    environ = {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}",
+        "NO_COLOR": "1",
+        "STACKGATE_HISTORY_DIR": str(folder),
+        **(env or {}),
+    }
     environ.pop("STACKGATE_LOCK", None)
-    return subprocess.run([sys.executable, "-m", "stackgate", "report", *args], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "stackgate", "report", *args],
+        cwd=ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def on_host(doc: dict, host: str, machine: str | None = None) -> dict:
@@ -71,11 +84,22 @@ def test_a_kept_run_is_entered_and_the_listing_from_the_index_is_the_scans(kept,
         assert db.fresh() and db.count() == 7 and db.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert db.db.execute("PRAGMA user_version").fetchone()[0] == index.SCHEMA_VERSION
         newest = db.newest(1)[0]
-    assert (newest.id, newest.file, newest.kind, newest.decode_tok_s) == (runs[-1].id, runs[-1].path.name, "gate", pytest.approx(96.0))
+    assert (newest.id, newest.file, newest.kind, newest.decode_tok_s) == (
+        runs[-1].id,
+        runs[-1].path.name,
+        "gate",
+        pytest.approx(96.0),
+    )
     indexed, warnings = listing(folder, last=3)
     assert warnings == [] and indexed.total == 7 and [r[0] for r in rows(indexed)] == [r.id for r in runs[-3:]]
-    assert rows(indexed) == rows(scanned(folder, monkeypatch, last=3)) and indexed.trends == scanned(folder, monkeypatch).trends
-    assert indexed.trends[0][0] == "other" and indexed.trends[1] == ("standin", [pytest.approx(v) for v in (91.0, 92.0, 94.0, 95.0)])
+    assert (
+        rows(indexed) == rows(scanned(folder, monkeypatch, last=3))
+        and indexed.trends == scanned(folder, monkeypatch).trends
+    )
+    assert indexed.trends[0][0] == "other" and indexed.trends[1] == (
+        "standin",
+        [pytest.approx(v) for v in (91.0, 92.0, 94.0, 95.0)],
+    )
 
 
 def test_documents_added_deleted_or_edited_by_hand_are_found_without_a_reindex(kept, monkeypatch):
@@ -84,11 +108,17 @@ def test_documents_added_deleted_or_edited_by_hand_are_found_without_a_reindex(k
     copied = json.loads(runs[1].path.read_text())
     (folder / "by-hand.json").write_text(json.dumps({**copied, "run_id": "by-hand", "started": day(20)}))
     edited = json.loads(runs[-1].path.read_text())
-    runs[-1].path.write_text(json.dumps({**edited, "verdict": "failed"}) + "\n" * 3)  # in place: the folder's time stays
+    runs[-1].path.write_text(
+        json.dumps({**edited, "verdict": "failed"}) + "\n" * 3
+    )  # in place: the folder's time stays
     indexed, warnings = listing(folder)
     assert warnings == [] and indexed.total == 7
     assert rows(indexed) == rows(scanned(folder, monkeypatch))
-    assert indexed.rows[-1].id == "by-hand" and indexed.rows[-2].verdict == "failed" and runs[0].id not in [r.id for r in indexed.rows]
+    assert (
+        indexed.rows[-1].id == "by-hand"
+        and indexed.rows[-2].verdict == "failed"
+        and runs[0].id not in [r.id for r in indexed.rows]
+    )
     assert catalog.find("-1", folder, warnings.append).id == "by-hand"
 
 
@@ -98,7 +128,10 @@ def test_report_a_b_reads_only_the_two_documents(kept):
         run.path.write_text("garbage, written in place")  # a scan would warn about each of these
     done = stackgate("-2", "-1", folder=folder)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[:2] == [f"A: {runs[-2].label()}, started {runs[-2].started}", f"B: {runs[-1].label()}, started {runs[-1].started}"]
+    assert done.stdout.splitlines()[:2] == [
+        f"A: {runs[-2].label()}, started {runs[-2].started}",
+        f"B: {runs[-1].label()}, started {runs[-1].started}",
+    ]
     assert "warning" not in done.stderr
     assert stackgate(runs[0].id[:16], runs[-1].id, folder=folder).returncode == 0
 
@@ -110,7 +143,9 @@ def test_the_listing_shows_the_last_n_and_counts_every_run(kept):
     lines = done.stdout.splitlines()
     assert lines[0] == f"the last 2 of 7 run(s) in {folder}, oldest first"
     assert [line.split()[0] for line in lines[2:4]] == [runs[-2].id, runs[-1].id]
-    assert lines[4].startswith("trend other (decode tok/s, last 3 run(s))") and lines[5].startswith("trend standin (decode tok/s, last 4 run(s))")
+    assert lines[4].startswith("trend other (decode tok/s, last 3 run(s))") and lines[5].startswith(
+        "trend standin (decode tok/s, last 4 run(s))"
+    )
     for args, text in [(("--last", "0"), "--last: 0"), (("--last", "x"), "--last: 'x' is not a whole number"), (("--threshold", "200", "--regressed-since", "2026-11-01"), "--threshold: 200"),
                        (("--regressed-since", "monday"), "--regressed-since: 'monday' is not a date"), (("--reindex", "-1"), "--reindex takes no run")]:  # fmt: skip
         bad = stackgate(*args, folder=folder)
@@ -124,7 +159,9 @@ def test_a_damaged_database_falls_back_to_the_scan_with_a_warning_and_reindex_re
     index.database_path(folder).write_bytes(b"this is not a database" * 100)
     done = stackgate(folder=folder)
     assert done.returncode == 0 and "Traceback" not in done.stderr
-    assert f"warning: the run index of {folder} cannot be used" in done.stderr and "--reindex` rebuilds it" in done.stderr
+    assert (
+        f"warning: the run index of {folder} cannot be used" in done.stderr and "--reindex` rebuilds it" in done.stderr
+    )
     assert f"7 run(s) in {folder}" in done.stdout
     assert stackgate("-1", folder=folder).returncode == 0
     keep(folder, gate_doc(decode=99.0), day(28))  # still kept: the document is the truth
@@ -140,7 +177,12 @@ def test_a_database_of_a_newer_stackgate_is_not_touched(kept):
     with sqlite3.connect(index.database_path(folder)) as db:
         db.execute(f"PRAGMA user_version = {index.SCHEMA_VERSION + 1}")
     found, warnings = listing(folder)
-    assert found.total == 7 and len(warnings) == 1 and f"schema version {index.SCHEMA_VERSION + 1}, newer than this stackgate's {index.SCHEMA_VERSION}" in warnings[0]
+    assert (
+        found.total == 7
+        and len(warnings) == 1
+        and f"schema version {index.SCHEMA_VERSION + 1}, newer than this stackgate's {index.SCHEMA_VERSION}"
+        in warnings[0]
+    )
 
 
 def test_migrations_run_in_order_from_an_empty_database(tmp_path, monkeypatch):
@@ -151,7 +193,10 @@ def test_migrations_run_in_order_from_an_empty_database(tmp_path, monkeypatch):
     monkeypatch.setattr(index, "SCHEMA_VERSION", version)
     with index.Store(tmp_path) as db:
         assert db.db.execute("PRAGMA user_version").fetchone()[0] == version
-        assert "note" in [c[1] for c in db.db.execute("PRAGMA table_info(runs)")] and db.db.execute("SELECT count(*) FROM extra").fetchone()[0] == 0
+        assert (
+            "note" in [c[1] for c in db.db.execute("PRAGMA table_info(runs)")]
+            and db.db.execute("SELECT count(*) FROM extra").fetchone()[0] == 0
+        )
 
 
 def test_a_locked_database_never_loses_a_run(kept, monkeypatch):
@@ -161,7 +206,9 @@ def test_a_locked_database_never_loses_a_run(kept, monkeypatch):
     holder.execute("BEGIN EXCLUSIVE")
     try:
         said: list[str] = []
-        path = history.store({**gate_doc(decode=77.0), "started": day(29), "run_id": "while-locked"}, folder, said.append)
+        path = history.store(
+            {**gate_doc(decode=77.0), "started": day(29), "run_id": "while-locked"}, folder, said.append
+        )
         assert path.is_file() and "not entered in the run index" in said[0] and "locked" in said[0]
         found, warnings = listing(folder)
         assert found.rows[-1].id == "while-locked" and "cannot be used" in warnings[0]  # the scan found it
@@ -188,12 +235,27 @@ print(len(said))
 def test_two_writers_at_once_both_get_every_run_in(tmp_path):
     folder = tmp_path / "runs"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(folder), "120", str(ROOT), str(TESTS), name], env=env, stdout=subprocess.PIPE, text=True) for name in ("a", "b")]
-    assert [w.communicate(timeout=300)[0].strip() for w in writers] == ["0", "0"]  # no writer had to give up on the index
+    writers = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(folder), "120", str(ROOT), str(TESTS), name],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("a", "b")
+    ]
+    assert [w.communicate(timeout=300)[0].strip() for w in writers] == [
+        "0",
+        "0",
+    ]  # no writer had to give up on the index
     with index.Store(folder) as db:
         assert db.count() == 240
     found, warnings = listing(folder)
-    assert warnings == [] and found.total == 240 and [r.id for r in found.rows] == [f"{w}-{i:04d}" for i in range(110, 120) for w in "ab"]
+    assert (
+        warnings == []
+        and found.total == 240
+        and [r.id for r in found.rows] == [f"{w}-{i:04d}" for i in range(110, 120) for w in "ab"]
+    )
     assert catalog.reindex(folder).runs == 240
 
 
@@ -213,8 +275,13 @@ def test_which_hosts_regressed_since_a_time_and_what_changed_on_them(tmp_path, m
     folder = tmp_path / "runs"
     regression_history(folder)
     found, hosts = catalog.regressed_since(folder, catalog.parse_since("2026-11-23"), pytest.fail)
-    assert hosts == 3 and [(r.node, r.reasons) for r in found] == [("node-a", ("decode tok/s 100.00 -> 90.00 (-10.0%)",)), ("node-b", ("verdict passed -> failed",))]
-    assert [(c.section, c.name, c.old, c.new) for c in found[0].changes] == [("distributions", "torch", "2.9.1+cu130", "2.10.0")]
+    assert hosts == 3 and [(r.node, r.reasons) for r in found] == [
+        ("node-a", ("decode tok/s 100.00 -> 90.00 (-10.0%)",)),
+        ("node-b", ("verdict passed -> failed",)),
+    ]
+    assert [(c.section, c.name, c.old, c.new) for c in found[0].changes] == [
+        ("distributions", "torch", "2.9.1+cu130", "2.10.0")
+    ]
     assert found[1].run.fingerprint == found[1].against.fingerprint and found[1].changes == ()
     monkeypatch.setenv("STACKGATE_HISTORY_INDEX", "off")
     assert catalog.regressed_since(folder, "2026-11-23", pytest.fail) == (found, hosts)
@@ -228,10 +295,22 @@ def test_report_regressed_since_prints_each_host_and_what_changed(tmp_path):
     done = stackgate("--regressed-since", "2026-11-23", folder=folder)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0] == "2 of 3 node(s) with runs since 2026-11-23T00:00:00+00:00 regressed (decode tok/s more than 5% below the node's previous measured run, or passed -> failed)"
-    assert lines[1].startswith("node-a: ") and lines[1].endswith(": decode tok/s 100.00 -> 90.00 (-10.0%); against " + lines[1].split()[-1])
-    assert lines[2].startswith("  what changed (1 component(s), fingerprint ") and lines[3] == "    distributions: torch: 2.9.1+cu130 -> 2.10.0"
-    assert lines[4].startswith("node-b: ") and "verdict passed -> failed" in lines[4] and lines[5].startswith("  nothing changed in the stack (fingerprint ")
+    assert (
+        lines[0]
+        == "2 of 3 node(s) with runs since 2026-11-23T00:00:00+00:00 regressed (decode tok/s more than 5% below the node's previous measured run, or passed -> failed)"
+    )
+    assert lines[1].startswith("node-a: ") and lines[1].endswith(
+        ": decode tok/s 100.00 -> 90.00 (-10.0%); against " + lines[1].split()[-1]
+    )
+    assert (
+        lines[2].startswith("  what changed (1 component(s), fingerprint ")
+        and lines[3] == "    distributions: torch: 2.9.1+cu130 -> 2.10.0"
+    )
+    assert (
+        lines[4].startswith("node-b: ")
+        and "verdict passed -> failed" in lines[4]
+        and lines[5].startswith("  nothing changed in the stack (fingerprint ")
+    )
 
 
 def test_the_command_lists_through_the_index_after_a_run_was_kept(tmp_path):
@@ -270,7 +349,10 @@ def test_a_document_copied_in_while_a_writer_is_inside_store_is_listed(kept, mon
 
 def test_a_writer_sweeps_the_temporary_files_killed_writes_left(kept):
     folder, _ = kept
-    old, young = folder / ".20261101T100000Z-gate-0a0b0c.json.k3j4h5g6", folder / ".20261102T100000Z-gate-0a0b0d.json.a1b2c3d4"
+    old, young = (
+        folder / ".20261101T100000Z-gate-0a0b0c.json.k3j4h5g6",
+        folder / ".20261102T100000Z-gate-0a0b0d.json.a1b2c3d4",
+    )
     for path in (old, young):
         path.write_bytes(b"")
     hour_ago = old.stat().st_mtime - 3600
@@ -290,7 +372,9 @@ def test_regressions_are_judged_per_node_not_per_hostname(tmp_path, monkeypatch)
         keep(folder, on_host(gate_doc(decode=rate), "vm", machine), day(20 + hour // 2, 11 + 2 * hour))
     keep(folder, on_host(gate_doc(decode=50.0), "vm", "m2"), day(24))  # the one real regression
     found, nodes = catalog.regressed_since(folder, "2026-11-21", pytest.fail)
-    assert nodes == 4 and [(r.node, r.reasons) for r in found] == [("vm (machine m2)", ("decode tok/s 60.00 -> 50.00 (-16.7%)",))]
+    assert nodes == 4 and [(r.node, r.reasons) for r in found] == [
+        ("vm (machine m2)", ("decode tok/s 60.00 -> 50.00 (-16.7%)",))
+    ]
     monkeypatch.setenv("STACKGATE_HISTORY_INDEX", "off")
     assert catalog.regressed_since(folder, "2026-11-21", pytest.fail) == (found, nodes)
 

@@ -36,7 +36,9 @@ def test_a_timeout_kills_the_children_too(tmp_path):
 
 
 def test_the_environment_is_the_one_given():
-    done = runner.run(["sh", "-c", "echo $STACKGATE_X"], timeout_s=10, env={"PATH": os.environ["PATH"], "STACKGATE_X": "42"})
+    done = runner.run(
+        ["sh", "-c", "echo $STACKGATE_X"], timeout_s=10, env={"PATH": os.environ["PATH"], "STACKGATE_X": "42"}
+    )
     assert done.stdout == "42\n"
 
 

@@ -15,10 +15,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_output_goes_to_the_log_and_to_the_caller_line_by_line(tmp_path: Path) -> None:
     seen: list[str] = []
-    done = runner.stream(["bash", "-c", "echo one; echo two >&2; exit 3"], log=tmp_path / "a.log", timeout_s=30, on_line=seen.append)
+    done = runner.stream(
+        ["bash", "-c", "echo one; echo two >&2; exit 3"], log=tmp_path / "a.log", timeout_s=30, on_line=seen.append
+    )
     assert (done.returncode, done.stdout, seen) == (3, "one\ntwo\n", ["one", "two"])
     assert done.tail() == ["one", "two"]
-    assert (tmp_path / "a.log").read_text() == "$ bash -c 'echo one; echo two >&2; exit 3'\none\ntwo\n"  # the command line as a shell would take it
+    assert (
+        (tmp_path / "a.log").read_text() == "$ bash -c 'echo one; echo two >&2; exit 3'\none\ntwo\n"
+    )  # the command line as a shell would take it
 
 
 def test_a_command_past_its_timeout_is_killed(tmp_path: Path) -> None:
@@ -55,7 +59,13 @@ def test_a_child_dies_with_a_parent_killed_by_sigkill(tmp_path: Path) -> None:
     """Like an installer whose provisioner got kill -9: without the parent-death signal the child
     would sleep on for a minute, writing into a generation the next run rebuilds."""
     marker = f"stackgate-orphan-{uuid.uuid4().hex}"
-    parent = subprocess.run([sys.executable, "-c", _PARENT, marker, str(tmp_path / "d.log")], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    parent = subprocess.run(
+        [sys.executable, "-c", _PARENT, marker, str(tmp_path / "d.log")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert parent.returncode == -9, parent.stderr
     assert "started" in (tmp_path / "d.log").read_text()
     for _ in range(50):  # the kernel delivers the signal asynchronously

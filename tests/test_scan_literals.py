@@ -14,7 +14,10 @@ from stackgate.scan.literals import LiteralError, required_literals
     ("source", "runs"),
     [
         (r"undefined symbol: (?P<symbol>\S+)", ["undefined symbol: "]),
-        (r"Attention backend not (?:specified|set)\. Use (?P<b>\w+) backend", ["Attention backend not ", ". Use ", " backend"]),
+        (
+            r"Attention backend not (?:specified|set)\. Use (?P<b>\w+) backend",
+            ["Attention backend not ", ". Use ", " backend"],
+        ),
         (r"a(?:bc)?d", ["a", "d"]),
         (r"x(?:yz)+w", ["xyz", "w"]),
         (r"lib[a-z]+\.so\.\d+", ["lib", ".so."]),

@@ -15,8 +15,8 @@ import pytest
 
 from stackgate.commands import verify
 from stackgate.models import faults, settings
-from stackgate.models import spec as lockmodel
 from stackgate.models.settings import SETTINGS, SettingError
+from stackgate.models.spec import default_lock_path
 from stackgate.render.ui import UI, render_settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,7 +126,9 @@ def test_a_bad_value_is_an_error_naming_the_variable(env: str) -> None:
 
 def test_every_bad_value_is_named_at_once() -> None:
     with pytest.raises(SettingError) as caught:
-        settings.report({"STACKGATE_DEEP_TIMEOUT_S": "abc", "STACKGATE_KEEP_GENERATIONS": "0", "STACKGATE_LOG_DIR": "/tmp/x"})
+        settings.report(
+            {"STACKGATE_DEEP_TIMEOUT_S": "abc", "STACKGATE_KEEP_GENERATIONS": "0", "STACKGATE_LOG_DIR": "/tmp/x"}
+        )
     assert str(caught.value) == (
         "2 bad settings in the environment:\n"
         "  $STACKGATE_DEEP_TIMEOUT_S='abc': not a number of seconds; unset, it is 300\n"
@@ -147,7 +149,9 @@ def test_an_old_name_still_works_once_warned_and_the_new_one_wins(old: str, caps
     found = SETTINGS[new].lookup({old: text})
     assert (found.value, found.source) == (value, f"environment ${old}, the old name of ${new}")
     SETTINGS[new].value({old: text})
-    assert capsys.readouterr().err == f"stackgate: ${old} is deprecated and goes in the next release; set ${new} instead\n"  # once
+    assert (
+        capsys.readouterr().err == f"stackgate: ${old} is deprecated and goes in the next release; set ${new} instead\n"
+    )  # once
     assert SETTINGS[new].lookup({old: "/elsewhere", new: text}).source == f"environment ${new}"
 
 
@@ -160,7 +164,7 @@ def test_settings_are_read_when_used_not_when_imported(monkeypatch: pytest.Monke
     monkeypatch.setenv("STACKGATE_HISTORY_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("STACKGATE_DEEP_DIR", str(tmp_path / "deep"))
     monkeypatch.setenv("STACKGATE_RUNFILE_CACHE", str(tmp_path / "runfiles"))
-    assert lockmodel.default_lock_path() == tmp_path / "l.toml"
+    assert default_lock_path() == tmp_path / "l.toml"
     assert history.runs_dir(None) == tmp_path / "runs"
     assert deep._work_dir() == tmp_path / "deep" and (tmp_path / "deep").is_dir()
     assert toolkit._runfile_cache() == tmp_path / "runfiles"
@@ -169,19 +173,26 @@ def test_settings_are_read_when_used_not_when_imported(monkeypatch: pytest.Monke
         deep.run_gpu_work(Path("/nonexistent/python"), deep.GpuWorkRequest(device="cpu"), {})
 
 
-def test_v_shows_the_settings_not_at_their_defaults_and_vv_all(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_v_shows_the_settings_not_at_their_defaults_and_vv_all(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("STACKGATE_DEEP_TIMEOUT_S", "600")
     monkeypatch.setenv("NO_COLOR", "1")
     lock = ROOT / "lockfiles" / "hopper-sm90-cu130.toml"
     for verbose in (0, 1, 2):
-        assert verify.run(verify.VerifyRequest(lock_path=lock, list_only=True), UI(verbose=verbose, stream=io.StringIO())) == 0
+        assert (
+            verify.run(verify.VerifyRequest(lock_path=lock, list_only=True), UI(verbose=verbose, stream=io.StringIO()))
+            == 0
+        )
         err = capsys.readouterr().err.splitlines()
         assert err[: 1 if verbose else 0] == {
             1: ["settings: 2 of 19 not at their default (-vv lists all)"],
             2: ["settings (19):"],
         }.get(verbose, [])
         if verbose:
-            assert ["STACKGATE_DEEP_TIMEOUT_S", "600", "(environment", "$STACKGATE_DEEP_TIMEOUT_S)"] in [line.split() for line in err]
+            assert ["STACKGATE_DEEP_TIMEOUT_S", "600", "(environment", "$STACKGATE_DEEP_TIMEOUT_S)"] in [
+                line.split() for line in err
+            ]
             assert ["STACKGATE_LOCK", str(lock), "(flag", "--lock)"] in [line.split() for line in err]
         assert sum("(default)" in line for line in err) == (17 if verbose == 2 else 0)
 
@@ -194,10 +205,21 @@ def test_the_settings_shown_hide_a_secret_in_a_value() -> None:
 
 def test_a_bad_setting_exits_2_naming_it_before_any_command_runs(tmp_path: Path) -> None:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("STACKGATE_")}
-    for args, variable in ((["verify", "--list"], "STACKGATE_DEEP_TIMEOUT_S=abc"), (["report"], "STACKGATE_KEEP_GENERATIONS=0")):
+    for args, variable in (
+        (["verify", "--list"], "STACKGATE_DEEP_TIMEOUT_S=abc"),
+        (["report"], "STACKGATE_KEEP_GENERATIONS=0"),
+    ):
         name, _, text = variable.partition("=")
         env = {**environ, name: text, "STACKGATE_HISTORY_DIR": str(tmp_path), "NO_COLOR": "1"}
-        done = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+        done = subprocess.run(
+            [sys.executable, "-m", "invoke", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert done.returncode == 2, (args, done.stderr)
         assert done.stderr.startswith(f"stackgate: ${name}={text!r}: ") and "Traceback" not in done.stderr, done.stderr
         assert done.stdout == ""
@@ -216,7 +238,11 @@ def _docstrings(tree: ast.AST) -> set[int]:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 found.add(id(first.value))
     return found
 
@@ -232,7 +258,12 @@ def test_no_module_but_settings_names_a_stackgate_variable() -> None:
         tree = ast.parse(path.read_text(), str(path))
         skip = _docstrings(tree)
         for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip and "STACKGATE_" in node.value:
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and id(node) not in skip
+                and "STACKGATE_" in node.value
+            ):
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value[:60]!r}")
     assert offenders == []
 

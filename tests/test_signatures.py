@@ -13,9 +13,9 @@ from stackgate import scan as engine
 from stackgate.checks.abi import classify_import, explain_import
 from stackgate.facts import ImportOutcome
 from stackgate.models import knowledge as signatures
-from stackgate.models import spec as lockmodel
 from stackgate.models.finding import Finding
 from stackgate.models.knowledge import CONTEXT_KEYS, SignatureError
+from stackgate.models.spec import load_spec
 from stackgate.scan import Scanner, extract
 from stackgate.scan.events import GENERIC_KEYS
 from stackgate.scan.keys import quoted_names, required_literal
@@ -26,7 +26,7 @@ DATA = Path(__file__).resolve().parent / "data"
 LOCK = ROOT / "lockfiles" / "blackwell-sm120-cu130.toml"
 ALL = engine.load()
 #: The default profile's values: an installer entry reads versions against the lock's pins.
-LOCKED = signatures.lock_context(lockmodel.load(LOCK))
+LOCKED = signatures.lock_context(load_spec(LOCK))
 EXAMPLES = [pytest.param(s, i, id=f"{s.id}[{i}]") for s in ALL for i in range(len(s.examples))]
 SOURCE = re.compile(r"^(https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+|[\w.-]+ \d[\w.]* wheel: \S.*)$")
 
@@ -75,11 +75,15 @@ def test_each_example_is_found_by_match_all(signature: signatures.Signature, ind
 
 @pytest.mark.parametrize("signature", ALL, ids=lambda s: s.id)
 def test_each_entry_is_complete(signature: signatures.Signature) -> None:
-    assert SOURCE.match(signature.source), f"source must be an issue/PR URL or a released wheel's file: {signature.source!r}"
+    assert SOURCE.match(signature.source), (
+        f"source must be an issue/PR URL or a released wheel's file: {signature.source!r}"
+    )
     assert signature.title and signature.cause and signature.fix
     assert set(signature.stages) <= set(signatures.STAGES) and signature.component in signatures.COMPONENTS
     assert all(ref.startswith("https://") or " wheel: " in ref for ref in signature.references)
-    assert quoted_names(signature) <= set(signature.group_names) | set(CONTEXT_KEYS) | set(extract.EXTRACTORS.get(signature.extract or "", extract.Extractor((), dict)).provides)
+    assert quoted_names(signature) <= set(signature.group_names) | set(CONTEXT_KEYS) | set(
+        extract.EXTRACTORS.get(signature.extract or "", extract.Extractor((), dict)).provides
+    )
 
 
 @pytest.mark.parametrize("signature", [s for s in ALL if s.counterexamples], ids=lambda s: s.id)
@@ -91,7 +95,17 @@ def test_counterexamples_do_not_match(signature: signatures.Signature) -> None:
 def test_the_knowledge_base_is_large_and_keeps_the_ids_others_use() -> None:
     assert len(ALL) >= 40
     assert USED_ELSEWHERE <= {s.id for s in ALL}
-    assert {s.component for s in ALL} >= {"sglang", "sgl-kernel", "flashinfer", "torch", "triton", "nccl", "cuda toolkit", "driver", "resolver"}
+    assert {s.component for s in ALL} >= {
+        "sglang",
+        "sgl-kernel",
+        "flashinfer",
+        "torch",
+        "triton",
+        "nccl",
+        "cuda toolkit",
+        "driver",
+        "resolver",
+    }
 
 
 @pytest.mark.parametrize(
@@ -124,7 +138,10 @@ def test_duplicate_ids_fail_at_load(tmp_path: Path) -> None:
 
 
 def test_required_literal_is_what_every_match_contains() -> None:
-    assert required_literal(re.compile(r"Watchdog caught (?P<x>\w+) timeout: WorkNCCL\(SeqNum=(?P<seq>\d+)")) == " timeout: WorkNCCL(SeqNum="
+    assert (
+        required_literal(re.compile(r"Watchdog caught (?P<x>\w+) timeout: WorkNCCL\(SeqNum=(?P<seq>\d+)"))
+        == " timeout: WorkNCCL(SeqNum="
+    )
     assert required_literal(re.compile(r"(?s)foo.{0,9}?KeyError: (?P<m>\d+)")) == "KeyError: "
 
 
@@ -244,21 +261,30 @@ def test_init_complete_is_a_hang_only_at_the_end_of_the_log() -> None:
     init = next(s for s in ALL if s.id == "nccl-hang-after-init").examples[0]
     assert "nccl-hang-after-init" in ids(scan(HEALTHY + init))
     assert "nccl-hang-after-init" not in ids(scan(init + "\n" + HEALTHY))
-    assert "nccl-hang-after-init" in ids(scan(init + "\nhost:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC\n\n"))
+    assert "nccl-hang-after-init" in ids(
+        scan(init + "\nhost:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC\n\n")
+    )
     nccl_only = "\n".join(line for line in init.splitlines() if "NCCL INFO" in line)
-    assert "nccl-hang-after-init" not in ids(scan("NCCL version 2.27.7+cuda13.0\n" + nccl_only))  # a pasted init excerpt: no context
+    assert "nccl-hang-after-init" not in ids(
+        scan("NCCL version 2.27.7+cuda13.0\n" + nccl_only)
+    )  # a pasted init excerpt: no context
 
 
 def test_dist_init_without_its_end_is_a_hang_but_a_crash_is_not() -> None:
     begin = "[2026-02-03 09:00:14 TP0] Init torch distributed begin.\n[2026-02-03 09:00:15 TP0] sglang is using nccl==2.27.7\n"
     assert "sglang-hang-at-dist-init" in ids(scan(begin))
-    assert "sglang-hang-at-dist-init" not in ids(scan(begin + "Traceback (most recent call last):\nRuntimeError: boom\n"))
+    assert "sglang-hang-at-dist-init" not in ids(
+        scan(begin + "Traceback (most recent call last):\nRuntimeError: boom\n")
+    )
     assert "sglang-hang-at-dist-init" not in ids(scan(HEALTHY))
 
 
 def test_a_start_that_never_became_ready_names_the_most_specific_hang() -> None:
     start = HEALTHY.split("Load weight begin")[0].rsplit("\n", 1)[0] + "\n"  # up to the weights
-    assert ids(scan(start + "[2026-02-03 09:00:18 TP0] Load weight begin. avail mem=93.62 GB\n")) == ["sglang-never-ready", "sglang-custom-allreduce-pcie"]
+    assert ids(scan(start + "[2026-02-03 09:00:18 TP0] Load weight begin. avail mem=93.62 GB\n")) == [
+        "sglang-never-ready",
+        "sglang-custom-allreduce-pcie",
+    ]
     stuck = ids(scan(HEALTHY.split("[2026-02-03 09:00:16")[0]))  # the log ends inside torch.distributed init
     assert "sglang-hang-at-dist-init" in stuck and "sglang-never-ready" not in stuck
     assert "sglang-never-ready" not in ids(scan(HEALTHY))
@@ -268,13 +294,22 @@ def test_repeats_are_counted_and_the_first_is_reported() -> None:
     line = "[rank{r}]:[E226 11:16:37.1 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5653, OpType=ALLREDUCE, NumelIn=1, NumelOut=1"
     scanner = scan("\n".join(line.format(r=r) for r in range(8)))
     (finding,) = scanner.findings
-    assert finding.evidence.count == 8 and finding.evidence.line == 1 and finding.values == {"seq": "5653", "op": "ALLREDUCE"}
+    assert (
+        finding.evidence.count == 8
+        and finding.evidence.line == 1
+        and finding.values == {"seq": "5653", "op": "ALLREDUCE"}
+    )
 
 
 def test_a_specific_signature_supersedes_the_generic_one_on_its_line() -> None:
-    found = ids(scan("Exception: Capture cuda graph failed: No supported CUDA architectures found for major versions [9, 10]."))
+    found = ids(
+        scan("Exception: Capture cuda graph failed: No supported CUDA architectures found for major versions [9, 10].")
+    )
     assert found == ["flashinfer-fusion-arch-unsupported"]
-    assert ids(scan("Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 2.00 GiB")) == ["cuda-out-of-memory", "sglang-capture-cuda-graph-failed"]
+    assert ids(scan("Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 2.00 GiB")) == [
+        "cuda-out-of-memory",
+        "sglang-capture-cuda-graph-failed",
+    ]
 
 
 def test_causes_come_before_their_consequences() -> None:
@@ -310,7 +345,7 @@ def test_an_unterminated_last_line_and_a_huge_line_are_scanned() -> None:
 
 
 def test_a_lock_fills_the_context_keys() -> None:
-    context = signatures.lock_context(lockmodel.load(LOCK))
+    context = signatures.lock_context(load_spec(LOCK))
     assert context["lock_backend"] == "flashinfer"
     assert context["lock_torch"] == "torch==2.9.1+cu130"
     assert context["torch_cuda"] == "13.0" and context["cuda_home"] == "/usr/local/cuda-13.0"
@@ -321,7 +356,7 @@ def test_a_lock_fills_the_context_keys() -> None:
 
 def test_findings_quote_the_lock_or_a_neutral_phrase() -> None:
     line = "[2026-02-03 09:00:18 TP0] Attention backend not specified. Use triton backend by default."
-    with_lock = scan(line, context=signatures.lock_context(lockmodel.load(LOCK))).findings[0]
+    with_lock = scan(line, context=signatures.lock_context(load_spec(LOCK))).findings[0]
     assert "chose triton by itself; the stack runs flashinfer." in with_lock.cause
     assert with_lock.fix.commands == (f"stackgate verify --check abi.imports --check flashinfer.cubin --lock {LOCK}",)
     without = scan(line).findings[0]
@@ -330,10 +365,15 @@ def test_findings_quote_the_lock_or_a_neutral_phrase() -> None:
 
 
 def test_cuda_major_findings_quote_the_locked_torch_build() -> None:
-    context = signatures.lock_context(lockmodel.load(LOCK))
-    match = scan("ImportError: libcudart.so.12: cannot open shared object file: No such file or directory", context=context).findings[0]
+    context = signatures.lock_context(load_spec(LOCK))
+    match = scan(
+        "ImportError: libcudart.so.12: cannot open shared object file: No such file or directory", context=context
+    ).findings[0]
     assert match.title == "libcudart.so.12 is missing: a build for CUDA 12, not for the stack's CUDA (13.0)"
-    arch = scan("NVIDIA RTX PRO 6000 Blackwell Server Edition with CUDA capability sm_120 is not compatible with the current PyTorch installation.", context=context)
+    arch = scan(
+        "NVIDIA RTX PRO 6000 Blackwell Server Edition with CUDA capability sm_120 is not compatible with the current PyTorch installation.",
+        context=context,
+    )
     assert "the stack pins torch==2.9.1+cu130" in arch.findings[0].cause
 
 
@@ -375,20 +415,31 @@ def test_a_uv_report_about_every_version_of_a_requirer_names_it() -> None:
 
 
 def test_verify_import_classifier_still_names_undefined_symbols() -> None:
-    lock = lockmodel.load(LOCK)
+    lock = load_spec(LOCK)
     outcome = ImportOutcome(
-        "sgl_kernel", False, 0.4, "ImportError: /x/sgl_kernel/common_ops.abi3.so: undefined symbol: _ZN3c104cuda9SetDeviceEab",
+        "sgl_kernel",
+        False,
+        0.4,
+        "ImportError: /x/sgl_kernel/common_ops.abi3.so: undefined symbol: _ZN3c104cuda9SetDeviceEab",
         demangled={"_ZN3c104cuda9SetDeviceEab": "c10::cuda::SetDevice(signed char, bool)"},
     )
     text, fix = classify_import(outcome, lock, explain_import(outcome, lock))
     assert text.startswith("undefined symbol c10::cuda::SetDevice(signed char, bool): ABI mismatch with torch")
     flag = f" --lock {lock.path}"
-    assert fix.commands == (f"stackgate provision --only python{flag}", f"stackgate verify --check python.frozen --check abi.imports{flag}")
+    assert fix.commands == (
+        f"stackgate provision --only python{flag}",
+        f"stackgate verify --check python.frozen --check abi.imports{flag}",
+    )
 
 
 def test_verify_import_classifier_names_a_cuda_major_mismatch() -> None:
-    outcome = ImportOutcome("sgl_kernel", False, 0.4, "Traceback (most recent call last):\nImportError: libcudart.so.12: cannot open shared object file: No such file or directory")
-    lock = lockmodel.load(LOCK)
+    outcome = ImportOutcome(
+        "sgl_kernel",
+        False,
+        0.4,
+        "Traceback (most recent call last):\nImportError: libcudart.so.12: cannot open shared object file: No such file or directory",
+    )
+    lock = load_spec(LOCK)
     text, _ = classify_import(outcome, lock, explain_import(outcome, lock))
     assert "built against CUDA 12 (libcudart.so.12)" in text and "the stack's (13.0)" in text
 
@@ -400,7 +451,12 @@ _ARTICLE_CLASH = re.compile(r"\b(a|an|the)\s+\S+\s+(a|an|the)\b", re.IGNORECASE)
 
 
 def _texts(finding: Finding) -> dict[str, str]:
-    return {"title": finding.title, "cause": finding.cause, "fix": finding.fix.text, **{f"commands[{i}]": c for i, c in enumerate(finding.fix.commands)}}
+    return {
+        "title": finding.title,
+        "cause": finding.cause,
+        "fix": finding.fix.text,
+        **{f"commands[{i}]": c for i, c in enumerate(finding.fix.commands)},
+    }
 
 
 def _bigrams(text: str) -> dict[tuple[str, str], int]:
@@ -427,7 +483,9 @@ def _holes(without: str, with_lock: str) -> list[str]:
         found.append("empty brackets")
     found += [f"doubled {m[1]!r}" for m in re.finditer(r"\b(\w+)\s+\1\b", without, re.IGNORECASE)]
     lock_pairs = _bigrams(with_lock)
-    found += [f"repeated {' '.join(pair)!r}" for pair, n in _bigrams(without).items() if n > 1 and n > lock_pairs.get(pair, 0)]
+    found += [
+        f"repeated {' '.join(pair)!r}" for pair, n in _bigrams(without).items() if n > 1 and n > lock_pairs.get(pair, 0)
+    ]
     if len(_ARTICLE_CLASH.findall(without)) > len(_ARTICLE_CLASH.findall(with_lock)):
         found.append(f"two articles: {_ARTICLE_CLASH.search(without)[0]!r}")  # type: ignore[index]
     if _depth(without) > max(1, _depth(with_lock)):
@@ -439,10 +497,12 @@ def _holes(without: str, with_lock: str) -> list[str]:
 def test_without_a_lock_every_text_reads_without_holes(signature: signatures.Signature) -> None:
     text = next((t for t in signature.examples if engine.match_all(t, signatures=[signature])), None)
     if text is None:  # an entry read against the lock only (installer versions): nothing without one
-        assert signature.extract == "installed_version" and engine.match_all(signature.examples[0], signatures=[signature], context=LOCKED)
+        assert signature.extract == "installed_version" and engine.match_all(
+            signature.examples[0], signatures=[signature], context=LOCKED
+        )
         return
     (without,) = engine.match_all(text, signatures=[signature])
-    (with_lock,) = engine.match_all(text, signatures=[signature], context=signatures.lock_context(lockmodel.load(LOCK)))
+    (with_lock,) = engine.match_all(text, signatures=[signature], context=signatures.lock_context(load_spec(LOCK)))
     locked = _texts(with_lock)
     problems = {name: found for name, value in _texts(without).items() if (found := _holes(value, locked[name]))}
     assert not problems, "\n".join(f"{name}: {found}\n  {_texts(without)[name]}" for name, found in problems.items())

@@ -15,7 +15,14 @@ from smoke_support import ROOT, Rig, assert_nothing_left, living, wait_for
 
 def invoke(rig: Rig, *args: str) -> subprocess.Popen[str]:
     env = {**rig.environ(), "STACKGATE_LOG_DIR": str(rig.runs)}
-    return subprocess.Popen([sys.executable, "-m", "invoke", "smoke", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "invoke", "smoke", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(process: subprocess.Popen[str]) -> tuple[int, str, str]:
@@ -39,7 +46,10 @@ def test_an_interrupt_while_the_server_loads_tears_it_down(rig, sig):
     assert code == 130, err
     assert "stackgate: interrupted" in err
     assert "smoke.interrupted" in out and "[interrupted]" in out
-    assert ": INTERRUPTED (interrupted (Ctrl-C or SIGTERM); every server was torn down)" in out and "check(s) failed" not in out
+    assert (
+        ": INTERRUPTED (interrupted (Ctrl-C or SIGTERM); every server was torn down)" in out
+        and "check(s) failed" not in out
+    )
     # The log ends mid-load because smoke stopped the server: how it ends is no hang, no silent failure.
     assert "never became ready" not in out and "sglang-hang-at-dist-init" not in out, out
     doc = json.loads(report.read_text())
@@ -127,7 +137,12 @@ def test_a_passing_smoke_exits_0_and_prints_the_table(rig):
 
 
 def test_a_failing_smoke_exits_1(rig):
-    rig.behave(crash_at_start={"phase": "load", "lines": ["RuntimeError: CUDA error: no kernel image is available for execution on the device"]})
+    rig.behave(
+        crash_at_start={
+            "phase": "load",
+            "lines": ["RuntimeError: CUDA error: no kernel image is available for execution on the device"],
+        }
+    )
     code, out, _ = finish(invoke(rig, "--lock", str(rig.lock())))
     assert code == 1
     assert "FAIL  smoke.log.cuda-no-kernel-image" in out

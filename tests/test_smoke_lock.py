@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from stackgate.models import spec as lockmodel
+from stackgate.models.spec import Spec, SpecError, load_spec, loads_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = """
@@ -23,24 +23,26 @@ interpreter = "/usr/bin/python3"
 """
 
 
-def load(smoke: str) -> lockmodel.Lock:
-    return lockmodel.loads(BASE + smoke)
+def load(smoke: str) -> Spec:
+    return loads_spec(BASE + smoke)
 
 
 def problems(smoke: str) -> list[str]:
-    with pytest.raises(lockmodel.LockError) as caught:
+    with pytest.raises(SpecError) as caught:
         load(smoke)
     return caught.value.problems
 
 
 @pytest.mark.parametrize("name", ["blackwell-sm120-cu130.toml", "hopper-sm90-cu130.toml"])
 def test_the_shipped_lockfiles_still_load_with_the_new_defaults(name):
-    smoke = lockmodel.load(ROOT / "lockfiles" / name).smoke
+    smoke = load_spec(ROOT / "lockfiles" / name).smoke
     assert (smoke.speculative, smoke.compare, smoke.fast_layers, smoke.stop_grace_s) == (None, None, 4, 15.0)
 
 
 def test_speculative_decoding_becomes_sglang_s_flags():
-    lock = load('[smoke]\nflags = []\n[smoke.speculative]\nalgorithm = "EAGLE3"\ndraft_model = "/m/eagle3"\nnum_steps = 3\neagle_topk = 1\nnum_draft_tokens = 4\n')
+    lock = load(
+        '[smoke]\nflags = []\n[smoke.speculative]\nalgorithm = "EAGLE3"\ndraft_model = "/m/eagle3"\nnum_steps = 3\neagle_topk = 1\nnum_draft_tokens = 4\n'
+    )
     assert lock.smoke.speculative.flags == (
         "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/m/eagle3",
         "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
@@ -48,14 +50,25 @@ def test_speculative_decoding_becomes_sglang_s_flags():
 
 
 def test_an_ngram_speculation_needs_no_draft_model():
-    assert load('[smoke.speculative]\nalgorithm = "NGRAM"\n').smoke.speculative.flags == ("--speculative-algorithm", "NGRAM")
+    assert load('[smoke.speculative]\nalgorithm = "NGRAM"\n').smoke.speculative.flags == (
+        "--speculative-algorithm",
+        "NGRAM",
+    )
 
 
 def test_the_compare_table_and_the_other_new_fields_load():
-    lock = load('[smoke]\nfast_layers = 2\nstop_grace_s = 20\n'
-        '[smoke.compare]\nname = "no-fusion"\nflags = ["--disable-cuda-graph"]\nattention_backend = "triton"\nspeculative = false\n[smoke.compare.env]\nNCCL_ALGO = "Ring"\n')
+    lock = load(
+        "[smoke]\nfast_layers = 2\nstop_grace_s = 20\n"
+        '[smoke.compare]\nname = "no-fusion"\nflags = ["--disable-cuda-graph"]\nattention_backend = "triton"\nspeculative = false\n[smoke.compare.env]\nNCCL_ALGO = "Ring"\n'
+    )
     compare = lock.smoke.compare
-    assert (compare.name, compare.flags, compare.attention_backend, compare.speculative, dict(compare.env)) == ("no-fusion", ("--disable-cuda-graph",), "triton", False, {"NCCL_ALGO": "Ring"})
+    assert (compare.name, compare.flags, compare.attention_backend, compare.speculative, dict(compare.env)) == (
+        "no-fusion",
+        ("--disable-cuda-graph",),
+        "triton",
+        False,
+        {"NCCL_ALGO": "Ring"},
+    )
     assert (lock.smoke.fast_layers, lock.smoke.stop_grace_s) == (2, 20.0)
 
 
@@ -83,19 +96,49 @@ def test_a_compare_table_without_flags_means_the_default_baseline():
 @pytest.mark.parametrize(
     "smoke, problem",
     [
-        ('[smoke.speculative]\nalgorithm = "MEDUSA"\n', "smoke.speculative.algorithm: must be one of EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, not 'MEDUSA'"),
-        ('[smoke.speculative]\nalgorithm = "EAGLE3"\n', "smoke.speculative.draft_model: EAGLE3 needs the draft model's path"),
+        (
+            '[smoke.speculative]\nalgorithm = "MEDUSA"\n',
+            "smoke.speculative.algorithm: must be one of EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, not 'MEDUSA'",
+        ),
+        (
+            '[smoke.speculative]\nalgorithm = "EAGLE3"\n',
+            "smoke.speculative.draft_model: EAGLE3 needs the draft model's path",
+        ),
         ("[smoke.speculative]\nnum_steps = 3\n", "smoke.speculative.algorithm: missing (required)"),
-        ('[smoke.speculative]\nalgorithm = "NGRAM"\nnum_steps = 0\n', "smoke.speculative.num_steps: must be greater than 0, not 0"),
-        ('[smoke]\nflags = ["--tp", "8"]\n', "smoke.flags[0]: --tp is set by smoke from smoke.tp; do not repeat it in flags"),
-        ('[smoke]\nflags = ["--attention-backend=triton"]\n', "smoke.flags[0]: --attention-backend is set by smoke from smoke.attention_backend; do not repeat it in flags"),
-        ('[smoke]\nflags = ["--load-format", "dummy"]\n', "smoke.flags[0]: --load-format is set by smoke from fast mode (--fast); do not repeat it in flags"),
-        ('[smoke]\nflags = ["--speculative-algorithm", "EAGLE3"]\n', "smoke.flags[0]: --speculative-algorithm: describe speculative decoding in [smoke.speculative], not in flags"),
-        ('[smoke]\nflags = ["--x"]\nevidence = { "--x" = "bad (" }\n', "smoke.evidence.--x: invalid regular expression 'bad (': missing ), unterminated subpattern at position 4"),
+        (
+            '[smoke.speculative]\nalgorithm = "NGRAM"\nnum_steps = 0\n',
+            "smoke.speculative.num_steps: must be greater than 0, not 0",
+        ),
+        (
+            '[smoke]\nflags = ["--tp", "8"]\n',
+            "smoke.flags[0]: --tp is set by smoke from smoke.tp; do not repeat it in flags",
+        ),
+        (
+            '[smoke]\nflags = ["--attention-backend=triton"]\n',
+            "smoke.flags[0]: --attention-backend is set by smoke from smoke.attention_backend; do not repeat it in flags",
+        ),
+        (
+            '[smoke]\nflags = ["--load-format", "dummy"]\n',
+            "smoke.flags[0]: --load-format is set by smoke from fast mode (--fast); do not repeat it in flags",
+        ),
+        (
+            '[smoke]\nflags = ["--speculative-algorithm", "EAGLE3"]\n',
+            "smoke.flags[0]: --speculative-algorithm: describe speculative decoding in [smoke.speculative], not in flags",
+        ),
+        (
+            '[smoke]\nflags = ["--x"]\nevidence = { "--x" = "bad (" }\n',
+            "smoke.evidence.--x: invalid regular expression 'bad (': missing ), unterminated subpattern at position 4",
+        ),
         ("[smoke]\nfast_layers = 0\n", "smoke.fast_layers: must be greater than 0, not 0"),
         ("[smoke]\nstop_grace_s = -1\n", "smoke.stop_grace_s: must be greater than 0, not -1"),
-        ('[smoke.compare]\nname = "Base Line"\n', "smoke.compare.name: 'Base Line' must be lowercase letters, digits, '_' or '-' (it names the baseline's checks)"),
-        ('[smoke.compare]\nflags = ["--port", "1"]\n', "smoke.compare.flags[0]: --port is set by smoke from smoke.port; do not repeat it in flags"),
+        (
+            '[smoke.compare]\nname = "Base Line"\n',
+            "smoke.compare.name: 'Base Line' must be lowercase letters, digits, '_' or '-' (it names the baseline's checks)",
+        ),
+        (
+            '[smoke.compare]\nflags = ["--port", "1"]\n',
+            "smoke.compare.flags[0]: --port is set by smoke from smoke.port; do not repeat it in flags",
+        ),
         ("[smoke.compare]\nspeculate = false\n", "smoke.compare.speculate: unknown key (did you mean 'speculative'?)"),
     ],
 )

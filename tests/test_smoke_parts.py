@@ -25,9 +25,9 @@ from stackgate.commands import smoke
 from stackgate.edges.files import write_json
 from stackgate.facts import serverlog
 from stackgate.models import secretargs
-from stackgate.models import spec as lockmodel
 from stackgate.models.redact import REDACTED
 from stackgate.models.result import Status
+from stackgate.models.spec import Benchmark, Spec, loads_spec
 from stackgate.serve import bench, fastmode, launch, quality, ready
 from stackgate.serve.procs import ProcessTree
 
@@ -53,8 +53,8 @@ NCCL_P2P_LEVEL = "SYS"
 """
 
 
-def make_lock(tmp_path: Path, tables: str = "") -> lockmodel.Lock:
-    return lockmodel.loads(LOCK.format(root=tmp_path / "stack", tables=tables))
+def make_lock(tmp_path: Path, tables: str = "") -> Spec:
+    return loads_spec(LOCK.format(root=tmp_path / "stack", tables=tables))
 
 
 # --- configurations ---------------------------------------------------------------------------
@@ -73,7 +73,9 @@ def test_the_command_is_explicit_about_every_choice(tmp_path):
 def test_the_default_compare_baseline_drops_the_fusion_flags_only(tmp_path):
     baseline, main = launch.configs(make_lock(tmp_path), compare=True, model="/m2", tp=1)
     assert baseline.flags == ("--enable-torch-symm-mem", "--mem-fraction-static", "0.85")
-    assert baseline.evidence == {} and dict(main.evidence) == {"--enable-flashinfer-allreduce-fusion": "FlashInfer workspace initialized"}
+    assert baseline.evidence == {} and dict(main.evidence) == {
+        "--enable-flashinfer-allreduce-fusion": "FlashInfer workspace initialized"
+    }
     assert (baseline.label, baseline.model, baseline.tp, main.model, main.tp) == ("baseline", "/m2", 1, "/m2", 1)
     assert baseline.check("launch") == "smoke.baseline.launch"
 
@@ -81,7 +83,12 @@ def test_the_default_compare_baseline_drops_the_fusion_flags_only(tmp_path):
 def test_a_compare_table_describes_the_baseline(tmp_path):
     tables = '[smoke.speculative]\nalgorithm = "NGRAM"\n[smoke.compare]\nname = "plain"\nflags = []\nspeculative = false\nattention_backend = "triton"\n[smoke.compare.env]\nNCCL_ALGO = "Ring"\n'
     baseline, main = launch.configs(make_lock(tmp_path, tables), compare=True)
-    assert (baseline.label, baseline.flags, baseline.speculative, baseline.attention_backend) == ("plain", (), None, "triton")
+    assert (baseline.label, baseline.flags, baseline.speculative, baseline.attention_backend) == (
+        "plain",
+        (),
+        None,
+        "triton",
+    )
     assert dict(baseline.env) == {"NCCL_P2P_LEVEL": "SYS", "NCCL_ALGO": "Ring"}
     assert main.speculative is not None and main.launch_flags()[-2:] == ("--speculative-algorithm", "NGRAM")
 
@@ -105,24 +112,48 @@ def test_bad_options_are_usage_errors(tmp_path, kwargs, message):
 def test_the_server_environment_is_the_shell_then_stackgate_env_then_smoke_env(tmp_path):
     lock = make_lock(tmp_path)
     lock.python.env_file.parent.mkdir(parents=True)
-    lock.python.env_file.write_text('export CUDA_HOME="/usr/local/cuda-13.0"\nexport PATH="$CUDA_HOME/bin:$PATH"\nexport NCCL_P2P_LEVEL="LOC"\n')
+    lock.python.env_file.write_text(
+        'export CUDA_HOME="/usr/local/cuda-13.0"\nexport PATH="$CUDA_HOME/bin:$PATH"\nexport NCCL_P2P_LEVEL="LOC"\n'
+    )
     (config,) = launch.configs(lock)
     environ, ours = launch.server_env(lock, config, {"PATH": "/usr/bin", "HOME": "/root"})
-    assert environ == {"PATH": "/usr/local/cuda-13.0/bin:/usr/bin", "HOME": "/root", "CUDA_HOME": "/usr/local/cuda-13.0", "NCCL_P2P_LEVEL": "SYS"}
-    assert ours == {"CUDA_HOME": "/usr/local/cuda-13.0", "PATH": "/usr/local/cuda-13.0/bin:/usr/bin", "NCCL_P2P_LEVEL": "SYS"}
+    assert environ == {
+        "PATH": "/usr/local/cuda-13.0/bin:/usr/bin",
+        "HOME": "/root",
+        "CUDA_HOME": "/usr/local/cuda-13.0",
+        "NCCL_P2P_LEVEL": "SYS",
+    }
+    assert ours == {
+        "CUDA_HOME": "/usr/local/cuda-13.0",
+        "PATH": "/usr/local/cuda-13.0/bin:/usr/bin",
+        "NCCL_P2P_LEVEL": "SYS",
+    }
 
 
 def test_a_session_shows_its_environment_and_server_info_with_the_secrets_hidden(tmp_path):
     (config,) = launch.configs(make_lock(tmp_path))
     key = "Zq9-served-key-1"
-    environment = {"HF_TOKEN": "x", "WANDB_API_KEY": "y", "DB_PASSWORD": "z", "AWS_SECRET": "s", "CUDA_HOME": "/c", "SERVE_AUTH": key}
+    environment = {
+        "HF_TOKEN": "x",
+        "WANDB_API_KEY": "y",
+        "DB_PASSWORD": "z",
+        "AWS_SECRET": "s",
+        "CUDA_HOME": "/c",
+        "SERVE_AUTH": key,
+    }
     info = {"api_key": key, "admin_api_key": None, "tokenizer_path": "/m", "max_total_num_tokens": 5}
-    session = smoke.Session(config, argv=("sglang", "--api-key", "${SERVE_AUTH}"), api_key=key, environment=environment, server_info=info)
+    session = smoke.Session(
+        config, argv=("sglang", "--api-key", "${SERVE_AUTH}"), api_key=key, environment=environment, server_info=info
+    )
     shown = session.to_dict()
     assert shown["environment"] == {"CUDA_HOME": "/c", "HF_TOKEN": REDACTED}  # what explains a run, its secrets hidden
     # the rest: names only
     assert shown["environment_names_only"] == ["AWS_SECRET", "DB_PASSWORD", "SERVE_AUTH", "WANDB_API_KEY"]
-    assert shown["server_info"] == {**info, "api_key": REDACTED} and shown["command"] == ["sglang", "--api-key", "${SERVE_AUTH}"]  # a reference is shown
+    assert shown["server_info"] == {**info, "api_key": REDACTED} and shown["command"] == [
+        "sglang",
+        "--api-key",
+        "${SERVE_AUTH}",
+    ]  # a reference is shown
     assert key not in json.dumps(shown)
 
 
@@ -150,7 +181,9 @@ def test_gpus_are_counted_through_nvml_and_cuda_visible_devices(tmp_path):
     finally:
         fake_nvml.configure(None)
     assert unknown.status == Status.WARN
-    assert unknown.summary.startswith("cannot count the GPUs (NVML not usable: ") and unknown.summary.endswith("); launching anyway")
+    assert unknown.summary.startswith("cannot count the GPUs (NVML not usable: ") and unknown.summary.endswith(
+        "); launching anyway"
+    )
 
 
 def test_the_nvml_module_can_be_named_in_the_environment(tmp_path, monkeypatch):
@@ -174,7 +207,11 @@ def model_dir(tmp_path: Path, **config: object) -> Path:
     "config, layers, override",
     [
         ({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 80}, 4, {"num_hidden_layers": 4}),
-        ({"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 61, "first_k_dense_replace": 3}, 2, {"num_hidden_layers": 4}),
+        (
+            {"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 61, "first_k_dense_replace": 3},
+            2,
+            {"num_hidden_layers": 4},
+        ),
         ({"architectures": ["ChatGLMModel"], "num_layers": 28}, 4, {"num_layers": 4}),
         ({"architectures": ["GPT2LMHeadModel"], "n_layer": 12}, 4, {"n_layer": 4}),
         ({"architectures": ["Tiny"], "num_hidden_layers": 2}, 4, {"num_hidden_layers": 2}),
@@ -188,7 +225,10 @@ def test_fast_mode_shrinks_the_model_s_own_layer_key(tmp_path, config, layers, o
 @pytest.mark.parametrize(
     "config, message",
     [
-        ({"architectures": ["KimiK25ForConditionalGeneration"], "text_config": {"num_hidden_layers": 61}}, "counts its layers in text_config"),
+        (
+            {"architectures": ["KimiK25ForConditionalGeneration"], "text_config": {"num_hidden_layers": 61}},
+            "counts its layers in text_config",
+        ),
         ({"architectures": ["Mystery"]}, "has none of num_hidden_layers, num_layers, n_layers, n_layer"),
     ],
 )
@@ -202,14 +242,22 @@ def test_fast_mode_says_why_it_cannot_shrink_a_model(tmp_path, config, message):
 
 def test_the_watcher_follows_partial_lines_progress_bars_phases_and_evidence(tmp_path):
     log = tmp_path / "server.log"
-    watcher = serverlog.LogWatcher(log, context={"lock_backend": "flashinfer"}, evidence={"--fusion": r"FlashInfer workspace initialized for rank \d+"})
+    watcher = serverlog.LogWatcher(
+        log,
+        context={"lock_backend": "flashinfer"},
+        evidence={"--fusion": r"FlashInfer workspace initialized for rank \d+"},
+    )
     assert watcher.poll() == [] and watcher.phase == "launching"  # no file yet
     with open(log, "a") as out:
-        out.write("[2026-01-12 10:00:00 TP0] Load weight begin. avail mem=93.52 GB\n\rLoading safetensors checkpoint shards:  25% Comp")
+        out.write(
+            "[2026-01-12 10:00:00 TP0] Load weight begin. avail mem=93.52 GB\n\rLoading safetensors checkpoint shards:  25% Comp"
+        )
     watcher.poll()
     assert watcher.phase == "loading weights"  # the bar's line is not complete yet
     with open(log, "a") as out:
-        out.write("leted\rLoading safetensors checkpoint shards: 100% Completed\n[2026-01-12 10:00:09 TP1] FlashInfer workspace initialized for rank 1, world_size 2\n")
+        out.write(
+            "leted\rLoading safetensors checkpoint shards: 100% Completed\n[2026-01-12 10:00:09 TP1] FlashInfer workspace initialized for rank 1, world_size 2\n"
+        )
     watcher.poll()
     assert watcher.phase == "loading weights (100%)"
     assert watcher.last_lines() == [
@@ -233,9 +281,17 @@ def test_the_cause_is_the_specific_error_not_the_wrapper(tmp_path):
     assert watcher.fatal.id == "sglang-scheduler-exception"  # the first to stop on
     assert watcher.cause.id == "cuda-out-of-memory"  # the one to report
     results = logscan.finding_results(watcher.findings, "log", lock_backend="flashinfer")
-    assert [r.check for r in results] == ["log.cuda-out-of-memory", "log.sglang-scheduler-exception", "log.sglang-child-failed"]
+    assert [r.check for r in results] == [
+        "log.cuda-out-of-memory",
+        "log.sglang-scheduler-exception",
+        "log.sglang-child-failed",
+    ]
     assert results[0].summary == "A GPU ran out of memory while serving" and results[0].data["finding"]["evidence"] == {
-        "file": str(log), "line": 2, "start_line": 2, "count": 1, "lines": ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB."]
+        "file": str(log),
+        "line": 2,
+        "start_line": 2,
+        "count": 1,
+        "lines": ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB."],
     }
 
 
@@ -257,7 +313,10 @@ def test_a_secret_flag_is_compared_but_its_value_is_never_shown():
     assert good.status == Status.PASS and good.details == ("--api-key: api_key='<redacted>'",)
     wrong = serverinfo.check_flags(info, ["--api-key=sk-wrong", "--admin-api-key", "adm"])
     assert wrong.status == Status.FAIL
-    assert wrong.details == ("--api-key: asked '<redacted>', the server runs api_key='another value'", "--admin-api-key: asked '<redacted>', the server runs admin_api_key=None")
+    assert wrong.details == (
+        "--api-key: asked '<redacted>', the server runs api_key='another value'",
+        "--admin-api-key: asked '<redacted>', the server runs admin_api_key=None",
+    )
     assert "sk-" not in json.dumps(wrong.to_dict()) and "adm'" not in json.dumps(wrong.to_dict())
 
 
@@ -266,7 +325,10 @@ def test_a_secret_option_may_name_a_variable_and_an_unset_one_is_refused():
     assert secretargs.resolve(words, {"SERVE_AUTH": "sk-9"})[-1] == "sk-9"
     assert secretargs.shown(words) == words  # a reference is not a secret
     assert secretargs.shown(["--api-key", "sk-9"]) == ["--api-key", "<redacted>"]
-    with pytest.raises(secretargs.SecretArgError, match=re.escape("--api-key refers to $SERVE_AUTH, which the server's environment does not set")):
+    with pytest.raises(
+        secretargs.SecretArgError,
+        match=re.escape("--api-key refers to $SERVE_AUTH, which the server's environment does not set"),
+    ):
         secretargs.resolve(words, {})
 
 
@@ -275,31 +337,57 @@ def test_the_evidence_cannot_be_judged_at_a_log_level_that_hides_info_lines():
     info = {"enable_flashinfer_allreduce_fusion": True, "log_level": "info"}
     assert serverinfo.check_evidence(unseen, info).status == Status.FAIL
     quiet = serverinfo.check_evidence(unseen, {**info, "log_level": "warning"})
-    assert quiet.status == Status.WARN and "cannot be told: the server logs at --log-level warning, which hides INFO lines" in quiet.summary
-    assert serverinfo.check_evidence(unseen, None, ["--log-level", "error"]).status == Status.WARN  # no /server_info: the flag says
+    assert (
+        quiet.status == Status.WARN
+        and "cannot be told: the server logs at --log-level warning, which hides INFO lines" in quiet.summary
+    )
+    assert (
+        serverinfo.check_evidence(unseen, None, ["--log-level", "error"]).status == Status.WARN
+    )  # no /server_info: the flag says
     seen = dataclasses.replace(unseen, line=7, text="FlashInfer workspace initialized for rank 0")
     assert serverinfo.check_evidence(seen, {**info, "log_level": "warning"}).status == Status.PASS
 
 
 def test_flags_are_compared_with_the_server_s_resolved_values():
-    info = {"enable_torch_symm_mem": True, "mem_fraction_static": 0.85, "cuda_graph_bs": [1, 2, 4], "json_model_override_args": '{"num_hidden_layers": 4}'}
-    words = ["--enable-torch-symm-mem", "--mem-fraction-static", "0.85", "--cuda-graph-bs", "1", "2", "4", "--json-model-override-args", '{"num_hidden_layers":4}']
+    info = {
+        "enable_torch_symm_mem": True,
+        "mem_fraction_static": 0.85,
+        "cuda_graph_bs": [1, 2, 4],
+        "json_model_override_args": '{"num_hidden_layers": 4}',
+    }
+    words = [
+        "--enable-torch-symm-mem",
+        "--mem-fraction-static",
+        "0.85",
+        "--cuda-graph-bs",
+        "1",
+        "2",
+        "4",
+        "--json-model-override-args",
+        '{"num_hidden_layers":4}',
+    ]
     assert serverinfo.check_flags(info, words).status == Status.PASS
     wrong = serverinfo.check_flags({**info, "enable_torch_symm_mem": False}, words)
-    assert wrong.status == Status.FAIL and wrong.details == ("--enable-torch-symm-mem: asked True, the server runs enable_torch_symm_mem=False",)
+    assert wrong.status == Status.FAIL and wrong.details == (
+        "--enable-torch-symm-mem: asked True, the server runs enable_torch_symm_mem=False",
+    )
     unknown = serverinfo.check_flags(info, ["--tp", "2"])
     assert unknown.status == Status.WARN and unknown.details == ("--tp: /server_info has no field 'tp'",)
 
 
 def test_another_server_answering_on_the_port_fails():
-    result = serverinfo.check_identity({"port": 30001, "model_path": "/other", "version": "0.5.9"}, "/server_info", 30000, "/models/m")
+    result = serverinfo.check_identity(
+        {"port": 30001, "model_path": "/other", "version": "0.5.9"}, "/server_info", 30000, "/models/m"
+    )
     assert result.status == Status.FAIL and result.summary.endswith("another server answered")
 
 
 # --- statistics and verdicts ------------------------------------------------------------------
 
 
-def sample(tokens: int, seconds: float, asked: int = 100, ids: tuple[int, ...] = (1, 2, 3), error: str | None = None) -> bench.Sample:
+def sample(
+    tokens: int, seconds: float, asked: int = 100, ids: tuple[int, ...] = (1, 2, 3), error: str | None = None
+) -> bench.Sample:
     return bench.Sample(asked, tokens, 0.0, seconds, 0.05, 1, tokens, ids, None, error)
 
 
@@ -309,12 +397,19 @@ def figures(*samples: bench.Sample, stopped: str | None = None) -> bench.BenchFi
 
 def test_the_verdict_names_the_measured_and_the_baseline_figures():
     slow = figures(sample(100, 1.3), sample(100, 1.3))  # decode 99 tokens in 1.25 s = 79.2 tok/s
-    lock = lockmodel.Benchmark(output_tokens=100, baseline_tok_s=92.6, max_regression=0.03)
+    lock = Benchmark(output_tokens=100, baseline_tok_s=92.6, max_regression=0.03)
     verdict, short = bench.judge(slow, lock)
     assert verdict.status == Status.FAIL and short is None
-    assert verdict.summary == "decode 79.20 tok/s is 14.5% below the baseline 92.6 tok/s (allowed: 3.0%, floor 89.82); end-to-end 76.92 tok/s with time to first token"
+    assert (
+        verdict.summary
+        == "decode 79.20 tok/s is 14.5% below the baseline 92.6 tok/s (allowed: 3.0%, floor 89.82); end-to-end 76.92 tok/s with time to first token"
+    )
     fine, _ = bench.judge(figures(sample(100, 1.12), sample(100, 1.12)), lock)
-    assert fine.status == Status.PASS and fine.summary == "decode 92.52 tok/s vs baseline 92.6 (-0.1%; allowed -3.0%); end-to-end 89.29 tok/s with time to first token"
+    assert (
+        fine.status == Status.PASS
+        and fine.summary
+        == "decode 92.52 tok/s vs baseline 92.6 (-0.1%; allowed -3.0%); end-to-end 89.29 tok/s with time to first token"
+    )
 
 
 def timed(tokens: int, ttft_s: float, decode_tok_s: float) -> bench.Sample:
@@ -326,10 +421,17 @@ def test_the_baseline_judges_the_decode_rate_and_reports_the_end_to_end_rate_bes
     # The issue's case: decode 2.9% under the baseline (3% allowed), end-to-end 3.6% under at 512 tokens.
     baseline = 100.0
     run = timed(512, 0.0486, baseline * 0.971)  # TTFT 49 ms
-    assert run.decode_tok_s / baseline - 1 == pytest.approx(-0.029) and run.tok_s / baseline - 1 == pytest.approx(-0.036, abs=0.0005)
-    verdict, _ = bench.judge(figures(run, run), lockmodel.Benchmark(output_tokens=512, baseline_tok_s=baseline, max_regression=0.03))
+    assert run.decode_tok_s / baseline - 1 == pytest.approx(-0.029) and run.tok_s / baseline - 1 == pytest.approx(
+        -0.036, abs=0.0005
+    )
+    verdict, _ = bench.judge(
+        figures(run, run), Benchmark(output_tokens=512, baseline_tok_s=baseline, max_regression=0.03)
+    )
     assert verdict.status == Status.PASS
-    assert verdict.summary == "decode 97.10 tok/s vs baseline 100 (-2.9%; allowed -3.0%); end-to-end 96.40 tok/s with time to first token"
+    assert (
+        verdict.summary
+        == "decode 97.10 tok/s vs baseline 100 (-2.9%; allowed -3.0%); end-to-end 96.40 tok/s with time to first token"
+    )
     assert verdict.details[:2] == (
         "decode: 97.10 tok/s (median 97.10, CV 0.0%, 95% CI 97.10-97.10, n=2)",
         "end-to-end (with time to first token): 96.40 tok/s (median 96.40, CV 0.0%, 95% CI 96.40-96.40, n=2)",
@@ -339,9 +441,11 @@ def test_the_baseline_judges_the_decode_rate_and_reports_the_end_to_end_rate_bes
 
 def test_the_compare_baseline_is_measured_but_not_judged_against_baseline_tok_s():
     slow = figures(sample(100, 1.3), sample(100, 1.3))
-    verdict, _ = bench.judge(slow, lockmodel.Benchmark(output_tokens=100, baseline_tok_s=92.6), against_baseline=False)
+    verdict, _ = bench.judge(slow, Benchmark(output_tokens=100, baseline_tok_s=92.6), against_baseline=False)
     assert verdict.status == Status.PASS
-    assert verdict.summary.startswith("decode 79.20 tok/s (end-to-end 76.92): measured for the comparison, not judged against baseline_tok_s")
+    assert verdict.summary.startswith(
+        "decode 79.20 tok/s (end-to-end 76.92): measured for the comparison, not judged against baseline_tok_s"
+    )
 
 
 def test_one_run_has_no_interval_and_the_json_says_null_not_infinity():
@@ -379,19 +483,24 @@ def test_a_level_reports_ttft_and_inter_token_latency_percentiles():
 
 
 def test_without_a_baseline_the_figure_is_recorded_but_not_judged():
-    verdict, _ = bench.judge(figures(sample(100, 1.0)), lockmodel.Benchmark(output_tokens=100))
+    verdict, _ = bench.judge(figures(sample(100, 1.0)), Benchmark(output_tokens=100))
     assert verdict.status == Status.SKIP and "no baseline_tok_s" in verdict.summary
 
 
 def test_a_short_run_is_flagged_and_left_out_of_the_figures():
     done = figures(sample(100, 1.0), sample(90, 0.5))
     assert done.tok_s.n == 1 and done.tok_s.mean == 100.0
-    _, short = bench.judge(done, lockmodel.Benchmark(output_tokens=100))
-    assert short.status == Status.WARN and short.details == ("run 2: 90 tokens in 0.500 s = 180.00 tok/s; TTFT 50 ms; decode 197.78 tok/s  SHORT (90 of 100)",)
+    _, short = bench.judge(done, Benchmark(output_tokens=100))
+    assert short.status == Status.WARN and short.details == (
+        "run 2: 90 tokens in 0.500 s = 180.00 tok/s; TTFT 50 ms; decode 197.78 tok/s  SHORT (90 of 100)",
+    )
 
 
 def test_a_stopped_benchmark_fails_with_its_reason():
-    verdict, _ = bench.judge(figures(sample(10, 0.1, error="cut"), stopped="run 1 failed: the server exited with code -9"), lockmodel.Benchmark(output_tokens=100))
+    verdict, _ = bench.judge(
+        figures(sample(10, 0.1, error="cut"), stopped="run 1 failed: the server exited with code -9"),
+        Benchmark(output_tokens=100),
+    )
     assert verdict.summary == "the benchmark stopped: run 1 failed: the server exited with code -9"
 
 
@@ -399,13 +508,20 @@ def test_the_reader_counts_tokens_from_completion_tokens_and_keeps_the_last_ids(
     reader = bench._Reader(asked=6, incremental_ids=False)
     events = [
         b'{"text":"a","output_ids":[1,2,3],"meta_info":{"completion_tokens":3}}',
-        b'{"text":"a b","output_ids":[1,2,3,4,5,6],"meta_info":{"finish_reason":{"type":"length","length":6},"completion_tokens":6}}', b"[DONE]",
+        b'{"text":"a b","output_ids":[1,2,3,4,5,6],"meta_info":{"finish_reason":{"type":"length","length":6},"completion_tokens":6}}',
+        b"[DONE]",
     ]
     for t, data in zip((1.0, 2.0, 2.0), events, strict=True):
         if reader.event(t, data):
             break
     got = reader.sample(0.0)
-    assert (got.tokens, got.first_tokens, got.output_ids, got.finish_reason, got.error) == (6, 3, (1, 2, 3, 4, 5, 6), {"type": "length", "length": 6}, None)
+    assert (got.tokens, got.first_tokens, got.output_ids, got.finish_reason, got.error) == (
+        6,
+        3,
+        (1, 2, 3, 4, 5, 6),
+        {"type": "length", "length": 6},
+        None,
+    )
     assert got.decode_tok_s == 3.0  # three tokens after the first event, one second later
 
 
@@ -428,7 +544,9 @@ def test_repeated_greedy_runs_must_agree():
     assert quality.check_repeatable(same).status == Status.PASS
     other = [*same, sample(100, 1.0, ids=(1, 2, 9, 9))]
     result = quality.check_repeatable(other)
-    assert result.status == Status.WARN and result.details == ("run 4 vs run 1: first 2 of 4 tokens identical, then diverge (50.0% of positions agree)",)
+    assert result.status == Status.WARN and result.details == (
+        "run 4 vs run 1: first 2 of 4 tokens identical, then diverge (50.0% of positions agree)",
+    )
     assert quality.check_repeatable(same[:1]).status == Status.SKIP
 
 
@@ -462,13 +580,17 @@ def test_a_failed_request_s_last_look_is_taken_in_the_caller_s_thread(tmp_path):
     server = launch.start(["bash", "-c", "exit 3"], dict(os.environ), tmp_path / "server.log")
     server.process.wait()
     cut = []
-    monitor = ready.Monitor(server, serverlog.LogWatcher(tmp_path / "server.log"), cut.append)  # its thread never started: a starved watcher
+    monitor = ready.Monitor(
+        server, serverlog.LogWatcher(tmp_path / "server.log"), cut.append
+    )  # its thread never started: a starved watcher
     assert monitor.wait_failure(0.0) == "the server exited with code 3"
     assert cut == ["the server exited with code 3"] and monitor.failed_at is not None
 
 
 def test_teardown_says_when_the_server_had_already_ended_and_what_it_left_behind(tmp_path):
-    server = launch.start(["bash", "-c", "sleep 60 & sleep 60 & kill -KILL $$"], dict(os.environ), tmp_path / "server.log")
+    server = launch.start(
+        ["bash", "-c", "sleep 60 & sleep 60 & kill -KILL $$"], dict(os.environ), tmp_path / "server.log"
+    )
     server.process.wait()
     done = launch.stop(server, grace_s=2.0)
     assert done.ended_before and done.exit_code == -signal.SIGKILL

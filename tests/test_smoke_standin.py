@@ -57,7 +57,19 @@ def test_a_plain_smoke_passes_proves_what_runs_and_leaves_nothing(rig):
     assert done.server_info["version"] == "0.5.9" and done.server_info["attention_backend"] == "flashinfer"
     session = done.sessions[0]
     assert session.argv[1:] == (
-        "-m", "sglang.launch_server", "--model-path", str(rig.model), "--tp-size", "1", "--host", "127.0.0.1", "--port", str(rig.port), "--attention-backend", "flashinfer", "--mem-fraction-static",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(rig.model),
+        "--tp-size",
+        "1",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(rig.port),
+        "--attention-backend",
+        "flashinfer",
+        "--mem-fraction-static",
         "0.8",
     )
     assert session.teardown.how == "SIGTERM" and session.teardown.leftovers == ()
@@ -65,7 +77,11 @@ def test_a_plain_smoke_passes_proves_what_runs_and_leaves_nothing(rig):
     assert_nothing_left(rig)
 
 
-@pytest.mark.parametrize("rate, burst, ttft_s", [(200.0, 1, 0.02), (120.0, 1, 0.5), (200.0, 4, 0.02)], ids=["steady", "slow-first-token", "bursts"])
+@pytest.mark.parametrize(
+    "rate, burst, ttft_s",
+    [(200.0, 1, 0.02), (120.0, 1, 0.5), (200.0, 4, 0.02)],
+    ids=["steady", "slow-first-token", "bursts"],
+)
 def test_each_run_is_timed_from_the_events_the_server_sent(rig, rate, burst, ttft_s):
     # Only bounds that hold however loaded the machine is: the client and the stand-in read the
     # same clock (CLOCK_MONOTONIC), and nothing arrives before it was sent. How close the measured
@@ -90,10 +106,18 @@ def test_each_run_is_timed_from_the_events_the_server_sent(rig, rate, burst, ttf
 
 def test_the_baseline_judges_decode_so_a_slow_first_token_does_not_fail_it(rig):
     rig.behave(rate=200.0, ttft_s=0.5)  # end-to-end about 100 tok/s: half the baseline
-    done = rig.run(rig.lock(benchmark={"output_tokens": 100, "runs": 1, "warmup": 0, "baseline_tok_s": 200.0, "max_regression": 0.2}), benchmark=True)
+    done = rig.run(
+        rig.lock(
+            benchmark={"output_tokens": 100, "runs": 1, "warmup": 0, "baseline_tok_s": 200.0, "max_regression": 0.2}
+        ),
+        benchmark=True,
+    )
     verdict = by_name(done.results)["smoke.benchmark"]
     assert verdict.status == Status.PASS, verdict.summary
-    assert re.fullmatch(r"decode \d+\.\d\d tok/s vs baseline 200 \([-+]\d+\.\d%; allowed -20\.0%\); end-to-end \d+\.\d\d tok/s with time to first token", verdict.summary)
+    assert re.fullmatch(
+        r"decode \d+\.\d\d tok/s vs baseline 200 \([-+]\d+\.\d%; allowed -20\.0%\); end-to-end \d+\.\d\d tok/s with time to first token",
+        verdict.summary,
+    )
     assert done.figures.tok_s.mean < 0.8 * 200.0  # what the old verdict judged, and failed
     assert_nothing_left(rig)
 
@@ -104,7 +128,10 @@ def test_a_regression_beyond_the_allowed_one_fails_naming_both_numbers(rig):
     verdict = by_name(done.results)["smoke.benchmark"]
     mean = done.figures.decode_tok_s.mean
     assert verdict.status == Status.FAIL
-    assert verdict.summary.startswith(f"decode {mean:.2f} tok/s is ") and "below the baseline 300 tok/s (allowed: 3.0%, floor 291.00); end-to-end " in verdict.summary
+    assert (
+        verdict.summary.startswith(f"decode {mean:.2f} tok/s is ")
+        and "below the baseline 300 tok/s (allowed: 3.0%, floor 291.00); end-to-end " in verdict.summary
+    )
     assert by_name(done.results)["smoke.quality"].status == Status.PASS
     assert_nothing_left(rig)
 
@@ -147,12 +174,16 @@ def test_a_flag_whose_path_never_initialised_fails_with_that_explanation(rig):
 
 def test_at_log_level_warning_the_evidence_cannot_be_told_and_smoke_says_so(rig):
     rig.gpus(2)
-    done = rig.run(rig.lock(tp=2, flags=(FUSION, "--log-level", "warning"), evidence=EVIDENCE))  # the fused path does run
+    done = rig.run(
+        rig.lock(tp=2, flags=(FUSION, "--log-level", "warning"), evidence=EVIDENCE)
+    )  # the fused path does run
     result = by_name(done.results)["smoke.evidence.enable-flashinfer-allreduce-fusion"]
     assert result.status == Status.WARN
     assert "whether its path ran cannot be told: the server logs at --log-level warning" in result.summary
     assert "never initialised" not in result.summary
-    assert "FlashInfer workspace initialized" not in done.sessions[0].log_path.read_text()  # an INFO line, hidden at that level
+    assert (
+        "FlashInfer workspace initialized" not in done.sessions[0].log_path.read_text()
+    )  # an INFO line, hidden at that level
     assert by_name(done.results)["smoke.launch"].status == Status.PASS  # readiness does not need the INFO lines
     assert_nothing_left(rig)
 
@@ -174,7 +205,10 @@ def test_a_backend_chosen_by_default_is_found_in_the_log_and_in_server_info(rig)
     assert finding.status == Status.FAIL  # the lock names flashinfer
     assert finding.summary == "No --attention-backend: the server chose triton by itself"
     assert "chose triton by itself; the stack runs flashinfer" in finding.details[0]
-    assert results["smoke.attention_backend"].summary == "the server runs the triton attention backend, the lock asks for flashinfer"
+    assert (
+        results["smoke.attention_backend"].summary
+        == "the server runs the triton attention backend, the lock asks for flashinfer"
+    )
     assert_nothing_left(rig)
 
 
@@ -184,16 +218,27 @@ def test_a_crash_at_start_is_reported_with_exit_code_last_lines_and_the_known_ca
     results = by_name(done.results)
     launch = results["smoke.launch"]
     assert launch.status == Status.FAIL
-    assert launch.summary.startswith("the server exited (killed by SIGKILL, status 137; SGLang kills its own process tree on a fatal error)")
+    assert launch.summary.startswith(
+        "the server exited (killed by SIGKILL, status 137; SGLang kills its own process tree on a fatal error)"
+    )
     assert "known failure sglang-symm-mem-keyerror" in launch.summary
     assert any("KeyError: 12" in line for line in launch.details)
     keyerror = results["smoke.log.sglang-symm-mem-keyerror"]
-    assert keyerror.status == Status.FAIL and keyerror.summary == "--enable-torch-symm-mem has no size table for compute capability 12"
-    assert keyerror.fix.commands[0] == f"stackgate provision --only patches --lock {rig.tmp / 'lock.toml'}"  # the fix names this lock
+    assert (
+        keyerror.status == Status.FAIL
+        and keyerror.summary == "--enable-torch-symm-mem has no size table for compute capability 12"
+    )
+    assert (
+        keyerror.fix.commands[0] == f"stackgate provision --only patches --lock {rig.tmp / 'lock.toml'}"
+    )  # the fix names this lock
     (session,) = done.document()["smoke"]["sessions"]
     written = next(f for f in session["findings"] if f["id"] == "sglang-symm-mem-keyerror")
-    assert keyerror.data == {"finding": written} and Finding.from_dict(written).fix == keyerror.fix  # one form, in the results and the session
-    assert written["evidence"]["file"] == session["log_path"] and written["evidence"]["lines"][-1].endswith("KeyError: 12")
+    assert (
+        keyerror.data == {"finding": written} and Finding.from_dict(written).fix == keyerror.fix
+    )  # one form, in the results and the session
+    assert written["evidence"]["file"] == session["log_path"] and written["evidence"]["lines"][-1].endswith(
+        "KeyError: 12"
+    )
     assert "smoke.benchmark" not in results  # nothing to measure
     assert done.sessions[0].teardown.how == "exited by itself"
     assert_nothing_left(rig)
@@ -217,7 +262,9 @@ def test_a_server_that_hangs_while_loading_times_out_with_its_last_phase(rig):
     done = rig.run(_short_timeout(rig))
     launch = by_name(done.results)["smoke.launch"]
     assert launch.status == Status.FAIL
-    assert launch.summary.startswith("not ready after 1.5 s (last phase: CUDA graphs captured; /health: still loading (connection refused))")
+    assert launch.summary.startswith(
+        "not ready after 1.5 s (last phase: CUDA graphs captured; /health: still loading (connection refused))"
+    )
     assert "ready_timeout_s" in launch.fix.text
     assert_nothing_left(rig)
 
@@ -229,14 +276,20 @@ def _short_timeout(rig):
 
 
 def test_a_server_dying_mid_stream_stops_the_benchmark_with_its_cause(rig):
-    oom = ["Scheduler hit an exception: Traceback (most recent call last):", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.80 GiB"]
+    oom = [
+        "Scheduler hit an exception: Traceback (most recent call last):",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.80 GiB",
+    ]
     rig.behave(die_mid_stream={"after_tokens": 60, "lines": oom})
     done = rig.run(rig.lock(benchmark={"warmup": 0}), benchmark=True)
     results = by_name(done.results)
     bench = results["smoke.benchmark"]
     assert bench.status == Status.FAIL
     # Whichever the watcher saw first: the fatal lines it wrote, or its death just after them.
-    assert re.match(r"the benchmark stopped: run 1 failed: the server (exited with code -9|logged a fatal error \((sglang-scheduler-exception|cuda-out-of-memory))", bench.summary)
+    assert re.match(
+        r"the benchmark stopped: run 1 failed: the server (exited with code -9|logged a fatal error \((sglang-scheduler-exception|cuda-out-of-memory))",
+        bench.summary,
+    )
     assert results["smoke.log.cuda-out-of-memory"].status == Status.FAIL
     assert results["smoke.log.cuda-out-of-memory"].data["finding"]["evidence"]["lines"][-1].endswith(oom[1])
     assert done.figures.runs[0].tokens < 200
@@ -273,7 +326,9 @@ def test_a_server_ignoring_sigterm_and_an_escaped_worker_are_killed_with_a_warni
     assert living([escaped]) == []
     result = by_name(done.results)["smoke.teardown"]
     assert result.status == Status.WARN
-    assert result.summary.endswith("; 3 process(es) ignored SIGTERM for the whole 1 s grace: a production drain (SIGTERM) would hang")
+    assert result.summary.endswith(
+        "; 3 process(es) ignored SIGTERM for the whole 1 s grace: a production drain (SIGTERM) would hang"
+    )
     assert result.details[0].startswith(f"{done.sessions[0].pid} (") and "sglang.launch_server" in result.details[0]
     assert done.verdict.passed and done.verdict.counts["WARN"] == 1  # a warning: the server did stop
     assert_nothing_left(rig)
@@ -287,7 +342,9 @@ def test_a_server_killed_from_outside_is_reported_with_what_it_left_behind(rig):
     done = rig.run(lock, benchmark=True)
     killer.join()
     results = by_name(done.results)
-    assert results["smoke.benchmark"].summary.startswith("the benchmark stopped: run 1 failed: the server exited with code -9")
+    assert results["smoke.benchmark"].summary.startswith(
+        "the benchmark stopped: run 1 failed: the server exited with code -9"
+    )
     teardown = results["smoke.teardown"]
     assert teardown.status == Status.WARN
     assert re.fullmatch(
@@ -366,7 +423,10 @@ def test_a_taken_port_is_refused_before_launch(rig):
         done = rig.run(rig.lock())
     port = by_name(done.results)["smoke.preflight.port"]
     assert port.status == Status.FAIL
-    assert port.summary == f"port {rig.port} on 127.0.0.1 is taken; nothing was launched (SGLang would find out only after loading the weights)"
+    assert (
+        port.summary
+        == f"port {rig.port} on 127.0.0.1 is taken; nothing was launched (SGLang would find out only after loading the weights)"
+    )
     assert port.fix.commands == (f"ss -ltnp 'sport = :{rig.port}'",)
     assert rig.events() == [] and not rig.runs.exists()  # nothing started, no log
 
@@ -429,7 +489,10 @@ def test_an_older_server_is_read_through_get_server_info(rig):
     rig.behave(server_info_404=True)
     done = rig.run(rig.lock())
     assert done.sessions[0].info_endpoint == "/get_server_info"
-    assert by_name(done.results)["smoke.server_info"].summary == "SGLang 0.5.9 reports its configuration (/get_server_info)"
+    assert (
+        by_name(done.results)["smoke.server_info"].summary
+        == "SGLang 0.5.9 reports its configuration (/get_server_info)"
+    )
     assert_nothing_left(rig)
 
 
@@ -448,7 +511,10 @@ def test_keep_server_leaves_it_up_and_the_printed_command_stops_it(rig):
     assert session.kept and session.teardown is None
     assert living([session.pid]) == [session.pid]
     teardown = by_name(done.results)["smoke.teardown"]
-    assert teardown.summary == f"left running on purpose (--keep-server): process group {session.pid}; stop it with `kill -TERM -- -{session.pid}`"
+    assert (
+        teardown.summary
+        == f"left running on purpose (--keep-server): process group {session.pid}; stop it with `kill -TERM -- -{session.pid}`"
+    )
     subprocess.run(["bash", "-c", f"kill -TERM -- -{session.pid}"], check=True)
     assert_nothing_left(rig)
 
@@ -464,13 +530,19 @@ def test_fast_mode_launches_random_weights_and_a_few_layers_and_labels_its_figur
     bench = results["smoke.benchmark"]
     assert bench.status == Status.PASS  # never compared with the baseline of 10000 tok/s
     assert bench.summary.startswith("fast mode: random weights, 4 of 32 layers of LlamaForCausalLM: ")
-    assert re.search(r": decode [\d.]+ tok/s \(end-to-end [\d.]+\), a fast-mode figure never compared with the baseline$", bench.summary)
+    assert re.search(
+        r": decode [\d.]+ tok/s \(end-to-end [\d.]+\), a fast-mode figure never compared with the baseline$",
+        bench.summary,
+    )
     assert results["smoke.quality"].status == Status.SKIP
     assert_nothing_left(rig)
 
 
 def test_fast_mode_refuses_a_model_whose_layers_are_nested(rig):
-    rig.write_model(architectures=["KimiK25ForConditionalGeneration"], text_config={"num_hidden_layers": 61, "num_attention_heads": 64})
+    rig.write_model(
+        architectures=["KimiK25ForConditionalGeneration"],
+        text_config={"num_hidden_layers": 61, "num_attention_heads": 64},
+    )
     done = rig.run(rig.lock(), fast=True)
     refused = by_name(done.results)["smoke.fast_mode"]
     assert refused.status == Status.FAIL and "counts its layers in text_config" in refused.summary
@@ -483,7 +555,9 @@ def test_the_quality_guard_warns_when_greedy_runs_differ_and_strict_fails(rig):
     done = rig.run(lock, benchmark=True)
     guard = by_name(done.results)["smoke.quality"]
     assert guard.status == Status.WARN
-    assert guard.details == ("run 2 vs run 1: first 37 of 200 tokens identical, then diverge (18.5% of positions agree)",)
+    assert guard.details == (
+        "run 2 vs run 1: first 37 of 200 tokens identical, then diverge (18.5% of positions agree)",
+    )
     assert done.verdict.passed
     strict = rig.run(lock, benchmark=True, strict=True)
     assert not strict.verdict.passed and strict.verdict.reason == "1 warning(s) with --strict"
@@ -495,7 +569,9 @@ def test_short_runs_are_flagged_and_left_out(rig):
     done = rig.run(rig.lock(), benchmark=True)
     results = by_name(done.results)
     assert results["smoke.benchmark.short_runs"].status == Status.WARN
-    assert results["smoke.benchmark.short_runs"].summary.startswith("2 run(s) returned fewer tokens than the 200 asked (runs 1, 2)")
+    assert results["smoke.benchmark.short_runs"].summary.startswith(
+        "2 run(s) returned fewer tokens than the 200 asked (runs 1, 2)"
+    )
     assert results["smoke.benchmark"].summary == "no run returned the 200 tokens asked"
     assert_nothing_left(rig)
 
@@ -534,25 +610,48 @@ def test_gpu_memory_still_held_after_teardown_is_a_warning(rig):
 def _speculative_tables(rig, compare=True):
     draft = rig.tmp / "draft"
     draft.mkdir(exist_ok=True)
-    draft.joinpath("config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1}))
+    draft.joinpath("config.json").write_text(
+        json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1})
+    )
     tables = f'[smoke.speculative]\nalgorithm = "EAGLE3"\ndraft_model = "{draft}"\nnum_steps = 3\n'
     return tables + ('\n[smoke.compare]\nname = "plain"\nspeculative = false\n' if compare else ""), draft
 
 
 def test_compare_reports_both_the_difference_and_where_speculation_stops_paying(rig):
     tables, draft = _speculative_tables(rig)
-    rig.behave(rate=100.0, profiles=[{"when": {"speculative_algorithm": "EAGLE3"}, "set": {"rate": 150.0, "burst": 3, "rate_by_streams": {"3": 60.0}}}])
+    rig.behave(
+        rate=100.0,
+        profiles=[
+            {
+                "when": {"speculative_algorithm": "EAGLE3"},
+                "set": {"rate": 150.0, "burst": 3, "rate_by_streams": {"3": 60.0}},
+            }
+        ],
+    )
     # baseline_tok_s describes the lock's (speculative) configuration; the plain one is slower on purpose.
     benchmark = {"output_tokens": 150, "runs": 2, "warmup": 0, "baseline_tok_s": 140.0, "max_regression": 0.25}
     done = rig.run(rig.lock(tables=tables, benchmark=benchmark), compare=True, concurrency=(1, 3))
     results = by_name(done.results)
     assert done.verdict.passed, statuses(done)
     plain = results["smoke.plain.benchmark"]
-    assert plain.status == Status.PASS and "measured for the comparison, not judged against baseline_tok_s" in plain.summary
-    assert results["smoke.benchmark"].summary.startswith("decode ") and " vs baseline 140 " in results["smoke.benchmark"].summary
+    assert (
+        plain.status == Status.PASS
+        and "measured for the comparison, not judged against baseline_tok_s" in plain.summary
+    )
+    assert (
+        results["smoke.benchmark"].summary.startswith("decode ")
+        and " vs baseline 140 " in results["smoke.benchmark"].summary
+    )
     assert [s.config.title for s in done.sessions] == ["plain", "lock"]
     assert "--speculative-algorithm" not in done.sessions[0].argv
-    assert done.sessions[1].argv[-6:] == ("--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(draft), "--speculative-num-steps", "3")
+    assert done.sessions[1].argv[-6:] == (
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-draft-model-path",
+        str(draft),
+        "--speculative-num-steps",
+        "3",
+    )
     assert results["smoke.plain.launch"].status == Status.PASS and results["smoke.launch"].status == Status.PASS
     compare = results["smoke.compare"]
     assert compare.status == Status.PASS and compare.summary.startswith("lock vs plain: decode +")
@@ -560,9 +659,13 @@ def test_compare_reports_both_the_difference_and_where_speculation_stops_paying(
     crossover = results["smoke.compare.concurrency"]
     assert crossover.summary == "speculative decoding stops paying at 3 concurrent streams"
     assert crossover.data["stops_paying_at"] == 3
-    doc = json.loads(json.dumps(done.document(), allow_nan=False))  # strict JSON: one stream has no interval, and says so
+    doc = json.loads(
+        json.dumps(done.document(), allow_nan=False)
+    )  # strict JSON: one stream has no interval, and says so
     level = doc["smoke"]["sessions"][1]["concurrency"][0]
-    assert level["streams"] == 1 and level["per_stream_tok_s"]["ci_low"] is None and "ci_note" in level["per_stream_tok_s"]
+    assert (
+        level["streams"] == 1 and level["per_stream_tok_s"]["ci_low"] is None and "ci_note" in level["per_stream_tok_s"]
+    )
     for each in doc["smoke"]["sessions"][1]["concurrency"]:
         assert all(isinstance(each[k][p], float) for k in ("ttft_s", "itl_s") for p in ("p50", "p90", "p99"))
     assert_nothing_left(rig)
@@ -575,9 +678,15 @@ def test_a_speculative_sweep_without_compare_says_why_it_has_no_crossover(rig, c
     results = by_name(done.results)
     crossover = results["smoke.compare.concurrency"]
     assert crossover.status == Status.SKIP
-    assert crossover.summary == "no crossover estimate without --compare: run with --compare to measure the non-speculative configuration at the same levels"
+    assert (
+        crossover.summary
+        == "no crossover estimate without --compare: run with --compare to measure the non-speculative configuration at the same levels"
+    )
     levels = results["smoke.concurrency"].details
-    assert len(levels) == 2 and all(re.search(r"TTFT p50/p90/p99 [\d.]+/[\d.]+/[\d.]+ ms, ITL p50/p90/p99 [\d.]+/[\d.]+/[\d.]+ ms$", line) for line in levels)
+    assert len(levels) == 2 and all(
+        re.search(r"TTFT p50/p90/p99 [\d.]+/[\d.]+/[\d.]+ ms, ITL p50/p90/p99 [\d.]+/[\d.]+/[\d.]+ ms$", line)
+        for line in levels
+    )
     assert done.verdict.passed
     assert_nothing_left(rig)
 
@@ -594,7 +703,9 @@ def test_a_server_with_an_api_key_gets_it_from_the_environment_and_it_is_never_s
     write_json(tmp_path / "smoke.json", done.document())
     assert key not in (tmp_path / "smoke.json").read_text()
     (written,) = json.loads((tmp_path / "smoke.json").read_text())["smoke"]["sessions"]
-    assert written["command"][-2:] == ["--api-key", "${SERVE_AUTH}"] and written["command_line"].endswith(" --api-key '${SERVE_AUTH}'")  # the reference, as shown
+    assert written["command"][-2:] == ["--api-key", "${SERVE_AUTH}"] and written["command_line"].endswith(
+        " --api-key '${SERVE_AUTH}'"
+    )  # the reference, as shown
     assert session.to_dict()["environment"]["SERVE_AUTH"] == "<redacted>"
     assert_nothing_left(rig)
 
@@ -607,7 +718,10 @@ def test_the_standin_refuses_requests_without_the_key_as_sglang_does(rig):
         assert httpclient.request("GET", base + "/server_info").status == 401
         wrong = httpclient.request("GET", base + "/server_info", headers=httpclient.bearer("sk-other"))
         assert (wrong.status, wrong.json()) == (401, {"error": "Unauthorized"})
-        assert httpclient.request("GET", base + "/server_info", headers={"Authorization": "bearer sk-literal"}).status == 200
+        assert (
+            httpclient.request("GET", base + "/server_info", headers={"Authorization": "bearer sk-literal"}).status
+            == 200
+        )
     finally:
         os.killpg(rig.events("started")[0]["pid"], signal.SIGTERM)
     assert_nothing_left(rig)
@@ -617,7 +731,10 @@ def test_an_api_key_naming_an_unset_variable_is_refused_before_launch(rig):
     done = rig.run(rig.lock(flags=("--api-key", "$SERVE_AUTH_UNSET")))
     refused = by_name(done.results)["smoke.preflight.api_key"]
     assert refused.status == Status.FAIL
-    assert refused.summary == "--api-key refers to $SERVE_AUTH_UNSET, which the server's environment does not set; nothing was launched"
+    assert (
+        refused.summary
+        == "--api-key refers to $SERVE_AUTH_UNSET, which the server's environment does not set; nothing was launched"
+    )
     assert rig.events() == []
 
 
@@ -630,7 +747,10 @@ def test_compare_warns_when_the_configurations_disagree(rig):
     assert FUSION not in done.sessions[0].argv and FUSION in done.sessions[1].argv
     quality = results["smoke.compare.quality"]
     assert quality.status == Status.WARN
-    assert quality.summary == "baseline and lock give different greedy outputs: first 120 of 200 tokens identical, then diverge (60.0% of positions agree)"
+    assert (
+        quality.summary
+        == "baseline and lock give different greedy outputs: first 120 of 200 tokens identical, then diverge (60.0% of positions agree)"
+    )
     assert_nothing_left(rig)
 
 

@@ -34,19 +34,38 @@ def test_metrics_read_back_exactly_through_a_strict_parser_even_with_odd_labels(
 
 
 def test_prometheus_own_parser_reads_the_same_series():
-    parser = pytest.importorskip("prometheus_client.parser", reason="prometheus_client (the test extra) is not installed")
+    parser = pytest.importorskip(
+        "prometheus_client.parser", reason="prometheus_client (the test extra) is not installed"
+    )
     doc = gate_doc(decode=150.0)
     doc["host"]["hostname"] = HOSTILE
     text = summaries.prometheus(doc)
-    ours = {(name, tuple(sorted(labels.items()))): value for name, family in exposition.parse(text).items() for labels, value in family.samples}
-    theirs = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in parser.text_string_to_metric_families(text) for s in f.samples}
+    ours = {
+        (name, tuple(sorted(labels.items()))): value
+        for name, family in exposition.parse(text).items()
+        for labels, value in family.samples
+    }
+    theirs = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in parser.text_string_to_metric_families(text)
+        for s in f.samples
+    }
     assert theirs == ours and len(ours) > 20
 
 
 def test_the_strict_parser_refuses_what_the_format_refuses():
     good = '# HELP a x\n# TYPE a gauge\na{l="v"} 1\n'
     assert exposition.parse(good)["a"].value(l="v") == 1
-    for bad in ['a 1', 'a{l="v} 1\n', "a{l=\"\\q\"} 1\n", "a 1\nb 2\na 3\n", "a 1\n# TYPE a gauge\n", "a one\n", '2a 1\n', 'a{l="v"} 1\na{l="v"} 2\n']:
+    for bad in [
+        "a 1",
+        'a{l="v} 1\n',
+        'a{l="\\q"} 1\n',
+        "a 1\nb 2\na 3\n",
+        "a 1\n# TYPE a gauge\n",
+        "a one\n",
+        "2a 1\n",
+        'a{l="v"} 1\na{l="v"} 2\n',
+    ]:
         with pytest.raises(exposition.ExpositionError):
             exposition.parse(bad)
 
@@ -63,7 +82,10 @@ def test_the_markdown_summary_has_the_verdict_stages_failures_and_the_speed_agai
     lines = text.splitlines()
     assert lines[0] == "## ❌ stackgate gate: FAILED"
     assert "| stage | status | seconds | reason |" in lines
-    assert any(line.startswith("| verify | ❌ failed | 0.0 | 1 check(s) failed: verify.check: a \\| pipe and a newline |") for line in lines)
+    assert any(
+        line.startswith("| verify | ❌ failed | 0.0 | 1 check(s) failed: verify.check: a \\| pipe and a newline |")
+        for line in lines
+    )
     assert "- **FAIL** verify `verify.check`: a \\| pipe and a newline" in lines
     assert "    echo fix" in lines
     assert "decode 83.90 tok/s vs baseline 190 (-55.8%, floor 180.50): FAIL; end-to-end 82.64 tok/s" in lines
@@ -72,8 +94,15 @@ def test_the_markdown_summary_has_the_verdict_stages_failures_and_the_speed_agai
 
 
 def test_junit_has_a_testsuite_per_stage_and_reads_back_as_xml():
-    root = ET.fromstring(report.junit_xml(summaries.suites(gate_doc(status=Status.FAIL, summary="broke"))).split("\n", 1)[1])
+    root = ET.fromstring(
+        report.junit_xml(summaries.suites(gate_doc(status=Status.FAIL, summary="broke"))).split("\n", 1)[1]
+    )
     suites = {s.attrib["name"]: s for s in root.findall("testsuite")}
-    assert list(suites) == ["stackgate.gate.lock", "stackgate.gate.environment", "stackgate.gate.verify", "stackgate.gate.fast_smoke"]
+    assert list(suites) == [
+        "stackgate.gate.lock",
+        "stackgate.gate.environment",
+        "stackgate.gate.verify",
+        "stackgate.gate.fast_smoke",
+    ]
     assert suites["stackgate.gate.verify"].attrib["failures"] == "1"
     assert suites["stackgate.gate.verify"].find("testcase/failure").attrib["message"] == "broke"

@@ -28,9 +28,8 @@ from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import run_checks, select
 from stackgate.edges import runner
 from stackgate.facts import gather, inspect_toolkit, tool_version
-from stackgate.models import spec as lockmodel
 from stackgate.models.result import Status
-from stackgate.models.spec import Toolkit
+from stackgate.models.spec import PYPI_CUDA12_REASON, SpecError, Toolkit, loads_spec
 from stackgate.stack import toolkit as tk
 from stackgate.stack.toolkit import ToolkitError
 
@@ -154,10 +153,14 @@ def test_pypi_refuses_cuda_12_with_the_lock_loaders_reason(tmp_path: Path) -> No
     toolkit = Toolkit(Version("12.8.1"), tmp_path / "cuda-12.8", "pypi")
     with pytest.raises(ToolkitError) as caught:
         tk.install_toolkit(toolkit, log=tmp_path / "log")
-    with pytest.raises(lockmodel.LockError) as loading:
-        lockmodel.loads(lock_text(f'[[toolkit]]\nversion = "12.8.1"\nprefix = "{toolkit.prefix}"\nsource = "pypi"\ndefault = true\n'))
+    with pytest.raises(SpecError) as loading:
+        loads_spec(
+            lock_text(
+                f'[[toolkit]]\nversion = "12.8.1"\nprefix = "{toolkit.prefix}"\nsource = "pypi"\ndefault = true\n'
+            )
+        )
     for message in (str(caught.value), str(loading.value)):
-        assert f"pypi cannot provide CUDA 12.8.1: {lockmodel.PYPI_CUDA12_REASON}" in message
+        assert f"pypi cannot provide CUDA 12.8.1: {PYPI_CUDA12_REASON}" in message
 
 
 def test_a_prefix_stackgate_did_not_make_is_not_replaced(tmp_path: Path) -> None:
@@ -261,7 +264,9 @@ def test_runfile_installs_through_staging_and_its_link_change_is_undone(tmp_path
 def test_runfile_link_that_did_not_exist_is_removed_again(tmp_path: Path) -> None:
     link = tmp_path / "cuda"
     runfile = fake_runfile(tmp_path / "cuda.run", link, tmp_path / "ran")
-    tk.install_toolkit(runfile_toolkit(tmp_path / "cuda-12.8", runfile, sha256_of(runfile)), log=tmp_path / "log", link=link)
+    tk.install_toolkit(
+        runfile_toolkit(tmp_path / "cuda-12.8", runfile, sha256_of(runfile)), log=tmp_path / "log", link=link
+    )
     assert not link.exists() and not link.is_symlink()
 
 
@@ -269,7 +274,9 @@ def test_runfile_with_a_wrong_sha256_is_refused_before_it_runs(tmp_path: Path) -
     link, ran = tmp_path / "cuda", tmp_path / "ran"
     runfile = fake_runfile(tmp_path / "cuda.run", link, ran)
     toolkit = runfile_toolkit(tmp_path / "cuda-12.8", runfile, "0" * 64)
-    with pytest.raises(ToolkitError, match=f"has sha256 {sha256_of(runfile)}, the lock says 0{{64}}: refusing to run it"):
+    with pytest.raises(
+        ToolkitError, match=f"has sha256 {sha256_of(runfile)}, the lock says 0{{64}}: refusing to run it"
+    ):
         tk.install_toolkit(toolkit, log=tmp_path / "log", link=link)
     assert not ran.exists() and not toolkit.prefix.exists() and not link.is_symlink()
     assert not tk._staging(toolkit.prefix).exists()
@@ -279,7 +286,10 @@ def test_a_failing_runfile_leaves_no_prefix_and_names_the_log(tmp_path: Path) ->
     link = tmp_path / "cuda"
     runfile = fake_runfile(tmp_path / "cuda.run", link, tmp_path / "ran", exit_code=1)
     toolkit = runfile_toolkit(tmp_path / "cuda-12.8", runfile, sha256_of(runfile))
-    with pytest.raises(ToolkitError, match=r"(?s)failed \(exit 1\); the runfile's own log: /var/log/cuda-installer.log.*full output: .*install.log.*Toolkit:  Installed in"):
+    with pytest.raises(
+        ToolkitError,
+        match=r"(?s)failed \(exit 1\); the runfile's own log: /var/log/cuda-installer.log.*full output: .*install.log.*Toolkit:  Installed in",
+    ):
         tk.install_toolkit(toolkit, log=tmp_path / "install.log", link=link)
     assert not toolkit.prefix.exists() and not tk._staging(toolkit.prefix).exists()
     assert not link.is_symlink()
@@ -323,14 +333,20 @@ def test_a_corrupted_download_is_refused_and_not_kept(tmp_path: Path, http_folde
     runfile.write_text(runfile.read_text() + "# corrupted in transit\n")
     cache = tmp_path / "cache"
     with pytest.raises(ToolkitError, match="refusing to run it"):
-        tk.install_toolkit(runfile_toolkit(tmp_path / "cuda-12.8", f"{base}/cuda.run", want), log=tmp_path / "log", cache=cache)
+        tk.install_toolkit(
+            runfile_toolkit(tmp_path / "cuda-12.8", f"{base}/cuda.run", want), log=tmp_path / "log", cache=cache
+        )
     assert list(cache.iterdir()) == [] and not (tmp_path / "ran").exists()
 
 
 def test_a_dead_url_fails_clearly(tmp_path: Path, http_folder: tuple[Path, str]) -> None:
     _, base = http_folder
     with pytest.raises(ToolkitError, match=r"cannot download .*/missing.run: HTTP Error 404"):
-        tk.install_toolkit(runfile_toolkit(tmp_path / "cuda-12.8", f"{base}/missing.run", "0" * 64), log=tmp_path / "log", cache=tmp_path / "cache")
+        tk.install_toolkit(
+            runfile_toolkit(tmp_path / "cuda-12.8", f"{base}/missing.run", "0" * 64),
+            log=tmp_path / "log",
+            cache=tmp_path / "cache",
+        )
 
 
 # --- apt -----------------------------------------------------------------------------------------
@@ -383,14 +399,19 @@ def test_apt_without_nvidias_repository_is_a_clear_error_on_this_machine(tmp_pat
         pytest.skip("no apt-cache here")
     if tk.NVIDIA_REPO in runner.run(["apt-cache", "policy"], timeout_s=60).stdout:
         pytest.skip("this machine has NVIDIA's repository configured")
-    with pytest.raises(ToolkitError, match=r"(?s)repository is not configured .* apt knows no cuda-toolkit-13-0.*cuda-keyring.*apt-get update"):
+    with pytest.raises(
+        ToolkitError,
+        match=r"(?s)repository is not configured .* apt knows no cuda-toolkit-13-0.*cuda-keyring.*apt-get update",
+    ):
         tk.install_toolkit(cuda13(APT_PREFIX, source="apt"), log=tmp_path / "log", link=tmp_path / "cuda")
     assert not (tmp_path / "log").exists() or (tmp_path / "log").read_text() == ""
 
 
 def test_apt_installs_the_versioned_package_of_the_locked_release(tmp_path: Path) -> None:
     apt = RecordingApt(POLICY_PACKAGE, POLICY_SOURCES, install_exit=100)
-    with pytest.raises(ToolkitError, match=r"(?s)apt-get could not install cuda-toolkit-13-0 \(exit 100\).*Permission denied"):
+    with pytest.raises(
+        ToolkitError, match=r"(?s)apt-get could not install cuda-toolkit-13-0 \(exit 100\).*Permission denied"
+    ):
         tk.install_toolkit(cuda13(APT_PREFIX, source="apt"), log=tmp_path / "log", apt=apt, link=tmp_path / "cuda")
     assert apt.installs == [("apt-get", "install", "-y", "--no-install-recommends", "cuda-toolkit-13-0=13.0.1-*")]
     assert tk.install_command(cuda13(APT_PREFIX, source="apt")) == list(apt.installs[0])
@@ -438,8 +459,24 @@ def uv_target(site: Path, requirements: Sequence[str]) -> None:
     uv = tk._uv()
     assert uv is not None, "uv is in the test extra"
     subprocess.run(
-        [uv, "pip", "install", "-q", "--python", sys.executable, "--target", str(site), "--link-mode", "copy", "--cache-dir", str(UV_CACHE), *requirements],
-        env=isolated_environ(), check=True, capture_output=True,
+        [
+            uv,
+            "pip",
+            "install",
+            "-q",
+            "--python",
+            sys.executable,
+            "--target",
+            str(site),
+            "--link-mode",
+            "copy",
+            "--cache-dir",
+            str(UV_CACHE),
+            *requirements,
+        ],
+        env=isolated_environ(),
+        check=True,
+        capture_output=True,
     )
 
 
@@ -491,7 +528,9 @@ def test_13_0_1_from_pypi_reports_v13_0_88_and_compiles_for_sm_120a(side_by_side
     assert side_by_side.state_before == "missing"
     nvcc = tool_version(prefix / "bin" / "nvcc")
     assert nvcc and nvcc.release == "13.0" and nvcc.build == Version("13.0.88")
-    done = runner.run([prefix / "bin" / "nvcc", "-arch=sm_120a", "-cubin", "-o", tmp_path / "k.cubin", KERNEL], timeout_s=300)
+    done = runner.run(
+        [prefix / "bin" / "nvcc", "-arch=sm_120a", "-cubin", "-o", tmp_path / "k.cubin", KERNEL], timeout_s=300
+    )
     assert done.ok, done.tail()
     header = (tmp_path / "k.cubin").read_bytes()[:20]
     assert header[:4] == b"\x7fELF" and struct.unpack_from("<H", header, 18)[0] == EM_CUDA
@@ -502,7 +541,15 @@ def test_13_0_1_from_pypi_reports_v13_0_88_and_compiles_for_sm_120a(side_by_side
 @pytest.mark.toolkit
 def test_the_layout_is_a_standard_toolkit_tree(side_by_side: SideBySide) -> None:
     prefix = side_by_side.new.prefix
-    for name in ("bin/nvcc", "bin/ptxas", "bin/nvcc.profile", "nvvm/bin/cicc", "include/cuda_runtime.h", "lib/libcudart.so.13", "version.json"):
+    for name in (
+        "bin/nvcc",
+        "bin/ptxas",
+        "bin/nvcc.profile",
+        "nvvm/bin/cicc",
+        "include/cuda_runtime.h",
+        "lib/libcudart.so.13",
+        "version.json",
+    ):
         assert (prefix / name).is_file(), name
     assert os.readlink(prefix / "lib64") == "lib" and os.readlink(prefix / "lib" / "libcudart.so") == "libcudart.so.13"
     assert os.readlink(prefix / "targets" / "x86_64-linux" / "include") == "../../include"
@@ -518,7 +565,7 @@ def test_verify_passes_on_what_provision_built(side_by_side: SideBySide) -> None
         f"components = {json.dumps(list(COMPILER))}\ndefault = true\n"
         f'[[toolkit]]\nversion = "12.8"\nprefix = "{side_by_side.kept.prefix}"\nkeep = true\n'
     )
-    lock = lockmodel.loads(text)
+    lock = loads_spec(text)
     facts = gather(lock, ("toolkits",))
     try:
         results = run_checks(select(["cuda.toolkits", "cuda.ptxas_arch"], REGISTRY), lock, facts)
@@ -538,7 +585,14 @@ def test_killed_mid_install_leaves_no_prefix_and_a_rerun_completes(side_by_side:
         "install_toolkit(t, log=Path(sys.argv[2]), cache=Path(sys.argv[3]))\n"
     )
     env = dict(os.environ, STACKGATE_FAULT=point, PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-c", script, str(prefix), str(prefix) + ".log", str(UV_CACHE)], cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(prefix), str(prefix) + ".log", str(UV_CACHE)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == -9, done.stderr  # killed by SIGKILL at the fault point
     assert not prefix.exists()
     assert (tk._staging(prefix) / "site").is_dir()  # the half-built state lies in staging only
@@ -550,7 +604,9 @@ def test_killed_mid_install_leaves_no_prefix_and_a_rerun_completes(side_by_side:
 def test_an_unknown_component_fails_clearly_and_leaves_nothing(side_by_side: SideBySide) -> None:
     prefix = side_by_side.root / "cuda-13.0-typo"
     with pytest.raises(ToolkitError, match=r"cuda-toolkit 13.0.1 has no extra\(s\) nvvc; it offers: all, cccl"):
-        tk.install_toolkit(cuda13(prefix, components=(*COMPILER, "nvvc")), log=side_by_side.root / "typo.log", cache=UV_CACHE)
+        tk.install_toolkit(
+            cuda13(prefix, components=(*COMPILER, "nvvc")), log=side_by_side.root / "typo.log", cache=UV_CACHE
+        )
     assert not prefix.exists() and not tk._staging(prefix).exists()
 
 
@@ -559,7 +615,10 @@ def test_a_new_component_reinstalls_by_swapping_the_whole_tree(side_by_side: Sid
     prefix = side_by_side.root / "cuda-13.0-swap"
     tk.install_toolkit(cuda13(prefix), log=side_by_side.root / "swap.log", cache=UV_CACHE)
     wider = cuda13(prefix, components=(*COMPILER, "nvrtc"))
-    assert tk.toolkit_state(wider, inspect_toolkit(wider, "sm_120a")) == "installed without the component(s) nvrtc that the lock lists"
+    assert (
+        tk.toolkit_state(wider, inspect_toolkit(wider, "sm_120a"))
+        == "installed without the component(s) nvrtc that the lock lists"
+    )
     inode = prefix.stat().st_ino
     tk.install_toolkit(wider, log=side_by_side.root / "swap.log", cache=UV_CACHE)
     assert prefix.stat().st_ino != inode and (prefix / "lib" / "libnvrtc.so.13").is_file()

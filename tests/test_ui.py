@@ -42,7 +42,9 @@ def shown(stream: Terminal) -> list[str]:
 
 
 def assert_whole(lines: list[str], command: str) -> None:
-    assert any(line.lstrip(" │").startswith(f"$ {command}") and line.rstrip(" │").endswith(command) for line in lines), "\n".join(lines)
+    assert any(
+        line.lstrip(" │").startswith(f"$ {command}") and line.rstrip(" │").endswith(command) for line in lines
+    ), "\n".join(lines)
 
 
 def test_a_command_line_is_never_wrapped(terminal: tuple[UI, Terminal]) -> None:
@@ -57,7 +59,12 @@ def test_a_command_line_is_never_wrapped(terminal: tuple[UI, Terminal]) -> None:
 def test_a_fix_command_too_wide_for_the_results_table_is_printed_whole_below_it(terminal: tuple[UI, Terminal]) -> None:
     ui, stream = terminal
     results = [
-        Result("python.url_wheels", Status.FAIL, "sgl-kernel has a url but no sha256", fix=Fix("Compute the wheel's sha256 and add it to the lock.", (LONG, SHORT))),
+        Result(
+            "python.url_wheels",
+            Status.FAIL,
+            "sgl-kernel has a url but no sha256",
+            fix=Fix("Compute the wheel's sha256 and add it to the lock.", (LONG, SHORT)),
+        ),
         Result("gpu.driver", Status.FAIL, "driver too old", fix=Fix("Upgrade the driver.", ("nvidia-smi",))),
     ]
     ui.results("stackgate verify: t", results, judge(results), 1.0)
@@ -74,7 +81,12 @@ def test_a_fix_command_too_wide_for_the_results_table_is_printed_whole_below_it(
 
 def test_diagnose_commands_are_never_wrapped(terminal: tuple[UI, Terminal]) -> None:
     ui, stream = terminal
-    scanner = Scanner(context={"lock_flag": " --lock /a/very/long/path/to/the/lockfiles/of/this/deployment/blackwell-sm120-cu130.toml"}, source="server.log")
+    scanner = Scanner(
+        context={
+            "lock_flag": " --lock /a/very/long/path/to/the/lockfiles/of/this/deployment/blackwell-sm120-cu130.toml"
+        },
+        source="server.log",
+    )
     scanner.feed("ImportError: libcudart.so.12: cannot open shared object file: No such file or directory\n")
     scanner.finish()
     (finding,) = scanner.findings

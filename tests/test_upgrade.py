@@ -37,7 +37,17 @@ TRITON_SLOW = [{"when": {"attention_backend": "triton"}, "set": {"rate": 150.0}}
 
 
 def _spec(
-    path: Path, server: IndexServer, root: Path, environ: dict[str, str], rig: Rig, *, flashinfer: str, backend: str, hardware: dict[str, str] | None = None, tp: int = 1, fusion: bool = False
+    path: Path,
+    server: IndexServer,
+    root: Path,
+    environ: dict[str, str],
+    rig: Rig,
+    *,
+    flashinfer: str,
+    backend: str,
+    hardware: dict[str, str] | None = None,
+    tp: int = 1,
+    fusion: bool = False,
 ) -> Path:
     """A spec of the test stack with its pylock: flashinfer 0.6.3 as sglang pins it, or 0.6.4 by
     the declared override; smoke launches the stand-in with ``backend`` on ``tp`` GPUs, with the
@@ -46,7 +56,9 @@ def _spec(
     write_stack_lock(path, server, root)
     text = path.read_text()
     if flashinfer == "0.6.3":
-        text = text.replace('flashinfer-python = "==0.6.4"', 'flashinfer-python = "==0.6.3"').replace('flashinfer-cubin = "==0.6.4"', 'flashinfer-cubin = "==0.6.3"')
+        text = text.replace('flashinfer-python = "==0.6.4"', 'flashinfer-python = "==0.6.3"').replace(
+            'flashinfer-cubin = "==0.6.4"', 'flashinfer-cubin = "==0.6.3"'
+        )
         text = text.split("[[python.override]]")[0] + "[env]" + text.split("[env]", 1)[1]
     for key, value in hardware.items():
         text = text.replace(f"{key} = ", f"{key} = {value}\n# was: {key} = ", 1)
@@ -75,19 +87,37 @@ def _spec(
 
 
 @pytest.fixture(scope="module")
-def live_root(tmp_path_factory: pytest.TempPathFactory, stack_index: IndexServer, install_environ: dict[str, str]) -> Iterator[Path]:
+def live_root(
+    tmp_path_factory: pytest.TempPathFactory, stack_index: IndexServer, install_environ: dict[str, str]
+) -> Iterator[Path]:
     """A root with spec A provisioned once; each test upgrades a copy of it."""
     base = tmp_path_factory.mktemp("live")
     rig = Rig(base, free_port())
-    lock = _spec(base / "a.toml", stack_index, base / "root", install_environ, rig, flashinfer="0.6.3", backend="triton")
-    assert provision.run(provision.ProvisionRequest(lock_path=lock, yes=True, environ=install_environ), UI(stream=io.StringIO(), force_plain=True)) == ExitCode.PASSED
+    lock = _spec(
+        base / "a.toml", stack_index, base / "root", install_environ, rig, flashinfer="0.6.3", backend="triton"
+    )
+    assert (
+        provision.run(
+            provision.ProvisionRequest(lock_path=lock, yes=True, environ=install_environ),
+            UI(stream=io.StringIO(), force_plain=True),
+        )
+        == ExitCode.PASSED
+    )
     yield base / "root"
 
 
 class Node:
     """A copy of the live root, the stand-in's rig, spec A (live) and spec B (new) for it."""
 
-    def __init__(self, live_root: Path, tmp: Path, server: IndexServer, environ: dict[str, str], monkeypatch: pytest.MonkeyPatch, gpus: int = 1) -> None:
+    def __init__(
+        self,
+        live_root: Path,
+        tmp: Path,
+        server: IndexServer,
+        environ: dict[str, str],
+        monkeypatch: pytest.MonkeyPatch,
+        gpus: int = 1,
+    ) -> None:
         self.root = tmp / "root"
         shutil.copytree(live_root, self.root, symlinks=True)
         self.tmp, self.server = tmp, server
@@ -96,19 +126,47 @@ class Node:
         spec = machine([gpu(uuid=f"GPU-{i:04d}", memory=[96 * 2**30, 2**20]) for i in range(gpus)])
         self.rig.nvml_path.write_text(json.dumps({**spec, "holders": str(self.rig.holders_path)}))
         self.rig.behave(profiles=TRITON_SLOW)
-        self.environ = {**environ, "STACKGATE_NVML_MODULE": "fakes.fake_nvml", "STACKGATE_FAKE_NVML": str(self.rig.nvml_path), "STACKGATE_LOG_DIR": str(tmp / "logs")}
+        self.environ = {
+            **environ,
+            "STACKGATE_NVML_MODULE": "fakes.fake_nvml",
+            "STACKGATE_FAKE_NVML": str(self.rig.nvml_path),
+            "STACKGATE_LOG_DIR": str(tmp / "logs"),
+        }
         self.environ["XDG_STATE_HOME"] = os.environ["XDG_STATE_HOME"]  # this test's state folder (what launches record)
         for key in ("STACKGATE_NVML_MODULE", "STACKGATE_FAKE_NVML", "STACKGATE_LOG_DIR"):
             monkeypatch.setenv(key, self.environ[key])
-        self.a = _spec(tmp / "a.toml", server, self.root, environ, self.rig, flashinfer="0.6.3", backend="triton", tp=gpus)
+        self.a = _spec(
+            tmp / "a.toml", server, self.root, environ, self.rig, flashinfer="0.6.3", backend="triton", tp=gpus
+        )
         self.live = os.readlink(self.root / "current")
 
-    def spec_b(self, *, backend: str = "flashinfer", hardware: dict[str, str] | None = None, fusion: bool = False) -> Path:
-        return _spec(self.tmp / "b.toml", self.server, self.root, self.environ, self.rig, flashinfer="0.6.4", backend=backend, hardware=hardware, tp=self.gpus, fusion=fusion)
+    def spec_b(
+        self, *, backend: str = "flashinfer", hardware: dict[str, str] | None = None, fusion: bool = False
+    ) -> Path:
+        return _spec(
+            self.tmp / "b.toml",
+            self.server,
+            self.root,
+            self.environ,
+            self.rig,
+            flashinfer="0.6.4",
+            backend=backend,
+            hardware=hardware,
+            tp=self.gpus,
+            fusion=fusion,
+        )
 
     def upgrade(self, to: Path, **request: Any) -> tuple[upgrade.UpgradeRun, dict[str, Any], str]:
         out = io.StringIO()
-        chosen = upgrade.UpgradeRequest(to=to, lock_path=self.a, verify_checks=VERIFY, environ=self.environ, run_dir=self.tmp / "servers", json_path=self.tmp / "up.json", **request)
+        chosen = upgrade.UpgradeRequest(
+            to=to,
+            lock_path=self.a,
+            verify_checks=VERIFY,
+            environ=self.environ,
+            run_dir=self.tmp / "servers",
+            json_path=self.tmp / "up.json",
+            **request,
+        )
         done = upgrade.upgrade_node(chosen, UI(stream=out, force_plain=True), nvml_lib=fake_nvml)
         upgrade.keep_legs(done, UI(stream=out, force_plain=True))  # as the command does
         doc = done.document()
@@ -122,7 +180,12 @@ class Node:
     def serves(self) -> str:
         """What `current`'s interpreter imports (it still works)."""
         script = "import flashinfer, sglang, torch; print(flashinfer.__version__, torch.__version__)"
-        done = subprocess.run([str(self.root / "current" / "bin" / "python"), "-c", script], capture_output=True, text=True, env=self.environ)
+        done = subprocess.run(
+            [str(self.root / "current" / "bin" / "python"), "-c", script],
+            capture_output=True,
+            text=True,
+            env=self.environ,
+        )
         assert done.returncode == 0, done.stderr
         return done.stdout.strip()
 
@@ -134,14 +197,26 @@ def upgrade_console(doc: dict[str, Any], out: io.StringIO) -> None:
 
 
 @pytest.fixture
-def node(live_root: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[Node]:
+def node(
+    live_root: Path,
+    tmp_path: Path,
+    stack_index: IndexServer,
+    install_environ: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Node]:
     made = Node(live_root, tmp_path, stack_index, install_environ, monkeypatch)
     yield made
     kill_leftovers(made.rig)
 
 
 @pytest.fixture
-def node2(live_root: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[Node]:
+def node2(
+    live_root: Path,
+    tmp_path: Path,
+    stack_index: IndexServer,
+    install_environ: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Node]:
     """A node of two GPUs: both sides launch with TP 2, where the fusion's evidence is logged."""
     made = Node(live_root, tmp_path, stack_index, install_environ, monkeypatch, gpus=2)
     yield made
@@ -157,9 +232,14 @@ def test_a_faster_new_stack_with_the_same_tokens_is_switched_to(node2: Node) -> 
     assert [leg["side"] for leg in part["ab"]["legs"]] == ["live", "new", "new", "live"]
     assert {leg["attention_backend"] for leg in part["ab"]["legs"] if leg["side"] == "live"} == {"triton"}
     assert {leg["attention_backend"] for leg in part["ab"]["legs"] if leg["side"] == "new"} == {"flashinfer"}
-    assert part["decision"]["switch"] is True and part["decision"]["reason"].startswith("switched: it passes, gives the same greedy tokens and is faster")
+    assert part["decision"]["switch"] is True and part["decision"]["reason"].startswith(
+        "switched: it passes, gives the same greedy tokens and is faster"
+    )
     changes = {c["name"]: (c["old"], c["new"]) for c in part["plan"]["changes"]}
-    assert changes["flashinfer-python"] == ("0.6.3", "0.6.4") and changes["attention_backend"] == ("triton", "flashinfer")
+    assert changes["flashinfer-python"] == ("0.6.3", "0.6.4") and changes["attention_backend"] == (
+        "triton",
+        "flashinfer",
+    )
     assert part["current"]["switched"] and node.current() == f"generations/{part['new']['generation']}"
     assert node.serves().startswith("0.6.4 ")
     assert "flashinfer-python: 0.6.3 -> 0.6.4" in out and "SWITCHED: switched" in out
@@ -171,7 +251,13 @@ def test_a_faster_new_stack_with_the_same_tokens_is_switched_to(node2: Node) -> 
     # Each leg is kept in the history: `report LIVE NEW` names what changed between the sides.
     ids = [leg["run_id"] for leg in part["ab"]["legs"]]
     shown = io.StringIO()
-    assert report.run(report.ReportRequest(runs=(ids[0], ids[1]), runs_dir=Path(os.environ["STACKGATE_HISTORY_DIR"])), UI(stream=shown, force_plain=True)) == ExitCode.PASSED
+    assert (
+        report.run(
+            report.ReportRequest(runs=(ids[0], ids[1]), runs_dir=Path(os.environ["STACKGATE_HISTORY_DIR"])),
+            UI(stream=shown, force_plain=True),
+        )
+        == ExitCode.PASSED
+    )
     assert "attention_backend: triton -> flashinfer" in shown.getvalue(), shown.getvalue()
     assert_nothing_left(node.rig)
 
@@ -192,14 +278,26 @@ def test_a_slower_new_stack_is_kept_and_the_report_says_by_how_much(node: Node) 
     assert done.exit_code == ExitCode.FAILED and not done.won, out
     part = doc["upgrade"]
     assert part["decision"]["switch"] is False
-    assert part["decision"]["reason"].startswith("kept the live stack: slower beyond the measured noise: decode new - live: -")
-    assert node.current() == node.live and part["current"] == {"before": Path(node.live).name, "after": Path(node.live).name, "switched": False}
+    assert part["decision"]["reason"].startswith(
+        "kept the live stack: slower beyond the measured noise: decode new - live: -"
+    )
+    assert node.current() == node.live and part["current"] == {
+        "before": Path(node.live).name,
+        "after": Path(node.live).name,
+        "switched": False,
+    }
     new = generations.read(node.root).generations[-1]
     assert new.ready and not new.was_current  # built and verified, never switched to: the next run may resume it
     assert "KEPT: kept the live stack: slower" in out
     markdown = (node.tmp / "up.md").read_text()
-    assert "**KEPT: kept the live stack: slower" in markdown and "| distribution | flashinfer-python | 0.6.3 | 0.6.4 |" in markdown
-    assert "flashinfer-python" in (node.tmp / "up.html").read_text() and "<script" not in (node.tmp / "up.html").read_text()
+    assert (
+        "**KEPT: kept the live stack: slower" in markdown
+        and "| distribution | flashinfer-python | 0.6.3 | 0.6.4 |" in markdown
+    )
+    assert (
+        "flashinfer-python" in (node.tmp / "up.html").read_text()
+        and "<script" not in (node.tmp / "up.html").read_text()
+    )
 
 
 def test_diverging_tokens_are_kept_naming_the_first_differing_position_unless_accepted(node: Node) -> None:
@@ -209,14 +307,20 @@ def test_diverging_tokens_are_kept_naming_the_first_differing_position_unless_ac
     done, doc, out = node.upgrade(spec, rounds=1)
     assert done.exit_code == ExitCode.FAILED and node.current() == node.live, out
     reason = doc["upgrade"]["decision"]["reason"]
-    assert reason.startswith("kept the live stack: greedy outputs differ: first differing token at position 37 (live token id "), reason
+    assert reason.startswith(
+        "kept the live stack: greedy outputs differ: first differing token at position 37 (live token id "
+    ), reason
     assert "first 37 of 120 tokens identical" in reason
     # Accepted: the same (resumed, not rebuilt) generation is switched to, the difference still reported.
     built = doc["upgrade"]["new"]["generation"]
     done, doc, out = node.upgrade(spec, rounds=1, accept_output_change=True)
-    assert done.won and doc["upgrade"]["build"]["status"] == "resumed" and doc["upgrade"]["new"]["generation"] == built, out
+    assert (
+        done.won and doc["upgrade"]["build"]["status"] == "resumed" and doc["upgrade"]["new"]["generation"] == built
+    ), out
     same = next(c for c in doc["upgrade"]["decision"]["conditions"] if c["name"] == "same_output")
-    assert same["held"] and same["text"].startswith("greedy outputs differ, accepted with --accept-output-change: first differing token at position 37")
+    assert same["held"] and same["text"].startswith(
+        "greedy outputs differ, accepted with --accept-output-change: first differing token at position 37"
+    )
     reason = doc["upgrade"]["decision"]["reason"]
     assert doc["reason"] == reason and "same greedy tokens" not in reason and same["text"] in reason, reason
     assert node.current() == f"generations/{built}"
@@ -229,12 +333,16 @@ def test_a_new_stack_failing_verify_is_kept_marked_failed_never_measured_nor_rol
     part = doc["upgrade"]
     assert part["build"]["status"] == "built" and part["build"]["verify"].startswith("failed")
     assert part["new"]["state"] == "failed" and part["ab"]["legs"] == [] and node.rig.events("started") == []
-    assert part["decision"]["reason"].startswith("kept the live stack: the new generation failed verify, so it was not launched: gpu.")
+    assert part["decision"]["reason"].startswith(
+        "kept the live stack: the new generation failed verify, so it was not launched: gpu."
+    )
     assert any(r["check"].startswith("upgrade.verify.gpu.") and r["status"] == "FAIL" for r in doc["results"])
     assert "  verify FAIL: gpu." in out
     failed = generations.read(node.root).generations[-1]
     assert failed.failed and failed.path.is_dir() and f"kept for inspection at {failed.path}" in out
-    with pytest.raises(generations.GenerationError, match="failed its checks .*kept for inspection, never rolled back to"):
+    with pytest.raises(
+        generations.GenerationError, match="failed its checks .*kept for inspection, never rolled back to"
+    ):
         generations.rollback(node.root, failed)
     assert node.current() == node.live and node.serves().startswith("0.6.3 ")
     # The next upgrade keeps it for inspection (a failed generation is not an unfinished one).
@@ -253,9 +361,15 @@ def test_dry_run_shows_the_plan_and_changes_nothing(node: Node) -> None:
     before = sorted(p.name for p in (node.root / "generations").iterdir())
     done, doc, out = node.upgrade(node.spec_b(), dry_run=True)
     assert done.exit_code == ExitCode.PASSED and doc["upgrade"]["step"] == "plan", out
-    assert "distribution flashinfer-python: 0.6.3 -> 0.6.4" in out and "smoke        attention_backend: triton -> flashinfer" in out
+    assert (
+        "distribution flashinfer-python: 0.6.3 -> 0.6.4" in out
+        and "smoke        attention_backend: triton -> flashinfer" in out
+    )
     assert "dry run (--dry-run): nothing was built, launched or switched; current: " in out and "KEPT" not in out
-    assert "build beside the live stack (current is not switched):" in out and "install the pylock's 9 distributions" in out
+    assert (
+        "build beside the live stack (current is not switched):" in out
+        and "install the pylock's 9 distributions" in out
+    )
     assert "switch" not in "\n".join(line for line in out.splitlines() if line.strip().startswith(tuple("0123456789")))
     assert sorted(p.name for p in (node.root / "generations").iterdir()) == before and node.current() == node.live
     assert node.rig.events("started") == []
@@ -267,14 +381,28 @@ def test_bad_usage_is_refused_before_anything_runs(node: Node, tmp_path: Path) -
         ({"switch": "always"}, "--switch must be one of if-better, if-passes, never"),
         ({"json_path": tmp_path}, "--json .*: is a directory"),
     ):
-        with pytest.raises(upgrade.UpgradeUsage, match=message):
-            upgrade.upgrade_node(upgrade.UpgradeRequest(to=spec, lock_path=node.a, **request), UI(stream=io.StringIO(), force_plain=True))
+        with pytest.raises(upgrade.UpgradeUsageError, match=message):
+            upgrade.upgrade_node(
+                upgrade.UpgradeRequest(to=spec, lock_path=node.a, **request), UI(stream=io.StringIO(), force_plain=True)
+            )
     unlocked = node.spec_b()
     pylock.path_for(unlocked).unlink()
-    with pytest.raises(upgrade.UpgradeUsage, match="b.toml: .*pylock.* `stackgate lock --lock"):
-        upgrade.upgrade_node(upgrade.UpgradeRequest(to=unlocked, lock_path=node.a), UI(stream=io.StringIO(), force_plain=True))
-    empty = _spec(tmp_path / "c.toml", node.server, tmp_path / "elsewhere", node.environ, node.rig, flashinfer="0.6.4", backend="flashinfer")
-    with pytest.raises(upgrade.UpgradeUsage, match="nothing live to upgrade: .* does not exist; `stackgate provision --lock"):
+    with pytest.raises(upgrade.UpgradeUsageError, match="b.toml: .*pylock.* `stackgate lock --lock"):
+        upgrade.upgrade_node(
+            upgrade.UpgradeRequest(to=unlocked, lock_path=node.a), UI(stream=io.StringIO(), force_plain=True)
+        )
+    empty = _spec(
+        tmp_path / "c.toml",
+        node.server,
+        tmp_path / "elsewhere",
+        node.environ,
+        node.rig,
+        flashinfer="0.6.4",
+        backend="flashinfer",
+    )
+    with pytest.raises(
+        upgrade.UpgradeUsageError, match="nothing live to upgrade: .* does not exist; `stackgate provision --lock"
+    ):
         upgrade.upgrade_node(upgrade.UpgradeRequest(to=empty), UI(stream=io.StringIO(), force_plain=True))
 
 
@@ -298,15 +426,34 @@ except Exit as stop:
 
 
 def _in_process_of_its_own(node: Node, spec: Path, fault: str) -> subprocess.CompletedProcess[str]:
-    args = {"to": str(spec), "lock": str(node.a), "verify": list(VERIFY), "run_dir": str(node.tmp / "servers"), "json": str(node.tmp / "killed.json"), "checkout": str(ROOT)}
+    args = {
+        "to": str(spec),
+        "lock": str(node.a),
+        "verify": list(VERIFY),
+        "run_dir": str(node.tmp / "servers"),
+        "json": str(node.tmp / "killed.json"),
+        "checkout": str(ROOT),
+    }
     # the checkout goes on sys.path in the process, not on PYTHONPATH: the stack interpreters it
     # starts inherit PYTHONPATH, and an editable install's stackgate.egg-info in the checkout is a
     # distribution the new generation's pylock check would rightly call extra
     environ = {**node.environ, "PYTHONPATH": str(ROOT / "tests"), "STACKGATE_FAULT": fault, "NO_COLOR": "1"}
-    return subprocess.run([sys.executable, "-c", _UPGRADE, json.dumps(args)], env=environ, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", _UPGRADE, json.dumps(args)], env=environ, capture_output=True, text=True, timeout=120
+    )
 
 
-@pytest.mark.parametrize("point", ["before:upgrade.build", "during:python.stack", "before:upgrade.verify", "smoke:ready", "before:upgrade.leg2", "before:upgrade.switch"])
+@pytest.mark.parametrize(
+    "point",
+    [
+        "before:upgrade.build",
+        "during:python.stack",
+        "before:upgrade.verify",
+        "smoke:ready",
+        "before:upgrade.leg2",
+        "before:upgrade.switch",
+    ],
+)
 def test_kill_9_at_each_step_leaves_current_serving_the_old_stack_and_no_server(node: Node, point: str) -> None:
     spec = node.spec_b()
     killed = _in_process_of_its_own(node, spec, point)
@@ -339,7 +486,15 @@ def test_ctrl_c_during_the_ab_exits_130_with_the_report_and_current_unchanged(no
 
 def test_a_spec_that_changes_only_smoke_flags_is_measured_on_the_live_generation(node: Node) -> None:
     """The reference deployment's last step: the same packages, the right backend flag."""
-    flags_only = _spec(node.tmp / "flags.toml", node.server, node.root, node.environ, node.rig, flashinfer="0.6.3", backend="flashinfer")
+    flags_only = _spec(
+        node.tmp / "flags.toml",
+        node.server,
+        node.root,
+        node.environ,
+        node.rig,
+        flashinfer="0.6.3",
+        backend="flashinfer",
+    )
     pylock.path_for(flags_only).write_bytes(pylock.path_for(node.a).read_bytes())  # the same resolution, byte for byte
     done, doc, out = node.upgrade(flags_only, rounds=1)
     part = doc["upgrade"]
@@ -352,13 +507,22 @@ def test_a_spec_that_changes_only_smoke_flags_is_measured_on_the_live_generation
 
 def test_upgrading_to_the_live_spec_has_nothing_to_do(node: Node) -> None:
     done, doc, out = node.upgrade(node.a)
-    assert done.exit_code == ExitCode.PASSED and doc["upgrade"]["step"] == "plan" and node.rig.events("started") == [], out
+    assert (
+        done.exit_code == ExitCode.PASSED and doc["upgrade"]["step"] == "plan" and node.rig.events("started") == []
+    ), out
     assert f"nothing to upgrade: the live generation {Path(node.live).name} already is {node.a}'s stack" in out
 
 
 def _program(node: Node, *args: str) -> subprocess.CompletedProcess[str]:
     environ = {**node.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "NO_COLOR": "1"}
-    return subprocess.run([sys.executable, "-m", "stackgate", "upgrade", *args], env=environ, capture_output=True, text=True, timeout=120, cwd="/")
+    return subprocess.run(
+        [sys.executable, "-m", "stackgate", "upgrade", *args],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+    )
 
 
 def test_the_program_shows_the_plan_and_refuses_bad_usage_with_exit_2(node: Node) -> None:
@@ -366,14 +530,21 @@ def test_the_program_shows_the_plan_and_refuses_bad_usage_with_exit_2(node: Node
     shown = _program(node, "--to", str(spec), "-l", str(node.a), "-n")
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert shown.stdout.startswith(f"upgrade plan: live generation {Path(node.live).name} (from {node.a}) -> {spec}\n")
-    assert "dry run (--dry-run): nothing was built, launched or switched" in shown.stdout and node.current() == node.live
+    assert (
+        "dry run (--dry-run): nothing was built, launched or switched" in shown.stdout and node.current() == node.live
+    )
     bad = node.tmp / "bad.toml"
     bad.write_text(spec.read_text().replace("[python]\n", "[python]\nverison = 1\n"))
     for args, message in (
         ((), "stackgate: --to NEW_SPEC is required"),
-        (("--to", str(spec), "--switch", "maybe"), "stackgate: --switch must be one of if-better, if-passes, never, not 'maybe'"),
+        (
+            ("--to", str(spec), "--switch", "maybe"),
+            "stackgate: --switch must be one of if-better, if-passes, never, not 'maybe'",
+        ),
         (("--to", str(bad)), "python.verison: unknown key"),
     ):
         refused = _program(node, *args)
-        assert refused.returncode == ExitCode.USAGE and message in refused.stderr and "Traceback" not in refused.stderr, (args, refused.stderr[-2000:])
+        assert (
+            refused.returncode == ExitCode.USAGE and message in refused.stderr and "Traceback" not in refused.stderr
+        ), (args, refused.stderr[-2000:])
     assert node.current() == node.live and len(list((node.root / "generations").iterdir())) == 1

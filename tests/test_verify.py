@@ -21,7 +21,14 @@ VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 def verify(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     environ = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1", **(env or {})}
     environ.pop("STACKGATE_LOCK", None)
-    return subprocess.run([sys.executable, "-m", "invoke", "verify", *args], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "invoke", "verify", *args],
+        cwd=ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def fake_gpus(tmp_path: Path, spec: dict) -> dict[str, str]:
@@ -33,7 +40,9 @@ def fake_gpus(tmp_path: Path, spec: dict) -> dict[str, str]:
 def hopper_like(tmp_path: Path, python: Path, gpus: int = 1) -> Path:
     """The H200 profile, pointed at an interpreter of this machine."""
     text = (ROOT / "lockfiles" / "hopper-sm90-cu130.toml").read_text()
-    text = text.replace("/opt/torch/.venv/bin/python3", str(python)).replace('version = "3.12"', f'version = "{VERSION}"')
+    text = text.replace("/opt/torch/.venv/bin/python3", str(python)).replace(
+        'version = "3.12"', f'version = "{VERSION}"'
+    )
     text = text.replace("gpu_count = 1", f"gpu_count = {gpus}")
     path = tmp_path / "hopper.toml"
     path.write_text(text)
@@ -79,10 +88,14 @@ def test_with_a_driver_there_is_no_such_line(tmp_path):
 
 
 def test_the_h200_scenario_names_the_gpu_its_capability_and_the_lock(tmp_path):
-    env = fake_gpus(tmp_path, machine([gpu(name="NVIDIA H200", cc=(9, 0), pcie=[5, 5, 5, 16, 16])], driver="580.159.03"))
+    env = fake_gpus(
+        tmp_path, machine([gpu(name="NVIDIA H200", cc=(9, 0), pcie=[5, 5, 5, 16, 16])], driver="580.159.03")
+    )
     done = verify("--check", "gpu.*", "--json", str(tmp_path / "r.json"), env=env)
     assert done.returncode == 1
-    (capability,) = [r for r in json.loads((tmp_path / "r.json").read_text())["results"] if r["check"] == "gpu.capability"]
+    (capability,) = [
+        r for r in json.loads((tmp_path / "r.json").read_text())["results"] if r["check"] == "gpu.capability"
+    ]
     assert capability["status"] == "FAIL"
     assert capability["summary"] == "1 of 1 GPU(s) are not compute capability 12.0: NVIDIA H200 is 9.0"
 
@@ -103,7 +116,9 @@ def test_the_cpu_torch_fails_as_a_cpu_build(tmp_path, torch_python):
 
 def test_a_bad_lockfile_exits_2_and_writes_nothing(tmp_path):
     bad = tmp_path / "bad.toml"
-    bad.write_text((ROOT / "lockfiles" / "hopper-sm90-cu130.toml").read_text().replace('torch = "==2.11.0"', 'torch = "=2.11.0"'))
+    bad.write_text(
+        (ROOT / "lockfiles" / "hopper-sm90-cu130.toml").read_text().replace('torch = "==2.11.0"', 'torch = "=2.11.0"')
+    )
     done = verify("--lock", str(bad), "--json", str(tmp_path / "r.json"))
     assert done.returncode == 2
     assert f"{bad}: 1 problem in the lockfile:" in done.stderr
@@ -122,9 +137,13 @@ def test_list_names_every_check():
     names = [line.split()[0] for line in done.stdout.splitlines()]
     assert "gpu.capability" in names and "abi.elf" in names
     for name, title in (
-        ("environment.generation", "The live generation was built from this lock's Python stack."), ("environment.drift", "The installed distributions and the patches are as locked.")
+        ("environment.generation", "The live generation was built from this lock's Python stack."),
+        ("environment.drift", "The installed distributions and the patches are as locked."),
     ):
-        assert f"{name:<{len(max(names, key=len))}}  {title} (when named: --check; the gate runs it)" in done.stdout.splitlines()
+        assert (
+            f"{name:<{len(max(names, key=len))}}  {title} (when named: --check; the gate runs it)"
+            in done.stdout.splitlines()
+        )
 
 
 def test_the_gate_s_environment_checks_run_by_name(tmp_path):
@@ -133,8 +152,13 @@ def test_the_gate_s_environment_checks_run_by_name(tmp_path):
     assert done.returncode == 1, done.stderr
     results = {r["check"]: r for r in json.loads((tmp_path / "v.json").read_text())["results"]}
     assert list(results) == ["environment.generation", "environment.drift"]
-    assert results["environment.generation"]["status"] == "FAIL" and results["environment.generation"]["summary"] == "no live environment: /opt/stackgate/current does not exist"
-    assert results["environment.generation"]["fix"]["commands"] == [f"stackgate provision --lock {ROOT / 'stackgate' / 'lockfiles' / 'blackwell-sm120-cu130.toml'}"]
+    assert (
+        results["environment.generation"]["status"] == "FAIL"
+        and results["environment.generation"]["summary"] == "no live environment: /opt/stackgate/current does not exist"
+    )
+    assert results["environment.generation"]["fix"]["commands"] == [
+        f"stackgate provision --lock {ROOT / 'stackgate' / 'lockfiles' / 'blackwell-sm120-cu130.toml'}"
+    ]
     assert results["environment.drift"]["status"] == "SKIP"
 
 
@@ -158,8 +182,22 @@ def test_ctrl_c_exits_130_and_leaves_no_process(tmp_path):
     hang.chmod(0o755)
     environ = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "invoke", "verify", "--lock", str(hopper_like(tmp_path, hang)), "--check", "python.interpreter"], cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "invoke",
+            "verify",
+            "--lock",
+            str(hopper_like(tmp_path, hang)),
+            "--check",
+            "python.interpreter",
+        ],
+        cwd=ROOT,
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     deadline = time.monotonic() + 60
     while not marker.exists() and time.monotonic() < deadline:

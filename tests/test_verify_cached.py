@@ -42,7 +42,9 @@ class Node:
         self.toolkit = tmp / "cuda-13.0"
         (self.toolkit / "bin").mkdir(parents=True)
         text = (ROOT / "lockfiles" / "hopper-sm90-cu130.toml").read_text()
-        text = text.replace("/opt/torch/.venv/bin/python3", str(venv / "bin" / "python")).replace('version = "3.12"', f'version = "{VERSION}"')
+        text = text.replace("/opt/torch/.venv/bin/python3", str(venv / "bin" / "python")).replace(
+            'version = "3.12"', f'version = "{VERSION}"'
+        )
         self.lock = tmp / "hopper.toml"
         self.lock.write_text(text.replace('prefix = "/usr/local/cuda-13.0"', f'prefix = "{self.toolkit}"'))
         self.gpus(machine([H200], driver="580.159.03"))
@@ -51,12 +53,32 @@ class Node:
         (self.tmp / "nvml.json").write_text(json.dumps(spec))
 
     def verify(self, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], dict]:
-        env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1", "XDG_CACHE_HOME": str(self.tmp / "cache"), "CUDA_HOME": "/usr/local/cuda-13.0", **(env or {})}
+        env = {
+            **os.environ,
+            "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}",
+            "NO_COLOR": "1",
+            "XDG_CACHE_HOME": str(self.tmp / "cache"),
+            "CUDA_HOME": "/usr/local/cuda-13.0",
+            **(env or {}),
+        }
         env.update(STACKGATE_NVML_MODULE="fakes.fake_nvml", STACKGATE_FAKE_NVML=str(self.tmp / "nvml.json"))
         env.pop("STACKGATE_LOCK", None)
         report = self.tmp / "report.json"
         report.unlink(missing_ok=True)
-        argv = [sys.executable, "-m", "stackgate", "verify", "--cached", "--lock", str(self.lock), "--json", str(report), "--prom", str(self.tmp / "node.prom"), *args]
+        argv = [
+            sys.executable,
+            "-m",
+            "stackgate",
+            "verify",
+            "--cached",
+            "--lock",
+            str(self.lock),
+            "--json",
+            str(report),
+            "--prom",
+            str(self.tmp / "node.prom"),
+            *args,
+        ]
         done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         assert "Traceback" not in done.stderr, done.stderr
         return done, json.loads(report.read_text()) if report.exists() else {}
@@ -81,8 +103,12 @@ def test_an_unchanged_node_reuses_the_static_results_and_measures_the_gpus(node)
     assert "cache: the static checks ran (no cache yet); written" in first.stdout
     second, warm = node.verify()
     assert warm["cache"]["hit"] is True and second.returncode == first.returncode
-    assert statuses(warm) == statuses(cold) and [r["check"] for r in warm["results"]] == [r["check"] for r in cold["results"]]
-    assert warm["cache"]["live"] == 8 and warm["cache"]["reused"] == len(cold["results"]) - 8  # the 7 NVML checks and gpu.kernel_events
+    assert statuses(warm) == statuses(cold) and [r["check"] for r in warm["results"]] == [
+        r["check"] for r in cold["results"]
+    ]
+    assert (
+        warm["cache"]["live"] == 8 and warm["cache"]["reused"] == len(cold["results"]) - 8
+    )  # the 7 NVML checks and gpu.kernel_events
     assert "static check result(s) reused from" in second.stdout and "8 live check(s) run" in second.stdout
     assert node.cache_file().stat().st_mode & 0o022 == 0  # no one else may write what the next verify trusts
 
@@ -102,10 +128,17 @@ def test_a_gpu_that_disappears_fails_even_when_cached(node):
     assert ok.returncode in (0, 1)
     node.gpus(machine([H200], driver="580.159.03"))
     done, doc = node.verify()
-    assert done.returncode == 1 and statuses(doc)["gpu.count"] == "FAIL" and "1 GPU(s) visible, the lock wants 2" in done.stdout
+    assert (
+        done.returncode == 1
+        and statuses(doc)["gpu.count"] == "FAIL"
+        and "1 GPU(s) visible, the lock wants 2" in done.stdout
+    )
     assert "gpu (count, gpu1)" in doc["cache"]["why"]  # the stamp saw it too: the static checks ran again
     families = {f.name: f for f in text_string_to_metric_families((node.tmp / "node.prom").read_text())}
-    assert families["stackgate_verify_passed"].samples[0].value == 0 and families["stackgate_verify_gpus"].samples[0].value == 1
+    assert (
+        families["stackgate_verify_passed"].samples[0].value == 0
+        and families["stackgate_verify_gpus"].samples[0].value == 1
+    )
     failed = {s.labels["check"]: s.value for s in families["stackgate_verify_check_failed"].samples}
     assert failed["gpu.count"] == 1 and failed["gpu.driver"] == 0
 
@@ -140,16 +173,30 @@ def test_a_change_in_what_the_static_checks_judged_makes_them_run_again(node, ch
     elif change == "driver":
         node.gpus(machine([H200], driver="580.160.01"))
     done, doc = node.verify(env={"CUDA_HOME": str(node.tmp)} if change == "environment" else None)
-    assert doc["cache"]["hit"] is False and doc["cache"]["why"].startswith("changed since: ") and section in doc["cache"]["why"], doc["cache"]
-    assert node.verify(env={"CUDA_HOME": str(node.tmp)} if change == "environment" else None)[1]["cache"]["hit"] is True, "the refreshed cache answers the next verify"
+    assert (
+        doc["cache"]["hit"] is False
+        and doc["cache"]["why"].startswith("changed since: ")
+        and section in doc["cache"]["why"]
+    ), doc["cache"]
+    assert (
+        node.verify(env={"CUDA_HOME": str(node.tmp)} if change == "environment" else None)[1]["cache"]["hit"] is True
+    ), "the refreshed cache answers the next verify"
 
 
 @pytest.mark.parametrize(
     "damage, why",
     [
         (lambda p: p.write_bytes(b"\x00garbage"), "damaged"),
-        (lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "schema": "other/9"})), "damaged: ValueError: not a stackgate.verify-cache/1 document"),
-        (lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "results": [{"check": "x", "status": "PASS", "summary": 3}]})), "a result without its check or summary"),
+        (
+            lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "schema": "other/9"})),
+            "damaged: ValueError: not a stackgate.verify-cache/1 document",
+        ),
+        (
+            lambda p: p.write_text(
+                json.dumps({**json.loads(p.read_text()), "results": [{"check": "x", "status": "PASS", "summary": 3}]})
+            ),
+            "a result without its check or summary",
+        ),
         (lambda p: p.write_text(p.read_text().replace('"status": "FAIL"', '"status": "GREAT"')), "damaged: KeyError"),
         (lambda p: os.chmod(p, 0o666), "only a file of this user that no one else may write is trusted"),
     ],
@@ -164,7 +211,11 @@ def test_a_hostile_or_damaged_cache_is_ignored_with_a_note(node, damage, why):
 
 def test_cached_and_deep_together_is_bad_usage(node):
     done, doc = node.verify("--deep")
-    assert done.returncode == 2 and "--cached reuses the static checks' results; --deep measures the GPUs every time" in done.stderr and doc == {}
+    assert (
+        done.returncode == 2
+        and "--cached reuses the static checks' results; --deep measures the GPUs every time" in done.stderr
+        and doc == {}
+    )
 
 
 def test_a_check_is_live_when_it_reads_only_nvml_or_is_the_kernel_events_check():
@@ -172,7 +223,16 @@ def test_a_check_is_live_when_it_reads_only_nvml_or_is_the_kernel_events_check()
     from stackgate.checks.core import Check
 
     live = sorted(name for name, check in REGISTRY.items() if verifycache.is_live(check))
-    assert live == ["gpu.capability", "gpu.count", "gpu.driver", "gpu.driver_cuda", "gpu.ecc", "gpu.kernel_events", "gpu.pcie", "gpu.processes"]
+    assert live == [
+        "gpu.capability",
+        "gpu.count",
+        "gpu.driver",
+        "gpu.driver_cuda",
+        "gpu.ecc",
+        "gpu.kernel_events",
+        "gpu.pcie",
+        "gpu.processes",
+    ]
     assert verifycache.is_live(Check("gpu.kernel_events", lambda lock, facts: None, "x", ("kernel_log",), 5.0, False))  # type: ignore[arg-type, return-value]
     assert not verifycache.is_live(Check("gpu.other", lambda lock, facts: None, "x", ("kernel",), 5.0, False))  # type: ignore[arg-type, return-value]
 
@@ -182,21 +242,34 @@ UNITS = ROOT / "stackgate" / "systemd"
 
 def test_the_systemd_units_ship_in_the_package_and_verify(tmp_path):
     service, timer = UNITS / "stackgate-health.service", UNITS / "stackgate-health.timer"
-    assert "ExecStart=/usr/local/bin/stackgate verify --cached --prom " in service.read_text() and "OnUnitActiveSec=1min" in timer.read_text()
+    assert (
+        "ExecStart=/usr/local/bin/stackgate verify --cached --prom " in service.read_text()
+        and "OnUnitActiveSec=1min" in timer.read_text()
+    )
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
         pytest.skip("systemd-analyze is not installed (Debian: apt-get install -y systemd)")
     program = tmp_path / "bin" / "stackgate"  # the program where the unit runs it; here, this checkout's
     program.parent.mkdir()
-    program.write_text(f"#!/bin/sh\nexec {sys.executable} -m stackgate \"$@\"\n")
+    program.write_text(f'#!/bin/sh\nexec {sys.executable} -m stackgate "$@"\n')
     program.chmod(0o755)
     (tmp_path / service.name).write_text(service.read_text().replace("/usr/local/bin/stackgate", str(program)))
     shutil.copy(timer, tmp_path / timer.name)
-    done = subprocess.run([analyze, "verify", "--man=no", str(tmp_path / service.name), str(tmp_path / timer.name)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [analyze, "verify", "--man=no", str(tmp_path / service.name), str(tmp_path / timer.name)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0 and "stackgate-health" not in done.stderr, done.stderr
     broken = tmp_path / "broken.service"
     broken.write_text(service.read_text().replace("Type=oneshot", "Type=oneshoot"))
-    assert "Failed to parse service type" in subprocess.run([analyze, "verify", "--man=no", str(broken)], capture_output=True, text=True, timeout=120).stderr
+    assert (
+        "Failed to parse service type"
+        in subprocess.run(
+            [analyze, "verify", "--man=no", str(broken)], capture_output=True, text=True, timeout=120
+        ).stderr
+    )
 
 
 def test_a_metadata_rewritten_in_place_is_seen_and_a_stale_fail_clears_when_it_is_restored(tmp_path):

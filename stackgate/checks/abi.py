@@ -10,17 +10,23 @@ from stackgate.checks.core import check
 from stackgate.facts import Facts, ImportOutcome, Missing
 from stackgate.models.finding import Finding, Fix
 from stackgate.models.result import Result, failed, passed, skipped
-from stackgate.models.spec import Lock
+from stackgate.models.spec import Spec
 
 __all__ = ["classify_import", "explain_import", "shadowed", "symbol_provider"]
 
 # Whose symbol a C++ name is, by its leading namespace; a C name, by its prefix.
 _NAMESPACES = {"c10": "torch", "at": "torch", "torch": "torch", "caffe2": "torch", "flashinfer": "flashinfer"}
-_C_PREFIXES = (("nccl", "nvidia-nccl"), ("cuda", "the CUDA runtime (libcudart)"), ("cu", "the CUDA driver (libcuda)"), ("_Py", "Python"), ("Py", "Python"))
+_C_PREFIXES = (
+    ("nccl", "nvidia-nccl"),
+    ("cuda", "the CUDA runtime (libcudart)"),
+    ("cu", "the CUDA driver (libcuda)"),
+    ("_Py", "Python"),
+    ("Py", "Python"),
+)
 
 
 @check("abi.imports", needs=("imports", "env"), timeout_s=300.0)
-def imports(lock: Lock, facts: Facts) -> Result:
+def imports(lock: Spec, facts: Facts) -> Result:
     """Each of the stack's modules imports, each in its own interpreter."""
     outcomes = facts.imports
     if isinstance(outcomes, Missing):
@@ -28,7 +34,10 @@ def imports(lock: Lock, facts: Facts) -> Result:
     if not outcomes:
         return skipped("the lock lists no import names (python.imports)")
     broken = [o for o in outcomes.values() if not o.ok]
-    data: dict[str, Any] = {o.name: {"ok": o.ok, "seconds": round(o.duration_s, 3), "error": o.error_line or None} for o in outcomes.values()}
+    data: dict[str, Any] = {
+        o.name: {"ok": o.ok, "seconds": round(o.duration_s, 3), "error": o.error_line or None}
+        for o in outcomes.values()
+    }
     timings = ", ".join(f"{o.name} {o.duration_s:.1f}s" for o in outcomes.values() if o.ok)
     if broken:
         known = {o.name: explain_import(o, lock) for o in broken}
@@ -42,7 +51,7 @@ def imports(lock: Lock, facts: Facts) -> Result:
     return passed(f"{len(outcomes)} module(s) import ({timings})", data=data)
 
 
-def explain_import(outcome: ImportOutcome, lock: Lock) -> Finding | None:
+def explain_import(outcome: ImportOutcome, lock: Spec) -> Finding | None:
     """What the knowledge base knows about an import's failure (its output read as the input
     ``import <name>``); None for a hang, or an error it does not know."""
     if outcome.timed_out:
@@ -50,11 +59,13 @@ def explain_import(outcome: ImportOutcome, lock: Lock) -> Finding | None:
     from stackgate.models import knowledge  # the knowledge base loads only to explain a failure: a cached verify
     from stackgate.scan import match_first  # skips both
 
-    return match_first(outcome.output, stage="verify", context=knowledge.lock_context(lock), source=f"import {outcome.name}")
+    return match_first(
+        outcome.output, stage="verify", context=knowledge.lock_context(lock), source=f"import {outcome.name}"
+    )
 
 
 def classify_import(
-    outcome: ImportOutcome, lock: Lock, finding: Finding | None, environ: Mapping[str, str] | None = None
+    outcome: ImportOutcome, lock: Spec, finding: Finding | None, environ: Mapping[str, str] | None = None
 ) -> tuple[str, Fix]:
     """What an import failure means in one line, and its fix: the finding's; where the knowledge base knows nothing,
     the file PYTHONPATH put ahead of the stack's own when the traceback came from one, else the raw error and the
@@ -132,7 +143,7 @@ def symbol_provider(symbol: str) -> str:
 
 
 @check("abi.elf", needs=("elf", "probe"))
-def elf_links(lock: Lock, facts: Facts) -> Result:
+def elf_links(lock: Spec, facts: Facts) -> Result:
     """No shared object of the locked packages links a CUDA major other than torch's."""
     scan = facts.elf
     if isinstance(scan, Missing):
@@ -145,7 +156,12 @@ def elf_links(lock: Lock, facts: Facts) -> Result:
     major = int(want.split(".")[0])
     wrong = [(f, need) for f in scan.files for need in f.cuda if need.major != major]
     linked = sum(1 for f in scan.files if f.cuda)
-    data = {"files": len(scan.files), "cuda_linked": linked, "want_major": major, "mismatches": [{"file": f.path, "package": f.distribution, "needs": n.library} for f, n in wrong]}
+    data = {
+        "files": len(scan.files),
+        "cuda_linked": linked,
+        "want_major": major,
+        "mismatches": [{"file": f.path, "package": f.distribution, "needs": n.library} for f, n in wrong],
+    }
     if wrong:
         details = [f"{_short(f.path)} ({f.distribution}) links {n.library}" for f, n in wrong]
         packages = sorted({f.distribution for f, _ in wrong})

@@ -3,6 +3,7 @@
 # Registration order is the report's order (and deep's slow checks come last): keep it as written.
 # isort: off
 from stackgate.checks import gpu, cuda, python, nccl, abi, patches, environment, deep  # noqa: F401  (registration; deep's are slow)
+
 # isort: on
 from stackgate.checks.core import REGISTRY
 

@@ -22,7 +22,7 @@ from stackgate.models.result import Result, error
 
 if TYPE_CHECKING:
     from stackgate.facts import Facts
-    from stackgate.models.spec import Lock
+    from stackgate.models.spec import Spec
 
 __all__ = ["REGISTRY", "Check", "CheckError", "check", "run_checks", "select"]
 
@@ -31,7 +31,7 @@ class CheckError(UsageError):
     """A selection of checks that names nothing, or a registry misuse."""
 
 
-CheckFunction = Callable[["Lock", "Facts"], Result]
+CheckFunction = Callable[["Spec", "Facts"], Result]
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,14 @@ class Check:
 REGISTRY: dict[str, Check] = {}
 
 
-def check(name: str, *, needs: Sequence[str] = (), timeout_s: float | Callable[[], float] = 30.0, slow: bool = False, named_only: bool = False) -> Callable[[CheckFunction], CheckFunction]:
+def check(
+    name: str,
+    *,
+    needs: Sequence[str] = (),
+    timeout_s: float | Callable[[], float] = 30.0,
+    slow: bool = False,
+    named_only: bool = False,
+) -> Callable[[CheckFunction], CheckFunction]:
     """Register a check under a stable dotted name; its docstring's first line is its title."""
 
     def register(function: CheckFunction) -> CheckFunction:
@@ -74,7 +81,9 @@ def check(name: str, *, needs: Sequence[str] = (), timeout_s: float | Callable[[
     return register
 
 
-def select(patterns: Sequence[str] = (), registry: Mapping[str, Check] | None = None, *, include_slow: bool = True) -> list[Check]:
+def select(
+    patterns: Sequence[str] = (), registry: Mapping[str, Check] | None = None, *, include_slow: bool = True
+) -> list[Check]:
     """The checks whose names match any pattern (exact name or glob); without a pattern, all of
     them but those that run only when named.
 
@@ -86,14 +95,20 @@ def select(patterns: Sequence[str] = (), registry: Mapping[str, Check] | None = 
         return [c for c in checks if not c.named_only]
     chosen: list[Check] = []
     for pattern in patterns:
-        hits = [c for c in checks if c.name == pattern or fnmatch.fnmatchcase(c.name, pattern) or c.name.startswith(pattern + ".")]
+        hits = [
+            c
+            for c in checks
+            if c.name == pattern or fnmatch.fnmatchcase(c.name, pattern) or c.name.startswith(pattern + ".")
+        ]
         if not hits:
             raise CheckError(f"no check matches {pattern!r}; `stackgate verify --list` lists them")
         chosen.extend(c for c in hits if c not in chosen)
     return [c for c in checks if c in chosen]
 
 
-def run_checks(checks: Sequence[Check], lock: Lock, facts: Facts, *, workers: int = 8, verbose: bool = False) -> list[Result]:
+def run_checks(
+    checks: Sequence[Check], lock: Spec, facts: Facts, *, workers: int = 8, verbose: bool = False
+) -> list[Result]:
     """Run checks in parallel, each bounded by its timeout; results keep the checks' order."""
     if not checks:
         return []
@@ -115,7 +130,7 @@ def _collect(check_: Check, started: float, future: concurrent.futures.Future[Re
         return dataclasses.replace(error(f"timed out after {limit:g} s"), check=check_.name, duration_s=limit)
 
 
-def _run_one(check_: Check, lock: Lock, facts: Facts, verbose: bool) -> Result:
+def _run_one(check_: Check, lock: Spec, facts: Facts, verbose: bool) -> Result:
     started = time.monotonic()
     try:
         result = check_.function(lock, facts)

@@ -48,7 +48,7 @@ from stackgate.facts.deep import (
 from stackgate.models import settings
 from stackgate.models.finding import Fix
 from stackgate.models.result import NEEDS_GPU, NO_DRIVER, Result, Status, failed, passed, skipped, warned
-from stackgate.models.spec import MAX_JIT_TIMEOUT_S, Lock
+from stackgate.models.spec import MAX_JIT_TIMEOUT_S, Spec
 
 __all__ = [
     "ATTENTION_ATOL",
@@ -97,8 +97,23 @@ RATES = (("bfloat16", "tflops", "TFLOP/s"), ("float32", "tflops", "TFLOP/s"), ("
 PREREQUISITES: dict[str, tuple[str, ...]] = {
     "deep.gpu_work": ("gpu.driver", "gpu.count", "gpu.capability", "torch.build", "torch.arch"),
     "deep.collective": ("gpu.driver", "gpu.count", "gpu.capability", "torch.build", "torch.arch", "nccl.version"),
-    "deep.flashinfer_attention": ("gpu.driver", "gpu.count", "gpu.capability", "torch.build", "torch.arch", "flashinfer.cubin"),
-    "deep.allreduce_fusion": ("gpu.driver", "gpu.count", "gpu.capability", "torch.build", "torch.arch", "nccl.version", "flashinfer.cubin"),
+    "deep.flashinfer_attention": (
+        "gpu.driver",
+        "gpu.count",
+        "gpu.capability",
+        "torch.build",
+        "torch.arch",
+        "flashinfer.cubin",
+    ),
+    "deep.allreduce_fusion": (
+        "gpu.driver",
+        "gpu.count",
+        "gpu.capability",
+        "torch.build",
+        "torch.arch",
+        "nccl.version",
+        "flashinfer.cubin",
+    ),
 }
 #: Prerequisites whose SKIP counts as passed: a stack without flashinfer is what the flashinfer
 #: checks exist to report, as a failure with its fix, not as a quiet "not run".
@@ -116,7 +131,9 @@ def not_run(name: str, results: Sequence[Result]) -> Result | None:
         result = by_name.get(needed)
         if result is None:
             reasons.append(f"{needed} was not run")
-        elif result.status not in (Status.PASS, Status.WARN) and not (result.status == Status.SKIP and needed in SKIP_PASSES):
+        elif result.status not in (Status.PASS, Status.WARN) and not (
+            result.status == Status.SKIP and needed in SKIP_PASSES
+        ):
             reasons.append(f"{needed} {_VERBS[result.status]}: {result.summary}")
     earlier = by_name.get("deep.gpu_work")
     if name != "deep.gpu_work" and earlier is not None and earlier.data.get("hung"):
@@ -178,8 +195,14 @@ def _device_problems(record: Mapping[str, Any]) -> list[str]:
         error = record[dtype]["rel_err"]
         if not within_tolerance(error, tolerance):
             # An fp32 error of TF32's size (~1e-3) is not a broken GPU but TF32 forced on.
-            hint = " (TF32-sized: is TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 set?)" if dtype == "float32" and error < 1e-2 else ""
-            problems.append(f"{label}: {dtype} product wrong: relative error {error:.3g} > {tolerance:g} against float64{hint}")
+            hint = (
+                " (TF32-sized: is TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 set?)"
+                if dtype == "float32" and error < 1e-2
+                else ""
+            )
+            problems.append(
+                f"{label}: {dtype} product wrong: relative error {error:.3g} > {tolerance:g} against float64{hint}"
+            )
     if not record["copy"]["equal"]:
         problems.append(f"{label}: a device-to-device copy of {record['copy']['bytes']} bytes came back different")
     return problems
@@ -198,7 +221,9 @@ def _slow_problems(records: Sequence[Mapping[str, Any]]) -> list[str]:
         slow = slow_peers({_label(r): r[part][rate] for r in healthy})
         for label, (have, median) in slow.items():
             flagged.add((label, part))
-            problems.append(f"{label}: {part} {have:.4g} {unit}, {have / median:.0%} of its peers' median {median:.4g} {unit}")
+            problems.append(
+                f"{label}: {part} {have:.4g} {unit}, {have / median:.0%} of its peers' median {median:.4g} {unit}"
+            )
     for r in healthy:
         for part, rate, unit in RATES:
             idle = MODEL_RATES.get(str(r.get("name")), {}).get(part)
@@ -272,7 +297,13 @@ def _gpu_figures(record: Mapping[str, Any]) -> dict[str, Any]:
         return {"index": record["index"], "error": record["error"]}
     keep = {part: {k: record[part][k] for k in ("n", "ms", "tflops", "rel_err")} for part in ("bfloat16", "float32")}
     copy = {k: record["copy"][k] for k in ("bytes", "ms", "gbs", "equal")}
-    return {"index": record["index"], "name": record["name"], "seconds": round(record["seconds"], 3), **keep, "copy": copy}
+    return {
+        "index": record["index"],
+        "name": record["name"],
+        "seconds": round(record["seconds"], 3),
+        **keep,
+        "copy": copy,
+    }
 
 
 def judge_gpu_work(work: GpuWork, activity: NvmlSnapshot | Missing | None = None) -> Result:
@@ -297,13 +328,27 @@ def judge_gpu_work(work: GpuWork, activity: NvmlSnapshot | Missing | None = None
         },
     }
     if work.returncode is None:
-        where = f"GPU {work.running} did not finish its work" if work.running is not None else "the per-GPU work did not finish"
-        return failed(f"hang: {where} within {work.timeout_s:g} s", _tail_lines(work.tail), _log_fix(work.log), {**data, "hung": True})
+        where = (
+            f"GPU {work.running} did not finish its work"
+            if work.running is not None
+            else "the per-GPU work did not finish"
+        )
+        return failed(
+            f"hang: {where} within {work.timeout_s:g} s",
+            _tail_lines(work.tail),
+            _log_fix(work.log),
+            {**data, "hung": True},
+        )
     if work.begin.get("error"):
         return failed(work.begin["error"], work.tail, _log_fix(work.log), data)
     if work.returncode != 0 or work.running is not None or not work.records:
         where = f" on GPU {work.running}" if work.running is not None else ""
-        return failed(f"the per-GPU work failed{where} ({_code(work.returncode)}): {' / '.join(work.tail[-3:])}", work.tail, _log_fix(work.log), data)
+        return failed(
+            f"the per-GPU work failed{where} ({_code(work.returncode)}): {' / '.join(work.tail[-3:])}",
+            work.tail,
+            _log_fix(work.log),
+            data,
+        )
     wrong = [p for r in work.records for p in _device_problems(r)]
     if wrong:
         return failed(
@@ -356,7 +401,7 @@ def _code(returncode: int | None) -> str:
 
 
 @check("deep.gpu_work", needs=("probe", "env"), timeout_s=_limit_s, slow=True)
-def gpu_work(lock: Lock, facts: Facts) -> Result:
+def gpu_work(lock: Spec, facts: Facts) -> Result:
     """Every GPU multiplies bf16/fp32 matrices correctly at its peers' (and its model's) rate and copies memory."""
     activity = gpu_activity(facts.nvml_lib)
     work = run_gpu_work(lock.python.target, GpuWorkRequest(), launch_env(lock, facts))
@@ -422,9 +467,18 @@ _ONE_RANK_NOTE = (
 def judge_collective(sweep: Sweep, min_busbw: float | None, wanted: int | None = None) -> Result:
     """The collective verdict: a hang, a crash, any wrong element, or a bus bandwidth below the floor fails."""
     data = _sweep_data(sweep, min_busbw)
-    notes = [f"{wanted} rank(s) wanted, only {sweep.world} GPU(s) present: ran {sweep.world}"] if wanted and wanted > sweep.world else []
+    notes = (
+        [f"{wanted} rank(s) wanted, only {sweep.world} GPU(s) present: ran {sweep.world}"]
+        if wanted and wanted > sweep.world
+        else []
+    )
     if sweep.returncode is None:
-        return failed(_hang_summary(sweep), (*_hang_details(sweep), *_tail_lines(sweep.tail)), _nccl_fix(sweep), {**data, "hung": True})
+        return failed(
+            _hang_summary(sweep),
+            (*_hang_details(sweep), *_tail_lines(sweep.tail)),
+            _nccl_fix(sweep),
+            {**data, "hung": True},
+        )
     if sweep.returncode != 0 or len(sweep.sizes) < len(sweep.request.sizes()):
         reason = sweep.tail[-1] if sweep.tail else "no output"
         socket = _socket_problem(sweep)
@@ -444,11 +498,18 @@ def judge_collective(sweep: Sweep, min_busbw: float | None, wanted: int | None =
     wrong = [s for s in sweep.sizes if s.wrong]
     if wrong:
         details = [f"{_size(s.bytes)}: #wrong {s.wrong}" for s in wrong]
-        return failed(f"all-reduce results wrong at {len(wrong)} of {len(sweep.sizes)} sizes (#wrong {data['wrong_total']})", details, _wrong_fix(sweep), data)
+        return failed(
+            f"all-reduce results wrong at {len(wrong)} of {len(sweep.sizes)} sizes (#wrong {data['wrong_total']})",
+            details,
+            _wrong_fix(sweep),
+            data,
+        )
     if sweep.world < 2:
         return passed(_one_rank_summary(sweep, min_busbw), [*notes, *_size_lines(sweep)], data)
     if min_busbw is not None and data["peak_busbw_gbs"] < min_busbw:
-        return failed(_slow_summary(sweep, data, min_busbw), [*_size_lines(sweep), *_env_lines(sweep)], _nccl_fix(sweep), data)
+        return failed(
+            _slow_summary(sweep, data, min_busbw), [*_size_lines(sweep), *_env_lines(sweep)], _nccl_fix(sweep), data
+        )
     floor = f" (>= {min_busbw:g} GB/s)" if min_busbw is not None else ""
     summary = f"{sweep.world} ranks, {_library(sweep)}: peak busbw {data['peak_busbw_gbs']:.4g} GB/s at {_size(data['peak_bytes'])}{floor}, #wrong 0 at {len(sweep.sizes)} sizes"
     return passed(summary, [*notes, *_size_lines(sweep)], data)
@@ -511,15 +572,24 @@ def _size_lines(sweep: Sweep) -> list[str]:
         return f" (min {s.min_us:.1f})" if s.min_us is not None else ""
 
     def eager(s: SizeFigures) -> str:
-        return f"  (launched one by one: {s.eager_us:.1f} us)" if s.timing == "cuda-graph" and s.eager_us is not None else ""
+        return (
+            f"  (launched one by one: {s.eager_us:.1f} us)"
+            if s.timing == "cuda-graph" and s.eager_us is not None
+            else ""
+        )
 
-    return [f"{_size(s.bytes):>8}: {s.time_us:10.1f} us{fastest(s)}  algbw {s.algbw_gbs:8.2f} GB/s  {bus(s)}  #wrong {s.wrong}{eager(s)}" for s in sweep.sizes]
+    return [
+        f"{_size(s.bytes):>8}: {s.time_us:10.1f} us{fastest(s)}  algbw {s.algbw_gbs:8.2f} GB/s  {bus(s)}  #wrong {s.wrong}{eager(s)}"
+        for s in sweep.sizes
+    ]
 
 
 def _env_lines(sweep: Sweep) -> list[str]:
     lines = [f"NCCL variables in force: {' '.join(f'{k}={v}' for k, v in sweep.nccl_env.items())}"]
     if sweep.transports:
-        lines.append("transports in the INFO log: " + ", ".join(f"{t} x{n}" for t, n in sorted(sweep.transports.items())))
+        lines.append(
+            "transports in the INFO log: " + ", ".join(f"{t} x{n}" for t, n in sorted(sweep.transports.items()))
+        )
     if sweep.channels is not None:
         lines.append(f"NCCL set up {sweep.channels} collective channel(s)")
     return lines
@@ -565,7 +635,7 @@ def _wrong_fix(sweep: Sweep) -> Fix:
     )
 
 
-def world_size(lock: Lock, probe: ProbeFacts | Missing) -> tuple[int, int]:
+def world_size(lock: Spec, probe: ProbeFacts | Missing) -> tuple[int, int]:
     """(ranks to run, ranks wanted): the lock's TP size, capped by the GPUs torch sees."""
     wanted = lock.smoke.tp
     present = probe.torch.get("device_count") if isinstance(probe, ProbeFacts) and probe.torch else None
@@ -573,7 +643,7 @@ def world_size(lock: Lock, probe: ProbeFacts | Missing) -> tuple[int, int]:
 
 
 @check("deep.collective", needs=("probe", "env"), timeout_s=_limit_s, slow=True)
-def collective(lock: Lock, facts: Facts) -> Result:
+def collective(lock: Spec, facts: Facts) -> Result:
     """An NCCL all-reduce from 8 KiB to 1 GiB is exact and reaches the locked bus bandwidth."""
     world, wanted = world_size(lock, facts.probe)
     sweep = run_sweep(lock.python.target, AllReduceRequest.for_world(world), launch_env(lock, facts))
@@ -589,6 +659,8 @@ FUSION_FLAG = "--enable-flashinfer-allreduce-fusion"
 #: part decides: 2e-3 is ~4x the largest error measured on an H200 (4.5e-4, paged decode) and
 #: ~5x below what a kernel that dropped half the KV would show (~0.01).
 ATTENTION_ATOL = 2e-3
+
+
 def _flashinfer_limit_s() -> float:
     """A flashinfer check's own limit: its run's timeout (the lock's JIT timeout, at most
     MAX_JIT_TIMEOUT_S, plus the deep run's own, read when it runs) and a minute to read what it left."""
@@ -635,7 +707,7 @@ class Known:
     fix: Fix
 
 
-def _classified(text: str, lock: Lock) -> Known | None:
+def _classified(text: str, lock: Spec) -> Known | None:
     from stackgate.models import knowledge  # the knowledge base loads only to explain a failure: a cached verify
     from stackgate.scan import match_first  # skips both
 
@@ -665,8 +737,15 @@ class JitContext:
         return f"JIT-compiled (no flashinfer-jit-cache{'; flashinfer-cubin ' + self.cubin if self.cubin else ''})"
 
     def lines(self) -> list[str]:
-        locked = f"the lock pins flashinfer-jit-cache {self.jit_cache_locked}" if self.jit_cache_locked else "the lock ships no flashinfer-jit-cache"
-        return [f"kernels: {self.kernels_from()}; {locked}", f"JIT cache: {self.workspace} (from {self.workspace_from})"]
+        locked = (
+            f"the lock pins flashinfer-jit-cache {self.jit_cache_locked}"
+            if self.jit_cache_locked
+            else "the lock ships no flashinfer-jit-cache"
+        )
+        return [
+            f"kernels: {self.kernels_from()}; {locked}",
+            f"JIT cache: {self.workspace} (from {self.workspace_from})",
+        ]
 
 
 def _installed(facts: Facts, name: str) -> str | None:
@@ -675,10 +754,17 @@ def _installed(facts: Facts, name: str) -> str | None:
     return dist.version if dist else None
 
 
-def _jit_context(lock: Lock, facts: Facts, env: Mapping[str, str], timeout_s: float) -> JitContext:
+def _jit_context(lock: Spec, facts: Facts, env: Mapping[str, str], timeout_s: float) -> JitContext:
     locked = lock.python.package("flashinfer-jit-cache")
     workspace, origin = jit_workspace(lock, env)
-    return JitContext(str(workspace), origin, timeout_s, locked.requirement if locked else None, _installed(facts, "flashinfer-jit-cache"), _installed(facts, "flashinfer-cubin"))
+    return JitContext(
+        str(workspace),
+        origin,
+        timeout_s,
+        locked.requirement if locked else None,
+        _installed(facts, "flashinfer-jit-cache"),
+        _installed(facts, "flashinfer-cubin"),
+    )
 
 
 def _jit_line(seconds: float, compiled: int, jit: JitContext) -> str:
@@ -688,7 +774,7 @@ def _jit_line(seconds: float, compiled: int, jit: JitContext) -> str:
     return f"no JIT: every module came from {'flashinfer-jit-cache' if jit.jit_cache else 'the JIT cache'} (first calls {seconds:.1f} s)"
 
 
-def _flashinfer_import_fix(lock: Lock) -> Fix:
+def _flashinfer_import_fix(lock: Spec) -> Fix:
     return Fix(
         "Install flashinfer-python in the stack at the lock's version, with its dependencies (apache-tvm-ffi, nvidia-cudnn-frontend) "
         "and flashinfer-cubin of the same release if any; then import it by hand to see the whole error.",
@@ -700,7 +786,10 @@ def _flashinfer_import_fix(lock: Lock) -> Fix:
 
 #: What each kernel's figure is called in the report and in `report A B`.
 ATTENTION_FIGURES = {
-    "decode": ("decode GB/s", "gbs"), "decode_tensor_cores": ("decode (tensor cores) GB/s", "gbs"), "paged_decode": ("paged decode GB/s", "gbs"), "prefill": ("prefill TFLOP/s", "tflops")
+    "decode": ("decode GB/s", "gbs"),
+    "decode_tensor_cores": ("decode (tensor cores) GB/s", "gbs"),
+    "paged_decode": ("paged decode GB/s", "gbs"),
+    "prefill": ("prefill TFLOP/s", "tflops"),
 }
 
 
@@ -708,7 +797,7 @@ def _kernel_label(record: Mapping[str, Any]) -> str:
     return f"GPU {record['index']} {record['kind']}"
 
 
-def _kernel_problem(record: Mapping[str, Any], lock: Lock) -> tuple[str, Known | None] | None:
+def _kernel_problem(record: Mapping[str, Any], lock: Spec) -> tuple[str, Known | None] | None:
     """What is wrong with one kernel's record: an error (classified), or a result out of tolerance."""
     if "error" in record:
         known = _classified(record.get("trace") or record["error"], lock)
@@ -716,7 +805,10 @@ def _kernel_problem(record: Mapping[str, Any], lock: Lock) -> tuple[str, Known |
     worst = record["worst"]
     if not close_enough(worst, ATTENTION_ATOL, ATTENTION_RTOL):
         limit = ATTENTION_ATOL + ATTENTION_RTOL * worst[1]
-        return f"{_kernel_label(record)}: wrong: error {worst[0]:.3g} where |ref| is {worst[1]:.3g} (allowed {limit:.3g}; max abs error {record['max_abs_err']:.3g}) against float32", None
+        return (
+            f"{_kernel_label(record)}: wrong: error {worst[0]:.3g} where |ref| is {worst[1]:.3g} (allowed {limit:.3g}; max abs error {record['max_abs_err']:.3g}) against float32",
+            None,
+        )
     return None
 
 
@@ -740,35 +832,63 @@ def _attention_data(run: AttentionRun, jit: JitContext) -> dict[str, Any]:
         "seed": run.request.seed,
         "kernels": kernels,
         "figures": _attention_figures(run.kernels),
-        "tolerance": {"atol": ATTENTION_ATOL, "rtol": run.request.rtol, "rule": "|out - ref| <= atol + rtol * |ref|, ref in float32 from the same bf16 inputs"},
-        "jit": {**asdict(jit), "first_calls_s": round(sum(k.get("first_call_s") or 0.0 for k in first), 3), "compiled": sum(k.get("compiled") or 0 for k in first)},
+        "tolerance": {
+            "atol": ATTENTION_ATOL,
+            "rtol": run.request.rtol,
+            "rule": "|out - ref| <= atol + rtol * |ref|, ref in float32 from the same bf16 inputs",
+        },
+        "jit": {
+            **asdict(jit),
+            "first_calls_s": round(sum(k.get("first_call_s") or 0.0 for k in first), 3),
+            "compiled": sum(k.get("compiled") or 0 for k in first),
+        },
         "script_s": round(run.duration_s, 3),
         "log": str(run.log),
     }
 
 
-def judge_attention(run: AttentionRun, jit: JitContext, lock: Lock) -> Result:
+def judge_attention(run: AttentionRun, jit: JitContext, lock: Spec) -> Result:
     """The attention verdict: flashinfer that does not import, a kernel that errors, times out in
     its JIT or computes wrong fails, with the cause and fix the knowledge base knows."""
     data = _attention_data(run, jit)
     if run.returncode is None:
-        return failed(_attention_timeout(run, jit), _tail_lines(run.tail), Fix(_JIT_TIMEOUT_FIX, (f"less {run.log}",)), {**data, "hung": True})
+        return failed(
+            _attention_timeout(run, jit),
+            _tail_lines(run.tail),
+            Fix(_JIT_TIMEOUT_FIX, (f"less {run.log}",)),
+            {**data, "hung": True},
+        )
     if run.begin.get("error"):
         known = _classified(run.begin.get("trace") or run.begin["error"], lock)
         causes = [known.cause] if known else []
-        return failed(_explained(run.begin["error"], known), [*causes, *jit.lines(), *_tail_lines(run.tail)], known.fix if known else _flashinfer_import_fix(lock), data)
+        return failed(
+            _explained(run.begin["error"], known),
+            [*causes, *jit.lines(), *_tail_lines(run.tail)],
+            known.fix if known else _flashinfer_import_fix(lock),
+            data,
+        )
     if run.returncode is not None and run.returncode < 0:
         return _killed(run, jit, data)
     full = _out_of_space(run, jit, data)
     if full is not None:
         return full
     if run.returncode != 0 or not run.kernels:
-        return failed(f"the attention run failed ({_code(run.returncode)}): {' / '.join(run.tail[-3:])}", _tail_lines(run.tail), _log_fix(run.log), data)
+        return failed(
+            f"the attention run failed ({_code(run.returncode)}): {' / '.join(run.tail[-3:])}",
+            _tail_lines(run.tail),
+            _log_fix(run.log),
+            data,
+        )
     problems = [p for p in (_kernel_problem(k, lock) for k in run.kernels) if p is not None]
     if problems:
         known = next((k for _, k in problems if k is not None), None)
         details = [text for text, _ in problems] + ([known.cause] if known else [])
-        return failed(f"{len(problems)} kernel problem(s): {problems[0][0]}", details, known.fix if known else _log_fix(run.log), data)
+        return failed(
+            f"{len(problems)} kernel problem(s): {problems[0][0]}",
+            details,
+            known.fix if known else _log_fix(run.log),
+            data,
+        )
     kinds = ", ".join(dict.fromkeys(str(k["kind"]) for k in run.kernels))
     data["defines"] = {"flashinfer_attention": f"{kinds} correct against float32; {jit.kernels_from()}"}
     return passed(_attention_summary(run, data, jit), [*_attention_lines(run), *jit.lines()], data)
@@ -887,22 +1007,35 @@ def _attention_lines(run: AttentionRun) -> list[str]:
     lines = []
     for k in run.kernels:
         rate = f"{k['gbs']:.4g} GB/s" if "gbs" in k else f"{k['tflops']:.4g} TFLOP/s (causal)"
-        lines.append(f"{_kernel_label(k)}: {k['us']:.1f} us, {rate}, max abs error {k['max_abs_err']:.2g}, first call {k['first_call_s']:.1f} s ({k['compiled']} module(s) compiled)")
+        lines.append(
+            f"{_kernel_label(k)}: {k['us']:.1f} us, {rate}, max abs error {k['max_abs_err']:.2g}, first call {k['first_call_s']:.1f} s ({k['compiled']} module(s) compiled)"
+        )
     return lines
 
 
-def _uses_flashinfer(lock: Lock) -> bool:
-    return lock.smoke.attention_backend == "flashinfer" or lock.python.package("flashinfer-python") is not None or FUSION_FLAG in lock.smoke.flags
+def _uses_flashinfer(lock: Spec) -> bool:
+    return (
+        lock.smoke.attention_backend == "flashinfer"
+        or lock.python.package("flashinfer-python") is not None
+        or FUSION_FLAG in lock.smoke.flags
+    )
 
 
 @check("deep.flashinfer_attention", needs=("probe", "env"), timeout_s=_flashinfer_limit_s, slow=True)
-def flashinfer_attention(lock: Lock, facts: Facts) -> Result:
+def flashinfer_attention(lock: Spec, facts: Facts) -> Result:
     """flashinfer's decode, prefill and paged attention run on every GPU and match float32."""
     if not _uses_flashinfer(lock):
-        return skipped(f"the lock's stack does not use flashinfer (attention backend {lock.smoke.attention_backend}, no flashinfer-python pin)")
+        return skipped(
+            f"the lock's stack does not use flashinfer (attention backend {lock.smoke.attention_backend}, no flashinfer-python pin)"
+        )
     env = flashinfer_env(lock, facts)
     shapes = lock.deep.attention
-    run = run_attention(lock.python.target, AttentionRequest.from_lock(shapes), env, shapes.jit_timeout_s + settings.DEEP_TIMEOUT_S.value())
+    run = run_attention(
+        lock.python.target,
+        AttentionRequest.from_lock(shapes),
+        env,
+        shapes.jit_timeout_s + settings.DEEP_TIMEOUT_S.value(),
+    )
     return judge_attention(run, _jit_context(lock, facts, env, shapes.jit_timeout_s), lock)
 
 
@@ -936,11 +1069,13 @@ def fusion_arch_problem(gpu_majors: set[int], supported: Sequence[int], arch_lis
     return None
 
 
-def _gpu_capabilities(facts: Facts, lock: Lock) -> tuple[list[str], str]:
+def _gpu_capabilities(facts: Facts, lock: Spec) -> tuple[list[str], str]:
     """Each GPU's compute capability ("12.0"), and where it was read."""
     snapshot = facts.nvml
     if isinstance(snapshot, Missing) or not snapshot.gpus:
-        return [str(lock.hardware.compute_capability)] * lock.hardware.gpu_count, "the lock's [hardware] (NVML gave none)"
+        return [
+            str(lock.hardware.compute_capability)
+        ] * lock.hardware.gpu_count, "the lock's [hardware] (NVML gave none)"
     return ["{}.{}".format(*gpu.capability) if gpu.capability else "unknown" for gpu in snapshot.gpus], "NVML"
 
 
@@ -953,11 +1088,15 @@ def _gate_evidence(gate: FusionGate, capabilities: Sequence[str], source: str, a
     ]
     sglang = gate.sglang
     if sglang and "supported_majors" in sglang:
-        lines.append(f"sglang {sglang.get('version')}: {sglang.get('function')}() admits majors {sglang['supported_majors']} (read from {sglang.get('file')} and {sglang.get('helpers')})")
+        lines.append(
+            f"sglang {sglang.get('version')}: {sglang.get('function')}() admits majors {sglang['supported_majors']} (read from {sglang.get('file')} and {sglang.get('helpers')})"
+        )
     elif sglang:
         lines.append(f"sglang {sglang.get('version')}: its gate could not be read: {sglang.get('error')}")
     lines.append(
-        f"FLASHINFER_CUDA_ARCH_LIST={arch_list} (flashinfer compiles for these archs, not the GPUs')" if arch_list else "FLASHINFER_CUDA_ARCH_LIST unset: flashinfer compiles for the GPUs' own archs"
+        f"FLASHINFER_CUDA_ARCH_LIST={arch_list} (flashinfer compiles for these archs, not the GPUs')"
+        if arch_list
+        else "FLASHINFER_CUDA_ARCH_LIST unset: flashinfer compiles for the GPUs' own archs"
     )
     return lines
 
@@ -968,15 +1107,28 @@ _NO_COMPILE = (
 )
 
 
-def judge_fusion_gate(gate: FusionGate, capabilities: Sequence[str], source: str, arch_list: str | None, severity: str) -> Result | None:
+def judge_fusion_gate(
+    gate: FusionGate, capabilities: Sequence[str], source: str, arch_list: str | None, severity: str
+) -> Result | None:
     """The verdict when the fused path cannot run here (or cannot be located), else None: the arch
     gate, read from the installed flashinfer's own code, against each GPU's major."""
     evidence = _gate_evidence(gate, capabilities, source, arch_list)
     supported = gate.flashinfer.get("supported_majors")
-    data: dict[str, Any] = {"gate": dict(gate.flashinfer), "sglang_gate": dict(gate.sglang) if gate.sglang else None, "capabilities": list(capabilities), "arch_list": arch_list, "runs": False}
+    data: dict[str, Any] = {
+        "gate": dict(gate.flashinfer),
+        "sglang_gate": dict(gate.sglang) if gate.sglang else None,
+        "capabilities": list(capabilities),
+        "arch_list": arch_list,
+        "runs": False,
+    }
     if not isinstance(supported, list):
         why = gate.flashinfer.get("error", "no supported majors found")
-        return failed(f"flashinfer's allreduce-fusion module cannot be located: {why}", [*evidence, *_tail_lines(gate.tail)], _GATE_FIX, data)
+        return failed(
+            f"flashinfer's allreduce-fusion module cannot be located: {why}",
+            [*evidence, *_tail_lines(gate.tail)],
+            _GATE_FIX,
+            data,
+        )
     majors = {int(cc.split(".")[0]) for cc in capabilities if cc.split(".")[0].isdigit()}
     problem = fusion_arch_problem(majors, supported, arch_list)
     if problem is None:
@@ -1012,7 +1164,9 @@ def _fusion_data(run: FusionRun, atol: float) -> dict[str, Any]:
         "compiled": run.compiled,
         "progress": {str(rank): where for rank, where in run.progress.items()},
         "tolerance": {
-            "atol": atol, "rtol": run.request.rtol, "rule": "|out - ref| <= atol + rtol * |ref|; ref: NCCL's all-reduce of the same bf16 inputs, then the residual add and RMSNorm in float32"
+            "atol": atol,
+            "rtol": run.request.rtol,
+            "rule": "|out - ref| <= atol + rtol * |ref|; ref: NCCL's all-reduce of the same bf16 inputs, then the residual add and RMSNorm in float32",
         },
         "method": f"per token count: {run.request.iters} calls captured in one CUDA graph, {run.request.replays} timed replays after a 1-element all-reduce "
         "that aligns the ranks; each rank's median, the mean over ranks. unfused: NCCL all-reduce, then torch's add and RMSNorm ops "
@@ -1030,39 +1184,61 @@ def _fusion_wrong(run: FusionRun, atol: float) -> list[str]:
         for part in ("residual", "norm"):
             worst = getattr(t, part)
             if not close_enough(worst, atol, run.request.rtol):
-                wrong.append(f"{t.tokens} token(s): {part} wrong: error {worst[0]:.3g} where |ref| is {worst[1]:.3g} (allowed {atol + run.request.rtol * worst[1]:.3g})")
+                wrong.append(
+                    f"{t.tokens} token(s): {part} wrong: error {worst[0]:.3g} where |ref| is {worst[1]:.3g} (allowed {atol + run.request.rtol * worst[1]:.3g})"
+                )
     return wrong
 
 
-def judge_fusion(run: FusionRun, jit: JitContext, lock: Lock) -> Result:
+def judge_fusion(run: FusionRun, jit: JitContext, lock: Spec) -> Result:
     """The fusion verdict, once the arch gate passed: a failed or hung run, wrong outputs fail;
     a fused path slower than the unfused one warns; else the figures per token count."""
     atol = fusion_atol(run.request.world)
     data = _fusion_data(run, atol)
     if run.returncode is None:
         return failed(
-            _fusion_timeout(run, jit), [*(f"rank {r}: last {w}" for r, w in sorted(run.progress.items())), *_tail_lines(run.tail)], Fix(_JIT_TIMEOUT_FIX, (f"less {run.log}",)), {**data, "hung": True}
+            _fusion_timeout(run, jit),
+            [*(f"rank {r}: last {w}" for r, w in sorted(run.progress.items())), *_tail_lines(run.tail)],
+            Fix(_JIT_TIMEOUT_FIX, (f"less {run.log}",)),
+            {**data, "hung": True},
         )
     if run.begin.get("error") or run.failures or run.returncode != 0 or len(run.tokens) < len(run.request.tokens):
         return _fusion_failed(run, lock, data)
     wrong = _fusion_wrong(run, atol)
     if wrong:
-        return failed(f"the fused outputs differ from NCCL + residual + RMSNorm at {len(wrong)} point(s): {wrong[0]}", wrong, _log_fix(run.log), data)
-    data["defines"] = {"allreduce_fusion": f"runs on {run.request.world} ranks: fused outputs match NCCL + residual + RMSNorm"}
+        return failed(
+            f"the fused outputs differ from NCCL + residual + RMSNorm at {len(wrong)} point(s): {wrong[0]}",
+            wrong,
+            _log_fix(run.log),
+            data,
+        )
+    data["defines"] = {
+        "allreduce_fusion": f"runs on {run.request.world} ranks: fused outputs match NCCL + residual + RMSNorm"
+    }
     lines = [*_fusion_lines(run), *jit.lines()]
     slower = [t for t in run.tokens if t.speedup is not None and t.speedup < 1]
     if slower:
-        return warned(f"the fused path is slower than the unfused one at {', '.join(str(t.tokens) for t in slower)} token(s): {_fusion_summary(run, jit)}", lines, None, data)
+        return warned(
+            f"the fused path is slower than the unfused one at {', '.join(str(t.tokens) for t in slower)} token(s): {_fusion_summary(run, jit)}",
+            lines,
+            None,
+            data,
+        )
     return passed(_fusion_summary(run, jit), lines, data)
 
 
-def _fusion_failed(run: FusionRun, lock: Lock, data: Mapping[str, Any]) -> Result:
+def _fusion_failed(run: FusionRun, lock: Spec, data: Mapping[str, Any]) -> Result:
     failure = run.failures[0] if run.failures else run.begin
     known = _classified(failure.get("trace") or failure.get("error") or "\n".join(run.tail), lock)
     where = f"rank {failure['rank']} ({failure.get('stage')}): " if "rank" in failure else ""
     cause = _explained(f"{where}{failure.get('error') or ' / '.join(run.tail[-3:])}", known)
     details = [*([known.cause] if known else []), *_tail_lines(run.tail)]
-    return failed(f"the allreduce fusion failed ({_code(run.returncode)}): {cause}", details, known.fix if known else _log_fix(run.log), data)
+    return failed(
+        f"the allreduce fusion failed ({_code(run.returncode)}): {cause}",
+        details,
+        known.fix if known else _log_fix(run.log),
+        data,
+    )
 
 
 def _fusion_timeout(run: FusionRun, jit: JitContext) -> str:
@@ -1074,7 +1250,10 @@ def _fusion_timeout(run: FusionRun, jit: JitContext) -> str:
 def _fusion_summary(run: FusionRun, jit: JitContext) -> str:
     timed = [t for t in run.tokens if t.speedup is not None]
     worst = max((t.max_abs_err["norm"] for t in run.tokens), default=0.0)
-    speed = ", ".join(f"{t.tokens}: {t.fused_us:.1f} vs {t.unfused_us:.1f} us ({t.speedup:.1f}x)" for t in timed) or "not timed (no CUDA graph)"
+    speed = (
+        ", ".join(f"{t.tokens}: {t.fused_us:.1f} vs {t.unfused_us:.1f} us ({t.speedup:.1f}x)" for t in timed)
+        or "not timed (no CUDA graph)"
+    )
     workspace = max(run.workspace_s.values(), default=0.0)
     return (
         f"{run.request.world} ranks, hidden {run.request.hidden}: fused = NCCL + residual + RMSNorm (max abs error norm {worst:.2g}); "
@@ -1092,20 +1271,29 @@ def _fusion_lines(run: FusionRun) -> list[str]:
 
 
 @check("deep.allreduce_fusion", needs=("probe", "env", "nvml"), timeout_s=_fusion_limit_s, slow=True)
-def allreduce_fusion(lock: Lock, facts: Facts) -> Result:
+def allreduce_fusion(lock: Spec, facts: Facts) -> Result:
     """flashinfer's allreduce + residual + RMSNorm fusion runs on these GPUs, matches NCCL + torch, and pays."""
     if FUSION_FLAG not in lock.smoke.flags:
         return skipped(f"the lock's [smoke] flags do not include {FUSION_FLAG}: no fused path to prove")
     env = flashinfer_env(lock, facts)
     capabilities, source = _gpu_capabilities(facts, lock)
     gate = read_gate(lock.python.target, env)
-    verdict = judge_fusion_gate(gate, capabilities, source, env.get("FLASHINFER_CUDA_ARCH_LIST"), lock.deep.fusion.unsupported)
+    verdict = judge_fusion_gate(
+        gate, capabilities, source, env.get("FLASHINFER_CUDA_ARCH_LIST"), lock.deep.fusion.unsupported
+    )
     if verdict is not None:
         return verdict
     world, wanted = world_size(lock, facts.probe)
     if world < 2:
-        return skipped(f"{world} rank(s) (the lock's [smoke] tp {wanted}): there is no all-reduce to fuse (SGLang skips the fusion on one GPU); "
-            f"the arch gate passed: {gate.flashinfer.get('supported_majors')}")
+        return skipped(
+            f"{world} rank(s) (the lock's [smoke] tp {wanted}): there is no all-reduce to fuse (SGLang skips the fusion on one GPU); "
+            f"the arch gate passed: {gate.flashinfer.get('supported_majors')}"
+        )
     fusion = lock.deep.fusion
-    run = run_fusion(lock.python.target, FusionRequest(world, fusion.hidden, fusion.tokens), env, fusion.jit_timeout_s + settings.DEEP_TIMEOUT_S.value())
+    run = run_fusion(
+        lock.python.target,
+        FusionRequest(world, fusion.hidden, fusion.tokens),
+        env,
+        fusion.jit_timeout_s + settings.DEEP_TIMEOUT_S.value(),
+    )
     return judge_fusion(run, _jit_context(lock, facts, env, fusion.jit_timeout_s), lock)

@@ -11,17 +11,19 @@ from stackgate.facts import Facts, Missing
 from stackgate.facts.compare import environment_drift, environment_spec, spec_changes
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, failed, passed, skipped
-from stackgate.models.spec import Lock
+from stackgate.models.spec import Spec
 
 __all__: list[str] = []
 
 
 @check("environment.generation", needs=("generation",), named_only=True)
-def generation(lock: Lock, facts: Facts) -> Result:
+def generation(lock: Spec, facts: Facts) -> Result:
     """The live generation was built from this lock's Python stack."""
     root = lock.python.root
     if root is None:
-        return skipped(f"python.interpreter names an existing environment ({lock.python.interpreter}): there is no generation to compare; drift is judged from its installed distributions")
+        return skipped(
+            f"python.interpreter names an existing environment ({lock.python.interpreter}): there is no generation to compare; drift is judged from its installed distributions"
+        )
     provision = Fix("Build the lock's environment and switch to it.", (f"stackgate provision --lock {lock.path}",))
     state = facts.generation
     if isinstance(state, Missing):
@@ -33,16 +35,31 @@ def generation(lock: Lock, facts: Facts) -> Result:
     if current.marker is None or not current.ready:
         return failed(f"the live generation {current.id} is {current.state}: not one provision finished", fix=provision)
     changed = spec_changes(current.marker.get("spec", {}), environment_spec(lock))
-    data = {"generation": current.id, "built": current.marker.get("finished"), "built_from": current.marker.get("lock", {})}
+    data = {
+        "generation": current.id,
+        "built": current.marker.get("finished"),
+        "built_from": current.marker.get("lock", {}),
+    }
     if changed:
-        return failed(f"the lock's Python stack changed since generation {current.id} was built: {changed[0]}", changed, provision, data)
+        return failed(
+            f"the lock's Python stack changed since generation {current.id} was built: {changed[0]}",
+            changed,
+            provision,
+            data,
+        )
     built_from = (current.marker.get("lock") or {}).get("sha256")
-    note = [] if built_from is None or built_from == lock.sha256 else [f"built from another version of the lockfile (sha256 {built_from[:12]}) with the same Python stack"]
-    return passed(f"{root / 'current'} -> generation {current.id}, built from this lock's Python stack", note, data=data)
+    note = (
+        []
+        if built_from is None or built_from == lock.sha256
+        else [f"built from another version of the lockfile (sha256 {built_from[:12]}) with the same Python stack"]
+    )
+    return passed(
+        f"{root / 'current'} -> generation {current.id}, built from this lock's Python stack", note, data=data
+    )
 
 
 @check("environment.drift", needs=("dists", "patches", "pylock"), named_only=True)
-def drift(lock: Lock, facts: Facts) -> Result:
+def drift(lock: Spec, facts: Facts) -> Result:
     """The installed distributions and the patches are as locked."""
     dists = facts.dists
     if isinstance(dists, Missing):
@@ -52,8 +69,25 @@ def drift(lock: Lock, facts: Facts) -> Result:
     found = facts.patches
     if not isinstance(found, Missing):
         problems += [f"patch {s.patch.file.name}: {s.problem}" for s in found if s.problem]
-    data = {"pins": len(lock.python.packages), "patches": len(lock.patches), "distributions": len(dists.distributions), "drift": problems}
+    data = {
+        "pins": len(lock.python.packages),
+        "patches": len(lock.patches),
+        "distributions": len(dists.distributions),
+        "drift": problems,
+    }
     if problems:
-        how = f"stackgate provision --lock {lock.path}" if lock.python.root else f"reinstall the locked versions into {lock.python.target}"
-        return failed(f"{len(problems)} difference(s) from the lock: {problems[0]}", problems, Fix("Bring the environment back to the lock.", (how,)), data)
-    return passed(f"{len(lock.python.packages)} pin(s) and {len(lock.patches)} patch(es) as locked; requirements of {len(dists.distributions)} distributions consistent", data=data)
+        how = (
+            f"stackgate provision --lock {lock.path}"
+            if lock.python.root
+            else f"reinstall the locked versions into {lock.python.target}"
+        )
+        return failed(
+            f"{len(problems)} difference(s) from the lock: {problems[0]}",
+            problems,
+            Fix("Bring the environment back to the lock.", (how,)),
+            data,
+        )
+    return passed(
+        f"{len(lock.python.packages)} pin(s) and {len(lock.patches)} patch(es) as locked; requirements of {len(dists.distributions)} distributions consistent",
+        data=data,
+    )

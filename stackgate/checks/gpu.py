@@ -10,7 +10,7 @@ from stackgate.facts import Facts, Missing
 from stackgate.models import kernellog
 from stackgate.models.finding import Fix
 from stackgate.models.result import NEEDS_GPU, NO_DRIVER, Result, failed, passed, skipped, warned
-from stackgate.models.spec import Lock
+from stackgate.models.spec import Spec
 
 __all__ = ["ENGINE_FRACTION", "engine_fraction"]
 
@@ -27,7 +27,7 @@ def _snapshot(facts: Facts) -> NvmlSnapshot | Result:
 
 
 @check("gpu.driver", needs=("nvml",))
-def driver(lock: Lock, facts: Facts) -> Result:
+def driver(lock: Spec, facts: Facts) -> Result:
     """The NVIDIA driver is present and at least the locked minimum."""
     snap = facts.nvml
     if isinstance(snap, Missing):
@@ -40,12 +40,16 @@ def driver(lock: Lock, facts: Facts) -> Result:
         return failed(f"the driver reports an unreadable version {snap.driver_version!r}")
     data = {"driver": snap.driver_version, "min_driver": str(want)}
     if have < want:
-        return failed(f"driver {snap.driver_version} is older than the locked minimum {want}", fix=Fix(_DRIVER_FIX.format(want=want)), data=data)
+        return failed(
+            f"driver {snap.driver_version} is older than the locked minimum {want}",
+            fix=Fix(_DRIVER_FIX.format(want=want)),
+            data=data,
+        )
     return passed(f"driver {snap.driver_version} (>= {want})", data=data)
 
 
 @check("gpu.driver_cuda", needs=("nvml",))
-def driver_cuda(lock: Lock, facts: Facts) -> Result:
+def driver_cuda(lock: Spec, facts: Facts) -> Result:
     """The driver supports the CUDA release of every toolkit."""
     snap = _snapshot(facts)
     if isinstance(snap, Result):
@@ -63,11 +67,14 @@ def driver_cuda(lock: Lock, facts: Facts) -> Result:
             fix=Fix(_DRIVER_FIX.format(want=lock.hardware.min_driver)),
             data=data,
         )
-    return passed(f"driver supports CUDA {have}, covering {', '.join(t.release for t in lock.toolkits) or 'no toolkit'}", data=data)
+    return passed(
+        f"driver supports CUDA {have}, covering {', '.join(t.release for t in lock.toolkits) or 'no toolkit'}",
+        data=data,
+    )
 
 
 @check("gpu.count", needs=("nvml",))
-def count(lock: Lock, facts: Facts) -> Result:
+def count(lock: Spec, facts: Facts) -> Result:
     """The locked number of GPUs of the locked model is present."""
     snap = _snapshot(facts)
     if isinstance(snap, Result):
@@ -80,16 +87,24 @@ def count(lock: Lock, facts: Facts) -> Result:
         return failed(
             f"{len(snap.gpus)} GPU(s) visible, the lock wants {want}",
             details,
-            Fix("Check that every GPU is seated and powered, and that CUDA_VISIBLE_DEVICES hides none.", ("nvidia-smi -L",)),
+            Fix(
+                "Check that every GPU is seated and powered, and that CUDA_VISIBLE_DEVICES hides none.",
+                ("nvidia-smi -L",),
+            ),
             data,
         )
     if others:
-        return failed(f"{len(others)} of {want} GPU(s) are not a {name}", details, Fix(f"This lock is for {name}; use the lock of this machine's GPUs (--lock)."), data)
+        return failed(
+            f"{len(others)} of {want} GPU(s) are not a {name}",
+            details,
+            Fix(f"This lock is for {name}; use the lock of this machine's GPUs (--lock)."),
+            data,
+        )
     return passed(f"{want} x {snap.gpus[0].name}" if snap.gpus else "no GPU wanted", data=data)
 
 
 @check("gpu.capability", needs=("nvml",))
-def capability(lock: Lock, facts: Facts) -> Result:
+def capability(lock: Spec, facts: Facts) -> Result:
     """Every GPU has the locked compute capability."""
     snap = _snapshot(facts)
     if isinstance(snap, Result):
@@ -101,13 +116,22 @@ def capability(lock: Lock, facts: Facts) -> Result:
         return failed("no GPU visible to check", data=data)
     if wrong:
         details = [f"{g.label}: compute capability {_cc(g.capability)}, the lock wants {want}" for g in wrong]
-        summary = f"{len(wrong)} of {len(snap.gpus)} GPU(s) are not compute capability {want}: " + ", ".join(f"{g.name} is {_cc(g.capability)}" for g in wrong[:3])
-        return failed(summary, details, Fix(f"This lock is for compute capability {want} ({lock.hardware.arch}); run with the lock for this machine's GPUs (--lock)."), data)
+        summary = f"{len(wrong)} of {len(snap.gpus)} GPU(s) are not compute capability {want}: " + ", ".join(
+            f"{g.name} is {_cc(g.capability)}" for g in wrong[:3]
+        )
+        return failed(
+            summary,
+            details,
+            Fix(
+                f"This lock is for compute capability {want} ({lock.hardware.arch}); run with the lock for this machine's GPUs (--lock)."
+            ),
+            data,
+        )
     return passed(f"all {len(snap.gpus)} GPU(s) are compute capability {want}", data=data)
 
 
 @check("gpu.pcie", needs=("nvml",))
-def pcie(lock: Lock, facts: Facts) -> Result:
+def pcie(lock: Spec, facts: Facts) -> Result:
     """No GPU's PCIe link is narrower or slower than the GPU and slot allow."""
     snap = _snapshot(facts)
     if isinstance(snap, Result):
@@ -120,30 +144,53 @@ def pcie(lock: Lock, facts: Facts) -> Result:
         if g.pcie_width < g.pcie_width_max:
             problems.append(f"{g.label}: link width x{g.pcie_width}, the link can do x{g.pcie_width_max}")
         if g.pcie_gen_gpu_max and g.pcie_gen_max and g.pcie_gen_max < g.pcie_gen_gpu_max:
-            problems.append(f"{g.label}: the slot limits the link to Gen{g.pcie_gen_max}; the GPU can do Gen{g.pcie_gen_gpu_max}")
-    data = {str(g.index): {"gen": g.pcie_gen, "gen_max": g.pcie_gen_max, "width": g.pcie_width, "width_max": g.pcie_width_max} for g in snap.gpus}
+            problems.append(
+                f"{g.label}: the slot limits the link to Gen{g.pcie_gen_max}; the GPU can do Gen{g.pcie_gen_gpu_max}"
+            )
+    data = {
+        str(g.index): {
+            "gen": g.pcie_gen,
+            "gen_max": g.pcie_gen_max,
+            "width": g.pcie_width,
+            "width_max": g.pcie_width_max,
+        }
+        for g in snap.gpus
+    }
     if problems:
-        fix = Fix("Reseat the GPU or move it to a full x16 Gen5 slot; check the BIOS PCIe settings and risers.", ("nvidia-smi -q -d PCIE",))
+        fix = Fix(
+            "Reseat the GPU or move it to a full x16 Gen5 slot; check the BIOS PCIe settings and risers.",
+            ("nvidia-smi -q -d PCIE",),
+        )
         return failed(f"{len(problems)} PCIe link problem(s)", problems, fix, data)
     if len(unknown) == len(snap.gpus):
         return skipped("NVML does not report PCIe links here", data=data)
     # The current generation drops at idle to save power, so only the width and the slot's
     # maximum say that a link trained down.
-    return passed(f"{len(snap.gpus) - len(unknown)} PCIe link(s) at full width", [f"{u}: link not reported" for u in unknown], data)
+    return passed(
+        f"{len(snap.gpus) - len(unknown)} PCIe link(s) at full width",
+        [f"{u}: link not reported" for u in unknown],
+        data,
+    )
 
 
 @check("gpu.ecc", needs=("nvml",))
-def ecc(lock: Lock, facts: Facts) -> Result:
+def ecc(lock: Spec, facts: Facts) -> Result:
     """No GPU has uncorrectable ECC errors since the driver loaded."""
     snap = _snapshot(facts)
     if isinstance(snap, Result):
         return snap
     counted = [g for g in snap.gpus if g.ecc_uncorrected_volatile is not None]
     bad = [g for g in counted if g.ecc_uncorrected_volatile]
-    data = {str(g.index): {"volatile": g.ecc_uncorrected_volatile, "aggregate": g.ecc_uncorrected_aggregate} for g in snap.gpus}
+    data = {
+        str(g.index): {"volatile": g.ecc_uncorrected_volatile, "aggregate": g.ecc_uncorrected_aggregate}
+        for g in snap.gpus
+    }
     if bad:
         details = [f"{g.label}: {g.ecc_uncorrected_volatile} uncorrectable ECC error(s)" for g in bad]
-        fix = Fix("Drain the node, reset the GPU (or reboot) and watch the count; replace a GPU that keeps counting.", tuple(f"nvidia-smi -r -i {g.index}" for g in bad))
+        fix = Fix(
+            "Drain the node, reset the GPU (or reboot) and watch the count; replace a GPU that keeps counting.",
+            tuple(f"nvidia-smi -r -i {g.index}" for g in bad),
+        )
         return failed(f"{len(bad)} GPU(s) with uncorrectable ECC errors", details, fix, data)
     if not counted:
         return skipped("no GPU reports ECC counters (ECC off or not supported)", data=data)
@@ -157,7 +204,7 @@ ENGINE_FRACTION = 0.8
 _FRACTION_FLAG = "--mem-fraction-static"
 
 
-def engine_fraction(lock: Lock) -> tuple[float, str]:
+def engine_fraction(lock: Spec) -> tuple[float, str]:
     """The share of a GPU's memory the lock's engine takes, and where that came from.
 
     >>> from types import SimpleNamespace as NS
@@ -197,7 +244,7 @@ def _short_gpus(snap: NvmlSnapshot, fraction: float) -> list[tuple[GpuInfo, int,
 
 
 @check("gpu.processes", needs=("nvml",))
-def processes(lock: Lock, facts: Facts) -> Result:
+def processes(lock: Spec, facts: Facts) -> Result:
     """No GPU lacks the memory the engine takes; no other process holds GPU memory (warning)."""
     snap = _snapshot(facts)
     if isinstance(snap, Result):
@@ -248,13 +295,15 @@ def processes(lock: Lock, facts: Facts) -> Result:
 
 
 @check("gpu.kernel_events", needs=("kernel", "nvml"))
-def kernel_events(lock: Lock, facts: Facts) -> Result:
+def kernel_events(lock: Spec, facts: Facts) -> Result:
     """No Xid, PCIe AER or NVRM error on this boot (fail on GPU faults, warn on application ones)."""
     log = facts.kernel
     if isinstance(log, Missing):
         return skipped(f"the kernel log cannot be read: {log.reason}")
     snap = facts.nvml
-    gpus = {} if isinstance(snap, Missing) else {kernellog.normalize_bus(g.bus_id): g.index for g in snap.gpus if g.bus_id}
+    gpus = (
+        {} if isinstance(snap, Missing) else {kernellog.normalize_bus(g.bus_id): g.index for g in snap.gpus if g.bus_id}
+    )
     found = kernellog.findings(log.events, gpus, log.source)
     data = {"source": log.source, "lines": log.lines, "events": [f.to_dict() for f in found]}
     if not found:

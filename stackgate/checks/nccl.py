@@ -8,13 +8,13 @@ from stackgate.checks.core import check
 from stackgate.facts import Facts, Missing
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, failed, passed, skipped
-from stackgate.models.spec import Lock
+from stackgate.models.spec import Spec
 
 __all__: list[str] = []
 
 
 @check("nccl.version", needs=("probe",))
-def version(lock: Lock, facts: Facts) -> Result:
+def version(lock: Spec, facts: Facts) -> Result:
     """The NCCL torch loads is at least the locked minimum and is the installed nvidia-nccl."""
     probe = facts.probe
     if isinstance(probe, Missing):
@@ -24,18 +24,35 @@ def version(lock: Lock, facts: Facts) -> Result:
         return skipped("torch is not an importable CUDA build (see torch.build): no NCCL to check")
     loaded = torch["nccl_version"]
     if isinstance(loaded, dict):
-        return failed(f"torch cannot load NCCL: {loaded['error']}", fix=Fix("Reinstall torch with its nvidia-nccl dependency.", ("stackgate provision --only python",)))
+        return failed(
+            f"torch cannot load NCCL: {loaded['error']}",
+            fix=Fix("Reinstall torch with its nvidia-nccl dependency.", ("stackgate provision --only python",)),
+        )
     have = Version(".".join(str(part) for part in loaded))
     dist = probe.dist(f"nvidia-nccl-cu{torch['cuda'].split('.')[0]}")
-    data = {"loaded": str(have), "distribution": f"{dist.name} {dist.version}" if dist else None, "min_version": str(lock.nccl.min_version) if lock.nccl.min_version else None}
+    data = {
+        "loaded": str(have),
+        "distribution": f"{dist.name} {dist.version}" if dist else None,
+        "min_version": str(lock.nccl.min_version) if lock.nccl.min_version else None,
+    }
     want = lock.nccl.min_version
     if want and have < want:
-        return failed(f"torch loads NCCL {have}, older than the locked minimum {want}", fix=Fix("Install the locked nvidia-nccl distribution.", ("stackgate provision --only python",)), data=data)
+        return failed(
+            f"torch loads NCCL {have}, older than the locked minimum {want}",
+            fix=Fix("Install the locked nvidia-nccl distribution.", ("stackgate provision --only python",)),
+            data=data,
+        )
     if dist and Version(dist.version).release[:3] != have.release[:3]:
         return failed(
             f"torch loads NCCL {have} but {dist.name} {dist.version} is installed: another libnccl is found first",
             ["Look for a libnccl.so.2 on LD_LIBRARY_PATH or in torch/lib that shadows the distribution's."],
-            Fix("Remove the other libnccl from the library path.", ("python -c 'import torch; print(torch.cuda.nccl.version())'",)),
+            Fix(
+                "Remove the other libnccl from the library path.",
+                ("python -c 'import torch; print(torch.cuda.nccl.version())'",),
+            ),
             data,
         )
-    return passed(f"NCCL {have}" + (f" from {dist.name} {dist.version}" if dist else "") + (f" (>= {want})" if want else ""), data=data)
+    return passed(
+        f"NCCL {have}" + (f" from {dist.name} {dist.version}" if dist else "") + (f" (>= {want})" if want else ""),
+        data=data,
+    )

@@ -11,7 +11,7 @@ from stackgate.facts.compare import conflicts, locked_problems, pin_problem
 from stackgate.models.finding import Fix
 from stackgate.models.pylock import differences, lock_command
 from stackgate.models.result import Result, failed, passed, skipped, warned
-from stackgate.models.spec import Lock
+from stackgate.models.spec import Spec
 
 __all__ = ["hidden_by"]
 
@@ -26,40 +26,56 @@ def _probe(facts: Facts) -> ProbeFacts | Result:
 
 
 @check("python.interpreter", needs=("probe",))
-def interpreter(lock: Lock, facts: Facts) -> Result:
+def interpreter(lock: Spec, facts: Facts) -> Result:
     """The stack's interpreter runs and is the locked Python version."""
     probe = facts.probe
     if isinstance(probe, Missing):
         commands = ("stackgate provision",) if lock.python.root else ()
-        return failed(probe.reason, fix=Fix("Create the stack's environment." if commands else "Point python.interpreter at an existing interpreter.", commands))
+        return failed(
+            probe.reason,
+            fix=Fix(
+                "Create the stack's environment."
+                if commands
+                else "Point python.interpreter at an existing interpreter.",
+                commands,
+            ),
+        )
     have = ".".join(probe.python_version.split(".")[:2])
     data = {"executable": probe.executable, "version": probe.python_version, "probe_s": round(probe.duration_s, 3)}
     if have != lock.python.version:
         return failed(
             f"{probe.executable} is Python {probe.python_version}, the lock wants {lock.python.version}",
-            fix=Fix("Rebuild the environment with the locked Python.", ("stackgate provision --only python",)), data=data,
+            fix=Fix("Rebuild the environment with the locked Python.", ("stackgate provision --only python",)),
+            data=data,
         )
     return passed(f"Python {probe.python_version} at {probe.executable}", data=data)
 
 
 @check("python.pins", needs=("probe",))
-def pins(lock: Lock, facts: Facts) -> Result:
+def pins(lock: Spec, facts: Facts) -> Result:
     """Every locked package is installed at exactly its locked version."""
     probe = _probe(facts)
     if isinstance(probe, Result):
         return probe
     watched = [p for p in lock.python.packages if p.name not in lock.python.frozen]
     if not watched:
-        return skipped("every pinned package is frozen (see python.frozen)" if lock.python.packages else "the lock pins no package")
+        return skipped(
+            "every pinned package is frozen (see python.frozen)" if lock.python.packages else "the lock pins no package"
+        )
     wrong = [problem for p in watched if (problem := pin_problem(probe, p))]
     data = {p.name: (dist.version if (dist := probe.dist(p.name)) else None) for p in watched}
     if wrong:
-        return failed(f"{len(wrong)} of {len(watched)} pinned package(s) differ: {wrong[0]}", wrong, Fix("Install the locked versions.", (_PROVISION,)), data)
+        return failed(
+            f"{len(wrong)} of {len(watched)} pinned package(s) differ: {wrong[0]}",
+            wrong,
+            Fix("Install the locked versions.", (_PROVISION,)),
+            data,
+        )
     return passed(f"{len(watched)} pinned package(s) at their locked versions", data=data)
 
 
 @check("python.frozen", needs=("probe",))
-def frozen(lock: Lock, facts: Facts) -> Result:
+def frozen(lock: Spec, facts: Facts) -> Result:
     """The guard's frozen packages (torch and its family) have not moved."""
     probe = _probe(facts)
     if isinstance(probe, Result):
@@ -80,7 +96,7 @@ def frozen(lock: Lock, facts: Facts) -> Result:
 
 
 @check("python.locked", needs=("probe", "pylock"))
-def locked(lock: Lock, facts: Facts) -> Result:
+def locked(lock: Spec, facts: Facts) -> Result:
     """Every installed distribution is the pylock's: none missing or extra, same version, same file."""
     probe = _probe(facts)
     if isinstance(probe, Result):
@@ -89,18 +105,40 @@ def locked(lock: Lock, facts: Facts) -> Result:
     if isinstance(resolution, Missing):
         return skipped(resolution.reason)
     problems = locked_problems(probe, resolution)
-    data = {"pylock": str(resolution.path), "sha256": resolution.sha256, "locked": len(resolution.packages), "distributions": len(probe.distributions), "differences": problems}
+    data = {
+        "pylock": str(resolution.path),
+        "sha256": resolution.sha256,
+        "locked": len(resolution.packages),
+        "distributions": len(probe.distributions),
+        "differences": problems,
+    }
     if problems:
-        return failed(f"{len(problems)} difference(s) from {resolution.path.name}: {problems[0]}", problems, Fix("Install exactly the pylock.", (_PROVISION,)), data)
+        return failed(
+            f"{len(problems)} difference(s) from {resolution.path.name}: {problems[0]}",
+            problems,
+            Fix("Install exactly the pylock.", (_PROVISION,)),
+            data,
+        )
     stale = differences(lock, resolution)
     if stale:
-        fix = Fix("The spec changed since the pylock was made: resolve it again, then provision.", (lock_command(lock.path), _PROVISION))
-        return warned(f"installed exactly as {resolution.path.name}, but the pylock no longer matches the spec: {stale[0]}", stale, fix, data)
-    return passed(f"{len(probe.distributions)} distributions exactly as {resolution.path.name} (sha256 {resolution.sha256[:12]})", data=data)
+        fix = Fix(
+            "The spec changed since the pylock was made: resolve it again, then provision.",
+            (lock_command(lock.path), _PROVISION),
+        )
+        return warned(
+            f"installed exactly as {resolution.path.name}, but the pylock no longer matches the spec: {stale[0]}",
+            stale,
+            fix,
+            data,
+        )
+    return passed(
+        f"{len(probe.distributions)} distributions exactly as {resolution.path.name} (sha256 {resolution.sha256[:12]})",
+        data=data,
+    )
 
 
 @check("python.consistency", needs=("probe",))
-def consistency(lock: Lock, facts: Facts) -> Result:
+def consistency(lock: Spec, facts: Facts) -> Result:
     """The installed distributions' requirements agree (pip check), apart from declared overrides."""
     probe = _probe(facts)
     if isinstance(probe, Result):
@@ -115,15 +153,20 @@ def consistency(lock: Lock, facts: Facts) -> Result:
     data = {"accepted": accepted, "conflicts": rejected, "distributions": len(probe.distributions)}
     if rejected:
         return failed(
-            f"{len(rejected)} requirement conflict(s): {rejected[0]}", rejected + accepted,
-            Fix("Install the locked stack with its constraints; add an override to the lock only with a reason.", (_PROVISION,)), data,
+            f"{len(rejected)} requirement conflict(s): {rejected[0]}",
+            rejected + accepted,
+            Fix(
+                "Install the locked stack with its constraints; add an override to the lock only with a reason.",
+                (_PROVISION,),
+            ),
+            data,
         )
     summary = f"{len(probe.distributions)} distributions consistent"
     return passed(summary + (f", {len(accepted)} accepted override(s)" if accepted else ""), accepted, data)
 
 
 @check("torch.build", needs=("probe",))
-def torch_build(lock: Lock, facts: Facts) -> Result:
+def torch_build(lock: Spec, facts: Facts) -> Result:
     """torch imports and is a CUDA build of the locked CUDA version."""
     probe = _probe(facts)
     if isinstance(probe, Result):
@@ -131,22 +174,37 @@ def torch_build(lock: Lock, facts: Facts) -> Result:
     want = lock.python.torch_cuda
     torch = probe.torch
     if torch is None:
-        return failed("torch is not installed in the stack's environment", fix=Fix("Install the locked torch.", (_PROVISION,)))
+        return failed(
+            "torch is not installed in the stack's environment", fix=Fix("Install the locked torch.", (_PROVISION,))
+        )
     if not torch["imported"]:
-        return failed(f"import torch fails: {torch['error']}", torch.get("traceback", "").strip().splitlines()[-8:], Fix("Reinstall the locked torch.", (_PROVISION,)))
+        return failed(
+            f"import torch fails: {torch['error']}",
+            torch.get("traceback", "").strip().splitlines()[-8:],
+            Fix("Reinstall the locked torch.", (_PROVISION,)),
+        )
     data = {"version": torch["version"], "cuda": torch["cuda"], "hip": torch["hip"], "want_cuda": want}
-    fix = Fix(f"Install torch from the CUDA {want} index the lock names (the plain PyPI wheel may be another CUDA build).", (_PROVISION,))
+    fix = Fix(
+        f"Install torch from the CUDA {want} index the lock names (the plain PyPI wheel may be another CUDA build).",
+        (_PROVISION,),
+    )
     if torch["hip"]:
-        return failed(f"torch {torch['version']} is a ROCm build (HIP {torch['hip']}), not CUDA {want}", fix=fix, data=data)
+        return failed(
+            f"torch {torch['version']} is a ROCm build (HIP {torch['hip']}), not CUDA {want}", fix=fix, data=data
+        )
     if not torch["cuda"]:
-        return failed(f"torch {torch['version']} is a CPU build: it has no CUDA (the lock wants CUDA {want})", fix=fix, data=data)
+        return failed(
+            f"torch {torch['version']} is a CPU build: it has no CUDA (the lock wants CUDA {want})", fix=fix, data=data
+        )
     if want and torch["cuda"] != want:
-        return failed(f"torch {torch['version']} is a CUDA {torch['cuda']} build, the lock wants CUDA {want}", fix=fix, data=data)
+        return failed(
+            f"torch {torch['version']} is a CUDA {torch['cuda']} build, the lock wants CUDA {want}", fix=fix, data=data
+        )
     return passed(f"torch {torch['version']} is a CUDA {torch['cuda']} build", data=data)
 
 
 @check("torch.arch", needs=("probe", "nvml", "env"))
-def torch_arch(lock: Lock, facts: Facts) -> Result:
+def torch_arch(lock: Spec, facts: Facts) -> Result:
     """torch sees the GPUs NVML lists and carries kernels for every GPU's compute capability."""
     probe = _probe(facts)
     if isinstance(probe, Result):
@@ -170,7 +228,10 @@ def torch_arch(lock: Lock, facts: Facts) -> Result:
     data = {"arch_list": arch_list, "coverage": coverage}
     missing = [cc for cc, how in coverage.items() if how is None]
     if missing:
-        fix = Fix(f"Install a torch build whose arch list includes sm_{missing[0].replace('.', '')} (the cu128/cu130 builds carry sm_120).", (_PROVISION,))
+        fix = Fix(
+            f"Install a torch build whose arch list includes sm_{missing[0].replace('.', '')} (the cu128/cu130 builds carry sm_120).",
+            (_PROVISION,),
+        )
         carries = " ".join(arch_list) or "no arch at all"
         return failed(
             f"torch {torch['version']} has no kernels for compute capability {', '.join(missing)} ({source}); it "
@@ -181,7 +242,10 @@ def torch_arch(lock: Lock, facts: Facts) -> Result:
     covered = {cc: how for cc, how in coverage.items() if how is not None}
     jit = [cc for cc, how in covered.items() if how.startswith("compute_")]
     if jit:
-        return warned(f"compute capability {', '.join(jit)} runs only through PTX JIT ({', '.join(covered[c] for c in jit)}): slow first launches", data=data)
+        return warned(
+            f"compute capability {', '.join(jit)} runs only through PTX JIT ({', '.join(covered[c] for c in jit)}): slow first launches",
+            data=data,
+        )
     return passed(f"torch covers {', '.join(f'{cc} ({how})' for cc, how in covered.items())} from {source}", data=data)
 
 
@@ -211,7 +275,7 @@ def hidden_by(value: str, gpus: Sequence[GpuInfo]) -> tuple[int, str]:
     return len(gpus) - len(seen), ""
 
 
-def _unseen(torch: Mapping[str, Any], snap: NvmlSnapshot | Missing, visible: str | None, lock: Lock) -> Result | None:
+def _unseen(torch: Mapping[str, Any], snap: NvmlSnapshot | Missing, visible: str | None, lock: Spec) -> Result | None:
     """The FAIL when torch sees none of the GPUs NVML lists (its arch list is then empty: nothing to judge), naming
     CUDA_VISIBLE_DEVICES when it hides them; None when torch sees a GPU or NVML lists none."""
     count = torch.get("device_count")
@@ -256,7 +320,9 @@ def _no_arch_list(torch: Mapping[str, Any], nvml_gpus: int) -> Result:
     seen = f"torch.cuda.is_available() is {torch.get('cuda_available')}"
     data: dict[str, Any] = {"arch_list": [], "cuda_available": torch.get("cuda_available"), "nvml_gpus": nvml_gpus}
     if not nvml_gpus:
-        return skipped(f"torch {torch['version']} lists no architectures: it sees no GPU ({seen}) and NVML lists none", data=data)
+        return skipped(
+            f"torch {torch['version']} lists no architectures: it sees no GPU ({seen}) and NVML lists none", data=data
+        )
     fix = Fix("Make the GPUs visible to torch (see CUDA_VISIBLE_DEVICES and `nvidia-smi`), then verify again.", ())
     why = f"torch {torch['version']} sees none of the {nvml_gpus} GPU(s) NVML lists ({seen})"
     return failed(f"{why}, so its arch list is empty and its kernels cannot be judged", fix=fix, data=data)
@@ -285,7 +351,7 @@ def _covered(arch_list: list[str], major: int, minor: int) -> str | None:
 
 
 @check("flashinfer.cubin", needs=("probe",))
-def flashinfer_cubin(lock: Lock, facts: Facts) -> Result:
+def flashinfer_cubin(lock: Spec, facts: Facts) -> Result:
     """flashinfer-cubin (and flashinfer-jit-cache) match flashinfer-python's version."""
     probe = _probe(facts)
     if isinstance(probe, Result):
@@ -294,14 +360,27 @@ def flashinfer_cubin(lock: Lock, facts: Facts) -> Result:
     if python is None:
         return skipped("flashinfer-python is not installed")
     cubin, jit = probe.dist("flashinfer-cubin"), probe.dist("flashinfer-jit-cache")
-    data = {"flashinfer-python": python.version, "flashinfer-cubin": cubin.version if cubin else None, "flashinfer-jit-cache": jit.version if jit else None}
+    data = {
+        "flashinfer-python": python.version,
+        "flashinfer-cubin": cubin.version if cubin else None,
+        "flashinfer-jit-cache": jit.version if jit else None,
+    }
     problems = []
     if cubin and cubin.version != python.version:
-        problems.append(f"flashinfer-cubin {cubin.version} != flashinfer-python {python.version}: import flashinfer raises RuntimeError")
+        problems.append(
+            f"flashinfer-cubin {cubin.version} != flashinfer-python {python.version}: import flashinfer raises RuntimeError"
+        )
     if jit and not jit.version.startswith(python.version):
         problems.append(f"flashinfer-jit-cache {jit.version} is not a build of flashinfer-python {python.version}")
     if problems:
-        return failed(problems[0], problems, Fix("Install flashinfer-cubin (and flashinfer-jit-cache) at flashinfer-python's version.", (_PROVISION,)), data)
-    return passed(f"flashinfer-python {python.version}" + "".join(f", {k} {v}" for k, v in data.items() if v and k != "flashinfer-python"), data=data)
-
-
+        return failed(
+            problems[0],
+            problems,
+            Fix("Install flashinfer-cubin (and flashinfer-jit-cache) at flashinfer-python's version.", (_PROVISION,)),
+            data,
+        )
+    return passed(
+        f"flashinfer-python {python.version}"
+        + "".join(f", {k} {v}" for k, v in data.items() if v and k != "flashinfer-python"),
+        data=data,
+    )

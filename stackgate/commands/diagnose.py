@@ -30,9 +30,20 @@ from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.finding import Finding
 
 if TYPE_CHECKING:  # the lock model and the kernel log's readers load only when --lock or --kernel asks for them
-    from stackgate.models import spec as lockmodel
+    from stackgate.models.spec import Spec
 
-__all__ = ["SCHEMA", "DiagnoseError", "DiagnoseRequest", "Diagnosis", "Input", "diagnose", "document", "inputs_summary", "run", "verdict_line"]
+__all__ = [
+    "SCHEMA",
+    "DiagnoseUsageError",
+    "DiagnoseRequest",
+    "Diagnosis",
+    "Input",
+    "diagnose",
+    "document",
+    "inputs_summary",
+    "run",
+    "verdict_line",
+]
 
 #: /2: each finding in its one form (models.finding): ``evidence`` holds the input, line numbers,
 #: lines and count that /1 had at the top level. /3: ``unrecognized`` (failures no signature
@@ -41,7 +52,7 @@ SCHEMA = "stackgate.diagnose/3"
 STDIN = "<stdin>"
 
 
-class DiagnoseError(UsageError):
+class DiagnoseUsageError(UsageError):
     """Bad usage or an input that cannot be read: nothing was diagnosed."""
 
 
@@ -73,7 +84,7 @@ class Diagnosis:
     findings: tuple[Finding, ...]  #: recognised: a signature explains each
     started: float
     duration_s: float
-    lock: lockmodel.Lock | None = field(default=None, compare=False)
+    lock: Spec | None = field(default=None, compare=False)
     unrecognized: tuple[Finding, ...] = ()  #: failures no signature explains (``unrecognized-failure``)
 
     @property
@@ -93,14 +104,14 @@ def run(request: DiagnoseRequest, ui: Any, stdin: BinaryIO | None = None) -> Exi
     ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.lock_path)}))
     kernel = request.kernel or request.kernel_path is not None
     if not request.paths and not request.stdin and not kernel and not request.bundle_path:
-        raise DiagnoseError("nothing to diagnose: give one or more log files, --stdin, --kernel or --bundle PATH")
+        raise DiagnoseUsageError("nothing to diagnose: give one or more log files, --stdin, --kernel or --bundle PATH")
     saved_kernel = (request.kernel_path,) if request.kernel_path is not None else ()  # --kernel-log: one more input
     openers = [_opener(path) for path in (*request.paths, *saved_kernel)]  # every file is checked before any is read
     if request.bundle_path is not None and request.bundle_path.is_dir():
-        raise DiagnoseError(f"--bundle: {request.bundle_path} is a directory; name the .tar.gz to write")
+        raise DiagnoseUsageError(f"--bundle: {request.bundle_path} is a directory; name the .tar.gz to write")
     problem = unwritable({"--json": request.json_path} if request.json_path else {})
     if problem is not None:
-        raise DiagnoseError(problem)
+        raise DiagnoseUsageError(problem)
     if request.stdin:
         openers.append((STDIN, lambda: _borrowed(stdin or sys.stdin.buffer)))
     lock = _load_lock(request.lock_path) if request.lock_path else None
@@ -109,7 +120,9 @@ def run(request: DiagnoseRequest, ui: Any, stdin: BinaryIO | None = None) -> Exi
         openers.append(live_kernel_log())
     with ui.progress(f"scanning {len(openers)} input(s) for {len(knowledge.load())} known failures"):
         done = diagnose(openers, context, lock=lock, never_silent=True, kernel=True)
-    ui.findings(f"stackgate diagnose: {inputs_summary(done)}", done.findings, verdict_line(done), unrecognized=done.unrecognized)
+    ui.findings(
+        f"stackgate diagnose: {inputs_summary(done)}", done.findings, verdict_line(done), unrecognized=done.unrecognized
+    )
     if request.json_path:
         write_json(request.json_path, document(done))
     if request.bundle_path is not None:
@@ -119,15 +132,17 @@ def run(request: DiagnoseRequest, ui: Any, stdin: BinaryIO | None = None) -> Exi
             try:
                 made = bundle.write(request.bundle_path, lock=lock, diagnose_report=document(done))
             except bundle.BundleError as exc:
-                raise DiagnoseError(str(exc)) from exc
-        ui.line(f"support bundle: {request.bundle_path} ({len(made.members) + 1} files, secrets redacted; {len(made.notes)} part(s) missing, see NOTES.txt)")
+                raise DiagnoseUsageError(str(exc)) from exc
+        ui.line(
+            f"support bundle: {request.bundle_path} ({len(made.members) + 1} files, secrets redacted; {len(made.notes)} part(s) missing, see NOTES.txt)"
+        )
     return done.exit_code
 
 
-def _load_lock(path: Path) -> lockmodel.Lock:
-    from stackgate.models import spec as lockmodel
+def _load_lock(path: Path) -> Spec:
+    from stackgate.models.spec import load_spec
 
-    return lockmodel.load(path)
+    return load_spec(path)
 
 
 def live_kernel_log() -> tuple[str, Callable[[], AbstractContextManager[BinaryIO]]]:
@@ -137,7 +152,7 @@ def live_kernel_log() -> tuple[str, Callable[[], AbstractContextManager[BinaryIO
     try:
         log = kernellog.read()
     except kernellog.KernelLogError as exc:
-        raise DiagnoseError(str(exc)) from exc
+        raise DiagnoseUsageError(str(exc)) from exc
     data = log.text.encode("utf-8", "replace")
     return f"kernel log ({log.source})", lambda: io.BytesIO(data)
 
@@ -158,7 +173,7 @@ def diagnose(
     inputs: Sequence[tuple[str, Callable[[], Any]]],
     context: dict[str, str] | None = None,
     *,
-    lock: lockmodel.Lock | None = None,
+    lock: Spec | None = None,
     stage: str | None = None,
     never_silent: bool = False,
     kernel: bool = False,
@@ -175,7 +190,7 @@ def diagnose(
             with opener() as stream:
                 scanner.scan_stream(stream)
         except (OSError, EOFError, gzip.BadGzipFile) as exc:
-            raise DiagnoseError(f"{name}: cannot read: {getattr(exc, 'strerror', None) or exc}") from exc
+            raise DiagnoseUsageError(f"{name}: cannot read: {getattr(exc, 'strerror', None) or exc}") from exc
         scanned.append(Input(name, scanner.number, scanner.bytes))
         found = scanner.findings
         if scanner.kernel is not None and scanner.kernel.events:
@@ -195,7 +210,11 @@ def document(done: Diagnosis) -> dict[str, Any]:
         "schema": SCHEMA,
         "command": "diagnose",
         "tool": {"name": "stackgate", "version": __version__},
-        "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "python": platform.python_version()},
+        "host": {
+            "hostname": socket.gethostname(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
         "lock": {"name": lock.name, "path": str(lock.path), "sha256": lock.sha256} if lock is not None else None,
         "started": datetime.fromtimestamp(done.started, timezone.utc).isoformat(timespec="seconds"),
         "duration_s": round(done.duration_s, 3),
@@ -211,11 +230,11 @@ def document(done: Diagnosis) -> dict[str, Any]:
 def _opener(path: Path) -> tuple[str, Callable[[], AbstractContextManager[BinaryIO | gzip.GzipFile]]]:
     """Check that ``path`` is a readable file now, so that a bad argument stops before any scan."""
     if not path.exists():
-        raise DiagnoseError(f"{path}: no such file")
+        raise DiagnoseUsageError(f"{path}: no such file")
     if path.is_dir():
-        raise DiagnoseError(f"{path}: is a directory, not a log")
+        raise DiagnoseUsageError(f"{path}: is a directory, not a log")
     if not os.access(path, os.R_OK):
-        raise DiagnoseError(f"{path}: cannot read: permission denied")
+        raise DiagnoseUsageError(f"{path}: cannot read: permission denied")
     if path.suffix == ".gz":
         return str(path), lambda: gzip.open(path, "rb")
     return str(path), lambda: open(path, "rb")
@@ -240,7 +259,10 @@ def verdict_line(done: Diagnosis) -> str:
     apart = f"; {len(done.unrecognized)} unrecognized failure(s)" if done.unrecognized else ""
     if not done.findings and not done.unrecognized:
         return f"no known failure found in {done.duration_s:.2f} s: passed"
-    parts = ", ".join(f"{n} {word}{'s' if n != 1 and word != 'info' else ''}" for word, n in counts.items() if n) or "none recognised"
+    parts = (
+        ", ".join(f"{n} {word}{'s' if n != 1 and word != 'info' else ''}" for word, n in counts.items() if n)
+        or "none recognised"
+    )
     word = "FAILED" if done.exit_code else "passed (no error-level finding)"
     return f"{len(done.findings)} finding(s) ({parts}){apart} in {done.duration_s:.2f} s: {word}"
 

@@ -56,11 +56,11 @@ from stackgate import __version__
 from stackgate.edges import slurm, ssh
 from stackgate.edges.files import unwritable, write_json, write_text
 from stackgate.models import inputfile, pylock, settings
-from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.fleet import DEFAULT_TIMEOUT_S as DEFAULT_NODE_TIMEOUT_S
 from stackgate.models.fleet import Node, load_inventory, parse_hosts
 from stackgate.models.redact import redact
+from stackgate.models.spec import Spec, load_spec
 from stackgate.render import fleetreport
 from stackgate.render.ui import UI
 from stackgate.runs import fleet as aggregate
@@ -77,7 +77,14 @@ ACTIONS = ("gate", "verify", "provision", "upgrade")
 ENGINES = ("ssh", "slurm")
 #: upgrade's --switch modes a rollout can take (``never`` moves no node: the canary could not win).
 SWITCHES = ("if-better", "if-passes")
-PASSED, FAILED, UNREACHABLE, TIMED_OUT, INTERRUPTED, NOT_RUN = "passed", "failed", "unreachable", "timed out", "interrupted", "not run"
+PASSED, FAILED, UNREACHABLE, TIMED_OUT, INTERRUPTED, NOT_RUN = (
+    "passed",
+    "failed",
+    "unreachable",
+    "timed out",
+    "interrupted",
+    "not run",
+)
 #: What an upgrade that did not win left on its node (commands/upgrade.py: ``current`` moves only in its last, atomic step).
 KEPT = "kept the live stack: nothing to roll back"
 #: ... and what a node stopped before it wrote its report left: upgrade's rule, no report to confirm it.
@@ -127,11 +134,23 @@ class FleetRequest:
     @property
     def upgrade_options(self) -> bool:
         """Whether an option only ``fleet upgrade`` takes was given."""
-        return self.to_path is not None or self.canary != 1 or self.switch != "if-better" or self.accept_output_change or self.model is not None
+        return (
+            self.to_path is not None
+            or self.canary != 1
+            or self.switch != "if-better"
+            or self.accept_output_change
+            or self.model is not None
+        )
 
     @property
     def outputs(self) -> dict[str, Path]:
-        chosen = {"--json": self.json_path, "--junit": self.junit_path, "--markdown": self.markdown_path, "--prom": self.prom_path, "--html": self.html_path}
+        chosen = {
+            "--json": self.json_path,
+            "--junit": self.junit_path,
+            "--markdown": self.markdown_path,
+            "--prom": self.prom_path,
+            "--html": self.html_path,
+        }
         return {option: path for option, path in chosen.items() if path is not None}
 
 
@@ -180,7 +199,7 @@ class Shipment:
         return {name: hashlib.sha256(data).hexdigest() for name, data in self.files.items()}
 
     @staticmethod
-    def of(lock: lockmodel.Lock, live: lockmodel.Lock | None = None) -> Shipment:
+    def of(lock: Spec, live: Spec | None = None) -> Shipment:
         """The spec and its pylock; with ``live`` (an upgrade's live spec) that one's too, under
         ``live-NAME`` when its names would take the new one's."""
         files = _spec_files(lock.path.name, lock.path)
@@ -234,7 +253,9 @@ class Remote:
         except ssh.Stopped:
             raise NodeFailed(INTERRUPTED, "interrupted (Ctrl-C or SIGTERM)") from None
         except ssh.CommandTimeout:
-            raise NodeFailed(TIMED_OUT, f"timed out: the node's run took longer than its {self.node.timeout_s:g} s") from None
+            raise NodeFailed(
+                TIMED_OUT, f"timed out: the node's run took longer than its {self.node.timeout_s:g} s"
+            ) from None
         except ssh.TransportError as exc:
             raise NodeFailed(UNREACHABLE, str(exc)) from None
 
@@ -242,27 +263,46 @@ class Remote:
         done = self.sh(f"{shlex.quote(self.node.stackgate)} --version", timeout_s=min(self.left_s(), 120.0))
         words = done.stdout.split()
         if done.returncode != 0 or len(words) != 2 or words[0] != "stackgate":
-            raise NodeFailed(FAILED, f"`{self.node.stackgate} --version` on the node: exit {done.returncode}: {_tail(done.stderr or done.stdout)}")
+            raise NodeFailed(
+                FAILED,
+                f"`{self.node.stackgate} --version` on the node: exit {done.returncode}: {_tail(done.stderr or done.stdout)}",
+            )
         if words[1] != __version__:
-            raise NodeFailed(FAILED, f"the node has stackgate {words[1]}, this controller {__version__}: install the same version on every node")
+            raise NodeFailed(
+                FAILED,
+                f"the node has stackgate {words[1]}, this controller {__version__}: install the same version on every node",
+            )
         return words[1]
 
     def ship(self, shipment: Shipment) -> str:
         """The spec (and pylock) in a fresh folder on the node, their sha256 checked there; the
         spec's path there. One command: each file is read from its stdin, exactly its length."""
         names = [shlex.quote(name) for name in shipment.files]
-        writes = " && ".join(f'head -c {len(data)} > "$d"/{name}' for name, data in zip(names, shipment.files.values(), strict=True))
+        writes = " && ".join(
+            f'head -c {len(data)} > "$d"/{name}' for name, data in zip(names, shipment.files.values(), strict=True)
+        )
         script = f'umask 077 && d=$(mktemp -d "${{TMPDIR:-/tmp}}/stackgate-fleet.XXXXXXXX") && echo "$d" && {writes} && cd "$d" && sha256sum -- {" ".join(names)}'
         done = self.sh(script, stdin=b"".join(shipment.files.values()))
         lines = done.stdout.splitlines()
         if lines and _FOLDER.match(lines[0]):
-            self.folder = lines[0]  # made: removed at the end whatever happens next (only a folder of this shape is ever removed)
+            self.folder = lines[
+                0
+            ]  # made: removed at the end whatever happens next (only a folder of this shape is ever removed)
         if done.returncode != 0 or not self.folder:
-            raise NodeFailed(FAILED, f"cannot write the spec into a temporary folder on the node: exit {done.returncode}: {_tail(done.stderr or done.stdout)}")
-        found = {line.split(None, 1)[1].lstrip("*"): line.split(None, 1)[0] for line in lines[1:] if len(line.split(None, 1)) == 2}
+            raise NodeFailed(
+                FAILED,
+                f"cannot write the spec into a temporary folder on the node: exit {done.returncode}: {_tail(done.stderr or done.stdout)}",
+            )
+        found = {
+            line.split(None, 1)[1].lstrip("*"): line.split(None, 1)[0]
+            for line in lines[1:]
+            if len(line.split(None, 1)) == 2
+        }
         for name, digest in shipment.sha256.items():
             if found.get(name) != digest:
-                raise NodeFailed(FAILED, f"{name} arrived damaged: sha256 {found.get(name, '(none)')} on the node, {digest} here")
+                raise NodeFailed(
+                    FAILED, f"{name} arrived damaged: sha256 {found.get(name, '(none)')} on the node, {digest} here"
+                )
         return f"{self.folder}/{shipment.spec_name}"
 
     def path(self, name: str) -> str:
@@ -272,7 +312,7 @@ class Remote:
         """``stackgate ARGS`` in its own session and process group (its id in ``pgid``); on a stop
         or a timeout that group is stopped over a fresh connection."""
         argv = " ".join(shlex.quote(a) for a in (self.node.stackgate, *args))
-        command = f"cd {shlex.quote(self.folder)} && NO_COLOR=1 setsid -w sh -c 'echo $$ > \"$0\"; exec \"$@\"' pgid {argv} </dev/null"
+        command = f'cd {shlex.quote(self.folder)} && NO_COLOR=1 setsid -w sh -c \'echo $$ > "$0"; exec "$@"\' pgid {argv} </dev/null'
         try:
             return self.sh(command)
         except NodeFailed as failure:
@@ -303,7 +343,10 @@ class Remote:
 
     def report(self) -> dict[str, Any] | None:
         """The node's report, or None when it wrote none; a damaged one fails the node."""
-        done = self.sh(f"test -f {self.path('report.json')} || exit 3; head -c {MAX_REPORT_BYTES + 1} {self.path('report.json')}", timeout_s=120.0)
+        done = self.sh(
+            f"test -f {self.path('report.json')} || exit 3; head -c {MAX_REPORT_BYTES + 1} {self.path('report.json')}",
+            timeout_s=120.0,
+        )
         if done.returncode == 3:
             return None
         self._check(done, "cannot read the node's report")
@@ -330,14 +373,18 @@ def _tail(text: str, limit: int = 300) -> str:
 
 def _parse_report(text: str) -> dict[str, Any]:
     if len(text) > MAX_REPORT_BYTES:
-        raise NodeFailed(FAILED, f"the node's report is larger than {MAX_REPORT_BYTES >> 20} MiB: not a stackgate report")
+        raise NodeFailed(
+            FAILED, f"the node's report is larger than {MAX_REPORT_BYTES >> 20} MiB: not a stackgate report"
+        )
     try:
         doc = json.loads(text)
     except ValueError as exc:
         raise NodeFailed(FAILED, f"the node's report is not JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("schema") != "stackgate.report/1":
         raise NodeFailed(FAILED, "the node's report is not a stackgate.report/1 document")
-    bad = [k for k, kind in (("verdict", str), ("exit_code", int), ("results", list)) if not isinstance(doc.get(k), kind)]
+    bad = [
+        k for k, kind in (("verdict", str), ("exit_code", int), ("results", list)) if not isinstance(doc.get(k), kind)
+    ]
     if bad:
         raise NodeFailed(FAILED, f"the node's report is damaged: {', '.join(bad)} missing or of the wrong type")
     return doc
@@ -387,7 +434,9 @@ def judged(
     reason = str(doc.get("reason")) if doc is not None and doc.get("reason") and returncode in (1, 2) else tail
     failed = [c["check"] for c in aggregate.failed_checks(doc)]
     named = f" ({', '.join(failed[:5])}{', ...' if len(failed) > 5 else ''})" if failed else ""
-    return NodeRun(node, FAILED, f"{what} exit {returncode}: {reason}{named}", exit_code=returncode, doc=doc, steps=steps)
+    return NodeRun(
+        node, FAILED, f"{what} exit {returncode}: {reason}{named}", exit_code=returncode, doc=doc, steps=steps
+    )
 
 
 def gate_on_node(args: Sequence[str], what: str = "gate", spec_flag: str = "--lock") -> Action:
@@ -427,12 +476,22 @@ def provision_on_node(gate_args: Sequence[str]) -> Action:
     def act(remote: Remote, spec: str) -> NodeRun:
         done = remote.stackgate("provision", "--lock", spec, "--yes")
         if done.returncode != 0:
-            return NodeRun(remote.node, FAILED, f"provision exit {done.returncode}: {_tail(done.stderr or done.stdout)}", exit_code=done.returncode, steps=("provision failed",))
+            return NodeRun(
+                remote.node,
+                FAILED,
+                f"provision exit {done.returncode}: {_tail(done.stderr or done.stdout)}",
+                exit_code=done.returncode,
+                steps=("provision failed",),
+            )
         gated = gate(remote, spec)
         if gated.passed:
             return replace(gated, steps=("provisioned", "gated"))
         back = remote.stackgate("rollback", "--lock", spec)
-        rolled = "rolled back" if back.returncode == 0 else f"rollback failed (exit {back.returncode}: {_tail(back.stderr or back.stdout)})"
+        rolled = (
+            "rolled back"
+            if back.returncode == 0
+            else f"rollback failed (exit {back.returncode}: {_tail(back.stderr or back.stdout)})"
+        )
         return replace(gated, steps=("provisioned", "gate failed", rolled))
 
     return act
@@ -444,7 +503,9 @@ def upgrade_on_node(args: Sequence[str], live_name: str | None = None) -> Action
     stack by upgrade's own rule, so nothing is rolled back: its steps say so."""
 
     def act(remote: Remote, spec: str) -> NodeRun:
-        live = ["--lock", f"{remote.folder}/{live_name}"] if live_name else []  # else: the spec its live generation was built from
+        live = (
+            ["--lock", f"{remote.folder}/{live_name}"] if live_name else []
+        )  # else: the spec its live generation was built from
         return upgraded(gate_on_node([*live, *args], "upgrade", "--to")(remote, spec))
 
     return act
@@ -456,11 +517,18 @@ def upgraded(ran: NodeRun) -> NodeRun:
     if outcome is not None and outcome["moved"]:
         if ran.passed:
             return replace(ran, reason=outcome["reason"], steps=("upgraded", "switched"))
-        return replace(ran, steps=("upgraded", "switched", f"then {ran.status}"))  # e.g. interrupted after its atomic switch
+        return replace(
+            ran, steps=("upgraded", "switched", f"then {ran.status}")
+        )  # e.g. interrupted after its atomic switch
     if ran.passed and outcome is not None and outcome["decision"] == aggregate.UNCHANGED:
         return replace(ran, reason=outcome["reason"], steps=("already on the new stack",))
     if ran.passed:  # exit 0 without a switch: not a win a rollout can build on
-        return replace(ran, status=FAILED, reason=f"the node did not switch: {outcome['reason'] if outcome else 'its report has no upgrade part'}", steps=("upgrade", KEPT))
+        return replace(
+            ran,
+            status=FAILED,
+            reason=f"the node did not switch: {outcome['reason'] if outcome else 'its report has no upgrade part'}",
+            steps=("upgrade", KEPT),
+        )
     if outcome is None and ran.status in (INTERRUPTED, TIMED_OUT):
         return replace(ran, steps=("upgrade", STOPPED))
     return replace(ran, steps=("upgrade", KEPT))
@@ -472,10 +540,14 @@ Work = Callable[[Node, threading.Event], NodeRun]
 Progress = Callable[[NodeRun], None]
 
 
-def run_nodes(nodes: Sequence[Node], work: Work, parallel: int, stop: threading.Event, progress: Progress = lambda done: None) -> list[NodeRun]:
+def run_nodes(
+    nodes: Sequence[Node], work: Work, parallel: int, stop: threading.Event, progress: Progress = lambda done: None
+) -> list[NodeRun]:
     """``work`` on every node, ``parallel`` at a time, in the nodes' order; after ``stop`` is set
     (by Ctrl-C here) nodes not yet begun are not run and the running ones stop."""
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(parallel, len(nodes) or 1)), thread_name_prefix="fleet")
+    pool = concurrent.futures.ThreadPoolExecutor(
+        max_workers=max(1, min(parallel, len(nodes) or 1)), thread_name_prefix="fleet"
+    )
     futures = {pool.submit(work, node, stop): node for node in nodes}
     try:
         _wait(futures, stop, progress)
@@ -484,11 +556,15 @@ def run_nodes(nodes: Sequence[Node], work: Work, parallel: int, stop: threading.
     return [_result(future, node) for future, node in futures.items()]
 
 
-def _wait(futures: Mapping[concurrent.futures.Future[NodeRun], Node], stop: threading.Event, progress: Progress) -> None:
+def _wait(
+    futures: Mapping[concurrent.futures.Future[NodeRun], Node], stop: threading.Event, progress: Progress
+) -> None:
     pending = set(futures)
     while pending:
         try:
-            done, pending = concurrent.futures.wait(pending, timeout=0.5, return_when=concurrent.futures.FIRST_COMPLETED)
+            done, pending = concurrent.futures.wait(
+                pending, timeout=0.5, return_when=concurrent.futures.FIRST_COMPLETED
+            )
             for future in done:
                 progress(_result(future, futures[future]))
         except KeyboardInterrupt:
@@ -504,20 +580,38 @@ def _result(future: concurrent.futures.Future[NodeRun], node: Node) -> NodeRun:
     return future.result()
 
 
-def rolling(nodes: Sequence[Node], batch: int, work: Work, stop: threading.Event, progress: Progress = lambda done: None, lost: str = "failed") -> list[NodeRun]:
+def rolling(
+    nodes: Sequence[Node],
+    batch: int,
+    work: Work,
+    stop: threading.Event,
+    progress: Progress = lambda done: None,
+    lost: str = "failed",
+) -> list[NodeRun]:
     """``work`` on ``batch`` nodes at a time; after a batch with a node that did not pass, the
     nodes after it are not run (``not run: an earlier batch <lost> (its nodes)``)."""
     done: list[NodeRun] = []
     for start in range(0, len(nodes), batch):
         if stop.is_set() or any(not d.passed for d in done):
-            why = "the fleet was interrupted" if stop.is_set() else f"an earlier batch {lost} ({', '.join(d.node.name for d in done if not d.passed)})"
+            why = (
+                "the fleet was interrupted"
+                if stop.is_set()
+                else f"an earlier batch {lost} ({', '.join(d.node.name for d in done if not d.passed)})"
+            )
             done += [NodeRun(node, NOT_RUN, f"not run: {why}") for node in nodes[start:]]
             break
         done += run_nodes(nodes[start : start + batch], work, batch, stop, progress)
     return done
 
 
-def canary_rollout(nodes: Sequence[Node], canary: int, batch: int, work: Work, stop: threading.Event, progress: Progress = lambda done: None) -> list[NodeRun]:
+def canary_rollout(
+    nodes: Sequence[Node],
+    canary: int,
+    batch: int,
+    work: Work,
+    stop: threading.Event,
+    progress: Progress = lambda done: None,
+) -> list[NodeRun]:
     """``work`` on the first ``canary`` nodes together; only when every one of them passed, on the
     rest ``batch`` at a time (:func:`rolling`); otherwise no other node is touched."""
     first = [replace(n, steps=("canary", *n.steps)) for n in run_nodes(nodes[:canary], work, canary, stop, progress)]
@@ -535,7 +629,7 @@ def canary_rollout(nodes: Sequence[Node], canary: int, batch: int, work: Work, s
 class FleetRun:
     request: FleetRequest
     run_id: str
-    lock: lockmodel.Lock
+    lock: Spec
     shipment: Shipment
     nodes: tuple[NodeRun, ...]
     started: float
@@ -573,7 +667,11 @@ def _document(done: FleetRun) -> dict[str, Any]:
     upgrade = done.request.action == "upgrade"
     # an upgrade's node reports carry no fingerprint nor gate figures: its own part says what moved
     groups = [] if upgrade else aggregate.groups([(n.node.name, n.doc) for n in done.nodes])
-    outliers = [] if upgrade else aggregate.outliers([(n.node.name, aggregate.figures(n.doc)) for n in done.nodes if n.doc is not None])
+    outliers = (
+        []
+        if upgrade
+        else aggregate.outliers([(n.node.name, aggregate.figures(n.doc)) for n in done.nodes if n.doc is not None])
+    )
     code, reason = _upgrade_verdict(done) if upgrade else _verdict(done, groups, outliers)
     lock = done.lock
     doc = {
@@ -583,7 +681,8 @@ def _document(done: FleetRun) -> dict[str, Any]:
         "tool": {"name": "stackgate", "version": __version__},
         "lock": {"name": lock.name, "path": str(lock.path), "sha256": lock.sha256},
         "shipped": done.shipment.sha256,
-        "request": {k: getattr(done.request, k) for k in ("action", "parallel", "batch", "fast_only", "strict")} | {"checks": list(done.request.checks)},
+        "request": {k: getattr(done.request, k) for k in ("action", "parallel", "batch", "fast_only", "strict")}
+        | {"checks": list(done.request.checks)},
         "started": _dt.datetime.fromtimestamp(done.started, _dt.timezone.utc).isoformat(timespec="seconds"),
         "duration_s": round(done.duration_s, 3),
         "interrupted": done.interrupted,
@@ -606,7 +705,9 @@ def _upgrade_part(done: FleetRun) -> dict[str, Any]:
     request = done.request
     return {
         "to": str(request.to_path),
-        "live_lock": str(request.lock_path) if request.lock_path else None,  #: None: each node's live generation's own spec
+        "live_lock": str(request.lock_path)
+        if request.lock_path
+        else None,  #: None: each node's live generation's own spec
         "canary": request.canary,
         "batch": request.batch,
         "switch": request.switch,
@@ -626,12 +727,19 @@ def _upgrade_verdict(done: FleetRun) -> tuple[ExitCode, str]:
     nodes, canary = done.nodes, done.request.canary
     moved = [n.node.name for n in nodes if _moved(n)]
     if done.interrupted:
-        return ExitCode.INTERRUPTED, f"interrupted (Ctrl-C or SIGTERM): {len(moved)} of {len(nodes)} node(s) had moved to the new stack" + (f" ({', '.join(moved)})" if moved else "")
+        return (
+            ExitCode.INTERRUPTED,
+            f"interrupted (Ctrl-C or SIGTERM): {len(moved)} of {len(nodes)} node(s) had moved to the new stack"
+            + (f" ({', '.join(moved)})" if moved else ""),
+        )
     if not nodes:
         return ExitCode.FAILED, "no node was upgraded"
     lost = [n for n in nodes[:canary] if not n.passed]
     if lost:
-        return ExitCode.FAILED, f"the canary {lost[0].node.name} did not win ({lost[0].status}: {lost[0].reason}): no other node was touched"
+        return (
+            ExitCode.FAILED,
+            f"the canary {lost[0].node.name} did not win ({lost[0].status}: {lost[0].reason}): no other node was touched",
+        )
     bad = [n for n in nodes if not n.passed and n.status != NOT_RUN]
     if bad:
         left = [n.node.name for n in nodes if n.status == NOT_RUN]
@@ -639,7 +747,9 @@ def _upgrade_verdict(done: FleetRun) -> tuple[ExitCode, str]:
             f"{bad[0].node.name} did not win ({bad[0].status}: {bad[0].reason}): the rollout stopped after its batch; "
             f"{len(moved)} node(s) moved, {len(bad)} kept their live stack, {len(left)} not touched"
         )
-    return ExitCode.PASSED, f"{len(moved)} of {len(nodes)} node(s) moved to the new stack" + (f", {len(nodes) - len(moved)} already on it" if len(moved) < len(nodes) else "")
+    return ExitCode.PASSED, f"{len(moved)} of {len(nodes)} node(s) moved to the new stack" + (
+        f", {len(nodes) - len(moved)} already on it" if len(moved) < len(nodes) else ""
+    )
 
 
 def _node_part(done: NodeRun) -> dict[str, Any]:
@@ -657,8 +767,12 @@ def _node_part(done: NodeRun) -> dict[str, Any]:
         "steps": list(done.steps),
         "run_id": doc.get("run_id") if isinstance(doc.get("run_id"), str) else None,
         "hostname": doc.get("host", {}).get("hostname") if isinstance(doc.get("host"), Mapping) else None,
-        "stages": {str(s.get("name")): str(s.get("status")) for s in stages if isinstance(s, Mapping)} if isinstance(stages, list) else {},
-        "fingerprint": finger.get("short") if isinstance(finger, Mapping) and isinstance(finger.get("short"), str) else None,
+        "stages": {str(s.get("name")): str(s.get("status")) for s in stages if isinstance(s, Mapping)}
+        if isinstance(stages, list)
+        else {},
+        "fingerprint": finger.get("short")
+        if isinstance(finger, Mapping) and isinstance(finger.get("short"), str)
+        else None,
         "figures": aggregate.figures(doc),
         "counts": doc.get("counts") if isinstance(doc.get("counts"), Mapping) else {},
         "failed_checks": aggregate.failed_checks(doc),
@@ -666,25 +780,40 @@ def _node_part(done: NodeRun) -> dict[str, Any]:
     }
 
 
-def _verdict(done: FleetRun, groups: Sequence[aggregate.Group], outliers: Sequence[aggregate.Outlier]) -> tuple[ExitCode, str]:
+def _verdict(
+    done: FleetRun, groups: Sequence[aggregate.Group], outliers: Sequence[aggregate.Outlier]
+) -> tuple[ExitCode, str]:
     bad = [n for n in done.nodes if not n.passed]
     stacks = [g for g in groups if g.digest is not None]
     if done.interrupted:
-        return ExitCode.INTERRUPTED, f"interrupted (Ctrl-C or SIGTERM): {len(done.nodes) - len(bad)} of {len(done.nodes)} node(s) had passed"
+        return (
+            ExitCode.INTERRUPTED,
+            f"interrupted (Ctrl-C or SIGTERM): {len(done.nodes) - len(bad)} of {len(done.nodes)} node(s) had passed",
+        )
     if not done.nodes:
         return ExitCode.FAILED, "no node was checked"
     if bad:
-        return ExitCode.FAILED, f"{len(bad)} of {len(done.nodes)} node(s) did not pass: " + "; ".join(f"{n.node.name} {n.status}" for n in bad[:5]) + (" ..." if len(bad) > 5 else "")
+        return ExitCode.FAILED, f"{len(bad)} of {len(done.nodes)} node(s) did not pass: " + "; ".join(
+            f"{n.node.name} {n.status}" for n in bad[:5]
+        ) + (" ..." if len(bad) > 5 else "")
     if len(stacks) > 1:
         odd = [node for g in stacks[1:] for node in g.nodes]
-        return ExitCode.FAILED, f"the nodes run {len(stacks)} different stacks: {', '.join(odd)} differ from the majority {stacks[0].short}"
+        return (
+            ExitCode.FAILED,
+            f"the nodes run {len(stacks)} different stacks: {', '.join(odd)} differ from the majority {stacks[0].short}",
+        )
     if outliers and done.request.strict:
         return ExitCode.FAILED, f"{len(outliers)} outlier(s) with --strict: {outliers[0].text()}"
     return ExitCode.PASSED, f"{len(done.nodes)} node(s) passed" + (f", {len(outliers)} outlier(s)" if outliers else "")
 
 
 def run_fleet(
-    request: FleetRequest, nodes: Sequence[Node], lock: lockmodel.Lock, ui: UI, transport: ssh.Transport | None = None, live: lockmodel.Lock | None = None
+    request: FleetRequest,
+    nodes: Sequence[Node],
+    lock: Spec,
+    ui: UI,
+    transport: ssh.Transport | None = None,
+    live: Spec | None = None,
 ) -> FleetRun:
     """Run the request's action on every node (see the module's docstring); never raises for what
     a node does. ``lock`` is the spec shipped (an upgrade's new one; ``live``, its live one)."""
@@ -721,10 +850,17 @@ def ssh_log(run_id: str) -> Path:
 
 def _action(request: FleetRequest, shipment: Shipment) -> Action:
     if request.action == "upgrade":
-        args = ["--switch", request.switch, *(["--accept-output-change"] if request.accept_output_change else []), *(["--model", request.model] if request.model else [])]
+        args = [
+            "--switch",
+            request.switch,
+            *(["--accept-output-change"] if request.accept_output_change else []),
+            *(["--model", request.model] if request.model else []),
+        ]
         return upgrade_on_node(args, shipment.live_name)
     if request.action == "verify":
-        return gate_on_node([*(a for c in request.checks for a in ("--check", c)), *(["--strict"] if request.strict else [])], "verify")
+        return gate_on_node(
+            [*(a for c in request.checks for a in ("--check", c)), *(["--strict"] if request.strict else [])], "verify"
+        )
     gate_args = [*(["--fast-only"] if request.fast_only else []), *(["--strict"] if request.strict else [])]
     return provision_on_node(gate_args) if request.action == "provision" else gate_on_node(gate_args)
 
@@ -776,7 +912,12 @@ def nodes_of(request: FleetRequest) -> list[Node]:
     if request.action == "upgrade" and request.canary > len(nodes):
         raise FleetUsageError(f"fleet upgrade: --canary {request.canary}: the fleet has {len(nodes)} node(s)")
     return [
-        replace(node, timeout_s=request.timeout_s or node.timeout_s, connect_timeout_s=request.connect_timeout_s or node.connect_timeout_s) for node in nodes
+        replace(
+            node,
+            timeout_s=request.timeout_s or node.timeout_s,
+            connect_timeout_s=request.connect_timeout_s or node.connect_timeout_s,
+        )
+        for node in nodes
     ]
 
 
@@ -790,27 +931,35 @@ def _check_batch(request: FleetRequest) -> None:
 def _check_upgrade(request: FleetRequest) -> None:
     if request.action != "upgrade":
         if request.upgrade_options:
-            raise FleetUsageError("fleet: --to, --canary, --switch, --accept-output-change and --model are for `fleet upgrade`")
+            raise FleetUsageError(
+                "fleet: --to, --canary, --switch, --accept-output-change and --model are for `fleet upgrade`"
+            )
         return
     if request.to_path is None:
         raise FleetUsageError("fleet upgrade: --to NEW_SPEC is required: the spec every node upgrades to")
     if request.switch not in SWITCHES:
-        raise FleetUsageError(f"fleet upgrade: --switch {request.switch!r}: one of {', '.join(SWITCHES)} (`never` would move no node; `stackgate upgrade --switch never` rehearses one)")
+        raise FleetUsageError(
+            f"fleet upgrade: --switch {request.switch!r}: one of {', '.join(SWITCHES)} (`never` would move no node; `stackgate upgrade --switch never` rehearses one)"
+        )
     if request.canary < 1:
         raise FleetUsageError("fleet upgrade: --canary must be at least 1")
 
 
-def upgrade_specs(request: FleetRequest) -> tuple[lockmodel.Lock, lockmodel.Lock | None]:
+def upgrade_specs(request: FleetRequest) -> tuple[Spec, Spec | None]:
     """The new spec and the live one (None: each node's live generation names its own), loaded
     here, before any node is touched: what a node would refuse is refused here first."""
     assert request.to_path is not None
-    new = lockmodel.load(request.to_path)
-    live = lockmodel.load(request.lock_path) if request.lock_path is not None else None
+    new = load_spec(request.to_path)
+    live = load_spec(request.lock_path) if request.lock_path is not None else None
     for option, lock in (("--to", new), ("--lock", live)):
         if lock is not None and lock.python.root is None:
-            raise FleetUsageError(f"fleet upgrade: {option} {lock.path}: python.interpreter names an existing environment; an upgrade builds generations under a python.root")
+            raise FleetUsageError(
+                f"fleet upgrade: {option} {lock.path}: python.interpreter names an existing environment; an upgrade builds generations under a python.root"
+            )
     if live is not None and live.python.root != new.python.root:
-        raise FleetUsageError(f"fleet upgrade: --to {new.path}: python.root is {new.python.root}, but the live spec {live.path} has {live.python.root}: an upgrade builds beside the live stack")
+        raise FleetUsageError(
+            f"fleet upgrade: --to {new.path}: python.root is {new.python.root}, but the live spec {live.path} has {live.python.root}: an upgrade builds beside the live stack"
+        )
     return new, live
 
 
@@ -830,10 +979,16 @@ def keep_node_runs(done: FleetRun, warn: Callable[[str], None]) -> list[Path]:
         if doc is None or doc.get("command") not in history.COMMANDS:
             continue
         run_id = str(doc.get("run_id"))
-        if not _RUN_ID.match(run_id) or run_id in seen:  # a path in a run id, or two nodes' reports with one id: a fresh one
+        if (
+            not _RUN_ID.match(run_id) or run_id in seen
+        ):  # a path in a run id, or two nodes' reports with one id: a fresh one
             run_id = history.new_id(str(doc.get("command")), time.time())
         seen.add(run_id)
-        stored = {**doc, "run_id": run_id, "fleet": {"node": node.node.name, "address": node.node.address, "fleet_run_id": done.run_id}}
+        stored = {
+            **doc,
+            "run_id": run_id,
+            "fleet": {"node": node.node.name, "address": node.node.address, "fleet_run_id": done.run_id},
+        }
         path = history.keep(redact(stored), done.lock, warn)
         if path is not None:
             kept.append(path)
@@ -849,14 +1004,14 @@ def run(request: FleetRequest, ui: UI, transport: ssh.Transport | None = None) -
         check_slurm(request)
         check_outputs(request)
         if request.action in ("provision", "upgrade"):
-            specs = upgrade_specs(request) if request.action == "upgrade" else (lockmodel.load(request.lock_path), None)
+            specs = upgrade_specs(request) if request.action == "upgrade" else (load_spec(request.lock_path), None)
             done = slurm_rollout(request, *specs, ui)
         else:
-            done = slurm_fleet(request, lockmodel.load(request.lock_path), ui)
+            done = slurm_fleet(request, load_spec(request.lock_path), ui)
     else:
         nodes = nodes_of(request)
         check_outputs(request)
-        specs = upgrade_specs(request) if request.action == "upgrade" else (lockmodel.load(request.lock_path), None)
+        specs = upgrade_specs(request) if request.action == "upgrade" else (load_spec(request.lock_path), None)
         lock, live = specs
         done = run_fleet(request, nodes, lock, ui, transport, live)
     doc = redact(done.document())
@@ -933,7 +1088,7 @@ def _slurm_task_args(request: FleetRequest, spec_name: str) -> list[str]:
     ]
 
 
-def slurm_fleet(request: FleetRequest, lock: lockmodel.Lock, ui: UI) -> FleetRun:
+def slurm_fleet(request: FleetRequest, lock: Spec, ui: UI) -> FleetRun:
     """The request's action on the nodes Slurm gives (edges/slurm.py); never raises for what a node
     does. Nodes down or drained are listed with their state and reason, not dialled."""
     options = request.slurm or SlurmOptions()
@@ -1078,7 +1233,9 @@ def _from_frame(node: Node, frame: slurm.Frame | None, step: slurm.Step, what: s
     doc = None
     if "report" in fields and hashlib.sha256(fields["report"].encode()).hexdigest() != fields.get("report_sha256"):
         why = _srun_words(step.stderr, node.name) or f"srun exit {step.returncode}"
-        return NodeRun(node, UNREACHABLE, f"the node's report arrived cut short: srun's output ended early ({why})", duration)
+        return NodeRun(
+            node, UNREACHABLE, f"the node's report arrived cut short: srun's output ended early ({why})", duration
+        )
     try:
         doc = _parse_report(fields["report"]) if "report" in fields else None
     except NodeFailed as failure:
@@ -1117,9 +1274,7 @@ def _srun_words(stderr: str, node: str) -> str:
     return _tail("\n".join(about or lines[-1:]), 200) if lines else ""
 
 
-def slurm_rollout(
-    request: FleetRequest, lock: lockmodel.Lock, live: lockmodel.Lock | None, ui: UI
-) -> FleetRun:
+def slurm_rollout(request: FleetRequest, lock: Spec, live: Spec | None, ui: UI) -> FleetRun:
     """``fleet provision`` or ``fleet upgrade`` on the nodes Slurm gives: the SSH engine's per-node
     actions and order (rolling batches; canaries first) with each command a one-task srun step
     (edges/slurm.py, SrunTransport). Nodes down or drained are not run, listed after the others."""

@@ -46,11 +46,11 @@ from stackgate.edges import runner
 from stackgate.edges.files import unwritable, write_json, write_text
 from stackgate.facts import Facts, gather
 from stackgate.models import pylock, settings
-from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.finding import Fix
 from stackgate.models.redact import redact
 from stackgate.models.result import Result, Status, failed, passed
+from stackgate.models.spec import Spec, SpecError, default_lock_path, load_spec
 from stackgate.models.verdict import Verdict, judge
 from stackgate.models.verdict import document as report_document
 from stackgate.render import report, summaries
@@ -59,7 +59,20 @@ from stackgate.runs import fingerprint as fp
 from stackgate.runs import history
 from stackgate.serve import launch, launched
 
-__all__ = ["SCHEMA", "STAGES", "GateContext", "GateRequest", "GateRun", "GateUsageError", "Stage", "StageInterrupted", "StageRun", "run", "run_gate", "run_stages"]
+__all__ = [
+    "SCHEMA",
+    "STAGES",
+    "GateContext",
+    "GateRequest",
+    "GateRun",
+    "GateUsageError",
+    "Stage",
+    "StageInterrupted",
+    "StageRun",
+    "run",
+    "run_gate",
+    "run_stages",
+]
 
 SCHEMA = "stackgate.gate/1"
 #: The environment stage: the registered checks of the environment area (checks/environment.py).
@@ -97,7 +110,12 @@ class GateRequest:
 
     @property
     def outputs(self) -> dict[str, Path]:
-        chosen = {"--json": self.json_path, "--junit": self.junit_path, "--markdown": self.markdown_path, "--prom": self.prom_path}
+        chosen = {
+            "--json": self.json_path,
+            "--junit": self.junit_path,
+            "--markdown": self.markdown_path,
+            "--prom": self.prom_path,
+        }
         return {option: path for option, path in chosen.items() if path is not None}
 
 
@@ -110,7 +128,7 @@ class GateContext:
     environ: Mapping[str, str]
     nvml_lib: ModuleType | None = None
     run_dir: Path = Path("reports")
-    lock: lockmodel.Lock | None = None
+    lock: Spec | None = None
     usage: str | None = None  #: why the lock stage refused the run (exit 2)
     verify_run: verifycmd.VerifyRun | None = None
     smoke_runs: dict[str, smoke.SmokeRun] = field(default_factory=dict)
@@ -177,14 +195,23 @@ class StageRun:
 
 def _lock_stage(ctx: GateContext) -> list[Result]:
     try:
-        lock = lockmodel.load(ctx.request.lock_path)
+        lock = load_spec(ctx.request.lock_path)
         pylock.check_beside(lock)
-    except lockmodel.LockError as exc:
+    except SpecError as exc:
         ctx.usage = str(exc)
         summary = str(exc).splitlines()[0].rstrip(":")
-        return [_named("lock.load", failed(summary, exc.problems, Fix("Fix the lockfile: every problem is listed with its key path.")))]
+        return [
+            _named(
+                "lock.load",
+                failed(summary, exc.problems, Fix("Fix the lockfile: every problem is listed with its key path.")),
+            )
+        ]
     ctx.lock = lock
-    results = [_named("lock.load", passed(f"{lock.name} ({lock.path}, sha256 {lock.sha256[:12]})", data={"sha256": lock.sha256}))]
+    results = [
+        _named(
+            "lock.load", passed(f"{lock.name} ({lock.path}, sha256 {lock.sha256[:12]})", data={"sha256": lock.sha256})
+        )
+    ]
     try:
         (config,) = launch.configs(lock, model=ctx.request.model, fast=True)
     except launch.LaunchError as exc:
@@ -195,10 +222,15 @@ def _lock_stage(ctx: GateContext) -> list[Result]:
     readable = launch.check_model(config)
     if readable.status >= Status.FAIL:
         ctx.usage = readable.summary
-        fix = Fix("Name a readable Hugging Face model directory (--model PATH or [smoke] model).", readable.fix.commands if readable.fix else ())
+        fix = Fix(
+            "Name a readable Hugging Face model directory (--model PATH or [smoke] model).",
+            readable.fix.commands if readable.fix else (),
+        )
         results.append(_named("lock.model", failed(readable.summary, fix=fix)))
         return results
-    results.append(_named("lock.model", passed(f"the smoke stages launch {config.model}", data={"model": config.model})))
+    results.append(
+        _named("lock.model", passed(f"the smoke stages launch {config.model}", data={"model": config.model}))
+    )
     return results
 
 
@@ -222,7 +254,12 @@ def _smoke_stage(name: str, *, fast: bool) -> Callable[[GateContext], list[Resul
     def run_stage(ctx: GateContext) -> list[Result]:
         assert ctx.lock is not None
         request = smoke.SmokeRequest(
-            lock_path=ctx.lock.path, model=ctx.request.model, fast=fast, benchmark=not fast, strict=ctx.request.strict, run_dir=ctx.run_dir / name
+            lock_path=ctx.lock.path,
+            model=ctx.request.model,
+            fast=fast,
+            benchmark=not fast,
+            strict=ctx.request.strict,
+            run_dir=ctx.run_dir / name,
         )
         try:
             done = smoke.run_smoke(ctx.lock, request, ctx.ui, environ=ctx.environ, nvml_lib=ctx.nvml_lib)
@@ -264,7 +301,9 @@ def run_stages(stages: Sequence[Stage], ctx: GateContext) -> tuple[list[StageRun
         reasons = _not_run(stage, done, ctx.request, interrupted)
         if reasons:
             reason = "; ".join(reasons)
-            result = Result(f"gate.{stage.name}", Status.SKIP, f"not run: {reason}", tuple(reasons), data={"not_run": reasons})
+            result = Result(
+                f"gate.{stage.name}", Status.SKIP, f"not run: {reason}", tuple(reasons), data={"not_run": reasons}
+            )
             done[stage.name] = StageRun(stage.name, stage.title, stage.needs, NOT_RUN, reason, (result,), 0.0)
             continue
         begun = time.monotonic()
@@ -273,7 +312,10 @@ def run_stages(stages: Sequence[Stage], ctx: GateContext) -> tuple[list[StageRun
         except KeyboardInterrupt as stop:
             interrupted = True
             runner.terminate_all()  # before the reports are written, not after
-            results = [*getattr(stop, "results", ()), _named(f"gate.{stage.name}", failed("interrupted (Ctrl-C or SIGTERM)"))]
+            results = [
+                *getattr(stop, "results", ()),
+                _named(f"gate.{stage.name}", failed("interrupted (Ctrl-C or SIGTERM)")),
+            ]
         done[stage.name] = _outcome(stage, results, time.monotonic() - begun, ctx.request.strict, interrupted)
     return list(done.values()), interrupted
 
@@ -292,7 +334,9 @@ def _not_run(stage: Stage, done: Mapping[str, StageRun], request: GateRequest, i
         return [left_out]
     blocking = [done[need] for need in stage.needs if done[need].status != PASSED]
     ran = [need for need in blocking if need.ran]
-    return [f"{need.name} {need.status}" if need.ran else f"{need.name} not run: {need.reason}" for need in ran or blocking]
+    return [
+        f"{need.name} {need.status}" if need.ran else f"{need.name} not run: {need.reason}" for need in ran or blocking
+    ]
 
 
 def _outcome(stage: Stage, results: Sequence[Result], seconds: float, strict: bool, interrupted: bool) -> StageRun:
@@ -301,7 +345,10 @@ def _outcome(stage: Stage, results: Sequence[Result], seconds: float, strict: bo
         status, reason = INTERRUPTED, "interrupted (Ctrl-C or SIGTERM)"
     elif verdict.passed:
         words = {"PASS": "passed", "WARN": "warning(s)", "SKIP": "skipped"}
-        status, reason = PASSED, ", ".join(f"{verdict.counts[k]} {w}" for k, w in words.items() if verdict.counts.get(k))
+        status, reason = (
+            PASSED,
+            ", ".join(f"{verdict.counts[k]} {w}" for k, w in words.items() if verdict.counts.get(k)),
+        )
     else:
         first = next((r for r in results if r.status >= Status.FAIL), None)
         status, reason = FAILED, verdict.reason + (f": {first.check}: {first.summary}" if first is not None else "")
@@ -317,7 +364,7 @@ class GateRun:
 
     request: GateRequest
     run_id: str
-    lock: lockmodel.Lock | None
+    lock: Spec | None
     stages: tuple[StageRun, ...]
     verdict: Verdict
     started: float
@@ -341,14 +388,25 @@ class GateRun:
 
     def document(self) -> dict[str, Any]:
         extra = {"run_id": self.run_id, "gate": self._gate_part()}
-        doc = report_document("gate", self.results, self.verdict, lock=self.lock, started=self.started, duration_s=self.duration_s, extra=extra)
+        doc = report_document(
+            "gate",
+            self.results,
+            self.verdict,
+            lock=self.lock,
+            started=self.started,
+            duration_s=self.duration_s,
+            extra=extra,
+        )
         doc["results"] = [{**r.to_dict(), "stage": s.name} for s in self.stages for r in s.results]
         if self.lock is None:
-            doc["lock"] = {"name": None, "path": str(self.request.lock_path or lockmodel.default_lock_path()), "sha256": None}
+            doc["lock"] = {"name": None, "path": str(self.request.lock_path or default_lock_path()), "sha256": None}
         return doc
 
     def _gate_part(self) -> dict[str, Any]:
-        request = {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self.request).items()}
+        request = {
+            k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
+            for k, v in dataclasses.asdict(self.request).items()
+        }
         return {
             "schema": SCHEMA,
             "request": request,
@@ -368,19 +426,41 @@ class GateRun:
         bench = self.lock.benchmark
         verdict = next((r for r in done.results if r.check == "smoke.benchmark"), None)
         floor = bench.floor_tok_s
-        judged = {"baseline_tok_s": bench.baseline_tok_s, "max_regression": bench.max_regression, "floor_tok_s": round(floor, 3) if floor else None}
-        return {**done.figures.to_dict(), **judged, "status": verdict.status.name if verdict else None, "summary": verdict.summary if verdict else None}
+        judged = {
+            "baseline_tok_s": bench.baseline_tok_s,
+            "max_regression": bench.max_regression,
+            "floor_tok_s": round(floor, 3) if floor else None,
+        }
+        return {
+            **done.figures.to_dict(),
+            **judged,
+            "status": verdict.status.name if verdict else None,
+            "summary": verdict.summary if verdict else None,
+        }
 
 
-def run_gate(request: GateRequest, ui: UI, *, environ: Mapping[str, str] | None = None, nvml_lib: ModuleType | None = None, stages: Sequence[Stage] = STAGES) -> GateRun:
+def run_gate(
+    request: GateRequest,
+    ui: UI,
+    *,
+    environ: Mapping[str, str] | None = None,
+    nvml_lib: ModuleType | None = None,
+    stages: Sequence[Stage] = STAGES,
+) -> GateRun:
     """Run the stages and judge them; never raises for what it finds (see :func:`run`)."""
     started, clock = time.time(), time.monotonic()
     run_id = history.new_id("gate", started)
-    ctx = GateContext(request, ui, dict(os.environ if environ is None else environ), nvml_lib, _run_dir(request, run_id))
+    ctx = GateContext(
+        request, ui, dict(os.environ if environ is None else environ), nvml_lib, _run_dir(request, run_id)
+    )
     launched.reap_and_tell(ui.warn)  # before verify: what a run killed outright left holds GPUs and ports
     try:
         outcomes, interrupted = run_stages(stages, ctx)
-        finger = None if interrupted or ctx.lock is None or ctx.usage else fp.from_facts(ctx.lock, ctx.facts, _server_info(ctx), ctx.verify_run.results if ctx.verify_run else ())
+        finger = (
+            None
+            if interrupted or ctx.lock is None or ctx.usage
+            else fp.from_facts(ctx.lock, ctx.facts, _server_info(ctx), ctx.verify_run.results if ctx.verify_run else ())
+        )
     finally:
         ctx.close()
     verdict = judge([r for s in outcomes for r in s.results], strict=request.strict)
@@ -389,7 +469,20 @@ def run_gate(request: GateRequest, ui: UI, *, environ: Mapping[str, str] | None 
     elif interrupted:
         where = next(s.name for s in outcomes if s.status == INTERRUPTED)
         verdict = Verdict(ExitCode.INTERRUPTED, verdict.counts, f"interrupted (Ctrl-C or SIGTERM) during {where}")
-    return GateRun(request, run_id, ctx.lock, tuple(outcomes), verdict, started, time.monotonic() - clock, finger, dict(ctx.smoke_runs), ctx.verify_run, interrupted, ctx.usage)
+    return GateRun(
+        request,
+        run_id,
+        ctx.lock,
+        tuple(outcomes),
+        verdict,
+        started,
+        time.monotonic() - clock,
+        finger,
+        dict(ctx.smoke_runs),
+        ctx.verify_run,
+        interrupted,
+        ctx.usage,
+    )
 
 
 def _run_dir(request: GateRequest, run_id: str) -> Path:
@@ -456,7 +549,10 @@ def render(done: GateRun, doc: Mapping[str, Any], ui: UI) -> None:
         ui.line(line)
     word = "PASSED" if done.exit_code == ExitCode.PASSED else "INTERRUPTED" if done.interrupted else "FAILED"
     reason = "" if done.verdict.passed else f" ({doc['reason']})"
-    ui.line(f"{report.counts_line(done.verdict.counts, done.duration_s)}: {word}{reason}", "success" if done.verdict.passed else "error")
+    ui.line(
+        f"{report.counts_line(done.verdict.counts, done.duration_s)}: {word}{reason}",
+        "success" if done.verdict.passed else "error",
+    )
 
 
 def _render_smoke(done: smoke.SmokeRun | None, shown: Mapping[str, Any] | None, name: str, ui: UI) -> None:

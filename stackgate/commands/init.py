@@ -22,15 +22,15 @@ from stackgate.edges.files import write_text
 from stackgate.facts import Missing
 from stackgate.facts.machine import Machine, observe
 from stackgate.models import pylock, settings
-from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode, UsageError
+from stackgate.models.spec import DEFAULT_LOCK, LOCAL_LOCK, SYSTEM_LOCK, Spec, is_shipped, load_spec, loads_spec
 from stackgate.render.spectext import machine_spec
 from stackgate.render.ui import UI
 
-__all__ = ["InitRequest", "InitUsage", "profiles", "run", "target_path"]
+__all__ = ["InitRequest", "InitUsageError", "profiles", "run", "target_path"]
 
 
-class InitUsage(UsageError):
+class InitUsageError(UsageError):
     """A request `stackgate init` cannot take (exit 2): nothing was written."""
 
 
@@ -45,10 +45,10 @@ class InitRequest:
     environ: Mapping[str, str] | None = field(default=None, compare=False)  #: default: os.environ
 
 
-def profiles() -> dict[str, lockmodel.Lock]:
+def profiles() -> dict[str, Spec]:
     """The shipped profiles by name (each loads: a shipped profile that does not is a bug)."""
-    found = sorted(p for p in lockmodel.DEFAULT_LOCK.parent.glob("*.toml") if not p.name.startswith("pylock."))
-    return {path.stem: lockmodel.load(path) for path in found}
+    found = sorted(p for p in DEFAULT_LOCK.parent.glob("*.toml") if not p.name.startswith("pylock."))
+    return {path.stem: load_spec(path) for path in found}
 
 
 def target_path(request: InitRequest, environ: Mapping[str, str]) -> Path:
@@ -56,8 +56,8 @@ def target_path(request: InitRequest, environ: Mapping[str, str]) -> Path:
     if request.out is not None:
         return request.out
     if request.system:
-        return settings.SYSTEM_DIR.value(environ) / lockmodel.SYSTEM_LOCK
-    return Path.cwd() / lockmodel.LOCAL_LOCK
+        return settings.SYSTEM_DIR.value(environ) / SYSTEM_LOCK
+    return Path.cwd() / LOCAL_LOCK
 
 
 def run(request: InitRequest, ui: UI) -> ExitCode:
@@ -65,20 +65,22 @@ def run(request: InitRequest, ui: UI) -> ExitCode:
     environ = dict(os.environ if request.environ is None else request.environ)
     if request.list_only:
         if request.profile or request.out or request.system or request.python:
-            raise InitUsage("--list only lists the shipped profiles: it takes no other option")
+            raise InitUsageError("--list only lists the shipped profiles: it takes no other option")
         return _list(ui)
     target = target_path(request, environ)
     if request.system and request.out is not None:
-        raise InitUsage("--system writes /etc/stackgate/stack.toml; --out names another file: give one of them")
+        raise InitUsageError("--system writes /etc/stackgate/stack.toml; --out names another file: give one of them")
     if request.profile is not None and request.profile not in profiles():
-        raise InitUsage(
+        raise InitUsageError(
             f"no shipped profile {request.profile!r}: the profiles are {', '.join(profiles())} (stackgate init --list)"
         )
-    if lockmodel.is_shipped(target):
-        raise InitUsage(f"{target} is inside the stackgate package: nothing is written there")
+    if is_shipped(target):
+        raise InitUsageError(f"{target} is inside the stackgate package: nothing is written there")
     for there in (target, pylock.path_for(target)):  # a pylock beside resolves the spec it was made for
         if there.exists() and not request.force:
-            raise InitUsage(f"{there} exists: nothing was written (--force replaces it; --out FILE writes elsewhere)")
+            raise InitUsageError(
+                f"{there} exists: nothing was written (--force replaces it; --out FILE writes elsewhere)"
+            )
     if request.profile is not None:
         return _copy_profile(request.profile, target, ui, force=request.force)
     return _describe(request, target, environ, ui)
@@ -88,7 +90,7 @@ def _list(ui: UI) -> ExitCode:
     found = profiles()
     width = max(len(name) for name in found)
     for name, lock in found.items():
-        default = " (the default)" if lock.path == lockmodel.DEFAULT_LOCK else ""
+        default = " (the default)" if lock.path == DEFAULT_LOCK else ""
         has = " [pylock]" if pylock.path_for(lock.path).exists() else ""
         ui.line(f"{name:<{width}}  {lock.stack.description}{default}{has}")
     ui.line("")
@@ -118,7 +120,7 @@ def _describe(request: InitRequest, target: Path, environ: Mapping[str, str], ui
     _refuse_without(machine)
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     text = machine_spec(machine, when)
-    lock = lockmodel.loads(text, path=target)  # a spec init writes always loads; a failure is a bug, exit 2 names it
+    lock = loads_spec(text, path=target)  # a spec init writes always loads; a failure is a bug, exit 2 names it
     _write(target, text)
     ui.line(f"wrote {target}: this machine as a spec, each value with where it came from")
     _drop_stale_pylock(target, ui)
@@ -132,15 +134,19 @@ def _refuse_without(machine: Machine) -> None:
     """init describes a GPU machine with a stack interpreter; without either there is nothing to pin."""
     if isinstance(machine.nvml, Missing) or not machine.nvml.gpus:
         why = machine.nvml.reason if isinstance(machine.nvml, Missing) else "the driver shows no GPU"
-        raise InitUsage(f"no NVIDIA GPU to describe ({why}): pick a shipped profile instead (stackgate init --list)")
+        raise InitUsageError(
+            f"no NVIDIA GPU to describe ({why}): pick a shipped profile instead (stackgate init --list)"
+        )
     if not any(gpu.capability for gpu in machine.nvml.gpus):
         unknown = "; ".join(f"{g.label}: {dict(g.unknown).get('capability')}" for g in machine.nvml.gpus)
-        raise InitUsage(f"NVML gives no GPU's compute capability ({unknown}): write [hardware] by hand, or --profile")
+        raise InitUsageError(
+            f"NVML gives no GPU's compute capability ({unknown}): write [hardware] by hand, or --profile"
+        )
     if isinstance(machine.python, Missing):
-        raise InitUsage(machine.python.reason)
+        raise InitUsageError(machine.python.reason)
 
 
-def _notes(machine: Machine, lock: lockmodel.Lock, environ: Mapping[str, str]) -> list[str]:
+def _notes(machine: Machine, lock: Spec, environ: Mapping[str, str]) -> list[str]:
     """What init saw that verify will report: a shell that does not set the spec's [env]."""
     if machine.default is None:
         return [
@@ -165,7 +171,9 @@ def _drop_stale_pylock(target: Path, ui: UI) -> None:
         try:
             stale.unlink()
         except OSError as exc:
-            raise InitUsage(f"cannot remove {stale}, the pylock of the replaced spec: {exc.strerror or exc}") from None
+            raise InitUsageError(
+                f"cannot remove {stale}, the pylock of the replaced spec: {exc.strerror or exc}"
+            ) from None
         ui.line(f"removed {stale}: it resolved the replaced spec (`stackgate lock` makes this one's)")
 
 
@@ -175,10 +183,10 @@ def _write(path: Path, text: str) -> None:
         write_text(path, text)
     except OSError as exc:
         hint = " (--system writes /etc/stackgate: run it as root)" if path.is_relative_to("/etc") else ""
-        raise InitUsage(f"cannot write {path}: {exc.strerror or exc}{hint}") from None
+        raise InitUsageError(f"cannot write {path}: {exc.strerror or exc}{hint}") from None
 
 
 def _next_steps(target: Path, ui: UI) -> None:
-    here = target.parent.resolve() == Path.cwd().resolve() and target.name == lockmodel.LOCAL_LOCK
+    here = target.parent.resolve() == Path.cwd().resolve() and target.name == LOCAL_LOCK
     lock = "" if here else f" --lock {target}"
     ui.line(f"next: stackgate verify{lock}   (then: stackgate lock{lock}, stackgate verify --deep{lock})")

@@ -26,12 +26,12 @@ from typing import Mapping
 from packaging.utils import canonicalize_name
 
 from stackgate.models import pylock
-from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode, UsageError
+from stackgate.models.spec import DEFAULT_LOCK, Spec, load_spec, read_only_problem
 from stackgate.render.ui import UI
 from stackgate.stack import pyenv, resolve
 
-__all__ = ["UNCHANGED", "LockRequest", "LockUsage", "fix_command", "run", "shipped_specs"]
+__all__ = ["UNCHANGED", "LockRequest", "LockUsageError", "fix_command", "run", "shipped_specs"]
 
 
 #: What a lock of an unchanged spec says under its answer.
@@ -40,7 +40,7 @@ UNCHANGED = (
 )
 
 
-class LockUsage(UsageError):
+class LockUsageError(UsageError):
     """A request `stackgate lock` cannot take (exit 2): nothing was written."""
 
 
@@ -55,36 +55,40 @@ class LockRequest:
     environ: Mapping[str, str] | None = field(default=None, compare=False)  #: default: os.environ
 
 
-def fix_command(lock: lockmodel.Lock) -> str:
+def fix_command(lock: Spec) -> str:
     """The command that makes (or remakes) a spec's pylock."""
     return pylock.lock_command(lock.path)
 
 
 def shipped_specs() -> list[Path]:
     """The specs shipped beside the default one (pylock files are not specs)."""
-    return sorted(p for p in lockmodel.DEFAULT_LOCK.parent.glob("*.toml") if not p.name.startswith("pylock."))
+    return sorted(p for p in DEFAULT_LOCK.parent.glob("*.toml") if not p.name.startswith("pylock."))
 
 
 def run(request: LockRequest, ui: UI) -> ExitCode:
     """The lock command."""
     if request.all_specs and not request.check:
-        raise LockUsage("--all goes with --check: each spec is resolved on its own (stackgate lock --lock SPEC)")
+        raise LockUsageError("--all goes with --check: each spec is resolved on its own (stackgate lock --lock SPEC)")
     if request.check and (request.upgrade or request.wheelhouse or request.refresh):
-        raise LockUsage("--check only reads: it takes no --upgrade-package, --wheelhouse or --refresh")
+        raise LockUsageError("--check only reads: it takes no --upgrade-package, --wheelhouse or --refresh")
     if request.check:
-        specs: list[Path | None] = [*shipped_specs()] if request.all_specs else [request.lock_path]  # None: the default lock
-        return max((_check(lockmodel.load(path), ui, quiet_missing=request.all_specs) for path in specs), default=ExitCode.PASSED)
-    lock = lockmodel.load(request.lock_path)
+        specs: list[Path | None] = (
+            [*shipped_specs()] if request.all_specs else [request.lock_path]
+        )  # None: the default lock
+        return max(
+            (_check(load_spec(path), ui, quiet_missing=request.all_specs) for path in specs), default=ExitCode.PASSED
+        )
+    lock = load_spec(request.lock_path)
     _check_upgrade_names(lock, request.upgrade)
     writes = bool(request.upgrade or request.refresh) or _current(lock, request.wheelhouse) is None  # else the pylock
     action = f"`stackgate lock` (its {pylock.path_for(lock.path).name})"
-    read_only = lockmodel.read_only_problem(lock.path, action) if writes else None
+    read_only = read_only_problem(lock.path, action) if writes else None
     if read_only is not None:
-        raise LockUsage(read_only)
+        raise LockUsageError(read_only)
     environ = dict(os.environ if request.environ is None else request.environ)
     uv = pyenv.find_uv()
     if uv is None:
-        raise LockUsage("uv is not installed: `stackgate lock` resolves with it (python3 -m pip install uv)")
+        raise LockUsageError("uv is not installed: `stackgate lock` resolves with it (python3 -m pip install uv)")
     try:
         resolution = _resolved(lock, request, uv, environ, ui)
         if request.wheelhouse is not None:
@@ -98,7 +102,7 @@ def run(request: LockRequest, ui: UI) -> ExitCode:
     return ExitCode.PASSED
 
 
-def _check_upgrade_names(lock: lockmodel.Lock, names: tuple[str, ...]) -> None:
+def _check_upgrade_names(lock: Spec, names: tuple[str, ...]) -> None:
     """Refuse an --upgrade-package name that neither the pylock locks nor the spec pins, naming the
     closest ones: a misspelt name would move nothing."""
     if not names:
@@ -110,7 +114,7 @@ def _check_upgrade_names(lock: lockmodel.Lock, names: tuple[str, ...]) -> None:
     unknown = [name for name in names if canonicalize_name(name) not in known]
     if unknown:
         lines = [f"--upgrade-package {name}: not in {where}{_closest(name, known)}" for name in unknown]
-        raise LockUsage("\n".join(lines))
+        raise LockUsageError("\n".join(lines))
 
 
 def _closest(name: str, known: list[str]) -> str:
@@ -122,7 +126,7 @@ def _closest(name: str, known: list[str]) -> str:
     return f" (closest: {', '.join(close)})" if close else ""
 
 
-def _check(lock: lockmodel.Lock, ui: UI, *, quiet_missing: bool = False) -> ExitCode:
+def _check(lock: Spec, ui: UI, *, quiet_missing: bool = False) -> ExitCode:
     resolution, differences = resolve.current(lock)
     where = pylock.path_for(lock.path)
     if resolution is None:
@@ -147,7 +151,7 @@ def _size(resolution: pylock.Resolution) -> str:
     return f"{len(resolution.packages)} distributions, {len(resolution.files)} files, each with its sha256"
 
 
-def _resolved(lock: lockmodel.Lock, request: LockRequest, uv: str, environ: Mapping[str, str], ui: UI) -> pylock.Resolution:
+def _resolved(lock: Spec, request: LockRequest, uv: str, environ: Mapping[str, str], ui: UI) -> pylock.Resolution:
     """The pylock to use: the current one when it matches the spec and nothing is to move (no
     --upgrade-package, no --refresh), else resolved now."""
     if not request.upgrade and not request.refresh:
@@ -159,13 +163,15 @@ def _resolved(lock: lockmodel.Lock, request: LockRequest, uv: str, environ: Mapp
             ui.line(f"  {UNCHANGED}")
         if current is not None:
             return current
-    with ui.activity(f"resolving {lock.name} with uv for Python {lock.python.version} on {lock.python.platform}") as activity:
+    with ui.activity(
+        f"resolving {lock.name} with uv for Python {lock.python.version} on {lock.python.platform}"
+    ) as activity:
         outcome = resolve.resolve(lock, uv=uv, environ=environ, upgrade=request.upgrade, on_line=activity.update)
     _report(outcome, request, ui)
     return outcome.resolution
 
 
-def _current(lock: lockmodel.Lock, wheelhouse: Path | None = None) -> pylock.Resolution | None:
+def _current(lock: Spec, wheelhouse: Path | None = None) -> pylock.Resolution | None:
     """The spec's pylock when it is readable and matches the spec, else None (resolve again). With a
     wheelhouse, whose files would be fetched from it, a pylock that does not validate is refused
     (PylockError: exit 2), never resolved around."""
@@ -182,7 +188,12 @@ def _report(outcome: resolve.Outcome, request: LockRequest, ui: UI) -> None:
     verb = "wrote" if outcome.changed else "unchanged:"
     ui.line(f"{verb} {outcome.path} ({_size(outcome.resolution)})")
     if outcome.moved and outcome.replaced:
-        ui.table("what moved", ("package", "before", "now"), [(m.name, m.old or "(none)", m.new or "(none)") for m in outcome.moved], align="lll")
+        ui.table(
+            "what moved",
+            ("package", "before", "now"),
+            [(m.name, m.old or "(none)", m.new or "(none)") for m in outcome.moved],
+            align="lll",
+        )
     elif request.upgrade:
         ui.line(f"--upgrade-package {', '.join(request.upgrade)}: nothing moved")
     for taken in outcome.first_use:
@@ -204,5 +215,7 @@ def _fill(resolution: pylock.Resolution, wheelhouse: Path, ui: UI) -> None:
 
         resolve.download(resolution, wheelhouse, on_file=on_file)
     kept = len(resolution.files) - len(fresh)
-    ui.line(f"wheelhouse {wheelhouse}: {len(resolution.files)} files, each checked against its sha256 ({len(fresh)} downloaded, {kept} already there)")
+    ui.line(
+        f"wheelhouse {wheelhouse}: {len(resolution.files)} files, each checked against its sha256 ({len(fresh)} downloaded, {kept} already there)"
+    )
     ui.line(f"  install from it with no index: stackgate provision --wheelhouse {wheelhouse}")

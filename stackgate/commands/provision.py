@@ -27,18 +27,38 @@ from stackgate.edges import fetch
 from stackgate.facts import Missing, gather
 from stackgate.facts.compare import environment_drift, environment_spec
 from stackgate.models import faults, knowledge, pylock
-from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.finding import Finding
 from stackgate.models.result import Result, Status
+from stackgate.models.spec import Spec, load_spec
 from stackgate.render.ui import UI, Activity
 from stackgate.stack import generations, guard, patches, pyenv, toolkit
 from stackgate.stack.plan import AREAS, Plan, Step, cache_dir, plan
 
-__all__ = ["LIVE_ACTIONS", "ProvisionError", "ProvisionRequest", "ProvisionUsage", "RollbackRequest", "apply", "plan_for", "rollback", "run", "split_live"]
+__all__ = [
+    "LIVE_ACTIONS",
+    "ProvisionError",
+    "ProvisionRequest",
+    "ProvisionUsageError",
+    "RollbackRequest",
+    "apply",
+    "plan_for",
+    "rollback",
+    "run",
+    "split_live",
+]
 
 #: What a new generation must pass before ``current`` points at it (those registered).
-BUILD_CHECKS = ("python.interpreter", "python.locked", "python.pins", "python.frozen", "python.consistency", "torch.build", "flashinfer.cubin", "patches.applied")
+BUILD_CHECKS = (
+    "python.interpreter",
+    "python.locked",
+    "python.pins",
+    "python.frozen",
+    "python.consistency",
+    "torch.build",
+    "flashinfer.cubin",
+    "patches.applied",
+)
 #: What verify checks after provisioning, per area provision touched.
 VERIFY_CHECKS = {
     "toolkit": ("cuda.toolkits", "cuda.ptxas_arch"),
@@ -55,14 +75,16 @@ KEEP_LOGS = 10
 class ProvisionError(Exception):
     """Provisioning failed; ``current`` is unchanged unless the message says otherwise."""
 
-    def __init__(self, message: str, log: Path | None = None, tail: tuple[str, ...] = (), *, checks_failed: bool = False) -> None:
+    def __init__(
+        self, message: str, log: Path | None = None, tail: tuple[str, ...] = (), *, checks_failed: bool = False
+    ) -> None:
         super().__init__(message)
         self.log = log
         self.tail = tail
         self.checks_failed = checks_failed  #: the new generation was built and failed its checks
 
 
-class ProvisionUsage(UsageError):
+class ProvisionUsageError(UsageError):
     """A request provision cannot take (exit 2): nothing was changed."""
 
 
@@ -84,14 +106,14 @@ class RollbackRequest:
     environ: Mapping[str, str] | None = field(default=None, compare=False)  #: default: os.environ
 
 
-def _load(lock_path: Path | None) -> lockmodel.Lock:
-    lock = lockmodel.load(lock_path)
+def _load(lock_path: Path | None) -> Spec:
+    lock = load_spec(lock_path)
     # Generations keep the path they were built from: one relative to this shell's directory
     # would mean nothing to a later command run elsewhere.
     lock = dataclasses.replace(lock, path=Path(os.path.abspath(lock.path)))
     pylock.check_beside(lock)
     if lock.python.root is None:
-        raise ProvisionUsage(
+        raise ProvisionUsageError(
             f"{lock.path}: python.interpreter names an existing environment ({lock.python.interpreter}); "
             "provision builds only a stackgate-managed one: set python.root instead"
         )
@@ -101,7 +123,7 @@ def _load(lock_path: Path | None) -> lockmodel.Lock:
 def run(request: ProvisionRequest, ui: UI) -> ExitCode:
     """The provision command: plan, show, apply, check, switch, verify."""
     if request.only is not None and request.only not in AREAS:
-        raise ProvisionUsage(f"--only must be one of {', '.join(AREAS)}, not {request.only!r}")
+        raise ProvisionUsageError(f"--only must be one of {', '.join(AREAS)}, not {request.only!r}")
     lock = _load(request.lock_path)
     environ = dict(os.environ if request.environ is None else request.environ)
     root = lock.python.root
@@ -119,7 +141,9 @@ def run(request: ProvisionRequest, ui: UI) -> ExitCode:
         if refused is not None:
             return refused
     try:
-        with generations.exclusive(root, wait=request.wait, command=_command_line(), on_wait=ui.info, busy_advice="wait for it, or pass --wait"):
+        with generations.exclusive(
+            root, wait=request.wait, command=_command_line(), on_wait=ui.info, busy_advice="wait for it, or pass --wait"
+        ):
             _sweep(root, ui)
             return _provision(lock, request, environ, ui, first)
     except (generations.GenerationError, PermissionError) as exc:
@@ -145,7 +169,7 @@ def _decide(the_plan: Plan, request: ProvisionRequest, ui: UI) -> ExitCode | Non
 
 
 def _provision(
-    lock: lockmodel.Lock, request: ProvisionRequest, environ: dict[str, str], ui: UI, first: Plan | None = None
+    lock: Spec, request: ProvisionRequest, environ: dict[str, str], ui: UI, first: Plan | None = None
 ) -> ExitCode:
     """Plan and apply under the root's lock; ``first``, the plan already decided on for a root
     never provisioned, is applied as it is while the root still holds no generation."""
@@ -168,25 +192,34 @@ def _provision(
     return _verify_built(lock, the_plan, request, environ, ui)
 
 
-def _known_failures(log: Path | None, lock: lockmodel.Lock) -> list[Finding]:
+def _known_failures(log: Path | None, lock: Spec) -> list[Finding]:
     """What the knowledge base knows of a failed step, read from its full log (installer output)."""
     if log is None:
         return []
     try:
         done = diagnose.diagnose([(str(log), lambda: open(log, "rb"))], knowledge.lock_context(lock), stage="provision")
-    except diagnose.DiagnoseError:
+    except diagnose.DiagnoseUsageError:
         return []  # the log is gone: the tail shown is all there is
     return list(done.findings)
 
 
-def _failed(exc: BaseException, log: Path | None, tail: tuple[str, ...], before: generations.RootState, ui: UI, findings: Sequence[Finding] = ()) -> ExitCode:
+def _failed(
+    exc: BaseException,
+    log: Path | None,
+    tail: tuple[str, ...],
+    before: generations.RootState,
+    ui: UI,
+    findings: Sequence[Finding] = (),
+) -> ExitCode:
     ui.tail(f"stackgate provision failed: {exc}", log, tail, findings)
     now = generations.read(before.root).current
     link = before.root / "current"
     if (now.path if now else None) == (before.current.path if before.current else None):
         ui.error(f"{link} is unchanged; {_advice(exc)}")
     else:
-        ui.error(f"{link} was switched to {now.id if now else '(nothing)'} before the failure; `stackgate rollback` goes back")
+        ui.error(
+            f"{link} was switched to {now.id if now else '(nothing)'} before the failure; `stackgate rollback` goes back"
+        )
     return ExitCode.FAILED
 
 
@@ -205,7 +238,9 @@ def _advice(exc: BaseException) -> str:
     if _caused_by(exc, fetch.FetchError) is not None:
         return "check that the URL answers from this machine; `stackgate provision` again resumes the download"
     if isinstance(exc, ProvisionError) and exc.checks_failed:
-        return f"a re-run builds the same generation: fix what the checks name (in the lock or on this machine), {again}"
+        return (
+            f"a re-run builds the same generation: fix what the checks name (in the lock or on this machine), {again}"
+        )
     return f"fix the cause above, {again}"
 
 
@@ -225,7 +260,7 @@ def _sweep(root: Path, ui: UI) -> None:
         ui.info(f"removed what an interrupted run left: {', '.join(str(p) for p in removed)}")
 
 
-def _make_plan(lock: lockmodel.Lock, state: generations.RootState, request: ProvisionRequest, environ: Mapping[str, str]) -> Plan:
+def _make_plan(lock: Spec, state: generations.RootState, request: ProvisionRequest, environ: Mapping[str, str]) -> Plan:
     areas = (request.only,) if request.only else AREAS
     parts = sorted({part for area in areas for part in PLAN_PARTS[area]})
     facts = gather(lock, parts, environ=environ)
@@ -236,7 +271,7 @@ def _make_plan(lock: lockmodel.Lock, state: generations.RootState, request: Prov
         facts.close()
 
 
-def plan_for(lock: lockmodel.Lock, state: generations.RootState, environ: Mapping[str, str]) -> Plan:
+def plan_for(lock: Spec, state: generations.RootState, environ: Mapping[str, str]) -> Plan:
     """What provision would do to bring this machine to ``lock`` (facts gathered now)."""
     return _make_plan(lock, state, ProvisionRequest(lock_path=lock.path), environ)
 
@@ -252,7 +287,9 @@ def split_live(the_plan: Plan) -> tuple[Plan, Plan]:
         return step.action in LIVE_ACTIONS or (the_plan.generation is None and step.area != "toolkit")
 
     beside = dataclasses.replace(the_plan, steps=tuple(s for s in the_plan.steps if not live(s)))
-    switch = dataclasses.replace(the_plan, steps=tuple(s for s in the_plan.steps if live(s)), resume=the_plan.generation is not None)
+    switch = dataclasses.replace(
+        the_plan, steps=tuple(s for s in the_plan.steps if live(s)), resume=the_plan.generation is not None
+    )
     return beside, switch
 
 
@@ -270,7 +307,9 @@ def _blocked(the_plan: Plan) -> ExitCode | None:
 def _confirmed(the_plan: Plan, ui: UI) -> bool:
     answer = ui.confirm(f"apply these {len(the_plan.steps)} steps?")
     if answer is None:
-        raise ProvisionUsage("the plan changes this machine and there is no terminal to ask: pass --yes (or --dry-run to only see the plan)")
+        raise ProvisionUsageError(
+            "the plan changes this machine and there is no terminal to ask: pass --yes (or --dry-run to only see the plan)"
+        )
     return answer
 
 
@@ -290,7 +329,7 @@ def _command_line() -> str:
 class Build:
     """What the steps of one provision share."""
 
-    lock: lockmodel.Lock
+    lock: Spec
     state: generations.RootState
     environ: dict[str, str]
     logs: Path
@@ -313,12 +352,21 @@ class Build:
         return self.logs / f"{self.step_number:02d}-{step.action}.log"
 
 
-def apply(the_plan: Plan, state: generations.RootState, environ: dict[str, str], ui: UI, *, wheelhouse: Path | None = None) -> generations.Generation | None:
+def apply(
+    the_plan: Plan, state: generations.RootState, environ: dict[str, str], ui: UI, *, wheelhouse: Path | None = None
+) -> generations.Generation | None:
     """Run the plan's steps in order; the first failure stops it (``current`` is only switched by
     the last step of a build). Returns the generation the plan built or resumed, if any."""
     lock = the_plan.lock
     stamp = the_plan.generation.name if the_plan.generation else time.strftime("%Y%m%dT%H%M%S")
-    build = Build(lock, state, environ, _log_dir(lock, stamp), the_plan, wheelhouse=Path(os.path.abspath(wheelhouse)) if wheelhouse else None)
+    build = Build(
+        lock,
+        state,
+        environ,
+        _log_dir(lock, stamp),
+        the_plan,
+        wheelhouse=Path(os.path.abspath(wheelhouse)) if wheelhouse else None,
+    )
     if the_plan.resume:
         build.generation = next(g for g in state.generations if g.path == the_plan.generation)
     with _kept_toolkits_untouched(the_plan):
@@ -331,7 +379,7 @@ def apply(the_plan: Plan, state: generations.RootState, environ: dict[str, str],
     return build.generation
 
 
-def _log_dir(lock: lockmodel.Lock, stamp: str) -> Path:
+def _log_dir(lock: Spec, stamp: str) -> Path:
     assert lock.python.root is not None
     logs = lock.python.root / "logs"
     directory = logs / stamp
@@ -364,7 +412,9 @@ def _run(build: Build, step: Step, activity: Activity, command: pyenv.Command) -
 
 
 def _discard(build: Build, step: Step, activity: Activity) -> None:
-    removed = generations.discard_unfinished(build.state, on_renamed=lambda doomed: faults.trip(f"during:{step.action}"))
+    removed = generations.discard_unfinished(
+        build.state, on_renamed=lambda doomed: faults.trip(f"during:{step.action}")
+    )
     activity.update(f"removed {', '.join(g.id for g in removed)}")
 
 
@@ -386,7 +436,9 @@ def _guard(build: Build, step: Step, activity: Activity) -> None:
     assert build.generation is not None
     build.files = guard.write(build.lock, build.generation.path)
     resolution = step.subject
-    pyenv.write_install_files(resolution, build.generation.path, pyenv.local_files(resolution, build.cache / "wheels", build.wheelhouse))
+    pyenv.write_install_files(
+        resolution, build.generation.path, pyenv.local_files(resolution, build.cache / "wheels", build.wheelhouse)
+    )
 
 
 def _preflight(build: Build, step: Step, activity: Activity) -> None:
@@ -424,7 +476,9 @@ def _fetch(build: Build, step: Step, activity: Activity) -> None:
         activity.transfer(done, total)
 
     name, file = step.subject
-    path, downloaded = pyenv.fetch_wheel(name, file, build.cache / "wheels", on_progress=progress, on_retry=activity.ui.warn)
+    path, downloaded = pyenv.fetch_wheel(
+        name, file, build.cache / "wheels", on_progress=progress, on_retry=activity.ui.warn
+    )
     activity.update(f"{'downloaded' if downloaded else 'cached'}: {path.name}, sha256 matches")
 
 
@@ -455,17 +509,23 @@ def _check(build: Build, step: Step, activity: Activity) -> None:
     """The new generation's own checks, run against its interpreter before anything points at it."""
     generation = build.generation
     assert generation is not None
-    candidate = dataclasses.replace(build.lock, python=dataclasses.replace(build.lock.python, interpreter=generation.python))
+    candidate = dataclasses.replace(
+        build.lock, python=dataclasses.replace(build.lock.python, interpreter=generation.python)
+    )
     results = _run_named(candidate, BUILD_CHECKS, build.environ)
     bad = [r for r in results if r.status >= Status.FAIL]
     if bad:
         build.generation = generations.mark(generation, "failed", failures=[f"{r.check}: {r.summary}" for r in bad])
         lines = tuple(f"{r.check}: {r.summary}" for r in bad) + tuple(f"  {d}" for r in bad for d in r.details[:5])
-        raise ProvisionError(f"generation {generation.id} failed its checks, so current was not switched: {bad[0].check}: {bad[0].summary}", tail=lines, checks_failed=True)
+        raise ProvisionError(
+            f"generation {generation.id} failed its checks, so current was not switched: {bad[0].check}: {bad[0].summary}",
+            tail=lines,
+            checks_failed=True,
+        )
     activity.update(", ".join(f"{r.check} {r.status.name}" for r in results))
 
 
-def _run_named(lock: lockmodel.Lock, names: tuple[str, ...], environ: Mapping[str, str]) -> list[Result]:
+def _run_named(lock: Spec, names: tuple[str, ...], environ: Mapping[str, str]) -> list[Result]:
     checks = _registered(names)
     facts = gather(lock, sorted({p for c in checks for p in c.needs}), environ=environ)
     try:
@@ -485,11 +545,15 @@ def _switch(build: Build, step: Step, activity: Activity) -> None:
     faults.trip("during:python.switch")
     build.generation = generations.switch(build.root, build.generation)
     removed = generations.prune(generations.read(build.root))
-    activity.update(f"current -> {build.generation.id}" + (f"; removed {', '.join(g.id for g in removed)}" if removed else ""))
+    activity.update(
+        f"current -> {build.generation.id}" + (f"; removed {', '.join(g.id for g in removed)}" if removed else "")
+    )
 
 
 def _toolkit(build: Build, step: Step, activity: Activity) -> None:
-    toolkit.install_toolkit(step.subject, log=build.log(step), cache=build.cache / "toolkits", on_progress=activity.update)
+    toolkit.install_toolkit(
+        step.subject, log=build.log(step), cache=build.cache / "toolkits", on_progress=activity.update
+    )
 
 
 def _link(build: Build, step: Step, activity: Activity) -> None:
@@ -516,7 +580,9 @@ APPLIERS: dict[str, Callable[[Build, Step, Activity], None]] = {
 # --- after applying -----------------------------------------------------------------------------
 
 
-def _verify_built(lock: lockmodel.Lock, the_plan: Plan, request: ProvisionRequest, environ: Mapping[str, str], ui: UI) -> ExitCode:
+def _verify_built(
+    lock: Spec, the_plan: Plan, request: ProvisionRequest, environ: Mapping[str, str], ui: UI
+) -> ExitCode:
     """Gather the facts again: plan again (nothing may be left to do), and run the verify checks
     that cover what was built."""
     assert lock.python.root is not None
@@ -526,7 +592,9 @@ def _verify_built(lock: lockmodel.Lock, the_plan: Plan, request: ProvisionReques
     code = ExitCode.PASSED
     if checks:
         done = verify(lock, checks, ui)
-        ui.results(f"stackgate provision: verify {lock.name} after provisioning", done.results, done.verdict, done.duration_s)
+        ui.results(
+            f"stackgate provision: verify {lock.name} after provisioning", done.results, done.verdict, done.duration_s
+        )
         left += [f"{r.check}: {r.summary}" for r in done.results if r.status >= Status.FAIL]
         code = done.verdict.exit_code
     if left:
@@ -549,7 +617,9 @@ def rollback(request: RollbackRequest, ui: UI) -> ExitCode:
         ui.error(f"stackgate rollback: nothing to roll back: {root} does not exist")
         return ExitCode.FAILED
     try:
-        with generations.exclusive(root, wait=False, command=_command_line(), busy_advice="run `stackgate rollback` again once it has finished"):
+        with generations.exclusive(
+            root, wait=False, command=_command_line(), busy_advice="run `stackgate rollback` again once it has finished"
+        ):
             _sweep(root, ui)
             target = generations.rollback_target(generations.read(root))
             drift = _drift_of(lock, target, environ)
@@ -570,7 +640,7 @@ def rollback(request: RollbackRequest, ui: UI) -> ExitCode:
     return ExitCode.PASSED
 
 
-def _other_lock(lock: lockmodel.Lock, built_from: Mapping[str, Any]) -> str | None:
+def _other_lock(lock: Spec, built_from: Mapping[str, Any]) -> str | None:
     """What a generation was built from when it is not this lock: another lock file (named), or
     another version of this one; None when it is this lock or the marker does not say."""
     sha256, path = built_from.get("sha256"), built_from.get("path")
@@ -581,7 +651,7 @@ def _other_lock(lock: lockmodel.Lock, built_from: Mapping[str, Any]) -> str | No
     return None
 
 
-def _drift_of(lock: lockmodel.Lock, generation: generations.Generation, environ: Mapping[str, str]) -> list[str]:
+def _drift_of(lock: Spec, generation: generations.Generation, environ: Mapping[str, str]) -> list[str]:
     """How a generation's environment differs from what it was built from (its marker's spec):
     its pins, the frozen packages its guard holds, conflicts; and whether its guard is there."""
     try:

@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence, TypeVar
 
 from stackgate.edges.files import write_text
-from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.redact import redact
+from stackgate.models.spec import SpecError, load_spec
 from stackgate.render import summaries
 from stackgate.render.ui import UI
 from stackgate.runs import catalog, history, index
@@ -39,7 +39,7 @@ from stackgate.runs import catalog, history, index
 if TYPE_CHECKING:
     from stackgate.runs import rundiff
 
-__all__ = ["ReportRequest", "ReportUsage", "parse_number", "run", "show_findings", "show_regressions"]
+__all__ = ["ReportRequest", "ReportUsageError", "parse_number", "run", "show_findings", "show_regressions"]
 
 N = TypeVar("N", int, float)
 
@@ -47,7 +47,7 @@ N = TypeVar("N", int, float)
 TREND = catalog.TREND
 
 
-class ReportUsage(UsageError):
+class ReportUsageError(UsageError):
     """Bad usage: too many runs named, or one that cannot be found or read."""
 
 
@@ -74,13 +74,17 @@ def run(request: ReportRequest, ui: UI) -> ExitCode:
     if request.html_path is not None:
         return _html(request.html_path, chosen[0] if chosen else None, directory, ui)
     if len(chosen) == 2:
-        from stackgate.runs import rundiff  # only here: the listing need not load the comparison's machinery (a tenth of a second)
+        from stackgate.runs import (
+            rundiff,
+        )  # only here: the listing need not load the comparison's machinery (a tenth of a second)
 
         show_comparison(rundiff.compare(_redacted(chosen[0]), _redacted(chosen[1])), ui)
     elif chosen:
         show_run(_redacted(chosen[0]), ui)
     else:
-        list_runs(catalog.listing(directory, request.last, ui.warn), directory, ui)  # ids, verdicts and figures: nothing a run's secrets could be in
+        list_runs(
+            catalog.listing(directory, request.last, ui.warn), directory, ui
+        )  # ids, verdicts and figures: nothing a run's secrets could be in
     return ExitCode.PASSED
 
 
@@ -91,21 +95,27 @@ def parse_number(flag: str, text: str | None, default: N) -> N:
     try:
         return type(default)(text)
     except ValueError:
-        raise ReportUsage(f"{flag}: {text!r} is not a {'whole ' if isinstance(default, int) else ''}number") from None
+        raise ReportUsageError(
+            f"{flag}: {text!r} is not a {'whole ' if isinstance(default, int) else ''}number"
+        ) from None
 
 
 def _check(request: ReportRequest) -> None:
     if len(request.runs) > 2:
-        raise ReportUsage(f"name at most two runs (A, or A B to compare), not {len(request.runs)}")
+        raise ReportUsageError(f"name at most two runs (A, or A B to compare), not {len(request.runs)}")
     if request.html_path is not None and len(request.runs) > 1:
-        raise ReportUsage("--html takes at most one run (none: the history)")
+        raise ReportUsageError("--html takes at most one run (none: the history)")
     if request.last < 1:
-        raise ReportUsage(f"--last: {request.last}: show at least 1 run")
+        raise ReportUsageError(f"--last: {request.last}: show at least 1 run")
     if not 0 < request.threshold_pct < 100:
-        raise ReportUsage(f"--threshold: {request.threshold_pct:g}: a percentage above 0 and below 100")
-    alone = [flag for flag, given in (("--reindex", request.reindex), ("--regressed-since", request.regressed_since is not None)) if given]
+        raise ReportUsageError(f"--threshold: {request.threshold_pct:g}: a percentage above 0 and below 100")
+    alone = [
+        flag
+        for flag, given in (("--reindex", request.reindex), ("--regressed-since", request.regressed_since is not None))
+        if given
+    ]
     if alone and (request.runs or request.html_path is not None or len(alone) > 1):
-        raise ReportUsage(f"{alone[0]} takes no run, no --html{' and no ' + alone[1] if len(alone) > 1 else ''}")
+        raise ReportUsageError(f"{alone[0]} takes no run, no --html{' and no ' + alone[1] if len(alone) > 1 else ''}")
 
 
 def _reindex(directory: Path, ui: UI) -> ExitCode:
@@ -115,9 +125,11 @@ def _reindex(directory: Path, ui: UI) -> ExitCode:
     try:
         done = catalog.reindex(directory)
     except index.IndexUnusable as exc:
-        raise ReportUsage(f"cannot rebuild the run index of {directory}: {exc}") from None
+        raise ReportUsageError(f"cannot rebuild the run index of {directory}: {exc}") from None
     skipped = f", {done.skipped} file(s) skipped (not runs; `stackgate report` names them)" if done.skipped else ""
-    ui.line(f"indexed {done.runs} run(s) of {directory} in {done.seconds:.1f} s{skipped}: {index.database_path(directory)}")
+    ui.line(
+        f"indexed {done.runs} run(s) of {directory} in {done.seconds:.1f} s{skipped}: {index.database_path(directory)}"
+    )
     return ExitCode.PASSED
 
 
@@ -125,7 +137,7 @@ def _regressed(directory: Path, request: ReportRequest, ui: UI) -> ExitCode:
     try:
         since = catalog.parse_since(request.regressed_since or "")
     except ValueError as exc:
-        raise ReportUsage(f"--regressed-since: {exc}") from None
+        raise ReportUsageError(f"--regressed-since: {exc}") from None
     found, nodes = catalog.regressed_since(directory, since, ui.warn, threshold=request.threshold_pct / 100)
     show_regressions(found, nodes, since, request.threshold_pct, ui)
     return ExitCode.PASSED
@@ -136,8 +148,14 @@ def show_regressions(found: Sequence[catalog.Regression], nodes: int, since: str
     regressed = list(dict.fromkeys(r.node for r in found))
     ui.line(f"{len(regressed)} of {nodes} node(s) with runs since {since} regressed ({rule})")
     for item in found:
-        ui.line(f"{item.node}: {item.run.id} ({item.run.kind} of {item.run.lock}): {'; '.join(item.reasons)}; against {item.against.id}")
-        prints = f"fingerprint {item.against.short} -> {item.run.short}" if item.against.short and item.run.short else "fingerprints not both recorded"
+        ui.line(
+            f"{item.node}: {item.run.id} ({item.run.kind} of {item.run.lock}): {'; '.join(item.reasons)}; against {item.against.id}"
+        )
+        prints = (
+            f"fingerprint {item.against.short} -> {item.run.short}"
+            if item.against.short and item.run.short
+            else "fingerprints not both recorded"
+        )
         if item.run.fingerprint and item.run.fingerprint == item.against.fingerprint:
             ui.line(f"  nothing changed in the stack (fingerprint {item.run.short}): look at the node itself")
         elif not item.changes:
@@ -151,8 +169,8 @@ def show_regressions(found: Sequence[catalog.Regression], nodes: int, since: str
 def _directory(lock_path: Path | None) -> Path:
     """The runs directory of the lock (a default lock that does not load still has a history)."""
     try:
-        lock = lockmodel.load(lock_path)
-    except lockmodel.LockError:
+        lock = load_spec(lock_path)
+    except SpecError:
         if lock_path is not None:
             raise
         lock = None
@@ -167,7 +185,7 @@ def _find(ref: str, directory: Path, ui: UI) -> history.Run:
     try:
         return catalog.find(ref, directory, ui.warn)
     except history.HistoryError as exc:
-        raise ReportUsage(str(exc)) from None
+        raise ReportUsageError(str(exc)) from None
 
 
 def list_runs(listing: catalog.Listing, directory: Path, ui: UI) -> None:
@@ -176,9 +194,18 @@ def list_runs(listing: catalog.Listing, directory: Path, ui: UI) -> None:
     if not listing.rows:
         ui.line(f"no runs kept in {directory} yet: `stackgate gate` and `stackgate smoke` keep theirs there")
         return
-    rows = [[r.id, r.command, r.lock, r.verdict, _num(r.decode_tok_s), _num(r.tok_s), r.short or ""] for r in listing.rows]
-    shown = f"{listing.total} run(s)" if len(rows) == listing.total else f"the last {len(rows)} of {listing.total} run(s)"
-    ui.table(f"{shown} in {directory}, oldest first", ["run", "command", "lock", "verdict", "decode tok/s", "tok/s", "fingerprint"], rows, align="llllrrl")
+    rows = [
+        [r.id, r.command, r.lock, r.verdict, _num(r.decode_tok_s), _num(r.tok_s), r.short or ""] for r in listing.rows
+    ]
+    shown = (
+        f"{listing.total} run(s)" if len(rows) == listing.total else f"the last {len(rows)} of {listing.total} run(s)"
+    )
+    ui.table(
+        f"{shown} in {directory}, oldest first",
+        ["run", "command", "lock", "verdict", "decode tok/s", "tok/s", "fingerprint"],
+        rows,
+        align="llllrrl",
+    )
     for lock, values in listing.trends:
         ui.line(trend_line(lock, values, unicode=ui.unicode))
 
@@ -203,7 +230,12 @@ def show_run(run: history.Run, ui: UI) -> None:
     ui.line(f"  started {run.started} on {run.host}; {run.doc.get('reason', '')}")
     stages = (run.doc.get("gate") or {}).get("stages") or []
     if stages:
-        ui.table("stages", ["stage", "status", "seconds", "reason"], [[s["name"], s["status"], f"{s['duration_s']:.1f}", s["reason"]] for s in stages], align="llrl")
+        ui.table(
+            "stages",
+            ["stage", "status", "seconds", "reason"],
+            [[s["name"], s["status"], f"{s['duration_s']:.1f}", s["reason"]] for s in stages],
+            align="llrl",
+        )
     bad = [r for r in run.results if r.get("status") in ("FAIL", "ERROR", "WARN")]
     for result in bad:
         ui.line(f"  {result['status']:<5} {result.get('stage', run.command)} {result['check']}: {result['summary']}")
@@ -226,6 +258,7 @@ def show_run(run: history.Run, ui: UI) -> None:
 def show_findings(run: history.Run, ui: UI) -> None:
     """The known failures the run's server logs showed, one line each, most severe first."""
     from stackgate.models import knowledge  # its patterns load at import: not for a listing
+
     findings, unreadable = run.findings()
     if findings:
         ui.line(f"known failures in the server logs ({len(findings)}):")
@@ -247,7 +280,9 @@ def show_comparison(comparison: rundiff.Comparison, ui: UI) -> None:
     a, b = (old.fingerprint or {}).get("short"), (new.fingerprint or {}).get("short")
     prints = f"; fingerprint {a} -> {b}" if a and b else ""
     if comparison.same_stack:
-        ui.line(f"the stack is the same in what both runs recorded ({', '.join(comparison.sections) or 'nothing'}){prints}")
+        ui.line(
+            f"the stack is the same in what both runs recorded ({', '.join(comparison.sections) or 'nothing'}){prints}"
+        )
     else:
         ui.line(f"what changed from A to B ({len(comparison.changes)} component(s){prints}):")
         section = None
@@ -259,7 +294,9 @@ def show_comparison(comparison: rundiff.Comparison, ui: UI) -> None:
     missing = [s for s in ("gpu", "toolkits", "distributions", "patches") if s not in comparison.sections]
     if missing and comparison.sections:
         smoke = "smoke" in (old.command, new.command)
-        ui.line(f"  (not compared: {', '.join(missing)}: {'a smoke run records only its lock and its server' if smoke else 'not recorded by both runs'})")
+        ui.line(
+            f"  (not compared: {', '.join(missing)}: {'a smoke run records only its lock and its server' if smoke else 'not recorded by both runs'})"
+        )
     if comparison.statuses:
         ui.line(f"checks whose status changed ({len(comparison.statuses)}):")
         for status in comparison.statuses[:30]:

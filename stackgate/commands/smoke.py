@@ -23,11 +23,11 @@ from stackgate.checks.smoke import logscan, serverinfo
 from stackgate.edges.files import unwritable, write_json
 from stackgate.facts import serverlog
 from stackgate.models import envfile, faults, knowledge, runenv, secretargs, settings
-from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.finding import Finding, Fix
 from stackgate.models.redact import redact
 from stackgate.models.result import Result, Status, failed, passed, skipped, warned
+from stackgate.models.spec import Spec, load_spec
 from stackgate.models.verdict import Verdict, judge
 from stackgate.models.verdict import document as report_document
 from stackgate.render import report
@@ -61,7 +61,14 @@ SCHEMA = "stackgate.smoke/2"
 #: The columns of a benchmark table (rows: :func:`benchmark_rows`).
 BENCHMARK_HEADERS = ("run", "tokens", "seconds", "tok/s", "TTFT ms", "decode tok/s")
 #: The columns of a concurrency table (rows: :func:`concurrency_rows`).
-CONCURRENCY_HEADERS = ("streams", "aggregate tok/s", "per-stream tok/s", "TTFT ms p50/p90/p99", "ITL ms p50/p90/p99", "failed")
+CONCURRENCY_HEADERS = (
+    "streams",
+    "aggregate tok/s",
+    "per-stream tok/s",
+    "TTFT ms p50/p90/p99",
+    "ITL ms p50/p90/p99",
+    "failed",
+)
 #: How long a failed request waits for the process/log watcher to say why the server failed. A
 #: dying server's stream closes when its main process exits, and its fatal lines are written
 #: before that, so the answer is in within a tick or two; a stream cut while the server stays up
@@ -121,7 +128,9 @@ def parse_levels(text: str | None) -> tuple[int, ...]:
     try:
         levels = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise SmokeUsageError(f"--concurrency takes stream counts separated by commas, e.g. 1,10,30, not {text!r}") from None
+        raise SmokeUsageError(
+            f"--concurrency takes stream counts separated by commas, e.g. 1,10,30, not {text!r}"
+        ) from None
     if not levels or any(n < 1 for n in levels):
         raise SmokeUsageError(f"--concurrency levels must be 1 or more, not {text!r}")
     return levels
@@ -174,8 +183,23 @@ class Session:
             "set_by_stackgate": dict(sorted(self.set_by_stackgate.items())),
             "log_path": str(self.log_path) if self.log_path else None,
             "pid": self.pid,
-            "fast_mode": {"layers": self.shrink.layers, "of": self.shrink.total, "key": self.shrink.key, "override": dict(self.shrink.override)} if self.shrink else None,
-            "readiness": {"ready": ready.ready, "reason": ready.reason, "seconds": round(ready.seconds, 3), "phase": ready.phase, "exit_code": ready.exit_code} if ready else None,
+            "fast_mode": {
+                "layers": self.shrink.layers,
+                "of": self.shrink.total,
+                "key": self.shrink.key,
+                "override": dict(self.shrink.override),
+            }
+            if self.shrink
+            else None,
+            "readiness": {
+                "ready": ready.ready,
+                "reason": ready.reason,
+                "seconds": round(ready.seconds, 3),
+                "phase": ready.phase,
+                "exit_code": ready.exit_code,
+            }
+            if ready
+            else None,
             "server_info_endpoint": self.info_endpoint,
             "server_info": self.server_info,
             "findings": [f.to_dict() for f in self.findings],
@@ -194,7 +218,7 @@ class Session:
 class SmokeRun:
     """A finished smoke: what the gate and the report need of it."""
 
-    lock: lockmodel.Lock
+    lock: Spec
     request: SmokeRequest
     sessions: tuple[Session, ...]
     results: list[Result]
@@ -217,9 +241,25 @@ class SmokeRun:
         return self.sessions[-1].server_info if self.sessions else None
 
     def document(self) -> dict[str, Any]:
-        request = {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self.request).items()}
-        smoke = {"schema": SCHEMA, "request": request, "interrupted": self.interrupted, "sessions": [s.to_dict() for s in self.sessions]}
-        doc = report_document("smoke", self.results, self.verdict, lock=self.lock, started=self.started, duration_s=self.duration_s, extra={"smoke": smoke})
+        request = {
+            k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
+            for k, v in dataclasses.asdict(self.request).items()
+        }
+        smoke = {
+            "schema": SCHEMA,
+            "request": request,
+            "interrupted": self.interrupted,
+            "sessions": [s.to_dict() for s in self.sessions],
+        }
+        doc = report_document(
+            "smoke",
+            self.results,
+            self.verdict,
+            lock=self.lock,
+            started=self.started,
+            duration_s=self.duration_s,
+            extra={"smoke": smoke},
+        )
         return redact(doc, known=self.secrets())
 
     def secrets(self) -> set[str]:
@@ -245,7 +285,7 @@ def run(request: SmokeRequest, ui: UI) -> ExitCode:
     problem = unwritable({"--json": request.json_path} if request.json_path else {})
     if problem is not None:
         raise SmokeUsageError(problem)
-    lock = lockmodel.load(request.lock_path)
+    lock = load_spec(request.lock_path)
     try:
         done = run_smoke(lock, request, ui)
     except SmokeInterrupted as stop:
@@ -262,15 +302,23 @@ def _render(done: SmokeRun, ui: UI) -> None:
         if session.figures is not None and session.figures.runs:
             ui.table(f"benchmark ({session.config.title})", list(BENCHMARK_HEADERS), benchmark_rows(session.figures))
         if session.levels:
-            ui.table(f"concurrency ({session.config.title})", list(CONCURRENCY_HEADERS), concurrency_rows(session.levels))
+            ui.table(
+                f"concurrency ({session.config.title})", list(CONCURRENCY_HEADERS), concurrency_rows(session.levels)
+            )
     title = f"stackgate smoke: {done.lock.name} ({done.lock.path})" + (" [interrupted]" if done.interrupted else "")
-    ui.results(title, report.redacted(done.results, done.document(), known=done.secrets()), done.verdict, done.duration_s)
+    ui.results(
+        title, report.redacted(done.results, done.document(), known=done.secrets()), done.verdict, done.duration_s
+    )
     for session in done.sessions:
         if session.log_path is not None:
             ui.line(f"server log ({session.config.title}): {session.log_path} ({launch.LOG_NOTE})")
         if session.kept and session.pid is not None:
-            ui.line(f"the server is still running (--keep-server): pid {session.pid}, process group {session.pid}, {session.config.base_url}")
-            ui.line(f"stop it with: kill -TERM -- -{session.pid}   (it drains for up to ~5 s; then, if needed: kill -KILL -- -{session.pid})")
+            ui.line(
+                f"the server is still running (--keep-server): pid {session.pid}, process group {session.pid}, {session.config.base_url}"
+            )
+            ui.line(
+                f"stop it with: kill -TERM -- -{session.pid}   (it drains for up to ~5 s; then, if needed: kill -KILL -- -{session.pid})"
+            )
 
 
 def benchmark_rows(figures: bench.BenchFigures) -> list[list[str]]:
@@ -284,8 +332,22 @@ def benchmark_rows(figures: bench.BenchFigures) -> list[list[str]]:
     tok, ttft, decode = figures.tok_s, figures.ttft_s, figures.decode_tok_s
     if tok is None:
         return rows
-    for name, pick in (("mean", lambda s: s.mean), ("median", lambda s: s.median), ("min", lambda s: s.min), ("max", lambda s: s.max)):
-        rows.append([name, "", "", f"{pick(tok):.2f}", f"{pick(ttft) * 1000:.0f}" if ttft else "-", f"{pick(decode):.2f}" if decode else "-"])
+    for name, pick in (
+        ("mean", lambda s: s.mean),
+        ("median", lambda s: s.median),
+        ("min", lambda s: s.min),
+        ("max", lambda s: s.max),
+    ):
+        rows.append(
+            [
+                name,
+                "",
+                "",
+                f"{pick(tok):.2f}",
+                f"{pick(ttft) * 1000:.0f}" if ttft else "-",
+                f"{pick(decode):.2f}" if decode else "-",
+            ]
+        )
     rows.append(["stdev", "", "", f"{tok.stdev:.2f}", "", f"{decode.stdev:.2f}" if decode else "-"])
     rows.append(["CV", "", "", f"{tok.cv:.2%}", "", f"{decode.cv:.2%}" if decode else "-"])
     rows.append(["95% CI", "", "", tok.interval(), "", decode.interval() if decode else "-"])
@@ -297,7 +359,16 @@ def concurrency_rows(levels: Sequence[bench.Level]) -> list[list[str]]:
     rows = []
     for level in levels:
         per = level.per_stream
-        rows.append([str(level.streams), f"{level.aggregate_tok_s:.2f}", f"{per.mean:.2f}" if per else "-", _ms(level.ttft_s()), _ms(level.itl_s()), str(level.streams - len(level.good))])
+        rows.append(
+            [
+                str(level.streams),
+                f"{level.aggregate_tok_s:.2f}",
+                f"{per.mean:.2f}" if per else "-",
+                _ms(level.ttft_s()),
+                _ms(level.itl_s()),
+                str(level.streams - len(level.good)),
+            ]
+        )
     return rows
 
 
@@ -327,7 +398,7 @@ def _write(done: SmokeRun, request: SmokeRequest, ui: UI) -> None:
 
 @dataclass(frozen=True)
 class _Context:
-    lock: lockmodel.Lock
+    lock: Spec
     request: SmokeRequest
     ui: UI
     run_dir: Path
@@ -335,13 +406,22 @@ class _Context:
     nvml_lib: ModuleType | None
 
 
-def run_smoke(lock: lockmodel.Lock, request: SmokeRequest, ui: UI, *, environ: Mapping[str, str] | None = None, nvml_lib: ModuleType | None = None) -> SmokeRun:
+def run_smoke(
+    lock: Spec,
+    request: SmokeRequest,
+    ui: UI,
+    *,
+    environ: Mapping[str, str] | None = None,
+    nvml_lib: ModuleType | None = None,
+) -> SmokeRun:
     """Smoke every configuration the request asks for; raise SmokeInterrupted on Ctrl-C/SIGTERM.
 
     Raises :class:`LaunchError` or :class:`SmokeUsageError` (bad usage, nothing launched).
     """
     started, clock = time.time(), time.monotonic()
-    configs = launch.configs(lock, model=request.model, tp=request.tp, port=request.port, fast=request.fast, compare=request.compare)
+    configs = launch.configs(
+        lock, model=request.model, tp=request.tp, port=request.port, fast=request.fast, compare=request.compare
+    )
     launched.reap_and_tell(ui.warn)  # what a run killed outright left running (its port, its GPUs)
     context = _Context(lock, request, ui, _run_dir(request), dict(os.environ if environ is None else environ), nvml_lib)
     sessions: list[Session] = []
@@ -368,12 +448,20 @@ def _finish(context: _Context, sessions: list[Session], started: float, clock: f
     if len(sessions) == 2:
         results += _compare_results(sessions[0], sessions[1])
     if interrupted:
-        results.append(dataclasses.replace(failed("interrupted (Ctrl-C or SIGTERM); every server was torn down"), check="smoke.interrupted"))
+        results.append(
+            dataclasses.replace(
+                failed("interrupted (Ctrl-C or SIGTERM); every server was torn down"), check="smoke.interrupted"
+            )
+        )
     verdict = judge(results, strict=context.request.strict)
     if interrupted:
         # The command exits 130: the report and the console say so too, not "1 check(s) failed".
-        verdict = Verdict(ExitCode.INTERRUPTED, verdict.counts, "interrupted (Ctrl-C or SIGTERM); every server was torn down")
-    return SmokeRun(context.lock, context.request, tuple(sessions), results, verdict, started, time.monotonic() - clock, interrupted)
+        verdict = Verdict(
+            ExitCode.INTERRUPTED, verdict.counts, "interrupted (Ctrl-C or SIGTERM); every server was torn down"
+        )
+    return SmokeRun(
+        context.lock, context.request, tuple(sessions), results, verdict, started, time.monotonic() - clock, interrupted
+    )
 
 
 # --- one configuration ------------------------------------------------------------------------
@@ -385,7 +473,9 @@ def _run_session(session: Session, context: _Context, *, keep: bool) -> None:
         return
     config = session.config
     session.log_path = context.run_dir / f"{config.label or 'server'}.log"
-    watcher = serverlog.LogWatcher(session.log_path, context=_scan_context(context.lock, config, session.log_path), evidence=config.evidence)
+    watcher = serverlog.LogWatcher(
+        session.log_path, context=_scan_context(context.lock, config, session.log_path), evidence=config.evidence
+    )
     server: launch.Server | None = None
     interrupted = stopping = False  # a Ctrl-C during teardown; one before it (teardown follows it)
     try:
@@ -404,10 +494,15 @@ def _run_session(session: Session, context: _Context, *, keep: bool) -> None:
         raise KeyboardInterrupt
 
 
-def _scan_context(lock: lockmodel.Lock, config: Config, log_path: Path) -> dict[str, str]:
+def _scan_context(lock: Spec, config: Config, log_path: Path) -> dict[str, str]:
     """What the knowledge base's causes and fixes quote: the lock's values, this launch's own."""
     values = knowledge.lock_context(lock)
-    values.update(lock_backend=config.attention_backend, lock_tp=str(config.tp), lock_port=str(config.port), log_file=shlex.quote(str(log_path)))
+    values.update(
+        lock_backend=config.attention_backend,
+        lock_tp=str(config.tp),
+        lock_port=str(config.port),
+        log_file=shlex.quote(str(log_path)),
+    )
     return values
 
 
@@ -417,11 +512,21 @@ def _preflight(session: Session, context: _Context) -> bool:
     try:
         environ, stackgate_set = launch.server_env(lock, config, context.environ)
     except envfile.EnvFileError as exc:
-        session.add("preflight.env", failed(f"the live environment file cannot be read: {exc}; nothing was launched", fix=Fix("Re-run provision to rewrite it.", ("stackgate provision",))))
+        session.add(
+            "preflight.env",
+            failed(
+                f"the live environment file cannot be read: {exc}; nothing was launched",
+                fix=Fix("Re-run provision to rewrite it.", ("stackgate provision",)),
+            ),
+        )
         return False
     session.environment, session.set_by_stackgate = environ, stackgate_set
     model = launch.check_model(config)
-    checks = {"preflight.python": _check_python(lock), "preflight.model": model, "preflight.port": launch.check_port(config)}
+    checks = {
+        "preflight.python": _check_python(lock),
+        "preflight.model": model,
+        "preflight.port": launch.check_port(config),
+    }
     checks["preflight.gpus"] = launch.check_gpus(config, environ, context.nvml_lib)
     for name, result in checks.items():
         session.add(name, result)
@@ -438,7 +543,13 @@ def _command(session: Session, context: _Context) -> bool:
     try:
         session.launch_argv = tuple(secretargs.resolve(words, session.environment))
     except secretargs.SecretArgError as exc:
-        session.add("preflight.api_key", failed(f"{exc}; nothing was launched", fix=Fix("Export the variable before running smoke, or set it in [smoke.env].")))
+        session.add(
+            "preflight.api_key",
+            failed(
+                f"{exc}; nothing was launched",
+                fix=Fix("Export the variable before running smoke, or set it in [smoke.env]."),
+            ),
+        )
         return False
     session.api_key = secretargs.api_key(session.launch_argv)
     return True
@@ -455,27 +566,44 @@ def _start(session: Session, keep: bool) -> launch.Server | None:
     return server
 
 
-def _check_python(lock: lockmodel.Lock) -> Result:
+def _check_python(lock: Spec) -> Result:
     target = lock.python.target
     if target.exists():
         return passed(f"the stack's interpreter {target}")
     how = "run `stackgate provision`" if lock.python.root is not None else "fix python.interpreter in the lock"
-    return failed(f"no interpreter at {target}: {how}; nothing was launched", fix=Fix("Provision the stack first.", ("stackgate provision",)))
+    return failed(
+        f"no interpreter at {target}: {how}; nothing was launched",
+        fix=Fix("Provision the stack first.", ("stackgate provision",)),
+    )
 
 
 def _shrink(session: Session, config: Config) -> fastmode.Shrink | None:
     try:
         return fastmode.shrink(Path(config.model), config.fast_layers or 1)
     except fastmode.FastModeError as exc:
-        session.add("fast_mode", failed(f"{exc}; nothing was launched", fix=Fix("Run without --fast (a full load), or use a model whose config counts layers at top level.")))
+        session.add(
+            "fast_mode",
+            failed(
+                f"{exc}; nothing was launched",
+                fix=Fix("Run without --fast (a full load), or use a model whose config counts layers at top level."),
+            ),
+        )
         return None
 
 
 def _serve(session: Session, context: _Context, server: launch.Server, watcher: serverlog.LogWatcher) -> None:
     """Readiness, what really runs, the benchmark and the concurrency sweep."""
     config = session.config
-    with context.ui.activity(f"waiting for SGLang ({config.title}, TP {config.tp}, pid {server.pid}) to be ready") as activity:
-        ready = wait_ready(server, watcher, config.base_url, context.lock.smoke.ready_timeout_s, lambda phase, _: activity.update(phase))
+    with context.ui.activity(
+        f"waiting for SGLang ({config.title}, TP {config.tp}, pid {server.pid}) to be ready"
+    ) as activity:
+        ready = wait_ready(
+            server,
+            watcher,
+            config.base_url,
+            context.lock.smoke.ready_timeout_s,
+            lambda phase, _: activity.update(phase),
+        )
     session.readiness = ready
     session.add("launch", _launch_result(ready, server, watcher, context.lock.smoke.ready_timeout_s, ready.finding))
     if not ready.ready:
@@ -487,19 +615,40 @@ def _serve(session: Session, context: _Context, server: launch.Server, watcher: 
         _measure(session, context, server, watcher)
 
 
-def _launch_result(ready: Readiness, server: launch.Server, watcher: serverlog.LogWatcher, timeout_s: float, cause: Finding | None) -> Result:
+def _launch_result(
+    ready: Readiness, server: launch.Server, watcher: serverlog.LogWatcher, timeout_s: float, cause: Finding | None
+) -> Result:
     tail = [f"> {serverlog.excerpt(line)}" for line in watcher.last_lines(15)]
     fix = Fix("Read the server log; the findings below name known causes.", (f"tail -n 200 {server.log_path}",))
     known = f" (known failure {cause.id}: see below)" if cause else ""
-    data = {"reason": ready.reason, "seconds": round(ready.seconds, 3), "phase": ready.phase, "exit_code": ready.exit_code, "pid": server.pid}
+    data = {
+        "reason": ready.reason,
+        "seconds": round(ready.seconds, 3),
+        "phase": ready.phase,
+        "exit_code": ready.exit_code,
+        "pid": server.pid,
+    }
     if ready.reason == "ready":
         return passed(f"ready after {ready.seconds:.1f} s (pid {server.pid})", data=data)
     if ready.reason == "exited":
         note = "; SGLang kills its own process tree on a fatal error" if ready.exit_code == -signal.SIGKILL else ""
-        return failed(f"the server exited ({_exit_text(ready.exit_code)}{note}) after {ready.seconds:.1f} s while {ready.phase}{known}", tail, fix=fix, data=data)
+        return failed(
+            f"the server exited ({_exit_text(ready.exit_code)}{note}) after {ready.seconds:.1f} s while {ready.phase}{known}",
+            tail,
+            fix=fix,
+            data=data,
+        )
     if ready.reason == "fatal":
-        return failed(f"the log shows a fatal error after {ready.seconds:.1f} s while {ready.phase}{known}; stopped waiting", tail, fix=fix, data=data)
-    fix = Fix(f"If the model is only slow to load, raise [smoke] ready_timeout_s (now {timeout_s:g} s); otherwise read the log.", fix.commands)
+        return failed(
+            f"the log shows a fatal error after {ready.seconds:.1f} s while {ready.phase}{known}; stopped waiting",
+            tail,
+            fix=fix,
+            data=data,
+        )
+    fix = Fix(
+        f"If the model is only slow to load, raise [smoke] ready_timeout_s (now {timeout_s:g} s); otherwise read the log.",
+        fix.commands,
+    )
     return failed(f"not ready after {timeout_s:g} s (last phase: {ready.phase})", tail, fix=fix, data=data)
 
 
@@ -523,7 +672,10 @@ def _what_runs(session: Session) -> None:
     session.add("server_info", serverinfo.check_identity(info, endpoint, config.port, config.model))
     session.add("attention_backend", serverinfo.check_backend(info, config.attention_backend))
     session.add("tp_size", serverinfo.check_tp(info, config.tp))
-    session.add("flags", serverinfo.check_flags(info, secretargs.resolve(config.launch_flags(session.shrink), session.environment)))
+    session.add(
+        "flags",
+        serverinfo.check_flags(info, secretargs.resolve(config.launch_flags(session.shrink), session.environment)),
+    )
 
 
 def _measure(session: Session, context: _Context, server: launch.Server, watcher: serverlog.LogWatcher) -> None:
@@ -581,8 +733,7 @@ def _measure_results(session: Session, context: _Context) -> None:
         # Only the lock's configuration is what baseline_tok_s describes; --compare's baseline is measured, not judged.
         judged, strict = not session.config.label, context.request.strict
         verdict, short = bench.judge(
-            session.figures, benchmark, fast_label=label,
-            against_baseline=judged, strict=strict
+            session.figures, benchmark, fast_label=label, against_baseline=judged, strict=strict
         )
         session.add("benchmark", verdict)
         session.add("benchmark.short_runs", short)
@@ -619,7 +770,11 @@ def _levels_result(levels: Sequence[bench.Level], label: str | None) -> Result:
     data = {"levels": [level.to_dict() for level in levels], "fast_mode": label is not None}
     broken = [level for level in levels if len(level.good) < level.streams]
     if broken:
-        return failed(f"{sum(level.streams - len(level.good) for level in broken)} concurrent stream(s) did not complete", lines, data=data)
+        return failed(
+            f"{sum(level.streams - len(level.good) for level in broken)} concurrent stream(s) did not complete",
+            lines,
+            data=data,
+        )
     prefix = f"{label}: " if label else ""
     return passed(f"{prefix}{'; '.join(line.split(',')[0] for line in lines)}", lines, data=data)
 
@@ -664,7 +819,13 @@ def _wait_exit(server: launch.Server, limit_s: float) -> None:
         time.sleep(0.02)
 
 
-def _conclude(session: Session, context: _Context, server: launch.Server, watcher: serverlog.LogWatcher, memory_before: dict[int, int] | str) -> None:
+def _conclude(
+    session: Session,
+    context: _Context,
+    server: launch.Server,
+    watcher: serverlog.LogWatcher,
+    memory_before: dict[int, int] | str,
+) -> None:
     """Evidence, log findings, teardown: judged on everything the log said."""
     if session.kept:
         watcher.poll()
@@ -680,7 +841,10 @@ def _conclude(session: Session, context: _Context, server: launch.Server, watche
         seen = session.readiness
         if seen.reason == "fatal" and session.teardown is not None and session.teardown.how == "exited by itself":
             seen = dataclasses.replace(seen, reason="exited", exit_code=session.teardown.exit_code)
-        named = dataclasses.replace(_launch_result(seen, server, watcher, context.lock.smoke.ready_timeout_s, watcher.cause), check=session.config.check("launch"))
+        named = dataclasses.replace(
+            _launch_result(seen, server, watcher, context.lock.smoke.ready_timeout_s, watcher.cause),
+            check=session.config.check("launch"),
+        )
         session.results = [named if r.check == named.check else r for r in session.results]
     for item in session.evidence:
         name = f"evidence.{item.flag.lstrip('-')}"
@@ -700,23 +864,38 @@ def _conclude(session: Session, context: _Context, server: launch.Server, watche
 
 def _teardown_result(session: Session, server: launch.Server, grace_s: float) -> Result:
     if session.kept:
-        return passed(f"left running on purpose (--keep-server): process group {server.pid}; stop it with `kill -TERM -- -{server.pid}`", data={"pid": server.pid})
+        return passed(
+            f"left running on purpose (--keep-server): process group {server.pid}; stop it with `kill -TERM -- -{server.pid}`",
+            data={"pid": server.pid},
+        )
     teardown = session.teardown
     assert teardown is not None
     data = dataclasses.asdict(teardown)
     if teardown.leftovers:
         pids = " ".join(p.split()[0] for p in teardown.leftovers)
-        return failed(f"{len(teardown.leftovers)} process(es) of the server survived teardown", list(teardown.leftovers), fix=Fix("Kill them.", (f"kill -KILL {pids}",)), data=data)
+        return failed(
+            f"{len(teardown.leftovers)} process(es) of the server survived teardown",
+            list(teardown.leftovers),
+            fix=Fix("Kill them.", (f"kill -KILL {pids}",)),
+            data=data,
+        )
     summary = f"server stopped ({_teardown_story(teardown)}) in {teardown.seconds:.1f} s; none of its processes is left"
     if teardown.stubborn:
         return warned(
             f"{summary}; {len(teardown.stubborn)} process(es) ignored SIGTERM for the whole {grace_s:g} s grace: a production drain (SIGTERM) would hang",
             list(teardown.stubborn),
-            fix=Fix("Find what does not end on SIGTERM (a stuck request, a worker that ignores the signal); until then, stop the server with SIGKILL after a timeout."),
+            fix=Fix(
+                "Find what does not end on SIGTERM (a stuck request, a worker that ignores the signal); until then, stop the server with SIGKILL after a timeout."
+            ),
             data=data,
         )
     if teardown.orphans:
-        return warned(summary, list(teardown.orphans), fix=Fix("A server's workers should end with it (SGLang's follow their parent): find what kept them."), data=data)
+        return warned(
+            summary,
+            list(teardown.orphans),
+            fix=Fix("A server's workers should end with it (SGLang's follow their parent): find what kept them."),
+            data=data,
+        )
     return passed(summary, data=data)
 
 
@@ -756,9 +935,16 @@ def _speed_result(base: Session, full: Session, names: tuple[str, str]) -> Resul
     a = base.figures.decode_tok_s if base.figures else None
     b = full.figures.decode_tok_s if full.figures else None
     if a is None or b is None:
-        return dataclasses.replace(failed(f"cannot compare: {names[0] if a is None else names[1]} has no complete benchmark"), check="smoke.compare")
+        return dataclasses.replace(
+            failed(f"cannot compare: {names[0] if a is None else names[1]} has no complete benchmark"),
+            check="smoke.compare",
+        )
     diff = bench.difference(a, b)
-    lines = [f"{names[0]}: decode {a.text()}", f"{names[1]}: decode {b.text()}", f"{names[1]} - {names[0]}: {diff.text()}"]
+    lines = [
+        f"{names[0]}: decode {a.text()}",
+        f"{names[1]}: decode {b.text()}",
+        f"{names[1]} - {names[0]}: {diff.text()}",
+    ]
     for session, name in ((base, names[0]), (full, names[1])):
         whole = session.figures.tok_s if session.figures else None
         if whole is not None:
@@ -766,7 +952,9 @@ def _speed_result(base: Session, full: Session, names: tuple[str, str]) -> Resul
     data = {"judged": "decode_tok_s", "baseline": a.to_dict(), "full": b.to_dict(), **diff.to_dict()}
     summary = f"{names[1]} vs {names[0]}: decode {diff.text()}"
     if diff.significant and diff.delta < 0:
-        return dataclasses.replace(warned(f"{summary}: slower than the baseline", lines, data=data), check="smoke.compare")
+        return dataclasses.replace(
+            warned(f"{summary}: slower than the baseline", lines, data=data), check="smoke.compare"
+        )
     return dataclasses.replace(passed(summary, lines, data=data), check="smoke.compare")
 
 
@@ -778,8 +966,17 @@ def _crossover_result(base: Session, full: Session, names: tuple[str, str]) -> R
         if a.aggregate_tok_s
     ]
     pays = [b.aggregate_tok_s > a.aggregate_tok_s for a, b in pairs]
-    data: dict[str, Any] = {"levels": [{"streams": a.streams, names[0]: round(a.aggregate_tok_s, 3), names[1]: round(b.aggregate_tok_s, 3)} for a, b in pairs]}
-    what = "speculative decoding" if (full.config.speculative is not None) != (base.config.speculative is not None) else names[1]
+    data: dict[str, Any] = {
+        "levels": [
+            {"streams": a.streams, names[0]: round(a.aggregate_tok_s, 3), names[1]: round(b.aggregate_tok_s, 3)}
+            for a, b in pairs
+        ]
+    }
+    what = (
+        "speculative decoding"
+        if (full.config.speculative is not None) != (base.config.speculative is not None)
+        else names[1]
+    )
     stop = next((a.streams for (a, _), good in zip(pairs, pays, strict=True) if not good), None)
     if stop is None:
         text = f"{what} pays at every level measured (up to {pairs[-1][0].streams} streams)"

@@ -41,10 +41,10 @@ from stackgate.edges.files import unwritable, write_json, write_text
 from stackgate.facts import gather
 from stackgate.facts.compare import environment_spec
 from stackgate.models import faults, pylock, settings
-from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.redact import redact
 from stackgate.models.result import Result, Status, failed, passed, skipped, warned
+from stackgate.models.spec import Benchmark, Spec, load_spec
 from stackgate.models.verdict import Verdict
 from stackgate.models.verdict import document as report_document
 from stackgate.render import upgrade as upgrade_render
@@ -55,13 +55,30 @@ from stackgate.serve import launch, launched
 from stackgate.stack import generations, guard, pyenv, toolkit
 from stackgate.stack import patches as stackpatches
 
-__all__ = ["SCHEMA", "UpgradeRequest", "UpgradeRun", "UpgradeUsage", "check_request", "keep_legs", "run", "upgrade_node", "write_reports"]
+__all__ = [
+    "SCHEMA",
+    "UpgradeRequest",
+    "UpgradeRun",
+    "UpgradeUsageError",
+    "check_request",
+    "keep_legs",
+    "run",
+    "upgrade_node",
+    "write_reports",
+]
 
 SCHEMA = "stackgate.upgrade/1"
-BUILD_ERRORS = (provision.ProvisionError, pyenv.PyenvError, guard.GuardError, toolkit.ToolkitError, stackpatches.PatchError, OSError)
+BUILD_ERRORS = (
+    provision.ProvisionError,
+    pyenv.PyenvError,
+    guard.GuardError,
+    toolkit.ToolkitError,
+    stackpatches.PatchError,
+    OSError,
+)
 
 
-class UpgradeUsage(UsageError):
+class UpgradeUsageError(UsageError):
     """A request upgrade cannot take (exit 2): nothing was changed."""
 
 
@@ -97,8 +114,8 @@ class UpgradeRun:
     run_id: str
     started: float
     root: Path
-    live_lock: lockmodel.Lock
-    new_lock: lockmodel.Lock
+    live_lock: Spec
+    new_lock: Spec
     live_generation: generations.Generation
     changes: list[stackdiff.Change]
     plan_lines: list[str]
@@ -108,7 +125,9 @@ class UpgradeRun:
     verify_results: list[Result] = field(default_factory=list)
     legs: list[dict[str, Any]] = field(default_factory=list)
     measured: list[abtest.Leg] = field(default_factory=list)
-    smoke_runs: list[tuple[dict[str, Any], smoke.SmokeRun]] = field(default_factory=list)  #: each leg's part and its smoke
+    smoke_runs: list[tuple[dict[str, Any], smoke.SmokeRun]] = field(
+        default_factory=list
+    )  #: each leg's part and its smoke
     decision: abtest.Decision | None = None
     current_after: str | None = None
     interrupted: bool = False
@@ -127,7 +146,11 @@ class UpgradeRun:
     @property
     def won(self) -> bool:
         """For a fleet's canary: the new stack won and is now live here."""
-        return bool(self.decision and self.decision.switch and (self.switched or (self.same_generation and self.current_after is not None)))
+        return bool(
+            self.decision
+            and self.decision.switch
+            and (self.switched or (self.same_generation and self.current_after is not None))
+        )
 
     @property
     def exit_code(self) -> ExitCode:
@@ -178,18 +201,20 @@ def keep_legs(done: UpgradeRun, ui: UI) -> None:
         if "run_id" in part:
             ids.setdefault(part["side"], part["run_id"])  # each side's first leg
     if len(ids) == 2:
-        ui.info(f"each leg is kept in the history: `stackgate report {ids['live']} {ids['new']}` compares the two sides")
+        ui.info(
+            f"each leg is kept in the history: `stackgate report {ids['live']} {ids['new']}` compares the two sides"
+        )
 
 
 def check_request(request: UpgradeRequest) -> None:
     """Refuse what cannot work before anything runs (exit 2, nothing changed)."""
     if request.switch not in abtest.MODES:
-        raise UpgradeUsage(f"--switch must be one of {', '.join(abtest.MODES)}, not {request.switch!r}")
+        raise UpgradeUsageError(f"--switch must be one of {', '.join(abtest.MODES)}, not {request.switch!r}")
     if request.rounds < 1:
-        raise UpgradeUsage(f"rounds must be 1 or more, not {request.rounds}")
+        raise UpgradeUsageError(f"rounds must be 1 or more, not {request.rounds}")
     problem = unwritable(request.outputs)
     if problem is not None:
-        raise UpgradeUsage(problem)
+        raise UpgradeUsageError(problem)
 
 
 def write_reports(doc: Mapping[str, Any], request: UpgradeRequest) -> None:
@@ -221,7 +246,12 @@ def upgrade_node(request: UpgradeRequest, ui: UI, *, nvml_lib: ModuleType | None
         return done
     launched.reap_and_tell(ui.warn)  # what a run killed outright left would skew the A/B
     try:
-        with generations.exclusive(done.root, wait=False, command=f"stackgate upgrade --to {request.to}", busy_advice="run `stackgate upgrade` again once it has finished"):
+        with generations.exclusive(
+            done.root,
+            wait=False,
+            command=f"stackgate upgrade --to {request.to}",
+            busy_advice="run `stackgate upgrade` again once it has finished",
+        ):
             _sweep(done.root, ui)
             _steps(done, environ, ui, nvml_lib)
     except KeyboardInterrupt:
@@ -244,20 +274,27 @@ def _steps(done: UpgradeRun, environ: dict[str, str], ui: UI, nvml_lib: ModuleTy
     faults.trip("before:upgrade.build")
     generation = _build(done, environ, ui)
     if generation is None:
-        done.decision = abtest.not_measured(done.request.switch, f"the new generation was not built: {done.build.get('reason')}")
+        done.decision = abtest.not_measured(
+            done.request.switch, f"the new generation was not built: {done.build.get('reason')}"
+        )
         return
     done.step = "verify"
     faults.trip("before:upgrade.verify")
     if not _verify(done, generation, environ, ui, nvml_lib):
         bad = [f"{r.check}: {r.summary}" for r in done.verify_results if r.status >= Status.FAIL]
-        done.decision = abtest.not_measured(done.request.switch, f"the new generation failed verify, so it was not launched: {'; '.join(bad[:3]) or done.build.get('verify')}")
+        done.decision = abtest.not_measured(
+            done.request.switch,
+            f"the new generation failed verify, so it was not launched: {'; '.join(bad[:3]) or done.build.get('verify')}",
+        )
         return
     done.step = "ab"
     faults.trip("before:upgrade.ab")
     _ab(done, environ, ui, nvml_lib)
     done.step = "decide"
     live, new = abtest.side(abtest.LIVE, done.measured), abtest.side(abtest.NEW, done.measured)
-    done.decision = abtest.decide(done.request.switch, live, new, accept_output_change=done.request.accept_output_change)
+    done.decision = abtest.decide(
+        done.request.switch, live, new, accept_output_change=done.request.accept_output_change
+    )
     if done.decision.switch:
         done.step = "switch"
         faults.trip("before:upgrade.switch")
@@ -276,39 +313,58 @@ def _plan(request: UpgradeRequest, environ: Mapping[str, str], started: float) -
     live_generation = state.current
     if live_generation is None:
         why = state.current_error or f"{root / 'current'} does not exist"
-        raise UpgradeUsage(f"nothing live to upgrade: {why}; `stackgate provision --lock {request.to}` builds a first stack")
+        raise UpgradeUsageError(
+            f"nothing live to upgrade: {why}; `stackgate provision --lock {request.to}` builds a first stack"
+        )
     live = _live_lock(request.lock_path, live_generation)
     if live.python.root is None or Path(os.path.abspath(live.python.root)) != Path(os.path.abspath(root)):
-        raise UpgradeUsage(f"{request.to}: python.root is {root}, but the live spec {live.path} has {live.python.root}: an upgrade builds beside the live stack, under the same root")
+        raise UpgradeUsageError(
+            f"{request.to}: python.root is {root}, but the live spec {live.path} has {live.python.root}: an upgrade builds beside the live stack, under the same root"
+        )
     the_plan = provision.plan_for(new, state, environ)
     beside, _ = provision.split_live(the_plan)
-    changes = stackdiff.changes(live, (live_generation.marker or {}).get("spec"), _built_pylock(live_generation), new, environment_spec(new), _pylock_of(new))
-    done = UpgradeRun(request, history.new_id("upgrade", started), started, root, live, new, live_generation, changes, [])
-    done.plan_lines = upgrade_render.plan_lines(done.live_generation.id, live.path, new.path, [c.to_dict() for c in changes], beside.lines())
+    changes = stackdiff.changes(
+        live,
+        (live_generation.marker or {}).get("spec"),
+        _built_pylock(live_generation),
+        new,
+        environment_spec(new),
+        _pylock_of(new),
+    )
+    done = UpgradeRun(
+        request, history.new_id("upgrade", started), started, root, live, new, live_generation, changes, []
+    )
+    done.plan_lines = upgrade_render.plan_lines(
+        done.live_generation.id, live.path, new.path, [c.to_dict() for c in changes], beside.lines()
+    )
     usage = [b for b in the_plan.blockers if b.usage]
     if usage:  # the new spec cannot be built as it is (no pylock, a stale one, a patch file): nothing was changed
         fix = f" ({usage[0].fix.text} `{usage[0].fix.commands[0]}`)" if usage[0].fix and usage[0].fix.commands else ""
-        raise UpgradeUsage(f"{request.to}: {'; '.join(b.message for b in usage)}{fix}")
+        raise UpgradeUsageError(f"{request.to}: {'; '.join(b.message for b in usage)}{fix}")
     if the_plan.blockers:
         done.blocked = "; ".join(b.message for b in the_plan.blockers)
     return done
 
 
-def _load(path: Path | None, option: str) -> lockmodel.Lock:
-    lock = lockmodel.load(path)
+def _load(path: Path | None, option: str) -> Spec:
+    lock = load_spec(path)
     lock = dataclasses.replace(lock, path=Path(os.path.abspath(lock.path)))
     pylock.check_beside(lock)
     if lock.python.root is None:
-        raise UpgradeUsage(f"{option} {lock.path}: python.interpreter names an existing environment; upgrade builds generations under a python.root")
+        raise UpgradeUsageError(
+            f"{option} {lock.path}: python.interpreter names an existing environment; upgrade builds generations under a python.root"
+        )
     return lock
 
 
-def _live_lock(path: Path | None, live: generations.Generation) -> lockmodel.Lock:
+def _live_lock(path: Path | None, live: generations.Generation) -> Spec:
     if path is not None:
         return _load(path, "--lock")
     built_from = (live.marker or {}).get("lock", {}).get("path")
     if not built_from or not Path(built_from).is_file():
-        raise UpgradeUsage(f"the live {live.describe()} does not name a spec that still exists ({built_from or 'none recorded'}): pass it with --lock LIVE_SPEC")
+        raise UpgradeUsageError(
+            f"the live {live.describe()} does not name a spec that still exists ({built_from or 'none recorded'}): pass it with --lock LIVE_SPEC"
+        )
     return _load(Path(built_from), "--lock")
 
 
@@ -319,7 +375,7 @@ def _built_pylock(generation: generations.Generation) -> pylock.Resolution | Non
         return None
 
 
-def _pylock_of(lock: lockmodel.Lock) -> pylock.Resolution | None:
+def _pylock_of(lock: Spec) -> pylock.Resolution | None:
     try:
         return pylock.load_beside(lock)
     except pylock.PylockError:
@@ -344,12 +400,20 @@ def _build(done: UpgradeRun, environ: dict[str, str], ui: UI) -> generations.Gen
         return None
     if beside.generation is None:
         done.new_generation = done.live_generation
-        done.build = {"status": "not needed", "reason": f"the live generation {done.live_generation.id} already holds the new spec's Python stack"}
+        done.build = {
+            "status": "not needed",
+            "reason": f"the live generation {done.live_generation.id} already holds the new spec's Python stack",
+        }
         return done.live_generation
     assert built is not None
     done.new_generation = built
     how = "resumed" if beside.resume else "built"
-    done.build = {"status": how, "reason": f"generation {built.id} {how} beside {done.live_generation.id}", "generation": built.id, "path": str(built.path)}
+    done.build = {
+        "status": how,
+        "reason": f"generation {built.id} {how} beside {done.live_generation.id}",
+        "generation": built.id,
+        "path": str(built.path),
+    }
     return built
 
 
@@ -360,21 +424,35 @@ def _failed_build(done: UpgradeRun, exc: BaseException) -> None:
     if newest is not None and newest.path != done.live_generation.path and not newest.ready:
         done.new_generation = newest if newest.failed else generations.mark(newest, "failed", failures=[str(exc)])
     tail = list(getattr(exc, "tail", ()))[:10]
-    done.build = {"status": "failed", "reason": str(exc), "tail": tail, "generation": done.new_generation.id if done.new_generation else None}
+    done.build = {
+        "status": "failed",
+        "reason": str(exc),
+        "tail": tail,
+        "generation": done.new_generation.id if done.new_generation else None,
+    }
 
 
-def _verify(done: UpgradeRun, generation: generations.Generation, environ: dict[str, str], ui: UI, nvml_lib: ModuleType | None) -> bool:
+def _verify(
+    done: UpgradeRun, generation: generations.Generation, environ: dict[str, str], ui: UI, nvml_lib: ModuleType | None
+) -> bool:
     """verify's static, then deep checks on the new generation's interpreter; a failure marks it
     failed (kept for inspection) and ends the upgrade."""
     candidate = _side_lock(done.new_lock, generation, done.new_lock.benchmark)
     static, deep = verifycmd.plan(done.request.verify_checks, deep=True)
-    facts = gather(candidate, sorted({part for check in (*static, *deep) for part in check.needs}), environ=environ, nvml_lib=nvml_lib)
+    facts = gather(
+        candidate,
+        sorted({part for check in (*static, *deep) for part in check.needs}),
+        environ=environ,
+        nvml_lib=nvml_lib,
+    )
     ran = verifycmd.verify(candidate, static, ui, facts=facts, deep=deep)  # it closes the facts
     done.verify_results = list(ran.results)
     bad = [r for r in ran.results if r.status >= Status.FAIL]
     if not ran.verdict.passed:
         if generation.path != done.live_generation.path:
-            done.new_generation = generations.mark(generation, "failed", failures=[f"{r.check}: {r.summary}" for r in bad] or [ran.verdict.reason])
+            done.new_generation = generations.mark(
+                generation, "failed", failures=[f"{r.check}: {r.summary}" for r in bad] or [ran.verdict.reason]
+            )
         done.build["verify"] = f"failed: {ran.verdict.reason}"
         return False
     if generation.path != done.live_generation.path:
@@ -384,7 +462,7 @@ def _verify(done: UpgradeRun, generation: generations.Generation, environ: dict[
     return True
 
 
-def _side_lock(lock: lockmodel.Lock, generation: generations.Generation, benchmark: lockmodel.Benchmark) -> lockmodel.Lock:
+def _side_lock(lock: Spec, generation: generations.Generation, benchmark: Benchmark) -> Spec:
     """``lock`` pointed at ``generation``'s interpreter and environment file, with ``benchmark``."""
     python = dataclasses.replace(lock.python, interpreter=generation.python)
     return dataclasses.replace(lock, python=python, benchmark=benchmark)
@@ -405,16 +483,28 @@ def _ab(done: UpgradeRun, environ: dict[str, str], ui: UI, nvml_lib: ModuleType 
         lock, generation = sides[name]
         faults.trip(f"before:upgrade.leg{position}")
         ui.info(f"A/B leg {position}/{len(legs)}: {name} stack, generation {generation.id}")
-        leg = _leg(done, name, position, _side_lock(lock, generation, bench), generation, run_dir, environ, ui, nvml_lib)
+        leg = _leg(
+            done, name, position, _side_lock(lock, generation, bench), generation, run_dir, environ, ui, nvml_lib
+        )
         if name == abtest.NEW and not leg.passed:
             ui.warn(f"the new stack failed leg {position}: no further legs")
             break
 
 
 def _leg(
-    done: UpgradeRun, name: str, position: int, lock: lockmodel.Lock, generation: generations.Generation, run_dir: Path, environ: Mapping[str, str], ui: UI, nvml_lib: ModuleType | None
+    done: UpgradeRun,
+    name: str,
+    position: int,
+    lock: Spec,
+    generation: generations.Generation,
+    run_dir: Path,
+    environ: Mapping[str, str],
+    ui: UI,
+    nvml_lib: ModuleType | None,
 ) -> abtest.Leg:
-    request = smoke.SmokeRequest(lock_path=lock.path, model=done.request.model, benchmark=True, run_dir=run_dir / f"{position}-{name}")
+    request = smoke.SmokeRequest(
+        lock_path=lock.path, model=done.request.model, benchmark=True, run_dir=run_dir / f"{position}-{name}"
+    )
     try:
         ran = smoke.run_smoke(lock, request, ui, environ=environ, nvml_lib=nvml_lib)
     except smoke.SmokeInterrupted as stop:
@@ -423,18 +513,30 @@ def _leg(
     except (launch.LaunchError, smoke.SmokeUsageError) as exc:
         leg = abtest.Leg(name, position, False, (), failures=(f"smoke.usage: {exc}",))
         done.measured.append(leg)
-        done.legs.append({"side": name, "position": position, "generation": generation.id, "passed": False, "failures": list(leg.failures)})
+        done.legs.append(
+            {
+                "side": name,
+                "position": position,
+                "generation": generation.id,
+                "passed": False,
+                "failures": list(leg.failures),
+            }
+        )
         return leg
     return _record(done, name, position, generation, ran)
 
 
-def _record(done: UpgradeRun, name: str, position: int, generation: generations.Generation, ran: smoke.SmokeRun) -> abtest.Leg:
+def _record(
+    done: UpgradeRun, name: str, position: int, generation: generations.Generation, ran: smoke.SmokeRun
+) -> abtest.Leg:
     session = ran.sessions[-1] if ran.sessions else None
     figures = session.figures if session is not None else None
     good = figures.good if figures is not None else []
     decode = tuple(s.decode_tok_s for s in good if s.decode_tok_s is not None)
     bad = tuple(f"{r.check}: {r.summary}" for r in ran.results if r.status >= Status.FAIL)
-    leg = abtest.Leg(name, position, ran.verdict.passed and not ran.interrupted, decode, good[0].output_ids if good else (), bad)
+    leg = abtest.Leg(
+        name, position, ran.verdict.passed and not ran.interrupted, decode, good[0].output_ids if good else (), bad
+    )
     done.measured.append(leg)
     done.legs.append(_leg_part(leg, generation, ran))
     done.smoke_runs.append((done.legs[-1], ran))
@@ -482,17 +584,35 @@ def _switch(done: UpgradeRun, environ: dict[str, str], ui: UI) -> None:
 
 def _results(done: UpgradeRun) -> list[Result]:
     """One result per step, for the verdict and the JSON's ``results``."""
-    found = [Result("upgrade.plan", Status.FAIL if done.blocked else Status.PASS, done.blocked or f"{len(done.changes)} change(s) from {done.live_generation.id}")]
+    found = [
+        Result(
+            "upgrade.plan",
+            Status.FAIL if done.blocked else Status.PASS,
+            done.blocked or f"{len(done.changes)} change(s) from {done.live_generation.id}",
+        )
+    ]
     build = done.build
     if build:
-        status = Status.FAIL if build.get("status") == "failed" or str(build.get("verify", "")).startswith("failed") else Status.PASS
+        status = (
+            Status.FAIL
+            if build.get("status") == "failed" or str(build.get("verify", "")).startswith("failed")
+            else Status.PASS
+        )
         found.append(Result("upgrade.build", status, f"{build.get('reason')}; verify {build.get('verify', 'not run')}"))
-    found += [dataclasses.replace(r, check=f"upgrade.verify.{r.check}") for r in done.verify_results if r.status >= Status.WARN]
+    found += [
+        dataclasses.replace(r, check=f"upgrade.verify.{r.check}")
+        for r in done.verify_results
+        if r.status >= Status.WARN
+    ]
     if done.measured:
         found.append(_speed_result(done))
     if done.decision is not None:
         make = passed if done.won or done.exit_code == ExitCode.PASSED else failed
-        found.append(dataclasses.replace(make(done.decision.reason, [c.text for c in done.decision.conditions]), check="upgrade.decision"))
+        found.append(
+            dataclasses.replace(
+                make(done.decision.reason, [c.text for c in done.decision.conditions]), check="upgrade.decision"
+            )
+        )
     if done.interrupted:
         found.append(Result("upgrade.interrupted", Status.FAIL, _interrupted(done)))
     return found
@@ -524,7 +644,9 @@ def _document(done: UpgradeRun) -> dict[str, Any]:
         reason = done.decision.reason
     verdict = Verdict(code, counts, str(reason))
     extra = {"run_id": done.run_id, "upgrade": _upgrade_part(done)}
-    return report_document("upgrade", results, verdict, lock=done.new_lock, started=done.started, duration_s=done.duration_s, extra=extra)
+    return report_document(
+        "upgrade", results, verdict, lock=done.new_lock, started=done.started, duration_s=done.duration_s, extra=extra
+    )
 
 
 def _generation_part(generation: generations.Generation | None) -> dict[str, Any]:
@@ -534,7 +656,11 @@ def _generation_part(generation: generations.Generation | None) -> dict[str, Any
 
 
 def _upgrade_part(done: UpgradeRun) -> dict[str, Any]:
-    request = {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(done.request).items() if k != "environ"}
+    request = {
+        k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
+        for k, v in dataclasses.asdict(done.request).items()
+        if k != "environ"
+    }
     live, new = abtest.side(abtest.LIVE, done.measured), abtest.side(abtest.NEW, done.measured)
     diff = abtest.difference(live, new)
     generation = done.new_generation
@@ -558,5 +684,9 @@ def _upgrade_part(done: UpgradeRun) -> dict[str, Any]:
             "difference_text": diff.text() if diff else None,
         },
         "decision": done.decision.to_dict() if done.decision else None,
-        "current": {"before": done.live_generation.id, "after": done.current_after or done.live_generation.id, "switched": done.switched},
+        "current": {
+            "before": done.live_generation.id,
+            "after": done.current_after or done.live_generation.id,
+            "switched": done.switched,
+        },
     }

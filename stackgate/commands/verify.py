@@ -27,9 +27,9 @@ from stackgate.checks.core import Check, CheckError, run_checks, select
 from stackgate.edges.files import unwritable, write_json, write_text
 from stackgate.facts import Facts, Missing, gather, stamp
 from stackgate.models import pylock, settings
-from stackgate.models import spec as lockmodel
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.result import NO_DRIVER, Result, Status
+from stackgate.models.spec import DEFAULT_LOCK, Spec, load_spec
 from stackgate.models.verdict import Verdict, judge
 from stackgate.models.verdict import document as report_document
 from stackgate.render import report, summaries
@@ -67,7 +67,7 @@ class VerifyRequest:
 class VerifyRun:
     """A finished verify: what a caller (gate, provision) needs of it."""
 
-    lock: lockmodel.Lock
+    lock: Spec
     results: list[Result]
     verdict: Verdict
     started: float
@@ -83,13 +83,15 @@ def run(request: VerifyRequest, ui: UI) -> ExitCode:
     problem = unwritable(request.outputs)
     if problem is not None:
         raise UsageError(problem)
-    lock = lockmodel.load(request.lock_path)
+    lock = load_spec(request.lock_path)
     if request.list_only:
         list_checks(ui)
         return ExitCode.PASSED
     pylock.check_beside(lock)
     if request.cached and request.deep:
-        raise UsageError("--cached reuses the static checks' results; --deep measures the GPUs every time: give one of them")
+        raise UsageError(
+            "--cached reuses the static checks' results; --deep measures the GPUs every time: give one of them"
+        )
     static, deep = plan(request.checks, deep=request.deep)
     if request.cached:
         done = verify_cached(lock, static, ui, strict=request.strict)
@@ -107,10 +109,10 @@ def run(request: VerifyRequest, ui: UI) -> ExitCode:
     return done.verdict.exit_code
 
 
-def default_profile_note(lock: lockmodel.Lock, results: Sequence[Result]) -> list[str]:
+def default_profile_note(lock: Spec, results: Sequence[Result]) -> list[str]:
     """When the shipped default profile judged a machine it does not describe: the lines that say
     so and how to describe this one (else nothing)."""
-    if lock.path.resolve() != lockmodel.DEFAULT_LOCK.resolve():
+    if lock.path.resolve() != DEFAULT_LOCK.resolve():
         return []
     # Without a driver nothing says which machine this is (the report's first line says there is none).
     wrong = [r for r in results if r.check in _MACHINE_CHECKS and r.status >= Status.FAIL and NO_DRIVER not in r.data]
@@ -141,7 +143,13 @@ def plan(patterns: Sequence[str], *, deep: bool) -> tuple[list[Check], list[Chec
 
 
 def verify(
-    lock: lockmodel.Lock, checks: list[Check], ui: UI, *, strict: bool = False, facts: Facts | None = None, deep: Sequence[Check] = ()
+    lock: Spec,
+    checks: list[Check],
+    ui: UI,
+    *,
+    strict: bool = False,
+    facts: Facts | None = None,
+    deep: Sequence[Check] = (),
 ) -> VerifyRun:
     """Gather what the checks need, in parallel, judge it; then run the deep checks in turn.
 
@@ -183,7 +191,7 @@ def verify(
 def _beside(
     checks: Sequence[Check],
     first: Sequence[Check],
-    lock: lockmodel.Lock,
+    lock: Spec,
     facts: Facts,
     ui: UI,
     clock: float,
@@ -210,7 +218,15 @@ def _in_order(checks: Sequence[Check], deep: Sequence[Check], results: Sequence[
     return sorted(results, key=lambda r: order.get(r.check, len(order)))
 
 
-def verify_cached(lock: lockmodel.Lock, checks: list[Check], ui: UI, *, strict: bool = False, environ: Mapping[str, str] | None = None, nvml_lib: ModuleType | None = None) -> VerifyRun:
+def verify_cached(
+    lock: Spec,
+    checks: list[Check],
+    ui: UI,
+    *,
+    strict: bool = False,
+    environ: Mapping[str, str] | None = None,
+    nvml_lib: ModuleType | None = None,
+) -> VerifyRun:
     """The live checks now; the static ones' results from the cache while its stamp holds, else
     a full verify that refreshes the cache."""
     started, clock = time.time(), time.monotonic()
@@ -235,11 +251,28 @@ def verify_cached(lock: lockmodel.Lock, checks: list[Check], ui: UI, *, strict: 
     order = {c.name: i for i, c in enumerate(checks)}
     results = sorted([*entry.results, *fresh], key=lambda r: order.get(r.check, len(order)))
     cache = {"hit": True, "path": str(path), "reused": len(entry.results), "live": len(fresh), "written": entry.written}
-    return VerifyRun(lock, results, judge(results, strict=strict), started, time.monotonic() - clock, None, {"live": time.monotonic() - clock}, cache)
+    return VerifyRun(
+        lock,
+        results,
+        judge(results, strict=strict),
+        started,
+        time.monotonic() - clock,
+        None,
+        {"live": time.monotonic() - clock},
+        cache,
+    )
 
 
 def _refresh(
-    lock: lockmodel.Lock, checks: list[Check], static: list[Check], facts: Facts, before: stamp.Stamp, path: Path, ui: UI, strict: bool, why: str
+    lock: Spec,
+    checks: list[Check],
+    static: list[Check],
+    facts: Facts,
+    before: stamp.Stamp,
+    path: Path,
+    ui: UI,
+    strict: bool,
+    why: str,
 ) -> VerifyRun:
     """A full verify, and the cache written from it when nothing it judged moved while it ran."""
     facts.start(sorted({part for c in checks for part in c.needs}))
@@ -250,9 +283,24 @@ def _refresh(
         written: str | None = f"not cached: changed while it ran: {'; '.join(stamp.changed(before, after))}"
     else:
         names = {c.name for c in static}
-        entry = verifycache.Entry(stamp.take(lock, facts.nvml, sites, facts.base_environ), tuple(c.name for c in static), tuple(r for r in done.results if r.check in names), sites, done.started)
+        entry = verifycache.Entry(
+            stamp.take(lock, facts.nvml, sites, facts.base_environ),
+            tuple(c.name for c in static),
+            tuple(r for r in done.results if r.check in names),
+            sites,
+            done.started,
+        )
         written = verifycache.save(path, entry)
-    return dataclasses.replace(done, cache={"hit": False, "path": str(path), "why": why, "written": done.started if written is None else None, "not_written": written})
+    return dataclasses.replace(
+        done,
+        cache={
+            "hit": False,
+            "path": str(path),
+            "why": why,
+            "written": done.started if written is None else None,
+            "not_written": written,
+        },
+    )
 
 
 def _sites_of(before: stamp.Stamp) -> tuple[str, ...]:
@@ -275,7 +323,7 @@ def cache_line(cache: Mapping[str, Any]) -> str:
     return f"cache: the static checks ran ({cache['why']}); {done}"
 
 
-def _run_deep(check: Check, lock: lockmodel.Lock, facts: Facts, results: Sequence[Result], ui: UI) -> Result:
+def _run_deep(check: Check, lock: Spec, facts: Facts, results: Sequence[Result], ui: UI) -> Result:
     blocked = deepchecks.not_run(check.name, results)
     if blocked is not None:
         return blocked
@@ -291,19 +339,34 @@ def phases_line(phases: Mapping[str, float], total_s: float) -> str:
 
 def write_reports(done: VerifyRun, request: VerifyRequest) -> None:
     if request.json_path or request.prom_path:
-        extra = {"phases_s": {name: round(seconds, 3) for name, seconds in done.phases.items()}, **({"cache": dict(done.cache)} if done.cache is not None else {})}
-        doc = report_document("verify", done.results, done.verdict, lock=done.lock, started=done.started, duration_s=done.duration_s, extra=extra)
+        extra = {
+            "phases_s": {name: round(seconds, 3) for name, seconds in done.phases.items()},
+            **({"cache": dict(done.cache)} if done.cache is not None else {}),
+        }
+        doc = report_document(
+            "verify",
+            done.results,
+            done.verdict,
+            lock=done.lock,
+            started=done.started,
+            duration_s=done.duration_s,
+            extra=extra,
+        )
         if request.json_path:
             write_json(request.json_path, doc)
         if request.prom_path:
             write_text(request.prom_path, summaries.verify_prometheus(doc))
     if request.junit_path:
-        report.write_junit(request.junit_path, {f"stackgate.verify.{done.lock.name}": done.results}, strict=request.strict)
+        report.write_junit(
+            request.junit_path, {f"stackgate.verify.{done.lock.name}": done.results}, strict=request.strict
+        )
 
 
 def list_checks(ui: UI) -> None:
     width = max(len(name) for name in REGISTRY)
     # Deep checks last, as they run, whichever module registered first.
     for check in sorted(REGISTRY.values(), key=lambda c: c.slow):
-        when = " (deep: --deep)" if check.slow else " (when named: --check; the gate runs it)" if check.named_only else ""
+        when = (
+            " (deep: --deep)" if check.slow else " (when named: --check; the gate runs it)" if check.named_only else ""
+        )
         ui.line(f"{check.name:<{width}}  {check.title}{when}")

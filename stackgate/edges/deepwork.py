@@ -78,7 +78,9 @@ def gpu_main(path, request):
     # fp32 must mean IEEE fp32: a TF32 product is ~1e-3 off and fails the fp32 tolerance.
     torch.set_float32_matmul_precision("highest")
     if request["device"] == "cuda" and not torch.cuda.is_available():
-        out(event="begin", torch=torch.__version__, error="torch.cuda.is_available() is False: torch sees no usable GPU")
+        out(
+            event="begin", torch=torch.__version__, error="torch.cuda.is_available() is False: torch sees no usable GPU"
+        )
         return 1
     count = torch.cuda.device_count() if request["device"] == "cuda" else 1
     out(event="begin", torch=torch.__version__, devices=count, seed=request["seed"])
@@ -202,18 +204,39 @@ def sweep(dist, rank, device, request, out):
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # "warm" must mean the warm-up finished, not was queued
     out(event="warm")
-    align = graph_timing(lambda: aligner(dist, device), out) if device.type == "cuda" and request.get("graphs", True) else None
+    align = (
+        graph_timing(lambda: aligner(dist, device), out)
+        if device.type == "cuda" and request.get("graphs", True)
+        else None
+    )
     graphs = align is not None
     for size in sizes:
         count = size // 4
         buffer.copy_(data)
-        replays = graph_timing(lambda count=count: graph_replays_us(lambda i: op(count, i), iters, request["replays"], align), out) if graphs else None
+        replays = (
+            graph_timing(
+                lambda count=count: graph_replays_us(lambda i: op(count, i), iters, request["replays"], align), out
+            )
+            if graphs
+            else None
+        )
         graphs = graphs and replays is not None
         buffer.copy_(data)
         eager_us = timed_ms(device, lambda i, count=count: op(count, i), 1, iters) * 1e3
-        figures = {"us": statistics.median(replays), "us_min": min(replays), "us_replays": replays} if replays else {"us": eager_us}
+        figures = (
+            {"us": statistics.median(replays), "us_min": min(replays), "us_replays": replays}
+            if replays
+            else {"us": eager_us}
+        )
         timing = "cuda-graph" if replays else "eager"
-        out(event="size", bytes=size, eager_us=eager_us, timing=timing, wrong=check(dist, rank, count, request, device), **figures)
+        out(
+            event="size",
+            bytes=size,
+            eager_us=eager_us,
+            timing=timing,
+            wrong=check(dist, rank, count, request, device),
+            **figures,
+        )
 
 
 def aligner(dist, device):

@@ -26,7 +26,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable
 
-__all__ = ["RETRY", "FetchError", "HashMismatch", "Retry", "amount", "check_file", "fetch_checked", "sha256_file", "unreachable"]
+__all__ = [
+    "RETRY",
+    "FetchError",
+    "HashMismatch",
+    "Retry",
+    "amount",
+    "check_file",
+    "fetch_checked",
+    "sha256_file",
+    "unreachable",
+]
 
 Progress = Callable[[int, "int | None"], None]
 #: HTTP answers that say "try again later", not "this will never work".
@@ -135,7 +145,9 @@ def fetch_checked(
     return True
 
 
-def _fill(url: str, part: _Part, timeout_s: float, on_progress: Progress | None, on_retry: Callable[[str], None], retry: Retry) -> None:
+def _fill(
+    url: str, part: _Part, timeout_s: float, on_progress: Progress | None, on_retry: Callable[[str], None], retry: Retry
+) -> None:
     """Try until the server has sent the whole file into ``part``, at most ``retry.attempts`` times."""
     for attempt in range(1, retry.attempts + 1):
         try:
@@ -143,7 +155,9 @@ def _fill(url: str, part: _Part, timeout_s: float, on_progress: Progress | None,
             return
         except _Transient as exc:
             if attempt == retry.attempts:
-                raise FetchError(f"cannot download {url}: {exc} (gave up after {attempt} tries; the next run resumes at byte {part.size})") from exc
+                raise FetchError(
+                    f"cannot download {url}: {exc} (gave up after {attempt} tries; the next run resumes at byte {part.size})"
+                ) from exc
             wait = retry.wait_s(attempt)
             at = f", resuming at byte {part.size}" if part.size else ""
             on_retry(f"{url}: {exc}; trying again in {wait:g} s (try {attempt + 1} of {retry.attempts}{at})")
@@ -178,7 +192,9 @@ def _accept(response: http.client.HTTPResponse, part: _Part) -> int | None:
         match = _CONTENT_RANGE.fullmatch(response.headers.get("Content-Range", "").strip())
         if match is None or int(match[1]) != part.size:
             part.restart()
-            raise _Transient(f"the server answered another range ({response.headers.get('Content-Range')!r}) than bytes={part.size}-")
+            raise _Transient(
+                f"the server answered another range ({response.headers.get('Content-Range')!r}) than bytes={part.size}-"
+            )
         return int(match[3]) if match[3] != "*" else None
     if part.size:
         part.restart()  # the range was ignored: this answer is the whole file

@@ -49,7 +49,12 @@ torch = work.torch
 #: The TRT-LLM allreduce-fusion module's generator in flashinfer/jit/comm.py, and its keyword.
 COMM_GATE = ("jit/comm.py", "gen_trtllm_comm_module", "supported_major_versions")
 #: sglang 0.5.9's runtime gate of the fused path, and where its _is_smNN_supported come from.
-SGLANG_GATE = ("srt/layers/communicator.py", "apply_flashinfer_allreduce_fusion", "srt/utils/common.py", "device_capability_majors")
+SGLANG_GATE = (
+    "srt/layers/communicator.py",
+    "apply_flashinfer_allreduce_fusion",
+    "srt/utils/common.py",
+    "device_capability_majors",
+)
 KERNELS = ("decode", "decode_tensor_cores", "prefill", "paged_decode")
 TRACE_CHARS = 4000  #: of a traceback kept in a record: enough for the knowledge base's patterns
 
@@ -196,7 +201,10 @@ def reference_attention(q, k, v, causal):
 
 def decode(fi, shapes, rtol, tensor_cores):
     q = torch.randn(shapes["q_heads"], shapes["head_dim"], dtype=torch.bfloat16, device="cuda")
-    k, v = (torch.randn(shapes["kv_len"], shapes["kv_heads"], shapes["head_dim"], dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    k, v = (
+        torch.randn(shapes["kv_len"], shapes["kv_heads"], shapes["head_dim"], dtype=torch.bfloat16, device="cuda")
+        for _ in range(2)
+    )
 
     def op(i=0):
         return fi.single_decode_with_kv_cache(q, k, v, use_tensor_cores=tensor_cores)
@@ -205,13 +213,22 @@ def decode(fi, shapes, rtol, tensor_cores):
     record = compare(got, reference_attention(q[None], k, v, False)[0], rtol)
     us = work.timed_ms(torch.device("cuda"), op, shapes["warmup"], shapes["iters"]) * 1e3
     kv_bytes = 2 * k.numel() * k.element_size()
-    return {**record, "first_call_s": seconds, "compiled": compiled, "us": us, "gbs": kv_bytes / us / 1e3, "kv_bytes": kv_bytes}
+    return {
+        **record,
+        "first_call_s": seconds,
+        "compiled": compiled,
+        "us": us,
+        "gbs": kv_bytes / us / 1e3,
+        "kv_bytes": kv_bytes,
+    }
 
 
 def prefill(fi, shapes, rtol):
     lq, lk = shapes["prefill_len"], shapes["kv_len"]
     q = torch.randn(lq, shapes["q_heads"], shapes["head_dim"], dtype=torch.bfloat16, device="cuda")
-    k, v = (torch.randn(lk, shapes["kv_heads"], shapes["head_dim"], dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    k, v = (
+        torch.randn(lk, shapes["kv_heads"], shapes["head_dim"], dtype=torch.bfloat16, device="cuda") for _ in range(2)
+    )
 
     def op(i=0):
         return fi.single_prefill_with_kv_cache(q, k, v, causal=True)
@@ -252,7 +269,14 @@ def paged_decode(fi, shapes, rtol):
     record = compare(got, want, rtol)
     us = work.timed_ms(torch.device("cuda"), op, shapes["warmup"], shapes["iters"]) * 1e3
     kv_bytes = kv.numel() * kv.element_size()
-    return {**record, "first_call_s": seconds, "compiled": compiled, "us": us, "gbs": kv_bytes / us / 1e3, "kv_bytes": kv_bytes}
+    return {
+        **record,
+        "first_call_s": seconds,
+        "compiled": compiled,
+        "us": us,
+        "gbs": kv_bytes / us / 1e3,
+        "kv_bytes": kv_bytes,
+    }
 
 
 def kernel(fi, kind, request):
@@ -272,10 +296,23 @@ def attention_main(path, request):
         out(event="begin", torch=torch.__version__, **error_record(exc))
         return 1
     if not torch.cuda.is_available():
-        out(event="begin", torch=torch.__version__, flashinfer=fi.__version__, error="torch.cuda.is_available() is False: torch sees no usable GPU")
+        out(
+            event="begin",
+            torch=torch.__version__,
+            flashinfer=fi.__version__,
+            error="torch.cuda.is_available() is False: torch sees no usable GPU",
+        )
         return 1
     count = torch.cuda.device_count()
-    out(event="begin", torch=torch.__version__, flashinfer=fi.__version__, devices=count, jit_dir=str(jit_dir()), compiled_before=compiled_modules(), seed=request["seed"])
+    out(
+        event="begin",
+        torch=torch.__version__,
+        flashinfer=fi.__version__,
+        devices=count,
+        jit_dir=str(jit_dir()),
+        compiled_before=compiled_modules(),
+        seed=request["seed"],
+    )
     torch.manual_seed(request["seed"])
     for index in range(count):
         torch.cuda.set_device(index)  # the tensors ("cuda") and the events go to this device
@@ -305,7 +342,14 @@ def fusion_main(outdir, request):
     if torch.cuda.device_count() < request["world"]:
         out(event="begin", error=f"{request['world']} ranks asked for, torch sees {torch.cuda.device_count()} GPU(s)")
         return 1
-    out(event="begin", torch=torch.__version__, flashinfer=gate["version"], world=request["world"], jit_dir=str(jit_dir()), compiled_before=compiled_modules())
+    out(
+        event="begin",
+        torch=torch.__version__,
+        flashinfer=gate["version"],
+        world=request["world"],
+        jit_dir=str(jit_dir()),
+        compiled_before=compiled_modules(),
+    )
     mp.spawn(fusion_rank, args=(outdir, request), nprocs=request["world"], join=True)
     return 0
 
@@ -317,13 +361,17 @@ def fusion_rank(rank, outdir, request):
 
     out = work.Lines(os.path.join(outdir, f"fusion{rank}.jsonl"))
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method="file://" + os.path.join(outdir, "store"), rank=rank, world_size=request["world"])
+    dist.init_process_group(
+        "nccl", init_method="file://" + os.path.join(outdir, "store"), rank=rank, world_size=request["world"]
+    )
     out(event="init", rank=rank, pid=os.getpid(), name=torch.cuda.get_device_name(rank))
     try:
         from flashinfer import comm
 
         before, started = compiled_modules(), time.monotonic()
-        ipc, workspace = comm.trtllm_create_ipc_workspace_for_all_reduce_fusion(rank, request["world"], max(request["tokens"]), request["hidden"], group=dist.group.WORLD)
+        ipc, workspace = comm.trtllm_create_ipc_workspace_for_all_reduce_fusion(
+            rank, request["world"], max(request["tokens"]), request["hidden"], group=dist.group.WORLD
+        )
     except Exception as exc:
         out(event="failed", rank=rank, stage="workspace", **error_record(exc))
         raise  # torch.multiprocessing.spawn then ends the other ranks, which would wait on this one
@@ -348,15 +396,32 @@ class FusionCase:
         self.comm, self.dist, self.rank, self.request, self.workspace = comm, dist, rank, request, workspace
         self.hidden, self.eps, self.world = request["hidden"], request["eps"], request["world"]
         seeded = torch.Generator(device="cuda").manual_seed(request["seed"])
-        self.gamma = torch.randn(self.hidden, dtype=torch.bfloat16, device="cuda", generator=seeded)  # the same on every rank
+        self.gamma = torch.randn(
+            self.hidden, dtype=torch.bfloat16, device="cuda", generator=seeded
+        )  # the same on every rank
         self.align = work.aligner(dist, torch.device("cuda", rank))
         # A copy queued before each timed replay: while the GPU does it, the host queues the rest.
-        self.scratch = torch.empty(256 << 20, dtype=torch.uint8, device="cuda"), torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        self.scratch = (
+            torch.empty(256 << 20, dtype=torch.uint8, device="cuda"),
+            torch.empty(256 << 20, dtype=torch.uint8, device="cuda"),
+        )
 
     def run(self, tokens):
         seed = self.request["seed"] + tokens
-        x = torch.randn(tokens, self.hidden, dtype=torch.bfloat16, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed + 1000 * (self.rank + 1)))
-        residual = torch.randn(tokens, self.hidden, dtype=torch.bfloat16, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed))
+        x = torch.randn(
+            tokens,
+            self.hidden,
+            dtype=torch.bfloat16,
+            device="cuda",
+            generator=torch.Generator(device="cuda").manual_seed(seed + 1000 * (self.rank + 1)),
+        )
+        residual = torch.randn(
+            tokens,
+            self.hidden,
+            dtype=torch.bfloat16,
+            device="cuda",
+            generator=torch.Generator(device="cuda").manual_seed(seed),
+        )
         residual_out, norm_out, reduced = torch.empty_like(residual), torch.empty_like(x), torch.empty_like(x)
 
         def fused(i=0):
@@ -372,7 +437,9 @@ class FusionCase:
             reduced.copy_(x)
             self.dist.all_reduce(reduced)
             summed = reduced + residual
-            return (summed.float() * torch.rsqrt(summed.float().pow(2).mean(-1, keepdim=True) + self.eps)).to(torch.bfloat16) * self.gamma
+            return (summed.float() * torch.rsqrt(summed.float().pow(2).mean(-1, keepdim=True) + self.eps)).to(
+                torch.bfloat16
+            ) * self.gamma
 
         record = self.check(fused, x, residual, residual_out, norm_out, reduced)
         for name, op in (("fused", fused), ("unfused", unfused)):
@@ -401,7 +468,13 @@ class FusionCase:
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         try:
-            replays = work.graph_replays_us(op, self.request["iters"], self.request["replays"], self.align, lambda: self.scratch[1].copy_(self.scratch[0]))
+            replays = work.graph_replays_us(
+                op,
+                self.request["iters"],
+                self.request["replays"],
+                self.align,
+                lambda: self.scratch[1].copy_(self.scratch[0]),
+            )
         except RuntimeError as exc:
             return {"eager_us": eager_us, "graph_error": f"{type(exc).__name__}: {exc}"}
         return {"eager_us": eager_us, "us": statistics.median(replays), "us_min": min(replays), "us_replays": replays}
@@ -422,7 +495,9 @@ def main(argv):
         sys.stderr.write(f"REQUEST-JSON is not JSON: {exc}\n")
         return 2
     if torch is None and argv[1] != "gate":
-        work.Lines(argv[2] if argv[1] != "fusion" else os.path.join(argv[2], "fusion.jsonl"))(event="begin", error=f"torch does not import: {work.TORCH_ERROR}")
+        work.Lines(argv[2] if argv[1] != "fusion" else os.path.join(argv[2], "fusion.jsonl"))(
+            event="begin", error=f"torch does not import: {work.TORCH_ERROR}"
+        )
         return 1
     return MODES[argv[1]](argv[2], request)
 

@@ -76,14 +76,18 @@ def _failure(exc: BaseException, url: str, timeout_s: float) -> HttpError:
         return HttpError("refused", f"{url}: connection refused")
     if isinstance(exc, (socket.timeout, TimeoutError)):
         return HttpError("timeout", f"{url}: no answer within {timeout_s:g} s")
-    if isinstance(exc, (http.client.RemoteDisconnected, http.client.IncompleteRead, ConnectionResetError, BrokenPipeError)):
+    if isinstance(
+        exc, (http.client.RemoteDisconnected, http.client.IncompleteRead, ConnectionResetError, BrokenPipeError)
+    ):
         return HttpError("closed", f"{url}: the server closed the connection ({type(exc).__name__})")
     if isinstance(exc, http.client.HTTPException):
         return HttpError("protocol", f"{url}: {type(exc).__name__}: {exc}")
     return HttpError("closed", f"{url}: {type(exc).__name__}: {exc}")
 
 
-def request(method: str, url: str, *, body: Any = None, timeout_s: float = 10.0, headers: Mapping[str, str] | None = None) -> Response:
+def request(
+    method: str, url: str, *, body: Any = None, timeout_s: float = 10.0, headers: Mapping[str, str] | None = None
+) -> Response:
     """One request on a fresh connection; a JSON ``body`` is sent as application/json."""
     host, port, path = _split(url)
     connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
@@ -116,7 +120,9 @@ class EventStream:
     :meth:`abort` to cut the stream at once, e.g. when the server was seen to die.
     """
 
-    def __init__(self, url: str, body: Any, *, timeout_s: float = 120.0, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, url: str, body: Any, *, timeout_s: float = 120.0, headers: Mapping[str, str] | None = None
+    ) -> None:
         self.url = url
         self.body = body
         self._headers = dict(headers or {})

@@ -36,4 +36,8 @@ def read(timeout_s: float = 20.0) -> KernelLog:
             return KernelLog(" ".join(argv), done.stdout)
         why = (done.stderr or done.stdout).strip().splitlines()
         reasons.append(f"{' '.join(argv)}: {why[-1] if why else f'exit {done.returncode}, no output'}")
-    raise KernelLogError("cannot read the kernel log (" + "; ".join(reasons) + "); run as root or allow it (sysctl kernel.dmesg_restrict=0)")
+    raise KernelLogError(
+        "cannot read the kernel log ("
+        + "; ".join(reasons)
+        + "); run as root or allow it (sysctl kernel.dmesg_restrict=0)"
+    )

@@ -297,7 +297,14 @@ def _pump(process: subprocess.Popen[str], sink: IO[str], on_line: Callable[[str]
     return "".join(kept)
 
 
-def run_logged(argv: Sequence[str | Path], log: Path, *, timeout_s: float | None, env: Mapping[str, str] | None = None, cwd: Path | str | None = None) -> Completed:
+def run_logged(
+    argv: Sequence[str | Path],
+    log: Path,
+    *,
+    timeout_s: float | None,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | str | None = None,
+) -> Completed:
     """:func:`stream` without a line callback: a long command (an installer, a GPU run) into ``log``."""
     return stream(argv, log=log, timeout_s=timeout_s, env=env, cwd=cwd)
 

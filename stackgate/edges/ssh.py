@@ -66,7 +66,9 @@ class Completed:
 
 
 class Session(Protocol):
-    def run(self, command: str, *, timeout_s: float, stdin: bytes | None = None, stop: threading.Event | None = None) -> Completed:
+    def run(
+        self, command: str, *, timeout_s: float, stdin: bytes | None = None, stop: threading.Event | None = None
+    ) -> Completed:
         """Run a shell command line on the node; its exit status and output."""
         ...
 
@@ -261,7 +263,9 @@ class SshSession:
         self._client = client
         self._node = node
 
-    def run(self, command: str, *, timeout_s: float, stdin: bytes | None = None, stop: threading.Event | None = None) -> Completed:
+    def run(
+        self, command: str, *, timeout_s: float, stdin: bytes | None = None, stop: threading.Event | None = None
+    ) -> Completed:
         import paramiko
 
         try:

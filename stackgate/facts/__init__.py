@@ -11,7 +11,20 @@ that both the checks and provisioning make.
 from __future__ import annotations
 
 from stackgate.facts.collect import PARTS, Facts, gather, jit_cuda_home
-from stackgate.facts.model import ArchBuild, BasePython, Distribution, ElfFile, ElfScan, EnvFacts, ImportOutcome, KernelEvents, Missing, ProbeFacts, ToolkitFacts, ToolVersion
+from stackgate.facts.model import (
+    ArchBuild,
+    BasePython,
+    Distribution,
+    ElfFile,
+    ElfScan,
+    EnvFacts,
+    ImportOutcome,
+    KernelEvents,
+    Missing,
+    ProbeFacts,
+    ToolkitFacts,
+    ToolVersion,
+)
 from stackgate.facts.toolkits import build_for_arch, inspect_toolkit, tool_version
 
 __all__ = [

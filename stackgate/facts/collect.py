@@ -19,24 +19,36 @@ from typing import Any, Callable, Iterable, Mapping
 
 from stackgate.edges import elf, kernellog, nvml
 from stackgate.facts import generations, interpreters
-from stackgate.facts.model import BasePython, ElfFile, ElfScan, EnvFacts, ImportOutcome, KernelEvents, Missing, ProbeFacts, ToolkitFacts
+from stackgate.facts.model import (
+    BasePython,
+    ElfFile,
+    ElfScan,
+    EnvFacts,
+    ImportOutcome,
+    KernelEvents,
+    Missing,
+    ProbeFacts,
+    ToolkitFacts,
+)
 from stackgate.facts.patches import PatchStatus, inspect_patch
 from stackgate.facts.toolkits import inspect_toolkit
 from stackgate.models import envfile, pylock
 from stackgate.models import kernellog as kernelmodel
-from stackgate.models.spec import Lock, Toolkit
+from stackgate.models.spec import Spec, Toolkit
 
 __all__ = ["CUDA_LINK", "DEPENDS", "PARTS", "Facts", "gather", "jit_cuda_home"]
 
 CUDA_LINK = Path("/usr/local/cuda")
 
-Gatherer = Callable[[Lock, "Facts"], Any]
+Gatherer = Callable[[Spec, "Facts"], Any]
 
 
 class Facts:
     """The parts gathered for one run; each is awaited on first use."""
 
-    def __init__(self, lock: Lock, *, environ: Mapping[str, str] | None = None, nvml_lib: ModuleType | None = None) -> None:
+    def __init__(
+        self, lock: Spec, *, environ: Mapping[str, str] | None = None, nvml_lib: ModuleType | None = None
+    ) -> None:
         self.lock = lock
         self.base_environ = dict(os.environ if environ is None else environ)
         self.nvml_lib = nvml_lib
@@ -132,12 +144,12 @@ class Facts:
         return next(t for t in self.toolkits if t.toolkit == toolkit)
 
 
-def gather(lock: Lock, parts: Iterable[str], **kwargs: Any) -> Facts:
+def gather(lock: Spec, parts: Iterable[str], **kwargs: Any) -> Facts:
     """Start gathering ``parts`` (and what they depend on) in parallel."""
     return Facts(lock, **kwargs).start(parts)
 
 
-def _gather_part(part: str, lock: Lock, facts: Facts) -> Any:
+def _gather_part(part: str, lock: Spec, facts: Facts) -> Any:
     try:
         return PARTS[part](lock, facts)
     except Exception as exc:  # a fact that cannot be gathered is a fact
@@ -156,7 +168,7 @@ def _with_dependencies(parts: Iterable[str]) -> list[str]:
 # --- NVML -------------------------------------------------------------------------------------
 
 
-def _nvml(lock: Lock, facts: Facts) -> nvml.NvmlSnapshot | Missing:
+def _nvml(lock: Spec, facts: Facts) -> nvml.NvmlSnapshot | Missing:
     try:
         return nvml.snapshot(facts.nvml_lib)
     except nvml.NvmlError as exc:
@@ -166,7 +178,7 @@ def _nvml(lock: Lock, facts: Facts) -> nvml.NvmlSnapshot | Missing:
 # --- CUDA toolkits ----------------------------------------------------------------------------
 
 
-def _toolkits(lock: Lock, facts: Facts) -> tuple[ToolkitFacts, ...]:
+def _toolkits(lock: Spec, facts: Facts) -> tuple[ToolkitFacts, ...]:
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(lock.toolkits))) as pool:
         return tuple(pool.map(lambda t: inspect_toolkit(t, lock.hardware.arch), lock.toolkits))
 
@@ -174,7 +186,7 @@ def _toolkits(lock: Lock, facts: Facts) -> tuple[ToolkitFacts, ...]:
 # --- the environment --------------------------------------------------------------------------
 
 
-def _env(lock: Lock, facts: Facts) -> EnvFacts:
+def _env(lock: Spec, facts: Facts) -> EnvFacts:
     env_file = lock.python.env_file
     error = None
     try:
@@ -184,7 +196,16 @@ def _env(lock: Lock, facts: Facts) -> EnvFacts:
     on_path = shutil.which("nvcc", path=environ.get("PATH", ""))
     home, by = jit_cuda_home(environ, on_path)
     link = CUDA_LINK.resolve() if CUDA_LINK.exists() else None
-    return EnvFacts(environ, from_file, env_file if env_file and env_file.is_file() else None, error, Path(on_path) if on_path else None, link, home, by)
+    return EnvFacts(
+        environ,
+        from_file,
+        env_file if env_file and env_file.is_file() else None,
+        error,
+        Path(on_path) if on_path else None,
+        link,
+        home,
+        by,
+    )
 
 
 def jit_cuda_home(environ: Mapping[str, str], nvcc_on_path: str | None) -> tuple[Path, str]:
@@ -205,19 +226,19 @@ def jit_cuda_home(environ: Mapping[str, str], nvcc_on_path: str | None) -> tuple
 # --- the target interpreter (stackgate.facts.interpreters) ------------------------------------
 
 
-def _probe(lock: Lock, facts: Facts) -> ProbeFacts | Missing:
+def _probe(lock: Spec, facts: Facts) -> ProbeFacts | Missing:
     return interpreters.probe(lock, facts.get("env").environ)
 
 
-def _dists(lock: Lock, facts: Facts) -> ProbeFacts | Missing:
+def _dists(lock: Spec, facts: Facts) -> ProbeFacts | Missing:
     return interpreters.dists(lock, facts.get("env").environ)
 
 
-def _base_python(lock: Lock, facts: Facts) -> BasePython | Missing:
+def _base_python(lock: Spec, facts: Facts) -> BasePython | Missing:
     return interpreters.base_python(lock, facts.base_environ)
 
 
-def _imports(lock: Lock, facts: Facts) -> dict[str, ImportOutcome] | Missing:
+def _imports(lock: Spec, facts: Facts) -> dict[str, ImportOutcome] | Missing:
     # The probe is awaited only for torch's outcome, after the other imports ran beside it.
     return interpreters.imports(lock, facts.get("env").environ, lambda: facts.get("probe"))
 
@@ -225,7 +246,7 @@ def _imports(lock: Lock, facts: Facts) -> dict[str, ImportOutcome] | Missing:
 # --- ELF scan ---------------------------------------------------------------------------------
 
 
-def _elf(lock: Lock, facts: Facts) -> ElfScan | Missing:
+def _elf(lock: Spec, facts: Facts) -> ElfScan | Missing:
     probe = facts.get("probe")
     if isinstance(probe, Missing):
         return probe
@@ -245,7 +266,7 @@ def _elf(lock: Lock, facts: Facts) -> ElfScan | Missing:
 # --- patches ----------------------------------------------------------------------------------
 
 
-def _patches(lock: Lock, facts: Facts) -> tuple[PatchStatus, ...] | Missing:
+def _patches(lock: Spec, facts: Facts) -> tuple[PatchStatus, ...] | Missing:
     """Each locked patch as found in the package's site-packages (read there, never imported)."""
     probe = facts.get("probe")
     if isinstance(probe, Missing):
@@ -260,17 +281,19 @@ def _patches(lock: Lock, facts: Facts) -> tuple[PatchStatus, ...] | Missing:
 # --- the root's generations ------------------------------------------------------------------
 
 
-def _generation(lock: Lock, facts: Facts) -> generations.RootState | Missing:
+def _generation(lock: Spec, facts: Facts) -> generations.RootState | Missing:
     """What provision built under the lock's root, and which generation is live."""
     if lock.python.root is None:
-        return Missing(f"python.interpreter names an existing environment ({lock.python.interpreter}): there are no generations")
+        return Missing(
+            f"python.interpreter names an existing environment ({lock.python.interpreter}): there are no generations"
+        )
     return generations.read(lock.python.root)
 
 
 # --- the pylock -------------------------------------------------------------------------------
 
 
-def _pylock(lock: Lock, facts: Facts) -> pylock.Resolution | Missing:
+def _pylock(lock: Spec, facts: Facts) -> pylock.Resolution | Missing:
     """The spec's resolution (``pylock.<name>.toml`` beside it), as the files say now."""
     path = pylock.path_for(lock.path)
     if not path.exists():
@@ -284,7 +307,7 @@ def _pylock(lock: Lock, facts: Facts) -> pylock.Resolution | Missing:
 # --- the kernel log ------------------------------------------------------------------------------
 
 
-def _kernel(lock: Lock, facts: Facts) -> KernelEvents | Missing:
+def _kernel(lock: Spec, facts: Facts) -> KernelEvents | Missing:
     """The GPU events (Xid, AER, NVRM) of this boot's kernel log."""
     try:
         log = kernellog.read()
@@ -308,4 +331,9 @@ PARTS: dict[str, Gatherer] = {
     "pylock": _pylock,
     "kernel": _kernel,
 }
-DEPENDS: dict[str, tuple[str, ...]] = {"probe": ("env",), "imports": ("env", "probe"), "elf": ("probe",), "patches": ("probe",)}
+DEPENDS: dict[str, tuple[str, ...]] = {
+    "probe": ("env",),
+    "imports": ("env", "probe"),
+    "elf": ("probe",),
+    "patches": ("probe",),
+}

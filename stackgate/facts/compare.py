@@ -21,9 +21,19 @@ from packaging.version import InvalidVersion, Version
 from stackgate.facts.model import Distribution, Missing, ProbeFacts, ToolkitFacts, ToolVersion
 from stackgate.models import pylock
 from stackgate.models.pylock import Locked, Resolution
-from stackgate.models.spec import Lock, Package
+from stackgate.models.spec import Package, Spec
 
-__all__ = ["SEEDED", "Conflict", "conflicts", "environment_drift", "environment_spec", "locked_problems", "pin_problem", "spec_changes", "toolkit_problem"]
+__all__ = [
+    "SEEDED",
+    "Conflict",
+    "conflicts",
+    "environment_drift",
+    "environment_spec",
+    "locked_problems",
+    "pin_problem",
+    "spec_changes",
+    "toolkit_problem",
+]
 
 #: Installed on purpose beside the pylock (unless it locks them): the environment's own pip, which
 #: people use later, held by the guard's pip.conf; and the setuptools that ensurepip installs with
@@ -88,7 +98,7 @@ def _satisfies(requirement: Requirement, version: str) -> bool:
     return requirement.specifier.contains(version, prereleases=True)
 
 
-def environment_drift(lock: Lock, dists: ProbeFacts, resolution: Resolution | None = None) -> list[str]:
+def environment_drift(lock: Spec, dists: ProbeFacts, resolution: Resolution | None = None) -> list[str]:
     """How an environment's installed distributions differ from the lock (empty: they do not):
     its Python version, each pin, requirement conflicts other than declared overrides, and, given
     the pylock, every distribution it holds (missing, extra, other version or file).
@@ -106,7 +116,7 @@ def environment_drift(lock: Lock, dists: ProbeFacts, resolution: Resolution | No
     return drift
 
 
-def environment_spec(lock: Lock) -> dict[str, Any]:
+def environment_spec(lock: Spec) -> dict[str, Any]:
     """The parts of the lock that decide an environment's contents (reasons and comments do not),
     and the sha256 of its pylock (a new resolution is a new environment): what provision writes
     into a generation's marker, and compares with it later."""
@@ -138,7 +148,11 @@ def spec_changes(built: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[st
     ['packages.sglang.version: ==0.5.8 -> ==0.5.9']
     """
     old, new = _flatten(built), _flatten(wanted)
-    return [f"{key}: {old.get(key, '(none)')} -> {new.get(key, '(none)')}" for key in sorted(old.keys() | new.keys()) if old.get(key) != new.get(key)]
+    return [
+        f"{key}: {old.get(key, '(none)')} -> {new.get(key, '(none)')}"
+        for key in sorted(old.keys() | new.keys())
+        if old.get(key) != new.get(key)
+    ]
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, str]:
@@ -187,7 +201,9 @@ def locked_problems(probe: ProbeFacts, resolution: Resolution) -> list[str]:
         elif not _same_version(dist.version, locked.version):
             problems.append(f"{name} is {dist.version}, the pylock holds {locked.version}")
         elif (other := _other_file(dist, locked)) is not None:
-            problems.append(f"{name} {dist.version} was installed from {other}, not from the pylock's {', '.join(f.filename for f in locked.files)}")
+            problems.append(
+                f"{name} {dist.version} was installed from {other}, not from the pylock's {', '.join(f.filename for f in locked.files)}"
+            )
     for name, dist in sorted(probe.distributions.items()):
         if resolution.package(name) is None and name not in SEEDED:
             problems.append(f"{dist.name} {dist.version} is installed but not in the pylock")

@@ -26,7 +26,7 @@ from stackgate.edges import elf, nvml, runner
 from stackgate.facts.collect import Facts
 from stackgate.facts.model import Missing
 from stackgate.models import faults, settings
-from stackgate.models.spec import DeepAttention, Lock
+from stackgate.models.spec import DeepAttention, Spec
 
 __all__ = [
     "ATTENTION_RTOL",
@@ -71,7 +71,7 @@ _TRANSPORT = re.compile(r"NCCL INFO Channel \d+(?:/\d+)? ?: .* via (\S+)")
 _CHANNELS = re.compile(r"NCCL INFO (\d+) coll channels")
 
 
-def launch_env(lock: Lock, facts: Facts) -> dict[str, str]:
+def launch_env(lock: Spec, facts: Facts) -> dict[str, str]:
     """The stack's environment, the serving engine's [smoke.env] (its NCCL tuning), the required
     multicast switches, and an NCCL_DEBUG=INFO log on stdout.
 
@@ -166,14 +166,21 @@ class GpuWork:
     duration_s: float
 
 
-def run_gpu_work(python: Path, request: GpuWorkRequest, env: Mapping[str, str], timeout_s: float | None = None) -> GpuWork:
+def run_gpu_work(
+    python: Path, request: GpuWorkRequest, env: Mapping[str, str], timeout_s: float | None = None
+) -> GpuWork:
     """Run deepwork.py's per-GPU work under ``python`` (for ``timeout_s``, default $STACKGATE_DEEP_TIMEOUT_S);
     never raises for what happens there."""
     timeout_s = settings.DEEP_TIMEOUT_S.value() if timeout_s is None else timeout_s
     workdir = Path(tempfile.mkdtemp(prefix="stackgate-gpu-work-", dir=_work_dir()))
     out = workdir / "gpu.jsonl"
     log = workdir / "gpu-work.log"
-    done = runner.run_logged([python, SCRIPT, "gpu", out, json.dumps({**asdict(request), "faults": faults.deep_faults()})], log, timeout_s=timeout_s, env=env)
+    done = runner.run_logged(
+        [python, SCRIPT, "gpu", out, json.dumps({**asdict(request), "faults": faults.deep_faults()})],
+        log,
+        timeout_s=timeout_s,
+        env=env,
+    )
     lines = _read_lines(out)
     begin = next((r for r in lines if r.get("event") == "begin"), {})
     records = tuple(r for r in lines if r.get("event") == "done")
@@ -274,7 +281,9 @@ def bus_bandwidth(algbw_gbs: float, world: int) -> float | None:
     return algbw_gbs * 2 * (world - 1) / world if world > 1 else None
 
 
-def _finished(per_rank: Mapping[int, Sequence[Mapping[str, Any]]], event: str, key: str, world: int) -> list[tuple[int, list[Mapping[str, Any]]]]:
+def _finished(
+    per_rank: Mapping[int, Sequence[Mapping[str, Any]]], event: str, key: str, world: int
+) -> list[tuple[int, list[Mapping[str, Any]]]]:
     """(value of ``key``, its lines) of every rank's ``event`` lines, in order, where all ``world`` ranks wrote one.
 
     >>> _finished({0: [{"event": "size", "bytes": 8}, {"event": "size", "bytes": 16}], 1: [{"event": "size", "bytes": 8}]}, "size", "bytes", 2)
@@ -299,7 +308,18 @@ def aggregate(world: int, per_rank: Mapping[int, Sequence[Mapping[str, Any]]]) -
         eager_us = statistics.fmean(eager) if len(eager) == len(lines) else None
         fastest = [line["us_min"] for line in lines if "us_min" in line]
         min_us = min(fastest) if timing == "cuda-graph" and len(fastest) == len(lines) else None
-        figures.append(SizeFigures(size, time_us, algbw, bus_bandwidth(algbw, world), sum(line["wrong"] for line in lines), timing, eager_us, min_us))
+        figures.append(
+            SizeFigures(
+                size,
+                time_us,
+                algbw,
+                bus_bandwidth(algbw, world),
+                sum(line["wrong"] for line in lines),
+                timing,
+                eager_us,
+                min_us,
+            )
+        )
     return figures
 
 
@@ -308,7 +328,13 @@ def run_sweep(python: Path, request: AllReduceRequest, env: Mapping[str, str], t
     $STACKGATE_DEEP_TIMEOUT_S); never raises for what happens there."""
     timeout_s = settings.DEEP_TIMEOUT_S.value() if timeout_s is None else timeout_s
     workdir = Path(tempfile.mkdtemp(prefix="stackgate-allreduce-", dir=_work_dir()))
-    argv: list[str | Path] = [python, SCRIPT, "allreduce", workdir, json.dumps({**request.to_json(), "faults": faults.deep_faults()})]
+    argv: list[str | Path] = [
+        python,
+        SCRIPT,
+        "allreduce",
+        workdir,
+        json.dumps({**request.to_json(), "faults": faults.deep_faults()}),
+    ]
     log = workdir / "allreduce.log"
     # Into a file as it is written (NCCL flushes each line), so a hang's log survives the kill.
     done = runner.run_logged(argv, log, timeout_s=timeout_s, env=env)
@@ -355,7 +381,7 @@ FUSION_RTOL = 2.0**-7
 GATE_TIMEOUT_S = 120.0
 
 
-def jit_workspace(lock: Lock, environ: Mapping[str, str]) -> tuple[Path, str]:
+def jit_workspace(lock: Spec, environ: Mapping[str, str]) -> tuple[Path, str]:
     """FLASHINFER_WORKSPACE_BASE for the deep runs, and where it came from: the environment's
     (the live stackgate.env, from the lock's [env], or the shell), else ``<python.root>/cache/flashinfer``
     (beside the stack it compiles for), else ``$XDG_CACHE_HOME/stackgate/flashinfer`` for a lock
@@ -371,11 +397,15 @@ def jit_workspace(lock: Lock, environ: Mapping[str, str]) -> tuple[Path, str]:
         return Path(environ["FLASHINFER_WORKSPACE_BASE"]), "FLASHINFER_WORKSPACE_BASE"
     if lock.python.root is not None:
         return lock.python.root / "cache" / "flashinfer", "the stack's root"
-    cache = Path(environ["XDG_CACHE_HOME"]) if environ.get("XDG_CACHE_HOME") else Path(environ.get("HOME") or Path.home()) / ".cache"
+    cache = (
+        Path(environ["XDG_CACHE_HOME"])
+        if environ.get("XDG_CACHE_HOME")
+        else Path(environ.get("HOME") or Path.home()) / ".cache"
+    )
     return cache / "stackgate" / "flashinfer", "the user's cache (the lock names an existing interpreter)"
 
 
-def flashinfer_env(lock: Lock, facts: Facts) -> dict[str, str]:
+def flashinfer_env(lock: Spec, facts: Facts) -> dict[str, str]:
     """:func:`launch_env` with flashinfer's JIT cache where :func:`jit_workspace` says."""
     env = launch_env(lock, facts)
     workspace, _ = jit_workspace(lock, env)
@@ -383,7 +413,9 @@ def flashinfer_env(lock: Lock, facts: Facts) -> dict[str, str]:
     return env
 
 
-def _run_script(kind: str, mode: str, out: str, request: Mapping[str, Any], env: Mapping[str, str], python: Path, timeout_s: float) -> tuple[Path, runner.Completed]:
+def _run_script(
+    kind: str, mode: str, out: str, request: Mapping[str, Any], env: Mapping[str, str], python: Path, timeout_s: float
+) -> tuple[Path, runner.Completed]:
     """flashwork.py ``mode`` under ``python`` in a fresh folder: (the folder, how it ended)."""
     workdir = Path(tempfile.mkdtemp(prefix=f"stackgate-{kind}-", dir=_work_dir()))
     target = workdir / out if out else workdir
@@ -408,7 +440,11 @@ def read_gate(python: Path, env: Mapping[str, str], timeout_s: float = GATE_TIME
     workdir, done = _run_script("fusion-gate", "gate", "gate.jsonl", {}, env, python, timeout_s)
     line = next((r for r in _read_lines(workdir / "gate.jsonl") if r.get("event") == "gate"), {})
     shutil.rmtree(workdir, ignore_errors=True)  # read at once, named in no result: nothing to keep
-    found: Mapping[str, Any] = line["flashinfer"] if isinstance(line.get("flashinfer"), Mapping) else {"error": f"the gate was not read ({_ended(done)})"}
+    found: Mapping[str, Any] = (
+        line["flashinfer"]
+        if isinstance(line.get("flashinfer"), Mapping)
+        else {"error": f"the gate was not read ({_ended(done)})"}
+    )
     sglang: Mapping[str, Any] | None = line["sglang"] if isinstance(line.get("sglang"), Mapping) else None
     return FusionGate(found, sglang, done.returncode, _tail(done))
 
@@ -580,11 +616,25 @@ def aggregate_fusion(request: FusionRequest, per_rank: Mapping[int, Sequence[Map
     """Per token count, the figures of every rank's "tokens" line, for the counts all ranks finished."""
     found = []
     for tokens, lines in _finished(per_rank, "tokens", "tokens", request.world):
-        worst = {part: max((tuple(line[part]["worst"]) for line in lines), key=lambda e: e[0] - request.rtol * e[1]) for part in ("residual", "norm")}
+        worst = {
+            part: max((tuple(line[part]["worst"]) for line in lines), key=lambda e: e[0] - request.rtol * e[1])
+            for part in ("residual", "norm")
+        }
         largest = {part: max(line[part]["max_abs_err"] for line in lines) for part in ("residual", "norm")}
-        graphs = [line[path].get("graph_error") for line in lines for path in ("fused", "unfused") if line[path].get("graph_error")]
-        times = {f"{path}_{key}": _mean(lines, path, key) for path in ("fused", "unfused") for key in ("us", "eager_us")}
-        found.append(FusionTokens(tokens, worst["residual"], worst["norm"], largest, **times, graph_error=graphs[0] if graphs else None))
+        graphs = [
+            line[path].get("graph_error")
+            for line in lines
+            for path in ("fused", "unfused")
+            if line[path].get("graph_error")
+        ]
+        times = {
+            f"{path}_{key}": _mean(lines, path, key) for path in ("fused", "unfused") for key in ("us", "eager_us")
+        }
+        found.append(
+            FusionTokens(
+                tokens, worst["residual"], worst["norm"], largest, **times, graph_error=graphs[0] if graphs else None
+            )
+        )
     return found
 
 

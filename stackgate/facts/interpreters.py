@@ -20,14 +20,14 @@ from stackgate.edges import runner
 from stackgate.facts.model import BasePython, Distribution, ImportOutcome, Missing, ProbeFacts
 from stackgate.facts.toolkits import TOOL_TIMEOUT_S
 from stackgate.models import settings
-from stackgate.models.spec import Lock
+from stackgate.models.spec import Spec
 
 __all__ = ["PROBE", "base_python", "demangle", "describe", "dists", "imports", "probe", "target_missing"]
 
 PROBE = Path(__file__).resolve().parents[1] / "edges" / "probe.py"  # run by the target interpreter, as a file
 
 
-def target_missing(lock: Lock) -> Missing | None:
+def target_missing(lock: Spec) -> Missing | None:
     """Why the lock's interpreter cannot be asked (it does not exist), or None."""
     target = lock.python.target
     if target.exists():
@@ -37,13 +37,16 @@ def target_missing(lock: Lock) -> Missing | None:
     return Missing(f"the lock's interpreter {target} does not exist")
 
 
-def probe(lock: Lock, env: Mapping[str, str]) -> ProbeFacts | Missing:
+def probe(lock: Spec, env: Mapping[str, str]) -> ProbeFacts | Missing:
     """The target interpreter's account of itself, its distributions and torch, run in ``env``."""
     missing = target_missing(lock)
     if missing is not None:
         return missing
     # torch's import dominates; reading every distribution's metadata runs beside it.
-    requests = ({"torch": True, "distributions": False}, {"torch": False, "files_of": [p.name for p in lock.python.packages]})
+    requests = (
+        {"torch": True, "distributions": False},
+        {"torch": False, "files_of": [p.name for p in lock.python.packages]},
+    )
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         parts = list(pool.map(lambda request: _run_probe(lock.python.target, request, env), requests))
     torch_run, dists_run = parts
@@ -55,10 +58,14 @@ def probe(lock: Lock, env: Mapping[str, str]) -> ProbeFacts | Missing:
     return _probe_facts({**dists_part, "torch": torch_part["torch"]}, max(torch_s, dists_s))
 
 
-def _run_probe(python: Path, request: Mapping[str, Any], env: Mapping[str, str]) -> tuple[dict[str, Any], float] | Missing:
+def _run_probe(
+    python: Path, request: Mapping[str, Any], env: Mapping[str, str]
+) -> tuple[dict[str, Any], float] | Missing:
     with tempfile.TemporaryDirectory(prefix="stackgate-probe-") as tmp:
         out = Path(tmp) / "facts.json"
-        done = runner.run([python, PROBE, out, json.dumps(request)], timeout_s=settings.PROBE_TIMEOUT_S.value(), env=env)
+        done = runner.run(
+            [python, PROBE, out, json.dumps(request)], timeout_s=settings.PROBE_TIMEOUT_S.value(), env=env
+        )
         if not out.exists():
             return Missing(f"the probe failed in {python} ({done.ended}): {' / '.join(done.tail(3))}")
         return json.loads(out.read_text()), done.duration_s
@@ -66,14 +73,22 @@ def _run_probe(python: Path, request: Mapping[str, Any], env: Mapping[str, str])
 
 def _probe_facts(raw: Mapping[str, Any], duration_s: float) -> ProbeFacts:
     dists = {
-        key: Distribution(d["name"], d["version"], tuple(d["requires"]), d["location"], tuple(d.get("shared_objects", ())), tuple(d.get("wheel_tags", ())), d.get("direct_url"))
+        key: Distribution(
+            d["name"],
+            d["version"],
+            tuple(d["requires"]),
+            d["location"],
+            tuple(d.get("shared_objects", ())),
+            tuple(d.get("wheel_tags", ())),
+            d.get("direct_url"),
+        )
         for key, d in raw["distributions"].items()
     }
     python = raw["python"]
     return ProbeFacts(python["executable"], python["version"], python["markers"], dists, raw.get("torch"), duration_s)
 
 
-def dists(lock: Lock, env: Mapping[str, str]) -> ProbeFacts | Missing:
+def dists(lock: Spec, env: Mapping[str, str]) -> ProbeFacts | Missing:
     """The probe without importing torch: the installed distributions only. What provision plans
     from, so that a no-op provision does not pay for torch's import."""
     missing = target_missing(lock)
@@ -96,7 +111,7 @@ def describe(python: Path, env: Mapping[str, str], *, torch: bool) -> ProbeFacts
     return _probe_facts(raw, seconds)
 
 
-def base_python(lock: Lock, environ: Mapping[str, str]) -> BasePython | Missing:
+def base_python(lock: Spec, environ: Mapping[str, str]) -> BasePython | Missing:
     """An interpreter of the locked Python version on this machine, searched in ``environ``."""
     want = lock.python.version
     tried: list[str] = []
@@ -129,7 +144,9 @@ def _python_candidates(want: str, environ: Mapping[str, str]) -> list[tuple[Path
     # pyenv's shims answer only for the selected version; its installs answer for themselves.
     for home in sorted(pyenv.glob(f"{want}.*"), key=lambda p: _patch_level(p.name), reverse=True):
         found.append((home / "bin" / f"python{want}", f"pyenv ({home})"))
-    uv_home = Path(environ.get("UV_PYTHON_INSTALL_DIR") or Path(environ.get("HOME", "/root")) / ".local/share/uv/python")
+    uv_home = Path(
+        environ.get("UV_PYTHON_INSTALL_DIR") or Path(environ.get("HOME", "/root")) / ".local/share/uv/python"
+    )
     for home in sorted(uv_home.glob(f"cpython-{want}.*"), reverse=True):
         found.append((home / "bin" / f"python{want}", f"uv-managed ({home})"))
     for directory in ("/usr/local/bin", "/usr/bin"):
@@ -170,7 +187,7 @@ def _ask_python(path: Path, want: str) -> tuple[Path, str, Path | None] | Missin
 
 
 def imports(
-    lock: Lock, env: Mapping[str, str], probed: Callable[[], ProbeFacts | Missing]
+    lock: Spec, env: Mapping[str, str], probed: Callable[[], ProbeFacts | Missing]
 ) -> dict[str, ImportOutcome] | Missing:
     """Each locked import tried in its own process, beside the probe; torch's outcome is the probe's (``probed()``,
     awaited last)."""

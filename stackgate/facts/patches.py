@@ -23,7 +23,17 @@ from packaging.utils import canonicalize_name
 from stackgate.edges import fetch
 from stackgate.models.spec import Patch
 
-__all__ = ["RECORD", "PatchStatus", "distribution", "final_hashes", "inspect_patch", "installed_version", "patch_state", "read_record", "recorded_entry"]
+__all__ = [
+    "RECORD",
+    "PatchStatus",
+    "distribution",
+    "final_hashes",
+    "inspect_patch",
+    "installed_version",
+    "patch_state",
+    "read_record",
+    "recorded_entry",
+]
 
 #: The file in site-packages that lists the applied patches and the hashes of what they wrote.
 RECORD = "stackgate-patches.json"
@@ -67,10 +77,19 @@ def patch_state(patch: Patch, site_packages: Path | None) -> str | None:
 
 def recorded_entry(site_packages: Path, patch: Patch) -> dict[str, object] | None:
     """The record's entry for ``patch``, if it was applied here."""
-    return next((e for e in read_record(site_packages) if e.get("package") == patch.package and e.get("patch") == patch.file.name), None)
+    return next(
+        (
+            e
+            for e in read_record(site_packages)
+            if e.get("package") == patch.package and e.get("patch") == patch.file.name
+        ),
+        None,
+    )
 
 
-def _problem(patch: Patch, site_packages: Path, installed: str | None, entry: Mapping[str, object] | None) -> str | None:
+def _problem(
+    patch: Patch, site_packages: Path, installed: str | None, entry: Mapping[str, object] | None
+) -> str | None:
     if installed is None:
         return f"{patch.package} is not installed in {site_packages}"
     if installed != str(patch.version):
@@ -83,7 +102,11 @@ def _problem(patch: Patch, site_packages: Path, installed: str | None, entry: Ma
     for path in sorted(_recorded_files(entry)):
         have = fetch.sha256_file(site_packages / path) if (site_packages / path).is_file() else None
         if have != expected.get(path):
-            return f"{path} changed since {patch.file.name} was applied" if have else f"{path} is gone since {patch.file.name} was applied"
+            return (
+                f"{path} changed since {patch.file.name} was applied"
+                if have
+                else f"{path} is gone since {patch.file.name} was applied"
+            )
     return None
 
 

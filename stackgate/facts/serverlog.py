@@ -80,7 +80,14 @@ class Evidence:
 class LogWatcher:
     """Reads what a server appended to its log since the last call. Safe to call from two threads."""
 
-    def __init__(self, path: Path, *, context: Mapping[str, str] | None = None, evidence: Mapping[str, str] | None = None, tail: int = 40) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        context: Mapping[str, str] | None = None,
+        evidence: Mapping[str, str] | None = None,
+        tail: int = 40,
+    ) -> None:
         self.path = path
         self.scanner = Scanner(stage="smoke", context=context, source=str(path))
         self.phase = "launching"

@@ -32,7 +32,7 @@ from stackgate.facts.collect import CUDA_LINK
 from stackgate.facts.model import Missing
 from stackgate.facts.patches import RECORD, read_record
 from stackgate.models import pylock, settings
-from stackgate.models.spec import Lock
+from stackgate.models.spec import Spec
 
 __all__ = ["ENV_PREFIXES", "Stamp", "changed", "identity", "take"]
 
@@ -49,7 +49,7 @@ _DIST_SUFFIXES = (".dist-info", ".egg-info", ".pth", ".egg-link")
 _METADATA_FILES = {".dist-info": ("METADATA", "RECORD"), ".egg-info": ("PKG-INFO", "SOURCES.txt")}
 
 
-def take(lock: Lock, nvml: NvmlSnapshot | Missing, site_dirs: Iterable[str], environ: Mapping[str, str]) -> Stamp:
+def take(lock: Spec, nvml: NvmlSnapshot | Missing, site_dirs: Iterable[str], environ: Mapping[str, str]) -> Stamp:
     """The stamp of this machine as the static checks of ``lock`` would judge it now."""
     sites = sorted({*site_dirs, *_own_sites(lock)})
     return {
@@ -60,7 +60,11 @@ def take(lock: Lock, nvml: NvmlSnapshot | Missing, site_dirs: Iterable[str], env
         "toolkits": {str(t.prefix): _tree(t.prefix) for t in lock.toolkits} | {str(CUDA_LINK): _where(CUDA_LINK)},
         "distributions": {site: _site(Path(site)) for site in sites},
         "patches": {site: _patch_files(Path(site)) for site in sites},
-        "environment": {name: _digest(environ[name]) for name in sorted(environ) if name.startswith(ENV_PREFIXES) or name in _named(lock)},
+        "environment": {
+            name: _digest(environ[name])
+            for name in sorted(environ)
+            if name.startswith(ENV_PREFIXES) or name in _named(lock)
+        },
     }
 
 
@@ -100,11 +104,15 @@ def _file_sha(path: Path | None) -> str:
         return "absent"
 
 
-def _lock(lock: Lock) -> dict[str, str]:
-    return {"spec": _file_sha(lock.path), "pylock": _file_sha(pylock.path_for(lock.path)), "env_file": _file_sha(lock.python.env_file)}
+def _lock(lock: Spec) -> dict[str, str]:
+    return {
+        "spec": _file_sha(lock.path),
+        "pylock": _file_sha(pylock.path_for(lock.path)),
+        "env_file": _file_sha(lock.python.env_file),
+    }
 
 
-def _named(lock: Lock) -> set[str]:
+def _named(lock: Spec) -> set[str]:
     """The lock's own variables and stackgate's settings."""
     return {*lock.env, *lock.smoke.env, *settings.SETTINGS}
 
@@ -124,7 +132,7 @@ def _where(path: Path) -> str:
         return "absent"
 
 
-def _interpreter(lock: Lock) -> dict[str, str]:
+def _interpreter(lock: Spec) -> dict[str, str]:
     found = {"target": _where(lock.python.target)}
     root = lock.python.root
     if root is not None:
@@ -133,7 +141,7 @@ def _interpreter(lock: Lock) -> dict[str, str]:
     return found
 
 
-def _own_sites(lock: Lock) -> list[str]:
+def _own_sites(lock: Spec) -> list[str]:
     """The interpreter's own site-packages (an environment with no distribution yet has one too)."""
     prefix = lock.python.target.parent.parent  # not resolved: a venv's python links to its base's
     found = [prefix / lib / f"python{lock.python.version}" / "site-packages" for lib in ("lib", "lib64")]
@@ -141,7 +149,13 @@ def _own_sites(lock: Lock) -> list[str]:
 
 
 def _tree(prefix: Path) -> str:
-    parts: Sequence[Path] = (prefix, prefix / "bin", prefix / "bin" / "nvcc", prefix / "bin" / "ptxas", prefix / "version.json")
+    parts: Sequence[Path] = (
+        prefix,
+        prefix / "bin",
+        prefix / "bin" / "nvcc",
+        prefix / "bin" / "ptxas",
+        prefix / "version.json",
+    )
     return _digest("|".join(_where(p) for p in parts))
 
 

@@ -51,7 +51,15 @@ def tool_version(path: Path) -> ToolVersion | Missing:
 
 
 # The lowest PTX ISA that knows each arch, so that an older ptxas is not refused for the .version.
-_PTX_ISA = {"sm_120": "8.7", "sm_121": "8.8", "sm_100": "8.6", "sm_101": "8.6", "sm_103": "8.8", "sm_90": "8.0", "sm_89": "7.8"}
+_PTX_ISA = {
+    "sm_120": "8.7",
+    "sm_121": "8.8",
+    "sm_100": "8.6",
+    "sm_101": "8.6",
+    "sm_103": "8.8",
+    "sm_90": "8.0",
+    "sm_89": "7.8",
+}
 _PTX = ".version {isa}\n.target {arch}\n.address_size 64\n.visible .entry stackgate_probe() {{ ret; }}\n"
 
 

@@ -71,11 +71,23 @@ class Evidence:
         return f"{self.file or '<input>'}:{span}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "line": self.line, "start_line": self.start_line, "count": self.count, "lines": list(self.lines)}
+        return {
+            "file": self.file,
+            "line": self.line,
+            "start_line": self.start_line,
+            "count": self.count,
+            "lines": list(self.lines),
+        }
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Evidence:
-        return cls(_text(raw, "file"), _number(raw, "line"), _texts(raw, "lines"), _number(raw, "start_line", 0), _number(raw, "count", 1))
+        return cls(
+            _text(raw, "file"),
+            _number(raw, "line"),
+            _texts(raw, "lines"),
+            _number(raw, "start_line", 0),
+            _number(raw, "count", 1),
+        )
 
 
 @dataclass(frozen=True)

@@ -158,7 +158,13 @@ def _host_word(word: str, where: str, problems: list[str]) -> Node | None:
 
 
 def _port(value: Any, where: str, problems: list[str]) -> int:
-    number = value if isinstance(value, int) and not isinstance(value, bool) else int(value) if isinstance(value, str) and value.isdigit() else None
+    number = (
+        value
+        if isinstance(value, int) and not isinstance(value, bool)
+        else int(value)
+        if isinstance(value, str) and value.isdigit()
+        else None
+    )
     if number is None or not 1 <= number <= 65535:
         problems.append(f"{where}: port {value!r} is not a port number (1-65535)")
         return 22
@@ -231,7 +237,15 @@ def _values(table: Mapping[str, Any], where: str, base: Path | None, problems: l
         elif key == "user":
             _text(value, _USER, path, "a user name", problems, found, key)
         elif key == "stackgate":
-            _text(value, _PROGRAM, path, "a program path (letters, digits, '/', '.', '_', '-', '~', '+')", problems, found, key)
+            _text(
+                value,
+                _PROGRAM,
+                path,
+                "a program path (letters, digits, '/', '.', '_', '-', '~', '+')",
+                problems,
+                found,
+                key,
+            )
         elif key in ("identity", "known_hosts"):
             if isinstance(value, str) and value and "\x00" not in value:
                 found[key] = _path(value, base)
@@ -242,7 +256,9 @@ def _values(table: Mapping[str, Any], where: str, base: Path | None, problems: l
     return found
 
 
-def _text(value: Any, pattern: re.Pattern[str], path: str, what: str, problems: list[str], found: dict[str, Any], key: str) -> None:
+def _text(
+    value: Any, pattern: re.Pattern[str], path: str, what: str, problems: list[str], found: dict[str, Any], key: str
+) -> None:
     if isinstance(value, str) and pattern.match(value) and not value.startswith("-"):
         found[key] = value
     else:

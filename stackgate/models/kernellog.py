@@ -78,8 +78,13 @@ CATALOG: Mapping[int, Xid] = {
 
 _BUS = r"(?:PCI:)?(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)"
 _XID = re.compile(r"NVRM: Xid \(" + _BUS + r"\): (?P<xid>\d+), (?P<rest>.*)")
-_AER_DEVICE = re.compile(r"(?P<driver>[\w\-]+) " + _BUS + r": (?:AER: )?PCIe Bus Error: severity=(?P<severity>[^,]+), type=(?P<type>[^,]+)")
-_AER_RECEIVED = re.compile(r"AER: (?P<severity>Corrected|Uncorrected \(Non-Fatal\)|Uncorrected \(Fatal\)|Multiple \w+) error (?:message )?received(?: from|:) " + _BUS)
+_AER_DEVICE = re.compile(
+    r"(?P<driver>[\w\-]+) " + _BUS + r": (?:AER: )?PCIe Bus Error: severity=(?P<severity>[^,]+), type=(?P<type>[^,]+)"
+)
+_AER_RECEIVED = re.compile(
+    r"AER: (?P<severity>Corrected|Uncorrected \(Non-Fatal\)|Uncorrected \(Fatal\)|Multiple \w+) error (?:message )?received(?: from|:) "
+    + _BUS
+)
 _AER_STATUS = re.compile(r"aer_(?P<which>uncor|cor)_status: (?P<status>0x[0-9a-fA-F]+)")
 _NVRM = re.compile(
     r"NVRM: (?P<message>.*(?:fallen off the bus|failed|error|Error|mismatch|not supported|RmInitAdapter|timeout|Timeout"
@@ -128,23 +133,57 @@ def event(line: str, number: int) -> KernelEvent | None:
     if xid:
         code = int(xid["xid"])
         known = CATALOG.get(code)
-        return KernelEvent("xid", number, line, normalize_bus(xid["bus"]), known.severity if known else "fail", code, xid["rest"].strip())
+        return KernelEvent(
+            "xid",
+            number,
+            line,
+            normalize_bus(xid["bus"]),
+            known.severity if known else "fail",
+            code,
+            xid["rest"].strip(),
+        )
     aer = _AER_DEVICE.search(line) or _AER_RECEIVED.search(line)
     if aer:
         severity = aer["severity"].strip()
-        detail = f"{severity}" + (f", {aer['type'].strip()}" if "type" in aer.groupdict() and aer.groupdict().get("type") else "")
-        return KernelEvent("aer", number, line, normalize_bus(aer["bus"]), "warn" if severity.startswith("Corrected") else "fail", None, detail)
+        detail = f"{severity}" + (
+            f", {aer['type'].strip()}" if "type" in aer.groupdict() and aer.groupdict().get("type") else ""
+        )
+        return KernelEvent(
+            "aer",
+            number,
+            line,
+            normalize_bus(aer["bus"]),
+            "warn" if severity.startswith("Corrected") else "fail",
+            None,
+            detail,
+        )
     status = _AER_STATUS.search(line)
     if status and int(status["status"], 16):
         bus = _NVRM_BUS.search(line)
         which = "Uncorrected" if status["which"] == "uncor" else "Corrected"
         severity = "warn" if which == "Corrected" else "fail"
-        return KernelEvent("aer", number, line, normalize_bus(bus["bus"]) if bus else None, severity, None, f"{which}, status {status['status']}")
+        return KernelEvent(
+            "aer",
+            number,
+            line,
+            normalize_bus(bus["bus"]) if bus else None,
+            severity,
+            None,
+            f"{which}, status {status['status']}",
+        )
     nvrm = _NVRM.search(line)
     if nvrm:
         bus = _NVRM_BUS.search(line)
         severe = "fallen off the bus" in line or "RmInitAdapter failed" in line
-        return KernelEvent("nvrm", number, line, normalize_bus(bus["bus"]) if bus else None, "fail" if severe else "warn", None, nvrm["message"].strip())
+        return KernelEvent(
+            "nvrm",
+            number,
+            line,
+            normalize_bus(bus["bus"]) if bus else None,
+            "fail" if severe else "warn",
+            None,
+            nvrm["message"].strip(),
+        )
     return None
 
 
@@ -166,7 +205,15 @@ def findings(events: Iterable[KernelEvent], gpus: Mapping[str, int], source: str
     for event in events:
         if event.kind == "nvrm" and event.bus in fallen and "fallen off the bus" in event.text:
             continue  # the driver's own words for the Xid 79 already reported
-        key = (event.kind, event.bus, str(event.code) if event.kind == "xid" else event.detail.split(",")[0] if event.kind == "aer" else event.detail[:80])
+        key = (
+            event.kind,
+            event.bus,
+            str(event.code)
+            if event.kind == "xid"
+            else event.detail.split(",")[0]
+            if event.kind == "aer"
+            else event.detail[:80],
+        )
         grouped.setdefault(key, []).append(event)
     out = [_finding(group, gpus, source) for group in grouped.values()]
     return sorted(out, key=lambda f: (f.severity != "error", f.evidence.line))
@@ -182,23 +229,64 @@ def _finding(group: list[KernelEvent], gpus: Mapping[str, int], source: str) -> 
         assert first.code is not None
         known = CATALOG.get(first.code)
         meaning = known.meaning if known else "an Xid this catalog summary does not list"
-        action = known.todo if known else f"Look it up in NVIDIA's Xid catalog ({CATALOG_URL}); treat it as a GPU fault until then: {_RESET}"
+        action = (
+            known.todo
+            if known
+            else f"Look it up in NVIDIA's Xid catalog ({CATALOG_URL}); treat it as a GPU fault until then: {_RESET}"
+        )
         title = f"Xid {first.code} on {where}: {meaning}"
-        cause = f"The NVIDIA driver reported Xid {first.code}" + (f" ({known.mnemonic}, action {known.action})" if known else "") + f" on {where}: {meaning}. Its words: {first.detail}"
+        cause = (
+            f"The NVIDIA driver reported Xid {first.code}"
+            + (f" ({known.mnemonic}, action {known.action})" if known else "")
+            + f" on {where}: {meaning}. Its words: {first.detail}"
+        )
         command = f"nvidia-smi -q -i {values['gpu']}" if values["gpu"] else "nvidia-smi -q"
         more = {"xid": str(first.code), "action": known.action if known else "UNKNOWN"}
-        return Finding(f"xid-{first.code}", title, severity, "driver", cause, Fix(action, (command,)), CATALOG_URL, evidence, (), {**values, **more})
+        return Finding(
+            f"xid-{first.code}",
+            title,
+            severity,
+            "driver",
+            cause,
+            Fix(action, (command,)),
+            CATALOG_URL,
+            evidence,
+            (),
+            {**values, **more},
+        )
     if first.kind == "aer":
         fatal = first.severity == "fail"
         title = f"PCIe AER {first.detail.split(',')[0]} error on {where}"
         details = ", ".join(dict.fromkeys(e.detail for e in group))
-        cause = f"The PCIe link of {where} reported {'an uncorrected' if fatal else 'a corrected'} error ({details}). " + (
-            "Uncorrected errors lose transactions: the GPU may fall off the bus." if fatal else "Corrected errors cost retries; many of them point at a marginal link (riser, slot, signal integrity)."
+        cause = (
+            f"The PCIe link of {where} reported {'an uncorrected' if fatal else 'a corrected'} error ({details}). "
+            + (
+                "Uncorrected errors lose transactions: the GPU may fall off the bus."
+                if fatal
+                else "Corrected errors cost retries; many of them point at a marginal link (riser, slot, signal integrity)."
+            )
         )
         todo = "Check the slot, riser and cabling of that GPU; `lspci -vvv -s BUS` shows the link's error status; a link that keeps erring should be serviced."
         command = f"sudo lspci -vvv -s {first.bus}" if first.bus else "sudo lspci -vvv"
-        return Finding("pcie-aer", title, severity, "driver", cause, Fix(todo, (command,)), "https://docs.kernel.org/PCI/pcieaer-howto.html", evidence, (), values)
+        return Finding(
+            "pcie-aer",
+            title,
+            severity,
+            "driver",
+            cause,
+            Fix(todo, (command,)),
+            "https://docs.kernel.org/PCI/pcieaer-howto.html",
+            evidence,
+            (),
+            values,
+        )
     title = f"NVRM on {where}: {first.detail[:120]}"
     cause = f"The NVIDIA kernel driver logged: {first.detail}"
-    todo = _REBOOT if first.severity == "fail" else "Read the message; `nvidia-smi` and `stackgate verify --check 'gpu.*'` show whether the GPU still answers."
-    return Finding("nvrm-message", title, severity, "driver", cause, Fix(todo, ("nvidia-smi",)), CATALOG_URL, evidence, (), values)
+    todo = (
+        _REBOOT
+        if first.severity == "fail"
+        else "Read the message; `nvidia-smi` and `stackgate verify --check 'gpu.*'` show whether the GPU still answers."
+    )
+    return Finding(
+        "nvrm-message", title, severity, "driver", cause, Fix(todo, ("nvidia-smi",)), CATALOG_URL, evidence, (), values
+    )

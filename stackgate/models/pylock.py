@@ -32,7 +32,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 from stackgate.models import inputfile
-from stackgate.models.spec import Lock, LockError, read_toml, url_problem
+from stackgate.models.spec import Spec, SpecError, read_toml, url_problem
 
 __all__ = [
     "Locked",
@@ -61,7 +61,7 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _WHEEL_NAME = re.compile(r"[A-Za-z0-9_.]+-[A-Za-z0-9_.!+]+(?:-\d[A-Za-z0-9_.]*)?(?:-[A-Za-z0-9_.]+){3}\.whl")
 
 
-class PylockError(LockError):
+class PylockError(SpecError):
     """A pylock that cannot be used, with every problem found and its key path."""
 
     def __init__(self, path: Path | str, problems: list[str]) -> None:
@@ -175,7 +175,11 @@ def loads(data: bytes, path: Path) -> Resolution:
         pylock = Pylock.from_dict(document)
     except PylockValidationError as exc:
         raise PylockError(path, [_validation_problem(exc)]) from None
-    problems = [] if is_valid_pylock_path(Path(path.name)) else [f"(file name): {path.name!r} is not a PEP 751 name: pylock.toml or pylock.<name>.toml"]
+    problems = (
+        []
+        if is_valid_pylock_path(Path(path.name))
+        else [f"(file name): {path.name!r} is not a PEP 751 name: pylock.toml or pylock.<name>.toml"]
+    )
     packages = _packages(pylock, problems)
     recorded = _recorded_inputs(document, problems)
     if problems:
@@ -185,7 +189,7 @@ def loads(data: bytes, path: Path) -> Resolution:
     return Resolution(path, hashlib.sha256(data).hexdigest(), requires_python, packages, recorded, environments)
 
 
-def load_beside(lock: Lock, *, wheelhouse: Path | None = None) -> Resolution:
+def load_beside(lock: Spec, *, wheelhouse: Path | None = None) -> Resolution:
     """The spec's pylock, validated, with every ``file://`` URL under a root the spec allows
     (:func:`file_roots`); raise :class:`PylockError` naming each file that is not."""
     resolution = load(path_for(lock.path))
@@ -195,14 +199,14 @@ def load_beside(lock: Lock, *, wheelhouse: Path | None = None) -> Resolution:
     return resolution
 
 
-def check_beside(lock: Lock) -> None:
+def check_beside(lock: Spec) -> None:
     """Refuse the spec's pylock when there is one and it cannot be used (:class:`PylockError`, a
     bad lockfile: exit 2) before a command looks at anything else; no pylock is no error here."""
     if os.path.lexists(path_for(lock.path)):
         load_beside(lock)
 
 
-def file_roots(lock: Lock, wheelhouse: Path | None = None) -> tuple[Path, ...]:
+def file_roots(lock: Spec, wheelhouse: Path | None = None) -> tuple[Path, ...]:
     """Where a pylock's ``file://`` URLs may point: the spec's folder, the wheelhouse, and the
     folders the spec's own ``file://`` URLs name (an index's folder, a URL wheel's folder)."""
     python = lock.python
@@ -266,16 +270,23 @@ def _packages(pylock: Pylock, problems: list[str]) -> dict[str, Locked]:
 
 def _locked(package: PylockPackage, where: str, problems: list[str]) -> Locked | None:
     if package.vcs or package.directory or not (package.wheels or package.archive):
-        problems.append(f"{where}: {package.name} has no wheel: stackgate installs hashed wheels only (no sdist, VCS or directory)")
+        problems.append(
+            f"{where}: {package.name} has no wheel: stackgate installs hashed wheels only (no sdist, VCS or directory)"
+        )
         return None
     if package.version is None:
         problems.append(f"{where}.version: missing: stackgate locks exact versions")
         return None
-    wheels = tuple(_file(wheel.url, wheel.path, wheel.hashes, wheel.filename, f"{where}.wheels[{j}]", problems) for j, wheel in enumerate(package.wheels or ()))
+    wheels = tuple(
+        _file(wheel.url, wheel.path, wheel.hashes, wheel.filename, f"{where}.wheels[{j}]", problems)
+        for j, wheel in enumerate(package.wheels or ())
+    )
     archive = None
     if package.archive is not None:
         name = _url_name(package.archive.url) or ""
-        archive = _file(package.archive.url, package.archive.path, package.archive.hashes, name, f"{where}.archive", problems)
+        archive = _file(
+            package.archive.url, package.archive.path, package.archive.hashes, name, f"{where}.archive", problems
+        )
     if any(file is None for file in wheels) or (package.archive is not None and archive is None):
         return None
     marker = str(package.marker) if package.marker else None
@@ -284,10 +295,14 @@ def _locked(package: PylockPackage, where: str, problems: list[str]) -> Locked |
     return Locked(canonicalize_name(package.name), str(package.version), marker, files, archive, requires)
 
 
-def _file(url: str | None, path: Any, hashes: Mapping[str, str], filename: str, where: str, problems: list[str]) -> LockedFile | None:
+def _file(
+    url: str | None, path: Any, hashes: Mapping[str, str], filename: str, where: str, problems: list[str]
+) -> LockedFile | None:
     """A file an installer may fetch: by URL (one this machine may fetch from), with a sha256."""
     if url is None:
-        problems.append(f"{where}: names the path {path}, not a URL: a pylock from `stackgate lock` names every file by its URL")
+        problems.append(
+            f"{where}: names the path {path}, not a URL: a pylock from `stackgate lock` names every file by its URL"
+        )
         return None
     problem = url_problem(url) or (f"{url!r} holds whitespace" if re.search(r"\s", url) else None)
     if problem:
@@ -299,7 +314,9 @@ def _file(url: str | None, path: Any, hashes: Mapping[str, str], filename: str, 
         return None
     sha256 = hashes.get("sha256")
     if sha256 is None or not _SHA256.fullmatch(sha256):
-        problems.append(f"{where}.hashes: needs a sha256 of 64 lowercase hex digits (found: {', '.join(sorted(hashes)) or 'none'})")
+        problems.append(
+            f"{where}.hashes: needs a sha256 of 64 lowercase hex digits (found: {', '.join(sorted(hashes)) or 'none'})"
+        )
         return None
     return LockedFile(filename, sha256, url)
 
@@ -318,7 +335,9 @@ def _recorded_inputs(document: Mapping[str, Any], problems: list[str]) -> dict[s
     stackgate = tool.get("stackgate") if isinstance(tool, dict) else None
     recorded = stackgate.get("inputs") if isinstance(stackgate, dict) else None
     if not isinstance(recorded, dict):
-        problems.append("tool.stackgate.inputs: missing: this pylock was not made by `stackgate lock`, so nothing says which spec it resolves")
+        problems.append(
+            "tool.stackgate.inputs: missing: this pylock was not made by `stackgate lock`, so nothing says which spec it resolves"
+        )
         return {}
     bad = [key for key, value in recorded.items() if not isinstance(value, str)]
     problems.extend(f"tool.stackgate.inputs.{key}: must be a string" for key in bad)
@@ -328,12 +347,16 @@ def _recorded_inputs(document: Mapping[str, Any], problems: list[str]) -> dict[s
 # --- the spec's inputs and what differs ---------------------------------------------------------
 
 
-def inputs(lock: Lock) -> dict[str, str]:
+def inputs(lock: Spec) -> dict[str, str]:
     """What of the spec decides its resolution, by key path: Python version and platform, the
     indexes and which packages each serves, every pin (and URL), the guard, the overrides.
     Reasons, comments and a URL's sha256 do not (the sha256 is compared with the pylock's file)."""
     python = lock.python
-    found = {"python.version": python.version, "python.platform": python.platform, "python.default_index": python.default_index}
+    found = {
+        "python.version": python.version,
+        "python.platform": python.platform,
+        "python.default_index": python.default_index,
+    }
     for index in python.indexes:
         found[f"python.index[{index.url}]"] = ", ".join(sorted(index.packages))
     for package in python.packages:
@@ -344,12 +367,16 @@ def inputs(lock: Lock) -> dict[str, str]:
     return found
 
 
-def differences(lock: Lock, resolution: Resolution) -> list[str]:
+def differences(lock: Spec, resolution: Resolution) -> list[str]:
     """How the spec and its pylock disagree (empty: the pylock is current), each by key path: an
     input changed since the pylock was made, or the pylock does not hold what the spec pins (a
     pylock edited by hand), or a URL file's sha256 is not the one the spec names."""
     wanted, made = inputs(lock), resolution.inputs
-    changed = [_difference(key, made.get(key), wanted.get(key)) for key in sorted(wanted.keys() | made.keys()) if made.get(key) != wanted.get(key)]
+    changed = [
+        _difference(key, made.get(key), wanted.get(key))
+        for key in sorted(wanted.keys() | made.keys())
+        if made.get(key) != wanted.get(key)
+    ]
     found = (changed or _unmet(lock, resolution)) + _hash_differences(lock, resolution)
     return found + target_problems(lock, resolution)
 
@@ -367,7 +394,7 @@ def _difference(key: str, made: str | None, wanted: str | None) -> str:
     return f"{key}: {made} in the pylock, {wanted} in the spec"
 
 
-def _unmet(lock: Lock, resolution: Resolution) -> list[str]:
+def _unmet(lock: Spec, resolution: Resolution) -> list[str]:
     wants = [(f"python.packages.{p.name}", p.name, p.specifier) for p in lock.python.packages]
     wants += [(f"python.override.{o.package}", o.package, o.specifier) for o in lock.python.overrides]
     problems = []
@@ -381,11 +408,13 @@ def _unmet(lock: Lock, resolution: Resolution) -> list[str]:
         locked = resolution.package(package.name)
         urls = [f.url for f in locked.files] if locked else []
         if locked and package.url not in urls:
-            problems.append(f"python.packages.{package.name}.url: {package.url} in the spec, {', '.join(urls)} in the pylock")
+            problems.append(
+                f"python.packages.{package.name}.url: {package.url} in the spec, {', '.join(urls)} in the pylock"
+            )
     return problems
 
 
-def target_problems(lock: Lock, resolution: Resolution) -> list[str]:
+def target_problems(lock: Spec, resolution: Resolution) -> list[str]:
     """Where the pylock leaves out the spec's target (``python.platform`` and ``python.version``):
     its ``environments`` or ``requires-python``, or a package whose marker or requires-python
     excludes it (that package would never be installed there)."""
@@ -451,20 +480,22 @@ def _admits_target(marker: str, platform: str, version: str) -> bool:
     return False
 
 
-def _hash_differences(lock: Lock, resolution: Resolution) -> list[str]:
+def _hash_differences(lock: Spec, resolution: Resolution) -> list[str]:
     problems = []
     for package in (p for p in lock.python.packages if p.url and p.sha256):
         locked = resolution.package(package.name)
         file = next((f for f in locked.files if f.url == package.url), None) if locked else None
         if file is not None and file.sha256 != package.sha256:
-            problems.append(f"python.packages.{package.name}.sha256: {package.sha256} in the spec, {file.sha256} in the pylock for {package.url}")
+            problems.append(
+                f"python.packages.{package.name}.sha256: {package.sha256} in the spec, {file.sha256} in the pylock for {package.url}"
+            )
     return problems
 
 
 # --- writing ------------------------------------------------------------------------------------
 
 
-def stamp(resolved: str, lock: Lock) -> str:
+def stamp(resolved: str, lock: Spec) -> str:
     """uv's pylock text with stackgate's header and the spec's inputs (``[tool.stackgate.inputs]``)."""
     # The header keeps the checkout's `invoke lock` wording (the same command as `stackgate lock`):
     # new words would change every pylock's bytes, whose sha256 provisioned environments record.

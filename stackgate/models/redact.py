@@ -33,7 +33,16 @@ import os
 import re
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
-__all__ = ["MIN_SECRET", "REDACTED", "is_secret_flag", "is_secret_name", "redact", "redact_text", "reference_name", "secrets_in"]
+__all__ = [
+    "MIN_SECRET",
+    "REDACTED",
+    "is_secret_flag",
+    "is_secret_name",
+    "redact",
+    "redact_text",
+    "reference_name",
+    "secrets_in",
+]
 
 #: What stands where a secret was, in every output.
 REDACTED = "<redacted>"
@@ -42,7 +51,20 @@ REDACTED = "<redacted>"
 MIN_SECRET = 6
 
 #: A name with one of these words names a secret wherever the word stands.
-_SECRET_WORDS = frozenset({"secret", "secrets", "password", "passwd", "passphrase", "credential", "credentials", "authorization", "cookie", "apikey"})
+_SECRET_WORDS = frozenset(
+    {
+        "secret",
+        "secrets",
+        "password",
+        "passwd",
+        "passphrase",
+        "credential",
+        "credentials",
+        "authorization",
+        "cookie",
+        "apikey",
+    }
+)
 #: Words that name a secret inside a longer word too (PGPASSWORD, mysqlpasswd).
 _SECRET_STEMS = ("password", "passwd", "passphrase")
 #: Words that name a secret as the last word of a longer name (api_key, HF_TOKEN, access_token,
@@ -109,16 +131,24 @@ def is_secret_flag(word: str) -> bool:
 
 # --- shapes -----------------------------------------------------------------------------------
 
-_SCHEME_USERINFO = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^\s/@'\"<>:]*)(?::(?P<secret>[^\s/@'\"<>]*))?@")
-_BARE_USERINFO = re.compile(r"(?P<head>(?:^|(?<=[\s/'\"=(,\[])))(?P<user>[^\s/:@'\"<>]+):(?P<secret>[^\s/@'\"<>]+)@(?=[\w\[])")
-_FLAG = re.compile(r"(?P<head>(?P<name>--[A-Za-z][\w-]*)(?:=|[ \t]+))(?!--)(?P<secret>'[^'\n]*'|\"[^\"\n]*\"|[^\s'\"]+)")
+_SCHEME_USERINFO = re.compile(
+    r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^\s/@'\"<>:]*)(?::(?P<secret>[^\s/@'\"<>]*))?@"
+)
+_BARE_USERINFO = re.compile(
+    r"(?P<head>(?:^|(?<=[\s/'\"=(,\[])))(?P<user>[^\s/:@'\"<>]+):(?P<secret>[^\s/@'\"<>]+)@(?=[\w\[])"
+)
+_FLAG = re.compile(
+    r"(?P<head>(?P<name>--[A-Za-z][\w-]*)(?:=|[ \t]+))(?!--)(?P<secret>'[^'\n]*'|\"[^\"\n]*\"|[^\s'\"]+)"
+)
 #: A secret flag and its value as two quoted words of a list (a spec's ``flags = ["--api-key", "X"]``,
 #: a JSON argv printed in a log).
 _LISTED_FLAG = re.compile(
     r"""(?P<head>(?P<q>["'])(?P<name>--[A-Za-z][\w-]*)(?P=q)[ \t]*,[ \t]*)(?!["']--)(?P<secret>"[^"\n]*"|'[^'\n]*')"""
 )
 _BEARER = re.compile(r"(?P<head>\b(?:[Bb]earer|BEARER)[ \t]+)(?P<secret>[A-Za-z0-9._~+/=-]+)")
-_ASSIGN = re.compile(r"(?P<head>(?P<name>(?<![-\w])[A-Za-z_][\w-]*)['\"]?[ \t]*[:=][ \t]*)(?P<secret>'[^'\n\"]*'|\"[^\"\n\\]*\"|[^\s'\",;)}\]]+)")
+_ASSIGN = re.compile(
+    r"(?P<head>(?P<name>(?<![-\w])[A-Za-z_][\w-]*)['\"]?[ \t]*[:=][ \t]*)(?P<secret>'[^'\n\"]*'|\"[^\"\n\\]*\"|[^\s'\",;)}\]]+)"
+)
 _NEXT_NAME = re.compile(r"[A-Za-z_][\w-]*[=:]")
 #: Token formats: Hugging Face, OpenAI-style, GitHub (classic and fine-grained), AWS access key
 #: ids (long-term AKIA, temporary ASIA), Slack (xoxb-, xoxp-, ...).
@@ -263,7 +293,9 @@ def _scrub(value: Any, secrets: list[str]) -> Any:
                 text = text.replace(secret, REDACTED)
         return text
     if isinstance(value, collections.abc.Mapping):
-        return {_scrub(k, secrets): (REDACTED if _hidden_by_name(k, v) else _scrub(v, secrets)) for k, v in value.items()}
+        return {
+            _scrub(k, secrets): (REDACTED if _hidden_by_name(k, v) else _scrub(v, secrets)) for k, v in value.items()
+        }
     if isinstance(value, (list, tuple)):
         words = [_scrub(item, secrets) for item in value]
         for i in range(1, len(words)):
@@ -275,7 +307,14 @@ def _scrub(value: Any, secrets: list[str]) -> Any:
 
 def _takes_secret(flag: Any, word: Any) -> bool:
     """Whether ``word`` is the value of the secret flag ``flag`` before it in an argv list."""
-    return isinstance(flag, str) and isinstance(word, str) and is_secret_flag(flag) and "=" not in flag and not word.startswith("--") and reference_name(word) is None
+    return (
+        isinstance(flag, str)
+        and isinstance(word, str)
+        and is_secret_flag(flag)
+        and "=" not in flag
+        and not word.startswith("--")
+        and reference_name(word) is None
+    )
 
 
 def _hidden_by_name(key: Any, value: Any) -> bool:

@@ -74,7 +74,9 @@ class Result:
         )
 
 
-def _result(status: Status, summary: str, details: Iterable[str], fix: Fix | None, data: Mapping[str, Any] | None) -> Result:
+def _result(
+    status: Status, summary: str, details: Iterable[str], fix: Fix | None, data: Mapping[str, Any] | None
+) -> Result:
     # The runner stamps the check's name; a check only says what it found.
     return Result("", status, summary, tuple(details), fix, dict(data or {}))
 
@@ -87,11 +89,15 @@ def skipped(summary: str, details: Iterable[str] = (), data: Mapping[str, Any] |
     return _result(Status.SKIP, summary, details, None, data)
 
 
-def warned(summary: str, details: Iterable[str] = (), fix: Fix | None = None, data: Mapping[str, Any] | None = None) -> Result:
+def warned(
+    summary: str, details: Iterable[str] = (), fix: Fix | None = None, data: Mapping[str, Any] | None = None
+) -> Result:
     return _result(Status.WARN, summary, details, fix, data)
 
 
-def failed(summary: str, details: Iterable[str] = (), fix: Fix | None = None, data: Mapping[str, Any] | None = None) -> Result:
+def failed(
+    summary: str, details: Iterable[str] = (), fix: Fix | None = None, data: Mapping[str, Any] | None = None
+) -> Result:
     return _result(Status.FAIL, summary, details, fix, data)
 
 

@@ -119,7 +119,9 @@ class Setting(Generic[T]):
             parsed = self.parse(text)
         except ValueError as exc:
             raise SettingError(f"${name}={text[:200]!r}: {exc}; unset, it is {_shown(self) or 'empty'}") from exc
-        return Value(self, parsed, f"environment ${name}" + (f", the old name of ${self.env}" if name != self.env else ""))
+        return Value(
+            self, parsed, f"environment ${name}" + (f", the old name of ${self.env}" if name != self.env else "")
+        )
 
 
 _WARNED: set[str] = set()
@@ -256,29 +258,70 @@ SYSTEM_DIR: Setting[Path] = Setting(
     "the machine's own folder: its stack.toml is the lock when neither --lock, $STACKGATE_LOCK "
     "nor ./stackgate.toml names one; `init --system` writes there",
 )  # fmt: skip
-NVML_MODULE: Setting[str] = Setting("STACKGATE_NVML_MODULE", module, "pynvml", "the module spoken to as NVML: pynvml's API (tests name a fake)")
-PROBE_TIMEOUT_S: Setting[float] = Setting("STACKGATE_PROBE_TIMEOUT_S", seconds, 180.0, "how long the stack's interpreter may take to describe itself, torch's import included")
-IMPORT_TIMEOUT_S: Setting[float] = Setting("STACKGATE_IMPORT_TIMEOUT_S", seconds, 180.0, "how long each locked import may take in its own interpreter")
-DEEP_TIMEOUT_S: Setting[float] = Setting("STACKGATE_DEEP_TIMEOUT_S", seconds, 300.0, "how long each `verify --deep` run may take before it counts as a hang")
+NVML_MODULE: Setting[str] = Setting(
+    "STACKGATE_NVML_MODULE", module, "pynvml", "the module spoken to as NVML: pynvml's API (tests name a fake)"
+)
+PROBE_TIMEOUT_S: Setting[float] = Setting(
+    "STACKGATE_PROBE_TIMEOUT_S",
+    seconds,
+    180.0,
+    "how long the stack's interpreter may take to describe itself, torch's import included",
+)
+IMPORT_TIMEOUT_S: Setting[float] = Setting(
+    "STACKGATE_IMPORT_TIMEOUT_S", seconds, 180.0, "how long each locked import may take in its own interpreter"
+)
+DEEP_TIMEOUT_S: Setting[float] = Setting(
+    "STACKGATE_DEEP_TIMEOUT_S", seconds, 300.0, "how long each `verify --deep` run may take before it counts as a hang"
+)
 DEEP_DIR: Setting[Path | None] = Setting(
-    "STACKGATE_DEEP_DIR", path, None, "where each `verify --deep` run's folder (its JSON lines and full log) is made", unset="the system's temp folder"
+    "STACKGATE_DEEP_DIR",
+    path,
+    None,
+    "where each `verify --deep` run's folder (its JSON lines and full log) is made",
+    unset="the system's temp folder",
 )
 BASE_PYTHON: Setting[Path | None] = Setting(
     "STACKGATE_BASE_PYTHON", path, None, "the interpreter provision builds new generations from",
     unset="searched: pythonX.Y on PATH, pyenv's and uv's installs, /usr/local/bin, /usr/bin", old="STACKGATE_PYTHON",
 )  # fmt: skip
 PYTHON_INSTALL_TIMEOUT_S: Setting[float] = Setting(
-    "STACKGATE_PYTHON_INSTALL_TIMEOUT_S", seconds, 3600.0, "how long one uv or pip run building the Python stack may take", old="STACKGATE_INSTALL_TIMEOUT_S"
+    "STACKGATE_PYTHON_INSTALL_TIMEOUT_S",
+    seconds,
+    3600.0,
+    "how long one uv or pip run building the Python stack may take",
+    old="STACKGATE_INSTALL_TIMEOUT_S",
 )
-DOWNLOAD_TIMEOUT_S: Setting[float] = Setting("STACKGATE_DOWNLOAD_TIMEOUT_S", seconds, 60.0, "how long a locked URL wheel's download may wait for data before it tries again")
-KEEP_GENERATIONS: Setting[int] = Setting("STACKGATE_KEEP_GENERATIONS", count, 3, "how many generations a switch keeps, the current one included")
-TOOLKIT_INDEX_URL: Setting[str] = Setting("STACKGATE_TOOLKIT_INDEX_URL", url, "https://pypi.org/simple", "the index CUDA toolkit wheels are installed from")
-TOOLKIT_INSTALLER: Setting[str] = Setting("STACKGATE_TOOLKIT_INSTALLER", installer, "uv", "what installs CUDA toolkit wheels: uv (pip where uv is not found) or pip")
+DOWNLOAD_TIMEOUT_S: Setting[float] = Setting(
+    "STACKGATE_DOWNLOAD_TIMEOUT_S",
+    seconds,
+    60.0,
+    "how long a locked URL wheel's download may wait for data before it tries again",
+)
+KEEP_GENERATIONS: Setting[int] = Setting(
+    "STACKGATE_KEEP_GENERATIONS", count, 3, "how many generations a switch keeps, the current one included"
+)
+TOOLKIT_INDEX_URL: Setting[str] = Setting(
+    "STACKGATE_TOOLKIT_INDEX_URL", url, "https://pypi.org/simple", "the index CUDA toolkit wheels are installed from"
+)
+TOOLKIT_INSTALLER: Setting[str] = Setting(
+    "STACKGATE_TOOLKIT_INSTALLER",
+    installer,
+    "uv",
+    "what installs CUDA toolkit wheels: uv (pip where uv is not found) or pip",
+)
 TOOLKIT_INSTALL_TIMEOUT_S: Setting[float] = Setting(
-    "STACKGATE_TOOLKIT_INSTALL_TIMEOUT_S", seconds, 3600.0, "how long one CUDA toolkit install (its wheels or its runfile) may take", old="STACKGATE_TOOLKIT_TIMEOUT_S"
+    "STACKGATE_TOOLKIT_INSTALL_TIMEOUT_S",
+    seconds,
+    3600.0,
+    "how long one CUDA toolkit install (its wheels or its runfile) may take",
+    old="STACKGATE_TOOLKIT_TIMEOUT_S",
 )
 RUNFILE_CACHE: Setting[Path | None] = Setting(
-    "STACKGATE_RUNFILE_CACHE", path, None, "where downloaded CUDA runfiles are kept", unset="~/.cache/stackgate/runfiles"
+    "STACKGATE_RUNFILE_CACHE",
+    path,
+    None,
+    "where downloaded CUDA runfiles are kept",
+    unset="~/.cache/stackgate/runfiles",
 )
 LOG_DIR: Setting[Path] = Setting(
     "STACKGATE_LOG_DIR", path, Path("reports"),
@@ -291,20 +334,42 @@ HISTORY_DIR: Setting[Path | None] = Setting(
     unset="python.root's runs/ when the root holds a stack, else ~/.local/state/stackgate/runs", old="STACKGATE_RUNS_DIR",
 )  # fmt: skip
 HISTORY_INDEX: Setting[bool] = Setting(
-    "STACKGATE_HISTORY_INDEX", switch, True, "`off`: keep and read runs without their SQLite index (`report` reads every document, as before the index)"
+    "STACKGATE_HISTORY_INDEX",
+    switch,
+    True,
+    "`off`: keep and read runs without their SQLite index (`report` reads every document, as before the index)",
 )
 FAULT: Setting[tuple[str, ...]] = Setting(
-    "STACKGATE_FAULT", points, (), "test only: faults to plant, `point[,point...]` (stackgate/models/faults.py lists the points)", test_only=True
+    "STACKGATE_FAULT",
+    points,
+    (),
+    "test only: faults to plant, `point[,point...]` (stackgate/models/faults.py lists the points)",
+    test_only=True,
 )
 
 #: Every setting, by variable, in declaration order.
 SETTINGS: dict[str, Setting[Any]] = {
     s.env: s
     for s in (
-        LOCK, SYSTEM_DIR,
-        NVML_MODULE, PROBE_TIMEOUT_S, IMPORT_TIMEOUT_S, DEEP_TIMEOUT_S, DEEP_DIR, BASE_PYTHON, PYTHON_INSTALL_TIMEOUT_S,
-        DOWNLOAD_TIMEOUT_S, KEEP_GENERATIONS, TOOLKIT_INDEX_URL, TOOLKIT_INSTALLER, TOOLKIT_INSTALL_TIMEOUT_S, RUNFILE_CACHE,
-        LOG_DIR, HISTORY_DIR, HISTORY_INDEX, FAULT,
+        LOCK,
+        SYSTEM_DIR,
+        NVML_MODULE,
+        PROBE_TIMEOUT_S,
+        IMPORT_TIMEOUT_S,
+        DEEP_TIMEOUT_S,
+        DEEP_DIR,
+        BASE_PYTHON,
+        PYTHON_INSTALL_TIMEOUT_S,
+        DOWNLOAD_TIMEOUT_S,
+        KEEP_GENERATIONS,
+        TOOLKIT_INDEX_URL,
+        TOOLKIT_INSTALLER,
+        TOOLKIT_INSTALL_TIMEOUT_S,
+        RUNFILE_CACHE,
+        LOG_DIR,
+        HISTORY_DIR,
+        HISTORY_INDEX,
+        FAULT,
     )  # fmt: skip
 }
 
@@ -321,7 +386,9 @@ def state_home(environ: Mapping[str, str] | None = None) -> Path:
     return Path(environ.get("HOME") or Path.home()) / ".local" / "state" / "stackgate"
 
 
-def report(environ: Mapping[str, str] | None = None, flags: Mapping[Setting[Any], Flag] | None = None) -> list[Value[Any]]:
+def report(
+    environ: Mapping[str, str] | None = None, flags: Mapping[Setting[Any], Flag] | None = None
+) -> list[Value[Any]]:
     """Every setting's value in force and its source; a :class:`SettingError` naming every bad one.
 
     ``flags`` are what a command was given for a setting (``{LOCK: ("--lock", path)}``).

@@ -32,6 +32,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 __all__ = [
+    "Spec",
+    "SpecError",
     "DEFAULT_LOCK",
     "DEFAULT_PLATFORM",
     "FUSION_SEVERITIES",
@@ -47,8 +49,6 @@ __all__ = [
     "DeepFusion",
     "Hardware",
     "Index",
-    "Lock",
-    "LockError",
     "Nccl",
     "Override",
     "Package",
@@ -64,8 +64,8 @@ __all__ = [
     "is_shipped",
     "read_only_problem",
     "dollar_problem",
-    "load",
-    "loads",
+    "load_spec",
+    "loads_spec",
     "patch_location_problem",
     "read_toml",
     "url_problem",
@@ -119,17 +119,21 @@ SHELL_REFERENCE = re.compile(r"\$(?:\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 #: Free text that may hold a tab (and the benchmark prompt, sent as JSON, may hold newlines).
 #: Nothing else may: every other string can reach a shell file, a command line or a log line.
-_FREE_TEXT = {"stack.description": "\t", "python.override[].reason": "\t", "patch[].reason": "\t", "benchmark.prompt": "\t\n"}
+_FREE_TEXT = {
+    "stack.description": "\t",
+    "python.override[].reason": "\t",
+    "patch[].reason": "\t",
+    "benchmark.prompt": "\t\n",
+}
 #: The shipped patches (patches/ beside lockfiles/ in the package): any lockfile may name one of them.
 SHIPPED_PATCHES = _PACKAGE / "patches"
 #: Why source = "pypi" is refused for CUDA 12.x (stack/toolkit.py gives the same reason).
 PYPI_CUDA12_REASON = (
-    "PyPI's CUDA 12 nvcc wheels carry ptxas, headers and nvvm but not the nvcc driver; "
-    'use source = "runfile" or "apt"'
+    'PyPI\'s CUDA 12 nvcc wheels carry ptxas, headers and nvvm but not the nvcc driver; use source = "runfile" or "apt"'
 )
 
 
-class LockError(UsageError):
+class SpecError(UsageError):
     """A lockfile that cannot be used, with every problem found and its key path."""
 
     def __init__(self, path: Path | str, problems: list[str]) -> None:
@@ -324,7 +328,11 @@ class Speculative:
         words = ["--speculative-algorithm", self.algorithm]
         if self.draft_model:
             words += ["--speculative-draft-model-path", self.draft_model]
-        for option, value in (("--speculative-num-steps", self.num_steps), ("--speculative-eagle-topk", self.eagle_topk), ("--speculative-num-draft-tokens", self.num_draft_tokens)):
+        for option, value in (
+            ("--speculative-num-steps", self.num_steps),
+            ("--speculative-eagle-topk", self.eagle_topk),
+            ("--speculative-num-draft-tokens", self.num_draft_tokens),
+        ):
             if value is not None:
                 words += [option, str(value)]
         return tuple(words)
@@ -443,7 +451,7 @@ class Deep:
 
 
 @dataclass(frozen=True)
-class Lock:
+class Spec:
     path: Path
     sha256: str  #: of the file's bytes: what the reports name
     stack: Stack
@@ -498,7 +506,7 @@ def read_only_problem(path: Path, action: str) -> str | None:
     )
 
 
-def edit_hint(lock: Lock) -> str:
+def edit_hint(lock: Spec) -> str:
     """Where a user changes a value of ``lock``: the file, or for a profile inside the installed
     package, the copy `stackgate init --profile` makes (nothing is ever written into the package)."""
     if read_only_problem(lock.path, "an edit") is None:
@@ -506,33 +514,33 @@ def edit_hint(lock: Lock) -> str:
     return f"in a copy of the shipped profile (`stackgate init --profile {lock.path.stem}` writes ./{LOCAL_LOCK})"
 
 
-def load(path: Path | str | None = None) -> Lock:
+def load_spec(path: Path | str | None = None) -> Spec:
     """Read and validate a lockfile; raise :class:`LockError` listing every problem."""
     path = default_lock_path() if path is None else Path(path)
     try:
         data = inputfile.read_capped(path, inputfile.MAX_SPEC_BYTES)
     except FileNotFoundError:
-        raise LockError(path, ["no such file"]) from None
+        raise SpecError(path, ["no such file"]) from None
     except IsADirectoryError:
-        raise LockError(path, ["is a directory, not a lockfile"]) from None
+        raise SpecError(path, ["is a directory, not a lockfile"]) from None
     except OSError as exc:
-        raise LockError(path, [f"cannot read: {exc.strerror or exc}"]) from None
-    return loads(data, path=path)
+        raise SpecError(path, [f"cannot read: {exc.strerror or exc}"]) from None
+    return loads_spec(data, path=path)
 
 
-def loads(data: bytes | str, path: Path | str = "<lockfile>") -> Lock:
+def loads_spec(data: bytes | str, path: Path | str = "<lockfile>") -> Spec:
     """Validate lockfile text; relative patch paths resolve against the file's folder."""
     path = Path(path)
     raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
-    document = read_toml(raw, path, LockError)
+    document = read_toml(raw, path, SpecError)
     errors: list[str] = []
     lock = _Builder(errors, path).lock(_Table(document, "", errors), hashlib.sha256(raw).hexdigest())
     if errors or lock is None:
-        raise LockError(path, errors or ["invalid lockfile"])
+        raise SpecError(path, errors or ["invalid lockfile"])
     return lock
 
 
-def read_toml(raw: bytes, path: Path, error: type[LockError]) -> dict[str, Any]:
+def read_toml(raw: bytes, path: Path, error: type[SpecError]) -> dict[str, Any]:
     """TOML bytes as a document, or ``error`` with the problem: not UTF-8, not TOML, or holding a
     control character anywhere (:func:`control_problems`). The spec and its pylock read this way."""
     try:
@@ -685,13 +693,13 @@ class _Table:
 
 
 class _Builder:
-    """Turns the TOML document into a :class:`Lock`, one section at a time."""
+    """Turns the TOML document into a :class:`Spec`, one section at a time."""
 
     def __init__(self, errors: list[str], path: Path) -> None:
         self.errors = errors
         self.path = path
 
-    def lock(self, top: _Table, sha256: str) -> Lock | None:
+    def lock(self, top: _Table, sha256: str) -> Spec | None:
         if not top.ok:
             return None
         stack = self.stack(top.sub("stack", required=True))
@@ -707,7 +715,7 @@ class _Builder:
         top.finish()
         if self.errors:
             return None
-        return Lock(self.path, sha256, stack, hardware, toolkits, python, patches, env, nccl, smoke, benchmark, deep)
+        return Spec(self.path, sha256, stack, hardware, toolkits, python, patches, env, nccl, smoke, benchmark, deep)
 
     def stack(self, t: _Table) -> Stack:
         name = t.get("name", str)
@@ -737,11 +745,17 @@ class _Builder:
         if toolkits and not defaults:
             top.error("toolkit", "exactly one toolkit must have default = true, found none")
         for i in defaults[1:]:
-            top.error(f"toolkit[{i}].default", f"toolkit[{defaults[0]}] is the default already: exactly one toolkit may have default = true")
+            top.error(
+                f"toolkit[{i}].default",
+                f"toolkit[{defaults[0]}] is the default already: exactly one toolkit may have default = true",
+            )
         first: dict[Path, int] = {}
         for i, toolkit in enumerate(toolkits):
             if toolkit.prefix in first:
-                top.error(f"toolkit[{i}].prefix", f"{toolkit.prefix} is toolkit[{first[toolkit.prefix]}]'s prefix too: two toolkits cannot share a prefix")
+                top.error(
+                    f"toolkit[{i}].prefix",
+                    f"{toolkit.prefix} is toolkit[{first[toolkit.prefix]}]'s prefix too: two toolkits cannot share a prefix",
+                )
             first.setdefault(toolkit.prefix, i)
         return toolkits
 
@@ -789,7 +803,9 @@ class _Builder:
         root = t.get("root", str, None)
         interpreter = t.get("interpreter", str, None)
         if (root is None) == (interpreter is None):
-            t.error("root", "set exactly one of root (a stackgate-managed environment) or interpreter (an existing one)")
+            t.error(
+                "root", "set exactly one of root (a stackgate-managed environment) or interpreter (an existing one)"
+            )
         for name, value in (("root", root), ("interpreter", interpreter)):
             if value is not None and not os.path.isabs(value):
                 t.error(name, f"must be an absolute path, not {value!r}")
@@ -804,7 +820,9 @@ class _Builder:
         frozen = tuple(canonicalize_name(n) for n in guard.strings("frozen"))
         for i, name in enumerate(frozen):
             if name not in names:
-                guard.error(f"frozen[{i}]", f"{name!r} has no pin in python.packages: the guard needs a version to hold")
+                guard.error(
+                    f"frozen[{i}]", f"{name!r} has no pin in python.packages: the guard needs a version to hold"
+                )
         guard.finish()
         overrides = tuple(self.override(o, names) for o in t.array("override"))
         default = next((tk for tk in toolkits if tk.default), None)
@@ -836,7 +854,10 @@ class _Builder:
         # would be pulled in later, as someone's dependency, from the default index instead.
         for i, name in enumerate(index.packages):
             if name not in pinned:
-                t.error(f"packages[{i}]", f"{name!r} has no pin in python.packages: provision installs from this index only what the lock pins")
+                t.error(
+                    f"packages[{i}]",
+                    f"{name!r} has no pin in python.packages: provision installs from this index only what the lock pins",
+                )
         t.finish()
         return index
 
@@ -848,7 +869,10 @@ class _Builder:
     def platform(self, t: _Table) -> str:
         value = t.get("platform", str, DEFAULT_PLATFORM) or DEFAULT_PLATFORM
         if not _PLATFORM.fullmatch(value):
-            t.error("platform", f"must be a Linux target such as {DEFAULT_PLATFORM!r} or 'aarch64-manylinux_2_28', not {value!r}")
+            t.error(
+                "platform",
+                f"must be a Linux target such as {DEFAULT_PLATFORM!r} or 'aarch64-manylinux_2_28', not {value!r}",
+            )
         return value
 
     def packages(self, t: _Table) -> tuple[Package, ...]:
@@ -1008,22 +1032,43 @@ class _Builder:
         return deep
 
     def attention(self, t: _Table) -> DeepAttention:
-        given = {name: t.positive(name, int, getattr(DeepAttention, name)) for name in ("q_heads", "kv_heads", "head_dim", "kv_len", "prefill_len", "page_size", "batch")}
-        shapes = DeepAttention(**{k: v or getattr(DeepAttention, k) for k, v in given.items()}, jit_timeout_s=_jit_timeout(t, DeepAttention.jit_timeout_s))
+        given = {
+            name: t.positive(name, int, getattr(DeepAttention, name))
+            for name in ("q_heads", "kv_heads", "head_dim", "kv_len", "prefill_len", "page_size", "batch")
+        }
+        shapes = DeepAttention(
+            **{k: v or getattr(DeepAttention, k) for k, v in given.items()},
+            jit_timeout_s=_jit_timeout(t, DeepAttention.jit_timeout_s),
+        )
         if shapes.q_heads % shapes.kv_heads:
-            t.error("q_heads", f"{shapes.q_heads} query heads do not group over {shapes.kv_heads} KV heads (q_heads must be a multiple of kv_heads)")
+            t.error(
+                "q_heads",
+                f"{shapes.q_heads} query heads do not group over {shapes.kv_heads} KV heads (q_heads must be a multiple of kv_heads)",
+            )
         if shapes.kv_len % shapes.page_size:
-            t.error("kv_len", f"{shapes.kv_len} KV tokens do not fill whole pages of {shapes.page_size} (kv_len must be a multiple of page_size)")
+            t.error(
+                "kv_len",
+                f"{shapes.kv_len} KV tokens do not fill whole pages of {shapes.page_size} (kv_len must be a multiple of page_size)",
+            )
         if shapes.prefill_len > shapes.kv_len:
-            t.error("prefill_len", f"{shapes.prefill_len} query tokens exceed the {shapes.kv_len} KV tokens they attend to")
+            t.error(
+                "prefill_len", f"{shapes.prefill_len} query tokens exceed the {shapes.kv_len} KV tokens they attend to"
+            )
         t.finish()
         return shapes
 
     def fusion(self, t: _Table) -> DeepFusion:
         tokens = t.get("tokens", list, list(DeepFusion.tokens)) or []
-        bad = [i for i, n in enumerate(tokens) if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= MAX_FUSION_TOKENS]
+        bad = [
+            i
+            for i, n in enumerate(tokens)
+            if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= MAX_FUSION_TOKENS
+        ]
         for i in bad:
-            t.error(f"tokens[{i}]", f"must be a token count from 1 to {MAX_FUSION_TOKENS} (SGLang's largest fused batch), not {tokens[i]!r}")
+            t.error(
+                f"tokens[{i}]",
+                f"must be a token count from 1 to {MAX_FUSION_TOKENS} (SGLang's largest fused batch), not {tokens[i]!r}",
+            )
         if not bad and (not tokens or sorted(set(tokens)) != tokens):
             t.error("tokens", f"must be distinct token counts in increasing order, not {tokens}")
         unsupported = t.get("unsupported", str, DeepFusion.unsupported)
@@ -1103,7 +1148,7 @@ def dollar_problem(value: str) -> str | None:
     for i in (i for i, c in enumerate(value) if c == "$"):
         if not SHELL_REFERENCE.match(value, i):
             return (
-                f"{value[i:i + 2]!r} at character {i + 1}: a '$' may only start a variable reference, $NAME or ${{NAME}} "
+                f"{value[i : i + 2]!r} at character {i + 1}: a '$' may only start a variable reference, $NAME or ${{NAME}} "
                 "(no command substitution, arithmetic, ${NAME:-default} or $1); stackgate.env is sourced by shells"
             )
     return None
@@ -1118,7 +1163,7 @@ def _normal_path(text: str) -> Path:
     return Path("/" + os.path.normpath(text).lstrip("/")) if text.startswith("/") else Path(os.path.normpath(text))
 
 
-def patch_location_problem(lock: Lock, patch: Patch) -> str | None:
+def patch_location_problem(lock: Spec, patch: Patch) -> str | None:
     """Why ``patch``'s file cannot be the lock's patch, or None: it must exist, after ``..`` and
     symlinks, inside the lockfile's checkout or stackgate's shipped patches. Only provision reads
     the file, so provision asks (before it plans to apply it); other commands need only its name.
@@ -1178,7 +1223,11 @@ def url_problem(url: str, *, local_path: bool = False) -> str | None:
     if parts.scheme == "file" and parts.netloc in ("", "localhost"):
         return None
     if parts.scheme == "http" and host:
-        return None if _loopback(host) else f"plain http to {host}: use https (http only to localhost or a loopback IP such as 127.0.0.1 or [::1])"
+        return (
+            None
+            if _loopback(host)
+            else f"plain http to {host}: use https (http only to localhost or a loopback IP such as 127.0.0.1 or [::1])"
+        )
     return f"{where} (http:// only to localhost or a loopback IP), not {url!r}"
 
 
@@ -1240,7 +1289,14 @@ def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
 
 
 def _names(kind: type | tuple[type, ...]) -> str:
-    words = {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "an array", dict: "a table"}
+    words = {
+        str: "a string",
+        int: "an integer",
+        float: "a number",
+        bool: "true or false",
+        list: "an array",
+        dict: "a table",
+    }
     return " or ".join(words.get(k, k.__name__) for k in _as_tuple(kind))
 
 

@@ -36,6 +36,7 @@ def machine(files: Sequence[str] = MACHINE_ID_FILES) -> str | None:
             return hashlib.sha256(b"stackgate machine:" + text.encode()).hexdigest()[:16]
     return None
 
+
 SCHEMA = "stackgate.report/1"
 
 
@@ -81,7 +82,12 @@ def document(
         "schema": SCHEMA,
         "command": command,
         "tool": {"name": "stackgate", "version": __version__},
-        "host": {"hostname": socket.gethostname(), "machine": machine(), "platform": platform.platform(), "python": platform.python_version()},
+        "host": {
+            "hostname": socket.gethostname(),
+            "machine": machine(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
         "lock": {"name": lock.name, "path": str(lock.path), "sha256": lock.sha256} if lock is not None else None,
         "started": _dt.datetime.fromtimestamp(started, _dt.timezone.utc).isoformat(timespec="seconds"),
         "duration_s": round(duration_s, 3),

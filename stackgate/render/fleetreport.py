@@ -15,7 +15,18 @@ from stackgate.models.result import Result, Status
 from stackgate.render import report, summaries
 from stackgate.render.ui import UI
 
-__all__ = ["STAGES", "failure_lines", "group_lines", "html_page", "junit", "markdown", "prometheus", "render", "rows", "upgrade_lines"]
+__all__ = [
+    "STAGES",
+    "failure_lines",
+    "group_lines",
+    "html_page",
+    "junit",
+    "markdown",
+    "prometheus",
+    "render",
+    "rows",
+    "upgrade_lines",
+]
 
 #: The gate's stages, in order (a verify node has none: its verdict stands alone).
 STAGES = ("lock", "environment", "verify", "fast_smoke", "benchmark")
@@ -42,9 +53,17 @@ def rows(doc: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     headers = ["node", "status", *stages, *(label for _, label in shown), "stack", "seconds", "reason"]
     table = []
     for node in doc.get("nodes", ()):
-        cells = [node["name"], node["status"], *(_ABBREV.get(node.get("stages", {}).get(s, ""), node.get("stages", {}).get(s, "")) for s in stages)]
+        cells = [
+            node["name"],
+            node["status"],
+            *(_ABBREV.get(node.get("stages", {}).get(s, ""), node.get("stages", {}).get(s, "")) for s in stages),
+        ]
         cells += [_figure(node, key) for key, _ in shown]
-        cells += [node.get("fingerprint") or "-", f"{node.get('duration_s', 0):.1f}", node.get("reason", "") if node["status"] != "passed" else ""]
+        cells += [
+            node.get("fingerprint") or "-",
+            f"{node.get('duration_s', 0):.1f}",
+            node.get("reason", "") if node["status"] != "passed" else "",
+        ]
         table.append([str(c) for c in cells])
     return headers, table
 
@@ -55,9 +74,23 @@ def _upgrade_rows(doc: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     for node in doc.get("nodes", ()):
         outcome = node.get("upgrade") if isinstance(node.get("upgrade"), Mapping) else {}
         live, new = (outcome.get(k) or {} for k in ("live_tok_s", "new_tok_s"))
-        rates = f"{live['mean']:.2f} -> {new['mean']:.2f}" if live.get("mean") is not None and new.get("mean") is not None else "-"
+        rates = (
+            f"{live['mean']:.2f} -> {new['mean']:.2f}"
+            if live.get("mean") is not None and new.get("mean") is not None
+            else "-"
+        )
         role = "canary" if node["name"] in canaries else "rollout"
-        table.append([node["name"], role, node["status"], outcome.get("decision") or "-", rates, f"{node.get('duration_s', 0):.1f}", node.get("reason", "") if node["status"] != "passed" else ""])
+        table.append(
+            [
+                node["name"],
+                role,
+                node["status"],
+                outcome.get("decision") or "-",
+                rates,
+                f"{node.get('duration_s', 0):.1f}",
+                node.get("reason", "") if node["status"] != "passed" else "",
+            ]
+        )
     return ["node", "role", "status", "decision", "decode tok/s live -> new", "seconds", "reason"], table
 
 
@@ -70,7 +103,10 @@ def group_lines(doc: Mapping[str, Any]) -> list[str]:
         lines.append(f"stack {group['short']} ({role}): {', '.join(group['nodes'])}")
         for node, changes in group.get("differences", {}).items():
             lines.append(f"  {node}: {len(changes)} component(s) differ from {groups[0]['short']}:")
-            lines += [f"    {c['section']}: {c['name']}: {c['majority'] or '(none)'} -> {c['node'] or '(none)'}" for c in changes[:40]]
+            lines += [
+                f"    {c['section']}: {c['name']}: {c['majority'] or '(none)'} -> {c['node'] or '(none)'}"
+                for c in changes[:40]
+            ]
             if len(changes) > 40:
                 lines.append(f"    ... and {len(changes) - 40} more (the JSON report lists them all)")
     missing = [g for g in doc.get("groups", ()) if not g.get("digest")]
@@ -121,12 +157,22 @@ def upgrade_lines(doc: Mapping[str, Any]) -> list[str]:
         if not isinstance(outcome, Mapping):
             lines.append(f"{role}{node['name']}: {_led(node['status'], node['reason'])}")
             continue
-        kept = " (nothing to roll back: current never moved)" if outcome["decision"] != "switched" and "switched" not in node.get("steps", ()) else ""
+        kept = (
+            " (nothing to roll back: current never moved)"
+            if outcome["decision"] != "switched" and "switched" not in node.get("steps", ())
+            else ""
+        )
         lines.append(f"{role}{node['name']}: {_led(outcome['decision'], outcome['reason'])}{kept}")
         if outcome.get("live_tok_s") or outcome.get("new_tok_s"):
             diff = f"; new - live {outcome['difference_text']}" if outcome.get("difference_text") else ""
-            lines.append(f"  decode live {_rate(outcome.get('live_tok_s'))} -> new {_rate(outcome.get('new_tok_s'))}{diff}")
-    for key, label in (("moved", "moved to the new stack"), ("kept", "kept their live stack"), ("untouched", "not touched")):
+            lines.append(
+                f"  decode live {_rate(outcome.get('live_tok_s'))} -> new {_rate(outcome.get('new_tok_s'))}{diff}"
+            )
+    for key, label in (
+        ("moved", "moved to the new stack"),
+        ("kept", "kept their live stack"),
+        ("untouched", "not touched"),
+    ):
         if rollout.get(key):
             lines.append(f"{label}: {', '.join(rollout[key])}")
     return lines
@@ -140,13 +186,21 @@ def _led(word: str, reason: str) -> str:
 def render(doc: Mapping[str, Any], ui: UI) -> None:
     headers, table = rows(doc)
     lock = doc.get("lock") or {}
-    ui.table(f"stackgate {doc['command']}: {lock.get('name')} ({lock.get('path')}) on {len(table)} node(s)", headers, table, _align(headers))
+    ui.table(
+        f"stackgate {doc['command']}: {lock.get('name')} ({lock.get('path')}) on {len(table)} node(s)",
+        headers,
+        table,
+        _align(headers),
+    )
     for line in [*failure_lines(doc), *group_lines(doc), *upgrade_lines(doc)]:
         ui.line(line)
     for outlier in doc.get("outliers", ()):
         ui.line(f"outlier {outlier['text']}", "warning")
     word = _word(doc)
-    ui.line(f"{_counts(doc)} in {doc['duration_s']:.2f} s: {word} ({doc['reason']})", "success" if word == "PASSED" else "error")
+    ui.line(
+        f"{_counts(doc)} in {doc['duration_s']:.2f} s: {word} ({doc['reason']})",
+        "success" if word == "PASSED" else "error",
+    )
 
 
 def _align(headers: Sequence[str]) -> str:
@@ -173,12 +227,28 @@ def _results(doc: Mapping[str, Any]) -> dict[str, list[Result]]:
     suites: dict[str, list[Result]] = {}
     for node in doc.get("nodes", ()):
         status = _STATUS.get(node["status"], Status.FAIL)
-        results = [Result(f"{node['name']}.node", status, f"{node['status']}: {node['reason']}", data={"address": node["address"]}, duration_s=float(node.get("duration_s", 0)))]
+        results = [
+            Result(
+                f"{node['name']}.node",
+                status,
+                f"{node['status']}: {node['reason']}",
+                data={"address": node["address"]},
+                duration_s=float(node.get("duration_s", 0)),
+            )
+        ]
         for stage, state in node.get("stages", {}).items():
             results.append(Result(f"{node['name']}.{stage}", _STATUS.get(state, Status.FAIL), state))
         suites[f"stackgate.fleet.{node['name']}"] = results
-    fleet = [Result("fleet.stacks", Status.FAIL if len([g for g in doc.get("groups", ()) if g.get("digest")]) > 1 else Status.PASS, "; ".join(group_lines(doc)) or "no fingerprint")]
-    fleet += [Result(f"fleet.outlier.{o['node']}.{o['metric']}", Status.WARN, o["text"]) for o in doc.get("outliers", ())]
+    fleet = [
+        Result(
+            "fleet.stacks",
+            Status.FAIL if len([g for g in doc.get("groups", ()) if g.get("digest")]) > 1 else Status.PASS,
+            "; ".join(group_lines(doc)) or "no fingerprint",
+        )
+    ]
+    fleet += [
+        Result(f"fleet.outlier.{o['node']}.{o['metric']}", Status.WARN, o["text"]) for o in doc.get("outliers", ())
+    ]
     suites["stackgate.fleet"] = fleet
     return suites
 
@@ -199,7 +269,10 @@ def markdown(doc: Mapping[str, Any]) -> str:
     word = _word(doc)
     lock = doc.get("lock") or {}
     out = [f"## {'✅' if word == 'PASSED' else '❌'} stackgate {doc['command']}: {word}", ""]
-    out += [f"lock **{_cell(lock.get('name'))}** · {len(doc.get('nodes', ()))} node(s) · exit code {doc['exit_code']} · {doc['duration_s']:.1f} s · run `{doc['run_id']}`", ""]
+    out += [
+        f"lock **{_cell(lock.get('name'))}** · {len(doc.get('nodes', ()))} node(s) · exit code {doc['exit_code']} · {doc['duration_s']:.1f} s · run `{doc['run_id']}`",
+        "",
+    ]
     out += [_cell(doc["reason"]), ""]
     headers, table = rows(doc)
     out += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
@@ -229,19 +302,53 @@ def prometheus(doc: Mapping[str, Any]) -> str:
     nodes = doc.get("nodes", ())
     per_node = [({**base, "node": n["name"]}, n) for n in nodes]
     families: list[summaries.Family] = [
-        ("stackgate_fleet_passed", "Whether the last fleet run passed (1) or not (0).", [(base, 1.0 if doc.get("verdict") == "passed" else 0.0)]),
+        (
+            "stackgate_fleet_passed",
+            "Whether the last fleet run passed (1) or not (0).",
+            [(base, 1.0 if doc.get("verdict") == "passed" else 0.0)],
+        ),
         ("stackgate_fleet_exit_code", "Exit code of the last fleet run.", [(base, float(doc["exit_code"]))]),
-        ("stackgate_fleet_nodes", "Nodes of the last fleet run, by status.", [({**base, "status": s.replace(" ", "_")}, float(c)) for s, c in doc.get("counts", {}).items()]),
-        ("stackgate_fleet_stacks", "Distinct stacks (fingerprints) among the nodes of the last fleet run.", [(base, float(len([g for g in doc.get("groups", ()) if g.get("digest")])))]),
-        ("stackgate_fleet_node_passed", "Whether each node passed (1) or not (0).", [(labels, 1.0 if n["status"] == "passed" else 0.0) for labels, n in per_node]),
-        ("stackgate_fleet_node_majority_stack", "Whether each node runs the majority's stack (1) or not (0).", [(labels, 1.0 if _in_majority(doc, n["name"]) else 0.0) for labels, n in per_node]),
-        ("stackgate_fleet_node_duration_seconds", "Wall time of each node's run.", [(labels, float(n.get("duration_s", 0))) for labels, n in per_node]),
-        ("stackgate_fleet_outlier", "1 for each node and figure found far from the fleet median.", [({**base, "node": o["node"], "metric": o["metric"]}, 1.0) for o in doc.get("outliers", ())]),
+        (
+            "stackgate_fleet_nodes",
+            "Nodes of the last fleet run, by status.",
+            [({**base, "status": s.replace(" ", "_")}, float(c)) for s, c in doc.get("counts", {}).items()],
+        ),
+        (
+            "stackgate_fleet_stacks",
+            "Distinct stacks (fingerprints) among the nodes of the last fleet run.",
+            [(base, float(len([g for g in doc.get("groups", ()) if g.get("digest")])))],
+        ),
+        (
+            "stackgate_fleet_node_passed",
+            "Whether each node passed (1) or not (0).",
+            [(labels, 1.0 if n["status"] == "passed" else 0.0) for labels, n in per_node],
+        ),
+        (
+            "stackgate_fleet_node_majority_stack",
+            "Whether each node runs the majority's stack (1) or not (0).",
+            [(labels, 1.0 if _in_majority(doc, n["name"]) else 0.0) for labels, n in per_node],
+        ),
+        (
+            "stackgate_fleet_node_duration_seconds",
+            "Wall time of each node's run.",
+            [(labels, float(n.get("duration_s", 0))) for labels, n in per_node],
+        ),
+        (
+            "stackgate_fleet_outlier",
+            "1 for each node and figure found far from the fleet median.",
+            [({**base, "node": o["node"], "metric": o["metric"]}, 1.0) for o in doc.get("outliers", ())],
+        ),
     ]
     if isinstance(doc.get("upgrade"), Mapping):
         moved = set(doc["upgrade"].get("moved", ()))
         samples = [(labels, 1.0 if n["name"] in moved else 0.0) for labels, n in per_node]
-        families.append(("stackgate_fleet_node_upgraded", "Whether fleet upgrade moved each node to the new stack (1) or not (0).", samples))
+        families.append(
+            (
+                "stackgate_fleet_node_upgraded",
+                "Whether fleet upgrade moved each node to the new stack (1) or not (0).",
+                samples,
+            )
+        )
     measured = (
         ("decode_tok_s", "decode_tokens_per_second", "decode tok/s"),
         ("busbw_gbs", "allreduce_busbw_gbytes_per_second", "all-reduce bus bandwidth, GB/s"),
@@ -271,7 +378,9 @@ def _e(value: Any) -> str:
 
 def _html_table(headers: Sequence[str], table: Sequence[Sequence[str]]) -> str:
     head = "".join(f"<th>{_e(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f'<td class="{_e(c.replace(" ", "-"))}">{_e(c)}</td>' for c in row) + "</tr>" for row in table)
+    body = "".join(
+        "<tr>" + "".join(f'<td class="{_e(c.replace(" ", "-"))}">{_e(c)}</td>' for c in row) + "</tr>" for row in table
+    )
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
@@ -279,7 +388,10 @@ def html_page(doc: Mapping[str, Any]) -> str:
     """One self-contained page (no script, nothing fetched): the verdict, the table, groups, outliers."""
     word = _word(doc)
     headers, table = rows(doc)
-    parts = [f"<h1>stackgate {_e(doc['command'])}: <span class=\"{'passed' if word == 'PASSED' else 'failed'}\">{_e(word)}</span></h1>", f"<p>{_e(doc['reason'])}</p>"]
+    parts = [
+        f'<h1>stackgate {_e(doc["command"])}: <span class="{"passed" if word == "PASSED" else "failed"}">{_e(word)}</span></h1>',
+        f"<p>{_e(doc['reason'])}</p>",
+    ]
     parts += ["<h2>Nodes</h2>", _html_table(headers, table)]
     if failure_lines(doc):
         parts += ["<h2>Failed checks</h2>", f"<pre>{_e(chr(10).join(failure_lines(doc)))}</pre>"]
@@ -287,6 +399,11 @@ def html_page(doc: Mapping[str, Any]) -> str:
         parts += ["<h2>Upgrade (canary first)</h2>", f"<pre>{_e(chr(10).join(upgrade_lines(doc)))}</pre>"]
     else:
         parts += ["<h2>Stacks</h2>", f"<pre>{_e(chr(10).join(group_lines(doc)) or 'no fingerprint')}</pre>"]
-    parts += ["<h2>Outliers</h2>", "<ul>" + "".join(f"<li>{_e(o['text'])}</li>" for o in doc.get("outliers", ())) + "</ul>" if doc.get("outliers") else "<p>none</p>"]
+    parts += [
+        "<h2>Outliers</h2>",
+        "<ul>" + "".join(f"<li>{_e(o['text'])}</li>" for o in doc.get("outliers", ())) + "</ul>"
+        if doc.get("outliers")
+        else "<p>none</p>",
+    ]
     body = "\n".join(parts)
     return f'<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>stackgate {_e(doc["command"])}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n'

@@ -69,18 +69,28 @@ def _previous(runs: Sequence[Run], focus: Run) -> Run | None:
 def chart(runs: Sequence[Run], focus: Run | None) -> str:
     """An SVG line chart: one point per run and figure, with the run's id and value on it."""
     values = [v for r in runs for name, _, _ in SERIES if (v := r.figure(name)) is not None]
-    baseline = next((b for r in reversed(runs) if isinstance(b := (r.benchmark or {}).get("baseline_tok_s"), (int, float))), None)
-    floor = next((f for r in reversed(runs) if isinstance(f := (r.benchmark or {}).get("floor_tok_s"), (int, float))), None)
+    baseline = next(
+        (b for r in reversed(runs) if isinstance(b := (r.benchmark or {}).get("baseline_tok_s"), (int, float))), None
+    )
+    floor = next(
+        (f for r in reversed(runs) if isinstance(f := (r.benchmark or {}).get("floor_tok_s"), (int, float))), None
+    )
     if not values:
         return f'<svg id="{CHART_ID}" width="{WIDTH}" height="60" role="img" aria-label="no benchmark figures"><text x="8" y="30">No run with a benchmark of the real weights yet.</text></svg>'
     low, high = _bounds([*values, *(v for v in (baseline, floor) if v is not None)])
     x, y = _scale_x(len(runs)), _scale_y(low, high)
-    out = [f'<svg id="{CHART_ID}" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" role="img" aria-label="tok/s over runs">']
+    out = [
+        f'<svg id="{CHART_ID}" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" role="img" aria-label="tok/s over runs">'
+    ]
     out += _axes(low, high, y, runs, x)
     for value, name, dash in ((baseline, "baseline", "6 4"), (floor, "floor", "2 3")):
         if value is not None:
-            out.append(f'<line class="{name}" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y(value):.1f}" y2="{y(value):.1f}" stroke="#cf222e" stroke-dasharray="{dash}"/>')
-            out.append(f'<text x="{WIDTH - RIGHT - 4}" y="{y(value) - 4:.1f}" text-anchor="end">{name} {value:g}</text>')
+            out.append(
+                f'<line class="{name}" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y(value):.1f}" y2="{y(value):.1f}" stroke="#cf222e" stroke-dasharray="{dash}"/>'
+            )
+            out.append(
+                f'<text x="{WIDTH - RIGHT - 4}" y="{y(value) - 4:.1f}" text-anchor="end">{name} {value:g}</text>'
+            )
     for name, label, colour in SERIES:
         out += _series(runs, name, label, colour, x, y, focus)
     out.append("</svg>")
@@ -112,8 +122,12 @@ def _axes(low: float, high: float, y: Any, runs: Sequence[Run], x: Any) -> list[
         out.append(f'<text x="{LEFT - 6}" y="{y(value) + 4:.1f}" text-anchor="end">{value:.1f}</text>')
         out.append(f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y(value):.1f}" y2="{y(value):.1f}" stroke="#eaeef2"/>')
     for i in sorted({0, len(runs) - 1}):
-        out.append(f'<text x="{x(i):.1f}" y="{HEIGHT - BOTTOM + 16}" text-anchor="{"start" if i == 0 and len(runs) > 1 else "end" if i else "middle"}">{_e(runs[i].started[:16])}</text>')
-    out.append(f'<text x="{(LEFT + WIDTH - RIGHT) / 2:.0f}" y="{HEIGHT - 6}" text-anchor="middle">{len(runs)} run(s), oldest first</text>')
+        out.append(
+            f'<text x="{x(i):.1f}" y="{HEIGHT - BOTTOM + 16}" text-anchor="{"start" if i == 0 and len(runs) > 1 else "end" if i else "middle"}">{_e(runs[i].started[:16])}</text>'
+        )
+    out.append(
+        f'<text x="{(LEFT + WIDTH - RIGHT) / 2:.0f}" y="{HEIGHT - 6}" text-anchor="middle">{len(runs)} run(s), oldest first</text>'
+    )
     return out
 
 
@@ -122,7 +136,9 @@ def _series(runs: Sequence[Run], name: str, label: str, colour: str, x: Any, y: 
     if not points:
         return []
     path = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, _, v in points)
-    out = [f'<polyline class="series" data-series="{name}" fill="none" stroke="{colour}" stroke-width="2" points="{path}"/>']
+    out = [
+        f'<polyline class="series" data-series="{name}" fill="none" stroke="{colour}" stroke-width="2" points="{path}"/>'
+    ]
     for i, run, value in points:
         focused = focus is not None and run.id == focus.id
         out.append(
@@ -142,7 +158,9 @@ def _legend(runs: Sequence[Run]) -> str:
 
 
 def _runs_table(runs: Sequence[Run], focus: Run | None) -> str:
-    rows = ["<table><thead><tr><th>run</th><th>started</th><th>command</th><th>lock</th><th>verdict</th><th>tok/s</th><th>decode tok/s</th><th>fingerprint</th></tr></thead><tbody>"]
+    rows = [
+        "<table><thead><tr><th>run</th><th>started</th><th>command</th><th>lock</th><th>verdict</th><th>tok/s</th><th>decode tok/s</th><th>fingerprint</th></tr></thead><tbody>"
+    ]
     for run in reversed(runs):
         focused = ' class="focus"' if focus is not None and run.id == focus.id else ""
         finger = (run.fingerprint or {}).get("short", "")
@@ -161,8 +179,13 @@ def _num(value: float | None) -> str:
 
 def _focus(run: Run, previous: Run | None) -> list[str]:
     doc = run.doc
-    out = [f"<h2>Run <code>{_e(run.id)}</code></h2>", f'<p class="verdict {_e(run.verdict)}">{_e(run.verdict.upper())}: {_e(doc.get("reason", ""))}</p>']
-    out.append(f'<p class="muted">{_e(run.command)} of {_e(run.lock_name)} on {_e(run.host)}, started {_e(run.started)}, {float(doc.get("duration_s") or 0):.1f} s</p>')
+    out = [
+        f"<h2>Run <code>{_e(run.id)}</code></h2>",
+        f'<p class="verdict {_e(run.verdict)}">{_e(run.verdict.upper())}: {_e(doc.get("reason", ""))}</p>',
+    ]
+    out.append(
+        f'<p class="muted">{_e(run.command)} of {_e(run.lock_name)} on {_e(run.host)}, started {_e(run.started)}, {float(doc.get("duration_s") or 0):.1f} s</p>'
+    )
     stages = (doc.get("gate") or {}).get("stages") if isinstance(doc.get("gate"), Mapping) else None
     if isinstance(stages, list):
         out += ["<h3>Stages</h3>", _stages_table(stages)]
@@ -170,7 +193,10 @@ def _focus(run: Run, previous: Run | None) -> list[str]:
     out += ["<h3>Checks</h3>", _checks_table(run.results)]
     if previous is not None:
         good = " the last good run" if previous.verdict == "passed" else ""
-        out += [f"<h3>Changes since{good} <code>{_e(previous.id)}</code></h3>", _changes(rundiff.compare(previous, run))]
+        out += [
+            f"<h3>Changes since{good} <code>{_e(previous.id)}</code></h3>",
+            _changes(rundiff.compare(previous, run)),
+        ]
     return out
 
 
@@ -179,8 +205,10 @@ def _stages_table(stages: Sequence[Any]) -> str:
     for stage in stages:
         if isinstance(stage, Mapping):
             status = str(stage.get("status"))
-            rows.append(f'<tr><td>{_e(stage.get("name"))}</td><td class="{_e(status.replace(" ", "-"))}">{_e(status)}</td>'
-                f'<td class="num">{float(stage.get("duration_s") or 0):.1f}</td><td>{_e(stage.get("reason"))}</td></tr>')
+            rows.append(
+                f'<tr><td>{_e(stage.get("name"))}</td><td class="{_e(status.replace(" ", "-"))}">{_e(status)}</td>'
+                f'<td class="num">{float(stage.get("duration_s") or 0):.1f}</td><td>{_e(stage.get("reason"))}</td></tr>'
+            )
     rows.append("</tbody></table>")
     return "\n".join(rows)
 
@@ -189,14 +217,26 @@ def _bench_table(bench: Mapping[str, Any] | None) -> str:
     runs = bench.get("runs") if bench else None
     if not bench or not isinstance(runs, list) or not runs:
         return '<p class="muted">No benchmark of the real weights in this run.</p>'
-    rows = ["<table><thead><tr><th>run</th><th>tokens</th><th>seconds</th><th>tok/s</th><th>TTFT ms</th><th>decode tok/s</th></tr></thead><tbody>"]
+    rows = [
+        "<table><thead><tr><th>run</th><th>tokens</th><th>seconds</th><th>tok/s</th><th>TTFT ms</th><th>decode tok/s</th></tr></thead><tbody>"
+    ]
     for i, row in enumerate(r for r in runs if isinstance(r, Mapping)):
         ttft = row.get("ttft_s")
-        cells = [row.get("tokens"), _num(row.get("seconds")), _num(row.get("tok_s")), "-" if ttft is None else f"{ttft * 1000:.0f}", _num(row.get("decode_tok_s"))]
+        cells = [
+            row.get("tokens"),
+            _num(row.get("seconds")),
+            _num(row.get("tok_s")),
+            "-" if ttft is None else f"{ttft * 1000:.0f}",
+            _num(row.get("decode_tok_s")),
+        ]
         rows.append(f"<tr><td>{i + 1}</td>" + "".join(f'<td class="num">{_e(c)}</td>' for c in cells) + "</tr>")
     rows.append("</tbody></table>")
     baseline = bench.get("baseline_tok_s") if bench else None
-    note = f'<p class="muted">baseline {baseline:g} tok/s, floor {bench.get("floor_tok_s")}: {_e(bench.get("summary") or "")}</p>' if baseline else ""
+    note = (
+        f'<p class="muted">baseline {baseline:g} tok/s, floor {bench.get("floor_tok_s")}: {_e(bench.get("summary") or "")}</p>'
+        if baseline
+        else ""
+    )
     return "\n".join(rows) + note
 
 
@@ -206,12 +246,18 @@ def _checks_table(results: Sequence[Mapping[str, Any]]) -> str:
         status = str(result.get("status"))
         body = _e(result.get("summary", ""))
         if status in ("WARN", "FAIL", "ERROR"):
-            body += "".join(f"<br><span class=\"muted\">{_e(d)}</span>" for d in list(result.get("details") or ())[:8])
+            body += "".join(f'<br><span class="muted">{_e(d)}</span>' for d in list(result.get("details") or ())[:8])
             fix = result.get("fix")
             if isinstance(fix, Mapping):
                 commands = "\n".join(str(c) for c in fix.get("commands") or ())
-                body += f'<div class="fix">fix: {_e(fix.get("text", ""))}' + (f"<pre>{_e(commands)}</pre>" if commands else "") + "</div>"
-        rows.append(f'<tr><td>{_e(result.get("stage", ""))}</td><td><code>{_e(result.get("check"))}</code></td><td class="{_e(status)}">{_e(status)}</td><td>{body}</td></tr>')
+                body += (
+                    f'<div class="fix">fix: {_e(fix.get("text", ""))}'
+                    + (f"<pre>{_e(commands)}</pre>" if commands else "")
+                    + "</div>"
+                )
+        rows.append(
+            f'<tr><td>{_e(result.get("stage", ""))}</td><td><code>{_e(result.get("check"))}</code></td><td class="{_e(status)}">{_e(status)}</td><td>{body}</td></tr>'
+        )
     rows.append("</tbody></table>")
     return "\n".join(rows)
 
@@ -220,9 +266,14 @@ def _changes(comparison: rundiff.Comparison) -> str:
     figures = [s.text() for s in comparison.speed] + [f.text() for f in comparison.figures]
     out = ["<ul>"] + [f"<li>{_e(text)}</li>" for text in figures] + ["</ul>"]
     if comparison.same_stack:
-        out.append(f'<p>The stack is the same ({_e(", ".join(comparison.sections) or "nothing to compare")}).</p>')
+        out.append(f"<p>The stack is the same ({_e(', '.join(comparison.sections) or 'nothing to compare')}).</p>")
     else:
-        out.append("<table><thead><tr><th>section</th><th>component</th><th>before</th><th>after</th></tr></thead><tbody>")
-        out += [f"<tr><td>{_e(c.section)}</td><td><code>{_e(c.name)}</code></td><td>{_e(c.old or '(none)')}</td><td>{_e(c.new or '(none)')}</td></tr>" for c in comparison.changes[:200]]
+        out.append(
+            "<table><thead><tr><th>section</th><th>component</th><th>before</th><th>after</th></tr></thead><tbody>"
+        )
+        out += [
+            f"<tr><td>{_e(c.section)}</td><td><code>{_e(c.name)}</code></td><td>{_e(c.old or '(none)')}</td><td>{_e(c.new or '(none)')}</td></tr>"
+            for c in comparison.changes[:200]
+        ]
         out.append("</tbody></table>")
     return "\n".join(out)

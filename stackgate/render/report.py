@@ -48,7 +48,9 @@ def _suite(name: str, results: Sequence[Result], strict: bool) -> ET.Element:
 
 
 def _case(result: Result, strict: bool) -> ET.Element:
-    case = ET.Element("testcase", classname=f"stackgate.{result.area}", name=result.check, time=f"{result.duration_s:.3f}")
+    case = ET.Element(
+        "testcase", classname=f"stackgate.{result.area}", name=result.check, time=f"{result.duration_s:.3f}"
+    )
     body = "\n".join([*result.details, *_fix_lines(result)])
     if result.status == Status.FAIL or (strict and result.status == Status.WARN):
         ET.SubElement(case, "failure", message=_clean(result.summary), type=result.status.name).text = _clean(body)
@@ -75,7 +77,10 @@ def _clean(text: str) -> str:
 def write_junit(path: Path | str, suites: Mapping[str, Sequence[Result]], *, strict: bool = False) -> None:
     """JUnit XML of the suites, their results' secrets hidden."""
     hidden = redact({name: [r.to_dict() for r in results] for name, results in suites.items()})
-    write_text(path, junit_xml({name: [Result.from_dict(r) for r in results] for name, results in hidden.items()}, strict=strict))
+    write_text(
+        path,
+        junit_xml({name: [Result.from_dict(r) for r in results] for name, results in hidden.items()}, strict=strict),
+    )
 
 
 def redacted(results: Sequence[Result], context: Any = None, known: Iterable[str] = ()) -> list[Result]:

@@ -14,7 +14,18 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from stackgate.models.result import Result
 
-__all__ = ["STAGE_STATUSES", "Family", "benchmark_line", "exposition", "headline_lines", "markdown", "prometheus", "suites", "verdict_word", "verify_prometheus"]
+__all__ = [
+    "STAGE_STATUSES",
+    "Family",
+    "benchmark_line",
+    "exposition",
+    "headline_lines",
+    "markdown",
+    "prometheus",
+    "suites",
+    "verdict_word",
+    "verify_prometheus",
+]
 
 #: Every status a stage can have, as Prometheus label values (a state set: one series is 1).
 STAGE_STATUSES = ("passed", "failed", "not_run", "interrupted")
@@ -37,7 +48,10 @@ def verdict_word(doc: Mapping[str, Any]) -> str:
 
 def suites(doc: Mapping[str, Any]) -> dict[str, list[Result]]:
     """One JUnit testsuite per stage, every stage listed (one not run holds its SKIP)."""
-    return {f"stackgate.gate.{stage['name']}": [Result.from_dict(r) for r in stage["results"]] for stage in _gate(doc).get("stages", ())}
+    return {
+        f"stackgate.gate.{stage['name']}": [Result.from_dict(r) for r in stage["results"]]
+        for stage in _gate(doc).get("stages", ())
+    }
 
 
 def headline_lines(doc: Mapping[str, Any]) -> list[str]:
@@ -47,7 +61,9 @@ def headline_lines(doc: Mapping[str, Any]) -> list[str]:
     if finger:
         components = finger["components"]
         count = sum(len(section) for section in components.values())
-        lines.append(f"fingerprint {finger['short']} (sha256 {finger['digest']} over {count} components: {', '.join(components)})")
+        lines.append(
+            f"fingerprint {finger['short']} (sha256 {finger['digest']} over {count} components: {', '.join(components)})"
+        )
     lines.append(benchmark_line(_gate(doc).get("benchmark"), _stage_status(doc, "benchmark")))
     return lines
 
@@ -90,14 +106,27 @@ def markdown(doc: Mapping[str, Any]) -> str:
     word = verdict_word(doc)
     finger = gate.get("fingerprint")
     facts = [
-        f"lock **{_text(lock.get('name') or lock.get('path'))}**", f"host `{doc['host']['hostname']}`", f"exit code {doc['exit_code']}", f"{doc['duration_s']:.1f} s", f"run `{doc.get('run_id')}`"
+        f"lock **{_text(lock.get('name') or lock.get('path'))}**",
+        f"host `{doc['host']['hostname']}`",
+        f"exit code {doc['exit_code']}",
+        f"{doc['duration_s']:.1f} s",
+        f"run `{doc.get('run_id')}`",
     ]
     if finger:
         facts.append(f"fingerprint `{finger['short']}`")
-    out = [f"## {'✅' if word == 'PASSED' else '❌'} stackgate gate: {word}", "", " · ".join(facts), "", f"{_text(doc.get('reason', ''))}", ""]
+    out = [
+        f"## {'✅' if word == 'PASSED' else '❌'} stackgate gate: {word}",
+        "",
+        " · ".join(facts),
+        "",
+        f"{_text(doc.get('reason', ''))}",
+        "",
+    ]
     out += ["| stage | status | seconds | reason |", "|---|---|---:|---|"]
     for stage in gate.get("stages", ()):
-        out.append(f"| {stage['name']} | {_ICONS.get(stage['status'], '')} {stage['status']} | {stage['duration_s']:.1f} | {_text(stage['reason'])} |")
+        out.append(
+            f"| {stage['name']} | {_ICONS.get(stage['status'], '')} {stage['status']} | {stage['duration_s']:.1f} | {_text(stage['reason'])} |"
+        )
     out += _failures(gate.get("stages", ()))
     out += _benchmark_section(gate.get("benchmark"), _stage_status(doc, "benchmark"))
     if finger:
@@ -106,7 +135,12 @@ def markdown(doc: Mapping[str, Any]) -> str:
 
 
 def _failures(stages: Iterable[Mapping[str, Any]]) -> list[str]:
-    bad = [(stage["name"], r) for stage in stages for r in stage["results"] if r["status"] in _BAD or (r["status"] == "WARN")]
+    bad = [
+        (stage["name"], r)
+        for stage in stages
+        for r in stage["results"]
+        if r["status"] in _BAD or (r["status"] == "WARN")
+    ]
     if not bad:
         return []
     out = ["", "### Failures and warnings", ""]
@@ -163,17 +197,56 @@ def prometheus(doc: Mapping[str, Any]) -> str:
     counts = doc.get("counts", {})
     finger = gate.get("fingerprint") or {}
     families: list[tuple[str, str, list[tuple[dict[str, str], float]]]] = [
-        ("stackgate_gate_passed", "Whether the last gate passed (1) or not (0).", [(base, 1.0 if doc.get("verdict") == "passed" else 0.0)]),
-        ("stackgate_gate_exit_code", "Exit code of the last gate: 0 passed, 1 failed, 2 usage or bad lockfile, 130 interrupted.", [(base, float(doc["exit_code"]))]),
-        ("stackgate_gate_checks_failed", "Checks that failed or crashed in the last gate.", [(base, float(sum(counts.get(s, 0) for s in _BAD)))]),
-        ("stackgate_gate_checks", "Checks of the last gate, by status.", [({**base, "status": s.lower()}, float(n)) for s, n in counts.items()]),
-        ("stackgate_gate_stage_status", "Status of each stage of the last gate (1 for the status it had).", _stage_states(gate, base)),
-        ("stackgate_gate_stage_duration_seconds", "Wall time of each stage of the last gate.", [({**base, "stage": s["name"]}, float(s["duration_s"])) for s in gate.get("stages", ())]),
-        ("stackgate_gate_duration_seconds", "Wall time of the last gate.", [(base, float(doc["duration_s"]))]),
-        ("stackgate_gate_last_run_timestamp_seconds", "When the last gate started (Unix time).", [(base, _timestamp(doc.get("started")))]),
         (
-            "stackgate_gate_info", "The last gate's run id and stack fingerprint.",
-            [({**base, "run_id": str(doc.get("run_id") or ""), "fingerprint": str(finger.get("short") or ""), "lock_sha256": str((doc.get("lock") or {}).get("sha256") or "")}, 1.0)],
+            "stackgate_gate_passed",
+            "Whether the last gate passed (1) or not (0).",
+            [(base, 1.0 if doc.get("verdict") == "passed" else 0.0)],
+        ),
+        (
+            "stackgate_gate_exit_code",
+            "Exit code of the last gate: 0 passed, 1 failed, 2 usage or bad lockfile, 130 interrupted.",
+            [(base, float(doc["exit_code"]))],
+        ),
+        (
+            "stackgate_gate_checks_failed",
+            "Checks that failed or crashed in the last gate.",
+            [(base, float(sum(counts.get(s, 0) for s in _BAD)))],
+        ),
+        (
+            "stackgate_gate_checks",
+            "Checks of the last gate, by status.",
+            [({**base, "status": s.lower()}, float(n)) for s, n in counts.items()],
+        ),
+        (
+            "stackgate_gate_stage_status",
+            "Status of each stage of the last gate (1 for the status it had).",
+            _stage_states(gate, base),
+        ),
+        (
+            "stackgate_gate_stage_duration_seconds",
+            "Wall time of each stage of the last gate.",
+            [({**base, "stage": s["name"]}, float(s["duration_s"])) for s in gate.get("stages", ())],
+        ),
+        ("stackgate_gate_duration_seconds", "Wall time of the last gate.", [(base, float(doc["duration_s"]))]),
+        (
+            "stackgate_gate_last_run_timestamp_seconds",
+            "When the last gate started (Unix time).",
+            [(base, _timestamp(doc.get("started")))],
+        ),
+        (
+            "stackgate_gate_info",
+            "The last gate's run id and stack fingerprint.",
+            [
+                (
+                    {
+                        **base,
+                        "run_id": str(doc.get("run_id") or ""),
+                        "fingerprint": str(finger.get("short") or ""),
+                        "lock_sha256": str((doc.get("lock") or {}).get("sha256") or ""),
+                    },
+                    1.0,
+                )
+            ],
         ),
     ]
     families += _benchmark_families(gate.get("benchmark"), base)
@@ -205,17 +278,49 @@ def verify_prometheus(doc: Mapping[str, Any]) -> str:
     results = [r for r in doc.get("results", ()) if isinstance(r, Mapping)]
     gpus = next((r.get("data", {}).get("gpus") for r in results if r.get("check") == "gpu.count"), None)
     cache = doc.get("cache")
-    failed: list[tuple[Mapping[str, str], float]] = [({**base, "check": str(r.get("check"))}, 1.0 if r.get("status") in _BAD else 0.0) for r in results]
-    hit: list[tuple[Mapping[str, str], float]] = [(base, 1.0 if cache.get("hit") else 0.0)] if isinstance(cache, Mapping) else []
+    failed: list[tuple[Mapping[str, str], float]] = [
+        ({**base, "check": str(r.get("check"))}, 1.0 if r.get("status") in _BAD else 0.0) for r in results
+    ]
+    hit: list[tuple[Mapping[str, str], float]] = (
+        [(base, 1.0 if cache.get("hit") else 0.0)] if isinstance(cache, Mapping) else []
+    )
     families: list[tuple[str, str, list[tuple[Mapping[str, str], float]]]] = [
-        ("stackgate_verify_passed", "Whether the last verify passed (1) or not (0).", [(base, 1.0 if doc.get("verdict") == "passed" else 0.0)]),
-        ("stackgate_verify_exit_code", "Exit code of the last verify: 0 passed, 1 failed, 2 usage or bad lockfile, 130 interrupted.", [(base, float(doc["exit_code"]))]),
-        ("stackgate_verify_checks", "Checks of the last verify, by status.", [({**base, "status": s.lower()}, float(n)) for s, n in counts.items()]),
-        ("stackgate_verify_check_failed", "Whether each check of the last verify failed or crashed (1) or not (0).", failed),
-        ("stackgate_verify_gpus", "GPUs visible to NVML at the last verify.", [(base, float(len(gpus)))] if isinstance(gpus, list) else []),
+        (
+            "stackgate_verify_passed",
+            "Whether the last verify passed (1) or not (0).",
+            [(base, 1.0 if doc.get("verdict") == "passed" else 0.0)],
+        ),
+        (
+            "stackgate_verify_exit_code",
+            "Exit code of the last verify: 0 passed, 1 failed, 2 usage or bad lockfile, 130 interrupted.",
+            [(base, float(doc["exit_code"]))],
+        ),
+        (
+            "stackgate_verify_checks",
+            "Checks of the last verify, by status.",
+            [({**base, "status": s.lower()}, float(n)) for s, n in counts.items()],
+        ),
+        (
+            "stackgate_verify_check_failed",
+            "Whether each check of the last verify failed or crashed (1) or not (0).",
+            failed,
+        ),
+        (
+            "stackgate_verify_gpus",
+            "GPUs visible to NVML at the last verify.",
+            [(base, float(len(gpus)))] if isinstance(gpus, list) else [],
+        ),
         ("stackgate_verify_duration_seconds", "Wall time of the last verify.", [(base, float(doc["duration_s"]))]),
-        ("stackgate_verify_last_run_timestamp_seconds", "When the last verify started (Unix time).", [(base, _timestamp(doc.get("started")))]),
-        ("stackgate_verify_cache_hit", "Whether the last verify --cached reused the static checks' results (1) or ran them (0).", hit),
+        (
+            "stackgate_verify_last_run_timestamp_seconds",
+            "When the last verify started (Unix time).",
+            [(base, _timestamp(doc.get("started")))],
+        ),
+        (
+            "stackgate_verify_cache_hit",
+            "Whether the last verify --cached reused the static checks' results (1) or ran them (0).",
+            hit,
+        ),
     ]
     return exposition(families)
 
@@ -224,19 +329,32 @@ def _stage_states(gate: Mapping[str, Any], base: Mapping[str, str]) -> list[tupl
     samples = []
     for stage in gate.get("stages", ()):
         own = stage["status"].replace(" ", "_")
-        samples += [({**base, "stage": stage["name"], "status": status}, 1.0 if status == own else 0.0) for status in STAGE_STATUSES]
+        samples += [
+            ({**base, "stage": stage["name"], "status": status}, 1.0 if status == own else 0.0)
+            for status in STAGE_STATUSES
+        ]
     return samples
 
 
-def _benchmark_families(bench: Mapping[str, Any] | None, base: Mapping[str, str]) -> list[tuple[str, str, list[tuple[dict[str, str], float]]]]:
+def _benchmark_families(
+    bench: Mapping[str, Any] | None, base: Mapping[str, str]
+) -> list[tuple[str, str, list[tuple[dict[str, str], float]]]]:
     if not bench:
         return []
     decode = (bench.get("decode_tok_s") or {}).get("mean")
     tok = (bench.get("tok_s") or {}).get("mean")
     baseline = bench.get("baseline_tok_s")
     found = [
-        ("stackgate_gate_decode_tokens_per_second", "Single-stream decode rate of the last gate's benchmark (mean over runs, first token excluded).", decode),
-        ("stackgate_gate_tokens_per_second", "Single-stream output rate of the last gate's benchmark (mean over runs), judged against the baseline.", tok),
+        (
+            "stackgate_gate_decode_tokens_per_second",
+            "Single-stream decode rate of the last gate's benchmark (mean over runs, first token excluded).",
+            decode,
+        ),
+        (
+            "stackgate_gate_tokens_per_second",
+            "Single-stream output rate of the last gate's benchmark (mean over runs), judged against the baseline.",
+            tok,
+        ),
         ("stackgate_gate_baseline_tokens_per_second", "The lock's baseline_tok_s.", baseline),
     ]
     return [(name, text, [(dict(base), float(value))]) for name, text, value in found if value is not None]

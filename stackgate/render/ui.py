@@ -35,8 +35,24 @@ __all__ = [
     "render_rows", "render_settings", "render_table",
 ]  # fmt: skip
 
-THEME = Theme({"success": "green", "warning": "yellow", "error": "bold red", "skip": "dim", "muted": "dim", "heading": "bold", "info": "cyan"})
-STYLES = {Status.PASS: "success", Status.SKIP: "skip", Status.WARN: "warning", Status.FAIL: "error", Status.ERROR: "error"}
+THEME = Theme(
+    {
+        "success": "green",
+        "warning": "yellow",
+        "error": "bold red",
+        "skip": "dim",
+        "muted": "dim",
+        "heading": "bold",
+        "info": "cyan",
+    }
+)
+STYLES = {
+    Status.PASS: "success",
+    Status.SKIP: "skip",
+    Status.WARN: "warning",
+    Status.FAIL: "error",
+    Status.ERROR: "error",
+}
 
 
 @dataclass
@@ -49,9 +65,20 @@ class UI:
 
     def __post_init__(self) -> None:
         stream = self.stream or sys.stdout
-        plain = self.force_plain if self.force_plain is not None else (bool(os.environ.get("NO_COLOR")) or not stream.isatty())
+        plain = (
+            self.force_plain
+            if self.force_plain is not None
+            else (bool(os.environ.get("NO_COLOR")) or not stream.isatty())
+        )
         self.plain = plain
-        self.console = Console(file=stream, theme=THEME, no_color=plain, highlight=False, soft_wrap=plain, force_terminal=False if plain else None)
+        self.console = Console(
+            file=stream,
+            theme=THEME,
+            no_color=plain,
+            highlight=False,
+            soft_wrap=plain,
+            force_terminal=False if plain else None,
+        )
         self.err = Console(file=sys.stderr, theme=THEME, no_color=plain, highlight=False, stderr=True, soft_wrap=plain)
 
     def line(self, text: str = "", style: str | None = None) -> None:
@@ -105,7 +132,14 @@ class UI:
                 activity.start()
                 yield activity
             else:
-                columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), BarColumn(bar_width=20), DownloadColumn(), TextColumn("[muted]{task.fields[detail]}"))
+                columns = (
+                    SpinnerColumn(),
+                    TextColumn("{task.description}"),
+                    TimeElapsedColumn(),
+                    BarColumn(bar_width=20),
+                    DownloadColumn(),
+                    TextColumn("[muted]{task.fields[detail]}"),
+                )
                 with Progress(*columns, console=self.err, transient=True) as progress:
                     activity.start(progress, progress.add_task(message, total=None, detail=""))
                     yield activity
@@ -135,7 +169,9 @@ class UI:
             return None
         return Confirm.ask(question, console=self.err, default=False)
 
-    def table(self, title: str, headers: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None) -> None:
+    def table(
+        self, title: str, headers: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None
+    ) -> None:
         """A small table of figures (right-aligned columns after the first, unless ``align``
         says otherwise: one "l" or "r" per column)."""
         if self.plain:
@@ -176,7 +212,10 @@ class UI:
         """The fix commands that the table, laid out at this console's width, would not show on one line."""
         # A command row's status and check cells are blank: stripped of them and the borders, a
         # command the table shows whole is the row's whole text.
-        lines = {"".join(segment.text for segment in line).strip(" │") for line in self.console.render_lines(table, pad=False)}
+        lines = {
+            "".join(segment.text for segment in line).strip(" │")
+            for line in self.console.render_lines(table, pad=False)
+        }
         commands = {c for r in results if r.fix is not None and r.status >= Status.WARN for c in r.fix.commands}
         return {c for c in commands if f"$ {c}" not in lines}
 
@@ -185,7 +224,9 @@ class UI:
         for text in render_settings(values, verbose=self.verbose):
             self.info(text)
 
-    def findings(self, title: str, findings: Sequence[Finding], verdict: str, unrecognized: Sequence[Finding] = ()) -> None:
+    def findings(
+        self, title: str, findings: Sequence[Finding], verdict: str, unrecognized: Sequence[Finding] = ()
+    ) -> None:
         """diagnose's report: each finding with its lines, cause and fix, most severe first; the
         failures no entry explains after them, apart. Their secrets are hidden, as in the JSON."""
         findings, unrecognized = _redacted(findings, unrecognized)
@@ -250,14 +291,20 @@ def _event_lines(finding: Finding, verbose: int) -> list[str]:
     if verbose or len(numbered) <= EVENT_LINES:
         return numbered
     keep = EVENT_LINES // 2
-    return [*numbered[:keep], f"{'':>{width}}  ... {len(numbered) - 2 * keep} more lines (-v shows them)", *numbered[-keep:]]
+    return [
+        *numbered[:keep],
+        f"{'':>{width}}  ... {len(numbered) - 2 * keep} more lines (-v shows them)",
+        *numbered[-keep:],
+    ]
 
 
 def _clip(text: str, verbose: int) -> str:
     return text if verbose or len(text) <= LINE_WIDTH else text[: LINE_WIDTH - 3] + "..."
 
 
-def render_plain(title: str, results: Sequence[Result], verdict: Verdict, duration_s: float, *, verbose: int = 0) -> str:
+def render_plain(
+    title: str, results: Sequence[Result], verdict: Verdict, duration_s: float, *, verbose: int = 0
+) -> str:
     """The report as plain lines: grouped by area, failures with their fix under them."""
     note = no_driver_line(results)
     results = fold_needs_gpu(results)
@@ -345,7 +392,10 @@ def render_rows(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]
     widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
     lines = [title]
     for row in [headers, *rows]:
-        cells = [str(c).ljust(w) if _left(align, i) else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=False))]
+        cells = [
+            str(c).ljust(w) if _left(align, i) else str(c).rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=False))
+        ]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines) + "\n"
 
@@ -364,7 +414,11 @@ def render_table(title: str, results: Sequence[Result], *, verbose: int = 0, els
         table.add_row("", Text(area, style="heading"), "", end_section=False)
         for result in group:
             style = STYLES[result.status]
-            table.add_row(Text(result.status.name, style=style), result.check, Text(result.summary, style=style if result.status >= Status.WARN else ""))
+            table.add_row(
+                Text(result.status.name, style=style),
+                result.check,
+                Text(result.summary, style=style if result.status >= Status.WARN else ""),
+            )
             for line in _body(result, verbose):
                 if line[2:] in elsewhere and _is_command(line):
                     line = "(command too wide for the table: see below)"

@@ -15,7 +15,21 @@ from typing import Any, Sequence
 
 from stackgate.serve import bench, quality
 
-__all__ = ["LIVE", "MODES", "NEW", "Condition", "Decision", "Leg", "Side", "conditions", "decide", "difference", "not_measured", "order", "side"]
+__all__ = [
+    "LIVE",
+    "MODES",
+    "NEW",
+    "Condition",
+    "Decision",
+    "Leg",
+    "Side",
+    "conditions",
+    "decide",
+    "difference",
+    "not_measured",
+    "order",
+    "side",
+]
 
 LIVE, NEW = "live", "new"
 MODES = ("if-better", "if-passes", "never")
@@ -109,12 +123,23 @@ class Decision:
     conditions: tuple[Condition, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "switch": self.switch, "reason": self.reason, "conditions": [c.to_dict() for c in self.conditions]}
+        return {
+            "mode": self.mode,
+            "switch": self.switch,
+            "reason": self.reason,
+            "conditions": [c.to_dict() for c in self.conditions],
+        }
 
 
 def conditions(live: Side, new: Side, *, accept_output_change: bool) -> tuple[Condition, ...]:
     """passes, same greedy tokens, not slower: what ``if-better`` needs, each with its evidence."""
-    passes = Condition("passes", new.passed, "the new stack passed every check of every leg" if new.passed else f"the new stack failed: {'; '.join(new.failures[:3]) or 'it was not measured'}")
+    passes = Condition(
+        "passes",
+        new.passed,
+        "the new stack passed every check of every leg"
+        if new.passed
+        else f"the new stack failed: {'; '.join(new.failures[:3]) or 'it was not measured'}",
+    )
     return (passes, _same_tokens(live, new, accept_output_change), _not_slower(live, new))
 
 

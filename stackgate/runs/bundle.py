@@ -28,7 +28,7 @@ from stackgate.facts import Missing, gather
 from stackgate.models import kernellog as kernelmodel
 from stackgate.models import pylock, runenv, settings
 from stackgate.models.redact import redact, redact_text
-from stackgate.models.spec import Lock
+from stackgate.models.spec import Spec
 
 __all__ = ["LOG_TAIL_BYTES", "RUNS_KEPT", "Bundle", "BundleError", "write"]
 
@@ -60,7 +60,9 @@ class Bundle:
         self.members[name] = text
 
 
-def write(out: Path, *, lock: Lock | None, diagnose_report: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None) -> Bundle:
+def write(
+    out: Path, *, lock: Spec | None, diagnose_report: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None
+) -> Bundle:
     """Gather the parts and write them, redacted, as a .tar.gz at ``out``; return what went in."""
     env = dict(os.environ if environ is None else environ)
     bundle = Bundle()
@@ -92,20 +94,31 @@ def _read(path: Path, bundle: Bundle) -> str | None:
     return path.read_text(encoding="utf-8") if path.exists() else _note(bundle, f"no pylock at {path}")
 
 
-def _verify(lock: Lock | None, env: Mapping[str, str], bundle: Bundle) -> str | None:
+def _verify(lock: Spec | None, env: Mapping[str, str], bundle: Bundle) -> str | None:
     """verify's JSON report, from the program itself (a crash there cannot take the bundle down)."""
     report = Path(env.get("TMPDIR", "/tmp")) / f"stackgate-bundle-verify-{os.getpid()}-{time.monotonic_ns()}.json"
-    argv = [sys.executable, "-m", "stackgate", "verify", "--json", str(report), *(["--lock", str(lock.path)] if lock else [])]
+    argv = [
+        sys.executable,
+        "-m",
+        "stackgate",
+        "verify",
+        "--json",
+        str(report),
+        *(["--lock", str(lock.path)] if lock else []),
+    ]
     done = runner.run(argv, timeout_s=VERIFY_TIMEOUT_S, env={**env, "NO_COLOR": "1"})
     try:
         return report.read_text(encoding="utf-8")
     except OSError:
-        return _note(bundle, f"verify.json: verify wrote no report (exit {done.returncode}): {(done.stderr or done.stdout).strip()[-500:]}")
+        return _note(
+            bundle,
+            f"verify.json: verify wrote no report (exit {done.returncode}): {(done.stderr or done.stdout).strip()[-500:]}",
+        )
     finally:
         report.unlink(missing_ok=True)
 
 
-def _environment(env: Mapping[str, str], lock: Lock | None) -> str:
+def _environment(env: Mapping[str, str], lock: Spec | None) -> str:
     """The variables that explain a run with their values (:mod:`stackgate.models.runenv`), the
     others by name only."""
     named = [*lock.env, *lock.smoke.env] if lock is not None else []
@@ -129,12 +142,18 @@ def _kernel(bundle: Bundle) -> str | None:
         return _note(bundle, f"kernel log: {exc}")
     events = kernelmodel.parse(log.text)
     lines = log.text.splitlines()
-    keep = sorted({n for e in events for n in range(max(1, e.line - KERNEL_CONTEXT), min(len(lines), e.line + KERNEL_CONTEXT) + 1)})
+    keep = sorted(
+        {
+            n
+            for e in events
+            for n in range(max(1, e.line - KERNEL_CONTEXT), min(len(lines), e.line + KERNEL_CONTEXT) + 1)
+        }
+    )
     head = f"# {len(events)} GPU event(s) in {len(lines)} lines of `{log.source}`; each with {KERNEL_CONTEXT} lines around it\n"
     return head + "".join(f"{n:>7}: {lines[n - 1]}\n" for n in keep)
 
 
-def _dists(lock: Lock, bundle: Bundle) -> str | None:
+def _dists(lock: Spec, bundle: Bundle) -> str | None:
     facts = gather(lock, ["dists"])
     try:
         found = facts.get("dists")
@@ -152,7 +171,10 @@ def _server_logs(env: Mapping[str, str]) -> list[tuple[str, str]]:
     root = settings.LOG_DIR.value(env)
     if root is None or not Path(root).is_dir():
         return []
-    runs = sorted((p for kind in ("smoke", "gate") for p in (Path(root) / kind).glob("*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    runs = sorted(
+        (p for kind in ("smoke", "gate") for p in (Path(root) / kind).glob("*") if p.is_dir()),
+        key=lambda p: p.stat().st_mtime,
+    )
     out = []
     for run in runs[-RUNS_KEPT:]:
         for log in sorted(run.rglob("*.log")):
@@ -166,7 +188,9 @@ def _server_logs(env: Mapping[str, str]) -> list[tuple[str, str]]:
 def _archive(out: Path, bundle: Bundle, env: Mapping[str, str]) -> None:
     members = {name: redact_text(text, environ=env) for name, text in bundle.members.items()}
     if "diagnose.json" in members:  # a document: redacted by key too
-        members["diagnose.json"] = json.dumps(redact(json.loads(bundle.members["diagnose.json"]), environ=env), indent=2)
+        members["diagnose.json"] = json.dumps(
+            redact(json.loads(bundle.members["diagnose.json"]), environ=env), indent=2
+        )
     manifest = "".join(f"{name}\t{len(text.encode())} bytes\n" for name, text in members.items())
     members = {"MANIFEST.txt": manifest, **members}
     try:

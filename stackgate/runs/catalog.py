@@ -27,7 +27,19 @@ from stackgate.runs.index import IndexUnusable, Row, Skipped
 if TYPE_CHECKING:
     from stackgate.runs import fingerprint
 
-__all__ = ["Listing", "Regression", "Reindexed", "find", "html_runs", "listing", "parse_since", "regressed_since", "regressions", "reindex", "sync"]
+__all__ = [
+    "Listing",
+    "Regression",
+    "Reindexed",
+    "find",
+    "html_runs",
+    "listing",
+    "parse_since",
+    "regressed_since",
+    "regressions",
+    "reindex",
+    "sync",
+]
 
 #: The trend shows at most this many of a lock's newest runs; the HTML page at most HTML_RUNS.
 TREND = 40
@@ -66,7 +78,9 @@ class Reindexed:
 
 
 def _warn_fallback(warn: Warn, directory: Path, exc: Exception) -> None:
-    warn(f"warning: the run index of {directory} cannot be used ({exc}); reading every run instead (`stackgate report --reindex` rebuilds it)")
+    warn(
+        f"warning: the run index of {directory} cannot be used ({exc}); reading every run instead (`stackgate report --reindex` rebuilds it)"
+    )
 
 
 def _indexing() -> bool:
@@ -277,13 +291,20 @@ def parse_since(text: str) -> str:
     return when.isoformat(timespec="seconds")
 
 
-def regressions(node: str, rows: Sequence[Row], before: Row | None, measured: Row | None, threshold: float) -> list[Regression]:
+def regressions(
+    node: str, rows: Sequence[Row], before: Row | None, measured: Row | None, threshold: float
+) -> list[Regression]:
     """A node's regressions among ``rows`` (its runs since the time asked, oldest first), given
     its last run before them and its last run with a decode figure before them."""
     found = []
     for row in rows:
         reasons, against = [], None
-        if row.decode_tok_s is not None and measured is not None and measured.decode_tok_s and row.decode_tok_s < measured.decode_tok_s * (1 - threshold):
+        if (
+            row.decode_tok_s is not None
+            and measured is not None
+            and measured.decode_tok_s
+            and row.decode_tok_s < measured.decode_tok_s * (1 - threshold)
+        ):
             old, new = measured.decode_tok_s, row.decode_tok_s
             reasons.append(f"decode tok/s {old:.2f} -> {new:.2f} ({new / old - 1:+.1%})")
             against = measured
@@ -297,7 +318,9 @@ def regressions(node: str, rows: Sequence[Row], before: Row | None, measured: Ro
     return found
 
 
-def regressed_since(directory: Path, since: str, warn: Warn, *, threshold: float = 0.05) -> tuple[list[Regression], int]:
+def regressed_since(
+    directory: Path, since: str, warn: Warn, *, threshold: float = 0.05
+) -> tuple[list[Regression], int]:
     """Every node's regressions since ``since`` (see :func:`parse_since`), each with what changed
     on the node between the two runs; and how many nodes ran since then. A node is who ran the
     run (:attr:`history.Run.node`), not its hostname, which nodes cloned from one image share."""
@@ -314,7 +337,10 @@ def _by_node(directory: Path, since: str, warn: Warn) -> list[tuple[str, list[Ro
             if not directory.is_dir():
                 return []
             with _open(directory) as db:
-                return [(n, db.of_node(n, since), db.before(n, since), db.before(n, since, measured=True)) for n in db.nodes_since(since)]
+                return [
+                    (n, db.of_node(n, since), db.before(n, since), db.before(n, since, measured=True))
+                    for n in db.nodes_since(since)
+                ]
         except IndexUnusable as exc:
             _warn_fallback(warn, directory, exc)
     rows = [history.row_of(r) for r in history.load(directory)[0]]
@@ -322,7 +348,14 @@ def _by_node(directory: Path, since: str, warn: Warn) -> list[tuple[str, list[Ro
     for node in sorted({r.node for r in rows if r.started >= since}):
         mine = [r for r in rows if r.node == node]
         earlier = [r for r in mine if r.started < since]
-        out.append((node, [r for r in mine if r.started >= since], earlier[-1] if earlier else None, next((r for r in reversed(earlier) if r.decode_tok_s is not None), None)))
+        out.append(
+            (
+                node,
+                [r for r in mine if r.started >= since],
+                earlier[-1] if earlier else None,
+                next((r for r in reversed(earlier) if r.decode_tok_s is not None), None),
+            )
+        )
     return out
 
 
@@ -334,7 +367,9 @@ def _with_changes(directory: Path, found: Regression) -> Regression:
     old, new = _read_or_none(directory / found.against.file), _read_or_none(directory / found.run.file)
     if old is None or new is None:
         return found
-    from stackgate.runs import rundiff  # the comparison's machinery (the facts' model) only where a regression is explained
+    from stackgate.runs import (
+        rundiff,
+    )  # the comparison's machinery (the facts' model) only where a regression is explained
 
     comparison = rundiff.compare(old, new)
     return Regression(found.node, found.run, found.against, found.reasons, comparison.changes, comparison.sections)

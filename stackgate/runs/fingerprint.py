@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 from stackgate.models import inputfile, pylock
 from stackgate.models.redact import redact, redact_text, secrets_in
 from stackgate.models.result import Result
-from stackgate.models.spec import Lock
+from stackgate.models.spec import Spec
 
 if TYPE_CHECKING:
     from typing_extensions import TypeIs
@@ -34,7 +34,20 @@ if TYPE_CHECKING:
     from stackgate.facts import Facts, Missing, ProbeFacts, ToolkitFacts
     from stackgate.facts.patches import PatchStatus
 
-__all__ = ["KERNEL_CHECKS", "PARTS", "SECTIONS", "Change", "Fingerprint", "changes", "digest", "from_facts", "gpu_section", "kernels_section", "lock_section", "server_section"]
+__all__ = [
+    "KERNEL_CHECKS",
+    "PARTS",
+    "SECTIONS",
+    "Change",
+    "Fingerprint",
+    "changes",
+    "digest",
+    "from_facts",
+    "gpu_section",
+    "kernels_section",
+    "lock_section",
+    "server_section",
+]
 
 #: The fact parts a fingerprint is made from (the gate starts gathering them first).
 PARTS = ("nvml", "toolkits", "dists", "patches")
@@ -46,7 +59,9 @@ KERNEL_CHECKS = ("deep.flashinfer_attention", "deep.allreduce_fusion")
 #: arguments at all: SGLang picks a random seed when none is given (server_args.py), the ports
 #: are the launcher's choice, ``internal_states`` is live throughput and memory, and the
 #: scheduler's fields (status, token capacity) depend on the memory free at load time.
-VOLATILE = frozenset({"random_seed", "internal_states", "status", "max_total_num_tokens", "max_req_input_len", "dist_init_addr", "pid"})
+VOLATILE = frozenset(
+    {"random_seed", "internal_states", "status", "max_total_num_tokens", "max_req_input_len", "dist_init_addr", "pid"}
+)
 _PORT = re.compile(r"(^|_)ports?$")
 #: Fields that smoke's fast mode sets (--load-format dummy, --json-model-override-args).
 FAST_MODE = frozenset({"load_format", "json_model_override_args"})
@@ -89,7 +104,11 @@ class Fingerprint:
         return sum(len(section) for section in self.components.values())
 
     def to_dict(self) -> dict[str, Any]:
-        return {"digest": self.digest, "short": self.short, "components": {k: dict(v) for k, v in self.components.items()}}
+        return {
+            "digest": self.digest,
+            "short": self.short,
+            "components": {k: dict(v) for k, v in self.components.items()},
+        }
 
 
 def digest(components: Mapping[str, Section]) -> str:
@@ -98,11 +117,15 @@ def digest(components: Mapping[str, Section]) -> str:
     >>> digest({"lock": {"name": "a"}}) == digest({"lock": {"name": "a"}}) != digest({"lock": {"name": "b"}})
     True
     """
-    canonical = json.dumps({k: dict(v) for k, v in components.items()}, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    canonical = json.dumps(
+        {k: dict(v) for k, v in components.items()}, sort_keys=True, separators=(",", ":"), ensure_ascii=True
+    )
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def from_facts(lock: Lock, facts: Facts, server_info: Mapping[str, Any] | None, results: Sequence[Result] = ()) -> Fingerprint:
+def from_facts(
+    lock: Spec, facts: Facts, server_info: Mapping[str, Any] | None, results: Sequence[Result] = ()
+) -> Fingerprint:
     """The fingerprint of the stack the facts describe, the kernels the deep checks among
     ``results`` found, and the server that ran on it."""
     return Fingerprint({
@@ -117,7 +140,7 @@ def from_facts(lock: Lock, facts: Facts, server_info: Mapping[str, Any] | None, 
     })  # fmt: skip
 
 
-def lock_section(lock: Lock) -> dict[str, str]:
+def lock_section(lock: Spec) -> dict[str, str]:
     """The lock's name and sha256, and its pylock's sha256 when it has one (every distribution's
     file: another resolution is another stack). A lockfile that holds secrets (an ``--api-key``
     in its flags, a token in its ``[smoke.env]``, a password in an index URL) is hashed with them
@@ -132,7 +155,7 @@ def lock_section(lock: Lock) -> dict[str, str]:
     return section
 
 
-def _spec_sha256(lock: Lock) -> str:
+def _spec_sha256(lock: Spec) -> str:
     try:
         raw = inputfile.read_capped(lock.path, inputfile.MAX_SPEC_BYTES)
     except OSError:
@@ -141,11 +164,13 @@ def _spec_sha256(lock: Lock) -> str:
         return lock.sha256  # changed since it was loaded: not this lock's text
     text = raw.decode("utf-8", "surrogateescape")
     smoke = lock.smoke
-    hidden = redact_text(text, known=secrets_in([list(smoke.flags), dict(smoke.env), dict(lock.env), *_compare_parts(lock)]))
+    hidden = redact_text(
+        text, known=secrets_in([list(smoke.flags), dict(smoke.env), dict(lock.env), *_compare_parts(lock)])
+    )
     return lock.sha256 if hidden == text else hashlib.sha256(hidden.encode("utf-8", "surrogateescape")).hexdigest()
 
 
-def _compare_parts(lock: Lock) -> list[Any]:
+def _compare_parts(lock: Spec) -> list[Any]:
     compare = lock.smoke.compare
     return [] if compare is None else [list(compare.flags or ()), dict(compare.env)]
 
@@ -178,7 +203,9 @@ def _toolkits(found: Iterable[ToolkitFacts]) -> dict[str, str]:
     section = {}
     for toolkit in found:
         tool = toolkit.detected
-        section[str(toolkit.toolkit.prefix)] = f"{tool.release} (V{tool.build})" if isinstance(tool, ToolVersion) else "absent"
+        section[str(toolkit.toolkit.prefix)] = (
+            f"{tool.release} (V{tool.build})" if isinstance(tool, ToolVersion) else "absent"
+        )
     return section
 
 
@@ -197,7 +224,10 @@ def _distributions(dists: ProbeFacts | Missing) -> dict[str, str]:
 def _patches(found: Sequence[PatchStatus] | Missing) -> dict[str, str]:
     if _missing(found):
         return {UNAVAILABLE: found.reason}
-    return {status.patch.file.name: status.problem or f"applied to {status.patch.package} {status.installed}" for status in found}
+    return {
+        status.patch.file.name: status.problem or f"applied to {status.patch.package} {status.installed}"
+        for status in found
+    }
 
 
 def kernels_section(results: Sequence[Result]) -> dict[str, str]:

@@ -76,7 +76,11 @@ def figures(doc: Mapping[str, Any]) -> dict[str, float]:
                 found["busbw_gbs"] = busbw
         elif _at(result, "check") == "deep.gpu_work":
             gpus = _at(data, "gpus")
-            rates = [r for g in (gpus if isinstance(gpus, list) else ()) if (r := _number(_at(g, "bfloat16", "tflops"))) is not None]
+            rates = [
+                r
+                for g in (gpus if isinstance(gpus, list) else ())
+                if (r := _number(_at(g, "bfloat16", "tflops"))) is not None
+            ]
             if rates:
                 found["tflops"] = min(rates)
     return found
@@ -100,7 +104,13 @@ def failed_checks(doc: Mapping[str, Any] | None) -> list[dict[str, str]]:
         check, status, summary = _at(result, "check"), _at(result, "status"), _at(result, "summary")
         if isinstance(check, str) and status in FAILED:
             line = " ".join(str(summary or "").split())
-            found.append({"check": check, "status": str(status), "summary": line if len(line) <= SUMMARY_CHARS else line[: SUMMARY_CHARS - 3] + "..."})
+            found.append(
+                {
+                    "check": check,
+                    "status": str(status),
+                    "summary": line if len(line) <= SUMMARY_CHARS else line[: SUMMARY_CHARS - 3] + "...",
+                }
+            )
     return found
 
 
@@ -122,17 +132,30 @@ class Group:
             "short": self.short,
             "nodes": list(self.nodes),
             "majority": self.majority,
-            "differences": {node: [{"section": c.section, "name": c.name, "majority": c.old, "node": c.new} for c in found] for node, found in self.differences.items()},
+            "differences": {
+                node: [{"section": c.section, "name": c.name, "majority": c.old, "node": c.new} for c in found]
+                for node, found in self.differences.items()
+            },
         }
 
 
 def _fingerprint(doc: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     found = _at(doc, "gate", "fingerprint")
-    return found if isinstance(found, Mapping) and isinstance(found.get("digest"), str) and isinstance(found.get("components"), Mapping) else None
+    return (
+        found
+        if isinstance(found, Mapping)
+        and isinstance(found.get("digest"), str)
+        and isinstance(found.get("components"), Mapping)
+        else None
+    )
 
 
 def _components(finger: Mapping[str, Any]) -> dict[str, dict[str, str]]:
-    return {str(k): {str(n): str(v) for n, v in s.items()} for k, s in finger["components"].items() if isinstance(s, Mapping)}
+    return {
+        str(k): {str(n): str(v) for n, v in s.items()}
+        for k, s in finger["components"].items()
+        if isinstance(s, Mapping)
+    }
 
 
 def groups(docs: Sequence[tuple[str, Mapping[str, Any] | None]]) -> list[Group]:
@@ -147,11 +170,15 @@ def groups(docs: Sequence[tuple[str, Mapping[str, Any] | None]]) -> list[Group]:
             continue
         by_digest.setdefault(finger["digest"], []).append(name)
         parts.setdefault(finger["digest"], _components(finger))
-    ordered = sorted(by_digest.items(), key=lambda item: -len(item[1]))  # stable: a tie keeps the first node's group first
+    ordered = sorted(
+        by_digest.items(), key=lambda item: -len(item[1])
+    )  # stable: a tie keeps the first node's group first
     found = []
     for index, (digest, nodes) in enumerate(ordered):
         majority = parts[ordered[0][0]]
-        differences = {} if index == 0 else {node: tuple(fingerprint.changes(majority, parts[digest])) for node in nodes}
+        differences = (
+            {} if index == 0 else {node: tuple(fingerprint.changes(majority, parts[digest])) for node in nodes}
+        )
         found.append(Group(digest, tuple(nodes), index == 0, differences))
     if missing:
         found.append(Group(None, tuple(missing), False, {}))
@@ -216,7 +243,9 @@ def upgrade_outcome(doc: Mapping[str, Any] | None) -> dict[str, Any] | None:
     decision = _at(part, "decision")
     changes = _at(part, "plan", "changes")
     moved = _at(part, "current", "switched") is True or (_at(decision, "switch") is True and doc.get("exit_code") == 0)
-    reason = _text(_at(decision, "reason")) or _text(_at(part, "blocked")) or _text(doc.get("reason")) or "no reason given"
+    reason = (
+        _text(_at(decision, "reason")) or _text(_at(part, "blocked")) or _text(doc.get("reason")) or "no reason given"
+    )
     if moved:
         word = SWITCHED
     elif isinstance(changes, list) and not changes and decision is None and _at(part, "blocked") is None:
@@ -233,7 +262,13 @@ def upgrade_outcome(doc: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "generation": {"before": _text(_at(part, "current", "before")), "after": _text(_at(part, "current", "after"))},
         "live_tok_s": _rate(_at(sides, "live", "decode_tok_s")),
         "new_tok_s": _rate(_at(sides, "new", "decode_tok_s")),
-        "difference": {"delta": _number(_at(diff, "delta")), "relative": _number(_at(diff, "relative")), "significant": _at(diff, "significant") is True} if isinstance(diff, Mapping) else None,
+        "difference": {
+            "delta": _number(_at(diff, "delta")),
+            "relative": _number(_at(diff, "relative")),
+            "significant": _at(diff, "significant") is True,
+        }
+        if isinstance(diff, Mapping)
+        else None,
         "difference_text": _text(_at(part, "ab", "difference_text")),
     }
 
@@ -248,4 +283,9 @@ def _rate(summary: Any) -> dict[str, Any] | None:
     if mean is None:
         return None
     n = _at(summary, "n")
-    return {"mean": mean, "ci_low": _number(_at(summary, "ci_low")), "ci_high": _number(_at(summary, "ci_high")), "n": n if isinstance(n, int) and not isinstance(n, bool) else None}
+    return {
+        "mean": mean,
+        "ci_low": _number(_at(summary, "ci_low")),
+        "ci_high": _number(_at(summary, "ci_high")),
+        "n": n if isinstance(n, int) and not isinstance(n, bool) else None,
+    }

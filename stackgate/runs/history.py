@@ -29,11 +29,24 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from stackgate.edges.files import write_json
 from stackgate.models import settings
 from stackgate.models.finding import Evidence, Finding, FindingError, Fix
-from stackgate.models.spec import Lock
+from stackgate.models.spec import Spec
 from stackgate.models.verdict import SCHEMA as REPORT_SCHEMA
 from stackgate.runs import index
 
-__all__ = ["COMMANDS", "HistoryError", "Run", "find", "keep", "load", "new_id", "read", "row_of", "runs_dir", "sparkline", "store"]
+__all__ = [
+    "COMMANDS",
+    "HistoryError",
+    "Run",
+    "find",
+    "keep",
+    "load",
+    "new_id",
+    "read",
+    "row_of",
+    "runs_dir",
+    "sparkline",
+    "store",
+]
 
 #: The commands whose runs are kept, and read back.
 COMMANDS = ("gate", "smoke")
@@ -45,7 +58,7 @@ class HistoryError(Exception):
     """A run that cannot be stored, read or found."""
 
 
-def runs_dir(lock: Lock | None, environ: Mapping[str, str] | None = None, *, reading: bool = False) -> Path:
+def runs_dir(lock: Spec | None, environ: Mapping[str, str] | None = None, *, reading: bool = False) -> Path:
     """Where runs of this lock are kept (see the module's docstring for the order). A reader
     takes ``<root>/runs`` whenever it exists, even where it may not write."""
     environ = os.environ if environ is None else environ
@@ -84,7 +97,9 @@ def store(doc: Mapping[str, Any], directory: Path, warn: Callable[[str], Any] | 
         raise HistoryError(f"cannot keep the run in {directory}: {exc.strerror or exc}") from exc
     problem = enter(path) if settings.HISTORY_INDEX.value() else None
     if problem and warn is not None:
-        warn(f"stackgate: the run was kept in {path} but not entered in the run index ({problem}); the next `stackgate report` finds it")
+        warn(
+            f"stackgate: the run was kept in {path} but not entered in the run index ({problem}); the next `stackgate report` finds it"
+        )
     return path
 
 
@@ -101,7 +116,7 @@ def enter(path: Path) -> str | None:
         return str(exc)
 
 
-def keep(doc: Mapping[str, Any], lock: Lock | None, warn: Any) -> Path | None:
+def keep(doc: Mapping[str, Any], lock: Spec | None, warn: Any) -> Path | None:
     """Store a run in its lock's runs directory; a failure is a warning (``warn(text)``), never
     the run's failure."""
     try:
@@ -275,11 +290,19 @@ def _smoke_1_finding(raw: Mapping[str, Any], log_path: Any) -> Finding:
     """A finding as smoke wrote it before findings had one form (``stackgate.smoke/1``): flat, the
     fix a sentence beside its ``commands``, ``source`` for where it was learned, the matched text
     for its lines; the component, which it did not record, from the knowledge base."""
-    from stackgate.models import knowledge  # the knowledge base loads its patterns: only for a run kept in this old shape
+    from stackgate.models import (
+        knowledge,
+    )  # the knowledge base loads its patterns: only for a run kept in this old shape
 
     try:
         signature = next((s for s in knowledge.load() if s.id == raw["id"]), None)
-        evidence = Evidence(str(log_path or ""), int(raw["line"]), tuple(str(raw.get("text", "")).splitlines()), 0, int(raw.get("count", 1)))
+        evidence = Evidence(
+            str(log_path or ""),
+            int(raw["line"]),
+            tuple(str(raw.get("text", "")).splitlines()),
+            0,
+            int(raw.get("count", 1)),
+        )
         return Finding(
             id=str(raw["id"]),
             title=str(raw["title"]),
@@ -314,8 +337,14 @@ def read(path: Path) -> Run:
     if not isinstance(doc, dict):
         raise HistoryError(f"{path}: not a stackgate run: a JSON {type(doc).__name__}, not an object")
     if doc.get("schema") != REPORT_SCHEMA or doc.get("command") not in COMMANDS:
-        raise HistoryError(f"{path}: not a stackgate run (schema {doc.get('schema')!r}, command {doc.get('command')!r})")
-    problems = [key for key, kind in (("results", list), ("verdict", str), ("started", str)) if not isinstance(doc.get(key), kind)]
+        raise HistoryError(
+            f"{path}: not a stackgate run (schema {doc.get('schema')!r}, command {doc.get('command')!r})"
+        )
+    problems = [
+        key
+        for key, kind in (("results", list), ("verdict", str), ("started", str))
+        if not isinstance(doc.get(key), kind)
+    ]
     if problems:
         raise HistoryError(f"{path}: damaged: {', '.join(problems)} missing or of the wrong type")
     run_id = doc.get("run_id")

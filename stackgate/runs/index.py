@@ -229,14 +229,18 @@ class Store:
         self.db.execute("PRAGMA synchronous=NORMAL")
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
-            raise IndexUnusable(f"{self.path} has schema version {version}, newer than this stackgate's {SCHEMA_VERSION}")
+            raise IndexUnusable(
+                f"{self.path} has schema version {version}, newer than this stackgate's {SCHEMA_VERSION}"
+            )
         if version < SCHEMA_VERSION:
             self._migrate()
         self.db.execute("SELECT count(*) FROM runs LIMIT 1").fetchone()  # a damaged file says so here
 
     def _migrate(self) -> None:
         with self.transaction():
-            version = self.db.execute("PRAGMA user_version").fetchone()[0]  # another process may have migrated meanwhile
+            version = self.db.execute("PRAGMA user_version").fetchone()[
+                0
+            ]  # another process may have migrated meanwhile
             for target, script in MIGRATIONS:
                 if target > version:
                     for statement in (s for s in script.split(";") if s.strip()):
@@ -285,7 +289,15 @@ class Store:
             with contextlib.suppress(OSError):
                 path.unlink()
 
-    def reconcile(self, seen_ns: int | None, add: Sequence[Row], skip: Sequence[Skipped], gone: Iterable[str], *, complete: bool = False) -> None:
+    def reconcile(
+        self,
+        seen_ns: int | None,
+        add: Sequence[Row],
+        skip: Sequence[Skipped],
+        gone: Iterable[str],
+        *,
+        complete: bool = False,
+    ) -> None:
         """Apply what a listing of the folder found; ``seen_ns`` is the folder's time read before it."""
         with self.transaction() as db:
             if complete:
@@ -295,7 +307,9 @@ class Store:
                 db.execute("DELETE FROM runs WHERE file = ?", (file,))
                 db.execute("DELETE FROM skipped WHERE file = ?", (file,))
             _upsert(db, add)
-            db.executemany("INSERT OR REPLACE INTO skipped (file, reason) VALUES (?, ?)", [(s.file, s.reason) for s in skip])
+            db.executemany(
+                "INSERT OR REPLACE INTO skipped (file, reason) VALUES (?, ?)", [(s.file, s.reason) for s in skip]
+            )
             if seen_ns is not None:
                 self._set_meta("folder_mtime_ns", str(seen_ns))
         with contextlib.suppress(OSError):
@@ -332,7 +346,9 @@ class Store:
     def named(self, ref: str, limit: int = 5) -> list[Row]:
         """Runs whose id is ``ref``, else those whose id starts with it (at most ``limit``)."""
         exact = self._rows(f"{_SELECT} WHERE id = ? ORDER BY started, id LIMIT ?", (ref, limit))
-        return exact or self._rows(f"{_SELECT} WHERE id >= ? AND id < ? ORDER BY id LIMIT ?", (ref, ref + "\U0010ffff", limit))
+        return exact or self._rows(
+            f"{_SELECT} WHERE id >= ? AND id < ? ORDER BY id LIMIT ?", (ref, ref + "\U0010ffff", limit)
+        )
 
     def locks(self) -> list[str]:
         """Every lock with runs, in the order of each one's first run."""
@@ -343,7 +359,10 @@ class Store:
         return list(reversed(self._rows(f"{_SELECT} WHERE lock = ? {_NEWEST} LIMIT ?", (lock, limit))))
 
     def nodes_since(self, since: str) -> list[str]:
-        return [node for (node,) in self.db.execute("SELECT DISTINCT node FROM runs WHERE started >= ? ORDER BY node", (since,))]
+        return [
+            node
+            for (node,) in self.db.execute("SELECT DISTINCT node FROM runs WHERE started >= ? ORDER BY node", (since,))
+        ]
 
     def of_node(self, node: str, since: str) -> list[Row]:
         """A node's runs since ``since``, oldest first."""
@@ -356,7 +375,9 @@ class Store:
         return found[0] if found else None
 
     def skipped(self) -> list[Skipped]:
-        return [Skipped(file, reason) for file, reason in self.db.execute("SELECT file, reason FROM skipped ORDER BY file")]
+        return [
+            Skipped(file, reason) for file, reason in self.db.execute("SELECT file, reason FROM skipped ORDER BY file")
+        ]
 
     def _rows(self, sql: str, args: Sequence[Any]) -> list[Row]:
         return [Row(*values) for values in self.db.execute(sql, tuple(args))]
@@ -371,7 +392,10 @@ class Store:
 
 def _upsert(db: sqlite3.Connection, rows: Sequence[Row]) -> None:
     marks = ", ".join("?" for _ in COLUMNS)
-    db.executemany(f"INSERT OR REPLACE INTO runs ({', '.join(COLUMNS)}) VALUES ({marks})", [tuple(getattr(r, c) for c in COLUMNS) for r in rows])
+    db.executemany(
+        f"INSERT OR REPLACE INTO runs ({', '.join(COLUMNS)}) VALUES ({marks})",
+        [tuple(getattr(r, c) for c in COLUMNS) for r in rows],
+    )
 
 
 def remove(directory: Path) -> None:

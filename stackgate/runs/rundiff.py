@@ -14,7 +14,16 @@ from stackgate.runs import fingerprint
 from stackgate.runs.history import Run
 from stackgate.serve import bench
 
-__all__ = ["Comparison", "FigureChange", "SpeedChange", "StatusChange", "compare", "components", "figures_of", "summary_of"]
+__all__ = [
+    "Comparison",
+    "FigureChange",
+    "SpeedChange",
+    "StatusChange",
+    "compare",
+    "components",
+    "figures_of",
+    "summary_of",
+]
 
 
 @dataclass(frozen=True)
@@ -30,7 +39,11 @@ class SpeedChange:
         label = "decode tok/s" if self.name == "decode_tok_s" else "tok/s"
         if self.old is None or self.new is None:
             return f"{label}: {_figure(self.old)} -> {_figure(self.new)}"
-        change = self.difference.text() if self.difference else f"{self.new - self.old:+.2f} tok/s ({self.new / self.old - 1:+.1%})"
+        change = (
+            self.difference.text()
+            if self.difference
+            else f"{self.new - self.old:+.2f} tok/s ({self.new / self.old - 1:+.1%})"
+        )
         return f"{label}: {self.old:.2f} -> {self.new:.2f}: {change}"
 
 
@@ -92,7 +105,11 @@ def components(run: Run) -> dict[str, dict[str, str]]:
     """A run's fingerprint components (a smoke run: its lock and its server's arguments)."""
     finger = run.fingerprint
     if finger is not None:
-        return {str(k): {str(n): str(v) for n, v in dict(section).items()} for k, section in finger["components"].items() if isinstance(section, Mapping)}
+        return {
+            str(k): {str(n): str(v) for n, v in dict(section).items()}
+            for k, section in finger["components"].items()
+            if isinstance(section, Mapping)
+        }
     found: dict[str, dict[str, str]] = {}
     lock = run.doc.get("lock")
     if isinstance(lock, Mapping) and lock.get("sha256"):
@@ -114,7 +131,9 @@ def _server_info(run: Run) -> Mapping[str, Any] | None:
 def compare(old: Run, new: Run) -> Comparison:
     """Everything that differs between two runs, oldest first as given."""
     a, b = components(old), components(new)
-    shared = tuple(s for s in fingerprint.SECTIONS if s in a and s in b) + tuple(sorted((set(a) & set(b)) - set(fingerprint.SECTIONS)))
+    shared = tuple(s for s in fingerprint.SECTIONS if s in a and s in b) + tuple(
+        sorted((set(a) & set(b)) - set(fingerprint.SECTIONS))
+    )
     changes = fingerprint.changes({s: a[s] for s in shared}, {s: b[s] for s in shared})
     speed = tuple(_speed(old, new, name) for name in ("decode_tok_s", "tok_s"))
     return Comparison(old, new, shared, tuple(changes), speed, tuple(_statuses(old, new)), tuple(_figures(old, new)))
@@ -126,7 +145,7 @@ def figures_of(run: Run) -> dict[tuple[str, str], float]:
     for result in run.results:
         data = result.get("data")
         figures = data.get("figures") if isinstance(data, Mapping) else None
-        for name, value in (figures.items() if isinstance(figures, Mapping) else ()):
+        for name, value in figures.items() if isinstance(figures, Mapping) else ():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 found[(str(result.get("check")), str(name))] = float(value)
     return found
@@ -134,7 +153,10 @@ def figures_of(run: Run) -> dict[tuple[str, str], float]:
 
 def _figures(old: Run, new: Run) -> list[FigureChange]:
     a, b = figures_of(old), figures_of(new)
-    return [FigureChange(check, name, a.get((check, name)), b.get((check, name))) for check, name in [*a, *(k for k in b if k not in a)]]
+    return [
+        FigureChange(check, name, a.get((check, name)), b.get((check, name)))
+        for check, name in [*a, *(k for k in b if k not in a)]
+    ]
 
 
 def _speed(old: Run, new: Run, name: str) -> SpeedChange:
@@ -152,7 +174,11 @@ def summary_of(run: Run, name: str) -> bench.Summary | None:
         return None
     try:
         fields = {f.name: raw[f.name] for f in dataclasses.fields(bench.Summary) if f.name not in ("n", "values")}
-        return bench.Summary(int(raw["n"]), **{k: float(v) for k, v in fields.items()}, values=tuple(float(v) for v in raw.get("values", ())))
+        return bench.Summary(
+            int(raw["n"]),
+            **{k: float(v) for k, v in fields.items()},
+            values=tuple(float(v) for v in raw.get("values", ())),
+        )
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -167,5 +193,7 @@ def _statuses(old: Run, new: Run) -> list[StatusChange]:
         before, after = a.get(key), b.get(key)
         old_status, new_status = (before or {}).get("status"), (after or {}).get("status")
         if old_status != new_status:
-            found.append(StatusChange(key[0], key[1], old_status, new_status, str((after or before or {}).get("summary", ""))))
+            found.append(
+                StatusChange(key[0], key[1], old_status, new_status, str((after or before or {}).get("summary", "")))
+            )
     return found

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from stackgate.facts.compare import spec_changes
 from stackgate.models import pylock
-from stackgate.models.spec import Lock
+from stackgate.models.spec import Spec
 
 __all__ = ["AREAS", "Change", "changes", "distributions"]
 
@@ -50,7 +50,14 @@ class Change:
         return {"area": self.area, "name": self.name, "old": self.old, "new": self.new, "kind": self.kind}
 
 
-def changes(old: Lock, old_spec: Mapping[str, Any] | None, old_pylock: pylock.Resolution | None, new: Lock, new_spec: Mapping[str, Any], new_pylock: pylock.Resolution | None) -> list[Change]:
+def changes(
+    old: Spec,
+    old_spec: Mapping[str, Any] | None,
+    old_pylock: pylock.Resolution | None,
+    new: Spec,
+    new_spec: Mapping[str, Any],
+    new_pylock: pylock.Resolution | None,
+) -> list[Change]:
     """Every difference, area by area (:data:`AREAS`). ``old_spec`` is the environment spec the
     live generation's marker records (what it was really built from), else the live lock's."""
     found = _mapped("toolkit", _toolkits(old), _toolkits(new))
@@ -63,7 +70,7 @@ def changes(old: Lock, old_spec: Mapping[str, Any] | None, old_pylock: pylock.Re
     return found
 
 
-def distributions(lock: Lock, resolution: pylock.Resolution | None) -> dict[str, str]:
+def distributions(lock: Spec, resolution: pylock.Resolution | None) -> dict[str, str]:
     """name -> version: every locked distribution, or the spec's pins where there is no pylock."""
     if resolution is not None:
         return {name: package.version for name, package in resolution.packages.items()}
@@ -71,7 +78,11 @@ def distributions(lock: Lock, resolution: pylock.Resolution | None) -> dict[str,
 
 
 def _mapped(area: str, old: Mapping[str, str], new: Mapping[str, str]) -> list[Change]:
-    return [Change(area, key, old.get(key), new.get(key)) for key in sorted(old.keys() | new.keys()) if old.get(key) != new.get(key)]
+    return [
+        Change(area, key, old.get(key), new.get(key))
+        for key in sorted(old.keys() | new.keys())
+        if old.get(key) != new.get(key)
+    ]
 
 
 def _spec_change(line: str) -> Change:
@@ -81,21 +92,32 @@ def _spec_change(line: str) -> Change:
     return Change("spec", key, None if old == "(none)" else old, None if new == "(none)" else new)
 
 
-def _toolkits(lock: Lock) -> dict[str, str]:
+def _toolkits(lock: Spec) -> dict[str, str]:
     found = {}
     for toolkit in lock.toolkits:
         roles = [role for role, on in (("default", toolkit.default), ("kept", toolkit.keep)) if on]
-        found[f"CUDA {toolkit.version}"] = f"{toolkit.prefix}" + (f" ({', '.join(roles)})" if roles else "") + (f" from {toolkit.source}" if toolkit.source else "")
+        found[f"CUDA {toolkit.version}"] = (
+            f"{toolkit.prefix}"
+            + (f" ({', '.join(roles)})" if roles else "")
+            + (f" from {toolkit.source}" if toolkit.source else "")
+        )
     return found
 
 
-def _patches(lock: Lock) -> dict[str, str]:
-    return {patch.file.name: f"{patch.package} {patch.version}" + (f", sha256 {patch.sha256[:12]}" if patch.sha256 else "") for patch in lock.patches}
+def _patches(lock: Spec) -> dict[str, str]:
+    return {
+        patch.file.name: f"{patch.package} {patch.version}" + (f", sha256 {patch.sha256[:12]}" if patch.sha256 else "")
+        for patch in lock.patches
+    }
 
 
-def _smoke(lock: Lock) -> dict[str, str]:
+def _smoke(lock: Spec) -> dict[str, str]:
     smoke = lock.smoke
-    found = {"attention_backend": smoke.attention_backend, "flags": " ".join(smoke.flags) or "(none)", "tp": str(smoke.tp)}
+    found = {
+        "attention_backend": smoke.attention_backend,
+        "flags": " ".join(smoke.flags) or "(none)",
+        "tp": str(smoke.tp),
+    }
     if smoke.speculative is not None:
         found["speculative"] = smoke.speculative.algorithm
     found.update({f"env.{k}": v for k, v in smoke.env.items()})

@@ -28,7 +28,7 @@ from stackgate.checks.core import Check
 from stackgate.edges.files import write_json
 from stackgate.facts.stamp import Stamp, changed
 from stackgate.models.result import Result, Status
-from stackgate.models.spec import Lock
+from stackgate.models.spec import Spec
 
 __all__ = ["LIVE_CHECKS", "MAX_AGE_S", "SCHEMA", "CacheError", "Entry", "is_live", "load", "miss", "path_for", "save"]
 
@@ -66,7 +66,7 @@ def is_live(check: Check) -> bool:
     return check.name in LIVE_CHECKS or (bool(check.needs) and set(check.needs) <= LIVE_PARTS)
 
 
-def path_for(lock: Lock, environ: Mapping[str, str] | None = None) -> Path:
+def path_for(lock: Spec, environ: Mapping[str, str] | None = None) -> Path:
     """Where the cache of ``lock`` lives (see the module's docstring)."""
     environ = os.environ if environ is None else environ
     key = hashlib.sha256(str(lock.path.resolve()).encode()).hexdigest()[:12]
@@ -74,7 +74,11 @@ def path_for(lock: Lock, environ: Mapping[str, str] | None = None) -> Path:
     root = lock.python.root
     if root is not None and (root / "current").is_symlink() and os.access(root, os.W_OK | os.X_OK):
         return root / "cache" / name
-    base = Path(environ["XDG_CACHE_HOME"]) if environ.get("XDG_CACHE_HOME") else Path(environ.get("HOME") or Path.home()) / ".cache"
+    base = (
+        Path(environ["XDG_CACHE_HOME"])
+        if environ.get("XDG_CACHE_HOME")
+        else Path(environ.get("HOME") or Path.home()) / ".cache"
+    )
     return base / "stackgate" / "verify" / name
 
 
@@ -87,7 +91,9 @@ def load(path: Path) -> Entry | None:
     except OSError as exc:
         raise CacheError(f"unreadable: {exc.strerror or exc}") from exc
     if stat.st_uid != os.geteuid() or stat.st_mode & 0o022:
-        raise CacheError(f"owned by uid {stat.st_uid} with mode {stat.st_mode & 0o777:o}: only a file of this user that no one else may write is trusted")
+        raise CacheError(
+            f"owned by uid {stat.st_uid} with mode {stat.st_mode & 0o777:o}: only a file of this user that no one else may write is trusted"
+        )
     if stat.st_size > MAX_BYTES:
         raise CacheError(f"{stat.st_size} bytes, more than a cache holds")
     try:
@@ -101,7 +107,9 @@ def _entry(raw: Any) -> Entry:
     if not isinstance(raw, dict) or raw.get("schema") != SCHEMA:
         raise ValueError(f"not a {SCHEMA} document")
     stamp = raw["stamp"]
-    if not isinstance(stamp, dict) or not all(isinstance(v, dict) and all(isinstance(x, str) for x in (*v, *v.values())) for v in stamp.values()):
+    if not isinstance(stamp, dict) or not all(
+        isinstance(v, dict) and all(isinstance(x, str) for x in (*v, *v.values())) for v in stamp.values()
+    ):
         raise TypeError("stamp: not sections of strings")
     results = tuple(_result(r) for r in raw["results"])
     checks, sites = raw["checks"], raw["sites"]
@@ -110,7 +118,14 @@ def _entry(raw: Any) -> Entry:
     written = raw["written"]
     if not isinstance(written, (int, float)) or isinstance(written, bool):
         raise TypeError("written: not a time")
-    return Entry({str(k): dict(v) for k, v in stamp.items()}, tuple(checks), results, tuple(sites), float(written), str(raw["stackgate"]))
+    return Entry(
+        {str(k): dict(v) for k, v in stamp.items()},
+        tuple(checks),
+        results,
+        tuple(sites),
+        float(written),
+        str(raw["stackgate"]),
+    )
 
 
 def _result(raw: Any) -> Result:

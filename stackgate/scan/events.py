@@ -156,7 +156,9 @@ class Events:
                 found[key] = finding
             else:
                 count = previous.evidence.count + 1
-                found[key] = Finding(**{**previous.__dict__, "evidence": Evidence(**{**previous.evidence.__dict__, "count": count})})
+                found[key] = Finding(
+                    **{**previous.__dict__, "evidence": Evidence(**{**previous.evidence.__dict__, "count": count})}
+                )
         return list(found.values())
 
     def _is_explained(self, event: Event) -> bool:
@@ -204,12 +206,20 @@ def guess_component(text: str) -> tuple[str, str]:
 
 def _finding(event: Event, source: str) -> Finding:
     headline = event.headline or (event.lines[-1].strip() if event.kind == "traceback" else event.lines[0].strip())
-    body = event.lines[: EXCERPT_LINES - 1] if len(event.lines) <= EXCERPT_LINES else [*event.lines[:4], "...", *event.lines[-(EXCERPT_LINES - 6) :]]
+    body = (
+        event.lines[: EXCERPT_LINES - 1]
+        if len(event.lines) <= EXCERPT_LINES
+        else [*event.lines[:4], "...", *event.lines[-(EXCERPT_LINES - 6) :]]
+    )
     lines = tuple(body)  # numbered from the event's first line; the last exception leads the title and `headline`
     component, why = guess_component("\n".join(event.lines))
-    what = {"traceback": "traceback", "assertion": "failed assertion", "non-zero exit": "non-zero exit", "error line": "error line", "exception": "exception"}[
-        event.kind
-    ]
+    what = {
+        "traceback": "traceback",
+        "assertion": "failed assertion",
+        "non-zero exit": "non-zero exit",
+        "error line": "error line",
+        "exception": "exception",
+    }[event.kind]
     return Finding(
         id=ID,
         title=f"Unrecognized {what}: {headline[:160]}",

@@ -16,16 +16,30 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-__all__ = ["CUDA_INIT_ERRORS", "EXTRACTORS", "NCCL_CLASSES", "Extractor", "Requirement", "demangle", "first_error", "requirers", "torch_requirers"]
+__all__ = [
+    "CUDA_INIT_ERRORS",
+    "EXTRACTORS",
+    "NCCL_CLASSES",
+    "Extractor",
+    "Requirement",
+    "demangle",
+    "first_error",
+    "requirers",
+    "torch_requirers",
+]
 
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._\-]*(?:\[[^\]\s]*\])?"
 #: pip: "    sglang[srt] 0.4.9.post3 depends on torch==2.7.1; extra == "srt""
-_PIP_DEPENDS = re.compile(rf"^\s*(?P<req>{_NAME}) (?P<ver>\S+) depends on (?P<pkg>{_NAME})(?P<spec>[^;\s]*)", re.MULTILINE)
+_PIP_DEPENDS = re.compile(
+    rf"^\s*(?P<req>{_NAME}) (?P<ver>\S+) depends on (?P<pkg>{_NAME})(?P<spec>[^;\s]*)", re.MULTILINE
+)
 #: pip: "    The user requested torch==2.1.1"
 _PIP_USER = re.compile(rf"^\s*The user requested (?P<pkg>{_NAME})(?P<spec>[^;\s]*)", re.MULTILINE)
 #: uv (after unwrapping): "Because sglang==0.5.9 depends on torch==2.9.1 and ...", "Because all
 #: versions of eager-upgrader depend on torch>=2.10 and ..."
-_UV_DEPENDS = re.compile(rf"(?P<req>{_NAME})(?:(?:==|>=|<=|~=|>|<)(?P<ver>[^\s,{{}}]+))?(?:\{{[^}}]*\}})? depends? on (?P<pkg>{_NAME})(?:\{{[^}}]*\}})?(?P<spec>[^\s,]*)")
+_UV_DEPENDS = re.compile(
+    rf"(?P<req>{_NAME})(?:(?:==|>=|<=|~=|>|<)(?P<ver>[^\s,{{}}]+))?(?:\{{[^}}]*\}})? depends? on (?P<pkg>{_NAME})(?:\{{[^}}]*\}})?(?P<spec>[^\s,]*)"
+)
 _UV_USER = re.compile(rf"(?:you require|your project depends on) (?P<pkg>{_NAME})(?P<spec>[^\s,]*)")
 _UV_DECORATION = re.compile(r"^[\s│╰─▶×]+", re.MULTILINE)
 #: "ImportError: libnvrtc.so.12: ...", "fatal error: curand_kernel.h: ...", "error : Feature ..."
@@ -198,14 +212,21 @@ def symbol_provider(text: str, context: Mapping[str, str]) -> dict[str, str]:
     name = demangle(symbol)
     head = name.split("::")[0] if "::" in name else name
     provider, component = next(
-        ((provider, component) for prefixes, provider, component in _PROVIDERS if _exports(prefixes, name, head)), ("the library it was built against", "torch")
+        ((provider, component) for prefixes, provider, component in _PROVIDERS if _exports(prefixes, name, head)),
+        ("the library it was built against", "torch"),
     )
     library = re.search(r"(?P<lib>[\w.\-]+\.so(?:\.[\w.]+)?)(?:: error: symbol lookup error)?: undefined symbol", text)
     reason = {
         "driver": "the extension calls a driver function this NVIDIA driver does not have: the driver is older than the CUDA the extension was built with",
         "python": "the extension was built with a newer C++ compiler than this system's libstdc++",
     }.get(component, f"the extension was built against another version of {provider}")
-    return {"name": name, "provider": provider, "extension": library["lib"] if library else "a compiled extension", "reason": reason, COMPONENT: component}
+    return {
+        "name": name,
+        "provider": provider,
+        "extension": library["lib"] if library else "a compiled extension",
+        "reason": reason,
+        COMPONENT: component,
+    }
 
 
 #: CUDA shared objects -> (what they are, how their soname's number reads).
@@ -278,7 +299,10 @@ _CUDA_NAMES = {name: code for code, (name, _, _) in CUDA_INIT_ERRORS.items()}
 
 def cuda_error(text: str, context: Mapping[str, str]) -> dict[str, str]:
     """The CUDA error's code and name, what they mean and what to do."""
-    codes = [m["code"] for m in re.finditer(r"(?:\bError |error=|error |returned |failure: |\()\(?(?P<code>\d{1,3})(?!\d)", text)]
+    codes = [
+        m["code"]
+        for m in re.finditer(r"(?:\bError |error=|error |returned |failure: |\()\(?(?P<code>\d{1,3})(?!\d)", text)
+    ]
     found = next((c for c in codes if c in CUDA_INIT_ERRORS), None)
     if found is None:
         lowered = text.lower()
@@ -286,7 +310,12 @@ def cuda_error(text: str, context: Mapping[str, str]) -> dict[str, str]:
     if found is None and re.search(r"driver initialization failed|InitializationError|NOT_INITIALIZED", text):
         found = "3"
     if found is None:
-        return {"code": "?", "name": "unknown", "meaning": "CUDA could not be initialised", "action": CUDA_INIT_ERRORS["3"][2]}
+        return {
+            "code": "?",
+            "name": "unknown",
+            "meaning": "CUDA could not be initialised",
+            "action": CUDA_INIT_ERRORS["3"][2],
+        }
     name, meaning, action = CUDA_INIT_ERRORS[found]
     return {"code": found, "name": name, "meaning": meaning, "action": action}
 
@@ -309,7 +338,9 @@ def nccl_class(text: str, context: Mapping[str, str]) -> dict[str, str]:
     lowered = text.lower()
     named = {"ncclunhandledcudaerror": "unhandled cuda error", "ncclsystemerror": "system error", "ncclinternalerror": "internal error",
              "ncclinvalidargument": "invalid argument", "ncclinvalidusage": "invalid usage", "ncclremoteerror": "remote error"}  # fmt: skip
-    found = next((c for c in NCCL_CLASSES if c in lowered), None) or next((c for n, c in named.items() if n in lowered), None)
+    found = next((c for c in NCCL_CLASSES if c in lowered), None) or next(
+        (c for n, c in named.items() if n in lowered), None
+    )
     if found is None and "connection closed" in lowered:
         found = "connection closed"
     found = found or "cuda failure"
@@ -320,7 +351,11 @@ _KERNEL_OWNERS = (
     (re.compile(r"deep_?gemm|jit_kernels|csrc/(?:utils|apis|jit)/", re.I), "DeepGEMM", "deepgemm"),
     (re.compile(r"flashinfer", re.I), "flashinfer", "flashinfer"),
     (re.compile(r"sgl[_-]kernel", re.I), "sgl-kernel", "sgl-kernel"),
-    (re.compile(r"unknown:0: unknown:|\btmp\d+\b|triton", re.I), "a Triton kernel (triton, or torch.compile's generated code)", "triton"),
+    (
+        re.compile(r"unknown:0: unknown:|\btmp\d+\b|triton", re.I),
+        "a Triton kernel (triton, or torch.compile's generated code)",
+        "triton",
+    ),
     (re.compile(r"aten/src|ATen|IndexKernel|c10/cuda", re.I), "a torch (ATen) kernel", "torch"),
 )
 
@@ -335,15 +370,23 @@ def kernel_assert(text: str, context: Mapping[str, str]) -> dict[str, str]:
 
 def moe_config(text: str, context: Mapping[str, str]) -> dict[str, str]:
     """The missing tuned MoE config's shape and GPU, from its file name."""
-    match = re.search(r"E=(?P<experts>\d+),N=(?P<n>\d+),device_name=(?P<device>[^,.\]'\s]+)(?:,dtype=(?P<dtype>[^,.\]'\s]+))?", text)
+    match = re.search(
+        r"E=(?P<experts>\d+),N=(?P<n>\d+),device_name=(?P<device>[^,.\]'\s]+)(?:,dtype=(?P<dtype>[^,.\]'\s]+))?", text
+    )
     if not match:
         return {"shape": "this model's", "device": "this GPU", "dtype": ""}
     dtype = f", {match['dtype']}" if match["dtype"] else ""
-    return {"shape": f"E={match['experts']} N={match['n']}{dtype}", "device": match["device"], "dtype": match["dtype"] or ""}
+    return {
+        "shape": f"E={match['experts']} N={match['n']}{dtype}",
+        "device": match["device"],
+        "dtype": match["dtype"] or "",
+    }
 
 
 _WHEEL = re.compile(r"(?P<package>[A-Za-z0-9][\w.]*?)-(?P<version>\d[^-\s]*)-(?:cp|py)\d")
-_REQUIRED = re.compile(r"(?:Collecting|\+|Installing|Downloading|Would install|Downloaded)\s+(?P<package>[A-Za-z0-9][\w.\-]*?)(?:\[[^\]]*\])?==(?P<version>[^\s,;)]+)")
+_REQUIRED = re.compile(
+    r"(?:Collecting|\+|Installing|Downloading|Would install|Downloaded)\s+(?P<package>[A-Za-z0-9][\w.\-]*?)(?:\[[^\]]*\])?==(?P<version>[^\s,;)]+)"
+)
 _CUDA_WHEEL = re.compile(r"^nvidia-[\w-]+-cu(?P<major>\d+)$")
 
 
@@ -372,13 +415,30 @@ def installed_version(text: str, context: Mapping[str, str]) -> dict[str, str]:
             reason = f"the lock pins {package}=={pins[package]}; this installs {version}"
     else:
         return {DROP: "at the locked version, or not frozen"}
-    return {"package": package, "version": version, "locked": pins.get(package, "its CUDA " + stack_major + " build"), "reason": reason}
+    return {
+        "package": package,
+        "version": version,
+        "locked": pins.get(package, "its CUDA " + stack_major + " build"),
+        "reason": reason,
+    }
 
 
 _OOM_PHASES = (
-    (re.compile(r"capture|cuda_graph|CudaGraph", re.I), "while capturing CUDA graphs", "lower --cuda-graph-max-bs (or leave more memory: lower --mem-fraction-static)"),
-    (re.compile(r"init_memory_pool|KV ?[Cc]ache|kv_cache|token_to_kv|mem_fraction", re.I), "while allocating the KV cache", "lower --mem-fraction-static"),
-    (re.compile(r"load_model|load_weights|weight_loader|from_pretrained|Loading|safetensors", re.I), "while loading the weights", "raise the TP size or use a smaller (quantised) checkpoint"),
+    (
+        re.compile(r"capture|cuda_graph|CudaGraph", re.I),
+        "while capturing CUDA graphs",
+        "lower --cuda-graph-max-bs (or leave more memory: lower --mem-fraction-static)",
+    ),
+    (
+        re.compile(r"init_memory_pool|KV ?[Cc]ache|kv_cache|token_to_kv|mem_fraction", re.I),
+        "while allocating the KV cache",
+        "lower --mem-fraction-static",
+    ),
+    (
+        re.compile(r"load_model|load_weights|weight_loader|from_pretrained|Loading|safetensors", re.I),
+        "while loading the weights",
+        "raise the TP size or use a smaller (quantised) checkpoint",
+    ),
 )
 
 
@@ -387,7 +447,10 @@ def oom_phase(text: str, context: Mapping[str, str]) -> dict[str, str]:
     for pattern, phase, action in _OOM_PHASES:
         if pattern.search(text):
             return {"phase": phase, "action": action}
-    return {"phase": "while serving", "action": "lower --mem-fraction-static or --max-running-requests, and make sure no other process holds GPU memory"}
+    return {
+        "phase": "while serving",
+        "action": "lower --mem-fraction-static or --max-running-requests, and make sure no other process holds GPU memory",
+    }
 
 
 #: Extractor keys the scanner acts on (see scanner): drop the match, name the component.

@@ -34,7 +34,7 @@ __all__ = [
 # that the search stops on few positions of a healthy log ("TP0" is on every serving line: a
 # search anchored at "T" costs). Any choice is correct (a key is a substring of a literal every
 # match contains); this one is fast.
-COMMONNESS = ' e0:un2tr,oa1g-h3ck#sq.6pdT45i978/P][bl()D_m=OFwf"NyIKGHv\'xSBECLzM+jARW|V<U%>Q}{!XJ\\;^@~*&Z?`$Y'
+COMMONNESS = " e0:un2tr,oa1g-h3ck#sq.6pdT45i978/P][bl()D_m=OFwf\"NyIKGHv'xSBECLzM+jARW|V<U%>Q}{!XJ\\;^@~*&Z?`$Y"
 
 
 def quoted_names(signature: Signature) -> set[str]:
@@ -111,7 +111,9 @@ def ready(signature: Signature) -> Signature:
         raise SignatureError(f"{where}: bad pattern: {exc}") from exc
     problems = []
     if any(len(k) < 4 for k in keys) and not signature.at_end:
-        problems.append(f"each pattern needs a literal of 4+ characters for the prefilter (got {list(keys)}); declare `anchor`")
+        problems.append(
+            f"each pattern needs a literal of 4+ characters for the prefilter (got {list(keys)}); declare `anchor`"
+        )
     if signature.extract is not None and signature.extract not in extract.EXTRACTORS:
         problems.append(f"unknown extractor {signature.extract!r}")
     unknown = sorted(quoted_names(signature) - known_names(signature)) if not problems else []

@@ -161,7 +161,12 @@ def _quantified(source: str, i: int, item: _Item) -> tuple[_Item, int]:
     elif ch == "{":
         close = source.find("}", i)
         bounds = source[i + 1 : close].split(",") if close > 0 else []
-        if close > 0 and 1 <= len(bounds) <= 2 and all(b.strip().isdigit() or b == "" for b in bounds) and bounds[0] != "":
+        if (
+            close > 0
+            and 1 <= len(bounds) <= 2
+            and all(b.strip().isdigit() or b == "" for b in bounds)
+            and bounds[0] != ""
+        ):
             least = int(bounds[0])
             repeats = len(bounds) == 2 or least > 1
             end = close + 1

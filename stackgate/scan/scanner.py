@@ -43,7 +43,9 @@ _LONG_LINE = 1 << 20  #: a "line" longer than this (a progress bar) is cut, not 
 EVIDENCE_LINE = 2000  #: characters of a matched line a finding keeps
 
 
-def make_finding(signature: Signature, groups: Mapping[str, str], context: Mapping[str, str], evidence: Evidence) -> Finding:
+def make_finding(
+    signature: Signature, groups: Mapping[str, str], context: Mapping[str, str], evidence: Evidence
+) -> Finding:
     """The finding a signature makes where it matched: its texts with ``{names}`` filled in from
     the context (or its defaults) and the captured ``groups``."""
     values = {**context_defaults(), **dict.fromkeys(signature.group_names, ""), **context, **groups}
@@ -62,7 +64,14 @@ def make_finding(signature: Signature, groups: Mapping[str, str], context: Mappi
     )
 
 
-def match_all(text: str, *, stage: str | None = None, context: Mapping[str, str] | None = None, signatures: Iterable[Signature] | None = None, source: str = "") -> list[Finding]:
+def match_all(
+    text: str,
+    *,
+    stage: str | None = None,
+    context: Mapping[str, str] | None = None,
+    signatures: Iterable[Signature] | None = None,
+    source: str = "",
+) -> list[Finding]:
     """Every signature (of a stage, if given) found anywhere in ``text``, most severe first; the
     evidence names ``source`` and the lines where each matched."""
     context = dict(context or {})
@@ -76,7 +85,9 @@ def match_all(text: str, *, stage: str | None = None, context: Mapping[str, str]
         match, event, offset = hit
         start = offset + event.count("\n", 0, match.start()) + 1
         end = offset + event.count("\n", 0, max(match.end() - 1, match.start())) + 1
-        evidence = Evidence(source, start if signature.after else end, _whole_lines(event, match.start(), match.end()), start)
+        evidence = Evidence(
+            source, start if signature.after else end, _whole_lines(event, match.start(), match.end()), start
+        )
         groups = _groups(signature, match, event[match.start() :] if signature.after else event, context)
         if DROP_KEY not in groups:
             findings.append(make_finding(signature, groups, context, evidence))
@@ -286,13 +297,24 @@ class Scanner:
             offset, number = newline + 1, number + 1
 
     def _try(
-        self, signature: Signature, pattern: re.Pattern[str], data: bytes, start: int, end: int, first: int, last: int, line: str, number: int
+        self,
+        signature: Signature,
+        pattern: re.Pattern[str],
+        data: bytes,
+        start: int,
+        end: int,
+        first: int,
+        last: int,
+        line: str,
+        number: int,
     ) -> tuple[Signature, re.Match[str], str, int] | None:
         if signature.after:
             rest = _next_lines(data, last + 1, signature.after, end)
             following = rest.decode("utf-8", "replace").splitlines()
             if rest.count(b"\n") < signature.after:  # the event goes on past this region: wait for it
-                self._pending.append(_Pending(signature, pattern, number, line, following, signature.after - len(following)))
+                self._pending.append(
+                    _Pending(signature, pattern, number, line, following, signature.after - len(following))
+                )
                 return None
             return _match_forward(signature, pattern, line, following, number)
         if signature.window > 1:
@@ -305,7 +327,9 @@ class Scanner:
         found, waiting = [], []
         for pending in self._pending:
             more = _next_lines(data, start, pending.missing, end).decode("utf-8", "replace").splitlines()
-            pending = dataclasses.replace(pending, following=[*pending.following, *more], missing=pending.missing - len(more))
+            pending = dataclasses.replace(
+                pending, following=[*pending.following, *more], missing=pending.missing - len(more)
+            )
             if pending.missing > 0:
                 waiting.append(pending)
             else:
@@ -322,7 +346,9 @@ class Scanner:
         if len(self._tail) >= _TAIL:
             lines = lines[1:]  # the first one is cut
         lines = lines[:-1] if lines and lines[-1] == "" else lines
-        ends = [(signature, end) for signature in self._plan.at_end if (end := _ends_with(signature, lines)) is not None]
+        ends = [
+            (signature, end) for signature in self._plan.at_end if (end := _ends_with(signature, lines)) is not None
+        ]
         superseded = {old for signature, _ in ends for old in signature.supersedes}
         if any(f.severity == "error" for f in self._found.values()):
             superseded |= {signature.id for signature, _ in ends if signature.without_errors}
@@ -488,7 +514,9 @@ def _ends_with(signature: Signature, lines: list[str]) -> tuple[re.Match[str], i
     return None
 
 
-def _match_back(signature: Signature, pattern: re.Pattern[str], before: str, line: str, number: int) -> tuple[Signature, re.Match[str], str, int] | None:
+def _match_back(
+    signature: Signature, pattern: re.Pattern[str], before: str, line: str, number: int
+) -> tuple[Signature, re.Match[str], str, int] | None:
     """A match over the window of lines before ``line`` and ``line``, ending on ``line``."""
     text = before + line
     last_starts = len(before)
@@ -498,7 +526,9 @@ def _match_back(signature: Signature, pattern: re.Pattern[str], before: str, lin
     return None
 
 
-def _match_forward(signature: Signature, pattern: re.Pattern[str], line: str, following: list[str], number: int) -> tuple[Signature, re.Match[str], str, int] | None:
+def _match_forward(
+    signature: Signature, pattern: re.Pattern[str], line: str, following: list[str], number: int
+) -> tuple[Signature, re.Match[str], str, int] | None:
     """A match over ``line`` and the lines after it, starting on ``line``."""
     text = "\n".join([line, *following])
     hit = pattern.search(text)
@@ -522,7 +552,10 @@ def _whole_lines(text: str, start: int, end: int) -> tuple[str, ...]:
     first = text.rfind("\n", 0, start) + 1
     last = text.find("\n", max(end - 1, start))
     lines = text[first : len(text) if last < 0 else last].split("\n")
-    return tuple(line if len(line) <= EVIDENCE_LINE else f"{line[:EVIDENCE_LINE]}... ({len(line) - EVIDENCE_LINE} chars cut)" for line in lines)
+    return tuple(
+        line if len(line) <= EVIDENCE_LINE else f"{line[:EVIDENCE_LINE]}... ({len(line) - EVIDENCE_LINE} chars cut)"
+        for line in lines
+    )
 
 
 def _back_lines(data: bytes, offset: int, count: int, floor: int = 0) -> tuple[int, int]:

@@ -164,7 +164,11 @@ def generate(
     /generate without it when it has one). ``idle_s``: the longest silence accepted between two
     events (the lock's :attr:`Benchmark.stream_idle_s`); a longer one ends the stream as failed.
     """
-    body = {"text": prompt, "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True, "temperature": 0}, "stream": True}
+    body = {
+        "text": prompt,
+        "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True, "temperature": 0},
+        "stream": True,
+    }
     stream = httpclient.EventStream(f"{base_url}/generate", body, timeout_s=idle_s, headers=httpclient.bearer(api_key))
     reader = _Reader(tokens, incremental_ids)
     cpu = time.thread_time()
@@ -234,7 +238,20 @@ class _Reader:
             error = f"the stream ended without [DONE] after {self.tokens} of {self.asked} tokens"
         ended = self.ended or time.perf_counter()
         reason = (final.get("meta_info") or {}).get("finish_reason")
-        return Sample(self.asked, self.tokens, self.started, ended, self.first, self.first_tokens, self.events, ids, reason, error, cpu_s, tuple(self.gaps))
+        return Sample(
+            self.asked,
+            self.tokens,
+            self.started,
+            ended,
+            self.first,
+            self.first_tokens,
+            self.events,
+            ids,
+            reason,
+            error,
+            cpu_s,
+            tuple(self.gaps),
+        )
 
 
 def _payload(data: bytes) -> dict[str, Any]:
@@ -324,7 +341,9 @@ class Summary:
         return f"{self.ci_low:.2f}-{self.ci_high:.2f}" if self.has_interval else f"n/a (n={self.n})"
 
     def text(self, unit: str = "tok/s") -> str:
-        return f"{self.mean:.2f} {unit} (median {self.median:.2f}, CV {self.cv:.1%}, 95% CI {self.interval()}, n={self.n})"
+        return (
+            f"{self.mean:.2f} {unit} (median {self.median:.2f}, CV {self.cv:.1%}, 95% CI {self.interval()}, n={self.n})"
+        )
 
 
 def summarize(values: Sequence[float]) -> Summary | None:
@@ -340,7 +359,18 @@ def summarize(values: Sequence[float]) -> Summary | None:
     mean = statistics.fmean(values)
     stdev = statistics.stdev(values) if n > 1 else 0.0
     half = t95(n - 1) * stdev / math.sqrt(n) if n > 1 else math.inf
-    return Summary(n, mean, statistics.median(values), stdev, stdev / mean if mean else 0.0, min(values), max(values), mean - half, mean + half, tuple(values))
+    return Summary(
+        n,
+        mean,
+        statistics.median(values),
+        stdev,
+        stdev / mean if mean else 0.0,
+        min(values),
+        max(values),
+        mean - half,
+        mean + half,
+        tuple(values),
+    )
 
 
 @dataclass(frozen=True)
@@ -362,7 +392,12 @@ class Difference:
         return f"{self.delta:+.2f} tok/s ({self.relative:+.1%}; 95% CI {self.ci_low:+.2f} to {self.ci_high:+.2f})"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"delta": round(self.delta, 4), "ci": [finite(self.ci_low), finite(self.ci_high)], "relative": round(self.relative, 4), "significant": self.significant}
+        return {
+            "delta": round(self.delta, 4),
+            "ci": [finite(self.ci_low), finite(self.ci_high)],
+            "relative": round(self.relative, 4),
+            "significant": self.significant,
+        }
 
 
 def difference(a: Summary, b: Summary) -> Difference:
@@ -510,21 +545,31 @@ def judge(
         flag = warned(
             f"{len(short)} run(s) returned fewer tokens than the {bench.output_tokens} asked (runs {', '.join(map(str, short))}); left out of the figures",
             [details[i - 1] for i in short],
-            fix=Fix("A short run means the server stopped early despite ignore_eos (context length? an abort?): read the server log."),
+            fix=Fix(
+                "A short run means the server stopped early despite ignore_eos (context length? an abort?): read the server log."
+            ),
         )
     if figures.stopped is not None:
         return failed(f"the benchmark stopped: {figures.stopped}", details, data=data), flag
     if figures.tok_s is None:
         return failed(f"no run returned the {bench.output_tokens} tokens asked", details, data=data), flag
     if figures.decode_tok_s is None:
-        return failed("no run streamed more than one event, so there is no decode rate to judge", details, data=data), flag
+        return failed(
+            "no run streamed more than one event, so there is no decode rate to judge", details, data=data
+        ), flag
     decode, whole = figures.decode_tok_s, figures.tok_s
     lines = [f"decode: {decode.text()}", f"end-to-end (with time to first token): {whole.text()}", *details]
     both = f"decode {decode.mean:.2f} tok/s (end-to-end {whole.mean:.2f})"
     if fast_label is not None:
-        return passed(f"{fast_label}: {both}, a fast-mode figure never compared with the baseline", lines, data=data), flag
+        return passed(
+            f"{fast_label}: {both}, a fast-mode figure never compared with the baseline", lines, data=data
+        ), flag
     if not against_baseline:
-        return passed(f"{both}: measured for the comparison, not judged against baseline_tok_s (it describes the lock's configuration)", lines, data=data), flag
+        return passed(
+            f"{both}: measured for the comparison, not judged against baseline_tok_s (it describes the lock's configuration)",
+            lines,
+            data=data,
+        ), flag
     return _against_baseline(decode, whole, bench, lines, data, strict), flag
 
 
@@ -533,9 +578,18 @@ def _against_baseline(
 ) -> Result:
     floor = bench.floor_tok_s
     if bench.baseline_tok_s is None or floor is None:
-        return skipped(f"decode {decode.text()}; end-to-end {whole.mean:.2f} tok/s; the lock has no baseline_tok_s to judge it against", lines, data=data)
+        return skipped(
+            f"decode {decode.text()}; end-to-end {whole.mean:.2f} tok/s; the lock has no baseline_tok_s to judge it against",
+            lines,
+            data=data,
+        )
     change = decode.mean / bench.baseline_tok_s - 1
-    data = {**data, "baseline_tok_s": bench.baseline_tok_s, "max_regression": bench.max_regression, "change": round(change, 4)}
+    data = {
+        **data,
+        "baseline_tok_s": bench.baseline_tok_s,
+        "max_regression": bench.max_regression,
+        "change": round(change, 4),
+    }
     data.update(floor_tok_s=round(floor, 4), runs_asked=bench.runs, run_cap=bench.run_cap, inconclusive=False)
     whole_text = f"end-to-end {whole.mean:.2f} tok/s with time to first token"
     spans = spanned(decode, floor)
@@ -545,10 +599,16 @@ def _against_baseline(
         return failed(
             f"decode {decode.mean:.2f} tok/s is {-change:.1%} below the baseline {bench.baseline_tok_s:g} tok/s (allowed: {bench.max_regression:.1%}, floor {floor:.2f}); {whole_text}",
             lines,
-            fix=Fix("Compare with the baseline's configuration (`stackgate smoke --benchmark --compare`) and check the findings above (attention backend, NCCL settings)."),
+            fix=Fix(
+                "Compare with the baseline's configuration (`stackgate smoke --benchmark --compare`) and check the findings above (attention backend, NCCL settings)."
+            ),
             data=data,
         )
-    return passed(f"decode {decode.mean:.2f} tok/s vs baseline {bench.baseline_tok_s:g} ({change:+.1%}; allowed -{bench.max_regression:.1%}); {whole_text}", lines, data=data)
+    return passed(
+        f"decode {decode.mean:.2f} tok/s vs baseline {bench.baseline_tok_s:g} ({change:+.1%}; allowed -{bench.max_regression:.1%}); {whole_text}",
+        lines,
+        data=data,
+    )
 
 
 def _inconclusive(
@@ -569,7 +629,13 @@ def _inconclusive(
 def _run_line(index: int, sample: Sample) -> str:
     ttft = f"{sample.ttft_s * 1000:.0f} ms" if sample.ttft_s is not None else "-"
     decode = f"{sample.decode_tok_s:.2f}" if sample.decode_tok_s is not None else "-"
-    mark = f"  SHORT ({sample.tokens} of {sample.asked})" if sample.short else f"  ERROR: {sample.error}" if sample.error else ""
+    mark = (
+        f"  SHORT ({sample.tokens} of {sample.asked})"
+        if sample.short
+        else f"  ERROR: {sample.error}"
+        if sample.error
+        else ""
+    )
     return f"run {index + 1}: {sample.tokens} tokens in {sample.seconds:.3f} s = {sample.tok_s:.2f} tok/s; TTFT {ttft}; decode {decode} tok/s{mark}"
 
 

@@ -30,7 +30,7 @@ from stackgate.models import envfile
 from stackgate.models.exitcodes import UsageError
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, failed, passed, warned
-from stackgate.models.spec import Lock, Speculative, edit_hint
+from stackgate.models.spec import Spec, Speculative, edit_hint
 from stackgate.serve import fastmode, launched
 from stackgate.serve.procs import ProcessTree, describe, read_stat
 
@@ -117,7 +117,15 @@ class Config:
         ]  # fmt: skip
 
 
-def configs(lock: Lock, *, model: str | None = None, tp: int | None = None, port: int | None = None, fast: bool = False, compare: bool = False) -> list[Config]:
+def configs(
+    lock: Spec,
+    *,
+    model: str | None = None,
+    tp: int | None = None,
+    port: int | None = None,
+    fast: bool = False,
+    compare: bool = False,
+) -> list[Config]:
     """The configurations to launch, in order: [lock's] or, with ``compare``, [baseline, lock's]."""
     smoke = lock.smoke
     chosen = model or smoke.model
@@ -145,7 +153,7 @@ def configs(lock: Lock, *, model: str | None = None, tp: int | None = None, port
     return [_baseline(lock, main), main]
 
 
-def _baseline(lock: Lock, main: Config) -> Config:
+def _baseline(lock: Spec, main: Config) -> Config:
     table = lock.smoke.compare
     name = table.name if table else "baseline"
     flags = table.flags if table and table.flags is not None else tuple(f for f in main.flags if FUSION_MARK not in f)
@@ -162,7 +170,12 @@ def _baseline(lock: Lock, main: Config) -> Config:
         env=MappingProxyType({**main.env, **(table.env if table else {})}),
         fast_layers=main.fast_layers,
     )
-    same = (baseline.flags, baseline.attention_backend, baseline.speculative, dict(baseline.env)) == (main.flags, main.attention_backend, main.speculative, dict(main.env))
+    same = (baseline.flags, baseline.attention_backend, baseline.speculative, dict(baseline.env)) == (
+        main.flags,
+        main.attention_backend,
+        main.speculative,
+        dict(main.env),
+    )
     if same:
         raise LaunchError(
             "--compare needs a baseline that differs from the lock's configuration: the lock has no "
@@ -171,7 +184,7 @@ def _baseline(lock: Lock, main: Config) -> Config:
     return baseline
 
 
-def server_env(lock: Lock, config: Config, base: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+def server_env(lock: Spec, config: Config, base: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     """The server's environment and the variables stackgate set in it (file, then [smoke].env).
 
     Raises :class:`stackgate.models.envfile.EnvFileError` when the live stackgate.env is unreadable.
@@ -194,7 +207,10 @@ def check_model(config: Config) -> Result:
         if problem:
             return failed(
                 f"{what} {text}: {problem}; nothing was launched",
-                fix=Fix(f"Point [smoke] at a local Hugging Face model directory ({'--model PATH' if what == 'model' else 'smoke.speculative.draft_model'}).", (f"ls -l {text}",)),
+                fix=Fix(
+                    f"Point [smoke] at a local Hugging Face model directory ({'--model PATH' if what == 'model' else 'smoke.speculative.draft_model'}).",
+                    (f"ls -l {text}",),
+                ),
             )
     return passed(f"model {config.model} is readable", data={"model": config.model})
 
@@ -242,7 +258,10 @@ def check_gpus(config: Config, env: Mapping[str, str], lib: ModuleType | None = 
     try:
         snap = nvml.snapshot(lib)
     except nvml.NvmlError as exc:
-        return warned(f"cannot count the GPUs ({exc}); launching anyway", fix=Fix("Check the driver with nvidia-smi.", ("nvidia-smi",)))
+        return warned(
+            f"cannot count the GPUs ({exc}); launching anyway",
+            fix=Fix("Check the driver with nvidia-smi.", ("nvidia-smi",)),
+        )
     visible = _visible(snap, env.get("CUDA_VISIBLE_DEVICES"))
     data = {"gpus": len(snap.gpus), "visible": visible, "tp": config.tp}
     where = f" (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r})" if "CUDA_VISIBLE_DEVICES" in env else ""
@@ -398,7 +417,9 @@ def stop(server: Server, grace_s: float, on_wait: Callable[[float], None] | None
         left = tuple(describe(pid) for pid in server.tree.alive())
         if not left and server.record is not None:
             server.record.forget()  # what survives stays recorded: the next run reaps it
-        server.teardown = Teardown(how, server.exit_code(), time.monotonic() - begun, left, interrupted, ended_before, orphans, stubborn)
+        server.teardown = Teardown(
+            how, server.exit_code(), time.monotonic() - begun, left, interrupted, ended_before, orphans, stubborn
+        )
     return server.teardown
 
 
@@ -441,7 +462,9 @@ def gpu_memory(lib: ModuleType | None = None) -> dict[int, int] | str:
     return {g.index: g.memory_used_bytes or 0 for g in snap.gpus}
 
 
-def memory_released(before: dict[int, int] | str, pids: Sequence[int], lib: ModuleType | None = None, wait_s: float = 10.0) -> Result | None:
+def memory_released(
+    before: dict[int, int] | str, pids: Sequence[int], lib: ModuleType | None = None, wait_s: float = 10.0
+) -> Result | None:
     """WARN when, after teardown, a GPU still holds the server's memory; None where NVML cannot tell."""
     if isinstance(before, str):
         return None
@@ -455,7 +478,10 @@ def memory_released(before: dict[int, int] | str, pids: Sequence[int], lib: Modu
         return None
     return warned(
         f"GPU memory not released after teardown: {'; '.join(held)}",
-        fix=Fix("Find and stop what still holds the GPUs.", ("nvidia-smi --query-compute-apps=pid,used_memory --format=csv",)),
+        fix=Fix(
+            "Find and stop what still holds the GPUs.",
+            ("nvidia-smi --query-compute-apps=pid,used_memory --format=csv",),
+        ),
     )
 
 

@@ -139,4 +139,3 @@ def describe(pid: int) -> str:
         return str(pid)
     text = " ".join(shown([w.decode(errors="replace") for w in words if w]))
     return f"{pid} ({text[:100]})" if text else str(pid)
-

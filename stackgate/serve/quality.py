@@ -58,11 +58,18 @@ def check_repeatable(samples: Sequence[Sample]) -> Result:
     if len(runs) < 2:
         return skipped("fewer than two complete runs with token ids: nothing to compare")
     reference = runs[0].output_ids
-    differing = [(i + 2, agreement(reference, s.output_ids)) for i, s in enumerate(runs[1:]) if s.output_ids != reference]
+    differing = [
+        (i + 2, agreement(reference, s.output_ids)) for i, s in enumerate(runs[1:]) if s.output_ids != reference
+    ]
     data = {"runs": len(runs), "tokens": len(reference), "differing_runs": [i for i, _ in differing]}
     if differing:
         lines = [f"run {i} vs run 1: {a.text()}" for i, a in differing]
-        return warned(f"greedy runs of the same prompt gave different tokens in {len(differing)} of {len(runs) - 1} repeats", lines, fix=_FIX, data=data)
+        return warned(
+            f"greedy runs of the same prompt gave different tokens in {len(differing)} of {len(runs) - 1} repeats",
+            lines,
+            fix=_FIX,
+            data=data,
+        )
     return passed(f"all {len(runs)} greedy runs gave the same {len(reference)} tokens", data=data)
 
 

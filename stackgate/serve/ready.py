@@ -73,7 +73,13 @@ class HealthPoller:
             self._stop.wait(self.interval_s)
 
 
-def wait_ready(server: Server, watcher: LogWatcher, base_url: str, timeout_s: float, show: Callable[[str, float], None] | None = None) -> Readiness:
+def wait_ready(
+    server: Server,
+    watcher: LogWatcher,
+    base_url: str,
+    timeout_s: float,
+    show: Callable[[str, float], None] | None = None,
+) -> Readiness:
     """Wait up to ``timeout_s`` for /health 200; stop at the server's exit or a fatal log line."""
     begun = time.monotonic()
     next_scan = begun
@@ -92,7 +98,9 @@ def wait_ready(server: Server, watcher: LogWatcher, base_url: str, timeout_s: fl
             time.sleep(TICK_S)
 
 
-def _ended(server: Server, watcher: LogWatcher, health: HealthPoller, elapsed: float, timeout_s: float) -> Readiness | None:
+def _ended(
+    server: Server, watcher: LogWatcher, health: HealthPoller, elapsed: float, timeout_s: float
+) -> Readiness | None:
     code = server.exit_code()
     if code is not None:
         watcher.poll()  # the last words it wrote before dying

@@ -122,7 +122,11 @@ def prune(state: RootState, keep: int | None = None) -> list[Generation]:
     if state.current is None:
         return []
     keep = settings.KEEP_GENERATIONS.value() if keep is None else keep
-    kept = {state.current.path, *(g.path for g in _earlier(state)[-(keep - 1) :] if keep > 1), *(g.path for g in state.failed[-1:])}
+    kept = {
+        state.current.path,
+        *(g.path for g in _earlier(state)[-(keep - 1) :] if keep > 1),
+        *(g.path for g in state.failed[-1:]),
+    }
     removed = [g for g in state.generations if g.path not in kept]
     for generation in removed:
         _remove(generation.path)
@@ -140,7 +144,11 @@ def _earlier(state: RootState) -> list[Generation]:
 def resumable(state: RootState, spec: Mapping[str, Any]) -> Generation | None:
     """A generation an interrupted run built and checked from ``spec`` but never switched to."""
     after = state.current.number if state.current else 0
-    found = [g for g in state.generations if g.ready and not g.was_current and g.number > after and g.marker and g.marker.get("spec") == spec]
+    found = [
+        g
+        for g in state.generations
+        if g.ready and not g.was_current and g.number > after and g.marker and g.marker.get("spec") == spec
+    ]
     return found[-1] if found else None
 
 
@@ -179,7 +187,9 @@ def rollback_target(state: RootState) -> Generation:
         raise GenerationError(state.current_error or f"nothing to roll back: {state.root / 'current'} does not exist")
     earlier = [g for g in _earlier(state) if g.python.exists()]
     if not earlier:
-        raise GenerationError(f"no earlier ready generation under {generations_dir(state.root)} to roll back to (current: {state.current.id})")
+        raise GenerationError(
+            f"no earlier ready generation under {generations_dir(state.root)} to roll back to (current: {state.current.id})"
+        )
     return earlier[-1]
 
 
@@ -189,7 +199,9 @@ def rollback(root: Path, target: Generation | None = None) -> tuple[Generation, 
     target = target or rollback_target(state)
     if target.failed:
         failures = "; ".join(str(f) for f in (target.marker or {}).get("failures", [])[:3]) or "no reason recorded"
-        raise GenerationError(f"{target.describe()} failed its checks ({failures}): it is kept for inspection, never rolled back to")
+        raise GenerationError(
+            f"{target.describe()} failed its checks ({failures}): it is kept for inspection, never rolled back to"
+        )
     assert state.current is not None  # rollback_target refused a root without one
     switched = switch(root, target)
     # The generation left behind was judged bad: never a rollback target or kept again.
@@ -201,7 +213,12 @@ def rollback(root: Path, target: Generation | None = None) -> tuple[Generation, 
 
 @contextlib.contextmanager
 def exclusive(
-    root: Path, *, wait: bool, command: str | None = None, on_wait: Callable[[str], None] | None = None, busy_advice: str = "wait for it"
+    root: Path,
+    *,
+    wait: bool,
+    command: str | None = None,
+    on_wait: Callable[[str], None] | None = None,
+    busy_advice: str = "wait for it",
 ) -> Iterator[None]:
     """Hold the root's provision lock; fail at once naming the holder (and ``busy_advice``: what
     the caller's user can do about it), or wait for it."""

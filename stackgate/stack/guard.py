@@ -18,9 +18,20 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from stackgate.models.spec import Lock
+from stackgate.models.spec import Spec
 
-__all__ = ["PIP_CONF", "Blocked", "GuardError", "GuardFiles", "blocked", "constraints", "overrides", "pip_conf", "write", "write_pip_conf"]
+__all__ = [
+    "PIP_CONF",
+    "Blocked",
+    "GuardError",
+    "GuardFiles",
+    "blocked",
+    "constraints",
+    "overrides",
+    "pip_conf",
+    "write",
+    "write_pip_conf",
+]
 
 CONSTRAINTS = "constraints.txt"
 OVERRIDES = "overrides.txt"
@@ -45,7 +56,7 @@ class GuardFiles:
     overrides: Path  #: uv's --override file (pip applies overrides in a --no-deps step instead)
 
 
-def constraints(lock: Lock) -> list[str]:
+def constraints(lock: Spec) -> list[str]:
     """One exact pin per frozen package.
 
     The lock loader has already refused a frozen name without a pin.
@@ -58,7 +69,7 @@ def constraints(lock: Lock) -> list[str]:
     return lines
 
 
-def overrides(lock: Lock) -> list[str]:
+def overrides(lock: Spec) -> list[str]:
     return [f"{o.package}{o.specifier}" for o in lock.python.overrides]
 
 
@@ -76,7 +87,7 @@ def pip_conf(constraints_file: Path) -> str:
     return f"[install]\nconstraint = {constraints_file.as_uri()}\n"
 
 
-def write(lock: Lock, directory: Path) -> GuardFiles:
+def write(lock: Spec, directory: Path) -> GuardFiles:
     """Write the guard's files into a generation; the header says where they come from. (Its
     pip.conf is written with the environment file: :func:`write_pip_conf`.)"""
     header = _header(lock)
@@ -87,14 +98,14 @@ def write(lock: Lock, directory: Path) -> GuardFiles:
     return files
 
 
-def write_pip_conf(lock: Lock, directory: Path) -> Path:
+def write_pip_conf(lock: Spec, directory: Path) -> Path:
     """Write an environment's pip.conf, naming the constraints beside it."""
     path = directory / PIP_CONF
     path.write_text(_header(lock) + pip_conf((directory / CONSTRAINTS).absolute()))
     return path
 
 
-def _header(lock: Lock) -> str:
+def _header(lock: Spec) -> str:
     return f"# Written by stackgate from {lock.path} (sha256 {lock.sha256[:12]}); do not edit.\n"
 
 
@@ -109,7 +120,9 @@ class Blocked:
     locked: str
 
     def __str__(self) -> str:
-        who = f"{self.requirer} {self.requirer_version}" if self.requirer_version else f"every version of {self.requirer}"
+        who = (
+            f"{self.requirer} {self.requirer_version}" if self.requirer_version else f"every version of {self.requirer}"
+        )
         return f"{who} requires {self.requirement}, but the lock holds {self.package} at {self.locked}"
 
 
@@ -124,7 +137,7 @@ _DEPENDS = re.compile(
 )
 
 
-def blocked(output: str, lock: Lock) -> list[Blocked]:
+def blocked(output: str, lock: Spec) -> list[Blocked]:
     """The requirements in a resolver's failure that exclude a frozen package's locked version.
 
     Requirements that admit the locked version (an unbounded ``torch``, or a requirer into which
@@ -143,13 +156,19 @@ def blocked(output: str, lock: Lock) -> list[Blocked]:
             continue
         if requirement.specifier.contains(version, prereleases=True):
             continue
-        hit = Blocked(match["name"], match["pinned"] or match["version"], match["requirement"].replace(" ", ""), package, str(version))
+        hit = Blocked(
+            match["name"],
+            match["pinned"] or match["version"],
+            match["requirement"].replace(" ", ""),
+            package,
+            str(version),
+        )
         if hit not in found:
             found.append(hit)
     return found
 
 
-def _locked_version(lock: Lock, name: str) -> Version | None:
+def _locked_version(lock: Spec, name: str) -> Version | None:
     package = lock.python.package(name)
     pinned = package.pinned_version if package else None
     try:

@@ -37,7 +37,17 @@ from stackgate.edges import fetch, runner
 from stackgate.facts.patches import RECORD, distribution, final_hashes, installed_version, read_record, recorded_entry
 from stackgate.models.spec import Patch
 
-__all__ = ["FileDiff", "Hunk", "Outcome", "PatchError", "apply_patch", "check_patch_file", "parse", "patch_text", "site_packages"]
+__all__ = [
+    "FileDiff",
+    "Hunk",
+    "Outcome",
+    "PatchError",
+    "apply_patch",
+    "check_patch_file",
+    "parse",
+    "patch_text",
+    "site_packages",
+]
 
 
 class PatchError(Exception):
@@ -182,7 +192,9 @@ def patch_text(original: str, diff: FileDiff, reverse: bool = False) -> str:
             start += 1  # "-N,0": the lines go after line N
         if start < position or lines[start : start + len(before)] != before:
             found = "".join(lines[start : start + len(before)]) if start >= 0 else ""
-            raise _Mismatch(f"{diff.path}: hunk {number} does not match at line {start + 1}:\nexpected:\n{''.join(before)}found:\n{found}")
+            raise _Mismatch(
+                f"{diff.path}: hunk {number} does not match at line {start + 1}:\nexpected:\n{''.join(before)}found:\n{found}"
+            )
         out += lines[position:start] + after
         position = start + len(before)
     return "".join(out + lines[position:])
@@ -281,7 +293,9 @@ def _read_patch(patch: Patch) -> str:
         raise PatchError(f"cannot read the patch {patch.file}: {exc.strerror or exc}") from exc
     have = hashlib.sha256(raw).hexdigest()
     if patch.sha256 is not None and have != patch.sha256:
-        raise PatchError(f"{patch.file.name}: sha256 is {have}, the lock says {patch.sha256}: the patch file changed since the lock was written")
+        raise PatchError(
+            f"{patch.file.name}: sha256 is {have}, the lock says {patch.sha256}: the patch file changed since the lock was written"
+        )
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -293,7 +307,9 @@ def _require_version(patch: Patch, site_packages: Path) -> None:
     if found is None:
         raise PatchError(f"{patch.package} is not installed in {site_packages}: nothing to patch")
     if found != str(patch.version):
-        raise PatchError(f"{patch.package} {found} is installed in {site_packages}; {patch.file.name} is for {patch.version} only: refusing to apply it")
+        raise PatchError(
+            f"{patch.package} {found} is installed in {site_packages}; {patch.file.name} is for {patch.version} only: refusing to apply it"
+        )
 
 
 def _require_package_files(patch: Patch, site_packages: Path, diffs: Sequence[FileDiff]) -> None:
@@ -302,14 +318,20 @@ def _require_package_files(patch: Patch, site_packages: Path, diffs: Sequence[Fi
     owned = {str(f) for f in (dist.files or ())} if dist is not None else set()
     strangers = [d.path for d in diffs if not d.creates and d.path not in owned]
     if strangers:
-        raise PatchError(f"{patch.file.name} changes {', '.join(strangers)}, which {patch.package} {patch.version} does not install")
+        raise PatchError(
+            f"{patch.file.name} changes {', '.join(strangers)}, which {patch.package} {patch.version} does not install"
+        )
 
 
 def _require_unchanged(patch: Patch, site_packages: Path, changes: Sequence[_FileChange]) -> None:
     """A recorded file edited since: re-applying would bless the edit, so refuse instead."""
     entry = recorded_entry(site_packages, patch)
     recorded = final_hashes(read_record(site_packages)) if entry else {}
-    edited = [c.diff.path for c in changes if c.new_text is None and c.diff.path in recorded and fetch.sha256_file(c.target) != recorded[c.diff.path]]
+    edited = [
+        c.diff.path
+        for c in changes
+        if c.new_text is None and c.diff.path in recorded and fetch.sha256_file(c.target) != recorded[c.diff.path]
+    ]
     if edited:
         raise PatchError(
             f"{', '.join(edited)} changed since {patch.file.name} was applied; stackgate cannot restore the file: "

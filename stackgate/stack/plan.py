@@ -19,7 +19,7 @@ from stackgate.facts.compare import environment_drift, environment_spec, spec_ch
 from stackgate.facts.patches import patch_state
 from stackgate.models import pylock, settings
 from stackgate.models.finding import Fix
-from stackgate.models.spec import Lock, Patch, patch_location_problem
+from stackgate.models.spec import Patch, Spec, patch_location_problem
 from stackgate.stack import generations, guard, pyenv
 from stackgate.stack.patches import PatchError, check_patch_file
 from stackgate.stack.toolkit import cuda_link_state, install_command, toolkit_state
@@ -58,7 +58,7 @@ class Blocker:
 
 @dataclass(frozen=True)
 class Plan:
-    lock: Lock
+    lock: Spec
     steps: tuple[Step, ...]
     blockers: tuple[Blocker, ...]
     in_place: tuple[str, ...]  #: what already matches the lock
@@ -97,7 +97,7 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def cache_dir(lock: Lock) -> Path:
+def cache_dir(lock: Spec) -> Path:
     """Where checked URL wheels (and toolkit downloads) are kept between generations."""
     assert lock.python.root is not None
     return lock.python.root / "cache"
@@ -113,7 +113,15 @@ class _Draft:
     resume: bool = False
 
 
-def plan(lock: Lock, facts: Facts, state: generations.RootState, *, only: str | None = None, uv: str | None = None, wheelhouse: Path | None = None) -> Plan:
+def plan(
+    lock: Spec,
+    facts: Facts,
+    state: generations.RootState,
+    *,
+    only: str | None = None,
+    uv: str | None = None,
+    wheelhouse: Path | None = None,
+) -> Plan:
     """The steps that bring this machine to the lock, in order; ``only`` limits them to one area,
     ``wheelhouse`` names the folder a new environment is installed from with no index."""
     areas = (only,) if only else AREAS
@@ -128,37 +136,63 @@ def plan(lock: Lock, facts: Facts, state: generations.RootState, *, only: str | 
         _build(lock, facts, state, rebuild, _Install(uv, wheelhouse), draft)
     else:
         if "python" in areas:
-            draft.in_place.append(f"Python stack: {state.root / 'current'} -> {state.current.id if state.current else '?'} "
-                f"matches the lock ({_count(len(lock.python.packages), 'pin')}, guard: {', '.join(guard.constraints(lock)) or 'none'})")
+            draft.in_place.append(
+                f"Python stack: {state.root / 'current'} -> {state.current.id if state.current else '?'} "
+                f"matches the lock ({_count(len(lock.python.packages), 'pin')}, guard: {', '.join(guard.constraints(lock)) or 'none'})"
+            )
             _env_file(lock, state, draft)
         if "patches" in areas:
             _patches(lock, facts, state, draft)
-    return Plan(lock, tuple(draft.steps), tuple(draft.blockers), tuple(draft.in_place), draft.generation, draft.base_python, draft.resume)
+    return Plan(
+        lock,
+        tuple(draft.steps),
+        tuple(draft.blockers),
+        tuple(draft.in_place),
+        draft.generation,
+        draft.base_python,
+        draft.resume,
+    )
 
 
 # --- CUDA toolkits -----------------------------------------------------------------------------
 
 
-def _toolkits(lock: Lock, facts: Facts, draft: _Draft) -> None:
+def _toolkits(lock: Spec, facts: Facts, draft: _Draft) -> None:
     for found in facts.toolkits:
         toolkit = found.toolkit
         if toolkit.keep:
             if found.exists:
                 draft.in_place.append(f"{toolkit.label}: kept, present (never written to)")
             else:
-                fix = Fix(f"Restore CUDA {toolkit.version} with its own installer (runfile or apt), or drop it from the lock.")
-                draft.blockers.append(Blocker(f"{toolkit.label} is kept (keep = true) but missing: stackgate never installs a kept toolkit", fix))
+                fix = Fix(
+                    f"Restore CUDA {toolkit.version} with its own installer (runfile or apt), or drop it from the lock."
+                )
+                draft.blockers.append(
+                    Blocker(
+                        f"{toolkit.label} is kept (keep = true) but missing: stackgate never installs a kept toolkit",
+                        fix,
+                    )
+                )
             continue
         reason = toolkit_state(toolkit, found)
         if reason is None:
             draft.in_place.append(f"{toolkit.label}: installed as locked")
         else:
             command = shlex.join(install_command(toolkit, cache=cache_dir(lock) / "toolkits"))
-            draft.steps.append(Step("toolkit", "toolkit.install", f"install {toolkit.label} from {toolkit.source}", reason, shown=(command,), subject=toolkit))
+            draft.steps.append(
+                Step(
+                    "toolkit",
+                    "toolkit.install",
+                    f"install {toolkit.label} from {toolkit.source}",
+                    reason,
+                    shown=(command,),
+                    subject=toolkit,
+                )
+            )
     _cuda_link(lock, facts, draft)
 
 
-def _cuda_link(lock: Lock, facts: Facts, draft: _Draft) -> None:
+def _cuda_link(lock: Spec, facts: Facts, draft: _Draft) -> None:
     default = lock.default_toolkit
     if lock.stack.cuda_link != "default" or default is None:
         return  # "leave": /usr/local/cuda is not stackgate's to change
@@ -166,13 +200,22 @@ def _cuda_link(lock: Lock, facts: Facts, draft: _Draft) -> None:
     if why is None:
         draft.in_place.append(f"/usr/local/cuda -> {default.prefix}")
         return
-    draft.steps.append(Step("toolkit", "toolkit.link", f"point /usr/local/cuda at {default.prefix}", why, shown=(f"ln -sfn {default.prefix} /usr/local/cuda",), subject=default))
+    draft.steps.append(
+        Step(
+            "toolkit",
+            "toolkit.link",
+            f"point /usr/local/cuda at {default.prefix}",
+            why,
+            shown=(f"ln -sfn {default.prefix} /usr/local/cuda",),
+            subject=default,
+        )
+    )
 
 
 # --- the Python stack --------------------------------------------------------------------------
 
 
-def _python_drift(lock: Lock, facts: Facts, state: generations.RootState) -> list[str]:
+def _python_drift(lock: Spec, facts: Facts, state: generations.RootState) -> list[str]:
     """Why the live environment is not the lock's (empty: it is)."""
     current = state.current
     if current is None:
@@ -182,7 +225,9 @@ def _python_drift(lock: Lock, facts: Facts, state: generations.RootState) -> lis
     changes = spec_changes(current.marker.get("spec", {}), environment_spec(lock))
     if changes:
         more = f" (and {len(changes) - 4} more)" if len(changes) > 4 else ""
-        return [f"the lock's Python stack changed since generation {current.id} was built: {'; '.join(changes[:4])}{more}"]
+        return [
+            f"the lock's Python stack changed since generation {current.id} was built: {'; '.join(changes[:4])}{more}"
+        ]
     dists = facts.dists
     if isinstance(dists, Missing):
         return [dists.reason]
@@ -196,7 +241,9 @@ class _Install:
     wheelhouse: Path | None  #: install every file from this folder, with no index
 
 
-def _build(lock: Lock, facts: Facts, state: generations.RootState, reasons: Sequence[str], install: _Install, draft: _Draft) -> None:
+def _build(
+    lock: Spec, facts: Facts, state: generations.RootState, reasons: Sequence[str], install: _Install, draft: _Draft
+) -> None:
     """A new generation: what can fail without installing first (sources answer, URL wheels
     download and match), then create, install exactly the pylock, patches, environment file,
     checks, switch."""
@@ -211,118 +258,236 @@ def _build(lock: Lock, facts: Facts, state: generations.RootState, reasons: Sequ
     steps = draft.steps
     if state.unfinished:
         ids = ", ".join(g.id for g in state.unfinished)
-        steps.append(Step("python", "python.discard", f"remove unfinished generation(s) {ids}", "an interrupted or failed run left them; they were never current"))
+        steps.append(
+            Step(
+                "python",
+                "python.discard",
+                f"remove unfinished generation(s) {ids}",
+                "an interrupted or failed run left them; they were never current",
+            )
+        )
     why = "; ".join(reasons[:3]) + (f" (and {len(reasons) - 3} more)" if len(reasons) > 3 else "")
     if resolution is not None:
         _preflight(lock, resolution, install.wheelhouse, steps)
-    steps.append(Step(
-        "python", "python.venv", f"create generation {home.name} with Python {base.version} (found: {base.found_by})", why, tuple(pyenv.venv_commands(lock, base.path, home, uv, base.bundled_pip))
-    ))
+    steps.append(
+        Step(
+            "python",
+            "python.venv",
+            f"create generation {home.name} with Python {base.version} (found: {base.found_by})",
+            why,
+            tuple(pyenv.venv_commands(lock, base.path, home, uv, base.bundled_pip)),
+        )
+    )
     pins = guard.constraints(lock)
-    steps.append(Step(
-        "python", "python.guard", f"write the guard and the pylock into {home.name}: constraints {', '.join(pins) or '(none)'}",
-        "what people install later is held by these constraints; the installer reads the generation's copy of the pylock", subject=resolution,
-    ))
-    installing = f"the pylock's {_count(len(resolution.packages), 'distribution')} ({_count(len(resolution.files), 'file')}, each checked against its sha256)" if resolution else "the pylock"
-    sources = pyenv.sources(lock, resolution) if resolution else [lock.python.default_index, *(i.url for i in lock.python.indexes)]
+    steps.append(
+        Step(
+            "python",
+            "python.guard",
+            f"write the guard and the pylock into {home.name}: constraints {', '.join(pins) or '(none)'}",
+            "what people install later is held by these constraints; the installer reads the generation's copy of the pylock",
+            subject=resolution,
+        )
+    )
+    installing = (
+        f"the pylock's {_count(len(resolution.packages), 'distribution')} ({_count(len(resolution.files), 'file')}, each checked against its sha256)"
+        if resolution
+        else "the pylock"
+    )
+    sources = (
+        pyenv.sources(lock, resolution)
+        if resolution
+        else [lock.python.default_index, *(i.url for i in lock.python.indexes)]
+    )
     where = f"from {install.wheelhouse}, with no index" if install.wheelhouse else f"from {', '.join(sources)}"
     overrides = "; ".join(f"override {o.package}{o.specifier}: {o.reason}" for o in lock.python.overrides)
-    steps.append(Step(
-        "python", "python.stack", f"install {installing} {where}", "exactly the pylock: nothing missing, nothing extra" + (f" (resolved with {overrides})" if overrides else ""),
-        tuple(pyenv.install_commands(lock, home, uv, wheelhouse=install.wheelhouse, bundled_pip=base.bundled_pip)),
-    ))
+    steps.append(
+        Step(
+            "python",
+            "python.stack",
+            f"install {installing} {where}",
+            "exactly the pylock: nothing missing, nothing extra"
+            + (f" (resolved with {overrides})" if overrides else ""),
+            tuple(pyenv.install_commands(lock, home, uv, wheelhouse=install.wheelhouse, bundled_pip=base.bundled_pip)),
+        )
+    )
     for patch in lock.patches:
-        steps.append(Step("patches", "patches.apply", f"apply {patch.file.name} to {patch.package} {patch.version}", patch.reason, subject=patch))
-    steps.append(Step(
-        "python", "python.envfile", f"write {home.name}/stackgate.env, activate and pip.conf",
-        "stackgate.env exports CUDA_HOME, PATH, TRITON_PTXAS_PATH, PIP_CONSTRAINT, UV_CONSTRAINT, VIRTUAL_ENV and the lock's [env]; pip.conf holds its pip to the guard, activated or not",
-    ))
-    steps.append(Step(
-        "python", "python.check", f"check generation {home.name}: exactly the pylock, pins, guard, consistency, torch build" + (", patches" if lock.patches else ""),
-        "a generation that fails its checks is never switched to",
-    ))
-    steps.append(Step(
-        "python", "python.switch", f"switch {state.root / 'current'} to {home.name}; keep {settings.KEEP_GENERATIONS.value()} generations",
-        "atomically (a new symlink renamed over the old one), only now that the generation passed",
-    ))
+        steps.append(
+            Step(
+                "patches",
+                "patches.apply",
+                f"apply {patch.file.name} to {patch.package} {patch.version}",
+                patch.reason,
+                subject=patch,
+            )
+        )
+    steps.append(
+        Step(
+            "python",
+            "python.envfile",
+            f"write {home.name}/stackgate.env, activate and pip.conf",
+            "stackgate.env exports CUDA_HOME, PATH, TRITON_PTXAS_PATH, PIP_CONSTRAINT, UV_CONSTRAINT, VIRTUAL_ENV and the lock's [env]; pip.conf holds its pip to the guard, activated or not",
+        )
+    )
+    steps.append(
+        Step(
+            "python",
+            "python.check",
+            f"check generation {home.name}: exactly the pylock, pins, guard, consistency, torch build"
+            + (", patches" if lock.patches else ""),
+            "a generation that fails its checks is never switched to",
+        )
+    )
+    steps.append(
+        Step(
+            "python",
+            "python.switch",
+            f"switch {state.root / 'current'} to {home.name}; keep {settings.KEEP_GENERATIONS.value()} generations",
+            "atomically (a new symlink renamed over the old one), only now that the generation passed",
+        )
+    )
 
 
-def _resolution(lock: Lock, facts: Facts, install: _Install, draft: _Draft) -> pylock.Resolution | None:
+def _resolution(lock: Spec, facts: Facts, install: _Install, draft: _Draft) -> pylock.Resolution | None:
     """The pylock to install, when there is a current one; else a blocker with the command that
     makes it (a stale pylock would install what the spec no longer says)."""
     resolution = facts.pylock
     again = pylock.lock_command(lock.path)
-    fix = Fix("Resolve the spec into its pylock where its indexes and URLs are reachable, then provision again.", (again,))
+    fix = Fix(
+        "Resolve the spec into its pylock where its indexes and URLs are reachable, then provision again.", (again,)
+    )
     if isinstance(resolution, Missing):
         draft.blockers.append(Blocker(resolution.reason, fix, usage=True))
         return None
     stale = pylock.differences(lock, resolution)
     if stale:
         more = f" (and {len(stale) - 3} more)" if len(stale) > 3 else ""
-        draft.blockers.append(Blocker(f"{resolution.path.name} does not match the spec: {'; '.join(stale[:3])}{more}", fix, usage=True))
+        draft.blockers.append(
+            Blocker(f"{resolution.path.name} does not match the spec: {'; '.join(stale[:3])}{more}", fix, usage=True)
+        )
         return None
     if install.wheelhouse is not None and not install.wheelhouse.is_dir():
-        draft.blockers.append(Blocker(
-            f"--wheelhouse {install.wheelhouse}: no such folder", Fix("Fill it where the indexes are reachable, then bring it here.", (f"{again} --wheelhouse {install.wheelhouse}",)), usage=True
-        ))
+        draft.blockers.append(
+            Blocker(
+                f"--wheelhouse {install.wheelhouse}: no such folder",
+                Fix(
+                    "Fill it where the indexes are reachable, then bring it here.",
+                    (f"{again} --wheelhouse {install.wheelhouse}",),
+                ),
+                usage=True,
+            )
+        )
     return resolution
 
 
-def _preflight(lock: Lock, resolution: pylock.Resolution, wheelhouse: Path | None, steps: list[Step]) -> None:
+def _preflight(lock: Spec, resolution: pylock.Resolution, wheelhouse: Path | None, steps: list[Step]) -> None:
     """What can fail without installing, before anything is created: the sources answer (or the
     wheelhouse holds every file, with its sha256), URL wheels download and match."""
     if wheelhouse is not None:
-        steps.append(Step(
-            "python", "python.preflight", f"check that {wheelhouse} holds all {_count(len(resolution.files), 'locked file')}, each with its sha256",
-            "nothing is created before every file is known to be there and right", subject=(resolution, wheelhouse),
-        ))
+        steps.append(
+            Step(
+                "python",
+                "python.preflight",
+                f"check that {wheelhouse} holds all {_count(len(resolution.files), 'locked file')}, each with its sha256",
+                "nothing is created before every file is known to be there and right",
+                subject=(resolution, wheelhouse),
+            )
+        )
         return
     sources = pyenv.sources(lock, resolution)
     verb = "answers" if len(sources) == 1 else "answer"
-    steps.append(Step("python", "python.preflight", f"check that {', '.join(sources)} {verb}", "nothing is created before the files' sources are known to answer", subject=(resolution, None)))
+    steps.append(
+        Step(
+            "python",
+            "python.preflight",
+            f"check that {', '.join(sources)} {verb}",
+            "nothing is created before the files' sources are known to answer",
+            subject=(resolution, None),
+        )
+    )
     for package in resolution.packages.values():
         if package.archive is None:
             continue
-        steps.append(Step(
-            "python", "python.fetch", f"download {package.name} from {package.archive.url}", f"installed only after its sha256 matches the pylock ({package.archive.sha256})",
-            subject=(package.name, package.archive),
-        ))
+        steps.append(
+            Step(
+                "python",
+                "python.fetch",
+                f"download {package.name} from {package.archive.url}",
+                f"installed only after its sha256 matches the pylock ({package.archive.sha256})",
+                subject=(package.name, package.archive),
+            )
+        )
 
 
-def _resume(state: generations.RootState, generation: generations.Generation, reasons: Sequence[str], draft: _Draft) -> None:
+def _resume(
+    state: generations.RootState, generation: generations.Generation, reasons: Sequence[str], draft: _Draft
+) -> None:
     """Finish what an interrupted run left: a generation built and checked, never switched to."""
     draft.generation, draft.resume = generation.path, True
     steps = draft.steps
     if state.unfinished:
-        steps.append(Step(
-            "python", "python.discard", f"remove unfinished generation(s) {', '.join(g.id for g in state.unfinished)}", "an interrupted or failed run left them; they were never current"
-        ))
+        steps.append(
+            Step(
+                "python",
+                "python.discard",
+                f"remove unfinished generation(s) {', '.join(g.id for g in state.unfinished)}",
+                "an interrupted or failed run left them; they were never current",
+            )
+        )
     why = f"{reasons[0]}; generation {generation.id} was built and checked from this lock by a run that stopped before switching"
     steps.append(Step("python", "python.envfile", f"write {generation.id}/stackgate.env, activate and pip.conf", why))
-    steps.append(Step("python", "python.check", f"check generation {generation.id} again: pins, guard, consistency, torch build", "a generation that fails its checks is never switched to"))
-    steps.append(Step(
-        "python", "python.switch", f"switch {state.root / 'current'} to {generation.id}; keep {settings.KEEP_GENERATIONS.value()} generations",
-        "atomically (a new symlink renamed over the old one), only now that the generation passed",
-    ))
+    steps.append(
+        Step(
+            "python",
+            "python.check",
+            f"check generation {generation.id} again: pins, guard, consistency, torch build",
+            "a generation that fails its checks is never switched to",
+        )
+    )
+    steps.append(
+        Step(
+            "python",
+            "python.switch",
+            f"switch {state.root / 'current'} to {generation.id}; keep {settings.KEEP_GENERATIONS.value()} generations",
+            "atomically (a new symlink renamed over the old one), only now that the generation passed",
+        )
+    )
 
 
-def _base_to_build(lock: Lock, facts: Facts, uv: str | None, draft: _Draft) -> BasePython | None:
+def _base_to_build(lock: Spec, facts: Facts, uv: str | None, draft: _Draft) -> BasePython | None:
     """Note what blocks a build; the base interpreter to build from (None: there is none)."""
     blockers = draft.blockers
     for i, patch in enumerate(lock.patches):
         pinned = lock.python.package(patch.package)
         if pinned is not None and not pinned.specifier.contains(str(patch.version), prereleases=True):
-            blockers.append(Blocker(f"patch {patch.file.name} is for {patch.package} {patch.version}, but the lock pins {patch.package}{pinned.specifier}", usage=True))
+            blockers.append(
+                Blocker(
+                    f"patch {patch.file.name} is for {patch.package} {patch.version}, but the lock pins {patch.package}{pinned.specifier}",
+                    usage=True,
+                )
+            )
         _check_patch_file(lock, i, patch, blockers)
     if lock.python.installer == "uv" and uv is None:
-        blockers.append(Blocker("uv is not installed (python.installer = \"uv\")", Fix("Install uv, or set python.installer = \"pip\" in the lock.", ("python3 -m pip install uv",))))
+        blockers.append(
+            Blocker(
+                'uv is not installed (python.installer = "uv")',
+                Fix('Install uv, or set python.installer = "pip" in the lock.', ("python3 -m pip install uv",)),
+            )
+        )
     base = facts.base_python
     if isinstance(base, Missing):
-        blockers.append(Blocker(base.reason, Fix(f"Install Python {lock.python.version} beside the system one, then run provision again.", (f"pyenv install {lock.python.version}",))))
+        blockers.append(
+            Blocker(
+                base.reason,
+                Fix(
+                    f"Install Python {lock.python.version} beside the system one, then run provision again.",
+                    (f"pyenv install {lock.python.version}",),
+                ),
+            )
+        )
     return base if isinstance(base, BasePython) else None
 
 
-def _env_file(lock: Lock, state: generations.RootState, draft: _Draft) -> None:
+def _env_file(lock: Spec, state: generations.RootState, draft: _Draft) -> None:
     current = state.current
     assert current is not None
     path = current.path / pyenv.ENV_FILE
@@ -331,47 +496,71 @@ def _env_file(lock: Lock, state: generations.RootState, draft: _Draft) -> None:
     except OSError:
         have = None
     guarded = (current.path / guard.PIP_CONF).is_file()
-    if have == pyenv.environment_text(lock, current.path, state.root) and (current.path / pyenv.ACTIVATE).is_file() and guarded:
+    if (
+        have == pyenv.environment_text(lock, current.path, state.root)
+        and (current.path / pyenv.ACTIVATE).is_file()
+        and guarded
+    ):
         draft.in_place.append(f"{state.root / 'current' / pyenv.ENV_FILE}: as the lock says")
         return
     why = "it is missing" if have is None else "the lock's [env] or default toolkit changed"
     if have is not None and not guarded:
         why = f"{guard.PIP_CONF} is missing (built by an older stackgate): its pip is not guarded outside an activated shell"
-    draft.steps.append(Step("python", "python.envfile.current", f"rewrite {current.id}/stackgate.env, activate and pip.conf", why))
+    draft.steps.append(
+        Step("python", "python.envfile.current", f"rewrite {current.id}/stackgate.env, activate and pip.conf", why)
+    )
 
 
-def _patches(lock: Lock, facts: Facts, state: generations.RootState, draft: _Draft) -> None:
+def _patches(lock: Spec, facts: Facts, state: generations.RootState, draft: _Draft) -> None:
     if not lock.patches:
         return
     dists = facts.dists
     if isinstance(dists, Missing):
-        draft.blockers.append(Blocker(f"no environment to patch: {dists.reason}", Fix("Build the Python stack first.", (_REBUILD,))))
+        draft.blockers.append(
+            Blocker(f"no environment to patch: {dists.reason}", Fix("Build the Python stack first.", (_REBUILD,)))
+        )
         return
     for i, patch in enumerate(lock.patches):
         dist = dists.dist(patch.package)
         if dist is None or dist.version != str(patch.version):
-            draft.blockers.append(Blocker(
-                f"patch {patch.file.name} is for {patch.package} {patch.version}; the environment has {dist.version if dist else 'none'}", Fix("Rebuild the Python stack from the lock.", (_REBUILD,))
-            ))
+            draft.blockers.append(
+                Blocker(
+                    f"patch {patch.file.name} is for {patch.package} {patch.version}; the environment has {dist.version if dist else 'none'}",
+                    Fix("Rebuild the Python stack from the lock.", (_REBUILD,)),
+                )
+            )
             continue
         reason = patch_state(patch, Path(dist.location))
         if reason is None:
             draft.in_place.append(f"patch {patch.file.name}: applied to {patch.package} {patch.version}")
         elif _check_patch_file(lock, i, patch, draft.blockers):
-            draft.steps.append(Step(
-                "patches", "patches.apply", f"apply {patch.file.name} to {patch.package} {patch.version} in {state.current.id if state.current else '?'}", f"{reason} ({patch.reason})", subject=patch
-            ))
+            draft.steps.append(
+                Step(
+                    "patches",
+                    "patches.apply",
+                    f"apply {patch.file.name} to {patch.package} {patch.version} in {state.current.id if state.current else '?'}",
+                    f"{reason} ({patch.reason})",
+                    subject=patch,
+                )
+            )
 
 
-def _check_patch_file(lock: Lock, index: int, patch: Patch, blockers: list[Blocker]) -> bool:
+def _check_patch_file(lock: Spec, index: int, patch: Patch, blockers: list[Blocker]) -> bool:
     """A patch is planned only when its file can be applied as far as reading tells (it exists
     inside the lock's checkout, has the locked sha256, is a diff): else it blocks, as a lockfile
     problem, before anything is touched."""
     problem = patch_location_problem(lock, patch) or _patch_file_problem(patch)
     if problem:
-        blockers.append(Blocker(
-            f"patch[{index}].file: {problem}", Fix("Point the lock's [[patch]] file at the patch, with its sha256 (sha256sum FILE).", (f"sha256sum {_quote(str(patch.file))}",)), usage=True
-        ))
+        blockers.append(
+            Blocker(
+                f"patch[{index}].file: {problem}",
+                Fix(
+                    "Point the lock's [[patch]] file at the patch, with its sha256 (sha256sum FILE).",
+                    (f"sha256sum {_quote(str(patch.file))}",),
+                ),
+                usage=True,
+            )
+        )
     return problem is None
 
 

@@ -31,7 +31,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from stackgate.edges import fetch, runner
 from stackgate.models import envfile, pylock, settings
-from stackgate.models.spec import Lock, Override, Package, Python
+from stackgate.models.spec import Override, Package, Python, Spec
 from stackgate.stack import guard
 
 __all__ = [
@@ -78,7 +78,9 @@ class PyenvError(Exception):
     """An environment step that failed; ``log`` holds its full output, ``unreachable`` the
     indexes it used that did not answer."""
 
-    def __init__(self, message: str, log: Path | None = None, tail: tuple[str, ...] = (), unreachable: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, message: str, log: Path | None = None, tail: tuple[str, ...] = (), unreachable: tuple[str, ...] = ()
+    ) -> None:
         super().__init__(message)
         self.log = log
         self.tail = tail
@@ -142,14 +144,16 @@ def _pip(home: Path, *args: str) -> Command:
     return Command(argv, _PIP_ENV)
 
 
-def venv_commands(lock: Lock, base: Path, home: Path, uv: str | None, bundled_pip: Path | None = None) -> list[Command]:
+def venv_commands(lock: Spec, base: Path, home: Path, uv: str | None, bundled_pip: Path | None = None) -> list[Command]:
     """Create the environment from ``base`` (an interpreter of the locked version) with uv (well
     under a second, where ``python -m venv`` runs ensurepip for seconds); with the pip installer,
     put pip in at once, since it does the installing."""
     if uv is None:  # only the pip installer gets here (the plan blocks uv without uv)
         return [Command((str(base), "-m", "venv", str(home)), _PIP_ENV)]
     # --allow-existing: the generation's folder already holds its marker (state "building").
-    create = Command((uv, "venv", "--no-config", "--no-python-downloads", "--allow-existing", "--python", str(base), str(home)))
+    create = Command(
+        (uv, "venv", "--no-config", "--no-python-downloads", "--allow-existing", "--python", str(base), str(home))
+    )
     return [create, seed_command(home, uv, bundled_pip)] if lock.python.installer == "pip" else [create]
 
 
@@ -157,24 +161,56 @@ def seed_command(home: Path, uv: str | None, bundled_pip: Path | None) -> Comman
     """Put pip into the environment: what people type later, held there by the guard's pip.conf.
     The pip wheel the base Python bundles, installed by uv offline; ensurepip where there is none."""
     if uv is not None and bundled_pip is not None:
-        return Command((uv, "pip", "install", "--no-config", "--offline", "--no-deps", "--python", str(python_of(home)), str(bundled_pip)))
+        return Command(
+            (
+                uv,
+                "pip",
+                "install",
+                "--no-config",
+                "--offline",
+                "--no-deps",
+                "--python",
+                str(python_of(home)),
+                str(bundled_pip),
+            )
+        )
     return Command((str(python_of(home)), "-m", "ensurepip", "--default-pip"), _PIP_ENV)
 
 
-def install_commands(lock: Lock, home: Path, uv: str | None, *, wheelhouse: Path | None = None, bundled_pip: Path | None = None) -> list[Command]:
+def install_commands(
+    lock: Spec, home: Path, uv: str | None, *, wheelhouse: Path | None = None, bundled_pip: Path | None = None
+) -> list[Command]:
     """Install exactly the pylock into a new environment, every file checked against its sha256:
     uv syncs the generation's pylock (then pip goes in beside it); pip installs the generation's
     hashed requirements without resolving (``--no-deps``: the pylock is the resolution)."""
     if lock.python.installer == "uv":
         assert uv is not None
         offline = ("--offline",) if wheelhouse is not None else ()
-        sync = Command((uv, "pip", "sync", "--no-config", *offline, "--python", str(python_of(home)), str(home / INSTALL_PYLOCK)), _UV_ENV)
+        sync = Command(
+            (uv, "pip", "sync", "--no-config", *offline, "--python", str(python_of(home)), str(home / INSTALL_PYLOCK)),
+            _UV_ENV,
+        )
         return [sync, seed_command(home, uv, bundled_pip)]
     if wheelhouse is not None:
         where: tuple[str, ...] = ("--no-index", "--find-links", str(wheelhouse))
     else:
-        where = ("--index-url", lock.python.default_index, *(arg for index in lock.python.indexes for arg in ("--extra-index-url", index.url)))
-    return [_pip(home, "--no-deps", "--require-hashes", "--only-binary", ":all:", *where, "--requirement", str(home / REQUIREMENTS))]
+        where = (
+            "--index-url",
+            lock.python.default_index,
+            *(arg for index in lock.python.indexes for arg in ("--extra-index-url", index.url)),
+        )
+    return [
+        _pip(
+            home,
+            "--no-deps",
+            "--require-hashes",
+            "--only-binary",
+            ":all:",
+            *where,
+            "--requirement",
+            str(home / REQUIREMENTS),
+        )
+    ]
 
 
 def local_files(resolution: pylock.Resolution, cache: Path, wheelhouse: Path | None) -> dict[str, Path]:
@@ -209,7 +245,7 @@ def write_install_files(resolution: pylock.Resolution, home: Path, local: Mappin
     _write_atomic(home / REQUIREMENTS, "".join(f"{line}\n" for line in requirements(resolution, local)))
 
 
-def sources(lock: Lock, resolution: pylock.Resolution) -> list[str]:
+def sources(lock: Spec, resolution: pylock.Resolution) -> list[str]:
     """Where an install from the index downloads from: uv fetches each locked file by its URL (its
     server's root is asked), pip asks the spec's indexes; both fetch URL wheels by their URL."""
     origins = {_origin(f.url) for f in resolution.files}
@@ -251,7 +287,14 @@ def wheelhouse_problems(resolution: pylock.Resolution, wheelhouse: Path) -> list
 # --- running them -----------------------------------------------------------------------------
 
 
-def run(command: Command, *, log: Path, environ: Mapping[str, str], lock: Lock | None = None, on_line: Callable[[str], None] | None = None) -> runner.Completed:
+def run(
+    command: Command,
+    *,
+    log: Path,
+    environ: Mapping[str, str],
+    lock: Spec | None = None,
+    on_line: Callable[[str], None] | None = None,
+) -> runner.Completed:
     """Run one step's command; a failure names its log, and a resolution the guard blocked names
     the package that asked for another version of a frozen one."""
     env = {**installer_environ(environ), **command.env}
@@ -266,7 +309,9 @@ def run(command: Command, *, log: Path, environ: Mapping[str, str], lock: Lock |
     ended = f"timed out after {limit_s:g} s" if done.timed_out else f"exit {done.returncode}"
     silent = {url: why for url in _indexes(command) if (why := fetch.unreachable(url)) is not None}
     said = "".join(f"; {url} does not answer ({why})" for url, why in silent.items())
-    raise PyenvError(f"`{Path(command.argv[0]).name} {' '.join(command.argv[1:3])}` failed ({ended}){said}", log, tail, tuple(silent))
+    raise PyenvError(
+        f"`{Path(command.argv[0]).name} {' '.join(command.argv[1:3])}` failed ({ended}){said}", log, tail, tuple(silent)
+    )
 
 
 #: The installer options that name an index (pip's and uv's spellings).
@@ -316,9 +361,19 @@ def fetch_wheel(
     """
     target = wheel_path(file, cache)
     try:
-        downloaded = fetch.fetch_checked(file.url, target, file.sha256, timeout_s=settings.DOWNLOAD_TIMEOUT_S.value(), on_progress=on_progress, on_retry=on_retry, retry=retry)
+        downloaded = fetch.fetch_checked(
+            file.url,
+            target,
+            file.sha256,
+            timeout_s=settings.DOWNLOAD_TIMEOUT_S.value(),
+            on_progress=on_progress,
+            on_retry=on_retry,
+            retry=retry,
+        )
     except fetch.HashMismatch as exc:
-        raise PyenvError(f"{name}: {exc}; refusing to install it (a changed or tampered file, or a wrong sha256 in the pylock)") from exc
+        raise PyenvError(
+            f"{name}: {exc}; refusing to install it (a changed or tampered file, or a wrong sha256 in the pylock)"
+        ) from exc
     except fetch.FetchError as exc:
         raise PyenvError(str(exc)) from exc
     return target, downloaded
@@ -327,7 +382,7 @@ def fetch_wheel(
 # --- the environment file ---------------------------------------------------------------------
 
 
-def environment(lock: Lock, home: Path) -> dict[str, str]:
+def environment(lock: Spec, home: Path) -> dict[str, str]:
     """What stackgate.env exports: the default toolkit first on PATH, its CUDA_HOME and ptxas,
     the guard (PIP_CONSTRAINT, UV_CONSTRAINT: later installs cannot move torch either), the
     environment itself (VIRTUAL_ENV, so `uv pip` finds it), then the lock's [env]."""
@@ -347,12 +402,14 @@ def environment(lock: Lock, home: Path) -> dict[str, str]:
     return values
 
 
-def environment_text(lock: Lock, home: Path, root: Path) -> str:
-    header = f"stackgate environment of {lock.name}, generation {home.name}.\nSource it: . {root / 'current' / ENV_FILE}"
+def environment_text(lock: Spec, home: Path, root: Path) -> str:
+    header = (
+        f"stackgate environment of {lock.name}, generation {home.name}.\nSource it: . {root / 'current' / ENV_FILE}"
+    )
     return envfile.render(environment(lock, home), header)
 
 
-def activate_text(lock: Lock, home: Path, root: Path) -> str:
+def activate_text(lock: Spec, home: Path, root: Path) -> str:
     return (
         f"# Source this file to work in the stack: . {root / 'current' / ACTIVATE}\n"
         f"# It applies stackgate.env (CUDA, the guard's constraints, the lock's [env]) and marks the prompt.\n"
@@ -362,7 +419,7 @@ def activate_text(lock: Lock, home: Path, root: Path) -> str:
     )
 
 
-def write_environment(lock: Lock, home: Path, root: Path) -> Path:
+def write_environment(lock: Spec, home: Path, root: Path) -> Path:
     """Write what people and their tools read in a generation: stackgate.env and activate (each
     replaced atomically), and pip.conf, the guard for its pip whether activated or not."""
     _write_atomic(home / ENV_FILE, environment_text(lock, home, root))
@@ -385,10 +442,18 @@ def built_python(python: Python, built: Any, interpreter: Path) -> Python:
     (the :func:`~stackgate.facts.compare.environment_spec` in its marker), read at ``interpreter``. ValueError when ``built`` is not
     such a spec (a marker from elsewhere, or damaged)."""
     try:
-        packages = tuple(Package(name, SpecifierSet(p["version"]), p.get("url"), p.get("sha256")) for name, p in built["packages"].items())
-        overrides = tuple(Override(name, SpecifierSet(spec), "declared when it was built") for name, spec in built["overrides"].items())
+        packages = tuple(
+            Package(name, SpecifierSet(p["version"]), p.get("url"), p.get("sha256"))
+            for name, p in built["packages"].items()
+        )
+        overrides = tuple(
+            Override(name, SpecifierSet(spec), "declared when it was built")
+            for name, spec in built["overrides"].items()
+        )
         frozen = tuple(str(name) for name in built["frozen"])
         version = str(built["python"])
     except (KeyError, TypeError, AttributeError, InvalidSpecifier) as exc:
         raise ValueError(f"no readable spec: {type(exc).__name__}: {exc}") from exc
-    return dataclasses.replace(python, version=version, interpreter=interpreter, packages=packages, frozen=frozen, overrides=overrides)
+    return dataclasses.replace(
+        python, version=version, interpreter=interpreter, packages=packages, frozen=frozen, overrides=overrides
+    )

@@ -31,7 +31,7 @@ from typing import Callable, Mapping, Sequence
 
 from stackgate.edges import fetch
 from stackgate.models import pylock, settings
-from stackgate.models.spec import Lock
+from stackgate.models.spec import Spec
 from stackgate.stack import guard, pyenv
 
 __all__ = [
@@ -90,7 +90,7 @@ class Outcome:
     replaced: bool  #: there was a pylock before (``moved`` is measured against it)
 
 
-def current(lock: Lock, wheelhouse: Path | None = None) -> tuple[pylock.Resolution | None, list[str]]:
+def current(lock: Spec, wheelhouse: Path | None = None) -> tuple[pylock.Resolution | None, list[str]]:
     """The spec's pylock and how it differs from the spec, offline (``stackgate lock --check``):
     (None, [why]) when there is none. A pylock that does not validate, or names a local file
     outside the roots the spec allows, raises PylockError."""
@@ -102,7 +102,12 @@ def current(lock: Lock, wheelhouse: Path | None = None) -> tuple[pylock.Resoluti
 
 
 def resolve(
-    lock: Lock, *, uv: str, environ: Mapping[str, str], upgrade: Sequence[str] = (), on_line: Callable[[str], None] | None = None
+    lock: Spec,
+    *,
+    uv: str,
+    environ: Mapping[str, str],
+    upgrade: Sequence[str] = (),
+    on_line: Callable[[str], None] | None = None,
 ) -> Outcome:
     """Resolve the spec into its pylock and write it; :class:`ResolveError` leaves the old one."""
     target = pylock.path_for(lock.path)
@@ -138,15 +143,33 @@ def previous(target: Path) -> pylock.Resolution | None:
         return None
 
 
-def compile_command(lock: Lock, uv: str, work: Path, output: Path, upgrade: Sequence[str] = ()) -> pyenv.Command:
+def compile_command(lock: Spec, uv: str, work: Path, output: Path, upgrade: Sequence[str] = ()) -> pyenv.Command:
     """The one uv run that resolves the spec; its inputs are written into ``work``."""
     python = lock.python
     (work / "pyproject.toml").write_text(_pyproject(lock), encoding="utf-8")
-    argv = [uv, "pip", "compile", "--no-config", "--no-python-downloads", "--no-build", "--no-header", str(work / "pyproject.toml")]
+    argv = [
+        uv,
+        "pip",
+        "compile",
+        "--no-config",
+        "--no-python-downloads",
+        "--no-build",
+        "--no-header",
+        str(work / "pyproject.toml"),
+    ]
     argv += ["--format", "pylock.toml", "--generate-hashes", "--output-file", str(output)]
-    argv += ["--python-version", python.version, "--python-platform", python.platform, "--default-index", python.default_index]
+    argv += [
+        "--python-version",
+        python.version,
+        "--python-platform",
+        python.platform,
+        "--default-index",
+        python.default_index,
+    ]
     if python.frozen:
-        (work / guard.CONSTRAINTS).write_text("".join(f"{line}\n" for line in guard.constraints(lock)), encoding="utf-8")
+        (work / guard.CONSTRAINTS).write_text(
+            "".join(f"{line}\n" for line in guard.constraints(lock)), encoding="utf-8"
+        )
         argv += ["--constraint", str(work / guard.CONSTRAINTS)]
     if python.overrides:
         (work / guard.OVERRIDES).write_text("".join(f"{line}\n" for line in guard.overrides(lock)), encoding="utf-8")
@@ -156,19 +179,30 @@ def compile_command(lock: Lock, uv: str, work: Path, output: Path, upgrade: Sequ
     return pyenv.Command(tuple(argv))
 
 
-def _pyproject(lock: Lock) -> str:
+def _pyproject(lock: Spec) -> str:
     """The resolution's input: the pins as a project's dependencies, each [[python.index]] as an
     explicit uv index that only the packages it serves come from, URL wheels as URL sources.
     Every value comes from a validated spec and is written as a TOML string."""
     python = lock.python
-    lines = ["[project]", 'name = "stackgate-stack"', 'version = "0"', f"requires-python = {_toml(f'>={python.version}')}"]
+    lines = [
+        "[project]",
+        'name = "stackgate-stack"',
+        'version = "0"',
+        f"requires-python = {_toml(f'>={python.version}')}",
+    ]
     lines.append("dependencies = [" + ", ".join(_toml(f"{p.name}{p.specifier}") for p in python.packages) + "]")
     lines += ["", "[tool.uv.sources]"]
     for i, index in enumerate(python.indexes):
         lines += [f"{name} = {{ index = {_toml(f'stackgate-index-{i}')} }}" for name in index.packages]
     lines += [f"{p.name} = {{ url = {_toml(p.url)} }}" for p in python.packages if p.url]
     for i, index in enumerate(python.indexes):
-        lines += ["", "[[tool.uv.index]]", f"name = {_toml(f'stackgate-index-{i}')}", f"url = {_toml(index.url)}", "explicit = true"]
+        lines += [
+            "",
+            "[[tool.uv.index]]",
+            f"name = {_toml(f'stackgate-index-{i}')}",
+            f"url = {_toml(index.url)}",
+            "explicit = true",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -176,7 +210,9 @@ def _toml(text: str) -> str:
     return json.dumps(text, ensure_ascii=True)
 
 
-def _judge(lock: Lock, old: pylock.Resolution | None, new: pylock.Resolution, upgrade: Sequence[str], log: Path) -> Outcome:
+def _judge(
+    lock: Spec, old: pylock.Resolution | None, new: pylock.Resolution, upgrade: Sequence[str], log: Path
+) -> Outcome:
     """Refuse what must not be written (a changed URL file, a moved frozen package), and say
     what moved and which hashes were taken on first use."""
     first_use = []
@@ -190,7 +226,8 @@ def _judge(lock: Lock, old: pylock.Resolution | None, new: pylock.Resolution, up
         before = _sha256_of(old, package.url)
         if package.sha256 and file.sha256 != package.sha256:
             raise ResolveError(
-                f"{package.name}: {package.url} has sha256 {file.sha256}, the spec says {package.sha256}; nothing was written (a changed or tampered file, or a wrong sha256 in the spec)", log
+                f"{package.name}: {package.url} has sha256 {file.sha256}, the spec says {package.sha256}; nothing was written (a changed or tampered file, or a wrong sha256 in the spec)",
+                log,
             )
         if before and before != file.sha256:
             raise ResolveError(
@@ -204,7 +241,10 @@ def _judge(lock: Lock, old: pylock.Resolution | None, new: pylock.Resolution, up
     frozen = [m for m in moved if m.name in lock.python.frozen and m.old is not None]
     if upgrade and frozen:
         asked = ", ".join(upgrade)
-        raise ResolveError(f"--upgrade-package {asked} would move the frozen {'; '.join(str(m) for m in frozen)}: nothing was written (the guard holds it; change its pin in the spec on purpose)", log)
+        raise ResolveError(
+            f"--upgrade-package {asked} would move the frozen {'; '.join(str(m) for m in frozen)}: nothing was written (the guard holds it; change its pin in the spec on purpose)",
+            log,
+        )
     changed = old is None or old.sha256 != new.sha256
     return Outcome(new.path, new, tuple(moved), tuple(first_use), changed, old is not None)
 
@@ -216,7 +256,11 @@ def _sha256_of(resolution: pylock.Resolution | None, url: str) -> str | None:
 def _moved(old: pylock.Resolution | None, new: pylock.Resolution) -> list[Moved]:
     before = {name: p.version for name, p in old.packages.items()} if old else {}
     after = {name: p.version for name, p in new.packages.items()}
-    return [Moved(name, before.get(name), after.get(name)) for name in sorted(before.keys() | after.keys()) if before.get(name) != after.get(name)]
+    return [
+        Moved(name, before.get(name), after.get(name))
+        for name in sorted(before.keys() | after.keys())
+        if before.get(name) != after.get(name)
+    ]
 
 
 def _write(target: Path, text: str) -> None:
@@ -228,7 +272,13 @@ def _write(target: Path, text: str) -> None:
 # --- the wheelhouse -----------------------------------------------------------------------------
 
 
-def download(resolution: pylock.Resolution, wheelhouse: Path, *, on_file: Callable[[str, bool], None] | None = None, retry: fetch.Retry = fetch.RETRY) -> list[Path]:
+def download(
+    resolution: pylock.Resolution,
+    wheelhouse: Path,
+    *,
+    on_file: Callable[[str, bool], None] | None = None,
+    retry: fetch.Retry = fetch.RETRY,
+) -> list[Path]:
     """Every locked file in ``wheelhouse``, each checked against its sha256 (a file already
     there and right is kept); ``on_file(name, downloaded)`` hears about each."""
     files = resolution.files
@@ -238,7 +288,9 @@ def download(resolution: pylock.Resolution, wheelhouse: Path, *, on_file: Callab
     def one(file: pylock.LockedFile) -> Path:
         target = targets[file]
         try:
-            downloaded = fetch.fetch_checked(file.url, target, file.sha256, timeout_s=settings.DOWNLOAD_TIMEOUT_S.value(), retry=retry)
+            downloaded = fetch.fetch_checked(
+                file.url, target, file.sha256, timeout_s=settings.DOWNLOAD_TIMEOUT_S.value(), retry=retry
+            )
         except fetch.FetchError as exc:
             raise ResolveError(f"the wheelhouse is incomplete: {exc}") from exc
         if on_file is not None:

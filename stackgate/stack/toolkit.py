@@ -187,7 +187,9 @@ def install_toolkit(
         raise ToolkitError(f"cannot install {toolkit.label}: {exc}", log, _log_tail(log)) from exc
 
 
-def _install(toolkit: Toolkit, log: Path, cache: Path | None, progress: Progress, link: Path, apt: AptCommands | None) -> None:
+def _install(
+    toolkit: Toolkit, log: Path, cache: Path | None, progress: Progress, link: Path, apt: AptCommands | None
+) -> None:
     log.parent.mkdir(parents=True, exist_ok=True)
     if toolkit.source == "pypi":
         _staged(toolkit, lambda staging: _install_pypi(toolkit, staging, log, cache, progress))
@@ -218,7 +220,9 @@ def _refuse_unusable(toolkit: Toolkit) -> None:
     if toolkit.source == "pypi" and toolkit.version.major < 13:
         raise ToolkitError(f"pypi cannot provide CUDA {toolkit.version}: {PYPI_CUDA12_REASON}")
     if toolkit.source == "pypi" and not {"nvcc", "all"} & set(_components(toolkit)):
-        raise ToolkitError(f"{toolkit.label}: components {list(toolkit.components)} lack 'nvcc', so the toolkit would have no compiler")
+        raise ToolkitError(
+            f"{toolkit.label}: components {list(toolkit.components)} lack 'nvcc', so the toolkit would have no compiler"
+        )
     if toolkit.source != "apt" and toolkit.prefix.exists() and not _owned(toolkit.prefix):
         raise ToolkitError(
             f"{toolkit.prefix} exists and was not installed by stackgate (no {RECORD}): "
@@ -243,9 +247,31 @@ def _pypi_command(toolkit: Toolkit, site: Path, cache: Path | None) -> list[str]
     if uv is not None:
         # Copies, not hard links into the cache: the toolkit must outlive a cache clean-up.
         cached = ["--cache-dir", str(cache)] if cache else []
-        return [uv, "pip", "install", "--python", sys.executable, "--link-mode", "copy", *common, *cached, _requirement(toolkit)]
+        return [
+            uv,
+            "pip",
+            "install",
+            "--python",
+            sys.executable,
+            "--link-mode",
+            "copy",
+            *common,
+            *cached,
+            _requirement(toolkit),
+        ]
     cached = ["--cache-dir", str(cache)] if cache else []
-    return [sys.executable, "-m", "pip", "install", "--no-input", "--progress-bar", "off", *common, *cached, _requirement(toolkit)]
+    return [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--no-input",
+        "--progress-bar",
+        "off",
+        *common,
+        *cached,
+        _requirement(toolkit),
+    ]
 
 
 def _uv() -> str | None:
@@ -274,7 +300,11 @@ def _install_pypi(toolkit: Toolkit, staging: Path, log: Path, cache: Path | None
     _check_extras(site, toolkit)
     progress(f"laying out the toolkit tree for {toolkit.prefix}")
     lay_out_wheels(site, tree, version=str(toolkit.version))
-    _write_record(tree, {"source": "pypi", "requirement": _requirement(toolkit), "components": sorted(_components(toolkit))}, toolkit)
+    _write_record(
+        tree,
+        {"source": "pypi", "requirement": _requirement(toolkit), "components": sorted(_components(toolkit))},
+        toolkit,
+    )
     faults.trip("toolkit:laid-out")
     _commit(toolkit, tree, log, progress)
 
@@ -288,7 +318,9 @@ def _check_extras(site: Path, toolkit: Toolkit) -> None:
     known = set(message.get_all("Provides-Extra") or ())
     unknown = sorted(set(_components(toolkit)) - known)
     if unknown:
-        raise ToolkitError(f"cuda-toolkit {toolkit.version} has no extra(s) {', '.join(unknown)}; it offers: {', '.join(sorted(known))}")
+        raise ToolkitError(
+            f"cuda-toolkit {toolkit.version} has no extra(s) {', '.join(unknown)}; it offers: {', '.join(sorted(known))}"
+        )
 
 
 def lay_out_wheels(site: Path, tree: Path, *, version: str | None = None) -> None:
@@ -300,7 +332,11 @@ def lay_out_wheels(site: Path, tree: Path, *, version: str | None = None) -> Non
     targets/<arch>-linux/{include,lib}, the unversioned .so links, dist-info/ and version.json.
     """
     tree.mkdir(parents=True, exist_ok=True)
-    roots = sorted(p for p in (site / "nvidia").iterdir() if p.is_dir() and p.name != "__pycache__") if (site / "nvidia").is_dir() else []
+    roots = (
+        sorted(p for p in (site / "nvidia").iterdir() if p.is_dir() and p.name != "__pycache__")
+        if (site / "nvidia").is_dir()
+        else []
+    )
     if not roots:
         raise ToolkitError(f"no CUDA wheel contents under {site / 'nvidia'}")
     for root in roots:
@@ -332,7 +368,9 @@ def _merge(source: Path, target: Path) -> None:
             _merge(entry, destination)  # file by file, so that what is not toolkit stays behind
         elif not destination.exists() and not destination.is_symlink():
             os.rename(entry, destination)
-        elif not (entry.is_file() and destination.is_file() and fetch.sha256_file(entry) == fetch.sha256_file(destination)):
+        elif not (
+            entry.is_file() and destination.is_file() and fetch.sha256_file(entry) == fetch.sha256_file(destination)
+        ):
             raise ToolkitError(f"two CUDA wheels ship different files at {destination.relative_to(target.parent)}")
 
 
@@ -393,7 +431,12 @@ def _runfile_display(toolkit: Toolkit, cache: Path | None) -> Path:
 def _install_runfile(toolkit: Toolkit, runfile: Path, staging: Path, log: Path, progress: Progress) -> None:
     (staging / "tmp").mkdir(parents=True)
     progress(f"running {runfile.name} (toolkit only, silent)")
-    _run(_runfile_command(runfile, staging), log, f"installing CUDA {toolkit.version} from {runfile.name}", hint="the runfile's own log: /var/log/cuda-installer.log")
+    _run(
+        _runfile_command(runfile, staging),
+        log,
+        f"installing CUDA {toolkit.version} from {runfile.name}",
+        hint="the runfile's own log: /var/log/cuda-installer.log",
+    )
     shutil.rmtree(staging / "tmp", ignore_errors=True)
     _write_record(staging / "tree", {"source": "runfile", "url": toolkit.url, "sha256": toolkit.sha256}, toolkit)
     faults.trip("toolkit:laid-out")
@@ -492,7 +535,9 @@ def _apt_install_command(toolkit: Toolkit) -> list[str]:
 def _install_apt(toolkit: Toolkit, log: Path, apt: AptCommands, progress: Progress) -> None:
     expected = Path(f"/usr/local/cuda-{toolkit.release}")
     if toolkit.prefix != expected:
-        raise ToolkitError(f"{toolkit.label}: NVIDIA's apt packages install only to {expected}; set prefix = \"{expected}\" or use source = \"runfile\"")
+        raise ToolkitError(
+            f'{toolkit.label}: NVIDIA\'s apt packages install only to {expected}; set prefix = "{expected}" or use source = "runfile"'
+        )
     progress(f"asking apt about {_apt_package(toolkit)}")
     _apt_check_available(toolkit, apt)
     progress(f"apt-get install {_apt_package(toolkit)}")
@@ -512,7 +557,9 @@ def _apt_check_available(toolkit: Toolkit, apt: AptCommands) -> None:
                 f"NVIDIA's CUDA apt repository is not configured on this machine, so apt knows no {package}. "
                 "Add it (https://developer.nvidia.com/cuda-downloads):\n" + "\n".join(f"  {c}" for c in _APT_SETUP)
             )
-        raise ToolkitError(f"NVIDIA's CUDA apt repository is configured but offers no {package}: run `sudo apt-get update`, or check the repository's distro")
+        raise ToolkitError(
+            f"NVIDIA's CUDA apt repository is configured but offers no {package}: run `sudo apt-get update`, or check the repository's distro"
+        )
     if len(toolkit.version.release) >= 3 and not any(v.startswith(f"{toolkit.version}-") for v in versions):
         raise ToolkitError(f"apt offers {package} {', '.join(versions)}, not CUDA {toolkit.version}")
 
@@ -569,7 +616,9 @@ def _verify_nvcc(toolkit: Toolkit, root: Path, log: Path) -> None:
     wrong = found.release != toolkit.release or (toolkit.nvcc is not None and found.build != toolkit.nvcc)
     if wrong:
         want = f"release {toolkit.release}" + (f", V{toolkit.nvcc}" if toolkit.nvcc else "")
-        raise ToolkitError(f"nvcc reports release {found.release}, V{found.build}; the lock wants {want}", log, _log_tail(log))
+        raise ToolkitError(
+            f"nvcc reports release {found.release}, V{found.build}; the lock wants {want}", log, _log_tail(log)
+        )
     _log(log, f"nvcc reports release {found.release}, V{found.build}")
 
 
@@ -591,7 +640,11 @@ def _exchange(a: Path, b: Path) -> None:
 
 
 def _write_record(tree: Path, fields: Mapping[str, object], toolkit: Toolkit) -> None:
-    record = {"version": str(toolkit.version), **fields, "installed_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    record = {
+        "version": str(toolkit.version),
+        **fields,
+        "installed_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
     (tree / RECORD).write_text(json.dumps(record, indent=2) + "\n")
 
 
@@ -661,7 +714,9 @@ def _restore_link(before: _LinkState, link: Path) -> None:
     elif before.kind == "link" and now.kind in ("link", "absent"):
         set_cuda_link(Path(before.target), link)
     else:
-        raise ToolkitError(f"the installer replaced {link} (was {before.kind}, now {now.kind}); stackgate cannot restore it: check it by hand")
+        raise ToolkitError(
+            f"the installer replaced {link} (was {before.kind}, now {now.kind}); stackgate cannot restore it: check it by hand"
+        )
 
 
 def cuda_link_state(policy: str, default: Toolkit | None, link: Path = CUDA_LINK) -> str | None:
@@ -671,8 +726,10 @@ def cuda_link_state(policy: str, default: Toolkit | None, link: Path = CUDA_LINK
     now = _link_state(link)
     if now.kind == "link" and Path(now.target) == default.prefix:
         return None
-    found = {"absent": "does not exist", "other": "is a real directory (stackgate will not replace it)"}.get(now.kind, f"points at {now.target}")
-    return f"{link} {found}; the lock (cuda_link = \"default\") wants it to point at {default.prefix}"
+    found = {"absent": "does not exist", "other": "is a real directory (stackgate will not replace it)"}.get(
+        now.kind, f"points at {now.target}"
+    )
+    return f'{link} {found}; the lock (cuda_link = "default") wants it to point at {default.prefix}'
 
 
 def set_cuda_link(target: Path, link: Path = CUDA_LINK) -> None:
@@ -738,7 +795,9 @@ def _entry(path: Path, info: os.stat_result, relative: str) -> tuple[object, ...
         return ("link", os.readlink(path))
     if stat.S_ISDIR(info.st_mode):
         return ("dir", *owner)  # no mtime: an added or removed entry shows up by itself
-    content = fetch.sha256_file(path) if stat.S_ISREG(info.st_mode) and relative.rpartition("/")[0] in _HASHED_DIRS else ""
+    content = (
+        fetch.sha256_file(path) if stat.S_ISREG(info.st_mode) and relative.rpartition("/")[0] in _HASHED_DIRS else ""
+    )
     return ("file", *owner, info.st_size, info.st_mtime_ns, content)
 
 
@@ -793,4 +852,7 @@ def _check_kept(kept: Sequence[Toolkit], before: Mapping[Path, Fingerprint]) -> 
     for toolkit in kept:
         changes = fingerprint_diff(before[toolkit.prefix], take_fingerprint(toolkit.prefix))
         if changes:
-            raise ToolkitError(f"{toolkit.label} is kept (keep = true) but changed during provisioning:\n" + "\n".join(f"  {c}" for c in changes))
+            raise ToolkitError(
+                f"{toolkit.label} is kept (keep = true) but changed during provisioning:\n"
+                + "\n".join(f"  {c}" for c in changes)
+            )

@@ -28,9 +28,19 @@ from pynvml import (  # noqa: F401  (re-exported: callers use them through this 
 _SPEC: dict[str, Any] | None = None
 
 
-def gpu(name: str = "NVIDIA RTX PRO 6000 Blackwell Server Edition", cc: tuple[int, int] = (12, 0), **fields: Any) -> dict[str, Any]:
+def gpu(
+    name: str = "NVIDIA RTX PRO 6000 Blackwell Server Edition", cc: tuple[int, int] = (12, 0), **fields: Any
+) -> dict[str, Any]:
     """One GPU of a spec, with healthy defaults."""
-    spec = {"name": name, "cc": list(cc), "pcie": [5, 5, 5, 16, 16], "ecc": [0, 0], "memory": [96 * 2**30, 512 * 2**20], "processes": [], "unsupported": []}
+    spec = {
+        "name": name,
+        "cc": list(cc),
+        "pcie": [5, 5, 5, 16, 16],
+        "ecc": [0, 0],
+        "memory": [96 * 2**30, 512 * 2**20],
+        "processes": [],
+        "unsupported": [],
+    }
     spec.update(fields)
     return spec
 
@@ -139,7 +149,9 @@ def nvmlDeviceGetMemoryInfo(handle: int) -> SimpleNamespace:
 
 def nvmlDeviceGetComputeRunningProcesses(handle: int) -> list[SimpleNamespace]:
     held = [SimpleNamespace(pid=h["pid"], usedGpuMemory=h["bytes"]) for h in _holders(handle)]
-    return [SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used"]) for p in _device(handle, "processes")["processes"]] + held
+    return [
+        SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used"]) for p in _device(handle, "processes")["processes"]
+    ] + held
 
 
 def nvmlDeviceGetUtilizationRates(handle: int) -> SimpleNamespace:

@@ -15,7 +15,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-_TYPES = {"str": "str", "int": "int", "float": "float", "nullable_str": "str", "json_list_type": "json", "loads": "json"}
+_TYPES = {
+    "str": "str",
+    "int": "int",
+    "float": "float",
+    "nullable_str": "str",
+    "json_list_type": "json",
+    "loads": "json",
+}
 
 
 def _literal(node: ast.AST | None, module: dict[str, Any], fields: dict[str, Any]) -> Any:
@@ -93,7 +100,11 @@ def _renamed(cls: ast.ClassDef) -> dict[str, str]:
     method = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "from_cli_args")
     renamed = {}
     for node in method.body:
-        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Attribute) and isinstance(node.value, ast.Attribute):
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.targets[0], ast.Attribute)
+            and isinstance(node.value, ast.Attribute)
+        ):
             renamed[node.targets[0].attr] = node.value.attr
     return renamed
 
@@ -101,7 +112,9 @@ def _renamed(cls: ast.ClassDef) -> dict[str, str]:
 def main(wheel: str) -> None:
     root = Path(wheel) / "sglang"
     metadata = next(Path(wheel).glob("sglang-*.dist-info")) / "METADATA"
-    version = next(line.split(":", 1)[1].strip() for line in metadata.read_text().splitlines() if line.startswith("Version:"))
+    version = next(
+        line.split(":", 1)[1].strip() for line in metadata.read_text().splitlines() if line.startswith("Version:")
+    )
     data = table((root / "srt" / "server_args.py").read_text())
     data = {"sglang_version": version, "source": "sglang/srt/server_args.py", **data}
     json.dump(data, sys.stdout, indent=1, sort_keys=False, default=str)

@@ -26,13 +26,25 @@ def finding_results(findings: list[Finding], check: str, *, lock_backend: str) -
     results = []
     for finding in findings:
         status = {"error": Status.FAIL, "warning": Status.WARN, "info": Status.PASS}[finding.severity]
-        if finding.id == "sglang-attention-backend-default" and finding.values.get("backend") not in (None, lock_backend):
+        if finding.id == "sglang-attention-backend-default" and finding.values.get("backend") not in (
+            None,
+            lock_backend,
+        ):
             status = Status.FAIL
         evidence = finding.evidence
         where = f"{evidence.file}:{evidence.line}" + (f" (x{evidence.count})" if evidence.count > 1 else "")
-        details = [finding.cause, f"log: {where}", *(f"> {excerpt(line)}" for line in evidence.lines[-6:]), f"learned from: {finding.learned_from}"]
+        details = [
+            finding.cause,
+            f"log: {where}",
+            *(f"> {excerpt(line)}" for line in evidence.lines[-6:]),
+            f"learned from: {finding.learned_from}",
+        ]
         make = {Status.FAIL: failed, Status.WARN: warned}.get(status)
         data = {"finding": finding.to_dict()}
-        result = make(finding.title, details, fix=finding.fix, data=data) if make else passed(finding.title, details, data=data)
+        result = (
+            make(finding.title, details, fix=finding.fix, data=data)
+            if make
+            else passed(finding.title, details, data=data)
+        )
         results.append(dataclasses.replace(result, check=f"{check}.{finding.id}"))
     return results

@@ -21,7 +21,19 @@ from stackgate.models.redact import REDACTED
 from stackgate.models.result import Result, failed, passed, skipped, warned
 from stackgate.models.secretargs import SECRET_OPTIONS, shown
 
-__all__ = ["ENDPOINTS", "QUIET_LEVELS", "ServerInfoError", "check_backend", "check_evidence", "check_flags", "check_identity", "check_tp", "fetch", "log_level", "parse_flags"]
+__all__ = [
+    "ENDPOINTS",
+    "QUIET_LEVELS",
+    "ServerInfoError",
+    "check_backend",
+    "check_evidence",
+    "check_flags",
+    "check_identity",
+    "check_tp",
+    "fetch",
+    "log_level",
+    "parse_flags",
+]
 
 ENDPOINTS = ("/server_info", "/get_server_info")
 #: Python logging levels above INFO: a server logging at one of them writes no INFO line.
@@ -68,7 +80,11 @@ def parse_flags(words: Sequence[str]) -> list[tuple[str, Any]]:
 def _same(expected: Any, actual: Any) -> bool:
     """Whether a value given on the command line is the value the server reports."""
     if isinstance(expected, list):
-        return isinstance(actual, list) and len(actual) == len(expected) and all(_same(e, a) for e, a in zip(expected, actual, strict=True))
+        return (
+            isinstance(actual, list)
+            and len(actual) == len(expected)
+            and all(_same(e, a) for e, a in zip(expected, actual, strict=True))
+        )
     if expected is True or isinstance(actual, bool):
         return actual is True if expected is True else str(expected).lower() == str(actual).lower()
     if isinstance(actual, (int, float)):
@@ -92,7 +108,12 @@ def _json(value: Any) -> Any:
 
 def check_identity(info: Mapping[str, Any], endpoint: str, port: int, model: str) -> Result:
     """The answering server is ours: same port, same model."""
-    data = {"endpoint": endpoint, "version": info.get("version"), "port": info.get("port"), "model_path": info.get("model_path")}
+    data = {
+        "endpoint": endpoint,
+        "version": info.get("version"),
+        "port": info.get("port"),
+        "model_path": info.get("model_path"),
+    }
     if info.get("port") not in (None, port) or info.get("model_path") not in (None, model):
         return failed(
             f"the server on port {port} reports port {info.get('port')} and model {info.get('model_path')}: another server answered",
@@ -108,7 +129,10 @@ def check_backend(info: Mapping[str, Any], want: str) -> Result:
     if have != want:
         return failed(
             f"the server runs the {have} attention backend, the lock asks for {want}",
-            fix=Fix(f"Find why SGLang did not take --attention-backend {want} (the log above; `import flashinfer` in the stack).", ("stackgate verify --check abi.imports",)),
+            fix=Fix(
+                f"Find why SGLang did not take --attention-backend {want} (the log above; `import flashinfer` in the stack).",
+                ("stackgate verify --check abi.imports",),
+            ),
             data=data,
         )
     return passed(f"attention backend {have}", data=data)
@@ -140,7 +164,9 @@ def check_flags(info: Mapping[str, Any], words: Sequence[str]) -> Result:
             good.append(f"{option}: {field}={have!r}")
     data = {"flags": shown(words), "mismatches": wrong, "unverified": unknown}
     if wrong:
-        return failed(f"{len(wrong)} of {len(flags)} flag(s) do not run as asked: {wrong[0]}", wrong + unknown, data=data)
+        return failed(
+            f"{len(wrong)} of {len(flags)} flag(s) do not run as asked: {wrong[0]}", wrong + unknown, data=data
+        )
     if unknown:
         return warned(f"{len(unknown)} flag(s) cannot be verified from /server_info", unknown + good, data=data)
     return passed(f"{len(flags)} flag(s) run as asked", good, data=data)
@@ -159,7 +185,9 @@ def check_evidence(item: Evidence, info: Mapping[str, Any] | None, words: Sequen
     """A flag with an evidence pattern is proven by the log, or it fails with that explanation;
     at a log level that hides INFO lines, an absent line proves nothing: a warning says so."""
     field = item.flag[2:].replace("-", "_")
-    accepted = f"{field}={info.get(field)!r} in /server_info" if info is not None and field in info else "accepted at launch"
+    accepted = (
+        f"{field}={info.get(field)!r} in /server_info" if info is not None and field in info else "accepted at launch"
+    )
     data = {"flag": item.flag, "pattern": item.pattern, "line": item.line}
     if item.seen:
         return passed(f"{item.flag}: the log shows {item.pattern!r} (line {item.line})", [f"> {item.text}"], data=data)
@@ -168,7 +196,9 @@ def check_evidence(item: Evidence, info: Mapping[str, Any] | None, words: Sequen
         return warned(
             f"{item.flag} was accepted ({accepted}); whether its path ran cannot be told: the server logs at --log-level {level}, "
             f"which hides INFO lines such as {item.pattern!r}",
-            fix=Fix("Run smoke with the server at --log-level info (the default) to prove the flag, or accept it unproven."),
+            fix=Fix(
+                "Run smoke with the server at --log-level info (the default) to prove the flag, or accept it unproven."
+            ),
             data={**data, "log_level": level},
         )
     return failed(

@@ -28,9 +28,31 @@ scanner, the extractors, never-silent events) is :mod:`stackgate.scan`.
 from __future__ import annotations
 
 from stackgate.models.finding import SEVERITIES, Finding
-from stackgate.models.knowledge._model import COMPONENTS, CONTEXT_KEYS, STAGES, Signature, SignatureError, context_defaults, load, lock_context, read_folder
+from stackgate.models.knowledge._model import (
+    COMPONENTS,
+    CONTEXT_KEYS,
+    STAGES,
+    Signature,
+    SignatureError,
+    context_defaults,
+    load,
+    lock_context,
+    read_folder,
+)
 
-__all__ = ["COMPONENTS", "CONTEXT_KEYS", "SEVERITIES", "STAGES", "Signature", "SignatureError", "context_defaults", "load", "lock_context", "rank", "read_folder"]
+__all__ = [
+    "COMPONENTS",
+    "CONTEXT_KEYS",
+    "SEVERITIES",
+    "STAGES",
+    "Signature",
+    "SignatureError",
+    "context_defaults",
+    "load",
+    "lock_context",
+    "rank",
+    "read_folder",
+]
 
 
 def rank(finding: Finding) -> tuple[int, bool, int]:

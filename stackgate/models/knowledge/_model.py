@@ -51,7 +51,10 @@ CONTEXT_KEYS: Mapping[str, tuple[str, str]] = {
     "lock_flag": ("' --lock PATH' when a lock was given", ""),
     "lock_backend": ("smoke.attention_backend", "flashinfer in the default profile"),
     "lock_torch": ("python.packages.torch", "torch==2.9.1+cu130 in the default profile"),
-    "lock_pins": ("python.guard.frozen, as requirements", "torch, torchaudio, triton and nvidia-nccl-cu13 in the default profile"),
+    "lock_pins": (
+        "python.guard.frozen, as requirements",
+        "torch, torchaudio, triton and nvidia-nccl-cu13 in the default profile",
+    ),
     "torch_cuda": ("python.torch_cuda", "13.0 in the default profile"),
     "torch_index": ("python.index serving torch", "https://download.pytorch.org/whl/cu130"),
     "cuda_home": ("toolkit.default prefix", "<toolkit prefix, e.g. /usr/local/cuda-13.0>"),
@@ -69,7 +72,6 @@ _FIELDS = (
     "without_errors",
 )  # fmt: skip
 _REQUIRED = ("id", "title", "component", "stages", "severity", "patterns", "cause", "fix", "source", "examples")
-
 
 
 class SignatureError(Exception):
@@ -93,7 +95,9 @@ class Signature:
     title: str = ""
     references: tuple[str, ...] = ()  #: further reports and fixes of the same failure
     counterexamples: tuple[str, ...] = ()  #: healthy text that must not match
-    anchors: tuple[str, ...] = ()  #: declared prefilter literals, one per pattern (``anchor``), when not read off the patterns
+    anchors: tuple[
+        str, ...
+    ] = ()  #: declared prefilter literals, one per pattern (``anchor``), when not read off the patterns
     keys: tuple[str, ...] = ()  #: per pattern, a literal every match contains (the prefilter): filled by stackgate.scan
     window: int = 1  #: lines of an event ending on the key's line (a traceback), 1 = one line
     after: int = 0  #: lines after the key's line that belong to the event (resolver reports)
@@ -159,7 +163,10 @@ def _signature(file: str, index: int, raw: Mapping[str, Any]) -> Signature:
     missing = [name for name in _REQUIRED if name not in raw]
     unknown = sorted(set(raw) - set(_FIELDS))
     if missing or unknown:
-        raise SignatureError(f"{where}: " + "; ".join([*(f"missing {m!r}" for m in missing), *([f"unknown keys {unknown}"] if unknown else [])]))
+        raise SignatureError(
+            f"{where}: "
+            + "; ".join([*(f"missing {m!r}" for m in missing), *([f"unknown keys {unknown}"] if unknown else [])])
+        )
     try:
         signature = _build(file, raw)
     except re.error as exc:
@@ -243,7 +250,7 @@ def context_defaults() -> dict[str, str]:
 
 
 def lock_context(lock: Any) -> dict[str, str]:
-    """The context keys filled from a loaded lock (:class:`stackgate.models.spec.Lock`)."""
+    """The context keys filled from a loaded lock (:class:`stackgate.models.spec.Spec`)."""
     toolkit = lock.default_toolkit
     torch = lock.python.package("torch")
     frozen = [lock.python.package(name) for name in lock.python.frozen]
@@ -264,4 +271,3 @@ def lock_context(lock: Any) -> dict[str, str]:
         "lock_port": str(lock.smoke.port),
     }
     return {k: v for k, v in values.items() if v}
-

@@ -80,7 +80,24 @@ DEFAULTS: dict[str, Any] = {
     "events": None,  # append JSON lines of what happened, with time.time()
     "profiles": [],  # [{"when": {"speculative_algorithm": "EAGLE3"}, "set": {...}}]
 }
-_WORDS = ("the", "keeper", "lit", "lamp", "over", "grey", "sea", "and", "waited", "for", "ships", "that", "never", "came", "home", "again")
+_WORDS = (
+    "the",
+    "keeper",
+    "lit",
+    "lamp",
+    "over",
+    "grey",
+    "sea",
+    "and",
+    "waited",
+    "for",
+    "ships",
+    "that",
+    "never",
+    "came",
+    "home",
+    "again",
+)
 _STATE: dict[str, Any] = {"status": "starting", "draining": False, "requests": 0, "active": 0, "streams": 0}
 _LOCK = threading.Lock()
 _CHILDREN: list[subprocess.Popen[bytes]] = []
@@ -244,10 +261,26 @@ def load(args: dict[str, Any], b: dict[str, Any]) -> None:
     tp = args["tp_size"]
     fusion = args["enable_flashinfer_allreduce_fusion"] and tp > 1 and b["evidence"]
     steps = [
-        ("distributed", ["Init torch distributed begin."], "Init torch distributed ends. elapsed=0.41 s, mem usage=0.27 GB"),
-        ("load", ["Load weight begin. avail mem=93.52 GB"], "Load weight end. elapsed=0.52 s, type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=78.10 GB, mem usage=15.42 GB."),
-        ("memory", ["KV Cache is allocated. #tokens: 512000, K size: 29.30 GB, V size: 29.30 GB"], "Memory pool end. avail mem=18.60 GB"),
-        ("graphs", ["Capture cuda graph begin. This can take up to several minutes. avail mem=18.40 GB"], "Capture cuda graph end. Time elapsed: 1.20 s. mem usage=0.60 GB. avail mem=17.80 GB."),
+        (
+            "distributed",
+            ["Init torch distributed begin."],
+            "Init torch distributed ends. elapsed=0.41 s, mem usage=0.27 GB",
+        ),
+        (
+            "load",
+            ["Load weight begin. avail mem=93.52 GB"],
+            "Load weight end. elapsed=0.52 s, type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=78.10 GB, mem usage=15.42 GB.",
+        ),
+        (
+            "memory",
+            ["KV Cache is allocated. #tokens: 512000, K size: 29.30 GB, V size: 29.30 GB"],
+            "Memory pool end. avail mem=18.60 GB",
+        ),
+        (
+            "graphs",
+            ["Capture cuda graph begin. This can take up to several minutes. avail mem=18.40 GB"],
+            "Capture cuda graph end. Time elapsed: 1.20 s. mem usage=0.60 GB. avail mem=17.80 GB.",
+        ),
     ]
     pause = b["load_s"] / (len(steps) + 1)
     for phase, begin, end in steps:
@@ -264,7 +297,11 @@ def load(args: dict[str, Any], b: dict[str, Any]) -> None:
                 log(f"FlashInfer workspace initialized for rank {rank}, world_size {tp}", rank, tp)
         for rank in range(tp):
             log(end, rank, tp)
-    log("max_total_num_tokens=512000, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=2048, context_len=131072, available_gpu_mem=17.80 GB", 0, tp)
+    log(
+        "max_total_num_tokens=512000, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=2048, context_len=131072, available_gpu_mem=17.80 GB",
+        0,
+        tp,
+    )
     inject(b, "serve")
     while b["hang"]:
         time.sleep(3600)
@@ -276,7 +313,9 @@ def load(args: dict[str, Any], b: dict[str, Any]) -> None:
 def progress(seconds: float) -> None:
     """tqdm's shard bar, redrawn with carriage returns as the real one is."""
     for done in range(5):
-        sys.stderr.write(f"\rLoading safetensors checkpoint shards: {done * 25:3d}% Completed | {done}/4 [00:0{done}<00:00,  1.00it/s]")
+        sys.stderr.write(
+            f"\rLoading safetensors checkpoint shards: {done * 25:3d}% Completed | {done}/4 [00:0{done}<00:00,  1.00it/s]"
+        )
         sys.stderr.flush()
         time.sleep(seconds / 5)
     sys.stderr.write("\n")
@@ -302,7 +341,10 @@ def serve(args: dict[str, Any], b: dict[str, Any]) -> None:
     try:
         httpd = ThreadingHTTPServer((args["host"], args["port"]), Handler)
     except OSError as exc:
-        uvicorn("ERROR", f"[Errno {exc.errno}] error while attempting to bind on address {(args['host'], args['port'])!r}: {exc.strerror.lower()}")
+        uvicorn(
+            "ERROR",
+            f"[Errno {exc.errno}] error while attempting to bind on address {(args['host'], args['port'])!r}: {exc.strerror.lower()}",
+        )
         for child in _CHILDREN:
             child.kill()
         sys.exit(1)
@@ -325,15 +367,22 @@ def warmup(args: dict[str, Any], b: dict[str, Any]) -> None:
     base = f"http://{args['host']}:{args['port']}"
     key = {"Authorization": f"Bearer {args['api_key']}"} if args["api_key"] else {}
     urllib.request.urlopen(urllib.request.Request(base + "/model_info", headers=key), timeout=30).read()
-    body = json.dumps({"sampling_params": {"temperature": 0, "max_new_tokens": 8}, "text": "The capital city of France is"}).encode()
-    urllib.request.urlopen(urllib.request.Request(base + "/generate", body, {"Content-Type": "application/json", **key}), timeout=30).read()
+    body = json.dumps(
+        {"sampling_params": {"temperature": 0, "max_new_tokens": 8}, "text": "The capital city of France is"}
+    ).encode()
+    urllib.request.urlopen(
+        urllib.request.Request(base + "/generate", body, {"Content-Type": "application/json", **key}), timeout=30
+    ).read()
     _STATE["status"] = "up"
     log("The server is fired up and ready to roll!")
     event(b, "ready")
 
 
 def on_sigterm(b: dict[str, Any]) -> None:
-    log(f"SIGTERM received. signum={signal.Signals.SIGTERM!r} frame=None. Draining requests and shutting down...", level="warning")
+    log(
+        f"SIGTERM received. signum={signal.Signals.SIGTERM!r} frame=None. Draining requests and shutting down...",
+        level="warning",
+    )
     event(b, "sigterm")
     _STATE["draining"] = True
 
@@ -342,7 +391,9 @@ def drain_watchdog(b: dict[str, Any]) -> None:
     while not _STATE["draining"]:
         time.sleep(b["drain_poll_s"])
     while True:
-        log(f"Gracefully exiting... Remaining number of requests {_STATE['active']}. Remaining requests remaining_rids=[].")
+        log(
+            f"Gracefully exiting... Remaining number of requests {_STATE['active']}. Remaining requests remaining_rids=[]."
+        )
         if _STATE["active"] == 0:
             break
         time.sleep(b["drain_poll_s"])
@@ -392,7 +443,10 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/server_info" and not self.b["server_info_404"]:
             self.reply(200, server_info(self.args, self.b))
         elif self.path == "/get_server_info":
-            log("Endpoint '/get_server_info' is deprecated and will be removed in a future version. Please use '/server_info' instead.", level="warning")
+            log(
+                "Endpoint '/get_server_info' is deprecated and will be removed in a future version. Please use '/server_info' instead.",
+                level="warning",
+            )
             self.reply(200, server_info(self.args, self.b))
         else:
             self.reply(404, {"detail": "Not Found"})
@@ -437,7 +491,9 @@ class Handler(BaseHTTPRequestHandler):
             _STATE["streams"] += 1
             number = _STATE["streams"]
         event(self.b, "stream", number=number)
-        sent: list[float] = []  # time.perf_counter() (CLOCK_MONOTONIC, the client's clock too) just before each event is written
+        sent: list[
+            float
+        ] = []  # time.perf_counter() (CLOCK_MONOTONIC, the client's clock too) just before each event is written
         for payload in token_events(request, self.args, self.b, number):
             if self.cut(payload):
                 return
@@ -446,7 +502,14 @@ class Handler(BaseHTTPRequestHandler):
         self.chunk(b"data: [DONE]\n\n")
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
-        event(self.b, "stream_done", number=number, first_sent=sent[0] if sent else None, last_sent=sent[-1] if sent else None, events=len(sent))
+        event(
+            self.b,
+            "stream_done",
+            number=number,
+            first_sent=sent[0] if sent else None,
+            last_sent=sent[-1] if sent else None,
+            events=len(sent),
+        )
 
     def cut(self, payload: bytes) -> bool:
         """Drop the connection mid-stream while the server stays up (a proxy's reset, a bug)."""
@@ -478,7 +541,15 @@ def token_ids(prompt: str, count: int, b: dict[str, Any], number: int) -> list[i
 
 
 def meta(rid: str, count: int, prompt_tokens: int, finished: Any, started: float) -> dict[str, Any]:
-    info: dict[str, Any] = {"id": rid, "finish_reason": finished, "prompt_tokens": prompt_tokens, "weight_version": "default", "total_retractions": 0, "completion_tokens": count, "cached_tokens": 0}
+    info: dict[str, Any] = {
+        "id": rid,
+        "finish_reason": finished,
+        "prompt_tokens": prompt_tokens,
+        "weight_version": "default",
+        "total_retractions": 0,
+        "completion_tokens": count,
+        "cached_tokens": 0,
+    }
     if finished is not None:
         info["e2e_latency"] = time.time() - started
     return info
@@ -509,9 +580,20 @@ def token_events(request: dict[str, Any], args: dict[str, Any], b: dict[str, Any
             time.sleep(wait)
         count += step
         mid_stream(b, count)
-        finished = ({"type": "length", "length": asked} if total == asked else {"type": "abort", "message": "aborted"}) if count == total else None
+        finished = (
+            ({"type": "length", "length": asked} if total == asked else {"type": "abort", "message": "aborted"})
+            if count == total
+            else None
+        )
         text = "".join(_WORDS[i % len(_WORDS)] + " " for i in ids[:count])
-        yield json.dumps({"text": text, "output_ids": ids[:count], "meta_info": meta(rid, count, len(prompt.split()), finished, started)}, separators=(",", ":")).encode()
+        yield json.dumps(
+            {
+                "text": text,
+                "output_ids": ids[:count],
+                "meta_info": meta(rid, count, len(prompt.split()), finished, started),
+            },
+            separators=(",", ":"),
+        ).encode()
         due += step / rate_now(b, number)
 
 
@@ -531,12 +613,17 @@ def generate_whole(request: dict[str, Any], args: dict[str, Any], b: dict[str, A
     prompt = request.get("text") or ""
     ids = token_ids(prompt, asked, b, 0)
     log(
-        f"Prefill batch, #new-seq: 1, #new-token: {len(prompt.split())}, #cached-token: 0, token usage: 0.00, #running-req: 0, #queue-req: 0, input throughput (token/s): 0.00, cuda graph: False", 0,
+        f"Prefill batch, #new-seq: 1, #new-token: {len(prompt.split())}, #cached-token: 0, token usage: 0.00, #running-req: 0, #queue-req: 0, input throughput (token/s): 0.00, cuda graph: False",
+        0,
         args["tp_size"],
     )
     time.sleep(b["ttft_s"] + asked / b["rate"])
     text = "".join(_WORDS[i % len(_WORDS)] + " " for i in ids)
-    return {"text": text, "output_ids": ids, "meta_info": meta("0" * 32, asked, len(prompt.split()), {"type": "length", "length": asked}, time.time())}
+    return {
+        "text": text,
+        "output_ids": ids,
+        "meta_info": meta("0" * 32, asked, len(prompt.split()), {"type": "length", "length": asked}, time.time()),
+    }
 
 
 def model_info(args: dict[str, Any]) -> dict[str, Any]:
@@ -557,6 +644,11 @@ def model_info(args: dict[str, Any]) -> dict[str, Any]:
 def server_info(args: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     scheduler = {"status": "ready", "max_total_num_tokens": 512000, "max_req_input_len": 131066}
     # Each scheduler's state starts from its own copy of the server arguments (Scheduler.get_internal_state).
-    states = [{**args, "last_gen_throughput": b["rate"], "memory_usage": {"weight": 15.42, "kvcache": 58.6, "token_capacity": 512000, "graph": 0.6}}]
+    states = [
+        {
+            **args,
+            "last_gen_throughput": b["rate"],
+            "memory_usage": {"weight": 15.42, "kvcache": 58.6, "token_capacity": 512000, "graph": 0.6},
+        }
+    ]
     return {**args, **scheduler, "internal_states": states, "version": VERSION}
-
