@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("checks | stack | serve", ("checks", "stack", "serve")),
     ("runs", ("runs",)),
     ("render", ("render",)),
+    ("flows", ("flows",)),
     ("commands", ("commands",)),
     ("program", ("",)),
 )
