@@ -1,6 +1,6 @@
 """The spec `stackgate init` writes: this machine (:class:`stackgate.facts.machine.Machine`) as a
 lockfile, each value with a comment saying where it came from. The text loads with
-:func:`stackgate.models.spec.loads` and `stackgate lock` takes it as it is."""
+:func:`stackgate.models.spec.loads_spec` and `stackgate lock` takes it as it is."""
 
 from __future__ import annotations
 
