@@ -13,7 +13,7 @@ This script only measures; stackgate reads the figures (stackgate/facts/deep.py)
 
 REQUEST-JSON names the device ("cuda", or "cpu" for the tests), the sizes and the counts.
 Its "faults" (tests only: stackgate passes the deep.* points of $STACKGATE_FAULT, see
-stackgate/models/faults.py; this script reads no environment of its own) plant faults:
+stackgate/edges/faults.py; this script reads no environment of its own) plant faults:
 "matmul:<device index>" negates that device's product, "wrong:<rank>" adds 1 to one element of
 that rank's contribution, "hang:<rank>" makes that rank sleep before its first all-reduce.
 """

@@ -22,10 +22,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Mapping, Sequence
 
-from stackgate.edges import elf, nvml, runner
+from stackgate.edges import elf, faults, nvml, runner
 from stackgate.facts.collect import Facts
 from stackgate.facts.model import Missing
-from stackgate.models import faults, settings
+from stackgate.models import settings
 from stackgate.models.spec import DeepAttention, Spec
 
 __all__ = [

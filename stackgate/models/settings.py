@@ -343,7 +343,7 @@ FAULT: Setting[tuple[str, ...]] = Setting(
     "STACKGATE_FAULT",
     points,
     (),
-    "test only: faults to plant, `point[,point...]` (stackgate/models/faults.py lists the points)",
+    "test only: faults to plant, `point[,point...]` (stackgate/edges/faults.py lists the points)",
     test_only=True,
 )
 

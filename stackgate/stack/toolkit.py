@@ -49,10 +49,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
-from stackgate.edges import fetch, runner
+from stackgate.edges import faults, fetch, runner
 from stackgate.facts import ToolkitFacts, ToolVersion, tool_version
 from stackgate.facts.compare import toolkit_problem
-from stackgate.models import faults, settings
+from stackgate.models import settings
 from stackgate.models.spec import PYPI_CUDA12_REASON, Toolkit
 
 __all__ = [
