@@ -36,24 +36,9 @@ __all__ = [
 
 STAGES = ("provision", "verify", "smoke")
 COMPONENTS = (
-    "sglang",
-    "sgl-kernel",
-    "flashinfer",
-    "torch",
-    "triton",
-    "nccl",
-    "cuda toolkit",
-    "driver",
-    "resolver",
-    "installer",
-    "python",
-    "container runtime",
-    "kubernetes",
-    "ray",
-    "vllm",
-    "tensorrt-llm",
-    "host",
-)
+    "sglang", "sgl-kernel", "flashinfer", "torch", "triton", "nccl", "cuda toolkit", "driver", "resolver",
+    "installer", "python", "container runtime", "kubernetes", "ray", "vllm", "tensorrt-llm", "host",
+)  # fmt: skip # a table: the names, wrapped
 
 #: The stack's context a signature's texts may quote as ``{name}``: name -> (where it comes from
 #: in the lock, what is said when no lock was given). Defined here once; :func:`lock_context`
