@@ -10,7 +10,7 @@ says, offline, whether the pylock still matches its spec: ``[tool.stackgate.inpu
 spec's resolution inputs when the pylock is made.
 
 Like the spec, a pylock is input: every problem is collected with its key path and raised at
-once as :class:`PylockError` (a :class:`~stackgate.models.spec.LockError`: exit 2, nothing done).
+once as :class:`PylockError` (a :class:`~stackgate.models.spec.SpecError`: exit 2, nothing done).
 """
 
 from __future__ import annotations
