@@ -166,10 +166,14 @@ def elf_links(lock: Spec, facts: Facts) -> Result:
         details = [f"{_short(f.path)} ({f.distribution}) links {n.library}" for f, n in wrong]
         packages = sorted({f.distribution for f, _ in wrong})
         fix = Fix(
-            f"Install the CUDA {want} build of {', '.join(packages)} (e.g. the +cu{want.replace('.', '')} wheel); PyPI's sgl-kernel 0.3.21 is a CUDA 12.9 build.",
+            f"Install the CUDA {want} build of {', '.join(packages)} (e.g. the +cu{want.replace('.', '')} wheel); "
+            "PyPI's sgl-kernel 0.3.21 is a CUDA 12.9 build.",
             ("stackgate provision --only python",),
         )
-        summary = f"{len(wrong)} shared object(s) link CUDA {wrong[0][1].major} libraries but torch is CUDA {want}: {details[0]}"
+        summary = (
+            f"{len(wrong)} shared object(s) link CUDA {wrong[0][1].major} libraries but torch is CUDA {want}: "
+            f"{details[0]}"
+        )
         return failed(summary, details, fix, data)
     extra = [f"unreadable: {u}" for u in scan.unreadable]
     return passed(f"{len(scan.files)} shared object(s) scanned, {linked} link CUDA, all CUDA {major}", extra, data)

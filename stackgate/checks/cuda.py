@@ -59,7 +59,8 @@ def _toolkit_fix(wrong: list[Toolkit]) -> Fix:
     if kept:
         names = ", ".join(t.label for t in kept)
         return Fix(
-            f"{names} is kept, never installed by stackgate: restore it from its own installer (runfile or apt) without touching the other toolkits."
+            f"{names} is kept, never installed by stackgate: restore it from its own installer (runfile or apt) "
+            "without touching the other toolkits."
         )
     return Fix("Install the locked toolkit beside the others.", (_PROVISION,))
 
@@ -88,7 +89,8 @@ def home(lock: Spec, facts: Facts) -> Result:
         details.append(f"stackgate.env unreadable: {env.env_file_error}")
     if picked != want:
         return failed(
-            f"flashinfer's JIT would use {env.jit_home} (chosen by {env.jit_home_by}), not CUDA {default.version} at {default.prefix}",
+            f"flashinfer's JIT would use {env.jit_home} (chosen by {env.jit_home_by}), not CUDA {default.version} "
+            f"at {default.prefix}",
             details,
             _env_fix(lock, env),
             data,

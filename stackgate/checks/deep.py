@@ -370,14 +370,16 @@ def _gpu_summary(records: Sequence[Mapping[str, Any]]) -> str:
         return f"{low:.4g}" if math.isclose(low, high, rel_tol=0.005) else f"{low:.4g}-{high:.4g}"
 
     return (
-        f"{len(records)} GPU(s) correct: bf16 {span('bfloat16', 'tflops')} TFLOP/s, fp32 {span('float32', 'tflops')} TFLOP/s, "
+        f"{len(records)} GPU(s) correct: bf16 {span('bfloat16', 'tflops')} TFLOP/s, fp32 {span('float32', 'tflops')} "
+        "TFLOP/s, "
         f"copy {span('copy', 'gbs')} GB/s (read+write)"
     )
 
 
 def _gpu_line(r: Mapping[str, Any]) -> str:
     return (
-        f"{_label(r)}: bf16 {r['bfloat16']['n']}^3 {r['bfloat16']['tflops']:.4g} TFLOP/s (rel err {r['bfloat16']['rel_err']:.2g}), "
+        f"{_label(r)}: bf16 {r['bfloat16']['n']}^3 {r['bfloat16']['tflops']:.4g} TFLOP/s (rel err "
+        f"{r['bfloat16']['rel_err']:.2g}), "
         f"fp32 {r['float32']['n']}^3 {r['float32']['tflops']:.4g} TFLOP/s (rel err {r['float32']['rel_err']:.2g}), "
         f"copy {r['copy']['bytes'] / 2**30:.3g} GiB {r['copy']['gbs']:.4g} GB/s"
     )
@@ -392,7 +394,8 @@ def _log_fix(log: Path) -> Fix:
 
 
 def _limit_s() -> float:
-    """A deep check's own limit: its run's ($STACKGATE_DEEP_TIMEOUT_S, read when it runs) and a minute to read the figures."""
+    """A deep check's own limit: its run's ($STACKGATE_DEEP_TIMEOUT_S, read when it runs) and a minute to read
+    the figures."""
     return settings.DEEP_TIMEOUT_S.value() + 60
 
 
@@ -445,10 +448,14 @@ def _sweep_data(sweep: Sweep, min_busbw: float | None) -> dict[str, Any]:
         "log": str(sweep.log),
         "timing": _timing(sweep),
         "method": "in-place all_reduce (sum, float32), nccl-tests' all_reduce_perf sweep: "
-        f"{sweep.request.warmup} warm-up ops at the largest and smallest size, then per size {sweep.request.iters} ops; "
-        f"on GPUs the {sweep.request.iters} ops are captured in one CUDA graph and replayed {sweep.request.replays} times, "
-        "each replay after the buffer's reset and a captured 1-element all-reduce that aligns the ranks, bracketed by CUDA events; "
-        "time_us is the mean over ranks of each rank's median replay, min_us the fastest replay; eager_us times the ops "
+        f"{sweep.request.warmup} warm-up ops at the largest and smallest size, then per size {sweep.request.iters} "
+        "ops; "
+        f"on GPUs the {sweep.request.iters} ops are captured in one CUDA graph and replayed {sweep.request.replays} "
+        "times, "
+        "each replay after the buffer's reset and a captured 1-element all-reduce that aligns the ranks, bracketed "
+        "by CUDA events; "
+        "time_us is the mean over ranks of each rank's median replay, min_us the fastest replay; eager_us times the "
+        "ops "
         "launched one by one from Python (torch's per-call host overhead included), after the graph",
     }
 
@@ -511,7 +518,10 @@ def judge_collective(sweep: Sweep, min_busbw: float | None, wanted: int | None =
             _slow_summary(sweep, data, min_busbw), [*_size_lines(sweep), *_env_lines(sweep)], _nccl_fix(sweep), data
         )
     floor = f" (>= {min_busbw:g} GB/s)" if min_busbw is not None else ""
-    summary = f"{sweep.world} ranks, {_library(sweep)}: peak busbw {data['peak_busbw_gbs']:.4g} GB/s at {_size(data['peak_bytes'])}{floor}, #wrong 0 at {len(sweep.sizes)} sizes"
+    summary = (
+        f"{sweep.world} ranks, {_library(sweep)}: peak busbw {data['peak_busbw_gbs']:.4g} GB/s at "
+        f"{_size(data['peak_bytes'])}{floor}, #wrong 0 at {len(sweep.sizes)} sizes"
+    )
     return passed(summary, [*notes, *_size_lines(sweep)], data)
 
 
@@ -561,7 +571,10 @@ def _one_rank_summary(sweep: Sweep, min_busbw: float | None) -> str:
 
 def _slow_summary(sweep: Sweep, data: Mapping[str, Any], min_busbw: float) -> str:
     tuning = ", ".join(f"{k}={sweep.nccl_env.get(k, 'unset')}" for k in TUNING)
-    return f"peak busbw {data['peak_busbw_gbs']:.4g} GB/s at {_size(data['peak_bytes'])} is below the lock's {min_busbw:g} GB/s ({_library(sweep)}, {sweep.world} ranks; {tuning})"
+    return (
+        f"peak busbw {data['peak_busbw_gbs']:.4g} GB/s at {_size(data['peak_bytes'])} is below the lock's "
+        f"{min_busbw:g} GB/s ({_library(sweep)}, {sweep.world} ranks; {tuning})"
+    )
 
 
 def _size_lines(sweep: Sweep) -> list[str]:
@@ -579,7 +592,8 @@ def _size_lines(sweep: Sweep) -> list[str]:
         )
 
     return [
-        f"{_size(s.bytes):>8}: {s.time_us:10.1f} us{fastest(s)}  algbw {s.algbw_gbs:8.2f} GB/s  {bus(s)}  #wrong {s.wrong}{eager(s)}"
+        f"{_size(s.bytes):>8}: {s.time_us:10.1f} us{fastest(s)}  algbw {s.algbw_gbs:8.2f} GB/s  {bus(s)}  #wrong "
+        f"{s.wrong}{eager(s)}"
         for s in sweep.sizes
     ]
 
@@ -606,7 +620,10 @@ def _hang_summary(sweep: Sweep) -> str:
     if not sweep.progress:
         return f"hang: no rank finished setting up within {sweep.timeout_s:g} s (the process group never formed)"
     where = _stage(sweep, min(sweep.progress.values()))
-    return f"hang: {where} did not finish within {sweep.timeout_s:g} s ({len(sweep.progress)} of {sweep.world} rank(s) set up)"
+    return (
+        f"hang: {where} did not finish within {sweep.timeout_s:g} s ({len(sweep.progress)} of {sweep.world} rank(s) "
+        "set up)"
+    )
 
 
 def _hang_details(sweep: Sweep) -> list[str]:
@@ -621,7 +638,8 @@ def _hang_details(sweep: Sweep) -> list[str]:
 def _nccl_fix(sweep: Sweep) -> Fix:
     return Fix(
         "Look at the topology NCCL found and the transports it chose (P2P, not SHM or NET, between GPUs of one host). "
-        "On PCIe-only hosts NCCL_P2P_LEVEL=SYS and NCCL_MIN_NCHANNELS=8 in the lock's [smoke.env] raised ~22 to 37-41 GB/s; "
+        "On PCIe-only hosts NCCL_P2P_LEVEL=SYS and NCCL_MIN_NCHANNELS=8 in the lock's [smoke.env] raised ~22 to "
+        "37-41 GB/s; "
         "check ACS/IOMMU settings when P2P is refused.",
         ("nvidia-smi topo -m", f"grep -E 'via|channels|NCCL WARN' {sweep.log}"),
     )
@@ -686,7 +704,9 @@ def fusion_atol(world: int) -> float:
 def close_enough(worst: Sequence[float], atol: float, rtol: float) -> bool:
     """``|a - b| <= atol + rtol * |ref|`` for the worst element ``(|a - b|, |ref|)``; NaN is not.
 
-    >>> close_enough((0.0625, 12.0), 2.0**-6, 2.0**-7), close_enough((0.5, 1.0), 2e-3, 2.0**-7), close_enough((float("nan"), 1.0), 1.0, 1.0)
+    >>> close_enough((0.0625, 12.0), 2.0**-6, 2.0**-7), close_enough((0.5, 1.0), 2e-3, 2.0**-7), close_enough(
+    ...     (float("nan"), 1.0), 1.0, 1.0
+    ... )
     (True, False, False)
     """
     error, scale = worst
@@ -770,13 +790,20 @@ def _jit_context(lock: Spec, facts: Facts, env: Mapping[str, str], timeout_s: fl
 def _jit_line(seconds: float, compiled: int, jit: JitContext) -> str:
     """``JIT (cold) took 70 s of the 600 s allowed (4 modules compiled)``, or the warm case."""
     if compiled:
-        return f"JIT (cold) took {seconds:.0f} s of the {jit.timeout_s:g} s allowed ({compiled} module(s) compiled into {jit.workspace})"
-    return f"no JIT: every module came from {'flashinfer-jit-cache' if jit.jit_cache else 'the JIT cache'} (first calls {seconds:.1f} s)"
+        return (
+            f"JIT (cold) took {seconds:.0f} s of the {jit.timeout_s:g} s allowed ({compiled} module(s) compiled into "
+            f"{jit.workspace})"
+        )
+    return (
+        f"no JIT: every module came from {'flashinfer-jit-cache' if jit.jit_cache else 'the JIT cache'} (first calls "
+        f"{seconds:.1f} s)"
+    )
 
 
 def _flashinfer_import_fix(lock: Spec) -> Fix:
     return Fix(
-        "Install flashinfer-python in the stack at the lock's version, with its dependencies (apache-tvm-ffi, nvidia-cudnn-frontend) "
+        "Install flashinfer-python in the stack at the lock's version, with its dependencies (apache-tvm-ffi, "
+        "nvidia-cudnn-frontend) "
         "and flashinfer-cubin of the same release if any; then import it by hand to see the whole error.",
         ("stackgate provision --only python", f"{lock.python.target} -c 'import flashinfer'"),
     )
@@ -806,7 +833,8 @@ def _kernel_problem(record: Mapping[str, Any], lock: Spec) -> tuple[str, Known |
     if not close_enough(worst, ATTENTION_ATOL, ATTENTION_RTOL):
         limit = ATTENTION_ATOL + ATTENTION_RTOL * worst[1]
         return (
-            f"{_kernel_label(record)}: wrong: error {worst[0]:.3g} where |ref| is {worst[1]:.3g} (allowed {limit:.3g}; max abs error {record['max_abs_err']:.3g}) against float32",
+            f"{_kernel_label(record)}: wrong: error {worst[0]:.3g} where |ref| is {worst[1]:.3g} (allowed "
+            f"{limit:.3g}; max abs error {record['max_abs_err']:.3g}) against float32",
             None,
         )
     return None
@@ -983,8 +1011,10 @@ def _out_of_space(run: AttentionRun, jit: JitContext, data: Mapping[str, Any]) -
 
 
 _JIT_TIMEOUT_FIX = (
-    "A cold JIT compiles each kernel with nvcc (49 s for the prefill kernel on a 16-core H200): raise [deep.attention] jit_timeout_s "
-    "(or [deep.fusion]) on a machine with fewer cores, or install flashinfer-jit-cache (precompiled kernels). A kernel that hangs "
+    "A cold JIT compiles each kernel with nvcc (49 s for the prefill kernel on a 16-core H200): raise "
+    "[deep.attention] jit_timeout_s "
+    "(or [deep.fusion]) on a machine with fewer cores, or install flashinfer-jit-cache (precompiled kernels). A "
+    "kernel that hangs "
     "after its JIT needs the log."
 )
 
@@ -992,7 +1022,10 @@ _JIT_TIMEOUT_FIX = (
 def _attention_timeout(run: AttentionRun, jit: JitContext) -> str:
     where = f"GPU {run.running[0]}'s {run.running[1]} kernel" if run.running else "the attention run"
     if run.running and run.running[0] == 0 and not any(k.get("kind") == run.running[1] for k in run.kernels):
-        return f"{where} did not finish within {run.timeout_s:g} s: its first call JIT-compiles (cold) with the lock's jit_timeout_s {jit.timeout_s:g} s allowed"
+        return (
+            f"{where} did not finish within {run.timeout_s:g} s: its first call JIT-compiles (cold) with the lock's "
+            f"jit_timeout_s {jit.timeout_s:g} s allowed"
+        )
     return f"hang: {where} did not finish within {run.timeout_s:g} s"
 
 
@@ -1000,7 +1033,10 @@ def _attention_summary(run: AttentionRun, data: Mapping[str, Any], jit: JitConte
     rates = ", ".join(f"{name} {value:.4g}" for name, value in data["figures"].items())
     worst = max((k["max_abs_err"] for k in run.kernels), default=0.0)
     gpus = len({k["index"] for k in run.kernels})
-    return f"flashinfer {run.begin.get('flashinfer')} on {gpus} GPU(s): {rates}; max abs error {worst:.2g}; {_jit_line(data['jit']['first_calls_s'], data['jit']['compiled'], jit)}"
+    return (
+        f"flashinfer {run.begin.get('flashinfer')} on {gpus} GPU(s): {rates}; max abs error {worst:.2g}; "
+        f"{_jit_line(data['jit']['first_calls_s'], data['jit']['compiled'], jit)}"
+    )
 
 
 def _attention_lines(run: AttentionRun) -> list[str]:
@@ -1008,7 +1044,8 @@ def _attention_lines(run: AttentionRun) -> list[str]:
     for k in run.kernels:
         rate = f"{k['gbs']:.4g} GB/s" if "gbs" in k else f"{k['tflops']:.4g} TFLOP/s (causal)"
         lines.append(
-            f"{_kernel_label(k)}: {k['us']:.1f} us, {rate}, max abs error {k['max_abs_err']:.2g}, first call {k['first_call_s']:.1f} s ({k['compiled']} module(s) compiled)"
+            f"{_kernel_label(k)}: {k['us']:.1f} us, {rate}, max abs error {k['max_abs_err']:.2g}, first call "
+            f"{k['first_call_s']:.1f} s ({k['compiled']} module(s) compiled)"
         )
     return lines
 
@@ -1026,7 +1063,8 @@ def flashinfer_attention(lock: Spec, facts: Facts) -> Result:
     """flashinfer's decode, prefill and paged attention run on every GPU and match float32."""
     if not _uses_flashinfer(lock):
         return skipped(
-            f"the lock's stack does not use flashinfer (attention backend {lock.smoke.attention_backend}, no flashinfer-python pin)"
+            f"the lock's stack does not use flashinfer (attention backend {lock.smoke.attention_backend}, no "
+            "flashinfer-python pin)"
         )
     env = flashinfer_env(lock, facts)
     shapes = lock.deep.attention
@@ -1056,16 +1094,23 @@ def fusion_arch_problem(gpu_majors: set[int], supported: Sequence[int], arch_lis
 
     >>> fusion_arch_problem({12}, [9, 10], None)
     'compute capability major 12 is not among the majors flashinfer builds the fusion module for ([9, 10])'
-    >>> fusion_arch_problem({9}, [9, 10], "12.0a")
-    'FLASHINFER_CUDA_ARCH_LIST=12.0a names no major flashinfer builds the fusion module for ([9, 10]): its JIT would raise'
+    >>> print(fusion_arch_problem({9}, [9, 10], "12.0a"))  # doctest: +NORMALIZE_WHITESPACE
+    FLASHINFER_CUDA_ARCH_LIST=12.0a names no major flashinfer builds the fusion module for ([9, 10]):
+    its JIT would raise
     >>> fusion_arch_problem({9}, [9, 10], None) is None
     True
     """
     missing = sorted(gpu_majors - set(supported))
     if missing:
-        return f"compute capability major {', '.join(map(str, missing))} is not among the majors flashinfer builds the fusion module for ({list(supported)})"
+        return (
+            f"compute capability major {', '.join(map(str, missing))} is not among the majors flashinfer builds the "
+            f"fusion module for ({list(supported)})"
+        )
     if arch_list and not _majors(arch_list) & set(supported):
-        return f"FLASHINFER_CUDA_ARCH_LIST={arch_list} names no major flashinfer builds the fusion module for ({list(supported)}): its JIT would raise"
+        return (
+            f"FLASHINFER_CUDA_ARCH_LIST={arch_list} names no major flashinfer builds the fusion module for "
+            f"({list(supported)}): its JIT would raise"
+        )
     return None
 
 
@@ -1084,12 +1129,14 @@ def _gate_evidence(gate: FusionGate, capabilities: Sequence[str], source: str, a
     counts = ", ".join(f"{n} x {cc}" for cc, n in sorted(Counter(capabilities).items()))
     lines = [
         f"GPUs: compute capability {counts} (from {source})",
-        f"flashinfer {fi.get('version')}: {fi.get('function')}() builds for supported_major_versions={fi.get('supported_majors')} (read from {fi.get('file')})",
+        f"flashinfer {fi.get('version')}: {fi.get('function')}() builds for "
+        f"supported_major_versions={fi.get('supported_majors')} (read from {fi.get('file')})",
     ]
     sglang = gate.sglang
     if sglang and "supported_majors" in sglang:
         lines.append(
-            f"sglang {sglang.get('version')}: {sglang.get('function')}() admits majors {sglang['supported_majors']} (read from {sglang.get('file')} and {sglang.get('helpers')})"
+            f"sglang {sglang.get('version')}: {sglang.get('function')}() admits majors {sglang['supported_majors']} "
+            f"(read from {sglang.get('file')} and {sglang.get('helpers')})"
         )
     elif sglang:
         lines.append(f"sglang {sglang.get('version')}: its gate could not be read: {sglang.get('error')}")
@@ -1103,7 +1150,8 @@ def _gate_evidence(gate: FusionGate, capabilities: Sequence[str], source: str, a
 
 _NO_COMPILE = (
     "no compile was tried: flashinfer's JIT filters its target archs by these majors and raises "
-    "`No supported CUDA architectures found for major versions [...]` before nvcc runs (flashinfer/compilation_context.py; sglang issue 15650)"
+    "`No supported CUDA architectures found for major versions [...]` before nvcc runs "
+    "(flashinfer/compilation_context.py; sglang issue 15650)"
 )
 
 
@@ -1136,8 +1184,10 @@ def judge_fusion_gate(
     data["defines"] = {"allreduce_fusion": f"no-op: {problem}"}
     summary = f"the fused path cannot run here: {problem}: {FUSION_FLAG} is a no-op on this machine"
     fix = Fix(
-        f"Drop {FUSION_FLAG} from [smoke] flags for this hardware (the TP all-reduce then runs on NCCL, as it already does), "
-        'or keep it knowingly with [deep.fusion] unsupported = "warn". Only a flashinfer whose comm module builds for this arch makes it real.',
+        f"Drop {FUSION_FLAG} from [smoke] flags for this hardware (the TP all-reduce then runs on NCCL, as it "
+        "already does), "
+        'or keep it knowingly with [deep.fusion] unsupported = "warn". Only a flashinfer whose comm module builds '
+        "for this arch makes it real.",
         ("stackgate verify --deep --check deep.allreduce_fusion",),
     )
     return (warned if severity == "warn" else failed)(summary, [*evidence, _NO_COMPILE], fix, data)
@@ -1152,8 +1202,14 @@ _GATE_FIX = Fix(
 def _fusion_data(run: FusionRun, atol: float) -> dict[str, Any]:
     tokens = []
     for t in run.tokens:
-        tokens.append({**{k: _finite(v) for k, v in asdict(t).items() if k not in ("residual", "norm", "max_abs_err")}, "speedup": t.speedup,
-                       "max_abs_err": {k: _finite(v) for k, v in t.max_abs_err.items()}, "worst": {"residual": [_finite(v) for v in t.residual], "norm": [_finite(v) for v in t.norm]}})  # fmt: skip
+        tokens.append(
+            {
+                **{k: _finite(v) for k, v in asdict(t).items() if k not in ("residual", "norm", "max_abs_err")},
+                "speedup": t.speedup,
+                "max_abs_err": {k: _finite(v) for k, v in t.max_abs_err.items()},
+                "worst": {"residual": [_finite(v) for v in t.residual], "norm": [_finite(v) for v in t.norm]},
+            }
+        )
     return {
         "world": run.request.world,
         "hidden": run.request.hidden,
@@ -1166,11 +1222,17 @@ def _fusion_data(run: FusionRun, atol: float) -> dict[str, Any]:
         "tolerance": {
             "atol": atol,
             "rtol": run.request.rtol,
-            "rule": "|out - ref| <= atol + rtol * |ref|; ref: NCCL's all-reduce of the same bf16 inputs, then the residual add and RMSNorm in float32",
+            "rule": (
+                "|out - ref| <= atol + rtol * |ref|; ref: NCCL's all-reduce of the same bf16 inputs, then the "
+                "residual add and RMSNorm in float32"
+            ),
         },
-        "method": f"per token count: {run.request.iters} calls captured in one CUDA graph, {run.request.replays} timed replays after a 1-element all-reduce "
-        "that aligns the ranks; each rank's median, the mean over ranks. unfused: NCCL all-reduce, then torch's add and RMSNorm ops "
-        "(several kernels; SGLang's own unfused path runs one fused add+RMSNorm kernel there, so its speedup is smaller)",
+        "method": (
+            f"per token count: {run.request.iters} calls captured in one CUDA graph, {run.request.replays} "
+            "timed replays after a 1-element all-reduce that aligns the ranks; each rank's median, the mean over "
+            "ranks. unfused: NCCL all-reduce, then torch's add and RMSNorm ops (several kernels; SGLang's own "
+            "unfused path runs one fused add+RMSNorm kernel there, so its speedup is smaller)"
+        ),
         "seed": run.request.seed,
         "script_s": round(run.duration_s, 3),
         "log": str(run.log),
@@ -1185,7 +1247,8 @@ def _fusion_wrong(run: FusionRun, atol: float) -> list[str]:
             worst = getattr(t, part)
             if not close_enough(worst, atol, run.request.rtol):
                 wrong.append(
-                    f"{t.tokens} token(s): {part} wrong: error {worst[0]:.3g} where |ref| is {worst[1]:.3g} (allowed {atol + run.request.rtol * worst[1]:.3g})"
+                    f"{t.tokens} token(s): {part} wrong: error {worst[0]:.3g} where |ref| is {worst[1]:.3g} (allowed "
+                    f"{atol + run.request.rtol * worst[1]:.3g})"
                 )
     return wrong
 
@@ -1219,7 +1282,8 @@ def judge_fusion(run: FusionRun, jit: JitContext, lock: Spec) -> Result:
     slower = [t for t in run.tokens if t.speedup is not None and t.speedup < 1]
     if slower:
         return warned(
-            f"the fused path is slower than the unfused one at {', '.join(str(t.tokens) for t in slower)} token(s): {_fusion_summary(run, jit)}",
+            f"the fused path is slower than the unfused one at {', '.join(str(t.tokens) for t in slower)} token(s): "
+            f"{_fusion_summary(run, jit)}",
             lines,
             None,
             data,
@@ -1243,8 +1307,14 @@ def _fusion_failed(run: FusionRun, lock: Spec, data: Mapping[str, Any]) -> Resul
 
 def _fusion_timeout(run: FusionRun, jit: JitContext) -> str:
     if not run.workspace_s:
-        return f"the IPC workspace (its first creation JIT-compiles the comm module, cold) was not ready within {run.timeout_s:g} s (the lock's jit_timeout_s {jit.timeout_s:g} s included)"
-    return f"hang: the fusion run did not finish within {run.timeout_s:g} s ({', '.join(f'rank {r}: {w}' for r, w in sorted(run.progress.items()))})"
+        return (
+            "the IPC workspace (its first creation JIT-compiles the comm module, cold) was not ready within "
+            f"{run.timeout_s:g} s (the lock's jit_timeout_s {jit.timeout_s:g} s included)"
+        )
+    return (
+        f"hang: the fusion run did not finish within {run.timeout_s:g} s "
+        f"({', '.join(f'rank {r}: {w}' for r, w in sorted(run.progress.items()))})"
+    )
 
 
 def _fusion_summary(run: FusionRun, jit: JitContext) -> str:
@@ -1256,8 +1326,10 @@ def _fusion_summary(run: FusionRun, jit: JitContext) -> str:
     )
     workspace = max(run.workspace_s.values(), default=0.0)
     return (
-        f"{run.request.world} ranks, hidden {run.request.hidden}: fused = NCCL + residual + RMSNorm (max abs error norm {worst:.2g}); "
-        f"fused vs unfused, graph-captured, per token count: {speed}; workspace {_jit_line(workspace, run.compiled, jit)}"
+        f"{run.request.world} ranks, hidden {run.request.hidden}: fused = NCCL + residual + RMSNorm (max abs error "
+        f"norm {worst:.2g}); "
+        f"fused vs unfused, graph-captured, per token count: {speed}; workspace "
+        f"{_jit_line(workspace, run.compiled, jit)}"
     )
 
 
@@ -1265,8 +1337,13 @@ def _fusion_lines(run: FusionRun) -> list[str]:
     def us(value: float | None) -> str:
         return f"{value:8.1f} us" if value is not None else "    n/a   "
 
-    lines = [f"{t.tokens:>5} token(s): fused {us(t.fused_us)} unfused {us(t.unfused_us)} (eager: {us(t.fused_eager_us)} vs {us(t.unfused_eager_us)}); "
-             f"max abs error residual {t.max_abs_err['residual']:.2g}, norm {t.max_abs_err['norm']:.2g}" + (f"; {t.graph_error}" if t.graph_error else "") for t in run.tokens]  # fmt: skip
+    lines = [
+        f"{t.tokens:>5} token(s): fused {us(t.fused_us)} unfused {us(t.unfused_us)} (eager: {us(t.fused_eager_us)} "
+        f"vs {us(t.unfused_eager_us)}); "
+        f"max abs error residual {t.max_abs_err['residual']:.2g}, norm {t.max_abs_err['norm']:.2g}"
+        + (f"; {t.graph_error}" if t.graph_error else "")
+        for t in run.tokens
+    ]
     return [*lines, *(f"rank {rank}: IPC workspace {s:.1f} s" for rank, s in sorted(run.workspace_s.items()))]
 
 
@@ -1286,7 +1363,8 @@ def allreduce_fusion(lock: Spec, facts: Facts) -> Result:
     world, wanted = world_size(lock, facts.probe)
     if world < 2:
         return skipped(
-            f"{world} rank(s) (the lock's [smoke] tp {wanted}): there is no all-reduce to fuse (SGLang skips the fusion on one GPU); "
+            f"{world} rank(s) (the lock's [smoke] tp {wanted}): there is no all-reduce to fuse (SGLang skips the "
+            "fusion on one GPU); "
             f"the arch gate passed: {gate.flashinfer.get('supported_majors')}"
         )
     fusion = lock.deep.fusion

@@ -22,7 +22,8 @@ def generation(lock: Spec, facts: Facts) -> Result:
     root = lock.python.root
     if root is None:
         return skipped(
-            f"python.interpreter names an existing environment ({lock.python.interpreter}): there is no generation to compare; drift is judged from its installed distributions"
+            f"python.interpreter names an existing environment ({lock.python.interpreter}): there is no generation "
+            "to compare; drift is judged from its installed distributions"
         )
     provision = Fix("Build the lock's environment and switch to it.", (f"stackgate provision --lock {lock.path}",))
     state = facts.generation
@@ -88,6 +89,7 @@ def drift(lock: Spec, facts: Facts) -> Result:
             data,
         )
     return passed(
-        f"{len(lock.python.packages)} pin(s) and {len(lock.patches)} patch(es) as locked; requirements of {len(dists.distributions)} distributions consistent",
+        f"{len(lock.python.packages)} pin(s) and {len(lock.patches)} patch(es) as locked; requirements of "
+        f"{len(dists.distributions)} distributions consistent",
         data=data,
     )

@@ -123,7 +123,8 @@ def capability(lock: Spec, facts: Facts) -> Result:
             summary,
             details,
             Fix(
-                f"This lock is for compute capability {want} ({lock.hardware.arch}); run with the lock for this machine's GPUs (--lock)."
+                f"This lock is for compute capability {want} ({lock.hardware.arch}); run with the lock for this "
+                "machine's GPUs (--lock)."
             ),
             data,
         )

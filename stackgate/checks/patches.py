@@ -35,7 +35,8 @@ def applied(lock: Spec, facts: Facts) -> Result:
     if wrong:
         details = [f"{s.patch.file.name} ({s.patch.reason}): {s.problem}" for s in wrong]
         fix = Fix(
-            "Apply the lock's patches again; a patched file edited by hand needs a fresh environment (provision builds one).",
+            "Apply the lock's patches again; a patched file edited by hand needs a fresh environment (provision "
+            "builds one).",
             (_PROVISION,),
         )
         return failed(f"{len(wrong)} of {len(found)} patch(es) not in force: {wrong[0].problem}", details, fix, data)

@@ -88,7 +88,8 @@ def frozen(lock: Spec, facts: Facts) -> Result:
     if moved:
         fix = Fix(
             "Something upgraded a frozen package. Reinstall the lock with the guard in force; "
-            "install later packages with the stack's constraints (stackgate.env exports PIP_CONSTRAINT and UV_CONSTRAINT).",
+            "install later packages with the stack's constraints (stackgate.env exports PIP_CONSTRAINT and "
+            "UV_CONSTRAINT).",
             (_PROVISION,),
         )
         return failed(f"frozen package(s) moved: {moved[0]}", moved, fix, data)
@@ -229,7 +230,8 @@ def torch_arch(lock: Spec, facts: Facts) -> Result:
     missing = [cc for cc, how in coverage.items() if how is None]
     if missing:
         fix = Fix(
-            f"Install a torch build whose arch list includes sm_{missing[0].replace('.', '')} (the cu128/cu130 builds carry sm_120).",
+            f"Install a torch build whose arch list includes sm_{missing[0].replace('.', '')} (the cu128/cu130 "
+            "builds carry sm_120).",
             (_PROVISION,),
         )
         carries = " ".join(arch_list) or "no arch at all"
@@ -243,7 +245,8 @@ def torch_arch(lock: Spec, facts: Facts) -> Result:
     jit = [cc for cc, how in covered.items() if how.startswith("compute_")]
     if jit:
         return warned(
-            f"compute capability {', '.join(jit)} runs only through PTX JIT ({', '.join(covered[c] for c in jit)}): slow first launches",
+            f"compute capability {', '.join(jit)} runs only through PTX JIT ({', '.join(covered[c] for c in jit)}): "
+            "slow first launches",
             data=data,
         )
     return passed(f"torch covers {', '.join(f'{cc} ({how})' for cc, how in covered.items())} from {source}", data=data)
@@ -368,7 +371,8 @@ def flashinfer_cubin(lock: Spec, facts: Facts) -> Result:
     problems = []
     if cubin and cubin.version != python.version:
         problems.append(
-            f"flashinfer-cubin {cubin.version} != flashinfer-python {python.version}: import flashinfer raises RuntimeError"
+            f"flashinfer-cubin {cubin.version} != flashinfer-python {python.version}: import flashinfer raises "
+            "RuntimeError"
         )
     if jit and not jit.version.startswith(python.version):
         problems.append(f"flashinfer-jit-cache {jit.version} is not a build of flashinfer-python {python.version}")

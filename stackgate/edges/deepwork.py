@@ -13,7 +13,7 @@ This script only measures; stackgate reads the figures (stackgate/facts/deep.py)
 
 REQUEST-JSON names the device ("cuda", or "cpu" for the tests), the sizes and the counts.
 Its "faults" (tests only: stackgate passes the deep.* points of $STACKGATE_FAULT, see
-stackgate/models/faults.py; this script reads no environment of its own) plant faults:
+stackgate/edges/faults.py; this script reads no environment of its own) plant faults:
 "matmul:<device index>" negates that device's product, "wrong:<rank>" adds 1 to one element of
 that rank's contribution, "hang:<rank>" makes that rank sleep before its first all-reduce.
 """
@@ -281,8 +281,9 @@ def graph_replays_us(op, iters, replays, align, before=None):
     Before each timed replay ``before()`` (GPU work, if given: a scratch copy that the fused and
     unfused paths both pay) and ``align()`` are queued, with no wait on the host: while the GPU does them
     the host queues the start event and the graph, so the timed window holds no launch gap and no
-    wait for a peer rank that started late. (What the timed window must not hold, measured on 2x H200 at 1 MiB: a reset of the whole
-    buffer queued before each replay, 19.5 us per all-reduce against 16.5 us without it.)
+    wait for a peer rank that started late. (What the timed window must not hold, measured on 2x H200 at
+    1 MiB: a reset of the whole buffer queued before each replay, 19.5 us per all-reduce against 16.5 us
+    without it.)
     """
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

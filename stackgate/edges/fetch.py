@@ -156,7 +156,8 @@ def _fill(
         except _Transient as exc:
             if attempt == retry.attempts:
                 raise FetchError(
-                    f"cannot download {url}: {exc} (gave up after {attempt} tries; the next run resumes at byte {part.size})"
+                    f"cannot download {url}: {exc} (gave up after {attempt} tries; the next run resumes at byte "
+                    f"{part.size})"
                 ) from exc
             wait = retry.wait_s(attempt)
             at = f", resuming at byte {part.size}" if part.size else ""

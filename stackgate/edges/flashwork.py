@@ -72,7 +72,9 @@ def keyword_value(source, owner, keyword):
 
     >>> keyword_value("def gen():\\n    flags(supported_major_versions=[9, 10])\\n", "gen", "supported_major_versions")
     [9, 10]
-    >>> keyword_value("is_sm90 = cache(partial(check, device_capability_majors=[9]))", "is_sm90", "device_capability_majors")
+    >>> keyword_value(
+    ...     "is_sm90 = cache(partial(check, device_capability_majors=[9]))", "is_sm90", "device_capability_majors"
+    ... )
     [9]
     """
     for node in ast.walk(ast.parse(source)):
@@ -89,7 +91,9 @@ def keyword_value(source, owner, keyword):
 def referenced(source, function, pattern):
     """The names matching ``pattern`` that ``function`` reads, in order of first use.
 
-    >>> referenced("def f(n):\\n    return (_is_sm90_supported or _is_sm100_supported) and n\\n", "f", r"_is_sm\\d+_supported")
+    >>> referenced(
+    ...     "def f(n):\\n    return (_is_sm90_supported or _is_sm100_supported) and n\\n", "f", r"_is_sm\\d+_supported"
+    ... )
     ['_is_sm90_supported', '_is_sm100_supported']
     """
     for node in ast.walk(ast.parse(source)):
@@ -426,12 +430,28 @@ class FusionCase:
 
         def fused(i=0):
             self.comm.trtllm_allreduce_fusion(
-                allreduce_in=x, world_size=self.world, world_rank=self.rank, token_num=tokens, hidden_dim=self.hidden,
-                workspace_ptrs=self.workspace, launch_with_pdl=True, trigger_completion_at_end=False, fp32_acc=False,
-                pattern_code=self.comm.AllReduceFusionPattern.kARResidualRMSNorm, use_oneshot=None, allreduce_out=None,
-                residual_in=residual, residual_out=residual_out, norm_out=norm_out, quant_out=None, scale_out=None,
-                rms_gamma=self.gamma, rms_eps=self.eps, scale_factor=None, layout_code=None,
-            )  # fmt: skip
+                allreduce_in=x,
+                world_size=self.world,
+                world_rank=self.rank,
+                token_num=tokens,
+                hidden_dim=self.hidden,
+                workspace_ptrs=self.workspace,
+                launch_with_pdl=True,
+                trigger_completion_at_end=False,
+                fp32_acc=False,
+                pattern_code=self.comm.AllReduceFusionPattern.kARResidualRMSNorm,
+                use_oneshot=None,
+                allreduce_out=None,
+                residual_in=residual,
+                residual_out=residual_out,
+                norm_out=norm_out,
+                quant_out=None,
+                scale_out=None,
+                rms_gamma=self.gamma,
+                rms_eps=self.eps,
+                scale_factor=None,
+                layout_code=None,
+            )
 
         def unfused(i=0):
             reduced.copy_(x)

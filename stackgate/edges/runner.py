@@ -23,9 +23,17 @@ from pathlib import Path
 from typing import IO, Any, Callable, Mapping, Sequence
 
 __all__ = [
-    "Completed", "Interrupted", "call_forked", "kill_group", "reopen", "run", "run_logged", "spawn", "stream",
+    "Completed",
+    "Interrupted",
+    "call_forked",
+    "kill_group",
+    "reopen",
+    "run",
+    "run_logged",
+    "spawn",
+    "stream",
     "terminate_all",
-]  # fmt: skip
+]
 
 # Process groups of the commands running now, so that an interrupt can end them all: worker
 # threads never see KeyboardInterrupt, and the interpreter waits for them at exit.

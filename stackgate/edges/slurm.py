@@ -470,15 +470,28 @@ class SrunSession:
         self, command: str, *, timeout_s: float, stdin: bytes | None = None, stop: threading.Event | None = None
     ) -> ssh.Completed:
         argv = [
-            "srun", f"--jobid={self.job_id}", f"--nodelist={self.node}", "--nodes=1", "--ntasks=1", "--overlap",
-            "--kill-on-bad-exit=0", "--mpi=none", f"--input={'0' if stdin is not None else 'none'}",
-            "sh", "-c", command,
-        ]  # fmt: skip
+            "srun",
+            f"--jobid={self.job_id}",
+            f"--nodelist={self.node}",
+            "--nodes=1",
+            "--ntasks=1",
+            "--overlap",
+            "--kill-on-bad-exit=0",
+            "--mpi=none",
+            f"--input={'0' if stdin is not None else 'none'}",
+            "sh",
+            "-c",
+            command,
+        ]
         try:
             process = subprocess.Popen(
-                argv, env=_step_env(), stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-            )  # fmt: skip
+                argv,
+                env=_step_env(),
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
         except OSError as exc:
             raise ssh.TransportError(f"slurm:{self.node}: cannot run srun: {exc.strerror or exc}") from exc
         out: list[bytes] = []

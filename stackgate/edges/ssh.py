@@ -39,8 +39,15 @@ from typing import Any, Callable, Iterator, Protocol
 from stackgate.models.fleet import Node
 
 __all__ = [
-    "CommandTimeout", "Completed", "Session", "SshTransport", "Stopped", "Transport", "TransportError", "paramiko_log",
-]  # fmt: skip
+    "CommandTimeout",
+    "Completed",
+    "Session",
+    "SshTransport",
+    "Stopped",
+    "Transport",
+    "TransportError",
+    "paramiko_log",
+]
 
 _CHUNK = 1 << 16
 _POLL_S = 0.02  # select() wakes on output, not on the exit status: this bounds the wait for the latter
@@ -142,11 +149,18 @@ class SshTransport:
                 client.load_system_host_keys()  # ~/.ssh/known_hosts, where there is one
             client.set_missing_host_key_policy(paramiko.RejectPolicy())
             client.connect(
-                node.host, port=node.port, username=node.user, key_filename=str(node.identity) if node.identity else None,
-                sock=sock, timeout=node.connect_timeout_s, banner_timeout=node.connect_timeout_s,
-                auth_timeout=node.connect_timeout_s, channel_timeout=node.connect_timeout_s,
-                allow_agent=node.identity is None, look_for_keys=node.identity is None,
-            )  # fmt: skip
+                node.host,
+                port=node.port,
+                username=node.user,
+                key_filename=str(node.identity) if node.identity else None,
+                sock=sock,
+                timeout=node.connect_timeout_s,
+                banner_timeout=node.connect_timeout_s,
+                auth_timeout=node.connect_timeout_s,
+                channel_timeout=node.connect_timeout_s,
+                allow_agent=node.identity is None,
+                look_for_keys=node.identity is None,
+            )
         except Exception as exc:  # a hostile server can make paramiko raise anything (IndexError): each a value
             client.close()
             sock.close()

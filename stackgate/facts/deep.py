@@ -22,10 +22,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Mapping, Sequence
 
-from stackgate.edges import elf, nvml, runner
+from stackgate.edges import elf, faults, nvml, runner
 from stackgate.facts.collect import Facts
 from stackgate.facts.model import Missing
-from stackgate.models import faults, settings
+from stackgate.models import settings
 from stackgate.models.spec import DeepAttention, Spec
 
 __all__ = [
@@ -286,7 +286,9 @@ def _finished(
 ) -> list[tuple[int, list[Mapping[str, Any]]]]:
     """(value of ``key``, its lines) of every rank's ``event`` lines, in order, where all ``world`` ranks wrote one.
 
-    >>> _finished({0: [{"event": "size", "bytes": 8}, {"event": "size", "bytes": 16}], 1: [{"event": "size", "bytes": 8}]}, "size", "bytes", 2)
+    >>> size = lambda n: {"event": "size", "bytes": n}
+    >>> events = {0: [size(8), size(16)], 1: [size(8)]}
+    >>> _finished(events, "size", "bytes", 2)
     [(8, [{'event': 'size', 'bytes': 8}, {'event': 'size', 'bytes': 8}])]
     """
     found: dict[int, list[Mapping[str, Any]]] = {}
@@ -344,11 +346,21 @@ def run_sweep(python: Path, request: AllReduceRequest, env: Mapping[str, str], t
     nccl = next((".".join(map(str, i["nccl"])) for i in inits if i.get("nccl")), None)
     channels = [int(m[1]) for m in _CHANNELS.finditer(text)]
     return Sweep(
-        request, tuple(aggregate(request.world, per_rank)), _progress(per_rank), tuple(i["pid"] for i in inits), nccl,
-        done.returncode, timeout_s, _tail(done), log, nccl_variables(env),
-        dict(Counter(m[1] for m in _TRANSPORT.finditer(text))), max(channels) if channels else None, done.duration_s,
+        request,
+        tuple(aggregate(request.world, per_rank)),
+        _progress(per_rank),
+        tuple(i["pid"] for i in inits),
+        nccl,
+        done.returncode,
+        timeout_s,
+        _tail(done),
+        log,
+        nccl_variables(env),
+        dict(Counter(m[1] for m in _TRANSPORT.finditer(text))),
+        max(channels) if channels else None,
+        done.duration_s,
         host_interfaces(),
-    )  # fmt: skip
+    )
 
 
 def host_interfaces(root: Path = Path("/sys/class/net")) -> tuple[str, ...]:
@@ -607,9 +619,19 @@ def run_fusion(python: Path, request: FusionRequest, env: Mapping[str, str], tim
     compiled = max((int(line.get("compiled", 0)) for line in lines if line.get("event") == "workspace"), default=0)
     failures = tuple(line for line in lines if line.get("event") == "failed")
     return FusionRun(
-        request, begin, tuple(aggregate_fusion(request, per_rank)), workspaces, compiled, failures, _fusion_progress(per_rank),
-        done.returncode, timeout_s, _tail(done), workdir / "fusion.log", done.duration_s,
-    )  # fmt: skip
+        request,
+        begin,
+        tuple(aggregate_fusion(request, per_rank)),
+        workspaces,
+        compiled,
+        failures,
+        _fusion_progress(per_rank),
+        done.returncode,
+        timeout_s,
+        _tail(done),
+        workdir / "fusion.log",
+        done.duration_s,
+    )
 
 
 def aggregate_fusion(request: FusionRequest, per_rank: Mapping[int, Sequence[Mapping[str, Any]]]) -> list[FusionTokens]:

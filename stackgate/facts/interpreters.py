@@ -122,7 +122,10 @@ def base_python(lock: Spec, environ: Mapping[str, str]) -> BasePython | Missing:
             continue
         real, version, pip = found
         return BasePython(real, version, where, pip)
-    places = f"searched ${settings.BASE_PYTHON.env}, python{want} on PATH, pyenv's versions/{want}.*, uv's cpython-{want}.*, /usr/local/bin, /usr/bin"
+    places = (
+        f"searched ${settings.BASE_PYTHON.env}, python{want} on PATH, pyenv's versions/{want}.*, uv's "
+        f"cpython-{want}.*, /usr/local/bin, /usr/bin"
+    )
     rejected = f"; rejected: {'; '.join(tried)}" if tried else ""
     return Missing(
         f"no Python {want} on this machine ({places}{rejected}). uv cannot download Python here: install "
@@ -171,7 +174,8 @@ def _patch_level(name: str) -> tuple[int, ...]:
 #: ``python -m ensurepip`` takes seconds.
 _ASK = (
     "import glob, os, platform, sys, sysconfig; print(sys.executable); print(platform.python_version()); "
-    "print((sorted(glob.glob(os.path.join(sysconfig.get_path('stdlib'), 'ensurepip', '_bundled', 'pip-*.whl'))) or [''])[-1])"
+    "print((sorted(glob.glob(os.path.join(sysconfig.get_path('stdlib'), 'ensurepip', '_bundled', 'pip-*.whl'))) or "
+    "[''])[-1])"
 )
 
 

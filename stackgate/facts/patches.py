@@ -97,7 +97,10 @@ def _problem(
     if entry is None:
         return f"{patch.file.name} is not applied (not in {RECORD})"
     if patch.sha256 is not None and entry.get("sha256") != patch.sha256:
-        return f"{patch.file.name} applied is not the locked one (sha256 {str(entry.get('sha256'))[:12]}..., the lock says {patch.sha256[:12]}...)"
+        return (
+            f"{patch.file.name} applied is not the locked one (sha256 {str(entry.get('sha256'))[:12]}..., the lock "
+            f"says {patch.sha256[:12]}...)"
+        )
     expected = final_hashes(read_record(site_packages))
     for path in sorted(_recorded_files(entry)):
         have = fetch.sha256_file(site_packages / path) if (site_packages / path).is_file() else None

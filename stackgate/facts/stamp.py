@@ -40,10 +40,29 @@ Stamp = dict[str, dict[str, str]]
 
 #: Environment variables the stack's checks read (and the engine would): by prefix or name.
 ENV_PREFIXES = (
-    "CUDA", "NCCL_", "NVIDIA_", "LD_", "PATH", "TRITON_", "SGLANG_", "FLASHINFER_", "TORCH", "HF_", "TRANSFORMERS_", "OMP_", "MKL_",
-    "VIRTUAL_ENV", "CONDA_PREFIX", "HOME", "XDG_CACHE_HOME",
-    "PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONUSERBASE", "PYTHONSAFEPATH",  # not PYTHONUNBUFFERED and the like: they change no result
-)  # fmt: skip
+    "CUDA",
+    "NCCL_",
+    "NVIDIA_",
+    "LD_",
+    "PATH",
+    "TRITON_",
+    "SGLANG_",
+    "FLASHINFER_",
+    "TORCH",
+    "HF_",
+    "TRANSFORMERS_",
+    "OMP_",
+    "MKL_",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "HOME",
+    "XDG_CACHE_HOME",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONNOUSERSITE",
+    "PYTHONUSERBASE",
+    "PYTHONSAFEPATH",  # not PYTHONUNBUFFERED and the like: they change no result
+)
 _DIST_SUFFIXES = (".dist-info", ".egg-info", ".pth", ".egg-link")
 #: The files of a metadata folder whose content the checks read (name, version, requirements, files).
 _METADATA_FILES = {".dist-info": ("METADATA", "RECORD"), ".egg-info": ("PKG-INFO", "SOURCES.txt")}

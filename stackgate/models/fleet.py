@@ -42,9 +42,15 @@ else:  # pragma: no cover - the 3.10 floor
     import tomli as tomllib
 
 __all__ = [
-    "DEFAULT_CONNECT_TIMEOUT_S", "DEFAULT_TIMEOUT_S", "InventoryError", "Node", "host_problem", "load_inventory",
-    "parse_hosts", "parse_inventory",
-]  # fmt: skip
+    "DEFAULT_CONNECT_TIMEOUT_S",
+    "DEFAULT_TIMEOUT_S",
+    "InventoryError",
+    "Node",
+    "host_problem",
+    "load_inventory",
+    "parse_hosts",
+    "parse_inventory",
+]
 
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_TIMEOUT_S = 7200.0  #: a full gate loads real weights: minutes, not seconds

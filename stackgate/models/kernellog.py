@@ -35,46 +35,117 @@ class Xid:
     severity: str  #: "fail": the GPU is suspect; "warn": the application that used it
 
 
-_APP = "Restart the application; if it repeats, check its code and the CUDA/driver versions (compute-sanitizer names the faulting kernel)."
+_APP = (
+    "Restart the application; if it repeats, check its code and the CUDA/driver versions (compute-sanitizer names "
+    "the faulting kernel)."
+)
 _RESET = "Drain the GPU and reset it (nvidia-smi -r -i INDEX, or reboot); if it repeats, contact your hardware vendor."
-_REBOOT = "Drain the node and reboot it; check the GPU's seating, power and cooling; if it repeats, contact your hardware vendor."
+_REBOOT = (
+    "Drain the node and reboot it; check the GPU's seating, power and cooling; if it repeats, contact your hardware "
+    "vendor."
+)
 
 #: Xids of Ampere and newer GPUs (the catalog's table), the frequent ones of serving nodes.
 CATALOG: Mapping[int, Xid] = {
     8: Xid("ROBUST_CHANNEL_FIFO_ERROR_IDLE_TIMEOUT", "GPU stopped processing", "RESTART_APP", _APP, "warn"),
-    11: Xid("ROBUST_CHANNEL_GR_ERROR_MISSING_HW", "invalid or corrupted push buffer stream", "RESTART_APP", _APP, "warn"),
-    13: Xid("ROBUST_CHANNEL_GR_EXCEPTION", "graphics engine exception (an out-of-range access or an illegal instruction in a kernel)", "RESTART_APP", _APP, "warn"),
-    31: Xid("ROBUST_CHANNEL_FIFO_ERROR_MMU_ERR", "GPU memory page fault (a kernel accessed an address it does not own)", "RESTART_APP", _APP, "warn"),
-    32: Xid("ROBUST_CHANNEL_PBDMA_ERROR", "invalid or corrupted push buffer stream (PBDMA error)", "RESTART_APP", _APP, "warn"),
-    43: Xid("ROBUST_CHANNEL_RESETCHANNEL_VERIF_ERROR", "GPU stopped processing (the application's channel was reset)", "RESTART_APP", _APP, "warn"),
-    45: Xid("ROBUST_CHANNEL_PREEMPTIVE_REMOVAL", "preemptive cleanup after earlier errors (the process was killed or faulted)", "IGNORE", "Look at the Xid before it: this one follows it.", "warn"),
+    11: Xid(
+        "ROBUST_CHANNEL_GR_ERROR_MISSING_HW", "invalid or corrupted push buffer stream", "RESTART_APP", _APP, "warn"
+    ),
+    13: Xid(
+        "ROBUST_CHANNEL_GR_EXCEPTION",
+        "graphics engine exception (an out-of-range access or an illegal instruction in a kernel)",
+        "RESTART_APP",
+        _APP,
+        "warn",
+    ),
+    31: Xid(
+        "ROBUST_CHANNEL_FIFO_ERROR_MMU_ERR",
+        "GPU memory page fault (a kernel accessed an address it does not own)",
+        "RESTART_APP",
+        _APP,
+        "warn",
+    ),
+    32: Xid(
+        "ROBUST_CHANNEL_PBDMA_ERROR",
+        "invalid or corrupted push buffer stream (PBDMA error)",
+        "RESTART_APP",
+        _APP,
+        "warn",
+    ),
+    43: Xid(
+        "ROBUST_CHANNEL_RESETCHANNEL_VERIF_ERROR",
+        "GPU stopped processing (the application's channel was reset)",
+        "RESTART_APP",
+        _APP,
+        "warn",
+    ),
+    45: Xid(
+        "ROBUST_CHANNEL_PREEMPTIVE_REMOVAL",
+        "preemptive cleanup after earlier errors (the process was killed or faulted)",
+        "IGNORE",
+        "Look at the Xid before it: this one follows it.",
+        "warn",
+    ),
     48: Xid("ROBUST_CHANNEL_DBE", "double-bit ECC error in GPU memory", "RESET_GPU", _RESET, "fail"),
     61: Xid("PMU_BREAKPOINT", "internal micro-controller breakpoint/warning", "RESET_GPU", _RESET, "fail"),
     62: Xid("PMU_HALT_ERROR", "internal micro-controller halt", "RESET_GPU", _RESET, "fail"),
     63: Xid(
-        "INFOROM_DRAM_RETIREMENT_EVENT", "a memory row was marked for remapping (ECC page retirement or row remapping recorded)", "RESET_GPU",
-        "Reset the GPU when convenient to activate the remapping (nvidia-smi -q -d ROW_REMAPPER shows pending remaps).", "warn",
+        "INFOROM_DRAM_RETIREMENT_EVENT",
+        "a memory row was marked for remapping (ECC page retirement or row remapping recorded)",
+        "RESET_GPU",
+        "Reset the GPU when convenient to activate the remapping (nvidia-smi -q -d ROW_REMAPPER shows pending remaps).",
+        "warn",
     ),
-    64: Xid("INFOROM_DRAM_RETIREMENT_FAILURE", "recording a memory row remapping or page retirement failed", "RESET_GPU", _RESET, "fail"),
+    64: Xid(
+        "INFOROM_DRAM_RETIREMENT_FAILURE",
+        "recording a memory row remapping or page retirement failed",
+        "RESET_GPU",
+        _RESET,
+        "fail",
+    ),
     68: Xid("NVDEC0_EXCEPTION", "video decoder exception", "RESTART_APP", _APP, "warn"),
     69: Xid("GR_CLASS_ERROR", "graphics engine class error", "RESTART_APP", _APP, "warn"),
     74: Xid("NVLINK_ERROR", "NVLink error (a link between GPUs failed)", "RESET_GPU", _RESET, "fail"),
-    79: Xid("GPU_HAS_FALLEN_OFF_THE_BUS", "GPU has fallen off the bus: it stopped answering on PCIe", "RESTART_BM", _REBOOT, "fail"),
-    92: Xid("EXCESSIVE_SBE_INTERRUPTS", "high single-bit ECC error rate", "NONE", "Watch the ECC counters (nvidia-smi -q -d ECC); if the rate stays high, contact your hardware vendor.", "warn"),
-    94: Xid(
-        "ROBUST_CHANNEL_CONTAINED_ERROR", "contained memory error: an uncorrectable ECC error was contained to the applications that used the memory", "RESTART_APP",
-        "Restart the affected application; reset the GPU when convenient so that the failing row is remapped.", "warn",
+    79: Xid(
+        "GPU_HAS_FALLEN_OFF_THE_BUS",
+        "GPU has fallen off the bus: it stopped answering on PCIe",
+        "RESTART_BM",
+        _REBOOT,
+        "fail",
     ),
-    95: Xid("ROBUST_CHANNEL_UNCONTAINED_ERROR", "uncontained memory error: an uncorrectable ECC error the GPU could not contain", "RESET_GPU", _RESET, "fail"),
+    92: Xid(
+        "EXCESSIVE_SBE_INTERRUPTS",
+        "high single-bit ECC error rate",
+        "NONE",
+        "Watch the ECC counters (nvidia-smi -q -d ECC); if the rate stays high, contact your hardware vendor.",
+        "warn",
+    ),
+    94: Xid(
+        "ROBUST_CHANNEL_CONTAINED_ERROR",
+        "contained memory error: an uncorrectable ECC error was contained to the applications that used the memory",
+        "RESTART_APP",
+        "Restart the affected application; reset the GPU when convenient so that the failing row is remapped.",
+        "warn",
+    ),
+    95: Xid(
+        "ROBUST_CHANNEL_UNCONTAINED_ERROR",
+        "uncontained memory error: an uncorrectable ECC error the GPU could not contain",
+        "RESET_GPU",
+        _RESET,
+        "fail",
+    ),
     109: Xid("ROBUST_CHANNEL_CTXSW_TIMEOUT_ERROR", "context switch timeout", "RESTART_APP", _APP, "warn"),
     119: Xid("GSP_RPC_TIMEOUT", "timeout waiting for the GPU's system processor (GSP)", "RESET_GPU", _RESET, "fail"),
     120: Xid("GSP_ERROR", "error in code running on the GPU's system processor (GSP)", "RESET_GPU", _RESET, "fail"),
     121: Xid("C2C_ERROR", "chip-to-chip link error", "RESET_GPU", _RESET, "fail"),
     154: Xid(
-        "GPU_RECOVERY_ACTION_CHANGED", "the driver changed the GPU's recovery action (the message names it: GPU reset or node reboot required)", "AS_STATED",
-        "Do what the message names (reset the GPU, or reboot the node), after draining it.", "fail",
+        "GPU_RECOVERY_ACTION_CHANGED",
+        "the driver changed the GPU's recovery action (the message names it: GPU reset or node reboot required)",
+        "AS_STATED",
+        "Do what the message names (reset the GPU, or reboot the node), after draining it.",
+        "fail",
     ),
-}  # fmt: skip
+}
 
 _BUS = r"(?:PCI:)?(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)"
 _XID = re.compile(r"NVRM: Xid \(" + _BUS + r"\): (?P<xid>\d+), (?P<rest>.*)")
@@ -82,8 +153,8 @@ _AER_DEVICE = re.compile(
     r"(?P<driver>[\w\-]+) " + _BUS + r": (?:AER: )?PCIe Bus Error: severity=(?P<severity>[^,]+), type=(?P<type>[^,]+)"
 )
 _AER_RECEIVED = re.compile(
-    r"AER: (?P<severity>Corrected|Uncorrected \(Non-Fatal\)|Uncorrected \(Fatal\)|Multiple \w+) error (?:message )?received(?: from|:) "
-    + _BUS
+    r"AER: (?P<severity>Corrected|Uncorrected \(Non-Fatal\)|Uncorrected \(Fatal\)|Multiple \w+) error (?:message "
+    r")?received(?: from|:) " + _BUS
 )
 _AER_STATUS = re.compile(r"aer_(?P<which>uncor|cor)_status: (?P<status>0x[0-9a-fA-F]+)")
 _NVRM = re.compile(
@@ -263,10 +334,14 @@ def _finding(group: list[KernelEvent], gpus: Mapping[str, int], source: str) -> 
             + (
                 "Uncorrected errors lose transactions: the GPU may fall off the bus."
                 if fatal
-                else "Corrected errors cost retries; many of them point at a marginal link (riser, slot, signal integrity)."
+                else "Corrected errors cost retries; many of them point at a marginal link (riser, slot, signal "
+                "integrity)."
             )
         )
-        todo = "Check the slot, riser and cabling of that GPU; `lspci -vvv -s BUS` shows the link's error status; a link that keeps erring should be serviced."
+        todo = (
+            "Check the slot, riser and cabling of that GPU; `lspci -vvv -s BUS` shows the link's error status; a "
+            "link that keeps erring should be serviced."
+        )
         command = f"sudo lspci -vvv -s {first.bus}" if first.bus else "sudo lspci -vvv"
         return Finding(
             "pcie-aer",

@@ -10,7 +10,7 @@ says, offline, whether the pylock still matches its spec: ``[tool.stackgate.inpu
 spec's resolution inputs when the pylock is made.
 
 Like the spec, a pylock is input: every problem is collected with its key path and raised at
-once as :class:`PylockError` (a :class:`~stackgate.models.spec.LockError`: exit 2, nothing done).
+once as :class:`PylockError` (a :class:`~stackgate.models.spec.SpecError`: exit 2, nothing done).
 """
 
 from __future__ import annotations
@@ -336,7 +336,8 @@ def _recorded_inputs(document: Mapping[str, Any], problems: list[str]) -> dict[s
     recorded = stackgate.get("inputs") if isinstance(stackgate, dict) else None
     if not isinstance(recorded, dict):
         problems.append(
-            "tool.stackgate.inputs: missing: this pylock was not made by `stackgate lock`, so nothing says which spec it resolves"
+            "tool.stackgate.inputs: missing: this pylock was not made by `stackgate lock`, so nothing says which "
+            "spec it resolves"
         )
         return {}
     bad = [key for key, value in recorded.items() if not isinstance(value, str)]
@@ -487,7 +488,8 @@ def _hash_differences(lock: Spec, resolution: Resolution) -> list[str]:
         file = next((f for f in locked.files if f.url == package.url), None) if locked else None
         if file is not None and file.sha256 != package.sha256:
             problems.append(
-                f"python.packages.{package.name}.sha256: {package.sha256} in the spec, {file.sha256} in the pylock for {package.url}"
+                f"python.packages.{package.name}.sha256: {package.sha256} in the spec, {file.sha256} in the pylock "
+                f"for {package.url}"
             )
     return problems
 

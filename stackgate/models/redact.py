@@ -104,7 +104,8 @@ def _words(name: str) -> list[str]:
 def is_secret_name(name: str) -> bool:
     """Whether a key or variable name names a secret.
 
-    >>> [n for n in ("api_key", "HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "apiKey", "db_password", "Authorization") if is_secret_name(n)]
+    >>> names = ("api_key", "HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "apiKey", "db_password", "Authorization")
+    >>> [n for n in names if is_secret_name(n)]
     ['api_key', 'HF_TOKEN', 'AWS_SECRET_ACCESS_KEY', 'apiKey', 'db_password', 'Authorization']
     >>> [n for n in ("PGPASSWORD", "MYSQL_PWD", "DB_PASS", "AWS_ACCESS_KEY_ID", "GITHUB_PAT") if is_secret_name(n)]
     ['PGPASSWORD', 'MYSQL_PWD', 'DB_PASS', 'AWS_ACCESS_KEY_ID', 'GITHUB_PAT']
@@ -122,7 +123,8 @@ def is_secret_name(name: str) -> bool:
 def is_secret_flag(word: str) -> bool:
     """Whether a command-line option takes a secret (``--api-key``, ``--hf-token``, ``--token``).
 
-    >>> [w for w in ("--api-key", "--token", "--admin-api-key", "--tokenizer-path", "--port", "api-key") if is_secret_flag(w)]
+    >>> words = ("--api-key", "--token", "--admin-api-key", "--tokenizer-path", "--port", "api-key")
+    >>> [w for w in words if is_secret_flag(w)]
     ['--api-key', '--token', '--admin-api-key']
     """
     name = word[2:].partition("=")[0]
@@ -147,7 +149,8 @@ _LISTED_FLAG = re.compile(
 )
 _BEARER = re.compile(r"(?P<head>\b(?:[Bb]earer|BEARER)[ \t]+)(?P<secret>[A-Za-z0-9._~+/=-]+)")
 _ASSIGN = re.compile(
-    r"(?P<head>(?P<name>(?<![-\w])[A-Za-z_][\w-]*)['\"]?[ \t]*[:=][ \t]*)(?P<secret>'[^'\n\"]*'|\"[^\"\n\\]*\"|[^\s'\",;)}\]]+)"
+    r"(?P<head>(?P<name>(?<![-\w])[A-Za-z_][\w-]*)['\"]?[ \t]*[:=][ \t]*)"
+    r"(?P<secret>'[^'\n\"]*'|\"[^\"\n\\]*\"|[^\s'\",;)}\]]+)"
 )
 _NEXT_NAME = re.compile(r"[A-Za-z_][\w-]*[=:]")
 #: Token formats: Hugging Face, OpenAI-style, GitHub (classic and fine-grained), AWS access key
@@ -230,7 +233,8 @@ def secrets_in(value: Any, environ: Mapping[str, str] | None = None) -> set[str]
     """Every secret value in a document (by name and shape, at any depth) and in the
     environment (``os.environ`` unless given): what :func:`redact` hides wherever it appears.
 
-    >>> sorted(secrets_in({"cmd": ["sglang", "--api-key", "sk-abc123"], "env": {"HF_TOKEN": "hf_x"}, "url": "https://u:pw0rd!@h"}, environ={}))
+    >>> doc = {"cmd": ["sglang", "--api-key", "sk-abc123"], "env": {"HF_TOKEN": "hf_x"}, "url": "https://u:pw0rd!@h"}
+    >>> sorted(secrets_in(doc, environ={}))
     ['pw0rd!', 'sk-abc123']
     """
     found: set[str] = set()
@@ -268,7 +272,8 @@ def redact(value: T, *, known: Iterable[str] = (), environ: Mapping[str, str] | 
     """A copy of ``value`` with every secret hidden (see the module's docstring): what it finds in
     itself, what the environment holds, and ``known``.
 
-    >>> redact({"command": ["sglang", "--api-key", "sk-abc123"], "log": "bad key sk-abc123", "api_key": "sk-abc123", "n": 3}, environ={})
+    >>> doc = {"command": ["sglang", "--api-key", "sk-abc123"], "log": "bad key sk-abc123", "api_key": "sk-abc123"}
+    >>> redact({**doc, "n": 3}, environ={})
     {'command': ['sglang', '--api-key', '<redacted>'], 'log': 'bad key <redacted>', 'api_key': '<redacted>', 'n': 3}
     """
     secrets = secrets_in(value, environ) | {s for s in known if len(s) >= MIN_SECRET}

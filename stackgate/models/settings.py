@@ -250,14 +250,19 @@ def points(text: str) -> tuple[str, ...]:
 # --- the declarations, in the order -v and docs/settings.md list them --------------------------
 
 LOCK: Setting[Path | None] = Setting(
-    "STACKGATE_LOCK", path, None, "the lockfile a command uses when `--lock` names none",
+    "STACKGATE_LOCK",
+    path,
+    None,
+    "the lockfile a command uses when `--lock` names none",
     unset="./stackgate.toml, then <system dir>/stack.toml, then the shipped profile blackwell-sm120-cu130",
-)  # fmt: skip
+)
 SYSTEM_DIR: Setting[Path] = Setting(
-    "STACKGATE_SYSTEM_DIR", path, Path("/etc/stackgate"),
+    "STACKGATE_SYSTEM_DIR",
+    path,
+    Path("/etc/stackgate"),
     "the machine's own folder: its stack.toml is the lock when neither --lock, $STACKGATE_LOCK "
     "nor ./stackgate.toml names one; `init --system` writes there",
-)  # fmt: skip
+)
 NVML_MODULE: Setting[str] = Setting(
     "STACKGATE_NVML_MODULE", module, "pynvml", "the module spoken to as NVML: pynvml's API (tests name a fake)"
 )
@@ -281,9 +286,13 @@ DEEP_DIR: Setting[Path | None] = Setting(
     unset="the system's temp folder",
 )
 BASE_PYTHON: Setting[Path | None] = Setting(
-    "STACKGATE_BASE_PYTHON", path, None, "the interpreter provision builds new generations from",
-    unset="searched: pythonX.Y on PATH, pyenv's and uv's installs, /usr/local/bin, /usr/bin", old="STACKGATE_PYTHON",
-)  # fmt: skip
+    "STACKGATE_BASE_PYTHON",
+    path,
+    None,
+    "the interpreter provision builds new generations from",
+    unset="searched: pythonX.Y on PATH, pyenv's and uv's installs, /usr/local/bin, /usr/bin",
+    old="STACKGATE_PYTHON",
+)
 PYTHON_INSTALL_TIMEOUT_S: Setting[float] = Setting(
     "STACKGATE_PYTHON_INSTALL_TIMEOUT_S",
     seconds,
@@ -324,15 +333,21 @@ RUNFILE_CACHE: Setting[Path | None] = Setting(
     unset="~/.cache/stackgate/runfiles",
 )
 LOG_DIR: Setting[Path] = Setting(
-    "STACKGATE_LOG_DIR", path, Path("reports"),
+    "STACKGATE_LOG_DIR",
+    path,
+    Path("reports"),
     "where smoke and gate keep each run's server logs: `<dir>/smoke/<time>-<pid>/`, `<dir>/gate/<run id>/`; "
     "a fleet run's SSH log: `<dir>/fleet/<run id>-ssh.log`",
     old="STACKGATE_RUN_DIR",
-)  # fmt: skip
+)
 HISTORY_DIR: Setting[Path | None] = Setting(
-    "STACKGATE_HISTORY_DIR", path, None, "where gate and smoke runs are kept, and `report` reads them",
-    unset="python.root's runs/ when the root holds a stack, else ~/.local/state/stackgate/runs", old="STACKGATE_RUNS_DIR",
-)  # fmt: skip
+    "STACKGATE_HISTORY_DIR",
+    path,
+    None,
+    "where gate and smoke runs are kept, and `report` reads them",
+    unset="python.root's runs/ when the root holds a stack, else ~/.local/state/stackgate/runs",
+    old="STACKGATE_RUNS_DIR",
+)
 HISTORY_INDEX: Setting[bool] = Setting(
     "STACKGATE_HISTORY_INDEX",
     switch,
@@ -343,7 +358,7 @@ FAULT: Setting[tuple[str, ...]] = Setting(
     "STACKGATE_FAULT",
     points,
     (),
-    "test only: faults to plant, `point[,point...]` (stackgate/models/faults.py lists the points)",
+    "test only: faults to plant, `point[,point...]` (stackgate/edges/faults.py lists the points)",
     test_only=True,
 )
 
@@ -370,7 +385,7 @@ SETTINGS: dict[str, Setting[Any]] = {
         HISTORY_DIR,
         HISTORY_INDEX,
         FAULT,
-    )  # fmt: skip
+    )
 }
 
 

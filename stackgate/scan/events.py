@@ -30,13 +30,40 @@ EXCERPT_LINES = 14
 #: Each has a rare byte to be sought at: a lone lowercase "error" does not (every 'o' would be a
 #: stop), so the lowercase forms are sought through the words that go with them (fatal, ptxas, CUDA).
 GENERIC_KEYS = (
-    b"Traceback (most recent call last)", b"ERROR", b"FATAL", b"CRITICAL", b"Assertion", b"xit code",
-    b"xitcode", b"xit status", b"xited with", b"Error", b"Exception", b'File "', b"NCCL WARN", b"Failed to ",
-    b"failed to ", b"failure", b"has failed", b"fatal", b"ptxas", b"CUDA error", b"CUDA Error", b"cudaError",
-    b"CUBLAS_STATUS_", b"cuBLAS error", b"cannot open shared object", b"failed to open",
-    b"Segmentation fault", b"core dumped", b"Check failed", b"terminate called", b"not found (required",
-    b"] [E] ", b"Cannot ",
-)  # fmt: skip
+    b"Traceback (most recent call last)",
+    b"ERROR",
+    b"FATAL",
+    b"CRITICAL",
+    b"Assertion",
+    b"xit code",
+    b"xitcode",
+    b"xit status",
+    b"xited with",
+    b"Error",
+    b"Exception",
+    b'File "',
+    b"NCCL WARN",
+    b"Failed to ",
+    b"failed to ",
+    b"failure",
+    b"has failed",
+    b"fatal",
+    b"ptxas",
+    b"CUDA error",
+    b"CUDA Error",
+    b"cudaError",
+    b"CUBLAS_STATUS_",
+    b"cuBLAS error",
+    b"cannot open shared object",
+    b"failed to open",
+    b"Segmentation fault",
+    b"core dumped",
+    b"Check failed",
+    b"terminate called",
+    b"not found (required",
+    b"] [E] ",
+    b"Cannot ",
+)
 
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 _LEVEL = re.compile(r"(?<![A-Za-z_])(?:ERROR|FATAL|CRITICAL)(?![A-Za-z_])")
@@ -64,9 +91,18 @@ _REPORT = re.compile(
 )
 _FRAME = re.compile(r"(?:site|dist)-packages/(?P<package>[A-Za-z_][\w]*)/")
 _PACKAGES = {
-    "sglang": "sglang", "sgl_kernel": "sgl-kernel", "flashinfer": "flashinfer", "torch": "torch", "triton": "triton",
-    "deep_gemm": "deepgemm", "nccl": "nccl", "pip": "installer", "uv": "installer", "transformers": "sglang", "vllm": "vllm",
-}  # fmt: skip
+    "sglang": "sglang",
+    "sgl_kernel": "sgl-kernel",
+    "flashinfer": "flashinfer",
+    "torch": "torch",
+    "triton": "triton",
+    "deep_gemm": "deepgemm",
+    "nccl": "nccl",
+    "pip": "installer",
+    "uv": "installer",
+    "transformers": "sglang",
+    "vllm": "vllm",
+}
 _WORDS = (
     (re.compile(r"nvidia-container|could not select device driver|OCI runtime|\bdocker\b"), "container runtime"),
     (re.compile(r"\bNVRM\b|\bXid\b|NVIDIA-SMI|\bNVML\b|nvidia-smi|fabric ?manager", re.I), "driver"),
@@ -83,7 +119,7 @@ _WORDS = (
     (re.compile(r"\bpip\b|\buv\b|Collecting |resolv"), "installer"),
     (re.compile(r"\bCUDA\b|\bcuda"), "cuda toolkit"),
     (re.compile(r"\btorch\b"), "torch"),
-)  # fmt: skip
+)
 
 
 @dataclass
@@ -190,7 +226,9 @@ def _prefix(header: str) -> str:
 def guess_component(text: str) -> tuple[str, str]:
     """The component an excerpt most likely belongs to, and why.
 
-    >>> guess_component('  File "/x/site-packages/sglang/srt/a.py", line 1\\n  File "/x/site-packages/flashinfer/b.py", line 2')
+    >>> guess_component(
+    ...     '  File "/x/site-packages/sglang/srt/a.py", line 1\\n  File "/x/site-packages/flashinfer/b.py", line 2'
+    ... )
     ('flashinfer', 'its last frame is in flashinfer')
     >>> guess_component("NCCL WARN something odd")
     ('nccl', 'its words name nccl')
@@ -227,7 +265,8 @@ def _finding(event: Event, source: str) -> Finding:
         component=component,
         cause=f"No entry of the knowledge base explains this {what}. Best guess of the component: {component} ({why}).",
         fix=Fix(
-            "Read the excerpt (a traceback's last exception comes first); if it is a failure of this stack, attach a support bundle"
+            "Read the excerpt (a traceback's last exception comes first); if it is a failure of this stack, attach a "
+            "support bundle"
             " to an upstream report, and to stackgate's so that an entry can learn it.",
             ("stackgate diagnose --bundle stackgate-bundle.tar.gz",),
         ),

@@ -38,7 +38,8 @@ _PIP_USER = re.compile(rf"^\s*The user requested (?P<pkg>{_NAME})(?P<spec>[^;\s]
 #: uv (after unwrapping): "Because sglang==0.5.9 depends on torch==2.9.1 and ...", "Because all
 #: versions of eager-upgrader depend on torch>=2.10 and ..."
 _UV_DEPENDS = re.compile(
-    rf"(?P<req>{_NAME})(?:(?:==|>=|<=|~=|>|<)(?P<ver>[^\s,{{}}]+))?(?:\{{[^}}]*\}})? depends? on (?P<pkg>{_NAME})(?:\{{[^}}]*\}})?(?P<spec>[^\s,]*)"
+    rf"(?P<req>{_NAME})(?:(?:==|>=|<=|~=|>|<)(?P<ver>[^\s,{{}}]+))?(?:\{{[^}}]*\}})? depends? on "
+    rf"(?P<pkg>{_NAME})(?:\{{[^}}]*\}})?(?P<spec>[^\s,]*)"
 )
 _UV_USER = re.compile(rf"(?:you require|your project depends on) (?P<pkg>{_NAME})(?P<spec>[^\s,]*)")
 _UV_DECORATION = re.compile(r"^[\s│╰─▶×]+", re.MULTILINE)
@@ -72,7 +73,8 @@ class Extractor:
 def requirers(text: str) -> list[Requirement]:
     """Every "X depends on Y<spec>" a pip or uv resolver report states, in order.
 
-    >>> [str(r) for r in requirers("    sglang 0.5.9 depends on torch==2.9.1\\n    flashinfer-python 0.6.4 depends on torch")]
+    >>> report = "    sglang 0.5.9 depends on torch==2.9.1\\n    flashinfer-python 0.6.4 depends on torch"
+    >>> [str(r) for r in requirers(report)]
     ['sglang 0.5.9 (torch==2.9.1)', 'flashinfer-python 0.6.4 (torch)']
     """
     found = [Requirement(m["req"], m["ver"], m["pkg"], _spec(m["spec"])) for m in _PIP_DEPENDS.finditer(text)]
@@ -173,7 +175,9 @@ def demangle(symbol: str) -> str:
 
     >>> demangle("_ZN3c104cuda9SetDeviceEa"), demangle("_ZNK3c105Error4whatEv"), demangle("cuGreenCtxStreamCreate")
     ('c10::cuda::SetDevice', 'c10::Error::what', 'cuGreenCtxStreamCreate')
-    >>> demangle("_ZN5torch3jit17parseSchemaOrNameERKSsb"), demangle("c10::MessageLogger::MessageLogger(char const*, int)")
+    >>> demangle("_ZN5torch3jit17parseSchemaOrNameERKSsb"), demangle(
+    ...     "c10::MessageLogger::MessageLogger(char const*, int)"
+    ... )
     ('torch::jit::parseSchemaOrName', 'c10::MessageLogger::MessageLogger')
     """
     if not symbol.startswith("_Z"):
@@ -217,7 +221,10 @@ def symbol_provider(text: str, context: Mapping[str, str]) -> dict[str, str]:
     )
     library = re.search(r"(?P<lib>[\w.\-]+\.so(?:\.[\w.]+)?)(?:: error: symbol lookup error)?: undefined symbol", text)
     reason = {
-        "driver": "the extension calls a driver function this NVIDIA driver does not have: the driver is older than the CUDA the extension was built with",
+        "driver": (
+            "the extension calls a driver function this NVIDIA driver does not have: the driver is older than the "
+            "CUDA the extension was built with"
+        ),
         "python": "the extension was built with a newer C++ compiler than this system's libstdc++",
     }.get(component, f"the extension was built against another version of {provider}")
     return {
@@ -231,11 +238,25 @@ def symbol_provider(text: str, context: Mapping[str, str]) -> dict[str, str]:
 
 #: CUDA shared objects -> (what they are, how their soname's number reads).
 _CUDA_LIBRARIES = {
-    "cudart": "the CUDA runtime", "cublas": "cuBLAS", "cublasLt": "cuBLASLt", "nvrtc": "NVRTC (runtime compilation)",
-    "nvrtc-builtins": "NVRTC's builtins", "cusparse": "cuSPARSE", "cufft": "cuFFT", "curand": "cuRAND", "cusolver": "cuSOLVER",
-    "nvJitLink": "nvJitLink", "cupti": "CUPTI", "nvToolsExt": "NVTX", "cudnn": "cuDNN", "nccl": "NCCL", "cuda": "the NVIDIA driver's CUDA library",
-    "nvidia-ml": "NVML (the driver's management library)", "cufile": "cuFile", "cusparseLt": "cuSPARSELt",
-}  # fmt: skip
+    "cudart": "the CUDA runtime",
+    "cublas": "cuBLAS",
+    "cublasLt": "cuBLASLt",
+    "nvrtc": "NVRTC (runtime compilation)",
+    "nvrtc-builtins": "NVRTC's builtins",
+    "cusparse": "cuSPARSE",
+    "cufft": "cuFFT",
+    "curand": "cuRAND",
+    "cusolver": "cuSOLVER",
+    "nvJitLink": "nvJitLink",
+    "cupti": "CUPTI",
+    "nvToolsExt": "NVTX",
+    "cudnn": "cuDNN",
+    "nccl": "NCCL",
+    "cuda": "the NVIDIA driver's CUDA library",
+    "nvidia-ml": "NVML (the driver's management library)",
+    "cufile": "cuFile",
+    "cusparseLt": "cuSPARSELt",
+}
 
 
 def shared_object(text: str, context: Mapping[str, str]) -> dict[str, str]:
@@ -247,13 +268,19 @@ def shared_object(text: str, context: Mapping[str, str]) -> dict[str, str]:
     what = _CUDA_LIBRARIES.get(library, f"lib{library}")
     stack = (context.get("torch_cuda") or "13.0").split(" ")[0]
     if library in ("cuda", "nvidia-ml"):
-        belongs = "it comes with the NVIDIA driver: no driver is installed, or the container was started without the GPU (no --gpus, no NVIDIA container toolkit)"
+        belongs = (
+            "it comes with the NVIDIA driver: no driver is installed, or the container was started without the GPU "
+            "(no --gpus, no NVIDIA container toolkit)"
+        )
     elif library.startswith("cudnn"):
         belongs = f"its number is cuDNN's major: a package was built against cuDNN {major}"
     elif library == "nccl":
         belongs = "it comes from the nvidia-nccl wheel of this CUDA, which is missing"
     elif stack.startswith(major + "."):
-        belongs = f"CUDA {major} is the stack's major, so its nvidia-*-cu{major} wheel or the toolkit's lib folder is not on the library path"
+        belongs = (
+            f"CUDA {major} is the stack's major, so its nvidia-*-cu{major} wheel or the toolkit's lib folder is not "
+            "on the library path"
+        )
     else:
         belongs = f"it is its package's build for another CUDA than the stack's ({stack})"
     return {"what": what, "belongs": belongs, "lib": match["lib"], "major": major}
@@ -263,16 +290,26 @@ def shared_object(text: str, context: Mapping[str, str]) -> dict[str, str]:
 CUDA_INIT_ERRORS = {
     "3": (
         "initialization error",
-        "the driver and runtime could not be initialised: the kernel module is not loaded, the device files are missing (a container without the GPU) or the GPU is in a bad state",
-        "Check `nvidia-smi` and `dmesg` (stackgate diagnose --kernel); in a container pass the GPUs (--gpus all / the NVIDIA container toolkit).",
+        "the driver and runtime could not be initialised: the kernel module is not loaded, the device files are "
+        "missing (a container without the GPU) or the GPU is in a bad state",
+        "Check `nvidia-smi` and `dmesg` (stackgate diagnose --kernel); in a container pass the GPUs (--gpus all / "
+        "the NVIDIA container toolkit).",
     ),
-    "35": ("insufficient driver", "the driver is older than the CUDA runtime", "Install a driver that supports this CUDA (stackgate verify --check gpu.driver_cuda)."),
+    "35": (
+        "insufficient driver",
+        "the driver is older than the CUDA runtime",
+        "Install a driver that supports this CUDA (stackgate verify --check gpu.driver_cuda).",
+    ),
     "100": (
         "no CUDA-capable device is detected",
         "no GPU is visible to the process: CUDA_VISIBLE_DEVICES is empty or wrong, or the container got no GPU",
         "Check CUDA_VISIBLE_DEVICES and the container's GPU options; `nvidia-smi -L` lists what the driver sees.",
     ),
-    "101": ("invalid device ordinal", "CUDA_VISIBLE_DEVICES (or the code) names a GPU index that does not exist", "Set CUDA_VISIBLE_DEVICES to indexes `nvidia-smi -L` lists."),
+    "101": (
+        "invalid device ordinal",
+        "CUDA_VISIBLE_DEVICES (or the code) names a GPU index that does not exist",
+        "Set CUDA_VISIBLE_DEVICES to indexes `nvidia-smi -L` lists.",
+    ),
     "802": (
         "system not yet initialized",
         "on NVSwitch systems (HGX) the fabric manager is not running, so no GPU can be used",
@@ -280,20 +317,24 @@ CUDA_INIT_ERRORS = {
     ),
     "803": (
         "system has unsupported display driver / cuda driver combination",
-        "the user-space driver library does not match the loaded kernel module (a driver upgrade without reboot, or a container's compat libraries)",
+        "the user-space driver library does not match the loaded kernel module (a driver upgrade without reboot, or "
+        "a container's compat libraries)",
         "Reboot after a driver upgrade, or remove mismatched libcuda from LD_LIBRARY_PATH.",
     ),
     "804": (
         "forward compatibility was attempted on non supported HW",
-        "a cuda-compat (forward compatibility) libcuda is used on a GPU that does not support it (GeForce/RTX workstation cards)",
-        "Remove the cuda-compat libraries from LD_LIBRARY_PATH (or the image) and install a driver new enough for this CUDA.",
+        "a cuda-compat (forward compatibility) libcuda is used on a GPU that does not support it (GeForce/RTX "
+        "workstation cards)",
+        "Remove the cuda-compat libraries from LD_LIBRARY_PATH (or the image) and install a driver new enough for "
+        "this CUDA.",
     ),
     "999": (
         "unknown error",
         "often the nvidia-uvm module is not loaded or the GPU did not come back from suspend",
-        "Load the UVM module (sudo modprobe nvidia-uvm) or reboot; check dmesg (stackgate diagnose --kernel) for Xid events.",
+        "Load the UVM module (sudo modprobe nvidia-uvm) or reboot; check dmesg (stackgate diagnose --kernel) for "
+        "Xid events.",
     ),
-}  # fmt: skip
+}
 _CUDA_NAMES = {name: code for code, (name, _, _) in CUDA_INIT_ERRORS.items()}
 
 
@@ -322,11 +363,24 @@ def cuda_error(text: str, context: Mapping[str, str]) -> dict[str, str]:
 
 #: NCCL's result classes -> what they usually mean on a serving node.
 NCCL_CLASSES = {
-    "unhandled cuda error": "a CUDA call inside NCCL failed (the CUDA error is in the NCCL WARN lines: out of memory, an invalid argument from a P2P mapping the platform refuses, a GPU fault)",
-    "system error": "a system call failed: sockets (a firewall, the wrong interface: NCCL_SOCKET_IFNAME), shared memory (/dev/shm too small) or a device error",
-    "internal error": "NCCL hit an internal check, often after another rank died or with mismatched NCCL versions across ranks",
-    "invalid argument": "NCCL was called with an invalid value (a bad communicator setting, or a buffer on the wrong device)",
-    "invalid usage": "NCCL was used wrongly: two ranks on one GPU (more ranks than GPUs, or CUDA_VISIBLE_DEVICES repeating a GPU), or ranks calling different collectives",
+    "unhandled cuda error": (
+        "a CUDA call inside NCCL failed (the CUDA error is in the NCCL WARN lines: out of memory, an invalid "
+        "argument from a P2P mapping the platform refuses, a GPU fault)"
+    ),
+    "system error": (
+        "a system call failed: sockets (a firewall, the wrong interface: NCCL_SOCKET_IFNAME), shared memory "
+        "(/dev/shm too small) or a device error"
+    ),
+    "internal error": (
+        "NCCL hit an internal check, often after another rank died or with mismatched NCCL versions across ranks"
+    ),
+    "invalid argument": (
+        "NCCL was called with an invalid value (a bad communicator setting, or a buffer on the wrong device)"
+    ),
+    "invalid usage": (
+        "NCCL was used wrongly: two ranks on one GPU (more ranks than GPUs, or CUDA_VISIBLE_DEVICES repeating a "
+        "GPU), or ranks calling different collectives"
+    ),
     "remote error": "a peer rank failed or exited; its own error is in its log",
     "cuda failure": "a CUDA call NCCL made failed",
     "connection closed": "a peer closed its connection: it died or its network path broke",
@@ -336,8 +390,14 @@ NCCL_CLASSES = {
 def nccl_class(text: str, context: Mapping[str, str]) -> dict[str, str]:
     """The NCCL error's class and what it usually means."""
     lowered = text.lower()
-    named = {"ncclunhandledcudaerror": "unhandled cuda error", "ncclsystemerror": "system error", "ncclinternalerror": "internal error",
-             "ncclinvalidargument": "invalid argument", "ncclinvalidusage": "invalid usage", "ncclremoteerror": "remote error"}  # fmt: skip
+    named = {
+        "ncclunhandledcudaerror": "unhandled cuda error",
+        "ncclsystemerror": "system error",
+        "ncclinternalerror": "internal error",
+        "ncclinvalidargument": "invalid argument",
+        "ncclinvalidusage": "invalid usage",
+        "ncclremoteerror": "remote error",
+    }
     found = next((c for c in NCCL_CLASSES if c in lowered), None) or next(
         (c for n, c in named.items() if n in lowered), None
     )
@@ -385,7 +445,8 @@ def moe_config(text: str, context: Mapping[str, str]) -> dict[str, str]:
 
 _WHEEL = re.compile(r"(?P<package>[A-Za-z0-9][\w.]*?)-(?P<version>\d[^-\s]*)-(?:cp|py)\d")
 _REQUIRED = re.compile(
-    r"(?:Collecting|\+|Installing|Downloading|Would install|Downloaded)\s+(?P<package>[A-Za-z0-9][\w.\-]*?)(?:\[[^\]]*\])?==(?P<version>[^\s,;)]+)"
+    r"(?:Collecting|\+|Installing|Downloading|Would "
+    r"install|Downloaded)\s+(?P<package>[A-Za-z0-9][\w.\-]*?)(?:\[[^\]]*\])?==(?P<version>[^\s,;)]+)"
 )
 _CUDA_WHEEL = re.compile(r"^nvidia-[\w-]+-cu(?P<major>\d+)$")
 
@@ -410,7 +471,10 @@ def installed_version(text: str, context: Mapping[str, str]) -> dict[str, str]:
     elif package in pins and _version(version) is not None and _version(version) != _version(pins[package]):
         plain = _version(pins[package])
         if plain is not None and _version(version) == Version(plain.public) and not local:
-            reason = f"{package} {version} is the plain build of the locked {pins[package]}: without its local +cu tag it is PyPI's, another CUDA"
+            reason = (
+                f"{package} {version} is the plain build of the locked {pins[package]}: without its local +cu tag it "
+                "is PyPI's, another CUDA"
+            )
         else:
             reason = f"the lock pins {package}=={pins[package]}; this installs {version}"
     else:
@@ -449,7 +513,9 @@ def oom_phase(text: str, context: Mapping[str, str]) -> dict[str, str]:
             return {"phase": phase, "action": action}
     return {
         "phase": "while serving",
-        "action": "lower --mem-fraction-static or --max-running-requests, and make sure no other process holds GPU memory",
+        "action": (
+            "lower --mem-fraction-static or --max-running-requests, and make sure no other process holds GPU memory"
+        ),
     }
 
 

@@ -22,9 +22,16 @@ from stackgate.scan.literals import LiteralError
 from stackgate.scan.literals import required_literals as _literal_runs
 
 __all__ = [
-    "COMMONNESS", "best_key", "known_names", "load", "prefilter_key", "quoted_names", "ready", "required_literal",
+    "COMMONNESS",
+    "best_key",
+    "known_names",
+    "load",
+    "prefilter_key",
+    "quoted_names",
+    "ready",
+    "required_literal",
     "required_literals",
-]  # fmt: skip
+]
 
 # Characters ordered from most to least common in serving and installer logs (counted on the
 # healthy SGLang 0.5.9 and pip/uv logs under tests/data and on SGLang's serving lines, decode and

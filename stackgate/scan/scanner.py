@@ -559,7 +559,8 @@ def _whole_lines(text: str, start: int, end: int) -> tuple[str, ...]:
 
 
 def _back_lines(data: bytes, offset: int, count: int, floor: int = 0) -> tuple[int, int]:
-    """The offset of the line ``count`` lines before ``offset`` (a line start), not before ``floor``, and how many lines that is."""
+    """The offset of the line ``count`` lines before ``offset`` (a line start), not before ``floor``, and how
+    many lines that is."""
     found = 0
     while found < count and offset > floor:
         offset = max(data.rfind(b"\n", floor, offset - 1) + 1, floor)

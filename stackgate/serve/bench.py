@@ -60,8 +60,11 @@ __all__ = [
 _COMPLETION = re.compile(rb'"completion_tokens":\s*(\d+)')
 STREAM_IDLE_S = Benchmark.stream_idle_floor_s  #: the longest silence inside a stream, unless the lock says
 # Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom.
-_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
+_T95 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip # a table: ten degrees of freedom a line
 
 
 @dataclass(frozen=True)
@@ -478,9 +481,14 @@ def run_benchmark(
         if show is not None:
             show(f"benchmark: {kind} {len(into) + 1}/{total} ({bench.output_tokens} tokens){why}")
         sample = generate(
-            base_url, bench.prompt, bench.output_tokens,
-            streams=streams, incremental_ids=incremental_ids, api_key=api_key, idle_s=bench.stream_idle_s,
-        )  # fmt: skip
+            base_url,
+            bench.prompt,
+            bench.output_tokens,
+            streams=streams,
+            incremental_ids=incremental_ids,
+            api_key=api_key,
+            idle_s=bench.stream_idle_s,
+        )
         into.append(sample)
         if sample.error is None:
             return None
@@ -543,10 +551,12 @@ def judge(
     flag = None
     if short:
         flag = warned(
-            f"{len(short)} run(s) returned fewer tokens than the {bench.output_tokens} asked (runs {', '.join(map(str, short))}); left out of the figures",
+            f"{len(short)} run(s) returned fewer tokens than the {bench.output_tokens} asked (runs "
+            f"{', '.join(map(str, short))}); left out of the figures",
             [details[i - 1] for i in short],
             fix=Fix(
-                "A short run means the server stopped early despite ignore_eos (context length? an abort?): read the server log."
+                "A short run means the server stopped early despite ignore_eos (context length? an abort?): read the "
+                "server log."
             ),
         )
     if figures.stopped is not None:
@@ -566,7 +576,8 @@ def judge(
         ), flag
     if not against_baseline:
         return passed(
-            f"{both}: measured for the comparison, not judged against baseline_tok_s (it describes the lock's configuration)",
+            f"{both}: measured for the comparison, not judged against baseline_tok_s (it describes the lock's "
+            "configuration)",
             lines,
             data=data,
         ), flag
@@ -579,7 +590,8 @@ def _against_baseline(
     floor = bench.floor_tok_s
     if bench.baseline_tok_s is None or floor is None:
         return skipped(
-            f"decode {decode.text()}; end-to-end {whole.mean:.2f} tok/s; the lock has no baseline_tok_s to judge it against",
+            f"decode {decode.text()}; end-to-end {whole.mean:.2f} tok/s; the lock has no baseline_tok_s to judge it "
+            "against",
             lines,
             data=data,
         )
@@ -597,15 +609,18 @@ def _against_baseline(
         return _inconclusive(decode, bench, spans, lines, {**data, "inconclusive": True}, strict)
     if decode.mean < floor:
         return failed(
-            f"decode {decode.mean:.2f} tok/s is {-change:.1%} below the baseline {bench.baseline_tok_s:g} tok/s (allowed: {bench.max_regression:.1%}, floor {floor:.2f}); {whole_text}",
+            f"decode {decode.mean:.2f} tok/s is {-change:.1%} below the baseline {bench.baseline_tok_s:g} tok/s "
+            f"(allowed: {bench.max_regression:.1%}, floor {floor:.2f}); {whole_text}",
             lines,
             fix=Fix(
-                "Compare with the baseline's configuration (`stackgate smoke --benchmark --compare`) and check the findings above (attention backend, NCCL settings)."
+                "Compare with the baseline's configuration (`stackgate smoke --benchmark --compare`) and check the "
+                "findings above (attention backend, NCCL settings)."
             ),
             data=data,
         )
     return passed(
-        f"decode {decode.mean:.2f} tok/s vs baseline {bench.baseline_tok_s:g} ({change:+.1%}; allowed -{bench.max_regression:.1%}); {whole_text}",
+        f"decode {decode.mean:.2f} tok/s vs baseline {bench.baseline_tok_s:g} ({change:+.1%}; allowed "
+        f"-{bench.max_regression:.1%}); {whole_text}",
         lines,
         data=data,
     )
@@ -636,7 +651,10 @@ def _run_line(index: int, sample: Sample) -> str:
         if sample.error
         else ""
     )
-    return f"run {index + 1}: {sample.tokens} tokens in {sample.seconds:.3f} s = {sample.tok_s:.2f} tok/s; TTFT {ttft}; decode {decode} tok/s{mark}"
+    return (
+        f"run {index + 1}: {sample.tokens} tokens in {sample.seconds:.3f} s = {sample.tok_s:.2f} tok/s; TTFT {ttft}; "
+        f"decode {decode} tok/s{mark}"
+    )
 
 
 # --- concurrency ------------------------------------------------------------------------------

@@ -105,16 +105,24 @@ class Config:
         return (*self.flags, *speculative, *fast)
 
     def argv(self, python: Path, shrink: fastmode.Shrink | None = None) -> list[str]:
-        """``<python> -m sglang.launch_server --model-path M --tp-size N --host H --port P --attention-backend B ...``"""
+        """``<python> -m sglang.launch_server --model-path M --tp-size N --host H --port P``
+        ``--attention-backend B ...``"""
         return [
-            str(python), "-m", "sglang.launch_server",
-            "--model-path", self.model,
-            "--tp-size", str(self.tp),
-            "--host", self.host,
-            "--port", str(self.port),
-            "--attention-backend", self.attention_backend,
+            str(python),
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            self.model,
+            "--tp-size",
+            str(self.tp),
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--attention-backend",
+            self.attention_backend,
             *self.launch_flags(shrink),
-        ]  # fmt: skip
+        ]
 
 
 def configs(
@@ -179,7 +187,8 @@ def _baseline(lock: Spec, main: Config) -> Config:
     if same:
         raise LaunchError(
             "--compare needs a baseline that differs from the lock's configuration: the lock has no "
-            "fusion flag to drop; describe the baseline in a [smoke.compare] table (flags, attention_backend, speculative, env)"
+            "fusion flag to drop; describe the baseline in a [smoke.compare] table (flags, attention_backend, "
+            "speculative, env)"
         )
     return baseline
 
@@ -208,7 +217,8 @@ def check_model(config: Config) -> Result:
             return failed(
                 f"{what} {text}: {problem}; nothing was launched",
                 fix=Fix(
-                    f"Point [smoke] at a local Hugging Face model directory ({'--model PATH' if what == 'model' else 'smoke.speculative.draft_model'}).",
+                    "Point [smoke] at a local Hugging Face model directory "
+                    f"({'--model PATH' if what == 'model' else 'smoke.speculative.draft_model'}).",
                     (f"ls -l {text}",),
                 ),
             )
@@ -246,7 +256,8 @@ def check_port(config: Config) -> Result:
             if exc.errno != errno.EADDRINUSE:
                 return failed(f"cannot bind {config.host}:{config.port}: {exc.strerror or exc}; nothing was launched")
             return failed(
-                f"port {config.port} on {config.host} is taken; nothing was launched (SGLang would find out only after loading the weights)",
+                f"port {config.port} on {config.host} is taken; nothing was launched (SGLang would find out only "
+                "after loading the weights)",
                 fix=Fix("Stop what listens there, or pass another --port.", (f"ss -ltnp 'sport = :{config.port}'",)),
                 data={"port": config.port},
             )
@@ -277,7 +288,7 @@ def check_gpus(config: Config, env: Mapping[str, str], lib: ModuleType | None = 
 def _visible(snap: nvml.NvmlSnapshot, devices: str | None) -> int:
     """How many GPUs CUDA will enumerate: CUDA stops at the first entry that names no GPU.
 
-    >>> gpus = tuple(nvml.GpuInfo(i, "g", f"GPU-{i}aa", None, None, None, None, None, None, None, None, None, None, None, ()) for i in range(4))
+    >>> gpus = tuple(nvml.GpuInfo(i, "g", f"GPU-{i}aa", *[None] * 11, ()) for i in range(4))
     >>> snap = nvml.NvmlSnapshot("580", None, gpus)
     >>> [_visible(snap, v) for v in (None, "0,2", "1,9,2", "GPU-3", "", "-1")]
     [4, 2, 1, 1, 0, 0]

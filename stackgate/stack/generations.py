@@ -188,7 +188,8 @@ def rollback_target(state: RootState) -> Generation:
     earlier = [g for g in _earlier(state) if g.python.exists()]
     if not earlier:
         raise GenerationError(
-            f"no earlier ready generation under {generations_dir(state.root)} to roll back to (current: {state.current.id})"
+            f"no earlier ready generation under {generations_dir(state.root)} to roll back to (current: "
+            f"{state.current.id})"
         )
     return earlier[-1]
 
@@ -227,7 +228,8 @@ def exclusive(
         fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
         raise GenerationError(
-            f"cannot create or lock {root}: {exc.strerror or exc} (run as a user who may write there, or set python.root elsewhere)"
+            f"cannot create or lock {root}: {exc.strerror or exc} (run as a user who may write there, or set "
+            "python.root elsewhere)"
         ) from exc
     try:
         if not _try_lock(fd):

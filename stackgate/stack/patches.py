@@ -193,7 +193,8 @@ def patch_text(original: str, diff: FileDiff, reverse: bool = False) -> str:
         if start < position or lines[start : start + len(before)] != before:
             found = "".join(lines[start : start + len(before)]) if start >= 0 else ""
             raise _Mismatch(
-                f"{diff.path}: hunk {number} does not match at line {start + 1}:\nexpected:\n{''.join(before)}found:\n{found}"
+                f"{diff.path}: hunk {number} does not match at line "
+                f"{start + 1}:\nexpected:\n{''.join(before)}found:\n{found}"
             )
         out += lines[position:start] + after
         position = start + len(before)
@@ -294,7 +295,8 @@ def _read_patch(patch: Patch) -> str:
     have = hashlib.sha256(raw).hexdigest()
     if patch.sha256 is not None and have != patch.sha256:
         raise PatchError(
-            f"{patch.file.name}: sha256 is {have}, the lock says {patch.sha256}: the patch file changed since the lock was written"
+            f"{patch.file.name}: sha256 is {have}, the lock says {patch.sha256}: the patch file changed since the "
+            "lock was written"
         )
     try:
         return raw.decode("utf-8")
@@ -308,7 +310,8 @@ def _require_version(patch: Patch, site_packages: Path) -> None:
         raise PatchError(f"{patch.package} is not installed in {site_packages}: nothing to patch")
     if found != str(patch.version):
         raise PatchError(
-            f"{patch.package} {found} is installed in {site_packages}; {patch.file.name} is for {patch.version} only: refusing to apply it"
+            f"{patch.package} {found} is installed in {site_packages}; {patch.file.name} is for {patch.version} "
+            "only: refusing to apply it"
         )
 
 

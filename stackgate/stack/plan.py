@@ -138,7 +138,8 @@ def plan(
         if "python" in areas:
             draft.in_place.append(
                 f"Python stack: {state.root / 'current'} -> {state.current.id if state.current else '?'} "
-                f"matches the lock ({_count(len(lock.python.packages), 'pin')}, guard: {', '.join(guard.constraints(lock)) or 'none'})"
+                f"matches the lock ({_count(len(lock.python.packages), 'pin')}, guard: "
+                f"{', '.join(guard.constraints(lock)) or 'none'})"
             )
             _env_file(lock, state, draft)
         if "patches" in areas:
@@ -284,12 +285,14 @@ def _build(
             "python",
             "python.guard",
             f"write the guard and the pylock into {home.name}: constraints {', '.join(pins) or '(none)'}",
-            "what people install later is held by these constraints; the installer reads the generation's copy of the pylock",
+            "what people install later is held by these constraints; the installer reads the generation's copy of "
+            "the pylock",
             subject=resolution,
         )
     )
     installing = (
-        f"the pylock's {_count(len(resolution.packages), 'distribution')} ({_count(len(resolution.files), 'file')}, each checked against its sha256)"
+        f"the pylock's {_count(len(resolution.packages), 'distribution')} ({_count(len(resolution.files), 'file')}, "
+        "each checked against its sha256)"
         if resolution
         else "the pylock"
     )
@@ -325,7 +328,8 @@ def _build(
             "python",
             "python.envfile",
             f"write {home.name}/stackgate.env, activate and pip.conf",
-            "stackgate.env exports CUDA_HOME, PATH, TRITON_PTXAS_PATH, PIP_CONSTRAINT, UV_CONSTRAINT, VIRTUAL_ENV and the lock's [env]; pip.conf holds its pip to the guard, activated or not",
+            "stackgate.env exports CUDA_HOME, PATH, TRITON_PTXAS_PATH, PIP_CONSTRAINT, UV_CONSTRAINT, VIRTUAL_ENV "
+            "and the lock's [env]; pip.conf holds its pip to the guard, activated or not",
         )
     )
     steps.append(
@@ -387,7 +391,8 @@ def _preflight(lock: Spec, resolution: pylock.Resolution, wheelhouse: Path | Non
             Step(
                 "python",
                 "python.preflight",
-                f"check that {wheelhouse} holds all {_count(len(resolution.files), 'locked file')}, each with its sha256",
+                f"check that {wheelhouse} holds all {_count(len(resolution.files), 'locked file')}, each with its "
+                "sha256",
                 "nothing is created before every file is known to be there and right",
                 subject=(resolution, wheelhouse),
             )
@@ -433,7 +438,10 @@ def _resume(
                 "an interrupted or failed run left them; they were never current",
             )
         )
-    why = f"{reasons[0]}; generation {generation.id} was built and checked from this lock by a run that stopped before switching"
+    why = (
+        f"{reasons[0]}; generation {generation.id} was built and checked from this lock by a run that stopped before "
+        "switching"
+    )
     steps.append(Step("python", "python.envfile", f"write {generation.id}/stackgate.env, activate and pip.conf", why))
     steps.append(
         Step(
@@ -461,7 +469,8 @@ def _base_to_build(lock: Spec, facts: Facts, uv: str | None, draft: _Draft) -> B
         if pinned is not None and not pinned.specifier.contains(str(patch.version), prereleases=True):
             blockers.append(
                 Blocker(
-                    f"patch {patch.file.name} is for {patch.package} {patch.version}, but the lock pins {patch.package}{pinned.specifier}",
+                    f"patch {patch.file.name} is for {patch.package} {patch.version}, but the lock pins "
+                    f"{patch.package}{pinned.specifier}",
                     usage=True,
                 )
             )
@@ -505,7 +514,10 @@ def _env_file(lock: Spec, state: generations.RootState, draft: _Draft) -> None:
         return
     why = "it is missing" if have is None else "the lock's [env] or default toolkit changed"
     if have is not None and not guarded:
-        why = f"{guard.PIP_CONF} is missing (built by an older stackgate): its pip is not guarded outside an activated shell"
+        why = (
+            f"{guard.PIP_CONF} is missing (built by an older stackgate): its pip is not guarded outside an activated "
+            "shell"
+        )
     draft.steps.append(
         Step("python", "python.envfile.current", f"rewrite {current.id}/stackgate.env, activate and pip.conf", why)
     )
@@ -525,7 +537,8 @@ def _patches(lock: Spec, facts: Facts, state: generations.RootState, draft: _Dra
         if dist is None or dist.version != str(patch.version):
             draft.blockers.append(
                 Blocker(
-                    f"patch {patch.file.name} is for {patch.package} {patch.version}; the environment has {dist.version if dist else 'none'}",
+                    f"patch {patch.file.name} is for {patch.package} {patch.version}; the environment has "
+                    f"{dist.version if dist else 'none'}",
                     Fix("Rebuild the Python stack from the lock.", (_REBUILD,)),
                 )
             )
@@ -538,7 +551,8 @@ def _patches(lock: Spec, facts: Facts, state: generations.RootState, draft: _Dra
                 Step(
                     "patches",
                     "patches.apply",
-                    f"apply {patch.file.name} to {patch.package} {patch.version} in {state.current.id if state.current else '?'}",
+                    f"apply {patch.file.name} to {patch.package} {patch.version} in "
+                    f"{state.current.id if state.current else '?'}",
                     f"{reason} ({patch.reason})",
                     subject=patch,
                 )

@@ -67,11 +67,20 @@ ACTIVATE = "activate"
 #: pip/uv settings that do not change WHAT gets installed, so a user's values are kept.
 _KEPT_SETTINGS = frozenset(
     {
-        "UV_CACHE_DIR", "PIP_CACHE_DIR", "PIP_NO_CACHE_DIR", "UV_NO_CACHE", "UV_LINK_MODE",
-        "UV_HTTP_TIMEOUT", "PIP_DEFAULT_TIMEOUT", "PIP_CERT", "PIP_CLIENT_CERT", "UV_NATIVE_TLS",
-        "UV_CONCURRENT_DOWNLOADS", "UV_CONCURRENT_INSTALLS",
+        "UV_CACHE_DIR",
+        "PIP_CACHE_DIR",
+        "PIP_NO_CACHE_DIR",
+        "UV_NO_CACHE",
+        "UV_LINK_MODE",
+        "UV_HTTP_TIMEOUT",
+        "PIP_DEFAULT_TIMEOUT",
+        "PIP_CERT",
+        "PIP_CLIENT_CERT",
+        "UV_NATIVE_TLS",
+        "UV_CONCURRENT_DOWNLOADS",
+        "UV_CONCURRENT_INSTALLS",
     }
-)  # fmt: skip
+)
 
 
 class PyenvError(Exception):
@@ -439,8 +448,8 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def built_python(python: Python, built: Any, interpreter: Path) -> Python:
     """``python`` as a generation was built: the pins, frozen packages and overrides of ``built``
-    (the :func:`~stackgate.facts.compare.environment_spec` in its marker), read at ``interpreter``. ValueError when ``built`` is not
-    such a spec (a marker from elsewhere, or damaged)."""
+    (the :func:`~stackgate.facts.compare.environment_spec` in its marker), read at ``interpreter``.
+    ValueError when ``built`` is not such a spec (a marker from elsewhere, or damaged)."""
     try:
         packages = tuple(
             Package(name, SpecifierSet(p["version"]), p.get("url"), p.get("sha256"))

@@ -226,7 +226,8 @@ def _judge(
         before = _sha256_of(old, package.url)
         if package.sha256 and file.sha256 != package.sha256:
             raise ResolveError(
-                f"{package.name}: {package.url} has sha256 {file.sha256}, the spec says {package.sha256}; nothing was written (a changed or tampered file, or a wrong sha256 in the spec)",
+                f"{package.name}: {package.url} has sha256 {file.sha256}, the spec says {package.sha256}; nothing "
+                "was written (a changed or tampered file, or a wrong sha256 in the spec)",
                 log,
             )
         if before and before != file.sha256:
@@ -242,7 +243,8 @@ def _judge(
     if upgrade and frozen:
         asked = ", ".join(upgrade)
         raise ResolveError(
-            f"--upgrade-package {asked} would move the frozen {'; '.join(str(m) for m in frozen)}: nothing was written (the guard holds it; change its pin in the spec on purpose)",
+            f"--upgrade-package {asked} would move the frozen {'; '.join(str(m) for m in frozen)}: nothing was "
+            "written (the guard holds it; change its pin in the spec on purpose)",
             log,
         )
     changed = old is None or old.sha256 != new.sha256

@@ -17,7 +17,8 @@ The public API, as provision's plan and steps call it:
 ``cuda_link_state(policy, default, link=CUDA_LINK) -> str | None``
     The lock's stack.cuda_link policy against the link: None when nothing is to be done, else
     why ``set_cuda_link(default.prefix, link)`` must run ("leave" never asks for anything).
-``take_fingerprint(prefix) -> Fingerprint``, ``fingerprint(prefix) -> str``, ``fingerprint_diff(before, after) -> list[str]``
+``take_fingerprint(prefix) -> Fingerprint``, ``fingerprint(prefix) -> str``,
+``fingerprint_diff(before, after) -> list[str]``
     A fast, stable summary of a tree (paths, types, modes, owners, sizes, mtimes, link
     targets, and content hashes of ``bin/*``), and the named differences between two.
 ``kept_untouched(toolkits)``
@@ -49,10 +50,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
-from stackgate.edges import fetch, runner
+from stackgate.edges import faults, fetch, runner
 from stackgate.facts import ToolkitFacts, ToolVersion, tool_version
 from stackgate.facts.compare import toolkit_problem
-from stackgate.models import faults, settings
+from stackgate.models import settings
 from stackgate.models.spec import PYPI_CUDA12_REASON, Toolkit
 
 __all__ = [
@@ -319,7 +320,8 @@ def _check_extras(site: Path, toolkit: Toolkit) -> None:
     unknown = sorted(set(_components(toolkit)) - known)
     if unknown:
         raise ToolkitError(
-            f"cuda-toolkit {toolkit.version} has no extra(s) {', '.join(unknown)}; it offers: {', '.join(sorted(known))}"
+            f"cuda-toolkit {toolkit.version} has no extra(s) {', '.join(unknown)}; it offers: "
+            f"{', '.join(sorted(known))}"
         )
 
 
@@ -536,7 +538,8 @@ def _install_apt(toolkit: Toolkit, log: Path, apt: AptCommands, progress: Progre
     expected = Path(f"/usr/local/cuda-{toolkit.release}")
     if toolkit.prefix != expected:
         raise ToolkitError(
-            f'{toolkit.label}: NVIDIA\'s apt packages install only to {expected}; set prefix = "{expected}" or use source = "runfile"'
+            f'{toolkit.label}: NVIDIA\'s apt packages install only to {expected}; set prefix = "{expected}" or use '
+            'source = "runfile"'
         )
     progress(f"asking apt about {_apt_package(toolkit)}")
     _apt_check_available(toolkit, apt)
@@ -558,7 +561,8 @@ def _apt_check_available(toolkit: Toolkit, apt: AptCommands) -> None:
                 "Add it (https://developer.nvidia.com/cuda-downloads):\n" + "\n".join(f"  {c}" for c in _APT_SETUP)
             )
         raise ToolkitError(
-            f"NVIDIA's CUDA apt repository is configured but offers no {package}: run `sudo apt-get update`, or check the repository's distro"
+            f"NVIDIA's CUDA apt repository is configured but offers no {package}: run `sudo apt-get update`, or "
+            "check the repository's distro"
         )
     if len(toolkit.version.release) >= 3 and not any(v.startswith(f"{toolkit.version}-") for v in versions):
         raise ToolkitError(f"apt offers {package} {', '.join(versions)}, not CUDA {toolkit.version}")
@@ -567,7 +571,10 @@ def _apt_check_available(toolkit: Toolkit, apt: AptCommands) -> None:
 def _apt_versions(policy: str) -> list[str]:
     """The versions in `apt-cache policy PKG`'s version table.
 
-    >>> _apt_versions("p:\\n  Installed: (none)\\n  Candidate: 13.0.1-1\\n  Version table:\\n     13.0.1-1 600\\n        600 https://x Packages\\n")
+    >>> _apt_versions(
+    ...     "p:\\n  Installed: (none)\\n  Candidate: 13.0.1-1\\n  Version table:\\n     13.0.1-1 600\\n"
+    ...     "        600 https://x Packages\\n"
+    ... )
     ['13.0.1-1']
     """
     lines = policy.splitlines()
@@ -715,7 +722,8 @@ def _restore_link(before: _LinkState, link: Path) -> None:
         set_cuda_link(Path(before.target), link)
     else:
         raise ToolkitError(
-            f"the installer replaced {link} (was {before.kind}, now {now.kind}); stackgate cannot restore it: check it by hand"
+            f"the installer replaced {link} (was {before.kind}, now {now.kind}); stackgate cannot restore it: check "
+            "it by hand"
         )
 
 

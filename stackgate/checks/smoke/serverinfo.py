@@ -116,7 +116,8 @@ def check_identity(info: Mapping[str, Any], endpoint: str, port: int, model: str
     }
     if info.get("port") not in (None, port) or info.get("model_path") not in (None, model):
         return failed(
-            f"the server on port {port} reports port {info.get('port')} and model {info.get('model_path')}: another server answered",
+            f"the server on port {port} reports port {info.get('port')} and model {info.get('model_path')}: another "
+            "server answered",
             fix=Fix("Stop the other server and run smoke again.", (f"ss -ltnp 'sport = :{port}'",)),
             data=data,
         )
@@ -130,7 +131,8 @@ def check_backend(info: Mapping[str, Any], want: str) -> Result:
         return failed(
             f"the server runs the {have} attention backend, the lock asks for {want}",
             fix=Fix(
-                f"Find why SGLang did not take --attention-backend {want} (the log above; `import flashinfer` in the stack).",
+                f"Find why SGLang did not take --attention-backend {want} (the log above; `import flashinfer` in "
+                "the stack).",
                 ("stackgate verify --check abi.imports",),
             ),
             data=data,
@@ -194,7 +196,8 @@ def check_evidence(item: Evidence, info: Mapping[str, Any] | None, words: Sequen
     level = log_level(info, words)
     if level in QUIET_LEVELS:
         return warned(
-            f"{item.flag} was accepted ({accepted}); whether its path ran cannot be told: the server logs at --log-level {level}, "
+            f"{item.flag} was accepted ({accepted}); whether its path ran cannot be told: the server logs at "
+            f"--log-level {level}, "
             f"which hides INFO lines such as {item.pattern!r}",
             fix=Fix(
                 "Run smoke with the server at --log-level info (the default) to prove the flag, or accept it unproven."
@@ -202,7 +205,8 @@ def check_evidence(item: Evidence, info: Mapping[str, Any] | None, words: Sequen
             data={**data, "log_level": level},
         )
     return failed(
-        f"{item.flag} was accepted ({accepted}) but the log never shows {item.pattern!r}: the path it enables never initialised",
+        f"{item.flag} was accepted ({accepted}) but the log never shows {item.pattern!r}: the path it enables never "
+        "initialised",
         fix=Fix(
             "The flag is reported but its code path did not run on this machine (e.g. FlashInfer allreduce fusion "
             "only runs on SM90/SM100 and with TP > 1). Drop the flag, or use a stack where the path runs.",

@@ -17,8 +17,8 @@ it cannot be read off the pattern), ``window`` (a multi-line event ending on the
 line, like a traceback), ``after`` (lines following the anchor's line that belong to the
 event, like a resolver's explanation), ``at_end`` with ``followed_only_by`` (only when the log
 ends with it: a hang), ``preceded_by`` (an ``at_end`` match counts only after a line of
-context, not in a pasted excerpt of its own kind of lines), ``consequence`` (a symptom listed after its cause), ``supersedes``
-(generic ids this specific one replaces on the same line), ``extract`` (an extractor of
+context, not in a pasted excerpt of its own kind of lines), ``consequence`` (a symptom listed after its
+cause), ``supersedes`` (generic ids this specific one replaces on the same line), ``extract`` (an extractor of
 :mod:`stackgate.scan.extract`), ``references`` and ``counterexamples``.
 
 This package is the data and its model; the engine that scans text for it (the prefilter, the

@@ -36,9 +36,9 @@ __all__ = [
 
 STAGES = ("provision", "verify", "smoke")
 COMPONENTS = (
-    "sglang", "sgl-kernel", "flashinfer", "torch", "triton", "nccl", "cuda toolkit", "driver", "resolver", "installer", "python",
-    "container runtime", "kubernetes", "ray", "vllm", "tensorrt-llm", "host",
-)  # fmt: skip
+    "sglang", "sgl-kernel", "flashinfer", "torch", "triton", "nccl", "cuda toolkit", "driver", "resolver",
+    "installer", "python", "container runtime", "kubernetes", "ray", "vllm", "tensorrt-llm", "host",
+)  # fmt: skip # a table: the names, wrapped
 
 #: The stack's context a signature's texts may quote as ``{name}``: name -> (where it comes from
 #: in the lock, what is said when no lock was given). Defined here once; :func:`lock_context`
@@ -67,10 +67,31 @@ CONTEXT_KEYS: Mapping[str, tuple[str, str]] = {
 }
 
 _FIELDS = (
-    "id", "title", "component", "stages", "severity", "patterns", "cause", "fix", "commands", "source", "references",
-    "examples", "counterexamples", "anchor", "window", "after", "at_end", "followed_only_by", "not_followed_by", "preceded_by", "consequence", "supersedes", "extract",
+    "id",
+    "title",
+    "component",
+    "stages",
+    "severity",
+    "patterns",
+    "cause",
+    "fix",
+    "commands",
+    "source",
+    "references",
+    "examples",
+    "counterexamples",
+    "anchor",
+    "window",
+    "after",
+    "at_end",
+    "followed_only_by",
+    "not_followed_by",
+    "preceded_by",
+    "consequence",
+    "supersedes",
+    "extract",
     "without_errors",
-)  # fmt: skip
+)
 _REQUIRED = ("id", "title", "component", "stages", "severity", "patterns", "cause", "fix", "source", "examples")
 
 

@@ -1,0 +1,66 @@
+"""The spec (the lockfile): TOML -> frozen, typed dataclasses, every problem with its key path.
+
+- :mod:`.model`: the dataclasses, each section built from its table beside it;
+- :mod:`.reader`: the TOML table reader (typed getters that collect errors) and :class:`SpecError`;
+- :mod:`.rules`: URLs, ``$`` references in environment values, patch locations;
+- :mod:`.files`: where a spec is found (the default lock, the shipped profiles) and the loaders.
+"""
+
+from __future__ import annotations
+
+from stackgate.models.spec.files import (
+    DEFAULT_LOCK,
+    LOCAL_LOCK,
+    SYSTEM_LOCK,
+    default_lock_path,
+    edit_hint,
+    is_shipped,
+    load_spec,
+    loads_spec,
+    read_only_problem,
+)
+from stackgate.models.spec.model import (
+    MAX_JIT_TIMEOUT_S,
+    PYPI_CUDA12_REASON,
+    Benchmark,
+    Capability,
+    DeepAttention,
+    Override,
+    Package,
+    Patch,
+    Python,
+    Spec,
+    Speculative,
+    Toolkit,
+)
+from stackgate.models.spec.reader import SpecError, read_toml
+from stackgate.models.spec.rules import SHELL_REFERENCE, patch_location_problem, url_problem
+
+__all__ = [
+    "DEFAULT_LOCK",
+    "LOCAL_LOCK",
+    "MAX_JIT_TIMEOUT_S",
+    "PYPI_CUDA12_REASON",
+    "SHELL_REFERENCE",
+    "SYSTEM_LOCK",
+    "Benchmark",
+    "Capability",
+    "DeepAttention",
+    "Override",
+    "Package",
+    "Patch",
+    "Python",
+    "Spec",
+    "SpecError",
+    "Speculative",
+    "Toolkit",
+    "default_lock_path",
+    "edit_hint",
+    "is_shipped",
+    "load_spec",
+    "loads_spec",
+    "patch_location_problem",
+    "read_only_problem",
+    "read_toml",
+    "url_problem",
+]
