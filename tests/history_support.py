@@ -117,7 +117,7 @@ def smoke_doc(
     the findings of the knowledge base's scan of ``log``, as the server's log at /logs/server.log."""
     from smoke_support import Rig
 
-    from stackgate.commands import smoke
+    from stackgate.flows import smoke
     from stackgate.models.spec import load_spec
     from stackgate.models.verdict import judge
     from stackgate.serve import launch

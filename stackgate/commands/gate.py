@@ -1,63 +1,36 @@
 """`stackgate gate`: one verdict before deploy, from the lock to a benchmark of the real weights.
 
-The stages, in order, and what each stands on:
-
-==============  =====================================================  =======================
-stage           what it proves                                         runs only if passed
-==============  =====================================================  =======================
-lock            the lockfile loads, and names a model to launch        (first)
-environment     the live environment is the one the lock describes:    lock
-                same generation (built from this lock's Python stack),
-                no drift (pins, requirements, patches): the
-                registered ``environment.*`` checks
-verify          ``verify --deep``: every check, then real GPU work     lock
-fast_smoke      ``smoke --fast``: the launch, random weights, a few    lock, environment, verify
-                layers (minutes, not a full load)
-benchmark       ``smoke --benchmark`` with the real weights            fast_smoke
-==============  =====================================================  =======================
-
-verify runs even when the environment drifted, so that one report says both what drifted and
-what that breaks; the model is only ever launched on a stack that passed both, and the real
-weights only after the fast launch worked (no ten-minute load on a broken stack). A stage that
-is not run is reported as such, with the reason, as a SKIP result. ``--fast-only`` stops after
-the fast smoke.
-
-One exit code: 0 when every stage that ran passed (warnings allowed unless --strict), 1 when one
-failed (or nothing was checked), 2 when the lockfile is bad or names no model (the reports are
-still written and say so; nothing was run and the run is not kept in the history), 130 when
-interrupted (the reports are written with what was learned, the run is kept, then it exits).
+The stages and what each stands on are the gate flow's (:mod:`stackgate.flows.gate`); this command
+checks the report paths, runs the flow, prints the summary, writes every report and keeps the run.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from types import ModuleType
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping
 
-from stackgate.checks.all import REGISTRY
-from stackgate.checks.core import run_checks, select
-from stackgate.commands import smoke
-from stackgate.commands import verify as verifycmd
-from stackgate.edges import runner
-from stackgate.edges.files import unwritable, write_json, write_text
-from stackgate.facts import Facts, gather
-from stackgate.models import pylock, settings
+from stackgate.flows.gate import (
+    SCHEMA,
+    STAGES,
+    GateContext,
+    GateRequest,
+    GateRun,
+    Stage,
+    StageInterrupted,
+    StageRun,
+    run_gate,
+    run_stages,
+)
+from stackgate.flows.smoke import SmokeRun
+from stackgate.models import settings
 from stackgate.models.exitcodes import ExitCode, UsageError
-from stackgate.models.finding import Fix
 from stackgate.models.redact import redact
-from stackgate.models.result import Result, Status, failed, passed
-from stackgate.models.spec import Spec, SpecError, default_lock_path, load_spec
-from stackgate.models.verdict import Verdict, judge
-from stackgate.models.verdict import document as report_document
+from stackgate.models.result import Result
 from stackgate.render import report, summaries
+from stackgate.render.outputs import JSON, Output, check_outputs, write_reports
+from stackgate.render.smoke import BENCHMARK_HEADERS, benchmark_rows
 from stackgate.render.ui import UI
-from stackgate.runs import fingerprint as fp
 from stackgate.runs import history
-from stackgate.serve import launch, launched
+from stackgate.serve import launch
 
 __all__ = [
     "SCHEMA",
@@ -74,433 +47,9 @@ __all__ = [
     "run_stages",
 ]
 
-SCHEMA = "stackgate.gate/1"
-#: The environment stage: the registered checks of the environment area (checks/environment.py).
-ENVIRONMENT_CHECKS = ("environment.*",)
-PASSED, FAILED, NOT_RUN, INTERRUPTED = "passed", "failed", "not run", "interrupted"
-
 
 class GateUsageError(UsageError):
     """Options the gate cannot take (an output that cannot be written): nothing was run."""
-
-
-class StageInterrupted(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM inside a stage, carrying the results the stage had when it stopped."""
-
-    def __init__(self, results: Sequence[Result]) -> None:
-        super().__init__("interrupted")
-        self.results = list(results)
-
-
-@dataclass(frozen=True, kw_only=True)
-class GateRequest:
-    lock_path: Path | None = None
-    json_path: Path | None = None
-    junit_path: Path | None = None
-    markdown_path: Path | None = None
-    prom_path: Path | None = None
-    fast_only: bool = False
-    model: str | None = None
-    strict: bool = False
-    #: Library only (the command always runs every check): glob patterns of the verify checks to
-    #: run, as ``verify --check`` takes them. Tests use it to pick the checks a machine without
-    #: GPUs can pass, so that the stages after verify run for real.
-    verify_checks: tuple[str, ...] = ()
-    run_dir: Path | None = None  #: where the servers' logs go (default: reports/gate/<time>-<pid>)
-
-    @property
-    def outputs(self) -> dict[str, Path]:
-        chosen = {
-            "--json": self.json_path,
-            "--junit": self.junit_path,
-            "--markdown": self.markdown_path,
-            "--prom": self.prom_path,
-        }
-        return {option: path for option, path in chosen.items() if path is not None}
-
-
-@dataclass
-class GateContext:
-    """What the stages share: the request, and what each stage learned for the later ones."""
-
-    request: GateRequest
-    ui: UI
-    environ: Mapping[str, str]
-    nvml_lib: ModuleType | None = None
-    run_dir: Path = Path("reports")
-    lock: Spec | None = None
-    usage: str | None = None  #: why the lock stage refused the run (exit 2)
-    verify_run: verifycmd.VerifyRun | None = None
-    smoke_runs: dict[str, smoke.SmokeRun] = field(default_factory=dict)
-    _facts: Facts | None = None
-
-    @property
-    def facts(self) -> Facts:
-        """Gathered once for the environment, verify and the fingerprint, started on first use."""
-        if self._facts is None:
-            assert self.lock is not None
-            static, deep = verifycmd.plan(self.request.verify_checks, deep=True)
-            environment = select(ENVIRONMENT_CHECKS, REGISTRY)
-            parts = sorted({*fp.PARTS, *(part for c in (*environment, *static, *deep) for part in c.needs)})
-            self._facts = gather(self.lock, parts, environ=self.environ, nvml_lib=self.nvml_lib)
-        return self._facts
-
-    def close(self) -> None:
-        if self._facts is not None:
-            self._facts.close()
-
-
-@dataclass(frozen=True)
-class Stage:
-    name: str
-    title: str
-    needs: tuple[str, ...]
-    run: Callable[[GateContext], list[Result]]
-    #: Why the request leaves this stage out (e.g. --fast-only), or None.
-    left_out: Callable[[GateRequest], str | None] = lambda request: None
-
-
-@dataclass(frozen=True)
-class StageRun:
-    """A stage's outcome: its status, the reason in one line, its results and wall time."""
-
-    name: str
-    title: str
-    needs: tuple[str, ...]
-    status: str  #: passed | failed | not run | interrupted
-    reason: str
-    results: tuple[Result, ...]
-    duration_s: float
-    verdict: Verdict | None = None  #: None when the stage did not run
-
-    @property
-    def ran(self) -> bool:
-        return self.status != NOT_RUN
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "title": self.title,
-            "needs": list(self.needs),
-            "status": self.status,
-            "reason": self.reason,
-            "duration_s": round(self.duration_s, 3),
-            "counts": dict(self.verdict.counts) if self.verdict else {},
-            "results": [r.to_dict() for r in self.results],
-        }
-
-
-# --- the stages -------------------------------------------------------------------------------
-
-
-def _lock_stage(ctx: GateContext) -> list[Result]:
-    try:
-        lock = load_spec(ctx.request.lock_path)
-        pylock.check_beside(lock)
-    except SpecError as exc:
-        ctx.usage = str(exc)
-        summary = str(exc).splitlines()[0].rstrip(":")
-        return [
-            _named(
-                "lock.load",
-                failed(summary, exc.problems, Fix("Fix the lockfile: every problem is listed with its key path.")),
-            )
-        ]
-    ctx.lock = lock
-    results = [
-        _named(
-            "lock.load", passed(f"{lock.name} ({lock.path}, sha256 {lock.sha256[:12]})", data={"sha256": lock.sha256})
-        )
-    ]
-    try:
-        (config,) = launch.configs(lock, model=ctx.request.model, fast=True)
-    except launch.LaunchError as exc:
-        ctx.usage = str(exc)
-        fix = Fix("Name the model the gate launches.", (f"stackgate gate --model /path/to/model --lock {lock.path}",))
-        results.append(_named("lock.model", failed(str(exc), fix=fix)))
-        return results
-    readable = launch.check_model(config)
-    if readable.status >= Status.FAIL:
-        ctx.usage = readable.summary
-        fix = Fix(
-            "Name a readable Hugging Face model directory (--model PATH or [smoke] model).",
-            readable.fix.commands if readable.fix else (),
-        )
-        results.append(_named("lock.model", failed(readable.summary, fix=fix)))
-        return results
-    results.append(
-        _named("lock.model", passed(f"the smoke stages launch {config.model}", data={"model": config.model}))
-    )
-    return results
-
-
-def _environment_stage(ctx: GateContext) -> list[Result]:
-    assert ctx.lock is not None
-    checks = select(ENVIRONMENT_CHECKS, REGISTRY)
-    for part in sorted({part for c in checks for part in c.needs}):
-        ctx.facts.get(part)  # gathered first, as verify does: a check's timeout measures the check, not a slow probe
-    return run_checks(checks, ctx.lock, ctx.facts, verbose=bool(ctx.ui.verbose))
-
-
-def _verify_stage(ctx: GateContext) -> list[Result]:
-    assert ctx.lock is not None
-    static, deep = verifycmd.plan(ctx.request.verify_checks, deep=True)
-    done = verifycmd.verify(ctx.lock, static, ctx.ui, strict=ctx.request.strict, facts=ctx.facts, deep=deep)
-    ctx.verify_run = done
-    return done.results
-
-
-def _smoke_stage(name: str, *, fast: bool) -> Callable[[GateContext], list[Result]]:
-    def run_stage(ctx: GateContext) -> list[Result]:
-        assert ctx.lock is not None
-        request = smoke.SmokeRequest(
-            lock_path=ctx.lock.path,
-            model=ctx.request.model,
-            fast=fast,
-            benchmark=not fast,
-            strict=ctx.request.strict,
-            run_dir=ctx.run_dir / name,
-        )
-        try:
-            done = smoke.run_smoke(ctx.lock, request, ctx.ui, environ=ctx.environ, nvml_lib=ctx.nvml_lib)
-        except smoke.SmokeInterrupted as stop:
-            ctx.smoke_runs[name] = stop.run
-            raise StageInterrupted(stop.run.results) from None
-        except (launch.LaunchError, smoke.SmokeUsageError) as exc:
-            return [_named("smoke.usage", failed(f"smoke refused the launch: {exc}"))]
-        ctx.smoke_runs[name] = done
-        return done.results
-
-    return run_stage
-
-
-STAGES: tuple[Stage, ...] = (
-    Stage("lock", "the lockfile loads and names a model", (), _lock_stage),
-    Stage("environment", "the live environment is the lock's: same generation, no drift", ("lock",), _environment_stage),
-    Stage("verify", "verify --deep", ("lock",), _verify_stage),
-    Stage("fast_smoke", "smoke --fast: launch with random weights and a few layers", ("lock", "environment", "verify"), _smoke_stage("fast_smoke", fast=True)),
-    Stage(
-        "benchmark", "smoke --benchmark with the real weights", ("fast_smoke",), _smoke_stage("benchmark", fast=False),
-        left_out=lambda request: "--fast-only: the gate stops after the fast smoke" if request.fast_only else None,
-    ),
-)  # fmt: skip
-
-
-def _named(check: str, result: Result) -> Result:
-    return dataclasses.replace(result, check=check)
-
-
-# --- running the stages -----------------------------------------------------------------------
-
-
-def run_stages(stages: Sequence[Stage], ctx: GateContext) -> tuple[list[StageRun], bool]:
-    """Run each stage whose prerequisites passed; (outcomes in order, whether interrupted)."""
-    done: dict[str, StageRun] = {}
-    interrupted = False
-    for stage in stages:
-        reasons = _not_run(stage, done, ctx.request, interrupted)
-        if reasons:
-            reason = "; ".join(reasons)
-            result = Result(
-                f"gate.{stage.name}", Status.SKIP, f"not run: {reason}", tuple(reasons), data={"not_run": reasons}
-            )
-            done[stage.name] = StageRun(stage.name, stage.title, stage.needs, NOT_RUN, reason, (result,), 0.0)
-            continue
-        begun = time.monotonic()
-        try:
-            results = stage.run(ctx)
-        except KeyboardInterrupt as stop:
-            interrupted = True
-            runner.terminate_all()  # before the reports are written, not after
-            results = [
-                *getattr(stop, "results", ()),
-                _named(f"gate.{stage.name}", failed("interrupted (Ctrl-C or SIGTERM)")),
-            ]
-        done[stage.name] = _outcome(stage, results, time.monotonic() - begun, ctx.request.strict, interrupted)
-    return list(done.values()), interrupted
-
-
-def _not_run(stage: Stage, done: Mapping[str, StageRun], request: GateRequest, interrupted: bool) -> list[str]:
-    """Why a stage does not run, in a few words: the stages it stands on that did not pass.
-
-    Each names the stage and its status only; that stage's own row says why, so a long reason
-    (no model, say) is told once, not again in every stage after it. A stage that did not run
-    only because an earlier one failed is left out when that failure is named already.
-    """
-    if interrupted:
-        return ["the gate was interrupted"]
-    left_out = stage.left_out(request)
-    if left_out is not None:
-        return [left_out]
-    blocking = [done[need] for need in stage.needs if done[need].status != PASSED]
-    ran = [need for need in blocking if need.ran]
-    return [
-        f"{need.name} {need.status}" if need.ran else f"{need.name} not run: {need.reason}" for need in ran or blocking
-    ]
-
-
-def _outcome(stage: Stage, results: Sequence[Result], seconds: float, strict: bool, interrupted: bool) -> StageRun:
-    verdict = judge(results, strict=strict)
-    if interrupted:
-        status, reason = INTERRUPTED, "interrupted (Ctrl-C or SIGTERM)"
-    elif verdict.passed:
-        words = {"PASS": "passed", "WARN": "warning(s)", "SKIP": "skipped"}
-        status, reason = (
-            PASSED,
-            ", ".join(f"{verdict.counts[k]} {w}" for k, w in words.items() if verdict.counts.get(k)),
-        )
-    else:
-        first = next((r for r in results if r.status >= Status.FAIL), None)
-        status, reason = FAILED, verdict.reason + (f": {first.check}: {first.summary}" if first is not None else "")
-    return StageRun(stage.name, stage.title, stage.needs, status, reason, tuple(results), seconds, verdict)
-
-
-# --- the gate ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GateRun:
-    """A finished gate: every stage's outcome, the verdict, the fingerprint and the figures."""
-
-    request: GateRequest
-    run_id: str
-    lock: Spec | None
-    stages: tuple[StageRun, ...]
-    verdict: Verdict
-    started: float
-    duration_s: float
-    fingerprint: fp.Fingerprint | None
-    smoke_runs: Mapping[str, smoke.SmokeRun]
-    verify_run: verifycmd.VerifyRun | None
-    interrupted: bool = False
-    usage: str | None = None
-
-    @property
-    def results(self) -> list[Result]:
-        return [r for stage in self.stages for r in stage.results]
-
-    @property
-    def exit_code(self) -> ExitCode:
-        return self.verdict.exit_code
-
-    def stage(self, name: str) -> StageRun:
-        return next(s for s in self.stages if s.name == name)
-
-    def document(self) -> dict[str, Any]:
-        extra = {"run_id": self.run_id, "gate": self._gate_part()}
-        doc = report_document(
-            "gate",
-            self.results,
-            self.verdict,
-            lock=self.lock,
-            started=self.started,
-            duration_s=self.duration_s,
-            extra=extra,
-        )
-        doc["results"] = [{**r.to_dict(), "stage": s.name} for s in self.stages for r in s.results]
-        if self.lock is None:
-            doc["lock"] = {"name": None, "path": str(self.request.lock_path or default_lock_path()), "sha256": None}
-        return doc
-
-    def _gate_part(self) -> dict[str, Any]:
-        request = {
-            k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
-            for k, v in dataclasses.asdict(self.request).items()
-        }
-        return {
-            "schema": SCHEMA,
-            "request": request,
-            "interrupted": self.interrupted,
-            "usage_error": self.usage,
-            "stages": [s.to_dict() for s in self.stages],
-            "fingerprint": self.fingerprint.to_dict() if self.fingerprint else None,
-            "benchmark": self._benchmark(),
-            "phases_s": {k: round(v, 3) for k, v in self.verify_run.phases.items()} if self.verify_run else {},
-            "smoke": {name: done.document()["smoke"] for name, done in self.smoke_runs.items()},
-        }
-
-    def _benchmark(self) -> dict[str, Any] | None:
-        done = self.smoke_runs.get("benchmark")
-        if done is None or done.figures is None or self.lock is None:
-            return None
-        bench = self.lock.benchmark
-        verdict = next((r for r in done.results if r.check == "smoke.benchmark"), None)
-        floor = bench.floor_tok_s
-        judged = {
-            "baseline_tok_s": bench.baseline_tok_s,
-            "max_regression": bench.max_regression,
-            "floor_tok_s": round(floor, 3) if floor else None,
-        }
-        return {
-            **done.figures.to_dict(),
-            **judged,
-            "status": verdict.status.name if verdict else None,
-            "summary": verdict.summary if verdict else None,
-        }
-
-
-def run_gate(
-    request: GateRequest,
-    ui: UI,
-    *,
-    environ: Mapping[str, str] | None = None,
-    nvml_lib: ModuleType | None = None,
-    stages: Sequence[Stage] = STAGES,
-) -> GateRun:
-    """Run the stages and judge them; never raises for what it finds (see :func:`run`)."""
-    started, clock = time.time(), time.monotonic()
-    run_id = history.new_id("gate", started)
-    ctx = GateContext(
-        request, ui, dict(os.environ if environ is None else environ), nvml_lib, _run_dir(request, run_id)
-    )
-    launched.reap_and_tell(ui.warn)  # before verify: what a run killed outright left holds GPUs and ports
-    try:
-        outcomes, interrupted = run_stages(stages, ctx)
-        finger = (
-            None
-            if interrupted or ctx.lock is None or ctx.usage
-            else fp.from_facts(ctx.lock, ctx.facts, _server_info(ctx), ctx.verify_run.results if ctx.verify_run else ())
-        )
-    finally:
-        ctx.close()
-    verdict = judge([r for s in outcomes for r in s.results], strict=request.strict)
-    if ctx.usage is not None:
-        verdict = Verdict(ExitCode.USAGE, verdict.counts, f"the gate cannot run: {ctx.usage.splitlines()[0]}")
-    elif interrupted:
-        where = next(s.name for s in outcomes if s.status == INTERRUPTED)
-        verdict = Verdict(ExitCode.INTERRUPTED, verdict.counts, f"interrupted (Ctrl-C or SIGTERM) during {where}")
-    return GateRun(
-        request,
-        run_id,
-        ctx.lock,
-        tuple(outcomes),
-        verdict,
-        started,
-        time.monotonic() - clock,
-        finger,
-        dict(ctx.smoke_runs),
-        ctx.verify_run,
-        interrupted,
-        ctx.usage,
-    )
-
-
-def _run_dir(request: GateRequest, run_id: str) -> Path:
-    if request.run_dir is not None:
-        return request.run_dir
-    return settings.LOG_DIR.value().resolve() / "gate" / run_id
-
-
-def _server_info(ctx: GateContext) -> Mapping[str, Any] | None:
-    """What the engine reported, from the last smoke stage that read it."""
-    for name in ("benchmark", "fast_smoke"):
-        done = ctx.smoke_runs.get(name)
-        if done is not None and done.server_info is not None:
-            return done.server_info
-    return None
-
-
-# --- the command ------------------------------------------------------------------------------
 
 
 def run(request: GateRequest, ui: UI) -> ExitCode:
@@ -510,13 +59,15 @@ def run(request: GateRequest, ui: UI) -> ExitCode:
     every report and the kept run say the same, none with a secret in it.
     """
     ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.lock_path)}))
-    check_outputs(request)
+    problem = check_outputs(_outputs(request))
+    if problem is not None:
+        raise GateUsageError(problem)
     done = run_gate(request, ui)
     doc = redact(done.document())
     if done.usage is not None:
         ui.error(f"stackgate: {doc['gate']['usage_error']}")
     render(done, doc, ui)
-    write_reports(doc, request)
+    write_reports(doc, _outputs(request))
     if done.usage is None:
         stored = history.keep(doc, done.lock, ui.error)
         if stored is not None:
@@ -538,7 +89,7 @@ def render(done: GateRun, doc: Mapping[str, Any], ui: UI) -> None:
         results = [Result.from_dict(r) for r in shown["results"]]
         ui.results(f"gate {number}/{count} {stage.name}: {stage.title}", results, stage.verdict, stage.duration_s)
         if stage.name == "verify" and done.verify_run is not None and len(done.verify_run.phases) > 1:
-            ui.line(verifycmd.phases_line(done.verify_run.phases, done.verify_run.duration_s))
+            ui.line(report.phases_line(done.verify_run.phases, done.verify_run.duration_s))
         _render_smoke(done.smoke_runs.get(stage.name), doc["gate"]["smoke"].get(stage.name), stage.name, ui)
     ui.line()
     rows = [[s["name"], s["status"], f"{s['duration_s']:.1f}", s["reason"]] for s in doc["gate"]["stages"]]
@@ -555,28 +106,24 @@ def render(done: GateRun, doc: Mapping[str, Any], ui: UI) -> None:
     )
 
 
-def _render_smoke(done: smoke.SmokeRun | None, shown: Mapping[str, Any] | None, name: str, ui: UI) -> None:
+def _render_smoke(done: SmokeRun | None, shown: Mapping[str, Any] | None, name: str, ui: UI) -> None:
     sessions = zip(done.sessions, (shown or {}).get("sessions", ()), strict=False) if done is not None else ()
     for session, written in sessions:
         if session.figures is not None and session.figures.runs:
-            ui.table(f"benchmark ({name})", list(smoke.BENCHMARK_HEADERS), smoke.benchmark_rows(session.figures))
+            ui.table(f"benchmark ({name})", list(BENCHMARK_HEADERS), benchmark_rows(session.figures))
         if written.get("log_path") is not None:
             ui.line(f"server log ({name}): {written['log_path']} ({launch.LOG_NOTE})")
 
 
-def write_reports(doc: Mapping[str, Any], request: GateRequest) -> None:
-    if request.json_path:
-        write_json(request.json_path, doc)
-    if request.junit_path:
-        report.write_junit(request.junit_path, summaries.suites(doc), strict=request.strict)
-    if request.markdown_path:
-        write_text(request.markdown_path, summaries.markdown(doc))
-    if request.prom_path:
-        write_text(request.prom_path, summaries.prometheus(doc))
+def _outputs(request: GateRequest) -> dict[str, Output]:
+    """The reports the gate was asked for, each rendered from the (redacted) document."""
 
+    def junit(doc: Mapping[str, Any]) -> str:
+        return report.junit_text(summaries.suites(doc), strict=request.strict)
 
-def check_outputs(request: GateRequest) -> None:
-    """Refuse, before anything runs, a report path that could not be written at the end."""
-    problem = unwritable(request.outputs)
-    if problem is not None:
-        raise GateUsageError(problem)
+    return {
+        "--json": Output(request.json_path, JSON),
+        "--junit": Output(request.junit_path, junit),
+        "--markdown": Output(request.markdown_path, summaries.markdown),
+        "--prom": Output(request.prom_path, summaries.prometheus),
+    }

@@ -270,7 +270,8 @@ def markdown(doc: Mapping[str, Any]) -> str:
     lock = doc.get("lock") or {}
     out = [f"## {'✅' if word == 'PASSED' else '❌'} stackgate {doc['command']}: {word}", ""]
     out += [
-        f"lock **{_cell(lock.get('name'))}** · {len(doc.get('nodes', ()))} node(s) · exit code {doc['exit_code']} · {doc['duration_s']:.1f} s · run `{doc['run_id']}`",
+        f"lock **{_cell(lock.get('name'))}** · {len(doc.get('nodes', ()))} node(s) · exit code {doc['exit_code']} · "
+        f"{doc['duration_s']:.1f} s · run `{doc['run_id']}`",
         "",
     ]
     out += [_cell(doc["reason"]), ""]
@@ -366,10 +367,15 @@ def _in_majority(doc: Mapping[str, Any], name: str) -> bool:
 
 # --- HTML -----------------------------------------------------------------------------------------
 
-_CSS = """body { font: 14px/1.45 system-ui, sans-serif; margin: 24px; color: #1f2328; } table { border-collapse: collapse; }
-th, td { text-align: left; padding: 4px 8px; border-bottom: 1px solid #eaeef2; } th { background: #f6f8fa; }
-.passed, .pass { color: #1a7f37; } .failed, .FAIL, .unreachable, .timed-out, .interrupted, .INT { color: #cf222e; font-weight: 600; }
-pre { background: #f6f8fa; padding: 6px 8px; }"""
+_CSS = (
+    "body { font: 14px/1.45 system-ui, sans-serif; margin: 24px; color: #1f2328; } "
+    "table { border-collapse: collapse; }\n"
+    "th, td { text-align: left; padding: 4px 8px; border-bottom: 1px solid #eaeef2; } "
+    "th { background: #f6f8fa; }\n"
+    ".passed, .pass { color: #1a7f37; } "
+    ".failed, .FAIL, .unreachable, .timed-out, .interrupted, .INT { color: #cf222e; font-weight: 600; }\n"
+    "pre { background: #f6f8fa; padding: 6px 8px; }"
+)
 
 
 def _e(value: Any) -> str:
@@ -389,7 +395,8 @@ def html_page(doc: Mapping[str, Any]) -> str:
     word = _word(doc)
     headers, table = rows(doc)
     parts = [
-        f'<h1>stackgate {_e(doc["command"])}: <span class="{"passed" if word == "PASSED" else "failed"}">{_e(word)}</span></h1>',
+        f"<h1>stackgate {_e(doc['command'])}: <span "
+        f'class="{"passed" if word == "PASSED" else "failed"}">{_e(word)}</span></h1>',
         f"<p>{_e(doc['reason'])}</p>",
     ]
     parts += ["<h2>Nodes</h2>", _html_table(headers, table)]
@@ -406,4 +413,7 @@ def html_page(doc: Mapping[str, Any]) -> str:
         else "<p>none</p>",
     ]
     body = "\n".join(parts)
-    return f'<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>stackgate {_e(doc["command"])}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n'
+    return (
+        '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>stackgate '
+        f"{_e(doc['command'])}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n"
+    )

@@ -21,17 +21,24 @@ CHART_ID = "tok-chart"
 WIDTH, HEIGHT = 760, 260
 LEFT, RIGHT, TOP, BOTTOM = 56, 16, 16, 40
 SERIES = (("tok_s", "tok/s", "#1f6feb"), ("decode_tok_s", "decode tok/s", "#1a7f37"))
-CSS = """
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px; color: #1f2328; max-width: 1100px; }
-h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 28px 0 8px; border-bottom: 1px solid #d0d7de; padding-bottom: 4px; }
-.muted { color: #59636e; } code { font: 12px ui-monospace, SFMono-Regular, Menlo, monospace; }
-table { border-collapse: collapse; width: 100%; margin: 6px 0; } th, td { text-align: left; padding: 4px 8px; border-bottom: 1px solid #eaeef2; vertical-align: top; }
-th { background: #f6f8fa; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.PASS, .passed { color: #1a7f37; } .WARN { color: #9a6700; } .FAIL, .ERROR, .failed, .interrupted { color: #cf222e; font-weight: 600; } .SKIP, .not-run { color: #59636e; }
-tr.focus td { background: #fff8c5; } .verdict { font-size: 18px; font-weight: 700; }
-.fix { margin-top: 4px; } pre { background: #f6f8fa; padding: 6px 8px; margin: 4px 0; white-space: pre-wrap; }
-svg text { font: 11px system-ui, sans-serif; fill: #59636e; } .legend span { margin-right: 16px; }
-"""
+CSS = (
+    "\n"
+    'body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; '
+    "margin: 24px; color: #1f2328; max-width: 1100px; }\n"
+    "h1 { font-size: 22px; margin: 0 0 4px; } "
+    "h2 { font-size: 17px; margin: 28px 0 8px; border-bottom: 1px solid #d0d7de; padding-bottom: 4px; }\n"
+    ".muted { color: #59636e; } code { font: 12px ui-monospace, SFMono-Regular, Menlo, monospace; }\n"
+    "table { border-collapse: collapse; width: 100%; margin: 6px 0; } "
+    "th, td { text-align: left; padding: 4px 8px; border-bottom: 1px solid #eaeef2; vertical-align: top; }\n"
+    "th { background: #f6f8fa; } td.num { text-align: right; font-variant-numeric: tabular-nums; }\n"
+    ".PASS, .passed { color: #1a7f37; } .WARN { color: #9a6700; } "
+    ".FAIL, .ERROR, .failed, .interrupted { color: #cf222e; font-weight: 600; } "
+    ".SKIP, .not-run { color: #59636e; }\n"
+    "tr.focus td { background: #fff8c5; } .verdict { font-size: 18px; font-weight: 700; }\n"
+    ".fix { margin-top: 4px; } "
+    "pre { background: #f6f8fa; padding: 6px 8px; margin: 4px 0; white-space: pre-wrap; }\n"
+    "svg text { font: 11px system-ui, sans-serif; fill: #59636e; } .legend span { margin-right: 16px; }\n"
+)
 
 
 def page(runs: Sequence[Run], focus: Run | None, *, title: str, source: str, warnings: Sequence[str] = ()) -> str:
@@ -43,7 +50,10 @@ def page(runs: Sequence[Run], focus: Run | None, *, title: str, source: str, war
     if focus is not None:
         parts += _focus(focus, _previous(runs, focus))
     body = "\n".join(parts)
-    return f'<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{_e(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n'
+    return (
+        '<!doctype html>\n<html lang="en">\n<head>\n<meta '
+        f'charset="utf-8">\n<title>{_e(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n'
+    )
 
 
 def _e(value: Any) -> str:
@@ -76,17 +86,22 @@ def chart(runs: Sequence[Run], focus: Run | None) -> str:
         (f for r in reversed(runs) if isinstance(f := (r.benchmark or {}).get("floor_tok_s"), (int, float))), None
     )
     if not values:
-        return f'<svg id="{CHART_ID}" width="{WIDTH}" height="60" role="img" aria-label="no benchmark figures"><text x="8" y="30">No run with a benchmark of the real weights yet.</text></svg>'
+        return (
+            f'<svg id="{CHART_ID}" width="{WIDTH}" height="60" role="img" aria-label="no benchmark figures"><text '
+            'x="8" y="30">No run with a benchmark of the real weights yet.</text></svg>'
+        )
     low, high = _bounds([*values, *(v for v in (baseline, floor) if v is not None)])
     x, y = _scale_x(len(runs)), _scale_y(low, high)
     out = [
-        f'<svg id="{CHART_ID}" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" role="img" aria-label="tok/s over runs">'
+        f'<svg id="{CHART_ID}" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" role="img" '
+        'aria-label="tok/s over runs">'
     ]
     out += _axes(low, high, y, runs, x)
     for value, name, dash in ((baseline, "baseline", "6 4"), (floor, "floor", "2 3")):
         if value is not None:
             out.append(
-                f'<line class="{name}" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y(value):.1f}" y2="{y(value):.1f}" stroke="#cf222e" stroke-dasharray="{dash}"/>'
+                f'<line class="{name}" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y(value):.1f}" y2="{y(value):.1f}" '
+                f'stroke="#cf222e" stroke-dasharray="{dash}"/>'
             )
             out.append(
                 f'<text x="{WIDTH - RIGHT - 4}" y="{y(value) - 4:.1f}" text-anchor="end">{name} {value:g}</text>'
@@ -123,10 +138,13 @@ def _axes(low: float, high: float, y: Any, runs: Sequence[Run], x: Any) -> list[
         out.append(f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y(value):.1f}" y2="{y(value):.1f}" stroke="#eaeef2"/>')
     for i in sorted({0, len(runs) - 1}):
         out.append(
-            f'<text x="{x(i):.1f}" y="{HEIGHT - BOTTOM + 16}" text-anchor="{"start" if i == 0 and len(runs) > 1 else "end" if i else "middle"}">{_e(runs[i].started[:16])}</text>'
+            f'<text x="{x(i):.1f}" y="{HEIGHT - BOTTOM + 16}" '
+            f'text-anchor="{"start" if i == 0 and len(runs) > 1 else "end" if i else "middle"}">'
+            f"{_e(runs[i].started[:16])}</text>"
         )
     out.append(
-        f'<text x="{(LEFT + WIDTH - RIGHT) / 2:.0f}" y="{HEIGHT - 6}" text-anchor="middle">{len(runs)} run(s), oldest first</text>'
+        f'<text x="{(LEFT + WIDTH - RIGHT) / 2:.0f}" y="{HEIGHT - 6}" text-anchor="middle">{len(runs)} run(s), oldest '
+        "first</text>"
     )
     return out
 
@@ -137,13 +155,16 @@ def _series(runs: Sequence[Run], name: str, label: str, colour: str, x: Any, y: 
         return []
     path = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, _, v in points)
     out = [
-        f'<polyline class="series" data-series="{name}" fill="none" stroke="{colour}" stroke-width="2" points="{path}"/>'
+        f'<polyline class="series" data-series="{name}" fill="none" stroke="{colour}" stroke-width="2" '
+        f'points="{path}"/>'
     ]
     for i, run, value in points:
         focused = focus is not None and run.id == focus.id
         out.append(
-            f'<circle class="point{" focus" if focused else ""}" data-series="{name}" data-run="{_e(run.id)}" data-value="{value:.3f}" '
-            f'cx="{x(i):.1f}" cy="{y(value):.1f}" r="{6 if focused else 4}" fill="{colour}"><title>{_e(run.id)}: {value:.2f} {label} ({_e(run.verdict)})</title></circle>'
+            f'<circle class="point{" focus" if focused else ""}" data-series="{name}" data-run="{_e(run.id)}" '
+            f'data-value="{value:.3f}" '
+            f'cx="{x(i):.1f}" cy="{y(value):.1f}" r="{6 if focused else 4}" fill="{colour}"><title>{_e(run.id)}: '
+            f"{value:.2f} {label} ({_e(run.verdict)})</title></circle>"
         )
     return out
 
@@ -159,14 +180,16 @@ def _legend(runs: Sequence[Run]) -> str:
 
 def _runs_table(runs: Sequence[Run], focus: Run | None) -> str:
     rows = [
-        "<table><thead><tr><th>run</th><th>started</th><th>command</th><th>lock</th><th>verdict</th><th>tok/s</th><th>decode tok/s</th><th>fingerprint</th></tr></thead><tbody>"
+        "<table><thead><tr><th>run</th><th>started</th><th>command</th><th>lock</th><th>verdict</th>"
+        "<th>tok/s</th><th>decode tok/s</th><th>fingerprint</th></tr></thead><tbody>"
     ]
     for run in reversed(runs):
         focused = ' class="focus"' if focus is not None and run.id == focus.id else ""
         finger = (run.fingerprint or {}).get("short", "")
         rows.append(
             f"<tr{focused}><td><code>{_e(run.id)}</code></td><td>{_e(run.started)}</td><td>{_e(run.command)}</td><td>{_e(run.lock_name)}</td>"
-            f'<td class="{_e(run.verdict.replace(" ", "-"))}">{_e(run.verdict)}</td><td class="num">{_num(run.figure("tok_s"))}</td>'
+            f'<td class="{_e(run.verdict.replace(" ", "-"))}">{_e(run.verdict)}</td><td '
+            f'class="num">{_num(run.figure("tok_s"))}</td>'
             f'<td class="num">{_num(run.decode_tok_s)}</td><td><code>{_e(finger)}</code></td></tr>'
         )
     rows.append("</tbody></table>")
@@ -184,7 +207,8 @@ def _focus(run: Run, previous: Run | None) -> list[str]:
         f'<p class="verdict {_e(run.verdict)}">{_e(run.verdict.upper())}: {_e(doc.get("reason", ""))}</p>',
     ]
     out.append(
-        f'<p class="muted">{_e(run.command)} of {_e(run.lock_name)} on {_e(run.host)}, started {_e(run.started)}, {float(doc.get("duration_s") or 0):.1f} s</p>'
+        f'<p class="muted">{_e(run.command)} of {_e(run.lock_name)} on {_e(run.host)}, started {_e(run.started)}, '
+        f"{float(doc.get('duration_s') or 0):.1f} s</p>"
     )
     stages = (doc.get("gate") or {}).get("stages") if isinstance(doc.get("gate"), Mapping) else None
     if isinstance(stages, list):
@@ -218,7 +242,8 @@ def _bench_table(bench: Mapping[str, Any] | None) -> str:
     if not bench or not isinstance(runs, list) or not runs:
         return '<p class="muted">No benchmark of the real weights in this run.</p>'
     rows = [
-        "<table><thead><tr><th>run</th><th>tokens</th><th>seconds</th><th>tok/s</th><th>TTFT ms</th><th>decode tok/s</th></tr></thead><tbody>"
+        "<table><thead><tr><th>run</th><th>tokens</th><th>seconds</th><th>tok/s</th><th>TTFT ms</th><th>decode "
+        "tok/s</th></tr></thead><tbody>"
     ]
     for i, row in enumerate(r for r in runs if isinstance(r, Mapping)):
         ttft = row.get("ttft_s")
@@ -233,7 +258,8 @@ def _bench_table(bench: Mapping[str, Any] | None) -> str:
     rows.append("</tbody></table>")
     baseline = bench.get("baseline_tok_s") if bench else None
     note = (
-        f'<p class="muted">baseline {baseline:g} tok/s, floor {bench.get("floor_tok_s")}: {_e(bench.get("summary") or "")}</p>'
+        f'<p class="muted">baseline {baseline:g} tok/s, floor {bench.get("floor_tok_s")}: '
+        f"{_e(bench.get('summary') or '')}</p>"
         if baseline
         else ""
     )
@@ -256,7 +282,8 @@ def _checks_table(results: Sequence[Mapping[str, Any]]) -> str:
                     + "</div>"
                 )
         rows.append(
-            f'<tr><td>{_e(result.get("stage", ""))}</td><td><code>{_e(result.get("check"))}</code></td><td class="{_e(status)}">{_e(status)}</td><td>{body}</td></tr>'
+            f"<tr><td>{_e(result.get('stage', ''))}</td><td><code>{_e(result.get('check'))}</code></td><td "
+            f'class="{_e(status)}">{_e(status)}</td><td>{body}</td></tr>'
         )
     rows.append("</tbody></table>")
     return "\n".join(rows)
@@ -272,7 +299,8 @@ def _changes(comparison: rundiff.Comparison) -> str:
             "<table><thead><tr><th>section</th><th>component</th><th>before</th><th>after</th></tr></thead><tbody>"
         )
         out += [
-            f"<tr><td>{_e(c.section)}</td><td><code>{_e(c.name)}</code></td><td>{_e(c.old or '(none)')}</td><td>{_e(c.new or '(none)')}</td></tr>"
+            f"<tr><td>{_e(c.section)}</td><td><code>{_e(c.name)}</code></td>"
+            f"<td>{_e(c.old or '(none)')}</td><td>{_e(c.new or '(none)')}</td></tr>"
             for c in comparison.changes[:200]
         ]
         out.append("</tbody></table>")

@@ -18,7 +18,7 @@ from stackgate.edges.files import write_text
 from stackgate.models.redact import redact, secrets_in
 from stackgate.models.result import Result, Status
 
-__all__ = ["counts_line", "junit_xml", "redacted", "write_junit"]
+__all__ = ["counts_line", "junit_text", "junit_xml", "phases_line", "redacted", "write_junit"]
 
 
 def junit_xml(suites: Mapping[str, Sequence[Result]], *, strict: bool = False) -> str:
@@ -76,11 +76,13 @@ def _clean(text: str) -> str:
 
 def write_junit(path: Path | str, suites: Mapping[str, Sequence[Result]], *, strict: bool = False) -> None:
     """JUnit XML of the suites, their results' secrets hidden."""
+    write_text(path, junit_text(suites, strict=strict))
+
+
+def junit_text(suites: Mapping[str, Sequence[Result]], *, strict: bool = False) -> str:
+    """JUnit XML of the suites, their results' secrets hidden."""
     hidden = redact({name: [r.to_dict() for r in results] for name, results in suites.items()})
-    write_text(
-        path,
-        junit_xml({name: [Result.from_dict(r) for r in results] for name, results in hidden.items()}, strict=strict),
-    )
+    return junit_xml({name: [Result.from_dict(r) for r in results] for name, results in hidden.items()}, strict=strict)
 
 
 def redacted(results: Sequence[Result], context: Any = None, known: Iterable[str] = ()) -> list[Result]:
@@ -101,3 +103,9 @@ def counts_line(counts: Mapping[str, int], duration_s: float) -> str:
             plural = "s" if word in ("warning", "error") and n != 1 else ""
             parts.append(f"{n} {word}{plural}")
     return ", ".join(parts) + f" in {duration_s:.2f} s"
+
+
+def phases_line(phases: Mapping[str, float], total_s: float) -> str:
+    """``wall time 12.3 s: static 1.1 s, deep.gpu_work 4.0 s, deep.collective 7.2 s``."""
+    parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in phases.items())
+    return f"wall time {total_s:.1f} s: {parts}"

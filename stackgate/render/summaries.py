@@ -62,7 +62,8 @@ def headline_lines(doc: Mapping[str, Any]) -> list[str]:
         components = finger["components"]
         count = sum(len(section) for section in components.values())
         lines.append(
-            f"fingerprint {finger['short']} (sha256 {finger['digest']} over {count} components: {', '.join(components)})"
+            f"fingerprint {finger['short']} (sha256 {finger['digest']} over {count} components: "
+            f"{', '.join(components)})"
         )
     lines.append(benchmark_line(_gate(doc).get("benchmark"), _stage_status(doc, "benchmark")))
     return lines
@@ -93,7 +94,10 @@ def benchmark_line(bench: Mapping[str, Any] | None, stage: str | None = None) ->
     baseline = bench.get("baseline_tok_s")
     if not baseline:
         return f"decode {decode:.2f} tok/s, {whole} (the lock sets no baseline_tok_s)"
-    return f"decode {decode:.2f} tok/s vs baseline {baseline:g} ({decode / baseline - 1:+.1%}, floor {bench['floor_tok_s']:.2f}): {bench.get('status')}; {whole}"
+    return (
+        f"decode {decode:.2f} tok/s vs baseline {baseline:g} ({decode / baseline - 1:+.1%}, floor "
+        f"{bench['floor_tok_s']:.2f}): {bench.get('status')}; {whole}"
+    )
 
 
 # --- Markdown -----------------------------------------------------------------------------------
@@ -125,7 +129,8 @@ def markdown(doc: Mapping[str, Any]) -> str:
     out += ["| stage | status | seconds | reason |", "|---|---|---:|---|"]
     for stage in gate.get("stages", ()):
         out.append(
-            f"| {stage['name']} | {_ICONS.get(stage['status'], '')} {stage['status']} | {stage['duration_s']:.1f} | {_text(stage['reason'])} |"
+            f"| {stage['name']} | {_ICONS.get(stage['status'], '')} {stage['status']} | {stage['duration_s']:.1f} | "
+            f"{_text(stage['reason'])} |"
         )
     out += _failures(gate.get("stages", ()))
     out += _benchmark_section(gate.get("benchmark"), _stage_status(doc, "benchmark"))

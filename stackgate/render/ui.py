@@ -31,9 +31,17 @@ from stackgate.models.verdict import Verdict
 from stackgate.render.report import counts_line
 
 __all__ = [
-    "UI", "Activity", "finding_lines", "fold_needs_gpu", "no_driver_line", "render_findings", "render_plain",
-    "render_rows", "render_settings", "render_table",
-]  # fmt: skip
+    "UI",
+    "Activity",
+    "finding_lines",
+    "fold_needs_gpu",
+    "no_driver_line",
+    "render_findings",
+    "render_plain",
+    "render_rows",
+    "render_settings",
+    "render_table",
+]
 
 THEME = Theme(
     {
@@ -373,7 +381,10 @@ def render_settings(values: Sequence[Value[Any]], *, verbose: int) -> list[str]:
     if verbose > 1:
         head = f"settings ({len(values)}):"
     elif shown:
-        head = f"settings: {len(shown)} of {len(values)} not at {'its' if len(shown) == 1 else 'their'} default (-vv lists all)"
+        head = (
+            f"settings: {len(shown)} of {len(values)} not at {'its' if len(shown) == 1 else 'their'} default (-vv "
+            "lists all)"
+        )
     else:
         head = f"settings: all {len(values)} at their defaults (-vv lists them)"
     width = max((len(v.setting.env) for v in shown), default=0)

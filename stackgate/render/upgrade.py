@@ -117,7 +117,8 @@ def summary_lines(doc: Mapping[str, Any]) -> list[str]:
         lines += [f"  [{'x' if c['held'] else ' '}] {c['name']}: {c['text']}" for c in decision.get("conditions", [])]
     if part.get("interrupted"):
         lines.append(
-            f"INTERRUPTED during {part.get('step')} (Ctrl-C or SIGTERM): every server was torn down; current: {current.get('before')} (unchanged)"
+            f"INTERRUPTED during {part.get('step')} (Ctrl-C or SIGTERM): every server was torn down; current: "
+            f"{current.get('before')} (unchanged)"
         )
         return lines
     word = (
@@ -131,13 +132,15 @@ def summary_lines(doc: Mapping[str, Any]) -> list[str]:
         lines.append(f"current: {current.get('before')} -> {current.get('after')}")
     elif decision and decision.get("switch") and part.get("new", {}).get("generation") == current.get("before"):
         lines.append(
-            f"current: {current.get('before')} (unchanged: the new spec runs on the live generation; its [smoke] flags and [env] are what changed)"
+            f"current: {current.get('before')} (unchanged: the new spec runs on the live generation; its [smoke] flags "
+            "and [env] are what changed)"
         )
     else:
         lines.append(f"current: {current.get('before')} (unchanged)")
     if part.get("new", {}).get("state") == "failed":
         lines.append(
-            f"the new generation {part['new']['generation']} failed: kept for inspection at {part['new']['path']}, never switched or rolled back to"
+            f"the new generation {part['new']['generation']} failed: kept for inspection at {part['new']['path']}, "
+            "never switched or rolled back to"
         )
     return lines
 
@@ -213,8 +216,14 @@ def page(doc: Mapping[str, Any]) -> str:
         f"<h2>What changes</h2><table><tr><th>area</th><th>name</th><th>live</th><th>new</th></tr>{changes}</table>"
         f"<h2>A/B legs</h2><table><tr>{head}</tr>{legs}</table>"
     )
-    style = "body{font:14px system-ui,sans-serif;margin:24px;max-width:1100px}table{border-collapse:collapse}td,th{border-bottom:1px solid #ddd;padding:4px 8px;text-align:left}"
-    return f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title><style>{style}</style></head><body>{body}</body></html>\n'
+    style = (
+        "body{font:14px system-ui,sans-serif;margin:24px;max-width:1100px}table{border-collapse:collapse}"
+        "td,th{border-bottom:1px solid #ddd;padding:4px 8px;text-align:left}"
+    )
+    return (
+        '<!doctype html>\n<html lang="en"><head><meta '
+        f'charset="utf-8"><title>{_e(title)}</title><style>{style}</style></head><body>{body}</body></html>\n'
+    )
 
 
 def _e(value: Any) -> str:
