@@ -148,17 +148,6 @@ class FleetRequest:
             or self.model is not None
         )
 
-    @property
-    def outputs(self) -> dict[str, Path]:
-        chosen = {
-            "--json": self.json_path,
-            "--junit": self.junit_path,
-            "--markdown": self.markdown_path,
-            "--prom": self.prom_path,
-            "--html": self.html_path,
-        }
-        return {option: path for option, path in chosen.items() if path is not None}
-
 
 @dataclass(frozen=True, kw_only=True)
 class SlurmOptions:

@@ -98,11 +98,6 @@ class UpgradeRequest:
     environ: Mapping[str, str] | None = field(default=None, compare=False)  #: default: os.environ
     run_dir: Path | None = None  #: where the servers' logs go (default: reports/upgrade/<run id>)
 
-    @property
-    def outputs(self) -> dict[str, Path]:
-        chosen = {"--json": self.json_path, "--markdown": self.markdown_path, "--html": self.html_path}
-        return {option: path for option, path in chosen.items() if path is not None}
-
     def reports(self) -> dict[str, Output]:
         """The asked-for reports: where each goes and how the document becomes its text."""
         return {
