@@ -213,7 +213,8 @@ def _preflight(build: Build, step: Step, activity: Activity) -> None:
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise ProvisionError(
-                f"the wheelhouse {wheelhouse} cannot be installed from: {problems[0]}{more}; fill it again with `{pylock.lock_command(build.lock.path)} --wheelhouse {wheelhouse}`",
+                f"the wheelhouse {wheelhouse} cannot be installed from: {problems[0]}{more}; "
+                f"fill it again with `{pylock.lock_command(build.lock.path)} --wheelhouse {wheelhouse}`",
                 tail=tuple(problems[:15]),
             )
         activity.update(f"{len(resolution.files)} files, sha256 as locked")
@@ -282,7 +283,8 @@ def _check(build: Build, step: Step, activity: Activity) -> None:
         build.generation = generations.mark(generation, "failed", failures=[f"{r.check}: {r.summary}" for r in bad])
         lines = tuple(f"{r.check}: {r.summary}" for r in bad) + tuple(f"  {d}" for r in bad for d in r.details[:5])
         raise ProvisionError(
-            f"generation {generation.id} failed its checks, so current was not switched: {bad[0].check}: {bad[0].summary}",
+            f"generation {generation.id} failed its checks, so current was not switched: "
+            f"{bad[0].check}: {bad[0].summary}",
             tail=lines,
             checks_failed=True,
         )

@@ -475,7 +475,8 @@ def _launch_result(
     if ready.reason == "exited":
         note = "; SGLang kills its own process tree on a fatal error" if ready.exit_code == -signal.SIGKILL else ""
         return failed(
-            f"the server exited ({_exit_text(ready.exit_code)}{note}) after {ready.seconds:.1f} s while {ready.phase}{known}",
+            f"the server exited ({_exit_text(ready.exit_code)}{note}) "
+            f"after {ready.seconds:.1f} s while {ready.phase}{known}",
             tail,
             fix=fix,
             data=data,
@@ -488,7 +489,8 @@ def _launch_result(
             data=data,
         )
     fix = Fix(
-        f"If the model is only slow to load, raise [smoke] ready_timeout_s (now {timeout_s:g} s); otherwise read the log.",
+        f"If the model is only slow to load, raise [smoke] ready_timeout_s (now {timeout_s:g} s); "
+        "otherwise read the log.",
         fix.commands,
     )
     return failed(f"not ready after {timeout_s:g} s (last phase: {ready.phase})", tail, fix=fix, data=data)
@@ -593,10 +595,13 @@ def _no_crossover(levels: Sequence[bench.Level]) -> Result:
     """A speculative lock's sweep without --compare: why no crossover is estimated (no guess is made)."""
     counts = ",".join(str(level.streams) for level in levels)
     return skipped(
-        "no crossover estimate without --compare: run with --compare to measure the non-speculative configuration at the same levels",
+        "no crossover estimate without --compare: "
+        "run with --compare to measure the non-speculative configuration at the same levels",
         [
-            "speculative decoding stops paying where its per-stream rate falls below the non-speculative configuration's at the same concurrency;",
-            "that rate falls with concurrency too (batching), so a single-stream figure such as baseline_tok_s would place the crossover too early",
+            "speculative decoding stops paying where its per-stream rate falls below "
+            "the non-speculative configuration's at the same concurrency;",
+            "that rate falls with concurrency too (batching), "
+            "so a single-stream figure such as baseline_tok_s would place the crossover too early",
             f"measure both: stackgate smoke --compare --concurrency {counts}",
         ],
     )
@@ -704,7 +709,8 @@ def _conclude(
 def _teardown_result(session: Session, server: launch.Server, grace_s: float) -> Result:
     if session.kept:
         return passed(
-            f"left running on purpose (--keep-server): process group {server.pid}; stop it with `kill -TERM -- -{server.pid}`",
+            f"left running on purpose (--keep-server): process group {server.pid}; "
+            f"stop it with `kill -TERM -- -{server.pid}`",
             data={"pid": server.pid},
         )
     teardown = session.teardown
@@ -721,10 +727,12 @@ def _teardown_result(session: Session, server: launch.Server, grace_s: float) ->
     summary = f"server stopped ({_teardown_story(teardown)}) in {teardown.seconds:.1f} s; none of its processes is left"
     if teardown.stubborn:
         return warned(
-            f"{summary}; {len(teardown.stubborn)} process(es) ignored SIGTERM for the whole {grace_s:g} s grace: a production drain (SIGTERM) would hang",
+            f"{summary}; {len(teardown.stubborn)} process(es) ignored SIGTERM for the whole {grace_s:g} s grace: "
+            "a production drain (SIGTERM) would hang",
             list(teardown.stubborn),
             fix=Fix(
-                "Find what does not end on SIGTERM (a stuck request, a worker that ignores the signal); until then, stop the server with SIGKILL after a timeout."
+                "Find what does not end on SIGTERM (a stuck request, a worker that ignores the signal); "
+                "until then, stop the server with SIGKILL after a timeout."
             ),
             data=data,
         )
@@ -744,7 +752,10 @@ def _teardown_story(teardown: launch.Teardown) -> str:
     if teardown.ended_before:
         if not teardown.orphans:
             return f"it had already ended: {ended}"
-        return f"it had already ended ({ended}), leaving {len(teardown.orphans)} process(es) behind; smoke ended them with {teardown.how}"
+        return (
+            f"it had already ended ({ended}), leaving {len(teardown.orphans)} process(es) behind; "
+            f"smoke ended them with {teardown.how}"
+        )
     if teardown.how == "SIGTERM" and teardown.exit_code == -signal.SIGKILL:
         return "SIGTERM; it drained and ended its own tree with SIGKILL, as SGLang does"
     return f"{teardown.how}; {ended}"
@@ -797,7 +808,8 @@ def _speed_result(base: Session, full: Session, names: tuple[str, str]) -> Resul
 def _crossover_result(base: Session, full: Session, names: tuple[str, str]) -> Result:
     pairs = [(a, b) for a in base.levels for b in full.levels if a.streams == b.streams]
     lines = [
-        f"{a.streams} stream(s): {names[0]} {a.aggregate_tok_s:.2f}, {names[1]} {b.aggregate_tok_s:.2f} tok/s ({b.aggregate_tok_s / a.aggregate_tok_s - 1:+.1%})"
+        f"{a.streams} stream(s): {names[0]} {a.aggregate_tok_s:.2f}, {names[1]} {b.aggregate_tok_s:.2f} tok/s "
+        f"({b.aggregate_tok_s / a.aggregate_tok_s - 1:+.1%})"
         for a, b in pairs
         if a.aggregate_tok_s
     ]
