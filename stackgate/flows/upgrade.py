@@ -211,7 +211,7 @@ def upgrade_node(request: UpgradeRequest, ui: UI, *, nvml_lib: ModuleType | None
             busy_advice="run `stackgate upgrade` again once it has finished",
         ):
             _sweep(done.root, ui)
-            _steps(done, environ, ui, nvml_lib)
+            _run_stages(done, environ, ui, nvml_lib)
     except KeyboardInterrupt:
         runner.terminate_all()
         done.interrupted = True
@@ -239,7 +239,8 @@ class _Context:
 @dataclass(frozen=True)
 class Stage:
     """One named stage of the upgrade after its plan: ``run`` fills the run and says whether the
-    next stage follows; ``when`` (if set) skips the stage; ``fault`` names its fault point."""
+    next stage follows; ``when`` (if set) skips the stage unless it holds; ``fault``: a fault point
+    ``before:upgrade.<name>`` precedes it."""
 
     name: str
     run: Callable[[UpgradeRun, _Context], bool]
@@ -247,7 +248,8 @@ class Stage:
     fault: bool = True
 
 
-def _steps(done: UpgradeRun, environ: dict[str, str], ui: UI, nvml_lib: ModuleType | None) -> None:
+def _run_stages(done: UpgradeRun, environ: dict[str, str], ui: UI, nvml_lib: ModuleType | None) -> None:
+    """Each of :data:`STAGES` in turn, until one says stop; ``step`` is ``done`` after the last."""
     context = _Context(environ, ui, nvml_lib)
     for stage in STAGES:
         if stage.when is not None and not stage.when(done):
