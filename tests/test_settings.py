@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from stackgate.commands import verify
-from stackgate.models import faults, settings
+from stackgate.edges import faults
+from stackgate.models import settings
 from stackgate.models.settings import SETTINGS, SettingError
 from stackgate.models.spec import default_lock_path
 from stackgate.render.ui import UI, render_settings

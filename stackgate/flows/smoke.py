@@ -20,8 +20,9 @@ from types import ModuleType
 from typing import Any, Mapping, Sequence
 
 from stackgate.checks.smoke import logscan, serverinfo
+from stackgate.edges import faults
 from stackgate.facts import serverlog
-from stackgate.models import envfile, faults, knowledge, runenv, secretargs, settings
+from stackgate.models import envfile, knowledge, runenv, secretargs, settings
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.finding import Finding, Fix
 from stackgate.models.redact import redact

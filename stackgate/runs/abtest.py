@@ -149,7 +149,10 @@ def _same_tokens(live: Side, new: Side, accept: bool) -> Condition:
     found = quality.agreement(live.tokens, new.tokens)
     if found.identical:
         return Condition("same_output", True, f"greedy outputs agree: {found.text()}")
-    where = f"first differing token at position {found.prefix} (live {_at(live.tokens, found.prefix)}, new {_at(new.tokens, found.prefix)}); {found.text()}"
+    where = (
+        f"first differing token at position {found.prefix} "
+        f"(live {_at(live.tokens, found.prefix)}, new {_at(new.tokens, found.prefix)}); {found.text()}"
+    )
     if accept:
         return Condition("same_output", True, f"greedy outputs differ, accepted with --accept-output-change: {where}")
     return Condition("same_output", False, f"greedy outputs differ: {where}")

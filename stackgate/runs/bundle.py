@@ -112,7 +112,8 @@ def _verify(lock: Spec | None, env: Mapping[str, str], bundle: Bundle) -> str | 
     except OSError:
         return _note(
             bundle,
-            f"verify.json: verify wrote no report (exit {done.returncode}): {(done.stderr or done.stdout).strip()[-500:]}",
+            f"verify.json: verify wrote no report (exit {done.returncode}): "
+            f"{(done.stderr or done.stdout).strip()[-500:]}",
         )
     finally:
         report.unlink(missing_ok=True)
@@ -149,7 +150,10 @@ def _kernel(bundle: Bundle) -> str | None:
             for n in range(max(1, e.line - KERNEL_CONTEXT), min(len(lines), e.line + KERNEL_CONTEXT) + 1)
         }
     )
-    head = f"# {len(events)} GPU event(s) in {len(lines)} lines of `{log.source}`; each with {KERNEL_CONTEXT} lines around it\n"
+    head = (
+        f"# {len(events)} GPU event(s) in {len(lines)} lines of `{log.source}`; "
+        f"each with {KERNEL_CONTEXT} lines around it\n"
+    )
     return head + "".join(f"{n:>7}: {lines[n - 1]}\n" for n in keep)
 
 

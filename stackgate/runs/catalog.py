@@ -79,7 +79,8 @@ class Reindexed:
 
 def _warn_fallback(warn: Warn, directory: Path, exc: Exception) -> None:
     warn(
-        f"warning: the run index of {directory} cannot be used ({exc}); reading every run instead (`stackgate report --reindex` rebuilds it)"
+        f"warning: the run index of {directory} cannot be used ({exc}); "
+        "reading every run instead (`stackgate report --reindex` rebuilds it)"
     )
 
 

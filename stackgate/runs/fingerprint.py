@@ -5,7 +5,8 @@ bytes, taken with its secrets hidden, and the hash of its pylock), the GPUs (dri
 GPU's model and compute capability), each CUDA toolkit's version, the stack's Python and every
 installed distribution, the locked patches' state, what the deep flashinfer checks found the
 kernels to be (where they come from, whether the fused all-reduce runs or is a no-op here: never a
-timing), and the serving engine's effective arguments from ``/server_info``. What changes from one launch of the same stack to the next is left out
+timing), and the serving engine's effective arguments from ``/server_info``. What changes from
+one launch of the same stack to the next is left out
 (ports, the random seed, runtime state), and so is what fast mode sets (random weights, fewer
 layers), so a fast smoke and a full one of the same stack have the same fingerprint. Two runs on
 the same stack give the same digest; a change in any component changes it, and :func:`changes`
@@ -128,16 +129,20 @@ def from_facts(
 ) -> Fingerprint:
     """The fingerprint of the stack the facts describe, the kernels the deep checks among
     ``results`` found, and the server that ran on it."""
-    return Fingerprint({
-        "lock": lock_section(lock),
-        "gpu": gpu_section(facts.nvml),
-        "toolkits": _toolkits(facts.toolkits),
-        "python": _python(facts.dists),
-        "distributions": _distributions(facts.dists),
-        "patches": _patches(facts.patches),
-        "kernels": kernels_section(results),
-        "server": server_section(server_info) if server_info is not None else {UNAVAILABLE: "no smoke stage read /server_info"},
-    })  # fmt: skip
+    return Fingerprint(
+        {
+            "lock": lock_section(lock),
+            "gpu": gpu_section(facts.nvml),
+            "toolkits": _toolkits(facts.toolkits),
+            "python": _python(facts.dists),
+            "distributions": _distributions(facts.dists),
+            "patches": _patches(facts.patches),
+            "kernels": kernels_section(results),
+            "server": server_section(server_info)
+            if server_info is not None
+            else {UNAVAILABLE: "no smoke stage read /server_info"},
+        }
+    )
 
 
 def lock_section(lock: Spec) -> dict[str, str]:
@@ -236,7 +241,8 @@ def kernels_section(results: Sequence[Result]) -> dict[str, str]:
     status and summary when it found none (not run, failed). Never a timing.
 
     >>> from stackgate.models.result import Status
-    >>> kernels_section([Result("deep.allreduce_fusion", Status.FAIL, "x", data={"defines": {"allreduce_fusion": "no-op: major 12"}})])
+    >>> defines = {"defines": {"allreduce_fusion": "no-op: major 12"}}
+    >>> kernels_section([Result("deep.allreduce_fusion", Status.FAIL, "x", data=defines)])
     {'allreduce_fusion': 'no-op: major 12'}
     >>> kernels_section([])
     {'unavailable': 'no deep flashinfer check ran'}
@@ -257,7 +263,8 @@ def server_section(info: Mapping[str, Any]) -> dict[str, str]:
     """The engine's effective arguments, without volatile fields, fast-mode fields, unset ones
     and secrets.
 
-    >>> server_section({"attention_backend": "triton", "port": 30000, "random_seed": 7, "cuda_graph_bs": [1, 2], "api_key": "sk", "lora_paths": None})
+    >>> server_section({"attention_backend": "triton", "port": 30000, "random_seed": 7, "cuda_graph_bs": [1, 2],
+    ...                 "api_key": "sk", "lora_paths": None})
     {'api_key': '<redacted>', 'attention_backend': 'triton', 'cuda_graph_bs': '[1, 2]'}
     """
     section = {}
@@ -271,7 +278,8 @@ def server_section(info: Mapping[str, Any]) -> dict[str, str]:
 def changes(old: Mapping[str, Section], new: Mapping[str, Section]) -> list[Change]:
     """Every component that differs, section by section (in :data:`SECTIONS` order), by name.
 
-    >>> [str(c) for c in changes({"server": {"attention_backend": "flashinfer"}}, {"server": {"attention_backend": "triton"}})]
+    >>> old, new = {"server": {"attention_backend": "flashinfer"}}, {"server": {"attention_backend": "triton"}}
+    >>> [str(c) for c in changes(old, new)]
     ['attention_backend: flashinfer -> triton']
     """
     found = []

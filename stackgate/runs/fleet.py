@@ -27,9 +27,19 @@ from typing import Any, Mapping, Sequence
 from stackgate.runs import fingerprint
 
 __all__ = [
-    "KEPT", "METRICS", "SWITCHED", "UNCHANGED", "UNDECIDED", "Group", "Outlier", "failed_checks", "figures", "groups", "outliers",
+    "KEPT",
+    "METRICS",
+    "SWITCHED",
+    "UNCHANGED",
+    "UNDECIDED",
+    "Group",
+    "Outlier",
+    "failed_checks",
+    "figures",
+    "groups",
+    "outliers",
     "upgrade_outcome",
-]  # fmt: skip
+]
 
 #: figure name -> (label, unit)
 METRICS: Mapping[str, tuple[str, str]] = {
@@ -60,7 +70,8 @@ def _number(value: Any) -> float | None:
 def figures(doc: Mapping[str, Any]) -> dict[str, float]:
     """A node report's figures that the fleet compares (those it measured).
 
-    >>> figures({"gate": {"benchmark": {"decode_tok_s": {"mean": 92.6}}}, "results": [{"check": "deep.collective", "data": {"peak_busbw_gbs": 38.5}}]})
+    >>> figures({"gate": {"benchmark": {"decode_tok_s": {"mean": 92.6}}},
+    ...          "results": [{"check": "deep.collective", "data": {"peak_busbw_gbs": 38.5}}]})
     {'decode_tok_s': 92.6, 'busbw_gbs': 38.5}
     """
     found: dict[str, float] = {}
@@ -94,8 +105,9 @@ FAILED = ("FAIL", "ERROR")
 def failed_checks(doc: Mapping[str, Any] | None) -> list[dict[str, str]]:
     r"""A node report's failed (or crashed) checks, each with its one-line reason, in its order.
 
-    >>> failed_checks({"results": [{"check": "gpu.count", "status": "FAIL", "summary": "1 GPU(s) visible,\nthe lock wants 2"},
-    ...                            {"check": "gpu.driver", "status": "PASS", "summary": "ok"}, "junk"]})
+    >>> failed_checks({"results": [
+    ...     {"check": "gpu.count", "status": "FAIL", "summary": "1 GPU(s) visible,\nthe lock wants 2"},
+    ...     {"check": "gpu.driver", "status": "PASS", "summary": "ok"}, "junk"]})
     [{'check': 'gpu.count', 'status': 'FAIL', 'summary': '1 GPU(s) visible, the lock wants 2'}]
     """
     results = _at(doc, "results")
@@ -201,7 +213,10 @@ class Outlier:
         """``n4: decode 1000.00 tok/s, fleet median 2000.00 tok/s (-50.0%, below)``"""
         label, unit = METRICS[self.metric]
         side = "below" if self.value < self.median else "above"
-        return f"{self.node}: {label} {self.value:.2f} {unit}, fleet median {self.median:.2f} {unit} ({self.relative:+.1%}, {side})"
+        return (
+            f"{self.node}: {label} {self.value:.2f} {unit}, "
+            f"fleet median {self.median:.2f} {unit} ({self.relative:+.1%}, {side})"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         label, unit = METRICS[self.metric]
@@ -212,7 +227,8 @@ class Outlier:
 def outliers(per_node: Sequence[tuple[str, Mapping[str, float]]]) -> list[Outlier]:
     """Every node whose figure lies far from the fleet's median (the module's rule).
 
-    >>> [o.text() for o in outliers([("a", {"decode_tok_s": 92.5}), ("b", {"decode_tok_s": 92.7}), ("c", {"decode_tok_s": 92.6}), ("d", {"decode_tok_s": 61.0})])]
+    >>> rates = [("a", 92.5), ("b", 92.7), ("c", 92.6), ("d", 61.0)]
+    >>> [o.text() for o in outliers([(name, {"decode_tok_s": rate}) for name, rate in rates])]
     ['d: decode 61.00 tok/s, fleet median 92.55 tok/s (-34.1%, below)']
     """
     found = []
@@ -231,8 +247,10 @@ def upgrade_outcome(doc: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """A node's upgrade report in the fleet's words (None when ``doc`` holds no upgrade part);
     every value type-checked (the report came from a node).
 
-    >>> part = {"schema": "stackgate.upgrade/1", "decision": {"switch": True, "reason": "switched: faster"}, "current": {"before": "g1", "after": "g2", "switched": True},
-    ...         "ab": {"sides": {"live": {"decode_tok_s": {"mean": 90.0, "ci_low": 89.0, "ci_high": 91.0, "n": 4}}, "new": {"decode_tok_s": {"mean": "fast"}}}}}
+    >>> part = {"schema": "stackgate.upgrade/1", "decision": {"switch": True, "reason": "switched: faster"},
+    ...         "current": {"before": "g1", "after": "g2", "switched": True},
+    ...         "ab": {"sides": {"live": {"decode_tok_s": {"mean": 90.0, "ci_low": 89.0, "ci_high": 91.0, "n": 4}},
+    ...                          "new": {"decode_tok_s": {"mean": "fast"}}}}}
     >>> found = upgrade_outcome({"exit_code": 0, "upgrade": part})
     >>> (found["decision"], found["moved"], found["live_tok_s"], found["new_tok_s"], found["generation"])
     ('switched', True, {'mean': 90.0, 'ci_low': 89.0, 'ci_high': 91.0, 'n': 4}, None, {'before': 'g1', 'after': 'g2'})

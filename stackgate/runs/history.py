@@ -98,7 +98,8 @@ def store(doc: Mapping[str, Any], directory: Path, warn: Callable[[str], Any] | 
     problem = enter(path) if settings.HISTORY_INDEX.value() else None
     if problem and warn is not None:
         warn(
-            f"stackgate: the run was kept in {path} but not entered in the run index ({problem}); the next `stackgate report` finds it"
+            f"stackgate: the run was kept in {path} but not entered in the run index ({problem}); "
+            "the next `stackgate report` finds it"
         )
     return path
 
@@ -251,9 +252,24 @@ def row_of(run: Run) -> index.Row:
     finger = run.fingerprint or {}
     digest, short = finger.get("digest"), finger.get("short")
     return index.Row(
-        run.path.name, run.id, run.started, run.command, run.kind, run.host, run.node, run.lock_name, run.verdict, run.decode_tok_s, run.figure("tok_s"),
-        run.busbw_gbs, run.tflops, str(digest) if digest else None, str(short) if short else None, mtime_ns, size,
-    )  # fmt: skip
+        run.path.name,
+        run.id,
+        run.started,
+        run.command,
+        run.kind,
+        run.host,
+        run.node,
+        run.lock_name,
+        run.verdict,
+        run.decode_tok_s,
+        run.figure("tok_s"),
+        run.busbw_gbs,
+        run.tflops,
+        str(digest) if digest else None,
+        str(short) if short else None,
+        mtime_ns,
+        size,
+    )
 
 
 def _smoke_parts(run: Run) -> list[Mapping[str, Any]]:

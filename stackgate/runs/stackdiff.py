@@ -44,7 +44,9 @@ class Change:
         >>> Change("patch", "sglang x.patch", None, "sglang 0.5.9").text()
         'sglang x.patch: (none) -> sglang 0.5.9'
         """
-        return f"{self.name}: {self.old if self.old is not None else '(none)'} -> {self.new if self.new is not None else '(none)'}"
+        old = self.old if self.old is not None else "(none)"
+        new = self.new if self.new is not None else "(none)"
+        return f"{self.name}: {old} -> {new}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"area": self.area, "name": self.name, "old": self.old, "new": self.new, "kind": self.kind}

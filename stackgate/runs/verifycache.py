@@ -57,9 +57,14 @@ class Entry:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema": SCHEMA, "stackgate": self.version, "written": self.written, "checks": list(self.checks), "sites": list(self.sites),
-            "stamp": {k: dict(v) for k, v in self.stamp.items()}, "results": [r.to_dict() for r in self.results],
-        }  # fmt: skip
+            "schema": SCHEMA,
+            "stackgate": self.version,
+            "written": self.written,
+            "checks": list(self.checks),
+            "sites": list(self.sites),
+            "stamp": {k: dict(v) for k, v in self.stamp.items()},
+            "results": [r.to_dict() for r in self.results],
+        }
 
 
 def is_live(check: Check) -> bool:
@@ -92,7 +97,8 @@ def load(path: Path) -> Entry | None:
         raise CacheError(f"unreadable: {exc.strerror or exc}") from exc
     if stat.st_uid != os.geteuid() or stat.st_mode & 0o022:
         raise CacheError(
-            f"owned by uid {stat.st_uid} with mode {stat.st_mode & 0o777:o}: only a file of this user that no one else may write is trusted"
+            f"owned by uid {stat.st_uid} with mode {stat.st_mode & 0o777:o}: "
+            "only a file of this user that no one else may write is trusted"
         )
     if stat.st_size > MAX_BYTES:
         raise CacheError(f"{stat.st_size} bytes, more than a cache holds")

@@ -1,0 +1,298 @@
+"""The fleet's Slurm engine (edges/slurm.py): the allocation's nodes, one step, the same report."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from dataclasses import replace
+from typing import Any, Sequence
+
+from stackgate import __version__
+from stackgate.edges import slurm
+from stackgate.flows.fleet import (
+    ACTIONS,
+    FAILED,
+    INTERRUPTED,
+    NOT_RUN,
+    STOP_GRACE_S,
+    TIMED_OUT,
+    UNREACHABLE,
+    FleetRequest,
+    FleetRun,
+    FleetUsageError,
+    NodeFailed,
+    NodeRun,
+    Shipment,
+    SlurmOptions,
+    _check_batch,
+    _check_upgrade,
+    _parse_report,
+    _tail,
+    judged,
+    printable,
+    run_fleet,
+)
+from stackgate.models.fleet import DEFAULT_TIMEOUT_S as DEFAULT_NODE_TIMEOUT_S
+from stackgate.models.fleet import Node
+from stackgate.models.spec import Spec
+from stackgate.render.ui import UI
+from stackgate.runs import history
+
+
+def _slurm_task_args(request: FleetRequest, spec_name: str) -> list[str]:
+    """The action's arguments on the node (the spec named relative to the task's folder)."""
+    if request.action == "verify":
+        return [
+            "verify",
+            "--lock",
+            spec_name,
+            *(a for c in request.checks for a in ("--check", c)),
+            *(["--strict"] if request.strict else []),
+        ]
+    return [
+        "gate",
+        "--lock",
+        spec_name,
+        *(["--fast-only"] if request.fast_only else []),
+        *(["--strict"] if request.strict else []),
+    ]
+
+
+def slurm_fleet(request: FleetRequest, lock: Spec, ui: UI) -> FleetRun:
+    """The request's action on the nodes Slurm gives (edges/slurm.py); never raises for what a node
+    does. Nodes down or drained are listed with their state and reason, not dialled."""
+    options = request.slurm or SlurmOptions()
+    shipment = Shipment.of(lock)
+    started, clock, stop = time.time(), time.monotonic(), threading.Event()
+    allocation, states, names, usable = _slurm_plan(options)
+    ran: dict[str, NodeRun] = {n: _not_dialled(n, states.get(n)) for n in names if n not in usable}
+    engine = _engine(allocation)
+    try:
+        if usable and allocation is not None:
+            step = _slurm_step(request, options, shipment, allocation, usable, stop)
+            engine["step_id"] = step.step_id
+            ran |= {
+                n: _from_frame(_slurm_node(n), step.frames.get(n), step, request.action, time.monotonic() - clock)
+                for n in usable
+            }
+    finally:
+        if allocation is not None:
+            slurm.release(allocation)
+    nodes = tuple(ran[n] for n in names)
+    for done in nodes:
+        ui.info(printable(f"{done.node.name}: {done.status} in {done.duration_s:.1f} s: {done.reason}"))
+    return FleetRun(
+        request,
+        history.new_id("fleet", started),
+        lock,
+        shipment,
+        nodes,
+        started,
+        time.monotonic() - clock,
+        stop.is_set(),
+        engine,
+    )
+
+
+def _slurm_plan(
+    options: SlurmOptions,
+) -> tuple[slurm.Allocation | None, dict[str, slurm.NodeState], tuple[str, ...], list[str]]:
+    """The allocation, every node's state, every node named (the allocation's, then those not
+    dialled) and the usable ones, which run; a Slurm command that failed is a usage error."""
+    try:
+        allocation, states = _slurm_nodes(options)
+    except slurm.SlurmError as exc:
+        raise FleetUsageError(f"fleet --engine slurm: {exc}") from None
+    names = tuple(dict.fromkeys([*states, *(allocation.nodes if allocation is not None else ())]))
+    usable = [n for n in names if n in states and states[n].usable] if allocation is not None else []
+    return allocation, states, names, usable
+
+
+def _engine(allocation: slurm.Allocation | None) -> dict[str, Any]:
+    """The report's ``engine`` part: the Slurm job, and whether this run asked for it."""
+    return {
+        "name": "slurm",
+        "job_id": allocation.job_id if allocation else None,
+        "allocated_here": bool(allocation and allocation.ours),
+    }
+
+
+def _slurm_nodes(options: SlurmOptions) -> tuple[slurm.Allocation | None, dict[str, slurm.NodeState]]:
+    """The allocation (the current one, or one asked for here with the usable nodes) and the state
+    of every node named: the allocation's, the --nodelist's, or the partition's."""
+    current = slurm.current()
+    if current is not None:
+        return current, slurm.node_states(current.nodes)
+    named = slurm.hostnames(options.nodelist) if options.nodelist else ()
+    found = slurm.node_states(named, options.partition)
+    states = (
+        {n: found.get(n, slurm.NodeState(n, "unknown", "not a node of this cluster")) for n in named}
+        if named
+        else found
+    )
+    usable = [n for n, s in states.items() if s.usable]
+    if options.nodes is not None and len(usable) < options.nodes:
+        raise slurm.SlurmError(
+            f"--nodes {options.nodes}: {len(usable)} node(s) of {options.partition or 'the default partition'}"
+            " can take work (the rest are down or drained)"
+        )
+    if not usable:
+        return None, states
+    allocation = slurm.allocate(
+        usable if named else (), options.nodes, options.partition, options.time_limit, options.extra
+    )
+    return allocation, {**{n: s for n, s in states.items() if not s.usable}, **slurm.node_states(allocation.nodes)}
+
+
+def _slurm_node(name: str) -> Node:
+    return Node(name=name, host=name, port=0, engine="slurm")
+
+
+def _not_dialled(name: str, state: slurm.NodeState | None, status: str = UNREACHABLE) -> NodeRun:
+    """A node Slurm says cannot take work: ``unreachable`` in a gate, ``not run`` in a rollout."""
+    said = "not dialled" if status == UNREACHABLE else "not run"
+    if state is None:
+        return NodeRun(_slurm_node(name), status, f"{said}: Slurm reports no state for the node")
+    reason = f" ({state.reason})" if state.reason else ""
+    return NodeRun(_slurm_node(name), status, f"{said}: Slurm state {state.state}{reason}")
+
+
+def _slurm_step(
+    request: FleetRequest,
+    options: SlurmOptions,
+    shipment: Shipment,
+    allocation: slurm.Allocation,
+    usable: Sequence[str],
+    stop: threading.Event,
+) -> slurm.Step:
+    token = slurm.new_token()
+    try:
+        slurm.broadcast(allocation.job_id, shipment.files, options.node_dir, token)
+    except slurm.SlurmError as exc:
+        return slurm.Step({}, None, f"sbcast failed: {exc}")
+    files = [word for name, digest in shipment.sha256.items() for word in (name, digest)]
+    task_args = [
+        options.stackgate,
+        __version__,
+        options.node_dir,
+        token,
+        str(options.shared_dir or ""),
+        str(len(shipment.files)),
+        *files,
+    ]
+    timeout_s = request.timeout_s or DEFAULT_NODE_TIMEOUT_S
+    return slurm.run_step(
+        allocation,
+        usable,
+        [*task_args, *_slurm_task_args(request, shipment.spec_name)],
+        token=token,
+        timeout_s=timeout_s,
+        grace_s=STOP_GRACE_S,
+        stop=stop,
+        shared=options.shared_dir,
+    )
+
+
+def _from_frame(node: Node, frame: slurm.Frame | None, step: slurm.Step, what: str, elapsed_s: float) -> NodeRun:
+    """A node's NodeRun from what its task said (or did not say) and how the step ended."""
+    fields = frame.fields if frame is not None else {}
+    version = fields["version"].removeprefix("stackgate ") if "version" in fields else None
+    duration = int(fields["duration_ns"]) / 1e9 if fields.get("duration_ns", "").isdigit() else elapsed_s
+    if "failed" in fields:
+        return NodeRun(node, FAILED, fields["failed"], duration, version=version)
+    doc = None
+    if "report" in fields and hashlib.sha256(fields["report"].encode()).hexdigest() != fields.get("report_sha256"):
+        why = _srun_words(step.stderr, node.name) or f"srun exit {step.returncode}"
+        return NodeRun(
+            node, UNREACHABLE, f"the node's report arrived cut short: srun's output ended early ({why})", duration
+        )
+    try:
+        doc = _parse_report(fields["report"]) if "report" in fields else None
+    except NodeFailed as failure:
+        return NodeRun(node, FAILED, failure.reason, duration, version=version)
+    stopped = _stopped_status(step)
+    code = fields.get("exit", "")
+    if not code.lstrip("-").isdigit():
+        status = stopped or UNREACHABLE
+        why = _srun_words(step.stderr, node.name) or f"srun exit {step.returncode}"
+        text = (
+            f"{status}: the node's task ended before its stackgate did ({why})"
+            if stopped
+            else f"the node's task did not start or was lost: {why}"
+        )
+        return NodeRun(
+            node, status, text, duration, version=version, doc=doc, steps=(what,) if "started" in fields else ()
+        )
+    done = judged(node, int(code), fields.get("tail") or "(no output)", doc, what, (what,))
+    if stopped and not done.passed and done.status != INTERRUPTED:
+        done = replace(done, status=stopped, reason=f"{stopped}: {done.reason}")
+    return replace(done, duration_s=duration, version=version)
+
+
+def _stopped_status(step: slurm.Step) -> str | None:
+    if step.stopped == "interrupted":
+        return INTERRUPTED
+    if step.stopped == "timed out" or "DUE TO TIME LIMIT" in step.stderr:
+        return TIMED_OUT
+    return None
+
+
+def _srun_words(stderr: str, node: str) -> str:
+    """srun's last line about ``node`` (else its last line at all), made short."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    about = [line for line in lines if node in line.split()] or [line for line in lines if node in line]
+    return _tail("\n".join(about or lines[-1:]), 200) if lines else ""
+
+
+def slurm_rollout(request: FleetRequest, lock: Spec, live: Spec | None, ui: UI) -> FleetRun:
+    """``fleet provision`` or ``fleet upgrade`` on the nodes Slurm gives: the SSH engine's per-node
+    actions and order (rolling batches; canaries first) with each command a one-task srun step
+    (edges/slurm.py, SrunTransport). Nodes down or drained are not run, listed after the others."""
+    options = request.slurm or SlurmOptions()
+    allocation, states, names, usable = _slurm_plan(options)
+    timeout_s = request.timeout_s or DEFAULT_NODE_TIMEOUT_S
+    nodes = [replace(_slurm_node(n), stackgate=options.stackgate, timeout_s=timeout_s) for n in usable]
+    try:
+        if request.action == "upgrade" and request.canary > len(nodes):
+            raise FleetUsageError(f"fleet upgrade: --canary {request.canary}: Slurm gives {len(nodes)} usable node(s)")
+        transport = slurm.SrunTransport(allocation) if allocation is not None else None
+        done = run_fleet(request, nodes, lock, ui, transport, live) if transport is not None and nodes else None
+    finally:
+        if allocation is not None:
+            slurm.release(allocation)
+    skipped = tuple(_not_dialled(n, states.get(n), NOT_RUN) for n in names if n not in usable)
+    engine = _engine(allocation)
+    if done is None:
+        run_id = history.new_id("fleet", time.time())
+        return FleetRun(request, run_id, lock, Shipment.of(lock, live), skipped, time.time(), 0.0, False, engine)
+    return replace(done, nodes=done.nodes + skipped, engine=engine)
+
+
+def check_slurm(request: FleetRequest) -> None:
+    """What `fleet --engine slurm` cannot take, refused before anything is asked of Slurm."""
+    options = request.slurm or SlurmOptions()
+    if request.action not in ACTIONS:
+        raise FleetUsageError(f"fleet: unknown action {request.action!r} (one of: {', '.join(ACTIONS)})")
+    _check_batch(request)
+    _check_upgrade(request)
+    if options.shared_dir is not None and request.action not in ("gate", "verify"):
+        raise FleetUsageError(f"fleet {request.action} --engine slurm: --shared-dir is for gate and verify")
+    if request.hosts is not None or request.inventory is not None:
+        raise FleetUsageError(
+            "fleet --engine slurm: the nodes are Slurm's (the allocation's, or --nodes/--nodelist):"
+            " not --hosts or --inventory"
+        )
+    if request.checks and request.action != "verify":
+        raise FleetUsageError("fleet: --check is for `fleet verify`")
+    if options.nodes is not None and options.nodelist is not None:
+        raise FleetUsageError("fleet --engine slurm: --nodes N or --nodelist LIST, not both")
+    inside = bool(os.environ.get("SLURM_JOB_ID"))
+    if not inside and options.nodes is None and options.nodelist is None:
+        raise FleetUsageError(
+            "fleet --engine slurm: outside an allocation, ask for nodes with --nodes N or --nodelist LIST"
+            " (SLURM_JOB_ID is not set)"
+        )
+    if options.shared_dir is not None and not options.shared_dir.is_dir():
+        raise FleetUsageError(f"--shared-dir {options.shared_dir}: not a folder")

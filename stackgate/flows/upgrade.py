@@ -1,0 +1,708 @@
+"""The upgrade flow: plan, build beside, verify, A/B, decide, switch; one node's upgrade.
+
+- plan: what changes between the live generation (its spec, its own copy of the pylock) and the
+  new spec: toolkits, every distribution that moves, the spec's other inputs, patches, ``[env]``
+  and smoke's flags; with the provision steps that would build it (``--dry-run`` stops here).
+- build: provision's own steps, without those that change what is live (the switch of
+  ``current``, the ``/usr/local/cuda`` link, in-place edits); a new toolkit goes beside the others.
+- verify: provision's build checks, then ``verify``'s static and deep checks against the new
+  generation's interpreter. One that fails is marked failed and kept for inspection, never
+  switched or rolled back to, and nothing is measured on it.
+- ab: the live generation and the new one launched one after the other on the same GPUs, with
+  the same model and the same benchmark, in alternated order (ABBA), each leg a full smoke
+  (decode tok/s, the server's resolved configuration, the flags' evidence in the log, greedy
+  outputs). Each leg's servers are torn down before the next starts.
+- decide (``--switch``): ``if-better`` switches only when the new stack passes everything, gives
+  the same greedy tokens (or ``--accept-output-change``) and is not slower beyond the measured
+  noise; ``if-passes`` when it passes; ``never`` only reports.
+- switch: the live steps of the new spec's plan.
+
+The stages after the plan are :data:`STAGES`, run in turn by :func:`_run_stages`. ``current``
+changes only in the switch, atomically, holding the root's provision lock for the whole run; a
+kill at any point leaves it serving the old stack (servers die with their parent), and the next
+provision or upgrade removes what was half built. :func:`upgrade_node` is the entry point the
+command and a fleet (a canary first) call per node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Mapping
+
+from stackgate.edges import faults, runner
+from stackgate.facts import gather
+from stackgate.facts.compare import environment_spec
+from stackgate.flows import provision, smoke
+from stackgate.flows import verify as verifyflow
+from stackgate.models import pylock, settings
+from stackgate.models.exitcodes import ExitCode, UsageError
+from stackgate.models.result import Result, Status, failed, passed, skipped, warned
+from stackgate.models.spec import Benchmark, Spec, load_spec
+from stackgate.models.verdict import Verdict
+from stackgate.models.verdict import document as report_document
+from stackgate.render import upgrade as upgrade_render
+from stackgate.render.outputs import JSON, Output, check_outputs
+from stackgate.render.ui import UI
+from stackgate.runs import abtest, history, stackdiff
+from stackgate.runs import fingerprint as fp
+from stackgate.serve import launch, launched
+from stackgate.stack import generations, guard, pyenv, toolkit
+from stackgate.stack import patches as stackpatches
+
+__all__ = [
+    "SCHEMA",
+    "STAGES",
+    "Stage",
+    "UpgradeRequest",
+    "UpgradeRun",
+    "UpgradeUsageError",
+    "check_request",
+    "upgrade_node",
+]
+
+SCHEMA = "stackgate.upgrade/1"
+BUILD_ERRORS = (
+    provision.ProvisionError,
+    pyenv.PyenvError,
+    guard.GuardError,
+    toolkit.ToolkitError,
+    stackpatches.PatchError,
+    OSError,
+)
+
+
+class UpgradeUsageError(UsageError):
+    """A request upgrade cannot take (exit 2): nothing was changed."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpgradeRequest:
+    to: Path  #: the new spec
+    lock_path: Path | None = None  #: the live spec (default: the one the live generation was built from)
+    model: str | None = None
+    switch: str = "if-better"
+    dry_run: bool = False
+    accept_output_change: bool = False
+    json_path: Path | None = None
+    markdown_path: Path | None = None
+    html_path: Path | None = None
+    rounds: int = 2  #: AB rounds, alternated: 2 is ABBA
+    #: Library only, as the gate's: the verify checks (globs) run on the new generation; the
+    #: command runs them all, deep ones included. Tests pick what a machine without GPUs passes.
+    verify_checks: tuple[str, ...] = ()
+    environ: Mapping[str, str] | None = field(default=None, compare=False)  #: default: os.environ
+    run_dir: Path | None = None  #: where the servers' logs go (default: reports/upgrade/<run id>)
+
+    def reports(self) -> dict[str, Output]:
+        """The asked-for reports: where each goes and how the document becomes its text."""
+        return {
+            "--json": Output(self.json_path, JSON),
+            "--markdown": Output(self.markdown_path, upgrade_render.markdown),
+            "--html": Output(self.html_path, upgrade_render.page),
+        }
+
+
+@dataclass
+class UpgradeRun:
+    """What one node's upgrade did: the document's parts, filled step by step."""
+
+    request: UpgradeRequest
+    run_id: str
+    started: float
+    root: Path
+    live_lock: Spec
+    new_lock: Spec
+    live_generation: generations.Generation
+    changes: list[stackdiff.Change]
+    plan_lines: list[str]
+    step: str = "plan"  #: where it is (or stopped): plan, build, verify, ab, decide, switch, done
+    new_generation: generations.Generation | None = None
+    build: dict[str, Any] = field(default_factory=dict)
+    verify_results: list[Result] = field(default_factory=list)
+    legs: list[dict[str, Any]] = field(default_factory=list)
+    measured: list[abtest.Leg] = field(default_factory=list)
+    smoke_runs: list[tuple[dict[str, Any], smoke.SmokeRun]] = field(
+        default_factory=list
+    )  #: each leg's part and its smoke
+    decision: abtest.Decision | None = None
+    current_after: str | None = None
+    interrupted: bool = False
+    blocked: str | None = None  #: why the plan cannot be applied (nothing was changed)
+    duration_s: float = 0.0
+
+    @property
+    def switched(self) -> bool:
+        return self.current_after is not None and self.current_after != self.live_generation.id
+
+    @property
+    def same_generation(self) -> bool:
+        """The new spec's Python stack is the live generation's (only flags or env differ)."""
+        return self.new_generation is not None and self.new_generation.path == self.live_generation.path
+
+    @property
+    def won(self) -> bool:
+        """For a fleet's canary: the new stack won and is now live here."""
+        return bool(
+            self.decision
+            and self.decision.switch
+            and (self.switched or (self.same_generation and self.current_after is not None))
+        )
+
+    @property
+    def exit_code(self) -> ExitCode:
+        if self.interrupted:
+            return ExitCode.INTERRUPTED
+        if self.blocked is not None:
+            return ExitCode.FAILED
+        if self.request.dry_run or self.won or not self.changes:
+            return ExitCode.PASSED
+        decision = self.decision
+        if decision is not None and decision.mode == "never" and decision.conditions and decision.conditions[0].held:
+            return ExitCode.PASSED  # report only, and the new stack passed
+        return ExitCode.FAILED
+
+    def results(self) -> list[Result]:
+        return _results(self)
+
+    def document(self) -> dict[str, Any]:
+        return _document(self)
+
+
+def check_request(request: UpgradeRequest) -> None:
+    """Refuse what cannot work before anything runs (exit 2, nothing changed)."""
+    if request.switch not in abtest.MODES:
+        raise UpgradeUsageError(f"--switch must be one of {', '.join(abtest.MODES)}, not {request.switch!r}")
+    if request.rounds < 1:
+        raise UpgradeUsageError(f"rounds must be 1 or more, not {request.rounds}")
+    problem = check_outputs(request.reports())
+    if problem is not None:
+        raise UpgradeUsageError(problem)
+
+
+# --- one node ---------------------------------------------------------------------------------
+
+
+def upgrade_node(request: UpgradeRequest, ui: UI, *, nvml_lib: ModuleType | None = None) -> UpgradeRun:
+    """Plan, build beside, verify, A/B, decide, switch: this node's upgrade. Never raises for what
+    it finds; UpgradeUsage (nothing changed) for a request it cannot take. Ctrl-C ends it with
+    ``interrupted`` set, every server and installer stopped and ``current`` as it was."""
+    check_request(request)
+    environ = dict(os.environ if request.environ is None else request.environ)
+    started, clock = time.time(), time.monotonic()
+    done = _plan(request, environ, started)
+    for line in done.plan_lines:
+        ui.line(line)
+    if not done.changes and not done.blocked:
+        ui.line(f"nothing to upgrade: the live generation {done.live_generation.id} already is {request.to}'s stack")
+    if request.dry_run or done.blocked or not done.changes:
+        done.duration_s = time.monotonic() - clock
+        return done
+    launched.reap_and_tell(ui.warn)  # what a run killed outright left would skew the A/B
+    try:
+        with generations.exclusive(
+            done.root,
+            wait=False,
+            command=f"stackgate upgrade --to {request.to}",
+            busy_advice="run `stackgate upgrade` again once it has finished",
+        ):
+            _sweep(done.root, ui)
+            _run_stages(done, environ, ui, nvml_lib)
+    except KeyboardInterrupt:
+        runner.terminate_all()
+        done.interrupted = True
+    except generations.GenerationError as exc:
+        done.blocked = str(exc)
+    done.duration_s = time.monotonic() - clock
+    return done
+
+
+def _sweep(root: Path, ui: UI) -> None:
+    removed = generations.sweep(root)
+    if removed:
+        ui.info(f"removed what an interrupted run left: {', '.join(str(p) for p in removed)}")
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What every stage of one node's upgrade reads besides the run it fills."""
+
+    environ: dict[str, str]
+    ui: UI
+    nvml_lib: ModuleType | None
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One named stage of the upgrade after its plan: ``run`` fills the run and says whether the
+    next stage follows; ``when`` (if set) skips the stage unless it holds; ``fault``: a fault point
+    ``before:upgrade.<name>`` precedes it."""
+
+    name: str
+    run: Callable[[UpgradeRun, _Context], bool]
+    when: Callable[[UpgradeRun], bool] | None = None
+    fault: bool = True
+
+
+def _run_stages(done: UpgradeRun, environ: dict[str, str], ui: UI, nvml_lib: ModuleType | None) -> None:
+    """Each of :data:`STAGES` in turn, until one says stop; ``step`` is ``done`` after the last."""
+    context = _Context(environ, ui, nvml_lib)
+    for stage in STAGES:
+        if stage.when is not None and not stage.when(done):
+            continue
+        done.step = stage.name
+        if stage.fault:
+            faults.trip(f"before:upgrade.{stage.name}")
+        if not stage.run(done, context):
+            return
+    done.step = "done"
+
+
+def _build_stage(done: UpgradeRun, context: _Context) -> bool:
+    if _build(done, context.environ, context.ui) is not None:
+        return True
+    done.decision = abtest.not_measured(
+        done.request.switch, f"the new generation was not built: {done.build.get('reason')}"
+    )
+    return False
+
+
+def _verify_stage(done: UpgradeRun, context: _Context) -> bool:
+    assert done.new_generation is not None
+    if _verify(done, done.new_generation, context.environ, context.ui, context.nvml_lib):
+        return True
+    bad = [f"{r.check}: {r.summary}" for r in done.verify_results if r.status >= Status.FAIL]
+    done.decision = abtest.not_measured(
+        done.request.switch,
+        f"the new generation failed verify, so it was not launched: {'; '.join(bad[:3]) or done.build.get('verify')}",
+    )
+    return False
+
+
+def _ab_stage(done: UpgradeRun, context: _Context) -> bool:
+    _ab(done, context.environ, context.ui, context.nvml_lib)
+    return True
+
+
+def _decide_stage(done: UpgradeRun, context: _Context) -> bool:
+    live, new = abtest.side(abtest.LIVE, done.measured), abtest.side(abtest.NEW, done.measured)
+    done.decision = abtest.decide(
+        done.request.switch, live, new, accept_output_change=done.request.accept_output_change
+    )
+    return True
+
+
+def _switch_stage(done: UpgradeRun, context: _Context) -> bool:
+    _switch(done, context.environ, context.ui)
+    return True
+
+
+def _switching(done: UpgradeRun) -> bool:
+    return done.decision is not None and done.decision.switch
+
+
+#: The upgrade after its plan, in order; the run's ``step`` names the stage it is in (or stopped at).
+STAGES: tuple[Stage, ...] = (
+    Stage("build", _build_stage),
+    Stage("verify", _verify_stage),
+    Stage("ab", _ab_stage),
+    Stage("decide", _decide_stage, fault=False),
+    Stage("switch", _switch_stage, when=_switching),
+)
+
+
+# --- the plan --------------------------------------------------------------------------------
+
+
+def _plan(request: UpgradeRequest, environ: Mapping[str, str], started: float) -> UpgradeRun:
+    new = _load(request.to, "--to")
+    root = new.python.root
+    assert root is not None
+    state = generations.read(root)
+    live_generation = state.current
+    if live_generation is None:
+        why = state.current_error or f"{root / 'current'} does not exist"
+        raise UpgradeUsageError(
+            f"nothing live to upgrade: {why}; `stackgate provision --lock {request.to}` builds a first stack"
+        )
+    live = _live_lock(request.lock_path, live_generation)
+    if live.python.root is None or Path(os.path.abspath(live.python.root)) != Path(os.path.abspath(root)):
+        raise UpgradeUsageError(
+            f"{request.to}: python.root is {root}, but the live spec {live.path} has {live.python.root}: "
+            "an upgrade builds beside the live stack, under the same root"
+        )
+    the_plan = provision.plan_for(new, state, environ)
+    beside, _ = provision.split_live(the_plan)
+    changes = stackdiff.changes(
+        live,
+        (live_generation.marker or {}).get("spec"),
+        _built_pylock(live_generation),
+        new,
+        environment_spec(new),
+        _pylock_of(new),
+    )
+    done = UpgradeRun(
+        request, history.new_id("upgrade", started), started, root, live, new, live_generation, changes, []
+    )
+    done.plan_lines = upgrade_render.plan_lines(
+        done.live_generation.id, live.path, new.path, [c.to_dict() for c in changes], beside.lines()
+    )
+    usage = [b for b in the_plan.blockers if b.usage]
+    if usage:  # the new spec cannot be built as it is (no pylock, a stale one, a patch file): nothing changed
+        fix = f" ({usage[0].fix.text} `{usage[0].fix.commands[0]}`)" if usage[0].fix and usage[0].fix.commands else ""
+        raise UpgradeUsageError(f"{request.to}: {'; '.join(b.message for b in usage)}{fix}")
+    if the_plan.blockers:
+        done.blocked = "; ".join(b.message for b in the_plan.blockers)
+    return done
+
+
+def _load(path: Path | None, option: str) -> Spec:
+    lock = load_spec(path)
+    lock = dataclasses.replace(lock, path=Path(os.path.abspath(lock.path)))
+    pylock.check_beside(lock)
+    if lock.python.root is None:
+        raise UpgradeUsageError(
+            f"{option} {lock.path}: python.interpreter names an existing environment; "
+            "upgrade builds generations under a python.root"
+        )
+    return lock
+
+
+def _live_lock(path: Path | None, live: generations.Generation) -> Spec:
+    if path is not None:
+        return _load(path, "--lock")
+    built_from = (live.marker or {}).get("lock", {}).get("path")
+    if not built_from or not Path(built_from).is_file():
+        raise UpgradeUsageError(
+            f"the live {live.describe()} does not name a spec that still exists "
+            f"({built_from or 'none recorded'}): pass it with --lock LIVE_SPEC"
+        )
+    return _load(Path(built_from), "--lock")
+
+
+def _built_pylock(generation: generations.Generation) -> pylock.Resolution | None:
+    try:
+        return pylock.load(generation.path / pyenv.BUILT_PYLOCK)
+    except pylock.PylockError:
+        return None
+
+
+def _pylock_of(lock: Spec) -> pylock.Resolution | None:
+    try:
+        return pylock.load_beside(lock)
+    except pylock.PylockError:
+        return None
+
+
+# --- build beside, verify --------------------------------------------------------------------
+
+
+def _build(done: UpgradeRun, environ: dict[str, str], ui: UI) -> generations.Generation | None:
+    """Provision's steps, less those that change what is live; the generation built (or the live
+    one, when the new spec's environment is the live one's), None when the build failed."""
+    state = generations.read(done.root)
+    beside, _ = provision.split_live(provision.plan_for(done.new_lock, state, environ))
+    if beside.blockers:
+        done.build = {"status": "failed", "reason": "; ".join(b.message for b in beside.blockers)}
+        return None
+    try:
+        built = provision.apply(beside, state, environ, ui) if beside.steps else None
+    except BUILD_ERRORS as exc:
+        _failed_build(done, exc)
+        return None
+    if beside.generation is None:
+        done.new_generation = done.live_generation
+        done.build = {
+            "status": "not needed",
+            "reason": f"the live generation {done.live_generation.id} already holds the new spec's Python stack",
+        }
+        return done.live_generation
+    assert built is not None
+    done.new_generation = built
+    how = "resumed" if beside.resume else "built"
+    done.build = {
+        "status": how,
+        "reason": f"generation {built.id} {how} beside {done.live_generation.id}",
+        "generation": built.id,
+        "path": str(built.path),
+    }
+    return built
+
+
+def _failed_build(done: UpgradeRun, exc: BaseException) -> None:
+    """A build that stopped: its generation is kept, marked failed, when its checks failed."""
+    state = generations.read(done.root)
+    newest = state.generations[-1] if state.generations else None
+    if newest is not None and newest.path != done.live_generation.path and not newest.ready:
+        done.new_generation = newest if newest.failed else generations.mark(newest, "failed", failures=[str(exc)])
+    tail = list(getattr(exc, "tail", ()))[:10]
+    done.build = {
+        "status": "failed",
+        "reason": str(exc),
+        "tail": tail,
+        "generation": done.new_generation.id if done.new_generation else None,
+    }
+
+
+def _verify(
+    done: UpgradeRun, generation: generations.Generation, environ: dict[str, str], ui: UI, nvml_lib: ModuleType | None
+) -> bool:
+    """verify's static, then deep checks on the new generation's interpreter; a failure marks it
+    failed (kept for inspection) and ends the upgrade."""
+    candidate = _side_lock(done.new_lock, generation, done.new_lock.benchmark)
+    static, deep = verifyflow.plan(done.request.verify_checks, deep=True)
+    facts = gather(
+        candidate,
+        sorted({part for check in (*static, *deep) for part in check.needs}),
+        environ=environ,
+        nvml_lib=nvml_lib,
+    )
+    ran = verifyflow.verify(candidate, static, ui, facts=facts, deep=deep)  # it closes the facts
+    done.verify_results = list(ran.results)
+    bad = [r for r in ran.results if r.status >= Status.FAIL]
+    if not ran.verdict.passed:
+        if generation.path != done.live_generation.path:
+            done.new_generation = generations.mark(
+                generation, "failed", failures=[f"{r.check}: {r.summary}" for r in bad] or [ran.verdict.reason]
+            )
+        done.build["verify"] = f"failed: {ran.verdict.reason}"
+        return False
+    if generation.path != done.live_generation.path:
+        # Built and verified: a later run (after a kill during the A/B) resumes it, not rebuilds it.
+        done.new_generation = generations.mark(generation, "ready", candidate_of=done.run_id)
+    done.build["verify"] = f"passed: {ran.verdict.reason}"
+    return True
+
+
+def _side_lock(lock: Spec, generation: generations.Generation, benchmark: Benchmark) -> Spec:
+    """``lock`` pointed at ``generation``'s interpreter and environment file, with ``benchmark``."""
+    python = dataclasses.replace(lock.python, interpreter=generation.python)
+    return dataclasses.replace(lock, python=python, benchmark=benchmark)
+
+
+# --- the A/B ---------------------------------------------------------------------------------
+
+
+def _ab(done: UpgradeRun, environ: dict[str, str], ui: UI, nvml_lib: ModuleType | None) -> None:
+    """Each leg a full smoke, in alternated order; stops at the new side's first failed leg."""
+    assert done.new_generation is not None
+    # One benchmark for both (the new spec's), judged against each other, not a baseline.
+    bench = dataclasses.replace(done.new_lock.benchmark, baseline_tok_s=None)
+    sides = {abtest.LIVE: (done.live_lock, done.live_generation), abtest.NEW: (done.new_lock, done.new_generation)}
+    run_dir = done.request.run_dir or settings.LOG_DIR.value().resolve() / "upgrade" / done.run_id
+    legs = abtest.order(done.request.rounds)
+    for position, name in enumerate(legs, 1):
+        lock, generation = sides[name]
+        faults.trip(f"before:upgrade.leg{position}")
+        ui.info(f"A/B leg {position}/{len(legs)}: {name} stack, generation {generation.id}")
+        leg = _leg(
+            done, name, position, _side_lock(lock, generation, bench), generation, run_dir, environ, ui, nvml_lib
+        )
+        if name == abtest.NEW and not leg.passed:
+            ui.warn(f"the new stack failed leg {position}: no further legs")
+            break
+
+
+def _leg(
+    done: UpgradeRun,
+    name: str,
+    position: int,
+    lock: Spec,
+    generation: generations.Generation,
+    run_dir: Path,
+    environ: Mapping[str, str],
+    ui: UI,
+    nvml_lib: ModuleType | None,
+) -> abtest.Leg:
+    request = smoke.SmokeRequest(
+        lock_path=lock.path, model=done.request.model, benchmark=True, run_dir=run_dir / f"{position}-{name}"
+    )
+    try:
+        ran = smoke.run_smoke(lock, request, ui, environ=environ, nvml_lib=nvml_lib)
+    except smoke.SmokeInterrupted as stop:
+        _record(done, name, position, generation, stop.run)
+        raise KeyboardInterrupt from None
+    except (launch.LaunchError, smoke.SmokeUsageError) as exc:
+        leg = abtest.Leg(name, position, False, (), failures=(f"smoke.usage: {exc}",))
+        done.measured.append(leg)
+        done.legs.append(
+            {
+                "side": name,
+                "position": position,
+                "generation": generation.id,
+                "passed": False,
+                "failures": list(leg.failures),
+            }
+        )
+        return leg
+    return _record(done, name, position, generation, ran)
+
+
+def _record(
+    done: UpgradeRun, name: str, position: int, generation: generations.Generation, ran: smoke.SmokeRun
+) -> abtest.Leg:
+    session = ran.sessions[-1] if ran.sessions else None
+    figures = session.figures if session is not None else None
+    good = figures.good if figures is not None else []
+    decode = tuple(s.decode_tok_s for s in good if s.decode_tok_s is not None)
+    bad = tuple(f"{r.check}: {r.summary}" for r in ran.results if r.status >= Status.FAIL)
+    leg = abtest.Leg(
+        name, position, ran.verdict.passed and not ran.interrupted, decode, good[0].output_ids if good else (), bad
+    )
+    done.measured.append(leg)
+    done.legs.append(_leg_part(leg, generation, ran))
+    done.smoke_runs.append((done.legs[-1], ran))
+    return leg
+
+
+def _leg_part(leg: abtest.Leg, generation: generations.Generation, ran: smoke.SmokeRun) -> dict[str, Any]:
+    """A leg for the report: its figures, what the server really ran, the flags' evidence."""
+    session = ran.sessions[-1] if ran.sessions else None
+    info = session.server_info if session is not None else None
+    figures = session.figures if session is not None else None
+    evidence = [r for r in ran.results if ".evidence." in r.check]
+    return {
+        "side": leg.side,
+        "position": leg.position,
+        "generation": generation.id,
+        "passed": leg.passed,
+        "failures": list(leg.failures),
+        "decode_tok_s": figures.decode_tok_s.to_dict() if figures is not None and figures.decode_tok_s else None,
+        "attention_backend": (info or {}).get("attention_backend"),
+        "findings": [f.title for f in (session.findings if session else ())],
+        "server": fp.server_section(info) if info else {},
+        "evidence": [{"check": r.check, "status": r.status.name, "summary": r.summary} for r in evidence],
+        "evidence_lines": [dataclasses.asdict(e) for e in (session.evidence if session else ())],
+        "log_path": str(session.log_path) if session is not None and session.log_path else None,
+        "verdict": ran.verdict.reason,
+    }
+
+
+# --- the switch ------------------------------------------------------------------------------
+
+
+def _switch(done: UpgradeRun, environ: dict[str, str], ui: UI) -> None:
+    """The live steps of the new spec's plan, planned again now (the switch, the link, ...)."""
+    state = generations.read(done.root)
+    _, live = provision.split_live(provision.plan_for(done.new_lock, state, environ))
+    if live.steps:
+        provision.apply(live, state, environ, ui)
+    now = generations.read(done.root).current
+    done.current_after = now.id if now else None
+
+
+# --- the report ------------------------------------------------------------------------------
+
+
+def _results(done: UpgradeRun) -> list[Result]:
+    """One result per step, for the verdict and the JSON's ``results``."""
+    found = [
+        Result(
+            "upgrade.plan",
+            Status.FAIL if done.blocked else Status.PASS,
+            done.blocked or f"{len(done.changes)} change(s) from {done.live_generation.id}",
+        )
+    ]
+    build = done.build
+    if build:
+        status = (
+            Status.FAIL
+            if build.get("status") == "failed" or str(build.get("verify", "")).startswith("failed")
+            else Status.PASS
+        )
+        found.append(Result("upgrade.build", status, f"{build.get('reason')}; verify {build.get('verify', 'not run')}"))
+    found += [
+        dataclasses.replace(r, check=f"upgrade.verify.{r.check}")
+        for r in done.verify_results
+        if r.status >= Status.WARN
+    ]
+    if done.measured:
+        found.append(_speed_result(done))
+    if done.decision is not None:
+        make = passed if done.won or done.exit_code == ExitCode.PASSED else failed
+        found.append(
+            dataclasses.replace(
+                make(done.decision.reason, [c.text for c in done.decision.conditions]), check="upgrade.decision"
+            )
+        )
+    if done.interrupted:
+        found.append(Result("upgrade.interrupted", Status.FAIL, _interrupted(done)))
+    return found
+
+
+def _interrupted(done: UpgradeRun) -> str:
+    after = f"current was switched to {done.current_after}" if done.switched else "current is unchanged"
+    return f"interrupted (Ctrl-C or SIGTERM) during {done.step}; {after}"
+
+
+def _speed_result(done: UpgradeRun) -> Result:
+    live, new = abtest.side(abtest.LIVE, done.measured), abtest.side(abtest.NEW, done.measured)
+    diff = abtest.difference(live, new)
+    if diff is None:
+        return dataclasses.replace(skipped("no decode rate from both sides"), check="upgrade.ab")
+    text = f"decode new - live: {diff.text()}"
+    made = warned(text) if diff.significant and diff.delta < 0 else passed(text)
+    return dataclasses.replace(made, check="upgrade.ab")
+
+
+def _document(done: UpgradeRun) -> dict[str, Any]:
+    results = _results(done)
+    code = done.exit_code
+    counts = {s.name: sum(1 for r in results if r.status == s) for s in Status}
+    reason = done.blocked or done.build.get("reason") or "plan only (--dry-run)"
+    if done.interrupted:
+        reason = _interrupted(done)
+    elif done.decision:
+        reason = done.decision.reason
+    verdict = Verdict(code, counts, str(reason))
+    extra = {"run_id": done.run_id, "upgrade": _upgrade_part(done)}
+    return report_document(
+        "upgrade", results, verdict, lock=done.new_lock, started=done.started, duration_s=done.duration_s, extra=extra
+    )
+
+
+def _generation_part(generation: generations.Generation | None) -> dict[str, Any]:
+    if generation is None:
+        return {"generation": None, "state": None, "path": None}
+    return {"generation": generation.id, "state": generation.state, "path": str(generation.path)}
+
+
+def _upgrade_part(done: UpgradeRun) -> dict[str, Any]:
+    request = {
+        k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
+        for k, v in dataclasses.asdict(done.request).items()
+        if k != "environ"
+    }
+    live, new = abtest.side(abtest.LIVE, done.measured), abtest.side(abtest.NEW, done.measured)
+    diff = abtest.difference(live, new)
+    generation = done.new_generation
+    return {
+        "schema": SCHEMA,
+        "request": request,
+        "root": str(done.root),
+        "step": done.step,
+        "interrupted": done.interrupted,
+        "blocked": done.blocked,
+        "live": {"generation": done.live_generation.id, "lock": str(done.live_lock.path)},
+        "new": {"lock": str(done.new_lock.path), **_generation_part(generation)},
+        "plan": {"changes": [c.to_dict() for c in done.changes], "lines": done.plan_lines},
+        "build": done.build,
+        "verify": [r.to_dict() for r in done.verify_results],
+        "ab": {
+            "order": list(abtest.order(done.request.rounds)),
+            "legs": done.legs,
+            "sides": {abtest.LIVE: live.to_dict(), abtest.NEW: new.to_dict()},
+            "difference": diff.to_dict() if diff else None,
+            "difference_text": diff.text() if diff else None,
+        },
+        "decision": done.decision.to_dict() if done.decision else None,
+        "current": {
+            "before": done.live_generation.id,
+            "after": done.current_after or done.live_generation.id,
+            "switched": done.switched,
+        },
+    }
