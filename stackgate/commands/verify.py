@@ -13,33 +13,34 @@ not run, with the reason. The wall time is split into those phases, in the repor
 
 from __future__ import annotations
 
-import concurrent.futures
-import dataclasses
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Mapping, Sequence
 
-from stackgate.checks import deep as deepchecks
 from stackgate.checks.all import REGISTRY
-from stackgate.checks.core import Check, CheckError, run_checks, select
-from stackgate.edges.files import unwritable, write_json, write_text
-from stackgate.facts import Facts, Missing, gather, stamp
+from stackgate.flows.verify import VerifyRun, plan, verify, verify_cached
 from stackgate.models import pylock, settings
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.result import NO_DRIVER, Result, Status
 from stackgate.models.spec import DEFAULT_LOCK, Spec, load_spec
-from stackgate.models.verdict import Verdict, judge
 from stackgate.models.verdict import document as report_document
 from stackgate.render import report, summaries
+from stackgate.render.outputs import JSON, Output, check_outputs, write_reports
 from stackgate.render.ui import UI
-from stackgate.runs import verifycache
 
 __all__ = [
-    "VerifyRequest", "VerifyRun", "default_profile_note", "list_checks", "phases_line", "plan", "run", "verify",
+    "VerifyRequest",
+    "VerifyRun",
+    "default_profile_note",
+    "list_checks",
+    "phases_line",
+    "plan",
+    "run",
+    "verify",
     "verify_cached",
-]  # fmt: skip
+]
+
 
 #: The checks whose failure means this machine is not the one a spec describes.
 _MACHINE_CHECKS = ("gpu.driver", "gpu.count", "gpu.capability")
@@ -62,25 +63,16 @@ class VerifyRequest:
         chosen = {"--json": self.json_path, "--junit": self.junit_path, "--prom": self.prom_path}
         return {option: path for option, path in chosen.items() if path is not None}
 
-
-@dataclass(frozen=True)
-class VerifyRun:
-    """A finished verify: what a caller (gate, provision) needs of it."""
-
-    lock: Spec
-    results: list[Result]
-    verdict: Verdict
-    started: float
-    duration_s: float
-    facts: Facts | None = field(default=None, compare=False)
-    phases: Mapping[str, float] = field(default_factory=dict)  #: "static", then each deep check: seconds
-    cache: Mapping[str, Any] | None = None  #: with --cached: hit, why not, what was reused, from when
+    @property
+    def reports(self) -> dict[str, Output]:
+        """The JSON and Prometheus reports asked for (JUnit XML is written from the results)."""
+        return {"--json": Output(self.json_path, JSON), "--prom": Output(self.prom_path, summaries.verify_prometheus)}
 
 
 def run(request: VerifyRequest, ui: UI) -> ExitCode:
     """The verify command: load, check, render, write the reports."""
     ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.lock_path)}))
-    problem = unwritable(request.outputs)
+    problem = check_outputs({option: Output(path, JSON) for option, path in request.outputs.items()})
     if problem is not None:
         raise UsageError(problem)
     lock = load_spec(request.lock_path)
@@ -97,7 +89,8 @@ def run(request: VerifyRequest, ui: UI) -> ExitCode:
         done = verify_cached(lock, static, ui, strict=request.strict)
     else:
         done = verify(lock, static, ui, strict=request.strict, deep=deep)
-    title = f"stackgate verify{' --deep' if request.deep else ' --cached' if request.cached else ''}: {lock.name} ({lock.path})"
+    mode = " --deep" if request.deep else " --cached" if request.cached else ""
+    title = f"stackgate verify{mode}: {lock.name} ({lock.path})"
     for line in default_profile_note(lock, done.results):
         ui.line(line, "warning")
     ui.results(title, report.redacted(done.results), done.verdict, done.duration_s)
@@ -105,7 +98,7 @@ def run(request: VerifyRequest, ui: UI) -> ExitCode:
         ui.line(phases_line(done.phases, done.duration_s))
     if done.cache is not None:
         ui.line(cache_line(done.cache))
-    write_reports(done, request)
+    write_all(done, request)
     return done.verdict.exit_code
 
 
@@ -126,209 +119,16 @@ def default_profile_note(lock: Spec, results: Sequence[Result]) -> list[str]:
     ]
 
 
-def plan(patterns: Sequence[str], *, deep: bool) -> tuple[list[Check], list[Check]]:
-    """(static checks, deep checks) to run. Plain verify runs no deep check; --deep adds the
-    static checks the chosen deep ones stand on, so `--deep --check deep.collective` is enough."""
-    if not deep:
-        try:
-            return select(patterns, REGISTRY, include_slow=False), []
-        except CheckError:
-            wanted = [c.name for c in select(patterns, REGISTRY) if c.slow]  # raises again for a real typo
-            raise CheckError(f"{', '.join(wanted)} run only with --deep") from None
-    chosen = select(patterns, REGISTRY)
-    deep_checks = [c for c in chosen if c.slow]
-    needed = {name for c in deep_checks for name in deepchecks.PREREQUISITES.get(c.name, ())}
-    static = [c for c in REGISTRY.values() if not c.slow and (c in chosen or c.name in needed)]
-    return static, deep_checks
-
-
-def verify(
-    lock: Spec,
-    checks: list[Check],
-    ui: UI,
-    *,
-    strict: bool = False,
-    facts: Facts | None = None,
-    deep: Sequence[Check] = (),
-) -> VerifyRun:
-    """Gather what the checks need, in parallel, judge it; then run the deep checks in turn.
-
-    With deep checks, only the static checks they stand on are awaited first; the others (the imports, the ELF scan,
-    the toolkits: seconds of CPU work) are gathered and judged beside the deep checks, which use the GPUs."""
-    started = time.time()
-    clock = time.monotonic()
-    needs = sorted({part for c in (*checks, *deep) for part in c.needs})
-    facts = facts or gather(lock, needs)
-    phases: dict[str, float] = {}
-    try:
-        facts.start(needs)
-        standing = (
-            {name for c in deep for name in deepchecks.PREREQUISITES.get(c.name, ())}
-            if deep
-            else {c.name for c in checks}
-        )
-        first = [c for c in checks if c.name in standing]
-        with ui.progress(f"gathering facts: {', '.join(sorted({p for c in first for p in c.needs}) or needs)}"):
-            # Every part is bounded by its own subprocess timeouts; a check's timeout then
-            # measures the check, not the wait for a slow probe.
-            for part in sorted({p for c in (first if deep else checks) for p in c.needs}):
-                facts.get(part)
-        results = run_checks(first, lock, facts, verbose=bool(ui.verbose))
-        phases["static" if not deep else "prerequisites"] = time.monotonic() - clock
-        rest = _beside(checks, first, lock, facts, ui, clock, phases) if deep else None
-        for check in deep:
-            begun = time.monotonic()
-            results.append(_run_deep(check, lock, facts, results, ui))
-            phases[check.name] = time.monotonic() - begun
-        if rest is not None:
-            results = _in_order(checks, deep, [*results, *rest.result()])
-    finally:
-        facts.close()
-    duration = time.monotonic() - clock
-    return VerifyRun(lock, results, judge(results, strict=strict), started, duration, facts, phases)
-
-
-def _beside(
-    checks: Sequence[Check],
-    first: Sequence[Check],
-    lock: Spec,
-    facts: Facts,
-    ui: UI,
-    clock: float,
-    phases: dict[str, float],
-) -> concurrent.futures.Future[list[Result]]:
-    """The static checks the deep ones do not stand on, judged in a thread while the deep checks run."""
-    rest = [c for c in checks if c not in first]
-
-    def judge_rest() -> list[Result]:
-        done = run_checks(rest, lock, facts, verbose=bool(ui.verbose))
-        phases["static (beside the deep checks)"] = time.monotonic() - clock
-        return done
-
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="static")
-    try:
-        return pool.submit(judge_rest)
-    finally:
-        pool.shutdown(wait=False)
-
-
-def _in_order(checks: Sequence[Check], deep: Sequence[Check], results: Sequence[Result]) -> list[Result]:
-    """Results in the order verify lists its checks: the static ones, then the deep ones."""
-    order = {c.name: i for i, c in enumerate((*checks, *deep))}
-    return sorted(results, key=lambda r: order.get(r.check, len(order)))
-
-
-def verify_cached(
-    lock: Spec,
-    checks: list[Check],
-    ui: UI,
-    *,
-    strict: bool = False,
-    environ: Mapping[str, str] | None = None,
-    nvml_lib: ModuleType | None = None,
-) -> VerifyRun:
-    """The live checks now; the static ones' results from the cache while its stamp holds, else
-    a full verify that refreshes the cache."""
-    started, clock = time.time(), time.monotonic()
-    path = verifycache.path_for(lock, environ)
-    live = [c for c in checks if verifycache.is_live(c)]
-    static = [c for c in checks if not verifycache.is_live(c)]
-    facts = gather(lock, sorted({"nvml", *(p for c in live for p in c.needs)}), environ=environ, nvml_lib=nvml_lib)
-    note = None
-    try:
-        entry = verifycache.load(path)
-    except verifycache.CacheError as exc:
-        entry, note = None, f"the cache {path} is ignored: {exc}"
-    before = stamp.take(lock, facts.nvml, entry.sites if entry else (), facts.base_environ)
-    why = verifycache.miss(entry, before, [c.name for c in static], started)
-    if entry is None or why is not None:
-        return _refresh(lock, checks, static, facts, before, path, ui, strict, note or why or "no cache yet")
-    try:
-        with ui.progress("live checks"):
-            fresh = run_checks(live, lock, facts, verbose=bool(ui.verbose))
-    finally:
-        facts.close()
-    order = {c.name: i for i, c in enumerate(checks)}
-    results = sorted([*entry.results, *fresh], key=lambda r: order.get(r.check, len(order)))
-    cache = {"hit": True, "path": str(path), "reused": len(entry.results), "live": len(fresh), "written": entry.written}
-    return VerifyRun(
-        lock,
-        results,
-        judge(results, strict=strict),
-        started,
-        time.monotonic() - clock,
-        None,
-        {"live": time.monotonic() - clock},
-        cache,
-    )
-
-
-def _refresh(
-    lock: Spec,
-    checks: list[Check],
-    static: list[Check],
-    facts: Facts,
-    before: stamp.Stamp,
-    path: Path,
-    ui: UI,
-    strict: bool,
-    why: str,
-) -> VerifyRun:
-    """A full verify, and the cache written from it when nothing it judged moved while it ran."""
-    facts.start(sorted({part for c in checks for part in c.needs}))
-    done = verify(lock, checks, ui, strict=strict, facts=facts)
-    sites = tuple(sorted({d.location for d in _distributions(facts)}))
-    after = stamp.take(lock, facts.nvml, _sites_of(before), facts.base_environ)
-    if after != before:
-        written: str | None = f"not cached: changed while it ran: {'; '.join(stamp.changed(before, after))}"
-    else:
-        names = {c.name for c in static}
-        entry = verifycache.Entry(
-            stamp.take(lock, facts.nvml, sites, facts.base_environ),
-            tuple(c.name for c in static),
-            tuple(r for r in done.results if r.check in names),
-            sites,
-            done.started,
-        )
-        written = verifycache.save(path, entry)
-    return dataclasses.replace(
-        done,
-        cache={
-            "hit": False,
-            "path": str(path),
-            "why": why,
-            "written": done.started if written is None else None,
-            "not_written": written,
-        },
-    )
-
-
-def _sites_of(before: stamp.Stamp) -> tuple[str, ...]:
-    """The site-packages folders a stamp covers."""
-    return tuple(before.get("distributions", {}))
-
-
-def _distributions(facts: Facts) -> list[Any]:
-    """The stack's installed distributions, where the full verify gathered them (the probe)."""
-    probe = facts.probe if "probe" in facts.started else facts.dists if "dists" in facts.started else None
-    return [] if probe is None or isinstance(probe, Missing) else list(probe.distributions.values())
-
-
 def cache_line(cache: Mapping[str, Any]) -> str:
     """What the cache did: ``static checks: 21 reused from 12:00:03 UTC; 7 live checks run``."""
     if cache.get("hit"):
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(cache["written"]))
-        return f"cache: {cache['reused']} static check result(s) reused from {when} ({cache['path']}); {cache['live']} live check(s) run"
+        return (
+            f"cache: {cache['reused']} static check result(s) reused from {when} ({cache['path']}); "
+            f"{cache['live']} live check(s) run"
+        )
     done = "written" if cache.get("written") is not None else str(cache.get("not_written"))
     return f"cache: the static checks ran ({cache['why']}); {done}"
-
-
-def _run_deep(check: Check, lock: Spec, facts: Facts, results: Sequence[Result], ui: UI) -> Result:
-    blocked = deepchecks.not_run(check.name, results)
-    if blocked is not None:
-        return blocked
-    with ui.progress(f"{check.name}: {check.title}"):
-        return run_checks([check], lock, facts, verbose=bool(ui.verbose))[0]
 
 
 def phases_line(phases: Mapping[str, float], total_s: float) -> str:
@@ -337,7 +137,8 @@ def phases_line(phases: Mapping[str, float], total_s: float) -> str:
     return f"wall time {total_s:.1f} s: {parts}"
 
 
-def write_reports(done: VerifyRun, request: VerifyRequest) -> None:
+def write_all(done: VerifyRun, request: VerifyRequest) -> None:
+    """The reports asked for: JSON and Prometheus from the run's document, JUnit XML from its results."""
     if request.json_path or request.prom_path:
         extra = {
             "phases_s": {name: round(seconds, 3) for name, seconds in done.phases.items()},
@@ -352,10 +153,7 @@ def write_reports(done: VerifyRun, request: VerifyRequest) -> None:
             duration_s=done.duration_s,
             extra=extra,
         )
-        if request.json_path:
-            write_json(request.json_path, doc)
-        if request.prom_path:
-            write_text(request.prom_path, summaries.verify_prometheus(doc))
+        write_reports(doc, request.reports)
     if request.junit_path:
         report.write_junit(
             request.junit_path, {f"stackgate.verify.{done.lock.name}": done.results}, strict=request.strict
