@@ -17,9 +17,19 @@ from stackgate.models import settings
 from stackgate.render.ui import UI
 
 __all__ = [
-    "diagnose", "fleet", "gate", "init", "lock", "provision", "report", "rollback", "slurm_health", "smoke",
-    "upgrade", "verify",
-]  # fmt: skip
+    "diagnose",
+    "fleet",
+    "gate",
+    "init",
+    "lock",
+    "provision",
+    "report",
+    "rollback",
+    "slurm_health",
+    "smoke",
+    "upgrade",
+    "verify",
+]
 
 LOCK_HELP = (
     f"lockfile to use (default: ${settings.LOCK.env}, ./stackgate.toml, /etc/stackgate/stack.toml, "
@@ -60,14 +70,19 @@ def init(c, out=None, profile=None, list=False, system=False, python=None, force
     incrementable=["verbose"],
     help={
         "lock": LOCK_HELP,
-        "deep": "after the static checks, run real work on every GPU and an NCCL all-reduce sweep (seconds to a minute)",
+        "deep": (
+            "after the static checks, run real work on every GPU and an NCCL all-reduce sweep (seconds to a minute)"
+        ),
         "check": "run only checks matching this name or glob (repeatable), e.g. 'gpu.*'",
         "list": "list the checks and exit",
         "json": "write the JSON report here",
         "junit": "write a JUnit XML report here",
         "strict": "fail on warnings too",
         "verbose": "show details of passing checks and tracebacks (-vv for more)",
-        "cached": "reuse the static checks' results while what they judged is unchanged (distributions, toolkits, driver, spec, pylock); the GPUs' state is measured every time",
+        "cached": (
+            "reuse the static checks' results while what they judged is unchanged (distributions, toolkits, driver, "
+            "spec, pylock); the GPUs' state is measured every time"
+        ),
         "prom": "write Prometheus metrics here for node_exporter's textfile collector (a .prom file in its directory)",
     },
 )
@@ -88,9 +103,16 @@ def verify(
     from stackgate.commands import verify as command
 
     request = command.VerifyRequest(
-        lock_path=_path(lock), checks=tuple(check or ()), deep=deep, json_path=_path(json), junit_path=_path(junit), strict=strict, list_only=list,
-        cached=cached, prom_path=_path(prom),
-    )  # fmt: skip
+        lock_path=_path(lock),
+        checks=tuple(check or ()),
+        deep=deep,
+        json_path=_path(json),
+        junit_path=_path(junit),
+        strict=strict,
+        list_only=list,
+        cached=cached,
+        prom_path=_path(prom),
+    )
     cli.run_command(lambda: command.run(request, _ui(verbose, json, junit, prom)))
 
 
@@ -101,7 +123,9 @@ def verify(
         "only": "plan and apply only one area: toolkit, python or patches",
         "yes": "do not ask before changing the machine (needed without a terminal)",
         "wait": "wait for a provision that is already running instead of failing at once",
-        "wheelhouse": "install every locked file from this folder (filled by `stackgate lock --wheelhouse`), with no index at all",
+        "wheelhouse": (
+            "install every locked file from this folder (filled by `stackgate lock --wheelhouse`), with no index at all"
+        ),
     },
 )
 def provision(c, lock=None, dry_run=False, only=None, yes=False, wait=False, wheelhouse=None):
@@ -119,9 +143,17 @@ def provision(c, lock=None, dry_run=False, only=None, yes=False, wait=False, whe
     help={
         "lock": LOCK_HELP,
         "benchmark": "measure single-stream decode tok/s (the lock's warm-ups, runs and length) against the baseline",
-        "compare": "also launch the baseline configuration ([smoke.compare], or the lock's flags without fusion) and compare",
-        "concurrency": "stream counts to run at once, e.g. 1,10,30: aggregate and per-stream tok/s, TTFT and inter-token latency (p50/p90/p99) at each",
-        "fast": "random weights (--load-format dummy) and only [smoke] fast_layers layers: proves the launch in a fraction of a load",
+        "compare": (
+            "also launch the baseline configuration ([smoke.compare], or the lock's flags without fusion) and compare"
+        ),
+        "concurrency": (
+            "stream counts to run at once, e.g. 1,10,30: aggregate and per-stream tok/s, TTFT and inter-token "
+            "latency (p50/p90/p99) at each"
+        ),
+        "fast": (
+            "random weights (--load-format dummy) and only [smoke] fast_layers layers: proves the launch in a "
+            "fraction of a load"
+        ),
         "model": "model directory (default: [smoke] model)",
         "tp": "tensor-parallel size (default: [smoke] tp)",
         "port": "server port (default: [smoke] port)",
@@ -151,10 +183,18 @@ def smoke(
 
     def go():
         request = command.SmokeRequest(
-            lock_path=_path(lock), model=model, tp=command.parse_number("--tp", tp), port=command.parse_number("--port", port),
-            benchmark=benchmark, compare=compare, concurrency=command.parse_levels(concurrency), fast=fast,
-            keep_server=keep_server, json_path=_path(json), strict=strict,
-        )  # fmt: skip
+            lock_path=_path(lock),
+            model=model,
+            tp=command.parse_number("--tp", tp),
+            port=command.parse_number("--port", port),
+            benchmark=benchmark,
+            compare=compare,
+            concurrency=command.parse_levels(concurrency),
+            fast=fast,
+            keep_server=keep_server,
+            json_path=_path(json),
+            strict=strict,
+        )
         return command.run(request, _ui(verbose, json))
 
     cli.run_command(go)
@@ -164,11 +204,15 @@ def smoke(
     incrementable=["verbose"],
     help={
         "lock": LOCK_HELP,
-        "json": "write the JSON report here: every stage's results, status, reason and time, the fingerprint, the benchmark",
+        "json": (
+            "write the JSON report here: every stage's results, status, reason and time, the fingerprint, the benchmark"
+        ),
         "junit": "write a JUnit XML report here: one testsuite per stage",
         "markdown": "write a Markdown summary here, for a CI job summary (the file is replaced, not appended to)",
         "prom": "write Prometheus metrics here for node_exporter's textfile collector (a .prom file in its directory)",
-        "fast_only": "stop after the fast smoke (random weights, a few layers): a gate in minutes, without the benchmark",
+        "fast_only": (
+            "stop after the fast smoke (random weights, a few layers): a gate in minutes, without the benchmark"
+        ),
         "model": "model directory the smoke stages launch (default: [smoke] model)",
         "strict": "fail on warnings too",
         "verbose": "show details of passing checks",
@@ -181,9 +225,15 @@ def gate(
     from stackgate.commands import gate as command
 
     request = command.GateRequest(
-        lock_path=_path(lock), json_path=_path(json), junit_path=_path(junit), markdown_path=_path(markdown), prom_path=_path(prom),
-        fast_only=fast_only, model=model, strict=strict,
-    )  # fmt: skip
+        lock_path=_path(lock),
+        json_path=_path(json),
+        junit_path=_path(junit),
+        markdown_path=_path(markdown),
+        prom_path=_path(prom),
+        fast_only=fast_only,
+        model=model,
+        strict=strict,
+    )
     cli.run_command(lambda: command.run(request, _ui(verbose, json, junit, markdown, prom)))
 
 
@@ -191,10 +241,19 @@ def gate(
     iterable=["upgrade_package"],
     help={
         "lock": LOCK_HELP,
-        "check": "change nothing and use no network: exit 1 naming what differs when the spec changed since its pylock was made",
+        "check": (
+            "change nothing and use no network: exit 1 naming what differs when the spec changed since its pylock "
+            "was made"
+        ),
         "all": "with --check: check every shipped spec that has a pylock",
-        "upgrade_package": "resolve again moving only this package and what it drags (repeatable); refused when a frozen package would move",
-        "wheelhouse": "also download every file of the pylock into this folder, hash-checked, for `stackgate provision --wheelhouse`",
+        "upgrade_package": (
+            "resolve again moving only this package and what it drags (repeatable); refused when a frozen package "
+            "would move"
+        ),
+        "wheelhouse": (
+            "also download every file of the pylock into this folder, hash-checked, for `stackgate provision "
+            "--wheelhouse`"
+        ),
         "refresh": "resolve against the indexes even when the pylock matches the spec (else that pylock is the answer)",
     },
 )
@@ -203,9 +262,13 @@ def lock(c, lock=None, check=False, all=False, upgrade_package=None, wheelhouse=
     from stackgate.commands import lock as command
 
     request = command.LockRequest(
-        lock_path=_path(lock), check=check, all_specs=all, upgrade=tuple(upgrade_package or ()),
-        wheelhouse=_path(wheelhouse), refresh=refresh,
-    )  # fmt: skip
+        lock_path=_path(lock),
+        check=check,
+        all_specs=all,
+        upgrade=tuple(upgrade_package or ()),
+        wheelhouse=_path(wheelhouse),
+        refresh=refresh,
+    )
     cli.run_command(lambda: command.run(request, UI()))
 
 
@@ -227,14 +290,26 @@ def rollback(c, lock=None, force=False):
     iterable=["run"],
     rest="run",
     help={
-        "run": "a run: its id, a unique prefix, its JSON file, or -1 (the newest), -2 ...; twice to compare (or just name them: stackgate report -2 -1; with invoke, after --: invoke report -- -2 -1)",
+        "run": (
+            "a run: its id, a unique prefix, its JSON file, or -1 (the newest), -2 ...; twice to compare (or just "
+            "name them: stackgate report -2 -1; with invoke, after --: invoke report -- -2 -1)"
+        ),
         "lock": "lockfile whose history to read (<python.root>/runs; default as for the other commands)",
         "html": "write a self-contained HTML page here: the history, or the one run named",
-        "runs_dir": f"read the runs kept in this folder instead (default: ${settings.HISTORY_DIR.env}, the lock's root, ~/.local/state/stackgate/runs)",
+        "runs_dir": (
+            f"read the runs kept in this folder instead (default: ${settings.HISTORY_DIR.env}, the lock's root, "
+            "~/.local/state/stackgate/runs)"
+        ),
         "last": "list this many of the newest runs (default 20); the trends and the count cover every run",
         "reindex": "rebuild the run index (<runs>/.index/runs.sqlite3) from the run documents, and exit",
-        "regressed_since": "which hosts regressed since this date or time (2026-11-23, or ISO 8601 with a time), and what changed on them",
-        "threshold": "with --regressed-since: the drop in decode tok/s, in percent of the host's previous measured run, that counts (default 5)",
+        "regressed_since": (
+            "which hosts regressed since this date or time (2026-11-23, or ISO 8601 with a time), and what changed "
+            "on them"
+        ),
+        "threshold": (
+            "with --regressed-since: the drop in decode tok/s, in percent of the host's previous measured run, that "
+            "counts (default 5)"
+        ),
     },
 )
 def report(
@@ -248,9 +323,15 @@ def report(
     def go():
         runs = (*(run or ()), *shlex.split(c.remainder or ""))
         request = command.ReportRequest(
-            runs=tuple(runs), lock_path=_path(lock), html_path=_path(html), runs_dir=_path(runs_dir), last=command.parse_number("--last", last, 20),
-            reindex=reindex, regressed_since=regressed_since, threshold_pct=command.parse_number("--threshold", threshold, 5.0),
-        )  # fmt: skip
+            runs=tuple(runs),
+            lock_path=_path(lock),
+            html_path=_path(html),
+            runs_dir=_path(runs_dir),
+            last=command.parse_number("--last", last, 20),
+            reindex=reindex,
+            regressed_since=regressed_since,
+            threshold_pct=command.parse_number("--threshold", threshold, 5.0),
+        )
         return command.run(request, UI())
 
     cli.run_command(go)
@@ -261,11 +342,19 @@ def report(
     rest="path",
     incrementable=["verbose"],
     help={
-        "path": "a log to read (repeatable; .gz is read too); or just name them: stackgate diagnose a.log b.log (with invoke, after --: invoke diagnose -- a.log b.log)",
+        "path": (
+            "a log to read (repeatable; .gz is read too); or just name them: stackgate diagnose a.log b.log (with "
+            "invoke, after --: invoke diagnose -- a.log b.log)"
+        ),
         "stdin": "read a log from standard input",
         "json": "write the JSON report here",
-        "lock": "lockfile whose values the findings quote (attention backend, torch build, toolkit prefix); installer versions are read against it",
-        "kernel": "also read this boot's kernel log (dmesg, else journalctl -k): Xid, PCIe AER and NVRM events, by GPU index",
+        "lock": (
+            "lockfile whose values the findings quote (attention backend, torch build, toolkit prefix); installer "
+            "versions are read against it"
+        ),
+        "kernel": (
+            "also read this boot's kernel log (dmesg, else journalctl -k): Xid, PCIe AER and NVRM events, by GPU index"
+        ),
         "kernel_log": "a saved kernel log to read instead of this boot's (any input is read for kernel lines)",
         "bundle": "write a support bundle (.tar.gz, secrets redacted) to attach to an upstream issue",
         "verbose": "show every line of each event, the references and the captured values",
@@ -294,13 +383,18 @@ def diagnose(c, path=None, stdin=False, json=None, lock=None, kernel=False, kern
     positional=["action"],
     iterable=["check", "slurm_arg"],
     help={
-        "action": "what to run on every node: gate, verify, provision (then a gate; a node that fails is rolled back) or upgrade (a canary first)",
+        "action": (
+            "what to run on every node: gate, verify, provision (then a gate; a node that fails is rolled back) or "
+            "upgrade (a canary first)"
+        ),
         "hosts": "the nodes: comma-separated [user@]host[:port] (or --inventory)",
         "inventory": "the nodes: a TOML inventory ([fleet] defaults, one [[node]] per node; docs/fleet.md)",
-        "lock": LOCK_HELP
-        + "; shipped to every node with its pylock, sha256 checked there (upgrade: the live spec, default each node's own)",
+        "lock": LOCK_HELP + "; shipped to every node with its pylock, sha256 checked there "
+        "(upgrade: the live spec, default each node's own)",
         "parallel": "nodes run at once (gate, verify; default 8)",
-        "batch": "provision, upgrade: nodes moved at a time; the first batch with a failure stops the rollout (default 1)",
+        "batch": (
+            "provision, upgrade: nodes moved at a time; the first batch with a failure stops the rollout (default 1)"
+        ),
         "to": "upgrade: the new spec (its pylock beside it), shipped to every node and built beside its live stack",
         "canary": "upgrade: nodes upgraded first; the rest only if every one of them won (default 1)",
         "switch": "upgrade: each node's stackgate upgrade --switch: if-better (default) or if-passes",
@@ -309,7 +403,9 @@ def diagnose(c, path=None, stdin=False, json=None, lock=None, kernel=False, kern
         "fast_only": "gate: stop each node's gate after the fast smoke",
         "check": "verify: run only checks matching this name or glob on each node (repeatable)",
         "timeout": "seconds each node's whole run may take (default: the inventory's timeout_s, else 7200)",
-        "connect_timeout": "seconds to connect and log in to a node (default: the inventory's connect_timeout_s, else 10)",
+        "connect_timeout": (
+            "seconds to connect and log in to a node (default: the inventory's connect_timeout_s, else 10)"
+        ),
         "json": "write the fleet's JSON report here: every node, the stacks (fingerprint groups), the outliers",
         "junit": "write a JUnit XML report here: one testsuite per node",
         "markdown": "write a Markdown summary here, for a CI job summary",
@@ -329,30 +425,79 @@ def diagnose(c, path=None, stdin=False, json=None, lock=None, kernel=False, kern
     },
 )
 def fleet(
-    c, action, hosts=None, inventory=None, lock=None, parallel=None, batch=None, fast_only=False, check=None, timeout=None, connect_timeout=None,
-    json=None, junit=None, markdown=None, prom=None, html=None, strict=False, to=None, canary=None, switch="if-better", accept_output_change=False, model=None,
+    c,
+    action,
+    hosts=None,
+    inventory=None,
+    lock=None,
+    parallel=None,
+    batch=None,
+    fast_only=False,
+    check=None,
+    timeout=None,
+    connect_timeout=None,
+    json=None,
+    junit=None,
+    markdown=None,
+    prom=None,
+    html=None,
+    strict=False,
+    to=None,
+    canary=None,
+    switch="if-better",
+    accept_output_change=False,
+    model=None,
     max_nodes=None,
-    engine="ssh", partition=None, nodes=None, nodelist=None, time=None, slurm_arg=None, stackgate="stackgate",
-    node_dir="/tmp", shared_dir=None,
-):  # fmt: skip
+    engine="ssh",
+    partition=None,
+    nodes=None,
+    nodelist=None,
+    time=None,
+    slurm_arg=None,
+    stackgate="stackgate",
+    node_dir="/tmp",
+    shared_dir=None,
+):
     """Run gate, verify, provision or upgrade on every node over SSH (or Slurm): one report, one verdict."""
     from stackgate.commands import fleet as command
 
     def go():
         options = command.SlurmOptions(
-            partition=partition, nodes=command.whole("--nodes", nodes, 1) if nodes is not None else None,
-            nodelist=nodelist, time_limit=time, extra=tuple(slurm_arg or ()), stackgate=stackgate, node_dir=node_dir,
+            partition=partition,
+            nodes=command.whole("--nodes", nodes, 1) if nodes is not None else None,
+            nodelist=nodelist,
+            time_limit=time,
+            extra=tuple(slurm_arg or ()),
+            stackgate=stackgate,
+            node_dir=node_dir,
             shared_dir=_path(shared_dir),
-        )  # fmt: skip
+        )
         request = command.FleetRequest(
-            engine=engine, slurm=options if engine == "slurm" else None,
-            action=action, hosts=hosts, inventory=_path(inventory), lock_path=_path(lock), parallel=command.whole("--parallel", parallel, 8),
-            batch=command.whole("--batch", batch, 1), fast_only=fast_only, checks=tuple(check or ()), timeout_s=command.seconds("--timeout", timeout),
-            connect_timeout_s=command.seconds("--connect-timeout", connect_timeout), strict=strict, json_path=_path(json), junit_path=_path(junit),
-            markdown_path=_path(markdown), prom_path=_path(prom), html_path=_path(html), to_path=_path(to), canary=command.whole("--canary", canary, 1),
-            switch=switch, accept_output_change=accept_output_change, model=model,
+            engine=engine,
+            slurm=options if engine == "slurm" else None,
+            action=action,
+            hosts=hosts,
+            inventory=_path(inventory),
+            lock_path=_path(lock),
+            parallel=command.whole("--parallel", parallel, 8),
+            batch=command.whole("--batch", batch, 1),
+            fast_only=fast_only,
+            checks=tuple(check or ()),
+            timeout_s=command.seconds("--timeout", timeout),
+            connect_timeout_s=command.seconds("--connect-timeout", connect_timeout),
+            strict=strict,
+            json_path=_path(json),
+            junit_path=_path(junit),
+            markdown_path=_path(markdown),
+            prom_path=_path(prom),
+            html_path=_path(html),
+            to_path=_path(to),
+            canary=command.whole("--canary", canary, 1),
+            switch=switch,
+            accept_output_change=accept_output_change,
+            model=model,
             max_nodes=command.whole("--max-nodes", max_nodes, command.MAX_NODES),
-        )  # fmt: skip
+        )
         return command.run(request, _ui(0, json, junit, markdown, prom, html))
 
     cli.run_command(go)
@@ -363,9 +508,15 @@ def fleet(
         "to": "the new spec to upgrade to (its pylock beside it, as provision needs); built beside the live stack",
         "lock": "the live spec (default: the one the live generation was built from)",
         "model": "model directory both sides launch (default: the specs' [smoke] model)",
-        "switch": "if-better (default: passes, same greedy tokens, not slower beyond the measured noise), if-passes, or never (report only)",
+        "switch": (
+            "if-better (default: passes, same greedy tokens, not slower beyond the measured noise), if-passes, or "
+            "never (report only)"
+        ),
         "dry_run": "print the plan (what changes, what would be built) and change nothing",
-        "accept_output_change": "with if-better: accept greedy outputs that differ from the live stack's (still reported, with the first differing position)",
+        "accept_output_change": (
+            "with if-better: accept greedy outputs that differ from the live stack's (still reported, with the first "
+            "differing position)"
+        ),
         "json": "write the JSON report here",
         "markdown": "write a Markdown report here (the file is replaced)",
         "html": "write a self-contained HTML report here",
@@ -390,9 +541,16 @@ def upgrade(
         if not to:
             raise command.UpgradeUsageError("--to NEW_SPEC is required: the spec to upgrade to")
         request = command.UpgradeRequest(
-            to=Path(to), lock_path=_path(lock), model=model, switch=switch, dry_run=dry_run, accept_output_change=accept_output_change,
-            json_path=_path(json), markdown_path=_path(markdown), html_path=_path(html),
-        )  # fmt: skip
+            to=Path(to),
+            lock_path=_path(lock),
+            model=model,
+            switch=switch,
+            dry_run=dry_run,
+            accept_output_change=accept_output_change,
+            json_path=_path(json),
+            markdown_path=_path(markdown),
+            html_path=_path(html),
+        )
         return command.run(request, _ui(0, json, markdown, html))
 
     cli.run_command(go)
@@ -413,16 +571,30 @@ def upgrade(
     },
 )
 def slurm_health(
-    c, config=None, lock=None, prom=None, timeout=None, check=None, stackgate=None, slurm_bin=None, slurm_conf=None,
+    c,
+    config=None,
+    lock=None,
+    prom=None,
+    timeout=None,
+    check=None,
+    stackgate=None,
+    slurm_bin=None,
+    slurm_conf=None,
     node=None,
-):  # fmt: skip
+):
     """Slurm's HealthCheckProgram: verify --cached under a time cap; drain on a failure, resume only what it drained."""
     from stackgate.commands import slurmhealth as command
 
     flags = {
-        "lock": lock, "prom": prom, "timeout_s": timeout, "checks": tuple(check or ()), "stackgate": stackgate,
-        "slurm_bin": slurm_bin, "slurm_conf": slurm_conf, "node": node,
-    }  # fmt: skip
+        "lock": lock,
+        "prom": prom,
+        "timeout_s": timeout,
+        "checks": tuple(check or ()),
+        "stackgate": stackgate,
+        "slurm_bin": slurm_bin,
+        "slurm_conf": slurm_conf,
+        "node": node,
+    }
     cli.run_command(lambda: command.run(_path(config), flags, UI(), _verify_cached))
 
 

@@ -17,13 +17,15 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from pkgindex import (
+from pkgindex import (  # noqa: F401 (fixtures)
     SYMM_MEM_FILE,
     SYMM_MEM_TEXT,
     IndexServer,
+    install_environ,
     serve_stack,
+    stack_index,
     write_stack_lock,
-)  # noqa: F401 (fixtures)
+)
 
 from stackgate.commands import provision
 from stackgate.models.exitcodes import ExitCode

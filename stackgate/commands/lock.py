@@ -25,19 +25,15 @@ from typing import Mapping
 
 from packaging.utils import canonicalize_name
 
+from stackgate.flows.lock import Locking, current, run_lock
 from stackgate.models import pylock
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.spec import DEFAULT_LOCK, Spec, load_spec, read_only_problem
+from stackgate.render.locklines import UNCHANGED, size
 from stackgate.render.ui import UI
 from stackgate.stack import pyenv, resolve
 
 __all__ = ["UNCHANGED", "LockRequest", "LockUsageError", "fix_command", "run", "shipped_specs"]
-
-
-#: What a lock of an unchanged spec says under its answer.
-UNCHANGED = (
-    "the spec's inputs have not changed since it was resolved; `stackgate lock --refresh` asks the indexes again"
-)
 
 
 class LockUsageError(UsageError):
@@ -80,7 +76,7 @@ def run(request: LockRequest, ui: UI) -> ExitCode:
         )
     lock = load_spec(request.lock_path)
     _check_upgrade_names(lock, request.upgrade)
-    writes = bool(request.upgrade or request.refresh) or _current(lock, request.wheelhouse) is None  # else the pylock
+    writes = bool(request.upgrade or request.refresh) or current(lock, request.wheelhouse) is None  # else the pylock
     action = f"`stackgate lock` (its {pylock.path_for(lock.path).name})"
     read_only = read_only_problem(lock.path, action) if writes else None
     if read_only is not None:
@@ -89,10 +85,11 @@ def run(request: LockRequest, ui: UI) -> ExitCode:
     uv = pyenv.find_uv()
     if uv is None:
         raise LockUsageError("uv is not installed: `stackgate lock` resolves with it (python3 -m pip install uv)")
+    locking = Locking(
+        lock, uv, environ, ui, upgrade=request.upgrade, refresh=request.refresh, wheelhouse=request.wheelhouse
+    )
     try:
-        resolution = _resolved(lock, request, uv, environ, ui)
-        if request.wheelhouse is not None:
-            _fill(resolution, request.wheelhouse, ui)
+        run_lock(locking)
     except resolve.ResolveError as exc:
         ui.tail(f"stackgate lock: {exc}", exc.log, exc.tail)
         target = pylock.path_for(lock.path)
@@ -143,79 +140,5 @@ def _check(lock: Spec, ui: UI, *, quiet_missing: bool = False) -> ExitCode:
         ui.error(f"  fix: {fix_command(lock)}")
         return ExitCode.FAILED
     assert resolution is not None
-    ui.line(f"{where.name} matches {lock.path.name}: {_size(resolution)}")
+    ui.line(f"{where.name} matches {lock.path.name}: {size(resolution)}")
     return ExitCode.PASSED
-
-
-def _size(resolution: pylock.Resolution) -> str:
-    return f"{len(resolution.packages)} distributions, {len(resolution.files)} files, each with its sha256"
-
-
-def _resolved(lock: Spec, request: LockRequest, uv: str, environ: Mapping[str, str], ui: UI) -> pylock.Resolution:
-    """The pylock to use: the current one when it matches the spec and nothing is to move (no
-    --upgrade-package, no --refresh), else resolved now."""
-    if not request.upgrade and not request.refresh:
-        current = _current(lock, request.wheelhouse)
-        if current is not None and request.wheelhouse is not None:
-            ui.line(f"{current.path.name} matches {lock.path.name}: its files go into {request.wheelhouse}")
-        elif current is not None:
-            ui.line(f"unchanged: {current.path} matches {lock.path.name} ({_size(current)})")
-            ui.line(f"  {UNCHANGED}")
-        if current is not None:
-            return current
-    with ui.activity(
-        f"resolving {lock.name} with uv for Python {lock.python.version} on {lock.python.platform}"
-    ) as activity:
-        outcome = resolve.resolve(lock, uv=uv, environ=environ, upgrade=request.upgrade, on_line=activity.update)
-    _report(outcome, request, ui)
-    return outcome.resolution
-
-
-def _current(lock: Spec, wheelhouse: Path | None = None) -> pylock.Resolution | None:
-    """The spec's pylock when it is readable and matches the spec, else None (resolve again). With a
-    wheelhouse, whose files would be fetched from it, a pylock that does not validate is refused
-    (PylockError: exit 2), never resolved around."""
-    try:
-        resolution, differences = resolve.current(lock, wheelhouse)
-    except pylock.PylockError:
-        if wheelhouse is not None:
-            raise
-        return None
-    return resolution if resolution is not None and not differences else None
-
-
-def _report(outcome: resolve.Outcome, request: LockRequest, ui: UI) -> None:
-    verb = "wrote" if outcome.changed else "unchanged:"
-    ui.line(f"{verb} {outcome.path} ({_size(outcome.resolution)})")
-    if outcome.moved and outcome.replaced:
-        ui.table(
-            "what moved",
-            ("package", "before", "now"),
-            [(m.name, m.old or "(none)", m.new or "(none)") for m in outcome.moved],
-            align="lll",
-        )
-    elif request.upgrade:
-        ui.line(f"--upgrade-package {', '.join(request.upgrade)}: nothing moved")
-    for taken in outcome.first_use:
-        ui.warn(
-            f"{taken.name}: sha256 {taken.sha256} of {taken.url} was recorded on first use: nothing but this download "
-            f"vouches for those bytes. Compare it with the publisher's, then pin it in the spec: "
-            f'python.packages.{taken.name} = {{ ..., sha256 = "{taken.sha256}" }}'
-        )
-
-
-def _fill(resolution: pylock.Resolution, wheelhouse: Path, ui: UI) -> None:
-    fresh = []
-    with ui.activity(f"filling {wheelhouse} with the {len(resolution.files)} locked files") as activity:
-
-        def on_file(name: str, downloaded: bool) -> None:
-            activity.update(name)
-            if downloaded:
-                fresh.append(name)
-
-        resolve.download(resolution, wheelhouse, on_file=on_file)
-    kept = len(resolution.files) - len(fresh)
-    ui.line(
-        f"wheelhouse {wheelhouse}: {len(resolution.files)} files, each checked against its sha256 ({len(fresh)} downloaded, {kept} already there)"
-    )
-    ui.line(f"  install from it with no index: stackgate provision --wheelhouse {wheelhouse}")

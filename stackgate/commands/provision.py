@@ -1,37 +1,36 @@
 """`stackgate provision` and `stackgate rollback`.
 
-Provision: load the lock, take the root's lock, gather the facts the plan needs, plan, show the
-plan, apply only its steps, check a new generation before switching to it, then gather the facts
-again and run the verify checks that cover what was built. Any failure leaves ``current`` where
-it was; the next run removes what was half built and builds again.
+Provision: load the spec, take the root's lock, plan, show the plan, apply it and verify what was
+built (the flow: stackgate.flows.provision). Any failure leaves ``current`` where it was; the next
+run removes what was half built and builds again.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import errno
 import os
-import shlex
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TypeVar
+from typing import Mapping, Sequence
 
-from stackgate.commands import diagnose
-from stackgate.edges import fetch
-from stackgate.facts import Missing, gather
-from stackgate.facts.compare import environment_drift
 from stackgate.flows.provision import (
     LIVE_ACTIONS,
+    Built,
     ProvisionError,
-    ProvisionRequest,
-    _make_plan,
-    _verify_built,
+    advice,
+    after_build,
     apply,
+    command_line,
+    drift_of,
+    known_failures,
+    make_plan,
+    other_lock,
     plan_for,
+    refusal,
     split_live,
+    sweep,
 )
-from stackgate.models import knowledge, pylock
+from stackgate.models import pylock
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.finding import Finding
 from stackgate.models.spec import Spec, load_spec
@@ -52,11 +51,20 @@ __all__ = [
     "split_live",
 ]
 
-_E = TypeVar("_E", bound=BaseException)
-
 
 class ProvisionUsageError(UsageError):
     """A request provision cannot take (exit 2): nothing was changed."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProvisionRequest:
+    lock_path: Path | None = None
+    dry_run: bool = False
+    only: str | None = None
+    yes: bool = False
+    wait: bool = False
+    environ: Mapping[str, str] | None = field(default=None, compare=False)  #: default: os.environ
+    wheelhouse: Path | None = None  #: install every locked file from this folder, with no index
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,22 +97,22 @@ def run(request: ProvisionRequest, ui: UI) -> ExitCode:
     root = lock.python.root
     assert root is not None
     if request.dry_run:
-        the_plan = _make_plan(lock, generations.read(root), request, environ)
+        the_plan = make_plan(lock, generations.read(root), environ, only=request.only, wheelhouse=request.wheelhouse)
         _show(the_plan, ui)
         return _blocked(the_plan) or ExitCode.PASSED
     # A root never provisioned is planned (and the plan shown, judged, confirmed) before its
     # lock is taken: a refusal then leaves no root and no lock file behind.
     first = None
     if not (root / generations.LOCK_FILE).exists():
-        first = _make_plan(lock, generations.read(root), request, environ)
+        first = make_plan(lock, generations.read(root), environ, only=request.only, wheelhouse=request.wheelhouse)
         refused = _decide(first, request, ui)
         if refused is not None:
             return refused
     try:
         with generations.exclusive(
-            root, wait=request.wait, command=_command_line(), on_wait=ui.info, busy_advice="wait for it, or pass --wait"
+            root, wait=request.wait, command=command_line(), on_wait=ui.info, busy_advice="wait for it, or pass --wait"
         ):
-            _sweep(root, ui)
+            sweep(root, ui)
             return _provision(lock, request, environ, ui, first)
     except (generations.GenerationError, PermissionError) as exc:
         ui.error(f"stackgate provision: {exc}")
@@ -137,30 +145,19 @@ def _provision(
     state = generations.read(lock.python.root)
     the_plan = first if first is not None and not state.generations and state.current is None else None
     if the_plan is None:
-        the_plan = _make_plan(lock, state, request, environ)
+        the_plan = make_plan(lock, state, environ, only=request.only, wheelhouse=request.wheelhouse)
         refused = _decide(the_plan, request, ui)
         if refused is not None:
             return refused
     try:
         apply(the_plan, state, environ, ui, wheelhouse=request.wheelhouse)
     except (ProvisionError, pyenv.PyenvError, guard.GuardError) as exc:
-        return _failed(exc, exc.log, exc.tail, state, ui, _known_failures(exc.log, lock))
+        return _failed(exc, exc.log, exc.tail, state, ui, known_failures(exc.log, lock))
     except (toolkit.ToolkitError, patches.PatchError) as exc:
         return _failed(exc, None, (), state, ui)  # their text names the log and its last lines
     except OSError as exc:  # a full disk, a vanished folder
         return _failed(exc, None, (), state, ui)
     return _verify_built(lock, the_plan, request, environ, ui)
-
-
-def _known_failures(log: Path | None, lock: Spec) -> list[Finding]:
-    """What the knowledge base knows of a failed step, read from its full log (installer output)."""
-    if log is None:
-        return []
-    try:
-        done = diagnose.diagnose([(str(log), lambda: open(log, "rb"))], knowledge.lock_context(lock), stage="provision")
-    except diagnose.DiagnoseUsageError:
-        return []  # the log is gone: the tail shown is all there is
-    return list(done.findings)
 
 
 def _failed(
@@ -175,49 +172,31 @@ def _failed(
     now = generations.read(before.root).current
     link = before.root / "current"
     if (now.path if now else None) == (before.current.path if before.current else None):
-        ui.error(f"{link} is unchanged; {_advice(exc)}")
+        ui.error(f"{link} is unchanged; {advice(exc)}")
     else:
         ui.error(
-            f"{link} was switched to {now.id if now else '(nothing)'} before the failure; `stackgate rollback` goes back"
+            f"{link} was switched to {now.id if now else '(nothing)'} before the failure; "
+            "`stackgate rollback` goes back"
         )
     return ExitCode.FAILED
 
 
-def _advice(exc: BaseException) -> str:
-    """What to do before the next run: most failures a plain re-run repeats exactly."""
-    again = "then `stackgate provision` again (it removes what was half built)"
-    full = _caused_by(exc, OSError)
-    if isinstance(exc, guard.GuardError):
-        return f"a re-run is blocked the same way: change the lock as said above, {again}"
-    if _caused_by(exc, fetch.HashMismatch) is not None:
-        return f"a re-run refuses the same file: make the pylock again (stackgate lock) only if you trust the file; {again}"
-    if full is not None and full.errno == errno.ENOSPC:
-        return f"free space on that disk, {again}"
-    if isinstance(exc, pyenv.PyenvError) and exc.unreachable:
-        return f"a re-run fails the same way while {', '.join(exc.unreachable)} does not answer: check the URL in the lock and this machine's network; {again}"
-    if _caused_by(exc, fetch.FetchError) is not None:
-        return "check that the URL answers from this machine; `stackgate provision` again resumes the download"
-    if isinstance(exc, ProvisionError) and exc.checks_failed:
-        return (
-            f"a re-run builds the same generation: fix what the checks name (in the lock or on this machine), {again}"
+def _verify_built(
+    lock: Spec, the_plan: Plan, request: ProvisionRequest, environ: Mapping[str, str], ui: UI
+) -> ExitCode:
+    """Plan again (nothing may be left to do) and verify what was built; say what still differs."""
+    built = after_build(Built(lock, the_plan, environ, ui, only=request.only, wheelhouse=request.wheelhouse))
+    code = ExitCode.PASSED
+    done = built.verified
+    if done is not None:
+        ui.results(
+            f"stackgate provision: verify {lock.name} after provisioning", done.results, done.verdict, done.duration_s
         )
-    return f"fix the cause above, {again}"
-
-
-def _caused_by(exc: BaseException, kind: type[_E]) -> _E | None:
-    """``exc`` or the first exception of ``kind`` it was raised from."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, kind):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def _sweep(root: Path, ui: UI) -> None:
-    removed = generations.sweep(root)
-    if removed:
-        ui.info(f"removed what an interrupted run left: {', '.join(str(p) for p in removed)}")
+        code = done.verdict.exit_code
+    if built.left:
+        ui.error("the machine still differs from the lock: " + "; ".join(built.left))
+        return ExitCode.FAILED
+    return code
 
 
 def _show(the_plan: Plan, ui: UI) -> None:
@@ -235,27 +214,10 @@ def _confirmed(the_plan: Plan, ui: UI) -> bool:
     answer = ui.confirm(f"apply these {len(the_plan.steps)} steps?")
     if answer is None:
         raise ProvisionUsageError(
-            "the plan changes this machine and there is no terminal to ask: pass --yes (or --dry-run to only see the plan)"
+            "the plan changes this machine and there is no terminal to ask: "
+            "pass --yes (or --dry-run to only see the plan)"
         )
     return answer
-
-
-def _command_line() -> str:
-    """How this process was started, for the holder line another provision prints."""
-    if not sys.argv:
-        return "stackgate"
-    program = Path(sys.argv[0])
-    name = program.parent.name if program.name == "__main__.py" else program.name  # python -m invoke
-    return shlex.join([name, *sys.argv[1:]])
-
-
-# --- applying a plan ----------------------------------------------------------------------------
-
-
-# --- after applying -----------------------------------------------------------------------------
-
-
-# --- rollback -----------------------------------------------------------------------------------
 
 
 def rollback(request: RollbackRequest, ui: UI) -> ExitCode:
@@ -270,13 +232,13 @@ def rollback(request: RollbackRequest, ui: UI) -> ExitCode:
         return ExitCode.FAILED
     try:
         with generations.exclusive(
-            root, wait=False, command=_command_line(), busy_advice="run `stackgate rollback` again once it has finished"
+            root, wait=False, command=command_line(), busy_advice="run `stackgate rollback` again once it has finished"
         ):
-            _sweep(root, ui)
+            sweep(root, ui)
             target = generations.rollback_target(generations.read(root))
-            drift = _drift_of(lock, target, environ)
+            drift = drift_of(lock, target, environ)
             if drift and not request.force:
-                ui.error(_refusal(target, drift))
+                ui.error(refusal(target, drift))
                 return ExitCode.FAILED
             before, after = generations.rollback(root, target)
     except generations.GenerationError as exc:
@@ -285,55 +247,8 @@ def rollback(request: RollbackRequest, ui: UI) -> ExitCode:
     ui.line(f"rolled back {root / 'current'}: {before.id} -> {after.describe()}")
     if drift:
         ui.warn(f"  switched anyway (--force), though it differs from what it was built from: {'; '.join(drift)}")
-    other = _other_lock(lock, (after.marker or {}).get("lock", {}))
+    other = other_lock(lock, (after.marker or {}).get("lock", {}))
     if other:
         ui.line(f"  it was built from {other}; `stackgate provision` would rebuild it")
     ui.line("  `stackgate verify` checks it; `stackgate provision` builds from the lock again")
     return ExitCode.PASSED
-
-
-def _other_lock(lock: Spec, built_from: Mapping[str, Any]) -> str | None:
-    """What a generation was built from when it is not this lock: another lock file (named), or
-    another version of this one; None when it is this lock or the marker does not say."""
-    sha256, path = built_from.get("sha256"), built_from.get("path")
-    if path and Path(str(path)) != lock.path:
-        return f"another lock file, {path}" + (f" (sha256 {str(sha256)[:12]})" if sha256 else "")
-    if sha256 and sha256 != lock.sha256:
-        return f"another version of the lock (sha256 {str(sha256)[:12]})"
-    return None
-
-
-def _drift_of(lock: Spec, generation: generations.Generation, environ: Mapping[str, str]) -> list[str]:
-    """How a generation's environment differs from what it was built from (its marker's spec):
-    its pins, the frozen packages its guard holds, conflicts; and whether its guard is there."""
-    try:
-        python = pyenv.built_python(lock.python, (generation.marker or {}).get("spec"), generation.python)
-    except ValueError as exc:
-        return [f"its {generations.MARKER} does not say what it was built from ({exc})"]
-    built = dataclasses.replace(lock, python=python)
-    facts = gather(built, ["dists"], environ=environ)
-    try:
-        dists = facts.dists
-    finally:
-        facts.close()
-    drift = [dists.reason] if isinstance(dists, Missing) else environment_drift(built, dists, _built_pylock(generation))
-    if python.frozen and not (generation.path / guard.CONSTRAINTS).is_file():
-        drift.append(f"its guard ({guard.CONSTRAINTS}) is missing")
-    return drift
-
-
-def _built_pylock(generation: generations.Generation) -> pylock.Resolution | None:
-    """The pylock a generation was built from (its own copy); None for one built before pylocks."""
-    try:
-        return pylock.load(generation.path / pyenv.BUILT_PYLOCK)
-    except pylock.PylockError:
-        return None
-
-
-def _refusal(target: generations.Generation, drift: list[str]) -> str:
-    more = f" (and {len(drift) - 4} more)" if len(drift) > 4 else ""
-    return (
-        f"stackgate rollback: not switching to generation {target.id}: it no longer holds what it was built from: "
-        f"{'; '.join(drift[:4])}{more}. `stackgate provision` builds a good generation from the lock; "
-        "`stackgate rollback --force` switches to this one anyway"
-    )

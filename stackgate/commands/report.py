@@ -26,25 +26,22 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from stackgate.edges.files import write_text
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.redact import redact
 from stackgate.models.spec import SpecError, load_spec
-from stackgate.render import summaries
+from stackgate.render.runlines import list_runs, show_comparison, show_findings, show_regressions, show_run
 from stackgate.render.ui import UI
 from stackgate.runs import catalog, history, index
 
 if TYPE_CHECKING:
-    from stackgate.runs import rundiff
+    pass
 
 __all__ = ["ReportRequest", "ReportUsageError", "parse_number", "run", "show_findings", "show_regressions"]
 
 N = TypeVar("N", int, float)
-
-#: The trend shows at most this many of the newest runs.
-TREND = catalog.TREND
 
 
 class ReportUsageError(UsageError):
@@ -143,29 +140,6 @@ def _regressed(directory: Path, request: ReportRequest, ui: UI) -> ExitCode:
     return ExitCode.PASSED
 
 
-def show_regressions(found: Sequence[catalog.Regression], nodes: int, since: str, threshold_pct: float, ui: UI) -> None:
-    rule = f"decode tok/s more than {threshold_pct:g}% below the node's previous measured run, or passed -> failed"
-    regressed = list(dict.fromkeys(r.node for r in found))
-    ui.line(f"{len(regressed)} of {nodes} node(s) with runs since {since} regressed ({rule})")
-    for item in found:
-        ui.line(
-            f"{item.node}: {item.run.id} ({item.run.kind} of {item.run.lock}): {'; '.join(item.reasons)}; against {item.against.id}"
-        )
-        prints = (
-            f"fingerprint {item.against.short} -> {item.run.short}"
-            if item.against.short and item.run.short
-            else "fingerprints not both recorded"
-        )
-        if item.run.fingerprint and item.run.fingerprint == item.against.fingerprint:
-            ui.line(f"  nothing changed in the stack (fingerprint {item.run.short}): look at the node itself")
-        elif not item.changes:
-            ui.line(f"  no difference in what both runs recorded ({', '.join(item.compared) or 'nothing'}; {prints})")
-        else:
-            ui.line(f"  what changed ({len(item.changes)} component(s), {prints}):")
-            for change in item.changes[:30]:
-                ui.line(f"    {change.section}: {change}")
-
-
 def _directory(lock_path: Path | None) -> Path:
     """The runs directory of the lock (a default lock that does not load still has a history)."""
     try:
@@ -186,121 +160,6 @@ def _find(ref: str, directory: Path, ui: UI) -> history.Run:
         return catalog.find(ref, directory, ui.warn)
     except history.HistoryError as exc:
         raise ReportUsageError(str(exc)) from None
-
-
-def list_runs(listing: catalog.Listing, directory: Path, ui: UI) -> None:
-    for skipped in listing.skipped:
-        ui.warn(f"warning: {skipped.reason}")
-    if not listing.rows:
-        ui.line(f"no runs kept in {directory} yet: `stackgate gate` and `stackgate smoke` keep theirs there")
-        return
-    rows = [
-        [r.id, r.command, r.lock, r.verdict, _num(r.decode_tok_s), _num(r.tok_s), r.short or ""] for r in listing.rows
-    ]
-    shown = (
-        f"{listing.total} run(s)" if len(rows) == listing.total else f"the last {len(rows)} of {listing.total} run(s)"
-    )
-    ui.table(
-        f"{shown} in {directory}, oldest first",
-        ["run", "command", "lock", "verdict", "decode tok/s", "tok/s", "fingerprint"],
-        rows,
-        align="llllrrl",
-    )
-    for lock, values in listing.trends:
-        ui.line(trend_line(lock, values, unicode=ui.unicode))
-
-
-def trend_line(lock: str, values: Sequence[float | None], *, unicode: bool) -> str:
-    """``trend standin (decode tok/s, last 5 runs): ▁▃█ ▅  197.31 -> 148.02``"""
-    recent = list(values)[-TREND:]
-    measured = [v for v in recent if v is not None]
-    if not measured:
-        return f"trend {lock}: no run with a benchmark of the real weights yet"
-    spark = history.sparkline(recent, unicode=unicode)
-    arrow = "→" if unicode else "->"
-    return f"trend {lock} (decode tok/s, last {len(recent)} run(s)): {spark}  {measured[0]:.2f} {arrow} {measured[-1]:.2f} (min {min(measured):.2f}, max {max(measured):.2f})"
-
-
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
-def show_run(run: history.Run, ui: UI) -> None:
-    ui.line(f"run {run.label()}")
-    ui.line(f"  started {run.started} on {run.host}; {run.doc.get('reason', '')}")
-    stages = (run.doc.get("gate") or {}).get("stages") or []
-    if stages:
-        ui.table(
-            "stages",
-            ["stage", "status", "seconds", "reason"],
-            [[s["name"], s["status"], f"{s['duration_s']:.1f}", s["reason"]] for s in stages],
-            align="llrl",
-        )
-    bad = [r for r in run.results if r.get("status") in ("FAIL", "ERROR", "WARN")]
-    for result in bad:
-        ui.line(f"  {result['status']:<5} {result.get('stage', run.command)} {result['check']}: {result['summary']}")
-        fix = result.get("fix") or {}
-        if fix:
-            ui.line(f"        fix: {fix.get('text', '')}")
-            for command in fix.get("commands", ()):
-                ui.line(f"        $ {command}")
-    show_findings(run, ui)
-    if run.command == "gate":
-        ui.line(summaries.benchmark_line(run.benchmark))
-    elif run.benchmark is not None:
-        ui.line(f"decode {_num(run.decode_tok_s)} tok/s; {_num(run.figure('tok_s'))} tok/s")
-    finger = run.fingerprint
-    if finger:
-        ui.line(f"fingerprint {finger.get('short')} ({', '.join(finger['components'])})")
-    ui.line(f"file: {run.path}")
-
-
-def show_findings(run: history.Run, ui: UI) -> None:
-    """The known failures the run's server logs showed, one line each, most severe first."""
-    from stackgate.models import knowledge  # its patterns load at import: not for a listing
-
-    findings, unreadable = run.findings()
-    if findings:
-        ui.line(f"known failures in the server logs ({len(findings)}):")
-    for finding in sorted(findings, key=knowledge.rank):
-        seen = f", {finding.evidence.count} times" if finding.evidence.count > 1 else ""
-        ui.line(f"  {finding.severity.upper():<7} {finding.id}: {finding.title} ({finding.evidence.where}{seen})")
-    for problem in unreadable:
-        ui.warn(f"warning: a finding of run {run.id} cannot be read: {problem}")
-
-
-def show_comparison(comparison: rundiff.Comparison, ui: UI) -> None:
-    old, new = comparison.old, comparison.new
-    ui.line(f"A: {old.label()}, started {old.started}")
-    ui.line(f"B: {new.label()}, started {new.started}")
-    for speed in comparison.speed:
-        ui.line(speed.text())
-    for figure in comparison.figures:
-        ui.line(figure.text())
-    a, b = (old.fingerprint or {}).get("short"), (new.fingerprint or {}).get("short")
-    prints = f"; fingerprint {a} -> {b}" if a and b else ""
-    if comparison.same_stack:
-        ui.line(
-            f"the stack is the same in what both runs recorded ({', '.join(comparison.sections) or 'nothing'}){prints}"
-        )
-    else:
-        ui.line(f"what changed from A to B ({len(comparison.changes)} component(s){prints}):")
-        section = None
-        for change in comparison.changes:
-            if change.section != section:
-                section = change.section
-                ui.line(f"  {section}:")
-            ui.line(f"    {change}")
-    missing = [s for s in ("gpu", "toolkits", "distributions", "patches") if s not in comparison.sections]
-    if missing and comparison.sections:
-        smoke = "smoke" in (old.command, new.command)
-        ui.line(
-            f"  (not compared: {', '.join(missing)}: {'a smoke run records only its lock and its server' if smoke else 'not recorded by both runs'})"
-        )
-    if comparison.statuses:
-        ui.line(f"checks whose status changed ({len(comparison.statuses)}):")
-        for status in comparison.statuses[:30]:
-            ui.line(f"  {status}")
 
 
 def _html(path: Path, focus: history.Run | None, directory: Path, ui: UI) -> ExitCode:

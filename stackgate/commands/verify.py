@@ -13,33 +13,34 @@ not run, with the reason. The wall time is split into those phases, in the repor
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Mapping, Sequence
 
 from stackgate.checks.all import REGISTRY
-from stackgate.checks.core import Check, run_checks
-from stackgate.edges.files import unwritable, write_json, write_text
-from stackgate.facts import Facts, Missing, gather, stamp
-from stackgate.flows.verify import VerifyRun, plan, verify
+from stackgate.flows.verify import VerifyRun, plan, verify, verify_cached
 from stackgate.models import pylock, settings
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.result import NO_DRIVER, Result, Status
 from stackgate.models.spec import DEFAULT_LOCK, Spec, load_spec
 from stackgate.models.verdict import document as report_document
-from stackgate.models.verdict import judge
 from stackgate.render import report, summaries
-from stackgate.render.report import phases_line
+from stackgate.render.outputs import JSON, Output, check_outputs, write_reports
 from stackgate.render.ui import UI
-from stackgate.runs import verifycache
 
 __all__ = [
-    "VerifyRequest", "VerifyRun", "default_profile_note", "list_checks", "phases_line", "plan", "run", "verify",
+    "VerifyRequest",
+    "VerifyRun",
+    "default_profile_note",
+    "list_checks",
+    "phases_line",
+    "plan",
+    "run",
+    "verify",
     "verify_cached",
-]  # fmt: skip
+]
+
 
 #: The checks whose failure means this machine is not the one a spec describes.
 _MACHINE_CHECKS = ("gpu.driver", "gpu.count", "gpu.capability")
@@ -62,11 +63,16 @@ class VerifyRequest:
         chosen = {"--json": self.json_path, "--junit": self.junit_path, "--prom": self.prom_path}
         return {option: path for option, path in chosen.items() if path is not None}
 
+    @property
+    def reports(self) -> dict[str, Output]:
+        """The JSON and Prometheus reports asked for (JUnit XML is written from the results)."""
+        return {"--json": Output(self.json_path, JSON), "--prom": Output(self.prom_path, summaries.verify_prometheus)}
+
 
 def run(request: VerifyRequest, ui: UI) -> ExitCode:
     """The verify command: load, check, render, write the reports."""
     ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.lock_path)}))
-    problem = unwritable(request.outputs)
+    problem = check_outputs({option: Output(path, JSON) for option, path in request.outputs.items()})
     if problem is not None:
         raise UsageError(problem)
     lock = load_spec(request.lock_path)
@@ -83,7 +89,8 @@ def run(request: VerifyRequest, ui: UI) -> ExitCode:
         done = verify_cached(lock, static, ui, strict=request.strict)
     else:
         done = verify(lock, static, ui, strict=request.strict, deep=deep)
-    title = f"stackgate verify{' --deep' if request.deep else ' --cached' if request.cached else ''}: {lock.name} ({lock.path})"
+    mode = " --deep" if request.deep else " --cached" if request.cached else ""
+    title = f"stackgate verify{mode}: {lock.name} ({lock.path})"
     for line in default_profile_note(lock, done.results):
         ui.line(line, "warning")
     ui.results(title, report.redacted(done.results), done.verdict, done.duration_s)
@@ -91,7 +98,7 @@ def run(request: VerifyRequest, ui: UI) -> ExitCode:
         ui.line(phases_line(done.phases, done.duration_s))
     if done.cache is not None:
         ui.line(cache_line(done.cache))
-    write_reports(done, request)
+    write_all(done, request)
     return done.verdict.exit_code
 
 
@@ -112,112 +119,26 @@ def default_profile_note(lock: Spec, results: Sequence[Result]) -> list[str]:
     ]
 
 
-def verify_cached(
-    lock: Spec,
-    checks: list[Check],
-    ui: UI,
-    *,
-    strict: bool = False,
-    environ: Mapping[str, str] | None = None,
-    nvml_lib: ModuleType | None = None,
-) -> VerifyRun:
-    """The live checks now; the static ones' results from the cache while its stamp holds, else
-    a full verify that refreshes the cache."""
-    started, clock = time.time(), time.monotonic()
-    path = verifycache.path_for(lock, environ)
-    live = [c for c in checks if verifycache.is_live(c)]
-    static = [c for c in checks if not verifycache.is_live(c)]
-    facts = gather(lock, sorted({"nvml", *(p for c in live for p in c.needs)}), environ=environ, nvml_lib=nvml_lib)
-    note = None
-    try:
-        entry = verifycache.load(path)
-    except verifycache.CacheError as exc:
-        entry, note = None, f"the cache {path} is ignored: {exc}"
-    before = stamp.take(lock, facts.nvml, entry.sites if entry else (), facts.base_environ)
-    why = verifycache.miss(entry, before, [c.name for c in static], started)
-    if entry is None or why is not None:
-        return _refresh(lock, checks, static, facts, before, path, ui, strict, note or why or "no cache yet")
-    try:
-        with ui.progress("live checks"):
-            fresh = run_checks(live, lock, facts, verbose=bool(ui.verbose))
-    finally:
-        facts.close()
-    order = {c.name: i for i, c in enumerate(checks)}
-    results = sorted([*entry.results, *fresh], key=lambda r: order.get(r.check, len(order)))
-    cache = {"hit": True, "path": str(path), "reused": len(entry.results), "live": len(fresh), "written": entry.written}
-    return VerifyRun(
-        lock,
-        results,
-        judge(results, strict=strict),
-        started,
-        time.monotonic() - clock,
-        None,
-        {"live": time.monotonic() - clock},
-        cache,
-    )
-
-
-def _refresh(
-    lock: Spec,
-    checks: list[Check],
-    static: list[Check],
-    facts: Facts,
-    before: stamp.Stamp,
-    path: Path,
-    ui: UI,
-    strict: bool,
-    why: str,
-) -> VerifyRun:
-    """A full verify, and the cache written from it when nothing it judged moved while it ran."""
-    facts.start(sorted({part for c in checks for part in c.needs}))
-    done = verify(lock, checks, ui, strict=strict, facts=facts)
-    sites = tuple(sorted({d.location for d in _distributions(facts)}))
-    after = stamp.take(lock, facts.nvml, _sites_of(before), facts.base_environ)
-    if after != before:
-        written: str | None = f"not cached: changed while it ran: {'; '.join(stamp.changed(before, after))}"
-    else:
-        names = {c.name for c in static}
-        entry = verifycache.Entry(
-            stamp.take(lock, facts.nvml, sites, facts.base_environ),
-            tuple(c.name for c in static),
-            tuple(r for r in done.results if r.check in names),
-            sites,
-            done.started,
-        )
-        written = verifycache.save(path, entry)
-    return dataclasses.replace(
-        done,
-        cache={
-            "hit": False,
-            "path": str(path),
-            "why": why,
-            "written": done.started if written is None else None,
-            "not_written": written,
-        },
-    )
-
-
-def _sites_of(before: stamp.Stamp) -> tuple[str, ...]:
-    """The site-packages folders a stamp covers."""
-    return tuple(before.get("distributions", {}))
-
-
-def _distributions(facts: Facts) -> list[Any]:
-    """The stack's installed distributions, where the full verify gathered them (the probe)."""
-    probe = facts.probe if "probe" in facts.started else facts.dists if "dists" in facts.started else None
-    return [] if probe is None or isinstance(probe, Missing) else list(probe.distributions.values())
-
-
 def cache_line(cache: Mapping[str, Any]) -> str:
     """What the cache did: ``static checks: 21 reused from 12:00:03 UTC; 7 live checks run``."""
     if cache.get("hit"):
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(cache["written"]))
-        return f"cache: {cache['reused']} static check result(s) reused from {when} ({cache['path']}); {cache['live']} live check(s) run"
+        return (
+            f"cache: {cache['reused']} static check result(s) reused from {when} ({cache['path']}); "
+            f"{cache['live']} live check(s) run"
+        )
     done = "written" if cache.get("written") is not None else str(cache.get("not_written"))
     return f"cache: the static checks ran ({cache['why']}); {done}"
 
 
-def write_reports(done: VerifyRun, request: VerifyRequest) -> None:
+def phases_line(phases: Mapping[str, float], total_s: float) -> str:
+    """``wall time 12.3 s: static 1.1 s, deep.gpu_work 4.0 s, deep.collective 7.2 s``."""
+    parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in phases.items())
+    return f"wall time {total_s:.1f} s: {parts}"
+
+
+def write_all(done: VerifyRun, request: VerifyRequest) -> None:
+    """The reports asked for: JSON and Prometheus from the run's document, JUnit XML from its results."""
     if request.json_path or request.prom_path:
         extra = {
             "phases_s": {name: round(seconds, 3) for name, seconds in done.phases.items()},
@@ -232,10 +153,7 @@ def write_reports(done: VerifyRun, request: VerifyRequest) -> None:
             duration_s=done.duration_s,
             extra=extra,
         )
-        if request.json_path:
-            write_json(request.json_path, doc)
-        if request.prom_path:
-            write_text(request.prom_path, summaries.verify_prometheus(doc))
+        write_reports(doc, request.reports)
     if request.junit_path:
         report.write_junit(
             request.junit_path, {f"stackgate.verify.{done.lock.name}": done.results}, strict=request.strict

@@ -1,29 +1,59 @@
-"""The provision flow: plan a spec's stack against a root, split off the steps that change what is
-live, apply a plan step by step."""
+"""The provision flow: plan what brings this machine to the spec, apply the plan's steps (each
+action a named applier, in the plan's order), check a new generation before switching to it, and
+after the build plan again and verify what was built. Rollback's judgement of a generation
+(what it was built from, how it drifted) is here too.
+
+Any failure leaves ``current`` where it was; the next run removes what was half built.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
+import shlex
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ContextManager, Mapping
+from typing import Any, Callable, ContextManager, Mapping, TypeVar
 
 from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import Check, run_checks
-from stackgate.edges import faults
-from stackgate.facts import gather
-from stackgate.facts.compare import environment_spec
-from stackgate.flows.verify import verify
-from stackgate.models import pylock
-from stackgate.models.exitcodes import ExitCode
+from stackgate.edges import fetch
+from stackgate.facts import Missing, gather
+from stackgate.facts.compare import environment_drift, environment_spec
+from stackgate.flows.diagnose import DiagnoseUsageError, diagnose
+from stackgate.flows.stages import Stage, run_stages
+from stackgate.flows.verify import VerifyRun, verify
+from stackgate.models import faults, knowledge, pylock
+from stackgate.models.finding import Finding
 from stackgate.models.result import Result, Status
 from stackgate.models.spec import Spec
 from stackgate.render.ui import UI, Activity
 from stackgate.stack import generations, guard, patches, pyenv, toolkit
 from stackgate.stack.plan import AREAS, Plan, Step, cache_dir, plan
+
+__all__ = [
+    "AFTER_BUILD",
+    "APPLIERS",
+    "LIVE_ACTIONS",
+    "Built",
+    "ProvisionError",
+    "advice",
+    "after_build",
+    "apply",
+    "command_line",
+    "drift_of",
+    "known_failures",
+    "make_plan",
+    "other_lock",
+    "plan_for",
+    "refusal",
+    "split_live",
+    "sweep",
+]
 
 #: What a new generation must pass before ``current`` points at it (those registered).
 BUILD_CHECKS = (
@@ -36,23 +66,16 @@ BUILD_CHECKS = (
     "flashinfer.cubin",
     "patches.applied",
 )
-
-
 #: What verify checks after provisioning, per area provision touched.
 VERIFY_CHECKS = {
     "toolkit": ("cuda.toolkits", "cuda.ptxas_arch"),
     "python": (*BUILD_CHECKS, "abi.imports", "abi.elf", "cuda.home", "cuda.triton_ptxas"),
     "patches": ("patches.applied",),
 }
-
-
 #: The steps that change what is live (an upgrade runs them only once it decided to switch).
 LIVE_ACTIONS = frozenset({"toolkit.link", "python.envfile.current", "python.switch"})
-
-
 PLAN_PARTS = {"toolkit": ("toolkits", "env"), "python": ("dists", "pylock"), "patches": ("dists",)}
-
-
+_E = TypeVar("_E", bound=BaseException)
 KEEP_LOGS = 10
 
 
@@ -68,9 +91,92 @@ class ProvisionError(Exception):
         self.checks_failed = checks_failed  #: the new generation was built and failed its checks
 
 
+def known_failures(log: Path | None, lock: Spec) -> list[Finding]:
+    """What the knowledge base knows of a failed step, read from its full log (installer output)."""
+    if log is None:
+        return []
+    try:
+        done = diagnose([(str(log), lambda: open(log, "rb"))], knowledge.lock_context(lock), stage="provision")
+    except DiagnoseUsageError:
+        return []  # the log is gone: the tail shown is all there is
+    return list(done.findings)
+
+
+def advice(exc: BaseException) -> str:
+    """What to do before the next run: most failures a plain re-run repeats exactly."""
+    again = "then `stackgate provision` again (it removes what was half built)"
+    full = _caused_by(exc, OSError)
+    if isinstance(exc, guard.GuardError):
+        return f"a re-run is blocked the same way: change the lock as said above, {again}"
+    if _caused_by(exc, fetch.HashMismatch) is not None:
+        return (
+            "a re-run refuses the same file: make the pylock again (stackgate lock) only if you trust the file; "
+            f"{again}"
+        )
+    if full is not None and full.errno == errno.ENOSPC:
+        return f"free space on that disk, {again}"
+    if isinstance(exc, pyenv.PyenvError) and exc.unreachable:
+        return (
+            f"a re-run fails the same way while {', '.join(exc.unreachable)} does not answer: "
+            f"check the URL in the lock and this machine's network; {again}"
+        )
+    if _caused_by(exc, fetch.FetchError) is not None:
+        return "check that the URL answers from this machine; `stackgate provision` again resumes the download"
+    if isinstance(exc, ProvisionError) and exc.checks_failed:
+        return (
+            f"a re-run builds the same generation: fix what the checks name (in the lock or on this machine), {again}"
+        )
+    return f"fix the cause above, {again}"
+
+
+def _caused_by(exc: BaseException, kind: type[_E]) -> _E | None:
+    """``exc`` or the first exception of ``kind`` it was raised from."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, kind):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def sweep(root: Path, ui: UI) -> None:
+    """Remove what an interrupted run left in the root, and say so."""
+    removed = generations.sweep(root)
+    if removed:
+        ui.info(f"removed what an interrupted run left: {', '.join(str(p) for p in removed)}")
+
+
+def make_plan(
+    lock: Spec,
+    state: generations.RootState,
+    environ: Mapping[str, str],
+    *,
+    only: str | None = None,
+    wheelhouse: Path | None = None,
+) -> Plan:
+    """The plan for ``lock`` (of the area ``only``, or all), from facts gathered now."""
+    areas = (only,) if only else AREAS
+    parts = sorted({part for area in areas for part in PLAN_PARTS[area]})
+    facts = gather(lock, parts, environ=environ)
+    try:
+        house = Path(os.path.abspath(wheelhouse)) if wheelhouse else None
+        return plan(lock, facts, state, only=only, uv=pyenv.find_uv(), wheelhouse=house)
+    finally:
+        facts.close()
+
+
 def plan_for(lock: Spec, state: generations.RootState, environ: Mapping[str, str]) -> Plan:
     """What provision would do to bring this machine to ``lock`` (facts gathered now)."""
-    return _make_plan(lock, state, ProvisionRequest(lock_path=lock.path), environ)
+    return make_plan(lock, state, environ)
+
+
+def command_line() -> str:
+    """How this process was started, for the holder line another provision prints."""
+    if not sys.argv:
+        return "stackgate"
+    program = Path(sys.argv[0])
+    name = program.parent.name if program.name == "__main__.py" else program.name  # python -m invoke
+    return shlex.join([name, *sys.argv[1:]])
 
 
 def split_live(the_plan: Plan) -> tuple[Plan, Plan]:
@@ -344,46 +450,90 @@ APPLIERS: dict[str, Callable[[Build, Step, Activity], None]] = {
 }
 
 
-def _verify_built(
-    lock: Spec, the_plan: Plan, request: ProvisionRequest, environ: Mapping[str, str], ui: UI
-) -> ExitCode:
-    """Gather the facts again: plan again (nothing may be left to do), and run the verify checks
-    that cover what was built."""
-    assert lock.python.root is not None
-    again = _make_plan(lock, generations.read(lock.python.root), request, environ)
-    left = [f"{s.what} ({s.why})" for s in again.steps] + [b.message for b in again.blockers]
-    checks = _registered(tuple(name for area in the_plan.areas for name in VERIFY_CHECKS[area]))
-    code = ExitCode.PASSED
-    if checks:
-        done = verify(lock, checks, ui)
-        ui.results(
-            f"stackgate provision: verify {lock.name} after provisioning", done.results, done.verdict, done.duration_s
-        )
-        left += [f"{r.check}: {r.summary}" for r in done.results if r.status >= Status.FAIL]
-        code = done.verdict.exit_code
-    if left:
-        ui.error("the machine still differs from the lock: " + "; ".join(left))
-        return ExitCode.FAILED
-    return code
+@dataclass
+class Built:
+    """After a plan was applied: what is left to do (planned again) and the verify run of what was built."""
 
-
-@dataclass(frozen=True, kw_only=True)
-class ProvisionRequest:
-    lock_path: Path | None = None
-    dry_run: bool = False
+    lock: Spec
+    the_plan: Plan
+    environ: Mapping[str, str]
+    ui: UI
     only: str | None = None
-    yes: bool = False
-    wait: bool = False
-    environ: Mapping[str, str] | None = field(default=None, compare=False)  #: default: os.environ
-    wheelhouse: Path | None = None  #: install every locked file from this folder, with no index
+    wheelhouse: Path | None = None
+    left: list[str] = field(default_factory=list)  #: what still differs from the spec
+    verified: VerifyRun | None = None
 
 
-def _make_plan(lock: Spec, state: generations.RootState, request: ProvisionRequest, environ: Mapping[str, str]) -> Plan:
-    areas = (request.only,) if request.only else AREAS
-    parts = sorted({part for area in areas for part in PLAN_PARTS[area]})
-    facts = gather(lock, parts, environ=environ)
+def _plan_again(built: Built) -> None:
+    """Gather the facts again and plan: nothing may be left to do."""
+    lock = built.lock
+    assert lock.python.root is not None
+    state = generations.read(lock.python.root)
+    again = make_plan(lock, state, built.environ, only=built.only, wheelhouse=built.wheelhouse)
+    built.left += [f"{s.what} ({s.why})" for s in again.steps] + [b.message for b in again.blockers]
+
+
+def _verify_areas(built: Built) -> None:
+    """Run the verify checks that cover the areas the plan touched."""
+    checks = _registered(tuple(name for area in built.the_plan.areas for name in VERIFY_CHECKS[area]))
+    if checks:
+        built.verified = verify(built.lock, checks, built.ui)
+
+
+AFTER_BUILD: tuple[Stage[Built], ...] = (Stage("plan again", _plan_again), Stage("verify", _verify_areas))
+
+
+def after_build(built: Built) -> Built:
+    """Run the stages that follow a build; ``built.left`` also holds the checks that failed."""
+    run_stages(AFTER_BUILD, built)
+    if built.verified is not None:
+        built.left += [f"{r.check}: {r.summary}" for r in built.verified.results if r.status >= Status.FAIL]
+    return built
+
+
+def other_lock(lock: Spec, built_from: Mapping[str, Any]) -> str | None:
+    """What a generation was built from when it is not this lock: another lock file (named), or
+    another version of this one; None when it is this lock or the marker does not say."""
+    sha256, path = built_from.get("sha256"), built_from.get("path")
+    if path and Path(str(path)) != lock.path:
+        return f"another lock file, {path}" + (f" (sha256 {str(sha256)[:12]})" if sha256 else "")
+    if sha256 and sha256 != lock.sha256:
+        return f"another version of the lock (sha256 {str(sha256)[:12]})"
+    return None
+
+
+def drift_of(lock: Spec, generation: generations.Generation, environ: Mapping[str, str]) -> list[str]:
+    """How a generation's environment differs from what it was built from (its marker's spec):
+    its pins, the frozen packages its guard holds, conflicts; and whether its guard is there."""
     try:
-        wheelhouse = Path(os.path.abspath(request.wheelhouse)) if request.wheelhouse else None
-        return plan(lock, facts, state, only=request.only, uv=pyenv.find_uv(), wheelhouse=wheelhouse)
+        python = pyenv.built_python(lock.python, (generation.marker or {}).get("spec"), generation.python)
+    except ValueError as exc:
+        return [f"its {generations.MARKER} does not say what it was built from ({exc})"]
+    built = dataclasses.replace(lock, python=python)
+    facts = gather(built, ["dists"], environ=environ)
+    try:
+        dists = facts.dists
     finally:
         facts.close()
+    drift = [dists.reason] if isinstance(dists, Missing) else environment_drift(built, dists, _built_pylock(generation))
+    if python.frozen and not (generation.path / guard.CONSTRAINTS).is_file():
+        drift.append(f"its guard ({guard.CONSTRAINTS}) is missing")
+    return drift
+
+
+def _built_pylock(generation: generations.Generation) -> pylock.Resolution | None:
+    """The pylock a generation was built from (its own copy); None for one built before pylocks."""
+    try:
+        return pylock.load(generation.path / pyenv.BUILT_PYLOCK)
+    except pylock.PylockError:
+        return None
+
+
+def refusal(target: generations.Generation, drift: list[str]) -> str:
+    """Why rollback does not switch to a generation that drifted from what it was built from."""
+    more = f" (and {len(drift) - 4} more)" if len(drift) > 4 else ""
+    return (
+        f"stackgate rollback: not switching to generation {target.id}: it no longer holds what it was built from: "
+        f"{'; '.join(drift[:4])}{more}. `stackgate provision` builds a good generation from the lock; "
+        "`stackgate rollback --force` switches to this one anyway"
+    )

@@ -1,26 +1,35 @@
-"""The verify flow: gather what the checks need, judge it, then run the deep checks in turn.
+"""The verify flow: gather the facts once, run the checks, judge them.
 
-:func:`verify` is the library entry point (the gate, provision and upgrade call it); the verify
-command turns its request into a call of it and renders the result.
+With deep checks the static checks run first (in parallel), then the deep ones (real work on the
+GPUs), one after another so that they never share the GPUs, and each only when the static checks
+it stands on passed (stackgate.checks.deep.PREREQUISITES); otherwise it is reported as not run,
+with the reason. The wall time is split into those phases. The cached flow reuses the static
+checks' results while the stamp of what they judged is unchanged (:mod:`stackgate.runs.verifycache`)
+and runs only the live checks.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
 from typing import Any, Mapping, Sequence
 
 from stackgate.checks import deep as deepchecks
 from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import Check, CheckError, run_checks, select
-from stackgate.facts import Facts, gather
+from stackgate.facts import Facts, Missing, gather, stamp
+from stackgate.flows.stages import Stage, run_stages
 from stackgate.models.result import Result
 from stackgate.models.spec import Spec
 from stackgate.models.verdict import Verdict, judge
 from stackgate.render.ui import UI
+from stackgate.runs import verifycache
 
-__all__ = ["VerifyRun", "plan", "verify"]
+__all__ = ["STAGES", "VerifyRun", "plan", "verify", "verify_cached"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,57 @@ def plan(patterns: Sequence[str], *, deep: bool) -> tuple[list[Check], list[Chec
     return static, deep_checks
 
 
+@dataclass
+class Verifying:
+    """One verify under way: what its stages read and fill."""
+
+    lock: Spec
+    checks: list[Check]
+    deep: Sequence[Check]
+    ui: UI
+    facts: Facts
+    needs: list[str]
+    clock: float
+    results: list[Result] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)
+    rest: concurrent.futures.Future[list[Result]] | None = None  #: the static checks judged beside the deep ones
+
+
+def _static(run: Verifying) -> None:
+    """Gather and judge the static checks; with deep checks, only those the deep ones stand on
+    (the others are judged in a thread beside the deep checks)."""
+    checks, deep = run.checks, run.deep
+    standing = (
+        {name for c in deep for name in deepchecks.PREREQUISITES.get(c.name, ())} if deep else {c.name for c in checks}
+    )
+    first = [c for c in checks if c.name in standing]
+    with run.ui.progress(f"gathering facts: {', '.join(sorted({p for c in first for p in c.needs}) or run.needs)}"):
+        # Every part is bounded by its own subprocess timeouts; a check's timeout then
+        # measures the check, not the wait for a slow probe.
+        for part in sorted({p for c in (first if deep else checks) for p in c.needs}):
+            run.facts.get(part)
+    run.results = run_checks(first, run.lock, run.facts, verbose=bool(run.ui.verbose))
+    run.phases["static" if not deep else "prerequisites"] = time.monotonic() - run.clock
+    run.rest = _beside(checks, first, run.lock, run.facts, run.ui, run.clock, run.phases) if deep else None
+
+
+def _deep(run: Verifying) -> None:
+    """The deep checks, one after another."""
+    for check in run.deep:
+        begun = time.monotonic()
+        run.results.append(_run_deep(check, run.lock, run.facts, run.results, run.ui))
+        run.phases[check.name] = time.monotonic() - begun
+
+
+def _join(run: Verifying) -> None:
+    """The static checks judged beside the deep ones, and every result in verify's order."""
+    if run.rest is not None:
+        run.results = _in_order(run.checks, run.deep, [*run.results, *run.rest.result()])
+
+
+STAGES: tuple[Stage[Verifying], ...] = (Stage("static", _static), Stage("deep", _deep), Stage("join", _join))
+
+
 def verify(
     lock: Spec,
     checks: list[Check],
@@ -64,39 +124,21 @@ def verify(
 ) -> VerifyRun:
     """Gather what the checks need, in parallel, judge it; then run the deep checks in turn.
 
-    With deep checks, only the static checks they stand on are awaited first; the others (the imports, the ELF scan,
-    the toolkits: seconds of CPU work) are gathered and judged beside the deep checks, which use the GPUs."""
+    With deep checks, only the static checks they stand on are awaited first; the others (the imports,
+    the ELF scan, the toolkits: seconds of CPU work) are gathered and judged beside the deep checks,
+    which use the GPUs."""
     started = time.time()
     clock = time.monotonic()
     needs = sorted({part for c in (*checks, *deep) for part in c.needs})
     facts = facts or gather(lock, needs)
-    phases: dict[str, float] = {}
+    run = Verifying(lock, checks, deep, ui, facts, needs, clock)
     try:
         facts.start(needs)
-        standing = (
-            {name for c in deep for name in deepchecks.PREREQUISITES.get(c.name, ())}
-            if deep
-            else {c.name for c in checks}
-        )
-        first = [c for c in checks if c.name in standing]
-        with ui.progress(f"gathering facts: {', '.join(sorted({p for c in first for p in c.needs}) or needs)}"):
-            # Every part is bounded by its own subprocess timeouts; a check's timeout then
-            # measures the check, not the wait for a slow probe.
-            for part in sorted({p for c in (first if deep else checks) for p in c.needs}):
-                facts.get(part)
-        results = run_checks(first, lock, facts, verbose=bool(ui.verbose))
-        phases["static" if not deep else "prerequisites"] = time.monotonic() - clock
-        rest = _beside(checks, first, lock, facts, ui, clock, phases) if deep else None
-        for check in deep:
-            begun = time.monotonic()
-            results.append(_run_deep(check, lock, facts, results, ui))
-            phases[check.name] = time.monotonic() - begun
-        if rest is not None:
-            results = _in_order(checks, deep, [*results, *rest.result()])
+        run_stages(STAGES, run)
     finally:
         facts.close()
     duration = time.monotonic() - clock
-    return VerifyRun(lock, results, judge(results, strict=strict), started, duration, facts, phases)
+    return VerifyRun(lock, run.results, judge(run.results, strict=strict), started, duration, facts, run.phases)
 
 
 def _beside(
@@ -127,6 +169,102 @@ def _in_order(checks: Sequence[Check], deep: Sequence[Check], results: Sequence[
     """Results in the order verify lists its checks: the static ones, then the deep ones."""
     order = {c.name: i for i, c in enumerate((*checks, *deep))}
     return sorted(results, key=lambda r: order.get(r.check, len(order)))
+
+
+def verify_cached(
+    lock: Spec,
+    checks: list[Check],
+    ui: UI,
+    *,
+    strict: bool = False,
+    environ: Mapping[str, str] | None = None,
+    nvml_lib: ModuleType | None = None,
+) -> VerifyRun:
+    """The live checks now; the static ones' results from the cache while its stamp holds, else
+    a full verify that refreshes the cache."""
+    started, clock = time.time(), time.monotonic()
+    path = verifycache.path_for(lock, environ)
+    live = [c for c in checks if verifycache.is_live(c)]
+    static = [c for c in checks if not verifycache.is_live(c)]
+    facts = gather(lock, sorted({"nvml", *(p for c in live for p in c.needs)}), environ=environ, nvml_lib=nvml_lib)
+    note = None
+    try:
+        entry = verifycache.load(path)
+    except verifycache.CacheError as exc:
+        entry, note = None, f"the cache {path} is ignored: {exc}"
+    before = stamp.take(lock, facts.nvml, entry.sites if entry else (), facts.base_environ)
+    why = verifycache.miss(entry, before, [c.name for c in static], started)
+    if entry is None or why is not None:
+        return _refresh(lock, checks, static, facts, before, path, ui, strict, note or why or "no cache yet")
+    try:
+        with ui.progress("live checks"):
+            fresh = run_checks(live, lock, facts, verbose=bool(ui.verbose))
+    finally:
+        facts.close()
+    order = {c.name: i for i, c in enumerate(checks)}
+    results = sorted([*entry.results, *fresh], key=lambda r: order.get(r.check, len(order)))
+    cache = {"hit": True, "path": str(path), "reused": len(entry.results), "live": len(fresh), "written": entry.written}
+    return VerifyRun(
+        lock,
+        results,
+        judge(results, strict=strict),
+        started,
+        time.monotonic() - clock,
+        None,
+        {"live": time.monotonic() - clock},
+        cache,
+    )
+
+
+def _refresh(
+    lock: Spec,
+    checks: list[Check],
+    static: list[Check],
+    facts: Facts,
+    before: stamp.Stamp,
+    path: Path,
+    ui: UI,
+    strict: bool,
+    why: str,
+) -> VerifyRun:
+    """A full verify, and the cache written from it when nothing it judged moved while it ran."""
+    facts.start(sorted({part for c in checks for part in c.needs}))
+    done = verify(lock, checks, ui, strict=strict, facts=facts)
+    sites = tuple(sorted({d.location for d in _distributions(facts)}))
+    after = stamp.take(lock, facts.nvml, _sites_of(before), facts.base_environ)
+    if after != before:
+        written: str | None = f"not cached: changed while it ran: {'; '.join(stamp.changed(before, after))}"
+    else:
+        names = {c.name for c in static}
+        entry = verifycache.Entry(
+            stamp.take(lock, facts.nvml, sites, facts.base_environ),
+            tuple(c.name for c in static),
+            tuple(r for r in done.results if r.check in names),
+            sites,
+            done.started,
+        )
+        written = verifycache.save(path, entry)
+    return dataclasses.replace(
+        done,
+        cache={
+            "hit": False,
+            "path": str(path),
+            "why": why,
+            "written": done.started if written is None else None,
+            "not_written": written,
+        },
+    )
+
+
+def _sites_of(before: stamp.Stamp) -> tuple[str, ...]:
+    """The site-packages folders a stamp covers."""
+    return tuple(before.get("distributions", {}))
+
+
+def _distributions(facts: Facts) -> list[Any]:
+    """The stack's installed distributions, where the full verify gathered them (the probe)."""
+    probe = facts.probe if "probe" in facts.started else facts.dists if "dists" in facts.started else None
+    return [] if probe is None or isinstance(probe, Missing) else list(probe.distributions.values())
 
 
 def _run_deep(check: Check, lock: Spec, facts: Facts, results: Sequence[Result], ui: UI) -> Result:
