@@ -156,6 +156,24 @@ def layer_violations(package: Path) -> list[str]:
     return found
 
 
+#: Folders whose modules never import one another: a command is a doorway, not a library.
+APART = ("commands",)
+
+
+def apart_violations(package: Path) -> list[str]:
+    """Each import of one module by another of a folder whose modules stand apart (a command importing a
+    command), named by file, line and statement; the folder's own package (its __init__) is no command."""
+    modules = module_names(package)
+    found = []
+    for module, items in graph(package).items():
+        here = folder(modules[module], package)
+        for item in items:
+            there = folder(modules[item.target], package)
+            if here == there and here in APART and modules[item.target].name != "__init__.py":
+                found.append(f"{_where(item, package)}  ({here}/ modules stand apart: {module} imports {item.target})")
+    return found
+
+
 def unplaced_modules(package: Path) -> list[str]:
     found = []
     for path in module_names(package).values():
@@ -240,6 +258,22 @@ def test_every_module_is_in_a_layer() -> None:
 def test_imports_only_go_down_and_never_to_a_peer() -> None:
     wrong = layer_violations(PACKAGE)
     assert not wrong, "imports that go up a layer or across to a peer:\n" + "\n".join(wrong)
+
+
+def test_commands_never_import_commands() -> None:
+    assert apart_violations(PACKAGE) == [], "\n".join(apart_violations(PACKAGE))
+
+
+def test_a_command_importing_a_command_is_reported(tmp_path: Path) -> None:
+    package = tmp_path / "stackgate"
+    (package / "commands").mkdir(parents=True)
+    for name in ("__init__.py", "commands/__init__.py", "commands/gate.py"):
+        (package / name).write_text("")
+    (package / "commands" / "upgrade.py").write_text("from stackgate.commands import gate\n")
+    assert apart_violations(package) == [
+        "stackgate/commands/upgrade.py:1: from stackgate.commands import gate  "
+        "(commands/ modules stand apart: stackgate.commands.upgrade imports stackgate.commands.gate)"
+    ]
 
 
 def test_no_import_cycles() -> None:
