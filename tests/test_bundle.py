@@ -113,7 +113,7 @@ def test_a_bundle_lists_the_stacks_installed_distributions(tmp_path: Path) -> No
         "PATH": f"{fake_tools(tmp_path)}{os.pathsep}{os.environ['PATH']}",
         "STACKGATE_LOG_DIR": str(tmp_path / "none"),
     }
-    made = bundle.write(tmp_path / "b.tar.gz", lock=spec.load(spec_file), diagnose_report=None, environ=env)
+    made = bundle.write(tmp_path / "b.tar.gz", lock=spec.load_spec(spec_file), diagnose_report=None, environ=env)
     assert not any("installed distributions" in note or "installed-distributions" in note for note in made.notes), (
         made.notes
     )

@@ -337,7 +337,7 @@ def test_the_installed_program_runs_from_any_directory(installed):
 
 def test_the_installed_package_holds_the_default_lock_and_its_patch(installed):
     script = (
-        "import stackgate; from stackgate.models import spec; lock = spec.load(); patch = lock.patches[0]; "
+        "import stackgate; from stackgate.models import spec; lock = spec.load_spec(); patch = lock.patches[0]; "
         "print(stackgate.__file__, lock.path, patch.file, spec.patch_location_problem(lock, patch), sep='\\n')"
     )
     done = run_installed(installed, "python", "-c", script)

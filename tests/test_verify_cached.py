@@ -168,7 +168,7 @@ def test_a_change_in_what_the_static_checks_judged_makes_them_run_again(node, ch
         node.lock.write_text(node.lock.read_text() + "\n# edited\n")
     elif change == "pylock":
         # a pylock appears beside the spec (one that validates: one that does not is exit 2 before any check)
-        empty = pylock.stamp('lock-version = "1.0"\ncreated-by = "x"\npackages = []\n', spec.load(node.lock))
+        empty = pylock.stamp('lock-version = "1.0"\ncreated-by = "x"\npackages = []\n', spec.load_spec(node.lock))
         (node.tmp / "pylock.hopper.toml").write_text(empty)
     elif change == "driver":
         node.gpus(machine([H200], driver="580.160.01"))
