@@ -45,7 +45,7 @@ from stackgate.stack import generations  # noqa: E402
 
 
 def _isolated_environ(**extra: str) -> dict[str, str]:
-    spec = importlib.util.spec_from_file_location("tests_conftest", ROOT / "tests" / "conftest.py")
+    spec = importlib.util.spec_from_file_location("tests_support", ROOT / "tests" / "support.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

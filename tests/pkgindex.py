@@ -418,7 +418,7 @@ def stack_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IndexServe
 def install_environ(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """An environment for provisioning in tests: no pip/uv configuration of this machine, caches
     of the session's own, and the running interpreter as the stack's Python."""
-    from conftest import isolated_environ
+    from support import isolated_environ
 
     caches = tmp_path_factory.mktemp("caches")
     return isolated_environ(

@@ -9,7 +9,8 @@ import sys
 import tarfile
 from pathlib import Path
 
-from conftest import install_dist, interpreter_spec, make_venv
+from support import install_dist, interpreter_spec, make_venv
+
 from stackgate.models import spec
 from stackgate.runs import bundle
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 from packaging.version import Version
+from support import interpreter_lock
 
-from conftest import interpreter_lock
 from stackgate.checks.all import REGISTRY
 from stackgate.facts import Missing, build_for_arch, gather, inspect_toolkit, jit_cuda_home, tool_version
 from stackgate.models.result import Status

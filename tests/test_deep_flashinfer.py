@@ -18,8 +18,8 @@ from typing import Any, Iterator
 import pytest
 from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
+from support import released_wheel
 
-from conftest import released_wheel
 from stackgate.checks import deep
 from stackgate.checks.core import REGISTRY, run_checks
 from stackgate.commands.verify import plan

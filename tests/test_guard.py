@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from pkgindex import IndexServer, install_environ, stack_index, write_stack_lock  # noqa: F401 (fixtures)
+from pkgindex import IndexServer, write_stack_lock
 
 from stackgate.facts import BasePython, interpreters
 from stackgate.models.spec import Spec, load_spec

@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 from fakes.fake_nvml import gpu, machine
-from pkgindex import IndexServer, stack_index  # noqa: F401 (fixture)
+from pkgindex import IndexServer
+from support import isolated_environ
 from test_cuda import fake_prefix
 
-from conftest import isolated_environ
 from stackgate.models import pylock
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.spec import load_spec

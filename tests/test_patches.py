@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 from packaging.version import Version
+from support import CACHE, cached_build, isolated_environ
 
-from conftest import CACHE, cached_build, isolated_environ
 from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import run_checks, select
 from stackgate.facts import gather

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 from packaging.utils import canonicalize_name
-from pkgindex import IndexServer, stack_index, write_stack_lock  # noqa: F401 (fixtures)
+from pkgindex import IndexServer, write_stack_lock
+from support import isolated_environ
 
-from conftest import isolated_environ
 from stackgate.facts import BasePython, Distribution, EnvFacts, Facts, Missing, ProbeFacts, inspect_toolkit
 from stackgate.facts.compare import environment_spec
 from stackgate.models import pylock

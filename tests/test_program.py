@@ -17,8 +17,8 @@ from pathlib import Path
 import invoke
 import pytest
 from invoke.exceptions import Exit
+from support import ROOT, isolated_environ
 
-from conftest import ROOT, isolated_environ
 from stackgate import __version__, cli, main
 from stackgate.checks.core import CheckError
 from stackgate.commands import diagnose, gate, init, provision, report, smoke, upgrade, verify

@@ -17,13 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from pkgindex import (
-    SYMM_MEM_FILE,
-    SYMM_MEM_TEXT,
-    IndexServer,
-    serve_stack,
-    write_stack_lock,
-)  # noqa: F401 (fixtures)
+from pkgindex import SYMM_MEM_FILE, SYMM_MEM_TEXT, IndexServer, serve_stack, write_stack_lock
 
 from stackgate.commands import provision
 from stackgate.models.exitcodes import ExitCode

@@ -6,9 +6,9 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from pkgindex import DEAD_URL, IndexServer, lock_stack, stack_index, write_stack_lock  # noqa: F401 (fixtures)
+from pkgindex import DEAD_URL, IndexServer, lock_stack, write_stack_lock
+from support import isolated_environ
 
-from conftest import isolated_environ
 from stackgate.edges import fetch
 from stackgate.facts.compare import environment_spec, spec_changes
 from stackgate.models import envfile, pylock

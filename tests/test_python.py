@@ -13,8 +13,8 @@ from typing import Any
 
 from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
+from support import install_dist, interpreter_lock, make_venv
 
-from conftest import install_dist, interpreter_lock, make_venv
 from stackgate.checks.all import REGISTRY
 from stackgate.facts import Facts, Missing, ProbeFacts, gather
 from stackgate.facts.compare import conflicts

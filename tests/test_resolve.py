@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from pkgindex import IndexServer, Wheel, build_wheel, install_environ, serve_stack, stack_index, write_stack_lock  # noqa: F401 (fixtures)
+from pkgindex import IndexServer, Wheel, build_wheel, serve_stack, write_stack_lock
 
 from stackgate.commands import lock as command
 from stackgate.models import pylock

@@ -22,8 +22,8 @@ from typing import Iterator, Sequence
 
 import pytest
 from packaging.version import Version
+from support import CACHE, isolated_environ
 
-from conftest import CACHE, isolated_environ
 from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import run_checks, select
 from stackgate.edges import runner
