@@ -251,7 +251,10 @@ class IndexServer:
         name = canonicalize_name(rest[0])
         if len(rest) == 1 and name in projects:
             links = "".join(
-                f'<a href="{urllib.parse.quote(p.name)}#sha256={hashlib.sha256(p.read_bytes()).hexdigest()}">{html.escape(p.name)}</a>\n'
+                (
+                    "<a "
+                    f'href="{urllib.parse.quote(p.name)}#sha256={hashlib.sha256(p.read_bytes()).hexdigest()}">{html.escape(p.name)}</a>\n'
+                )
                 for p in projects[name]
             )
             return 200, _page(links), "text/html"

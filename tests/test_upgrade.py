@@ -422,7 +422,7 @@ try:
 except Exit as stop:
     print(stop.message or "", file=sys.stderr)
     sys.exit(stop.code)
-"""
+"""  # noqa: E501 (a script for its own process, kept as written)
 
 
 def _in_process_of_its_own(node: Node, spec: Path, fault: str) -> subprocess.CompletedProcess[str]:
