@@ -24,6 +24,7 @@ from typing import Iterator, Mapping, Sequence
 
 import pytest
 from packaging.utils import canonicalize_name
+from specs import DEFAULT_TOOLKIT
 
 __all__ = [
     "DEAD_URL",
@@ -338,7 +339,6 @@ def write_stack_lock(
     }
     pins = "".join(f'{name} = "{spec}"\n' for name, spec in packages.items())
     env_lines = "".join(f'{k} = "{v}"\n' for k, v in (env or {}).items())
-    default_toolkit = '[[toolkit]]\nversion = "13.0"\nprefix = "/usr/local/cuda-13.0"\nkeep = true\ndefault = true\n'
     text = f"""# A test lock: the default profile's shape, served from {server.url}
 [stack]
 name = "test-stack"
@@ -349,7 +349,7 @@ compute_capability = "12.0"
 gpu_name = "RTX PRO 6000"
 min_driver = "580"
 
-{toolkits if toolkits is not None else default_toolkit}
+{toolkits if toolkits is not None else DEFAULT_TOOLKIT}
 [python]
 version = "{version}"
 root = "{root}"

@@ -13,6 +13,8 @@ import venv
 from pathlib import Path
 from typing import Callable
 
+from specs import DEFAULT_TOOLKIT, THIS_PYTHON, minimal_spec
+
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("STACKGATE_TEST_CACHE", Path.home() / ".cache" / "stackgate-tests"))
 #: The CPU torch wheel that lies on this kind of machine's disk (pip finds it through its config).
@@ -142,25 +144,9 @@ def interpreter_spec(
     python: Path, packages: str = "", extra: str = "", *, imports: str = '["torch"]', version: str | None = None
 ) -> str:
     """The text of :func:`interpreter_lock`'s spec, for a test that needs it in a file."""
-    version = version or f"{sys.version_info.major}.{sys.version_info.minor}"
-    return f"""
-[stack]
-name = "t"
-[hardware]
-gpu_count = 1
-compute_capability = "12.0"
-gpu_name = "RTX PRO 6000"
-min_driver = "580"
-[[toolkit]]
-version = "13.0"
-prefix = "/usr/local/cuda-13.0"
-keep = true
-default = true
-[python]
-version = "{version}"
-interpreter = "{python}"
-imports = {imports}
-[python.packages]
-{packages}
-{extra}
-"""
+    return minimal_spec(
+        toolkits=DEFAULT_TOOLKIT,
+        version=version or THIS_PYTHON,
+        interpreter=python,
+        python=f"imports = {imports}\n[python.packages]\n{packages}\n{extra}\n",
+    )
