@@ -37,9 +37,13 @@ def environ(caches: Path, **extra: str) -> dict[str, str]:
     """No pip/uv configuration of this machine, caches of our own, this interpreter as the stack's."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
     env.update(
-        PIP_CONFIG_FILE=os.devnull, UV_NO_CONFIG="1", UV_CACHE_DIR=str(caches / "uv"), PIP_CACHE_DIR=str(caches / "pip"),
-        STACKGATE_BASE_PYTHON=os.path.realpath(getattr(sys, "_base_executable", sys.executable)), NO_COLOR="1",
-    )  # fmt: skip
+        PIP_CONFIG_FILE=os.devnull,
+        UV_NO_CONFIG="1",
+        UV_CACHE_DIR=str(caches / "uv"),
+        PIP_CACHE_DIR=str(caches / "pip"),
+        STACKGATE_BASE_PYTHON=os.path.realpath(getattr(sys, "_base_executable", sys.executable)),
+        NO_COLOR="1",
+    )
     env.update(extra)
     return env
 

@@ -114,14 +114,16 @@ def main() -> None:
     runs = parser.parse_args().runs
     print(f"client accuracy and cost, {runs} runs per rate (worst run's error shown)")
     print(
-        f"{'true tok/s':>10} {'tokens':>6} {'decode tok/s':>12} {'decode err':>10} {'whole-run err':>13} {'ITL p50 err':>11} {'CPU us/token':>12} {'reference':>10} {'ratio':>6}"
+        f"{'true tok/s':>10} {'tokens':>6} {'decode tok/s':>12} {'decode err':>10} {'whole-run err':>13} "
+        f"{'ITL p50 err':>11} {'CPU us/token':>12} {'reference':>10} {'ratio':>6}"
     )
     with tempfile.TemporaryDirectory(prefix="stackgate-bench-") as tmp:
         for rate, tokens in CASES:
             row = measure(rate, tokens, runs, Path(tmp))
             ratio = row["ref_cpu_us_per_token"] / row["cpu_us_per_token"]
             print(
-                f"{rate:>10.0f} {tokens:>6} {row['decode_mean']:>12.2f} {row['decode_err_pct']:>9.3f}% {row['whole_err_pct']:>12.3f}% {row['itl_err_pct']:>10.3f}% "
+                f"{rate:>10.0f} {tokens:>6} {row['decode_mean']:>12.2f} {row['decode_err_pct']:>9.3f}% "
+                f"{row['whole_err_pct']:>12.3f}% {row['itl_err_pct']:>10.3f}% "
                 f"{row['cpu_us_per_token']:>12.1f} {row['ref_cpu_us_per_token']:>10.1f} {ratio:>5.1f}x"
             )
 

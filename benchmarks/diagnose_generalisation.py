@@ -77,7 +77,11 @@ def main() -> int:
     right, total = score(args.half, args.verbose)
     false = alarms()
     print(
-        f"{args.half}: {right}/{total} recognised with the right cause ({100 * right / max(total, 1):.1f}%); goal >= 90%"
+        (
+            f"{args.half}: {right}/{total} recognised with the right cause ({100 * right / max(total, 1):.1f}%); goal "
+            ">= "
+            "90%"
+        )
     )
     print(f"healthy logs: {false} false alarm(s); goal 0")
     return 0 if right >= 0.9 * total and false == 0 else 1

@@ -6,9 +6,10 @@ the same run and on the same file:
 
 * ``python -m stackgate diagnose --path LOG`` (the whole command: interpreter start, lock-free
   run, streaming scan, report), checking that it finds every planted failure at its line;
-* ``grep -n -E -f PATTERNS LOG`` with LC_ALL=C (line numbers, as diagnose reports them), the knowledge base's patterns converted to ERE:
-  named and non-capturing groups become plain groups, lazy quantifiers greedy, ``\\d`` becomes
-  ``[0-9]``, a back-reference ``(?P=name)`` becomes ``[^[:space:]]+``. grep reads one line at a
+* ``grep -n -E -f PATTERNS LOG`` with LC_ALL=C (line numbers, as diagnose reports them), the
+  knowledge base's patterns converted to ERE: named and non-capturing groups become plain
+  groups, lazy quantifiers greedy, ``\\d`` becomes ``[0-9]``, a back-reference ``(?P=name)``
+  becomes ``[^[:space:]]+``. grep reads one line at a
   time, so a multi-line signature (a traceback window, a resolver report) is given to grep as
   its prefilter key, the literal its key line must contain;
 * the scanner alone, in this process (no interpreter start), for reference.
@@ -56,7 +57,10 @@ PLANTED = [
         "sglang-symm-mem-keyerror",
         [
             "[2026-02-03 11:00:19 TP0] Scheduler hit an exception: Traceback (most recent call last):",
-            '  File "/opt/stackgate/current/lib/python3.12/site-packages/sglang/srt/distributed/device_communicators/torch_symm_mem.py", line 83, in __init__',
+            "  File "
+            '"/opt/stackgate/current/lib/python3.12/site-packages/sglang/srt/distributed/'
+            'device_communicators/torch_symm_mem.py", '
+            "line 83, in __init__",
             "    not in TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES[self.device_capability]",
             "           ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~^^^^^^^^^^^^^^^^^^^^^^^^",
             "KeyError: 12",
@@ -71,8 +75,10 @@ PLANTED = [
     (
         "nccl-watchdog-timeout",
         [
-            "[rank5]:[E226 11:16:37.121617583 ProcessGroupNCCL.cpp:616] [Rank 5] Watchdog caught collective operation timeout: "
-            "WorkNCCL(SeqNum=5653, OpType=ALLREDUCE, NumelIn=58720256, NumelOut=58720256, Timeout(ms)=600000) ran for 600028 milliseconds before timing out."
+            "[rank5]:[E226 11:16:37.121617583 ProcessGroupNCCL.cpp:616] [Rank 5] Watchdog caught collective "
+            "operation timeout: "
+            "WorkNCCL(SeqNum=5653, OpType=ALLREDUCE, NumelIn=58720256, NumelOut=58720256, Timeout(ms)=600000) ran "
+            "for 600028 milliseconds before timing out."
         ],
         0,
     ),
@@ -89,13 +95,17 @@ def traffic(rng: random.Random, size: int) -> str:
         if kind < 0.75:
             running = rng.randint(1, 64)
             line = (
-                f"[{stamp} TP0] Decode batch, #running-req: {running}, #token: {rng.randint(100, 1431212)}, token usage: {rng.random():.2f}, "
-                f"cuda graph: True, gen throughput (token/s): {rng.uniform(80, 2600):.2f}, #queue-req: {rng.randint(0, 9)}"
+                f"[{stamp} TP0] Decode batch, #running-req: {running}, #token: {rng.randint(100, 1431212)}, token "
+                f"usage: {rng.random():.2f}, "
+                f"cuda graph: True, gen throughput (token/s): {rng.uniform(80, 2600):.2f}, #queue-req: "
+                f"{rng.randint(0, 9)}"
             )
         elif kind < 0.85:
             line = (
-                f"[{stamp} TP0] Prefill batch, #new-seq: {rng.randint(1, 8)}, #new-token: {rng.randint(1, 8192)}, #cached-token: {rng.randint(0, 4096)}, token usage: {rng.random():.2f}, "
-                f"#running-req: {rng.randint(0, 64)}, #queue-req: {rng.randint(0, 9)}, input throughput (token/s): {rng.uniform(0, 40000):.2f}, cuda graph: False"
+                f"[{stamp} TP0] Prefill batch, #new-seq: {rng.randint(1, 8)}, #new-token: {rng.randint(1, 8192)}, "
+                f"#cached-token: {rng.randint(0, 4096)}, token usage: {rng.random():.2f}, "
+                f"#running-req: {rng.randint(0, 64)}, #queue-req: {rng.randint(0, 9)}, input throughput (token/s): "
+                f"{rng.uniform(0, 40000):.2f}, cuda graph: False"
             )
         else:
             path = rng.choice(
@@ -206,10 +216,12 @@ def check_findings(log: Path, expected: dict[str, int], folder: Path) -> None:
     wrong = {k: (v, found.get(k)) for k, v in expected.items() if found.get(k) != v}
     if done.returncode != 1 or wrong:
         raise SystemExit(
-            f"diagnose did not find the planted failures where they are: exit {done.returncode}, (expected, found): {wrong}"
+            f"diagnose did not find the planted failures where they are: exit {done.returncode}, (expected, found): "
+            f"{wrong}"
         )
     print(
-        f"diagnose found all {len(expected)} planted failures at their lines (and {len(found) - len(expected)} other finding(s): {sorted(set(found) - set(expected))})"
+        f"diagnose found all {len(expected)} planted failures at their lines (and {len(found) - len(expected)} "
+        f"other finding(s): {sorted(set(found) - set(expected))})"
     )
 
 
@@ -229,7 +241,8 @@ def main() -> None:
         expected = write_log(log, args.size_mb)
         size = log.stat().st_size
         print(
-            f"log: {log} ({size / 1e6:.0f} MB, {len(expected)} planted failures), written in {time.perf_counter() - started:.1f} s"
+            f"log: {log} ({size / 1e6:.0f} MB, {len(expected)} planted failures), written in "
+            f"{time.perf_counter() - started:.1f} s"
         )
         patterns = folder / "patterns.ere"
         patterns.write_text("\n".join(grep_patterns()) + "\n")

@@ -26,7 +26,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from smoke_support import Rig, free_port  # noqa: E402
 
-NCCL = "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, unhandled cuda error"
+NCCL = (
+    "torch.distributed.DistBackendError: NCCL error in: "
+    "../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, "
+    "unhandled cuda error"
+)
 OOM = [
     "Scheduler hit an exception: Traceback (most recent call last):",
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
@@ -69,7 +73,11 @@ def main() -> None:
             seen.append(a)
             returned.append(b)
         print(
-            f"{name:<26} {1000 * statistics.median(seen):>11.0f} ms {1000 * max(seen):>8.0f} ms {1000 * statistics.median(returned):>12.0f} ms"
+            (
+                f"{name:<26} {1000 * statistics.median(seen):>11.0f} ms {1000 * max(seen):>8.0f} ms "
+                f"{1000 * statistics.median(returned):>12.0f} "
+                "ms"
+            )
         )
 
 

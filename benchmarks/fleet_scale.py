@@ -70,10 +70,17 @@ def simulated(size: int) -> tuple[float, int]:
 
 def scale(sizes: list[int], repeat: int) -> None:
     print(
-        f"controller over an in-process transport, {repeat} run(s) per size, median; per-node ratios against {sizes[0]} nodes"
+        (
+            f"controller over an in-process transport, {repeat} run(s) per size, median; per-node ratios against "
+            f"{sizes[0]} "
+            "nodes"
+        )
     )
     print(
-        f"{'nodes':>6} {'seconds':>9} {'ms/node':>8} {'time ratio/node':>16} {'peak MiB':>9} {'KiB/node':>9} {'memory ratio/node':>18}"
+        (
+            f"{'nodes':>6} {'seconds':>9} {'ms/node':>8} {'time ratio/node':>16} {'peak MiB':>9} {'KiB/node':>9} "
+            f"{'memory ratio/node':>18}"
+        )
     )
     base: tuple[float, float] | None = None
     for size in sizes:
@@ -83,7 +90,11 @@ def scale(sizes: list[int], repeat: int) -> None:
         per_node = (seconds / size, peak / size)
         base = base or per_node
         print(
-            f"{size:>6} {seconds:>9.3f} {per_node[0] * 1000:>8.2f} {per_node[0] / base[0]:>16.2f} {peak / 2**20:>9.1f} {per_node[1] / 1024:>9.1f} {per_node[1] / base[1]:>18.2f}"
+            (
+                f"{size:>6} {seconds:>9.3f} {per_node[0] * 1000:>8.2f} {per_node[0] / base[0]:>16.2f} "
+                f"{peak / 2**20:>9.1f} "
+                f"{per_node[1] / 1024:>9.1f} {per_node[1] / base[1]:>18.2f}"
+            )
         )
 
 
@@ -154,7 +165,11 @@ def ssh(repeat: int) -> None:
         cores = os.cpu_count()
         single = statistics.median(figures["single"])
         print(
-            f"gate of the same spec, loopback sshd nodes, {repeat} run(s) each, median; this machine has {cores} CPU(s), shared with other work"
+            (
+                f"gate of the same spec, loopback sshd nodes, {repeat} run(s) each, median; this machine has {cores} "
+                "CPU(s), "
+                "shared with other work"
+            )
         )
         for name, label in (
             ("single", "one node's own gate (no SSH)"),
@@ -163,10 +178,20 @@ def ssh(repeat: int) -> None:
         ):
             value = statistics.median(figures[name])
             print(
-                f"  {label:<32} {value:7.2f} s  {value / single:5.2f}x  (runs: {', '.join(f'{v:.2f}' for v in figures[name])}; the machine's CPUs {statistics.median(busy[name]):.0%} busy)"
+                (
+                    f"  {label:<32} {value:7.2f} s  {value / single:5.2f}x  (runs: "
+                    f"{', '.join(f'{v:.2f}' for v in figures[name])}; "
+                    "the machine's CPUs "
+                    f"{statistics.median(busy[name]):.0%} "
+                    "busy)"
+                )
             )
         print(
-            f"  in the 8-node runs, each node's own run took {statistics.median(nodes['fleet8']):.2f} s (median over nodes, median over runs)"
+            (
+                f"  in the 8-node runs, each node's own run took {statistics.median(nodes['fleet8']):.2f} s (median "
+                "over "
+                "nodes, median over runs)"
+            )
         )
         spent = ", ".join(
             f"{label} {statistics.median(cpu[name]):.1f} s"
@@ -177,7 +202,11 @@ def ssh(repeat: int) -> None:
             )
         )
         print(
-            f"  CPU seconds of the commands run here (a node's gate runs under its sshd, not counted for the fleet): {spent}"
+            (
+                "  CPU seconds of the commands run here (a node's gate runs under its sshd, not counted for the "
+                "fleet): "
+                f"{spent}"
+            )
         )
     finally:
         rig.stop()

@@ -83,7 +83,10 @@ def main() -> None:
             stages.append(per_stage)
     ref, total = statistics.median(reference), statistics.median(gated)
     print(
-        f"smoke --fast + smoke --benchmark alone: median {ref:.2f} s over {args.repeats} runs ({', '.join(f'{s:.2f}' for s in reference)})"
+        (
+            f"smoke --fast + smoke --benchmark alone: median {ref:.2f} s over {args.repeats} runs "
+            f"({', '.join(f'{s:.2f}' for s in reference)})"
+        )
     )
     print(
         f"invoke gate (all stages, 4 reports, history): median {total:.2f} s ({', '.join(f'{s:.2f}' for s in gated)})"

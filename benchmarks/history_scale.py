@@ -94,11 +94,17 @@ def generate(folder: Path, count: int, text: str, seed: int = 1) -> int:
         run_id = time.strftime("%Y%m%dT%H%M%SZ", when) + f"-gate-{i:06x}"
         digest = f"{rng.randrange(4):064x}"
         values = {
-            '"@@RUNID@@"': json.dumps(run_id), '"@@STARTED@@"': json.dumps(time.strftime("%Y-%m-%dT%H:%M:%S+00:00", when)),
-            '"@@VERDICT@@"': '"failed"' if rng.random() < 0.05 else '"passed"', '"@@HOST@@"': json.dumps(HOSTS[i % len(HOSTS)]),
-            '"@@LOCK@@"': json.dumps(LOCKS[i % len(LOCKS)]), '"@@DECODE@@"': f"{rng.gauss(92.0, 1.5):.3f}", '"@@DIGEST@@"': json.dumps(digest),
-            '"@@SHORT@@"': json.dumps(digest[:12]), '"@@BUSBW@@"': f"{rng.gauss(40.0, 1.0):.2f}", '"@@TFLOPS@@"': f"{rng.gauss(400.0, 5.0):.1f}",
-        }  # fmt: skip
+            '"@@RUNID@@"': json.dumps(run_id),
+            '"@@STARTED@@"': json.dumps(time.strftime("%Y-%m-%dT%H:%M:%S+00:00", when)),
+            '"@@VERDICT@@"': '"failed"' if rng.random() < 0.05 else '"passed"',
+            '"@@HOST@@"': json.dumps(HOSTS[i % len(HOSTS)]),
+            '"@@LOCK@@"': json.dumps(LOCKS[i % len(LOCKS)]),
+            '"@@DECODE@@"': f"{rng.gauss(92.0, 1.5):.3f}",
+            '"@@DIGEST@@"': json.dumps(digest),
+            '"@@SHORT@@"': json.dumps(digest[:12]),
+            '"@@BUSBW@@"': f"{rng.gauss(40.0, 1.0):.2f}",
+            '"@@TFLOPS@@"': f"{rng.gauss(400.0, 5.0):.1f}",
+        }
         body = text
         for key, value in values.items():
             body = body.replace(key, value)

@@ -70,7 +70,8 @@ def main() -> int:
             statistics.median(seconds(r, "create generation") for r in runs),
         )
     print(
-        f"the test stack's pylock (9 distributions, the torch family from its own index), cold installer caches, median of {args.repeats}:"
+        "the test stack's pylock (9 distributions, the torch family from its own index), cold installer caches, "
+        f"median of {args.repeats}:"
     )
     print(f"  {'installer':<9} {'provision':>10} {'install':>8} {'create env':>11}")
     for name, (total, installs, create) in rows.items():
@@ -78,15 +79,18 @@ def main() -> int:
     (uv_total, uv_installs, uv_create), (pip_total, pip_installs, pip_create) = rows["uv"], rows["pip"]
     reference = statistics.median(ensurepip)
     print(
-        f"  reference: python -m venv (ensurepip) {reference:.2f}s; uv venv + the bundled pip wheel (pip's create env) {pip_create:.2f}s: {reference / pip_create:.1f}x faster"
+        f"  reference: python -m venv (ensurepip) {reference:.2f}s; uv venv + the bundled pip wheel (pip's create "
+        f"env) {pip_create:.2f}s: {reference / pip_create:.1f}x faster"
     )
     verdict = "met" if pip_total / uv_total >= GOAL else "not met"
     print(
-        f"  pip / uv: provision {pip_total / uv_total:.2f}x (goal >= {GOAL:.0f}x: {verdict}), install step {pip_installs / uv_installs:.2f}x, environment creation {pip_create / uv_create:.2f}x"
+        f"  pip / uv: provision {pip_total / uv_total:.2f}x (goal >= {GOAL:.0f}x: {verdict}), install step "
+        f"{pip_installs / uv_installs:.2f}x, environment creation {pip_create / uv_create:.2f}x"
     )
     shared = statistics.median([uv_total - uv_installs - uv_create, pip_total - pip_installs - pip_create])
     print(
-        f"  the installers' part (create env + install): pip / uv {(pip_installs + pip_create) / (uv_installs + uv_create):.2f}x; "
+        "  the installers' part (create env + install): pip / uv "
+        f"{(pip_installs + pip_create) / (uv_installs + uv_create):.2f}x; "
         f"the rest of a provision (stackgate starting, planning, checking, verifying: the same for both) {shared:.2f}s"
     )
     return 0

@@ -111,12 +111,14 @@ def main() -> int:
         own = statistics.median(in_process_overhead(spec, base / "lock-0" / "again", env) for _ in range(args.repeats))
     median = {key: statistics.median(values) for key, values in rows.items()}
     print(
-        f"invoke lock of {SPEC.name} against PyPI ({len(resolution.packages)} distributions, {len(resolution.files)} files), median of {args.repeats}:"
+        f"invoke lock of {SPEC.name} against PyPI ({len(resolution.packages)} distributions, "
+        f"{len(resolution.files)} files), median of {args.repeats}:"
     )
     for state in ("cold", "warm"):
         ours, bare = median[f"lock {state}"], median[f"uv {state}"]
         print(
-            f"  {state}: invoke lock {ours:.2f} s, bare uv pip compile {bare:.2f} s: {ours / bare:.2f}x ({ours - bare:+.2f} s: Python and invoke starting, and stackgate's own part below)"
+            f"  {state}: invoke lock {ours:.2f} s, bare uv pip compile {bare:.2f} s: {ours / bare:.2f}x "
+            f"({ours - bare:+.2f} s: Python and invoke starting, and stackgate's own part below)"
         )
     fast, slow = statistics.median(unchanged), statistics.median(refreshed)
     print(
@@ -126,11 +128,13 @@ def main() -> int:
     check, start = statistics.median(checks), statistics.median(floor)
     verdict = "met" if check < CHECK_GOAL_S else "MISSED"
     print(
-        f"  in one process, warm: resolve() minus the same uv command run bare just before it: {own * 1000:+.0f} ms (stackgate's own part of a lock)"
+        f"  in one process, warm: resolve() minus the same uv command run bare just before it: {own * 1000:+.0f} ms "
+        "(stackgate's own part of a lock)"
     )
     print(
         f"  invoke lock --check: median {check:.3f} s (goal < {CHECK_GOAL_S:.0f} s: {verdict}); "
-        f"`python -m invoke --list` {start:.3f} s: {check / start:.2f}x; in-process load + compare {in_process * 1000:.0f} ms"
+        f"`python -m invoke --list` {start:.3f} s: {check / start:.2f}x; in-process load + compare "
+        f"{in_process * 1000:.0f} ms"
     )
     return 0
 

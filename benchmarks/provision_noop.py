@@ -77,10 +77,16 @@ def main() -> int:
     median = statistics.median(walls)
     print(f"no-op provision, {len(walls)} runs (index shut down, proxies -> {DEAD}):")
     print(
-        f"  wall: median {median:.3f} s, min {walls[0]:.3f} s, max {walls[-1]:.3f} s (goal <= {GOAL_S:.1f} s: {'met' if median <= GOAL_S else 'MISSED'})"
+        (
+            f"  wall: median {median:.3f} s, min {walls[0]:.3f} s, max {walls[-1]:.3f} s (goal <= {GOAL_S:.1f} s: "
+            f"{'met' if median <= GOAL_S else 'MISSED'})"
+        )
     )
     print(
-        f"  reference, `python -m invoke --list` in the same run: median {floor:.3f} s; no-op / reference = {median / floor:.2f}x"
+        (
+            f"  reference, `python -m invoke --list` in the same run: median {floor:.3f} s; no-op / reference = "
+            f"{median / floor:.2f}x"
+        )
     )
     if strace:
         print(f"  IPv4/IPv6 connect() calls under strace -f: build {build_connects} (control), no-op {noop_connects}")

@@ -47,7 +47,11 @@ def main(prefixes: list[Path]) -> None:
         hashed = sum(e[4] for e in fingerprint.entries.values() if e[0] == "file" and e[6])
         print(f"{prefix}: {entries} entries, {hashed / 2**20:.0f} MiB hashed (bin/*, nvvm/bin/*)")
         print(
-            f"  fingerprint {fingerprint_s * 1000:.0f} ms, bare walk {walk_s * 1000:.0f} ms, ratio {fingerprint_s / walk_s:.1f}x (best of {RUNS})"
+            (
+                f"  fingerprint {fingerprint_s * 1000:.0f} ms, bare walk {walk_s * 1000:.0f} ms, ratio "
+                f"{fingerprint_s / walk_s:.1f}x "
+                f"(best of {RUNS})"
+            )
         )
 
 

@@ -45,7 +45,7 @@ from stackgate.stack import generations  # noqa: E402
 
 
 def _isolated_environ(**extra: str) -> dict[str, str]:
-    spec = importlib.util.spec_from_file_location("tests_conftest", ROOT / "tests" / "conftest.py")
+    spec = importlib.util.spec_from_file_location("tests_support", ROOT / "tests" / "support.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -83,9 +83,15 @@ def whole_upgrade(node: rig_of.Node, b: Path) -> float:
     out = node.tmp / "reports"
     out.mkdir(exist_ok=True)
     request = upgrade.UpgradeRequest(
-        to=b, lock_path=node.a, verify_checks=rig_of.VERIFY, environ=node.environ, run_dir=node.tmp / "servers",
-        json_path=out / "u.json", markdown_path=out / "u.md", html_path=out / "u.html",
-    )  # fmt: skip
+        to=b,
+        lock_path=node.a,
+        verify_checks=rig_of.VERIFY,
+        environ=node.environ,
+        run_dir=node.tmp / "servers",
+        json_path=out / "u.json",
+        markdown_path=out / "u.md",
+        html_path=out / "u.html",
+    )
     started = time.monotonic()
     done = upgrade.upgrade_node(request, UI(stream=io.StringIO(), force_plain=True), nvml_lib=fake_nvml)
     upgrade.write_reports(done.document(), request)
@@ -147,7 +153,10 @@ def main() -> None:
     reference, measured = statistics.median(hand), statistics.median(auto)
     print(f"by hand (provision B, 4 benchmark smokes): median {reference:.2f} s over {len(hand)}")
     print(
-        f"stackgate upgrade (plan, build, verify, 4 legs, decide, switch, 3 reports): median {measured:.2f} s over {len(auto)}"
+        (
+            f"stackgate upgrade (plan, build, verify, 4 legs, decide, switch, 3 reports): median {measured:.2f} s over "
+            f"{len(auto)}"
+        )
     )
     print(f"upgrade / by hand: {measured / reference:.2f}x ({measured - reference:+.2f} s)")
 

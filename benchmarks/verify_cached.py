@@ -85,9 +85,10 @@ def main() -> int:
             and "cache_hit{" in text
             and text.split("stackgate_verify_cache_hit{")[1].split()[1] == "1"
         )
-    print(
-        f"lock: {lock_path.name}  interpreter: {load_spec(args.lock).python.target if args.real_nvml and not args.python else args.python or sys.executable}"
+    interpreter = (
+        load_spec(args.lock).python.target if args.real_nvml and not args.python else args.python or sys.executable
     )
+    print(f"lock: {lock_path.name}  interpreter: {interpreter}")
     print(f"NVML: {'this machine' if args.real_nvml else 'the fake of one H200'}; median of {args.repeat} runs each")
     print(f"  stackgate --version            {start:7.3f} s  (the program's start)")
     print(f"  stackgate verify               {full:7.3f} s  (exit {full_code})")

@@ -40,7 +40,11 @@ class SimNode:
     raw_report: str | None = None  #: what the node writes as its report instead of a real one
     upgrade: str = "switch"  #: what its `stackgate upgrade` does: switch, keep, or current (already on the new stack)
     new_rate: float = 99.8  #: the new stack's decode tok/s in its A/B (``rate`` is the live one's)
-    keep_reason: str = "kept the live stack: slower beyond the measured noise: decode new - live: -7.20 tok/s (-7.8%; 95% CI -8.10 to -6.30)"
+    keep_reason: str = (
+        "kept the live stack: slower beyond the measured noise: decode new - live: -7.20 tok/s "
+        "(-7.8%; "
+        "95% CI -8.10 to -6.30)"
+    )
     calls: list[str] = field(default_factory=list)
     upgrades: list[list[str]] = field(
         default_factory=list
@@ -123,8 +127,18 @@ def upgrade_report(node: Node, sim: SimNode) -> dict[str, Any]:
     }
     code = 0 if won or same else 1
     reason = decision["reason"] if decision else "plan only (--dry-run)"
-    return {"schema": "stackgate.report/1", "command": "upgrade", "run_id": "20261130T000000Z-upgrade-abc123", "host": {"hostname": node.name}, "results": [], "counts": {},
-            "verdict": "passed" if code == 0 else "failed", "reason": reason, "exit_code": code, "upgrade": part}  # fmt: skip
+    return {
+        "schema": "stackgate.report/1",
+        "command": "upgrade",
+        "run_id": "20261130T000000Z-upgrade-abc123",
+        "host": {"hostname": node.name},
+        "results": [],
+        "counts": {},
+        "verdict": "passed" if code == 0 else "failed",
+        "reason": reason,
+        "exit_code": code,
+        "upgrade": part,
+    }
 
 
 FOLDER = "/tmp/stackgate-fleet.Sim00000"

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from smoke_support import ROOT, free_port, living
+from specs import THIS_PYTHON, minimal_spec
 
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
 TESTS = ROOT / "tests"
@@ -125,20 +126,12 @@ def make_venv(home: Path, extra: dict[str, str] | None = None) -> Path:
 
 def spec(path: Path, model: Path, python: Path, *, baseline: float = 300.0) -> Path:
     """The one spec every node gets: the stand-in's profile (one fake H200), a short benchmark."""
+    head = minimal_spec(
+        name="fleetstack", compute_capability="9.0", gpu_name="H200", version=THIS_PYTHON, interpreter=python
+    )
     path.write_text(
-        f"""[stack]
-name = "fleetstack"
-
-[hardware]
-gpu_count = 1
-compute_capability = "9.0"
-gpu_name = "H200"
-min_driver = "580"
-
-[python]
-version = "{sys.version_info.major}.{sys.version_info.minor}"
-interpreter = "{python}"
-
+        head
+        + f"""
 [smoke]
 model = "{model}"
 tp = 1

@@ -43,9 +43,19 @@ def figures(decode: float, *, baseline: float = 190.0, max_regression: float = 0
     mean = sum(tok) / 2
     status = "PASS" if mean >= floor else "FAIL"
     return {
-        "warmups": [], "runs": rows, "tok_s": bench.summarize(tok).to_dict(), "decode_tok_s": bench.summarize(rates).to_dict(), "ttft_s": bench.summarize([0.021, 0.021]).to_dict(),
-        "short_runs": [], "stopped": None, "baseline_tok_s": baseline, "max_regression": max_regression, "floor_tok_s": round(floor, 3), "status": status, "summary": f"{mean:.2f} tok/s ({status})",
-    }  # fmt: skip
+        "warmups": [],
+        "runs": rows,
+        "tok_s": bench.summarize(tok).to_dict(),
+        "decode_tok_s": bench.summarize(rates).to_dict(),
+        "ttft_s": bench.summarize([0.021, 0.021]).to_dict(),
+        "short_runs": [],
+        "stopped": None,
+        "baseline_tok_s": baseline,
+        "max_regression": max_regression,
+        "floor_tok_s": round(floor, 3),
+        "status": status,
+        "summary": f"{mean:.2f} tok/s ({status})",
+    }
 
 
 def gate_doc(
@@ -98,7 +108,8 @@ def keep(folder: Path, doc: dict[str, Any], started: str) -> history.Run:
     doc = {
         **doc,
         "started": started,
-        "run_id": f"{started.replace('-', '').replace(':', '')[:15]}Z-{doc['command']}-{abs(hash(started)) % 0xFFFFFF:06x}",
+        "run_id": f"{started.replace('-', '').replace(':', '')[:15]}Z-"
+        f"{doc['command']}-{abs(hash(started)) % 0xFFFFFF:06x}",
     }
     return history.read(history.store(doc, folder))
 

@@ -24,6 +24,7 @@ from typing import Iterator, Mapping, Sequence
 
 import pytest
 from packaging.utils import canonicalize_name
+from specs import DEFAULT_TOOLKIT
 
 __all__ = [
     "DEAD_URL",
@@ -251,7 +252,10 @@ class IndexServer:
         name = canonicalize_name(rest[0])
         if len(rest) == 1 and name in projects:
             links = "".join(
-                f'<a href="{urllib.parse.quote(p.name)}#sha256={hashlib.sha256(p.read_bytes()).hexdigest()}">{html.escape(p.name)}</a>\n'
+                (
+                    "<a "
+                    f'href="{urllib.parse.quote(p.name)}#sha256={hashlib.sha256(p.read_bytes()).hexdigest()}">{html.escape(p.name)}</a>\n'
+                )
                 for p in projects[name]
             )
             return 200, _page(links), "text/html"
@@ -335,7 +339,6 @@ def write_stack_lock(
     }
     pins = "".join(f'{name} = "{spec}"\n' for name, spec in packages.items())
     env_lines = "".join(f'{k} = "{v}"\n' for k, v in (env or {}).items())
-    default_toolkit = '[[toolkit]]\nversion = "13.0"\nprefix = "/usr/local/cuda-13.0"\nkeep = true\ndefault = true\n'
     text = f"""# A test lock: the default profile's shape, served from {server.url}
 [stack]
 name = "test-stack"
@@ -346,7 +349,7 @@ compute_capability = "12.0"
 gpu_name = "RTX PRO 6000"
 min_driver = "580"
 
-{toolkits if toolkits is not None else default_toolkit}
+{toolkits if toolkits is not None else DEFAULT_TOOLKIT}
 [python]
 version = "{version}"
 root = "{root}"
@@ -418,7 +421,7 @@ def stack_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IndexServe
 def install_environ(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """An environment for provisioning in tests: no pip/uv configuration of this machine, caches
     of the session's own, and the running interpreter as the stack's Python."""
-    from conftest import isolated_environ
+    from support import isolated_environ
 
     caches = tmp_path_factory.mktemp("caches")
     return isolated_environ(

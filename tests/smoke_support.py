@@ -21,6 +21,7 @@ from typing import Any
 
 from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
+from specs import THIS_PYTHON, minimal_spec
 
 from stackgate.commands import smoke
 from stackgate.models.result import Result
@@ -102,20 +103,17 @@ class Rig:
             if evidence
             else ""
         )
-        text = f"""
-[stack]
-name = "standin"
-
-[hardware]
-gpu_count = {tp}
-compute_capability = "9.0"
-gpu_name = "H200"
-min_driver = "580"
-
-[python]
-version = "{sys.version_info.major}.{sys.version_info.minor}"
-interpreter = "{sys.executable}"
-
+        head = minimal_spec(
+            name="standin",
+            gpu_count=tp,
+            compute_capability="9.0",
+            gpu_name="H200",
+            version=THIS_PYTHON,
+            interpreter=sys.executable,
+        )
+        text = (
+            head
+            + f"""
 [smoke]
 model = "{self.model}"
 tp = {tp}
@@ -135,6 +133,7 @@ stop_grace_s = 3
 [benchmark]
 {chr(10).join(f"{k} = {toml_value(v)}" for k, v in bench.items())}
 """
+        )
         path = self.tmp / "lock.toml"
         path.write_text(text)
         return path

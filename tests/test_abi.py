@@ -10,8 +10,8 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from support import install_dist, interpreter_lock, make_venv
 
-from conftest import install_dist, interpreter_lock, make_venv
 from stackgate.checks.abi import symbol_provider
 from stackgate.checks.all import REGISTRY
 from stackgate.edges import elf

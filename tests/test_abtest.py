@@ -42,7 +42,8 @@ def test_if_better_needs_the_same_tokens_unless_accepted() -> None:
         "if-better", *_sides([100.0, 101.0], [110.0, 111.0], new_tokens=shifted), accept_output_change=False
     )
     assert not kept.switch and kept.reason == (
-        "kept the live stack: greedy outputs differ: first differing token at position 37 (live token id 37, new token id 1037); "
+        "kept the live stack: greedy outputs differ: first differing token at position 37 (live token id 37, new "
+        "token id 1037); "
         "first 37 of 100 tokens identical, then diverge (37.0% of positions agree)"
     )
     sides = _sides([100.0, 101.0], [110.0, 111.0], new_tokens=shifted)

@@ -9,7 +9,8 @@ import sys
 import tarfile
 from pathlib import Path
 
-from conftest import install_dist, interpreter_spec, make_venv
+from support import install_dist, interpreter_spec, make_venv
+
 from stackgate.models import spec
 from stackgate.runs import bundle
 
@@ -20,7 +21,11 @@ HF = "hf_PlantedTokenAbcdefghijklmnop1234"
 PASSWORD = "Planted-Pw-9f8e7d6c"
 API_KEY = "sk-plantedapikey0123456789abcdef"
 SPEC_KEY = "sk-APIKEYlock7Qx9"
-SMI = "==============NVSMI LOG==============\nDriver Version                            : 580.82.07\nAttached GPUs                             : 1\n"
+SMI = (
+    "==============NVSMI LOG==============\nDriver Version                            : 580.82.07\nAttached "
+    "GPUs                             "
+    ": 1\n"
+)
 
 
 def fake_tools(tmp_path: Path) -> Path:
@@ -28,7 +33,11 @@ def fake_tools(tmp_path: Path) -> Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (tmp_path / "dmesg.out").write_text(
-        "[    1.0] something else\n[  269.5] NVRM: Xid (PCI:0000:18:00): 79, pid=7, name=python3, GPU has fallen off the bus.\n[  270.0] later\n"
+        (
+            "[    1.0] something else\n[  269.5] NVRM: Xid (PCI:0000:18:00): 79, pid=7, name=python3, GPU has fallen "
+            "off "
+            "the bus.\n[  270.0] later\n"
+        )
     )
     (tmp_path / "smi.out").write_text(SMI)
     for name, out in (("dmesg", "dmesg.out"), ("nvidia-smi", "smi.out")):
@@ -59,10 +68,24 @@ def test_a_bundle_holds_the_parts_and_no_planted_secret(tmp_path: Path) -> None:
     spec = tmp_path / LOCK.name  # its flags carry a literal key of no known token shape
     spec.write_text(LOCK.read_text().replace('flags = ["--enable', f'flags = ["--api-key", "{SPEC_KEY}", "--enable'))
     done = subprocess.run(
-        [sys.executable, "-m", "stackgate", "diagnose", str(runs / "server.log"), "--kernel", "--lock", str(spec),
-         "--bundle", str(out)],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "stackgate",
+            "diagnose",
+            str(runs / "server.log"),
+            "--kernel",
+            "--lock",
+            str(spec),
+            "--bundle",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 1, done.stderr  # the illegal memory access and the Xid are errors
     assert f"support bundle: {out}" in done.stdout
     with tarfile.open(out) as archive:
@@ -70,8 +93,16 @@ def test_a_bundle_holds_the_parts_and_no_planted_secret(tmp_path: Path) -> None:
             m.name.removeprefix("stackgate-bundle/"): archive.extractfile(m).read().decode()
             for m in archive.getmembers()
         }  # type: ignore[union-attr]
-    for part in ("MANIFEST.txt", "diagnose.json", "verify.json", "nvidia-smi-q.txt", "kernel-log-gpu-events.txt", "environment.txt",
-                 f"spec/{LOCK.name}", "server-logs/smoke/20261130-120000-42/server.log"):  # fmt: skip
+    for part in (
+        "MANIFEST.txt",
+        "diagnose.json",
+        "verify.json",
+        "nvidia-smi-q.txt",
+        "kernel-log-gpu-events.txt",
+        "environment.txt",
+        f"spec/{LOCK.name}",
+        "server-logs/smoke/20261130-120000-42/server.log",
+    ):
         assert part in members, sorted(members)
     assert (
         "Driver Version" in members["nvidia-smi-q.txt"]

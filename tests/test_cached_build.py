@@ -1,4 +1,4 @@
-"""The suite's shared cache (tests/conftest.py ``cached_build``): two runs at once, and a run
+"""The suite's shared cache (tests/support.py ``cached_build``): two runs at once, and a run
 killed mid-build, never break each other. A tiny venv with a stand-in package takes the place of
 the CPU-torch venv; the helper is the same."""
 
@@ -10,15 +10,14 @@ import sys
 from pathlib import Path
 
 from smoke_support import wait_for
-
-from conftest import READY, ROOT, cached_build
+from support import READY, ROOT, cached_build
 
 #: A builder in its own process: waits for the go file, then builds ``home`` through the helper
 #: (a venv holding ``standin.py``, slow like a real install) and imports the package from it.
 BUILDER = """
 import os, subprocess, sys, time, venv
 from pathlib import Path
-from conftest import cached_build
+from support import cached_build
 home, go, log, pause = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), float(sys.argv[4])
 
 def build(folder):
@@ -34,7 +33,7 @@ while not go.exists():
     time.sleep(0.01)
 python = cached_build(home, build) / "bin" / "python"
 print(subprocess.run([str(python), "-c", "import standin; print(standin.NAME)"], capture_output=True, text=True, check=True).stdout.strip())
-"""
+"""  # noqa: E501 (a script for its own process, kept as written)
 
 
 def builder(home: Path, tmp_path: Path, pause: float) -> subprocess.Popen[str]:

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 from packaging.version import Version
+from specs import minimal_spec
+from support import interpreter_lock
 
-from conftest import interpreter_lock
 from stackgate.checks.all import REGISTRY
 from stackgate.facts import Missing, build_for_arch, gather, inspect_toolkit, jit_cuda_home, tool_version
 from stackgate.models.result import Status
@@ -51,22 +52,9 @@ def fake_prefix(root: Path, release: str, build: str, nvcc: bool = True, ptxas_f
 
 
 def lock_with(tmp_path: Path, *toolkits: str, env: str = "") -> Spec:
-    text = f"""
-[stack]
-name = "t"
-[hardware]
-gpu_count = 1
-compute_capability = "12.0"
-gpu_name = "RTX PRO 6000"
-min_driver = "580"
-{"".join(toolkits)}
-[python]
-version = "3.11"
-root = "{tmp_path / "root"}"
-[env]
-{env}
-"""
-    return loads_spec(text)
+    return loads_spec(
+        minimal_spec(toolkits="".join(toolkits) + "\n", version="3.11", root=tmp_path / "root", tail=f"[env]\n{env}\n")
+    )
 
 
 def toolkit(version: str, prefix: Path, default: bool = False, keep: bool = True, nvcc: str | None = None) -> str:
@@ -145,9 +133,8 @@ def test_a_ptxas_that_does_not_know_the_arch_fails(tmp_path):
     old = fake_prefix(tmp_path / "cuda-12.6", "12.6", "12.6.85", ptxas_fails=True)
     result = check("cuda.ptxas_arch", lock_with(tmp_path, toolkit("12.6", old, default=True)))
     assert result.status is Status.FAIL
-    assert (
-        result.summary
-        == "CUDA 12.6's ptxas cannot build sm_120a: ptxas fatal   : Value 'sm_120a' is not defined for option 'gpu-name'"
+    assert result.summary == (
+        "CUDA 12.6's ptxas cannot build sm_120a: ptxas fatal   : Value 'sm_120a' is not defined for option 'gpu-name'"
     )
 
 

@@ -16,6 +16,7 @@ from types import MappingProxyType, SimpleNamespace
 import pytest
 from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
+from specs import THIS_PYTHON, write_spec
 
 from stackgate.checks import deep
 from stackgate.checks.core import CheckError
@@ -35,11 +36,14 @@ def gpu_record(
     index: int, bf16: float = 790.0, fp32: float = 50.0, copy: float = 4300.0, err: float = 0.002, equal: bool = True
 ) -> dict:
     return {
-        "event": "done", "index": index, "name": "NVIDIA H200", "seconds": 0.4,
+        "event": "done",
+        "index": index,
+        "name": "NVIDIA H200",
+        "seconds": 0.4,
         "bfloat16": {"n": 8192, "ms": 1.39, "tflops": bf16, "rel_err": err, "sample": 64},
         "float32": {"n": 4096, "ms": 2.7, "tflops": fp32, "rel_err": 1e-6, "sample": 64},
         "copy": {"bytes": 2 << 30, "ms": 1.0, "gbs": copy, "equal": equal},
-    }  # fmt: skip
+    }
 
 
 def gpu_work(records: list[dict], returncode: int | None = 0, running: int | None = None) -> measure.GpuWork:
@@ -78,7 +82,11 @@ def test_a_tf32_sized_fp32_error_says_so() -> None:
     record["float32"]["rel_err"] = 4e-4
     result = deep.judge_gpu_work(gpu_work([record]))
     assert result.summary.endswith(
-        "float32 product wrong: relative error 0.0004 > 0.0001 against float64 (TF32-sized: is TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 set?)"
+        (
+            "float32 product wrong: relative error 0.0004 > 0.0001 against float64 (TF32-sized: is "
+            "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 "
+            "set?)"
+        )
     )
 
 
@@ -225,11 +233,20 @@ def make_sweep(world: int, sizes: list[measure.SizeFigures], **changes: object) 
         world, min_bytes=sizes[0].bytes if sizes else 8192, max_bytes=sizes[-1].bytes if sizes else 8192
     )
     fields = dict(
-        request=request, sizes=tuple(sizes), progress={r: len(sizes) for r in range(world)}, pids=(), nccl_version="2.28.9",
-        returncode=0, timeout_s=300.0, tail=(), log=Path("/tmp/allreduce.log"),
+        request=request,
+        sizes=tuple(sizes),
+        progress={r: len(sizes) for r in range(world)},
+        pids=(),
+        nccl_version="2.28.9",
+        returncode=0,
+        timeout_s=300.0,
+        tail=(),
+        log=Path("/tmp/allreduce.log"),
         nccl_env={"NCCL_DEBUG": "INFO", "NCCL_NVLS_ENABLE": "0", "NCCL_P2P_LEVEL": "SYS"},
-        transports={"P2P/CUMEM/read": 48}, channels=24, duration_s=9.0,
-    )  # fmt: skip
+        transports={"P2P/CUMEM/read": 48},
+        channels=24,
+        duration_s=9.0,
+    )
     fields.update(changes)
     return measure.Sweep(**fields)
 
@@ -252,7 +269,10 @@ def test_busbw_below_the_lock_fails_naming_the_nccl_variables() -> None:
     result = deep.judge_collective(make_sweep(8, sizes), min_busbw=45.0)
     assert result.status == Status.FAIL
     assert result.summary.startswith(
-        "peak busbw 39.5 GB/s at 2 GiB is below the lock's 45 GB/s (NCCL 2.28.9, 8 ranks; NCCL_P2P_LEVEL=SYS, NCCL_MIN_NCHANNELS=unset"
+        (
+            "peak busbw 39.5 GB/s at 2 GiB is below the lock's 45 GB/s (NCCL 2.28.9, 8 ranks; NCCL_P2P_LEVEL=SYS, "
+            "NCCL_MIN_NCHANNELS=unset"
+        )
     )
     assert "NCCL variables in force: NCCL_DEBUG=INFO NCCL_NVLS_ENABLE=0 NCCL_P2P_LEVEL=SYS" in result.details
     assert "transports in the INFO log: P2P/CUMEM/read x48" in result.details
@@ -482,29 +502,15 @@ def test_a_planted_hang_fails_as_a_hang_and_the_group_is_killed(
 
 # --- `invoke verify --deep` with a CPU build of torch -----------------------------------------
 
-CPU_LOCK = """
-[stack]
-name = "cpu-torch"
-[hardware]
-gpu_count = 1
-compute_capability = "9.0"
-gpu_name = "H200"
-min_driver = "580"
-[python]
-version = "{version}"
-interpreter = "{python}"
-torch_cuda = "13.0"
-[python.packages]
-torch = "==2.13.0"
-[nccl]
-min_busbw_gbs = 30.0
-"""
+#: The CPU-torch spec's tables after ``[python]``'s version and interpreter.
+CPU_LOCK_TAIL = 'torch_cuda = "13.0"\n[python.packages]\ntorch = "==2.13.0"\n[nccl]\nmin_busbw_gbs = 30.0\n'
 
 
 @pytest.mark.torch
 def test_verify_deep_does_not_run_deep_checks_on_a_cpu_torch(torch_python: Path, tmp_path: Path) -> None:
     lock = tmp_path / "cpu.toml"
-    lock.write_text(CPU_LOCK.format(version=f"{sys.version_info.major}.{sys.version_info.minor}", python=torch_python))
+    cpu_torch = {"compute_capability": "9.0", "gpu_name": "H200", "version": THIS_PYTHON, "interpreter": torch_python}
+    write_spec(lock, name="cpu-torch", **cpu_torch, python=CPU_LOCK_TAIL)
     load_spec(lock)  # the test's lock is itself valid
     spec = tmp_path / "nvml.json"
     spec.write_text(json.dumps(machine([gpu("NVIDIA H200", (9, 0))])))  # the GPU checks pass: only torch blocks

@@ -18,8 +18,8 @@ from typing import Any, Iterator
 import pytest
 from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
+from support import released_wheel
 
-from conftest import released_wheel
 from stackgate.checks import deep
 from stackgate.checks.core import REGISTRY, run_checks
 from stackgate.commands.verify import plan
@@ -51,9 +51,9 @@ def test_deep_tables_default_to_the_reference_models_shapes_and_validate_with_ke
         "fail",
     )
     text = (ROOT / "lockfiles" / "hopper-sm90-cu130.toml").read_text()
-    hostile = (
-        text
-        + '[deep.attention]\nq_heads = 60\nkv_len = 100\njit_timeout_s = 99999\n[deep.fusion]\ntokens = [4, 1]\nunsupported = "ignore"\nhiden = 1\n'
+    hostile = text + (
+        "[deep.attention]\nq_heads = 60\nkv_len = 100\njit_timeout_s = 99999\n[deep.fusion]\ntokens = [4, "
+        '1]\nunsupported = "ignore"\nhiden = 1\n'
     )
     with pytest.raises(SpecError) as caught:
         loads_spec(hostile)
@@ -119,9 +119,16 @@ def attention_kernels() -> list[dict[str, Any]]:
 
 def attention_run(kernels: list[dict[str, Any]], **changes: Any) -> measure.AttentionRun:
     fields: dict[str, Any] = dict(
-        request=measure.AttentionRequest(seed=5), begin={"event": "begin", "flashinfer": "0.6.4", "torch": "2.11.0+cu130", "devices": 1},
-        kernels=tuple(kernels), running=None, returncode=0, timeout_s=900.0, tail=("last line",), log=Path("/tmp/attention.log"), duration_s=71.0,
-    )  # fmt: skip
+        request=measure.AttentionRequest(seed=5),
+        begin={"event": "begin", "flashinfer": "0.6.4", "torch": "2.11.0+cu130", "devices": 1},
+        kernels=tuple(kernels),
+        running=None,
+        returncode=0,
+        timeout_s=900.0,
+        tail=("last line",),
+        log=Path("/tmp/attention.log"),
+        duration_s=71.0,
+    )
     fields.update(changes)
     return measure.AttentionRun(**fields)
 
@@ -133,7 +140,8 @@ def test_the_recorded_attention_passes_with_its_bandwidth_and_the_cold_jit_again
     result = deep.judge_attention(attention_run(attention_kernels()), JIT, HOPPER)
     assert result.status == Status.PASS, result.details
     assert result.summary.startswith(
-        "flashinfer 0.6.4 on 1 GPU(s): decode GB/s 1280, decode (tensor cores) GB/s 2208, paged decode GB/s 1382, prefill TFLOP/s 705.5; max abs error 0.00045; "
+        "flashinfer 0.6.4 on 1 GPU(s): decode GB/s 1280, decode (tensor cores) GB/s 2208, paged decode GB/s 1382, "
+        "prefill TFLOP/s 705.5; max abs error 0.00045; "
     )
     assert result.summary.endswith(
         "JIT (cold) took 70 s of the 600 s allowed (4 module(s) compiled into /opt/stackgate/cache/flashinfer)"
@@ -145,7 +153,10 @@ def test_the_recorded_attention_passes_with_its_bandwidth_and_the_cold_jit_again
         "prefill TFLOP/s": 705.468,
     }
     assert result.data["defines"] == {
-        "flashinfer_attention": "decode, decode_tensor_cores, prefill, paged_decode correct against float32; JIT-compiled (no flashinfer-jit-cache)"
+        "flashinfer_attention": (
+            "decode, decode_tensor_cores, prefill, paged_decode correct against float32; "
+            "JIT-compiled (no flashinfer-jit-cache)"
+        )
     }
     assert "kernels: JIT-compiled (no flashinfer-jit-cache); the lock ships no flashinfer-jit-cache" in result.details
     warm = [{**k, "compiled": 0, "first_call_s": 0.05} for k in attention_kernels()]
@@ -216,9 +227,9 @@ def test_a_wrong_or_nan_attention_output_fails_by_kernel() -> None:
     kernels[3].update(max_abs_err=float("nan"), worst=[float("nan"), 0.05])
     result = deep.judge_attention(attention_run(kernels), JIT, HOPPER)
     assert result.status == Status.FAIL
-    assert (
-        result.summary
-        == "2 kernel problem(s): GPU 0 prefill: wrong: error 0.011 where |ref| is 0.03 (allowed 0.00223; max abs error 0.011) against float32"
+    assert result.summary == (
+        "2 kernel problem(s): GPU 0 prefill: wrong: error 0.011 where |ref| is 0.03 (allowed 0.00223; max abs "
+        "error 0.011) against float32"
     )
     assert result.details[1].startswith("GPU 0 paged_decode: wrong: error nan")
     assert result.data["kernels"][3]["max_abs_err"] is None  # the JSON report holds no NaN
@@ -226,7 +237,10 @@ def test_a_wrong_or_nan_attention_output_fails_by_kernel() -> None:
 
 
 def test_an_attention_that_does_not_import_or_compile_fails_with_the_knowledge_bases_cause_and_fix() -> None:
-    mismatch = "RuntimeError: flashinfer-cubin version (0.6.3) does not match flashinfer version (0.6.4). Please install the same version of both packages."
+    mismatch = (
+        "RuntimeError: flashinfer-cubin version (0.6.3) does not match flashinfer version (0.6.4). Please "
+        "install the same version of both packages."
+    )
     result = deep.judge_attention(
         attention_run(
             [], begin={"event": "begin", "error": mismatch, "trace": f"Traceback ...\n{mismatch}"}, returncode=1
@@ -247,13 +261,15 @@ def test_an_attention_that_does_not_import_or_compile_fails_with_the_knowledge_b
         "name": H200,
         "kind": "prefill",
         "error": "RuntimeError: Ninja build failed. Ninja output:",
-        "trace": "RuntimeError: Ninja build failed. Ninja output:\nfatal error: curand_kernel.h: No such file or directory",
+        "trace": (
+            "RuntimeError: Ninja build failed. Ninja output:\nfatal error: curand_kernel.h: No such file or directory"
+        ),
     }
     built = deep.judge_attention(attention_run([*attention_kernels()[:2], ninja]), JIT, HOPPER)
     assert built.status == Status.FAIL
-    assert (
-        built.summary
-        == "1 kernel problem(s): GPU 0 prefill: RuntimeError: Ninja build failed. Ninja output: -> A JIT build cannot find the CUDA header curand_kernel.h"
+    assert built.summary == (
+        "1 kernel problem(s): GPU 0 prefill: RuntimeError: Ninja build failed. Ninja output: -> A JIT build "
+        "cannot find the CUDA header curand_kernel.h"
     )
     assert built.fix is not None and built.fix.commands[0].startswith("stackgate provision --only toolkit")
 
@@ -262,9 +278,9 @@ def test_a_kernel_killed_in_its_cold_jit_says_so_with_the_timeout() -> None:
     run = attention_run(attention_kernels()[:2], running=(0, "prefill"), returncode=None)
     result = deep.judge_attention(run, JIT, HOPPER)
     assert result.status == Status.FAIL and result.data["hung"] is True
-    assert (
-        result.summary
-        == "GPU 0's prefill kernel did not finish within 900 s: its first call JIT-compiles (cold) with the lock's jit_timeout_s 600 s allowed"
+    assert result.summary == (
+        "GPU 0's prefill kernel did not finish within 900 s: its first call JIT-compiles (cold) with the lock's "
+        "jit_timeout_s 600 s allowed"
     )
     assert result.fix is not None and "jit_timeout_s" in result.fix.text
     later = deep.judge_attention(
@@ -314,10 +330,19 @@ REQUEST = measure.FusionRequest(2, 7168, (1, 4, 16, 64, 128, 256, 512), seed=5)
 def fusion_run(per_rank: dict[int, list[dict[str, Any]]], **changes: Any) -> measure.FusionRun:
     lines = [line for rank in per_rank.values() for line in rank]
     fields: dict[str, Any] = dict(
-        request=REQUEST, begin={"event": "begin", "flashinfer": "0.6.4", "world": 2}, tokens=tuple(measure.aggregate_fusion(REQUEST, per_rank)),
-        workspace_s={line["rank"]: line["seconds"] for line in lines if line["event"] == "workspace"}, compiled=1, failures=(),
-        progress={0: "done", 1: "done"}, returncode=0, timeout_s=900.0, tail=(), log=Path("/tmp/fusion.log"), duration_s=97.9,
-    )  # fmt: skip
+        request=REQUEST,
+        begin={"event": "begin", "flashinfer": "0.6.4", "world": 2},
+        tokens=tuple(measure.aggregate_fusion(REQUEST, per_rank)),
+        workspace_s={line["rank"]: line["seconds"] for line in lines if line["event"] == "workspace"},
+        compiled=1,
+        failures=(),
+        progress={0: "done", 1: "done"},
+        returncode=0,
+        timeout_s=900.0,
+        tail=(),
+        log=Path("/tmp/fusion.log"),
+        duration_s=97.9,
+    )
     fields.update(changes)
     return measure.FusionRun(**fields)
 
@@ -332,12 +357,14 @@ def test_the_recorded_fusion_passes_with_its_speedup_per_token_count() -> None:
     result = deep.judge_fusion(run, JIT, HOPPER)
     assert result.status == Status.PASS, result.details
     assert result.summary.startswith(
-        "2 ranks, hidden 7168: fused = NCCL + residual + RMSNorm (max abs error norm 0.062); fused vs unfused, graph-captured, per token count: "
+        "2 ranks, hidden 7168: fused = NCCL + residual + RMSNorm (max abs error norm 0.062); fused vs unfused, "
+        "graph-captured, per token count: "
         "1: 4.9 vs 25.8 us (5.3x), 4: 4.9 vs 29.4 us (6.0x), "
     )
     assert "512: 33.0 vs 128.6 us (3.9x)" in result.summary
     assert result.summary.endswith(
-        "workspace JIT (cold) took 94 s of the 600 s allowed (1 module(s) compiled into /opt/stackgate/cache/flashinfer)"
+        "workspace JIT (cold) took 94 s of the 600 s allowed (1 module(s) compiled into "
+        "/opt/stackgate/cache/flashinfer)"
     )
     assert result.data["figures"]["fused speedup at 1 tokens"] == pytest.approx(5.31, abs=0.01)
     assert result.data["defines"] == {
@@ -354,9 +381,9 @@ def test_wrong_fused_outputs_fail_and_a_slower_fused_path_warns() -> None:
     per_rank[1][3]["norm"] = {"max_abs_err": 0.5, "worst": [0.5, 1.0]}  # 16 tokens
     wrong = deep.judge_fusion(fusion_run(per_rank), JIT, HOPPER)
     assert wrong.status == Status.FAIL
-    assert (
-        wrong.summary
-        == "the fused outputs differ from NCCL + residual + RMSNorm at 1 point(s): 16 token(s): norm wrong: error 0.5 where |ref| is 1 (allowed 0.0234)"
+    assert wrong.summary == (
+        "the fused outputs differ from NCCL + residual + RMSNorm at 1 point(s): 16 token(s): norm wrong: error "
+        "0.5 where |ref| is 1 (allowed 0.0234)"
     )
     per_rank = fusion_lines()
     for rank in (0, 1):
@@ -378,16 +405,16 @@ def test_a_fusion_that_fails_or_hangs_in_its_jit_says_where() -> None:
         HOPPER,
     )
     assert failed.status == Status.FAIL
-    assert (
-        failed.summary
-        == f"the allreduce fusion failed (exit 1): rank 0 (workspace): {error} -> flashinfer's allreduce-fusion module has no build for this GPU"
+    assert failed.summary == (
+        f"the allreduce fusion failed (exit 1): rank 0 (workspace): {error} -> flashinfer's allreduce-fusion "
+        "module has no build for this GPU"
     )
     hung = deep.judge_fusion(
         fusion_run({0: [], 1: []}, returncode=None, workspace_s={}, progress={0: "init", 1: "init"}), JIT, HOPPER
     )
-    assert (
-        hung.summary
-        == "the IPC workspace (its first creation JIT-compiles the comm module, cold) was not ready within 900 s (the lock's jit_timeout_s 600 s included)"
+    assert hung.summary == (
+        "the IPC workspace (its first creation JIT-compiles the comm module, cold) was not ready within 900 s "
+        "(the lock's jit_timeout_s 600 s included)"
     )
     assert "rank 1: last init" in hung.details and hung.data["hung"] is True
 
@@ -487,7 +514,8 @@ def test_on_the_sm120_lock_the_fusion_check_says_the_fused_path_cannot_run(
     )
     assert result.status == Status.FAIL
     assert result.summary == (
-        "the fused path cannot run here: compute capability major 12 is not among the majors flashinfer builds the fusion module "
+        "the fused path cannot run here: compute capability major 12 is not among the majors flashinfer builds the "
+        "fusion module "
         "for ([9, 10]): --enable-flashinfer-allreduce-fusion is a no-op on this machine"
     )
     comm = released_site / "flashinfer" / "jit" / "comm.py"
@@ -501,7 +529,10 @@ def test_on_the_sm120_lock_the_fusion_check_says_the_fused_path_cannot_run(
     assert result.details[3] == "FLASHINFER_CUDA_ARCH_LIST=12.0a (flashinfer compiles for these archs, not the GPUs')"
     assert result.details[4].startswith("no compile was tried: ")
     assert result.data["defines"] == {
-        "allreduce_fusion": "no-op: compute capability major 12 is not among the majors flashinfer builds the fusion module for ([9, 10])"
+        "allreduce_fusion": (
+            "no-op: compute capability major 12 is not among the majors flashinfer builds the "
+            "fusion module for ([9, 10])"
+        )
     }
     assert result.fix is not None and 'unsupported = "warn"' in result.fix.text
     warn = interpreter_lock(
@@ -519,9 +550,9 @@ def test_on_hopper_the_gate_passes_and_one_rank_has_nothing_to_fuse(
     lock = interpreter_lock(tmp_path, plain_python, base=hopper)
     one = run_check("deep.allreduce_fusion", lock, released_site, nvml, [gpu(H200, (9, 0))])
     assert one.status == Status.SKIP
-    assert (
-        one.summary
-        == "1 rank(s) (the lock's [smoke] tp 1): there is no all-reduce to fuse (SGLang skips the fusion on one GPU); the arch gate passed: [9, 10]"
+    assert one.summary == (
+        "1 rank(s) (the lock's [smoke] tp 1): there is no all-reduce to fuse (SGLang skips the fusion on one "
+        "GPU); the arch gate passed: [9, 10]"
     )
     forced = run_check(
         "deep.allreduce_fusion", lock, released_site, nvml, [gpu(H200, (9, 0))], FLASHINFER_CUDA_ARCH_LIST="12.0a"
@@ -662,8 +693,10 @@ def test_the_figures_reach_the_fingerprint_and_report_a_b(tmp_path: Path) -> Non
     done = rundiff.compare(a, b)
     assert [str(c) for c in done.changes] == [
         (
-            "flashinfer_attention: decode, decode_tensor_cores, prefill, paged_decode correct against float32; JIT-compiled (no flashinfer-jit-cache) -> "
-            "decode, decode_tensor_cores, prefill, paged_decode correct against float32; precompiled: flashinfer-jit-cache 0.6.4+cu130"
+            "flashinfer_attention: decode, decode_tensor_cores, prefill, paged_decode correct against float32; "
+            "JIT-compiled (no flashinfer-jit-cache) -> "
+            "decode, decode_tensor_cores, prefill, paged_decode correct against float32; precompiled: "
+            "flashinfer-jit-cache 0.6.4+cu130"
         )
     ]
     texts = [f.text() for f in done.figures]
@@ -682,19 +715,29 @@ def test_the_recorded_aligned_replays_give_each_ranks_median_and_the_fastest() -
     5 replays is 16.6 us (nccl-tests read 14.97 us beside it: the multi-process transport)."""
     [aligned] = [line for line in recorded("run2_ar_align.jsonl") if line["cfg"]["name"] == "align"]
     per_rank = {
-        rank: [{
-            "event": "size", "bytes": int(size), "us": statistics.median(us), "us_min": min(us), "us_replays": us, "eager_us": 50.0, "timing": "cuda-graph", "wrong": 0
-        } for size, us in replays.items()]
+        rank: [
+            {
+                "event": "size",
+                "bytes": int(size),
+                "us": statistics.median(us),
+                "us_min": min(us),
+                "us_replays": us,
+                "eager_us": 50.0,
+                "timing": "cuda-graph",
+                "wrong": 0,
+            }
+            for size, us in replays.items()
+        ]
         for rank, replays in enumerate(aligned["us_per_rank"])
-    }  # fmt: skip
+    }
     figures = {f.bytes: f for f in measure.aggregate(2, per_rank)}
     mib = figures[1 << 20]
     assert mib.time_us == pytest.approx((16.62 + 16.58) / 2) and mib.min_us == 16.52
     assert mib.busbw_gbs == pytest.approx((1 << 20) / 16.6e-6 / 1e9, rel=1e-3)
     sweep_lines = deep._size_lines(SimpleSweep(tuple(figures.values())))  # type: ignore[arg-type]
-    assert (
-        sweep_lines[2]
-        == "   1 MiB:       16.6 us (min 16.5)  algbw    63.17 GB/s  busbw    63.17 GB/s  #wrong 0  (launched one by one: 50.0 us)"
+    assert sweep_lines[2] == (
+        "   1 MiB:       16.6 us (min 16.5)  algbw    63.17 GB/s  busbw    63.17 GB/s  #wrong 0  (launched one "
+        "by one: 50.0 us)"
     )
 
 

@@ -32,7 +32,7 @@ FAILED_START = """[2026-02-03 09:00:14 TP0] Init torch distributed begin.
            ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~^^^^^^^^^^^^^^^^^^^^^^^^
 KeyError: 12
 [2026-02-03 09:00:19] Received sigquit from a child process. It usually means the child failed.
-"""
+"""  # noqa: E501 (text as it is: the lines are the test's data)
 
 
 def run(request: DiagnoseRequest, stdin: bytes | None = None) -> tuple[ExitCode, str]:
@@ -129,7 +129,8 @@ def test_the_lock_is_quoted(tmp_path: Path) -> None:
     log = write(
         tmp_path,
         "s.log",
-        "ImportError: libnvrtc.so.12: cannot open shared object file: No such file or directory\n[x TP0] Attention backend not specified. Use triton backend by default.\n",
+        "ImportError: libnvrtc.so.12: cannot open shared object file: No such file or directory\n[x TP0] Attention "
+        "backend not specified. Use triton backend by default.\n",
     )
     _, out = run(DiagnoseRequest(paths=(log,), lock_path=LOCK))
     assert "libnvrtc.so.12 is missing: a build for CUDA 12, not for the stack's CUDA (13.0)" in out
@@ -155,9 +156,9 @@ def test_without_a_lock_the_report_reads_as_english(tmp_path: Path) -> None:
     )
     _, out = run(DiagnoseRequest(paths=(resolver,)))
     assert (
-        "Never let a resolution move the frozen packages (torch, torchaudio, triton and nvidia-nccl-cu13 in the default profile)."
-        in out
-    )
+        "Never let a resolution move the frozen packages (torch, torchaudio, triton and nvidia-nccl-cu13 in the "
+        "default profile)."
+    ) in out
 
 
 def test_the_json_report_carries_every_finding(tmp_path: Path) -> None:
@@ -185,7 +186,8 @@ def test_the_rendered_finding_reads_exactly() -> None:
     scanner = Scanner(source="server.log")
     scanner.feed_text(
         "ok\n[rank5]:[E226 11:16:37.121617583 ProcessGroupNCCL.cpp:616] [Rank 5] "
-        "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5653, OpType=ALLREDUCE, NumelIn=58720256, NumelOut=58720256"
+        "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5653, OpType=ALLREDUCE, NumelIn=58720256, "
+        "NumelOut=58720256"
     )
     lines = [
         text for text, _ in render_findings("stackgate diagnose: 1 input(s)", scanner.findings, "1 finding(s): FAILED")
@@ -196,10 +198,12 @@ def test_the_rendered_finding_reads_exactly() -> None:
         "ERROR    nccl-watchdog-timeout: A collective timed out (ALLREDUCE, sequence 5653)",
         "  at server.log:2  [nccl]",
         "  | 2  [rank5]:[E226 11:16:37.121617583 ProcessGroupNCCL.cpp:616] [Rank 5] "
-        "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5653, OpType=ALLREDUCE, NumelIn=58720256, NumelOut=58720256",
+        "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5653, OpType=ALLREDUCE, NumelIn=58720256, "
+        "NumelOut=58720256",
         "  cause: A collective (ALLREDUCE, sequence 5653) did not finish within the process group's timeout: "
         "a rank hung or died, or peer-to-peer traffic between the GPUs stalls (IOMMU, ACS on PCIe hosts).",
-        "  fix: Find the rank that stopped first (its error is earlier in the log); run the collective test to find a GPU pair or setting that hangs; check NCCL_P2P_LEVEL and the PCIe topology.",
+        "  fix: Find the rank that stopped first (its error is earlier in the log); run the collective test to find "
+        "a GPU pair or setting that hangs; check NCCL_P2P_LEVEL and the PCIe topology.",
         "  $ stackgate verify --deep",
         "  $ nvidia-smi topo -m",
         "  learned from: https://github.com/sgl-project/sglang/issues/3836",

@@ -82,11 +82,19 @@ def test_any_versioned_cuda_library_is_one_family(line: str, lib: str, major: st
     ("text", "code"),
     [
         (
-            "RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions ... Error 802: system not yet initialized",
+            (
+                "RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions ... Error "
+                "802: "
+                "system not yet initialized"
+            ),
             "802",
         ),
         (
-            "RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before calling\nalready set an error? Error 999: unknown error",
+            (
+                "RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before "
+                "calling\nalready "
+                "set an error? Error 999: unknown error"
+            ),
             "999",
         ),
         ("RuntimeError: CUDA driver initialization failed, you might not have a CUDA gpu.", "3"),
@@ -101,7 +109,11 @@ def test_cuda_init_failures_are_read_by_code_and_name(text: str, code: str) -> N
 
 def test_nccl_classes_and_allocation_failures() -> None:
     usage = first(
-        "torch.distributed.DistBackendError: NCCL error in: ../ProcessGroupNCCL.cpp:1287, invalid usage, NCCL version 2.27.7"
+        (
+            "torch.distributed.DistBackendError: NCCL error in: ../ProcessGroupNCCL.cpp:1287, invalid usage, NCCL "
+            "version "
+            "2.27.7"
+        )
     )
     assert (
         usage.id == "nccl-error"
@@ -109,14 +121,24 @@ def test_nccl_classes_and_allocation_failures() -> None:
         and "two ranks on one GPU" in usage.cause
     )
     alloc = scan(
-        "host:1:2 [3] include/alloc.h:185 NCCL WARN Failed to CUDA calloc 6291456 bytes\nhost:1:2 [3] enqueue.cc:43 NCCL WARN Cuda failure 'out of memory'"
+        (
+            "host:1:2 [3] include/alloc.h:185 NCCL WARN Failed to CUDA calloc 6291456 bytes\nhost:1:2 [3] "
+            "enqueue.cc:43 "
+            "NCCL "
+            "WARN Cuda failure 'out of memory'"
+        )
     )
     assert [f.id for f in alloc.findings] == ["nccl-alloc-failed"]  # it supersedes the generic class on its line
 
 
 def test_the_installer_family_reads_versions_against_the_lock() -> None:
     context = knowledge.lock_context(load_spec(LOCK))
-    log = "#12 41.2 Collecting torch==2.10.0\n#12 45.0   Downloading torch-2.10.0-cp312-cp312-manylinux_2_28_x86_64.whl (899.7 MB)\n Collecting numpy==2.1.0\n + nvidia-nccl-cu12==2.27.5\n"
+    log = (
+        "#12 41.2 Collecting torch==2.10.0\n#12 45.0   Downloading "
+        "torch-2.10.0-cp312-cp312-manylinux_2_28_x86_64.whl "
+        "(899.7 MB)\n Collecting numpy==2.1.0\n + "
+        "nvidia-nccl-cu12==2.27.5\n"
+    )
     found = scan(log, context=context, stage="provision").findings
     assert [f.id for f in found] == ["installer-unlocked-version"] and found[0].evidence.count == 3
     assert found[0].values["package"] == "torch" and found[0].values["locked"] == "2.9.1+cu130"
@@ -126,7 +148,10 @@ def test_the_installer_family_reads_versions_against_the_lock() -> None:
 
 def test_kernel_asserts_name_their_library() -> None:
     deepgemm = first(
-        "RuntimeError: Assertion error (/sgl-kernel/build/_deps/repo-deepgemm-src/csrc/jit/compiler.hpp:50): not library_root_path.empty()"
+        (
+            "RuntimeError: Assertion error (/sgl-kernel/build/_deps/repo-deepgemm-src/csrc/jit/compiler.hpp:50): not "
+            "library_root_path.empty()"
+        )
     )
     assert (
         deepgemm.id == "kernel-assert" and deepgemm.component == "deepgemm" and deepgemm.values["owner"] == "DeepGEMM"
@@ -139,7 +164,12 @@ def test_kernel_asserts_name_their_library() -> None:
 
 def test_a_missing_moe_config_is_a_performance_warning() -> None:
     found = first(
-        "[2026-02-21 10:48:17 TP3] Config file not found at /x/configs/triton_3_5_1/E=128,N=192,device_name=NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition.json, you can create them"
+        (
+            "[2026-02-21 10:48:17 TP3] Config file not found at "
+            "/x/configs/triton_3_5_1/E=128,N=192,device_name=NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition.json, "
+            "you "
+            "can create them"
+        )
     )
     assert found.id == "moe-config-missing" and found.severity == "warning"
     assert (
@@ -150,7 +180,11 @@ def test_a_missing_moe_config_is_a_performance_warning() -> None:
 
 def test_out_of_memory_names_its_phase() -> None:
     graph = first(
-        '  File "/x/sglang/srt/model_executor/cuda_graph_runner.py", line 300, in capture\n    out = run_once()\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.'
+        (
+            '  File "/x/sglang/srt/model_executor/cuda_graph_runner.py", line 300, in capture\n    out = '
+            "run_once()\ntorch.OutOfMemoryError: "
+            "CUDA out of memory. Tried to allocate 2.00 GiB."
+        )
     )
     assert (
         graph.id == "cuda-out-of-memory"
@@ -186,7 +220,11 @@ def test_an_unexplained_traceback_is_reported_with_its_last_exception_first() ->
 
 def test_an_explained_traceback_is_not_reported_again() -> None:
     scanner = scan(
-        'Traceback (most recent call last):\n  File "x.py", line 1\nImportError: libcudart.so.12: cannot open shared object file: No such file or directory\n'
+        (
+            'Traceback (most recent call last):\n  File "x.py", line 1\nImportError: libcudart.so.12: cannot open '
+            "shared "
+            "object file: No such file or directory\n"
+        )
     )
     assert [f.id for f in scanner.findings] == ["cuda-major-mismatch"] and scanner.unrecognized == []
 

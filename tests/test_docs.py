@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import ROOT
 
-from conftest import ROOT
 from stackgate import main
 
 try:

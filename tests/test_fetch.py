@@ -134,7 +134,10 @@ def test_tries_are_bounded_and_the_next_run_resumes_the_part(tmp_path: Path, ser
     target = tmp_path / "cuda.run"
     with pytest.raises(
         fetch.FetchError,
-        match=r"the connection closed at byte \d+ of 307200 \(gave up after 3 tries; the next run resumes at byte \d+\)",
+        match=(
+            r"the connection closed at byte \d+ of 307200 \(gave up after 3 tries; the next run resumes at byte "
+            r"\d+\)"
+        ),
     ):
         fetch.fetch_checked(server.url, target, WANT, retry=_retry(waits, attempts=3))
     assert len(server.requests) == 3 and waits == [1.0, 2.0]

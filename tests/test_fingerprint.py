@@ -21,8 +21,19 @@ from stackgate.runs import fingerprint as fp
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = load_spec(ROOT / "lockfiles" / "blackwell-sm120-cu130.toml")
 ARGS = json.loads((ROOT / "tests" / "fakes" / "sglang" / "server_args.json").read_text())["fields"]
-INFO = {**ARGS, "model_path": "/models/m", "tp_size": 8, "attention_backend": "flashinfer", "port": 30000, "random_seed": 41, "nccl_port": 45123, "status": "ready",
-        "max_total_num_tokens": 512000, "internal_states": [{"last_gen_throughput": 92.6}], "version": "0.5.9"}  # fmt: skip
+INFO = {
+    **ARGS,
+    "model_path": "/models/m",
+    "tp_size": 8,
+    "attention_backend": "flashinfer",
+    "port": 30000,
+    "random_seed": 41,
+    "nccl_port": 45123,
+    "status": "ready",
+    "max_total_num_tokens": 512000,
+    "internal_states": [{"last_gen_throughput": 92.6}],
+    "version": "0.5.9",
+}
 DISTS = {"torch": "2.9.1+cu130", "flashinfer-python": "0.6.4", "sglang": "0.5.9", "triton": "3.5.1"}
 
 

@@ -163,10 +163,26 @@ def test_a_fleet_gate_over_loopback_nodes(tmp_path):
         )
         out = home / "report"
         done = stackgate(
-            "fleet", "gate", "--inventory", str(inventory), "--lock", str(fleet.spec), "--parallel", "8",
-            "--json", f"{out}.json", "--junit", f"{out}.xml", "--markdown", f"{out}.md", "--prom", f"{out}.prom", "--html", f"{out}.html",
+            "fleet",
+            "gate",
+            "--inventory",
+            str(inventory),
+            "--lock",
+            str(fleet.spec),
+            "--parallel",
+            "8",
+            "--json",
+            f"{out}.json",
+            "--junit",
+            f"{out}.xml",
+            "--markdown",
+            f"{out}.md",
+            "--prom",
+            f"{out}.prom",
+            "--html",
+            f"{out}.html",
             history=home / "controller-runs",
-        )  # fmt: skip
+        )
         gated = (fleet, done, json.loads(Path(f"{out}.json").read_text()), out)
         for part in (
             the_fleet_verdict_and_each_node,
@@ -189,8 +205,15 @@ def the_fleet_verdict_and_each_node(gated) -> None:
     assert done.returncode == ExitCode.FAILED, done.stdout + done.stderr
     by = nodes(doc)
     assert {name: n["status"] for name, n in by.items()} == {
-        "a": "passed", "b": "passed", "c": "passed", "d": "passed", "drift": "passed", "slow": "timed out", "down": "unreachable", "denied": "unreachable",
-    }  # fmt: skip
+        "a": "passed",
+        "b": "passed",
+        "c": "passed",
+        "d": "passed",
+        "drift": "passed",
+        "slow": "timed out",
+        "down": "unreachable",
+        "denied": "unreachable",
+    }
     assert by["a"]["stages"] == dict.fromkeys(["lock", "environment", "verify", "fast_smoke", "benchmark"], "passed")
     assert by["a"]["version"] == by["d"]["version"] and by["a"]["version"] is not None
     assert by["down"]["reason"] == f"{by['down']['address']}: cannot connect: Connection refused"
@@ -356,9 +379,20 @@ def test_fleet_verify_names_the_failed_checks_of_each_node(tmp_path):
         )
         out = tmp_path / "v"
         done = stackgate(
-            "fleet", "verify", "--inventory", str(fleet.inventory()), "--lock", str(fleet.spec), "-c", "gpu.*", "--json", f"{out}.json", "--markdown", f"{out}.md",
+            "fleet",
+            "verify",
+            "--inventory",
+            str(fleet.inventory()),
+            "--lock",
+            str(fleet.spec),
+            "-c",
+            "gpu.*",
+            "--json",
+            f"{out}.json",
+            "--markdown",
+            f"{out}.md",
             history=tmp_path / "runs",
-        )  # fmt: skip
+        )
         assert done.returncode == ExitCode.FAILED, done.stdout + done.stderr
         two = nodes(json.loads(Path(f"{out}.json").read_text()))["two"]
         (count,) = [c for c in two["failed_checks"] if c["check"] == "gpu.count"]

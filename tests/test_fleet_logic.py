@@ -128,7 +128,11 @@ def test_more_nodes_than_the_cap_are_refused_before_any_is_dialled(tmp_path):
 
 def test_an_inventory_sets_defaults_and_each_node_overrides_them(tmp_path):
     nodes = parse_inventory(
-        '[fleet]\nuser = "ops"\nport = 2222\nidentity = "keys/id"\n[[node]]\nhost = "10.0.0.1"\n[[node]]\nname = "g2"\nhost = "h2"\nport = 22\n',
+        (
+            '[fleet]\nuser = "ops"\nport = 2222\nidentity = "keys/id"\n[[node]]\nhost = "10.0.0.1"\n[[node]]\nname = '
+            '"g2"\nhost '
+            '= "h2"\nport = 22\n'
+        ),
         base=tmp_path,
     )
     assert [(n.name, n.address, n.identity) for n in nodes] == [
@@ -279,10 +283,19 @@ def test_a_hostile_node_report_fails_that_node_with_the_reason_and_prints_nothin
 def _verify_report(failed: dict[str, str]) -> str:
     results = [{"check": "gpu.driver", "status": "PASS", "summary": "driver 580.82.07"}]
     results += [{"check": name, "status": "FAIL", "summary": summary} for name, summary in failed.items()]
-    return json.dumps({
-        "schema": "stackgate.report/1", "command": "verify", "run_id": "20261130T000000Z-verify-abc123", "host": {"hostname": "vm"}, "results": results,
-        "counts": {"PASS": 1, "FAIL": len(failed)}, "verdict": "failed", "reason": f"{len(failed)} check(s) failed", "exit_code": 1,
-    })  # fmt: skip
+    return json.dumps(
+        {
+            "schema": "stackgate.report/1",
+            "command": "verify",
+            "run_id": "20261130T000000Z-verify-abc123",
+            "host": {"hostname": "vm"},
+            "results": results,
+            "counts": {"PASS": 1, "FAIL": len(failed)},
+            "verdict": "failed",
+            "reason": f"{len(failed)} check(s) failed",
+            "exit_code": 1,
+        }
+    )
 
 
 def _verify_fleet(tmp_path: Path) -> tuple[dict[str, dict], str, str]:
@@ -318,9 +331,10 @@ def test_fleet_verify_names_each_nodes_failed_checks_with_their_reasons(tmp_path
     assert by["wordy"]["reason"] == "verify exit 1: 2 check(s) failed (gpu.count, python.pins)"
     assert "terse: 1 check(s) failed:\n  gpu.ecc FAIL: GPU 0: 3 uncorrectable ECC errors\n" in console
     assert (
-        "wordy: 2 check(s) failed:\n  gpu.count FAIL: 2 GPU(s) visible, the lock wants 1\n  python.pins FAIL: python.pins: torch is 2.10.0"
-        in console
-    )
+        "wordy: 2 check(s) failed:\n  gpu.count FAIL: 2 GPU(s) visible, the lock wants 1\n  python.pins FAIL: "
+        "python.pins: "
+        "torch is 2.10.0"
+    ) in console
     assert "### Failed checks" in markdown and "  gpu.ecc FAIL: GPU 0: 3 uncorrectable ECC errors" in markdown
 
 

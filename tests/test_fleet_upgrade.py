@@ -113,9 +113,10 @@ def test_the_canary_wins_then_the_rest_roll_in_batches(tmp_path):
     assert argv[-2:] == ["shipped:True", "shipped:True"] and argv[argv.index("--switch") + 1] == "if-better"
     assert "canary n1: switched: it passes" in console
     assert (
-        "  decode live 92.60 tok/s (95% CI 92.20-93.00, n=4) -> new 99.80 tok/s (95% CI 99.40-100.20, n=4); new - live +7.20 tok/s"
-        in console
-    )
+        "  decode live 92.60 tok/s (95% CI 92.20-93.00, n=4) -> new 99.80 tok/s (95% CI 99.40-100.20, n=4); new - "
+        "live "
+        "+7.20 tok/s"
+    ) in console
     assert "moved to the new stack: n1, n2, n3, n4, n5" in console
 
 
@@ -141,9 +142,10 @@ def test_a_canary_that_keeps_its_stack_leaves_every_other_node_untouched(tmp_pat
         and doc["upgrade"]["untouched"] == ["n2", "n3", "n4"]
     )
     assert (
-        "canary n1: kept the live stack: slower beyond the measured noise: decode new - live: -7.20 tok/s (-7.8%; 95% CI -8.10 to -6.30) (nothing to roll back: current never moved)"
-        in console
-    )
+        "canary n1: kept the live stack: slower beyond the measured noise: decode new - live: -7.20 tok/s (-7.8%; "
+        "95% "
+        "CI -8.10 to -6.30) (nothing to roll back: current never moved)"
+    ) in console
 
 
 def test_a_node_that_keeps_its_stack_mid_rollout_stops_the_rollout_after_its_batch(tmp_path):
@@ -171,7 +173,11 @@ def test_a_node_that_keeps_its_stack_mid_rollout_stops_the_rollout_after_its_bat
         and doc["upgrade"]["untouched"] == ["n4", "n5", "n6", "n7"]
     )
     assert doc["reason"].startswith(
-        "n3 did not win (failed: upgrade exit 1: kept the live stack: greedy outputs differ: first differing token at position 7)"
+        (
+            "n3 did not win (failed: upgrade exit 1: kept the live stack: greedy outputs differ: first differing token "
+            "at "
+            "position 7)"
+        )
     )
     assert doc["reason"].endswith(
         "the rollout stopped after its batch; 2 node(s) moved, 1 kept their live stack, 4 not touched"
@@ -185,9 +191,8 @@ def test_an_unreachable_canary_touches_nothing(tmp_path):
     code, doc, transport, _ = upgrade(list(sims), sims, tmp_path)
     assert code == ExitCode.FAILED and transport.begun == [] and not sims["n2"].calls
     assert by_name(doc)["n1"]["status"] == "unreachable" and "upgrade" not in by_name(doc)["n1"]
-    assert (
-        doc["reason"]
-        == "the canary n1 did not win (unreachable: n1:22: cannot connect: Connection refused): no other node was touched"
+    assert doc["reason"] == (
+        "the canary n1 did not win (unreachable: n1:22: cannot connect: Connection refused): no other node was touched"
     )
 
 
@@ -220,8 +225,11 @@ def test_a_live_spec_of_the_same_name_is_shipped_beside_the_new_one(tmp_path):
     )
     assert fleet.run(request, UI(stream=io.StringIO(), force_plain=True), SimTransport(sims)) == ExitCode.PASSED
     assert sorted(json.loads(out.read_text())["shipped"]) == [
-        "blackwell-sm120-cu128.toml", "live-blackwell-sm120-cu128.toml", "pylock.blackwell-sm120-cu128.toml", "pylock.live-blackwell-sm120-cu128.toml",
-    ]  # fmt: skip
+        "blackwell-sm120-cu128.toml",
+        "live-blackwell-sm120-cu128.toml",
+        "pylock.blackwell-sm120-cu128.toml",
+        "pylock.live-blackwell-sm120-cu128.toml",
+    ]
     (argv,) = sims["n1"].upgrades
     assert argv[argv.index("--lock") + 1].endswith("/live-blackwell-sm120-cu128.toml") and argv[-2:] == [
         "shipped:True",
@@ -296,9 +304,25 @@ def test_fleet_upgrade_over_loopback_sshd_nodes(tmp_path):
             upgrading_node(cluster, name, rates)
         out = tmp_path / "fleet"
         done = stackgate(
-            "fleet", "upgrade", "--inventory", str(cluster.inventory()), "--to", str(new), "--lock", str(live), "--canary", "1", "--batch", "2",
-            "--json", f"{out}.json", "--markdown", f"{out}.md", history=tmp_path / "controller-runs", timeout=120,
-        )  # fmt: skip
+            "fleet",
+            "upgrade",
+            "--inventory",
+            str(cluster.inventory()),
+            "--to",
+            str(new),
+            "--lock",
+            str(live),
+            "--canary",
+            "1",
+            "--batch",
+            "2",
+            "--json",
+            f"{out}.json",
+            "--markdown",
+            f"{out}.md",
+            history=tmp_path / "controller-runs",
+            timeout=120,
+        )
         assert done.returncode == ExitCode.FAILED, done.stdout + done.stderr
         doc = json.loads(Path(f"{out}.json").read_text())
         nodes = by_name(doc)
@@ -309,7 +333,11 @@ def test_fleet_upgrade_over_loopback_sshd_nodes(tmp_path):
             "d": "not run",
         }
         assert doc["reason"].startswith(
-            "c did not win (failed: upgrade exit 1: kept the live stack: slower beyond the measured noise: decode new - live: -100.00 tok/s"
+            (
+                "c did not win (failed: upgrade exit 1: kept the live stack: slower beyond the measured noise: decode "
+                "new "
+                "- live: -100.00 tok/s"
+            )
         )
         assert (
             doc["upgrade"]["moved"] == ["a", "b"]

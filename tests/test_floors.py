@@ -8,8 +8,7 @@ import re
 
 import pynvml
 from fakes import fake_nvml
-
-from conftest import ROOT
+from support import ROOT
 
 
 def test_every_nvml_name_the_code_uses_exists_in_nvidia_ml_py_and_in_the_fake():

@@ -606,9 +606,11 @@ def test_a_lock_whose_stack_changed_since_the_generation_was_built_fails_naming_
     changed = root_lock(tmp_path, **{'sglang = "==0.5.9"': 'sglang = "==0.5.10"'})
     result = environment_check("environment.generation", changed)
     assert result.status == Status.FAIL
-    assert (
-        result.summary
-        == "the lock's Python stack changed since generation 0001-built was built: packages.sglang.version: ==0.5.9 -> ==0.5.10"
+    assert result.summary == (
+        "the lock's Python stack changed since generation 0001-built was built: packages.sglang.version: "
+        "==0.5.9 "
+        "-> "
+        "==0.5.10"
     )
     assert result.fix.commands == (f"stackgate provision --lock {changed.path}",)
 

@@ -226,7 +226,11 @@ def test_a_failed_generation_is_kept_for_inspection_never_switched_or_rolled_bac
         generations.switch(tmp_path, failed[1])
     with pytest.raises(
         generations.GenerationError,
-        match=f"generation {failed[1].id} .*failed its checks \\(gpu.count: 2\\): it is kept for inspection, never rolled back to",
+        match=(
+            f"generation {failed[1].id} .*failed its checks \\(gpu.count: 2\\): it is kept for inspection, never "
+            "rolled "
+            "back to"
+        ),
     ):
         generations.rollback(tmp_path, failed[1])
     generations.switch(tmp_path, second)

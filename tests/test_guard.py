@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from pkgindex import IndexServer, install_environ, stack_index, write_stack_lock  # noqa: F401 (fixtures)
+from pkgindex import IndexServer, write_stack_lock
 
 from stackgate.facts import BasePython, interpreters
 from stackgate.models.spec import Spec, load_spec
@@ -16,7 +16,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _versions(python: Path, environ: dict[str, str]) -> dict[str, str]:
-    script = "import importlib.metadata as m; print('\\n'.join(f'{d.metadata[\"Name\"]}=={d.version}' for d in m.distributions()))"
+    script = (
+        "import importlib.metadata as m; print('\\n'.join(f'{d.metadata[\"Name\"]}=={d.version}' for d in "
+        "m.distributions()))"
+    )
     done = subprocess.run([str(python), "-c", script], capture_output=True, text=True, env=environ, check=True)
     return dict(line.split("==", 1) for line in done.stdout.split())
 
@@ -205,9 +208,24 @@ def test_uv_resolver_output_is_read_from_a_real_run(
     constraints = tmp_path / "c.txt"
     constraints.write_text("torch==2.9.1+cu130\n")
     done = subprocess.run(
-        [uv, "pip", "install", "--no-config", "--python", str(tmp_path / "v/bin/python"), "--default-index", stack_index.simple("pypi"), "-c", str(constraints), "eager-upgrader", "torch-agnostic"],
-        capture_output=True, text=True, env=install_environ,
-    )  # fmt: skip
+        [
+            uv,
+            "pip",
+            "install",
+            "--no-config",
+            "--python",
+            str(tmp_path / "v/bin/python"),
+            "--default-index",
+            stack_index.simple("pypi"),
+            "-c",
+            str(constraints),
+            "eager-upgrader",
+            "torch-agnostic",
+        ],
+        capture_output=True,
+        text=True,
+        env=install_environ,
+    )
     assert done.returncode != 0
     lock = load_spec()
     hits = guard.blocked(done.stderr, lock)

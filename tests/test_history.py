@@ -200,7 +200,12 @@ def test_smoke_keeps_its_runs_and_report_compares_them_on_what_they_recorded(rig
     assert_nothing_left(rig)
 
 
-OOM = "[2026-01-12 10:00:27 TP0] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 23.53 GiB of which 20.38 MiB is free."
+OOM = (
+    "[2026-01-12 10:00:27 TP0] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 "
+    "has "
+    "a "
+    "total capacity of 23.53 GiB of which 20.38 MiB is free."
+)
 
 
 def as_smoke_1(doc: dict) -> dict:
@@ -209,10 +214,20 @@ def as_smoke_1(doc: dict) -> dict:
     old["smoke"]["schema"] = "stackgate.smoke/1"
     for session in old["smoke"]["sessions"]:
         session["findings"] = [
-            {"id": f["id"], "severity": f["severity"], "line": f["evidence"]["line"], "count": f["evidence"]["count"], "text": "\n".join(f["evidence"]["lines"]),
-             "title": f["title"], "cause": f["cause"], "fix": f["fix"]["text"], "commands": f["fix"]["commands"], "source": f["learned_from"]}
+            {
+                "id": f["id"],
+                "severity": f["severity"],
+                "line": f["evidence"]["line"],
+                "count": f["evidence"]["count"],
+                "text": "\n".join(f["evidence"]["lines"]),
+                "title": f["title"],
+                "cause": f["cause"],
+                "fix": f["fix"]["text"],
+                "commands": f["fix"]["commands"],
+                "source": f["learned_from"],
+            }
             for f in session["findings"]
-        ]  # fmt: skip
+        ]
     return old
 
 

@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 from fakes.fake_nvml import gpu, machine
-from pkgindex import IndexServer, stack_index  # noqa: F401 (fixture)
+from pkgindex import IndexServer
+from support import isolated_environ
 from test_cuda import fake_prefix
 
-from conftest import isolated_environ
 from stackgate.models import pylock
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.spec import load_spec
@@ -116,10 +116,23 @@ def test_init_describes_this_machine_and_verify_then_reports_only_true_problems(
     # The one true problem of this machine: torch is a CPU build. Everything else it can pass, passes.
     assert {name for name, s in status.items() if s not in ("PASS", "SKIP")} == {"torch.build"}, verified.stdout
     assert {name for name, s in status.items() if s == "PASS"} >= {
-        "gpu.driver", "gpu.driver_cuda", "gpu.count", "gpu.capability", "gpu.pcie", "gpu.ecc", "gpu.processes",
-        "cuda.toolkits", "cuda.home", "cuda.ptxas_arch", "cuda.triton_ptxas", "python.interpreter", "python.frozen",
-        "python.consistency", "abi.imports", "abi.elf",
-    }  # fmt: skip
+        "gpu.driver",
+        "gpu.driver_cuda",
+        "gpu.count",
+        "gpu.capability",
+        "gpu.pcie",
+        "gpu.ecc",
+        "gpu.processes",
+        "cuda.toolkits",
+        "cuda.home",
+        "cuda.ptxas_arch",
+        "cuda.triton_ptxas",
+        "python.interpreter",
+        "python.frozen",
+        "python.consistency",
+        "abi.imports",
+        "abi.elf",
+    }
     assert verified.returncode == ExitCode.FAILED and "shipped default" not in verified.stdout
 
     again = stackgate("init", cwd=tmp_path, env=env)
@@ -222,9 +235,12 @@ def test_init_pins_the_stack_reads_the_fusion_gate_and_its_spec_locks(tmp_path: 
     lock, text = load_spec(spec), spec.read_text()
     pins = {p.name: p.pinned_version for p in lock.python.packages}
     assert pins == {
-        "torch": "2.9.1+cu130", "triton": "3.5.1", "nvidia-nccl-cu13": "2.27.7", "flashinfer-python": "0.6.4",
+        "torch": "2.9.1+cu130",
+        "triton": "3.5.1",
+        "nvidia-nccl-cu13": "2.27.7",
+        "flashinfer-python": "0.6.4",
         "flashinfer-cubin": "0.6.4",
-    }  # fmt: skip
+    }
     assert set(lock.python.frozen) == set(pins) and lock.python.imports == ("torch", "triton", "flashinfer")
     assert lock.python.torch_cuda == "13.0" and [(i.url, i.packages) for i in lock.python.indexes] == [
         ("https://download.pytorch.org/whl/cu130", ("torch",))
@@ -257,8 +273,11 @@ def test_init_pins_the_stack_reads_the_fusion_gate_and_its_spec_locks(tmp_path: 
     assert "# TRITON_PTXAS_PATH unset: Triton's bundled ptxas builds sm_90a" in h200
 
     # The spec init wrote resolves with `stackgate lock` (its PyPI and PyTorch indexes pointed at the test's).
-    spec.write_text(text.replace("https://download.pytorch.org/whl/cu130", stack_index.simple("cu130")).replace(
-        "[python]\n", f'[python]\ndefault_index = "{stack_index.simple("pypi")}"\n'))  # fmt: skip
+    spec.write_text(
+        text.replace("https://download.pytorch.org/whl/cu130", stack_index.simple("cu130")).replace(
+            "[python]\n", f'[python]\ndefault_index = "{stack_index.simple("pypi")}"\n'
+        )
+    )
     locked = stackgate("lock", cwd=tmp_path, env=isolated_environ(**env))
     assert locked.returncode == ExitCode.PASSED, locked.stderr
     resolution = pylock.load(tmp_path / "pylock.stackgate.toml")

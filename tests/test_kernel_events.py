@@ -30,15 +30,20 @@ FALLEN = """[    2.104512] nvidia: loading out-of-tree module taints kernel.
 [  301.000001] NVRM: Xid (PCI:0000:19:00): 63, pid=1896, Row Remapper: New row marked for remapping, reset gpu to activate.
 [  412.337100] pcieport 0000:00:03.1: AER: Corrected error received: 0000:18:00.0
 [  412.337120] nvidia 0000:18:00.0: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)
-"""
+"""  # noqa: E501 (text as it is: the lines are the test's data)
 APP_FAULT = (
     "[  100.1] NVRM: Xid (PCI:0000:18:00): 13, pid=4242, name=python3, Graphics Exception: ESR 0x405048=0x80000000\n"
 )
-CLEAN = "[    2.104512] nvidia: loading out-of-tree module taints kernel.\n[    3.0] nvidia-uvm: Loaded the UVM driver, major device number 508.\n"
+CLEAN = (
+    "[    2.104512] nvidia: loading out-of-tree module taints kernel.\n[    3.0] nvidia-uvm: Loaded the UVM "
+    "driver, "
+    "major device number 508.\n"
+)
 
 
 def fake_dmesg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str | None, journal: str | None = None) -> Path:
-    """A bin folder first on PATH with `dmesg` (and `journalctl`) printing ``text``, or refusing like an unprivileged one."""
+    """A bin folder first on PATH with `dmesg` (and `journalctl`) printing ``text``, or refusing
+    like an unprivileged one."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     for name, body in (("dmesg", text), ("journalctl", journal)):

@@ -308,12 +308,18 @@ def test_the_walker_sees_imports_in_functions_relative_imports_and_import_module
         },
     )
     assert layer_violations(package) == [
-        "stackgate/checks/core.py:2: importlib.import_module('stackgate.stack.plan')  (peers: checks/ imports stackgate.stack.plan of stack/)",
-        "stackgate/facts/collect.py:1: from ..checks import core  (facts imports stackgate.checks.core, up in checks | stack | serve)",
-        "stackgate/models/spec.py:2: from stackgate.facts import collect  (models imports stackgate.facts.collect, up in facts)",
+        (
+            "stackgate/checks/core.py:2: importlib.import_module('stackgate.stack.plan')  (peers: checks/ imports "
+            "stackgate.stack.plan of stack/)"
+        ),
+        "stackgate/facts/collect.py:1: from ..checks import core  (facts imports stackgate.checks.core, up in "
+        "checks | stack | serve)",
+        "stackgate/models/spec.py:2: from stackgate.facts import collect  (models imports stackgate.facts.collect, "
+        "up in facts)",
     ]
     assert cycles(package) == [
-        "import cycle stackgate.checks.core -> stackgate.stack.plan -> stackgate.models.spec -> stackgate.facts.collect -> stackgate.checks.core: "
+        "import cycle stackgate.checks.core -> stackgate.stack.plan -> stackgate.models.spec -> "
+        "stackgate.facts.collect -> stackgate.checks.core: "
         "stackgate/checks/core.py:2: importlib.import_module('stackgate.stack.plan'); "
         "stackgate/stack/plan.py:1: from stackgate.models.spec import Lock; "
         "stackgate/models/spec.py:2: from stackgate.facts import collect; "

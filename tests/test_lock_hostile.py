@@ -189,9 +189,10 @@ def test_a_runfile_may_also_be_an_absolute_path_but_not_a_relative_one():
 
 def test_plain_http_names_the_host_and_the_way_out():
     (problem,) = problems(with_url("python.index[0].url", "http://download.pytorch.org/whl/cu130"))
-    assert (
-        problem
-        == "python.index[0].url: plain http to download.pytorch.org: use https (http only to localhost or a loopback IP such as 127.0.0.1 or [::1])"
+    assert problem == (
+        "python.index[0].url: plain http to download.pytorch.org: use https (http only to localhost or a "
+        "loopback "
+        "IP such as 127.0.0.1 or [::1])"
     )
 
 
@@ -413,9 +414,21 @@ def _must_refuse(where: str, value: str) -> bool:
 
 def _hostile(canary: Path) -> list[str]:
     return [
-        "\x00", "a\x00b", "line\nbreak", "tab\there", "\x1b[31mred", "\x7f", "\x85", "\u2028",
-        f"$(touch {canary})", f"`touch {canary}`", "${HOME:-x}", "http://evil.example/x", "http://127.0.0.1.evil.com/simple", "http://127.0.0.1:9/simple",
-    ]  # fmt: skip
+        "\x00",
+        "a\x00b",
+        "line\nbreak",
+        "tab\there",
+        "\x1b[31mred",
+        "\x7f",
+        "\x85",
+        "\u2028",
+        f"$(touch {canary})",
+        f"`touch {canary}`",
+        "${HOME:-x}",
+        "http://evil.example/x",
+        "http://127.0.0.1.evil.com/simple",
+        "http://127.0.0.1:9/simple",
+    ]
 
 
 def test_the_rich_document_itself_loads():
@@ -488,7 +501,12 @@ def test_through_invoke_a_hostile_lock_exits_2_with_the_key_path_and_no_tracebac
     lock.write_text(
         minimal(
             root=str(tmp_path / "root"),
-            extra=f'[env]\nNCCL_DEBUG = "$(touch {canary})"\n[[patch]]\npackage = "torch"\nversion = "2.11.0"\nfile = "a\\u0000b.patch"\nreason = "r"\n',
+            extra=(
+                f'[env]\nNCCL_DEBUG = "$(touch {canary})"\n[[patch]]\npackage = "torch"\nversion = '
+                '"2.11.0"\nfile '
+                "= "
+                '"a\\u0000b.patch"\nreason = "r"\n'
+            ),
         )
     )
     done = subprocess.run(

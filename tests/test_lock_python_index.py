@@ -5,33 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from specs import write_spec
 
 from stackgate.models.spec import Spec, SpecError, load_spec
 
-BASE = """
-[stack]
-name = "t"
-[hardware]
-gpu_count = 1
-compute_capability = "12.0"
-gpu_name = "x"
-min_driver = "580"
-[python]
-version = "3.12"
-root = "/opt/stackgate"
-{extra}
-[[python.index]]
+INDEX = """[[python.index]]
 url = "https://download.pytorch.org/whl/cu130"
 packages = ["torch", "torchvision"]
 [python.packages]
 torch = "==2.9.1+cu130"
-{pins}
 """
 
 
 def _load(tmp_path: Path, extra: str = "", pins: str = 'torchvision = "==0.24.1+cu130"') -> Spec:
     path = tmp_path / "lock.toml"
-    path.write_text(BASE.format(extra=extra, pins=pins))
+    write_spec(path, gpu_name="x", root="/opt/stackgate", python=f"{extra}\n", tail=f"{INDEX}{pins}\n")
     return load_spec(path)
 
 
@@ -47,7 +35,11 @@ def test_a_default_index_that_is_not_a_url_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as caught:
         _load(tmp_path, 'default_index = "pypi.org"')
     assert caught.value.problems == [
-        "python.default_index: must be an https:// URL or a file:// URL (http:// only to localhost or a loopback IP), not 'pypi.org'"
+        (
+            "python.default_index: must be an https:// URL or a file:// URL (http:// only to localhost or a loopback "
+            "IP), "
+            "not 'pypi.org'"
+        )
     ]
 
 
@@ -55,7 +47,11 @@ def test_an_index_mapped_name_without_a_pin_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as caught:
         _load(tmp_path, pins="")
     assert caught.value.problems == [
-        "python.index[0].packages[1]: 'torchvision' has no pin in python.packages: provision installs from this index only what the lock pins"
+        (
+            "python.index[0].packages[1]: 'torchvision' has no pin in python.packages: provision installs from this "
+            "index "
+            "only what the lock pins"
+        )
     ]
 
 

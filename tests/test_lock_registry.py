@@ -13,8 +13,8 @@ import socket
 from pathlib import Path
 
 import pytest
+from support import CACHE, isolated_environ
 
-from conftest import CACHE, isolated_environ
 from stackgate.commands import lock as command
 from stackgate.models import pylock
 from stackgate.models.exitcodes import ExitCode

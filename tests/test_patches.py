@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 from packaging.version import Version
+from specs import THIS_PYTHON, minimal_spec
+from support import CACHE, cached_build, isolated_environ
 
-from conftest import CACHE, cached_build, isolated_environ
 from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import run_checks, select
 from stackgate.facts import gather
@@ -306,24 +307,16 @@ def test_sm120_patch_refuses_another_sglang_version(sglang_env: tuple[Path, Path
 
 def verify_lock(tmp_path: Path, python: Path) -> Spec:
     patch = locked_patch()
-    text = f"""
-[stack]
-name = "patch-test"
-[hardware]
-gpu_count = 1
-compute_capability = "12.0"
-gpu_name = "RTX PRO 6000"
-min_driver = "580"
-[python]
-version = "{sys.version_info.major}.{sys.version_info.minor}"
-interpreter = "{python}"
-[[patch]]
+    text = (
+        minimal_spec(name="patch-test", version=THIS_PYTHON, interpreter=python)
+        + f"""[[patch]]
 package = "sglang"
 version = "0.5.9"
 file = "{patch.file}"
 sha256 = "{patch.sha256}"
 reason = "{patch.reason}"
 """
+    )
     return loads_spec(text, path=tmp_path / "lock.toml")
 
 

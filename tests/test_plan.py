@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 from packaging.utils import canonicalize_name
-from pkgindex import IndexServer, stack_index, write_stack_lock  # noqa: F401 (fixtures)
+from pkgindex import IndexServer, write_stack_lock
+from support import isolated_environ
 
-from conftest import isolated_environ
 from stackgate.facts import BasePython, Distribution, EnvFacts, Facts, Missing, ProbeFacts, inspect_toolkit
 from stackgate.facts.compare import environment_spec
 from stackgate.models import pylock
@@ -167,18 +167,27 @@ def test_the_plan_reads_as_steps_with_why_and_exact_commands(
             f"       why: installed only after its sha256 matches the pylock ({sha})",
             "  3. [python] create generation 0001-20250101T000000 with Python 3.11.7 (found: test)",
             "       why: no environment at TMP/root/current yet",
-            f"       $ /usr/bin/uv venv --no-config --no-python-downloads --allow-existing --python /opt/python3.11/bin/python3.11 {home}",
+            "       $ /usr/bin/uv venv --no-config --no-python-downloads --allow-existing --python "
+            f"/opt/python3.11/bin/python3.11 {home}",
             f"       $ PIP_CONFIG_FILE=/dev/null {home}/bin/python -m ensurepip --default-pip",
-            "  4. [python] write the guard and the pylock into 0001-20250101T000000: constraints torch==2.9.1+cu130, torchaudio==2.9.1+cu130, triton==3.5.1, nvidia-nccl-cu13==2.27.7",
-            "       why: what people install later is held by these constraints; the installer reads the generation's copy of the pylock",
-            "  5. [python] install the pylock's 9 distributions (9 files, each checked against its sha256) from http://INDEX/, http://INDEX/cu130/simple, http://INDEX/pypi/simple",
-            "       why: exactly the pylock: nothing missing, nothing extra (resolved with override flashinfer-python==0.6.4: sglang 0.5.9 pins flashinfer_python==0.6.3; the stack runs 0.6.4; "
-            "override flashinfer-cubin==0.6.4: sglang 0.5.9 pins flashinfer_cubin==0.6.3; it must equal flashinfer-python)",
-            f"       $ {pip} --no-deps --require-hashes --only-binary :all: --index-url http://INDEX/pypi/simple --extra-index-url http://INDEX/cu130/simple --requirement {home}/requirements.txt",
+            "  4. [python] write the guard and the pylock into 0001-20250101T000000: constraints "
+            "torch==2.9.1+cu130, torchaudio==2.9.1+cu130, triton==3.5.1, nvidia-nccl-cu13==2.27.7",
+            "       why: what people install later is held by these constraints; the installer reads the "
+            "generation's copy of the pylock",
+            "  5. [python] install the pylock's 9 distributions (9 files, each checked against its sha256) from "
+            "http://INDEX/, http://INDEX/cu130/simple, http://INDEX/pypi/simple",
+            "       why: exactly the pylock: nothing missing, nothing extra (resolved with override "
+            "flashinfer-python==0.6.4: sglang 0.5.9 pins flashinfer_python==0.6.3; the stack runs 0.6.4; "
+            "override flashinfer-cubin==0.6.4: sglang 0.5.9 pins flashinfer_cubin==0.6.3; it must equal "
+            "flashinfer-python)",
+            f"       $ {pip} --no-deps --require-hashes --only-binary :all: --index-url http://INDEX/pypi/simple "
+            f"--extra-index-url http://INDEX/cu130/simple --requirement {home}/requirements.txt",
             "  6. [python] write 0001-20250101T000000/stackgate.env, activate and pip.conf",
-            "       why: stackgate.env exports CUDA_HOME, PATH, TRITON_PTXAS_PATH, PIP_CONSTRAINT, UV_CONSTRAINT, VIRTUAL_ENV and the lock's [env]; "
+            "       why: stackgate.env exports CUDA_HOME, PATH, TRITON_PTXAS_PATH, PIP_CONSTRAINT, UV_CONSTRAINT, "
+            "VIRTUAL_ENV and the lock's [env]; "
             "pip.conf holds its pip to the guard, activated or not",
-            "  7. [python] check generation 0001-20250101T000000: exactly the pylock, pins, guard, consistency, torch build",
+            "  7. [python] check generation 0001-20250101T000000: exactly the pylock, pins, guard, consistency, "
+            "torch build",
             "       why: a generation that fails its checks is never switched to",
             "  8. [python] switch TMP/root/current to 0001-20250101T000000; keep 3 generations",
             "       why: atomically (a new symlink renamed over the old one), only now that the generation passed",
@@ -193,7 +202,8 @@ def test_a_provisioned_root_plans_nothing(tmp_path: Path, stack_index: IndexServ
     the_plan = plan(lock, _facts(lock), _provisioned(lock), uv=UV)
     assert the_plan.empty
     assert the_plan.in_place[1].startswith(
-        f"Python stack: {tmp_path / 'root' / 'current'} -> 0001-built matches the lock (8 pins, guard: torch==2.9.1+cu130"
+        f"Python stack: {tmp_path / 'root' / 'current'} -> 0001-built matches the lock (8 pins, guard: "
+        "torch==2.9.1+cu130"
     )
     assert the_plan.in_place[2] == f"{tmp_path / 'root' / 'current' / 'stackgate.env'}: as the lock says"
 
@@ -212,9 +222,9 @@ def test_a_changed_lock_is_rebuilt_and_says_what_changed(tmp_path: Path, stack_i
     older = environment_spec(lock)
     older["packages"]["sglang"]["version"] = "==0.5.8"
     the_plan = plan(lock, _facts(lock), _provisioned(lock, older), uv=UV)
-    assert (
-        _why(the_plan)
-        == "the lock's Python stack changed since generation 0001-built was built: packages.sglang.version: ==0.5.8 -> ==0.5.9"
+    assert _why(the_plan) == (
+        "the lock's Python stack changed since generation 0001-built was built: packages.sglang.version: ==0.5.8 "
+        "-> ==0.5.9"
     )
 
 
@@ -275,9 +285,8 @@ def test_a_stale_pylock_blocks_naming_what_changed_in_the_spec(tmp_path: Path, s
         changed, _facts(changed, dists=Missing("none")), generations.read(lock.python.root), uv=UV
     ).blockers
     assert blocker.usage
-    assert (
-        blocker.message
-        == "pylock.lock.toml does not match the spec: python.packages.sglang: ==0.5.9 in the pylock, ==0.5.8 in the spec"
+    assert blocker.message == (
+        "pylock.lock.toml does not match the spec: python.packages.sglang: ==0.5.9 in the pylock, ==0.5.8 in the spec"
     )
     assert blocker.fix is not None and blocker.fix.commands == (f"stackgate lock --lock {tmp_path}/lock.toml",)
 
@@ -294,13 +303,15 @@ def test_no_interpreter_of_the_locked_version_blocks_with_why(tmp_path: Path, st
 
 
 def test_a_kept_toolkit_that_is_missing_blocks_the_toolkit_area_only(tmp_path: Path, stack_index: IndexServer) -> None:
-    kept = '[[toolkit]]\nversion = "13.0"\nprefix = "/usr/local/cuda-13.0"\nkeep = true\ndefault = true\n\n[[toolkit]]\nversion = "12.8"\nprefix = "/nonexistent/cuda-12.8"\nkeep = true\n'
+    kept = (
+        '[[toolkit]]\nversion = "13.0"\nprefix = "/usr/local/cuda-13.0"\nkeep = true\ndefault = '
+        'true\n\n[[toolkit]]\nversion = "12.8"\nprefix = "/nonexistent/cuda-12.8"\nkeep = true\n'
+    )
     lock = _lock(tmp_path, stack_index, toolkits=kept)
     state = _provisioned(lock)
     (blocker,) = plan(lock, _facts(lock), state, uv=UV).blockers
-    assert (
-        blocker.message
-        == "CUDA 12.8 at /nonexistent/cuda-12.8 is kept (keep = true) but missing: stackgate never installs a kept toolkit"
+    assert blocker.message == (
+        "CUDA 12.8 at /nonexistent/cuda-12.8 is kept (keep = true) but missing: stackgate never installs a kept toolkit"
     )
     assert plan(lock, _facts(lock), state, only="python", uv=UV).empty
 
@@ -344,9 +355,9 @@ def test_cuda_link_policy_default_points_the_link_at_the_default_toolkit(
     monkeypatch.setattr(planmodule, "cuda_link_state", functools.partial(toolkit.cuda_link_state, link=link))
     the_plan = plan(lock, _facts(lock), _provisioned(lock), uv=UV)
     assert _actions(the_plan) == ["toolkit.link"]
-    assert (
-        the_plan.steps[0].why
-        == f'{link} points at /usr/local/cuda-12.8; the lock (cuda_link = "default") wants it to point at /usr/local/cuda-13.0'
+    assert the_plan.steps[0].why == (
+        f'{link} points at /usr/local/cuda-12.8; the lock (cuda_link = "default") wants it to point at '
+        "/usr/local/cuda-13.0"
     )
     assert the_plan.steps[0].commands == ("ln -sfn /usr/local/cuda-13.0 /usr/local/cuda",)
 
@@ -397,7 +408,8 @@ def _patched_lock(tmp_path: Path, server: IndexServer, text: str, sha256: str, f
             DIFF,
             "",
             "/nonexistent/x.patch",
-            "patch[0].file: /nonexistent/x.patch resolves to /nonexistent/x.patch, outside the lockfile's checkout ({tmp})",
+            "patch[0].file: /nonexistent/x.patch resolves to /nonexistent/x.patch, outside the lockfile's checkout "
+            "({tmp})",
         ),
     ],
 )

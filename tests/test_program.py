@@ -17,8 +17,8 @@ from pathlib import Path
 import invoke
 import pytest
 from invoke.exceptions import Exit
+from support import ROOT, isolated_environ
 
-from conftest import ROOT, isolated_environ
 from stackgate import __version__, cli, main
 from stackgate.checks.core import CheckError
 from stackgate.commands import diagnose, gate, init, provision, report, smoke, upgrade, verify
@@ -272,7 +272,7 @@ def test_an_error_that_is_not_usage_is_not_turned_into_exit_2():
         diagnose.DiagnoseRequest,
         upgrade.UpgradeRequest,
         init.InitRequest,
-    ],  # fmt: skip
+    ],
 )
 def test_every_request_is_built_by_keyword(request_type):
     assert all(field.kw_only for field in dataclasses.fields(request_type))

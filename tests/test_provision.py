@@ -17,15 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from pkgindex import (  # noqa: F401 (fixtures)
-    SYMM_MEM_FILE,
-    SYMM_MEM_TEXT,
-    IndexServer,
-    install_environ,
-    serve_stack,
-    stack_index,
-    write_stack_lock,
-)
+from pkgindex import SYMM_MEM_FILE, SYMM_MEM_TEXT, IndexServer, serve_stack, write_stack_lock
 
 from stackgate.commands import provision
 from stackgate.models.exitcodes import ExitCode
@@ -211,9 +203,9 @@ def test_a_url_wheel_whose_sha256_changed_is_refused_before_anything_is_created(
     assert code == ExitCode.FAILED
     assert f"has sha256 {real}, the lock says {'0' * 64}; refusing to install it" in err
     assert (
-        "is unchanged; a re-run refuses the same file: make the pylock again (stackgate lock) only if you trust the file"
-        in err
-    )
+        "is unchanged; a re-run refuses the same file: make the pylock again (stackgate lock) only if you trust the "
+        "file"
+    ) in err
     assert _current(root) == before and _generation_ids(root) == ids  # no generation was even created
     assert not list((root / "cache").rglob("0" * 64 + "/*.whl"))
 
@@ -257,9 +249,9 @@ def test_a_dead_index_fails_before_anything_is_created_and_leaves_current(
     assert code == ExitCode.FAILED
     assert f"stackgate provision failed: {gone.url}/ does not answer (" in err and ": nothing was created" in err
     assert (
-        f"is unchanged; a re-run fails the same way while {gone.url}/ does not answer: check the URL in the lock and this machine's network"
-        in err
-    )
+        f"is unchanged; a re-run fails the same way while {gone.url}/ does not answer: check the URL in the lock "
+        "and this machine's network"
+    ) in err
     assert _current(root) == before and _generation_ids(root) == ids
     assert _works(root, install_environ).startswith("2.9.1+cu130")
 
@@ -296,13 +288,13 @@ def test_without_a_pylock_provision_refuses_with_the_command_that_makes_it(
         code, out, err = _provision(lock, install_environ, capsys, dry_run=dry_run)
         assert code == ExitCode.USAGE
         assert (
-            f"cannot apply: the spec has no pylock: {tmp_path / 'pylock.lock.toml'} does not exist (`stackgate lock --lock {lock}` makes it)"
-            in out
-        )
+            f"cannot apply: the spec has no pylock: {tmp_path / 'pylock.lock.toml'} does not exist (`stackgate lock "
+            f"--lock {lock}` makes it)"
+        ) in out
         assert (
-            f"  fix: Resolve the spec into its pylock where its indexes and URLs are reachable, then provision again.\n  $ stackgate lock --lock {lock}\n"
-            in out
-        )
+            "  fix: Resolve the spec into its pylock where its indexes and URLs are reachable, then provision "
+            f"again.\n  $ stackgate lock --lock {lock}\n"
+        ) in out
     assert not (tmp_path / "root").exists()  # a refusal touches nothing: no root, no .provision.lock
 
 
@@ -527,9 +519,21 @@ def test_a_moved_torch_is_put_back_by_a_new_generation_and_rollback_refuses_the_
     uv = pyenv.find_uv()
     assert uv is not None
     subprocess.run(
-        [uv, "pip", "install", "-q", "--no-config", "--python", str(root / "current/bin/python"), "--default-index", stack_index.simple("pypi"), "torch==2.10.0"],
-        env=install_environ, check=True,
-    )  # fmt: skip
+        [
+            uv,
+            "pip",
+            "install",
+            "-q",
+            "--no-config",
+            "--python",
+            str(root / "current/bin/python"),
+            "--default-index",
+            stack_index.simple("pypi"),
+            "torch==2.10.0",
+        ],
+        env=install_environ,
+        check=True,
+    )
     assert _version(root, "torch", install_environ) == "2.10.0"
     code, out, err = _provision(lock, install_environ, capsys)
     assert code == ExitCode.PASSED, err
@@ -543,9 +547,9 @@ def test_a_moved_torch_is_put_back_by_a_new_generation_and_rollback_refuses_the_
     err = capsys.readouterr().err
     assert code == ExitCode.FAILED and _current(root) == rebuilt
     assert (
-        f"not switching to generation {Path(drifted).name}: it no longer holds what it was built from: torch is 2.10.0, locked ==2.9.1+cu130"
-        in err
-    )
+        f"not switching to generation {Path(drifted).name}: it no longer holds what it was built from: torch is "
+        "2.10.0, locked ==2.9.1+cu130"
+    ) in err
     assert "`stackgate rollback --force` switches to this one anyway" in err
     forced = _invoke(["rollback", "--lock", str(lock), "--force"], install_environ)
     assert forced.returncode == 0, forced.stderr
@@ -564,7 +568,8 @@ def test_rollback_while_a_provision_runs_says_what_rollback_can_do(
     lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, resolve_with=install_environ)
     hold = (
         "import sys, time; from pathlib import Path; from stackgate.stack import generations\n"
-        "with generations.exclusive(Path(sys.argv[1]), wait=False, command='invoke provision'):\n    print('held', flush=True); time.sleep(60)"
+        "with generations.exclusive(Path(sys.argv[1]), wait=False, command='invoke provision'):\n    print('held', "
+        "flush=True); time.sleep(60)"
     )
     holder = subprocess.Popen([sys.executable, "-c", hold, str(root)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
@@ -653,7 +658,8 @@ def test_only_toolkit_installs_a_missing_toolkit_and_keeps_the_kept_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     toolkits = (
-        f'[[toolkit]]\nversion = "13.0.1"\nnvcc = "13.0.88"\nprefix = "{tmp_path}/cuda-13.0"\nsource = "pypi"\ndefault = true\n\n'
+        f'[[toolkit]]\nversion = "13.0.1"\nnvcc = "13.0.88"\nprefix = "{tmp_path}/cuda-13.0"\nsource = '
+        '"pypi"\ndefault = true\n\n'
         '[[toolkit]]\nversion = "13.0"\nprefix = "/usr/local/cuda-13.0"\nkeep = true\n'
     )
     lock = write_stack_lock(
@@ -695,7 +701,10 @@ def _with_patch(lock: Path, tmp_path: Path) -> Path:
     sha = hashlib.sha256(diff.encode()).hexdigest()
     lock.write_text(
         lock.read_text()
-        + f'\n[[patch]]\npackage = "sglang"\nversion = "0.5.9"\nfile = "sm120.patch"\nsha256 = "{sha}"\nreason = "capability 12 in the size table"\n'
+        + (
+            f'\n[[patch]]\npackage = "sglang"\nversion = "0.5.9"\nfile = "sm120.patch"\nsha256 = "{sha}"\nreason = '
+            '"capability 12 in the size table"\n'
+        )
     )
     return lock
 
@@ -903,15 +912,28 @@ def test_rollback_refuses_a_generation_holding_what_its_pylock_does_not(
     uv = pyenv.find_uv()
     assert uv is not None
     subprocess.run(
-        [uv, "pip", "install", "-q", "--no-config", "--python", str(root / first / "bin/python"), "--default-index", stack_index.simple("pypi"), "--no-deps", "torch-agnostic==1.0"],
-        env=install_environ, check=True,
-    )  # fmt: skip
+        [
+            uv,
+            "pip",
+            "install",
+            "-q",
+            "--no-config",
+            "--python",
+            str(root / first / "bin/python"),
+            "--default-index",
+            stack_index.simple("pypi"),
+            "--no-deps",
+            "torch-agnostic==1.0",
+        ],
+        env=install_environ,
+        check=True,
+    )
     refused = _invoke(["rollback", "--lock", str(lock)], install_environ)
     assert refused.returncode == ExitCode.FAILED
     assert (
-        f"not switching to generation {Path(first).name}: it no longer holds what it was built from: torch-agnostic 1.0 is installed but not in the pylock"
-        in refused.stderr
-    )
+        f"not switching to generation {Path(first).name}: it no longer holds what it was built from: torch-agnostic "
+        "1.0 is installed but not in the pylock"
+    ) in refused.stderr
     assert (
         _invoke(["rollback", "--lock", str(lock), "--force"], install_environ).returncode == 0
         and _current(root) == first

@@ -6,9 +6,9 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from pkgindex import DEAD_URL, IndexServer, lock_stack, stack_index, write_stack_lock  # noqa: F401 (fixtures)
+from pkgindex import DEAD_URL, IndexServer, lock_stack, write_stack_lock
+from support import isolated_environ
 
-from conftest import isolated_environ
 from stackgate.edges import fetch
 from stackgate.facts.compare import environment_spec, spec_changes
 from stackgate.models import envfile, pylock
@@ -57,13 +57,14 @@ def test_uv_syncs_the_generations_pylock_and_pip_installs_its_hashed_requirement
     tmp_path: Path, stack_index: IndexServer
 ) -> None:
     uv = pyenv.install_commands(_lock(tmp_path, stack_index), HOME, "/bin/uv")
-    assert (
-        [c.display for c in uv]
-        == [
-            f"UV_PREVIEW_FEATURES=pylock /bin/uv pip sync --no-config --python {HOME}/bin/python {HOME}/pylock.install.toml",
-            f"PIP_CONFIG_FILE=/dev/null {HOME}/bin/python -m ensurepip --default-pip",  # pip goes in after the sync, which would remove it
-        ]
-    )
+    assert [c.display for c in uv] == [
+        (
+            f"UV_PREVIEW_FEATURES=pylock /bin/uv pip sync --no-config --python {HOME}/bin/python "
+            f"{HOME}/pylock.install.toml"
+        ),
+        # pip goes in after the sync, which would remove it
+        f"PIP_CONFIG_FILE=/dev/null {HOME}/bin/python -m ensurepip --default-pip",
+    ]
     assert (
         "--offline"
         in pyenv.install_commands(_lock(tmp_path, stack_index), HOME, "/bin/uv", wheelhouse=Path("/wh"))[0].argv
@@ -71,9 +72,20 @@ def test_uv_syncs_the_generations_pylock_and_pip_installs_its_hashed_requirement
     lock = _lock(tmp_path, stack_index, installer="pip")
     (pip,) = pyenv.install_commands(lock, HOME, "/bin/uv")
     assert pip.argv[3:] == (
-        "install", "--disable-pip-version-check", "--no-input", "--no-deps", "--require-hashes", "--only-binary", ":all:",
-        "--index-url", stack_index.simple("pypi"), "--extra-index-url", stack_index.simple("cu130"), "--requirement", f"{HOME}/requirements.txt",
-    )  # fmt: skip
+        "install",
+        "--disable-pip-version-check",
+        "--no-input",
+        "--no-deps",
+        "--require-hashes",
+        "--only-binary",
+        ":all:",
+        "--index-url",
+        stack_index.simple("pypi"),
+        "--extra-index-url",
+        stack_index.simple("cu130"),
+        "--requirement",
+        f"{HOME}/requirements.txt",
+    )
     (offline,) = pyenv.install_commands(lock, HOME, "/bin/uv", wheelhouse=Path("/wh"))
     assert offline.argv[offline.argv.index("--only-binary") + 2 :] == (
         "--no-index",
@@ -147,10 +159,18 @@ def test_an_unreachable_url_says_so(tmp_path: Path, stack_index: IndexServer) ->
 
 def test_installers_run_without_the_users_configuration() -> None:
     environ = {
-        "PATH": "/usr/bin", "HOME": "/root", "PIP_INDEX_URL": "http://elsewhere", "PIP_CONSTRAINT": "/old/constraints.txt",
-        "UV_INDEX_URL": "http://elsewhere", "UV_CONSTRAINT": "/old/constraints.txt", "PIP_FIND_LINKS": "/opt/wheels",
-        "VIRTUAL_ENV": "/old", "PYTHONPATH": "/src", "UV_CACHE_DIR": "/cache/uv", "PIP_CERT": "/etc/ca.pem",
-    }  # fmt: skip
+        "PATH": "/usr/bin",
+        "HOME": "/root",
+        "PIP_INDEX_URL": "http://elsewhere",
+        "PIP_CONSTRAINT": "/old/constraints.txt",
+        "UV_INDEX_URL": "http://elsewhere",
+        "UV_CONSTRAINT": "/old/constraints.txt",
+        "PIP_FIND_LINKS": "/opt/wheels",
+        "VIRTUAL_ENV": "/old",
+        "PYTHONPATH": "/src",
+        "UV_CACHE_DIR": "/cache/uv",
+        "PIP_CERT": "/etc/ca.pem",
+    }
     assert pyenv.installer_environ(environ) == {
         "PATH": "/usr/bin",
         "HOME": "/root",

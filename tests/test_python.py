@@ -13,8 +13,8 @@ from typing import Any
 
 from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
+from support import install_dist, interpreter_lock, make_venv
 
-from conftest import install_dist, interpreter_lock, make_venv
 from stackgate.checks.all import REGISTRY
 from stackgate.facts import Facts, Missing, ProbeFacts, gather
 from stackgate.facts.compare import conflicts
@@ -115,7 +115,8 @@ def test_a_declared_override_is_accepted_with_its_reason(tmp_path):
     result, _ = run("python.consistency", lock_for(python, 'flashinfer-python = "==0.6.4"', override))
     assert result.status is Status.PASS
     assert result.details == (
-        "accepted override: sglang 0.5.9 requires flashinfer_python==0.6.3, but flashinfer-python 0.6.4 is installed (reason: sglang 0.5.9 pins 0.6.3)",
+        "accepted override: sglang 0.5.9 requires flashinfer_python==0.6.3, but flashinfer-python 0.6.4 is "
+        "installed (reason: sglang 0.5.9 pins 0.6.3)",
     )
 
 
@@ -203,7 +204,10 @@ def _pylocked(tmp_path: Path, python: Path, packages: str, locked: str) -> Spec:
 def _locked(name: str, version: str, filename: str, url: str = "https://files.example/", marker: str = "") -> str:
     digest = hashlib.sha256(filename.encode()).hexdigest()
     marker_line = f"marker = {json.dumps(marker)}\n" if marker else ""
-    return f'\n[[packages]]\nname = "{name}"\nversion = "{version}"\n{marker_line}wheels = [{{ url = "{url}{filename}", hashes = {{ sha256 = "{digest}" }} }}]\n'
+    return (
+        f'\n[[packages]]\nname = "{name}"\nversion = "{version}"\n{marker_line}wheels = [{{ url = '
+        f'"{url}{filename}", hashes = {{ sha256 = "{digest}" }} }}]\n'
+    )
 
 
 def test_python_locked_names_every_difference_from_the_pylock(tmp_path):
@@ -247,8 +251,10 @@ def test_python_locked_names_every_difference_from_the_pylock(tmp_path):
     result, _ = run("python.locked", _pylocked(tmp_path, python, 'torch = "==2.9.1"', locked))
     assert result.status is Status.FAIL
     assert result.details == (
-        "flashinfer-python 0.6.4 was installed from a wheel tagged cp311-cp311-win_amd64, not from the pylock's flashinfer_python-0.6.4-py3-none-any.whl",
-        "sgl-kernel 0.3.21 was installed from the direct URL https://files.example/sgl_kernel-0.3.21-cp39-abi3-manylinux2014_x86_64.whl, "
+        "flashinfer-python 0.6.4 was installed from a wheel tagged cp311-cp311-win_amd64, not from the pylock's "
+        "flashinfer_python-0.6.4-py3-none-any.whl",
+        "sgl-kernel 0.3.21 was installed from the direct URL "
+        "https://files.example/sgl_kernel-0.3.21-cp39-abi3-manylinux2014_x86_64.whl, "
         "not from the pylock's sgl_kernel-0.3.21-cp310-abi3-manylinux2014_x86_64.whl",
         "sglang is 0.5.8, the pylock holds 0.5.9",
         "triton 3.5.1 is locked but not installed",
@@ -282,9 +288,9 @@ def test_python_locked_passes_on_exactly_the_pylock_and_warns_when_the_spec_move
     moved = dataclasses.replace(lock_for(python, 'torch = "==2.9.2"'), path=lock.path)
     result, _ = run("python.locked", moved)
     assert result.status is Status.WARN
-    assert (
-        result.summary
-        == "installed exactly as pylock.spec.toml, but the pylock no longer matches the spec: python.packages.torch: ==2.9.1 in the pylock, ==2.9.2 in the spec"
+    assert result.summary == (
+        "installed exactly as pylock.spec.toml, but the pylock no longer matches the spec: "
+        "python.packages.torch: ==2.9.1 in the pylock, ==2.9.2 in the spec"
     )
 
 
@@ -293,9 +299,9 @@ def test_python_locked_skips_without_a_pylock_saying_how_to_make_one(tmp_path):
     lock = dataclasses.replace(lock_for(python), path=tmp_path / "spec.toml")
     result, _ = run("python.locked", lock)
     assert result.status is Status.SKIP
-    assert (
-        result.summary
-        == f"the spec has no pylock: {tmp_path / 'pylock.spec.toml'} does not exist (`stackgate lock --lock {tmp_path / 'spec.toml'}` makes it)"
+    assert result.summary == (
+        f"the spec has no pylock: {tmp_path / 'pylock.spec.toml'} does not exist (`stackgate lock --lock "
+        f"{tmp_path / 'spec.toml'}` makes it)"
     )
 
 

@@ -70,7 +70,11 @@ def test_each_shape_is_hidden_where_it_stands(text, shown):
     [
         "[2026-01-12 10:00:27 TP0] Load weight end. elapsed=0.52 s, type=LlamaForCausalLM, avail mem=78.10 GB",
         "max_total_num_tokens=512000, chunked_prefill_size=8192, max_prefill_tokens=16384, context_len=131072",
-        "server_args=ServerArgs(model_path='/models/llama', tokenizer_path='/models/llama', speculative_token_map=None, api_key=None)",
+        (
+            "server_args=ServerArgs(model_path='/models/llama', tokenizer_path='/models/llama', "
+            "speculative_token_map=None, "
+            "api_key=None)"
+        ),
         "Uvicorn running on http://127.0.0.1:30000 (Press CTRL+C to quit)",
         "invoke provision --lock lockfiles/blackwell-sm120-cu130.toml",
         "uv pip install torch==2.9.1+cu130 --index-url https://download.pytorch.org/whl/cu130",
@@ -310,7 +314,10 @@ def planted(tmp_path_factory, plain_python):
             request = gate.GateRequest(lock_path=never, model=str(model), verify_checks=VERIFIABLE, **reports)
             assert _run("timed-out gate", console, lambda ui: gate.run(request, ui)) == 1
 
-            line = f"OSError: 401 Client Error: Unauthorized for the token {HF_TOKEN}; upstream refused credential {API_KEY}"
+            line = (
+                f"OSError: 401 Client Error: Unauthorized for the token {HF_TOKEN}; upstream refused credential "
+                f"{API_KEY}"
+            )
             rig.behave(crash_at_start={"phase": "load", "lines": [line]})
             chosen = smoke.SmokeRequest(lock_path=lock, model=str(model), json_path=folder / "smoke.json")
             assert _run("smoke", console, lambda ui: smoke.run(chosen, ui)) == 1

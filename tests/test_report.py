@@ -71,9 +71,10 @@ def test_the_plain_report_exactly():
 def test_verbose_shows_details_of_passing_and_skipped_checks():
     text = render_plain("t", RESULTS, judge(RESULTS), 1.5, verbose=1)
     assert (
-        "  SKIP  python.pins     no probe of the stack's interpreter (see python.interpreter)\n                        no stack environment\n"
-        in text
-    )
+        "  SKIP  python.pins     no probe of the stack's interpreter (see "
+        "python.interpreter)\n                        "
+        "no stack environment\n"
+    ) in text
 
 
 def test_the_ui_writes_plain_lines_without_a_terminal(monkeypatch):

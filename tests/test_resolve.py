@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from pkgindex import IndexServer, Wheel, build_wheel, install_environ, serve_stack, stack_index, write_stack_lock  # noqa: F401 (fixtures)
+from pkgindex import IndexServer, Wheel, build_wheel, serve_stack, write_stack_lock
 
 from stackgate.commands import lock as command
 from stackgate.models import pylock
@@ -49,9 +49,16 @@ def test_lock_resolves_the_spec_into_an_exact_hashed_pylock_the_same_every_time(
     resolution = pylock.load(target)
     versions = {name: p.version for name, p in resolution.packages.items()}
     assert versions == {
-        "filelock": "3.20.0", "flashinfer-cubin": "0.6.4", "flashinfer-python": "0.6.4", "nvidia-nccl-cu13": "2.27.7",
-        "sgl-kernel": "0.3.21+cu130", "sglang": "0.5.9", "torch": "2.9.1+cu130", "torchaudio": "2.9.1+cu130", "triton": "3.5.1",
-    }  # fmt: skip
+        "filelock": "3.20.0",
+        "flashinfer-cubin": "0.6.4",
+        "flashinfer-python": "0.6.4",
+        "nvidia-nccl-cu13": "2.27.7",
+        "sgl-kernel": "0.3.21+cu130",
+        "sglang": "0.5.9",
+        "torch": "2.9.1+cu130",
+        "torchaudio": "2.9.1+cu130",
+        "triton": "3.5.1",
+    }
     # The torch family comes from its own index, and only it: the cu130 index's filelock is not taken.
     url = {name: p.files[0].url for name, p in resolution.packages.items()}
     assert all(url[name].startswith(stack_index.simple("cu130")) for name in ("torch", "torchaudio", "triton"))
@@ -64,9 +71,12 @@ def test_lock_resolves_the_spec_into_an_exact_hashed_pylock_the_same_every_time(
     # The URL wheel's sha256 was nobody's to check: taken on first use, and said so.
     kernel = hashlib.sha256((stack_index.files / KERNEL).read_bytes()).hexdigest()
     assert (
-        f"sgl-kernel: sha256 {kernel} of {stack_index.file_url('sgl_kernel-0.3.21%2Bcu130-cp310-abi3-manylinux2014_x86_64.whl')} was recorded on first use"
-        in err
-    )
+        f"sgl-kernel: sha256 {kernel} of "
+        f"{stack_index.file_url('sgl_kernel-0.3.21%2Bcu130-cp310-abi3-manylinux2014_x86_64.whl')} "
+        "was "
+        "recorded "
+        "on first use"
+    ) in err
     before = target.read_bytes()
     code, out, err = _lock(spec, install_environ, capsys)
     assert code == ExitCode.PASSED and out.startswith(f"unchanged: {target} ")

@@ -146,8 +146,13 @@ def test_the_listing_shows_the_last_n_and_counts_every_run(kept):
     assert lines[4].startswith("trend other (decode tok/s, last 3 run(s))") and lines[5].startswith(
         "trend standin (decode tok/s, last 4 run(s))"
     )
-    for args, text in [(("--last", "0"), "--last: 0"), (("--last", "x"), "--last: 'x' is not a whole number"), (("--threshold", "200", "--regressed-since", "2026-11-01"), "--threshold: 200"),
-                       (("--regressed-since", "monday"), "--regressed-since: 'monday' is not a date"), (("--reindex", "-1"), "--reindex takes no run")]:  # fmt: skip
+    for args, text in [
+        (("--last", "0"), "--last: 0"),
+        (("--last", "x"), "--last: 'x' is not a whole number"),
+        (("--threshold", "200", "--regressed-since", "2026-11-01"), "--threshold: 200"),
+        (("--regressed-since", "monday"), "--regressed-since: 'monday' is not a date"),
+        (("--reindex", "-1"), "--reindex takes no run"),
+    ]:
         bad = stackgate(*args, folder=folder)
         assert bad.returncode == 2 and text in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
 
@@ -229,7 +234,7 @@ doc, folder, said = gate_doc(decode=100.0), Path(sys.argv[1]), []
 for i in range(int(sys.argv[2])):
     history.store({**doc, "started": f"2026-11-30T{i // 60:02d}:{i % 60:02d}:00+00:00", "run_id": f"{sys.argv[5]}-{i:04d}"}, folder, said.append)
 print(len(said))
-"""
+"""  # noqa: E501 (a script for its own process, kept as written)
 
 
 def test_two_writers_at_once_both_get_every_run_in(tmp_path):
@@ -295,9 +300,11 @@ def test_report_regressed_since_prints_each_host_and_what_changed(tmp_path):
     done = stackgate("--regressed-since", "2026-11-23", folder=folder)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert (
-        lines[0]
-        == "2 of 3 node(s) with runs since 2026-11-23T00:00:00+00:00 regressed (decode tok/s more than 5% below the node's previous measured run, or passed -> failed)"
+    assert lines[0] == (
+        "2 of 3 node(s) with runs since 2026-11-23T00:00:00+00:00 regressed (decode tok/s more than 5% below "
+        "the "
+        "node's "
+        "previous measured run, or passed -> failed)"
     )
     assert lines[1].startswith("node-a: ") and lines[1].endswith(
         ": decode tok/s 100.00 -> 90.00 (-10.0%); against " + lines[1].split()[-1]

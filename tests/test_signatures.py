@@ -32,10 +32,20 @@ SOURCE = re.compile(r"^(https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+|[\
 
 #: Ids other modules use: verify's import classifier, smoke's scan. They must not be renamed.
 USED_ELSEWHERE = {
-    "undefined-symbol", "cuda-major-mismatch", "glibcxx-too-old", "module-not-installed", "flashinfer-cubin-version-mismatch",
-    "sglang-attention-backend-default", "sglang-deepgemm-scale-fmt", "flashinfer-fusion-arch-unsupported", "sglang-symm-mem-keyerror",
-    "cuda-out-of-memory", "cuda-no-kernel-image", "nccl-error", "nccl-watchdog-timeout",
-}  # fmt: skip
+    "undefined-symbol",
+    "cuda-major-mismatch",
+    "glibcxx-too-old",
+    "module-not-installed",
+    "flashinfer-cubin-version-mismatch",
+    "sglang-attention-backend-default",
+    "sglang-deepgemm-scale-fmt",
+    "flashinfer-fusion-arch-unsupported",
+    "sglang-symm-mem-keyerror",
+    "cuda-out-of-memory",
+    "cuda-no-kernel-image",
+    "nccl-error",
+    "nccl-watchdog-timeout",
+}
 
 
 def scan(text: str, **kwargs: object) -> Scanner:
@@ -111,12 +121,20 @@ def test_the_knowledge_base_is_large_and_keeps_the_ids_others_use() -> None:
 @pytest.mark.parametrize(
     "text",
     [
-        'id = "x"\ntitle = "t"\ncomponent = "nope"\nstages = ["smoke"]\nseverity = "error"\npatterns = ["some literal text"]\ncause = "c"\nfix = "f"\nsource = "s"\nexamples = ["e"]',
-        'id = "x"\ntitle = "t"\ncomponent = "torch"\nstages = ["smoke"]\nseverity = "error"\npatterns = ["some literal text"]\ncause = "{nobody}"\nfix = "f"\nsource = "s"\nexamples = ["e"]',
-        'id = "x"\ntitle = "t"\ncomponent = "torch"\nstages = ["smoke"]\nseverity = "error"\npatterns = ["(a|b)+"]\ncause = "c"\nfix = "f"\nsource = "s"\nexamples = ["e"]',
-        'id = "x"\ntitle = "t"\ncomponent = "torch"\nstages = ["smoke"]\nseverity = "error"\npatterns = ["(unclosed"]\ncause = "c"\nfix = "f"\nsource = "s"\nexamples = ["e"]',
-        'id = "x"\ncomponent = "torch"\nstages = ["smoke"]\nseverity = "error"\npatterns = ["some literal text"]\ncause = "c"\nfix = "f"\nsource = "s"\nexamples = ["e"]',
-        'id = "x"\ntitle = "t"\ncomponent = "torch"\nstages = ["smoke"]\nseverity = "fatal"\npatterns = ["some literal text"]\ncause = "c"\nfix = "f"\nsource = "s"\nexamples = ["e"]',
+        (
+            'id = "x"\ntitle = "t"\ncomponent = "nope"\nstages = ["smoke"]\nseverity = "error"\npatterns = ["some '
+            'literal text"]\ncause = "c"\nfix = "f"\nsource = "s"\nexamples = ["e"]'
+        ),
+        'id = "x"\ntitle = "t"\ncomponent = "torch"\nstages = ["smoke"]\nseverity = "error"\npatterns = ["some '
+        'literal text"]\ncause = "{nobody}"\nfix = "f"\nsource = "s"\nexamples = ["e"]',
+        'id = "x"\ntitle = "t"\ncomponent = "torch"\nstages = ["smoke"]\nseverity = "error"\npatterns = '
+        '["(a|b)+"]\ncause = "c"\nfix = "f"\nsource = "s"\nexamples = ["e"]',
+        'id = "x"\ntitle = "t"\ncomponent = "torch"\nstages = ["smoke"]\nseverity = "error"\npatterns = '
+        '["(unclosed"]\ncause = "c"\nfix = "f"\nsource = "s"\nexamples = ["e"]',
+        'id = "x"\ncomponent = "torch"\nstages = ["smoke"]\nseverity = "error"\npatterns = ["some literal '
+        'text"]\ncause = "c"\nfix = "f"\nsource = "s"\nexamples = ["e"]',
+        'id = "x"\ntitle = "t"\ncomponent = "torch"\nstages = ["smoke"]\nseverity = "fatal"\npatterns = ["some '
+        'literal text"]\ncause = "c"\nfix = "f"\nsource = "s"\nexamples = ["e"]',
     ],
     ids=["component", "unknown-name", "no-literal", "bad-regex", "no-title", "severity"],
 )
@@ -271,7 +289,10 @@ def test_init_complete_is_a_hang_only_at_the_end_of_the_log() -> None:
 
 
 def test_dist_init_without_its_end_is_a_hang_but_a_crash_is_not() -> None:
-    begin = "[2026-02-03 09:00:14 TP0] Init torch distributed begin.\n[2026-02-03 09:00:15 TP0] sglang is using nccl==2.27.7\n"
+    begin = (
+        "[2026-02-03 09:00:14 TP0] Init torch distributed begin.\n[2026-02-03 09:00:15 TP0] sglang is using "
+        "nccl==2.27.7\n"
+    )
     assert "sglang-hang-at-dist-init" in ids(scan(begin))
     assert "sglang-hang-at-dist-init" not in ids(
         scan(begin + "Traceback (most recent call last):\nRuntimeError: boom\n")
@@ -291,7 +312,10 @@ def test_a_start_that_never_became_ready_names_the_most_specific_hang() -> None:
 
 
 def test_repeats_are_counted_and_the_first_is_reported() -> None:
-    line = "[rank{r}]:[E226 11:16:37.1 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5653, OpType=ALLREDUCE, NumelIn=1, NumelOut=1"
+    line = (
+        "[rank{r}]:[E226 11:16:37.1 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=5653, OpType=ALLREDUCE, NumelIn=1, NumelOut=1"
+    )
     scanner = scan("\n".join(line.format(r=r) for r in range(8)))
     (finding,) = scanner.findings
     assert (
@@ -313,7 +337,10 @@ def test_a_specific_signature_supersedes_the_generic_one_on_its_line() -> None:
 
 
 def test_causes_come_before_their_consequences() -> None:
-    text = "Received sigquit from a child process. It usually means the child failed.\nRuntimeError: CUDA error: no kernel image is available for execution on the device\n"
+    text = (
+        "Received sigquit from a child process. It usually means the child failed.\nRuntimeError: CUDA error: no "
+        "kernel image is available for execution on the device\n"
+    )
     assert ids(scan(text)) == ["cuda-no-kernel-image", "sglang-child-failed"]
 
 
@@ -371,7 +398,8 @@ def test_cuda_major_findings_quote_the_locked_torch_build() -> None:
     ).findings[0]
     assert match.title == "libcudart.so.12 is missing: a build for CUDA 12, not for the stack's CUDA (13.0)"
     arch = scan(
-        "NVIDIA RTX PRO 6000 Blackwell Server Edition with CUDA capability sm_120 is not compatible with the current PyTorch installation.",
+        "NVIDIA RTX PRO 6000 Blackwell Server Edition with CUDA capability sm_120 is not compatible with the "
+        "current PyTorch installation.",
         context=context,
     )
     assert "the stack pins torch==2.9.1+cu130" in arch.findings[0].cause
@@ -392,7 +420,8 @@ def test_the_resolver_culprit_is_the_requirement_that_excludes_the_pin() -> None
 def test_uv_reports_are_read_through_their_line_wrapping() -> None:
     report = (
         "  × No solution found when resolving dependencies:\n  ╰─▶ Because flashinfer-python==0.6.4 depends on\n      "
-        "torch>=2.10 and you require torch==2.9.1+cu130, we can conclude that your\n      requirements are unsatisfiable."
+        "torch>=2.10 and you require torch==2.9.1+cu130, we can conclude that your\n      requirements are "
+        "unsatisfiable."
     )
     found = scan(report, context={"lock_pins": "torch==2.9.1+cu130"}).findings[0].values
     assert found["package"] == "torch"
@@ -405,7 +434,8 @@ def test_a_uv_report_about_every_version_of_a_requirer_names_it() -> None:
         "error: No solution found when resolving dependencies\n"
         "  cause: Because all versions of eager-upgrader depend on torch>=2.10 and you require torch==2.9.1+cu130, "
         "we can conclude that your requirements and all versions of eager-upgrader are incompatible.\n"
-        "         And because you require eager-upgrader==1.0, we can conclude that your requirements are unsatisfiable."
+        "         And because you require eager-upgrader==1.0, we can conclude that your requirements are "
+        "unsatisfiable."
     )
     (finding,) = scan(report, stage="provision", context={"lock_pins": "torch==2.9.1+cu130"}).findings
     assert finding.id == "uv-no-solution" and finding.values["culprit"] == "eager-upgrader (torch>=2.10)"
@@ -437,7 +467,8 @@ def test_verify_import_classifier_names_a_cuda_major_mismatch() -> None:
         "sgl_kernel",
         False,
         0.4,
-        "Traceback (most recent call last):\nImportError: libcudart.so.12: cannot open shared object file: No such file or directory",
+        "Traceback (most recent call last):\nImportError: libcudart.so.12: cannot open shared object file: No such "
+        "file or directory",
     )
     lock = load_spec(LOCK)
     text, _ = classify_import(outcome, lock, explain_import(outcome, lock))

@@ -21,9 +21,12 @@ from fakes.fake_nvml import machine
 from fleet_support import TESTS, VERIFIABLE, nvml_file
 from slurm_cluster import Cluster
 from smoke_support import living, wait_for
-from test_fleet_slurm import HOSTILE, SlurmFleet, fleet  # noqa: F401  (the fixture)
+from test_fleet_slurm import HOSTILE, SlurmFleet
 
 from stackgate.models.exitcodes import ExitCode
+
+#: The ``fleet`` fixture (the Slurm fleet of test_fleet_slurm), loaded as a plugin.
+pytest_plugins = ["test_fleet_slurm"]
 
 
 def health(fleet: SlurmFleet, name: str, *, forked: bool = False) -> Path:

@@ -5,22 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from specs import minimal_spec
 
 from stackgate.models.spec import Spec, SpecError, load_spec, loads_spec
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE = """
-[stack]
-name = "t"
-[hardware]
-gpu_count = 8
-compute_capability = "12.0"
-gpu_name = "RTX PRO 6000"
-min_driver = "580.82.07"
-[python]
-version = "3.12"
-interpreter = "/usr/bin/python3"
-"""
+BASE = minimal_spec(gpu_count=8, min_driver="580.82.07", interpreter="/usr/bin/python3")
 
 
 def load(smoke: str) -> Spec:
@@ -41,12 +31,21 @@ def test_the_shipped_lockfiles_still_load_with_the_new_defaults(name):
 
 def test_speculative_decoding_becomes_sglang_s_flags():
     lock = load(
-        '[smoke]\nflags = []\n[smoke.speculative]\nalgorithm = "EAGLE3"\ndraft_model = "/m/eagle3"\nnum_steps = 3\neagle_topk = 1\nnum_draft_tokens = 4\n'
+        '[smoke]\nflags = []\n[smoke.speculative]\nalgorithm = "EAGLE3"\ndraft_model = "/m/eagle3"\nnum_steps = '
+        "3\neagle_topk = 1\nnum_draft_tokens = 4\n"
     )
     assert lock.smoke.speculative.flags == (
-        "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/m/eagle3",
-        "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
-    )  # fmt: skip
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-draft-model-path",
+        "/m/eagle3",
+        "--speculative-num-steps",
+        "3",
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        "4",
+    )
 
 
 def test_an_ngram_speculation_needs_no_draft_model():
@@ -59,7 +58,8 @@ def test_an_ngram_speculation_needs_no_draft_model():
 def test_the_compare_table_and_the_other_new_fields_load():
     lock = load(
         "[smoke]\nfast_layers = 2\nstop_grace_s = 20\n"
-        '[smoke.compare]\nname = "no-fusion"\nflags = ["--disable-cuda-graph"]\nattention_backend = "triton"\nspeculative = false\n[smoke.compare.env]\nNCCL_ALGO = "Ring"\n'
+        '[smoke.compare]\nname = "no-fusion"\nflags = ["--disable-cuda-graph"]\nattention_backend = '
+        '"triton"\nspeculative = false\n[smoke.compare.env]\nNCCL_ALGO = "Ring"\n'
     )
     compare = lock.smoke.compare
     assert (compare.name, compare.flags, compare.attention_backend, compare.speculative, dict(compare.env)) == (
@@ -115,7 +115,8 @@ def test_a_compare_table_without_flags_means_the_default_baseline():
         ),
         (
             '[smoke]\nflags = ["--attention-backend=triton"]\n',
-            "smoke.flags[0]: --attention-backend is set by smoke from smoke.attention_backend; do not repeat it in flags",
+            "smoke.flags[0]: --attention-backend is set by smoke from smoke.attention_backend; do not repeat it in "
+            "flags",
         ),
         (
             '[smoke]\nflags = ["--load-format", "dummy"]\n',
@@ -123,7 +124,8 @@ def test_a_compare_table_without_flags_means_the_default_baseline():
         ),
         (
             '[smoke]\nflags = ["--speculative-algorithm", "EAGLE3"]\n',
-            "smoke.flags[0]: --speculative-algorithm: describe speculative decoding in [smoke.speculative], not in flags",
+            "smoke.flags[0]: --speculative-algorithm: describe speculative decoding in [smoke.speculative], not in "
+            "flags",
         ),
         (
             '[smoke]\nflags = ["--x"]\nevidence = { "--x" = "bad (" }\n',
@@ -133,7 +135,8 @@ def test_a_compare_table_without_flags_means_the_default_baseline():
         ("[smoke]\nstop_grace_s = -1\n", "smoke.stop_grace_s: must be greater than 0, not -1"),
         (
             '[smoke.compare]\nname = "Base Line"\n',
-            "smoke.compare.name: 'Base Line' must be lowercase letters, digits, '_' or '-' (it names the baseline's checks)",
+            "smoke.compare.name: 'Base Line' must be lowercase letters, digits, '_' or '-' (it names the baseline's "
+            "checks)",
         ),
         (
             '[smoke.compare]\nflags = ["--port", "1"]\n',

@@ -19,6 +19,7 @@ import pytest
 from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
 from smoke_support import living
+from specs import minimal_spec
 
 from stackgate.checks.smoke import logscan, serverinfo
 from stackgate.commands import smoke
@@ -31,30 +32,19 @@ from stackgate.models.spec import Benchmark, Spec, loads_spec
 from stackgate.serve import bench, fastmode, launch, quality, ready
 from stackgate.serve.procs import ProcessTree
 
-LOCK = """
-[stack]
-name = "t"
-[hardware]
-gpu_count = 2
-compute_capability = "12.0"
-gpu_name = "RTX PRO 6000"
-min_driver = "580"
-[python]
-version = "3.12"
-root = "{root}"
-[smoke]
+#: The smoke tables of the spec :func:`make_lock` writes.
+SMOKE = """[smoke]
 model = "/models/m"
 tp = 2
 flags = ["--enable-flashinfer-allreduce-fusion", "--enable-torch-symm-mem", "--mem-fraction-static", "0.85"]
-evidence = {{ "--enable-flashinfer-allreduce-fusion" = "FlashInfer workspace initialized" }}
+evidence = { "--enable-flashinfer-allreduce-fusion" = "FlashInfer workspace initialized" }
 [smoke.env]
 NCCL_P2P_LEVEL = "SYS"
-{tables}
 """
 
 
 def make_lock(tmp_path: Path, tables: str = "") -> Spec:
-    return loads_spec(LOCK.format(root=tmp_path / "stack", tables=tables))
+    return loads_spec(minimal_spec(gpu_count=2, root=tmp_path / "stack", tail=f"{SMOKE}{tables}\n"))
 
 
 # --- configurations ---------------------------------------------------------------------------
@@ -63,10 +53,24 @@ def make_lock(tmp_path: Path, tables: str = "") -> Spec:
 def test_the_command_is_explicit_about_every_choice(tmp_path):
     (config,) = launch.configs(make_lock(tmp_path), port=31000)
     assert config.argv(Path("/opt/stackgate/current/bin/python")) == [
-        "/opt/stackgate/current/bin/python", "-m", "sglang.launch_server", "--model-path", "/models/m", "--tp-size", "2",
-        "--host", "127.0.0.1", "--port", "31000", "--attention-backend", "flashinfer",
-        "--enable-flashinfer-allreduce-fusion", "--enable-torch-symm-mem", "--mem-fraction-static", "0.85",
-    ]  # fmt: skip
+        "/opt/stackgate/current/bin/python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "/models/m",
+        "--tp-size",
+        "2",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "31000",
+        "--attention-backend",
+        "flashinfer",
+        "--enable-flashinfer-allreduce-fusion",
+        "--enable-torch-symm-mem",
+        "--mem-fraction-static",
+        "0.85",
+    ]
     assert config.check("launch") == "smoke.launch" and config.base_url == "http://127.0.0.1:31000"
 
 
@@ -81,7 +85,11 @@ def test_the_default_compare_baseline_drops_the_fusion_flags_only(tmp_path):
 
 
 def test_a_compare_table_describes_the_baseline(tmp_path):
-    tables = '[smoke.speculative]\nalgorithm = "NGRAM"\n[smoke.compare]\nname = "plain"\nflags = []\nspeculative = false\nattention_backend = "triton"\n[smoke.compare.env]\nNCCL_ALGO = "Ring"\n'
+    tables = (
+        '[smoke.speculative]\nalgorithm = "NGRAM"\n[smoke.compare]\nname = "plain"\nflags = []\nspeculative = '
+        "false\nattention_backend "
+        '= "triton"\n[smoke.compare.env]\nNCCL_ALGO = "Ring"\n'
+    )
     baseline, main = launch.configs(make_lock(tmp_path, tables), compare=True)
     assert (baseline.label, baseline.flags, baseline.speculative, baseline.attention_backend) == (
         "plain",
@@ -250,13 +258,21 @@ def test_the_watcher_follows_partial_lines_progress_bars_phases_and_evidence(tmp
     assert watcher.poll() == [] and watcher.phase == "launching"  # no file yet
     with open(log, "a") as out:
         out.write(
-            "[2026-01-12 10:00:00 TP0] Load weight begin. avail mem=93.52 GB\n\rLoading safetensors checkpoint shards:  25% Comp"
+            (
+                "[2026-01-12 10:00:00 TP0] Load weight begin. avail mem=93.52 GB\n\rLoading safetensors checkpoint "
+                "shards:  "
+                "25% Comp"
+            )
         )
     watcher.poll()
     assert watcher.phase == "loading weights"  # the bar's line is not complete yet
     with open(log, "a") as out:
         out.write(
-            "leted\rLoading safetensors checkpoint shards: 100% Completed\n[2026-01-12 10:00:09 TP1] FlashInfer workspace initialized for rank 1, world_size 2\n"
+            (
+                "leted\rLoading safetensors checkpoint shards: 100% Completed\n[2026-01-12 10:00:09 TP1] FlashInfer "
+                "workspace "
+                "initialized for rank 1, world_size 2\n"
+            )
         )
     watcher.poll()
     assert watcher.phase == "loading weights (100%)"
@@ -400,9 +416,10 @@ def test_the_verdict_names_the_measured_and_the_baseline_figures():
     lock = Benchmark(output_tokens=100, baseline_tok_s=92.6, max_regression=0.03)
     verdict, short = bench.judge(slow, lock)
     assert verdict.status == Status.FAIL and short is None
-    assert (
-        verdict.summary
-        == "decode 79.20 tok/s is 14.5% below the baseline 92.6 tok/s (allowed: 3.0%, floor 89.82); end-to-end 76.92 tok/s with time to first token"
+    assert verdict.summary == (
+        "decode 79.20 tok/s is 14.5% below the baseline 92.6 tok/s (allowed: 3.0%, floor 89.82); end-to-end "
+        "76.92 "
+        "tok/s with time to first token"
     )
     fine, _ = bench.judge(figures(sample(100, 1.12), sample(100, 1.12)), lock)
     assert (
@@ -508,7 +525,10 @@ def test_the_reader_counts_tokens_from_completion_tokens_and_keeps_the_last_ids(
     reader = bench._Reader(asked=6, incremental_ids=False)
     events = [
         b'{"text":"a","output_ids":[1,2,3],"meta_info":{"completion_tokens":3}}',
-        b'{"text":"a b","output_ids":[1,2,3,4,5,6],"meta_info":{"finish_reason":{"type":"length","length":6},"completion_tokens":6}}',
+        (
+            b'{"text":"a '
+            b'b","output_ids":[1,2,3,4,5,6],"meta_info":{"finish_reason":{"type":"length","length":6},"completion_tokens":6}}'
+        ),
         b"[DONE]",
     ]
     for t, data in zip((1.0, 2.0, 2.0), events, strict=True):

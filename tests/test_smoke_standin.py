@@ -25,7 +25,10 @@ FUSION = "--enable-flashinfer-allreduce-fusion"
 EVIDENCE = {FUSION: "FlashInfer workspace initialized for rank"}
 SYMM_MEM_CRASH = [
     "Scheduler hit an exception: Traceback (most recent call last):",
-    '  File "/opt/stackgate/current/lib/python3.12/site-packages/sglang/srt/distributed/device_communicators/torch_symm_mem.py", line 83, in __init__',
+    "  File "
+    '"/opt/stackgate/current/lib/python3.12/site-packages/sglang/srt/distributed/'
+    'device_communicators/torch_symm_mem.py", '
+    "line 83, in __init__",
     "    not in TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES[self.device_capability]",
     "           ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~^^^^^^^^^^^^^^^^^^^^^^^^",
     "KeyError: 12",
@@ -50,9 +53,18 @@ def test_a_plain_smoke_passes_proves_what_runs_and_leaves_nothing(rig):
     results = by_name(done.results)
     assert done.verdict.passed, statuses(done)
     assert [r.check for r in done.results] == [
-        "smoke.preflight.python", "smoke.preflight.model", "smoke.preflight.port", "smoke.preflight.gpus",
-        "smoke.launch", "smoke.server_info", "smoke.attention_backend", "smoke.tp_size", "smoke.flags", "smoke.log", "smoke.teardown",
-    ]  # fmt: skip
+        "smoke.preflight.python",
+        "smoke.preflight.model",
+        "smoke.preflight.port",
+        "smoke.preflight.gpus",
+        "smoke.launch",
+        "smoke.server_info",
+        "smoke.attention_backend",
+        "smoke.tp_size",
+        "smoke.flags",
+        "smoke.log",
+        "smoke.teardown",
+    ]
     assert results["smoke.flags"].summary == "1 flag(s) run as asked"
     assert done.server_info["version"] == "0.5.9" and done.server_info["attention_backend"] == "flashinfer"
     session = done.sessions[0]
@@ -115,7 +127,8 @@ def test_the_baseline_judges_decode_so_a_slow_first_token_does_not_fail_it(rig):
     verdict = by_name(done.results)["smoke.benchmark"]
     assert verdict.status == Status.PASS, verdict.summary
     assert re.fullmatch(
-        r"decode \d+\.\d\d tok/s vs baseline 200 \([-+]\d+\.\d%; allowed -20\.0%\); end-to-end \d+\.\d\d tok/s with time to first token",
+        r"decode \d+\.\d\d tok/s vs baseline 200 \([-+]\d+\.\d%; allowed -20\.0%\); end-to-end \d+\.\d\d tok/s with "
+        r"time to first token",
         verdict.summary,
     )
     assert done.figures.tok_s.mean < 0.8 * 200.0  # what the old verdict judged, and failed
@@ -245,7 +258,10 @@ def test_a_crash_at_start_is_reported_with_exit_code_last_lines_and_the_known_ca
 
 
 def test_a_fatal_log_line_while_loading_stops_the_wait_at_once(rig):
-    line = "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, unhandled cuda error"
+    line = (
+        "torch.distributed.DistBackendError: NCCL error in: "
+        "../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, unhandled cuda error"
+    )
     rig.behave(fatal_line={"phase": "load", "line": line})
     done = rig.run(rig.lock())  # ready_timeout_s is 60: the wait must end on the line, not the clock
     ready = done.sessions[0].readiness
@@ -278,7 +294,8 @@ def _short_timeout(rig):
 def test_a_server_dying_mid_stream_stops_the_benchmark_with_its_cause(rig):
     oom = [
         "Scheduler hit an exception: Traceback (most recent call last):",
-        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.80 GiB",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+        "139.80 GiB",
     ]
     rig.behave(die_mid_stream={"after_tokens": 60, "lines": oom})
     done = rig.run(rig.lock(benchmark={"warmup": 0}), benchmark=True)
@@ -287,7 +304,8 @@ def test_a_server_dying_mid_stream_stops_the_benchmark_with_its_cause(rig):
     assert bench.status == Status.FAIL
     # Whichever the watcher saw first: the fatal lines it wrote, or its death just after them.
     assert re.match(
-        r"the benchmark stopped: run 1 failed: the server (exited with code -9|logged a fatal error \((sglang-scheduler-exception|cuda-out-of-memory))",
+        r"the benchmark stopped: run 1 failed: the server (exited with code -9|logged a fatal error "
+        r"\((sglang-scheduler-exception|cuda-out-of-memory))",
         bench.summary,
     )
     assert results["smoke.log.cuda-out-of-memory"].status == Status.FAIL
@@ -298,7 +316,8 @@ def test_a_server_dying_mid_stream_stops_the_benchmark_with_its_cause(rig):
 
 def test_a_fatal_log_line_mid_stream_cuts_the_stream_at_once(rig):
     watchdog = (
-        "[rank0]:[E ProcessGroupNCCL.cpp:523] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) "
+        "[rank0]:[E ProcessGroupNCCL.cpp:523] [Rank 0] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) "
         "ran for 600012 milliseconds before timing out."
     )
     rig.behave(rate=100.0, fatal_mid_stream={"after_tokens": 20, "line": watchdog})
@@ -348,7 +367,8 @@ def test_a_server_killed_from_outside_is_reported_with_what_it_left_behind(rig):
     teardown = results["smoke.teardown"]
     assert teardown.status == Status.WARN
     assert re.fullmatch(
-        r"server stopped \(it had already ended \(killed by SIGKILL, status 137\), leaving 2 process\(es\) behind; smoke ended them with SIGTERM\) "
+        r"server stopped \(it had already ended \(killed by SIGKILL, status 137\), leaving 2 process\(es\) behind; "
+        r"smoke ended them with SIGTERM\) "
         r"in \d+\.\d s; none of its processes is left",
         teardown.summary,
     )
@@ -367,7 +387,8 @@ def test_a_stream_cut_while_the_server_stays_up_fails_and_says_the_server_is_up(
     bench = by_name(done.results)["smoke.benchmark"]
     assert bench.status == Status.FAIL
     assert re.fullmatch(
-        r"the benchmark stopped: run 1 failed: http://127\.0\.0\.1:\d+/generate: the server closed the connection \(\w+\) after \d+ of 3000 tokens; "
+        r"the benchmark stopped: run 1 failed: http://127\.0\.0\.1:\d+/generate: the server closed the connection "
+        r"\(\w+\) after \d+ of 3000 tokens; "
         r"the server is still up \(no exit, no fatal log line\)",
         bench.summary,
     )
@@ -423,9 +444,9 @@ def test_a_taken_port_is_refused_before_launch(rig):
         done = rig.run(rig.lock())
     port = by_name(done.results)["smoke.preflight.port"]
     assert port.status == Status.FAIL
-    assert (
-        port.summary
-        == f"port {rig.port} on 127.0.0.1 is taken; nothing was launched (SGLang would find out only after loading the weights)"
+    assert port.summary == (
+        f"port {rig.port} on 127.0.0.1 is taken; nothing was launched (SGLang would find out only after loading "
+        "the weights)"
     )
     assert port.fix.commands == (f"ss -ltnp 'sport = :{rig.port}'",)
     assert rig.events() == [] and not rig.runs.exists()  # nothing started, no log
@@ -511,9 +532,9 @@ def test_keep_server_leaves_it_up_and_the_printed_command_stops_it(rig):
     assert session.kept and session.teardown is None
     assert living([session.pid]) == [session.pid]
     teardown = by_name(done.results)["smoke.teardown"]
-    assert (
-        teardown.summary
-        == f"left running on purpose (--keep-server): process group {session.pid}; stop it with `kill -TERM -- -{session.pid}`"
+    assert teardown.summary == (
+        f"left running on purpose (--keep-server): process group {session.pid}; stop it with `kill -TERM -- "
+        f"-{session.pid}`"
     )
     subprocess.run(["bash", "-c", f"kill -TERM -- -{session.pid}"], check=True)
     assert_nothing_left(rig)
@@ -678,9 +699,9 @@ def test_a_speculative_sweep_without_compare_says_why_it_has_no_crossover(rig, c
     results = by_name(done.results)
     crossover = results["smoke.compare.concurrency"]
     assert crossover.status == Status.SKIP
-    assert (
-        crossover.summary
-        == "no crossover estimate without --compare: run with --compare to measure the non-speculative configuration at the same levels"
+    assert crossover.summary == (
+        "no crossover estimate without --compare: run with --compare to measure the non-speculative "
+        "configuration at the same levels"
     )
     levels = results["smoke.concurrency"].details
     assert len(levels) == 2 and all(
@@ -747,9 +768,9 @@ def test_compare_warns_when_the_configurations_disagree(rig):
     assert FUSION not in done.sessions[0].argv and FUSION in done.sessions[1].argv
     quality = results["smoke.compare.quality"]
     assert quality.status == Status.WARN
-    assert (
-        quality.summary
-        == "baseline and lock give different greedy outputs: first 120 of 200 tokens identical, then diverge (60.0% of positions agree)"
+    assert quality.summary == (
+        "baseline and lock give different greedy outputs: first 120 of 200 tokens identical, then diverge (60.0% "
+        "of positions agree)"
     )
     assert_nothing_left(rig)
 

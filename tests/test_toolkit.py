@@ -22,8 +22,9 @@ from typing import Iterator, Sequence
 
 import pytest
 from packaging.version import Version
+from specs import minimal_spec
+from support import CACHE, isolated_environ
 
-from conftest import CACHE, isolated_environ
 from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import run_checks, select
 from stackgate.edges import runner
@@ -288,7 +289,11 @@ def test_a_failing_runfile_leaves_no_prefix_and_names_the_log(tmp_path: Path) ->
     toolkit = runfile_toolkit(tmp_path / "cuda-12.8", runfile, sha256_of(runfile))
     with pytest.raises(
         ToolkitError,
-        match=r"(?s)failed \(exit 1\); the runfile's own log: /var/log/cuda-installer.log.*full output: .*install.log.*Toolkit:  Installed in",
+        match=(
+            r"(?s)failed \(exit 1\); the runfile's own log: /var/log/cuda-installer.log.*full output: "
+            r".*install.log.*Toolkit:  "
+            r"Installed in"
+        ),
     ):
         tk.install_toolkit(toolkit, log=tmp_path / "install.log", link=link)
     assert not toolkit.prefix.exists() and not tk._staging(toolkit.prefix).exists()
@@ -627,16 +632,4 @@ def test_a_new_component_reinstalls_by_swapping_the_whole_tree(side_by_side: Sid
 
 
 def lock_text(toolkits: str) -> str:
-    return f"""
-[stack]
-name = "toolkit-test"
-[hardware]
-gpu_count = 1
-compute_capability = "12.0"
-gpu_name = "RTX PRO 6000"
-min_driver = "580"
-{toolkits}
-[python]
-version = "3.12"
-interpreter = "/nonexistent/python"
-"""
+    return minimal_spec(name="toolkit-test", toolkits=f"{toolkits}\n", interpreter="/nonexistent/python")

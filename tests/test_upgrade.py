@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import pytest
 from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
-from pkgindex import IndexServer, install_environ, lock_stack, stack_index, write_stack_lock  # noqa: F401 (fixtures)
+from pkgindex import IndexServer, lock_stack, write_stack_lock
 from smoke_support import FAKES, Rig, assert_nothing_left, dead_runs_server, free_port, kill_leftovers, living
 
 from stackgate.commands import provision, report, upgrade
@@ -422,7 +422,7 @@ try:
 except Exit as stop:
     print(stop.message or "", file=sys.stderr)
     sys.exit(stop.code)
-"""
+"""  # noqa: E501 (a script for its own process, kept as written)
 
 
 def _in_process_of_its_own(node: Node, spec: Path, fault: str) -> subprocess.CompletedProcess[str]:

@@ -21,13 +21,13 @@ from typing import Any, Callable, ContextManager, Mapping, TypeVar
 
 from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import Check, run_checks
-from stackgate.edges import fetch
+from stackgate.edges import faults, fetch
 from stackgate.facts import Missing, gather
 from stackgate.facts.compare import environment_drift, environment_spec
 from stackgate.flows.diagnose import DiagnoseUsageError, diagnose
 from stackgate.flows.stages import Stage, run_stages
 from stackgate.flows.verify import VerifyRun, verify
-from stackgate.models import faults, knowledge, pylock
+from stackgate.models import knowledge, pylock
 from stackgate.models.finding import Finding
 from stackgate.models.result import Result, Status
 from stackgate.models.spec import Spec

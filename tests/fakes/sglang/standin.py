@@ -50,7 +50,8 @@ DEFAULTS: dict[str, Any] = {
     "warmup_s": 0.2,  # from the port opening to the warm-up request (503 meanwhile)
     "health_s": 1.0,  # /health runs a 1-token generation and checks after a 1 s sleep
     "rate": 200.0,  # decode tokens per second per stream
-    "slowdown_per_launch": 0.0,  # a machine that drifts: each launch decodes this much slower than the one before (launches counted in "events")
+    # a machine that drifts: each launch decodes this much slower than the one before (launches counted in "events")
+    "slowdown_per_launch": 0.0,
     "rate_by_streams": None,  # {"10": 80.0}: per-stream rate from that many active streams on
     "rate_cycle": None,  # [120.0, 80.0]: the rate of each streamed request in turn (a noisy machine)
     "ttft_s": 0.02,  # time to the first token (prefill)
@@ -269,7 +270,11 @@ def load(args: dict[str, Any], b: dict[str, Any]) -> None:
         (
             "load",
             ["Load weight begin. avail mem=93.52 GB"],
-            "Load weight end. elapsed=0.52 s, type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=78.10 GB, mem usage=15.42 GB.",
+            (
+                "Load weight end. elapsed=0.52 s, type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=78.10 GB, mem "
+                "usage=15.42 "
+                "GB."
+            ),
         ),
         (
             "memory",
@@ -298,7 +303,11 @@ def load(args: dict[str, Any], b: dict[str, Any]) -> None:
         for rank in range(tp):
             log(end, rank, tp)
     log(
-        "max_total_num_tokens=512000, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=2048, context_len=131072, available_gpu_mem=17.80 GB",
+        (
+            "max_total_num_tokens=512000, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+            "max_running_requests=2048, "
+            "context_len=131072, available_gpu_mem=17.80 GB"
+        ),
         0,
         tp,
     )
@@ -314,7 +323,10 @@ def progress(seconds: float) -> None:
     """tqdm's shard bar, redrawn with carriage returns as the real one is."""
     for done in range(5):
         sys.stderr.write(
-            f"\rLoading safetensors checkpoint shards: {done * 25:3d}% Completed | {done}/4 [00:0{done}<00:00,  1.00it/s]"
+            (
+                f"\rLoading safetensors checkpoint shards: {done * 25:3d}% Completed | {done}/4 [00:0{done}<00:00,  "
+                "1.00it/s]"
+            )
         )
         sys.stderr.flush()
         time.sleep(seconds / 5)
@@ -343,7 +355,10 @@ def serve(args: dict[str, Any], b: dict[str, Any]) -> None:
     except OSError as exc:
         uvicorn(
             "ERROR",
-            f"[Errno {exc.errno}] error while attempting to bind on address {(args['host'], args['port'])!r}: {exc.strerror.lower()}",
+            (
+                f"[Errno {exc.errno}] error while attempting to bind on address {(args['host'], args['port'])!r}: "
+                f"{exc.strerror.lower()}"
+            ),
         )
         for child in _CHILDREN:
             child.kill()
@@ -392,7 +407,10 @@ def drain_watchdog(b: dict[str, Any]) -> None:
         time.sleep(b["drain_poll_s"])
     while True:
         log(
-            f"Gracefully exiting... Remaining number of requests {_STATE['active']}. Remaining requests remaining_rids=[]."
+            (
+                f"Gracefully exiting... Remaining number of requests {_STATE['active']}. Remaining requests "
+                "remaining_rids=[]."
+            )
         )
         if _STATE["active"] == 0:
             break
@@ -444,7 +462,11 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(200, server_info(self.args, self.b))
         elif self.path == "/get_server_info":
             log(
-                "Endpoint '/get_server_info' is deprecated and will be removed in a future version. Please use '/server_info' instead.",
+                (
+                    "Endpoint '/get_server_info' is deprecated and will be removed in a future version. Please use "
+                    "'/server_info' "
+                    "instead."
+                ),
                 level="warning",
             )
             self.reply(200, server_info(self.args, self.b))
@@ -613,7 +635,11 @@ def generate_whole(request: dict[str, Any], args: dict[str, Any], b: dict[str, A
     prompt = request.get("text") or ""
     ids = token_ids(prompt, asked, b, 0)
     log(
-        f"Prefill batch, #new-seq: 1, #new-token: {len(prompt.split())}, #cached-token: 0, token usage: 0.00, #running-req: 0, #queue-req: 0, input throughput (token/s): 0.00, cuda graph: False",
+        (
+            f"Prefill batch, #new-seq: 1, #new-token: {len(prompt.split())}, #cached-token: 0, token usage: 0.00, "
+            "#running-req: "
+            "0, #queue-req: 0, input throughput (token/s): 0.00, cuda graph: False"
+        ),
         0,
         args["tp_size"],
     )

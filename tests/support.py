@@ -1,0 +1,152 @@
+"""Helpers shared by the test modules (plain functions, not fixtures): the checkout's root, the
+suite's cache, isolated installer environments, throw-away venvs and interpreter specs."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import venv
+from pathlib import Path
+from typing import Callable
+
+from specs import DEFAULT_TOOLKIT, THIS_PYTHON, minimal_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("STACKGATE_TEST_CACHE", Path.home() / ".cache" / "stackgate-tests"))
+#: The CPU torch wheel that lies on this kind of machine's disk (pip finds it through its config).
+CPU_TORCH = os.environ.get("STACKGATE_TEST_TORCH", "torch==2.13.0")
+#: Written last into a cached build: its presence means the build is complete.
+READY = ".stackgate-ready"
+
+
+def isolated_environ(**extra: str) -> dict[str, str]:
+    """This process's environment without any pip/uv configuration, for a test's own index."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
+    env.update(PIP_CONFIG_FILE=os.devnull, UV_NO_CONFIG="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    env.update(extra)
+    return env
+
+
+def cached_build(home: Path, build: Callable[[Path], None]) -> Path:
+    """``home``, built once by ``build(folder)`` and shared by every run of the suite.
+
+    Two runs at once must not break each other, nor a run killed mid-build the next one: the
+    build runs under an exclusive lock, in a fresh folder beside ``home`` that no reader sees,
+    and a symbolic link renamed onto ``home`` (atomic) publishes it once it is complete. The
+    folder itself is never moved, because a venv cannot be (its scripts name their own path).
+    Nothing a reader may be using is deleted: only unfinished folders, under the lock.
+    """
+    if _built(home):
+        return home
+    home.parent.mkdir(parents=True, exist_ok=True)
+    with open(home.parent / f".{home.name}.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        if _built(home):
+            return home  # another run built it while this one waited for the lock
+        _sweep(home)
+        folder = Path(tempfile.mkdtemp(prefix=f".{home.name}.", suffix=".d", dir=home.parent))
+        folder.chmod(0o755)  # as a folder made by hand: mkdtemp makes it private
+        build(folder)
+        (folder / READY).write_text(f"built by pid {os.getpid()}\n")
+        link = folder.with_suffix(".link")
+        link.symlink_to(folder.name)
+        os.replace(link, home)
+    return home
+
+
+def _sweep(home: Path) -> None:
+    """Delete what killed builders left (only the lock's holder builds, so none is in use); a
+    complete build is kept, as a reader may be using it."""
+    legacy = [home] if home.is_dir() and not home.is_symlink() else []  # built in place by older tests
+    for folder in [*home.parent.glob(f".{home.name}.*.d"), *legacy]:
+        if not (folder / READY).is_file():
+            folder.rename(folder.with_name(f".{home.name}.{folder.name}.removing"))  # gone at once
+    for leftover in home.parent.glob(f".{home.name}.*.removing"):
+        shutil.rmtree(leftover)
+
+
+def _built(home: Path) -> bool:
+    return (home / READY).is_file()
+
+
+def released_wheel(name: str, version: str) -> Path:
+    """The released wheel of ``name==version`` from PyPI (a pure-Python one: ``*.whl``),
+    downloaded once into the test cache and shared by every run (``cached_build``)."""
+
+    def download(folder: Path) -> None:
+        argv = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary",
+            ":all:",
+            f"{name}=={version}",
+            "-d",
+            str(folder),
+        ]
+        subprocess.run(argv, env=isolated_environ(), check=True, capture_output=True)
+
+    (found,) = cached_build(CACHE / f"{name}-{version}-wheel", download).glob("*.whl")
+    return found
+
+
+def make_venv(home: Path) -> tuple[Path, Path]:
+    """A fresh empty venv: its interpreter and its site-packages."""
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(home)
+    python = home / "bin" / "python"
+    site = next((home / "lib").glob("python3*/site-packages"))
+    return python, site
+
+
+def install_dist(
+    site: Path, name: str, version: str, requires: tuple[str, ...] = (), files: dict[str, bytes] | None = None
+) -> Path:
+    """Install a distribution the way an installer leaves it: files, METADATA and RECORD.
+
+    Real metadata, read by importlib.metadata in the target interpreter like any wheel's.
+    """
+    dist_info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    dist_info.mkdir(parents=True)
+    metadata = [
+        "Metadata-Version: 2.1",
+        f"Name: {name}",
+        f"Version: {version}",
+        *(f"Requires-Dist: {r}" for r in requires),
+    ]
+    (dist_info / "METADATA").write_text("\n".join(metadata) + "\n")
+    record = []
+    for relative, content in (files or {}).items():
+        target = site / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+        record.append(f"{relative},,")
+    record += [f"{dist_info.name}/METADATA,,", f"{dist_info.name}/RECORD,,"]
+    (dist_info / "RECORD").write_text("\n".join(record) + "\n")
+    return dist_info
+
+
+def interpreter_lock(
+    python: Path, packages: str = "", extra: str = "", *, imports: str = '["torch"]', version: str | None = None
+):
+    """A lock for one SM120 GPU whose stack is an existing interpreter of this machine."""
+    from stackgate.models.spec import loads_spec
+
+    return loads_spec(interpreter_spec(python, packages, extra, imports=imports, version=version))
+
+
+def interpreter_spec(
+    python: Path, packages: str = "", extra: str = "", *, imports: str = '["torch"]', version: str | None = None
+) -> str:
+    """The text of :func:`interpreter_lock`'s spec, for a test that needs it in a file."""
+    return minimal_spec(
+        toolkits=DEFAULT_TOOLKIT,
+        version=version or THIS_PYTHON,
+        interpreter=python,
+        python=f"imports = {imports}\n[python.packages]\n{packages}\n{extra}\n",
+    )
