@@ -34,14 +34,10 @@ sys.path.insert(
     0, str(Path(__file__).resolve().parents[1])
 )  # the checkout's stackgate, not on PYTHONPATH (test_fleet.fleet_env)
 
-from stackgate.commands import gate, upgrade
-from stackgate.facts.compare import environment_spec
-from stackgate.models.spec import load_spec
-from stackgate.runs import abtest, history, stackdiff
-from stackgate.stack.generations import Generation
+from stackgate.models import spec  # noqa: E402
+from stackgate.models.spec import files  # noqa: E402
 
-_load = load_spec
-_gate = gate.run
+_load = files.load_spec
 
 
 def load(path=None):
@@ -54,6 +50,18 @@ def load(path=None):
     return lock
 
 
+# The spec's loader is wrapped before any other stackgate module is imported: each binds
+# `load_spec` by name when it is imported, so each then holds the wrapper.
+files.load_spec = spec.load_spec = load
+
+from stackgate.commands import gate, upgrade  # noqa: E402
+from stackgate.facts.compare import environment_spec  # noqa: E402
+from stackgate.runs import abtest, history, stackdiff  # noqa: E402
+from stackgate.stack.generations import Generation  # noqa: E402
+
+_gate = gate.run
+
+
 def run_gate(request, ui):
     checks = tuple(c for c in os.environ.get("FLEET_NODE_CHECKS", "").split(",") if c)
     return _gate(dataclasses.replace(request, verify_checks=checks) if checks else request, ui)
@@ -61,7 +69,7 @@ def run_gate(request, ui):
 
 def upgrade_node(request, ui, *, nvml_lib=None):
     live_rate, new_rate = (float(v) for v in os.environ["FLEET_NODE_UPGRADE"].split(","))
-    new, live = load_spec(request.to), load_spec(request.lock_path)
+    new, live = load(request.to), load(request.lock_path)
     given = {str(p): hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in (request.to, request.lock_path)}
     with open(Path(os.environ["FLEET_NODE_HOME"]) / "upgrades.jsonl", "a") as log:
         log.write(
@@ -92,7 +100,6 @@ def upgrade_node(request, ui, *, nvml_lib=None):
     return done
 
 
-load_spec = load
 gate.run = run_gate
 if os.environ.get("FLEET_NODE_UPGRADE"):
     upgrade.upgrade_node = upgrade_node
