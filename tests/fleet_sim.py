@@ -21,7 +21,7 @@ from typing import Any
 
 from stackgate import __version__
 from stackgate.edges.ssh import Completed, TransportError
-from stackgate.models.fleet import Node
+from stackgate.models.inventory import Node
 from stackgate.runs import fingerprint
 
 

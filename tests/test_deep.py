@@ -21,7 +21,7 @@ from specs import THIS_PYTHON, write_spec
 from stackgate.checks import deep
 from stackgate.checks.core import CheckError
 from stackgate.commands.verify import plan
-from stackgate.facts import deep as measure
+from stackgate.facts import deepruns as measure
 from stackgate.models.result import Result, Status
 from stackgate.models.spec import load_spec
 

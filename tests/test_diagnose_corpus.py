@@ -12,7 +12,7 @@ from diagnose_corpus import HELD_OUT_PROJECTS, Case, by_project, load, run, scor
 
 from stackgate import scan
 from stackgate.commands import diagnose
-from stackgate.models import kernellog
+from stackgate.models import kernelevents
 
 CASES = load()
 FAILURES = [c for c in CASES if not c.healthy]
@@ -28,7 +28,7 @@ def test_the_corpus_is_real_and_large_enough() -> None:
     assert all(re.match(r"https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+$", c.url) for c in CASES)
     wanted = {"vllm", "nccl", "flashinfer", "pytorch", "triton", "tensorrt-llm", "ray", "container-toolkit"}
     assert {c.project for c in FAILURES} >= wanted
-    kernel = {"pcie-aer", "nvrm-message"} | {f"xid-{code}" for code in (*kernellog.CATALOG, 109, 149)}
+    kernel = {"pcie-aer", "nvrm-message"} | {f"xid-{code}" for code in (*kernelevents.CATALOG, 109, 149)}
     known = {s.id for s in scan.load()} | kernel
     assert {e for c in FAILURES for e in c.expected} <= known
 

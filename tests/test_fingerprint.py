@@ -14,7 +14,7 @@ from packaging.version import Version
 
 from stackgate.edges import nvml
 from stackgate.facts import Distribution, Facts, Missing, ProbeFacts, ToolkitFacts, ToolVersion
-from stackgate.facts.patches import PatchStatus
+from stackgate.facts.patchstate import PatchStatus
 from stackgate.models.spec import Spec, load_spec
 from stackgate.runs import fingerprint as fp
 

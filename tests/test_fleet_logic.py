@@ -22,10 +22,10 @@ from smoke_support import ROOT
 
 from stackgate.commands import fleet
 from stackgate.models.exitcodes import ExitCode
-from stackgate.models.fleet import InventoryError, parse_hosts, parse_inventory
+from stackgate.models.inventory import InventoryError, parse_hosts, parse_inventory
 from stackgate.models.spec import SpecError
 from stackgate.render.ui import UI
-from stackgate.runs import fleet as aggregate
+from stackgate.runs import aggregate
 
 LOCK = ROOT / "lockfiles" / "blackwell-sm120-cu128.toml"  # a spec with a pylock beside it: both are shipped
 

@@ -27,7 +27,7 @@ from test_fleet import Fleet, fleet_env, stackgate
 from stackgate.commands import fleet
 from stackgate.flows import fleet as fleetflow
 from stackgate.models.exitcodes import ExitCode
-from stackgate.models.fleet import parse_hosts
+from stackgate.models.inventory import parse_hosts
 from stackgate.render.ui import UI
 
 LIVE = ROOT / "lockfiles" / "blackwell-sm120-cu128.toml"  # with its pylock beside it

@@ -15,7 +15,7 @@ from fakes.fake_nvml import gpu, machine
 
 from stackgate.checks.all import REGISTRY
 from stackgate.facts import gather
-from stackgate.models import kernellog
+from stackgate.models import kernelevents
 from stackgate.models.result import Status
 from stackgate.models.spec import load_spec
 
@@ -68,7 +68,7 @@ def judge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str | None, jou
 
 
 def test_the_xid_catalog_decodes_meaning_action_and_gpu() -> None:
-    found = kernellog.findings(kernellog.parse(FALLEN), {"0000:18:00": 0, "0000:19:00": 1, "0000:1a:00": 2})
+    found = kernelevents.findings(kernelevents.parse(FALLEN), {"0000:18:00": 0, "0000:19:00": 1, "0000:1a:00": 2})
     assert [f.id for f in found] == [
         "xid-79",
         "xid-63",
@@ -82,11 +82,11 @@ def test_the_xid_catalog_decodes_meaning_action_and_gpu() -> None:
 
 
 def test_bus_ids_are_one_form_whoever_writes_them() -> None:
-    old = kernellog.parse("NVRM: Xid (0000:01:00): 3, C 00000005 SC 00000007 M 00001ffc Data ffffffff")
+    old = kernelevents.parse("NVRM: Xid (0000:01:00): 3, C 00000005 SC 00000007 M 00001ffc Data ffffffff")
     assert (
         old[0].bus == "0000:01:00" and old[0].code == 3 and old[0].severity == "fail"
     )  # not in the summary: a GPU fault until looked up
-    assert kernellog.normalize_bus("00000000:1A:00.0") == "0000:1a:00"
+    assert kernelevents.normalize_bus("00000000:1A:00.0") == "0000:1a:00"
 
 
 def test_verify_fails_on_a_gpu_fault_of_this_boot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""stackgate.stack.patches against diffs made by diff(1), GNU patch, and the real sglang 0.5.9 wheel."""
+"""stackgate.stack.patching against diffs made by diff(1), GNU patch, and the real sglang 0.5.9 wheel."""
 
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ from support import CACHE, cached_build, isolated_environ
 from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import run_checks, select
 from stackgate.facts import gather
-from stackgate.facts import patches as applied
+from stackgate.facts import patchstate as applied
 from stackgate.models.result import Status
 from stackgate.models.spec import DEFAULT_LOCK, Patch, Spec, load_spec, loads_spec
-from stackgate.stack import patches
-from stackgate.stack.patches import PatchError
+from stackgate.stack import patching
+from stackgate.stack.patching import PatchError
 
 ROOT = Path(__file__).resolve().parents[1]
 SM120_PATCH = (
@@ -75,10 +75,10 @@ NEW = OLD.replace("line 3\n", "line three\n").replace("line 20\n", "line 20\nlin
 
 def test_three_hunk_diff_from_diff1_applies_and_reverses(tmp_path: Path) -> None:
     text = unified_diff(tmp_path, "pkg/m.py", OLD, NEW)
-    [diff] = patches.parse("A free header explaining the patch.\n\n" + text)
+    [diff] = patching.parse("A free header explaining the patch.\n\n" + text)
     assert diff.path == "pkg/m.py" and len(diff.hunks) == 3
-    assert patches.patch_text(OLD, diff) == NEW
-    assert patches.patch_text(NEW, diff, reverse=True) == OLD
+    assert patching.patch_text(OLD, diff) == NEW
+    assert patching.patch_text(NEW, diff, reverse=True) == OLD
 
 
 def test_agrees_with_gnu_patch(tmp_path: Path) -> None:
@@ -90,30 +90,30 @@ def test_agrees_with_gnu_patch(tmp_path: Path) -> None:
     (work / "pkg" / "m.py").write_text(OLD)
     subprocess.run(["patch", "-p1", "--dry-run"], input=text, cwd=work, text=True, check=True, capture_output=True)
     subprocess.run(["patch", "-p1"], input=text, cwd=work, text=True, check=True, capture_output=True)
-    [diff] = patches.parse(text)
-    assert patches.patch_text(OLD, diff) == (work / "pkg" / "m.py").read_text()
+    [diff] = patching.parse(text)
+    assert patching.patch_text(OLD, diff) == (work / "pkg" / "m.py").read_text()
 
 
 def test_no_newline_at_end_of_file_crlf_and_form_feeds_survive(tmp_path: Path) -> None:
     old, new = "a\r\n\x0cb\r\nc", "a\r\n\x0cB\r\nc"
     text = unified_diff(tmp_path, "m.txt", old, new)
     assert "\\ No newline at end of file" in text
-    [diff] = patches.parse(text)
-    assert patches.patch_text(old, diff) == new
+    [diff] = patching.parse(text)
+    assert patching.patch_text(old, diff) == new
 
 
 def test_new_file_from_dev_null(tmp_path: Path) -> None:
     text = "--- /dev/null\n+++ b/pkg/new.py\n@@ -0,0 +1,2 @@\n+x = 1\n+y = 2\n"
-    [diff] = patches.parse(text)
-    assert diff.creates and patches.patch_text("", diff) == "x = 1\ny = 2\n"
+    [diff] = patching.parse(text)
+    assert diff.creates and patching.patch_text("", diff) == "x = 1\ny = 2\n"
 
 
 def test_a_hunk_must_match_where_it_says(tmp_path: Path) -> None:
     text = unified_diff(tmp_path, "pkg/m.py", OLD, NEW)
-    [diff] = patches.parse(text)
+    [diff] = patching.parse(text)
     shifted = "inserted\n" + OLD  # what GNU patch would accept "with offset 1": a different file
     with pytest.raises(PatchError, match="hunk 1 does not match at line"):
-        patches.patch_text(shifted, diff)
+        patching.patch_text(shifted, diff)
 
 
 @pytest.mark.parametrize(
@@ -130,7 +130,7 @@ def test_a_hunk_must_match_where_it_says(tmp_path: Path) -> None:
 )
 def test_malformed_diffs_are_refused_with_the_reason(text: str, message: str) -> None:
     with pytest.raises(PatchError, match=message):
-        patches.parse(text)
+        patching.parse(text)
 
 
 # --- applying to an installed package -----------------------------------------------------------
@@ -143,12 +143,12 @@ def test_apply_twice_is_a_no_op_and_is_recorded(tmp_path: Path) -> None:
     stale.write_bytes(b"old bytecode")
     (tmp_path / "demo.patch").write_text(unified_diff(tmp_path / "d", "demo/m.py", OLD, NEW))
     patch = patch_entry(tmp_path / "demo.patch")
-    first = patches.apply_patch(patch, site)
+    first = patching.apply_patch(patch, site)
     assert first.patched == ("demo/m.py",) and first.changed
     assert (site / "demo" / "m.py").read_text() == NEW and not stale.exists()
     record = (site / applied.RECORD).read_bytes()
     mtime = (site / "demo" / "m.py").stat().st_mtime_ns
-    second = patches.apply_patch(patch, site)
+    second = patching.apply_patch(patch, site)
     assert not second.changed and second.already == ("demo/m.py",)
     assert (site / applied.RECORD).read_bytes() == record
     assert (site / "demo" / "m.py").stat().st_mtime_ns == mtime
@@ -162,7 +162,7 @@ def test_a_patch_that_does_not_apply_changes_nothing(tmp_path: Path) -> None:
     bad = unified_diff(tmp_path / "d2", "demo/b.py", OLD, NEW)  # written against a b.py that is not installed
     (tmp_path / "demo.patch").write_text(good + bad)
     with pytest.raises(PatchError, match="demo/b.py does not match the patch"):
-        patches.apply_patch(patch_entry(tmp_path / "demo.patch"), site)
+        patching.apply_patch(patch_entry(tmp_path / "demo.patch"), site)
     assert (site / "demo" / "a.py").read_text() == OLD
     assert (site / "demo" / "b.py").read_text() == other
     assert not (site / applied.RECORD).exists()
@@ -172,7 +172,7 @@ def test_only_the_exact_version_is_patched(tmp_path: Path) -> None:
     site = fake_site(tmp_path, "demo", "1.1", {"demo/m.py": OLD})
     (tmp_path / "demo.patch").write_text(unified_diff(tmp_path / "d", "demo/m.py", OLD, NEW))
     with pytest.raises(PatchError, match=r"demo 1.1 is installed .* is for 1.0 only"):
-        patches.apply_patch(patch_entry(tmp_path / "demo.patch"), site)
+        patching.apply_patch(patch_entry(tmp_path / "demo.patch"), site)
     assert (site / "demo" / "m.py").read_text() == OLD
 
 
@@ -181,7 +181,7 @@ def test_a_patch_file_that_differs_from_the_lock_is_refused(tmp_path: Path) -> N
     (tmp_path / "demo.patch").write_text(unified_diff(tmp_path / "d", "demo/m.py", OLD, NEW))
     patch = dataclasses.replace(patch_entry(tmp_path / "demo.patch"), sha256="0" * 64)
     with pytest.raises(PatchError, match="changed since the lock was written"):
-        patches.apply_patch(patch, site)
+        patching.apply_patch(patch, site)
 
 
 def test_files_of_another_package_are_refused(tmp_path: Path) -> None:
@@ -190,18 +190,18 @@ def test_files_of_another_package_are_refused(tmp_path: Path) -> None:
     (site / "other" / "m.py").write_text(OLD)
     (tmp_path / "demo.patch").write_text(unified_diff(tmp_path / "d", "other/m.py", OLD, NEW))
     with pytest.raises(PatchError, match="which demo 1.0 does not install"):
-        patches.apply_patch(patch_entry(tmp_path / "demo.patch"), site)
+        patching.apply_patch(patch_entry(tmp_path / "demo.patch"), site)
 
 
 def test_an_edited_patched_file_is_reported_and_not_blessed(tmp_path: Path) -> None:
     site = fake_site(tmp_path, "demo", "1.0", {"demo/m.py": OLD})
     (tmp_path / "demo.patch").write_text(unified_diff(tmp_path / "d", "demo/m.py", OLD, NEW))
     patch = patch_entry(tmp_path / "demo.patch")
-    patches.apply_patch(patch, site)
+    patching.apply_patch(patch, site)
     (site / "demo" / "m.py").write_text(NEW + "# edited by hand\n")
     assert applied.patch_state(patch, site) == "demo/m.py changed since demo.patch was applied"
     with pytest.raises(PatchError, match="reinstall demo==1.0"):
-        patches.apply_patch(patch, site)
+        patching.apply_patch(patch, site)
 
 
 def test_lost_record_with_patched_files_is_recorded_again(tmp_path: Path) -> None:
@@ -209,7 +209,7 @@ def test_lost_record_with_patched_files_is_recorded_again(tmp_path: Path) -> Non
     (tmp_path / "demo.patch").write_text(unified_diff(tmp_path / "d", "demo/m.py", OLD, NEW))
     patch = patch_entry(tmp_path / "demo.patch")
     assert "not applied" in (applied.patch_state(patch, site) or "")
-    outcome = patches.apply_patch(patch, site)
+    outcome = patching.apply_patch(patch, site)
     assert outcome.patched == () and outcome.recorded
     assert applied.patch_state(patch, site) is None
 
@@ -251,7 +251,7 @@ def sglang_env(tmp_path: Path, sglang_wheel: Path) -> tuple[Path, Path]:
     home = tmp_path / "venv"
     venv.EnvBuilder(with_pip=False).create(home)
     python = home / "bin" / "python"
-    site = patches.site_packages(python)
+    site = patching.site_packages(python)
     with zipfile.ZipFile(sglang_wheel) as wheel:
         wheel.extractall(site)
     return python, site
@@ -285,13 +285,13 @@ def test_sm120_patch_on_the_real_wheel(sglang_env: tuple[Path, Path]) -> None:
     _, site = sglang_env
     patch = locked_patch()
     assert set(sizes_table(site)) == {9, 10} and set(multimem_table(site)) == {9, 10}
-    outcome = patches.apply_patch(patch, site)
+    outcome = patching.apply_patch(patch, site)
     assert set(outcome.patched) == {SIZES_FILE, SYMM_FILE}
     sizes = sizes_table(site)
     assert sizes[12] == {2: 64 << 20, 4: 64 << 20, 6: 128 << 20, 8: 128 << 20}
     assert sizes[9] == {2: 64 << 20, 4: 64 << 20, 6: 128 << 20, 8: 128 << 20}  # untouched
     assert multimem_table(site)[12] == []
-    again = patches.apply_patch(patch, site)
+    again = patching.apply_patch(patch, site)
     assert not again.changed
 
 
@@ -301,7 +301,7 @@ def test_sm120_patch_refuses_another_sglang_version(sglang_env: tuple[Path, Path
     metadata.write_text(metadata.read_text().replace("Version: 0.5.9", "Version: 0.5.8", 1))
     before = (site / SIZES_FILE).read_bytes()
     with pytest.raises(PatchError, match=r"sglang 0.5.8 is installed .* is for 0.5.9 only"):
-        patches.apply_patch(locked_patch(), site)
+        patching.apply_patch(locked_patch(), site)
     assert (site / SIZES_FILE).read_bytes() == before
 
 
@@ -335,7 +335,7 @@ def test_patches_applied_check_through_the_real_probe(tmp_path: Path, sglang_env
     missing = run_patches_check(lock)
     assert missing.status is Status.FAIL and "is not applied" in missing.summary
     assert missing.fix is not None and "stackgate provision --only patches" in missing.fix.commands
-    patches.apply_patch(lock.patches[0], site)
+    patching.apply_patch(lock.patches[0], site)
     good = run_patches_check(lock)
     assert good.status is Status.PASS, good.summary
     assert set(good.data[SM120_PATCH.name]["files"]) == {SIZES_FILE, SYMM_FILE}

@@ -25,7 +25,7 @@ from stackgate.models.finding import Fix
 from stackgate.models.redact import REDACTED, is_secret_name, redact, redact_text, secrets_in
 from stackgate.models.result import Result, Status
 from stackgate.models.spec import load_spec
-from stackgate.render.report import junit_xml, redacted, write_junit
+from stackgate.render.reporting import junit_xml, redacted, write_junit
 from stackgate.render.ui import UI
 from stackgate.runs import fingerprint as fp
 

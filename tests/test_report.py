@@ -10,7 +10,7 @@ from stackgate.edges.files import write_json
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, Status
 from stackgate.models.verdict import document, judge
-from stackgate.render.report import junit_xml
+from stackgate.render.reporting import junit_xml
 from stackgate.render.ui import UI, render_plain
 
 RESULTS = [

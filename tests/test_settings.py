@@ -157,7 +157,7 @@ def test_an_old_name_still_works_once_warned_and_the_new_one_wins(old: str, caps
 
 
 def test_settings_are_read_when_used_not_when_imported(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from stackgate.facts import deep
+    from stackgate.facts import deepruns
     from stackgate.runs import history
     from stackgate.stack import toolkit
 
@@ -167,11 +167,11 @@ def test_settings_are_read_when_used_not_when_imported(monkeypatch: pytest.Monke
     monkeypatch.setenv("STACKGATE_RUNFILE_CACHE", str(tmp_path / "runfiles"))
     assert default_lock_path() == tmp_path / "l.toml"
     assert history.runs_dir(None) == tmp_path / "runs"
-    assert deep._work_dir() == tmp_path / "deep" and (tmp_path / "deep").is_dir()
+    assert deepruns._work_dir() == tmp_path / "deep" and (tmp_path / "deep").is_dir()
     assert toolkit._runfile_cache() == tmp_path / "runfiles"
     monkeypatch.setenv("STACKGATE_DEEP_TIMEOUT_S", "abc")
     with pytest.raises(SettingError, match=r"^\$STACKGATE_DEEP_TIMEOUT_S='abc'"):
-        deep.run_gpu_work(Path("/nonexistent/python"), deep.GpuWorkRequest(device="cpu"), {})
+        deepruns.run_gpu_work(Path("/nonexistent/python"), deepruns.GpuWorkRequest(device="cpu"), {})
 
 
 def test_v_shows_the_settings_not_at_their_defaults_and_vv_all(
@@ -290,12 +290,12 @@ def test_a_planted_enospc_raises_there() -> None:
 
 
 def test_the_deep_points_go_to_deepwork_in_its_request(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from stackgate.facts import deep
+    from stackgate.facts import deepruns
 
     monkeypatch.setenv("STACKGATE_FAULT", "deep.matmul:0,before:python.stack,deep.hang:1")
     seen = tmp_path / "argv.txt"
     python = tmp_path / "python"
     python.write_text(f"#!/bin/sh\nprintf '%s' \"$4\" > {seen}\n")
     python.chmod(0o755)
-    deep.run_gpu_work(python, deep.GpuWorkRequest(device="cpu"), {"PATH": os.environ["PATH"]}, timeout_s=30)
+    deepruns.run_gpu_work(python, deepruns.GpuWorkRequest(device="cpu"), {"PATH": os.environ["PATH"]}, timeout_s=30)
     assert '"faults": ["matmul:0", "hang:1"]' in seen.read_text()

@@ -9,7 +9,7 @@ import pytest
 from history_support import gate_doc
 
 from stackgate.models.result import Status
-from stackgate.render import report, summaries
+from stackgate.render import reporting, summaries
 
 HOSTILE = 'node "7"\\a\nb'
 
@@ -95,7 +95,7 @@ def test_the_markdown_summary_has_the_verdict_stages_failures_and_the_speed_agai
 
 def test_junit_has_a_testsuite_per_stage_and_reads_back_as_xml():
     root = ET.fromstring(
-        report.junit_xml(summaries.suites(gate_doc(status=Status.FAIL, summary="broke"))).split("\n", 1)[1]
+        reporting.junit_xml(summaries.suites(gate_doc(status=Status.FAIL, summary="broke"))).split("\n", 1)[1]
     )
     suites = {s.attrib["name"]: s for s in root.findall("testsuite")}
     assert list(suites) == [

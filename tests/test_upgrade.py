@@ -191,7 +191,7 @@ class Node:
 
 
 def upgrade_console(doc: dict[str, Any], out: io.StringIO) -> None:
-    from stackgate.render import upgrade as render
+    from stackgate.render import upgradereport as render
 
     render.console(doc, UI(stream=out, force_plain=True))
 

@@ -1,7 +1,7 @@
 """Deep checks: judge real work on every GPU and an all-reduce sweep, run by the stack's interpreter.
 
 The measuring (launching :mod:`stackgate.edges.deepwork` under the lock's target interpreter and
-reading the figures it leaves behind) is :mod:`stackgate.facts.deep`; this module judges them.
+reading the figures it leaves behind) is :mod:`stackgate.facts.deepruns`; this module judges them.
 Measuring and judging stay apart, so the judgement (tolerances, slow peers, bus bandwidth,
 #wrong) is tested with plain numbers.
 
@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 from stackgate.checks.core import check
 from stackgate.edges.nvml import NvmlSnapshot, command_line
 from stackgate.facts import Facts, Missing, ProbeFacts
-from stackgate.facts.deep import (
+from stackgate.facts.deepruns import (
     ATTENTION_RTOL,
     GATE_TIMEOUT_S,
     AllReduceRequest,

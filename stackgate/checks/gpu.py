@@ -7,7 +7,7 @@ from packaging.version import InvalidVersion, Version
 from stackgate.checks.core import check
 from stackgate.edges.nvml import GpuInfo, NvmlSnapshot, ProcessInfo
 from stackgate.facts import Facts, Missing
-from stackgate.models import kernellog
+from stackgate.models import kernelevents
 from stackgate.models.finding import Fix
 from stackgate.models.result import NEEDS_GPU, NO_DRIVER, Result, failed, passed, skipped, warned
 from stackgate.models.spec import Spec
@@ -303,9 +303,11 @@ def kernel_events(lock: Spec, facts: Facts) -> Result:
         return skipped(f"the kernel log cannot be read: {log.reason}")
     snap = facts.nvml
     gpus = (
-        {} if isinstance(snap, Missing) else {kernellog.normalize_bus(g.bus_id): g.index for g in snap.gpus if g.bus_id}
+        {}
+        if isinstance(snap, Missing)
+        else {kernelevents.normalize_bus(g.bus_id): g.index for g in snap.gpus if g.bus_id}
     )
-    found = kernellog.findings(log.events, gpus, log.source)
+    found = kernelevents.findings(log.events, gpus, log.source)
     data = {"source": log.source, "lines": log.lines, "events": [f.to_dict() for f in found]}
     if not found:
         return passed(f"no GPU event in {log.lines} lines of `{log.source}`", data=data)

@@ -25,9 +25,9 @@ from stackgate.models import settings
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.redact import redact
 from stackgate.models.result import Result
-from stackgate.render import report, summaries
+from stackgate.render import reporting, summaries
+from stackgate.render.benchtables import BENCHMARK_HEADERS, benchmark_rows
 from stackgate.render.outputs import JSON, Output, check_outputs, write_reports
-from stackgate.render.smoke import BENCHMARK_HEADERS, benchmark_rows
 from stackgate.render.ui import UI
 from stackgate.runs import history
 from stackgate.serve import launch
@@ -89,7 +89,7 @@ def render(done: GateRun, doc: Mapping[str, Any], ui: UI) -> None:
         results = [Result.from_dict(r) for r in shown["results"]]
         ui.results(f"gate {number}/{count} {stage.name}: {stage.title}", results, stage.verdict, stage.duration_s)
         if stage.name == "verify" and done.verify_run is not None and len(done.verify_run.phases) > 1:
-            ui.line(report.phases_line(done.verify_run.phases, done.verify_run.duration_s))
+            ui.line(reporting.phases_line(done.verify_run.phases, done.verify_run.duration_s))
         _render_smoke(done.smoke_runs.get(stage.name), doc["gate"]["smoke"].get(stage.name), stage.name, ui)
     ui.line()
     rows = [[s["name"], s["status"], f"{s['duration_s']:.1f}", s["reason"]] for s in doc["gate"]["stages"]]
@@ -101,7 +101,7 @@ def render(done: GateRun, doc: Mapping[str, Any], ui: UI) -> None:
     word = "PASSED" if done.exit_code == ExitCode.PASSED else "INTERRUPTED" if done.interrupted else "FAILED"
     reason = "" if done.verdict.passed else f" ({doc['reason']})"
     ui.line(
-        f"{report.counts_line(done.verdict.counts, done.duration_s)}: {word}{reason}",
+        f"{reporting.counts_line(done.verdict.counts, done.duration_s)}: {word}{reason}",
         "success" if done.verdict.passed else "error",
     )
 
@@ -119,7 +119,7 @@ def _outputs(request: GateRequest) -> dict[str, Output]:
     """The reports the gate was asked for, each rendered from the (redacted) document."""
 
     def junit(doc: Mapping[str, Any]) -> str:
-        return report.junit_text(summaries.suites(doc), strict=request.strict)
+        return reporting.junit_text(summaries.suites(doc), strict=request.strict)
 
     return {
         "--json": Output(request.json_path, JSON),

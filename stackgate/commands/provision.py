@@ -35,7 +35,7 @@ from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.finding import Finding
 from stackgate.models.spec import Spec, load_spec
 from stackgate.render.ui import UI
-from stackgate.stack import generations, guard, patches, pyenv, toolkit
+from stackgate.stack import generations, guard, patching, pyenv, toolkit
 from stackgate.stack.plan import AREAS, Plan
 
 __all__ = [
@@ -153,7 +153,7 @@ def _provision(
         apply(the_plan, state, environ, ui, wheelhouse=request.wheelhouse)
     except (ProvisionError, pyenv.PyenvError, guard.GuardError) as exc:
         return _failed(exc, exc.log, exc.tail, state, ui, known_failures(exc.log, lock))
-    except (toolkit.ToolkitError, patches.PatchError) as exc:
+    except (toolkit.ToolkitError, patching.PatchError) as exc:
         return _failed(exc, None, (), state, ui)  # their text names the log and its last lines
     except OSError as exc:  # a full disk, a vanished folder
         return _failed(exc, None, (), state, ui)

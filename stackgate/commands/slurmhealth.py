@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from stackgate.edges import runner, slurm
-from stackgate.models import slurmhealth
+from stackgate.models import healthconfig
 from stackgate.models.exitcodes import ExitCode
-from stackgate.models.slurmhealth import HealthConfig, HealthConfigError
+from stackgate.models.healthconfig import HealthConfig, HealthConfigError
 from stackgate.render.ui import UI
 
 __all__ = ["Finding", "check_node", "decide", "run"]
@@ -58,7 +58,7 @@ LocalVerify = Callable[[Path, Path, "Path | None", tuple[str, ...]], int]
 
 
 def run(config_path: Path | None, flags: Mapping[str, Any], ui: UI, local: LocalVerify | None = None) -> ExitCode:
-    config = (slurmhealth.load(config_path) if config_path is not None else HealthConfig()).merged(flags)
+    config = (healthconfig.load(config_path) if config_path is not None else HealthConfig()).merged(flags)
     if config.lock is None:
         raise HealthConfigError(
             "slurm-health: no spec to check against: give --lock or `lock` in --config (an absolute path)"
@@ -138,14 +138,14 @@ def decide(node: str, state: slurm.NodeState | None, found: Finding, env: Mappin
     if state is None:
         return f"left alone: Slurm does not know a node {node!r}"
     drained = "drain" in state.state.lower()
-    if drained and not slurmhealth.ours(state.reason):
+    if drained and not healthconfig.ours(state.reason):
         return f"left alone: drained by an admin ({state.reason or 'no reason'})"
     if found.healthy:
         if drained:
             slurm.resume(node, env)
             return f"resumed (this check had drained it: {state.reason})"
         return f"left {state.state}"
-    reason = slurmhealth.drain_reason(found.check, found.summary)
+    reason = healthconfig.drain_reason(found.check, found.summary)
     if drained and state.reason.startswith(reason):  # Slurm may append [user@time] to what was written
         return "kept drained"
     slurm.drain(node, reason, env)

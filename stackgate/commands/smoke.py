@@ -20,9 +20,9 @@ from stackgate.flows.smoke import (
 from stackgate.models import settings
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.spec import load_spec
-from stackgate.render import report
+from stackgate.render import reporting
+from stackgate.render.benchtables import BENCHMARK_HEADERS, CONCURRENCY_HEADERS, benchmark_rows, concurrency_rows
 from stackgate.render.outputs import JSON, Output, check_outputs, write_reports
-from stackgate.render.smoke import BENCHMARK_HEADERS, CONCURRENCY_HEADERS, benchmark_rows, concurrency_rows
 from stackgate.render.ui import UI
 from stackgate.runs import history
 from stackgate.serve import launch
@@ -107,7 +107,7 @@ def _render(done: SmokeRun, ui: UI) -> None:
             )
     title = f"stackgate smoke: {done.lock.name} ({done.lock.path})" + (" [interrupted]" if done.interrupted else "")
     ui.results(
-        title, report.redacted(done.results, done.document(), known=done.secrets()), done.verdict, done.duration_s
+        title, reporting.redacted(done.results, done.document(), known=done.secrets()), done.verdict, done.duration_s
     )
     for session in done.sessions:
         if session.log_path is not None:

@@ -23,7 +23,7 @@ from stackgate.models import settings
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.redact import redact
 from stackgate.render import outputs
-from stackgate.render import upgrade as upgrade_render
+from stackgate.render import upgradereport as upgrade_render
 from stackgate.render.ui import UI
 from stackgate.runs import history
 

@@ -25,7 +25,7 @@ from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.result import NO_DRIVER, Result, Status
 from stackgate.models.spec import DEFAULT_LOCK, Spec, load_spec
 from stackgate.models.verdict import document as report_document
-from stackgate.render import report, summaries
+from stackgate.render import reporting, summaries
 from stackgate.render.outputs import JSON, Output, check_outputs, write_reports
 from stackgate.render.ui import UI
 
@@ -93,7 +93,7 @@ def run(request: VerifyRequest, ui: UI) -> ExitCode:
     title = f"stackgate verify{mode}: {lock.name} ({lock.path})"
     for line in default_profile_note(lock, done.results):
         ui.line(line, "warning")
-    ui.results(title, report.redacted(done.results), done.verdict, done.duration_s)
+    ui.results(title, reporting.redacted(done.results), done.verdict, done.duration_s)
     if deep:
         ui.line(phases_line(done.phases, done.duration_s))
     if done.cache is not None:
@@ -155,7 +155,7 @@ def write_all(done: VerifyRun, request: VerifyRequest) -> None:
         )
         write_reports(doc, request.reports)
     if request.junit_path:
-        report.write_junit(
+        reporting.write_junit(
             request.junit_path, {f"stackgate.verify.{done.lock.name}": done.results}, strict=request.strict
         )
 

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from stackgate.edges import ssh
-from stackgate.models.fleet import Node
+from stackgate.models.inventory import Node
 
 __all__ = [
     "Allocation",

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
-from stackgate.models.fleet import Node
+from stackgate.models.inventory import Node
 
 __all__ = [
     "CommandTimeout",

@@ -11,7 +11,8 @@ that both the checks and provisioning make.
 from __future__ import annotations
 
 from stackgate.facts.collect import PARTS, Facts, gather, jit_cuda_home
-from stackgate.facts.model import (
+from stackgate.facts.toolkits import build_for_arch, inspect_toolkit, tool_version
+from stackgate.facts.values import (
     ArchBuild,
     BasePython,
     Distribution,
@@ -25,7 +26,6 @@ from stackgate.facts.model import (
     ToolkitFacts,
     ToolVersion,
 )
-from stackgate.facts.toolkits import build_for_arch, inspect_toolkit, tool_version
 
 __all__ = [
     "PARTS",

@@ -18,8 +18,10 @@ from types import ModuleType
 from typing import Any, Callable, Iterable, Mapping
 
 from stackgate.edges import elf, kernellog, nvml
-from stackgate.facts import generations, interpreters
-from stackgate.facts.model import (
+from stackgate.facts import generationstate, interpreters
+from stackgate.facts.patchstate import PatchStatus, inspect_patch
+from stackgate.facts.toolkits import inspect_toolkit
+from stackgate.facts.values import (
     BasePython,
     ElfFile,
     ElfScan,
@@ -30,10 +32,8 @@ from stackgate.facts.model import (
     ProbeFacts,
     ToolkitFacts,
 )
-from stackgate.facts.patches import PatchStatus, inspect_patch
-from stackgate.facts.toolkits import inspect_toolkit
 from stackgate.models import envfile, pylock
-from stackgate.models import kernellog as kernelmodel
+from stackgate.models import kernelevents as kernelmodel
 from stackgate.models.spec import Spec, Toolkit
 
 __all__ = ["CUDA_LINK", "DEPENDS", "PARTS", "Facts", "gather", "jit_cuda_home"]
@@ -133,7 +133,7 @@ class Facts:
         return self.get("patches")
 
     @property
-    def generation(self) -> generations.RootState | Missing:
+    def generation(self) -> generationstate.RootState | Missing:
         return self.get("generation")
 
     @property
@@ -281,13 +281,13 @@ def _patches(lock: Spec, facts: Facts) -> tuple[PatchStatus, ...] | Missing:
 # --- the root's generations ------------------------------------------------------------------
 
 
-def _generation(lock: Spec, facts: Facts) -> generations.RootState | Missing:
+def _generation(lock: Spec, facts: Facts) -> generationstate.RootState | Missing:
     """What provision built under the lock's root, and which generation is live."""
     if lock.python.root is None:
         return Missing(
             f"python.interpreter names an existing environment ({lock.python.interpreter}): there are no generations"
         )
-    return generations.read(lock.python.root)
+    return generationstate.read(lock.python.root)
 
 
 # --- the pylock -------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from stackgate.facts.model import Distribution, Missing, ProbeFacts, ToolkitFacts, ToolVersion
+from stackgate.facts.values import Distribution, Missing, ProbeFacts, ToolkitFacts, ToolVersion
 from stackgate.models import pylock
 from stackgate.models.pylock import Locked, Resolution
 from stackgate.models.spec import Package, Spec

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from stackgate.edges import runner
-from stackgate.facts.model import BasePython, Distribution, ImportOutcome, Missing, ProbeFacts
 from stackgate.facts.toolkits import TOOL_TIMEOUT_S
+from stackgate.facts.values import BasePython, Distribution, ImportOutcome, Missing, ProbeFacts
 from stackgate.models import settings
 from stackgate.models.spec import Spec
 

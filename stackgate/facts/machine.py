@@ -13,10 +13,10 @@ from types import ModuleType
 from typing import Mapping
 
 from stackgate.edges import nvml
-from stackgate.facts.deep import FusionGate, read_gate
+from stackgate.facts.deepruns import FusionGate, read_gate
 from stackgate.facts.interpreters import describe
-from stackgate.facts.model import ArchBuild, Missing, ProbeFacts, ToolVersion
 from stackgate.facts.toolkits import build_for_arch, tool_version
+from stackgate.facts.values import ArchBuild, Missing, ProbeFacts, ToolVersion
 from stackgate.models.spec import Capability
 
 __all__ = ["CUDA_ROOT", "FoundPython", "FoundToolkit", "Machine", "find_python", "find_toolkits", "observe"]

@@ -29,8 +29,8 @@ from typing import Iterable, Mapping, Sequence
 from stackgate import __version__
 from stackgate.edges.nvml import NvmlSnapshot
 from stackgate.facts.collect import CUDA_LINK
-from stackgate.facts.model import Missing
-from stackgate.facts.patches import RECORD, read_record
+from stackgate.facts.patchstate import RECORD, read_record
+from stackgate.facts.values import Missing
 from stackgate.models import pylock, settings
 from stackgate.models.spec import Spec
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from stackgate.edges import runner
-from stackgate.facts.model import ArchBuild, Missing, ToolkitFacts, ToolVersion
+from stackgate.facts.values import ArchBuild, Missing, ToolkitFacts, ToolVersion
 from stackgate.models.spec import Toolkit
 
 __all__ = ["TOOL_TIMEOUT_S", "build_for_arch", "inspect_toolkit", "tool_version"]

@@ -85,7 +85,7 @@ def live_kernel_log() -> tuple[str, Callable[[], AbstractContextManager[BinaryIO
 def gpu_indexes() -> dict[str, int]:
     """PCI bus id -> GPU index, from NVML; empty when no driver answers (the events keep their bus ids)."""
     from stackgate.edges import nvml  # loads the NVML bindings: only when an input holds kernel GPU events
-    from stackgate.models import kernellog as kernelmodel
+    from stackgate.models import kernelevents as kernelmodel
 
     try:
         snap = nvml.snapshot()

@@ -52,11 +52,10 @@ from stackgate import __version__
 from stackgate.edges import ssh
 from stackgate.models import inputfile, pylock, settings
 from stackgate.models.exitcodes import ExitCode, UsageError
-from stackgate.models.fleet import Node, load_inventory, parse_hosts
+from stackgate.models.inventory import Node, load_inventory, parse_hosts
 from stackgate.models.spec import Spec, load_spec
 from stackgate.render.ui import UI
-from stackgate.runs import fleet as aggregate
-from stackgate.runs import history
+from stackgate.runs import aggregate, history
 
 SCHEMA = "stackgate.fleet/1"
 

@@ -34,8 +34,8 @@ from stackgate.flows.fleet import (
     printable,
     run_fleet,
 )
-from stackgate.models.fleet import DEFAULT_TIMEOUT_S as DEFAULT_NODE_TIMEOUT_S
-from stackgate.models.fleet import Node
+from stackgate.models.inventory import DEFAULT_TIMEOUT_S as DEFAULT_NODE_TIMEOUT_S
+from stackgate.models.inventory import Node
 from stackgate.models.spec import Spec
 from stackgate.render.ui import UI
 from stackgate.runs import history

@@ -32,7 +32,7 @@ from stackgate.models.finding import Finding
 from stackgate.models.result import Result, Status
 from stackgate.models.spec import Spec
 from stackgate.render.ui import UI, Activity
-from stackgate.stack import generations, guard, patches, pyenv, toolkit
+from stackgate.stack import generations, guard, patching, pyenv, toolkit
 from stackgate.stack.plan import AREAS, Plan, Step, cache_dir, plan
 
 __all__ = [
@@ -356,7 +356,7 @@ def _fetch(build: Build, step: Step, activity: Activity) -> None:
 
 def _patch(build: Build, step: Step, activity: Activity) -> None:
     home = build.generation.path if build.generation is not None else _current(build).path
-    patches.apply_patch(step.subject, _site_packages(home))
+    patching.apply_patch(step.subject, _site_packages(home))
 
 
 def _site_packages(home: Path) -> Path:

@@ -30,7 +30,7 @@ from stackgate.models.result import Result, Status, failed, passed, skipped, war
 from stackgate.models.spec import Spec
 from stackgate.models.verdict import Verdict, judge
 from stackgate.models.verdict import document as report_document
-from stackgate.render.smoke import latency_ms
+from stackgate.render.benchtables import latency_ms
 from stackgate.render.ui import UI
 from stackgate.serve import bench, fastmode, launch, launched, quality
 from stackgate.serve.launch import Config, LaunchError

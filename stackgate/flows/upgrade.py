@@ -45,14 +45,14 @@ from stackgate.models.result import Result, Status, failed, passed, skipped, war
 from stackgate.models.spec import Benchmark, Spec, load_spec
 from stackgate.models.verdict import Verdict
 from stackgate.models.verdict import document as report_document
-from stackgate.render import upgrade as upgrade_render
+from stackgate.render import upgradereport as upgrade_render
 from stackgate.render.outputs import JSON, Output, check_outputs
 from stackgate.render.ui import UI
 from stackgate.runs import abtest, history, stackdiff
 from stackgate.runs import fingerprint as fp
 from stackgate.serve import launch, launched
 from stackgate.stack import generations, guard, pyenv, toolkit
-from stackgate.stack import patches as stackpatches
+from stackgate.stack import patching as stackpatches
 
 __all__ = [
     "SCHEMA",

@@ -12,7 +12,7 @@ import html
 from typing import Any, Mapping, Sequence
 
 from stackgate.models.result import Result, Status
-from stackgate.render import report, summaries
+from stackgate.render import reporting, summaries
 from stackgate.render.ui import UI
 
 __all__ = [
@@ -255,7 +255,7 @@ def _results(doc: Mapping[str, Any]) -> dict[str, list[Result]]:
 
 def junit(doc: Mapping[str, Any]) -> str:
     """One testsuite per node (a case for the node and one per stage), and one for the fleet."""
-    return report.junit_xml(_results(doc), strict=bool(doc.get("request", {}).get("strict")))
+    return reporting.junit_xml(_results(doc), strict=bool(doc.get("request", {}).get("strict")))
 
 
 # --- Markdown -------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from stackgate.checks.deep import FUSION_FLAG, fusion_arch_problem
 from stackgate.edges.nvml import NvmlSnapshot
 from stackgate.facts.compare import conflicts
 from stackgate.facts.machine import FoundPython, Machine
-from stackgate.facts.model import ArchBuild, Missing, ProbeFacts
+from stackgate.facts.values import ArchBuild, Missing, ProbeFacts
 from stackgate.models.spec import Capability
 
 __all__ = ["PINNED", "Line", "machine_spec", "stack_name"]

@@ -28,7 +28,7 @@ from stackgate.models.redact import redact, redact_text
 from stackgate.models.result import NEEDS_GPU, Result, Status
 from stackgate.models.settings import Value
 from stackgate.models.verdict import Verdict
-from stackgate.render.report import counts_line
+from stackgate.render.reporting import counts_line
 
 __all__ = [
     "UI",

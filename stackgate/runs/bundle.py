@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from stackgate.edges import kernellog, runner
 from stackgate.facts import Missing, gather
-from stackgate.models import kernellog as kernelmodel
+from stackgate.models import kernelevents as kernelmodel
 from stackgate.models import pylock, runenv, settings
 from stackgate.models.redact import redact, redact_text
 from stackgate.models.spec import Spec

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from stackgate.edges.nvml import NvmlSnapshot
     from stackgate.facts import Facts, Missing, ProbeFacts, ToolkitFacts
-    from stackgate.facts.patches import PatchStatus
+    from stackgate.facts.patchstate import PatchStatus
 
 __all__ = [
     "KERNEL_CHECKS",

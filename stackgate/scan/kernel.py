@@ -2,7 +2,7 @@
 
 People paste dmesg lines into the same place as server logs and tracebacks, so the scanner
 looks for them in every input, in its one pass: :data:`KERNEL_KEYS` join the prefilter, and
-each line that holds one is decoded by :func:`stackgate.models.kernellog.event` (the Xid catalog,
+each line that holds one is decoded by :func:`stackgate.models.kernelevents.event` (the Xid catalog,
 the bus id). The events become findings once the input is read (:func:`findings`), naming each
 GPU by its index where the caller knows the bus ids (NVML).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from stackgate.models import kernellog
+from stackgate.models import kernelevents
 from stackgate.models.finding import Finding
 
 __all__ = ["KERNEL_KEYS", "MAX_EVENTS", "KernelLines"]
@@ -26,12 +26,12 @@ MAX_EVENTS = 20_000  #: events kept per input (a storm of corrected AER errors i
 class KernelLines:
     """The kernel events of one input, in order."""
 
-    events: list[kernellog.KernelEvent] = field(default_factory=list)
+    events: list[kernelevents.KernelEvent] = field(default_factory=list)
     dropped: int = 0
 
     def see(self, line: str, number: int) -> bool:
         """Decode a line that holds a kernel key; True when it is a GPU event."""
-        found = kernellog.event(line.rstrip(), number)
+        found = kernelevents.event(line.rstrip(), number)
         if found is None:
             return False
         if len(self.events) >= MAX_EVENTS:
@@ -46,4 +46,4 @@ class KernelLines:
         return frozenset(e.line for e in self.events if e.kind == "xid")
 
     def findings(self, gpus: Mapping[str, int], source: str) -> list[Finding]:
-        return kernellog.findings(self.events, gpus, source)
+        return kernelevents.findings(self.events, gpus, source)

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from stackgate.facts.generations import MARKER, Generation, RootState, generations_dir, read
+from stackgate.facts.generationstate import MARKER, Generation, RootState, generations_dir, read
 from stackgate.models import settings
 
 __all__ = [

@@ -16,12 +16,12 @@ from typing import Any, Sequence
 
 from stackgate.facts import BasePython, Facts, Missing
 from stackgate.facts.compare import environment_drift, environment_spec, spec_changes
-from stackgate.facts.patches import patch_state
+from stackgate.facts.patchstate import patch_state
 from stackgate.models import pylock, settings
 from stackgate.models.finding import Fix
 from stackgate.models.spec import Patch, Spec, patch_location_problem
 from stackgate.stack import generations, guard, pyenv
-from stackgate.stack.patches import PatchError, check_patch_file
+from stackgate.stack.patching import PatchError, check_patch_file
 from stackgate.stack.toolkit import cuda_link_state, install_command, toolkit_state
 
 __all__ = ["AREAS", "Blocker", "Plan", "Step", "cache_dir", "plan"]

@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from stackgate.models.spec.files import (
+from stackgate.models.spec.locate import (
     DEFAULT_LOCK,
     LOCAL_LOCK,
     SYSTEM_LOCK,

@@ -100,7 +100,7 @@ def parse(text: str, source: str = "config") -> HealthConfig:
 
     >>> parse('[slurm-health]\\nlock = "node.toml"\\ntimeout_s = -1\\nchekcs = []', "h.toml")
     Traceback (most recent call last):
-    stackgate.models.slurmhealth.HealthConfigError: h.toml: 3 problems:
+    stackgate.models.healthconfig.HealthConfigError: h.toml: 3 problems:
       slurm-health.chekcs: unknown key (did you mean 'checks'?)
       slurm-health.lock: 'node.toml' is not an absolute path (slurmd runs the check from any folder)
       slurm-health.timeout_s: -1 is not a number of seconds above 0

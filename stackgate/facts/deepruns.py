@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 
 from stackgate.edges import elf, faults, nvml, runner
 from stackgate.facts.collect import Facts
-from stackgate.facts.model import Missing
+from stackgate.facts.values import Missing
 from stackgate.models import settings
 from stackgate.models.spec import DeepAttention, Spec
 

@@ -13,7 +13,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from stackgate.edges import elf
-from stackgate.models.kernellog import KernelEvent
+from stackgate.models.kernelevents import KernelEvent
 from stackgate.models.spec import Toolkit
 
 __all__ = [

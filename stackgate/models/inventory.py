@@ -128,7 +128,7 @@ def parse_hosts(text: str) -> list[Node]:
     ['a:22', 'ops@b:2222']
     >>> parse_hosts("a,-oProxyCommand=x")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    stackgate.models.fleet.InventoryError: --hosts: 1 problem:
+    stackgate.models.inventory.InventoryError: --hosts: 1 problem:
       --hosts[1]: '-oProxyCommand=x' is not a host name or address (a host name is labels of ...)
     """
     problems: list[str] = []

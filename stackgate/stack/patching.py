@@ -7,7 +7,7 @@ it says, because the package version is exact too. All files are patched in memo
 hunk that does not match changes nothing; then each file is replaced atomically. The applied
 set is recorded in ``<site-packages>/stackgate-patches.json`` with each patched file's hash,
 which the ``patches.applied`` verify check compares against the files (reading the record and
-judging whether a patch is applied is :mod:`stackgate.facts.patches`: observation, not action).
+judging whether a patch is applied is :mod:`stackgate.facts.patchstate`: observation, not action).
 
 The public API, as provision calls it:
 
@@ -34,7 +34,14 @@ from pathlib import Path, PurePosixPath
 from typing import Mapping, Sequence
 
 from stackgate.edges import fetch, runner
-from stackgate.facts.patches import RECORD, distribution, final_hashes, installed_version, read_record, recorded_entry
+from stackgate.facts.patchstate import (
+    RECORD,
+    distribution,
+    final_hashes,
+    installed_version,
+    read_record,
+    recorded_entry,
+)
 from stackgate.models.spec import Patch
 
 __all__ = [

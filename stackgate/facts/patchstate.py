@@ -1,6 +1,6 @@
 """Whether the lock's ``[[patch]]`` entries are applied: read-only, for verify and provision's plan.
 
-:mod:`stackgate.stack.patches` applies a patch and records, in ``<site-packages>/stackgate-patches.json``,
+:mod:`stackgate.stack.patching` applies a patch and records, in ``<site-packages>/stackgate-patches.json``,
 each file it wrote with its hash; this module reads that record back and compares it with the
 files and the package's installed version. Nothing here writes.
 
