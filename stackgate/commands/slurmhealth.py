@@ -16,7 +16,7 @@ One run, on the node it checks:
    - a pass resumes the node only when this check drained it (its reason has the prefix), never
      a node an admin drained.
 
-Settings come from flags or the ``--config`` file (models/slurmhealth.py): slurmd gives the
+Settings come from flags or the ``--config`` file (models/healthconfig.py): slurmd gives the
 program no PATH of the site's and no SLURM_CONF, so the paths are absolute and Slurm's commands
 are looked for in ``slurm_bin`` first. Exit 0 when the node is healthy, 1 when it is not, 2 for
 settings it cannot use (nothing was run).

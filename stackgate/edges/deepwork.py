@@ -8,7 +8,7 @@ block checked against a float64 product on the CPU) and a device-to-device copy,
 CUDA events after warm-up. ``allreduce``: one process per rank (torch.multiprocessing), an
 in-place all-reduce over a sweep of sizes, timed and checked the way nccl-tests' all_reduce_perf
 does. Both write JSON lines as they go, so a run killed for a hang still says how far it got.
-This script only measures; stackgate reads the figures (stackgate/facts/deep.py) and judges them
+This script only measures; stackgate reads the figures (stackgate/facts/deepruns.py) and judges them
 (stackgate/checks/deep.py).
 
 REQUEST-JSON names the device ("cuda", or "cpu" for the tests), the sizes and the counts.
