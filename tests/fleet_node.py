@@ -35,9 +35,9 @@ sys.path.insert(
 )  # the checkout's stackgate, not on PYTHONPATH (test_fleet.fleet_env)
 
 from stackgate.models import spec  # noqa: E402
-from stackgate.models.spec import files  # noqa: E402
+from stackgate.models.spec import locate  # noqa: E402
 
-_load = files.load_spec
+_load = locate.load_spec
 
 
 def load(path=None):
@@ -52,7 +52,7 @@ def load(path=None):
 
 # The spec's loader is wrapped before any other stackgate module is imported: each binds
 # `load_spec` by name when it is imported, so each then holds the wrapper.
-files.load_spec = spec.load_spec = load
+locate.load_spec = spec.load_spec = load
 
 from stackgate.commands import gate, upgrade  # noqa: E402
 from stackgate.facts.compare import environment_spec  # noqa: E402

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 import test_fleet
@@ -124,13 +124,18 @@ class SlurmFleet:
         return {k: v for k, v in left.items() if v}
 
 
-@pytest.fixture
-def fleet(slurm: Cluster, tmp_path: Path) -> Any:
+def slurm_fleet(slurm: Cluster, tmp_path: Path) -> Iterator[SlurmFleet]:
+    """A Slurm fleet on the test cluster for one test; the cluster is reset after it."""
     made = SlurmFleet(slurm, tmp_path)
     try:
         yield made
     finally:
         slurm.reset()
+
+
+@pytest.fixture
+def fleet(slurm: Cluster, tmp_path: Path) -> Iterator[SlurmFleet]:
+    yield from slurm_fleet(slurm, tmp_path)
 
 
 def statuses(nodes: dict[str, dict[str, Any]]) -> dict[str, str]:

@@ -16,17 +16,22 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Iterator
 
+import pytest
 from fakes.fake_nvml import machine
 from fleet_support import TESTS, VERIFIABLE, nvml_file
 from slurm_cluster import Cluster
 from smoke_support import living, wait_for
-from test_fleet_slurm import HOSTILE, SlurmFleet
+from test_fleet_slurm import HOSTILE, SlurmFleet, slurm_fleet
 
 from stackgate.models.exitcodes import ExitCode
 
-#: The ``fleet`` fixture (the Slurm fleet of test_fleet_slurm), loaded as a plugin.
-pytest_plugins = ["test_fleet_slurm"]
+
+@pytest.fixture
+def fleet(slurm: Cluster, tmp_path: Path) -> Iterator[SlurmFleet]:
+    """The Slurm fleet of test_fleet_slurm, for one test."""
+    yield from slurm_fleet(slurm, tmp_path)
 
 
 def health(fleet: SlurmFleet, name: str, *, forked: bool = False) -> Path:
