@@ -21,9 +21,9 @@ from stackgate.models.redact import redact_text
 __all__ = ["SHORT_FLAGS", "Task", "quiet_closed_output", "run_command", "task"]
 
 #: Every short flag of every task, by long flag: a letter means the same in every task that has
-#: it, and a flag not named here has none (invoke would otherwise take a flag's first free letter,
-#: in order of the signature: --strict got -s in one task and nothing in another, and a --hosts
-#: flag would take -h, which must stay --help's). -v counts (-vv) wherever --verbose is.
+#: it, and a flag not named here has none (invoke would give a flag its first free letter, in
+#: order of the signature, and a --hosts flag would take -h, which stays --help's). -v counts
+#: (-vv) wherever --verbose is.
 SHORT_FLAGS: Mapping[str, str] = {
     "lock": "l",
     "model": "m",

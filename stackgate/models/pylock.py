@@ -499,7 +499,7 @@ def _hash_differences(lock: Spec, resolution: Resolution) -> list[str]:
 
 def stamp(resolved: str, lock: Spec) -> str:
     """uv's pylock text with stackgate's header and the spec's inputs (``[tool.stackgate.inputs]``)."""
-    # The header keeps the checkout's `invoke lock` wording (the same command as `stackgate lock`):
+    # The header's words are fixed (`invoke lock` is `stackgate lock` in the checkout):
     # new words would change every pylock's bytes, whose sha256 provisioned environments record.
     header = (
         f"# The resolution of {lock.path.name} (PEP 751), written by `invoke lock`: do not edit.\n"

@@ -5,7 +5,7 @@ Each function reads the index (:mod:`stackgate.runs.index`) after bringing it up
 the folder (one stat when nothing came or went by hand), and reads a document only where one is
 needed (the runs named, a regression's two runs). When the index cannot be used (damaged,
 locked past its timeout, written by a newer stackgate, ``$STACKGATE_HISTORY_INDEX=off``) the
-same answer comes from reading every document, as before the index, after a warning
+same answer comes from reading every document, without the index, after a warning
 (``warn(text)``) that says why. Rows shown from the index are checked against their files (a
 document edited or deleted by hand is read again or dropped), so a stale index is repaired, not
 believed.

@@ -1,6 +1,6 @@
 """What really runs: the server's own account of its configuration, and the log's proof.
 
-``/server_info`` (``/get_server_info`` before SGLang renamed it) returns every server argument as
+``/server_info`` (``/get_server_info`` in SGLang releases without it) returns every server argument as
 resolved, so a backend that SGLang picked by itself, a TP size or a flag value it changed shows
 there. It says what was asked, not what ran: a flag such as --enable-flashinfer-allreduce-fusion
 is reported true even where its fused path can never run. So for each flag the lock gives an
