@@ -2,7 +2,8 @@
 
 # Registration order is the report's order (and deep's slow checks come last): keep it as written.
 # isort: off
-from stackgate.checks import gpu, cuda, python, nccl, abi, patches, environment, deep  # noqa: F401  (registration; deep's are slow)
+# Imported for their registration; deep's checks are slow, so they register last.
+from stackgate.checks import gpu, cuda, python, nccl, abi, patches, environment, deep  # noqa: F401
 
 # isort: on
 from stackgate.checks.core import REGISTRY

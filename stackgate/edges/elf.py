@@ -44,7 +44,8 @@ def needed(path: Path | str) -> tuple[str, ...]:
         with open(path, "rb") as stream:
             elf = ELFFile(stream)
             return tuple(
-                tag.needed  # type: ignore[attr-defined]  # pyelftools sets DT_NEEDED's value by setattr, undeclared in its types
+                # pyelftools sets DT_NEEDED's value by setattr, undeclared in its types
+                tag.needed  # type: ignore[attr-defined]
                 for section in elf.iter_sections()
                 if isinstance(section, DynamicSection)
                 for tag in section.iter_tags()

@@ -43,7 +43,8 @@ if __name__ == "__main__" and sys.argv[1:2] == ["gate"]:
 try:
     from . import deepwork as work
 except ImportError:
-    import deepwork as work  # type: ignore[import-not-found,no-redef]  # the same module run as a file; mypy checks it through the line above
+    # the same module run as a file; mypy checks it through the line above
+    import deepwork as work  # type: ignore[import-not-found,no-redef]
 
 torch = work.torch
 #: The TRT-LLM allreduce-fusion module's generator in flashinfer/jit/comm.py, and its keyword.

@@ -134,7 +134,8 @@ class SshTransport:
         self._watching = False
 
     def connect(self, node: Node) -> Session:
-        import paramiko  # type: ignore[import-untyped]  # imported on first use: a single-node command never pays for it
+        # imported on first use: a single-node command never pays for it
+        import paramiko  # type: ignore[import-untyped]
 
         # a stop set already: this is a cleanup connect (stopping a node's group), run to its timeouts
         stop = self._stop if self._stop is not None and not self._stop.is_set() else None

@@ -197,5 +197,7 @@ def _entry(path: Path) -> str:
 
 
 def _patch_files(site: Path) -> str:
-    listed = sorted({str(path) for entry in read_record(site) for path in dict(entry.get("files") or {})})  # type: ignore[call-overload]
+    entries = read_record(site)
+    files = [dict(entry.get("files") or {}) for entry in entries]  # type: ignore[call-overload]
+    listed = sorted({str(path) for named in files for path in named})
     return _digest("|".join([identity(site / RECORD), *(f"{p} {identity(site / p)}" for p in listed)]))

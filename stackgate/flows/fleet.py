@@ -879,7 +879,10 @@ def nodes_of(request: FleetRequest) -> list[Node]:
     if request.checks and request.action != "verify":
         raise FleetUsageError("fleet: --check is for `fleet verify`")
     _check_upgrade(request)
-    nodes = parse_hosts(request.hosts) if request.hosts is not None else load_inventory(request.inventory)  # type: ignore[arg-type]
+    if request.hosts is not None:
+        nodes = parse_hosts(request.hosts)
+    else:
+        nodes = load_inventory(request.inventory)  # type: ignore[arg-type]
     if len(nodes) > request.max_nodes:
         raise FleetUsageError(
             f"fleet: {len(nodes)} nodes, more than {request.max_nodes} (--max-nodes): nothing was dialled; "

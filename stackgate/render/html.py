@@ -52,7 +52,8 @@ def page(runs: Sequence[Run], focus: Run | None, *, title: str, source: str, war
     body = "\n".join(parts)
     return (
         '<!doctype html>\n<html lang="en">\n<head>\n<meta '
-        f'charset="utf-8">\n<title>{_e(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n'
+        f'charset="utf-8">\n<title>{_e(title)}</title>\n<style>{CSS}</style>\n</head>\n'
+        f"<body>\n{body}\n</body>\n</html>\n"
     )
 
 
@@ -187,7 +188,8 @@ def _runs_table(runs: Sequence[Run], focus: Run | None) -> str:
         focused = ' class="focus"' if focus is not None and run.id == focus.id else ""
         finger = (run.fingerprint or {}).get("short", "")
         rows.append(
-            f"<tr{focused}><td><code>{_e(run.id)}</code></td><td>{_e(run.started)}</td><td>{_e(run.command)}</td><td>{_e(run.lock_name)}</td>"
+            f"<tr{focused}><td><code>{_e(run.id)}</code></td><td>{_e(run.started)}</td>"
+            f"<td>{_e(run.command)}</td><td>{_e(run.lock_name)}</td>"
             f'<td class="{_e(run.verdict.replace(" ", "-"))}">{_e(run.verdict)}</td><td '
             f'class="num">{_num(run.figure("tok_s"))}</td>'
             f'<td class="num">{_num(run.decode_tok_s)}</td><td><code>{_e(finger)}</code></td></tr>'

@@ -206,7 +206,8 @@ def page(doc: Mapping[str, Any]) -> str:
     title = f"stackgate upgrade: {part.get('live', {}).get('lock')} -> {part.get('new', {}).get('lock')}"
     lines = "".join(f"<li>{_e(line)}</li>" for line in summary_lines(doc))
     changes = "".join(
-        f"<tr><td>{_e(c['area'])}</td><td>{_e(c['name'])}</td><td>{_e(c.get('old'))}</td><td>{_e(c.get('new'))}</td></tr>"
+        f"<tr><td>{_e(c['area'])}</td><td>{_e(c['name'])}</td>"
+        f"<td>{_e(c.get('old'))}</td><td>{_e(c.get('new'))}</td></tr>"
         for c in part.get("plan", {}).get("changes", [])
     )
     legs = "".join("<tr>" + "".join(f"<td>{_e(v)}</td>" for v in row) + "</tr>" for row in leg_rows(doc))
