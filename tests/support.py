@@ -150,3 +150,15 @@ def interpreter_spec(
         interpreter=python,
         python=f"imports = {imports}\n[python.packages]\n{packages}\n{extra}\n",
     )
+
+
+def processes_with(marker: str, part: str = "cmdline") -> list[int]:
+    """The processes whose ``/proc/<pid>/<part>`` (command line, or ``environ``) holds ``marker``."""
+    found = []
+    for path in Path("/proc").glob(f"[0-9]*/{part}"):
+        try:
+            if marker.encode() in path.read_bytes():
+                found.append(int(path.parent.name))
+        except OSError:
+            continue
+    return found

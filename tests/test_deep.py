@@ -17,6 +17,7 @@ import pytest
 from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
 from specs import THIS_PYTHON, write_spec
+from support import processes_with
 
 from stackgate.checks import deep
 from stackgate.checks.core import CheckError
@@ -437,6 +438,45 @@ def test_one_rank_gets_a_correctness_pass_in_its_own_process(torch_python: Path)
     assert "torch/multiprocessing/spawn.py" not in sweep.log.read_text()  # rank 0 ran in the script's own process
 
 
+@pytest.mark.torch
+def test_runs_started_ahead_are_taken_by_the_runs_they_were_started_for(torch_python: Path) -> None:
+    env = cpu_env()
+    one = dataclasses.replace(measure.AllReduceRequest.for_world(1), backend="gloo", device="cpu", max_bytes=64 << 10)
+    with measure.ahead() as pool:
+        pool.start(measure.Launch(torch_python, measure.SCRIPT, env))
+        pool.start(measure.Launch(torch_python, measure.SCRIPT, env))
+        work = measure.run_gpu_work(torch_python, SMALL_GPU_WORK, env, timeout_s=120)
+        sweep = measure.run_sweep(torch_python, one, env, timeout_s=120)
+    assert (pool.started, pool.taken) == (2, 2)
+    assert deep.judge_gpu_work(work).status == Status.PASS and deep.judge_collective(sweep, None).status == Status.PASS
+    for log, mode in ((work.log, "gpu"), (sweep.log, "allreduce")):
+        header, ahead = log.read_text().splitlines()[:2]
+        assert f"deepwork.py {mode} " in header
+        assert ahead.startswith("# started ") and ahead.endswith("deepwork.py hold")
+
+
+@pytest.mark.torch
+def test_a_run_in_another_environment_starts_its_own_and_the_one_held_is_ended(torch_python: Path) -> None:
+    marker = f"STACKGATE_TEST_HELD_{os.getpid()}_{time.monotonic_ns()}"
+    held_env = dict(cpu_env(), **{marker: "1"})
+    with measure.ahead() as pool:
+        pool.start(measure.Launch(torch_python, measure.SCRIPT, held_env))
+        assert processes_with(marker, "environ")  # started: it imports torch while the run below goes on
+        work = measure.run_gpu_work(torch_python, SMALL_GPU_WORK, cpu_env(), timeout_s=120)
+    assert (pool.started, pool.taken) == (1, 0)
+    assert "# started" not in work.log.read_text() and deep.judge_gpu_work(work).status == Status.PASS
+    assert processes_with(marker, "environ") == []  # the block's end killed the run never taken
+
+
+@pytest.mark.parametrize(("line", "code"), [("", 0), ("not json\n", 2), ('{"gpu": 1}\n', 2), ("[1, 2]\n", 2)])
+def test_a_held_script_refuses_arguments_that_are_not_a_list_of_words(line: str, code: int) -> None:
+    done = subprocess.run(
+        [sys.executable, measure.SCRIPT, "hold"], input=line, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == code, done.stderr
+    assert (done.stderr == "") == (code == 0)
+
+
 SMALL_SWEEP = dict(backend="gloo", device="cpu", min_bytes=8 << 10, max_bytes=64 << 10, warmup=2, iters=3)
 
 
@@ -516,6 +556,7 @@ def test_verify_deep_does_not_run_deep_checks_on_a_cpu_torch(torch_python: Path,
     spec.write_text(json.dumps(machine([gpu("NVIDIA H200", (9, 0))])))  # the GPU checks pass: only torch blocks
     fake = {"STACKGATE_NVML_MODULE": "fakes.fake_nvml", "STACKGATE_FAKE_NVML": str(spec)}
     env = dict(os.environ, **fake, PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT)]), NO_COLOR="1")
+    env.pop("STACKGATE_DEEP_AHEAD", None)
     argv = [
         sys.executable,
         "-m",
@@ -544,6 +585,8 @@ def test_verify_deep_does_not_run_deep_checks_on_a_cpu_torch(torch_python: Path,
     # The deep checks wait only for what they stand on; the other static checks run beside them.
     assert list(doc["phases_s"])[0] == "prerequisites"
     assert set(doc["phases_s"]) == {"prerequisites", *deep_checks, "static (beside the deep checks)"}
+    # deep.gpu_work's run was started ahead (the fake NVML lists a GPU) and ended unused: torch.build failed.
+    assert doc["deep_ahead"] == {"started": 1, "taken": 0}
     cases = {c.get("name"): c for c in ET.parse(tmp_path / "r.xml").getroot().iter("testcase")}
     assert cases["deep.collective"].find("skipped") is not None
     assert "wall time" in done.stdout and "deep.gpu_work" in done.stdout

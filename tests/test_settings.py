@@ -32,6 +32,7 @@ DEFAULTS: dict[str, Any] = {
     "STACKGATE_IMPORT_TIMEOUT_S": 180.0,
     "STACKGATE_DEEP_TIMEOUT_S": 300.0,
     "STACKGATE_DEEP_DIR": None,
+    "STACKGATE_DEEP_AHEAD": True,
     "STACKGATE_BASE_PYTHON": None,
     "STACKGATE_PYTHON_INSTALL_TIMEOUT_S": 3600.0,
     "STACKGATE_DOWNLOAD_TIMEOUT_S": 60.0,
@@ -54,6 +55,7 @@ GOOD: dict[str, tuple[str, Any]] = {
     "STACKGATE_IMPORT_TIMEOUT_S": ("2.5", 2.5),
     "STACKGATE_DEEP_TIMEOUT_S": ("600", 600.0),
     "STACKGATE_DEEP_DIR": ("/scratch/deep", Path("/scratch/deep")),
+    "STACKGATE_DEEP_AHEAD": ("off", False),
     "STACKGATE_BASE_PYTHON": ("/usr/bin/python3.12", Path("/usr/bin/python3.12")),
     "STACKGATE_PYTHON_INSTALL_TIMEOUT_S": ("7200", 7200.0),
     "STACKGATE_DOWNLOAD_TIMEOUT_S": ("5", 5.0),
@@ -187,15 +189,15 @@ def test_v_shows_the_settings_not_at_their_defaults_and_vv_all(
         )
         err = capsys.readouterr().err.splitlines()
         assert err[: 1 if verbose else 0] == {
-            1: ["settings: 2 of 19 not at their default (-vv lists all)"],
-            2: ["settings (19):"],
+            1: ["settings: 2 of 20 not at their default (-vv lists all)"],
+            2: ["settings (20):"],
         }.get(verbose, [])
         if verbose:
             assert ["STACKGATE_DEEP_TIMEOUT_S", "600", "(environment", "$STACKGATE_DEEP_TIMEOUT_S)"] in [
                 line.split() for line in err
             ]
             assert ["STACKGATE_LOCK", str(lock), "(flag", "--lock)"] in [line.split() for line in err]
-        assert sum("(default)" in line for line in err) == (17 if verbose == 2 else 0)
+        assert sum("(default)" in line for line in err) == (18 if verbose == 2 else 0)
 
 
 def test_the_settings_shown_hide_a_secret_in_a_value() -> None:

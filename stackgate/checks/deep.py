@@ -24,7 +24,9 @@ from stackgate.edges.nvml import NvmlSnapshot, command_line
 from stackgate.facts import Facts, Missing, ProbeFacts
 from stackgate.facts.deepruns import (
     ATTENTION_RTOL,
+    FLASHWORK,
     GATE_TIMEOUT_S,
+    SCRIPT,
     AllReduceRequest,
     AttentionRequest,
     AttentionRun,
@@ -33,6 +35,7 @@ from stackgate.facts.deepruns import (
     FusionRun,
     GpuWork,
     GpuWorkRequest,
+    Launch,
     SizeFigures,
     Sweep,
     flashinfer_env,
@@ -68,6 +71,7 @@ __all__ = [
     "judge_collective",
     "judge_fusion",
     "judge_fusion_gate",
+    "launch",
     "judge_gpu_work",
     "not_run",
     "slow_peers",
@@ -144,6 +148,21 @@ def not_run(name: str, results: Sequence[Result]) -> Result | None:
     no_driver = driver is not None and NO_DRIVER in driver.data
     data = {"not_run": reasons, **({NEEDS_GPU: True} if no_driver else {})}
     return Result(name, Status.SKIP, f"not run: {reasons[0]}", tuple(reasons), data=data)
+
+
+def launch(name: str, lock: Spec, facts: Facts) -> Launch | None:
+    """What deep check ``name`` will start (interpreter, script, environment), so that verify can start
+    it ahead; None when it starts nothing of its own here (no GPU, no flashinfer in the stack, one rank
+    for the fusion) or its launch cannot be told yet."""
+    if isinstance(facts.nvml, Missing) or not facts.nvml.gpus:
+        return None
+    if name in ("deep.gpu_work", "deep.collective"):
+        return Launch(lock.python.target, SCRIPT, launch_env(lock, facts))
+    if name == "deep.flashinfer_attention" and _uses_flashinfer(lock):
+        return Launch(lock.python.target, FLASHWORK, flashinfer_env(lock, facts))
+    if name == "deep.allreduce_fusion" and FUSION_FLAG in lock.smoke.flags and world_size(lock, facts.probe)[0] > 1:
+        return Launch(lock.python.target, FLASHWORK, flashinfer_env(lock, facts))
+    return None
 
 
 def _tail_lines(tail: Sequence[str]) -> tuple[str, ...]:

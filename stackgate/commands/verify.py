@@ -143,6 +143,7 @@ def write_all(done: VerifyRun, request: VerifyRequest) -> None:
         extra = {
             "phases_s": {name: round(seconds, 3) for name, seconds in done.phases.items()},
             **({"cache": dict(done.cache)} if done.cache is not None else {}),
+            **({"deep_ahead": dict(done.ahead)} if done.ahead is not None else {}),
         }
         doc = report_document(
             "verify",

@@ -2,14 +2,17 @@
 
     <target python> deepwork.py gpu OUT.jsonl REQUEST-JSON
     <target python> deepwork.py allreduce OUTDIR REQUEST-JSON
+    <target python> deepwork.py hold        (then one line on stdin: the other mode's arguments, a JSON list)
 
 ``gpu``: on every GPU in turn, a bf16 and an fp32 matrix product on fresh random data (a sampled
 block checked against a float64 product on the CPU) and a device-to-device copy, each timed with
 CUDA events after warm-up. ``allreduce``: one process per rank (torch.multiprocessing), an
 in-place all-reduce over a sweep of sizes, timed and checked the way nccl-tests' all_reduce_perf
 does. Both write JSON lines as they go, so a run killed for a hang still says how far it got.
-This script only measures; stackgate reads the figures (stackgate/facts/deepruns.py) and judges them
-(stackgate/checks/deep.py).
+``hold``: started ahead of its run, so that the interpreter's start and torch's import (seconds
+with a CUDA build) overlap the run before it; it touches no GPU until its stdin names the mode to
+run, which then runs as if named on the command line. This script only measures; stackgate reads
+the figures (stackgate/facts/deepruns.py) and judges them (stackgate/checks/deep.py).
 
 REQUEST-JSON names the device ("cuda", or "cpu" for the tests), the sizes and the counts.
 Its "faults" (tests only: stackgate passes the deep.* points of $STACKGATE_FAULT, see
@@ -329,7 +332,26 @@ def contribution(rank, count, seed, device):
     return (h % 17 - 8).to(torch.float32)
 
 
+def held(argv, run):
+    """``hold``: wait for the rest of the command line on stdin (a JSON list), then ``run`` it;
+    nothing asked (stdin closed) is nothing to do."""
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 0
+    try:
+        rest = json.loads(line)
+    except ValueError as exc:
+        sys.stderr.write(f"hold: the arguments are not JSON: {exc}\n")
+        return 2
+    if not isinstance(rest, list) or not all(isinstance(a, str) for a in rest):
+        sys.stderr.write("hold: the arguments are not a JSON list of strings\n")
+        return 2
+    return run([argv[0], *rest])
+
+
 def main(argv):
+    if argv[1:] == ["hold"]:
+        return held(argv, main)
     if len(argv) != 4 or argv[1] not in ("gpu", "allreduce"):
         sys.stderr.write(__doc__)
         return 2

@@ -3,6 +3,7 @@
     <target python> flashwork.py gate OUT.jsonl REQUEST-JSON
     <target python> flashwork.py attention OUT.jsonl REQUEST-JSON
     <target python> flashwork.py fusion OUTDIR REQUEST-JSON
+    <target python> flashwork.py hold       (then one line on stdin: the other mode's arguments; deepwork.py's)
 
 ``gate``: which compute capability majors the INSTALLED flashinfer builds its allreduce-fusion
 (TRT-LLM comm) module for, read from its own code with ast (flashinfer is located, never
@@ -507,6 +508,8 @@ MODES = {"gate": gate_main, "attention": attention_main, "fusion": fusion_main}
 
 
 def main(argv):
+    if argv[1:] == ["hold"]:
+        return work.held(argv, main)
     if len(argv) != 4 or argv[1] not in MODES:
         sys.stderr.write(__doc__)
         return 2

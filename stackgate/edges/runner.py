@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import json
 import os
 import shlex
 import signal
@@ -24,6 +25,7 @@ from typing import IO, Any, Callable, Mapping, Sequence
 
 __all__ = [
     "Completed",
+    "Held",
     "Interrupted",
     "call_forked",
     "kill_group",
@@ -247,39 +249,108 @@ def stream(
         sink.write(f"$ {shlex.join(args)}\n")
         sink.flush()
         try:
-            process = subprocess.Popen(
-                args,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                env=dict(env) if env is not None else None,
-                cwd=cwd,
-                text=True,
-                errors="replace",
-                start_new_session=True,
-                preexec_fn=_die_with_parent(),
-            )
+            process = _start_piped(args, env, cwd, stdin=subprocess.DEVNULL)
         except OSError as exc:
             message = f"cannot run {args[0]}: {exc.strerror or exc}"
             sink.write(message + "\n")
             return Completed(args, 127, "", message, 0.0)
         _register(process, args)
-        expired = threading.Event()
-        timer = threading.Timer(timeout_s if timeout_s is not None else 1e9, _expire, (expired, process.pid))
-        timer.daemon = True
-        timer.start()
+        return _follow(process, args, sink, timeout_s, on_line, started)
+
+
+def _start_piped(
+    args: Sequence[str], env: Mapping[str, str] | None, cwd: Path | str | None, *, stdin: int
+) -> subprocess.Popen[str]:
+    """A command in its own session, its stdout and stderr merged into one pipe (raises OSError)."""
+    return subprocess.Popen(
+        args,
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=dict(env) if env is not None else None,
+        cwd=cwd,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+        preexec_fn=_die_with_parent(),
+    )
+
+
+def _follow(
+    process: subprocess.Popen[str],
+    args: Sequence[str],
+    sink: IO[str],
+    timeout_s: float | None,
+    on_line: Callable[[str], None] | None,
+    started: float,
+) -> Completed:
+    """Copy a started command's output into ``sink`` until it ends, killing its group past ``timeout_s``."""
+    expired = threading.Event()
+    timer = threading.Timer(timeout_s if timeout_s is not None else 1e9, _expire, (expired, process.pid))
+    timer.daemon = True
+    timer.start()
+    try:
+        kept = _pump(process, sink, on_line)
+        returncode = process.wait()
+    except BaseException:
+        kill_group(process.pid)
+        process.wait()
+        raise
+    finally:
+        timer.cancel()
+        with _LIVE_GUARD:
+            _LIVE.discard(process.pid)
+    return Completed(tuple(args), None if expired.is_set() else returncode, kept, "", time.monotonic() - started)
+
+
+class Held:
+    """A command started before it is needed, so that its start (an interpreter, its imports) overlaps
+    other work: it waits for one line on its standard input, its remaining arguments as a JSON list,
+    and then runs as :func:`stream` would have run the whole command line.
+
+    Started from a thread that outlives its use: Linux kills it when the thread that started it ends.
+    """
+
+    def __init__(self, argv: Sequence[str | Path], *, env: Mapping[str, str] | None = None) -> None:
+        """Start ``argv`` (raises OSError when it cannot be started, Interrupted after :func:`terminate_all`)."""
+        self.argv = tuple(str(a) for a in argv)
+        _refuse_if_closed(self.argv)
+        self.started = time.monotonic()
+        self.process = _start_piped(self.argv, env, None, stdin=subprocess.PIPE)
+        _register(self.process, self.argv)
+
+    def run(self, rest: Sequence[str | Path], *, log: Path, timeout_s: float | None) -> Completed:
+        """Hand the command its remaining arguments and follow it to its end, as :func:`stream` does."""
+        args = (*self.argv[:-1], *(str(a) for a in rest))
+        log.parent.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        with open(log, "a", encoding="utf-8", errors="replace") as sink:
+            ahead = started - self.started
+            sink.write(f"$ {shlex.join(args)}\n# started {ahead:.1f} s ahead, as {shlex.join(self.argv)}\n")
+            sink.flush()
+            self._hand(rest)
+            return _follow(self.process, args, sink, timeout_s, None, started)
+
+    def _hand(self, rest: Sequence[str | Path]) -> None:
+        assert self.process.stdin is not None
         try:
-            kept = _pump(process, sink, on_line)
-            returncode = process.wait()
-        except BaseException:
-            kill_group(process.pid)
-            process.wait()
-            raise
-        finally:
-            timer.cancel()
-            with _LIVE_GUARD:
-                _LIVE.discard(process.pid)
-    return Completed(args, None if expired.is_set() else returncode, kept, "", time.monotonic() - started)
+            self.process.stdin.write(json.dumps([str(a) for a in rest]) + "\n")
+            self.process.stdin.close()
+        except OSError:  # it ended before it was asked: its output and exit status say how
+            pass
+
+    def close(self) -> None:
+        """End it if it was never handed its arguments (or is still running)."""
+        kill_group(self.process.pid)
+        self.process.wait()
+        for stream_ in (self.process.stdin, self.process.stdout):
+            if stream_ is not None:
+                try:
+                    stream_.close()
+                except OSError:
+                    pass
+        with _LIVE_GUARD:
+            _LIVE.discard(self.process.pid)
 
 
 def _expire(expired: threading.Event, pid: int) -> None:

@@ -10,17 +10,19 @@ it leaves behind and aggregates them (per-size means, bus bandwidth). Judging th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import secrets
 import shutil
 import statistics
 import tempfile
+import threading
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from stackgate.edges import elf, faults, nvml, runner
 from stackgate.facts.collect import Facts
@@ -35,6 +37,7 @@ __all__ = [
     "GATE_TIMEOUT_S",
     "REQUIRED_ENV",
     "SCRIPT",
+    "Ahead",
     "AllReduceRequest",
     "AttentionRequest",
     "AttentionRun",
@@ -52,6 +55,8 @@ __all__ = [
     "flashinfer_env",
     "gpu_activity",
     "host_interfaces",
+    "Launch",
+    "ahead",
     "jit_workspace",
     "launch_env",
     "nccl_variables",
@@ -93,6 +98,83 @@ def nccl_variables(env: Mapping[str, str]) -> dict[str, str]:
     {'NCCL_P2P_LEVEL': 'SYS', 'TORCH_NCCL_BLOCKING_WAIT': '1'}
     """
     return {k: env[k] for k in sorted(env) if k.startswith(("NCCL_", "TORCH_NCCL_"))}
+
+
+# --- runs started ahead of their checks -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What a deep run starts: the stack's interpreter running one of the work scripts, in an environment."""
+
+    python: Path
+    script: Path
+    env: Mapping[str, str]
+
+
+class Ahead:
+    """Deep runs started ahead of their checks, so that each run's interpreter start and torch import
+    (seconds with a CUDA build) overlap the work before it (:class:`runner.Held`); a run whose launch
+    matches one held here takes it, any other starts as it always did. What is never taken is killed
+    by :meth:`close`."""
+
+    def __init__(self) -> None:
+        self._held: list[tuple[Launch, runner.Held]] = []
+        self._guard = threading.Lock()
+        self.started = 0
+        self.taken = 0
+
+    def start(self, launch: Launch) -> None:
+        """Start ``launch``'s script waiting for its arguments; one that cannot start is left to its run to report."""
+        try:
+            held = runner.Held([launch.python, launch.script, "hold"], env=launch.env)
+        except OSError:
+            return
+        with self._guard:
+            self._held.append((launch, held))
+            self.started += 1
+
+    def take(self, launch: Launch) -> runner.Held | None:
+        """The run started ahead for exactly this launch (interpreter, script, environment), if any."""
+        with self._guard:
+            for index, (held_for, held) in enumerate(self._held):
+                if held_for == launch:
+                    del self._held[index]
+                    self.taken += 1
+                    return held
+        return None
+
+    def close(self) -> None:
+        """End every run started ahead and never taken."""
+        with self._guard:
+            left, self._held = self._held, []
+        for _, held in left:
+            held.close()
+
+
+_AHEAD: list[Ahead] = []  #: the pool the deep runs take from now (verify --deep's), innermost last
+
+
+@contextlib.contextmanager
+def ahead() -> Iterator[Ahead]:
+    """A pool of runs started ahead, in force for the deep runs until the block ends (then the rest is killed)."""
+    pool = Ahead()
+    _AHEAD.append(pool)
+    try:
+        yield pool
+    finally:
+        _AHEAD.remove(pool)
+        pool.close()
+
+
+def _launch(
+    launch: Launch, rest: Sequence[str | Path], log: Path, timeout_s: float | None, *, held: bool = True
+) -> runner.Completed:
+    """Run ``launch``'s script with ``rest``: on the run started ahead for it when there is one, else started now."""
+    waiting = _AHEAD[-1].take(launch) if held and _AHEAD else None
+    if waiting is None:
+        return runner.run_logged([launch.python, launch.script, *rest], log, timeout_s=timeout_s, env=launch.env)
+    return waiting.run(rest, log=log, timeout_s=timeout_s)
 
 
 def _work_dir() -> Path | None:
@@ -175,12 +257,8 @@ def run_gpu_work(
     workdir = Path(tempfile.mkdtemp(prefix="stackgate-gpu-work-", dir=_work_dir()))
     out = workdir / "gpu.jsonl"
     log = workdir / "gpu-work.log"
-    done = runner.run_logged(
-        [python, SCRIPT, "gpu", out, json.dumps({**asdict(request), "faults": faults.deep_faults()})],
-        log,
-        timeout_s=timeout_s,
-        env=env,
-    )
+    request_json = json.dumps({**asdict(request), "faults": faults.deep_faults()})
+    done = _launch(Launch(python, SCRIPT, env), ["gpu", out, request_json], log, timeout_s)
     lines = _read_lines(out)
     begin = next((r for r in lines if r.get("event") == "begin"), {})
     records = tuple(r for r in lines if r.get("event") == "done")
@@ -330,16 +408,10 @@ def run_sweep(python: Path, request: AllReduceRequest, env: Mapping[str, str], t
     $STACKGATE_DEEP_TIMEOUT_S); never raises for what happens there."""
     timeout_s = settings.DEEP_TIMEOUT_S.value() if timeout_s is None else timeout_s
     workdir = Path(tempfile.mkdtemp(prefix="stackgate-allreduce-", dir=_work_dir()))
-    argv: list[str | Path] = [
-        python,
-        SCRIPT,
-        "allreduce",
-        workdir,
-        json.dumps({**request.to_json(), "faults": faults.deep_faults()}),
-    ]
+    rest: list[str | Path] = ["allreduce", workdir, json.dumps({**request.to_json(), "faults": faults.deep_faults()})]
     log = workdir / "allreduce.log"
     # Into a file as it is written (NCCL flushes each line), so a hang's log survives the kill.
-    done = runner.run_logged(argv, log, timeout_s=timeout_s, env=env)
+    done = _launch(Launch(python, SCRIPT, env), rest, log, timeout_s)
     text = log.read_text(errors="replace")
     per_rank = {rank: _read_lines(workdir / f"rank{rank}.jsonl") for rank in range(request.world)}
     inits = [line for lines in per_rank.values() for line in lines if line.get("event") == "init"]
@@ -426,14 +498,22 @@ def flashinfer_env(lock: Spec, facts: Facts) -> dict[str, str]:
 
 
 def _run_script(
-    kind: str, mode: str, out: str, request: Mapping[str, Any], env: Mapping[str, str], python: Path, timeout_s: float
+    kind: str,
+    mode: str,
+    out: str,
+    request: Mapping[str, Any],
+    env: Mapping[str, str],
+    python: Path,
+    timeout_s: float,
+    *,
+    held: bool = True,
 ) -> tuple[Path, runner.Completed]:
     """flashwork.py ``mode`` under ``python`` in a fresh folder: (the folder, how it ended)."""
     workdir = Path(tempfile.mkdtemp(prefix=f"stackgate-{kind}-", dir=_work_dir()))
     target = workdir / out if out else workdir
     # Into a file as it is written, so a run killed in a JIT compile keeps its log.
-    argv: list[str | Path] = [python, FLASHWORK, mode, target, json.dumps(dict(request))]
-    done = runner.run_logged(argv, workdir / f"{kind}.log", timeout_s=timeout_s, env=env)
+    rest: list[str | Path] = [mode, target, json.dumps(dict(request))]
+    done = _launch(Launch(python, FLASHWORK, env), rest, workdir / f"{kind}.log", timeout_s, held=held)
     return workdir, done
 
 
@@ -449,7 +529,8 @@ class FusionGate:
 
 def read_gate(python: Path, env: Mapping[str, str], timeout_s: float = GATE_TIMEOUT_S) -> FusionGate:
     """Read the fused path's gate from the code installed for ``python``; never raises for what happens there."""
-    workdir, done = _run_script("fusion-gate", "gate", "gate.jsonl", {}, env, python, timeout_s)
+    # Never on a run started ahead: that one imported torch, which reading the gate refuses to (it is seconds).
+    workdir, done = _run_script("fusion-gate", "gate", "gate.jsonl", {}, env, python, timeout_s, held=False)
     line = next((r for r in _read_lines(workdir / "gate.jsonl") if r.get("event") == "gate"), {})
     shutil.rmtree(workdir, ignore_errors=True)  # read at once, named in no result: nothing to keep
     found: Mapping[str, Any] = (

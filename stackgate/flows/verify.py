@@ -11,6 +11,7 @@ and runs only the live checks.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -21,8 +22,9 @@ from typing import Any, Mapping, Sequence
 from stackgate.checks import deep as deepchecks
 from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import Check, CheckError, run_checks, select
-from stackgate.facts import Facts, Missing, gather, stamp
+from stackgate.facts import Facts, Missing, deepruns, gather, stamp
 from stackgate.flows.stages import Stage, run_stages
+from stackgate.models import settings
 from stackgate.models.result import Result
 from stackgate.models.spec import Spec
 from stackgate.models.verdict import Verdict, judge
@@ -44,6 +46,7 @@ class VerifyRun:
     facts: Facts | None = field(default=None, compare=False)
     phases: Mapping[str, float] = field(default_factory=dict)  #: "static", then each deep check: seconds
     cache: Mapping[str, Any] | None = None  #: with --cached: hit, why not, what was reused, from when
+    ahead: Mapping[str, int] | None = None  #: with deep checks: runs started ahead of their checks, and taken
 
 
 def plan(patterns: Sequence[str], *, deep: bool) -> tuple[list[Check], list[Check]]:
@@ -76,12 +79,14 @@ class Verifying:
     results: list[Result] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)
     rest: concurrent.futures.Future[list[Result]] | None = None  #: the static checks judged beside the deep ones
+    ahead: deepruns.Ahead | None = None  #: the deep runs started ahead of their checks (None: setting off)
 
 
 def _static(run: Verifying) -> None:
     """Gather and judge the static checks; with deep checks, only those the deep ones stand on
     (the others are judged in a thread beside the deep checks)."""
     checks, deep = run.checks, run.deep
+    _start_ahead(run, 0)  # its interpreter and torch import overlap the prerequisites' gathering
     standing = (
         {name for c in deep for name in deepchecks.PREREQUISITES.get(c.name, ())} if deep else {c.name for c in checks}
     )
@@ -97,11 +102,28 @@ def _static(run: Verifying) -> None:
 
 
 def _deep(run: Verifying) -> None:
-    """The deep checks, one after another."""
-    for check in run.deep:
+    """The deep checks, one after another, each next one's run started while this one works."""
+    for index, check in enumerate(run.deep):
+        _start_ahead(run, index + 1)
         begun = time.monotonic()
         run.results.append(_run_deep(check, run.lock, run.facts, run.results, run.ui))
         run.phases[check.name] = time.monotonic() - begun
+
+
+def _start_ahead(run: Verifying, index: int) -> None:
+    """Start deep check ``index``'s run ahead of it, unless it will not run or starts nothing of its own.
+    From this (the flow's) thread: Linux ends a run started ahead when the thread that started it ends."""
+    if run.ahead is None or index >= len(run.deep):
+        return
+    name = run.deep[index].name
+    if index > 0 and deepchecks.not_run(name, run.results) is not None:
+        return
+    try:
+        launch = deepchecks.launch(name, run.lock, run.facts)
+    except Exception:  # noqa: BLE001  # the check itself meets (and reports) what failed here
+        return
+    if launch is not None:
+        run.ahead.start(launch)
 
 
 def _join(run: Verifying) -> None:
@@ -133,12 +155,15 @@ def verify(
     facts = facts or gather(lock, needs)
     run = Verifying(lock, checks, deep, ui, facts, needs, clock)
     try:
-        facts.start(needs)
-        run_stages(STAGES, run)
+        with deepruns.ahead() if deep and settings.DEEP_AHEAD.value() else contextlib.nullcontext() as run.ahead:
+            facts.start(needs)
+            run_stages(STAGES, run)
     finally:
         facts.close()
     duration = time.monotonic() - clock
-    return VerifyRun(lock, run.results, judge(run.results, strict=strict), started, duration, facts, run.phases)
+    ahead = {"started": run.ahead.started, "taken": run.ahead.taken} if run.ahead is not None else None
+    verdict = judge(run.results, strict=strict)
+    return VerifyRun(lock, run.results, verdict, started, duration, facts, run.phases, ahead=ahead)
 
 
 def _beside(

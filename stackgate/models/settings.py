@@ -28,6 +28,7 @@ from stackgate.models.exitcodes import UsageError
 
 __all__ = [
     "BASE_PYTHON",
+    "DEEP_AHEAD",
     "DEEP_DIR",
     "DEEP_TIMEOUT_S",
     "DOWNLOAD_TIMEOUT_S",
@@ -285,6 +286,13 @@ DEEP_DIR: Setting[Path | None] = Setting(
     "where each `verify --deep` run's folder (its JSON lines and full log) is made",
     unset="the system's temp folder",
 )
+DEEP_AHEAD: Setting[bool] = Setting(
+    "STACKGATE_DEEP_AHEAD",
+    switch,
+    True,
+    "start each `verify --deep` run's interpreter (and its torch import) while the check before it runs; "
+    "off: each starts with its check",
+)
 BASE_PYTHON: Setting[Path | None] = Setting(
     "STACKGATE_BASE_PYTHON",
     path,
@@ -373,6 +381,7 @@ SETTINGS: dict[str, Setting[Any]] = {
         IMPORT_TIMEOUT_S,
         DEEP_TIMEOUT_S,
         DEEP_DIR,
+        DEEP_AHEAD,
         BASE_PYTHON,
         PYTHON_INSTALL_TIMEOUT_S,
         DOWNLOAD_TIMEOUT_S,
