@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import re
+import sys
 from typing import Iterator, Mapping, Sequence
 
 from invoke import Collection, Program
@@ -52,8 +53,14 @@ class StackgateProgram(Program):
                 given[argument.name] = argument
 
     def parse_core(self, argv: list[str] | None) -> None:
-        with _parse_errors_are_usage():
-            super().parse_core(argv)
+        try:
+            with _parse_errors_are_usage():
+                super().parse_core(argv)
+        finally:
+            # invoke turns off writing bytecode unless given its --write-pyc (not a stackgate flag): every
+            # module imported after this would be compiled again on each run. Python's own setting
+            # (-B, $PYTHONDONTWRITEBYTECODE) decides.
+            sys.dont_write_bytecode = bool(sys.flags.dont_write_bytecode)
 
     def parse_tasks(self) -> None:
         valued, rest = _word_flags(self.collection, self.initial_context)

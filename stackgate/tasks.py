@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stackgate import cli
 from stackgate.cli import task
 from stackgate.edges.files import STDOUT
 from stackgate.models import settings
-from stackgate.render.ui import UI
+
+if TYPE_CHECKING:  # the console (rich) is made when a command runs: `stackgate --version` and --help start without it
+    from stackgate.render.ui import UI
 
 __all__ = [
     "diagnose",
@@ -43,6 +45,8 @@ def _path(value: str | None) -> Path | None:
 
 def _ui(verbose: int = 0, *reports: str | None) -> UI:
     """The console; on standard error when a report goes to standard output (``--json -``)."""
+    from stackgate.render.ui import UI
+
     return UI(verbose=verbose, stream=sys.stderr if STDOUT in reports else None)
 
 
@@ -62,7 +66,7 @@ def init(c, out=None, profile=None, list=False, system=False, python=None, force
 
     paths: dict[str, Any] = {"out": _path(out), "python": _path(python)}
     request = command.InitRequest(**paths, profile=profile, list_only=list, system=system, force=force)
-    cli.run_command(lambda: command.run(request, UI()))
+    cli.run_command(lambda: command.run(request, _ui()))
 
 
 @task(
@@ -135,7 +139,7 @@ def provision(c, lock=None, dry_run=False, only=None, yes=False, wait=False, whe
     request = command.ProvisionRequest(
         lock_path=_path(lock), dry_run=dry_run, only=only, yes=yes, wait=wait, wheelhouse=_path(wheelhouse)
     )
-    cli.run_command(lambda: command.run(request, UI()))
+    cli.run_command(lambda: command.run(request, _ui()))
 
 
 @task(
@@ -269,7 +273,7 @@ def lock(c, lock=None, check=False, all=False, upgrade_package=None, wheelhouse=
         wheelhouse=_path(wheelhouse),
         refresh=refresh,
     )
-    cli.run_command(lambda: command.run(request, UI()))
+    cli.run_command(lambda: command.run(request, _ui()))
 
 
 @task(
@@ -283,7 +287,7 @@ def rollback(c, lock=None, force=False):
     from stackgate.commands import provision as command
 
     request = command.RollbackRequest(lock_path=_path(lock), force=force)
-    cli.run_command(lambda: command.rollback(request, UI()))
+    cli.run_command(lambda: command.rollback(request, _ui()))
 
 
 @task(
@@ -332,7 +336,7 @@ def report(
             regressed_since=regressed_since,
             threshold_pct=command.parse_number("--threshold", threshold, 5.0),
         )
-        return command.run(request, UI())
+        return command.run(request, _ui())
 
     cli.run_command(go)
 
@@ -595,7 +599,7 @@ def slurm_health(
         "slurm_conf": slurm_conf,
         "node": node,
     }
-    cli.run_command(lambda: command.run(_path(config), flags, UI(), _verify_cached))
+    cli.run_command(lambda: command.run(_path(config), flags, _ui(), _verify_cached))
 
 
 def _verify_cached(lock: Path, json: Path, prom: Path | None, checks: tuple[str, ...]) -> int:
@@ -607,7 +611,7 @@ def _verify_cached(lock: Path, json: Path, prom: Path | None, checks: tuple[str,
 
     request = verify.VerifyRequest(lock_path=lock, checks=checks, json_path=json, cached=True, prom_path=prom)
     try:
-        return int(verify.run(request, UI()))
+        return int(verify.run(request, _ui()))
     except UsageError as exc:
         print(f"stackgate verify: {exc}", file=sys.stderr)
         return 2

@@ -21,6 +21,15 @@ CACHE = Path(os.environ.get("STACKGATE_TEST_CACHE", Path.home() / ".cache" / "st
 CPU_TORCH = os.environ.get("STACKGATE_TEST_TORCH", "torch==2.13.0")
 #: Written last into a cached build: its presence means the build is complete.
 READY = ".stackgate-ready"
+#: ``python -c SHOW_MODULES FILE stackgate ARGS``: `python -m stackgate ARGS` that writes, at its exit, the
+#: names of the modules it imported to FILE (one a line).
+SHOW_MODULES = """
+import atexit, runpy, sys
+out = sys.argv[1]
+sys.argv[:] = sys.argv[2:]
+atexit.register(lambda: open(out, "w").write("\\n".join(sorted(sys.modules))))
+runpy.run_module("stackgate", run_name="__main__", alter_sys=True)
+"""
 
 
 def isolated_environ(**extra: str) -> dict[str, str]:

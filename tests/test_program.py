@@ -17,7 +17,7 @@ from pathlib import Path
 import invoke
 import pytest
 from invoke.exceptions import Exit
-from support import ROOT, isolated_environ
+from support import ROOT, SHOW_MODULES, isolated_environ
 
 from stackgate import __version__, cli, main
 from stackgate.checks.core import CheckError
@@ -184,6 +184,42 @@ def test_invoke_in_the_checkout_and_the_program_list_the_same_tasks():
     commands = helped.stdout.split("Commands:")[1].split("Global options:")[0]
     assert re.findall(r"^  ([\w-]+) ", commands, re.MULTILINE) == names == sorted(main.namespace.task_names)
     assert {"verify", "provision", "smoke", "gate", "rollback", "report", "diagnose", "upgrade"} <= set(names)
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["verify", "--help"]])
+def test_the_program_starts_without_its_commands_checks_facts_or_console(argv, tmp_path):
+    out = tmp_path / "modules.txt"
+    environ = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", SHOW_MODULES, str(out), "stackgate", *argv],
+        cwd=ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stdout, done.stderr
+    imported = out.read_text().split()
+    assert {"stackgate.main", "stackgate.tasks", "invoke"} <= set(imported)  # the list is the program's
+    heavy = ("stackgate.commands", "stackgate.checks", "stackgate.facts", "stackgate.render", "rich", "packaging")
+    assert [name for name in imported if name.split(".")[0] == "rich" or name.startswith(heavy)] == []
+
+
+@pytest.mark.parametrize("flags", [[], ["-B"]])
+def test_the_program_leaves_writing_bytecode_to_python(flags):
+    """invoke turns it off unless given its --write-pyc (no stackgate flag): every module a command
+    imports would be compiled from its source again on each run."""
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"} | {"PYTHONPATH": str(ROOT)}
+    code = "import sys\nfrom stackgate import main\ntry:\n    main.program.run(['stackgate', '--version'])\nfinally:\n"
+    done = subprocess.run(
+        [sys.executable, *flags, "-c", code + "    print(sys.dont_write_bytecode)"],
+        cwd=ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.stdout.split() == ["stackgate", __version__, str(bool(flags))], done.stderr
 
 
 def test_bare_stackgate_and_help_show_its_commands_and_global_flags_only():

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from fakes.fake_nvml import gpu, machine
 from prometheus_client.parser import text_string_to_metric_families
+from support import SHOW_MODULES
 
 from stackgate.models import pylock, spec
 from stackgate.runs import verifycache
@@ -24,6 +25,23 @@ ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
 VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 H200 = gpu(name="NVIDIA H200", cc=(9, 0))
+#: What a cache hit does not use, and so does not import: the gathering of the static checks' facts
+#: (interpreters' probes, the patches' downloads, the pylock's and the markers' parsers) and rich's
+#: tables, progress bars and prompts (the report is plain here). invoke's own imports are not stackgate's to trim.
+NOT_ON_A_HIT = (
+    "stackgate.facts.interpreters",
+    "stackgate.facts.generationstate",
+    "stackgate.models.envfile",
+    "stackgate.edges.fetch",
+    "urllib.request",
+    "http.client",
+    "packaging.pylock",
+    "packaging.markers",
+    "packaging.requirements",
+    "rich.progress",
+    "rich.prompt",
+    "rich.table",
+)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +70,10 @@ class Node:
     def gpus(self, spec: dict) -> None:
         (self.tmp / "nvml.json").write_text(json.dumps(spec))
 
-    def verify(self, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], dict]:
+    def verify(
+        self, *args: str, env: dict[str, str] | None = None, modules: Path | None = None
+    ) -> tuple[subprocess.CompletedProcess[str], dict]:
+        """The program's run (with ``modules``, the names of the modules it imported are written there at its exit)."""
         env = {
             **os.environ,
             "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}",
@@ -67,7 +88,7 @@ class Node:
         report.unlink(missing_ok=True)
         argv = [
             sys.executable,
-            "-m",
+            *(["-c", SHOW_MODULES, str(modules)] if modules is not None else ["-m"]),
             "stackgate",
             "verify",
             "--cached",
@@ -111,6 +132,18 @@ def test_an_unchanged_node_reuses_the_static_results_and_measures_the_gpus(node)
     )  # the 7 NVML checks and gpu.kernel_events
     assert "static check result(s) reused from" in second.stdout and "8 live check(s) run" in second.stdout
     assert node.cache_file().stat().st_mode & 0o022 == 0  # no one else may write what the next verify trusts
+
+
+def test_a_hit_imports_only_what_the_live_checks_and_the_report_need(node, tmp_path):
+    cold, warm = tmp_path / "cold.txt", tmp_path / "warm.txt"
+    first, _ = node.verify(modules=cold)  # no cache yet: every static check runs
+    assert {"stackgate.facts.interpreters", "stackgate.models.envfile"} <= set(cold.read_text().split())
+    again, doc = node.verify(modules=warm)
+    assert doc["cache"]["hit"] is True and again.returncode == first.returncode
+    assert "8 live check(s) run" in again.stdout
+    imported = set(warm.read_text().split())
+    assert {"stackgate.flows.verify", "stackgate.edges.nvml", "rich.console"} <= imported  # the list is the program's
+    assert sorted(imported.intersection(NOT_ON_A_HIT)) == []
 
 
 def test_live_checks_run_on_a_hit_a_lost_link_or_ecc_errors_fail_at_once(node):

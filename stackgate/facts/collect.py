@@ -15,12 +15,9 @@ import shutil
 import threading
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from stackgate.edges import elf, kernellog, nvml
-from stackgate.facts import generationstate, interpreters
-from stackgate.facts.patchstate import PatchStatus, inspect_patch
-from stackgate.facts.toolkits import inspect_toolkit
+from stackgate.edges import kernellog, nvml
 from stackgate.facts.values import (
     BasePython,
     ElfFile,
@@ -32,9 +29,17 @@ from stackgate.facts.values import (
     ProbeFacts,
     ToolkitFacts,
 )
-from stackgate.models import envfile, pylock
 from stackgate.models import kernelevents as kernelmodel
 from stackgate.models.spec import Spec, Toolkit
+
+if TYPE_CHECKING:
+    from stackgate.facts import generationstate
+    from stackgate.facts.patchstate import PatchStatus
+    from stackgate.models import pylock
+
+# Each part's own machinery (the interpreters' probes, the ELF scanner, the patches' and the
+# pylock's readers) is imported by its gatherer: `verify --cached` gathers only NVML and the
+# kernel log, and starts without the rest.
 
 __all__ = ["CUDA_LINK", "DEPENDS", "PARTS", "Facts", "gather", "jit_cuda_home"]
 
@@ -179,6 +184,8 @@ def _nvml(lock: Spec, facts: Facts) -> nvml.NvmlSnapshot | Missing:
 
 
 def _toolkits(lock: Spec, facts: Facts) -> tuple[ToolkitFacts, ...]:
+    from stackgate.facts.toolkits import inspect_toolkit
+
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(lock.toolkits))) as pool:
         return tuple(pool.map(lambda t: inspect_toolkit(t, lock.hardware.arch), lock.toolkits))
 
@@ -187,6 +194,8 @@ def _toolkits(lock: Spec, facts: Facts) -> tuple[ToolkitFacts, ...]:
 
 
 def _env(lock: Spec, facts: Facts) -> EnvFacts:
+    from stackgate.models import envfile
+
     env_file = lock.python.env_file
     error = None
     try:
@@ -227,18 +236,26 @@ def jit_cuda_home(environ: Mapping[str, str], nvcc_on_path: str | None) -> tuple
 
 
 def _probe(lock: Spec, facts: Facts) -> ProbeFacts | Missing:
+    from stackgate.facts import interpreters
+
     return interpreters.probe(lock, facts.get("env").environ)
 
 
 def _dists(lock: Spec, facts: Facts) -> ProbeFacts | Missing:
+    from stackgate.facts import interpreters
+
     return interpreters.dists(lock, facts.get("env").environ)
 
 
 def _base_python(lock: Spec, facts: Facts) -> BasePython | Missing:
+    from stackgate.facts import interpreters
+
     return interpreters.base_python(lock, facts.base_environ)
 
 
 def _imports(lock: Spec, facts: Facts) -> dict[str, ImportOutcome] | Missing:
+    from stackgate.facts import interpreters
+
     # The probe is awaited only for torch's outcome, after the other imports ran beside it.
     return interpreters.imports(lock, facts.get("env").environ, lambda: facts.get("probe"))
 
@@ -247,6 +264,8 @@ def _imports(lock: Spec, facts: Facts) -> dict[str, ImportOutcome] | Missing:
 
 
 def _elf(lock: Spec, facts: Facts) -> ElfScan | Missing:
+    from stackgate.edges import elf
+
     probe = facts.get("probe")
     if isinstance(probe, Missing):
         return probe
@@ -268,6 +287,8 @@ def _elf(lock: Spec, facts: Facts) -> ElfScan | Missing:
 
 def _patches(lock: Spec, facts: Facts) -> tuple[PatchStatus, ...] | Missing:
     """Each locked patch as found in the package's site-packages (read there, never imported)."""
+    from stackgate.facts.patchstate import inspect_patch
+
     probe = facts.get("probe")
     if isinstance(probe, Missing):
         return probe
@@ -283,6 +304,8 @@ def _patches(lock: Spec, facts: Facts) -> tuple[PatchStatus, ...] | Missing:
 
 def _generation(lock: Spec, facts: Facts) -> generationstate.RootState | Missing:
     """What provision built under the lock's root, and which generation is live."""
+    from stackgate.facts import generationstate
+
     if lock.python.root is None:
         return Missing(
             f"python.interpreter names an existing environment ({lock.python.interpreter}): there are no generations"
@@ -295,6 +318,8 @@ def _generation(lock: Spec, facts: Facts) -> generationstate.RootState | Missing
 
 def _pylock(lock: Spec, facts: Facts) -> pylock.Resolution | Missing:
     """The spec's resolution (``pylock.<name>.toml`` beside it), as the files say now."""
+    from stackgate.models import pylock
+
     path = pylock.path_for(lock.path)
     if not path.exists():
         return Missing(f"the spec has no pylock: {path} does not exist (`{pylock.lock_command(lock.path)}` makes it)")

@@ -11,10 +11,8 @@ import hashlib
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from packaging.markers import InvalidMarker, Marker, UndefinedComparison, UndefinedEnvironmentName
-from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
@@ -22,6 +20,9 @@ from stackgate.facts.values import Distribution, Missing, ProbeFacts, ToolkitFac
 from stackgate.models import pylock
 from stackgate.models.pylock import Locked, Resolution
 from stackgate.models.spec import Package, Spec
+
+if TYPE_CHECKING:  # packaging's marker and requirement parsers are imported by the comparisons that parse them
+    from packaging.requirements import Requirement
 
 __all__ = [
     "SEEDED",
@@ -72,6 +73,9 @@ def conflicts(distributions: Mapping[str, Any], markers: Mapping[str, str]) -> l
 
     Requirements behind an extra are not checked, as `pip check` does not.
     """
+    from packaging.markers import InvalidMarker, UndefinedComparison, UndefinedEnvironmentName
+    from packaging.requirements import InvalidRequirement, Requirement
+
     environment = {**markers, "extra": ""}
     found = []
     for dist in distributions.values():
@@ -212,6 +216,8 @@ def locked_problems(probe: ProbeFacts, resolution: Resolution) -> list[str]:
 
 
 def _applies(locked: Locked, markers: Mapping[str, str]) -> bool:
+    from packaging.markers import InvalidMarker, Marker, UndefinedComparison, UndefinedEnvironmentName
+
     try:
         return locked.marker is None or Marker(locked.marker).evaluate({**markers, "extra": ""})
     except (InvalidMarker, UndefinedComparison, UndefinedEnvironmentName):

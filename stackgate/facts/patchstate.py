@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from packaging.utils import canonicalize_name
 
-from stackgate.edges import fetch
 from stackgate.models.spec import Patch
+
+if TYPE_CHECKING:  # importlib.metadata (with email's parsers) is imported when a distribution is read
+    from importlib import metadata
 
 __all__ = [
     "RECORD",
@@ -101,6 +102,8 @@ def _problem(
             f"{patch.file.name} applied is not the locked one (sha256 {str(entry.get('sha256'))[:12]}..., the lock "
             f"says {patch.sha256[:12]}...)"
         )
+    from stackgate.edges import fetch  # its HTTP client is not needed to read the record
+
     expected = final_hashes(read_record(site_packages))
     for path in sorted(_recorded_files(entry)):
         have = fetch.sha256_file(site_packages / path) if (site_packages / path).is_file() else None
@@ -129,6 +132,8 @@ def _recorded_files(entry: Mapping[str, object]) -> dict[str, str]:
 
 def distribution(site_packages: Path, package: str) -> metadata.Distribution | None:
     """``package``'s installed distribution in ``site_packages``, read from its dist-info."""
+    from importlib import metadata
+
     wanted = canonicalize_name(package)
     for dist in metadata.distributions(path=[str(site_packages)]):
         if canonicalize_name(dist.metadata["Name"] or "") == wanted:

@@ -23,16 +23,17 @@ import shlex
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from packaging.markers import Marker
-from packaging.pylock import Package as PylockPackage
-from packaging.pylock import Pylock, PylockUnsupportedVersionError, PylockValidationError, is_valid_pylock_path
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 from stackgate.models import inputfile
 from stackgate.models.spec import Spec, SpecError, read_toml, url_problem
+
+if TYPE_CHECKING:  # packaging's pylock reader is imported when a pylock is read (a spec without one never does)
+    from packaging.pylock import Package as PylockPackage
+    from packaging.pylock import Pylock, PylockValidationError
 
 __all__ = [
     "Locked",
@@ -170,6 +171,8 @@ def load(path: Path) -> Resolution:
 
 def loads(data: bytes, path: Path) -> Resolution:
     """Validate pylock bytes (``path`` names it in errors and must be a PEP 751 file name)."""
+    from packaging.pylock import Pylock, PylockValidationError, is_valid_pylock_path
+
     document = read_toml(data, path, PylockError)
     try:
         pylock = Pylock.from_dict(document)
@@ -248,6 +251,8 @@ def _file_path(url: str) -> Path:
 
 def _validation_problem(exc: PylockValidationError) -> str:
     """packaging's finding with its key path (``packages[2].version: Invalid version: 'x'``)."""
+    from packaging.pylock import PylockUnsupportedVersionError
+
     context, message = getattr(exc, "context", None), getattr(exc, "message", None)
     if isinstance(exc, PylockUnsupportedVersionError):
         context = context or "lock-version"
@@ -461,6 +466,8 @@ def _admits_target(marker: str, platform: str, version: str) -> bool:
     >>> _admits_target("sys_platform == 'win32'", "x86_64-manylinux_2_28", "3.12")
     False
     """
+    from packaging.markers import Marker
+
     parsed = Marker(marker)
     machine = platform.split("-", 1)[0]
     base = {

@@ -13,12 +13,9 @@ import time
 from dataclasses import dataclass, field
 from itertools import groupby
 from pathlib import Path
-from typing import IO, Any, Collection, Iterator, Sequence
+from typing import IO, TYPE_CHECKING, Any, Collection, Iterator, Sequence
 
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
-from rich.prompt import Confirm
-from rich.table import Table
 from rich.text import Text
 from rich.theme import Theme
 
@@ -29,6 +26,10 @@ from stackgate.models.result import NEEDS_GPU, Result, Status
 from stackgate.models.settings import Value
 from stackgate.models.verdict import Verdict
 from stackgate.render.reporting import counts_line
+
+if TYPE_CHECKING:  # rich's tables, progress bars and prompts are imported where they are drawn (plain output never)
+    from rich.progress import Progress, TaskID
+    from rich.table import Table
 
 __all__ = [
     "UI",
@@ -140,6 +141,15 @@ class UI:
                 activity.start()
                 yield activity
             else:
+                from rich.progress import (
+                    BarColumn,
+                    DownloadColumn,
+                    Progress,
+                    SpinnerColumn,
+                    TextColumn,
+                    TimeElapsedColumn,
+                )
+
                 columns = (
                     SpinnerColumn(),
                     TextColumn("{task.description}"),
@@ -175,6 +185,8 @@ class UI:
         """Ask a yes/no question on a terminal; None when there is no one to ask."""
         if not (sys.stdin.isatty() and self.err.is_terminal):
             return None
+        from rich.prompt import Confirm
+
         return Confirm.ask(question, console=self.err, default=False)
 
     def table(
@@ -185,6 +197,8 @@ class UI:
         if self.plain:
             self.console.file.write(render_rows(title, headers, rows, align))
             return
+        from rich.table import Table
+
         table = Table(title=title, title_justify="left", pad_edge=False)
         for i, header in enumerate(headers):
             table.add_column(header, justify="left" if _left(align, i) else "right", no_wrap=True)
@@ -417,6 +431,8 @@ def _left(align: str | None, column: int) -> bool:
 
 def render_table(title: str, results: Sequence[Result], *, verbose: int = 0, elsewhere: Collection[str] = ()) -> Table:
     """The results as a rich table; the fix commands in ``elsewhere`` are named as printed below it."""
+    from rich.table import Table
+
     table = Table(title=title, title_justify="left", expand=False)
     table.add_column("status", no_wrap=True)
     table.add_column("check", no_wrap=True)
