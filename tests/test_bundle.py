@@ -57,6 +57,7 @@ def test_a_bundle_holds_the_parts_and_no_planted_secret(tmp_path: Path) -> None:
     env = {
         **os.environ,
         "PATH": f"{fake_tools(tmp_path)}{os.pathsep}{os.environ['PATH']}",
+        "STACKGATE_KMSG": str(tmp_path / "no-kmsg"),  # the fake dmesg is read, not this machine's records
         "HF_TOKEN": HF,
         "FOO": "AKIAPLANTED7QX9ZZ4B",
         "SOME_TOOL_SETTING": "Unrelated-value-31337",

@@ -1,10 +1,13 @@
 """The kernel log: Xid, PCIe AER and NVRM events decoded, named by GPU index; verify's
 gpu.kernel_events and `stackgate diagnose --kernel`. The only fake is at the edge: a `dmesg` on
-PATH that prints what the real one prints, read through the runner like the real one."""
+PATH that prints what the real one prints, read through the runner like the real one (with
+$STACKGATE_KMSG naming no record device); the record device itself is read for real and
+compared with this machine's `dmesg`."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +17,7 @@ from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
 
 from stackgate.checks.all import REGISTRY
+from stackgate.edges import kernellog
 from stackgate.facts import gather
 from stackgate.models import kernelevents
 from stackgate.models.result import Status
@@ -53,6 +57,7 @@ def fake_dmesg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str | None
         script.write_text(f"#!/bin/sh\n{refuse if body is None else f'cat {tmp_path}/{name}.out'}\n")
         script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("STACKGATE_KMSG", str(tmp_path / "no-kmsg"))  # no record device: dmesg is read
     return bin_dir
 
 
@@ -180,3 +185,41 @@ def test_the_scanner_maps_bus_ids_to_gpus_given_the_index() -> None:
     quiet.feed_text(CLEAN)
     quiet.finish()
     assert quiet.kernel is not None and quiet.kernel.events == []
+
+
+# --- the kernel's record device, read in this process -------------------------------------------
+
+
+def _readable(path: str) -> bool:
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+    except OSError:
+        return False
+    return shutil.which("dmesg") is not None
+
+
+@pytest.mark.skipif(not _readable("/dev/kmsg"), reason="this machine's /dev/kmsg (or dmesg) cannot be read")
+def test_the_record_device_reads_as_dmesg_prints_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("STACKGATE_KMSG", raising=False)
+    log = kernellog.read()
+    printed = subprocess.run(["dmesg"], capture_output=True, text=True, check=True).stdout.splitlines(keepends=True)
+    mine = log.text.splitlines(keepends=True)
+    assert log.source == "/dev/kmsg" and len(mine) > 10
+    # The same lines, byte for byte, as far as both read (the kernel may log between the two reads).
+    assert mine[: len(printed)] == printed[: len(mine)]
+
+
+def test_a_record_device_that_is_no_character_device_is_passed_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_dmesg(tmp_path, monkeypatch, CLEAN)
+    fifo = tmp_path / "kmsg"
+    os.mkfifo(fifo)  # opened for reading with no writer: a blocking reader would wait for ever
+    for planted in (fifo, tmp_path / "dmesg.out"):
+        monkeypatch.setenv("STACKGATE_KMSG", str(planted))
+        log = kernellog.read()
+        assert (log.source, log.text) == ("dmesg", CLEAN)
+    fake_dmesg(tmp_path, monkeypatch, None)
+    monkeypatch.setenv("STACKGATE_KMSG", str(fifo))
+    with pytest.raises(kernellog.KernelLogError, match=f"{fifo}: not a character device; dmesg: "):
+        kernellog.read()

@@ -41,6 +41,7 @@ DEFAULTS: dict[str, Any] = {
     "STACKGATE_TOOLKIT_INSTALLER": "uv",
     "STACKGATE_TOOLKIT_INSTALL_TIMEOUT_S": 3600.0,
     "STACKGATE_RUNFILE_CACHE": None,
+    "STACKGATE_KMSG": Path("/dev/kmsg"),
     "STACKGATE_LOG_DIR": Path("reports"),
     "STACKGATE_HISTORY_DIR": None,
     "STACKGATE_HISTORY_INDEX": True,
@@ -64,6 +65,7 @@ GOOD: dict[str, tuple[str, Any]] = {
     "STACKGATE_TOOLKIT_INSTALLER": ("pip", "pip"),
     "STACKGATE_TOOLKIT_INSTALL_TIMEOUT_S": ("60", 60.0),
     "STACKGATE_RUNFILE_CACHE": ("~/runfiles", Path.home() / "runfiles"),
+    "STACKGATE_KMSG": ("/var/kmsg", Path("/var/kmsg")),
     "STACKGATE_LOG_DIR": ("/var/log/stackgate", Path("/var/log/stackgate")),
     "STACKGATE_HISTORY_DIR": ("/srv/runs", Path("/srv/runs")),
     "STACKGATE_HISTORY_INDEX": ("off", False),
@@ -189,15 +191,15 @@ def test_v_shows_the_settings_not_at_their_defaults_and_vv_all(
         )
         err = capsys.readouterr().err.splitlines()
         assert err[: 1 if verbose else 0] == {
-            1: ["settings: 2 of 20 not at their default (-vv lists all)"],
-            2: ["settings (20):"],
+            1: ["settings: 2 of 21 not at their default (-vv lists all)"],
+            2: ["settings (21):"],
         }.get(verbose, [])
         if verbose:
             assert ["STACKGATE_DEEP_TIMEOUT_S", "600", "(environment", "$STACKGATE_DEEP_TIMEOUT_S)"] in [
                 line.split() for line in err
             ]
             assert ["STACKGATE_LOCK", str(lock), "(flag", "--lock)"] in [line.split() for line in err]
-        assert sum("(default)" in line for line in err) == (18 if verbose == 2 else 0)
+        assert sum("(default)" in line for line in err) == (19 if verbose == 2 else 0)
 
 
 def test_the_settings_shown_hide_a_secret_in_a_value() -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from stackgate import __version__
 from stackgate.edges.nvml import NvmlSnapshot
@@ -68,13 +68,13 @@ _DIST_SUFFIXES = (".dist-info", ".egg-info", ".pth", ".egg-link")
 _METADATA_FILES = {".dist-info": ("METADATA", "RECORD"), ".egg-info": ("PKG-INFO", "SOURCES.txt")}
 
 
-def take(lock: Spec, nvml: NvmlSnapshot | Missing, site_dirs: Iterable[str], environ: Mapping[str, str]) -> Stamp:
-    """The stamp of this machine as the static checks of ``lock`` would judge it now."""
+def take(
+    lock: Spec, nvml: Callable[[], NvmlSnapshot | Missing], site_dirs: Iterable[str], environ: Mapping[str, str]
+) -> Stamp:
+    """The stamp of this machine as the static checks of ``lock`` would judge it now. ``nvml`` is
+    asked last, so that the files are stamped while NVML is still being read."""
     sites = sorted({*site_dirs, *_own_sites(lock)})
-    return {
-        "stackgate": {"version": __version__},
-        "lock": _lock(lock),
-        "gpu": _gpu(nvml),
+    files = {
         "interpreter": _interpreter(lock),
         "toolkits": {str(t.prefix): _tree(t.prefix) for t in lock.toolkits} | {str(CUDA_LINK): _where(CUDA_LINK)},
         "distributions": {site: _site(Path(site)) for site in sites},
@@ -85,6 +85,7 @@ def take(lock: Spec, nvml: NvmlSnapshot | Missing, site_dirs: Iterable[str], env
             if name.startswith(ENV_PREFIXES) or name in _named(lock)
         },
     }
+    return {"stackgate": {"version": __version__}, "lock": _lock(lock), "gpu": _gpu(nvml()), **files}
 
 
 def changed(old: Mapping[str, Mapping[str, str]], new: Mapping[str, Mapping[str, str]]) -> list[str]:
@@ -103,7 +104,7 @@ def changed(old: Mapping[str, Mapping[str, str]], new: Mapping[str, Mapping[str,
     return found
 
 
-def identity(path: Path) -> str:
+def identity(path: Path | str) -> str:
     """``inode:size:mtime_ns`` of a path (not following a final link), or ``absent``."""
     try:
         stat = os.lstat(path)
@@ -186,14 +187,16 @@ def _site(site: Path) -> str:
             names = sorted(e.name for e in entries if e.name.endswith(_DIST_SUFFIXES))
     except OSError as exc:
         return f"unreadable: {exc.strerror or exc}"
-    return _digest("|".join([identity(site), *(_entry(site / n) for n in names)]))
+    return _digest("|".join([identity(site), *(_entry(str(site), n) for n in names)]))
 
 
-def _entry(path: Path) -> str:
+def _entry(site: str, name: str) -> str:
     """A distribution entry's identity, and for a metadata folder its METADATA's and RECORD's (or
-    PKG-INFO's): a file rewritten in place changes neither the folder's entries nor its time."""
-    inside = _METADATA_FILES.get(path.suffix, ())
-    return " ".join([path.name, identity(path), *(identity(path / name) for name in inside)])
+    PKG-INFO's): a file rewritten in place changes neither the folder's entries nor its time.
+    Plain strings, not Paths: a site of hundreds of distributions is stamped on every cached verify."""
+    path = os.path.join(site, name)
+    inside = _METADATA_FILES.get(os.path.splitext(name)[1], ())
+    return " ".join([name, identity(path), *(identity(os.path.join(path, part)) for part in inside)])
 
 
 def _patch_files(site: Path) -> str:

@@ -217,7 +217,7 @@ def verify_cached(
         entry = verifycache.load(path)
     except verifycache.CacheError as exc:
         entry, note = None, f"the cache {path} is ignored: {exc}"
-    before = stamp.take(lock, facts.nvml, entry.sites if entry else (), facts.base_environ)
+    before = stamp.take(lock, lambda: facts.nvml, entry.sites if entry else (), facts.base_environ)
     why = verifycache.miss(entry, before, [c.name for c in static], started)
     if entry is None or why is not None:
         return _refresh(lock, checks, static, facts, before, path, ui, strict, note or why or "no cache yet")
@@ -256,13 +256,13 @@ def _refresh(
     facts.start(sorted({part for c in checks for part in c.needs}))
     done = verify(lock, checks, ui, strict=strict, facts=facts)
     sites = tuple(sorted({d.location for d in _distributions(facts)}))
-    after = stamp.take(lock, facts.nvml, _sites_of(before), facts.base_environ)
+    after = stamp.take(lock, lambda: facts.nvml, _sites_of(before), facts.base_environ)
     if after != before:
         written: str | None = f"not cached: changed while it ran: {'; '.join(stamp.changed(before, after))}"
     else:
         names = {c.name for c in static}
         entry = verifycache.Entry(
-            stamp.take(lock, facts.nvml, sites, facts.base_environ),
+            stamp.take(lock, lambda: facts.nvml, sites, facts.base_environ),
             tuple(c.name for c in static),
             tuple(r for r in done.results if r.check in names),
             sites,

@@ -37,6 +37,7 @@ __all__ = [
     "HISTORY_INDEX",
     "IMPORT_TIMEOUT_S",
     "KEEP_GENERATIONS",
+    "KMSG",
     "LOCK",
     "LOG_DIR",
     "NVML_MODULE",
@@ -340,6 +341,12 @@ RUNFILE_CACHE: Setting[Path | None] = Setting(
     "where downloaded CUDA runfiles are kept",
     unset="~/.cache/stackgate/runfiles",
 )
+KMSG: Setting[Path] = Setting(
+    "STACKGATE_KMSG",
+    path,
+    Path("/dev/kmsg"),
+    "the kernel's record device, read first for the kernel log (then `dmesg`, then `journalctl -k`)",
+)
 LOG_DIR: Setting[Path] = Setting(
     "STACKGATE_LOG_DIR",
     path,
@@ -390,6 +397,7 @@ SETTINGS: dict[str, Setting[Any]] = {
         TOOLKIT_INSTALLER,
         TOOLKIT_INSTALL_TIMEOUT_S,
         RUNFILE_CACHE,
+        KMSG,
         LOG_DIR,
         HISTORY_DIR,
         HISTORY_INDEX,
