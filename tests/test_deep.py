@@ -22,9 +22,12 @@ from support import processes_with
 from stackgate.checks import deep
 from stackgate.checks.core import CheckError
 from stackgate.commands.verify import plan
+from stackgate.edges import nvml
+from stackgate.facts import Facts, Missing, ProbeFacts
 from stackgate.facts import deepruns as measure
+from stackgate.facts.values import Distribution
 from stackgate.models.result import Result, Status
-from stackgate.models.spec import load_spec
+from stackgate.models.spec import Spec, load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
@@ -468,6 +471,40 @@ def test_a_run_in_another_environment_starts_its_own_and_the_one_held_is_ended(t
     assert processes_with(marker, "environ") == []  # the block's end killed the run never taken
 
 
+def _launch_facts(lock: Spec, torch: str | None, gpus: int = 1) -> Facts:
+    """Facts as verify --deep has them when it decides what to start ahead: NVML, the environment, the
+    distributions' probe (no torch import) and torch's device count."""
+    facts = Facts(lock, environ={})
+    fake_nvml.configure(machine([gpu("NVIDIA H200", (9, 0)) for _ in range(gpus)]))
+    try:
+        facts.provide("nvml", nvml.snapshot(fake_nvml) if gpus else Missing("no NVIDIA driver"))
+    finally:
+        fake_nvml.configure(None)
+    facts.provide("env", SimpleNamespace(environ={"PATH": "/usr/bin", "FLASHINFER_WORKSPACE_BASE": "/jit"}))
+    found = {"torch": Distribution("torch", torch, (), "/site")} if torch else {}
+    facts.provide("dists", ProbeFacts("/opt/sg/bin/python", "3.12.3", {}, found, None, 0.1))
+    facts.provide("probe", ProbeFacts("/opt/sg/bin/python", "3.12.3", {}, found, {"device_count": gpus}, 0.1))
+    return facts
+
+
+def test_what_verify_starts_ahead_is_each_deep_checks_own_launch() -> None:
+    lock = load_spec(ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
+    names = ("deep.gpu_work", "deep.collective", "deep.flashinfer_attention", "deep.allreduce_fusion")
+    facts = _launch_facts(lock, "2.11.0+cu130")
+    work, collective, attention, fusion = (deep.launch(name, lock, facts) for name in names)
+    assert work is not None and work == collective and work.script == measure.SCRIPT
+    assert work.env["NCCL_DEBUG"] == "INFO" and work.python == lock.python.target
+    assert attention is not None and attention.script == measure.FLASHWORK and attention.env["PATH"] == "/usr/bin"
+    assert fusion is None  # one GPU: no all-reduce to fuse, nothing would be started
+    assert deep.launch("deep.allreduce_fusion", lock, _launch_facts(lock, "2.11.0+cu130", gpus=2)) is None  # tp 1
+    tp2 = dataclasses.replace(lock, smoke=dataclasses.replace(lock.smoke, tp=2))
+    two = deep.launch("deep.allreduce_fusion", tp2, _launch_facts(tp2, "2.11.0+cu130", gpus=2))
+    assert two is not None and two.script == measure.FLASHWORK
+    for torch, gpus in (("2.13.0+cpu", 1), (None, 1), ("2.11.0+cu130", 0)):  # what would only be ended unused
+        facts = _launch_facts(lock, torch, gpus)
+        assert [deep.launch(name, lock, facts) for name in names] == [None] * 4, (torch, gpus)
+
+
 @pytest.mark.parametrize(("line", "code"), [("", 0), ("not json\n", 2), ('{"gpu": 1}\n', 2), ("[1, 2]\n", 2)])
 def test_a_held_script_refuses_arguments_that_are_not_a_list_of_words(line: str, code: int) -> None:
     done = subprocess.run(
@@ -585,8 +622,8 @@ def test_verify_deep_does_not_run_deep_checks_on_a_cpu_torch(torch_python: Path,
     # The deep checks wait only for what they stand on; the other static checks run beside them.
     assert list(doc["phases_s"])[0] == "prerequisites"
     assert set(doc["phases_s"]) == {"prerequisites", *deep_checks, "static (beside the deep checks)"}
-    # deep.gpu_work's run was started ahead (the fake NVML lists a GPU) and ended unused: torch.build failed.
-    assert doc["deep_ahead"] == {"started": 1, "taken": 0}
+    # Nothing was started ahead: torch is a CPU build (its version says so before it is imported).
+    assert doc["deep_ahead"] == {"started": 0, "taken": 0}
     cases = {c.get("name"): c for c in ET.parse(tmp_path / "r.xml").getroot().iter("testcase")}
     assert cases["deep.collective"].find("skipped") is not None
     assert "wall time" in done.stdout and "deep.gpu_work" in done.stdout

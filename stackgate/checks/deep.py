@@ -152,9 +152,9 @@ def not_run(name: str, results: Sequence[Result]) -> Result | None:
 
 def launch(name: str, lock: Spec, facts: Facts) -> Launch | None:
     """What deep check ``name`` will start (interpreter, script, environment), so that verify can start
-    it ahead; None when it starts nothing of its own here (no GPU, no flashinfer in the stack, one rank
-    for the fusion) or its launch cannot be told yet."""
-    if isinstance(facts.nvml, Missing) or not facts.nvml.gpus:
+    it ahead; None when it will most likely start nothing (no GPU, a CPU build of torch or none, no
+    flashinfer in the stack, one rank for the fusion)."""
+    if isinstance(facts.nvml, Missing) or not facts.nvml.gpus or not _cuda_torch_installed(facts):
         return None
     if name in ("deep.gpu_work", "deep.collective"):
         return Launch(lock.python.target, SCRIPT, launch_env(lock, facts))
@@ -163,6 +163,15 @@ def launch(name: str, lock: Spec, facts: Facts) -> Launch | None:
     if name == "deep.allreduce_fusion" and FUSION_FLAG in lock.smoke.flags and world_size(lock, facts.probe)[0] > 1:
         return Launch(lock.python.target, FLASHWORK, flashinfer_env(lock, facts))
     return None
+
+
+def _cuda_torch_installed(facts: Facts) -> bool:
+    """Whether the stack's torch is installed and not a CPU build, by its installed version alone (no
+    import: the distributions' probe answers in a Python start): what is worth starting ahead. torch.build
+    decides for real; a wrong guess here only starts a run that is ended unused, or starts none."""
+    found = facts.dists
+    torch = found.dist("torch") if isinstance(found, ProbeFacts) else None
+    return torch is not None and not torch.version.endswith("+cpu")
 
 
 def _tail_lines(tail: Sequence[str]) -> tuple[str, ...]:

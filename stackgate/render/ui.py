@@ -386,7 +386,7 @@ def render_settings(values: Sequence[Value[Any]], *, verbose: int) -> list[str]:
     >>> from stackgate.models import settings
     >>> values = settings.report({"STACKGATE_DEEP_TIMEOUT_S": "600"})
     >>> print("\\n".join(render_settings(values, verbose=1)))
-    settings: 1 of 19 not at its default (-vv lists all)
+    settings: 1 of 21 not at its default (-vv lists all)
       STACKGATE_DEEP_TIMEOUT_S  600  (environment $STACKGATE_DEEP_TIMEOUT_S)
     """
     if not verbose:
