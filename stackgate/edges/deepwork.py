@@ -10,7 +10,7 @@ CUDA events after warm-up. ``allreduce``: one process per rank (torch.multiproce
 in-place all-reduce over a sweep of sizes, timed and checked the way nccl-tests' all_reduce_perf
 does. Both write JSON lines as they go, so a run killed for a hang still says how far it got.
 ``hold``: started ahead of its run, so that the interpreter's start and torch's import (seconds
-with a CUDA build) overlap the run before it; it touches no GPU until its stdin names the mode to
+with a CUDA build) overlap the work before it; it touches no GPU until its stdin names the mode to
 run, which then runs as if named on the command line. This script only measures; stackgate reads
 the figures (stackgate/facts/deepruns.py) and judges them (stackgate/checks/deep.py).
 

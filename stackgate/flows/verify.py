@@ -86,12 +86,15 @@ def _static(run: Verifying) -> None:
     """Gather and judge the static checks; with deep checks, only those the deep ones stand on
     (the others are judged in a thread beside the deep checks)."""
     checks, deep = run.checks, run.deep
-    _start_ahead(run, 0)  # its interpreter and torch import overlap the prerequisites' gathering
     standing = (
         {name for c in deep for name in deepchecks.PREREQUISITES.get(c.name, ())} if deep else {c.name for c in checks}
     )
     first = [c for c in checks if c.name in standing]
     with run.ui.progress(f"gathering facts: {', '.join(sorted({p for c in first for p in c.needs}) or run.needs)}"):
+        # Every deep run's interpreter and torch import overlap the prerequisites' gathering (the
+        # fusion's last: whether it starts anything waits for the probe's count of GPUs).
+        for index in range(len(deep)):
+            _start_ahead(run, index)
         # Every part is bounded by its own subprocess timeouts; a check's timeout then
         # measures the check, not the wait for a slow probe.
         for part in sorted({p for c in (first if deep else checks) for p in c.needs}):
@@ -102,22 +105,20 @@ def _static(run: Verifying) -> None:
 
 
 def _deep(run: Verifying) -> None:
-    """The deep checks, one after another, each next one's run started while this one works."""
-    for index, check in enumerate(run.deep):
-        _start_ahead(run, index + 1)
+    """The deep checks, one after another (their runs were started ahead, in :func:`_static`)."""
+    for check in run.deep:
         begun = time.monotonic()
         run.results.append(_run_deep(check, run.lock, run.facts, run.results, run.ui))
         run.phases[check.name] = time.monotonic() - begun
 
 
 def _start_ahead(run: Verifying, index: int) -> None:
-    """Start deep check ``index``'s run ahead of it, unless it will not run or starts nothing of its own.
-    From this (the flow's) thread: Linux ends a run started ahead when the thread that started it ends."""
-    if run.ahead is None or index >= len(run.deep):
+    """Start deep check ``index``'s run ahead of it, unless it starts nothing of its own. From this (the
+    flow's) thread: Linux ends a run started ahead when the thread that started it ends. One whose
+    prerequisites then fail is ended unused when the deep checks end."""
+    if run.ahead is None:
         return
     name = run.deep[index].name
-    if index > 0 and deepchecks.not_run(name, run.results) is not None:
-        return
     try:
         launch = deepchecks.launch(name, run.lock, run.facts)
     except Exception:  # noqa: BLE001  # the check itself meets (and reports) what failed here

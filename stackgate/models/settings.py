@@ -291,7 +291,7 @@ DEEP_AHEAD: Setting[bool] = Setting(
     "STACKGATE_DEEP_AHEAD",
     switch,
     True,
-    "start each `verify --deep` run's interpreter (and its torch import) while the check before it runs; "
+    "start each `verify --deep` run's interpreter (and its torch import) while the prerequisites are gathered; "
     "off: each starts with its check",
 )
 BASE_PYTHON: Setting[Path | None] = Setting(
