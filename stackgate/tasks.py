@@ -8,15 +8,11 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from stackgate import cli
+from stackgate import cli, express
 from stackgate.cli import task
-from stackgate.edges.files import STDOUT
 from stackgate.models import settings
-
-if TYPE_CHECKING:  # the console (rich) is made when a command runs: `stackgate --version` and --help start without it
-    from stackgate.render.ui import UI
 
 __all__ = [
     "diagnose",
@@ -43,11 +39,7 @@ def _path(value: str | None) -> Path | None:
     return Path(value) if value else None
 
 
-def _ui(verbose: int = 0, *reports: str | None) -> UI:
-    """The console; on standard error when a report goes to standard output (``--json -``)."""
-    from stackgate.render.ui import UI
-
-    return UI(verbose=verbose, stream=sys.stderr if STDOUT in reports else None)
+_ui = express.console  # the console; on standard error when a report goes to standard output (``--json -``)
 
 
 @task(
@@ -106,16 +98,8 @@ def verify(
     """Check the machine and the stack against the lockfile."""
     from stackgate.commands import verify as command
 
-    request = command.VerifyRequest(
-        lock_path=_path(lock),
-        checks=tuple(check or ()),
-        deep=deep,
-        json_path=_path(json),
-        junit_path=_path(junit),
-        strict=strict,
-        list_only=list,
-        cached=cached,
-        prom_path=_path(prom),
+    request = command.VerifyRequest.from_flags(
+        lock=lock, deep=deep, check=check, list=list, json=json, junit=junit, strict=strict, cached=cached, prom=prom
     )
     cli.run_command(lambda: command.run(request, _ui(verbose, json, junit, prom)))
 
@@ -604,7 +588,6 @@ def slurm_health(
 
 def _verify_cached(lock: Path, json: Path, prom: Path | None, checks: tuple[str, ...]) -> int:
     """`stackgate verify --cached` in this process (slurm-health's forked child): its exit status."""
-    import sys
 
     from stackgate.commands import verify
     from stackgate.models.exitcodes import UsageError

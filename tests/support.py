@@ -11,7 +11,7 @@ import sys
 import tempfile
 import venv
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from specs import DEFAULT_TOOLKIT, THIS_PYTHON, minimal_spec
 
@@ -171,3 +171,18 @@ def processes_with(marker: str, part: str = "cmdline") -> list[int]:
         except OSError:
             continue
     return found
+
+
+def parsed(*argv: str) -> list[Any]:
+    """The task contexts (invoke's ParserContext) the `stackgate` program parses ``argv`` into; nothing runs."""
+    from stackgate import __version__
+    from stackgate import program as cliprogram
+
+    program = cliprogram.StackgateProgram(
+        name="stackgate", binary="stackgate", version=__version__, namespace=cliprogram.namespace
+    )
+    program.create_config()
+    program.parse_core(["stackgate", *argv])
+    program.parse_collection()
+    program.parse_tasks()
+    return list(program.tasks)

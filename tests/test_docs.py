@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from support import ROOT
 
-from stackgate import main
+from stackgate import program as main
 
 try:
     import mkdocs  # noqa: F401

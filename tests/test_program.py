@@ -17,9 +17,10 @@ from pathlib import Path
 import invoke
 import pytest
 from invoke.exceptions import Exit
-from support import ROOT, SHOW_MODULES, isolated_environ
+from support import ROOT, SHOW_MODULES, isolated_environ, parsed
 
-from stackgate import __version__, cli, main
+from stackgate import __version__, cli
+from stackgate import program as main
 from stackgate.checks.core import CheckError
 from stackgate.commands import diagnose, gate, init, provision, report, smoke, upgrade, verify
 from stackgate.models.exitcodes import ExitCode, UsageError
@@ -33,16 +34,6 @@ CUDART = "ImportError: libcudart.so.12: cannot open shared object file: No such 
 def arguments() -> dict[str, list[invoke.parser.Argument]]:
     """Every task of the program, with its arguments as the parser sees them."""
     return {name: main.namespace[name].get_arguments() for name in main.namespace.task_names}
-
-
-def parsed(*argv: str) -> list[invoke.parser.ParserContext]:
-    """The task contexts the program parses ``argv`` into (nothing runs)."""
-    program = main.StackgateProgram(name="stackgate", binary="stackgate", version=__version__, namespace=main.namespace)
-    program.create_config()
-    program.parse_core(["stackgate", *argv])
-    program.parse_collection()
-    program.parse_tasks()
-    return list(program.tasks)
 
 
 def in_checkout(*args: str, program: str = "stackgate") -> subprocess.CompletedProcess[str]:
@@ -200,7 +191,7 @@ def test_the_program_starts_without_its_commands_checks_facts_or_console(argv, t
     )
     assert done.returncode == 0 and done.stdout, done.stderr
     imported = out.read_text().split()
-    assert {"stackgate.main", "stackgate.tasks", "invoke"} <= set(imported)  # the list is the program's
+    assert {"stackgate.main", "stackgate.program", "stackgate.tasks", "invoke"} <= set(imported)  # the program's
     heavy = ("stackgate.commands", "stackgate.checks", "stackgate.facts", "stackgate.render", "rich", "packaging")
     assert [name for name in imported if name.split(".")[0] == "rich" or name.startswith(heavy)] == []
 
@@ -210,7 +201,10 @@ def test_the_program_leaves_writing_bytecode_to_python(flags):
     """invoke turns it off unless given its --write-pyc (no stackgate flag): every module a command
     imports would be compiled from its source again on each run."""
     environ = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"} | {"PYTHONPATH": str(ROOT)}
-    code = "import sys\nfrom stackgate import main\ntry:\n    main.program.run(['stackgate', '--version'])\nfinally:\n"
+    code = (
+        "import sys\nfrom stackgate.program import program\ntry:\n    program.run(['stackgate', '--version'])\n"
+        "finally:\n"
+    )
     done = subprocess.run(
         [sys.executable, *flags, "-c", code + "    print(sys.dont_write_bytecode)"],
         cwd=ROOT,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -41,6 +42,9 @@ NOT_ON_A_HIT = (
     "rich.progress",
     "rich.prompt",
     "rich.table",
+    "invoke",  # `verify --cached` of the express lane's flags runs without the command-line framework
+    "stackgate.program",
+    "stackgate.tasks",
 )
 
 
@@ -71,9 +75,10 @@ class Node:
         (self.tmp / "nvml.json").write_text(json.dumps(spec))
 
     def verify(
-        self, *args: str, env: dict[str, str] | None = None, modules: Path | None = None
+        self, *args: str, env: dict[str, str] | None = None, modules: Path | None = None, program: bool = False
     ) -> tuple[subprocess.CompletedProcess[str], dict]:
-        """The program's run (with ``modules``, the names of the modules it imported are written there at its exit)."""
+        """The program's run (with ``modules``, the names of the modules it imported are written there at its exit;
+        with ``program``, through the command-line framework's parser rather than the express lane)."""
         env = {
             **os.environ,
             "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}",
@@ -88,8 +93,8 @@ class Node:
         report.unlink(missing_ok=True)
         argv = [
             sys.executable,
-            *(["-c", SHOW_MODULES, str(modules)] if modules is not None else ["-m"]),
-            "stackgate",
+            *(["-c", SHOW_MODULES, str(modules)] if modules is not None else ["-m"] if not program else []),
+            *(["stackgate"] if not program else ["-c", "from stackgate.program import program; program.run()"]),
             "verify",
             "--cached",
             "--lock",
@@ -328,3 +333,30 @@ def test_a_metadata_rewritten_in_place_is_seen_and_a_stale_fail_clears_when_it_i
         pins.append((statuses(doc)["python.frozen"], doc["cache"]["hit"]))
     assert pins == [("PASS", False), ("FAIL", False), ("PASS", False)], pins
     assert node.verify("--check", "python.frozen")[1]["cache"]["hit"] is True  # unchanged since: reused
+
+
+def _masked(text: str) -> str:
+    """Output with its timings and times of day masked: what two runs of one verify share."""
+    return re.sub(r"\d+(\.\d+)? s\b|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", "#", text)
+
+
+def test_the_express_lane_and_the_program_give_the_same_verify(node):
+    """`verify --cached` of the lane's flags runs without invoke; the program's parser gives the same run."""
+    node.verify()  # the cache
+    for extra in ((), ("--check", "gpu.*"), ("--strict",), ("-c", "cuda.*", "--check=gpu.driver")):
+        node.verify(*extra)  # the cache as this selection of checks leaves it
+        lane, lane_doc = node.verify(*extra)
+        full, full_doc = node.verify(*extra, program=True)
+        assert (lane.returncode, _masked(lane.stdout), lane.stderr) == (
+            full.returncode,
+            _masked(full.stdout),
+            full.stderr,
+        ), extra
+        assert [(r["check"], r["status"], r["summary"]) for r in lane_doc["results"]] == [
+            (r["check"], r["status"], r["summary"]) for r in full_doc["results"]
+        ]
+    bad = {"STACKGATE_DEEP_TIMEOUT_S": "abc"}  # a usage error: exit 2 and one message, either way
+    lane, _ = node.verify(env=bad)
+    full, _ = node.verify(env=bad, program=True)
+    assert (lane.returncode, lane.stderr) == (full.returncode, full.stderr) == (2, full.stderr)
+    assert full.stderr.startswith("stackgate: $STACKGATE_DEEP_TIMEOUT_S='abc'")

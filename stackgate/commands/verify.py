@@ -58,6 +58,33 @@ class VerifyRequest:
     cached: bool = False
     prom_path: Path | None = None
 
+    @classmethod
+    def from_flags(
+        cls,
+        *,
+        lock: str | None = None,
+        deep: bool = False,
+        check: Sequence[str] | None = None,
+        list: bool = False,  # noqa: A002  (the task's flag, --list)
+        json: str | None = None,
+        junit: str | None = None,
+        strict: bool = False,
+        cached: bool = False,
+        prom: str | None = None,
+    ) -> VerifyRequest:
+        """The request the verify task's flags make (the program's, and the express lane's)."""
+        return cls(
+            lock_path=Path(lock) if lock else None,
+            checks=tuple(check or ()),
+            deep=deep,
+            json_path=Path(json) if json else None,
+            junit_path=Path(junit) if junit else None,
+            strict=strict,
+            list_only=list,
+            cached=cached,
+            prom_path=Path(prom) if prom else None,
+        )
+
     @property
     def outputs(self) -> dict[str, Path]:
         chosen = {"--json": self.json_path, "--junit": self.junit_path, "--prom": self.prom_path}
