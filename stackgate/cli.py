@@ -44,7 +44,7 @@ class Task(invoke.Task):
     """An invoke task whose short flags come from :data:`SHORT_FLAGS`, never from a guess.
 
     ``rest`` names the argument that gathers a task's bare words (``stackgate diagnose a.log
-    b.log``): invoke gives a positional argument one word, so the program (stackgate.main) turns
+    b.log``): invoke gives a positional argument one word, so the program (stackgate.program) turns
     each bare word after such a task into that flag.
     """
 

@@ -1,6 +1,6 @@
 """stackgate's commands. Each task turns its flags into a request and calls the library.
 
-The `stackgate` program (stackgate.main) is built from these tasks, and the checkout's tasks.py
+The `stackgate` program (stackgate.program) is built from these tasks, and the checkout's tasks.py
 re-exports them for `invoke`: bare `stackgate` lists them, `stackgate TASK --help` shows a task's flags.
 """
 
