@@ -6,7 +6,8 @@ Times, each in its own `stackgate` process, on the same node and environment:
   - `stackgate verify --lock L` (every static and live check: the reference),
   - `stackgate verify --cached --lock L`, once to fill the cache, then N times on the unchanged
     node (the live GPU checks run, the static ones' results come from the cache),
-  - `stackgate --version` (the program's own start: the floor under both),
+  - `stackgate --version` (the program's start through invoke; a cached verify of these flags takes
+    the express lane, stackgate/express.py, which starts without it),
 and prints the medians and the ratio full / cached (goal >= 10).
 The node: L (default: the H200 profile) pointed at --python (default: this interpreter); NVML is
 the test suite's fake of one H200 unless --real-nvml (on a GPU machine, with its own lock).
