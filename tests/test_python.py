@@ -50,6 +50,27 @@ def test_the_probe_runs_in_an_interpreter_without_torch(tmp_path):
     assert "packaging" in facts["distributions"] and facts["torch"] is None
 
 
+def test_the_probe_and_the_distributions_read_the_metadata_once(torch_python, monkeypatch):
+    """verify gathers both (the probe for the checks, the distributions for environment.drift and the
+    deep runs' start): torch's import is the probe's own run, the distributions are read once for both."""
+    from stackgate.facts import interpreters
+
+    requests: list[dict[str, Any]] = []
+    real = interpreters._run_probe
+    monkeypatch.setattr(
+        interpreters, "_run_probe", lambda py, request, env: requests.append(request) or real(py, request, env)
+    )
+    facts = gather(lock_for(torch_python, 'torch = ">=2"'), ["probe", "dists"], environ={"PATH": "/usr/bin:/bin"})
+    try:
+        probe, dists = facts.probe, facts.dists
+    finally:
+        facts.close()
+    assert isinstance(probe, ProbeFacts) and isinstance(dists, ProbeFacts)
+    assert sorted(bool(r["torch"]) for r in requests) == [False, True]  # two interpreters, not three
+    assert probe.distributions == dists.distributions and probe.torch is not None and probe.torch["imported"]
+    assert probe.dist("torch") is not None and probe.dist("torch").shared_objects  # the ELF scan's files
+
+
 def test_the_probe_reads_torch_from_the_cpu_build(torch_python):
     result, facts = run("torch.build", lock_for(torch_python, 'torch = ">=2"'))
     torch = facts.probe.torch

@@ -238,7 +238,8 @@ def jit_cuda_home(environ: Mapping[str, str], nvcc_on_path: str | None) -> tuple
 def _probe(lock: Spec, facts: Facts) -> ProbeFacts | Missing:
     from stackgate.facts import interpreters
 
-    return interpreters.probe(lock, facts.get("env").environ)
+    facts.start(["dists"])  # read beside torch's import, not after it
+    return interpreters.probe(lock, facts.get("env").environ, lambda: facts.get("dists"))
 
 
 def _dists(lock: Spec, facts: Facts) -> ProbeFacts | Missing:
@@ -357,7 +358,7 @@ PARTS: dict[str, Gatherer] = {
     "kernel": _kernel,
 }
 DEPENDS: dict[str, tuple[str, ...]] = {
-    "probe": ("env",),
+    "probe": ("env", "dists"),
     "imports": ("env", "probe"),
     "elf": ("probe",),
     "patches": ("probe",),

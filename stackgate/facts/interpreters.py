@@ -8,6 +8,7 @@ file and one ``python -c "import NAME"`` per locked import, and reports back.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import os
 import re
@@ -37,25 +38,21 @@ def target_missing(lock: Spec) -> Missing | None:
     return Missing(f"the lock's interpreter {target} does not exist")
 
 
-def probe(lock: Spec, env: Mapping[str, str]) -> ProbeFacts | Missing:
-    """The target interpreter's account of itself, its distributions and torch, run in ``env``."""
+def probe(lock: Spec, env: Mapping[str, str], dists: Callable[[], ProbeFacts | Missing]) -> ProbeFacts | Missing:
+    """The target interpreter's account of itself, its distributions and torch, run in ``env``:
+    torch's part here, the distributions from ``dists`` (the facts' own part, read beside torch's
+    import, which dominates: one reading of every distribution's metadata serves both)."""
     missing = target_missing(lock)
     if missing is not None:
         return missing
-    # torch's import dominates; reading every distribution's metadata runs beside it.
-    requests = (
-        {"torch": True, "distributions": False},
-        {"torch": False, "files_of": [p.name for p in lock.python.packages]},
-    )
-    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        parts = list(pool.map(lambda request: _run_probe(lock.python.target, request, env), requests))
-    torch_run, dists_run = parts
+    torch_run = _run_probe(lock.python.target, {"torch": True, "distributions": False}, env)
     if isinstance(torch_run, Missing):
         return torch_run
-    if isinstance(dists_run, Missing):
-        return dists_run
-    (torch_part, torch_s), (dists_part, dists_s) = torch_run, dists_run
-    return _probe_facts({**dists_part, "torch": torch_part["torch"]}, max(torch_s, dists_s))
+    found = dists()
+    if isinstance(found, Missing):
+        return found
+    torch_part, torch_s = torch_run
+    return dataclasses.replace(found, torch=torch_part["torch"], duration_s=max(torch_s, found.duration_s))
 
 
 def _run_probe(
@@ -89,12 +86,13 @@ def _probe_facts(raw: Mapping[str, Any], duration_s: float) -> ProbeFacts:
 
 
 def dists(lock: Spec, env: Mapping[str, str]) -> ProbeFacts | Missing:
-    """The probe without importing torch: the installed distributions only. What provision plans
-    from, so that a no-op provision does not pay for torch's import."""
+    """The probe without importing torch: the installed distributions, with the shared objects of the
+    lock's packages (the ELF scan's). What provision plans from, so that a no-op provision does not pay
+    for torch's import, and the distributions half of :func:`probe`."""
     missing = target_missing(lock)
     if missing is not None:
         return missing
-    found = _run_probe(lock.python.target, {"torch": False}, env)
+    found = _run_probe(lock.python.target, {"torch": False, "files_of": [p.name for p in lock.python.packages]}, env)
     if isinstance(found, Missing):
         return found
     raw, seconds = found
