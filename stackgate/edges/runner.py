@@ -101,16 +101,13 @@ def run(
     _refuse_if_closed(args)
     started = time.monotonic()
     try:
-        process = subprocess.Popen(
+        process = _start_piped(
             args,
+            env,
+            cwd,
             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=dict(env) if env is not None else None,
-            cwd=cwd,
-            text=True,
-            errors="replace",
-            start_new_session=True,
+            die_with_parent=False,
         )
     except OSError as exc:
         return Completed(args, 127, "", f"cannot run {args[0]}: {exc.strerror or exc}", 0.0)
@@ -259,20 +256,27 @@ def stream(
 
 
 def _start_piped(
-    args: Sequence[str], env: Mapping[str, str] | None, cwd: Path | str | None, *, stdin: int
+    args: Sequence[str],
+    env: Mapping[str, str] | None,
+    cwd: Path | str | None,
+    *,
+    stdin: int,
+    stderr: int = subprocess.STDOUT,
+    die_with_parent: bool = True,
 ) -> subprocess.Popen[str]:
-    """A command in its own session, its stdout and stderr merged into one pipe (raises OSError)."""
+    """A command in its own session, its output as text on a pipe (stderr merged into it unless
+    given its own; raises OSError)."""
     return subprocess.Popen(
         args,
         stdin=stdin,
         stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stderr=stderr,
         env=dict(env) if env is not None else None,
         cwd=cwd,
         text=True,
         errors="replace",
         start_new_session=True,
-        preexec_fn=_die_with_parent(),
+        preexec_fn=_die_with_parent() if die_with_parent else None,
     )
 
 
