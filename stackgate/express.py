@@ -4,9 +4,9 @@ A node's health check runs `stackgate verify --cached [--prom FILE]` every minut
 command-line framework (invoke) took 78 ms of a 0.14 s `stackgate --version` on an H200 host, and
 that start was 0.14 s of a 0.34 s cached verify, so a well-formed `verify --cached` that uses only
 the lane's flags (:data:`VALUED`, :data:`SWITCHES`) runs here without it: the same request, the
-same console, the same exit codes and messages. Anything else (another flag, a flag given twice, a flag without its value, --help) goes to
-the program (stackgate.program), which parses it as always; tests/test_express.py holds the lane to
-the program's parser, argv by argv.
+same console, the same exit codes and messages. Anything else (another flag, a flag given twice,
+a flag without its value, --help) goes to the program (stackgate.program), which parses it as
+always; tests/test_express.py holds the lane to the program's parser, argv by argv.
 
 Free of the framework: the program's entry (stackgate.main) reads this first.
 """

@@ -121,7 +121,7 @@ def _start_ahead(run: Verifying, index: int) -> None:
     name = run.deep[index].name
     try:
         launch = deepchecks.launch(name, run.lock, run.facts)
-    except Exception:  # noqa: BLE001  # the check itself meets (and reports) what failed here
+    except Exception:  # the check itself meets (and reports) what failed here
         return
     if launch is not None:
         run.ahead.start(launch)
