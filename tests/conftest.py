@@ -3,6 +3,7 @@ the support modules load as plugins (``pytest_plugins``); their plain helpers ar
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import venv
@@ -87,6 +88,20 @@ def slurm() -> Iterator[Any]:
         yield cluster
     finally:
         cluster.stop()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C reaches the tests and their children as it does from a terminal, however the run was started.
+
+    A shell without job control (a script's ``pytest &``, CI's background step) starts its
+    children with SIGINT ignored, and an ignored signal stays ignored across exec: Python then
+    installs no KeyboardInterrupt handler, so a test that sends SIGINT to itself or to a child
+    (the Ctrl-C tests of smoke, gate, verify, provision, upgrade and the fleet) would see nothing
+    happen. Python's own handler here is reset to the default at each exec, so every child starts
+    as from a terminal. Runs before pytest-xdist starts its workers, and again in each worker.
+    """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

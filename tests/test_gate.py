@@ -29,6 +29,7 @@ from stackgate.models.result import Result, Status, failed, passed, skipped, war
 from stackgate.models.spec import Spec, load_spec
 from stackgate.render import summaries
 from stackgate.render.ui import UI
+from stackgate.runs import rundiff
 from stackgate.stack import generations
 
 TESTS = ROOT / "tests"
@@ -502,16 +503,43 @@ def test_a_gate_against_the_standin_passes_then_regresses_and_report_names_the_c
     diff = invoke("report", "--", good["run_id"], slow["run_id"])
     assert diff.returncode == 0, diff.stderr
     lines = diff.stdout.splitlines()
-    (speed,) = [
-        re.match(r"decode tok/s: ([\d.]+) -> ([\d.]+): -[\d.]+ tok/s \((-[\d.]+)%; 95% CI ", line)
-        for line in lines
-        if line.startswith("decode tok/s")
-    ]
-    assert speed is not None, diff.stdout
-    assert [float(speed[1]), float(speed[2]), float(speed[3])] == pytest.approx([200.0, 150.0, -25.0], rel=0.05)
+    (speed,) = [SPEED_LINE.match(line) for line in lines if line.startswith("decode tok/s")]
+    assert speed is not None and speed[0].endswith("%; 95% CI "), diff.stdout
+    old, new, percent = float(speed[1]), float(speed[2]), float(speed[3])
+    assert [old, new] == pytest.approx([200.0, 150.0], rel=0.05)  # the stand-in's rates, as measured
+    assert percent == pytest.approx(percent_of(old, new), abs=PERCENT_ROUNDING)
     assert "    attention_backend: flashinfer -> triton" in lines
     assert "  server:" in lines and "  lock:" in lines
     assert any(line.startswith("  benchmark smoke.benchmark: PASS -> FAIL") for line in lines)
+
+
+#: `report RUN RUN`'s line for decode tok/s: the two figures, the change in tok/s, its percentage (and its CI).
+SPEED_LINE = re.compile(r"decode tok/s: ([\d.]+) -> ([\d.]+): -[\d.]+ tok/s \((-[\d.]+)%(?:; 95% CI |\)$)")
+#: How far a change's printed percentage (one decimal) may lie from the one computed from the two printed
+#: figures (two decimals each, both above 100 here): 0.05 points of its own rounding and under 0.01 of theirs.
+PERCENT_ROUNDING = 0.06
+
+
+def percent_of(old: float, new: float) -> float:
+    """The change from ``old`` to ``new`` in percent: what `report`'s diff line derives from its two figures.
+
+    Each figure is measured within 5% of the stand-in's rate, so the percentage moves with both
+    (200 -> 150 is -25%, 190 -> 157.5 is -17.1%): the line's percentage is held to its own figures.
+    """
+    return (new / old - 1) * 100
+
+
+def test_a_change_s_percentage_is_held_to_the_figures_on_its_own_line():
+    """Measured figures at the edges of their 5% tolerance: the percentage the diff line prints from them
+    is accepted; a percentage that does not follow from them is not."""
+    for old, new in ((200.0, 150.0), (190.0, 157.5), (210.0, 142.5)):
+        line = rundiff.SpeedChange("decode_tok_s", old, new).text()
+        printed = SPEED_LINE.match(line)
+        assert printed is not None, line
+        assert float(printed[3]) == pytest.approx(
+            percent_of(float(printed[1]), float(printed[2])), abs=PERCENT_ROUNDING
+        )
+    assert -25.0 != pytest.approx(percent_of(190.0, 157.5), abs=PERCENT_ROUNDING)
 
 
 def test_a_gate_interrupted_in_its_benchmark_says_so_under_the_table(standin, plain_python, tmp_path):

@@ -45,24 +45,33 @@ CLEAN = (
 )
 
 
-def fake_dmesg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str | None, journal: str | None = None) -> Path:
+#: `journalctl` where the journal holds no kernel line (no journald, Storage=none): it says so, exit 0,
+#: unless told --quiet.
+NO_ENTRIES = 'case " $* " in *" --quiet "*|*" -q "*) ;; *) echo "-- No entries --";; esac'
+
+
+def fake_dmesg(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str | None, journal: str | None = None, script: str = ""
+) -> Path:
     """A bin folder first on PATH with `dmesg` (and `journalctl`) printing ``text``, or refusing
-    like an unprivileged one."""
+    like an unprivileged one; ``script``, a shell script's body, is `journalctl` instead."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     for name, body in (("dmesg", text), ("journalctl", journal)):
-        script = bin_dir / name
         (tmp_path / f"{name}.out").write_text(body or "")
         refuse = f"echo '{name}: read kernel buffer failed: Operation not permitted' >&2; exit 1"
-        script.write_text(f"#!/bin/sh\n{refuse if body is None else f'cat {tmp_path}/{name}.out'}\n")
-        script.chmod(0o755)
+        run = refuse if body is None else f"cat {tmp_path}/{name}.out"
+        (bin_dir / name).write_text(f"#!/bin/sh\n{script if name == 'journalctl' and script else run}\n")
+        (bin_dir / name).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("STACKGATE_KMSG", str(tmp_path / "no-kmsg"))  # no record device: dmesg is read
     return bin_dir
 
 
-def judge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str | None, journal: str | None = None):
-    fake_dmesg(tmp_path, monkeypatch, text, journal)
+def judge(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str | None, journal: str | None = None, script: str = ""
+):
+    fake_dmesg(tmp_path, monkeypatch, text, journal, script)
     fake_nvml.configure(machine([gpu() for _ in range(8)]))
     facts = gather(SM120, ["kernel", "nvml"], nvml_lib=fake_nvml)
     try:
@@ -124,6 +133,15 @@ def test_journalctl_is_read_when_dmesg_is_refused_and_neither_is_a_skip(
         neither.status is Status.SKIP
         and "dmesg: dmesg: read kernel buffer failed: Operation not permitted" in neither.summary
     )
+
+
+def test_a_journal_without_kernel_lines_is_no_kernel_log_and_a_skip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """/dev/kmsg and dmesg refused (a health check without CAP_SYSLOG), and journalctl answering
+    "-- No entries --" with exit 0: nothing was read, which is a SKIP that says so, never a PASS
+    "no GPU event in 1 lines"."""
+    result = judge(tmp_path, monkeypatch, None, script=NO_ENTRIES)
+    assert result.status is Status.SKIP, result.summary
+    assert "journalctl -k -b --no-pager -o short-precise --quiet: exit 0, no output" in result.summary
 
 
 def test_diagnose_kernel_reads_the_live_log_and_a_saved_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,7 +23,8 @@ from stackgate.models import settings
 __all__ = ["COMMANDS", "KernelLog", "KernelLogError", "dmesg_lines", "read"]
 
 #: The readers tried after the record device, in order: this boot's kernel messages, with their timestamps.
-COMMANDS = (("dmesg",), ("journalctl", "-k", "-b", "--no-pager", "-o", "short-precise"))
+#: ``--quiet``: a journal without kernel lines prints nothing, not ``-- No entries --`` (exit 0 both ways).
+COMMANDS = (("dmesg",), ("journalctl", "-k", "-b", "--no-pager", "-o", "short-precise", "--quiet"))
 #: One read(2) of the record device returns one record; the kernel's are far smaller than this.
 _RECORD_BYTES = 16384
 #: A buffer that keeps filling as it is read (a flood of messages) is read this far.
