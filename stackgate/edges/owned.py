@@ -86,7 +86,8 @@ def private_folder(path: Path) -> int:
 
 def open_owned(path: Path | str, flags: int, mode: int = 0o600, *, dir_fd: int | None = None) -> int:
     """``os.open`` of a regular file of this user that no one else may write, never through a
-    symbolic link (``path`` relative to ``dir_fd`` when given). The caller closes the descriptor."""
+    symbolic link, and, to be written, with no other name (``path`` relative to ``dir_fd`` when
+    given). The caller closes the descriptor."""
     shown = path if dir_fd is None else f"{_folder_of(dir_fd)}/{path}"
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode, dir_fd=dir_fd)
@@ -96,6 +97,8 @@ def open_owned(path: Path | str, flags: int, mode: int = 0o600, *, dir_fd: int |
         raise
     info = os.fstat(fd)
     why = None if stat.S_ISREG(info.st_mode) else "is not a regular file"
+    if why is None and flags & (os.O_WRONLY | os.O_RDWR) and info.st_nlink > 1:
+        why = f"has {info.st_nlink} names (hard links): writing it would change another file"
     why = why or problem(info)
     if why is not None:
         os.close(fd)
