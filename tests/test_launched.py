@@ -219,13 +219,17 @@ def test_a_folder_others_may_write_is_refused_and_one_they_may_only_read_is_made
     assert living(pids) == [] and len(reaped.ended) == 3 and record.parent.stat().st_mode & 0o777 == 0o700
 
 
-def test_a_record_of_another_host_is_left_alone_and_one_of_another_boot_names_nothing(dead_run):
+def test_a_record_of_another_machine_or_namespace_is_left_alone_and_one_of_an_earlier_boot_names_nothing(dead_run):
     pids, record = dead_run
     body = json.loads(record.read_text())
-    record.write_text(json.dumps({**body, "host": "elsewhere"}))
-    assert launched.reap() == [] and living(pids) == pids and record.exists()
-    record.write_text(json.dumps({**body, "boot_id": "another-boot"}))
+    for other in ({"host": "elsewhere", "boot_id": "its-boot"}, {"pid_ns": "pid:[1]"}):  # a shared home; a container
+        record.write_text(json.dumps({**body, **other}))
+        assert launched.reap() == [] and living(pids) == pids and record.exists()
+    record.write_text(json.dumps({**body, "boot_id": "an-earlier-boot"}))  # this host, before a reboot
     assert launched.reap() == [] and living(pids) == pids and not record.exists()
+    record.write_text(json.dumps({**body, "host": "renamed-since"}))  # this boot: its pids are this machine's
+    (reaped,) = launched.reap()
+    assert living(pids) == [] and len(reaped.ended) == 3
 
 
 def test_a_genuine_launch_is_written_privately_and_carries_its_marker(tmp_path):

@@ -15,8 +15,9 @@ removal goes through one descriptor of it) owned by the effective user, that no 
 same user that no one else may write. A record whose launcher is no longer running belongs to a
 dead run; before anything of it is killed, each process is proven to be the server it launched:
 
-- it runs with the recorded start time, on this host, in this boot and pid namespace (a record of
-  another host or namespace is left alone; one of an earlier boot names nothing and is removed);
+- it runs with the recorded start time, in this boot (``/proc/sys/kernel/random/boot_id``) and pid
+  namespace (a record of another machine sharing the folder, or of another namespace, is left
+  alone; one of an earlier boot of this host names nothing and is removed);
 - the launch itself (the leader of the group and session it made) runs the recorded command line
   (its /proc cmdline's sha256) and carries the launch marker, ``STACKGATE_LAUNCH_ID=<token>``, in its
   environment: a variable only a launch sets, with a token only this record holds;
@@ -197,17 +198,26 @@ def _reap_one(fd: int, path: Path, name: str, wait_s: float) -> Reaped | None:
     except OSError as exc:  # not this user's own (or not a file): not obeyed, not removed
         return _refusal(f"the launch record {path} is refused: {exc.strerror or exc}")
     body = _parse(raw)
-    machine = this_machine()
-    if body is not None and any(body[key] != machine[key] for key in ("host", "pid_ns")):
+    here = _here(body) if body is not None else False
+    if here is None:
         return None  # another machine's (a shared home) or another container's: not for this one to judge
-    if body is not None and body["boot_id"] == machine["boot_id"] and _running(body["launcher"]):
+    if here and body is not None and _running(body["launcher"]):
         return None
     try:
-        outcome = _end(body, path, wait_s) if body is not None and body["boot_id"] == machine["boot_id"] else None
+        return _end(body, path, wait_s) if here and body is not None else None
     finally:
         with contextlib.suppress(OSError):
             os.unlink(name, dir_fd=fd)
-    return outcome
+
+
+def _here(body: Mapping[str, Any]) -> bool | None:
+    """True: the record is of this boot of this machine, in this pid namespace (its pids name
+    processes here); False: of an earlier boot of this host (it names nothing any more); None: of
+    another machine sharing the folder, or of another pid namespace (a container) of this boot."""
+    machine = this_machine()
+    if body["boot_id"] == machine["boot_id"]:
+        return True if body["pid_ns"] == machine["pid_ns"] else None
+    return False if body["host"] == machine["host"] else None
 
 
 def _refusal(why: str, spared: tuple[str, ...] = ()) -> Reaped:
