@@ -199,6 +199,7 @@ def test_a_launched_folder_of_another_user_is_not_read_as_sudo_minus_e_would(dea
     (reaped,) = launched.reap()
     assert living(pids) == pids and record.exists()
     assert f"the launch records in {record.parent} are not read: is owned by uid 65534" in str(reaped.refused)
+    assert "give this user a state folder of its own (sudo without -E, or XDG_STATE_HOME)" in str(reaped.refused)
     assert launched.reaped_lines([reaped]) == [f"{reaped.refused}; nothing was signalled"]
 
 
@@ -214,6 +215,7 @@ def test_a_folder_others_may_write_is_refused_and_one_they_may_only_read_is_made
     record.parent.chmod(0o777)
     (reaped,) = launched.reap()
     assert living(pids) == pids and "is writable by others (mode 0777)" in str(reaped.refused)
+    assert f"`chmod 700 -- {record.parent}` (after a look at what is in it)" in str(reaped.refused)
     record.parent.chmod(0o755)  # as earlier stackgates made it
     (reaped,) = launched.reap()
     assert living(pids) == [] and len(reaped.ended) == 3 and record.parent.stat().st_mode & 0o777 == 0o700

@@ -74,10 +74,13 @@ def private_folder(path: Path) -> int:
     why = problem(info)
     if why is not None:
         os.close(fd)
+        fix = (
+            f"`chmod 700 -- {path}` (after a look at what is in it)"
+            if info.st_uid == os.geteuid()
+            else "run as its owner, or give this user a state folder of its own (sudo without -E, or XDG_STATE_HOME)"
+        )
         raise UntrustedError(
-            path,
-            f"{why}: refused; stackgate keeps its state only in a folder of its own user "
-            f"(mode 0700): `rm -r -- {path}` (after a look at it), or run as its owner",
+            path, f"{why}: refused; stackgate keeps its state only in a folder of its own user (mode 0700): {fix}"
         )
     if stat.S_IMODE(info.st_mode) & 0o077:
         os.fchmod(fd, 0o700)
