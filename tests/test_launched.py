@@ -266,3 +266,16 @@ def test_a_worker_whose_environment_shows_no_marker_is_ended_through_its_proven_
     plant(forged(leader.pid, {str(p): started(p) for p in (leader.pid, worker)}, argv, token))
     (reaped,) = launched.reap()
     assert living([leader.pid, worker]) == [] and reaped.refused is None and len(reaped.ended) == 2
+
+
+@pytest.mark.parametrize("kind", ["a symbolic link", "a FIFO"])
+def test_a_record_that_is_not_a_regular_file_is_refused_unread_and_what_it_names_survives(tmp_path, kind):
+    elsewhere = tmp_path / "settings.json"
+    elsewhere.write_text("{}")
+    record = launched.folder() / "12-34.json"
+    record.parent.mkdir(mode=0o700, parents=True)
+    record.symlink_to(elsewhere) if kind == "a symbolic link" else os.mkfifo(record)
+    (reaped,) = launched.reap()  # a FIFO is not waited on
+    why = "is a symbolic link (to " if kind == "a symbolic link" else "is not a regular file"
+    assert f"the launch record {record} is refused: {why}" in str(reaped.refused)
+    assert elsewhere.read_text() == "{}" and os.path.lexists(record)
