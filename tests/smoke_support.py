@@ -216,15 +216,18 @@ time.sleep(600)
 
 def dead_runs_server(recorded: int = 2) -> tuple[list[int], Path]:
     """A server as a run killed with SIGKILL leaves it: a process group (a leader and two workers
-    that set no parent-death signal) whose record under the state folder names a launcher that is
-    gone, and only the first ``recorded`` of its processes (the last look missed the others).
+    that set no parent-death signal) started as a launch starts one (its own session, the launch
+    marker in its environment), whose record under the state folder names a launcher that is gone,
+    and only the first ``recorded`` of its processes (the last look missed the others).
     Returns the group's pids (leader first) and the record."""
     import subprocess
 
     from stackgate.serve import launched
 
     argv = [sys.executable, "-c", _ORPHANS]
-    leader = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    token = launched.new_token()
+    env = {**os.environ, launched.MARKER: token}
+    leader = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True, env=env)
     pids = [leader.pid, *(int(p) for p in leader.stdout.readline().split())]  # type: ignore[union-attr]
     gone = subprocess.Popen(["true"])
     gone.wait()  # its pid names no running process: the launcher killed outright
@@ -232,12 +235,15 @@ def dead_runs_server(recorded: int = 2) -> tuple[list[int], Path]:
         "schema": launched.SCHEMA,
         "launcher": {"pid": gone.pid, "starttime": 1, "command": "python -m stackgate smoke --benchmark"},
         "launched_at": time.time(),
+        **launched.this_machine(),
         "pgid": leader.pid,
-        "argv": [sys.executable, "-m", "sglang.launch_server", "--model-path", "/models/m"],
+        "argv": argv,
+        "command_sha256": launched.command_sha256(argv),
+        "token": token,
         "processes": {str(pid): read_stat(pid).starttime for pid in pids[:recorded]},  # type: ignore[union-attr]
     }
     record = launched.folder() / f"{leader.pid}-{gone.pid}.json"
-    record.parent.mkdir(parents=True, exist_ok=True)
+    record.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     record.write_text(json.dumps(body))
     return pids, record
 

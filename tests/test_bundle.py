@@ -152,3 +152,23 @@ def test_a_bundle_lists_the_stacks_installed_distributions(tmp_path: Path) -> No
     listed = made.members["installed-distributions.txt"]
     assert f"flashinfer-python==0.6.4  {site}" in listed and f"sglang==0.5.9  {site}" in listed, listed
     assert listed.startswith(f"# 2 distribution(s) in {tmp_path / 'stack'}"), listed
+
+
+def test_a_bundle_replaces_a_link_at_its_path_instead_of_writing_through_it_and_is_private(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    victim.chmod(0o644)
+    out = tmp_path / "b.tar.gz"
+    out.symlink_to(victim)
+    env = {
+        **os.environ,
+        "PATH": f"{fake_tools(tmp_path)}{os.pathsep}{os.environ['PATH']}",
+        "STACKGATE_LOG_DIR": str(tmp_path / "none"),
+        "STACKGATE_KMSG": str(tmp_path / "no-kmsg"),
+    }
+    bundle.write(out, lock=spec.load_spec(LOCK), diagnose_report=None, environ=env)
+    assert victim.read_text() == "precious\n" and not out.is_symlink()
+    assert out.stat().st_mode & 0o777 == 0o600  # as private as its members
+    with tarfile.open(out) as archive:
+        assert "stackgate-bundle/MANIFEST.txt" in archive.getnames()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".b.tar.gz")] == []

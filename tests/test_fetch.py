@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import http.server
+import os
 import re
 import threading
 from dataclasses import dataclass, field
@@ -184,3 +185,14 @@ def test_two_downloads_of_one_file_at_once_fetch_it_once(tmp_path: Path, serve: 
     assert sorted(results) == [False, True]
     assert len(server.requests) == 1 and target.read_bytes() == BODY
     assert [p.name for p in tmp_path.iterdir()] == ["cuda.run"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_a_part_file_of_another_user_is_refused_and_left_as_it_was(tmp_path: Path, serve: type[Server]) -> None:
+    """A runfile's or a wheel's `.<name>.part` that another user put there is not resumed from nor written."""
+    part = tmp_path / ".cuda.run.part"
+    part.write_bytes(BODY[:1000])
+    os.chown(part, 65534, 65534)
+    with pytest.raises(fetch.PartRefused, match=r"is owned by uid 65534, not by this user \(uid 0\)"):
+        fetch.fetch_checked(serve().url, tmp_path / "cuda.run", WANT, retry=_retry([]))
+    assert part.read_bytes() == BODY[:1000] and not (tmp_path / "cuda.run").exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import subprocess
 import sys
@@ -523,3 +524,18 @@ def test_through_invoke_a_hostile_lock_exits_2_with_the_key_path_and_no_tracebac
         and "Traceback" not in done.stderr + done.stdout
     )
     assert not (tmp_path / "root").exists() and not canary.exists()
+
+
+def test_what_provision_writes_in_a_generation_replaces_a_planted_link_instead_of_writing_through_it(tmp_path):
+    """The temporary name a write used to take (`.<file>.<pid>.part`), planted as a link elsewhere."""
+    lock = loads_spec(minimal(root=str(tmp_path / "root")))
+    home = tmp_path / "root" / "generations" / "0001"
+    home.mkdir(parents=True)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    for name in (pyenv.ENV_FILE, pyenv.ACTIVATE):
+        (home / f".{name}.{os.getpid()}.part").symlink_to(victim)
+        (home / name).symlink_to(victim)
+    pyenv.write_environment(lock, home, tmp_path / "root")
+    assert victim.read_text() == "precious\n"
+    assert not (home / pyenv.ENV_FILE).is_symlink() and "VIRTUAL_ENV" in (home / pyenv.ENV_FILE).read_text()

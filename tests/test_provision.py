@@ -938,3 +938,18 @@ def test_rollback_refuses_a_generation_holding_what_its_pylock_does_not(
         _invoke(["rollback", "--lock", str(lock), "--force"], install_environ).returncode == 0
         and _current(root) == first
     )
+
+
+def test_a_part_file_refused_in_the_download_cache_is_advised_away_not_retried() -> None:
+    """A link planted where a URL wheel or runfile streams: the next run is refused the same way."""
+    from stackgate.edges import fetch
+    from stackgate.flows.provision import advice
+
+    try:
+        try:
+            raise fetch.PartRefused("cannot download into /r/cache/.x.whl.part: is a symbolic link (to /etc/x)")
+        except fetch.PartRefused as exc:
+            raise pyenv.PyenvError(str(exc)) from exc
+    except pyenv.PyenvError as exc:
+        said = advice(exc)
+    assert said.startswith("a re-run is refused the same way: remove what the line above names"), said

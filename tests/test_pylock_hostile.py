@@ -91,6 +91,22 @@ def test_a_wheelhouse_link_that_leads_out_is_never_written_through(tmp_path: Pat
     assert not (tmp_path / "elsewhere.whl").exists()
 
 
+@pytest.mark.parametrize("plant", ["a symbolic link", "a hard link"])
+def test_a_part_file_planted_in_the_wheelhouse_is_never_written_through(tmp_path: Path, plant: str) -> None:
+    """`.<wheel>.part`, where the download streams, planted as a link to a file elsewhere: refused, exit 2."""
+    spec = write_pair(tmp_path / "spec")
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    part = tmp_path / "wh" / f".{TORCH.filename}.part"
+    part.parent.mkdir()
+    part.symlink_to(victim) if plant == "a symbolic link" else os.link(victim, part)
+    done = stackgate("lock", "--lock", str(spec), "--wheelhouse", str(tmp_path / "wh"), home=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    why = "is a symbolic link (to " if plant == "a symbolic link" else "has 2 names (hard links)"
+    assert f"cannot download into {part}: " in done.stderr and why in done.stderr and "Traceback" not in done.stderr
+    assert victim.read_text() == "precious\n" and not (tmp_path / "wh" / TORCH.filename).exists()
+
+
 @pytest.mark.parametrize("where", ["/etc/{name}", "{spec}/../{name}"])
 def test_a_file_url_outside_the_specs_roots_is_refused_by_every_reader(tmp_path: Path, where: str) -> None:
     outside = tmp_path / TORCH.filename

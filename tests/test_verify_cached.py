@@ -236,7 +236,10 @@ def test_a_change_in_what_the_static_checks_judged_makes_them_run_again(node, ch
             "a result without its check or summary",
         ),
         (lambda p: p.write_text(p.read_text().replace('"status": "FAIL"', '"status": "GREAT"')), "damaged: KeyError"),
-        (lambda p: os.chmod(p, 0o666), "only a file of this user that no one else may write is trusted"),
+        (
+            lambda p: os.chmod(p, 0o666),
+            "is writable by others (mode 0666): refused; stackgate trusts only its own user's files here",
+        ),
     ],
 )
 def test_a_hostile_or_damaged_cache_is_ignored_with_a_note(node, damage, why):
@@ -245,6 +248,48 @@ def test_a_hostile_or_damaged_cache_is_ignored_with_a_note(node, damage, why):
     done, doc = node.verify()
     assert doc["cache"]["hit"] is False and why in doc["cache"]["why"] and statuses(doc) == statuses(cold)
     assert node.verify()[1]["cache"]["hit"] is True  # written again, from a real run
+
+
+def flip_to_pass(path: Path) -> None:
+    """Every FAIL of the cache turned into a PASS, as someone who may replace it would."""
+    path.write_text(path.read_text().replace('"status": "FAIL"', '"status": "PASS"'))
+
+
+@pytest.mark.parametrize("program", [False, True], ids=["express lane", "program"])
+@pytest.mark.parametrize(
+    "plant, why",
+    [
+        (lambda p: p.parent.chmod(0o777), "is writable by others (mode 0777), so another user could replace it"),
+        (lambda p: p.parent.chmod(0o775), "is writable by its group (mode 0775), so another user could replace it"),
+        (
+            lambda p: (p.rename(p.with_name("elsewhere.json")), p.symlink_to(p.with_name("elsewhere.json"))),
+            "is a symbolic link (to ",
+        ),
+    ],
+    ids=["folder others may write", "folder its group may write", "a symbolic link"],
+)
+def test_a_forged_pass_where_another_user_could_have_put_it_is_not_trusted(node, plant, why, program):
+    """Every FAIL flipped to PASS in a cache that another user could have replaced (its folder writable
+    by them) or that is a link to elsewhere: the static checks run again, and the note says why."""
+    cold = node.verify(program=program)[1]
+    assert "FAIL" in statuses(cold).values() and cold["verdict"] == "failed"
+    path = node.cache_file()
+    flip_to_pass(path)
+    plant(path)
+    done, doc = node.verify(program=program)
+    assert doc["cache"]["hit"] is False and why in doc["cache"]["why"], doc["cache"]
+    assert statuses(doc) == statuses(cold) and done.returncode == 1
+    assert f"cache: the static checks ran (the cache {path} is ignored: " in done.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_a_cache_of_another_user_is_not_trusted(node):
+    cold = node.verify()[1]
+    flip_to_pass(node.cache_file())
+    os.chown(node.cache_file(), 65534, 65534)
+    done, doc = node.verify()
+    assert doc["cache"]["hit"] is False and "is owned by uid 65534, not by this user (uid 0)" in doc["cache"]["why"]
+    assert statuses(doc) == statuses(cold) and done.returncode == 1
 
 
 def test_cached_and_deep_together_is_bad_usage(node):

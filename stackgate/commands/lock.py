@@ -25,6 +25,7 @@ from typing import Mapping
 
 from packaging.utils import canonicalize_name
 
+from stackgate.edges import fetch
 from stackgate.flows.lock import Locking, current, run_lock
 from stackgate.models import pylock
 from stackgate.models.exitcodes import ExitCode, UsageError
@@ -91,6 +92,8 @@ def run(request: LockRequest, ui: UI) -> ExitCode:
     try:
         run_lock(locking)
     except resolve.ResolveError as exc:
+        if isinstance(exc.__cause__, fetch.PartRefused):  # a file planted in the wheelhouse: hostile input
+            raise LockUsageError(f"{exc}; the pylock was left as it was") from exc
         ui.tail(f"stackgate lock: {exc}", exc.log, exc.tail)
         target = pylock.path_for(lock.path)
         left = f"{target} was left as it was" if target.exists() else f"no pylock was written ({target} does not exist)"

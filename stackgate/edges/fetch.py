@@ -8,7 +8,10 @@ A dropped connection, a timeout or a 5xx answer is tried again, a bounded number
 doubling wait, and the next try asks only for the bytes still missing (an HTTP ``Range`` request);
 a server that ignores the range (200 instead of 206) is read again from the start. The part file
 survives a failed or killed run, so the next run resumes it too; an flock on it keeps two
-processes from writing the same part. Whatever was resumed, the whole file's sha256 decides.
+processes from writing the same part. Whatever was resumed, the whole file's sha256 decides. The
+part is opened without following a symbolic link and only as a regular file of this user that no
+one else may write and that has no other name (:mod:`stackgate.edges.owned`): a link or a file
+planted there is refused (:class:`PartRefused`), never written through.
 """
 
 from __future__ import annotations
@@ -26,10 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable
 
+from stackgate.edges import owned
+
 __all__ = [
     "RETRY",
     "FetchError",
     "HashMismatch",
+    "PartRefused",
     "Retry",
     "amount",
     "check_file",
@@ -53,6 +59,10 @@ class HashMismatch(FetchError):
     def __init__(self, origin: str, have: str, want: str) -> None:
         self.have, self.want = have, want
         super().__init__(f"{origin} has sha256 {have}, the lock says {want}")
+
+
+class PartRefused(FetchError):
+    """A part file that is not this user's own regular file (a planted link, another user's file): refused."""
 
 
 class _Transient(Exception):
@@ -232,7 +242,11 @@ class _Part:
     def locked(cls, path: Path) -> _Part:
         """Open and lock the part at ``path``, waiting while another process downloads it."""
         while True:
-            file = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o644), "r+b")
+            try:  # never through a planted link, never another user's file or one linked elsewhere too
+                fd = owned.open_owned(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except owned.UntrustedError as exc:
+                raise PartRefused(f"cannot download into {path}: {exc.strerror}") from exc
+            file = os.fdopen(fd, "r+b")
             fcntl.flock(file.fileno(), fcntl.LOCK_EX)
             if _same_file(file, path):
                 part = cls(path, file)
@@ -275,7 +289,7 @@ class _Part:
 
 def _same_file(file: IO[bytes], path: Path) -> bool:
     try:
-        return os.stat(path).st_ino == os.fstat(file.fileno()).st_ino
+        return os.lstat(path).st_ino == os.fstat(file.fileno()).st_ino
     except OSError as exc:
         if exc.errno == errno.ENOENT:
             return False

@@ -120,6 +120,8 @@ def advice(exc: BaseException) -> str:
             f"a re-run fails the same way while {', '.join(exc.unreachable)} does not answer: "
             f"check the URL in the lock and this machine's network; {again}"
         )
+    if _caused_by(exc, fetch.PartRefused) is not None:
+        return f"a re-run is refused the same way: remove what the line above names (after a look at it), {again}"
     if _caused_by(exc, fetch.FetchError) is not None:
         return "check that the URL answers from this machine; `stackgate provision` again resumes the download"
     if isinstance(exc, ProvisionError) and exc.checks_failed:

@@ -8,7 +8,9 @@ last runs (their ends), the environment (the variables that explain a run; the o
 and diagnose's own report of the logs it was given.
 Every text goes through :mod:`stackgate.models.redact` before it is written (the environment's
 secret-named variables, tokens in URLs, secret flags and token shapes in logs), and the archive
-lists its members in ``MANIFEST.txt``.
+lists its members in ``MANIFEST.txt``. The archive is private to its user (0600, as its members),
+written to a temporary file beside it and renamed into place: a symbolic link at its path is
+replaced, never written through.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from stackgate.edges import kernellog, runner
+from stackgate.edges import kernellog, owned, runner
 from stackgate.facts import Missing, gather
 from stackgate.models import kernelevents as kernelmodel
 from stackgate.models import pylock, runenv, settings
@@ -197,9 +199,8 @@ def _archive(out: Path, bundle: Bundle, env: Mapping[str, str]) -> None:
         )
     manifest = "".join(f"{name}\t{len(text.encode())} bytes\n" for name, text in members.items())
     members = {"MANIFEST.txt": manifest, **members}
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(out, "w:gz") as archive:
+    try:  # private (0600) like its members; a link at ``out`` is replaced, never written through
+        with owned.private_file(out) as file, tarfile.open(fileobj=file, mode="w:gz") as archive:
             for name, text in members.items():
                 data = text.encode("utf-8")
                 info = tarfile.TarInfo(f"stackgate-bundle/{name}")

@@ -10,8 +10,9 @@ asked for, the same stackgate wrote it and it is younger than :data:`MAX_AGE_S`.
 The cache is one JSON file per lock: ``<python.root>/cache/verify-<lock>-<hash>.json`` when the
 root holds a stack and is writable, else ``$XDG_CACHE_HOME/stackgate/verify/`` (default
 ``~/.cache``). It is written atomically. A cache that cannot be read, is not what this stackgate
-writes, is owned by another user or writable by others is ignored with a note, and the static
-checks run; it is never trusted across a changed stamp.
+writes, is a symbolic link, is owned by another user or writable by others, or lies in a folder
+that others than this user (or root) may write, is ignored with a note, and the static checks run;
+it is never trusted across a changed stamp.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any, Mapping, Sequence
 
 from stackgate import __version__
 from stackgate.checks.core import Check
+from stackgate.edges import owned
 from stackgate.edges.files import write_json
 from stackgate.facts.stamp import Stamp, changed
 from stackgate.models.result import Result, Status
@@ -88,24 +90,32 @@ def path_for(lock: Spec, environ: Mapping[str, str] | None = None) -> Path:
 
 
 def load(path: Path) -> Entry | None:
-    """The cache at ``path`` (None when there is none); :class:`CacheError` when it is not to be trusted."""
+    """The cache at ``path`` (None when there is none); :class:`CacheError` when it is not to be trusted:
+    its folder writable by others than this user (or root), or the file a symbolic link, not a regular
+    file, another user's or writable by others (checked on the descriptor it is read from)."""
     try:
-        stat = path.stat()
+        folder = os.stat(path.parent)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise CacheError(f"unreadable: {exc.strerror or exc}") from exc
-    if stat.st_uid != os.geteuid() or stat.st_mode & 0o022:
+    why = owned.problem(folder, (os.geteuid(), 0))
+    if why is not None:
         raise CacheError(
-            f"owned by uid {stat.st_uid} with mode {stat.st_mode & 0o777:o}: "
-            "only a file of this user that no one else may write is trusted"
+            f"its folder {path.parent} {why}, so another user could replace it: only a cache in a folder of this "
+            f"user (or root) that no one else may write is trusted; `chmod go-w {path.parent}`"
         )
-    if stat.st_size > MAX_BYTES:
-        raise CacheError(f"{stat.st_size} bytes, more than a cache holds")
     try:
-        raw = json.loads(path.read_bytes())
-        return _entry(raw)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        data = owned.read_owned(path, MAX_BYTES)
+    except FileNotFoundError:
+        return None
+    except owned.UntrustedError as exc:
+        raise CacheError(f"{exc.strerror}; only a file of this user that no one else may write is trusted") from exc
+    except OSError as exc:
+        raise CacheError(f"unreadable: {exc.strerror or exc}") from exc
+    try:
+        return _entry(json.loads(data))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CacheError(f"damaged: {type(exc).__name__}: {exc}") from exc
 
 

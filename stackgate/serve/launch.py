@@ -357,12 +357,13 @@ def start(argv: Sequence[str], env: Mapping[str, str], log_path: Path, *, keep: 
     Unless it is to be ``keep``-t running, the server is SIGKILLed by Linux if smoke dies
     (SGLang's own workers follow their parent).
     """
+    token = launched.new_token()  # the launch marker: proof, for a later reap, that it launched this server
     try:
-        process = runner.spawn(argv, log_path=log_path, env=env, die_with_parent=not keep)
+        process = runner.spawn(argv, log_path=log_path, env={**env, launched.MARKER: token}, die_with_parent=not keep)
     except KeyboardInterrupt:
         _kill_strays(argv)
         raise
-    server = Server(process, tuple(argv), log_path, time.monotonic(), launched.Record(process.pid, argv))
+    server = Server(process, tuple(argv), log_path, time.monotonic(), launched.Record(process.pid, argv, token))
     server.tree.scan()  # the first look writes the record
     return server
 

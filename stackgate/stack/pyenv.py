@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-from stackgate.edges import fetch, runner
+from stackgate.edges import fetch, files, runner
 from stackgate.models import envfile, pylock, settings
 from stackgate.models.spec import Override, Package, Python, Spec
 from stackgate.stack import guard
@@ -249,9 +249,9 @@ def requirements(resolution: pylock.Resolution, local: Mapping[str, Path]) -> li
 def write_install_files(resolution: pylock.Resolution, home: Path, local: Mapping[str, Path]) -> None:
     """What a generation installs from, written into it: the pylock as it was, the installer's
     pylock (local files by path) and pip's hashed requirements."""
-    _write_atomic(home / BUILT_PYLOCK, resolution.path.read_text(encoding="utf-8"))
-    _write_atomic(home / INSTALL_PYLOCK, pylock.install_text(resolution, local))
-    _write_atomic(home / REQUIREMENTS, "".join(f"{line}\n" for line in requirements(resolution, local)))
+    files.write_text(home / BUILT_PYLOCK, resolution.path.read_text(encoding="utf-8"))
+    files.write_text(home / INSTALL_PYLOCK, pylock.install_text(resolution, local))
+    files.write_text(home / REQUIREMENTS, "".join(f"{line}\n" for line in requirements(resolution, local)))
 
 
 def sources(lock: Spec, resolution: pylock.Resolution) -> list[str]:
@@ -431,16 +431,10 @@ def activate_text(lock: Spec, home: Path, root: Path) -> str:
 def write_environment(lock: Spec, home: Path, root: Path) -> Path:
     """Write what people and their tools read in a generation: stackgate.env and activate (each
     replaced atomically), and pip.conf, the guard for its pip whether activated or not."""
-    _write_atomic(home / ENV_FILE, environment_text(lock, home, root))
-    _write_atomic(home / ACTIVATE, activate_text(lock, home, root))
+    files.write_text(home / ENV_FILE, environment_text(lock, home, root))
+    files.write_text(home / ACTIVATE, activate_text(lock, home, root))
     guard.write_pip_conf(lock, home)
     return home / ENV_FILE
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    part = path.with_name(f".{path.name}.{os.getpid()}.part")
-    part.write_text(text, encoding="utf-8")
-    os.replace(part, path)
 
 
 # --- what a generation was built from ---------------------------------------------------------

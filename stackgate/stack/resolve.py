@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from stackgate.edges import fetch
+from stackgate.edges import fetch, files
 from stackgate.models import pylock, settings
 from stackgate.models.spec import Spec
 from stackgate.stack import guard, pyenv
@@ -130,7 +129,7 @@ def resolve(
     except pylock.PylockError as exc:
         raise ResolveError(f"uv wrote a pylock stackgate cannot use: {exc}", log) from exc
     outcome = _judge(lock, old, resolution, upgrade, log)
-    _write(target, text)
+    files.write_text(target, text)  # a temporary file of its own, renamed: never through a planted link
     shutil.rmtree(work, ignore_errors=True)
     return outcome
 
@@ -263,12 +262,6 @@ def _moved(old: pylock.Resolution | None, new: pylock.Resolution) -> list[Moved]
         for name in sorted(before.keys() | after.keys())
         if before.get(name) != after.get(name)
     ]
-
-
-def _write(target: Path, text: str) -> None:
-    part = target.with_name(f".{target.name}.{os.getpid()}.part")
-    part.write_text(text, encoding="utf-8")
-    os.replace(part, target)
 
 
 # --- the wheelhouse -----------------------------------------------------------------------------
