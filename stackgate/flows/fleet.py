@@ -662,8 +662,10 @@ def document(done: FleetRun) -> dict[str, Any]:
 
 def _document(done: FleetRun) -> dict[str, Any]:
     upgrade = done.request.action == "upgrade"
-    # an upgrade's node reports carry no fingerprint nor gate figures: its own part says what moved
-    groups = [] if upgrade else aggregate.groups([(n.node.name, n.doc) for n in done.nodes])
+    # an upgrade's node reports carry no fingerprint nor gate figures: its own part says what moved;
+    # a verify's none either (the gate takes the fingerprint)
+    fingerprinted = done.request.action in ("gate", "provision")
+    groups = aggregate.groups([(n.node.name, n.doc) for n in done.nodes]) if fingerprinted else []
     outliers = (
         []
         if upgrade
@@ -799,7 +801,7 @@ def _verdict(
         return (
             ExitCode.FAILED,
             f"the nodes run {len(stacks)} different stacks: {', '.join(odd)} "
-            f"differ from the majority {stacks[0].short}",
+            f"{'differs' if len(odd) == 1 else 'differ'} from the majority {stacks[0].short}",
         )
     if outliers and done.request.strict:
         return ExitCode.FAILED, f"{len(outliers)} outlier(s) with --strict: {outliers[0].text()}"
@@ -844,7 +846,7 @@ def run_fleet(
 
 def ssh_log(run_id: str) -> Path:
     """Where paramiko's own log of a fleet run goes (``$STACKGATE_LOG_DIR/fleet/<run id>-ssh.log``)."""
-    return Path(settings.LOG_DIR.value()) / "fleet" / f"{run_id}-ssh.log"
+    return Path(settings.LOG_DIR.value()).resolve() / "fleet" / f"{run_id}-ssh.log"
 
 
 def _action(request: FleetRequest, shipment: Shipment) -> Action:
