@@ -177,7 +177,7 @@ def test_a_drifted_a_slow_and_a_down_node_through_slurm(fleet: SlurmFleet, tmp_p
     assert done.returncode == ExitCode.FAILED, done.stdout + done.stderr
     doc = json.loads(Path(f"{out}.json").read_text())
     nodes = by_name(doc)
-    assert statuses(nodes) == {"n1": "passed", "n2": "passed", "n3": "passed", "n4": "unreachable"}, nodes
+    assert statuses(nodes) == {"n1": "passed", "n2": "passed", "n3": "passed", "n4": "unavailable"}, nodes
     assert (
         nodes["n4"]["reason"] == f"not dialled: Slurm state down ({HOSTILE})" and nodes["n4"]["address"] == "slurm:n4"
     )
@@ -204,7 +204,8 @@ def test_a_drifted_a_slow_and_a_down_node_through_slurm(fleet: SlurmFleet, tmp_p
         and outlier["value"] == pytest.approx(200.0, rel=0.15)
         and outlier["median"] == pytest.approx(400.0, rel=0.15)
     )
-    assert doc["reason"].startswith("1 of 4 node(s) did not pass: n4 unreachable")
+    assert nodes["n4"]["judged"] is True  # --nodelist named it
+    assert doc["reason"].startswith("1 of 4 node(s) did not pass: n4 unavailable")
     assert (
         "| n2 | passed |" in Path(f"{out}.md").read_text()
         and 'name="stackgate.fleet.n4"' in Path(f"{out}.xml").read_text()
@@ -254,7 +255,35 @@ def the_same_fleet_over_ssh_gives_the_same_report(home: Path, through_slurm: dic
             "verdict": (report["verdict"], report["exit_code"], report["reason"]),
         }
 
-    assert seen(doc) == seen(through_slurm)
+    # n4: unavailable through Slurm (listed, not dialled), unreachable over SSH (a closed port)
+    said = json.loads(
+        json.dumps(through_slurm).replace('"unavailable"', '"unreachable"').replace("n4 unavailable", "n4 unreachable")
+    )
+    assert seen(doc) == seen(said)
+
+
+def test_a_drained_node_of_the_partition_is_unavailable_and_not_judged_unless_asked(
+    fleet: SlurmFleet, tmp_path: Path
+) -> None:
+    """`fleet verify --nodes 3` of a partition whose n4 an admin drained: the three pass, n4 is
+    listed as unavailable with its state and reason and is not judged; --count-unavailable
+    counts it, and then the verdict fails."""
+    for name in ("n1", "n2", "n3"):
+        fleet.node(name)
+    fleet.cluster.run("scontrol", "update", "nodename=n4", "state=drain", "reason=RMA 7")
+    argv = [*fleet.slurm_args(), "--nodes", "3", "-c", "gpu.*", "--json", str(tmp_path / "v.json")]
+    done = fleet.stackgate("fleet", "verify", *argv)
+    assert done.returncode == ExitCode.PASSED, done.stdout + done.stderr
+    doc = json.loads((tmp_path / "v.json").read_text())
+    nodes = by_name(doc)
+    assert statuses(nodes) == {"n1": "passed", "n2": "passed", "n3": "passed", "n4": "unavailable"}
+    assert nodes["n4"]["reason"] == "not dialled: Slurm state drained (RMA 7)" and nodes["n4"]["judged"] is False
+    assert doc["reason"] == "3 node(s) passed; 1 unavailable, not judged (n4)"
+    counted = fleet.stackgate("fleet", "verify", *argv, "--count-unavailable")
+    assert counted.returncode == ExitCode.FAILED, counted.stdout + counted.stderr
+    doc = json.loads((tmp_path / "v.json").read_text())
+    assert doc["reason"] == "1 of 4 node(s) did not pass: n4 unavailable" and by_name(doc)["n4"]["judged"] is True
+    wait_for(lambda: fleet.left_behind() == {}, 20)
 
 
 def test_failures_are_values_a_task_that_cannot_start_and_a_node_past_its_timeout(

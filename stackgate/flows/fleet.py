@@ -70,13 +70,14 @@ ENGINES = ("ssh", "slurm")
 SWITCHES = ("if-better", "if-passes")
 
 
-PASSED, FAILED, UNREACHABLE, TIMED_OUT, INTERRUPTED, NOT_RUN = (
+PASSED, FAILED, UNREACHABLE, TIMED_OUT, INTERRUPTED, NOT_RUN, UNAVAILABLE = (
     "passed",
     "failed",
     "unreachable",
     "timed out",
     "interrupted",
     "not run",
+    "unavailable",  #: the scheduler says the node cannot take work (down, drained): listed, not dialled
 )
 
 
@@ -160,6 +161,9 @@ class SlurmOptions:
     stackgate: str = "stackgate"  #: the program on the nodes
     node_dir: str = "/tmp"  #: node-local folder sbcast writes into
     shared_dir: Path | None = None  #: a folder every node and this host see: the documents come back there
+    #: nodes Slurm lists as down or drained count in the verdict even when the run did not ask for them
+    #: (--nodes N of a partition); those the run names (--nodelist, the allocation's) always count
+    count_unavailable: bool = False
 
 
 @dataclass(frozen=True)
@@ -167,13 +171,14 @@ class NodeRun:
     """One node's outcome: its status, the reason in one line, its own report when it wrote one."""
 
     node: Node
-    status: str  #: passed | failed | unreachable | timed out | interrupted | not run
+    status: str  #: passed | failed | unreachable | timed out | interrupted | not run | unavailable
     reason: str
     duration_s: float = 0.0
     exit_code: int | None = None
     version: str | None = None
     doc: Mapping[str, Any] | None = None
     steps: tuple[str, ...] = ()  #: what was done to the node, in order (provisioned, gated, rolled back)
+    judged: bool = True  #: counted in the verdict (False: listed only, a node the run was not meant to judge)
 
     @property
     def passed(self) -> bool:
@@ -765,6 +770,7 @@ def _node_part(done: NodeRun) -> dict[str, Any]:
         "duration_s": round(done.duration_s, 3),
         "version": done.version,
         "steps": list(done.steps),
+        "judged": done.judged,
         "run_id": doc.get("run_id") if isinstance(doc.get("run_id"), str) else None,
         "hostname": doc.get("host", {}).get("hostname") if isinstance(doc.get("host"), Mapping) else None,
         "stages": {str(s.get("name")): str(s.get("status")) for s in stages if isinstance(s, Mapping)}
@@ -783,17 +789,19 @@ def _node_part(done: NodeRun) -> dict[str, Any]:
 def _verdict(
     done: FleetRun, groups: Sequence[aggregate.Group], outliers: Sequence[aggregate.Outlier]
 ) -> tuple[ExitCode, str]:
-    bad = [n for n in done.nodes if not n.passed]
+    nodes = [n for n in done.nodes if n.judged]
+    aside = [n.node.name for n in done.nodes if not n.judged]
+    bad = [n for n in nodes if not n.passed]
     stacks = [g for g in groups if g.digest is not None]
     if done.interrupted:
         return (
             ExitCode.INTERRUPTED,
-            f"interrupted (Ctrl-C or SIGTERM): {len(done.nodes) - len(bad)} of {len(done.nodes)} node(s) had passed",
+            f"interrupted (Ctrl-C or SIGTERM): {len(nodes) - len(bad)} of {len(nodes)} node(s) had passed",
         )
-    if not done.nodes:
+    if not nodes:
         return ExitCode.FAILED, "no node was checked"
     if bad:
-        return ExitCode.FAILED, f"{len(bad)} of {len(done.nodes)} node(s) did not pass: " + "; ".join(
+        return ExitCode.FAILED, f"{len(bad)} of {len(nodes)} node(s) did not pass: " + "; ".join(
             f"{n.node.name} {n.status}" for n in bad[:5]
         ) + (" ..." if len(bad) > 5 else "")
     if len(stacks) > 1:
@@ -805,7 +813,18 @@ def _verdict(
         )
     if outliers and done.request.strict:
         return ExitCode.FAILED, f"{len(outliers)} outlier(s) with --strict: {outliers[0].text()}"
-    return ExitCode.PASSED, f"{len(done.nodes)} node(s) passed" + (f", {len(outliers)} outlier(s)" if outliers else "")
+    listed = f"; {len(aside)} unavailable, not judged ({_names(aside)})" if aside else ""
+    return ExitCode.PASSED, f"{len(nodes)} node(s) passed" + (
+        f", {len(outliers)} outlier(s)" if outliers else ""
+    ) + listed
+
+
+def _names(names: Sequence[str], shown: int = 5) -> str:
+    """
+    >>> _names(["n1", "n2"]), _names([f"n{i}" for i in range(7)])
+    ('n1, n2', 'n0, n1, n2, n3, n4 ...')
+    """
+    return ", ".join(names[:shown]) + (" ..." if len(names) > shown else "")
 
 
 def run_fleet(

@@ -18,6 +18,7 @@ from stackgate.flows.fleet import (
     NOT_RUN,
     STOP_GRACE_S,
     TIMED_OUT,
+    UNAVAILABLE,
     UNREACHABLE,
     FleetRequest,
     FleetRun,
@@ -67,7 +68,11 @@ def slurm_fleet(request: FleetRequest, lock: Spec, ui: UI) -> FleetRun:
     shipment = Shipment.of(lock)
     started, clock, stop = time.time(), time.monotonic(), threading.Event()
     allocation, states, names, usable = _slurm_plan(options)
-    ran: dict[str, NodeRun] = {n: _not_dialled(n, states.get(n)) for n in names if n not in usable}
+    # the nodes the run names (--nodelist, the allocation's) are judged; a partition's others only on request
+    judged = options.nodes is None or options.count_unavailable
+    ran: dict[str, NodeRun] = {
+        n: replace(_not_dialled(n, states.get(n)), judged=judged) for n in names if n not in usable
+    }
     engine = _engine(allocation)
     try:
         if usable and allocation is not None:
@@ -150,9 +155,9 @@ def _slurm_node(name: str) -> Node:
     return Node(name=name, host=name, port=0, engine="slurm")
 
 
-def _not_dialled(name: str, state: slurm.NodeState | None, status: str = UNREACHABLE) -> NodeRun:
-    """A node Slurm says cannot take work: ``unreachable`` in a gate, ``not run`` in a rollout."""
-    said = "not dialled" if status == UNREACHABLE else "not run"
+def _not_dialled(name: str, state: slurm.NodeState | None, status: str = UNAVAILABLE) -> NodeRun:
+    """A node Slurm says cannot take work: ``unavailable`` in a gate, ``not run`` in a rollout."""
+    said = "not dialled" if status == UNAVAILABLE else "not run"
     if state is None:
         return NodeRun(_slurm_node(name), status, f"{said}: Slurm reports no state for the node")
     reason = f" ({state.reason})" if state.reason else ""

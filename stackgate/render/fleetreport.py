@@ -238,7 +238,7 @@ _STATUS = {"passed": Status.PASS, "not run": Status.SKIP}
 def _results(doc: Mapping[str, Any]) -> dict[str, list[Result]]:
     suites: dict[str, list[Result]] = {}
     for node in doc.get("nodes", ()):
-        status = _STATUS.get(node["status"], Status.FAIL)
+        status = _STATUS.get(node["status"], Status.FAIL) if node.get("judged", True) else Status.SKIP
         results = [
             Result(
                 f"{node['name']}.node",
@@ -389,7 +389,7 @@ _CSS = (
     "th, td { text-align: left; padding: 4px 8px; border-bottom: 1px solid #eaeef2; } "
     "th { background: #f6f8fa; }\n"
     ".passed, .pass { color: #1a7f37; } "
-    ".failed, .FAIL, .unreachable, .timed-out, .interrupted, .INT { color: #cf222e; font-weight: 600; }\n"
+    ".failed, .FAIL, .unreachable, .unavailable, .timed-out, .interrupted, .INT { color: #cf222e; font-weight: 600; }\n"
     "pre { background: #f6f8fa; padding: 6px 8px; }"
 )
 
