@@ -157,7 +157,13 @@ class SimSession:
         )  #: the transport's: node names, as each remote stackgate run began
 
     def run(
-        self, command: str, *, timeout_s: float, stdin: bytes | None = None, stop: threading.Event | None = None
+        self,
+        command: str,
+        *,
+        timeout_s: float,
+        stdin: bytes | None = None,
+        stop: threading.Event | None = None,
+        limit: int = 1 << 20,
     ) -> Completed:
         self.sim.calls.append(command)
         if command.endswith(" --version"):

@@ -519,3 +519,38 @@ def test_a_node_lost_mid_run_fails_alone(fleet: SlurmFleet, tmp_path: Path) -> N
     wait_for(lambda: stand_in_pids(fleet.home / "n2" / "events.jsonl") == [], 30)
     gates = [int(line.split()[0]) for line in fleet.started.read_text().splitlines()]
     wait_for(lambda: living(gates) == [], 30)
+
+
+def test_what_a_node_prints_is_kept_up_to_a_cap(
+    fleet: SlurmFleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A one-task step (SrunTransport, fleet provision/upgrade) printing 48 MiB: the first and last
+    half MiB are kept with a line saying how much was left out; a node whose `stackgate --version`
+    prints 32 MiB sends back 4 KiB of it (the task's own cap) and fails with that."""
+    from stackgate.edges import slurm
+    from stackgate.models.inventory import Node
+
+    monkeypatch.setenv("SLURM_CONF", str(fleet.cluster.conf))
+    allocation = slurm.allocate(["n1"], None, None, None, ())
+    try:
+        session = slurm.SrunTransport(allocation).connect(Node(name="n1", host="n1", port=0, engine="slurm"))
+        done = session.run("head -c 50331648 /dev/zero | tr '\\0' x; echo; echo the end", timeout_s=120)
+    finally:
+        slurm.release(allocation)
+    assert done.returncode == 0 and done.cut == (48 << 20) + len("\nthe end\n") - (1 << 20)
+    assert len(done.stdout) < (1 << 20) + 200 and done.stdout.endswith("x\nthe end\n")
+    assert f"[stackgate: {done.cut} bytes of output left out here: over the cap of 1048576 bytes kept]" in done.stdout
+    loud = tmp_path / "loud.sh"
+    loud.write_text("#!/bin/sh\nhead -c 33554432 /dev/zero | tr '\\0' x\n")
+    loud.chmod(0o755)
+    argv = ["--engine", "slurm", "--stackgate", str(loud), "--node-dir", str(NODE_LOCAL), "--lock", str(fleet.spec)]
+    ran = fleet.stackgate("fleet", "verify", *argv, "--nodelist", "n2", "--json", str(tmp_path / "v.json"))
+    assert ran.returncode == ExitCode.FAILED, ran.stdout + ran.stderr
+    (node,) = json.loads((tmp_path / "v.json").read_text())["nodes"]
+    assert (
+        node["status"] == "failed"
+        and node["reason"]
+        == f"the node has {'x' * 4096}, this controller stackgate "
+        + node["reason"].split("this controller stackgate ")[1]
+    )
+    wait_for(lambda: fleet.left_behind() == {}, 20)

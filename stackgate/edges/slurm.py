@@ -25,7 +25,10 @@ For ``fleet provision`` and ``fleet upgrade``, :class:`SrunTransport` is the SSH
 transport over Slurm: each command on a node a one-task step, its input forwarded to the task.
 
 Every Slurm command runs with an argument vector (no shell on this side); node names and
-reasons are data. What a node printed is parsed as frames, everything else is ignored.
+reasons are data. What a node printed is parsed as frames as it arrives, everything else is
+dropped: each frame value is kept up to its cap (:data:`MAX_VALUE` for the report,
+:data:`MAX_SMALL` for the rest), srun's own words and a one-task step's output up to
+edges/ssh.py's cap (head and tail, with a line that says what was left out).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from stackgate.edges import ssh
 from stackgate.models.inventory import Node
@@ -50,6 +53,7 @@ from stackgate.models.inventory import Node
 __all__ = [
     "Allocation",
     "Frame",
+    "FrameReader",
     "NodeState",
     "SlurmError",
     "SrunTransport",
@@ -62,6 +66,7 @@ __all__ = [
     "hostnames",
     "node_states",
     "parse_frames",
+    "read_lines",
     "release",
     "resume",
     "run_step",
@@ -75,6 +80,12 @@ _GRANTED = re.compile(r"Granted job allocation (\d+)")
 _COMMAND_S = 60.0
 #: Largest base64 frame value read back (a report is read whole: a bigger one is not a stackgate report).
 MAX_VALUE = 96 << 20
+#: ... of every other value (a version, a failure, a last line: each a line or a few).
+MAX_SMALL = 64 << 10
+#: A line of srun's output longer than this is no frame line (those are under 1 KiB): dropped unread.
+MAX_LINE = 64 << 10
+#: The value a task's frame carries whole (its report): the others are small.
+_LARGE = "report"
 
 
 class SlurmError(Exception):
@@ -232,7 +243,8 @@ while [ $i -lt "$count" ]; do
   if [ "$got" != "$sum" ]; then emit failed "$name arrived damaged: sha256 $got on the node, $sum here"; exit 3; fi
   i=$((i+1))
 done
-v=$("$sg" --version 2>&1); rc=$?
+"$sg" --version > "$d/.version" 2>&1; rc=$?
+v=$(head -c 4096 "$d/.version")
 emit version "$v"
 if [ $rc -ne 0 ]; then
   emit failed "\`$sg --version\` on the node: exit $rc: $(printf '%s' "$v" | tail -n 1 | cut -c1-300)"; exit 3
@@ -267,38 +279,95 @@ class Frame:
 
     task: int | None
     fields: dict[str, str] = field(default_factory=dict)
+    cut: frozenset[str] = frozenset()  #: values over their cap: dropped
 
     @property
     def node(self) -> str | None:
         return self.fields.get("node")
 
 
+class FrameReader:
+    """Frames read line by line as srun's output arrives (``N: @sg KEY BASE64``, a value's first
+    line with nothing after the key, its pieces after it); other lines are not kept, and a value
+    over its cap (:data:`MAX_VALUE` for the report, :data:`MAX_SMALL` for the rest, and as many
+    keys as fit in twice that) is dropped and named in the frame's ``cut``."""
+
+    def __init__(self, labelled: bool = True) -> None:
+        self.labelled = labelled
+        self._pieces: dict[int | None, dict[str, list[str]]] = {}
+        self._sizes: dict[int | None, dict[str, int]] = {}
+        self._cut: dict[int | None, set[str]] = {}
+
+    def add(self, line: str) -> None:
+        task, text = None, line.rstrip("\n")
+        if self.labelled:
+            matched = _LABEL.match(text)
+            if matched is None:
+                return
+            task, text = int(matched.group(1)), matched.group(2)
+        words = text.split(" ", 2)
+        if len(words) != 3 or words[0] != "@sg":
+            return
+        key, piece = words[1], words[2].strip()
+        values, sizes = self._pieces.setdefault(task, {}), self._sizes.setdefault(task, {})
+        if not piece:
+            values[key], sizes[key] = [], 0  # a value begins (again)
+            self._cut.get(task, set()).discard(key)
+            return
+        cap = MAX_VALUE if key == _LARGE else MAX_SMALL
+        total = sum(sizes.values())
+        if key in self._cut.get(task, ()):
+            return
+        if sizes.get(key, 0) + len(piece) > cap or total + len(piece) > MAX_VALUE + 2 * MAX_SMALL:
+            self._cut.setdefault(task, set()).add(key)
+            values.pop(key, None)
+            sizes.pop(key, None)
+            return
+        values.setdefault(key, []).append(piece)
+        sizes[key] = sizes.get(key, 0) + len(piece)
+
+    def frames(self) -> list[Frame]:
+        tasks = dict.fromkeys([*self._pieces, *self._cut])
+        return [Frame(task, _decoded(self._pieces.get(task, {})), frozenset(self._cut.get(task, ()))) for task in tasks]
+
+
 def parse_frames(lines: Sequence[str], labelled: bool = True) -> list[Frame]:
-    """The frames in srun's labelled output (``N: @sg KEY BASE64``, a value's first line with
-    nothing after the key, its pieces after it); other lines are ignored, and a value that is not
-    base64, not text or too large is dropped.
+    """The frames in srun's labelled output (:class:`FrameReader`); a value that is not base64,
+    not text or too large is dropped.
 
     >>> lines = ["0: @sg node ", "0: @sg node bjE=", "noise", "1: @sg node ", "1: @sg node bjI="]
     >>> lines += ["0: @sg exit ", "0: @sg exit MA=="]
     >>> [f.fields for f in parse_frames(lines)]
     [{'node': 'n1', 'exit': '0'}, {'node': 'n2'}]
     """
-    pieces: dict[int | None, dict[str, list[str]]] = {}
+    reader = FrameReader(labelled)
     for line in lines:
-        task, text = None, line.rstrip("\n")
-        if labelled:
-            matched = _LABEL.match(text)
-            if matched is None:
+        reader.add(line)
+    return reader.frames()
+
+
+def read_lines(stream: object, on_line: Callable[[str], None], max_line: int = MAX_LINE) -> None:
+    """Each line of a binary stream, as text, to ``on_line`` as it arrives; a line longer than
+    ``max_line`` is dropped whole, never held (what a node prints cannot fill the controller).
+
+    >>> import io
+    >>> seen = []
+    >>> read_lines(io.BufferedReader(io.BytesIO(b"a\\n" + b"x" * 50 + b"\\nb\\nc")), seen.append, max_line=10)
+    >>> seen
+    ['a', 'b', 'c']
+    """
+    rest, skipping = b"", False
+    while chunk := stream.read1(1 << 16):  # type: ignore[attr-defined]
+        *whole, rest = (rest + chunk).split(b"\n")
+        for line in whole:
+            if skipping or len(line) > max_line:
+                skipping = False  # (the end of) a line too long to keep
                 continue
-            task, text = int(matched.group(1)), matched.group(2)
-        words = text.split(" ", 2)
-        if len(words) == 3 and words[0] == "@sg":
-            values = pieces.setdefault(task, {})
-            if not words[2].strip():
-                values[words[1]] = []  # a value begins (again)
-            elif sum(map(len, values.setdefault(words[1], []))) < MAX_VALUE:
-                values[words[1]].append(words[2].strip())
-    return [Frame(task, _decoded(values)) for task, values in pieces.items()]
+            on_line(line.decode("utf-8", "replace"))
+        if len(rest) > max_line:
+            rest, skipping = b"", True
+    if rest and not skipping:
+        on_line(rest.decode("utf-8", "replace"))
 
 
 def _decoded(values: Mapping[str, list[str]]) -> dict[str, str]:
@@ -357,32 +426,27 @@ def run_step(
         *task_args,
     ]
     process = subprocess.Popen(
-        argv, env=_step_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        argv, env=_step_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
     )
-    out: list[str] = []
-    err: list[str] = []
+    out = FrameReader()
+    err = ssh.Capped()
     readers = [
-        threading.Thread(target=_read, args=(s, b), daemon=True)
-        for s, b in ((process.stdout, out), (process.stderr, err))
+        threading.Thread(target=read_lines, args=(process.stdout, out.add), daemon=True),
+        threading.Thread(target=_drain, args=(process.stderr, err), daemon=True),
     ]
     for reader in readers:
         reader.start()
     stopped, step_id = _watch(process, allocation.job_id, name, timeout_s, grace_s, stop)
     for reader in readers:
         reader.join(10)
-    frames = parse_frames(out) if shared is None else _shared_frames(shared, nodes, token)
+    frames = out.frames() if shared is None else _shared_frames(shared, nodes, token)
     by_node = {f.node: f for f in frames if f.node is not None and f.node in nodes}
     step_id = step_id or next((f.fields["step"] for f in by_node.values() if "step" in f.fields), None)
-    return Step(by_node, process.returncode, "".join(err), stopped, step_id)
-
-
-def _read(stream: object, into: list[str]) -> None:
-    for line in stream:  # type: ignore[attr-defined]
-        into.append(line)
+    return Step(by_node, process.returncode, err.text(), stopped, step_id)
 
 
 def _watch(
-    process: subprocess.Popen[str], job_id: str, name: str, timeout_s: float, grace_s: float, stop: threading.Event
+    process: subprocess.Popen[bytes], job_id: str, name: str, timeout_s: float, grace_s: float, stop: threading.Event
 ) -> tuple[str | None, str | None]:
     deadline = time.monotonic() + timeout_s
     while process.poll() is None:
@@ -398,7 +462,7 @@ def _watch(
     return None, None
 
 
-def _end_step(process: subprocess.Popen[str], job_id: str, name: str, grace_s: float) -> str | None:
+def _end_step(process: subprocess.Popen[bytes], job_id: str, name: str, grace_s: float) -> str | None:
     """SIGTERM to the step's every process, its cancellation after ``grace_s``; the step's id."""
     step = _step_id(job_id, name)
     if step is None:  # not started yet (or gone): srun itself is stopped, which ends what it began
@@ -437,12 +501,14 @@ def _shared_frames(shared: Path, nodes: Sequence[str], token: str) -> list[Frame
     frames = []
     for node in nodes:
         path = shared / f"{node}.frame.{token}"
+        reader = FrameReader(labelled=False)
         try:
-            text = path.read_text(errors="replace")
+            with path.open("rb") as stream:
+                read_lines(stream, reader.add)
         except OSError:
             continue
         path.unlink(missing_ok=True)
-        frames += parse_frames(text.splitlines(), labelled=False)
+        frames += reader.frames()
     return frames
 
 
@@ -467,7 +533,13 @@ class SrunSession:
         self.job_id, self.node = job_id, node
 
     def run(
-        self, command: str, *, timeout_s: float, stdin: bytes | None = None, stop: threading.Event | None = None
+        self,
+        command: str,
+        *,
+        timeout_s: float,
+        stdin: bytes | None = None,
+        stop: threading.Event | None = None,
+        limit: int = ssh.OUTPUT_CAP,
     ) -> ssh.Completed:
         argv = [
             "srun",
@@ -494,8 +566,7 @@ class SrunSession:
             )
         except OSError as exc:
             raise ssh.TransportError(f"slurm:{self.node}: cannot run srun: {exc.strerror or exc}") from exc
-        out: list[bytes] = []
-        err: list[bytes] = []
+        out, err = ssh.Capped(limit), ssh.Capped(limit)
         threads = [
             threading.Thread(target=_drain, args=(s, b), daemon=True)
             for s, b in ((process.stdout, out), (process.stderr, err))
@@ -513,8 +584,7 @@ class SrunSession:
             time.sleep(0.02)
         for thread in threads:
             thread.join(10)
-        text = [b"".join(part).decode(errors="replace") for part in (out, err)]
-        return ssh.Completed(process.returncode, text[0], text[1])
+        return ssh.Completed(process.returncode, out.text(), err.text(), out.cut + err.cut)
 
     def close(self) -> None:
         pass
@@ -530,9 +600,9 @@ def _step_env() -> dict[str, str]:
     }
 
 
-def _drain(stream: object, into: list[bytes]) -> None:
+def _drain(stream: object, into: ssh.Capped) -> None:
     while chunk := stream.read1(1 << 16):  # type: ignore[attr-defined]
-        into.append(chunk)
+        into.add(chunk)
 
 
 def _feed(stream: object, data: bytes) -> None:

@@ -243,9 +243,13 @@ class Remote:
     def left_s(self) -> float:
         return max(self.node.timeout_s - (time.monotonic() - self.started), 1.0)
 
-    def sh(self, command: str, *, stdin: bytes | None = None, timeout_s: float | None = None) -> ssh.Completed:
+    def sh(
+        self, command: str, *, stdin: bytes | None = None, timeout_s: float | None = None, limit: int = ssh.OUTPUT_CAP
+    ) -> ssh.Completed:
         try:
-            return self.session.run(command, timeout_s=timeout_s or self.left_s(), stdin=stdin, stop=self.stop)
+            return self.session.run(
+                command, timeout_s=timeout_s or self.left_s(), stdin=stdin, stop=self.stop, limit=limit
+            )
         except ssh.Stopped:
             raise NodeFailed(INTERRUPTED, "interrupted (Ctrl-C or SIGTERM)") from None
         except ssh.CommandTimeout:
@@ -261,8 +265,7 @@ class Remote:
         if done.returncode != 0 or len(words) != 2 or words[0] != "stackgate":
             raise NodeFailed(
                 FAILED,
-                f"`{self.node.stackgate} --version` on the node: exit {done.returncode}: "
-                f"{_tail(done.stderr or done.stdout)}",
+                f"`{self.node.stackgate} --version` on the node: exit {done.returncode}: {_said(done)}",
             )
         if words[1] != __version__:
             raise NodeFailed(
@@ -291,8 +294,7 @@ class Remote:
         if done.returncode != 0 or not self.folder:
             raise NodeFailed(
                 FAILED,
-                "cannot write the spec into a temporary folder on the node: "
-                f"exit {done.returncode}: {_tail(done.stderr or done.stdout)}",
+                f"cannot write the spec into a temporary folder on the node: exit {done.returncode}: {_said(done)}",
             )
         found = {
             line.split(None, 1)[1].lstrip("*"): line.split(None, 1)[0]
@@ -351,6 +353,7 @@ class Remote:
         done = self.sh(
             f"test -f {self.path('report.json')} || exit 3; head -c {MAX_REPORT_BYTES + 1} {self.path('report.json')}",
             timeout_s=120.0,
+            limit=MAX_REPORT_BYTES + 1,  # more is cut: then longer than a report may be
         )
         if done.returncode == 3:
             return None
@@ -367,7 +370,12 @@ class Remote:
     @staticmethod
     def _check(done: ssh.Completed, what: str) -> None:
         if done.returncode != 0:
-            raise NodeFailed(FAILED, f"{what}: exit {done.returncode}: {_tail(done.stderr or done.stdout)}")
+            raise NodeFailed(FAILED, f"{what}: exit {done.returncode}: {_said(done)}")
+
+
+def _said(done: ssh.Completed) -> str:
+    """A remote command's last line of output (stderr first), and whether its output was cut."""
+    return _tail(done.stderr or done.stdout) + done.note
 
 
 def _tail(text: str, limit: int = 300) -> str:
@@ -425,7 +433,7 @@ def on_node(node: Node, shipment: Shipment, action: Action, transport: ssh.Trans
 
 def _judged(remote: Remote, done: ssh.Completed, what: str, steps: tuple[str, ...]) -> NodeRun:
     """A NodeRun from a stackgate run's exit code and its report."""
-    return judged(remote.node, done.returncode, _tail(done.stderr or done.stdout), remote.report(), what, steps)
+    return judged(remote.node, done.returncode, _said(done), remote.report(), what, steps)
 
 
 def judged(
@@ -484,7 +492,7 @@ def provision_on_node(gate_args: Sequence[str]) -> Action:
             return NodeRun(
                 remote.node,
                 FAILED,
-                f"provision exit {done.returncode}: {_tail(done.stderr or done.stdout)}",
+                f"provision exit {done.returncode}: {_said(done)}",
                 exit_code=done.returncode,
                 steps=("provision failed",),
             )
@@ -492,11 +500,7 @@ def provision_on_node(gate_args: Sequence[str]) -> Action:
         if gated.passed:
             return replace(gated, steps=("provisioned", "gated"))
         back = remote.stackgate("rollback", "--lock", spec)
-        rolled = (
-            "rolled back"
-            if back.returncode == 0
-            else f"rollback failed (exit {back.returncode}: {_tail(back.stderr or back.stdout)})"
-        )
+        rolled = "rolled back" if back.returncode == 0 else f"rollback failed (exit {back.returncode}: {_said(back)})"
         return replace(gated, steps=("provisioned", "gate failed", rolled))
 
     return act

@@ -208,6 +208,14 @@ def _from_frame(node: Node, frame: slurm.Frame | None, step: slurm.Step, what: s
     if "failed" in fields:
         return NodeRun(node, FAILED, fields["failed"], duration, version=version)
     doc = None
+    if frame is not None and "report" in frame.cut:
+        return NodeRun(
+            node,
+            FAILED,
+            f"the node's report is larger than {slurm.MAX_VALUE >> 20} MiB (base64): not a stackgate report",
+            duration,
+            version=version,
+        )
     if "report" in fields and hashlib.sha256(fields["report"].encode()).hexdigest() != fields.get("report_sha256"):
         why = _srun_words(step.stderr, node.name) or f"srun exit {step.returncode}"
         return NodeRun(
