@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -554,3 +555,34 @@ def test_what_a_node_prints_is_kept_up_to_a_cap(
         + node["reason"].split("this controller stackgate ")[1]
     )
     wait_for(lambda: fleet.left_behind() == {}, 20)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_while_the_allocation_is_pending_cancels_the_request(fleet: SlurmFleet, signum: int) -> None:
+    """Every node is busy with another job, so `fleet verify --nodes 2` waits in Slurm's queue: it
+    says so, with Slurm's reason; a signal then ends it (exit 130) and its request is cancelled,
+    not left PENDING to be granted later."""
+    cluster: Cluster = fleet.cluster
+    blocker = ["sbatch", "--parsable", "-N4", "--job-name=blocker", "--output=/dev/null", "--wrap", "sleep 300"]
+    job = cluster.run(*blocker).stdout.strip()
+    try:
+        wait_for(lambda: cluster.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() == "RUNNING", 30)
+        process = fleet.stackgate("fleet", "verify", *fleet.slurm_args(), "--nodes", "2", "-c", "gpu.*", popen=True)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True)
+        reader.start()
+        try:
+            wait_for(lambda: any("queued: Slurm job" in line for line in lines), 60)
+            process.send_signal(signum)
+            process.wait(60)
+        finally:
+            process.kill()
+        reader.join(10)
+        queued = next(line for line in lines if "queued: Slurm job" in line)
+        assert "is pending (Resources); waiting for the allocation (Ctrl-C cancels it)" in queued, queued
+        assert process.returncode == ExitCode.INTERRUPTED, "".join(lines)
+        names = lambda: cluster.run("squeue", "-h", "-o", "%j").stdout.split()  # noqa: E731
+        wait_for(lambda: names() == ["blocker"], 20)
+    finally:
+        left = cluster.run("squeue", "-h", "-o", "%i").stdout.split()
+        cluster.run("scancel", *left, check=False)

@@ -35,17 +35,19 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import os
 import re
 import secrets
 import shlex
+import signal
 import subprocess
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from stackgate.edges import ssh
 from stackgate.models.inventory import Node
@@ -177,27 +179,121 @@ def current() -> Allocation | None:
 
 
 def allocate(
-    nodes: Sequence[str], count: int | None, partition: str | None, time_limit: str | None, extra: Sequence[str]
+    nodes: Sequence[str],
+    count: int | None,
+    partition: str | None,
+    time_limit: str | None,
+    extra: Sequence[str],
+    waiting: Callable[[str], None] | None = None,
 ) -> Allocation:
-    """An allocation of its own (``salloc --no-shell``): the named nodes, or ``count`` of the partition's."""
+    """An allocation of its own (``salloc --no-shell``): the named nodes, or ``count`` of the
+    partition's. While the request is pending, ``waiting`` is told that it is queued and Slurm's
+    reason (again when the reason changes, and every 10 minutes); on any way out before the
+    allocation is handed back (Ctrl-C, SIGTERM, SIGHUP, an error) the request is cancelled."""
+    name = f"stackgate-fleet-{new_token()}"
     # --no-kill: a node lost mid-run fails its own task, not the whole allocation
-    argv = ["salloc", "--no-shell", "--job-name=stackgate-fleet", "--ntasks-per-node=1", "--no-kill"]
+    argv = ["salloc", "--no-shell", f"--job-name={name}", "--ntasks-per-node=1", "--no-kill"]
     argv += [f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}"] if nodes else [f"--nodes={count}"]
     argv += [f"--partition={partition}"] if partition else []
     argv += [f"--time={time_limit}"] if time_limit else []
     try:
-        done = subprocess.run([*argv, *extra], capture_output=True, text=True, timeout=24 * 3600)
+        # its own session: a Ctrl-C at the terminal is this process's to handle (cancel, then stop salloc)
+        process = subprocess.Popen(
+            [*argv, *extra],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
     except FileNotFoundError:
         raise SlurmError("`salloc` not found: is this a Slurm login node (slurm-client installed, on PATH)?") from None
-    granted = _GRANTED.search(done.stderr)
-    if done.returncode != 0 or granted is None:
-        raise SlurmError(f"`{shlex.join([*argv, *extra])}`: exit {done.returncode}: {done.stderr.strip()[-400:]}")
-    job = granted.group(1)
+    said = ssh.Capped(64 << 10)
+    reader = threading.Thread(target=_drain, args=(process.stderr, said), daemon=True)
+    reader.start()
+    job: str | None = None
     try:
+        with _hangup_interrupts():
+            _await(process, said, waiting)
+        reader.join(10)
+        words = said.text()
+        granted = _GRANTED.search(words)
+        if process.returncode != 0 or granted is None:
+            raise SlurmError(f"`{shlex.join([*argv, *extra])}`: exit {process.returncode}: {words.strip()[-400:]}")
+        job = granted.group(1)
         return Allocation(job, hostnames(_run(["squeue", "-h", "-j", job, "-o", "%N"]).strip()), ours=True)
-    except SlurmError:
-        release(Allocation(job, (), ours=True))
+    except BaseException:
+        _cancel_request(process, job or _job_of(said.text()), name)
         raise
+
+
+_PENDING = re.compile(r"(?:Pending job allocation|job) (\d+)")
+_SAY_AGAIN_S = 600.0
+
+
+def _job_of(words: str) -> str | None:
+    found = _GRANTED.search(words) or _PENDING.search(words)
+    return found.group(1) if found else None
+
+
+def _await(process: subprocess.Popen[bytes], said: ssh.Capped, waiting: Callable[[str], None] | None) -> None:
+    """Until salloc ends (granted or refused), telling ``waiting`` while the request is queued."""
+    look, every, told, when = time.monotonic() + 2.0, 2.0, None, 0.0
+    while process.poll() is None:
+        try:
+            process.wait(0.2)
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        if waiting is None or now < look:
+            continue
+        look, every = now + every, min(every * 2, 60.0)  # squeue now and then, not a load on slurmctld
+        job = _job_of(said.text())
+        reason = _pending(job) if job else None
+        if reason is not None and (reason != told or now - when > _SAY_AGAIN_S):
+            waiting(f"queued: Slurm job {job} is pending ({reason}); waiting for the allocation (Ctrl-C cancels it)")
+            told, when = reason, now
+
+
+def _pending(job: str) -> str | None:
+    """Slurm's reason a job waits (Resources, Priority, ReqNodeNotAvail, ...), None when it does not."""
+    try:
+        state, _, reason = _run(["squeue", "-h", "-j", job, "-o", "%T|%r"], timeout_s=10.0).strip().partition("|")
+    except SlurmError:
+        return None
+    return (reason or "no reason given") if state == "PENDING" else None
+
+
+def _cancel_request(process: subprocess.Popen[bytes], job: str | None, name: str) -> None:
+    """The request cancelled (by its id, else by its name, which only this run uses), salloc ended."""
+    argv = ["scancel", job] if job else ["scancel", f"--name={name}"]
+    try:
+        subprocess.run(argv, capture_output=True, timeout=_COMMAND_S)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@contextlib.contextmanager
+def _hangup_interrupts() -> Iterator[None]:
+    """SIGHUP (the terminal closed during a day-long wait) ends the wait as Ctrl-C does."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGHUP, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def release(allocation: Allocation) -> None:

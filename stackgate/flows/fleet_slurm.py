@@ -7,7 +7,7 @@ import os
 import threading
 import time
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from stackgate import __version__
 from stackgate.edges import slurm
@@ -67,7 +67,7 @@ def slurm_fleet(request: FleetRequest, lock: Spec, ui: UI) -> FleetRun:
     options = request.slurm or SlurmOptions()
     shipment = Shipment.of(lock)
     started, clock, stop = time.time(), time.monotonic(), threading.Event()
-    allocation, states, names, usable = _slurm_plan(options)
+    allocation, states, names, usable = _slurm_plan(options, ui)
     # the nodes the run names (--nodelist, the allocation's) are judged; a partition's others only on request
     judged = options.nodes is None or options.count_unavailable
     ran: dict[str, NodeRun] = {
@@ -102,12 +102,12 @@ def slurm_fleet(request: FleetRequest, lock: Spec, ui: UI) -> FleetRun:
 
 
 def _slurm_plan(
-    options: SlurmOptions,
+    options: SlurmOptions, ui: UI
 ) -> tuple[slurm.Allocation | None, dict[str, slurm.NodeState], tuple[str, ...], list[str]]:
     """The allocation, every node's state, every node named (the allocation's, then those not
     dialled) and the usable ones, which run; a Slurm command that failed is a usage error."""
     try:
-        allocation, states = _slurm_nodes(options)
+        allocation, states = _slurm_nodes(options, lambda said: ui.info(printable(said)))
     except slurm.SlurmError as exc:
         raise FleetUsageError(f"fleet --engine slurm: {exc}") from None
     names = tuple(dict.fromkeys([*states, *(allocation.nodes if allocation is not None else ())]))
@@ -124,7 +124,9 @@ def _engine(allocation: slurm.Allocation | None) -> dict[str, Any]:
     }
 
 
-def _slurm_nodes(options: SlurmOptions) -> tuple[slurm.Allocation | None, dict[str, slurm.NodeState]]:
+def _slurm_nodes(
+    options: SlurmOptions, waiting: Callable[[str], None]
+) -> tuple[slurm.Allocation | None, dict[str, slurm.NodeState]]:
     """The allocation (the current one, or one asked for here with the usable nodes) and the state
     of every node named: the allocation's, the --nodelist's, or the partition's."""
     current = slurm.current()
@@ -146,7 +148,7 @@ def _slurm_nodes(options: SlurmOptions) -> tuple[slurm.Allocation | None, dict[s
     if not usable:
         return None, states
     allocation = slurm.allocate(
-        usable if named else (), options.nodes, options.partition, options.time_limit, options.extra
+        usable if named else (), options.nodes, options.partition, options.time_limit, options.extra, waiting
     )
     return allocation, {**{n: s for n, s in states.items() if not s.usable}, **slurm.node_states(allocation.nodes)}
 
@@ -264,7 +266,7 @@ def slurm_rollout(request: FleetRequest, lock: Spec, live: Spec | None, ui: UI) 
     actions and order (rolling batches; canaries first) with each command a one-task srun step
     (edges/slurm.py, SrunTransport). Nodes down or drained are not run, listed after the others."""
     options = request.slurm or SlurmOptions()
-    allocation, states, names, usable = _slurm_plan(options)
+    allocation, states, names, usable = _slurm_plan(options, ui)
     timeout_s = request.timeout_s or DEFAULT_NODE_TIMEOUT_S
     nodes = [replace(_slurm_node(n), stackgate=options.stackgate, timeout_s=timeout_s) for n in usable]
     try:
