@@ -160,14 +160,16 @@ def test_occupancy_is_excused_only_on_a_node_given_to_a_job() -> None:
     from stackgate.commands.slurmhealth import Finding, excuse
     from stackgate.edges.slurm import NodeState
 
-    held = Finding(False, "gpu.processes", "GPU 0 has 6144 MiB free", 1.0, (("gpu.processes", "GPU 0 ..."),))
-    both = Finding(False, "gpu.processes", "x", 1.0, (("gpu.processes", "x"), ("gpu.count", "0 GPU(s)")))
+    held = Finding(False, "gpu.processes", "GPU 0 has 6144 MiB free", 1.0, (("gpu.processes", "FAIL", "GPU 0 .."),))
+    both = Finding(False, "gpu.processes", "x", 1.0, (("gpu.processes", "FAIL", "x"), ("gpu.count", "FAIL", "0 GPU")))
+    crashed = Finding(False, "gpu.processes", "boom", 1.0, (("gpu.processes", "ERROR", "boom"),))
     for state in ("allocated", "mixed", "completing", "draining", "mixed*"):
         done = excuse(held, NodeState("n1", state))
         assert done.healthy and done.excused == ("gpu.processes",), state
         assert excuse(both, NodeState("n1", state)) == Finding(
-            False, "gpu.count", "0 GPU(s)", 1.0, both.failed, ("gpu.processes",)
+            False, "gpu.count", "0 GPU", 1.0, both.failed, ("gpu.processes",)
         )
+        assert excuse(crashed, NodeState("n1", state)) == crashed  # a check that crashed is not the job's doing
     for state in ("idle", "drained", "down", "fail"):
         assert excuse(held, NodeState("n1", state)) == held, state
     assert excuse(held, None, NodeState("n1", "allocated")).healthy  # allocated before verify: the job ended since

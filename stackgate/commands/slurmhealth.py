@@ -70,7 +70,7 @@ class Finding:
     check: str = ""
     summary: str = ""
     duration_s: float = 0.0
-    failed: tuple[tuple[str, str], ...] = ()  #: every check that failed (FAIL): (name, summary), in verify's order
+    failed: tuple[tuple[str, str, str], ...] = ()  #: every check that failed or crashed: (name, status, summary)
     excused: tuple[str, ...] = ()  #: failed occupancy checks a job on the node explains: not judged
 
 
@@ -122,12 +122,13 @@ def excuse(found: Finding, *states: slurm.NodeState | None) -> Finding:
     in any of ``states`` (before verify, after it): healthy when nothing else failed."""
     if found.healthy or not any(_base(s) in BUSY for s in states):
         return found
-    excused = tuple(name for name, _ in found.failed if name in OCCUPANCY)
-    rest = [(name, summary) for name, summary in found.failed if name not in OCCUPANCY]
+    explained = [status == "FAIL" and name in OCCUPANCY for name, status, _ in found.failed]
+    excused = tuple(bad[0] for bad, why in zip(found.failed, explained, strict=True) if why)
+    rest = [bad for bad, why in zip(found.failed, explained, strict=True) if not why]
     if not excused:
         return found
     if rest:
-        return replace(found, check=rest[0][0], summary=rest[0][1], excused=excused)
+        return replace(found, check=rest[0][0], summary=rest[0][2], excused=excused)
     return replace(found, healthy=True, check="", summary="", excused=excused)
 
 
@@ -171,7 +172,7 @@ def check_node(
         return Finding(True, duration_s=done.duration_s)
     bad = [r for r in (doc or {}).get("results", ()) if isinstance(r, Mapping) and r.get("status") in ("FAIL", "ERROR")]
     if done.returncode == 1 and bad:
-        failed = tuple((str(r.get("check")), str(r.get("summary"))) for r in bad if r.get("status") == "FAIL")
+        failed = tuple((str(r.get("check")), str(r.get("status")), str(r.get("summary"))) for r in bad)
         return Finding(False, str(bad[0].get("check")), str(bad[0].get("summary")), done.duration_s, failed)
     tail = (done.tail(1) or ["(no output)"])[0]
     return Finding(False, "verify", f"{done.ended}: {tail}", done.duration_s)
