@@ -410,6 +410,10 @@ def diagnose(c, path=None, stdin=False, json=None, lock=None, kernel=False, kern
         "stackgate": "slurm: the stackgate program on the nodes (default: stackgate on the PATH srun exports)",
         "node_dir": "slurm: node-local folder the spec is sent to with sbcast (default /tmp)",
         "shared_dir": "slurm: a folder every node and this host share: the documents come back there, not through srun",
+        "count_unavailable": (
+            "slurm, with --nodes N: the partition's down or drained nodes fail the verdict too (default: they are "
+            "listed as unavailable; the nodes a run names always count)"
+        ),
     },
 )
 def fleet(
@@ -445,6 +449,7 @@ def fleet(
     stackgate="stackgate",
     node_dir="/tmp",
     shared_dir=None,
+    count_unavailable=False,
 ):
     """Run gate, verify, provision or upgrade on every node over SSH (or Slurm): one report, one verdict."""
     from stackgate.commands import fleet as command
@@ -459,6 +464,7 @@ def fleet(
             stackgate=stackgate,
             node_dir=node_dir,
             shared_dir=_path(shared_dir),
+            count_unavailable=count_unavailable,
         )
         request = command.FleetRequest(
             engine=engine,

@@ -36,6 +36,7 @@ class SimNode:
         default_factory=lambda: {"torch": "2.9.1+cu130", "sglang": "0.5.9", "flashinfer-python": "0.6.4"}
     )
     reachable: bool = True
+    smoked: bool = True  #: its gate reached the smoke stage (read /server_info); else it failed before
     corrupt: bool = False  #: the shipped files arrive damaged
     raw_report: str | None = None  #: what the node writes as its report instead of a real one
     upgrade: str = "switch"  #: what its `stackgate upgrade` does: switch, keep, or current (already on the new stack)
@@ -57,6 +58,9 @@ def report(node: Node, sim: SimNode, command: str) -> dict[str, Any]:
         "lock": {"name": "sim", "sha256": "0" * 64},
         "gpu": {"driver": "580.82.07", "count": "8"},
         "distributions": dict(sim.distributions),
+        "server": {f"arg{i:03d}": "flashinfer" for i in range(210)}
+        if sim.smoked
+        else {fingerprint.UNAVAILABLE: "no smoke stage read /server_info"},
     }
     passed = sim.gate_exit == 0
     stages = [
@@ -153,7 +157,13 @@ class SimSession:
         )  #: the transport's: node names, as each remote stackgate run began
 
     def run(
-        self, command: str, *, timeout_s: float, stdin: bytes | None = None, stop: threading.Event | None = None
+        self,
+        command: str,
+        *,
+        timeout_s: float,
+        stdin: bytes | None = None,
+        stop: threading.Event | None = None,
+        limit: int = 1 << 20,
     ) -> Completed:
         self.sim.calls.append(command)
         if command.endswith(" --version"):

@@ -404,3 +404,41 @@ def test_fleet_verify_names_the_failed_checks_of_each_node(tmp_path):
         assert f"  gpu.count FAIL: {count['summary']}" in Path(f"{out}.md").read_text()
     finally:
         fleet.stop()
+
+
+def test_a_node_that_answers_with_a_flood_costs_the_controller_a_capped_buffer(tmp_path):
+    """A node whose `stackgate --version` prints 128 MiB: the controller keeps the first and last
+    half MiB of it (edges/ssh.py's cap), the node fails saying its output was cut, and the
+    controller's peak memory stays far below what the node sent (it held all of it before)."""
+    fleet = Fleet(tmp_path)
+    try:
+        loud = tmp_path / "loud.sh"
+        loud.write_text("#!/bin/sh\nhead -c 134217728 /dev/zero | tr '\\0' x\necho\n")
+        loud.chmod(0o755)
+        port = fleet.server("loud").port
+        inventory = fleet.inventory({"name": "loud", "port": port, "stackgate": str(loud)})
+        argv = ["fleet", "verify", "--inventory", str(inventory), "--lock", str(fleet.spec)]
+        argv += ["--json", str(tmp_path / "f.json")]
+        measure = (
+            "import resource, subprocess, sys; subprocess.run(sys.argv[1:]); "
+            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+        )
+        env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1"}
+        env["STACKGATE_HISTORY_DIR"] = str(tmp_path / "runs")
+        done = subprocess.run(
+            [sys.executable, "-c", measure, sys.executable, "-m", "stackgate", *argv],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        fleet.stop()
+    peak_kib = int(done.stdout.split()[-1])
+    assert peak_kib < 128 * 1024, f"the controller's peak RSS: {peak_kib} KiB"
+    (node,) = json.loads((tmp_path / "f.json").read_text())["nodes"]
+    assert node["status"] == "failed" and node["reason"].startswith(f"`{loud} --version` on the node: exit 0: "), node
+    assert node["reason"].endswith(
+        f"(its output was cut: {(128 << 20) + 1 - (1 << 20)} bytes left out, the first and last part kept)"
+    ), node["reason"]

@@ -215,12 +215,53 @@ def test_groups_and_outliers_across_simulated_nodes(tmp_path):
     sims["n2"] = SimNode(distributions={"torch": "2.10.0", "sglang": "0.5.9", "flashinfer-python": "0.6.4"})
     code, doc = run("gate", list(sims), sims, tmp_path)
     assert code == ExitCode.FAILED and doc["reason"].startswith(
-        "the nodes run 2 different stacks: n2 differ from the majority "
+        "the nodes run 2 different stacks: n2 differs from the majority "
     )
     assert doc["groups"][1]["differences"] == {
         "n2": [{"section": "distributions", "name": "torch", "majority": "2.9.1+cu130", "node": "2.10.0"}]
     }
     assert [(o["node"], o["metric"]) for o in doc["outliers"]] == [("n5", "decode_tok_s")]
+
+
+def test_a_node_that_failed_before_smoke_differs_by_one_line_not_by_every_server_argument(tmp_path):
+    """Its report has no /server_info: the stack diff leaves out the ~210 server arguments it never
+    measured (one line says it was not measured), and still names what it did measure."""
+    sims = {"n1": SimNode(), "n2": SimNode(), "n3": SimNode(gate_exit=1, smoked=False)}
+    sims["n3"].distributions["torch"] = "2.10.0"
+    out, console = tmp_path / "fleet.json", io.StringIO()
+    request = fleet.FleetRequest(action="gate", hosts="n1,n2,n3", lock_path=LOCK, json_path=out)
+    fleet.run(request, UI(stream=console, force_plain=True), SimTransport(sims))
+    doc = json.loads(out.read_text())
+    assert doc["groups"][1]["differences"] == {
+        "n3": [
+            {"section": "distributions", "name": "torch", "majority": "2.9.1+cu130", "node": "2.10.0"},
+            {"section": "server", "name": "unavailable", "majority": None, "node": "no smoke stage read /server_info"},
+        ]
+    }
+    text = console.getvalue()
+    assert "  n3: 2 component(s) differ from " in text and "-> (none)" not in text, text
+    assert "    server: not measured on the node (no smoke stage read /server_info)" in text
+
+
+def test_fleet_verify_says_nothing_of_fingerprints_it_never_takes(tmp_path):
+    """verify's node reports carry no fingerprint (the gate takes it): no 'no fingerprint' line,
+    no stack groups, no fleet.stacks case."""
+    out, console, junit = tmp_path / "fleet.json", io.StringIO(), tmp_path / "fleet.xml"
+    request = fleet.FleetRequest(action="verify", hosts="n1,n2", lock_path=LOCK, json_path=out, junit_path=junit)
+    code = fleet.run(request, UI(stream=console, force_plain=True), SimTransport({}))
+    doc = json.loads(out.read_text())
+    assert code == ExitCode.PASSED and doc["groups"] == []
+    assert "fingerprint" not in console.getvalue() and "fleet.stacks" not in junit.read_text(), console.getvalue()
+
+
+def test_the_ssh_layers_log_is_named_by_an_absolute_path(monkeypatch, tmp_path):
+    """paramiko's log of a fleet run: under $STACKGATE_LOG_DIR (default reports/) resolved
+    against the folder the run started in, so the path printed is one that can be opened anywhere."""
+    from stackgate.flows.fleet import ssh_log
+
+    monkeypatch.delenv("STACKGATE_LOG_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert ssh_log("r1") == tmp_path / "reports" / "fleet" / "r1-ssh.log"
 
 
 def test_outliers_need_three_nodes_and_a_real_difference():

@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -177,7 +178,7 @@ def test_a_drifted_a_slow_and_a_down_node_through_slurm(fleet: SlurmFleet, tmp_p
     assert done.returncode == ExitCode.FAILED, done.stdout + done.stderr
     doc = json.loads(Path(f"{out}.json").read_text())
     nodes = by_name(doc)
-    assert statuses(nodes) == {"n1": "passed", "n2": "passed", "n3": "passed", "n4": "unreachable"}, nodes
+    assert statuses(nodes) == {"n1": "passed", "n2": "passed", "n3": "passed", "n4": "unavailable"}, nodes
     assert (
         nodes["n4"]["reason"] == f"not dialled: Slurm state down ({HOSTILE})" and nodes["n4"]["address"] == "slurm:n4"
     )
@@ -204,7 +205,8 @@ def test_a_drifted_a_slow_and_a_down_node_through_slurm(fleet: SlurmFleet, tmp_p
         and outlier["value"] == pytest.approx(200.0, rel=0.15)
         and outlier["median"] == pytest.approx(400.0, rel=0.15)
     )
-    assert doc["reason"].startswith("1 of 4 node(s) did not pass: n4 unreachable")
+    assert nodes["n4"]["judged"] is True  # --nodelist named it
+    assert doc["reason"].startswith("1 of 4 node(s) did not pass: n4 unavailable")
     assert (
         "| n2 | passed |" in Path(f"{out}.md").read_text()
         and 'name="stackgate.fleet.n4"' in Path(f"{out}.xml").read_text()
@@ -254,7 +256,35 @@ def the_same_fleet_over_ssh_gives_the_same_report(home: Path, through_slurm: dic
             "verdict": (report["verdict"], report["exit_code"], report["reason"]),
         }
 
-    assert seen(doc) == seen(through_slurm)
+    # n4: unavailable through Slurm (listed, not dialled), unreachable over SSH (a closed port)
+    said = json.loads(
+        json.dumps(through_slurm).replace('"unavailable"', '"unreachable"').replace("n4 unavailable", "n4 unreachable")
+    )
+    assert seen(doc) == seen(said)
+
+
+def test_a_drained_node_of_the_partition_is_unavailable_and_not_judged_unless_asked(
+    fleet: SlurmFleet, tmp_path: Path
+) -> None:
+    """`fleet verify --nodes 3` of a partition whose n4 an admin drained: the three pass, n4 is
+    listed as unavailable with its state and reason and is not judged; --count-unavailable
+    counts it, and then the verdict fails."""
+    for name in ("n1", "n2", "n3"):
+        fleet.node(name)
+    fleet.cluster.run("scontrol", "update", "nodename=n4", "state=drain", "reason=RMA 7")
+    argv = [*fleet.slurm_args(), "--nodes", "3", "-c", "gpu.*", "--json", str(tmp_path / "v.json")]
+    done = fleet.stackgate("fleet", "verify", *argv)
+    assert done.returncode == ExitCode.PASSED, done.stdout + done.stderr
+    doc = json.loads((tmp_path / "v.json").read_text())
+    nodes = by_name(doc)
+    assert statuses(nodes) == {"n1": "passed", "n2": "passed", "n3": "passed", "n4": "unavailable"}
+    assert nodes["n4"]["reason"] == "not dialled: Slurm state drained (RMA 7)" and nodes["n4"]["judged"] is False
+    assert doc["reason"] == "3 node(s) passed; 1 unavailable, not judged (n4)"
+    counted = fleet.stackgate("fleet", "verify", *argv, "--count-unavailable")
+    assert counted.returncode == ExitCode.FAILED, counted.stdout + counted.stderr
+    doc = json.loads((tmp_path / "v.json").read_text())
+    assert doc["reason"] == "1 of 4 node(s) did not pass: n4 unavailable" and by_name(doc)["n4"]["judged"] is True
+    wait_for(lambda: fleet.left_behind() == {}, 20)
 
 
 def test_failures_are_values_a_task_that_cannot_start_and_a_node_past_its_timeout(
@@ -490,3 +520,69 @@ def test_a_node_lost_mid_run_fails_alone(fleet: SlurmFleet, tmp_path: Path) -> N
     wait_for(lambda: stand_in_pids(fleet.home / "n2" / "events.jsonl") == [], 30)
     gates = [int(line.split()[0]) for line in fleet.started.read_text().splitlines()]
     wait_for(lambda: living(gates) == [], 30)
+
+
+def test_what_a_node_prints_is_kept_up_to_a_cap(
+    fleet: SlurmFleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A one-task step (SrunTransport, fleet provision/upgrade) printing 48 MiB: the first and last
+    half MiB are kept with a line saying how much was left out; a node whose `stackgate --version`
+    prints 32 MiB sends back 4 KiB of it (the task's own cap) and fails with that."""
+    from stackgate.edges import slurm
+    from stackgate.models.inventory import Node
+
+    monkeypatch.setenv("SLURM_CONF", str(fleet.cluster.conf))
+    allocation = slurm.allocate(["n1"], None, None, None, ())
+    try:
+        session = slurm.SrunTransport(allocation).connect(Node(name="n1", host="n1", port=0, engine="slurm"))
+        done = session.run("head -c 50331648 /dev/zero | tr '\\0' x; echo; echo the end", timeout_s=120)
+    finally:
+        slurm.release(allocation)
+    assert done.returncode == 0 and done.cut == (48 << 20) + len("\nthe end\n") - (1 << 20)
+    assert len(done.stdout) < (1 << 20) + 200 and done.stdout.endswith("x\nthe end\n")
+    assert f"[stackgate: {done.cut} bytes of output left out here: over the cap of 1048576 bytes kept]" in done.stdout
+    loud = tmp_path / "loud.sh"
+    loud.write_text("#!/bin/sh\nhead -c 33554432 /dev/zero | tr '\\0' x\n")
+    loud.chmod(0o755)
+    argv = ["--engine", "slurm", "--stackgate", str(loud), "--node-dir", str(NODE_LOCAL), "--lock", str(fleet.spec)]
+    ran = fleet.stackgate("fleet", "verify", *argv, "--nodelist", "n2", "--json", str(tmp_path / "v.json"))
+    assert ran.returncode == ExitCode.FAILED, ran.stdout + ran.stderr
+    (node,) = json.loads((tmp_path / "v.json").read_text())["nodes"]
+    assert (
+        node["status"] == "failed"
+        and node["reason"]
+        == f"the node has {'x' * 4096}, this controller stackgate "
+        + node["reason"].split("this controller stackgate ")[1]
+    )
+    wait_for(lambda: fleet.left_behind() == {}, 20)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_while_the_allocation_is_pending_cancels_the_request(fleet: SlurmFleet, signum: int) -> None:
+    """Every node is busy with another job, so `fleet verify --nodes 2` waits in Slurm's queue: it
+    says so, with Slurm's reason; a signal then ends it (exit 130) and its request is cancelled,
+    not left PENDING to be granted later."""
+    cluster: Cluster = fleet.cluster
+    blocker = ["sbatch", "--parsable", "-N4", "--job-name=blocker", "--output=/dev/null", "--wrap", "sleep 300"]
+    job = cluster.run(*blocker).stdout.strip()
+    try:
+        wait_for(lambda: cluster.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() == "RUNNING", 30)
+        process = fleet.stackgate("fleet", "verify", *fleet.slurm_args(), "--nodes", "2", "-c", "gpu.*", popen=True)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True)
+        reader.start()
+        try:
+            wait_for(lambda: any("queued: Slurm job" in line for line in lines), 60)
+            process.send_signal(signum)
+            process.wait(60)
+        finally:
+            process.kill()
+        reader.join(10)
+        queued = next(line for line in lines if "queued: Slurm job" in line)
+        assert "is pending (Resources); waiting for the allocation (Ctrl-C cancels it)" in queued, queued
+        assert process.returncode == ExitCode.INTERRUPTED, "".join(lines)
+        names = lambda: cluster.run("squeue", "-h", "-o", "%j").stdout.split()  # noqa: E731
+        wait_for(lambda: names() == ["blocker"], 20)
+    finally:
+        left = cluster.run("squeue", "-h", "-o", "%i").stdout.split()
+        cluster.run("scancel", *left, check=False)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from fakes.fake_nvml import machine
+from fakes.fake_nvml import gpu, machine
 from fleet_support import TESTS, VERIFIABLE, nvml_file
 from slurm_cluster import Cluster
 from smoke_support import living, wait_for
@@ -76,7 +76,8 @@ def test_a_failing_node_is_drained_with_its_reason_and_resumed_after_the_fix(fle
     reason = cluster.reason("n3")
     assert reason.startswith("stackgate: gpu.") and len(reason) <= 120 and "\n" not in reason, reason
     wait_for(lambda: ExitCode.FAILED in runs(home), 30)  # the run that drained it has ended
-    assert "stackgate_verify_passed" in (home / "stackgate_verify.prom").read_text()
+    prom = (home / "stackgate_verify.prom").read_text()
+    assert 'stackgate_verify_passed{lock="fleetstack",host="n3"} 0' in prom, prom  # Slurm's name, not the hostname
     nvml_file(home / "nvml.json")  # the fix
     cluster.wait_states({"n3": "idle"}, 60)
     wait_for(lambda: "resumed (this check had drained it" in (home / "health.log").read_text(), 30)
@@ -101,8 +102,77 @@ def test_an_admin_drain_stays_drained_with_its_reason_whatever_the_check_finds(f
     wait_for(lambda: len(runs(home)) >= seen + 2, 60)  # failing: the admin's reason is not overwritten
     assert runs(home)[-1] == ExitCode.FAILED
     assert cluster.states()["n2"] == "drain" and cluster.reason("n2") == HOSTILE
-    assert "left alone: drained by an admin (" + HOSTILE + ")" in (home / "health.log").read_text()
+    assert f"left alone: drained ({HOSTILE}), not set by stackgate" in (home / "health.log").read_text()
     assert not Path("/tmp/sg-pwned").exists()
+
+
+RMA = "RMA ticket 99: bad HBM, do not resume"
+
+
+@pytest.mark.parametrize(("state", "shown"), [("down", "down"), ("fail", "fail")])
+def test_an_admin_down_or_fail_keeps_its_state_and_reason_whatever_the_check_finds(
+    fleet: SlurmFleet, state: str, shown: str
+) -> None:
+    """A node an admin set DOWN or FAIL (an RMA ticket): a failing check neither takes it over (its
+    reason stays the admin's) nor, once the check passes again, resumes it."""
+    cluster: Cluster = fleet.cluster
+    cluster.run("scontrol", "update", "nodename=n1", f"state={state}", f"reason={RMA}")
+    home = health(fleet, "n1", forked=True)
+    break_gpus(home)
+    wait_for(lambda: runs(home).count(ExitCode.FAILED) >= 2, 60)
+    assert cluster.states()["n1"] == shown and cluster.reason("n1") == RMA
+    nvml_file(home / "nvml.json")  # the GPU is back: the check passes, the node stays the admin's
+    seen = len(runs(home))
+    wait_for(lambda: len(runs(home)) >= seen + 2 and runs(home)[-1] == ExitCode.PASSED, 60)
+    assert cluster.states()["n1"] == shown and cluster.reason("n1") == RMA
+    log = (home / "health.log").read_text()
+    assert f"left alone: {shown} ({RMA}), not set by stackgate" in log
+    assert "drained:" not in log and "resumed" not in log
+
+
+def test_a_node_running_a_job_is_not_drained_for_the_memory_its_job_holds(fleet: SlurmFleet) -> None:
+    """n2 runs `sbatch -w n2 --wrap 'sleep 60'` and its GPU holds the job's memory: gpu.processes
+    fails, but on a node Slurm has allocated it judges nothing (the line says so) and the node is
+    not drained under the job. Once the job is gone, the same GPU state drains the node."""
+    cluster: Cluster = fleet.cluster
+    sbatch = ["sbatch", "--parsable", "-w", "n2", "--job-name=busy", "--output=/dev/null", "--wrap", "sleep 60"]
+    job = cluster.run(*sbatch).stdout.strip()
+    try:
+        cluster.wait_states({"n2": "alloc"}, 30)
+        home = health(fleet, "n2", forked=True)
+        busy = gpu("NVIDIA H200", (9, 0), uuid="GPU-0000", memory=[141 * 2**30, 135 * 2**30])
+        busy["processes"] = [{"pid": 4242, "used": 135 * 2**30}]
+        (home / "nvml.json").write_text(json.dumps(machine([busy])))
+        wait_for(lambda: len(runs(home)) >= 2, 60)
+        assert set(runs(home)) == {ExitCode.PASSED}, (home / "health.log").read_text()
+        assert cluster.states()["n2"] == "alloc" and cluster.reason("n2") == ""
+        log = (home / "health.log").read_text()
+        assert "n2: healthy (gpu.processes not judged: Slurm has given the node to a job" in log, log
+    finally:
+        cluster.run("scancel", job, check=False)
+    cluster.wait_states({"n2": "drain"}, 60)  # idle now: the memory held is a fault
+    assert cluster.reason("n2").startswith("stackgate: gpu.processes: GPU 0")
+
+
+def test_occupancy_is_excused_only_on_a_node_given_to_a_job() -> None:
+    """slurm-health's rule, by Slurm state: a failed gpu.processes is not judged on an allocated,
+    mixed, completing or draining node; any other failure still counts."""
+    from stackgate.commands.slurmhealth import Finding, excuse
+    from stackgate.edges.slurm import NodeState
+
+    held = Finding(False, "gpu.processes", "GPU 0 has 6144 MiB free", 1.0, (("gpu.processes", "FAIL", "GPU 0 .."),))
+    both = Finding(False, "gpu.processes", "x", 1.0, (("gpu.processes", "FAIL", "x"), ("gpu.count", "FAIL", "0 GPU")))
+    crashed = Finding(False, "gpu.processes", "boom", 1.0, (("gpu.processes", "ERROR", "boom"),))
+    for state in ("allocated", "mixed", "completing", "draining", "mixed*"):
+        done = excuse(held, NodeState("n1", state))
+        assert done.healthy and done.excused == ("gpu.processes",), state
+        assert excuse(both, NodeState("n1", state)) == Finding(
+            False, "gpu.count", "0 GPU", 1.0, both.failed, ("gpu.processes",)
+        )
+        assert excuse(crashed, NodeState("n1", state)) == crashed  # a check that crashed is not the job's doing
+    for state in ("idle", "drained", "down", "fail"):
+        assert excuse(held, NodeState("n1", state)) == held, state
+    assert excuse(held, None, NodeState("n1", "allocated")).healthy  # allocated before verify: the job ended since
 
 
 def test_settings_it_cannot_use_exit_2_and_touch_nothing(fleet: SlurmFleet, tmp_path: Path) -> None:
@@ -126,6 +196,7 @@ def test_a_verify_past_the_time_cap_is_killed_and_drains_the_node(fleet: SlurmFl
         "slurm-health", *argv, "--slurm-bin", "/usr/bin", "--slurm-conf", str(fleet.cluster.conf), env=env
     )
     assert done.returncode == ExitCode.FAILED, done.stdout + done.stderr
+    assert done.stdout.startswith("stackgate slurm-health n4: FAIL verify: no verdict within 2 s"), done.stdout
     assert fleet.cluster.states()["n4"] == "drain"
     assert fleet.cluster.reason("n4") == "stackgate: verify: no verdict within 2 s (killed)"
     hung = [int(line.split()[0]) for line in fleet.started.read_text().splitlines()]

@@ -7,14 +7,22 @@ One run, on the node it checks:
    configured ``stackgate`` program) under a hard time cap (``timeout_s``: past it, the child's
    whole process group is killed and that is the failure); it writes the Prometheus textfile as
    ``verify --cached --prom`` does;
-2. the node's Slurm state and reason (``sinfo``), then one decision:
+2. the node's Slurm state and reason (``sinfo``), then one decision. This check writes one
+   state (a drain) with one kind of reason (``stackgate: ...``), and touches only a node in service
+   or one whose state and reason it wrote itself:
 
-   - a failed check drains the node: ``scontrol update nodename=NODE state=drain
-     reason="stackgate: <check>: <summary>"`` (one line, at most 120 characters); a node this
-     check drained already gets the newer reason; a node an admin drained (any reason without the
-     ``stackgate:`` prefix) is left exactly as it is;
-   - a pass resumes the node only when this check drained it (its reason has the prefix), never
-     a node an admin drained.
+   - on a node Slurm has given to a job (allocated, mixed, completing, draining: Slurm's own state,
+     before or after verify), the occupancy checks (:data:`OCCUPANCY`: GPU memory held by
+     processes) judge nothing: the job explains what they see, and the line says they were not
+     judged;
+   - a failed check drains a node in service (idle, allocated, mixed, completing, with no reason
+     or one of this check's): ``scontrol update nodename=NODE state=drain reason="stackgate:
+     <check>: <summary>"`` (one line, at most 120 characters); a node this check drained already
+     gets the newer reason;
+   - a pass resumes the node only when this check drained it (drained or draining, its reason with
+     the prefix);
+   - any other node is left exactly as it is, whatever the check finds: one an admin drained,
+     set DOWN or FAIL (an RMA ticket), one in maintenance, one whose reason is not this check's.
 
 Settings come from flags or the ``--config`` file (models/healthconfig.py): slurmd gives the
 program no PATH of the site's and no SLURM_CONF, so the paths are absolute and Slurm's commands
@@ -29,7 +37,7 @@ import os
 import socket
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -37,9 +45,21 @@ from stackgate.edges import runner, slurm
 from stackgate.models import healthconfig
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.healthconfig import HealthConfig, HealthConfigError
+from stackgate.render import summaries
+from stackgate.render.outputs import Output, check_outputs, write_reports
 from stackgate.render.ui import UI
 
-__all__ = ["Finding", "check_node", "decide", "run"]
+__all__ = ["BUSY", "IN_SERVICE", "OCCUPANCY", "OURS", "Finding", "check_node", "decide", "excuse", "run"]
+
+#: Checks that judge how busy the GPUs are (memory other processes hold): a job explains them.
+OCCUPANCY = frozenset({"gpu.processes"})
+#: Slurm states (sinfo's %T without its flag suffixes) of a node given to a job.
+BUSY = frozenset({"allocated", "mixed", "completing", "draining"})
+#: ... of a node in service, which a failure may drain.
+IN_SERVICE = frozenset({"idle", "allocated", "mixed", "completing"})
+#: ... the one state this check writes: a drain, with a job still on the node or not.
+OURS = frozenset({"drained", "draining"})
+_FLAGS = "*~#!%$@^-"  # sinfo's suffixes: not responding, powered off, powering up, ...
 
 
 @dataclass(frozen=True)
@@ -50,6 +70,8 @@ class Finding:
     check: str = ""
     summary: str = ""
     duration_s: float = 0.0
+    failed: tuple[tuple[str, str, str], ...] = ()  #: every check that failed or crashed: (name, status, summary)
+    excused: tuple[str, ...] = ()  #: failed occupancy checks a job on the node explains: not judged
 
 
 #: verify in this program: (spec, JSON report, Prometheus file, checks) -> its exit status. Given by
@@ -63,17 +85,51 @@ def run(config_path: Path | None, flags: Mapping[str, Any], ui: UI, local: Local
         raise HealthConfigError(
             "slurm-health: no spec to check against: give --lock or `lock` in --config (an absolute path)"
         )
+    problem = check_outputs({"--prom": Output(config.prom, summaries.verify_prometheus)})
+    if problem is not None:
+        raise HealthConfigError(f"slurm-health: {problem}")
     env = environment(config)
     node = config.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-    found = check_node(config, env, local)
+    before = _state(node, env)
+    found = check_node(config, env, local, node)
     try:
         state = slurm.node_states([node], env=env).get(node)
+        found = excuse(found, state, before)
         action = decide(node, state, found, env)
     except slurm.SlurmError as exc:
         action = f"Slurm not told: {exc}"
     verdict = "healthy" if found.healthy else f"FAIL {found.check}: {found.summary}"
-    ui.info(f"stackgate slurm-health {node}: {verdict} ({found.duration_s:.2f} s); {action}")
+    if found.excused:
+        verdict += f" ({', '.join(found.excused)} not judged: Slurm has given the node to a job, which explains it)"
+    ui.line(f"stackgate slurm-health {node}: {verdict} ({found.duration_s:.2f} s); {action}")
     return ExitCode.PASSED if found.healthy else ExitCode.FAILED
+
+
+def _state(node: str, env: Mapping[str, str]) -> slurm.NodeState | None:
+    try:
+        return slurm.node_states([node], env=env).get(node)
+    except slurm.SlurmError:
+        return None
+
+
+def _base(state: slurm.NodeState | None) -> str:
+    """Slurm's state word without its flag suffixes (``idle*`` -> ``idle``)."""
+    return state.state.lower().rstrip(_FLAGS) if state is not None else ""
+
+
+def excuse(found: Finding, *states: slurm.NodeState | None) -> Finding:
+    """``found`` with its failed occupancy checks not judged when Slurm has the node given to a job
+    in any of ``states`` (before verify, after it): healthy when nothing else failed."""
+    if found.healthy or not any(_base(s) in BUSY for s in states):
+        return found
+    explained = [status == "FAIL" and name in OCCUPANCY for name, status, _ in found.failed]
+    excused = tuple(bad[0] for bad, why in zip(found.failed, explained, strict=True) if why)
+    rest = [bad for bad, why in zip(found.failed, explained, strict=True) if not why]
+    if not excused:
+        return found
+    if rest:
+        return replace(found, check=rest[0][0], summary=rest[0][2], excused=excused)
+    return replace(found, healthy=True, check="", summary="", excused=excused)
 
 
 def environment(config: HealthConfig) -> dict[str, str]:
@@ -88,9 +144,13 @@ def environment(config: HealthConfig) -> dict[str, str]:
     return env
 
 
-def check_node(config: HealthConfig, env: Mapping[str, str], local: LocalVerify | None = None) -> Finding:
+def check_node(
+    config: HealthConfig, env: Mapping[str, str], local: LocalVerify | None = None, node: str | None = None
+) -> Finding:
     """``verify --cached`` under the time cap (``local`` in a forked child, else the configured
-    program, else this interpreter's stackgate), read back from its JSON report."""
+    program, else this interpreter's stackgate), read back from its JSON report; the Prometheus
+    file written from that report, as ``verify --prom`` writes it, with ``node`` (Slurm's name for
+    it) as its ``host`` label."""
     with tempfile.TemporaryDirectory(prefix="stackgate-slurm-health.") as folder:
         report = Path(folder) / "verify.json"
         if local is not None and config.stackgate is None:
@@ -99,17 +159,21 @@ def check_node(config: HealthConfig, env: Mapping[str, str], local: LocalVerify 
         else:
             program = [str(config.stackgate)] if config.stackgate else [sys.executable, "-m", "stackgate"]
             argv = [*program, "verify", "--cached", "--lock", str(config.lock), "--json", str(report)]
-            argv += ["--prom", str(config.prom)] if config.prom else []
             argv += [a for c in config.checks for a in ("--check", c)]
             done = runner.run(argv, timeout_s=config.timeout_s, env=env, cwd=folder)
         doc = _report(report)
+    if doc is not None and config.prom is not None:
+        host: dict[str, Any] = doc["host"] if isinstance(doc.get("host"), dict) else {}
+        named = {**doc, "host": {**host, "hostname": node or host.get("hostname", "unknown")}}
+        write_reports(named, {"--prom": Output(config.prom, summaries.verify_prometheus)})
     if done.timed_out:
         return Finding(False, "verify", f"no verdict within {config.timeout_s:g} s (killed)", done.duration_s)
     if done.returncode == 0 and doc is not None:
         return Finding(True, duration_s=done.duration_s)
     bad = [r for r in (doc or {}).get("results", ()) if isinstance(r, Mapping) and r.get("status") in ("FAIL", "ERROR")]
     if done.returncode == 1 and bad:
-        return Finding(False, str(bad[0].get("check")), str(bad[0].get("summary")), done.duration_s)
+        failed = tuple((str(r.get("check")), str(r.get("status")), str(r.get("summary"))) for r in bad)
+        return Finding(False, str(bad[0].get("check")), str(bad[0].get("summary")), done.duration_s, failed)
     tail = (done.tail(1) or ["(no output)"])[0]
     return Finding(False, "verify", f"{done.ended}: {tail}", done.duration_s)
 
@@ -120,7 +184,7 @@ def _child(local: LocalVerify, config: HealthConfig, report: Path, env: Mapping[
         os.environ.update(env)
         os.chdir(report.parent)
         assert config.lock is not None
-        return local(config.lock, report, config.prom, config.checks)
+        return local(config.lock, report, None, config.checks)
 
     return child
 
@@ -137,9 +201,10 @@ def decide(node: str, state: slurm.NodeState | None, found: Finding, env: Mappin
     """Drain, resume or leave the node (the module's rule); what was done, in words."""
     if state is None:
         return f"left alone: Slurm does not know a node {node!r}"
-    drained = "drain" in state.state.lower()
-    if drained and not healthconfig.ours(state.reason):
-        return f"left alone: drained by an admin ({state.reason or 'no reason'})"
+    base, ours = _base(state), healthconfig.ours(state.reason)
+    drained = base in OURS and ours
+    if not drained and not (base in IN_SERVICE and (ours or not state.reason)):
+        return f"left alone: {state.state} ({state.reason or 'no reason'}), not set by stackgate"
     if found.healthy:
         if drained:
             slurm.resume(node, env)

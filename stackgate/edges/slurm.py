@@ -25,24 +25,29 @@ For ``fleet provision`` and ``fleet upgrade``, :class:`SrunTransport` is the SSH
 transport over Slurm: each command on a node a one-task step, its input forwarded to the task.
 
 Every Slurm command runs with an argument vector (no shell on this side); node names and
-reasons are data. What a node printed is parsed as frames, everything else is ignored.
+reasons are data. What a node printed is parsed as frames as it arrives, everything else is
+dropped: each frame value is kept up to its cap (:data:`MAX_VALUE` for the report,
+:data:`MAX_SMALL` for the rest), srun's own words and a one-task step's output up to
+edges/ssh.py's cap (head and tail, with a line that says what was left out).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import os
 import re
 import secrets
 import shlex
+import signal
 import subprocess
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from stackgate.edges import ssh
 from stackgate.models.inventory import Node
@@ -50,6 +55,7 @@ from stackgate.models.inventory import Node
 __all__ = [
     "Allocation",
     "Frame",
+    "FrameReader",
     "NodeState",
     "SlurmError",
     "SrunTransport",
@@ -62,6 +68,7 @@ __all__ = [
     "hostnames",
     "node_states",
     "parse_frames",
+    "read_lines",
     "release",
     "resume",
     "run_step",
@@ -75,6 +82,12 @@ _GRANTED = re.compile(r"Granted job allocation (\d+)")
 _COMMAND_S = 60.0
 #: Largest base64 frame value read back (a report is read whole: a bigger one is not a stackgate report).
 MAX_VALUE = 96 << 20
+#: ... of every other value (a version, a failure, a last line: each a line or a few).
+MAX_SMALL = 64 << 10
+#: A line of srun's output longer than this is no frame line (those are under 1 KiB): dropped unread.
+MAX_LINE = 64 << 10
+#: The value a task's frame carries whole (its report): the others are small.
+_LARGE = "report"
 
 
 class SlurmError(Exception):
@@ -166,27 +179,121 @@ def current() -> Allocation | None:
 
 
 def allocate(
-    nodes: Sequence[str], count: int | None, partition: str | None, time_limit: str | None, extra: Sequence[str]
+    nodes: Sequence[str],
+    count: int | None,
+    partition: str | None,
+    time_limit: str | None,
+    extra: Sequence[str],
+    waiting: Callable[[str], None] | None = None,
 ) -> Allocation:
-    """An allocation of its own (``salloc --no-shell``): the named nodes, or ``count`` of the partition's."""
+    """An allocation of its own (``salloc --no-shell``): the named nodes, or ``count`` of the
+    partition's. While the request is pending, ``waiting`` is told that it is queued and Slurm's
+    reason (again when the reason changes, and every 10 minutes); on any way out before the
+    allocation is handed back (Ctrl-C, SIGTERM, SIGHUP, an error) the request is cancelled."""
+    name = f"stackgate-fleet-{new_token()}"
     # --no-kill: a node lost mid-run fails its own task, not the whole allocation
-    argv = ["salloc", "--no-shell", "--job-name=stackgate-fleet", "--ntasks-per-node=1", "--no-kill"]
+    argv = ["salloc", "--no-shell", f"--job-name={name}", "--ntasks-per-node=1", "--no-kill"]
     argv += [f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}"] if nodes else [f"--nodes={count}"]
     argv += [f"--partition={partition}"] if partition else []
     argv += [f"--time={time_limit}"] if time_limit else []
     try:
-        done = subprocess.run([*argv, *extra], capture_output=True, text=True, timeout=24 * 3600)
+        # its own session: a Ctrl-C at the terminal is this process's to handle (cancel, then stop salloc)
+        process = subprocess.Popen(
+            [*argv, *extra],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
     except FileNotFoundError:
         raise SlurmError("`salloc` not found: is this a Slurm login node (slurm-client installed, on PATH)?") from None
-    granted = _GRANTED.search(done.stderr)
-    if done.returncode != 0 or granted is None:
-        raise SlurmError(f"`{shlex.join([*argv, *extra])}`: exit {done.returncode}: {done.stderr.strip()[-400:]}")
-    job = granted.group(1)
+    said = ssh.Capped(64 << 10)
+    reader = threading.Thread(target=_drain, args=(process.stderr, said), daemon=True)
+    reader.start()
+    job: str | None = None
     try:
+        with _hangup_interrupts():
+            _await(process, said, waiting)
+        reader.join(10)
+        words = said.text()
+        granted = _GRANTED.search(words)
+        if process.returncode != 0 or granted is None:
+            raise SlurmError(f"`{shlex.join([*argv, *extra])}`: exit {process.returncode}: {words.strip()[-400:]}")
+        job = granted.group(1)
         return Allocation(job, hostnames(_run(["squeue", "-h", "-j", job, "-o", "%N"]).strip()), ours=True)
-    except SlurmError:
-        release(Allocation(job, (), ours=True))
+    except BaseException:
+        _cancel_request(process, job or _job_of(said.text()), name)
         raise
+
+
+_PENDING = re.compile(r"(?:Pending job allocation|job) (\d+)")
+_SAY_AGAIN_S = 600.0
+
+
+def _job_of(words: str) -> str | None:
+    found = _GRANTED.search(words) or _PENDING.search(words)
+    return found.group(1) if found else None
+
+
+def _await(process: subprocess.Popen[bytes], said: ssh.Capped, waiting: Callable[[str], None] | None) -> None:
+    """Until salloc ends (granted or refused), telling ``waiting`` while the request is queued."""
+    look, every, told, when = time.monotonic() + 2.0, 2.0, None, 0.0
+    while process.poll() is None:
+        try:
+            process.wait(0.2)
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        if waiting is None or now < look:
+            continue
+        look, every = now + every, min(every * 2, 60.0)  # squeue now and then, not a load on slurmctld
+        job = _job_of(said.text())
+        reason = _pending(job) if job else None
+        if reason is not None and (reason != told or now - when > _SAY_AGAIN_S):
+            waiting(f"queued: Slurm job {job} is pending ({reason}); waiting for the allocation (Ctrl-C cancels it)")
+            told, when = reason, now
+
+
+def _pending(job: str) -> str | None:
+    """Slurm's reason a job waits (Resources, Priority, ReqNodeNotAvail, ...), None when it does not."""
+    try:
+        state, _, reason = _run(["squeue", "-h", "-j", job, "-o", "%T|%r"], timeout_s=10.0).strip().partition("|")
+    except SlurmError:
+        return None
+    return (reason or "no reason given") if state == "PENDING" else None
+
+
+def _cancel_request(process: subprocess.Popen[bytes], job: str | None, name: str) -> None:
+    """The request cancelled (by its id, else by its name, which only this run uses), salloc ended."""
+    argv = ["scancel", job] if job else ["scancel", f"--name={name}"]
+    try:
+        subprocess.run(argv, capture_output=True, timeout=_COMMAND_S)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@contextlib.contextmanager
+def _hangup_interrupts() -> Iterator[None]:
+    """SIGHUP (the terminal closed during a day-long wait) ends the wait as Ctrl-C does."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGHUP, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def release(allocation: Allocation) -> None:
@@ -232,7 +339,8 @@ while [ $i -lt "$count" ]; do
   if [ "$got" != "$sum" ]; then emit failed "$name arrived damaged: sha256 $got on the node, $sum here"; exit 3; fi
   i=$((i+1))
 done
-v=$("$sg" --version 2>&1); rc=$?
+"$sg" --version > "$d/.version" 2>&1; rc=$?
+v=$(head -c 4096 "$d/.version")
 emit version "$v"
 if [ $rc -ne 0 ]; then
   emit failed "\`$sg --version\` on the node: exit $rc: $(printf '%s' "$v" | tail -n 1 | cut -c1-300)"; exit 3
@@ -267,38 +375,95 @@ class Frame:
 
     task: int | None
     fields: dict[str, str] = field(default_factory=dict)
+    cut: frozenset[str] = frozenset()  #: values over their cap: dropped
 
     @property
     def node(self) -> str | None:
         return self.fields.get("node")
 
 
+class FrameReader:
+    """Frames read line by line as srun's output arrives (``N: @sg KEY BASE64``, a value's first
+    line with nothing after the key, its pieces after it); other lines are not kept, and a value
+    over its cap (:data:`MAX_VALUE` for the report, :data:`MAX_SMALL` for the rest, and as many
+    keys as fit in twice that) is dropped and named in the frame's ``cut``."""
+
+    def __init__(self, labelled: bool = True) -> None:
+        self.labelled = labelled
+        self._pieces: dict[int | None, dict[str, list[str]]] = {}
+        self._sizes: dict[int | None, dict[str, int]] = {}
+        self._cut: dict[int | None, set[str]] = {}
+
+    def add(self, line: str) -> None:
+        task, text = None, line.rstrip("\n")
+        if self.labelled:
+            matched = _LABEL.match(text)
+            if matched is None:
+                return
+            task, text = int(matched.group(1)), matched.group(2)
+        words = text.split(" ", 2)
+        if len(words) != 3 or words[0] != "@sg":
+            return
+        key, piece = words[1], words[2].strip()
+        values, sizes = self._pieces.setdefault(task, {}), self._sizes.setdefault(task, {})
+        if not piece:
+            values[key], sizes[key] = [], 0  # a value begins (again)
+            self._cut.get(task, set()).discard(key)
+            return
+        cap = MAX_VALUE if key == _LARGE else MAX_SMALL
+        total = sum(sizes.values())
+        if key in self._cut.get(task, ()):
+            return
+        if sizes.get(key, 0) + len(piece) > cap or total + len(piece) > MAX_VALUE + 2 * MAX_SMALL:
+            self._cut.setdefault(task, set()).add(key)
+            values.pop(key, None)
+            sizes.pop(key, None)
+            return
+        values.setdefault(key, []).append(piece)
+        sizes[key] = sizes.get(key, 0) + len(piece)
+
+    def frames(self) -> list[Frame]:
+        tasks = dict.fromkeys([*self._pieces, *self._cut])
+        return [Frame(task, _decoded(self._pieces.get(task, {})), frozenset(self._cut.get(task, ()))) for task in tasks]
+
+
 def parse_frames(lines: Sequence[str], labelled: bool = True) -> list[Frame]:
-    """The frames in srun's labelled output (``N: @sg KEY BASE64``, a value's first line with
-    nothing after the key, its pieces after it); other lines are ignored, and a value that is not
-    base64, not text or too large is dropped.
+    """The frames in srun's labelled output (:class:`FrameReader`); a value that is not base64,
+    not text or too large is dropped.
 
     >>> lines = ["0: @sg node ", "0: @sg node bjE=", "noise", "1: @sg node ", "1: @sg node bjI="]
     >>> lines += ["0: @sg exit ", "0: @sg exit MA=="]
     >>> [f.fields for f in parse_frames(lines)]
     [{'node': 'n1', 'exit': '0'}, {'node': 'n2'}]
     """
-    pieces: dict[int | None, dict[str, list[str]]] = {}
+    reader = FrameReader(labelled)
     for line in lines:
-        task, text = None, line.rstrip("\n")
-        if labelled:
-            matched = _LABEL.match(text)
-            if matched is None:
+        reader.add(line)
+    return reader.frames()
+
+
+def read_lines(stream: object, on_line: Callable[[str], None], max_line: int = MAX_LINE) -> None:
+    """Each line of a binary stream, as text, to ``on_line`` as it arrives; a line longer than
+    ``max_line`` is dropped whole, never held (what a node prints cannot fill the controller).
+
+    >>> import io
+    >>> seen = []
+    >>> read_lines(io.BufferedReader(io.BytesIO(b"a\\n" + b"x" * 50 + b"\\nb\\nc")), seen.append, max_line=10)
+    >>> seen
+    ['a', 'b', 'c']
+    """
+    rest, skipping = b"", False
+    while chunk := stream.read1(1 << 16):  # type: ignore[attr-defined]
+        *whole, rest = (rest + chunk).split(b"\n")
+        for line in whole:
+            if skipping or len(line) > max_line:
+                skipping = False  # (the end of) a line too long to keep
                 continue
-            task, text = int(matched.group(1)), matched.group(2)
-        words = text.split(" ", 2)
-        if len(words) == 3 and words[0] == "@sg":
-            values = pieces.setdefault(task, {})
-            if not words[2].strip():
-                values[words[1]] = []  # a value begins (again)
-            elif sum(map(len, values.setdefault(words[1], []))) < MAX_VALUE:
-                values[words[1]].append(words[2].strip())
-    return [Frame(task, _decoded(values)) for task, values in pieces.items()]
+            on_line(line.decode("utf-8", "replace"))
+        if len(rest) > max_line:
+            rest, skipping = b"", True
+    if rest and not skipping:
+        on_line(rest.decode("utf-8", "replace"))
 
 
 def _decoded(values: Mapping[str, list[str]]) -> dict[str, str]:
@@ -357,32 +522,27 @@ def run_step(
         *task_args,
     ]
     process = subprocess.Popen(
-        argv, env=_step_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        argv, env=_step_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
     )
-    out: list[str] = []
-    err: list[str] = []
+    out = FrameReader()
+    err = ssh.Capped()
     readers = [
-        threading.Thread(target=_read, args=(s, b), daemon=True)
-        for s, b in ((process.stdout, out), (process.stderr, err))
+        threading.Thread(target=read_lines, args=(process.stdout, out.add), daemon=True),
+        threading.Thread(target=_drain, args=(process.stderr, err), daemon=True),
     ]
     for reader in readers:
         reader.start()
     stopped, step_id = _watch(process, allocation.job_id, name, timeout_s, grace_s, stop)
     for reader in readers:
         reader.join(10)
-    frames = parse_frames(out) if shared is None else _shared_frames(shared, nodes, token)
+    frames = out.frames() if shared is None else _shared_frames(shared, nodes, token)
     by_node = {f.node: f for f in frames if f.node is not None and f.node in nodes}
     step_id = step_id or next((f.fields["step"] for f in by_node.values() if "step" in f.fields), None)
-    return Step(by_node, process.returncode, "".join(err), stopped, step_id)
-
-
-def _read(stream: object, into: list[str]) -> None:
-    for line in stream:  # type: ignore[attr-defined]
-        into.append(line)
+    return Step(by_node, process.returncode, err.text(), stopped, step_id)
 
 
 def _watch(
-    process: subprocess.Popen[str], job_id: str, name: str, timeout_s: float, grace_s: float, stop: threading.Event
+    process: subprocess.Popen[bytes], job_id: str, name: str, timeout_s: float, grace_s: float, stop: threading.Event
 ) -> tuple[str | None, str | None]:
     deadline = time.monotonic() + timeout_s
     while process.poll() is None:
@@ -398,7 +558,7 @@ def _watch(
     return None, None
 
 
-def _end_step(process: subprocess.Popen[str], job_id: str, name: str, grace_s: float) -> str | None:
+def _end_step(process: subprocess.Popen[bytes], job_id: str, name: str, grace_s: float) -> str | None:
     """SIGTERM to the step's every process, its cancellation after ``grace_s``; the step's id."""
     step = _step_id(job_id, name)
     if step is None:  # not started yet (or gone): srun itself is stopped, which ends what it began
@@ -437,12 +597,14 @@ def _shared_frames(shared: Path, nodes: Sequence[str], token: str) -> list[Frame
     frames = []
     for node in nodes:
         path = shared / f"{node}.frame.{token}"
+        reader = FrameReader(labelled=False)
         try:
-            text = path.read_text(errors="replace")
+            with path.open("rb") as stream:
+                read_lines(stream, reader.add)
         except OSError:
             continue
         path.unlink(missing_ok=True)
-        frames += parse_frames(text.splitlines(), labelled=False)
+        frames += reader.frames()
     return frames
 
 
@@ -467,7 +629,13 @@ class SrunSession:
         self.job_id, self.node = job_id, node
 
     def run(
-        self, command: str, *, timeout_s: float, stdin: bytes | None = None, stop: threading.Event | None = None
+        self,
+        command: str,
+        *,
+        timeout_s: float,
+        stdin: bytes | None = None,
+        stop: threading.Event | None = None,
+        limit: int = ssh.OUTPUT_CAP,
     ) -> ssh.Completed:
         argv = [
             "srun",
@@ -494,8 +662,7 @@ class SrunSession:
             )
         except OSError as exc:
             raise ssh.TransportError(f"slurm:{self.node}: cannot run srun: {exc.strerror or exc}") from exc
-        out: list[bytes] = []
-        err: list[bytes] = []
+        out, err = ssh.Capped(limit), ssh.Capped(limit)
         threads = [
             threading.Thread(target=_drain, args=(s, b), daemon=True)
             for s, b in ((process.stdout, out), (process.stderr, err))
@@ -513,8 +680,7 @@ class SrunSession:
             time.sleep(0.02)
         for thread in threads:
             thread.join(10)
-        text = [b"".join(part).decode(errors="replace") for part in (out, err)]
-        return ssh.Completed(process.returncode, text[0], text[1])
+        return ssh.Completed(process.returncode, out.text(), err.text(), out.cut + err.cut)
 
     def close(self) -> None:
         pass
@@ -530,9 +696,9 @@ def _step_env() -> dict[str, str]:
     }
 
 
-def _drain(stream: object, into: list[bytes]) -> None:
+def _drain(stream: object, into: ssh.Capped) -> None:
     while chunk := stream.read1(1 << 16):  # type: ignore[attr-defined]
-        into.append(chunk)
+        into.add(chunk)
 
 
 def _feed(stream: object, data: bytes) -> None:

@@ -20,6 +20,10 @@ once when it is set, in any phase (the socket is shut down under paramiko). A co
 after it (the fresh connection that stops a node's remote group, or reads its last report) runs
 to its own timeouts. paramiko's own log goes to a file (:func:`paramiko_log`), never to the
 terminal.
+
+What a node prints is kept up to a cap per stream (:data:`OUTPUT_CAP`, or the caller's ``limit``):
+its first and its last half, with a line in between that says how much was left out
+(:class:`Capped`), so a node answering ``--version`` with 1 GiB costs the controller a MiB.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from typing import Any, Callable, Iterator, Protocol
 from stackgate.models.inventory import Node
 
 __all__ = [
+    "OUTPUT_CAP",
+    "Capped",
     "CommandTimeout",
     "Completed",
     "Session",
@@ -51,6 +57,9 @@ __all__ = [
 
 _CHUNK = 1 << 16
 _POLL_S = 0.02  # select() wakes on output, not on the exit status: this bounds the wait for the latter
+#: The most bytes of each stream of a remote command kept (its first and last half): what the
+#: controller reads is a version, a folder's name, a sha256 sum, a last line (a report: its own cap).
+OUTPUT_CAP = 1 << 20
 
 
 class TransportError(Exception):
@@ -70,13 +79,67 @@ class Completed:
     returncode: int
     stdout: str
     stderr: str
+    cut: int = 0  #: bytes of output left out (over the cap), both streams together
+
+    @property
+    def note(self) -> str:
+        """``""``, or what the cap left out, in words."""
+        return f" (its output was cut: {self.cut} bytes left out, the first and last part kept)" if self.cut else ""
+
+
+class Capped:
+    """One stream's bytes up to ``cap``: the first half and the last half kept, the middle counted.
+
+    >>> kept = Capped(8)
+    >>> for chunk in (b"abcd", b"efgh", b"ijkl"):
+    ...     kept.add(chunk)
+    >>> kept.cut, kept.text()
+    (4, 'abcd\\n[stackgate: 4 bytes of output left out here: over the cap of 8 bytes kept]\\nijkl')
+    """
+
+    def __init__(self, cap: int = OUTPUT_CAP) -> None:
+        self.cap = max(cap, 2)
+        self._head, self._tail, self._seen = bytearray(), bytearray(), 0
+
+    def add(self, chunk: bytes) -> None:
+        self._seen += len(chunk)
+        room = self.cap // 2 - len(self._head)
+        if room > 0:
+            self._head += chunk[:room]
+            chunk = chunk[room:]
+        self._tail += chunk
+        keep = self.cap - self.cap // 2
+        if len(self._tail) > 2 * keep:  # trimmed now and then, not on every chunk
+            del self._tail[: len(self._tail) - keep]
+
+    @property
+    def cut(self) -> int:
+        return max(self._seen - self.cap, 0)
+
+    def value(self) -> bytes:
+        keep = self.cap - self.cap // 2
+        tail = self._tail[-keep:] if self.cut else self._tail
+        if not self.cut:
+            return bytes(self._head + tail)
+        said = f"\n[stackgate: {self.cut} bytes of output left out here: over the cap of {self.cap} bytes kept]\n"
+        return bytes(self._head) + said.encode() + bytes(tail)
+
+    def text(self) -> str:
+        return self.value().decode("utf-8", "replace")
 
 
 class Session(Protocol):
     def run(
-        self, command: str, *, timeout_s: float, stdin: bytes | None = None, stop: threading.Event | None = None
+        self,
+        command: str,
+        *,
+        timeout_s: float,
+        stdin: bytes | None = None,
+        stop: threading.Event | None = None,
+        limit: int = OUTPUT_CAP,
     ) -> Completed:
-        """Run a shell command line on the node; its exit status and output."""
+        """Run a shell command line on the node; its exit status and output (each stream kept up to
+        ``limit`` bytes: :class:`Capped`)."""
         ...
 
     def close(self) -> None: ...
@@ -279,7 +342,13 @@ class SshSession:
         self._node = node
 
     def run(
-        self, command: str, *, timeout_s: float, stdin: bytes | None = None, stop: threading.Event | None = None
+        self,
+        command: str,
+        *,
+        timeout_s: float,
+        stdin: bytes | None = None,
+        stop: threading.Event | None = None,
+        limit: int = OUTPUT_CAP,
     ) -> Completed:
         import paramiko
 
@@ -289,7 +358,7 @@ class SshSession:
             if stdin is not None:
                 channel.sendall(stdin)
             channel.shutdown_write()
-            return _drain(channel, time.monotonic() + timeout_s, timeout_s, stop)
+            return _drain(channel, time.monotonic() + timeout_s, timeout_s, stop, limit)
         except (paramiko.SSHException, OSError, EOFError, AttributeError) as exc:
             raise TransportError(_why(exc, self._node)) from exc
 
@@ -297,23 +366,24 @@ class SshSession:
         self._client.close()
 
 
-def _rest(receive: Callable[[int], bytes]) -> bytes:
+def _rest(receive: Callable[[int], bytes], into: Capped) -> None:
     """Everything left in a stream of a channel whose command has exited (up to its end)."""
-    found = bytearray()
     while chunk := receive(_CHUNK):
-        found += chunk
-    return bytes(found)
+        into.add(chunk)
 
 
-def _drain(channel: Any, deadline: float, timeout_s: float, stop: threading.Event | None) -> Completed:
-    """Read both streams until the command exits; a timeout or a stop leaves it running."""
-    out, err = bytearray(), bytearray()
+def _drain(
+    channel: Any, deadline: float, timeout_s: float, stop: threading.Event | None, limit: int = OUTPUT_CAP
+) -> Completed:
+    """Read both streams until the command exits, each kept up to ``limit``; a timeout or a stop
+    leaves it running."""
+    out, err = Capped(limit), Capped(limit)
     try:
         while True:
             if channel.recv_ready():
-                out += channel.recv(_CHUNK)
+                out.add(channel.recv(_CHUNK))
             elif channel.recv_stderr_ready():
-                err += channel.recv_stderr(_CHUNK)
+                err.add(channel.recv_stderr(_CHUNK))
             elif channel.exit_status_ready():
                 break
             elif stop is not None and stop.is_set():
@@ -322,9 +392,9 @@ def _drain(channel: Any, deadline: float, timeout_s: float, stop: threading.Even
                 raise CommandTimeout(f"no end within {timeout_s:g} s")
             else:
                 select.select([channel], [], [], _POLL_S)
-        out += _rest(channel.recv)  # what arrived between the checks above
-        err += _rest(channel.recv_stderr)
+        _rest(channel.recv, out)  # what arrived between the checks above
+        _rest(channel.recv_stderr, err)
         code = channel.recv_exit_status()
     finally:
         channel.close()
-    return Completed(code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+    return Completed(code, out.text(), err.text(), out.cut + err.cut)

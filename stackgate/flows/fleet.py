@@ -70,13 +70,14 @@ ENGINES = ("ssh", "slurm")
 SWITCHES = ("if-better", "if-passes")
 
 
-PASSED, FAILED, UNREACHABLE, TIMED_OUT, INTERRUPTED, NOT_RUN = (
+PASSED, FAILED, UNREACHABLE, TIMED_OUT, INTERRUPTED, NOT_RUN, UNAVAILABLE = (
     "passed",
     "failed",
     "unreachable",
     "timed out",
     "interrupted",
     "not run",
+    "unavailable",  #: the scheduler says the node cannot take work (down, drained): listed, not dialled
 )
 
 
@@ -160,6 +161,9 @@ class SlurmOptions:
     stackgate: str = "stackgate"  #: the program on the nodes
     node_dir: str = "/tmp"  #: node-local folder sbcast writes into
     shared_dir: Path | None = None  #: a folder every node and this host see: the documents come back there
+    #: nodes Slurm lists as down or drained count in the verdict even when the run did not ask for them
+    #: (--nodes N of a partition); those the run names (--nodelist, the allocation's) always count
+    count_unavailable: bool = False
 
 
 @dataclass(frozen=True)
@@ -167,13 +171,14 @@ class NodeRun:
     """One node's outcome: its status, the reason in one line, its own report when it wrote one."""
 
     node: Node
-    status: str  #: passed | failed | unreachable | timed out | interrupted | not run
+    status: str  #: passed | failed | unreachable | timed out | interrupted | not run | unavailable
     reason: str
     duration_s: float = 0.0
     exit_code: int | None = None
     version: str | None = None
     doc: Mapping[str, Any] | None = None
     steps: tuple[str, ...] = ()  #: what was done to the node, in order (provisioned, gated, rolled back)
+    judged: bool = True  #: counted in the verdict (False: listed only, a node the run was not meant to judge)
 
     @property
     def passed(self) -> bool:
@@ -238,9 +243,13 @@ class Remote:
     def left_s(self) -> float:
         return max(self.node.timeout_s - (time.monotonic() - self.started), 1.0)
 
-    def sh(self, command: str, *, stdin: bytes | None = None, timeout_s: float | None = None) -> ssh.Completed:
+    def sh(
+        self, command: str, *, stdin: bytes | None = None, timeout_s: float | None = None, limit: int = ssh.OUTPUT_CAP
+    ) -> ssh.Completed:
         try:
-            return self.session.run(command, timeout_s=timeout_s or self.left_s(), stdin=stdin, stop=self.stop)
+            return self.session.run(
+                command, timeout_s=timeout_s or self.left_s(), stdin=stdin, stop=self.stop, limit=limit
+            )
         except ssh.Stopped:
             raise NodeFailed(INTERRUPTED, "interrupted (Ctrl-C or SIGTERM)") from None
         except ssh.CommandTimeout:
@@ -256,8 +265,7 @@ class Remote:
         if done.returncode != 0 or len(words) != 2 or words[0] != "stackgate":
             raise NodeFailed(
                 FAILED,
-                f"`{self.node.stackgate} --version` on the node: exit {done.returncode}: "
-                f"{_tail(done.stderr or done.stdout)}",
+                f"`{self.node.stackgate} --version` on the node: exit {done.returncode}: {_said(done)}",
             )
         if words[1] != __version__:
             raise NodeFailed(
@@ -286,8 +294,7 @@ class Remote:
         if done.returncode != 0 or not self.folder:
             raise NodeFailed(
                 FAILED,
-                "cannot write the spec into a temporary folder on the node: "
-                f"exit {done.returncode}: {_tail(done.stderr or done.stdout)}",
+                f"cannot write the spec into a temporary folder on the node: exit {done.returncode}: {_said(done)}",
             )
         found = {
             line.split(None, 1)[1].lstrip("*"): line.split(None, 1)[0]
@@ -346,6 +353,7 @@ class Remote:
         done = self.sh(
             f"test -f {self.path('report.json')} || exit 3; head -c {MAX_REPORT_BYTES + 1} {self.path('report.json')}",
             timeout_s=120.0,
+            limit=MAX_REPORT_BYTES + 1,  # more is cut: then longer than a report may be
         )
         if done.returncode == 3:
             return None
@@ -362,7 +370,12 @@ class Remote:
     @staticmethod
     def _check(done: ssh.Completed, what: str) -> None:
         if done.returncode != 0:
-            raise NodeFailed(FAILED, f"{what}: exit {done.returncode}: {_tail(done.stderr or done.stdout)}")
+            raise NodeFailed(FAILED, f"{what}: exit {done.returncode}: {_said(done)}")
+
+
+def _said(done: ssh.Completed) -> str:
+    """A remote command's last line of output (stderr first), and whether its output was cut."""
+    return _tail(done.stderr or done.stdout) + done.note
 
 
 def _tail(text: str, limit: int = 300) -> str:
@@ -420,7 +433,7 @@ def on_node(node: Node, shipment: Shipment, action: Action, transport: ssh.Trans
 
 def _judged(remote: Remote, done: ssh.Completed, what: str, steps: tuple[str, ...]) -> NodeRun:
     """A NodeRun from a stackgate run's exit code and its report."""
-    return judged(remote.node, done.returncode, _tail(done.stderr or done.stdout), remote.report(), what, steps)
+    return judged(remote.node, done.returncode, _said(done), remote.report(), what, steps)
 
 
 def judged(
@@ -479,7 +492,7 @@ def provision_on_node(gate_args: Sequence[str]) -> Action:
             return NodeRun(
                 remote.node,
                 FAILED,
-                f"provision exit {done.returncode}: {_tail(done.stderr or done.stdout)}",
+                f"provision exit {done.returncode}: {_said(done)}",
                 exit_code=done.returncode,
                 steps=("provision failed",),
             )
@@ -487,11 +500,7 @@ def provision_on_node(gate_args: Sequence[str]) -> Action:
         if gated.passed:
             return replace(gated, steps=("provisioned", "gated"))
         back = remote.stackgate("rollback", "--lock", spec)
-        rolled = (
-            "rolled back"
-            if back.returncode == 0
-            else f"rollback failed (exit {back.returncode}: {_tail(back.stderr or back.stdout)})"
-        )
+        rolled = "rolled back" if back.returncode == 0 else f"rollback failed (exit {back.returncode}: {_said(back)})"
         return replace(gated, steps=("provisioned", "gate failed", rolled))
 
     return act
@@ -662,8 +671,10 @@ def document(done: FleetRun) -> dict[str, Any]:
 
 def _document(done: FleetRun) -> dict[str, Any]:
     upgrade = done.request.action == "upgrade"
-    # an upgrade's node reports carry no fingerprint nor gate figures: its own part says what moved
-    groups = [] if upgrade else aggregate.groups([(n.node.name, n.doc) for n in done.nodes])
+    # an upgrade's node reports carry no fingerprint nor gate figures: its own part says what moved;
+    # a verify's none either (the gate takes the fingerprint)
+    fingerprinted = done.request.action in ("gate", "provision")
+    groups = aggregate.groups([(n.node.name, n.doc) for n in done.nodes]) if fingerprinted else []
     outliers = (
         []
         if upgrade
@@ -763,6 +774,7 @@ def _node_part(done: NodeRun) -> dict[str, Any]:
         "duration_s": round(done.duration_s, 3),
         "version": done.version,
         "steps": list(done.steps),
+        "judged": done.judged,
         "run_id": doc.get("run_id") if isinstance(doc.get("run_id"), str) else None,
         "hostname": doc.get("host", {}).get("hostname") if isinstance(doc.get("host"), Mapping) else None,
         "stages": {str(s.get("name")): str(s.get("status")) for s in stages if isinstance(s, Mapping)}
@@ -781,17 +793,19 @@ def _node_part(done: NodeRun) -> dict[str, Any]:
 def _verdict(
     done: FleetRun, groups: Sequence[aggregate.Group], outliers: Sequence[aggregate.Outlier]
 ) -> tuple[ExitCode, str]:
-    bad = [n for n in done.nodes if not n.passed]
+    nodes = [n for n in done.nodes if n.judged]
+    aside = [n.node.name for n in done.nodes if not n.judged]
+    bad = [n for n in nodes if not n.passed]
     stacks = [g for g in groups if g.digest is not None]
     if done.interrupted:
         return (
             ExitCode.INTERRUPTED,
-            f"interrupted (Ctrl-C or SIGTERM): {len(done.nodes) - len(bad)} of {len(done.nodes)} node(s) had passed",
+            f"interrupted (Ctrl-C or SIGTERM): {len(nodes) - len(bad)} of {len(nodes)} node(s) had passed",
         )
-    if not done.nodes:
+    if not nodes:
         return ExitCode.FAILED, "no node was checked"
     if bad:
-        return ExitCode.FAILED, f"{len(bad)} of {len(done.nodes)} node(s) did not pass: " + "; ".join(
+        return ExitCode.FAILED, f"{len(bad)} of {len(nodes)} node(s) did not pass: " + "; ".join(
             f"{n.node.name} {n.status}" for n in bad[:5]
         ) + (" ..." if len(bad) > 5 else "")
     if len(stacks) > 1:
@@ -799,11 +813,22 @@ def _verdict(
         return (
             ExitCode.FAILED,
             f"the nodes run {len(stacks)} different stacks: {', '.join(odd)} "
-            f"differ from the majority {stacks[0].short}",
+            f"{'differs' if len(odd) == 1 else 'differ'} from the majority {stacks[0].short}",
         )
     if outliers and done.request.strict:
         return ExitCode.FAILED, f"{len(outliers)} outlier(s) with --strict: {outliers[0].text()}"
-    return ExitCode.PASSED, f"{len(done.nodes)} node(s) passed" + (f", {len(outliers)} outlier(s)" if outliers else "")
+    listed = f"; {len(aside)} unavailable, not judged ({_names(aside)})" if aside else ""
+    return ExitCode.PASSED, f"{len(nodes)} node(s) passed" + (
+        f", {len(outliers)} outlier(s)" if outliers else ""
+    ) + listed
+
+
+def _names(names: Sequence[str], shown: int = 5) -> str:
+    """
+    >>> _names(["n1", "n2"]), _names([f"n{i}" for i in range(7)])
+    ('n1, n2', 'n0, n1, n2, n3, n4 ...')
+    """
+    return ", ".join(names[:shown]) + (" ..." if len(names) > shown else "")
 
 
 def run_fleet(
@@ -844,7 +869,7 @@ def run_fleet(
 
 def ssh_log(run_id: str) -> Path:
     """Where paramiko's own log of a fleet run goes (``$STACKGATE_LOG_DIR/fleet/<run id>-ssh.log``)."""
-    return Path(settings.LOG_DIR.value()) / "fleet" / f"{run_id}-ssh.log"
+    return Path(settings.LOG_DIR.value()).resolve() / "fleet" / f"{run_id}-ssh.log"
 
 
 def _action(request: FleetRequest, shipment: Shipment) -> Action:

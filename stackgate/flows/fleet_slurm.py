@@ -7,7 +7,7 @@ import os
 import threading
 import time
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from stackgate import __version__
 from stackgate.edges import slurm
@@ -18,6 +18,7 @@ from stackgate.flows.fleet import (
     NOT_RUN,
     STOP_GRACE_S,
     TIMED_OUT,
+    UNAVAILABLE,
     UNREACHABLE,
     FleetRequest,
     FleetRun,
@@ -66,8 +67,12 @@ def slurm_fleet(request: FleetRequest, lock: Spec, ui: UI) -> FleetRun:
     options = request.slurm or SlurmOptions()
     shipment = Shipment.of(lock)
     started, clock, stop = time.time(), time.monotonic(), threading.Event()
-    allocation, states, names, usable = _slurm_plan(options)
-    ran: dict[str, NodeRun] = {n: _not_dialled(n, states.get(n)) for n in names if n not in usable}
+    allocation, states, names, usable = _slurm_plan(options, ui)
+    # the nodes the run names (--nodelist, the allocation's) are judged; a partition's others only on request
+    judged = options.nodes is None or options.count_unavailable
+    ran: dict[str, NodeRun] = {
+        n: replace(_not_dialled(n, states.get(n)), judged=judged) for n in names if n not in usable
+    }
     engine = _engine(allocation)
     try:
         if usable and allocation is not None:
@@ -97,12 +102,12 @@ def slurm_fleet(request: FleetRequest, lock: Spec, ui: UI) -> FleetRun:
 
 
 def _slurm_plan(
-    options: SlurmOptions,
+    options: SlurmOptions, ui: UI
 ) -> tuple[slurm.Allocation | None, dict[str, slurm.NodeState], tuple[str, ...], list[str]]:
     """The allocation, every node's state, every node named (the allocation's, then those not
     dialled) and the usable ones, which run; a Slurm command that failed is a usage error."""
     try:
-        allocation, states = _slurm_nodes(options)
+        allocation, states = _slurm_nodes(options, lambda said: ui.info(printable(said)))
     except slurm.SlurmError as exc:
         raise FleetUsageError(f"fleet --engine slurm: {exc}") from None
     names = tuple(dict.fromkeys([*states, *(allocation.nodes if allocation is not None else ())]))
@@ -119,7 +124,9 @@ def _engine(allocation: slurm.Allocation | None) -> dict[str, Any]:
     }
 
 
-def _slurm_nodes(options: SlurmOptions) -> tuple[slurm.Allocation | None, dict[str, slurm.NodeState]]:
+def _slurm_nodes(
+    options: SlurmOptions, waiting: Callable[[str], None]
+) -> tuple[slurm.Allocation | None, dict[str, slurm.NodeState]]:
     """The allocation (the current one, or one asked for here with the usable nodes) and the state
     of every node named: the allocation's, the --nodelist's, or the partition's."""
     current = slurm.current()
@@ -141,7 +148,7 @@ def _slurm_nodes(options: SlurmOptions) -> tuple[slurm.Allocation | None, dict[s
     if not usable:
         return None, states
     allocation = slurm.allocate(
-        usable if named else (), options.nodes, options.partition, options.time_limit, options.extra
+        usable if named else (), options.nodes, options.partition, options.time_limit, options.extra, waiting
     )
     return allocation, {**{n: s for n, s in states.items() if not s.usable}, **slurm.node_states(allocation.nodes)}
 
@@ -150,9 +157,9 @@ def _slurm_node(name: str) -> Node:
     return Node(name=name, host=name, port=0, engine="slurm")
 
 
-def _not_dialled(name: str, state: slurm.NodeState | None, status: str = UNREACHABLE) -> NodeRun:
-    """A node Slurm says cannot take work: ``unreachable`` in a gate, ``not run`` in a rollout."""
-    said = "not dialled" if status == UNREACHABLE else "not run"
+def _not_dialled(name: str, state: slurm.NodeState | None, status: str = UNAVAILABLE) -> NodeRun:
+    """A node Slurm says cannot take work: ``unavailable`` in a gate, ``not run`` in a rollout."""
+    said = "not dialled" if status == UNAVAILABLE else "not run"
     if state is None:
         return NodeRun(_slurm_node(name), status, f"{said}: Slurm reports no state for the node")
     reason = f" ({state.reason})" if state.reason else ""
@@ -203,6 +210,14 @@ def _from_frame(node: Node, frame: slurm.Frame | None, step: slurm.Step, what: s
     if "failed" in fields:
         return NodeRun(node, FAILED, fields["failed"], duration, version=version)
     doc = None
+    if frame is not None and "report" in frame.cut:
+        return NodeRun(
+            node,
+            FAILED,
+            f"the node's report is larger than {slurm.MAX_VALUE >> 20} MiB (base64): not a stackgate report",
+            duration,
+            version=version,
+        )
     if "report" in fields and hashlib.sha256(fields["report"].encode()).hexdigest() != fields.get("report_sha256"):
         why = _srun_words(step.stderr, node.name) or f"srun exit {step.returncode}"
         return NodeRun(
@@ -251,7 +266,7 @@ def slurm_rollout(request: FleetRequest, lock: Spec, live: Spec | None, ui: UI) 
     actions and order (rolling batches; canaries first) with each command a one-task srun step
     (edges/slurm.py, SrunTransport). Nodes down or drained are not run, listed after the others."""
     options = request.slurm or SlurmOptions()
-    allocation, states, names, usable = _slurm_plan(options)
+    allocation, states, names, usable = _slurm_plan(options, ui)
     timeout_s = request.timeout_s or DEFAULT_NODE_TIMEOUT_S
     nodes = [replace(_slurm_node(n), stackgate=options.stackgate, timeout_s=timeout_s) for n in usable]
     try:

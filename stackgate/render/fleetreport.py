@@ -103,16 +103,28 @@ def group_lines(doc: Mapping[str, Any]) -> list[str]:
         lines.append(f"stack {group['short']} ({role}): {', '.join(group['nodes'])}")
         for node, changes in group.get("differences", {}).items():
             lines.append(f"  {node}: {len(changes)} component(s) differ from {groups[0]['short']}:")
-            lines += [
-                f"    {c['section']}: {c['name']}: {c['majority'] or '(none)'} -> {c['node'] or '(none)'}"
-                for c in changes[:40]
-            ]
+            lines += [_difference(c) for c in changes[:40]]
             if len(changes) > 40:
                 lines.append(f"    ... and {len(changes) - 40} more (the JSON report lists them all)")
     missing = [g for g in doc.get("groups", ()) if not g.get("digest")]
     for group in missing:
         lines.append(f"no fingerprint: {', '.join(group['nodes'])}")
     return lines
+
+
+def _difference(change: Mapping[str, Any]) -> str:
+    """One component that differs; a section one side never measured, as such.
+
+    >>> _difference({"section": "server", "name": "unavailable", "majority": None, "node": "no smoke stage"})
+    '    server: not measured on the node (no smoke stage)'
+    >>> _difference({"section": "gpu", "name": "count", "majority": "8", "node": "7"})
+    '    gpu: count: 8 -> 7'
+    """
+    old, new = change.get("majority"), change.get("node")
+    if change.get("name") == "unavailable":
+        where = f"on the node ({new})" if new is not None else f"by the majority ({old})"
+        return f"    {change['section']}: not measured {where}"
+    return f"    {change['section']}: {change['name']}: {old or '(none)'} -> {new or '(none)'}"
 
 
 #: Failed checks shown per node on the console and in Markdown (the JSON report holds them all).
@@ -226,7 +238,7 @@ _STATUS = {"passed": Status.PASS, "not run": Status.SKIP}
 def _results(doc: Mapping[str, Any]) -> dict[str, list[Result]]:
     suites: dict[str, list[Result]] = {}
     for node in doc.get("nodes", ()):
-        status = _STATUS.get(node["status"], Status.FAIL)
+        status = _STATUS.get(node["status"], Status.FAIL) if node.get("judged", True) else Status.SKIP
         results = [
             Result(
                 f"{node['name']}.node",
@@ -239,13 +251,17 @@ def _results(doc: Mapping[str, Any]) -> dict[str, list[Result]]:
         for stage, state in node.get("stages", {}).items():
             results.append(Result(f"{node['name']}.{stage}", _STATUS.get(state, Status.FAIL), state))
         suites[f"stackgate.fleet.{node['name']}"] = results
-    fleet = [
-        Result(
-            "fleet.stacks",
-            Status.FAIL if len([g for g in doc.get("groups", ()) if g.get("digest")]) > 1 else Status.PASS,
-            "; ".join(group_lines(doc)) or "no fingerprint",
-        )
-    ]
+    fleet = (
+        [
+            Result(
+                "fleet.stacks",
+                Status.FAIL if len([g for g in doc.get("groups", ()) if g.get("digest")]) > 1 else Status.PASS,
+                "; ".join(group_lines(doc)) or "no fingerprint",
+            )
+        ]
+        if doc.get("groups")
+        else []
+    )
     fleet += [
         Result(f"fleet.outlier.{o['node']}.{o['metric']}", Status.WARN, o["text"]) for o in doc.get("outliers", ())
     ]
@@ -373,7 +389,7 @@ _CSS = (
     "th, td { text-align: left; padding: 4px 8px; border-bottom: 1px solid #eaeef2; } "
     "th { background: #f6f8fa; }\n"
     ".passed, .pass { color: #1a7f37; } "
-    ".failed, .FAIL, .unreachable, .timed-out, .interrupted, .INT { color: #cf222e; font-weight: 600; }\n"
+    ".failed, .FAIL, .unreachable, .unavailable, .timed-out, .interrupted, .INT { color: #cf222e; font-weight: 600; }\n"
     "pre { background: #f6f8fa; padding: 6px 8px; }"
 )
 
@@ -404,7 +420,7 @@ def html_page(doc: Mapping[str, Any]) -> str:
         parts += ["<h2>Failed checks</h2>", f"<pre>{_e(chr(10).join(failure_lines(doc)))}</pre>"]
     if doc.get("upgrade"):
         parts += ["<h2>Upgrade (canary first)</h2>", f"<pre>{_e(chr(10).join(upgrade_lines(doc)))}</pre>"]
-    else:
+    elif doc.get("groups"):
         parts += ["<h2>Stacks</h2>", f"<pre>{_e(chr(10).join(group_lines(doc)) or 'no fingerprint')}</pre>"]
     parts += [
         "<h2>Outliers</h2>",

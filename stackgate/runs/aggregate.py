@@ -188,13 +188,41 @@ def groups(docs: Sequence[tuple[str, Mapping[str, Any] | None]]) -> list[Group]:
     found = []
     for index, (digest, nodes) in enumerate(ordered):
         majority = parts[ordered[0][0]]
-        differences = (
-            {} if index == 0 else {node: tuple(fingerprint.changes(majority, parts[digest])) for node in nodes}
-        )
+        differences = {} if index == 0 else {node: _differences(majority, parts[digest]) for node in nodes}
         found.append(Group(digest, tuple(nodes), index == 0, differences))
     if missing:
         found.append(Group(None, tuple(missing), False, {}))
     return found
+
+
+def _differences(
+    majority: Mapping[str, Mapping[str, str]], node: Mapping[str, Mapping[str, str]]
+) -> tuple[fingerprint.Change, ...]:
+    """What differs, component by component, in the sections both measured; a section only one side
+    measured (a node that failed before its smoke read no /server_info) is one change, named
+    ``unavailable``, with the reason on the side that lacks it, not every component of the other.
+
+    >>> majority = {"server": {"attention_backend": "flashinfer", "tp_size": "8"}, "gpu": {"count": "8"}}
+    >>> node = {"server": {"unavailable": "no smoke stage read /server_info"}, "gpu": {"count": "7"}}
+    >>> [(c.section, str(c)) for c in _differences(majority, node)]
+    [('gpu', 'count: 8 -> 7'), ('server', 'unavailable: (none) -> no smoke stage read /server_info')]
+    """
+    sections = majority.keys() | node.keys()
+    both = {
+        s for s in sections if fingerprint.measured(majority.get(s) or {}) and fingerprint.measured(node.get(s) or {})
+    }
+    found = fingerprint.changes({s: majority.get(s) or {} for s in both}, {s: node.get(s) or {} for s in both})
+    for section in [s for s in fingerprint.SECTIONS if s in sections - both] + sorted(
+        sections - both - set(fingerprint.SECTIONS)
+    ):
+        old, new = (side.get(section) or {} for side in (majority, node))
+        if fingerprint.measured(old) or fingerprint.measured(new) or old != new:
+            found.append(
+                fingerprint.Change(
+                    section, fingerprint.UNAVAILABLE, old.get(fingerprint.UNAVAILABLE), new.get(fingerprint.UNAVAILABLE)
+                )
+            )
+    return tuple(found)
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ __all__ = [
     "gpu_section",
     "kernels_section",
     "lock_section",
+    "measured",
     "server_section",
 ]
 
@@ -273,6 +274,15 @@ def server_section(info: Mapping[str, Any]) -> dict[str, str]:
             continue
         section[name] = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
     return section
+
+
+def measured(section: Section) -> bool:
+    """Whether a section holds what was found, not only why it could not be (``{"unavailable": why}``).
+
+    >>> measured({"attention_backend": "flashinfer"}), measured({UNAVAILABLE: "no smoke stage read /server_info"})
+    (True, False)
+    """
+    return set(section) != {UNAVAILABLE}
 
 
 def changes(old: Mapping[str, Section], new: Mapping[str, Section]) -> list[Change]:
