@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Iterator
@@ -31,7 +32,10 @@ from test_fleet import Fleet
 
 from stackgate.models.exitcodes import ExitCode
 
-HOSTILE = 'psu "B" failed; $(touch /tmp/sg-pwned) `id` & rm -rf x'
+# The canary a hostile reason would create if it ever ran: one path per test process, so that a
+# stale one (left by a run where the bug fired) cannot fail another run.
+CANARY = Path(tempfile.gettempdir()) / f"sg-pwned-{os.getpid()}"
+HOSTILE = f'psu "B" failed; $(touch {CANARY}) `id` & rm -rf x'
 
 
 class SlurmFleet:
@@ -182,7 +186,7 @@ def test_a_drifted_a_slow_and_a_down_node_through_slurm(fleet: SlurmFleet, tmp_p
     assert (
         nodes["n4"]["reason"] == f"not dialled: Slurm state down ({HOSTILE})" and nodes["n4"]["address"] == "slurm:n4"
     )
-    assert not Path("/tmp/sg-pwned").exists()
+    assert not CANARY.exists()
     assert nodes["n1"]["stages"] == dict.fromkeys(
         ["lock", "environment", "verify", "fast_smoke", "benchmark"], "passed"
     )

@@ -23,7 +23,7 @@ from fakes.fake_nvml import gpu, machine
 from fleet_support import TESTS, VERIFIABLE, nvml_file
 from slurm_cluster import Cluster
 from smoke_support import living, wait_for
-from test_fleet_slurm import HOSTILE, SlurmFleet, slurm_fleet
+from test_fleet_slurm import CANARY, HOSTILE, SlurmFleet, slurm_fleet
 
 from stackgate.models.exitcodes import ExitCode
 
@@ -103,7 +103,7 @@ def test_an_admin_drain_stays_drained_with_its_reason_whatever_the_check_finds(f
     assert runs(home)[-1] == ExitCode.FAILED
     assert cluster.states()["n2"] == "drain" and cluster.reason("n2") == HOSTILE
     assert f"left alone: drained ({HOSTILE}), not set by stackgate" in (home / "health.log").read_text()
-    assert not Path("/tmp/sg-pwned").exists()
+    assert not CANARY.exists()
 
 
 RMA = "RMA ticket 99: bad HBM, do not resume"
