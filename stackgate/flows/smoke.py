@@ -473,7 +473,8 @@ def _decisive(session: Session, watcher: serverlog.LogWatcher) -> list[str]:
         if r.status >= Status.FAIL and r.check in {session.config.check(n) for n in _IDENTITY_CHECKS}
     ]
     flags = session.config.launch_flags(session.shrink)
-    if not session.config.evidence or "--skip-server-warmup" in flags:
+    quiet = serverinfo.log_level(session.server_info, flags) in serverinfo.QUIET_LEVELS  # no ready line to wait for
+    if not session.config.evidence or "--skip-server-warmup" in flags or quiet:
         return failures
     deadline = time.monotonic() + READY_LINE_WAIT_S
     while "ready" not in watcher.reached and time.monotonic() < deadline:
