@@ -103,17 +103,23 @@ def port_owner(server: Server, host: str, port: int) -> PortOwner:
 
 
 def _answering(found: Sequence[Listener], host: str) -> list[Listener]:
-    """The sockets a connection to ``host`` reaches: those bound to its address, else the wildcard ones."""
+    """The sockets a connection to ``host`` reaches: those bound to one of its addresses, else the
+    wildcard ones.
+
+    >>> found = [Listener("127.0.0.1", 1, 0, 1), Listener("::", 1, 0, 2), Listener("10.0.0.1", 1, 0, 3)]
+    >>> [[s.inode for s in _answering(found, h)] for h in ("127.0.0.1", "10.0.0.2", "0.0.0.0")]
+    [[1], [2], [1, 2, 3]]
+    """
     try:
-        wanted = ipaddress.ip_address(host)
+        wanted = {ipaddress.ip_address(host)}
     except ValueError:
         try:
-            wanted = ipaddress.ip_address(socket.getaddrinfo(host, None)[0][4][0])
-        except (OSError, ValueError, IndexError):
+            wanted = {ipaddress.ip_address(info[4][0]) for info in socket.getaddrinfo(host, None)}
+        except (OSError, ValueError):
             return list(found)
-    if wanted.is_unspecified:
+    if any(address.is_unspecified for address in wanted):
         return list(found)
-    exact = [s for s in found if ipaddress.ip_address(s.address) == wanted]
+    exact = [s for s in found if ipaddress.ip_address(s.address) in wanted]
     return exact or [s for s in found if ipaddress.ip_address(s.address).is_unspecified]
 
 
