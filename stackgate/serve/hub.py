@@ -29,10 +29,10 @@ REACH_S = 3.0
 def is_hub_id(text: str) -> bool:
     """Whether ``text`` has the form of a Hub model id (and not of a path).
 
-    >>> [is_hub_id(t) for t in ("meta-llama/Llama-3.1-8B", "/models/m", "./m/x", "a/b/c", "m", "org/..")]
-    [True, False, False, False, False, True]
+    >>> [is_hub_id(t) for t in ("meta-llama/Llama-3.1-8B", "/models/m", "./m/x", "a/b/c", "m", "org/..", "../m")]
+    [True, False, False, False, False, False, False]
     """
-    return _HUB_ID.fullmatch(text) is not None and ".." not in text.split("/")[0]
+    return _HUB_ID.fullmatch(text) is not None
 
 
 def cache_dir(environ: Mapping[str, str]) -> Path:
