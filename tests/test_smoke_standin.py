@@ -88,6 +88,9 @@ def test_a_plain_smoke_passes_proves_what_runs_and_leaves_nothing(rig):
     )
     assert session.teardown.how == "SIGTERM" and session.teardown.leftovers == ()
     assert "SGLang" in results["smoke.teardown"].summary
+    assert session.to_dict()["readiness"]["proof"] == results["smoke.launch"].details[0]
+    proof = results["smoke.launch"].details[0]  # the answering socket is the server's own
+    assert re.fullmatch(r"its listening socket belongs to pid \d+, a process of the server", proof)
     assert_nothing_left(rig)
 
 
@@ -555,6 +558,7 @@ def test_another_server_that_binds_the_port_while_ours_loads_is_named_and_never_
     assert "\n" not in launch.data["holder"]  # the holder's script, on one line
     assert launch.fix.commands == (f"ss -ltnp 'sport = :{rig.port}'",)
     assert session.figures is None and "smoke.server_info" not in results and rig.events("stream_done") == []
+    assert session.to_dict()["readiness"]["detail"] == launch.data["holder"]  # the JSON report names the holder
     assert_nothing_left(rig)
 
 

@@ -144,6 +144,8 @@ class Session:
                 "seconds": round(ready.seconds, 3),
                 "phase": ready.phase,
                 "exit_code": ready.exit_code,
+                "detail": ready.detail or None,  #: a hang's silence, or who holds the port
+                "proof": ready.proof or None,  #: how the answering server was known to be ours
             }
             if ready
             else None,
