@@ -138,6 +138,7 @@ tp = 1
 port = 30000
 attention_backend = "flashinfer"
 ready_timeout_s = 60
+silence_s = 60  # a node whose stand-in loads slowly (24 s a phase) is interrupted or lost, not called hung
 stop_grace_s = 3
 
 [benchmark]

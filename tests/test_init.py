@@ -268,6 +268,11 @@ def test_init_pins_the_stack_reads_the_fusion_gate_and_its_spec_locks(tmp_path: 
     assert load_spec(tmp_path / "h200.toml").smoke.flags == ("--enable-flashinfer-allreduce-fusion",)
     h200 = (tmp_path / "h200.toml").read_text()
     assert "flashinfer's fusion arch gate admits majors [9, 10]" in h200
+    # The flag carries its evidence though init writes no evidence table: smoke proves the fused path ran.
+    assert dict(load_spec(tmp_path / "h200.toml").smoke.evidence) == {
+        "--enable-flashinfer-allreduce-fusion": "FlashInfer workspace initialized for rank"
+    }
+    assert "# smoke proves the fused path ran from the log line 'FlashInfer workspace initialized for rank'" in h200
     assert "TRITON_PTXAS_PATH" not in load_spec(tmp_path / "h200.toml").env
     assert "TRITON_PTXAS_PATH" not in hopper.stderr
     assert "# TRITON_PTXAS_PATH unset: Triton's bundled ptxas builds sm_90a" in h200

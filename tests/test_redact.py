@@ -306,7 +306,7 @@ def planted(tmp_path_factory, plain_python):
 
             rig.behave(hang=True)
             never = rig.tmp / "never.toml"
-            never.write_text(lock.read_text().replace("ready_timeout_s = 60", "ready_timeout_s = 2"))
+            never.write_text(lock.read_text().replace("ready_timeout_s = 60", "ready_timeout_s = 2\nsilence_s = 60"))
             reports = {
                 f"{kind}_path": folder / f"timed-out.{suffix}"
                 for kind, suffix in (("json", "json"), ("junit", "xml"), ("markdown", "md"), ("prom", "prom"))

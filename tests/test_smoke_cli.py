@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -93,8 +94,16 @@ def test_after_ctrl_c_a_server_ignoring_sigterm_is_waited_for_aloud_and_a_second
     notice = next(line for line in err if "waiting up to" in line)
     wanted = f"waiting up to 300 s for the server (pid {pid}) to stop after SIGTERM; press Ctrl-C again to kill it now"
     assert notice.strip() == wanted
-    teardown = json.loads(report.read_text())["smoke"]["sessions"][0]["teardown"]
+    doc = json.loads(report.read_text())
+    teardown = doc["smoke"]["sessions"][0]["teardown"]
     assert teardown["interrupted"] is True and teardown["how"].startswith("SIGKILL after")
+    (result,) = [r for r in doc["results"] if r["check"] == "smoke.teardown"]
+    assert result["status"] == "WARN", result  # not a plain PASS: the server ignored SIGTERM
+    assert (
+        "process(es) ignore SIGTERM (their signal mask says so) and ended only when the second Ctrl-C"
+        in (result["summary"])
+    )
+    assert any(line.startswith(f"{pid} (") for line in result["details"])  # the server itself, named
     assert_nothing_left(rig)
 
 
@@ -123,6 +132,8 @@ def test_workers_a_smoke_killed_outright_left_are_ended_by_the_next_run_which_sa
     assert code == 0, out + err
     assert "ended 2 process(es) that a dead stackgate run left running (launched " in err, err
     assert all(f"  {pid} (" in err for pid in workers), err
+    # Each worker's command line (a whole `python -c` script) stays on its own line, escaped.
+    assert all(re.search(rf"^  {pid} \(.*\\n.*\)$", err, re.M) for pid in workers), err
     assert living(workers) == []
     assert_nothing_left(rig)
 

@@ -29,6 +29,24 @@ def test_the_shipped_lockfiles_still_load_with_the_new_defaults(name):
     assert (smoke.speculative, smoke.compare, smoke.fast_layers, smoke.stop_grace_s) == (None, None, 4, 15.0)
 
 
+FUSION = "--enable-flashinfer-allreduce-fusion"
+
+
+def test_the_fusion_flag_carries_its_evidence_and_a_spec_can_only_replace_it():
+    plain = load(f'[smoke]\nflags = ["{FUSION}"]\n').smoke  # as init writes it: no evidence table
+    assert dict(plain.evidence) == {FUSION: "FlashInfer workspace initialized for rank"}
+    replaced = load(f'[smoke]\nflags = ["{FUSION}"]\nevidence = {{ "{FUSION}" = "fused allreduce ready" }}\n').smoke
+    assert dict(replaced.evidence) == {FUSION: "fused allreduce ready"}
+    assert dict(load('[smoke]\nflags = ["--enable-x"]\n').smoke.evidence) == {}  # no known evidence, none asked
+    hopper = load_spec(ROOT / "lockfiles" / "hopper-sm90-cu130.toml").smoke  # the flag, no evidence table
+    assert dict(hopper.evidence) == {FUSION: "FlashInfer workspace initialized for rank"}
+
+
+def test_the_load_silence_limit_comes_from_the_lock():
+    assert load("[smoke]\nready_timeout_s = 600\n").smoke.load_silence_s == 150.0
+    assert load("[smoke]\nready_timeout_s = 600\nsilence_s = 40\n").smoke.load_silence_s == 40.0
+
+
 def test_speculative_decoding_becomes_sglang_s_flags():
     lock = load(
         '[smoke]\nflags = []\n[smoke.speculative]\nalgorithm = "EAGLE3"\ndraft_model = "/m/eagle3"\nnum_steps = '
@@ -131,7 +149,19 @@ def test_a_compare_table_without_flags_means_the_default_baseline():
             '[smoke]\nflags = ["--x"]\nevidence = { "--x" = "bad (" }\n',
             "smoke.evidence.--x: invalid regular expression 'bad (': missing ), unterminated subpattern at position 4",
         ),
+        (
+            '[smoke]\nflags = ["--enable-flashinfer-allreduce-fusion"]\n'
+            'evidence = { "--enable-flashinfer-allreduce-fusion" = "" }\n',
+            "smoke.evidence.--enable-flashinfer-allreduce-fusion: '' matches an empty line, so every log would prove "
+            "the flag: give the line that shows its path ran",
+        ),
+        (
+            '[smoke]\nflags = ["--x"]\nevidence = { "--x" = ".*" }\n',
+            "smoke.evidence.--x: '.*' matches an empty line, so every log would prove the flag: give the line that "
+            "shows its path ran",
+        ),
         ("[smoke]\nfast_layers = 0\n", "smoke.fast_layers: must be greater than 0, not 0"),
+        ("[smoke]\nsilence_s = 0\n", "smoke.silence_s: must be greater than 0, not 0"),
         ("[smoke]\nstop_grace_s = -1\n", "smoke.stop_grace_s: must be greater than 0, not -1"),
         (
             '[smoke.compare]\nname = "Base Line"\n',

@@ -11,7 +11,9 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 from smoke_support import Rig, assert_nothing_left, by_name, free_port, living, wait_for
@@ -86,6 +88,9 @@ def test_a_plain_smoke_passes_proves_what_runs_and_leaves_nothing(rig):
     )
     assert session.teardown.how == "SIGTERM" and session.teardown.leftovers == ()
     assert "SGLang" in results["smoke.teardown"].summary
+    assert session.to_dict()["readiness"]["proof"] == results["smoke.launch"].details[0]
+    proof = results["smoke.launch"].details[0]  # the answering socket is the server's own
+    assert re.fullmatch(r"its listening socket belongs to pid \d+, a process of the server", proof)
     assert_nothing_left(rig)
 
 
@@ -186,6 +191,18 @@ def test_a_flag_whose_path_never_initialised_fails_with_that_explanation(rig):
     assert_nothing_left(rig)
 
 
+def test_a_fusion_flag_without_an_evidence_table_still_has_to_prove_its_path(rig):
+    """A spec as init writes it: the flag, no [smoke] evidence. The fused path never runs (TP 2 here,
+    but the server takes no fused path): smoke must not pass."""
+    rig.gpus(2)
+    rig.behave(evidence=False)
+    done = rig.run(rig.lock(tp=2, flags=(FUSION,)))
+    result = by_name(done.results)["smoke.evidence.enable-flashinfer-allreduce-fusion"]
+    assert result.status == Status.FAIL and "the path it enables never initialised" in result.summary
+    assert not done.verdict.passed
+    assert_nothing_left(rig)
+
+
 def test_at_log_level_warning_the_evidence_cannot_be_told_and_smoke_says_so(rig):
     rig.gpus(2)
     done = rig.run(
@@ -276,7 +293,7 @@ def test_a_fatal_log_line_while_loading_stops_the_wait_at_once(rig):
 
 def test_a_server_that_hangs_while_loading_times_out_with_its_last_phase(rig):
     rig.behave(hang=True)
-    done = rig.run(_short_timeout(rig))
+    done = rig.run(_short_timeout(rig, silence_s=60))
     launch = by_name(done.results)["smoke.launch"]
     assert launch.status == Status.FAIL
     assert launch.summary.startswith(
@@ -286,8 +303,21 @@ def test_a_server_that_hangs_while_loading_times_out_with_its_last_phase(rig):
     assert_nothing_left(rig)
 
 
-def _short_timeout(rig):
-    path = rig.lock()
+def test_a_server_silent_while_loading_is_named_by_the_phase_it_hung_in_long_before_the_timeout(rig):
+    rig.behave(hang=True)  # the stand-in stops writing after its graphs are captured, the port never opens
+    done = rig.run(rig.lock(smoke_extra="silence_s = 8"))  # ready_timeout_s is 60
+    ready = done.sessions[0].readiness
+    launch = by_name(done.results)["smoke.launch"]
+    assert (ready.reason, ready.phase) == ("silent", "CUDA graphs captured")
+    assert ready.seconds < 60 and launch.status == Status.FAIL
+    assert launch.summary.startswith("the server hung while CUDA graphs captured: no output for 8.")
+    assert "(this phase's limit: 8 s)" in launch.summary
+    assert "raise [smoke] silence_s (now 8 s)" in launch.fix.text and f"--pid {done.sessions[0].pid}" in launch.fix.text
+    assert_nothing_left(rig)
+
+
+def _short_timeout(rig, **smoke):
+    path = rig.lock(smoke_extra="\n".join(f"{k} = {v}" for k, v in smoke.items()))
     path.write_text(path.read_text().replace("ready_timeout_s = 60", "ready_timeout_s = 1.5"))
     return path
 
@@ -479,6 +509,98 @@ def _take_port_while_loading(rig, squatter, loaded):
     loaded.touch()
 
 
+#: Another server: answers 200 to every GET, /health included (a plain http.server).
+_OTHER_SERVER = """
+import http.server, sys
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+
+
+def test_another_server_that_binds_the_port_while_ours_loads_is_named_and_never_benchmarked(rig):
+    """The shared-machine case: our server is slow to load (its port not bound yet) and another
+    process binds the port and answers /health 200. That is not readiness: smoke names the holder."""
+    rig.behave(load_until=str(rig.tmp / "never"))  # ours never finishes loading
+    others: list[subprocess.Popen[bytes]] = []
+
+    def take_the_port() -> None:
+        wait_for(lambda: rig.events("started"))  # after smoke's own check that the port is free
+        others.append(subprocess.Popen([sys.executable, "-c", _OTHER_SERVER, str(rig.port)]))
+
+    taker = threading.Thread(target=take_the_port, daemon=True)
+    taker.start()
+    try:
+        done = rig.run(rig.lock(smoke_extra="silence_s = 60"), benchmark=True)  # ours is silent while it waits
+    finally:
+        taker.join()
+        for other in others:
+            other.kill()
+            other.wait()
+    results, session = by_name(done.results), done.sessions[0]
+    assert not done.verdict.passed
+    assert results["smoke.preflight.port"].status == Status.PASS  # free when smoke looked
+    assert session.readiness.reason == "not ours" and not session.readiness.ready
+    launch = results["smoke.launch"]
+    assert launch.status == Status.FAIL
+    assert (
+        launch.summary.startswith(f"port {rig.port} answered /health after ")
+        and f"but from a socket that pid {session.pid} never bound: it belongs to pid {others[0].pid} ("
+        in launch.summary
+    )
+    assert launch.data["holder"].startswith(f"pid {others[0].pid} (") and "http.server" in launch.data["holder"]
+    assert "\n" not in launch.data["holder"]  # the holder's script, on one line
+    assert launch.fix.commands == (f"ss -ltnp 'sport = :{rig.port}'",)
+    assert session.figures is None and "smoke.server_info" not in results and rig.events("stream_done") == []
+    assert session.to_dict()["readiness"]["detail"] == launch.data["holder"]  # the JSON report names the holder
+    assert_nothing_left(rig)
+
+
+def test_a_server_reporting_another_identity_is_not_benchmarked(rig):
+    another = rig.tmp / "another"
+    another.mkdir()
+    another.joinpath("config.json").write_text(rig.model.joinpath("config.json").read_text())
+    rig.behave(resolve={"model_path": str(another)})
+    done = rig.run(rig.lock(), benchmark=True)
+    results = by_name(done.results)
+    assert results["smoke.launch"].status == Status.PASS  # its own socket: it is our process
+    assert results["smoke.server_info"].status == Status.FAIL and "another server answered" in (
+        results["smoke.server_info"].summary
+    )
+    assert results["smoke.benchmark"].status == Status.SKIP
+    assert results["smoke.benchmark"].summary.startswith(
+        f"not run: the server on port {rig.port} reports port {rig.port} and model {another}: another server"
+    )
+    assert done.sessions[0].figures is None and rig.events("stream_done") == []
+    assert_nothing_left(rig)
+
+
+@pytest.mark.parametrize("wrong", ["backend", "fusion"])
+def test_a_wrong_backend_or_a_fused_path_not_taken_fails_before_the_benchmark(rig, wrong):
+    if wrong == "backend":
+        rig.behave(ignore_backend_flag=True, default_backend="triton")
+        lock, want = rig.lock(), "the server runs the triton attention backend, the lock asks for flashinfer"
+    else:
+        rig.gpus(2)
+        rig.behave(evidence=False)
+        lock, want = rig.lock(tp=2, flags=(FUSION,)), f"{FUSION}: its path never initialised while the server started"
+    done = rig.run(lock, benchmark=True, concurrency=(2,))
+    results, session = by_name(done.results), done.sessions[0]
+    assert results["smoke.benchmark"].status == Status.SKIP
+    assert results["smoke.benchmark"].summary.startswith(f"not run: {want}")
+    assert session.figures is None and session.levels == [] and rig.events("stream_done") == []
+    assert session.failure == f"not measured: {want}" and not done.verdict.passed
+    if wrong == "fusion":  # judged again on the whole log: still the flag's own failure
+        assert results["smoke.evidence.enable-flashinfer-allreduce-fusion"].status == Status.FAIL
+    assert_nothing_left(rig)
+
+
 @pytest.mark.parametrize("problem", ["missing", "no-config", "bad-config"])
 def test_a_missing_or_unreadable_model_is_refused_before_launch(rig, problem):
     if problem == "missing":
@@ -496,6 +618,55 @@ def test_a_missing_or_unreadable_model_is_refused_before_launch(rig, problem):
     assert model.status == Status.FAIL and want in model.summary and model.summary.endswith("; nothing was launched")
     assert rig.events() == []
     assert not done.verdict.passed
+
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _hub_cache(rig, hub_id: str) -> Path:
+    """A Hugging Face Hub cache holding ``hub_id`` as huggingface_hub lays it out: refs/main names a
+    commit whose snapshot holds the model."""
+    repo = rig.tmp / "hf" / "hub" / f"models--{hub_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True)
+    snapshot.joinpath("config.json").write_text(rig.model.joinpath("config.json").read_text())
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    return snapshot
+
+
+def test_a_hub_id_is_launched_from_the_hugging_face_cache(rig):
+    snapshot = _hub_cache(rig, "acme/tiny-llama")
+    done = rig.run(rig.lock(env={"HF_HOME": str(rig.tmp / "hf"), "HF_HUB_OFFLINE": "1"}), model="acme/tiny-llama")
+    results, session = by_name(done.results), done.sessions[0]
+    assert (
+        results["smoke.preflight.model"].summary == f"model acme/tiny-llama is readable (Hub id, cached at {snapshot})"
+    )
+    assert session.argv[3:5] == ("--model-path", str(snapshot))  # what was checked is what the server loads
+    assert done.verdict.passed, statuses(done)
+    assert_nothing_left(rig)
+
+
+@pytest.mark.parametrize("offline", ["variable", "unreachable"])
+def test_a_hub_id_not_cached_on_an_offline_host_is_refused_before_launch_and_says_so(rig, offline):
+    _hub_cache(rig, "acme/other")
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: connections to it are refused
+        env = {"HF_HUB_CACHE": str(rig.tmp / "hf" / "hub")}
+        if offline == "variable":
+            env["HF_HUB_OFFLINE"] = "1"
+        else:
+            env["HF_ENDPOINT"] = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        done = rig.run(rig.lock(env=env), model="acme/tiny-llama")
+    model = by_name(done.results)["smoke.preflight.model"]
+    assert model.status == Status.FAIL
+    why = "HF_HUB_OFFLINE=1 is set" if offline == "variable" else f"{env.get('HF_ENDPOINT')} cannot be reached ("
+    assert model.summary.startswith(
+        "model acme/tiny-llama: not a local path, and as a Hugging Face Hub id it is not in the Hugging Face cache "
+        f"{rig.tmp / 'hf' / 'hub'}, and this host is offline: {why}"
+    ), model.summary
+    assert model.summary.endswith("; nothing was launched") and "no such file" not in model.summary
+    assert rig.events() == []
 
 
 def test_fewer_gpus_than_tp_are_refused_before_launch(rig):

@@ -19,7 +19,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
-__all__ = ["EventStream", "HttpError", "Response", "bearer", "get_json", "request"]
+__all__ = ["EventStream", "HttpError", "Response", "bearer", "get_json", "reachable", "request"]
 
 #: How much a stream reads per system call at most; SSE events of a long generation stay far below.
 _READ_SIZE = 65536
@@ -102,6 +102,20 @@ def request(
         raise _failure(exc, url, timeout_s) from exc
     finally:
         connection.close()
+
+
+def reachable(url: str, *, timeout_s: float = 3.0) -> str | None:
+    """None when a TCP connection to ``url``'s host and port (http or https) opens within
+    ``timeout_s``; otherwise why not. Nothing is sent."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"not an http(s) URL: {url!r}"
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        with socket.create_connection((parts.hostname, port), timeout=timeout_s):
+            return None
+    except (OSError, ValueError) as exc:
+        return str(exc) or type(exc).__name__
 
 
 def get_json(url: str, *, timeout_s: float = 10.0, headers: Mapping[str, str] | None = None) -> Any:

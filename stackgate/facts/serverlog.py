@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from stackgate.models.finding import Finding
 from stackgate.models.redact import redact_text
 from stackgate.scan import Scanner
 
-__all__ = ["EXCERPT_CHARS", "PHASES", "READY_LINE", "Evidence", "LogWatcher", "excerpt"]
+__all__ = ["EXCERPT_CHARS", "LAUNCHING", "PHASES", "READY_LINE", "Evidence", "LogWatcher", "excerpt"]
 
 #: How much of one log line a result quotes: SGLang's server_args line alone is ~9 KB.
 EXCERPT_CHARS = 300
@@ -43,22 +44,24 @@ def excerpt(line: str, limit: int = EXCERPT_CHARS) -> str:
     return f"{line[:cut]}... ({len(line) - cut} chars cut)"
 
 
-#: The start-up phases SGLang 0.5.9's log reveals, in order (message patterns, label).
-PHASES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(pattern), label)
-    for pattern, label in (
-        (r"server_args=ServerArgs\(", "starting"),
-        (r"Init torch distributed begin", "initialising torch.distributed"),
-        (r"Load weight begin", "loading weights"),
-        (r"Loading \w+ checkpoint shards:\s*(?P<pct>\d+)%", "loading weights ({pct}%)"),
-        (r"Load weight end", "weights loaded"),
-        (r"KV Cache is allocated|Memory pool end", "allocating the KV cache"),
-        (r"Capture (?:cuda|cpu|npu) graph begin|Capturing batches", "capturing CUDA graphs"),
-        (r"Capture (?:cuda|cpu|npu) graph end", "CUDA graphs captured"),
-        (r"Uvicorn running on", "HTTP up, warming up"),
-        (r"The server is fired up and ready to roll!", "ready"),
+#: The start-up phases SGLang 0.5.9's log reveals, in order (message pattern, key, label).
+PHASES: tuple[tuple[re.Pattern[str], str, str], ...] = tuple(
+    (re.compile(pattern), key, label)
+    for pattern, key, label in (
+        (r"server_args=ServerArgs\(", "starting", "starting"),
+        (r"Init torch distributed begin", "distributed", "initialising torch.distributed"),
+        (r"Load weight begin", "weights", "loading weights"),
+        (r"Loading \w+ checkpoint shards:\s*(?P<pct>\d+)%", "weights", "loading weights ({pct}%)"),
+        (r"Load weight end", "loaded", "weights loaded"),
+        (r"KV Cache is allocated|Memory pool end", "kv_cache", "allocating the KV cache"),
+        (r"Capture (?:cuda|cpu|npu) graph begin|Capturing batches", "graphs", "capturing CUDA graphs"),
+        (r"Capture (?:cuda|cpu|npu) graph end", "graphs_done", "CUDA graphs captured"),
+        (r"Uvicorn running on", "listening", "HTTP up, warming up"),
+        (r"The server is fired up and ready to roll!", "ready", "ready"),
     )
 )
+#: The phase before the log's first line.
+LAUNCHING = "launching"
 READY_LINE = "The server is fired up and ready to roll!"
 _READ_SIZE = 1 << 20
 
@@ -90,7 +93,10 @@ class LogWatcher:
     ) -> None:
         self.path = path
         self.scanner = Scanner(stage="smoke", context=context, source=str(path))
-        self.phase = "launching"
+        self.phase = LAUNCHING  #: the last phase's label, as a person reads it
+        self.phase_key = LAUNCHING  #: the last phase's key (PHASES)
+        self.reached: set[str] = set()  #: the keys of every phase the log has shown
+        self.quiet_since = time.monotonic()  #: when the log last grew (a progress bar's redraw counts)
         self.lines = 0
         self._offset = 0
         self._partial = ""
@@ -149,6 +155,8 @@ class LogWatcher:
                 data = log.read(_READ_SIZE)
         except FileNotFoundError:
             return ""
+        if data:
+            self.quiet_since = time.monotonic()
         self._offset += len(data)
         return data.decode("utf-8", errors="replace")
 
@@ -173,8 +181,13 @@ class LogWatcher:
         return self.scanner.feed(line)
 
     def _phase(self, line: str) -> None:
-        for pattern, label in PHASES:
+        for pattern, key, label in PHASES:
             found = pattern.search(line)
             if found:
-                self.phase = label.format(**found.groupdict())
+                self.phase, self.phase_key = label.format(**found.groupdict()), key
+                self.reached.add(key)
                 return
+
+    def silent_for(self) -> float:
+        """Seconds since the log last grew (or since this watcher began, if it never did)."""
+        return time.monotonic() - self.quiet_since

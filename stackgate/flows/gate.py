@@ -200,7 +200,7 @@ def _lock_stage(ctx: GateContext) -> list[Result]:
         fix = Fix("Name the model the gate launches.", (f"stackgate gate --model /path/to/model --lock {lock.path}",))
         results.append(_named("lock.model", failed(str(exc), fix=fix)))
         return results
-    readable = launch.check_model(config)
+    readable = launch.check_model(config, {**os.environ, **config.env})  # a Hub cache named in [smoke.env] too
     if readable.status >= Status.FAIL:
         ctx.usage = readable.summary
         fix = Fix(

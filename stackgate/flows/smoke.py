@@ -27,7 +27,7 @@ from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.finding import Finding, Fix
 from stackgate.models.redact import redact
 from stackgate.models.result import Result, Status, failed, passed, skipped, warned
-from stackgate.models.spec import Spec
+from stackgate.models.spec import Smoke, Spec
 from stackgate.models.verdict import Verdict, judge
 from stackgate.models.verdict import document as report_document
 from stackgate.render.benchtables import latency_ms
@@ -144,6 +144,8 @@ class Session:
                 "seconds": round(ready.seconds, 3),
                 "phase": ready.phase,
                 "exit_code": ready.exit_code,
+                "detail": ready.detail or None,  #: a hang's silence, or who holds the port
+                "proof": ready.proof or None,  #: how the answering server was known to be ours
             }
             if ready
             else None,
@@ -351,7 +353,9 @@ def _preflight(session: Session, context: _Context) -> bool:
         )
         return False
     session.environment, session.set_by_stackgate = environ, stackgate_set
-    model = launch.check_model(config)
+    model = launch.check_model(config, environ)
+    if model.status == Status.PASS:
+        session.config = config = launch.cached_models(config, environ)
     checks = {
         "preflight.python": _check_python(lock),
         "preflight.model": model,
@@ -430,23 +434,69 @@ def _serve(session: Session, context: _Context, server: launch.Server, watcher: 
         ready = wait_ready(
             server,
             watcher,
-            config.base_url,
+            config,
             context.lock.smoke.ready_timeout_s,
             lambda phase, _: activity.update(phase),
+            silence_s=context.lock.smoke.load_silence_s,
         )
     session.readiness = ready
-    session.add("launch", _launch_result(ready, server, watcher, context.lock.smoke.ready_timeout_s, ready.finding))
+    session.add("launch", _launch_result(ready, server, watcher, context.lock.smoke, ready.finding))
     if not ready.ready:
         session.failed(f"not ready: {ready.reason}", ready.failed_at)
         return
     faults.trip("smoke:ready")
     _what_runs(session)
-    if context.request.measures or context.request.concurrency:
+    wanted = context.request.measures or bool(context.request.concurrency)
+    decisive = _decisive(session, watcher) if wanted else []
+    if decisive:
+        session.failed(f"not measured: {decisive[0]}", time.time())
+        session.add("benchmark", skipped(f"not run: {'; '.join(decisive)}: the server is not what the lock describes"))
+    elif wanted:
         _measure(session, context, server, watcher)
 
 
+#: How long smoke waits, once /health answers 200, for the log's ready line (SGLang writes it just
+#: after the warm-up request marks the server up) before it judges the start-up log as complete.
+READY_LINE_WAIT_S = 5.0
+
+
+def _decisive(session: Session, watcher: serverlog.LogWatcher) -> list[str]:
+    """What is already known to fail at ready time, so that nothing is benchmarked: another server
+    answered, the backend or TP is not the lock's, or a flag's path did not run while starting.
+
+    A fused path's evidence is written while the server starts (graph capture, the warm-up
+    request), so once the ready line is in the log its absence is decisive; a server started
+    with --skip-server-warmup may run the path first at the benchmark's first request, so its
+    evidence waits for the end of the run.
+    """
+    failures = [
+        r.summary
+        for r in session.results
+        if r.status >= Status.FAIL and r.check in {session.config.check(n) for n in _IDENTITY_CHECKS}
+    ]
+    flags = session.config.launch_flags(session.shrink)
+    quiet = serverinfo.log_level(session.server_info, flags) in serverinfo.QUIET_LEVELS  # no ready line to wait for
+    if not session.config.evidence or "--skip-server-warmup" in flags or quiet:
+        return failures
+    deadline = time.monotonic() + READY_LINE_WAIT_S
+    while "ready" not in watcher.reached and time.monotonic() < deadline:
+        time.sleep(0.05)
+        watcher.poll()
+    if "ready" not in watcher.reached:
+        return failures
+    for item in watcher.evidence:
+        early = serverinfo.check_evidence(item, session.server_info, flags)
+        if early.status >= Status.FAIL:
+            failures.append(f"{item.flag}: its path never initialised while the server started")
+    return failures
+
+
+#: The checks of what runs whose failure means the answering server is not the lock's.
+_IDENTITY_CHECKS = ("server_info", "attention_backend", "tp_size")
+
+
 def _launch_result(
-    ready: Readiness, server: launch.Server, watcher: serverlog.LogWatcher, timeout_s: float, cause: Finding | None
+    ready: Readiness, server: launch.Server, watcher: serverlog.LogWatcher, smoke: Smoke, cause: Finding | None
 ) -> Result:
     tail = [f"> {serverlog.excerpt(line)}" for line in watcher.last_lines(15)]
     fix = Fix("Read the server log; the findings below name known causes.", (f"tail -n 200 {server.log_path}",))
@@ -459,7 +509,28 @@ def _launch_result(
         "pid": server.pid,
     }
     if ready.reason == "ready":
-        return passed(f"ready after {ready.seconds:.1f} s (pid {server.pid})", data=data)
+        return passed(f"ready after {ready.seconds:.1f} s (pid {server.pid})", [ready.proof], data=data)
+    if ready.reason == "not ours":
+        port = _port_of(server)
+        return failed(
+            f"port {port} answered /health after {ready.seconds:.1f} s, but from a socket that pid {server.pid} "
+            f"never bound: it belongs to {ready.detail}; another server took the port while ours was {ready.phase} "
+            "(nothing was benchmarked)",
+            tail,
+            fix=Fix("Stop the other server, or pass another --port.", (f"ss -ltnp 'sport = :{port}'",)),
+            data={**data, "holder": ready.detail},
+        )
+    if ready.reason == "silent":
+        return failed(
+            f"the server hung while {ready.phase}: {ready.detail}; stopped waiting after {ready.seconds:.1f} s{known}",
+            tail,
+            fix=Fix(
+                f"If this phase is only slow here, raise [smoke] silence_s (now {smoke.load_silence_s:g} s); "
+                f"otherwise see where the server's processes wait (py-spy dump --pid {server.pid}).",
+                fix.commands,
+            ),
+            data={**data, "silence": ready.detail},
+        )
     if ready.reason == "exited":
         note = "; SGLang kills its own process tree on a fatal error" if ready.exit_code == -signal.SIGKILL else ""
         return failed(
@@ -476,12 +547,18 @@ def _launch_result(
             fix=fix,
             data=data,
         )
+    timeout_s = smoke.ready_timeout_s
     fix = Fix(
         f"If the model is only slow to load, raise [smoke] ready_timeout_s (now {timeout_s:g} s); otherwise read the "
         "log.",
         fix.commands,
     )
     return failed(f"not ready after {timeout_s:g} s (last phase: {ready.phase})", tail, fix=fix, data=data)
+
+
+def _port_of(server: launch.Server) -> str:
+    argv = list(server.argv)
+    return argv[argv.index("--port") + 1] if "--port" in argv[:-1] else "?"
 
 
 def _exit_text(code: int | None) -> str:
@@ -692,7 +769,7 @@ def _conclude(
         if seen.reason == "fatal" and session.teardown is not None and session.teardown.how == "exited by itself":
             seen = dataclasses.replace(seen, reason="exited", exit_code=session.teardown.exit_code)
         named = dataclasses.replace(
-            _launch_result(seen, server, watcher, context.lock.smoke.ready_timeout_s, watcher.cause),
+            _launch_result(seen, server, watcher, context.lock.smoke, watcher.cause),
             check=session.config.check("launch"),
         )
         session.results = [named if r.check == named.check else r for r in session.results]
@@ -739,6 +816,17 @@ def _teardown_result(session: Session, server: launch.Server, grace_s: float) ->
             fix=Fix(
                 "Find what does not end on SIGTERM (a stuck request, a worker that ignores the signal); until then, "
                 "stop the server with SIGKILL after a timeout."
+            ),
+            data=data,
+        )
+    if teardown.interrupted and teardown.ignoring:
+        return warned(
+            f"{summary}; {len(teardown.ignoring)} process(es) ignore SIGTERM (their signal mask says so) and ended "
+            "only when the second Ctrl-C killed them: a production drain (SIGTERM) would hang",
+            list(teardown.ignoring),
+            fix=Fix(
+                "Find what sets SIGTERM to be ignored in the server (a wrapper, a worker); until then, stop the server "
+                "with SIGKILL after a timeout."
             ),
             data=data,
         )

@@ -18,7 +18,7 @@ from stackgate.edges.nvml import NvmlSnapshot
 from stackgate.facts.compare import conflicts
 from stackgate.facts.machine import FoundPython, Machine
 from stackgate.facts.values import ArchBuild, Missing, ProbeFacts
-from stackgate.models.spec import Capability
+from stackgate.models.spec import DEFAULT_EVIDENCE, Capability
 
 __all__ = ["PINNED", "Line", "machine_spec", "stack_name"]
 
@@ -222,6 +222,11 @@ def _smoke(machine: Machine, gpus: int, capabilities: list[str]) -> list[Line]:
             f'flags = ["{FUSION_FLAG}"]',
             f"flashinfer's fusion arch gate admits majors {supported}: `verify --deep` proves it",
         ),
+        (
+            f"# smoke proves the fused path ran from the log line {DEFAULT_EVIDENCE[FUSION_FLAG]!r} (the flag's",
+            None,
+        ),
+        ("# default evidence: `evidence = { ... }` here may replace the pattern, never remove it)", None),
     ]
 
 

@@ -13,6 +13,7 @@ longer than SGLang's 5 s drain poll, then SIGKILLs what is left and checks that 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -31,8 +32,8 @@ from stackgate.models.exitcodes import UsageError
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, failed, passed, warned
 from stackgate.models.spec import Spec, Speculative, edit_hint
-from stackgate.serve import fastmode, launched
-from stackgate.serve.procs import ProcessTree, describe, read_stat
+from stackgate.serve import fastmode, hub, launched
+from stackgate.serve.procs import ProcessTree, describe, ignores, read_stat
 
 __all__ = [
     "FUSION_MARK",
@@ -42,6 +43,7 @@ __all__ = [
     "Server",
     "Teardown",
     "check_gpus",
+    "cached_models",
     "check_model",
     "check_port",
     "configs",
@@ -206,23 +208,69 @@ def server_env(lock: Spec, config: Config, base: Mapping[str, str]) -> tuple[dic
 # --- refusals before launch -------------------------------------------------------------------
 
 
-def check_model(config: Config) -> Result:
-    """The model (and a draft model) is a readable directory with a config.json."""
-    paths = [("model", config.model)]
-    if config.speculative is not None and config.speculative.draft_model:
-        paths.append(("draft model", config.speculative.draft_model))
-    for what, text in paths:
-        problem = _unreadable(Path(text))
+def check_model(config: Config, environ: Mapping[str, str] | None = None) -> Result:
+    """The model (and a draft model) is a readable directory with a config.json: a local path, or
+    a Hugging Face Hub id found in the server's Hub cache (:mod:`stackgate.serve.hub`)."""
+    environ = os.environ if environ is None else environ
+    where = {}
+    for what, text in _models(config):
+        path, problem, offline = _locate(text, environ)
         if problem:
+            download = (f"huggingface-cli download {text}",) if hub.is_hub_id(text) and offline is None else ()
             return failed(
                 f"{what} {text}: {problem}; nothing was launched",
                 fix=Fix(
                     "Point [smoke] at a local Hugging Face model directory "
-                    f"({'--model PATH' if what == 'model' else 'smoke.speculative.draft_model'}).",
-                    (f"ls -l {text}",),
+                    f"({'--model PATH' if what == 'model' else 'smoke.speculative.draft_model'}), or put the Hub id "
+                    "in the Hub cache on a host that can reach the Hub (HF_HOME names the cache).",
+                    download or (f"ls -l {text}",),
                 ),
             )
-    return passed(f"model {config.model} is readable", data={"model": config.model})
+        where[what] = str(path)
+    cached = f" (Hub id, cached at {where['model']})" if where["model"] != config.model else ""
+    return passed(f"model {config.model} is readable{cached}", data={"model": config.model, "path": where["model"]})
+
+
+def cached_models(config: Config, environ: Mapping[str, str]) -> Config:
+    """``config`` with each Hub id replaced by its snapshot directory in the Hub cache, so that the
+    server loads exactly what was checked, without the network."""
+    model = _locate(config.model, environ)[0]
+    speculative = config.speculative
+    if speculative is not None and speculative.draft_model:
+        draft = _locate(speculative.draft_model, environ)[0]
+        speculative = dataclasses.replace(speculative, draft_model=str(draft))
+    return dataclasses.replace(config, model=str(model), speculative=speculative)
+
+
+def _models(config: Config) -> list[tuple[str, str]]:
+    paths = [("model", config.model)]
+    if config.speculative is not None and config.speculative.draft_model:
+        paths.append(("draft model", config.speculative.draft_model))
+    return paths
+
+
+def _locate(text: str, environ: Mapping[str, str]) -> tuple[Path, str, str | None]:
+    """Where a model is, what is wrong with it ("" if nothing), and why the host is offline (a Hub
+    id not cached) or None."""
+    path = Path(text)
+    if path.exists() or not hub.is_hub_id(text):
+        return path, _unreadable(path), None
+    found = hub.resolve(text, environ)
+    if found.path is not None:
+        return found.path, _unreadable(found.path), None
+    offline = hub.offline_reason(environ)
+    if offline is not None:
+        return (
+            path,
+            f"not a local path, and as a Hugging Face Hub id it {found.problem}, and this host is offline: {offline}",
+            offline,
+        )
+    return (
+        path,
+        f"not a local path, and as a Hugging Face Hub id it {found.problem}: download it first (smoke does not "
+        "time a download against ready_timeout_s)",
+        None,
+    )
 
 
 def _unreadable(path: Path) -> str:
@@ -320,6 +368,7 @@ class Teardown:
     ended_before: bool = False  #: the server's main process had already exited when teardown began
     orphans: tuple[str, ...] = ()  #: processes it left behind then (teardown ended them)
     stubborn: tuple[str, ...] = ()  #: processes still alive after SIGTERM and the whole grace period
+    ignoring: tuple[str, ...] = ()  #: processes alive at SIGKILL whose signal mask ignores SIGTERM
 
 
 @dataclass
@@ -417,10 +466,13 @@ def stop(server: Server, grace_s: float, on_wait: Callable[[float], None] | None
             _wait_gone(server, grace_s - (time.monotonic() - begun))
         except KeyboardInterrupt:
             interrupted = True
+    ignoring: tuple[str, ...] = ()
     with signals_held():
         if server.exit_code() is None or server.tree.alive():
+            living = _living(server)
             if not interrupted:
-                stubborn = tuple(describe(pid) for pid in _living(server))
+                stubborn = tuple(describe(pid) for pid in living)
+            ignoring = tuple(describe(pid) for pid in living if ignores(pid, signal.SIGTERM))
             how = f"SIGKILL after {time.monotonic() - begun:.1f} s"
             server.tree.signal(signal.SIGKILL)
             _wait_gone(server, 5.0)
@@ -430,7 +482,15 @@ def stop(server: Server, grace_s: float, on_wait: Callable[[float], None] | None
         if not left and server.record is not None:
             server.record.forget()  # what survives stays recorded: the next run reaps it
         server.teardown = Teardown(
-            how, server.exit_code(), time.monotonic() - begun, left, interrupted, ended_before, orphans, stubborn
+            how,
+            server.exit_code(),
+            time.monotonic() - begun,
+            left,
+            interrupted,
+            ended_before,
+            orphans,
+            stubborn,
+            ignoring,
         )
     return server.teardown
 

@@ -8,14 +8,29 @@ given to an unrelated program is never signalled.
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
 from stackgate.models.secretargs import shown
 
-__all__ = ["HALTED", "ProcStat", "ProcessTree", "describe", "processes", "read_stat"]
+__all__ = [
+    "HALTED",
+    "Listener",
+    "ProcStat",
+    "ProcessTree",
+    "describe",
+    "ignores",
+    "listeners",
+    "one_line",
+    "processes",
+    "read_stat",
+    "socket_holder",
+    "socket_inodes",
+]
 
 _PROC = Path("/proc")
 #: The states of a process that cannot answer, as /proc/<pid>/stat writes them.
@@ -132,10 +147,108 @@ class ProcessTree:
 
 
 def describe(pid: int) -> str:
-    """``1234 (python -m sglang.launch_server ...)`` for a report; an --api-key's value hidden."""
+    """``1234 (python -m sglang.launch_server ...)`` for a report, on one line; an --api-key's value hidden."""
     try:
         words = (_PROC / str(pid) / "cmdline").read_bytes().split(b"\0")
     except OSError:
         return str(pid)
-    text = " ".join(shown([w.decode(errors="replace") for w in words if w]))
+    text = one_line(" ".join(shown([w.decode(errors="replace") for w in words if w])))
     return f"{pid} ({text[:100]})" if text else str(pid)
+
+
+def one_line(text: str) -> str:
+    r"""``text`` on one line: a line break or any other control character written as its escape.
+
+    A command line may hold a whole script (``python -c "..."``); printed raw, its line breaks
+    would start lines of their own in a console message.
+
+    >>> one_line("python -c 'import os\nos.sleep(1)'\t\x1b[2J")
+    "python -c 'import os\\nos.sleep(1)'\\t\\x1b[2J"
+    """
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+def ignores(pid: int, sig: int = signal.SIGTERM) -> bool:
+    """Whether the process ignores ``sig`` (its /proc/<pid>/status SigIgn mask).
+
+    >>> ignores(os.getpid())
+    False
+    """
+    try:
+        status = (_PROC / str(pid) / "status").read_text()
+    except OSError:
+        return False
+    for line in status.splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False
+
+
+# --- listening sockets ------------------------------------------------------------------------
+
+_LISTEN = "0A"  #: TCP_LISTEN in /proc/net/tcp's st column
+
+
+@dataclass(frozen=True)
+class Listener:
+    """A listening TCP socket, as /proc/net/tcp{,6} shows it."""
+
+    address: str
+    port: int
+    uid: int
+    inode: int
+
+
+def listeners(port: int) -> list[Listener]:
+    """The sockets listening on ``port`` (this network namespace), IPv4 and IPv6."""
+    found = []
+    for name in ("tcp", "tcp6"):
+        try:
+            rows = (_PROC / "net" / name).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) < 10 or fields[3] != _LISTEN:
+                continue
+            address, _, hexport = fields[1].partition(":")
+            if int(hexport, 16) == port:
+                found.append(Listener(_address(address), port, int(fields[7]), int(fields[9])))
+    return found
+
+
+def _address(text: str) -> str:
+    """/proc/net/tcp's hex address (32-bit words in host order, little-endian here) as an IP.
+
+    >>> _address("0100007F"), _address("00000000000000000000000000000000"), _address("0000000000000000FFFF00000100007F")
+    ('127.0.0.1', '::', '127.0.0.1')
+    """
+    raw = b"".join(int(text[i : i + 8], 16).to_bytes(4, "little") for i in range(0, len(text), 8))
+    address = ipaddress.ip_address(raw)
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return str(mapped or address)
+
+
+def socket_inodes(pid: int) -> set[int]:
+    """The socket inodes among a process's open files (empty when they cannot be read)."""
+    inodes: set[int] = set()
+    try:
+        entries = list((_PROC / str(pid) / "fd").iterdir())
+    except OSError:
+        return inodes
+    for entry in entries:
+        try:
+            target = os.readlink(entry)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def socket_holder(inode: int) -> int | None:
+    """The pid of a process holding the socket, among those this user may inspect; None if none."""
+    for stat in processes():
+        if inode in socket_inodes(stat.pid):
+            return stat.pid
+    return None

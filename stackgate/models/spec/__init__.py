@@ -20,6 +20,7 @@ from stackgate.models.spec.locate import (
     read_only_problem,
 )
 from stackgate.models.spec.model import (
+    DEFAULT_EVIDENCE,
     MAX_JIT_TIMEOUT_S,
     PYPI_CUDA12_REASON,
     Benchmark,
@@ -29,6 +30,7 @@ from stackgate.models.spec.model import (
     Package,
     Patch,
     Python,
+    Smoke,
     Spec,
     Speculative,
     Toolkit,
@@ -37,6 +39,7 @@ from stackgate.models.spec.reader import SpecError, read_toml
 from stackgate.models.spec.rules import SHELL_REFERENCE, patch_location_problem, url_problem
 
 __all__ = [
+    "DEFAULT_EVIDENCE",
     "DEFAULT_LOCK",
     "LOCAL_LOCK",
     "MAX_JIT_TIMEOUT_S",
@@ -50,6 +53,7 @@ __all__ = [
     "Package",
     "Patch",
     "Python",
+    "Smoke",
     "Spec",
     "SpecError",
     "Speculative",

@@ -30,6 +30,7 @@ from stackgate.models.spec.rules import (
 
 __all__ = [
     "CUDA_LINK_POLICIES",
+    "DEFAULT_EVIDENCE",
     "DEFAULT_INDEX",
     "DEFAULT_PLATFORM",
     "FUSION_SEVERITIES",
@@ -89,6 +90,13 @@ MANAGED_FLAGS = {
     "--load-format": "fast mode (--fast)",
     "--json-model-override-args": "fast mode (--fast)",
 }
+#: The log line that proves a flag's path ran, for the flags whose acceptance proves nothing: a
+#: flag listed here carries its evidence whatever the spec says; [smoke] evidence may replace the
+#: pattern, never drop it. (SGLang 0.5.9's layers/flashinfer_comm_fusion.py logs it at INFO once
+#: the fused all-reduce's workspace exists, for each rank.)
+DEFAULT_EVIDENCE = MappingProxyType(
+    {"--enable-flashinfer-allreduce-fusion": "FlashInfer workspace initialized for rank"}
+)
 #: Why source = "pypi" is refused for CUDA 12.x (stack/toolkit.py gives the same reason).
 PYPI_CUDA12_REASON = (
     'PyPI\'s CUDA 12 nvcc wheels carry ptxas, headers and nvvm but not the nvcc driver; use source = "runfile" or "apt"'
@@ -600,11 +608,22 @@ class Smoke:
     flags: tuple[str, ...] = ()
     evidence: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     ready_timeout_s: float = 1200.0
+    silence_s: float | None = None  #: the longest silent log while loading; None: a quarter of ready_timeout_s
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     speculative: Speculative | None = None
     compare: Compare | None = None
     fast_layers: int = 4  #: layers that fast mode keeps of the model's own architecture
     stop_grace_s: float = 15.0  #: SIGTERM to SIGKILL; longer than SGLang's 5 s drain poll
+
+    @property
+    def load_silence_s(self) -> float:
+        """How long the log may stay silent while the server loads: ``silence_s``, or a quarter of
+        ``ready_timeout_s`` (300 s at the default 1200 s); compiling phases get twice that.
+
+        >>> Smoke().load_silence_s, Smoke(ready_timeout_s=60, silence_s=2).load_silence_s
+        (300.0, 2)
+        """
+        return self.silence_s if self.silence_s is not None else self.ready_timeout_s / 4
 
     @classmethod
     def _from_table(cls, t: Table, hardware: Hardware) -> Smoke:
@@ -619,7 +638,8 @@ class Smoke:
             if flag not in flags:
                 evidence.error(flag, "is not one of smoke.flags: evidence is asked only of a flag that is passed")
             if pattern is not None:
-                _check_pattern(evidence, flag, pattern)
+                _check_evidence(evidence, flag, pattern)
+        defaults = {flag: pattern for flag, pattern in DEFAULT_EVIDENCE.items() if flag in flags}
         smoke = cls(
             engine=t.get("engine", str, "sglang") or "sglang",
             model=t.get("model", str, "") or "",
@@ -628,8 +648,9 @@ class Smoke:
             port=port or 30000,
             attention_backend=t.get("attention_backend", str, "flashinfer") or "flashinfer",
             flags=flags,
-            evidence=MappingProxyType({k: v for k, v in pairs.items() if v is not None}),
+            evidence=MappingProxyType({**defaults, **{k: v for k, v in pairs.items() if v is not None}}),
             ready_timeout_s=t.positive("ready_timeout_s", float, 1200.0) or 1200.0,
+            silence_s=t.positive("silence_s", float, None),
             env=MappingProxyType(_strings_table(t.sub("env"))),
             speculative=Speculative._from_table(t.sub("speculative")) if "speculative" in t.data else None,
             compare=Compare._from_table(t.sub("compare")) if "compare" in t.data else None,
@@ -650,11 +671,20 @@ def _check_flags(t: Table, name: str, flags: tuple[str, ...]) -> None:
             t.error(f"{name}[{i}]", f"{option}: describe speculative decoding in [smoke.speculative], not in flags")
 
 
-def _check_pattern(t: Table, name: str, pattern: str) -> None:
+def _check_evidence(t: Table, flag: str, pattern: str) -> None:
+    """An evidence pattern is a regular expression that can fail: one that matches an empty line
+    matches every log, and would drop the proof without a word."""
     try:
-        re.compile(pattern)
+        compiled = re.compile(pattern)
     except re.error as exc:
-        t.error(name, f"invalid regular expression {pattern!r}: {exc}")
+        t.error(flag, f"invalid regular expression {pattern!r}: {exc}")
+        return
+    if compiled.search("") is not None:
+        t.error(
+            flag,
+            f"{pattern!r} matches an empty line, so every log would prove the flag: give the line that shows its "
+            "path ran",
+        )
 
 
 def _strings_table(t: Table) -> dict[str, str]:
