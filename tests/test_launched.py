@@ -31,6 +31,17 @@ def test_a_dead_runs_group_is_ended_with_the_members_its_last_look_missed():
             os.kill(pid, 9)
 
 
+def test_a_launcher_s_recorded_command_line_is_told_on_one_line(dead_run):
+    """A launcher started as ``python -c "<script>"`` recorded its line breaks: the message keeps one line."""
+    pids, record = dead_run
+    body = json.loads(record.read_text())
+    body["launcher"]["command"] = "python -c 'import stackgate\nstackgate.main()'\x1b[2J"
+    record.write_text(json.dumps(body))
+    lines = launched.reaped_lines(launched.reap())
+    assert living(pids) == [] and len(lines) == 4, lines
+    assert lines[0].endswith("(python -c 'import stackgate\\nstackgate.main()'\\x1b[2J)):"), lines[0]
+
+
 def test_a_pid_that_now_names_another_program_is_left_alone():
     other = subprocess.Popen(["sleep", "600"], start_new_session=True)
     try:

@@ -51,7 +51,7 @@ from typing import Any, Callable, Mapping, Sequence
 from stackgate.edges import owned
 from stackgate.models import settings
 from stackgate.models.secretargs import shown
-from stackgate.serve.procs import ProcStat, describe, processes, read_stat
+from stackgate.serve.procs import ProcStat, describe, one_line, processes, read_stat
 
 __all__ = [
     "MARKER",
@@ -227,7 +227,7 @@ def _refusal(why: str, spared: tuple[str, ...] = ()) -> Reaped:
 def _end(body: Mapping[str, Any], path: Path, wait_s: float) -> Reaped | None:
     """SIGKILL what one dead run's record names and is proven its own; None when nothing was left."""
     victims, spared, why = _victims(body)
-    refused = f"the launch record {path} is refused: {why}" if why is not None else None
+    refused = f"the launch record {one_line(str(path))} is refused: {why}" if why is not None else None
     if not victims:
         return _refusal(refused, tuple(describe(p) for p in spared)) if refused is not None else None
     described = tuple(describe(pid) for pid in victims)
@@ -235,7 +235,7 @@ def _end(body: Mapping[str, Any], path: Path, wait_s: float) -> Reaped | None:
         _kill(pid, start)
     left = tuple(describe(pid) for pid in _wait_gone(list(victims), wait_s))
     who = body["launcher"]
-    launcher = f"pid {who['pid']} ({who.get('command') or 'unknown command'})"
+    launcher = f"pid {who['pid']} ({one_line(str(who.get('command') or 'unknown command'))})"
     return Reaped(
         launcher, float(body.get("launched_at") or 0.0), described, left, refused, tuple(describe(p) for p in spared)
     )
