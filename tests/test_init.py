@@ -23,6 +23,9 @@ from stackgate.models.spec import load_spec
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
 H200 = machine([gpu(name="NVIDIA H200", cc=(9, 0), memory=[141 * 2**30, 2**29])], driver="580.159.03")
+H200X2 = machine(
+    [gpu(name="NVIDIA H200", cc=(9, 0), memory=[141 * 2**30, 2**29]) for _ in range(2)], driver="580.159.03"
+)
 RTX8 = machine([gpu() for _ in range(8)], driver="580.82.07")
 
 
@@ -261,8 +264,22 @@ def test_init_pins_the_stack_reads_the_fusion_gate_and_its_spec_locks(tmp_path: 
     bundled.parent.mkdir(parents=True)
     bundled.write_text("#!/bin/sh\nexit 0\n")
     bundled.chmod(0o755)
-    hopper = stackgate(
+    single = stackgate(
         "init", "--python", str(python), "--out", "h200.toml", cwd=tmp_path, env={**env, **nvml(tmp_path, H200)}
+    )
+    assert single.returncode == ExitCode.PASSED, single.stderr
+    # One GPU, one rank: nothing to fuse, so no flag whose log evidence could never show (smoke would fail it).
+    assert load_spec(tmp_path / "h200.toml").smoke.flags == ()
+    assert "no fusion flag at tp = 1: one rank has no all-reduce to fuse" in (tmp_path / "h200.toml").read_text()
+    hopper = stackgate(
+        "init",
+        "--python",
+        str(python),
+        "--out",
+        "h200.toml",
+        "--force",
+        cwd=tmp_path,
+        env={**env, **nvml(tmp_path, H200X2)},
     )
     assert hopper.returncode == ExitCode.PASSED, hopper.stderr
     assert load_spec(tmp_path / "h200.toml").smoke.flags == ("--enable-flashinfer-allreduce-fusion",)

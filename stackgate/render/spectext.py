@@ -216,6 +216,8 @@ def _smoke(machine: Machine, gpus: int, capabilities: list[str]) -> list[Line]:
     )
     if problem is not None:
         return [*lines, ("flags = []", f"no fusion flag: {problem}")]
+    if gpus < 2:
+        return [*lines, ("flags = []", f"no fusion flag at tp = 1: one rank has no all-reduce to fuse ({FUSION_FLAG})")]
     return [
         *lines,
         (
