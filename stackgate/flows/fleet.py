@@ -53,6 +53,7 @@ from stackgate.edges import ssh
 from stackgate.models import inputfile, pylock, settings
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.inventory import Node, load_inventory, parse_hosts
+from stackgate.models.printable import printable
 from stackgate.models.spec import Spec, load_spec
 from stackgate.render.ui import UI
 from stackgate.runs import aggregate, history
@@ -638,25 +639,9 @@ class FleetRun:
         return document(self)
 
 
-def printable(value: Any) -> Any:
-    r"""``value`` with every character a terminal would act on (escape sequences, carriage
-    returns: what a hostile node could print into the reasons and its report) shown as ``?``.
-
-    >>> printable({"reason": "ok\x1b[2Jgone", "n": [1, "a\rb"]})
-    {'reason': 'ok?[2Jgone', 'n': [1, 'a?b']}
-    """
-    if isinstance(value, str):
-        return value if value.isprintable() else "".join(ch if ch.isprintable() else "?" for ch in value)
-    if isinstance(value, Mapping):
-        return {printable(k): printable(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [printable(v) for v in value]
-    return value
-
-
 def document(done: FleetRun) -> dict[str, Any]:
     """The fleet's report (``stackgate.fleet/1``): every node, the groups, the outliers, one
-    verdict; what came from the nodes made printable (:func:`printable`)."""
+    verdict; what came from the nodes made printable (:func:`~stackgate.models.printable.printable`)."""
     return printable(_document(done))
 
 
