@@ -50,7 +50,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from stackgate import __version__
 from stackgate.edges import ssh
-from stackgate.models import inputfile, pylock, settings
+from stackgate.models import inputfile, pylock, rundoc, settings
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.inventory import Node, load_inventory, parse_hosts
 from stackgate.models.printable import printable
@@ -381,13 +381,13 @@ def _parse_report(text: str) -> dict[str, Any]:
         doc = json.loads(text)
     except ValueError as exc:
         raise NodeFailed(FAILED, f"the node's report is not JSON ({exc})") from None
+    except RecursionError:
+        raise NodeFailed(FAILED, "the node's report is not JSON (nested too deeply)") from None
     if not isinstance(doc, dict) or doc.get("schema") != "stackgate.report/1":
         raise NodeFailed(FAILED, "the node's report is not a stackgate.report/1 document")
-    bad = [
-        k for k, kind in (("verdict", str), ("exit_code", int), ("results", list)) if not isinstance(doc.get(k), kind)
-    ]
+    bad = rundoc.problems(doc, ("verdict", "exit_code", "results"))
     if bad:
-        raise NodeFailed(FAILED, f"the node's report is damaged: {', '.join(bad)} missing or of the wrong type")
+        raise NodeFailed(FAILED, f"the node's report is damaged: {'; '.join(bad)}")
     return doc
 
 
