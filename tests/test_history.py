@@ -274,3 +274,14 @@ def test_a_finding_that_cannot_be_read_is_a_warning_not_a_crash(tmp_path):
         f"warning: a finding of run {run.id} cannot be read: severity: 'fatal' is not one of info, warning, error"
         in err
     )
+
+
+def test_report_of_one_run_shows_a_nodes_reason_and_hostname_without_their_escape_sequences(tmp_path):
+    doc = gate_doc(decode=92.0)
+    doc["reason"], doc["host"]["hostname"] = "ok\x1b]0;pwned\x07\x1b[2J", "gpu\x1b]8;;http://evil.example\x1b\\01"
+    keep(tmp_path, doc, "2025-01-01T10:00:00+00:00")
+    out = io.StringIO()
+    assert (
+        reporting.run(reporting.ReportRequest(runs=("-1",), runs_dir=tmp_path), UI(stream=out, force_plain=True)) == 0
+    )
+    assert "on gpu?]8;;http://evil.example?\\01; ok?]0;pwned??[2J" in out.getvalue() and "\x1b" not in out.getvalue()
