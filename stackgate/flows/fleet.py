@@ -197,22 +197,22 @@ class Shipment:
     def of(lock: Spec, live: Spec | None = None) -> Shipment:
         """The spec and its pylock; with ``live`` (an upgrade's live spec) that one's too, under
         ``live-NAME`` when its names would take the new one's."""
-        files = _spec_files(lock.path.name, lock.path)
+        files = _spec_files(lock.path.name, lock)
         if live is None:
             return Shipment(lock.path.name, files)
         name = live.path.name
         if name in files or pylock.path_for(Path(name)).name in files:
             name = f"live-{name}"
-        return Shipment(lock.path.name, {**files, **_spec_files(name, live.path)}, name)
+        return Shipment(lock.path.name, {**files, **_spec_files(name, live)}, name)
 
 
-def _spec_files(name: str, path: Path) -> dict[str, bytes]:
+def _spec_files(name: str, spec: Spec) -> dict[str, bytes]:
     """A spec's bytes under ``name``, and its pylock's (when there is one) under the name the node's
     stackgate will look for beside ``name``."""
-    files = {name: inputfile.read_capped(path, inputfile.MAX_SPEC_BYTES)}
-    locked = pylock.path_for(path)
-    if locked.exists():  # a pylock that does not validate is a bad lockfile (exit 2), not each node's failure
-        checked = pylock.load(locked).path
+    files = {name: inputfile.read_capped(spec.path, inputfile.MAX_SPEC_BYTES)}
+    locked = pylock.path_for(spec.path)
+    if locked.exists():  # a pylock that cannot be used is a bad lockfile (exit 2), not each node's failure
+        checked = pylock.load_beside(spec).path
         files[pylock.path_for(Path(name)).name] = inputfile.read_capped(checked, inputfile.MAX_PYLOCK_BYTES)
     return files
 
