@@ -207,7 +207,7 @@ def _depth_and_numbers(doc: Mapping[str, Any]) -> tuple[str | None, list[str]]:
         if isinstance(value, float) and not math.isfinite(value):
             found.append(f"{where}: {value!r}, not a finite number")
         elif isinstance(value, Mapping):
-            stack.extend((f"{where}.{k}" if where else str(k), v, depth + 1) for k, v in reversed(value.items()))
+            stack.extend((f"{where}.{k}" if where else str(k), v, depth + 1) for k, v in reversed(list(value.items())))
         elif isinstance(value, list):
             stack.extend((f"{where}[{i}]", v, depth + 1) for i, v in reversed(list(enumerate(value))))
     return None, found
