@@ -8,7 +8,6 @@ renders the same way as the one that just finished.
 from __future__ import annotations
 
 import datetime as _dt
-import html
 import math
 import re
 from typing import Any, Iterable, Mapping, Sequence
@@ -195,13 +194,13 @@ def _fingerprint_section(finger: Mapping[str, Any]) -> list[str]:
 
 
 def md_text(value: Any) -> str:
-    r"""A value as Markdown text, safe in a table cell: one line, pipes escaped, and ``&``, ``<``
-    and ``>`` as entities (GitHub renders inline HTML: a GPU name ``<script>`` would be a tag).
+    r"""A value as Markdown text, safe in a table cell: one line, pipes escaped, and ``<`` as an
+    entity, so that no tag can begin (GitHub renders inline HTML: a GPU name ``<script>`` would be one).
 
-    >>> md_text("NVIDIA <script>x</script> | a\nb")
-    'NVIDIA &lt;script&gt;x&lt;/script&gt; \\| a b'
+    >>> md_text("NVIDIA <script>x</script> | a\nb -> c")
+    'NVIDIA &lt;script>x&lt;/script> \\| a b -> c'
     """
-    return html.escape(_one_line(value), quote=False).replace("|", "\\|")
+    return _one_line(value).replace("<", "&lt;").replace("|", "\\|")
 
 
 def md_code(value: Any) -> str:
