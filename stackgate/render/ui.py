@@ -40,7 +40,6 @@ if TYPE_CHECKING:  # rich's tables, progress bars and prompts are imported where
 
 __all__ = [
     "UI",
-    "shown",
     "Activity",
     "finding_lines",
     "fold_needs_gpu",
@@ -50,6 +49,7 @@ __all__ = [
     "render_rows",
     "render_settings",
     "render_table",
+    "shown",
 ]
 
 THEME = Theme(
