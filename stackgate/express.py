@@ -21,6 +21,7 @@ from stackgate.edges import runner
 from stackgate.edges.files import STDOUT
 from stackgate.models import settings
 from stackgate.models.exitcodes import ExitCode, UsageError
+from stackgate.models.printable import printable
 from stackgate.models.redact import redact_text
 
 if TYPE_CHECKING:  # the console (rich) is made when a command runs
@@ -53,7 +54,8 @@ def outcome(command: Callable[[], ExitCode]) -> tuple[int, str | None]:
         settings.report()  # every STACKGATE_* variable parses, or exit 2 before anything is touched
         return int(command()), None
     except UsageError as exc:  # every command's bad usage, bad lockfile or unreadable input
-        return int(ExitCode.USAGE), f"stackgate: {redact_text(str(exc))}"
+        said = printable(redact_text(str(exc)), keep="\n")  # a bad file's text may be quoted in it
+        return int(ExitCode.USAGE), f"stackgate: {said}"
     except KeyboardInterrupt:
         runner.terminate_all()
         return int(ExitCode.INTERRUPTED), "stackgate: interrupted"

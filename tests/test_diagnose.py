@@ -6,6 +6,7 @@ import gzip
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -268,3 +269,19 @@ def test_invoke_diagnose_reads_standard_input_and_writes_json(tmp_path: Path) ->
     assert "  at <stdin>:1  [driver]" in done.stdout
     found = json.loads(out.read_text())["findings"]
     assert [f["id"] for f in found] == ["xid-79"]  # any input's kernel lines are decoded by the Xid catalog, once
+
+
+#: What a hostile log line plants for a terminal: a window title (OSC 0), a screen clear, an OSC 8
+#: hyperlink, a colour, a carriage return and the C1 CSI.
+PLANTED = "\x1b]0;pwned\x07\x1b[2J\x1b]8;;http://evil.example\x1b\\click\x1b]8;;\x1b\\\x1b[31mred\rback\u009b2J"
+
+
+def test_a_hostile_logs_escape_sequences_never_reach_the_console_plain_or_not(tmp_path: Path) -> None:
+    log = write(tmp_path, "hostile.log", f"RuntimeError: CUDA error: out of memory {PLANTED}\nValueError: {PLANTED}\n")
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "stackgate", "diagnose", str(log)], capture_output=True, text=True, env=environ
+    )
+    assert done.returncode == 1, done.stderr
+    assert "cuda-out-of-memory" in done.stdout and "?]0;pwned??[2J?]8;;http://evil.example?\\click" in done.stdout
+    assert not re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f]", done.stdout + done.stderr)

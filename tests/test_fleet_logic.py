@@ -315,10 +315,43 @@ def test_a_hostile_node_report_fails_that_node_with_the_reason_and_prints_nothin
     assert by["foreign"]["reason"] == "the node's report is not a stackgate.report/1 document"
     assert (
         by["damaged"]["reason"]
-        == "the node's report is damaged: verdict, exit_code, results missing or of the wrong type"
+        == "the node's report is damaged: verdict: 1, not text; exit_code: text ('0'), not a whole number; "
+        "results: an object, not a list"
     )
     assert by["escapes"]["status"] == "passed" and by["escapes"]["reason"] == "ok?]0;pwned??[2J"
     assert "\x1b" not in stream.getvalue() and "\\u001b" not in out.read_text()
+
+
+def test_a_nodes_report_with_1e999_or_a_word_for_a_figure_fails_that_node_and_the_others_are_kept(
+    tmp_path, monkeypatch
+):
+    from fleet_sim import report
+
+    from stackgate.models.inventory import Node
+
+    monkeypatch.setenv("STACKGATE_HISTORY_DIR", str(tmp_path / "runs"))
+    sims = {name: SimNode() for name in ("a", "huge", "worded", "d")}
+    huge = json.dumps(report(Node("huge", "huge"), sims["huge"], "gate")).replace("92.6", "1e999")
+    worded = report(Node("worded", "worded"), sims["worded"], "gate")
+    worded["gate"]["benchmark"]["floor_tok_s"] = "<script>alert(1)</script>"
+    sims["huge"].raw_report, sims["worded"].raw_report = huge, json.dumps(worded)
+    page = tmp_path / "fleet.html"
+    code, doc = run("gate", list(sims), sims, tmp_path, html_path=page, markdown_path=tmp_path / "fleet.md")
+    by = {n["name"]: n for n in doc["nodes"]}
+    assert code == ExitCode.FAILED and statuses(doc) == {
+        "a": "passed",
+        "huge": "failed",
+        "worded": "failed",
+        "d": "passed",
+    }
+    assert (
+        by["huge"]["reason"]
+        == "the node's report is damaged: gate.benchmark.decode_tok_s.mean: inf, not a finite number"
+    )
+    assert by["worded"]["reason"].startswith("the node's report is damaged: gate.benchmark.floor_tok_s: text (")
+    assert "<script" not in page.read_text() + (tmp_path / "fleet.md").read_text()
+    kept = {json.loads(p.read_text())["fleet"]["node"] for p in (tmp_path / "runs").glob("*.json")}
+    assert kept == {"a", "d"}  # the nodes after the bad ones too
 
 
 def _verify_report(failed: dict[str, str]) -> str:

@@ -93,14 +93,15 @@ def damage(folder: Path) -> dict[str, str]:
         "verify.json": (json.dumps({**gate_doc(), "command": "verify"}).encode(), "command 'verify'"),
         "wrong-types.json": (
             json.dumps({**gate_doc(), "results": "none", "verdict": 3}).encode(),
-            "damaged: results, verdict missing or of the wrong type",
+            "damaged: verdict: 3, not text; results: text ('none'), not a list",
         ),
         "odd-inside.json": (
             json.dumps(
                 {**gate_doc(), "gate": "not a table", "run_id": None, "started": "2025-01-03T00:00:00+00:00"}
             ).encode(),
-            None,
+            "damaged: run_id: null, not text; gate: text ('not a table'), not an object",
         ),
+        "deep.json": (b"[" * 100_000 + b"]" * 100_000, "damaged: nested too deeply"),
     }
     for name, (data, _) in files.items():
         (folder / name).write_bytes(data)
@@ -122,15 +123,13 @@ def test_damaged_and_foreign_files_are_skipped_with_a_warning_never_a_crash(tmp_
         assert any(f"{tmp_path / name}: " in w and text in w for w in warnings), (name, listing.stderr)
     assert "Traceback" not in listing.stderr
     rows = [line.split()[0] for line in listing.stdout.splitlines() if line.split()[1:2] == ["gate"]]
-    assert rows == [
-        good.id,
-        later.id,
-        "odd-inside",
-    ]  # a readable run whose inner parts are odd is listed, without figures
-    assert invoke("report", "--", good.id, "odd-inside", env=env).returncode == 0
+    assert rows == [good.id, later.id]  # a run whose inner parts are not a run's is skipped, with the key path
+    assert invoke("report", "--", good.id, later.id, env=env).returncode == 0
     assert invoke("report", "--html", str(tmp_path / "page.html"), env=env).returncode == 0
     named = invoke("report", "--", str(tmp_path / "truncated.json"), env=env)
     assert named.returncode == 2 and "damaged: not JSON" in named.stderr
+    odd = invoke("report", "--", str(tmp_path / "odd-inside.json"), env=env)
+    assert odd.returncode == 2 and "gate: text ('not a table'), not an object" in odd.stderr
 
 
 def test_report_a_b_names_each_changed_component_next_to_the_change_in_tok_s(tmp_path):
@@ -275,3 +274,14 @@ def test_a_finding_that_cannot_be_read_is_a_warning_not_a_crash(tmp_path):
         f"warning: a finding of run {run.id} cannot be read: severity: 'fatal' is not one of info, warning, error"
         in err
     )
+
+
+def test_report_of_one_run_shows_a_nodes_reason_and_hostname_without_their_escape_sequences(tmp_path):
+    doc = gate_doc(decode=92.0)
+    doc["reason"], doc["host"]["hostname"] = "ok\x1b]0;pwned\x07\x1b[2J", "gpu\x1b]8;;http://evil.example\x1b\\01"
+    keep(tmp_path, doc, "2025-01-01T10:00:00+00:00")
+    out = io.StringIO()
+    assert (
+        reporting.run(reporting.ReportRequest(runs=("-1",), runs_dir=tmp_path), UI(stream=out, force_plain=True)) == 0
+    )
+    assert "on gpu?]8;;http://evil.example?\\01; ok?]0;pwned??[2J" in out.getvalue() and "\x1b" not in out.getvalue()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import io
+import json
 import re
 import shutil
 import struct
@@ -184,3 +185,48 @@ def _predict(kind: int, left: int, up: int, corner: int) -> int:
     p = left + up - corner
     pa, pb, pc = abs(p - left), abs(p - up), abs(p - corner)
     return left if pa <= pb and pa <= pc else up if pb <= pc else corner
+
+
+def plant(folder: Path, name: str, doc: dict, **replacements: str) -> Path:
+    """A run document copied into the runs folder as it is (not kept: kept runs are checked),
+    each ``"key": value`` of its JSON text given in ``replacements`` written as the raw JSON text."""
+    text = json.dumps(doc)
+    for key, raw in replacements.items():
+        text = re.sub(rf'"{key}": [^,}}]+', f'"{key}": {raw}', text, count=1)
+    path = folder / f"{name}.json"
+    path.write_text(text)
+    return path
+
+
+def test_a_hostile_copied_run_never_scripts_the_page_nor_crashes_report(tmp_path):
+    folder = tmp_path / "runs"
+    good = keep(folder, gate_doc(decode=92.0), "2025-01-01T10:00:00+00:00")
+    script = '"<script>alert(document.cookie)</script>"'
+    plant(folder, "scripted", {**gate_doc(decode=91.0), "started": "2025-01-02T10:00:00+00:00"}, floor_tok_s=script)
+    plant(folder, "worded", {**gate_doc(decode=90.0), "started": "2025-01-03T10:00:00+00:00"}, seconds='"abc"')
+    huge = plant(folder, "huge", {**gate_doc(decode=89.0), "started": "2025-01-04T10:00:00+00:00"}, mean="1e999")
+    page, out = tmp_path / "page.html", io.StringIO()
+    ui = UI(stream=out, force_plain=True)
+    assert reporting.run(reporting.ReportRequest(html_path=page, runs_dir=folder), ui) == 0
+    text = page.read_text()
+    assert "<script" not in text and "alert(document.cookie)" not in text and good.id in text
+    assert "gate.benchmark.floor_tok_s: text (&#x27;&lt;script&gt;alert(docume...&#x27;), not a number or null" in text
+    assert "gate.benchmark.runs[0].seconds: text (&#x27;abc&#x27;), not a number or null" in text
+    assert "gate.benchmark.tok_s.mean: inf, not a finite number" in text
+    assert reporting.run(reporting.ReportRequest(runs=("-1",), runs_dir=folder), ui) == 0
+    assert f"run {good.id} (gate of standin, passed" in out.getvalue()  # the newest run that is one
+    with pytest.raises(reporting.ReportUsageError, match=r"huge.json: damaged: gate.benchmark.tok_s.mean: inf"):
+        reporting.run(reporting.ReportRequest(runs=(str(huge),), runs_dir=folder), ui)
+
+
+def test_the_page_escapes_and_formats_every_value_even_of_a_document_never_validated(tmp_path):
+    doc = gate_doc(decode=91.0, summary="<b>bold</b>", status=Status.FAIL)
+    bench = doc["gate"]["benchmark"]
+    bench.update(floor_tok_s="<script>alert(1)</script>", baseline_tok_s=190.0, summary="<img src=x onerror=alert(1)>")
+    bench["runs"][0].update(seconds="abc", ttft_s="<i>", tokens="<u>")
+    doc.update(duration_s="<s>", started="2025-01-01T10:00:00+00:00", run_id="r1")
+    doc["gate"]["stages"][0]["duration_s"] = float("inf")
+    run = history.Run("r1", tmp_path / "r1.json", doc)
+    text = htmlreport.page([run], run, title="t", source="s")
+    assert not re.search(r"<(script|img|u|i|s|b)\b", text), re.search(r"<(script|img|u|i|s|b)\b", text)
+    assert "baseline 190 tok/s, floor -: &lt;img src=x onerror=alert(1)&gt;" in text

@@ -204,20 +204,46 @@ def test_an_inventory_that_is_no_regular_file_or_huge_is_refused_at_once(tmp_pat
 # --- a pylock that does not validate: exit 2 everywhere --------------------------------------------
 
 
-READERS = [["verify"], ["verify", "--cached"], ["lock", "--check"], ["provision", "--dry-run"]]
+READERS = [
+    ["verify"],
+    ["verify", "--cached"],
+    ["lock", "--check"],
+    ["provision", "--dry-run"],
+    ["gate", "--model", "{model}"],
+    ["smoke", "--model", "{model}"],
+    ["fleet", "verify", "--hosts", "127.0.0.1"],
+]
 
 
-@pytest.mark.parametrize("command", READERS)
+def reader(command: list[str], folder: Path) -> list[str]:
+    """``command`` with ``{model}`` a model folder (a config.json: the launch would go ahead)."""
+    model = folder / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text("{}")
+    return [word.format(model=model) for word in command]
+
+
+@pytest.mark.parametrize("command", READERS, ids=" ".join)
 def test_a_pylock_that_does_not_validate_is_a_bad_lockfile_in_every_command(tmp_path: Path, command: list[str]) -> None:
     spec = write_pair(tmp_path)
     locked = pylock.path_for(spec)
     locked.write_text(locked.read_text().replace('version = "2.11.0"', 'version = "two"'))
-    done = stackgate(*command, "--lock", str(spec), home=tmp_path)
+    done = stackgate(*reader(command, tmp_path), "--lock", str(spec), home=tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "packages[0].version: Invalid version: 'two'" in done.stderr and "SKIP" not in done.stdout
 
 
 # --- a pylock that leaves out the spec's platform or Python ---------------------------------------
+
+
+@pytest.mark.parametrize("command", READERS, ids=" ".join)
+def test_a_pylock_whose_marker_excludes_the_specs_target_is_a_bad_lockfile_in_every_command(
+    tmp_path: Path, command: list[str]
+) -> None:
+    spec = write_pair(tmp_path, package="marker = \"sys_platform == 'win32'\"\n")
+    done = stackgate(*reader(command, tmp_path), "--lock", str(spec), home=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert 'packages.torch.marker: sys_platform == "win32" excludes the spec' in done.stderr
 
 
 @pytest.mark.parametrize(
@@ -237,25 +263,25 @@ def test_a_pylock_that_does_not_validate_is_a_bad_lockfile_in_every_command(tmp_
     ],
     ids=["package-for-win32", "lock-for-darwin", "package-for-older-python"],
 )
-def test_a_pylock_that_leaves_out_the_specs_target_fails_the_check(
+def test_a_pylock_that_leaves_out_the_specs_target_is_a_bad_lockfile(
     tmp_path: Path, extra: str, package: str, said: str
 ) -> None:
     spec = write_pair(tmp_path, extra=extra, package=package)
     done = stackgate("lock", "--check", "--lock", str(spec), home=tmp_path)
-    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.returncode == 2, done.stdout + done.stderr
     assert (
         said in done.stderr
         and "x86_64-manylinux_2_28 with Python 3.12 (python.platform, python.version)" in done.stderr
     )
 
 
-def test_a_pylock_whose_requires_python_excludes_the_specs_python_fails_the_check(tmp_path: Path) -> None:
+def test_a_pylock_whose_requires_python_excludes_the_specs_python_is_a_bad_lockfile(tmp_path: Path) -> None:
     spec = write_pair(tmp_path)
     locked = pylock.path_for(spec)
     locked.write_text(locked.read_text().replace('requires-python = ">=3.12"', 'requires-python = ">=3.13"'))
     done = stackgate("lock", "--check", "--lock", str(spec), home=tmp_path)
     assert (
-        done.returncode == 1
+        done.returncode == 2
         and "requires-python: >=3.13 excludes the spec's x86_64-manylinux_2_28 with Python 3.12" in done.stderr
     )
 

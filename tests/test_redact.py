@@ -110,11 +110,27 @@ def test_the_names_an_audit_found_missing_name_secrets(name):
         "github_pat_11ABCDEFG0abcdefghijklmn_opq",
         "xoxb-17653672481-19874698323-pdFZKVeTuE8sk7oOcBrzbqgy",
         "xoxp-1234567890-abcdefghij",
+        "sk_live_51H8xQ2eZvKYlo2C9aBcDeFgHiJ",
+        "rk_test_4eC39HqLyjWDarjtT1zdp7dc",
+        "glpat-xR4m9TqLw2Zp8VbN3kJd",
+        "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
     ],
 )
 def test_token_shapes_an_audit_found_missing_are_hidden_under_any_name(token):
     assert redact_text(f"FOO={token} in a log line", environ={}) == "FOO=<redacted> in a log line"
     assert token not in redact({"environment": {"FOO": token}, "note": f"saw {token}"}, environ={})["note"]
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("pull https://bot:p@ss88w0rd@hub.example/m", "pull https://bot:<redacted>@hub.example/m"),
+        ("index=https://u:a@b@c@pypi.example/simple/ x@y", "index=https://u:<redacted>@pypi.example/simple/ x@y"),
+        ("mirror bot:pw@8821x@host.example/m", "mirror bot:<redacted>@host.example/m"),
+    ],
+)
+def test_a_url_password_holding_a_raw_at_sign_is_hidden_whole(text, shown):
+    assert redact_text(text, environ={}) == shown
 
 
 REFERENCE = 'flags = ["--api-key", "${SERVE_AUTH}", "--port", "80"]'

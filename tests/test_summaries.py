@@ -106,3 +106,23 @@ def test_junit_has_a_testsuite_per_stage_and_reads_back_as_xml():
     ]
     assert suites["stackgate.gate.verify"].attrib["failures"] == "1"
     assert suites["stackgate.gate.verify"].find("testcase/failure").attrib["message"] == "broke"
+
+
+def test_a_hostile_hostname_and_gpu_name_stay_text_in_the_markdown():
+    doc = gate_doc(decode=92.6, status=Status.FAIL, summary="GPU 0 is NVIDIA <script>alert(1)</script> | x")
+    doc["host"]["hostname"] = "node\\xff`x"
+    doc["gate"]["fingerprint"]["components"]["gpu"]["gpu0"] = "NVIDIA <script>alert(1)</script>"
+    doc["gate"]["stages"][2]["results"][0]["fix"]["commands"] = ["echo ```", "echo done"]
+    text = summaries.markdown(doc)
+    assert "<script" not in text and text.count("&lt;script>alert(1)&lt;/script>") == 3
+    assert "host ``node\\xff`x``" in text and "GPU 0 is NVIDIA &lt;script>alert(1)&lt;/script> \\| x" in text
+    assert "    ````sh\n    echo ```\n    echo done\n    ````" in text  # a fence no command closes
+
+
+def test_junit_of_a_log_line_with_unicode_noncharacters_and_surrogates_parses():
+    doc = gate_doc(decode=92.6, status=Status.FAIL, summary="server said \ufffe\uffff\udcff\x1b[2J")
+    doc["gate"]["stages"][2]["results"][0]["details"] = ["> a log line \uffff with \ufffe in it"]
+    root = ET.fromstring(reporting.junit_text(summaries.suites(doc)).encode("utf-8"))
+    failure = root.find(".//failure")
+    assert failure is not None and failure.get("message") == "server said [2J"
+    assert failure.text is not None and "> a log line  with  in it" in failure.text

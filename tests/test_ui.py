@@ -95,3 +95,33 @@ def test_diagnose_commands_are_never_wrapped(terminal: tuple[UI, Terminal]) -> N
     for command in finding.fix.commands:
         assert len(f"  $ {command}") > 80
         assert f"  $ {command}" in lines
+
+
+PLANTED = "\x1b]0;pwned\x07\x1b[2J\x1b]8;;http://evil.example\x1b\\click\x1b]8;;\x1b\\\rback\u009b2J\x7f"
+#: What a planted sequence does on a terminal; rich's own colour codes (ESC [ ... m) are allowed.
+ACTING = re.compile("\x1b\\]|\x1b\\[2J|[\x07\r\u009b\x7f]|\x1b(?!\\[[0-9;]*m)")
+
+
+@pytest.mark.parametrize("plain", [True, False], ids=["plain", "terminal"])
+def test_untrusted_text_reaches_no_console_path_with_a_control_character(
+    plain: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    stream = Terminal()
+    ui = UI(stream=stream, force_plain=plain)
+    hostile = f"node gpu{PLANTED}: [link=http://evil.example]x[/link]"
+    ui.line(f"reason {hostile}")
+    ui.info(f"stackgate slurm-health {hostile}: failed")
+    ui.warn(hostile)
+    ui.error(hostile)
+    ui.table(hostile, ["run", "host"], [[hostile, hostile]])
+    result = Result(f"smoke.{PLANTED}", Status.FAIL, hostile, (f"> {hostile}",), Fix(hostile, (f"echo {hostile}",)))
+    ui.results(hostile, [result], judge([result]), 1.0)
+    ui.tail(hostile, None, [f"server said {hostile}"])
+    with ui.activity(hostile) as activity:
+        activity.update(hostile)
+    out, err = stream.getvalue(), capsys.readouterr().err
+    assert not ACTING.search(out + err), repr(ACTING.search(out + err))
+    assert "gpu?]0;pwned??[2J?]8;;http://evil.example?\\click" in out and "[link=http://evil.example]x[/link]" in out
+    assert "stackgate slurm-health node gpu?]0;pwned" in err and "| server said node gpu?]0;pwned" in err

@@ -17,7 +17,7 @@ from stackgate.flows.smoke import (
     SmokeUsageError,
     run_smoke,
 )
-from stackgate.models import settings
+from stackgate.models import pylock, settings
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.spec import load_spec
 from stackgate.render import reporting
@@ -86,6 +86,7 @@ def run(request: SmokeRequest, ui: UI) -> ExitCode:
     if problem is not None:
         raise SmokeUsageError(problem)
     lock = load_spec(request.lock_path)
+    pylock.check_beside(lock)  # a pylock that cannot be used is a bad lockfile here too: exit 2
     try:
         done = run_smoke(lock, request, ui)
     except SmokeInterrupted as stop:

@@ -10,7 +10,6 @@ import gzip
 import io
 import os
 import platform
-import socket
 import time
 from collections import Counter
 from contextlib import AbstractContextManager
@@ -23,6 +22,7 @@ from stackgate import __version__, scan
 from stackgate.models import knowledge
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.finding import Finding
+from stackgate.models.verdict import hostname
 
 if TYPE_CHECKING:  # the spec loads only when --lock asks for it
     from stackgate.models.spec import Spec
@@ -136,7 +136,7 @@ def document(done: Diagnosis) -> dict[str, Any]:
         "command": "diagnose",
         "tool": {"name": "stackgate", "version": __version__},
         "host": {
-            "hostname": socket.gethostname(),
+            "hostname": hostname(),
             "platform": platform.platform(),
             "python": platform.python_version(),
         },

@@ -50,9 +50,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 from stackgate import __version__
 from stackgate.edges import ssh
-from stackgate.models import inputfile, pylock, settings
+from stackgate.models import inputfile, pylock, rundoc, settings
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.inventory import Node, load_inventory, parse_hosts
+from stackgate.models.printable import printable
 from stackgate.models.spec import Spec, load_spec
 from stackgate.render.ui import UI
 from stackgate.runs import aggregate, history
@@ -201,22 +202,22 @@ class Shipment:
     def of(lock: Spec, live: Spec | None = None) -> Shipment:
         """The spec and its pylock; with ``live`` (an upgrade's live spec) that one's too, under
         ``live-NAME`` when its names would take the new one's."""
-        files = _spec_files(lock.path.name, lock.path)
+        files = _spec_files(lock.path.name, lock)
         if live is None:
             return Shipment(lock.path.name, files)
         name = live.path.name
         if name in files or pylock.path_for(Path(name)).name in files:
             name = f"live-{name}"
-        return Shipment(lock.path.name, {**files, **_spec_files(name, live.path)}, name)
+        return Shipment(lock.path.name, {**files, **_spec_files(name, live)}, name)
 
 
-def _spec_files(name: str, path: Path) -> dict[str, bytes]:
+def _spec_files(name: str, spec: Spec) -> dict[str, bytes]:
     """A spec's bytes under ``name``, and its pylock's (when there is one) under the name the node's
     stackgate will look for beside ``name``."""
-    files = {name: inputfile.read_capped(path, inputfile.MAX_SPEC_BYTES)}
-    locked = pylock.path_for(path)
-    if locked.exists():  # a pylock that does not validate is a bad lockfile (exit 2), not each node's failure
-        checked = pylock.load(locked).path
+    files = {name: inputfile.read_capped(spec.path, inputfile.MAX_SPEC_BYTES)}
+    locked = pylock.path_for(spec.path)
+    if locked.exists():  # a pylock that cannot be used is a bad lockfile (exit 2), not each node's failure
+        checked = pylock.load_beside(spec).path
         files[pylock.path_for(Path(name)).name] = inputfile.read_capped(checked, inputfile.MAX_PYLOCK_BYTES)
     return files
 
@@ -393,13 +394,13 @@ def _parse_report(text: str) -> dict[str, Any]:
         doc = json.loads(text)
     except ValueError as exc:
         raise NodeFailed(FAILED, f"the node's report is not JSON ({exc})") from None
+    except RecursionError:
+        raise NodeFailed(FAILED, "the node's report is not JSON (nested too deeply)") from None
     if not isinstance(doc, dict) or doc.get("schema") != "stackgate.report/1":
         raise NodeFailed(FAILED, "the node's report is not a stackgate.report/1 document")
-    bad = [
-        k for k, kind in (("verdict", str), ("exit_code", int), ("results", list)) if not isinstance(doc.get(k), kind)
-    ]
+    bad = rundoc.problems(doc, ("verdict", "exit_code", "results"))
     if bad:
-        raise NodeFailed(FAILED, f"the node's report is damaged: {', '.join(bad)} missing or of the wrong type")
+        raise NodeFailed(FAILED, f"the node's report is damaged: {'; '.join(bad)}")
     return doc
 
 
@@ -647,25 +648,9 @@ class FleetRun:
         return document(self)
 
 
-def printable(value: Any) -> Any:
-    r"""``value`` with every character a terminal would act on (escape sequences, carriage
-    returns: what a hostile node could print into the reasons and its report) shown as ``?``.
-
-    >>> printable({"reason": "ok\x1b[2Jgone", "n": [1, "a\rb"]})
-    {'reason': 'ok?[2Jgone', 'n': [1, 'a?b']}
-    """
-    if isinstance(value, str):
-        return value if value.isprintable() else "".join(ch if ch.isprintable() else "?" for ch in value)
-    if isinstance(value, Mapping):
-        return {printable(k): printable(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [printable(v) for v in value]
-    return value
-
-
 def document(done: FleetRun) -> dict[str, Any]:
     """The fleet's report (``stackgate.fleet/1``): every node, the groups, the outliers, one
-    verdict; what came from the nodes made printable (:func:`printable`)."""
+    verdict; what came from the nodes made printable (:func:`~stackgate.models.printable.printable`)."""
     return printable(_document(done))
 
 

@@ -32,11 +32,11 @@ from stackgate.flows.fleet import (
     _parse_report,
     _tail,
     judged,
-    printable,
     run_fleet,
 )
 from stackgate.models.inventory import DEFAULT_TIMEOUT_S as DEFAULT_NODE_TIMEOUT_S
 from stackgate.models.inventory import Node
+from stackgate.models.printable import printable
 from stackgate.models.spec import Spec
 from stackgate.render.ui import UI
 from stackgate.runs import history

@@ -109,6 +109,8 @@ def parse(text: str, source: str = "config") -> HealthConfig:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise HealthConfigError(f"{source}: not valid TOML: {exc}") from exc
+    except RecursionError:
+        raise HealthConfigError(f"{source}: not valid TOML: nested too deeply") from None
     problems = [f"{key}: unknown table (the settings are in [slurm-health])" for key in raw if key != "slurm-health"]
     table = raw.get("slurm-health", {})
     if not isinstance(table, dict):

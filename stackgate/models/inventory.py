@@ -62,6 +62,8 @@ _USER = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}$")
 _PROGRAM = re.compile(r"^[A-Za-z0-9_./~+-]{1,4096}$")
 NODE_KEYS = ("name", "host", "port", "user", "identity", "known_hosts", "stackgate", "connect_timeout_s", "timeout_s")
 FLEET_KEYS = tuple(k for k in NODE_KEYS if k not in ("name", "host"))
+#: An error lists this many problems and counts the rest.
+SHOWN_PROBLEMS = 20
 
 
 class InventoryError(UsageError):
@@ -192,6 +194,8 @@ def parse_inventory(text: str, source: str = "inventory", *, base: Path | None =
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InventoryError(f"{source}: not valid TOML: {exc}") from exc
+    except RecursionError:
+        raise InventoryError(f"{source}: not valid TOML: nested too deeply") from None
     problems: list[str] = []
     _unknown(raw, ("fleet", "node"), "", problems)
     fleet = raw.get("fleet", {})
@@ -317,7 +321,12 @@ def _canonical(host: str) -> str:
 
 
 def _checked(nodes: list[Node], source: str, problems: list[str]) -> list[Node]:
+    """``nodes``, or the problems raised at once: the first :data:`SHOWN_PROBLEMS` of them listed,
+    the rest counted (an inventory of 10,000 hosts names each of its duplicates otherwise)."""
     if problems:
         count = f"{len(problems)} problem{'s' if len(problems) > 1 else ''}"
-        raise InventoryError(f"{source}: {count}:\n  " + "\n  ".join(problems))
+        shown = problems[:SHOWN_PROBLEMS]
+        more = len(problems) - len(shown)
+        rest = [f"... and {more} more (fix these and run it again to see the rest)"] if more else []
+        raise InventoryError(f"{source}: {count}:\n  " + "\n  ".join([*shown, *rest]))
     return nodes

@@ -194,9 +194,11 @@ def loads(data: bytes, path: Path) -> Resolution:
 
 def load_beside(lock: Spec, *, wheelhouse: Path | None = None) -> Resolution:
     """The spec's pylock, validated, with every ``file://`` URL under a root the spec allows
-    (:func:`file_roots`); raise :class:`PylockError` naming each file that is not."""
+    (:func:`file_roots`) and the spec's target admitted (:func:`target_problems`); raise
+    :class:`PylockError` naming each file and marker that is not: a bad lockfile, exit 2 in every
+    command that reads it."""
     resolution = load(path_for(lock.path))
-    problems = outside_roots(resolution, file_roots(lock, wheelhouse))
+    problems = outside_roots(resolution, file_roots(lock, wheelhouse)) + target_problems(lock, resolution)
     if problems:
         raise PylockError(resolution.path, problems)
     return resolution
@@ -383,8 +385,7 @@ def differences(lock: Spec, resolution: Resolution) -> list[str]:
         for key in sorted(wanted.keys() | made.keys())
         if made.get(key) != wanted.get(key)
     ]
-    found = (changed or _unmet(lock, resolution)) + _hash_differences(lock, resolution)
-    return found + target_problems(lock, resolution)
+    return (changed or _unmet(lock, resolution)) + _hash_differences(lock, resolution)
 
 
 def _difference(key: str, made: str | None, wanted: str | None) -> str:

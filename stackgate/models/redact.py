@@ -8,7 +8,7 @@
   argv list (``["--api-key", "X"]``); ``Authorization: Bearer X``; an assignment to a secret
   name in any notation (``api_key='X'`` inside a ``ServerArgs(...)`` line, ``"api_key": "X"``,
   ``HF_TOKEN=X``); and token formats (``hf_...``, ``sk-...``, ``ghp_...``, ``github_pat_...``, ``AKIA...``,
-  ``xoxb-...``).
+  ``xoxb-...``, ``sk_live_...``, ``glpat-...``, a JWT ``eyJ...``.``...``.``...``).
 - **By value**: every secret found by name or shape anywhere in the document, and the values of
   the secret-named variables of this process's environment, are hidden wherever else they
   appear, in any string at any depth (a key a server echoes in a log line, a password repeated
@@ -133,11 +133,13 @@ def is_secret_flag(word: str) -> bool:
 
 # --- shapes -----------------------------------------------------------------------------------
 
+#: A password may hold a raw ``@`` (clients split the authority at its last one): it runs to the
+#: last ``@`` before the host.
 _SCHEME_USERINFO = re.compile(
-    r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^\s/@'\"<>:]*)(?::(?P<secret>[^\s/@'\"<>]*))?@"
+    r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^\s/@'\"<>:]*)(?::(?P<secret>[^\s/'\"<>]*))?@"
 )
 _BARE_USERINFO = re.compile(
-    r"(?P<head>(?:^|(?<=[\s/'\"=(,\[])))(?P<user>[^\s/:@'\"<>]+):(?P<secret>[^\s/@'\"<>]+)@(?=[\w\[])"
+    r"(?P<head>(?:^|(?<=[\s/'\"=(,\[])))(?P<user>[^\s/:@'\"<>]+):(?P<secret>[^\s/'\"<>]+)@(?=[\w\[])"
 )
 _FLAG = re.compile(
     r"(?P<head>(?P<name>--[A-Za-z][\w-]*)(?:=|[ \t]+))(?!--)(?P<secret>'[^'\n]*'|\"[^\"\n]*\"|[^\s'\"]+)"
@@ -154,15 +156,19 @@ _ASSIGN = re.compile(
 )
 _NEXT_NAME = re.compile(r"[A-Za-z_][\w-]*[=:]")
 #: Token formats: Hugging Face, OpenAI-style, GitHub (classic and fine-grained), AWS access key
-#: ids (long-term AKIA, temporary ASIA), Slack (xoxb-, xoxp-, ...).
+#: ids (long-term AKIA, temporary ASIA), Slack (xoxb-, xoxp-, ...), Stripe secret and restricted
+#: keys (sk_live_, rk_test_ ...), GitLab personal access tokens (glpat-), and JSON Web Tokens (three
+#: base64url parts, the first a JSON header: ``eyJ``).
 _TOKENS = re.compile(
     r"(?P<head>)(?P<secret>\bhf_[A-Za-z0-9]{30,}|\bsk-[A-Za-z0-9_-]{20,}"
     r"|\bgh[pousr]_[A-Za-z0-9]{20,}|\bgithub_pat_[A-Za-z0-9_]{20,}"
-    r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b|\bxox[abposre]-[A-Za-z0-9-]{10,})"
+    r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b|\bxox[abposre]-[A-Za-z0-9-]{10,}"
+    r"|\b[rs]k_(?:live|test)_[A-Za-z0-9]{10,}|\bglpat-[A-Za-z0-9_-]{20,}"
+    r"|\beyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,})"
 )
 
 #: What a text holds when it may hold a token (``gh`` covers ``ghp_`` and ``github_pat_``).
-_TOKEN_TELLTALES = ("hf_", "sk-", "gh", "AKIA", "ASIA", "xox")
+_TOKEN_TELLTALES = ("hf_", "sk-", "gh", "AKIA", "ASIA", "xox", "k_live_", "k_test_", "glpat-", "eyJ")
 
 
 def _hide(match: re.Match[str], found: set[str], *, numbers: bool = False) -> str:

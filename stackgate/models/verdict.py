@@ -16,7 +16,7 @@ from stackgate import __version__
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.result import Result, Status
 
-__all__ = ["SCHEMA", "Verdict", "document", "judge", "machine"]
+__all__ = ["SCHEMA", "Verdict", "document", "hostname", "judge", "machine"]
 
 #: Where systemd (and D-Bus before it) keep the machine's id.
 MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
@@ -35,6 +35,17 @@ def machine(files: Sequence[str] = MACHINE_ID_FILES) -> str | None:
         if text:
             return hashlib.sha256(b"stackgate machine:" + text.encode()).hexdigest()[:16]
     return None
+
+
+def hostname() -> str:
+    r"""This machine's host name as text every report can hold: bytes that are not UTF-8 (the kernel
+    takes any) written as ``\xNN`` escapes rather than as lone surrogates, which no UTF-8 file,
+    Prometheus label or XML document can carry.
+
+    >>> hostname() == socket.gethostname().encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    True
+    """
+    return socket.gethostname().encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 SCHEMA = "stackgate.report/1"
@@ -83,7 +94,7 @@ def document(
         "command": command,
         "tool": {"name": "stackgate", "version": __version__},
         "host": {
-            "hostname": socket.gethostname(),
+            "hostname": hostname(),
             "machine": machine(),
             "platform": platform.platform(),
             "python": platform.python_version(),

@@ -277,35 +277,32 @@ def junit(doc: Mapping[str, Any]) -> str:
 # --- Markdown -------------------------------------------------------------------------------------
 
 
-def _cell(value: Any) -> str:
-    return str(value).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
-
-
 def markdown(doc: Mapping[str, Any]) -> str:
     word = _word(doc)
     lock = doc.get("lock") or {}
     out = [f"## {'✅' if word == 'PASSED' else '❌'} stackgate {doc['command']}: {word}", ""]
     out += [
-        f"lock **{_cell(lock.get('name'))}** · {len(doc.get('nodes', ()))} node(s) · exit code {doc['exit_code']} · "
-        f"{doc['duration_s']:.1f} s · run `{doc['run_id']}`",
+        f"lock **{summaries.md_text(lock.get('name'))}** · {len(doc.get('nodes', ()))} node(s) · "
+        f"exit code {doc['exit_code']} · "
+        f"{doc['duration_s']:.1f} s · run {summaries.md_code(doc['run_id'])}",
         "",
     ]
-    out += [_cell(doc["reason"]), ""]
+    out += [summaries.md_text(doc["reason"]), ""]
     headers, table = rows(doc)
     out += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in table]
+    out += ["| " + " | ".join(summaries.md_text(c) for c in row) + " |" for row in table]
     failures = failure_lines(doc)
     if failures:
-        out += ["", "### Failed checks", "", "```", *failures, "```"]
+        out += ["", "### Failed checks", "", *summaries.md_block(failures)]
     lines = group_lines(doc)
     if lines:
-        out += ["", "### Stacks (fingerprint groups)", "", "```", *lines, "```"]
+        out += ["", "### Stacks (fingerprint groups)", "", *summaries.md_block(lines)]
     rollout = upgrade_lines(doc)
     if rollout:
-        out += ["", "### Upgrade (canary first)", "", "```", *rollout, "```"]
+        out += ["", "### Upgrade (canary first)", "", *summaries.md_block(rollout)]
     if doc.get("outliers"):
         out += ["", "### Outliers (against the fleet median, MAD rule)", ""]
-        out += [f"- {_cell(o['text'])}" for o in doc["outliers"]]
+        out += [f"- {summaries.md_text(o['text'])}" for o in doc["outliers"]]
     return "\n".join(out).rstrip() + "\n"
 
 

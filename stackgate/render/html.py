@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import html
+import math
 from typing import Any, Mapping, Sequence
 
 from stackgate.runs import rundiff
@@ -61,6 +62,12 @@ def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
+def _finite(value: Any) -> float | None:
+    """A figure of a run (read back from a document: checked again here), or None."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if number else None
+
+
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -80,12 +87,8 @@ def _previous(runs: Sequence[Run], focus: Run) -> Run | None:
 def chart(runs: Sequence[Run], focus: Run | None) -> str:
     """An SVG line chart: one point per run and figure, with the run's id and value on it."""
     values = [v for r in runs for name, _, _ in SERIES if (v := r.figure(name)) is not None]
-    baseline = next(
-        (b for r in reversed(runs) if isinstance(b := (r.benchmark or {}).get("baseline_tok_s"), (int, float))), None
-    )
-    floor = next(
-        (f for r in reversed(runs) if isinstance(f := (r.benchmark or {}).get("floor_tok_s"), (int, float))), None
-    )
+    baseline = next((b for r in reversed(runs) if (b := _finite((r.benchmark or {}).get("baseline_tok_s")))), None)
+    floor = next((f for r in reversed(runs) if (f := _finite((r.benchmark or {}).get("floor_tok_s")))), None)
     if not values:
         return (
             f'<svg id="{CHART_ID}" width="{WIDTH}" height="60" role="img" aria-label="no benchmark figures"><text '
@@ -198,8 +201,10 @@ def _runs_table(runs: Sequence[Run], focus: Run | None) -> str:
     return "\n".join(rows)
 
 
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
+def _num(value: Any, spec: str = ".2f") -> str:
+    """A figure as the page shows it; "-" for none (or for anything that is no finite number)."""
+    number = _finite(value)
+    return "-" if number is None else format(number, spec)
 
 
 def _focus(run: Run, previous: Run | None) -> list[str]:
@@ -210,7 +215,7 @@ def _focus(run: Run, previous: Run | None) -> list[str]:
     ]
     out.append(
         f'<p class="muted">{_e(run.command)} of {_e(run.lock_name)} on {_e(run.host)}, started {_e(run.started)}, '
-        f"{float(doc.get('duration_s') or 0):.1f} s</p>"
+        f"{_num(doc.get('duration_s'), '.1f')} s</p>"
     )
     stages = (doc.get("gate") or {}).get("stages") if isinstance(doc.get("gate"), Mapping) else None
     if isinstance(stages, list):
@@ -233,7 +238,7 @@ def _stages_table(stages: Sequence[Any]) -> str:
             status = str(stage.get("status"))
             rows.append(
                 f'<tr><td>{_e(stage.get("name"))}</td><td class="{_e(status.replace(" ", "-"))}">{_e(status)}</td>'
-                f'<td class="num">{float(stage.get("duration_s") or 0):.1f}</td><td>{_e(stage.get("reason"))}</td></tr>'
+                f'<td class="num">{_num(stage.get("duration_s"), ".1f")}</td><td>{_e(stage.get("reason"))}</td></tr>'
             )
     rows.append("</tbody></table>")
     return "\n".join(rows)
@@ -248,19 +253,19 @@ def _bench_table(bench: Mapping[str, Any] | None) -> str:
         "tok/s</th></tr></thead><tbody>"
     ]
     for i, row in enumerate(r for r in runs if isinstance(r, Mapping)):
-        ttft = row.get("ttft_s")
+        ttft = _finite(row.get("ttft_s"))
         cells = [
-            row.get("tokens"),
+            _num(row.get("tokens"), "g"),
             _num(row.get("seconds")),
             _num(row.get("tok_s")),
-            "-" if ttft is None else f"{ttft * 1000:.0f}",
+            _num(None if ttft is None else ttft * 1000, ".0f"),
             _num(row.get("decode_tok_s")),
         ]
         rows.append(f"<tr><td>{i + 1}</td>" + "".join(f'<td class="num">{_e(c)}</td>' for c in cells) + "</tr>")
     rows.append("</tbody></table>")
-    baseline = bench.get("baseline_tok_s") if bench else None
+    baseline = _finite(bench.get("baseline_tok_s"))
     note = (
-        f'<p class="muted">baseline {baseline:g} tok/s, floor {bench.get("floor_tok_s")}: '
+        f'<p class="muted">baseline {_num(baseline, "g")} tok/s, floor {_num(bench.get("floor_tok_s"))}: '
         f"{_e(bench.get('summary') or '')}</p>"
         if baseline
         else ""

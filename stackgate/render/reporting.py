@@ -9,6 +9,7 @@ their way to a console.
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
@@ -35,7 +36,7 @@ def _suite(name: str, results: Sequence[Result], strict: bool) -> ET.Element:
     failures = counts[Status.FAIL] + (counts[Status.WARN] if strict else 0)
     suite = ET.Element(
         "testsuite",
-        name=name,
+        name=_clean(name),
         tests=str(len(results)),
         failures=str(failures),
         errors=str(counts[Status.ERROR]),
@@ -49,7 +50,10 @@ def _suite(name: str, results: Sequence[Result], strict: bool) -> ET.Element:
 
 def _case(result: Result, strict: bool) -> ET.Element:
     case = ET.Element(
-        "testcase", classname=f"stackgate.{result.area}", name=result.check, time=f"{result.duration_s:.3f}"
+        "testcase",
+        classname=_clean(f"stackgate.{result.area}"),
+        name=_clean(result.check),
+        time=f"{result.duration_s:.3f}",
     )
     body = "\n".join([*result.details, *_fix_lines(result)])
     if result.status == Status.FAIL or (strict and result.status == Status.WARN):
@@ -69,9 +73,18 @@ def _fix_lines(result: Result) -> list[str]:
     return [f"fix: {result.fix.text}", *(f"$ {c}" for c in result.fix.commands)]
 
 
+#: What XML 1.0 cannot carry (its Char production): most C0 controls, lone surrogates, U+FFFE and
+#: U+FFFF. A server's log line may hold any of them; one makes the whole file unparseable.
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
 def _clean(text: str) -> str:
-    """XML 1.0 cannot carry most control characters; a log line may hold them."""
-    return "".join(ch for ch in text if ch in "\t\n\r" or ord(ch) >= 0x20)
+    r"""``text`` without what XML 1.0 cannot carry.
+
+    >>> _clean("ok\x1b[2J \ufffe\uffff\udcff end\t")
+    'ok[2J  end\t'
+    """
+    return _NOT_XML.sub("", text)
 
 
 def write_junit(path: Path | str, suites: Mapping[str, Sequence[Result]], *, strict: bool = False) -> None:

@@ -80,8 +80,8 @@ def trend_line(lock: str, values: Sequence[float | None], *, unicode: bool) -> s
     )
 
 
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
+def _num(value: float | None, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def show_run(run: history.Run, ui: UI) -> None:
@@ -92,12 +92,16 @@ def show_run(run: history.Run, ui: UI) -> None:
         ui.table(
             "stages",
             ["stage", "status", "seconds", "reason"],
-            [[s["name"], s["status"], f"{s['duration_s']:.1f}", s["reason"]] for s in stages],
+            [
+                [str(s.get("name")), str(s.get("status")), _num(s.get("duration_s"), ".1f"), str(s.get("reason"))]
+                for s in stages
+            ],
             align="llrl",
         )
     bad = [r for r in run.results if r.get("status") in ("FAIL", "ERROR", "WARN")]
     for result in bad:
-        ui.line(f"  {result['status']:<5} {result.get('stage', run.command)} {result['check']}: {result['summary']}")
+        where = f"{result.get('stage', run.command)} {result.get('check')}"
+        ui.line(f"  {result['status']:<5} {where}: {result.get('summary')}")
         fix = result.get("fix") or {}
         if fix:
             ui.line(f"        fix: {fix.get('text', '')}")

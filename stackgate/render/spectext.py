@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 from collections import Counter
 from typing import Any, Mapping, Sequence
 
@@ -19,6 +18,7 @@ from stackgate.facts.compare import conflicts
 from stackgate.facts.machine import FoundPython, Machine
 from stackgate.facts.values import ArchBuild, Missing, ProbeFacts
 from stackgate.models.spec import DEFAULT_EVIDENCE, Capability
+from stackgate.models.verdict import hostname
 
 __all__ = ["PINNED", "Line", "machine_spec", "stack_name"]
 
@@ -258,7 +258,7 @@ def machine_spec(machine: Machine, when: str) -> str:
     describe = f"{gpus}x {machine.nvml.gpus[0].name} ({capability.arch})" + (
         f", torch {torch['version']}" if torch.get("version") else ""
     )
-    host = socket.gethostname()
+    host = hostname()
     lines: list[Line] = [
         (f"# This machine ({host}) as `stackgate init` saw it at {when}. Each value says where it came", None),
         ("# from; change what should differ, then `stackgate verify` (docs/init.md tells each key).", None),

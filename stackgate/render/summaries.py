@@ -21,6 +21,9 @@ __all__ = [
     "exposition",
     "headline_lines",
     "markdown",
+    "md_block",
+    "md_code",
+    "md_text",
     "prometheus",
     "suites",
     "verdict_word",
@@ -94,9 +97,10 @@ def benchmark_line(bench: Mapping[str, Any] | None, stage: str | None = None) ->
     baseline = bench.get("baseline_tok_s")
     if not baseline:
         return f"decode {decode:.2f} tok/s, {whole} (the lock sets no baseline_tok_s)"
+    floor = bench.get("floor_tok_s")
     return (
         f"decode {decode:.2f} tok/s vs baseline {baseline:g} ({decode / baseline - 1:+.1%}, floor "
-        f"{bench['floor_tok_s']:.2f}): {bench.get('status')}; {whole}"
+        f"{'-' if floor is None else format(floor, '.2f')}): {bench.get('status')}; {whole}"
     )
 
 
@@ -110,27 +114,27 @@ def markdown(doc: Mapping[str, Any]) -> str:
     word = verdict_word(doc)
     finger = gate.get("fingerprint")
     facts = [
-        f"lock **{_text(lock.get('name') or lock.get('path'))}**",
-        f"host `{doc['host']['hostname']}`",
+        f"lock **{md_text(lock.get('name') or lock.get('path'))}**",
+        f"host {md_code(doc['host']['hostname'])}",
         f"exit code {doc['exit_code']}",
         f"{doc['duration_s']:.1f} s",
-        f"run `{doc.get('run_id')}`",
+        f"run {md_code(doc.get('run_id'))}",
     ]
     if finger:
-        facts.append(f"fingerprint `{finger['short']}`")
+        facts.append(f"fingerprint {md_code(finger['short'])}")
     out = [
         f"## {'✅' if word == 'PASSED' else '❌'} stackgate gate: {word}",
         "",
         " · ".join(facts),
         "",
-        f"{_text(doc.get('reason', ''))}",
+        f"{md_text(doc.get('reason', ''))}",
         "",
     ]
     out += ["| stage | status | seconds | reason |", "|---|---|---:|---|"]
     for stage in gate.get("stages", ()):
         out.append(
-            f"| {stage['name']} | {_ICONS.get(stage['status'], '')} {stage['status']} | {stage['duration_s']:.1f} | "
-            f"{_text(stage['reason'])} |"
+            f"| {md_text(stage['name'])} | {_ICONS.get(stage['status'], '')} {md_text(stage['status'])} | "
+            f"{stage['duration_s']:.1f} | {md_text(stage['reason'])} |"
         )
     out += _failures(gate.get("stages", ()))
     out += _benchmark_section(gate.get("benchmark"), _stage_status(doc, "benchmark"))
@@ -150,13 +154,16 @@ def _failures(stages: Iterable[Mapping[str, Any]]) -> list[str]:
         return []
     out = ["", "### Failures and warnings", ""]
     for stage, result in bad:
-        out.append(f"- **{result['status']}** {stage} `{result['check']}`: {_text(result['summary'])}")
-        out += [f"  - {_text(line)}" for line in result.get("details", ())[:6]]
+        out.append(
+            f"- **{md_text(result['status'])}** {md_text(stage)} {md_code(result['check'])}: "
+            f"{md_text(result['summary'])}"
+        )
+        out += [f"  - {md_text(line)}" for line in result.get("details", ())[:6]]
         fix = result.get("fix")
         if fix:
-            out.append(f"  - fix: {_text(fix['text'])}")
+            out.append(f"  - fix: {md_text(fix['text'])}")
             if fix.get("commands"):
-                out += ["", "    ```sh", *(f"    {c}" for c in fix["commands"]), "    ```", ""]
+                out += ["", *md_block(fix["commands"], "sh", "    "), ""]
     return out
 
 
@@ -173,17 +180,51 @@ def _benchmark_section(bench: Mapping[str, Any] | None, stage: str | None) -> li
 
 
 def _fingerprint_section(finger: Mapping[str, Any]) -> list[str]:
-    out = ["", f"### Fingerprint `{finger['short']}`", "", f"sha256 `{finger['digest']}` over:", ""]
+    out = ["", f"### Fingerprint {md_code(finger['short'])}", "", f"sha256 {md_code(finger['digest'])} over:", ""]
     for section, values in finger["components"].items():
-        out += [f"<details><summary>{section} ({len(values)})</summary>", "", "| component | value |", "|---|---|"]
-        out += [f"| {_text(name)} | {_text(value)} |" for name, value in values.items()]
+        out += [
+            f"<details><summary>{md_text(section)} ({len(values)})</summary>",
+            "",
+            "| component | value |",
+            "|---|---|",
+        ]
+        out += [f"| {md_text(name)} | {md_text(value)} |" for name, value in values.items()]
         out += ["", "</details>", ""]
     return out
 
 
-def _text(value: Any) -> str:
-    """A value safe in a Markdown table cell (pipes escaped, one line)."""
-    return str(value).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+def md_text(value: Any) -> str:
+    r"""A value as Markdown text, safe in a table cell: one line, pipes escaped, and ``<`` as an
+    entity, so that no tag can begin (GitHub renders inline HTML: a GPU name ``<script>`` would be one).
+
+    >>> md_text("NVIDIA <script>x</script> | a\nb -> c")
+    'NVIDIA &lt;script>x&lt;/script> \\| a b -> c'
+    """
+    return _one_line(value).replace("<", "&lt;").replace("|", "\\|")
+
+
+def md_code(value: Any) -> str:
+    r"""A value as a Markdown code span that no backquote in it can end early (a fence longer than
+    its longest run of backquotes, spaced when it starts or ends with one); pipes escaped for a table.
+
+    >>> md_code("vm"), md_code("a`b"), md_code("`x``")
+    ('`vm`', '``a`b``', '``` `x`` ```')
+    """
+    text = _one_line(value).replace("|", "\\|")
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def md_block(lines: Sequence[str], info: str = "", indent: str = "") -> list[str]:
+    """Lines as a fenced code block whose fence no line of them can close."""
+    runs = [len(run) for line in lines for run in re.findall("`{3,}", line)]
+    fence = "`" * max([3, *(n + 1 for n in runs)])
+    return [f"{indent}{fence}{info}", *(f"{indent}{_one_line(line)}" for line in lines), f"{indent}{fence}"]
+
+
+def _one_line(value: Any) -> str:
+    return str(value).replace("\r", " ").replace("\n", " ")
 
 
 # --- Prometheus ---------------------------------------------------------------------------------

@@ -2,6 +2,11 @@
 
 On a terminal, results are a rich table with colours; without one, or with NO_COLOR set, they
 are plain lines that read the same in a CI log. Nothing else in stackgate imports rich.
+
+Every text shown goes through one door, :func:`shown` (:func:`stackgate.models.printable.printable`:
+control characters as ``?``, a line break and a tab kept), with or without colour: a log line,
+a node's reason or a run copied in from elsewhere cannot move the cursor, retitle the window or
+plant a hyperlink. Text is handed to rich as :class:`~rich.text.Text`, never as markup.
 """
 
 from __future__ import annotations
@@ -10,17 +15,19 @@ import contextlib
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import groupby
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Collection, Iterator, Sequence
 
 from rich.console import Console
+from rich.markup import escape
 from rich.text import Text
 from rich.theme import Theme
 
 from stackgate.models.exitcodes import ExitCode
-from stackgate.models.finding import Finding
+from stackgate.models.finding import Finding, Fix
+from stackgate.models.printable import printable
 from stackgate.models.redact import redact, redact_text
 from stackgate.models.result import NEEDS_GPU, Result, Status
 from stackgate.models.settings import Value
@@ -42,6 +49,7 @@ __all__ = [
     "render_rows",
     "render_settings",
     "render_table",
+    "shown",
 ]
 
 THEME = Theme(
@@ -62,6 +70,27 @@ STYLES = {
     Status.FAIL: "error",
     Status.ERROR: "error",
 }
+
+
+def shown(text: str) -> str:
+    r"""``text`` as the console shows it: every control character but a line break and a tab as ``?``.
+
+    >>> shown("ok\x1b]0;owned\x07\x1b[2J\ttab\nline")
+    'ok?]0;owned??[2J\ttab\nline'
+    """
+    return str(printable(text, keep="\n\t"))
+
+
+def _shown_result(result: Result) -> Result:
+    """A result with every text of it as the console shows it."""
+    fix = result.fix
+    return replace(
+        result,
+        check=shown(result.check),
+        summary=shown(result.summary),
+        details=tuple(shown(d) for d in result.details),
+        fix=Fix(shown(fix.text), tuple(shown(c) for c in fix.commands)) if fix is not None else None,
+    )
 
 
 @dataclass
@@ -92,6 +121,7 @@ class UI:
 
     def line(self, text: str = "", style: str | None = None) -> None:
         """One line of the report; a command (``$ ...``) is never wrapped, so that it pastes whole."""
+        text = shown(text)
         if self.plain:
             self.console.file.write(text + "\n")
         else:
@@ -99,18 +129,18 @@ class UI:
 
     def info(self, text: str) -> None:
         """A progress or context line on stderr, so stdout stays the report."""
-        self.err.print(Text(text, style="muted"))
+        self.err.print(Text(shown(text), style="muted"))
 
     def debug(self, text: str) -> None:
         if self.verbose:
             self.info(text)
 
     def error(self, text: str) -> None:
-        self.err.print(Text(text, style="error"))
+        self.err.print(Text(shown(text), style="error"))
 
     def warn(self, text: str) -> None:
         """A warning on stderr: something was skipped or not kept, the command goes on."""
-        self.err.print(Text(text, style="warning"))
+        self.err.print(Text(shown(text), style="warning"))
 
     @property
     def unicode(self) -> bool:
@@ -125,7 +155,7 @@ class UI:
             self.info(f"{message} ...")
             yield
             return
-        with self.err.status(Text(message, style="muted")):
+        with self.err.status(Text(shown(message), style="muted")):
             yield
         self.debug(f"{message}: {time.monotonic() - started:.1f} s")
 
@@ -159,12 +189,14 @@ class UI:
                     TextColumn("[muted]{task.fields[detail]}"),
                 )
                 with Progress(*columns, console=self.err, transient=True) as progress:
-                    activity.start(progress, progress.add_task(message, total=None, detail=""))
+                    activity.start(progress, progress.add_task(escape(shown(message)), total=None, detail=""))
                     yield activity
         except BaseException:
             self.error(f"failed after {activity.elapsed_s:.1f} s: {message}")
             raise
-        self.err.print(Text(f"done in {activity.elapsed_s:.1f} s: {message}", style="success" if live else "muted"))
+        self.err.print(
+            Text(shown(f"done in {activity.elapsed_s:.1f} s: {message}"), style="success" if live else "muted")
+        )
 
     def tail(self, headline: str, log: Path | None, lines: Sequence[str], findings: Sequence[Finding] = ()) -> None:
         """A failure: what failed, where the full log is, its last lines, and the known failures
@@ -172,14 +204,14 @@ class UI:
         self.error(headline)
         if log is not None:
             self.info(f"full log: {log}")
-        shown, (findings,) = redact([*lines]), _redacted(findings)
-        for line in shown:
-            self.err.print(Text(f"  | {line}", style="muted"))
+        lines_shown, (findings,) = redact([*lines]), _redacted(findings)
+        for line in lines_shown:
+            self.err.print(Text(shown(f"  | {line}"), style="muted"))
         if findings:
             self.err.print(Text(f"known failure(s) in the log ({len(findings)}):", style="heading"))
         for finding in findings:
             for text, style in finding_lines(finding, self.verbose):
-                self.err.print(Text(text, style=style or ""))
+                self.err.print(Text(shown(text), style=style or ""))
 
     def confirm(self, question: str) -> bool | None:
         """Ask a yes/no question on a terminal; None when there is no one to ask."""
@@ -187,26 +219,28 @@ class UI:
             return None
         from rich.prompt import Confirm
 
-        return Confirm.ask(question, console=self.err, default=False)
+        return Confirm.ask(Text(shown(question)), console=self.err, default=False)
 
     def table(
         self, title: str, headers: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None
     ) -> None:
         """A small table of figures (right-aligned columns after the first, unless ``align``
         says otherwise: one "l" or "r" per column)."""
+        title, rows = shown(title), [[shown(str(cell)) for cell in row] for row in rows]
         if self.plain:
             self.console.file.write(render_rows(title, headers, rows, align))
             return
         from rich.table import Table
 
-        table = Table(title=title, title_justify="left", pad_edge=False)
+        table = Table(title=Text(title), title_justify="left", pad_edge=False)
         for i, header in enumerate(headers):
             table.add_column(header, justify="left" if _left(align, i) else "right", no_wrap=True)
         for row in rows:
-            table.add_row(*row)
+            table.add_row(*(Text(cell) for cell in row))
         self.console.print(table)
 
     def results(self, title: str, results: Sequence[Result], verdict: Verdict, duration_s: float) -> None:
+        title, results = shown(title), [_shown_result(r) for r in results]
         if self.plain:
             self.console.file.write(render_plain(title, results, verdict, duration_s, verbose=self.verbose))
             return
@@ -433,7 +467,7 @@ def render_table(title: str, results: Sequence[Result], *, verbose: int = 0, els
     """The results as a rich table; the fix commands in ``elsewhere`` are named as printed below it."""
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left", expand=False)
+    table = Table(title=Text(title), title_justify="left", expand=False)
     table.add_column("status", no_wrap=True)
     table.add_column("check", no_wrap=True)
     table.add_column("result", overflow="fold")
@@ -443,7 +477,7 @@ def render_table(title: str, results: Sequence[Result], *, verbose: int = 0, els
             style = STYLES[result.status]
             table.add_row(
                 Text(result.status.name, style=style),
-                result.check,
+                Text(result.check),
                 Text(result.summary, style=style if result.status >= Status.WARN else ""),
             )
             for line in _body(result, verbose):
@@ -508,7 +542,7 @@ class Activity:
             return
         self._detail = detail
         if self.progress is not None:
-            self.progress.update(self.task, detail=detail[:80])
+            self.progress.update(self.task, detail=escape(shown(detail[:80])))
         else:
             self._beat()
 

@@ -260,7 +260,7 @@ def html_runs(directory: Path, focus: history.Run | None, warn: Warn) -> list[hi
                 newest = db.newest(1)
                 lock = focus.lock_name if focus else newest[0].lock if newest else None
                 rows = db.of_lock(lock, HTML_RUNS) if lock else []
-                return [r for r in (_read_or_none(directory / row.file) for row in rows) if r is not None]
+                return [r for r in (_read_or_none(directory / row.file, warn) for row in rows) if r is not None]
         except IndexUnusable as exc:
             _warn_fallback(warn, directory, exc)
     runs = history.load(directory)[0]
@@ -268,10 +268,12 @@ def html_runs(directory: Path, focus: history.Run | None, warn: Warn) -> list[hi
     return [r for r in runs if r.lock_name == lock][-HTML_RUNS:]
 
 
-def _read_or_none(path: Path) -> history.Run | None:
+def _read_or_none(path: Path, warn: Warn | None = None) -> history.Run | None:
     try:
         return history.read(path)
-    except history.HistoryError:
+    except history.HistoryError as exc:
+        if warn is not None:
+            warn(f"warning: skipped {exc}")
         return None
 
 

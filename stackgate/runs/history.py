@@ -12,8 +12,9 @@ run's id, also written into the document as ``run_id``), written atomically, and
 directory's index (:mod:`stackgate.runs.index`; :mod:`stackgate.runs.catalog` reads through it).
 A run whose index entry cannot be written is still kept: the document is the source of truth,
 and the next reader finds it. Reading the directory never fails on what is in it: a file that
-is not JSON, or JSON that is not a stackgate gate or smoke report, is skipped with a warning
-saying why.
+is not JSON, or JSON that is not a stackgate gate or smoke report, or one whose fields are not
+what a run holds (:mod:`stackgate.models.rundoc`: a string where a number belongs, ``1e999``), is
+skipped with a warning saying why; such a document is not kept either.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from stackgate.edges.files import write_json
-from stackgate.models import settings
+from stackgate.models import rundoc, settings
 from stackgate.models.finding import Evidence, Finding, FindingError, Fix
 from stackgate.models.spec import Spec
 from stackgate.models.verdict import SCHEMA as REPORT_SCHEMA
@@ -50,6 +51,8 @@ __all__ = [
 
 #: The commands whose runs are kept, and read back.
 COMMANDS = ("gate", "smoke")
+#: What every kept run has (the rest of it is checked where it is there: models/rundoc.py).
+REQUIRED = ("results", "verdict", "started")
 BARS = "▁▂▃▄▅▆▇█"
 ASCII_BARS = "_.-:=+*#"
 
@@ -90,6 +93,9 @@ def store(doc: Mapping[str, Any], directory: Path, warn: Callable[[str], Any] | 
     run_id = doc.get("run_id")
     if not isinstance(run_id, str) or not run_id:
         raise HistoryError("the document has no run_id")
+    damaged = rundoc.problems(doc, REQUIRED)
+    if damaged:
+        raise HistoryError(f"the document of run {run_id} is damaged: {'; '.join(damaged)}")
     path = directory / f"{run_id}.json"
     try:
         write_json(path, doc)
@@ -350,19 +356,17 @@ def read(path: Path) -> Run:
         raise HistoryError(f"{path}: unreadable ({exc})") from exc
     except ValueError as exc:
         raise HistoryError(f"{path}: damaged: not JSON ({exc})") from exc
+    except RecursionError:
+        raise HistoryError(f"{path}: damaged: nested too deeply") from None
     if not isinstance(doc, dict):
         raise HistoryError(f"{path}: not a stackgate run: a JSON {type(doc).__name__}, not an object")
     if doc.get("schema") != REPORT_SCHEMA or doc.get("command") not in COMMANDS:
         raise HistoryError(
             f"{path}: not a stackgate run (schema {doc.get('schema')!r}, command {doc.get('command')!r})"
         )
-    problems = [
-        key
-        for key, kind in (("results", list), ("verdict", str), ("started", str))
-        if not isinstance(doc.get(key), kind)
-    ]
+    problems = rundoc.problems(doc, REQUIRED)
     if problems:
-        raise HistoryError(f"{path}: damaged: {', '.join(problems)} missing or of the wrong type")
+        raise HistoryError(f"{path}: damaged: {'; '.join(problems)}")
     run_id = doc.get("run_id")
     return Run(run_id if isinstance(run_id, str) else path.stem, path, doc)
 
