@@ -8,8 +8,12 @@
 ``gate``: which compute capability majors the INSTALLED flashinfer builds its allreduce-fusion
 (TRT-LLM comm) module for, read from its own code with ast (flashinfer is located, never
 imported), and the majors sglang's fused path admits, when sglang is installed. ``attention``:
-on every GPU, flashinfer's single decode (CUDA cores and tensor cores), causal single prefill and
-paged batch decode on fresh random data, each checked against a float32 reference and timed.
+first the modules those kernels load, built side by side (one ninja per module, all at once) into
+the JIT cache the engine uses too, skipping those flashinfer-jit-cache ships prebuilt; then on every
+GPU, flashinfer's single decode (CUDA cores and tensor cores), causal single prefill and paged batch
+decode on fresh random data, each checked against a float32 reference and timed, the GPU's read
+bandwidth (a float32 sum over a tensor of several GiB) and the paged decode again at a batch and KV
+length where reading the KV cache dominates (the bandwidth-bound decode).
 ``fusion``: one process per rank, flashinfer's allreduce + residual + RMSNorm fusion (the call
 SGLang 0.5.9 makes) checked against NCCL's all-reduce followed by the same sums in float32, and
 timed against the unfused path (NCCL all-reduce, then torch's add and RMSNorm), both captured in
@@ -30,6 +34,7 @@ import os
 import re
 import statistics
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -57,7 +62,7 @@ SGLANG_GATE = (
     "srt/utils/common.py",
     "device_capability_majors",
 )
-KERNELS = ("decode", "decode_tensor_cores", "prefill", "paged_decode")
+KERNELS = ("decode", "decode_tensor_cores", "prefill", "paged_decode", "bandwidth_decode")
 TRACE_CHARS = 4000  #: of a traceback kept in a record: enough for the knowledge base's patterns
 
 
@@ -185,6 +190,111 @@ def compare(got, want, rtol):
     return {"max_abs_err": float(diff.max()), "worst": [float(diff[worst]), float(scale[worst])]}
 
 
+# --- the modules, built up front, side by side -------------------------------------------------
+
+
+def cores():
+    """The CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def build_plan(modules, cores, max_jobs):
+    """What to build before the first kernel runs: ``modules`` is ``[(name, state)]``, the state
+    "prebuilt" (flashinfer-jit-cache ships it), "cached" (the JIT cache holds it) or "missing".
+    Every missing module is built at once, each by its own ninja; flashinfer passes ``-j`` from
+    MAX_JOBS to ninja (unset: ninja's own default), so each gets MAX_JOBS if that is a count,
+    else every core.
+
+    >>> build_plan([("a", "missing"), ("b", "prebuilt"), ("c", "cached"), ("d", "missing")], 16, None)
+    {'prebuilt': ['b'], 'cached': ['c'], 'build': ['a', 'd'], 'side_by_side': 2, 'jobs': 16, 'jobs_from': 'cores'}
+    >>> build_plan([("a", "missing")], 16, "4")["jobs"], build_plan([("a", "missing")], 16, "x")["jobs_from"]
+    (4, 'cores')
+    """
+    jobs_given = max_jobs is not None and max_jobs.isdigit() and int(max_jobs) > 0
+    build = [name for name, state in modules if state == "missing"]
+    return {
+        "prebuilt": [name for name, state in modules if state == "prebuilt"],
+        "cached": [name for name, state in modules if state == "cached"],
+        "build": build,
+        "side_by_side": len(build),
+        "jobs": int(max_jobs) if jobs_given else cores,
+        "jobs_from": "MAX_JOBS" if jobs_given else "cores",
+    }
+
+
+def build_side_by_side(specs):
+    """``spec.build(False)`` for every spec at once, each in a thread of its own (flashinfer's own
+    build: its ninja under its file lock; the threads wait on the ninjas, not on Python):
+    {name: error} for those that failed; their kernels' first calls try again and say why."""
+    errors = {}
+
+    def build(spec):
+        try:
+            spec.build(False)
+        except Exception as exc:  # the kernel's first call reports it, classified
+            errors[spec.name] = f"{type(exc).__name__}: {exc}"[-TRACE_CHARS:]
+
+    threads = [threading.Thread(target=build, args=(spec,), name=f"build {spec.name}") for spec in specs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return errors
+
+
+def attention_specs(request):
+    """{kernel: flashinfer's JitSpec of the module it loads}, made with the arguments flashinfer
+    0.6.4's own calls pass (bf16 throughout, no position encoding, no window, no soft cap): the
+    tensor-core single decode loads the fa2 single prefill module, the prefill the one its "auto"
+    backend picks (fa3 on sm90a), the paged decodes the batch decode module (int32 indices)."""
+    from flashinfer import jit
+    from flashinfer.utils import determine_attention_backend
+
+    bf16, d = torch.bfloat16, request["head_dim"]
+    backend = determine_attention_backend(torch.device("cuda"), 0, False, False, bf16, bf16)
+    paged = jit.gen_batch_decode_module(bf16, bf16, bf16, torch.int32, d, d, 0, False, False)
+    return {
+        "decode": jit.gen_single_decode_module(bf16, bf16, bf16, d, d, 0, False, False),
+        "decode_tensor_cores": jit.gen_single_prefill_module("fa2", bf16, bf16, bf16, d, d, 0, False, False, False),
+        "prefill": jit.gen_single_prefill_module(backend, bf16, bf16, bf16, d, d, 0, False, False, False),
+        "paged_decode": paged,
+        "bandwidth_decode": paged,
+    }
+
+
+def state(spec):
+    return "prebuilt" if spec.is_aot else "cached" if spec.is_compiled else "missing"
+
+
+def prebuild(request, out):
+    """Build the modules the kernels load before the first of them runs, side by side (a cold JIT
+    cache otherwise builds them one after another, each at its kernel's first call)."""
+    out(event="prebuild-start")
+    try:
+        specs = attention_specs(request)
+    except Exception as exc:  # another flashinfer's API: the kernels' first calls build what they need
+        out(event="prebuild", **error_record(exc))
+        return
+    unique = {spec.name: spec for spec in specs.values()}
+    plan = build_plan([(name, state(spec)) for name, spec in unique.items()], cores(), os.environ.get("MAX_JOBS"))
+    os.environ["MAX_JOBS"] = str(plan["jobs"])  # read by flashinfer's run_ninja, for every ninja it starts
+    before, started = compiled_modules(), time.monotonic()
+    errors = build_side_by_side([unique[name] for name in plan["build"]])
+    out(
+        event="prebuild",
+        modules={kernel: spec.name for kernel, spec in specs.items()},
+        cores=cores(),
+        nvcc_threads=os.environ.get("FLASHINFER_NVCC_THREADS", "1"),
+        seconds=time.monotonic() - started,
+        compiled=compiled_modules() - before,
+        errors=errors,
+        **plan,
+    )
+
+
 # --- attention --------------------------------------------------------------------------------
 
 
@@ -285,12 +395,23 @@ def paged_decode(fi, shapes, rtol):
     }
 
 
+def read_bandwidth(request):
+    """The GPU's read bandwidth: a float32 sum over ``read_bytes`` (several GiB, far beyond L2)."""
+    x = torch.ones(request["read_bytes"] // 4, dtype=torch.float32, device="cuda")
+    us = work.timed_ms(torch.device("cuda"), lambda i=0: x.sum(), request["warmup"], request["iters"]) * 1e3
+    nbytes = x.numel() * x.element_size()
+    return {"bytes": nbytes, "us": us, "gbs": nbytes / us / 1e3}
+
+
 def kernel(fi, kind, request):
     shapes, rtol = request, request["rtol"]
     if kind == "prefill":
         return prefill(fi, shapes, rtol)
     if kind == "paged_decode":
         return paged_decode(fi, shapes, rtol)
+    if kind == "bandwidth_decode":
+        wide = {**shapes, "batch": shapes["bandwidth_batch"], "kv_len": shapes["bandwidth_kv_len"]}
+        return {**paged_decode(fi, wide, rtol), "batch": wide["batch"], "kv_len": wide["kv_len"]}
     return decode(fi, shapes, rtol, tensor_cores=kind == "decode_tensor_cores")
 
 
@@ -320,9 +441,15 @@ def attention_main(path, request):
         seed=request["seed"],
     )
     torch.manual_seed(request["seed"])
+    prebuild(request, out)
     for index in range(count):
         torch.cuda.set_device(index)  # the tensors ("cuda") and the events go to this device
         name = torch.cuda.get_device_name(index)
+        try:
+            out(event="read", index=index, name=name, **read_bandwidth(request))
+        except Exception as exc:
+            out(event="read", index=index, name=name, **error_record(exc))
+        torch.cuda.empty_cache()
         for kind in KERNELS:
             out(event="start", index=index, kind=kind)
             try:

@@ -760,16 +760,37 @@ class DeepAttention:
     page_size: int = 16  #: KV tokens per page of the paged decode (SGLang's --page-size defaults to 1)
     batch: int = 8  #: requests in the paged batch decode
     jit_timeout_s: float = 600.0  #: the cold JIT of the four kernels took 70 s on an H200 (16 cores)
+    #: The bandwidth-bound decode: the paged decode at this batch and KV length, 4 GiB of bf16 KV at the default
+    #: heads, far beyond any L2, so reading the KV cache dominates its time.
+    bandwidth_batch: int = 64
+    bandwidth_kv_len: int = 16384
+    #: The floor of that decode's KV rate as a fraction of the GPU's read bandwidth (see checks/deep.py).
+    min_read_fraction: float = 0.6
 
     @classmethod
     def _from_table(cls, t: Table) -> DeepAttention:
         given = {
             name: t.positive(name, int, getattr(cls, name))
-            for name in ("q_heads", "kv_heads", "head_dim", "kv_len", "prefill_len", "page_size", "batch")
+            for name in (
+                "q_heads",
+                "kv_heads",
+                "head_dim",
+                "kv_len",
+                "prefill_len",
+                "page_size",
+                "batch",
+                "bandwidth_batch",
+                "bandwidth_kv_len",
+            )
         }
+        fraction = t.positive("min_read_fraction", float, cls.min_read_fraction)
+        if fraction is not None and fraction > 1:
+            t.error("min_read_fraction", f"must be a fraction of the read bandwidth, at most 1, not {fraction:g}")
+            fraction = None
         shapes = cls(
             **{k: v or getattr(cls, k) for k, v in given.items()},
             jit_timeout_s=_jit_timeout(t, cls.jit_timeout_s),
+            min_read_fraction=fraction or cls.min_read_fraction,
         )
         if shapes.q_heads % shapes.kv_heads:
             t.error(
@@ -782,6 +803,12 @@ class DeepAttention:
                 "kv_len",
                 f"{shapes.kv_len} KV tokens do not fill whole pages of {shapes.page_size} "
                 "(kv_len must be a multiple of page_size)",
+            )
+        if shapes.bandwidth_kv_len % shapes.page_size:
+            t.error(
+                "bandwidth_kv_len",
+                f"{shapes.bandwidth_kv_len} KV tokens do not fill whole pages of {shapes.page_size} "
+                "(bandwidth_kv_len must be a multiple of page_size)",
             )
         if shapes.prefill_len > shapes.kv_len:
             t.error(

@@ -1,0 +1,67 @@
+#!/bin/bash
+# Issue 36's measurements on a GPU machine, in one command, from the checkout's root:
+#     bash benchmarks/h200_deep.sh OUTDIR
+# In an empty folder: `stackgate init`, then `stackgate verify --deep` with flashinfer's JIT cache empty (cold: a
+# fresh FLASHINFER_WORKSPACE_BASE) and twice warm; deep.flashinfer_attention beside a neighbour that streams
+# memory at full speed (a 2 GiB device-to-device copy in a loop), then idle again; then
+# benchmarks/decode_bandwidth.py. Wall times go to OUTDIR/times.txt, the reports and logs into OUTDIR/all.tar.gz.
+set -u
+OUT=${1:?usage: h200_deep.sh OUTDIR}
+TREE=$(pwd)
+W=$(mktemp -d /tmp/stackgate-h200.XXXX)
+mkdir -p "$W/logs"
+export PYTHONPATH=$TREE NO_COLOR=1 PYTHONUNBUFFERED=1
+timed() {  # timed NAME COMMAND...: the wall time and exit status of COMMAND, its output in logs/NAME.log
+    local name=$1
+    shift
+    local t0 t1 rc
+    t0=$(date +%s.%N)
+    "$@" >"$W/logs/$name.log" 2>&1
+    rc=$?
+    t1=$(date +%s.%N)
+    echo "$name: $(python3 -c "print(f'{$t1 - $t0:.1f}')") s, exit $rc: $*" | tee -a "$OUT/times.txt"
+}
+cd "$W" || exit 1
+{ nproc; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.memory --format=csv; python3 -c \
+    'import torch, flashinfer; print(torch.__version__, flashinfer.__version__)'; } 2>&1 | tee "$OUT/machine.txt"
+timed init python3 -m stackgate init
+export FLASHINFER_WORKSPACE_BASE=$W/jit
+timed cold python3 -m stackgate verify --deep --json "$W/cold.json"
+du -sh "$W/jit" | tee -a "$OUT/times.txt"
+timed warm1 python3 -m stackgate verify --deep --json "$W/warm1.json"
+timed warm2 python3 -m stackgate verify --deep --json "$W/warm2.json"
+python3 -c '
+import time, torch
+a = torch.empty(2 << 30, dtype=torch.uint8, device="cuda"); b = torch.empty_like(a)
+end = time.time() + 150
+while time.time() < end:
+    for _ in range(50):
+        b.copy_(a)
+    torch.cuda.synchronize()
+' &
+NEIGHBOUR=$!
+sleep 8
+nvidia-smi --query-gpu=utilization.gpu,utilization.memory --format=csv | tee -a "$OUT/times.txt"
+timed degraded python3 -m stackgate verify --deep --check deep.flashinfer_attention --json "$W/degraded.json"
+kill $NEIGHBOUR
+wait $NEIGHBOUR 2>/dev/null
+timed idle python3 -m stackgate verify --deep --check deep.flashinfer_attention --json "$W/idle.json"
+timed bandwidth timeout 200 python3 "$TREE/benchmarks/decode_bandwidth.py" --tensor-cores --json "$W/bandwidth.json"
+python3 - "$W" <<'PY' | tee "$OUT/summary.txt"
+import json, sys
+from pathlib import Path
+for name in ("cold", "warm1", "warm2", "degraded", "idle"):
+    path = Path(sys.argv[1]) / f"{name}.json"
+    if not path.exists():
+        print(name, "no report"); continue
+    doc = json.loads(path.read_text())
+    print(f"== {name}: phases {doc.get('phases_s')}")
+    for r in doc["results"]:
+        if r["check"].startswith("deep.") or r["status"] not in ("PASS", "SKIP"):
+            print(f"  {r['status']} {r['check']}: {r['summary']}")
+            if r["check"] == "deep.flashinfer_attention":
+                for line in r.get("details", [])[:14]:
+                    print("     ", line)
+PY
+cat "$W/logs/bandwidth.log" | tail -20
+tar -czf "$OUT/all.tar.gz" -C "$W" logs cold.json warm1.json warm2.json degraded.json idle.json bandwidth.json stackgate.toml 2>/dev/null
