@@ -46,11 +46,23 @@ timed degraded python3 -m stackgate verify --deep --check deep.flashinfer_attent
 kill $NEIGHBOUR
 wait $NEIGHBOUR 2>/dev/null
 timed idle python3 -m stackgate verify --deep --check deep.flashinfer_attention --json "$W/idle.json"
+# The same cold build with another share of the cores (MAX_JOBS: each module's ninja -j), then the slowest module
+# alone, each into an empty JIT cache of its own.
+timed cold-alt env MAX_JOBS="${ALT_MAX_JOBS:-2}" FLASHINFER_WORKSPACE_BASE="$W/jit-alt" python3 -m stackgate verify \
+    --deep --check deep.flashinfer_attention --json "$W/cold-alt.json"
+timed prefill-alone env FLASHINFER_WORKSPACE_BASE="$W/jit-alone" python3 -c "
+import sys, time
+sys.path.insert(0, '$TREE/stackgate/edges')
+import flashwork
+spec = flashwork.attention_specs({'head_dim': 128, 'q_heads': 64, 'kv_heads': 8})['prefill']
+started = time.monotonic(); spec.build(False)
+print(spec.name, f'built alone in {time.monotonic() - started:.1f} s', flashwork.slowest_files([spec]))
+"
 timed bandwidth timeout 200 python3 "$TREE/benchmarks/decode_bandwidth.py" --tensor-cores --json "$W/bandwidth.json"
 python3 - "$W" <<'PY' | tee "$OUT/summary.txt"
 import json, sys
 from pathlib import Path
-for name in ("cold", "warm1", "warm2", "degraded", "idle"):
+for name in ("cold", "warm1", "warm2", "degraded", "idle", "cold-alt"):
     path = Path(sys.argv[1]) / f"{name}.json"
     if not path.exists():
         print(name, "no report"); continue
@@ -60,8 +72,13 @@ for name in ("cold", "warm1", "warm2", "degraded", "idle"):
         if r["check"].startswith("deep.") or r["status"] not in ("PASS", "SKIP"):
             print(f"  {r['status']} {r['check']}: {r['summary']}")
             if r["check"] == "deep.flashinfer_attention":
-                for line in r.get("details", [])[:14]:
+                for line in r.get("details", [])[:16]:
                     print("     ", line)
+                pre = r["data"]["jit"].get("prebuild")
+                if pre:
+                    print("      prebuild:", {k: pre.get(k) for k in ("seconds", "jobs", "side_by_side", "slowest", "errors")})
 PY
-cat "$W/logs/bandwidth.log" | tail -20
-tar -czf "$OUT/all.tar.gz" -C "$W" logs cold.json warm1.json warm2.json degraded.json idle.json bandwidth.json stackgate.toml 2>/dev/null
+tail -3 "$W/logs/prefill-alone.log"
+tail -20 "$W/logs/bandwidth.log"
+find "$W" -name .ninja_log | tar -czf "$OUT/ninja-logs.tar.gz" -T - 2>/dev/null
+tar -czf "$OUT/all.tar.gz" -C "$W" logs stackgate.toml $(cd "$W" && ls ./*.json) 2>/dev/null

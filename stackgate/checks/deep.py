@@ -244,11 +244,16 @@ def _device_problems(record: Mapping[str, Any]) -> list[str]:
 #: What an idle GPU of each model (NVML's name) gave, by stackgate's own method: the floor a GPU without peers is
 #: judged by (PEER_FLOOR of each rate), and the read bandwidth the bandwidth-bound decode is a fraction of. Each row
 #: says how it was measured (MODEL_RATES_HOW); every result judged against a row names it.
-MODEL_RATES: dict[str, dict[str, float]] = {"NVIDIA H200": {"bfloat16": 781.2, "float32": 51.0, "copy": 4266.0}}
+MODEL_RATES: dict[str, dict[str, float]] = {
+    "NVIDIA H200": {"bfloat16": 781.2, "float32": 51.0, "copy": 4266.0, "read": 4443.0},
+}
 MODEL_RATES_HOW: dict[str, str] = {
     "NVIDIA H200": (
-        "stackgate verify --deep, warm, 1x H200, driver 580.159.04, torch 2.11.0+cu130, 2026-12-01: bf16 8192^3 and "
-        "fp32 4096^3 products, a 2 GiB device-to-device copy (read + write) (a second run: 786.1, 50.97, 4273)"
+        "1x H200, driver 580.159.04, torch 2.11.0+cu130, idle. bfloat16, float32, copy: deep.gpu_work in a warm "
+        "stackgate verify --deep, 2026-12-01 (bf16 8192^3 and fp32 4096^3 products, a 2 GiB device-to-device copy "
+        "counting read + write; a second run: 786.1, 50.97, 4273). read: deep.flashinfer_attention's read kernel "
+        "(a float32 sum over 4 GiB, the mean of 20 after 3 warm-ups), the median of 5 runs of "
+        "benchmarks/h200_deep.sh, 2026-12-02 (4434-4463 GB/s)"
     ),
 }
 

@@ -245,6 +245,42 @@ def build_side_by_side(specs):
     return errors
 
 
+def decode_tensor_cores(shapes):
+    """Whether the bandwidth-bound decode runs on tensor cores: as SGLang 0.5.9 decides for a bf16 KV cache
+    (flashinfer_backend.should_use_tensor_core: 4 or more query heads per KV head).
+
+    >>> decode_tensor_cores({"q_heads": 64, "kv_heads": 8}), decode_tensor_cores({"q_heads": 8, "kv_heads": 8})
+    (True, False)
+    """
+    return shapes["q_heads"] // shapes["kv_heads"] >= 4
+
+
+def ninja_times(text):
+    r"""{output file's name: seconds} from a ``.ninja_log`` (v5: start ms, end ms, mtime, output, hash per line),
+    the last build of each output.
+
+    >>> ninja_times("# ninja log v5\n0\t41000\t1\t/c/m/a.cuda.o\t9f\n2\t1500\t1\t/c/m/m.so\tab\n")
+    {'a.cuda.o': 41.0, 'm.so': 1.498}
+    """
+    times = {}
+    for line in text.splitlines():
+        fields = line.split("\t")
+        if line.startswith("#") or len(fields) < 5 or not (fields[0].isdigit() and fields[1].isdigit()):
+            continue
+        times[Path(fields[3]).name] = (int(fields[1]) - int(fields[0])) / 1e3
+    return times
+
+
+def slowest_files(specs, count=5):
+    """The files that took longest to build, across the modules' own ninja logs: [[module, file, seconds]]."""
+    found = []
+    for spec in specs:
+        log = Path(spec.build_dir) / ".ninja_log"
+        text = log.read_text(errors="replace") if log.is_file() else ""
+        found += [[spec.name, name, seconds] for name, seconds in ninja_times(text).items()]
+    return sorted(found, key=lambda item: -item[2])[:count]
+
+
 def attention_specs(request):
     """{kernel: flashinfer's JitSpec of the module it loads}, made with the arguments flashinfer
     0.6.4's own calls pass (bf16 throughout, no position encoding, no window, no soft cap): the
@@ -253,15 +289,20 @@ def attention_specs(request):
     from flashinfer import jit
     from flashinfer.utils import determine_attention_backend
 
-    bf16, d = torch.bfloat16, request["head_dim"]
+    bf16, i32, d = torch.bfloat16, torch.int32, request["head_dim"]
     backend = determine_attention_backend(torch.device("cuda"), 0, False, False, bf16, bf16)
-    paged = jit.gen_batch_decode_module(bf16, bf16, bf16, torch.int32, d, d, 0, False, False)
+    paged = jit.gen_batch_decode_module(bf16, bf16, bf16, i32, d, d, 0, False, False)
     return {
         "decode": jit.gen_single_decode_module(bf16, bf16, bf16, d, d, 0, False, False),
         "decode_tensor_cores": jit.gen_single_prefill_module("fa2", bf16, bf16, bf16, d, d, 0, False, False, False),
         "prefill": jit.gen_single_prefill_module(backend, bf16, bf16, bf16, d, d, 0, False, False, False),
         "paged_decode": paged,
-        "bandwidth_decode": paged,
+        # with tensor cores, the paged decode runs flashinfer's batch prefill (fa2) module
+        "bandwidth_decode": (
+            jit.gen_batch_prefill_module("fa2", bf16, bf16, bf16, i32, d, d, 0, False, False, False)
+            if decode_tensor_cores(request)
+            else paged
+        ),
     }
 
 
@@ -282,7 +323,8 @@ def prebuild(request, out):
     plan = build_plan([(name, state(spec)) for name, spec in unique.items()], cores(), os.environ.get("MAX_JOBS"))
     os.environ["MAX_JOBS"] = str(plan["jobs"])  # read by flashinfer's run_ninja, for every ninja it starts
     before, started = compiled_modules(), time.monotonic()
-    errors = build_side_by_side([unique[name] for name in plan["build"]])
+    built = [unique[name] for name in plan["build"]]
+    errors = build_side_by_side(built)
     out(
         event="prebuild",
         modules={kernel: spec.name for kernel, spec in specs.items()},
@@ -291,6 +333,7 @@ def prebuild(request, out):
         seconds=time.monotonic() - started,
         compiled=compiled_modules() - before,
         errors=errors,
+        slowest=slowest_files(built),
         **plan,
     )
 
@@ -358,12 +401,14 @@ def prefill(fi, shapes, rtol):
     return {**record, "first_call_s": seconds, "compiled": compiled, "us": us, "tflops": flops / us / 1e6}
 
 
-def paged_decode(fi, shapes, rtol):
+def paged_decode(fi, shapes, rtol, tensor_cores=False):
     batch, page, per = shapes["batch"], shapes["page_size"], shapes["kv_len"]
     hq, hk, d = shapes["q_heads"], shapes["kv_heads"], shapes["head_dim"]
     pages = per // page
     kv = torch.randn(batch * pages, 2, page, hk, d, dtype=torch.bfloat16, device="cuda")
-    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), "NHD")
+    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), "NHD", use_tensor_cores=tensor_cores
+    )
     indptr = torch.arange(0, batch + 1, dtype=torch.int32, device="cuda") * pages
     indices = torch.arange(batch * pages, dtype=torch.int32, device="cuda")
     last = torch.full((batch,), page, dtype=torch.int32, device="cuda")
@@ -411,7 +456,9 @@ def kernel(fi, kind, request):
         return paged_decode(fi, shapes, rtol)
     if kind == "bandwidth_decode":
         wide = {**shapes, "batch": shapes["bandwidth_batch"], "kv_len": shapes["bandwidth_kv_len"]}
-        return {**paged_decode(fi, wide, rtol), "batch": wide["batch"], "kv_len": wide["kv_len"]}
+        cores = decode_tensor_cores(shapes)
+        got = paged_decode(fi, wide, rtol, tensor_cores=cores)
+        return {**got, "batch": wide["batch"], "kv_len": wide["kv_len"], "tensor_cores": cores}
     return decode(fi, shapes, rtol, tensor_cores=kind == "decode_tensor_cores")
 
 
