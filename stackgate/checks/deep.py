@@ -1308,7 +1308,10 @@ def _attention_lines(run: AttentionRun) -> list[str]:
     for k in run.kernels:
         rate = f"{k['gbs']:.4g} GB/s" if "gbs" in k else f"{k['tflops']:.4g} TFLOP/s (causal)"
         if "batch" in k:
-            rate += f" ({k['batch']} x {k['kv_len']} KV tokens, {k.get('kv_bytes', 0) / 2**30:.3g} GiB)"
+            cores = ", tensor cores" if k.get("tensor_cores") else ""
+            rate += f" ({k['batch']} x {k['kv_len']} KV tokens, {k.get('kv_bytes', 0) / 2**30:.3g} GiB{cores})"
+        if "backend" in k:
+            rate += f" (backend {k['backend']})"
         lines.append(
             f"{_kernel_label(k)}: {k['us']:.1f} us, {rate}, max abs error {k['max_abs_err']:.2g}, first call "
             f"{k['first_call_s']:.1f} s ({k['compiled']} module(s) compiled)"

@@ -245,6 +245,16 @@ def build_side_by_side(specs):
     return errors
 
 
+def prefill_backend(request, auto):
+    """The causal prefill's backend: the request's, or for "auto" what flashinfer would pick (``auto()``).
+
+    >>> [prefill_backend({"prefill_backend": name}, lambda: "fa3") for name in ("fa2", "auto")]
+    ['fa2', 'fa3']
+    """
+    chosen = request.get("prefill_backend", "auto")
+    return auto() if chosen == "auto" else chosen
+
+
 def decode_tensor_cores(shapes):
     """Whether the bandwidth-bound decode runs on tensor cores: as SGLang 0.5.9 decides for a bf16 KV cache
     (flashinfer_backend.should_use_tensor_core: 4 or more query heads per KV head).
@@ -290,7 +300,9 @@ def attention_specs(request):
     from flashinfer.utils import determine_attention_backend
 
     bf16, i32, d = torch.bfloat16, torch.int32, request["head_dim"]
-    backend = determine_attention_backend(torch.device("cuda"), 0, False, False, bf16, bf16)
+    backend = prefill_backend(
+        request, lambda: determine_attention_backend(torch.device("cuda"), 0, False, False, bf16, bf16)
+    )
     paged = jit.gen_batch_decode_module(bf16, bf16, bf16, i32, d, d, 0, False, False)
     return {
         "decode": jit.gen_single_decode_module(bf16, bf16, bf16, d, d, 0, False, False),
@@ -389,8 +401,10 @@ def prefill(fi, shapes, rtol):
         torch.randn(lk, shapes["kv_heads"], shapes["head_dim"], dtype=torch.bfloat16, device="cuda") for _ in range(2)
     )
 
+    backend = shapes.get("prefill_backend", "auto")
+
     def op(i=0):
-        return fi.single_prefill_with_kv_cache(q, k, v, causal=True)
+        return fi.single_prefill_with_kv_cache(q, k, v, causal=True, backend=backend)
 
     got, seconds, compiled = first_call(op)
     record = compare(got, reference_attention(q, k, v, True), rtol)
@@ -398,7 +412,14 @@ def prefill(fi, shapes, rtol):
     # Query i (of the last lq of lk tokens) attends to lk - lq + i + 1 keys: the causal count.
     pairs = lq * (lk - lq) + lq * (lq + 1) // 2
     flops = 4 * pairs * shapes["q_heads"] * shapes["head_dim"]
-    return {**record, "first_call_s": seconds, "compiled": compiled, "us": us, "tflops": flops / us / 1e6}
+    return {
+        **record,
+        "first_call_s": seconds,
+        "compiled": compiled,
+        "us": us,
+        "tflops": flops / us / 1e6,
+        "backend": backend,
+    }
 
 
 def paged_decode(fi, shapes, rtol, tensor_cores=False):

@@ -559,6 +559,7 @@ class AttentionRequest:
     batch: int = DeepAttention.batch
     bandwidth_batch: int = DeepAttention.bandwidth_batch
     bandwidth_kv_len: int = DeepAttention.bandwidth_kv_len
+    prefill_backend: str = DeepAttention.prefill_backend
     read_bytes: int = 4 << 30  #: the read-bandwidth kernel's tensor: far beyond any GPU's L2
     rtol: float = ATTENTION_RTOL
     warmup: int = 3
@@ -577,6 +578,7 @@ class AttentionRequest:
             "batch",
             "bandwidth_batch",
             "bandwidth_kv_len",
+            "prefill_backend",
         )
         return cls(**{name: getattr(shapes, name) for name in names})
 

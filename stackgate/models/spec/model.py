@@ -743,6 +743,10 @@ MAX_JIT_TIMEOUT_S = 3600.0
 MAX_FUSION_TOKENS = 2048
 
 
+#: The causal prefill's flashinfer backends [deep.attention] prefill_backend may name.
+PREFILL_BACKENDS = ("fa2", "auto")
+
+
 @dataclass(frozen=True)
 class DeepAttention:
     """[deep.attention]: the shapes deep.flashinfer_attention runs, per GPU (one TP rank's share).
@@ -766,6 +770,9 @@ class DeepAttention:
     bandwidth_kv_len: int = 16384
     #: The floor of that decode's KV rate as a fraction of the GPU's read bandwidth (see checks/deep.py).
     min_read_fraction: float = 0.6
+    #: flashinfer's backend for the causal single prefill: fa2, or auto (flashinfer's choice: fa3 on sm90a, whose
+    #: module, which SGLang does not load, took 74-80 s per kernel file to compile on a 16-core H200 host).
+    prefill_backend: str = "fa2"
 
     @classmethod
     def _from_table(cls, t: Table) -> DeepAttention:
@@ -787,10 +794,14 @@ class DeepAttention:
         if fraction is not None and fraction > 1:
             t.error("min_read_fraction", f"must be a fraction of the read bandwidth, at most 1, not {fraction:g}")
             fraction = None
+        backend = t.get("prefill_backend", str, cls.prefill_backend)
+        if backend is not None:
+            t.choice("prefill_backend", backend, PREFILL_BACKENDS)
         shapes = cls(
             **{k: v or getattr(cls, k) for k, v in given.items()},
             jit_timeout_s=_jit_timeout(t, cls.jit_timeout_s),
             min_read_fraction=fraction or cls.min_read_fraction,
+            prefill_backend=backend if backend in PREFILL_BACKENDS else cls.prefill_backend,
         )
         if shapes.q_heads % shapes.kv_heads:
             t.error(
