@@ -114,7 +114,15 @@ def attention_kernels() -> list[dict[str, Any]]:
                 {"gbs": line["gbs"]} if "gbs" in line else {"tflops": line["tflops_dense"] * 0.9375}
             )  # causal: 15/16 of the dense pairs
             kernels.append(record)
-    return kernels
+    return [*kernels, *bandwidth("idle")[0]]
+
+
+def bandwidth(run: str) -> tuple[list[dict[str, Any]], tuple[dict[str, Any], ...]]:
+    """The bandwidth-bound decode and the read kernel of one H200 run (h200_attention_bandwidth.json: cold, idle,
+    degraded), as flashwork.py writes them."""
+    recorded_run = json.loads((DEVICE / "h200_attention_bandwidth.json").read_text())[run]
+    decode = [{"event": "kernel", **k} for k in recorded_run["kernels"] if k["kind"] == "bandwidth_decode"]
+    return decode, tuple({"event": "read", **r} for r in recorded_run["reads"])
 
 
 def attention_run(kernels: list[dict[str, Any]], **changes: Any) -> measure.AttentionRun:
@@ -128,6 +136,7 @@ def attention_run(kernels: list[dict[str, Any]], **changes: Any) -> measure.Atte
         tail=("last line",),
         log=Path("/tmp/attention.log"),
         duration_s=71.0,
+        reads=bandwidth("idle")[1],
     )
     fields.update(changes)
     return measure.AttentionRun(**fields)
@@ -141,7 +150,7 @@ def test_the_recorded_attention_passes_with_its_bandwidth_and_the_cold_jit_again
     assert result.status == Status.PASS, result.details
     assert result.summary.startswith(
         "flashinfer 0.6.4 on 1 GPU(s): decode GB/s 1280, decode (tensor cores) GB/s 2208, paged decode GB/s 1382, "
-        "prefill TFLOP/s 705.5; max abs error 0.00045; "
+        "prefill TFLOP/s 705.5, bandwidth decode GB/s 4415; max abs error 0.00045; "
     )
     assert result.summary.endswith(
         "JIT (cold) took 70 s of the 600 s allowed (4 module(s) compiled into /opt/stackgate/cache/flashinfer)"
@@ -151,10 +160,13 @@ def test_the_recorded_attention_passes_with_its_bandwidth_and_the_cold_jit_again
         "decode (tensor cores) GB/s": 2207.993,
         "paged decode GB/s": 1382.16,
         "prefill TFLOP/s": 705.468,
+        "bandwidth decode GB/s": 4414.541,
+        "read GB/s": 4385.512,
+        "bandwidth decode read fraction": 0.9936,
     }
     assert result.data["defines"] == {
         "flashinfer_attention": (
-            "decode, decode_tensor_cores, prefill, paged_decode correct against float32; "
+            "decode, decode_tensor_cores, prefill, paged_decode, bandwidth_decode correct against float32; "
             "JIT-compiled (no flashinfer-jit-cache)"
         )
     }
@@ -693,9 +705,9 @@ def test_the_figures_reach_the_fingerprint_and_report_a_b(tmp_path: Path) -> Non
     done = rundiff.compare(a, b)
     assert [str(c) for c in done.changes] == [
         (
-            "flashinfer_attention: decode, decode_tensor_cores, prefill, paged_decode correct against float32; "
-            "JIT-compiled (no flashinfer-jit-cache) -> "
-            "decode, decode_tensor_cores, prefill, paged_decode correct against float32; precompiled: "
+            "flashinfer_attention: decode, decode_tensor_cores, prefill, paged_decode, bandwidth_decode correct against "
+            "float32; JIT-compiled (no flashinfer-jit-cache) -> "
+            "decode, decode_tensor_cores, prefill, paged_decode, bandwidth_decode correct against float32; precompiled: "
             "flashinfer-jit-cache 0.6.4+cu130"
         )
     ]

@@ -430,7 +430,7 @@ def judge_gpu_work(work: GpuWork, activity: NvmlSnapshot | Missing | None = None
     rows = _rows_line(work.records)
     return passed(
         _gpu_summary(work.records) + (f"; judged against {rows}" if rows else ""),
-        [*(_gpu_line(r) for r in work.records), *before, *_how_lines(work.records)],
+        [*(_gpu_line(r) for r in work.records), *_how_lines(work.records), *before],
         data,
     )
 
