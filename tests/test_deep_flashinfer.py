@@ -417,7 +417,7 @@ def test_a_jit_cache_on_a_full_filesystem_says_so_with_the_room_it_needs() -> No
     assert result.summary == (
         "flashinfer's JIT cache /opt/stackgate/cache/flashinfer is out of space (No space left on device): its "
         "filesystem has 0.0 MiB free, "
-        "and a cold build of these kernels takes about 19 MiB there; 4 kernel(s) could not be built"
+        "and a cold build of these kernels takes about 32 MiB there; 4 kernel(s) could not be built"
     )
     assert result.details[-1] == "first: /usr/bin/ld: final link failed: No space left on device"
     assert (
