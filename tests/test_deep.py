@@ -152,7 +152,7 @@ def test_one_gpu_is_judged_against_an_idle_gpu_of_its_model_and_the_neighbour_is
     assert result.status == Status.FAIL
     assert result.summary == (
         "3 GPU problem(s): GPU 0 (NVIDIA H200): bfloat16 311.2 TFLOP/s, 40% of an idle NVIDIA H200's 781.2 "
-        "TFLOP/s (floor 70%)"
+        "TFLOP/s (floor 70%; MODEL_RATES row 'NVIDIA H200')"
     )
     assert (
         result.details[-1]
@@ -170,6 +170,18 @@ def test_one_gpu_is_judged_against_an_idle_gpu_of_its_model_and_the_neighbour_is
     )
 
 
+def test_verify_deep_names_the_model_rates_row_it_judged_against_and_how_it_was_measured() -> None:
+    result = deep.judge_gpu_work(gpu_work([gpu_record(0, bf16=781.0)]))
+    assert result.status == Status.PASS
+    assert result.summary.endswith("; judged against MODEL_RATES row 'NVIDIA H200'")
+    [how] = [line for line in result.details if line.startswith("MODEL_RATES row 'NVIDIA H200': ")]
+    assert "'read': 4443.0" in how and "benchmarks/h200_deep.sh" in how and "driver 580.159.04" in how
+    assert result.data["model_rates_how"]["NVIDIA H200"] == deep.MODEL_RATES_HOW["NVIDIA H200"]
+    other = deep.judge_gpu_work(gpu_work([{**gpu_record(0), "name": "NVIDIA B200"}]))
+    assert other.status == Status.PASS and "judged against" not in other.summary
+    assert "no MODEL_RATES row for NVIDIA B200: judged against its peers alone" in other.details
+
+
 def test_a_slow_gpu_with_nothing_else_on_it_says_the_cause_is_not_known() -> None:
     result = deep.judge_gpu_work(
         gpu_work([gpu_record(0, copy=2000.0)]),
@@ -177,7 +189,9 @@ def test_a_slow_gpu_with_nothing_else_on_it_says_the_cause_is_not_known() -> Non
     )
     fake_nvml.configure(None)
     assert (
-        result.details[0] == "GPU 0 (NVIDIA H200): copy 2000 GB/s, 47% of an idle NVIDIA H200's 4266 GB/s (floor 70%)"
+        result.details[0]
+        == "GPU 0 (NVIDIA H200): copy 2000 GB/s, 47% of an idle NVIDIA H200's 4266 GB/s (floor 70%; MODEL_RATES row "
+        "'NVIDIA H200')"
     )
     assert "the cause is not known" in result.fix.text and "reset" not in result.fix.text
 

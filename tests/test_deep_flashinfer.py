@@ -8,9 +8,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import zipfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -23,6 +25,7 @@ from support import released_wheel
 from stackgate.checks import deep
 from stackgate.checks.core import REGISTRY, run_checks
 from stackgate.commands.verify import plan
+from stackgate.edges import flashwork as script
 from stackgate.facts import Facts
 from stackgate.facts import deepruns as measure
 from stackgate.models.result import Result, Status
@@ -114,7 +117,15 @@ def attention_kernels() -> list[dict[str, Any]]:
                 {"gbs": line["gbs"]} if "gbs" in line else {"tflops": line["tflops_dense"] * 0.9375}
             )  # causal: 15/16 of the dense pairs
             kernels.append(record)
-    return kernels
+    return [*kernels, *bandwidth("idle")[0]]
+
+
+def bandwidth(run: str) -> tuple[list[dict[str, Any]], tuple[dict[str, Any], ...]]:
+    """The bandwidth-bound decode and the read kernel of one H200 run (h200_attention_bandwidth.json: cold, idle,
+    degraded), as flashwork.py writes them."""
+    recorded_run = json.loads((DEVICE / "h200_attention_bandwidth.json").read_text())[run]
+    decode = [{"event": "kernel", **k} for k in recorded_run["kernels"] if k["kind"] == "bandwidth_decode"]
+    return decode, tuple({"event": "read", **r} for r in recorded_run["reads"])
 
 
 def attention_run(kernels: list[dict[str, Any]], **changes: Any) -> measure.AttentionRun:
@@ -128,6 +139,7 @@ def attention_run(kernels: list[dict[str, Any]], **changes: Any) -> measure.Atte
         tail=("last line",),
         log=Path("/tmp/attention.log"),
         duration_s=71.0,
+        reads=bandwidth("idle")[1],
     )
     fields.update(changes)
     return measure.AttentionRun(**fields)
@@ -141,7 +153,7 @@ def test_the_recorded_attention_passes_with_its_bandwidth_and_the_cold_jit_again
     assert result.status == Status.PASS, result.details
     assert result.summary.startswith(
         "flashinfer 0.6.4 on 1 GPU(s): decode GB/s 1280, decode (tensor cores) GB/s 2208, paged decode GB/s 1382, "
-        "prefill TFLOP/s 705.5; max abs error 0.00045; "
+        "prefill TFLOP/s 705.5, bandwidth decode GB/s 4415; max abs error 0.00045; "
     )
     assert result.summary.endswith(
         "JIT (cold) took 70 s of the 600 s allowed (4 module(s) compiled into /opt/stackgate/cache/flashinfer)"
@@ -151,10 +163,13 @@ def test_the_recorded_attention_passes_with_its_bandwidth_and_the_cold_jit_again
         "decode (tensor cores) GB/s": 2207.993,
         "paged decode GB/s": 1382.16,
         "prefill TFLOP/s": 705.468,
+        "bandwidth decode GB/s": 4414.541,
+        "read GB/s": 4385.512,
+        "bandwidth decode read fraction": 0.9936,
     }
     assert result.data["defines"] == {
         "flashinfer_attention": (
-            "decode, decode_tensor_cores, prefill, paged_decode correct against float32; "
+            "decode, decode_tensor_cores, prefill, paged_decode, bandwidth_decode correct against float32; "
             "JIT-compiled (no flashinfer-jit-cache)"
         )
     }
@@ -162,6 +177,196 @@ def test_the_recorded_attention_passes_with_its_bandwidth_and_the_cold_jit_again
     warm = [{**k, "compiled": 0, "first_call_s": 0.05} for k in attention_kernels()]
     assert deep.judge_attention(attention_run(warm), JIT, HOPPER).summary.endswith(
         "no JIT: every module came from the JIT cache (first calls 0.2 s)"
+    )
+
+
+# --- the bandwidth-bound decode, judged against the GPU's read bandwidth (issue 36) ---------------
+
+
+def small_kernels() -> list[dict[str, Any]]:
+    return [k for k in attention_kernels() if k["kind"] != "bandwidth_decode"]
+
+
+def judged(run: str, lock: Spec = HOPPER, name: str | None = None) -> Result:
+    """The recorded kernels with one H200 run's bandwidth decode and read (``name``: the GPU called so instead)."""
+    decode, reads = bandwidth(run)
+    if name is not None:
+        decode = [{**k, "name": name} for k in decode]
+        reads = tuple({**r, "name": name} for r in reads)
+    return deep.judge_attention(attention_run([*small_kernels(), *decode], reads=reads), JIT, lock)
+
+
+def test_the_bandwidth_bound_decode_passes_on_an_idle_h200_and_fails_beside_a_process_streaming_memory() -> None:
+    idle = judged("idle")
+    assert idle.status == Status.PASS, idle.details
+    assert "; bandwidth decode 0.99 of read 4443 GB/s (floor 0.6; MODEL_RATES row 'NVIDIA H200'); " in idle.summary
+    assert idle.details[0] == (
+        "GPU 0 (NVIDIA H200) bandwidth decode 4415 GB/s = 0.99 of 4443 GB/s read (an idle NVIDIA H200's 4443 GB/s, "
+        "MODEL_RATES row 'NVIDIA H200'; this run's read 4386 GB/s); floor 0.6"
+    )
+    degraded = judged("degraded")  # the same GPU while another process copied 2 GiB in a loop
+    assert degraded.status == Status.FAIL
+    assert degraded.summary == (
+        "GPU 0 (NVIDIA H200): the bandwidth-bound decode reads its KV at 2038 GB/s, 0.46 of the GPU's read bandwidth "
+        "4443 GB/s (an idle NVIDIA H200's 4443 GB/s, MODEL_RATES row 'NVIDIA H200'; this run's read 2030 GB/s), below "
+        "the floor 0.6"
+    )
+    assert degraded.fix is not None and degraded.fix.commands[0].startswith("nvidia-smi --query-compute-apps")
+    assert "reset" not in degraded.fix.text and "min_read_fraction" in degraded.fix.text
+    [gpu0] = degraded.data["read_fraction"]["gpus"]
+    assert (gpu0["model_row"], gpu0["reference_gbs"], gpu0["fraction"], gpu0["passes"]) == (
+        "MODEL_RATES row 'NVIDIA H200'",
+        4443.0,
+        0.4586,
+        False,
+    )
+
+
+def test_the_fraction_is_of_the_larger_of_this_runs_read_and_the_table_rows() -> None:
+    row = deep.MODEL_RATES["NVIDIA H200"]["read"]
+    slow_memory = deep.ReadFraction(0, "NVIDIA H200", 2000.0, 2100.0, row, 0.6)  # both of this run's figures low
+    assert slow_memory.reference_gbs == row and not slow_memory.passes
+    fast = deep.ReadFraction(0, "NVIDIA H200", 4500.0, 4600.0, row, 0.6)  # a faster read than the row's
+    assert fast.reference_gbs == 4600.0 and round(fast.fraction, 3) == 0.978 and fast.passes
+    unknown = deep.ReadFraction(1, "NVIDIA B200", 1600.0, 4400.0, None, 0.6)  # no row: this run's read alone
+    assert unknown.reference_gbs == 4400.0 and not unknown.passes
+    assert unknown.against() == "this run's read 4400 GB/s; no MODEL_RATES row for NVIDIA B200"
+    assert not deep.ReadFraction(0, "X", float("nan"), 4400.0, None, 0.6).passes
+    assert deep.model_row("NVIDIA H200") == ("NVIDIA H200", deep.MODEL_RATES["NVIDIA H200"])
+    assert deep.model_row("NVIDIA H100 80GB HBM3") is None
+
+
+def test_the_floor_is_the_locks_and_a_gpu_without_a_row_is_judged_by_its_own_read() -> None:
+    text = (ROOT / "lockfiles" / "hopper-sm90-cu130.toml").read_text()
+    strict = loads_spec(text + "[deep.attention]\nmin_read_fraction = 1.0\n")
+    result = judged("idle", strict)
+    assert result.status == Status.FAIL and result.summary.endswith("below the floor 1")
+    assert result.data["read_fraction"]["floor"] == 1.0
+    unknown = judged("idle", name="NVIDIA B200")  # 4415 of its own 4386 GB/s
+    assert unknown.status == Status.PASS
+    assert "bandwidth decode 1.01 of read 4386 GB/s (floor 0.6; this run read alone: no MODEL_RATES row)" in (
+        unknown.summary
+    )
+    decode, reads = bandwidth("idle")
+    no_read = ({**reads[0], "gbs": None, "error": "OutOfMemoryError: CUDA out of memory"},)
+    failed = deep.judge_attention(
+        attention_run(
+            [*small_kernels(), *decode], reads=tuple({k: v for k, v in r.items() if k != "gbs"} for r in no_read)
+        ),
+        JIT,
+        HOPPER,
+    )
+    assert failed.status == Status.FAIL
+    assert failed.summary == (
+        "GPU 0 (NVIDIA H200): the read-bandwidth kernel failed: OutOfMemoryError: CUDA out of memory"
+    )
+
+
+def test_the_bandwidth_keys_of_the_lock_validate_with_key_paths() -> None:
+    text = (ROOT / "lockfiles" / "hopper-sm90-cu130.toml").read_text()
+    with pytest.raises(SpecError) as caught:
+        loads_spec(
+            text + '[deep.attention]\nmin_read_fraction = 1.5\nbandwidth_kv_len = 1000\nprefill_backend = "fa3"\n'
+        )
+    assert caught.value.problems == [
+        "deep.attention.min_read_fraction: must be a fraction of the read bandwidth, at most 1, not 1.5",
+        "deep.attention.prefill_backend: must be one of fa2, auto, not 'fa3'",
+        "deep.attention.bandwidth_kv_len: 1000 KV tokens do not fill whole pages of 16 (bandwidth_kv_len must be a "
+        "multiple of page_size)",
+    ]
+    shaped = loads_spec(
+        text + '[deep.attention]\nmin_read_fraction = 0.8\nbandwidth_batch = 128\nprefill_backend = "auto"\n'
+    ).deep.attention
+    assert (shaped.min_read_fraction, shaped.bandwidth_batch, shaped.bandwidth_kv_len, shaped.prefill_backend) == (
+        0.8,
+        128,
+        16384,
+        "auto",
+    )
+    request = measure.AttentionRequest.from_lock(shaped)
+    assert (request.bandwidth_batch, request.prefill_backend, request.read_bytes) == (128, "auto", 4 << 30)
+
+
+# --- the modules, built up front, side by side ------------------------------------------------
+
+
+def test_the_build_plan_skips_prebuilt_and_cached_modules_and_gives_each_ninja_max_jobs_or_the_cores() -> None:
+    modules = [("single_decode", "missing"), ("batch_prefill", "prebuilt"), ("batch_decode", "cached")]
+    modules.append(("single_prefill", "missing"))
+    assert script.build_plan(modules, 16, None) == {
+        "prebuilt": ["batch_prefill"],
+        "cached": ["batch_decode"],
+        "build": ["single_decode", "single_prefill"],
+        "side_by_side": 2,
+        "jobs": 16,
+        "jobs_from": "cores",
+    }
+    assert script.build_plan(modules, 16, "4")["jobs"] == 4
+    assert script.build_plan(modules, 16, "0")["jobs_from"] == "cores"
+    assert script.build_plan(modules, 16, "-j8")["jobs"] == 16
+    assert script.build_plan([("a", "cached")], 16, None)["build"] == []
+    assert script.decode_tensor_cores({"q_heads": 64, "kv_heads": 8}) is True
+    assert script.decode_tensor_cores({"q_heads": 24, "kv_heads": 8}) is False
+
+
+class StandIn:
+    """A module whose build starts a real process, as ninja is, then waits at a barrier that opens only when every
+    module's build has reached it: one after another, the first would wait alone until the barrier breaks."""
+
+    def __init__(self, name: str, barrier: threading.Barrier, fails: bool = False) -> None:
+        self.name, self.barrier, self.fails, self.built = name, barrier, fails, False
+
+    def build(self, verbose: bool) -> None:
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        self.barrier.wait()
+        if self.fails:
+            raise RuntimeError("Ninja build failed. Ninja output:\nnvcc fatal")
+        self.built = True
+
+
+def test_the_modules_are_built_side_by_side_and_a_failed_one_stops_none_of_the_others() -> None:
+    barrier = threading.Barrier(4, timeout=120)
+    modules = [StandIn(f"module{i}", barrier, fails=i == 2) for i in range(4)]
+    errors = script.build_side_by_side(modules)
+    assert errors == {"module2": "RuntimeError: Ninja build failed. Ninja output:\nnvcc fatal"}
+    assert [m.built for m in modules] == [True, True, False, True] and not barrier.broken
+
+
+def test_the_slowest_files_come_from_each_modules_own_ninja_log(tmp_path: Path) -> None:
+    modules = []
+    for name in ("single_prefill_sm90", "batch_prefill"):
+        (tmp_path / name).mkdir()
+        shutil.copy(DEVICE / f"h200_ninja_log_{name}", tmp_path / name / ".ninja_log")
+        modules.append(dataclasses.make_dataclass("Spec", ["name", "build_dir"])(name, tmp_path / name))
+    (tmp_path / "never_built").mkdir()
+    modules.append(dataclasses.make_dataclass("Spec", ["name", "build_dir"])("never_built", tmp_path / "never_built"))
+    assert script.slowest_files(modules, 3) == [
+        ["single_prefill_sm90", "single_prefill_sm90_kernel_mask_0.cuda.o", 101.544],
+        ["single_prefill_sm90", "single_prefill_sm90_kernel_mask_2.cuda.o", 99.124],
+        ["single_prefill_sm90", "single_prefill_sm90_kernel_mask_3.cuda.o", 95.602],
+    ]
+    assert max(script.ninja_times((DEVICE / "h200_ninja_log_batch_prefill").read_text()).values()) < 40
+
+
+def test_the_cold_build_side_by_side_is_reported_and_a_build_past_the_timeout_says_so() -> None:
+    recorded_run = json.loads((DEVICE / "h200_attention_bandwidth.json").read_text())["cold"]
+    kernels = [{"event": "kernel", **k} for k in recorded_run["kernels"]]
+    run = attention_run(kernels, reads=bandwidth("cold")[1], prebuild=recorded_run["prebuild"])
+    result = deep.judge_attention(run, JIT, HOPPER)
+    assert result.status == Status.PASS, result.details
+    assert result.summary.endswith(
+        "JIT (cold): 5 module(s) built side by side in 99 s of the 600 s allowed (ninja -j 16 each, 16 cores) into "
+        "/opt/stackgate/cache/flashinfer; first calls 0.1 s"
+    )
+    assert (
+        "modules: 0 prebuilt (flashinfer-jit-cache), 0 in the JIT cache, 5 built side by side, one ninja each with "
+        "-j 16 (from the 16 cores), in 98.6 s"
+    ) in result.details
+    assert result.data["jit"]["compiled"] == 5 and result.data["jit"]["prebuild"]["slowest"][0][2] == 98.453
+    hung = deep.judge_attention(attention_run([], returncode=None, building=True), JIT, HOPPER)
+    assert hung.summary == (
+        "flashinfer's JIT build of the attention modules (side by side) did not finish within 900 s (the lock's "
+        "jit_timeout_s 600 s included)"
     )
 
 
@@ -212,7 +417,7 @@ def test_a_jit_cache_on_a_full_filesystem_says_so_with_the_room_it_needs() -> No
     assert result.summary == (
         "flashinfer's JIT cache /opt/stackgate/cache/flashinfer is out of space (No space left on device): its "
         "filesystem has 0.0 MiB free, "
-        "and a cold build of these kernels takes about 19 MiB there; 4 kernel(s) could not be built"
+        "and a cold build of these kernels takes about 32 MiB there; 4 kernel(s) could not be built"
     )
     assert result.details[-1] == "first: /usr/bin/ld: final link failed: No space left on device"
     assert (
@@ -693,10 +898,10 @@ def test_the_figures_reach_the_fingerprint_and_report_a_b(tmp_path: Path) -> Non
     done = rundiff.compare(a, b)
     assert [str(c) for c in done.changes] == [
         (
-            "flashinfer_attention: decode, decode_tensor_cores, prefill, paged_decode correct against float32; "
-            "JIT-compiled (no flashinfer-jit-cache) -> "
-            "decode, decode_tensor_cores, prefill, paged_decode correct against float32; precompiled: "
-            "flashinfer-jit-cache 0.6.4+cu130"
+            "flashinfer_attention: decode, decode_tensor_cores, prefill, paged_decode, bandwidth_decode correct "
+            "against float32; JIT-compiled (no flashinfer-jit-cache) -> "
+            "decode, decode_tensor_cores, prefill, paged_decode, bandwidth_decode correct against float32; "
+            "precompiled: flashinfer-jit-cache 0.6.4+cu130"
         )
     ]
     texts = [f.text() for f in done.figures]

@@ -57,8 +57,10 @@ __all__ = [
     "ATTENTION_ATOL",
     "FUSION_FLAG",
     "MODEL_RATES",
+    "MODEL_RATES_HOW",
     "PEER_FLOOR",
     "PREREQUISITES",
+    "ReadFraction",
     "TOLERANCE",
     "JitContext",
     "Known",
@@ -73,6 +75,9 @@ __all__ = [
     "judge_fusion_gate",
     "launch",
     "judge_gpu_work",
+    "model_row",
+    "read_fractions",
+    "row_named",
     "not_run",
     "slow_peers",
     "within_tolerance",
@@ -236,10 +241,41 @@ def _device_problems(record: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-#: What deep.gpu_work measured on an idle GPU of each model (NVML's name), by its own method: the floor a GPU
-#: without peers is judged by (PEER_FLOOR of these). NVIDIA H200: stackgate verify --deep, warm, 1x H200,
-#: driver 580.159.04, torch 2.11.0+cu130, 2026-12-01 (a second run: 786.1, 50.97, 4273).
-MODEL_RATES: dict[str, dict[str, float]] = {"NVIDIA H200": {"bfloat16": 781.2, "float32": 51.0, "copy": 4266.0}}
+#: What an idle GPU of each model (NVML's name) gave, by stackgate's own method: the floor a GPU without peers is
+#: judged by (PEER_FLOOR of each rate), and the read bandwidth the bandwidth-bound decode is a fraction of. Each row
+#: says how it was measured (MODEL_RATES_HOW); every result judged against a row names it.
+MODEL_RATES: dict[str, dict[str, float]] = {
+    "NVIDIA H200": {"bfloat16": 781.2, "float32": 51.0, "copy": 4266.0, "read": 4443.0, "decode_fraction": 0.99},
+}
+MODEL_RATES_HOW: dict[str, str] = {
+    "NVIDIA H200": (
+        "1x H200, driver 580.159.04, torch 2.11.0+cu130, idle. bfloat16, float32, copy: deep.gpu_work in a warm "
+        "stackgate verify --deep, 2026-12-01 (bf16 8192^3 and fp32 4096^3 products, a 2 GiB device-to-device copy "
+        "counting read + write; a second run: 786.1, 50.97, 4273). read: deep.flashinfer_attention's read kernel "
+        "(a float32 sum over 4 GiB, the mean of 20 after 3 warm-ups), the median of 5 runs of "
+        "benchmarks/h200_deep.sh, 2026-12-02 (4434-4463 GB/s). decode_fraction: the bandwidth-bound decode (flashinfer "
+        "0.6.4's paged decode on tensor cores, 64 x 16384 KV tokens of 8 heads x 128, bf16: 4 GiB) over that read, "
+        "three warm runs of the same script (4410-4415 GB/s); the check's floor is [deep.attention] min_read_fraction"
+    ),
+}
+
+
+def model_row(name: str) -> tuple[str, Mapping[str, float]] | None:
+    """The MODEL_RATES row a GPU named ``name`` is judged against, by its name.
+
+    >>> model_row("NVIDIA H200")[0], model_row("NVIDIA B200")
+    ('NVIDIA H200', None)
+    """
+    return (name, MODEL_RATES[name]) if name in MODEL_RATES else None
+
+
+def row_named(name: str) -> str:
+    """How a result names the table row it judged against.
+
+    >>> row_named("NVIDIA H200")
+    "MODEL_RATES row 'NVIDIA H200'"
+    """
+    return f"MODEL_RATES row {name!r}"
 
 
 def _slow_problems(records: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -259,7 +295,7 @@ def _slow_problems(records: Sequence[Mapping[str, Any]]) -> list[str]:
             if idle and (_label(r), part) not in flagged and have < PEER_FLOOR * idle:
                 problems.append(
                     f"{_label(r)}: {part} {have:.4g} {unit}, {have / idle:.0%} of an idle {r['name']}'s {idle:.4g} "
-                    f"{unit} (floor {PEER_FLOOR:.0%})"
+                    f"{unit} (floor {PEER_FLOOR:.0%}; {row_named(str(r['name']))})"
                 )
     return problems
 
@@ -345,6 +381,11 @@ def judge_gpu_work(work: GpuWork, activity: NvmlSnapshot | Missing | None = None
             for r in work.records
             if str(r.get("name")) in MODEL_RATES
         },
+        "model_rates_how": {
+            str(r.get("name")): MODEL_RATES_HOW.get(str(r.get("name")))
+            for r in work.records
+            if str(r.get("name")) in MODEL_RATES
+        },
         "gpus": [_gpu_figures(r) for r in work.records],
         "seed": work.begin.get("seed"),
         "torch": work.begin.get("torch"),
@@ -388,7 +429,28 @@ def judge_gpu_work(work: GpuWork, activity: NvmlSnapshot | Missing | None = None
     slow = _slow_problems(work.records)
     if slow:
         return failed(f"{len(slow)} GPU problem(s): {slow[0]}", [*slow, *before], _slow_fix(activity, work.log), data)
-    return passed(_gpu_summary(work.records), [*(_gpu_line(r) for r in work.records), *before], data)
+    rows = _rows_line(work.records)
+    return passed(
+        _gpu_summary(work.records) + (f"; judged against {rows}" if rows else ""),
+        [*(_gpu_line(r) for r in work.records), *_how_lines(work.records), *before],
+        data,
+    )
+
+
+def _rows_line(records: Sequence[Mapping[str, Any]]) -> str:
+    """The table rows the GPUs were judged against, named; empty when no GPU has one."""
+    names = dict.fromkeys(str(r.get("name")) for r in records if model_row(str(r.get("name"))))
+    return ", ".join(row_named(name) for name in names)
+
+
+def _how_lines(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    names = dict.fromkeys(str(r.get("name")) for r in records)
+    return [
+        f"{row_named(name)}: {MODEL_RATES[name]} ({MODEL_RATES_HOW.get(name, 'how: not recorded')})"
+        if name in MODEL_RATES
+        else f"no MODEL_RATES row for {name}: judged against its peers alone"
+        for name in names
+    ]
 
 
 def _gpu_summary(records: Sequence[Mapping[str, Any]]) -> str:
@@ -845,7 +907,82 @@ ATTENTION_FIGURES = {
     "decode_tensor_cores": ("decode (tensor cores) GB/s", "gbs"),
     "paged_decode": ("paged decode GB/s", "gbs"),
     "prefill": ("prefill TFLOP/s", "tflops"),
+    "bandwidth_decode": ("bandwidth decode GB/s", "gbs"),
 }
+
+
+@dataclass(frozen=True)
+class ReadFraction:
+    """One GPU's bandwidth-bound decode against its read bandwidth: the larger of what this run's read kernel gave
+    and what an idle GPU of its model gave (its MODEL_RATES row), so that memory that is slow or shared (both
+    figures of this run low) still fails, and a GPU with no row is judged by this run's read alone."""
+
+    index: int
+    name: str
+    decode_gbs: float
+    read_gbs: float  #: this run's read kernel, on this GPU
+    idle_read_gbs: float | None  #: the GPU's MODEL_RATES row's read, if it has one
+    floor: float
+
+    @property
+    def reference_gbs(self) -> float:
+        return max(self.read_gbs, self.idle_read_gbs or 0.0)
+
+    @property
+    def fraction(self) -> float:
+        """
+        >>> ReadFraction(0, "NVIDIA H200", 3600.0, 4000.0, 4300.0, 0.6).fraction  # the row's read is larger
+        0.8372093023255814
+        >>> ReadFraction(0, "GPU X", 1800.0, 2000.0, None, 0.6).fraction  # no row: this run's read alone
+        0.9
+        """
+        return self.decode_gbs / self.reference_gbs if self.reference_gbs > 0 else 0.0
+
+    @property
+    def passes(self) -> bool:
+        return math.isfinite(self.fraction) and self.fraction >= self.floor
+
+    def against(self) -> str:
+        """What the fraction is of, the table row named."""
+        run = f"this run's read {self.read_gbs:.4g} GB/s"
+        if self.idle_read_gbs is None:
+            return f"{run}; no MODEL_RATES row for {self.name}"
+        idle = f"an idle {self.name}'s {self.idle_read_gbs:.4g} GB/s, {row_named(self.name)}"
+        return f"{idle}; {run}" if self.idle_read_gbs >= self.read_gbs else f"{run}; {idle}"
+
+    def line(self) -> str:
+        return (
+            f"GPU {self.index} ({self.name}) bandwidth decode {self.decode_gbs:.4g} GB/s = {self.fraction:.2f} of "
+            f"{self.reference_gbs:.4g} GB/s read ({self.against()}); floor {self.floor:g}"
+        )
+
+
+def read_fractions(
+    kernels: Sequence[Mapping[str, Any]], reads: Sequence[Mapping[str, Any]], floor: float
+) -> tuple[list[ReadFraction], list[str]]:
+    """Each GPU's :class:`ReadFraction`, and what could not be judged (a read or a decode that gave no figure).
+
+    >>> [f], missing = read_fractions(
+    ...     [{"index": 0, "kind": "bandwidth_decode", "name": "NVIDIA H200", "gbs": 3500.0}],
+    ...     [{"index": 0, "name": "NVIDIA H200", "gbs": 1900.0}],
+    ...     0.6,
+    ... )
+    >>> f.reference_gbs == MODEL_RATES["NVIDIA H200"].get("read", 1900.0), missing
+    (True, [])
+    """
+    decodes = {k["index"]: k for k in kernels if k.get("kind") == "bandwidth_decode" and "gbs" in k}
+    fractions, missing = [], []
+    for read in reads:
+        index, name = read["index"], str(read.get("name"))
+        if "gbs" not in read:
+            missing.append(f"GPU {index} ({name}): the read-bandwidth kernel failed: {read.get('error')}")
+            continue
+        if index not in decodes:
+            continue  # the decode's own error is a kernel problem already
+        row = model_row(name)
+        idle = row[1].get("read") if row else None
+        fractions.append(ReadFraction(index, name, decodes[index]["gbs"], read["gbs"], idle, floor))
+    return fractions, missing
 
 
 def _kernel_label(record: Mapping[str, Any]) -> str:
@@ -878,16 +1015,44 @@ def _attention_figures(kernels: Sequence[Mapping[str, Any]]) -> dict[str, float]
     return figures
 
 
-def _attention_data(run: AttentionRun, jit: JitContext) -> dict[str, Any]:
+def _attention_data(run: AttentionRun, jit: JitContext, floor: float) -> dict[str, Any]:
     kernels = [{k: _finite(v) for k, v in record.items() if k not in ("event", "trace")} for record in run.kernels]
     first = [k for k in run.kernels if k.get("index") == 0]
+    fractions, _ = read_fractions(run.kernels, run.reads, floor)
+    figures = _attention_figures(run.kernels)
+    reads = [r["gbs"] for r in run.reads if isinstance(r.get("gbs"), (int, float))]
+    if reads:
+        figures["read GB/s"] = round(statistics.fmean(reads), 3)
+    if fractions:
+        figures["bandwidth decode read fraction"] = round(min(f.fraction for f in fractions), 4)
+    prebuild = dict(run.prebuild) if run.prebuild else None
     return {
         "flashinfer": run.begin.get("flashinfer"),
         "torch": run.begin.get("torch"),
         "shapes": {k: v for k, v in asdict(run.request).items() if k not in ("rtol", "warmup", "iters", "seed")},
         "seed": run.request.seed,
         "kernels": kernels,
-        "figures": _attention_figures(run.kernels),
+        "figures": figures,
+        "reads": [{k: _finite(v) for k, v in r.items() if k not in ("event", "trace")} for r in run.reads],
+        "read_fraction": {
+            "floor": floor,
+            "gpus": [
+                {
+                    "index": f.index,
+                    "model_row": row_named(f.name) if f.idle_read_gbs is not None else None,
+                    "decode_gbs": round(f.decode_gbs, 3),
+                    "read_gbs": round(f.read_gbs, 3),
+                    "idle_read_gbs": f.idle_read_gbs,
+                    "reference_gbs": round(f.reference_gbs, 3),
+                    "fraction": round(f.fraction, 4),
+                    "passes": f.passes,
+                }
+                for f in fractions
+            ],
+            "rule": (
+                "bandwidth decode KV GB/s / max(this run's read GB/s, the GPU's MODEL_RATES row's read GB/s) >= floor"
+            ),
+        },
         "tolerance": {
             "atol": ATTENTION_ATOL,
             "rtol": run.request.rtol,
@@ -896,7 +1061,8 @@ def _attention_data(run: AttentionRun, jit: JitContext) -> dict[str, Any]:
         "jit": {
             **asdict(jit),
             "first_calls_s": round(sum(k.get("first_call_s") or 0.0 for k in first), 3),
-            "compiled": sum(k.get("compiled") or 0 for k in first),
+            "compiled": sum(k.get("compiled") or 0 for k in first) + int((prebuild or {}).get("compiled") or 0),
+            "prebuild": prebuild,
         },
         "script_s": round(run.duration_s, 3),
         "log": str(run.log),
@@ -906,7 +1072,8 @@ def _attention_data(run: AttentionRun, jit: JitContext) -> dict[str, Any]:
 def judge_attention(run: AttentionRun, jit: JitContext, lock: Spec) -> Result:
     """The attention verdict: flashinfer that does not import, a kernel that errors, times out in
     its JIT or computes wrong fails, with the cause and fix the knowledge base knows."""
-    data = _attention_data(run, jit)
+    floor = lock.deep.attention.min_read_fraction
+    data = _attention_data(run, jit, floor)
     if run.returncode is None:
         return failed(
             _attention_timeout(run, jit),
@@ -945,14 +1112,60 @@ def judge_attention(run: AttentionRun, jit: JitContext, lock: Spec) -> Result:
             known.fix if known else _log_fix(run.log),
             data,
         )
+    fractions, missing = read_fractions(run.kernels, run.reads, floor)
+    slow = [f for f in fractions if not f.passes]
+    if missing or slow or not fractions:
+        lines = [*missing, *(f.line() for f in fractions)] or ["no GPU gave both a read and a bandwidth decode figure"]
+        first = (
+            f"GPU {slow[0].index} ({slow[0].name}): the bandwidth-bound decode reads its KV at "
+            f"{slow[0].decode_gbs:.4g} GB/s, {slow[0].fraction:.2f} of the GPU's read bandwidth "
+            f"{slow[0].reference_gbs:.4g} GB/s ({slow[0].against()}), below the floor {floor:g}"
+            if slow
+            else lines[0]
+        )
+        return failed(first, [*lines, *_attention_lines(run)], _BANDWIDTH_FIX, data)
     kinds = ", ".join(dict.fromkeys(str(k["kind"]) for k in run.kernels))
     data["defines"] = {"flashinfer_attention": f"{kinds} correct against float32; {jit.kernels_from()}"}
-    return passed(_attention_summary(run, data, jit), [*_attention_lines(run), *jit.lines()], data)
+    return passed(
+        _attention_summary(run, data, jit, fractions),
+        [*(f.line() for f in fractions), *_attention_lines(run), *_prebuild_lines(run), *jit.lines()],
+        data,
+    )
 
 
-#: What a cold build of the four attention modules left in flashinfer's JIT cache on an H200 (flashinfer 0.6.4,
-#: sm_90a; `du -sh` of the cache): about what the build needs there, the compiler's objects more while it runs.
-JIT_BUILD_BYTES = 19 << 20
+_BANDWIDTH_FIX = Fix(
+    "The GPU's memory gave the decode less than the floor of its read bandwidth: another process sharing the GPU, "
+    "clocks held down, or memory slower than an idle GPU of this model. See who else runs on it and its clocks and "
+    "throttle reasons; [deep.attention] min_read_fraction sets the floor.",
+    (
+        "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv",
+        "nvidia-smi -q -d PERFORMANCE,CLOCK",
+        "stackgate verify --deep --check deep.flashinfer_attention",
+    ),
+)
+
+
+def _prebuild_lines(run: AttentionRun) -> list[str]:
+    """What was built before the first kernel ran, and how."""
+    pre = run.prebuild
+    if pre is None:
+        return []
+    if "error" in pre:
+        return [f"the modules could not be built up front ({pre['error']}): each kernel's first call built its own"]
+    lines = [
+        f"modules: {len(pre.get('prebuilt', []))} prebuilt (flashinfer-jit-cache), {len(pre.get('cached', []))} in "
+        f"the JIT cache, {len(pre.get('build', []))} built side by side, one ninja each with -j {pre.get('jobs')} "
+        f"(from {'MAX_JOBS' if pre.get('jobs_from') == 'MAX_JOBS' else 'the ' + str(pre.get('cores')) + ' cores'}), "
+        f"in {float(pre.get('seconds') or 0.0):.1f} s"
+    ]
+    lines += [f"building {name} failed: {error}" for name, error in (pre.get("errors") or {}).items()]
+    return lines
+
+
+#: What a cold build of the attention modules left in flashinfer's JIT cache on an H200 (flashinfer 0.6.4, sm_90a;
+#: `du -sh` of the cache): 26 MiB for the default four, 32 MiB with the fa3 prefill; the compiler's objects more
+#: while it runs.
+JIT_BUILD_BYTES = 32 << 20
 _NO_SPACE = "No space left on device"
 
 
@@ -1039,7 +1252,8 @@ def _out_of_space(run: AttentionRun, jit: JitContext, data: Mapping[str, Any]) -
 
 
 _JIT_TIMEOUT_FIX = (
-    "A cold JIT compiles each kernel with nvcc (49 s for the prefill kernel on a 16-core H200): raise "
+    "A cold JIT compiles each module with nvcc (on a 16-core H200, 25 s for the default modules side by side, 102 "
+    "s with the fa3 prefill): raise "
     "[deep.attention] jit_timeout_s "
     "(or [deep.fusion]) on a machine with fewer cores, or install flashinfer-jit-cache (precompiled kernels). A "
     "kernel that hangs "
@@ -1048,6 +1262,11 @@ _JIT_TIMEOUT_FIX = (
 
 
 def _attention_timeout(run: AttentionRun, jit: JitContext) -> str:
+    if run.building:
+        return (
+            f"flashinfer's JIT build of the attention modules (side by side) did not finish within {run.timeout_s:g} s "
+            f"(the lock's jit_timeout_s {jit.timeout_s:g} s included)"
+        )
     where = f"GPU {run.running[0]}'s {run.running[1]} kernel" if run.running else "the attention run"
     if run.running and run.running[0] == 0 and not any(k.get("kind") == run.running[1] for k in run.kernels):
         return (
@@ -1057,20 +1276,46 @@ def _attention_timeout(run: AttentionRun, jit: JitContext) -> str:
     return f"hang: {where} did not finish within {run.timeout_s:g} s"
 
 
-def _attention_summary(run: AttentionRun, data: Mapping[str, Any], jit: JitContext) -> str:
-    rates = ", ".join(f"{name} {value:.4g}" for name, value in data["figures"].items())
+def _attention_summary(
+    run: AttentionRun, data: Mapping[str, Any], jit: JitContext, fractions: Sequence[ReadFraction]
+) -> str:
+    rates = ", ".join(f"{name} {value:.4g}" for name, value in data["figures"].items() if name in _KERNEL_FIGURES)
     worst = max((k["max_abs_err"] for k in run.kernels), default=0.0)
     gpus = len({k["index"] for k in run.kernels})
+    low = min(fractions, key=lambda f: f.fraction)
+    rows = dict.fromkeys(row_named(f.name) for f in fractions if f.idle_read_gbs is not None)
     return (
-        f"flashinfer {run.begin.get('flashinfer')} on {gpus} GPU(s): {rates}; max abs error {worst:.2g}; "
-        f"{_jit_line(data['jit']['first_calls_s'], data['jit']['compiled'], jit)}"
+        f"flashinfer {run.begin.get('flashinfer')} on {gpus} GPU(s): {rates}; max abs error {worst:.2g}; bandwidth "
+        f"decode {low.fraction:.2f} of read {low.reference_gbs:.4g} GB/s (floor {low.floor:g}; "
+        f"{', '.join(rows) or 'this run read alone: no MODEL_RATES row'}); "
+        f"{_attention_jit(run, data, jit)}"
     )
+
+
+_KERNEL_FIGURES = frozenset(name for name, _ in ATTENTION_FIGURES.values())
+
+
+def _attention_jit(run: AttentionRun, data: Mapping[str, Any], jit: JitContext) -> str:
+    """The JIT part of the summary: the modules built up front (side by side), or the first calls' own JIT."""
+    pre = run.prebuild or {}
+    if pre.get("compiled"):
+        return (
+            f"JIT (cold): {pre['compiled']} module(s) built side by side in {float(pre.get('seconds') or 0):.0f} s "
+            f"of the {jit.timeout_s:g} s allowed (ninja -j {pre.get('jobs')} each, {pre.get('cores')} cores) into "
+            f"{jit.workspace}; first calls {data['jit']['first_calls_s']:.1f} s"
+        )
+    return _jit_line(data["jit"]["first_calls_s"], data["jit"]["compiled"], jit)
 
 
 def _attention_lines(run: AttentionRun) -> list[str]:
     lines = []
     for k in run.kernels:
         rate = f"{k['gbs']:.4g} GB/s" if "gbs" in k else f"{k['tflops']:.4g} TFLOP/s (causal)"
+        if "batch" in k:
+            cores = ", tensor cores" if k.get("tensor_cores") else ""
+            rate += f" ({k['batch']} x {k['kv_len']} KV tokens, {k.get('kv_bytes', 0) / 2**30:.3g} GiB{cores})"
+        if "backend" in k:
+            rate += f" (backend {k['backend']})"
         lines.append(
             f"{_kernel_label(k)}: {k['us']:.1f} us, {rate}, max abs error {k['max_abs_err']:.2g}, first call "
             f"{k['first_call_s']:.1f} s ({k['compiled']} module(s) compiled)"

@@ -8,8 +8,12 @@
 ``gate``: which compute capability majors the INSTALLED flashinfer builds its allreduce-fusion
 (TRT-LLM comm) module for, read from its own code with ast (flashinfer is located, never
 imported), and the majors sglang's fused path admits, when sglang is installed. ``attention``:
-on every GPU, flashinfer's single decode (CUDA cores and tensor cores), causal single prefill and
-paged batch decode on fresh random data, each checked against a float32 reference and timed.
+first the modules those kernels load, built side by side (one ninja per module, all at once) into
+the JIT cache the engine uses too, skipping those flashinfer-jit-cache ships prebuilt; then on every
+GPU, flashinfer's single decode (CUDA cores and tensor cores), causal single prefill and paged batch
+decode on fresh random data, each checked against a float32 reference and timed, the GPU's read
+bandwidth (a float32 sum over a tensor of several GiB) and the paged decode again at a batch and KV
+length where reading the KV cache dominates (the bandwidth-bound decode).
 ``fusion``: one process per rank, flashinfer's allreduce + residual + RMSNorm fusion (the call
 SGLang 0.5.9 makes) checked against NCCL's all-reduce followed by the same sums in float32, and
 timed against the unfused path (NCCL all-reduce, then torch's add and RMSNorm), both captured in
@@ -30,6 +34,7 @@ import os
 import re
 import statistics
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -57,7 +62,7 @@ SGLANG_GATE = (
     "srt/utils/common.py",
     "device_capability_majors",
 )
-KERNELS = ("decode", "decode_tensor_cores", "prefill", "paged_decode")
+KERNELS = ("decode", "decode_tensor_cores", "prefill", "paged_decode", "bandwidth_decode")
 TRACE_CHARS = 4000  #: of a traceback kept in a record: enough for the knowledge base's patterns
 
 
@@ -185,6 +190,166 @@ def compare(got, want, rtol):
     return {"max_abs_err": float(diff.max()), "worst": [float(diff[worst]), float(scale[worst])]}
 
 
+# --- the modules, built up front, side by side -------------------------------------------------
+
+
+def cores():
+    """The CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def build_plan(modules, cores, max_jobs):
+    """What to build before the first kernel runs: ``modules`` is ``[(name, state)]``, the state
+    "prebuilt" (flashinfer-jit-cache ships it), "cached" (the JIT cache holds it) or "missing".
+    Every missing module is built at once, each by its own ninja; flashinfer passes ``-j`` from
+    MAX_JOBS to ninja (unset: ninja's own default), so each gets MAX_JOBS if that is a count,
+    else every core.
+
+    >>> build_plan([("a", "missing"), ("b", "prebuilt"), ("c", "cached"), ("d", "missing")], 16, None)
+    {'prebuilt': ['b'], 'cached': ['c'], 'build': ['a', 'd'], 'side_by_side': 2, 'jobs': 16, 'jobs_from': 'cores'}
+    >>> build_plan([("a", "missing")], 16, "4")["jobs"], build_plan([("a", "missing")], 16, "x")["jobs_from"]
+    (4, 'cores')
+    """
+    jobs_given = max_jobs is not None and max_jobs.isdigit() and int(max_jobs) > 0
+    build = [name for name, state in modules if state == "missing"]
+    return {
+        "prebuilt": [name for name, state in modules if state == "prebuilt"],
+        "cached": [name for name, state in modules if state == "cached"],
+        "build": build,
+        "side_by_side": len(build),
+        "jobs": int(max_jobs) if jobs_given else cores,
+        "jobs_from": "MAX_JOBS" if jobs_given else "cores",
+    }
+
+
+def build_side_by_side(specs):
+    """``spec.build(False)`` for every spec at once, each in a thread of its own (flashinfer's own
+    build: its ninja under its file lock; the threads wait on the ninjas, not on Python):
+    {name: error} for those that failed; their kernels' first calls try again and say why."""
+    errors = {}
+
+    def build(spec):
+        try:
+            spec.build(False)
+        except Exception as exc:  # the kernel's first call reports it, classified
+            errors[spec.name] = f"{type(exc).__name__}: {exc}"[-TRACE_CHARS:]
+
+    threads = [threading.Thread(target=build, args=(spec,), name=f"build {spec.name}") for spec in specs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return errors
+
+
+def prefill_backend(request, auto):
+    """The causal prefill's backend: the request's, or for "auto" what flashinfer would pick (``auto()``).
+
+    >>> [prefill_backend({"prefill_backend": name}, lambda: "fa3") for name in ("fa2", "auto")]
+    ['fa2', 'fa3']
+    """
+    chosen = request.get("prefill_backend", "auto")
+    return auto() if chosen == "auto" else chosen
+
+
+def decode_tensor_cores(shapes):
+    """Whether the bandwidth-bound decode runs on tensor cores: as SGLang 0.5.9 decides for a bf16 KV cache
+    (flashinfer_backend.should_use_tensor_core: 4 or more query heads per KV head).
+
+    >>> decode_tensor_cores({"q_heads": 64, "kv_heads": 8}), decode_tensor_cores({"q_heads": 8, "kv_heads": 8})
+    (True, False)
+    """
+    return shapes["q_heads"] // shapes["kv_heads"] >= 4
+
+
+def ninja_times(text):
+    r"""{output file's name: seconds} from a ``.ninja_log`` (v5: start ms, end ms, mtime, output, hash per line),
+    the last build of each output.
+
+    >>> ninja_times("# ninja log v5\n0\t41000\t1\t/c/m/a.cuda.o\t9f\n2\t1500\t1\t/c/m/m.so\tab\n")
+    {'a.cuda.o': 41.0, 'm.so': 1.498}
+    """
+    times = {}
+    for line in text.splitlines():
+        fields = line.split("\t")
+        if line.startswith("#") or len(fields) < 5 or not (fields[0].isdigit() and fields[1].isdigit()):
+            continue
+        times[Path(fields[3]).name] = (int(fields[1]) - int(fields[0])) / 1e3
+    return times
+
+
+def slowest_files(specs, count=5):
+    """The files that took longest to build, across the modules' own ninja logs: [[module, file, seconds]]."""
+    found = []
+    for spec in specs:
+        log = Path(spec.build_dir) / ".ninja_log"
+        text = log.read_text(errors="replace") if log.is_file() else ""
+        found += [[spec.name, name, seconds] for name, seconds in ninja_times(text).items()]
+    return sorted(found, key=lambda item: -item[2])[:count]
+
+
+def attention_specs(request):
+    """{kernel: flashinfer's JitSpec of the module it loads}, made with the arguments flashinfer
+    0.6.4's own calls pass (bf16 throughout, no position encoding, no window, no soft cap): the
+    tensor-core single decode loads the fa2 single prefill module, the prefill the one its "auto"
+    backend picks (fa3 on sm90a), the paged decodes the batch decode module (int32 indices)."""
+    from flashinfer import jit
+    from flashinfer.utils import determine_attention_backend
+
+    bf16, i32, d = torch.bfloat16, torch.int32, request["head_dim"]
+    backend = prefill_backend(
+        request, lambda: determine_attention_backend(torch.device("cuda"), 0, False, False, bf16, bf16)
+    )
+    paged = jit.gen_batch_decode_module(bf16, bf16, bf16, i32, d, d, 0, False, False)
+    return {
+        "decode": jit.gen_single_decode_module(bf16, bf16, bf16, d, d, 0, False, False),
+        "decode_tensor_cores": jit.gen_single_prefill_module("fa2", bf16, bf16, bf16, d, d, 0, False, False, False),
+        "prefill": jit.gen_single_prefill_module(backend, bf16, bf16, bf16, d, d, 0, False, False, False),
+        "paged_decode": paged,
+        # with tensor cores, the paged decode runs flashinfer's batch prefill (fa2) module
+        "bandwidth_decode": (
+            jit.gen_batch_prefill_module("fa2", bf16, bf16, bf16, i32, d, d, 0, False, False, False)
+            if decode_tensor_cores(request)
+            else paged
+        ),
+    }
+
+
+def state(spec):
+    return "prebuilt" if spec.is_aot else "cached" if spec.is_compiled else "missing"
+
+
+def prebuild(request, out):
+    """Build the modules the kernels load before the first of them runs, side by side (a cold JIT
+    cache otherwise builds them one after another, each at its kernel's first call)."""
+    out(event="prebuild-start")
+    try:
+        specs = attention_specs(request)
+    except Exception as exc:  # another flashinfer's API: the kernels' first calls build what they need
+        out(event="prebuild", **error_record(exc))
+        return
+    unique = {spec.name: spec for spec in specs.values()}
+    plan = build_plan([(name, state(spec)) for name, spec in unique.items()], cores(), os.environ.get("MAX_JOBS"))
+    os.environ["MAX_JOBS"] = str(plan["jobs"])  # read by flashinfer's run_ninja, for every ninja it starts
+    before, started = compiled_modules(), time.monotonic()
+    built = [unique[name] for name in plan["build"]]
+    errors = build_side_by_side(built)
+    out(
+        event="prebuild",
+        modules={kernel: spec.name for kernel, spec in specs.items()},
+        cores=cores(),
+        nvcc_threads=os.environ.get("FLASHINFER_NVCC_THREADS", "1"),
+        seconds=time.monotonic() - started,
+        compiled=compiled_modules() - before,
+        errors=errors,
+        slowest=slowest_files(built),
+        **plan,
+    )
+
+
 # --- attention --------------------------------------------------------------------------------
 
 
@@ -236,8 +401,10 @@ def prefill(fi, shapes, rtol):
         torch.randn(lk, shapes["kv_heads"], shapes["head_dim"], dtype=torch.bfloat16, device="cuda") for _ in range(2)
     )
 
+    backend = shapes.get("prefill_backend", "auto")
+
     def op(i=0):
-        return fi.single_prefill_with_kv_cache(q, k, v, causal=True)
+        return fi.single_prefill_with_kv_cache(q, k, v, causal=True, backend=backend)
 
     got, seconds, compiled = first_call(op)
     record = compare(got, reference_attention(q, k, v, True), rtol)
@@ -245,15 +412,24 @@ def prefill(fi, shapes, rtol):
     # Query i (of the last lq of lk tokens) attends to lk - lq + i + 1 keys: the causal count.
     pairs = lq * (lk - lq) + lq * (lq + 1) // 2
     flops = 4 * pairs * shapes["q_heads"] * shapes["head_dim"]
-    return {**record, "first_call_s": seconds, "compiled": compiled, "us": us, "tflops": flops / us / 1e6}
+    return {
+        **record,
+        "first_call_s": seconds,
+        "compiled": compiled,
+        "us": us,
+        "tflops": flops / us / 1e6,
+        "backend": backend,
+    }
 
 
-def paged_decode(fi, shapes, rtol):
+def paged_decode(fi, shapes, rtol, tensor_cores=False):
     batch, page, per = shapes["batch"], shapes["page_size"], shapes["kv_len"]
     hq, hk, d = shapes["q_heads"], shapes["kv_heads"], shapes["head_dim"]
     pages = per // page
     kv = torch.randn(batch * pages, 2, page, hk, d, dtype=torch.bfloat16, device="cuda")
-    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), "NHD")
+    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), "NHD", use_tensor_cores=tensor_cores
+    )
     indptr = torch.arange(0, batch + 1, dtype=torch.int32, device="cuda") * pages
     indices = torch.arange(batch * pages, dtype=torch.int32, device="cuda")
     last = torch.full((batch,), page, dtype=torch.int32, device="cuda")
@@ -285,12 +461,25 @@ def paged_decode(fi, shapes, rtol):
     }
 
 
+def read_bandwidth(request):
+    """The GPU's read bandwidth: a float32 sum over ``read_bytes`` (several GiB, far beyond L2)."""
+    x = torch.ones(request["read_bytes"] // 4, dtype=torch.float32, device="cuda")
+    us = work.timed_ms(torch.device("cuda"), lambda i=0: x.sum(), request["warmup"], request["iters"]) * 1e3
+    nbytes = x.numel() * x.element_size()
+    return {"bytes": nbytes, "us": us, "gbs": nbytes / us / 1e3}
+
+
 def kernel(fi, kind, request):
     shapes, rtol = request, request["rtol"]
     if kind == "prefill":
         return prefill(fi, shapes, rtol)
     if kind == "paged_decode":
         return paged_decode(fi, shapes, rtol)
+    if kind == "bandwidth_decode":
+        wide = {**shapes, "batch": shapes["bandwidth_batch"], "kv_len": shapes["bandwidth_kv_len"]}
+        cores = decode_tensor_cores(shapes)
+        got = paged_decode(fi, wide, rtol, tensor_cores=cores)
+        return {**got, "batch": wide["batch"], "kv_len": wide["kv_len"], "tensor_cores": cores}
     return decode(fi, shapes, rtol, tensor_cores=kind == "decode_tensor_cores")
 
 
@@ -320,9 +509,15 @@ def attention_main(path, request):
         seed=request["seed"],
     )
     torch.manual_seed(request["seed"])
+    prebuild(request, out)
     for index in range(count):
         torch.cuda.set_device(index)  # the tensors ("cuda") and the events go to this device
         name = torch.cuda.get_device_name(index)
+        try:
+            out(event="read", index=index, name=name, **read_bandwidth(request))
+        except Exception as exc:
+            out(event="read", index=index, name=name, **error_record(exc))
+        torch.cuda.empty_cache()
         for kind in KERNELS:
             out(event="start", index=index, kind=kind)
             try:

@@ -557,6 +557,10 @@ class AttentionRequest:
     prefill_len: int = DeepAttention.prefill_len
     page_size: int = DeepAttention.page_size
     batch: int = DeepAttention.batch
+    bandwidth_batch: int = DeepAttention.bandwidth_batch
+    bandwidth_kv_len: int = DeepAttention.bandwidth_kv_len
+    prefill_backend: str = DeepAttention.prefill_backend
+    read_bytes: int = 4 << 30  #: the read-bandwidth kernel's tensor: far beyond any GPU's L2
     rtol: float = ATTENTION_RTOL
     warmup: int = 3
     iters: int = 20
@@ -564,7 +568,18 @@ class AttentionRequest:
 
     @classmethod
     def from_lock(cls, shapes: DeepAttention) -> AttentionRequest:
-        names = ("q_heads", "kv_heads", "head_dim", "kv_len", "prefill_len", "page_size", "batch")
+        names = (
+            "q_heads",
+            "kv_heads",
+            "head_dim",
+            "kv_len",
+            "prefill_len",
+            "page_size",
+            "batch",
+            "bandwidth_batch",
+            "bandwidth_kv_len",
+            "prefill_backend",
+        )
         return cls(**{name: getattr(shapes, name) for name in names})
 
 
@@ -585,6 +600,9 @@ class AttentionRun:
         Mapping[str, Any], ...
     ] = ()  #: modules of the JIT cache cut short, when the run was killed by a signal
     cache_free_bytes: int | None = None  #: free space on the JIT cache's filesystem after the run
+    reads: tuple[Mapping[str, Any], ...] = ()  #: each GPU's read bandwidth (or its error)
+    prebuild: Mapping[str, Any] | None = None  #: the modules built up front: the plan, the time, any errors
+    building: bool = False  #: the up-front build started and never finished (a hang, or a JIT past the timeout)
 
 
 def run_attention(python: Path, request: AttentionRequest, env: Mapping[str, str], timeout_s: float) -> AttentionRun:
@@ -602,6 +620,8 @@ def run_attention(python: Path, request: AttentionRequest, env: Mapping[str, str
         else ()
     )
     free = free_bytes(Path(env.get("FLASHINFER_WORKSPACE_BASE") or workdir))
+    prebuild = next((r for r in lines if r.get("event") == "prebuild"), None)
+    building = prebuild is None and any(r.get("event") == "prebuild-start" for r in lines)
     return AttentionRun(
         request,
         begin,
@@ -614,6 +634,9 @@ def run_attention(python: Path, request: AttentionRequest, env: Mapping[str, str
         done.duration_s,
         damaged,
         free,
+        tuple(r for r in lines if r.get("event") == "read"),
+        prebuild,
+        building,
     )
 
 

@@ -773,6 +773,10 @@ MAX_JIT_TIMEOUT_S = 3600.0
 MAX_FUSION_TOKENS = 2048
 
 
+#: The causal prefill's flashinfer backends [deep.attention] prefill_backend may name.
+PREFILL_BACKENDS = ("fa2", "auto")
+
+
 @dataclass(frozen=True)
 class DeepAttention:
     """[deep.attention]: the shapes deep.flashinfer_attention runs, per GPU (one TP rank's share).
@@ -789,17 +793,45 @@ class DeepAttention:
     prefill_len: int = 2048  #: query tokens of the causal prefill, the last ones of kv_len
     page_size: int = 16  #: KV tokens per page of the paged decode (SGLang's --page-size defaults to 1)
     batch: int = 8  #: requests in the paged batch decode
-    jit_timeout_s: float = 600.0  #: the cold JIT of the four kernels took 70 s on an H200 (16 cores)
+    jit_timeout_s: float = 600.0  #: the cold build of the attention modules took 24.6 s on a 16-core H200 host
+    #: The bandwidth-bound decode: the paged decode at this batch and KV length, 4 GiB of bf16 KV at the default
+    #: heads, far beyond any L2, so reading the KV cache dominates its time.
+    bandwidth_batch: int = 64
+    bandwidth_kv_len: int = 16384
+    #: The floor of that decode's KV rate as a fraction of the GPU's read bandwidth (see checks/deep.py).
+    min_read_fraction: float = 0.6
+    #: flashinfer's backend for the causal single prefill: fa2, or auto (flashinfer's choice: fa3 on sm90a, whose
+    #: module, which SGLang does not load, took 74-80 s per kernel file to compile on a 16-core H200 host).
+    prefill_backend: str = "fa2"
 
     @classmethod
     def _from_table(cls, t: Table) -> DeepAttention:
         given = {
             name: t.positive(name, int, getattr(cls, name))
-            for name in ("q_heads", "kv_heads", "head_dim", "kv_len", "prefill_len", "page_size", "batch")
+            for name in (
+                "q_heads",
+                "kv_heads",
+                "head_dim",
+                "kv_len",
+                "prefill_len",
+                "page_size",
+                "batch",
+                "bandwidth_batch",
+                "bandwidth_kv_len",
+            )
         }
+        fraction = t.positive("min_read_fraction", float, cls.min_read_fraction)
+        if fraction is not None and fraction > 1:
+            t.error("min_read_fraction", f"must be a fraction of the read bandwidth, at most 1, not {fraction:g}")
+            fraction = None
+        backend = t.get("prefill_backend", str, cls.prefill_backend)
+        if backend is not None:
+            t.choice("prefill_backend", backend, PREFILL_BACKENDS)
         shapes = cls(
             **{k: v or getattr(cls, k) for k, v in given.items()},
             jit_timeout_s=_jit_timeout(t, cls.jit_timeout_s),
+            min_read_fraction=fraction or cls.min_read_fraction,
+            prefill_backend=backend if backend in PREFILL_BACKENDS else cls.prefill_backend,
         )
         if shapes.q_heads % shapes.kv_heads:
             t.error(
@@ -812,6 +844,12 @@ class DeepAttention:
                 "kv_len",
                 f"{shapes.kv_len} KV tokens do not fill whole pages of {shapes.page_size} "
                 "(kv_len must be a multiple of page_size)",
+            )
+        if shapes.bandwidth_kv_len % shapes.page_size:
+            t.error(
+                "bandwidth_kv_len",
+                f"{shapes.bandwidth_kv_len} KV tokens do not fill whole pages of {shapes.page_size} "
+                "(bandwidth_kv_len must be a multiple of page_size)",
             )
         if shapes.prefill_len > shapes.kv_len:
             t.error(
