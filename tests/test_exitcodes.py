@@ -17,6 +17,7 @@ from support import ROOT
 
 from stackgate.models.exitcodes import ExitCode
 
+KEPT_MISSING = '[[toolkit]]\nversion = "13.0"\nprefix = "/nonexistent/cuda-13.0"\nkeep = true\ndefault = true\n'
 CUDART = "ImportError: libcudart.so.12: cannot open shared object file: No such file or directory\n"
 
 
@@ -69,10 +70,13 @@ def test_a_command_exits_with_the_code_the_table_gives(case: str, tmp_path: Path
     elif case == "nothing to roll back":
         done, code = stackgate("rollback", "--lock", str(_spec(tmp_path)), cwd=tmp_path), ExitCode.REFUSED
         assert "nothing to roll back" in done.stderr, done.stderr
-    else:  # no Python 3.99 here: a fact of the machine, not of the spec, blocks the plan
-        spec = _spec(tmp_path, version="3.99")
+    else:  # a fact of the machine, not of the spec, blocks the plan: the kept CUDA toolkit is not there
+        spec = _spec(tmp_path, version=f"{sys.version_info[0]}.{sys.version_info[1]}", toolkits=KEPT_MISSING)
+        locked = stackgate("lock", "--lock", str(spec), cwd=tmp_path)  # no package: nothing to download
+        assert locked.returncode == ExitCode.PASSED, locked.stderr
         done, code = stackgate("provision", "--dry-run", "--lock", str(spec), cwd=tmp_path), ExitCode.REFUSED
-        assert "no Python 3.99 on this machine" in done.stdout, done.stdout + done.stderr
+        assert "cannot apply: CUDA 13.0 at /nonexistent/cuda-13.0 is kept (keep = true) but missing" in done.stdout
+        assert done.stdout.count("cannot apply") == 1, done.stdout
     assert done.returncode == code, done.stdout[-2000:] + done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "root").exists()  # a refusal changes nothing
