@@ -49,9 +49,11 @@ GLOBAL_FLAGS: Mapping[str, str] = {
 
 class StackgateProgram(Program):
     """invoke's Program, with the rules of stackgate's command line: only stackgate's global flags
-    (:data:`GLOBAL_FLAGS`); help that shows each flag as it is given (``-v, -vv``); the bare words
-    after a task that gathers them (diagnose's logs, report's runs) are that task's; and a command
-    line that cannot be parsed is bad usage, exit 2 (invoke exits 1, which means a failed gate)."""
+    (:data:`GLOBAL_FLAGS`); help that shows each flag as it is given (``-v, -vv``, ``--lock=PATH``);
+    the bare words after a task are its positional arguments (fleet's ACTION) and then the words
+    of the flag that gathers them (diagnose's logs, report's runs); a flag that takes a value is
+    given one; and a command line that cannot be parsed is bad usage, exit 2 (invoke exits 1,
+    which means a failed gate), naming the nearest command or flag to a mistyped one."""
 
     def core_args(self) -> list[Argument]:
         kept = [argument for argument in super().core_args() if argument.name in GLOBAL_FLAGS]
@@ -198,6 +200,8 @@ def spread_bare_words(argv: Sequence[str], words: Mapping[str, Words]) -> list[s
     >>> words["fleet"] = Words(slots=("--action",))
     >>> spread_bare_words(["fleet", "--strict", "gate", "verify"], words)
     ['fleet', '--action', 'gate', '--strict', 'verify']
+    >>> spread_bare_words(["fleet", "--action", "gate", "verify"], words)
+    ['fleet', '--action', 'gate', 'verify']
     >>> spread_bare_words(["verify", "-c", "--strict"], words)
     Traceback (most recent call last):
     ...
@@ -228,6 +232,8 @@ def spread_bare_words(argv: Sequence[str], words: Mapping[str, Words]) -> list[s
             raise MissingValue(task, flag)
         else:
             valued = word if word in words.get(task, Words()).valued else ""
+            slots = words.get(task, Words()).slots
+            filled = max(filled, slots.index(flag) + 1) if flag in slots else filled  # `fleet --action gate`
             out.append(word)
     if valued:
         raise MissingValue(task, valued)
@@ -269,7 +275,7 @@ def _missing_slots(tasks: Sequence[ParserContext], collection: Collection) -> No
         for name in collection[context.name].positional:
             argument = context.args[name]
             if argument.value is None:
-                raise Exit(f"stackgate: {_needs(context.name, argument, value_name(name))}", code=ExitCode.USAGE)
+                raise Exit(f"stackgate: {_needs(str(context.name), argument, value_name(name))}", code=ExitCode.USAGE)
 
 
 def _needs(said: str, argument: Argument | None, what: str) -> str:

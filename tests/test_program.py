@@ -288,6 +288,8 @@ def test_fleet_shows_its_help_and_names_the_action_it_lacks():
     assert (context.args["action"].value, context.args["check"].value) == ("verify", ["gpu.*"])
     first, second = parsed("fleet", "gate", "--hosts", "a,b", "verify")
     assert (first.args["action"].value, first.args["hosts"].value, second.name) == ("gate", "a,b", "verify")
+    first, second = parsed("fleet", "--action", "gate", "verify")  # the flag fills the ACTION: verify is a command
+    assert (first.args["action"].value, second.name) == ("gate", "verify")
 
 
 def test_usage_lines_show_the_bare_words_a_command_takes():
