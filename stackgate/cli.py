@@ -14,7 +14,7 @@ from stackgate.express import outcome
 from stackgate.models.exitcodes import ExitCode
 from stackgate.streams import quiet_closed_output
 
-__all__ = ["SHORT_FLAGS", "Task", "quiet_closed_output", "run_command", "task"]
+__all__ = ["ALIASES", "SHORT_FLAGS", "VALUE_NAMES", "Task", "quiet_closed_output", "run_command", "task", "value_name"]
 
 #: Every short flag of every task, by long flag: a letter means the same in every task that has
 #: it, and a flag not named here has none (invoke would give a flag its first free letter, in
@@ -38,6 +38,76 @@ SHORT_FLAGS: Mapping[str, str] = {
     "run": "r",
     "path": "p",
 }
+
+#: Other long names a flag is also given by, by parameter: an old spelling kept where it is the
+#: documented contract (`lock --check` is lock's --up-to-date; --check NAME elsewhere picks checks).
+ALIASES: Mapping[str, tuple[str, ...]] = {"up_to_date": ("check",)}
+
+#: The word help shows for each flag's value (``--lock=PATH``), by long flag, the same in every task
+#: that has the flag (invoke writes ``STRING`` for all); a task's bare words are named by the flag
+#: that gathers them (``stackgate diagnose [LOG...]``).
+VALUE_NAMES: Mapping[str, str] = {
+    "lock": "PATH",
+    "json": "PATH",
+    "junit": "PATH",
+    "markdown": "PATH",
+    "prom": "PATH",
+    "html": "PATH",
+    "model": "PATH",
+    "out": "PATH",
+    "python": "PATH",
+    "inventory": "PATH",
+    "config": "PATH",
+    "kernel_log": "PATH",
+    "bundle": "PATH",
+    "stackgate": "PATH",
+    "slurm_conf": "PATH",
+    "to": "SPEC",
+    "wheelhouse": "DIR",
+    "runs_dir": "DIR",
+    "node_dir": "DIR",
+    "shared_dir": "DIR",
+    "slurm_bin": "DIR",
+    "check": "NAME",
+    "profile": "NAME",
+    "upgrade_package": "NAME",
+    "partition": "NAME",
+    "node": "NAME",
+    "parallel": "N",
+    "batch": "N",
+    "canary": "N",
+    "max_nodes": "N",
+    "nodes": "N",
+    "tp": "N",
+    "port": "N",
+    "last": "N",
+    "timeout": "SECONDS",
+    "connect_timeout": "SECONDS",
+    "concurrency": "N,N,...",
+    "path": "LOG",
+    "run": "RUN",
+    "action": "ACTION",
+    "hosts": "HOSTS",
+    "only": "AREA",
+    "switch": "RULE",
+    "engine": "ENGINE",
+    "nodelist": "NODES",
+    "time": "LIMIT",
+    "slurm_arg": "FLAG",
+    "regressed_since": "DATE",
+    "threshold": "PERCENT",
+    "help": "COMMAND",
+    "print-completion-script": "SHELL",
+}
+
+
+def value_name(name: str) -> str:
+    """The word help shows for the value of flag ``name`` (a parameter's name, ``runs_dir``).
+
+    >>> value_name("lock"), value_name("new_flag")
+    ('PATH', 'NEW_FLAG')
+    """
+    return VALUE_NAMES.get(name, name.upper().replace("-", "_"))
 
 
 class Task(invoke.Task):
@@ -65,6 +135,7 @@ class Task(invoke.Task):
         opts = super().arg_opts(name, default, taken_names)
         if name in SHORT_FLAGS:
             opts["names"] = [*opts["names"], SHORT_FLAGS[name]]
+        opts["names"] = [*opts["names"], *ALIASES.get(name, ())]
         return opts
 
 

@@ -6,6 +6,8 @@ Its entry is stackgate.main, which sends the express lane's commands (stackgate.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import difflib
 import inspect
 import re
 import sys
@@ -13,13 +15,24 @@ from typing import Iterator, Mapping, Sequence
 
 from invoke import Collection, Program
 from invoke.exceptions import Exit, ParseError
-from invoke.parser import Argument, ParserContext
+from invoke.parser import Argument, Parser, ParserContext
 from invoke.parser.context import to_flag
 
 from stackgate import __version__, tasks
+from stackgate.cli import value_name
 from stackgate.models.exitcodes import ExitCode
 
-__all__ = ["GLOBAL_FLAGS", "StackgateProgram", "flag_tuples", "namespace", "program", "spread_bare_words"]
+__all__ = [
+    "GLOBAL_FLAGS",
+    "MissingValue",
+    "StackgateProgram",
+    "Words",
+    "flag_tuples",
+    "namespace",
+    "program",
+    "spread_bare_words",
+    "usage_line",
+]
 
 #: The tasks, one collection for the program and for the checkout's tasks.py.
 namespace = Collection.from_module(tasks)
@@ -36,9 +49,11 @@ GLOBAL_FLAGS: Mapping[str, str] = {
 
 class StackgateProgram(Program):
     """invoke's Program, with the rules of stackgate's command line: only stackgate's global flags
-    (:data:`GLOBAL_FLAGS`); help that shows each flag as it is given (``-v, -vv``); the bare words
-    after a task that gathers them (diagnose's logs, report's runs) are that task's; and a command
-    line that cannot be parsed is bad usage, exit 2 (invoke exits 1, which means a failed gate)."""
+    (:data:`GLOBAL_FLAGS`); help that shows each flag as it is given (``-v, -vv``, ``--lock=PATH``);
+    the bare words after a task are its positional arguments (fleet's ACTION) and then the words
+    of the flag that gathers them (diagnose's logs, report's runs); a flag that takes a value is
+    given one; and a command line that cannot be parsed is bad usage, exit 2 (invoke exits 1,
+    which means a failed gate), naming the nearest command or flag to a mistyped one."""
 
     def core_args(self) -> list[Argument]:
         kept = [argument for argument in super().core_args() if argument.name in GLOBAL_FLAGS]
@@ -63,11 +78,22 @@ class StackgateProgram(Program):
             # (-B, $PYTHONDONTWRITEBYTECODE) decides.
             sys.dont_write_bytecode = bool(sys.flags.dont_write_bytecode)
 
+    def _make_parser(self) -> Parser:
+        # A positional argument is filled by spread_bare_words from a bare word only: to invoke's
+        # parser it is one more flag, so `fleet --help` is help and `fleet --bogus` an unknown flag.
+        parser = super()._make_parser()
+        for context in parser.contexts.values():
+            for argument in context.positional_args:
+                argument.positional = False
+            context.positional_args = []
+        return parser
+
     def parse_tasks(self) -> None:
-        valued, rest = _word_flags(self.collection, self.initial_context)
-        self.core.unparsed = spread_bare_words(self.core.unparsed, valued, rest)
         with _parse_errors_are_usage():
+            self.core.unparsed = spread_bare_words(self.core.unparsed, _words(self.collection, self.initial_context))
             super().parse_tasks()
+        if not self.args.help.value:
+            _missing_slots(self.tasks, self.collection)
 
     def parse_cleanup(self) -> None:
         with _parse_errors_are_usage():  # `--help NAME` of no task
@@ -87,7 +113,7 @@ class StackgateProgram(Program):
 
     def print_task_help(self, name: str) -> None:
         context = self.parser.contexts[name]
-        print(f"Usage: {self.binary} {name} [--options]")
+        print(f"Usage: {usage_line(self.binary, name, self.collection)}")
         print("")
         print(self.leading_indent + _first_line(inspect.getdoc(self.collection[name])))
         print("")
@@ -96,21 +122,38 @@ class StackgateProgram(Program):
         self.print_columns([*flag_tuples(context), ("-h, --help", "show this help")])
 
 
+def usage_line(binary: str, name: str, collection: Collection) -> str:
+    """``stackgate fleet ACTION [--options]``, ``stackgate diagnose [LOG...] [--options]``: a task's
+    usage with the bare words it takes, named as help names their flags' values.
+
+    >>> usage_line("stackgate", "report", namespace)
+    'stackgate report [RUN...] [--options]'
+    """
+    task = collection[name]
+    rest = getattr(task, "rest", None)
+    words = [value_name(slot) for slot in task.positional] + ([f"[{value_name(rest)}...]"] if rest else [])
+    return " ".join([binary, name, *words, "[--options]"])
+
+
 def flag_tuples(context: ParserContext) -> list[tuple[str, str]]:
     """(flags, help) of each flag of ``context``, as it is typed: ``-v, -vv, --verbose`` for a
-    counted flag (invoke writes ``-v INT``, which it refuses), ``-c STRING, --check=STRING`` for a
-    repeatable one (invoke writes no value)."""
+    counted flag (invoke writes ``-v INT``, which it refuses), ``-c NAME, --check=NAME`` for one
+    that takes a value, named by :data:`stackgate.cli.VALUE_NAMES` (invoke writes ``STRING`` for
+    every value, and none for a repeatable flag)."""
     rows = []
     for flags, text in context.help_tuples():
         argument = context.flags[flags.split(",")[-1].split("=")[0].split("[")[0].strip()]
+        value = value_name(str(argument.name))
+        short = [n for n in argument.names if len(n) == 1]
+        spelled = [*short, *(n for n in argument.names if len(n) > 1)]  # the name first, then an alias
         if argument.incrementable:
-            short = [f"-{n}, -{n}{n}" for n in argument.names if len(n) == 1]
-            flags = ", ".join([*short, f"--{argument.name.replace('_', '-')}"])
-        elif argument.kind is list:
-            spelled = sorted(argument.names, key=len)
-            flags = ", ".join(f"-{n} STRING" if len(n) == 1 else f"--{n.replace('_', '-')}=STRING" for n in spelled)
+            flags = ", ".join([*(f"-{n}, -{n}{n}" for n in short), to_flag(str(argument.name))])
         elif argument.optional:  # --help's value is a command's name
-            flags = flags.replace("STRING", "COMMAND")
+            flags = flags.replace("STRING", value)
+        elif argument.takes_value:
+            flags = ", ".join(f"-{n} {value}" if len(n) == 1 else f"{to_flag(n)}={value}" for n in spelled)
+        else:
+            flags = ", ".join(to_flag(n) for n in spelled)
         rows.append((flags, text or ""))
     return rows
 
@@ -119,56 +162,104 @@ def _first_line(text: str | None) -> str:
     return (text or "").strip().splitlines()[0] if (text or "").strip() else ""
 
 
-def spread_bare_words(argv: Sequence[str], valued: Mapping[str, frozenset[str]], rest: Mapping[str, str]) -> list[str]:
-    """``argv`` (the task part of a command line) with each bare word of a task that gathers them
-    given to that task's flag. invoke gives a positional argument exactly one word, and takes any
-    other bare word for the next task's name: `diagnose a.log b.log` would be an error.
+@dataclasses.dataclass(frozen=True)
+class Words:
+    """How a task reads the words after its name: the flags that take a value there (its own, and
+    the core flags it does not shadow), the flags its first bare words fill, one word each (its
+    positional arguments), and the flag that gathers every bare word after those, if any."""
 
-    ``valued`` maps each task to the flags that take a value there (their next word is a value,
-    not a bare word); ``rest`` maps a task to the flag that gathers its bare words. A bare word
-    does not start with ``-``, or is a number from the end (``-1``, ``-2``, as report names runs).
-    A word that names a task starts that task, as invoke reads it; nothing after ``--`` changes.
+    valued: frozenset[str] = frozenset()
+    slots: tuple[str, ...] = ()
+    rest: str | None = None
 
-    >>> valued = {"diagnose": frozenset({"--json", "-j"}), "verify": frozenset()}
-    >>> spread_bare_words(["diagnose", "a.log", "-j", "r.json", "b.gz", "verify"], valued, {"diagnose": "--path"})
+
+class MissingValue(ParseError):
+    """A flag that takes a value given none: last, before ``--``, or before a word that is a flag."""
+
+    def __init__(self, task: str, flag: str) -> None:
+        super().__init__(f"{task} {flag} needs a value")
+        self.task, self.flag = task, flag
+
+
+def spread_bare_words(argv: Sequence[str], words: Mapping[str, Words]) -> list[str]:
+    """``argv`` (the task part of a command line) with each bare word of a task that takes them
+    given to that task's flag, and every flag that takes a value given one (else
+    :class:`MissingValue`). invoke gives a positional argument the next word even when that word is
+    a flag (`fleet --help` was an action), and takes any other bare word for the next task's name:
+    `diagnose a.log b.log` would be an error.
+
+    A bare word does not start with ``-``, or is ``-`` (standard input) or a number from the end
+    (``-1``, ``-2``, as report names runs). A value does not look like a flag either. A word that
+    names a task starts that task, as invoke reads it; nothing after ``--`` changes.
+
+    >>> words = {"diagnose": Words(frozenset({"--json", "-j"}), rest="--path"), "verify": Words(frozenset({"-c"}))}
+    >>> spread_bare_words(["diagnose", "a.log", "-j", "r.json", "b.gz", "verify"], words)
     ['diagnose', '--path', 'a.log', '-j', 'r.json', '--path', 'b.gz', 'verify']
-    >>> spread_bare_words(["report", "-2", "-1", "--", "x"], {"report": frozenset()}, {"report": "--run"})
+    >>> spread_bare_words(["report", "-2", "-1", "--", "x"], {"report": Words(rest="--run")})
     ['report', '--run', '-2', '--run', '-1', '--', 'x']
+    >>> words["fleet"] = Words(slots=("--action",))
+    >>> spread_bare_words(["fleet", "--strict", "gate", "verify"], words)
+    ['fleet', '--action', 'gate', '--strict', 'verify']
+    >>> spread_bare_words(["fleet", "--action", "gate", "verify"], words)
+    ['fleet', '--action', 'gate', 'verify']
+    >>> spread_bare_words(["verify", "-c", "--strict"], words)
+    Traceback (most recent call last):
+    ...
+    stackgate.program.MissingValue: verify -c needs a value
     """
     out: list[str] = []
-    task, value_next = "", False  # "": no task yet
+    task, valued, at, filled = "", "", 0, 0  # "": no task yet, no flag waiting for its value
     for index, word in enumerate(argv):
+        if valued and (word == "--" or _flag_like(word)):
+            raise MissingValue(task, valued)
         if word == "--":
             return out + list(argv[index:])
-        if value_next:
+        flag, equals, value = word.partition("=")
+        if valued:
             out.append(word)
-            value_next = False
-        elif word in valued:
-            task = word
+            valued = ""
+        elif task in words and not _flag_like(word) and filled < len(words[task].slots):
+            # a positional argument goes first (invoke gives it any word met while it is missing, and
+            # a task's name too: `fleet verify`)
+            out[at + 1 + 2 * filled : at + 1 + 2 * filled] = [words[task].slots[filled], word]
+            filled += 1
+        elif word in words:
+            task, at, filled = word, len(out), 0
             out.append(word)
-        elif task in rest and (not word.startswith("-") or word[1:].isdigit()):
-            out += [rest[task], word]
+        elif task in words and not _flag_like(word) and words[task].rest:
+            out += [str(words[task].rest), word]
+        elif equals and not value and flag in words.get(task, Words()).valued:
+            raise MissingValue(task, flag)
         else:
-            value_next = word in valued.get(task, ())
+            valued = word if word in words.get(task, Words()).valued else ""
+            slots = words.get(task, Words()).slots
+            filled = max(filled, slots.index(flag) + 1) if flag in slots else filled  # `fleet --action gate`
             out.append(word)
+    if valued:
+        raise MissingValue(task, valued)
     return out
 
 
-def _word_flags(collection: Collection, core: ParserContext) -> tuple[dict[str, frozenset[str]], dict[str, str]]:
-    """Per task name (aliases too): the flags that take a value there (its own, and the core
-    flags it does not shadow), and the flag that gathers its bare words, for those with one."""
-    valued: dict[str, frozenset[str]] = {}
-    rest: dict[str, str] = {}
+def _flag_like(word: str) -> bool:
+    """Whether ``word`` reads as a flag: it starts with ``-`` and is not ``-`` or ``-N``."""
+    return word.startswith("-") and word != "-" and not word[1:].isdigit()
+
+
+def _words(collection: Collection, core: ParserContext) -> dict[str, Words]:
+    """:class:`Words` of each task name (aliases too)."""
+    found: dict[str, Words] = {}
     for context in collection.to_contexts(ignore_unknown_help=True):
         own = _flags(context, valued=False)
-        flags = frozenset(_flags(context) | (_flags(core) - own))
         names = [name for name in (context.name, *context.aliases) if name]  # a task's context has a name
-        gatherer = getattr(collection[names[0]], "rest", None)
-        for name in names:
-            valued[name] = flags
-            if gatherer:
-                rest[name] = "--" + gatherer.replace("_", "-")
-    return valued, rest
+        task = collection[names[0]]
+        gatherer = getattr(task, "rest", None)
+        read = Words(
+            valued=frozenset(_flags(context) | (_flags(core) - own)),
+            slots=tuple(to_flag(name) for name in task.positional),
+            rest=to_flag(gatherer) if gatherer else None,
+        )
+        found.update(dict.fromkeys(names, read))
+    return found
 
 
 def _flags(context: ParserContext, *, valued: bool = True) -> set[str]:
@@ -176,6 +267,21 @@ def _flags(context: ParserContext, *, valued: bool = True) -> set[str]:
     take a value (an optional value, as core --help's, is not taken from a bare word)."""
     arguments = [a for a in context.flags.values() if not valued or (a.takes_value and not a.optional)]
     return {to_flag(name) for argument in arguments for name in argument.names}
+
+
+def _missing_slots(tasks: Sequence[ParserContext], collection: Collection) -> None:
+    """Refuse a task run without one of its positional arguments (`stackgate fleet`)."""
+    for context in tasks:
+        for name in collection[context.name].positional:
+            argument = context.args[name]
+            if argument.value is None:
+                raise Exit(f"stackgate: {_needs(str(context.name), argument, value_name(name))}", code=ExitCode.USAGE)
+
+
+def _needs(said: str, argument: Argument | None, what: str) -> str:
+    """``verify --json needs a value: write the JSON report here``: what was said, what it lacks, and why."""
+    text = f": {argument.help}" if argument is not None and argument.help else ""
+    return f"{said} needs {what}{text}"
 
 
 @contextlib.contextmanager
@@ -196,20 +302,44 @@ _UNKNOWN = re.compile(r"No idea what '(.*)' is!")
 
 def _usage_text(error: ParseError) -> str:
     """invoke's parse error in the words of the command line: a flag given without its value says
-    which value it needs (``--json needs a value: write the JSON report here``)."""
+    which value it needs (``--json needs a value: write the JSON report here``); an unknown word
+    names the nearest command or flag (``did you mean --check?``)."""
+    context = error.context
+    if isinstance(error, MissingValue):
+        return _missing_value(error.task, error.flag)
     unknown = _UNKNOWN.fullmatch(str(error))
     if unknown is not None:
-        return f"no option or command {unknown[1]!r} here ({_LISTS})"
+        return _unknown_text(unknown[1], context)
     found = _NEEDED_VALUE.match(str(error))
-    if found is None:
+    if found is None or context is None:
         return str(error)
-    context = error.context
-    argument = context.args.get(found[1]) if context is not None else None
-    flag = "--" + found[1].replace("_", "-")
-    where = f"{context.name} " if context is not None and context.name else ""
+    return _missing_value(str(context.name), "--" + found[1].replace("_", "-"))
+
+
+def _missing_value(task: str, flag: str) -> str:
+    contexts = {context.name: context for context in namespace.to_contexts(ignore_unknown_help=True)}
+    argument = contexts[task].flags.get(flag) if task in contexts else None
     needs = "a number" if argument is not None and argument.kind is int else "a value"
-    text = f": {argument.help}" if argument is not None and argument.help else ""
-    return f"{where}{flag} needs {needs}{text}"
+    said = f"{task} --{str(argument.name).replace('_', '-')}" if argument is not None else f"{task} {flag}".strip()
+    return _needs(said, argument, needs)
+
+
+def _unknown_text(word: str, context: ParserContext | None) -> str:
+    """``no option or command 'verfy' here: did you mean verify?``; a flag is matched against the
+    flags of the command it follows (and the global ones), any other word against the commands."""
+    task = context.name if context is not None and context.name else None
+    if word.startswith("-"):
+        flags = {to_flag(n) for a in (*program.initial_context.flags.values(),) for n in a.names}
+        if task is not None and context is not None:
+            flags |= {to_flag(n) for a in context.flags.values() for n in a.names}
+        candidates = sorted(flags)
+    else:
+        candidates = sorted(namespace.task_names)
+    near = difflib.get_close_matches(word.partition("=")[0], candidates, n=1, cutoff=0.6)
+    where = f"{task} has no option" if task is not None and word.startswith("-") else "no option or command"
+    guess = f": did you mean {near[0]}?" if near else ""
+    lists = f"`stackgate {task} --help` lists its options" if task is not None and word.startswith("-") else _LISTS
+    return f"{where} {word!r} here{guess} ({lists})"
 
 
 program = StackgateProgram(name="stackgate", binary="stackgate", version=__version__, namespace=namespace)

@@ -34,6 +34,9 @@ LOCK_HELP = (
     "then the blackwell-sm120-cu130 profile shipped with stackgate)"
 )
 
+#: --check NAME, the one meaning of --check wherever it takes a value (verify, fleet verify, slurm-health).
+CHECK_HELP = "run only the checks matching this name or glob (repeatable), e.g. 'gpu.*'"
+
 
 def _path(value: str | None) -> Path | None:
     return Path(value) if value else None
@@ -69,7 +72,7 @@ def init(c, out=None, profile=None, list=False, system=False, python=None, force
         "deep": (
             "after the static checks, run real work on every GPU and an NCCL all-reduce sweep (seconds to a minute)"
         ),
-        "check": "run only checks matching this name or glob (repeatable), e.g. 'gpu.*'",
+        "check": CHECK_HELP,
         "list": "list the checks and exit",
         "json": "write the JSON report here",
         "junit": "write a JUnit XML report here",
@@ -229,11 +232,10 @@ def gate(
     iterable=["upgrade_package"],
     help={
         "lock": LOCK_HELP,
-        "check": (
-            "change nothing and use no network: exit 1 naming what differs when the spec changed since its pylock "
-            "was made"
+        "up_to_date": (
+            "whether the pylock is up to date with the spec, offline, changing nothing: exit 1 naming what differs"
         ),
-        "all": "with --check: check every shipped spec that has a pylock",
+        "all": "with --up-to-date: check every shipped spec that has a pylock",
         "upgrade_package": (
             "resolve again moving only this package and what it drags (repeatable); refused when a frozen package "
             "would move"
@@ -245,13 +247,13 @@ def gate(
         "refresh": "resolve against the indexes even when the pylock matches the spec (else that pylock is the answer)",
     },
 )
-def lock(c, lock=None, check=False, all=False, upgrade_package=None, wheelhouse=None, refresh=False):
+def lock(c, lock=None, up_to_date=False, all=False, upgrade_package=None, wheelhouse=None, refresh=False):
     """Resolve the spec into its pylock: every distribution, file and sha256 (PEP 751)."""
     from stackgate.commands import lock as command
 
     request = command.LockRequest(
         lock_path=_path(lock),
-        check=check,
+        check=up_to_date,
         all_specs=all,
         upgrade=tuple(upgrade_package or ()),
         wheelhouse=_path(wheelhouse),
@@ -389,7 +391,7 @@ def diagnose(c, path=None, stdin=False, json=None, lock=None, kernel=False, kern
         "accept_output_change": "upgrade: accept greedy outputs that differ from the live stack's (still reported)",
         "model": "upgrade: model directory both sides launch on each node (default: the specs' [smoke] model)",
         "fast_only": "gate: stop each node's gate after the fast smoke",
-        "check": "verify: run only checks matching this name or glob on each node (repeatable)",
+        "check": f"verify: {CHECK_HELP}, on each node",
         "timeout": "seconds each node's whole run may take (default: the inventory's timeout_s, else 7200)",
         "connect_timeout": (
             "seconds to connect and log in to a node (default: the inventory's connect_timeout_s, else 10)"
@@ -557,7 +559,7 @@ def upgrade(
         "lock": "the spec to check against (an absolute path; default: the config's lock)",
         "prom": "write verify's Prometheus metrics here, as verify --cached --prom does",
         "timeout": "seconds verify may take before it is killed and the node counts as failing (default 30)",
-        "check": "run only checks matching this name or glob (repeatable; default: verify --cached's)",
+        "check": f"{CHECK_HELP} (default: verify --cached's)",
         "stackgate": "the stackgate program that runs verify (default: this one's interpreter)",
         "slurm_bin": "the folder of Slurm's scontrol and sinfo (slurmd gives the check no PATH)",
         "slurm_conf": "the slurm.conf those commands read (default: Slurm's own)",

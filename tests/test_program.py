@@ -68,8 +68,8 @@ def test_no_flag_of_any_task_takes_h_and_a_long_flag_has_one_short_flag_everywhe
 
 def test_h_after_a_command_is_its_help():
     done = in_checkout("diagnose", "-h")
-    assert done.returncode == 0 and "Usage: stackgate diagnose [--options]" in done.stdout, done.stderr
-    assert "-p STRING, --path=STRING" in done.stdout and "-v, -vv, --verbose" in done.stdout, done.stdout
+    assert done.returncode == 0 and "Usage: stackgate diagnose [LOG...] [--options]" in done.stdout, done.stderr
+    assert "-p LOG, --path=LOG" in done.stdout and "-v, -vv, --verbose" in done.stdout, done.stdout
 
 
 def test_a_new_task_gets_short_flags_from_the_table_only():
@@ -222,7 +222,7 @@ def test_bare_stackgate_and_help_show_its_commands_and_global_flags_only():
     flags = re.findall(r"^  (-\S.*?)   ", bare.stdout.split("Global options:")[1], re.MULTILINE)
     assert flags == [
         "--complete",
-        "--print-completion-script=STRING",
+        "--print-completion-script=SHELL",
         "-h [COMMAND], --help[=COMMAND]",
         "-V, --version",
     ]
@@ -243,10 +243,137 @@ def test_a_flag_without_its_value_says_which_value_it_needs():
     assert "Argument" not in in_checkout("report", "--last").stderr
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["verify", "--check"],
+        ["verify", "--check", "--strict"],
+        ["verify", "-c", "gpu.*", "--check"],
+        ["verify", "--check="],
+        ["lock", "--upgrade-package"],
+        ["diagnose", "--path", "--", "a.log"],
+        ["report", "--run"],
+        ["fleet", "verify", "--check", "--strict"],
+    ],
+    ids=" ".join,
+)
+def test_a_repeatable_flag_without_its_value_is_refused(argv):
+    with pytest.raises(Exit) as stopped:
+        parsed(*argv)
+    flag = next(word for word in reversed(argv) if word.startswith(("--check", "-c", "--upgrade", "--path", "--run")))
+    flag = {"-c": "--check", "--check=": "--check"}.get(flag, flag)
+    assert stopped.value.code == ExitCode.USAGE
+    assert str(stopped.value.message).startswith(f"stackgate: {argv[0]} {flag} needs a value: "), stopped.value.message
+
+
+def test_a_refused_flag_exits_2_before_anything_runs():
+    done = in_checkout("verify", "--check")
+    assert (done.returncode, done.stdout) == (ExitCode.USAGE, ""), done.stderr
+    assert done.stderr.startswith("stackgate: verify --check needs a value: run only the checks matching")
+
+
+def test_fleet_shows_its_help_and_names_the_action_it_lacks():
+    for flag in ("--help", "-h"):
+        helped = in_checkout("fleet", flag)
+        assert helped.returncode == 0, helped.stderr
+        assert helped.stdout.startswith("Usage: stackgate fleet ACTION [--options]\n"), helped.stdout
+        assert "--action=ACTION" in helped.stdout and "--hosts=HOSTS" in helped.stdout
+    bare = in_checkout("fleet")
+    assert bare.returncode == ExitCode.USAGE
+    assert bare.stderr.startswith("stackgate: fleet needs ACTION: what to run on every node: gate, verify"), bare.stderr
+    unknown = in_checkout("fleet", "--bogus", "gate")
+    assert unknown.returncode == ExitCode.USAGE and "fleet has no option '--bogus'" in unknown.stderr, unknown.stderr
+    # the action is a bare word wherever it stands, a command's name included; a next command still starts
+    [context] = parsed("fleet", "--strict", "verify", "-c", "gpu.*")
+    assert (context.args["action"].value, context.args["check"].value) == ("verify", ["gpu.*"])
+    first, second = parsed("fleet", "gate", "--hosts", "a,b", "verify")
+    assert (first.args["action"].value, first.args["hosts"].value, second.name) == ("gate", "a,b", "verify")
+    first, second = parsed("fleet", "--action", "gate", "verify")  # the flag fills the ACTION: verify is a command
+    assert (first.args["action"].value, second.name) == ("gate", "verify")
+
+
+def test_usage_lines_show_the_bare_words_a_command_takes():
+    assert {name: main.usage_line("stackgate", name, main.namespace) for name in ("fleet", "diagnose", "report")} == {
+        "fleet": "stackgate fleet ACTION [--options]",
+        "diagnose": "stackgate diagnose [LOG...] [--options]",
+        "report": "stackgate report [RUN...] [--options]",
+    }
+
+
+def test_help_names_every_value_and_the_table_names_no_flag_that_is_gone():
+    contexts = main.namespace.to_contexts(ignore_unknown_help=True)
+    rows = [row for context in [main.program.initial_context, *contexts] for row in main.flag_tuples(context)]
+    assert [flags for flags, _ in rows if "STRING" in flags or "INT" in flags] == []
+    names = {str(a.name) for context in [main.program.initial_context, *contexts] for a in context.flags.values()}
+    assert set(cli.VALUE_NAMES) - names == set()
+    assert ("-l PATH, --lock=PATH", "-c NAME, --check=NAME") == (
+        next(flags for flags, _ in rows if flags.startswith("-l ")),
+        next(flags for flags, _ in rows if flags.startswith("-c ")),
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["verfy"], "no option or command 'verfy' here: did you mean verify?"),
+        (["--help", "diagnse"], "no option or command 'diagnse' here: did you mean diagnose?"),
+        (["verify", "--chek", "gpu.*"], "verify has no option '--chek' here: did you mean --check?"),
+        (
+            ["lock", "--upgrade-pakage=torch"],
+            "lock has no option '--upgrade-pakage' here: did you mean --upgrade-package?",
+        ),
+        (["verify", "--zzzzzz"], "verify has no option '--zzzzzz' here (`stackgate verify --help` lists its options)"),
+    ],
+)
+def test_a_mistyped_command_or_flag_names_the_nearest(argv, said):
+    done = in_checkout(*argv)
+    assert done.returncode == ExitCode.USAGE and done.stderr.startswith(f"stackgate: {said}"), done.stderr
+
+
+def test_lock_check_is_the_old_spelling_of_lock_up_to_date_and_c_picks_checks_only():
+    assert [parsed("lock", flag)[0].args["up_to_date"].value for flag in ("--up-to-date", "--check")] == [True, True]
+    assert parsed("verify", "-c", "gpu.*")[0].args["check"].value == ["gpu.*"]
+    with pytest.raises(Exit):
+        parsed("lock", "-c")  # -c means --check NAME, the checks to run: lock runs none
+
+
+@pytest.mark.parametrize("how", ["pipe", "dash", "dash and a file"])
+def test_diagnose_reads_standard_input_for_a_dash_and_from_a_pipe(how, tmp_path):
+    (tmp_path / "install.log").write_text(CUDART)
+    args = {"pipe": [], "dash": ["-"], "dash and a file": [str(tmp_path / "install.log"), "-"]}[how]
+    environ = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "stackgate", "diagnose", *args, "-j", str(tmp_path / "r.json")],
+        input=ATTENTION,
+        cwd=ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode in (ExitCode.PASSED, ExitCode.FAILED), done.stderr
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert [Path(i["name"]).name for i in doc["inputs"]] == [Path(a).name for a in args if a != "-"] + ["<stdin>"]
+    assert "triton" in json.dumps(doc["findings"])
+
+
+def test_diagnose_with_nothing_named_and_no_pipe_says_so():
+    done = subprocess.run(
+        [sys.executable, "-m", "stackgate", "diagnose"],
+        stdin=subprocess.DEVNULL,
+        cwd=ROOT,
+        env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == ExitCode.USAGE and "nothing to diagnose" in done.stderr, done.stderr
+
+
 def test_help_shows_verbose_as_it_counts():
     done = in_checkout("verify", "--help")
     assert "-v, -vv, --verbose" in done.stdout and "INT" not in done.stdout
-    assert "-c STRING, --check=STRING" in done.stdout
+    assert "-c NAME, --check=NAME" in done.stdout
     assert parsed("verify", "-vv")[0].args["verbose"].value == 2
 
 

@@ -306,7 +306,7 @@ def test_no_python_of_the_locked_version_says_so(
     )
     environ = {k: v for k, v in install_environ.items() if k != "STACKGATE_BASE_PYTHON"}
     code, out, err = _provision(lock, environ, capsys)
-    assert code == ExitCode.FAILED
+    assert code == ExitCode.REFUSED
     assert "cannot apply: no Python 3.99 on this machine (searched $STACKGATE_BASE_PYTHON, python3.99 on PATH" in out
     assert "uv cannot download Python here: install Python 3.99" in out
     assert not (tmp_path / "root").exists()
@@ -449,7 +449,7 @@ def test_a_second_provision_fails_at_once_naming_the_running_one_or_waits_for_it
             assert first.poll() is None and time.monotonic() < deadline, "the first provision never took the lock"
             time.sleep(0.05)
         code, out, err = _provision(lock, install_environ, capsys)
-        assert code == ExitCode.FAILED
+        assert code == ExitCode.REFUSED
         assert f"another provision is running on {tmp_path / 'root'}: pid {first.pid}, started " in err
         assert f"command: invoke provision --lock {lock} --yes; wait for it, or pass --wait" in err
         code, out, err = _provision(lock, install_environ, capsys, wait=True)
@@ -501,7 +501,7 @@ def test_rollback_switches_back_and_says_to_what(
     assert said in done.stdout
     assert _current(root) == first and _works(root, install_environ).startswith("2.9.1+cu130")
     again = _invoke(["rollback", "--lock", str(lock)], install_environ)
-    assert again.returncode == 1 and "no earlier ready generation" in again.stderr
+    assert again.returncode == ExitCode.REFUSED and "no earlier ready generation" in again.stderr
 
 
 def test_a_moved_torch_is_put_back_by_a_new_generation_and_rollback_refuses_the_drifted_one(
@@ -545,7 +545,7 @@ def test_a_moved_torch_is_put_back_by_a_new_generation_and_rollback_refuses_the_
         provision.RollbackRequest(lock_path=lock, environ=install_environ), UI(stream=out, force_plain=True)
     )
     err = capsys.readouterr().err
-    assert code == ExitCode.FAILED and _current(root) == rebuilt
+    assert code == ExitCode.REFUSED and _current(root) == rebuilt
     assert (
         f"not switching to generation {Path(drifted).name}: it no longer holds what it was built from: torch is "
         "2.10.0, locked ==2.9.1+cu130"
@@ -582,7 +582,7 @@ def test_rollback_while_a_provision_runs_says_what_rollback_can_do(
     finally:
         holder.kill()
         holder.wait()
-    assert code == ExitCode.FAILED
+    assert code == ExitCode.REFUSED
     assert f"another provision is running on {root}: pid {holder.pid}" in err
     assert err.rstrip().endswith("command: invoke provision; run `stackgate rollback` again once it has finished")
     assert "--wait" not in err
@@ -593,7 +593,7 @@ def test_rollback_of_a_root_that_does_not_exist_says_so_and_creates_nothing(
 ) -> None:
     lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root")
     code = provision.rollback(provision.RollbackRequest(lock_path=lock), UI(stream=io.StringIO(), force_plain=True))
-    assert code == ExitCode.FAILED
+    assert code == ExitCode.REFUSED
     assert f"stackgate rollback: nothing to roll back: {tmp_path / 'root'} does not exist" in capsys.readouterr().err
     assert not (tmp_path / "root").exists()
 
@@ -816,7 +816,7 @@ def test_an_unwritable_root_is_a_clear_error(
         tmp_path / "lock.toml", stack_index, tmp_path / "file" / "root", resolve_with=install_environ
     )
     code, out, err = _provision(lock, install_environ, capsys)
-    assert code == ExitCode.FAILED
+    assert code == ExitCode.REFUSED
     assert f"cannot create or lock {tmp_path / 'file' / 'root'}: " in err
 
 
@@ -929,7 +929,7 @@ def test_rollback_refuses_a_generation_holding_what_its_pylock_does_not(
         check=True,
     )
     refused = _invoke(["rollback", "--lock", str(lock)], install_environ)
-    assert refused.returncode == ExitCode.FAILED
+    assert refused.returncode == ExitCode.REFUSED
     assert (
         f"not switching to generation {Path(first).name}: it no longer holds what it was built from: torch-agnostic "
         "1.0 is installed but not in the pylock"

@@ -4,11 +4,15 @@ Each input is streamed through a :class:`~stackgate.scan.Scanner` in large block
 log of hundreds of MB is never held whole; the findings of all inputs are reported most severe
 first, with the lines that matched, the cause and the fix. With a lock, causes and fixes quote
 the stack's own values (its attention backend, its torch build). Exit 1 when a finding is an
-error, 0 otherwise, 2 when an input cannot be read.
+error, 0 otherwise, 2 when an input cannot be read. Standard input is read for ``--stdin``, for a
+path ``-``, and when no input is named and standard input is a pipe or a file
+(``cat x.log | stackgate diagnose``), never from a terminal or /dev/null.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,17 +68,22 @@ def run(request: DiagnoseRequest, ui: Any, stdin: BinaryIO | None = None) -> Exi
     """The diagnose command: check the inputs, scan them, render, write the JSON report."""
     ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.lock_path)}))
     kernel = request.kernel or request.kernel_path is not None
-    if not request.paths and not request.stdin and not kernel and not request.bundle_path:
-        raise DiagnoseUsageError("nothing to diagnose: give one or more log files, --stdin, --kernel or --bundle PATH")
+    paths = tuple(path for path in request.paths if path != DASH)
+    named = request.stdin or len(paths) < len(request.paths)
+    read_stdin = named or (not paths and not kernel and not request.bundle_path and _piped(stdin or sys.stdin))
+    if not paths and not read_stdin and not kernel and not request.bundle_path:
+        raise DiagnoseUsageError(
+            "nothing to diagnose: give one or more log files (- for standard input), --stdin, --kernel or --bundle PATH"
+        )
     saved_kernel = (request.kernel_path,) if request.kernel_path is not None else ()  # --kernel-log: one more input
-    openers = [opener(path) for path in (*request.paths, *saved_kernel)]  # every file is checked before any is read
+    openers = [opener(path) for path in (*paths, *saved_kernel)]  # every file is checked before any is read
     if request.bundle_path is not None and request.bundle_path.is_dir():
         raise DiagnoseUsageError(f"--bundle: {request.bundle_path} is a directory; name the .tar.gz to write")
     outputs = {"--json": Output(request.json_path, JSON)}
     problem = check_outputs(outputs)
     if problem is not None:
         raise DiagnoseUsageError(problem)
-    if request.stdin:
+    if read_stdin:
         openers.append((STDIN, lambda: borrowed(stdin or sys.stdin.buffer)))
     lock = _load_lock(request.lock_path) if request.lock_path else None
     context = knowledge.lock_context(lock) if lock else {}
@@ -99,6 +108,20 @@ def run(request: DiagnoseRequest, ui: Any, stdin: BinaryIO | None = None) -> Exi
             f"{len(made.notes)} part(s) missing, see NOTES.txt)"
         )
     return done.exit_code
+
+
+#: The path that names standard input (a file called ``-`` is ``./-``).
+DASH = Path("-")
+
+
+def _piped(stream: Any) -> bool:
+    """Whether ``stream`` is a pipe or a regular file (``cmd | stackgate diagnose``, ``< x.log``): read
+    when no input is named; a terminal, /dev/null or a socket is not."""
+    try:
+        mode = os.fstat(stream.fileno()).st_mode
+    except (AttributeError, OSError, ValueError):  # no descriptor (a test's BytesIO, a closed stream)
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISREG(mode)
 
 
 def _load_lock(path: Path) -> Spec:

@@ -65,7 +65,9 @@ def shipped_specs() -> list[Path]:
 def run(request: LockRequest, ui: UI) -> ExitCode:
     """The lock command."""
     if request.all_specs and not request.check:
-        raise LockUsageError("--all goes with --check: each spec is resolved on its own (stackgate lock --lock SPEC)")
+        raise LockUsageError(
+            "--all goes with --up-to-date (--check): each spec is resolved on its own (stackgate lock --lock SPEC)"
+        )
     if request.check and (request.upgrade or request.wheelhouse or request.refresh):
         raise LockUsageError("--check only reads: it takes no --upgrade-package, --wheelhouse or --refresh")
     if request.check:

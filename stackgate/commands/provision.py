@@ -99,7 +99,7 @@ def run(request: ProvisionRequest, ui: UI) -> ExitCode:
     if request.dry_run:
         the_plan = make_plan(lock, generations.read(root), environ, only=request.only, wheelhouse=request.wheelhouse)
         _show(the_plan, ui)
-        return _blocked(the_plan) or ExitCode.PASSED
+        return ExitCode.REFUSED if the_plan.blockers else ExitCode.PASSED
     # A root never provisioned is planned (and the plan shown, judged, confirmed) before its
     # lock is taken: a refusal then leaves no root and no lock file behind.
     first = None
@@ -114,7 +114,10 @@ def run(request: ProvisionRequest, ui: UI) -> ExitCode:
         ):
             sweep(root, ui)
             return _provision(lock, request, environ, ui, first)
-    except (generations.GenerationError, PermissionError) as exc:
+    except generations.GenerationError as exc:  # the root cannot be locked (another provision holds it)
+        ui.error(f"stackgate provision: {exc}")
+        return ExitCode.REFUSED
+    except PermissionError as exc:
         ui.error(f"stackgate provision: {exc}")
         return ExitCode.FAILED
 
@@ -129,10 +132,10 @@ def _decide(the_plan: Plan, request: ProvisionRequest, ui: UI) -> ExitCode | Non
         return ExitCode.PASSED
     _show(the_plan, ui)
     if the_plan.blockers:
-        return _blocked(the_plan) or ExitCode.FAILED
+        return ExitCode.REFUSED
     if not request.yes and not _confirmed(the_plan, ui):
         ui.line("nothing was changed")
-        return ExitCode.FAILED
+        return ExitCode.REFUSED
     return None
 
 
@@ -204,12 +207,6 @@ def _show(the_plan: Plan, ui: UI) -> None:
         ui.line(line)
 
 
-def _blocked(the_plan: Plan) -> ExitCode | None:
-    if not the_plan.blockers:
-        return None
-    return ExitCode.USAGE if any(b.usage for b in the_plan.blockers) else ExitCode.FAILED
-
-
 def _confirmed(the_plan: Plan, ui: UI) -> bool:
     answer = ui.confirm(f"apply these {len(the_plan.steps)} steps?")
     if answer is None:
@@ -222,14 +219,15 @@ def _confirmed(the_plan: Plan, ui: UI) -> bool:
 
 def rollback(request: RollbackRequest, ui: UI) -> ExitCode:
     """Switch ``current`` back to the previous good generation and say to which; refuse one
-    that no longer holds what it was built from, unless forced."""
+    that no longer holds what it was built from, unless forced. A refusal (nothing to roll back,
+    the root busy, a generation that drifted) changes nothing and exits :attr:`ExitCode.REFUSED`."""
     lock = _load(request.lock_path)
     root = lock.python.root
     assert root is not None
     environ = dict(os.environ if request.environ is None else request.environ)
     if not root.is_dir():
         ui.error(f"stackgate rollback: nothing to roll back: {root} does not exist")
-        return ExitCode.FAILED
+        return ExitCode.REFUSED
     try:
         with generations.exclusive(
             root, wait=False, command=command_line(), busy_advice="run `stackgate rollback` again once it has finished"
@@ -239,11 +237,11 @@ def rollback(request: RollbackRequest, ui: UI) -> ExitCode:
             drift = drift_of(lock, target, environ)
             if drift and not request.force:
                 ui.error(refusal(target, drift))
-                return ExitCode.FAILED
+                return ExitCode.REFUSED
             before, after = generations.rollback(root, target)
     except generations.GenerationError as exc:
         ui.error(f"stackgate rollback: {exc}")
-        return ExitCode.FAILED
+        return ExitCode.REFUSED
     ui.line(f"rolled back {root / 'current'}: {before.id} -> {after.describe()}")
     if drift:
         ui.warn(f"  switched anyway (--force), though it differs from what it was built from: {'; '.join(drift)}")

@@ -16,9 +16,13 @@ class ExitCode(enum.IntEnum):
     """
 
     PASSED = 0  #: everything passed (warnings allowed unless --strict)
-    FAILED = 1  #: the gate failed: a check failed or crashed, or nothing was checked
-    USAGE = 2  #: bad usage or a bad lockfile; nothing was changed
+    FAILED = 1  #: it ran and failed: a check failed or crashed, nothing was checked, a step of a change failed
+    USAGE = 2  #: refused before changing anything: bad usage, a bad lockfile or input, or a request that cannot apply
     INTERRUPTED = 130  #: interrupted (Ctrl-C, SIGTERM)
+
+    #: A command that refuses to act (a blocked plan, nothing to roll back, a root another provision
+    #: holds, a change not confirmed) exits as for bad usage: one code for "nothing was changed".
+    REFUSED = 2
 
 
 class UsageError(Exception):
