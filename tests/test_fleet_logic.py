@@ -157,6 +157,8 @@ def test_a_bad_inventory_on_the_command_line_exits_2_before_connecting(tmp_path)
     assert both.returncode == ExitCode.USAGE and "one of them" in both.stderr
     unknown = stackgate("fleet", "deploy", "--hosts", "a", history=tmp_path / "runs")
     assert unknown.returncode == ExitCode.USAGE and "unknown action 'deploy'" in unknown.stderr
+    typo = stackgate("fleet", "verfy", "--hosts", "a", history=tmp_path / "runs")
+    assert typo.returncode == ExitCode.USAGE and "unknown action 'verfy': did you mean verify?" in typo.stderr
     for flags, said in (
         (["--parallel", "x"], "--parallel 'x': not a whole number"),
         (["--timeout", "0"], "--timeout '0': must be a number of seconds above 0"),

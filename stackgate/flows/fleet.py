@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime as _dt
+import difflib
 import hashlib
 import json
 import re
@@ -62,6 +63,17 @@ SCHEMA = "stackgate.fleet/1"
 
 
 ACTIONS = ("gate", "verify", "provision", "upgrade")
+
+
+def unknown_action(action: str) -> str:
+    """The usage error for an action fleet does not know, with the nearest one when there is one.
+
+    >>> unknown_action("verfy")
+    "fleet: unknown action 'verfy': did you mean verify? (one of: gate, verify, provision, upgrade)"
+    """
+    near = difflib.get_close_matches(action, ACTIONS, n=1)
+    hint = f": did you mean {near[0]}?" if near else ""
+    return f"fleet: unknown action {action!r}{hint} (one of: {', '.join(ACTIONS)})"
 
 
 ENGINES = ("ssh", "slurm")
@@ -880,7 +892,7 @@ def _action(request: FleetRequest, shipment: Shipment) -> Action:
 def nodes_of(request: FleetRequest) -> list[Node]:
     """The request's nodes, with its timeouts; bad usage before anything connects."""
     if request.action not in ACTIONS:
-        raise FleetUsageError(f"fleet: unknown action {request.action!r} (one of: {', '.join(ACTIONS)})")
+        raise FleetUsageError(unknown_action(request.action))
     if (request.hosts is None) == (request.inventory is None):
         raise FleetUsageError("fleet: name the nodes with --hosts a,b,c or --inventory FILE (one of them)")
     if request.parallel < 1 or request.batch < 1:

@@ -33,6 +33,7 @@ from stackgate.flows.fleet import (
     _tail,
     judged,
     run_fleet,
+    unknown_action,
 )
 from stackgate.models.inventory import DEFAULT_TIMEOUT_S as DEFAULT_NODE_TIMEOUT_S
 from stackgate.models.inventory import Node
@@ -289,7 +290,7 @@ def check_slurm(request: FleetRequest) -> None:
     """What `fleet --engine slurm` cannot take, refused before anything is asked of Slurm."""
     options = request.slurm or SlurmOptions()
     if request.action not in ACTIONS:
-        raise FleetUsageError(f"fleet: unknown action {request.action!r} (one of: {', '.join(ACTIONS)})")
+        raise FleetUsageError(unknown_action(request.action))
     _check_batch(request)
     _check_upgrade(request)
     if options.shared_dir is not None and request.action not in ("gate", "verify"):
