@@ -6,6 +6,9 @@
 - ``--profile NAME``: copy a shipped profile (and its pylock, when it has one) out of the package
   into the current folder as stackgate.toml, or with ``--system`` into /etc/stackgate/stack.toml.
 - ``--list``: the shipped profiles with their one-line descriptions.
+- ``--health-units DIR``: the health check's systemd service and timer in DIR (``/etc/systemd/system``),
+  running this installed program's ``verify --cached`` on the machine's spec (``--lock``, else
+  /etc/stackgate/stack.toml); ``--dry-run`` prints them.
 
 Nothing is overwritten without ``--force``, and nothing is ever written into the package.
 """
@@ -13,6 +16,7 @@ Nothing is overwritten without ``--force``, and nothing is ever written into the
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +30,7 @@ from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.spec import DEFAULT_LOCK, LOCAL_LOCK, SYSTEM_LOCK, Spec, is_shipped, load_spec, loads_spec
 from stackgate.render.spectext import machine_spec
 from stackgate.render.ui import UI
+from stackgate.stack import healthunits
 
 __all__ = ["InitRequest", "InitUsageError", "profiles", "run", "target_path"]
 
@@ -42,7 +47,11 @@ class InitRequest:
     system: bool = False
     python: Path | None = None
     force: bool = False
+    health_units: Path | None = None  #: write the health check's units into this folder
+    lock: Path | None = None  #: with health_units: the spec the health check judges
+    dry_run: bool = False  #: with health_units: print the units, write nothing
     environ: Mapping[str, str] | None = field(default=None, compare=False)  #: default: os.environ
+    argv0: str | None = field(default=None, compare=False)  #: how this program was started; default: sys.argv[0]
 
 
 def profiles() -> dict[str, Spec]:
@@ -63,6 +72,10 @@ def target_path(request: InitRequest, environ: Mapping[str, str]) -> Path:
 def run(request: InitRequest, ui: UI) -> ExitCode:
     """The init command."""
     environ = dict(os.environ if request.environ is None else request.environ)
+    if request.health_units is not None:
+        return _health_units(request, environ, ui)
+    if request.lock is not None or request.dry_run:
+        raise InitUsageError("--lock and --dry-run go with --health-units DIR (the health check's units)")
     if request.list_only:
         if request.profile or request.out or request.system or request.python:
             raise InitUsageError("--list only lists the shipped profiles: it takes no other option")
@@ -84,6 +97,60 @@ def run(request: InitRequest, ui: UI) -> ExitCode:
     if request.profile is not None:
         return _copy_profile(request.profile, target, ui, force=request.force)
     return _describe(request, target, environ, ui)
+
+
+def _health_units(request: InitRequest, environ: Mapping[str, str], ui: UI) -> ExitCode:
+    """Write (or print) the health check's units for this installed program and the machine's spec."""
+    assert request.health_units is not None
+    if request.profile or request.out or request.system or request.python or request.list_only:
+        raise InitUsageError(
+            "--health-units DIR writes the health check's units: it takes only --lock, --dry-run, --force"
+        )
+    spec = Path(os.path.abspath(request.lock)) if request.lock else settings.SYSTEM_DIR.value(environ) / SYSTEM_LOCK
+    program = healthunits.installed_program(request.argv0 or sys.argv[0], sys.executable)
+    units = healthunits.render_units(program, spec)
+    if spec.exists():
+        load_spec(spec)  # a spec the health check could not read fails here (exit 2), not every minute
+    targets = [(request.health_units / unit.name, unit.text) for unit in units]
+    states = {path: _unit_state(path, text) for path, text in targets}
+    refused = [path for path, state in states.items() if state == "differs" and not request.force]
+    if request.dry_run:
+        for path, text in targets:
+            ui.line(f"--- {path} ({_DRY_RUN_STATE[states[path]]})")
+            ui.line(text.rstrip("\n"))
+        return ExitCode.PASSED
+    if refused:
+        are = "exists and differs" if len(refused) == 1 else "exist and differ"
+        raise InitUsageError(
+            f"{' and '.join(map(str, refused))} {are} from the units for {program}: nothing was written "
+            "(--force replaces them; --dry-run shows what would be written)"
+        )
+    for path, text in targets:
+        if states[path] == "same":
+            ui.line(f"unchanged {path}")
+            continue
+        _write(path, text)
+        ui.line(f"wrote {path}")
+    ui.line(f"the service runs {program} verify --cached on {spec}")
+    if not spec.exists():
+        writes = "--system" if spec == settings.SYSTEM_DIR.value(environ) / SYSTEM_LOCK else f"--out {spec}"
+        ui.warn(f"{spec} does not exist: the timer does nothing until it does (stackgate init {writes} writes it)")
+    ui.line("next: systemctl daemon-reload && systemctl enable --now stackgate-health.timer")
+    return ExitCode.PASSED
+
+
+_DRY_RUN_STATE = {"new": "would write", "same": "unchanged", "differs": "differs: --force would replace it"}
+
+
+def _unit_state(path: Path, text: str) -> str:
+    """``new`` (no file there), ``same`` (the file holds ``text``) or ``differs``."""
+    try:
+        have = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return "new"
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InitUsageError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    return "same" if have == text else "differs"
 
 
 def _list(ui: UI) -> ExitCode:
