@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import io
 import re
 import sys
 from typing import Iterator, Mapping, Sequence
 
 from invoke import Collection, Program
+from invoke.completion.complete import print_completion_script
 from invoke.exceptions import Exit, ParseError
 from invoke.parser import Argument, ParserContext
 from invoke.parser.context import to_flag
@@ -19,7 +21,15 @@ from invoke.parser.context import to_flag
 from stackgate import __version__, tasks
 from stackgate.models.exitcodes import ExitCode
 
-__all__ = ["GLOBAL_FLAGS", "StackgateProgram", "flag_tuples", "namespace", "program", "spread_bare_words"]
+__all__ = [
+    "GLOBAL_FLAGS",
+    "StackgateProgram",
+    "completion_script",
+    "flag_tuples",
+    "namespace",
+    "program",
+    "spread_bare_words",
+]
 
 #: The tasks, one collection for the program and for the checkout's tasks.py.
 namespace = Collection.from_module(tasks)
@@ -52,6 +62,10 @@ class StackgateProgram(Program):
         for argument in super().core_args():  # invoke reads its own options: they keep their defaults
             if argument.name not in given:
                 given[argument.name] = argument
+        shell = given["print-completion-script"].value
+        if shell:  # before invoke prints its own, which calls itself "Invoke tab-completion script"
+            print(completion_script(shell), end="")
+            raise Exit
 
     def parse_core(self, argv: list[str] | None) -> None:
         try:
@@ -113,6 +127,16 @@ def flag_tuples(context: ParserContext) -> list[tuple[str, str]]:
             flags = flags.replace("STRING", "COMMAND")
         rows.append((flags, text or ""))
     return rows
+
+
+def completion_script(shell: str) -> str:
+    """invoke's tab-completion script for ``shell`` (bash, zsh, fish), for the program named ``stackgate``
+    however it was started (``python -m stackgate`` too), its header naming stackgate; an unknown shell
+    is a ParseError that names the shells."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        print_completion_script(shell, ["stackgate"])
+    return out.getvalue().replace("Invoke tab-completion script", "stackgate's tab-completion script", 1)
 
 
 def _first_line(text: str | None) -> str:

@@ -45,5 +45,4 @@ def test_the_venv_script_gives_a_python3_of_its_own_that_git_ignores(tmp_path):
     venv = clone / ".ci" / "venv"
     assert Path(found) == venv / "bin" / "python3" and Path(prefix) == venv and Path(base) != venv
     assert str(venv) in pip
-    ignored = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", ".ci/venv/bin/python3"], timeout=60)
-    assert ignored.returncode == 0, ".ci/venv is ignored by git"
+    assert "/.ci/venv/" in (ROOT / ".gitignore").read_text().splitlines(), ".ci/venv is ignored by git"
