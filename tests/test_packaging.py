@@ -7,7 +7,6 @@ PEP 639 metadata (`License-Expression`, no deprecated license table: setuptools 
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
@@ -15,23 +14,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from support import CACHE, isolated_environ
+from support import CACHE, isolated_environ, pypi_unreachable
 
 ROOT = Path(__file__).resolve().parents[1]
-HOSTS = ("pypi.org", "files.pythonhosted.org")  # setuptools, the build backend, comes from PyPI
 #: What setuptools adds to an sdist beside the project's files.
 GENERATED = ("PKG-INFO", "setup.cfg", "stackgate.egg-info/")
 
 pytestmark = pytest.mark.network
-
-
-def _unreachable() -> str | None:
-    for host in HOSTS:
-        try:
-            socket.create_connection((host, 443), timeout=10).close()
-        except OSError as exc:
-            return f"{host}:443 cannot be reached: {exc}"
-    return None
 
 
 def project_files() -> list[str]:
@@ -59,7 +48,7 @@ def project_files() -> list[str]:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str, list[str]]:
     """(sdist, wheel, the build's output, the project's files), built from a copy of the project's files."""
-    why = _unreachable()
+    why = pypi_unreachable()  # setuptools, the build backend, comes from PyPI
     if why:
         pytest.skip(f"the registry is unreachable from here ({why})")
     files = project_files()
