@@ -202,3 +202,12 @@ def test_a_stackgate_that_is_not_installed_is_refused_with_how_to_install_one(tm
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "is not an installed program" in done.stderr and "pipx install stackgate" in done.stderr
     assert not units.exists()
+
+
+def test_a_spec_that_does_not_load_is_refused_now_not_every_minute(installed, tmp_path):
+    spec = tmp_path / "stack.toml"
+    spec.write_text("[hardware]\ngpu_count = 'eight'\n")
+    done = installed.run("init", "--health-units", str(installed.units), "--lock", str(spec))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"{spec}: " in done.stderr and "hardware.gpu_count: must be an integer" in done.stderr, done.stderr
+    assert not installed.units.exists()

@@ -106,37 +106,42 @@ def _health_units(request: InitRequest, environ: Mapping[str, str], ui: UI) -> E
         raise InitUsageError(
             "--health-units DIR writes the health check's units: it takes only --lock, --dry-run, --force"
         )
-    spec = Path(os.path.abspath(request.lock)) if request.lock else settings.SYSTEM_DIR.value(environ) / SYSTEM_LOCK
     program = healthunits.installed_program(request.argv0 or sys.argv[0], sys.executable)
-    units = healthunits.render_units(program, spec)
-    if spec.exists():
-        load_spec(spec)  # a spec the health check could not read fails here (exit 2), not every minute
-    targets = [(request.health_units / unit.name, unit.text) for unit in units]
-    states = {path: _unit_state(path, text) for path, text in targets}
-    refused = [path for path, state in states.items() if state == "differs" and not request.force]
+    spec = _health_spec(request.lock, environ, ui)
+    units = {request.health_units / unit.name: unit.text for unit in healthunits.render_units(program, spec)}
+    states = {path: _unit_state(path, text) for path, text in units.items()}
     if request.dry_run:
-        for path, text in targets:
+        for path, text in units.items():
             ui.line(f"--- {path} ({_DRY_RUN_STATE[states[path]]})")
             ui.line(text.rstrip("\n"))
         return ExitCode.PASSED
+    refused = [str(path) for path, state in states.items() if state == "differs" and not request.force]
     if refused:
         are = "exists and differs" if len(refused) == 1 else "exist and differ"
         raise InitUsageError(
-            f"{' and '.join(map(str, refused))} {are} from the units for {program}: nothing was written "
+            f"{' and '.join(refused)} {are} from the units for {program}: nothing was written "
             "(--force replaces them; --dry-run shows what would be written)"
         )
-    for path, text in targets:
-        if states[path] == "same":
-            ui.line(f"unchanged {path}")
-            continue
-        _write(path, text)
-        ui.line(f"wrote {path}")
+    for path, text in units.items():
+        if states[path] != "same":
+            _write(path, text)
+        ui.line(f"{'unchanged' if states[path] == 'same' else 'wrote'} {path}")
     ui.line(f"the service runs {program} verify --cached on {spec}")
-    if not spec.exists():
-        writes = "--system" if spec == settings.SYSTEM_DIR.value(environ) / SYSTEM_LOCK else f"--out {spec}"
-        ui.warn(f"{spec} does not exist: the timer does nothing until it does (stackgate init {writes} writes it)")
     ui.line("next: systemctl daemon-reload && systemctl enable --now stackgate-health.timer")
     return ExitCode.PASSED
+
+
+def _health_spec(lock: Path | None, environ: Mapping[str, str], ui: UI) -> Path:
+    """The spec the health check judges: --lock made absolute, else the one `init --system` writes.
+    One that is there must load (exit 2 now, not a failed unit every minute); one that is not is said."""
+    system = settings.SYSTEM_DIR.value(environ) / SYSTEM_LOCK
+    spec = Path(os.path.abspath(lock)) if lock is not None else system
+    if spec.exists():
+        load_spec(spec)
+    else:
+        writes = "--system" if spec == system else f"--out {spec}"
+        ui.warn(f"{spec} does not exist: the timer does nothing until it does (stackgate init {writes} writes it)")
+    return spec
 
 
 _DRY_RUN_STATE = {"new": "would write", "same": "unchanged", "differs": "differs: --force would replace it"}
