@@ -9,11 +9,13 @@ import contextlib
 import dataclasses
 import difflib
 import inspect
+import io
 import re
 import sys
 from typing import Iterator, Mapping, Sequence
 
 from invoke import Collection, Program
+from invoke.completion.complete import print_completion_script
 from invoke.exceptions import Exit, ParseError
 from invoke.parser import Argument, Parser, ParserContext
 from invoke.parser.context import to_flag
@@ -27,6 +29,7 @@ __all__ = [
     "MissingValue",
     "StackgateProgram",
     "Words",
+    "completion_script",
     "flag_tuples",
     "namespace",
     "program",
@@ -67,6 +70,10 @@ class StackgateProgram(Program):
         for argument in super().core_args():  # invoke reads its own options: they keep their defaults
             if argument.name not in given:
                 given[argument.name] = argument
+        shell = given["print-completion-script"].value
+        if shell:  # before invoke prints its own, which calls itself "Invoke tab-completion script"
+            print(completion_script(shell), end="")
+            raise Exit
 
     def parse_core(self, argv: list[str] | None) -> None:
         try:
@@ -156,6 +163,16 @@ def flag_tuples(context: ParserContext) -> list[tuple[str, str]]:
             flags = ", ".join(to_flag(n) for n in spelled)
         rows.append((flags, text or ""))
     return rows
+
+
+def completion_script(shell: str) -> str:
+    """invoke's tab-completion script for ``shell`` (bash, zsh, fish), for the program named ``stackgate``
+    however it was started (``python -m stackgate`` too), its header naming stackgate; an unknown shell
+    is a ParseError that names the shells."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        print_completion_script(shell, ["stackgate"])
+    return out.getvalue().replace("Invoke tab-completion script", "stackgate's tab-completion script", 1)
 
 
 def _first_line(text: str | None) -> str:

@@ -52,15 +52,33 @@ _ui = express.console  # the console; on standard error when a report goes to st
         "list": "list the shipped profiles with their descriptions",
         "system": "write /etc/stackgate/stack.toml (the machine's spec for every user) instead of ./stackgate.toml",
         "python": "the interpreter whose environment is the stack (default: the first here that holds torch)",
-        "force": "replace a spec (and pylock) that is already there",
+        "force": "replace a spec (and pylock), or health units, that are already there",
+        "health_units": (
+            "write the health check's systemd service and timer into this folder (/etc/systemd/system), "
+            "running this installed stackgate's `verify --cached` every minute"
+        ),
+        "lock": "with --health-units: the spec the health check judges (default: /etc/stackgate/stack.toml)",
+        "dry_run": "with --health-units: print the units and write nothing",
     },
 )
-def init(c, out=None, profile=None, list=False, system=False, python=None, force=False):
+def init(
+    c,
+    out=None,
+    profile=None,
+    list=False,
+    system=False,
+    python=None,
+    force=False,
+    health_units=None,
+    lock=None,
+    dry_run=False,
+):
     """Describe this machine as a spec (./stackgate.toml), or copy a shipped profile out."""
     from stackgate.commands import init as command
 
-    paths: dict[str, Any] = {"out": _path(out), "python": _path(python)}
-    request = command.InitRequest(**paths, profile=profile, list_only=list, system=system, force=force)
+    paths: dict[str, Any] = {name: _path(value) for name, value in [("out", out), ("python", python), ("lock", lock)]}
+    paths["health_units"] = _path(health_units)
+    request = command.InitRequest(**paths, profile=profile, list_only=list, system=system, force=force, dry_run=dry_run)
     cli.run_command(lambda: command.run(request, _ui()))
 
 

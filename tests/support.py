@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +31,20 @@ sys.argv[:] = sys.argv[2:]
 atexit.register(lambda: open(out, "w").write("\\n".join(sorted(sys.modules))))
 runpy.run_module("stackgate", run_name="__main__", alter_sys=True)
 """
+
+
+#: PyPI's simple API, and where its files and their metadata are served from.
+PYPI_HOSTS = ("pypi.org", "files.pythonhosted.org")
+
+
+def pypi_unreachable() -> str | None:
+    """Why PyPI cannot be reached from here at all, or None: the one reason a `network` test skips."""
+    for host in PYPI_HOSTS:
+        try:
+            socket.create_connection((host, 443), timeout=10).close()
+        except OSError as exc:
+            return f"{host}:443 cannot be reached: {exc}"
+    return None
 
 
 def isolated_environ(**extra: str) -> dict[str, str]:

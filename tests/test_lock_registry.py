@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import io
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
-from support import CACHE, isolated_environ
+from support import CACHE, isolated_environ, pypi_unreachable
 
 from stackgate.commands import lock as command
 from stackgate.models import pylock
@@ -22,19 +21,7 @@ from stackgate.render.ui import UI
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "lockfiles" / "blackwell-sm120-cu128.toml"
-#: The simple API, and where its files and their metadata are served from.
-HOSTS = ("pypi.org", "files.pythonhosted.org")
-
 pytestmark = pytest.mark.network
-
-
-def _unreachable() -> str | None:
-    for host in HOSTS:
-        try:
-            socket.create_connection((host, 443), timeout=10).close()
-        except OSError as exc:
-            return f"{host}:443 cannot be reached: {exc}"
-    return None
 
 
 def _lock(spec: Path, environ: dict[str, str], **kwargs: object) -> tuple[ExitCode, str]:
@@ -46,7 +33,7 @@ def _lock(spec: Path, environ: dict[str, str], **kwargs: object) -> tuple[ExitCo
 def test_the_cu128_profile_resolves_against_pypi_into_a_complete_hashed_pylock(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    why = _unreachable()
+    why = pypi_unreachable()
     if why:
         pytest.skip(f"the registry is unreachable from here ({why})")
     spec = tmp_path / SPEC.name

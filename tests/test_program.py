@@ -517,3 +517,26 @@ def test_the_installed_program_diagnoses_logs_named_bare(installed, tmp_path):
     doc = json.loads((tmp_path / "r.json").read_text())
     assert [i["name"] for i in doc["inputs"]] == ["some.log", "other.log"]
     assert "libcudart.so.12" in json.dumps(doc["findings"]) and "triton" in json.dumps(doc["findings"])
+
+
+# --- tab completion -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_the_completion_script_is_stackgate_s_however_the_program_is_started(shell):
+    """`python -m stackgate` too: the script names and completes `stackgate` (invoke would name the
+    function after `__main__.py`) and its header says whose script it is."""
+    done = in_checkout("--print-completion-script", shell)
+    assert done.returncode == 0, done.stderr
+    first = done.stdout.splitlines()[0]
+    assert first.startswith("# stackgate's tab-completion script") and "Invoke tab-completion" not in done.stdout
+    assert re.search(r"\bstackgate\b.*--complete", done.stdout) and "__main__" not in done.stdout
+    if shell == "bash":
+        assert "complete -F _complete_stackgate -o default stackgate" in done.stdout
+        assert subprocess.run(["bash", "-n"], input=done.stdout, text=True, timeout=60).returncode == 0
+
+
+def test_a_completion_script_for_an_unknown_shell_is_bad_usage():
+    done = in_checkout("--print-completion-script", "tcsh")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "bash, fish, zsh" in done.stderr and done.stdout == ""

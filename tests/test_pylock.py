@@ -54,7 +54,7 @@ def test_the_shipped_pylock_is_valid_pep_751_and_matches_its_spec() -> None:
 def test_a_stamped_pylock_records_the_specs_inputs_and_reads_back() -> None:
     text = pylock.stamp(BODY, SPEC)
     assert text.startswith(
-        "# The resolution of blackwell-sm120-cu128.toml (PEP 751), written by `invoke lock`: do not edit.\n"
+        "# The resolution of blackwell-sm120-cu128.toml (PEP 751), written by `stackgate lock`: do not edit.\n"
     )
     resolution = _loads(text)
     assert resolution.inputs["python.packages.sglang"] == "==0.5.9"

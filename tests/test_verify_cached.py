@@ -1,15 +1,14 @@
 """`stackgate verify --cached --prom`: the static checks' results reused while the stamp of what
 they judged holds (a distribution, a toolkit, the spec, the driver changed: they run again), the
 live GPU checks run every time (a GPU that loses a link or disappears fails a cached verify too),
-a hostile cache ignored with a note, the .prom file read back by Prometheus' own parser, and the
-systemd units shipped in the package checked by systemd-analyze."""
+a hostile cache ignored with a note, and the .prom file read back by Prometheus' own parser (the
+health check's systemd units: tests/test_healthunits.py)."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -318,104 +317,6 @@ def test_a_check_is_live_when_it_reads_only_nvml_or_is_the_kernel_events_check()
     ]
     assert verifycache.is_live(Check("gpu.kernel_events", lambda lock, facts: None, "x", ("kernel_log",), 5.0, False))  # type: ignore[arg-type, return-value]
     assert not verifycache.is_live(Check("gpu.other", lambda lock, facts: None, "x", ("kernel",), 5.0, False))  # type: ignore[arg-type, return-value]
-
-
-UNITS = ROOT / "stackgate" / "systemd"
-SERVICE = UNITS / "stackgate-health.service"
-
-
-def systemd_analyze() -> str:
-    """The path of systemd-analyze; the test skips, with the reason, where it is absent."""
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("systemd-analyze is not installed (Debian: apt-get install -y systemd)")
-    return analyze
-
-
-def exposure(unit: Path) -> float:
-    """systemd's exposure score of ``unit`` (0 sandboxed .. 10 not at all), from `systemd-analyze security`."""
-    done = subprocess.run(
-        [systemd_analyze(), "security", "--offline=true", "--no-pager", str(unit)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    found = re.search(rf"Overall exposure level for {re.escape(unit.name)}: (\d+\.\d) ", done.stdout)
-    assert found is not None, done.stdout[-2000:] + done.stderr
-    return float(found[1])
-
-
-def unit_settings(unit: Path) -> dict[str, list[str]]:
-    """A unit file's settings: each key's values in order (comments and section headers left out)."""
-    settings: dict[str, list[str]] = {}
-    for line in unit.read_text().splitlines():
-        key, equals, value = line.partition("=")
-        if equals and not line.startswith(("#", ";", "[")):
-            settings.setdefault(key.strip(), []).append(value.strip())
-    return settings
-
-
-def test_the_systemd_units_ship_in_the_package_and_verify(tmp_path):
-    service, timer = SERVICE, UNITS / "stackgate-health.timer"
-    assert (
-        "ExecStart=/usr/local/bin/stackgate verify --cached --prom " in service.read_text()
-        and "OnUnitActiveSec=1min" in timer.read_text()
-    )
-    analyze = systemd_analyze()
-    program = tmp_path / "bin" / "stackgate"  # the program where the unit runs it; here, this checkout's
-    program.parent.mkdir()
-    program.write_text(f'#!/bin/sh\nexec {sys.executable} -m stackgate "$@"\n')
-    program.chmod(0o755)
-    (tmp_path / service.name).write_text(service.read_text().replace("/usr/local/bin/stackgate", str(program)))
-    shutil.copy(timer, tmp_path / timer.name)
-    done = subprocess.run(
-        [analyze, "verify", "--man=no", str(tmp_path / service.name), str(tmp_path / timer.name)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0 and "stackgate-health" not in done.stderr, done.stderr
-    broken = tmp_path / "broken.service"
-    broken.write_text(service.read_text().replace("Type=oneshot", "Type=oneshoot"))
-    assert (
-        "Failed to parse service type"
-        in subprocess.run(
-            [analyze, "verify", "--man=no", str(broken)], capture_output=True, text=True, timeout=120
-        ).stderr
-    )
-
-
-def test_the_health_unit_is_sandboxed_to_an_exposure_of_4_or_less(tmp_path):
-    """`systemd-analyze security` rates the shipped unit; the same unit with its sandbox taken out
-    (every line after TimeoutStartSec=, as it shipped before) rates above 4, so the score is read right."""
-    assert exposure(SERVICE) <= 4.0
-    text = SERVICE.read_text()
-    bare = tmp_path / SERVICE.name
-    bare.write_text(text[: text.index("\n", text.index("TimeoutStartSec=")) + 1])
-    assert exposure(bare) > 4.0
-
-
-def test_the_health_unit_s_sandbox_leaves_what_the_health_check_reads_and_writes():
-    """What a cached verify needs on a node, kept through the sandbox: the GPUs' device nodes (NVML;
-    nvidia-uvm for the CUDA probe of the stack's torch on a miss), the kernel's record device and the
-    capability to read it under kernel.dmesg_restrict=1 (gpu.kernel_events), every process's /proc
-    entry (gpu.processes names the processes on a GPU), /proc/driver (NVML), a cache it may write and the
-    collector's folder, whose files node_exporter (another user) must be able to read."""
-    unit = unit_settings(SERVICE)
-
-    def setting(key: str, default: str = "no") -> str:
-        return unit.get(key, [default])[-1]
-
-    assert setting("PrivateDevices") == "no" and setting("DevicePolicy") == "closed"
-    gpus = {"char-nvidia rw", "char-nvidia-frontend rw", "char-nvidia-uvm rw"}  # 195 is "nvidia" under the open driver
-    assert gpus | {"/dev/kmsg r"} <= set(unit["DeviceAllow"])
-    assert setting("ProtectKernelLogs") == "no" and setting("CapabilityBoundingSet").split() == ["CAP_SYSLOG"]
-    assert setting("PrivateUsers") == "no"  # capabilities in a user namespace of its own do not open /dev/kmsg
-    assert setting("ProtectProc", "default") == "default" and setting("ProcSubset", "all") == "all"
-    assert setting("ProtectSystem") == "strict" and setting("UMask", "0022") == "0022"
-    prom = Path(setting("ExecStart").split("--prom ", 1)[1].split()[0])
-    assert f"-{prom.parent}" in unit["ReadWritePaths"]
-    assert "XDG_CACHE_HOME=%C" in unit["Environment"] and setting("CacheDirectory") == "stackgate"
 
 
 def test_a_metadata_rewritten_in_place_is_seen_and_a_stale_fail_clears_when_it_is_restored(tmp_path):

@@ -6,6 +6,9 @@
 - ``--profile NAME``: copy a shipped profile (and its pylock, when it has one) out of the package
   into the current folder as stackgate.toml, or with ``--system`` into /etc/stackgate/stack.toml.
 - ``--list``: the shipped profiles with their one-line descriptions.
+- ``--health-units DIR``: the health check's systemd service and timer in DIR (``/etc/systemd/system``),
+  running this installed program's ``verify --cached`` on the machine's spec (``--lock``, else
+  /etc/stackgate/stack.toml); ``--dry-run`` prints them.
 
 Nothing is overwritten without ``--force``, and nothing is ever written into the package.
 """
@@ -13,6 +16,7 @@ Nothing is overwritten without ``--force``, and nothing is ever written into the
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +30,7 @@ from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.spec import DEFAULT_LOCK, LOCAL_LOCK, SYSTEM_LOCK, Spec, is_shipped, load_spec, loads_spec
 from stackgate.render.spectext import machine_spec
 from stackgate.render.ui import UI
+from stackgate.stack import healthunits
 
 __all__ = ["InitRequest", "InitUsageError", "profiles", "run", "target_path"]
 
@@ -42,7 +47,11 @@ class InitRequest:
     system: bool = False
     python: Path | None = None
     force: bool = False
+    health_units: Path | None = None  #: write the health check's units into this folder
+    lock: Path | None = None  #: with health_units: the spec the health check judges
+    dry_run: bool = False  #: with health_units: print the units, write nothing
     environ: Mapping[str, str] | None = field(default=None, compare=False)  #: default: os.environ
+    argv0: str | None = field(default=None, compare=False)  #: how this program was started; default: sys.argv[0]
 
 
 def profiles() -> dict[str, Spec]:
@@ -63,6 +72,10 @@ def target_path(request: InitRequest, environ: Mapping[str, str]) -> Path:
 def run(request: InitRequest, ui: UI) -> ExitCode:
     """The init command."""
     environ = dict(os.environ if request.environ is None else request.environ)
+    if request.health_units is not None:
+        return _health_units(request, environ, ui)
+    if request.lock is not None or request.dry_run:
+        raise InitUsageError("--lock and --dry-run go with --health-units DIR (the health check's units)")
     if request.list_only:
         if request.profile or request.out or request.system or request.python:
             raise InitUsageError("--list only lists the shipped profiles: it takes no other option")
@@ -84,6 +97,65 @@ def run(request: InitRequest, ui: UI) -> ExitCode:
     if request.profile is not None:
         return _copy_profile(request.profile, target, ui, force=request.force)
     return _describe(request, target, environ, ui)
+
+
+def _health_units(request: InitRequest, environ: Mapping[str, str], ui: UI) -> ExitCode:
+    """Write (or print) the health check's units for this installed program and the machine's spec."""
+    assert request.health_units is not None
+    if request.profile or request.out or request.system or request.python or request.list_only:
+        raise InitUsageError(
+            "--health-units DIR writes the health check's units: it takes only --lock, --dry-run, --force"
+        )
+    program = healthunits.installed_program(request.argv0 or sys.argv[0], sys.executable)
+    spec = _health_spec(request.lock, environ, ui)
+    units = {request.health_units / unit.name: unit.text for unit in healthunits.render_units(program, spec)}
+    states = {path: _unit_state(path, text) for path, text in units.items()}
+    if request.dry_run:
+        for path, text in units.items():
+            ui.line(f"--- {path} ({_DRY_RUN_STATE[states[path]]})")
+            ui.line(text.rstrip("\n"))
+        return ExitCode.PASSED
+    refused = [str(path) for path, state in states.items() if state == "differs" and not request.force]
+    if refused:
+        are = "exists and differs" if len(refused) == 1 else "exist and differ"
+        raise InitUsageError(
+            f"{' and '.join(refused)} {are} from the units for {program}: nothing was written "
+            "(--force replaces them; --dry-run shows what would be written)"
+        )
+    for path, text in units.items():
+        if states[path] != "same":
+            _write(path, text)
+        ui.line(f"{'unchanged' if states[path] == 'same' else 'wrote'} {path}")
+    ui.line(f"the service runs {program} verify --cached on {spec}")
+    ui.line("next: systemctl daemon-reload && systemctl enable --now stackgate-health.timer")
+    return ExitCode.PASSED
+
+
+def _health_spec(lock: Path | None, environ: Mapping[str, str], ui: UI) -> Path:
+    """The spec the health check judges: --lock made absolute, else the one `init --system` writes.
+    One that is there must load (exit 2 now, not a failed unit every minute); one that is not is said."""
+    system = settings.SYSTEM_DIR.value(environ) / SYSTEM_LOCK
+    spec = Path(os.path.abspath(lock)) if lock is not None else system
+    if spec.exists():
+        load_spec(spec)
+    else:
+        writes = "--system" if spec == system else f"--out {spec}"
+        ui.warn(f"{spec} does not exist: the timer does nothing until it does (stackgate init {writes} writes it)")
+    return spec
+
+
+_DRY_RUN_STATE = {"new": "would write", "same": "unchanged", "differs": "differs: --force would replace it"}
+
+
+def _unit_state(path: Path, text: str) -> str:
+    """``new`` (no file there), ``same`` (the file holds ``text``) or ``differs``."""
+    try:
+        have = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return "new"
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InitUsageError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    return "same" if have == text else "differs"
 
 
 def _list(ui: UI) -> ExitCode:

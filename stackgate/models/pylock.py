@@ -507,12 +507,12 @@ def _hash_differences(lock: Spec, resolution: Resolution) -> list[str]:
 
 def stamp(resolved: str, lock: Spec) -> str:
     """uv's pylock text with stackgate's header and the spec's inputs (``[tool.stackgate.inputs]``)."""
-    # The header's words are fixed (`invoke lock` is `stackgate lock` in the checkout):
-    # new words would change every pylock's bytes, whose sha256 provisioned environments record.
+    # The header is part of the pylock's bytes, whose sha256 provisioned environments record:
+    # new words make the next resolution a new file even where uv resolves the same distributions.
     header = (
-        f"# The resolution of {lock.path.name} (PEP 751), written by `invoke lock`: do not edit.\n"
-        "# Every distribution of the stack with its files and their sha256; `invoke lock --check` says\n"
-        "# whether it still matches the spec, `invoke provision` installs exactly this.\n"
+        f"# The resolution of {lock.path.name} (PEP 751), written by `stackgate lock`: do not edit.\n"
+        "# Every distribution of the stack with its files and their sha256; `stackgate lock --check` says\n"
+        "# whether it still matches the spec, `stackgate provision` installs exactly this.\n"
     )
     table = "".join(f"{_string(key)} = {_string(value)}\n" for key, value in sorted(inputs(lock).items()))
     return f"{header}{resolved.rstrip()}\n\n[tool.stackgate.inputs]\n{table}"
