@@ -95,3 +95,25 @@ def test_diagnose_commands_are_never_wrapped(terminal: tuple[UI, Terminal]) -> N
     for command in finding.fix.commands:
         assert len(f"  $ {command}") > 80
         assert f"  $ {command}" in lines
+
+
+def test_at_60_columns_ten_checks_skipped_for_one_reason_are_one_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "60")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    stream = Terminal()
+    ui = UI(stream=stream)
+    names = [f"{area}.{n}" for area in ("python", "torch", "abi") for n in ("one", "two", "three")] + ["nccl.version"]
+    why = "no probe of the stack's interpreter (see python.interpreter)"
+    results = [Result("python.interpreter", Status.FAIL, "no stack environment")]
+    results += [Result(name, Status.SKIP, why, details=("no stack environment",)) for name in names]
+    ui.results("stackgate verify: t", results, judge(results), 1.0)
+    skip_rows = [line for line in shown(stream) if "SKIP" in line]
+    assert len(skip_rows) == 1 and skip_rows[0].split("│")[2].strip() == "python.one"
+    flat = " ".join(" ".join(line.strip(" │┃") for line in shown(stream)).split())
+    assert f"{' '.join(why.split())}; 9 more skipped for it: python.two, python.three, torch.one," in flat
+    assert "abi.three, nccl.version" in flat
+    plain = io.StringIO()
+    UI(stream=plain).results("stackgate verify: t", results, judge(results), 1.0)  # the same rows without a terminal
+    assert [line for line in plain.getvalue().splitlines() if "SKIP" in line] == [
+        f"  SKIP  python.one          {why}; 9 more skipped for it: {', '.join(names[1:])}"
+    ]

@@ -10,7 +10,7 @@ import contextlib
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import groupby
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Collection, Iterator, Sequence
@@ -36,6 +36,7 @@ __all__ = [
     "Activity",
     "finding_lines",
     "fold_needs_gpu",
+    "fold_same_skips",
     "no_driver_line",
     "render_findings",
     "render_plain",
@@ -213,7 +214,7 @@ class UI:
         note = no_driver_line(results)
         if note is not None:
             self.console.print(Text(note, style="warning"))
-        results = fold_needs_gpu(results)
+        results = fold_same_skips(fold_needs_gpu(results))
         table = render_table(title, results, verbose=self.verbose)
         wide = self._cut_commands(table, results)
         if wide:
@@ -329,7 +330,7 @@ def render_plain(
 ) -> str:
     """The report as plain lines: grouped by area, failures with their fix under them."""
     note = no_driver_line(results)
-    results = fold_needs_gpu(results)
+    results = fold_same_skips(fold_needs_gpu(results))
     width = max((len(r.check) for r in results), default=0)
     lines = [*([note] if note else []), title, ""]
     for area, group in groupby(results, key=lambda r: r.area):
@@ -377,6 +378,34 @@ def fold_needs_gpu(results: Sequence[Result]) -> list[Result]:
         row = Result(f"{area}.* ({len(skips)} checks)", Status.SKIP, f"skipped, no NVIDIA driver: {names}")
         first = next(i for i, r in enumerate(group) if _needs_gpu(r))
         folded += [*group[:first], row, *(r for r in group[first:] if not _needs_gpu(r))]
+    return folded
+
+
+#: How many skipped checks with one reason make one row.
+FOLD_SKIPS = 3
+
+
+def fold_same_skips(results: Sequence[Result]) -> list[Result]:
+    """The results with the checks skipped for one same reason (FOLD_SKIPS of them or more) in the first one's
+    row, which names the others: ten rows repeating a sentence, wrapped at 60 columns, are one (the JSON keeps
+    every one).
+
+    >>> rows = [Result(f"{area}.x", Status.SKIP, "no probe") for area in "abc"] + [Result("d.y", Status.PASS, "ok")]
+    >>> [(r.check, r.summary) for r in fold_same_skips(rows)]
+    [('a.x', 'no probe; 2 more skipped for it: b.x, c.x'), ('d.y', 'ok')]
+    """
+    reasons: dict[tuple[str, tuple[str, ...]], list[Result]] = {}
+    for result in results:
+        if result.status == Status.SKIP and result.fix is None:
+            reasons.setdefault((result.summary, tuple(result.details)), []).append(result)
+    folded: list[Result] = []
+    for result in results:
+        same = reasons.get((result.summary, tuple(result.details)), []) if result.status == Status.SKIP else []
+        if len(same) < FOLD_SKIPS or result.fix is not None:
+            folded.append(result)
+        elif result is same[0]:
+            others = ", ".join(r.check for r in same[1:])
+            folded.append(replace(result, summary=f"{result.summary}; {len(same) - 1} more skipped for it: {others}"))
     return folded
 
 
