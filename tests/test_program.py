@@ -221,9 +221,11 @@ def test_bare_stackgate_and_help_show_its_commands_and_global_flags_only():
     assert (bare.returncode, helped.returncode, bare.stdout) == (0, 0, helped.stdout), bare.stderr
     flags = re.findall(r"^  (-\S.*?)   ", bare.stdout.split("Global options:")[1], re.MULTILINE)
     assert flags == [
+        "--color=STRING",
         "--complete",
         "--print-completion-script=STRING",
         "-h [COMMAND], --help[=COMMAND]",
+        "-q, --quiet",
         "-V, --version",
     ]
     for invoke_only in ("--prompt-for-sudo-password", "--dry", "--debug", "--list", "--pty", "--echo", "core-opts"):
@@ -390,3 +392,16 @@ def test_the_installed_program_diagnoses_logs_named_bare(installed, tmp_path):
     doc = json.loads((tmp_path / "r.json").read_text())
     assert [i["name"] for i in doc["inputs"]] == ["some.log", "other.log"]
     assert "libcudart.so.12" in json.dumps(doc["findings"]) and "triton" in json.dumps(doc["findings"])
+
+
+def test_color_and_quiet_are_global_options_before_or_after_the_command():
+    for args in (("--color", "never", "-q", "lock", "--check"), ("lock", "--check", "--quiet", "--color=never")):
+        done = in_checkout(*args)
+        assert done.returncode in (ExitCode.PASSED, ExitCode.FAILED), done.stderr
+    bad = in_checkout("--color", "blue", "verify")
+    assert bad.returncode == ExitCode.USAGE
+    assert bad.stderr == "stackgate: --color 'blue': give one of auto, always, never\n"
+    coloured = in_checkout("--color", "always", "verify", "--check", "gpu.driver")  # NO_COLOR=1 is set: asked by name
+    assert coloured.returncode in (ExitCode.PASSED, ExitCode.FAILED) and "\x1b[" in coloured.stdout, coloured.stderr
+    listed = in_checkout("--help")
+    assert "--color" in listed.stdout and "-q, --quiet" in listed.stdout

@@ -1,7 +1,7 @@
 """The one module that owns the terminal: consoles, theme, verbosity, progress, the results table.
 
-On a terminal, results are a rich table with colours; without one, or with NO_COLOR set, they
-are plain lines that read the same in a CI log. Nothing else in stackgate imports rich.
+On a terminal, results are a rich table (in colour unless NO_COLOR or --color never); without one
+they are plain lines that read the same in a CI log. Nothing else in stackgate imports rich.
 """
 
 from __future__ import annotations
@@ -65,31 +65,48 @@ STYLES = {
 }
 
 
+#: The values of the program's ``--color``: colour on a terminal without NO_COLOR, always, never.
+COLORS = ("auto", "always", "never")
+
+
 @dataclass
 class UI:
-    """How a command talks to a person: where, how loud, with or without colour."""
+    """How a command talks to a person: where, how loud, with or without colour.
+
+    The layout follows the stream: a terminal gets the rich table, anything else plain lines. Colour is
+    apart (``color``): NO_COLOR or ``--color never`` takes the colour away and keeps the layout;
+    ``--color always`` colours a pipe too, laid out as on a terminal. ``quiet`` drops the progress and context
+    lines on standard error; warnings, errors and the report stay."""
 
     verbose: int = 0
     stream: IO[str] | None = None
     force_plain: bool | None = None
+    color: str = "auto"
+    quiet: bool = False
 
     def __post_init__(self) -> None:
         stream = self.stream or sys.stdout
-        plain = (
-            self.force_plain
-            if self.force_plain is not None
-            else (bool(os.environ.get("NO_COLOR")) or not stream.isatty())
-        )
+        terminal = self.color == "always" or stream.isatty()
+        plain = self.force_plain if self.force_plain is not None else not terminal
+        no_color = self.color == "never" or (self.color == "auto" and (bool(os.environ.get("NO_COLOR")) or plain))
         self.plain = plain
         self.console = Console(
             file=stream,
             theme=THEME,
-            no_color=plain,
+            no_color=no_color,
             highlight=False,
             soft_wrap=plain,
-            force_terminal=False if plain else None,
+            force_terminal=False if plain else (True if self.color == "always" else None),
         )
-        self.err = Console(file=sys.stderr, theme=THEME, no_color=plain, highlight=False, stderr=True, soft_wrap=plain)
+        self.err = Console(
+            file=sys.stderr,
+            theme=THEME,
+            no_color=no_color,
+            highlight=False,
+            stderr=True,
+            soft_wrap=plain,
+            force_terminal=True if self.color == "always" else None,
+        )
 
     def line(self, text: str = "", style: str | None = None) -> None:
         """One line of the report; a command (``$ ...``) is never wrapped, so that it pastes whole."""
@@ -99,7 +116,9 @@ class UI:
             self.console.print(Text(text, style=style or ""), soft_wrap=_is_command(text))
 
     def info(self, text: str) -> None:
-        """A progress or context line on stderr, so stdout stays the report."""
+        """A progress or context line on stderr, so stdout stays the report (none with ``quiet``)."""
+        if self.quiet:
+            return
         self.err.print(Text(text, style="muted"))
 
     def debug(self, text: str) -> None:
@@ -122,7 +141,7 @@ class UI:
     def progress(self, message: str) -> Iterator[None]:
         """A spinner with elapsed time on a terminal; a start line otherwise."""
         started = time.monotonic()
-        if self.plain or not self.err.is_terminal:
+        if self.quiet or self.plain or not self.err.is_terminal:
             self.info(f"{message} ...")
             yield
             return
@@ -135,7 +154,7 @@ class UI:
         """A long step: on a terminal a spinner, the elapsed time and the latest output line (a
         bar for downloads); otherwise a start line, a heartbeat line every so often, an end line."""
         activity = Activity(self, message)
-        live = not (self.plain or not self.err.is_terminal)
+        live = not (self.quiet or self.plain or not self.err.is_terminal)
         try:
             if not live:
                 self.info(f"{message} ...")
@@ -165,7 +184,8 @@ class UI:
         except BaseException:
             self.error(f"failed after {activity.elapsed_s:.1f} s: {message}")
             raise
-        self.err.print(Text(f"done in {activity.elapsed_s:.1f} s: {message}", style="success" if live else "muted"))
+        if not self.quiet:
+            self.err.print(Text(f"done in {activity.elapsed_s:.1f} s: {message}", style="success" if live else "muted"))
 
     def tail(self, headline: str, log: Path | None, lines: Sequence[str], findings: Sequence[Finding] = ()) -> None:
         """A failure: what failed, where the full log is, its last lines, and the known failures
