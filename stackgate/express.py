@@ -76,9 +76,11 @@ def terminal_options(*, color: str, quiet: bool) -> None:
 
 def console(verbose: int = 0, *reports: str | None) -> UI:
     """The console; on standard error when a report goes to standard output (``--json -``)."""
+    from stackgate.edges.uptime import process_elapsed_s
     from stackgate.render.ui import UI
 
-    return UI(verbose=verbose, stream=sys.stderr if STDOUT in reports else None, **_TERMINAL)
+    stream = sys.stderr if STDOUT in reports else None
+    return UI(verbose=verbose, stream=stream, since_start=process_elapsed_s, **_TERMINAL)
 
 
 def flags(argv: Sequence[str]) -> dict[str, Any] | None:

@@ -223,3 +223,28 @@ def test_ctrl_c_exits_130_and_leaves_no_process(tmp_path):
     while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def test_the_last_line_counts_the_start_up_a_person_waited_for(tmp_path):
+    """The process sleeps 2 s before the program starts (as a slow import would): the summary's time is at least
+    that; the JSON's duration_s is the checks' own time."""
+    program = (
+        "import runpy, sys, time; time.sleep(2); sys.argv[0] = 'stackgate'; "
+        "runpy.run_module('stackgate', run_name='__main__')"
+    )
+    environ = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1"}
+    environ.pop("STACKGATE_LOCK", None)
+    report = tmp_path / "r.json"
+    done = subprocess.run(
+        [sys.executable, "-c", program, "verify", "--check", "gpu.driver", "--json", str(report)],
+        cwd=ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode in (0, 1), done.stderr
+    last = done.stdout.strip().splitlines()[-1]
+    waited = float(last.split(" in ")[1].split(" s:")[0])
+    assert waited >= 2.0, last
+    assert json.loads(report.read_text())["duration_s"] < waited

@@ -105,7 +105,7 @@ def render(done: GateRun, doc: Mapping[str, Any], ui: UI) -> None:
         for line in summaries.headline_lines(doc):
             ui.line(line)
     ui.line(
-        f"{reporting.counts_line(done.verdict.counts, done.duration_s)}: {word}{reason}",
+        f"{reporting.counts_line(done.verdict.counts, ui.waited_s(done.duration_s))}: {word}{reason}",
         "success" if done.verdict.passed else "error",
     )
 

@@ -121,7 +121,7 @@ def run(request: VerifyRequest, ui: UI) -> ExitCode:
     named = request.lock_path is not None or settings.LOCK.value() is not None
     for line in default_profile_note(lock, done.results, named=named):
         ui.line(line, "warning")
-    ui.results(title, reporting.redacted(done.results), done.verdict, done.duration_s)
+    ui.results(title, reporting.redacted(done.results), done.verdict, ui.waited_s(done.duration_s))
     if deep:
         ui.line(phases_line(done.phases, done.duration_s))
     if done.cache is not None:

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field, replace
 from itertools import groupby
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Collection, Iterator, Sequence
+from typing import IO, TYPE_CHECKING, Any, Callable, Collection, Iterator, Sequence
 
 from rich.console import Console
 from rich.text import Text
@@ -83,6 +83,8 @@ class UI:
     force_plain: bool | None = None
     color: str = "auto"
     quiet: bool = False
+    #: The program's console: how long the process has run (stackgate.edges.uptime), for a command's last line.
+    since_start: Callable[[], float | None] | None = None
 
     def __post_init__(self) -> None:
         stream = self.stream or sys.stdout
@@ -107,6 +109,12 @@ class UI:
             soft_wrap=plain,
             force_terminal=True if self.color == "always" else None,
         )
+
+    def waited_s(self, duration_s: float) -> float:
+        """A command's wall time for its last line: on the program's console, since the process started (the
+        imports and the parsing a person waited for too); else ``duration_s``."""
+        elapsed = self.since_start() if self.since_start is not None else None
+        return max(duration_s, elapsed or 0.0)
 
     def line(self, text: str = "", style: str | None = None) -> None:
         """One line of the report; a command (``$ ...``) is never wrapped, so that it pastes whole."""
