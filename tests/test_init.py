@@ -445,6 +445,9 @@ def test_the_fix_for_a_shipped_profile_without_a_pylock_runs_as_printed_from_an_
     def shell(line: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["sh", "-c", line], cwd=work, env=env, capture_output=True, text=True, timeout=600)
 
+    refused = shell(f"stackgate lock --lock {shipped}")
+    assert refused.returncode == ExitCode.USAGE
+    assert refused.stderr.rstrip().endswith("then run it again on the copy (`--lock stackgate.toml`)"), refused.stderr
     planned = shell(f"stackgate provision --dry-run --lock {shipped}")
     printed = [line.strip().removeprefix("$ ") for line in (planned.stdout + planned.stderr).splitlines()]
     suggested = [line for line in printed if line.startswith("stackgate ") and " lock " in f"{line} "]

@@ -95,7 +95,7 @@ def read_only_problem(path: Path, action: str) -> str | None:
     return (
         f"{path} is a profile shipped inside the installed stackgate package: {action} would write there. "
         f"Copy it out first: `stackgate init --profile {Path(path).stem}` (./{LOCAL_LOCK}, which every command "
-        "then uses; --system for /etc/stackgate), then run it again"
+        f"then uses; --system for /etc/stackgate), then run it again on the copy (`--lock {LOCAL_LOCK}`)"
     )
 
 
