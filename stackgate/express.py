@@ -27,7 +27,7 @@ from stackgate.models.redact import redact_text
 if TYPE_CHECKING:  # the console (rich) is made when a command runs
     from stackgate.render.ui import UI
 
-__all__ = ["SWITCHES", "VALUED", "console", "flags", "health", "outcome"]
+__all__ = ["SWITCHES", "VALUED", "console", "flags", "health", "outcome", "terminal_options"]
 
 #: The lane's flags that take a value, and the verify task's argument each sets (its short flags are
 #: stackgate.cli.SHORT_FLAGS'); ``--check`` may be given again.
@@ -67,11 +67,22 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+#: The program's global --color and --quiet, as it parsed them (:func:`terminal_options`).
+_TERMINAL: dict[str, Any] = {"color": "auto", "quiet": False}
+
+
+def terminal_options(*, color: str, quiet: bool) -> None:
+    """Set the program's global --color and --quiet for every console made after (stackgate.program calls it)."""
+    _TERMINAL.update(color=color, quiet=quiet)
+
+
 def console(verbose: int = 0, *reports: str | None) -> UI:
     """The console; on standard error when a report goes to standard output (``--json -``)."""
+    from stackgate.edges.uptime import process_elapsed_s
     from stackgate.render.ui import UI
 
-    return UI(verbose=verbose, stream=sys.stderr if STDOUT in reports else None)
+    stream = sys.stderr if STDOUT in reports else None
+    return UI(verbose=verbose, stream=stream, since_start=process_elapsed_s, **_TERMINAL)
 
 
 def flags(argv: Sequence[str]) -> dict[str, Any] | None:

@@ -20,7 +20,7 @@ from invoke.exceptions import Exit, ParseError
 from invoke.parser import Argument, Parser, ParserContext
 from invoke.parser.context import to_flag
 
-from stackgate import __version__, tasks
+from stackgate import __version__, express, tasks
 from stackgate.cli import value_name
 from stackgate.models.exitcodes import ExitCode
 
@@ -47,7 +47,11 @@ GLOBAL_FLAGS: Mapping[str, str] = {
     "version": "print stackgate's version",
     "complete": "print tab-completion candidates (the completion script calls it)",
     "print-completion-script": "print the tab-completion script for bash, zsh or fish",
+    "color": "colour: auto (on a terminal, unless NO_COLOR is set), always or never; the layout stays",
+    "quiet": "no progress or context lines on standard error (warnings, errors and the report stay)",
 }
+#: The values --color takes (stackgate.render.ui.COLORS; the program does not import the console to parse).
+COLORS = ("auto", "always", "never")
 
 
 class StackgateProgram(Program):
@@ -60,6 +64,10 @@ class StackgateProgram(Program):
 
     def core_args(self) -> list[Argument]:
         kept = [argument for argument in super().core_args() if argument.name in GLOBAL_FLAGS]
+        kept += [
+            Argument(names=("color",), kind=str, default="auto"),
+            Argument(names=("quiet", "q"), kind=bool, default=False),
+        ]
         for argument in kept:
             argument.help = GLOBAL_FLAGS[str(argument.name)]
         return kept
@@ -105,6 +113,10 @@ class StackgateProgram(Program):
     def parse_cleanup(self) -> None:
         with _parse_errors_are_usage():  # `--help NAME` of no task
             super().parse_cleanup()
+        color = self.args["color"].value
+        if color not in COLORS:
+            raise Exit(f"stackgate: --color {color!r}: give one of {', '.join(COLORS)}", code=ExitCode.USAGE)
+        express.terminal_options(color=color, quiet=bool(self.args["quiet"].value))
 
     def print_help(self) -> None:
         print(f"Usage: {self.binary} [--help | --version] <command> [--options]")

@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 LOCK_HELP = (
-    f"lockfile to use (default: ${settings.LOCK.env}, ./stackgate.toml, /etc/stackgate/stack.toml, "
+    f"lockfile to use (default: ${settings.LOCK.env}, stackgate.toml here or above, /etc/stackgate/stack.toml, "
     "then the blackwell-sm120-cu130 profile shipped with stackgate)"
 )
 

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 import pytest
 from support import CACHE, CPU_TORCH, cached_build
 
-pytest_plugins = ["pkgindex"]
+pytest_plugins = ["pkgindex_fixtures"]
 
 
 @pytest.fixture(scope="session")

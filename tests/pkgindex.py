@@ -13,8 +13,6 @@ import hashlib
 import html
 import http.server
 import json
-import os
-import sys
 import threading
 import urllib.parse
 import zipfile
@@ -22,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
-import pytest
 from packaging.utils import canonicalize_name
 from specs import DEFAULT_TOOLKIT
 
@@ -32,10 +29,8 @@ __all__ = [
     "IndexServer",
     "Wheel",
     "build_wheel",
-    "install_environ",
     "lock_stack",
     "serve_stack",
-    "stack_index",
     "stack_wheels",
     "write_stack_lock",
 ]
@@ -407,25 +402,3 @@ def lock_stack(spec: Path, environ: Mapping[str, str]) -> Path:
     resolve.resolve(lock, uv=uv, environ=environ)
     _RESOLVED[key] = target.read_text()
     return target
-
-
-@pytest.fixture(scope="session")
-def stack_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IndexServer]:
-    """The stack's wheels, served on 127.0.0.1 for the whole session."""
-    server = serve_stack(tmp_path_factory.mktemp("index"))
-    yield server
-    server.close()
-
-
-@pytest.fixture(scope="session")
-def install_environ(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """An environment for provisioning in tests: no pip/uv configuration of this machine, caches
-    of the session's own, and the running interpreter as the stack's Python."""
-    from support import isolated_environ
-
-    caches = tmp_path_factory.mktemp("caches")
-    return isolated_environ(
-        UV_CACHE_DIR=str(caches / "uv"),
-        PIP_CACHE_DIR=str(caches / "pip"),
-        STACKGATE_BASE_PYTHON=os.path.realpath(getattr(sys, "_base_executable", sys.executable)),
-    )

@@ -251,20 +251,26 @@ def test_a_gate_without_a_model_exits_2_and_the_reports_say_so(tmp_path, _runs_d
     report, prom = tmp_path / "gate.json", tmp_path / "gate.prom"
     done = invoke("gate", "--json", str(report), "--prom", str(prom))
     assert done.returncode == 2
+    # The report says why once, in the failing row with its fix, and its last line names that row; standard error
+    # has the exit-2 message, as every usage error.
+    assert done.stdout.count("no model to launch") == 1, done.stdout
+    assert done.stderr.count("no model to launch") == 1
+    assert "stackgate: no model to launch: set [smoke] model in" in done.stderr
+    assert "  FAIL  lock.model  no model to launch: set [smoke] model in" in done.stdout
+    assert "$ stackgate gate --model /path/to/model --lock " in done.stdout
     assert (
-        "stackgate: no model to launch: set [smoke] model in" in done.stderr and "or pass --model PATH" in done.stderr
+        done.stdout.rstrip()
+        .splitlines()[-1]
+        .endswith(": FAILED (the gate cannot run: lock.model above; no stage after it ran)")
     )
     doc = json.loads(report.read_text())
     assert doc["exit_code"] == 2 and statuses(doc) == {"lock": "failed", **{name: "not run" for name in STAGES[1:]}}
     assert doc["gate"]["usage_error"].startswith("no model to launch")
     assert exposition.parse(prom.read_text())["stackgate_gate_exit_code"].samples[0][1] == 2
     assert kept(_runs_dir) == []  # nothing about the stack was judged
-    # The stage table tells the reason once, in the lock's row; the stages after it say "lock failed".
-    rows = {
-        line.split()[0]: line for line in done.stdout.splitlines() if line.split()[:1] and line.split()[0] in STAGES
-    }
-    assert [name for name, row in rows.items() if "no model to launch" in row] == ["lock"]
-    assert [rows[name].split(None, 4)[4] for name in STAGES[1:]] == [
+    # The report's stage table tells the reason once, in the lock's row; the stages after it say "lock failed".
+    assert [s["name"] for s in doc["gate"]["stages"] if "no model to launch" in s["reason"]] == ["lock"]
+    assert [stage(doc, name)["reason"] for name in STAGES[1:]] == [
         "lock failed",
         "lock failed",
         "lock failed",

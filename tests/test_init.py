@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from fakes.fake_nvml import gpu, machine
 from pkgindex import IndexServer
 from support import isolated_environ
@@ -430,3 +431,92 @@ def test_no_command_writes_into_an_installed_package(tmp_path: Path) -> None:
     assert sorted(p.name for p in (site / "stackgate" / "lockfiles").iterdir()) == before
     copied = installed("init", "--profile", "blackwell-sm120-cu130")
     assert copied.returncode == ExitCode.PASSED and (work / "stackgate.toml").is_file()
+
+
+def _installed_program(tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the package laid out as an installed one (no pyproject.toml beside it) and a folder holding a
+    ``stackgate`` program that runs it: its site-packages and the folder to put on PATH."""
+    site = tmp_path / "site-packages"
+    shutil.copytree(ROOT / "stackgate", site / "stackgate", ignore=shutil.ignore_patterns("__pycache__"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    program = bin_dir / "stackgate"
+    program.write_text(f'#!/bin/sh\nexec {sys.executable} -c "{_main(site)}" "$@"\n')
+    program.chmod(0o755)
+    return site, bin_dir
+
+
+def test_the_fix_for_a_shipped_profile_without_a_pylock_runs_as_printed_from_an_installed_copy(
+    tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]
+) -> None:
+    from pkgindex import write_stack_lock
+
+    site, bin_dir = _installed_program(tmp_path)
+    shipped = write_stack_lock(site / "stackgate" / "lockfiles" / "test-stack.toml", stack_index, tmp_path / "root")
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {
+        **install_environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": str(TESTS),
+        "NO_COLOR": "1",
+        "STACKGATE_SYSTEM_DIR": str(work / "etc-stackgate"),
+    }
+    env.pop("STACKGATE_LOCK", None)
+
+    def shell(line: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["sh", "-c", line], cwd=work, env=env, capture_output=True, text=True, timeout=600)
+
+    refused = shell(f"stackgate lock --lock {shipped}")
+    assert refused.returncode == ExitCode.USAGE
+    assert refused.stderr.rstrip().endswith("then run it again on the copy (`--lock stackgate.toml`)"), refused.stderr
+    planned = shell(f"stackgate provision --dry-run --lock {shipped}")
+    printed = [line.strip().removeprefix("$ ") for line in (planned.stdout + planned.stderr).splitlines()]
+    suggested = [line for line in printed if line.startswith("stackgate ") and " lock " in f"{line} "]
+    assert suggested == ["stackgate init --profile test-stack && stackgate lock --lock stackgate.toml"], printed
+    done = shell(suggested[0])
+    assert done.returncode == ExitCode.PASSED, done.stdout + done.stderr
+    assert pylock.load(work / "pylock.stackgate.toml").packages  # the copy's pylock, made where it may be written
+    assert not pylock.path_for(shipped).exists()  # nothing written into the installed package
+
+
+def test_the_spec_is_found_in_the_nearest_folder_above_and_diagnose_quotes_it(tmp_path: Path) -> None:
+    shipped = ROOT / "stackgate" / "lockfiles"
+    project = tmp_path / "project"
+    deeper = project / "logs" / "today"
+    deeper.mkdir(parents=True)
+    env = nvml(tmp_path, H200)
+    system = deeper / "etc-stackgate" / "stack.toml"  # stackgate() points $STACKGATE_SYSTEM_DIR under the cwd
+    system.parent.mkdir()
+    shutil.copy(shipped / "blackwell-sm120-cu128.toml", system)
+    above = project / "stackgate.toml"
+    shutil.copy(shipped / "hopper-sm90-cu130.toml", above)
+    assert _lock_used(deeper, env=env) == str(above)  # a folder above comes before the system's spec
+    nearer = project / "logs" / "stackgate.toml"
+    shutil.copy(shipped / "blackwell-sm120-cu128.toml", nearer)
+    assert _lock_used(deeper, env=env) == str(nearer)  # the nearest one
+    named = tmp_path / "named.toml"
+    shutil.copy(shipped / "hopper-sm90-cu130.toml", named)
+    assert _lock_used(deeper, env={**env, "STACKGATE_LOCK": str(named)}) == str(named)
+    nearer.unlink()
+
+    log = deeper / "server.log"
+    log.write_text("ImportError: libnvrtc.so.12: cannot open shared object file: No such file or directory\n")
+    done = stackgate("diagnose", str(log), "--json", str(deeper / "d.json"), cwd=deeper, env=env)
+    assert done.returncode in (ExitCode.PASSED, ExitCode.FAILED), done.stderr
+    assert json.loads((deeper / "d.json").read_text())["lock"]["path"] == str(above)
+    assert f"--lock {above}" in done.stdout and "in the default profile" not in done.stdout
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a file to another user needs root")
+def test_a_spec_above_owned_by_another_user_is_passed_by(tmp_path: Path) -> None:
+    from stackgate.models.spec import find_local
+
+    deeper = tmp_path / "shared" / "work"
+    deeper.mkdir(parents=True)
+    planted = tmp_path / "shared" / "stackgate.toml"
+    shutil.copy(ROOT / "stackgate" / "lockfiles" / "hopper-sm90-cu130.toml", planted)
+    os.chown(planted, 65534, 65534)
+    assert find_local(deeper) is None
+    os.chown(planted, 0, 0)
+    assert find_local(deeper) == planted

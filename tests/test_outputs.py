@@ -75,3 +75,14 @@ def test_one_check_serves_every_command(tmp_path: Path) -> None:
         unwritable({"--json": Path("-"), "--prom": Path("-")})
         == "--json and --prom: only one report can go to standard output (-)"
     )
+
+
+def test_a_report_folder_that_does_not_exist_is_made_and_said_so(tmp_path: Path) -> None:
+    report = tmp_path / "typo" / "dir" / "x.json"
+    done = stackgate("diagnose", str(HEALTHY), "--json", str(report), cwd=tmp_path)
+    assert done.returncode == ExitCode.PASSED, done.stderr
+    assert json.loads(report.read_text())["schema"].startswith("stackgate.diagnose/")
+    said = f"stackgate: --json {report}: made the folder {tmp_path / 'typo'}, which did not exist"
+    assert said in done.stderr.splitlines()
+    again = stackgate("diagnose", str(HEALTHY), "--json", str(report), cwd=tmp_path)
+    assert again.returncode == ExitCode.PASSED and "made the folder" not in again.stderr

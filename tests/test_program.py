@@ -221,9 +221,11 @@ def test_bare_stackgate_and_help_show_its_commands_and_global_flags_only():
     assert (bare.returncode, helped.returncode, bare.stdout) == (0, 0, helped.stdout), bare.stderr
     flags = re.findall(r"^  (-\S.*?)   ", bare.stdout.split("Global options:")[1], re.MULTILINE)
     assert flags == [
+        "--color=COLOR",
         "--complete",
         "--print-completion-script=SHELL",
         "-h [COMMAND], --help[=COMMAND]",
+        "-q, --quiet",
         "-V, --version",
     ]
     for invoke_only in ("--prompt-for-sudo-password", "--dry", "--debug", "--list", "--pty", "--echo", "core-opts"):
@@ -540,3 +542,16 @@ def test_a_completion_script_for_an_unknown_shell_is_bad_usage():
     done = in_checkout("--print-completion-script", "tcsh")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "bash, fish, zsh" in done.stderr and done.stdout == ""
+
+
+def test_color_and_quiet_are_global_options_before_or_after_the_command():
+    for args in (("--color", "never", "-q", "lock", "--check"), ("lock", "--check", "--quiet", "--color=never")):
+        done = in_checkout(*args)
+        assert done.returncode in (ExitCode.PASSED, ExitCode.FAILED), done.stderr
+    bad = in_checkout("--color", "blue", "verify")
+    assert bad.returncode == ExitCode.USAGE
+    assert bad.stderr == "stackgate: --color 'blue': give one of auto, always, never\n"
+    coloured = in_checkout("--color", "always", "verify", "--check", "gpu.driver")  # NO_COLOR=1 is set: asked by name
+    assert coloured.returncode in (ExitCode.PASSED, ExitCode.FAILED) and "\x1b[" in coloured.stdout, coloured.stderr
+    listed = in_checkout("--help")
+    assert "--color" in listed.stdout and "-q, --quiet" in listed.stdout

@@ -235,3 +235,14 @@ def test_invoke_report_takes_runs_after_a_double_dash_even_negative_ones(runs):
         f"A: {s1.label()}, started {s1.started}",
         f"B: {s2.label()}, started {s2.started}",
     ]
+
+
+def test_the_fingerprint_line_counts_what_it_lists() -> None:
+    """ "over 11 components" names each group with its count, so the figures add up to the total."""
+    from stackgate.render import summaries
+
+    components = {"hardware": {"gpu": "H200", "count": 1}, "python": {"torch": "2.9.1", "sglang": "0.5.9", "x": "1"}}
+    doc = {"gate": {"fingerprint": {"short": "abc123", "digest": "f" * 64, "components": components}}}
+    assert summaries.headline_lines(doc)[0] == (
+        f"fingerprint abc123 (sha256 {'f' * 64} over 5 components: hardware 2, python 3)"
+    )

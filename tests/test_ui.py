@@ -125,3 +125,72 @@ def test_untrusted_text_reaches_no_console_path_with_a_control_character(
     assert not ACTING.search(out + err), repr(ACTING.search(out + err))
     assert "gpu?]0;pwned??[2J?]8;;http://evil.example?\\click" in out and "[link=http://evil.example]x[/link]" in out
     assert "stackgate slurm-health node gpu?]0;pwned" in err and "| server said node gpu?]0;pwned" in err
+
+
+def test_at_60_columns_ten_checks_skipped_for_one_reason_are_one_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "60")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    stream = Terminal()
+    ui = UI(stream=stream)
+    names = [f"{area}.{n}" for area in ("python", "torch", "abi") for n in ("one", "two", "three")] + ["nccl.version"]
+    why = "no probe of the stack's interpreter (see python.interpreter)"
+    results = [Result("python.interpreter", Status.FAIL, "no stack environment")]
+    results += [Result(name, Status.SKIP, why, details=("no stack environment",)) for name in names]
+    ui.results("stackgate verify: t", results, judge(results), 1.0)
+    skip_rows = [line for line in shown(stream) if "SKIP" in line]
+    assert len(skip_rows) == 1 and skip_rows[0].split("│")[2].strip() == "python.one"
+    flat = " ".join(" ".join(line.strip(" │┃") for line in shown(stream)).split())
+    assert f"{' '.join(why.split())}; 9 more skipped for it: python.two, python.three, torch.one," in flat
+    assert "abi.three, nccl.version" in flat
+    plain = io.StringIO()
+    UI(stream=plain).results("stackgate verify: t", results, judge(results), 1.0)  # the same rows without a terminal
+    assert [line for line in plain.getvalue().splitlines() if "SKIP" in line] == [
+        f"  SKIP  python.one          {why}; 9 more skipped for it: {', '.join(names[1:])}"
+    ]
+
+
+def _colours(text: str) -> list[str]:
+    """The colour codes (foreground or background) among the SGR sequences of ``text``; bold and dim are no colour."""
+    codes = [code for sgr in re.findall(r"\x1b\[([0-9;]*)m", text) for code in sgr.split(";") if code]
+    return [code for code in codes if code.isdigit() and (30 <= int(code) <= 49 or 90 <= int(code) <= 107)]
+
+
+def _report(ui: UI) -> None:
+    results = [Result("gpu.driver", Status.FAIL, "driver too old", fix=Fix("Upgrade the driver.", ("nvidia-smi",)))]
+    with ui.progress("gathering facts"):
+        ui.info("context")
+    ui.results("stackgate verify: t", results, judge(results), 1.0)
+
+
+def test_no_color_takes_the_colour_away_and_keeps_the_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    coloured = Terminal()
+    _report(UI(stream=coloured))
+    monkeypatch.setenv("NO_COLOR", "1")
+    for ui in (UI(stream=Terminal()), UI(stream=Terminal(), color="never")):
+        _report(ui)
+        stream = ui.console.file
+        assert isinstance(stream, Terminal) and not ui.plain and _colours(stream.getvalue()) == []
+        assert shown(stream) == shown(coloured)  # the same table, box and all
+    assert "┏" in coloured.getvalue() and _colours(coloured.getvalue())
+
+
+def test_color_always_colours_a_pipe_as_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setenv("NO_COLOR", "1")  # --color always is asked for by name: it wins over the variable
+    piped = io.StringIO()
+    _report(UI(stream=piped, color="always"))
+    assert _colours(piped.getvalue()) and "┏" in piped.getvalue()
+
+
+def test_quiet_drops_the_progress_and_context_lines_only(capsys: pytest.CaptureFixture[str]) -> None:
+    _report(UI(stream=io.StringIO()))
+    assert capsys.readouterr().err == "gathering facts ...\ncontext\n"
+    quiet = io.StringIO()
+    _report(UI(stream=quiet, quiet=True))
+    ui = UI(stream=io.StringIO(), quiet=True)
+    ui.warn("a warning")
+    ui.error("an error")
+    assert capsys.readouterr().err == "a warning\nan error\n"
+    assert "  FAIL  gpu.driver  driver too old" in quiet.getvalue()  # the report stays

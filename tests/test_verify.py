@@ -63,12 +63,24 @@ def test_the_default_lock_on_a_machine_without_gpus_fails_with_reports(tmp_path)
 
 
 def test_without_a_driver_one_line_says_so_and_the_checks_that_need_a_gpu_are_one_row(tmp_path):
-    no_driver = {"STACKGATE_NVML_MODULE": "fakes.fake_nvml", "STACKGATE_FAKE_NVML": ""}  # the fake's LIBRARY_NOT_FOUND
+    """Without a spec, the first lines say the shipped default judged a machine with no GPU, and what to type."""
+    no_driver = {  # the fake's LIBRARY_NOT_FOUND; no spec in the system folder
+        "STACKGATE_NVML_MODULE": "fakes.fake_nvml",
+        "STACKGATE_FAKE_NVML": "",
+        "STACKGATE_SYSTEM_DIR": str(tmp_path / "etc-stackgate"),
+    }
+    system = tmp_path / "etc-stackgate" / "stack.toml"
     done = verify("--json", str(tmp_path / "r.json"), env=no_driver)
     assert done.returncode == 1, done.stderr  # as before: gpu.driver fails
     lines = done.stdout.splitlines()
-    assert lines[0] == "no NVIDIA driver on this machine: 6 checks that need a GPU are skipped", lines[:3]
-    assert lines[1].startswith("stackgate verify: blackwell-sm120-cu130")
+    assert lines[0].startswith("judged against the shipped default profile blackwell-sm120-cu130 (SGLang 0.5.9, TP8")
+    assert lines[0].endswith(
+        f"no spec was found (--lock, $STACKGATE_LOCK, stackgate.toml here or in a folder above, {system}), "
+        "and this machine has no GPU (no NVIDIA driver answers)"
+    )
+    assert lines[1].startswith("describe this machine with `stackgate init` (it writes ./stackgate.toml")
+    assert lines[2] == "no NVIDIA driver on this machine: 6 checks that need a GPU are skipped", lines[:3]
+    assert lines[3].startswith("stackgate verify: blackwell-sm120-cu130")
     names = "gpu.driver_cuda, gpu.count, gpu.capability, gpu.pcie, gpu.ecc, gpu.processes"
     row = f"  SKIP  gpu.* (6 checks)    skipped, no NVIDIA driver: {names}"
     assert row in lines and done.stdout.count("NVML Shared Library Not Found") == 1, done.stdout
@@ -76,7 +88,7 @@ def test_without_a_driver_one_line_says_so_and_the_checks_that_need_a_gpu_are_on
     assert ", ".join(r["check"] for r in results if r["data"].get("needs_gpu")) == names
     deep = verify("--deep", env=no_driver)
     assert deep.returncode == 1
-    assert deep.stdout.splitlines()[0] == "no NVIDIA driver on this machine: 10 checks that need a GPU are skipped"
+    assert deep.stdout.splitlines()[2] == "no NVIDIA driver on this machine: 10 checks that need a GPU are skipped"
     assert "  SKIP  deep.* (4 checks)   skipped, no NVIDIA driver: deep.gpu_work, deep.collective, " in deep.stdout
 
 
@@ -211,3 +223,28 @@ def test_ctrl_c_exits_130_and_leaves_no_process(tmp_path):
     while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def test_the_last_line_counts_the_start_up_a_person_waited_for(tmp_path):
+    """The process sleeps 2 s before the program starts (as a slow import would): the summary's time is at least
+    that; the JSON's duration_s is the checks' own time."""
+    program = (
+        "import runpy, sys, time; time.sleep(2); sys.argv[0] = 'stackgate'; "
+        "runpy.run_module('stackgate', run_name='__main__')"
+    )
+    environ = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1"}
+    environ.pop("STACKGATE_LOCK", None)
+    report = tmp_path / "r.json"
+    done = subprocess.run(
+        [sys.executable, "-c", program, "verify", "--check", "gpu.driver", "--json", str(report)],
+        cwd=ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode in (0, 1), done.stderr
+    last = done.stdout.strip().splitlines()[-1]
+    waited = float(last.split(" in ")[1].split(" s:")[0])
+    assert waited >= 2.0, last
+    assert json.loads(report.read_text())["duration_s"] < waited

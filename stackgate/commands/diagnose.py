@@ -2,8 +2,9 @@
 
 Each input is streamed through a :class:`~stackgate.scan.Scanner` in large blocks, so a
 log of hundreds of MB is never held whole; the findings of all inputs are reported most severe
-first, with the lines that matched, the cause and the fix. With a lock, causes and fixes quote
-the stack's own values (its attention backend, its torch build). Exit 1 when a finding is an
+first, with the lines that matched, the cause and the fix. With a spec (--lock, else the one every
+command finds: $STACKGATE_LOCK, a stackgate.toml here or above, /etc/stackgate/stack.toml), causes and
+fixes quote the stack's own values (its attention backend, its torch build). Exit 1 when a finding is an
 error, 0 otherwise, 2 when an input cannot be read. Standard input is read for ``--stdin``, for a
 path ``-``, and when no input is named and standard input is a pipe or a file
 (``cat x.log | stackgate diagnose``), never from a terminal or /dev/null.
@@ -35,7 +36,7 @@ from stackgate.models import knowledge, settings
 from stackgate.models.exitcodes import ExitCode
 from stackgate.render.outputs import JSON, Output, check_outputs, write_reports
 
-if TYPE_CHECKING:  # the spec loads only when --lock asks for it
+if TYPE_CHECKING:  # the spec module loads only when diagnose runs
     from stackgate.models.spec import Spec
 
 __all__ = [
@@ -85,7 +86,7 @@ def run(request: DiagnoseRequest, ui: Any, stdin: BinaryIO | None = None) -> Exi
         raise DiagnoseUsageError(problem)
     if read_stdin:
         openers.append((STDIN, lambda: borrowed(stdin or sys.stdin.buffer)))
-    lock = _load_lock(request.lock_path) if request.lock_path else None
+    lock = _load_lock(request.lock_path)
     context = knowledge.lock_context(lock) if lock else {}
     if request.kernel and request.kernel_path is None:  # a saved kernel log stands for the live one, as before
         openers.append(live_kernel_log())
@@ -124,10 +125,13 @@ def _piped(stream: Any) -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISREG(mode)
 
 
-def _load_lock(path: Path) -> Spec:
-    from stackgate.models.spec import load_spec
+def _load_lock(path: Path | None) -> Spec | None:
+    """The spec named by --lock, else the one found as every command finds it (never the shipped default: the
+    causes and fixes then quote no stack's values rather than a profile this machine may not be)."""
+    from stackgate.models.spec import found_lock_path, load_spec
 
-    return load_spec(path)
+    chosen = path or found_lock_path()
+    return load_spec(chosen) if chosen is not None else None
 
 
 def verdict_line(done: Diagnosis) -> str:

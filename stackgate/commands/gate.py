@@ -65,7 +65,7 @@ def run(request: GateRequest, ui: UI) -> ExitCode:
     done = run_gate(request, ui)
     doc = redact(done.document())
     if done.usage is not None:
-        ui.error(f"stackgate: {doc['gate']['usage_error']}")
+        ui.error(f"stackgate: {doc['gate']['usage_error']}")  # the exit-2 message, on standard error as every one
     render(done, doc, ui)
     write_reports(doc, _outputs(request))
     if done.usage is None:
@@ -92,16 +92,20 @@ def render(done: GateRun, doc: Mapping[str, Any], ui: UI) -> None:
             ui.line(reporting.phases_line(done.verify_run.phases, done.verify_run.duration_s))
         _render_smoke(done.smoke_runs.get(stage.name), doc["gate"]["smoke"].get(stage.name), stage.name, ui)
     ui.line()
-    rows = [[s["name"], s["status"], f"{s['duration_s']:.1f}", s["reason"]] for s in doc["gate"]["stages"]]
-    lock = doc["lock"]
-    title = f"{lock['name']} ({lock['path']})" if lock["name"] else lock["path"]
-    ui.table(f"stackgate gate: {title}", ["stage", "status", "seconds", "reason"], rows, align="llrl")
-    for line in summaries.headline_lines(doc):
-        ui.line(line)
     word = "PASSED" if done.exit_code == ExitCode.PASSED else "INTERRUPTED" if done.interrupted else "FAILED"
     reason = "" if done.verdict.passed else f" ({doc['reason']})"
+    failed = [r for s in doc["gate"]["stages"] for r in s["results"] if r["status"] in ("FAIL", "ERROR")]
+    if done.usage is not None and failed:  # the gate could not run: the failing row above says why, once
+        reason = f" (the gate cannot run: {', '.join(r['check'] for r in failed)} above; no stage after it ran)"
+    else:
+        rows = [[s["name"], s["status"], f"{s['duration_s']:.1f}", s["reason"]] for s in doc["gate"]["stages"]]
+        lock = doc["lock"]
+        title = f"{lock['name']} ({lock['path']})" if lock["name"] else lock["path"]
+        ui.table(f"stackgate gate: {title}", ["stage", "status", "seconds", "reason"], rows, align="llrl")
+        for line in summaries.headline_lines(doc):
+            ui.line(line)
     ui.line(
-        f"{reporting.counts_line(done.verdict.counts, done.duration_s)}: {word}{reason}",
+        f"{reporting.counts_line(done.verdict.counts, ui.waited_s(done.duration_s))}: {word}{reason}",
         "success" if done.verdict.passed else "error",
     )
 

@@ -108,7 +108,10 @@ def _render(done: SmokeRun, ui: UI) -> None:
             )
     title = f"stackgate smoke: {done.lock.name} ({done.lock.path})" + (" [interrupted]" if done.interrupted else "")
     ui.results(
-        title, reporting.redacted(done.results, done.document(), known=done.secrets()), done.verdict, done.duration_s
+        title,
+        reporting.redacted(done.results, done.document(), known=done.secrets()),
+        done.verdict,
+        ui.waited_s(done.duration_s),
     )
     for session in done.sessions:
         if session.log_path is not None:

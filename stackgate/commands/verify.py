@@ -23,7 +23,7 @@ from stackgate.flows.verify import VerifyRun, plan, verify, verify_cached
 from stackgate.models import pylock, settings
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.result import NO_DRIVER, Result, Status
-from stackgate.models.spec import DEFAULT_LOCK, Spec, load_spec
+from stackgate.models.spec import DEFAULT_LOCK, LOCAL_LOCK, SYSTEM_LOCK, Spec, load_spec
 from stackgate.models.verdict import document as report_document
 from stackgate.render import reporting, summaries
 from stackgate.render.outputs import JSON, Output, check_outputs, write_reports
@@ -118,9 +118,10 @@ def run(request: VerifyRequest, ui: UI) -> ExitCode:
         done = verify(lock, static, ui, strict=request.strict, deep=deep)
     mode = " --deep" if request.deep else " --cached" if request.cached else ""
     title = f"stackgate verify{mode}: {lock.name} ({lock.path})"
-    for line in default_profile_note(lock, done.results):
+    named = request.lock_path is not None or settings.LOCK.value() is not None
+    for line in default_profile_note(lock, done.results, named=named):
         ui.line(line, "warning")
-    ui.results(title, reporting.redacted(done.results), done.verdict, done.duration_s)
+    ui.results(title, reporting.redacted(done.results), done.verdict, ui.waited_s(done.duration_s))
     if deep:
         ui.line(phases_line(done.phases, done.duration_s))
     if done.cache is not None:
@@ -129,20 +130,34 @@ def run(request: VerifyRequest, ui: UI) -> ExitCode:
     return done.verdict.exit_code
 
 
-def default_profile_note(lock: Spec, results: Sequence[Result]) -> list[str]:
-    """When the shipped default profile judged a machine it does not describe: the lines that say
-    so and how to describe this one (else nothing)."""
+def default_profile_note(lock: Spec, results: Sequence[Result], *, named: bool = False) -> list[str]:
+    """When the shipped default profile judged a machine it does not describe (or one with no GPU at all): the
+    lines that say so and how to describe this one (else nothing). ``named``: --lock or $STACKGATE_LOCK named it."""
     if lock.path.resolve() != DEFAULT_LOCK.resolve():
         return []
-    # Without a driver nothing says which machine this is (the report's first line says there is none).
-    wrong = [r for r in results if r.check in _MACHINE_CHECKS and r.status >= Status.FAIL and NO_DRIVER not in r.data]
+    describe = (
+        "describe this machine with `stackgate init` (it writes ./stackgate.toml, which every command then uses), "
+        "or copy a shipped profile: `stackgate init --list`"
+    )
+    if any(NO_DRIVER in r.data for r in results if r.check == "gpu.driver"):
+        system = settings.SYSTEM_DIR.value() / SYSTEM_LOCK
+        why = (
+            f"named by --lock or ${settings.LOCK.env}"
+            if named
+            else f"no spec was found (--lock, ${settings.LOCK.env}, {LOCAL_LOCK} here or in a folder above, {system})"
+        )
+        return [
+            f"judged against the shipped default profile {lock.name} ({lock.stack.description}): {why}, "
+            "and this machine has no GPU (no NVIDIA driver answers)",
+            describe,
+        ]
+    wrong = [r for r in results if r.check in _MACHINE_CHECKS and r.status >= Status.FAIL]
     if not wrong:
         return []
     return [
         f"this machine is not the one the shipped default profile {lock.name} describes ({lock.stack.description}): "
         f"{wrong[0].check}: {wrong[0].summary}",
-        "describe this machine with `stackgate init` (it writes ./stackgate.toml, which every command then uses), "
-        "or copy a shipped profile: `stackgate init --list`",
+        describe,
     ]
 
 

@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 from stackgate.models import inputfile
-from stackgate.models.spec import Spec, SpecError, read_toml, url_problem
+from stackgate.models.spec import Spec, SpecError, read_toml, spec_command, url_problem
 
 if TYPE_CHECKING:  # packaging's pylock reader is imported when a pylock is read (a spec without one never does)
     from packaging.pylock import Package as PylockPackage
@@ -150,12 +149,13 @@ def wheel_name_problem(name: str) -> str | None:
 
 
 def lock_command(spec: Path) -> str:
-    """The command that makes (or makes again) a spec's pylock.
+    """The command that makes (or makes again) a spec's pylock, as it can run (a profile inside the installed
+    package is copied out first: :func:`~stackgate.models.spec.spec_command`).
 
     >>> lock_command(Path("/srv/my specs/a.toml"))
     "stackgate lock --lock '/srv/my specs/a.toml'"
     """
-    return f"stackgate lock --lock {shlex.quote(str(spec))}"
+    return spec_command("lock", spec)
 
 
 def load(path: Path) -> Resolution:

@@ -256,14 +256,17 @@ LOCK: Setting[Path | None] = Setting(
     path,
     None,
     "the lockfile a command uses when `--lock` names none",
-    unset="./stackgate.toml, then <system dir>/stack.toml, then the shipped profile blackwell-sm120-cu130",
+    unset=(
+        "stackgate.toml in the working folder or the nearest folder above it, then <system dir>/stack.toml, "
+        "then the shipped profile blackwell-sm120-cu130"
+    ),
 )
 SYSTEM_DIR: Setting[Path] = Setting(
     "STACKGATE_SYSTEM_DIR",
     path,
     Path("/etc/stackgate"),
     "the machine's own folder: its stack.toml is the lock when neither --lock, $STACKGATE_LOCK "
-    "nor ./stackgate.toml names one; `init --system` writes there",
+    "nor a stackgate.toml here or above names one; `init --system` writes there",
 )
 NVML_MODULE: Setting[str] = Setting(
     "STACKGATE_NVML_MODULE", module, "pynvml", "the module spoken to as NVML: pynvml's API (tests name a fake)"

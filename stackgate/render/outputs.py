@@ -4,16 +4,19 @@ A command names its outputs as ``{option: Output(path, render)}``; ``render`` tu
 document into the file's text (JSON, JUnit XML, Markdown, Prometheus, HTML). Paths are checked
 before anything runs (exit 2, nothing changed) and written atomically after the run (JSON through
 :func:`stackgate.edges.files.write_json`, which hides secrets; each other format's renderer hides its own).
+A folder that does not exist yet is made (as pytest's --junitxml makes its own), and said so on
+standard error, so that a mistyped path does not make a folder unseen.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from stackgate.edges.files import unwritable, write_json, write_text
+from stackgate.edges.files import to_stdout, unwritable, write_json, write_text
 
 __all__ = ["JSON", "Output", "check_outputs", "write_reports"]
 
@@ -42,10 +45,21 @@ def check_outputs(outputs: Mapping[str, Output]) -> str | None:
 
 def write_reports(doc: Mapping[str, Any], outputs: Mapping[str, Output]) -> None:
     """Write each asked-for report of ``doc``, atomically (``-``: standard output)."""
-    for out in outputs.values():
+    for option, out in outputs.items():
         if out.path is None:
             continue
+        made = _missing_folder(out.path)
         if out.render is JSON:
             write_json(out.path, doc)
         else:
             write_text(out.path, out.render(doc))
+        if made is not None:
+            sys.stderr.write(f"stackgate: {option} {out.path}: made the folder {made}, which did not exist\n")
+
+
+def _missing_folder(path: Path) -> Path | None:
+    """The outermost folder above ``path`` that does not exist (writing the report makes it), or None."""
+    if to_stdout(path):
+        return None
+    missing = [folder for folder in Path(path).parents if not folder.exists()]
+    return missing[-1] if missing else None

@@ -64,10 +64,8 @@ def headline_lines(doc: Mapping[str, Any]) -> list[str]:
     if finger:
         components = finger["components"]
         count = sum(len(section) for section in components.values())
-        lines.append(
-            f"fingerprint {finger['short']} (sha256 {finger['digest']} over {count} components: "
-            f"{', '.join(components)})"
-        )
+        sections = ", ".join(f"{name} {len(section)}" for name, section in components.items())
+        lines.append(f"fingerprint {finger['short']} (sha256 {finger['digest']} over {count} components: {sections})")
     lines.append(benchmark_line(_gate(doc).get("benchmark"), _stage_status(doc, "benchmark")))
     return lines
 

@@ -1,7 +1,7 @@
 """The one module that owns the terminal: consoles, theme, verbosity, progress, the results table.
 
-On a terminal, results are a rich table with colours; without one, or with NO_COLOR set, they
-are plain lines that read the same in a CI log. Nothing else in stackgate imports rich.
+On a terminal, results are a rich table (in colour unless NO_COLOR or --color never); without one
+they are plain lines that read the same in a CI log. Nothing else in stackgate imports rich.
 
 Every text shown goes through one door, :func:`shown` (:func:`stackgate.models.printable.printable`:
 control characters as ``?``, a line break and a tab kept), with or without colour: a log line,
@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field, replace
 from itertools import groupby
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Collection, Iterator, Sequence
+from typing import IO, TYPE_CHECKING, Any, Callable, Collection, Iterator, Sequence
 
 from rich.console import Console
 from rich.markup import escape
@@ -43,6 +43,7 @@ __all__ = [
     "Activity",
     "finding_lines",
     "fold_needs_gpu",
+    "fold_same_skips",
     "no_driver_line",
     "render_findings",
     "render_plain",
@@ -93,31 +94,56 @@ def _shown_result(result: Result) -> Result:
     )
 
 
+#: The values of the program's ``--color``: colour on a terminal without NO_COLOR, always, never.
+COLORS = ("auto", "always", "never")
+
+
 @dataclass
 class UI:
-    """How a command talks to a person: where, how loud, with or without colour."""
+    """How a command talks to a person: where, how loud, with or without colour.
+
+    The layout follows the stream: a terminal gets the rich table, anything else plain lines. Colour is
+    apart (``color``): NO_COLOR or ``--color never`` takes the colour away and keeps the layout;
+    ``--color always`` colours a pipe too, laid out as on a terminal. ``quiet`` drops the progress and context
+    lines on standard error; warnings, errors and the report stay."""
 
     verbose: int = 0
     stream: IO[str] | None = None
     force_plain: bool | None = None
+    color: str = "auto"
+    quiet: bool = False
+    #: The program's console: how long the process has run (stackgate.edges.uptime), for a command's last line.
+    since_start: Callable[[], float | None] | None = None
 
     def __post_init__(self) -> None:
         stream = self.stream or sys.stdout
-        plain = (
-            self.force_plain
-            if self.force_plain is not None
-            else (bool(os.environ.get("NO_COLOR")) or not stream.isatty())
-        )
+        terminal = self.color == "always" or stream.isatty()
+        plain = self.force_plain if self.force_plain is not None else not terminal
+        no_color = self.color == "never" or (self.color == "auto" and (bool(os.environ.get("NO_COLOR")) or plain))
         self.plain = plain
         self.console = Console(
             file=stream,
             theme=THEME,
-            no_color=plain,
+            no_color=no_color,
             highlight=False,
             soft_wrap=plain,
-            force_terminal=False if plain else None,
+            force_terminal=False if plain else (True if self.color == "always" else None),
         )
-        self.err = Console(file=sys.stderr, theme=THEME, no_color=plain, highlight=False, stderr=True, soft_wrap=plain)
+        self.err = Console(
+            file=sys.stderr,
+            theme=THEME,
+            no_color=no_color,
+            highlight=False,
+            stderr=True,
+            soft_wrap=plain,
+            force_terminal=True if self.color == "always" else None,
+        )
+
+    def waited_s(self, duration_s: float) -> float:
+        """A command's wall time for its last line: on the program's console, since the process started (the
+        imports and the parsing a person waited for too); else ``duration_s``."""
+        elapsed = self.since_start() if self.since_start is not None else None
+        return max(duration_s, elapsed or 0.0)
 
     def line(self, text: str = "", style: str | None = None) -> None:
         """One line of the report; a command (``$ ...``) is never wrapped, so that it pastes whole."""
@@ -128,7 +154,9 @@ class UI:
             self.console.print(Text(text, style=style or ""), soft_wrap=_is_command(text))
 
     def info(self, text: str) -> None:
-        """A progress or context line on stderr, so stdout stays the report."""
+        """A progress or context line on stderr, so stdout stays the report (none with ``quiet``)."""
+        if self.quiet:
+            return
         self.err.print(Text(shown(text), style="muted"))
 
     def debug(self, text: str) -> None:
@@ -151,7 +179,7 @@ class UI:
     def progress(self, message: str) -> Iterator[None]:
         """A spinner with elapsed time on a terminal; a start line otherwise."""
         started = time.monotonic()
-        if self.plain or not self.err.is_terminal:
+        if self.quiet or self.plain or not self.err.is_terminal:
             self.info(f"{message} ...")
             yield
             return
@@ -164,7 +192,7 @@ class UI:
         """A long step: on a terminal a spinner, the elapsed time and the latest output line (a
         bar for downloads); otherwise a start line, a heartbeat line every so often, an end line."""
         activity = Activity(self, message)
-        live = not (self.plain or not self.err.is_terminal)
+        live = not (self.quiet or self.plain or not self.err.is_terminal)
         try:
             if not live:
                 self.info(f"{message} ...")
@@ -194,9 +222,10 @@ class UI:
         except BaseException:
             self.error(f"failed after {activity.elapsed_s:.1f} s: {message}")
             raise
-        self.err.print(
-            Text(shown(f"done in {activity.elapsed_s:.1f} s: {message}"), style="success" if live else "muted")
-        )
+        if not self.quiet:
+            self.err.print(
+                Text(shown(f"done in {activity.elapsed_s:.1f} s: {message}"), style="success" if live else "muted")
+            )
 
     def tail(self, headline: str, log: Path | None, lines: Sequence[str], findings: Sequence[Finding] = ()) -> None:
         """A failure: what failed, where the full log is, its last lines, and the known failures
@@ -247,7 +276,7 @@ class UI:
         note = no_driver_line(results)
         if note is not None:
             self.console.print(Text(note, style="warning"))
-        results = fold_needs_gpu(results)
+        results = fold_same_skips(fold_needs_gpu(results))
         table = render_table(title, results, verbose=self.verbose)
         wide = self._cut_commands(table, results)
         if wide:
@@ -363,7 +392,7 @@ def render_plain(
 ) -> str:
     """The report as plain lines: grouped by area, failures with their fix under them."""
     note = no_driver_line(results)
-    results = fold_needs_gpu(results)
+    results = fold_same_skips(fold_needs_gpu(results))
     width = max((len(r.check) for r in results), default=0)
     lines = [*([note] if note else []), title, ""]
     for area, group in groupby(results, key=lambda r: r.area):
@@ -411,6 +440,34 @@ def fold_needs_gpu(results: Sequence[Result]) -> list[Result]:
         row = Result(f"{area}.* ({len(skips)} checks)", Status.SKIP, f"skipped, no NVIDIA driver: {names}")
         first = next(i for i, r in enumerate(group) if _needs_gpu(r))
         folded += [*group[:first], row, *(r for r in group[first:] if not _needs_gpu(r))]
+    return folded
+
+
+#: How many skipped checks with one reason make one row.
+FOLD_SKIPS = 3
+
+
+def fold_same_skips(results: Sequence[Result]) -> list[Result]:
+    """The results with the checks skipped for one same reason (FOLD_SKIPS of them or more) in the first one's
+    row, which names the others: ten rows repeating a sentence, wrapped at 60 columns, are one (the JSON keeps
+    every one).
+
+    >>> rows = [Result(f"{area}.x", Status.SKIP, "no probe") for area in "abc"] + [Result("d.y", Status.PASS, "ok")]
+    >>> [(r.check, r.summary) for r in fold_same_skips(rows)]
+    [('a.x', 'no probe; 2 more skipped for it: b.x, c.x'), ('d.y', 'ok')]
+    """
+    reasons: dict[tuple[str, tuple[str, ...]], list[Result]] = {}
+    for result in results:
+        if result.status == Status.SKIP and result.fix is None:
+            reasons.setdefault((result.summary, tuple(result.details)), []).append(result)
+    folded: list[Result] = []
+    for result in results:
+        same = reasons.get((result.summary, tuple(result.details)), []) if result.status == Status.SKIP else []
+        if len(same) < FOLD_SKIPS or result.fix is not None:
+            folded.append(result)
+        elif result is same[0]:
+            others = ", ".join(r.check for r in same[1:])
+            folded.append(replace(result, summary=f"{result.summary}; {len(same) - 1} more skipped for it: {others}"))
     return folded
 
 

@@ -14,10 +14,13 @@ from stackgate.models.spec.locate import (
     SYSTEM_LOCK,
     default_lock_path,
     edit_hint,
+    find_local,
+    found_lock_path,
     is_shipped,
     load_spec,
     loads_spec,
     read_only_problem,
+    spec_command,
 )
 from stackgate.models.spec.model import (
     DEFAULT_EVIDENCE,
@@ -60,11 +63,14 @@ __all__ = [
     "Toolkit",
     "default_lock_path",
     "edit_hint",
+    "find_local",
+    "found_lock_path",
     "is_shipped",
     "load_spec",
     "loads_spec",
     "patch_location_problem",
     "read_only_problem",
+    "spec_command",
     "read_toml",
     "url_problem",
 ]

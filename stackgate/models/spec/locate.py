@@ -7,6 +7,8 @@ bytes in the file: a bad lockfile must fail before anything on the machine is to
 from __future__ import annotations
 
 import hashlib
+import os
+import shlex
 from pathlib import Path
 from typing import Mapping
 
@@ -21,10 +23,13 @@ __all__ = [
     "SYSTEM_LOCK",
     "default_lock_path",
     "edit_hint",
+    "find_local",
+    "found_lock_path",
     "is_shipped",
     "load_spec",
     "loads_spec",
     "read_only_problem",
+    "spec_command",
 ]
 
 #: The profile used when nothing else names one (:func:`default_lock_path`).
@@ -36,14 +41,41 @@ SYSTEM_LOCK = "stack.toml"
 
 
 def default_lock_path(environ: Mapping[str, str] | None = None, cwd: Path | None = None) -> Path:
-    """The lock a command uses without ``--lock``: ``$STACKGATE_LOCK``, ``./stackgate.toml``,
-    ``/etc/stackgate/stack.toml`` (``$STACKGATE_SYSTEM_DIR``), then the shipped default profile."""
+    """The lock a command uses without ``--lock``: :func:`found_lock_path`, else the shipped default profile."""
+    return found_lock_path(environ, cwd) or DEFAULT_LOCK
+
+
+def found_lock_path(environ: Mapping[str, str] | None = None, cwd: Path | None = None) -> Path | None:
+    """The spec named or found without ``--lock``: ``$STACKGATE_LOCK``, a ``stackgate.toml`` in the working
+    folder or the nearest folder above it (:func:`find_local`), ``/etc/stackgate/stack.toml``
+    (``$STACKGATE_SYSTEM_DIR``); None when there is none (the shipped default profile stands in)."""
     named = settings.LOCK.value(environ)
     if named is not None:
         return named
-    here = (Path.cwd() if cwd is None else cwd) / LOCAL_LOCK
+    local = find_local(Path.cwd() if cwd is None else cwd)
+    if local is not None:
+        return local
     system = settings.SYSTEM_DIR.value(environ) / SYSTEM_LOCK
-    return next((p for p in (here, system) if p.is_file()), DEFAULT_LOCK)
+    return system if system.is_file() else None
+
+
+def find_local(start: Path) -> Path | None:
+    """The ``stackgate.toml`` of ``start`` or of the nearest folder above it, up to the filesystem root (as uv
+    and ruff find their configuration). Above ``start`` only a file owned by this user or by root counts, as
+    git trusts only a repository its user owns: a file another user left in a shared folder (/tmp) is passed by.
+
+    >>> find_local(Path("/proc/self/fdinfo")) is None
+    True
+    """
+    for folder in (start, *start.parents):
+        candidate = folder / LOCAL_LOCK
+        try:
+            owner = candidate.stat().st_uid
+        except OSError:
+            continue
+        if candidate.is_file() and (folder == start or owner in (os.getuid(), 0)):
+            return candidate
+    return None
 
 
 def is_shipped(path: Path) -> bool:
@@ -63,7 +95,7 @@ def read_only_problem(path: Path, action: str) -> str | None:
     return (
         f"{path} is a profile shipped inside the installed stackgate package: {action} would write there. "
         f"Copy it out first: `stackgate init --profile {Path(path).stem}` (./{LOCAL_LOCK}, which every command "
-        "then uses; --system for /etc/stackgate), then run it again"
+        f"then uses; --system for /etc/stackgate), then run it again on the copy (`--lock {LOCAL_LOCK}`)"
     )
 
 
@@ -73,6 +105,18 @@ def edit_hint(lock: Spec) -> str:
     if read_only_problem(lock.path, "an edit") is None:
         return f"in {lock.path}"
     return f"in a copy of the shipped profile (`stackgate init --profile {lock.path.stem}` writes ./{LOCAL_LOCK})"
+
+
+def spec_command(action: str, path: Path) -> str:
+    """The command line that runs ``stackgate ACTION`` on the spec at ``path``, as it can run: a profile inside
+    the installed package is copied out first (:func:`read_only_problem`), and the copy named.
+
+    >>> spec_command("lock", Path("/srv/my specs/a.toml"))
+    "stackgate lock --lock '/srv/my specs/a.toml'"
+    """
+    if read_only_problem(path, action) is None:
+        return f"stackgate {action} --lock {shlex.quote(str(path))}"
+    return f"stackgate init --profile {Path(path).stem} && stackgate {action} --lock {LOCAL_LOCK}"
 
 
 def load_spec(path: Path | str | None = None) -> Spec:
