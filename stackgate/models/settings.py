@@ -38,6 +38,7 @@ __all__ = [
     "IMPORT_TIMEOUT_S",
     "KEEP_GENERATIONS",
     "KMSG",
+    "LAUNCH_MARKER",
     "LOCK",
     "LOG_DIR",
     "NVML_MODULE",
@@ -372,6 +373,9 @@ HISTORY_INDEX: Setting[bool] = Setting(
     True,
     "`off`: keep and read runs without their SQLite index (`report` reads every document, as before the index)",
 )
+#: Not a setting: the variable each launch sets in its server's environment (its value the launch's
+#: token), by which a later run proves a process is one stackgate launched (serve/launched.py).
+LAUNCH_MARKER = "STACKGATE_LAUNCH_ID"
 FAULT: Setting[tuple[str, ...]] = Setting(
     "STACKGATE_FAULT",
     points,

@@ -69,7 +69,7 @@ __all__ = [
 
 SCHEMA = "stackgate.launched/2"
 #: The variable a launch sets in its server's environment; its value is the launch's token.
-MARKER = "STACKGATE_LAUNCH_ID"
+MARKER = settings.LAUNCH_MARKER
 #: How long a reap waits for what it SIGKILLed to be gone.
 REAP_WAIT_S = 5.0
 _POLL_S = 0.05

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from stackgate.models import settings
 from stackgate.models.exitcodes import UsageError
 
 __all__ = ["SERVICE", "TEMPLATES", "TIMER", "HealthUnitsError", "Unit", "installed_program", "render_units"]
@@ -74,8 +75,8 @@ def render_units(program: Path, spec: Path) -> list[Unit]:
         key = line.partition("=")[0]
         if key == "ConditionPathExists":
             line = f"ConditionPathExists={spec}"
-        elif line.startswith("Environment=STACKGATE_LOCK="):
-            line = f"Environment=STACKGATE_LOCK={spec}"
+        elif line.startswith(f"Environment={settings.LOCK.env}="):
+            line = f"Environment={settings.LOCK.env}={spec}"
         elif key == "ExecStart":
             line = f"ExecStart={program} {line.partition('=')[2].split(maxsplit=1)[1]}"
         lines.append(line)
