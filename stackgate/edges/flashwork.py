@@ -23,7 +23,7 @@ how many modules it compiled, so a cold JIT is told from a warm cache.
 
 Every mode writes JSON lines as it goes, so a run killed in a JIT compile still says where it
 was. This script only measures; stackgate reads the figures (stackgate/facts/deepruns.py) and judges
-them (stackgate/checks/deep.py). It is a sibling of deepwork.py and shares its helpers.
+them (stackgate/checks/deep/). It is a sibling of deepwork.py and shares its helpers.
 """
 
 import ast

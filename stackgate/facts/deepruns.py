@@ -457,7 +457,7 @@ def _progress(per_rank: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[int, 
 
 #: The relative part of the tolerance ``|a - b| <= atol + rtol * |ref|`` that the flashinfer
 #: checks judge by; the target script picks each output's worst element by it (the element whose
-#: error exceeds rtol * |ref| most), and checks/deep.py holds the atol. 2^-7 is two roundings
+#: error exceeds rtol * |ref| most), and checks/deep/common.py holds the atol. 2^-7 is two roundings
 #: to bf16 (8 significant bits: half an ulp is at most 2^-8 of |x|).
 ATTENTION_RTOL = 2.0**-7
 FUSION_RTOL = 2.0**-7
