@@ -359,3 +359,58 @@ def test_a_cycle_inside_one_folder_and_a_module_in_no_layer_are_reported(tmp_pat
 def test_the_layer_of_a_folder(where: str, expected: str | None) -> None:
     index = rank(where)
     assert (LAYERS[index][0] if index is not None else None) == expected
+
+
+# --- the size of a module ---------------------------------------------------------------------------
+
+#: The most lines a module may have: past it, a newcomer reads a room with no walls (issue 30 item 5).
+MAX_LINES = 700
+
+#: Modules over MAX_LINES that another change is reshaping right now (issue 30: the serving-engine and
+#: fleet-engine registries, one name per concept); each leaves this list when it is split. The rule bites
+#: on every other module, and on every new one.
+KNOWN_LONG = frozenset(
+    {
+        "stackgate/flows/fleet.py",  # issue 30 item 3: fleet engines as a registry
+        "stackgate/flows/smoke.py",  # issue 30 items 1-2: serving engines as data
+        "stackgate/models/spec/model.py",  # issue 30 items 1 and 4: the engine in the spec, one name per concept
+        "stackgate/serve/bench.py",  # issue 30 item 2: vLLM's OpenAI-compatible streaming API
+        "stackgate/edges/slurm.py",  # issue 30 item 3: Slurm's processes through runner
+    }
+)
+
+
+def long_modules(package: Path, known: frozenset[str] = frozenset()) -> list[str]:
+    """Each module over :data:`MAX_LINES` lines that ``known`` does not excuse, with its count."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        name = path.relative_to(package.parent).as_posix()
+        count = len(path.read_text().splitlines())
+        if count > MAX_LINES and name not in known:
+            found.append(f"{name}: {count} lines (at most {MAX_LINES}: split it by what it does)")
+    return found
+
+
+def test_no_module_is_over_the_size() -> None:
+    found = long_modules(PACKAGE, KNOWN_LONG)
+    assert not found, "modules over the size, docs/architecture.md (Size):\n" + "\n".join(found)
+
+
+def test_a_known_long_module_is_still_long() -> None:
+    """An exception that no longer applies (the module split, renamed or gone) leaves the list, so that it
+    cannot excuse the module's next growth."""
+    root = PACKAGE.parent
+    stale = sorted(
+        name for name in KNOWN_LONG if not (root / name).is_file() or not long_modules(PACKAGE, KNOWN_LONG - {name})
+    )
+    assert not stale, "no longer over the size: take them off KNOWN_LONG in tests/test_layers.py:\n" + "\n".join(stale)
+
+
+def test_a_long_module_is_reported_and_a_known_one_excused(tmp_path: Path) -> None:
+    package = _package(
+        tmp_path, {"__init__.py": "", "flows/big.py": "x = 1\n" * (MAX_LINES + 1), "flows/ok.py": "x = 1\n" * MAX_LINES}
+    )
+    assert long_modules(package) == [
+        f"stackgate/flows/big.py: {MAX_LINES + 1} lines (at most {MAX_LINES}: split it by what it does)"
+    ]
+    assert long_modules(package, frozenset({"stackgate/flows/big.py"})) == []
