@@ -11,6 +11,7 @@ with a literal name: each is a dependency whoever executes it.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -414,3 +415,56 @@ def test_a_long_module_is_reported_and_a_known_one_excused(tmp_path: Path) -> No
         f"stackgate/flows/big.py: {MAX_LINES + 1} lines (at most {MAX_LINES}: split it by what it does)"
     ]
     assert long_modules(package, frozenset({"stackgate/flows/big.py"})) == []
+
+
+# --- where a module's test is -----------------------------------------------------------------------
+
+TESTS = PACKAGE.parent / "tests"
+TESTING = PACKAGE.parent / "docs" / "testing.md"
+
+
+def mapped_tests(text: str) -> set[str]:
+    """The test files docs/testing.md's map names (its rows: ``| `test_x.py` | ... |``).
+
+    >>> sorted(mapped_tests("| `test_docs.py` | the docs |\\n`test_x.py` in prose\\n"))
+    ['test_docs.py']
+    """
+    return set(re.findall(r"^\| `(test_\w+\.py)` \|", text, flags=re.MULTILINE))
+
+
+def module_under_test(name: str, package: Path) -> str | None:
+    """The module or package of ``package`` a test file is named after by the rule of docs/testing.md
+    (the longest ``_``-joined prefix of the name after ``test_``), None when none is."""
+    names = {p.stem for p in package.rglob("*.py")} | {p.name for p in package.rglob("*") if p.is_dir()}
+    parts = name.removeprefix("test_").removesuffix(".py").split("_")
+    return next((n for n in ("_".join(parts[:i]) for i in range(len(parts), 0, -1)) if n in names), None)
+
+
+def unplaced_tests(tests: Path, package: Path, mapped: set[str]) -> list[str]:
+    """Each test file that neither names a module nor is on the map, and each map row whose file is gone."""
+    files = sorted(p.name for p in tests.glob("test_*.py"))
+    found = [
+        f"tests/{name}: names no module of {package.name} and is not on the map"
+        for name in files
+        if name not in mapped and module_under_test(name, package) is None
+    ]
+    return found + [f"the map names tests/{name}, which does not exist" for name in sorted(mapped - set(files))]
+
+
+def test_every_test_file_is_placed() -> None:
+    found = unplaced_tests(TESTS, PACKAGE, mapped_tests(TESTING.read_text()))
+    assert not found, "docs/testing.md (Where a module's test is):\n" + "\n".join(found)
+
+
+def test_a_test_file_off_the_rule_and_off_the_map_is_reported(tmp_path: Path) -> None:
+    package = _package(tmp_path, {"__init__.py": "", "runs/history.py": "", "checks/deep/common.py": ""})
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    for name in ("test_history.py", "test_deep_flashinfer.py", "test_everything.py", "test_docs.py"):
+        (tests / name).write_text("")
+    named = [module_under_test(n, package) for n in ("test_history.py", "test_deep_flashinfer.py")]
+    assert named == ["history", "deep"]
+    assert unplaced_tests(tests, package, {"test_docs.py", "test_gone.py"}) == [
+        "tests/test_everything.py: names no module of stackgate and is not on the map",
+        "the map names tests/test_gone.py, which does not exist",
+    ]
