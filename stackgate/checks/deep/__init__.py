@@ -38,6 +38,9 @@ from stackgate.checks.deep.common import (
     launch,
     not_run,
     world_size,
+    RATES,
+    SKIP_PASSES,
+    TUNING,
 )
 from stackgate.checks.deep.gpuwork import (
     MODEL_RATES,
@@ -60,6 +63,8 @@ from stackgate.checks.deep.attention import (
     judge_attention,
     read_fractions,
     signal_name,
+    ATTENTION_FIGURES,
+    JIT_BUILD_BYTES,
 )
 from stackgate.checks.deep.fusion import (
     allreduce_fusion,
@@ -73,6 +78,7 @@ __all__ = [
     "activity_lines",
     "allreduce_fusion",
     "ATTENTION_ATOL",
+    "ATTENTION_FIGURES",
     "close_enough",
     "collective",
     "flashinfer_attention",
@@ -80,6 +86,7 @@ __all__ = [
     "fusion_atol",
     "FUSION_FLAG",
     "gpu_work",
+    "JIT_BUILD_BYTES",
     "JitContext",
     "judge_attention",
     "judge_collective",
@@ -94,12 +101,15 @@ __all__ = [
     "not_run",
     "PEER_FLOOR",
     "PREREQUISITES",
+    "RATES",
     "read_fractions",
     "ReadFraction",
     "row_named",
     "signal_name",
+    "SKIP_PASSES",
     "slow_peers",
     "TOLERANCE",
+    "TUNING",
     "within_tolerance",
     "world_size",
 ]

@@ -43,6 +43,8 @@ from stackgate.models.result import Result, failed, passed, skipped
 from stackgate.models.spec import Spec
 
 __all__ = [
+    "ATTENTION_FIGURES",
+    "JIT_BUILD_BYTES",
     "flashinfer_attention",
     "judge_attention",
     "read_fractions",

@@ -26,16 +26,19 @@ from stackgate.models.spec import MAX_JIT_TIMEOUT_S, Spec
 
 __all__ = [
     "ATTENTION_ATOL",
+    "FUSION_FLAG",
+    "PEER_FLOOR",
+    "PREREQUISITES",
+    "RATES",
+    "SKIP_PASSES",
+    "TOLERANCE",
+    "TUNING",
     "close_enough",
     "fusion_atol",
-    "FUSION_FLAG",
     "JitContext",
     "Known",
     "launch",
     "not_run",
-    "PEER_FLOOR",
-    "PREREQUISITES",
-    "TOLERANCE",
     "world_size",
 ]
 
