@@ -1,5 +1,6 @@
 """Helpers shared by the test modules (plain functions, not fixtures): the checkout's root, the
-suite's cache, isolated installer environments, throw-away venvs and interpreter specs."""
+suite's cache, isolated installer environments, throw-away venvs and interpreter specs, and the one
+way a test runs the program (:func:`run_program`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any, Callable
 from specs import DEFAULT_TOOLKIT, THIS_PYTHON, minimal_spec
 
 ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"
 CACHE = Path(os.environ.get("STACKGATE_TEST_CACHE", Path.home() / ".cache" / "stackgate-tests"))
 #: The CPU torch wheel that lies on this kind of machine's disk (pip finds it through its config).
 CPU_TORCH = os.environ.get("STACKGATE_TEST_TORCH", "torch==2.13.0")
@@ -45,6 +47,34 @@ def pypi_unreachable() -> str | None:
         except OSError as exc:
             return f"{host}:443 cannot be reached: {exc}"
     return None
+
+
+def run_program(
+    *args: str,
+    program: str = "stackgate",
+    cwd: Path | str = ROOT,
+    env: dict[str, str] | None = None,
+    base: dict[str, str] | None = None,
+    stdin: str | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess[str]:
+    """``python -m stackgate ARGS`` (``program="invoke"``: the same tasks through the checkout's tasks.py) in
+    a real subprocess, with this checkout's package and the tests' support modules importable and colour
+    off. Its environment is ``base`` (by default this process's, less ``$STACKGATE_LOCK``), then ``env``
+    over it. ``stdin`` is its input; its output is captured as text; it never raises on an exit code."""
+    if base is None:
+        base = {k: v for k, v in os.environ.items() if k != "STACKGATE_LOCK"}
+    environ = {**base, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", program, *args],
+        cwd=cwd,
+        env=environ,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def isolated_environ(**extra: str) -> dict[str, str]:

@@ -939,7 +939,7 @@ def test_the_recorded_aligned_replays_give_each_ranks_median_and_the_fastest() -
     mib = figures[1 << 20]
     assert mib.time_us == pytest.approx((16.62 + 16.58) / 2) and mib.min_us == 16.52
     assert mib.busbw_gbs == pytest.approx((1 << 20) / 16.6e-6 / 1e9, rel=1e-3)
-    sweep_lines = deep._size_lines(SimpleSweep(tuple(figures.values())))  # type: ignore[arg-type]
+    sweep_lines = deep.sweep._size_lines(SimpleSweep(tuple(figures.values())))  # type: ignore[arg-type]
     assert sweep_lines[2] == (
         "   1 MiB:       16.6 us (min 16.5)  algbw    63.17 GB/s  busbw    63.17 GB/s  #wrong 0  (launched one "
         "by one: 50.0 us)"

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import run_program
 
 from stackgate.commands import diagnose
 from stackgate.commands.diagnose import DiagnoseRequest, DiagnoseUsageError
@@ -230,17 +231,7 @@ def test_long_lines_are_clipped_unless_verbose() -> None:
 
 
 def invoke(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "NO_COLOR": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "invoke", "diagnose", *args],
-        check=False,
-        cwd=ROOT,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    return run_program("diagnose", *args, program="invoke", stdin=stdin, timeout=120)
 
 
 def test_invoke_diagnose_exit_codes(tmp_path: Path) -> None:

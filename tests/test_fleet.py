@@ -33,6 +33,7 @@ from fleet_support import (
     why_no_sshd,
 )
 from smoke_support import FAKES, ROOT, free_port, living, wait_for
+from support import run_program
 
 from stackgate.models.exitcodes import ExitCode
 
@@ -128,16 +129,7 @@ class Fleet:
 
 
 def stackgate(*args: str, history: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}",
-        "NO_COLOR": "1",
-        "STACKGATE_HISTORY_DIR": str(history),
-    }
-    env.pop("STACKGATE_LOCK", None)
-    return subprocess.run(
-        [sys.executable, "-m", "stackgate", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    return run_program(*args, env={"STACKGATE_HISTORY_DIR": str(history)}, timeout=timeout)
 
 
 def test_a_fleet_gate_over_loopback_nodes(tmp_path):

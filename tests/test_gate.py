@@ -17,6 +17,7 @@ from pathlib import Path
 import exposition
 import pytest
 from smoke_support import ROOT, Rig, assert_nothing_left, dead_runs_server, group_members, living, wait_for
+from support import run_program
 
 from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import run_checks, select
@@ -40,11 +41,7 @@ BENCH = {"output_tokens": 200, "runs": 2, "warmup": 1, "baseline_tok_s": 190.0, 
 
 
 def invoke(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    environ = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1", **(env or {})}
-    environ.pop("STACKGATE_LOCK", None)
-    return subprocess.run(
-        [sys.executable, "-m", "invoke", *args], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=timeout
-    )
+    return run_program(*args, program="invoke", env=env, timeout=timeout)
 
 
 def statuses(doc: dict) -> dict[str, str]:

@@ -7,14 +7,13 @@ import contextlib
 import dataclasses
 import io
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from history_support import gate_doc, keep, smoke_doc
 from smoke_support import ROOT, assert_nothing_left
+from support import run_program
 
 from stackgate.commands import report as reporting
 from stackgate.models.result import Status
@@ -26,11 +25,7 @@ TESTS = ROOT / "tests"
 
 
 def invoke(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    environ = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1", **(env or {})}
-    environ.pop("STACKGATE_LOCK", None)
-    return subprocess.run(
-        [sys.executable, "-m", "invoke", *args], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120
-    )
+    return run_program(*args, program="invoke", env=env, timeout=120)
 
 
 def root_lock(tmp_path: Path, root: Path) -> Spec:

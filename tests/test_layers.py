@@ -11,6 +11,7 @@ with a literal name: each is a dependency whoever executes it.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -359,3 +360,111 @@ def test_a_cycle_inside_one_folder_and_a_module_in_no_layer_are_reported(tmp_pat
 def test_the_layer_of_a_folder(where: str, expected: str | None) -> None:
     index = rank(where)
     assert (LAYERS[index][0] if index is not None else None) == expected
+
+
+# --- the size of a module ---------------------------------------------------------------------------
+
+#: The most lines a module may have: past it, a newcomer reads a room with no walls (issue 30 item 5).
+MAX_LINES = 700
+
+#: Modules over MAX_LINES that another change is reshaping right now (issue 30: the serving-engine and
+#: fleet-engine registries, one name per concept); each leaves this list when it is split. The rule bites
+#: on every other module, and on every new one.
+KNOWN_LONG = frozenset(
+    {
+        "stackgate/flows/fleet.py",  # issue 30 item 3: fleet engines as a registry
+        "stackgate/flows/smoke.py",  # issue 30 items 1-2: serving engines as data
+        "stackgate/models/spec/model.py",  # issue 30 items 1 and 4: the engine in the spec, one name per concept
+        "stackgate/serve/bench.py",  # issue 30 item 2: vLLM's OpenAI-compatible streaming API
+        "stackgate/edges/slurm.py",  # issue 30 item 3: Slurm's processes through runner
+    }
+)
+
+
+def long_modules(package: Path, known: frozenset[str] = frozenset()) -> list[str]:
+    """Each module over :data:`MAX_LINES` lines that ``known`` does not excuse, with its count."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        name = path.relative_to(package.parent).as_posix()
+        count = len(path.read_text().splitlines())
+        if count > MAX_LINES and name not in known:
+            found.append(f"{name}: {count} lines (at most {MAX_LINES}: split it by what it does)")
+    return found
+
+
+def test_no_module_is_over_the_size() -> None:
+    found = long_modules(PACKAGE, KNOWN_LONG)
+    assert not found, "modules over the size, docs/architecture.md (Size):\n" + "\n".join(found)
+
+
+def test_a_known_long_module_is_still_long() -> None:
+    """An exception that no longer applies (the module split, renamed or gone) leaves the list, so that it
+    cannot excuse the module's next growth."""
+    root = PACKAGE.parent
+    stale = sorted(
+        name for name in KNOWN_LONG if not (root / name).is_file() or not long_modules(PACKAGE, KNOWN_LONG - {name})
+    )
+    assert not stale, "no longer over the size: take them off KNOWN_LONG in tests/test_layers.py:\n" + "\n".join(stale)
+
+
+def test_a_long_module_is_reported_and_a_known_one_excused(tmp_path: Path) -> None:
+    package = _package(
+        tmp_path, {"__init__.py": "", "flows/big.py": "x = 1\n" * (MAX_LINES + 1), "flows/ok.py": "x = 1\n" * MAX_LINES}
+    )
+    assert long_modules(package) == [
+        f"stackgate/flows/big.py: {MAX_LINES + 1} lines (at most {MAX_LINES}: split it by what it does)"
+    ]
+    assert long_modules(package, frozenset({"stackgate/flows/big.py"})) == []
+
+
+# --- where a module's test is -----------------------------------------------------------------------
+
+TESTS = PACKAGE.parent / "tests"
+TESTING = PACKAGE.parent / "docs" / "testing.md"
+
+
+def mapped_tests(text: str) -> set[str]:
+    """The test files docs/testing.md's map names (its rows: ``| `test_x.py` | ... |``).
+
+    >>> sorted(mapped_tests("| `test_docs.py` | the docs |\\n`test_x.py` in prose\\n"))
+    ['test_docs.py']
+    """
+    return set(re.findall(r"^\| `(test_\w+\.py)` \|", text, flags=re.MULTILINE))
+
+
+def module_under_test(name: str, package: Path) -> str | None:
+    """The module or package of ``package`` a test file is named after by the rule of docs/testing.md
+    (the longest ``_``-joined prefix of the name after ``test_``), None when none is."""
+    names = {p.stem for p in package.rglob("*.py")} | {p.name for p in package.rglob("*") if p.is_dir()}
+    parts = name.removeprefix("test_").removesuffix(".py").split("_")
+    return next((n for n in ("_".join(parts[:i]) for i in range(len(parts), 0, -1)) if n in names), None)
+
+
+def unplaced_tests(tests: Path, package: Path, mapped: set[str]) -> list[str]:
+    """Each test file that neither names a module nor is on the map, and each map row whose file is gone."""
+    files = sorted(p.name for p in tests.glob("test_*.py"))
+    found = [
+        f"tests/{name}: names no module of {package.name} and is not on the map"
+        for name in files
+        if name not in mapped and module_under_test(name, package) is None
+    ]
+    return found + [f"the map names tests/{name}, which does not exist" for name in sorted(mapped - set(files))]
+
+
+def test_every_test_file_is_placed() -> None:
+    found = unplaced_tests(TESTS, PACKAGE, mapped_tests(TESTING.read_text()))
+    assert not found, "docs/testing.md (Where a module's test is):\n" + "\n".join(found)
+
+
+def test_a_test_file_off_the_rule_and_off_the_map_is_reported(tmp_path: Path) -> None:
+    package = _package(tmp_path, {"__init__.py": "", "runs/history.py": "", "checks/deep/common.py": ""})
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    for name in ("test_history.py", "test_deep_flashinfer.py", "test_everything.py", "test_docs.py"):
+        (tests / name).write_text("")
+    named = [module_under_test(n, package) for n in ("test_history.py", "test_deep_flashinfer.py")]
+    assert named == ["history", "deep"]
+    assert unplaced_tests(tests, package, {"test_docs.py", "test_gone.py"}) == [
+        "tests/test_everything.py: names no module of stackgate and is not on the map",
+        "the map names tests/test_gone.py, which does not exist",
+    ]

@@ -6,12 +6,11 @@ Real programs in subprocesses, run from an empty folder."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support import run_program
 
 from stackgate.edges.files import unwritable
 from stackgate.models.exitcodes import ExitCode
@@ -21,11 +20,7 @@ HEALTHY = ROOT / "tests" / "data" / "sglang-0.5.9-tp8-healthy.log"
 
 
 def stackgate(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "STACKGATE_HISTORY_DIR": str(cwd / "runs")}
-    env.pop("STACKGATE_LOCK", None)
-    return subprocess.run(
-        [sys.executable, "-m", "stackgate", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=240
-    )
+    return run_program(*args, cwd=cwd, env={"STACKGATE_HISTORY_DIR": str(cwd / "runs")}, timeout=240)
 
 
 @pytest.mark.parametrize(

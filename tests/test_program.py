@@ -17,7 +17,7 @@ from pathlib import Path
 import invoke
 import pytest
 from invoke.exceptions import Exit
-from support import ROOT, SHOW_MODULES, isolated_environ, parsed
+from support import ROOT, SHOW_MODULES, isolated_environ, parsed, run_program
 
 from stackgate import __version__, cli
 from stackgate import program as main
@@ -38,16 +38,7 @@ def arguments() -> dict[str, list[invoke.parser.Argument]]:
 
 def in_checkout(*args: str, program: str = "stackgate") -> subprocess.CompletedProcess[str]:
     """``python -m stackgate ARGS`` (or ``python -m invoke``) with this checkout's package."""
-    environ = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", program, *args],
-        check=False,
-        cwd=ROOT,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_program(*args, program=program, timeout=120)
 
 
 # --- short flags ------------------------------------------------------------------------------

@@ -7,12 +7,12 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import test_lock
 from pkgindex import Wheel, build_wheel
+from support import run_program
 
 from stackgate.models import pylock
 from stackgate.models.spec import load_spec
@@ -31,9 +31,7 @@ def stackgate(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
         "PIP_CONFIG_FILE": "/dev/null",
         "UV_NO_CONFIG": "1",
     }
-    return subprocess.run(
-        [sys.executable, "-m", "stackgate", *args], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env
-    )
+    return run_program(*args, base=env, timeout=120)
 
 
 def write_pair(

@@ -5,13 +5,11 @@ every usage error; and once through invoke, with runs named after ``--``."""
 from __future__ import annotations
 
 import io
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from history_support import gate_doc, keep, smoke_doc
+from support import run_program
 
 from stackgate.commands import report as reporting
 from stackgate.models.result import Status
@@ -221,14 +219,8 @@ def test_the_html_page_of_the_history_and_of_one_run(runs, tmp_path):
 def test_invoke_report_takes_runs_after_a_double_dash_even_negative_ones(runs):
     """Item 30 of issue 11: `c.remainder` crashed on invoke 2.2.1; the floor is now 3.0."""
     folder, (_, _, s1, s2) = runs
-    environ = {**os.environ, "STACKGATE_HISTORY_DIR": str(folder), "NO_COLOR": "1", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-m", "invoke", "report", "--", "-2", "-1"],
-        cwd=ROOT,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    done = run_program(
+        "report", "--", "-2", "-1", program="invoke", env={"STACKGATE_HISTORY_DIR": str(folder)}, timeout=120
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[:2] == [

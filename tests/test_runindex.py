@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from history_support import gate_doc, keep
 from smoke_support import ROOT
+from support import run_program
 
 from stackgate.commands import report as reporting
 from stackgate.models.result import Status
@@ -27,22 +28,7 @@ TESTS = ROOT / "tests"
 
 
 def stackgate(*args: str, folder: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    environ = {
-        **os.environ,
-        "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}",
-        "NO_COLOR": "1",
-        "STACKGATE_HISTORY_DIR": str(folder),
-        **(env or {}),
-    }
-    environ.pop("STACKGATE_LOCK", None)
-    return subprocess.run(
-        [sys.executable, "-m", "stackgate", "report", *args],
-        cwd=ROOT,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_program("report", *args, env={"STACKGATE_HISTORY_DIR": str(folder), **(env or {})}, timeout=120)
 
 
 def on_host(doc: dict, host: str, machine: str | None = None) -> dict:

@@ -163,7 +163,7 @@ def test_an_old_name_still_works_once_warned_and_the_new_one_wins(old: str, caps
 def test_settings_are_read_when_used_not_when_imported(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from stackgate.facts import deepruns
     from stackgate.runs import history
-    from stackgate.stack import toolkit
+    from stackgate.stack import toolkitsources
 
     monkeypatch.setenv("STACKGATE_LOCK", str(tmp_path / "l.toml"))
     monkeypatch.setenv("STACKGATE_HISTORY_DIR", str(tmp_path / "runs"))
@@ -172,7 +172,7 @@ def test_settings_are_read_when_used_not_when_imported(monkeypatch: pytest.Monke
     assert default_lock_path() == tmp_path / "l.toml"
     assert history.runs_dir(None) == tmp_path / "runs"
     assert deepruns._work_dir() == tmp_path / "deep" and (tmp_path / "deep").is_dir()
-    assert toolkit._runfile_cache() == tmp_path / "runfiles"
+    assert toolkitsources._runfile_cache() == tmp_path / "runfiles"
     monkeypatch.setenv("STACKGATE_DEEP_TIMEOUT_S", "abc")
     with pytest.raises(SettingError, match=r"^\$STACKGATE_DEEP_TIMEOUT_S='abc'"):
         deepruns.run_gpu_work(Path("/nonexistent/python"), deepruns.GpuWorkRequest(device="cpu"), {})

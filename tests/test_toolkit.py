@@ -32,6 +32,7 @@ from stackgate.facts import gather, inspect_toolkit, tool_version
 from stackgate.models.result import Status
 from stackgate.models.spec import PYPI_CUDA12_REASON, SpecError, Toolkit, loads_spec
 from stackgate.stack import toolkit as tk
+from stackgate.stack import toolkitsources
 from stackgate.stack.toolkit import ToolkitError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -461,7 +462,7 @@ def test_state_of_missing_foreign_and_kept_toolkits(tmp_path: Path) -> None:
 
 def uv_target(site: Path, requirements: Sequence[str]) -> None:
     """Install wheels into a folder with uv, isolated from the machine's pip configuration."""
-    uv = tk._uv()
+    uv = toolkitsources._uv()
     assert uv is not None, "uv is in the test extra"
     subprocess.run(
         [

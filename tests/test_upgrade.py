@@ -20,6 +20,7 @@ from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
 from pkgindex import IndexServer, lock_stack, write_stack_lock
 from smoke_support import FAKES, Rig, assert_nothing_left, dead_runs_server, free_port, kill_leftovers, living
+from support import run_program
 
 from stackgate.commands import provision, report, upgrade
 from stackgate.models import pylock
@@ -514,15 +515,7 @@ def test_upgrading_to_the_live_spec_has_nothing_to_do(node: Node) -> None:
 
 
 def _program(node: Node, *args: str) -> subprocess.CompletedProcess[str]:
-    environ = {**node.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "NO_COLOR": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "stackgate", "upgrade", *args],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd="/",
-    )
+    return run_program("upgrade", *args, cwd="/", base=node.environ, timeout=120)
 
 
 def test_the_program_shows_the_plan_and_refuses_bad_usage_with_exit_2(node: Node) -> None:

@@ -12,6 +12,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from fakes.fake_nvml import gpu, machine
+from support import run_program
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
@@ -19,16 +20,7 @@ VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
 def verify(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    environ = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1", **(env or {})}
-    environ.pop("STACKGATE_LOCK", None)
-    return subprocess.run(
-        [sys.executable, "-m", "invoke", "verify", *args],
-        cwd=ROOT,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_program("verify", *args, program="invoke", env=env, timeout=timeout)
 
 
 def fake_gpus(tmp_path: Path, spec: dict) -> dict[str, str]:

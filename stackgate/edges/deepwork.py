@@ -12,7 +12,7 @@ does. Both write JSON lines as they go, so a run killed for a hang still says ho
 ``hold``: started ahead of its run, so that the interpreter's start and torch's import (seconds
 with a CUDA build) overlap the work before it; it touches no GPU until its stdin names the mode to
 run, which then runs as if named on the command line. This script only measures; stackgate reads
-the figures (stackgate/facts/deepruns.py) and judges them (stackgate/checks/deep.py).
+the figures (stackgate/facts/deepruns.py) and judges them (stackgate/checks/deep/).
 
 REQUEST-JSON names the device ("cuda", or "cpu" for the tests), the sizes and the counts.
 Its "faults" (tests only: stackgate passes the deep.* points of $STACKGATE_FAULT, see
