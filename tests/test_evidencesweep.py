@@ -11,8 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from fakes import fake_nvml
+from fakes.fake_nvml import gpu
 from support import ROOT, install_dist, interpreter_spec, make_venv
 from test_abi import lock_for, run
+from test_deep_flashinfer import H200, run_check
+from test_deep_flashinfer import interpreter_lock as flashinfer_lock
 
 from stackgate.facts import KernelEvents, Missing, evidencesweep
 from stackgate.facts.evidencesweep import EvidenceSweep, Limit, PathState
@@ -162,3 +166,42 @@ def test_an_open_files_limit_is_named_where_a_device_says_busy(tmp_path):
     assert result["status"] == "FAIL"
     assert "the open files limit (ulimit -n) the stack runs under is 64 (hard 64)" in result["summary"], result
     assert result["fix"]["commands"][0] == "ulimit -n 1024"
+
+
+def test_the_stacks_own_truncated_libnccl_is_named_where_the_probe_dies_of_sigbus(tmp_path):
+    python, site = make_venv(tmp_path / "venv")
+    library = site / "nvidia" / "nccl" / "lib" / "libnccl.so.2"
+    # torch preloads its CUDA libraries from the nvidia-* distributions with ctypes, as torch/__init__.py does.
+    loader = f"import ctypes\nctypes.CDLL({str(library)!r})\n".encode()
+    install_dist(site, "torch", "2.11.0", files={"torch/__init__.py": loader})
+    install_dist(site, "nvidia-nccl-cu13", "2.28.9", files={"nvidia/nccl/lib/libnccl.so.2": Path(_JSON).read_bytes()})
+    os.truncate(library, 20000)
+    result = run("abi.imports", lock_for(python, "", '["torch"]'))
+    assert result.status.name == "FAIL"
+    assert "the probe failed" in result.summary and "(exit -7)" in result.summary
+    assert f"{library} of nvidia-nccl-cu13 2.28.9 is damaged" in result.summary, result.summary
+    assert "nvidia-nccl-cu13==2.28.9" in result.fix.commands[1]
+
+
+@pytest.mark.torch
+def test_a_workspace_variable_naming_a_file_is_the_cause_of_flashinfers_failure_not_a_reinstall(
+    torch_python: Path, tmp_path: Path
+) -> None:
+    site = tmp_path / "site"
+    (site / "flashinfer").mkdir(parents=True)
+    # What flashinfer does at import: make its JIT folder under the workspace base.
+    (site / "flashinfer" / "__init__.py").write_text(
+        "import os\n__version__ = '0.6.4'\n"
+        "os.makedirs(os.path.join(os.environ['FLASHINFER_WORKSPACE_BASE'], '.cache', 'flashinfer'), exist_ok=True)\n"
+    )
+    blocker = tmp_path / "workspace"
+    blocker.write_text("not a folder\n")
+    lock = flashinfer_lock(tmp_path, torch_python, base=ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
+    result = run_check(
+        "deep.flashinfer_attention", lock, site, fake_nvml, [gpu(H200, (9, 0))], FLASHINFER_WORKSPACE_BASE=str(blocker)
+    )
+    assert result.status.name == "FAIL"
+    assert result.summary.startswith("NotADirectoryError"), result.summary
+    assert f"cause: FLASHINFER_WORKSPACE_BASE={blocker}: it is a file, not a folder" in result.summary
+    assert "nstall" not in result.fix.text and "stackgate provision --only python" not in result.fix.commands
+    assert result.fix.commands[0] == f"ls -ld {blocker}"

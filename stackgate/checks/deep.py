@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from stackgate.checks.core import check
+from stackgate.checks.unexplained import looked_up, missing_piece
 from stackgate.edges.nvml import NvmlSnapshot, command_line
 from stackgate.facts import Facts, Missing, ProbeFacts
 from stackgate.facts.deepruns import (
@@ -413,12 +414,16 @@ def _gpu_line(r: Mapping[str, Any]) -> str:
     )
 
 
+_UNKNOWN = "The cause is not known from this output: read the full log."
+_KILLED = "Read the run's full log; it names the command that ran."
+_IMPORT_BY_HAND = "Import flashinfer by hand in the stack's interpreter to see the whole error."
+#: The fixes that only say where to look: a result carrying one asks the evidence sweep (checks.unexplained).
+_LOOKS = (_UNKNOWN, _KILLED, _IMPORT_BY_HAND)
+
+
 def _log_fix(log: Path) -> Fix:
     """Where the output does not say why: the log, never a reset or a drain on a guess."""
-    return Fix(
-        "The cause is not known from this output: read the full log.",
-        (f"less {log}", "nvidia-smi -q -d PERFORMANCE,CLOCK"),
-    )
+    return Fix(_UNKNOWN, (f"less {log}", "nvidia-smi -q -d PERFORMANCE,CLOCK"))
 
 
 def _limit_s() -> float:
@@ -436,7 +441,7 @@ def gpu_work(lock: Spec, facts: Facts) -> Result:
     """Every GPU multiplies bf16/fp32 matrices correctly at its peers' (and its model's) rate and copies memory."""
     activity = gpu_activity(facts.nvml_lib)
     work = run_gpu_work(lock.python.target, GpuWorkRequest(), launch_env(lock, facts))
-    return judge_gpu_work(work, activity)
+    return looked_up(judge_gpu_work(work, activity), facts, "\n".join(work.tail), _LOOKS)
 
 
 # --- the collective ---------------------------------------------------------------------------
@@ -693,7 +698,7 @@ def collective(lock: Spec, facts: Facts) -> Result:
     """An NCCL all-reduce from 8 KiB to 1 GiB is exact and reaches the locked bus bandwidth."""
     world, wanted = world_size(lock, facts.probe)
     sweep = run_sweep(lock.python.target, AllReduceRequest.for_world(world), launch_env(lock, facts))
-    return judge_collective(sweep, lock.nccl.min_busbw_gbs, wanted)
+    return looked_up(judge_collective(sweep, lock.nccl.min_busbw_gbs, wanted), facts, "\n".join(sweep.tail), _LOOKS)
 
 
 # --- flashinfer: what it shares -------------------------------------------------------------
@@ -828,12 +833,18 @@ def _jit_line(seconds: float, compiled: int, jit: JitContext) -> str:
     )
 
 
-def _flashinfer_import_fix(lock: Spec) -> Fix:
+def _flashinfer_import_fix(lock: Spec, error: str) -> Fix:
+    """An install where the error names a module or library that is not there; else the import by hand (and the
+    evidence sweep): a reinstall only on evidence."""
+    by_hand = f"{lock.python.target} -c 'import flashinfer'"
+    missing = missing_piece(error)
+    if missing is None:
+        return Fix(_IMPORT_BY_HAND, (by_hand,))
     return Fix(
-        "Install flashinfer-python in the stack at the lock's version, with its dependencies (apache-tvm-ffi, "
-        "nvidia-cudnn-frontend) "
-        "and flashinfer-cubin of the same release if any; then import it by hand to see the whole error.",
-        ("stackgate provision --only python", f"{lock.python.target} -c 'import flashinfer'"),
+        f"{missing} is not installed: install flashinfer-python in the stack at the lock's version, with its "
+        "dependencies (apache-tvm-ffi, nvidia-cudnn-frontend) and flashinfer-cubin of the same release if any; then "
+        "import it by hand to see the whole error.",
+        ("stackgate provision --only python", by_hand),
     )
 
 
@@ -920,7 +931,7 @@ def judge_attention(run: AttentionRun, jit: JitContext, lock: Spec) -> Result:
         return failed(
             _explained(run.begin["error"], known),
             [*causes, *jit.lines(), *_tail_lines(run.tail)],
-            known.fix if known else _flashinfer_import_fix(lock),
+            known.fix if known else _flashinfer_import_fix(lock, run.begin.get("trace") or run.begin["error"]),
             data,
         )
     if run.returncode is not None and run.returncode < 0:
@@ -996,7 +1007,7 @@ def _killed(run: AttentionRun, jit: JitContext, data: Mapping[str, Any]) -> Resu
     return failed(
         unknown,
         _tail_lines(run.tail),
-        Fix("Read the run's full log; it names the command that ran.", (f"less {run.log}",)),
+        Fix(_KILLED, (f"less {run.log}",)),
         data,
     )
 
@@ -1102,7 +1113,8 @@ def flashinfer_attention(lock: Spec, facts: Facts) -> Result:
         env,
         shapes.jit_timeout_s + settings.DEEP_TIMEOUT_S.value(),
     )
-    return judge_attention(run, _jit_context(lock, facts, env, shapes.jit_timeout_s), lock)
+    result = judge_attention(run, _jit_context(lock, facts, env, shapes.jit_timeout_s), lock)
+    return looked_up(result, facts, _run_output(run.begin, run.kernels, run.tail), _LOOKS)
 
 
 # --- deep.allreduce_fusion --------------------------------------------------------------------
@@ -1199,10 +1211,11 @@ def judge_fusion_gate(
     }
     if not isinstance(supported, list):
         why = gate.flashinfer.get("error", "no supported majors found")
+        absent = "is not installed" in why or missing_piece(why) is not None
         return failed(
             f"flashinfer's allreduce-fusion module cannot be located: {why}",
             [*evidence, *_tail_lines(gate.tail)],
-            _GATE_FIX,
+            _GATE_FIX if absent else Fix(_UNKNOWN, ("stackgate verify --check flashinfer.cubin",)),
             data,
         )
     majors = {int(cc.split(".")[0]) for cc in capabilities if cc.split(".")[0].isdigit()}
@@ -1387,7 +1400,7 @@ def allreduce_fusion(lock: Spec, facts: Facts) -> Result:
         gate, capabilities, source, env.get("FLASHINFER_CUDA_ARCH_LIST"), lock.deep.fusion.unsupported
     )
     if verdict is not None:
-        return verdict
+        return looked_up(verdict, facts, "\n".join(gate.tail), _LOOKS)
     world, wanted = world_size(lock, facts.probe)
     if world < 2:
         return skipped(
@@ -1402,4 +1415,12 @@ def allreduce_fusion(lock: Spec, facts: Facts) -> Result:
         env,
         fusion.jit_timeout_s + settings.DEEP_TIMEOUT_S.value(),
     )
-    return judge_fusion(run, _jit_context(lock, facts, env, fusion.jit_timeout_s), lock)
+    result = judge_fusion(run, _jit_context(lock, facts, env, fusion.jit_timeout_s), lock)
+    return looked_up(result, facts, _run_output(run.begin, run.failures, run.tail), _LOOKS)
+
+
+def _run_output(begin: Mapping[str, Any], records: Sequence[Mapping[str, Any]], tail: Sequence[str]) -> str:
+    """What a run said of its failure: its start's error and trace, its records' errors, its log's tail."""
+    parts = [begin.get("trace") or begin.get("error") or ""]
+    parts += [str(r.get("trace") or r.get("error") or "") for r in records]
+    return "\n".join([*parts, *tail])

@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+from typing import Iterable
 
 from stackgate.facts import Facts
 from stackgate.facts.evidencesweep import explain
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, Status
 
-__all__ = ["swept", "unexplained"]
+__all__ = ["looked_up", "missing_piece", "swept", "unexplained"]
 
 
 def swept(facts: Facts, output: str = "") -> tuple[str, Fix | None]:
@@ -34,3 +36,31 @@ def unexplained(result: Result, facts: Facts, output: str = "") -> Result:
         fix=Fix(fix.text, commands),
         data=data,
     )
+
+
+_MISSING = re.compile(
+    r"No module named '?(?P<module>[\w.]+)'?|(?P<library>[\w.+-]+\.so[\w.]*): cannot open shared object file: No such "
+    r"file"
+)
+
+
+def missing_piece(output: str) -> str | None:
+    """The module or shared library ``output`` says is not installed (evidence for an install), or None.
+
+    >>> missing_piece("ModuleNotFoundError: No module named 'tvm_ffi'")
+    'tvm_ffi'
+    >>> missing_piece("OSError: libnccl.so.2: cannot open shared object file: No such file or directory")
+    'libnccl.so.2'
+    >>> missing_piece("NotADirectoryError: [Errno 20] Not a directory: '/tmp/ws/flashinfer'") is None
+    True
+    """
+    match = _MISSING.search(output)
+    return None if match is None else match["module"] or match["library"]
+
+
+def looked_up(result: Result, facts: Facts, output: str, looks: Iterable[str]) -> Result:
+    """:func:`unexplained` for a result whose fix is one of ``looks`` (the texts of fixes that only say where to look:
+    its cause was not known); any other result as it is."""
+    if result.fix is None or result.fix.text not in set(looks):
+        return result
+    return unexplained(result, facts, output)
