@@ -205,3 +205,40 @@ def test_a_workspace_variable_naming_a_file_is_the_cause_of_flashinfers_failure_
     assert f"cause: FLASHINFER_WORKSPACE_BASE={blocker}: it is a file, not a folder" in result.summary
     assert "nstall" not in result.fix.text and "stackgate provision --only python" not in result.fix.commands
     assert result.fix.commands[0] == f"ls -ld {blocker}"
+
+
+def test_a_failed_provision_step_gets_the_sweeps_finding_before_the_logs_generic_one(tmp_path, monkeypatch):
+    from stackgate.flows.provision import known_failures
+
+    home = tmp_path / "cuda"
+    (home / "bin").mkdir(parents=True)
+    monkeypatch.setenv("CUDA_HOME", str(home))
+    log = tmp_path / "step.log"
+    log.write_text(NINJA.replace("{home}", str(home)) + "\n")
+    python, _ = make_venv(tmp_path / "venv")
+    finding, *generic = known_failures(log, lock_for(python, ""))
+    assert finding.id == "evidence-sweep" and [f.id for f in generic] == ["jit-build-failed"]
+    assert finding.cause.startswith(f"CUDA_HOME={home}: it has no bin/nvcc; its first error: /bin/sh: 1: {home}")
+    assert finding.evidence.lines == (f"/bin/sh: 1: {home}/bin/nvcc: not found",)
+    assert finding.evidence.line == 70 and finding.evidence.file == str(log)
+
+
+@pytest.mark.parametrize(
+    ("raised", "install"),
+    [
+        ("RuntimeError('an error only its author knows')", False),
+        ("ModuleNotFoundError(\"No module named 'sympy'\")", True),
+    ],
+)
+def test_torch_that_does_not_import_gets_an_install_only_when_its_error_names_what_is_missing(
+    tmp_path, raised, install
+):
+    python, site = make_venv(tmp_path / "venv")
+    install_dist(site, "torch", "2.11.0", files={"torch/__init__.py": f"raise {raised}\n".encode()})
+    result = run("torch.build", lock_for(python, ""))
+    assert result.status.name == "FAIL" and result.summary.startswith("import torch fails: ")
+    assert ("stackgate provision --only python" in result.fix.commands) is install, result.fix
+    assert ("nstall" in result.fix.text) is install
+    if not install:
+        assert result.fix.commands == (f"{python} -c 'import torch'",)
+        assert result.details[-1].startswith("Evidence sweep: the cause is not known from this; nothing abnormal in")

@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from typing import Iterable
 
 from stackgate.facts import Facts
-from stackgate.facts.evidencesweep import explain
+from stackgate.facts.evidencesweep import explain, with_cause
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, Status
 
@@ -21,21 +20,11 @@ def swept(facts: Facts, output: str = "") -> tuple[str, Fix | None]:
 
 
 def unexplained(result: Result, facts: Facts, output: str = "") -> Result:
-    """``result`` (a failure whose cause its output did not show) with the sweep's cause and fix in front, or with what
-    the sweep checked added to its details (its own fix kept: where to look)."""
+    """``result`` (a failure whose cause its output did not show) told with the sweep's cause and fix, or with what
+    the sweep checked (:func:`stackgate.facts.evidencesweep.with_cause`)."""
     if result.status < Status.FAIL:
         return result
-    text, fix = swept(facts, output)
-    data = {**result.data, "evidence_sweep": text}
-    if fix is None:
-        return dataclasses.replace(result, details=(*result.details, f"Evidence sweep: {text}"), data=data)
-    commands = tuple(dict.fromkeys((*fix.commands, *(result.fix.commands if result.fix else ()))))
-    return dataclasses.replace(
-        result,
-        summary=f"{result.summary}: cause: {text}",
-        fix=Fix(fix.text, commands),
-        data=data,
-    )
+    return with_cause(result, facts.sweep, output)
 
 
 _MISSING = re.compile(

@@ -11,6 +11,7 @@ fails without a known cause (static, deep, smoke, provision) asks this one modul
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -20,11 +21,13 @@ from typing import Iterable, Mapping
 
 from stackgate.edges import elf
 from stackgate.facts.values import KernelEvents, Missing, ProbeFacts
-from stackgate.models.finding import Fix
+from stackgate.models.finding import Evidence, Finding, Fix
 from stackgate.models.kernelevents import KernelEvent
+from stackgate.models.result import Result, Status
 
 __all__ = [
     "Cause",
+    "as_finding",
     "Damage",
     "EvidenceSweep",
     "Limit",
@@ -37,6 +40,7 @@ __all__ = [
     "observe",
     "path_problem",
     "read_limits",
+    "with_cause",
 ]
 
 UNLIMITED = -1
@@ -385,3 +389,40 @@ def explain(sweep: EvidenceSweep, output: str = "") -> tuple[str, Fix | None]:
     also = f" (and {len(causes) - 1} more: {'; '.join(c.text for c in causes[1:3])})" if len(causes) > 1 else ""
     commands = tuple(dict.fromkeys(c for cause in causes for c in cause.fix.commands))
     return f"{first.text}{said}{also}", Fix(" ".join(dict.fromkeys(c.fix.text for c in causes)), commands)
+
+
+def with_cause(result: Result, sweep: EvidenceSweep, output: str = "") -> Result:
+    """``result`` (a failure whose cause its output did not show) with the sweep's cause in its summary and the
+    cause's fix in front of its own commands, or with what the sweep checked added to its details (its own fix kept:
+    where to look)."""
+    if result.status < Status.FAIL:
+        return result
+    text, fix = explain(sweep, output)
+    data = {**result.data, "evidence_sweep": text}
+    if fix is None:
+        return dataclasses.replace(result, details=(*result.details, f"Evidence sweep: {text}"), data=data)
+    commands = tuple(dict.fromkeys((*fix.commands, *(result.fix.commands if result.fix else ()))))
+    return dataclasses.replace(
+        result, summary=f"{result.summary}: cause: {text}", fix=Fix(fix.text, commands), data=data
+    )
+
+
+def as_finding(sweep: EvidenceSweep, output: str, source: str) -> Finding | None:
+    """The sweep's cause as a finding of ``source`` (a failed step's log), beside the knowledge base's; None when
+    nothing is abnormal."""
+    text, fix = explain(sweep, output)
+    if fix is None:
+        return None
+    error = first_error(output)
+    lines = [line for line in output.splitlines() if line.strip()]
+    line = next((i for i, t in enumerate(lines, 1) if error and t.strip().startswith(error[:80])), len(lines))
+    return Finding(
+        "evidence-sweep",
+        "found by the evidence sweep",
+        "error",
+        "environment",
+        text,
+        fix,
+        "stackgate's evidence sweep (limits, paths, shared objects, kernel events)",
+        Evidence(source, max(line, 1), (error,) if error else ()),
+    )
