@@ -4,7 +4,9 @@ way a test runs the program (:func:`run_program`)."""
 
 from __future__ import annotations
 
+import base64
 import fcntl
+import hashlib
 import os
 import shutil
 import socket
@@ -179,7 +181,8 @@ def install_dist(
         target = site / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content)
-        record.append(f"{relative},,")
+        digest = base64.urlsafe_b64encode(hashlib.sha256(content).digest()).rstrip(b"=").decode()
+        record.append(f"{relative},sha256={digest},{len(content)}")
     record += [f"{dist_info.name}/METADATA,,", f"{dist_info.name}/RECORD,,"]
     (dist_info / "RECORD").write_text("\n".join(record) + "\n")
     return dist_info

@@ -964,3 +964,16 @@ def test_a_flag_this_sglang_does_not_know_is_refused_by_its_parser(rig):
     refused = results["smoke.log.sglang-bad-arguments"]
     assert refused.summary == "SGLang refused its command line: unrecognized arguments: --enable-allreduce-fusion"
     assert_nothing_left(rig)
+
+
+def test_a_crash_of_no_known_cause_is_told_with_what_the_evidence_sweep_finds(rig, monkeypatch):
+    blocker = rig.tmp / "triton-cache"
+    blocker.write_text("a file, not a folder\n")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(blocker))
+    rig.behave(crash_at_start={"phase": "load", "lines": ["Scheduler hit an exception: RuntimeError: odd"]})
+    done = rig.run(rig.lock())
+    launch = by_name(done.results)["smoke.launch"]
+    assert launch.status == Status.FAIL
+    assert f"cause: TRITON_CACHE_DIR={blocker}: it is a file, not a folder" in launch.summary, launch.summary
+    assert launch.fix.commands[0] == f"ls -ld {blocker}"
+    assert_nothing_left(rig)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from stackgate.checks.core import check
+from stackgate.checks.unexplained import swept
 from stackgate.facts import Facts, ImportOutcome, Missing
+from stackgate.facts.evidencesweep import damaged_objects, explain
 from stackgate.models.finding import Finding, Fix
 from stackgate.models.result import Result, failed, passed, skipped
 from stackgate.models.spec import Spec
@@ -43,7 +45,9 @@ def imports(lock: Spec, facts: Facts) -> Result:
         known = {o.name: explain_import(o, lock) for o in broken}
         for name, finding in known.items():
             data[name]["finding"] = finding.to_dict() if finding else None
-        said = [classify_import(o, lock, known[o.name], facts.env.environ) for o in broken]
+        said = [
+            classify_import(o, lock, known[o.name], facts.env.environ, lambda out: swept(facts, out)) for o in broken
+        ]
         details = [f"import {o.name}: {text}" for o, (text, _) in zip(broken, said, strict=True)]
         commands = tuple(dict.fromkeys(c for _, fix in said for c in fix.commands))
         fix = Fix(" ".join(dict.fromkeys(fix.text for _, fix in said)), commands)
@@ -65,11 +69,16 @@ def explain_import(outcome: ImportOutcome, lock: Spec) -> Finding | None:
 
 
 def classify_import(
-    outcome: ImportOutcome, lock: Spec, finding: Finding | None, environ: Mapping[str, str] | None = None
+    outcome: ImportOutcome,
+    lock: Spec,
+    finding: Finding | None,
+    environ: Mapping[str, str] | None = None,
+    sweep: Callable[[str], tuple[str, Fix | None]] | None = None,
 ) -> tuple[str, Fix]:
     """What an import failure means in one line, and its fix: the finding's; where the knowledge base knows nothing,
-    the file PYTHONPATH put ahead of the stack's own when the traceback came from one, else the raw error and the
-    way to see it whole (never a reinstall on a guess)."""
+    the file PYTHONPATH put ahead of the stack's own when the traceback came from one, else what the evidence sweep
+    (``sweep(output)``) finds abnormal, else the raw error, what the sweep checked and the way to see it whole (never
+    a reinstall on a guess)."""
     by_hand = f"{lock.python.target} -c 'import {outcome.name}'"
     if outcome.timed_out:
         return (
@@ -79,8 +88,11 @@ def classify_import(
                 (f"{lock.python.target} -X importtime -c 'import {outcome.name}'",),
             ),
         )
+    said = outcome.error_line or "failed with no message"
+    text, fix = sweep(outcome.output) if sweep is not None else ("the cause is not known from this error", None)
+    if fix is not None:  # evidence first: a damaged library or a limit is the cause, whatever the error reads like
+        return f"{said}: {text}", Fix(fix.text, (*fix.commands, by_hand))
     if finding is None:
-        said = outcome.error_line or "failed with no message"
         shadow = shadowed(outcome.output, (environ or {}).get("PYTHONPATH", ""))
         if shadow is not None:
             file, entry = shadow
@@ -90,7 +102,8 @@ def classify_import(
                 f"{outcome.name}.",
                 (f"env -u PYTHONPATH {by_hand}",),
             )
-        return said, Fix("The cause is not known from this error: run the import by hand to see it whole.", (by_hand,))
+        unknown = Fix("The cause is not known from this error: run the import by hand to see it whole.", (by_hand,))
+        return f"{said}; {text}", unknown
     evidence = finding.evidence
     text = f"{evidence.lines[evidence.line - (evidence.start_line or evidence.line)].strip()} -> {finding.cause}"
     if finding.id == "undefined-symbol":
@@ -142,12 +155,26 @@ def symbol_provider(symbol: str) -> str:
     return _NAMESPACES.get(namespace, f"the library defining {namespace or symbol}")
 
 
-@check("abi.elf", needs=("elf", "probe"))
+@check("abi.elf", needs=("elf", "probe", "dists"))
 def elf_links(lock: Spec, facts: Facts) -> Result:
-    """No shared object of the locked packages links a CUDA major other than torch's."""
-    scan = facts.elf
-    if isinstance(scan, Missing):
-        return skipped("no stack environment to scan (see python.interpreter)", [scan.reason])
+    """Every shared object of the stack is whole, and none of the locked packages' links a CUDA major other than
+    torch's."""
+    scan, dists = facts.elf, facts.dists
+    if isinstance(scan, Missing) or isinstance(dists, Missing):
+        reason = scan.reason if isinstance(scan, Missing) else getattr(dists, "reason", "")
+        return skipped("no stack environment to scan (see python.interpreter)", [reason])
+    whole, damage = damaged_objects(dists)
+    if damage:
+        text, fix = explain(facts.sweep)
+        details = [f"{d.path} ({d.distribution} {d.version}): {d.why}" for d in damage]
+        return failed(f"{len(damage)} of {whole} shared object(s) of the stack are damaged: {text}", details, fix)
+    if not scan.files:
+        names = ", ".join(p.name for p in lock.python.packages) or "none listed"
+        return passed(
+            f"{whole} shared object(s) of the stack checked whole; the lock's packages hold no shared object: no "
+            f"CUDA link to judge (python.packages: {names})",
+            data={"files": 0, "checked_whole": whole},
+        )
     probe = facts.probe
     torch_cuda = (probe.torch or {}).get("cuda") if not isinstance(probe, Missing) else None
     want = torch_cuda or lock.python.torch_cuda
@@ -176,7 +203,12 @@ def elf_links(lock: Spec, facts: Facts) -> Result:
         )
         return failed(summary, details, fix, data)
     extra = [f"unreadable: {u}" for u in scan.unreadable]
-    return passed(f"{len(scan.files)} shared object(s) scanned, {linked} link CUDA, all CUDA {major}", extra, data)
+    return passed(
+        f"{len(scan.files)} shared object(s) scanned, {linked} link CUDA, all CUDA {major}; {whole} of the stack "
+        "checked whole",
+        extra,
+        {**data, "checked_whole": whole},
+    )
 
 
 def _short(path: str) -> str:

@@ -5,12 +5,15 @@ from __future__ import annotations
 from packaging.version import Version
 
 from stackgate.checks.core import check
+from stackgate.checks.unexplained import missing_piece, unexplained
 from stackgate.facts import Facts, Missing
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, failed, passed, skipped
 from stackgate.models.spec import Spec
 
 __all__: list[str] = []
+
+_PROVISION = "stackgate provision --only python"
 
 
 @check("nccl.version", needs=("probe",))
@@ -24,10 +27,16 @@ def version(lock: Spec, facts: Facts) -> Result:
         return skipped("torch is not an importable CUDA build (see torch.build): no NCCL to check")
     loaded = torch["nccl_version"]
     if isinstance(loaded, dict):
-        return failed(
-            f"torch cannot load NCCL: {loaded['error']}",
-            fix=Fix("Reinstall torch with its nvidia-nccl dependency.", ("stackgate provision --only python",)),
+        summary = f"torch cannot load NCCL: {loaded['error']}"
+        missing = missing_piece(loaded["error"])
+        if missing is not None:
+            fix = Fix(f"{missing} is not installed: install torch with its nvidia-nccl dependency.", (_PROVISION,))
+            return failed(summary, fix=fix)
+        look = Fix(
+            "Load NCCL by hand in the stack's interpreter to see the whole error.",
+            (f"{lock.python.target} -c 'import torch; print(torch.cuda.nccl.version())'",),
         )
+        return unexplained(failed(summary, fix=look), facts, loaded["error"])
     have = Version(".".join(str(part) for part in loaded))
     dist = probe.dist(f"nvidia-nccl-cu{torch['cuda'].split('.')[0]}")
     data = {

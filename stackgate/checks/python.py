@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from stackgate.checks.core import check
+from stackgate.checks.unexplained import missing_piece, unexplained
 from stackgate.edges.nvml import GpuInfo, NvmlSnapshot
 from stackgate.facts import Facts, Missing, ProbeFacts
 from stackgate.facts.compare import conflicts, locked_problems, pin_problem
@@ -179,11 +180,13 @@ def torch_build(lock: Spec, facts: Facts) -> Result:
             "torch is not installed in the stack's environment", fix=Fix("Install the locked torch.", (_PROVISION,))
         )
     if not torch["imported"]:
-        return failed(
-            f"import torch fails: {torch['error']}",
-            torch.get("traceback", "").strip().splitlines()[-8:],
-            Fix("Reinstall the locked torch.", (_PROVISION,)),
-        )
+        trace = torch.get("traceback", "")
+        summary, lines = f"import torch fails: {torch['error']}", trace.strip().splitlines()[-8:]
+        missing = missing_piece(trace)
+        if missing is not None:
+            return failed(summary, lines, Fix(f"{missing} is not installed: install the locked torch.", (_PROVISION,)))
+        by_hand = Fix(_TORCH_BY_HAND, (f"{lock.python.target} -c 'import torch'",))
+        return unexplained(failed(summary, lines, by_hand), facts, trace)
     data = {"version": torch["version"], "cuda": torch["cuda"], "hip": torch["hip"], "want_cuda": want}
     fix = Fix(
         f"Install torch from the CUDA {want} index the lock names (the plain PyPI wheel may be another CUDA build).",
@@ -214,9 +217,11 @@ def torch_arch(lock: Spec, facts: Facts) -> Result:
     if not torch or not torch["imported"] or not torch["cuda"]:
         return skipped("torch is not an importable CUDA build (see torch.build)")
     snap = facts.nvml
-    hidden = _unseen(torch, snap, facts.env.environ.get("CUDA_VISIBLE_DEVICES"), lock)
+    visible = facts.env.environ.get("CUDA_VISIBLE_DEVICES")
+    hidden = _unseen(torch, snap, visible, lock)
     if hidden is not None:
-        return hidden
+        said = f"{torch.get('device_count')} {torch.get('cuda_available')}"
+        return hidden if visible is not None else unexplained(hidden, facts, said)
     arch_list = torch["arch_list"]
     if isinstance(arch_list, dict):
         return failed(f"torch cannot list its architectures: {arch_list['error']}")
@@ -250,6 +255,9 @@ def torch_arch(lock: Spec, facts: Facts) -> Result:
             data=data,
         )
     return passed(f"torch covers {', '.join(f'{cc} ({how})' for cc, how in covered.items())} from {source}", data=data)
+
+
+_TORCH_BY_HAND = "Import torch by hand in the stack's interpreter to see the whole error."
 
 
 def hidden_by(value: str, gpus: Sequence[GpuInfo]) -> tuple[int, str]:

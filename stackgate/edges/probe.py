@@ -54,16 +54,18 @@ def marker_environment():
     }
 
 
-def shared_objects(dist):
-    found = []
+def object_sizes(dist):
+    """Each shared object the distribution's RECORD lists, with the size RECORD gives it (None: not given)."""
+    found = {}
     for file in dist.files or ():
         name = str(file)
         if name.endswith(".so") or ".so." in os.path.basename(name):
-            found.append(str(dist.locate_file(file)))
-    return sorted(found)
+            found[str(dist.locate_file(file))] = file.size
+    return found
 
 
-def distributions(files_of):
+def distributions(files_of, every=False):
+    """The installed distributions; the shared objects of those ``files_of`` names (of all of them with ``every``)."""
     if metadata is None:  # Python < 3.8: main() does not ask
         return None
     wanted = {canonical(n) for n in files_of}
@@ -83,8 +85,10 @@ def distributions(files_of):
             "wheel_tags": wheel_tags(dist),
             "direct_url": direct_url(dist),
         }
-        if key in wanted:
-            entry["shared_objects"] = shared_objects(dist)
+        if key in wanted or every:
+            sizes = object_sizes(dist)
+            entry["shared_objects"] = sorted(sizes)
+            entry["object_sizes"] = sizes
         result[key] = entry
     return result
 
@@ -168,7 +172,7 @@ def main(argv):
         return 2
     request = json.loads(argv[2]) if len(argv) > 2 else {}
     wants_dists = request.get("distributions", True) and metadata is not None
-    dists = distributions(request.get("files_of", ())) if wants_dists else None
+    dists = distributions(request.get("files_of", ()), request.get("every_file", False)) if wants_dists else None
     wants_torch = request.get("torch") and importlib.util.find_spec("torch") is not None
     facts = {
         "schema": SCHEMA,

@@ -34,6 +34,7 @@ from stackgate.models.spec import Spec, Toolkit
 
 if TYPE_CHECKING:
     from stackgate.facts import generationstate
+    from stackgate.facts.evidencesweep import EvidenceSweep
     from stackgate.facts.patchstate import PatchStatus
     from stackgate.models import pylock
 
@@ -144,6 +145,11 @@ class Facts:
     @property
     def pylock(self) -> pylock.Resolution | Missing:
         return self.get("pylock")
+
+    @property
+    def sweep(self) -> EvidenceSweep:
+        """The evidence sweep's observations, gathered only when a failure's own output does not say why."""
+        return self.get("sweep")
 
     def toolkit(self, toolkit: Toolkit) -> ToolkitFacts:
         return next(t for t in self.toolkits if t.toolkit == toolkit)
@@ -342,6 +348,17 @@ def _kernel(lock: Spec, facts: Facts) -> KernelEvents | Missing:
     return KernelEvents(log.source, tuple(kernelmodel.parse(log.text)), log.text.count("\n"))
 
 
+# --- the evidence sweep --------------------------------------------------------------------------
+
+
+def _sweep(lock: Spec, facts: Facts) -> EvidenceSweep:
+    """What the evidence sweep sees of the environment the stack runs in (stackgate.facts.evidencesweep)."""
+    from stackgate.facts import evidencesweep
+
+    env = facts.get("env")
+    return evidencesweep.observe(env.environ, facts.get("dists"), facts.get("kernel"), python=str(lock.python.target))
+
+
 #: How each part is gathered, and what it needs first.
 PARTS: dict[str, Gatherer] = {
     "nvml": _nvml,
@@ -356,10 +373,12 @@ PARTS: dict[str, Gatherer] = {
     "generation": _generation,
     "pylock": _pylock,
     "kernel": _kernel,
+    "sweep": _sweep,
 }
 DEPENDS: dict[str, tuple[str, ...]] = {
     "probe": ("env", "dists"),
     "imports": ("env", "probe"),
     "elf": ("probe",),
     "patches": ("probe",),
+    "sweep": ("env", "dists", "kernel"),
 }

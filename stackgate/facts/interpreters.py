@@ -78,6 +78,7 @@ def _probe_facts(raw: Mapping[str, Any], duration_s: float) -> ProbeFacts:
             tuple(d.get("shared_objects", ())),
             tuple(d.get("wheel_tags", ())),
             d.get("direct_url"),
+            d.get("object_sizes") or {},
         )
         for key, d in raw["distributions"].items()
     }
@@ -86,13 +87,14 @@ def _probe_facts(raw: Mapping[str, Any], duration_s: float) -> ProbeFacts:
 
 
 def dists(lock: Spec, env: Mapping[str, str]) -> ProbeFacts | Missing:
-    """The probe without importing torch: the installed distributions, with the shared objects of the
-    lock's packages (the ELF scan's). What provision plans from, so that a no-op provision does not pay
-    for torch's import, and the distributions half of :func:`probe`."""
+    """The probe without importing torch: the installed distributions, each with its shared objects and the sizes
+    its RECORD gives them (the ELF scan's and the evidence sweep's). What provision plans from, so that a no-op
+    provision does not pay for torch's import, and the distributions half of :func:`probe`."""
     missing = target_missing(lock)
     if missing is not None:
         return missing
-    found = _run_probe(lock.python.target, {"torch": False, "files_of": [p.name for p in lock.python.packages]}, env)
+    request = {"torch": False, "files_of": [p.name for p in lock.python.packages], "every_file": True}
+    found = _run_probe(lock.python.target, request, env)
     if isinstance(found, Missing):
         return found
     raw, seconds = found

@@ -108,6 +108,7 @@ class Distribution:
     shared_objects: tuple[str, ...] = ()
     wheel_tags: tuple[str, ...] = ()  #: the Tag lines of its WHEEL file: which build was installed
     direct_url: Mapping[str, Any] | None = None  #: its direct_url.json (PEP 610): installed from a URL or file
+    object_sizes: Mapping[str, int | None] = field(default_factory=dict)  #: each shared object, its RECORD size
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,9 @@ from typing import Any, Callable, ContextManager, Mapping, TypeVar
 from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import Check, run_checks
 from stackgate.edges import faults, fetch
-from stackgate.facts import Missing, gather
+from stackgate.facts import Facts, Missing, gather
 from stackgate.facts.compare import environment_drift, environment_spec
+from stackgate.facts.evidencesweep import as_finding
 from stackgate.flows.diagnose import DiagnoseUsageError, diagnose
 from stackgate.flows.stages import Stage, run_stages
 from stackgate.flows.verify import VerifyRun, verify
@@ -92,14 +93,22 @@ class ProvisionError(Exception):
 
 
 def known_failures(log: Path | None, lock: Spec) -> list[Finding]:
-    """What the knowledge base knows of a failed step, read from its full log (installer output)."""
+    """What the knowledge base knows of a failed step, read from its full log (installer output), after what the
+    evidence sweep finds abnormal (evidence first: a log's reading of a failure may be generic)."""
     if log is None:
         return []
     try:
         done = diagnose([(str(log), lambda: open(log, "rb"))], knowledge.lock_context(lock), stage="provision")
     except DiagnoseUsageError:
         return []  # the log is gone: the tail shown is all there is
-    return list(done.findings)
+    facts = Facts(lock)
+    try:
+        swept = as_finding(facts.sweep, log.read_text(errors="replace"), str(log))
+    except OSError:
+        swept = None
+    finally:
+        facts.close()
+    return [*([swept] if swept is not None else []), *done.findings]
 
 
 def advice(exc: BaseException) -> str:

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 from stackgate.checks.smoke import logscan, serverinfo
 from stackgate.edges import faults
-from stackgate.facts import serverlog
+from stackgate.facts import Facts, evidencesweep, serverlog
 from stackgate.models import envfile, knowledge, runenv, secretargs, settings
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.finding import Finding, Fix
@@ -556,6 +556,20 @@ def _launch_result(
     return failed(f"not ready after {timeout_s:g} s (last phase: {ready.phase})", tail, fix=fix, data=data)
 
 
+def _swept(result: Result, lock: Spec, environ: Mapping[str, str], log: Path, *, known: bool) -> Result:
+    """A failed launch told with what the evidence sweep finds abnormal in the server's environment (its limits,
+    paths, the stack's shared objects, the kernel's events) and its log's first error: evidence before a log line's
+    reading; with no known cause, what the sweep checked where it found nothing."""
+    facts = Facts(lock, environ=environ)
+    try:
+        if known and not evidencesweep.judge(facts.sweep):
+            return result
+        output = log.read_text(errors="replace")[-200_000:] if log.is_file() else ""
+        return evidencesweep.with_cause(result, facts.sweep, output)
+    finally:
+        facts.close()
+
+
 def _port_of(server: launch.Server) -> str:
     argv = list(server.argv)
     return argv[argv.index("--port") + 1] if "--port" in argv[:-1] else "?"
@@ -772,6 +786,7 @@ def _conclude(
             _launch_result(seen, server, watcher, context.lock.smoke, watcher.cause),
             check=session.config.check("launch"),
         )
+        named = _swept(named, context.lock, session.environment, server.log_path, known=watcher.cause is not None)
         session.results = [named if r.check == named.check else r for r in session.results]
     for item in session.evidence:
         name = f"evidence.{item.flag.lstrip('-')}"

@@ -12,6 +12,8 @@ from typing import Any, Mapping, Sequence
 
 from stackgate.checks.core import check
 from stackgate.checks.deep.common import (
+    _KILLED,
+    _LOOKS,
     ATTENTION_ATOL,
     JitContext,
     Known,
@@ -24,11 +26,13 @@ from stackgate.checks.deep.common import (
     _jit_context,
     _jit_line,
     _log_fix,
+    _run_output,
     _tail_lines,
     _uses_flashinfer,
     close_enough,
 )
 from stackgate.checks.deep.gpuwork import model_row, row_named
+from stackgate.checks.unexplained import looked_up
 from stackgate.facts import Facts
 from stackgate.facts.deepruns import (
     ATTENTION_RTOL,
@@ -241,7 +245,7 @@ def judge_attention(run: AttentionRun, jit: JitContext, lock: Spec) -> Result:
         return failed(
             _explained(run.begin["error"], known),
             [*causes, *jit.lines(), *_tail_lines(run.tail)],
-            known.fix if known else _flashinfer_import_fix(lock),
+            known.fix if known else _flashinfer_import_fix(lock, run.begin.get("trace") or run.begin["error"]),
             data,
         )
     if run.returncode is not None and run.returncode < 0:
@@ -363,7 +367,7 @@ def _killed(run: AttentionRun, jit: JitContext, data: Mapping[str, Any]) -> Resu
     return failed(
         unknown,
         _tail_lines(run.tail),
-        Fix("Read the run's full log; it names the command that ran.", (f"less {run.log}",)),
+        Fix(_KILLED, (f"less {run.log}",)),
         data,
     )
 
@@ -493,4 +497,5 @@ def flashinfer_attention(lock: Spec, facts: Facts) -> Result:
         env,
         shapes.jit_timeout_s + settings.DEEP_TIMEOUT_S.value(),
     )
-    return judge_attention(run, _jit_context(lock, facts, env, shapes.jit_timeout_s), lock)
+    result = judge_attention(run, _jit_context(lock, facts, env, shapes.jit_timeout_s), lock)
+    return looked_up(result, facts, _run_output(run.begin, run.kernels, run.tail), _LOOKS)

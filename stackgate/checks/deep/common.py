@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from stackgate.checks.unexplained import missing_piece
 from stackgate.facts import Facts, Missing, ProbeFacts
 from stackgate.facts.deepruns import (
     FLASHWORK,
@@ -155,12 +156,16 @@ def _uses_flashinfer(lock: Spec) -> bool:
     )
 
 
+_UNKNOWN = "The cause is not known from this output: read the full log."
+_KILLED = "Read the run's full log; it names the command that ran."
+_IMPORT_BY_HAND = "Import flashinfer by hand in the stack's interpreter to see the whole error."
+#: The fixes that only say where to look: a result carrying one asks the evidence sweep (checks.unexplained).
+_LOOKS = (_UNKNOWN, _KILLED, _IMPORT_BY_HAND)
+
+
 def _log_fix(log: Path) -> Fix:
     """Where the output does not say why: the log, never a reset or a drain on a guess."""
-    return Fix(
-        "The cause is not known from this output: read the full log.",
-        (f"less {log}", "nvidia-smi -q -d PERFORMANCE,CLOCK"),
-    )
+    return Fix(_UNKNOWN, (f"less {log}", "nvidia-smi -q -d PERFORMANCE,CLOCK"))
 
 
 def _limit_s() -> float:
@@ -305,10 +310,23 @@ def _jit_line(seconds: float, compiled: int, jit: JitContext) -> str:
     )
 
 
-def _flashinfer_import_fix(lock: Spec) -> Fix:
+def _flashinfer_import_fix(lock: Spec, error: str) -> Fix:
+    """An install where the error names a module or library that is not there; else the import by hand (and the
+    evidence sweep): a reinstall only on evidence."""
+    by_hand = f"{lock.python.target} -c 'import flashinfer'"
+    missing = missing_piece(error)
+    if missing is None:
+        return Fix(_IMPORT_BY_HAND, (by_hand,))
     return Fix(
-        "Install flashinfer-python in the stack at the lock's version, with its dependencies (apache-tvm-ffi, "
-        "nvidia-cudnn-frontend) "
-        "and flashinfer-cubin of the same release if any; then import it by hand to see the whole error.",
-        ("stackgate provision --only python", f"{lock.python.target} -c 'import flashinfer'"),
+        f"{missing} is not installed: install flashinfer-python in the stack at the lock's version, with its "
+        "dependencies (apache-tvm-ffi, nvidia-cudnn-frontend) and flashinfer-cubin of the same release if any; then "
+        "import it by hand to see the whole error.",
+        ("stackgate provision --only python", by_hand),
     )
+
+
+def _run_output(begin: Mapping[str, Any], records: Sequence[Mapping[str, Any]], tail: Sequence[str]) -> str:
+    """What a run said of its failure: its start's error and trace, its records' errors, its log's tail."""
+    parts = [begin.get("trace") or begin.get("error") or ""]
+    parts += [str(r.get("trace") or r.get("error") or "") for r in records]
+    return "\n".join([*parts, *tail])

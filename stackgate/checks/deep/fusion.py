@@ -11,6 +11,8 @@ from typing import Any, Mapping, Sequence
 from stackgate.checks.core import check
 from stackgate.checks.deep.attention import _JIT_TIMEOUT_FIX
 from stackgate.checks.deep.common import (
+    _LOOKS,
+    _UNKNOWN,
     FUSION_FLAG,
     JitContext,
     _classified,
@@ -21,11 +23,13 @@ from stackgate.checks.deep.common import (
     _jit_context,
     _jit_line,
     _log_fix,
+    _run_output,
     _tail_lines,
     close_enough,
     fusion_atol,
     world_size,
 )
+from stackgate.checks.unexplained import looked_up, missing_piece
 from stackgate.facts import Facts, Missing
 from stackgate.facts.deepruns import (
     FusionGate,
@@ -141,10 +145,11 @@ def judge_fusion_gate(
     }
     if not isinstance(supported, list):
         why = gate.flashinfer.get("error", "no supported majors found")
+        absent = "is not installed" in why or missing_piece(why) is not None
         return failed(
             f"flashinfer's allreduce-fusion module cannot be located: {why}",
             [*evidence, *_tail_lines(gate.tail)],
-            _GATE_FIX,
+            _GATE_FIX if absent else Fix(_UNKNOWN, ("stackgate verify --check flashinfer.cubin",)),
             data,
         )
     majors = {int(cc.split(".")[0]) for cc in capabilities if cc.split(".")[0].isdigit()}
@@ -329,7 +334,7 @@ def allreduce_fusion(lock: Spec, facts: Facts) -> Result:
         gate, capabilities, source, env.get("FLASHINFER_CUDA_ARCH_LIST"), lock.deep.fusion.unsupported
     )
     if verdict is not None:
-        return verdict
+        return looked_up(verdict, facts, "\n".join(gate.tail), _LOOKS)
     world, wanted = world_size(lock, facts.probe)
     if world < 2:
         return skipped(
@@ -344,4 +349,5 @@ def allreduce_fusion(lock: Spec, facts: Facts) -> Result:
         env,
         fusion.jit_timeout_s + settings.DEEP_TIMEOUT_S.value(),
     )
-    return judge_fusion(run, _jit_context(lock, facts, env, fusion.jit_timeout_s), lock)
+    result = judge_fusion(run, _jit_context(lock, facts, env, fusion.jit_timeout_s), lock)
+    return looked_up(result, facts, _run_output(run.begin, run.failures, run.tail), _LOOKS)

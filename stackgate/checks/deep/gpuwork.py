@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from stackgate.checks.core import check
-from stackgate.checks.deep.common import PEER_FLOOR, RATES, TOLERANCE, _code, _limit_s, _log_fix, _tail_lines
+from stackgate.checks.deep.common import _LOOKS, PEER_FLOOR, RATES, TOLERANCE, _code, _limit_s, _log_fix, _tail_lines
+from stackgate.checks.unexplained import looked_up
 from stackgate.edges.nvml import NvmlSnapshot, command_line
 from stackgate.facts import Facts, Missing
 from stackgate.facts.deepruns import (
@@ -332,4 +333,4 @@ def gpu_work(lock: Spec, facts: Facts) -> Result:
     """Every GPU multiplies bf16/fp32 matrices correctly at its peers' (and its model's) rate and copies memory."""
     activity = gpu_activity(facts.nvml_lib)
     work = run_gpu_work(lock.python.target, GpuWorkRequest(), launch_env(lock, facts))
-    return judge_gpu_work(work, activity)
+    return looked_up(judge_gpu_work(work, activity), facts, "\n".join(work.tail), _LOOKS)

@@ -8,7 +8,8 @@ from dataclasses import asdict
 from typing import Any, Mapping
 
 from stackgate.checks.core import check
-from stackgate.checks.deep.common import TUNING, _code, _limit_s, _log_fix, _tail_lines, world_size
+from stackgate.checks.deep.common import _LOOKS, TUNING, _code, _limit_s, _log_fix, _tail_lines, world_size
+from stackgate.checks.unexplained import looked_up
 from stackgate.facts import Facts
 from stackgate.facts.deepruns import (
     AllReduceRequest,
@@ -273,4 +274,4 @@ def collective(lock: Spec, facts: Facts) -> Result:
     """An NCCL all-reduce from 8 KiB to 1 GiB is exact and reaches the locked bus bandwidth."""
     world, wanted = world_size(lock, facts.probe)
     sweep = run_sweep(lock.python.target, AllReduceRequest.for_world(world), launch_env(lock, facts))
-    return judge_collective(sweep, lock.nccl.min_busbw_gbs, wanted)
+    return looked_up(judge_collective(sweep, lock.nccl.min_busbw_gbs, wanted), facts, "\n".join(sweep.tail), _LOOKS)
