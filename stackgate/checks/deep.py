@@ -49,7 +49,7 @@ from stackgate.facts.deepruns import (
     run_sweep,
 )
 from stackgate.models import settings
-from stackgate.models.finding import Fix
+from stackgate.models.finding import Finding, Fix
 from stackgate.models.result import NEEDS_GPU, NO_DRIVER, Result, Status, failed, passed, skipped, warned
 from stackgate.models.spec import MAX_JIT_TIMEOUT_S, Spec
 
@@ -553,12 +553,14 @@ def judge_collective(sweep: Sweep, min_busbw: float | None, wanted: int | None =
     return passed(summary, [*notes, *_size_lines(sweep)], data)
 
 
-_NO_SOCKET = "no socket interface found"
+#: The knowledge base's entry for a bootstrap without an interface: it recognises the failure here as in a pasted log.
+NO_SOCKET_INTERFACE = "nccl-no-socket-interface"
 
 
 def _socket_problem(sweep: Sweep) -> tuple[str, Fix] | None:
-    """NCCL's bootstrap found no network interface to use: the variable that chose none, and the host's interfaces."""
-    if not any(_NO_SOCKET in line for line in sweep.tail):
+    """NCCL's bootstrap found no network interface to use (as the knowledge base recognises it): the variable
+    that chose none, and the host's interfaces."""
+    if _recognised("\n".join(sweep.tail), NO_SOCKET_INTERFACE) is None:
         return None
     have = ", ".join(sweep.interfaces) or "none that /sys/class/net lists"
     chosen = sweep.nccl_env.get("NCCL_SOCKET_IFNAME")
@@ -761,6 +763,14 @@ def _classified(text: str, lock: Spec) -> Known | None:
 
     match = match_first(text, context=knowledge.lock_context(lock))
     return None if match is None else Known(match.title, match.cause, match.fix)
+
+
+def _recognised(text: str, entry: str) -> Finding | None:
+    """The knowledge base's one entry, if it recognises the text."""
+    from stackgate.models import knowledge  # loaded only to explain a failure, as in _classified
+    from stackgate.scan import match_first
+
+    return match_first(text, signatures=[s for s in knowledge.load() if s.id == entry])
 
 
 def _explained(error: str, known: Known | None) -> str:
