@@ -143,6 +143,22 @@ def test_xlas_out_of_memory_is_told_xlas_settings_not_an_engines_flags(text: str
     assert "--mem-fraction-static" not in said(found)
 
 
+VLLM_CAPTURE = (
+    "(VllmWorkerProcess pid=13109) INFO 08-19 07:51:12 model_runner.py:1024] Capturing the model for CUDA graphs.\n"
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+)
+
+
+@pytest.mark.parametrize("context", [None, CONTEXT], ids=["no lock", "the stack's lock"])
+def test_an_out_of_memory_is_told_in_the_knobs_of_the_engine_the_log_names(context: dict[str, str] | None) -> None:
+    (vllm,) = diagnosed(VLLM_CAPTURE, context)
+    assert vllm.values["phase"] == "while capturing CUDA graphs" and "--max-num-seqs" in vllm.fix.text
+    assert "--mem-fraction-static" not in said(vllm) and "--cuda-graph-max-bs" not in said(vllm)
+    (bare,) = diagnosed("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", context)
+    knob = "--mem-fraction-static" if context else "the engine's memory fraction"  # a lock says the engine
+    assert knob in bare.fix.text and "--gpu-memory-utilization" not in said(bare)
+
+
 # -- verify and diagnose read the same entries ------------------------------------------------------
 
 NO_SOCKET = (

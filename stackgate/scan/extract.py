@@ -556,16 +556,31 @@ def installed_version(text: str, context: Mapping[str, str]) -> dict[str, str]:
     }
 
 
+#: An engine's memory knobs, as its own log names it: (KV cache fraction, CUDA graph batch, concurrent requests).
+_ENGINE_KNOBS = {
+    "vllm": ("--gpu-memory-utilization", "--max-num-seqs, or run with --enforce-eager", "--max-num-seqs"),
+    "sglang": ("--mem-fraction-static", "--cuda-graph-max-bs", "--max-running-requests"),
+    "": (
+        "the engine's memory fraction",
+        "the largest batch captured in CUDA graphs (or run eager)",
+        "how many requests it runs at once",
+    ),
+}
+_ENGINES = (
+    (re.compile(r"\bvllm\b|Vllm|EngineCore"), "vllm"),
+    (re.compile(r"\bsglang\b|sgl_kernel|\bTP\d+\]"), "sglang"),
+)
+#: When the GPU ran out of memory, by the event's words: (pattern, phase, what helps, given the engine's knobs).
 _OOM_PHASES = (
     (
-        re.compile(r"capture|cuda_graph|CudaGraph", re.I),
+        re.compile(r"captur(?:e|ing)|cuda_graph|CudaGraph|CUDA graph", re.I),
         "while capturing CUDA graphs",
-        "lower --cuda-graph-max-bs (or leave more memory: lower --mem-fraction-static)",
+        "lower {graph} (or leave more memory: lower {fraction})",
     ),
     (
         re.compile(r"init_memory_pool|KV ?[Cc]ache|kv_cache|token_to_kv|mem_fraction", re.I),
         "while allocating the KV cache",
-        "lower --mem-fraction-static",
+        "lower {fraction}",
     ),
     (
         re.compile(r"load_model|load_weights|weight_loader|from_pretrained|Loading|safetensors", re.I),
@@ -576,15 +591,19 @@ _OOM_PHASES = (
 
 
 def oom_phase(text: str, context: Mapping[str, str]) -> dict[str, str]:
-    """When the GPU ran out of memory (weights, KV cache, CUDA graph capture, serving) and what helps then."""
+    """When the GPU ran out of memory (weights, KV cache, CUDA graph capture, serving) and what helps then,
+    in the knobs of the engine the log names (this stack's SGLang when a lock is given and the log names none)."""
+    engine = next(
+        (name for pattern, name in _ENGINES if pattern.search(text)), "sglang" if context.get("lock_flag") else ""
+    )
+    fraction, graph, requests = _ENGINE_KNOBS[engine]
     for pattern, phase, action in _OOM_PHASES:
         if pattern.search(text):
-            return {"phase": phase, "action": action}
+            return {"phase": phase, "action": action.format(graph=graph, fraction=fraction), "fraction": fraction}
     return {
         "phase": "while serving",
-        "action": (
-            "lower --mem-fraction-static or --max-running-requests, and make sure no other process holds GPU memory"
-        ),
+        "action": f"lower {fraction} or {requests}",
+        "fraction": fraction,
     }
 
 
@@ -603,5 +622,5 @@ EXTRACTORS: Mapping[str, Extractor] = {
     "kernel_assert": Extractor(("owner",), kernel_assert),
     "moe_config": Extractor(("shape", "device", "dtype"), moe_config),
     "installed_version": Extractor(("package", "version", "locked", "reason"), installed_version),
-    "oom_phase": Extractor(("phase", "action"), oom_phase),
+    "oom_phase": Extractor(("phase", "action", "fraction"), oom_phase),
 }
