@@ -33,6 +33,7 @@ HELD_OUT_PROJECTS = (
     "llama.cpp",
     "deepspeed",
     "tgi",
+    "kubernetes",
 )
 
 

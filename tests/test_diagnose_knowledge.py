@@ -129,6 +129,33 @@ def test_a_slurm_refusal_is_the_schedulers_whatever_the_client(line: str) -> Non
 
 
 @pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        (
+            "Message:         Pod Allocate failed due to requested number of devices unavailable for nvidia.com/gpu. "
+            "Requested:1, Available: 0, which is unexpected",
+            "requested number of devices unavailable for nvidia.com/gpu. Requested:1, Available: 0",
+        ),
+        (
+            "Message:        Pod Allocate failed due to device plugin GetPreferredAllocation rpc failed with err: rpc "
+            "error: code = Unknown desc = Unable to retrieve list of available devices: error creating nvml.Device 5: "
+            "nvml: GPU is lost, which is unexpected",
+            "nvml: GPU is lost",
+        ),
+    ],
+)
+def test_a_kubelet_that_cannot_allocate_the_pods_devices_is_the_schedulers_family(line: str, reason: str) -> None:
+    (found,) = diagnosed(line, CONTEXT)
+    assert found.id == "k8s-device-allocate-failed" and found.component == "kubernetes"
+    assert reason in found.values["reason"] and "reboot" not in said(found).lower()  # no reboot on a guess
+
+
+def test_a_tools_own_error_line_is_never_silent() -> None:
+    (found,) = diagnosed("mpirun: error: the launcher said something new")
+    assert found.id == "unrecognized-failure"
+
+
+@pytest.mark.parametrize(
     "text",
     [
         "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4770354232 "
