@@ -224,6 +224,30 @@ def test_a_bootstrap_without_an_interface_is_one_entry_in_diagnose_and_in_verify
     assert "NCCL_SOCKET_IFNAME=eth9 matches none of this host's interfaces (lo, ens5)" in result.summary
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        "ERROR: Could not install packages due to an OSError: [Errno 28] No space left on device",
+        "/usr/bin/ld: final link failed: No space left on device",
+        "OSError: [Errno 28] No space left on device: '/root/.cache/flashinfer/90/cached_ops/x/x.cuda.o'",
+    ],
+)
+def test_a_full_filesystem_is_one_entry_whoever_writes(line: str) -> None:
+    (found,) = diagnosed(line, CONTEXT)
+    assert found.id == "disk-full" and found.fix.commands[0] == "df -h"
+    assert "reinstall" not in said(found).lower() and "provision" not in said(found)
+    # deep.flashinfer_attention reads a JIT build's output for a full filesystem through the same entry
+    assert deep._recognised(line, deep.DISK_FULL) is not None
+
+
+def test_nccls_shared_memory_segment_is_its_own_entry_not_any_full_disk() -> None:
+    line = (
+        "[0] misc/shmutils.cc:88 NCCL WARN Error: failed to extend /dev/shm/nccl-WU88OE to 9637892 bytes, error: "
+        "No space left on device (28)"
+    )
+    assert [f.id for f in diagnosed(line)] == ["nccl-shm-segment"]
+
+
 # -- long logs: the failure first, nothing for the healthy lines ------------------------------------
 
 
@@ -234,6 +258,7 @@ def buried(name: str, failure: str, at: float) -> str:
 
 
 FAILURES = {
+    "disk-full": "ERROR: Could not install packages due to an OSError: [Errno 28] No space left on device",
     "undefined-symbol": VLLM_SYMBOL,
     "nccl-no-socket-interface": NO_SOCKET,
     "driver-library-missing": "OSError: libnvidia-ml.so.1: cannot open shared object file: No such file or directory",
