@@ -61,6 +61,14 @@ def test_the_stacks_own_extension_is_told_the_locks_pin_when_a_lock_is_given() -
     assert "2.9.1" not in said(without)  # no lock given: no pin is anyone's
 
 
+def test_an_installer_that_replaced_torch_is_told_the_locks_pins_only_when_a_lock_is_given() -> None:
+    log = "    Uninstalling torch-2.4.0:\n      Successfully uninstalled torch-2.4.0\n"
+    (foreign,) = diagnosed(log)
+    assert "(it had torch 2.4.0)" in foreign.fix.text and "default profile" not in said(foreign)
+    (ours,) = diagnosed(log, CONTEXT)
+    assert "(it had torch 2.4.0; the lock freezes torch==2.9.1+cu130 " in ours.fix.text
+
+
 def test_a_missing_cuda_symbol_library_is_named_as_the_extension_links_it() -> None:
     line = (
         "ImportError: /root/miniconda3/lib/python3.8/site-packages/deepspeed/ops/quantizer/"

@@ -54,6 +54,7 @@ CONTEXT_KEYS: Mapping[str, tuple[str, str]] = {
     #: the lock's torch as a fix quotes it beside the log's own words; empty without a lock, so that a
     #: log of another project is never told this stack's pin
     "locked_torch": ("' (the lock pins ' python.packages.torch ')' when a lock was given", ""),
+    "locked_pins": ("'; the lock freezes ' python.guard.frozen when a lock was given", ""),
     "lock_pins": (
         "python.guard.frozen, as requirements",
         "torch, torchaudio, triton and nvidia-nccl-cu13 in the default profile",
@@ -285,6 +286,9 @@ def lock_context(lock: Any) -> dict[str, str]:
         "lock_backend": lock.smoke.attention_backend,
         "lock_torch": torch.requirement if torch else None,
         "locked_torch": f" (the lock pins {torch.requirement})" if torch else None,
+        "locked_pins": "; the lock freezes " + " ".join(p.requirement for p in frozen if p is not None)
+        if frozen
+        else None,
         "lock_pins": " ".join(p.requirement for p in frozen if p is not None),
         "torch_cuda": lock.python.torch_cuda,
         "torch_index": index,
