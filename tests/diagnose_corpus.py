@@ -22,7 +22,19 @@ from stackgate.commands import diagnose
 
 CORPUS = Path(__file__).resolve().parent / "data" / "diagnose_corpus" / "corpus.jsonl"
 #: Projects held out whole: no entry learns from their cases (tests/test_diagnose_corpus.py checks it).
-HELD_OUT_PROJECTS = ("vllm", "ray", "tensorrt-llm", "container-toolkit", "ollama")
+HELD_OUT_PROJECTS = (
+    "vllm",
+    "ray",
+    "tensorrt-llm",
+    "container-toolkit",
+    "ollama",
+    "slurm",
+    "jax",
+    "llama.cpp",
+    "deepspeed",
+    "tgi",
+    "kubernetes",
+)
 
 
 @dataclass(frozen=True)

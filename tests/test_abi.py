@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from support import install_dist, interpreter_lock, make_venv
 
-from stackgate.checks.abi import symbol_provider
 from stackgate.checks.all import REGISTRY
 from stackgate.edges import elf
 from stackgate.facts import Missing, gather, interpreters
 from stackgate.models.result import Status
 from stackgate.models.spec import Spec
+from stackgate.scan.extract import symbol_provider
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -153,15 +153,17 @@ def test_an_import_that_hangs_is_reported_as_a_timeout(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("symbol", "provider"),
     [
-        ("_ZN3c104cuda9SetDeviceEab", "torch"),
-        ("at::Tensor::add(int)", "torch"),
+        ("_ZN3c104cuda9SetDeviceEab", "torch (libc10.so / libtorch*.so)"),
+        ("at::Tensor::add(int)", "torch (libc10.so / libtorch*.so)"),
         ("_ZN10flashinfer3fooEv", "flashinfer"),
-        ("ncclCommInitRank", "nvidia-nccl"),
-        ("zzz::f()", "the library defining zzz"),
+        ("ncclCommInitRank", "NCCL (libnccl.so)"),
+        ("curandCreateGenerator", "cuRAND (libcurand.so)"),
+        ("zzz::f()", "the library it was built against"),
     ],
 )
-def test_symbol_providers(symbol, provider):
-    assert symbol_provider(symbol) == provider
+def test_symbol_providers_are_the_knowledge_bases(symbol, provider):
+    """abi.imports names a symbol's provider from the finding, so verify and diagnose read one table."""
+    assert symbol_provider(f"x.so: undefined symbol: {symbol}", {})["provider"] == provider
 
 
 def test_cuda_13_libraries_with_their_own_numbering_are_not_mismatches():

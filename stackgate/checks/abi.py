@@ -14,17 +14,7 @@ from stackgate.models.finding import Finding, Fix
 from stackgate.models.result import Result, failed, passed, skipped
 from stackgate.models.spec import Spec
 
-__all__ = ["classify_import", "explain_import", "shadowed", "symbol_provider"]
-
-# Whose symbol a C++ name is, by its leading namespace; a C name, by its prefix.
-_NAMESPACES = {"c10": "torch", "at": "torch", "torch": "torch", "caffe2": "torch", "flashinfer": "flashinfer"}
-_C_PREFIXES = (
-    ("nccl", "nvidia-nccl"),
-    ("cuda", "the CUDA runtime (libcudart)"),
-    ("cu", "the CUDA driver (libcuda)"),
-    ("_Py", "Python"),
-    ("Py", "Python"),
-)
+__all__ = ["classify_import", "explain_import", "shadowed"]
 
 
 @check("abi.imports", needs=("imports", "env"), timeout_s=300.0)
@@ -109,7 +99,7 @@ def classify_import(
     if finding.id == "undefined-symbol":
         symbol = finding.values["symbol"]
         demangled = outcome.demangled.get(symbol, symbol)
-        text = f"undefined symbol {demangled}: ABI mismatch with {symbol_provider(demangled)}; {finding.cause}"
+        text = f"undefined symbol {demangled}: ABI mismatch with {finding.values['provider']}; {finding.cause}"
     return text, finding.fix
 
 
@@ -132,27 +122,6 @@ def shadowed(output: str, pythonpath: str) -> tuple[str, str] | None:
             if file.startswith(entry.rstrip("/") + "/"):
                 return file, entry
     return None
-
-
-def symbol_provider(symbol: str) -> str:
-    """The package whose library should define a (demangled or mangled) symbol.
-
-    >>> symbol_provider("c10::cuda::SetDevice(signed char, bool)")
-    'torch'
-    >>> symbol_provider("_ZN5torch3jit17parseSchemaOrNameERKSsb")
-    'torch'
-    """
-    if symbol.startswith("_ZN"):
-        digits = ""
-        rest = symbol[3:].lstrip("K")
-        while rest and rest[0].isdigit():
-            digits, rest = digits + rest[0], rest[1:]
-        namespace = rest[: int(digits)] if digits else ""
-    elif "::" in symbol:
-        namespace = symbol.split("::", 1)[0]
-    else:
-        return next((who for prefix, who in _C_PREFIXES if symbol.startswith(prefix)), f"the library defining {symbol}")
-    return _NAMESPACES.get(namespace, f"the library defining {namespace or symbol}")
 
 
 @check("abi.elf", needs=("elf", "probe", "dists"))

@@ -63,6 +63,7 @@ GENERIC_KEYS = (
     b"not found (required",
     b"] [E] ",
     b"Cannot ",
+    b": error: ",
 )
 
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")

@@ -160,12 +160,17 @@ _PROVIDERS = (
     (("flashinfer",), "flashinfer", "flashinfer"),
     (("nccl",), "NCCL (libnccl.so)", "nccl"),
     (("cublas", "cublasLt"), "cuBLAS (libcublas.so)", "cuda toolkit"),
+    (("curand",), "cuRAND (libcurand.so)", "cuda toolkit"),
     (("cudnn",), "cuDNN (libcudnn.so)", "cuda toolkit"),
     (("cuda",), "the CUDA runtime (libcudart.so)", "cuda toolkit"),
     (("nvrtc",), "NVRTC (libnvrtc.so)", "cuda toolkit"),
     (("cu", "cuGreen", "cuMem"), "the NVIDIA driver (libcuda.so)", "driver"),
     (("std", "__cxx11", "GLIBCXX"), "the C++ runtime (libstdc++.so)", "python"),
+    (("Py", "_Py"), "Python (libpython)", "python"),
 )
+#: The packages of this stack whose extensions the lock's torch pin is the answer for.
+_STACK_PACKAGES = ("sgl_kernel", "flashinfer", "sglang", "torch", "flash_attn")
+_PACKAGE_DIR = re.compile(r"(?:site|dist)-packages/(?P<package>[A-Za-z_]\w*)/")
 _SOURCE_NAME = re.compile(r"(?P<n>\d+)")
 
 
@@ -210,7 +215,8 @@ def _exports(prefixes: tuple[str, ...], name: str, head: str) -> bool:
 
 
 def symbol_provider(text: str, context: Mapping[str, str]) -> dict[str, str]:
-    """The undefined symbol's readable name, the library that exports it and what that means."""
+    """The undefined symbol's readable name, the library that exports it, what that means, and the
+    package the log names as the extension's owner (never this stack's pin for another project's log)."""
     match = re.search(r"undefined symbol:\s*(?P<s>[^\s`'\"]+(?:\([^)\n]*\)(?: const)?)?)", text)
     symbol = match["s"] if match else ""
     name = demangle(symbol)
@@ -225,13 +231,34 @@ def symbol_provider(text: str, context: Mapping[str, str]) -> dict[str, str]:
             "the extension calls a driver function this NVIDIA driver does not have: the driver is older than the "
             "CUDA the extension was built with"
         ),
-        "python": "the extension was built with a newer C++ compiler than this system's libstdc++",
+        "python": f"the extension was built for another build of {provider.split(' (')[0]} than the one running it",
+        "cuda toolkit": (
+            f"the extension was linked without {provider} (a build that left out its -l flag) or against another "
+            "version of it"
+        ),
     }.get(component, f"the extension was built against another version of {provider}")
+    owner = _PACKAGE_DIR.search(text)
+    package = owner["package"] if owner else ""
+    if component == "torch":
+        pin = context.get("locked_torch", "") if (not package or package in _STACK_PACKAGES) else ""
+        rebuild = (
+            f"Reinstall {package or 'the extension'} built for the torch installed here, or install the torch it "
+            f"was built for{pin}; never move torch alone under a compiled extension"
+        )
+    elif component == "driver":
+        rebuild = (
+            "Install a driver new enough for the CUDA the extension was built with, or its build for an older CUDA"
+        )
+    else:
+        library_name = provider.split(" (")[0]
+        rebuild = f"Rebuild or reinstall {package or 'the extension'} against the {library_name} installed here"
     return {
         "name": name,
         "provider": provider,
         "extension": library["lib"] if library else "a compiled extension",
         "reason": reason,
+        "package": package or "the extension's package",
+        "rebuild": rebuild,
         COMPONENT: component,
     }
 
@@ -284,6 +311,48 @@ def shared_object(text: str, context: Mapping[str, str]) -> dict[str, str]:
     else:
         belongs = f"it is its package's build for another CUDA than the stack's ({stack})"
     return {"what": what, "belongs": belongs, "lib": match["lib"], "major": major}
+
+
+def missing_library(text: str, context: Mapping[str, str]) -> dict[str, str]:
+    """Any shared object the loader could not open: the name the log gives, the major its soname asks
+    for, and what that means: a file given by path (a build that did not produce it) or a soname the
+    loader looked for on its search path."""
+    match = re.search(r"(?P<lib>[\w./+\-]+?\.so(?P<tail>(?:\.\d+)*))[:,] cannot open shared object file", text)
+    if not match:
+        return {}
+    lib = match["lib"]
+    stem = lib.rsplit("/", 1)[-1].split(".so")[0]
+    major = (match["tail"] or ".").split(".")[1] if match["tail"] else ""
+    if "/" in lib:
+        return {
+            "lib": lib,
+            "stem": stem,
+            "major": major,
+            "meaning": (
+                f"the file {lib} does not exist: the build or install that should have put it there failed or was "
+                "removed (an extension built on first use: its build's first error, earlier in the log, says why)"
+            ),
+            "remedy": (
+                f"Read the first error of the build that should have made {stem}.so; remove that build's folder "
+                f"({lib.rsplit('/', 1)[0]}) and run again so it is rebuilt, or install the package's prebuilt wheel"
+            ),
+        }
+    wanted = f" at major {major}" if major else ""
+    return {
+        "lib": lib,
+        "stem": stem,
+        "major": major,
+        "meaning": (
+            f"the program or a module it imports was linked against {lib}, and the dynamic loader found no file of "
+            f"that name on its search path: the library's package is not installed{wanted}, or it is installed "
+            "where the loader does not look (LD_LIBRARY_PATH, /etc/ld.so.conf.d)"
+        ),
+        "remedy": (
+            f"Find what provides {lib} (`ldconfig -p | grep {stem}`, `find / -name '{stem}.so*'`), install that "
+            f"library{wanted} or add its folder to LD_LIBRARY_PATH (or ld.so.conf.d, then ldconfig); a package "
+            f"built against another major of {stem} needs its build for the one installed"
+        ),
+    }
 
 
 #: CUDA error codes of device discovery and initialisation -> (name, what it means here, what to do).
@@ -487,16 +556,31 @@ def installed_version(text: str, context: Mapping[str, str]) -> dict[str, str]:
     }
 
 
+#: An engine's memory knobs, as its own log names it: (KV cache fraction, CUDA graph batch, concurrent requests).
+_ENGINE_KNOBS = {
+    "vllm": ("--gpu-memory-utilization", "--max-num-seqs, or run with --enforce-eager", "--max-num-seqs"),
+    "sglang": ("--mem-fraction-static", "--cuda-graph-max-bs", "--max-running-requests"),
+    "": (
+        "the engine's memory fraction",
+        "the largest batch captured in CUDA graphs (or run eager)",
+        "how many requests it runs at once",
+    ),
+}
+_ENGINES = (
+    (re.compile(r"\bvllm\b|Vllm|EngineCore"), "vllm"),
+    (re.compile(r"\bsglang\b|sgl_kernel|\bTP\d+\]"), "sglang"),
+)
+#: When the GPU ran out of memory, by the event's words: (pattern, phase, what helps, given the engine's knobs).
 _OOM_PHASES = (
     (
-        re.compile(r"capture|cuda_graph|CudaGraph", re.I),
+        re.compile(r"captur(?:e|ing)|cuda_graph|CudaGraph|CUDA graph", re.I),
         "while capturing CUDA graphs",
-        "lower --cuda-graph-max-bs (or leave more memory: lower --mem-fraction-static)",
+        "lower {graph} (or leave more memory: lower {fraction})",
     ),
     (
         re.compile(r"init_memory_pool|KV ?[Cc]ache|kv_cache|token_to_kv|mem_fraction", re.I),
         "while allocating the KV cache",
-        "lower --mem-fraction-static",
+        "lower {fraction}",
     ),
     (
         re.compile(r"load_model|load_weights|weight_loader|from_pretrained|Loading|safetensors", re.I),
@@ -507,15 +591,19 @@ _OOM_PHASES = (
 
 
 def oom_phase(text: str, context: Mapping[str, str]) -> dict[str, str]:
-    """When the GPU ran out of memory (weights, KV cache, CUDA graph capture, serving) and what helps then."""
+    """When the GPU ran out of memory (weights, KV cache, CUDA graph capture, serving) and what helps then,
+    in the knobs of the engine the log names (this stack's SGLang when a lock is given and the log names none)."""
+    engine = next(
+        (name for pattern, name in _ENGINES if pattern.search(text)), "sglang" if context.get("lock_flag") else ""
+    )
+    fraction, graph, requests = _ENGINE_KNOBS[engine]
     for pattern, phase, action in _OOM_PHASES:
         if pattern.search(text):
-            return {"phase": phase, "action": action}
+            return {"phase": phase, "action": action.format(graph=graph, fraction=fraction), "fraction": fraction}
     return {
         "phase": "while serving",
-        "action": (
-            "lower --mem-fraction-static or --max-running-requests, and make sure no other process holds GPU memory"
-        ),
+        "action": f"lower {fraction} or {requests}",
+        "fraction": fraction,
     }
 
 
@@ -526,12 +614,13 @@ COMPONENT = "component"
 EXTRACTORS: Mapping[str, Extractor] = {
     "torch_requirers": Extractor(("package", "requirers", "culprit"), torch_requirers),
     "first_error": Extractor(("first_error",), first_error),
-    "symbol_provider": Extractor(("name", "provider", "extension", "reason"), symbol_provider),
+    "symbol_provider": Extractor(("name", "provider", "extension", "reason", "package", "rebuild"), symbol_provider),
+    "missing_library": Extractor(("lib", "stem", "major", "meaning", "remedy"), missing_library),
     "shared_object": Extractor(("what", "belongs", "lib", "major"), shared_object),
     "cuda_error": Extractor(("code", "name", "meaning", "action"), cuda_error),
     "nccl_class": Extractor(("nccl_class", "meaning"), nccl_class),
     "kernel_assert": Extractor(("owner",), kernel_assert),
     "moe_config": Extractor(("shape", "device", "dtype"), moe_config),
     "installed_version": Extractor(("package", "version", "locked", "reason"), installed_version),
-    "oom_phase": Extractor(("phase", "action"), oom_phase),
+    "oom_phase": Extractor(("phase", "action", "fraction"), oom_phase),
 }

@@ -75,8 +75,9 @@ def match_all(
     """Every signature (of a stage, if given) found anywhere in ``text``, most severe first; the
     evidence names ``source`` and the lines where each matched."""
     context = dict(context or {})
+    pool = load() if signatures is None else tuple(signatures)
     findings = []
-    for signature in load() if signatures is None else signatures:
+    for signature in pool:
         if stage is not None and stage not in signature.stages:
             continue
         hit = _search_text(signature, text)
@@ -91,8 +92,21 @@ def match_all(
         groups = _groups(signature, match, event[match.start() :] if signature.after else event, context)
         if DROP_KEY not in groups:
             findings.append(make_finding(signature, groups, context, evidence))
-    findings.sort(key=rank)
-    return findings
+    return _unsuperseded(findings, {s.id: s.supersedes for s in pool if s.supersedes})
+
+
+def _unsuperseded(findings: Iterable[Finding], supersedes: Mapping[str, tuple[str, ...]]) -> list[Finding]:
+    """The findings, ranked, less each generic one a more specific one supersedes within
+    :attr:`Scanner.WINDOW` lines: one event told twice (torch's "NCCL error ... internal error"
+    above NCCL's own reason) is told once, by its specific entry, in a whole text as in a stream."""
+    kept = list(findings)
+    near = {
+        old.id
+        for found in kept
+        for old in kept
+        if old.id in supersedes.get(found.id, ()) and abs(old.evidence.line - found.evidence.line) <= Scanner.WINDOW
+    }
+    return sorted((f for f in kept if f.id not in near), key=rank)
 
 
 def match_first(text: str, **kwargs: Any) -> Finding | None:
@@ -216,14 +230,7 @@ class Scanner:
         """Everything found so far: most severe first, causes before consequences, then in order of appearance.
         A generic finding that a more specific one supersedes within :attr:`WINDOW` lines is one event
         told twice (torch's "NCCL error ... unhandled cuda error" above NCCL's own WARN line): it is left out."""
-        supersedes = {s.id: s.supersedes for s in self.signatures if s.supersedes}
-        near = {
-            old
-            for found in self._found.values()
-            for old in supersedes.get(found.id, ())
-            if old in self._found and abs(self._found[old].evidence.line - found.evidence.line) <= self.WINDOW
-        }
-        return sorted((f for f in self._found.values() if f.id not in near), key=rank)
+        return _unsuperseded(self._found.values(), {s.id: s.supersedes for s in self.signatures if s.supersedes})
 
     # -- the scan ------------------------------------------------------------------------------
 

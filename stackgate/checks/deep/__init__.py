@@ -26,6 +26,7 @@ from __future__ import annotations
 # The checks register as their modules are imported: this order is the order verify --deep runs them.
 # isort: off
 from stackgate.checks.deep.common import (
+    _recognised,  # noqa: F401  (tests read the knowledge base's entries through it)
     ATTENTION_ATOL,
     FUSION_FLAG,
     PEER_FLOOR,
@@ -64,6 +65,7 @@ from stackgate.checks.deep.attention import (
     read_fractions,
     signal_name,
     ATTENTION_FIGURES,
+    DISK_FULL,
     JIT_BUILD_BYTES,
 )
 from stackgate.checks.deep.fusion import (
@@ -79,6 +81,7 @@ __all__ = [
     "allreduce_fusion",
     "ATTENTION_ATOL",
     "ATTENTION_FIGURES",
+    "DISK_FULL",
     "close_enough",
     "collective",
     "flashinfer_attention",

@@ -26,6 +26,7 @@ from stackgate.checks.deep.common import (
     _jit_context,
     _jit_line,
     _log_fix,
+    _recognised,
     _run_output,
     _tail_lines,
     _uses_flashinfer,
@@ -325,6 +326,8 @@ def _prebuild_lines(run: AttentionRun) -> list[str]:
 #: while it runs.
 JIT_BUILD_BYTES = 32 << 20
 _NO_SPACE = "No space left on device"
+#: The knowledge base's entry for a full filesystem: a JIT build's output is read for it as a pasted log is.
+DISK_FULL = "disk-full"
 
 
 def signal_name(returncode: int) -> str:
@@ -378,12 +381,14 @@ def _out_of_space(run: AttentionRun, jit: JitContext, data: Mapping[str, Any]) -
         str(run.begin.get("error", "")),
         *run.tail,
     ]
-    hit = [t for t in texts if _NO_SPACE in t]
+    hit = [t for t in texts if _recognised(t, DISK_FULL) is not None]
     if not hit:
         return None
     free = "an unknown amount" if run.cache_free_bytes is None else f"{run.cache_free_bytes / 2**20:.1f} MiB"
     failed_kernels = [
-        _kernel_label(k) for k in run.kernels if _NO_SPACE in str(k.get("error", "")) + str(k.get("trace", ""))
+        _kernel_label(k)
+        for k in run.kernels
+        if _recognised(str(k.get("error", "")) + str(k.get("trace", "")), DISK_FULL) is not None
     ]
     summary = (
         f"flashinfer's JIT cache {jit.workspace} is out of space ({_NO_SPACE}): its filesystem has {free} free, and a "
@@ -391,7 +396,8 @@ def _out_of_space(run: AttentionRun, jit: JitContext, data: Mapping[str, Any]) -
         f"these kernels takes about {JIT_BUILD_BYTES >> 20} MiB there; {len(failed_kernels) or 'the'} kernel(s) could "
         "not be built"
     )
-    line = next(line.strip() for t in hit for line in t.splitlines() if _NO_SPACE in line)
+    found = _recognised(hit[0], DISK_FULL)
+    line = found.evidence.lines[-1].strip() if found is not None and found.evidence.lines else _NO_SPACE
     fix = Fix(
         "Free space on that filesystem, or point the JIT cache at one with room: FLASHINFER_WORKSPACE_BASE in the "
         "lock's [env] "

@@ -21,7 +21,7 @@ from stackgate.facts.deepruns import (
     launch_env,
 )
 from stackgate.models import settings
-from stackgate.models.finding import Fix
+from stackgate.models.finding import Finding, Fix
 from stackgate.models.result import NEEDS_GPU, NO_DRIVER, Result, Status
 from stackgate.models.spec import MAX_JIT_TIMEOUT_S, Spec
 
@@ -243,6 +243,14 @@ def _classified(text: str, lock: Spec) -> Known | None:
 
     match = match_first(text, context=knowledge.lock_context(lock))
     return None if match is None else Known(match.title, match.cause, match.fix)
+
+
+def _recognised(text: str, entry: str) -> Finding | None:
+    """The knowledge base's one entry, if it recognises the text."""
+    from stackgate.models import knowledge  # loaded only to explain a failure, as in _classified
+    from stackgate.scan import match_first
+
+    return match_first(text, signatures=[s for s in knowledge.load() if s.id == entry])
 
 
 def _explained(error: str, known: Known | None) -> str:

@@ -8,7 +8,16 @@ from dataclasses import asdict
 from typing import Any, Mapping
 
 from stackgate.checks.core import check
-from stackgate.checks.deep.common import _LOOKS, TUNING, _code, _limit_s, _log_fix, _tail_lines, world_size
+from stackgate.checks.deep.common import (
+    _LOOKS,
+    TUNING,
+    _code,
+    _limit_s,
+    _log_fix,
+    _recognised,
+    _tail_lines,
+    world_size,
+)
 from stackgate.checks.unexplained import looked_up
 from stackgate.facts import Facts
 from stackgate.facts.deepruns import (
@@ -141,12 +150,14 @@ def judge_collective(sweep: Sweep, min_busbw: float | None, wanted: int | None =
     return passed(summary, [*notes, *_size_lines(sweep)], data)
 
 
-_NO_SOCKET = "no socket interface found"
+#: The knowledge base's entry for a bootstrap without an interface: it recognises the failure here as in a pasted log.
+NO_SOCKET_INTERFACE = "nccl-no-socket-interface"
 
 
 def _socket_problem(sweep: Sweep) -> tuple[str, Fix] | None:
-    """NCCL's bootstrap found no network interface to use: the variable that chose none, and the host's interfaces."""
-    if not any(_NO_SOCKET in line for line in sweep.tail):
+    """NCCL's bootstrap found no network interface to use (as the knowledge base recognises it): the variable
+    that chose none, and the host's interfaces."""
+    if _recognised("\n".join(sweep.tail), NO_SOCKET_INTERFACE) is None:
         return None
     have = ", ".join(sweep.interfaces) or "none that /sys/class/net lists"
     chosen = sweep.nccl_env.get("NCCL_SOCKET_IFNAME")

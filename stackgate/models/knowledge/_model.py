@@ -37,7 +37,7 @@ __all__ = [
 STAGES = ("provision", "verify", "smoke")
 COMPONENTS = (
     "sglang", "sgl-kernel", "flashinfer", "torch", "triton", "nccl", "cuda toolkit", "driver", "resolver",
-    "installer", "python", "container runtime", "kubernetes", "ray", "vllm", "tensorrt-llm", "host",
+    "installer", "python", "container runtime", "kubernetes", "slurm", "ray", "vllm", "tensorrt-llm", "jax", "host",
 )  # fmt: skip # a table: the names, wrapped
 
 #: The stack's context a signature's texts may quote as ``{name}``: name -> (where it comes from
@@ -51,6 +51,10 @@ CONTEXT_KEYS: Mapping[str, tuple[str, str]] = {
     "lock_flag": ("' --lock PATH' when a lock was given", ""),
     "lock_backend": ("smoke.attention_backend", "flashinfer in the default profile"),
     "lock_torch": ("python.packages.torch", "torch==2.9.1+cu130 in the default profile"),
+    #: the lock's torch as a fix quotes it beside the log's own words; empty without a lock, so that a
+    #: log of another project is never told this stack's pin
+    "locked_torch": ("' (the lock pins ' python.packages.torch ')' when a lock was given", ""),
+    "locked_pins": ("'; the lock freezes ' python.guard.frozen when a lock was given", ""),
     "lock_pins": (
         "python.guard.frozen, as requirements",
         "torch, torchaudio, triton and nvidia-nccl-cu13 in the default profile",
@@ -281,6 +285,10 @@ def lock_context(lock: Any) -> dict[str, str]:
         "lock_flag": f" --lock {shlex.quote(str(lock.path))}",
         "lock_backend": lock.smoke.attention_backend,
         "lock_torch": torch.requirement if torch else None,
+        "locked_torch": f" (the lock pins {torch.requirement})" if torch else None,
+        "locked_pins": "; the lock freezes " + " ".join(p.requirement for p in frozen if p is not None)
+        if frozen
+        else None,
         "lock_pins": " ".join(p.requirement for p in frozen if p is not None),
         "torch_cuda": lock.python.torch_cuda,
         "torch_index": index,
