@@ -67,6 +67,10 @@ def _plan(lock: Spec, config: Config, environ: Mapping[str, str], *, measures: b
         except fastmode.FastModeError as exc:
             notes.append(f"fast mode: {exc}; smoke would refuse to launch")
     words = config.argv(lock.python.target, shrink)
+    try:
+        secretargs.resolve(words, {**environ, **set_by_stackgate})
+    except secretargs.SecretArgError as exc:
+        notes.append(f"{exc}: smoke would refuse to launch")
     return Planned(
         title=config.title,
         engine=config.engine.label,
