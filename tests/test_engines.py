@@ -170,6 +170,7 @@ def test_vllm_too_slow_fails_the_benchmark(rig):
     rig.behave(rate=400)
     lock = rig.lock(engine="vllm", benchmark={"output_tokens": 20, "baseline_tok_s": 50000, "runs": 2})
     done = rig.run(lock, benchmark=True)
+    assert done.sessions[0].argv[2] == "vllm.entrypoints.cli.main"
     assert done.verdict.exit_code == 1
     assert results(done)["smoke.benchmark"].status == Status.FAIL
     assert "below the baseline 50000 tok/s" in results(done)["smoke.benchmark"].summary
