@@ -79,6 +79,21 @@ def test_an_unknown_engine_is_refused_when_the_spec_loads_with_a_suggestion():
     ]
 
 
+@pytest.mark.parametrize(
+    "value, problem",
+    [
+        ("3", "smoke.engine: must be a string, not an integer"),
+        ('["vllm"]', "smoke.engine: must be a string, not an array"),
+        ('"VLLM"', "smoke.engine: unknown engine 'VLLM': did you mean 'vllm'? (known: sglang, vllm)"),
+    ],
+    ids=["integer", "array", "wrong-case"],
+)
+def test_a_hostile_engine_value_is_a_bad_spec_naming_the_key(value, problem):
+    with pytest.raises(SpecError) as caught:
+        loads_spec(minimal_spec(gpu_count=1, interpreter="/usr/bin/python3") + f"\n[smoke]\nengine = {value}\n")
+    assert caught.value.problems == [problem]
+
+
 def test_a_vllm_spec_takes_vllm_s_port_fusion_evidence_and_managed_flags():
     spec = loads_spec(
         minimal_spec(gpu_count=2, interpreter="/usr/bin/python3")
