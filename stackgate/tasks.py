@@ -167,6 +167,7 @@ def provision(c, lock=None, dry_run=False, only=None, yes=False, wait=False, whe
         "tp": "tensor-parallel size (default: [smoke] tp)",
         "port": "server port (default: [smoke] port)",
         "keep_server": "leave the server running afterwards and print how to stop it",
+        "dry_run": "print the exact server command, its environment (secrets hidden) and the checks; launch nothing",
         "json": "write the JSON report here",
         "strict": "fail on warnings too (a quality-guard difference, for instance)",
         "verbose": "show details of passing checks",
@@ -183,6 +184,7 @@ def smoke(
     tp=None,
     port=None,
     keep_server=False,
+    dry_run=False,
     json=None,
     strict=False,
     verbose=0,
@@ -203,6 +205,7 @@ def smoke(
             keep_server=keep_server,
             json_path=_path(json),
             strict=strict,
+            dry_run=dry_run,
         )
         return command.run(request, _ui(verbose, json))
 

@@ -95,9 +95,12 @@ class Rig:
         benchmark: dict[str, Any] | None = None,
         env: dict[str, str] | None = None,
         tables: str = "",
+        engine: str = "sglang",
     ) -> Path:
         bench = {"output_tokens": 200, "runs": 2, "warmup": 1, **(benchmark or {})}
-        env_lines = {"PYTHONPATH": str(FAKES), "STACKGATE_FAKE_SGLANG": str(self.behaviour_path), **(env or {})}
+        fake = {"sglang": "STACKGATE_FAKE_SGLANG"}.get(engine, f"STACKGATE_FAKE_{engine.upper()}")
+        env_lines = {"PYTHONPATH": str(FAKES), fake: str(self.behaviour_path), **(env or {})}
+        engine_line = f'engine = "{engine}"' if engine != "sglang" else ""
         evidence_line = (
             f"evidence = {{ {', '.join(f'{json.dumps(k)} = {json.dumps(v)}' for k, v in (evidence or {}).items())} }}"
             if evidence
@@ -115,6 +118,7 @@ class Rig:
             head
             + f"""
 [smoke]
+{engine_line}
 model = "{self.model}"
 tp = {tp}
 port = {self.port}

@@ -7,7 +7,7 @@ from packaging.version import InvalidVersion, Version
 from stackgate.checks.core import check
 from stackgate.edges.nvml import GpuInfo, NvmlSnapshot, ProcessInfo
 from stackgate.facts import Facts, Missing
-from stackgate.models import kernelevents
+from stackgate.models import engines, kernelevents
 from stackgate.models.finding import Fix
 from stackgate.models.result import NEEDS_GPU, NO_DRIVER, Result, failed, passed, skipped, warned
 from stackgate.models.spec import Spec
@@ -199,10 +199,10 @@ def ecc(lock: Spec, facts: Facts) -> Result:
 
 
 #: The share of each GPU's memory the engine is assumed to take when the lock's [smoke] flags do not set
-#: --mem-fraction-static: below SGLang 0.5.9's own default on a large GPU ((total - reserved) / total, about 0.9
-#: on an H200 at TP 1), so the check fails only where the engine cannot fit.
+#: its engine's memory flag (SGLang's --mem-fraction-static, vLLM's --gpu-memory-utilization): below SGLang
+#: 0.5.9's own default on a large GPU ((total - reserved) / total, about 0.9 on an H200 at TP 1) and vLLM's 0.9,
+#: so the check fails only where the engine cannot fit.
 ENGINE_FRACTION = 0.8
-_FRACTION_FLAG = "--mem-fraction-static"
 
 
 def engine_fraction(lock: Spec) -> tuple[float, str]:
@@ -215,19 +215,22 @@ def engine_fraction(lock: Spec) -> tuple[float, str]:
     0.7
     >>> engine_fraction(NS(smoke=NS(flags=())))[0]
     0.8
+    >>> engine_fraction(NS(smoke=NS(engine="vllm", flags=("--gpu-memory-utilization", "0.5"))))
+    (0.5, '[smoke] flags --gpu-memory-utilization 0.5')
     """
+    memory_flag = engines.get(getattr(lock.smoke, "engine", "sglang")).memory_flag
     flags = list(lock.smoke.flags)
     for i, flag in enumerate(flags):
         name, _, value = flag.partition("=")
-        if name == _FRACTION_FLAG:
+        if name == memory_flag:
             value = value or (flags[i + 1] if i + 1 < len(flags) else "")
             try:
                 fraction = float(value)
             except ValueError:
                 break
             if 0 < fraction <= 1:
-                return fraction, f"[smoke] flags {_FRACTION_FLAG} {value}"
-    return ENGINE_FRACTION, f"{_FRACTION_FLAG} not in [smoke] flags: assumed {ENGINE_FRACTION:g}"
+                return fraction, f"[smoke] flags {memory_flag} {value}"
+    return ENGINE_FRACTION, f"{memory_flag} not in [smoke] flags: assumed {ENGINE_FRACTION:g}"
 
 
 def _holder(p: ProcessInfo) -> str:
@@ -280,7 +283,8 @@ def processes(lock: Spec, facts: Facts) -> Result:
             for gpu, f, n in short
         ]
         fix = Fix(
-            f"Stop the process(es) holding the memory, or lower {_FRACTION_FLAG} in the lock's [smoke] flags "
+            f"Stop the process(es) holding the memory, or lower {engines.get(lock.smoke.engine).memory_flag} in the "
+            "lock's [smoke] flags "
             f"({source}).",
             look,
         )

@@ -7,6 +7,8 @@ renders the result and writes the JSON report.
 
 from __future__ import annotations
 
+import os
+
 from stackgate.flows.smoke import (
     SCHEMA,
     LaunchError,
@@ -17,9 +19,10 @@ from stackgate.flows.smoke import (
     SmokeUsageError,
     run_smoke,
 )
+from stackgate.flows.smokeplan import plan_smoke
 from stackgate.models import pylock, settings
 from stackgate.models.exitcodes import ExitCode
-from stackgate.models.spec import load_spec
+from stackgate.models.spec import Spec, load_spec
 from stackgate.render import reporting
 from stackgate.render.benchtables import BENCHMARK_HEADERS, CONCURRENCY_HEADERS, benchmark_rows, concurrency_rows
 from stackgate.render.outputs import JSON, Output, check_outputs, write_reports
@@ -87,6 +90,8 @@ def run(request: SmokeRequest, ui: UI) -> ExitCode:
         raise SmokeUsageError(problem)
     lock = load_spec(request.lock_path)
     pylock.check_beside(lock)  # a pylock that cannot be used is a bad lockfile here too: exit 2
+    if request.dry_run:
+        return _dry_run(lock, request, ui)
     try:
         done = run_smoke(lock, request, ui)
     except SmokeInterrupted as stop:
@@ -96,6 +101,19 @@ def run(request: SmokeRequest, ui: UI) -> ExitCode:
     _render(done, ui)
     _write(done, request, ui)
     return done.verdict.exit_code
+
+
+def _dry_run(lock: Spec, request: SmokeRequest, ui: UI) -> ExitCode:
+    """Print what smoke would launch and check; nothing is launched, no report is written."""
+    configs = launch.configs(
+        lock, model=request.model, tp=request.tp, port=request.port, fast=request.fast, compare=request.compare
+    )
+    ui.line(f"stackgate smoke --dry-run: {lock.name} ({lock.path}); nothing is launched")
+    plans = plan_smoke(lock, configs, os.environ, measures=request.measures, concurrency=bool(request.concurrency))
+    for planned in plans:
+        for text in planned.lines():
+            ui.line(text)
+    return ExitCode.PASSED
 
 
 def _render(done: SmokeRun, ui: UI) -> None:

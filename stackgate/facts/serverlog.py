@@ -11,6 +11,7 @@ with other log settings. What the findings mean for the run is judged in
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 import time
@@ -19,11 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from stackgate.models.engines import ENGINES, Engine
 from stackgate.models.finding import Finding
 from stackgate.models.redact import redact_text
 from stackgate.scan import Scanner
 
-__all__ = ["EXCERPT_CHARS", "LAUNCHING", "PHASES", "READY_LINE", "Evidence", "LogWatcher", "excerpt"]
+__all__ = ["EXCERPT_CHARS", "LAUNCHING", "PHASES", "READY_LINE", "Evidence", "LogWatcher", "excerpt", "phase_rules"]
 
 #: How much of one log line a result quotes: SGLang's server_args line alone is ~9 KB.
 EXCERPT_CHARS = 300
@@ -44,25 +46,20 @@ def excerpt(line: str, limit: int = EXCERPT_CHARS) -> str:
     return f"{line[:cut]}... ({len(line) - cut} chars cut)"
 
 
-#: The start-up phases SGLang 0.5.9's log reveals, in order (message pattern, key, label).
-PHASES: tuple[tuple[re.Pattern[str], str, str], ...] = tuple(
-    (re.compile(pattern), key, label)
-    for pattern, key, label in (
-        (r"server_args=ServerArgs\(", "starting", "starting"),
-        (r"Init torch distributed begin", "distributed", "initialising torch.distributed"),
-        (r"Load weight begin", "weights", "loading weights"),
-        (r"Loading \w+ checkpoint shards:\s*(?P<pct>\d+)%", "weights", "loading weights ({pct}%)"),
-        (r"Load weight end", "loaded", "weights loaded"),
-        (r"KV Cache is allocated|Memory pool end", "kv_cache", "allocating the KV cache"),
-        (r"Capture (?:cuda|cpu|npu) graph begin|Capturing batches", "graphs", "capturing CUDA graphs"),
-        (r"Capture (?:cuda|cpu|npu) graph end", "graphs_done", "CUDA graphs captured"),
-        (r"Uvicorn running on", "listening", "HTTP up, warming up"),
-        (r"The server is fired up and ready to roll!", "ready", "ready"),
-    )
-)
+#: A start-up phase as the watcher matches it: (message pattern, key, label).
+PhaseRule = tuple[re.Pattern[str], str, str]
+
+
+def phase_rules(engine: Engine) -> tuple[PhaseRule, ...]:
+    """An engine's start-up phases, in order, compiled."""
+    return tuple((re.compile(p.pattern), p.key, p.label) for p in engine.phases)
+
+
+#: The start-up phases SGLang 0.5.9's log reveals, in order (the default engine's).
+PHASES: tuple[PhaseRule, ...] = phase_rules(ENGINES["sglang"])
 #: The phase before the log's first line.
 LAUNCHING = "launching"
-READY_LINE = "The server is fired up and ready to roll!"
+READY_LINE = ENGINES["sglang"].ready_line
 _READ_SIZE = 1 << 20
 
 
@@ -74,6 +71,8 @@ class Evidence:
     pattern: str
     line: int | None = None
     text: str = ""
+    declined: str = ""  #: the log line by which the engine turned the path off, if one was seen
+    declined_by: str = ""  #: the component that wrote it, and why (the engine's description)
 
     @property
     def seen(self) -> bool:
@@ -90,6 +89,7 @@ class LogWatcher:
         context: Mapping[str, str] | None = None,
         evidence: Mapping[str, str] | None = None,
         tail: int = 40,
+        engine: Engine | None = None,
     ) -> None:
         self.path = path
         self.scanner = Scanner(stage="smoke", context=context, source=str(path))
@@ -105,6 +105,11 @@ class LogWatcher:
         self._patterns = {flag: re.compile(pattern) for flag, pattern in (evidence or {}).items()}
         self._evidence = {flag: Evidence(flag, pattern) for flag, pattern in (evidence or {}).items()}
         self._guard = threading.Lock()
+        chosen = engine or ENGINES["sglang"]
+        self._phases = phase_rules(chosen) if engine is not None else PHASES
+        fusion = chosen.fusion_flag if chosen.fusion_flag in self._evidence else ""
+        self._declines = [(re.compile(d.pattern), f"{d.component}: {d.why}") for d in chosen.declines] if fusion else []
+        self._fusion = fusion
 
     def poll(self) -> list[Finding]:
         """Read new output; return the findings seen for the first time."""
@@ -178,10 +183,21 @@ class LogWatcher:
         for flag, pattern in self._patterns.items():
             if not self._evidence[flag].seen and pattern.search(line):
                 self._evidence[flag] = Evidence(flag, pattern.pattern, self.lines, line.strip())
+        self._declined(line)
         return self.scanner.feed(line)
 
+    def _declined(self, line: str) -> None:
+        """Record the first line by which the engine turned its fused path off."""
+        item = self._evidence.get(self._fusion)
+        if item is None or item.declined:
+            return
+        for pattern, who in self._declines:
+            if pattern.search(line):
+                self._evidence[self._fusion] = dataclasses.replace(item, declined=line.strip(), declined_by=who)
+                return
+
     def _phase(self, line: str) -> None:
-        for pattern, key, label in PHASES:
+        for pattern, key, label in self._phases:
             found = pattern.search(line)
             if found:
                 self.phase, self.phase_key = label.format(**found.groupdict()), key

@@ -76,6 +76,7 @@ class SmokeRequest:
     json_path: Path | None = None
     strict: bool = False
     run_dir: Path | None = None  #: where the server logs go (default: reports/smoke/<time>-<pid>)
+    dry_run: bool = False  #: say the command, environment and checks; launch nothing
 
     @property
     def measures(self) -> bool:
@@ -306,7 +307,10 @@ def _run_session(session: Session, context: _Context, *, keep: bool) -> None:
     config = session.config
     session.log_path = context.run_dir / f"{config.label or 'server'}.log"
     watcher = serverlog.LogWatcher(
-        session.log_path, context=_scan_context(context.lock, config, session.log_path), evidence=config.evidence
+        session.log_path,
+        context=_scan_context(context.lock, config, session.log_path),
+        evidence=config.evidence,
+        engine=config.engine,
     )
     server: launch.Server | None = None
     interrupted = stopping = False  # a Ctrl-C during teardown; one before it (teardown follows it)
@@ -429,7 +433,7 @@ def _serve(session: Session, context: _Context, server: launch.Server, watcher: 
     """Readiness, what really runs, the benchmark and the concurrency sweep."""
     config = session.config
     with context.ui.activity(
-        f"waiting for SGLang ({config.title}, TP {config.tp}, pid {server.pid}) to be ready"
+        f"waiting for {config.engine.title} ({config.title}, TP {config.tp}, pid {server.pid}) to be ready"
     ) as activity:
         ready = wait_ready(
             server,
@@ -587,17 +591,22 @@ def _exit_text(code: int | None) -> str:
 def _what_runs(session: Session) -> None:
     config = session.config
     try:
-        info, endpoint = serverinfo.fetch(config.base_url, api_key=session.api_key)
+        info, endpoint = serverinfo.fetch(config.base_url, api_key=session.api_key, engine=config.engine)
     except serverinfo.ServerInfoError as exc:
         session.add("server_info", failed(f"the server's configuration could not be read: {exc}"))
         return
     session.server_info, session.info_endpoint = info, endpoint
-    session.add("server_info", serverinfo.check_identity(info, endpoint, config.port, config.model))
-    session.add("attention_backend", serverinfo.check_backend(info, config.attention_backend))
-    session.add("tp_size", serverinfo.check_tp(info, config.tp))
+    session.add("server_info", serverinfo.check_identity(info, endpoint, config.port, config.model, config.engine))
+    reports = config.engine.info_fields
+    unreported = f"{config.engine.title}'s {endpoint} does not report it"
+    backend = serverinfo.check_backend(info, config.attention_backend)
+    session.add("attention_backend", backend if "attention_backend" in reports else skipped(unreported))
+    session.add("tp_size", serverinfo.check_tp(info, config.tp) if "tp" in reports else skipped(unreported))
     session.add(
         "flags",
-        serverinfo.check_flags(info, secretargs.resolve(config.launch_flags(session.shrink), session.environment)),
+        serverinfo.check_flags(
+            info, secretargs.resolve(config.launch_flags(session.shrink), session.environment), endpoint
+        ),
     )
 
 
@@ -618,6 +627,7 @@ def _measure(session: Session, context: _Context, server: launch.Server, watcher
                 explain=lambda error: _explain(monitor, error),
                 api_key=session.api_key,
                 floor=floor,
+                api=config.engine.api,
             )
         elif benchmark.warmup:
             for _ in range(benchmark.warmup):
@@ -628,6 +638,7 @@ def _measure(session: Session, context: _Context, server: launch.Server, watcher
                     streams=streams,
                     api_key=session.api_key,
                     idle_s=benchmark.stream_idle_s,
+                    api=config.engine.api,
                 )
         for count in request.concurrency:
             if monitor.failure is not None:
@@ -642,6 +653,7 @@ def _measure(session: Session, context: _Context, server: launch.Server, watcher
                     streams=streams,
                     api_key=session.api_key,
                     idle_s=benchmark.stream_idle_s,
+                    api=config.engine.api,
                 )
             )
     stopped = session.figures.stopped_at if session.figures is not None else None
@@ -792,7 +804,11 @@ def _conclude(
         name = f"evidence.{item.flag.lstrip('-')}"
         evidence = serverinfo.check_evidence(item, session.server_info, session.config.launch_flags(session.shrink))
         session.add(name, evidence if ready else skipped("the server never became ready"))
-    for result in logscan.finding_results(session.findings, "log", lock_backend=session.config.attention_backend):
+    engine = session.config.engine
+    found = logscan.finding_results(
+        session.findings, "log", lock_backend=session.config.attention_backend, backend_finding=engine.backend_finding
+    )
+    for result in found:
         session.add(result.check, result)
     if not session.findings:
         session.add("log", passed(f"no known failure signature in {watcher.lines} log lines"))

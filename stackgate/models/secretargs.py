@@ -13,12 +13,13 @@ from __future__ import annotations
 import shlex
 from typing import Mapping, Sequence
 
+from stackgate.models.engines import secret_options
 from stackgate.models.redact import REDACTED, redact, reference_name
 
 __all__ = ["SECRET_OPTIONS", "SecretArgError", "api_key", "command_line", "resolve", "shown"]
 
-#: SGLang 0.5.9's options whose value is a secret.
-SECRET_OPTIONS = ("--api-key", "--admin-api-key")
+#: Every registered engine's options whose value is a secret (SGLang: --api-key, --admin-api-key; vLLM: --api-key).
+SECRET_OPTIONS = secret_options()
 
 
 class SecretArgError(Exception):

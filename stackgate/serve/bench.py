@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from stackgate.edges import httpclient
+from stackgate.models.engines import NATIVE_GENERATE, OPENAI_COMPLETIONS
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, failed, passed, skipped, warned
 from stackgate.models.spec import Benchmark
@@ -58,6 +59,8 @@ __all__ = [
 ]
 
 _COMPLETION = re.compile(rb'"completion_tokens":\s*(\d+)')
+#: An OpenAI chunk whose choice finished: parsed for its reason (the others are not parsed at all).
+_FINISHED = re.compile(rb'"finish_reason":\s*"')
 STREAM_IDLE_S = Benchmark.stream_idle_floor_s  #: the longest silence inside a stream, unless the lock says
 # Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom.
 _T95 = (
@@ -160,19 +163,17 @@ def generate(
     incremental_ids: bool = False,
     api_key: str | None = None,
     idle_s: float = STREAM_IDLE_S,
+    api: str = NATIVE_GENERATE,
 ) -> Sample:
     """Stream one greedy generation of exactly ``tokens`` tokens (ignore_eos) and time it.
 
     ``api_key``: the server's --api-key, sent as ``Authorization: Bearer`` (SGLang refuses
     /generate without it when it has one). ``idle_s``: the longest silence accepted between two
     events (the lock's :attr:`Benchmark.stream_idle_s`); a longer one ends the stream as failed.
+    ``api``: the engine's streaming API (:data:`NATIVE_GENERATE` or :data:`OPENAI_COMPLETIONS`).
     """
-    body = {
-        "text": prompt,
-        "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True, "temperature": 0},
-        "stream": True,
-    }
-    stream = httpclient.EventStream(f"{base_url}/generate", body, timeout_s=idle_s, headers=httpclient.bearer(api_key))
+    path, body = request_body(api, prompt, tokens)
+    stream = httpclient.EventStream(f"{base_url}{path}", body, timeout_s=idle_s, headers=httpclient.bearer(api_key))
     reader = _Reader(tokens, incremental_ids)
     cpu = time.thread_time()
     if streams is not None:
@@ -194,6 +195,31 @@ def generate(
     return reader.sample(time.thread_time() - cpu)
 
 
+def request_body(api: str, prompt: str, tokens: int) -> tuple[str, dict[str, Any]]:
+    """The path and body of one greedy streaming generation of exactly ``tokens`` tokens.
+
+    SGLang's /generate reports ``meta_info.completion_tokens`` in each event; the OpenAI API's
+    /v1/completions does so in ``usage`` when asked for continuous usage statistics.
+
+    >>> request_body(OPENAI_COMPLETIONS, "Hi", 3)[1]["stream_options"]
+    {'include_usage': True, 'continuous_usage_stats': True}
+    """
+    if api == OPENAI_COMPLETIONS:
+        return "/v1/completions", {
+            "prompt": prompt,
+            "max_tokens": tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        }
+    return "/generate", {
+        "text": prompt,
+        "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True, "temperature": 0},
+        "stream": True,
+    }
+
+
 @dataclass
 class _Reader:
     asked: int
@@ -209,6 +235,7 @@ class _Reader:
     gaps: list[float] = field(default_factory=list)
     done: bool = False
     error: str | None = None
+    finish: Any = None  #: an OpenAI stream's finish reason (its last chunk carries usage, not choices)
 
     def event(self, arrival: float, data: bytes) -> bool:
         """Take one event; True at the end of the stream."""
@@ -228,6 +255,8 @@ class _Reader:
                 new = count - self.tokens
                 self.gaps.extend([(arrival - self.ended) / new] * new)
             self.tokens, self.ended = count, arrival
+        if _FINISHED.search(data):
+            self.finish = _choice_reason(_payload(data))
         if self.incremental_ids:
             self.ids.extend(_payload(data).get("output_ids") or ())
         self.last = data
@@ -240,7 +269,7 @@ class _Reader:
         if error is None and not self.done:
             error = f"the stream ended without [DONE] after {self.tokens} of {self.asked} tokens"
         ended = self.ended or time.perf_counter()
-        reason = (final.get("meta_info") or {}).get("finish_reason")
+        reason = (final.get("meta_info") or {}).get("finish_reason") or self.finish
         return Sample(
             self.asked,
             self.tokens,
@@ -263,6 +292,14 @@ def _payload(data: bytes) -> dict[str, Any]:
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def _choice_reason(payload: dict[str, Any]) -> Any:
+    """An OpenAI stream's finish reason: the last chunk with choices carries it."""
+    choices = payload.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    return choices[0].get("finish_reason")
 
 
 def _error_text(data: bytes) -> str | None:
@@ -463,6 +500,7 @@ def run_benchmark(
     explain: Callable[[str], str | None] = lambda error: None,
     api_key: str | None = None,
     floor: float | None = None,
+    api: str = NATIVE_GENERATE,
 ) -> BenchFigures:
     """The lock's warm-ups, then its runs, then, while the decode rate's 95% interval spans
     ``floor`` (the verdict's threshold), more runs up to ``bench.run_cap``; stops at the first
@@ -488,6 +526,7 @@ def run_benchmark(
             incremental_ids=incremental_ids,
             api_key=api_key,
             idle_s=bench.stream_idle_s,
+            api=api,
         )
         into.append(sample)
         if sample.error is None:
@@ -718,6 +757,7 @@ def run_level(
     streams: Streams,
     api_key: str | None = None,
     idle_s: float = STREAM_IDLE_S,
+    api: str = NATIVE_GENERATE,
 ) -> Level:
     """``count`` streams at once, released together by a barrier."""
     gate = threading.Barrier(count)
@@ -725,7 +765,7 @@ def run_level(
 
     def one(i: int) -> None:
         gate.wait()
-        samples[i] = generate(base_url, prompt, tokens, streams=streams, api_key=api_key, idle_s=idle_s)
+        samples[i] = generate(base_url, prompt, tokens, streams=streams, api_key=api_key, idle_s=idle_s, api=api)
 
     threads = [threading.Thread(target=one, args=(i,), name=f"smoke-stream-{i}", daemon=True) for i in range(count)]
     for thread in threads:

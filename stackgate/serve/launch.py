@@ -1,7 +1,8 @@
 """Launch the serving engine exactly as production will, and always take it down again.
 
-The command is the target interpreter's ``-m sglang.launch_server`` with every choice explicit
-(model, TP size, host, port, attention backend, the lock's flags); the environment is this
+The command is the target interpreter running the spec's serving engine as its description in
+:mod:`stackgate.models.engines` spells it (SGLang's ``-m sglang.launch_server``, vLLM's ``vllm serve``),
+with every choice explicit (model, TP size, host, port, attention backend, the lock's flags); the environment is this
 process's, with the live stackgate.env and the lock's [smoke].env applied. Before anything is
 launched, the refusals: a model path that is missing or unreadable, a port that is taken (SGLang
 only binds it after loading the weights, so it would notice ten minutes late), fewer GPUs visible
@@ -27,7 +28,7 @@ from types import MappingProxyType, ModuleType
 from typing import Callable, Iterator, Mapping, Sequence
 
 from stackgate.edges import nvml, runner
-from stackgate.models import envfile
+from stackgate.models import engines, envfile
 from stackgate.models.exitcodes import UsageError
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, failed, passed, warned
@@ -86,6 +87,7 @@ class Config:
     evidence: Mapping[str, str]
     env: Mapping[str, str]  #: [smoke].env, with [smoke.compare].env for the baseline
     fast_layers: int | None = None  #: set in fast mode
+    engine: engines.Engine = engines.ENGINES["sglang"]  #: the serving engine, as the registry describes it
 
     @property
     def base_url(self) -> str:
@@ -102,29 +104,21 @@ class Config:
 
     def launch_flags(self, shrink: fastmode.Shrink | None = None) -> tuple[str, ...]:
         """The words after the explicit ones: the lock's flags, speculative decoding, fast mode."""
-        speculative = self.speculative.flags if self.speculative else ()
-        fast = fastmode.launch_flags(shrink) if shrink is not None else ()
-        return (*self.flags, *speculative, *fast)
+        fast = self.engine.fast_flags(shrink.override) if shrink is not None else ()
+        return (*self.flags, *self._speculative(), *fast)
+
+    def _speculative(self) -> tuple[str, ...]:
+        spec = self.speculative
+        if spec is None:
+            return ()
+        words = self.engine.speculative_words(spec.algorithm, spec.draft_model, spec.num_steps, spec.num_draft_tokens)
+        return words or spec.flags
 
     def argv(self, python: Path, shrink: fastmode.Shrink | None = None) -> list[str]:
-        """``<python> -m sglang.launch_server --model-path M --tp-size N --host H --port P``
-        ``--attention-backend B ...``"""
-        return [
-            str(python),
-            "-m",
-            "sglang.launch_server",
-            "--model-path",
-            self.model,
-            "--tp-size",
-            str(self.tp),
-            "--host",
-            self.host,
-            "--port",
-            str(self.port),
-            "--attention-backend",
-            self.attention_backend,
-            *self.launch_flags(shrink),
-        ]
+        """The engine's launch words with every choice explicit: for SGLang ``<python> -m
+        sglang.launch_server --model-path M --tp-size N --host H --port P --attention-backend B ...``."""
+        head = self.engine.argv(str(python), self.model, self.tp, self.host, self.port, self.attention_backend)
+        return [*head, *self.launch_flags(shrink)]
 
 
 def configs(
@@ -157,6 +151,7 @@ def configs(
         evidence=smoke.evidence,
         env=smoke.env,
         fast_layers=smoke.fast_layers if fast else None,
+        engine=smoke.serving,
     )
     if not compare:
         return [main]
@@ -166,7 +161,7 @@ def configs(
 def _baseline(lock: Spec, main: Config) -> Config:
     table = lock.smoke.compare
     name = table.name if table else "baseline"
-    flags = table.flags if table and table.flags is not None else tuple(f for f in main.flags if FUSION_MARK not in f)
+    flags = table.flags if table and table.flags is not None else tuple(f for f in main.flags if not _fusion(main, f))
     baseline = Config(
         label=name,
         model=main.model,
@@ -179,6 +174,7 @@ def _baseline(lock: Spec, main: Config) -> Config:
         evidence=MappingProxyType({f: p for f, p in main.evidence.items() if f in flags}),
         env=MappingProxyType({**main.env, **(table.env if table else {})}),
         fast_layers=main.fast_layers,
+        engine=main.engine,
     )
     same = (baseline.flags, baseline.attention_backend, baseline.speculative, dict(baseline.env)) == (
         main.flags,
@@ -195,14 +191,21 @@ def _baseline(lock: Spec, main: Config) -> Config:
     return baseline
 
 
+def _fusion(config: Config, word: str) -> bool:
+    """Whether a launch word turns on a fused communication path (dropped from the default baseline)."""
+    return FUSION_MARK in word or config.engine.fusion_asked((word,))
+
+
 def server_env(lock: Spec, config: Config, base: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     """The server's environment and the variables stackgate set in it (file, then [smoke].env).
 
     Raises :class:`stackgate.models.envfile.EnvFileError` when the live stackgate.env is unreadable.
     """
     environ, from_file = envfile.apply(lock.python.env_file, base)
+    proving = dict(config.engine.fusion_env) if config.engine.fusion_flag in config.evidence else {}
+    environ.update(proving)
     environ.update(config.env)
-    return environ, {**from_file, **config.env}
+    return environ, {**from_file, **proving, **config.env}
 
 
 # --- refusals before launch -------------------------------------------------------------------
@@ -304,8 +307,8 @@ def check_port(config: Config) -> Result:
             if exc.errno != errno.EADDRINUSE:
                 return failed(f"cannot bind {config.host}:{config.port}: {exc.strerror or exc}; nothing was launched")
             return failed(
-                f"port {config.port} on {config.host} is taken; nothing was launched (SGLang would find out only "
-                "after loading the weights)",
+                f"port {config.port} on {config.host} is taken; nothing was launched ({config.engine.title} would find "
+                "out only after loading the weights)",
                 fix=Fix("Stop what listens there, or pass another --port.", (f"ss -ltnp 'sport = :{config.port}'",)),
                 data={"port": config.port},
             )

@@ -131,10 +131,11 @@ def _user(uid: int) -> str:
 
 
 class HealthPoller:
-    """Polls ``<url>/health`` on a daemon thread; ``last`` is the latest answer."""
+    """Polls ``<url><path>`` (the engine's health endpoint, ``/health``) on a daemon thread; ``last``
+    is the latest answer."""
 
-    def __init__(self, base_url: str, interval_s: float = HEALTH_INTERVAL_S) -> None:
-        self.url = f"{base_url}/health"
+    def __init__(self, base_url: str, interval_s: float = HEALTH_INTERVAL_S, path: str = "/health") -> None:
+        self.url = f"{base_url}{path}"
         self.interval_s = interval_s
         self.last = "no answer yet"
         self.ok = threading.Event()
@@ -185,7 +186,7 @@ def wait_ready(
     limits = _Limits(config.host, config.port, timeout_s, silence_s if silence_s is not None else timeout_s)
     begun = time.monotonic()
     next_scan = begun
-    with HealthPoller(config.base_url) as health:
+    with HealthPoller(config.base_url, path=config.engine.health_path) as health:
         while True:
             watcher.poll()
             elapsed = time.monotonic() - begun

@@ -9,13 +9,19 @@ from __future__ import annotations
 import dataclasses
 
 from stackgate.facts.serverlog import excerpt
+from stackgate.models.engines import ENGINES
 from stackgate.models.finding import Finding
 from stackgate.models.result import Result, Status, failed, passed, warned
 
-__all__ = ["finding_results"]
+__all__ = ["BACKEND_FINDING", "finding_results"]
+
+#: The default engine's finding for a backend it chose by itself (an engine describes its own).
+BACKEND_FINDING = ENGINES["sglang"].backend_finding
 
 
-def finding_results(findings: list[Finding], check: str, *, lock_backend: str) -> list[Result]:
+def finding_results(
+    findings: list[Finding], check: str, *, lock_backend: str, backend_finding: str = BACKEND_FINDING
+) -> list[Result]:
     """One result per finding, named ``<check>.<finding id>``: its title, then its cause, the
     lines that matched and where the knowledge was learned; the finding's fix; the finding
     itself, in its one JSON form, as the result's data.
@@ -26,9 +32,14 @@ def finding_results(findings: list[Finding], check: str, *, lock_backend: str) -
     results = []
     for finding in findings:
         status = {"error": Status.FAIL, "warning": Status.WARN, "info": Status.PASS}[finding.severity]
-        if finding.id == "sglang-attention-backend-default" and finding.values.get("backend") not in (
-            None,
-            lock_backend,
+        if (
+            backend_finding
+            and finding.id == backend_finding
+            and finding.values.get("backend")
+            not in (
+                None,
+                lock_backend,
+            )
         ):
             status = Status.FAIL
         evidence = finding.evidence

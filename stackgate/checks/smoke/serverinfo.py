@@ -16,6 +16,7 @@ from typing import Any, Mapping, Sequence
 
 from stackgate.edges import httpclient
 from stackgate.facts.serverlog import Evidence
+from stackgate.models.engines import ENGINES, Engine
 from stackgate.models.finding import Fix
 from stackgate.models.redact import REDACTED
 from stackgate.models.result import Result, failed, passed, skipped, warned
@@ -35,7 +36,7 @@ __all__ = [
     "parse_flags",
 ]
 
-ENDPOINTS = ("/server_info", "/get_server_info")
+ENDPOINTS = ENGINES["sglang"].info_endpoints
 #: Python logging levels above INFO: a server logging at one of them writes no INFO line.
 QUIET_LEVELS = ("warning", "error", "critical")
 
@@ -44,19 +45,36 @@ class ServerInfoError(Exception):
     """Neither endpoint gave the server's configuration."""
 
 
-def fetch(base_url: str, timeout_s: float = 30.0, *, api_key: str | None = None) -> tuple[dict[str, Any], str]:
-    """The server's configuration and the endpoint that gave it (with the server's --api-key, if any)."""
+def fetch(
+    base_url: str, timeout_s: float = 30.0, *, api_key: str | None = None, engine: Engine | None = None
+) -> tuple[dict[str, Any], str]:
+    """The server's configuration and the endpoint that gave it (with the server's --api-key, if any).
+
+    An OpenAI model list (vLLM's /v1/models) gives its first model's fields, the list kept under "data".
+    """
     problems = []
-    for endpoint in ENDPOINTS:
+    for endpoint in (engine or ENGINES["sglang"]).info_endpoints:
         try:
             info = httpclient.get_json(base_url + endpoint, timeout_s=timeout_s, headers=httpclient.bearer(api_key))
         except httpclient.HttpError as exc:
             problems.append(f"{endpoint}: {exc}")
             continue
         if isinstance(info, dict):
-            return info, endpoint
+            return _first_model(info), endpoint
         problems.append(f"{endpoint}: not a JSON object")
     raise ServerInfoError("; ".join(problems))
+
+
+def _first_model(info: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI model list as one configuration: the first model's fields beside the list.
+
+    >>> _first_model({"object": "list", "data": [{"id": "m", "root": "/m"}]})["root"]
+    '/m'
+    """
+    models = info.get("data")
+    if info.get("object") != "list" or not isinstance(models, list) or not models or not isinstance(models[0], dict):
+        return info
+    return {**models[0], **info}
 
 
 def parse_flags(words: Sequence[str]) -> list[tuple[str, Any]]:
@@ -106,22 +124,30 @@ def _json(value: Any) -> Any:
         return value
 
 
-def check_identity(info: Mapping[str, Any], endpoint: str, port: int, model: str) -> Result:
-    """The answering server is ours: same port, same model."""
+def check_identity(
+    info: Mapping[str, Any], endpoint: str, port: int, model: str, engine: Engine | None = None
+) -> Result:
+    """The answering server is ours: same port, same model (the fields the engine reports)."""
+    engine = engine or ENGINES["sglang"]
+    fields = engine.info_fields
+    have_port = info.get(fields["port"]) if "port" in fields else None
+    have_model = info.get(fields["model"])
     data = {
         "endpoint": endpoint,
-        "version": info.get("version"),
-        "port": info.get("port"),
-        "model_path": info.get("model_path"),
+        "version": info.get(fields.get("version", "version")),
+        "port": have_port,
+        "model_path": have_model,
     }
-    if info.get("port") not in (None, port) or info.get("model_path") not in (None, model):
+    if have_port not in (None, port) or have_model not in (None, model):
         return failed(
-            f"the server on port {port} reports port {info.get('port')} and model {info.get('model_path')}: another "
-            "server answered",
+            f"the server on port {port} reports port {have_port} and model {have_model}: another server answered",
             fix=Fix("Stop the other server and run smoke again.", (f"ss -ltnp 'sport = :{port}'",)),
             data=data,
         )
-    return passed(f"SGLang {info.get('version', '?')} reports its configuration ({endpoint})", data=data)
+    version = data["version"] or ("?" if "version" in fields else "")
+    return passed(
+        f"{' '.join(filter(None, (engine.title, str(version))))} reports its configuration ({endpoint})", data=data
+    )
 
 
 def check_backend(info: Mapping[str, Any], want: str) -> Result:
@@ -147,7 +173,7 @@ def check_tp(info: Mapping[str, Any], want: int) -> Result:
     return passed(f"TP {have}", data={"want": want, "have": have})
 
 
-def check_flags(info: Mapping[str, Any], words: Sequence[str]) -> Result:
+def check_flags(info: Mapping[str, Any], words: Sequence[str], endpoint: str = "/server_info") -> Result:
     """Each launch flag's value is the one the server reports (a secret's value compared, never shown)."""
     flags = parse_flags(words)
     if not flags:
@@ -159,7 +185,7 @@ def check_flags(info: Mapping[str, Any], words: Sequence[str]) -> Result:
         if option in SECRET_OPTIONS:
             expected, have = _masked(expected, have)
         if field not in info:
-            unknown.append(f"{option}: /server_info has no field {field!r}")
+            unknown.append(f"{option}: {endpoint} has no field {field!r}")
         elif not _same(expected, have):
             wrong.append(f"{option}: asked {expected!r}, the server runs {field}={have!r}")
         else:
@@ -170,7 +196,7 @@ def check_flags(info: Mapping[str, Any], words: Sequence[str]) -> Result:
             f"{len(wrong)} of {len(flags)} flag(s) do not run as asked: {wrong[0]}", wrong + unknown, data=data
         )
     if unknown:
-        return warned(f"{len(unknown)} flag(s) cannot be verified from /server_info", unknown + good, data=data)
+        return warned(f"{len(unknown)} flag(s) cannot be verified from {endpoint}", unknown + good, data=data)
     return passed(f"{len(flags)} flag(s) run as asked", good, data=data)
 
 
@@ -191,6 +217,16 @@ def check_evidence(item: Evidence, info: Mapping[str, Any] | None, words: Sequen
         f"{field}={info.get(field)!r} in /server_info" if info is not None and field in info else "accepted at launch"
     )
     data = {"flag": item.flag, "pattern": item.pattern, "line": item.line}
+    if item.declined and not item.seen:
+        return failed(
+            f"{item.flag} was accepted ({accepted}) but the engine declined the fused path: {item.declined_by}; the "
+            f"log says {item.declined!r} and never shows {item.pattern!r}",
+            fix=Fix(
+                "The fused path does not run on this machine (the engine's size tables cover SM90 and SM100 only, and "
+                "it needs TP > 1). Drop the flag, or use a stack where the path runs."
+            ),
+            data={**data, "declined": item.declined, "declined_by": item.declined_by},
+        )
     if item.seen:
         return passed(f"{item.flag}: the log shows {item.pattern!r} (line {item.line})", [f"> {item.text}"], data=data)
     level = log_level(info, words)

@@ -18,6 +18,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from stackgate.models import engines
 from stackgate.models.spec.reader import Table, kind_of
 from stackgate.models.spec.rules import (
     check_sha256,
@@ -77,7 +78,8 @@ CUDA_LINK_POLICIES = ("leave", "default")
 SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 #: Algorithms whose draft is a separate model that --speculative-draft-model-path names.
 _DRAFT_MODEL_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE")
-#: Options smoke sets itself from [smoke] and the CLI; a flag list must not repeat them.
+#: Options smoke sets itself from [smoke] and the CLI (SGLang's spellings; each engine's own are
+#: :meth:`stackgate.models.engines.Engine.managed_flags`); a flag list must not repeat them.
 MANAGED_FLAGS = {
     "--model-path": "smoke.model",
     "--model": "smoke.model",
@@ -92,10 +94,9 @@ MANAGED_FLAGS = {
 }
 #: The log line that proves a flag's path ran, for the flags whose acceptance proves nothing: a
 #: flag listed here carries its evidence whatever the spec says; [smoke] evidence may replace the
-#: pattern, never drop it. (SGLang 0.5.9's layers/flashinfer_comm_fusion.py logs it at INFO once
-#: the fused all-reduce's workspace exists, for each rank.)
+#: pattern, never drop it. Each engine names its fusion flag and evidence (models/engines).
 DEFAULT_EVIDENCE = MappingProxyType(
-    {"--enable-flashinfer-allreduce-fusion": "FlashInfer workspace initialized for rank"}
+    {e.fusion_flag: e.fusion_evidence for e in engines.ENGINES.values() if e.fusion_flag and e.fusion_evidence}
 )
 #: Why source = "pypi" is refused for CUDA 12.x (stack/toolkit.py gives the same reason).
 PYPI_CUDA12_REASON = (
@@ -625,27 +626,39 @@ class Smoke:
         """
         return self.silence_s if self.silence_s is not None else self.ready_timeout_s / 4
 
+    @property
+    def serving(self) -> engines.Engine:
+        """The registered engine this section names (checked when the spec loaded)."""
+        return engines.get(self.engine)
+
     @classmethod
     def _from_table(cls, t: Table, hardware: Hardware) -> Smoke:
-        port = t.get("port", int, 30000)
+        name = t.get("engine", str, "sglang") or "sglang"
+        if name not in engines.ENGINES:
+            t.error("engine", engines.unknown(name))
+            name = "sglang"
+        engine = engines.get(name)
+        port = t.get("port", int, engine.default_port)
         if port is not None and not 0 < port < 65536:
             t.error("port", f"must be a TCP port (1-65535), not {port}")
         evidence = t.sub("evidence")
         pairs = {flag: evidence.get(flag, str) for flag in list(evidence.data)}
         flags = t.strings("flags")
-        _check_flags(t, "flags", flags)
+        _check_flags(t, "flags", flags, engine)
         for flag, pattern in pairs.items():
             if flag not in flags:
                 evidence.error(flag, "is not one of smoke.flags: evidence is asked only of a flag that is passed")
             if pattern is not None:
                 _check_evidence(evidence, flag, pattern)
-        defaults = {flag: pattern for flag, pattern in DEFAULT_EVIDENCE.items() if flag in flags}
+        asked = {word.split("=", 1)[0] for word in flags}
+        fused = engine.fusion_evidence and engine.fusion_flag in asked
+        defaults = {engine.fusion_flag: engine.fusion_evidence} if fused else {}
         smoke = cls(
-            engine=t.get("engine", str, "sglang") or "sglang",
+            engine=name,
             model=t.get("model", str, "") or "",
             tp=t.positive("tp", int, hardware.gpu_count or 1) or 1,
             host=t.get("host", str, "127.0.0.1") or "127.0.0.1",
-            port=port or 30000,
+            port=port or engine.default_port,
             attention_backend=t.get("attention_backend", str, "flashinfer") or "flashinfer",
             flags=flags,
             evidence=MappingProxyType({**defaults, **{k: v for k, v in pairs.items() if v is not None}}),
@@ -661,12 +674,13 @@ class Smoke:
         return smoke
 
 
-def _check_flags(t: Table, name: str, flags: tuple[str, ...]) -> None:
+def _check_flags(t: Table, name: str, flags: tuple[str, ...], engine: engines.Engine | None = None) -> None:
     """Flags are extra launch words; the ones smoke sets itself, or from a table, are refused."""
+    managed = {**MANAGED_FLAGS, **(engine.managed_flags() if engine is not None else {})}
     for i, word in enumerate(flags):
         option = word.split("=", 1)[0]
-        if option in MANAGED_FLAGS:
-            t.error(f"{name}[{i}]", f"{option} is set by smoke from {MANAGED_FLAGS[option]}; do not repeat it in flags")
+        if option in managed:
+            t.error(f"{name}[{i}]", f"{option} is set by smoke from {managed[option]}; do not repeat it in flags")
         elif option.startswith("--speculative-"):
             t.error(f"{name}[{i}]", f"{option}: describe speculative decoding in [smoke.speculative], not in flags")
 

@@ -1,0 +1,103 @@
+"""`smoke --dry-run`: what smoke would launch and check, said without launching anything.
+
+For each configuration (the lock's, and with --compare the baseline first): the engine and the
+release its description was read from, the exact server command (a secret option's literal value
+hidden, a ``${VAR}`` reference shown as written), the variables stackgate sets in the server's
+environment (secret-named ones hidden), and the checks the run would report.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from stackgate.models import envfile, secretargs
+from stackgate.models.redact import redact
+from stackgate.models.spec import Spec
+from stackgate.serve import fastmode, launch
+from stackgate.serve.launch import Config
+
+__all__ = ["Planned", "plan_smoke"]
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One configuration as smoke would launch it."""
+
+    title: str
+    engine: str  #: "vLLM 0.33.0"
+    command: tuple[str, ...]  #: as shown: secrets hidden
+    environment: Mapping[str, str]  #: what stackgate sets in the server's environment, secrets hidden
+    checks: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+
+    def lines(self) -> list[str]:
+        """The plan as a person reads it, one fact a line."""
+        env = [f"  {name}={shlex.quote(value)}" for name, value in sorted(self.environment.items())]
+        return [
+            f"[{self.title}] engine: {self.engine}",
+            f"  command: {secretargs.command_line(self.command)}",
+            "  environment set by stackgate:" + ("" if env else " (nothing)"),
+            *[f"  {line}" for line in env],
+            f"  checks: {', '.join(self.checks)}",
+            *[f"  note: {note}" for note in self.notes],
+        ]
+
+
+def plan_smoke(
+    lock: Spec, configs: list[Config], environ: Mapping[str, str], *, measures: bool, concurrency: bool
+) -> list[Planned]:
+    """What each configuration's launch and run would be (nothing is started, no port is bound)."""
+    return [_plan(lock, config, environ, measures=measures, concurrency=concurrency) for config in configs]
+
+
+def _plan(lock: Spec, config: Config, environ: Mapping[str, str], *, measures: bool, concurrency: bool) -> Planned:
+    notes: list[str] = []
+    try:
+        _, set_by_stackgate = launch.server_env(lock, config, environ)
+    except envfile.EnvFileError as exc:
+        set_by_stackgate = dict(config.env)
+        notes.append(f"the live environment file cannot be read ({exc}): smoke would refuse to launch")
+    shrink = None
+    if config.fast_layers is not None:
+        try:
+            shrink = fastmode.shrink(Path(config.model), config.fast_layers or 1)
+        except fastmode.FastModeError as exc:
+            notes.append(f"fast mode: {exc}; smoke would refuse to launch")
+    words = config.argv(lock.python.target, shrink)
+    try:
+        secretargs.resolve(words, {**environ, **set_by_stackgate})
+    except secretargs.SecretArgError as exc:
+        notes.append(f"{exc}: smoke would refuse to launch")
+    return Planned(
+        title=config.title,
+        engine=config.engine.label,
+        command=tuple(secretargs.shown(words)),
+        environment=redact(dict(set_by_stackgate), environ={}),
+        checks=_checks(config, measures=measures, concurrency=concurrency),
+        notes=tuple(notes),
+    )
+
+
+def _checks(config: Config, *, measures: bool, concurrency: bool) -> tuple[str, ...]:
+    names = [
+        "preflight.python",
+        "preflight.model",
+        "preflight.port",
+        "preflight.gpus",
+        "launch",
+        "server_info",
+        "attention_backend",
+        "tp_size",
+        "flags",
+        *(f"evidence.{flag.lstrip('-')}" for flag in config.evidence),
+        "log",
+    ]
+    if measures:
+        names.append("benchmark")
+    if concurrency:
+        names.append("concurrency")
+    names += ["teardown", "gpu_memory"]
+    return tuple(config.check(name) for name in names)
