@@ -76,9 +76,6 @@ def unknown_action(action: str) -> str:
     return f"fleet: unknown action {action!r}{hint} (one of: {', '.join(ACTIONS)})"
 
 
-ENGINES = ("ssh", "slurm")
-
-
 #: upgrade's --switch modes a rollout can take (``never`` moves no node: the canary could not win).
 SWITCHES = ("if-better", "if-passes")
 
@@ -147,8 +144,8 @@ class FleetRequest:
     accept_output_change: bool = False  #: upgrade only
     model: str | None = None  #: upgrade only: the model both sides launch on each node
     max_nodes: int = MAX_NODES  #: more nodes than this is refused (a runaway inventory); --max-nodes raises it
-    engine: str = "ssh"  #: ssh (the inventory's nodes) or slurm (an allocation's: see "the Slurm engine" below)
-    slurm: SlurmOptions | None = None  #: --engine slurm only
+    engine: str = "ssh"  #: a fleet engine's name (flows/fleetengines.py): ssh (the inventory's nodes), slurm, ...
+    options: Any = None  #: that engine's own options (its module's dataclass; None: its defaults)
 
     @property
     def upgrade_options(self) -> bool:
@@ -160,23 +157,6 @@ class FleetRequest:
             or self.accept_output_change
             or self.model is not None
         )
-
-
-@dataclass(frozen=True, kw_only=True)
-class SlurmOptions:
-    """Where the Slurm engine finds its nodes and puts its files (edges/slurm.py)."""
-
-    partition: str | None = None
-    nodes: int | None = None  #: outside an allocation: this many nodes of the partition
-    nodelist: str | None = None  #: outside an allocation: these nodes (a Slurm host list)
-    time_limit: str | None = None  #: the allocation's --time
-    extra: tuple[str, ...] = ()  #: the site's own salloc flags (--slurm-arg)
-    stackgate: str = "stackgate"  #: the program on the nodes
-    node_dir: str = "/tmp"  #: node-local folder sbcast writes into
-    shared_dir: Path | None = None  #: a folder every node and this host see: the documents come back there
-    #: nodes Slurm lists as down or drained count in the verdict even when the run did not ask for them
-    #: (--nodes N of a partition); those the run names (--nodelist, the allocation's) always count
-    count_unavailable: bool = False
 
 
 @dataclass(frozen=True)
@@ -371,7 +351,7 @@ class Remote:
         if done.returncode == 3:
             return None
         self._check(done, "cannot read the node's report")
-        return _parse_report(done.stdout)
+        return parse_report(done.stdout)
 
     def cleanup(self) -> None:
         if self.folder:
@@ -388,16 +368,22 @@ class Remote:
 
 def _said(done: ssh.Completed) -> str:
     """A remote command's last line of output (stderr first), and whether its output was cut."""
-    return _tail(done.stderr or done.stdout) + done.note
+    return tail(done.stderr or done.stdout) + done.note
 
 
-def _tail(text: str, limit: int = 300) -> str:
+def tail(text: str, limit: int = 300) -> str:
+    """A command's last line of output, cut to ``limit`` characters.
+
+    >>> tail("one\\ntwo\\n\\n"), tail(""), tail("x" * 10, 6)
+    ('two', '(no output)', 'xxx...')
+    """
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     last = lines[-1] if lines else "(no output)"
     return last if len(last) <= limit else last[: limit - 3] + "..."
 
 
-def _parse_report(text: str) -> dict[str, Any]:
+def parse_report(text: str) -> dict[str, Any]:
+    """A node's ``stackgate.report/1`` document from its text, checked; a damaged one fails the node."""
     if len(text) > MAX_REPORT_BYTES:
         raise NodeFailed(
             FAILED, f"the node's report is larger than {MAX_REPORT_BYTES >> 20} MiB: not a stackgate report"
@@ -654,7 +640,7 @@ class FleetRun:
     started: float
     duration_s: float
     interrupted: bool
-    engine: Mapping[str, Any] | None = None  #: the Slurm engine's job and step (None: SSH)
+    engine: Mapping[str, Any] | None = None  #: the engine's own part of the report (Slurm's job and step; SSH: none)
 
     def document(self) -> dict[str, Any]:
         return document(self)
@@ -835,11 +821,13 @@ def run_fleet(
     ui: UI,
     transport: ssh.Transport | None = None,
     live: Spec | None = None,
+    opener: Callable[[threading.Event], ssh.Transport] = ssh.SshTransport,
 ) -> FleetRun:
     """Run the request's action on every node (see the module's docstring); never raises for what
-    a node does. ``lock`` is the spec shipped (an upgrade's new one; ``live``, its live one)."""
+    a node does. ``lock`` is the spec shipped (an upgrade's new one; ``live``, its live one); the
+    nodes are reached through ``transport``, else the one ``opener`` opens (given the run's stop)."""
     stop = threading.Event()
-    transport = transport or ssh.SshTransport(stop)  # a connect under way ends at once on Ctrl-C
+    transport = transport or opener(stop)  # a connect under way ends at once on Ctrl-C
     shipment = Shipment.of(lock, live)
     action = _action(request, shipment)
     started, clock = time.time(), time.monotonic()
@@ -889,6 +877,32 @@ def _action(request: FleetRequest, shipment: Shipment) -> Action:
 # --- the request ---------------------------------------------------------------------------------
 
 
+def whole(flag: str, value: Any, default: int) -> int:
+    """A flag's whole number, from its text (taken as text: invoke's own int flags end in a
+    traceback on a word that is not a number)."""
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise FleetUsageError(f"{flag} {value!r}: not a whole number") from None
+    if number < 1:
+        raise FleetUsageError(f"{flag} {value!r}: must be at least 1")
+    return number
+
+
+def seconds(flag: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise FleetUsageError(f"{flag} {value!r}: not a number of seconds") from None
+    if not (number > 0 and number != float("inf")):
+        raise FleetUsageError(f"{flag} {value!r}: must be a number of seconds above 0")
+    return number
+
+
 def nodes_of(request: FleetRequest) -> list[Node]:
     """The request's nodes, with its timeouts; bad usage before anything connects."""
     if request.action not in ACTIONS:
@@ -897,10 +911,10 @@ def nodes_of(request: FleetRequest) -> list[Node]:
         raise FleetUsageError("fleet: name the nodes with --hosts a,b,c or --inventory FILE (one of them)")
     if request.parallel < 1 or request.batch < 1:
         raise FleetUsageError("fleet: --parallel and --batch must be at least 1")
-    _check_batch(request)
+    check_batch(request)
     if request.checks and request.action != "verify":
         raise FleetUsageError("fleet: --check is for `fleet verify`")
-    _check_upgrade(request)
+    check_upgrade(request)
     if request.hosts is not None:
         nodes = parse_hosts(request.hosts)
     else:
@@ -922,14 +936,14 @@ def nodes_of(request: FleetRequest) -> list[Node]:
     ]
 
 
-def _check_batch(request: FleetRequest) -> None:
+def check_batch(request: FleetRequest) -> None:
     if request.batch != 1 and request.action not in ("provision", "upgrade"):
         raise FleetUsageError(
             "fleet: --batch is for `fleet provision` and `fleet upgrade` (gate and verify use --parallel)"
         )
 
 
-def _check_upgrade(request: FleetRequest) -> None:
+def check_upgrade(request: FleetRequest) -> None:
     if request.action != "upgrade":
         if request.upgrade_options:
             raise FleetUsageError(
