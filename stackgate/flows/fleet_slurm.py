@@ -268,7 +268,7 @@ def _srun_words(stderr: str, node: str) -> str:
 
 def check_slurm(request: FleetRequest) -> None:
     """What `fleet --engine slurm` cannot take, refused before anything is asked of Slurm."""
-    options = request.slurm or SlurmOptions()
+    options = request.options or SlurmOptions()
     if request.action not in ACTIONS:
         raise FleetUsageError(unknown_action(request.action))
     check_batch(request)
