@@ -135,7 +135,8 @@ _GROUP = re.compile(r"^\[(?P<group>[^\]]+)\] ")
 
 def grouped(rows: Sequence[tuple[str, str]]) -> dict[str, list[tuple[str, str]]]:
     """A task's (flags, help) rows under their headings: ``Options:``, then one heading per group
-    a help text names in its first words (``[--engine slurm] ...``), without those words.
+    a help text names in its first words (``[fleet upgrade] ...``, ``[--engine slurm] ...``), without
+    those words.
 
     >>> grouped([("--a", "one"), ("--p=NAME", "[--engine slurm] a partition"), ("-h", "help")])
     {'Options:': [('--a', 'one'), ('-h', 'help')], 'Options of --engine slurm:': [('--p=NAME', 'a partition')]}
@@ -145,7 +146,8 @@ def grouped(rows: Sequence[tuple[str, str]]) -> dict[str, list[tuple[str, str]]]
         found = _GROUP.match(text)
         heading = f"Options of {found['group']}:" if found else "Options:"
         groups.setdefault(heading, []).append((flags, text[found.end() :] if found else text))
-    return groups
+    # the common options first, then a command's groups, then an engine's (``--engine X``) last
+    return dict(sorted(groups.items(), key=lambda item: (item[0] != "Options:", "--" in item[0], item[0])))
 
 
 def usage_line(binary: str, name: str, collection: Collection) -> str:

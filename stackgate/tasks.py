@@ -381,17 +381,22 @@ def diagnose(c, path=None, stdin=False, json=None, lock=None, kernel=False, kern
         "inventory": "the nodes: a TOML inventory ([fleet] defaults, one [[node]] per node; docs/fleet.md)",
         "lock": LOCK_HELP + "; shipped to every node with its pylock, sha256 checked there "
         "(upgrade: the live spec, default each node's own)",
-        "parallel": "nodes run at once (gate, verify; default 8)",
+        "parallel": "[fleet gate, verify] nodes run at once (default 8)",
         "batch": (
-            "provision, upgrade: nodes moved at a time; the first batch with a failure stops the rollout (default 1)"
+            "[fleet provision, upgrade] nodes moved at a time; the first batch with a failure stops the rollout "
+            "(default 1)"
         ),
-        "to": "upgrade: the new spec (its pylock beside it), shipped to every node and built beside its live stack",
-        "canary": "upgrade: nodes upgraded first; the rest only if every one of them won (default 1)",
-        "switch": "upgrade: each node's stackgate upgrade --switch: if-better (default) or if-passes",
-        "accept_output_change": "upgrade: accept greedy outputs that differ from the live stack's (still reported)",
-        "model": "upgrade: model directory both sides launch on each node (default: the specs' [smoke] model)",
-        "fast_only": "gate: stop each node's gate after the fast smoke",
-        "check": f"verify: {CHECK_HELP}, on each node",
+        "to": (
+            "[fleet upgrade] the new spec (its pylock beside it), shipped to every node and built beside its live stack"
+        ),
+        "canary": "[fleet upgrade] nodes upgraded first; the rest only if every one of them won (default 1)",
+        "switch": "[fleet upgrade] each node's stackgate upgrade --switch: if-better (default) or if-passes",
+        "accept_output_change": (
+            "[fleet upgrade] accept greedy outputs that differ from the live stack's (still reported)"
+        ),
+        "model": "[fleet upgrade] model directory both sides launch on each node (default: the specs' [smoke] model)",
+        "fast_only": "[fleet gate] stop each node's gate after the fast smoke",
+        "check": f"[fleet verify] {CHECK_HELP}, on each node",
         "timeout": "seconds each node's whole run may take (default: the inventory's timeout_s, else 7200)",
         "connect_timeout": (
             "seconds to connect and log in to a node (default: the inventory's connect_timeout_s, else 10)"

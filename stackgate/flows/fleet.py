@@ -1,9 +1,10 @@
 """The fleet's rollouts: the same command on every node, one fleet verdict.
 
-Over SSH (below), or with ``--engine slurm`` over the nodes Slurm gives (flows/fleet_slurm.py,
-edges/slurm.py, docs/slurm.md).
+The nodes come from a fleet engine (flows/fleetengines.py: SSH, Slurm, ...); this module is what
+every engine shares: the request, each node's outcome, the per-node actions over any transport, the
+rollouts' orders and the fleet's report.
 
-On each node, over one SSH session (edges/ssh.py), in order:
+On each node, over one session of the engine's transport (SSH's: edges/ssh.py), in order:
 
 1. ``stackgate --version``: the node's installed stackgate must be this one's version;
 2. the spec (and its pylock, when there is one beside it) is written to a fresh temporary folder
