@@ -17,31 +17,33 @@ from typing import Any, Callable, Mapping
 from stackgate.edges import ssh
 from stackgate.flows import fleetengines
 from stackgate.flows.fleet import (
-    ACTIONS,
-    MAX_NODES,
     SCHEMA,
-    SWITCHES,
-    FleetRequest,
     FleetRun,
-    FleetUsageError,
     NodeRun,
     Remote,
     Shipment,
     canary_rollout,
     document,
     gate_on_node,
-    nodes_of,
     on_node,
     provision_on_node,
     rolling,
     run_fleet,
     run_nodes,
-    seconds,
     upgrade_on_node,
+)
+from stackgate.flows.fleet_slurm import SlurmOptions
+from stackgate.flows.fleetrequest import (
+    ACTIONS,
+    MAX_NODES,
+    SWITCHES,
+    FleetRequest,
+    FleetUsageError,
+    nodes_of,
+    seconds,
     upgrade_specs,
     whole,
 )
-from stackgate.flows.fleet_slurm import SlurmOptions
 from stackgate.models import settings
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.redact import redact

@@ -18,7 +18,6 @@ from typing import Any, Callable, Mapping, Sequence
 from stackgate import __version__
 from stackgate.edges import slurm
 from stackgate.flows.fleet import (
-    ACTIONS,
     FAILED,
     INTERRUPTED,
     NOT_RUN,
@@ -26,20 +25,23 @@ from stackgate.flows.fleet import (
     TIMED_OUT,
     UNAVAILABLE,
     UNREACHABLE,
-    FleetRequest,
-    FleetUsageError,
     NodeFailed,
     NodeRun,
     Shipment,
-    check_batch,
-    check_upgrade,
     judged,
     parse_report,
     tail,
+)
+from stackgate.flows.fleetengine import Placement
+from stackgate.flows.fleetrequest import (
+    ACTIONS,
+    FleetRequest,
+    FleetUsageError,
+    check_batch,
+    check_upgrade,
     unknown_action,
     whole,
 )
-from stackgate.flows.fleetengine import Placement
 from stackgate.models import fleetoptions
 from stackgate.models.inventory import DEFAULT_TIMEOUT_S as DEFAULT_NODE_TIMEOUT_S
 from stackgate.models.inventory import Node

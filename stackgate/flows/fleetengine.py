@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from stackgate.edges import ssh
-from stackgate.flows.fleet import FleetRequest, NodeRun, Shipment
+from stackgate.flows.fleet import NodeRun, Shipment
+from stackgate.flows.fleetrequest import FleetRequest
 from stackgate.models.fleetoptions import EngineOption
 from stackgate.models.inventory import Node
 from stackgate.render.ui import UI
