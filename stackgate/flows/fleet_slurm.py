@@ -85,8 +85,23 @@ def _options(given: Mapping[str, Sequence[str]]) -> SlurmOptions:
         stackgate=one.get("stackgate") or "stackgate",
         node_dir=one.get("node-dir") or "/tmp",
         shared_dir=Path(shared) if shared else None,
-        count_unavailable="count-unavailable" in one,
+        count_unavailable=_switch("count-unavailable", one.get("count-unavailable")),
     )
+
+
+def _switch(name: str, text: str | None) -> bool:
+    """An option without a value: given alone (or ``=true``), or not (or ``=false``).
+
+    >>> _switch("count-unavailable", ""), _switch("count-unavailable", "false"), _switch("count-unavailable", None)
+    (True, False, False)
+    """
+    if text is None:
+        return False
+    if text.lower() in ("", "true", "yes", "1"):
+        return True
+    if text.lower() in ("false", "no", "0"):
+        return False
+    raise FleetUsageError(f"fleet --engine slurm: {name}={text!r}: true or false (or the name alone)")
 
 
 def _slurm_task_args(request: FleetRequest, spec_name: str) -> list[str]:
