@@ -91,6 +91,7 @@ VALUE_NAMES: Mapping[str, str] = {
     "only": "AREA",
     "switch": "RULE",
     "engine": "ENGINE",
+    "engine_option": "NAME=VALUE",
     "nodelist": "NODES",
     "time": "LIMIT",
     "slurm_arg": "FLAG",

@@ -136,9 +136,37 @@ class StackgateProgram(Program):
         print("")
         print(self.leading_indent + _first_line(inspect.getdoc(self.collection[name])))
         print("")
-        print("Options:")
-        print("")
-        self.print_columns([*flag_tuples(context), ("-h, --help", "show this help")])
+        task = self.collection[name]
+        arguments = [(value_name(slot), context.flags[to_flag(slot)].help or "") for slot in task.positional]
+        if arguments:
+            print("Arguments:")
+            print("")
+            self.print_columns(arguments)
+        for heading, rows in grouped([*flag_tuples(context), ("-h, --help", "show this help")]).items():
+            print(heading)
+            print("")
+            self.print_columns(rows)
+
+
+#: How a flag's help names the group it belongs to (``[--engine slurm] the partition ...``).
+_GROUP = re.compile(r"^\[(?P<group>[^\]]+)\] ")
+
+
+def grouped(rows: Sequence[tuple[str, str]]) -> dict[str, list[tuple[str, str]]]:
+    """A task's (flags, help) rows under their headings: ``Options:``, then one heading per group
+    a help text names in its first words (``[fleet upgrade] ...``, ``[--engine slurm] ...``), without
+    those words.
+
+    >>> grouped([("--a", "one"), ("--p=NAME", "[--engine slurm] a partition"), ("-h", "help")])
+    {'Options:': [('--a', 'one'), ('-h', 'help')], 'Options of --engine slurm:': [('--p=NAME', 'a partition')]}
+    """
+    groups: dict[str, list[tuple[str, str]]] = {"Options:": []}
+    for flags, text in rows:
+        found = _GROUP.match(text)
+        heading = f"Options of {found['group']}:" if found else "Options:"
+        groups.setdefault(heading, []).append((flags, text[found.end() :] if found else text))
+    # the common options first, then a command's groups, then an engine's (``--engine X``) last
+    return dict(sorted(groups.items(), key=lambda item: (item[0] != "Options:", "--" in item[0], item[0])))
 
 
 def usage_line(binary: str, name: str, collection: Collection) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 from stackgate import cli, express
 from stackgate.cli import task
-from stackgate.models import settings
+from stackgate.models import fleetoptions, settings
 
 __all__ = [
     "diagnose",
@@ -392,7 +392,7 @@ def diagnose(c, path=None, stdin=False, json=None, lock=None, kernel=False, kern
 
 @task(
     positional=["action"],
-    iterable=["check", "slurm_arg"],
+    iterable=["check", "slurm_arg", "engine_option"],
     help={
         "action": (
             "what to run on every node: gate, verify, provision (then a gate; a node that fails is rolled back) or "
@@ -402,17 +402,22 @@ def diagnose(c, path=None, stdin=False, json=None, lock=None, kernel=False, kern
         "inventory": "the nodes: a TOML inventory ([fleet] defaults, one [[node]] per node; docs/fleet.md)",
         "lock": LOCK_HELP + "; shipped to every node with its pylock, sha256 checked there "
         "(upgrade: the live spec, default each node's own)",
-        "parallel": "nodes run at once (gate, verify; default 8)",
+        "parallel": "[fleet gate, verify] nodes run at once (default 8)",
         "batch": (
-            "provision, upgrade: nodes moved at a time; the first batch with a failure stops the rollout (default 1)"
+            "[fleet provision, upgrade] nodes moved at a time; the first batch with a failure stops the rollout "
+            "(default 1)"
         ),
-        "to": "upgrade: the new spec (its pylock beside it), shipped to every node and built beside its live stack",
-        "canary": "upgrade: nodes upgraded first; the rest only if every one of them won (default 1)",
-        "switch": "upgrade: each node's stackgate upgrade --switch: if-better (default) or if-passes",
-        "accept_output_change": "upgrade: accept greedy outputs that differ from the live stack's (still reported)",
-        "model": "upgrade: model directory both sides launch on each node (default: the specs' [smoke] model)",
-        "fast_only": "gate: stop each node's gate after the fast smoke",
-        "check": f"verify: {CHECK_HELP}, on each node",
+        "to": (
+            "[fleet upgrade] the new spec (its pylock beside it), shipped to every node and built beside its live stack"
+        ),
+        "canary": "[fleet upgrade] nodes upgraded first; the rest only if every one of them won (default 1)",
+        "switch": "[fleet upgrade] each node's stackgate upgrade --switch: if-better (default) or if-passes",
+        "accept_output_change": (
+            "[fleet upgrade] accept greedy outputs that differ from the live stack's (still reported)"
+        ),
+        "model": "[fleet upgrade] model directory both sides launch on each node (default: the specs' [smoke] model)",
+        "fast_only": "[fleet gate] stop each node's gate after the fast smoke",
+        "check": f"[fleet verify] {CHECK_HELP}, on each node",
         "timeout": "seconds each node's whole run may take (default: the inventory's timeout_s, else 7200)",
         "connect_timeout": (
             "seconds to connect and log in to a node (default: the inventory's connect_timeout_s, else 10)"
@@ -424,19 +429,12 @@ def diagnose(c, path=None, stdin=False, json=None, lock=None, kernel=False, kern
         "html": "write a self-contained HTML page here",
         "strict": "fail on warnings too: the nodes' own, and the fleet's outliers",
         "max_nodes": "refuse a fleet of more nodes than this (default 1000): a runaway inventory is not dialled",
-        "engine": "ssh (default: --hosts/--inventory) or slurm: an allocation's nodes (docs/slurm.md)",
-        "partition": "slurm, outside an allocation: the partition to ask nodes of",
-        "nodes": "slurm, outside an allocation: how many nodes to ask for (or --nodelist)",
-        "nodelist": "slurm, outside an allocation: the nodes to ask for, a Slurm host list (gpu[01-04])",
-        "time": "slurm, outside an allocation: the allocation's time limit (salloc --time)",
-        "slurm_arg": "slurm, outside an allocation: one more salloc flag, e.g. --slurm-arg=--account=ops (repeatable)",
-        "stackgate": "slurm: the stackgate program on the nodes (default: stackgate on the PATH srun exports)",
-        "node_dir": "slurm: node-local folder the spec is sent to with sbcast (default /tmp)",
-        "shared_dir": "slurm: a folder every node and this host share: the documents come back there, not through srun",
-        "count_unavailable": (
-            "slurm, with --nodes N: the partition's down or drained nodes fail the verdict too (default: they are "
-            "listed as unavailable; the nodes a run names always count)"
+        "engine": "where the nodes come from: ssh (default: --hosts/--inventory) or slurm (docs/slurm.md)",
+        "engine_option": (
+            "an option of the chosen engine (repeatable; docs/fleet.md lists each engine's); "
+            "the flags below are shorthands for the Slurm engine's"
         ),
+        **{name.replace("-", "_"): f"[--engine slurm] {option.help}" for name, option in fleetoptions.SLURM.items()},
     },
 )
 def fleet(
@@ -469,29 +467,30 @@ def fleet(
     nodelist=None,
     time=None,
     slurm_arg=None,
-    stackgate="stackgate",
-    node_dir="/tmp",
+    stackgate=None,
+    node_dir=None,
     shared_dir=None,
     count_unavailable=False,
+    engine_option=None,
 ):
     """Run gate, verify, provision or upgrade on every node over SSH (or Slurm): one report, one verdict."""
     from stackgate.commands import fleet as command
 
     def go():
-        options = command.SlurmOptions(
-            partition=partition,
-            nodes=command.whole("--nodes", nodes, 1) if nodes is not None else None,
-            nodelist=nodelist,
-            time_limit=time,
-            extra=tuple(slurm_arg or ()),
-            stackgate=stackgate,
-            node_dir=node_dir,
-            shared_dir=_path(shared_dir),
-            count_unavailable=count_unavailable,
-        )
+        given = {  # the documented flags: shorthands for --engine-option NAME=VALUE (the engine checks them)
+            "partition": [partition] if partition is not None else [],
+            "nodes": [nodes] if nodes is not None else [],
+            "nodelist": [nodelist] if nodelist is not None else [],
+            "time": [time] if time is not None else [],
+            "slurm-arg": list(slurm_arg or ()),
+            "stackgate": [stackgate] if stackgate is not None else [],
+            "node-dir": [node_dir] if node_dir is not None else [],
+            "shared-dir": [shared_dir] if shared_dir is not None else [],
+            "count-unavailable": [""] if count_unavailable else [],
+        }
         request = command.FleetRequest(
             engine=engine,
-            slurm=options if engine == "slurm" else None,
+            options=command.engine_options(engine, given, engine_option or ()),
             action=action,
             hosts=hosts,
             inventory=_path(inventory),

@@ -481,12 +481,13 @@ def test_what_the_slurm_engine_cannot_take_is_refused_before_slurm_is_asked(
     changes: dict[str, Any], said: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from stackgate.commands import fleet as command
+    from stackgate.flows import fleetengines
 
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     fields = {"action": "gate", "engine": "slurm", **changes}
-    fields["slurm"] = command.SlurmOptions(**fields.get("slurm", {}))
+    fields["options"] = command.SlurmOptions(**fields.pop("slurm", {}))
     with pytest.raises(command.FleetUsageError, match=re.escape(said)):
-        command.check_slurm(command.FleetRequest(**fields))
+        fleetengines.named("slurm").check(command.FleetRequest(**fields))
 
 
 def test_a_node_lost_mid_run_fails_alone(fleet: SlurmFleet, tmp_path: Path) -> None:

@@ -285,6 +285,17 @@ def test_fleet_shows_its_help_and_names_the_action_it_lacks():
     assert (first.args["action"].value, second.name) == ("gate", "verify")
 
 
+def test_fleet_help_names_its_action_and_groups_the_options_of_each_engine():
+    helped = in_checkout("fleet", "--help")
+    assert helped.returncode == 0, helped.stderr
+    head, _, rest = helped.stdout.partition("Options:\n")
+    assert "Arguments:\n\n  ACTION   what to run on every node: gate, verify, provision" in head
+    common, _, slurm = rest.partition("Options of --engine slurm:\n")
+    assert "--engine-option=NAME=VALUE" in common and "--hosts=HOSTS" in common and "--partition" not in common
+    assert "--partition=NAME" in slurm and "--slurm-arg=FLAG" in slurm and "--count-unavailable" in slurm
+    assert "[--engine slurm]" not in helped.stdout
+
+
 def test_usage_lines_show_the_bare_words_a_command_takes():
     assert {name: main.usage_line("stackgate", name, main.namespace) for name in ("fleet", "diagnose", "report")} == {
         "fleet": "stackgate fleet ACTION [--options]",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import concurrent.futures
 import os
 import threading
@@ -50,7 +51,7 @@ def closed_runner():
     runner.reopen()
 
 
-@pytest.mark.parametrize("how", ["run", "stream", "spawn"])
+@pytest.mark.parametrize("how", ["run", "stream", "spawn", "start"])
 def test_after_terminate_all_nothing_new_starts(tmp_path, closed_runner, how):
     marker = tmp_path / "started"
     argv = ["sh", "-c", f"touch {marker}"]
@@ -58,6 +59,7 @@ def test_after_terminate_all_nothing_new_starts(tmp_path, closed_runner, how):
         "run": lambda: runner.run(argv, timeout_s=10),
         "stream": lambda: runner.stream(argv, log=tmp_path / "log", timeout_s=10),
         "spawn": lambda: runner.spawn(argv, log_path=tmp_path / "log"),
+        "start": lambda: runner.start(argv),
     }[how]
     with pytest.raises(runner.Interrupted, match="interrupted: not starting sh"):
         start()
@@ -93,3 +95,48 @@ def test_an_interrupt_ends_a_worker_that_goes_on_to_its_next_command(tmp_path):
 def test_reopen_lets_commands_start_again(closed_runner):
     runner.reopen()
     assert runner.run(["true"], timeout_s=10).ok
+
+
+def test_terminate_all_ends_a_started_program_and_a_cleanup_command_still_runs():
+    """A scheduler's client (salloc, srun) started through :func:`runner.start` is known to
+    terminate_all; what undoes a run's work elsewhere (scancel) runs after it all the same."""
+    process = runner.start(["sh", "-c", "sleep 60"], stdin=True)
+    try:
+        assert process.pid in runner.live()
+        runner.terminate_all()
+        assert process.wait(10) == -9
+        assert runner.run(["sh", "-c", "echo undone"], timeout_s=10, cleanup=True).stdout == "undone\n"
+        with pytest.raises(runner.Interrupted):
+            runner.run(["sh", "-c", "echo new work"], timeout_s=10)
+    finally:
+        runner.reopen()
+        runner.forget(process)
+    assert process.pid not in runner.live()
+
+
+#: Calls that start a process: only edges/runner.py makes them.
+_STARTERS = {
+    "subprocess": {"run", "Popen", "call", "check_call", "check_output", "getoutput", "getstatusoutput"},
+    "os": {"system", "popen", "fork", "forkpty", "posix_spawn", "posix_spawnp", "spawnv", "spawnvp", "spawnl"}
+    | {"execv", "execve", "execvp", "execvpe", "execl", "execlp"},
+    "pty": {"spawn", "fork"},
+}
+
+
+def test_no_module_but_the_runner_starts_a_process():
+    """Every process goes through edges/runner.py, so terminate_all knows it (edges/slurm.py's salloc,
+    srun, sinfo, scancel and sbcast included)."""
+    package = Path(runner.__file__).resolve().parents[1]
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path == Path(runner.__file__).resolve():
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name)
+                and node.func.attr in _STARTERS.get(node.func.value.id, ())
+            ):
+                found.append(f"{path.relative_to(package)}:{node.lineno}: {node.func.value.id}.{node.func.attr}")
+    assert found == []

@@ -1,7 +1,7 @@
 """`stackgate fleet gate|verify|provision|upgrade`: the same command on every node, one fleet verdict.
 
-The rollouts are the fleet flow's (flows/fleet.py over SSH, flows/fleet_slurm.py with ``--engine
-slurm``); this command checks the request before any node is touched, runs the flow, renders its
+The rollouts are the fleet flow's, over the engine ``--engine`` names (flows/fleetengines.py: ssh,
+slurm, ...); this command checks the request before any node is touched, runs the flow, renders its
 document to the console and the file reports, and keeps each gate document collected in this
 controller's run history (runs/history.py), as local runs are, with a ``fleet`` part naming the
 node and the fleet run.
@@ -15,32 +15,35 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from stackgate.edges import ssh
+from stackgate.flows import fleetengines
 from stackgate.flows.fleet import (
-    ACTIONS,
-    ENGINES,
-    MAX_NODES,
     SCHEMA,
-    SWITCHES,
-    FleetRequest,
     FleetRun,
-    FleetUsageError,
     NodeRun,
     Remote,
     Shipment,
-    SlurmOptions,
     canary_rollout,
     document,
     gate_on_node,
-    nodes_of,
     on_node,
     provision_on_node,
     rolling,
     run_fleet,
     run_nodes,
     upgrade_on_node,
-    upgrade_specs,
 )
-from stackgate.flows.fleet_slurm import check_slurm, slurm_fleet, slurm_rollout
+from stackgate.flows.fleet_slurm import SlurmOptions
+from stackgate.flows.fleetrequest import (
+    ACTIONS,
+    MAX_NODES,
+    SWITCHES,
+    FleetRequest,
+    FleetUsageError,
+    nodes_of,
+    seconds,
+    upgrade_specs,
+    whole,
+)
 from stackgate.models import settings
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.redact import redact
@@ -63,8 +66,10 @@ __all__ = [
     "Shipment",
     "SlurmOptions",
     "canary_rollout",
+    "engine_options",
     "document",
     "gate_on_node",
+    "nodes_of",
     "on_node",
     "provision_on_node",
     "rolling",
@@ -76,33 +81,9 @@ __all__ = [
     "whole",
 ]
 
+engine_options = fleetengines.engine_options
+
 _RUN_ID = re.compile(r"^[0-9]{8}T[0-9]{6}Z-[a-z]+-[0-9a-f]{1,32}$")
-
-
-def whole(flag: str, value: Any, default: int) -> int:
-    """A flag's whole number, from its text (taken as text: invoke's own int flags end in a
-    traceback on a word that is not a number)."""
-    if value is None:
-        return default
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise FleetUsageError(f"{flag} {value!r}: not a whole number") from None
-    if number < 1:
-        raise FleetUsageError(f"{flag} {value!r}: must be at least 1")
-    return number
-
-
-def seconds(flag: str, value: Any) -> float | None:
-    if value is None:
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise FleetUsageError(f"{flag} {value!r}: not a number of seconds") from None
-    if not (number > 0 and number != float("inf")):
-        raise FleetUsageError(f"{flag} {value!r}: must be a number of seconds above 0")
-    return number
 
 
 def reports(request: FleetRequest) -> dict[str, Output]:
@@ -151,22 +132,11 @@ def keep_node_runs(done: FleetRun, warn: Callable[[str], None]) -> list[Path]:
 def run(request: FleetRequest, ui: UI, transport: ssh.Transport | None = None) -> ExitCode:
     """The fleet command: nodes, spec, the run, the console report, every file report, the history."""
     ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.lock_path)}))
-    if request.engine not in ENGINES:
-        raise FleetUsageError(f"fleet: --engine {request.engine!r}: one of {', '.join(ENGINES)}")
-    if request.engine == "slurm":
-        check_slurm(request)
-        check_outputs(request)
-        if request.action in ("provision", "upgrade"):
-            specs = upgrade_specs(request) if request.action == "upgrade" else (load_spec(request.lock_path), None)
-            done = slurm_rollout(request, *specs, ui)
-        else:
-            done = slurm_fleet(request, load_spec(request.lock_path), ui)
-    else:
-        nodes = nodes_of(request)
-        check_outputs(request)
-        specs = upgrade_specs(request) if request.action == "upgrade" else (load_spec(request.lock_path), None)
-        lock, live = specs
-        done = run_fleet(request, nodes, lock, ui, transport, live)
+    engine = fleetengines.named(request.engine)
+    engine.check(request)
+    check_outputs(request)
+    lock, live = upgrade_specs(request) if request.action == "upgrade" else (load_spec(request.lock_path), None)
+    done = fleetengines.run(engine, request, lock, ui, live, transport)
     doc = redact(done.document())
     fleetreport.render(doc, ui)
     write_reports(doc, request)

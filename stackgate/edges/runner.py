@@ -28,11 +28,14 @@ __all__ = [
     "Held",
     "Interrupted",
     "call_forked",
+    "forget",
     "kill_group",
+    "live",
     "reopen",
     "run",
     "run_logged",
     "spawn",
+    "start",
     "stream",
     "terminate_all",
 ]
@@ -92,13 +95,17 @@ def run(
     env: Mapping[str, str] | None = None,
     cwd: Path | str | None = None,
     stdin: str | None = None,
+    cleanup: bool = False,
 ) -> Completed:
     """Run a command to completion, capturing its output as text.
 
-    A program that cannot be started reports 127 and the OS error, as a shell would.
+    A program that cannot be started reports 127 and the OS error, as a shell would. A ``cleanup``
+    command (one that undoes what this run started elsewhere: ``scancel`` of its own job) runs
+    even after :func:`terminate_all`.
     """
     args = tuple(str(a) for a in argv)
-    _refuse_if_closed(args)
+    if not cleanup:
+        _refuse_if_closed(args)
     started = time.monotonic()
     try:
         process = _start_piped(
@@ -110,8 +117,12 @@ def run(
             die_with_parent=False,
         )
     except OSError as exc:
-        return Completed(args, 127, "", f"cannot run {args[0]}: {exc.strerror or exc}", 0.0)
-    _register(process, args)
+        return Completed(args, 127, "", f"{CANNOT_RUN}{args[0]}: {exc.strerror or exc}", 0.0)
+    if cleanup:
+        with _LIVE_GUARD:
+            _LIVE.add(process.pid)
+    else:
+        _register(process, args)
     try:
         stdout, stderr = process.communicate(stdin, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -126,6 +137,48 @@ def run(
         with _LIVE_GUARD:
             _LIVE.discard(process.pid)
     return Completed(args, process.returncode, stdout, stderr, time.monotonic() - started)
+
+
+#: How :func:`run`'s stderr begins when the program could not be started at all (exit 127).
+CANNOT_RUN = "cannot run "
+
+
+def start(
+    argv: Sequence[str | Path],
+    *,
+    env: Mapping[str, str] | None = None,
+    stdin: bool = False,
+    stdout: bool = True,
+) -> subprocess.Popen[bytes]:
+    """Start a program in its own session (so a Ctrl-C at the terminal is this process's to handle),
+    its output on byte pipes (stdout on /dev/null unless ``stdout``), its input a pipe when ``stdin``
+    (else /dev/null); tracked for :func:`terminate_all` until :func:`forget`. The caller reads its
+    pipes and owns its lifetime (a scheduler's client: salloc, srun). Raises OSError when it cannot
+    be started, :class:`Interrupted` after :func:`terminate_all`."""
+    args = tuple(str(a) for a in argv)
+    _refuse_if_closed(args)
+    process = subprocess.Popen(
+        args,
+        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+        stdout=subprocess.PIPE if stdout else subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=dict(env) if env is not None else None,
+        start_new_session=True,
+    )
+    _register(process, args)
+    return process
+
+
+def forget(process: subprocess.Popen[Any]) -> None:
+    """A command from :func:`start` that has ended (or is ended by its caller): no longer tracked."""
+    with _LIVE_GUARD:
+        _LIVE.discard(process.pid)
+
+
+def live() -> frozenset[int]:
+    """The process groups :func:`terminate_all` would end now."""
+    with _LIVE_GUARD:
+        return frozenset(_LIVE)
 
 
 def terminate_all() -> None:
@@ -248,7 +301,7 @@ def stream(
         try:
             process = _start_piped(args, env, cwd, stdin=subprocess.DEVNULL)
         except OSError as exc:
-            message = f"cannot run {args[0]}: {exc.strerror or exc}"
+            message = f"{CANNOT_RUN}{args[0]}: {exc.strerror or exc}"
             sink.write(message + "\n")
             return Completed(args, 127, "", message, 0.0)
         _register(process, args)

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
-from stackgate.edges import ssh
+from stackgate.edges import runner, ssh
 from stackgate.models.inventory import Node
 
 __all__ = [
@@ -119,16 +119,13 @@ class Allocation:
 
 
 def _run(argv: Sequence[str], env: Mapping[str, str] | None = None, timeout_s: float = _COMMAND_S) -> str:
-    try:
-        done = subprocess.run(
-            list(argv), env=dict(env) if env is not None else None, capture_output=True, text=True, timeout=timeout_s
-        )
-    except FileNotFoundError:
+    done = runner.run(argv, env=env, timeout_s=timeout_s)
+    if done.returncode == 127 and done.stderr.startswith(runner.CANNOT_RUN):
         raise SlurmError(
             f"`{argv[0]}` not found: is this a Slurm login or compute node (slurm-client installed, on PATH)?"
-        ) from None
-    except subprocess.TimeoutExpired:
-        raise SlurmError(f"`{shlex.join(argv)}` did not end within {timeout_s:g} s") from None
+        )
+    if done.timed_out:
+        raise SlurmError(f"`{shlex.join(argv)}` did not end within {timeout_s:g} s")
     if done.returncode != 0:
         raise SlurmError(f"`{shlex.join(argv)}`: exit {done.returncode}: {(done.stderr or done.stdout).strip()[-400:]}")
     return done.stdout
@@ -197,14 +194,8 @@ def allocate(
     argv += [f"--partition={partition}"] if partition else []
     argv += [f"--time={time_limit}"] if time_limit else []
     try:
-        # its own session: a Ctrl-C at the terminal is this process's to handle (cancel, then stop salloc)
-        process = subprocess.Popen(
-            [*argv, *extra],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        # its own session (runner.start): a Ctrl-C at the terminal is ours to handle (cancel, then stop salloc)
+        process = runner.start([*argv, *extra], stdout=False)
     except FileNotFoundError:
         raise SlurmError("`salloc` not found: is this a Slurm login node (slurm-client installed, on PATH)?") from None
     said = ssh.Capped(64 << 10)
@@ -224,6 +215,8 @@ def allocate(
     except BaseException:
         _cancel_request(process, job or _job_of(said.text()), name)
         raise
+    finally:
+        runner.forget(process)
 
 
 _PENDING = re.compile(r"(?:Pending job allocation|job) (\d+)")
@@ -265,11 +258,7 @@ def _pending(job: str) -> str | None:
 
 def _cancel_request(process: subprocess.Popen[bytes], job: str | None, name: str) -> None:
     """The request cancelled (by its id, else by its name, which only this run uses), salloc ended."""
-    argv = ["scancel", job] if job else ["scancel", f"--name={name}"]
-    try:
-        subprocess.run(argv, capture_output=True, timeout=_COMMAND_S)
-    except (OSError, subprocess.TimeoutExpired):
-        pass
+    runner.run(["scancel", job] if job else ["scancel", f"--name={name}"], timeout_s=_COMMAND_S, cleanup=True)
     if process.poll() is None:
         process.terminate()
         try:
@@ -299,7 +288,7 @@ def _interrupt(signum: int, frame: object) -> None:
 def release(allocation: Allocation) -> None:
     """An allocation asked for here is cancelled; one this process runs in is left alone."""
     if allocation.ours:
-        subprocess.run(["scancel", allocation.job_id], capture_output=True, timeout=_COMMAND_S)
+        runner.run(["scancel", allocation.job_id], timeout_s=_COMMAND_S, cleanup=True)
 
 
 def broadcast(job_id: str, files: Mapping[str, bytes], node_dir: str, token: str) -> None:
@@ -521,9 +510,25 @@ def run_step(
         "sh",
         *task_args,
     ]
-    process = subprocess.Popen(
-        argv, env=_step_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
-    )
+    process = runner.start(argv, env=_step_env())
+    try:
+        return _follow_step(process, allocation, nodes, name, token, timeout_s, grace_s, stop, shared)
+    finally:
+        runner.forget(process)
+
+
+def _follow_step(
+    process: subprocess.Popen[bytes],
+    allocation: Allocation,
+    nodes: Sequence[str],
+    name: str,
+    token: str,
+    timeout_s: float,
+    grace_s: float,
+    stop: threading.Event,
+    shared: Path | None,
+) -> Step:
+    """The step's output read as frames until it ends (or is ended: :func:`_watch`)."""
     out = FrameReader()
     err = ssh.Capped()
     readers = [
@@ -564,12 +569,12 @@ def _end_step(process: subprocess.Popen[bytes], job_id: str, name: str, grace_s:
     if step is None:  # not started yet (or gone): srun itself is stopped, which ends what it began
         process.terminate()
     else:
-        subprocess.run(["scancel", "--signal=TERM", step], capture_output=True, timeout=_COMMAND_S)
+        runner.run(["scancel", "--signal=TERM", step], timeout_s=_COMMAND_S, cleanup=True)
     try:
         process.wait(grace_s)
     except subprocess.TimeoutExpired:
         if step is not None:
-            subprocess.run(["scancel", step], capture_output=True, timeout=_COMMAND_S)
+            runner.run(["scancel", step], timeout_s=_COMMAND_S, cleanup=True)
         try:
             process.wait(30)
         except subprocess.TimeoutExpired:
@@ -581,9 +586,7 @@ def _end_step(process: subprocess.Popen[bytes], job_id: str, name: str, grace_s:
 def _step_id(job_id: str, name: str, wait_s: float = 5.0) -> str | None:
     deadline = time.monotonic() + wait_s
     while True:
-        done = subprocess.run(
-            ["squeue", "-h", "-s", "-j", job_id, "-o", "%i %j"], capture_output=True, text=True, timeout=_COMMAND_S
-        )
+        done = runner.run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i %j"], timeout_s=_COMMAND_S, cleanup=True)
         for line in done.stdout.splitlines():
             words = line.split()
             if len(words) == 2 and words[1] == name:
@@ -652,38 +655,42 @@ class SrunSession:
             command,
         ]
         try:
-            process = subprocess.Popen(
-                argv,
-                env=_step_env(),
-                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
+            process = runner.start(argv, env=_step_env(), stdin=stdin is not None)
         except OSError as exc:
             raise ssh.TransportError(f"slurm:{self.node}: cannot run srun: {exc.strerror or exc}") from exc
-        out, err = ssh.Capped(limit), ssh.Capped(limit)
-        threads = [
-            threading.Thread(target=_drain, args=(s, b), daemon=True)
-            for s, b in ((process.stdout, out), (process.stderr, err))
-        ]
-        if stdin is not None:
-            threads.append(threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True))
-        for thread in threads:
-            thread.start()
-        deadline = time.monotonic() + timeout_s
-        while process.poll() is None:
-            if stop is not None and stop.is_set():
-                raise ssh.Stopped("stopped")  # left running: the caller stops the node's process group
-            if time.monotonic() > deadline:
-                raise ssh.CommandTimeout(f"no end within {timeout_s:g} s")
-            time.sleep(0.02)
-        for thread in threads:
-            thread.join(10)
-        return ssh.Completed(process.returncode, out.text(), err.text(), out.cut + err.cut)
+        try:
+            return _follow_one(process, stdin, timeout_s, stop, limit)
+        finally:
+            if process.poll() is not None:  # one left running (stopped, timed out) stays runner's to end
+                runner.forget(process)
 
     def close(self) -> None:
         pass
+
+
+def _follow_one(
+    process: subprocess.Popen[bytes], stdin: bytes | None, timeout_s: float, stop: threading.Event | None, limit: int
+) -> ssh.Completed:
+    """A one-task step's output (capped) until it ends; its input fed from a thread."""
+    out, err = ssh.Capped(limit), ssh.Capped(limit)
+    threads = [
+        threading.Thread(target=_drain, args=(s, b), daemon=True)
+        for s, b in ((process.stdout, out), (process.stderr, err))
+    ]
+    if stdin is not None:
+        threads.append(threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True))
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout_s
+    while process.poll() is None:
+        if stop is not None and stop.is_set():
+            raise ssh.Stopped("stopped")  # left running: the caller stops the node's process group
+        if time.monotonic() > deadline:
+            raise ssh.CommandTimeout(f"no end within {timeout_s:g} s")
+        time.sleep(0.02)
+    for thread in threads:
+        thread.join(10)
+    return ssh.Completed(process.returncode, out.text(), err.text(), out.cut + err.cut)
 
 
 def _step_env() -> dict[str, str]:

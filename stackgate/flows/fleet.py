@@ -1,9 +1,10 @@
 """The fleet's rollouts: the same command on every node, one fleet verdict.
 
-Over SSH (below), or with ``--engine slurm`` over the nodes Slurm gives (flows/fleet_slurm.py,
-edges/slurm.py, docs/slurm.md).
+The nodes come from a fleet engine (flows/fleetengines.py: SSH, Slurm, ...); this module is what
+every engine shares: the request, each node's outcome, the per-node actions over any transport, the
+rollouts' orders and the fleet's report.
 
-On each node, over one SSH session (edges/ssh.py), in order:
+On each node, over one session of the engine's transport (SSH's: edges/ssh.py), in order:
 
 1. ``stackgate --version``: the node's installed stackgate must be this one's version;
 2. the spec (and its pylock, when there is one beside it) is written to a fresh temporary folder
@@ -37,7 +38,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime as _dt
-import difflib
 import hashlib
 import json
 import re
@@ -51,36 +51,16 @@ from typing import Any, Callable, Mapping, Sequence
 
 from stackgate import __version__
 from stackgate.edges import ssh
+from stackgate.flows.fleetrequest import FleetRequest
 from stackgate.models import inputfile, pylock, rundoc, settings
-from stackgate.models.exitcodes import ExitCode, UsageError
-from stackgate.models.inventory import Node, load_inventory, parse_hosts
+from stackgate.models.exitcodes import ExitCode
+from stackgate.models.inventory import Node
 from stackgate.models.printable import printable
-from stackgate.models.spec import Spec, load_spec
+from stackgate.models.spec import Spec
 from stackgate.render.ui import UI
 from stackgate.runs import aggregate, history
 
 SCHEMA = "stackgate.fleet/1"
-
-
-ACTIONS = ("gate", "verify", "provision", "upgrade")
-
-
-def unknown_action(action: str) -> str:
-    """The usage error for an action fleet does not know, with the nearest one when there is one.
-
-    >>> unknown_action("verfy")
-    "fleet: unknown action 'verfy': did you mean verify? (one of: gate, verify, provision, upgrade)"
-    """
-    near = difflib.get_close_matches(action, ACTIONS, n=1)
-    hint = f": did you mean {near[0]}?" if near else ""
-    return f"fleet: unknown action {action!r}{hint} (one of: {', '.join(ACTIONS)})"
-
-
-ENGINES = ("ssh", "slurm")
-
-
-#: upgrade's --switch modes a rollout can take (``never`` moves no node: the canary could not win).
-SWITCHES = ("if-better", "if-passes")
 
 
 PASSED, FAILED, UNREACHABLE, TIMED_OUT, INTERRUPTED, NOT_RUN, UNAVAILABLE = (
@@ -107,76 +87,11 @@ STOPPED = "stopped before its report: current is the live stack unless upgrade's
 MAX_REPORT_BYTES = 64 << 20
 
 
-#: The most nodes a fleet run takes unless --max-nodes says more: a generated inventory gone wrong
-#: (10,000 hosts) is refused before anything is dialled.
-MAX_NODES = 1000
-
-
 #: How long a stopped node's stackgate gets to tear down (its servers) before SIGKILL.
 STOP_GRACE_S = 30.0
 
 
 _FOLDER = re.compile(r"^/[^\n]*/stackgate-fleet\.[A-Za-z0-9]{8}$")
-
-
-class FleetUsageError(UsageError):
-    """Options the fleet cannot take: nothing was run on any node."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class FleetRequest:
-    action: str
-    hosts: str | None = None
-    inventory: Path | None = None
-    lock_path: Path | None = None
-    parallel: int = 8
-    batch: int = 1  #: provision, upgrade: nodes moved at a time
-    fast_only: bool = False
-    checks: tuple[str, ...] = ()  #: verify only: ``--check`` patterns handed to each node
-    timeout_s: float | None = None  #: every node's; default: the inventory's, else models.fleet's
-    connect_timeout_s: float | None = None
-    strict: bool = False
-    json_path: Path | None = None
-    junit_path: Path | None = None
-    markdown_path: Path | None = None
-    prom_path: Path | None = None
-    html_path: Path | None = None
-    to_path: Path | None = None  #: upgrade only: the new spec (``lock_path``, when given, is the live one)
-    canary: int = 1  #: upgrade only: nodes upgraded first; the rest only if every one of them won
-    switch: str = "if-better"  #: upgrade only: each node's ``stackgate upgrade --switch``
-    accept_output_change: bool = False  #: upgrade only
-    model: str | None = None  #: upgrade only: the model both sides launch on each node
-    max_nodes: int = MAX_NODES  #: more nodes than this is refused (a runaway inventory); --max-nodes raises it
-    engine: str = "ssh"  #: ssh (the inventory's nodes) or slurm (an allocation's: see "the Slurm engine" below)
-    slurm: SlurmOptions | None = None  #: --engine slurm only
-
-    @property
-    def upgrade_options(self) -> bool:
-        """Whether an option only ``fleet upgrade`` takes was given."""
-        return (
-            self.to_path is not None
-            or self.canary != 1
-            or self.switch != "if-better"
-            or self.accept_output_change
-            or self.model is not None
-        )
-
-
-@dataclass(frozen=True, kw_only=True)
-class SlurmOptions:
-    """Where the Slurm engine finds its nodes and puts its files (edges/slurm.py)."""
-
-    partition: str | None = None
-    nodes: int | None = None  #: outside an allocation: this many nodes of the partition
-    nodelist: str | None = None  #: outside an allocation: these nodes (a Slurm host list)
-    time_limit: str | None = None  #: the allocation's --time
-    extra: tuple[str, ...] = ()  #: the site's own salloc flags (--slurm-arg)
-    stackgate: str = "stackgate"  #: the program on the nodes
-    node_dir: str = "/tmp"  #: node-local folder sbcast writes into
-    shared_dir: Path | None = None  #: a folder every node and this host see: the documents come back there
-    #: nodes Slurm lists as down or drained count in the verdict even when the run did not ask for them
-    #: (--nodes N of a partition); those the run names (--nodelist, the allocation's) always count
-    count_unavailable: bool = False
 
 
 @dataclass(frozen=True)
@@ -371,7 +286,7 @@ class Remote:
         if done.returncode == 3:
             return None
         self._check(done, "cannot read the node's report")
-        return _parse_report(done.stdout)
+        return parse_report(done.stdout)
 
     def cleanup(self) -> None:
         if self.folder:
@@ -388,16 +303,22 @@ class Remote:
 
 def _said(done: ssh.Completed) -> str:
     """A remote command's last line of output (stderr first), and whether its output was cut."""
-    return _tail(done.stderr or done.stdout) + done.note
+    return tail(done.stderr or done.stdout) + done.note
 
 
-def _tail(text: str, limit: int = 300) -> str:
+def tail(text: str, limit: int = 300) -> str:
+    """A command's last line of output, cut to ``limit`` characters.
+
+    >>> tail("one\\ntwo\\n\\n"), tail(""), tail("x" * 10, 6)
+    ('two', '(no output)', 'xxx...')
+    """
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     last = lines[-1] if lines else "(no output)"
     return last if len(last) <= limit else last[: limit - 3] + "..."
 
 
-def _parse_report(text: str) -> dict[str, Any]:
+def parse_report(text: str) -> dict[str, Any]:
+    """A node's ``stackgate.report/1`` document from its text, checked; a damaged one fails the node."""
     if len(text) > MAX_REPORT_BYTES:
         raise NodeFailed(
             FAILED, f"the node's report is larger than {MAX_REPORT_BYTES >> 20} MiB: not a stackgate report"
@@ -654,7 +575,7 @@ class FleetRun:
     started: float
     duration_s: float
     interrupted: bool
-    engine: Mapping[str, Any] | None = None  #: the Slurm engine's job and step (None: SSH)
+    engine: Mapping[str, Any] | None = None  #: the engine's own part of the report (Slurm's job and step; SSH: none)
 
     def document(self) -> dict[str, Any]:
         return document(self)
@@ -835,11 +756,13 @@ def run_fleet(
     ui: UI,
     transport: ssh.Transport | None = None,
     live: Spec | None = None,
+    opener: Callable[[threading.Event], ssh.Transport] = ssh.SshTransport,
 ) -> FleetRun:
     """Run the request's action on every node (see the module's docstring); never raises for what
-    a node does. ``lock`` is the spec shipped (an upgrade's new one; ``live``, its live one)."""
+    a node does. ``lock`` is the spec shipped (an upgrade's new one; ``live``, its live one); the
+    nodes are reached through ``transport``, else the one ``opener`` opens (given the run's stop)."""
     stop = threading.Event()
-    transport = transport or ssh.SshTransport(stop)  # a connect under way ends at once on Ctrl-C
+    transport = transport or opener(stop)  # a connect under way ends at once on Ctrl-C
     shipment = Shipment.of(lock, live)
     action = _action(request, shipment)
     started, clock = time.time(), time.monotonic()
@@ -884,84 +807,3 @@ def _action(request: FleetRequest, shipment: Shipment) -> Action:
         )
     gate_args = [*(["--fast-only"] if request.fast_only else []), *(["--strict"] if request.strict else [])]
     return provision_on_node(gate_args) if request.action == "provision" else gate_on_node(gate_args)
-
-
-# --- the request ---------------------------------------------------------------------------------
-
-
-def nodes_of(request: FleetRequest) -> list[Node]:
-    """The request's nodes, with its timeouts; bad usage before anything connects."""
-    if request.action not in ACTIONS:
-        raise FleetUsageError(unknown_action(request.action))
-    if (request.hosts is None) == (request.inventory is None):
-        raise FleetUsageError("fleet: name the nodes with --hosts a,b,c or --inventory FILE (one of them)")
-    if request.parallel < 1 or request.batch < 1:
-        raise FleetUsageError("fleet: --parallel and --batch must be at least 1")
-    _check_batch(request)
-    if request.checks and request.action != "verify":
-        raise FleetUsageError("fleet: --check is for `fleet verify`")
-    _check_upgrade(request)
-    if request.hosts is not None:
-        nodes = parse_hosts(request.hosts)
-    else:
-        nodes = load_inventory(request.inventory)  # type: ignore[arg-type]
-    if len(nodes) > request.max_nodes:
-        raise FleetUsageError(
-            f"fleet: {len(nodes)} nodes, more than {request.max_nodes} (--max-nodes): nothing was dialled; "
-            f"pass --max-nodes {len(nodes)} if the fleet really is that large"
-        )
-    if request.action == "upgrade" and request.canary > len(nodes):
-        raise FleetUsageError(f"fleet upgrade: --canary {request.canary}: the fleet has {len(nodes)} node(s)")
-    return [
-        replace(
-            node,
-            timeout_s=request.timeout_s or node.timeout_s,
-            connect_timeout_s=request.connect_timeout_s or node.connect_timeout_s,
-        )
-        for node in nodes
-    ]
-
-
-def _check_batch(request: FleetRequest) -> None:
-    if request.batch != 1 and request.action not in ("provision", "upgrade"):
-        raise FleetUsageError(
-            "fleet: --batch is for `fleet provision` and `fleet upgrade` (gate and verify use --parallel)"
-        )
-
-
-def _check_upgrade(request: FleetRequest) -> None:
-    if request.action != "upgrade":
-        if request.upgrade_options:
-            raise FleetUsageError(
-                "fleet: --to, --canary, --switch, --accept-output-change and --model are for `fleet upgrade`"
-            )
-        return
-    if request.to_path is None:
-        raise FleetUsageError("fleet upgrade: --to NEW_SPEC is required: the spec every node upgrades to")
-    if request.switch not in SWITCHES:
-        raise FleetUsageError(
-            f"fleet upgrade: --switch {request.switch!r}: one of {', '.join(SWITCHES)} "
-            "(`never` would move no node; `stackgate upgrade --switch never` rehearses one)"
-        )
-    if request.canary < 1:
-        raise FleetUsageError("fleet upgrade: --canary must be at least 1")
-
-
-def upgrade_specs(request: FleetRequest) -> tuple[Spec, Spec | None]:
-    """The new spec and the live one (None: each node's live generation names its own), loaded
-    here, before any node is touched: what a node would refuse is refused here first."""
-    assert request.to_path is not None
-    new = load_spec(request.to_path)
-    live = load_spec(request.lock_path) if request.lock_path is not None else None
-    for option, lock in (("--to", new), ("--lock", live)):
-        if lock is not None and lock.python.root is None:
-            raise FleetUsageError(
-                f"fleet upgrade: {option} {lock.path}: python.interpreter names an existing environment; "
-                "an upgrade builds generations under a python.root"
-            )
-    if live is not None and live.python.root != new.python.root:
-        raise FleetUsageError(
-            f"fleet upgrade: --to {new.path}: python.root is {new.python.root}, "
-            f"but the live spec {live.path} has {live.python.root}: an upgrade builds beside the live stack"
-        )
-    return new, live

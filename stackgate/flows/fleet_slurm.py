@@ -1,4 +1,9 @@
-"""The fleet's Slurm engine (edges/slurm.py): the allocation's nodes, one step, the same report."""
+"""The fleet's Slurm engine (edges/slurm.py): the allocation's nodes, one step, the same report.
+
+Gate and verify are one srun step, one task per node (:meth:`SlurmEngine.collect`); provision and
+upgrade run the per-node actions of flows/fleet.py with each command a one-task step
+(edges/slurm.py's SrunTransport). Nodes down or drained are listed, not dialled.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +11,13 @@ import hashlib
 import os
 import threading
 import time
-from dataclasses import replace
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
 
 from stackgate import __version__
 from stackgate.edges import slurm
 from stackgate.flows.fleet import (
-    ACTIONS,
     FAILED,
     INTERRUPTED,
     NOT_RUN,
@@ -20,27 +25,83 @@ from stackgate.flows.fleet import (
     TIMED_OUT,
     UNAVAILABLE,
     UNREACHABLE,
-    FleetRequest,
-    FleetRun,
-    FleetUsageError,
     NodeFailed,
     NodeRun,
     Shipment,
-    SlurmOptions,
-    _check_batch,
-    _check_upgrade,
-    _parse_report,
-    _tail,
     judged,
-    run_fleet,
-    unknown_action,
+    parse_report,
+    tail,
 )
+from stackgate.flows.fleetengine import Placement
+from stackgate.flows.fleetrequest import (
+    ACTIONS,
+    FleetRequest,
+    FleetUsageError,
+    check_batch,
+    check_upgrade,
+    unknown_action,
+    whole,
+)
+from stackgate.models import fleetoptions
 from stackgate.models.inventory import DEFAULT_TIMEOUT_S as DEFAULT_NODE_TIMEOUT_S
 from stackgate.models.inventory import Node
 from stackgate.models.printable import printable
-from stackgate.models.spec import Spec
 from stackgate.render.ui import UI
-from stackgate.runs import history
+
+__all__ = ["ENGINE", "OPTIONS", "SlurmEngine", "SlurmOptions"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmOptions:
+    """Where the Slurm engine finds its nodes and puts its files (edges/slurm.py)."""
+
+    partition: str | None = None
+    nodes: int | None = None  #: outside an allocation: this many nodes of the partition
+    nodelist: str | None = None  #: outside an allocation: these nodes (a Slurm host list)
+    time_limit: str | None = None  #: the allocation's --time
+    extra: tuple[str, ...] = ()  #: the site's own salloc flags (--slurm-arg)
+    stackgate: str = "stackgate"  #: the program on the nodes
+    node_dir: str = "/tmp"  #: node-local folder sbcast writes into
+    shared_dir: Path | None = None  #: a folder every node and this host see: the documents come back there
+    #: nodes Slurm lists as down or drained count in the verdict even when the run did not ask for them
+    #: (--nodes N of a partition); those the run names (--nodelist, the allocation's) always count
+    count_unavailable: bool = False
+
+
+#: The engine's options (``--engine-option NAME=VALUE``; each also a flag of its own, ``--NAME VALUE``).
+OPTIONS = fleetoptions.SLURM
+
+
+def _options(given: Mapping[str, Sequence[str]]) -> SlurmOptions:
+    """The engine's options from their texts (the last value of each, every value of slurm-arg)."""
+    one = {key: values[-1] for key, values in given.items() if values}
+    shared = one.get("shared-dir")
+    return SlurmOptions(
+        partition=one.get("partition"),
+        nodes=whole("--nodes", one["nodes"], 1) if "nodes" in one else None,
+        nodelist=one.get("nodelist"),
+        time_limit=one.get("time"),
+        extra=tuple(given.get("slurm-arg", ())),
+        stackgate=one.get("stackgate") or "stackgate",
+        node_dir=one.get("node-dir") or "/tmp",
+        shared_dir=Path(shared) if shared else None,
+        count_unavailable=_switch("count-unavailable", one.get("count-unavailable")),
+    )
+
+
+def _switch(name: str, text: str | None) -> bool:
+    """An option without a value: given alone (or ``=true``), or not (or ``=false``).
+
+    >>> _switch("count-unavailable", ""), _switch("count-unavailable", "false"), _switch("count-unavailable", None)
+    (True, False, False)
+    """
+    if text is None:
+        return False
+    if text.lower() in ("", "true", "yes", "1"):
+        return True
+    if text.lower() in ("false", "no", "0"):
+        return False
+    raise FleetUsageError(f"fleet --engine slurm: {name}={text!r}: true or false (or the name alone)")
 
 
 def _slurm_task_args(request: FleetRequest, spec_name: str) -> list[str]:
@@ -60,46 +121,6 @@ def _slurm_task_args(request: FleetRequest, spec_name: str) -> list[str]:
         *(["--fast-only"] if request.fast_only else []),
         *(["--strict"] if request.strict else []),
     ]
-
-
-def slurm_fleet(request: FleetRequest, lock: Spec, ui: UI) -> FleetRun:
-    """The request's action on the nodes Slurm gives (edges/slurm.py); never raises for what a node
-    does. Nodes down or drained are listed with their state and reason, not dialled."""
-    options = request.slurm or SlurmOptions()
-    shipment = Shipment.of(lock)
-    started, clock, stop = time.time(), time.monotonic(), threading.Event()
-    allocation, states, names, usable = _slurm_plan(options, ui)
-    # the nodes the run names (--nodelist, the allocation's) are judged; a partition's others only on request
-    judged = options.nodes is None or options.count_unavailable
-    ran: dict[str, NodeRun] = {
-        n: replace(_not_dialled(n, states.get(n)), judged=judged) for n in names if n not in usable
-    }
-    engine = _engine(allocation)
-    try:
-        if usable and allocation is not None:
-            step = _slurm_step(request, options, shipment, allocation, usable, stop)
-            engine["step_id"] = step.step_id
-            ran |= {
-                n: _from_frame(_slurm_node(n), step.frames.get(n), step, request.action, time.monotonic() - clock)
-                for n in usable
-            }
-    finally:
-        if allocation is not None:
-            slurm.release(allocation)
-    nodes = tuple(ran[n] for n in names)
-    for done in nodes:
-        ui.info(printable(f"{done.node.name}: {done.status} in {done.duration_s:.1f} s: {done.reason}"))
-    return FleetRun(
-        request,
-        history.new_id("fleet", started),
-        lock,
-        shipment,
-        nodes,
-        started,
-        time.monotonic() - clock,
-        stop.is_set(),
-        engine,
-    )
 
 
 def _slurm_plan(
@@ -225,7 +246,7 @@ def _from_frame(node: Node, frame: slurm.Frame | None, step: slurm.Step, what: s
             node, UNREACHABLE, f"the node's report arrived cut short: srun's output ended early ({why})", duration
         )
     try:
-        doc = _parse_report(fields["report"]) if "report" in fields else None
+        doc = parse_report(fields["report"]) if "report" in fields else None
     except NodeFailed as failure:
         return NodeRun(node, FAILED, failure.reason, duration, version=version)
     stopped = _stopped_status(step)
@@ -259,40 +280,16 @@ def _srun_words(stderr: str, node: str) -> str:
     """srun's last line about ``node`` (else its last line at all), made short."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     about = [line for line in lines if node in line.split()] or [line for line in lines if node in line]
-    return _tail("\n".join(about or lines[-1:]), 200) if lines else ""
-
-
-def slurm_rollout(request: FleetRequest, lock: Spec, live: Spec | None, ui: UI) -> FleetRun:
-    """``fleet provision`` or ``fleet upgrade`` on the nodes Slurm gives: the SSH engine's per-node
-    actions and order (rolling batches; canaries first) with each command a one-task srun step
-    (edges/slurm.py, SrunTransport). Nodes down or drained are not run, listed after the others."""
-    options = request.slurm or SlurmOptions()
-    allocation, states, names, usable = _slurm_plan(options, ui)
-    timeout_s = request.timeout_s or DEFAULT_NODE_TIMEOUT_S
-    nodes = [replace(_slurm_node(n), stackgate=options.stackgate, timeout_s=timeout_s) for n in usable]
-    try:
-        if request.action == "upgrade" and request.canary > len(nodes):
-            raise FleetUsageError(f"fleet upgrade: --canary {request.canary}: Slurm gives {len(nodes)} usable node(s)")
-        transport = slurm.SrunTransport(allocation) if allocation is not None else None
-        done = run_fleet(request, nodes, lock, ui, transport, live) if transport is not None and nodes else None
-    finally:
-        if allocation is not None:
-            slurm.release(allocation)
-    skipped = tuple(_not_dialled(n, states.get(n), NOT_RUN) for n in names if n not in usable)
-    engine = _engine(allocation)
-    if done is None:
-        run_id = history.new_id("fleet", time.time())
-        return FleetRun(request, run_id, lock, Shipment.of(lock, live), skipped, time.time(), 0.0, False, engine)
-    return replace(done, nodes=done.nodes + skipped, engine=engine)
+    return tail("\n".join(about or lines[-1:]), 200) if lines else ""
 
 
 def check_slurm(request: FleetRequest) -> None:
     """What `fleet --engine slurm` cannot take, refused before anything is asked of Slurm."""
-    options = request.slurm or SlurmOptions()
+    options = request.options or SlurmOptions()
     if request.action not in ACTIONS:
         raise FleetUsageError(unknown_action(request.action))
-    _check_batch(request)
-    _check_upgrade(request)
+    check_batch(request)
+    check_upgrade(request)
     if options.shared_dir is not None and request.action not in ("gate", "verify"):
         raise FleetUsageError(f"fleet {request.action} --engine slurm: --shared-dir is for gate and verify")
     if request.hosts is not None or request.inventory is not None:
@@ -312,3 +309,62 @@ def check_slurm(request: FleetRequest) -> None:
         )
     if options.shared_dir is not None and not options.shared_dir.is_dir():
         raise FleetUsageError(f"--shared-dir {options.shared_dir}: not a folder")
+
+
+class SlurmEngine:
+    """Clusters under Slurm: an allocation's nodes (this one's, or one asked for with salloc)."""
+
+    name = "slurm"
+    summary = "an allocation's nodes under Slurm: one srun step, documents back through srun (docs/slurm.md)"
+    options = OPTIONS
+
+    def parse_options(self, given: Mapping[str, Sequence[str]]) -> SlurmOptions:
+        return _options(given)
+
+    def check(self, request: FleetRequest) -> None:
+        check_slurm(request)
+
+    def place(self, request: FleetRequest, ui: UI) -> Placement:
+        """The allocation and the nodes' states; a rollout's nodes not run (down, drained) listed."""
+        options = request.options or SlurmOptions()
+        allocation, states, names, usable = _slurm_plan(options, ui)
+        release = (lambda: slurm.release(allocation)) if allocation is not None else (lambda: None)
+        if request.action == "upgrade" and request.canary > len(usable):
+            release()
+            raise FleetUsageError(f"fleet upgrade: --canary {request.canary}: Slurm gives {len(usable)} usable node(s)")
+        timeout_s = request.timeout_s or DEFAULT_NODE_TIMEOUT_S
+        nodes = [replace(_slurm_node(n), stackgate=options.stackgate, timeout_s=timeout_s) for n in usable]
+        listed = [_not_dialled(n, states.get(n), NOT_RUN) for n in names if n not in usable]
+        return Placement(nodes, listed, _engine(allocation), (allocation, states, names, usable), release)
+
+    def transport(self, placement: Placement, stop: threading.Event) -> slurm.SrunTransport:
+        return slurm.SrunTransport(placement.handle[0])
+
+    def collect(
+        self, request: FleetRequest, placement: Placement, shipment: Shipment, stop: threading.Event, ui: UI
+    ) -> Sequence[NodeRun] | None:
+        """Gate and verify: one step on every usable node, each node's frame read into its NodeRun;
+        the nodes Slurm says cannot take work listed (``unavailable``) in their places."""
+        if request.action not in ("gate", "verify"):
+            return None
+        options = request.options or SlurmOptions()
+        allocation, states, names, usable = placement.handle
+        # the nodes the run names (--nodelist, the allocation's) are judged; a partition's others only on request
+        counted = options.nodes is None or options.count_unavailable
+        ran = {n: replace(_not_dialled(n, states.get(n)), judged=counted) for n in names if n not in usable}
+        if usable and allocation is not None:
+            clock = time.monotonic()
+            step = _slurm_step(request, options, shipment, allocation, usable, stop)
+            assert placement.part is not None
+            placement.part["step_id"] = step.step_id
+            ran |= {
+                n: _from_frame(_slurm_node(n), step.frames.get(n), step, request.action, time.monotonic() - clock)
+                for n in usable
+            }
+        nodes = [ran[n] for n in names]
+        for done in nodes:
+            ui.info(printable(f"{done.node.name}: {done.status} in {done.duration_s:.1f} s: {done.reason}"))
+        return nodes
+
+
+ENGINE = SlurmEngine()
