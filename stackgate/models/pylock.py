@@ -423,8 +423,10 @@ def _unmet(lock: Spec, resolution: Resolution) -> list[str]:
 
 def target_problems(lock: Spec, resolution: Resolution) -> list[str]:
     """Where the pylock leaves out the spec's target (``python.platform`` and ``python.version``):
-    its ``environments`` or ``requires-python``, or a package whose marker or requires-python
-    excludes it (that package would never be installed there)."""
+    its ``environments`` or ``requires-python``, or a package the spec pins whose marker or
+    requires-python excludes it (that pin would never be installed there). Another package's marker
+    may exclude the target: PEP 751 installs only the packages whose markers admit the environment,
+    so a package for another platform is simply not installed here."""
     python = lock.python
     target = f"the spec's {python.platform} with Python {python.version} (python.platform, python.version)"
     problems = []
@@ -433,7 +435,8 @@ def target_problems(lock: Spec, resolution: Resolution) -> list[str]:
     admitted = (_admits_target(m, python.platform, python.version) for m in resolution.environments)
     if resolution.environments and not any(admitted):
         problems.append(f"environments: {' | '.join(resolution.environments)}: none admits {target}")
-    for package in resolution.packages.values():
+    pinned = {p.name for p in python.packages}
+    for package in (p for p in resolution.packages.values() if canonicalize_name(p.name) in pinned):
         if package.requires_python and not _admits_python(package.requires_python, python.version):
             problems.append(f"packages.{package.name}.requires-python: {package.requires_python} excludes {target}")
         if package.marker and not _admits_target(package.marker, python.platform, python.version):
