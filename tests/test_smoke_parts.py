@@ -589,9 +589,13 @@ def test_teardown_escalates_to_sigkill_and_finds_a_worker_that_left_the_group(tm
 
 def test_an_interrupt_during_the_grace_period_goes_straight_to_sigkill(tmp_path):
     server = launch.start(["bash", "-c", "trap '' TERM; sleep 60 & wait"], dict(os.environ), tmp_path / "server.log")
-    time.sleep(0.2)
-    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
-    done = launch.stop(server, grace_s=30.0)
+
+    # The Ctrl-C is armed once stop is waiting out the grace period (its notice after NOTICE_S), so a
+    # loaded machine cannot deliver it before stop began.
+    def ctrl_c_soon(_grace_s: float) -> None:
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+    done = launch.stop(server, grace_s=30.0, on_wait=ctrl_c_soon)
     assert done.interrupted and done.how.startswith("SIGKILL after") and done.leftovers == ()
     assert server.teardown is done
 
