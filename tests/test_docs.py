@@ -141,7 +141,6 @@ MEASURED = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+ ?s|\.?\d* ?(?:ms|GB/s|MB/s|TF
 NOT_YET_SPLIT = {
     "slurm.md",
     "verify-deep.md",
-    "verify.md",
 }
 
 
