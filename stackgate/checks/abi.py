@@ -126,8 +126,7 @@ def shadowed(output: str, pythonpath: str) -> tuple[str, str] | None:
 
 @check("abi.elf", needs=("elf", "probe", "dists"))
 def elf_links(lock: Spec, facts: Facts) -> Result:
-    """Every shared object of the stack is whole, and none of the locked packages' links a CUDA major other than
-    torch's."""
+    """Every shared object of the stack is whole, and no locked package's links a CUDA major but torch's."""
     scan, dists = facts.elf, facts.dists
     if isinstance(scan, Missing) or isinstance(dists, Missing):
         reason = scan.reason if isinstance(scan, Missing) else getattr(dists, "reason", "")

@@ -2,7 +2,7 @@
 
 import sys
 
-from vllm.standin import main
+from ...standin import main
 
 if __name__ == "__main__":
     main(sys.argv[1:])
