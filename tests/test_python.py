@@ -360,6 +360,27 @@ def test_an_empty_arch_list_is_not_a_missing_kernel(plain_python):
     assert "it carries" not in result.summary and "arch list includes" not in result.fix.text
 
 
+def test_a_torch_that_counts_the_gpu_but_cannot_start_cuda_is_not_told_to_make_it_visible(plain_python):
+    """On the H200 under `ulimit -v`, torch 2.11 counted the GPU (from NVML) while CUDA could not start
+    (is_available() False): the cause is not the GPU's visibility, so the evidence sweep is asked, not a guess."""
+    fake_nvml.configure(fake_nvml.machine([fake_nvml.gpu("NVIDIA H200", (9, 0))]))
+    facts = _cuda_torch_seeing_no_gpu(plain_python, fake_nvml)
+    probe = facts.probe
+    assert isinstance(probe, ProbeFacts)
+    facts.provide("probe", dataclasses.replace(probe, torch={**probe.torch, "device_count": 1}))
+    try:
+        result = REGISTRY["torch.arch"].function(lock_for(plain_python), facts)
+    finally:
+        fake_nvml.configure(None)
+        facts.close()
+    assert result.status is Status.FAIL and result.fix is not None
+    assert result.summary.startswith(
+        "torch sees none of the 1 GPU(s) NVML lists (torch.cuda.device_count() is 1, torch.cuda.is_available() is "
+        "False), and CUDA_VISIBLE_DEVICES is not set"
+    ), result.summary
+    assert "visible" not in result.fix.text and "CUDA_VISIBLE_DEVICES" not in result.fix.text
+
+
 def test_an_empty_arch_list_without_a_gpu_skips(plain_python):
     facts = _cuda_torch_seeing_no_gpu(plain_python).provide(
         "nvml", Missing("NVML not loadable: libnvidia-ml.so.1 not found")

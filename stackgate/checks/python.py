@@ -290,7 +290,10 @@ def _unseen(torch: Mapping[str, Any], snap: NvmlSnapshot | Missing, visible: str
     """The FAIL when torch sees none of the GPUs NVML lists (its arch list is then empty: nothing to judge), naming
     CUDA_VISIBLE_DEVICES when it hides them; None when torch sees a GPU or NVML lists none."""
     count = torch.get("device_count")
-    if isinstance(snap, Missing) or not snap.gpus or (isinstance(count, int) and count > 0):
+    # device_count can come from NVML while CUDA itself cannot start (an address-space limit did that on an H200:
+    # device_count 1, is_available() False): such a torch sees no GPU either.
+    usable = isinstance(count, int) and count > 0 and torch.get("cuda_available") is not False
+    if isinstance(snap, Missing) or not snap.gpus or usable:
         return None
     total = len(snap.gpus)
     data = {"device_count": count, "nvml_gpus": total, "CUDA_VISIBLE_DEVICES": visible}
@@ -313,7 +316,13 @@ def _unseen(torch: Mapping[str, Any], snap: NvmlSnapshot | Missing, visible: str
         )
         return failed(summary, fix=fix, data=data)
     why = torch.get("cuda_available")
-    said = f" (torch.cuda.device_count() said {count!r})" if isinstance(count, dict) else ""
+    said = (
+        f" (torch.cuda.device_count() said {count!r})"
+        if isinstance(count, dict)
+        else f" (torch.cuda.device_count() is {count}, torch.cuda.is_available() is False)"
+        if isinstance(count, int) and count > 0
+        else ""
+    )
     summary = (
         f"torch sees none of the {total} GPU(s) NVML lists{said}, and CUDA_VISIBLE_DEVICES is not set: the cause is "
         f"not known from this; {judged}"
