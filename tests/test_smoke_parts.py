@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
-from smoke_support import living
+from smoke_support import living, wait_for
 from specs import minimal_spec
 
 from stackgate.checks.smoke import logscan, serverinfo
@@ -30,7 +30,7 @@ from stackgate.models.redact import REDACTED
 from stackgate.models.result import Status
 from stackgate.models.spec import Benchmark, Spec, loads_spec
 from stackgate.serve import bench, fastmode, launch, quality, ready
-from stackgate.serve.procs import ProcessTree
+from stackgate.serve.procs import ProcessTree, ignores
 
 #: The smoke tables of the spec :func:`make_lock` writes.
 SMOKE = """[smoke]
@@ -589,6 +589,7 @@ def test_teardown_escalates_to_sigkill_and_finds_a_worker_that_left_the_group(tm
 
 def test_an_interrupt_during_the_grace_period_goes_straight_to_sigkill(tmp_path):
     server = launch.start(["bash", "-c", "trap '' TERM; sleep 60 & wait"], dict(os.environ), tmp_path / "server.log")
+    wait_for(lambda: ignores(server.pid, signal.SIGTERM))  # the trap is in place before stop's SIGTERM
 
     # The Ctrl-C is armed once stop is waiting out the grace period (its notice after NOTICE_S), so a
     # loaded machine cannot deliver it before stop began.
