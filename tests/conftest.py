@@ -63,6 +63,16 @@ def _deep_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monk
     return folder
 
 
+@pytest.fixture(autouse=True)
+def _fake_nvml_reset() -> Iterator[None]:
+    """The in-process fake NVML is left as each test found it: a machine one test configured (and a failure
+    left configured) is never the next test's, which reads its own from $STACKGATE_FAKE_NVML."""
+    yield
+    from fakes import fake_nvml
+
+    fake_nvml.configure(None)
+
+
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[Any]:
     """A stand-in SGLang rig (tests/smoke_support.py) in the test's folder; whatever a failed
