@@ -36,8 +36,8 @@ from stackgate.models.knowledge._model import (
     SignatureError,
     context_defaults,
     load,
-    lock_context,
     read_folder,
+    spec_context,
 )
 
 __all__ = [
@@ -49,7 +49,7 @@ __all__ = [
     "SignatureError",
     "context_defaults",
     "load",
-    "lock_context",
+    "spec_context",
     "rank",
     "read_folder",
 ]
