@@ -69,8 +69,9 @@ def engine_refusal(sglang: Mapping[str, Any] | None, gpu_majors: set[int]) -> st
 
     >>> gate = {"version": "0.5.23", "function": "_resolve_backend", "supported_majors": [9, 10],
     ...         "refusal": "raises", "message": "ValueError: needs SM90 or SM10X"}
-    >>> engine_refusal(gate, {12})
-    'sglang 0.5.23 admits the fused all-reduce on majors [9, 10] only (its _resolve_backend()): on major 12 its start-up raises ValueError: needs SM90 or SM10X'
+    >>> print(engine_refusal(gate, {12}))  # doctest: +NORMALIZE_WHITESPACE
+    sglang 0.5.23 admits the fused all-reduce on majors [9, 10] only (its _resolve_backend()):
+    on major 12 its start-up raises ValueError: needs SM90 or SM10X
     >>> engine_refusal(gate, {9}) is None, engine_refusal({"error": "no gate"}, {12}) is None
     (True, True)
     """
@@ -145,7 +146,9 @@ def fusion_gate(lock: Spec, facts: Facts) -> Result:
     if isinstance(gate, Missing):
         return skipped(gate.reason)
     if not isinstance(gate.flashinfer.get("supported_majors"), list):
-        return skipped(f"flashinfer's gate could not be read ({gate.flashinfer.get('error')}): deep.allreduce_fusion says why")
+        return skipped(
+            f"flashinfer's gate could not be read ({gate.flashinfer.get('error')}): deep.allreduce_fusion says why"
+        )
     capabilities, source = gpu_capabilities(facts, lock)
     arch_list = facts.env.environ.get("FLASHINFER_CUDA_ARCH_LIST")
     majors = majors_of(capabilities)
@@ -164,9 +167,19 @@ def fusion_gate(lock: Spec, facts: Facts) -> Result:
         if gate.sglang and gate.sglang.get("refusal") == "raises":
             summary = f"{refusal}: `stackgate smoke` with {engine.fusion_flag} will fail at start-up; {alone}"
             return failed(summary, evidence, _fix(engine.fusion_flag), data)
-        return warned(f"{refusal}: {engine.fusion_flag} is a no-op on this machine; {alone}", evidence, _fix(engine.fusion_flag), data)
+        return warned(
+            f"{refusal}: {engine.fusion_flag} is a no-op on this machine; {alone}",
+            evidence,
+            _fix(engine.fusion_flag),
+            data,
+        )
     if flashinfer is not None:
-        return warned(f"flashinfer refuses the fused path: {flashinfer}: {engine.fusion_flag} is a no-op", evidence, _fix(engine.fusion_flag), data)
+        return warned(
+            f"flashinfer refuses the fused path: {flashinfer}: {engine.fusion_flag} is a no-op",
+            evidence,
+            _fix(engine.fusion_flag),
+            data,
+        )
     if not gate.sglang or "supported_majors" not in gate.sglang:
         why = f"its gate could not be read: {gate.sglang.get('error')}" if gate.sglang else "it is not installed"
         return skipped(f"flashinfer admits major {', '.join(map(str, sorted(majors)))}; sglang: {why}", evidence)

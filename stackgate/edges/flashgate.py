@@ -26,7 +26,13 @@ SGLANG_GATES = (
         "device_capability_majors",
     ),
     # sglang 0.5.9: apply_flashinfer_allreduce_fusion returns False unless _is_sm90_supported or _is_sm100_supported
-    ("srt/layers/communicator.py", "apply_flashinfer_allreduce_fusion", "", "srt/utils/common.py", "device_capability_majors"),
+    (
+        "srt/layers/communicator.py",
+        "apply_flashinfer_allreduce_fusion",
+        "",
+        "srt/utils/common.py",
+        "device_capability_majors",
+    ),
 )
 #: The table in runtime_context.py that maps each ``get_platform()`` name to its probe in utils/common.py.
 PLATFORM_PROBES = "_PLATFORM_PROBES"
@@ -104,7 +110,9 @@ def assigned(source, name):
     {'is_sm90': 'is_sm90_supported'}
     """
     for node in ast.parse(source).body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
         if any(getattr(t, "id", None) == name for t in targets) and node.value is not None:
             return ast.literal_eval(node.value)
     raise ValueError(f"no {name} = ... at module level")

@@ -226,7 +226,8 @@ def _smoke(machine: Machine, gpus: int, capabilities: list[str]) -> list[Line]:
         *lines,
         (
             f'flags = ["{FUSION_FLAG}"]',
-            f"flashinfer's fusion arch gate admits majors {supported}{_engine_admits(machine)}: `verify --deep` proves it",
+            f"flashinfer's fusion arch gate admits majors {supported}{_engine_admits(machine)}: "
+            "`verify --deep` proves it",
         ),
         (
             f"# smoke proves the fused path ran from the log line {DEFAULT_EVIDENCE[FUSION_FLAG]!r} (the flag's",
@@ -237,7 +238,7 @@ def _smoke(machine: Machine, gpus: int, capabilities: list[str]) -> list[Line]:
 
 
 def _engine_admits(machine: Machine) -> str:
-    """", sglang 0.5.23 admits [9, 10]" where sglang's own gate was read, else ""."""
+    """ ", sglang 0.5.23 admits [9, 10]" where sglang's own gate was read, else ""."""
     sglang = machine.gate.sglang if machine.gate is not None else None
     if not sglang or "supported_majors" not in sglang:
         return ""

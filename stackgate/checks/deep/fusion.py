@@ -8,13 +8,6 @@ from dataclasses import asdict
 from typing import Any, Mapping, Sequence
 
 from stackgate.checks.core import check
-from stackgate.checks.fusiongate import (
-    engine_refusal,
-    fusion_arch_problem,
-    gate_evidence,
-    gpu_capabilities,
-    majors_of,
-)
 from stackgate.checks.deep.attention import _JIT_TIMEOUT_FIX
 from stackgate.checks.deep.common import (
     _LOOKS,
@@ -35,8 +28,15 @@ from stackgate.checks.deep.common import (
     fusion_atol,
     world_size,
 )
+from stackgate.checks.fusiongate import (
+    engine_refusal,
+    fusion_arch_problem,
+    gate_evidence,
+    gpu_capabilities,
+    majors_of,
+)
 from stackgate.checks.unexplained import looked_up, missing_piece
-from stackgate.facts import Facts, Missing
+from stackgate.facts import Facts
 from stackgate.facts.deepruns import (
     FusionGate,
     FusionRequest,
