@@ -243,6 +243,31 @@ def test_a_backend_chosen_by_default_is_found_in_the_log_and_in_server_info(rig)
     assert_nothing_left(rig)
 
 
+#: sglang 0.5.23 on SM120 with --enable-flashinfer-allreduce-fusion, as its released wheel
+#: (sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl) raises it: srt/model_executor/runner/base_runner.py:329
+#: pre_initialize_workspaces -> srt/layers/flashinfer_comm_fusion.py:778 resolve_flashinfer_allreduce_fusion_backend
+#: -> :48-51 _resolve_backend.
+FUSION_REFUSED_CRASH = [
+    "Scheduler hit an exception: Traceback (most recent call last):",
+    '  File "/opt/stackgate/current/lib/python3.12/site-packages/sglang/srt/layers/flashinfer_comm_fusion.py", '
+    "line 49, in _resolve_backend",
+    "    raise ValueError(",
+    "ValueError: FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs.",
+]
+
+
+def test_sglang_0_5_23_refusing_the_fusion_at_start_is_named(rig):
+    rig.behave(crash_at_start={"phase": "graphs", "lines": FUSION_REFUSED_CRASH})
+    done = rig.run(rig.lock())
+    results = by_name(done.results)
+    assert "known failure sglang-fusion-arch-refused" in results["smoke.launch"].summary
+    refused = results["smoke.log.sglang-fusion-arch-refused"]
+    assert refused.status == Status.FAIL
+    assert refused.summary == "sglang refuses the fused all-reduce on this GPU: it raised at start-up"
+    assert refused.fix.commands[0].startswith("stackgate verify --check engine.fusion_gate")
+    assert_nothing_left(rig)
+
+
 def test_a_crash_at_start_is_reported_with_exit_code_last_lines_and_the_known_cause(rig):
     rig.behave(crash_at_start={"phase": "distributed", "lines": SYMM_MEM_CRASH})
     done = rig.run(rig.lock(), benchmark=True)
