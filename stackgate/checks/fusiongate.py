@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 
 from stackgate.checks.core import check
 from stackgate.facts import Facts, Missing
-from stackgate.facts.flashruns import FusionGate
+from stackgate.facts.flashruns import FusionGate, read_gate
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, failed, passed, skipped, warned
 from stackgate.models.spec import Spec
@@ -136,15 +136,16 @@ def _fix(flag: str) -> Fix:
     )
 
 
-@check("engine.fusion_gate", needs=("gate", "nvml"))
+@check("engine.fusion_gate", needs=("env", "nvml"))
 def fusion_gate(lock: Spec, facts: Facts) -> Result:
     """The fused all-reduce [smoke] flags ask for is admitted on these GPUs by flashinfer and by sglang."""
     engine = lock.smoke.serving
     if not engine.fusion_asked(lock.smoke.flags) or engine.name != "sglang":
         return skipped("the lock's [smoke] flags ask for no fused all-reduce of sglang's")
-    gate = facts.gate
-    if isinstance(gate, Missing):
-        return skipped(gate.reason)
+    python = lock.python.target
+    if not python.exists():
+        return skipped(f"the stack's interpreter {python} does not exist: no installed code to read the gates from")
+    gate = read_gate(python, facts.env.environ)
     if not isinstance(gate.flashinfer.get("supported_majors"), list):
         return skipped(
             f"flashinfer's gate could not be read ({gate.flashinfer.get('error')}): deep.allreduce_fusion says why"
@@ -155,8 +156,11 @@ def fusion_gate(lock: Spec, facts: Facts) -> Result:
     evidence = gate_evidence(gate, capabilities, source, arch_list)
     flashinfer = fusion_arch_problem(majors, gate.flashinfer["supported_majors"], arch_list)
     refusal = engine_refusal(gate.sglang, majors)
-    data = {"flashinfer_gate": dict(gate.flashinfer), "sglang_gate": dict(gate.sglang) if gate.sglang else None}
-    data["refused_by"] = [name for name, why in (("sglang", refusal), ("flashinfer", flashinfer)) if why]
+    data: dict[str, Any] = {
+        "flashinfer_gate": dict(gate.flashinfer),
+        "sglang_gate": dict(gate.sglang) if gate.sglang else None,
+        "refused_by": [name for name, why in (("sglang", refusal), ("flashinfer", flashinfer)) if why],
+    }
     if refusal is not None:
         alone = (
             f"flashinfer {gate.flashinfer.get('version')} alone would allow it (its comm module builds for majors "

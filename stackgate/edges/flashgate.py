@@ -131,10 +131,12 @@ def raised(source, function):
     """
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.FunctionDef) and node.name == function:
-            for test in ast.walk(node):
-                first = test.body[0] if isinstance(test, ast.If) and test.body else None
+            for branch in ast.walk(node):
+                if not isinstance(branch, ast.If) or not branch.body:
+                    continue
+                first = branch.body[0]
                 if isinstance(first, ast.Raise) and isinstance(first.exc, ast.Call):
-                    names = [n.attr for n in ast.walk(test.test) if isinstance(n, ast.Attribute)]
+                    names = [n.attr for n in ast.walk(branch.test) if isinstance(n, ast.Attribute)]
                     message = ast.literal_eval(first.exc.args[0]) if first.exc.args else ""
                     return list(dict.fromkeys(names)), getattr(first.exc.func, "id", "an exception"), message
             return None

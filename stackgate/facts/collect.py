@@ -35,7 +35,6 @@ from stackgate.models.spec import Spec, Toolkit
 if TYPE_CHECKING:
     from stackgate.facts import generationstate
     from stackgate.facts.evidencesweep import EvidenceSweep
-    from stackgate.facts.flashruns import FusionGate
     from stackgate.facts.patchstate import PatchStatus
     from stackgate.models import pylock
 
@@ -151,11 +150,6 @@ class Facts:
     def sweep(self) -> EvidenceSweep:
         """The evidence sweep's observations, gathered only when a failure's own output does not say why."""
         return self.get("sweep")
-
-    @property
-    def gate(self) -> FusionGate | Missing:
-        """The fused all-reduce's arch gates, read from flashinfer's and the serving engine's installed code."""
-        return self.get("gate")
 
     def toolkit(self, toolkit: Toolkit) -> ToolkitFacts:
         return next(t for t in self.toolkits if t.toolkit == toolkit)
@@ -365,19 +359,6 @@ def _sweep(lock: Spec, facts: Facts) -> EvidenceSweep:
     return evidencesweep.observe(env.environ, facts.get("dists"), facts.get("kernel"), python=str(lock.python.target))
 
 
-# --- the fused all-reduce's arch gates ----------------------------------------------------------
-
-
-def _gate(lock: Spec, facts: Facts) -> FusionGate | Missing:
-    """What flashinfer and sglang, as installed for the stack's interpreter, admit of the fused all-reduce."""
-    from stackgate.facts.flashruns import read_gate
-
-    python = lock.python.target
-    if not python.exists():
-        return Missing(f"the stack's interpreter {python} does not exist: no installed code to read the gate from")
-    return read_gate(python, facts.env.environ)
-
-
 #: How each part is gathered, and what it needs first.
 PARTS: dict[str, Gatherer] = {
     "nvml": _nvml,
@@ -393,7 +374,6 @@ PARTS: dict[str, Gatherer] = {
     "pylock": _pylock,
     "kernel": _kernel,
     "sweep": _sweep,
-    "gate": _gate,
 }
 DEPENDS: dict[str, tuple[str, ...]] = {
     "probe": ("env", "dists"),
@@ -401,5 +381,4 @@ DEPENDS: dict[str, tuple[str, ...]] = {
     "elf": ("probe",),
     "patches": ("probe",),
     "sweep": ("env", "dists", "kernel"),
-    "gate": ("env",),
 }
