@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from smoke_support import Rig, assert_nothing_left, by_name, free_port, living, wait_for
+from smoke_support import FAKES, Rig, assert_nothing_left, by_name, free_port, living, wait_for
 
 from stackgate.edges import httpclient
 from stackgate.edges.files import write_json
@@ -225,6 +225,38 @@ def test_a_flag_with_its_evidence_in_the_log_passes(rig):
     result = by_name(done.results)["smoke.evidence.enable-flashinfer-allreduce-fusion"]
     assert result.status == Status.PASS and "FlashInfer workspace initialized for rank" in result.details[0]
     assert done.verdict.passed
+    assert_nothing_left(rig)
+
+
+def installed_sglang(folder: Path, version: str) -> Path:
+    """A folder holding an installed sglang distribution's metadata (no code: the stand-in serves)."""
+    info = folder / f"sglang-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n")
+    return folder
+
+
+def test_the_fusion_evidence_line_is_the_installed_sglang_release_s(rig):
+    """sglang 0.5.23 writes another line than 0.5.9 once the fused workspace exists: smoke expects the
+    line of the release installed in the stack (its distribution's version), read before launch."""
+    rig.gpus(2)
+    rig.behave(release="0.5.23")
+    site = installed_sglang(rig.tmp / "site-0.5.23", "0.5.23")
+    done = rig.run(rig.lock(tp=2, flags=(FUSION,), env={"PYTHONPATH": f"{FAKES}{os.pathsep}{site}"}))
+    result = by_name(done.results)["smoke.evidence.enable-flashinfer-allreduce-fusion"]
+    assert result.status == Status.PASS, result.summary
+    assert "FlashInfer AllReduce Fusion enabled and workspace initialized: backend=trtllm" in result.details[0]
+    assert done.verdict.passed
+    assert_nothing_left(rig)
+
+
+def test_an_installed_0_5_9_is_held_to_its_own_line(rig):
+    rig.gpus(2)
+    rig.behave(release="0.5.23")  # a server that speaks 0.5.23 where 0.5.9 is installed: its line is not 0.5.9's
+    site = installed_sglang(rig.tmp / "site-0.5.9", "0.5.9")
+    done = rig.run(rig.lock(tp=2, flags=(FUSION,), env={"PYTHONPATH": f"{FAKES}{os.pathsep}{site}"}))
+    result = by_name(done.results)["smoke.evidence.enable-flashinfer-allreduce-fusion"]
+    assert result.status == Status.FAIL and "the path it enables never initialised" in result.summary
     assert_nothing_left(rig)
 
 
