@@ -849,6 +849,27 @@ def test_before_any_launch_verify_says_sglang_0_5_23_refuses_fusion_on_sm120(
     assert h200.summary.startswith("flashinfer 0.6.17 and sglang 0.5.23 both admit the fused all-reduce on compute")
 
 
+def test_an_sglang_whose_gate_cannot_be_read_is_said_never_assumed(
+    plain_python: Path, released_site: Path, tmp_path: Path, nvml: Any
+) -> None:
+    odd = tmp_path / "odd"
+    (odd / "sglang" / "srt" / "layers").mkdir(parents=True)
+    (odd / "sglang" / "__init__.py").write_text("")
+    (odd / "sglang" / "srt" / "layers" / "flashinfer_comm_fusion.py").write_text(
+        "def _resolve_backend(b):\n    if not p().is_sm90:\n        raise ValueError(f'built {b}')\n"
+    )
+    hopper = interpreter_lock(tmp_path, plain_python, base=ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
+    site = f"{odd}{os.pathsep}{released_site}"
+    nvml.configure(machine([gpu(H200, (9, 0))]))
+    gate = measure.read_gate(plain_python, {**os.environ, "PYTHONPATH": site})
+    assert gate.sglang is not None and gate.sglang["error"].startswith("ValueError: ")  # an f-string: no literal
+    result = run_check("engine.fusion_gate", hopper, odd, nvml, [gpu(H200, (9, 0))])
+    assert result.status == Status.SKIP and "flashinfer's gate could not be read" in result.summary  # no flashinfer
+    result = run_check("engine.fusion_gate", hopper, Path(site), nvml, [gpu(H200, (9, 0))])
+    assert result.status == Status.SKIP
+    assert result.summary.startswith("flashinfer admits major 9; sglang: its gate could not be read: ValueError: ")
+
+
 def test_the_deep_fusion_runs_where_flashinfer_admits_and_names_sglang_as_the_refuser() -> None:
     refusal = engine_refusal(
         {
