@@ -92,13 +92,13 @@ def engine_refusal(sglang: Mapping[str, Any] | None, gpu_majors: set[int]) -> st
     )
 
 
-def gpu_capabilities(facts: Facts, lock: Spec) -> tuple[list[str], str]:
+def gpu_capabilities(facts: Facts, spec: Spec) -> tuple[list[str], str]:
     """Each GPU's compute capability ("12.0"), and where it was read."""
     snapshot = facts.nvml
     if isinstance(snapshot, Missing) or not snapshot.gpus:
         return [
-            str(lock.hardware.compute_capability)
-        ] * lock.hardware.gpu_count, "the lock's [hardware] (NVML gave none)"
+            str(spec.hardware.compute_capability)
+        ] * spec.hardware.gpu_count, "the lock's [hardware] (NVML gave none)"
     return ["{}.{}".format(*gpu.capability) if gpu.capability else "unknown" for gpu in snapshot.gpus], "NVML"
 
 
@@ -137,12 +137,12 @@ def _fix(flag: str) -> Fix:
 
 
 @check("engine.fusion_gate", needs=("env", "nvml"))
-def fusion_gate(lock: Spec, facts: Facts) -> Result:
+def fusion_gate(spec: Spec, facts: Facts) -> Result:
     """The fused all-reduce [smoke] flags ask for is admitted on these GPUs by flashinfer and by sglang."""
-    engine = lock.smoke.serving
-    if not engine.fusion_asked(lock.smoke.flags) or engine.name != "sglang":
+    engine = spec.smoke.serving
+    if not engine.fusion_asked(spec.smoke.flags) or engine.name != "sglang":
         return skipped("the lock's [smoke] flags ask for no fused all-reduce of sglang's")
-    python = lock.python.target
+    python = spec.python.target
     if not python.exists():
         return skipped(f"the stack's interpreter {python} does not exist: no installed code to read the gates from")
     gate = read_gate(python, facts.env.environ)
@@ -150,7 +150,7 @@ def fusion_gate(lock: Spec, facts: Facts) -> Result:
         return skipped(
             f"flashinfer's gate could not be read ({gate.flashinfer.get('error')}): deep.allreduce_fusion says why"
         )
-    capabilities, source = gpu_capabilities(facts, lock)
+    capabilities, source = gpu_capabilities(facts, spec)
     arch_list = facts.env.environ.get("FLASHINFER_CUDA_ARCH_LIST")
     majors = majors_of(capabilities)
     evidence = gate_evidence(gate, capabilities, source, arch_list)
