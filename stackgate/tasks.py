@@ -584,6 +584,8 @@ def upgrade(
         "slurm_bin": "the folder of Slurm's scontrol and sinfo (slurmd gives the check no PATH)",
         "slurm_conf": "the slurm.conf those commands read (default: Slurm's own)",
         "node": "this node's Slurm name (default: $SLURMD_NODENAME, else the short hostname)",
+        "state_dir": "where each node's failure counts and reason history are kept (/var/lib/stackgate/slurm-health)",
+        "role": "check (HealthCheckProgram, the default), prolog or epilog (slurm.conf's Prolog= and Epilog=)",
     },
 )
 def slurm_health(
@@ -597,6 +599,8 @@ def slurm_health(
     slurm_bin=None,
     slurm_conf=None,
     node=None,
+    state_dir=None,
+    role=None,
 ):
     """Slurm's HealthCheckProgram: verify --cached under a time cap; drain on a failure, resume only what it drained."""
     from stackgate.commands import slurmhealth as command
@@ -610,17 +614,21 @@ def slurm_health(
         "slurm_bin": slurm_bin,
         "slurm_conf": slurm_conf,
         "node": node,
+        "state_dir": state_dir,
+        "role": role,
     }
-    cli.run_command(lambda: command.run(_path(config), flags, _ui(), _verify_cached))
+    cli.run_command(lambda: command.run(_path(config), flags, _ui(), _verify_here))
 
 
-def _verify_cached(lock: Path, json: Path, prom: Path | None, checks: tuple[str, ...]) -> int:
-    """`stackgate verify --cached` in this process (slurm-health's forked child): its exit status."""
+def _verify_here(lock: Path, json: Path, prom: Path | None, checks: tuple[str, ...], mode: str) -> int:
+    """`stackgate verify` in this process (slurm-health's forked child; ``mode``: cached, verify or deep)."""
 
     from stackgate.commands import verify
     from stackgate.models.exitcodes import UsageError
 
-    request = verify.VerifyRequest(lock_path=lock, checks=checks, json_path=json, cached=True, prom_path=prom)
+    request = verify.VerifyRequest(
+        lock_path=lock, checks=checks, json_path=json, cached=mode == "cached", deep=mode == "deep", prom_path=prom
+    )
     try:
         return int(verify.run(request, _ui()))
     except UsageError as exc:

@@ -65,9 +65,11 @@ __all__ = [
     "broadcast",
     "current",
     "drain",
+    "gres",
     "hostnames",
     "node_states",
     "parse_frames",
+    "partition_peers",
     "read_lines",
     "release",
     "resume",
@@ -99,6 +101,8 @@ class NodeState:
     name: str
     state: str  #: sinfo's %T: idle, mixed, allocated, drained, draining, down*, ...
     reason: str = ""
+    since: str = ""  #: when the reason was set (sinfo's %H, ISO 8601; "" when Slurm gives none)
+    partitions: tuple[str, ...] = ()  #: the partitions the node is in (only where asked for)
 
     @property
     def usable(self) -> bool:
@@ -152,6 +156,34 @@ def node_states(
             reason = "" if parts[2] == "none" else parts[2]
             found[parts[0]] = NodeState(parts[0], parts[1], reason)
     return found
+
+
+def partition_peers(node: str, env: Mapping[str, str] | None = None) -> dict[str, list[NodeState]]:
+    """Every node of each partition ``node`` is in (``sinfo -N``, all partitions), with its
+    state, reason and the reason's time: what the health check's breaker counts."""
+    rows: dict[str, NodeState] = {}
+    for line in _run(["sinfo", "-N", "-h", "-a", "-o", f"%N{_SEP}%P{_SEP}%T{_SEP}%E{_SEP}%H"], env).splitlines():
+        parts = line.split(_SEP)
+        if len(parts) != 5:
+            continue
+        name, partition, state, reason, since = parts
+        known = rows.get(name)
+        partitions = (*known.partitions, partition.rstrip("*")) if known else (partition.rstrip("*"),)
+        rows[name] = NodeState(
+            name, state, "" if reason == "none" else reason, "" if since == "Unknown" else since, partitions
+        )
+    mine = rows[node].partitions if node in rows else ()
+    return {p: [s for s in rows.values() if p in s.partitions] for p in mine}
+
+
+def gres(node: str, env: Mapping[str, str] | None = None) -> str:
+    """The node's generic resources as Slurm configured them (``scontrol show node``'s ``Gres=``,
+    e.g. ``gpu:h200:8(S:0-1)``); "" when it has none."""
+    for word in _run(["scontrol", "-o", "show", "node", node], env).split():
+        if word.startswith("Gres="):
+            value = word.removeprefix("Gres=")
+            return "" if value == "(null)" else value
+    return ""
 
 
 def drain(node: str, reason: str, env: Mapping[str, str] | None = None) -> None:
