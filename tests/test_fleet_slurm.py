@@ -591,3 +591,30 @@ def test_a_signal_while_the_allocation_is_pending_cancels_the_request(fleet: Slu
     finally:
         left = cluster.run("squeue", "-h", "-o", "%i").stdout.split()
         cluster.run("scancel", *left, check=False)
+
+
+def test_the_specs_gpus_per_node_and_container_reach_salloc_and_srun(fleet: SlurmFleet, tmp_path: Path) -> None:
+    """The spec's `[slurm] gpus_per_node = 1`: the allocation asks for n1's GPU (Slurm's record of the
+    job says so) and the step runs with it, so the gate judges the GPUs a job would own. With a
+    `container_image` the step is `srun --container-image=...`: pyxis cannot be installed here, so
+    this Slurm refuses the flag, and the node's failure quotes srun refusing exactly that argument."""
+    fleet.node("n1")
+    text = fleet.spec.read_text()
+    fleet.spec.write_text(text + "\n[slurm]\ngpus_per_node = 1\n")
+    argv = [*fleet.slurm_args(), "--nodelist", "n1", "-c", "gpu.*", "--json", str(tmp_path / "v.json")]
+    done = fleet.stackgate("fleet", "verify", *argv)
+    assert done.returncode == ExitCode.PASSED, done.stdout + done.stderr
+    job = json.loads((tmp_path / "v.json").read_text())["engine"]["job_id"]
+    shown = fleet.cluster.run("scontrol", "show", "job", job).stdout
+    assert "TresPerNode=gres:gpu:1" in shown, shown
+    image = "nvcr.io#nvidia/pytorch:25.01-py3"
+    fleet.spec.write_text(text + f'\n[slurm]\ngpus_per_node = 1\ncontainer_image = "{image}"\n')
+    done = fleet.stackgate("fleet", "verify", *argv)
+    assert done.returncode == ExitCode.FAILED, done.stdout + done.stderr
+    reason = by_name(json.loads((tmp_path / "v.json").read_text()))["n1"]["reason"]
+    assert f"--container-image={image}" in reason, reason
+    for sent in fleet.cluster.local("n1").glob(
+        "stackgate-fleet.*"
+    ):  # sbcast's copies: the refused step never took them
+        sent.unlink()
+    wait_for(lambda: fleet.left_behind() == {}, 20)

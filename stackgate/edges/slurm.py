@@ -74,6 +74,7 @@ __all__ = [
     "release",
     "resume",
     "run_step",
+    "step_flags",
 ]
 
 #: Node states (sinfo's %T, its flags after '+') in which a node takes work.
@@ -518,9 +519,11 @@ def run_step(
     grace_s: float,
     stop: threading.Event,
     shared: Path | None = None,
+    extra: Sequence[str] = (),
 ) -> Step:
     """:data:`TASK` on each of ``nodes``, one task per node, until it ends, ``stop`` is set or
-    ``timeout_s`` passes (then SIGTERM to the step, and after ``grace_s`` its cancellation)."""
+    ``timeout_s`` passes (then SIGTERM to the step, and after ``grace_s`` its cancellation).
+    ``extra``: srun flags of the spec's (:func:`step_flags`: the GPUs each task asks for, its container)."""
     name = f"stackgate-fleet-{token}"
     argv = [
         "srun",
@@ -536,6 +539,7 @@ def run_step(
         "--label",
         "--input=none",
         "--mpi=none",
+        *extra,
         "sh",
         "-c",
         TASK,
@@ -643,6 +647,26 @@ def _shared_frames(shared: Path, nodes: Sequence[str], token: str) -> list[Frame
     return frames
 
 
+def step_flags(gpus_per_node: int | None, image: str | None, mounts: Sequence[str | Path]) -> list[str]:
+    """srun's flags for the spec's ``[slurm]`` section: the GPUs a task asks for (the GPUs a job
+    would own under ConstrainDevices) and the pyxis container it runs in, with ``mounts`` (the
+    folders the task reads and writes) bound at the same paths inside.
+
+    >>> for flag in step_flags(8, "nvcr.io#nvidia/pytorch:25.01-py3", ["/tmp"]): print(flag)
+    --gpus-per-node=8
+    --container-image=nvcr.io#nvidia/pytorch:25.01-py3
+    --container-mounts=/tmp:/tmp
+    --no-container-mount-home
+    >>> step_flags(None, None, ["/tmp"])
+    []
+    """
+    flags = [f"--gpus-per-node={gpus_per_node}"] if gpus_per_node else []
+    if image:
+        binds = ",".join(f"{m}:{m}" for m in dict.fromkeys(str(m) for m in mounts))
+        flags += [f"--container-image={image}", f"--container-mounts={binds}", "--no-container-mount-home"]
+    return flags
+
+
 def new_token() -> str:
     return secrets.token_hex(6)
 
@@ -652,16 +676,16 @@ class SrunTransport:
     (``srun --nodelist=NODE -N1 -n1``) in the allocation, its input forwarded to the task. The
     fleet's per-node actions (provision, then a gate; an upgrade) run through it unchanged."""
 
-    def __init__(self, allocation: Allocation) -> None:
-        self.allocation = allocation
+    def __init__(self, allocation: Allocation, extra: Sequence[str] = ()) -> None:
+        self.allocation, self.extra = allocation, tuple(extra)
 
     def connect(self, node: Node) -> SrunSession:
-        return SrunSession(self.allocation.job_id, node.name)
+        return SrunSession(self.allocation.job_id, node.name, self.extra)
 
 
 class SrunSession:
-    def __init__(self, job_id: str, node: str) -> None:
-        self.job_id, self.node = job_id, node
+    def __init__(self, job_id: str, node: str, extra: Sequence[str] = ()) -> None:
+        self.job_id, self.node, self.extra = job_id, node, tuple(extra)
 
     def run(
         self,
@@ -682,6 +706,7 @@ class SrunSession:
             "--kill-on-bad-exit=0",
             "--mpi=none",
             f"--input={'0' if stdin is not None else 'none'}",
+            *self.extra,
             "sh",
             "-c",
             command,
