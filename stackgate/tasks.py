@@ -585,7 +585,7 @@ def upgrade(
         "slurm_conf": "the slurm.conf those commands read (default: Slurm's own)",
         "node": "this node's Slurm name (default: $SLURMD_NODENAME, else the short hostname)",
         "state_dir": "where each node's failure counts and reason history are kept (/var/lib/stackgate/slurm-health)",
-        "role": "check (HealthCheckProgram, the default), prolog or epilog (slurm.conf's Prolog= and Epilog=)",
+        "role": "check (HealthCheckProgram, the default), prolog, epilog (slurm.conf's Prolog=, Epilog=), judge (NHC)",
     },
 )
 def slurm_health(

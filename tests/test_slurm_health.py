@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Iterator
@@ -24,7 +25,7 @@ import pytest
 from fakes.fake_nvml import gpu, machine
 from fleet_support import TESTS, VERIFIABLE, nvml_file
 from slurm_cluster import Cluster
-from smoke_support import living, wait_for
+from smoke_support import ROOT, living, wait_for
 from test_fleet_slurm import CANARY, HOSTILE, SlurmFleet, slurm_fleet
 
 from stackgate.models.exitcodes import ExitCode
@@ -360,3 +361,29 @@ def _job_processes(job: str, cluster: str) -> list[int]:
     from stackgate.flows.nodehealth import job_processes
 
     return [leak.pid for leak in job_processes(job, cluster) if leak.command == "sleep 300"]
+
+
+def test_the_nhc_hook_hands_nhc_the_failing_check_and_leaves_slurm_alone(fleet: SlurmFleet, tmp_path: Path) -> None:
+    """The shipped stackgate.nhc, sourced by bash as LBNL NHC sources its scripts (NHC itself is not
+    installable here: its `die` is a stand-in that prints what NHC would drain with): a node without
+    its GPU gives `die 1 "n2: FAIL gpu.count: ..."` and Slurm is not touched; fixed, the check passes."""
+    env, home = fleet.node("n2"), fleet.home / "n2"
+    break_gpus(home)
+    config = tmp_path / "health.toml"
+    config.write_text(
+        f'[slurm-health]\nlock = "{fleet.spec}"\nchecks = {json.dumps(list(VERIFIABLE))}\nslurm_bin = "/usr/bin"\n'
+        f'slurm_conf = "{fleet.cluster.conf}"\nstate_dir = "{tmp_path / "state"}"\nnode = "n2"\n'
+    )
+    program = tmp_path / "stackgate"
+    program.write_text(f'#!/bin/sh\nexec {sys.executable} -m stackgate "$@"\n')
+    program.chmod(0o755)
+    nhc = ROOT / "stackgate" / "slurm" / "stackgate.nhc"
+    script = f'die() {{ echo "DIE $1 $2"; }}\nsource {nhc}\ncheck_stackgate {config}; echo "rc=$?"\n'
+    run_env = {**env, **fleet.cluster.env, "STACKGATE": str(program), "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}"}
+    done = subprocess.run(["bash", "-c", script], env=run_env, capture_output=True, text=True, timeout=120)
+    assert "DIE 1 n2: FAIL gpu.count: 0 GPU(s) visible, the lock wants 1" in done.stdout, done.stdout + done.stderr
+    assert done.stdout.endswith("rc=1\n") and "Slurm left to the caller" in done.stdout
+    assert fleet.cluster.states()["n2"].rstrip("*") == "idle" and fleet.cluster.reason("n2") == ""
+    nvml_file(home / "nvml.json")
+    done = subprocess.run(["bash", "-c", script], env=run_env, capture_output=True, text=True, timeout=120)
+    assert done.stdout == "rc=0\n", done.stdout + done.stderr

@@ -109,7 +109,7 @@ def run(config_path: Path | None, flags: Mapping[str, Any], ui: UI, local: Local
     try:
         state = slurm.node_states([node], env=env).get(node)
         found = excuse(found, state, before) if config.role != "epilog" else found
-        action = decide(node, state, found, env, acting)
+        action = decide(node, state, found, env, acting) if config.role != "judge" else "Slurm left to the caller"
     except slurm.SlurmError as exc:
         action = f"Slurm not told: {exc}"
     verdict = "healthy" if found.healthy else f"FAIL {found.check}: {found.summary}"

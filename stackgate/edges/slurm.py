@@ -46,6 +46,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
@@ -66,6 +67,7 @@ __all__ = [
     "current",
     "drain",
     "gres",
+    "waited_s",
     "hostnames",
     "node_states",
     "parse_frames",
@@ -121,6 +123,7 @@ class Allocation:
     job_id: str
     nodes: tuple[str, ...]
     ours: bool  #: asked for here: released at the end
+    queue_wait_s: float | None = None  #: how long the job waited in Slurm's queue (submitted to started)
 
 
 def _run(argv: Sequence[str], env: Mapping[str, str] | None = None, timeout_s: float = _COMMAND_S) -> str:
@@ -198,14 +201,28 @@ def resume(node: str, env: Mapping[str, str] | None = None) -> None:
 
 
 def current() -> Allocation | None:
-    """The allocation this process runs in (``SLURM_JOB_ID``), None outside one."""
+    """The allocation this process runs in (``SLURM_JOB_ID``), None outside one; how long it
+    waited in the queue from Slurm's record of the job (its submit and start times)."""
     job = os.environ.get("SLURM_JOB_ID")
     if not job:
         return None
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+    submitted, _, started = _run(["squeue", "-h", "-j", job, "-o", "%V|%S"]).strip().partition("|")
     if not nodelist:
         nodelist = _run(["squeue", "-h", "-j", job, "-o", "%N"]).strip()
-    return Allocation(job, hostnames(nodelist), ours=False)
+    return Allocation(job, hostnames(nodelist), ours=False, queue_wait_s=waited_s(submitted, started))
+
+
+def waited_s(submitted: str, started: str) -> float | None:
+    """Seconds from Slurm's submit time to its start time (ISO 8601, as squeue's %V and %S print them).
+
+    >>> waited_s("2026-12-02T04:00:05", "2026-12-02T04:01:07"), waited_s("2026-12-02T04:00:05", "N/A")
+    (62.0, None)
+    """
+    try:
+        return max(0.0, (datetime.fromisoformat(started) - datetime.fromisoformat(submitted)).total_seconds())
+    except ValueError:
+        return None
 
 
 def allocate(
@@ -235,6 +252,7 @@ def allocate(
     reader = threading.Thread(target=_drain, args=(process.stderr, said), daemon=True)
     reader.start()
     job: str | None = None
+    asked = time.monotonic()
     try:
         with _hangup_interrupts():
             _await(process, said, waiting)
@@ -244,7 +262,8 @@ def allocate(
         if process.returncode != 0 or granted is None:
             raise SlurmError(f"`{shlex.join([*argv, *extra])}`: exit {process.returncode}: {words.strip()[-400:]}")
         job = granted.group(1)
-        return Allocation(job, hostnames(_run(["squeue", "-h", "-j", job, "-o", "%N"]).strip()), ours=True)
+        nodes = hostnames(_run(["squeue", "-h", "-j", job, "-o", "%N"]).strip())
+        return Allocation(job, nodes, ours=True, queue_wait_s=round(time.monotonic() - asked, 3))
     except BaseException:
         _cancel_request(process, job or _job_of(said.text()), name)
         raise

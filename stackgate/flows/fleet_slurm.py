@@ -135,6 +135,8 @@ def _slurm_plan(
         allocation, states = _slurm_nodes(options, lambda said: ui.info(printable(said)))
     except slurm.SlurmError as exc:
         raise FleetUsageError(f"fleet --engine slurm: {exc}") from None
+    if allocation is not None and allocation.queue_wait_s is not None:
+        ui.info(f"Slurm job {allocation.job_id}: waited {allocation.queue_wait_s:.0f} s in the queue")
     names = tuple(dict.fromkeys([*states, *(allocation.nodes if allocation is not None else ())]))
     usable = [n for n in names if n in states and states[n].usable] if allocation is not None else []
     return allocation, states, names, usable
@@ -146,6 +148,7 @@ def _engine(allocation: slurm.Allocation | None) -> dict[str, Any]:
         "name": "slurm",
         "job_id": allocation.job_id if allocation else None,
         "allocated_here": bool(allocation and allocation.ours),
+        "queue_wait_s": allocation.queue_wait_s if allocation else None,
     }
 
 

@@ -14,7 +14,8 @@ everything comes from flags or from one TOML file the program is pointed at (``-
     slurm_conf = "/etc/slurm/slurm.conf"     # default: Slurm's own default
     node = "gpu01"                           # default: $SLURMD_NODENAME, else the short hostname
     state_dir = "/var/lib/stackgate/slurm-health"   # the damping's counts and each node's reason history
-    role = "check"                           # check (HealthCheckProgram), prolog or epilog (slurm.conf's Prolog/Epilog)
+    role = "check"                           # check (HealthCheckProgram), prolog, epilog (slurm.conf's Prolog=,
+                                             # Epilog=), judge (a verdict only, Slurm untouched: NHC acts on it)
 
 A drain reason this check writes starts with :data:`PREFIX`; only a node drained with such a
 reason is ever resumed by it: an admin's drain (any other reason) is left alone.
@@ -56,7 +57,7 @@ DEFAULT_TIMEOUT_S = 30.0
 _NODE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,62}$")
 _PATHS = ("lock", "prom", "stackgate", "slurm_bin", "slurm_conf", "state_dir")
 #: What the program is run as: slurmd's periodic HealthCheckProgram, or slurm.conf's Prolog or Epilog.
-ROLES = ("check", "prolog", "epilog")
+ROLES = ("check", "prolog", "epilog", "judge")
 DEFAULT_STATE_DIR = Path("/var/lib/stackgate/slurm-health")
 _FLAGS = {"timeout_s": "timeout", "checks": "check"}
 
