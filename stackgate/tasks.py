@@ -586,6 +586,10 @@ def upgrade(
         "node": "this node's Slurm name (default: $SLURMD_NODENAME, else the short hostname)",
         "state_dir": "where each node's failure counts and reason history are kept (/var/lib/stackgate/slurm-health)",
         "role": "check (HealthCheckProgram, the default), prolog, epilog (slurm.conf's Prolog=, Epilog=), judge (NHC)",
+        "summary": "check nothing: the cluster's nodes by verdict, by drift and by drain reason, from Slurm",
+        "partition": "[--summary] only this partition's nodes",
+        "json": "[--summary] write the summary as JSON here (- for standard output)",
+        "markdown": "[--summary] write the summary as Markdown here",
     },
 )
 def slurm_health(
@@ -601,6 +605,10 @@ def slurm_health(
     node=None,
     state_dir=None,
     role=None,
+    summary=False,
+    partition=None,
+    json=None,
+    markdown=None,
 ):
     """Slurm's HealthCheckProgram: verify --cached under a time cap; drain on a failure, resume only what it drained."""
     from stackgate.commands import slurmhealth as command
@@ -617,6 +625,10 @@ def slurm_health(
         "state_dir": state_dir,
         "role": role,
     }
+    if summary:
+        outputs = {"--json": _path(json), "--markdown": _path(markdown)}
+        cli.run_command(lambda: command.summary(_path(config), flags, partition, outputs, _ui(0, json)))
+        return
     cli.run_command(lambda: command.run(_path(config), flags, _ui(), _verify_here))
 
 

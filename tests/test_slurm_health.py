@@ -47,7 +47,7 @@ def health(fleet: SlurmFleet, name: str, *, forked: bool = False, hook: str = "h
     config = home / "health.toml"
     config.write_text(
         "[slurm-health]\n"
-        f'lock = "{fleet.spec}"\nprom = "{home / "stackgate_verify.prom"}"\ntimeout_s = 60\n'
+        f'lock = "{fleet.spec}"\nprom = "{home / "stackgate_verify.{node}.prom"}"\ntimeout_s = 60\n'
         f"checks = {json.dumps(list(VERIFIABLE))}\n"
         + ("" if forked else f'stackgate = "{fleet.program}"\n')
         + f'slurm_bin = "/usr/bin"\nslurm_conf = "{fleet.cluster.conf}"\nstate_dir = "{home / "state"}"\n'
@@ -81,7 +81,7 @@ def test_a_failing_node_is_drained_with_its_reason_and_resumed_after_the_fix(fle
     reason = cluster.reason("n3")
     assert reason.startswith("stackgate: gpu.") and len(reason) <= 120 and "\n" not in reason, reason
     wait_for(lambda: ExitCode.FAILED in runs(home), 30)  # the run that drained it has ended
-    prom = (home / "stackgate_verify.prom").read_text()
+    prom = (home / "stackgate_verify.n3.prom").read_text()  # named by the node's Slurm name
     assert 'stackgate_verify_passed{lock="fleetstack",host="n3"} 0' in prom, prom  # Slurm's name, not the hostname
     nvml_file(home / "nvml.json")  # the fix
     cluster.wait_states({"n3": "idle"}, 60)
@@ -387,3 +387,23 @@ def test_the_nhc_hook_hands_nhc_the_failing_check_and_leaves_slurm_alone(fleet: 
     nvml_file(home / "nvml.json")
     done = subprocess.run(["bash", "-c", script], env=run_env, capture_output=True, text=True, timeout=120)
     assert done.stdout == "rc=0\n", done.stdout + done.stderr
+
+
+def test_the_cluster_summary_groups_nodes_by_verdict_drift_and_reason(fleet: SlurmFleet, tmp_path: Path) -> None:
+    """`slurm-health --summary` over the cluster: n1 drained by an admin (a hostile reason), n2 by
+    stackgate for python.pins, n3 and n4 healthy; console, JSON and Markdown agree, nothing ran."""
+    cluster = fleet.cluster
+    cluster.run("scontrol", "update", "nodename=n1", "state=drain", f"reason={HOSTILE}")
+    cluster.run("scontrol", "update", "nodename=n2", "state=drain", "reason=stackgate: python.pins: torch 2.9.0 | <b>")
+    argv = ["--summary", "--slurm-conf", str(cluster.conf), "--slurm-bin", "/usr/bin", "--partition", "debug"]
+    done = fleet.stackgate(
+        "slurm-health", *argv, "--json", str(tmp_path / "s.json"), "--markdown", str(tmp_path / "s.md")
+    )
+    assert done.returncode == ExitCode.FAILED, done.stdout + done.stderr
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert doc["by_verdict"] == {"held by an admin": ["n1"], "failing": ["n2"], "healthy": ["n3", "n4"]}, doc
+    assert doc["by_drift"] == {"python.pins": ["n2"]} and doc["by_reason"][HOSTILE] == ["n1"]
+    assert "     2  healthy: n3, n4" in done.stdout and "     1  python.pins: n2" in done.stdout, done.stdout
+    md = (tmp_path / "s.md").read_text()
+    assert "| python.pins | n2 | 1 |" in md and "torch 2.9.0 \\| &lt;b>" in md, md
+    assert not CANARY.exists()

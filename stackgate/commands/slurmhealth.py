@@ -49,12 +49,12 @@ from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.healthconfig import HealthConfig, HealthConfigError
 from stackgate.models.spec import load_spec
 from stackgate.models.spec import slurm as slurmspec
-from stackgate.render import summaries
-from stackgate.render.outputs import Output, check_outputs, write_reports
+from stackgate.render import clustersummary, summaries
+from stackgate.render.outputs import JSON, Output, check_outputs, write_reports
 from stackgate.render.ui import UI
 from stackgate.runs import healthstate
 
-__all__ = ["BUSY", "IN_SERVICE", "OCCUPANCY", "OURS", "Finding", "check_node", "decide", "excuse", "run"]
+__all__ = ["BUSY", "IN_SERVICE", "OCCUPANCY", "OURS", "Finding", "check_node", "decide", "excuse", "run", "summary"]
 
 #: Checks that judge how busy the GPUs are (memory other processes hold): a job explains them.
 OCCUPANCY = frozenset({"gpu.processes"})
@@ -123,6 +123,33 @@ def run(config_path: Path | None, flags: Mapping[str, Any], ui: UI, local: Local
     if kept is not None or record.note:
         ui.error(f"stackgate slurm-health {node}: {kept or record.note}")
     return ExitCode.PASSED if found.healthy or (acting.held is not None and config.role != "check") else ExitCode.FAILED
+
+
+def summary(
+    config_path: Path | None,
+    flags: Mapping[str, Any],
+    partition: str | None,
+    outputs: Mapping[str, Path | None],
+    ui: UI,
+) -> ExitCode:
+    """The cluster's health at a glance (render/clustersummary.py), from Slurm's view of every node:
+    the console's lines, and the JSON and Markdown asked for (``{"--json": path, "--markdown": path}``)."""
+    config = (healthconfig.load(config_path) if config_path is not None else HealthConfig()).merged(flags)
+    reports = {
+        "--json": Output(outputs.get("--json"), JSON),
+        "--markdown": Output(outputs.get("--markdown"), clustersummary.markdown),
+    }
+    problem = check_outputs(reports)
+    if problem is not None:
+        raise HealthConfigError(f"slurm-health --summary: {problem}")
+    try:
+        doc = clustersummary.summarize(slurm.node_table(partition, environment(config)).values(), partition)
+    except slurm.SlurmError as exc:
+        raise HealthConfigError(f"slurm-health --summary: {exc}") from None
+    for line in clustersummary.console_lines(doc):
+        ui.line(line)
+    write_reports(doc, reports)
+    return ExitCode.PASSED if set(doc["by_verdict"]) <= {"healthy"} else ExitCode.FAILED
 
 
 def _prom_path(prom: Path | None, node: str) -> Path | None:

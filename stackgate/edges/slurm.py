@@ -70,6 +70,7 @@ __all__ = [
     "waited_s",
     "hostnames",
     "node_states",
+    "node_table",
     "parse_frames",
     "partition_peers",
     "read_lines",
@@ -162,20 +163,33 @@ def node_states(
     return found
 
 
-def partition_peers(node: str, env: Mapping[str, str] | None = None) -> dict[str, list[NodeState]]:
-    """Every node of each partition ``node`` is in (``sinfo -N``, all partitions), with its
-    state, reason and the reason's time: what the health check's breaker counts."""
+def node_table(partition: str | None = None, env: Mapping[str, str] | None = None) -> dict[str, NodeState]:
+    """Every node (of ``partition``, else of all partitions: ``sinfo -N -a``) with its state, its
+    reason, the reason's time and its partitions."""
+    argv = [
+        "sinfo",
+        "-N",
+        "-h",
+        "-o",
+        f"%N{_SEP}%P{_SEP}%T{_SEP}%E{_SEP}%H",
+        *(["-p", partition] if partition else ["-a"]),
+    ]
     rows: dict[str, NodeState] = {}
-    for line in _run(["sinfo", "-N", "-h", "-a", "-o", f"%N{_SEP}%P{_SEP}%T{_SEP}%E{_SEP}%H"], env).splitlines():
+    for line in _run(argv, env).splitlines():
         parts = line.split(_SEP)
         if len(parts) != 5:
             continue
-        name, partition, state, reason, since = parts
+        name, part, state, reason, since = parts
         known = rows.get(name)
-        partitions = (*known.partitions, partition.rstrip("*")) if known else (partition.rstrip("*"),)
-        rows[name] = NodeState(
-            name, state, "" if reason == "none" else reason, "" if since == "Unknown" else since, partitions
-        )
+        partitions = (*known.partitions, part.rstrip("*")) if known else (part.rstrip("*"),)
+        reason, since = ("" if reason == "none" else reason), ("" if since == "Unknown" else since)
+        rows[name] = NodeState(name, state, reason, since, partitions)
+    return rows
+
+
+def partition_peers(node: str, env: Mapping[str, str] | None = None) -> dict[str, list[NodeState]]:
+    """Every node of each partition ``node`` is in: what the health check's breaker counts."""
+    rows = node_table(env=env)
     mine = rows[node].partitions if node in rows else ()
     return {p: [s for s in rows.values() if p in s.partitions] for p in mine}
 
