@@ -182,12 +182,14 @@ def test_occupancy_is_excused_only_on_a_node_given_to_a_job() -> None:
 
 def test_settings_it_cannot_use_exit_2_and_touch_nothing(fleet: SlurmFleet, tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
-    bad.write_text('[slurm-health]\nlock = "relative.toml"\ntimeout_s = "soon"\n')
+    bad.write_text('[slurm-health]\nlock = "relative.toml"\ntimeout_s = "soon"\nrole = "reboot"\nstate_dir = "st"\n')
     done = fleet.stackgate("slurm-health", "--config", str(bad), "--node", "n1")
     assert done.returncode == ExitCode.USAGE, done.stdout + done.stderr
     assert (
         "slurm-health.lock: 'relative.toml' is not an absolute path" in done.stderr
         and "slurm-health.timeout_s: 'soon'" in done.stderr
+        and "slurm-health.role: 'reboot' is not one of check, prolog, epilog, judge" in done.stderr
+        and "slurm-health.state_dir: 'st' is not an absolute path" in done.stderr
     )
     assert fleet.cluster.states()["n1"] == "idle"
 
@@ -407,3 +409,49 @@ def test_the_cluster_summary_groups_nodes_by_verdict_drift_and_reason(fleet: Slu
     md = (tmp_path / "s.md").read_text()
     assert "| python.pins | n2 | 1 |" in md and "torch 2.9.0 \\| &lt;b>" in md, md
     assert not CANARY.exists()
+
+
+def test_the_specs_slurm_section_is_checked_with_its_key_paths() -> None:
+    """`[slurm]` in a spec: each value it cannot use is named with its key path (exit 2 at load);
+    none given, the defaults (drain on the first failure, at most half a partition, a fresh verify)."""
+    from stackgate.models.spec import SpecError, loads_spec
+
+    text = (ROOT / "stackgate" / "lockfiles" / "hopper-sm90-cu130.toml").read_text()
+    assert (loads_spec(text).slurm.drain_after, loads_spec(text).slurm.max_drained_share) == (1, 0.5)
+    hostile = text + (
+        '\n[slurm]\ndrain_after = 0\nmax_drained_share = 2\nrevalidate = "never"\ngpus_per_node = true\n'
+        'container_image = "$(touch /tmp/x) img"\ndrain_afer = 3\n'
+    )
+    with pytest.raises(SpecError) as caught:
+        loads_spec(hostile)
+    assert sorted(caught.value.problems) == [
+        "slurm.container_image: '$(touch /tmp/x) img' is not a container image name (pyxis: [REGISTRY#]IMAGE[:TAG])",
+        "slurm.drain_afer: unknown key (did you mean 'drain_after'?)",
+        "slurm.drain_after: must be greater than 0, not 0",
+        "slurm.gpus_per_node: must be an integer, not a boolean",
+        "slurm.max_drained_share: must be a share of the partition, at most 1, not 2",
+        "slurm.revalidate: must be one of verify, deep, not 'never'",
+    ]
+
+
+def test_a_state_file_that_is_not_to_be_trusted_is_set_aside_and_counting_starts_afresh(tmp_path: Path) -> None:
+    """The damping's counts are read only from this user's own file: a damaged one, a symbolic link
+    planted in its place, or one others may write, each gives an empty record with the reason."""
+    from stackgate.runs import healthstate
+
+    folder = tmp_path / "state"
+    record = healthstate.NodeRecord("n1", {"gpu.count": 2}).with_event("drained", "stackgate: gpu.count: x")
+    assert healthstate.save(folder, record) is None
+    assert healthstate.load(folder, "n1").counts == {"gpu.count": 2}
+    (folder / "n1.json").write_text('{"schema": "stackgate.slurm-health/1", "node": "n1", "counts": {"x": -1}}')
+    damaged = healthstate.load(folder, "n1")
+    assert damaged.counts == {} and "damaged (counts: not check names with counts)" in damaged.note
+    (folder / "n1.json").unlink()
+    (folder / "n1.json").symlink_to(tmp_path / "elsewhere.json")
+    planted = healthstate.load(folder, "n1")
+    assert planted.counts == {} and "is a symbolic link" in planted.note, planted.note
+    (folder / "n1.json").unlink()
+    assert healthstate.save(folder, record) is None
+    (folder / "n1.json").chmod(0o666)
+    shared = healthstate.load(folder, "n1")
+    assert shared.counts == {} and "is writable by others" in shared.note, shared.note
