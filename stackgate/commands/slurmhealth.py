@@ -24,6 +24,16 @@ One run, on the node it checks:
    - any other node is left exactly as it is, whatever the check finds: one an admin drained,
      set DOWN or FAIL (an RMA ticket), one in maintenance, one whose reason is not this check's.
 
+The spec's ``[slurm]`` section shapes the decision (flows/nodehealth.py holds the rules): a check
+drains only after ``drain_after`` consecutive failures (the counts, and each node's reason
+history, in ``state_dir``: runs/healthstate.py), never past ``max_drained_share`` of a partition
+(the breaker), and a node this check drained is resumed only once a fresh verify (``revalidate``:
+every check run afresh, or ``--deep``) passes too. Slurm's ``Gres=gpu:...`` is compared with NVML's
+GPUs (``slurm.gres``). ``role`` runs the same program as slurm.conf's Prolog (no damping: a failure
+drains at once and Slurm requeues the job), its Epilog (a process the job left, GPU memory still
+held) or for LBNL NHC (``judge``: the verdict only, Slurm untouched). :func:`summary` reads the
+cluster's nodes from Slurm and groups them by verdict, drift and drain reason.
+
 Settings come from flags or the ``--config`` file (models/healthconfig.py): slurmd gives the
 program no PATH of the site's and no SLURM_CONF, so the paths are absolute and Slurm's commands
 are looked for in ``slurm_bin`` first. Exit 0 when the node is healthy, 1 when it is not, 2 for
@@ -322,7 +332,8 @@ def decide(node: str, state: slurm.NodeState | None, found: Finding, env: Mappin
     drained = base in OURS and ours
     if not drained and not (base in IN_SERVICE and (ours or not state.reason)):
         return f"left alone: {state.state} ({state.reason or 'no reason'}), not set by stackgate"
-    failing = [] if found.healthy else [name for name, _, _ in found.failed] or [found.check]
+    judged = [name for name, _, _ in found.failed if name not in found.excused]  # a job explains the others
+    failing = [] if found.healthy else judged or [found.check]
     counts = healthstate.counted(acting.record.counts, failing)
     acting.record = replace(acting.record, counts=counts)
     if found.healthy:
