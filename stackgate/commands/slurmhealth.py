@@ -98,7 +98,7 @@ _MODES = {"cached": ("--cached",), "verify": (), "deep": ("--deep",)}
 
 def run(config_path: Path | None, flags: Mapping[str, Any], ui: UI, local: LocalVerify | None = None) -> ExitCode:
     config = (healthconfig.load(config_path) if config_path is not None else HealthConfig()).merged(flags)
-    if config.lock is None:
+    if config.spec is None:
         raise HealthConfigError(
             "slurm-health: no spec to check against: give --lock or `lock` in --config (an absolute path)"
         )
@@ -108,7 +108,7 @@ def run(config_path: Path | None, flags: Mapping[str, Any], ui: UI, local: Local
     env = environment(config)
     node = config.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     config = replace(config, prom=_prom_path(config.prom, node))
-    policy = _policy(config.lock)
+    policy = _policy(config.spec)
     record = healthstate.load(config.state_dir, node)
     before = _state(node, env) if config.role != "epilog" else None
     found = _epilog(config, env, local, node) if config.role == "epilog" else check_node(config, env, local, node)
@@ -273,7 +273,7 @@ def check_node(
             done = runner.call_forked(child, timeout_s=config.timeout_s, output=Path(folder) / "out")
         else:
             program = [str(config.stackgate)] if config.stackgate else [sys.executable, "-m", "stackgate"]
-            argv = [*program, "verify", *_MODES[mode], "--lock", str(config.lock), "--json", str(report)]
+            argv = [*program, "verify", *_MODES[mode], "--lock", str(config.spec), "--json", str(report)]
             argv += [a for c in config.checks for a in ("--check", c)]
             done = runner.run(argv, timeout_s=config.timeout_s, env=env, cwd=folder)
         doc = _report(report)
@@ -300,8 +300,8 @@ def _child(
         os.environ.clear()
         os.environ.update(env)
         os.chdir(report.parent)
-        assert config.lock is not None
-        return local(config.lock, report, None, config.checks, mode)
+        assert config.spec is not None
+        return local(config.spec, report, None, config.checks, mode)
 
     return child
 

@@ -379,7 +379,7 @@ def _with_spec(options: SlurmOptions, request: FleetRequest) -> SlurmOptions:
     container (each step runs in it); the options as given when the spec cannot be read (the
     controller says why)."""
     try:
-        section = load_spec(request.to_path or request.lock_path).slurm
+        section = load_spec(request.to_path or request.spec_path).slurm
     except (UsageError, OSError):
         return options
     gpus = [f"--gpus-per-node={section.gpus_per_node}"] if section.gpus_per_node else []
