@@ -44,6 +44,7 @@ __all__ = [
     "concurrency_rows",
     "parse_levels",
     "parse_number",
+    "parse_rates",
     "run",
     "run_smoke",
 ]
@@ -80,6 +81,25 @@ def parse_levels(text: str | None) -> tuple[int, ...]:
     if not levels or any(n < 1 for n in levels):
         raise SmokeUsageError(f"--concurrency levels must be 1 or more, not {text!r}")
     return levels
+
+
+def parse_rates(text: str | None) -> tuple[float, ...]:
+    """``"2,4.5,8"`` -> (2.0, 4.5, 8.0): request rates, requests per second.
+
+    >>> parse_rates("2, 4.5,8"), parse_rates(None)
+    ((2.0, 4.5, 8.0), ())
+    """
+    if not text:
+        return ()
+    try:
+        rates = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise SmokeUsageError(
+            f"--rates takes request rates (requests per second) separated by commas, e.g. 2,4,8, not {text!r}"
+        ) from None
+    if not rates or not all(0 < rate < float("inf") for rate in rates):
+        raise SmokeUsageError(f"--rates must be numbers of requests per second above 0, not {text!r}")
+    return rates
 
 
 def run(request: SmokeRequest, ui: UI) -> ExitCode:
