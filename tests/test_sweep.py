@@ -117,7 +117,11 @@ def test_a_sharegpt_dataset_gives_prompts_and_reply_lengths(tmp_path):
     (tmp_path / "chats.json").write_text(json.dumps(records))
     maker = prompts.prompt_maker(Sweep(dataset="chats.json"), tmp_path / "stackgate.toml")
     made = maker.batch(0, 5)
-    assert sorted({(p.text, p.output_tokens) for p in made}) == [("question 1", 2), ("question 2", 4), ("question 3", 6)]
+    assert sorted({(p.text, p.output_tokens) for p in made}) == [
+        ("question 1", 2),
+        ("question 2", 4),
+        ("question 3", 6),
+    ]
     assert maker.wrapped  # five requests from three records
 
 
@@ -223,7 +227,9 @@ def test_goodput_whose_interval_spans_the_floor_runs_again_then_is_inconclusive(
     # 6 of 6 good: the 95% interval 61%-100% spans 90%; 12 of 12: 76%-100% still does, and no repeat is left.
     assert verdict.status == Status.WARN and verdict.data["runs"] == 2 and verdict.data["sent"] == 12
     assert verdict.summary.startswith("inconclusive: goodput 100.0% (12 of 12 requests")
-    strict = rig.run(rig.lock(tables=sweep_table(rates=[2], slo={**slo, "max_repeats": 1})), benchmark=True, strict=True)
+    strict = rig.run(
+        rig.lock(tables=sweep_table(rates=[2], slo={**slo, "max_repeats": 1})), benchmark=True, strict=True
+    )
     assert by_name(strict.results)["smoke.goodput"].status == Status.FAIL
 
 
@@ -243,3 +249,67 @@ def test_the_rates_option_is_parsed_and_checked():
     for bad in ("2,x", "0", "nan", "-1"):
         with pytest.raises(SmokeUsageError):
             parse_rates(bad)
+
+
+# --- reports -------------------------------------------------------------------------------------------
+
+
+def test_the_sweep_reaches_the_console_json_markdown_prometheus_html_and_report_a_b(rig, tmp_path):
+    import copy
+    import io
+
+    import exposition
+    from history_support import gate_doc
+
+    from stackgate.commands.smoke import _render
+    from stackgate.render import html, runlines, summaries
+    from stackgate.render.ui import UI
+    from stackgate.runs import history, rundiff
+
+    rig.behave(**SERVICE)
+    slo = {"rate": 2, "ttft_ms": 5000, "min_goodput": 0.5}
+    done = rig.run(rig.lock(tables=sweep_table(rates=[2, 20], slo=slo)), benchmark=True)
+    run = done.sessions[0].sweep
+    assert run is not None and run.knee == 20.0
+    console = io.StringIO()
+    _render(done, UI(stream=console, force_plain=True))
+    assert "request-rate sweep" in console.getvalue() and "knee: 20 req/s" in console.getvalue()
+    assert "TTFT ms p50/p90/p99" in console.getvalue()
+
+    smoke_doc = done.document()
+    stored = smoke_doc["smoke"]["sessions"][0]["sweep"]
+    for i, rate in enumerate(run.rates):  # the JSON carries each rate's figures under their documented names
+        for metric in sweep.METRICS:
+            assert stored["rates"][i][metric] == rate.figures(metric)
+    assert stored["slo"]["good"] == 6 and stored["rates"][0]["goodput"]["share"] == 1.0
+
+    doc = gate_doc()
+    doc["gate"]["smoke"] = {"benchmark": smoke_doc["smoke"]}
+    markdown = summaries.markdown(doc)
+    assert "### Request-rate sweep" in markdown and "| 2 | 6/6 |" in markdown and "| 20 | 6/6 |" in markdown
+    families = exposition.parse(summaries.prometheus(doc))
+    p50 = stored["rates"][0]["ttft_ms"]["p50"] / 1000
+    assert families["stackgate_sweep_ttft_seconds"].value(rate="2", quantile="0.5") == pytest.approx(p50)
+    assert families["stackgate_sweep_knee_requests_per_second"].value() == 20
+    assert families["stackgate_sweep_goodput_ratio"].value(rate="2") == 1.0
+
+    page = html.page([history.Run("g1", tmp_path / "g1.json", doc)], None, title="t", source="s")
+    focused = html.page(
+        [history.Run("g1", tmp_path / "g1.json", doc)],
+        history.Run("g1", tmp_path / "g1.json", doc),
+        title="t",
+        source="s",
+    )
+    assert "sweep-chart" not in page and '<svg id="sweep-chart"' in focused
+    assert 'data-series="ttft_ms.p50"' in focused and "knee 20" in focused and "<script" not in focused
+
+    slower = copy.deepcopy(smoke_doc)
+    slower["smoke"]["sessions"][0]["sweep"]["rates"][0]["ttft_ms"]["p50"] = stored["rates"][0]["ttft_ms"]["p50"] * 2
+    a = history.Run("a", tmp_path / "a.json", {**smoke_doc, "command": "smoke"})
+    b = history.Run("b", tmp_path / "b.json", {**slower, "command": "smoke"})
+    out = io.StringIO()
+    runlines.show_comparison(rundiff.compare(a, b), UI(stream=out, force_plain=True))
+    text = out.getvalue()
+    assert "sweep (A -> B) at 2 shared rate(s):" in text and "knee: 20 req/s -> 20 req/s" in text
+    assert "(+100.0%)" in text.split("2 req/s: TTFT p50")[1].split(";")[0]
+    assert_nothing_left(rig)

@@ -26,6 +26,7 @@ from stackgate.models.spec import Spec, load_spec
 from stackgate.render import reporting
 from stackgate.render.benchtables import BENCHMARK_HEADERS, CONCURRENCY_HEADERS, benchmark_rows, concurrency_rows
 from stackgate.render.outputs import JSON, Output, check_outputs, write_reports
+from stackgate.render.sweeptables import SWEEP_HEADERS, knee_line, sweep_rows
 from stackgate.render.ui import UI
 from stackgate.runs import history
 from stackgate.serve import launch
@@ -144,6 +145,10 @@ def _render(done: SmokeRun, ui: UI) -> None:
             ui.table(
                 f"concurrency ({session.config.title})", list(CONCURRENCY_HEADERS), concurrency_rows(session.levels)
             )
+        if session.sweep is not None:
+            sweep = session.sweep.to_dict()
+            ui.table(f"request-rate sweep ({session.config.title})", list(SWEEP_HEADERS), sweep_rows(sweep))
+            ui.line(knee_line(sweep))
     title = f"stackgate smoke: {done.lock.name} ({done.lock.path})" + (" [interrupted]" if done.interrupted else "")
     ui.results(
         title,
