@@ -115,6 +115,7 @@ _LOCK = threading.Lock()
 _CHILDREN: list[subprocess.Popen[bytes]] = []
 _CACHE: set[int] = set()  # the prefix cache: the hash of every prefix (in words) of every prompt prefilled
 _RUNNING: dict[str, threading.Semaphore] = {}
+_ACCEPTED: dict[Any, float] = {}  # a new connection's accept time, until its first request takes it
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 _SHOWN = {"log": 20, "http": 20}  # the lowest level written: --log-level, --log-level-http
 
@@ -361,10 +362,19 @@ def inject(b: dict[str, Any], phase: str) -> None:
 # --- HTTP -------------------------------------------------------------------------------------
 
 
+class _Server(ThreadingHTTPServer):
+    """Stamps each connection when it is accepted, before its handler's thread starts: a request's arrival on the
+    stand-in's own clock (as uvicorn's event loop sees it), whatever the machine's load does to the thread's start."""
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        _ACCEPTED[client_address] = time.perf_counter()
+        super().process_request(request, client_address)
+
+
 def serve(args: dict[str, Any], b: dict[str, Any]) -> None:
     Handler.args, Handler.b = args, b
     try:
-        httpd = ThreadingHTTPServer((args["host"], args["port"]), Handler)
+        httpd = _Server((args["host"], args["port"]), Handler)
     except OSError as exc:
         uvicorn(
             "ERROR",
@@ -497,7 +507,7 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(200)
 
     def do_POST(self) -> None:
-        self.received = time.perf_counter()
+        self.received = _ACCEPTED.pop(self.client_address, None) or time.perf_counter()
         length = int(self.headers.get("content-length") or 0)
         request = json.loads(self.rfile.read(length) or b"{}")
         if not self.allowed():
