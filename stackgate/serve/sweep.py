@@ -359,7 +359,9 @@ def run_sweep(
         show(f"sweep: {rate:g} requests/s, {sweep.requests} requests ({sweep.arrival} arrivals){why}")
         prompts = maker.batch(batch, sweep.requests)
         batch += 1
-        return run_rate(base_url, prompts, rate, sweep, streams=streams, api_key=api_key, idle_s=idle_s, api=api)
+        return run_rate(
+            base_url, prompts, rate, sweep, streams=streams, api_key=api_key, idle_s=idle_s, api=api, stop=stop
+        )
 
     for rate in chosen:
         if stop():
