@@ -313,3 +313,16 @@ def test_the_sweep_reaches_the_console_json_markdown_prometheus_html_and_report_
     assert "sweep (A -> B) at 2 shared rate(s):" in text and "knee: 20 req/s -> 20 req/s" in text
     assert "(+100.0%)" in text.split("2 req/s: TTFT p50")[1].split(";")[0]
     assert_nothing_left(rig)
+
+
+def test_the_dry_run_lists_the_sweeps_checks(rig):
+    import io
+
+    from stackgate.commands import smoke
+    from stackgate.render.ui import UI
+
+    out = io.StringIO()
+    request = smoke.SmokeRequest(lock_path=rig.lock(), rates=(2.0,), dry_run=True)
+    assert smoke.run(request, UI(stream=out, force_plain=True)) == 0
+    assert "smoke.sweep" in out.getvalue() and "smoke.goodput" in out.getvalue()
+    assert rig.events("started") == []

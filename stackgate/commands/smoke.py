@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from stackgate.flows import smokesweep
 from stackgate.flows.smoke import (
     SCHEMA,
     LaunchError,
@@ -130,7 +131,10 @@ def _dry_run(lock: Spec, request: SmokeRequest, ui: UI) -> ExitCode:
         lock, model=request.model, tp=request.tp, port=request.port, fast=request.fast, compare=request.compare
     )
     ui.line(f"stackgate smoke --dry-run: {lock.name} ({lock.path}); nothing is launched")
-    plans = plan_smoke(lock, configs, os.environ, measures=request.measures, concurrency=bool(request.concurrency))
+    sweep = bool(smokesweep.rates(lock, request.rates, request.measures))
+    plans = plan_smoke(
+        lock, configs, os.environ, measures=request.measures, concurrency=bool(request.concurrency), sweep=sweep
+    )
     for planned in plans:
         for text in planned.lines():
             ui.line(text)
