@@ -326,3 +326,16 @@ def test_the_dry_run_lists_the_sweeps_checks(rig):
     assert smoke.run(request, UI(stream=out, force_plain=True)) == 0
     assert "smoke.sweep" in out.getvalue() and "smoke.goodput" in out.getvalue()
     assert rig.events("started") == []
+
+
+def test_the_sweep_runs_through_vllm_s_completions_api_and_its_usage_counts(rig):
+    rig.behave(rate=2000)
+    lock = rig.lock(engine="vllm", tables=sweep_table(requests=4), benchmark={"output_tokens": 20, "warmup": 0})
+    done = rig.run(lock, rates=(4.0,))
+    results = by_name(done.results)
+    assert results["smoke.sweep"].status == Status.PASS, results["smoke.sweep"].summary
+    rate = done.sessions[0].sweep.rates[0]
+    assert [s.sample.tokens for s in rate.sent] == [TOKENS] * 4
+    # the prompt's length from the server's usage.prompt_tokens (the vLLM stand-in counts words)
+    assert [s.sample.prompt_tokens for s in rate.sent] == [s.prompt.words for s in rate.sent]
+    assert_nothing_left(rig)
