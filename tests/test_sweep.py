@@ -339,3 +339,20 @@ def test_the_sweep_runs_through_vllm_s_completions_api_and_its_usage_counts(rig)
     # the prompt's length from the server's usage.prompt_tokens (the vLLM stand-in counts words)
     assert [s.sample.prompt_tokens for s in rate.sent] == [s.prompt.words for s in rate.sent]
     assert_nothing_left(rig)
+
+
+def test_a_rate_is_bounded_by_its_seconds_and_a_refused_request_counts_as_failed():
+    from smoke_support import free_port
+
+    from stackgate.serve.bench import Streams
+
+    chosen = Sweep(arrival="fixed", seconds=0.25, requests=10, input_tokens=(5, 5), output_tokens=(3, 3))
+    made = prompts.PromptMaker(chosen).batch(0, 10)
+    run = sweep.run_rate(f"http://127.0.0.1:{free_port()}", made, 10.0, chosen, streams=Streams())  # nothing listens
+    assert [r.due_s for r in run.sent] == [0.0, 0.1, 0.2]  # due at 0.3 s and later: not sent
+    assert run.failed == 3 and run.completed == [] and run.to_dict()["ttft_ms"]["p50"] is None
+    assert (
+        sweep.arrivals(4.0, 5, "poisson", 9)
+        == sweep.arrivals(4.0, 5, "poisson", 9)
+        != sweep.arrivals(4.0, 5, "poisson", 8)
+    )
