@@ -356,3 +356,18 @@ def test_a_rate_is_bounded_by_its_seconds_and_a_refused_request_counts_as_failed
         == sweep.arrivals(4.0, 5, "poisson", 9)
         != sweep.arrivals(4.0, 5, "poisson", 8)
     )
+
+
+def test_a_short_dataset_is_said_and_the_summary_still_names_the_knee(rig, tmp_path):
+    records = [{"conversations": [{"value": f"question {i} " * 20}, {"value": "word " * TOKENS}]} for i in range(2)]
+    (tmp_path / "chats.json").write_text(json.dumps(records))
+    rig.behave(**SERVICE)
+    table = sweep_table(requests=3, dataset=str(tmp_path / "chats.json"))
+    done = rig.run(rig.lock(tables=table, benchmark={"warmup": 0}), rates=(4.0,))
+    result = by_name(done.results)["smoke.sweep"]
+    assert (
+        result.status == Status.PASS
+        and result.summary == "1 rate(s); knee: none up to 4 req/s (median E2E stays within 1.5x the lowest rate's)"
+    )
+    assert result.details[-1] == "the dataset held fewer records than the requests sent: some prompts were sent twice"
+    assert result.data["sweep"]["prompts_wrapped"] is True

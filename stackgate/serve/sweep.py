@@ -428,7 +428,8 @@ def sweep_result(run: SweepRun, label: str | None = None) -> Result:
             data=data,
         )
     prefix = f"{label}: " if label else ""
-    return passed(f"{prefix}{len(run.rates)} rate(s); {lines[-1]}", lines, data=data)
+    knee = next(line for line in lines if line.startswith("knee: "))
+    return passed(f"{prefix}{len(run.rates)} rate(s); {knee}", lines, data=data)
 
 
 def _errors(broken: Sequence[RateRun]) -> list[str]:
