@@ -150,9 +150,9 @@ def test_a_hostile_dataset_is_refused_naming_where(tmp_path, content, want):
 
 def test_a_hostile_dataset_exits_2_and_launches_nothing(rig, tmp_path):
     (tmp_path / "chats.json").write_text('[{"conversations": [{"value": 7}, {"value": "a"}]}]')
-    lock = rig.lock(tables=sweep_table(rates=[2], dataset=str(tmp_path / "chats.json")))
+    spec = rig.spec(tables=sweep_table(rates=[2], dataset=str(tmp_path / "chats.json")))
     done = subprocess.run(
-        [sys.executable, "-m", "stackgate", "smoke", "--lock", str(lock), "--benchmark"],
+        [sys.executable, "-m", "stackgate", "smoke", "--lock", str(spec), "--benchmark"],
         cwd=ROOT,
         env=rig.environ(),
         capture_output=True,
@@ -173,7 +173,7 @@ def test_the_sweep_measures_what_the_standin_served_and_finds_the_knee(rig):
     """One request at a time, about 0.22 s each: 2 req/s (fixed arrivals every 0.5 s) never queues, 20 req/s
     queues five requests behind the first, so the median end-to-end latency turns up there: the knee."""
     rig.behave(**SERVICE, prefill_s_per_token=0.001, itl_spread=[0.5, 1.5], itl_seed=4)
-    done = rig.run(rig.lock(tables=sweep_table()), rates=(2.0, 20.0))
+    done = rig.run(rig.spec(tables=sweep_table()), rates=(2.0, 20.0))
     results, session = by_name(done.results), done.sessions[0]
     assert results["smoke.sweep"].status == Status.PASS, results["smoke.sweep"].summary
     assert results["smoke.goodput"].status == Status.SKIP  # no SLO stated
@@ -201,7 +201,7 @@ def test_the_sweep_measures_what_the_standin_served_and_finds_the_knee(rig):
 def test_a_shared_prefix_is_served_from_the_standins_prefix_cache(rig):
     rig.behave(**SERVICE)
     table = sweep_table(shared_prefix_tokens=15, requests=3, input_tokens=[25, 25])
-    rig.run(rig.lock(tables=table, benchmark={"warmup": 0}), rates=(4.0,))
+    rig.run(rig.spec(tables=table, benchmark={"warmup": 0}), rates=(4.0,))
     cached = [e["cached"] for e in rig.events("stream_done")]
     # The first prompt finds nothing; each later one reuses the 15 shared words (and at most 3 of its unique head).
     assert cached[0] == 0 and len(cached) == 3 and all(15 <= c <= 18 for c in cached[1:]), cached
@@ -210,7 +210,7 @@ def test_a_shared_prefix_is_served_from_the_standins_prefix_cache(rig):
 def test_goodput_below_the_floor_fails_the_run(rig):
     rig.behave(**SERVICE)
     slo = {"rate": 20, "e2e_ms": 400, "min_goodput": 0.9, "max_repeats": 1}
-    done = rig.run(rig.lock(tables=sweep_table(rates=[20], slo=slo)), benchmark=True)
+    done = rig.run(rig.spec(tables=sweep_table(rates=[20], slo=slo)), benchmark=True)
     verdict = by_name(done.results)["smoke.goodput"]
     good, sent = verdict.data["good"], verdict.data["sent"]
     assert verdict.status == Status.FAIL and sent == 6 and good < 6, verdict.summary
@@ -222,13 +222,13 @@ def test_goodput_below_the_floor_fails_the_run(rig):
 def test_goodput_whose_interval_spans_the_floor_runs_again_then_is_inconclusive(rig):
     rig.behave(**SERVICE)
     slo = {"rate": 2, "e2e_ms": 5000, "min_goodput": 0.9, "max_repeats": 2}
-    done = rig.run(rig.lock(tables=sweep_table(rates=[2], slo=slo)), benchmark=True)
+    done = rig.run(rig.spec(tables=sweep_table(rates=[2], slo=slo)), benchmark=True)
     verdict = by_name(done.results)["smoke.goodput"]
     # 6 of 6 good: the 95% interval 61%-100% spans 90%; 12 of 12: 76%-100% still does, and no repeat is left.
     assert verdict.status == Status.WARN and verdict.data["runs"] == 2 and verdict.data["sent"] == 12
     assert verdict.summary.startswith("inconclusive: goodput 100.0% (12 of 12 requests")
     strict = rig.run(
-        rig.lock(tables=sweep_table(rates=[2], slo={**slo, "max_repeats": 1})), benchmark=True, strict=True
+        rig.spec(tables=sweep_table(rates=[2], slo={**slo, "max_repeats": 1})), benchmark=True, strict=True
     )
     assert by_name(strict.results)["smoke.goodput"].status == Status.FAIL
 
@@ -236,7 +236,7 @@ def test_goodput_whose_interval_spans_the_floor_runs_again_then_is_inconclusive(
 def test_goodput_above_the_floor_passes(rig):
     rig.behave(**SERVICE)
     slo = {"rate": 2, "ttft_ms": 5000, "itl_ms": 1000, "min_goodput": 0.5}
-    done = rig.run(rig.lock(tables=sweep_table(rates=[2], slo=slo)), benchmark=True)
+    done = rig.run(rig.spec(tables=sweep_table(rates=[2], slo=slo)), benchmark=True)
     verdict = by_name(done.results)["smoke.goodput"]
     assert verdict.status == Status.PASS and verdict.data["good"] == 6, verdict.summary
     assert sweep.wilson(6, 6)[0] > 0.5
@@ -268,7 +268,7 @@ def test_the_sweep_reaches_the_console_json_markdown_prometheus_html_and_report_
 
     rig.behave(**SERVICE)
     slo = {"rate": 2, "ttft_ms": 5000, "min_goodput": 0.5}
-    done = rig.run(rig.lock(tables=sweep_table(rates=[2, 20], slo=slo)), benchmark=True)
+    done = rig.run(rig.spec(tables=sweep_table(rates=[2, 20], slo=slo)), benchmark=True)
     run = done.sessions[0].sweep
     assert run is not None and run.knee == 20.0
     console = io.StringIO()
@@ -322,7 +322,7 @@ def test_the_dry_run_lists_the_sweeps_checks(rig):
     from stackgate.render.ui import UI
 
     out = io.StringIO()
-    request = smoke.SmokeRequest(lock_path=rig.lock(), rates=(2.0,), dry_run=True)
+    request = smoke.SmokeRequest(spec_path=rig.spec(), rates=(2.0,), dry_run=True)
     assert smoke.run(request, UI(stream=out, force_plain=True)) == 0
     assert "smoke.sweep" in out.getvalue() and "smoke.goodput" in out.getvalue()
     assert rig.events("started") == []
@@ -330,8 +330,8 @@ def test_the_dry_run_lists_the_sweeps_checks(rig):
 
 def test_the_sweep_runs_through_vllm_s_completions_api_and_its_usage_counts(rig):
     rig.behave(rate=2000)
-    lock = rig.lock(engine="vllm", tables=sweep_table(requests=4), benchmark={"output_tokens": 20, "warmup": 0})
-    done = rig.run(lock, rates=(4.0,))
+    spec = rig.spec(engine="vllm", tables=sweep_table(requests=4), benchmark={"output_tokens": 20, "warmup": 0})
+    done = rig.run(spec, rates=(4.0,))
     results = by_name(done.results)
     assert results["smoke.sweep"].status == Status.PASS, results["smoke.sweep"].summary
     rate = done.sessions[0].sweep.rates[0]
@@ -363,7 +363,7 @@ def test_a_short_dataset_is_said_and_the_summary_still_names_the_knee(rig, tmp_p
     (tmp_path / "chats.json").write_text(json.dumps(records))
     rig.behave(**SERVICE)
     table = sweep_table(requests=3, dataset=str(tmp_path / "chats.json"))
-    done = rig.run(rig.lock(tables=table, benchmark={"warmup": 0}), rates=(4.0,))
+    done = rig.run(rig.spec(tables=table, benchmark={"warmup": 0}), rates=(4.0,))
     result = by_name(done.results)["smoke.sweep"]
     assert (
         result.status == Status.PASS
