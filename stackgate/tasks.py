@@ -159,6 +159,10 @@ def provision(c, lock=None, dry_run=False, only=None, yes=False, wait=False, whe
             "stream counts to run at once, e.g. 1,10,30: aggregate and per-stream tok/s, TTFT and inter-token "
             "latency (p50/p90/p99) at each"
         ),
+        "rates": (
+            "request rates to sweep (requests per second), e.g. 2,4,8: Poisson arrivals of [smoke.sweep]'s prompts; "
+            "TTFT, ITL, TPOT and E2E (p50/p90/p99), throughput, the knee and goodput at each"
+        ),
         "fast": (
             "random weights (--load-format dummy) and only [smoke] fast_layers layers: proves the launch in a "
             "fraction of a load"
@@ -179,6 +183,7 @@ def smoke(
     benchmark=False,
     compare=False,
     concurrency=None,
+    rates=None,
     fast=False,
     model=None,
     tp=None,
@@ -201,6 +206,7 @@ def smoke(
             benchmark=benchmark,
             compare=compare,
             concurrency=command.parse_levels(concurrency),
+            rates=command.parse_rates(rates),
             fast=fast,
             keep_server=keep_server,
             json_path=_path(json),

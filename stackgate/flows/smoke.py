@@ -23,6 +23,7 @@ from stackgate.checks.smoke import logscan, serverinfo
 from stackgate.edges import faults
 from stackgate.facts import Facts, evidencesweep, serverlog
 from stackgate.facts.engineversion import installed_version
+from stackgate.flows import smokesweep
 from stackgate.models import envfile, knowledge, runenv, secretargs, settings
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.finding import Finding, Fix
@@ -35,7 +36,9 @@ from stackgate.render.benchtables import latency_ms
 from stackgate.render.ui import UI
 from stackgate.serve import bench, fastmode, launch, launched, quality
 from stackgate.serve.launch import Config, LaunchError
+from stackgate.serve.prompts import PromptMaker, PromptsError
 from stackgate.serve.ready import Monitor, Readiness, wait_ready
+from stackgate.serve.sweep import SweepRun
 
 __all__ = [
     "SCHEMA",
@@ -72,6 +75,7 @@ class SmokeRequest:
     benchmark: bool = False
     compare: bool = False
     concurrency: tuple[int, ...] = ()
+    rates: tuple[float, ...] = ()  #: request rates to sweep (requests per second); [smoke.sweep] rates otherwise
     fast: bool = False
     keep_server: bool = False
     json_path: Path | None = None
@@ -106,6 +110,7 @@ class Session:
     evidence: list[serverlog.Evidence] = field(default_factory=list)
     figures: bench.BenchFigures | None = None
     levels: list[bench.Level] = field(default_factory=list)
+    sweep: SweepRun | None = None
     teardown: launch.Teardown | None = None
     kept: bool = False
     failure: str | None = None
@@ -157,6 +162,7 @@ class Session:
             "evidence": [dataclasses.asdict(e) for e in self.evidence],
             "benchmark": self.figures.to_dict() if self.figures else None,
             "concurrency": [level.to_dict() for level in self.levels],
+            "sweep": self.sweep.to_dict() if self.sweep else None,
             "teardown": dataclasses.asdict(self.teardown) if self.teardown else None,
             "kept_running": self.kept,
             "failure": self.failure,
@@ -238,6 +244,8 @@ class _Context:
     run_dir: Path
     environ: Mapping[str, str]
     nvml_lib: ModuleType | None
+    rates: tuple[float, ...] = ()  #: the sweep's rates
+    prompts: PromptMaker | None = None  #: the sweep's prompts, checked before any launch
 
 
 def run_smoke(
@@ -256,8 +264,14 @@ def run_smoke(
     configs = launch.configs(
         spec, model=request.model, tp=request.tp, port=request.port, fast=request.fast, compare=request.compare
     )
+    rates = smokesweep.rates(spec, request.rates, request.measures)
+    try:
+        maker = smokesweep.prompts(spec, rates)
+    except PromptsError as exc:
+        raise SmokeUsageError(f"{exc}; nothing was launched") from exc
     launched.reap_and_tell(ui.warn)  # what a run killed outright left running (its port, its GPUs)
-    context = _Context(spec, request, ui, _run_dir(request), dict(os.environ if environ is None else environ), nvml_lib)
+    environ = dict(os.environ if environ is None else environ)
+    context = _Context(spec, request, ui, _run_dir(request), environ, nvml_lib, rates, maker)
     sessions: list[Session] = []
     try:
         for i, config in enumerate(configs):
@@ -453,7 +467,7 @@ def _serve(session: Session, context: _Context, server: launch.Server, watcher: 
         return
     faults.trip("smoke:ready")
     _what_runs(session)
-    wanted = context.request.measures or bool(context.request.concurrency)
+    wanted = context.request.measures or bool(context.request.concurrency) or bool(context.rates)
     decisive = _decisive(session, watcher) if wanted else []
     if decisive:
         session.failed(f"not measured: {decisive[0]}", time.time())
@@ -659,6 +673,18 @@ def _measure(session: Session, context: _Context, server: launch.Server, watcher
                     api=config.engine.api,
                 )
             )
+        if context.prompts is not None and monitor.failure is None:
+            session.sweep = smokesweep.run(
+                config,
+                context.spec,
+                context.rates,
+                context.prompts,
+                judged=not config.label and session.shrink is None,
+                streams=streams,
+                api_key=session.api_key,
+                show=context.ui.info,
+                stop=lambda: monitor.failure is not None,
+            )
     stopped = session.figures.stopped_at if session.figures is not None else None
     seen = [t for t in (monitor.failed_at, stopped) if t is not None]
     if monitor.failure is not None or stopped is not None:
@@ -694,6 +720,10 @@ def _measure_results(session: Session, context: _Context) -> None:
             session.add("quality", skipped("fast mode: random weights, so the quality guard does not apply"))
         else:
             session.add("quality", quality.check_repeatable(session.figures.runs))
+    if session.sweep is not None:
+        judged = not session.config.label and label is None
+        for name, result in smokesweep.results(session.sweep, label, judged=judged, strict=context.request.strict):
+            session.add(name, result)
     if session.levels:
         session.add("concurrency", _levels_result(session.levels, label))
         if session.config.speculative is not None and not context.request.compare:

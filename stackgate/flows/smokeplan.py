@@ -47,13 +47,21 @@ class Planned:
 
 
 def plan_smoke(
-    spec: Spec, configs: list[Config], environ: Mapping[str, str], *, measures: bool, concurrency: bool
+    spec: Spec,
+    configs: list[Config],
+    environ: Mapping[str, str],
+    *,
+    measures: bool,
+    concurrency: bool,
+    sweep: bool = False,
 ) -> list[Planned]:
     """What each configuration's launch and run would be (nothing is started, no port is bound)."""
-    return [_plan(spec, config, environ, measures=measures, concurrency=concurrency) for config in configs]
+    return [_plan(spec, config, environ, measures=measures, concurrency=concurrency, sweep=sweep) for config in configs]
 
 
-def _plan(spec: Spec, config: Config, environ: Mapping[str, str], *, measures: bool, concurrency: bool) -> Planned:
+def _plan(
+    spec: Spec, config: Config, environ: Mapping[str, str], *, measures: bool, concurrency: bool, sweep: bool
+) -> Planned:
     notes: list[str] = []
     try:
         _, set_by_stackgate = launch.server_env(spec, config, environ)
@@ -76,12 +84,12 @@ def _plan(spec: Spec, config: Config, environ: Mapping[str, str], *, measures: b
         engine=config.engine.label,
         command=tuple(secretargs.shown(words)),
         environment=redact(dict(set_by_stackgate), environ={}),
-        checks=_checks(config, measures=measures, concurrency=concurrency),
+        checks=_checks(config, measures=measures, concurrency=concurrency, sweep=sweep),
         notes=tuple(notes),
     )
 
 
-def _checks(config: Config, *, measures: bool, concurrency: bool) -> tuple[str, ...]:
+def _checks(config: Config, *, measures: bool, concurrency: bool, sweep: bool = False) -> tuple[str, ...]:
     names = [
         "preflight.python",
         "preflight.model",
@@ -97,6 +105,8 @@ def _checks(config: Config, *, measures: bool, concurrency: bool) -> tuple[str, 
     ]
     if measures:
         names.append("benchmark")
+    if sweep:
+        names += ["sweep", "goodput"]
     if concurrency:
         names.append("concurrency")
     names += ["teardown", "gpu_memory"]

@@ -86,6 +86,7 @@ class Sample:
     error: str | None = None
     cpu_s: float = 0.0  #: the client's CPU time on this stream
     gaps: tuple[float, ...] = ()  #: inter-token latencies: each event's gap, split evenly over its tokens
+    prompt_tokens: int | None = None  #: the prompt's length in tokens, as the server reported it
 
     @property
     def seconds(self) -> float:
@@ -283,6 +284,7 @@ class _Reader:
             error,
             cpu_s,
             tuple(self.gaps),
+            _prompt_tokens(final),
         )
 
 
@@ -292,6 +294,20 @@ def _payload(data: bytes) -> dict[str, Any]:
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def _prompt_tokens(payload: dict[str, Any]) -> int | None:
+    """The prompt's token count: SGLang's ``meta_info.prompt_tokens``, the OpenAI API's ``usage.prompt_tokens``.
+
+    >>> _prompt_tokens({"meta_info": {"prompt_tokens": 7}}), _prompt_tokens({"usage": {"prompt_tokens": "x"}})
+    (7, None)
+    """
+    for name in ("meta_info", "usage"):
+        part = payload.get(name)
+        value = part.get("prompt_tokens") if isinstance(part, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
 
 
 def _choice_reason(payload: dict[str, Any]) -> Any:

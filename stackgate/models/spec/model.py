@@ -29,6 +29,7 @@ from stackgate.models.spec.rules import (
     resolve_references,
 )
 from stackgate.models.spec.slurm import Slurm
+from stackgate.models.spec.sweep import Sweep
 
 __all__ = [
     "CUDA_LINK_POLICIES",
@@ -616,6 +617,7 @@ class Smoke:
     compare: Compare | None = None
     fast_layers: int = 4  #: layers that fast mode keeps of the model's own architecture
     stop_grace_s: float = 15.0  #: SIGTERM to SIGKILL; longer than SGLang's 5 s drain poll
+    sweep: Sweep = field(default_factory=Sweep)  #: [smoke.sweep] (models/spec/sweep.py)
 
     @property
     def load_silence_s(self) -> float:
@@ -670,6 +672,7 @@ class Smoke:
             compare=Compare._from_table(t.sub("compare")) if "compare" in t.data else None,
             fast_layers=t.positive("fast_layers", int, 4) or 4,
             stop_grace_s=t.positive("stop_grace_s", float, 15.0) or 15.0,
+            sweep=Sweep._from_table(t.sub("sweep")),
         )
         t.finish()
         return smoke

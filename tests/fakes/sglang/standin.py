@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import secrets
 import signal
 import socket
@@ -84,6 +85,16 @@ DEFAULTS: dict[str, Any] = {
     "gpu_state": None,  # the fake NVML's holders file
     "events": None,  # append JSON lines of what happened, with time.time()
     "profiles": [],  # [{"when": {"speculative_algorithm": "EAGLE3"}, "set": {...}}]
+    # Load (the request-rate sweep's stand-in): requests beyond max_running wait, first come first served, before
+    # their prefill; a prompt's prefill costs prefill_s_per_token for each word not in the prefix cache (every
+    # prefix of every prompt seen is cached); each inter-token gap is the rate's gap times a factor uniform in
+    # itl_spread ([low, high], seeded per stream): a known ITL distribution. With "timing", stream_done records
+    # the stand-in's own clock: when the request arrived, every event sent, the words cached and the queue wait.
+    "max_running": None,
+    "prefill_s_per_token": 0.0,
+    "itl_spread": None,
+    "itl_seed": 0,
+    "timing": False,
 }
 _WORDS = (
     "the",
@@ -106,6 +117,9 @@ _WORDS = (
 _STATE: dict[str, Any] = {"status": "starting", "draining": False, "requests": 0, "active": 0, "streams": 0}
 _LOCK = threading.Lock()
 _CHILDREN: list[subprocess.Popen[bytes]] = []
+_CACHE: set[int] = set()  # the prefix cache: the hash of every prefix (in words) of every prompt prefilled
+_RUNNING: dict[str, threading.Semaphore] = {}
+_ACCEPTED: dict[Any, float] = {}  # a new connection's accept time, until its first request takes it
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 _SHOWN = {"log": 20, "http": 20}  # the lowest level written: --log-level, --log-level-http
 
@@ -362,10 +376,19 @@ def inject(b: dict[str, Any], phase: str) -> None:
 # --- HTTP -------------------------------------------------------------------------------------
 
 
+class _Server(ThreadingHTTPServer):
+    """Stamps each connection when it is accepted, before its handler's thread starts: a request's arrival on the
+    stand-in's own clock (as uvicorn's event loop sees it), whatever the machine's load does to the thread's start."""
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        _ACCEPTED[client_address] = time.perf_counter()
+        super().process_request(request, client_address)
+
+
 def serve(args: dict[str, Any], b: dict[str, Any]) -> None:
     Handler.args, Handler.b = args, b
     try:
-        httpd = ThreadingHTTPServer((args["host"], args["port"]), Handler)
+        httpd = _Server((args["host"], args["port"]), Handler)
     except OSError as exc:
         uvicorn(
             "ERROR",
@@ -498,6 +521,7 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(200)
 
     def do_POST(self) -> None:
+        self.received = _ACCEPTED.pop(self.client_address, None) or time.perf_counter()
         length = int(self.headers.get("content-length") or 0)
         request = json.loads(self.rfile.read(length) or b"{}")
         if not self.allowed():
@@ -530,7 +554,8 @@ class Handler(BaseHTTPRequestHandler):
         sent: list[
             float
         ] = []  # time.perf_counter() (CLOCK_MONOTONIC, the client's clock too) just before each event is written
-        for payload in token_events(request, self.args, self.b, number):
+        load: dict[str, Any] = {}
+        for payload in token_events(request, self.args, self.b, number, load):
             if self.cut(payload):
                 return
             sent.append(time.perf_counter())
@@ -545,6 +570,7 @@ class Handler(BaseHTTPRequestHandler):
             first_sent=sent[0] if sent else None,
             last_sent=sent[-1] if sent else None,
             events=len(sent),
+            **({"received": self.received, "sent": sent, **load} if self.b["timing"] else {}),
         )
 
     def cut(self, payload: bytes) -> bool:
@@ -600,15 +626,54 @@ def rate_now(b: dict[str, Any], number: int) -> float:
     return float(chosen)
 
 
-def token_events(request: dict[str, Any], args: dict[str, Any], b: dict[str, Any], number: int) -> Any:
-    """The SSE payloads of one streamed generation, paced at the behaviour's rate."""
+def token_events(
+    request: dict[str, Any], args: dict[str, Any], b: dict[str, Any], number: int, load: dict[str, Any] | None = None
+) -> Any:
+    """The SSE payloads of one streamed generation, paced at the behaviour's rate (after its turn and prefill)."""
+    running = _running(b)
+    waited = time.perf_counter()
+    if running is not None:
+        running.acquire()
+    try:
+        yield from _decode(request, b, number, time.perf_counter() - waited, {} if load is None else load)
+    finally:
+        if running is not None:
+            running.release()
+
+
+def _running(b: dict[str, Any]) -> threading.Semaphore | None:
+    if not b["max_running"]:
+        return None
+    with _LOCK:
+        return _RUNNING.setdefault("slots", threading.Semaphore(int(b["max_running"])))
+
+
+def cached_words(words: list[str]) -> int:
+    """The prompt's longest prefix (in words) that the prefix cache holds; then every prefix of it is cached."""
+    hashes, h = [], 0
+    for word in words:
+        h = hash((h, word))
+        hashes.append(h)
+    with _LOCK:
+        hit = next((i + 1 for i in range(len(hashes) - 1, -1, -1) if hashes[i] in _CACHE), 0)
+        _CACHE.update(hashes)
+    return hit
+
+
+def _decode(request: dict[str, Any], b: dict[str, Any], number: int, queued_s: float, load: dict[str, Any]) -> Any:
     params = request.get("sampling_params") or {}
     asked = int(params.get("max_new_tokens") or 16)
     total = max(0, asked - b["short_by"])
     prompt = request.get("text") or ""
     ids = token_ids(prompt, total, b, number)
     rid, started = f"{number:032x}", time.time()
-    burst, count, due = max(1, int(b["burst"])), 0, time.perf_counter() + b["ttft_s"]
+    words = prompt.split()
+    cached = cached_words(words) if b["prefill_s_per_token"] or b["timing"] else 0
+    prefill = b["ttft_s"] + b["prefill_s_per_token"] * (len(words) - cached)
+    load.update(prompt_crc=zlib.crc32(prompt.encode()), cached=cached, queued_s=queued_s)
+    spread = b["itl_spread"]
+    factor = random.Random(f"{b['itl_seed']}:{number}") if spread else None
+    burst, count, due = max(1, int(b["burst"])), 0, time.perf_counter() + prefill
     while count < total:
         step = min(burst, total - count)
         wait = due - time.perf_counter()
@@ -630,7 +695,7 @@ def token_events(request: dict[str, Any], args: dict[str, Any], b: dict[str, Any
             },
             separators=(",", ":"),
         ).encode()
-        due += step / rate_now(b, number)
+        due += step / rate_now(b, number) * (factor.uniform(*spread) if factor is not None else 1.0)
 
 
 def mid_stream(b: dict[str, Any], count: int) -> None:
