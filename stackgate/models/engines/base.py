@@ -14,12 +14,14 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
-__all__ = ["NATIVE_GENERATE", "OPENAI_COMPLETIONS", "Decline", "Engine", "Phase"]
+__all__ = ["NATIVE_GENERATE", "OPENAI_CHAT", "OPENAI_COMPLETIONS", "Decline", "Engine", "Phase"]
 
 #: SGLang's own ``POST /generate`` (``text``, ``sampling_params``), cumulative events with ``meta_info``.
 NATIVE_GENERATE = "sglang-generate"
 #: The OpenAI-compatible ``POST /v1/completions`` with ``stream: true``: SSE ``data:`` chunks, then ``[DONE]``.
 OPENAI_COMPLETIONS = "openai-completions"
+#: The OpenAI-compatible ``POST /v1/chat/completions``: the server applies the model's chat template.
+OPENAI_CHAT = "openai-chat"
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,8 @@ class Engine:
     fusion_env: Mapping[str, str] = field(default_factory=_empty)  #: what the server needs to write the evidence
     declines: tuple[Decline, ...] = ()
     backend_finding: str = ""  #: the knowledge base's finding for "no backend asked, the engine chose one"
+    metrics_path: str = "/metrics"  #: the Prometheus text exposition of the engine's own counters
+    metrics_flag: str = ""  #: the option without which the engine serves no metrics ("" when always served)
 
     @property
     def label(self) -> str:

@@ -52,4 +52,6 @@ ENGINE = Engine(
     # layers/flashinfer_comm_fusion.py logs it at INFO once the fused all-reduce's workspace exists, per rank.
     fusion_evidence="FlashInfer workspace initialized for rank",
     backend_finding="sglang-attention-backend-default",
+    # srt/entrypoints/http_server.py mounts /metrics only when --enable-metrics is given.
+    metrics_flag="--enable-metrics",
 )
