@@ -184,3 +184,22 @@ def test_wrong_answers_below_the_floor_fail_and_are_listed(rig, api):
     assert wrong and all(a["got"] == "I am not sure" for a in wrong)
     assert found.summary.endswith("below the floor 90.0%")
     assert found.details[0] == f"{wrong[0]['prompt']!r}: expected {wrong[0]['expected']!r}, got 'I am not sure'"
+
+
+def test_the_dry_run_names_the_engine_report_checks_it_would_run(rig):
+    from stackgate.flows.smokeplan import plan_smoke
+    from stackgate.models.spec import load_spec
+    from stackgate.serve import launch
+
+    tables = speculative(rig) + "\n[accuracy]\nfloor = 0.9\n"
+    lock = load_spec(rig.lock(flags=METRICS, tables=tables))
+    configs = launch.configs(lock, model=None, tp=None, port=None, fast=False, compare=False)
+    planned = plan_smoke(lock, configs, {}, measures=True, concurrency=False)
+    assert planned[0].checks[-5:] == (
+        "smoke.metrics",
+        "smoke.speculative.acceptance",
+        "smoke.accuracy",
+        "smoke.teardown",
+        "smoke.gpu_memory",
+    )
+    assert rig.events() == []
