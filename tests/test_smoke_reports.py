@@ -203,3 +203,23 @@ def test_the_dry_run_names_the_engine_report_checks_it_would_run(rig):
         "smoke.gpu_memory",
     )
     assert rig.events() == []
+
+
+def test_metrics_missing_although_enable_metrics_was_given_is_a_warning_with_what_to_check(rig):
+    rig.behave(metrics_404=True)
+    done = rig.run(rig.lock(flags=METRICS, benchmark={"output_tokens": 20, "runs": 2, "warmup": 0}), benchmark=True)
+    found = by_name(done.results)["smoke.metrics"]
+    assert found.status == Status.WARN
+    assert found.summary == (
+        f"no engine metrics: http://127.0.0.1:{rig.port}/metrics answered HTTP 404, although --enable-metrics was given"
+    )
+    assert "--enable-metrics" in found.fix.text
+
+
+def test_acceptance_with_neither_meta_info_nor_metrics_is_skipped_saying_how_to_get_it(rig):
+    bench = {"output_tokens": 30, "runs": 2, "warmup": 0, "api": "chat"}
+    done = rig.run(rig.lock(tables=speculative(rig), benchmark=bench), benchmark=True)
+    found = by_name(done.results)["smoke.speculative.acceptance"]
+    assert found.status == Status.SKIP
+    assert found.summary.startswith("no acceptance length: the engine reported no spec_verify_ct")
+    assert 'api = "native"' in found.summary and "--enable-metrics" in found.summary

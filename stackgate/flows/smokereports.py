@@ -23,7 +23,7 @@ from typing import Any, Sequence
 from stackgate.edges import httpclient
 from stackgate.models.engines import OPENAI_CHAT, Engine
 from stackgate.models.finding import Fix
-from stackgate.models.result import Result, failed, passed, skipped
+from stackgate.models.result import Result, failed, passed, skipped, warned
 from stackgate.models.spec import Accuracy, Benchmark, Speculative
 from stackgate.serve import accuracy, bench, metrics
 
@@ -46,6 +46,7 @@ class EngineReport:
     after: metrics.Scrape | None = None
     metrics_problem: str | None = None  #: why a scrape failed (the first failure)
     metrics_missing: str | None = None  #: why there is nothing to scrape (HTTP 404)
+    metrics_needs: str = ""  #: what the engine needs to serve metrics
     score: accuracy.Score | None = None
     accuracy_problem: str | None = None
 
@@ -57,8 +58,9 @@ class EngineReport:
             found = metrics.scrape(base_url, engine.metrics_path, api_key=api_key)
         except httpclient.HttpError as exc:
             if exc.status == 404:
-                needs = f"; {engine.title} serves it only with {engine.metrics_flag}" if engine.metrics_flag else ""
-                self.metrics_missing = f"{base_url}{engine.metrics_path} answered HTTP 404{needs}"
+                self.metrics_missing = f"{base_url}{engine.metrics_path} answered HTTP 404"
+                if engine.metrics_flag:
+                    self.metrics_needs = f"{engine.title} serves it only with {engine.metrics_flag}"
             else:
                 self.metrics_problem = str(exc)
             return
@@ -84,7 +86,7 @@ class EngineReport:
                 "before": self.before.to_dict() if self.before else None,
                 "after": self.after.to_dict() if self.after else None,
                 "problem": self.metrics_problem,
-                "missing": self.metrics_missing,
+                "missing": "; ".join(filter(None, (self.metrics_missing, self.metrics_needs))) or None,
             },
             "accuracy": self.score.to_dict() if self.score else None,
             "accuracy_problem": self.accuracy_problem,
@@ -117,8 +119,8 @@ def metrics_result(report: EngineReport, engine: Engine, flags: Sequence[str]) -
     asked = bool(engine.metrics_flag) and any(word.split("=", 1)[0] == engine.metrics_flag for word in flags)
     if report.metrics_missing is not None and asked:
         fix = Fix(f"Check that {engine.title} was started with {engine.metrics_flag} (server_info's enable_metrics).")
-        hint = f" although {engine.metrics_flag} was given"
-        return skipped(f"no engine metrics: {report.metrics_missing}{hint}", fix=fix)
+        hint = f", although {engine.metrics_flag} was given"
+        return warned(f"no engine metrics: {report.metrics_missing}{hint}", fix=fix)
     before, after = report.before, report.after
     if before is None or after is None:
         return None
@@ -152,9 +154,9 @@ def acceptance_result(
     if figure is None:
         return skipped(
             "no acceptance length: the engine reported no spec_verify_ct in its responses and no "
-            f"{ACCEPT_GAUGES[0]} in its metrics",
+            f'{ACCEPT_GAUGES[0]} in its metrics (benchmark through the native API, [benchmark] api = "native", '
+            "or add --enable-metrics to [smoke] flags)",
             lines,
-            fix=Fix('Benchmark through the native API ([benchmark] api = "native"), or add --enable-metrics to flags.'),
         )
     data.update(accept_length=round(figure, 4), source=source, min_accept_length=speculative.min_accept_length)
     text = f"{speculative.algorithm}: {figure:.2f} tokens per verify step, from {source}"

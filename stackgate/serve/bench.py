@@ -290,7 +290,8 @@ class _Reader:
         if error is None and not self.done:
             error = f"the stream ended without [DONE] after {self.tokens} of {self.asked} tokens"
         ended = self.ended or time.perf_counter()
-        info = final.get("meta_info") if isinstance(final.get("meta_info"), dict) else {}
+        meta = final.get("meta_info")
+        info: dict[str, Any] = meta if isinstance(meta, dict) else {}
         reason = info.get("finish_reason") or self.finish
         verify = info.get("spec_verify_ct")
         return Sample(

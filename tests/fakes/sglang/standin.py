@@ -102,6 +102,7 @@ DEFAULTS: dict[str, Any] = {
     "num_draft_tokens": 4,  # proposed per verify step (the accept rate's denominator, plus the bonus token)
     "wrong_answer_rate": 0.0,  # the share of the accuracy set's prompts answered wrongly
     "metrics_body": None,  # /metrics answers this text instead (a hostile exporter)
+    "metrics_404": False,  # /metrics is not found even with --enable-metrics (a proxy in front)
 }
 #: stackgate's shipped accuracy set: the prompts this "model" knows the answers to.
 ACCURACY = {
@@ -487,7 +488,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         if self.path in ("/health", "/health_generate"):
             self.health()
-        elif self.path == "/metrics" and self.args.get("enable_metrics"):
+        elif self.path == "/metrics" and self.args.get("enable_metrics") and not self.b["metrics_404"]:
             self.metrics()
         elif self.path == "/model_info":
             self.reply(200, model_info(self.args))
