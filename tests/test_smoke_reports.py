@@ -4,11 +4,9 @@ speculative acceptance from the engine's own reports, and the accuracy check."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 
 import pytest
-from smoke_support import Rig, by_name, free_port, living
+from smoke_support import Rig, by_name
 from specs import minimal_spec
 
 from stackgate.models.result import Status
@@ -18,13 +16,10 @@ from stackgate.serve import accuracy
 METRICS = ("--enable-metrics",)
 
 
-@pytest.fixture
-def rig(tmp_path, monkeypatch):
-    made = Rig(tmp_path, free_port())
-    monkeypatch.setenv("STACKGATE_FAKE_NVML", str(made.nvml_path))
-    yield made
-    for pid in living(made.processes()):  # a failed test must not leave servers behind either
-        os.kill(pid, signal.SIGKILL)
+@pytest.fixture(autouse=True)
+def _fake_machine(rig, monkeypatch):
+    """conftest's stand-in rig, its fake NVML machine named for the in-process smoke."""
+    monkeypatch.setenv("STACKGATE_FAKE_NVML", str(rig.nvml_path))
 
 
 def speculative(rig: Rig, extra: str = "") -> str:
