@@ -37,9 +37,9 @@ from stackgate.serve import accuracy  # noqa: E402
 PLAIN, SPECULATIVE, ACCEPT = 54.1, 96.1, [3, 4]
 
 
-def run(rig: Rig, lock: Path, **request: object) -> smoke.SmokeRun:
-    chosen = smoke.SmokeRequest(lock_path=lock, run_dir=rig.runs, **request)  # type: ignore[arg-type]
-    return smoke.run_smoke(load_spec(lock), chosen, UI(stream=io.StringIO(), force_plain=True), nvml_lib=fake_nvml)
+def run(rig: Rig, spec: Path, **request: object) -> smoke.SmokeRun:
+    chosen = smoke.SmokeRequest(spec_path=spec, run_dir=rig.runs, **request)  # type: ignore[arg-type]
+    return smoke.run_smoke(load_spec(spec), chosen, UI(stream=io.StringIO(), force_plain=True), nvml_lib=fake_nvml)
 
 
 def tables(rig: Rig) -> str:
@@ -73,8 +73,8 @@ def main() -> None:
             ],
         )
         bench = {"output_tokens": 400, "runs": 3, "warmup": 1}
-        lock = rig.lock(flags=("--enable-metrics",), tables=tables(rig), benchmark=bench)
-        done = run(rig, lock, compare=True, concurrency=levels)
+        spec = rig.spec(flags=("--enable-metrics",), tables=tables(rig), benchmark=bench)
+        done = run(rig, spec, compare=True, concurrency=levels)
         results = {r.check: r for r in done.results}
         plain, spec = (s.figures.decode_tok_s for s in done.sessions)  # type: ignore[union-attr]
         print(f"decode, plain:       {plain.mean:7.2f} tok/s (stand-in {PLAIN}; ratio {plain.mean / PLAIN:.4f})")
@@ -90,7 +90,7 @@ def main() -> None:
         for line in acceptance.details:
             print(f"  {line}")
         print(f"smoke.metrics: {results['smoke.metrics'].summary}")
-        chat = rig.lock(
+        chat = rig.spec(
             flags=("--enable-metrics",),
             tables=tables(rig).split("\n[smoke.compare]")[0],
             benchmark={**bench, "api": "chat"},
@@ -102,8 +102,8 @@ def main() -> None:
         _, items = accuracy.load_set()
         for rate in (0.0, 0.2, 0.5):
             rig.behave(wrong_answer_rate=rate)
-            lock = rig.lock(benchmark={"output_tokens": 20, "runs": 2, "warmup": 0}, tables="[accuracy]\nfloor = 0.9\n")
-            found = {r.check: r for r in run(rig, lock, benchmark=True).results}["smoke.accuracy"]
+            spec = rig.spec(benchmark={"output_tokens": 20, "runs": 2, "warmup": 0}, tables="[accuracy]\nfloor = 0.9\n")
+            found = {r.check: r for r in run(rig, spec, benchmark=True).results}["smoke.accuracy"]
             wrong = sum(zlib.crc32(i.prompt.encode()) % 10000 < rate * 10000 for i in items)
             print(
                 f"accuracy at wrong-answer rate {rate}: {found.status.name} {found.summary} (stand-in: {wrong} wrong)"

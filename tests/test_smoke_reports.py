@@ -37,7 +37,7 @@ def session_doc(done, index: int = -1):
 
 
 def test_the_engines_metrics_are_scraped_before_and_after_and_kept_in_the_json(rig):
-    done = rig.run(rig.lock(flags=METRICS, benchmark={"output_tokens": 40, "runs": 2, "warmup": 1}), benchmark=True)
+    done = rig.run(rig.spec(flags=METRICS, benchmark={"output_tokens": 40, "runs": 2, "warmup": 1}), benchmark=True)
     results = by_name(done.results)
     assert done.verdict.passed, {r.check: r.summary for r in done.results}
     found = results["smoke.metrics"]
@@ -67,7 +67,7 @@ def test_the_engines_metrics_are_scraped_before_and_after_and_kept_in_the_json(r
 )
 def test_a_hostile_metrics_body_fails_the_metrics_check_with_its_line_and_nothing_else(rig, body, why):
     rig.behave(metrics_body=body)
-    done = rig.run(rig.lock(flags=METRICS, benchmark={"output_tokens": 20, "runs": 2, "warmup": 0}), benchmark=True)
+    done = rig.run(rig.spec(flags=METRICS, benchmark={"output_tokens": 20, "runs": 2, "warmup": 0}), benchmark=True)
     results = by_name(done.results)
     found = results["smoke.metrics"]
     assert found.status == Status.FAIL
@@ -79,7 +79,7 @@ def test_a_hostile_metrics_body_fails_the_metrics_check_with_its_line_and_nothin
 
 
 def test_without_enable_metrics_the_report_says_why_there_are_none_and_adds_no_result(rig):
-    done = rig.run(rig.lock(benchmark={"output_tokens": 20, "runs": 2, "warmup": 0}), benchmark=True)
+    done = rig.run(rig.spec(benchmark={"output_tokens": 20, "runs": 2, "warmup": 0}), benchmark=True)
     assert "smoke.metrics" not in by_name(done.results)
     kept = session_doc(done)["engine_metrics"]
     assert kept["missing"] == (
@@ -92,7 +92,7 @@ def test_without_enable_metrics_the_report_says_why_there_are_none_and_adds_no_r
 
 def test_the_benchmark_speaks_the_chat_endpoint_when_the_spec_asks(rig):
     bench = {"output_tokens": 50, "runs": 2, "warmup": 1, "api": "chat"}
-    done = rig.run(rig.lock(benchmark=bench), benchmark=True)
+    done = rig.run(rig.spec(benchmark=bench), benchmark=True)
     assert done.verdict.passed, {r.check: r.summary for r in done.results}
     runs = session_doc(done)["benchmark"]["runs"]
     assert [r["tokens"] for r in runs] == [50, 50] and all(r["finish_reason"] == "length" for r in runs)
@@ -116,8 +116,8 @@ def test_a_spec_names_only_a_known_benchmark_api(tmp_path):
 
 def test_acceptance_length_is_read_from_the_engines_meta_info_per_run_and_level(rig):
     rig.behave(accept_lengths=[3, 4])
-    lock = rig.lock(tables=speculative(rig, "min_accept_length = 3.0"), benchmark={"output_tokens": 70, "warmup": 0})
-    done = rig.run(lock, benchmark=True, concurrency=(1, 3))
+    spec = rig.spec(tables=speculative(rig, "min_accept_length = 3.0"), benchmark={"output_tokens": 70, "warmup": 0})
+    done = rig.run(spec, benchmark=True, concurrency=(1, 3))
     found = by_name(done.results)["smoke.speculative.acceptance"]
     assert found.status == Status.PASS, found.summary
     # 70 tokens in verify steps of 3, 4, 3, 4, ...: 20 steps, 3.5 tokens each
@@ -131,8 +131,8 @@ def test_acceptance_length_is_read_from_the_engines_meta_info_per_run_and_level(
 
 def test_an_acceptance_length_below_the_floor_fails_with_the_draft_to_check(rig):
     rig.behave(accept_lengths=[1, 2])
-    lock = rig.lock(tables=speculative(rig, "min_accept_length = 2.5"), benchmark={"output_tokens": 60, "warmup": 0})
-    done = rig.run(lock, benchmark=True)
+    spec = rig.spec(tables=speculative(rig, "min_accept_length = 2.5"), benchmark={"output_tokens": 60, "warmup": 0})
+    done = rig.run(spec, benchmark=True)
     found = by_name(done.results)["smoke.speculative.acceptance"]
     assert found.status == Status.FAIL and not done.verdict.passed
     assert found.summary.startswith("EAGLE3: 1.50 tokens per verify step") and "below min_accept_length 2.5" in (
@@ -144,7 +144,7 @@ def test_an_acceptance_length_below_the_floor_fails_with_the_draft_to_check(rig)
 def test_through_the_chat_endpoint_acceptance_comes_from_the_engines_gauge(rig):
     rig.behave(accept_lengths=[2, 3])
     bench = {"output_tokens": 50, "warmup": 0, "api": "chat"}
-    done = rig.run(rig.lock(flags=METRICS, tables=speculative(rig), benchmark=bench), benchmark=True)
+    done = rig.run(rig.spec(flags=METRICS, tables=speculative(rig), benchmark=bench), benchmark=True)
     found = by_name(done.results)["smoke.speculative.acceptance"]
     assert found.status == Status.PASS
     # 50 tokens in steps of 2, 3, ...: 20 steps; the gauge is the engine's tokens over verify steps
@@ -159,8 +159,8 @@ def test_through_the_chat_endpoint_acceptance_comes_from_the_engines_gauge(rig):
 
 def test_a_model_that_answers_the_shipped_set_passes_the_accuracy_floor(rig):
     _, items = accuracy.load_set()
-    lock = rig.lock(benchmark={"output_tokens": 20, "runs": 2, "warmup": 0}, tables="[accuracy]\nfloor = 0.95\n")
-    done = rig.run(lock, benchmark=True)
+    spec = rig.spec(benchmark={"output_tokens": 20, "runs": 2, "warmup": 0}, tables="[accuracy]\nfloor = 0.95\n")
+    done = rig.run(spec, benchmark=True)
     found = by_name(done.results)["smoke.accuracy"]
     assert found.status == Status.PASS
     assert found.summary == f"{len(items)} of {len(items)} exact (100.0%) on stackgate-exact-16 (floor 95.0%)"
@@ -172,7 +172,7 @@ def test_a_model_that_answers_the_shipped_set_passes_the_accuracy_floor(rig):
 def test_wrong_answers_below_the_floor_fail_and_are_listed(rig, api):
     rig.behave(wrong_answer_rate=0.5)
     bench = {"output_tokens": 20, "runs": 2, "warmup": 0, "api": api}
-    done = rig.run(rig.lock(benchmark=bench, tables="[accuracy]\nfloor = 0.9\n"), benchmark=True)
+    done = rig.run(rig.spec(benchmark=bench, tables="[accuracy]\nfloor = 0.9\n"), benchmark=True)
     found = by_name(done.results)["smoke.accuracy"]
     assert found.status == Status.FAIL and not done.verdict.passed
     wrong = [a for a in found.data["answers"] if not a["right"]]
@@ -187,9 +187,9 @@ def test_the_dry_run_names_the_engine_report_checks_it_would_run(rig):
     from stackgate.serve import launch
 
     tables = speculative(rig) + "\n[accuracy]\nfloor = 0.9\n"
-    lock = load_spec(rig.lock(flags=METRICS, tables=tables))
-    configs = launch.configs(lock, model=None, tp=None, port=None, fast=False, compare=False)
-    planned = plan_smoke(lock, configs, {}, measures=True, concurrency=False)
+    spec = load_spec(rig.spec(flags=METRICS, tables=tables))
+    configs = launch.configs(spec, model=None, tp=None, port=None, fast=False, compare=False)
+    planned = plan_smoke(spec, configs, {}, measures=True, concurrency=False)
     assert planned[0].checks[-5:] == (
         "smoke.metrics",
         "smoke.speculative.acceptance",
@@ -202,7 +202,7 @@ def test_the_dry_run_names_the_engine_report_checks_it_would_run(rig):
 
 def test_metrics_missing_although_enable_metrics_was_given_is_a_warning_with_what_to_check(rig):
     rig.behave(metrics_404=True)
-    done = rig.run(rig.lock(flags=METRICS, benchmark={"output_tokens": 20, "runs": 2, "warmup": 0}), benchmark=True)
+    done = rig.run(rig.spec(flags=METRICS, benchmark={"output_tokens": 20, "runs": 2, "warmup": 0}), benchmark=True)
     found = by_name(done.results)["smoke.metrics"]
     assert found.status == Status.WARN
     assert found.summary == (
@@ -213,7 +213,7 @@ def test_metrics_missing_although_enable_metrics_was_given_is_a_warning_with_wha
 
 def test_acceptance_with_neither_meta_info_nor_metrics_is_skipped_saying_how_to_get_it(rig):
     bench = {"output_tokens": 30, "runs": 2, "warmup": 0, "api": "chat"}
-    done = rig.run(rig.lock(tables=speculative(rig), benchmark=bench), benchmark=True)
+    done = rig.run(rig.spec(tables=speculative(rig), benchmark=bench), benchmark=True)
     found = by_name(done.results)["smoke.speculative.acceptance"]
     assert found.status == Status.SKIP
     assert found.summary.startswith("no acceptance length: the engine reported no spec_verify_ct")
