@@ -366,7 +366,7 @@ def _verify(
 def _side_spec(
     spec: Spec, generation: generations.Generation, benchmark: Benchmark, accuracy: Accuracy | None = None
 ) -> Spec:
-    """``lock`` pointed at ``generation``'s interpreter and environment file, with ``benchmark``
+    """``spec`` pointed at ``generation``'s interpreter and environment file, with ``benchmark``
     (and ``accuracy``: both sides of the A/B are asked the same)."""
     python = dataclasses.replace(spec.python, interpreter=generation.python)
     return dataclasses.replace(spec, python=python, benchmark=benchmark, accuracy=accuracy or spec.accuracy)
