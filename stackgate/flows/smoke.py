@@ -24,6 +24,7 @@ from stackgate.edges import faults
 from stackgate.facts import Facts, evidencesweep, serverlog
 from stackgate.facts.engineversion import installed_version
 from stackgate.flows import smokesweep
+from stackgate.flows.smokereports import EngineReport, acceptance_result, accuracy_result, api_of, metrics_result
 from stackgate.models import envfile, knowledge, runenv, secretargs, settings
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.finding import Finding, Fix
@@ -111,6 +112,7 @@ class Session:
     figures: bench.BenchFigures | None = None
     levels: list[bench.Level] = field(default_factory=list)
     sweep: SweepRun | None = None
+    engine_report: EngineReport = field(default_factory=EngineReport)
     teardown: launch.Teardown | None = None
     kept: bool = False
     failure: str | None = None
@@ -163,6 +165,7 @@ class Session:
             "benchmark": self.figures.to_dict() if self.figures else None,
             "concurrency": [level.to_dict() for level in self.levels],
             "sweep": self.sweep.to_dict() if self.sweep else None,
+            **self.engine_report.to_dict(),
             "teardown": dataclasses.asdict(self.teardown) if self.teardown else None,
             "kept_running": self.kept,
             "failure": self.failure,
@@ -633,7 +636,9 @@ def _measure(session: Session, context: _Context, server: launch.Server, watcher
     incremental = bool((session.server_info or {}).get("stream_output"))
     # Only the lock's configuration at full weights is judged against the floor, so only it earns extra runs.
     floor = benchmark.floor_tok_s if not config.label and session.shrink is None else None
+    api = api_of(config.engine, benchmark)
     with Monitor(server, watcher, streams.abort_all) as monitor:
+        session.engine_report.scrape(config.engine, config.base_url, session.api_key)
         if request.measures:
             session.figures = bench.run_benchmark(
                 config.base_url,
@@ -644,7 +649,7 @@ def _measure(session: Session, context: _Context, server: launch.Server, watcher
                 explain=lambda error: _explain(monitor, error),
                 api_key=session.api_key,
                 floor=floor,
-                api=config.engine.api,
+                api=api,
             )
         elif benchmark.warmup:
             for _ in range(benchmark.warmup):
@@ -655,7 +660,7 @@ def _measure(session: Session, context: _Context, server: launch.Server, watcher
                     streams=streams,
                     api_key=session.api_key,
                     idle_s=benchmark.stream_idle_s,
-                    api=config.engine.api,
+                    api=api,
                 )
         for count in request.concurrency:
             if monitor.failure is not None:
@@ -670,7 +675,7 @@ def _measure(session: Session, context: _Context, server: launch.Server, watcher
                     streams=streams,
                     api_key=session.api_key,
                     idle_s=benchmark.stream_idle_s,
-                    api=config.engine.api,
+                    api=api,
                 )
             )
         if context.prompts is not None and monitor.failure is None:
@@ -685,6 +690,10 @@ def _measure(session: Session, context: _Context, server: launch.Server, watcher
                 show=context.ui.info,
                 stop=lambda: monitor.failure is not None,
             )
+        if monitor.failure is None:
+            session.engine_report.scrape(config.engine, config.base_url, session.api_key)
+            if session.shrink is None:
+                session.engine_report.check_accuracy(config.base_url, api, context.spec.accuracy, session.api_key)
     stopped = session.figures.stopped_at if session.figures is not None else None
     seen = [t for t in (monitor.failed_at, stopped) if t is not None]
     if monitor.failure is not None or stopped is not None:
@@ -728,6 +737,10 @@ def _measure_results(session: Session, context: _Context) -> None:
         session.add("concurrency", _levels_result(session.levels, label))
         if session.config.speculative is not None and not context.request.compare:
             session.add("compare.concurrency", _no_crossover(session.levels))
+    report, runs = session.engine_report, session.figures.runs if session.figures else ()
+    session.add("metrics", metrics_result(report, session.config.engine, session.config.launch_flags(session.shrink)))
+    session.add("speculative.acceptance", acceptance_result(session.config.speculative, runs, session.levels, report))
+    session.add("accuracy", accuracy_result(report, context.spec.accuracy, label))
 
 
 def _no_crossover(levels: Sequence[bench.Level]) -> Result:

@@ -17,12 +17,14 @@ from typing import Mapping
 
 from packaging.version import InvalidVersion, Version
 
-__all__ = ["NATIVE_GENERATE", "OPENAI_COMPLETIONS", "Decline", "Engine", "Phase", "Release"]
+__all__ = ["NATIVE_GENERATE", "OPENAI_CHAT", "OPENAI_COMPLETIONS", "Decline", "Engine", "Phase", "Release"]
 
 #: SGLang's own ``POST /generate`` (``text``, ``sampling_params``), cumulative events with ``meta_info``.
 NATIVE_GENERATE = "sglang-generate"
 #: The OpenAI-compatible ``POST /v1/completions`` with ``stream: true``: SSE ``data:`` chunks, then ``[DONE]``.
 OPENAI_COMPLETIONS = "openai-completions"
+#: The OpenAI-compatible ``POST /v1/chat/completions``: the server applies the model's chat template.
+OPENAI_CHAT = "openai-chat"
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,9 @@ class Engine:
                 changed = {f.name: getattr(release, f.name) for f in dataclasses.fields(release) if f.name != "version"}
                 engine = dataclasses.replace(engine, **{k: v for k, v in changed.items() if v})
         return engine
+
+    metrics_path: str = "/metrics"  #: the Prometheus text exposition of the engine's own counters
+    metrics_flag: str = ""  #: the option without which the engine serves no metrics ("" when always served)
 
     @property
     def label(self) -> str:

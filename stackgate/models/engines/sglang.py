@@ -60,4 +60,6 @@ ENGINE = Engine(
             fusion_evidence="FlashInfer AllReduce Fusion enabled and workspace initialized: ",
         ),
     ),
+    # srt/entrypoints/http_server.py mounts /metrics only when --enable-metrics is given.
+    metrics_flag="--enable-metrics",
 )
