@@ -64,9 +64,9 @@ def refusals(resolution: pylock.Resolution, host: Host, spec_name: str) -> list[
     means the stack cannot run yet)."""
     found: list[Floor] = []
     if host.python is not None:
-        found += _python_floors(resolution, host.python)
+        found += _one(_python_floors(resolution, host.python))
     if host.python is not None and host.glibc is not None and not found:
-        found += _glibc_floors(resolution, host, spec_name)
+        found += _one(_glibc_floors(resolution, host, spec_name))
     needed = driver_floor(resolution)
     if needed is not None and host.driver is not None and _older(host.driver, needed[1]):
         runtime, floor = needed
@@ -81,6 +81,15 @@ def refusals(resolution: pylock.Resolution, host: Host, spec_name: str) -> list[
             )
         )
     return found
+
+
+def _one(floors: list[Floor]) -> list[Floor]:
+    """Floors of one kind as one: the first named, the others counted (a Python a whole stack's wheels
+    are not for would otherwise be a line per package)."""
+    if len(floors) <= 1:
+        return floors
+    first = floors[0]
+    return [Floor(f"{first.message} (and {len(floors) - 1} more packages)", first.fix)]
 
 
 def cuda_runtime(resolution: pylock.Resolution) -> pylock.Locked | None:
