@@ -100,7 +100,7 @@ def folder_problems(site: Path) -> list[str]:
 
 def _installed(site: Path) -> dict[str, Path]:
     """The distributions in ``site`` by canonical name: their .dist-info folders."""
-    found = {}
+    found: dict[str, Path] = {}
     for info in sorted(site.glob("*.dist-info")):
         name = info.name[: -len(".dist-info")].rsplit("-", 1)[0]
         found[canonicalize_name(name)] = info
