@@ -209,6 +209,8 @@ def sglang0523_wheels() -> list[Wheel]:
         ),
         # A package that drops a file into sgl_kernel/ (what a second kernel distribution does).
         Wheel("kernel-plugin", "1.0", files=(("sgl_kernel/plugin.py", "# not sglang-kernel's\n"),)),
+        # A package that makes every start of the environment's interpreter take 3 s (a .pth line runs at start).
+        Wheel("slow-start", "1.0", files=(("slow_start.pth", "import time; time.sleep(3)\n"),)),
         # A package whose only wheel needs a glibc newer than this machine's (uv targets up to 2.40).
         Wheel("future-glibc", "1.0", tag="py3-none-manylinux_2_40_x86_64"),
     ]

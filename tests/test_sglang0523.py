@@ -6,6 +6,7 @@ also judged against the shipped pylock itself (the real wheels' tags and version
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -15,8 +16,10 @@ import pytest
 from fakes.fake_nvml import gpu, machine
 from pkgindex import IndexServer, write_sglang0523_spec, write_stack_lock
 
+from stackgate.checks.core import REGISTRY
 from stackgate.commands import provision
 from stackgate.edges import libc
+from stackgate.flows import provision as provision_flow
 from stackgate.models import pylock
 from stackgate.models.exitcodes import ExitCode
 from stackgate.render.ui import UI
@@ -158,6 +161,23 @@ def test_a_file_in_sgl_kernel_that_its_owner_did_not_install_fails_the_generatio
     assert not (root / "current").exists()
     (generation,) = (root / "generations").iterdir()
     assert json.loads((generation / "stackgate-generation.json").read_text())["state"] == "failed"
+
+
+def test_a_build_check_is_timed_after_its_facts_not_while_the_stack_imports(
+    tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The real 0.5.23 generation's probe took 43 s on the loaded 2-core machine, past the checks' 30 s:
+    # here each interpreter start takes 3 s and each build check has 1 s.
+    for name in provision_flow.BUILD_CHECKS:
+        if name in REGISTRY:
+            monkeypatch.setitem(REGISTRY, name, dataclasses.replace(REGISTRY[name], timeout=1.0))
+    root = tmp_path / "root"
+    spec = write_sglang0523_spec(
+        tmp_path / "s.toml", stack_index, root, extra_packages={"slow-start": "==1.0"}, resolve_with=install_environ
+    )
+    code, out = _provision(spec, install_environ)
+    assert "timed out after 1 s" not in out.split("gathering facts")[0], out
+    assert (root / "current").exists(), out  # the generation passed its build checks and was switched to
 
 
 def test_the_shipped_pylock_floors_are_its_real_wheels_floors() -> None:

@@ -429,6 +429,10 @@ def _run_named(lock: Spec, names: tuple[str, ...], environ: Mapping[str, str]) -
     checks = _registered(names)
     facts = gather(lock, sorted({p for c in checks for p in c.needs}), environ=environ)
     try:
+        # The facts first, each bounded by its own limit (the probe's: STACKGATE_PROBE_TIMEOUT_S), so that a
+        # check's limit bounds its judgement, not the import of a large stack on a loaded machine.
+        for part in sorted(facts.started):
+            facts.get(part)
         return run_checks(checks, lock, facts)
     finally:
         facts.close()
