@@ -29,12 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "stackgate" / "lockfiles" / "pylock.blackwell-sm120-cu130-sglang0523.toml"
 
 
-def _provision(lock: Path, environ: dict[str, str]) -> tuple[ExitCode, str]:
+def _provision(spec: Path, environ: dict[str, str]) -> tuple[ExitCode, str]:
     """Provision in this process; what it printed (a failure's lines go to the UI's error stream)."""
     out = io.StringIO()
     ui = UI(stream=out, force_plain=True)
     ui.err = ui.console  # one stream, in order
-    code = provision.run(provision.ProvisionRequest(lock_path=lock, yes=True, environ=environ), ui)
+    code = provision.run(provision.ProvisionRequest(spec_path=spec, yes=True, environ=environ), ui)
     return code, out.getvalue()
 
 
@@ -67,7 +67,7 @@ def test_the_0523_stack_lands_beside_the_059_generation_and_rollback_returns_to_
     assert _owner(first, "sgl_kernel") == ["sgl_kernel-0.3.21+cu130.dist-info"]
     out_stream = io.StringIO()
     back = provision.rollback(
-        provision.RollbackRequest(lock_path=new, environ=install_environ), UI(stream=out_stream, force_plain=True)
+        provision.RollbackRequest(spec_path=new, environ=install_environ), UI(stream=out_stream, force_plain=True)
     )
     assert back == ExitCode.PASSED, out_stream.getvalue()
     assert (root / "current").resolve() == first
