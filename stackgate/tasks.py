@@ -76,7 +76,7 @@ def init(
     """Describe this machine as a spec (./stackgate.toml), or copy a shipped profile out."""
     from stackgate.commands import init as command
 
-    paths: dict[str, Any] = {name: _path(value) for name, value in [("out", out), ("python", python), ("lock", lock)]}
+    paths: dict[str, Any] = {name: _path(value) for name, value in [("out", out), ("python", python), ("spec", lock)]}
     paths["health_units"] = _path(health_units)
     request = command.InitRequest(**paths, profile=profile, list_only=list, system=system, force=force, dry_run=dry_run)
     cli.run_command(lambda: command.run(request, _ui()))
@@ -584,6 +584,12 @@ def upgrade(
         "slurm_bin": "the folder of Slurm's scontrol and sinfo (slurmd gives the check no PATH)",
         "slurm_conf": "the slurm.conf those commands read (default: Slurm's own)",
         "node": "this node's Slurm name (default: $SLURMD_NODENAME, else the short hostname)",
+        "state_dir": "where each node's failure counts and reason history are kept (/var/lib/stackgate/slurm-health)",
+        "role": "check (HealthCheckProgram, the default), prolog, epilog (slurm.conf's Prolog=, Epilog=), judge (NHC)",
+        "summary": "check nothing: the cluster's nodes by verdict, by drift and by drain reason, from Slurm",
+        "partition": "[--summary] only this partition's nodes",
+        "json": "[--summary] write the summary as JSON here (- for standard output)",
+        "markdown": "[--summary] write the summary as Markdown here",
     },
 )
 def slurm_health(
@@ -597,6 +603,12 @@ def slurm_health(
     slurm_bin=None,
     slurm_conf=None,
     node=None,
+    state_dir=None,
+    role=None,
+    summary=False,
+    partition=None,
+    json=None,
+    markdown=None,
 ):
     """Slurm's HealthCheckProgram: verify --cached under a time cap; drain on a failure, resume only what it drained."""
     from stackgate.commands import slurmhealth as command
@@ -610,17 +622,25 @@ def slurm_health(
         "slurm_bin": slurm_bin,
         "slurm_conf": slurm_conf,
         "node": node,
+        "state_dir": state_dir,
+        "role": role,
     }
-    cli.run_command(lambda: command.run(_path(config), flags, _ui(), _verify_cached))
+    if summary:
+        outputs = {"--json": _path(json), "--markdown": _path(markdown)}
+        cli.run_command(lambda: command.summary(_path(config), flags, partition, outputs, _ui(0, json)))
+        return
+    cli.run_command(lambda: command.run(_path(config), flags, _ui(), _verify_here))
 
 
-def _verify_cached(lock: Path, json: Path, prom: Path | None, checks: tuple[str, ...]) -> int:
-    """`stackgate verify --cached` in this process (slurm-health's forked child): its exit status."""
+def _verify_here(lock: Path, json: Path, prom: Path | None, checks: tuple[str, ...], mode: str) -> int:
+    """`stackgate verify` in this process (slurm-health's forked child; ``mode``: cached, verify or deep)."""
 
     from stackgate.commands import verify
     from stackgate.models.exitcodes import UsageError
 
-    request = verify.VerifyRequest(spec_path=lock, checks=checks, json_path=json, cached=True, prom_path=prom)
+    request = verify.VerifyRequest(
+        spec_path=lock, checks=checks, json_path=json, cached=mode == "cached", deep=mode == "deep", prom_path=prom
+    )
     try:
         return int(verify.run(request, _ui()))
     except UsageError as exc:

@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 from stackgate.checks.smoke import logscan, serverinfo
 from stackgate.edges import faults
 from stackgate.facts import Facts, evidencesweep, serverlog
+from stackgate.facts.engineversion import installed_version
 from stackgate.models import envfile, knowledge, runenv, secretargs, settings
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.finding import Finding, Fix
@@ -357,6 +358,8 @@ def _preflight(session: Session, context: _Context) -> bool:
         )
         return False
     session.environment, session.set_by_stackgate = environ, stackgate_set
+    installed = installed_version(spec.python.target, environ, config.engine.distribution or config.engine.name)
+    session.config = config = launch.for_installed(config, installed)
     model = launch.check_model(config, environ)
     if model.status == Status.PASS:
         session.config = config = launch.cached_models(config, environ)

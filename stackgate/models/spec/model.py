@@ -28,6 +28,7 @@ from stackgate.models.spec.rules import (
     resolve_path,
     resolve_references,
 )
+from stackgate.models.spec.slurm import Slurm
 
 __all__ = [
     "CUDA_LINK_POLICIES",
@@ -946,6 +947,7 @@ class Spec:
     smoke: Smoke
     benchmark: Benchmark
     deep: Deep = field(default_factory=Deep)
+    slurm: Slurm = field(default_factory=Slurm)
 
     @property
     def name(self) -> str:
@@ -969,11 +971,12 @@ class Spec:
         smoke = Smoke._from_table(top.sub("smoke"), hardware)
         benchmark = Benchmark._from_table(top.sub("benchmark"))
         deep = Deep._from_table(top.sub("deep"))
+        slurm = Slurm._from_table(top.sub("slurm"))
         env = _env(top.sub("env"), stack, toolkits, python)
         top.finish()
         if top.errors:
             return None
-        return cls(path, sha256, stack, hardware, toolkits, python, patches, env, nccl, smoke, benchmark, deep)
+        return cls(path, sha256, stack, hardware, toolkits, python, patches, env, nccl, smoke, benchmark, deep, slurm)
 
 
 def _env(t: Table, stack: Stack, toolkits: tuple[Toolkit, ...], python: Python) -> Mapping[str, str]:
