@@ -128,21 +128,19 @@ def smoke_doc(
     the findings of the knowledge base's scan of ``log``, as the server's log at /logs/server.log."""
     from smoke_support import Rig
 
-    from stackgate.flows import smoke
+    from stackgate.flows import smokerun
     from stackgate.models.spec import load_spec
     from stackgate.models.verdict import judge
-    from stackgate.serve import launch
+    from stackgate.serve import fastmode, launch
 
     tmp.mkdir(parents=True, exist_ok=True)
     lock = load_spec(Rig(tmp, 30000).lock())
-    session = smoke.Session(
+    session = smokerun.Session(
         launch.configs(lock, fast=fast)[0],
         server_info={**SERVER, "attention_backend": backend, "port": 30000, "random_seed": 7},
     )
     session.shrink = (
-        smoke.fastmode.Shrink("num_hidden_layers", 2, 32, {"num_hidden_layers": 2}, "LlamaForCausalLM")
-        if fast
-        else None
+        fastmode.Shrink("num_hidden_layers", 2, 32, {"num_hidden_layers": 2}, "LlamaForCausalLM") if fast else None
     )
     session.log_path = Path("/logs/server.log")
     scanner = Scanner(stage="smoke", source=str(session.log_path))
@@ -158,6 +156,12 @@ def smoke_doc(
             (), tuple(samples), bench.summarize(tok), bench.summarize(rates), bench.summarize([0.021, 0.021]), None
         )
     results = [Result("smoke.benchmark", status, f"{decode} tok/s")]
-    return smoke.SmokeRun(
-        lock, smoke.SmokeRequest(benchmark=decode is not None), (session,), results, judge(results), 1735725600.0, 9.5
+    return smokerun.SmokeRun(
+        lock,
+        smokerun.SmokeRequest(benchmark=decode is not None),
+        (session,),
+        results,
+        judge(results),
+        1735725600.0,
+        9.5,
     ).document()

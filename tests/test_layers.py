@@ -373,8 +373,6 @@ MAX_LINES = 700
 KNOWN_LONG = frozenset(
     {
         "stackgate/flows/fleet.py",  # issue 30 item 3: fleet engines as a registry
-        "stackgate/flows/smoke.py",  # issue 30 items 1-2: serving engines as data
-        "stackgate/models/spec/model.py",  # issue 30 items 1 and 4: the engine in the spec, one name per concept
         "stackgate/serve/bench.py",  # issue 30 item 2: vLLM's OpenAI-compatible streaming API
         "stackgate/edges/slurm.py",  # issue 30 item 3: Slurm's processes through runner
     }

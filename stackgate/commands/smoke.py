@@ -9,17 +9,9 @@ from __future__ import annotations
 
 import os
 
-from stackgate.flows.smoke import (
-    SCHEMA,
-    LaunchError,
-    Session,
-    SmokeInterrupted,
-    SmokeRequest,
-    SmokeRun,
-    SmokeUsageError,
-    run_smoke,
-)
+from stackgate.flows.smoke import run_smoke
 from stackgate.flows.smokeplan import plan_smoke
+from stackgate.flows.smokerun import SCHEMA, Session, SmokeInterrupted, SmokeRequest, SmokeRun, SmokeUsageError
 from stackgate.models import pylock, settings
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.spec import Spec, load_spec
@@ -29,6 +21,7 @@ from stackgate.render.outputs import JSON, Output, check_outputs, write_reports
 from stackgate.render.ui import UI
 from stackgate.runs import history
 from stackgate.serve import launch
+from stackgate.serve.launch import LaunchError
 
 __all__ = [
     "BENCHMARK_HEADERS",

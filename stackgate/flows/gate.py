@@ -42,7 +42,7 @@ from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import run_checks, select
 from stackgate.edges import runner
 from stackgate.facts import Facts, gather
-from stackgate.flows import smoke
+from stackgate.flows import smoke, smokerun
 from stackgate.flows import verify as verify_flow
 from stackgate.models import pylock, settings
 from stackgate.models.exitcodes import ExitCode
@@ -112,7 +112,7 @@ class GateContext:
     lock: Spec | None = None
     usage: str | None = None  #: why the lock stage refused the run (exit 2)
     verify_run: verify_flow.VerifyRun | None = None
-    smoke_runs: dict[str, smoke.SmokeRun] = field(default_factory=dict)
+    smoke_runs: dict[str, smokerun.SmokeRun] = field(default_factory=dict)
     _facts: Facts | None = None
 
     @property
@@ -234,7 +234,7 @@ def _verify_stage(ctx: GateContext) -> list[Result]:
 def _smoke_stage(name: str, *, fast: bool) -> Callable[[GateContext], list[Result]]:
     def run_stage(ctx: GateContext) -> list[Result]:
         assert ctx.lock is not None
-        request = smoke.SmokeRequest(
+        request = smokerun.SmokeRequest(
             lock_path=ctx.lock.path,
             model=ctx.request.model,
             fast=fast,
@@ -244,10 +244,10 @@ def _smoke_stage(name: str, *, fast: bool) -> Callable[[GateContext], list[Resul
         )
         try:
             done = smoke.run_smoke(ctx.lock, request, ctx.ui, environ=ctx.environ, nvml_lib=ctx.nvml_lib)
-        except smoke.SmokeInterrupted as stop:
+        except smokerun.SmokeInterrupted as stop:
             ctx.smoke_runs[name] = stop.run
             raise StageInterrupted(stop.run.results) from None
-        except (launch.LaunchError, smoke.SmokeUsageError) as exc:
+        except (launch.LaunchError, smokerun.SmokeUsageError) as exc:
             return [_named("smoke.usage", failed(f"smoke refused the launch: {exc}"))]
         ctx.smoke_runs[name] = done
         return done.results
@@ -361,7 +361,7 @@ class GateRun:
     started: float
     duration_s: float
     fingerprint: fp.Fingerprint | None
-    smoke_runs: Mapping[str, smoke.SmokeRun]
+    smoke_runs: Mapping[str, smokerun.SmokeRun]
     verify_run: verify_flow.VerifyRun | None
     interrupted: bool = False
     usage: str | None = None

@@ -38,7 +38,7 @@ from typing import Any, Callable, Mapping
 from stackgate.edges import faults, runner
 from stackgate.facts import gather
 from stackgate.facts.compare import environment_spec
-from stackgate.flows import provision, smoke
+from stackgate.flows import provision, smoke, smokerun
 from stackgate.flows import verify as verifyflow
 from stackgate.flows.upgraderun import (
     BUILD_ERRORS,
@@ -403,15 +403,15 @@ def _leg(
     ui: UI,
     nvml_lib: ModuleType | None,
 ) -> abtest.Leg:
-    request = smoke.SmokeRequest(
+    request = smokerun.SmokeRequest(
         lock_path=lock.path, model=done.request.model, benchmark=True, run_dir=run_dir / f"{position}-{name}"
     )
     try:
         ran = smoke.run_smoke(lock, request, ui, environ=environ, nvml_lib=nvml_lib)
-    except smoke.SmokeInterrupted as stop:
+    except smokerun.SmokeInterrupted as stop:
         _record(done, name, position, generation, stop.run)
         raise KeyboardInterrupt from None
-    except (launch.LaunchError, smoke.SmokeUsageError) as exc:
+    except (launch.LaunchError, smokerun.SmokeUsageError) as exc:
         leg = abtest.Leg(name, position, False, (), failures=(f"smoke.usage: {exc}",))
         done.measured.append(leg)
         done.legs.append(
@@ -428,7 +428,7 @@ def _leg(
 
 
 def _record(
-    done: UpgradeRun, name: str, position: int, generation: generations.Generation, ran: smoke.SmokeRun
+    done: UpgradeRun, name: str, position: int, generation: generations.Generation, ran: smokerun.SmokeRun
 ) -> abtest.Leg:
     session = ran.sessions[-1] if ran.sessions else None
     figures = session.figures if session is not None else None
@@ -444,7 +444,7 @@ def _record(
     return leg
 
 
-def _leg_part(leg: abtest.Leg, generation: generations.Generation, ran: smoke.SmokeRun) -> dict[str, Any]:
+def _leg_part(leg: abtest.Leg, generation: generations.Generation, ran: smokerun.SmokeRun) -> dict[str, Any]:
     """A leg for the report: its figures, what the server really ran, the flags' evidence."""
     session = ran.sessions[-1] if ran.sessions else None
     info = session.server_info if session is not None else None
