@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from stackgate.models.spec.reader import Table
 
@@ -59,20 +59,8 @@ class DeepAttention:
 
     @classmethod
     def _from_table(cls, t: Table) -> DeepAttention:
-        given = {
-            name: t.positive(name, int, getattr(cls, name))
-            for name in (
-                "q_heads",
-                "kv_heads",
-                "head_dim",
-                "kv_len",
-                "prefill_len",
-                "page_size",
-                "batch",
-                "bandwidth_batch",
-                "bandwidth_kv_len",
-            )
-        }
+        # The shapes are the whole-number fields: each a positive count under its own name.
+        given = {f.name: t.positive(f.name, int, getattr(cls, f.name)) for f in fields(cls) if f.type in ("int", int)}
         fraction = t.positive("min_read_fraction", float, cls.min_read_fraction)
         if fraction is not None and fraction > 1:
             t.error("min_read_fraction", f"must be a fraction of the read bandwidth, at most 1, not {fraction:g}")
