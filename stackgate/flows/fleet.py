@@ -52,6 +52,7 @@ from typing import Any, Callable, Mapping, Sequence
 from stackgate import __version__
 from stackgate.edges import ssh
 from stackgate.flows.fleetrequest import FleetRequest
+from stackgate.flows.stages import Stage, run_stages
 from stackgate.models import inputfile, pylock, rundoc, settings
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.inventory import Node
@@ -341,28 +342,87 @@ def parse_report(text: str) -> dict[str, Any]:
 Action = Callable[["Remote", str], NodeRun]
 
 
+@dataclass
+class _OnNode:
+    """One node's per-node action under way: what its stages read and fill."""
+
+    node: Node
+    shipment: Shipment
+    action: Action
+    transport: ssh.Transport
+    stop: threading.Event
+    begun: float = field(default_factory=time.monotonic)
+    remote: Remote | None = None
+    version: str | None = None
+    spec: str = ""  #: the shipped spec's path on the node
+    outcome: NodeRun | None = None
+    ended: float | None = None  #: when the action's stages ended, before the clean-up
+
+
 def on_node(node: Node, shipment: Shipment, action: Action, transport: ssh.Transport, stop: threading.Event) -> NodeRun:
-    """Connect, check the version, ship the spec, run ``action``; every failure a NodeRun."""
-    begun = time.monotonic()
-    if stop.is_set():
-        return NodeRun(node, NOT_RUN, "not run: the fleet was interrupted")
+    """Connect, check the version, ship the spec, run ``action``, clean up; every failure a NodeRun."""
+    state = _OnNode(node, shipment, action, transport, stop)
     try:
-        session = transport.connect(node)
-    except ssh.Stopped:
-        return NodeRun(node, INTERRUPTED, "interrupted (Ctrl-C or SIGTERM) while connecting", time.monotonic() - begun)
-    except ssh.TransportError as exc:
-        return NodeRun(node, UNREACHABLE, str(exc), time.monotonic() - begun)
-    remote = Remote(node, session, transport, stop)
-    version = None
-    try:
-        version = remote.version()
-        done = action(remote, remote.ship(shipment))
-        return replace(done, duration_s=time.monotonic() - begun, version=version)
+        run_stages(NODE_STAGES, state)
     except NodeFailed as failure:
-        return NodeRun(node, failure.status, failure.reason, time.monotonic() - begun, version=version)
-    finally:
-        remote.cleanup()
-        session.close()
+        seconds = (state.ended or time.monotonic()) - state.begun
+        return NodeRun(node, failure.status, failure.reason, seconds, version=state.version)
+    assert state.outcome is not None
+    return state.outcome
+
+
+def _connect_stage(state: _OnNode) -> bool:
+    node = state.node
+    if state.stop.is_set():
+        state.outcome = NodeRun(node, NOT_RUN, "not run: the fleet was interrupted")
+        return False
+    try:
+        session = state.transport.connect(node)
+    except ssh.Stopped:
+        seconds = time.monotonic() - state.begun
+        state.outcome = NodeRun(node, INTERRUPTED, "interrupted (Ctrl-C or SIGTERM) while connecting", seconds)
+        return False
+    except ssh.TransportError as exc:
+        state.outcome = NodeRun(node, UNREACHABLE, str(exc), time.monotonic() - state.begun)
+        return False
+    state.remote = Remote(node, session, state.transport, state.stop)
+    return True
+
+
+def _version_stage(state: _OnNode) -> None:
+    assert state.remote is not None
+    state.version = state.remote.version()
+
+
+def _ship_stage(state: _OnNode) -> None:
+    assert state.remote is not None
+    state.spec = state.remote.ship(state.shipment)
+
+
+def _action_stage(state: _OnNode) -> None:
+    assert state.remote is not None
+    done = state.action(state.remote, state.spec)
+    state.outcome = replace(done, duration_s=time.monotonic() - state.begun, version=state.version)
+
+
+def _cleanup_stage(state: _OnNode) -> None:
+    state.ended = time.monotonic()
+    if state.remote is not None:
+        try:
+            state.remote.cleanup()
+        finally:
+            state.remote.session.close()
+
+
+#: A node's per-node action: each stage stands on the one before; the clean-up (its temporary folder,
+#: its session) follows however they ended.
+NODE_STAGES: tuple[Stage[_OnNode], ...] = (
+    Stage("connect", _connect_stage, "open a session on the node"),
+    Stage("version", _version_stage, "the node's stackgate is this one's version", ("connect",)),
+    Stage("ship", _ship_stage, "the spec and its pylock, into a temporary folder", ("version",)),
+    Stage("action", _action_stage, "the action: gate, verify, provision or upgrade", ("ship",)),
+    Stage("cleanup", _cleanup_stage, "remove the temporary folder, close the session", always=True),
+)
 
 
 def _judged(remote: Remote, done: ssh.Completed, what: str, steps: tuple[str, ...]) -> NodeRun:

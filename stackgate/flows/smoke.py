@@ -24,6 +24,7 @@ from stackgate.edges import faults
 from stackgate.facts import serverlog
 from stackgate.flows import smokeresults
 from stackgate.flows.smokerun import Session, SmokeInterrupted, SmokeRequest, SmokeRun
+from stackgate.flows.stages import Stage, run_stages
 from stackgate.models import envfile, knowledge, secretargs, settings
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.finding import Fix
@@ -120,34 +121,71 @@ def _finish(context: _Context, sessions: list[Session], started: float, clock: f
 # --- one configuration ------------------------------------------------------------------------
 
 
+@dataclass
+class _Launch:
+    """One configuration under way: what its stages read and fill."""
+
+    session: Session
+    context: _Context
+    keep: bool  #: leave the server running (--keep-server, the last configuration)
+    memory_before: dict[int, int] | str
+    watcher: serverlog.LogWatcher | None = None
+    server: launch.Server | None = None
+    stopping: bool = False  #: an interrupt came before teardown (teardown follows it)
+    interrupted: bool = False  #: an interrupt came during teardown
+
+
 def _run_session(session: Session, context: _Context, *, keep: bool) -> None:
-    memory_before = launch.gpu_memory(context.nvml_lib)
-    if not _preflight(session, context):
-        return
+    state = _Launch(session, context, keep, launch.gpu_memory(context.nvml_lib))
+    run_stages(SESSION_STAGES, state)
+    if state.interrupted:
+        raise KeyboardInterrupt
+
+
+def _preflight_stage(state: _Launch) -> bool:
+    return _preflight(state.session, state.context)
+
+
+def _start_stage(state: _Launch) -> bool:
+    session, context = state.session, state.context
     config = session.config
     session.log_path = context.run_dir / f"{config.label or 'server'}.log"
-    watcher = serverlog.LogWatcher(
+    state.watcher = serverlog.LogWatcher(
         session.log_path,
         context=_scan_context(context.lock, config, session.log_path),
         evidence=config.evidence,
         engine=config.engine,
     )
-    server: launch.Server | None = None
-    interrupted = stopping = False  # a Ctrl-C during teardown; one before it (teardown follows it)
-    try:
-        server = _start(session, keep)
-        if server is not None:
-            _serve(session, context, server, watcher)
-    except KeyboardInterrupt:
-        stopping = True
-        raise
-    finally:
-        if server is not None:
-            teardown = _teardown(session, context, server, watcher, keep=keep, interrupted=stopping)
-            interrupted = teardown is not None and teardown.interrupted
-            _conclude(session, context, server, watcher, memory_before)
-    if interrupted:
-        raise KeyboardInterrupt
+    state.server = _start(session, state.keep)
+    return state.server is not None
+
+
+def _serve_stage(state: _Launch) -> None:
+    assert state.server is not None and state.watcher is not None
+    _serve(state.session, state.context, state.server, state.watcher)
+
+
+def _stopping(state: _Launch) -> None:
+    state.stopping = True
+
+
+def _teardown_stage(state: _Launch) -> None:
+    server, watcher, session, context = state.server, state.watcher, state.session, state.context
+    if server is None or watcher is None:
+        return
+    teardown = _teardown(session, context, server, watcher, keep=state.keep, interrupted=state.stopping)
+    state.interrupted = teardown is not None and teardown.interrupted
+    _conclude(session, context, server, watcher, state.memory_before)
+
+
+#: One configuration's stages: nothing launches unless the refusals pass, and a server that started is
+#: always torn down and judged on its whole log, however the stages before ended.
+SESSION_STAGES: tuple[Stage[_Launch], ...] = (
+    Stage("preflight", _preflight_stage, "refuse what cannot work, before launching"),
+    Stage("start", _start_stage, "launch the server in its own process group", ("preflight",), interrupt=_stopping),
+    Stage("serve", _serve_stage, "readiness, what really runs, the benchmark", ("start",), interrupt=_stopping),
+    Stage("teardown", _teardown_stage, "stop the server, then judge its log and its end", always=True),
+)
 
 
 def _scan_context(lock: Spec, config: Config, log_path: Path) -> dict[str, str]:
