@@ -1,7 +1,7 @@
 """The fleet's Slurm engine (edges/slurm.py): the allocation's nodes, one step, the same report.
 
 Gate and verify are one srun step, one task per node (:meth:`SlurmEngine.collect`); provision and
-upgrade run the per-node actions of flows/fleet.py with each command a one-task step
+upgrade run the per-node actions of flows/fleetnode.py with each command a one-task step
 (edges/slurm.py's SrunTransport). Nodes down or drained are listed, not dialled.
 """
 
@@ -17,7 +17,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from stackgate import __version__
 from stackgate.edges import slurm
-from stackgate.flows.fleet import (
+from stackgate.flows.fleetengine import Placement
+from stackgate.flows.fleetnode import (
     FAILED,
     INTERRUPTED,
     NOT_RUN,
@@ -32,7 +33,6 @@ from stackgate.flows.fleet import (
     parse_report,
     tail,
 )
-from stackgate.flows.fleetengine import Placement
 from stackgate.flows.fleetrequest import (
     ACTIONS,
     FleetRequest,
