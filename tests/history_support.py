@@ -15,7 +15,7 @@ from stackgate.render.ui import UI
 from stackgate.runs import fingerprint as fp
 from stackgate.runs import history
 from stackgate.scan import Scanner
-from stackgate.serve import bench
+from stackgate.serve import bench, benchstats
 
 SERVER = {"attention_backend": "flashinfer", "tp_size": "8", "model_path": "/models/m", "version": "0.5.9"}
 
@@ -45,9 +45,9 @@ def figures(decode: float, *, baseline: float = 190.0, max_regression: float = 0
     return {
         "warmups": [],
         "runs": rows,
-        "tok_s": bench.summarize(tok).to_dict(),
-        "decode_tok_s": bench.summarize(rates).to_dict(),
-        "ttft_s": bench.summarize([0.021, 0.021]).to_dict(),
+        "tok_s": benchstats.summarize(tok).to_dict(),
+        "decode_tok_s": benchstats.summarize(rates).to_dict(),
+        "ttft_s": benchstats.summarize([0.021, 0.021]).to_dict(),
         "short_runs": [],
         "stopped": None,
         "baseline_tok_s": baseline,
@@ -153,7 +153,12 @@ def smoke_doc(
         ]
         tok, rates = [s.tok_s for s in samples], [decode - 0.2, decode + 0.2]
         session.figures = bench.BenchFigures(
-            (), tuple(samples), bench.summarize(tok), bench.summarize(rates), bench.summarize([0.021, 0.021]), None
+            (),
+            tuple(samples),
+            benchstats.summarize(tok),
+            benchstats.summarize(rates),
+            benchstats.summarize([0.021, 0.021]),
+            None,
         )
     results = [Result("smoke.benchmark", status, f"{decode} tok/s")]
     return smokerun.SmokeRun(

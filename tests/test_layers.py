@@ -372,7 +372,6 @@ MAX_LINES = 700
 #: on every other module, and on every new one.
 KNOWN_LONG = frozenset(
     {
-        "stackgate/serve/bench.py",  # issue 30 item 2: vLLM's OpenAI-compatible streaming API
         "stackgate/edges/slurm.py",  # issue 30 item 3: Slurm's processes through runner
     }
 )

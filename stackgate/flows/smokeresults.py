@@ -17,7 +17,7 @@ from stackgate.models.finding import Finding, Fix
 from stackgate.models.result import Result, failed, passed, skipped, warned
 from stackgate.models.spec import Smoke, Spec
 from stackgate.render.benchtables import latency_ms
-from stackgate.serve import bench, launch, quality
+from stackgate.serve import bench, benchstats, launch, quality
 from stackgate.serve.ready import Readiness
 
 __all__ = [
@@ -261,7 +261,7 @@ def _speed_result(base: Session, full: Session, names: tuple[str, str]) -> Resul
             failed(f"cannot compare: {names[0] if a is None else names[1]} has no complete benchmark"),
             check="smoke.compare",
         )
-    diff = bench.difference(a, b)
+    diff = benchstats.difference(a, b)
     lines = [
         f"{names[0]}: decode {a.text()}",
         f"{names[1]}: decode {b.text()}",

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from stackgate.serve import bench, quality
+from stackgate.serve import benchstats, quality
 
 __all__ = [
     "LIVE",
@@ -71,7 +71,7 @@ class Side:
 
     name: str
     legs: tuple[Leg, ...]
-    decode: bench.Summary | None  #: the runs of every leg, pooled
+    decode: benchstats.Summary | None  #: the runs of every leg, pooled
     tokens: tuple[int, ...]  #: the greedy tokens of its first leg that had any
     repeatable: bool  #: every leg gave those same tokens
 
@@ -100,7 +100,7 @@ def side(name: str, legs: Sequence[Leg]) -> Side:
     values = [v for leg in mine for v in leg.decode]
     with_tokens = [leg.tokens for leg in mine if leg.tokens]
     tokens = with_tokens[0] if with_tokens else ()
-    return Side(name, mine, bench.summarize(values), tokens, all(t == tokens for t in with_tokens))
+    return Side(name, mine, benchstats.summarize(values), tokens, all(t == tokens for t in with_tokens))
 
 
 @dataclass(frozen=True)
@@ -162,10 +162,10 @@ def _at(tokens: Sequence[int], index: int) -> str:
     return f"token id {tokens[index]}" if index < len(tokens) else "ended"
 
 
-def difference(live: Side, new: Side) -> bench.Difference | None:
+def difference(live: Side, new: Side) -> benchstats.Difference | None:
     if live.decode is None or new.decode is None:
         return None
-    return bench.difference(live.decode, new.decode)
+    return benchstats.difference(live.decode, new.decode)
 
 
 def _not_slower(live: Side, new: Side) -> Condition:
