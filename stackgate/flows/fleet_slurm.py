@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from stackgate import __version__
-from stackgate.edges import slurm
+from stackgate.edges import slurm, slurmframes
 from stackgate.flows.fleetengine import Placement
 from stackgate.flows.fleetnode import (
     FAILED,
@@ -224,7 +224,7 @@ def _slurm_step(
     )
 
 
-def _from_frame(node: Node, frame: slurm.Frame | None, step: slurm.Step, what: str, elapsed_s: float) -> NodeRun:
+def _from_frame(node: Node, frame: slurmframes.Frame | None, step: slurm.Step, what: str, elapsed_s: float) -> NodeRun:
     """A node's NodeRun from what its task said (or did not say) and how the step ended."""
     fields = frame.fields if frame is not None else {}
     version = fields["version"].removeprefix("stackgate ") if "version" in fields else None
@@ -236,7 +236,7 @@ def _from_frame(node: Node, frame: slurm.Frame | None, step: slurm.Step, what: s
         return NodeRun(
             node,
             FAILED,
-            f"the node's report is larger than {slurm.MAX_VALUE >> 20} MiB (base64): not a stackgate report",
+            f"the node's report is larger than {slurmframes.MAX_VALUE >> 20} MiB (base64): not a stackgate report",
             duration,
             version=version,
         )
