@@ -152,7 +152,7 @@ def canary_rollout(
 class FleetRun:
     request: FleetRequest
     run_id: str
-    lock: Spec
+    spec: Spec
     shipment: Shipment
     nodes: tuple[NodeRun, ...]
     started: float
@@ -182,13 +182,13 @@ def _document(done: FleetRun) -> dict[str, Any]:
         else aggregate.outliers([(n.node.name, aggregate.figures(n.doc)) for n in done.nodes if n.doc is not None])
     )
     code, reason = _upgrade_verdict(done) if upgrade else _verdict(done, groups, outliers)
-    lock = done.lock
+    spec = done.spec
     doc = {
         "schema": SCHEMA,
         "command": f"fleet {done.request.action}",
         "run_id": done.run_id,
         "tool": {"name": "stackgate", "version": __version__},
-        "lock": {"name": lock.name, "path": str(lock.path), "sha256": lock.sha256},
+        "lock": {"name": spec.name, "path": str(spec.path), "sha256": spec.sha256},
         "shipped": done.shipment.sha256,
         "request": {k: getattr(done.request, k) for k in ("action", "parallel", "batch", "fast_only", "strict")}
         | {"checks": list(done.request.checks)},
@@ -214,8 +214,8 @@ def _upgrade_part(done: FleetRun) -> dict[str, Any]:
     request = done.request
     return {
         "to": str(request.to_path),
-        "live_lock": str(request.lock_path)
-        if request.lock_path
+        "live_spec": str(request.spec_path)
+        if request.spec_path
         else None,  #: None: each node's live generation's own spec
         "canary": request.canary,
         "batch": request.batch,
@@ -335,7 +335,7 @@ def _names(names: Sequence[str], shown: int = 5) -> str:
 def run_fleet(
     request: FleetRequest,
     nodes: Sequence[Node],
-    lock: Spec,
+    spec: Spec,
     ui: UI,
     transport: ssh.Transport | None = None,
     live: Spec | None = None,
@@ -346,7 +346,7 @@ def run_fleet(
     nodes are reached through ``transport``, else the one ``opener`` opens (given the run's stop)."""
     stop = threading.Event()
     transport = transport or opener(stop)  # a connect under way ends at once on Ctrl-C
-    shipment = Shipment.of(lock, live)
+    shipment = Shipment.of(spec, live)
     action = _action(request, shipment)
     started, clock = time.time(), time.monotonic()
     run_id = history.new_id("fleet", started)
@@ -367,7 +367,7 @@ def run_fleet(
             ran = run_nodes(nodes, work, request.parallel, stop, progress)
     if log.is_file():
         ui.info(f"the SSH layer's log: {log}")
-    return FleetRun(request, run_id, lock, shipment, tuple(ran), started, time.monotonic() - clock, stop.is_set())
+    return FleetRun(request, run_id, spec, shipment, tuple(ran), started, time.monotonic() - clock, stop.is_set())
 
 
 def ssh_log(run_id: str) -> Path:

@@ -100,16 +100,16 @@ class Shipment:
         return {name: hashlib.sha256(data).hexdigest() for name, data in self.files.items()}
 
     @staticmethod
-    def of(lock: Spec, live: Spec | None = None) -> Shipment:
+    def of(spec: Spec, live: Spec | None = None) -> Shipment:
         """The spec and its pylock; with ``live`` (an upgrade's live spec) that one's too, under
         ``live-NAME`` when its names would take the new one's."""
-        files = _spec_files(lock.path.name, lock)
+        files = _spec_files(spec.path.name, spec)
         if live is None:
-            return Shipment(lock.path.name, files)
+            return Shipment(spec.path.name, files)
         name = live.path.name
         if name in files or pylock.path_for(Path(name)).name in files:
             name = f"live-{name}"
-        return Shipment(lock.path.name, {**files, **_spec_files(name, live)}, name)
+        return Shipment(spec.path.name, {**files, **_spec_files(name, live)}, name)
 
 
 def _spec_files(name: str, spec: Spec) -> dict[str, bytes]:

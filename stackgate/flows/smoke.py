@@ -52,7 +52,7 @@ SETTLE_S = 0.5
 
 @dataclass(frozen=True)
 class _Context:
-    lock: Spec
+    spec: Spec
     request: SmokeRequest
     ui: UI
     run_dir: Path
@@ -61,7 +61,7 @@ class _Context:
 
 
 def run_smoke(
-    lock: Spec,
+    spec: Spec,
     request: SmokeRequest,
     ui: UI,
     *,
@@ -74,10 +74,10 @@ def run_smoke(
     """
     started, clock = time.time(), time.monotonic()
     configs = launch.configs(
-        lock, model=request.model, tp=request.tp, port=request.port, fast=request.fast, compare=request.compare
+        spec, model=request.model, tp=request.tp, port=request.port, fast=request.fast, compare=request.compare
     )
     launched.reap_and_tell(ui.warn)  # what a run killed outright left running (its port, its GPUs)
-    context = _Context(lock, request, ui, _run_dir(request), dict(os.environ if environ is None else environ), nvml_lib)
+    context = _Context(spec, request, ui, _run_dir(request), dict(os.environ if environ is None else environ), nvml_lib)
     sessions: list[Session] = []
     try:
         for i, config in enumerate(configs):
@@ -114,7 +114,7 @@ def _finish(context: _Context, sessions: list[Session], started: float, clock: f
             ExitCode.INTERRUPTED, verdict.counts, "interrupted (Ctrl-C or SIGTERM); every server was torn down"
         )
     return SmokeRun(
-        context.lock, context.request, tuple(sessions), results, verdict, started, time.monotonic() - clock, interrupted
+        context.spec, context.request, tuple(sessions), results, verdict, started, time.monotonic() - clock, interrupted
     )
 
 
@@ -152,7 +152,7 @@ def _start_stage(state: _Launch) -> bool:
     session.log_path = context.run_dir / f"{config.label or 'server'}.log"
     state.watcher = serverlog.LogWatcher(
         session.log_path,
-        context=_scan_context(context.lock, config, session.log_path),
+        context=_scan_context(context.spec, config, session.log_path),
         evidence=config.evidence,
         engine=config.engine,
     )
@@ -188,9 +188,9 @@ SESSION_STAGES: tuple[Stage[_Launch], ...] = (
 )
 
 
-def _scan_context(lock: Spec, config: Config, log_path: Path) -> dict[str, str]:
+def _scan_context(spec: Spec, config: Config, log_path: Path) -> dict[str, str]:
     """What the knowledge base's causes and fixes quote: the lock's values, this launch's own."""
-    values = knowledge.lock_context(lock)
+    values = knowledge.spec_context(spec)
     values.update(
         lock_backend=config.attention_backend,
         lock_tp=str(config.tp),
@@ -202,9 +202,9 @@ def _scan_context(lock: Spec, config: Config, log_path: Path) -> dict[str, str]:
 
 def _preflight(session: Session, context: _Context) -> bool:
     """The refusals before launch; True when the launch may go ahead."""
-    config, lock = session.config, context.lock
+    config, spec = session.config, context.spec
     try:
-        environ, stackgate_set = launch.server_env(lock, config, context.environ)
+        environ, stackgate_set = launch.server_env(spec, config, context.environ)
     except envfile.EnvFileError as exc:
         session.add(
             "preflight.env",
@@ -219,7 +219,7 @@ def _preflight(session: Session, context: _Context) -> bool:
     if model.status == Status.PASS:
         session.config = config = launch.cached_models(config, environ)
     checks = {
-        "preflight.python": smokeresults.check_python(lock),
+        "preflight.python": smokeresults.check_python(spec),
         "preflight.model": model,
         "preflight.port": launch.check_port(config),
     }
@@ -234,7 +234,7 @@ def _preflight(session: Session, context: _Context) -> bool:
 
 def _command(session: Session, context: _Context) -> bool:
     """The command line to launch, the one to show, and the client's key; False if a key is unset."""
-    words = session.config.argv(context.lock.python.target, session.shrink)
+    words = session.config.argv(context.spec.python.target, session.shrink)
     session.argv = tuple(secretargs.shown(words))
     try:
         session.launch_argv = tuple(secretargs.resolve(words, session.environment))
@@ -286,12 +286,12 @@ def _serve(session: Session, context: _Context, server: launch.Server, watcher: 
             server,
             watcher,
             config,
-            context.lock.smoke.ready_timeout_s,
+            context.spec.smoke.ready_timeout_s,
             lambda phase, _: activity.update(phase),
-            silence_s=context.lock.smoke.load_silence_s,
+            silence_s=context.spec.smoke.load_silence_s,
         )
     session.readiness = ready
-    session.add("launch", smokeresults.launch_result(ready, server, watcher, context.lock.smoke, ready.finding))
+    session.add("launch", smokeresults.launch_result(ready, server, watcher, context.spec.smoke, ready.finding))
     if not ready.ready:
         session.failed(f"not ready: {ready.reason}", ready.failed_at)
         return
@@ -369,7 +369,7 @@ def _what_runs(session: Session) -> None:
 
 
 def _measure(session: Session, context: _Context, server: launch.Server, watcher: serverlog.LogWatcher) -> None:
-    config, request, benchmark = session.config, context.request, context.lock.benchmark
+    config, request, benchmark = session.config, context.request, context.spec.benchmark
     streams = bench.Streams()
     incremental = bool((session.server_info or {}).get("stream_output"))
     # Only the lock's configuration at full weights is judged against the floor, so only it earns extra runs.
@@ -435,7 +435,7 @@ def _explain(monitor: Monitor, error: str) -> str:
 
 
 def _measure_results(session: Session, context: _Context) -> None:
-    benchmark = context.lock.benchmark
+    benchmark = context.spec.benchmark
     label = session.shrink.label if session.shrink else None
     if session.figures is not None:
         # Only the lock's configuration is what baseline_tok_s describes; --compare's baseline is measured, not judged.
@@ -485,7 +485,7 @@ def _teardown(
             f"press Ctrl-C {again}to kill it now"
         )
 
-    session.teardown = launch.stop(server, context.lock.smoke.stop_grace_s, waiting)
+    session.teardown = launch.stop(server, context.spec.smoke.stop_grace_s, waiting)
     return session.teardown
 
 
@@ -518,11 +518,11 @@ def _conclude(
         if seen.reason == "fatal" and session.teardown is not None and session.teardown.how == "exited by itself":
             seen = dataclasses.replace(seen, reason="exited", exit_code=session.teardown.exit_code)
         named = dataclasses.replace(
-            smokeresults.launch_result(seen, server, watcher, context.lock.smoke, watcher.cause),
+            smokeresults.launch_result(seen, server, watcher, context.spec.smoke, watcher.cause),
             check=session.config.check("launch"),
         )
         named = smokeresults.swept(
-            named, context.lock, session.environment, server.log_path, known=watcher.cause is not None
+            named, context.spec, session.environment, server.log_path, known=watcher.cause is not None
         )
         session.results = [named if r.check == named.check else r for r in session.results]
     for item in session.evidence:
@@ -537,7 +537,7 @@ def _conclude(
         session.add(result.check, result)
     if not session.findings:
         session.add("log", passed(f"no known failure signature in {watcher.lines} log lines"))
-    session.add("teardown", smokeresults.teardown_result(session, server, context.lock.smoke.stop_grace_s))
+    session.add("teardown", smokeresults.teardown_result(session, server, context.spec.smoke.stop_grace_s))
     if server.record is not None and server.record.error is not None:
         why = "a run killed outright could leave processes that the next run cannot find"
         session.add("launch.record", warned(f"{server.record.error}: {why}"))

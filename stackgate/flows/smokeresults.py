@@ -32,11 +32,11 @@ __all__ = [
 ]
 
 
-def check_python(lock: Spec) -> Result:
-    target = lock.python.target
+def check_python(spec: Spec) -> Result:
+    target = spec.python.target
     if target.exists():
         return passed(f"the stack's interpreter {target}")
-    how = "run `stackgate provision`" if lock.python.root is not None else "fix python.interpreter in the lock"
+    how = "run `stackgate provision`" if spec.python.root is not None else "fix python.interpreter in the lock"
     return failed(
         f"no interpreter at {target}: {how}; nothing was launched",
         fix=Fix("Provision the stack first.", ("stackgate provision",)),
@@ -104,11 +104,11 @@ def launch_result(
     return failed(f"not ready after {timeout_s:g} s (last phase: {ready.phase})", tail, fix=fix, data=data)
 
 
-def swept(result: Result, lock: Spec, environ: Mapping[str, str], log: Path, *, known: bool) -> Result:
+def swept(result: Result, spec: Spec, environ: Mapping[str, str], log: Path, *, known: bool) -> Result:
     """A failed launch told with what the evidence sweep finds abnormal in the server's environment (its limits,
     paths, the stack's shared objects, the kernel's events) and its log's first error: evidence before a log line's
     reading; with no known cause, what the sweep checked where it found nothing."""
-    facts = Facts(lock, environ=environ)
+    facts = Facts(spec, environ=environ)
     try:
         if known and not evidencesweep.judge(facts.sweep):
             return result

@@ -45,7 +45,7 @@ class SmokeUsageError(UsageError):
 
 @dataclass(frozen=True, kw_only=True)
 class SmokeRequest:
-    lock_path: Path | None = None
+    spec_path: Path | None = None
     model: str | None = None
     tp: int | None = None
     port: int | None = None
@@ -149,7 +149,7 @@ class Session:
 class SmokeRun:
     """A finished smoke: what the gate and the report need of it."""
 
-    lock: Spec
+    spec: Spec
     request: SmokeRequest
     sessions: tuple[Session, ...]
     results: list[Result]
@@ -186,7 +186,7 @@ class SmokeRun:
             "smoke",
             self.results,
             self.verdict,
-            lock=self.lock,
+            spec=self.spec,
             started=self.started,
             duration_s=self.duration_s,
             extra={"smoke": smoke},

@@ -52,7 +52,7 @@ class HealthConfigError(UsageError):
 
 @dataclass(frozen=True)
 class HealthConfig:
-    lock: Path | None = None
+    spec: Path | None = None
     prom: Path | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
     checks: tuple[str, ...] = ()
