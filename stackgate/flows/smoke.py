@@ -22,6 +22,7 @@ from typing import Mapping
 from stackgate.checks.smoke import logscan, serverinfo
 from stackgate.edges import faults
 from stackgate.facts import serverlog
+from stackgate.facts.engineversion import installed_version
 from stackgate.flows import smokeresults
 from stackgate.flows.smokerun import Session, SmokeInterrupted, SmokeRequest, SmokeRun
 from stackgate.flows.stages import Stage, run_stages
@@ -215,6 +216,8 @@ def _preflight(session: Session, context: _Context) -> bool:
         )
         return False
     session.environment, session.set_by_stackgate = environ, stackgate_set
+    installed = installed_version(spec.python.target, environ, config.engine.distribution or config.engine.name)
+    session.config = config = launch.for_installed(config, installed)
     model = launch.check_model(config, environ)
     if model.status == Status.PASS:
         session.config = config = launch.cached_models(config, environ)

@@ -59,6 +59,10 @@ DEFAULTS: dict[str, Any] = {
     "default_backend": "flashinfer",  # chosen when --attention-backend is absent
     "ignore_backend_flag": False,  # behave as if --attention-backend had not been given
     "evidence": True,  # log "FlashInfer workspace initialized" when fusion is on and TP > 1
+    # the release whose fusion evidence line is spoken: "0.5.9" (flashinfer_comm_fusion.py:73 of its wheel, per
+    # rank) or "0.5.23" (flashinfer_comm_fusion.py:580-583 of sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl,
+    # once per process, backend trtllm on SM90 single-node as _resolve_backend picks)
+    "release": "0.5.9",
     "resolve": {},  # server_info values that differ from what was asked
     "server_info_404": False,  # an older server: only /get_server_info
     "crash_at_start": None,  # {"phase": "load", "lines": [...]}: die (SIGKILL of the tree)
@@ -299,7 +303,7 @@ def load(args: dict[str, Any], b: dict[str, Any]) -> None:
         inject(b, phase)
         if phase == "graphs" and fusion:
             for rank in range(tp):
-                log(f"FlashInfer workspace initialized for rank {rank}, world_size {tp}", rank, tp)
+                log(fusion_evidence(b["release"], rank, tp), rank, tp)
         for rank in range(tp):
             log(end, rank, tp)
     log(
@@ -331,6 +335,16 @@ def progress(seconds: float) -> None:
         sys.stderr.flush()
         time.sleep(seconds / 5)
     sys.stderr.write("\n")
+
+
+def fusion_evidence(release: str, rank: int, tp: int) -> str:
+    """The line by which ``release`` says that its fused all-reduce's workspace exists."""
+    if release == "0.5.23":
+        return (
+            f"FlashInfer AllReduce Fusion enabled and workspace initialized: backend=trtllm, rank={rank}, "
+            f"world_size={tp}, max_token_num=2048, hidden_dim=4096"
+        )
+    return f"FlashInfer workspace initialized for rank {rank}, world_size {tp}"
 
 
 def inject(b: dict[str, Any], phase: str) -> None:
