@@ -15,7 +15,7 @@ from stackgate.render.ui import UI
 from stackgate.runs import fingerprint as fp
 from stackgate.runs import history
 from stackgate.scan import Scanner
-from stackgate.serve import bench
+from stackgate.serve import bench, benchstats
 
 SERVER = {"attention_backend": "flashinfer", "tp_size": "8", "model_path": "/models/m", "version": "0.5.9"}
 
@@ -45,9 +45,9 @@ def figures(decode: float, *, baseline: float = 190.0, max_regression: float = 0
     return {
         "warmups": [],
         "runs": rows,
-        "tok_s": bench.summarize(tok).to_dict(),
-        "decode_tok_s": bench.summarize(rates).to_dict(),
-        "ttft_s": bench.summarize([0.021, 0.021]).to_dict(),
+        "tok_s": benchstats.summarize(tok).to_dict(),
+        "decode_tok_s": benchstats.summarize(rates).to_dict(),
+        "ttft_s": benchstats.summarize([0.021, 0.021]).to_dict(),
         "short_runs": [],
         "stopped": None,
         "baseline_tok_s": baseline,
@@ -128,21 +128,19 @@ def smoke_doc(
     the findings of the knowledge base's scan of ``log``, as the server's log at /logs/server.log."""
     from smoke_support import Rig
 
-    from stackgate.flows import smoke
+    from stackgate.flows import smokerun
     from stackgate.models.spec import load_spec
     from stackgate.models.verdict import judge
-    from stackgate.serve import launch
+    from stackgate.serve import fastmode, launch
 
     tmp.mkdir(parents=True, exist_ok=True)
     spec = load_spec(Rig(tmp, 30000).spec())
-    session = smoke.Session(
+    session = smokerun.Session(
         launch.configs(spec, fast=fast)[0],
         server_info={**SERVER, "attention_backend": backend, "port": 30000, "random_seed": 7},
     )
     session.shrink = (
-        smoke.fastmode.Shrink("num_hidden_layers", 2, 32, {"num_hidden_layers": 2}, "LlamaForCausalLM")
-        if fast
-        else None
+        fastmode.Shrink("num_hidden_layers", 2, 32, {"num_hidden_layers": 2}, "LlamaForCausalLM") if fast else None
     )
     session.log_path = Path("/logs/server.log")
     scanner = Scanner(stage="smoke", source=str(session.log_path))
@@ -155,9 +153,20 @@ def smoke_doc(
         ]
         tok, rates = [s.tok_s for s in samples], [decode - 0.2, decode + 0.2]
         session.figures = bench.BenchFigures(
-            (), tuple(samples), bench.summarize(tok), bench.summarize(rates), bench.summarize([0.021, 0.021]), None
+            (),
+            tuple(samples),
+            benchstats.summarize(tok),
+            benchstats.summarize(rates),
+            benchstats.summarize([0.021, 0.021]),
+            None,
         )
     results = [Result("smoke.benchmark", status, f"{decode} tok/s")]
-    return smoke.SmokeRun(
-        spec, smoke.SmokeRequest(benchmark=decode is not None), (session,), results, judge(results), 1735725600.0, 9.5
+    return smokerun.SmokeRun(
+        spec,
+        smokerun.SmokeRequest(benchmark=decode is not None),
+        (session,),
+        results,
+        judge(results),
+        1735725600.0,
+        9.5,
     ).document()

@@ -31,7 +31,8 @@ from stackgate.facts import Facts
 from stackgate.facts import deepruns as measure
 from stackgate.facts.machine import observe
 from stackgate.models.result import Result, Status
-from stackgate.models.spec import DEFAULT_SPEC, Capability, Spec, SpecError, load_spec, loads_spec
+from stackgate.models.spec import DEFAULT_SPEC, Capability, DeepAttention, Spec, SpecError, load_spec, loads_spec
+from stackgate.models.spec.reader import Table
 from stackgate.render.spectext import machine_spec
 from stackgate.runs import fingerprint, rundiff
 
@@ -288,6 +289,28 @@ def test_the_bandwidth_keys_of_the_lock_validate_with_key_paths() -> None:
     )
     request = measure.AttentionRequest.from_lock(shaped)
     assert (request.bandwidth_batch, request.prefill_backend, request.read_bytes) == (128, "auto", 4 << 30)
+
+
+def test_a_shape_added_to_deep_attention_is_read_from_the_spec_and_reaches_the_attention_request() -> None:
+    """[deep.attention]'s shape keys are DeepAttention's whole-number fields, and the request takes every field it
+    shares with DeepAttention: a new shape is one field on each dataclass, no list of names to keep in step."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Shapes(DeepAttention):
+        groups: int = 2
+
+    @dataclasses.dataclass(frozen=True)
+    class Request(measure.AttentionRequest):
+        groups: int = 1
+
+    errors: list[str] = []
+    shapes = Shapes._from_table(Table({"groups": 4, "q_heads": 32}, "deep.attention", errors))
+    assert errors == []
+    assert (shapes.groups, shapes.q_heads) == (4, 32)
+    zero: list[str] = []
+    Shapes._from_table(Table({"groups": 0}, "deep.attention", zero))
+    assert zero == ["deep.attention.groups: must be greater than 0, not 0"]
+    assert (Request.from_lock(shapes).groups, Request.from_lock(shapes).q_heads) == (4, 32)
 
 
 # --- the modules, built up front, side by side ------------------------------------------------

@@ -24,8 +24,8 @@ from test_fleet import fleet_env, stackgate
 from stackgate.commands import fleet as command
 from stackgate.edges import runner, ssh
 from stackgate.flows import fleetengines
-from stackgate.flows.fleet import NodeRun, Shipment
 from stackgate.flows.fleetengine import Placement
+from stackgate.flows.fleetnode import NodeRun, Shipment
 from stackgate.flows.fleetrequest import FleetRequest, FleetUsageError
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.fleetoptions import EngineOption

@@ -438,7 +438,7 @@ def test_what_a_node_prints_is_data_only_where_it_is_a_frame() -> None:
     are not base64 or not UTF-8, and a task's frame split across lines; nothing is executed."""
     import base64
 
-    from stackgate.edges.slurm import parse_frames
+    from stackgate.edges.slurmframes import parse_frames
 
     def value(task: int, key: str, text: bytes) -> list[str]:
         encoded = base64.b64encode(text).decode()

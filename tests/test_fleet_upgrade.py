@@ -25,7 +25,7 @@ from smoke_support import ROOT, free_port
 from test_fleet import Fleet, fleet_env, stackgate
 
 from stackgate.commands import fleet
-from stackgate.flows import fleet as fleetflow
+from stackgate.flows import fleetnode
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.inventory import parse_hosts
 from stackgate.render.ui import UI
@@ -131,7 +131,7 @@ def test_a_canary_that_keeps_its_stack_leaves_every_other_node_untouched(tmp_pat
     ) and doc["reason"].endswith("no other node was touched")
     n1 = by_name(doc)["n1"]
     assert (
-        n1["steps"] == ["canary", "upgrade", fleetflow.KEPT]
+        n1["steps"] == ["canary", "upgrade", fleetnode.KEPT]
         and n1["upgrade"]["decision"] == "kept"
         and rollbacks(sims["n1"]) == 0
     )
@@ -358,7 +358,7 @@ def test_fleet_upgrade_over_loopback_sshd_nodes(tmp_path):
         assert a["live_tok_s"]["ci_low"] < 400.0 < a["live_tok_s"]["ci_high"] and a["difference_text"].startswith(
             "+40.00 tok/s"
         )
-        assert nodes["c"]["steps"] == ["upgrade", fleetflow.KEPT] and nodes["c"]["upgrade"]["generation"] == {
+        assert nodes["c"]["steps"] == ["upgrade", fleetnode.KEPT] and nodes["c"]["upgrade"]["generation"] == {
             "before": "g0001",
             "after": "g0001",
         }
@@ -399,7 +399,7 @@ def test_ctrl_c_during_the_canary_touches_no_other_node():
     def work(node, stop):
         began.append(node.name)
         stop.set()  # Ctrl-C while the canary runs: its remote group is stopped (tests/test_fleet.py, over real sshd)
-        return fleet.NodeRun(node, fleetflow.INTERRUPTED, "interrupted (Ctrl-C or SIGTERM)")
+        return fleet.NodeRun(node, fleetnode.INTERRUPTED, "interrupted (Ctrl-C or SIGTERM)")
 
     ran = fleet.canary_rollout(nodes, 1, 2, work, stop)
     assert (

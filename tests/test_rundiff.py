@@ -9,7 +9,7 @@ from history_support import SERVER, gate_doc, keep, smoke_doc
 
 from stackgate.models.result import Status
 from stackgate.runs import fingerprint, history, rundiff
-from stackgate.serve import bench
+from stackgate.serve import benchstats
 
 DAY1, DAY2 = "2025-01-01T10:00:00+00:00", "2025-01-02T10:00:00+00:00"
 
@@ -36,7 +36,7 @@ def test_two_gate_runs_differ_by_component_with_the_speed_interval_and_the_statu
     assert [c.section for c in done.changes] == ["distributions", "server"]
     decode, tok = done.speed
     assert (decode.name, decode.old, decode.new) == ("decode_tok_s", pytest.approx(92.6), pytest.approx(83.9))
-    assert decode.difference == bench.difference(
+    assert decode.difference == benchstats.difference(
         rundiff.summary_of(a, "decode_tok_s"), rundiff.summary_of(b, "decode_tok_s")
     )
     assert decode.text().startswith("decode tok/s: 92.60 -> 83.90: -8.70 tok/s (-9.4%; 95% CI -")
@@ -57,7 +57,11 @@ def test_the_same_stack_is_the_same_and_a_run_without_a_benchmark_has_no_speed_c
 
 def test_with_a_single_run_on_a_side_the_change_is_plain_without_an_interval(tmp_path):
     one = gate_doc(decode=80.0)
-    one["gate"]["benchmark"]["decode_tok_s"] = {**bench.summarize([80.0]).to_dict(), "ci_low": None, "ci_high": None}
+    one["gate"]["benchmark"]["decode_tok_s"] = {
+        **benchstats.summarize([80.0]).to_dict(),
+        "ci_low": None,
+        "ci_high": None,
+    }
     a = keep(tmp_path, one, DAY1)
     b = keep(tmp_path, gate_doc(decode=100.0), DAY2)
     decode = rundiff.compare(a, b).speed[0]
@@ -115,8 +119,8 @@ def test_extra_sections_of_a_newer_fingerprint_are_compared_after_the_known_ones
         "fast",
         [],
         {"mean": 90.0},
-        {**bench.summarize([1.0, 2.0]).to_dict(), "n": "two"},
-        {**bench.summarize([1.0, 2.0]).to_dict(), "values": [None]},
+        {**benchstats.summarize([1.0, 2.0]).to_dict(), "n": "two"},
+        {**benchstats.summarize([1.0, 2.0]).to_dict(), "values": [None]},
     ],
     ids=["absent", "text", "list", "fields-missing", "n-not-a-number", "value-not-a-number"],
 )

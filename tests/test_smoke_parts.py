@@ -29,7 +29,7 @@ from stackgate.models import secretargs
 from stackgate.models.redact import REDACTED
 from stackgate.models.result import Status
 from stackgate.models.spec import Benchmark, Spec, loads_spec
-from stackgate.serve import bench, fastmode, launch, quality, ready
+from stackgate.serve import bench, benchstats, fastmode, launch, quality, ready
 from stackgate.serve.procs import ProcessTree, ignores
 
 #: The smoke tables of the spec :func:`make_lock` writes.
@@ -466,13 +466,13 @@ def test_the_compare_baseline_is_measured_but_not_judged_against_baseline_tok_s(
 
 
 def test_one_run_has_no_interval_and_the_json_says_null_not_infinity():
-    one = bench.summarize([92.5])
+    one = benchstats.summarize([92.5])
     assert (one.to_dict()["ci_low"], one.to_dict()["ci_high"]) == (None, None)
     assert one.to_dict()["ci_note"] == "no confidence interval from 1 value(s): ci_low and ci_high are null"
     assert one.text() == "92.50 tok/s (median 92.50, CV 0.0%, 95% CI n/a (n=1), n=1)"
     level = bench.Level(1, (timed(10, 0.01, 100.0),))
     json.dumps(level.to_dict(), allow_nan=False)  # strict JSON: Infinity would raise
-    diff = bench.difference(one, bench.summarize([90.0, 91.0]))
+    diff = benchstats.difference(one, benchstats.summarize([90.0, 91.0]))
     assert not diff.significant and diff.to_dict()["ci"] == [None, None] and "no 95% CI" in diff.text()
 
 

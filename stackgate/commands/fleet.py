@@ -16,23 +16,17 @@ from typing import Any, Callable, Mapping
 
 from stackgate.edges import ssh
 from stackgate.flows import fleetengines
-from stackgate.flows.fleet import (
-    SCHEMA,
-    FleetRun,
+from stackgate.flows.fleet import SCHEMA, FleetRun, canary_rollout, document, rolling, run_fleet, run_nodes
+from stackgate.flows.fleet_slurm import SlurmOptions
+from stackgate.flows.fleetnode import (
     NodeRun,
     Remote,
     Shipment,
-    canary_rollout,
-    document,
     gate_on_node,
     on_node,
     provision_on_node,
-    rolling,
-    run_fleet,
-    run_nodes,
     upgrade_on_node,
 )
-from stackgate.flows.fleet_slurm import SlurmOptions
 from stackgate.flows.fleetrequest import (
     ACTIONS,
     MAX_NODES,

@@ -20,7 +20,7 @@ from stackgate.flows.gate import (
     run_gate,
     run_stages,
 )
-from stackgate.flows.smoke import SmokeRun
+from stackgate.flows.smokerun import SmokeRun
 from stackgate.models import settings
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.redact import redact

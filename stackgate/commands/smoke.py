@@ -10,17 +10,9 @@ from __future__ import annotations
 import os
 
 from stackgate.flows import smokesweep
-from stackgate.flows.smoke import (
-    SCHEMA,
-    LaunchError,
-    Session,
-    SmokeInterrupted,
-    SmokeRequest,
-    SmokeRun,
-    SmokeUsageError,
-    run_smoke,
-)
+from stackgate.flows.smoke import run_smoke
 from stackgate.flows.smokeplan import plan_smoke
+from stackgate.flows.smokerun import SCHEMA, Session, SmokeInterrupted, SmokeRequest, SmokeRun, SmokeUsageError
 from stackgate.models import pylock, settings
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.spec import Spec, load_spec
@@ -31,6 +23,7 @@ from stackgate.render.sweeptables import SWEEP_HEADERS, knee_line, sweep_rows
 from stackgate.render.ui import UI
 from stackgate.runs import history
 from stackgate.serve import launch
+from stackgate.serve.launch import LaunchError
 
 __all__ = [
     "BENCHMARK_HEADERS",

@@ -11,10 +11,10 @@ on these nodes and hand back what each node said. With Slurm that is, in order:
 2. the spec and its pylock go to each node's local storage with ``sbcast`` (one flat file per
    file of the shipment, under a name only this run uses);
 3. one step, one task per node (``srun --ntasks-per-node=1 --kill-on-bad-exit=0``), runs
-   :data:`TASK` there: it moves the files into a fresh folder (``mktemp -d``), checks each
-   sha256 against the controller's, checks the node's ``stackgate --version``, runs the action,
-   and prints what happened as ``@sg KEY BASE64`` lines (its frame: each value in lines short
-   enough that srun, which cuts lines at 1 KiB, never cuts one) on the task's output, which
+   edges/slurmframes.py's ``TASK`` there: it moves the files into a fresh folder (``mktemp -d``),
+   checks each sha256 against the controller's, checks the node's ``stackgate --version``, runs the
+   action, and prints what happened as ``@sg KEY BASE64`` lines (its frame: each value in lines
+   short enough that srun, which cuts lines at 1 KiB, never cuts one) on the task's output, which
    srun brings back labelled with the task's number: no shared filesystem is assumed. With a
    shared folder the frame is written there instead (one file per node), and read from there;
 4. a stop (Ctrl-C, SIGTERM, the controller's timeout) sends SIGTERM to the step (``scancel
@@ -26,15 +26,13 @@ transport over Slurm: each command on a node a one-task step, its input forwarde
 
 Every Slurm command runs with an argument vector (no shell on this side); node names and
 reasons are data. What a node printed is parsed as frames as it arrives, everything else is
-dropped: each frame value is kept up to its cap (:data:`MAX_VALUE` for the report,
-:data:`MAX_SMALL` for the rest), srun's own words and a one-task step's output up to
+dropped: each frame value is kept up to its cap (edges/slurmframes.py: ``MAX_VALUE`` for the
+report, ``MAX_SMALL`` for the rest), srun's own words and a one-task step's output up to
 edges/ssh.py's cap (head and tail, with a line that says what was left out).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import os
 import re
@@ -45,23 +43,21 @@ import subprocess
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
 from stackgate.edges import runner, ssh
+from stackgate.edges.slurmframes import TASK, Frame, FrameReader, read_lines
 from stackgate.models.inventory import Node
 
 __all__ = [
     "Allocation",
-    "Frame",
-    "FrameReader",
     "NodeState",
     "SlurmError",
     "SrunTransport",
     "Step",
-    "TASK",
     "allocate",
     "broadcast",
     "current",
@@ -71,9 +67,7 @@ __all__ = [
     "hostnames",
     "node_states",
     "node_table",
-    "parse_frames",
     "partition_peers",
-    "read_lines",
     "release",
     "resume",
     "run_step",
@@ -83,17 +77,8 @@ __all__ = [
 #: Node states (sinfo's %T, its flags after '+') in which a node takes work.
 USABLE = frozenset({"idle", "mixed", "allocated", "completing", "planned", "reserved"})
 _SEP = "\x1f"
-_LABEL = re.compile(r"^\s*(\d+): (.*)$")
 _GRANTED = re.compile(r"Granted job allocation (\d+)")
 _COMMAND_S = 60.0
-#: Largest base64 frame value read back (a report is read whole: a bigger one is not a stackgate report).
-MAX_VALUE = 96 << 20
-#: ... of every other value (a version, a failure, a last line: each a line or a few).
-MAX_SMALL = 64 << 10
-#: A line of srun's output longer than this is no frame line (those are under 1 KiB): dropped unread.
-MAX_LINE = 64 << 10
-#: The value a task's frame carries whole (its report): the others are small.
-_LARGE = "report"
 
 
 class SlurmError(Exception):
@@ -367,168 +352,6 @@ def broadcast(job_id: str, files: Mapping[str, bytes], node_dir: str, token: str
                 ["sbcast", "--force", f"--jobid={job_id}", str(source), f"{node_dir}/stackgate-fleet.{token}.{index}"],
                 timeout_s=300.0,
             )
-
-
-#: What each task runs (``sh -c TASK sh ARGS``): see the module's docstring. Its arguments: the
-#: node's stackgate, the version it must have, the node folder the files were sent to, this run's
-#: token, the shared folder ("" for none), the number of files, then a name and a sha256 for each
-#: file, then the action's arguments (the spec named relative to the task's folder).
-TASK = r"""
-sg=$1 want=$2 base=$3 token=$4 shared=$5 count=$6; shift 6
-node=${SLURMD_NODENAME:-$(hostname)}
-out=/dev/stdout
-[ -n "$shared" ] && out="$shared/$node.frame.$token" && : > "$out"
-emit() { printf '@sg %s \n' "$1" >> "$out"; printf '%s' "$2" | base64 -w 700 | sed "s/^/@sg $1 /" >> "$out"; }
-t0=$(date +%s%N)
-emit node "$node"
-emit step "${SLURM_JOB_ID:-}.${SLURM_STEP_ID:-}"
-d=$(mktemp -d "$base/stackgate-fleet.XXXXXXXX") || { emit failed "cannot make a folder in $base on the node"; exit 3; }
-trap 'rm -rf -- "$d"' EXIT
-i=0
-while [ $i -lt "$count" ]; do
-  name=$1 sum=$2; shift 2
-  if ! mv -- "$base/stackgate-fleet.$token.$i" "$d/$name" 2>/dev/null; then
-    emit failed "$name did not arrive (sbcast)"; exit 3
-  fi
-  got=$(sha256sum < "$d/$name" | cut -d' ' -f1)
-  if [ "$got" != "$sum" ]; then emit failed "$name arrived damaged: sha256 $got on the node, $sum here"; exit 3; fi
-  i=$((i+1))
-done
-"$sg" --version > "$d/.version" 2>&1; rc=$?
-v=$(head -c 4096 "$d/.version")
-emit version "$v"
-if [ $rc -ne 0 ]; then
-  emit failed "\`$sg --version\` on the node: exit $rc: $(printf '%s' "$v" | tail -n 1 | cut -c1-300)"; exit 3
-fi
-if [ "$v" != "stackgate $want" ]; then
-  emit failed "the node has ${v#stackgate }, this controller stackgate $want: install the same version on every node"
-  exit 3
-fi
-cd "$d" || exit 3
-trap ':' TERM INT HUP
-NO_COLOR=1 "$sg" "$@" --json report.json < /dev/null > output 2>&1 &
-pid=$!
-emit started "$pid"
-wait $pid; rc=$?
-while kill -0 $pid 2>/dev/null; do wait $pid; rc=$?; done
-emit exit "$rc"
-emit tail "$(grep -v '^[[:space:]]*$' output | tail -n 1 | cut -c1-300)"
-emit duration_ns "$(( $(date +%s%N) - t0 ))"
-if [ -f report.json ]; then
-  emit report_sha256 "$(head -c 67108865 report.json | sha256sum | cut -d' ' -f1)"
-  printf '@sg report \n' >> "$out"
-  head -c 67108865 report.json | base64 -w 700 | sed 's/^/@sg report /' >> "$out"
-fi
-cd / && rm -rf -- "$d"
-exit 0
-"""
-
-
-@dataclass
-class Frame:
-    """What one node's task said: its fields (node, version, failed, exit, tail, report, ...)."""
-
-    task: int | None
-    fields: dict[str, str] = field(default_factory=dict)
-    cut: frozenset[str] = frozenset()  #: values over their cap: dropped
-
-    @property
-    def node(self) -> str | None:
-        return self.fields.get("node")
-
-
-class FrameReader:
-    """Frames read line by line as srun's output arrives (``N: @sg KEY BASE64``, a value's first
-    line with nothing after the key, its pieces after it); other lines are not kept, and a value
-    over its cap (:data:`MAX_VALUE` for the report, :data:`MAX_SMALL` for the rest, and as many
-    keys as fit in twice that) is dropped and named in the frame's ``cut``."""
-
-    def __init__(self, labelled: bool = True) -> None:
-        self.labelled = labelled
-        self._pieces: dict[int | None, dict[str, list[str]]] = {}
-        self._sizes: dict[int | None, dict[str, int]] = {}
-        self._cut: dict[int | None, set[str]] = {}
-
-    def add(self, line: str) -> None:
-        task, text = None, line.rstrip("\n")
-        if self.labelled:
-            matched = _LABEL.match(text)
-            if matched is None:
-                return
-            task, text = int(matched.group(1)), matched.group(2)
-        words = text.split(" ", 2)
-        if len(words) != 3 or words[0] != "@sg":
-            return
-        key, piece = words[1], words[2].strip()
-        values, sizes = self._pieces.setdefault(task, {}), self._sizes.setdefault(task, {})
-        if not piece:
-            values[key], sizes[key] = [], 0  # a value begins (again)
-            self._cut.get(task, set()).discard(key)
-            return
-        cap = MAX_VALUE if key == _LARGE else MAX_SMALL
-        total = sum(sizes.values())
-        if key in self._cut.get(task, ()):
-            return
-        if sizes.get(key, 0) + len(piece) > cap or total + len(piece) > MAX_VALUE + 2 * MAX_SMALL:
-            self._cut.setdefault(task, set()).add(key)
-            values.pop(key, None)
-            sizes.pop(key, None)
-            return
-        values.setdefault(key, []).append(piece)
-        sizes[key] = sizes.get(key, 0) + len(piece)
-
-    def frames(self) -> list[Frame]:
-        tasks = dict.fromkeys([*self._pieces, *self._cut])
-        return [Frame(task, _decoded(self._pieces.get(task, {})), frozenset(self._cut.get(task, ()))) for task in tasks]
-
-
-def parse_frames(lines: Sequence[str], labelled: bool = True) -> list[Frame]:
-    """The frames in srun's labelled output (:class:`FrameReader`); a value that is not base64,
-    not text or too large is dropped.
-
-    >>> lines = ["0: @sg node ", "0: @sg node bjE=", "noise", "1: @sg node ", "1: @sg node bjI="]
-    >>> lines += ["0: @sg exit ", "0: @sg exit MA=="]
-    >>> [f.fields for f in parse_frames(lines)]
-    [{'node': 'n1', 'exit': '0'}, {'node': 'n2'}]
-    """
-    reader = FrameReader(labelled)
-    for line in lines:
-        reader.add(line)
-    return reader.frames()
-
-
-def read_lines(stream: object, on_line: Callable[[str], None], max_line: int = MAX_LINE) -> None:
-    """Each line of a binary stream, as text, to ``on_line`` as it arrives; a line longer than
-    ``max_line`` is dropped whole, never held (what a node prints cannot fill the controller).
-
-    >>> import io
-    >>> seen = []
-    >>> read_lines(io.BufferedReader(io.BytesIO(b"a\\n" + b"x" * 50 + b"\\nb\\nc")), seen.append, max_line=10)
-    >>> seen
-    ['a', 'b', 'c']
-    """
-    rest, skipping = b"", False
-    while chunk := stream.read1(1 << 16):  # type: ignore[attr-defined]
-        *whole, rest = (rest + chunk).split(b"\n")
-        for line in whole:
-            if skipping or len(line) > max_line:
-                skipping = False  # (the end of) a line too long to keep
-                continue
-            on_line(line.decode("utf-8", "replace"))
-        if len(rest) > max_line:
-            rest, skipping = b"", True
-    if rest and not skipping:
-        on_line(rest.decode("utf-8", "replace"))
-
-
-def _decoded(values: Mapping[str, list[str]]) -> dict[str, str]:
-    found = {}
-    for key, parts in values.items():
-        try:
-            found[key] = base64.b64decode("".join(parts), validate=True).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError):
-            continue
-    return found
 
 
 @dataclass

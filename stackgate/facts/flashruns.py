@@ -10,7 +10,7 @@ import json
 import shutil
 import statistics
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -166,19 +166,9 @@ class AttentionRequest:
 
     @classmethod
     def from_lock(cls, shapes: DeepAttention) -> AttentionRequest:
-        names = (
-            "q_heads",
-            "kv_heads",
-            "head_dim",
-            "kv_len",
-            "prefill_len",
-            "page_size",
-            "batch",
-            "bandwidth_batch",
-            "bandwidth_kv_len",
-            "prefill_backend",
-        )
-        return cls(**{name: getattr(shapes, name) for name in names})
+        """The request for the spec's shapes: every field this request shares with [deep.attention]."""
+        given = {f.name for f in fields(shapes)}
+        return cls(**{f.name: getattr(shapes, f.name) for f in fields(cls) if f.name in given})
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The fleet's Slurm engine (edges/slurm.py): the allocation's nodes, one step, the same report.
 
 Gate and verify are one srun step, one task per node (:meth:`SlurmEngine.collect`); provision and
-upgrade run the per-node actions of flows/fleet.py with each command a one-task step
+upgrade run the per-node actions of flows/fleetnode.py with each command a one-task step
 (edges/slurm.py's SrunTransport). Nodes down or drained are listed, not dialled.
 """
 
@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from stackgate import __version__
-from stackgate.edges import slurm
-from stackgate.flows.fleet import (
+from stackgate.edges import slurm, slurmframes
+from stackgate.flows.fleetengine import Placement
+from stackgate.flows.fleetnode import (
     FAILED,
     INTERRUPTED,
     NOT_RUN,
@@ -32,7 +33,6 @@ from stackgate.flows.fleet import (
     parse_report,
     tail,
 )
-from stackgate.flows.fleetengine import Placement
 from stackgate.flows.fleetrequest import (
     ACTIONS,
     FleetRequest,
@@ -231,7 +231,7 @@ def _slurm_step(
     )
 
 
-def _from_frame(node: Node, frame: slurm.Frame | None, step: slurm.Step, what: str, elapsed_s: float) -> NodeRun:
+def _from_frame(node: Node, frame: slurmframes.Frame | None, step: slurm.Step, what: str, elapsed_s: float) -> NodeRun:
     """A node's NodeRun from what its task said (or did not say) and how the step ended."""
     fields = frame.fields if frame is not None else {}
     version = fields["version"].removeprefix("stackgate ") if "version" in fields else None
@@ -243,7 +243,7 @@ def _from_frame(node: Node, frame: slurm.Frame | None, step: slurm.Step, what: s
         return NodeRun(
             node,
             FAILED,
-            f"the node's report is larger than {slurm.MAX_VALUE >> 20} MiB (base64): not a stackgate report",
+            f"the node's report is larger than {slurmframes.MAX_VALUE >> 20} MiB (base64): not a stackgate report",
             duration,
             version=version,
         )

@@ -7,8 +7,8 @@ import threading
 from typing import Any, Mapping, Sequence
 
 from stackgate.edges import ssh
-from stackgate.flows.fleet import NodeRun, Shipment
 from stackgate.flows.fleetengine import Placement
+from stackgate.flows.fleetnode import NodeRun, Shipment
 from stackgate.flows.fleetrequest import FleetRequest, FleetUsageError, nodes_of
 from stackgate.models.fleetoptions import EngineOption
 from stackgate.render.ui import UI

@@ -10,7 +10,7 @@ name. It asks the engine chosen by ``--engine`` to
 3. **collect** the nodes' documents in one step of its own (Slurm's gate and verify: one srun step,
    one task per node), or say None: then each node is run through the **transport** it opens (a
    connection per node, edges/ssh.py's Transport: SSH's paramiko sessions, Slurm's one-task srun
-   steps) by the per-node actions of flows/fleet.py.
+   steps) by the per-node actions of flows/fleetnode.py.
 
 An engine's own options (``--engine-option KEY=VALUE``, and the flags documented as their
 shorthands) are declared by the engine: their names and help (models/fleetoptions.py) and its parser; a
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from stackgate.edges import ssh
-from stackgate.flows.fleet import NodeRun, Shipment
+from stackgate.flows.fleetnode import NodeRun, Shipment
 from stackgate.flows.fleetrequest import FleetRequest
 from stackgate.models.fleetoptions import EngineOption
 from stackgate.models.inventory import Node

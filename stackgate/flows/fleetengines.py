@@ -15,8 +15,9 @@ from typing import Mapping, Sequence
 
 from stackgate.edges import ssh
 from stackgate.flows import fleet_slurm, fleet_ssh
-from stackgate.flows.fleet import FleetRun, Shipment, run_fleet
+from stackgate.flows.fleet import FleetRun, run_fleet
 from stackgate.flows.fleetengine import FleetEngine
+from stackgate.flows.fleetnode import Shipment
 from stackgate.flows.fleetrequest import FleetRequest, FleetUsageError
 from stackgate.models.spec import Spec
 from stackgate.render.ui import UI

@@ -42,8 +42,9 @@ from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import run_checks, select
 from stackgate.edges import runner
 from stackgate.facts import Facts, gather
-from stackgate.flows import smoke
+from stackgate.flows import smoke, smokerun, stages
 from stackgate.flows import verify as verify_flow
+from stackgate.flows.stages import FAILED, INTERRUPTED, NOT_RUN, PASSED, StageRecord, run_stages
 from stackgate.models import pylock, settings
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.finding import Fix
@@ -62,17 +63,16 @@ __all__ = [
     "GateContext",
     "GateRequest",
     "GateRun",
+    "GateStage",
     "Stage",
     "StageInterrupted",
     "StageRun",
     "run_gate",
-    "run_stages",
 ]
 
 SCHEMA = "stackgate.gate/1"
 #: The environment stage: the registered checks of the environment area (checks/environment.py).
 ENVIRONMENT_CHECKS = ("environment.*",)
-PASSED, FAILED, NOT_RUN, INTERRUPTED = "passed", "failed", "not run", "interrupted"
 
 
 class StageInterrupted(KeyboardInterrupt):
@@ -112,7 +112,8 @@ class GateContext:
     spec: Spec | None = None
     usage: str | None = None  #: why the lock stage refused the run (exit 2)
     verify_run: verify_flow.VerifyRun | None = None
-    smoke_runs: dict[str, smoke.SmokeRun] = field(default_factory=dict)
+    smoke_runs: dict[str, smokerun.SmokeRun] = field(default_factory=dict)
+    results: dict[str, list[Result]] = field(default_factory=dict)  #: each stage's, as it returned them
     _facts: Facts | None = None
 
     @property
@@ -131,14 +132,31 @@ class GateContext:
             self._facts.close()
 
 
-@dataclass(frozen=True)
-class Stage:
-    name: str
-    title: str
-    needs: tuple[str, ...]
-    run: Callable[[GateContext], list[Result]]
-    #: Why the request leaves this stage out (e.g. --fast-only), or None.
-    left_out: Callable[[GateRequest], str | None] = lambda request: None
+#: A gate stage: the one Stage type (flows/stages.py) over the gate's context; :func:`Stage` builds one.
+GateStage = stages.Stage[GateContext]
+
+
+def Stage(  # noqa: N802 - it builds the one Stage type, as a class would
+    name: str,
+    title: str,
+    needs: tuple[str, ...],
+    run: Callable[[GateContext], list[Result]],
+    left_out: Callable[[GateContext], str | None] | None = None,
+) -> GateStage:
+    """A gate stage: flows/stages.py's Stage whose ``run`` returns the stage's results, kept in the
+    context, and passes when they do (warnings too, unless --strict); ``left_out`` says why the
+    request leaves it out (e.g. --fast-only). An interrupt during it stops every process the run
+    started before the reports are written."""
+
+    def judged(ctx: GateContext) -> bool:
+        ctx.results[name] = run(ctx)
+        return judge(ctx.results[name], strict=ctx.request.strict).passed
+
+    return GateStage(name, judged, title, needs, left_out, interrupt=_stop_processes)
+
+
+def _stop_processes(ctx: GateContext) -> None:
+    runner.terminate_all()  # before the reports are written, not after
 
 
 @dataclass(frozen=True)
@@ -234,7 +252,7 @@ def _verify_stage(ctx: GateContext) -> list[Result]:
 def _smoke_stage(name: str, *, fast: bool) -> Callable[[GateContext], list[Result]]:
     def run_stage(ctx: GateContext) -> list[Result]:
         assert ctx.spec is not None
-        request = smoke.SmokeRequest(
+        request = smokerun.SmokeRequest(
             spec_path=ctx.spec.path,
             model=ctx.request.model,
             fast=fast,
@@ -244,10 +262,10 @@ def _smoke_stage(name: str, *, fast: bool) -> Callable[[GateContext], list[Resul
         )
         try:
             done = smoke.run_smoke(ctx.spec, request, ctx.ui, environ=ctx.environ, nvml_lib=ctx.nvml_lib)
-        except smoke.SmokeInterrupted as stop:
+        except smokerun.SmokeInterrupted as stop:
             ctx.smoke_runs[name] = stop.run
             raise StageInterrupted(stop.run.results) from None
-        except (launch.LaunchError, smoke.SmokeUsageError) as exc:
+        except (launch.LaunchError, smokerun.SmokeUsageError) as exc:
             return [_named("smoke.usage", failed(f"smoke refused the launch: {exc}"))]
         ctx.smoke_runs[name] = done
         return done.results
@@ -255,7 +273,7 @@ def _smoke_stage(name: str, *, fast: bool) -> Callable[[GateContext], list[Resul
     return run_stage
 
 
-STAGES: tuple[Stage, ...] = (
+STAGES: tuple[GateStage, ...] = (
     Stage("lock", "the lockfile loads and names a model", (), _spec_stage),
     Stage(
         "environment", "the live environment is the lock's: same generation, no drift", ("lock",), _environment_stage
@@ -272,7 +290,7 @@ STAGES: tuple[Stage, ...] = (
         "smoke --benchmark with the real weights",
         ("fast_smoke",),
         _smoke_stage("benchmark", fast=False),
-        left_out=lambda request: "--fast-only: the gate stops after the fast smoke" if request.fast_only else None,
+        left_out=lambda ctx: "--fast-only: the gate stops after the fast smoke" if ctx.request.fast_only else None,
     ),
 )
 
@@ -284,53 +302,40 @@ def _named(check: str, result: Result) -> Result:
 # --- running the stages -----------------------------------------------------------------------
 
 
-def run_stages(stages: Sequence[Stage], ctx: GateContext) -> tuple[list[StageRun], bool]:
-    """Run each stage whose prerequisites passed; (outcomes in order, whether interrupted)."""
-    done: dict[str, StageRun] = {}
-    interrupted = False
-    for stage in stages:
-        reasons = _not_run(stage, done, ctx.request, interrupted)
-        if reasons:
-            reason = "; ".join(reasons)
-            result = Result(
-                f"gate.{stage.name}", Status.SKIP, f"not run: {reason}", tuple(reasons), data={"not_run": reasons}
-            )
-            done[stage.name] = StageRun(stage.name, stage.title, stage.needs, NOT_RUN, reason, (result,), 0.0)
-            continue
-        begun = time.monotonic()
-        try:
-            results = stage.run(ctx)
-        except KeyboardInterrupt as stop:
-            interrupted = True
-            runner.terminate_all()  # before the reports are written, not after
-            results = [
-                *getattr(stop, "results", ()),
-                _named(f"gate.{stage.name}", failed("interrupted (Ctrl-C or SIGTERM)")),
-            ]
-        done[stage.name] = _outcome(stage, results, time.monotonic() - begun, ctx.request.strict, interrupted)
-    return list(done.values()), interrupted
+def _stage_runs(stages_: Sequence[GateStage], ctx: GateContext) -> tuple[list[StageRun], bool]:
+    """Run the stages (flows/stages.py's loop); (each stage's outcome in order, whether interrupted)."""
+    records: list[StageRecord] = []
+    try:
+        run_stages(stages_, ctx, records=records)
+    except KeyboardInterrupt:
+        if not any(r.status == INTERRUPTED for r in records):
+            raise  # not inside a stage: nothing of the gate's to report
+    outcomes, interrupted = [], False
+    for stage, record in zip(stages_, records, strict=True):
+        outcomes.append(_stage_run(stage, record, ctx, interrupted))
+        interrupted = interrupted or record.status == INTERRUPTED
+    return outcomes, interrupted
 
 
-def _not_run(stage: Stage, done: Mapping[str, StageRun], request: GateRequest, interrupted: bool) -> list[str]:
-    """Why a stage does not run, in a few words: the stages it stands on that did not pass.
+def _stage_run(stage: GateStage, record: StageRecord, ctx: GateContext, after_interrupt: bool) -> StageRun:
+    """A stage's outcome from its record: its results judged, or why it did not run."""
+    if record.status == NOT_RUN:
+        reasons = ["the gate was interrupted"] if after_interrupt else list(record.reasons)
+        reason = "; ".join(reasons)
+        result = Result(
+            f"gate.{stage.name}", Status.SKIP, f"not run: {reason}", tuple(reasons), data={"not_run": reasons}
+        )
+        return StageRun(stage.name, stage.title, stage.needs, NOT_RUN, reason, (result,), 0.0)
+    if record.status == INTERRUPTED:
+        results = [
+            *getattr(record.error, "results", ()),
+            _named(f"gate.{stage.name}", failed("interrupted (Ctrl-C or SIGTERM)")),
+        ]
+        return _outcome(stage, results, record.seconds, ctx.request.strict, True)
+    return _outcome(stage, ctx.results[stage.name], record.seconds, ctx.request.strict, False)
 
-    Each names the stage and its status only; that stage's own row says why, so a long reason
-    (no model, say) is told once, not again in every stage after it. A stage that did not run
-    only because an earlier one failed is left out when that failure is named already.
-    """
-    if interrupted:
-        return ["the gate was interrupted"]
-    left_out = stage.left_out(request)
-    if left_out is not None:
-        return [left_out]
-    blocking = [done[need] for need in stage.needs if done[need].status != PASSED]
-    ran = [need for need in blocking if need.ran]
-    return [
-        f"{need.name} {need.status}" if need.ran else f"{need.name} not run: {need.reason}" for need in ran or blocking
-    ]
 
-
-def _outcome(stage: Stage, results: Sequence[Result], seconds: float, strict: bool, interrupted: bool) -> StageRun:
+def _outcome(stage: GateStage, results: Sequence[Result], seconds: float, strict: bool, interrupted: bool) -> StageRun:
     verdict = judge(results, strict=strict)
     if interrupted:
         status, reason = INTERRUPTED, "interrupted (Ctrl-C or SIGTERM)"
@@ -361,7 +366,7 @@ class GateRun:
     started: float
     duration_s: float
     fingerprint: fp.Fingerprint | None
-    smoke_runs: Mapping[str, smoke.SmokeRun]
+    smoke_runs: Mapping[str, smokerun.SmokeRun]
     verify_run: verify_flow.VerifyRun | None
     interrupted: bool = False
     usage: str | None = None
@@ -436,7 +441,7 @@ def run_gate(
     *,
     environ: Mapping[str, str] | None = None,
     nvml_lib: ModuleType | None = None,
-    stages: Sequence[Stage] = STAGES,
+    stages: Sequence[GateStage] = STAGES,
 ) -> GateRun:
     """Run the stages and judge them; never raises for what it finds (see :func:`run`)."""
     started, clock = time.time(), time.monotonic()
@@ -446,7 +451,7 @@ def run_gate(
     )
     launched.reap_and_tell(ui.warn)  # before verify: what a run killed outright left holds GPUs and ports
     try:
-        outcomes, interrupted = run_stages(stages, ctx)
+        outcomes, interrupted = _stage_runs(stages, ctx)
         finger = (
             None
             if interrupted or ctx.spec is None or ctx.usage

@@ -95,4 +95,5 @@ STAGES: tuple[Stage[Locking], ...] = (Stage("resolve", _resolve), Stage("report"
 
 def run_lock(run: Locking) -> Locking:
     """Run the lock's stages (a ResolveError stops them: the pylock is left as it was)."""
-    return run_stages(STAGES, run)
+    run_stages(STAGES, run)
+    return run

@@ -17,7 +17,7 @@
   noise; ``if-passes`` when it passes; ``never`` only reports.
 - switch: the live steps of the new spec's plan.
 
-The stages after the plan are :data:`STAGES`, run in turn by :func:`_run_stages`. ``current``
+The stages after the plan are :data:`STAGES`, run in turn by flows/stages.py's loop. ``current``
 changes only in the switch, atomically, holding the root's provision lock for the whole run; a
 kill at any point leaves it serving the old stack (servers die with their parent), and the next
 provision or upgrade removes what was half built. :func:`upgrade_node` is the entry point the
@@ -33,13 +33,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from stackgate.edges import faults, runner
 from stackgate.facts import gather
 from stackgate.facts.compare import environment_spec
-from stackgate.flows import provision, smoke
+from stackgate.flows import provision, smoke, smokerun
 from stackgate.flows import verify as verifyflow
+from stackgate.flows.stages import FAILED, Stage, run_stages
 from stackgate.flows.upgraderun import (
     BUILD_ERRORS,
     SCHEMA,
@@ -61,7 +62,6 @@ from stackgate.stack import generations, pyenv
 __all__ = [
     "SCHEMA",
     "STAGES",
-    "Stage",
     "UpgradeRequest",
     "UpgradeRun",
     "UpgradeUsageError",
@@ -113,42 +113,29 @@ def _sweep(root: Path, ui: UI) -> None:
 
 
 @dataclass(frozen=True)
-class _Context:
-    """What every stage of one node's upgrade reads besides the run it fills."""
+class _Upgrading:
+    """One node's upgrade under way: the run its stages fill, and what every stage reads besides."""
 
+    done: UpgradeRun
     environ: dict[str, str]
     ui: UI
     nvml_lib: ModuleType | None
 
 
-@dataclass(frozen=True)
-class Stage:
-    """One named stage of the upgrade after its plan: ``run`` fills the run and says whether the
-    next stage follows; ``when`` (if set) skips the stage unless it holds; ``fault``: a fault point
-    ``before:upgrade.<name>`` precedes it."""
-
-    name: str
-    run: Callable[[UpgradeRun, _Context], bool]
-    when: Callable[[UpgradeRun], bool] | None = None
-    fault: bool = True
-
-
 def _run_stages(done: UpgradeRun, environ: dict[str, str], ui: UI, nvml_lib: ModuleType | None) -> None:
-    """Each of :data:`STAGES` in turn, until one says stop; ``step`` is ``done`` after the last."""
-    context = _Context(environ, ui, nvml_lib)
-    for stage in STAGES:
-        if stage.when is not None and not stage.when(done):
-            continue
+    """Each of :data:`STAGES` in turn, until one fails (the rest stand on it); ``step`` is ``done`` after the last."""
+
+    def begin(stage: Stage[_Upgrading]) -> None:
         done.step = stage.name
-        if stage.fault:
-            faults.trip(f"before:upgrade.{stage.name}")
-        if not stage.run(done, context):
-            return
-    done.step = "done"
+
+    records = run_stages(STAGES, _Upgrading(done, environ, ui, nvml_lib), begin=begin)
+    if all(r.status != FAILED for r in records):
+        done.step = "done"
 
 
-def _build_stage(done: UpgradeRun, context: _Context) -> bool:
-    if _build(done, context.environ, context.ui) is not None:
+def _build_stage(state: _Upgrading) -> bool:
+    done = state.done
+    if _build(done, state.environ, state.ui) is not None:
         return True
     done.decision = abtest.not_measured(
         done.request.switch, f"the new generation was not built: {done.build.get('reason')}"
@@ -156,9 +143,10 @@ def _build_stage(done: UpgradeRun, context: _Context) -> bool:
     return False
 
 
-def _verify_stage(done: UpgradeRun, context: _Context) -> bool:
+def _verify_stage(state: _Upgrading) -> bool:
+    done = state.done
     assert done.new_generation is not None
-    if _verify(done, done.new_generation, context.environ, context.ui, context.nvml_lib):
+    if _verify(done, done.new_generation, state.environ, state.ui, state.nvml_lib):
         return True
     bad = [f"{r.check}: {r.summary}" for r in done.verify_results if r.status >= Status.FAIL]
     done.decision = abtest.not_measured(
@@ -168,35 +156,35 @@ def _verify_stage(done: UpgradeRun, context: _Context) -> bool:
     return False
 
 
-def _ab_stage(done: UpgradeRun, context: _Context) -> bool:
-    _ab(done, context.environ, context.ui, context.nvml_lib)
-    return True
+def _ab_stage(state: _Upgrading) -> None:
+    _ab(state.done, state.environ, state.ui, state.nvml_lib)
 
 
-def _decide_stage(done: UpgradeRun, context: _Context) -> bool:
+def _decide_stage(state: _Upgrading) -> None:
+    done = state.done
     live, new = abtest.side(abtest.LIVE, done.measured), abtest.side(abtest.NEW, done.measured)
     done.decision = abtest.decide(
         done.request.switch, live, new, accept_output_change=done.request.accept_output_change
     )
-    return True
 
 
-def _switch_stage(done: UpgradeRun, context: _Context) -> bool:
-    _switch(done, context.environ, context.ui)
-    return True
+def _switch_stage(state: _Upgrading) -> None:
+    _switch(state.done, state.environ, state.ui)
 
 
-def _switching(done: UpgradeRun) -> bool:
-    return done.decision is not None and done.decision.switch
+def _unless_switching(state: _Upgrading) -> str | None:
+    decision = state.done.decision
+    return None if decision is not None and decision.switch else "the decision is not to switch"
 
 
-#: The upgrade after its plan, in order; the run's ``step`` names the stage it is in (or stopped at).
-STAGES: tuple[Stage, ...] = (
-    Stage("build", _build_stage),
-    Stage("verify", _verify_stage),
-    Stage("ab", _ab_stage),
-    Stage("decide", _decide_stage, fault=False),
-    Stage("switch", _switch_stage, when=_switching),
+#: The upgrade after its plan, in order, each standing on the one before; the run's ``step`` names the
+#: stage it is in (or stopped at); a fault point ``before:upgrade.<name>`` precedes each but the decision.
+STAGES: tuple[Stage[_Upgrading], ...] = (
+    Stage("build", _build_stage, fault="before:upgrade.build"),
+    Stage("verify", _verify_stage, needs=("build",), fault="before:upgrade.verify"),
+    Stage("ab", _ab_stage, needs=("verify",), fault="before:upgrade.ab"),
+    Stage("decide", _decide_stage, needs=("ab",)),
+    Stage("switch", _switch_stage, needs=("decide",), left_out=_unless_switching, fault="before:upgrade.switch"),
 )
 
 
@@ -414,15 +402,15 @@ def _leg(
     ui: UI,
     nvml_lib: ModuleType | None,
 ) -> abtest.Leg:
-    request = smoke.SmokeRequest(
+    request = smokerun.SmokeRequest(
         spec_path=spec.path, model=done.request.model, benchmark=True, run_dir=run_dir / f"{position}-{name}"
     )
     try:
         ran = smoke.run_smoke(spec, request, ui, environ=environ, nvml_lib=nvml_lib)
-    except smoke.SmokeInterrupted as stop:
+    except smokerun.SmokeInterrupted as stop:
         _record(done, name, position, generation, stop.run)
         raise KeyboardInterrupt from None
-    except (launch.LaunchError, smoke.SmokeUsageError) as exc:
+    except (launch.LaunchError, smokerun.SmokeUsageError) as exc:
         leg = abtest.Leg(name, position, False, (), failures=(f"smoke.usage: {exc}",))
         done.measured.append(leg)
         done.legs.append(
@@ -439,7 +427,7 @@ def _leg(
 
 
 def _record(
-    done: UpgradeRun, name: str, position: int, generation: generations.Generation, ran: smoke.SmokeRun
+    done: UpgradeRun, name: str, position: int, generation: generations.Generation, ran: smokerun.SmokeRun
 ) -> abtest.Leg:
     session = ran.sessions[-1] if ran.sessions else None
     figures = session.figures if session is not None else None
@@ -462,7 +450,7 @@ def _record(
     return leg
 
 
-def _leg_part(leg: abtest.Leg, generation: generations.Generation, ran: smoke.SmokeRun) -> dict[str, Any]:
+def _leg_part(leg: abtest.Leg, generation: generations.Generation, ran: smokerun.SmokeRun) -> dict[str, Any]:
     """A leg for the report: its figures, what the server really ran, the flags' evidence."""
     session = ran.sessions[-1] if ran.sessions else None
     info = session.server_info if session is not None else None

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from stackgate.serve import bench, quality
+from stackgate.serve import benchstats, quality
 
 __all__ = [
     "LIVE",
@@ -74,7 +74,7 @@ class Side:
 
     name: str
     legs: tuple[Leg, ...]
-    decode: bench.Summary | None  #: the runs of every leg, pooled
+    decode: benchstats.Summary | None  #: the runs of every leg, pooled
     tokens: tuple[int, ...]  #: the greedy tokens of its first leg that had any
     repeatable: bool  #: every leg gave those same tokens
     accuracy: tuple[int, int] | None = None  #: exact answers and answers asked over its legs
@@ -107,7 +107,7 @@ def side(name: str, legs: Sequence[Leg]) -> Side:
     tokens = with_tokens[0] if with_tokens else ()
     scored = [leg.accuracy for leg in mine if leg.accuracy is not None]
     accuracy = (sum(r for r, _ in scored), sum(n for _, n in scored)) if scored else None
-    return Side(name, mine, bench.summarize(values), tokens, all(t == tokens for t in with_tokens), accuracy)
+    return Side(name, mine, benchstats.summarize(values), tokens, all(t == tokens for t in with_tokens), accuracy)
 
 
 @dataclass(frozen=True)
@@ -188,10 +188,10 @@ def _at(tokens: Sequence[int], index: int) -> str:
     return f"token id {tokens[index]}" if index < len(tokens) else "ended"
 
 
-def difference(live: Side, new: Side) -> bench.Difference | None:
+def difference(live: Side, new: Side) -> benchstats.Difference | None:
     if live.decode is None or new.decode is None:
         return None
-    return bench.difference(live.decode, new.decode)
+    return benchstats.difference(live.decode, new.decode)
 
 
 def _not_slower(live: Side, new: Side) -> Condition:

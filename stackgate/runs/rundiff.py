@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from stackgate.runs import fingerprint
 from stackgate.runs.history import Run
-from stackgate.serve import bench
+from stackgate.serve import benchstats
 
 __all__ = [
     "Comparison",
@@ -33,7 +33,7 @@ class SpeedChange:
     name: str  #: decode_tok_s | tok_s
     old: float | None
     new: float | None
-    difference: bench.Difference | None = None
+    difference: benchstats.Difference | None = None
 
     def text(self) -> str:
         label = "decode tok/s" if self.name == "decode_tok_s" else "tok/s"
@@ -163,18 +163,18 @@ def _speed(old: Run, new: Run, name: str) -> SpeedChange:
     a, b = summary_of(old, name), summary_of(new, name)
     change = SpeedChange(name, old.figure(name), new.figure(name))
     if a is not None and b is not None and a.n > 1 and b.n > 1 and a.mean > 0:
-        change = dataclasses.replace(change, difference=bench.difference(a, b))
+        change = dataclasses.replace(change, difference=benchstats.difference(a, b))
     return change
 
 
-def summary_of(run: Run, name: str) -> bench.Summary | None:
+def summary_of(run: Run, name: str) -> benchstats.Summary | None:
     """A benchmark figure's summary as stored (None when absent or malformed)."""
     raw = (run.benchmark or {}).get(name)
     if not isinstance(raw, Mapping):
         return None
     try:
-        fields = {f.name: raw[f.name] for f in dataclasses.fields(bench.Summary) if f.name not in ("n", "values")}
-        return bench.Summary(
+        fields = {f.name: raw[f.name] for f in dataclasses.fields(benchstats.Summary) if f.name not in ("n", "values")}
+        return benchstats.Summary(
             int(raw["n"]),
             **{k: float(v) for k, v in fields.items()},
             values=tuple(float(v) for v in raw.get("values", ())),

@@ -1,14 +1,19 @@
 """The spec (the lockfile): TOML -> frozen, typed dataclasses, every problem with its key path.
 
-- :mod:`.model`: the dataclasses, each section built from its table beside it;
+- :mod:`.model`: :class:`Spec`, the whole document, and [stack]; each section's frozen dataclass is
+  built from its table beside it, in :mod:`.hardware` ([hardware], [[toolkit]], [nccl]),
+  :mod:`.packages` ([python], [[patch]]), :mod:`.serving` ([smoke], [benchmark]) and
+  :mod:`.deepshapes` ([deep.attention], [deep.fusion]);
 - :mod:`.reader`: the TOML table reader (typed getters that collect errors) and :class:`SpecError`;
-- :mod:`.rules`: URLs, ``$`` references in environment values, patch locations;
-- :mod:`.files`: where a spec is found (the default lock, the shipped profiles) and the loaders.
+- :mod:`.rules`: URLs, ``$`` references in environment values and environment tables, patch locations;
+- :mod:`.locate`: where a spec is found (the default lock, the shipped profiles) and the loaders.
 """
 
 from __future__ import annotations
 
 from stackgate.models.spec.accuracy import Accuracy
+from stackgate.models.spec.deepshapes import MAX_JIT_TIMEOUT_S, DeepAttention
+from stackgate.models.spec.hardware import PYPI_CUDA12_REASON, Capability, Toolkit
 from stackgate.models.spec.locate import (
     DEFAULT_SPEC,
     LOCAL_SPEC,
@@ -23,24 +28,11 @@ from stackgate.models.spec.locate import (
     read_only_problem,
     spec_command,
 )
-from stackgate.models.spec.model import (
-    DEFAULT_EVIDENCE,
-    MAX_JIT_TIMEOUT_S,
-    PYPI_CUDA12_REASON,
-    Benchmark,
-    Capability,
-    DeepAttention,
-    Override,
-    Package,
-    Patch,
-    Python,
-    Smoke,
-    Spec,
-    Speculative,
-    Toolkit,
-)
+from stackgate.models.spec.model import Spec
+from stackgate.models.spec.packages import Override, Package, Patch, Python
 from stackgate.models.spec.reader import SpecError, read_toml
 from stackgate.models.spec.rules import SHELL_REFERENCE, patch_location_problem, url_problem
+from stackgate.models.spec.serving import DEFAULT_EVIDENCE, Benchmark, Smoke, Speculative
 
 __all__ = [
     "DEFAULT_EVIDENCE",

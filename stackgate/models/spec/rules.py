@@ -24,6 +24,7 @@ __all__ = [
     "patch_location_problem",
     "resolve_path",
     "resolve_references",
+    "strings_table",
     "url_problem",
 ]
 
@@ -194,3 +195,20 @@ def check_sha256(t: Table, name: str) -> str | None:
         t.error(name, f"must be 64 lowercase hex digits, not {value!r}")
         return None
     return value
+
+
+def strings_table(t: Table) -> dict[str, str]:
+    """An environment table: variable names to values whose ``$`` only starts a reference."""
+    values = {}
+    for name in list(t.data):
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            t.seen.add(name)
+            t.error(name, "is not a valid environment variable name")
+            continue
+        value = t.get(name, str)
+        problem = dollar_problem(value) if value is not None else None
+        if problem:
+            t.error(name, problem)
+        elif value is not None:
+            values[name] = value
+    return values
