@@ -13,6 +13,7 @@ from typing import Any
 from stackgate import cli, express
 from stackgate.cli import task
 from stackgate.models import fleetoptions, settings
+from stackgate.models.exitcodes import UsageError
 
 __all__ = [
     "diagnose",
@@ -555,7 +556,10 @@ def upgrade(
 
     def go():
         if not to:
-            raise command.UpgradeUsageError("--to NEW_SPEC is required: the spec to upgrade to")
+            raise UsageError(
+                "--to NEW_SPEC is required: the spec to upgrade to",
+                hint="stackgate upgrade --to NEW_SPEC.toml --dry-run",
+            )
         request = command.UpgradeRequest(
             to=Path(to),
             lock_path=_path(lock),
@@ -618,11 +622,10 @@ def _verify_cached(lock: Path, json: Path, prom: Path | None, checks: tuple[str,
     """`stackgate verify --cached` in this process (slurm-health's forked child): its exit status."""
 
     from stackgate.commands import verify
-    from stackgate.models.exitcodes import UsageError
 
     request = verify.VerifyRequest(lock_path=lock, checks=checks, json_path=json, cached=True, prom_path=prom)
     try:
         return int(verify.run(request, _ui()))
     except UsageError as exc:
-        print(f"stackgate verify: {exc}", file=sys.stderr)
+        print(f"stackgate verify: {express.usage_text(exc)}", file=sys.stderr)
         return 2

@@ -15,9 +15,9 @@ import pytest
 from support import run_program
 
 from stackgate.commands import diagnose
-from stackgate.commands.diagnose import DiagnoseRequest, DiagnoseUsageError
+from stackgate.commands.diagnose import DiagnoseRequest
 from stackgate.models import knowledge as signatures
-from stackgate.models.exitcodes import ExitCode
+from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.render.ui import UI, render_findings
 from stackgate.scan import Scanner
 
@@ -118,12 +118,12 @@ def test_a_compressed_log_is_read(tmp_path: Path) -> None:
     ids=["missing", "directory", "bad-gzip"],
 )
 def test_an_unreadable_input_is_a_usage_error(tmp_path: Path, make, message: str) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(DiagnoseUsageError, match=message):
+    with pytest.raises(UsageError, match=message):
         run(DiagnoseRequest(paths=(HEALTHY, make(tmp_path))))
 
 
 def test_no_input_is_a_usage_error() -> None:
-    with pytest.raises(DiagnoseUsageError, match="nothing to diagnose"):
+    with pytest.raises(UsageError, match="nothing to diagnose"):
         run(DiagnoseRequest())
 
 

@@ -21,8 +21,8 @@ from fleet_sim import SimNode, SimTransport, rollbacks
 from smoke_support import ROOT
 
 from stackgate.commands import fleet
-from stackgate.models.exitcodes import ExitCode
-from stackgate.models.inventory import InventoryError, parse_hosts, parse_inventory
+from stackgate.models.exitcodes import ExitCode, UsageError
+from stackgate.models.inventory import parse_hosts, parse_inventory
 from stackgate.models.spec import SpecError
 from stackgate.render.ui import UI
 from stackgate.runs import aggregate
@@ -85,7 +85,7 @@ def statuses(doc: dict) -> dict[str, str]:
     ],
 )
 def test_a_hostile_inventory_is_refused_naming_the_key(text, problem):
-    with pytest.raises(InventoryError) as caught:
+    with pytest.raises(UsageError) as caught:
         parse_inventory(text, "fleet.toml")
     assert problem in str(caught.value) and str(caught.value).startswith("fleet.toml: ")
 
@@ -102,7 +102,7 @@ def test_host_forms_are_judged_as_text_never_looked_up(monkeypatch):
         (":", "no host"),
         ("a,b,A", "twice"),
     ):
-        with pytest.raises(InventoryError) as caught:
+        with pytest.raises(UsageError) as caught:
             parse_hosts(bad)
         assert caught.value.args[0].startswith("--hosts: "), why
     assert [n.address for n in parse_hosts("gpu-01.example,10.0.0.1:2222,[fe80::1]:22")] == [
@@ -117,7 +117,7 @@ def test_more_nodes_than_the_cap_are_refused_before_any_is_dialled(tmp_path):
     many = ",".join(f"n{i}" for i in range(fleet.MAX_NODES + 1))
     request = fleet.FleetRequest(action="gate", hosts=many, lock_path=LOCK, json_path=tmp_path / "fleet.json")
     with pytest.raises(
-        fleet.FleetUsageError,
+        UsageError,
         match=rf"^fleet: {fleet.MAX_NODES + 1} nodes, more than {fleet.MAX_NODES} \(--max-nodes\): nothing was dialled",
     ):
         fleet.run(request, UI(stream=io.StringIO(), force_plain=True), SimTransport(sims))

@@ -30,7 +30,7 @@ from slurm_cluster import NODE_LOCAL, Cluster
 from smoke_support import FAKES, ROOT, free_port, living, wait_for
 from test_fleet import Fleet
 
-from stackgate.models.exitcodes import ExitCode
+from stackgate.models.exitcodes import ExitCode, UsageError
 
 # The canary a hostile reason would create if it ever ran: one path per test process, so that a
 # stale one (left by a run where the bug fired) cannot fail another run.
@@ -486,7 +486,7 @@ def test_what_the_slurm_engine_cannot_take_is_refused_before_slurm_is_asked(
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     fields = {"action": "gate", "engine": "slurm", **changes}
     fields["options"] = command.SlurmOptions(**fields.pop("slurm", {}))
-    with pytest.raises(command.FleetUsageError, match=re.escape(said)):
+    with pytest.raises(UsageError, match=re.escape(said)):
         fleetengines.named("slurm").check(command.FleetRequest(**fields))
 
 

@@ -26,7 +26,7 @@ from test_fleet import Fleet, fleet_env, stackgate
 
 from stackgate.commands import fleet
 from stackgate.flows import fleet as fleetflow
-from stackgate.models.exitcodes import ExitCode
+from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.inventory import parse_hosts
 from stackgate.render.ui import UI
 
@@ -258,7 +258,7 @@ def test_a_live_spec_of_the_same_name_is_shipped_beside_the_new_one(tmp_path):
 def test_what_fleet_upgrade_cannot_take_is_refused_before_any_node_is_touched(tmp_path, request_, said):
     sims: dict[str, SimNode] = {}
     chosen = {"action": "upgrade", "hosts": "a,b,c", "to_path": new_spec(tmp_path), "lock_path": LIVE, **request_}
-    with pytest.raises(fleet.FleetUsageError) as caught:
+    with pytest.raises(UsageError) as caught:
         fleet.run(fleet.FleetRequest(**chosen), UI(stream=io.StringIO(), force_plain=True), SimTransport(sims))  # type: ignore[arg-type]
     assert said in str(caught.value) and sims == {}
 

@@ -24,7 +24,7 @@ from support import run_program
 
 from stackgate.commands import provision, report, upgrade
 from stackgate.models import pylock
-from stackgate.models.exitcodes import ExitCode
+from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.render.ui import UI
 from stackgate.stack import generations
 
@@ -382,13 +382,13 @@ def test_bad_usage_is_refused_before_anything_runs(node: Node, tmp_path: Path) -
         ({"switch": "always"}, "--switch must be one of if-better, if-passes, never"),
         ({"json_path": tmp_path}, "--json .*: is a directory"),
     ):
-        with pytest.raises(upgrade.UpgradeUsageError, match=message):
+        with pytest.raises(UsageError, match=message):
             upgrade.upgrade_node(
                 upgrade.UpgradeRequest(to=spec, lock_path=node.a, **request), UI(stream=io.StringIO(), force_plain=True)
             )
     unlocked = node.spec_b()
     pylock.path_for(unlocked).unlink()
-    with pytest.raises(upgrade.UpgradeUsageError, match="b.toml: .*pylock.* `stackgate lock --lock"):
+    with pytest.raises(UsageError, match="b.toml: .*pylock.* `stackgate lock --lock"):
         upgrade.upgrade_node(
             upgrade.UpgradeRequest(to=unlocked, lock_path=node.a), UI(stream=io.StringIO(), force_plain=True)
         )
@@ -401,10 +401,9 @@ def test_bad_usage_is_refused_before_anything_runs(node: Node, tmp_path: Path) -
         flashinfer="0.6.4",
         backend="flashinfer",
     )
-    with pytest.raises(
-        upgrade.UpgradeUsageError, match="nothing live to upgrade: .* does not exist; `stackgate provision --lock"
-    ):
+    with pytest.raises(UsageError, match="nothing live to upgrade: .* does not exist; provision builds") as caught:
         upgrade.upgrade_node(upgrade.UpgradeRequest(to=empty), UI(stream=io.StringIO(), force_plain=True))
+    assert caught.value.hint == f"stackgate provision --lock {empty}"
 
 
 _UPGRADE = """

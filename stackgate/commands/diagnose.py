@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from stackgate.flows.diagnose import (
     SCHEMA,
     STDIN,
-    DiagnoseUsageError,
     Diagnosis,
     Input,
     borrowed,
@@ -33,7 +32,7 @@ from stackgate.flows.diagnose import (
     opener,
 )
 from stackgate.models import knowledge, settings
-from stackgate.models.exitcodes import ExitCode
+from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.render.outputs import JSON, Output, check_outputs, write_reports
 
 if TYPE_CHECKING:  # the spec module loads only when diagnose runs
@@ -41,7 +40,6 @@ if TYPE_CHECKING:  # the spec module loads only when diagnose runs
 
 __all__ = [
     "SCHEMA",
-    "DiagnoseUsageError",
     "DiagnoseRequest",
     "Diagnosis",
     "Input",
@@ -73,17 +71,17 @@ def run(request: DiagnoseRequest, ui: Any, stdin: BinaryIO | None = None) -> Exi
     named = request.stdin or len(paths) < len(request.paths)
     read_stdin = named or (not paths and not kernel and not request.bundle_path and _piped(stdin or sys.stdin))
     if not paths and not read_stdin and not kernel and not request.bundle_path:
-        raise DiagnoseUsageError(
+        raise UsageError(
             "nothing to diagnose: give one or more log files (- for standard input), --stdin, --kernel or --bundle PATH"
         )
     saved_kernel = (request.kernel_path,) if request.kernel_path is not None else ()  # --kernel-log: one more input
     openers = [opener(path) for path in (*paths, *saved_kernel)]  # every file is checked before any is read
     if request.bundle_path is not None and request.bundle_path.is_dir():
-        raise DiagnoseUsageError(f"--bundle: {request.bundle_path} is a directory; name the .tar.gz to write")
+        raise UsageError(f"--bundle: {request.bundle_path} is a directory; name the .tar.gz to write")
     outputs = {"--json": Output(request.json_path, JSON)}
     problem = check_outputs(outputs)
     if problem is not None:
-        raise DiagnoseUsageError(problem)
+        raise UsageError(problem)
     if read_stdin:
         openers.append((STDIN, lambda: borrowed(stdin or sys.stdin.buffer)))
     lock = _load_lock(request.lock_path)
@@ -103,7 +101,7 @@ def run(request: DiagnoseRequest, ui: Any, stdin: BinaryIO | None = None) -> Exi
             try:
                 made = bundle.write(request.bundle_path, lock=lock, diagnose_report=document(done))
             except bundle.BundleError as exc:
-                raise DiagnoseUsageError(str(exc)) from exc
+                raise UsageError(str(exc)) from exc
         ui.line(
             f"support bundle: {request.bundle_path} ({len(made.members) + 1} files, secrets redacted; "
             f"{len(made.notes)} part(s) missing, see NOTES.txt)"

@@ -38,14 +38,13 @@ from stackgate.flows.fleetrequest import (
     MAX_NODES,
     SWITCHES,
     FleetRequest,
-    FleetUsageError,
     nodes_of,
     seconds,
     upgrade_specs,
     whole,
 )
 from stackgate.models import settings
-from stackgate.models.exitcodes import ExitCode
+from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.redact import redact
 from stackgate.models.spec import load_spec
 from stackgate.render import fleetreport, outputs
@@ -60,7 +59,6 @@ __all__ = [
     "SWITCHES",
     "FleetRequest",
     "FleetRun",
-    "FleetUsageError",
     "NodeRun",
     "Remote",
     "Shipment",
@@ -101,7 +99,7 @@ def check_outputs(request: FleetRequest) -> None:
     """Refuse, before any node is touched, a report path that could not be written at the end."""
     problem = outputs.check_outputs(reports(request))
     if problem is not None:
-        raise FleetUsageError(problem)
+        raise UsageError(problem)
 
 
 def keep_node_runs(done: FleetRun, warn: Callable[[str], None]) -> list[Path]:

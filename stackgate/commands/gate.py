@@ -38,7 +38,6 @@ __all__ = [
     "GateContext",
     "GateRequest",
     "GateRun",
-    "GateUsageError",
     "Stage",
     "StageInterrupted",
     "StageRun",
@@ -46,10 +45,6 @@ __all__ = [
     "run_gate",
     "run_stages",
 ]
-
-
-class GateUsageError(UsageError):
-    """Options the gate cannot take (an output that cannot be written): nothing was run."""
 
 
 def run(request: GateRequest, ui: UI) -> ExitCode:
@@ -61,7 +56,7 @@ def run(request: GateRequest, ui: UI) -> ExitCode:
     ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.lock_path)}))
     problem = check_outputs(_outputs(request))
     if problem is not None:
-        raise GateUsageError(problem)
+        raise UsageError(problem)
     done = run_gate(request, ui)
     doc = redact(done.document())
     if done.usage is not None:

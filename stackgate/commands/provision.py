@@ -42,7 +42,6 @@ __all__ = [
     "LIVE_ACTIONS",
     "ProvisionError",
     "ProvisionRequest",
-    "ProvisionUsageError",
     "RollbackRequest",
     "apply",
     "plan_for",
@@ -50,10 +49,6 @@ __all__ = [
     "run",
     "split_live",
 ]
-
-
-class ProvisionUsageError(UsageError):
-    """A request provision cannot take (exit 2): nothing was changed."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,7 +76,7 @@ def _load(lock_path: Path | None) -> Spec:
     lock = dataclasses.replace(lock, path=Path(os.path.abspath(lock.path)))
     pylock.check_beside(lock)
     if lock.python.root is None:
-        raise ProvisionUsageError(
+        raise UsageError(
             f"{lock.path}: python.interpreter names an existing environment ({lock.python.interpreter}); "
             "provision builds only a stackgate-managed one: set python.root instead"
         )
@@ -91,7 +86,7 @@ def _load(lock_path: Path | None) -> Spec:
 def run(request: ProvisionRequest, ui: UI) -> ExitCode:
     """The provision command: plan, show, apply, check, switch, verify."""
     if request.only is not None and request.only not in AREAS:
-        raise ProvisionUsageError(f"--only must be one of {', '.join(AREAS)}, not {request.only!r}")
+        raise UsageError(f"--only must be one of {', '.join(AREAS)}, not {request.only!r}")
     lock = _load(request.lock_path)
     environ = dict(os.environ if request.environ is None else request.environ)
     root = lock.python.root
@@ -210,7 +205,7 @@ def _show(the_plan: Plan, ui: UI) -> None:
 def _confirmed(the_plan: Plan, ui: UI) -> bool:
     answer = ui.confirm(f"apply these {len(the_plan.steps)} steps?")
     if answer is None:
-        raise ProvisionUsageError(
+        raise UsageError(
             "the plan changes this machine and there is no terminal to ask: "
             "pass --yes (or --dry-run to only see the plan)"
         )

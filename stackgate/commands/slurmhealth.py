@@ -43,8 +43,8 @@ from typing import Any, Callable, Mapping
 
 from stackgate.edges import runner, slurm
 from stackgate.models import healthconfig
-from stackgate.models.exitcodes import ExitCode
-from stackgate.models.healthconfig import HealthConfig, HealthConfigError
+from stackgate.models.exitcodes import ExitCode, UsageError
+from stackgate.models.healthconfig import HealthConfig
 from stackgate.render import summaries
 from stackgate.render.outputs import Output, check_outputs, write_reports
 from stackgate.render.ui import UI
@@ -82,12 +82,10 @@ LocalVerify = Callable[[Path, Path, "Path | None", tuple[str, ...]], int]
 def run(config_path: Path | None, flags: Mapping[str, Any], ui: UI, local: LocalVerify | None = None) -> ExitCode:
     config = (healthconfig.load(config_path) if config_path is not None else HealthConfig()).merged(flags)
     if config.lock is None:
-        raise HealthConfigError(
-            "slurm-health: no spec to check against: give --lock or `lock` in --config (an absolute path)"
-        )
+        raise UsageError("slurm-health: no spec to check against: give --lock or `lock` in --config (an absolute path)")
     problem = check_outputs({"--prom": Output(config.prom, summaries.verify_prometheus)})
     if problem is not None:
-        raise HealthConfigError(f"slurm-health: {problem}")
+        raise UsageError(f"slurm-health: {problem}")
     env = environment(config)
     node = config.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     before = _state(node, env)

@@ -16,12 +16,11 @@ from stackgate.flows.smoke import (
     SmokeInterrupted,
     SmokeRequest,
     SmokeRun,
-    SmokeUsageError,
     run_smoke,
 )
 from stackgate.flows.smokeplan import plan_smoke
 from stackgate.models import pylock, settings
-from stackgate.models.exitcodes import ExitCode
+from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.spec import Spec, load_spec
 from stackgate.render import reporting
 from stackgate.render.benchtables import BENCHMARK_HEADERS, CONCURRENCY_HEADERS, benchmark_rows, concurrency_rows
@@ -39,7 +38,6 @@ __all__ = [
     "SmokeInterrupted",
     "SmokeRequest",
     "SmokeRun",
-    "SmokeUsageError",
     "benchmark_rows",
     "concurrency_rows",
     "parse_levels",
@@ -60,7 +58,7 @@ def parse_number(option: str, text: str | None) -> int | None:
     try:
         return int(text)
     except ValueError:
-        raise SmokeUsageError(f"{option} takes a whole number, not {text!r}") from None
+        raise UsageError(f"{option} takes a whole number, not {text!r}") from None
 
 
 def parse_levels(text: str | None) -> tuple[int, ...]:
@@ -74,11 +72,9 @@ def parse_levels(text: str | None) -> tuple[int, ...]:
     try:
         levels = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise SmokeUsageError(
-            f"--concurrency takes stream counts separated by commas, e.g. 1,10,30, not {text!r}"
-        ) from None
+        raise UsageError(f"--concurrency takes stream counts separated by commas, e.g. 1,10,30, not {text!r}") from None
     if not levels or any(n < 1 for n in levels):
-        raise SmokeUsageError(f"--concurrency levels must be 1 or more, not {text!r}")
+        raise UsageError(f"--concurrency levels must be 1 or more, not {text!r}")
     return levels
 
 
@@ -87,7 +83,7 @@ def run(request: SmokeRequest, ui: UI) -> ExitCode:
     ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.lock_path)}))
     problem = check_outputs(_outputs(request))
     if problem is not None:
-        raise SmokeUsageError(problem)
+        raise UsageError(problem)
     lock = load_spec(request.lock_path)
     pylock.check_beside(lock)  # a pylock that cannot be used is a bad lockfile here too: exit 2
     if request.dry_run:

@@ -15,7 +15,6 @@ from stackgate.flows.upgrade import (
     SCHEMA,
     UpgradeRequest,
     UpgradeRun,
-    UpgradeUsageError,
     check_request,
     upgrade_node,
 )
@@ -31,7 +30,6 @@ __all__ = [
     "SCHEMA",
     "UpgradeRequest",
     "UpgradeRun",
-    "UpgradeUsageError",
     "check_request",
     "keep_legs",
     "run",

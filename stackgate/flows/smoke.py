@@ -23,7 +23,7 @@ from stackgate.checks.smoke import logscan, serverinfo
 from stackgate.edges import faults
 from stackgate.facts import Facts, evidencesweep, serverlog
 from stackgate.models import envfile, knowledge, runenv, secretargs, settings
-from stackgate.models.exitcodes import ExitCode, UsageError
+from stackgate.models.exitcodes import ExitCode
 from stackgate.models.finding import Finding, Fix
 from stackgate.models.redact import redact
 from stackgate.models.result import Result, Status, failed, passed, skipped, warned
@@ -43,7 +43,6 @@ __all__ = [
     "SmokeInterrupted",
     "SmokeRequest",
     "SmokeRun",
-    "SmokeUsageError",
     "run_smoke",
 ]
 
@@ -56,10 +55,6 @@ SCHEMA = "stackgate.smoke/2"
 EXPLAIN_S = 0.3
 #: How long a server that logged a fatal error may take to end itself before teardown starts.
 SETTLE_S = 0.5
-
-
-class SmokeUsageError(UsageError):
-    """Bad options for smoke; nothing was launched."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -249,7 +244,7 @@ def run_smoke(
 ) -> SmokeRun:
     """Smoke every configuration the request asks for; raise SmokeInterrupted on Ctrl-C/SIGTERM.
 
-    Raises :class:`LaunchError` or :class:`SmokeUsageError` (bad usage, nothing launched).
+    Raises :class:`LaunchError` (bad usage, nothing launched).
     """
     started, clock = time.time(), time.monotonic()
     configs = launch.configs(

@@ -35,7 +35,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - the 3.10 floor
     import tomli as tomllib
 
-__all__ = ["PREFIX", "REASON_MAX", "HealthConfig", "HealthConfigError", "drain_reason", "load", "ours", "parse"]
+__all__ = ["PREFIX", "REASON_MAX", "HealthConfig", "drain_reason", "load", "ours", "parse"]
 
 PREFIX = "stackgate:"
 #: Longest reason written: Slurm keeps any length, but `sinfo -R` shows about this much of it.
@@ -44,10 +44,6 @@ DEFAULT_TIMEOUT_S = 30.0
 _NODE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,62}$")
 _PATHS = ("lock", "prom", "stackgate", "slurm_bin", "slurm_conf")
 _FLAGS = {"timeout_s": "timeout", "checks": "check"}
-
-
-class HealthConfigError(UsageError):
-    """Settings the health check cannot use: every problem with its key path; nothing was run."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +87,7 @@ def load(path: Path) -> HealthConfig:
     try:
         text = path.read_bytes().decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise HealthConfigError(f"--config {path}: cannot read it: {getattr(exc, 'strerror', None) or exc}") from exc
+        raise UsageError(f"--config {path}: cannot read it: {getattr(exc, 'strerror', None) or exc}") from exc
     return parse(text, str(path))
 
 
@@ -100,7 +96,7 @@ def parse(text: str, source: str = "config") -> HealthConfig:
 
     >>> parse('[slurm-health]\\nlock = "node.toml"\\ntimeout_s = -1\\nchekcs = []', "h.toml")
     Traceback (most recent call last):
-    stackgate.models.healthconfig.HealthConfigError: h.toml: 3 problems:
+    stackgate.models.exitcodes.UsageError: h.toml: 3 problems:
       slurm-health.chekcs: unknown key (did you mean 'checks'?)
       slurm-health.lock: 'node.toml' is not an absolute path (slurmd runs the check from any folder)
       slurm-health.timeout_s: -1 is not a number of seconds above 0
@@ -108,9 +104,9 @@ def parse(text: str, source: str = "config") -> HealthConfig:
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise HealthConfigError(f"{source}: not valid TOML: {exc}") from exc
+        raise UsageError(f"{source}: not valid TOML: {exc}") from exc
     except RecursionError:
-        raise HealthConfigError(f"{source}: not valid TOML: nested too deeply") from None
+        raise UsageError(f"{source}: not valid TOML: nested too deeply") from None
     problems = [f"{key}: unknown table (the settings are in [slurm-health])" for key in raw if key != "slurm-health"]
     table = raw.get("slurm-health", {})
     if not isinstance(table, dict):
@@ -170,4 +166,4 @@ def _absolute(value: Any, path: str, problems: list[str], found: dict[str, Any],
 def _raise(problems: list[str], source: str) -> None:
     if problems:
         count = f"{len(problems)} problem{'s' if len(problems) > 1 else ''}"
-        raise HealthConfigError(f"{source}: {count}:\n  " + "\n  ".join(sorted(problems)))
+        raise UsageError(f"{source}: {count}:\n  " + "\n  ".join(sorted(problems)))
