@@ -192,9 +192,10 @@ def smoke(
 ):
     """Launch the serving engine as production will, prove what runs, benchmark it."""
     from stackgate.commands import smoke as command
+    from stackgate.flows.smoke import SmokeRequest
 
     def go():
-        request = command.SmokeRequest(
+        request = SmokeRequest(
             lock_path=_path(lock),
             model=model,
             tp=command.parse_number("--tp", tp),
@@ -236,8 +237,9 @@ def gate(
 ):
     """Run the pre-deploy gate: environment, verify --deep, fast smoke, benchmark; one verdict."""
     from stackgate.commands import gate as command
+    from stackgate.flows.gate import GateRequest
 
-    request = command.GateRequest(
+    request = GateRequest(
         lock_path=_path(lock),
         json_path=_path(json),
         junit_path=_path(junit),
@@ -476,6 +478,7 @@ def fleet(
 ):
     """Run gate, verify, provision or upgrade on every node over SSH (or Slurm): one report, one verdict."""
     from stackgate.commands import fleet as command
+    from stackgate.flows.fleetrequest import MAX_NODES, FleetRequest, seconds, whole
 
     def go():
         given = {  # the documented flags: shorthands for --engine-option NAME=VALUE (the engine checks them)
@@ -489,19 +492,19 @@ def fleet(
             "shared-dir": [shared_dir] if shared_dir is not None else [],
             "count-unavailable": [""] if count_unavailable else [],
         }
-        request = command.FleetRequest(
+        request = FleetRequest(
             engine=engine,
             options=command.engine_options(engine, given, engine_option or ()),
             action=action,
             hosts=hosts,
             inventory=_path(inventory),
             lock_path=_path(lock),
-            parallel=command.whole("--parallel", parallel, 8),
-            batch=command.whole("--batch", batch, 1),
+            parallel=whole("--parallel", parallel, 8),
+            batch=whole("--batch", batch, 1),
             fast_only=fast_only,
             checks=tuple(check or ()),
-            timeout_s=command.seconds("--timeout", timeout),
-            connect_timeout_s=command.seconds("--connect-timeout", connect_timeout),
+            timeout_s=seconds("--timeout", timeout),
+            connect_timeout_s=seconds("--connect-timeout", connect_timeout),
             strict=strict,
             json_path=_path(json),
             junit_path=_path(junit),
@@ -509,11 +512,11 @@ def fleet(
             prom_path=_path(prom),
             html_path=_path(html),
             to_path=_path(to),
-            canary=command.whole("--canary", canary, 1),
+            canary=whole("--canary", canary, 1),
             switch=switch,
             accept_output_change=accept_output_change,
             model=model,
-            max_nodes=command.whole("--max-nodes", max_nodes, command.MAX_NODES),
+            max_nodes=whole("--max-nodes", max_nodes, MAX_NODES),
         )
         return command.run(request, _ui(0, json, junit, markdown, prom, html))
 
@@ -553,6 +556,7 @@ def upgrade(
 ):
     """Build a new stack beside the live one, A/B it on the GPUs, switch only if it wins."""
     from stackgate.commands import upgrade as command
+    from stackgate.flows.upgraderun import UpgradeRequest
 
     def go():
         if not to:
@@ -560,7 +564,7 @@ def upgrade(
                 "--to NEW_SPEC is required: the spec to upgrade to",
                 hint="stackgate upgrade --to NEW_SPEC.toml --dry-run",
             )
-        request = command.UpgradeRequest(
+        request = UpgradeRequest(
             to=Path(to),
             lock_path=_path(lock),
             model=model,

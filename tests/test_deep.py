@@ -20,11 +20,11 @@ from specs import THIS_PYTHON, write_spec
 from support import processes_with
 
 from stackgate.checks import deep
-from stackgate.commands.verify import plan
 from stackgate.edges import nvml
 from stackgate.facts import Facts, Missing, ProbeFacts
 from stackgate.facts import deepruns as measure
 from stackgate.facts.values import Distribution
+from stackgate.flows.verify import plan
 from stackgate.models.exitcodes import UsageError
 from stackgate.models.result import Result, Status
 from stackgate.models.spec import Spec, load_spec

@@ -24,10 +24,10 @@ from support import released_wheel
 
 from stackgate.checks import deep
 from stackgate.checks.core import REGISTRY, run_checks
-from stackgate.commands.verify import plan
 from stackgate.edges import flashwork as script
 from stackgate.facts import Facts
 from stackgate.facts import deepruns as measure
+from stackgate.flows.verify import plan
 from stackgate.models.result import Result, Status
 from stackgate.models.spec import DEFAULT_LOCK, Capability, Spec, SpecError, load_spec, loads_spec
 from stackgate.runs import fingerprint, rundiff

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from stackgate.commands import diagnose
+from stackgate.flows import diagnose
 from stackgate.models import knowledge
 from stackgate.models.spec import load_spec
 from stackgate.scan import Scanner, extract

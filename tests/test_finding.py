@@ -13,8 +13,8 @@ import pytest
 from stackgate import scan
 from stackgate.checks.abi import explain_import
 from stackgate.checks.smoke import logscan
-from stackgate.commands import diagnose
 from stackgate.facts import ImportOutcome
+from stackgate.flows import diagnose
 from stackgate.models import knowledge
 from stackgate.models.finding import Finding, FindingError, Fix
 from stackgate.models.spec import load_spec

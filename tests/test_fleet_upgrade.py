@@ -26,6 +26,8 @@ from test_fleet import Fleet, fleet_env, stackgate
 
 from stackgate.commands import fleet
 from stackgate.flows import fleet as fleetflow
+from stackgate.flows.fleet import NodeRun, canary_rollout
+from stackgate.flows.fleetrequest import FleetRequest
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.inventory import parse_hosts
 from stackgate.render.ui import UI
@@ -47,7 +49,7 @@ def upgrade(
     names: list[str], sims: dict[str, SimNode], tmp_path: Path, **request: object
 ) -> tuple[int, dict, SimTransport, str]:
     out, stream = tmp_path / "fleet.json", io.StringIO()
-    chosen = fleet.FleetRequest(
+    chosen = FleetRequest(
         action="upgrade", hosts=",".join(names), to_path=new_spec(tmp_path), lock_path=LIVE, json_path=out, **request
     )  # type: ignore[arg-type]
     transport = SimTransport(sims)
@@ -213,7 +215,7 @@ def test_two_canaries_and_a_node_already_on_the_new_stack(tmp_path):
 def test_a_live_spec_of_the_same_name_is_shipped_beside_the_new_one(tmp_path):
     sims = {"n1": SimNode()}
     out = tmp_path / "fleet.json"
-    request = fleet.FleetRequest(
+    request = FleetRequest(
         action="upgrade",
         hosts="n1",
         to_path=LIVE,
@@ -259,7 +261,7 @@ def test_what_fleet_upgrade_cannot_take_is_refused_before_any_node_is_touched(tm
     sims: dict[str, SimNode] = {}
     chosen = {"action": "upgrade", "hosts": "a,b,c", "to_path": new_spec(tmp_path), "lock_path": LIVE, **request_}
     with pytest.raises(UsageError) as caught:
-        fleet.run(fleet.FleetRequest(**chosen), UI(stream=io.StringIO(), force_plain=True), SimTransport(sims))  # type: ignore[arg-type]
+        fleet.run(FleetRequest(**chosen), UI(stream=io.StringIO(), force_plain=True), SimTransport(sims))  # type: ignore[arg-type]
     assert said in str(caught.value) and sims == {}
 
 
@@ -399,9 +401,9 @@ def test_ctrl_c_during_the_canary_touches_no_other_node():
     def work(node, stop):
         began.append(node.name)
         stop.set()  # Ctrl-C while the canary runs: its remote group is stopped (tests/test_fleet.py, over real sshd)
-        return fleet.NodeRun(node, fleetflow.INTERRUPTED, "interrupted (Ctrl-C or SIGTERM)")
+        return NodeRun(node, fleetflow.INTERRUPTED, "interrupted (Ctrl-C or SIGTERM)")
 
-    ran = fleet.canary_rollout(nodes, 1, 2, work, stop)
+    ran = canary_rollout(nodes, 1, 2, work, stop)
     assert (
         began == ["a"]
         and [(n.status, n.reason) for n in ran[1:]] == [("not run", "not run: the fleet was interrupted")] * 2

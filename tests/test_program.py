@@ -22,7 +22,9 @@ from support import ROOT, SHOW_MODULES, isolated_environ, parsed, run_program
 
 from stackgate import __version__, cli
 from stackgate import program as main
-from stackgate.commands import diagnose, gate, init, provision, report, smoke, upgrade, verify
+from stackgate.commands import diagnose, init, provision, report, verify
+from stackgate.flows import gate, smoke, upgrade
+from stackgate.flows.provision import ProvisionError
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.spec import SpecError
 from stackgate.serve.launch import LaunchError
@@ -423,9 +425,9 @@ def test_a_usage_error_shows_its_hint_on_a_line_of_its_own(tmp_path):
 
 def test_an_error_that_is_not_usage_is_not_turned_into_exit_2():
     def command() -> ExitCode:
-        raise provision.ProvisionError("the resolution failed")
+        raise ProvisionError("the resolution failed")
 
-    with pytest.raises(provision.ProvisionError):
+    with pytest.raises(ProvisionError):
         cli.run_command(command)
 
 

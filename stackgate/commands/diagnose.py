@@ -20,14 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from stackgate.flows.diagnose import (
-    SCHEMA,
     STDIN,
     Diagnosis,
-    Input,
     borrowed,
     diagnose,
     document,
-    gpu_indexes,
     live_kernel_log,
     opener,
 )
@@ -38,18 +35,7 @@ from stackgate.render.outputs import JSON, Output, check_outputs, write_reports
 if TYPE_CHECKING:  # the spec module loads only when diagnose runs
     from stackgate.models.spec import Spec
 
-__all__ = [
-    "SCHEMA",
-    "DiagnoseRequest",
-    "Diagnosis",
-    "Input",
-    "diagnose",
-    "document",
-    "gpu_indexes",
-    "inputs_summary",
-    "run",
-    "verdict_line",
-]
+__all__ = ["DiagnoseRequest", "inputs_summary", "run", "verdict_line"]
 
 
 @dataclass(frozen=True, kw_only=True)

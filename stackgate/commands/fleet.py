@@ -17,31 +17,11 @@ from typing import Any, Callable, Mapping
 from stackgate.edges import ssh
 from stackgate.flows import fleetengines
 from stackgate.flows.fleet import (
-    SCHEMA,
     FleetRun,
-    NodeRun,
-    Remote,
-    Shipment,
-    canary_rollout,
-    document,
-    gate_on_node,
-    on_node,
-    provision_on_node,
-    rolling,
-    run_fleet,
-    run_nodes,
-    upgrade_on_node,
 )
-from stackgate.flows.fleet_slurm import SlurmOptions
 from stackgate.flows.fleetrequest import (
-    ACTIONS,
-    MAX_NODES,
-    SWITCHES,
     FleetRequest,
-    nodes_of,
-    seconds,
     upgrade_specs,
-    whole,
 )
 from stackgate.models import settings
 from stackgate.models.exitcodes import ExitCode, UsageError
@@ -52,32 +32,7 @@ from stackgate.render.outputs import JSON, Output
 from stackgate.render.ui import UI
 from stackgate.runs import history
 
-__all__ = [
-    "ACTIONS",
-    "MAX_NODES",
-    "SCHEMA",
-    "SWITCHES",
-    "FleetRequest",
-    "FleetRun",
-    "NodeRun",
-    "Remote",
-    "Shipment",
-    "SlurmOptions",
-    "canary_rollout",
-    "engine_options",
-    "document",
-    "gate_on_node",
-    "nodes_of",
-    "on_node",
-    "provision_on_node",
-    "rolling",
-    "run",
-    "run_fleet",
-    "run_nodes",
-    "seconds",
-    "upgrade_on_node",
-    "whole",
-]
+__all__ = ["engine_options", "run"]
 
 engine_options = fleetengines.engine_options
 

@@ -9,16 +9,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from stackgate.flows.gate import (
-    SCHEMA,
-    STAGES,
-    GateContext,
     GateRequest,
     GateRun,
-    Stage,
-    StageInterrupted,
-    StageRun,
     run_gate,
-    run_stages,
 )
 from stackgate.flows.smoke import SmokeRun
 from stackgate.models import settings
@@ -32,19 +25,7 @@ from stackgate.render.ui import UI
 from stackgate.runs import history
 from stackgate.serve import launch
 
-__all__ = [
-    "SCHEMA",
-    "STAGES",
-    "GateContext",
-    "GateRequest",
-    "GateRun",
-    "Stage",
-    "StageInterrupted",
-    "StageRun",
-    "run",
-    "run_gate",
-    "run_stages",
-]
+__all__ = ["run"]
 
 
 def run(request: GateRequest, ui: UI) -> ExitCode:

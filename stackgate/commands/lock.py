@@ -30,11 +30,11 @@ from stackgate.flows.lock import Locking, current, run_lock
 from stackgate.models import pylock
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.spec import DEFAULT_LOCK, Spec, load_spec, read_only_problem
-from stackgate.render.locklines import UNCHANGED, size
+from stackgate.render.locklines import size
 from stackgate.render.ui import UI
 from stackgate.stack import pyenv, resolve
 
-__all__ = ["UNCHANGED", "LockRequest", "fix_command", "run", "shipped_specs"]
+__all__ = ["LockRequest", "fix_command", "run", "shipped_specs"]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from stackgate.flows.provision import (
-    LIVE_ACTIONS,
     Built,
     ProvisionError,
     advice,
@@ -25,9 +24,7 @@ from stackgate.flows.provision import (
     known_failures,
     make_plan,
     other_lock,
-    plan_for,
     refusal,
-    split_live,
     sweep,
 )
 from stackgate.models import pylock
@@ -38,17 +35,7 @@ from stackgate.render.ui import UI
 from stackgate.stack import generations, guard, patching, pyenv, toolkit
 from stackgate.stack.plan import AREAS, Plan
 
-__all__ = [
-    "LIVE_ACTIONS",
-    "ProvisionError",
-    "ProvisionRequest",
-    "RollbackRequest",
-    "apply",
-    "plan_for",
-    "rollback",
-    "run",
-    "split_live",
-]
+__all__ = ["ProvisionRequest", "RollbackRequest", "rollback", "run"]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -32,14 +32,14 @@ from stackgate.edges.files import write_text
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.redact import redact
 from stackgate.models.spec import SpecError, load_spec
-from stackgate.render.runlines import list_runs, show_comparison, show_findings, show_regressions, show_run
+from stackgate.render.runlines import list_runs, show_comparison, show_regressions, show_run
 from stackgate.render.ui import UI
 from stackgate.runs import catalog, history, index
 
 if TYPE_CHECKING:
     pass
 
-__all__ = ["ReportRequest", "parse_number", "run", "show_findings", "show_regressions"]
+__all__ = ["ReportRequest", "parse_number", "run"]
 
 N = TypeVar("N", int, float)
 

@@ -10,9 +10,6 @@ from __future__ import annotations
 import os
 
 from stackgate.flows.smoke import (
-    SCHEMA,
-    LaunchError,
-    Session,
     SmokeInterrupted,
     SmokeRequest,
     SmokeRun,
@@ -29,22 +26,7 @@ from stackgate.render.ui import UI
 from stackgate.runs import history
 from stackgate.serve import launch
 
-__all__ = [
-    "BENCHMARK_HEADERS",
-    "CONCURRENCY_HEADERS",
-    "SCHEMA",
-    "LaunchError",
-    "Session",
-    "SmokeInterrupted",
-    "SmokeRequest",
-    "SmokeRun",
-    "benchmark_rows",
-    "concurrency_rows",
-    "parse_levels",
-    "parse_number",
-    "run",
-    "run_smoke",
-]
+__all__ = ["parse_levels", "parse_number", "run"]
 
 
 def parse_number(option: str, text: str | None) -> int | None:

@@ -97,7 +97,7 @@ class Session:
     server_info: dict[str, Any] | None = None
     info_endpoint: str | None = None
     findings: list[Finding] = field(default_factory=list)
-    evidence: list[serverlog.Evidence] = field(default_factory=list)
+    evidence: list[serverlog.FlagSighting] = field(default_factory=list)
     figures: bench.BenchFigures | None = None
     levels: list[bench.Level] = field(default_factory=list)
     teardown: launch.Teardown | None = None
