@@ -395,35 +395,29 @@ def diagnose(c, path=None, stdin=False, json=None, lock=None, kernel=False, kern
 
 @task(
     positional=["action"],
+    actions=fleetoptions.ACTIONS,
     iterable=["check", "slurm_arg", "engine_option"],
     help={
-        "action": (
-            "what to run on every node: gate, verify, provision (then a gate; a node that fails is rolled back) or "
-            "upgrade (a canary first)"
+        "action": "what to run on every node: gate, verify, provision or upgrade (`stackgate fleet --help` lists them)",
+        "hosts": "[--engine ssh] the nodes: comma-separated [user@]host[:port] (or --inventory)",
+        "inventory": (
+            "[--engine ssh] the nodes: a TOML inventory ([fleet] defaults, one [[node]] per node; docs/fleet.md)"
         ),
-        "hosts": "the nodes: comma-separated [user@]host[:port] (or --inventory)",
-        "inventory": "the nodes: a TOML inventory ([fleet] defaults, one [[node]] per node; docs/fleet.md)",
         "lock": LOCK_HELP + "; shipped to every node with its pylock, sha256 checked there "
         "(upgrade: the live spec, default each node's own)",
-        "parallel": "[fleet gate, verify] nodes run at once (default 8)",
-        "batch": (
-            "[fleet provision, upgrade] nodes moved at a time; the first batch with a failure stops the rollout "
-            "(default 1)"
-        ),
-        "to": (
-            "[fleet upgrade] the new spec (its pylock beside it), shipped to every node and built beside its live stack"
-        ),
-        "canary": "[fleet upgrade] nodes upgraded first; the rest only if every one of them won (default 1)",
-        "switch": "[fleet upgrade] each node's stackgate upgrade --switch: if-better (default) or if-passes",
-        "accept_output_change": (
-            "[fleet upgrade] accept greedy outputs that differ from the live stack's (still reported)"
-        ),
-        "model": "[fleet upgrade] model directory both sides launch on each node (default: the specs' [smoke] model)",
-        "fast_only": "[fleet gate] stop each node's gate after the fast smoke",
-        "check": f"[fleet verify] {CHECK_HELP}, on each node",
+        "parallel": "nodes run at once (default 8)",
+        "batch": "nodes moved at a time; the first batch with a failure stops the rollout (default 1)",
+        "to": "the new spec (its pylock beside it), shipped to every node and built beside its live stack",
+        "canary": "nodes upgraded first; the rest only if every one of them won (default 1)",
+        "switch": "each node's stackgate upgrade --switch: if-better (default) or if-passes",
+        "accept_output_change": "accept greedy outputs that differ from the live stack's (still reported)",
+        "model": "model directory both sides launch on each node (default: the specs' [smoke] model)",
+        "fast_only": "stop each node's gate after the fast smoke",
+        "check": f"{CHECK_HELP}, on each node",
         "timeout": "seconds each node's whole run may take (default: the inventory's timeout_s, else 7200)",
         "connect_timeout": (
-            "seconds to connect and log in to a node (default: the inventory's connect_timeout_s, else 10)"
+            "[--engine ssh] seconds to connect and log in to a node (default: the inventory's connect_timeout_s, "
+            "else 10)"
         ),
         "json": "write the fleet's JSON report here: every node, the stacks (fingerprint groups), the outliers",
         "junit": "write a JUnit XML report here: one testsuite per node",

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from stackgate.models import fleetoptions
 from stackgate.models.exitcodes import UsageError
 from stackgate.models.inventory import Node, load_inventory, parse_hosts
 from stackgate.models.spec import Spec, load_spec
@@ -31,7 +32,7 @@ __all__ = [
 ]
 
 
-ACTIONS = ("gate", "verify", "provision", "upgrade")
+ACTIONS = tuple(fleetoptions.ACTIONS)
 
 
 def unknown_action(action: str) -> str:
