@@ -171,7 +171,7 @@ def test_a_missing_moe_config_is_a_performance_warning() -> None:
             "can create them"
         )
     )
-    assert found.id == "moe-config-missing" and found.severity == "warning"
+    assert found.id == "moe-config-missing" and found.severity == "warn"
     assert (
         found.values["device"] == "NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition"
         and found.values["shape"] == "E=128 N=192"

@@ -119,16 +119,13 @@ def _load_lock(path: Path | None) -> Spec | None:
 
 
 def verdict_line(done: Diagnosis) -> str:
-    """``3 findings (2 errors, 1 warning) in 0.41 s: FAILED``; a run with no error passes."""
+    """``3 finding(s) (2 fail, 1 warn) in 0.41 s: FAILED``; a run with no failing finding passes."""
     counts = {k: v for k, v in done.counts.items() if k != "unrecognized"}
     apart = f"; {len(done.unrecognized)} unrecognized failure(s)" if done.unrecognized else ""
     if not done.findings and not done.unrecognized:
         return f"no known failure found in {done.duration_s:.2f} s: passed"
-    parts = (
-        ", ".join(f"{n} {word}{'s' if n != 1 and word != 'info' else ''}" for word, n in counts.items() if n)
-        or "none recognised"
-    )
-    word = "FAILED" if done.exit_code else "passed (no error-level finding)"
+    parts = ", ".join(f"{n} {word}" for word, n in counts.items() if n) or "none recognised"
+    word = "FAILED" if done.exit_code else "passed (no failing finding)"
     return f"{len(done.findings)} finding(s) ({parts}){apart} in {done.duration_s:.2f} s: {word}"
 
 

@@ -129,15 +129,15 @@ class LogWatcher:
 
     @property
     def fatal(self) -> Finding | None:
-        """The first error-severity finding: the server cannot come up (or stay up) after it."""
-        errors = [f for f in self.scanner.findings if f.severity == "error"]
+        """The first failing finding: the server cannot come up (or stay up) after it."""
+        errors = [f for f in self.scanner.findings if f.severity == "fail"]
         return min(errors, key=lambda f: f.evidence.line) if errors else None
 
     @property
     def cause(self) -> Finding | None:
         """The error that best explains a failure: a cause before a consequence (a line that only
         says a worker failed; its traceback, a few lines on, usually names the real error)."""
-        errors = [f for f in self.scanner.findings if f.severity == "error"]
+        errors = [f for f in self.scanner.findings if f.severity == "fail"]
         return errors[0] if errors else None  # findings are ranked: causes before consequences
 
     def finish(self, *, judge_end: bool = True) -> list[Finding]:

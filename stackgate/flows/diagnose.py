@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # the spec loads only when --lock asks for it
 __all__ = ["SCHEMA", "STDIN", "Diagnosis", "Input", "diagnose", "document", "opener"]
 
 #: The JSON report's schema (its versions: CHANGELOG.md).
-SCHEMA = "stackgate.diagnose/3"
+SCHEMA = "stackgate.diagnose/4"
 STDIN = "<stdin>"
 
 
@@ -63,7 +63,7 @@ class Diagnosis:
 
     @property
     def exit_code(self) -> ExitCode:
-        return ExitCode.FAILED if self.counts["error"] or self.unrecognized else ExitCode.PASSED
+        return ExitCode.FAILED if self.counts["fail"] or self.unrecognized else ExitCode.PASSED
 
 
 def live_kernel_log() -> tuple[str, Callable[[], AbstractContextManager[BinaryIO]]]:
