@@ -419,4 +419,4 @@ def test_fleet_upgrade_usage_on_the_command_line_exits_2(tmp_path):
         done = stackgate("fleet", "upgrade", "--hosts", "a", *flags, history=tmp_path / "runs")
         assert done.returncode == ExitCode.USAGE and said in done.stderr and "Traceback" not in done.stderr
     done = stackgate("fleet", "gate", "--hosts", "a", "--canary", "2", history=tmp_path / "runs")
-    assert done.returncode == ExitCode.USAGE and "are for `fleet upgrade`" in done.stderr
+    assert done.returncode == ExitCode.USAGE and "takes no --canary: it is an option of fleet upgrade" in done.stderr
