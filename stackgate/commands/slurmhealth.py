@@ -49,7 +49,7 @@ from stackgate.render import summaries
 from stackgate.render.outputs import Output, check_outputs, write_reports
 from stackgate.render.ui import UI
 
-__all__ = ["BUSY", "IN_SERVICE", "OCCUPANCY", "OURS", "Finding", "check_node", "decide", "excuse", "run"]
+__all__ = ["BUSY", "IN_SERVICE", "OCCUPANCY", "OURS", "HealthVerdict", "check_node", "decide", "excuse", "run"]
 
 #: Checks that judge how busy the GPUs are (memory other processes hold): a job explains them.
 OCCUPANCY = frozenset({"gpu.processes"})
@@ -63,7 +63,7 @@ _FLAGS = "*~#!%$@^-"  # sinfo's suffixes: not responding, powered off, powering 
 
 
 @dataclass(frozen=True)
-class Finding:
+class HealthVerdict:
     """What verify said: healthy, or the first failed check and its summary."""
 
     healthy: bool
@@ -115,7 +115,7 @@ def _base(state: slurm.NodeState | None) -> str:
     return state.state.lower().rstrip(_FLAGS) if state is not None else ""
 
 
-def excuse(found: Finding, *states: slurm.NodeState | None) -> Finding:
+def excuse(found: HealthVerdict, *states: slurm.NodeState | None) -> HealthVerdict:
     """``found`` with its failed occupancy checks not judged when Slurm has the node given to a job
     in any of ``states`` (before verify, after it): healthy when nothing else failed."""
     if found.healthy or not any(_base(s) in BUSY for s in states):
@@ -144,7 +144,7 @@ def environment(config: HealthConfig) -> dict[str, str]:
 
 def check_node(
     config: HealthConfig, env: Mapping[str, str], local: LocalVerify | None = None, node: str | None = None
-) -> Finding:
+) -> HealthVerdict:
     """``verify --cached`` under the time cap (``local`` in a forked child, else the configured
     program, else this interpreter's stackgate), read back from its JSON report; the Prometheus
     file written from that report, as ``verify --prom`` writes it, with ``node`` (Slurm's name for
@@ -165,15 +165,15 @@ def check_node(
         named = {**doc, "host": {**host, "hostname": node or host.get("hostname", "unknown")}}
         write_reports(named, {"--prom": Output(config.prom, summaries.verify_prometheus)})
     if done.timed_out:
-        return Finding(False, "verify", f"no verdict within {config.timeout_s:g} s (killed)", done.duration_s)
+        return HealthVerdict(False, "verify", f"no verdict within {config.timeout_s:g} s (killed)", done.duration_s)
     if done.returncode == 0 and doc is not None:
-        return Finding(True, duration_s=done.duration_s)
+        return HealthVerdict(True, duration_s=done.duration_s)
     bad = [r for r in (doc or {}).get("results", ()) if isinstance(r, Mapping) and r.get("status") in ("FAIL", "ERROR")]
     if done.returncode == 1 and bad:
         failed = tuple((str(r.get("check")), str(r.get("status")), str(r.get("summary"))) for r in bad)
-        return Finding(False, str(bad[0].get("check")), str(bad[0].get("summary")), done.duration_s, failed)
+        return HealthVerdict(False, str(bad[0].get("check")), str(bad[0].get("summary")), done.duration_s, failed)
     tail = (done.tail(1) or ["(no output)"])[0]
-    return Finding(False, "verify", f"{done.ended}: {tail}", done.duration_s)
+    return HealthVerdict(False, "verify", f"{done.ended}: {tail}", done.duration_s)
 
 
 def _child(local: LocalVerify, config: HealthConfig, report: Path, env: Mapping[str, str]) -> Callable[[], int]:
@@ -195,7 +195,7 @@ def _report(path: Path) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-def decide(node: str, state: slurm.NodeState | None, found: Finding, env: Mapping[str, str]) -> str:
+def decide(node: str, state: slurm.NodeState | None, found: HealthVerdict, env: Mapping[str, str]) -> str:
     """Drain, resume or leave the node (the module's rule); what was done, in words."""
     if state is None:
         return f"left alone: Slurm does not know a node {node!r}"
