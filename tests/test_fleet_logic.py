@@ -156,6 +156,7 @@ def test_a_bad_inventory_on_the_command_line_exits_2_before_connecting(tmp_path)
     )
     both = stackgate("fleet", "verify", "--hosts", "a", "--inventory", str(bad), history=tmp_path / "runs")
     assert both.returncode == ExitCode.USAGE and "one of them" in both.stderr
+    assert "  fix: stackgate fleet verify --hosts gpu01,gpu02" in both.stderr
     unknown = stackgate("fleet", "deploy", "--hosts", "a", history=tmp_path / "runs")
     assert unknown.returncode == ExitCode.USAGE and "unknown action 'deploy'" in unknown.stderr
     typo = stackgate("fleet", "verfy", "--hosts", "a", history=tmp_path / "runs")

@@ -125,7 +125,10 @@ def nodes_of(request: FleetRequest) -> list[Node]:
     if request.action not in ACTIONS:
         raise UsageError(unknown_action(request.action))
     if (request.hosts is None) == (request.inventory is None):
-        raise UsageError("fleet: name the nodes with --hosts a,b,c or --inventory FILE (one of them)")
+        raise UsageError(
+            "fleet: name the nodes with --hosts a,b,c or --inventory FILE (one of them)",
+            hint=f"stackgate fleet {request.action} --hosts gpu01,gpu02",
+        )
     if request.parallel < 1 or request.batch < 1:
         raise UsageError("fleet: --parallel and --batch must be at least 1")
     check_batch(request)
