@@ -48,9 +48,9 @@ def environ(caches: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def provision(lock: Path, env: dict[str, str], *prefix: str) -> Run:
+def provision(spec: Path, env: dict[str, str], *prefix: str) -> Run:
     """`invoke provision --lock LOCK --yes` in its own process, as a person runs it."""
-    argv = [*prefix, sys.executable, "-m", "invoke", "provision", "--lock", str(lock), "--yes"]
+    argv = [*prefix, sys.executable, "-m", "invoke", "provision", "--lock", str(spec), "--yes"]
     started = time.perf_counter()
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
     return Run(time.perf_counter() - started, done.returncode, done.stdout, done.stderr)

@@ -48,8 +48,8 @@ def once(tmp: Path, behaviour: dict, event: str, benchmark: bool) -> tuple[float
     rig = Rig(tmp, free_port())
     os.environ["STACKGATE_FAKE_NVML"] = str(rig.nvml_path)
     rig.behave(**behaviour)
-    lock = rig.lock(benchmark={"output_tokens": 2000, "runs": 1, "warmup": 0})
-    done = rig.run(lock, benchmark=benchmark)
+    spec = rig.spec(benchmark={"output_tokens": 2000, "runs": 1, "warmup": 0})
+    done = rig.run(spec, benchmark=benchmark)
     returned = time.time()
     session = done.sessions[0]
     seen = session.failure_seen_at

@@ -52,7 +52,7 @@ def simulated(size: int) -> tuple[float, int]:
     sims = {f"n{i:04d}": SimNode(rate=92.6 + (i % 7) * 0.05) for i in range(size)}
     for slow in range(0, size, 97):
         sims[f"n{slow:04d}"] = SimNode(rate=61.0)
-    request = FleetRequest(action="gate", hosts=",".join(sims), lock_path=LOCK, parallel=16)
+    request = FleetRequest(action="gate", hosts=",".join(sims), spec_path=LOCK, parallel=16)
     ui = UI(stream=io.StringIO(), force_plain=True)
     ui.info = lambda text: None  # type: ignore[method-assign]  # a line per node on stderr is not what is measured
     tracemalloc.start()

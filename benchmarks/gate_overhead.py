@@ -34,18 +34,18 @@ from stackgate.render.ui import UI  # noqa: E402
 VERIFIABLE = ("gpu.*", "python.interpreter", "python.pins", "python.frozen", "python.consistency")
 
 
-def smokes(rig: Rig, lock: Path) -> float:
+def smokes(rig: Rig, spec: Path) -> float:
     started = time.monotonic()
     for fast in (True, False):
-        done = rig.run(lock, fast=fast, benchmark=not fast)
+        done = rig.run(spec, fast=fast, benchmark=not fast)
         if not done.verdict.passed:
             raise SystemExit(f"the reference smoke failed: {done.verdict.reason}")
     return time.monotonic() - started
 
 
-def whole_gate(lock: Path, out: Path) -> tuple[float, dict[str, float]]:
+def whole_gate(spec: Path, out: Path) -> tuple[float, dict[str, float]]:
     request = GateRequest(
-        lock_path=lock,
+        spec_path=spec,
         verify_checks=VERIFIABLE,
         json_path=out / "g.json",
         junit_path=out / "g.xml",
@@ -73,13 +73,13 @@ def main() -> None:
             STACKGATE_HISTORY_DIR=str(Path(tmp) / "history"),
             STACKGATE_LOG_DIR=str(Path(tmp) / "logs"),
         )
-        lock = rig.lock(
+        spec = rig.spec(
             benchmark={"output_tokens": 200, "runs": 2, "warmup": 1, "baseline_tok_s": 190.0, "max_regression": 0.05}
         )
         reference, gated, stages = [], [], []
         for _ in range(args.repeats):
-            reference.append(smokes(rig, lock))
-            seconds, per_stage = whole_gate(lock, Path(tmp))
+            reference.append(smokes(rig, spec))
+            seconds, per_stage = whole_gate(spec, Path(tmp))
             gated.append(seconds)
             stages.append(per_stage)
     ref, total = statistics.median(reference), statistics.median(gated)

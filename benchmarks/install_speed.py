@@ -52,10 +52,10 @@ def main() -> int:
             for name in INSTALLERS if repeat % 2 == 0 else reversed(INSTALLERS):
                 run_dir = base / f"{name}-{repeat}"
                 run_dir.mkdir()
-                lock = write_stack_lock(
+                spec = write_stack_lock(
                     run_dir / "stack.toml", server, run_dir / "root", installer=name, resolve_with=locking
                 )
-                run = provision(lock, environ(run_dir / "caches"))
+                run = provision(spec, environ(run_dir / "caches"))
                 if run.returncode != 0:
                     print(f"{name} provision failed (exit {run.returncode}):\n{run.stderr[-3000:]}", file=sys.stderr)
                     return 1

@@ -55,20 +55,20 @@ def compile_s(spec: Path, work: Path, env: dict[str, str]) -> float:
     return timed(list(command.argv), env)
 
 
-def in_process_overhead(spec: Path, work: Path, env: dict[str, str]) -> float:
+def in_process_overhead(spec_path: Path, work: Path, env: dict[str, str]) -> float:
     """resolve()'s wall time minus the bare uv command's, both warm, in this process: what loading
     the old pylock, validating, stamping and writing add (no interpreter start in either)."""
     uv = pyenv.find_uv()
     assert uv is not None
-    lock = load_spec(spec)
+    spec = load_spec(spec_path)
     work.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(pylock.path_for(spec), work / "pylock.toml")  # the same preferences
-    command = resolve.compile_command(lock, uv, work, work / "pylock.toml")
+    shutil.copyfile(pylock.path_for(spec_path), work / "pylock.toml")  # the same preferences
+    command = resolve.compile_command(spec, uv, work, work / "pylock.toml")
     started = time.perf_counter()
     pyenv.run(command, log=work / "uv.log", environ=env)
     bare = time.perf_counter() - started
     started = time.perf_counter()
-    resolve.resolve(lock, uv=uv, environ=env)
+    resolve.resolve(spec, uv=uv, environ=env)
     return time.perf_counter() - started - bare
 
 

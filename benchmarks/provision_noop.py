@@ -29,9 +29,9 @@ DEAD = "http://127.0.0.1:9"
 _INET = re.compile(r"connect\(\d+, \{sa_family=AF_INET6?,")
 
 
-def traced(lock: Path, env: dict[str, str], trace: Path) -> tuple[int, int]:
+def traced(spec: Path, env: dict[str, str], trace: Path) -> tuple[int, int]:
     """(exit code, IPv4/IPv6 connect() calls) of one provision under strace."""
-    run = provision(lock, env, "strace", "-f", "-qq", "-e", "trace=connect", "-e", "signal=none", "-o", str(trace))
+    run = provision(spec, env, "strace", "-f", "-qq", "-e", "trace=connect", "-e", "signal=none", "-o", str(trace))
     return run.returncode, sum(1 for line in trace.read_text().splitlines() if _INET.search(line))
 
 
@@ -51,13 +51,13 @@ def main() -> int:
         base = Path(tmp)
         server = serve_stack(base / "index")
         env = environ(base / "caches")
-        lock = write_stack_lock(
+        spec = write_stack_lock(
             base / "lock.toml", server, base / "root", resolve_with=env
         )  # its pylock, before any trace
         if strace:
-            code, build_connects = traced(lock, env, base / "build.trace")
+            code, build_connects = traced(spec, env, base / "build.trace")
         else:
-            code, build_connects = provision(lock, env).returncode, -1
+            code, build_connects = provision(spec, env).returncode, -1
         if code != 0:
             print(f"the first provision (the build) failed with exit {code}", file=sys.stderr)
             return 1
@@ -66,12 +66,12 @@ def main() -> int:
             **env,
             **{k: DEAD for k in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")},
         }
-        runs = [provision(lock, dead_env) for _ in range(args.runs)]
+        runs = [provision(spec, dead_env) for _ in range(args.runs)]
         bad = [r for r in runs if r.returncode != 0 or not r.stdout.startswith("nothing to do")]
         if bad:
             print(f"a no-op provision did something or failed:\n{bad[0].stdout}\n{bad[0].stderr}", file=sys.stderr)
             return 1
-        noop_connects = traced(lock, dead_env, base / "noop.trace")[1] if strace else -1
+        noop_connects = traced(spec, dead_env, base / "noop.trace")[1] if strace else -1
         floor = statistics.median(reference_s(dead_env) for _ in range(5))
     walls = sorted(r.wall_s for r in runs)
     median = statistics.median(walls)

@@ -60,7 +60,7 @@ def by_hand(node: rig_of.Node, b: Path) -> float:
     assert live is not None
     if (
         provision.run(
-            provision.ProvisionRequest(lock_path=b, yes=True, environ=node.environ),
+            provision.ProvisionRequest(spec_path=b, yes=True, environ=node.environ),
             UI(stream=io.StringIO(), force_plain=True),
         )
         != 0
@@ -70,11 +70,11 @@ def by_hand(node: rig_of.Node, b: Path) -> float:
     assert new is not None
     for position, side in enumerate(abtest.order(2), 1):
         path, generation = (node.a, live) if side == abtest.LIVE else (b, new)
-        lock = load_spec(path)
-        lock = dataclasses.replace(lock, python=dataclasses.replace(lock.python, interpreter=generation.python))
-        request = smoke.SmokeRequest(lock_path=path, benchmark=True, run_dir=node.tmp / "by-hand" / str(position))
+        spec = load_spec(path)
+        spec = dataclasses.replace(spec, python=dataclasses.replace(spec.python, interpreter=generation.python))
+        request = smoke.SmokeRequest(spec_path=path, benchmark=True, run_dir=node.tmp / "by-hand" / str(position))
         done = smoke.run_smoke(
-            lock, request, UI(stream=io.StringIO(), force_plain=True), environ=node.environ, nvml_lib=fake_nvml
+            spec, request, UI(stream=io.StringIO(), force_plain=True), environ=node.environ, nvml_lib=fake_nvml
         )
         if not done.verdict.passed:
             raise SystemExit(f"the reference smoke failed: {done.verdict.reason}")
@@ -86,7 +86,7 @@ def whole_upgrade(node: rig_of.Node, b: Path) -> float:
     out.mkdir(exist_ok=True)
     request = UpgradeRequest(
         to=b,
-        lock_path=node.a,
+        spec_path=node.a,
         verify_checks=rig_of.VERIFY,
         environ=node.environ,
         run_dir=node.tmp / "servers",
@@ -135,7 +135,7 @@ def main() -> None:
         )
         if (
             provision.run(
-                provision.ProvisionRequest(lock_path=a, yes=True, environ=environ),
+                provision.ProvisionRequest(spec_path=a, yes=True, environ=environ),
                 UI(stream=io.StringIO(), force_plain=True),
             )
             != 0

@@ -56,9 +56,9 @@ def main() -> int:
         env.pop("STACKGATE_LOCK", None)
         env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: compiled modules kept (here, out of the checkout)
         env["PYTHONPYCACHEPREFIX"] = str(folder / "pycache")
-        lock_path = args.lock
+        spec_path = args.lock
         if not args.real_nvml:
-            lock_path = retarget(args.lock, args.python or sys.executable, folder)
+            spec_path = retarget(args.lock, args.python or sys.executable, folder)
             h200 = {
                 "name": "NVIDIA H200",
                 "cc": [9, 0],
@@ -68,18 +68,18 @@ def main() -> int:
                 "processes": [],
                 "unsupported": [],
             }
-            spec = {"driver": "580.159.03", "cuda": 13000, "gpus": [h200]}
-            (folder / "nvml.json").write_text(json.dumps(spec))
+            machine = {"driver": "580.159.03", "cuda": 13000, "gpus": [h200]}
+            (folder / "nvml.json").write_text(json.dumps(machine))
             env.update(STACKGATE_NVML_MODULE="fakes.fake_nvml", STACKGATE_FAKE_NVML=str(folder / "nvml.json"))
         elif args.python:
-            lock_path = retarget(args.lock, args.python, folder)
-        lock = ["--lock", str(lock_path)]
+            spec_path = retarget(args.lock, args.python, folder)
+        spec = ["--lock", str(spec_path)]
         timed(["verify", "--list"], env, 1)  # compiles the modules verify imports
         start, _ = timed(["--version"], env, args.repeat)
-        full, full_code = timed(["verify", *lock], env, args.repeat)
-        first, _ = timed(["verify", "--cached", *lock], env, 1)
+        full, full_code = timed(["verify", *spec], env, args.repeat)
+        first, _ = timed(["verify", "--cached", *spec], env, 1)
         cached, cached_code = timed(
-            ["verify", "--cached", *lock, "--prom", str(folder / "node.prom")], env, args.repeat
+            ["verify", "--cached", *spec, "--prom", str(folder / "node.prom")], env, args.repeat
         )
         hit = (
             "stackgate_verify_cache_hit" in (text := (folder / "node.prom").read_text())
@@ -89,7 +89,7 @@ def main() -> int:
     interpreter = (
         load_spec(args.lock).python.target if args.real_nvml and not args.python else args.python or sys.executable
     )
-    print(f"lock: {lock_path.name}  interpreter: {interpreter}")
+    print(f"lock: {spec_path.name}  interpreter: {interpreter}")
     print(f"NVML: {'this machine' if args.real_nvml else 'the fake of one H200'}; median of {args.repeat} runs each")
     print(f"  stackgate --version            {start:7.3f} s  (the program's start)")
     print(f"  stackgate verify               {full:7.3f} s  (exit {full_code})")

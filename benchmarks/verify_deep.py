@@ -36,9 +36,9 @@ def main() -> int:
         folder = Path(tmp)
         env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(ROOT)}
         env.pop("STACKGATE_LOCK", None)
-        lock_path = verify_speed.retarget(args.lock, args.python, folder) if args.python else args.lock
-        lock = ["--lock", str(lock_path)]
-        program = [sys.executable, "-m", "stackgate", "verify", *lock]
+        spec_path = verify_speed.retarget(args.lock, args.python, folder) if args.python else args.lock
+        spec = ["--lock", str(spec_path)]
+        program = [sys.executable, "-m", "stackgate", "verify", *spec]
         verify_speed.timed([*program, "--list"], env, 1)  # compiles the modules verify imports
         static, static_code = verify_speed.timed(program, env, args.repeat)
         cold, _ = verify_speed.timed([*program, "--deep"], env, 1)
@@ -52,7 +52,7 @@ def main() -> int:
                 times[kind].append(seconds)
         docs = {kind: json.loads((folder / f"deep-{kind}.json").read_text()) for kind in kinds}
     on, off = (statistics.median(times[kind]) for kind in ("on", "off"))
-    print(f"lock: {lock_path.name}; median of {args.repeat} runs each")
+    print(f"lock: {spec_path.name}; median of {args.repeat} runs each")
     print(f"  stackgate verify                          {static:7.2f} s  (exit {static_code})")
     print(f"  stackgate verify --deep                   {cold:7.2f} s  (the first: warms flashinfer's JIT cache)")
     print(f"  stackgate verify --deep, runs ahead       {on:7.2f} s  (exit {codes['on']}, warm)")

@@ -38,21 +38,21 @@ def timed(argv: list[str], env: dict[str, str], repeat: int) -> tuple[float, int
     return statistics.median(times), code
 
 
-def retarget(lock_path: Path, python: str, folder: Path) -> Path:
+def retarget(spec_path: Path, python: str, folder: Path) -> Path:
     """A copy of the lock whose stack interpreter is `python`, at that interpreter's version."""
     version = subprocess.run(
         [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True, check=True
     ).stdout.strip()
-    lock = load_spec(lock_path)
-    text = lock_path.read_text()
+    spec = load_spec(spec_path)
+    text = spec_path.read_text()
     target = f'interpreter = "{python}"'
     text = (
-        text.replace(f'interpreter = "{lock.python.interpreter}"', target)
-        if lock.python.interpreter
-        else text.replace(f'root = "{lock.python.root}"', target)
+        text.replace(f'interpreter = "{spec.python.interpreter}"', target)
+        if spec.python.interpreter
+        else text.replace(f'root = "{spec.python.root}"', target)
     )
-    text = text.replace(f'version = "{lock.python.version}"', f'version = "{version}"', 1)
-    out = folder / lock_path.name
+    text = text.replace(f'version = "{spec.python.version}"', f'version = "{version}"', 1)
+    out = folder / spec_path.name
     out.write_text(text)
     return out
 
@@ -71,13 +71,13 @@ def main() -> int:
     paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": os.pathsep.join(paths)}
     with tempfile.TemporaryDirectory() as tmp:
-        lock_path = retarget(args.lock, args.python, Path(tmp)) if args.python else args.lock
-        lock = load_spec(lock_path)
-        python = str(lock.python.target)
-        imports = {name: timed([python, "-c", f"import {name}"], env, args.repeat) for name in lock.python.imports}
+        spec_path = retarget(args.lock, args.python, Path(tmp)) if args.python else args.lock
+        spec = load_spec(spec_path)
+        python = str(spec.python.target)
+        imports = {name: timed([python, "-c", f"import {name}"], env, args.repeat) for name in spec.python.imports}
         collect_env, collect_code = timed([python, "-m", "torch.utils.collect_env"], env, args.repeat)
         verify, verify_code = timed(
-            [sys.executable, "-m", "invoke", "verify", "--lock", str(lock_path)], env, args.repeat
+            [sys.executable, "-m", "invoke", "verify", "--lock", str(spec_path)], env, args.repeat
         )
     print(f"lock: {args.lock.name}  interpreter: {python}  median of {args.repeat} runs each")
     for name, (seconds, code) in imports.items():

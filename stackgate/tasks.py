@@ -143,7 +143,7 @@ def provision(c, lock=None, dry_run=False, only=None, yes=False, wait=False, whe
     from stackgate.commands import provision as command
 
     request = command.ProvisionRequest(
-        lock_path=_path(lock), dry_run=dry_run, only=only, yes=yes, wait=wait, wheelhouse=_path(wheelhouse)
+        spec_path=_path(lock), dry_run=dry_run, only=only, yes=yes, wait=wait, wheelhouse=_path(wheelhouse)
     )
     cli.run_command(lambda: command.run(request, _ui()))
 
@@ -196,7 +196,7 @@ def smoke(
 
     def go():
         request = SmokeRequest(
-            lock_path=_path(lock),
+            spec_path=_path(lock),
             model=model,
             tp=command.parse_number("--tp", tp),
             port=command.parse_number("--port", port),
@@ -240,7 +240,7 @@ def gate(
     from stackgate.flows.gate import GateRequest
 
     request = GateRequest(
-        lock_path=_path(lock),
+        spec_path=_path(lock),
         json_path=_path(json),
         junit_path=_path(junit),
         markdown_path=_path(markdown),
@@ -276,7 +276,7 @@ def lock(c, lock=None, up_to_date=False, all=False, upgrade_package=None, wheelh
     from stackgate.commands import lock as command
 
     request = command.LockRequest(
-        lock_path=_path(lock),
+        spec_path=_path(lock),
         check=up_to_date,
         all_specs=all,
         upgrade=tuple(upgrade_package or ()),
@@ -296,7 +296,7 @@ def rollback(c, lock=None, force=False):
     """Switch back to the previous good generation of the stack."""
     from stackgate.commands import provision as command
 
-    request = command.RollbackRequest(lock_path=_path(lock), force=force)
+    request = command.RollbackRequest(spec_path=_path(lock), force=force)
     cli.run_command(lambda: command.rollback(request, _ui()))
 
 
@@ -338,7 +338,7 @@ def report(
         runs = (*(run or ()), *shlex.split(c.remainder or ""))
         request = command.ReportRequest(
             runs=tuple(runs),
-            lock_path=_path(lock),
+            spec_path=_path(lock),
             html_path=_path(html),
             runs_dir=_path(runs_dir),
             last=command.parse_number("--last", last, 20),
@@ -385,7 +385,7 @@ def diagnose(c, path=None, stdin=False, json=None, lock=None, kernel=False, kern
         paths=paths,
         stdin=stdin,
         json_path=_path(json),
-        lock_path=_path(lock),
+        spec_path=_path(lock),
         kernel=kernel,
         kernel_path=_path(kernel_log),
         bundle_path=_path(bundle),
@@ -492,7 +492,7 @@ def fleet(
             action=action,
             hosts=hosts,
             inventory=_path(inventory),
-            lock_path=_path(lock),
+            spec_path=_path(lock),
             parallel=whole("--parallel", parallel, 8),
             batch=whole("--batch", batch, 1),
             fast_only=fast_only,
@@ -560,7 +560,7 @@ def upgrade(
             )
         request = UpgradeRequest(
             to=Path(to),
-            lock_path=_path(lock),
+            spec_path=_path(lock),
             model=model,
             switch=switch,
             dry_run=dry_run,
@@ -621,7 +621,7 @@ def _verify_cached(lock: Path, json: Path, prom: Path | None, checks: tuple[str,
 
     from stackgate.commands import verify
 
-    request = verify.VerifyRequest(lock_path=lock, checks=checks, json_path=json, cached=True, prom_path=prom)
+    request = verify.VerifyRequest(spec_path=lock, checks=checks, json_path=json, cached=True, prom_path=prom)
     try:
         return int(verify.run(request, _ui()))
     except UsageError as exc:

@@ -41,13 +41,13 @@ _load = locate.load_spec
 
 
 def load(path=None):
-    lock = _load(path)
+    spec = _load(path)
     port, python = os.environ.get("FLEET_NODE_PORT"), os.environ.get("FLEET_NODE_INTERPRETER")
     if port:
-        lock = dataclasses.replace(lock, smoke=dataclasses.replace(lock.smoke, port=int(port)))
+        spec = dataclasses.replace(spec, smoke=dataclasses.replace(spec.smoke, port=int(port)))
     if python:
-        lock = dataclasses.replace(lock, python=dataclasses.replace(lock.python, interpreter=Path(python)))
-    return lock
+        spec = dataclasses.replace(spec, python=dataclasses.replace(spec.python, interpreter=Path(python)))
+    return spec
 
 
 # The spec's loader is wrapped before any other stackgate module is imported: each binds
@@ -70,12 +70,12 @@ def run_gate(request, ui):
 
 def upgrade_node(request, ui, *, nvml_lib=None):
     live_rate, new_rate = (float(v) for v in os.environ["FLEET_NODE_UPGRADE"].split(","))
-    new, live = load(request.to), load(request.lock_path)
-    given = {str(p): hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in (request.to, request.lock_path)}
+    new, live = load(request.to), load(request.spec_path)
+    given = {str(p): hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in (request.to, request.spec_path)}
     with open(Path(os.environ["FLEET_NODE_HOME"]) / "upgrades.jsonl", "a") as log:
         log.write(
             json.dumps(
-                {"to": str(request.to), "lock": str(request.lock_path), "sha256": given, "switch": request.switch}
+                {"to": str(request.to), "lock": str(request.spec_path), "sha256": given, "switch": request.switch}
             )
             + "\n"
         )

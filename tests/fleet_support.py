@@ -124,7 +124,7 @@ def make_venv(home: Path, extra: dict[str, str] | None = None) -> Path:
     return home / "bin" / "python"
 
 
-def spec(path: Path, model: Path, python: Path, *, baseline: float = 300.0) -> Path:
+def fleet_spec(path: Path, model: Path, python: Path, *, baseline: float = 300.0) -> Path:
     """The one spec every node gets: the stand-in's profile (one fake H200), a short benchmark."""
     head = minimal_spec(
         name="fleetstack", compute_capability="9.0", gpu_name="H200", version=THIS_PYTHON, interpreter=python

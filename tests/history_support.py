@@ -65,7 +65,7 @@ def gate_doc(
     torch: str = "2.9.1+cu130",
     summary: str = "all good",
     status: Status = Status.PASS,
-    lock: str = "standin",
+    spec: str = "standin",
 ) -> dict[str, Any]:
     """A gate's document: four stages as given, the benchmark (``decode`` None: not run)."""
     fix = Fix("Do the thing.", ("echo fix",)) if status >= Status.WARN else None
@@ -91,9 +91,9 @@ def gate_doc(
     ]
     done = gate.run_gate(gate.GateRequest(), UI(stream=io.StringIO(), force_plain=True), stages=stages)
     doc = done.document()
-    doc["lock"] = {"name": lock, "path": f"/locks/{lock}.toml", "sha256": "a" * 64}
+    doc["lock"] = {"name": spec, "path": f"/locks/{spec}.toml", "sha256": "a" * 64}
     components = {
-        "lock": {"name": lock, "sha256": "a" * 64},
+        "lock": {"name": spec, "sha256": "a" * 64},
         "gpu": {"driver": "580.82.07", "gpu0": "NVIDIA H200, compute capability 9.0"},
         "distributions": {"torch": torch, "sglang": "0.5.9"},
         "server": {**SERVER, "attention_backend": backend},
@@ -134,9 +134,9 @@ def smoke_doc(
     from stackgate.serve import launch
 
     tmp.mkdir(parents=True, exist_ok=True)
-    lock = load_spec(Rig(tmp, 30000).lock())
+    spec = load_spec(Rig(tmp, 30000).spec())
     session = smoke.Session(
-        launch.configs(lock, fast=fast)[0],
+        launch.configs(spec, fast=fast)[0],
         server_info={**SERVER, "attention_backend": backend, "port": 30000, "random_seed": 7},
     )
     session.shrink = (
@@ -159,5 +159,5 @@ def smoke_doc(
         )
     results = [Result("smoke.benchmark", status, f"{decode} tok/s")]
     return smoke.SmokeRun(
-        lock, smoke.SmokeRequest(benchmark=decode is not None), (session,), results, judge(results), 1735725600.0, 9.5
+        spec, smoke.SmokeRequest(benchmark=decode is not None), (session,), results, judge(results), 1735725600.0, 9.5
     ).document()

@@ -384,21 +384,21 @@ TRITON_PTXAS_PATH = "{{toolkit.default}}/bin/ptxas"
 _RESOLVED: dict[str, str] = {}
 
 
-def lock_stack(spec: Path, environ: Mapping[str, str]) -> Path:
+def lock_stack(spec_path: Path, environ: Mapping[str, str]) -> Path:
     """Make a spec's pylock with `invoke lock`'s own code: real uv against the test index. The
     same inputs (same server, pins, Python) are resolved once per test process and copied after."""
     from stackgate.models import pylock
     from stackgate.models.spec import load_spec
     from stackgate.stack import pyenv, resolve
 
-    lock = load_spec(spec)
-    key = json.dumps([spec.name, pylock.inputs(lock)], sort_keys=True)
-    target = pylock.path_for(spec)
+    spec = load_spec(spec_path)
+    key = json.dumps([spec_path.name, pylock.inputs(spec)], sort_keys=True)
+    target = pylock.path_for(spec_path)
     if key in _RESOLVED:
         target.write_text(_RESOLVED[key])
         return target
     uv = pyenv.find_uv()
     assert uv is not None
-    resolve.resolve(lock, uv=uv, environ=environ)
+    resolve.resolve(spec, uv=uv, environ=environ)
     _RESOLVED[key] = target.read_text()
     return target

@@ -85,7 +85,7 @@ class Rig:
         }
         self.behaviour_path.write_text(json.dumps(chosen))
 
-    def lock(
+    def spec(
         self,
         *,
         tp: int = 1,
@@ -142,11 +142,11 @@ stop_grace_s = 3
         path.write_text(text)
         return path
 
-    def run(self, lock_path: Path, **request: Any) -> smoke.SmokeRun:
-        lock = load_spec(lock_path)
-        chosen = smoke.SmokeRequest(lock_path=lock_path, run_dir=self.runs, **request)
+    def run(self, spec_path: Path, **request: Any) -> smoke.SmokeRun:
+        spec = load_spec(spec_path)
+        chosen = smoke.SmokeRequest(spec_path=spec_path, run_dir=self.runs, **request)
         ui = UI(stream=io.StringIO(), force_plain=True)
-        return smoke.run_smoke(lock, chosen, ui, nvml_lib=fake_nvml)
+        return smoke.run_smoke(spec, chosen, ui, nvml_lib=fake_nvml)
 
     def events(self, name: str | None = None) -> list[dict[str, Any]]:
         if not self.events_path.exists():

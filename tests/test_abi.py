@@ -53,14 +53,14 @@ PyMODINIT_FUNC PyInit_{name}(void) {{ touch(); return PyModule_Create(&def); }}
     return gcc(folder / f"{name}.so", source, f"-I{include}", *args)
 
 
-def lock_for(python: Path, packages: str, imports: str = "[]") -> Spec:
+def spec_for(python: Path, packages: str, imports: str = "[]") -> Spec:
     return interpreter_lock(python, packages, imports=imports)
 
 
-def run(name, lock):
-    facts = gather(lock, REGISTRY[name].needs, environ={"PATH": "/usr/bin:/bin"})
+def run(name, spec):
+    facts = gather(spec, REGISTRY[name].needs, environ={"PATH": "/usr/bin:/bin"})
     try:
-        return REGISTRY[name].function(lock, facts)
+        return REGISTRY[name].function(spec, facts)
     finally:
         facts.close()
 
@@ -89,12 +89,12 @@ def test_a_package_linking_cuda_12_beside_a_cuda_13_stack_fails_by_file(tmp_path
         site, "sgl-kernel", "0.3.21", files={"sgl_kernel/common_ops.abi3.so": bad, "sgl_kernel/__init__.py": b""}
     )
     install_dist(site, "flashinfer-python", "0.6.4", files={"flashinfer/ops.so": good})
-    result = run("abi.elf", lock_for(python, 'sgl-kernel = "==0.3.21"\nflashinfer-python = "==0.6.4"'))
+    result = run("abi.elf", spec_for(python, 'sgl-kernel = "==0.3.21"\nflashinfer-python = "==0.6.4"'))
     assert result.status is Status.FAIL
     assert result.details == ("sgl_kernel/common_ops.abi3.so (sgl-kernel) links libcudart.so.12",)
     assert result.summary.startswith("1 shared object(s) link CUDA 12 libraries but torch is CUDA 13.0")
     assert "CUDA 13.0 build of sgl-kernel" in result.fix.text
-    fixed = run("abi.elf", lock_for(python, 'flashinfer-python = "==0.6.4"'))
+    fixed = run("abi.elf", spec_for(python, 'flashinfer-python = "==0.6.4"'))
     assert fixed.status is Status.PASS and fixed.summary == (
         "1 shared object(s) scanned, 1 link CUDA, all CUDA 13; 2 of the stack checked whole"
     )
@@ -103,7 +103,7 @@ def test_a_package_linking_cuda_12_beside_a_cuda_13_stack_fails_by_file(tmp_path
 def test_an_undefined_torch_symbol_is_an_abi_mismatch_named_readably(tmp_path):
     python, site = make_venv(tmp_path / "venv")
     extension(site, "sgl_kernel_stub", f"extern void {MANGLED}(void); static void touch(void) {{ {MANGLED}(); }}")
-    result = run("abi.imports", lock_for(python, "", '["sgl_kernel_stub"]'))
+    result = run("abi.imports", spec_for(python, "", '["sgl_kernel_stub"]'))
     assert result.status is Status.FAIL
     (detail,) = result.details
     assert detail.startswith(
@@ -122,7 +122,7 @@ def test_a_missing_cuda_12_runtime_is_a_cuda_major_mismatch(tmp_path):
         f"-L{cudart.parent}",
         "-l:libcudart.so.12",
     )
-    result = run("abi.imports", lock_for(python, "", '["needs_cuda12"]'))
+    result = run("abi.imports", spec_for(python, "", '["needs_cuda12"]'))
     assert result.status is Status.FAIL
     (detail,) = result.details
     assert "libcudart.so.12: cannot open shared object file" in detail
@@ -138,7 +138,7 @@ def test_a_missing_cuda_12_runtime_is_a_cuda_major_mismatch(tmp_path):
 def test_imports_that_work_pass_with_their_times(tmp_path):
     python, site = make_venv(tmp_path / "venv")
     (site / "fine.py").write_text("x = 1\n")
-    result = run("abi.imports", lock_for(python, "", '["fine", "json"]'))
+    result = run("abi.imports", spec_for(python, "", '["fine", "json"]'))
     assert result.status is Status.PASS and result.summary.startswith("2 module(s) import (fine ")
 
 
@@ -146,7 +146,7 @@ def test_an_import_that_hangs_is_reported_as_a_timeout(tmp_path, monkeypatch):
     python, site = make_venv(tmp_path / "venv")
     (site / "hangs.py").write_text("import time\ntime.sleep(60)\n")
     monkeypatch.setenv("STACKGATE_IMPORT_TIMEOUT_S", "1")  # read when the import runs
-    result = run("abi.imports", lock_for(python, "", '["hangs"]'))
+    result = run("abi.imports", spec_for(python, "", '["hangs"]'))
     assert result.status is Status.FAIL and "import hangs: timed out after" in result.details[0]
 
 
@@ -192,10 +192,10 @@ def test_a_package_shadowed_through_pythonpath_names_the_file_and_the_variable(t
     shadow = tmp_path / "shadow"
     (shadow / "triton").mkdir(parents=True)
     (shadow / "triton" / "__init__.py").write_text('raise ImportError("shadowed triton for the test")\n')
-    lock = lock_for(python, "", '["triton"]')
-    facts = gather(lock, REGISTRY["abi.imports"].needs, environ={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(shadow)})
+    spec = spec_for(python, "", '["triton"]')
+    facts = gather(spec, REGISTRY["abi.imports"].needs, environ={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(shadow)})
     try:
-        result = REGISTRY["abi.imports"].function(lock, facts)
+        result = REGISTRY["abi.imports"].function(spec, facts)
     finally:
         facts.close()
     assert result.status is Status.FAIL
@@ -216,7 +216,7 @@ def test_a_package_shadowed_through_pythonpath_names_the_file_and_the_variable(t
 def test_an_import_error_of_unknown_cause_says_so_instead_of_reinstalling(tmp_path):
     python, site = make_venv(tmp_path / "venv")
     (site / "odd.py").write_text('raise RuntimeError("something only its author knows")\n')
-    result = run("abi.imports", lock_for(python, "", '["odd"]'))
+    result = run("abi.imports", spec_for(python, "", '["odd"]'))
     assert result.status is Status.FAIL
     (detail,) = result.details
     assert detail.startswith(
@@ -239,5 +239,5 @@ def test_the_import_tests_run_beside_the_probe_not_after_it(tmp_path):
         asked.append((tmp_path / "imported").exists())
         return Missing("not needed here")
 
-    outcomes = interpreters.imports(lock_for(python, "", '["marks", "torch"]'), {"PATH": "/usr/bin:/bin"}, probed)
+    outcomes = interpreters.imports(spec_for(python, "", '["marks", "torch"]'), {"PATH": "/usr/bin:/bin"}, probed)
     assert asked == [True] and outcomes["marks"].ok

@@ -145,7 +145,7 @@ def test_a_bundle_lists_the_stacks_installed_distributions(tmp_path: Path) -> No
         "PATH": f"{fake_tools(tmp_path)}{os.pathsep}{os.environ['PATH']}",
         "STACKGATE_LOG_DIR": str(tmp_path / "none"),
     }
-    made = bundle.write(tmp_path / "b.tar.gz", lock=spec.load_spec(spec_file), diagnose_report=None, environ=env)
+    made = bundle.write(tmp_path / "b.tar.gz", spec=spec.load_spec(spec_file), diagnose_report=None, environ=env)
     assert not any("installed distributions" in note or "installed-distributions" in note for note in made.notes), (
         made.notes
     )
@@ -166,7 +166,7 @@ def test_a_bundle_replaces_a_link_at_its_path_instead_of_writing_through_it_and_
         "STACKGATE_LOG_DIR": str(tmp_path / "none"),
         "STACKGATE_KMSG": str(tmp_path / "no-kmsg"),
     }
-    bundle.write(out, lock=spec.load_spec(LOCK), diagnose_report=None, environ=env)
+    bundle.write(out, spec=spec.load_spec(LOCK), diagnose_report=None, environ=env)
     assert victim.read_text() == "precious\n" and not out.is_symlink()
     assert out.stat().st_mode & 0o777 == 0o600  # as private as its members
     with tarfile.open(out) as archive:

@@ -62,7 +62,7 @@ def test_the_real_registry_names_are_stable_and_dotted():
 def test_registering_a_name_twice_is_refused():
     name = next(iter(core.REGISTRY))
     with pytest.raises(UsageError, match="registered twice"):
-        core.check(name)(lambda lock, facts: passed("x"))
+        core.check(name)(lambda spec, facts: passed("x"))
 
 
 def test_select_by_exact_name_glob_and_area_prefix():
@@ -92,28 +92,28 @@ def test_a_pattern_that_matches_nothing_is_an_error_not_a_green_run():
 def test_checks_run_in_parallel_and_keep_their_order():
     barrier = threading.Barrier(3, timeout=10)
 
-    def waits(lock, facts):
+    def waits(spec, facts):
         barrier.wait()  # only returns when all three checks run at the same time
         return passed("met")
 
     checks = [make(f"t.{i}", waits) for i in range(3)]
-    results = run_checks(checks, lock=None, facts=None)
+    results = run_checks(checks, spec=None, facts=None)
     assert [r.check for r in results] == ["t.0", "t.1", "t.2"]
     assert all(r.status is Status.PASS for r in results)
 
 
 def test_a_crashing_check_becomes_error_and_the_others_still_report():
-    def crashes(lock, facts):
+    def crashes(spec, facts):
         raise ValueError("boom")
 
-    results = run_checks([make("t.crash", crashes), make("t.ok", lambda lock, facts: passed("fine"))], None, None)
+    results = run_checks([make("t.crash", crashes), make("t.ok", lambda spec, facts: passed("fine"))], None, None)
     assert results[0].status is Status.ERROR and results[0].summary == "the check crashed: ValueError: boom"
     assert results[0].details == ()
     assert results[1].status is Status.PASS
 
 
 def test_verbose_runs_carry_the_traceback():
-    def crashes(lock, facts):
+    def crashes(spec, facts):
         raise ValueError("boom")
 
     (result,) = run_checks([make("t.crash", crashes)], None, None, verbose=True)
@@ -121,14 +121,14 @@ def test_verbose_runs_carry_the_traceback():
 
 
 def test_a_check_returning_the_wrong_type_is_an_error():
-    (result,) = run_checks([make("t.bad", lambda lock, facts: "ok")], None, None)
+    (result,) = run_checks([make("t.bad", lambda spec, facts: "ok")], None, None)
     assert result.status is Status.ERROR and "returned str, not Result" in result.summary
 
 
 def test_a_check_past_its_timeout_is_an_error():
     release = threading.Event()
 
-    def hangs(lock, facts):
+    def hangs(spec, facts):
         release.wait(30)
         return passed("late")
 
@@ -140,7 +140,7 @@ def test_a_check_past_its_timeout_is_an_error():
 
 
 def test_keyboard_interrupt_propagates():
-    def interrupted(lock, facts):
+    def interrupted(spec, facts):
         raise KeyboardInterrupt
 
     # The worker thread's KeyboardInterrupt reaches the caller through the future.

@@ -51,7 +51,7 @@ def fake_prefix(root: Path, release: str, build: str, nvcc: bool = True, ptxas_f
     return root
 
 
-def lock_with(tmp_path: Path, *toolkits: str, env: str = "") -> Spec:
+def spec_with(tmp_path: Path, *toolkits: str, env: str = "") -> Spec:
     return loads_spec(
         minimal_spec(toolkits="".join(toolkits) + "\n", version="3.11", root=tmp_path / "root", tail=f"[env]\n{env}\n")
     )
@@ -69,10 +69,10 @@ def toolkit(version: str, prefix: Path, default: bool = False, keep: bool = True
     return "".join(lines)
 
 
-def check(name, lock, environ=None):
-    facts = gather(lock, REGISTRY[name].needs, environ=environ if environ is not None else {"PATH": "/usr/bin:/bin"})
+def check(name, spec, environ=None):
+    facts = gather(spec, REGISTRY[name].needs, environ=environ if environ is not None else {"PATH": "/usr/bin:/bin"})
     try:
-        return REGISTRY[name].function(lock, facts)
+        return REGISTRY[name].function(spec, facts)
     finally:
         facts.close()
 
@@ -89,32 +89,32 @@ def test_the_real_toolkit_reports_13_0_88_and_builds_sm_120a():
 
 @needs_real_cuda
 def test_the_real_toolkit_passes_the_checks(tmp_path):
-    lock = lock_with(
+    spec = spec_with(
         tmp_path,
         toolkit("13.0.1", REAL, default=True, nvcc="13.0.88"),
         env=f'CUDA_HOME = "{REAL}"\nTRITON_PTXAS_PATH = "{REAL}/bin/ptxas"',
     )
-    assert check("cuda.toolkits", lock).status is Status.PASS
-    assert check("cuda.ptxas_arch", lock).summary == "ptxas of CUDA 13.0.1 builds sm_120a"
+    assert check("cuda.toolkits", spec).status is Status.PASS
+    assert check("cuda.ptxas_arch", spec).summary == "ptxas of CUDA 13.0.1 builds sm_120a"
     environ = {"PATH": "/usr/bin", "CUDA_HOME": str(REAL), "TRITON_PTXAS_PATH": f"{REAL}/bin/ptxas"}
-    assert check("cuda.home", lock, environ).status is Status.PASS
-    assert check("cuda.triton_ptxas", lock, environ).status is Status.PASS
+    assert check("cuda.home", spec, environ).status is Status.PASS
+    assert check("cuda.triton_ptxas", spec, environ).status is Status.PASS
 
 
 def test_a_kept_toolkit_without_nvcc_is_judged_by_its_ptxas(tmp_path):
     kept = fake_prefix(tmp_path / "cuda-12.8", "12.8", "12.8.93", nvcc=False)
-    facts = inspect_toolkit(lock_with(tmp_path, toolkit("12.8", kept, default=True)).toolkits[0], "sm_120a")
+    facts = inspect_toolkit(spec_with(tmp_path, toolkit("12.8", kept, default=True)).toolkits[0], "sm_120a")
     assert isinstance(facts.nvcc, Missing) and facts.ptxas.build == Version("12.8.93")
     assert facts.detected.release == "12.8"
-    result = check("cuda.toolkits", lock_with(tmp_path, toolkit("12.8", kept, default=True)))
+    result = check("cuda.toolkits", spec_with(tmp_path, toolkit("12.8", kept, default=True)))
     assert result.status is Status.PASS and "ptxas V12.8.93" in result.summary
 
 
 def test_wrong_versions_and_missing_prefixes_fail_by_name(tmp_path):
     old = fake_prefix(tmp_path / "cuda-13.0", "12.4", "12.4.131")
     gone = tmp_path / "cuda-12.8"
-    lock = lock_with(tmp_path, toolkit("13.0.1", old, default=True, keep=False), toolkit("12.8", gone))
-    result = check("cuda.toolkits", lock)
+    spec = spec_with(tmp_path, toolkit("13.0.1", old, default=True, keep=False), toolkit("12.8", gone))
+    result = check("cuda.toolkits", spec)
     assert result.status is Status.FAIL
     assert result.details == (
         f"CUDA 13.0.1 at {old}: nvcc reports release 12.4, the lock wants 13.0",
@@ -125,13 +125,13 @@ def test_wrong_versions_and_missing_prefixes_fail_by_name(tmp_path):
 
 def test_the_nvcc_build_must_match_when_the_lock_names_it(tmp_path):
     other = fake_prefix(tmp_path / "cuda-13.0", "13.0", "13.0.48")
-    result = check("cuda.toolkits", lock_with(tmp_path, toolkit("13.0.1", other, default=True, nvcc="13.0.88")))
+    result = check("cuda.toolkits", spec_with(tmp_path, toolkit("13.0.1", other, default=True, nvcc="13.0.88")))
     assert result.status is Status.FAIL and "nvcc is V13.0.48, the lock wants V13.0.88" in result.summary
 
 
 def test_a_ptxas_that_does_not_know_the_arch_fails(tmp_path):
     old = fake_prefix(tmp_path / "cuda-12.6", "12.6", "12.6.85", ptxas_fails=True)
-    result = check("cuda.ptxas_arch", lock_with(tmp_path, toolkit("12.6", old, default=True)))
+    result = check("cuda.ptxas_arch", spec_with(tmp_path, toolkit("12.6", old, default=True)))
     assert result.status is Status.FAIL
     assert result.summary == (
         "CUDA 12.6's ptxas cannot build sm_120a: ptxas fatal   : Value 'sm_120a' is not defined for option 'gpu-name'"
@@ -154,36 +154,36 @@ def test_the_jit_picks_cuda_home_as_flashinfer_does(environ, nvcc, home, by):
 def test_cuda_home_on_another_toolkit_fails_with_the_source_named(tmp_path):
     new = fake_prefix(tmp_path / "cuda-13.0", "13.0", "13.0.88")
     old = fake_prefix(tmp_path / "cuda-12.8", "12.8", "12.8.93")
-    lock = lock_with(tmp_path, toolkit("13.0", new, default=True), toolkit("12.8", old))
-    result = check("cuda.home", lock, {"PATH": f"{old}/bin:/usr/bin", "CUDA_HOME": str(old)})
+    spec = spec_with(tmp_path, toolkit("13.0", new, default=True), toolkit("12.8", old))
+    result = check("cuda.home", spec, {"PATH": f"{old}/bin:/usr/bin", "CUDA_HOME": str(old)})
     assert result.status is Status.FAIL
     assert result.summary == f"flashinfer's JIT would use {old} (chosen by CUDA_HOME), not CUDA 13.0 at {new}"
     # Only nvcc on PATH: the JIT takes dirname(dirname(which nvcc)).
-    on_path = check("cuda.home", lock, {"PATH": f"{new}/bin:/usr/bin"})
+    on_path = check("cuda.home", spec, {"PATH": f"{new}/bin:/usr/bin"})
     assert on_path.status is Status.PASS and "chosen by the nvcc on PATH" in on_path.summary
 
 
 def test_the_environment_file_of_the_live_generation_is_applied(tmp_path):
     new = fake_prefix(tmp_path / "cuda-13.0", "13.0", "13.0.88")
-    lock = lock_with(tmp_path, toolkit("13.0", new, default=True))
+    spec = spec_with(tmp_path, toolkit("13.0", new, default=True))
     env_file = tmp_path / "root" / "current" / "stackgate.env"
     env_file.parent.mkdir(parents=True)
     env_file.write_text(
         f'export CUDA_HOME="{new}"\nexport TRITON_PTXAS_PATH="{new}/bin/ptxas"\nexport PATH="{new}/bin:$PATH"\n'
     )
-    home = check("cuda.home", lock, {"PATH": "/usr/bin"})
+    home = check("cuda.home", spec, {"PATH": "/usr/bin"})
     assert home.status is Status.PASS and f"CUDA_HOME: {new} (set by {env_file})" in home.details
-    assert check("cuda.triton_ptxas", lock, {"PATH": "/usr/bin"}).status is Status.PASS
+    assert check("cuda.triton_ptxas", spec, {"PATH": "/usr/bin"}).status is Status.PASS
 
 
 def test_triton_ptxas_unset_or_elsewhere_fails(tmp_path):
     new = fake_prefix(tmp_path / "cuda-13.0", "13.0", "13.0.88")
     old = fake_prefix(tmp_path / "cuda-12.8", "12.8", "12.8.93")
-    lock = lock_with(tmp_path, toolkit("13.0", new, default=True))
-    unset = check("cuda.triton_ptxas", lock, {"PATH": "/usr/bin"})
+    spec = spec_with(tmp_path, toolkit("13.0", new, default=True))
+    unset = check("cuda.triton_ptxas", spec, {"PATH": "/usr/bin"})
     assert unset.status is Status.FAIL and unset.summary.startswith("TRITON_PTXAS_PATH is not set")
     assert unset.fix.commands == ("stackgate provision", f". {tmp_path / 'root' / 'current' / 'stackgate.env'}")
-    elsewhere = check("cuda.triton_ptxas", lock, {"PATH": "/usr/bin", "TRITON_PTXAS_PATH": f"{old}/bin/ptxas"})
+    elsewhere = check("cuda.triton_ptxas", spec, {"PATH": "/usr/bin", "TRITON_PTXAS_PATH": f"{old}/bin/ptxas"})
     assert (
         elsewhere.status is Status.FAIL
         and elsewhere.summary == f"TRITON_PTXAS_PATH is {old}/bin/ptxas (set in the shell), not {new}/bin/ptxas"

@@ -382,10 +382,10 @@ def test_plan_keeps_deep_checks_out_of_plain_verify() -> None:
 
 
 def test_launch_env_forces_multicast_off_and_an_info_log() -> None:
-    lock = SimpleNamespace(smoke=SimpleNamespace(env=MappingProxyType({"NCCL_MIN_NCHANNELS": "8"})))
+    spec = SimpleNamespace(smoke=SimpleNamespace(env=MappingProxyType({"NCCL_MIN_NCHANNELS": "8"})))
     shell = {"PATH": "/bin", "NCCL_NVLS_ENABLE": "1", "NCCL_DEBUG": "WARN", "NCCL_DEBUG_FILE": "/tmp/x.%p"}
     facts = SimpleNamespace(env=SimpleNamespace(environ=shell))
-    env = measure.launch_env(lock, facts)  # type: ignore[arg-type]
+    env = measure.launch_env(spec, facts)  # type: ignore[arg-type]
     assert (
         env["NCCL_NVLS_ENABLE"] == "0"
         and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
@@ -485,10 +485,10 @@ def test_a_run_in_another_environment_starts_its_own_and_the_one_held_is_ended(t
     assert processes_with(marker, "environ") == []  # the block's end killed the run never taken
 
 
-def _launch_facts(lock: Spec, torch: str | None, gpus: int = 1) -> Facts:
+def _launch_facts(spec: Spec, torch: str | None, gpus: int = 1) -> Facts:
     """Facts as verify --deep has them when it decides what to start ahead: NVML, the environment, the
     distributions' probe (no torch import) and torch's device count."""
-    facts = Facts(lock, environ={})
+    facts = Facts(spec, environ={})
     fake_nvml.configure(machine([gpu("NVIDIA H200", (9, 0)) for _ in range(gpus)]))
     try:
         facts.provide("nvml", nvml.snapshot(fake_nvml) if gpus else Missing("no NVIDIA driver"))
@@ -502,21 +502,21 @@ def _launch_facts(lock: Spec, torch: str | None, gpus: int = 1) -> Facts:
 
 
 def test_what_verify_starts_ahead_is_each_deep_checks_own_launch() -> None:
-    lock = load_spec(ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
+    spec = load_spec(ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
     names = ("deep.gpu_work", "deep.collective", "deep.flashinfer_attention", "deep.allreduce_fusion")
-    facts = _launch_facts(lock, "2.11.0+cu130")
-    work, collective, attention, fusion = (deep.launch(name, lock, facts) for name in names)
+    facts = _launch_facts(spec, "2.11.0+cu130")
+    work, collective, attention, fusion = (deep.launch(name, spec, facts) for name in names)
     assert work is not None and work == collective and work.script == measure.SCRIPT
-    assert work.env["NCCL_DEBUG"] == "INFO" and work.python == lock.python.target
+    assert work.env["NCCL_DEBUG"] == "INFO" and work.python == spec.python.target
     assert attention is not None and attention.script == measure.FLASHWORK and attention.env["PATH"] == "/usr/bin"
     assert fusion is None  # one GPU: no all-reduce to fuse, nothing would be started
-    assert deep.launch("deep.allreduce_fusion", lock, _launch_facts(lock, "2.11.0+cu130", gpus=2)) is None  # tp 1
-    tp2 = dataclasses.replace(lock, smoke=dataclasses.replace(lock.smoke, tp=2))
+    assert deep.launch("deep.allreduce_fusion", spec, _launch_facts(spec, "2.11.0+cu130", gpus=2)) is None  # tp 1
+    tp2 = dataclasses.replace(spec, smoke=dataclasses.replace(spec.smoke, tp=2))
     two = deep.launch("deep.allreduce_fusion", tp2, _launch_facts(tp2, "2.11.0+cu130", gpus=2))
     assert two is not None and two.script == measure.FLASHWORK
     for torch, gpus in (("2.13.0+cpu", 1), (None, 1), ("2.11.0+cu130", 0)):  # what would only be ended unused
-        facts = _launch_facts(lock, torch, gpus)
-        assert [deep.launch(name, lock, facts) for name in names] == [None] * 4, (torch, gpus)
+        facts = _launch_facts(spec, torch, gpus)
+        assert [deep.launch(name, spec, facts) for name in names] == [None] * 4, (torch, gpus)
 
 
 @pytest.mark.parametrize(("line", "code"), [("", 0), ("not json\n", 2), ('{"gpu": 1}\n', 2), ("[1, 2]\n", 2)])
@@ -599,13 +599,13 @@ CPU_LOCK_TAIL = 'torch_cuda = "13.0"\n[python.packages]\ntorch = "==2.13.0"\n[nc
 
 @pytest.mark.torch
 def test_verify_deep_does_not_run_deep_checks_on_a_cpu_torch(torch_python: Path, tmp_path: Path) -> None:
-    lock = tmp_path / "cpu.toml"
+    spec = tmp_path / "cpu.toml"
     cpu_torch = {"compute_capability": "9.0", "gpu_name": "H200", "version": THIS_PYTHON, "interpreter": torch_python}
-    write_spec(lock, name="cpu-torch", **cpu_torch, python=CPU_LOCK_TAIL)
-    load_spec(lock)  # the test's lock is itself valid
-    spec = tmp_path / "nvml.json"
-    spec.write_text(json.dumps(machine([gpu("NVIDIA H200", (9, 0))])))  # the GPU checks pass: only torch blocks
-    fake = {"STACKGATE_NVML_MODULE": "fakes.fake_nvml", "STACKGATE_FAKE_NVML": str(spec)}
+    write_spec(spec, name="cpu-torch", **cpu_torch, python=CPU_LOCK_TAIL)
+    load_spec(spec)  # the test's lock is itself valid
+    nvml_spec = tmp_path / "nvml.json"
+    nvml_spec.write_text(json.dumps(machine([gpu("NVIDIA H200", (9, 0))])))  # the GPU checks pass: only torch blocks
+    fake = {"STACKGATE_NVML_MODULE": "fakes.fake_nvml", "STACKGATE_FAKE_NVML": str(nvml_spec)}
     env = dict(os.environ, **fake, PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT)]), NO_COLOR="1")
     env.pop("STACKGATE_DEEP_AHEAD", None)
     argv = [
@@ -617,7 +617,7 @@ def test_verify_deep_does_not_run_deep_checks_on_a_cpu_torch(torch_python: Path,
         "--check",
         "deep.*",
         "--lock",
-        str(lock),
+        str(spec),
         "--json",
         str(tmp_path / "r.json"),
         "--junit",

@@ -29,7 +29,7 @@ from stackgate.facts import Facts
 from stackgate.facts import deepruns as measure
 from stackgate.flows.verify import plan
 from stackgate.models.result import Result, Status
-from stackgate.models.spec import DEFAULT_LOCK, Capability, Spec, SpecError, load_spec, loads_spec
+from stackgate.models.spec import DEFAULT_SPEC, Capability, Spec, SpecError, load_spec, loads_spec
 from stackgate.runs import fingerprint, rundiff
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,9 +46,9 @@ def recorded(name: str) -> list[dict[str, Any]]:
 
 
 def test_deep_tables_default_to_the_reference_models_shapes_and_validate_with_key_paths() -> None:
-    lock = load_spec(DEFAULT_LOCK)
-    assert (lock.deep.attention.q_heads, lock.deep.attention.kv_heads, lock.deep.attention.head_dim) == (64, 8, 128)
-    assert (lock.deep.fusion.hidden, lock.deep.fusion.tokens, lock.deep.fusion.unsupported) == (
+    spec = load_spec(DEFAULT_SPEC)
+    assert (spec.deep.attention.q_heads, spec.deep.attention.kv_heads, spec.deep.attention.head_dim) == (64, 8, 128)
+    assert (spec.deep.fusion.hidden, spec.deep.fusion.tokens, spec.deep.fusion.unsupported) == (
         7168,
         (1, 4, 16, 64, 128, 256, 512),
         "fail",
@@ -187,13 +187,13 @@ def small_kernels() -> list[dict[str, Any]]:
     return [k for k in attention_kernels() if k["kind"] != "bandwidth_decode"]
 
 
-def judged(run: str, lock: Spec = HOPPER, name: str | None = None) -> Result:
+def judged(run: str, spec: Spec = HOPPER, name: str | None = None) -> Result:
     """The recorded kernels with one H200 run's bandwidth decode and read (``name``: the GPU called so instead)."""
     decode, reads = bandwidth(run)
     if name is not None:
         decode = [{**k, "name": name} for k in decode]
         reads = tuple({**r, "name": name} for r in reads)
-    return deep.judge_attention(attention_run([*small_kernels(), *decode], reads=reads), JIT, lock)
+    return deep.judge_attention(attention_run([*small_kernels(), *decode], reads=reads), JIT, spec)
 
 
 def test_the_bandwidth_bound_decode_passes_on_an_idle_h200_and_fails_beside_a_process_streaming_memory() -> None:
@@ -645,7 +645,7 @@ def nvml() -> Iterator[Any]:
 
 
 def interpreter_lock(
-    tmp_path: Path, python: Path, *, base: Path = DEFAULT_LOCK, edits: tuple[tuple[str, str], ...] = ()
+    tmp_path: Path, python: Path, *, base: Path = DEFAULT_SPEC, edits: tuple[tuple[str, str], ...] = ()
 ) -> Spec:
     """A shipped lock whose stack is ``python`` (an existing interpreter) instead of a root."""
     text = base.read_text()
@@ -661,12 +661,12 @@ def interpreter_lock(
     return load_spec(path)
 
 
-def run_check(name: str, lock: Spec, site: Path | None, nvml: Any, gpus: list[dict[str, Any]], **env: str) -> Result:
+def run_check(name: str, spec: Spec, site: Path | None, nvml: Any, gpus: list[dict[str, Any]], **env: str) -> Result:
     nvml.configure(machine(gpus))
     environ = {**os.environ, **env, "PYTHONPATH": str(site) if site else ""}
-    facts = Facts(lock, environ=environ, nvml_lib=nvml)
+    facts = Facts(spec, environ=environ, nvml_lib=nvml)
     try:
-        [result] = run_checks([REGISTRY[name]], lock, facts)
+        [result] = run_checks([REGISTRY[name]], spec, facts)
     finally:
         facts.close()
     return result
@@ -712,10 +712,10 @@ def test_reading_the_gate_imports_no_torch(torch_python: Path, released_site: Pa
 def test_on_the_sm120_lock_the_fusion_check_says_the_fused_path_cannot_run(
     plain_python: Path, released_site: Path, tmp_path: Path, nvml: Any
 ) -> None:
-    lock = interpreter_lock(tmp_path, plain_python)
-    assert lock.hardware.compute_capability == Capability(12, 0) and deep.FUSION_FLAG in lock.smoke.flags
+    spec = interpreter_lock(tmp_path, plain_python)
+    assert spec.hardware.compute_capability == Capability(12, 0) and deep.FUSION_FLAG in spec.smoke.flags
     result = run_check(
-        "deep.allreduce_fusion", lock, released_site, nvml, [gpu() for _ in range(8)], FLASHINFER_CUDA_ARCH_LIST="12.0a"
+        "deep.allreduce_fusion", spec, released_site, nvml, [gpu() for _ in range(8)], FLASHINFER_CUDA_ARCH_LIST="12.0a"
     )
     assert result.status == Status.FAIL
     assert result.summary == (
@@ -752,15 +752,15 @@ def test_on_hopper_the_gate_passes_and_one_rank_has_nothing_to_fuse(
     plain_python: Path, released_site: Path, tmp_path: Path, nvml: Any
 ) -> None:
     hopper = ROOT / "lockfiles" / "hopper-sm90-cu130.toml"
-    lock = interpreter_lock(tmp_path, plain_python, base=hopper)
-    one = run_check("deep.allreduce_fusion", lock, released_site, nvml, [gpu(H200, (9, 0))])
+    spec = interpreter_lock(tmp_path, plain_python, base=hopper)
+    one = run_check("deep.allreduce_fusion", spec, released_site, nvml, [gpu(H200, (9, 0))])
     assert one.status == Status.SKIP
     assert one.summary == (
         "1 rank(s) (the lock's [smoke] tp 1): there is no all-reduce to fuse (SGLang skips the fusion on one "
         "GPU); the arch gate passed: [9, 10]"
     )
     forced = run_check(
-        "deep.allreduce_fusion", lock, released_site, nvml, [gpu(H200, (9, 0))], FLASHINFER_CUDA_ARCH_LIST="12.0a"
+        "deep.allreduce_fusion", spec, released_site, nvml, [gpu(H200, (9, 0))], FLASHINFER_CUDA_ARCH_LIST="12.0a"
     )
     assert forced.status == Status.FAIL and "FLASHINFER_CUDA_ARCH_LIST=12.0a names no major" in forced.summary
     plain = interpreter_lock(
@@ -769,7 +769,7 @@ def test_on_hopper_the_gate_passes_and_one_rank_has_nothing_to_fuse(
     assert run_check("deep.allreduce_fusion", plain, released_site, nvml, [gpu(H200, (9, 0))]).summary.startswith(
         "the lock's [smoke] flags do not include"
     )
-    absent = run_check("deep.allreduce_fusion", lock, None, nvml, [gpu(H200, (9, 0))])
+    absent = run_check("deep.allreduce_fusion", spec, None, nvml, [gpu(H200, (9, 0))])
     assert absent.status == Status.FAIL and absent.summary.startswith(
         "flashinfer's allreduce-fusion module cannot be located: flashinfer is not installed"
     )
@@ -782,13 +782,13 @@ def test_on_hopper_the_gate_passes_and_one_rank_has_nothing_to_fuse(
 def test_two_ranks_on_a_machine_without_gpus_fail_before_spawning(
     torch_python: Path, released_site: Path, tmp_path: Path, nvml: Any
 ) -> None:
-    lock = interpreter_lock(
+    spec = interpreter_lock(
         tmp_path,
         torch_python,
         base=ROOT / "lockfiles" / "hopper-sm90-cu130.toml",
         edits=(("tp = 1 ", "tp = 2 "), ("gpu_count = 1", "gpu_count = 2")),
     )
-    result = run_check("deep.allreduce_fusion", lock, released_site, nvml, [gpu(H200, (9, 0)), gpu(H200, (9, 0))])
+    result = run_check("deep.allreduce_fusion", spec, released_site, nvml, [gpu(H200, (9, 0)), gpu(H200, (9, 0))])
     assert result.status == Status.FAIL
     assert result.summary == "the allreduce fusion failed (exit 1): 2 ranks asked for, torch sees 0 GPU(s)"
 
@@ -798,10 +798,10 @@ def test_attention_reports_a_flashinfer_that_does_not_import(
     torch_python: Path, released_site: Path, tmp_path: Path, nvml: Any
 ) -> None:
     """The released wheel installed without its dependencies (as `pip install --no-deps` leaves it)."""
-    lock = interpreter_lock(tmp_path, torch_python, base=ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
+    spec = interpreter_lock(tmp_path, torch_python, base=ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
     result = run_check(
         "deep.flashinfer_attention",
-        lock,
+        spec,
         released_site,
         nvml,
         [gpu(H200, (9, 0))],
@@ -811,7 +811,7 @@ def test_attention_reports_a_flashinfer_that_does_not_import(
     assert result.summary == "ModuleNotFoundError: No module named 'tvm_ffi' -> Module tvm_ffi is not installed"
     assert result.fix is not None and result.fix.commands[0].startswith("stackgate provision --only python")
     assert f"JIT cache: {tmp_path / 'jit'} (from FLASHINFER_WORKSPACE_BASE)" in result.details
-    missing = run_check("deep.flashinfer_attention", lock, None, nvml, [gpu(H200, (9, 0))])
+    missing = run_check("deep.flashinfer_attention", spec, None, nvml, [gpu(H200, (9, 0))])
     assert missing.summary == "ModuleNotFoundError: No module named 'flashinfer' -> Module flashinfer is not installed"
 
 
@@ -839,7 +839,7 @@ def test_jit_workspace_follows_the_environment_then_the_stack() -> None:
         "FLASHINFER_WORKSPACE_BASE",
     )
     assert measure.jit_workspace(HOPPER, {"XDG_CACHE_HOME": "/xdg"})[0] == Path("/xdg/stackgate/flashinfer")
-    root = load_spec(DEFAULT_LOCK)
+    root = load_spec(DEFAULT_SPEC)
     assert measure.jit_workspace(root, {"HOME": "/h"}) == (Path("/opt/stackgate/cache/flashinfer"), "the stack's root")
 
 

@@ -134,7 +134,7 @@ def test_the_lock_is_quoted(tmp_path: Path) -> None:
         "ImportError: libnvrtc.so.12: cannot open shared object file: No such file or directory\n[x TP0] Attention "
         "backend not specified. Use triton backend by default.\n",
     )
-    _, out = run(DiagnoseRequest(paths=(log,), lock_path=LOCK))
+    _, out = run(DiagnoseRequest(paths=(log,), spec_path=LOCK))
     assert "libnvrtc.so.12 is missing: a build for CUDA 12, not for the stack's CUDA (13.0)" in out
     assert "the stack runs flashinfer." in out
     assert f"  $ stackgate provision --only python --lock {LOCK}" in out
@@ -166,7 +166,7 @@ def test_without_a_lock_the_report_reads_as_english(tmp_path: Path) -> None:
 def test_the_json_report_carries_every_finding(tmp_path: Path) -> None:
     log = write(tmp_path, "server.log", FAILED_START)
     report = tmp_path / "out" / "diagnose.json"
-    code, _ = run(DiagnoseRequest(paths=(log,), json_path=report, lock_path=LOCK))
+    code, _ = run(DiagnoseRequest(paths=(log,), json_path=report, spec_path=LOCK))
     doc = json.loads(report.read_text())
     assert doc["schema"] == "stackgate.diagnose/4" and doc["exit_code"] == int(code) == 1 and doc["verdict"] == "failed"
     assert doc["lock"]["name"] == "blackwell-sm120-cu130"

@@ -74,7 +74,7 @@ def test_an_undefined_symbol_is_demangled_and_its_provider_named() -> None:
     ],
 )
 def test_any_versioned_cuda_library_is_one_family(line: str, lib: str, major: str) -> None:
-    found = first(line, context=knowledge.lock_context(load_spec(LOCK)))
+    found = first(line, context=knowledge.spec_context(load_spec(LOCK)))
     assert found.id == "cuda-major-mismatch" and found.values["lib"] == lib and found.values["major"] == major
 
 
@@ -132,7 +132,7 @@ def test_nccl_classes_and_allocation_failures() -> None:
 
 
 def test_the_installer_family_reads_versions_against_the_lock() -> None:
-    context = knowledge.lock_context(load_spec(LOCK))
+    context = knowledge.spec_context(load_spec(LOCK))
     log = (
         "#12 41.2 Collecting torch==2.10.0\n#12 45.0   Downloading "
         "torch-2.10.0-cp312-cp312-manylinux_2_28_x86_64.whl "

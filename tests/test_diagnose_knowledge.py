@@ -21,7 +21,7 @@ from stackgate.scan import Scanner, match_all
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"
 LOCK = ROOT / "lockfiles" / "blackwell-sm120-cu130.toml"
-CONTEXT = knowledge.lock_context(load_spec(LOCK))
+CONTEXT = knowledge.spec_context(load_spec(LOCK))
 
 
 def diagnosed(text: str, context: dict[str, str] | None = None) -> list[Finding]:

@@ -118,22 +118,22 @@ def test_the_flag_check_names_the_endpoint_that_answered():
 
 
 def test_sglng_is_exit_2_with_a_suggestion_and_launches_nothing(rig):
-    lock = rig.lock()
-    lock.write_text(lock.read_text().replace("[smoke]\n", '[smoke]\nengine = "sglng"\n', 1))
-    code, _, err = cli(rig, "--lock", str(lock), "--dry-run")
+    spec = rig.spec()
+    spec.write_text(spec.read_text().replace("[smoke]\n", '[smoke]\nengine = "sglng"\n', 1))
+    code, _, err = cli(rig, "--lock", str(spec), "--dry-run")
     assert code == 2
     assert "smoke.engine: unknown engine 'sglng': did you mean 'sglang'?" in err
     assert rig.events() == []
 
 
 def test_dry_run_prints_vllm_s_command_environment_and_checks_and_launches_nothing(rig):
-    lock = rig.lock(
+    spec = rig.spec(
         engine="vllm",
         tp=2,
         flags=(f"{FUSION}=true", "--api-key", "sk-live-123"),
         env={"HF_TOKEN": "hf_secret_value"},
     )
-    code, out, err = cli(rig, "--lock", str(lock), "--dry-run", "--benchmark")
+    code, out, err = cli(rig, "--lock", str(spec), "--dry-run", "--benchmark")
     assert code == 0, out + err
     assert (
         f"  command: {sys.executable} -m vllm.entrypoints.cli.main serve {rig.model} --tensor-parallel-size 2 "
@@ -147,15 +147,15 @@ def test_dry_run_prints_vllm_s_command_environment_and_checks_and_launches_nothi
 
 
 def test_dry_run_for_sglang_prints_the_command_smoke_launches(rig):
-    code, out, _ = cli(rig, "--lock", str(rig.lock()), "--dry-run")
+    code, out, _ = cli(rig, "--lock", str(rig.spec()), "--dry-run")
     assert code == 0
     assert f" -m sglang.launch_server --model-path {rig.model} --tp-size 1 --host 127.0.0.1 --port {rig.port}" in out
     assert rig.events() == []
 
 
 def test_smoke_benchmark_passes_against_vllm_exit_0(rig):
-    lock = rig.lock(engine="vllm", benchmark={"output_tokens": 40, "baseline_tok_s": 5})
-    code, out, err = cli(rig, "--lock", str(lock), "--benchmark")
+    spec = rig.spec(engine="vllm", benchmark={"output_tokens": 40, "baseline_tok_s": 5})
+    code, out, err = cli(rig, "--lock", str(spec), "--benchmark")
     assert code == 0, out + err
     assert "PASS  smoke.benchmark" in out and "PASS  smoke.server_info" in out
     assert "waiting for vLLM (lock, TP 1, pid " in err
@@ -167,8 +167,8 @@ def test_smoke_benchmark_passes_against_vllm_exit_0(rig):
 
 def test_vllm_launches_streams_and_is_told_ready_from_its_own_log(rig):
     rig.behave(rate=4000)
-    lock = rig.lock(engine="vllm", flags=("--api-key", "sk-vllm"), benchmark={"output_tokens": 40, "baseline_tok_s": 5})
-    done = rig.run(lock, benchmark=True)
+    spec = rig.spec(engine="vllm", flags=("--api-key", "sk-vllm"), benchmark={"output_tokens": 40, "baseline_tok_s": 5})
+    done = rig.run(spec, benchmark=True)
     found = results(done)
     assert done.verdict.exit_code == 0, [(r.check, r.summary) for r in done.results]
     session = done.sessions[0]
@@ -183,8 +183,8 @@ def test_vllm_launches_streams_and_is_told_ready_from_its_own_log(rig):
 
 def test_vllm_too_slow_fails_the_benchmark(rig):
     rig.behave(rate=400)
-    lock = rig.lock(engine="vllm", benchmark={"output_tokens": 20, "baseline_tok_s": 50000, "runs": 2})
-    done = rig.run(lock, benchmark=True)
+    spec = rig.spec(engine="vllm", benchmark={"output_tokens": 20, "baseline_tok_s": 50000, "runs": 2})
+    done = rig.run(spec, benchmark=True)
     assert done.sessions[0].argv[2] == "vllm.entrypoints.cli.main"
     assert done.verdict.exit_code == 1
     assert results(done)["smoke.benchmark"].status == Status.FAIL
@@ -195,8 +195,8 @@ def test_vllm_too_slow_fails_the_benchmark(rig):
 def test_vllm_fusion_declined_on_sm120_fails_and_names_the_pass_that_declined(rig):
     rig.gpus(2)
     rig.behave(capability=120)
-    lock = rig.lock(engine="vllm", tp=2, flags=(f"{FUSION}=true",), benchmark={"baseline_tok_s": 5})
-    done = rig.run(lock, benchmark=True)
+    spec = rig.spec(engine="vllm", tp=2, flags=(f"{FUSION}=true",), benchmark={"baseline_tok_s": 5})
+    done = rig.run(spec, benchmark=True)
     found = results(done)
     evidence = found[f"smoke.evidence.{FUSION.lstrip('-')}"]
     assert done.verdict.exit_code == 1
@@ -211,10 +211,10 @@ def test_vllm_fusion_declined_on_sm120_fails_and_names_the_pass_that_declined(ri
 def test_vllm_fusion_on_sm90_is_proven_by_its_debug_line(rig):
     rig.gpus(2)
     rig.behave(capability=90, rate=4000)
-    lock = rig.lock(
+    spec = rig.spec(
         engine="vllm", tp=2, flags=(f"{FUSION}=true",), benchmark={"output_tokens": 40, "baseline_tok_s": 5}
     )
-    done = rig.run(lock, benchmark=True)
+    done = rig.run(spec, benchmark=True)
     evidence = results(done)[f"smoke.evidence.{FUSION.lstrip('-')}"]
     assert evidence.status == Status.PASS, evidence.summary
     assert done.sessions[0].set_by_stackgate["VLLM_LOGGING_LEVEL"] == "DEBUG"

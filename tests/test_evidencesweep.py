@@ -15,7 +15,7 @@ import pytest
 from fakes import fake_nvml
 from fakes.fake_nvml import gpu
 from support import ROOT, install_dist, interpreter_spec, make_venv
-from test_abi import lock_for, run
+from test_abi import spec_for, run
 from test_deep_flashinfer import H200, run_check
 from test_deep_flashinfer import interpreter_lock as flashinfer_lock
 
@@ -45,7 +45,7 @@ def truncated_extension(tmp_path: Path, keep: int = 20000) -> tuple[Path, Path]:
 
 def test_a_truncated_extension_module_is_named_with_its_distribution_not_left_unknown(tmp_path):
     python, module = truncated_extension(tmp_path)
-    result = run("abi.imports", lock_for(python, "", '["jsonx"]'))
+    result = run("abi.imports", spec_for(python, "", '["jsonx"]'))
     assert result.status.name == "FAIL"
     assert f"{module} of jsonx 1.0 is damaged" in result.summary, result.summary
     assert "cut short" in result.summary and "not known" not in result.summary
@@ -54,7 +54,7 @@ def test_a_truncated_extension_module_is_named_with_its_distribution_not_left_un
 
 def test_abi_elf_scans_the_stacks_shared_objects_when_the_lock_names_none_and_finds_the_damaged_one(tmp_path):
     python, module = truncated_extension(tmp_path)
-    result = run("abi.elf", lock_for(python, ""))
+    result = run("abi.elf", spec_for(python, ""))
     assert result.status.name == "FAIL", result.summary
     assert str(module) in result.summary and "jsonx 1.0" in result.summary
 
@@ -62,7 +62,7 @@ def test_abi_elf_scans_the_stacks_shared_objects_when_the_lock_names_none_and_fi
 def test_abi_elf_says_what_it_scanned_when_the_locks_packages_hold_no_shared_object(tmp_path):
     python, site = make_venv(tmp_path / "venv")
     install_dist(site, "jsonx", "1.0", files={"jsonx/_json.so": Path(_JSON).read_bytes()})
-    result = run("abi.elf", lock_for(python, ""))
+    result = run("abi.elf", spec_for(python, ""))
     assert result.status.name == "PASS"
     assert result.summary.startswith("1 shared object(s) of the stack checked whole"), result.summary
     assert "the lock's packages hold no shared object: no CUDA link to judge" in result.summary
@@ -178,7 +178,7 @@ def test_the_stacks_own_truncated_libnccl_is_named_where_the_probe_dies_of_sigbu
     install_dist(site, "torch", "2.11.0", files={"torch/__init__.py": loader})
     install_dist(site, "nvidia-nccl-cu13", "2.28.9", files={"nvidia/nccl/lib/libnccl.so.2": Path(_JSON).read_bytes()})
     os.truncate(library, 20000)
-    result = run("abi.imports", lock_for(python, "", '["torch"]'))
+    result = run("abi.imports", spec_for(python, "", '["torch"]'))
     assert result.status.name == "FAIL"
     assert "the probe failed" in result.summary and "(exit -7)" in result.summary
     assert f"{library} of nvidia-nccl-cu13 2.28.9 is damaged" in result.summary, result.summary
@@ -198,9 +198,9 @@ def test_a_workspace_variable_naming_a_file_is_the_cause_of_flashinfers_failure_
     )
     blocker = tmp_path / "workspace"
     blocker.write_text("not a folder\n")
-    lock = flashinfer_lock(tmp_path, torch_python, base=ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
+    spec = flashinfer_lock(tmp_path, torch_python, base=ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
     result = run_check(
-        "deep.flashinfer_attention", lock, site, fake_nvml, [gpu(H200, (9, 0))], FLASHINFER_WORKSPACE_BASE=str(blocker)
+        "deep.flashinfer_attention", spec, site, fake_nvml, [gpu(H200, (9, 0))], FLASHINFER_WORKSPACE_BASE=str(blocker)
     )
     assert result.status.name == "FAIL"
     assert result.summary.startswith("NotADirectoryError"), result.summary
@@ -218,7 +218,7 @@ def test_a_failed_provision_step_gets_the_sweeps_finding_before_the_logs_generic
     log = tmp_path / "step.log"
     log.write_text(NINJA.replace("{home}", str(home)) + "\n")
     python, _ = make_venv(tmp_path / "venv")
-    finding, *generic = known_failures(log, lock_for(python, ""))
+    finding, *generic = known_failures(log, spec_for(python, ""))
     assert finding.id == "evidence-sweep" and [f.id for f in generic] == ["jit-build-failed"]
     assert finding.cause.startswith(f"CUDA_HOME={home}: it has no bin/nvcc; its first error: /bin/sh: 1: {home}")
     assert finding.evidence.lines == (f"/bin/sh: 1: {home}/bin/nvcc: not found",)
@@ -237,7 +237,7 @@ def test_torch_that_does_not_import_gets_an_install_only_when_its_error_names_wh
 ):
     python, site = make_venv(tmp_path / "venv")
     install_dist(site, "torch", "2.11.0", files={"torch/__init__.py": f"raise {raised}\n".encode()})
-    result = run("torch.build", lock_for(python, ""))
+    result = run("torch.build", spec_for(python, ""))
     assert result.status.name == "FAIL" and result.summary.startswith("import torch fails: ")
     assert ("stackgate provision --only python" in result.fix.commands) is install, result.fix
     assert ("nstall" in result.fix.text) is install

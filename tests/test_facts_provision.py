@@ -19,15 +19,15 @@ REAL = Path(os.path.realpath(sys.executable))
 
 
 def _lock(version: str = RUNNING, interpreter: Path | None = None) -> Spec:
-    lock = load_spec()
-    python = dataclasses.replace(lock.python, version=version)
+    spec = load_spec()
+    python = dataclasses.replace(spec.python, version=version)
     if interpreter is not None:
         python = dataclasses.replace(python, interpreter=interpreter, root=None)
-    return dataclasses.replace(lock, python=python)
+    return dataclasses.replace(spec, python=python)
 
 
-def _base(lock: Spec, environ: dict[str, str]) -> BasePython | Missing:
-    facts = gather(lock, ["base_python"], environ=environ)
+def _base(spec: Spec, environ: dict[str, str]) -> BasePython | Missing:
+    facts = gather(spec, ["base_python"], environ=environ)
     try:
         return facts.base_python
     finally:
@@ -80,8 +80,8 @@ def test_no_python_of_the_locked_version_is_a_clear_missing_fact(tmp_path: Path)
 
 @pytest.mark.torch
 def test_dists_lists_the_environment_without_importing_torch(torch_python: Path) -> None:
-    lock = _lock(interpreter=torch_python)
-    facts = gather(lock, ["dists"])
+    spec = _lock(interpreter=torch_python)
+    facts = gather(spec, ["dists"])
     try:
         dists = facts.dists
     finally:

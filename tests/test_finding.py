@@ -38,7 +38,7 @@ KEYS = {
 
 
 def scanned(text: str, source: str) -> list[Finding]:
-    scanner = scan.Scanner(context=knowledge.lock_context(LOCK), source=source)
+    scanner = scan.Scanner(context=knowledge.spec_context(LOCK), source=source)
     scanner.feed_text(text)
     scanner.finish()
     return scanner.findings
@@ -54,7 +54,7 @@ def test_every_finding_the_knowledge_base_makes_round_trips_through_json(signatu
 def test_diagnose_smoke_and_verify_write_the_same_form() -> None:
     (finding,) = scanned(f"starting\n{LINE}\n", "server.log")
     done = diagnose.diagnose(
-        [("server.log", lambda: io.BytesIO(f"starting\n{LINE}\n".encode()))], knowledge.lock_context(LOCK)
+        [("server.log", lambda: io.BytesIO(f"starting\n{LINE}\n".encode()))], knowledge.spec_context(LOCK)
     )
     (in_diagnose,) = diagnose.document(done)["findings"]
     (in_smoke,) = logscan.finding_results([finding], "log", lock_backend="flashinfer")

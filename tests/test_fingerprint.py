@@ -52,18 +52,18 @@ def make(
     toolkit: str = "13.0.88",
     patch: str | None = None,
     info: dict | None = None,
-    lock: Spec = LOCK,
+    spec: Spec = LOCK,
 ) -> fp.Fingerprint:
-    facts = Facts(lock, environ={})
+    facts = Facts(spec, environ={})
     facts.provide("nvml", snapshot(gpus or machine([gpu() for _ in range(8)])))
-    default = lock.default_toolkit
+    default = spec.default_toolkit
     tool = ToolVersion(default.prefix / "bin" / "nvcc", "13.0", Version(toolkit))
     facts.provide("toolkits", (ToolkitFacts(default, True, tool, tool, None, Missing("not asked")),))
     found = {name: Distribution(name, version, (), "/site-packages") for name, version in (dists or DISTS).items()}
     facts.provide("dists", ProbeFacts("/opt/stackgate/current/bin/python", "3.12.3", {}, found, None, 0.1))
-    facts.provide("patches", tuple(PatchStatus(p, Path("/site-packages"), "0.5.9", patch) for p in lock.patches))
+    facts.provide("patches", tuple(PatchStatus(p, Path("/site-packages"), "0.5.9", patch) for p in spec.patches))
     try:
-        return fp.from_facts(lock, facts, info if info is not None else INFO)
+        return fp.from_facts(spec, facts, info if info is not None else INFO)
     finally:
         facts.close()
 
@@ -160,17 +160,17 @@ def test_what_could_not_be_gathered_is_a_component_with_its_reason():
 
 
 def test_the_pylock_is_a_component_another_resolution_is_another_stack(tmp_path: Path) -> None:
-    spec = tmp_path / "blackwell-sm120-cu128.toml"
-    spec.write_bytes((ROOT / "lockfiles" / spec.name).read_bytes())
-    lock = load_spec(spec)
-    assert "pylock" not in make(lock=lock).components["lock"]  # none beside it: nothing to name
+    spec_path = tmp_path / "blackwell-sm120-cu128.toml"
+    spec_path.write_bytes((ROOT / "lockfiles" / spec_path.name).read_bytes())
+    spec = load_spec(spec_path)
+    assert "pylock" not in make(spec=spec).components["lock"]  # none beside it: nothing to name
     shipped = (ROOT / "lockfiles" / "pylock.blackwell-sm120-cu128.toml").read_bytes()
     (tmp_path / "pylock.blackwell-sm120-cu128.toml").write_bytes(shipped)
-    first = make(lock=lock)
+    first = make(spec=spec)
     assert first.components["lock"]["pylock"] == hashlib.sha256(shipped).hexdigest()
     (tmp_path / "pylock.blackwell-sm120-cu128.toml").write_bytes(
         shipped.replace(b'version = "0.5.9"', b'version = "0.5.10"')
     )
-    moved = make(lock=lock)
+    moved = make(spec=spec)
     assert moved.digest != first.digest
     assert [c.name for c in fp.changes(first.components, moved.components)] == ["pylock"]

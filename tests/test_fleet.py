@@ -28,7 +28,7 @@ from fleet_support import (
     make_venv,
     node_wrapper,
     nvml_file,
-    spec,
+    fleet_spec,
     stand_in_pids,
     why_no_sshd,
 )
@@ -75,7 +75,7 @@ class Fleet:
         )
         self.python = make_venv(home / "stack")
         self.drifted_python = make_venv(home / "stack-drift", {"flashinfer-python": "0.6.3"})
-        self.spec = spec(home / "fleet.toml", self.model, self.python)
+        self.spec = fleet_spec(home / "fleet.toml", self.model, self.python)
         self.servers: dict[str, Sshd] = {}
         self.entries: list[dict[str, object]] = []
         self.started = home / "started"

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import pytest
-from fleet_support import make_venv, node_wrapper, spec
+from fleet_support import make_venv, node_wrapper, fleet_spec
 from smoke_support import ROOT, free_port
 from test_fleet import fleet_env, stackgate
 
@@ -106,7 +106,7 @@ def test_a_third_engine_from_the_registry_runs_a_fleet_verify_end_to_end(tmp_pat
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
     python = make_venv(tmp_path / "stack")
-    lock = spec(tmp_path / "fleet.toml", model, python)
+    spec = fleet_spec(tmp_path / "fleet.toml", model, python)
     folders = []
     for name in ("a", "b"):
         home = tmp_path / name
@@ -120,7 +120,7 @@ def test_a_third_engine_from_the_registry_runs_a_fleet_verify_end_to_end(tmp_pat
         engine="local",
         options=options,
         checks=("gpu.*",),
-        lock_path=lock,
+        spec_path=spec,
         json_path=tmp_path / "v.json",
     )
     console = io.StringIO()

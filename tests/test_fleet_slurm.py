@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 import pytest
 import test_fleet
-from fleet_support import TESTS, VERIFIABLE, behaviour, make_venv, nvml_file, spec, stand_in_pids, why_no_sshd
+from fleet_support import TESTS, VERIFIABLE, behaviour, make_venv, nvml_file, fleet_spec, stand_in_pids, why_no_sshd
 from slurm_cluster import NODE_LOCAL, Cluster
 from smoke_support import FAKES, ROOT, free_port, living, wait_for
 from test_fleet import Fleet
@@ -53,7 +53,7 @@ class SlurmFleet:
         self.model = model
         self.python = make_venv(home / "stack")
         self.drifted_python = make_venv(home / "stack-drift", {"flashinfer-python": "0.6.3"})
-        self.spec = spec(home / "fleet.toml", model, self.python)
+        self.spec = fleet_spec(home / "fleet.toml", model, self.python)
         self.started = home / "started"
         self.program = home / "stackgate"
         self.program.write_text(
@@ -404,7 +404,7 @@ def test_fleet_upgrade_through_slurm_keeps_its_canary_and_batch_order(fleet: Slu
     upgrade` command line (tests/fleet_node.py measures the given rates)."""
 
     def upgrading(path: Path, extra: str = "") -> Path:
-        text = spec(path, fleet.model, fleet.python).read_text()
+        text = fleet_spec(path, fleet.model, fleet.python).read_text()
         path.write_text(text.replace(f'interpreter = "{fleet.python}"', f'root = "{tmp_path / "root"}"') + extra)
         return path
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import exposition
 import pytest
 from fleet_sim import SimNode, SimTransport, rollbacks
-from fleet_support import Sshd, node_wrapper, spec, why_no_sshd
+from fleet_support import Sshd, node_wrapper, fleet_spec, why_no_sshd
 from smoke_support import ROOT, free_port
 from test_fleet import Fleet, fleet_env, stackgate
 
@@ -50,7 +50,7 @@ def upgrade(
 ) -> tuple[int, dict, SimTransport, str]:
     out, stream = tmp_path / "fleet.json", io.StringIO()
     chosen = FleetRequest(
-        action="upgrade", hosts=",".join(names), to_path=new_spec(tmp_path), lock_path=LIVE, json_path=out, **request
+        action="upgrade", hosts=",".join(names), to_path=new_spec(tmp_path), spec_path=LIVE, json_path=out, **request
     )  # type: ignore[arg-type]
     transport = SimTransport(sims)
     code = fleet.run(chosen, UI(stream=stream, force_plain=True), transport)
@@ -219,7 +219,7 @@ def test_a_live_spec_of_the_same_name_is_shipped_beside_the_new_one(tmp_path):
         action="upgrade",
         hosts="n1",
         to_path=LIVE,
-        lock_path=LIVE,
+        spec_path=LIVE,
         json_path=out,
         switch="if-passes",
         accept_output_change=True,
@@ -252,14 +252,14 @@ def test_a_live_spec_of_the_same_name_is_shipped_beside_the_new_one(tmp_path):
         ({"canary": 4}, "--canary 4: the fleet has 3 node(s)"),
         ({"action": "gate"}, "--to, --canary, --switch, --accept-output-change and --model are for `fleet upgrade`"),
         (
-            {"lock_path": ROOT / "lockfiles" / "blackwell-sm120-cu130.toml"},
+            {"spec_path": ROOT / "lockfiles" / "blackwell-sm120-cu130.toml"},
             "python.root is /opt/stackgate-cu128, but the live spec",
         ),
     ],
 )
 def test_what_fleet_upgrade_cannot_take_is_refused_before_any_node_is_touched(tmp_path, request_, said):
     sims: dict[str, SimNode] = {}
-    chosen = {"action": "upgrade", "hosts": "a,b,c", "to_path": new_spec(tmp_path), "lock_path": LIVE, **request_}
+    chosen = {"action": "upgrade", "hosts": "a,b,c", "to_path": new_spec(tmp_path), "spec_path": LIVE, **request_}
     with pytest.raises(UsageError) as caught:
         fleet.run(FleetRequest(**chosen), UI(stream=io.StringIO(), force_plain=True), SimTransport(sims))  # type: ignore[arg-type]
     assert said in str(caught.value) and sims == {}
@@ -271,7 +271,7 @@ def test_what_fleet_upgrade_cannot_take_is_refused_before_any_node_is_touched(tm
 def loopback_spec(path: Path, cluster: Fleet, root: Path, extra: str = "") -> Path:
     """The fleet tests' spec (the stand-in's profile), under a python.root as an upgrade needs."""
     text = (
-        spec(path, cluster.model, cluster.python)
+        fleet_spec(path, cluster.model, cluster.python)
         .read_text()
         .replace(f'interpreter = "{cluster.python}"', f'root = "{root}"')
     )

@@ -349,14 +349,14 @@ def test_ctrl_c_ends_the_gate_at_once_starts_nothing_more_and_leaves_no_process(
     text = (
         (ROOT / "lockfiles" / "hopper-sm90-cu130.toml").read_text().replace("/opt/torch/.venv/bin/python3", str(python))
     )
-    lock = tmp_path / "hang.toml"
-    lock.write_text(text.replace('prefix = "/usr/local/cuda-13.0"', f'prefix = "{prefix}"'))
+    spec = tmp_path / "hang.toml"
+    spec.write_text(text.replace('prefix = "/usr/local/cuda-13.0"', f'prefix = "{prefix}"'))
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
     report = tmp_path / "gate.json"
     environ = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1"}
-    argv = [sys.executable, "-m", "invoke", "gate", "--lock", str(lock), "--model", str(model), "--json", str(report)]
+    argv = [sys.executable, "-m", "invoke", "gate", "--lock", str(spec), "--model", str(model), "--json", str(report)]
     process = subprocess.Popen(
         argv, cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
@@ -401,16 +401,16 @@ def standin(rig, tmp_path, monkeypatch):
     return rig
 
 
-def gate_lock(rig: Rig, python: Path, backend: str = "flashinfer") -> Path:
+def gate_spec(rig: Rig, python: Path, backend: str = "flashinfer") -> Path:
     """The stand-in's lock, pointed at a plain interpreter (the stand-in needs only the standard
     library; an empty environment has nothing to drift)."""
-    path = rig.lock(benchmark=BENCH)
+    path = rig.spec(benchmark=BENCH)
     text = path.read_text().replace(f'interpreter = "{sys.executable}"', f'interpreter = "{python}"')
     path.write_text(text.replace('attention_backend = "flashinfer"', f'attention_backend = "{backend}"'))
     return path
 
 
-def run_gate(lock: Path, out: Path, **request: object) -> tuple[int, dict, str]:
+def run_gate(spec: Path, out: Path, **request: object) -> tuple[int, dict, str]:
     reports = {
         "json_path": out.with_suffix(".json"),
         "junit_path": out.with_suffix(".xml"),
@@ -419,7 +419,7 @@ def run_gate(lock: Path, out: Path, **request: object) -> tuple[int, dict, str]:
     }
     stream = io.StringIO()
     code = command.run(
-        gate.GateRequest(lock_path=lock, verify_checks=VERIFIABLE, **reports, **request),
+        gate.GateRequest(spec_path=spec, verify_checks=VERIFIABLE, **reports, **request),
         UI(stream=stream, force_plain=True),
     )
     return code, json.loads(reports["json_path"].read_text()), stream.getvalue()
@@ -432,7 +432,7 @@ def test_a_gate_against_the_standin_passes_then_regresses_and_report_names_the_c
     # The stand-in decodes 200 tok/s per stream, 150 with the triton backend (as the
     # reference deployment saw triton cost speed); the lock's floor is 190 * 0.95 = 180.5.
     rig.behave(rate=200.0, profiles=[{"when": {"attention_backend": "triton"}, "set": {"rate": 150.0}}])
-    code, good, out = run_gate(gate_lock(rig, plain_python), tmp_path / "good")
+    code, good, out = run_gate(gate_spec(rig, plain_python), tmp_path / "good")
     assert code == ExitCode.PASSED, out
     assert statuses(good) == dict.fromkeys(STAGES, "passed")
     assert good["gate"]["benchmark"]["decode_tok_s"]["mean"] == pytest.approx(
@@ -471,17 +471,17 @@ def test_a_gate_against_the_standin_passes_then_regresses_and_report_names_the_c
         and "vs baseline 190" in markdown
     )
 
-    code, again, _ = run_gate(gate_lock(rig, plain_python), tmp_path / "again")
+    code, again, _ = run_gate(gate_spec(rig, plain_python), tmp_path / "again")
     assert code == ExitCode.PASSED
     assert again["gate"]["fingerprint"]["digest"] == good["gate"]["fingerprint"]["digest"]  # stable on the same stack
 
-    code, fast, _ = run_gate(gate_lock(rig, plain_python), tmp_path / "fast", fast_only=True)
+    code, fast, _ = run_gate(gate_spec(rig, plain_python), tmp_path / "fast", fast_only=True)
     assert code == ExitCode.PASSED and statuses(fast)["benchmark"] == "not run"
     assert (
         fast["gate"]["fingerprint"]["digest"] == good["gate"]["fingerprint"]["digest"]
     )  # fast mode's own arguments are left out
 
-    code, slow, out = run_gate(gate_lock(rig, plain_python, backend="triton"), tmp_path / "slow")
+    code, slow, out = run_gate(gate_spec(rig, plain_python, backend="triton"), tmp_path / "slow")
     assert code == ExitCode.FAILED
     assert statuses(slow) == {**dict.fromkeys(STAGES, "passed"), "benchmark": "failed"}
     assert "below the baseline 190 tok/s (allowed: 5.0%, floor 180.50)" in stage(slow, "benchmark")["reason"]
@@ -553,7 +553,7 @@ def test_a_gate_interrupted_in_its_benchmark_says_so_under_the_table(standin, pl
     interrupter = threading.Thread(target=_interrupt_the_benchmark_stage, args=(rig,), daemon=True)
     interrupter.start()
     with pytest.raises(KeyboardInterrupt):
-        run_gate(gate_lock(rig, plain_python), tmp_path / "cut")
+        run_gate(gate_spec(rig, plain_python), tmp_path / "cut")
     interrupter.join()
     doc = json.loads((tmp_path / "cut.json").read_text())
     assert statuses(doc)["benchmark"] == "interrupted" and doc["exit_code"] == 130
@@ -590,26 +590,26 @@ def root_lock(tmp_path: Path, **replace: str) -> Spec:
     return load_spec(path)
 
 
-def provisioned(lock: Spec, spec: dict | None = None, sha256: str | None = None) -> None:
+def provisioned(spec: Spec, environment: dict | None = None, sha256: str | None = None) -> None:
     """A root whose current generation was built from ``spec`` (default: this lock's)."""
-    home = generations.generations_dir(lock.python.root) / "0001-built"
-    about = {"spec": spec or environment_spec(lock), "lock": {"path": str(lock.path), "sha256": sha256 or lock.sha256}}
-    generations.switch(lock.python.root, generations.mark(generations.create(home, about), "ready"))
+    home = generations.generations_dir(spec.python.root) / "0001-built"
+    about = {"spec": environment or environment_spec(spec), "lock": {"path": str(spec.path), "sha256": sha256 or spec.sha256}}
+    generations.switch(spec.python.root, generations.mark(generations.create(home, about), "ready"))
 
 
-def environment_check(name: str, lock: Spec, facts: Facts | None = None) -> Result:
+def environment_check(name: str, spec: Spec, facts: Facts | None = None) -> Result:
     """One of the environment stage's checks, run by name through the registry as the gate runs it."""
-    (result,) = run_checks(select([name], REGISTRY), lock, facts or Facts(lock, environ={}))
+    (result,) = run_checks(select([name], REGISTRY), spec, facts or Facts(spec, environ={}))
     assert result.check == name
     return result
 
 
-def installed(lock: Spec, **changes: str) -> Facts:
+def installed(spec: Spec, **changes: str) -> Facts:
     found = {
         p.name: Distribution(p.name, changes.get(p.name, p.pinned_version or "0"), (), "/site-packages")
-        for p in lock.python.packages
+        for p in spec.python.packages
     }
-    facts = Facts(lock, environ={})
+    facts = Facts(spec, environ={})
     facts.provide(
         "dists", ProbeFacts("/root/current/bin/python", "3.12.3", {"python_version": "3.12"}, found, None, 0.0)
     )
@@ -618,9 +618,9 @@ def installed(lock: Spec, **changes: str) -> Facts:
 
 
 def test_the_live_generation_built_from_this_lock_passes(tmp_path):
-    lock = root_lock(tmp_path)
-    provisioned(lock, sha256="b" * 64)
-    result = environment_check("environment.generation", lock)
+    spec = root_lock(tmp_path)
+    provisioned(spec, sha256="b" * 64)
+    result = environment_check("environment.generation", spec)
     assert (
         result.status == Status.PASS
         and result.summary
@@ -629,12 +629,12 @@ def test_the_live_generation_built_from_this_lock_passes(tmp_path):
     assert result.details == (
         "built from another version of the lockfile (sha256 bbbbbbbbbbbb) with the same Python stack",
     )
-    assert environment_check("environment.drift", lock, installed(lock)).status == Status.PASS
+    assert environment_check("environment.drift", spec, installed(spec)).status == Status.PASS
 
 
 def test_a_lock_whose_stack_changed_since_the_generation_was_built_fails_naming_the_change(tmp_path):
-    lock = root_lock(tmp_path)
-    provisioned(lock)
+    spec = root_lock(tmp_path)
+    provisioned(spec)
     changed = root_lock(tmp_path, **{'sglang = "==0.5.9"': 'sglang = "==0.5.10"'})
     result = environment_check("environment.generation", changed)
     assert result.status == Status.FAIL
@@ -648,24 +648,24 @@ def test_a_lock_whose_stack_changed_since_the_generation_was_built_fails_naming_
 
 
 def test_no_generation_fails_and_drift_cannot_be_judged(tmp_path):
-    lock = root_lock(tmp_path)
+    spec = root_lock(tmp_path)
     assert (
-        environment_check("environment.generation", lock).summary
+        environment_check("environment.generation", spec).summary
         == f"no live environment: {tmp_path / 'root' / 'current'} does not exist"
     )
-    facts = Facts(lock, environ={})
+    facts = Facts(spec, environ={})
     facts.provide("dists", Missing("no stack environment"))
-    assert environment_check("environment.drift", lock, facts).status == Status.SKIP
+    assert environment_check("environment.drift", spec, facts).status == Status.SKIP
 
 
 def test_a_moved_package_is_drift(tmp_path):
-    lock = root_lock(tmp_path)
-    result = environment_check("environment.drift", lock, installed(lock, torch="2.10.0"))
+    spec = root_lock(tmp_path)
+    result = environment_check("environment.drift", spec, installed(spec, torch="2.10.0"))
     assert result.status == Status.FAIL
     assert result.summary == "1 difference(s) from the lock: torch is 2.10.0, locked ==2.9.1+cu130"
 
 
 def test_a_lock_naming_an_interpreter_has_no_generation_to_compare():
-    lock = load_spec(ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
-    result = environment_check("environment.generation", lock)
+    spec = load_spec(ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
+    result = environment_check("environment.generation", spec)
     assert result.status == Status.SKIP and "there is no generation to compare" in result.summary

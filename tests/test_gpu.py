@@ -31,11 +31,11 @@ def fake():
     fake_nvml.configure(None)
 
 
-def judge(name, spec, lock=SM120):
-    fake_nvml.configure(spec)
-    facts = gather(lock, ["nvml"], nvml_lib=fake_nvml)
+def judge(name, machine, spec=SM120):
+    fake_nvml.configure(machine)
+    facts = gather(spec, ["nvml"], nvml_lib=fake_nvml)
     try:
-        return REGISTRY[name].function(lock, facts)
+        return REGISTRY[name].function(spec, facts)
     finally:
         facts.close()
         fake_nvml.configure(None)

@@ -40,21 +40,21 @@ def root_lock(tmp_path: Path, root: Path) -> Spec:
 
 
 def test_runs_are_kept_under_the_root_only_when_it_holds_a_stack_and_is_writable(tmp_path):
-    lock = root_lock(tmp_path, tmp_path / "root")
+    spec = root_lock(tmp_path, tmp_path / "root")
     home = {"HOME": str(tmp_path / "home")}
     state = tmp_path / "home" / ".local" / "state" / "stackgate" / "runs"
-    assert history.runs_dir(lock, home) == state  # no root yet: not created for a report
+    assert history.runs_dir(spec, home) == state  # no root yet: not created for a report
     assert (
-        history.runs_dir(lock, {**home, "XDG_STATE_HOME": str(tmp_path / "state")})
+        history.runs_dir(spec, {**home, "XDG_STATE_HOME": str(tmp_path / "state")})
         == tmp_path / "state" / "stackgate" / "runs"
     )
     (tmp_path / "root").mkdir()
     (tmp_path / "root" / ".provision.lock").write_text("")  # all that a refused provision leaves
-    assert history.runs_dir(lock, home) == state
+    assert history.runs_dir(spec, home) == state
     (tmp_path / "root" / "generations").mkdir()
-    assert history.runs_dir(lock, home) == tmp_path / "root" / "runs"
+    assert history.runs_dir(spec, home) == tmp_path / "root" / "runs"
     assert (
-        history.runs_dir(lock, {**home, "STACKGATE_HISTORY_DIR": str(tmp_path / "elsewhere")}) == tmp_path / "elsewhere"
+        history.runs_dir(spec, {**home, "STACKGATE_HISTORY_DIR": str(tmp_path / "elsewhere")}) == tmp_path / "elsewhere"
     )
     interpreter = load_spec(ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
     assert history.runs_dir(interpreter, home) == tmp_path / "home" / ".local" / "state" / "stackgate" / "runs"
@@ -147,7 +147,7 @@ def test_report_a_b_names_each_changed_component_next_to_the_change_in_tok_s(tmp
 def test_the_listing_shows_a_trend_per_lock_plain_without_unicode(tmp_path):
     for day, decode in enumerate([90.0, 92.0, None, 96.0], 1):
         keep(tmp_path, gate_doc(decode=decode), f"2025-01-0{day}T10:00:00+00:00")
-    keep(tmp_path, gate_doc(decode=50.0, lock="other"), "2025-01-05T10:00:00+00:00")
+    keep(tmp_path, gate_doc(decode=50.0, spec="other"), "2025-01-05T10:00:00+00:00")
     env = {"STACKGATE_HISTORY_DIR": str(tmp_path)}
     unicode = invoke("report", env={**env, "PYTHONIOENCODING": "utf-8"})
     assert "trend standin (decode tok/s, last 4 run(s)): ▁▃ █  90.00 → 96.00 (min 90.00, max 96.00)" in unicode.stdout
@@ -171,11 +171,11 @@ def test_report_usage_errors_exit_2(tmp_path):
 def test_smoke_keeps_its_runs_and_report_compares_them_on_what_they_recorded(rig, tmp_path):
     env = {**rig.environ(), "STACKGATE_LOG_DIR": str(rig.runs), "STACKGATE_HISTORY_DIR": str(tmp_path / "history")}
     rig.behave(rate=200.0, profiles=[{"when": {"attention_backend": "triton"}, "set": {"rate": 150.0}}])
-    lock = rig.lock()
-    first = invoke("smoke", "--lock", str(lock), "--benchmark", "--json", str(tmp_path / "smoke.json"), env=env)
+    spec = rig.spec()
+    first = invoke("smoke", "--lock", str(spec), "--benchmark", "--json", str(tmp_path / "smoke.json"), env=env)
     assert first.returncode == 0, first.stdout + first.stderr
-    lock.write_text(lock.read_text().replace('attention_backend = "flashinfer"', 'attention_backend = "triton"'))
-    assert invoke("smoke", "--lock", str(lock), "--benchmark", env=env).returncode == 0
+    spec.write_text(spec.read_text().replace('attention_backend = "flashinfer"', 'attention_backend = "triton"'))
+    assert invoke("smoke", "--lock", str(spec), "--benchmark", env=env).returncode == 0
     (one, two) = sorted((tmp_path / "history").glob("*.json"))
     assert (
         json.loads(one.read_text())["run_id"] == json.loads((tmp_path / "smoke.json").read_text())["run_id"] == one.stem

@@ -85,28 +85,28 @@ def test_init_describes_this_machine_and_verify_then_reports_only_true_problems(
     }
     done = stackgate("init", cwd=tmp_path, env=env)
     assert done.returncode == ExitCode.PASSED, done.stderr
-    spec = tmp_path / "stackgate.toml"
-    assert done.stdout.splitlines()[0] == f"wrote {spec}: this machine as a spec, each value with where it came from"
-    text = spec.read_text()
-    lock = load_spec(spec)
+    spec_path = tmp_path / "stackgate.toml"
+    assert done.stdout.splitlines()[0] == f"wrote {spec_path}: this machine as a spec, each value with where it came from"
+    text = spec_path.read_text()
+    spec = load_spec(spec_path)
     assert (
-        lock.hardware.gpu_count,
-        lock.hardware.gpu_name,
-        str(lock.hardware.compute_capability),
-        lock.hardware.arch,
+        spec.hardware.gpu_count,
+        spec.hardware.gpu_name,
+        str(spec.hardware.compute_capability),
+        spec.hardware.arch,
     ) == (1, "NVIDIA H200", "9.0", "sm_90a")
-    assert str(lock.hardware.min_driver) == "580" and "# NVML: driver 580.159.03; its series is the floor" in text
-    default = lock.default_toolkit
+    assert str(spec.hardware.min_driver) == "580" and "# NVML: driver 580.159.03; its series is the floor" in text
+    default = spec.default_toolkit
     assert default is not None and default.prefix == cuda and default.keep and str(default.nvcc) == "13.0.88"
-    assert all(t.keep and t.source is None for t in lock.toolkits)  # found toolkits are kept, never written
+    assert all(t.keep and t.source is None for t in spec.toolkits)  # found toolkits are kept, never written
     assert (
         "# found by $CUDA_HOME" in text and "# $CUDA_HOME names it: flashinfer's JIT and Triton use it ([env])" in text
     )
-    assert lock.python.interpreter == venv / "bin" / "python" and "# found by $VIRTUAL_ENV" in text
-    torch_version = lock.python.package("torch").pinned_version  # type: ignore[union-attr]
-    assert torch_version is not None and torch_version.startswith("2.") and lock.python.frozen == ("torch",)
-    assert lock.python.imports == ("torch",) and "torch_cuda" not in text  # a CPU build: no CUDA to pin
-    assert (lock.smoke.tp, lock.smoke.attention_backend, lock.smoke.flags) == (1, "triton", ())
+    assert spec.python.interpreter == venv / "bin" / "python" and "# found by $VIRTUAL_ENV" in text
+    torch_version = spec.python.package("torch").pinned_version  # type: ignore[union-attr]
+    assert torch_version is not None and torch_version.startswith("2.") and spec.python.frozen == ("torch",)
+    assert spec.python.imports == ("torch",) and "torch_cuda" not in text  # a CPU build: no CUDA to pin
+    assert (spec.smoke.tp, spec.smoke.attention_backend, spec.smoke.flags) == (1, "triton", ())
     assert "# flashinfer is not usable here: flashinfer is not installed" in text
     assert all(
         line.startswith(("#", "[")) or " # " in line or not line.strip() or line.startswith("description")
@@ -115,7 +115,7 @@ def test_init_describes_this_machine_and_verify_then_reports_only_true_problems(
 
     verified = stackgate("verify", "--json", "r.json", cwd=tmp_path, env=env)  # no --lock: ./stackgate.toml
     doc = json.loads((tmp_path / "r.json").read_text())
-    assert doc["lock"]["path"] == str(spec)
+    assert doc["lock"]["path"] == str(spec_path)
     status = {r["check"]: r["status"] for r in doc["results"]}
     # The one true problem of this machine: torch is a CPU build. Everything else it can pass, passes.
     assert {name for name, s in status.items() if s not in ("PASS", "SKIP")} == {"torch.build"}, verified.stdout
@@ -142,9 +142,9 @@ def test_init_describes_this_machine_and_verify_then_reports_only_true_problems(
     again = stackgate("init", cwd=tmp_path, env=env)
     assert (again.returncode, again.stderr) == (
         ExitCode.USAGE,
-        f"stackgate: {spec} exists: nothing was written (--force replaces it; --out FILE writes elsewhere)\n",
+        f"stackgate: {spec_path} exists: nothing was written (--force replaces it; --out FILE writes elsewhere)\n",
     )
-    assert spec.read_text() == text
+    assert spec_path.read_text() == text
     other = tmp_path / "other.toml"
     elsewhere = stackgate(
         "init", "--out", str(other), "--python", str(torch_python), cwd=tmp_path, env={**env, "VIRTUAL_ENV": ""}
@@ -235,9 +235,9 @@ def test_init_pins_the_stack_reads_the_fusion_gate_and_its_spec_locks(tmp_path: 
     assert (
         "TRITON_PTXAS_PATH is not set in this shell: export TRITON_PTXAS_PATH=" in done.stderr
     )  # what verify will say too
-    spec = tmp_path / "stackgate.toml"
-    lock, text = load_spec(spec), spec.read_text()
-    pins = {p.name: p.pinned_version for p in lock.python.packages}
+    spec_path = tmp_path / "stackgate.toml"
+    spec, text = load_spec(spec_path), spec_path.read_text()
+    pins = {p.name: p.pinned_version for p in spec.python.packages}
     assert pins == {
         "torch": "2.9.1+cu130",
         "triton": "3.5.1",
@@ -245,19 +245,19 @@ def test_init_pins_the_stack_reads_the_fusion_gate_and_its_spec_locks(tmp_path: 
         "flashinfer-python": "0.6.4",
         "flashinfer-cubin": "0.6.4",
     }
-    assert set(lock.python.frozen) == set(pins) and lock.python.imports == ("torch", "triton", "flashinfer")
-    assert lock.python.torch_cuda == "13.0" and [(i.url, i.packages) for i in lock.python.indexes] == [
+    assert set(spec.python.frozen) == set(pins) and spec.python.imports == ("torch", "triton", "flashinfer")
+    assert spec.python.torch_cuda == "13.0" and [(i.url, i.packages) for i in spec.python.indexes] == [
         ("https://download.pytorch.org/whl/cu130", ("torch",))
     ]
     assert (
-        lock.hardware.gpu_count,
-        str(lock.hardware.compute_capability),
-        lock.smoke.tp,
-        lock.smoke.attention_backend,
+        spec.hardware.gpu_count,
+        str(spec.hardware.compute_capability),
+        spec.smoke.tp,
+        spec.smoke.attention_backend,
     ) == (8, "12.0", 8, "flashinfer")
     # flashinfer's gate builds the fused path for majors 9 and 10 only: no fusion flag on SM120, and why.
     assert (
-        lock.smoke.flags == ()
+        spec.smoke.flags == ()
         and "no fusion flag: compute capability major 12 is not among the majors flashinfer builds" in text
     )
     (site,) = python.parent.parent.glob("lib/python3*/site-packages")
@@ -296,7 +296,7 @@ def test_init_pins_the_stack_reads_the_fusion_gate_and_its_spec_locks(tmp_path: 
     assert "# TRITON_PTXAS_PATH unset: Triton's bundled ptxas builds sm_90a" in h200
 
     # The spec init wrote resolves with `stackgate lock` (its PyPI and PyTorch indexes pointed at the test's).
-    spec.write_text(
+    spec_path.write_text(
         text.replace("https://download.pytorch.org/whl/cu130", stack_index.simple("cu130")).replace(
             "[python]\n", f'[python]\ndefault_index = "{stack_index.simple("pypi")}"\n'
         )

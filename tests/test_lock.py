@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from packaging.version import Version
 
-from stackgate.models.spec import Capability, SpecError, default_lock_path, load_spec, loads_spec
+from stackgate.models.spec import Capability, SpecError, default_spec_path, load_spec, loads_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "lockfiles" / "blackwell-sm120-cu130.toml"
@@ -45,15 +45,15 @@ def problems(text: str) -> list[str]:
 
 
 def test_the_default_profile_holds_every_value_facts_gives():
-    lock = load_spec(DEFAULT)
-    assert lock.name == "blackwell-sm120-cu130"
-    assert (lock.hardware.gpu_count, lock.hardware.compute_capability, lock.hardware.arch) == (
+    spec = load_spec(DEFAULT)
+    assert spec.name == "blackwell-sm120-cu130"
+    assert (spec.hardware.gpu_count, spec.hardware.compute_capability, spec.hardware.arch) == (
         8,
         Capability(12, 0),
         "sm_120a",
     )
-    assert lock.hardware.min_driver == Version("580.82.07")
-    default, kept = lock.toolkits
+    assert spec.hardware.min_driver == Version("580.82.07")
+    default, kept = spec.toolkits
     assert (default.version, default.nvcc, default.source, default.default) == (
         Version("13.0.1"),
         Version("13.0.88"),
@@ -61,31 +61,31 @@ def test_the_default_profile_holds_every_value_facts_gives():
         True,
     )
     assert (kept.version, kept.keep, kept.prefix) == (Version("12.8"), True, Path("/usr/local/cuda-12.8"))
-    pins = {p.name: p.pinned_version for p in lock.python.packages}
+    pins = {p.name: p.pinned_version for p in spec.python.packages}
     assert pins["torch"] == "2.9.1+cu130" and pins["sgl-kernel"] == "0.3.21+cu130"
     assert pins["flashinfer-python"] == pins["flashinfer-cubin"] == "0.6.4"
     assert pins["sglang"] == "0.5.9" and pins["triton"] == "3.5.1" and pins["nvidia-nccl-cu13"] == "2.27.7"
-    assert lock.python.package("sgl_kernel").url.startswith("https://github.com/sgl-project/whl/releases/")
-    assert lock.python.frozen == ("torch", "torchaudio", "triton", "nvidia-nccl-cu13")
-    assert lock.python.override("flashinfer_python").reason.startswith("sglang 0.5.9 pins")
-    assert lock.env["CUDA_HOME"] == "/usr/local/cuda-13.0"
-    assert lock.env["TRITON_PTXAS_PATH"] == "/usr/local/cuda-13.0/bin/ptxas"
-    assert lock.nccl.min_version == Version("2.27.7")
-    assert (lock.smoke.tp, lock.smoke.attention_backend, lock.smoke.port) == (8, "flashinfer", 30000)
-    assert lock.smoke.evidence["--enable-flashinfer-allreduce-fusion"] == "FlashInfer workspace initialized for rank"
-    assert (lock.benchmark.output_tokens, lock.benchmark.runs, lock.benchmark.warmup) == (2048, 5, 2)
-    assert (lock.benchmark.baseline_tok_s, lock.benchmark.max_regression) == (92.6, 0.03)
-    assert lock.python.target == Path("/opt/stackgate/current/bin/python")
-    assert re.fullmatch(r"[0-9a-f]{64}", lock.sha256)
+    assert spec.python.package("sgl_kernel").url.startswith("https://github.com/sgl-project/whl/releases/")
+    assert spec.python.frozen == ("torch", "torchaudio", "triton", "nvidia-nccl-cu13")
+    assert spec.python.override("flashinfer_python").reason.startswith("sglang 0.5.9 pins")
+    assert spec.env["CUDA_HOME"] == "/usr/local/cuda-13.0"
+    assert spec.env["TRITON_PTXAS_PATH"] == "/usr/local/cuda-13.0/bin/ptxas"
+    assert spec.nccl.min_version == Version("2.27.7")
+    assert (spec.smoke.tp, spec.smoke.attention_backend, spec.smoke.port) == (8, "flashinfer", 30000)
+    assert spec.smoke.evidence["--enable-flashinfer-allreduce-fusion"] == "FlashInfer workspace initialized for rank"
+    assert (spec.benchmark.output_tokens, spec.benchmark.runs, spec.benchmark.warmup) == (2048, 5, 2)
+    assert (spec.benchmark.baseline_tok_s, spec.benchmark.max_regression) == (92.6, 0.03)
+    assert spec.python.target == Path("/opt/stackgate/current/bin/python")
+    assert re.fullmatch(r"[0-9a-f]{64}", spec.sha256)
 
 
 def test_the_hopper_profile_names_an_existing_interpreter():
-    lock = load_spec(HOPPER)
-    assert lock.python.root is None and lock.python.env_file is None
-    assert lock.python.target == Path("/opt/torch/.venv/bin/python3")
-    assert lock.python.package("torch").pinned_version == "2.11.0"
-    assert lock.python.imports == ("torch", "torchvision", "torchaudio", "triton")
-    assert (lock.hardware.compute_capability, lock.hardware.arch) == (Capability(9, 0), "sm_90a")
+    spec = load_spec(HOPPER)
+    assert spec.python.root is None and spec.python.env_file is None
+    assert spec.python.target == Path("/opt/torch/.venv/bin/python3")
+    assert spec.python.package("torch").pinned_version == "2.11.0"
+    assert spec.python.imports == ("torch", "torchvision", "torchaudio", "triton")
+    assert (spec.hardware.compute_capability, spec.hardware.arch) == (Capability(9, 0), "sm_90a")
 
 
 def test_pins_compare_under_pep_440_local_labels_included():
@@ -99,9 +99,9 @@ def test_pins_compare_under_pep_440_local_labels_included():
 
 def test_environment_variable_names_the_default_lock(monkeypatch, tmp_path):
     monkeypatch.setenv("STACKGATE_LOCK", str(HOPPER))
-    assert default_lock_path() == HOPPER
+    assert default_spec_path() == HOPPER
     monkeypatch.delenv("STACKGATE_LOCK")
-    assert default_lock_path() == DEFAULT.resolve()  # the package's copy, which lockfiles/ links to
+    assert default_spec_path() == DEFAULT.resolve()  # the package's copy, which lockfiles/ links to
 
 
 @pytest.mark.parametrize(
@@ -187,8 +187,8 @@ evidence = { "--enable-x" = "x ready" }
 
 
 def test_references_resolve_against_the_default_toolkit():
-    lock = loads_spec(MINIMAL + '[env]\nX = "{toolkit.default}/bin:{stack.name}"\n')
-    assert lock.env["X"] == "/usr/local/cuda-13.0/bin:t"
+    spec = loads_spec(MINIMAL + '[env]\nX = "{toolkit.default}/bin:{stack.name}"\n')
+    assert spec.env["X"] == "/usr/local/cuda-13.0/bin:t"
 
 
 def test_exactly_one_default_toolkit_and_the_second_is_named():

@@ -78,9 +78,9 @@ def test_an_env_value_with_any_other_dollar_is_refused_with_its_key(table, value
 
 
 def test_plain_references_stay_and_lock_references_still_resolve():
-    lock = loads_spec(minimal(extra='[env]\nX = "{toolkit.default}/bin:$PATH:${HOME}/y"\n[smoke.env]\nY = "$HOME"\n'))
-    assert lock.env["X"] == "/usr/local/cuda-13.0/bin:$PATH:${HOME}/y"
-    assert lock.smoke.env["Y"] == "$HOME"
+    spec = loads_spec(minimal(extra='[env]\nX = "{toolkit.default}/bin:$PATH:${HOME}/y"\n[smoke.env]\nY = "$HOME"\n'))
+    assert spec.env["X"] == "/usr/local/cuda-13.0/bin:$PATH:${HOME}/y"
+    assert spec.smoke.env["Y"] == "$HOME"
 
 
 def test_sourcing_what_provision_writes_runs_nothing_that_was_data(tmp_path):
@@ -89,10 +89,10 @@ def test_sourcing_what_provision_writes_runs_nothing_that_was_data(tmp_path):
     canary = tmp_path / "canary"
     root = tmp_path / f"r$(touch {canary})`touch {canary}`"
     odd = f'`touch {canary}` "q" \\ $HOME'
-    lock = loads_spec(minimal(root=str(root), extra=f'[env]\nODD = {json.dumps(odd)}\nP = "{{python.root}}/x"\n'))
+    spec = loads_spec(minimal(root=str(root), extra=f'[env]\nODD = {json.dumps(odd)}\nP = "{{python.root}}/x"\n'))
     home = root / "generations" / "0001"
     home.mkdir(parents=True)
-    pyenv.write_environment(lock, home, root)
+    pyenv.write_environment(spec, home, root)
     for sourced in (home / pyenv.ENV_FILE, home / pyenv.ACTIVATE):
         seen = source(sourced, "VIRTUAL_ENV", "ODD", "P", cwd=tmp_path)
         assert seen == [str(home), f'`touch {canary}` "q" \\ /home/u', f"{root}/x"]
@@ -245,12 +245,12 @@ def test_a_control_character_is_refused_at_load_with_its_key_path(edit, expected
 
 
 def test_a_tab_is_free_text_only_and_the_prompt_may_have_lines():
-    lock = loads_spec(
+    spec = loads_spec(
         minimal(extra='[benchmark]\nprompt = "Line one.\\n\\tLine two."\n').replace(
             'name = "t"', 'name = "t"\ndescription = "a\\tb"'
         )
     )
-    assert lock.benchmark.prompt == "Line one.\n\tLine two." and lock.stack.description == "a\tb"
+    assert spec.benchmark.prompt == "Line one.\n\tLine two." and spec.stack.description == "a\tb"
     assert problems(minimal(extra='[smoke]\nmodel = "/m\\tx"\n')) == [
         "smoke.model: contains a control character (U+0009)"
     ]
@@ -270,8 +270,8 @@ def patch_lock(folder: Path, file: str) -> Spec:
 
 
 def location_problem(folder: Path, file: str) -> str | None:
-    lock = patch_lock(folder, file)
-    return patch_location_problem(lock, lock.patches[0])
+    spec = patch_lock(folder, file)
+    return patch_location_problem(spec, spec.patches[0])
 
 
 def test_a_missing_patch_file_is_named(tmp_path):
@@ -444,7 +444,7 @@ def test_every_string_field_made_hostile_gives_a_lock_or_a_lock_error_naming_it(
         where = _key_path(path)
         for value in _hostile(canary):
             try:
-                lock = loads_spec(_dump(_set(RICH, path, value)), path=DEFAULT)
+                spec = loads_spec(_dump(_set(RICH, path, value)), path=DEFAULT)
             except SpecError as exc:
                 assert exc.problems and all(isinstance(p, str) for p in exc.problems)
                 if _must_refuse(where, value):
@@ -454,7 +454,7 @@ def test_every_string_field_made_hostile_gives_a_lock_or_a_lock_error_naming_it(
             loaded += 1
             if where.startswith(ENV_TABLES) or where == "python.root":
                 env = tmp_path / "stackgate.env"
-                env.write_text(envfile.render({**lock.env, **lock.smoke.env}))
+                env.write_text(envfile.render({**spec.env, **spec.smoke.env}))
                 subprocess.run(
                     ["sh", "-c", '. "$1"', "sh", str(env)], cwd=tmp_path, capture_output=True, timeout=30, check=True
                 )
@@ -498,8 +498,8 @@ def test_no_error_message_carries_a_raw_control_character():
 @pytest.mark.parametrize("command", [["provision", "--dry-run"], ["verify"]])
 def test_through_invoke_a_hostile_lock_exits_2_with_the_key_path_and_no_traceback(tmp_path, command):
     canary = tmp_path / "canary"
-    lock = tmp_path / "lock.toml"
-    lock.write_text(
+    spec = tmp_path / "lock.toml"
+    spec.write_text(
         minimal(
             root=str(tmp_path / "root"),
             extra=(
@@ -511,7 +511,7 @@ def test_through_invoke_a_hostile_lock_exits_2_with_the_key_path_and_no_tracebac
         )
     )
     done = subprocess.run(
-        [sys.executable, "-m", "invoke", *command, "--lock", str(lock)],
+        [sys.executable, "-m", "invoke", *command, "--lock", str(spec)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -528,7 +528,7 @@ def test_through_invoke_a_hostile_lock_exits_2_with_the_key_path_and_no_tracebac
 
 def test_what_provision_writes_in_a_generation_replaces_a_planted_link_instead_of_writing_through_it(tmp_path):
     """The temporary name a write used to take (`.<file>.<pid>.part`), planted as a link elsewhere."""
-    lock = loads_spec(minimal(root=str(tmp_path / "root")))
+    spec = loads_spec(minimal(root=str(tmp_path / "root")))
     home = tmp_path / "root" / "generations" / "0001"
     home.mkdir(parents=True)
     victim = tmp_path / "victim"
@@ -536,6 +536,6 @@ def test_what_provision_writes_in_a_generation_replaces_a_planted_link_instead_o
     for name in (pyenv.ENV_FILE, pyenv.ACTIVATE):
         (home / f".{name}.{os.getpid()}.part").symlink_to(victim)
         (home / name).symlink_to(victim)
-    pyenv.write_environment(lock, home, tmp_path / "root")
+    pyenv.write_environment(spec, home, tmp_path / "root")
     assert victim.read_text() == "precious\n"
     assert not (home / pyenv.ENV_FILE).is_symlink() and "VIRTUAL_ENV" in (home / pyenv.ENV_FILE).read_text()

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.network
 
 def _lock(spec: Path, environ: dict[str, str], **kwargs: object) -> tuple[ExitCode, str]:
     out = io.StringIO()
-    code = command.run(command.LockRequest(lock_path=spec, environ=environ, **kwargs), UI(stream=out, force_plain=True))  # type: ignore[arg-type]
+    code = command.run(command.LockRequest(spec_path=spec, environ=environ, **kwargs), UI(stream=out, force_plain=True))  # type: ignore[arg-type]
     return code, out.getvalue()
 
 

@@ -23,7 +23,7 @@ from stackgate.checks.core import run_checks, select
 from stackgate.facts import gather
 from stackgate.facts import patchstate as applied
 from stackgate.models.result import Status
-from stackgate.models.spec import DEFAULT_LOCK, Patch, Spec, load_spec, loads_spec
+from stackgate.models.spec import DEFAULT_SPEC, Patch, Spec, load_spec, loads_spec
 from stackgate.stack import patching
 from stackgate.stack.patching import PatchError
 
@@ -258,7 +258,7 @@ def sglang_env(tmp_path: Path, sglang_wheel: Path) -> tuple[Path, Path]:
 
 
 def locked_patch() -> Patch:
-    [patch] = load_spec(DEFAULT_LOCK).patches
+    [patch] = load_spec(DEFAULT_SPEC).patches
     return patch
 
 
@@ -305,7 +305,7 @@ def test_sm120_patch_refuses_another_sglang_version(sglang_env: tuple[Path, Path
     assert (site / SIZES_FILE).read_bytes() == before
 
 
-def verify_lock(tmp_path: Path, python: Path) -> Spec:
+def verify_spec(tmp_path: Path, python: Path) -> Spec:
     patch = locked_patch()
     text = (
         minimal_spec(name="patch-test", version=THIS_PYTHON, interpreter=python)
@@ -320,10 +320,10 @@ reason = "{patch.reason}"
     return loads_spec(text, path=tmp_path / "lock.toml")
 
 
-def run_patches_check(lock: Spec):
-    facts = gather(lock, ("patches",))
+def run_patches_check(spec: Spec):
+    facts = gather(spec, ("patches",))
     try:
-        [result] = run_checks(select(["patches.applied"], REGISTRY), lock, facts)
+        [result] = run_checks(select(["patches.applied"], REGISTRY), spec, facts)
     finally:
         facts.close()
     return result
@@ -331,21 +331,21 @@ def run_patches_check(lock: Spec):
 
 def test_patches_applied_check_through_the_real_probe(tmp_path: Path, sglang_env: tuple[Path, Path]) -> None:
     python, site = sglang_env
-    lock = verify_lock(tmp_path, python)
-    missing = run_patches_check(lock)
+    spec = verify_spec(tmp_path, python)
+    missing = run_patches_check(spec)
     assert missing.status is Status.FAIL and "is not applied" in missing.summary
     assert missing.fix is not None and "stackgate provision --only patches" in missing.fix.commands
-    patching.apply_patch(lock.patches[0], site)
-    good = run_patches_check(lock)
+    patching.apply_patch(spec.patches[0], site)
+    good = run_patches_check(spec)
     assert good.status is Status.PASS, good.summary
     assert set(good.data[SM120_PATCH.name]["files"]) == {SIZES_FILE, SYMM_FILE}
     (site / SIZES_FILE).write_text((site / SIZES_FILE).read_text().replace("12: {", "11: {"))
-    edited = run_patches_check(lock)
+    edited = run_patches_check(spec)
     assert edited.status is Status.FAIL
     assert f"{SIZES_FILE} changed since {SM120_PATCH.name} was applied" in edited.summary
 
 
 def test_patches_applied_is_skipped_without_patches(tmp_path: Path, sglang_env: tuple[Path, Path]) -> None:
     python, _ = sglang_env
-    lock = dataclasses.replace(verify_lock(tmp_path, python), patches=())
-    assert run_patches_check(lock).status is Status.SKIP
+    spec = dataclasses.replace(verify_spec(tmp_path, python), patches=())
+    assert run_patches_check(spec).status is Status.SKIP

@@ -71,24 +71,24 @@ def _dists(**changes: str) -> ProbeFacts:
     return ProbeFacts("/root/current/bin/python", "3.11.7", MARKERS, found, None, 0.0)
 
 
-def _facts(lock: Spec, *, dists: ProbeFacts | Missing | None = None, base: BasePython | Missing = BASE) -> Facts:
-    facts = Facts(lock, environ={})
+def _facts(spec: Spec, *, dists: ProbeFacts | Missing | None = None, base: BasePython | Missing = BASE) -> Facts:
+    facts = Facts(spec, environ={})
     facts.provide("dists", dists if dists is not None else _dists())
     facts.provide("base_python", base)
-    facts.provide("toolkits", tuple(inspect_toolkit(t, lock.hardware.arch) for t in lock.toolkits))
+    facts.provide("toolkits", tuple(inspect_toolkit(t, spec.hardware.arch) for t in spec.toolkits))
     facts.provide("env", EnvFacts({}, {}, None, None, None, None, Path("/usr/local/cuda"), "test"))
-    path = pylock.path_for(lock.path)
+    path = pylock.path_for(spec.path)
     facts.provide("pylock", pylock.load(path) if path.exists() else Missing(f"{path} does not exist"))
     return facts
 
 
-def _provisioned(lock: Spec, spec: dict | None = None) -> generations.RootState:
+def _provisioned(spec: Spec, environment: dict | None = None) -> generations.RootState:
     """A root whose current generation was built from ``spec`` (default: this lock's)."""
-    root = lock.python.root
+    root = spec.python.root
     assert root is not None
     home = generations.generations_dir(root) / "0001-built"
-    generation = generations.mark(generations.create(home, {"spec": spec or environment_spec(lock)}), "ready")
-    pyenv.write_environment(lock, home, root)
+    generation = generations.mark(generations.create(home, {"spec": environment or environment_spec(spec)}), "ready")
+    pyenv.write_environment(spec, home, root)
     generations.switch(root, generation)
     return generations.read(root)
 
@@ -136,9 +136,9 @@ def _why(the_plan) -> str:  # type: ignore[no-untyped-def]
 def test_an_empty_root_plans_a_whole_generation_in_order(
     tmp_path: Path, stack_index: IndexServer, installer: str, expected: list[str]
 ) -> None:
-    lock = _lock(tmp_path, stack_index, installer=installer)
+    spec = _lock(tmp_path, stack_index, installer=installer)
     the_plan = plan(
-        lock, _facts(lock, dists=Missing("no stack environment")), generations.read(lock.python.root), uv=UV
+        spec, _facts(spec, dists=Missing("no stack environment")), generations.read(spec.python.root), uv=UV
     )
     assert _actions(the_plan) == expected
     assert the_plan.blockers == ()
@@ -150,13 +150,13 @@ def test_the_plan_reads_as_steps_with_why_and_exact_commands(
     tmp_path: Path, stack_index: IndexServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(time, "strftime", lambda fmt: "20250101T000000")
-    lock = _lock(tmp_path, stack_index, installer="pip")
+    spec = _lock(tmp_path, stack_index, installer="pip")
     the_plan = plan(
-        lock, _facts(lock, dists=Missing("no stack environment")), generations.read(lock.python.root), uv=UV
+        spec, _facts(spec, dists=Missing("no stack environment")), generations.read(spec.python.root), uv=UV
     )
     text = "\n".join(the_plan.lines()).replace(str(tmp_path), "TMP").replace(stack_index.url, "http://INDEX")
     home = "TMP/root/generations/0001-20250101T000000"
-    sha = lock.python.package("sgl-kernel").sha256
+    sha = spec.python.package("sgl-kernel").sha256
     pip = f"PIP_CONFIG_FILE=/dev/null {home}/bin/python -m pip install --disable-pip-version-check --no-input"
     assert text == "\n".join(
         [
@@ -198,8 +198,8 @@ def test_the_plan_reads_as_steps_with_why_and_exact_commands(
 
 
 def test_a_provisioned_root_plans_nothing(tmp_path: Path, stack_index: IndexServer) -> None:
-    lock = _lock(tmp_path, stack_index)
-    the_plan = plan(lock, _facts(lock), _provisioned(lock), uv=UV)
+    spec = _lock(tmp_path, stack_index)
+    the_plan = plan(spec, _facts(spec), _provisioned(spec), uv=UV)
     assert the_plan.empty
     assert the_plan.in_place[1].startswith(
         f"Python stack: {tmp_path / 'root' / 'current'} -> 0001-built matches the lock (8 pins, guard: "
@@ -209,8 +209,8 @@ def test_a_provisioned_root_plans_nothing(tmp_path: Path, stack_index: IndexServ
 
 
 def test_a_moved_torch_is_rebuilt_in_a_new_generation(tmp_path: Path, stack_index: IndexServer) -> None:
-    lock = _lock(tmp_path, stack_index)
-    the_plan = plan(lock, _facts(lock, dists=_dists(torch="2.10.0")), _provisioned(lock), uv=UV)
+    spec = _lock(tmp_path, stack_index)
+    the_plan = plan(spec, _facts(spec, dists=_dists(torch="2.10.0")), _provisioned(spec), uv=UV)
     assert _actions(the_plan)[:3] == ["python.preflight", "python.fetch", "python.venv"]
     assert _why(the_plan).startswith("torch is 2.10.0, locked ==2.9.1+cu130; ")
     assert "torchaudio 2.9.1+cu130 requires torch==2.9.1+cu130, but torch 2.10.0 is installed" in _why(the_plan)
@@ -218,10 +218,10 @@ def test_a_moved_torch_is_rebuilt_in_a_new_generation(tmp_path: Path, stack_inde
 
 
 def test_a_changed_lock_is_rebuilt_and_says_what_changed(tmp_path: Path, stack_index: IndexServer) -> None:
-    lock = _lock(tmp_path, stack_index)
-    older = environment_spec(lock)
+    spec = _lock(tmp_path, stack_index)
+    older = environment_spec(spec)
     older["packages"]["sglang"]["version"] = "==0.5.8"
-    the_plan = plan(lock, _facts(lock), _provisioned(lock, older), uv=UV)
+    the_plan = plan(spec, _facts(spec), _provisioned(spec, older), uv=UV)
     assert _why(the_plan) == (
         "the lock's Python stack changed since generation 0001-built was built: packages.sglang.version: ==0.5.8 "
         "-> ==0.5.9"
@@ -229,19 +229,19 @@ def test_a_changed_lock_is_rebuilt_and_says_what_changed(tmp_path: Path, stack_i
 
 
 def test_a_declared_override_is_no_drift_but_another_conflict_is(tmp_path: Path, stack_index: IndexServer) -> None:
-    lock = _lock(tmp_path, stack_index)
-    state = _provisioned(lock)
-    assert plan(lock, _facts(lock), state, uv=UV).empty  # sglang wants flashinfer 0.6.3: declared
+    spec = _lock(tmp_path, stack_index)
+    state = _provisioned(spec)
+    assert plan(spec, _facts(spec), state, uv=UV).empty  # sglang wants flashinfer 0.6.3: declared
     unmet = _dists()
     sglang = unmet.distributions["sglang"]
     unmet.distributions["sglang"] = Distribution("sglang", "0.5.9", (*sglang.requires, "orjson"), "/site-packages")  # type: ignore[index]
-    the_plan = plan(lock, _facts(lock, dists=unmet), state, uv=UV)
+    the_plan = plan(spec, _facts(spec, dists=unmet), state, uv=UV)
     assert "sglang 0.5.9 requires orjson, but orjson is not installed" in _why(the_plan)
 
 
 def test_a_changed_env_only_rewrites_the_environment_file(tmp_path: Path, stack_index: IndexServer) -> None:
-    lock = _lock(tmp_path, stack_index)
-    state = _provisioned(lock)
+    spec = _lock(tmp_path, stack_index)
+    state = _provisioned(spec)
     changed = _lock(tmp_path, stack_index, env={"NCCL_P2P_LEVEL": "SYS"})
     the_plan = plan(changed, _facts(changed), state, uv=UV)
     assert _actions(the_plan) == ["python.envfile.current"]
@@ -249,11 +249,11 @@ def test_a_changed_env_only_rewrites_the_environment_file(tmp_path: Path, stack_
 
 
 def test_a_generation_without_pip_conf_gets_one_in_place(tmp_path: Path, stack_index: IndexServer) -> None:
-    lock = _lock(tmp_path, stack_index)
-    state = _provisioned(lock)
+    spec = _lock(tmp_path, stack_index)
+    state = _provisioned(spec)
     assert state.current is not None
     (state.current.path / "pip.conf").unlink()  # built before stackgate wrote one
-    the_plan = plan(lock, _facts(lock), state, uv=UV)
+    the_plan = plan(spec, _facts(spec), state, uv=UV)
     assert _actions(the_plan) == ["python.envfile.current"]
     assert the_plan.steps[0].what == "rewrite 0001-built/stackgate.env, activate and pip.conf"
     assert (
@@ -265,10 +265,10 @@ def test_a_generation_without_pip_conf_gets_one_in_place(tmp_path: Path, stack_i
 def test_without_a_pylock_the_plan_is_blocked_with_the_command_that_makes_it(
     tmp_path: Path, stack_index: IndexServer
 ) -> None:
-    lock = load_spec(
+    spec = load_spec(
         write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", python="3.11", sha256=None)
     )
-    the_plan = plan(lock, _facts(lock, dists=Missing("none")), generations.read(lock.python.root), uv=UV)
+    the_plan = plan(spec, _facts(spec, dists=Missing("none")), generations.read(spec.python.root), uv=UV)
     (blocker,) = the_plan.blockers
     assert blocker.usage and blocker.message == f"{tmp_path}/pylock.lock.toml does not exist"
     assert blocker.fix is not None and blocker.fix.commands == (f"stackgate lock --lock {tmp_path}/lock.toml",)
@@ -276,13 +276,13 @@ def test_without_a_pylock_the_plan_is_blocked_with_the_command_that_makes_it(
 
 
 def test_a_stale_pylock_blocks_naming_what_changed_in_the_spec(tmp_path: Path, stack_index: IndexServer) -> None:
-    lock = _lock(tmp_path, stack_index)
+    spec = _lock(tmp_path, stack_index)
     (tmp_path / "lock.toml").write_text(
         (tmp_path / "lock.toml").read_text().replace('sglang = "==0.5.9"', 'sglang = "==0.5.8"')
     )
     changed = load_spec(tmp_path / "lock.toml")
     (blocker,) = plan(
-        changed, _facts(changed, dists=Missing("none")), generations.read(lock.python.root), uv=UV
+        changed, _facts(changed, dists=Missing("none")), generations.read(spec.python.root), uv=UV
     ).blockers
     assert blocker.usage
     assert blocker.message == (
@@ -292,10 +292,10 @@ def test_a_stale_pylock_blocks_naming_what_changed_in_the_spec(tmp_path: Path, s
 
 
 def test_no_interpreter_of_the_locked_version_blocks_with_why(tmp_path: Path, stack_index: IndexServer) -> None:
-    lock = _lock(tmp_path, stack_index)
+    spec = _lock(tmp_path, stack_index)
     missing = Missing("no Python 3.11 on this machine (...). uv cannot download Python here: install Python 3.11")
     the_plan = plan(
-        lock, _facts(lock, dists=Missing("none"), base=missing), generations.read(lock.python.root), uv=None
+        spec, _facts(spec, dists=Missing("none"), base=missing), generations.read(spec.python.root), uv=None
     )
     messages = [b.message for b in the_plan.blockers]
     assert messages == ['uv is not installed (python.installer = "uv")', missing.reason]
@@ -307,27 +307,27 @@ def test_a_kept_toolkit_that_is_missing_blocks_the_toolkit_area_only(tmp_path: P
         '[[toolkit]]\nversion = "13.0"\nprefix = "/usr/local/cuda-13.0"\nkeep = true\ndefault = '
         'true\n\n[[toolkit]]\nversion = "12.8"\nprefix = "/nonexistent/cuda-12.8"\nkeep = true\n'
     )
-    lock = _lock(tmp_path, stack_index, toolkits=kept)
-    state = _provisioned(lock)
-    (blocker,) = plan(lock, _facts(lock), state, uv=UV).blockers
+    spec = _lock(tmp_path, stack_index, toolkits=kept)
+    state = _provisioned(spec)
+    (blocker,) = plan(spec, _facts(spec), state, uv=UV).blockers
     assert blocker.message == (
         "CUDA 12.8 at /nonexistent/cuda-12.8 is kept (keep = true) but missing: stackgate never installs a kept toolkit"
     )
-    assert plan(lock, _facts(lock), state, only="python", uv=UV).empty
+    assert plan(spec, _facts(spec), state, only="python", uv=UV).empty
 
 
 def test_a_toolkit_to_install_is_a_step_with_the_toolkit_modules_command(
     tmp_path: Path, stack_index: IndexServer
 ) -> None:
     installed = f'[[toolkit]]\nversion = "13.0.1"\nprefix = "{tmp_path}/cuda-13.0"\nsource = "pypi"\ndefault = true\n'
-    lock = _lock(tmp_path, stack_index, toolkits=installed)
-    the_plan = plan(lock, _facts(lock), _provisioned(lock), uv=UV)
+    spec = _lock(tmp_path, stack_index, toolkits=installed)
+    the_plan = plan(spec, _facts(spec), _provisioned(spec), uv=UV)
     assert _actions(the_plan) == ["toolkit.install"]
     step = the_plan.steps[0]
     assert (step.what, step.why) == (f"install CUDA 13.0.1 at {tmp_path}/cuda-13.0 from pypi", "missing")
     (command,) = step.commands
     assert command == shlex.join(
-        toolkit.install_command(lock.toolkits[0], cache=tmp_path / "root" / "cache" / "toolkits")
+        toolkit.install_command(spec.toolkits[0], cache=tmp_path / "root" / "cache" / "toolkits")
     )
     assert f"--cache-dir {tmp_path}/root/cache/toolkits " in command and command.endswith(
         " 'cuda-toolkit[nvcc,crt,nvvm,cudart,cccl]==13.0.1'"
@@ -338,8 +338,8 @@ def test_a_toolkit_that_matches_the_lock_is_left_in_place(tmp_path: Path, stack_
     """This machine's /usr/local/cuda-13.0 answers as a locked, not kept, CUDA 13.0 (installed by
     hand, so stackgate has no record of it, and nothing to do)."""
     installed = '[[toolkit]]\nversion = "13.0"\nprefix = "/usr/local/cuda-13.0"\nsource = "pypi"\ndefault = true\n'
-    lock = _lock(tmp_path, stack_index, toolkits=installed)
-    the_plan = plan(lock, _facts(lock), _provisioned(lock), uv=UV)
+    spec = _lock(tmp_path, stack_index, toolkits=installed)
+    the_plan = plan(spec, _facts(spec), _provisioned(spec), uv=UV)
     assert the_plan.empty and the_plan.in_place[0] == "CUDA 13.0 at /usr/local/cuda-13.0: installed as locked"
 
 
@@ -349,11 +349,11 @@ def test_cuda_link_policy_default_points_the_link_at_the_default_toolkit(
     text = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", python="3.11").read_text()
     path = tmp_path / "lock.toml"
     path.write_text(text.replace('name = "test-stack"', 'name = "test-stack"\ncuda_link = "default"'))
-    lock = load_spec(path)
+    spec = load_spec(path)
     link = tmp_path / "cuda"
     link.symlink_to("/usr/local/cuda-12.8")  # the machine's /usr/local/cuda, as the plan sees it
     monkeypatch.setattr(planmodule, "cuda_link_state", functools.partial(toolkit.cuda_link_state, link=link))
-    the_plan = plan(lock, _facts(lock), _provisioned(lock), uv=UV)
+    the_plan = plan(spec, _facts(spec), _provisioned(spec), uv=UV)
     assert _actions(the_plan) == ["toolkit.link"]
     assert the_plan.steps[0].why == (
         f'{link} points at /usr/local/cuda-12.8; the lock (cuda_link = "default") wants it to point at '
@@ -365,17 +365,17 @@ def test_cuda_link_policy_default_points_the_link_at_the_default_toolkit(
 def test_a_generation_built_and_checked_but_never_switched_to_is_resumed(
     tmp_path: Path, stack_index: IndexServer
 ) -> None:
-    lock = _lock(tmp_path, stack_index)
-    older = environment_spec(lock)
+    spec = _lock(tmp_path, stack_index)
+    older = environment_spec(spec)
     older["packages"]["sglang"]["version"] = "==0.5.8"
-    state = _provisioned(lock, older)
+    state = _provisioned(spec, older)
     left = generations.mark(
         generations.create(
-            generations.generations_dir(tmp_path / "root") / "0002-left", {"spec": environment_spec(lock)}
+            generations.generations_dir(tmp_path / "root") / "0002-left", {"spec": environment_spec(spec)}
         ),
         "ready",
     )
-    the_plan = plan(lock, _facts(lock), generations.read(tmp_path / "root"), uv=UV)
+    the_plan = plan(spec, _facts(spec), generations.read(tmp_path / "root"), uv=UV)
     assert the_plan.resume and the_plan.generation == left.path
     assert _actions(the_plan) == ["python.envfile", "python.check", "python.switch"]
     assert the_plan.steps[0].why.endswith(
@@ -387,7 +387,7 @@ def test_a_generation_built_and_checked_but_never_switched_to_is_resumed(
 DIFF = "--- a/sglang/m.py\n+++ b/sglang/m.py\n@@ -1 +1 @@\n-a = 1\n+a = 2\n"
 
 
-def _patched_lock(tmp_path: Path, server: IndexServer, text: str, sha256: str, file: str = "fix.patch") -> Spec:
+def _patched_spec(tmp_path: Path, server: IndexServer, text: str, sha256: str, file: str = "fix.patch") -> Spec:
     """The test lock with one [[patch]] whose file holds ``text`` and whose lock entry says ``sha256``."""
     (tmp_path / "fix.patch").write_text(text)
     path = _lock(tmp_path, server).path
@@ -417,30 +417,30 @@ def test_a_patch_file_that_cannot_apply_blocks_the_plan_as_a_lockfile_problem(
     tmp_path: Path, stack_index: IndexServer, text: str, sha256: str, file: str, expected: str
 ) -> None:
     digest = hashlib.sha256(text.encode()).hexdigest()
-    lock = _patched_lock(tmp_path, stack_index, text, sha256 or digest, file)
+    spec = _patched_spec(tmp_path, stack_index, text, sha256 or digest, file)
     expected = expected.format(digest=digest, tmp=tmp_path)
     # a new generation (it would apply the patch) and the patches area of a live one
     for the_plan in (
-        plan(lock, _facts(lock, dists=Missing("none")), generations.read(lock.python.root), uv=UV),
-        plan(lock, _facts(lock), _provisioned(lock), only="patches", uv=UV),
+        plan(spec, _facts(spec, dists=Missing("none")), generations.read(spec.python.root), uv=UV),
+        plan(spec, _facts(spec), _provisioned(spec), only="patches", uv=UV),
     ):
         (blocker,) = the_plan.blockers
         assert blocker.usage and blocker.message.startswith(expected), blocker.message
-        assert blocker.fix is not None and blocker.fix.commands == (f"sha256sum '{lock.patches[0].file}'",)
+        assert blocker.fix is not None and blocker.fix.commands == (f"sha256sum '{spec.patches[0].file}'",)
     assert "patches.apply" not in _actions(the_plan)
 
 
 def test_a_good_patch_file_is_planned(tmp_path: Path, stack_index: IndexServer) -> None:
-    lock = _patched_lock(tmp_path, stack_index, DIFF, hashlib.sha256(DIFF.encode()).hexdigest())
-    the_plan = plan(lock, _facts(lock, dists=Missing("none")), generations.read(lock.python.root), uv=UV)
+    spec = _patched_spec(tmp_path, stack_index, DIFF, hashlib.sha256(DIFF.encode()).hexdigest())
+    the_plan = plan(spec, _facts(spec, dists=Missing("none")), generations.read(spec.python.root), uv=UV)
     assert the_plan.blockers == () and "patches.apply" in _actions(the_plan)
 
 
 def test_the_lock_command_for_a_spec_keeps_its_path_one_quoted_word(tmp_path: Path, stack_index: IndexServer) -> None:
     folder = tmp_path / "x'$(touch p)' y"
     folder.mkdir()
-    lock = load_spec(write_stack_lock(folder / "lock.toml", stack_index, tmp_path / "root", python="3.11"))
-    (blocker,) = plan(lock, _facts(lock, dists=Missing("none")), generations.read(lock.python.root), uv=UV).blockers
+    spec = load_spec(write_stack_lock(folder / "lock.toml", stack_index, tmp_path / "root", python="3.11"))
+    (blocker,) = plan(spec, _facts(spec, dists=Missing("none")), generations.read(spec.python.root), uv=UV).blockers
     assert blocker.fix is not None and shlex.split(blocker.fix.commands[0]) == [
         "stackgate",
         "lock",
@@ -452,13 +452,13 @@ def test_the_lock_command_for_a_spec_keeps_its_path_one_quoted_word(tmp_path: Pa
 def test_a_distribution_the_pylock_does_not_hold_is_drift_too(tmp_path: Path, stack_index: IndexServer) -> None:
     """The environment must be exactly the pylock: an extra distribution (installed by hand, say)
     is rebuilt away, as provision's plan and the gate's environment stage both judge."""
-    lock = _lock(tmp_path, stack_index)
+    spec = _lock(tmp_path, stack_index)
     extra = _dists()
     extra.distributions["xgrammar"] = Distribution("xgrammar", "0.1.27", (), "/site-packages")  # type: ignore[index]
     extra.distributions["pip"] = Distribution("pip", "24.0", (), "/site-packages")  # type: ignore[index]  # seeded on purpose
-    state = _provisioned(lock)
-    assert plan(lock, _facts(lock), state, uv=UV).empty
+    state = _provisioned(spec)
+    assert plan(spec, _facts(spec), state, uv=UV).empty
     assert (
-        _why(plan(lock, _facts(lock, dists=extra), state, uv=UV))
+        _why(plan(spec, _facts(spec, dists=extra), state, uv=UV))
         == "xgrammar 0.1.27 is installed but not in the pylock"
     )

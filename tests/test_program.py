@@ -593,10 +593,10 @@ def test_the_installed_package_holds_the_default_lock_and_its_patch(installed):
     )
     done = run_installed(installed, "python", "-c", script)
     assert done.returncode == 0, done.stderr
-    package, lock, patch, problem = done.stdout.splitlines()
+    package, spec, patch, problem = done.stdout.splitlines()
     site = Path(package).parent
     assert ROOT not in Path(package).parents and "site-packages" in site.parts
-    assert (Path(lock), Path(patch), problem) == (
+    assert (Path(spec), Path(patch), problem) == (
         site / "lockfiles" / "blackwell-sm120-cu130.toml",
         site / "patches" / "sglang-0.5.9-sm120-torch-symm-mem.patch",
         "None",

@@ -33,12 +33,12 @@ IMPORT_ALL = (
 
 
 def _provision(
-    lock: Path, environ: dict[str, str], capsys: pytest.CaptureFixture[str], **kwargs: object
+    spec: Path, environ: dict[str, str], capsys: pytest.CaptureFixture[str], **kwargs: object
 ) -> tuple[ExitCode, str, str]:
     """Provision in this process (what the task calls), capturing what it prints."""
     out = io.StringIO()
     capsys.readouterr()
-    request = provision.ProvisionRequest(lock_path=lock, yes=True, environ=environ, **kwargs)  # type: ignore[arg-type]
+    request = provision.ProvisionRequest(spec_path=spec, yes=True, environ=environ, **kwargs)  # type: ignore[arg-type]
     code = provision.run(request, UI(stream=out, force_plain=True))
     return code, out.getvalue(), capsys.readouterr().err
 
@@ -82,8 +82,8 @@ def built(
 ) -> Iterator[Path]:
     """A root provisioned once with uv, shared read-only; tests that change it take a copy."""
     base = tmp_path_factory.mktemp("built")
-    lock = write_stack_lock(base / "lock.toml", stack_index, base / "root", resolve_with=install_environ)
-    request = provision.ProvisionRequest(lock_path=lock, yes=True, environ=install_environ)
+    spec = write_stack_lock(base / "lock.toml", stack_index, base / "root", resolve_with=install_environ)
+    request = provision.ProvisionRequest(spec_path=spec, yes=True, environ=install_environ)
     assert provision.run(request, UI(stream=io.StringIO(), force_plain=True)) == ExitCode.PASSED
     yield base / "root"
 
@@ -115,17 +115,17 @@ def test_first_run_builds_the_stack_and_a_second_run_does_nothing(
 def test_the_pip_installer_builds_the_same_stack(
     tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    lock = write_stack_lock(
+    spec = write_stack_lock(
         tmp_path / "lock.toml", stack_index, tmp_path / "root", installer="pip", resolve_with=install_environ
     )
-    code, out, err = _provision(lock, install_environ, capsys)
+    code, out, err = _provision(spec, install_environ, capsys)
     assert code == ExitCode.PASSED, err
     assert (
         " -m pip install --disable-pip-version-check --no-input --no-deps --require-hashes --only-binary :all: " in out
     )
     assert _works(tmp_path / "root", install_environ) == "2.9.1+cu130 13.0"
     assert _version(tmp_path / "root", "flashinfer-cubin", install_environ) == "0.6.4"
-    assert _provision(lock, install_environ, capsys)[1].startswith("nothing to do")
+    assert _provision(spec, install_environ, capsys)[1].startswith("nothing to do")
 
 
 def test_a_later_pip_install_in_the_provisioned_environment_cannot_move_torch(
@@ -160,20 +160,20 @@ def test_a_package_that_demands_a_newer_torch_is_not_locked_and_so_not_installed
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     root = _copy(built, tmp_path)
-    lock = write_stack_lock(
+    spec = write_stack_lock(
         tmp_path / "lock.toml", stack_index, root, extra_packages={"torch-agnostic": "==1.0", "eager-upgrader": "==1.0"}
     )
     before = _current(root)
-    locking = _invoke(["lock", "--lock", str(lock)], install_environ)
+    locking = _invoke(["lock", "--lock", str(spec)], install_environ)
     assert locking.returncode == ExitCode.FAILED
     headline = next(line for line in locking.stderr.splitlines() if line.startswith("stackgate lock: "))
     assert "eager-upgrader requires torch>=2.10, but the lock holds torch at 2.9.1+cu130" in headline
     assert "torch-agnostic" not in headline and "flashinfer" not in headline
     assert "full log: " in locking.stderr and not (tmp_path / "pylock.lock.toml").exists()
-    code, out, err = _provision(lock, install_environ, capsys)
+    code, out, err = _provision(spec, install_environ, capsys)
     assert code == ExitCode.USAGE
     assert f"cannot apply: the spec has no pylock: {tmp_path / 'pylock.lock.toml'} does not exist" in out
-    assert f"  $ stackgate lock --lock {lock}" in out
+    assert f"  $ stackgate lock --lock {spec}" in out
     assert _current(root) == before and _works(root, install_environ).startswith("2.9.1+cu130")
 
 
@@ -185,7 +185,7 @@ def test_a_url_wheel_whose_sha256_changed_is_refused_before_anything_is_created(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     root = _copy(built, tmp_path)
-    lock = write_stack_lock(
+    spec = write_stack_lock(
         tmp_path / "lock.toml",
         stack_index,
         root,
@@ -199,7 +199,7 @@ def test_a_url_wheel_whose_sha256_changed_is_refused_before_anything_is_created(
     pylock = tmp_path / "pylock.lock.toml"
     pylock.write_text(pylock.read_text().replace(real, "0" * 64))  # the file at the URL is not what was locked any more
     before, ids = _current(root), _generation_ids(root)
-    code, out, err = _provision(lock, install_environ, capsys)
+    code, out, err = _provision(spec, install_environ, capsys)
     assert code == ExitCode.FAILED
     assert f"has sha256 {real}, the lock says {'0' * 64}; refusing to install it" in err
     assert (
@@ -218,13 +218,13 @@ def test_an_index_file_that_is_not_the_locked_one_is_refused_by_the_installer(
     capsys: pytest.CaptureFixture[str],
     installer: str,
 ) -> None:
-    lock = write_stack_lock(
+    spec = write_stack_lock(
         tmp_path / "lock.toml", stack_index, tmp_path / "root", installer=installer, resolve_with=install_environ
     )
     real = hashlib.sha256((stack_index.files / "torch-2.9.1+cu130-py3-none-any.whl").read_bytes()).hexdigest()
     pylock = tmp_path / "pylock.lock.toml"
     pylock.write_text(pylock.read_text().replace(real, "1" * 64))
-    code, out, err = _provision(lock, install_environ, capsys)
+    code, out, err = _provision(spec, install_environ, capsys)
     assert code == ExitCode.FAILED
     log = Path(next(line for line in err.splitlines() if line.startswith("full log: "))[len("full log: ") :])
     said = log.read_text()
@@ -242,10 +242,10 @@ def test_a_dead_index_fails_before_anything_is_created_and_leaves_current(
 ) -> None:
     root = _copy(built, tmp_path)
     gone = serve_stack(tmp_path / "index")
-    lock = write_stack_lock(tmp_path / "lock.toml", gone, root, resolve_with=install_environ)
+    spec = write_stack_lock(tmp_path / "lock.toml", gone, root, resolve_with=install_environ)
     gone.close()  # locked while it answered; now nothing listens there
     before, ids = _current(root), _generation_ids(root)
-    code, out, err = _provision(lock, install_environ, capsys)
+    code, out, err = _provision(spec, install_environ, capsys)
     assert code == ExitCode.FAILED
     assert f"stackgate provision failed: {gone.url}/ does not answer (" in err and ": nothing was created" in err
     assert (
@@ -267,14 +267,14 @@ def _snapshot(root: Path) -> list[tuple[str, float]]:
 def test_a_malformed_lock_changes_nothing(built: Path, tmp_path: Path, install_environ: dict[str, str]) -> None:
     root = _copy(built, tmp_path)
     before = _snapshot(root)
-    lock = tmp_path / "broken.toml"
-    lock.write_text(
+    spec = tmp_path / "broken.toml"
+    spec.write_text(
         (built.parent / "lock.toml")
         .read_text()
         .replace(f'root = "{built}"', f'root = "{root}"')
         .replace('torch = "==2.9.1+cu130"', 'torch = "=2.9.1"')
     )
-    done = _invoke(["provision", "--lock", str(lock), "--yes"], install_environ)
+    done = _invoke(["provision", "--lock", str(spec), "--yes"], install_environ)
     assert done.returncode == ExitCode.USAGE
     assert "python.packages.torch: invalid specifier '=2.9.1'" in done.stderr
     assert _snapshot(root) == before
@@ -283,17 +283,17 @@ def test_a_malformed_lock_changes_nothing(built: Path, tmp_path: Path, install_e
 def test_without_a_pylock_provision_refuses_with_the_command_that_makes_it(
     tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", sha256=None)
+    spec = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", sha256=None)
     for dry_run in (True, False):
-        code, out, err = _provision(lock, install_environ, capsys, dry_run=dry_run)
+        code, out, err = _provision(spec, install_environ, capsys, dry_run=dry_run)
         assert code == ExitCode.USAGE
         assert (
             f"cannot apply: the spec has no pylock: {tmp_path / 'pylock.lock.toml'} does not exist (`stackgate lock "
-            f"--lock {lock}` makes it)"
+            f"--lock {spec}` makes it)"
         ) in out
         assert (
             "  fix: Resolve the spec into its pylock where its indexes and URLs are reachable, then provision "
-            f"again.\n  $ stackgate lock --lock {lock}\n"
+            f"again.\n  $ stackgate lock --lock {spec}\n"
         ) in out
     assert not (tmp_path / "root").exists()  # a refusal touches nothing: no root, no .provision.lock
 
@@ -301,11 +301,11 @@ def test_without_a_pylock_provision_refuses_with_the_command_that_makes_it(
 def test_no_python_of_the_locked_version_says_so(
     tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    lock = write_stack_lock(
+    spec = write_stack_lock(
         tmp_path / "lock.toml", stack_index, tmp_path / "root", python="3.99", resolve_with=install_environ
     )
     environ = {k: v for k, v in install_environ.items() if k != "STACKGATE_BASE_PYTHON"}
-    code, out, err = _provision(lock, environ, capsys)
+    code, out, err = _provision(spec, environ, capsys)
     assert code == ExitCode.REFUSED
     assert "cannot apply: no Python 3.99 on this machine (searched $STACKGATE_BASE_PYTHON, python3.99 on PATH" in out
     assert "uv cannot download Python here: install Python 3.99" in out
@@ -321,7 +321,7 @@ def test_a_full_disk_mid_install_leaves_current_and_the_next_run_finishes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     root = _copy(built, tmp_path)
-    lock = write_stack_lock(
+    spec = write_stack_lock(
         tmp_path / "lock.toml",
         stack_index,
         root,
@@ -330,7 +330,7 @@ def test_a_full_disk_mid_install_leaves_current_and_the_next_run_finishes(
     )
     before = _current(root)
     monkeypatch.setenv("STACKGATE_FAULT", "during:python.stack=ENOSPC")
-    code, out, err = _provision(lock, install_environ, capsys)
+    code, out, err = _provision(spec, install_environ, capsys)
     assert code == ExitCode.FAILED and "No space left on device" in err
     assert (
         "is unchanged; free space on that disk, then `stackgate provision` again (it removes what was half built)"
@@ -338,7 +338,7 @@ def test_a_full_disk_mid_install_leaves_current_and_the_next_run_finishes(
     )
     assert _current(root) == before and _works(root, install_environ).startswith("2.9.1+cu130")
     monkeypatch.delenv("STACKGATE_FAULT")
-    code, out, err = _provision(lock, install_environ, capsys)
+    code, out, err = _provision(spec, install_environ, capsys)
     assert code == ExitCode.PASSED, err
     assert "remove unfinished generation(s)" in out
     assert _current(root) != before and _version(root, "torch-agnostic", install_environ) == "1.0"
@@ -374,9 +374,9 @@ def _orphans(generation: Path) -> list[str]:
     return found
 
 
-def _killed(lock: Path, point: str, root: Path, environ: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _killed(spec: Path, point: str, root: Path, environ: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """Provision with SIGKILL at ``point``; the installer it ran must have died with it."""
-    killed = _invoke(["provision", "--lock", str(lock), "--yes"], environ, STACKGATE_FAULT=point)
+    killed = _invoke(["provision", "--lock", str(spec), "--yes"], environ, STACKGATE_FAULT=point)
     assert killed.returncode == -9, (point, killed.stderr[-2000:])
     assert _orphans(generations.read(root).generations[-1].path) == [], point  # by its parent-death signal
     assert _works(root, environ).startswith("2.9.1+cu130"), point
@@ -392,7 +392,7 @@ def test_kill_9_at_any_point_leaves_a_working_current_and_the_next_run_cleans_up
     switch leaves the new generation current, and rollback goes back."""
     root = _copy(built, tmp_path)
     original = _current(root)
-    lock = write_stack_lock(
+    spec = write_stack_lock(
         tmp_path / "lock.toml",
         stack_index,
         root,
@@ -401,7 +401,7 @@ def test_kill_9_at_any_point_leaves_a_working_current_and_the_next_run_cleans_up
     )
     left: list[str] = []  # what the previous killed run left
     for point in KILL_POINTS:
-        killed = _killed(lock, point, root, install_environ)
+        killed = _killed(spec, point, root, install_environ)
         assert _current(root) == original, point
         hidden = sorted(p.name for p in (root / "generations").glob(".*.removing"))
         if point == "during:python.discard":
@@ -415,12 +415,12 @@ def test_kill_9_at_any_point_leaves_a_working_current_and_the_next_run_cleans_up
         unfinished = [g.id for g in generations.read(root).generations if g.path.name != Path(original).name]
         assert len(unfinished) <= 1, (point, unfinished)
         left = hidden or unfinished
-    rerun = _invoke(["provision", "--lock", str(lock), "--yes"], install_environ)
+    rerun = _invoke(["provision", "--lock", str(spec), "--yes"], install_environ)
     assert rerun.returncode == 0, (rerun.stdout[-3000:], rerun.stderr[-3000:])
     assert "was built and checked from this lock by a run that stopped before switching" in rerun.stdout
     finished = _current(root)
     assert _version(root, "torch-agnostic", install_environ) == "1.0"
-    assert _invoke(["provision", "--lock", str(lock), "--yes"], install_environ).stdout.startswith("nothing to do")
+    assert _invoke(["provision", "--lock", str(spec), "--yes"], install_environ).stdout.startswith("nothing to do")
     assert [g for g in generations.read(root).generations if not g.ready] == []
     # Killed right after the switch: the new generation is current, and complete.
     plain = write_stack_lock(tmp_path / "plain.toml", stack_index, root, resolve_with=install_environ)
@@ -434,9 +434,9 @@ def test_kill_9_at_any_point_leaves_a_working_current_and_the_next_run_cleans_up
 def test_a_second_provision_fails_at_once_naming_the_running_one_or_waits_for_it(
     tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", resolve_with=install_environ)
+    spec = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", resolve_with=install_environ)
     first = subprocess.Popen(
-        [sys.executable, "-m", "invoke", "provision", "--lock", str(lock), "--yes"],
+        [sys.executable, "-m", "invoke", "provision", "--lock", str(spec), "--yes"],
         cwd=ROOT,
         env=install_environ,
         stdout=subprocess.DEVNULL,
@@ -448,11 +448,11 @@ def test_a_second_provision_fails_at_once_naming_the_running_one_or_waits_for_it
         while f'"pid": {first.pid}' not in (holder.read_text() if holder.exists() else ""):
             assert first.poll() is None and time.monotonic() < deadline, "the first provision never took the lock"
             time.sleep(0.05)
-        code, out, err = _provision(lock, install_environ, capsys)
+        code, out, err = _provision(spec, install_environ, capsys)
         assert code == ExitCode.REFUSED
         assert f"another provision is running on {tmp_path / 'root'}: pid {first.pid}, started " in err
-        assert f"command: invoke provision --lock {lock} --yes; wait for it, or pass --wait" in err
-        code, out, err = _provision(lock, install_environ, capsys, wait=True)
+        assert f"command: invoke provision --lock {spec} --yes; wait for it, or pass --wait" in err
+        code, out, err = _provision(spec, install_environ, capsys, wait=True)
         assert first.wait() == 0
         assert code == ExitCode.PASSED
         assert f"waiting for the provision holding {tmp_path / 'root'}: pid {first.pid}" in err
@@ -472,7 +472,7 @@ def test_rollback_switches_back_and_says_to_what(
 ) -> None:
     root = _copy(built, tmp_path)
     first = _current(root)
-    lock = write_stack_lock(
+    spec = write_stack_lock(
         tmp_path / "lock.toml",
         stack_index,
         root,
@@ -486,21 +486,21 @@ def test_rollback_switches_back_and_says_to_what(
     second = _current(root)
     new = generations.read(root).current
     assert new is not None and new.marker is not None
-    assert new.marker["lock"]["path"] == str(lock)  # absolute: it is read from anywhere later
-    assert new.describe().endswith(f"from {lock})")
-    assert (root / second / "constraints.txt").read_text().startswith(f"# Written by stackgate from {lock} ")
-    done = _invoke(["rollback", "--lock", str(lock)], install_environ)
+    assert new.marker["lock"]["path"] == str(spec)  # absolute: it is read from anywhere later
+    assert new.describe().endswith(f"from {spec})")
+    assert (root / second / "constraints.txt").read_text().startswith(f"# Written by stackgate from {spec} ")
+    done = _invoke(["rollback", "--lock", str(spec)], install_environ)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(
         f"rolled back {root / 'current'}: {Path(second).name} -> generation {Path(first).name} (built "
     )
     built_first = next(g for g in generations.read(root).generations if g.path.name == Path(first).name)
     first_lock = built_first.marker["lock"]  # type: ignore[index]
-    assert first_lock["path"] != str(lock)  # the fixture built it from its own lock file: named, not "another version"
+    assert first_lock["path"] != str(spec)  # the fixture built it from its own lock file: named, not "another version"
     said = f"it was built from another lock file, {first_lock['path']} (sha256 {first_lock['sha256'][:12]})"
     assert said in done.stdout
     assert _current(root) == first and _works(root, install_environ).startswith("2.9.1+cu130")
-    again = _invoke(["rollback", "--lock", str(lock)], install_environ)
+    again = _invoke(["rollback", "--lock", str(spec)], install_environ)
     assert again.returncode == ExitCode.REFUSED and "no earlier ready generation" in again.stderr
 
 
@@ -513,7 +513,7 @@ def test_a_moved_torch_is_put_back_by_a_new_generation_and_rollback_refuses_the_
 ) -> None:
     root = _copy(built, tmp_path)
     drifted = _current(root)
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, resolve_with=install_environ)
+    spec = write_stack_lock(tmp_path / "lock.toml", stack_index, root, resolve_with=install_environ)
     # uv reads no configuration inside an environment, so `uv pip install --python` goes around
     # the guard (README): the drift provision must undo, and rollback must not go back to.
     uv = pyenv.find_uv()
@@ -535,14 +535,14 @@ def test_a_moved_torch_is_put_back_by_a_new_generation_and_rollback_refuses_the_
         check=True,
     )
     assert _version(root, "torch", install_environ) == "2.10.0"
-    code, out, err = _provision(lock, install_environ, capsys)
+    code, out, err = _provision(spec, install_environ, capsys)
     assert code == ExitCode.PASSED, err
     assert "why: torch is 2.10.0, locked ==2.9.1+cu130" in out
     assert _version(root, "torch", install_environ) == "2.9.1+cu130"
     rebuilt = _current(root)
     out = io.StringIO()
     code = provision.rollback(
-        provision.RollbackRequest(lock_path=lock, environ=install_environ), UI(stream=out, force_plain=True)
+        provision.RollbackRequest(spec_path=spec, environ=install_environ), UI(stream=out, force_plain=True)
     )
     err = capsys.readouterr().err
     assert code == ExitCode.REFUSED and _current(root) == rebuilt
@@ -551,7 +551,7 @@ def test_a_moved_torch_is_put_back_by_a_new_generation_and_rollback_refuses_the_
         "2.10.0, locked ==2.9.1+cu130"
     ) in err
     assert "`stackgate rollback --force` switches to this one anyway" in err
-    forced = _invoke(["rollback", "--lock", str(lock), "--force"], install_environ)
+    forced = _invoke(["rollback", "--lock", str(spec), "--force"], install_environ)
     assert forced.returncode == 0, forced.stderr
     assert "switched anyway (--force), though it differs from what it was built from: torch is 2.10.0" in forced.stderr
     assert _current(root) == drifted and _version(root, "torch", install_environ) == "2.10.0"
@@ -565,7 +565,7 @@ def test_rollback_while_a_provision_runs_says_what_rollback_can_do(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     root = _copy(built, tmp_path)
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, resolve_with=install_environ)
+    spec = write_stack_lock(tmp_path / "lock.toml", stack_index, root, resolve_with=install_environ)
     hold = (
         "import sys, time; from pathlib import Path; from stackgate.stack import generations\n"
         "with generations.exclusive(Path(sys.argv[1]), wait=False, command='invoke provision'):\n    print('held', "
@@ -575,7 +575,7 @@ def test_rollback_while_a_provision_runs_says_what_rollback_can_do(
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         code = provision.rollback(
-            provision.RollbackRequest(lock_path=lock, environ=install_environ),
+            provision.RollbackRequest(spec_path=spec, environ=install_environ),
             UI(stream=io.StringIO(), force_plain=True),
         )
         err = capsys.readouterr().err
@@ -591,8 +591,8 @@ def test_rollback_while_a_provision_runs_says_what_rollback_can_do(
 def test_rollback_of_a_root_that_does_not_exist_says_so_and_creates_nothing(
     tmp_path: Path, stack_index: IndexServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root")
-    code = provision.rollback(provision.RollbackRequest(lock_path=lock), UI(stream=io.StringIO(), force_plain=True))
+    spec = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root")
+    code = provision.rollback(provision.RollbackRequest(spec_path=spec), UI(stream=io.StringIO(), force_plain=True))
     assert code == ExitCode.REFUSED
     assert f"stackgate rollback: nothing to roll back: {tmp_path / 'root'} does not exist" in capsys.readouterr().err
     assert not (tmp_path / "root").exists()
@@ -662,19 +662,19 @@ def test_only_toolkit_installs_a_missing_toolkit_and_keeps_the_kept_one(
         '"pypi"\ndefault = true\n\n'
         '[[toolkit]]\nversion = "13.0"\nprefix = "/usr/local/cuda-13.0"\nkeep = true\n'
     )
-    lock = write_stack_lock(
+    spec = write_stack_lock(
         tmp_path / "lock.toml", stack_index, tmp_path / "root", toolkits=toolkits, resolve_with=install_environ
     )
     calls: list[str] = []
     _fake_installs(monkeypatch, calls)
-    code, out, err = _provision(lock, install_environ, capsys, only="toolkit")
+    code, out, err = _provision(spec, install_environ, capsys, only="toolkit")
     assert code == ExitCode.PASSED, err
     assert calls == [
         "fingerprint /usr/local/cuda-13.0",
         f"install {tmp_path}/cuda-13.0",
         "fingerprint /usr/local/cuda-13.0",
     ]
-    installing = load_spec(lock).toolkits[0]
+    installing = load_spec(spec).toolkits[0]
     assert (
         f"       $ {shlex.join(toolkit.install_command(installing, cache=tmp_path / 'root' / 'cache' / 'toolkits'))}\n"
         in out
@@ -686,10 +686,10 @@ def test_only_toolkit_installs_a_missing_toolkit_and_keeps_the_kept_one(
     ), out
     assert "PASS  cuda.ptxas_arch" in out
     assert not (tmp_path / "root" / "generations").exists()  # --only toolkit left Python alone
-    assert _provision(lock, install_environ, capsys, only="toolkit")[1].startswith("nothing to do")
+    assert _provision(spec, install_environ, capsys, only="toolkit")[1].startswith("nothing to do")
 
 
-def _with_patch(lock: Path, tmp_path: Path) -> Path:
+def _with_patch(spec: Path, tmp_path: Path) -> Path:
     """Add a [[patch]]: a real unified diff (diff -u) of the test sglang's size table."""
     for side, text in (("a", SYMM_MEM_TEXT), ("b", SYMM_MEM_TEXT.replace("    10: 8,\n", "    10: 8,\n    12: 8,\n"))):
         (tmp_path / side / SYMM_MEM_FILE).parent.mkdir(parents=True, exist_ok=True)
@@ -699,14 +699,14 @@ def _with_patch(lock: Path, tmp_path: Path) -> Path:
     ).stdout
     (tmp_path / "sm120.patch").write_text(diff)
     sha = hashlib.sha256(diff.encode()).hexdigest()
-    lock.write_text(
-        lock.read_text()
+    spec.write_text(
+        spec.read_text()
         + (
             f'\n[[patch]]\npackage = "sglang"\nversion = "0.5.9"\nfile = "sm120.patch"\nsha256 = "{sha}"\nreason = '
             '"capability 12 in the size table"\n'
         )
     )
-    return lock
+    return spec
 
 
 def _patched(root: Path) -> bool:
@@ -722,7 +722,7 @@ def test_a_new_generation_gets_the_locks_patches_before_its_checks(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     root = _copy(built, tmp_path)
-    lock = _with_patch(
+    spec = _with_patch(
         write_stack_lock(
             tmp_path / "lock.toml",
             stack_index,
@@ -732,11 +732,11 @@ def test_a_new_generation_gets_the_locks_patches_before_its_checks(
         ),
         tmp_path,
     )
-    code, out, err = _provision(lock, install_environ, capsys)
+    code, out, err = _provision(spec, install_environ, capsys)
     assert code == ExitCode.PASSED, err
     assert out.index("[patches] apply sm120.patch to sglang 0.5.9\n") < out.index("[python] check generation ")
     assert _patched(root)
-    assert _provision(lock, install_environ, capsys)[1].startswith("nothing to do")
+    assert _provision(spec, install_environ, capsys)[1].startswith("nothing to do")
 
 
 def test_only_patches_applies_a_missing_patch_in_place_then_does_nothing(
@@ -747,23 +747,23 @@ def test_only_patches_applies_a_missing_patch_in_place_then_does_nothing(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     root = _copy(built, tmp_path)
-    lock = _with_patch(
+    spec = _with_patch(
         write_stack_lock(tmp_path / "lock.toml", stack_index, root, resolve_with=install_environ), tmp_path
     )
     before = _current(root)
     assert not _patched(root)
-    code, out, err = _provision(lock, install_environ, capsys, only="patches")
+    code, out, err = _provision(spec, install_environ, capsys, only="patches")
     assert code == ExitCode.PASSED, err
     assert "[patches] apply sm120.patch to sglang 0.5.9 in " in out
     assert _patched(root) and _current(root) == before
-    assert _provision(lock, install_environ, capsys, only="patches")[1].startswith("nothing to do")
+    assert _provision(spec, install_environ, capsys, only="patches")[1].startswith("nothing to do")
 
 
 def test_dry_run_prints_the_plan_and_touches_nothing(
     tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]
 ) -> None:
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", resolve_with=install_environ)
-    done = _invoke(["provision", "--lock", str(lock), "--dry-run"], install_environ)
+    spec = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", resolve_with=install_environ)
+    done = _invoke(["provision", "--lock", str(spec), "--dry-run"], install_environ)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("plan for test-stack (root ")
     assert (
@@ -777,7 +777,7 @@ def test_ctrl_c_mid_install_exits_130_and_leaves_current(
     built: Path, tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]
 ) -> None:
     root = _copy(built, tmp_path)
-    lock = write_stack_lock(
+    spec = write_stack_lock(
         tmp_path / "lock.toml",
         stack_index,
         root,
@@ -786,36 +786,36 @@ def test_ctrl_c_mid_install_exits_130_and_leaves_current(
     )
     before = _current(root)
     done = _invoke(
-        ["provision", "--lock", str(lock), "--yes"], install_environ, STACKGATE_FAULT="during:python.stack=SIGINT"
+        ["provision", "--lock", str(spec), "--yes"], install_environ, STACKGATE_FAULT="during:python.stack=SIGINT"
     )
     assert done.returncode == ExitCode.INTERRUPTED, done.stderr[-2000:]
     assert "stackgate: interrupted" in done.stderr
     assert _current(root) == before and _works(root, install_environ).startswith("2.9.1+cu130")
     assert [g.state for g in generations.read(root).generations if g.path.name != before.split("/")[-1]] == ["building"]
-    rerun = _invoke(["provision", "--lock", str(lock), "--yes"], install_environ)
+    rerun = _invoke(["provision", "--lock", str(spec), "--yes"], install_environ)
     assert rerun.returncode == 0 and "remove unfinished generation(s)" in rerun.stdout, rerun.stderr[-2000:]
 
 
 def test_without_a_terminal_provision_asks_for_yes_and_changes_nothing(
     tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]
 ) -> None:
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", resolve_with=install_environ)
-    done = _invoke(["provision", "--lock", str(lock)], install_environ)
+    spec = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", resolve_with=install_environ)
+    done = _invoke(["provision", "--lock", str(spec)], install_environ)
     assert done.returncode == ExitCode.USAGE
     assert "there is no terminal to ask: pass --yes (or --dry-run to only see the plan)" in done.stderr
     assert not (tmp_path / "root").exists()  # refused before the root's lock was taken: nothing created
     home = {"HOME": str(tmp_path / "home")}
-    assert history.runs_dir(load_spec(lock), home) == tmp_path / "home" / ".local" / "state" / "stackgate" / "runs"
+    assert history.runs_dir(load_spec(spec), home) == tmp_path / "home" / ".local" / "state" / "stackgate" / "runs"
 
 
 def test_an_unwritable_root_is_a_clear_error(
     tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "file").write_text("")
-    lock = write_stack_lock(
+    spec = write_stack_lock(
         tmp_path / "lock.toml", stack_index, tmp_path / "file" / "root", resolve_with=install_environ
     )
-    code, out, err = _provision(lock, install_environ, capsys)
+    code, out, err = _provision(spec, install_environ, capsys)
     assert code == ExitCode.REFUSED
     assert f"cannot create or lock {tmp_path / 'file' / 'root'}: " in err
 
@@ -829,10 +829,10 @@ def test_a_wheelhouse_provisions_with_the_network_cut(
     answers there) and installs the exact stack from the folder."""
     if subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode != 0:
         pytest.skip("unshare -n is not permitted here (it needs root or user namespaces)")
-    lock = write_stack_lock(
+    spec = write_stack_lock(
         tmp_path / "lock.toml", stack_index, tmp_path / "root", installer=installer, resolve_with=install_environ
     )
-    filled = _invoke(["lock", "--lock", str(lock), "--wheelhouse", str(tmp_path / "wheelhouse")], install_environ)
+    filled = _invoke(["lock", "--lock", str(spec), "--wheelhouse", str(tmp_path / "wheelhouse")], install_environ)
     assert filled.returncode == 0, filled.stderr
     assert (
         "wheelhouse " in filled.stdout
@@ -846,7 +846,7 @@ def test_a_wheelhouse_provisions_with_the_network_cut(
         "invoke",
         "provision",
         "--lock",
-        str(lock),
+        str(spec),
         "--yes",
         "--wheelhouse",
         str(tmp_path / "wheelhouse"),
@@ -859,7 +859,7 @@ def test_a_wheelhouse_provisions_with_the_network_cut(
     assert _works(tmp_path / "root", install_environ) == "2.9.1+cu130 13.0"
     # A file of the wheelhouse that is not the locked one stops it before anything is created.
     (tmp_path / "wheelhouse" / "sglang-0.5.9-py3-none-any.whl").write_bytes(b"not the wheel")
-    lock.write_text(lock.read_text() + "\n[smoke]\nport = 30001\n")  # any change: provision plans nothing otherwise
+    spec.write_text(spec.read_text() + "\n[smoke]\nport = 30001\n")  # any change: provision plans nothing otherwise
     shutil.rmtree(tmp_path / "root")
     refused = subprocess.run(cut, cwd=ROOT, env=install_environ, capture_output=True, text=True, timeout=300)
     assert refused.returncode == ExitCode.FAILED, refused.stderr[-2000:]
@@ -876,8 +876,8 @@ def test_the_guard_holds_in_a_root_whose_path_has_a_space(
     """pip and uv split PIP_CONSTRAINT and UV_CONSTRAINT on whitespace: stackgate.env names the
     constraints as a file: URL, which both read, so "/srv/my stack" is guarded too."""
     root = tmp_path / "my stack"
-    lock = write_stack_lock(tmp_path / "lock.toml", stack_index, root, resolve_with=install_environ)
-    code, out, err = _provision(lock, install_environ, capsys)
+    spec = write_stack_lock(tmp_path / "lock.toml", stack_index, root, resolve_with=install_environ)
+    code, out, err = _provision(spec, install_environ, capsys)
     assert code == ExitCode.PASSED, err
     pypi = stack_index.simple("pypi")
     uv = pyenv.find_uv()
@@ -901,14 +901,14 @@ def test_rollback_refuses_a_generation_holding_what_its_pylock_does_not(
     a package installed there by hand since is named, and only --force switches to it."""
     root = _copy(built, tmp_path)
     first = _current(root)
-    lock = write_stack_lock(
+    spec = write_stack_lock(
         tmp_path / "lock.toml",
         stack_index,
         root,
         extra_packages={"torch-agnostic": "==1.0"},
         resolve_with=install_environ,
     )
-    assert _invoke(["provision", "--lock", str(lock), "--yes"], install_environ).returncode == 0
+    assert _invoke(["provision", "--lock", str(spec), "--yes"], install_environ).returncode == 0
     uv = pyenv.find_uv()
     assert uv is not None
     subprocess.run(
@@ -928,14 +928,14 @@ def test_rollback_refuses_a_generation_holding_what_its_pylock_does_not(
         env=install_environ,
         check=True,
     )
-    refused = _invoke(["rollback", "--lock", str(lock)], install_environ)
+    refused = _invoke(["rollback", "--lock", str(spec)], install_environ)
     assert refused.returncode == ExitCode.REFUSED
     assert (
         f"not switching to generation {Path(first).name}: it no longer holds what it was built from: torch-agnostic "
         "1.0 is installed but not in the pylock"
     ) in refused.stderr
     assert (
-        _invoke(["rollback", "--lock", str(lock), "--force"], install_environ).returncode == 0
+        _invoke(["rollback", "--lock", str(spec), "--force"], install_environ).returncode == 0
         and _current(root) == first
     )
 

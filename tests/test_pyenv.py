@@ -24,9 +24,9 @@ def _lock(tmp_path: Path, server: IndexServer, **kwargs: object) -> Spec:
 
 def _resolution(tmp_path: Path, server: IndexServer, **kwargs: object) -> tuple[Spec, pylock.Resolution]:
     """A test spec and its pylock, made by `invoke lock`'s code against the test index."""
-    spec = write_stack_lock(tmp_path / "lock.toml", server, tmp_path / "root", python="3.11", **kwargs)  # type: ignore[arg-type]
-    lock = load_spec(spec)
-    return lock, pylock.load(lock_stack(spec, isolated_environ(UV_CACHE_DIR=str(tmp_path / "uv-cache"))))
+    spec_path = write_stack_lock(tmp_path / "lock.toml", server, tmp_path / "root", python="3.11", **kwargs)  # type: ignore[arg-type]
+    spec = load_spec(spec_path)
+    return spec, pylock.load(lock_stack(spec_path, isolated_environ(UV_CACHE_DIR=str(tmp_path / "uv-cache"))))
 
 
 def test_uv_creates_the_environment_and_only_the_pip_installer_gets_pip_at_once(
@@ -69,8 +69,8 @@ def test_uv_syncs_the_generations_pylock_and_pip_installs_its_hashed_requirement
         "--offline"
         in pyenv.install_commands(_lock(tmp_path, stack_index), HOME, "/bin/uv", wheelhouse=Path("/wh"))[0].argv
     )
-    lock = _lock(tmp_path, stack_index, installer="pip")
-    (pip,) = pyenv.install_commands(lock, HOME, "/bin/uv")
+    spec = _lock(tmp_path, stack_index, installer="pip")
+    (pip,) = pyenv.install_commands(spec, HOME, "/bin/uv")
     assert pip.argv[3:] == (
         "install",
         "--disable-pip-version-check",
@@ -86,7 +86,7 @@ def test_uv_syncs_the_generations_pylock_and_pip_installs_its_hashed_requirement
         "--requirement",
         f"{HOME}/requirements.txt",
     )
-    (offline,) = pyenv.install_commands(lock, HOME, "/bin/uv", wheelhouse=Path("/wh"))
+    (offline,) = pyenv.install_commands(spec, HOME, "/bin/uv", wheelhouse=Path("/wh"))
     assert offline.argv[offline.argv.index("--only-binary") + 2 :] == (
         "--no-index",
         "--find-links",
@@ -97,7 +97,7 @@ def test_uv_syncs_the_generations_pylock_and_pip_installs_its_hashed_requirement
 
 
 def test_every_requirement_line_is_exact_and_hashed(tmp_path: Path, stack_index: IndexServer) -> None:
-    lock, resolution = _resolution(tmp_path, stack_index)
+    spec, resolution = _resolution(tmp_path, stack_index)
     kernel = resolution.package("sgl-kernel")
     assert kernel is not None and kernel.archive is not None
     lines = pyenv.requirements(resolution, {})
@@ -119,7 +119,7 @@ def test_every_requirement_line_is_exact_and_hashed(tmp_path: Path, stack_index:
 
 
 def test_a_url_wheel_is_downloaded_once_and_checked(tmp_path: Path, stack_index: IndexServer) -> None:
-    lock, resolution = _resolution(tmp_path, stack_index)
+    spec, resolution = _resolution(tmp_path, stack_index)
     kernel = resolution.package("sgl-kernel")
     assert kernel is not None and kernel.archive is not None
     path, downloaded = pyenv.fetch_wheel(kernel.name, kernel.archive, tmp_path / "cache")
@@ -131,7 +131,7 @@ def test_a_url_wheel_is_downloaded_once_and_checked(tmp_path: Path, stack_index:
 
 
 def test_a_wrong_sha256_is_refused_and_nothing_is_kept(tmp_path: Path, stack_index: IndexServer) -> None:
-    lock, resolution = _resolution(tmp_path, stack_index)
+    spec, resolution = _resolution(tmp_path, stack_index)
     kernel = resolution.package("sgl-kernel")
     assert kernel is not None and kernel.archive is not None
     wrong = dataclasses.replace(kernel.archive, sha256="0" * 64)
@@ -182,8 +182,8 @@ def test_installers_run_without_the_users_configuration() -> None:
 def test_the_environment_file_puts_the_toolkit_first_and_exports_the_guard(
     tmp_path: Path, stack_index: IndexServer
 ) -> None:
-    lock = _lock(tmp_path, stack_index, env={"NCCL_P2P_LEVEL": "SYS"})
-    values = envfile.parse(pyenv.environment_text(lock, HOME, tmp_path / "root"), {"PATH": "/usr/bin"})
+    spec = _lock(tmp_path, stack_index, env={"NCCL_P2P_LEVEL": "SYS"})
+    values = envfile.parse(pyenv.environment_text(spec, HOME, tmp_path / "root"), {"PATH": "/usr/bin"})
     assert values == {
         "CUDA_HOME": "/usr/local/cuda-13.0",
         "PATH": f"/usr/local/cuda-13.0/bin:{HOME}/bin:/usr/bin",
@@ -196,7 +196,7 @@ def test_the_environment_file_puts_the_toolkit_first_and_exports_the_guard(
 
 
 def test_the_spec_ignores_reasons_but_not_pins(tmp_path: Path, stack_index: IndexServer) -> None:
-    lock = _lock(tmp_path, stack_index)
+    spec = _lock(tmp_path, stack_index)
     text = (tmp_path / "lock.toml").read_text()
     (tmp_path / "other.toml").write_text(
         text.replace("it must equal flashinfer-python", "kept equal").replace(
@@ -204,6 +204,6 @@ def test_the_spec_ignores_reasons_but_not_pins(tmp_path: Path, stack_index: Inde
         )
     )
     other = load_spec(tmp_path / "other.toml")
-    assert spec_changes(environment_spec(lock), environment_spec(other)) == [
+    assert spec_changes(environment_spec(spec), environment_spec(other)) == [
         "packages.sglang.version: ==0.5.9 -> ==0.5.8"
     ]

@@ -26,14 +26,14 @@ from stackgate.models.spec import Spec
 VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
-def lock_for(python: Path, packages: str = "", extra: str = "", version: str = VERSION) -> Spec:
+def spec_for(python: Path, packages: str = "", extra: str = "", version: str = VERSION) -> Spec:
     return interpreter_lock(python, packages, extra, version=version)
 
 
-def run(name, lock):
-    facts = gather(lock, REGISTRY[name].needs, environ={"PATH": "/usr/bin:/bin"})
+def run(name, spec):
+    facts = gather(spec, REGISTRY[name].needs, environ={"PATH": "/usr/bin:/bin"})
     try:
-        return REGISTRY[name].function(lock, facts), facts
+        return REGISTRY[name].function(spec, facts), facts
     finally:
         facts.close()
 
@@ -60,7 +60,7 @@ def test_the_probe_and_the_distributions_read_the_metadata_once(torch_python, mo
     monkeypatch.setattr(
         interpreters, "_run_probe", lambda py, request, env: requests.append(request) or real(py, request, env)
     )
-    facts = gather(lock_for(torch_python, 'torch = ">=2"'), ["probe", "dists"], environ={"PATH": "/usr/bin:/bin"})
+    facts = gather(spec_for(torch_python, 'torch = ">=2"'), ["probe", "dists"], environ={"PATH": "/usr/bin:/bin"})
     try:
         probe, dists = facts.probe, facts.dists
     finally:
@@ -72,7 +72,7 @@ def test_the_probe_and_the_distributions_read_the_metadata_once(torch_python, mo
 
 
 def test_the_probe_reads_torch_from_the_cpu_build(torch_python):
-    result, facts = run("torch.build", lock_for(torch_python, 'torch = ">=2"'))
+    result, facts = run("torch.build", spec_for(torch_python, 'torch = ">=2"'))
     torch = facts.probe.torch
     assert torch["imported"] and torch["version"].startswith("2.13.0") and torch["cuda"] is None
     assert torch["cuda_available"] is False and torch["arch_list"] == []
@@ -82,34 +82,34 @@ def test_the_probe_reads_torch_from_the_cpu_build(torch_python):
 
 
 def test_torch_checks_that_depend_on_a_cuda_build_skip_with_the_reason(torch_python):
-    lock = lock_for(torch_python, 'torch = ">=2"')
+    spec = spec_for(torch_python, 'torch = ">=2"')
     for name in ("torch.arch", "nccl.version"):
-        result, _ = run(name, lock)
+        result, _ = run(name, spec)
         assert result.status is Status.SKIP and "see torch.build" in result.summary, name
 
 
 def test_pins_compare_distribution_versions_with_the_local_label(torch_python):
     right, facts = run(
-        "python.frozen", lock_for(torch_python, 'torch = "==2.13.0"', '[python.guard]\nfrozen = ["torch"]')
+        "python.frozen", spec_for(torch_python, 'torch = "==2.13.0"', '[python.guard]\nfrozen = ["torch"]')
     )
     installed = facts.probe.dist("torch").version
     assert right.status is Status.PASS, right.summary
     wrong, _ = run(
-        "python.frozen", lock_for(torch_python, 'torch = "==2.13.0+cu130"', '[python.guard]\nfrozen = ["torch"]')
+        "python.frozen", spec_for(torch_python, 'torch = "==2.13.0+cu130"', '[python.guard]\nfrozen = ["torch"]')
     )
     assert wrong.status is Status.FAIL
     assert wrong.summary == f"frozen package(s) moved: torch is {installed}, locked ==2.13.0+cu130"
 
 
 def test_a_missing_pinned_package_fails_the_pins(torch_python):
-    result, _ = run("python.pins", lock_for(torch_python, 'torch = ">=2"\nsglang = "==0.5.9"'))
+    result, _ = run("python.pins", spec_for(torch_python, 'torch = ">=2"\nsglang = "==0.5.9"'))
     assert result.status is Status.FAIL
     assert result.details == ("sglang is not installed (locked ==0.5.9)",)
 
 
 def test_the_wrong_python_version_fails(tmp_path):
     python, _ = make_venv(tmp_path / "venv")
-    result, _ = run("python.interpreter", lock_for(python, version="3.9"))
+    result, _ = run("python.interpreter", spec_for(python, version="3.9"))
     assert result.status is Status.FAIL and result.summary.endswith(
         f"is Python {sys.version.split()[0]}, the lock wants 3.9"
     )
@@ -133,7 +133,7 @@ def test_a_declared_override_is_accepted_with_its_reason(tmp_path):
     override = (
         '[[python.override]]\npackage = "flashinfer-python"\nversion = "==0.6.4"\nreason = "sglang 0.5.9 pins 0.6.3"'
     )
-    result, _ = run("python.consistency", lock_for(python, 'flashinfer-python = "==0.6.4"', override))
+    result, _ = run("python.consistency", spec_for(python, 'flashinfer-python = "==0.6.4"', override))
     assert result.status is Status.PASS
     assert result.details == (
         "accepted override: sglang 0.5.9 requires flashinfer_python==0.6.3, but flashinfer-python 0.6.4 is "
@@ -145,7 +145,7 @@ def test_any_other_conflict_fails(tmp_path):
     python, site = overridden_venv(tmp_path)
     install_dist(site, "torch", "2.10.0", ())
     install_dist(site, "xgrammar", "0.1.27", ("torch>=2.10", "ninja"))
-    result, _ = run("python.consistency", lock_for(python, 'flashinfer-python = "==0.6.4"'))
+    result, _ = run("python.consistency", spec_for(python, 'flashinfer-python = "==0.6.4"'))
     assert result.status is Status.FAIL
     assert set(result.data["conflicts"]) == {
         "sglang 0.5.9 requires flashinfer_python==0.6.3, but flashinfer-python 0.6.4 is installed",
@@ -179,13 +179,13 @@ def test_flashinfer_cubin_must_equal_flashinfer_python(tmp_path):
     install_dist(site, "flashinfer-python", "0.6.4")
     install_dist(site, "flashinfer-cubin", "0.6.3")
     install_dist(site, "flashinfer-jit-cache", "0.6.4+cu130")
-    result, _ = run("flashinfer.cubin", lock_for(python))
+    result, _ = run("flashinfer.cubin", spec_for(python))
     assert result.status is Status.FAIL
     assert result.summary == "flashinfer-cubin 0.6.3 != flashinfer-python 0.6.4: import flashinfer raises RuntimeError"
     (site / "flashinfer_cubin-0.6.3.dist-info" / "METADATA").write_text(
         "Metadata-Version: 2.1\nName: flashinfer-cubin\nVersion: 0.6.4\n"
     )
-    result, _ = run("flashinfer.cubin", lock_for(python))
+    result, _ = run("flashinfer.cubin", spec_for(python))
     assert (
         result.status is Status.PASS
         and result.summary == "flashinfer-python 0.6.4, flashinfer-cubin 0.6.4, flashinfer-jit-cache 0.6.4+cu130"
@@ -193,18 +193,18 @@ def test_flashinfer_cubin_must_equal_flashinfer_python(tmp_path):
 
 
 def test_a_missing_interpreter_is_one_failure_and_the_rest_skip(tmp_path):
-    lock = lock_for(tmp_path / "nowhere" / "python", 'torch = ">=2"')
-    result, _ = run("python.interpreter", lock)
+    spec = spec_for(tmp_path / "nowhere" / "python", 'torch = ">=2"')
+    result, _ = run("python.interpreter", spec)
     assert (
         result.status is Status.FAIL
         and result.summary == f"the lock's interpreter {tmp_path / 'nowhere' / 'python'} does not exist"
     )
     for name in ("python.pins", "torch.build", "abi.imports", "abi.elf"):
-        assert run(name, lock)[0].status is Status.SKIP, name
+        assert run(name, spec)[0].status is Status.SKIP, name
 
 
 def test_probe_facts_parse_what_the_probe_writes(torch_python, tmp_path):
-    _, facts = run("python.interpreter", lock_for(torch_python))
+    _, facts = run("python.interpreter", spec_for(torch_python))
     assert isinstance(facts.probe, ProbeFacts)
     assert facts.probe.executable.startswith(str(torch_python.parent.parent))
 
@@ -215,11 +215,11 @@ def _wheel(tag: str) -> bytes:
 
 def _pylocked(tmp_path: Path, python: Path, packages: str, locked: str) -> Spec:
     """A spec for ``python`` at tmp_path/spec.toml with the pylock ``locked`` (PEP 751 packages) beside it."""
-    lock = dataclasses.replace(lock_for(python, packages), path=tmp_path / "spec.toml")
+    spec = dataclasses.replace(spec_for(python, packages), path=tmp_path / "spec.toml")
     (tmp_path / "pylock.spec.toml").write_text(
-        pylock.stamp('lock-version = "1.0"\ncreated-by = "test"\n' + locked, lock)
+        pylock.stamp('lock-version = "1.0"\ncreated-by = "test"\n' + locked, spec)
     )
-    return lock
+    return spec
 
 
 def _locked(name: str, version: str, filename: str, url: str = "https://files.example/", marker: str = "") -> str:
@@ -302,11 +302,11 @@ def test_python_locked_passes_on_exactly_the_pylock_and_warns_when_the_spec_move
     )
     install_dist(site, "torch", "2.9.1", files={"torch-2.9.1.dist-info/WHEEL": _wheel("py3-none-any")})
     locked = _locked("torch", "2.9.1", "torch-2.9.1-py3-none-any.whl") + _locked("sgl-kernel", "0.3.21+cu130", kernel)
-    lock = _pylocked(tmp_path, python, 'torch = "==2.9.1"', locked)
-    result, _ = run("python.locked", lock)
+    spec = _pylocked(tmp_path, python, 'torch = "==2.9.1"', locked)
+    result, _ = run("python.locked", spec)
     assert result.status is Status.PASS, result.details
     assert result.summary.startswith("2 distributions exactly as pylock.spec.toml (sha256 ")
-    moved = dataclasses.replace(lock_for(python, 'torch = "==2.9.2"'), path=lock.path)
+    moved = dataclasses.replace(spec_for(python, 'torch = "==2.9.2"'), path=spec.path)
     result, _ = run("python.locked", moved)
     assert result.status is Status.WARN
     assert result.summary == (
@@ -317,8 +317,8 @@ def test_python_locked_passes_on_exactly_the_pylock_and_warns_when_the_spec_move
 
 def test_python_locked_skips_without_a_pylock_saying_how_to_make_one(tmp_path):
     python, _ = make_venv(tmp_path / "env")
-    lock = dataclasses.replace(lock_for(python), path=tmp_path / "spec.toml")
-    result, _ = run("python.locked", lock)
+    spec = dataclasses.replace(spec_for(python), path=tmp_path / "spec.toml")
+    result, _ = run("python.locked", spec)
     assert result.status is Status.SKIP
     assert result.summary == (
         f"the spec has no pylock: {tmp_path / 'pylock.spec.toml'} does not exist (`stackgate lock --lock "
@@ -329,8 +329,8 @@ def test_python_locked_skips_without_a_pylock_saying_how_to_make_one(tmp_path):
 def _cuda_torch_seeing_no_gpu(plain_python: Path, nvml_lib: Any = None) -> Facts:
     """The facts of a cu130 torch that sees no GPU (CUDA_VISIBLE_DEVICES hides them, or no driver):
     torch.cuda.get_arch_list() is then empty, as it was on the H200 with the GPU hidden."""
-    lock = lock_for(plain_python)
-    facts = gather(lock, ["probe"], environ={"PATH": "/usr/bin:/bin"}, nvml_lib=nvml_lib)
+    spec = spec_for(plain_python)
+    facts = gather(spec, ["probe"], environ={"PATH": "/usr/bin:/bin"}, nvml_lib=nvml_lib)
     probe = facts.probe
     assert isinstance(probe, ProbeFacts), probe
     torch = {
@@ -348,7 +348,7 @@ def test_an_empty_arch_list_is_not_a_missing_kernel(plain_python):
     fake_nvml.configure(fake_nvml.machine([fake_nvml.gpu("NVIDIA H200", (9, 0))]))
     facts = _cuda_torch_seeing_no_gpu(plain_python, fake_nvml)
     try:
-        result = REGISTRY["torch.arch"].function(lock_for(plain_python), facts)
+        result = REGISTRY["torch.arch"].function(spec_for(plain_python), facts)
     finally:
         fake_nvml.configure(None)
         facts.close()
@@ -369,7 +369,7 @@ def test_a_torch_that_counts_the_gpu_but_cannot_start_cuda_is_not_told_to_make_i
     assert isinstance(probe, ProbeFacts)
     facts.provide("probe", dataclasses.replace(probe, torch={**probe.torch, "device_count": 1}))
     try:
-        result = REGISTRY["torch.arch"].function(lock_for(plain_python), facts)
+        result = REGISTRY["torch.arch"].function(spec_for(plain_python), facts)
     finally:
         fake_nvml.configure(None)
         facts.close()
@@ -386,7 +386,7 @@ def test_an_empty_arch_list_without_a_gpu_skips(plain_python):
         "nvml", Missing("NVML not loadable: libnvidia-ml.so.1 not found")
     )
     try:
-        result = REGISTRY["torch.arch"].function(lock_for(plain_python), facts)
+        result = REGISTRY["torch.arch"].function(spec_for(plain_python), facts)
     finally:
         facts.close()
     assert result.status is Status.SKIP and "sees no GPU" in result.summary, result.summary
@@ -396,10 +396,10 @@ def hidden_gpus(torch_python, visible: str):
     """torch.arch on one H200 (fake NVML) with the probe run for real, by the CPU torch venv, under
     CUDA_VISIBLE_DEVICES=``visible``; CPU torch sees no GPU just as a hidden CUDA one does (device_count 0, an
     empty arch list), and only its CUDA version is set as a CUDA build would report it."""
-    lock = lock_for(torch_python, 'torch = ">=2"')
+    spec = spec_for(torch_python, 'torch = ">=2"')
     fake_nvml.configure(machine([gpu(name="NVIDIA H200", cc=(9, 0))]))
     facts = gather(
-        lock,
+        spec,
         ["probe", "nvml", "env"],
         environ={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": visible},
         nvml_lib=fake_nvml,
@@ -408,7 +408,7 @@ def hidden_gpus(torch_python, visible: str):
         probe = facts.probe
         assert probe.torch["device_count"] == 0 and probe.torch["arch_list"] == []
         facts.provide("probe", dataclasses.replace(probe, torch={**probe.torch, "cuda": "13.0"}))
-        return REGISTRY["torch.arch"].function(lock, facts)
+        return REGISTRY["torch.arch"].function(spec, facts)
     finally:
         facts.close()
         fake_nvml.configure(None)

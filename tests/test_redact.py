@@ -248,12 +248,12 @@ def test_a_lockfile_s_secret_does_not_change_its_fingerprint(tmp_path):
         path.write_text(
             base.replace("flags = [", f'env = {{ HF_TOKEN = "hf_{key}" }}\nflags = ["--api-key", "{key}", ')
         )
-        section = fp.lock_section(load_spec(path))
+        section = fp.spec_section(load_spec(path))
         assert key not in json.dumps(section)
         digests.append(section["sha256"])
     assert digests[0] == digests[1]
     no_secret = load_spec(plain)
-    assert fp.lock_section(no_secret) == {
+    assert fp.spec_section(no_secret) == {
         "name": no_secret.name,
         "sha256": no_secret.sha256,
     }  # as every report names it
@@ -302,8 +302,8 @@ def planted(tmp_path_factory, plain_python):
         json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 32})
     )
     env = {"HF_ENDPOINT": f"https://hub-user:{ENDPOINT_PASSWORD}@hub.example.com", "HF_TOKEN": HF_TOKEN}
-    lock = rig.lock(flags=("--api-key", API_KEY), env=env, benchmark=BENCH)
-    lock.write_text(lock.read_text().replace(f'interpreter = "{sys.executable}"', f'interpreter = "{plain_python}"'))
+    spec = rig.spec(flags=("--api-key", API_KEY), env=env, benchmark=BENCH)
+    spec.write_text(spec.read_text().replace(f'interpreter = "{sys.executable}"', f'interpreter = "{plain_python}"'))
     console: dict[str, str] = {}
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("STACKGATE_NVML_MODULE", "fakes.fake_nvml")
@@ -319,17 +319,17 @@ def planted(tmp_path_factory, plain_python):
                 f"{kind}_path": folder / f"good.{suffix}"
                 for kind, suffix in (("json", "json"), ("junit", "xml"), ("markdown", "md"), ("prom", "prom"))
             }
-            request = GateRequest(lock_path=lock, model=str(model), verify_checks=VERIFIABLE, **reports)
+            request = GateRequest(spec_path=spec, model=str(model), verify_checks=VERIFIABLE, **reports)
             assert _run("gate", console, lambda ui: gate.run(request, ui)) == 0, console["gate stdout"]
 
             rig.behave(hang=True)
             never = rig.tmp / "never.toml"
-            never.write_text(lock.read_text().replace("ready_timeout_s = 60", "ready_timeout_s = 2\nsilence_s = 60"))
+            never.write_text(spec.read_text().replace("ready_timeout_s = 60", "ready_timeout_s = 2\nsilence_s = 60"))
             reports = {
                 f"{kind}_path": folder / f"timed-out.{suffix}"
                 for kind, suffix in (("json", "json"), ("junit", "xml"), ("markdown", "md"), ("prom", "prom"))
             }
-            request = GateRequest(lock_path=never, model=str(model), verify_checks=VERIFIABLE, **reports)
+            request = GateRequest(spec_path=never, model=str(model), verify_checks=VERIFIABLE, **reports)
             assert _run("timed-out gate", console, lambda ui: gate.run(request, ui)) == 1
 
             line = (
@@ -337,7 +337,7 @@ def planted(tmp_path_factory, plain_python):
                 f"{API_KEY}"
             )
             rig.behave(crash_at_start={"phase": "load", "lines": [line]})
-            chosen = SmokeRequest(lock_path=lock, model=str(model), json_path=folder / "smoke.json")
+            chosen = SmokeRequest(spec_path=spec, model=str(model), json_path=folder / "smoke.json")
             assert _run("smoke", console, lambda ui: smoke.run(chosen, ui)) == 1
         finally:
             kill_leftovers(rig)

@@ -61,7 +61,7 @@ def test_the_history_lists_every_run_and_a_trend_per_lock(runs):
 
 
 def test_a_lock_whose_runs_have_no_benchmark_of_the_real_weights_says_so(tmp_path):
-    keep(tmp_path, gate_doc(decode=None, lock="bare"), DAYS[0])
+    keep(tmp_path, gate_doc(decode=None, spec="bare"), DAYS[0])
     keep(tmp_path, smoke_doc(tmp_path / "fast", fast=True), DAYS[1])  # a fast-mode figure is not the stack's speed
     lines = report(runs_dir=tmp_path)
     assert [line.split()[4:6] for line in lines[2:4]] == [["-", "-"], ["-", "-"]]
@@ -190,7 +190,7 @@ def test_the_runs_directory_comes_from_the_lock_or_the_state_directory(tmp_path,
     )
     (tmp_path / "lock.toml").write_text(text)
     kept = keep(tmp_path / "root" / "runs", gate_doc(decode=90.0), DAYS[0])
-    assert report(lock_path=tmp_path / "lock.toml")[2].split()[0] == kept.id
+    assert report(spec_path=tmp_path / "lock.toml")[2].split()[0] == kept.id
     state = tmp_path / "state" / "stackgate" / "runs"
     monkeypatch.setenv(
         "STACKGATE_LOCK", str(tmp_path / "broken.toml")
@@ -198,7 +198,7 @@ def test_the_runs_directory_comes_from_the_lock_or_the_state_directory(tmp_path,
     (tmp_path / "broken.toml").write_text("[stack\n")
     assert report() == [f"no runs kept in {state} yet: `stackgate gate` and `stackgate smoke` keep theirs there"]
     with pytest.raises(SpecError):  # a lock named on purpose must load
-        report(lock_path=tmp_path / "broken.toml")
+        report(spec_path=tmp_path / "broken.toml")
 
 
 def test_the_html_page_of_the_history_and_of_one_run(runs, tmp_path):
@@ -206,7 +206,7 @@ def test_the_html_page_of_the_history_and_of_one_run(runs, tmp_path):
     assert report(html_path=tmp_path / "all.html", runs_dir=folder) == [f"wrote {tmp_path / 'all.html'} (4 run(s))"]
     page = (tmp_path / "all.html").read_text()
     assert all(r.id in page for r in (a, b, s1, s2)) and "stackgate: 4 run(s) of standin" in page
-    other = keep(tmp_path / "elsewhere", gate_doc(decode=50.0, lock="other"), DAYS[6])
+    other = keep(tmp_path / "elsewhere", gate_doc(decode=50.0, spec="other"), DAYS[6])
     assert report(str(other.path), html_path=tmp_path / "one.html", runs_dir=folder) == [
         f"wrote {tmp_path / 'one.html'} (1 run(s), focus {other.id})"
     ]

@@ -28,7 +28,7 @@ def _lock(
     """`invoke lock` in this process, with what it printed (stdout, stderr)."""
     out = io.StringIO()
     capsys.readouterr()
-    code = command.run(command.LockRequest(lock_path=spec, environ=environ, **kwargs), UI(stream=out, force_plain=True))  # type: ignore[arg-type]
+    code = command.run(command.LockRequest(spec_path=spec, environ=environ, **kwargs), UI(stream=out, force_plain=True))  # type: ignore[arg-type]
     return code, out.getvalue(), capsys.readouterr().err
 
 
@@ -260,32 +260,32 @@ def test_an_upgrade_that_would_move_a_frozen_package_is_refused(
 def test_a_spec_that_has_not_changed_is_answered_from_its_pylock_and_refresh_asks_the_indexes(
     tmp_path: Path, stack_index: IndexServer, install_environ: dict[str, str]
 ) -> None:
-    spec = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", resolve_with=install_environ)
+    spec_path = write_stack_lock(tmp_path / "lock.toml", stack_index, tmp_path / "root", resolve_with=install_environ)
     target = tmp_path / "pylock.lock.toml"
     before, asked = target.read_bytes(), len(stack_index.requests)
 
-    def lock(*flags: str) -> subprocess.CompletedProcess[str]:
+    def run_lock(*flags: str) -> subprocess.CompletedProcess[str]:
         env = {**install_environ, "NO_COLOR": "1", "UV_NO_CACHE": "1"}  # index pages are asked for, not cached
-        argv = [sys.executable, "-m", "stackgate", "lock", "--lock", str(spec), *flags]
+        argv = [sys.executable, "-m", "stackgate", "lock", "--lock", str(spec_path), *flags]
         return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
 
-    done = lock()
+    done = run_lock()
     assert done.returncode == ExitCode.PASSED, done.stderr
     assert done.stdout.splitlines() == [
         f"unchanged: {target} matches lock.toml (9 distributions, 9 files, each with its sha256)",
         f"  {UNCHANGED}",
     ]
     assert (len(stack_index.requests), target.read_bytes()) == (asked, before)  # no index was asked, nothing written
-    refreshed = lock("--refresh")
+    refreshed = run_lock("--refresh")
     assert refreshed.returncode == ExitCode.PASSED, refreshed.stderr
     assert refreshed.stdout.startswith(f"unchanged: {target} (9 distributions")
     assert len(stack_index.requests) > asked and target.read_bytes() == before
     asked = len(stack_index.requests)
-    spec.write_text(spec.read_text().replace('sglang = "==0.5.9"', 'sglang = ">=0.5.9"'))  # an input changed
-    again = lock()
+    spec_path.write_text(spec_path.read_text().replace('sglang = "==0.5.9"', 'sglang = ">=0.5.9"'))  # an input changed
+    again = run_lock()
     assert again.returncode == ExitCode.PASSED and again.stdout.startswith(f"wrote {target} "), again.stderr
     assert len(stack_index.requests) > asked
-    assert lock("--check", "--refresh").returncode == ExitCode.USAGE
+    assert run_lock("--check", "--refresh").returncode == ExitCode.USAGE
 
 
 def test_a_wheelhouse_is_downloaded_once_and_checked(

@@ -52,13 +52,13 @@ def scanned(folder: Path, monkeypatch: pytest.MonkeyPatch, last: int = 20) -> ca
 
 
 def rows(found: catalog.Listing) -> list[tuple]:
-    return [(r.id, r.verdict, r.decode_tok_s, r.lock, r.short) for r in found.rows]
+    return [(r.id, r.verdict, r.decode_tok_s, r.spec, r.short) for r in found.rows]
 
 
 @pytest.fixture
 def kept(tmp_path):
     folder = tmp_path / "runs"
-    runs = [keep(folder, gate_doc(decode=90.0 + i, lock="standin" if i % 3 else "other"), day(1 + i)) for i in range(7)]
+    runs = [keep(folder, gate_doc(decode=90.0 + i, spec="standin" if i % 3 else "other"), day(1 + i)) for i in range(7)]
     return folder, runs
 
 

@@ -18,7 +18,7 @@ from stackgate.edges import faults
 from stackgate.models import settings
 from stackgate.models.exitcodes import UsageError
 from stackgate.models.settings import SETTINGS
-from stackgate.models.spec import default_lock_path
+from stackgate.models.spec import default_spec_path
 from stackgate.render.ui import UI, render_settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,7 +170,7 @@ def test_settings_are_read_when_used_not_when_imported(monkeypatch: pytest.Monke
     monkeypatch.setenv("STACKGATE_HISTORY_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("STACKGATE_DEEP_DIR", str(tmp_path / "deep"))
     monkeypatch.setenv("STACKGATE_RUNFILE_CACHE", str(tmp_path / "runfiles"))
-    assert default_lock_path() == tmp_path / "l.toml"
+    assert default_spec_path() == tmp_path / "l.toml"
     assert history.runs_dir(None) == tmp_path / "runs"
     assert deepruns._work_dir() == tmp_path / "deep" and (tmp_path / "deep").is_dir()
     assert toolkitsources._runfile_cache() == tmp_path / "runfiles"
@@ -184,10 +184,10 @@ def test_v_shows_the_settings_not_at_their_defaults_and_vv_all(
 ) -> None:
     monkeypatch.setenv("STACKGATE_DEEP_TIMEOUT_S", "600")
     monkeypatch.setenv("NO_COLOR", "1")
-    lock = ROOT / "lockfiles" / "hopper-sm90-cu130.toml"
+    spec = ROOT / "lockfiles" / "hopper-sm90-cu130.toml"
     for verbose in (0, 1, 2):
         assert (
-            verify.run(verify.VerifyRequest(lock_path=lock, list_only=True), UI(verbose=verbose, stream=io.StringIO()))
+            verify.run(verify.VerifyRequest(spec_path=spec, list_only=True), UI(verbose=verbose, stream=io.StringIO()))
             == 0
         )
         err = capsys.readouterr().err.splitlines()
@@ -199,7 +199,7 @@ def test_v_shows_the_settings_not_at_their_defaults_and_vv_all(
             assert ["STACKGATE_DEEP_TIMEOUT_S", "600", "(environment", "$STACKGATE_DEEP_TIMEOUT_S)"] in [
                 line.split() for line in err
             ]
-            assert ["STACKGATE_LOCK", str(lock), "(flag", "--lock)"] in [line.split() for line in err]
+            assert ["STACKGATE_LOCK", str(spec), "(flag", "--lock)"] in [line.split() for line in err]
         assert sum("(default)" in line for line in err) == (19 if verbose == 2 else 0)
 
 

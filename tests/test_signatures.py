@@ -26,7 +26,7 @@ DATA = Path(__file__).resolve().parent / "data"
 LOCK = ROOT / "lockfiles" / "blackwell-sm120-cu130.toml"
 ALL = engine.load()
 #: The default profile's values: an installer entry reads versions against the lock's pins.
-LOCKED = signatures.lock_context(load_spec(LOCK))
+LOCKED = signatures.spec_context(load_spec(LOCK))
 EXAMPLES = [pytest.param(s, i, id=f"{s.id}[{i}]") for s in ALL for i in range(len(s.examples))]
 SOURCE = re.compile(r"^(https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+|[\w.-]+ \d[\w.]* wheel: \S.*)$")
 
@@ -372,7 +372,7 @@ def test_an_unterminated_last_line_and_a_huge_line_are_scanned() -> None:
 
 
 def test_a_lock_fills_the_context_keys() -> None:
-    context = signatures.lock_context(load_spec(LOCK))
+    context = signatures.spec_context(load_spec(LOCK))
     assert context["lock_backend"] == "flashinfer"
     assert context["lock_torch"] == "torch==2.9.1+cu130"
     assert context["torch_cuda"] == "13.0" and context["cuda_home"] == "/usr/local/cuda-13.0"
@@ -383,7 +383,7 @@ def test_a_lock_fills_the_context_keys() -> None:
 
 def test_findings_quote_the_lock_or_a_neutral_phrase() -> None:
     line = "[2026-02-03 09:00:18 TP0] Attention backend not specified. Use triton backend by default."
-    with_lock = scan(line, context=signatures.lock_context(load_spec(LOCK))).findings[0]
+    with_lock = scan(line, context=signatures.spec_context(load_spec(LOCK))).findings[0]
     assert "chose triton by itself; the stack runs flashinfer." in with_lock.cause
     assert with_lock.fix.commands == (f"stackgate verify --check abi.imports --check flashinfer.cubin --lock {LOCK}",)
     without = scan(line).findings[0]
@@ -392,7 +392,7 @@ def test_findings_quote_the_lock_or_a_neutral_phrase() -> None:
 
 
 def test_cuda_major_findings_quote_the_locked_torch_build() -> None:
-    context = signatures.lock_context(load_spec(LOCK))
+    context = signatures.spec_context(load_spec(LOCK))
     match = scan(
         "ImportError: libcudart.so.12: cannot open shared object file: No such file or directory", context=context
     ).findings[0]
@@ -445,7 +445,7 @@ def test_a_uv_report_about_every_version_of_a_requirer_names_it() -> None:
 
 
 def test_verify_import_classifier_still_names_undefined_symbols() -> None:
-    lock = load_spec(LOCK)
+    spec = load_spec(LOCK)
     outcome = ImportOutcome(
         "sgl_kernel",
         False,
@@ -453,9 +453,9 @@ def test_verify_import_classifier_still_names_undefined_symbols() -> None:
         "ImportError: /x/sgl_kernel/common_ops.abi3.so: undefined symbol: _ZN3c104cuda9SetDeviceEab",
         demangled={"_ZN3c104cuda9SetDeviceEab": "c10::cuda::SetDevice(signed char, bool)"},
     )
-    text, fix = classify_import(outcome, lock, explain_import(outcome, lock))
+    text, fix = classify_import(outcome, spec, explain_import(outcome, spec))
     assert text.startswith("undefined symbol c10::cuda::SetDevice(signed char, bool): ABI mismatch with torch")
-    flag = f" --lock {lock.path}"
+    flag = f" --lock {spec.path}"
     assert fix.commands == (
         f"stackgate provision --only python{flag}",
         f"stackgate verify --check python.frozen --check abi.imports{flag}",
@@ -470,8 +470,8 @@ def test_verify_import_classifier_names_a_cuda_major_mismatch() -> None:
         "Traceback (most recent call last):\nImportError: libcudart.so.12: cannot open shared object file: No such "
         "file or directory",
     )
-    lock = load_spec(LOCK)
-    text, _ = classify_import(outcome, lock, explain_import(outcome, lock))
+    spec = load_spec(LOCK)
+    text, _ = classify_import(outcome, spec, explain_import(outcome, spec))
     assert "built against CUDA 12 (libcudart.so.12)" in text and "the stack's (13.0)" in text
 
 
@@ -533,7 +533,7 @@ def test_without_a_lock_every_text_reads_without_holes(signature: signatures.Sig
         )
         return
     (without,) = engine.match_all(text, signatures=[signature])
-    (with_lock,) = engine.match_all(text, signatures=[signature], context=signatures.lock_context(load_spec(LOCK)))
+    (with_lock,) = engine.match_all(text, signatures=[signature], context=signatures.spec_context(load_spec(LOCK)))
     locked = _texts(with_lock)
     problems = {name: found for name, value in _texts(without).items() if (found := _holes(value, locked[name]))}
     assert not problems, "\n".join(f"{name}: {found}\n  {_texts(without)[name]}" for name, found in problems.items())

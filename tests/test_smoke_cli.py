@@ -40,7 +40,7 @@ def log_text(rig: Rig) -> str:
 def test_an_interrupt_while_the_server_loads_tears_it_down(rig, sig):
     rig.behave(load_s=120.0)  # each of the stand-in's loading phases takes 24 s
     report = rig.tmp / "smoke.json"
-    process = invoke(rig, "--lock", str(rig.lock()), "--json", str(report))
+    process = invoke(rig, "--lock", str(rig.spec()), "--json", str(report))
     wait_for(lambda: "Init torch distributed begin" in log_text(rig))  # the first phase of loading
     process.send_signal(sig)
     code, out, err = finish(process)
@@ -62,8 +62,8 @@ def test_an_interrupt_while_the_server_loads_tears_it_down(rig, sig):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_an_interrupt_during_the_benchmark_tears_the_server_down(rig, sig):
     rig.behave(rate=50.0, ignore_sigterm=True)  # a stubborn server: teardown must escalate
-    lock = rig.lock(benchmark={"output_tokens": 2000, "runs": 2, "warmup": 0})
-    process = invoke(rig, "--lock", str(lock), "--benchmark")
+    spec = rig.spec(benchmark={"output_tokens": 2000, "runs": 2, "warmup": 0})
+    process = invoke(rig, "--lock", str(spec), "--benchmark")
     wait_for(lambda: rig.events("stream"))
     process.send_signal(sig)
     code, out, err = finish(process)
@@ -75,10 +75,10 @@ def test_an_interrupt_during_the_benchmark_tears_the_server_down(rig, sig):
 def test_after_ctrl_c_a_server_ignoring_sigterm_is_waited_for_aloud_and_a_second_ctrl_c_kills_it(rig):
     """No silent grace: smoke says it waits for the server and that another Ctrl-C ends the wait."""
     rig.behave(rate=50.0, ignore_sigterm=True)
-    lock = rig.lock(benchmark={"output_tokens": 2000, "runs": 2, "warmup": 0})
-    lock.write_text(lock.read_text().replace("stop_grace_s = 3", "stop_grace_s = 300"))  # only a Ctrl-C ends it soon
+    spec = rig.spec(benchmark={"output_tokens": 2000, "runs": 2, "warmup": 0})
+    spec.write_text(spec.read_text().replace("stop_grace_s = 3", "stop_grace_s = 300"))  # only a Ctrl-C ends it soon
     report = rig.tmp / "smoke.json"
-    process = invoke(rig, "--lock", str(lock), "--benchmark", "--json", str(report))
+    process = invoke(rig, "--lock", str(spec), "--benchmark", "--json", str(report))
     err: list[str] = []
     lines = iter(process.stderr.readline, "")  # type: ignore[union-attr]
     reader = threading.Thread(target=lambda: err.extend(lines), daemon=True)
@@ -108,8 +108,8 @@ def test_after_ctrl_c_a_server_ignoring_sigterm_is_waited_for_aloud_and_a_second
 
 
 def test_a_smoke_killed_outright_takes_its_server_with_it(rig):
-    lock = rig.lock(benchmark={"output_tokens": 2000, "runs": 2, "warmup": 0})
-    process = invoke(rig, "--lock", str(lock), "--benchmark")
+    spec = rig.spec(benchmark={"output_tokens": 2000, "runs": 2, "warmup": 0})
+    process = invoke(rig, "--lock", str(spec), "--benchmark")
     wait_for(lambda: rig.events("stream"))
     process.kill()  # SIGKILL: no teardown can run; the kernel's parent-death signal does it
     process.communicate(timeout=30)
@@ -119,8 +119,8 @@ def test_a_smoke_killed_outright_takes_its_server_with_it(rig):
 def test_workers_a_smoke_killed_outright_left_are_ended_by_the_next_run_which_says_so(rig):
     """Workers that set no parent-death signal outlive a SIGKILLed smoke; its record names them."""
     rig.behave(rate=50.0, orphan_workers=True)
-    lock = rig.lock(benchmark={"output_tokens": 2000, "runs": 2, "warmup": 0})
-    process = invoke(rig, "--lock", str(lock), "--benchmark")
+    spec = rig.spec(benchmark={"output_tokens": 2000, "runs": 2, "warmup": 0})
+    process = invoke(rig, "--lock", str(spec), "--benchmark")
     wait_for(lambda: rig.events("stream"))
     process.kill()
     process.communicate(timeout=30)
@@ -128,7 +128,7 @@ def test_workers_a_smoke_killed_outright_left_are_ended_by_the_next_run_which_sa
     wait_for(lambda: living([rig.events("started")[0]["pid"]]) == [])  # the leader died with smoke
     assert living(workers) == workers  # its workers did not
     rig.behave()  # the next run's server is a well-behaved one
-    code, out, err = finish(invoke(rig, "--lock", str(lock)))
+    code, out, err = finish(invoke(rig, "--lock", str(spec)))
     assert code == 0, out + err
     assert "ended 2 process(es) that a dead stackgate run left running (launched " in err, err
     assert all(f"  {pid} (" in err for pid in workers), err
@@ -139,7 +139,7 @@ def test_workers_a_smoke_killed_outright_left_are_ended_by_the_next_run_which_sa
 
 
 def test_a_passing_smoke_exits_0_and_prints_the_table(rig):
-    code, out, err = finish(invoke(rig, "--lock", str(rig.lock()), "--benchmark"))
+    code, out, err = finish(invoke(rig, "--lock", str(rig.spec()), "--benchmark"))
     assert code == 0, out + err
     assert out.startswith("benchmark (lock)\nrun     tokens  seconds")
     assert "PASS  smoke.launch" in out and ": PASSED" in out
@@ -154,14 +154,14 @@ def test_a_failing_smoke_exits_1(rig):
             "lines": ["RuntimeError: CUDA error: no kernel image is available for execution on the device"],
         }
     )
-    code, out, _ = finish(invoke(rig, "--lock", str(rig.lock())))
+    code, out, _ = finish(invoke(rig, "--lock", str(rig.spec())))
     assert code == 1
     assert "FAIL  smoke.log.cuda-no-kernel-image" in out
     assert_nothing_left(rig)
 
 
 def test_keep_server_prints_how_to_stop_it(rig):
-    code, out, _ = finish(invoke(rig, "--lock", str(rig.lock()), "--keep-server"))
+    code, out, _ = finish(invoke(rig, "--lock", str(rig.spec()), "--keep-server"))
     assert code == 0
     pid = rig.events("started")[0]["pid"]
     assert f"stop it with: kill -TERM -- -{pid}" in out
@@ -181,10 +181,10 @@ def test_keep_server_prints_how_to_stop_it(rig):
     ids=["no-model", "bad-levels", "bad-tp", "compare-without-baseline"],
 )
 def test_bad_usage_exits_2_and_launches_nothing(rig, args, message):
-    lock = rig.lock()
+    spec = rig.spec()
     if not args:
-        lock.write_text(lock.read_text().replace(f'model = "{rig.model}"', 'model = ""'))
-    code, _, err = finish(invoke(rig, "--lock", str(lock), *args))
+        spec.write_text(spec.read_text().replace(f'model = "{rig.model}"', 'model = ""'))
+    code, _, err = finish(invoke(rig, "--lock", str(spec), *args))
     assert code == 2
     assert message in err
     assert rig.events() == []

@@ -48,11 +48,11 @@ def test_the_load_silence_limit_comes_from_the_lock():
 
 
 def test_speculative_decoding_becomes_sglang_s_flags():
-    lock = load(
+    spec = load(
         '[smoke]\nflags = []\n[smoke.speculative]\nalgorithm = "EAGLE3"\ndraft_model = "/m/eagle3"\nnum_steps = '
         "3\neagle_topk = 1\nnum_draft_tokens = 4\n"
     )
-    assert lock.smoke.speculative.flags == (
+    assert spec.smoke.speculative.flags == (
         "--speculative-algorithm",
         "EAGLE3",
         "--speculative-draft-model-path",
@@ -74,12 +74,12 @@ def test_an_ngram_speculation_needs_no_draft_model():
 
 
 def test_the_compare_table_and_the_other_new_fields_load():
-    lock = load(
+    spec = load(
         "[smoke]\nfast_layers = 2\nstop_grace_s = 20\n"
         '[smoke.compare]\nname = "no-fusion"\nflags = ["--disable-cuda-graph"]\nattention_backend = '
         '"triton"\nspeculative = false\n[smoke.compare.env]\nNCCL_ALGO = "Ring"\n'
     )
-    compare = lock.smoke.compare
+    compare = spec.smoke.compare
     assert (compare.name, compare.flags, compare.attention_backend, compare.speculative, dict(compare.env)) == (
         "no-fusion",
         ("--disable-cuda-graph",),
@@ -87,7 +87,7 @@ def test_the_compare_table_and_the_other_new_fields_load():
         False,
         {"NCCL_ALGO": "Ring"},
     )
-    assert (lock.smoke.fast_layers, lock.smoke.stop_grace_s) == (2, 20.0)
+    assert (spec.smoke.fast_layers, spec.smoke.stop_grace_s) == (2, 20.0)
 
 
 def test_the_stream_idle_limit_comes_from_the_expected_inter_token_time_and_a_floor():

@@ -43,7 +43,7 @@ NCCL_P2P_LEVEL = "SYS"
 """
 
 
-def make_lock(tmp_path: Path, tables: str = "") -> Spec:
+def make_spec(tmp_path: Path, tables: str = "") -> Spec:
     return loads_spec(minimal_spec(gpu_count=2, root=tmp_path / "stack", tail=f"{SMOKE}{tables}\n"))
 
 
@@ -51,7 +51,7 @@ def make_lock(tmp_path: Path, tables: str = "") -> Spec:
 
 
 def test_the_command_is_explicit_about_every_choice(tmp_path):
-    (config,) = launch.configs(make_lock(tmp_path), port=31000)
+    (config,) = launch.configs(make_spec(tmp_path), port=31000)
     assert config.argv(Path("/opt/stackgate/current/bin/python")) == [
         "/opt/stackgate/current/bin/python",
         "-m",
@@ -75,7 +75,7 @@ def test_the_command_is_explicit_about_every_choice(tmp_path):
 
 
 def test_the_default_compare_baseline_drops_the_fusion_flags_only(tmp_path):
-    baseline, main = launch.configs(make_lock(tmp_path), compare=True, model="/m2", tp=1)
+    baseline, main = launch.configs(make_spec(tmp_path), compare=True, model="/m2", tp=1)
     assert baseline.flags == ("--enable-torch-symm-mem", "--mem-fraction-static", "0.85")
     assert baseline.evidence == {} and dict(main.evidence) == {
         "--enable-flashinfer-allreduce-fusion": "FlashInfer workspace initialized"
@@ -90,7 +90,7 @@ def test_a_compare_table_describes_the_baseline(tmp_path):
         "false\nattention_backend "
         '= "triton"\n[smoke.compare.env]\nNCCL_ALGO = "Ring"\n'
     )
-    baseline, main = launch.configs(make_lock(tmp_path, tables), compare=True)
+    baseline, main = launch.configs(make_spec(tmp_path, tables), compare=True)
     assert (baseline.label, baseline.flags, baseline.speculative, baseline.attention_backend) == (
         "plain",
         (),
@@ -110,21 +110,21 @@ def test_a_compare_table_describes_the_baseline(tmp_path):
     ],
 )
 def test_bad_options_are_usage_errors(tmp_path, kwargs, message):
-    lock = make_lock(tmp_path)
+    spec = make_spec(tmp_path)
     if kwargs.get("model") == "":
-        lock = dataclasses.replace(lock, smoke=dataclasses.replace(lock.smoke, model=""))
+        spec = dataclasses.replace(spec, smoke=dataclasses.replace(spec.smoke, model=""))
     with pytest.raises(launch.LaunchError, match=re.escape(message)):
-        launch.configs(lock, **kwargs)
+        launch.configs(spec, **kwargs)
 
 
 def test_the_server_environment_is_the_shell_then_stackgate_env_then_smoke_env(tmp_path):
-    lock = make_lock(tmp_path)
-    lock.python.env_file.parent.mkdir(parents=True)
-    lock.python.env_file.write_text(
+    spec = make_spec(tmp_path)
+    spec.python.env_file.parent.mkdir(parents=True)
+    spec.python.env_file.write_text(
         'export CUDA_HOME="/usr/local/cuda-13.0"\nexport PATH="$CUDA_HOME/bin:$PATH"\nexport NCCL_P2P_LEVEL="LOC"\n'
     )
-    (config,) = launch.configs(lock)
-    environ, ours = launch.server_env(lock, config, {"PATH": "/usr/bin", "HOME": "/root"})
+    (config,) = launch.configs(spec)
+    environ, ours = launch.server_env(spec, config, {"PATH": "/usr/bin", "HOME": "/root"})
     assert environ == {
         "PATH": "/usr/local/cuda-13.0/bin:/usr/bin",
         "HOME": "/root",
@@ -139,7 +139,7 @@ def test_the_server_environment_is_the_shell_then_stackgate_env_then_smoke_env(t
 
 
 def test_a_session_shows_its_environment_and_server_info_with_the_secrets_hidden(tmp_path):
-    (config,) = launch.configs(make_lock(tmp_path))
+    (config,) = launch.configs(make_spec(tmp_path))
     key = "Zq9-served-key-1"
     environment = {
         "HF_TOKEN": "x",
@@ -169,7 +169,7 @@ def test_a_session_shows_its_environment_and_server_info_with_the_secrets_hidden
 
 
 def test_a_port_in_use_is_refused_and_a_free_one_passes(tmp_path):
-    (config,) = launch.configs(make_lock(tmp_path))
+    (config,) = launch.configs(make_spec(tmp_path))
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
@@ -179,7 +179,7 @@ def test_a_port_in_use_is_refused_and_a_free_one_passes(tmp_path):
 
 
 def test_gpus_are_counted_through_nvml_and_cuda_visible_devices(tmp_path):
-    (config,) = launch.configs(make_lock(tmp_path))  # TP 2
+    (config,) = launch.configs(make_spec(tmp_path))  # TP 2
     fake_nvml.configure(machine([gpu(uuid="GPU-aaa"), gpu(uuid="GPU-bbb")]))
     try:
         assert launch.check_gpus(config, {}, fake_nvml).summary == "2 GPU(s) visible for TP 2"
@@ -199,7 +199,7 @@ def test_the_nvml_module_can_be_named_in_the_environment(tmp_path, monkeypatch):
     spec.write_text(json.dumps(machine([gpu()])))
     monkeypatch.setenv("STACKGATE_FAKE_NVML", str(spec))
     monkeypatch.setenv("STACKGATE_NVML_MODULE", "fakes.fake_nvml")
-    (config,) = launch.configs(make_lock(tmp_path))
+    (config,) = launch.configs(make_spec(tmp_path))
     assert launch.check_gpus(config, {}).summary == "TP 2 needs 2 GPUs but 1 are visible; nothing was launched"
 
 
@@ -413,15 +413,15 @@ def figures(*samples: bench.Sample, stopped: str | None = None) -> bench.BenchFi
 
 def test_the_verdict_names_the_measured_and_the_baseline_figures():
     slow = figures(sample(100, 1.3), sample(100, 1.3))  # decode 99 tokens in 1.25 s = 79.2 tok/s
-    lock = Benchmark(output_tokens=100, baseline_tok_s=92.6, max_regression=0.03)
-    verdict, short = bench.judge(slow, lock)
+    spec = Benchmark(output_tokens=100, baseline_tok_s=92.6, max_regression=0.03)
+    verdict, short = bench.judge(slow, spec)
     assert verdict.status == Status.FAIL and short is None
     assert verdict.summary == (
         "decode 79.20 tok/s is 14.5% below the baseline 92.6 tok/s (allowed: 3.0%, floor 89.82); end-to-end "
         "76.92 "
         "tok/s with time to first token"
     )
-    fine, _ = bench.judge(figures(sample(100, 1.12), sample(100, 1.12)), lock)
+    fine, _ = bench.judge(figures(sample(100, 1.12), sample(100, 1.12)), spec)
     assert (
         fine.status == Status.PASS
         and fine.summary

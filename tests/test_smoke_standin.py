@@ -51,7 +51,7 @@ def statuses(run):
 
 
 def test_a_plain_smoke_passes_proves_what_runs_and_leaves_nothing(rig):
-    done = rig.run(rig.lock(flags=("--mem-fraction-static", "0.8")))
+    done = rig.run(rig.spec(flags=("--mem-fraction-static", "0.8")))
     results = by_name(done.results)
     assert done.verdict.passed, statuses(done)
     assert [r.check for r in done.results] == [
@@ -104,7 +104,7 @@ def test_each_run_is_timed_from_the_events_the_server_sent(rig, rate, burst, ttf
     # same clock (CLOCK_MONOTONIC), and nothing arrives before it was sent. How close the measured
     # rate is to the true one is measured in benchmarks/client_accuracy.py, not asserted here.
     rig.behave(rate=rate, burst=burst, ttft_s=ttft_s)
-    done = rig.run(rig.lock(benchmark={"output_tokens": 240, "runs": 2, "warmup": 0}), benchmark=True)
+    done = rig.run(rig.spec(benchmark={"output_tokens": 240, "runs": 2, "warmup": 0}), benchmark=True)
     figures = done.figures
     assert len(figures.good) == 2
     sent = {e["number"]: e for e in rig.events("stream_done")}
@@ -125,7 +125,7 @@ def test_each_run_is_timed_from_the_events_the_server_sent(rig, rate, burst, ttf
 def test_the_baseline_judges_decode_so_a_slow_first_token_does_not_fail_it(rig):
     rig.behave(rate=200.0, ttft_s=0.5)  # end-to-end about 100 tok/s: half the baseline
     done = rig.run(
-        rig.lock(
+        rig.spec(
             benchmark={"output_tokens": 100, "runs": 1, "warmup": 0, "baseline_tok_s": 200.0, "max_regression": 0.2}
         ),
         benchmark=True,
@@ -143,7 +143,7 @@ def test_the_baseline_judges_decode_so_a_slow_first_token_does_not_fail_it(rig):
 
 def test_a_regression_beyond_the_allowed_one_fails_naming_both_numbers(rig):
     rig.behave(rate=200.0)
-    done = rig.run(rig.lock(benchmark={"baseline_tok_s": 300.0, "max_regression": 0.03}), benchmark=True)
+    done = rig.run(rig.spec(benchmark={"baseline_tok_s": 300.0, "max_regression": 0.03}), benchmark=True)
     verdict = by_name(done.results)["smoke.benchmark"]
     mean = done.figures.decode_tok_s.mean
     assert verdict.status == Status.FAIL
@@ -161,8 +161,8 @@ def test_an_interval_that_spans_the_floor_earns_more_runs_then_is_inconclusive(r
     95% interval reaches below the floor; smoke runs more, up to max_runs, then says so."""
     rig.behave(rate_cycle=[125.0, 75.0])
     bench = {"output_tokens": 100, "runs": 2, "max_runs": 4, "warmup": 0}
-    lock = rig.lock(benchmark={**bench, "baseline_tok_s": 100.0, "max_regression": 0.1})
-    done = rig.run(lock, benchmark=True, strict=strict)
+    spec = rig.spec(benchmark={**bench, "baseline_tok_s": 100.0, "max_regression": 0.1})
+    done = rig.run(spec, benchmark=True, strict=strict)
     verdict = by_name(done.results)["smoke.benchmark"]
     decode = done.figures.decode_tok_s
     assert len(done.figures.runs) == 4 and decode.n == 4  # two more than asked: the cap
@@ -180,7 +180,7 @@ def test_an_interval_that_spans_the_floor_earns_more_runs_then_is_inconclusive(r
 def test_a_flag_whose_path_never_initialised_fails_with_that_explanation(rig):
     rig.gpus(2)
     rig.behave(evidence=False)
-    done = rig.run(rig.lock(tp=2, flags=(FUSION,), evidence=EVIDENCE))
+    done = rig.run(rig.spec(tp=2, flags=(FUSION,), evidence=EVIDENCE))
     result = by_name(done.results)["smoke.evidence.enable-flashinfer-allreduce-fusion"]
     assert result.status == Status.FAIL
     assert result.summary == (
@@ -196,7 +196,7 @@ def test_a_fusion_flag_without_an_evidence_table_still_has_to_prove_its_path(rig
     but the server takes no fused path): smoke must not pass."""
     rig.gpus(2)
     rig.behave(evidence=False)
-    done = rig.run(rig.lock(tp=2, flags=(FUSION,)))
+    done = rig.run(rig.spec(tp=2, flags=(FUSION,)))
     result = by_name(done.results)["smoke.evidence.enable-flashinfer-allreduce-fusion"]
     assert result.status == Status.FAIL and "the path it enables never initialised" in result.summary
     assert not done.verdict.passed
@@ -206,7 +206,7 @@ def test_a_fusion_flag_without_an_evidence_table_still_has_to_prove_its_path(rig
 def test_at_log_level_warning_the_evidence_cannot_be_told_and_smoke_says_so(rig):
     rig.gpus(2)
     done = rig.run(
-        rig.lock(tp=2, flags=(FUSION, "--log-level", "warning"), evidence=EVIDENCE)
+        rig.spec(tp=2, flags=(FUSION, "--log-level", "warning"), evidence=EVIDENCE)
     )  # the fused path does run
     result = by_name(done.results)["smoke.evidence.enable-flashinfer-allreduce-fusion"]
     assert result.status == Status.WARN
@@ -221,7 +221,7 @@ def test_at_log_level_warning_the_evidence_cannot_be_told_and_smoke_says_so(rig)
 
 def test_a_flag_with_its_evidence_in_the_log_passes(rig):
     rig.gpus(2)
-    done = rig.run(rig.lock(tp=2, flags=(FUSION,), evidence=EVIDENCE))
+    done = rig.run(rig.spec(tp=2, flags=(FUSION,), evidence=EVIDENCE))
     result = by_name(done.results)["smoke.evidence.enable-flashinfer-allreduce-fusion"]
     assert result.status == Status.PASS and "FlashInfer workspace initialized for rank" in result.details[0]
     assert done.verdict.passed
@@ -230,7 +230,7 @@ def test_a_flag_with_its_evidence_in_the_log_passes(rig):
 
 def test_a_backend_chosen_by_default_is_found_in_the_log_and_in_server_info(rig):
     rig.behave(ignore_backend_flag=True, default_backend="triton")
-    done = rig.run(rig.lock())
+    done = rig.run(rig.spec())
     results = by_name(done.results)
     finding = results["smoke.log.sglang-attention-backend-default"]
     assert finding.status == Status.FAIL  # the lock names flashinfer
@@ -245,7 +245,7 @@ def test_a_backend_chosen_by_default_is_found_in_the_log_and_in_server_info(rig)
 
 def test_a_crash_at_start_is_reported_with_exit_code_last_lines_and_the_known_cause(rig):
     rig.behave(crash_at_start={"phase": "distributed", "lines": SYMM_MEM_CRASH})
-    done = rig.run(rig.lock(), benchmark=True)
+    done = rig.run(rig.spec(), benchmark=True)
     results = by_name(done.results)
     launch = results["smoke.launch"]
     assert launch.status == Status.FAIL
@@ -281,7 +281,7 @@ def test_a_fatal_log_line_while_loading_stops_the_wait_at_once(rig):
         "../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, unhandled cuda error"
     )
     rig.behave(fatal_line={"phase": "load", "line": line})
-    done = rig.run(rig.lock())  # ready_timeout_s is 60: the wait must end on the line, not the clock
+    done = rig.run(rig.spec())  # ready_timeout_s is 60: the wait must end on the line, not the clock
     ready = done.sessions[0].readiness
     assert ready.reason == "fatal" and ready.finding.id == "nccl-error"
     results = by_name(done.results)
@@ -305,7 +305,7 @@ def test_a_server_that_hangs_while_loading_times_out_with_its_last_phase(rig):
 
 def test_a_server_silent_while_loading_is_named_by_the_phase_it_hung_in_long_before_the_timeout(rig):
     rig.behave(hang=True)  # the stand-in stops writing after its graphs are captured, the port never opens
-    done = rig.run(rig.lock(smoke_extra="silence_s = 8"))  # ready_timeout_s is 60
+    done = rig.run(rig.spec(smoke_extra="silence_s = 8"))  # ready_timeout_s is 60
     ready = done.sessions[0].readiness
     launch = by_name(done.results)["smoke.launch"]
     assert (ready.reason, ready.phase) == ("silent", "CUDA graphs captured")
@@ -317,7 +317,7 @@ def test_a_server_silent_while_loading_is_named_by_the_phase_it_hung_in_long_bef
 
 
 def _short_timeout(rig, **smoke):
-    path = rig.lock(smoke_extra="\n".join(f"{k} = {v}" for k, v in smoke.items()))
+    path = rig.spec(smoke_extra="\n".join(f"{k} = {v}" for k, v in smoke.items()))
     path.write_text(path.read_text().replace("ready_timeout_s = 60", "ready_timeout_s = 1.5"))
     return path
 
@@ -329,7 +329,7 @@ def test_a_server_dying_mid_stream_stops_the_benchmark_with_its_cause(rig):
         "139.80 GiB",
     ]
     rig.behave(die_mid_stream={"after_tokens": 60, "lines": oom})
-    done = rig.run(rig.lock(benchmark={"warmup": 0}), benchmark=True)
+    done = rig.run(rig.spec(benchmark={"warmup": 0}), benchmark=True)
     results = by_name(done.results)
     bench = results["smoke.benchmark"]
     assert bench.status == Status.FAIL
@@ -352,7 +352,7 @@ def test_a_fatal_log_line_mid_stream_cuts_the_stream_at_once(rig):
         "ran for 600012 milliseconds before timing out."
     )
     rig.behave(rate=100.0, fatal_mid_stream={"after_tokens": 20, "line": watchdog})
-    done = rig.run(rig.lock(benchmark={"warmup": 0, "output_tokens": 3000}), benchmark=True)  # 30 s if not cut
+    done = rig.run(rig.spec(benchmark={"warmup": 0, "output_tokens": 3000}), benchmark=True)  # 30 s if not cut
     bench = by_name(done.results)["smoke.benchmark"]
     assert bench.status == Status.FAIL
     assert "the server logged a fatal error (nccl-watchdog-timeout" in bench.summary
@@ -361,8 +361,8 @@ def test_a_fatal_log_line_mid_stream_cuts_the_stream_at_once(rig):
     assert_nothing_left(rig)
 
 
-def _grace(rig, seconds, **lock):
-    path = rig.lock(**lock)
+def _grace(rig, seconds, **spec):
+    path = rig.spec(**spec)
     path.write_text(path.read_text().replace("stop_grace_s = 3", f"stop_grace_s = {seconds}"))
     return path
 
@@ -386,10 +386,10 @@ def test_a_server_ignoring_sigterm_and_an_escaped_worker_are_killed_with_a_warni
 
 def test_a_server_killed_from_outside_is_reported_with_what_it_left_behind(rig):
     rig.behave(rate=50.0, orphan_workers=True)  # workers that outlive their parent
-    lock = rig.lock(benchmark={"output_tokens": 2000, "runs": 1, "warmup": 0})
+    spec = rig.spec(benchmark={"output_tokens": 2000, "runs": 1, "warmup": 0})
     killer = threading.Thread(target=_kill_leader_once_streaming, args=(rig,), daemon=True)
     killer.start()
-    done = rig.run(lock, benchmark=True)
+    done = rig.run(spec, benchmark=True)
     killer.join()
     results = by_name(done.results)
     assert results["smoke.benchmark"].summary.startswith(
@@ -414,7 +414,7 @@ def _kill_leader_once_streaming(rig):
 
 def test_a_stream_cut_while_the_server_stays_up_fails_and_says_the_server_is_up(rig):
     rig.behave(rate=100.0, cut_mid_stream={"after_tokens": 20})
-    done = rig.run(rig.lock(benchmark={"warmup": 0, "output_tokens": 3000}), benchmark=True)
+    done = rig.run(rig.spec(benchmark={"warmup": 0, "output_tokens": 3000}), benchmark=True)
     bench = by_name(done.results)["smoke.benchmark"]
     assert bench.status == Status.FAIL
     assert re.fullmatch(
@@ -433,10 +433,10 @@ def test_a_server_stopped_mid_stream_is_named_after_the_locks_idle_limit(rig):
     lock's idle limit (here its 1 s floor), the verdict names the stopped process, and teardown's
     SIGCONT lets it act on SIGTERM, so it drains instead of waiting out the grace for SIGKILL."""
     rig.behave(rate=50.0)
-    lock = _grace(rig, 10, benchmark={"output_tokens": 2000, "runs": 1, "warmup": 0, "stream_idle_floor_s": 1})
+    spec = _grace(rig, 10, benchmark={"output_tokens": 2000, "runs": 1, "warmup": 0, "stream_idle_floor_s": 1})
     stopper = threading.Thread(target=_stop_leader_once_streaming, args=(rig,), daemon=True)
     stopper.start()
-    done = rig.run(lock, benchmark=True)
+    done = rig.run(spec, benchmark=True)
     stopper.join()
     bench = by_name(done.results)["smoke.benchmark"]
     pid = rig.events("started")[0]["pid"]
@@ -459,7 +459,7 @@ def _stop_leader_once_streaming(rig):
 
 def test_sglang_s_real_drain_poll_fits_in_the_grace_period(rig):
     rig.behave(drain_poll_s=5.0)
-    path = rig.lock()
+    path = rig.spec()
     path.write_text(path.read_text().replace("stop_grace_s = 3", "stop_grace_s = 15"))
     done = rig.run(path)
     teardown = done.sessions[0].teardown
@@ -472,7 +472,7 @@ def test_a_taken_port_is_refused_before_launch(rig):
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", rig.port))
         squatter.listen()
-        done = rig.run(rig.lock())
+        done = rig.run(rig.spec())
     port = by_name(done.results)["smoke.preflight.port"]
     assert port.status == Status.FAIL
     assert port.summary == (
@@ -492,7 +492,7 @@ def test_a_port_taken_while_the_server_loads_is_named_and_not_called_a_silent_ha
         squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         taker = threading.Thread(target=_take_port_while_loading, args=(rig, squatter, loaded), daemon=True)
         taker.start()
-        done = rig.run(rig.lock())
+        done = rig.run(rig.spec())
         taker.join()
     results = by_name(done.results)
     assert results["smoke.preflight.port"].status == Status.PASS  # free when smoke looked
@@ -537,7 +537,7 @@ def test_another_server_that_binds_the_port_while_ours_loads_is_named_and_never_
     taker = threading.Thread(target=take_the_port, daemon=True)
     taker.start()
     try:
-        done = rig.run(rig.lock(smoke_extra="silence_s = 60"), benchmark=True)  # ours is silent while it waits
+        done = rig.run(rig.spec(smoke_extra="silence_s = 60"), benchmark=True)  # ours is silent while it waits
     finally:
         taker.join()
         for other in others:
@@ -567,7 +567,7 @@ def test_a_server_reporting_another_identity_is_not_benchmarked(rig):
     another.mkdir()
     another.joinpath("config.json").write_text(rig.model.joinpath("config.json").read_text())
     rig.behave(resolve={"model_path": str(another)})
-    done = rig.run(rig.lock(), benchmark=True)
+    done = rig.run(rig.spec(), benchmark=True)
     results = by_name(done.results)
     assert results["smoke.launch"].status == Status.PASS  # its own socket: it is our process
     assert results["smoke.server_info"].status == Status.FAIL and "another server answered" in (
@@ -585,12 +585,12 @@ def test_a_server_reporting_another_identity_is_not_benchmarked(rig):
 def test_a_wrong_backend_or_a_fused_path_not_taken_fails_before_the_benchmark(rig, wrong):
     if wrong == "backend":
         rig.behave(ignore_backend_flag=True, default_backend="triton")
-        lock, want = rig.lock(), "the server runs the triton attention backend, the lock asks for flashinfer"
+        spec, want = rig.spec(), "the server runs the triton attention backend, the lock asks for flashinfer"
     else:
         rig.gpus(2)
         rig.behave(evidence=False)
-        lock, want = rig.lock(tp=2, flags=(FUSION,)), f"{FUSION}: its path never initialised while the server started"
-    done = rig.run(lock, benchmark=True, concurrency=(2,))
+        spec, want = rig.spec(tp=2, flags=(FUSION,)), f"{FUSION}: its path never initialised while the server started"
+    done = rig.run(spec, benchmark=True, concurrency=(2,))
     results, session = by_name(done.results), done.sessions[0]
     assert results["smoke.benchmark"].status == Status.SKIP
     assert results["smoke.benchmark"].summary.startswith(f"not run: {want}")
@@ -613,7 +613,7 @@ def test_a_missing_or_unreadable_model_is_refused_before_launch(rig, problem):
     else:
         rig.model.joinpath("config.json").write_text("{not json")
         want = "config.json is not JSON"
-    done = rig.run(rig.lock())
+    done = rig.run(rig.spec())
     model = by_name(done.results)["smoke.preflight.model"]
     assert model.status == Status.FAIL and want in model.summary and model.summary.endswith("; nothing was launched")
     assert rig.events() == []
@@ -637,7 +637,7 @@ def _hub_cache(rig, hub_id: str) -> Path:
 
 def test_a_hub_id_is_launched_from_the_hugging_face_cache(rig):
     snapshot = _hub_cache(rig, "acme/tiny-llama")
-    done = rig.run(rig.lock(env={"HF_HOME": str(rig.tmp / "hf"), "HF_HUB_OFFLINE": "1"}), model="acme/tiny-llama")
+    done = rig.run(rig.spec(env={"HF_HOME": str(rig.tmp / "hf"), "HF_HUB_OFFLINE": "1"}), model="acme/tiny-llama")
     results, session = by_name(done.results), done.sessions[0]
     assert (
         results["smoke.preflight.model"].summary == f"model acme/tiny-llama is readable (Hub id, cached at {snapshot})"
@@ -657,7 +657,7 @@ def test_a_hub_id_not_cached_on_an_offline_host_is_refused_before_launch_and_say
             env["HF_HUB_OFFLINE"] = "1"
         else:
             env["HF_ENDPOINT"] = f"http://127.0.0.1:{closed.getsockname()[1]}"
-        done = rig.run(rig.lock(env=env), model="acme/tiny-llama")
+        done = rig.run(rig.spec(env=env), model="acme/tiny-llama")
     model = by_name(done.results)["smoke.preflight.model"]
     assert model.status == Status.FAIL
     why = "HF_HUB_OFFLINE=1 is set" if offline == "variable" else f"{env.get('HF_ENDPOINT')} cannot be reached ("
@@ -671,7 +671,7 @@ def test_a_hub_id_not_cached_on_an_offline_host_is_refused_before_launch_and_say
 
 def test_fewer_gpus_than_tp_are_refused_before_launch(rig):
     rig.gpus(2)
-    done = rig.run(rig.lock(tp=2, env={"CUDA_VISIBLE_DEVICES": "1"}))
+    done = rig.run(rig.spec(tp=2, env={"CUDA_VISIBLE_DEVICES": "1"}))
     gpus = by_name(done.results)["smoke.preflight.gpus"]
     assert gpus.status == Status.FAIL
     assert gpus.summary == "TP 2 needs 2 GPUs but 1 are visible (CUDA_VISIBLE_DEVICES='1'); nothing was launched"
@@ -680,7 +680,7 @@ def test_fewer_gpus_than_tp_are_refused_before_launch(rig):
 
 def test_an_older_server_is_read_through_get_server_info(rig):
     rig.behave(server_info_404=True)
-    done = rig.run(rig.lock())
+    done = rig.run(rig.spec())
     assert done.sessions[0].info_endpoint == "/get_server_info"
     assert (
         by_name(done.results)["smoke.server_info"].summary
@@ -691,7 +691,7 @@ def test_an_older_server_is_read_through_get_server_info(rig):
 
 def test_a_flag_the_server_changed_fails(rig):
     rig.behave(resolve={"mem_fraction_static": 0.7})
-    done = rig.run(rig.lock(flags=("--mem-fraction-static", "0.8")))
+    done = rig.run(rig.spec(flags=("--mem-fraction-static", "0.8")))
     flags = by_name(done.results)["smoke.flags"]
     assert flags.status == Status.FAIL
     assert flags.details == ("--mem-fraction-static: asked '0.8', the server runs mem_fraction_static=0.7",)
@@ -699,7 +699,7 @@ def test_a_flag_the_server_changed_fails(rig):
 
 
 def test_keep_server_leaves_it_up_and_the_printed_command_stops_it(rig):
-    done = rig.run(rig.lock(), keep_server=True)
+    done = rig.run(rig.spec(), keep_server=True)
     session = done.sessions[0]
     assert session.kept and session.teardown is None
     assert living([session.pid]) == [session.pid]
@@ -713,7 +713,7 @@ def test_keep_server_leaves_it_up_and_the_printed_command_stops_it(rig):
 
 
 def test_fast_mode_launches_random_weights_and_a_few_layers_and_labels_its_figure(rig):
-    done = rig.run(rig.lock(benchmark={"baseline_tok_s": 10000.0}), fast=True, benchmark=True)
+    done = rig.run(rig.spec(benchmark={"baseline_tok_s": 10000.0}), fast=True, benchmark=True)
     session = done.sessions[0]
     assert session.argv[-4:] == ("--load-format", "dummy", "--json-model-override-args", '{"num_hidden_layers": 4}')
     assert session.server_info["load_format"] == "dummy"
@@ -736,7 +736,7 @@ def test_fast_mode_refuses_a_model_whose_layers_are_nested(rig):
         architectures=["KimiK25ForConditionalGeneration"],
         text_config={"num_hidden_layers": 61, "num_attention_heads": 64},
     )
-    done = rig.run(rig.lock(), fast=True)
+    done = rig.run(rig.spec(), fast=True)
     refused = by_name(done.results)["smoke.fast_mode"]
     assert refused.status == Status.FAIL and "counts its layers in text_config" in refused.summary
     assert rig.events() == []
@@ -744,22 +744,22 @@ def test_fast_mode_refuses_a_model_whose_layers_are_nested(rig):
 
 def test_the_quality_guard_warns_when_greedy_runs_differ_and_strict_fails(rig):
     rig.behave(diverge_from=37)
-    lock = rig.lock(benchmark={"runs": 3, "warmup": 0})
-    done = rig.run(lock, benchmark=True)
+    spec = rig.spec(benchmark={"runs": 3, "warmup": 0})
+    done = rig.run(spec, benchmark=True)
     guard = by_name(done.results)["smoke.quality"]
     assert guard.status == Status.WARN
     assert guard.details == (
         "run 2 vs run 1: first 37 of 200 tokens identical, then diverge (18.5% of positions agree)",
     )
     assert done.verdict.passed
-    strict = rig.run(lock, benchmark=True, strict=True)
+    strict = rig.run(spec, benchmark=True, strict=True)
     assert not strict.verdict.passed and strict.verdict.reason == "1 warning(s) with --strict"
     assert_nothing_left(rig)
 
 
 def test_short_runs_are_flagged_and_left_out(rig):
     rig.behave(short_by=5)
-    done = rig.run(rig.lock(), benchmark=True)
+    done = rig.run(rig.spec(), benchmark=True)
     results = by_name(done.results)
     assert results["smoke.benchmark.short_runs"].status == Status.WARN
     assert results["smoke.benchmark.short_runs"].summary.startswith(
@@ -770,7 +770,7 @@ def test_short_runs_are_flagged_and_left_out(rig):
 
 
 def test_the_json_report_records_the_run_and_redacts_secrets(rig, tmp_path):
-    done = rig.run(rig.lock(env={"HF_TOKEN": "hf_abc", "MY_API_KEY": "k", "NCCL_DEBUG": "INFO"}), benchmark=True)
+    done = rig.run(rig.spec(env={"HF_TOKEN": "hf_abc", "MY_API_KEY": "k", "NCCL_DEBUG": "INFO"}), benchmark=True)
     doc = done.document()
     write_json(tmp_path / "smoke.json", doc)
     reread = json.loads((tmp_path / "smoke.json").read_text())
@@ -789,7 +789,7 @@ def test_the_json_report_records_the_run_and_redacts_secrets(rig, tmp_path):
 
 def test_gpu_memory_still_held_after_teardown_is_a_warning(rig):
     rig.behave(leak=True)
-    done = rig.run(rig.lock())
+    done = rig.run(rig.spec())
     leaked = rig.events("leaked")[0]["pid"]
     try:
         memory = by_name(done.results)["smoke.gpu_memory"]
@@ -823,7 +823,7 @@ def test_compare_reports_both_the_difference_and_where_speculation_stops_paying(
     )
     # baseline_tok_s describes the lock's (speculative) configuration; the plain one is slower on purpose.
     benchmark = {"output_tokens": 150, "runs": 2, "warmup": 0, "baseline_tok_s": 140.0, "max_regression": 0.25}
-    done = rig.run(rig.lock(tables=tables, benchmark=benchmark), compare=True, concurrency=(1, 3))
+    done = rig.run(rig.spec(tables=tables, benchmark=benchmark), compare=True, concurrency=(1, 3))
     results = by_name(done.results)
     assert done.verdict.passed, statuses(done)
     plain = results["smoke.plain.benchmark"]
@@ -867,7 +867,7 @@ def test_compare_reports_both_the_difference_and_where_speculation_stops_paying(
 def test_a_speculative_sweep_without_compare_says_why_it_has_no_crossover(rig, capsys):
     tables, _ = _speculative_tables(rig, compare=False)
     rig.behave(profiles=[{"when": {"speculative_algorithm": "EAGLE3"}, "set": {"burst": 3}}])
-    done = rig.run(rig.lock(tables=tables, benchmark={"output_tokens": 60, "warmup": 0}), concurrency=(1, 2))
+    done = rig.run(rig.spec(tables=tables, benchmark={"output_tokens": 60, "warmup": 0}), concurrency=(1, 2))
     results = by_name(done.results)
     crossover = results["smoke.compare.concurrency"]
     assert crossover.status == Status.SKIP
@@ -886,8 +886,8 @@ def test_a_speculative_sweep_without_compare_says_why_it_has_no_crossover(rig, c
 
 def test_a_server_with_an_api_key_gets_it_from_the_environment_and_it_is_never_shown(rig, tmp_path):
     key = "sk-standin-0123456789"
-    lock = rig.lock(flags=("--api-key", "${SERVE_AUTH}"), env={"SERVE_AUTH": key})
-    done = rig.run(lock, benchmark=True, concurrency=(2,))
+    spec = rig.spec(flags=("--api-key", "${SERVE_AUTH}"), env={"SERVE_AUTH": key})
+    done = rig.run(spec, benchmark=True, concurrency=(2,))
     results = by_name(done.results)
     assert done.verdict.passed, statuses(done)
     assert results["smoke.flags"].details == ("--api-key: api_key='<redacted>'",)
@@ -904,7 +904,7 @@ def test_a_server_with_an_api_key_gets_it_from_the_environment_and_it_is_never_s
 
 
 def test_the_standin_refuses_requests_without_the_key_as_sglang_does(rig):
-    rig.run(rig.lock(flags=("--api-key", "sk-literal")), keep_server=True)
+    rig.run(rig.spec(flags=("--api-key", "sk-literal")), keep_server=True)
     base = f"http://127.0.0.1:{rig.port}"
     try:
         assert httpclient.request("GET", base + "/health").status == 200  # /health* and /metrics* are exempt
@@ -921,7 +921,7 @@ def test_the_standin_refuses_requests_without_the_key_as_sglang_does(rig):
 
 
 def test_an_api_key_naming_an_unset_variable_is_refused_before_launch(rig):
-    done = rig.run(rig.lock(flags=("--api-key", "$SERVE_AUTH_UNSET")))
+    done = rig.run(rig.spec(flags=("--api-key", "$SERVE_AUTH_UNSET")))
     refused = by_name(done.results)["smoke.preflight.api_key"]
     assert refused.status == Status.FAIL
     assert (
@@ -934,7 +934,7 @@ def test_an_api_key_naming_an_unset_variable_is_refused_before_launch(rig):
 def test_compare_warns_when_the_configurations_disagree(rig):
     rig.gpus(2)
     rig.behave(profiles=[{"when": {"enable_flashinfer_allreduce_fusion": True}, "set": {"shift_from": 120}}])
-    done = rig.run(rig.lock(tp=2, flags=(FUSION,), evidence=EVIDENCE), compare=True)
+    done = rig.run(rig.spec(tp=2, flags=(FUSION,), evidence=EVIDENCE), compare=True)
     results = by_name(done.results)
     assert "smoke.baseline.evidence.enable-flashinfer-allreduce-fusion" not in results
     assert FUSION not in done.sessions[0].argv and FUSION in done.sessions[1].argv
@@ -948,7 +948,7 @@ def test_compare_warns_when_the_configurations_disagree(rig):
 
 
 def test_an_interpreter_without_sglang_fails_with_the_known_cause(rig):
-    done = rig.run(rig.lock(env={"PYTHONPATH": ""}))  # the real interpreter, no stand-in on its path
+    done = rig.run(rig.spec(env={"PYTHONPATH": ""}))  # the real interpreter, no stand-in on its path
     results = by_name(done.results)
     assert results["smoke.launch"].summary.startswith("the server exited (exit code 1) after ")
     missing = results["smoke.log.module-not-installed"]
@@ -958,7 +958,7 @@ def test_an_interpreter_without_sglang_fails_with_the_known_cause(rig):
 
 
 def test_a_flag_this_sglang_does_not_know_is_refused_by_its_parser(rig):
-    done = rig.run(rig.lock(flags=("--enable-allreduce-fusion",)))
+    done = rig.run(rig.spec(flags=("--enable-allreduce-fusion",)))
     results = by_name(done.results)
     assert results["smoke.launch"].summary.startswith("the server exited (exit code 2) after ")
     refused = results["smoke.log.sglang-bad-arguments"]
@@ -971,7 +971,7 @@ def test_a_crash_of_no_known_cause_is_told_with_what_the_evidence_sweep_finds(ri
     blocker.write_text("a file, not a folder\n")
     monkeypatch.setenv("TRITON_CACHE_DIR", str(blocker))
     rig.behave(crash_at_start={"phase": "load", "lines": ["Scheduler hit an exception: RuntimeError: odd"]})
-    done = rig.run(rig.lock())
+    done = rig.run(rig.spec())
     launch = by_name(done.results)["smoke.launch"]
     assert launch.status == Status.FAIL
     assert f"cause: TRITON_CACHE_DIR={blocker}: it is a file, not a folder" in launch.summary, launch.summary

@@ -157,7 +157,7 @@ def test_pypi_refuses_cuda_12_with_the_lock_loaders_reason(tmp_path: Path) -> No
         tk.install_toolkit(toolkit, log=tmp_path / "log")
     with pytest.raises(SpecError) as loading:
         loads_spec(
-            lock_text(
+            spec_text(
                 f'[[toolkit]]\nversion = "12.8.1"\nprefix = "{toolkit.prefix}"\nsource = "pypi"\ndefault = true\n'
             )
         )
@@ -566,15 +566,15 @@ def test_the_layout_is_a_standard_toolkit_tree(side_by_side: SideBySide) -> None
 
 @pytest.mark.toolkit
 def test_verify_passes_on_what_provision_built(side_by_side: SideBySide) -> None:
-    text = lock_text(
+    text = spec_text(
         f'[[toolkit]]\nversion = "13.0.1"\nnvcc = "13.0.88"\nprefix = "{side_by_side.new.prefix}"\nsource = "pypi"\n'
         f"components = {json.dumps(list(COMPILER))}\ndefault = true\n"
         f'[[toolkit]]\nversion = "12.8"\nprefix = "{side_by_side.kept.prefix}"\nkeep = true\n'
     )
-    lock = loads_spec(text)
-    facts = gather(lock, ("toolkits",))
+    spec = loads_spec(text)
+    facts = gather(spec, ("toolkits",))
     try:
-        results = run_checks(select(["cuda.toolkits", "cuda.ptxas_arch"], REGISTRY), lock, facts)
+        results = run_checks(select(["cuda.toolkits", "cuda.ptxas_arch"], REGISTRY), spec, facts)
     finally:
         facts.close()
     assert [r.status for r in results] == [Status.PASS, Status.PASS], [r.summary for r in results]
@@ -632,5 +632,5 @@ def test_a_new_component_reinstalls_by_swapping_the_whole_tree(side_by_side: Sid
     assert not tk._staging(prefix).exists()
 
 
-def lock_text(toolkits: str) -> str:
+def spec_text(toolkits: str) -> str:
     return minimal_spec(name="toolkit-test", toolkits=f"{toolkits}\n", interpreter="/nonexistent/python")

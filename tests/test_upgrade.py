@@ -95,12 +95,12 @@ def live_root(
     """A root with spec A provisioned once; each test upgrades a copy of it."""
     base = tmp_path_factory.mktemp("live")
     rig = Rig(base, free_port())
-    lock = _spec(
+    spec = _spec(
         base / "a.toml", stack_index, base / "root", install_environ, rig, flashinfer="0.6.3", backend="triton"
     )
     assert (
         provision.run(
-            provision.ProvisionRequest(lock_path=lock, yes=True, environ=install_environ),
+            provision.ProvisionRequest(spec_path=spec, yes=True, environ=install_environ),
             UI(stream=io.StringIO(), force_plain=True),
         )
         == ExitCode.PASSED
@@ -162,7 +162,7 @@ class Node:
         out = io.StringIO()
         chosen = UpgradeRequest(
             to=to,
-            lock_path=self.a,
+            spec_path=self.a,
             verify_checks=VERIFY,
             environ=self.environ,
             run_dir=self.tmp / "servers",
@@ -385,12 +385,12 @@ def test_bad_usage_is_refused_before_anything_runs(node: Node, tmp_path: Path) -
     ):
         with pytest.raises(UsageError, match=message):
             upgrade_node(
-                UpgradeRequest(to=spec, lock_path=node.a, **request), UI(stream=io.StringIO(), force_plain=True)
+                UpgradeRequest(to=spec, spec_path=node.a, **request), UI(stream=io.StringIO(), force_plain=True)
             )
     unlocked = node.spec_b()
     pylock.path_for(unlocked).unlink()
     with pytest.raises(UsageError, match="b.toml: .*pylock.* `stackgate lock --lock"):
-        upgrade_node(UpgradeRequest(to=unlocked, lock_path=node.a), UI(stream=io.StringIO(), force_plain=True))
+        upgrade_node(UpgradeRequest(to=unlocked, spec_path=node.a), UI(stream=io.StringIO(), force_plain=True))
     empty = _spec(
         tmp_path / "c.toml",
         node.server,

@@ -105,9 +105,9 @@ def test_the_h200_scenario_names_the_gpu_its_capability_and_the_lock(tmp_path):
 
 
 def test_a_matching_machine_and_interpreter_pass(tmp_path, torch_python):
-    lock = hopper_like(tmp_path, torch_python)
+    spec = hopper_like(tmp_path, torch_python)
     env = fake_gpus(tmp_path, machine([gpu(name="NVIDIA H200", cc=(9, 0))], driver="580.159.03"))
-    done = verify("--lock", str(lock), "--check", "gpu.*", "--check", "python.interpreter", env=env)
+    done = verify("--lock", str(spec), "--check", "gpu.*", "--check", "python.interpreter", env=env)
     assert done.returncode == 0, done.stdout
     assert " ".join(done.stdout.split()).count("PASS gpu.capability all 1 GPU(s) are compute capability 9.0") == 1
 

@@ -66,8 +66,8 @@ class Node:
         text = text.replace("/opt/torch/.venv/bin/python3", str(venv / "bin" / "python")).replace(
             'version = "3.12"', f'version = "{VERSION}"'
         )
-        self.lock = tmp / "hopper.toml"
-        self.lock.write_text(text.replace('prefix = "/usr/local/cuda-13.0"', f'prefix = "{self.toolkit}"'))
+        self.spec = tmp / "hopper.toml"
+        self.spec.write_text(text.replace('prefix = "/usr/local/cuda-13.0"', f'prefix = "{self.toolkit}"'))
         self.gpus(machine([H200], driver="580.159.03"))
 
     def gpus(self, spec: dict) -> None:
@@ -97,7 +97,7 @@ class Node:
             "verify",
             "--cached",
             "--lock",
-            str(self.lock),
+            str(self.spec),
             "--json",
             str(report),
             "--prom",
@@ -160,7 +160,7 @@ def test_live_checks_run_on_a_hit_a_lost_link_or_ecc_errors_fail_at_once(node):
 
 def test_a_gpu_that_disappears_fails_even_when_cached(node):
     node.gpus(machine([H200, H200], driver="580.159.03"))
-    node.lock.write_text(node.lock.read_text().replace("gpu_count = 1", "gpu_count = 2"))
+    node.spec.write_text(node.spec.read_text().replace("gpu_count = 1", "gpu_count = 2"))
     ok, _ = node.verify()
     assert ok.returncode in (0, 1)
     node.gpus(machine([H200], driver="580.159.03"))
@@ -202,10 +202,10 @@ def test_a_change_in_what_the_static_checks_judged_makes_them_run_again(node, ch
     elif change == "toolkit":
         (node.toolkit / "bin" / "nvcc").write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n")
     elif change == "spec":
-        node.lock.write_text(node.lock.read_text() + "\n# edited\n")
+        node.spec.write_text(node.spec.read_text() + "\n# edited\n")
     elif change == "pylock":
         # a pylock appears beside the spec (one that validates: one that does not is exit 2 before any check)
-        empty = pylock.stamp('lock-version = "1.0"\ncreated-by = "x"\npackages = []\n', spec.load_spec(node.lock))
+        empty = pylock.stamp('lock-version = "1.0"\ncreated-by = "x"\npackages = []\n', spec.load_spec(node.spec))
         (node.tmp / "pylock.hopper.toml").write_text(empty)
     elif change == "driver":
         node.gpus(machine([H200], driver="580.160.01"))
@@ -315,8 +315,8 @@ def test_a_check_is_live_when_it_reads_only_nvml_or_is_the_kernel_events_check()
         "gpu.pcie",
         "gpu.processes",
     ]
-    assert verifycache.is_live(Check("gpu.kernel_events", lambda lock, facts: None, "x", ("kernel_log",), 5.0, False))  # type: ignore[arg-type, return-value]
-    assert not verifycache.is_live(Check("gpu.other", lambda lock, facts: None, "x", ("kernel",), 5.0, False))  # type: ignore[arg-type, return-value]
+    assert verifycache.is_live(Check("gpu.kernel_events", lambda spec, facts: None, "x", ("kernel_log",), 5.0, False))  # type: ignore[arg-type, return-value]
+    assert not verifycache.is_live(Check("gpu.other", lambda spec, facts: None, "x", ("kernel",), 5.0, False))  # type: ignore[arg-type, return-value]
 
 
 def test_a_metadata_rewritten_in_place_is_seen_and_a_stale_fail_clears_when_it_is_restored(tmp_path):

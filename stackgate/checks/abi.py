@@ -18,7 +18,7 @@ __all__ = ["classify_import", "explain_import", "shadowed"]
 
 
 @check("abi.imports", needs=("imports", "env"), timeout_s=300.0)
-def imports(lock: Spec, facts: Facts) -> Result:
+def imports(spec: Spec, facts: Facts) -> Result:
     """Each of the stack's modules imports, each in its own interpreter."""
     outcomes = facts.imports
     if isinstance(outcomes, Missing):
@@ -32,11 +32,11 @@ def imports(lock: Spec, facts: Facts) -> Result:
     }
     timings = ", ".join(f"{o.name} {o.duration_s:.1f}s" for o in outcomes.values() if o.ok)
     if broken:
-        known = {o.name: explain_import(o, lock) for o in broken}
+        known = {o.name: explain_import(o, spec) for o in broken}
         for name, finding in known.items():
             data[name]["finding"] = finding.to_dict() if finding else None
         said = [
-            classify_import(o, lock, known[o.name], facts.env.environ, lambda out: swept(facts, out)) for o in broken
+            classify_import(o, spec, known[o.name], facts.env.environ, lambda out: swept(facts, out)) for o in broken
         ]
         details = [f"import {o.name}: {text}" for o, (text, _) in zip(broken, said, strict=True)]
         commands = tuple(dict.fromkeys(c for _, fix in said for c in fix.commands))
@@ -45,7 +45,7 @@ def imports(lock: Spec, facts: Facts) -> Result:
     return passed(f"{len(outcomes)} module(s) import ({timings})", data=data)
 
 
-def explain_import(outcome: ImportOutcome, lock: Spec) -> Finding | None:
+def explain_import(outcome: ImportOutcome, spec: Spec) -> Finding | None:
     """What the knowledge base knows about an import's failure (its output read as the input
     ``import <name>``); None for a hang, or an error it does not know."""
     if outcome.timed_out:
@@ -54,13 +54,13 @@ def explain_import(outcome: ImportOutcome, lock: Spec) -> Finding | None:
     from stackgate.scan import match_first  # skips both
 
     return match_first(
-        outcome.output, stage="verify", context=knowledge.lock_context(lock), source=f"import {outcome.name}"
+        outcome.output, stage="verify", context=knowledge.spec_context(spec), source=f"import {outcome.name}"
     )
 
 
 def classify_import(
     outcome: ImportOutcome,
-    lock: Spec,
+    spec: Spec,
     finding: Finding | None,
     environ: Mapping[str, str] | None = None,
     sweep: Callable[[str], tuple[str, Fix | None]] | None = None,
@@ -69,13 +69,13 @@ def classify_import(
     the file PYTHONPATH put ahead of the stack's own when the traceback came from one, else what the evidence sweep
     (``sweep(output)``) finds abnormal, else the raw error, what the sweep checked and the way to see it whole (never
     a reinstall on a guess)."""
-    by_hand = f"{lock.python.target} -c 'import {outcome.name}'"
+    by_hand = f"{spec.python.target} -c 'import {outcome.name}'"
     if outcome.timed_out:
         return (
             f"timed out after {outcome.duration_s:.0f} s (a hang at import: a lock, a network call, a GPU init)",
             Fix(
                 "Run the import by hand to see where it stops.",
-                (f"{lock.python.target} -X importtime -c 'import {outcome.name}'",),
+                (f"{spec.python.target} -X importtime -c 'import {outcome.name}'",),
             ),
         )
     said = outcome.error_line or "failed with no message"
@@ -125,7 +125,7 @@ def shadowed(output: str, pythonpath: str) -> tuple[str, str] | None:
 
 
 @check("abi.elf", needs=("elf", "probe", "dists"))
-def elf_links(lock: Spec, facts: Facts) -> Result:
+def elf_links(spec: Spec, facts: Facts) -> Result:
     """Every shared object of the stack is whole, and no locked package's links a CUDA major but torch's."""
     scan, dists = facts.elf, facts.dists
     if isinstance(scan, Missing) or isinstance(dists, Missing):
@@ -137,7 +137,7 @@ def elf_links(lock: Spec, facts: Facts) -> Result:
         details = [f"{d.path} ({d.distribution} {d.version}): {d.why}" for d in damage]
         return failed(f"{len(damage)} of {whole} shared object(s) of the stack are damaged: {text}", details, fix)
     if not scan.files:
-        names = ", ".join(p.name for p in lock.python.packages) or "none listed"
+        names = ", ".join(p.name for p in spec.python.packages) or "none listed"
         return passed(
             f"{whole} shared object(s) of the stack checked whole; the lock's packages hold no shared object: no "
             f"CUDA link to judge (python.packages: {names})",
@@ -145,7 +145,7 @@ def elf_links(lock: Spec, facts: Facts) -> Result:
         )
     probe = facts.probe
     torch_cuda = (probe.torch or {}).get("cuda") if not isinstance(probe, Missing) else None
-    want = torch_cuda or lock.python.torch_cuda
+    want = torch_cuda or spec.python.torch_cuda
     if not want:
         return skipped("no CUDA version to compare with (torch is not a CUDA build and the lock names none)")
     major = int(want.split(".")[0])

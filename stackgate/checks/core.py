@@ -103,14 +103,14 @@ def select(
 
 
 def run_checks(
-    checks: Sequence[Check], lock: Spec, facts: Facts, *, workers: int = 8, verbose: bool = False
+    checks: Sequence[Check], spec: Spec, facts: Facts, *, workers: int = 8, verbose: bool = False
 ) -> list[Result]:
     """Run checks in parallel, each bounded by its timeout; results keep the checks' order."""
     if not checks:
         return []
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(workers, len(checks)), thread_name_prefix="check")
     try:
-        futures = [(c, time.monotonic(), pool.submit(_run_one, c, lock, facts, verbose)) for c in checks]
+        futures = [(c, time.monotonic(), pool.submit(_run_one, c, spec, facts, verbose)) for c in checks]
         return [_collect(c, started, future) for c, started, future in futures]
     finally:
         # A timed-out check may still be running; do not wait for it.
@@ -126,10 +126,10 @@ def _collect(check_: Check, started: float, future: concurrent.futures.Future[Re
         return dataclasses.replace(error(f"timed out after {limit:g} s"), check=check_.name, duration_s=limit)
 
 
-def _run_one(check_: Check, lock: Spec, facts: Facts, verbose: bool) -> Result:
+def _run_one(check_: Check, spec: Spec, facts: Facts, verbose: bool) -> Result:
     started = time.monotonic()
     try:
-        result = check_.function(lock, facts)
+        result = check_.function(spec, facts)
         if not isinstance(result, Result):
             raise TypeError(f"check returned {type(result).__name__}, not Result")
     except KeyboardInterrupt:

@@ -17,9 +17,9 @@ _PROVISION = "stackgate provision --only toolkit"
 
 
 @check("cuda.toolkits", needs=("toolkits",))
-def toolkits(lock: Spec, facts: Facts) -> Result:
+def toolkits(spec: Spec, facts: Facts) -> Result:
     """Every locked toolkit is at its prefix with its locked version."""
-    if not lock.toolkits:
+    if not spec.toolkits:
         return skipped("the lock names no CUDA toolkit")
     problems = [(t, p) for t in facts.toolkits if (p := toolkit_problem(t))]
     found = [f"{t.toolkit.label}: {_describe(t)}" for t in facts.toolkits]
@@ -27,7 +27,7 @@ def toolkits(lock: Spec, facts: Facts) -> Result:
     if problems:
         details = [f"{t.toolkit.label}: {p}" for t, p in problems]
         return failed(
-            f"{len(problems)} of {len(lock.toolkits)} toolkit(s) wrong: {problems[0][1]}",
+            f"{len(problems)} of {len(spec.toolkits)} toolkit(s) wrong: {problems[0][1]}",
             details,
             _toolkit_fix([t.toolkit for t, _ in problems]),
             data,
@@ -66,9 +66,9 @@ def _toolkit_fix(wrong: list[Toolkit]) -> Fix:
 
 
 @check("cuda.home", needs=("toolkits", "env"))
-def home(lock: Spec, facts: Facts) -> Result:
+def home(spec: Spec, facts: Facts) -> Result:
     """CUDA_HOME and the nvcc that flashinfer's JIT picks are the default toolkit's."""
-    default = lock.default_toolkit
+    default = spec.default_toolkit
     if default is None:
         return skipped("the lock names no default toolkit")
     env = facts.env
@@ -92,7 +92,7 @@ def home(lock: Spec, facts: Facts) -> Result:
             f"flashinfer's JIT would use {env.jit_home} (chosen by {env.jit_home_by}), not CUDA {default.version} "
             f"at {default.prefix}",
             details,
-            _env_fix(lock, env),
+            _env_fix(spec, env),
             data,
         )
     if not (default.prefix / "bin" / "nvcc").exists():
@@ -103,13 +103,13 @@ def home(lock: Spec, facts: Facts) -> Result:
 
 
 @check("cuda.ptxas_arch", needs=("toolkits",))
-def ptxas_arch(lock: Spec, facts: Facts) -> Result:
+def ptxas_arch(spec: Spec, facts: Facts) -> Result:
     """The default toolkit's ptxas builds code for the locked GPU architecture."""
-    default = lock.default_toolkit
+    default = spec.default_toolkit
     if default is None:
         return skipped("the lock names no default toolkit")
     build = facts.toolkit(default).arch_build
-    arch = lock.hardware.arch
+    arch = spec.hardware.arch
     if isinstance(build, Missing):
         return failed(
             f"cannot try ptxas for {arch}: {build.reason}", fix=Fix("Install the default toolkit.", (_PROVISION,))
@@ -125,29 +125,29 @@ def ptxas_arch(lock: Spec, facts: Facts) -> Result:
 
 
 @check("cuda.triton_ptxas", needs=("toolkits", "env"))
-def triton_ptxas(lock: Spec, facts: Facts) -> Result:
+def triton_ptxas(spec: Spec, facts: Facts) -> Result:
     """TRITON_PTXAS_PATH points at the default toolkit's ptxas."""
-    default = lock.default_toolkit
+    default = spec.default_toolkit
     if default is None:
         return skipped("the lock names no default toolkit")
     env = facts.env
     value = env.environ.get("TRITON_PTXAS_PATH")
     want = default.prefix / "bin" / "ptxas"
     data = {"TRITON_PTXAS_PATH": value, "want": str(want)}
-    if not value and lock.python.env_file is None and "TRITON_PTXAS_PATH" not in lock.env:
+    if not value and spec.python.env_file is None and "TRITON_PTXAS_PATH" not in spec.env:
         # An existing interpreter's spec that leaves it out: its Triton's bundled ptxas knows the arch
         # (`stackgate init` writes it only when that ptxas cannot build the GPUs' arch).
         return skipped("the lock's [env] leaves TRITON_PTXAS_PATH unset: Triton uses its bundled ptxas", data=data)
     if not value:
         return failed(
-            f"TRITON_PTXAS_PATH is not set: Triton uses its bundled ptxas, which may not know {lock.hardware.arch}",
-            fix=_env_fix(lock, env),
+            f"TRITON_PTXAS_PATH is not set: Triton uses its bundled ptxas, which may not know {spec.hardware.arch}",
+            fix=_env_fix(spec, env),
             data=data,
         )
     if _real(Path(value)) != _real(want):
         return failed(
             f"TRITON_PTXAS_PATH is {value} ({env.source('TRITON_PTXAS_PATH')}), not {want}",
-            fix=_env_fix(lock, env),
+            fix=_env_fix(spec, env),
             data=data,
         )
     if not want.exists():
@@ -159,8 +159,8 @@ def triton_ptxas(lock: Spec, facts: Facts) -> Result:
     return passed(f"TRITON_PTXAS_PATH is {value}", data=data)
 
 
-def _env_fix(lock: Spec, env: EnvFacts) -> Fix:
-    file = lock.python.env_file
+def _env_fix(spec: Spec, env: EnvFacts) -> Fix:
+    file = spec.python.env_file
     if file is not None and env.env_file is not None:
         return Fix(
             f"Source the stack's environment file before running the stack (provision writes it: {file}).",
@@ -170,7 +170,7 @@ def _env_fix(lock: Spec, env: EnvFacts) -> Fix:
         return Fix(
             "Provision writes the stack's environment file; then source it.", ("stackgate provision", f". {file}")
         )
-    exports = tuple(f'export {k}="{v}"' for k, v in lock.env.items() if k in ("CUDA_HOME", "TRITON_PTXAS_PATH"))
+    exports = tuple(f'export {k}="{v}"' for k, v in spec.env.items() if k in ("CUDA_HOME", "TRITON_PTXAS_PATH"))
     return Fix("Export the lock's [env] in the shell that runs the stack.", exports)
 
 

@@ -17,15 +17,15 @@ __all__: list[str] = []
 
 
 @check("environment.generation", needs=("generation",), named_only=True)
-def generation(lock: Spec, facts: Facts) -> Result:
+def generation(spec: Spec, facts: Facts) -> Result:
     """The live generation was built from this lock's Python stack."""
-    root = lock.python.root
+    root = spec.python.root
     if root is None:
         return skipped(
-            f"python.interpreter names an existing environment ({lock.python.interpreter}): there is no generation "
+            f"python.interpreter names an existing environment ({spec.python.interpreter}): there is no generation "
             "to compare; drift is judged from its installed distributions"
         )
-    provision = Fix("Build the lock's environment and switch to it.", (f"stackgate provision --lock {lock.path}",))
+    provision = Fix("Build the lock's environment and switch to it.", (f"stackgate provision --lock {spec.path}",))
     state = facts.generation
     if isinstance(state, Missing):
         return failed(f"the generations under {root} cannot be read: {state.reason}", fix=provision)
@@ -35,7 +35,7 @@ def generation(lock: Spec, facts: Facts) -> Result:
         return failed(f"no live environment: {missing}", fix=provision)
     if current.marker is None or not current.ready:
         return failed(f"the live generation {current.id} is {current.state}: not one provision finished", fix=provision)
-    changed = spec_changes(current.marker.get("spec", {}), environment_spec(lock))
+    changed = spec_changes(current.marker.get("spec", {}), environment_spec(spec))
     data = {
         "generation": current.id,
         "built": current.marker.get("finished"),
@@ -51,7 +51,7 @@ def generation(lock: Spec, facts: Facts) -> Result:
     built_from = (current.marker.get("lock") or {}).get("sha256")
     note = (
         []
-        if built_from is None or built_from == lock.sha256
+        if built_from is None or built_from == spec.sha256
         else [f"built from another version of the lockfile (sha256 {built_from[:12]}) with the same Python stack"]
     )
     return passed(
@@ -60,27 +60,27 @@ def generation(lock: Spec, facts: Facts) -> Result:
 
 
 @check("environment.drift", needs=("dists", "patches", "pylock"), named_only=True)
-def drift(lock: Spec, facts: Facts) -> Result:
+def drift(spec: Spec, facts: Facts) -> Result:
     """The installed distributions and the patches are as locked."""
     dists = facts.dists
     if isinstance(dists, Missing):
         return skipped(f"cannot be judged: {dists.reason}")
     resolution = facts.pylock
-    problems = environment_drift(lock, dists, None if isinstance(resolution, Missing) else resolution)
+    problems = environment_drift(spec, dists, None if isinstance(resolution, Missing) else resolution)
     found = facts.patches
     if not isinstance(found, Missing):
         problems += [f"patch {s.patch.file.name}: {s.problem}" for s in found if s.problem]
     data = {
-        "pins": len(lock.python.packages),
-        "patches": len(lock.patches),
+        "pins": len(spec.python.packages),
+        "patches": len(spec.patches),
         "distributions": len(dists.distributions),
         "drift": problems,
     }
     if problems:
         how = (
-            f"stackgate provision --lock {lock.path}"
-            if lock.python.root
-            else f"reinstall the locked versions into {lock.python.target}"
+            f"stackgate provision --lock {spec.path}"
+            if spec.python.root
+            else f"reinstall the locked versions into {spec.python.target}"
         )
         return failed(
             f"{len(problems)} difference(s) from the lock: {problems[0]}",
@@ -89,7 +89,7 @@ def drift(lock: Spec, facts: Facts) -> Result:
             data,
         )
     return passed(
-        f"{len(lock.python.packages)} pin(s) and {len(lock.patches)} patch(es) as locked; requirements of "
+        f"{len(spec.python.packages)} pin(s) and {len(spec.patches)} patch(es) as locked; requirements of "
         f"{len(dists.distributions)} distributions consistent",
         data=data,
     )

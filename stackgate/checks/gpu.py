@@ -27,13 +27,13 @@ def _snapshot(facts: Facts) -> NvmlSnapshot | Result:
 
 
 @check("gpu.driver", needs=("nvml",))
-def driver(lock: Spec, facts: Facts) -> Result:
+def driver(spec: Spec, facts: Facts) -> Result:
     """The NVIDIA driver is present and at least the locked minimum."""
     snap = facts.nvml
     if isinstance(snap, Missing):
         fix = Fix(_NO_NVML, ("nvidia-smi",))
         return failed(f"no NVIDIA driver answers: {snap.reason}", fix=fix, data={NO_DRIVER: snap.reason})
-    want = lock.hardware.min_driver
+    want = spec.hardware.min_driver
     try:
         have = Version(snap.driver_version)
     except InvalidVersion:
@@ -49,7 +49,7 @@ def driver(lock: Spec, facts: Facts) -> Result:
 
 
 @check("gpu.driver_cuda", needs=("nvml",))
-def driver_cuda(lock: Spec, facts: Facts) -> Result:
+def driver_cuda(spec: Spec, facts: Facts) -> Result:
     """The driver supports the CUDA release of every toolkit."""
     snap = _snapshot(facts)
     if isinstance(snap, Result):
@@ -59,27 +59,27 @@ def driver_cuda(lock: Spec, facts: Facts) -> Result:
     major, minor = snap.cuda_driver_version
     have = f"{major}.{minor}"
     data = {"driver_cuda": have}
-    too_new = [t for t in lock.toolkits if (t.version.major, t.version.minor) > (major, minor)]
+    too_new = [t for t in spec.toolkits if (t.version.major, t.version.minor) > (major, minor)]
     if too_new:
         names = ", ".join(f"CUDA {t.version}" for t in too_new)
         return failed(
             f"driver {snap.driver_version} supports CUDA {have}, older than {names}",
-            fix=Fix(_DRIVER_FIX.format(want=lock.hardware.min_driver)),
+            fix=Fix(_DRIVER_FIX.format(want=spec.hardware.min_driver)),
             data=data,
         )
     return passed(
-        f"driver supports CUDA {have}, covering {', '.join(t.release for t in lock.toolkits) or 'no toolkit'}",
+        f"driver supports CUDA {have}, covering {', '.join(t.release for t in spec.toolkits) or 'no toolkit'}",
         data=data,
     )
 
 
 @check("gpu.count", needs=("nvml",))
-def count(lock: Spec, facts: Facts) -> Result:
+def count(spec: Spec, facts: Facts) -> Result:
     """The locked number of GPUs of the locked model is present."""
     snap = _snapshot(facts)
     if isinstance(snap, Result):
         return snap
-    want, name = lock.hardware.gpu_count, lock.hardware.gpu_name
+    want, name = spec.hardware.gpu_count, spec.hardware.gpu_name
     others = [g for g in snap.gpus if name.lower() not in g.name.lower()]
     data = {"gpus": [g.name for g in snap.gpus], "want": want}
     details = [f"{g.label}: not a {name}" for g in others]
@@ -104,12 +104,12 @@ def count(lock: Spec, facts: Facts) -> Result:
 
 
 @check("gpu.capability", needs=("nvml",))
-def capability(lock: Spec, facts: Facts) -> Result:
+def capability(spec: Spec, facts: Facts) -> Result:
     """Every GPU has the locked compute capability."""
     snap = _snapshot(facts)
     if isinstance(snap, Result):
         return snap
-    want = lock.hardware.compute_capability
+    want = spec.hardware.compute_capability
     wrong = [g for g in snap.gpus if g.capability != (want.major, want.minor)]
     data = {"want": str(want), "gpus": {g.index: _cc(g.capability) for g in snap.gpus}}
     if not snap.gpus:
@@ -123,7 +123,7 @@ def capability(lock: Spec, facts: Facts) -> Result:
             summary,
             details,
             Fix(
-                f"This lock is for compute capability {want} ({lock.hardware.arch}); run with the lock for this "
+                f"This lock is for compute capability {want} ({spec.hardware.arch}); run with the lock for this "
                 "machine's GPUs (--lock)."
             ),
             data,
@@ -132,7 +132,7 @@ def capability(lock: Spec, facts: Facts) -> Result:
 
 
 @check("gpu.pcie", needs=("nvml",))
-def pcie(lock: Spec, facts: Facts) -> Result:
+def pcie(spec: Spec, facts: Facts) -> Result:
     """No GPU's PCIe link is narrower or slower than the GPU and slot allow."""
     snap = _snapshot(facts)
     if isinstance(snap, Result):
@@ -175,7 +175,7 @@ def pcie(lock: Spec, facts: Facts) -> Result:
 
 
 @check("gpu.ecc", needs=("nvml",))
-def ecc(lock: Spec, facts: Facts) -> Result:
+def ecc(spec: Spec, facts: Facts) -> Result:
     """No GPU has uncorrectable ECC errors since the driver loaded."""
     snap = _snapshot(facts)
     if isinstance(snap, Result):
@@ -205,7 +205,7 @@ def ecc(lock: Spec, facts: Facts) -> Result:
 ENGINE_FRACTION = 0.8
 
 
-def engine_fraction(lock: Spec) -> tuple[float, str]:
+def engine_fraction(spec: Spec) -> tuple[float, str]:
     """The share of a GPU's memory the lock's engine takes, and where that came from.
 
     >>> from types import SimpleNamespace as NS
@@ -218,8 +218,8 @@ def engine_fraction(lock: Spec) -> tuple[float, str]:
     >>> engine_fraction(NS(smoke=NS(engine="vllm", flags=("--gpu-memory-utilization", "0.5"))))
     (0.5, '[smoke] flags --gpu-memory-utilization 0.5')
     """
-    memory_flag = engines.get(getattr(lock.smoke, "engine", "sglang")).memory_flag
-    flags = list(lock.smoke.flags)
+    memory_flag = engines.get(getattr(spec.smoke, "engine", "sglang")).memory_flag
+    flags = list(spec.smoke.flags)
     for i, flag in enumerate(flags):
         name, _, value = flag.partition("=")
         if name == memory_flag:
@@ -248,12 +248,12 @@ def _short_gpus(snap: NvmlSnapshot, fraction: float) -> list[tuple[GpuInfo, int,
 
 
 @check("gpu.processes", needs=("nvml",))
-def processes(lock: Spec, facts: Facts) -> Result:
+def processes(spec: Spec, facts: Facts) -> Result:
     """No GPU lacks the memory the engine takes; no other process holds GPU memory (warning)."""
     snap = _snapshot(facts)
     if isinstance(snap, Result):
         return snap
-    fraction, source = engine_fraction(lock)
+    fraction, source = engine_fraction(spec)
     held = [(g, p) for g in snap.gpus for p in g.processes]
     data = {
         "processes": [
@@ -283,7 +283,7 @@ def processes(lock: Spec, facts: Facts) -> Result:
             for gpu, f, n in short
         ]
         fix = Fix(
-            f"Stop the process(es) holding the memory, or lower {engines.get(lock.smoke.engine).memory_flag} in the "
+            f"Stop the process(es) holding the memory, or lower {engines.get(spec.smoke.engine).memory_flag} in the "
             "lock's [smoke] flags "
             f"({source}).",
             look,
@@ -300,7 +300,7 @@ def processes(lock: Spec, facts: Facts) -> Result:
 
 
 @check("gpu.kernel_events", needs=("kernel", "nvml"))
-def kernel_events(lock: Spec, facts: Facts) -> Result:
+def kernel_events(spec: Spec, facts: Facts) -> Result:
     """No Xid, PCIe AER or NVRM error on this boot (fail on GPU faults, warn on application ones)."""
     log = facts.kernel
     if isinstance(log, Missing):

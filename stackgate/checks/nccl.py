@@ -17,7 +17,7 @@ _PROVISION = "stackgate provision --only python"
 
 
 @check("nccl.version", needs=("probe",))
-def version(lock: Spec, facts: Facts) -> Result:
+def version(spec: Spec, facts: Facts) -> Result:
     """The NCCL torch loads is at least the locked minimum and is the installed nvidia-nccl."""
     probe = facts.probe
     if isinstance(probe, Missing):
@@ -34,7 +34,7 @@ def version(lock: Spec, facts: Facts) -> Result:
             return failed(summary, fix=fix)
         look = Fix(
             "Load NCCL by hand in the stack's interpreter to see the whole error.",
-            (f"{lock.python.target} -c 'import torch; print(torch.cuda.nccl.version())'",),
+            (f"{spec.python.target} -c 'import torch; print(torch.cuda.nccl.version())'",),
         )
         return unexplained(failed(summary, fix=look), facts, loaded["error"])
     have = Version(".".join(str(part) for part in loaded))
@@ -42,9 +42,9 @@ def version(lock: Spec, facts: Facts) -> Result:
     data = {
         "loaded": str(have),
         "distribution": f"{dist.name} {dist.version}" if dist else None,
-        "min_version": str(lock.nccl.min_version) if lock.nccl.min_version else None,
+        "min_version": str(spec.nccl.min_version) if spec.nccl.min_version else None,
     }
-    want = lock.nccl.min_version
+    want = spec.nccl.min_version
     if want and have < want:
         return failed(
             f"torch loads NCCL {have}, older than the locked minimum {want}",

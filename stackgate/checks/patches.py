@@ -14,9 +14,9 @@ _PROVISION = "stackgate provision --only patches"
 
 
 @check("patches.applied", needs=("patches",))
-def applied(lock: Spec, facts: Facts) -> Result:
+def applied(spec: Spec, facts: Facts) -> Result:
     """Every locked patch is applied to its package, and the files it patched are unchanged."""
-    if not lock.patches:
+    if not spec.patches:
         return skipped("the lock declares no patches")
     found = facts.patches
     if isinstance(found, Missing):

@@ -27,11 +27,11 @@ def _probe(facts: Facts) -> ProbeFacts | Result:
 
 
 @check("python.interpreter", needs=("probe",))
-def interpreter(lock: Spec, facts: Facts) -> Result:
+def interpreter(spec: Spec, facts: Facts) -> Result:
     """The stack's interpreter runs and is the locked Python version."""
     probe = facts.probe
     if isinstance(probe, Missing):
-        commands = ("stackgate provision",) if lock.python.root else ()
+        commands = ("stackgate provision",) if spec.python.root else ()
         return failed(
             probe.reason,
             fix=Fix(
@@ -43,9 +43,9 @@ def interpreter(lock: Spec, facts: Facts) -> Result:
         )
     have = ".".join(probe.python_version.split(".")[:2])
     data = {"executable": probe.executable, "version": probe.python_version, "probe_s": round(probe.duration_s, 3)}
-    if have != lock.python.version:
+    if have != spec.python.version:
         return failed(
-            f"{probe.executable} is Python {probe.python_version}, the lock wants {lock.python.version}",
+            f"{probe.executable} is Python {probe.python_version}, the lock wants {spec.python.version}",
             fix=Fix("Rebuild the environment with the locked Python.", ("stackgate provision --only python",)),
             data=data,
         )
@@ -53,15 +53,15 @@ def interpreter(lock: Spec, facts: Facts) -> Result:
 
 
 @check("python.pins", needs=("probe",))
-def pins(lock: Spec, facts: Facts) -> Result:
+def pins(spec: Spec, facts: Facts) -> Result:
     """Every locked package is installed at exactly its locked version."""
     probe = _probe(facts)
     if isinstance(probe, Result):
         return probe
-    watched = [p for p in lock.python.packages if p.name not in lock.python.frozen]
+    watched = [p for p in spec.python.packages if p.name not in spec.python.frozen]
     if not watched:
         return skipped(
-            "every pinned package is frozen (see python.frozen)" if lock.python.packages else "the lock pins no package"
+            "every pinned package is frozen (see python.frozen)" if spec.python.packages else "the lock pins no package"
         )
     wrong = [problem for p in watched if (problem := pin_problem(probe, p))]
     data = {p.name: (dist.version if (dist := probe.dist(p.name)) else None) for p in watched}
@@ -76,12 +76,12 @@ def pins(lock: Spec, facts: Facts) -> Result:
 
 
 @check("python.frozen", needs=("probe",))
-def frozen(lock: Spec, facts: Facts) -> Result:
+def frozen(spec: Spec, facts: Facts) -> Result:
     """The guard's frozen packages (torch and its family) have not moved."""
     probe = _probe(facts)
     if isinstance(probe, Result):
         return probe
-    guarded = [p for p in lock.python.packages if p.name in lock.python.frozen]
+    guarded = [p for p in spec.python.packages if p.name in spec.python.frozen]
     if not guarded:
         return skipped("the lock freezes no package")
     moved = [problem for p in guarded if (problem := pin_problem(probe, p))]
@@ -98,7 +98,7 @@ def frozen(lock: Spec, facts: Facts) -> Result:
 
 
 @check("python.locked", needs=("probe", "pylock"))
-def locked(lock: Spec, facts: Facts) -> Result:
+def locked(spec: Spec, facts: Facts) -> Result:
     """Every installed distribution is the pylock's: none missing or extra, same version, same file."""
     probe = _probe(facts)
     if isinstance(probe, Result):
@@ -121,11 +121,11 @@ def locked(lock: Spec, facts: Facts) -> Result:
             Fix("Install exactly the pylock.", (_PROVISION,)),
             data,
         )
-    stale = differences(lock, resolution)
+    stale = differences(spec, resolution)
     if stale:
         fix = Fix(
             "The spec changed since the pylock was made: resolve it again, then provision.",
-            (lock_command(lock.path), _PROVISION),
+            (lock_command(spec.path), _PROVISION),
         )
         return warned(
             f"installed exactly as {resolution.path.name}, but the pylock no longer matches the spec: {stale[0]}",
@@ -140,14 +140,14 @@ def locked(lock: Spec, facts: Facts) -> Result:
 
 
 @check("python.consistency", needs=("probe",))
-def consistency(lock: Spec, facts: Facts) -> Result:
+def consistency(spec: Spec, facts: Facts) -> Result:
     """The installed distributions' requirements agree (pip check), apart from declared overrides."""
     probe = _probe(facts)
     if isinstance(probe, Result):
         return probe
     accepted, rejected = [], []
     for conflict in conflicts(probe.distributions, probe.markers):
-        override = lock.python.override(conflict.package)
+        override = spec.python.override(conflict.package)
         if override and conflict.installed and override.specifier.contains(conflict.installed, prereleases=True):
             accepted.append(f"accepted override: {conflict} (reason: {override.reason})")
         else:
@@ -168,12 +168,12 @@ def consistency(lock: Spec, facts: Facts) -> Result:
 
 
 @check("torch.build", needs=("probe",))
-def torch_build(lock: Spec, facts: Facts) -> Result:
+def torch_build(spec: Spec, facts: Facts) -> Result:
     """torch imports and is a CUDA build of the locked CUDA version."""
     probe = _probe(facts)
     if isinstance(probe, Result):
         return probe
-    want = lock.python.torch_cuda
+    want = spec.python.torch_cuda
     torch = probe.torch
     if torch is None:
         return failed(
@@ -185,7 +185,7 @@ def torch_build(lock: Spec, facts: Facts) -> Result:
         missing = missing_piece(trace)
         if missing is not None:
             return failed(summary, lines, Fix(f"{missing} is not installed: install the locked torch.", (_PROVISION,)))
-        by_hand = Fix(_TORCH_BY_HAND, (f"{lock.python.target} -c 'import torch'",))
+        by_hand = Fix(_TORCH_BY_HAND, (f"{spec.python.target} -c 'import torch'",))
         return unexplained(failed(summary, lines, by_hand), facts, trace)
     data = {"version": torch["version"], "cuda": torch["cuda"], "hip": torch["hip"], "want_cuda": want}
     fix = Fix(
@@ -208,7 +208,7 @@ def torch_build(lock: Spec, facts: Facts) -> Result:
 
 
 @check("torch.arch", needs=("probe", "nvml", "env"))
-def torch_arch(lock: Spec, facts: Facts) -> Result:
+def torch_arch(spec: Spec, facts: Facts) -> Result:
     """torch sees the GPUs NVML lists and carries kernels for every GPU's compute capability."""
     probe = _probe(facts)
     if isinstance(probe, Result):
@@ -218,7 +218,7 @@ def torch_arch(lock: Spec, facts: Facts) -> Result:
         return skipped("torch is not an importable CUDA build (see torch.build)")
     snap = facts.nvml
     visible = facts.env.environ.get("CUDA_VISIBLE_DEVICES")
-    hidden = _unseen(torch, snap, visible, lock)
+    hidden = _unseen(torch, snap, visible, spec)
     if hidden is not None:
         said = f"{torch.get('device_count')} {torch.get('cuda_available')}"
         return hidden if visible is not None else unexplained(hidden, facts, said)
@@ -229,7 +229,7 @@ def torch_arch(lock: Spec, facts: Facts) -> Result:
     if not arch_list:
         return _no_arch_list(torch, len(snap.gpus) if not isinstance(snap, Missing) else 0)
     source = "the GPUs" if wanted else "the lock (no GPU visible)"
-    wanted = wanted or [(lock.hardware.compute_capability.major, lock.hardware.compute_capability.minor)]
+    wanted = wanted or [(spec.hardware.compute_capability.major, spec.hardware.compute_capability.minor)]
     coverage = {f"{m}.{n}": _covered(arch_list, m, n) for m, n in wanted}
     data = {"arch_list": arch_list, "coverage": coverage}
     missing = [cc for cc, how in coverage.items() if how is None]
@@ -286,7 +286,7 @@ def hidden_by(value: str, gpus: Sequence[GpuInfo]) -> tuple[int, str]:
     return len(gpus) - len(seen), ""
 
 
-def _unseen(torch: Mapping[str, Any], snap: NvmlSnapshot | Missing, visible: str | None, lock: Spec) -> Result | None:
+def _unseen(torch: Mapping[str, Any], snap: NvmlSnapshot | Missing, visible: str | None, spec: Spec) -> Result | None:
     """The FAIL when torch sees none of the GPUs NVML lists (its arch list is then empty: nothing to judge), naming
     CUDA_VISIBLE_DEVICES when it hides them; None when torch sees a GPU or NVML lists none."""
     count = torch.get("device_count")
@@ -327,7 +327,7 @@ def _unseen(torch: Mapping[str, Any], snap: NvmlSnapshot | Missing, visible: str
         f"torch sees none of the {total} GPU(s) NVML lists{said}, and CUDA_VISIBLE_DEVICES is not set: the cause is "
         f"not known from this; {judged}"
     )
-    command = f"{lock.python.target} -c 'import torch; torch.cuda.init()'"
+    command = f"{spec.python.target} -c 'import torch; torch.cuda.init()'"
     return failed(
         summary,
         fix=Fix("Initialise CUDA by hand in the stack's interpreter: its error names the cause.", (command,)),
@@ -371,7 +371,7 @@ def _covered(arch_list: list[str], major: int, minor: int) -> str | None:
 
 
 @check("flashinfer.cubin", needs=("probe",))
-def flashinfer_cubin(lock: Spec, facts: Facts) -> Result:
+def flashinfer_cubin(spec: Spec, facts: Facts) -> Result:
     """flashinfer-cubin (and flashinfer-jit-cache) match flashinfer-python's version."""
     probe = _probe(facts)
     if isinstance(probe, Result):

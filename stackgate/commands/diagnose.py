@@ -43,7 +43,7 @@ class DiagnoseRequest:
     paths: tuple[Path, ...] = ()
     stdin: bool = False
     json_path: Path | None = None
-    lock_path: Path | None = None
+    spec_path: Path | None = None
     kernel: bool = False  #: read this boot's kernel log too
     kernel_path: Path | None = None  #: a saved kernel log to read instead of the live one
     bundle_path: Path | None = None  #: write a support bundle here
@@ -51,7 +51,7 @@ class DiagnoseRequest:
 
 def run(request: DiagnoseRequest, ui: Any, stdin: BinaryIO | None = None) -> ExitCode:
     """The diagnose command: check the inputs, scan them, render, write the JSON report."""
-    ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.lock_path)}))
+    ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.spec_path)}))
     kernel = request.kernel or request.kernel_path is not None
     paths = tuple(path for path in request.paths if path != DASH)
     named = request.stdin or len(paths) < len(request.paths)
@@ -70,12 +70,12 @@ def run(request: DiagnoseRequest, ui: Any, stdin: BinaryIO | None = None) -> Exi
         raise UsageError(problem)
     if read_stdin:
         openers.append((STDIN, lambda: borrowed(stdin or sys.stdin.buffer)))
-    lock = _load_lock(request.lock_path)
-    context = knowledge.lock_context(lock) if lock else {}
+    spec = _load_spec(request.spec_path)
+    context = knowledge.spec_context(spec) if spec else {}
     if request.kernel and request.kernel_path is None:  # a saved kernel log stands for the live one, as before
         openers.append(live_kernel_log())
     with ui.progress(f"scanning {len(openers)} input(s) for {len(knowledge.load())} known failures"):
-        done = diagnose(openers, context, lock=lock, never_silent=True, kernel=True)
+        done = diagnose(openers, context, spec=spec, never_silent=True, kernel=True)
     ui.findings(
         f"stackgate diagnose: {inputs_summary(done)}", done.findings, verdict_line(done), unrecognized=done.unrecognized
     )
@@ -85,7 +85,7 @@ def run(request: DiagnoseRequest, ui: Any, stdin: BinaryIO | None = None) -> Exi
 
         with ui.progress(f"writing the support bundle {request.bundle_path}"):
             try:
-                made = bundle.write(request.bundle_path, lock=lock, diagnose_report=document(done))
+                made = bundle.write(request.bundle_path, spec=spec, diagnose_report=document(done))
             except bundle.BundleError as exc:
                 raise UsageError(str(exc)) from exc
         ui.line(
@@ -109,12 +109,12 @@ def _piped(stream: Any) -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISREG(mode)
 
 
-def _load_lock(path: Path | None) -> Spec | None:
+def _load_spec(path: Path | None) -> Spec | None:
     """The spec named by --lock, else the one found as every command finds it (never the shipped default: the
     causes and fixes then quote no stack's values rather than a profile this machine may not be)."""
-    from stackgate.models.spec import found_lock_path, load_spec
+    from stackgate.models.spec import found_spec_path, load_spec
 
-    chosen = path or found_lock_path()
+    chosen = path or found_spec_path()
     return load_spec(chosen) if chosen is not None else None
 
 

@@ -76,7 +76,7 @@ def keep_node_runs(done: FleetRun, warn: Callable[[str], None]) -> list[Path]:
             "run_id": run_id,
             "fleet": {"node": node.node.name, "address": node.node.address, "fleet_run_id": done.run_id},
         }
-        path = history.keep(redact(stored), done.lock, warn)
+        path = history.keep(redact(stored), done.spec, warn)
         if path is not None:
             kept.append(path)
     return kept
@@ -84,12 +84,12 @@ def keep_node_runs(done: FleetRun, warn: Callable[[str], None]) -> list[Path]:
 
 def run(request: FleetRequest, ui: UI, transport: ssh.Transport | None = None) -> ExitCode:
     """The fleet command: nodes, spec, the run, the console report, every file report, the history."""
-    ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.lock_path)}))
+    ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.spec_path)}))
     engine = fleetengines.named(request.engine)
     engine.check(request)
     check_outputs(request)
-    lock, live = upgrade_specs(request) if request.action == "upgrade" else (load_spec(request.lock_path), None)
-    done = fleetengines.run(engine, request, lock, ui, live, transport)
+    spec, live = upgrade_specs(request) if request.action == "upgrade" else (load_spec(request.spec_path), None)
+    done = fleetengines.run(engine, request, spec, ui, live, transport)
     doc = redact(done.document())
     fleetreport.render(doc, ui)
     write_reports(doc, request)

@@ -34,7 +34,7 @@ def run(request: GateRequest, ui: UI) -> ExitCode:
     Everything shown or written is made from one document, redacted once here: the console,
     every report and the kept run say the same, none with a secret in it.
     """
-    ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.lock_path)}))
+    ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.spec_path)}))
     problem = check_outputs(_outputs(request))
     if problem is not None:
         raise UsageError(problem)
@@ -45,7 +45,7 @@ def run(request: GateRequest, ui: UI) -> ExitCode:
     render(done, doc, ui)
     write_reports(doc, _outputs(request))
     if done.usage is None:
-        stored = history.keep(doc, done.lock, ui.error)
+        stored = history.keep(doc, done.spec, ui.error)
         if stored is not None:
             ui.info(f"run {done.run_id} kept in {stored.parent}")
     if done.interrupted:
@@ -75,8 +75,8 @@ def render(done: GateRun, doc: Mapping[str, Any], ui: UI) -> None:
         reason = f" (the gate cannot run: {', '.join(r['check'] for r in failed)} above; no stage after it ran)"
     else:
         rows = [[s["name"], s["status"], f"{s['duration_s']:.1f}", s["reason"]] for s in doc["gate"]["stages"]]
-        lock = doc["lock"]
-        title = f"{lock['name']} ({lock['path']})" if lock["name"] else lock["path"]
+        spec = doc["lock"]
+        title = f"{spec['name']} ({spec['path']})" if spec["name"] else spec["path"]
         ui.table(f"stackgate gate: {title}", ["stage", "status", "seconds", "reason"], rows, align="llrl")
         for line in summaries.headline_lines(doc):
             ui.line(line)

@@ -27,7 +27,7 @@ from stackgate.facts import Missing
 from stackgate.facts.machine import Machine, observe
 from stackgate.models import pylock, settings
 from stackgate.models.exitcodes import ExitCode, UsageError
-from stackgate.models.spec import DEFAULT_LOCK, LOCAL_LOCK, SYSTEM_LOCK, Spec, is_shipped, load_spec, loads_spec
+from stackgate.models.spec import DEFAULT_SPEC, LOCAL_SPEC, SYSTEM_SPEC, Spec, is_shipped, load_spec, loads_spec
 from stackgate.render.spectext import machine_spec
 from stackgate.render.ui import UI
 from stackgate.stack import healthunits
@@ -44,7 +44,7 @@ class InitRequest:
     python: Path | None = None
     force: bool = False
     health_units: Path | None = None  #: write the health check's units into this folder
-    lock: Path | None = None  #: with health_units: the spec the health check judges
+    spec: Path | None = None  #: with health_units: the spec the health check judges
     dry_run: bool = False  #: with health_units: print the units, write nothing
     environ: Mapping[str, str] | None = field(default=None, compare=False)  #: default: os.environ
     argv0: str | None = field(default=None, compare=False)  #: how this program was started; default: sys.argv[0]
@@ -52,7 +52,7 @@ class InitRequest:
 
 def profiles() -> dict[str, Spec]:
     """The shipped profiles by name (each loads: a shipped profile that does not is a bug)."""
-    found = sorted(p for p in DEFAULT_LOCK.parent.glob("*.toml") if not p.name.startswith("pylock."))
+    found = sorted(p for p in DEFAULT_SPEC.parent.glob("*.toml") if not p.name.startswith("pylock."))
     return {path.stem: load_spec(path) for path in found}
 
 
@@ -61,8 +61,8 @@ def target_path(request: InitRequest, environ: Mapping[str, str]) -> Path:
     if request.out is not None:
         return request.out
     if request.system:
-        return settings.SYSTEM_DIR.value(environ) / SYSTEM_LOCK
-    return Path.cwd() / LOCAL_LOCK
+        return settings.SYSTEM_DIR.value(environ) / SYSTEM_SPEC
+    return Path.cwd() / LOCAL_SPEC
 
 
 def run(request: InitRequest, ui: UI) -> ExitCode:
@@ -70,7 +70,7 @@ def run(request: InitRequest, ui: UI) -> ExitCode:
     environ = dict(os.environ if request.environ is None else request.environ)
     if request.health_units is not None:
         return _health_units(request, environ, ui)
-    if request.lock is not None or request.dry_run:
+    if request.spec is not None or request.dry_run:
         raise UsageError("--lock and --dry-run go with --health-units DIR (the health check's units)")
     if request.list_only:
         if request.profile or request.out or request.system or request.python:
@@ -100,7 +100,7 @@ def _health_units(request: InitRequest, environ: Mapping[str, str], ui: UI) -> E
     if request.profile or request.out or request.system or request.python or request.list_only:
         raise UsageError("--health-units DIR writes the health check's units: it takes only --lock, --dry-run, --force")
     program = healthunits.installed_program(request.argv0 or sys.argv[0], sys.executable)
-    spec = _health_spec(request.lock, environ, ui)
+    spec = _health_spec(request.spec, environ, ui)
     units = {request.health_units / unit.name: unit.text for unit in healthunits.render_units(program, spec)}
     states = {path: _unit_state(path, text) for path, text in units.items()}
     if request.dry_run:
@@ -124,17 +124,17 @@ def _health_units(request: InitRequest, environ: Mapping[str, str], ui: UI) -> E
     return ExitCode.PASSED
 
 
-def _health_spec(lock: Path | None, environ: Mapping[str, str], ui: UI) -> Path:
+def _health_spec(spec: Path | None, environ: Mapping[str, str], ui: UI) -> Path:
     """The spec the health check judges: --lock made absolute, else the one `init --system` writes.
     One that is there must load (exit 2 now, not a failed unit every minute); one that is not is said."""
-    system = settings.SYSTEM_DIR.value(environ) / SYSTEM_LOCK
-    spec = Path(os.path.abspath(lock)) if lock is not None else system
-    if spec.exists():
-        load_spec(spec)
+    system = settings.SYSTEM_DIR.value(environ) / SYSTEM_SPEC
+    spec_path = Path(os.path.abspath(spec)) if spec is not None else system
+    if spec_path.exists():
+        load_spec(spec_path)
     else:
-        writes = "--system" if spec == system else f"--out {spec}"
-        ui.warn(f"{spec} does not exist: the timer does nothing until it does (stackgate init {writes} writes it)")
-    return spec
+        writes = "--system" if spec_path == system else f"--out {spec_path}"
+        ui.warn(f"{spec_path} does not exist: the timer does nothing until it does (stackgate init {writes} writes it)")
+    return spec_path
 
 
 _DRY_RUN_STATE = {"new": "would write", "same": "unchanged", "differs": "differs: --force would replace it"}
@@ -154,10 +154,10 @@ def _unit_state(path: Path, text: str) -> str:
 def _list(ui: UI) -> ExitCode:
     found = profiles()
     width = max(len(name) for name in found)
-    for name, lock in found.items():
-        default = " (the default)" if lock.path == DEFAULT_LOCK else ""
-        has = " [pylock]" if pylock.path_for(lock.path).exists() else ""
-        ui.line(f"{name:<{width}}  {lock.stack.description}{default}{has}")
+    for name, spec in found.items():
+        default = " (the default)" if spec.path == DEFAULT_SPEC else ""
+        has = " [pylock]" if pylock.path_for(spec.path).exists() else ""
+        ui.line(f"{name:<{width}}  {spec.stack.description}{default}{has}")
     ui.line("")
     ui.line("copy one out: stackgate init --profile NAME (./stackgate.toml; --system: /etc/stackgate/stack.toml)")
     ui.line("or describe this machine: stackgate init")
@@ -185,11 +185,11 @@ def _describe(request: InitRequest, target: Path, environ: Mapping[str, str], ui
     _refuse_without(machine)
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     text = machine_spec(machine, when)
-    lock = loads_spec(text, path=target)  # a spec init writes always loads; a failure is a bug, exit 2 names it
+    spec = loads_spec(text, path=target)  # a spec init writes always loads; a failure is a bug, exit 2 names it
     _write(target, text)
     ui.line(f"wrote {target}: this machine as a spec, each value with where it came from")
     _drop_stale_pylock(target, ui)
-    for line in _notes(machine, lock, environ):
+    for line in _notes(machine, spec, environ):
         ui.warn(line)
     _next_steps(target, ui)
     return ExitCode.PASSED
@@ -209,7 +209,7 @@ def _refuse_without(machine: Machine) -> None:
         raise UsageError(machine.python.reason)
 
 
-def _notes(machine: Machine, lock: Spec, environ: Mapping[str, str]) -> list[str]:
+def _notes(machine: Machine, spec: Spec, environ: Mapping[str, str]) -> list[str]:
     """What init saw that verify will report: a shell that does not set the spec's [env]."""
     if machine.default is None:
         return [
@@ -217,7 +217,7 @@ def _notes(machine: Machine, lock: Spec, environ: Mapping[str, str]) -> list[str
             "the spec names none"
         ]
     notes = []
-    for name, want in lock.env.items():
+    for name, want in spec.env.items():
         have = environ.get(name)
         if not have or Path(have).resolve() != Path(want).resolve():
             notes.append(
@@ -248,6 +248,6 @@ def _write(path: Path, text: str) -> None:
 
 
 def _next_steps(target: Path, ui: UI) -> None:
-    here = target.parent.resolve() == Path.cwd().resolve() and target.name == LOCAL_LOCK
-    lock = "" if here else f" --lock {target}"
-    ui.line(f"next: stackgate verify{lock}   (then: stackgate lock{lock}, stackgate verify --deep{lock})")
+    here = target.parent.resolve() == Path.cwd().resolve() and target.name == LOCAL_SPEC
+    spec = "" if here else f" --lock {target}"
+    ui.line(f"next: stackgate verify{spec}   (then: stackgate lock{spec}, stackgate verify --deep{spec})")

@@ -29,7 +29,7 @@ from stackgate.edges import fetch
 from stackgate.flows.lock import Locking, current, run_lock
 from stackgate.models import pylock
 from stackgate.models.exitcodes import ExitCode, UsageError
-from stackgate.models.spec import DEFAULT_LOCK, Spec, load_spec, read_only_problem
+from stackgate.models.spec import DEFAULT_SPEC, Spec, load_spec, read_only_problem
 from stackgate.render.locklines import size
 from stackgate.render.ui import UI
 from stackgate.stack import pyenv, resolve
@@ -39,7 +39,7 @@ __all__ = ["LockRequest", "fix_command", "run", "shipped_specs"]
 
 @dataclass(frozen=True, kw_only=True)
 class LockRequest:
-    lock_path: Path | None = None
+    spec_path: Path | None = None
     check: bool = False
     all_specs: bool = False  #: --check every shipped spec that has a pylock
     upgrade: tuple[str, ...] = ()
@@ -48,14 +48,14 @@ class LockRequest:
     environ: Mapping[str, str] | None = field(default=None, compare=False)  #: default: os.environ
 
 
-def fix_command(lock: Spec) -> str:
+def fix_command(spec: Spec) -> str:
     """The command that makes (or remakes) a spec's pylock."""
-    return pylock.lock_command(lock.path)
+    return pylock.lock_command(spec.path)
 
 
 def shipped_specs() -> list[Path]:
     """The specs shipped beside the default one (pylock files are not specs)."""
-    return sorted(p for p in DEFAULT_LOCK.parent.glob("*.toml") if not p.name.startswith("pylock."))
+    return sorted(p for p in DEFAULT_SPEC.parent.glob("*.toml") if not p.name.startswith("pylock."))
 
 
 def run(request: LockRequest, ui: UI) -> ExitCode:
@@ -68,16 +68,16 @@ def run(request: LockRequest, ui: UI) -> ExitCode:
         raise UsageError("--check only reads: it takes no --upgrade-package, --wheelhouse or --refresh")
     if request.check:
         specs: list[Path | None] = (
-            [*shipped_specs()] if request.all_specs else [request.lock_path]
+            [*shipped_specs()] if request.all_specs else [request.spec_path]
         )  # None: the default lock
         return max(
             (_check(load_spec(path), ui, quiet_missing=request.all_specs) for path in specs), default=ExitCode.PASSED
         )
-    lock = load_spec(request.lock_path)
-    _check_upgrade_names(lock, request.upgrade)
-    writes = bool(request.upgrade or request.refresh) or current(lock, request.wheelhouse) is None  # else the pylock
-    action = f"`stackgate lock` (its {pylock.path_for(lock.path).name})"
-    read_only = read_only_problem(lock.path, action) if writes else None
+    spec = load_spec(request.spec_path)
+    _check_upgrade_names(spec, request.upgrade)
+    writes = bool(request.upgrade or request.refresh) or current(spec, request.wheelhouse) is None  # else the pylock
+    action = f"`stackgate lock` (its {pylock.path_for(spec.path).name})"
+    read_only = read_only_problem(spec.path, action) if writes else None
     if read_only is not None:
         raise UsageError(read_only)
     environ = dict(os.environ if request.environ is None else request.environ)
@@ -85,7 +85,7 @@ def run(request: LockRequest, ui: UI) -> ExitCode:
     if uv is None:
         raise UsageError("uv is not installed: `stackgate lock` resolves with it", hint="python3 -m pip install uv")
     locking = Locking(
-        lock, uv, environ, ui, upgrade=request.upgrade, refresh=request.refresh, wheelhouse=request.wheelhouse
+        spec, uv, environ, ui, upgrade=request.upgrade, refresh=request.refresh, wheelhouse=request.wheelhouse
     )
     try:
         run_lock(locking)
@@ -93,22 +93,22 @@ def run(request: LockRequest, ui: UI) -> ExitCode:
         if isinstance(exc.__cause__, fetch.PartRefused):  # a file planted in the wheelhouse: hostile input
             raise UsageError(f"{exc}; the pylock was left as it was") from exc
         ui.tail(f"stackgate lock: {exc}", exc.log, exc.tail)
-        target = pylock.path_for(lock.path)
+        target = pylock.path_for(spec.path)
         left = f"{target} was left as it was" if target.exists() else f"no pylock was written ({target} does not exist)"
         ui.error(left)
         return ExitCode.FAILED
     return ExitCode.PASSED
 
 
-def _check_upgrade_names(lock: Spec, names: tuple[str, ...]) -> None:
+def _check_upgrade_names(spec: Spec, names: tuple[str, ...]) -> None:
     """Refuse an --upgrade-package name that neither the pylock locks nor the spec pins, naming the
     closest ones: a misspelt name would move nothing."""
     if not names:
         return
-    locked = resolve.previous(pylock.path_for(lock.path))
-    known = sorted({*(locked.packages if locked is not None else ()), *(p.name for p in lock.python.packages)})
-    pins = f"{lock.path.name}'s pins"
-    where = f"{pylock.path_for(lock.path).name} or {pins}" if locked is not None else pins
+    locked = resolve.previous(pylock.path_for(spec.path))
+    known = sorted({*(locked.packages if locked is not None else ()), *(p.name for p in spec.python.packages)})
+    pins = f"{spec.path.name}'s pins"
+    where = f"{pylock.path_for(spec.path).name} or {pins}" if locked is not None else pins
     unknown = [name for name in names if canonicalize_name(name) not in known]
     if unknown:
         lines = [f"--upgrade-package {name}: not in {where}{_closest(name, known)}" for name in unknown]
@@ -124,22 +124,22 @@ def _closest(name: str, known: list[str]) -> str:
     return f" (closest: {', '.join(close)})" if close else ""
 
 
-def _check(lock: Spec, ui: UI, *, quiet_missing: bool = False) -> ExitCode:
-    resolution, differences = resolve.current(lock)
-    where = pylock.path_for(lock.path)
+def _check(spec: Spec, ui: UI, *, quiet_missing: bool = False) -> ExitCode:
+    resolution, differences = resolve.current(spec)
+    where = pylock.path_for(spec.path)
     if resolution is None:
         if quiet_missing:
-            ui.line(f"{lock.path.name}: no pylock ({where.name}); not checked")
+            ui.line(f"{spec.path.name}: no pylock ({where.name}); not checked")
             return ExitCode.PASSED
-        ui.error(f"stackgate lock --check: {lock.path.name} has no pylock: {where} does not exist")
-        ui.error(f"  fix: {fix_command(lock)}")
+        ui.error(f"stackgate lock --check: {spec.path.name} has no pylock: {where} does not exist")
+        ui.error(f"  fix: {fix_command(spec)}")
         return ExitCode.FAILED
     if differences:
-        ui.error(f"stackgate lock --check: {where} does not match {lock.path.name}:")
+        ui.error(f"stackgate lock --check: {where} does not match {spec.path.name}:")
         for line in differences:
             ui.error(f"  {line}")
-        ui.error(f"  fix: {fix_command(lock)}")
+        ui.error(f"  fix: {fix_command(spec)}")
         return ExitCode.FAILED
     assert resolution is not None
-    ui.line(f"{where.name} matches {lock.path.name}: {size(resolution)}")
+    ui.line(f"{where.name} matches {spec.path.name}: {size(resolution)}")
     return ExitCode.PASSED

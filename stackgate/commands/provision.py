@@ -23,7 +23,7 @@ from stackgate.flows.provision import (
     drift_of,
     known_failures,
     make_plan,
-    other_lock,
+    other_spec,
     refusal,
     sweep,
 )
@@ -40,7 +40,7 @@ __all__ = ["ProvisionRequest", "RollbackRequest", "rollback", "run"]
 
 @dataclass(frozen=True, kw_only=True)
 class ProvisionRequest:
-    lock_path: Path | None = None
+    spec_path: Path | None = None
     dry_run: bool = False
     only: str | None = None
     yes: bool = False
@@ -51,42 +51,42 @@ class ProvisionRequest:
 
 @dataclass(frozen=True, kw_only=True)
 class RollbackRequest:
-    lock_path: Path | None = None
+    spec_path: Path | None = None
     force: bool = False  #: switch even to a generation that no longer holds what it was built from
     environ: Mapping[str, str] | None = field(default=None, compare=False)  #: default: os.environ
 
 
-def _load(lock_path: Path | None) -> Spec:
-    lock = load_spec(lock_path)
+def _load(spec_path: Path | None) -> Spec:
+    spec = load_spec(spec_path)
     # Generations keep the path they were built from: one relative to this shell's directory
     # would mean nothing to a later command run elsewhere.
-    lock = dataclasses.replace(lock, path=Path(os.path.abspath(lock.path)))
-    pylock.check_beside(lock)
-    if lock.python.root is None:
+    spec = dataclasses.replace(spec, path=Path(os.path.abspath(spec.path)))
+    pylock.check_beside(spec)
+    if spec.python.root is None:
         raise UsageError(
-            f"{lock.path}: python.interpreter names an existing environment ({lock.python.interpreter}); "
+            f"{spec.path}: python.interpreter names an existing environment ({spec.python.interpreter}); "
             "provision builds only a stackgate-managed one: set python.root instead"
         )
-    return lock
+    return spec
 
 
 def run(request: ProvisionRequest, ui: UI) -> ExitCode:
     """The provision command: plan, show, apply, check, switch, verify."""
     if request.only is not None and request.only not in AREAS:
         raise UsageError(f"--only must be one of {', '.join(AREAS)}, not {request.only!r}")
-    lock = _load(request.lock_path)
+    spec = _load(request.spec_path)
     environ = dict(os.environ if request.environ is None else request.environ)
-    root = lock.python.root
+    root = spec.python.root
     assert root is not None
     if request.dry_run:
-        the_plan = make_plan(lock, generations.read(root), environ, only=request.only, wheelhouse=request.wheelhouse)
+        the_plan = make_plan(spec, generations.read(root), environ, only=request.only, wheelhouse=request.wheelhouse)
         _show(the_plan, ui)
         return ExitCode.REFUSED if the_plan.blockers else ExitCode.PASSED
     # A root never provisioned is planned (and the plan shown, judged, confirmed) before its
     # lock is taken: a refusal then leaves no root and no lock file behind.
     first = None
     if not (root / generations.LOCK_FILE).exists():
-        first = make_plan(lock, generations.read(root), environ, only=request.only, wheelhouse=request.wheelhouse)
+        first = make_plan(spec, generations.read(root), environ, only=request.only, wheelhouse=request.wheelhouse)
         refused = _decide(first, request, ui)
         if refused is not None:
             return refused
@@ -95,7 +95,7 @@ def run(request: ProvisionRequest, ui: UI) -> ExitCode:
             root, wait=request.wait, command=command_line(), on_wait=ui.info, busy_advice="wait for it, or pass --wait"
         ):
             sweep(root, ui)
-            return _provision(lock, request, environ, ui, first)
+            return _provision(spec, request, environ, ui, first)
     except generations.GenerationError as exc:  # the root cannot be locked (another provision holds it)
         ui.error(f"stackgate provision: {exc}")
         return ExitCode.REFUSED
@@ -108,7 +108,7 @@ def _decide(the_plan: Plan, request: ProvisionRequest, ui: UI) -> ExitCode | Non
     """Show the plan; the exit code when it is not to be applied (nothing to do, blocked, not
     confirmed), None when it is."""
     if the_plan.empty:
-        ui.line(f"nothing to do: {the_plan.lock.name} is provisioned as locked")
+        ui.line(f"nothing to do: {the_plan.spec.name} is provisioned as locked")
         for line in the_plan.in_place:
             ui.line(f"  {line}")
         return ExitCode.PASSED
@@ -122,27 +122,27 @@ def _decide(the_plan: Plan, request: ProvisionRequest, ui: UI) -> ExitCode | Non
 
 
 def _provision(
-    lock: Spec, request: ProvisionRequest, environ: dict[str, str], ui: UI, first: Plan | None = None
+    spec: Spec, request: ProvisionRequest, environ: dict[str, str], ui: UI, first: Plan | None = None
 ) -> ExitCode:
     """Plan and apply under the root's lock; ``first``, the plan already decided on for a root
     never provisioned, is applied as it is while the root still holds no generation."""
-    assert lock.python.root is not None
-    state = generations.read(lock.python.root)
+    assert spec.python.root is not None
+    state = generations.read(spec.python.root)
     the_plan = first if first is not None and not state.generations and state.current is None else None
     if the_plan is None:
-        the_plan = make_plan(lock, state, environ, only=request.only, wheelhouse=request.wheelhouse)
+        the_plan = make_plan(spec, state, environ, only=request.only, wheelhouse=request.wheelhouse)
         refused = _decide(the_plan, request, ui)
         if refused is not None:
             return refused
     try:
         apply(the_plan, state, environ, ui, wheelhouse=request.wheelhouse)
     except (ProvisionError, pyenv.PyenvError, guard.GuardError) as exc:
-        return _failed(exc, exc.log, exc.tail, state, ui, known_failures(exc.log, lock))
+        return _failed(exc, exc.log, exc.tail, state, ui, known_failures(exc.log, spec))
     except (toolkit.ToolkitError, patching.PatchError) as exc:
         return _failed(exc, None, (), state, ui)  # their text names the log and its last lines
     except OSError as exc:  # a full disk, a vanished folder
         return _failed(exc, None, (), state, ui)
-    return _verify_built(lock, the_plan, request, environ, ui)
+    return _verify_built(spec, the_plan, request, environ, ui)
 
 
 def _failed(
@@ -167,15 +167,15 @@ def _failed(
 
 
 def _verify_built(
-    lock: Spec, the_plan: Plan, request: ProvisionRequest, environ: Mapping[str, str], ui: UI
+    spec: Spec, the_plan: Plan, request: ProvisionRequest, environ: Mapping[str, str], ui: UI
 ) -> ExitCode:
     """Plan again (nothing may be left to do) and verify what was built; say what still differs."""
-    built = after_build(Built(lock, the_plan, environ, ui, only=request.only, wheelhouse=request.wheelhouse))
+    built = after_build(Built(spec, the_plan, environ, ui, only=request.only, wheelhouse=request.wheelhouse))
     code = ExitCode.PASSED
     done = built.verified
     if done is not None:
         ui.results(
-            f"stackgate provision: verify {lock.name} after provisioning", done.results, done.verdict, done.duration_s
+            f"stackgate provision: verify {spec.name} after provisioning", done.results, done.verdict, done.duration_s
         )
         code = done.verdict.exit_code
     if built.left:
@@ -203,8 +203,8 @@ def rollback(request: RollbackRequest, ui: UI) -> ExitCode:
     """Switch ``current`` back to the previous good generation and say to which; refuse one
     that no longer holds what it was built from, unless forced. A refusal (nothing to roll back,
     the root busy, a generation that drifted) changes nothing and exits :attr:`ExitCode.REFUSED`."""
-    lock = _load(request.lock_path)
-    root = lock.python.root
+    spec = _load(request.spec_path)
+    root = spec.python.root
     assert root is not None
     environ = dict(os.environ if request.environ is None else request.environ)
     if not root.is_dir():
@@ -216,7 +216,7 @@ def rollback(request: RollbackRequest, ui: UI) -> ExitCode:
         ):
             sweep(root, ui)
             target = generations.rollback_target(generations.read(root))
-            drift = drift_of(lock, target, environ)
+            drift = drift_of(spec, target, environ)
             if drift and not request.force:
                 ui.error(refusal(target, drift))
                 return ExitCode.REFUSED
@@ -227,7 +227,7 @@ def rollback(request: RollbackRequest, ui: UI) -> ExitCode:
     ui.line(f"rolled back {root / 'current'}: {before.id} -> {after.describe()}")
     if drift:
         ui.warn(f"  switched anyway (--force), though it differs from what it was built from: {'; '.join(drift)}")
-    other = other_lock(lock, (after.marker or {}).get("lock", {}))
+    other = other_spec(spec, (after.marker or {}).get("lock", {}))
     if other:
         ui.line(f"  it was built from {other}; `stackgate provision` would rebuild it")
     ui.line("  `stackgate verify` checks it; `stackgate provision` builds from the lock again")

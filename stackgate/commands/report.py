@@ -47,7 +47,7 @@ N = TypeVar("N", int, float)
 @dataclass(frozen=True, kw_only=True)
 class ReportRequest:
     runs: tuple[str, ...] = ()
-    lock_path: Path | None = None
+    spec_path: Path | None = None
     html_path: Path | None = None
     runs_dir: Path | None = None
     last: int = 20  #: the listing shows this many of the newest runs
@@ -58,7 +58,7 @@ class ReportRequest:
 
 def run(request: ReportRequest, ui: UI) -> ExitCode:
     _check(request)
-    directory = request.runs_dir or _directory(request.lock_path)
+    directory = request.runs_dir or _directory(request.spec_path)
     if request.reindex:
         return _reindex(directory, ui)
     if request.regressed_since is not None:
@@ -134,15 +134,15 @@ def _regressed(directory: Path, request: ReportRequest, ui: UI) -> ExitCode:
     return ExitCode.PASSED
 
 
-def _directory(lock_path: Path | None) -> Path:
+def _directory(spec_path: Path | None) -> Path:
     """The runs directory of the lock (a default lock that does not load still has a history)."""
     try:
-        lock = load_spec(lock_path)
+        spec = load_spec(spec_path)
     except SpecError:
-        if lock_path is not None:
+        if spec_path is not None:
             raise
-        lock = None
-    return history.runs_dir(lock, reading=True)
+        spec = None
+    return history.runs_dir(spec, reading=True)
 
 
 def _redacted(run: history.Run) -> history.Run:
@@ -170,10 +170,10 @@ def _html(path: Path, focus: history.Run | None, directory: Path, ui: UI) -> Exi
     for reason in skipped:
         ui.warn(f"warning: {reason}")
     anchor = focus or (chosen[-1] if chosen else None)
-    lock = anchor.lock_name if anchor else None
+    spec = anchor.lock_name if anchor else None
     if focus is not None and all(r.id != focus.id for r in chosen):
         chosen.append(focus)  # a run named by a path from elsewhere
-    title = f"stackgate: run {focus.id}" if focus else f"stackgate: {len(chosen)} run(s) of {lock or 'no lock'}"
+    title = f"stackgate: run {focus.id}" if focus else f"stackgate: {len(chosen)} run(s) of {spec or 'no lock'}"
     shown = [_redacted(r) for r in chosen]
     centre = next((r for r in shown if anchor is not None and r.id == (focus or anchor).id), None)
     text = html.page(shown, centre, title=title, source=f"runs in {directory}", warnings=[*fallback, *skipped])

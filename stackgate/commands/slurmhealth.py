@@ -81,7 +81,7 @@ LocalVerify = Callable[[Path, Path, "Path | None", tuple[str, ...]], int]
 
 def run(config_path: Path | None, flags: Mapping[str, Any], ui: UI, local: LocalVerify | None = None) -> ExitCode:
     config = (healthconfig.load(config_path) if config_path is not None else HealthConfig()).merged(flags)
-    if config.lock is None:
+    if config.spec is None:
         raise UsageError("slurm-health: no spec to check against: give --lock or `lock` in --config (an absolute path)")
     problem = check_outputs({"--prom": Output(config.prom, summaries.verify_prometheus)})
     if problem is not None:
@@ -156,7 +156,7 @@ def check_node(
             done = runner.call_forked(child, timeout_s=config.timeout_s, output=Path(folder) / "out")
         else:
             program = [str(config.stackgate)] if config.stackgate else [sys.executable, "-m", "stackgate"]
-            argv = [*program, "verify", "--cached", "--lock", str(config.lock), "--json", str(report)]
+            argv = [*program, "verify", "--cached", "--lock", str(config.spec), "--json", str(report)]
             argv += [a for c in config.checks for a in ("--check", c)]
             done = runner.run(argv, timeout_s=config.timeout_s, env=env, cwd=folder)
         doc = _report(report)
@@ -181,8 +181,8 @@ def _child(local: LocalVerify, config: HealthConfig, report: Path, env: Mapping[
         os.environ.clear()
         os.environ.update(env)
         os.chdir(report.parent)
-        assert config.lock is not None
-        return local(config.lock, report, None, config.checks)
+        assert config.spec is not None
+        return local(config.spec, report, None, config.checks)
 
     return child
 

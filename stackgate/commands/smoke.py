@@ -62,16 +62,16 @@ def parse_levels(text: str | None) -> tuple[int, ...]:
 
 def run(request: SmokeRequest, ui: UI) -> ExitCode:
     """The smoke command: load the lock, smoke, render, write the JSON report."""
-    ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.lock_path)}))
+    ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.spec_path)}))
     problem = check_outputs(_outputs(request))
     if problem is not None:
         raise UsageError(problem)
-    lock = load_spec(request.lock_path)
-    pylock.check_beside(lock)  # a pylock that cannot be used is a bad lockfile here too: exit 2
+    spec = load_spec(request.spec_path)
+    pylock.check_beside(spec)  # a pylock that cannot be used is a bad lockfile here too: exit 2
     if request.dry_run:
-        return _dry_run(lock, request, ui)
+        return _dry_run(spec, request, ui)
     try:
-        done = run_smoke(lock, request, ui)
+        done = run_smoke(spec, request, ui)
     except SmokeInterrupted as stop:
         _render(stop.run, ui)
         _write(stop.run, request, ui)
@@ -81,13 +81,13 @@ def run(request: SmokeRequest, ui: UI) -> ExitCode:
     return done.verdict.exit_code
 
 
-def _dry_run(lock: Spec, request: SmokeRequest, ui: UI) -> ExitCode:
+def _dry_run(spec: Spec, request: SmokeRequest, ui: UI) -> ExitCode:
     """Print what smoke would launch and check; nothing is launched, no report is written."""
     configs = launch.configs(
-        lock, model=request.model, tp=request.tp, port=request.port, fast=request.fast, compare=request.compare
+        spec, model=request.model, tp=request.tp, port=request.port, fast=request.fast, compare=request.compare
     )
-    ui.line(f"stackgate smoke --dry-run: {lock.name} ({lock.path}); nothing is launched")
-    plans = plan_smoke(lock, configs, os.environ, measures=request.measures, concurrency=bool(request.concurrency))
+    ui.line(f"stackgate smoke --dry-run: {spec.name} ({spec.path}); nothing is launched")
+    plans = plan_smoke(spec, configs, os.environ, measures=request.measures, concurrency=bool(request.concurrency))
     for planned in plans:
         for text in planned.lines():
             ui.line(text)
@@ -102,7 +102,7 @@ def _render(done: SmokeRun, ui: UI) -> None:
             ui.table(
                 f"concurrency ({session.config.title})", list(CONCURRENCY_HEADERS), concurrency_rows(session.levels)
             )
-    title = f"stackgate smoke: {done.lock.name} ({done.lock.path})" + (" [interrupted]" if done.interrupted else "")
+    title = f"stackgate smoke: {done.spec.name} ({done.spec.path})" + (" [interrupted]" if done.interrupted else "")
     ui.results(
         title,
         reporting.redacted(done.results, done.document(), known=done.secrets()),
@@ -131,6 +131,6 @@ def _write(done: SmokeRun, request: SmokeRequest, ui: UI) -> None:
     """The JSON report, and the same document kept in the history of runs (`stackgate report`)."""
     doc = {**done.document(), "run_id": history.new_id("smoke", done.started)}
     write_reports(doc, _outputs(request))
-    stored = history.keep(doc, done.lock, ui.error)
+    stored = history.keep(doc, done.spec, ui.error)
     if stored is not None:
         ui.info(f"run {doc['run_id']} kept in {stored.parent}")

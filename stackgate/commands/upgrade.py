@@ -30,7 +30,7 @@ __all__ = ["keep_legs", "run", "write_reports"]
 
 def run(request: UpgradeRequest, ui: UI) -> ExitCode:
     """The upgrade command: upgrade this node, show and write the report."""
-    ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.lock_path)}))
+    ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.spec_path)}))
     check_request(request)
     done = upgrade_node(request, ui)
     keep_legs(done, ui)
@@ -47,7 +47,7 @@ def keep_legs(done: UpgradeRun, ui: UI) -> None:
     report LIVE_RUN NEW_RUN` then shows what changed between the two sides, component by component."""
     for part, ran in done.smoke_runs:
         doc = {**ran.document(), "run_id": history.new_id("smoke", ran.started)}
-        if history.keep(doc, ran.lock, ui.error) is not None:
+        if history.keep(doc, ran.spec, ui.error) is not None:
             part["run_id"] = doc["run_id"]
     ids: dict[str, str] = {}
     for part, _ in done.smoke_runs:

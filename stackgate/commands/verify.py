@@ -23,7 +23,7 @@ from stackgate.flows.verify import VerifyRun, plan, verify, verify_cached
 from stackgate.models import pylock, settings
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.result import NO_DRIVER, Result, Status
-from stackgate.models.spec import DEFAULT_LOCK, LOCAL_LOCK, SYSTEM_LOCK, Spec, load_spec
+from stackgate.models.spec import DEFAULT_SPEC, LOCAL_SPEC, SYSTEM_SPEC, Spec, load_spec
 from stackgate.models.verdict import document as report_document
 from stackgate.render import reporting, summaries
 from stackgate.render.outputs import JSON, Output, check_outputs, write_reports
@@ -38,7 +38,7 @@ _MACHINE_CHECKS = ("gpu.driver", "gpu.count", "gpu.capability")
 
 @dataclass(frozen=True, kw_only=True)
 class VerifyRequest:
-    lock_path: Path | None = None
+    spec_path: Path | None = None
     checks: tuple[str, ...] = ()
     deep: bool = False
     json_path: Path | None = None
@@ -64,7 +64,7 @@ class VerifyRequest:
     ) -> VerifyRequest:
         """The request the verify task's flags make (the program's, and the express lane's)."""
         return cls(
-            lock_path=Path(lock) if lock else None,
+            spec_path=Path(lock) if lock else None,
             checks=tuple(check or ()),
             deep=deep,
             json_path=Path(json) if json else None,
@@ -88,28 +88,28 @@ class VerifyRequest:
 
 def run(request: VerifyRequest, ui: UI) -> ExitCode:
     """The verify command: load, check, render, write the reports."""
-    ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.lock_path)}))
+    ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.spec_path)}))
     problem = check_outputs({option: Output(path, JSON) for option, path in request.outputs.items()})
     if problem is not None:
         raise UsageError(problem)
-    lock = load_spec(request.lock_path)
+    spec = load_spec(request.spec_path)
     if request.list_only:
         list_checks(ui)
         return ExitCode.PASSED
-    pylock.check_beside(lock)
+    pylock.check_beside(spec)
     if request.cached and request.deep:
         raise UsageError(
             "--cached reuses the static checks' results; --deep measures the GPUs every time: give one of them"
         )
     static, deep = plan(request.checks, deep=request.deep)
     if request.cached:
-        done = verify_cached(lock, static, ui, strict=request.strict)
+        done = verify_cached(spec, static, ui, strict=request.strict)
     else:
-        done = verify(lock, static, ui, strict=request.strict, deep=deep)
+        done = verify(spec, static, ui, strict=request.strict, deep=deep)
     mode = " --deep" if request.deep else " --cached" if request.cached else ""
-    title = f"stackgate verify{mode}: {lock.name} ({lock.path})"
-    named = request.lock_path is not None or settings.LOCK.value() is not None
-    for line in default_profile_note(lock, done.results, named=named):
+    title = f"stackgate verify{mode}: {spec.name} ({spec.path})"
+    named = request.spec_path is not None or settings.LOCK.value() is not None
+    for line in default_profile_note(spec, done.results, named=named):
         ui.line(line, "warning")
     ui.results(title, reporting.redacted(done.results), done.verdict, ui.waited_s(done.duration_s))
     if deep:
@@ -120,24 +120,24 @@ def run(request: VerifyRequest, ui: UI) -> ExitCode:
     return done.verdict.exit_code
 
 
-def default_profile_note(lock: Spec, results: Sequence[Result], *, named: bool = False) -> list[str]:
+def default_profile_note(spec: Spec, results: Sequence[Result], *, named: bool = False) -> list[str]:
     """When the shipped default profile judged a machine it does not describe (or one with no GPU at all): the
     lines that say so and how to describe this one (else nothing). ``named``: --lock or $STACKGATE_LOCK named it."""
-    if lock.path.resolve() != DEFAULT_LOCK.resolve():
+    if spec.path.resolve() != DEFAULT_SPEC.resolve():
         return []
     describe = (
         "describe this machine with `stackgate init` (it writes ./stackgate.toml, which every command then uses), "
         "or copy a shipped profile: `stackgate init --list`"
     )
     if any(NO_DRIVER in r.data for r in results if r.check == "gpu.driver"):
-        system = settings.SYSTEM_DIR.value() / SYSTEM_LOCK
+        system = settings.SYSTEM_DIR.value() / SYSTEM_SPEC
         why = (
             f"named by --lock or ${settings.LOCK.env}"
             if named
-            else f"no spec was found (--lock, ${settings.LOCK.env}, {LOCAL_LOCK} here or in a folder above, {system})"
+            else f"no spec was found (--lock, ${settings.LOCK.env}, {LOCAL_SPEC} here or in a folder above, {system})"
         )
         return [
-            f"judged against the shipped default profile {lock.name} ({lock.stack.description}): {why}, "
+            f"judged against the shipped default profile {spec.name} ({spec.stack.description}): {why}, "
             "and this machine has no GPU (no NVIDIA driver answers)",
             describe,
         ]
@@ -145,7 +145,7 @@ def default_profile_note(lock: Spec, results: Sequence[Result], *, named: bool =
     if not wrong:
         return []
     return [
-        f"this machine is not the one the shipped default profile {lock.name} describes ({lock.stack.description}): "
+        f"this machine is not the one the shipped default profile {spec.name} describes ({spec.stack.description}): "
         f"{wrong[0].check}: {wrong[0].summary}",
         describe,
     ]
@@ -181,7 +181,7 @@ def write_all(done: VerifyRun, request: VerifyRequest) -> None:
             "verify",
             done.results,
             done.verdict,
-            lock=done.lock,
+            spec=done.spec,
             started=done.started,
             duration_s=done.duration_s,
             extra=extra,
@@ -189,7 +189,7 @@ def write_all(done: VerifyRun, request: VerifyRequest) -> None:
         write_reports(doc, request.reports)
     if request.junit_path:
         reporting.write_junit(
-            request.junit_path, {f"stackgate.verify.{done.lock.name}": done.results}, strict=request.strict
+            request.junit_path, {f"stackgate.verify.{done.spec.name}": done.results}, strict=request.strict
         )
 
 

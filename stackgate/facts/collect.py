@@ -53,9 +53,9 @@ class Facts:
     """The parts gathered for one run; each is awaited on first use."""
 
     def __init__(
-        self, lock: Spec, *, environ: Mapping[str, str] | None = None, nvml_lib: ModuleType | None = None
+        self, spec: Spec, *, environ: Mapping[str, str] | None = None, nvml_lib: ModuleType | None = None
     ) -> None:
-        self.lock = lock
+        self.spec = spec
         self.base_environ = dict(os.environ if environ is None else environ)
         self.nvml_lib = nvml_lib
         self._futures: dict[str, concurrent.futures.Future[Any]] = {}
@@ -94,7 +94,7 @@ class Facts:
             if part not in self._futures:
                 if part not in PARTS:
                     raise KeyError(f"unknown fact part {part!r}")
-                self._futures[part] = self._pool.submit(_gather_part, part, self.lock, self)
+                self._futures[part] = self._pool.submit(_gather_part, part, self.spec, self)
             return self._futures[part]
 
     # Typed accessors, so that checks read like prose.
@@ -155,14 +155,14 @@ class Facts:
         return next(t for t in self.toolkits if t.toolkit == toolkit)
 
 
-def gather(lock: Spec, parts: Iterable[str], **kwargs: Any) -> Facts:
+def gather(spec: Spec, parts: Iterable[str], **kwargs: Any) -> Facts:
     """Start gathering ``parts`` (and what they depend on) in parallel."""
-    return Facts(lock, **kwargs).start(parts)
+    return Facts(spec, **kwargs).start(parts)
 
 
-def _gather_part(part: str, lock: Spec, facts: Facts) -> Any:
+def _gather_part(part: str, spec: Spec, facts: Facts) -> Any:
     try:
-        return PARTS[part](lock, facts)
+        return PARTS[part](spec, facts)
     except Exception as exc:  # a fact that cannot be gathered is a fact
         return Missing(f"could not gather {part}: {type(exc).__name__}: {exc}")
 
@@ -179,7 +179,7 @@ def _with_dependencies(parts: Iterable[str]) -> list[str]:
 # --- NVML -------------------------------------------------------------------------------------
 
 
-def _nvml(lock: Spec, facts: Facts) -> nvml.NvmlSnapshot | Missing:
+def _nvml(spec: Spec, facts: Facts) -> nvml.NvmlSnapshot | Missing:
     try:
         return nvml.snapshot(facts.nvml_lib)
     except nvml.NvmlError as exc:
@@ -189,20 +189,20 @@ def _nvml(lock: Spec, facts: Facts) -> nvml.NvmlSnapshot | Missing:
 # --- CUDA toolkits ----------------------------------------------------------------------------
 
 
-def _toolkits(lock: Spec, facts: Facts) -> tuple[ToolkitFacts, ...]:
+def _toolkits(spec: Spec, facts: Facts) -> tuple[ToolkitFacts, ...]:
     from stackgate.facts.toolkits import inspect_toolkit
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(lock.toolkits))) as pool:
-        return tuple(pool.map(lambda t: inspect_toolkit(t, lock.hardware.arch), lock.toolkits))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(spec.toolkits))) as pool:
+        return tuple(pool.map(lambda t: inspect_toolkit(t, spec.hardware.arch), spec.toolkits))
 
 
 # --- the environment --------------------------------------------------------------------------
 
 
-def _env(lock: Spec, facts: Facts) -> EnvFacts:
+def _env(spec: Spec, facts: Facts) -> EnvFacts:
     from stackgate.models import envfile
 
-    env_file = lock.python.env_file
+    env_file = spec.python.env_file
     error = None
     try:
         environ, from_file = envfile.apply(env_file, facts.base_environ)
@@ -241,43 +241,43 @@ def jit_cuda_home(environ: Mapping[str, str], nvcc_on_path: str | None) -> tuple
 # --- the target interpreter (stackgate.facts.interpreters) ------------------------------------
 
 
-def _probe(lock: Spec, facts: Facts) -> ProbeFacts | Missing:
+def _probe(spec: Spec, facts: Facts) -> ProbeFacts | Missing:
     from stackgate.facts import interpreters
 
     facts.start(["dists"])  # read beside torch's import, not after it
-    return interpreters.probe(lock, facts.get("env").environ, lambda: facts.get("dists"))
+    return interpreters.probe(spec, facts.get("env").environ, lambda: facts.get("dists"))
 
 
-def _dists(lock: Spec, facts: Facts) -> ProbeFacts | Missing:
+def _dists(spec: Spec, facts: Facts) -> ProbeFacts | Missing:
     from stackgate.facts import interpreters
 
-    return interpreters.dists(lock, facts.get("env").environ)
+    return interpreters.dists(spec, facts.get("env").environ)
 
 
-def _base_python(lock: Spec, facts: Facts) -> BasePython | Missing:
+def _base_python(spec: Spec, facts: Facts) -> BasePython | Missing:
     from stackgate.facts import interpreters
 
-    return interpreters.base_python(lock, facts.base_environ)
+    return interpreters.base_python(spec, facts.base_environ)
 
 
-def _imports(lock: Spec, facts: Facts) -> dict[str, ImportOutcome] | Missing:
+def _imports(spec: Spec, facts: Facts) -> dict[str, ImportOutcome] | Missing:
     from stackgate.facts import interpreters
 
     # The probe is awaited only for torch's outcome, after the other imports ran beside it.
-    return interpreters.imports(lock, facts.get("env").environ, lambda: facts.get("probe"))
+    return interpreters.imports(spec, facts.get("env").environ, lambda: facts.get("probe"))
 
 
 # --- ELF scan ---------------------------------------------------------------------------------
 
 
-def _elf(lock: Spec, facts: Facts) -> ElfScan | Missing:
+def _elf(spec: Spec, facts: Facts) -> ElfScan | Missing:
     from stackgate.edges import elf
 
     probe = facts.get("probe")
     if isinstance(probe, Missing):
         return probe
     files, unreadable = [], []
-    for package in lock.python.packages:
+    for package in spec.python.packages:
         dist = probe.dist(package.name)
         for path in dist.shared_objects if dist else ():
             try:
@@ -292,7 +292,7 @@ def _elf(lock: Spec, facts: Facts) -> ElfScan | Missing:
 # --- patches ----------------------------------------------------------------------------------
 
 
-def _patches(lock: Spec, facts: Facts) -> tuple[PatchStatus, ...] | Missing:
+def _patches(spec: Spec, facts: Facts) -> tuple[PatchStatus, ...] | Missing:
     """Each locked patch as found in the package's site-packages (read there, never imported)."""
     from stackgate.facts.patchstate import inspect_patch
 
@@ -300,7 +300,7 @@ def _patches(lock: Spec, facts: Facts) -> tuple[PatchStatus, ...] | Missing:
     if isinstance(probe, Missing):
         return probe
     found = []
-    for patch in lock.patches:
+    for patch in spec.patches:
         dist = probe.dist(patch.package)
         found.append(inspect_patch(patch, Path(dist.location) if dist else None))
     return tuple(found)
@@ -309,29 +309,29 @@ def _patches(lock: Spec, facts: Facts) -> tuple[PatchStatus, ...] | Missing:
 # --- the root's generations ------------------------------------------------------------------
 
 
-def _generation(lock: Spec, facts: Facts) -> generationstate.RootState | Missing:
+def _generation(spec: Spec, facts: Facts) -> generationstate.RootState | Missing:
     """What provision built under the lock's root, and which generation is live."""
     from stackgate.facts import generationstate
 
-    if lock.python.root is None:
+    if spec.python.root is None:
         return Missing(
-            f"python.interpreter names an existing environment ({lock.python.interpreter}): there are no generations"
+            f"python.interpreter names an existing environment ({spec.python.interpreter}): there are no generations"
         )
-    return generationstate.read(lock.python.root)
+    return generationstate.read(spec.python.root)
 
 
 # --- the pylock -------------------------------------------------------------------------------
 
 
-def _pylock(lock: Spec, facts: Facts) -> pylock.Resolution | Missing:
+def _pylock(spec: Spec, facts: Facts) -> pylock.Resolution | Missing:
     """The spec's resolution (``pylock.<name>.toml`` beside it), as the files say now."""
     from stackgate.models import pylock
 
-    path = pylock.path_for(lock.path)
+    path = pylock.path_for(spec.path)
     if not path.exists():
-        return Missing(f"the spec has no pylock: {path} does not exist (`{pylock.lock_command(lock.path)}` makes it)")
+        return Missing(f"the spec has no pylock: {path} does not exist (`{pylock.lock_command(spec.path)}` makes it)")
     try:
-        return pylock.load_beside(lock)
+        return pylock.load_beside(spec)
     except pylock.PylockError as exc:
         return Missing(str(exc))
 
@@ -339,7 +339,7 @@ def _pylock(lock: Spec, facts: Facts) -> pylock.Resolution | Missing:
 # --- the kernel log ------------------------------------------------------------------------------
 
 
-def _kernel(lock: Spec, facts: Facts) -> KernelEvents | Missing:
+def _kernel(spec: Spec, facts: Facts) -> KernelEvents | Missing:
     """The GPU events (Xid, AER, NVRM) of this boot's kernel log."""
     try:
         log = kernellog.read()
@@ -351,12 +351,12 @@ def _kernel(lock: Spec, facts: Facts) -> KernelEvents | Missing:
 # --- the evidence sweep --------------------------------------------------------------------------
 
 
-def _sweep(lock: Spec, facts: Facts) -> EvidenceSweep:
+def _sweep(spec: Spec, facts: Facts) -> EvidenceSweep:
     """What the evidence sweep sees of the environment the stack runs in (stackgate.facts.evidencesweep)."""
     from stackgate.facts import evidencesweep
 
     env = facts.get("env")
-    return evidencesweep.observe(env.environ, facts.get("dists"), facts.get("kernel"), python=str(lock.python.target))
+    return evidencesweep.observe(env.environ, facts.get("dists"), facts.get("kernel"), python=str(spec.python.target))
 
 
 #: How each part is gathered, and what it needs first.

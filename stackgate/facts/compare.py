@@ -102,17 +102,17 @@ def _satisfies(requirement: Requirement, version: str) -> bool:
     return requirement.specifier.contains(version, prereleases=True)
 
 
-def environment_drift(lock: Spec, dists: ProbeFacts, resolution: Resolution | None = None) -> list[str]:
+def environment_drift(spec: Spec, dists: ProbeFacts, resolution: Resolution | None = None) -> list[str]:
     """How an environment's installed distributions differ from the lock (empty: they do not):
     its Python version, each pin, requirement conflicts other than declared overrides, and, given
     the pylock, every distribution it holds (missing, extra, other version or file).
     Provision plans a rebuild from this; the gate's environment.drift reports it."""
     have = ".".join(dists.python_version.split(".")[:2])
-    if have != lock.python.version:
-        return [f"the environment runs Python {dists.python_version}, the lock wants {lock.python.version}"]
-    drift = [problem for p in lock.python.packages if (problem := pin_problem(dists, p))]
+    if have != spec.python.version:
+        return [f"the environment runs Python {dists.python_version}, the lock wants {spec.python.version}"]
+    drift = [problem for p in spec.python.packages if (problem := pin_problem(dists, p))]
     for conflict in conflicts(dists.distributions, dists.markers):
-        override = lock.python.override(conflict.package)
+        override = spec.python.override(conflict.package)
         if not (override and conflict.installed and override.specifier.contains(conflict.installed, prereleases=True)):
             drift.append(str(conflict))
     if resolution is not None and not drift:
@@ -120,11 +120,11 @@ def environment_drift(lock: Spec, dists: ProbeFacts, resolution: Resolution | No
     return drift
 
 
-def environment_spec(lock: Spec) -> dict[str, Any]:
+def environment_spec(spec: Spec) -> dict[str, Any]:
     """The parts of the lock that decide an environment's contents (reasons and comments do not),
     and the sha256 of its pylock (a new resolution is a new environment): what provision writes
     into a generation's marker, and compares with it later."""
-    python = lock.python
+    python = spec.python
     return {
         "python": python.version,
         "installer": python.installer,
@@ -133,7 +133,7 @@ def environment_spec(lock: Spec) -> dict[str, Any]:
         "packages": {p.name: {"version": str(p.specifier), "url": p.url, "sha256": p.sha256} for p in python.packages},
         "frozen": sorted(python.frozen),
         "overrides": {o.package: str(o.specifier) for o in python.overrides},
-        "pylock": _sha256_of(pylock.path_for(lock.path)),
+        "pylock": _sha256_of(pylock.path_for(spec.path)),
     }
 
 

@@ -42,7 +42,7 @@ FLASHWORK = SCRIPT.with_name("flashwork.py")  # flashinfer's kernels, run the sa
 REQUIRED_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-def launch_env(lock: Spec, facts: Facts) -> dict[str, str]:
+def launch_env(spec: Spec, facts: Facts) -> dict[str, str]:
     """The stack's environment, the serving engine's [smoke.env] (its NCCL tuning), the required
     multicast switches, and an NCCL_DEBUG=INFO log on stdout.
 
@@ -50,7 +50,7 @@ def launch_env(lock: Spec, facts: Facts) -> dict[str, str]:
     operation, so it costs nothing measurable, and a hang may not come back on a second run.
     """
     env = dict(facts.env.environ)
-    env.update(lock.smoke.env)
+    env.update(spec.smoke.env)
     env.update(REQUIRED_ENV)
     env["NCCL_DEBUG"] = "INFO"
     env.pop("NCCL_DEBUG_FILE", None)  # keep the log in our capture, where its tail is reported

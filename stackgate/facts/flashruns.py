@@ -61,7 +61,7 @@ FUSION_RTOL = 2.0**-7
 GATE_TIMEOUT_S = 120.0
 
 
-def jit_workspace(lock: Spec, environ: Mapping[str, str]) -> tuple[Path, str]:
+def jit_workspace(spec: Spec, environ: Mapping[str, str]) -> tuple[Path, str]:
     """FLASHINFER_WORKSPACE_BASE for the deep runs, and where it came from: the environment's
     (the live stackgate.env, from the lock's [env], or the shell), else ``<python.root>/cache/flashinfer``
     (beside the stack it compiles for), else ``$XDG_CACHE_HOME/stackgate/flashinfer`` for a lock
@@ -75,8 +75,8 @@ def jit_workspace(lock: Spec, environ: Mapping[str, str]) -> tuple[Path, str]:
     """
     if environ.get("FLASHINFER_WORKSPACE_BASE"):
         return Path(environ["FLASHINFER_WORKSPACE_BASE"]), "FLASHINFER_WORKSPACE_BASE"
-    if lock.python.root is not None:
-        return lock.python.root / "cache" / "flashinfer", "the stack's root"
+    if spec.python.root is not None:
+        return spec.python.root / "cache" / "flashinfer", "the stack's root"
     cache = (
         Path(environ["XDG_CACHE_HOME"])
         if environ.get("XDG_CACHE_HOME")
@@ -85,10 +85,10 @@ def jit_workspace(lock: Spec, environ: Mapping[str, str]) -> tuple[Path, str]:
     return cache / "stackgate" / "flashinfer", "the user's cache (the lock names an existing interpreter)"
 
 
-def flashinfer_env(lock: Spec, facts: Facts) -> dict[str, str]:
+def flashinfer_env(spec: Spec, facts: Facts) -> dict[str, str]:
     """:func:`launch_env` with flashinfer's JIT cache where :func:`jit_workspace` says."""
-    env = launch_env(lock, facts)
-    workspace, _ = jit_workspace(lock, env)
+    env = launch_env(spec, facts)
+    workspace, _ = jit_workspace(spec, env)
     env["FLASHINFER_WORKSPACE_BASE"] = str(workspace)
     return env
 

@@ -61,8 +61,8 @@ class Generation:
 
     def describe(self) -> str:
         built = self.marker.get("finished") or self.marker.get("created") if self.marker else None
-        lock = self.marker.get("lock", {}) if self.marker else {}
-        parts = [f"built {built}" if built else self.state, f"from {lock.get('path')}" if lock.get("path") else ""]
+        spec = self.marker.get("lock", {}) if self.marker else {}
+        parts = [f"built {built}" if built else self.state, f"from {spec.get('path')}" if spec.get("path") else ""]
         return f"generation {self.id} ({', '.join(p for p in parts if p)})"
 
 

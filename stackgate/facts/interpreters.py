@@ -28,24 +28,24 @@ __all__ = ["PROBE", "base_python", "demangle", "describe", "dists", "imports", "
 PROBE = Path(__file__).resolve().parents[1] / "edges" / "probe.py"  # run by the target interpreter, as a file
 
 
-def target_missing(lock: Spec) -> Missing | None:
+def target_missing(spec: Spec) -> Missing | None:
     """Why the lock's interpreter cannot be asked (it does not exist), or None."""
-    target = lock.python.target
+    target = spec.python.target
     if target.exists():
         return None
-    if lock.python.root is not None:
+    if spec.python.root is not None:
         return Missing(f"no stack environment at {target}: run `stackgate provision`")
     return Missing(f"the lock's interpreter {target} does not exist")
 
 
-def probe(lock: Spec, env: Mapping[str, str], dists: Callable[[], ProbeFacts | Missing]) -> ProbeFacts | Missing:
+def probe(spec: Spec, env: Mapping[str, str], dists: Callable[[], ProbeFacts | Missing]) -> ProbeFacts | Missing:
     """The target interpreter's account of itself, its distributions and torch, run in ``env``:
     torch's part here, the distributions from ``dists`` (the facts' own part, read beside torch's
     import, which dominates: one reading of every distribution's metadata serves both)."""
-    missing = target_missing(lock)
+    missing = target_missing(spec)
     if missing is not None:
         return missing
-    torch_run = _run_probe(lock.python.target, {"torch": True, "distributions": False}, env)
+    torch_run = _run_probe(spec.python.target, {"torch": True, "distributions": False}, env)
     if isinstance(torch_run, Missing):
         return torch_run
     found = dists()
@@ -86,15 +86,15 @@ def _probe_facts(raw: Mapping[str, Any], duration_s: float) -> ProbeFacts:
     return ProbeFacts(python["executable"], python["version"], python["markers"], dists, raw.get("torch"), duration_s)
 
 
-def dists(lock: Spec, env: Mapping[str, str]) -> ProbeFacts | Missing:
+def dists(spec: Spec, env: Mapping[str, str]) -> ProbeFacts | Missing:
     """The probe without importing torch: the installed distributions, each with its shared objects and the sizes
     its RECORD gives them (the ELF scan's and the evidence sweep's). What provision plans from, so that a no-op
     provision does not pay for torch's import, and the distributions half of :func:`probe`."""
-    missing = target_missing(lock)
+    missing = target_missing(spec)
     if missing is not None:
         return missing
-    request = {"torch": False, "files_of": [p.name for p in lock.python.packages], "every_file": True}
-    found = _run_probe(lock.python.target, request, env)
+    request = {"torch": False, "files_of": [p.name for p in spec.python.packages], "every_file": True}
+    found = _run_probe(spec.python.target, request, env)
     if isinstance(found, Missing):
         return found
     raw, seconds = found
@@ -111,9 +111,9 @@ def describe(python: Path, env: Mapping[str, str], *, torch: bool) -> ProbeFacts
     return _probe_facts(raw, seconds)
 
 
-def base_python(lock: Spec, environ: Mapping[str, str]) -> BasePython | Missing:
+def base_python(spec: Spec, environ: Mapping[str, str]) -> BasePython | Missing:
     """An interpreter of the locked Python version on this machine, searched in ``environ``."""
-    want = lock.python.version
+    want = spec.python.version
     tried: list[str] = []
     for path, where in _python_candidates(want, environ):
         found = _ask_python(path, want)
@@ -191,20 +191,20 @@ def _ask_python(path: Path, want: str) -> tuple[Path, str, Path | None] | Missin
 
 
 def imports(
-    lock: Spec, env: Mapping[str, str], probed: Callable[[], ProbeFacts | Missing]
+    spec: Spec, env: Mapping[str, str], probed: Callable[[], ProbeFacts | Missing]
 ) -> dict[str, ImportOutcome] | Missing:
     """Each locked import tried in its own process, beside the probe; torch's outcome is the probe's (``probed()``,
     awaited last)."""
-    missing = target_missing(lock)
+    missing = target_missing(spec)
     if missing is not None:
         return missing
-    names = list(lock.python.imports)
+    names = list(spec.python.imports)
     if not names:
         return {}
     # The probe imports torch already: its outcome is torch's import test.
     own = [n for n in names if n != "torch"]
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(own))) as pool:
-        tested = dict(zip(own, pool.map(lambda n: _import_one(lock.python.target, n, env), own), strict=True))
+        tested = dict(zip(own, pool.map(lambda n: _import_one(spec.python.target, n, env), own), strict=True))
     if "torch" in names:
         tested["torch"] = _torch_import(probed())
     return {n: tested[n] for n in names}

@@ -69,23 +69,23 @@ _METADATA_FILES = {".dist-info": ("METADATA", "RECORD"), ".egg-info": ("PKG-INFO
 
 
 def take(
-    lock: Spec, nvml: Callable[[], NvmlSnapshot | Missing], site_dirs: Iterable[str], environ: Mapping[str, str]
+    spec: Spec, nvml: Callable[[], NvmlSnapshot | Missing], site_dirs: Iterable[str], environ: Mapping[str, str]
 ) -> Stamp:
     """The stamp of this machine as the static checks of ``lock`` would judge it now. ``nvml`` is
     asked last, so that the files are stamped while NVML is still being read."""
-    sites = sorted({*site_dirs, *_own_sites(lock)})
+    sites = sorted({*site_dirs, *_own_sites(spec)})
     files = {
-        "interpreter": _interpreter(lock),
-        "toolkits": {str(t.prefix): _tree(t.prefix) for t in lock.toolkits} | {str(CUDA_LINK): _where(CUDA_LINK)},
+        "interpreter": _interpreter(spec),
+        "toolkits": {str(t.prefix): _tree(t.prefix) for t in spec.toolkits} | {str(CUDA_LINK): _where(CUDA_LINK)},
         "distributions": {site: _site(Path(site)) for site in sites},
         "patches": {site: _patch_files(Path(site)) for site in sites},
         "environment": {
             name: _digest(environ[name])
             for name in sorted(environ)
-            if name.startswith(ENV_PREFIXES) or name in _named(lock)
+            if name.startswith(ENV_PREFIXES) or name in _named(spec)
         },
     }
-    return {"stackgate": {"version": __version__}, "lock": _lock(lock), "gpu": _gpu(nvml()), **files}
+    return {"stackgate": {"version": __version__}, "lock": _lock(spec), "gpu": _gpu(nvml()), **files}
 
 
 def changed(old: Mapping[str, Mapping[str, str]], new: Mapping[str, Mapping[str, str]]) -> list[str]:
@@ -124,17 +124,17 @@ def _file_sha(path: Path | None) -> str:
         return "absent"
 
 
-def _lock(lock: Spec) -> dict[str, str]:
+def _lock(spec: Spec) -> dict[str, str]:
     return {
-        "spec": _file_sha(lock.path),
-        "pylock": _file_sha(pylock.path_for(lock.path)),
-        "env_file": _file_sha(lock.python.env_file),
+        "spec": _file_sha(spec.path),
+        "pylock": _file_sha(pylock.path_for(spec.path)),
+        "env_file": _file_sha(spec.python.env_file),
     }
 
 
-def _named(lock: Spec) -> set[str]:
+def _named(spec: Spec) -> set[str]:
     """The lock's own variables and stackgate's settings."""
-    return {*lock.env, *lock.smoke.env, *settings.SETTINGS}
+    return {*spec.env, *spec.smoke.env, *settings.SETTINGS}
 
 
 def _gpu(nvml: NvmlSnapshot | Missing) -> dict[str, str]:
@@ -152,19 +152,19 @@ def _where(path: Path) -> str:
         return "absent"
 
 
-def _interpreter(lock: Spec) -> dict[str, str]:
-    found = {"target": _where(lock.python.target)}
-    root = lock.python.root
+def _interpreter(spec: Spec) -> dict[str, str]:
+    found = {"target": _where(spec.python.target)}
+    root = spec.python.root
     if root is not None:
         found["current"] = _where(root / "current")
         found["generations"] = identity(root / "generations")
     return found
 
 
-def _own_sites(lock: Spec) -> list[str]:
+def _own_sites(spec: Spec) -> list[str]:
     """The interpreter's own site-packages (an environment with no distribution yet has one too)."""
-    prefix = lock.python.target.parent.parent  # not resolved: a venv's python links to its base's
-    found = [prefix / lib / f"python{lock.python.version}" / "site-packages" for lib in ("lib", "lib64")]
+    prefix = spec.python.target.parent.parent  # not resolved: a venv's python links to its base's
+    found = [prefix / lib / f"python{spec.python.version}" / "site-packages" for lib in ("lib", "lib64")]
     return [str(p) for p in found if p.is_dir() and not p.is_symlink()]
 
 

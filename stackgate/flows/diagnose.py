@@ -51,7 +51,7 @@ class Diagnosis:
     findings: tuple[Finding, ...]  #: recognised: a signature explains each
     started: float
     duration_s: float
-    lock: Spec | None = field(default=None, compare=False)
+    spec: Spec | None = field(default=None, compare=False)
     unrecognized: tuple[Finding, ...] = ()  #: failures no signature explains (``unrecognized-failure``)
 
     @property
@@ -94,7 +94,7 @@ def diagnose(
     inputs: Sequence[tuple[str, Callable[[], Any]]],
     context: dict[str, str] | None = None,
     *,
-    lock: Spec | None = None,
+    spec: Spec | None = None,
     stage: str | None = None,
     never_silent: bool = False,
     kernel: bool = False,
@@ -121,12 +121,12 @@ def diagnose(
         findings.extend(found)
         unrecognized.extend(scanner.unrecognized)
     findings.sort(key=knowledge.rank)
-    return Diagnosis(tuple(scanned), tuple(findings), started, time.monotonic() - clock, lock, tuple(unrecognized))
+    return Diagnosis(tuple(scanned), tuple(findings), started, time.monotonic() - clock, spec, tuple(unrecognized))
 
 
 def document(done: Diagnosis) -> dict[str, Any]:
     """The JSON report: versioned and self-contained, like verify's."""
-    lock = done.lock
+    spec = done.spec
     return {
         "schema": SCHEMA,
         "command": "diagnose",
@@ -136,7 +136,7 @@ def document(done: Diagnosis) -> dict[str, Any]:
             "platform": platform.platform(),
             "python": platform.python_version(),
         },
-        "lock": {"name": lock.name, "path": str(lock.path), "sha256": lock.sha256} if lock is not None else None,
+        "lock": {"name": spec.name, "path": str(spec.path), "sha256": spec.sha256} if spec is not None else None,
         "started": datetime.fromtimestamp(done.started, timezone.utc).isoformat(timespec="seconds"),
         "duration_s": round(done.duration_s, 3),
         "inputs": [{"name": i.name, "lines": i.lines, "bytes": i.bytes} for i in done.inputs],

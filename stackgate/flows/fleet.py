@@ -126,16 +126,16 @@ class Shipment:
         return {name: hashlib.sha256(data).hexdigest() for name, data in self.files.items()}
 
     @staticmethod
-    def of(lock: Spec, live: Spec | None = None) -> Shipment:
+    def of(spec: Spec, live: Spec | None = None) -> Shipment:
         """The spec and its pylock; with ``live`` (an upgrade's live spec) that one's too, under
         ``live-NAME`` when its names would take the new one's."""
-        files = _spec_files(lock.path.name, lock)
+        files = _spec_files(spec.path.name, spec)
         if live is None:
-            return Shipment(lock.path.name, files)
+            return Shipment(spec.path.name, files)
         name = live.path.name
         if name in files or pylock.path_for(Path(name)).name in files:
             name = f"live-{name}"
-        return Shipment(lock.path.name, {**files, **_spec_files(name, live)}, name)
+        return Shipment(spec.path.name, {**files, **_spec_files(name, live)}, name)
 
 
 def _spec_files(name: str, spec: Spec) -> dict[str, bytes]:
@@ -569,7 +569,7 @@ def canary_rollout(
 class FleetRun:
     request: FleetRequest
     run_id: str
-    lock: Spec
+    spec: Spec
     shipment: Shipment
     nodes: tuple[NodeRun, ...]
     started: float
@@ -599,13 +599,13 @@ def _document(done: FleetRun) -> dict[str, Any]:
         else aggregate.outliers([(n.node.name, aggregate.figures(n.doc)) for n in done.nodes if n.doc is not None])
     )
     code, reason = _upgrade_verdict(done) if upgrade else _verdict(done, groups, outliers)
-    lock = done.lock
+    spec = done.spec
     doc = {
         "schema": SCHEMA,
         "command": f"fleet {done.request.action}",
         "run_id": done.run_id,
         "tool": {"name": "stackgate", "version": __version__},
-        "lock": {"name": lock.name, "path": str(lock.path), "sha256": lock.sha256},
+        "lock": {"name": spec.name, "path": str(spec.path), "sha256": spec.sha256},
         "shipped": done.shipment.sha256,
         "request": {k: getattr(done.request, k) for k in ("action", "parallel", "batch", "fast_only", "strict")}
         | {"checks": list(done.request.checks)},
@@ -631,8 +631,8 @@ def _upgrade_part(done: FleetRun) -> dict[str, Any]:
     request = done.request
     return {
         "to": str(request.to_path),
-        "live_lock": str(request.lock_path)
-        if request.lock_path
+        "live_spec": str(request.spec_path)
+        if request.spec_path
         else None,  #: None: each node's live generation's own spec
         "canary": request.canary,
         "batch": request.batch,
@@ -752,7 +752,7 @@ def _names(names: Sequence[str], shown: int = 5) -> str:
 def run_fleet(
     request: FleetRequest,
     nodes: Sequence[Node],
-    lock: Spec,
+    spec: Spec,
     ui: UI,
     transport: ssh.Transport | None = None,
     live: Spec | None = None,
@@ -763,7 +763,7 @@ def run_fleet(
     nodes are reached through ``transport``, else the one ``opener`` opens (given the run's stop)."""
     stop = threading.Event()
     transport = transport or opener(stop)  # a connect under way ends at once on Ctrl-C
-    shipment = Shipment.of(lock, live)
+    shipment = Shipment.of(spec, live)
     action = _action(request, shipment)
     started, clock = time.time(), time.monotonic()
     run_id = history.new_id("fleet", started)
@@ -784,7 +784,7 @@ def run_fleet(
             ran = run_nodes(nodes, work, request.parallel, stop, progress)
     if log.is_file():
         ui.info(f"the SSH layer's log: {log}")
-    return FleetRun(request, run_id, lock, shipment, tuple(ran), started, time.monotonic() - clock, stop.is_set())
+    return FleetRun(request, run_id, spec, shipment, tuple(ran), started, time.monotonic() - clock, stop.is_set())
 
 
 def ssh_log(run_id: str) -> Path:

@@ -80,7 +80,7 @@ def _not_an_option(engine: FleetEngine, key: str) -> str:
 def run(
     engine: FleetEngine,
     request: FleetRequest,
-    lock: Spec,
+    spec: Spec,
     ui: UI,
     live: Spec | None = None,
     transport: ssh.Transport | None = None,
@@ -90,22 +90,22 @@ def run(
     started, clock, stop = time.time(), time.monotonic(), threading.Event()
     placement = engine.place(request, ui)
     try:
-        shipment = Shipment.of(lock, live)
+        shipment = Shipment.of(spec, live)
         collected = engine.collect(request, placement, shipment, stop, ui)
         if collected is not None:
             run_id = history.new_id("fleet", started)
             ran = tuple(collected)
-            done = FleetRun(request, run_id, lock, shipment, ran, started, time.monotonic() - clock, stop.is_set())
+            done = FleetRun(request, run_id, spec, shipment, ran, started, time.monotonic() - clock, stop.is_set())
         elif placement.nodes:
 
             def opener(stop: threading.Event) -> ssh.Transport:
                 return engine.transport(placement, stop)
 
-            done = run_fleet(request, placement.nodes, lock, ui, transport, live, opener)
+            done = run_fleet(request, placement.nodes, spec, ui, transport, live, opener)
             done = replace(done, nodes=done.nodes + tuple(placement.listed))
         else:
             run_id = history.new_id("fleet", time.time())
-            done = FleetRun(request, run_id, lock, shipment, tuple(placement.listed), time.time(), 0.0, False)
+            done = FleetRun(request, run_id, spec, shipment, tuple(placement.listed), time.time(), 0.0, False)
     finally:
         placement.release()
     return replace(done, engine=placement.part) if placement.part is not None else done

@@ -60,7 +60,7 @@ class FleetRequest:
     action: str
     hosts: str | None = None
     inventory: Path | None = None
-    lock_path: Path | None = None
+    spec_path: Path | None = None
     parallel: int = 8
     batch: int = 1  #: provision, upgrade: nodes moved at a time
     fast_only: bool = False
@@ -184,11 +184,11 @@ def upgrade_specs(request: FleetRequest) -> tuple[Spec, Spec | None]:
     here, before any node is touched: what a node would refuse is refused here first."""
     assert request.to_path is not None
     new = load_spec(request.to_path)
-    live = load_spec(request.lock_path) if request.lock_path is not None else None
-    for option, lock in (("--to", new), ("--lock", live)):
-        if lock is not None and lock.python.root is None:
+    live = load_spec(request.spec_path) if request.spec_path is not None else None
+    for option, spec in (("--to", new), ("--lock", live)):
+        if spec is not None and spec.python.root is None:
             raise UsageError(
-                f"fleet upgrade: {option} {lock.path}: python.interpreter names an existing environment; "
+                f"fleet upgrade: {option} {spec.path}: python.interpreter names an existing environment; "
                 "an upgrade builds generations under a python.root"
             )
     if live is not None and live.python.root != new.python.root:

@@ -48,7 +48,7 @@ from stackgate.models import pylock, settings
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, Status, failed, passed
-from stackgate.models.spec import Spec, SpecError, default_lock_path, load_spec
+from stackgate.models.spec import Spec, SpecError, default_spec_path, load_spec
 from stackgate.models.verdict import Verdict, judge
 from stackgate.models.verdict import document as report_document
 from stackgate.render.ui import UI
@@ -85,7 +85,7 @@ class StageInterrupted(KeyboardInterrupt):
 
 @dataclass(frozen=True, kw_only=True)
 class GateRequest:
-    lock_path: Path | None = None
+    spec_path: Path | None = None
     json_path: Path | None = None
     junit_path: Path | None = None
     markdown_path: Path | None = None
@@ -109,7 +109,7 @@ class GateContext:
     environ: Mapping[str, str]
     nvml_lib: ModuleType | None = None
     run_dir: Path = Path("reports")
-    lock: Spec | None = None
+    spec: Spec | None = None
     usage: str | None = None  #: why the lock stage refused the run (exit 2)
     verify_run: verify_flow.VerifyRun | None = None
     smoke_runs: dict[str, smoke.SmokeRun] = field(default_factory=dict)
@@ -119,11 +119,11 @@ class GateContext:
     def facts(self) -> Facts:
         """Gathered once for the environment, verify and the fingerprint, started on first use."""
         if self._facts is None:
-            assert self.lock is not None
+            assert self.spec is not None
             static, deep = verify_flow.plan(self.request.verify_checks, deep=True)
             environment = select(ENVIRONMENT_CHECKS, REGISTRY)
             parts = sorted({*fp.PARTS, *(part for c in (*environment, *static, *deep) for part in c.needs)})
-            self._facts = gather(self.lock, parts, environ=self.environ, nvml_lib=self.nvml_lib)
+            self._facts = gather(self.spec, parts, environ=self.environ, nvml_lib=self.nvml_lib)
         return self._facts
 
     def close(self) -> None:
@@ -174,10 +174,10 @@ class StageRun:
 # --- the stages -------------------------------------------------------------------------------
 
 
-def _lock_stage(ctx: GateContext) -> list[Result]:
+def _spec_stage(ctx: GateContext) -> list[Result]:
     try:
-        lock = load_spec(ctx.request.lock_path)
-        pylock.check_beside(lock)
+        spec = load_spec(ctx.request.spec_path)
+        pylock.check_beside(spec)
     except SpecError as exc:
         ctx.usage = str(exc)
         summary = str(exc).splitlines()[0].rstrip(":")
@@ -187,17 +187,17 @@ def _lock_stage(ctx: GateContext) -> list[Result]:
                 failed(summary, exc.problems, Fix("Fix the lockfile: every problem is listed with its key path.")),
             )
         ]
-    ctx.lock = lock
+    ctx.spec = spec
     results = [
         _named(
-            "lock.load", passed(f"{lock.name} ({lock.path}, sha256 {lock.sha256[:12]})", data={"sha256": lock.sha256})
+            "lock.load", passed(f"{spec.name} ({spec.path}, sha256 {spec.sha256[:12]})", data={"sha256": spec.sha256})
         )
     ]
     try:
-        (config,) = launch.configs(lock, model=ctx.request.model, fast=True)
+        (config,) = launch.configs(spec, model=ctx.request.model, fast=True)
     except launch.LaunchError as exc:
         ctx.usage = str(exc)
-        fix = Fix("Name the model the gate launches.", (f"stackgate gate --model /path/to/model --lock {lock.path}",))
+        fix = Fix("Name the model the gate launches.", (f"stackgate gate --model /path/to/model --lock {spec.path}",))
         results.append(_named("lock.model", failed(str(exc), fix=fix)))
         return results
     readable = launch.check_model(config, {**os.environ, **config.env})  # a Hub cache named in [smoke.env] too
@@ -216,26 +216,26 @@ def _lock_stage(ctx: GateContext) -> list[Result]:
 
 
 def _environment_stage(ctx: GateContext) -> list[Result]:
-    assert ctx.lock is not None
+    assert ctx.spec is not None
     checks = select(ENVIRONMENT_CHECKS, REGISTRY)
     for part in sorted({part for c in checks for part in c.needs}):
         ctx.facts.get(part)  # gathered first, as verify does: a check's timeout measures the check, not a slow probe
-    return run_checks(checks, ctx.lock, ctx.facts, verbose=bool(ctx.ui.verbose))
+    return run_checks(checks, ctx.spec, ctx.facts, verbose=bool(ctx.ui.verbose))
 
 
 def _verify_stage(ctx: GateContext) -> list[Result]:
-    assert ctx.lock is not None
+    assert ctx.spec is not None
     static, deep = verify_flow.plan(ctx.request.verify_checks, deep=True)
-    done = verify_flow.verify(ctx.lock, static, ctx.ui, strict=ctx.request.strict, facts=ctx.facts, deep=deep)
+    done = verify_flow.verify(ctx.spec, static, ctx.ui, strict=ctx.request.strict, facts=ctx.facts, deep=deep)
     ctx.verify_run = done
     return done.results
 
 
 def _smoke_stage(name: str, *, fast: bool) -> Callable[[GateContext], list[Result]]:
     def run_stage(ctx: GateContext) -> list[Result]:
-        assert ctx.lock is not None
+        assert ctx.spec is not None
         request = smoke.SmokeRequest(
-            lock_path=ctx.lock.path,
+            spec_path=ctx.spec.path,
             model=ctx.request.model,
             fast=fast,
             benchmark=not fast,
@@ -243,7 +243,7 @@ def _smoke_stage(name: str, *, fast: bool) -> Callable[[GateContext], list[Resul
             run_dir=ctx.run_dir / name,
         )
         try:
-            done = smoke.run_smoke(ctx.lock, request, ctx.ui, environ=ctx.environ, nvml_lib=ctx.nvml_lib)
+            done = smoke.run_smoke(ctx.spec, request, ctx.ui, environ=ctx.environ, nvml_lib=ctx.nvml_lib)
         except smoke.SmokeInterrupted as stop:
             ctx.smoke_runs[name] = stop.run
             raise StageInterrupted(stop.run.results) from None
@@ -256,7 +256,7 @@ def _smoke_stage(name: str, *, fast: bool) -> Callable[[GateContext], list[Resul
 
 
 STAGES: tuple[Stage, ...] = (
-    Stage("lock", "the lockfile loads and names a model", (), _lock_stage),
+    Stage("lock", "the lockfile loads and names a model", (), _spec_stage),
     Stage(
         "environment", "the live environment is the lock's: same generation, no drift", ("lock",), _environment_stage
     ),
@@ -355,7 +355,7 @@ class GateRun:
 
     request: GateRequest
     run_id: str
-    lock: Spec | None
+    spec: Spec | None
     stages: tuple[StageRun, ...]
     verdict: Verdict
     started: float
@@ -383,14 +383,14 @@ class GateRun:
             "gate",
             self.results,
             self.verdict,
-            lock=self.lock,
+            spec=self.spec,
             started=self.started,
             duration_s=self.duration_s,
             extra=extra,
         )
         doc["results"] = [{**r.to_dict(), "stage": s.name} for s in self.stages for r in s.results]
-        if self.lock is None:
-            doc["lock"] = {"name": None, "path": str(self.request.lock_path or default_lock_path()), "sha256": None}
+        if self.spec is None:
+            doc["lock"] = {"name": None, "path": str(self.request.spec_path or default_spec_path()), "sha256": None}
         return doc
 
     def _gate_part(self) -> dict[str, Any]:
@@ -412,9 +412,9 @@ class GateRun:
 
     def _benchmark(self) -> dict[str, Any] | None:
         done = self.smoke_runs.get("benchmark")
-        if done is None or done.figures is None or self.lock is None:
+        if done is None or done.figures is None or self.spec is None:
             return None
-        bench = self.lock.benchmark
+        bench = self.spec.benchmark
         verdict = next((r for r in done.results if r.check == "smoke.benchmark"), None)
         floor = bench.floor_tok_s
         judged = {
@@ -449,8 +449,8 @@ def run_gate(
         outcomes, interrupted = run_stages(stages, ctx)
         finger = (
             None
-            if interrupted or ctx.lock is None or ctx.usage
-            else fp.from_facts(ctx.lock, ctx.facts, _server_info(ctx), ctx.verify_run.results if ctx.verify_run else ())
+            if interrupted or ctx.spec is None or ctx.usage
+            else fp.from_facts(ctx.spec, ctx.facts, _server_info(ctx), ctx.verify_run.results if ctx.verify_run else ())
         )
     finally:
         ctx.close()
@@ -463,7 +463,7 @@ def run_gate(
     return GateRun(
         request,
         run_id,
-        ctx.lock,
+        ctx.spec,
         tuple(outcomes),
         verdict,
         started,

@@ -50,7 +50,7 @@ __all__ = [
     "drift_of",
     "known_failures",
     "make_plan",
-    "other_lock",
+    "other_spec",
     "plan_for",
     "refusal",
     "split_live",
@@ -93,16 +93,16 @@ class ProvisionError(Exception):
         self.checks_failed = checks_failed  #: the new generation was built and failed its checks
 
 
-def known_failures(log: Path | None, lock: Spec) -> list[Finding]:
+def known_failures(log: Path | None, spec: Spec) -> list[Finding]:
     """What the knowledge base knows of a failed step, read from its full log (installer output), after what the
     evidence sweep finds abnormal (evidence first: a log's reading of a failure may be generic)."""
     if log is None:
         return []
     try:
-        done = diagnose([(str(log), lambda: open(log, "rb"))], knowledge.lock_context(lock), stage="provision")
+        done = diagnose([(str(log), lambda: open(log, "rb"))], knowledge.spec_context(spec), stage="provision")
     except UsageError:
         return []  # the log is gone: the tail shown is all there is
-    facts = Facts(lock)
+    facts = Facts(spec)
     try:
         swept = as_finding(facts.sweep, log.read_text(errors="replace"), str(log))
     except OSError:
@@ -159,7 +159,7 @@ def sweep(root: Path, ui: UI) -> None:
 
 
 def make_plan(
-    lock: Spec,
+    spec: Spec,
     state: generations.RootState,
     environ: Mapping[str, str],
     *,
@@ -169,17 +169,17 @@ def make_plan(
     """The plan for ``lock`` (of the area ``only``, or all), from facts gathered now."""
     areas = (only,) if only else AREAS
     parts = sorted({part for area in areas for part in PLAN_PARTS[area]})
-    facts = gather(lock, parts, environ=environ)
+    facts = gather(spec, parts, environ=environ)
     try:
         house = Path(os.path.abspath(wheelhouse)) if wheelhouse else None
-        return plan(lock, facts, state, only=only, uv=pyenv.find_uv(), wheelhouse=house)
+        return plan(spec, facts, state, only=only, uv=pyenv.find_uv(), wheelhouse=house)
     finally:
         facts.close()
 
 
-def plan_for(lock: Spec, state: generations.RootState, environ: Mapping[str, str]) -> Plan:
+def plan_for(spec: Spec, state: generations.RootState, environ: Mapping[str, str]) -> Plan:
     """What provision would do to bring this machine to ``lock`` (facts gathered now)."""
-    return make_plan(lock, state, environ)
+    return make_plan(spec, state, environ)
 
 
 def command_line() -> str:
@@ -212,7 +212,7 @@ def split_live(the_plan: Plan) -> tuple[Plan, Plan]:
 class Build:
     """What the steps of one provision share."""
 
-    lock: Spec
+    spec: Spec
     state: generations.RootState
     environ: dict[str, str]
     logs: Path
@@ -224,12 +224,12 @@ class Build:
 
     @property
     def root(self) -> Path:
-        assert self.lock.python.root is not None
-        return self.lock.python.root
+        assert self.spec.python.root is not None
+        return self.spec.python.root
 
     @property
     def cache(self) -> Path:
-        return cache_dir(self.lock)
+        return cache_dir(self.spec)
 
     def log(self, step: Step) -> Path:
         return self.logs / f"{self.step_number:02d}-{step.action}.log"
@@ -240,13 +240,13 @@ def apply(
 ) -> generations.Generation | None:
     """Run the plan's steps in order; the first failure stops it (``current`` is only switched by
     the last step of a build). Returns the generation the plan built or resumed, if any."""
-    lock = the_plan.lock
+    spec = the_plan.spec
     stamp = the_plan.generation.name if the_plan.generation else time.strftime("%Y%m%dT%H%M%S")
     build = Build(
-        lock,
+        spec,
         state,
         environ,
-        _log_dir(lock, stamp),
+        _log_dir(spec, stamp),
         the_plan,
         wheelhouse=Path(os.path.abspath(wheelhouse)) if wheelhouse else None,
     )
@@ -262,9 +262,9 @@ def apply(
     return build.generation
 
 
-def _log_dir(lock: Spec, stamp: str) -> Path:
-    assert lock.python.root is not None
-    logs = lock.python.root / "logs"
+def _log_dir(spec: Spec, stamp: str) -> Path:
+    assert spec.python.root is not None
+    logs = spec.python.root / "logs"
     directory = logs / stamp
     directory.mkdir(parents=True, exist_ok=True)
     for old in sorted((p for p in logs.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)[:-KEEP_LOGS]:
@@ -278,7 +278,7 @@ def _kept_toolkits_untouched(the_plan: Plan) -> ContextManager[object]:
     """Around toolkit installs, the toolkit module fingerprints the kept toolkits: they must not change."""
     if "toolkit" not in the_plan.areas:
         return contextlib.nullcontext()
-    return toolkit.kept_untouched(the_plan.lock.toolkits)
+    return toolkit.kept_untouched(the_plan.spec.toolkits)
 
 
 def _run(build: Build, step: Step, activity: Activity, command: pyenv.Command) -> None:
@@ -291,7 +291,7 @@ def _run(build: Build, step: Step, activity: Activity, command: pyenv.Command) -
             faults.trip(f"during:{step.action}")
         activity.update(line)
 
-    pyenv.run(command, log=build.log(step), environ=build.environ, lock=build.lock, on_line=on_line)
+    pyenv.run(command, log=build.log(step), environ=build.environ, spec=build.spec, on_line=on_line)
 
 
 def _discard(build: Build, step: Step, activity: Activity) -> None:
@@ -304,10 +304,10 @@ def _discard(build: Build, step: Step, activity: Activity) -> None:
 def _venv(build: Build, step: Step, activity: Activity) -> None:
     base = build.the_plan.base_python
     assert base is not None and build.the_plan.generation is not None
-    lock = build.lock
+    spec = build.spec
     about = {
-        "lock": {"name": lock.name, "path": str(lock.path), "sha256": lock.sha256},
-        "spec": environment_spec(lock),
+        "lock": {"name": spec.name, "path": str(spec.path), "sha256": spec.sha256},
+        "spec": environment_spec(spec),
         "base_python": {"path": str(base.path), "version": base.version},
     }
     build.generation = generations.create(build.the_plan.generation, about)
@@ -317,7 +317,7 @@ def _venv(build: Build, step: Step, activity: Activity) -> None:
 
 def _guard(build: Build, step: Step, activity: Activity) -> None:
     assert build.generation is not None
-    build.files = guard.write(build.lock, build.generation.path)
+    build.files = guard.write(build.spec, build.generation.path)
     resolution = step.subject
     pyenv.write_install_files(
         resolution, build.generation.path, pyenv.local_files(resolution, build.cache / "wheels", build.wheelhouse)
@@ -333,12 +333,12 @@ def _preflight(build: Build, step: Step, activity: Activity) -> None:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise ProvisionError(
                 f"the wheelhouse {wheelhouse} cannot be installed from: {problems[0]}{more}; "
-                f"fill it again with `{pylock.lock_command(build.lock.path)} --wheelhouse {wheelhouse}`",
+                f"fill it again with `{pylock.lock_command(build.spec.path)} --wheelhouse {wheelhouse}`",
                 tail=tuple(problems[:15]),
             )
         activity.update(f"{len(resolution.files)} files, sha256 as locked")
         return
-    silent = pyenv.unreachable(pyenv.sources(build.lock, resolution))
+    silent = pyenv.unreachable(pyenv.sources(build.spec, resolution))
     if silent:
         said = "; ".join(f"{url} does not answer ({why})" for url, why in silent.items())
         raise pyenv.PyenvError(f"{said}: nothing was created", unreachable=tuple(silent))
@@ -386,7 +386,7 @@ def _current(build: Build) -> generations.Generation:
 
 def _envfile(build: Build, step: Step, activity: Activity) -> None:
     home = build.generation.path if build.generation is not None else _current(build).path
-    pyenv.write_environment(build.lock, home, build.root)
+    pyenv.write_environment(build.spec, home, build.root)
 
 
 def _check(build: Build, step: Step, activity: Activity) -> None:
@@ -394,7 +394,7 @@ def _check(build: Build, step: Step, activity: Activity) -> None:
     generation = build.generation
     assert generation is not None
     candidate = dataclasses.replace(
-        build.lock, python=dataclasses.replace(build.lock.python, interpreter=generation.python)
+        build.spec, python=dataclasses.replace(build.spec.python, interpreter=generation.python)
     )
     results = _run_named(candidate, BUILD_CHECKS, build.environ)
     bad = [r for r in results if r.status >= Status.FAIL]
@@ -410,11 +410,11 @@ def _check(build: Build, step: Step, activity: Activity) -> None:
     activity.update(", ".join(f"{r.check} {r.status.name}" for r in results))
 
 
-def _run_named(lock: Spec, names: tuple[str, ...], environ: Mapping[str, str]) -> list[Result]:
+def _run_named(spec: Spec, names: tuple[str, ...], environ: Mapping[str, str]) -> list[Result]:
     checks = _registered(names)
-    facts = gather(lock, sorted({p for c in checks for p in c.needs}), environ=environ)
+    facts = gather(spec, sorted({p for c in checks for p in c.needs}), environ=environ)
     try:
-        return run_checks(checks, lock, facts)
+        return run_checks(checks, spec, facts)
     finally:
         facts.close()
 
@@ -466,7 +466,7 @@ APPLIERS: dict[str, Callable[[Build, Step, Activity], None]] = {
 class Built:
     """After a plan was applied: what is left to do (planned again) and the verify run of what was built."""
 
-    lock: Spec
+    spec: Spec
     the_plan: Plan
     environ: Mapping[str, str]
     ui: UI
@@ -478,10 +478,10 @@ class Built:
 
 def _plan_again(built: Built) -> None:
     """Gather the facts again and plan: nothing may be left to do."""
-    lock = built.lock
-    assert lock.python.root is not None
-    state = generations.read(lock.python.root)
-    again = make_plan(lock, state, built.environ, only=built.only, wheelhouse=built.wheelhouse)
+    spec = built.spec
+    assert spec.python.root is not None
+    state = generations.read(spec.python.root)
+    again = make_plan(spec, state, built.environ, only=built.only, wheelhouse=built.wheelhouse)
     built.left += [f"{s.what} ({s.why})" for s in again.steps] + [b.message for b in again.blockers]
 
 
@@ -489,7 +489,7 @@ def _verify_areas(built: Built) -> None:
     """Run the verify checks that cover the areas the plan touched."""
     checks = _registered(tuple(name for area in built.the_plan.areas for name in VERIFY_CHECKS[area]))
     if checks:
-        built.verified = verify(built.lock, checks, built.ui)
+        built.verified = verify(built.spec, checks, built.ui)
 
 
 AFTER_BUILD: tuple[Stage[Built], ...] = (Stage("plan again", _plan_again), Stage("verify", _verify_areas))
@@ -503,25 +503,25 @@ def after_build(built: Built) -> Built:
     return built
 
 
-def other_lock(lock: Spec, built_from: Mapping[str, Any]) -> str | None:
+def other_spec(spec: Spec, built_from: Mapping[str, Any]) -> str | None:
     """What a generation was built from when it is not this lock: another lock file (named), or
     another version of this one; None when it is this lock or the marker does not say."""
     sha256, path = built_from.get("sha256"), built_from.get("path")
-    if path and Path(str(path)) != lock.path:
+    if path and Path(str(path)) != spec.path:
         return f"another lock file, {path}" + (f" (sha256 {str(sha256)[:12]})" if sha256 else "")
-    if sha256 and sha256 != lock.sha256:
+    if sha256 and sha256 != spec.sha256:
         return f"another version of the lock (sha256 {str(sha256)[:12]})"
     return None
 
 
-def drift_of(lock: Spec, generation: generations.Generation, environ: Mapping[str, str]) -> list[str]:
+def drift_of(spec: Spec, generation: generations.Generation, environ: Mapping[str, str]) -> list[str]:
     """How a generation's environment differs from what it was built from (its marker's spec):
     its pins, the frozen packages its guard holds, conflicts; and whether its guard is there."""
     try:
-        python = pyenv.built_python(lock.python, (generation.marker or {}).get("spec"), generation.python)
+        python = pyenv.built_python(spec.python, (generation.marker or {}).get("spec"), generation.python)
     except ValueError as exc:
         return [f"its {generations.MARKER} does not say what it was built from ({exc})"]
-    built = dataclasses.replace(lock, python=python)
+    built = dataclasses.replace(spec, python=python)
     facts = gather(built, ["dists"], environ=environ)
     try:
         dists = facts.dists

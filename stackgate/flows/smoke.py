@@ -59,7 +59,7 @@ SETTLE_S = 0.5
 
 @dataclass(frozen=True, kw_only=True)
 class SmokeRequest:
-    lock_path: Path | None = None
+    spec_path: Path | None = None
     model: str | None = None
     tp: int | None = None
     port: int | None = None
@@ -163,7 +163,7 @@ class Session:
 class SmokeRun:
     """A finished smoke: what the gate and the report need of it."""
 
-    lock: Spec
+    spec: Spec
     request: SmokeRequest
     sessions: tuple[Session, ...]
     results: list[Result]
@@ -200,7 +200,7 @@ class SmokeRun:
             "smoke",
             self.results,
             self.verdict,
-            lock=self.lock,
+            spec=self.spec,
             started=self.started,
             duration_s=self.duration_s,
             extra={"smoke": smoke},
@@ -226,7 +226,7 @@ class SmokeInterrupted(KeyboardInterrupt):
 
 @dataclass(frozen=True)
 class _Context:
-    lock: Spec
+    spec: Spec
     request: SmokeRequest
     ui: UI
     run_dir: Path
@@ -235,7 +235,7 @@ class _Context:
 
 
 def run_smoke(
-    lock: Spec,
+    spec: Spec,
     request: SmokeRequest,
     ui: UI,
     *,
@@ -248,10 +248,10 @@ def run_smoke(
     """
     started, clock = time.time(), time.monotonic()
     configs = launch.configs(
-        lock, model=request.model, tp=request.tp, port=request.port, fast=request.fast, compare=request.compare
+        spec, model=request.model, tp=request.tp, port=request.port, fast=request.fast, compare=request.compare
     )
     launched.reap_and_tell(ui.warn)  # what a run killed outright left running (its port, its GPUs)
-    context = _Context(lock, request, ui, _run_dir(request), dict(os.environ if environ is None else environ), nvml_lib)
+    context = _Context(spec, request, ui, _run_dir(request), dict(os.environ if environ is None else environ), nvml_lib)
     sessions: list[Session] = []
     try:
         for i, config in enumerate(configs):
@@ -288,7 +288,7 @@ def _finish(context: _Context, sessions: list[Session], started: float, clock: f
             ExitCode.INTERRUPTED, verdict.counts, "interrupted (Ctrl-C or SIGTERM); every server was torn down"
         )
     return SmokeRun(
-        context.lock, context.request, tuple(sessions), results, verdict, started, time.monotonic() - clock, interrupted
+        context.spec, context.request, tuple(sessions), results, verdict, started, time.monotonic() - clock, interrupted
     )
 
 
@@ -303,7 +303,7 @@ def _run_session(session: Session, context: _Context, *, keep: bool) -> None:
     session.log_path = context.run_dir / f"{config.label or 'server'}.log"
     watcher = serverlog.LogWatcher(
         session.log_path,
-        context=_scan_context(context.lock, config, session.log_path),
+        context=_scan_context(context.spec, config, session.log_path),
         evidence=config.evidence,
         engine=config.engine,
     )
@@ -325,9 +325,9 @@ def _run_session(session: Session, context: _Context, *, keep: bool) -> None:
         raise KeyboardInterrupt
 
 
-def _scan_context(lock: Spec, config: Config, log_path: Path) -> dict[str, str]:
+def _scan_context(spec: Spec, config: Config, log_path: Path) -> dict[str, str]:
     """What the knowledge base's causes and fixes quote: the lock's values, this launch's own."""
-    values = knowledge.lock_context(lock)
+    values = knowledge.spec_context(spec)
     values.update(
         lock_backend=config.attention_backend,
         lock_tp=str(config.tp),
@@ -339,9 +339,9 @@ def _scan_context(lock: Spec, config: Config, log_path: Path) -> dict[str, str]:
 
 def _preflight(session: Session, context: _Context) -> bool:
     """The refusals before launch; True when the launch may go ahead."""
-    config, lock = session.config, context.lock
+    config, spec = session.config, context.spec
     try:
-        environ, stackgate_set = launch.server_env(lock, config, context.environ)
+        environ, stackgate_set = launch.server_env(spec, config, context.environ)
     except envfile.EnvFileError as exc:
         session.add(
             "preflight.env",
@@ -356,7 +356,7 @@ def _preflight(session: Session, context: _Context) -> bool:
     if model.status == Status.PASS:
         session.config = config = launch.cached_models(config, environ)
     checks = {
-        "preflight.python": _check_python(lock),
+        "preflight.python": _check_python(spec),
         "preflight.model": model,
         "preflight.port": launch.check_port(config),
     }
@@ -371,7 +371,7 @@ def _preflight(session: Session, context: _Context) -> bool:
 
 def _command(session: Session, context: _Context) -> bool:
     """The command line to launch, the one to show, and the client's key; False if a key is unset."""
-    words = session.config.argv(context.lock.python.target, session.shrink)
+    words = session.config.argv(context.spec.python.target, session.shrink)
     session.argv = tuple(secretargs.shown(words))
     try:
         session.launch_argv = tuple(secretargs.resolve(words, session.environment))
@@ -399,11 +399,11 @@ def _start(session: Session, keep: bool) -> launch.Server | None:
     return server
 
 
-def _check_python(lock: Spec) -> Result:
-    target = lock.python.target
+def _check_python(spec: Spec) -> Result:
+    target = spec.python.target
     if target.exists():
         return passed(f"the stack's interpreter {target}")
-    how = "run `stackgate provision`" if lock.python.root is not None else "fix python.interpreter in the lock"
+    how = "run `stackgate provision`" if spec.python.root is not None else "fix python.interpreter in the lock"
     return failed(
         f"no interpreter at {target}: {how}; nothing was launched",
         fix=Fix("Provision the stack first.", ("stackgate provision",)),
@@ -434,12 +434,12 @@ def _serve(session: Session, context: _Context, server: launch.Server, watcher: 
             server,
             watcher,
             config,
-            context.lock.smoke.ready_timeout_s,
+            context.spec.smoke.ready_timeout_s,
             lambda phase, _: activity.update(phase),
-            silence_s=context.lock.smoke.load_silence_s,
+            silence_s=context.spec.smoke.load_silence_s,
         )
     session.readiness = ready
-    session.add("launch", _launch_result(ready, server, watcher, context.lock.smoke, ready.finding))
+    session.add("launch", _launch_result(ready, server, watcher, context.spec.smoke, ready.finding))
     if not ready.ready:
         session.failed(f"not ready: {ready.reason}", ready.failed_at)
         return
@@ -555,11 +555,11 @@ def _launch_result(
     return failed(f"not ready after {timeout_s:g} s (last phase: {ready.phase})", tail, fix=fix, data=data)
 
 
-def _swept(result: Result, lock: Spec, environ: Mapping[str, str], log: Path, *, known: bool) -> Result:
+def _swept(result: Result, spec: Spec, environ: Mapping[str, str], log: Path, *, known: bool) -> Result:
     """A failed launch told with what the evidence sweep finds abnormal in the server's environment (its limits,
     paths, the stack's shared objects, the kernel's events) and its log's first error: evidence before a log line's
     reading; with no known cause, what the sweep checked where it found nothing."""
-    facts = Facts(lock, environ=environ)
+    facts = Facts(spec, environ=environ)
     try:
         if known and not evidencesweep.judge(facts.sweep):
             return result
@@ -606,7 +606,7 @@ def _what_runs(session: Session) -> None:
 
 
 def _measure(session: Session, context: _Context, server: launch.Server, watcher: serverlog.LogWatcher) -> None:
-    config, request, benchmark = session.config, context.request, context.lock.benchmark
+    config, request, benchmark = session.config, context.request, context.spec.benchmark
     streams = bench.Streams()
     incremental = bool((session.server_info or {}).get("stream_output"))
     # Only the lock's configuration at full weights is judged against the floor, so only it earns extra runs.
@@ -672,7 +672,7 @@ def _explain(monitor: Monitor, error: str) -> str:
 
 
 def _measure_results(session: Session, context: _Context) -> None:
-    benchmark = context.lock.benchmark
+    benchmark = context.spec.benchmark
     label = session.shrink.label if session.shrink else None
     if session.figures is not None:
         # Only the lock's configuration is what baseline_tok_s describes; --compare's baseline is measured, not judged.
@@ -757,7 +757,7 @@ def _teardown(
             f"press Ctrl-C {again}to kill it now"
         )
 
-    session.teardown = launch.stop(server, context.lock.smoke.stop_grace_s, waiting)
+    session.teardown = launch.stop(server, context.spec.smoke.stop_grace_s, waiting)
     return session.teardown
 
 
@@ -790,10 +790,10 @@ def _conclude(
         if seen.reason == "fatal" and session.teardown is not None and session.teardown.how == "exited by itself":
             seen = dataclasses.replace(seen, reason="exited", exit_code=session.teardown.exit_code)
         named = dataclasses.replace(
-            _launch_result(seen, server, watcher, context.lock.smoke, watcher.cause),
+            _launch_result(seen, server, watcher, context.spec.smoke, watcher.cause),
             check=session.config.check("launch"),
         )
-        named = _swept(named, context.lock, session.environment, server.log_path, known=watcher.cause is not None)
+        named = _swept(named, context.spec, session.environment, server.log_path, known=watcher.cause is not None)
         session.results = [named if r.check == named.check else r for r in session.results]
     for item in session.evidence:
         name = f"evidence.{item.flag.lstrip('-')}"
@@ -807,7 +807,7 @@ def _conclude(
         session.add(result.check, result)
     if not session.findings:
         session.add("log", passed(f"no known failure signature in {watcher.lines} log lines"))
-    session.add("teardown", _teardown_result(session, server, context.lock.smoke.stop_grace_s))
+    session.add("teardown", _teardown_result(session, server, context.spec.smoke.stop_grace_s))
     if server.record is not None and server.record.error is not None:
         why = "a run killed outright could leave processes that the next run cannot find"
         session.add("launch.record", warned(f"{server.record.error}: {why}"))

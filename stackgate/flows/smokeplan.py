@@ -47,16 +47,16 @@ class Planned:
 
 
 def plan_smoke(
-    lock: Spec, configs: list[Config], environ: Mapping[str, str], *, measures: bool, concurrency: bool
+    spec: Spec, configs: list[Config], environ: Mapping[str, str], *, measures: bool, concurrency: bool
 ) -> list[Planned]:
     """What each configuration's launch and run would be (nothing is started, no port is bound)."""
-    return [_plan(lock, config, environ, measures=measures, concurrency=concurrency) for config in configs]
+    return [_plan(spec, config, environ, measures=measures, concurrency=concurrency) for config in configs]
 
 
-def _plan(lock: Spec, config: Config, environ: Mapping[str, str], *, measures: bool, concurrency: bool) -> Planned:
+def _plan(spec: Spec, config: Config, environ: Mapping[str, str], *, measures: bool, concurrency: bool) -> Planned:
     notes: list[str] = []
     try:
-        _, set_by_stackgate = launch.server_env(lock, config, environ)
+        _, set_by_stackgate = launch.server_env(spec, config, environ)
     except envfile.EnvFileError as exc:
         set_by_stackgate = dict(config.env)
         notes.append(f"the live environment file cannot be read ({exc}): smoke would refuse to launch")
@@ -66,7 +66,7 @@ def _plan(lock: Spec, config: Config, environ: Mapping[str, str], *, measures: b
             shrink = fastmode.shrink(Path(config.model), config.fast_layers or 1)
         except fastmode.FastModeError as exc:
             notes.append(f"fast mode: {exc}; smoke would refuse to launch")
-    words = config.argv(lock.python.target, shrink)
+    words = config.argv(spec.python.target, shrink)
     try:
         secretargs.resolve(words, {**environ, **set_by_stackgate})
     except secretargs.SecretArgError as exc:

@@ -214,7 +214,7 @@ def _plan(request: UpgradeRequest, environ: Mapping[str, str], started: float) -
             f"nothing live to upgrade: {why}; provision builds a first stack",
             hint=f"stackgate provision --lock {request.to}",
         )
-    live = _live_lock(request.lock_path, live_generation)
+    live = _live_spec(request.spec_path, live_generation)
     if live.python.root is None or Path(os.path.abspath(live.python.root)) != Path(os.path.abspath(root)):
         raise UsageError(
             f"{request.to}: python.root is {root}, but the live spec {live.path} has {live.python.root}: "
@@ -246,18 +246,18 @@ def _plan(request: UpgradeRequest, environ: Mapping[str, str], started: float) -
 
 
 def _load(path: Path | None, option: str) -> Spec:
-    lock = load_spec(path)
-    lock = dataclasses.replace(lock, path=Path(os.path.abspath(lock.path)))
-    pylock.check_beside(lock)
-    if lock.python.root is None:
+    spec = load_spec(path)
+    spec = dataclasses.replace(spec, path=Path(os.path.abspath(spec.path)))
+    pylock.check_beside(spec)
+    if spec.python.root is None:
         raise UsageError(
-            f"{option} {lock.path}: python.interpreter names an existing environment; "
+            f"{option} {spec.path}: python.interpreter names an existing environment; "
             "upgrade builds generations under a python.root"
         )
-    return lock
+    return spec
 
 
-def _live_lock(path: Path | None, live: generations.Generation) -> Spec:
+def _live_spec(path: Path | None, live: generations.Generation) -> Spec:
     if path is not None:
         return _load(path, "--lock")
     built_from = (live.marker or {}).get("lock", {}).get("path")
@@ -276,9 +276,9 @@ def _built_pylock(generation: generations.Generation) -> pylock.Resolution | Non
         return None
 
 
-def _pylock_of(lock: Spec) -> pylock.Resolution | None:
+def _pylock_of(spec: Spec) -> pylock.Resolution | None:
     try:
-        return pylock.load_beside(lock)
+        return pylock.load_beside(spec)
     except pylock.PylockError:
         return None
 
@@ -290,7 +290,7 @@ def _build(done: UpgradeRun, environ: dict[str, str], ui: UI) -> generations.Gen
     """Provision's steps, less those that change what is live; the generation built (or the live
     one, when the new spec's environment is the live one's), None when the build failed."""
     state = generations.read(done.root)
-    beside, _ = provision.split_live(provision.plan_for(done.new_lock, state, environ))
+    beside, _ = provision.split_live(provision.plan_for(done.new_spec, state, environ))
     if beside.blockers:
         done.build = {"status": "failed", "reason": "; ".join(b.message for b in beside.blockers)}
         return None
@@ -338,7 +338,7 @@ def _verify(
 ) -> bool:
     """verify's static, then deep checks on the new generation's interpreter; a failure marks it
     failed (kept for inspection) and ends the upgrade."""
-    candidate = _side_lock(done.new_lock, generation, done.new_lock.benchmark)
+    candidate = _side_spec(done.new_spec, generation, done.new_spec.benchmark)
     static, deep = verifyflow.plan(done.request.verify_checks, deep=True)
     facts = gather(
         candidate,
@@ -363,10 +363,10 @@ def _verify(
     return True
 
 
-def _side_lock(lock: Spec, generation: generations.Generation, benchmark: Benchmark) -> Spec:
+def _side_spec(spec: Spec, generation: generations.Generation, benchmark: Benchmark) -> Spec:
     """``lock`` pointed at ``generation``'s interpreter and environment file, with ``benchmark``."""
-    python = dataclasses.replace(lock.python, interpreter=generation.python)
-    return dataclasses.replace(lock, python=python, benchmark=benchmark)
+    python = dataclasses.replace(spec.python, interpreter=generation.python)
+    return dataclasses.replace(spec, python=python, benchmark=benchmark)
 
 
 # --- the A/B ---------------------------------------------------------------------------------
@@ -376,16 +376,16 @@ def _ab(done: UpgradeRun, environ: dict[str, str], ui: UI, nvml_lib: ModuleType 
     """Each leg a full smoke, in alternated order; stops at the new side's first failed leg."""
     assert done.new_generation is not None
     # One benchmark for both (the new spec's), judged against each other, not a baseline.
-    bench = dataclasses.replace(done.new_lock.benchmark, baseline_tok_s=None)
-    sides = {abtest.LIVE: (done.live_lock, done.live_generation), abtest.NEW: (done.new_lock, done.new_generation)}
+    bench = dataclasses.replace(done.new_spec.benchmark, baseline_tok_s=None)
+    sides = {abtest.LIVE: (done.live_spec, done.live_generation), abtest.NEW: (done.new_spec, done.new_generation)}
     run_dir = done.request.run_dir or settings.LOG_DIR.value().resolve() / "upgrade" / done.run_id
     legs = abtest.order(done.request.rounds)
     for position, name in enumerate(legs, 1):
-        lock, generation = sides[name]
+        spec, generation = sides[name]
         faults.trip(f"before:upgrade.leg{position}")
         ui.info(f"A/B leg {position}/{len(legs)}: {name} stack, generation {generation.id}")
         leg = _leg(
-            done, name, position, _side_lock(lock, generation, bench), generation, run_dir, environ, ui, nvml_lib
+            done, name, position, _side_spec(spec, generation, bench), generation, run_dir, environ, ui, nvml_lib
         )
         if name == abtest.NEW and not leg.passed:
             ui.warn(f"the new stack failed leg {position}: no further legs")
@@ -396,7 +396,7 @@ def _leg(
     done: UpgradeRun,
     name: str,
     position: int,
-    lock: Spec,
+    spec: Spec,
     generation: generations.Generation,
     run_dir: Path,
     environ: Mapping[str, str],
@@ -404,10 +404,10 @@ def _leg(
     nvml_lib: ModuleType | None,
 ) -> abtest.Leg:
     request = smoke.SmokeRequest(
-        lock_path=lock.path, model=done.request.model, benchmark=True, run_dir=run_dir / f"{position}-{name}"
+        spec_path=spec.path, model=done.request.model, benchmark=True, run_dir=run_dir / f"{position}-{name}"
     )
     try:
-        ran = smoke.run_smoke(lock, request, ui, environ=environ, nvml_lib=nvml_lib)
+        ran = smoke.run_smoke(spec, request, ui, environ=environ, nvml_lib=nvml_lib)
     except smoke.SmokeInterrupted as stop:
         _record(done, name, position, generation, stop.run)
         raise KeyboardInterrupt from None
@@ -473,7 +473,7 @@ def _leg_part(leg: abtest.Leg, generation: generations.Generation, ran: smoke.Sm
 def _switch(done: UpgradeRun, environ: dict[str, str], ui: UI) -> None:
     """The live steps of the new spec's plan, planned again now (the switch, the link, ...)."""
     state = generations.read(done.root)
-    _, live = provision.split_live(provision.plan_for(done.new_lock, state, environ))
+    _, live = provision.split_live(provision.plan_for(done.new_spec, state, environ))
     if live.steps:
         provision.apply(live, state, environ, ui)
     now = generations.read(done.root).current

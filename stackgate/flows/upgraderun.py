@@ -45,7 +45,7 @@ BUILD_ERRORS = (
 @dataclass(frozen=True, kw_only=True)
 class UpgradeRequest:
     to: Path  #: the new spec
-    lock_path: Path | None = None  #: the live spec (default: the one the live generation was built from)
+    spec_path: Path | None = None  #: the live spec (default: the one the live generation was built from)
     model: str | None = None
     switch: str = "if-better"
     dry_run: bool = False
@@ -77,8 +77,8 @@ class UpgradeRun:
     run_id: str
     started: float
     root: Path
-    live_lock: Spec
-    new_lock: Spec
+    live_spec: Spec
+    new_spec: Spec
     live_generation: generations.Generation
     changes: list[stackdiff.Change]
     plan_lines: list[str]
@@ -212,7 +212,7 @@ def _document(done: UpgradeRun) -> dict[str, Any]:
     verdict = Verdict(code, counts, str(reason))
     extra = {"run_id": done.run_id, "upgrade": _upgrade_part(done)}
     return report_document(
-        "upgrade", results, verdict, lock=done.new_lock, started=done.started, duration_s=done.duration_s, extra=extra
+        "upgrade", results, verdict, spec=done.new_spec, started=done.started, duration_s=done.duration_s, extra=extra
     )
 
 
@@ -238,8 +238,8 @@ def _upgrade_part(done: UpgradeRun) -> dict[str, Any]:
         "step": done.step,
         "interrupted": done.interrupted,
         "blocked": done.blocked,
-        "live": {"generation": done.live_generation.id, "lock": str(done.live_lock.path)},
-        "new": {"lock": str(done.new_lock.path), **_generation_part(generation)},
+        "live": {"generation": done.live_generation.id, "lock": str(done.live_spec.path)},
+        "new": {"lock": str(done.new_spec.path), **_generation_part(generation)},
         "plan": {"changes": [c.to_dict() for c in done.changes], "lines": done.plan_lines},
         "build": done.build,
         "verify": [r.to_dict() for r in done.verify_results],

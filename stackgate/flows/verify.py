@@ -39,7 +39,7 @@ __all__ = ["STAGES", "VerifyRun", "plan", "verify", "verify_cached"]
 class VerifyRun:
     """A finished verify: what a caller (gate, provision) needs of it."""
 
-    lock: Spec
+    spec: Spec
     results: list[Result]
     verdict: Verdict
     started: float
@@ -70,7 +70,7 @@ def plan(patterns: Sequence[str], *, deep: bool) -> tuple[list[Check], list[Chec
 class Verifying:
     """One verify under way: what its stages read and fill."""
 
-    lock: Spec
+    spec: Spec
     checks: list[Check]
     deep: Sequence[Check]
     ui: UI
@@ -100,16 +100,16 @@ def _static(run: Verifying) -> None:
         # measures the check, not the wait for a slow probe.
         for part in sorted({p for c in (first if deep else checks) for p in c.needs}):
             run.facts.get(part)
-    run.results = run_checks(first, run.lock, run.facts, verbose=bool(run.ui.verbose))
+    run.results = run_checks(first, run.spec, run.facts, verbose=bool(run.ui.verbose))
     run.phases["static" if not deep else "prerequisites"] = time.monotonic() - run.clock
-    run.rest = _beside(checks, first, run.lock, run.facts, run.ui, run.clock, run.phases) if deep else None
+    run.rest = _beside(checks, first, run.spec, run.facts, run.ui, run.clock, run.phases) if deep else None
 
 
 def _deep(run: Verifying) -> None:
     """The deep checks, one after another (their runs were started ahead, in :func:`_static`)."""
     for check in run.deep:
         begun = time.monotonic()
-        run.results.append(_run_deep(check, run.lock, run.facts, run.results, run.ui))
+        run.results.append(_run_deep(check, run.spec, run.facts, run.results, run.ui))
         run.phases[check.name] = time.monotonic() - begun
 
 
@@ -121,7 +121,7 @@ def _start_ahead(run: Verifying, index: int) -> None:
         return
     name = run.deep[index].name
     try:
-        launch = deepchecks.launch(name, run.lock, run.facts)
+        launch = deepchecks.launch(name, run.spec, run.facts)
     except Exception:  # the check itself meets (and reports) what failed here
         return
     if launch is not None:
@@ -138,7 +138,7 @@ STAGES: tuple[Stage[Verifying], ...] = (Stage("static", _static), Stage("deep", 
 
 
 def verify(
-    lock: Spec,
+    spec: Spec,
     checks: list[Check],
     ui: UI,
     *,
@@ -154,8 +154,8 @@ def verify(
     started = time.time()
     clock = time.monotonic()
     needs = sorted({part for c in (*checks, *deep) for part in c.needs})
-    facts = facts or gather(lock, needs)
-    run = Verifying(lock, checks, deep, ui, facts, needs, clock)
+    facts = facts or gather(spec, needs)
+    run = Verifying(spec, checks, deep, ui, facts, needs, clock)
     try:
         with deepruns.ahead() if deep and settings.DEEP_AHEAD.value() else contextlib.nullcontext() as run.ahead:
             facts.start(needs)
@@ -165,13 +165,13 @@ def verify(
     duration = time.monotonic() - clock
     ahead = {"started": run.ahead.started, "taken": run.ahead.taken} if run.ahead is not None else None
     verdict = judge(run.results, strict=strict)
-    return VerifyRun(lock, run.results, verdict, started, duration, facts, run.phases, ahead=ahead)
+    return VerifyRun(spec, run.results, verdict, started, duration, facts, run.phases, ahead=ahead)
 
 
 def _beside(
     checks: Sequence[Check],
     first: Sequence[Check],
-    lock: Spec,
+    spec: Spec,
     facts: Facts,
     ui: UI,
     clock: float,
@@ -181,7 +181,7 @@ def _beside(
     rest = [c for c in checks if c not in first]
 
     def judge_rest() -> list[Result]:
-        done = run_checks(rest, lock, facts, verbose=bool(ui.verbose))
+        done = run_checks(rest, spec, facts, verbose=bool(ui.verbose))
         phases["static (beside the deep checks)"] = time.monotonic() - clock
         return done
 
@@ -199,7 +199,7 @@ def _in_order(checks: Sequence[Check], deep: Sequence[Check], results: Sequence[
 
 
 def verify_cached(
-    lock: Spec,
+    spec: Spec,
     checks: list[Check],
     ui: UI,
     *,
@@ -210,29 +210,29 @@ def verify_cached(
     """The live checks now; the static ones' results from the cache while its stamp holds, else
     a full verify that refreshes the cache."""
     started, clock = time.time(), time.monotonic()
-    path = verifycache.path_for(lock, environ)
+    path = verifycache.path_for(spec, environ)
     live = [c for c in checks if verifycache.is_live(c)]
     static = [c for c in checks if not verifycache.is_live(c)]
-    facts = gather(lock, sorted({"nvml", *(p for c in live for p in c.needs)}), environ=environ, nvml_lib=nvml_lib)
+    facts = gather(spec, sorted({"nvml", *(p for c in live for p in c.needs)}), environ=environ, nvml_lib=nvml_lib)
     note = None
     try:
         entry = verifycache.load(path)
     except verifycache.CacheError as exc:
         entry, note = None, f"the cache {path} is ignored: {exc}"
-    before = stamp.take(lock, lambda: facts.nvml, entry.sites if entry else (), facts.base_environ)
+    before = stamp.take(spec, lambda: facts.nvml, entry.sites if entry else (), facts.base_environ)
     why = verifycache.miss(entry, before, [c.name for c in static], started)
     if entry is None or why is not None:
-        return _refresh(lock, checks, static, facts, before, path, ui, strict, note or why or "no cache yet")
+        return _refresh(spec, checks, static, facts, before, path, ui, strict, note or why or "no cache yet")
     try:
         with ui.progress("live checks"):
-            fresh = run_checks(live, lock, facts, verbose=bool(ui.verbose))
+            fresh = run_checks(live, spec, facts, verbose=bool(ui.verbose))
     finally:
         facts.close()
     order = {c.name: i for i, c in enumerate(checks)}
     results = sorted([*entry.results, *fresh], key=lambda r: order.get(r.check, len(order)))
     cache = {"hit": True, "path": str(path), "reused": len(entry.results), "live": len(fresh), "written": entry.written}
     return VerifyRun(
-        lock,
+        spec,
         results,
         judge(results, strict=strict),
         started,
@@ -244,7 +244,7 @@ def verify_cached(
 
 
 def _refresh(
-    lock: Spec,
+    spec: Spec,
     checks: list[Check],
     static: list[Check],
     facts: Facts,
@@ -256,15 +256,15 @@ def _refresh(
 ) -> VerifyRun:
     """A full verify, and the cache written from it when nothing it judged moved while it ran."""
     facts.start(sorted({part for c in checks for part in c.needs}))
-    done = verify(lock, checks, ui, strict=strict, facts=facts)
+    done = verify(spec, checks, ui, strict=strict, facts=facts)
     sites = tuple(sorted({d.location for d in _distributions(facts)}))
-    after = stamp.take(lock, lambda: facts.nvml, _sites_of(before), facts.base_environ)
+    after = stamp.take(spec, lambda: facts.nvml, _sites_of(before), facts.base_environ)
     if after != before:
         written: str | None = f"not cached: changed while it ran: {'; '.join(stamp.changed(before, after))}"
     else:
         names = {c.name for c in static}
         entry = verifycache.Entry(
-            stamp.take(lock, lambda: facts.nvml, sites, facts.base_environ),
+            stamp.take(spec, lambda: facts.nvml, sites, facts.base_environ),
             tuple(c.name for c in static),
             tuple(r for r in done.results if r.check in names),
             sites,
@@ -294,9 +294,9 @@ def _distributions(facts: Facts) -> list[Any]:
     return [] if probe is None or isinstance(probe, Missing) else list(probe.distributions.values())
 
 
-def _run_deep(check: Check, lock: Spec, facts: Facts, results: Sequence[Result], ui: UI) -> Result:
+def _run_deep(check: Check, spec: Spec, facts: Facts, results: Sequence[Result], ui: UI) -> Result:
     blocked = deepchecks.not_run(check.name, results)
     if blocked is not None:
         return blocked
     with ui.progress(f"{check.name}: {check.title}"):
-        return run_checks([check], lock, facts, verbose=bool(ui.verbose))[0]
+        return run_checks([check], spec, facts, verbose=bool(ui.verbose))[0]

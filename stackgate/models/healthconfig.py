@@ -48,7 +48,7 @@ _FLAGS = {"timeout_s": "timeout", "checks": "check"}
 
 @dataclass(frozen=True)
 class HealthConfig:
-    lock: Path | None = None
+    spec: Path | None = None
     prom: Path | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
     checks: tuple[str, ...] = ()

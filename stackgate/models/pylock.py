@@ -192,30 +192,30 @@ def loads(data: bytes, path: Path) -> Resolution:
     return Resolution(path, hashlib.sha256(data).hexdigest(), requires_python, packages, recorded, environments)
 
 
-def load_beside(lock: Spec, *, wheelhouse: Path | None = None) -> Resolution:
+def load_beside(spec: Spec, *, wheelhouse: Path | None = None) -> Resolution:
     """The spec's pylock, validated, with every ``file://`` URL under a root the spec allows
     (:func:`file_roots`) and the spec's target admitted (:func:`target_problems`); raise
     :class:`PylockError` naming each file and marker that is not: a bad lockfile, exit 2 in every
     command that reads it."""
-    resolution = load(path_for(lock.path))
-    problems = outside_roots(resolution, file_roots(lock, wheelhouse)) + target_problems(lock, resolution)
+    resolution = load(path_for(spec.path))
+    problems = outside_roots(resolution, file_roots(spec, wheelhouse)) + target_problems(spec, resolution)
     if problems:
         raise PylockError(resolution.path, problems)
     return resolution
 
 
-def check_beside(lock: Spec) -> None:
+def check_beside(spec: Spec) -> None:
     """Refuse the spec's pylock when there is one and it cannot be used (:class:`PylockError`, a
     bad lockfile: exit 2) before a command looks at anything else; no pylock is no error here."""
-    if os.path.lexists(path_for(lock.path)):
-        load_beside(lock)
+    if os.path.lexists(path_for(spec.path)):
+        load_beside(spec)
 
 
-def file_roots(lock: Spec, wheelhouse: Path | None = None) -> tuple[Path, ...]:
+def file_roots(spec: Spec, wheelhouse: Path | None = None) -> tuple[Path, ...]:
     """Where a pylock's ``file://`` URLs may point: the spec's folder, the wheelhouse, and the
     folders the spec's own ``file://`` URLs name (an index's folder, a URL wheel's folder)."""
-    python = lock.python
-    roots = [lock.path.parent, *((wheelhouse,) if wheelhouse is not None else ())]
+    python = spec.python
+    roots = [spec.path.parent, *((wheelhouse,) if wheelhouse is not None else ())]
     indexes = (python.default_index, *(index.url for index in python.indexes))
     roots += [_file_path(url) for url in indexes if _is_file(url)]
     roots += [_file_path(p.url).parent for p in python.packages if p.url and _is_file(p.url)]
@@ -355,11 +355,11 @@ def _recorded_inputs(document: Mapping[str, Any], problems: list[str]) -> dict[s
 # --- the spec's inputs and what differs ---------------------------------------------------------
 
 
-def inputs(lock: Spec) -> dict[str, str]:
+def inputs(spec: Spec) -> dict[str, str]:
     """What of the spec decides its resolution, by key path: Python version and platform, the
     indexes and which packages each serves, every pin (and URL), the guard, the overrides.
     Reasons, comments and a URL's sha256 do not (the sha256 is compared with the pylock's file)."""
-    python = lock.python
+    python = spec.python
     found = {
         "python.version": python.version,
         "python.platform": python.platform,
@@ -375,17 +375,17 @@ def inputs(lock: Spec) -> dict[str, str]:
     return found
 
 
-def differences(lock: Spec, resolution: Resolution) -> list[str]:
+def differences(spec: Spec, resolution: Resolution) -> list[str]:
     """How the spec and its pylock disagree (empty: the pylock is current), each by key path: an
     input changed since the pylock was made, or the pylock does not hold what the spec pins (a
     pylock edited by hand), or a URL file's sha256 is not the one the spec names."""
-    wanted, made = inputs(lock), resolution.inputs
+    wanted, made = inputs(spec), resolution.inputs
     changed = [
         _difference(key, made.get(key), wanted.get(key))
         for key in sorted(wanted.keys() | made.keys())
         if made.get(key) != wanted.get(key)
     ]
-    return (changed or _unmet(lock, resolution)) + _hash_differences(lock, resolution)
+    return (changed or _unmet(spec, resolution)) + _hash_differences(spec, resolution)
 
 
 def _difference(key: str, made: str | None, wanted: str | None) -> str:
@@ -401,9 +401,9 @@ def _difference(key: str, made: str | None, wanted: str | None) -> str:
     return f"{key}: {made} in the pylock, {wanted} in the spec"
 
 
-def _unmet(lock: Spec, resolution: Resolution) -> list[str]:
-    wants = [(f"python.packages.{p.name}", p.name, p.specifier) for p in lock.python.packages]
-    wants += [(f"python.override.{o.package}", o.package, o.specifier) for o in lock.python.overrides]
+def _unmet(spec: Spec, resolution: Resolution) -> list[str]:
+    wants = [(f"python.packages.{p.name}", p.name, p.specifier) for p in spec.python.packages]
+    wants += [(f"python.override.{o.package}", o.package, o.specifier) for o in spec.python.overrides]
     problems = []
     for key, name, specifier in wants:
         locked = resolution.package(name)
@@ -411,7 +411,7 @@ def _unmet(lock: Spec, resolution: Resolution) -> list[str]:
             problems.append(f"{key}: {specifier} in the spec, {name} not in the pylock")
         elif not specifier.contains(locked.version, prereleases=True):
             problems.append(f"{key}: {specifier} in the spec, {locked.version} in the pylock")
-    for package in (p for p in lock.python.packages if p.url):
+    for package in (p for p in spec.python.packages if p.url):
         locked = resolution.package(package.name)
         urls = [f.url for f in locked.files] if locked else []
         if locked and package.url not in urls:
@@ -421,13 +421,13 @@ def _unmet(lock: Spec, resolution: Resolution) -> list[str]:
     return problems
 
 
-def target_problems(lock: Spec, resolution: Resolution) -> list[str]:
+def target_problems(spec: Spec, resolution: Resolution) -> list[str]:
     """Where the pylock leaves out the spec's target (``python.platform`` and ``python.version``):
     its ``environments`` or ``requires-python``, or a package the spec pins whose marker or
     requires-python excludes it (that pin would never be installed there). Another package's marker
     may exclude the target: PEP 751 installs only the packages whose markers admit the environment,
     so a package for another platform is simply not installed here."""
-    python = lock.python
+    python = spec.python
     target = f"the spec's {python.platform} with Python {python.version} (python.platform, python.version)"
     problems = []
     if resolution.requires_python and not _admits_python(resolution.requires_python, python.version):
@@ -492,9 +492,9 @@ def _admits_target(marker: str, platform: str, version: str) -> bool:
     return False
 
 
-def _hash_differences(lock: Spec, resolution: Resolution) -> list[str]:
+def _hash_differences(spec: Spec, resolution: Resolution) -> list[str]:
     problems = []
-    for package in (p for p in lock.python.packages if p.url and p.sha256):
+    for package in (p for p in spec.python.packages if p.url and p.sha256):
         locked = resolution.package(package.name)
         file = next((f for f in locked.files if f.url == package.url), None) if locked else None
         if file is not None and file.sha256 != package.sha256:
@@ -508,16 +508,16 @@ def _hash_differences(lock: Spec, resolution: Resolution) -> list[str]:
 # --- writing ------------------------------------------------------------------------------------
 
 
-def stamp(resolved: str, lock: Spec) -> str:
+def stamp(resolved: str, spec: Spec) -> str:
     """uv's pylock text with stackgate's header and the spec's inputs (``[tool.stackgate.inputs]``)."""
     # The header is part of the pylock's bytes, whose sha256 provisioned environments record:
     # new words make the next resolution a new file even where uv resolves the same distributions.
     header = (
-        f"# The resolution of {lock.path.name} (PEP 751), written by `stackgate lock`: do not edit.\n"
+        f"# The resolution of {spec.path.name} (PEP 751), written by `stackgate lock`: do not edit.\n"
         "# Every distribution of the stack with its files and their sha256; `stackgate lock --check` says\n"
         "# whether it still matches the spec, `stackgate provision` installs exactly this.\n"
     )
-    table = "".join(f"{_string(key)} = {_string(value)}\n" for key, value in sorted(inputs(lock).items()))
+    table = "".join(f"{_string(key)} = {_string(value)}\n" for key, value in sorted(inputs(spec).items()))
     return f"{header}{resolved.rstrip()}\n\n[tool.stackgate.inputs]\n{table}"
 
 

@@ -197,9 +197,9 @@ def _led(word: str, reason: str) -> str:
 
 def render(doc: Mapping[str, Any], ui: UI) -> None:
     headers, table = rows(doc)
-    lock = doc.get("lock") or {}
+    spec = doc.get("lock") or {}
     ui.table(
-        f"stackgate {doc['command']}: {lock.get('name')} ({lock.get('path')}) on {len(table)} node(s)",
+        f"stackgate {doc['command']}: {spec.get('name')} ({spec.get('path')}) on {len(table)} node(s)",
         headers,
         table,
         _align(headers),
@@ -279,10 +279,10 @@ def junit(doc: Mapping[str, Any]) -> str:
 
 def markdown(doc: Mapping[str, Any]) -> str:
     word = _word(doc)
-    lock = doc.get("lock") or {}
+    spec = doc.get("lock") or {}
     out = [f"## {'✅' if word == 'PASSED' else '❌'} stackgate {doc['command']}: {word}", ""]
     out += [
-        f"lock **{summaries.md_text(lock.get('name'))}** · {len(doc.get('nodes', ()))} node(s) · "
+        f"lock **{summaries.md_text(spec.get('name'))}** · {len(doc.get('nodes', ()))} node(s) · "
         f"exit code {doc['exit_code']} · "
         f"{doc['duration_s']:.1f} s · run {summaries.md_code(doc['run_id'])}",
         "",
@@ -311,8 +311,8 @@ def markdown(doc: Mapping[str, Any]) -> str:
 
 def prometheus(doc: Mapping[str, Any]) -> str:
     """One series per node (``node`` label) and the fleet's own; figures only where measured."""
-    lock = str((doc.get("lock") or {}).get("name") or "unknown")
-    base = {"lock": lock}
+    spec = str((doc.get("lock") or {}).get("name") or "unknown")
+    base = {"lock": spec}
     nodes = doc.get("nodes", ())
     per_node = [({**base, "node": n["name"]}, n) for n in nodes]
     families: list[summaries.Family] = [

@@ -26,7 +26,7 @@ def show_regressions(found: Sequence[catalog.Regression], nodes: int, since: str
     ui.line(f"{len(regressed)} of {nodes} node(s) with runs since {since} regressed ({rule})")
     for item in found:
         ui.line(
-            f"{item.node}: {item.run.id} ({item.run.kind} of {item.run.lock}): {'; '.join(item.reasons)}; "
+            f"{item.node}: {item.run.id} ({item.run.kind} of {item.run.spec}): {'; '.join(item.reasons)}; "
             f"against {item.against.id}"
         )
         prints = (
@@ -51,7 +51,7 @@ def list_runs(listing: catalog.Listing, directory: Path, ui: UI) -> None:
         ui.line(f"no runs kept in {directory} yet: `stackgate gate` and `stackgate smoke` keep theirs there")
         return
     rows = [
-        [r.id, r.command, r.lock, r.verdict, _num(r.decode_tok_s), _num(r.tok_s), r.short or ""] for r in listing.rows
+        [r.id, r.command, r.spec, r.verdict, _num(r.decode_tok_s), _num(r.tok_s), r.short or ""] for r in listing.rows
     ]
     shown = (
         f"{listing.total} run(s)" if len(rows) == listing.total else f"the last {len(rows)} of {listing.total} run(s)"
@@ -62,20 +62,20 @@ def list_runs(listing: catalog.Listing, directory: Path, ui: UI) -> None:
         rows,
         align="llllrrl",
     )
-    for lock, values in listing.trends:
-        ui.line(trend_line(lock, values, unicode=ui.unicode))
+    for spec, values in listing.trends:
+        ui.line(trend_line(spec, values, unicode=ui.unicode))
 
 
-def trend_line(lock: str, values: Sequence[float | None], *, unicode: bool) -> str:
+def trend_line(spec: str, values: Sequence[float | None], *, unicode: bool) -> str:
     """``trend standin (decode tok/s, last 5 runs): ▁▃█ ▅  197.31 -> 148.02``"""
     recent = list(values)[-TREND:]
     measured = [v for v in recent if v is not None]
     if not measured:
-        return f"trend {lock}: no run with a benchmark of the real weights yet"
+        return f"trend {spec}: no run with a benchmark of the real weights yet"
     spark = history.sparkline(recent, unicode=unicode)
     arrow = "→" if unicode else "->"
     return (
-        f"trend {lock} (decode tok/s, last {len(recent)} run(s)): {spark}  {measured[0]:.2f} {arrow} "
+        f"trend {spec} (decode tok/s, last {len(recent)} run(s)): {spark}  {measured[0]:.2f} {arrow} "
         f"{measured[-1]:.2f} (min {min(measured):.2f}, max {max(measured):.2f})"
     )
 

@@ -108,11 +108,11 @@ def benchmark_line(bench: Mapping[str, Any] | None, stage: str | None = None) ->
 def markdown(doc: Mapping[str, Any]) -> str:
     """A summary fit for a CI job summary: verdict, stages, failures with fixes, the benchmark."""
     gate = _gate(doc)
-    lock = doc.get("lock") or {}
+    spec = doc.get("lock") or {}
     word = verdict_word(doc)
     finger = gate.get("fingerprint")
     facts = [
-        f"lock **{md_text(lock.get('name') or lock.get('path'))}**",
+        f"lock **{md_text(spec.get('name') or spec.get('path'))}**",
         f"host {md_code(doc['host']['hostname'])}",
         f"exit code {doc['exit_code']}",
         f"{doc['duration_s']:.1f} s",
@@ -236,8 +236,8 @@ def prometheus(doc: Mapping[str, Any]) -> str:
     not run, rather than written as a number nobody measured.
     """
     gate = _gate(doc)
-    lock = (doc.get("lock") or {}).get("name") or (doc.get("lock") or {}).get("path") or "unknown"
-    base = {"lock": str(lock), "host": str(doc["host"]["hostname"])}
+    spec = (doc.get("lock") or {}).get("name") or (doc.get("lock") or {}).get("path") or "unknown"
+    base = {"lock": str(spec), "host": str(doc["host"]["hostname"])}
     counts = doc.get("counts", {})
     finger = gate.get("fingerprint") or {}
     families: list[tuple[str, str, list[tuple[dict[str, str], float]]]] = [
@@ -316,8 +316,8 @@ def verify_prometheus(doc: Mapping[str, Any]) -> str:
     """A verify's verdict in the same format as the gate's (``stackgate verify --cached --prom``
     on a timer): whether it passed, its checks by status, each check failed or not, the GPUs
     visible, its wall time and start, and whether the static checks came from the cache."""
-    lock = (doc.get("lock") or {}).get("name") or (doc.get("lock") or {}).get("path") or "unknown"
-    base = {"lock": str(lock), "host": str(doc["host"]["hostname"])}
+    spec = (doc.get("lock") or {}).get("name") or (doc.get("lock") or {}).get("path") or "unknown"
+    base = {"lock": str(spec), "host": str(doc["host"]["hostname"])}
     counts = doc.get("counts", {})
     results = [r for r in doc.get("results", ()) if isinstance(r, Mapping)]
     gpus = next((r.get("data", {}).get("gpus") for r in results if r.get("check") == "gpu.count"), None)

@@ -63,22 +63,22 @@ class Bundle:
 
 
 def write(
-    out: Path, *, lock: Spec | None, diagnose_report: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None
+    out: Path, *, spec: Spec | None, diagnose_report: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None
 ) -> Bundle:
     """Gather the parts and write them, redacted, as a .tar.gz at ``out``; return what went in."""
     env = dict(os.environ if environ is None else environ)
     bundle = Bundle()
     if diagnose_report is not None:
         bundle.add("diagnose.json", lambda: json.dumps(diagnose_report, indent=2))
-    bundle.add("verify.json", lambda: _verify(lock, env, bundle))
+    bundle.add("verify.json", lambda: _verify(spec, env, bundle))
     bundle.add("nvidia-smi-q.txt", lambda: _command(("nvidia-smi", "-q"), bundle))
     bundle.add("kernel-log-gpu-events.txt", lambda: _kernel(bundle))
-    bundle.add("environment.txt", lambda: _environment(env, lock))
-    if lock is not None:
-        bundle.add(f"spec/{lock.path.name}", lambda: lock.path.read_text(encoding="utf-8"))
-        locked = pylock.path_for(lock.path)
+    bundle.add("environment.txt", lambda: _environment(env, spec))
+    if spec is not None:
+        bundle.add(f"spec/{spec.path.name}", lambda: spec.path.read_text(encoding="utf-8"))
+        locked = pylock.path_for(spec.path)
         bundle.add(f"spec/{locked.name}", lambda: _read(locked, bundle))
-        bundle.add("installed-distributions.txt", lambda: _dists(lock, bundle))
+        bundle.add("installed-distributions.txt", lambda: _dists(spec, bundle))
     for name, text in _server_logs(env):
         bundle.members[name] = text
     bundle.add("NOTES.txt", lambda: "\n".join(bundle.notes) + "\n" if bundle.notes else None)
@@ -96,7 +96,7 @@ def _read(path: Path, bundle: Bundle) -> str | None:
     return path.read_text(encoding="utf-8") if path.exists() else _note(bundle, f"no pylock at {path}")
 
 
-def _verify(lock: Spec | None, env: Mapping[str, str], bundle: Bundle) -> str | None:
+def _verify(spec: Spec | None, env: Mapping[str, str], bundle: Bundle) -> str | None:
     """verify's JSON report, from the program itself (a crash there cannot take the bundle down)."""
     report = Path(env.get("TMPDIR", "/tmp")) / f"stackgate-bundle-verify-{os.getpid()}-{time.monotonic_ns()}.json"
     argv = [
@@ -106,7 +106,7 @@ def _verify(lock: Spec | None, env: Mapping[str, str], bundle: Bundle) -> str | 
         "verify",
         "--json",
         str(report),
-        *(["--lock", str(lock.path)] if lock else []),
+        *(["--lock", str(spec.path)] if spec else []),
     ]
     done = runner.run(argv, timeout_s=VERIFY_TIMEOUT_S, env={**env, "NO_COLOR": "1"})
     try:
@@ -121,10 +121,10 @@ def _verify(lock: Spec | None, env: Mapping[str, str], bundle: Bundle) -> str | 
         report.unlink(missing_ok=True)
 
 
-def _environment(env: Mapping[str, str], lock: Spec | None) -> str:
+def _environment(env: Mapping[str, str], spec: Spec | None) -> str:
     """The variables that explain a run with their values (:mod:`stackgate.models.runenv`), the
     others by name only."""
-    named = [*lock.env, *lock.smoke.env] if lock is not None else []
+    named = [*spec.env, *spec.smoke.env] if spec is not None else []
     kept, others = runenv.recorded(env, named)
     names = f"# set, value not recorded: {', '.join(others)}\n" if others else ""
     return "".join(f"{k}={v}\n" for k, v in kept.items()) + names
@@ -159,8 +159,8 @@ def _kernel(bundle: Bundle) -> str | None:
     return head + "".join(f"{n:>7}: {lines[n - 1]}\n" for n in keep)
 
 
-def _dists(lock: Spec, bundle: Bundle) -> str | None:
-    facts = gather(lock, ["dists"])
+def _dists(spec: Spec, bundle: Bundle) -> str | None:
+    facts = gather(spec, ["dists"])
     try:
         found = facts.get("dists")
     finally:

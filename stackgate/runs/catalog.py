@@ -190,15 +190,15 @@ def _listing_indexed(directory: Path, last: int) -> Listing:
             rows = db.newest(last)
             if _checked(db, rows):
                 break
-        trends = [(lock, [r.decode_tok_s for r in db.of_lock(lock, TREND)]) for lock in db.locks()]
+        trends = [(spec, [r.decode_tok_s for r in db.of_spec(spec, TREND)]) for spec in db.locks()]
         return Listing(rows, db.count(), trends, db.skipped())
 
 
 def _listing_scanned(directory: Path, last: int) -> Listing:
     runs, warnings = history.load(directory)
     rows = [history.row_of(r) for r in runs]
-    locks = list(dict.fromkeys(r.lock for r in rows))
-    trends = [(lock, [r.decode_tok_s for r in rows if r.lock == lock][-TREND:]) for lock in locks]
+    locks = list(dict.fromkeys(r.spec for r in rows))
+    trends = [(spec, [r.decode_tok_s for r in rows if r.spec == spec][-TREND:]) for spec in locks]
     return Listing(rows[-last:] if last else [], len(rows), trends, [Skipped("", w) for w in warnings])
 
 
@@ -258,14 +258,14 @@ def html_runs(directory: Path, focus: history.Run | None, warn: Warn) -> list[hi
         try:
             with _open(directory) as db:
                 newest = db.newest(1)
-                lock = focus.lock_name if focus else newest[0].lock if newest else None
-                rows = db.of_lock(lock, HTML_RUNS) if lock else []
+                spec = focus.lock_name if focus else newest[0].spec if newest else None
+                rows = db.of_spec(spec, HTML_RUNS) if spec else []
                 return [r for r in (_read_or_none(directory / row.file, warn) for row in rows) if r is not None]
         except IndexUnusable as exc:
             _warn_fallback(warn, directory, exc)
     runs = history.load(directory)[0]
-    lock = focus.lock_name if focus else runs[-1].lock_name if runs else None
-    return [r for r in runs if r.lock_name == lock][-HTML_RUNS:]
+    spec = focus.lock_name if focus else runs[-1].lock_name if runs else None
+    return [r for r in runs if r.lock_name == spec][-HTML_RUNS:]
 
 
 def _read_or_none(path: Path, warn: Warn | None = None) -> history.Run | None:

@@ -46,7 +46,7 @@ __all__ = [
     "from_facts",
     "gpu_section",
     "kernels_section",
-    "lock_section",
+    "spec_section",
     "measured",
     "server_section",
 ]
@@ -126,13 +126,13 @@ def digest(components: Mapping[str, Section]) -> str:
 
 
 def from_facts(
-    lock: Spec, facts: Facts, server_info: Mapping[str, Any] | None, results: Sequence[Result] = ()
+    spec: Spec, facts: Facts, server_info: Mapping[str, Any] | None, results: Sequence[Result] = ()
 ) -> Fingerprint:
     """The fingerprint of the stack the facts describe, the kernels the deep checks among
     ``results`` found, and the server that ran on it."""
     return Fingerprint(
         {
-            "lock": lock_section(lock),
+            "lock": spec_section(spec),
             "gpu": gpu_section(facts.nvml),
             "toolkits": _toolkits(facts.toolkits),
             "python": _python(facts.dists),
@@ -146,38 +146,38 @@ def from_facts(
     )
 
 
-def lock_section(lock: Spec) -> dict[str, str]:
+def spec_section(spec: Spec) -> dict[str, str]:
     """The lock's name and sha256, and its pylock's sha256 when it has one (every distribution's
     file: another resolution is another stack). A lockfile that holds secrets (an ``--api-key``
     in its flags, a token in its ``[smoke.env]``, a password in an index URL) is hashed with them
     hidden, so a rotated key is the same stack; a lockfile without any keeps the sha256 of its
     bytes that every report names."""
-    section = {"name": lock.name, "sha256": _spec_sha256(lock)}
+    section = {"name": spec.name, "sha256": _spec_sha256(spec)}
     try:
-        locked = inputfile.read_capped(pylock.path_for(lock.path), inputfile.MAX_PYLOCK_BYTES)
+        locked = inputfile.read_capped(pylock.path_for(spec.path), inputfile.MAX_PYLOCK_BYTES)
         section["pylock"] = hashlib.sha256(locked).hexdigest()
     except OSError:
         pass  # no pylock beside the spec (an existing interpreter's profile, say), or none it may read
     return section
 
 
-def _spec_sha256(lock: Spec) -> str:
+def _spec_sha256(spec: Spec) -> str:
     try:
-        raw = inputfile.read_capped(lock.path, inputfile.MAX_SPEC_BYTES)
+        raw = inputfile.read_capped(spec.path, inputfile.MAX_SPEC_BYTES)
     except OSError:
-        return lock.sha256
-    if hashlib.sha256(raw).hexdigest() != lock.sha256:
-        return lock.sha256  # changed since it was loaded: not this lock's text
+        return spec.sha256
+    if hashlib.sha256(raw).hexdigest() != spec.sha256:
+        return spec.sha256  # changed since it was loaded: not this lock's text
     text = raw.decode("utf-8", "surrogateescape")
-    smoke = lock.smoke
+    smoke = spec.smoke
     hidden = redact_text(
-        text, known=secrets_in([list(smoke.flags), dict(smoke.env), dict(lock.env), *_compare_parts(lock)])
+        text, known=secrets_in([list(smoke.flags), dict(smoke.env), dict(spec.env), *_compare_parts(spec)])
     )
-    return lock.sha256 if hidden == text else hashlib.sha256(hidden.encode("utf-8", "surrogateescape")).hexdigest()
+    return spec.sha256 if hidden == text else hashlib.sha256(hidden.encode("utf-8", "surrogateescape")).hexdigest()
 
 
-def _compare_parts(lock: Spec) -> list[Any]:
-    compare = lock.smoke.compare
+def _compare_parts(spec: Spec) -> list[Any]:
+    compare = spec.smoke.compare
     return [] if compare is None else [list(compare.flags or ()), dict(compare.env)]
 
 

@@ -61,14 +61,14 @@ class HistoryError(Exception):
     """A run that cannot be stored, read or found."""
 
 
-def runs_dir(lock: Spec | None, environ: Mapping[str, str] | None = None, *, reading: bool = False) -> Path:
+def runs_dir(spec: Spec | None, environ: Mapping[str, str] | None = None, *, reading: bool = False) -> Path:
     """Where runs of this lock are kept (see the module's docstring for the order). A reader
     takes ``<root>/runs`` whenever it exists, even where it may not write."""
     environ = os.environ if environ is None else environ
     named = settings.HISTORY_DIR.value(environ)
     if named is not None:
         return named
-    root = lock.python.root if lock is not None else None
+    root = spec.python.root if spec is not None else None
     if root is not None and reading and (root / "runs").is_dir():
         return root / "runs"
     if root is not None and _holds_a_stack(root) and os.access(root, os.W_OK | os.X_OK):
@@ -123,11 +123,11 @@ def enter(path: Path) -> str | None:
         return str(exc)
 
 
-def keep(doc: Mapping[str, Any], lock: Spec | None, warn: Any) -> Path | None:
+def keep(doc: Mapping[str, Any], spec: Spec | None, warn: Any) -> Path | None:
     """Store a run in its lock's runs directory; a failure is a warning (``warn(text)``), never
     the run's failure."""
     try:
-        return store(doc, runs_dir(lock), warn)
+        return store(doc, runs_dir(spec), warn)
     except HistoryError as exc:
         warn(f"stackgate: the run was not kept in the history: {exc}")
         return None

@@ -123,7 +123,7 @@ class Row:
     kind: str
     host: str
     node: str  #: who ran it (history.Run.node): the node regressions are judged per
-    lock: str
+    spec: str
     verdict: str
     decode_tok_s: float | None
     tok_s: float | None
@@ -352,11 +352,11 @@ class Store:
 
     def locks(self) -> list[str]:
         """Every lock with runs, in the order of each one's first run."""
-        return [lock for (lock,) in self.db.execute("SELECT lock FROM runs GROUP BY lock ORDER BY min(started), lock")]
+        return [spec for (spec,) in self.db.execute("SELECT lock FROM runs GROUP BY lock ORDER BY min(started), lock")]
 
-    def of_lock(self, lock: str, limit: int) -> list[Row]:
+    def of_spec(self, spec: str, limit: int) -> list[Row]:
         """The newest ``limit`` runs of a lock, oldest first."""
-        return list(reversed(self._rows(f"{_SELECT} WHERE lock = ? {_NEWEST} LIMIT ?", (lock, limit))))
+        return list(reversed(self._rows(f"{_SELECT} WHERE lock = ? {_NEWEST} LIMIT ?", (spec, limit))))
 
     def nodes_since(self, since: str) -> list[str]:
         return [

@@ -111,9 +111,9 @@ def components(run: Run) -> dict[str, dict[str, str]]:
             if isinstance(section, Mapping)
         }
     found: dict[str, dict[str, str]] = {}
-    lock = run.doc.get("lock")
-    if isinstance(lock, Mapping) and lock.get("sha256"):
-        found["lock"] = {"name": str(lock.get("name")), "sha256": str(lock.get("sha256"))}
+    spec = run.doc.get("lock")
+    if isinstance(spec, Mapping) and spec.get("sha256"):
+        found["lock"] = {"name": str(spec.get("name")), "sha256": str(spec.get("sha256"))}
     info = _server_info(run)
     if info is not None:
         found["server"] = fingerprint.server_section(info)

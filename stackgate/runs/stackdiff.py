@@ -72,11 +72,11 @@ def changes(
     return found
 
 
-def distributions(lock: Spec, resolution: pylock.Resolution | None) -> dict[str, str]:
+def distributions(spec: Spec, resolution: pylock.Resolution | None) -> dict[str, str]:
     """name -> version: every locked distribution, or the spec's pins where there is no pylock."""
     if resolution is not None:
         return {name: package.version for name, package in resolution.packages.items()}
-    return {package.name: str(package.specifier) for package in lock.python.packages}
+    return {package.name: str(package.specifier) for package in spec.python.packages}
 
 
 def _mapped(area: str, old: Mapping[str, str], new: Mapping[str, str]) -> list[Change]:
@@ -94,9 +94,9 @@ def _spec_change(line: str) -> Change:
     return Change("spec", key, None if old == "(none)" else old, None if new == "(none)" else new)
 
 
-def _toolkits(lock: Spec) -> dict[str, str]:
+def _toolkits(spec: Spec) -> dict[str, str]:
     found = {}
-    for toolkit in lock.toolkits:
+    for toolkit in spec.toolkits:
         roles = [role for role, on in (("default", toolkit.default), ("kept", toolkit.keep)) if on]
         found[f"CUDA {toolkit.version}"] = (
             f"{toolkit.prefix}"
@@ -106,15 +106,15 @@ def _toolkits(lock: Spec) -> dict[str, str]:
     return found
 
 
-def _patches(lock: Spec) -> dict[str, str]:
+def _patches(spec: Spec) -> dict[str, str]:
     return {
         patch.file.name: f"{patch.package} {patch.version}" + (f", sha256 {patch.sha256[:12]}" if patch.sha256 else "")
-        for patch in lock.patches
+        for patch in spec.patches
     }
 
 
-def _smoke(lock: Spec) -> dict[str, str]:
-    smoke = lock.smoke
+def _smoke(spec: Spec) -> dict[str, str]:
+    smoke = spec.smoke
     found = {
         "attention_backend": smoke.attention_backend,
         "flags": " ".join(smoke.flags) or "(none)",

@@ -73,12 +73,12 @@ def is_live(check: Check) -> bool:
     return check.name in LIVE_CHECKS or (bool(check.needs) and set(check.needs) <= LIVE_PARTS)
 
 
-def path_for(lock: Spec, environ: Mapping[str, str] | None = None) -> Path:
+def path_for(spec: Spec, environ: Mapping[str, str] | None = None) -> Path:
     """Where the cache of ``lock`` lives (see the module's docstring)."""
     environ = os.environ if environ is None else environ
-    key = hashlib.sha256(str(lock.path.resolve()).encode()).hexdigest()[:12]
-    name = f"verify-{lock.name}-{key}.json"
-    root = lock.python.root
+    key = hashlib.sha256(str(spec.path.resolve()).encode()).hexdigest()[:12]
+    name = f"verify-{spec.name}-{key}.json"
+    root = spec.python.root
     if root is not None and (root / "current").is_symlink() and os.access(root, os.W_OK | os.X_OK):
         return root / "cache" / name
     base = (

@@ -122,7 +122,7 @@ class Config:
 
 
 def configs(
-    lock: Spec,
+    spec: Spec,
     *,
     model: str | None = None,
     tp: int | None = None,
@@ -131,12 +131,12 @@ def configs(
     compare: bool = False,
 ) -> list[Config]:
     """The configurations to launch, in order: [lock's] or, with ``compare``, [baseline, lock's]."""
-    smoke = lock.smoke
+    smoke = spec.smoke
     chosen = model or smoke.model
     if not chosen:
         raise LaunchError(
-            f"no model to launch: set [smoke] model {edit_hint(lock)} or pass --model PATH",
-            hint=f"stackgate smoke --model /path/to/model --lock {lock.path}",
+            f"no model to launch: set [smoke] model {edit_hint(spec)} or pass --model PATH",
+            hint=f"stackgate smoke --model /path/to/model --lock {spec.path}",
         )
     if tp is not None and tp < 1:
         raise LaunchError(f"--tp must be 1 or more, not {tp}")
@@ -158,11 +158,11 @@ def configs(
     )
     if not compare:
         return [main]
-    return [_baseline(lock, main), main]
+    return [_baseline(spec, main), main]
 
 
-def _baseline(lock: Spec, main: Config) -> Config:
-    table = lock.smoke.compare
+def _baseline(spec: Spec, main: Config) -> Config:
+    table = spec.smoke.compare
     name = table.name if table else "baseline"
     flags = table.flags if table and table.flags is not None else tuple(f for f in main.flags if not _fusion(main, f))
     baseline = Config(
@@ -199,12 +199,12 @@ def _fusion(config: Config, word: str) -> bool:
     return FUSION_MARK in word or config.engine.fusion_asked((word,))
 
 
-def server_env(lock: Spec, config: Config, base: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+def server_env(spec: Spec, config: Config, base: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     """The server's environment and the variables stackgate set in it (file, then [smoke].env).
 
     Raises :class:`stackgate.models.envfile.EnvFileError` when the live stackgate.env is unreadable.
     """
-    environ, from_file = envfile.apply(lock.python.env_file, base)
+    environ, from_file = envfile.apply(spec.python.env_file, base)
     proving = dict(config.engine.fusion_env) if config.engine.fusion_flag in config.evidence else {}
     environ.update(proving)
     environ.update(config.env)

@@ -56,21 +56,21 @@ class GuardFiles:
     overrides: Path  #: uv's --override file (pip applies overrides in a --no-deps step instead)
 
 
-def constraints(lock: Spec) -> list[str]:
+def constraints(spec: Spec) -> list[str]:
     """One exact pin per frozen package.
 
     The lock loader has already refused a frozen name without a pin.
     """
     lines = []
-    for name in lock.python.frozen:
-        package = lock.python.package(name)
+    for name in spec.python.frozen:
+        package = spec.python.package(name)
         assert package is not None
         lines.append(f"{package.name}{package.specifier}")
     return lines
 
 
-def overrides(lock: Spec) -> list[str]:
-    return [f"{o.package}{o.specifier}" for o in lock.python.overrides]
+def overrides(spec: Spec) -> list[str]:
+    return [f"{o.package}{o.specifier}" for o in spec.python.overrides]
 
 
 def pip_conf(constraints_file: Path) -> str:
@@ -87,26 +87,26 @@ def pip_conf(constraints_file: Path) -> str:
     return f"[install]\nconstraint = {constraints_file.as_uri()}\n"
 
 
-def write(lock: Spec, directory: Path) -> GuardFiles:
+def write(spec: Spec, directory: Path) -> GuardFiles:
     """Write the guard's files into a generation; the header says where they come from. (Its
     pip.conf is written with the environment file: :func:`write_pip_conf`.)"""
-    header = _header(lock)
+    header = _header(spec)
     files = GuardFiles(directory / CONSTRAINTS, directory / OVERRIDES)
-    files.constraints.write_text(header + "".join(f"{line}\n" for line in constraints(lock)))
-    reasons = {f"{o.package}{o.specifier}": o.reason for o in lock.python.overrides}
-    files.overrides.write_text(header + "".join(f"{line}  # {reasons[line]}\n" for line in overrides(lock)))
+    files.constraints.write_text(header + "".join(f"{line}\n" for line in constraints(spec)))
+    reasons = {f"{o.package}{o.specifier}": o.reason for o in spec.python.overrides}
+    files.overrides.write_text(header + "".join(f"{line}  # {reasons[line]}\n" for line in overrides(spec)))
     return files
 
 
-def write_pip_conf(lock: Spec, directory: Path) -> Path:
+def write_pip_conf(spec: Spec, directory: Path) -> Path:
     """Write an environment's pip.conf, naming the constraints beside it."""
     path = directory / PIP_CONF
-    path.write_text(_header(lock) + pip_conf((directory / CONSTRAINTS).absolute()))
+    path.write_text(_header(spec) + pip_conf((directory / CONSTRAINTS).absolute()))
     return path
 
 
-def _header(lock: Spec) -> str:
-    return f"# Written by stackgate from {lock.path} (sha256 {lock.sha256[:12]}); do not edit.\n"
+def _header(spec: Spec) -> str:
+    return f"# Written by stackgate from {spec.path} (sha256 {spec.sha256[:12]}); do not edit.\n"
 
 
 @dataclass(frozen=True)
@@ -137,13 +137,13 @@ _DEPENDS = re.compile(
 )
 
 
-def blocked(output: str, lock: Spec) -> list[Blocked]:
+def blocked(output: str, spec: Spec) -> list[Blocked]:
     """The requirements in a resolver's failure that exclude a frozen package's locked version.
 
     Requirements that admit the locked version (an unbounded ``torch``, or a requirer into which
     uv folded the constraint) are innocent and left out.
     """
-    locked = {name: _locked_version(lock, name) for name in lock.python.frozen}
+    locked = {name: _locked_version(spec, name) for name in spec.python.frozen}
     found: list[Blocked] = []
     for match in _DEPENDS.finditer(output):
         try:
@@ -168,8 +168,8 @@ def blocked(output: str, lock: Spec) -> list[Blocked]:
     return found
 
 
-def _locked_version(lock: Spec, name: str) -> Version | None:
-    package = lock.python.package(name)
+def _locked_version(spec: Spec, name: str) -> Version | None:
+    package = spec.python.package(name)
     pinned = package.pinned_version if package else None
     try:
         return Version(pinned) if pinned else None

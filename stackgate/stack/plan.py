@@ -58,7 +58,7 @@ class Blocker:
 
 @dataclass(frozen=True)
 class Plan:
-    lock: Spec
+    spec: Spec
     steps: tuple[Step, ...]
     blockers: tuple[Blocker, ...]
     in_place: tuple[str, ...]  #: what already matches the lock
@@ -76,8 +76,8 @@ class Plan:
 
     def lines(self) -> list[str]:
         """The plan as a person reads it (and --dry-run prints it)."""
-        root = self.lock.python.root
-        lines = [f"plan for {self.lock.name} (root {root}): {_count(len(self.steps), 'step')}"]
+        root = self.spec.python.root
+        lines = [f"plan for {self.spec.name} (root {root}): {_count(len(self.steps), 'step')}"]
         for number, step in enumerate(self.steps, 1):
             lines.append(f"  {number}. [{step.area}] {step.what}")
             lines.append(f"       why: {step.why}")
@@ -97,10 +97,10 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def cache_dir(lock: Spec) -> Path:
+def cache_dir(spec: Spec) -> Path:
     """Where checked URL wheels (and toolkit downloads) are kept between generations."""
-    assert lock.python.root is not None
-    return lock.python.root / "cache"
+    assert spec.python.root is not None
+    return spec.python.root / "cache"
 
 
 @dataclass
@@ -114,7 +114,7 @@ class _Draft:
 
 
 def plan(
-    lock: Spec,
+    spec: Spec,
     facts: Facts,
     state: generations.RootState,
     *,
@@ -127,25 +127,25 @@ def plan(
     areas = (only,) if only else AREAS
     draft = _Draft()
     if "toolkit" in areas:
-        _toolkits(lock, facts, draft)
-    rebuild = _python_drift(lock, facts, state) if "python" in areas else []
-    resume = generations.resumable(state, environment_spec(lock)) if rebuild else None
+        _toolkits(spec, facts, draft)
+    rebuild = _python_drift(spec, facts, state) if "python" in areas else []
+    resume = generations.resumable(state, environment_spec(spec)) if rebuild else None
     if resume is not None:
         _resume(state, resume, rebuild, draft)
     elif rebuild:
-        _build(lock, facts, state, rebuild, _Install(uv, wheelhouse), draft)
+        _build(spec, facts, state, rebuild, _Install(uv, wheelhouse), draft)
     else:
         if "python" in areas:
             draft.in_place.append(
                 f"Python stack: {state.root / 'current'} -> {state.current.id if state.current else '?'} "
-                f"matches the lock ({_count(len(lock.python.packages), 'pin')}, guard: "
-                f"{', '.join(guard.constraints(lock)) or 'none'})"
+                f"matches the lock ({_count(len(spec.python.packages), 'pin')}, guard: "
+                f"{', '.join(guard.constraints(spec)) or 'none'})"
             )
-            _env_file(lock, state, draft)
+            _env_file(spec, state, draft)
         if "patches" in areas:
-            _patches(lock, facts, state, draft)
+            _patches(spec, facts, state, draft)
     return Plan(
-        lock,
+        spec,
         tuple(draft.steps),
         tuple(draft.blockers),
         tuple(draft.in_place),
@@ -158,7 +158,7 @@ def plan(
 # --- CUDA toolkits -----------------------------------------------------------------------------
 
 
-def _toolkits(lock: Spec, facts: Facts, draft: _Draft) -> None:
+def _toolkits(spec: Spec, facts: Facts, draft: _Draft) -> None:
     for found in facts.toolkits:
         toolkit = found.toolkit
         if toolkit.keep:
@@ -179,7 +179,7 @@ def _toolkits(lock: Spec, facts: Facts, draft: _Draft) -> None:
         if reason is None:
             draft.in_place.append(f"{toolkit.label}: installed as locked")
         else:
-            command = shlex.join(install_command(toolkit, cache=cache_dir(lock) / "toolkits"))
+            command = shlex.join(install_command(toolkit, cache=cache_dir(spec) / "toolkits"))
             draft.steps.append(
                 Step(
                     "toolkit",
@@ -190,14 +190,14 @@ def _toolkits(lock: Spec, facts: Facts, draft: _Draft) -> None:
                     subject=toolkit,
                 )
             )
-    _cuda_link(lock, facts, draft)
+    _cuda_link(spec, facts, draft)
 
 
-def _cuda_link(lock: Spec, facts: Facts, draft: _Draft) -> None:
-    default = lock.default_toolkit
-    if lock.stack.cuda_link != "default" or default is None:
+def _cuda_link(spec: Spec, facts: Facts, draft: _Draft) -> None:
+    default = spec.default_toolkit
+    if spec.stack.cuda_link != "default" or default is None:
         return  # "leave": /usr/local/cuda is not stackgate's to change
-    why = cuda_link_state(lock.stack.cuda_link, default)
+    why = cuda_link_state(spec.stack.cuda_link, default)
     if why is None:
         draft.in_place.append(f"/usr/local/cuda -> {default.prefix}")
         return
@@ -216,14 +216,14 @@ def _cuda_link(lock: Spec, facts: Facts, draft: _Draft) -> None:
 # --- the Python stack --------------------------------------------------------------------------
 
 
-def _python_drift(lock: Spec, facts: Facts, state: generations.RootState) -> list[str]:
+def _python_drift(spec: Spec, facts: Facts, state: generations.RootState) -> list[str]:
     """Why the live environment is not the lock's (empty: it is)."""
     current = state.current
     if current is None:
         return [state.current_error or f"no environment at {state.root / 'current'} yet"]
     if current.marker is None:
         return [f"generation {current.id} has no readable {generations.MARKER}"]
-    changes = spec_changes(current.marker.get("spec", {}), environment_spec(lock))
+    changes = spec_changes(current.marker.get("spec", {}), environment_spec(spec))
     if changes:
         more = f" (and {len(changes) - 4} more)" if len(changes) > 4 else ""
         return [
@@ -233,7 +233,7 @@ def _python_drift(lock: Spec, facts: Facts, state: generations.RootState) -> lis
     if isinstance(dists, Missing):
         return [dists.reason]
     resolution = facts.pylock
-    return environment_drift(lock, dists, None if isinstance(resolution, Missing) else resolution)
+    return environment_drift(spec, dists, None if isinstance(resolution, Missing) else resolution)
 
 
 @dataclass(frozen=True)
@@ -243,17 +243,17 @@ class _Install:
 
 
 def _build(
-    lock: Spec, facts: Facts, state: generations.RootState, reasons: Sequence[str], install: _Install, draft: _Draft
+    spec: Spec, facts: Facts, state: generations.RootState, reasons: Sequence[str], install: _Install, draft: _Draft
 ) -> None:
     """A new generation: what can fail without installing first (sources answer, URL wheels
     download and match), then create, install exactly the pylock, patches, environment file,
     checks, switch."""
     # The steps are drafted even when something blocks them, so that --dry-run shows them all.
-    resolution = _resolution(lock, facts, install, draft)
-    if (found := _base_to_build(lock, facts, install.uv, draft)) is not None:
+    resolution = _resolution(spec, facts, install, draft)
+    if (found := _base_to_build(spec, facts, install.uv, draft)) is not None:
         draft.base_python = found
-    base = draft.base_python or BasePython(Path(f"<no python{lock.python.version}>"), lock.python.version, "not found")
-    uv = install.uv or ("uv" if lock.python.installer == "uv" else None)
+    base = draft.base_python or BasePython(Path(f"<no python{spec.python.version}>"), spec.python.version, "not found")
+    uv = install.uv or ("uv" if spec.python.installer == "uv" else None)
     home = generations.generations_dir(state.root) / state.next_id
     draft.generation = home
     steps = draft.steps
@@ -269,17 +269,17 @@ def _build(
         )
     why = "; ".join(reasons[:3]) + (f" (and {len(reasons) - 3} more)" if len(reasons) > 3 else "")
     if resolution is not None:
-        _preflight(lock, resolution, install.wheelhouse, steps)
+        _preflight(spec, resolution, install.wheelhouse, steps)
     steps.append(
         Step(
             "python",
             "python.venv",
             f"create generation {home.name} with Python {base.version} (found: {base.found_by})",
             why,
-            tuple(pyenv.venv_commands(lock, base.path, home, uv, base.bundled_pip)),
+            tuple(pyenv.venv_commands(spec, base.path, home, uv, base.bundled_pip)),
         )
     )
-    pins = guard.constraints(lock)
+    pins = guard.constraints(spec)
     steps.append(
         Step(
             "python",
@@ -297,12 +297,12 @@ def _build(
         else "the pylock"
     )
     sources = (
-        pyenv.sources(lock, resolution)
+        pyenv.sources(spec, resolution)
         if resolution
-        else [lock.python.default_index, *(i.url for i in lock.python.indexes)]
+        else [spec.python.default_index, *(i.url for i in spec.python.indexes)]
     )
     where = f"from {install.wheelhouse}, with no index" if install.wheelhouse else f"from {', '.join(sources)}"
-    overrides = "; ".join(f"override {o.package}{o.specifier}: {o.reason}" for o in lock.python.overrides)
+    overrides = "; ".join(f"override {o.package}{o.specifier}: {o.reason}" for o in spec.python.overrides)
     steps.append(
         Step(
             "python",
@@ -310,10 +310,10 @@ def _build(
             f"install {installing} {where}",
             "exactly the pylock: nothing missing, nothing extra"
             + (f" (resolved with {overrides})" if overrides else ""),
-            tuple(pyenv.install_commands(lock, home, uv, wheelhouse=install.wheelhouse, bundled_pip=base.bundled_pip)),
+            tuple(pyenv.install_commands(spec, home, uv, wheelhouse=install.wheelhouse, bundled_pip=base.bundled_pip)),
         )
     )
-    for patch in lock.patches:
+    for patch in spec.patches:
         steps.append(
             Step(
                 "patches",
@@ -337,7 +337,7 @@ def _build(
             "python",
             "python.check",
             f"check generation {home.name}: exactly the pylock, pins, guard, consistency, torch build"
-            + (", patches" if lock.patches else ""),
+            + (", patches" if spec.patches else ""),
             "a generation that fails its checks is never switched to",
         )
     )
@@ -351,18 +351,18 @@ def _build(
     )
 
 
-def _resolution(lock: Spec, facts: Facts, install: _Install, draft: _Draft) -> pylock.Resolution | None:
+def _resolution(spec: Spec, facts: Facts, install: _Install, draft: _Draft) -> pylock.Resolution | None:
     """The pylock to install, when there is a current one; else a blocker with the command that
     makes it (a stale pylock would install what the spec no longer says)."""
     resolution = facts.pylock
-    again = pylock.lock_command(lock.path)
+    again = pylock.lock_command(spec.path)
     fix = Fix(
         "Resolve the spec into its pylock where its indexes and URLs are reachable, then provision again.", (again,)
     )
     if isinstance(resolution, Missing):
         draft.blockers.append(Blocker(resolution.reason, fix, usage=True))
         return None
-    stale = pylock.differences(lock, resolution)
+    stale = pylock.differences(spec, resolution)
     if stale:
         more = f" (and {len(stale) - 3} more)" if len(stale) > 3 else ""
         draft.blockers.append(
@@ -383,7 +383,7 @@ def _resolution(lock: Spec, facts: Facts, install: _Install, draft: _Draft) -> p
     return resolution
 
 
-def _preflight(lock: Spec, resolution: pylock.Resolution, wheelhouse: Path | None, steps: list[Step]) -> None:
+def _preflight(spec: Spec, resolution: pylock.Resolution, wheelhouse: Path | None, steps: list[Step]) -> None:
     """What can fail without installing, before anything is created: the sources answer (or the
     wheelhouse holds every file, with its sha256), URL wheels download and match."""
     if wheelhouse is not None:
@@ -398,7 +398,7 @@ def _preflight(lock: Spec, resolution: pylock.Resolution, wheelhouse: Path | Non
             )
         )
         return
-    sources = pyenv.sources(lock, resolution)
+    sources = pyenv.sources(spec, resolution)
     verb = "answers" if len(sources) == 1 else "answer"
     steps.append(
         Step(
@@ -461,11 +461,11 @@ def _resume(
     )
 
 
-def _base_to_build(lock: Spec, facts: Facts, uv: str | None, draft: _Draft) -> BasePython | None:
+def _base_to_build(spec: Spec, facts: Facts, uv: str | None, draft: _Draft) -> BasePython | None:
     """Note what blocks a build; the base interpreter to build from (None: there is none)."""
     blockers = draft.blockers
-    for i, patch in enumerate(lock.patches):
-        pinned = lock.python.package(patch.package)
+    for i, patch in enumerate(spec.patches):
+        pinned = spec.python.package(patch.package)
         if pinned is not None and not pinned.specifier.contains(str(patch.version), prereleases=True):
             blockers.append(
                 Blocker(
@@ -474,8 +474,8 @@ def _base_to_build(lock: Spec, facts: Facts, uv: str | None, draft: _Draft) -> B
                     usage=True,
                 )
             )
-        _check_patch_file(lock, i, patch, blockers)
-    if lock.python.installer == "uv" and uv is None:
+        _check_patch_file(spec, i, patch, blockers)
+    if spec.python.installer == "uv" and uv is None:
         blockers.append(
             Blocker(
                 'uv is not installed (python.installer = "uv")',
@@ -488,15 +488,15 @@ def _base_to_build(lock: Spec, facts: Facts, uv: str | None, draft: _Draft) -> B
             Blocker(
                 base.reason,
                 Fix(
-                    f"Install Python {lock.python.version} beside the system one, then run provision again.",
-                    (f"pyenv install {lock.python.version}",),
+                    f"Install Python {spec.python.version} beside the system one, then run provision again.",
+                    (f"pyenv install {spec.python.version}",),
                 ),
             )
         )
     return base if isinstance(base, BasePython) else None
 
 
-def _env_file(lock: Spec, state: generations.RootState, draft: _Draft) -> None:
+def _env_file(spec: Spec, state: generations.RootState, draft: _Draft) -> None:
     current = state.current
     assert current is not None
     path = current.path / pyenv.ENV_FILE
@@ -506,7 +506,7 @@ def _env_file(lock: Spec, state: generations.RootState, draft: _Draft) -> None:
         have = None
     guarded = (current.path / guard.PIP_CONF).is_file()
     if (
-        have == pyenv.environment_text(lock, current.path, state.root)
+        have == pyenv.environment_text(spec, current.path, state.root)
         and (current.path / pyenv.ACTIVATE).is_file()
         and guarded
     ):
@@ -523,8 +523,8 @@ def _env_file(lock: Spec, state: generations.RootState, draft: _Draft) -> None:
     )
 
 
-def _patches(lock: Spec, facts: Facts, state: generations.RootState, draft: _Draft) -> None:
-    if not lock.patches:
+def _patches(spec: Spec, facts: Facts, state: generations.RootState, draft: _Draft) -> None:
+    if not spec.patches:
         return
     dists = facts.dists
     if isinstance(dists, Missing):
@@ -532,7 +532,7 @@ def _patches(lock: Spec, facts: Facts, state: generations.RootState, draft: _Dra
             Blocker(f"no environment to patch: {dists.reason}", Fix("Build the Python stack first.", (_REBUILD,)))
         )
         return
-    for i, patch in enumerate(lock.patches):
+    for i, patch in enumerate(spec.patches):
         dist = dists.dist(patch.package)
         if dist is None or dist.version != str(patch.version):
             draft.blockers.append(
@@ -546,7 +546,7 @@ def _patches(lock: Spec, facts: Facts, state: generations.RootState, draft: _Dra
         reason = patch_state(patch, Path(dist.location))
         if reason is None:
             draft.in_place.append(f"patch {patch.file.name}: applied to {patch.package} {patch.version}")
-        elif _check_patch_file(lock, i, patch, draft.blockers):
+        elif _check_patch_file(spec, i, patch, draft.blockers):
             draft.steps.append(
                 Step(
                     "patches",
@@ -559,11 +559,11 @@ def _patches(lock: Spec, facts: Facts, state: generations.RootState, draft: _Dra
             )
 
 
-def _check_patch_file(lock: Spec, index: int, patch: Patch, blockers: list[Blocker]) -> bool:
+def _check_patch_file(spec: Spec, index: int, patch: Patch, blockers: list[Blocker]) -> bool:
     """A patch is planned only when its file can be applied as far as reading tells (it exists
     inside the lock's checkout, has the locked sha256, is a diff): else it blocks, as a lockfile
     problem, before anything is touched."""
-    problem = patch_location_problem(lock, patch) or _patch_file_problem(patch)
+    problem = patch_location_problem(spec, patch) or _patch_file_problem(patch)
     if problem:
         blockers.append(
             Blocker(

@@ -153,7 +153,7 @@ def _pip(home: Path, *args: str) -> Command:
     return Command(argv, _PIP_ENV)
 
 
-def venv_commands(lock: Spec, base: Path, home: Path, uv: str | None, bundled_pip: Path | None = None) -> list[Command]:
+def venv_commands(spec: Spec, base: Path, home: Path, uv: str | None, bundled_pip: Path | None = None) -> list[Command]:
     """Create the environment from ``base`` (an interpreter of the locked version) with uv (well
     under a second, where ``python -m venv`` runs ensurepip for seconds); with the pip installer,
     put pip in at once, since it does the installing."""
@@ -163,7 +163,7 @@ def venv_commands(lock: Spec, base: Path, home: Path, uv: str | None, bundled_pi
     create = Command(
         (uv, "venv", "--no-config", "--no-python-downloads", "--allow-existing", "--python", str(base), str(home))
     )
-    return [create, seed_command(home, uv, bundled_pip)] if lock.python.installer == "pip" else [create]
+    return [create, seed_command(home, uv, bundled_pip)] if spec.python.installer == "pip" else [create]
 
 
 def seed_command(home: Path, uv: str | None, bundled_pip: Path | None) -> Command:
@@ -187,12 +187,12 @@ def seed_command(home: Path, uv: str | None, bundled_pip: Path | None) -> Comman
 
 
 def install_commands(
-    lock: Spec, home: Path, uv: str | None, *, wheelhouse: Path | None = None, bundled_pip: Path | None = None
+    spec: Spec, home: Path, uv: str | None, *, wheelhouse: Path | None = None, bundled_pip: Path | None = None
 ) -> list[Command]:
     """Install exactly the pylock into a new environment, every file checked against its sha256:
     uv syncs the generation's pylock (then pip goes in beside it); pip installs the generation's
     hashed requirements without resolving (``--no-deps``: the pylock is the resolution)."""
-    if lock.python.installer == "uv":
+    if spec.python.installer == "uv":
         assert uv is not None
         offline = ("--offline",) if wheelhouse is not None else ()
         sync = Command(
@@ -205,8 +205,8 @@ def install_commands(
     else:
         where = (
             "--index-url",
-            lock.python.default_index,
-            *(arg for index in lock.python.indexes for arg in ("--extra-index-url", index.url)),
+            spec.python.default_index,
+            *(arg for index in spec.python.indexes for arg in ("--extra-index-url", index.url)),
         )
     return [
         _pip(
@@ -254,13 +254,13 @@ def write_install_files(resolution: pylock.Resolution, home: Path, local: Mappin
     files.write_text(home / REQUIREMENTS, "".join(f"{line}\n" for line in requirements(resolution, local)))
 
 
-def sources(lock: Spec, resolution: pylock.Resolution) -> list[str]:
+def sources(spec: Spec, resolution: pylock.Resolution) -> list[str]:
     """Where an install from the index downloads from: uv fetches each locked file by its URL (its
     server's root is asked), pip asks the spec's indexes; both fetch URL wheels by their URL."""
     origins = {_origin(f.url) for f in resolution.files}
-    if lock.python.installer == "pip":
+    if spec.python.installer == "pip":
         origins = {_origin(f.url) for p in resolution.packages.values() if p.archive for f in (p.archive,)}
-        origins |= {lock.python.default_index, *(index.url for index in lock.python.indexes)}
+        origins |= {spec.python.default_index, *(index.url for index in spec.python.indexes)}
     return sorted(origins)
 
 
@@ -301,7 +301,7 @@ def run(
     *,
     log: Path,
     environ: Mapping[str, str],
-    lock: Spec | None = None,
+    spec: Spec | None = None,
     on_line: Callable[[str], None] | None = None,
 ) -> runner.Completed:
     """Run one step's command; a failure names its log, and a resolution the guard blocked names
@@ -312,7 +312,7 @@ def run(
     if done.ok:
         return done
     tail = tuple(done.tail(15))
-    culprits = guard.blocked(done.stdout, lock) if lock is not None else []
+    culprits = guard.blocked(done.stdout, spec) if spec is not None else []
     if culprits:
         raise guard.GuardError(_blocked_message(culprits), log, tail)
     ended = f"timed out after {limit_s:g} s" if done.timed_out else f"exit {done.returncode}"
@@ -391,11 +391,11 @@ def fetch_wheel(
 # --- the environment file ---------------------------------------------------------------------
 
 
-def environment(lock: Spec, home: Path) -> dict[str, str]:
+def environment(spec: Spec, home: Path) -> dict[str, str]:
     """What stackgate.env exports: the default toolkit first on PATH, its CUDA_HOME and ptxas,
     the guard (PIP_CONSTRAINT, UV_CONSTRAINT: later installs cannot move torch either), the
     environment itself (VIRTUAL_ENV, so `uv pip` finds it), then the lock's [env]."""
-    default = lock.default_toolkit
+    default = spec.default_toolkit
     values: dict[str, str] = {}
     if default is not None:
         values["CUDA_HOME"] = str(default.prefix)
@@ -407,33 +407,33 @@ def environment(lock: Spec, home: Path) -> dict[str, str]:
     # root such as "/srv/my stack" would otherwise become two files that do not exist.
     constraints = (home / guard.CONSTRAINTS).absolute().as_uri()
     values.update(PIP_CONSTRAINT=constraints, UV_CONSTRAINT=constraints, VIRTUAL_ENV=str(home))
-    values.update(lock.env)
+    values.update(spec.env)
     return values
 
 
-def environment_text(lock: Spec, home: Path, root: Path) -> str:
+def environment_text(spec: Spec, home: Path, root: Path) -> str:
     header = (
-        f"stackgate environment of {lock.name}, generation {home.name}.\nSource it: . {root / 'current' / ENV_FILE}"
+        f"stackgate environment of {spec.name}, generation {home.name}.\nSource it: . {root / 'current' / ENV_FILE}"
     )
-    return envfile.render(environment(lock, home), header)
+    return envfile.render(environment(spec, home), header)
 
 
-def activate_text(lock: Spec, home: Path, root: Path) -> str:
+def activate_text(spec: Spec, home: Path, root: Path) -> str:
     return (
         f"# Source this file to work in the stack: . {root / 'current' / ACTIVATE}\n"
         f"# It applies stackgate.env (CUDA, the guard's constraints, the lock's [env]) and marks the prompt.\n"
         f". {shlex.quote(str(home / ENV_FILE))}\n"
-        f'PS1="({lock.name}) ${{PS1-}}"\n'
+        f'PS1="({spec.name}) ${{PS1-}}"\n'
         "hash -r 2>/dev/null || true\n"
     )
 
 
-def write_environment(lock: Spec, home: Path, root: Path) -> Path:
+def write_environment(spec: Spec, home: Path, root: Path) -> Path:
     """Write what people and their tools read in a generation: stackgate.env and activate (each
     replaced atomically), and pip.conf, the guard for its pip whether activated or not."""
-    files.write_text(home / ENV_FILE, environment_text(lock, home, root))
-    files.write_text(home / ACTIVATE, activate_text(lock, home, root))
-    guard.write_pip_conf(lock, home)
+    files.write_text(home / ENV_FILE, environment_text(spec, home, root))
+    files.write_text(home / ACTIVATE, activate_text(spec, home, root))
+    guard.write_pip_conf(spec, home)
     return home / ENV_FILE
 
 

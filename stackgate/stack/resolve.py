@@ -89,19 +89,19 @@ class Outcome:
     replaced: bool  #: there was a pylock before (``moved`` is measured against it)
 
 
-def current(lock: Spec, wheelhouse: Path | None = None) -> tuple[pylock.Resolution | None, list[str]]:
+def current(spec: Spec, wheelhouse: Path | None = None) -> tuple[pylock.Resolution | None, list[str]]:
     """The spec's pylock and how it differs from the spec, offline (``stackgate lock --check``):
     (None, [why]) when there is none. A pylock that does not validate, or names a local file
     outside the roots the spec allows, raises PylockError."""
-    path = pylock.path_for(lock.path)
+    path = pylock.path_for(spec.path)
     if not path.exists():
         return None, [f"{path} does not exist"]
-    resolution = pylock.load_beside(lock, wheelhouse=wheelhouse)
-    return resolution, pylock.differences(lock, resolution)
+    resolution = pylock.load_beside(spec, wheelhouse=wheelhouse)
+    return resolution, pylock.differences(spec, resolution)
 
 
 def resolve(
-    lock: Spec,
+    spec: Spec,
     *,
     uv: str,
     environ: Mapping[str, str],
@@ -109,26 +109,26 @@ def resolve(
     on_line: Callable[[str], None] | None = None,
 ) -> Outcome:
     """Resolve the spec into its pylock and write it; :class:`ResolveError` leaves the old one."""
-    target = pylock.path_for(lock.path)
+    target = pylock.path_for(spec.path)
     old = previous(target)
-    work = Path(tempfile.mkdtemp(prefix=f"stackgate-lock-{lock.name}-"))
+    work = Path(tempfile.mkdtemp(prefix=f"stackgate-lock-{spec.name}-"))
     log = work / "uv.log"
     output = work / "pylock.toml"
     try:
         if old is not None:
             shutil.copyfile(old.path, output)  # its versions are uv's preferences
-        command = compile_command(lock, uv, work, output, upgrade)
-        pyenv.run(command, log=log, environ=environ, lock=lock, on_line=on_line)
-        text = pylock.stamp(output.read_text(encoding="utf-8"), lock)
+        command = compile_command(spec, uv, work, output, upgrade)
+        pyenv.run(command, log=log, environ=environ, spec=spec, on_line=on_line)
+        text = pylock.stamp(output.read_text(encoding="utf-8"), spec)
         resolution = pylock.loads(text.encode(), target)
-        outside = pylock.outside_roots(resolution, pylock.file_roots(lock))
+        outside = pylock.outside_roots(resolution, pylock.file_roots(spec))
         if outside:
             raise pylock.PylockError(target, outside)
     except (pyenv.PyenvError, guard.GuardError) as exc:
         raise ResolveError(f"the resolution failed: {exc}", exc.log, exc.tail) from exc
     except pylock.PylockError as exc:
         raise ResolveError(f"uv wrote a pylock stackgate cannot use: {exc}", log) from exc
-    outcome = _judge(lock, old, resolution, upgrade, log)
+    outcome = _judge(spec, old, resolution, upgrade, log)
     files.write_text(target, text)  # a temporary file of its own, renamed: never through a planted link
     shutil.rmtree(work, ignore_errors=True)
     return outcome
@@ -142,10 +142,10 @@ def previous(target: Path) -> pylock.Resolution | None:
         return None
 
 
-def compile_command(lock: Spec, uv: str, work: Path, output: Path, upgrade: Sequence[str] = ()) -> pyenv.Command:
+def compile_command(spec: Spec, uv: str, work: Path, output: Path, upgrade: Sequence[str] = ()) -> pyenv.Command:
     """The one uv run that resolves the spec; its inputs are written into ``work``."""
-    python = lock.python
-    (work / "pyproject.toml").write_text(_pyproject(lock), encoding="utf-8")
+    python = spec.python
+    (work / "pyproject.toml").write_text(_pyproject(spec), encoding="utf-8")
     argv = [
         uv,
         "pip",
@@ -167,22 +167,22 @@ def compile_command(lock: Spec, uv: str, work: Path, output: Path, upgrade: Sequ
     ]
     if python.frozen:
         (work / guard.CONSTRAINTS).write_text(
-            "".join(f"{line}\n" for line in guard.constraints(lock)), encoding="utf-8"
+            "".join(f"{line}\n" for line in guard.constraints(spec)), encoding="utf-8"
         )
         argv += ["--constraint", str(work / guard.CONSTRAINTS)]
     if python.overrides:
-        (work / guard.OVERRIDES).write_text("".join(f"{line}\n" for line in guard.overrides(lock)), encoding="utf-8")
+        (work / guard.OVERRIDES).write_text("".join(f"{line}\n" for line in guard.overrides(spec)), encoding="utf-8")
         argv += ["--override", str(work / guard.OVERRIDES)]
     for name in upgrade:
         argv += ["--upgrade-package", name]
     return pyenv.Command(tuple(argv))
 
 
-def _pyproject(lock: Spec) -> str:
+def _pyproject(spec: Spec) -> str:
     """The resolution's input: the pins as a project's dependencies, each [[python.index]] as an
     explicit uv index that only the packages it serves come from, URL wheels as URL sources.
     Every value comes from a validated spec and is written as a TOML string."""
-    python = lock.python
+    python = spec.python
     lines = [
         "[project]",
         'name = "stackgate-stack"',
@@ -210,12 +210,12 @@ def _toml(text: str) -> str:
 
 
 def _judge(
-    lock: Spec, old: pylock.Resolution | None, new: pylock.Resolution, upgrade: Sequence[str], log: Path
+    spec: Spec, old: pylock.Resolution | None, new: pylock.Resolution, upgrade: Sequence[str], log: Path
 ) -> Outcome:
     """Refuse what must not be written (a changed URL file, a moved frozen package), and say
     what moved and which hashes were taken on first use."""
     first_use = []
-    for package in lock.python.packages:
+    for package in spec.python.packages:
         if not package.url:
             continue
         locked = new.package(package.name)
@@ -238,7 +238,7 @@ def _judge(
         if not package.sha256 and not before:
             first_use.append(FirstUse(package.name, package.url, file.sha256))
     moved = _moved(old, new)
-    frozen = [m for m in moved if m.name in lock.python.frozen and m.old is not None]
+    frozen = [m for m in moved if m.name in spec.python.frozen and m.old is not None]
     if upgrade and frozen:
         asked = ", ".join(upgrade)
         raise ResolveError(

@@ -148,10 +148,10 @@ def _kernel_label(record: Mapping[str, Any]) -> str:
     return f"GPU {record['index']} {record['kind']}"
 
 
-def _kernel_problem(record: Mapping[str, Any], lock: Spec) -> tuple[str, Known | None] | None:
+def _kernel_problem(record: Mapping[str, Any], spec: Spec) -> tuple[str, Known | None] | None:
     """What is wrong with one kernel's record: an error (classified), or a result out of tolerance."""
     if "error" in record:
-        known = _classified(record.get("trace") or record["error"], lock)
+        known = _classified(record.get("trace") or record["error"], spec)
         return f"{_kernel_label(record)}: {_explained(record['error'], known)}", known
     worst = record["worst"]
     if not close_enough(worst, ATTENTION_ATOL, ATTENTION_RTOL):
@@ -228,10 +228,10 @@ def _attention_data(run: AttentionRun, jit: JitContext, floor: float) -> dict[st
     }
 
 
-def judge_attention(run: AttentionRun, jit: JitContext, lock: Spec) -> Result:
+def judge_attention(run: AttentionRun, jit: JitContext, spec: Spec) -> Result:
     """The attention verdict: flashinfer that does not import, a kernel that errors, times out in
     its JIT or computes wrong fails, with the cause and fix the knowledge base knows."""
-    floor = lock.deep.attention.min_read_fraction
+    floor = spec.deep.attention.min_read_fraction
     data = _attention_data(run, jit, floor)
     if run.returncode is None:
         return failed(
@@ -241,12 +241,12 @@ def judge_attention(run: AttentionRun, jit: JitContext, lock: Spec) -> Result:
             {**data, "hung": True},
         )
     if run.begin.get("error"):
-        known = _classified(run.begin.get("trace") or run.begin["error"], lock)
+        known = _classified(run.begin.get("trace") or run.begin["error"], spec)
         causes = [known.cause] if known else []
         return failed(
             _explained(run.begin["error"], known),
             [*causes, *jit.lines(), *_tail_lines(run.tail)],
-            known.fix if known else _flashinfer_import_fix(lock, run.begin.get("trace") or run.begin["error"]),
+            known.fix if known else _flashinfer_import_fix(spec, run.begin.get("trace") or run.begin["error"]),
             data,
         )
     if run.returncode is not None and run.returncode < 0:
@@ -261,7 +261,7 @@ def judge_attention(run: AttentionRun, jit: JitContext, lock: Spec) -> Result:
             _log_fix(run.log),
             data,
         )
-    problems = [p for p in (_kernel_problem(k, lock) for k in run.kernels) if p is not None]
+    problems = [p for p in (_kernel_problem(k, spec) for k in run.kernels) if p is not None]
     if problems:
         known = next((k for _, k in problems if k is not None), None)
         details = [text for text, _ in problems] + ([known.cause] if known else [])
@@ -488,20 +488,20 @@ def _attention_lines(run: AttentionRun) -> list[str]:
 
 
 @check("deep.flashinfer_attention", needs=("probe", "env"), timeout_s=_flashinfer_limit_s, slow=True)
-def flashinfer_attention(lock: Spec, facts: Facts) -> Result:
+def flashinfer_attention(spec: Spec, facts: Facts) -> Result:
     """flashinfer's decode, prefill and paged attention run on every GPU and match float32."""
-    if not _uses_flashinfer(lock):
+    if not _uses_flashinfer(spec):
         return skipped(
-            f"the lock's stack does not use flashinfer (attention backend {lock.smoke.attention_backend}, no "
+            f"the lock's stack does not use flashinfer (attention backend {spec.smoke.attention_backend}, no "
             "flashinfer-python pin)"
         )
-    env = flashinfer_env(lock, facts)
-    shapes = lock.deep.attention
+    env = flashinfer_env(spec, facts)
+    shapes = spec.deep.attention
     run = run_attention(
-        lock.python.target,
+        spec.python.target,
         AttentionRequest.from_lock(shapes),
         env,
         shapes.jit_timeout_s + settings.DEEP_TIMEOUT_S.value(),
     )
-    result = judge_attention(run, _jit_context(lock, facts, env, shapes.jit_timeout_s), lock)
+    result = judge_attention(run, _jit_context(spec, facts, env, shapes.jit_timeout_s), spec)
     return looked_up(result, facts, _run_output(run.begin, run.kernels, run.tail), _LOOKS)

@@ -113,18 +113,18 @@ def not_run(name: str, results: Sequence[Result]) -> Result | None:
     return Result(name, Status.SKIP, f"not run: {reasons[0]}", tuple(reasons), data=data)
 
 
-def launch(name: str, lock: Spec, facts: Facts) -> Launch | None:
+def launch(name: str, spec: Spec, facts: Facts) -> Launch | None:
     """What deep check ``name`` will start (interpreter, script, environment), so that verify can start
     it ahead; None when it will most likely start nothing (no GPU, a CPU build of torch or none, no
     flashinfer in the stack, one rank for the fusion)."""
     if isinstance(facts.nvml, Missing) or not facts.nvml.gpus or not _cuda_torch_installed(facts):
         return None
     if name in ("deep.gpu_work", "deep.collective"):
-        return Launch(lock.python.target, SCRIPT, launch_env(lock, facts))
-    if name == "deep.flashinfer_attention" and _uses_flashinfer(lock):
-        return Launch(lock.python.target, FLASHWORK, flashinfer_env(lock, facts))
-    if name == "deep.allreduce_fusion" and FUSION_FLAG in lock.smoke.flags and world_size(lock, facts.probe)[0] > 1:
-        return Launch(lock.python.target, FLASHWORK, flashinfer_env(lock, facts))
+        return Launch(spec.python.target, SCRIPT, launch_env(spec, facts))
+    if name == "deep.flashinfer_attention" and _uses_flashinfer(spec):
+        return Launch(spec.python.target, FLASHWORK, flashinfer_env(spec, facts))
+    if name == "deep.allreduce_fusion" and FUSION_FLAG in spec.smoke.flags and world_size(spec, facts.probe)[0] > 1:
+        return Launch(spec.python.target, FLASHWORK, flashinfer_env(spec, facts))
     return None
 
 
@@ -141,18 +141,18 @@ def _tail_lines(tail: Sequence[str]) -> tuple[str, ...]:
     return ("log tail:", *tail) if tail else ("log tail: (the run printed nothing)",)
 
 
-def world_size(lock: Spec, probe: ProbeFacts | Missing) -> tuple[int, int]:
+def world_size(spec: Spec, probe: ProbeFacts | Missing) -> tuple[int, int]:
     """(ranks to run, ranks wanted): the lock's TP size, capped by the GPUs torch sees."""
-    wanted = lock.smoke.tp
+    wanted = spec.smoke.tp
     present = probe.torch.get("device_count") if isinstance(probe, ProbeFacts) and probe.torch else None
     return (min(wanted, present) if isinstance(present, int) and present > 0 else wanted), wanted
 
 
-def _uses_flashinfer(lock: Spec) -> bool:
+def _uses_flashinfer(spec: Spec) -> bool:
     return (
-        lock.smoke.attention_backend == "flashinfer"
-        or lock.python.package("flashinfer-python") is not None
-        or FUSION_FLAG in lock.smoke.flags
+        spec.smoke.attention_backend == "flashinfer"
+        or spec.python.package("flashinfer-python") is not None
+        or FUSION_FLAG in spec.smoke.flags
     )
 
 
@@ -237,11 +237,11 @@ class Known:
     fix: Fix
 
 
-def _classified(text: str, lock: Spec) -> Known | None:
+def _classified(text: str, spec: Spec) -> Known | None:
     from stackgate.models import knowledge  # the knowledge base loads only to explain a failure: a cached verify
     from stackgate.scan import match_first  # skips both
 
-    match = match_first(text, context=knowledge.lock_context(lock))
+    match = match_first(text, context=knowledge.spec_context(spec))
     return None if match is None else Known(match.title, match.cause, match.fix)
 
 
@@ -292,9 +292,9 @@ def _installed(facts: Facts, name: str) -> str | None:
     return dist.version if dist else None
 
 
-def _jit_context(lock: Spec, facts: Facts, env: Mapping[str, str], timeout_s: float) -> JitContext:
-    locked = lock.python.package("flashinfer-jit-cache")
-    workspace, origin = jit_workspace(lock, env)
+def _jit_context(spec: Spec, facts: Facts, env: Mapping[str, str], timeout_s: float) -> JitContext:
+    locked = spec.python.package("flashinfer-jit-cache")
+    workspace, origin = jit_workspace(spec, env)
     return JitContext(
         str(workspace),
         origin,
@@ -318,10 +318,10 @@ def _jit_line(seconds: float, compiled: int, jit: JitContext) -> str:
     )
 
 
-def _flashinfer_import_fix(lock: Spec, error: str) -> Fix:
+def _flashinfer_import_fix(spec: Spec, error: str) -> Fix:
     """An install where the error names a module or library that is not there; else the import by hand (and the
     evidence sweep): a reinstall only on evidence."""
-    by_hand = f"{lock.python.target} -c 'import flashinfer'"
+    by_hand = f"{spec.python.target} -c 'import flashinfer'"
     missing = missing_piece(error)
     if missing is None:
         return Fix(_IMPORT_BY_HAND, (by_hand,))

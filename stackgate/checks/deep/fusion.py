@@ -88,13 +88,13 @@ def fusion_arch_problem(gpu_majors: set[int], supported: Sequence[int], arch_lis
     return None
 
 
-def _gpu_capabilities(facts: Facts, lock: Spec) -> tuple[list[str], str]:
+def _gpu_capabilities(facts: Facts, spec: Spec) -> tuple[list[str], str]:
     """Each GPU's compute capability ("12.0"), and where it was read."""
     snapshot = facts.nvml
     if isinstance(snapshot, Missing) or not snapshot.gpus:
         return [
-            str(lock.hardware.compute_capability)
-        ] * lock.hardware.gpu_count, "the lock's [hardware] (NVML gave none)"
+            str(spec.hardware.compute_capability)
+        ] * spec.hardware.gpu_count, "the lock's [hardware] (NVML gave none)"
     return ["{}.{}".format(*gpu.capability) if gpu.capability else "unknown" for gpu in snapshot.gpus], "NVML"
 
 
@@ -228,7 +228,7 @@ def _fusion_wrong(run: FusionRun, atol: float) -> list[str]:
     return wrong
 
 
-def judge_fusion(run: FusionRun, jit: JitContext, lock: Spec) -> Result:
+def judge_fusion(run: FusionRun, jit: JitContext, spec: Spec) -> Result:
     """The fusion verdict, once the arch gate passed: a failed or hung run, wrong outputs fail;
     a fused path slower than the unfused one warns; else the figures per token count."""
     atol = fusion_atol(run.request.world)
@@ -241,7 +241,7 @@ def judge_fusion(run: FusionRun, jit: JitContext, lock: Spec) -> Result:
             {**data, "hung": True},
         )
     if run.begin.get("error") or run.failures or run.returncode != 0 or len(run.tokens) < len(run.request.tokens):
-        return _fusion_failed(run, lock, data)
+        return _fusion_failed(run, spec, data)
     wrong = _fusion_wrong(run, atol)
     if wrong:
         return failed(
@@ -266,9 +266,9 @@ def judge_fusion(run: FusionRun, jit: JitContext, lock: Spec) -> Result:
     return passed(_fusion_summary(run, jit), lines, data)
 
 
-def _fusion_failed(run: FusionRun, lock: Spec, data: Mapping[str, Any]) -> Result:
+def _fusion_failed(run: FusionRun, spec: Spec, data: Mapping[str, Any]) -> Result:
     failure = run.failures[0] if run.failures else run.begin
-    known = _classified(failure.get("trace") or failure.get("error") or "\n".join(run.tail), lock)
+    known = _classified(failure.get("trace") or failure.get("error") or "\n".join(run.tail), spec)
     where = f"rank {failure['rank']} ({failure.get('stage')}): " if "rank" in failure else ""
     cause = _explained(f"{where}{failure.get('error') or ' / '.join(run.tail[-3:])}", known)
     details = [*([known.cause] if known else []), *_tail_lines(run.tail)]
@@ -323,31 +323,31 @@ def _fusion_lines(run: FusionRun) -> list[str]:
 
 
 @check("deep.allreduce_fusion", needs=("probe", "env", "nvml"), timeout_s=_fusion_limit_s, slow=True)
-def allreduce_fusion(lock: Spec, facts: Facts) -> Result:
+def allreduce_fusion(spec: Spec, facts: Facts) -> Result:
     """flashinfer's allreduce + residual + RMSNorm fusion runs on these GPUs, matches NCCL + torch, and pays."""
-    if FUSION_FLAG not in lock.smoke.flags:
+    if FUSION_FLAG not in spec.smoke.flags:
         return skipped(f"the lock's [smoke] flags do not include {FUSION_FLAG}: no fused path to prove")
-    env = flashinfer_env(lock, facts)
-    capabilities, source = _gpu_capabilities(facts, lock)
-    gate = read_gate(lock.python.target, env)
+    env = flashinfer_env(spec, facts)
+    capabilities, source = _gpu_capabilities(facts, spec)
+    gate = read_gate(spec.python.target, env)
     verdict = judge_fusion_gate(
-        gate, capabilities, source, env.get("FLASHINFER_CUDA_ARCH_LIST"), lock.deep.fusion.unsupported
+        gate, capabilities, source, env.get("FLASHINFER_CUDA_ARCH_LIST"), spec.deep.fusion.unsupported
     )
     if verdict is not None:
         return looked_up(verdict, facts, "\n".join(gate.tail), _LOOKS)
-    world, wanted = world_size(lock, facts.probe)
+    world, wanted = world_size(spec, facts.probe)
     if world < 2:
         return skipped(
             f"{world} rank(s) (the lock's [smoke] tp {wanted}): there is no all-reduce to fuse (SGLang skips the "
             "fusion on one GPU); "
             f"the arch gate passed: {gate.flashinfer.get('supported_majors')}"
         )
-    fusion = lock.deep.fusion
+    fusion = spec.deep.fusion
     run = run_fusion(
-        lock.python.target,
+        spec.python.target,
         FusionRequest(world, fusion.hidden, fusion.tokens),
         env,
         fusion.jit_timeout_s + settings.DEEP_TIMEOUT_S.value(),
     )
-    result = judge_fusion(run, _jit_context(lock, facts, env, fusion.jit_timeout_s), lock)
+    result = judge_fusion(run, _jit_context(spec, facts, env, fusion.jit_timeout_s), spec)
     return looked_up(result, facts, _run_output(run.begin, run.failures, run.tail), _LOOKS)

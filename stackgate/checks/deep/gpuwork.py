@@ -329,8 +329,8 @@ def _gpu_line(r: Mapping[str, Any]) -> str:
 
 
 @check("deep.gpu_work", needs=("probe", "env"), timeout_s=_limit_s, slow=True)
-def gpu_work(lock: Spec, facts: Facts) -> Result:
+def gpu_work(spec: Spec, facts: Facts) -> Result:
     """Every GPU multiplies bf16/fp32 matrices correctly at its peers' (and its model's) rate and copies memory."""
     activity = gpu_activity(facts.nvml_lib)
-    work = run_gpu_work(lock.python.target, GpuWorkRequest(), launch_env(lock, facts))
+    work = run_gpu_work(spec.python.target, GpuWorkRequest(), launch_env(spec, facts))
     return looked_up(judge_gpu_work(work, activity), facts, "\n".join(work.tail), _LOOKS)

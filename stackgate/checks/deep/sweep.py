@@ -281,8 +281,8 @@ def _wrong_fix(sweep: Sweep) -> Fix:
 
 
 @check("deep.collective", needs=("probe", "env"), timeout_s=_limit_s, slow=True)
-def collective(lock: Spec, facts: Facts) -> Result:
+def collective(spec: Spec, facts: Facts) -> Result:
     """An NCCL all-reduce from 8 KiB to 1 GiB is exact and reaches the locked bus bandwidth."""
-    world, wanted = world_size(lock, facts.probe)
-    sweep = run_sweep(lock.python.target, AllReduceRequest.for_world(world), launch_env(lock, facts))
-    return looked_up(judge_collective(sweep, lock.nccl.min_busbw_gbs, wanted), facts, "\n".join(sweep.tail), _LOOKS)
+    world, wanted = world_size(spec, facts.probe)
+    sweep = run_sweep(spec.python.target, AllReduceRequest.for_world(world), launch_env(spec, facts))
+    return looked_up(judge_collective(sweep, spec.nccl.min_busbw_gbs, wanted), facts, "\n".join(sweep.tail), _LOOKS)

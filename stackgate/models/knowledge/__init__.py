@@ -36,7 +36,7 @@ from stackgate.models.knowledge._model import (
     SignatureError,
     context_defaults,
     load,
-    lock_context,
+    spec_context,
     read_folder,
 )
 
@@ -49,7 +49,7 @@ __all__ = [
     "SignatureError",
     "context_defaults",
     "load",
-    "lock_context",
+    "spec_context",
     "rank",
     "read_folder",
 ]

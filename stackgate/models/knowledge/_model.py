@@ -30,7 +30,7 @@ __all__ = [
     "SignatureError",
     "context_defaults",
     "load",
-    "lock_context",
+    "spec_context",
     "read_folder",
 ]
 
@@ -274,29 +274,29 @@ def context_defaults() -> dict[str, str]:
     return {name: default for name, (_, default) in CONTEXT_KEYS.items()}
 
 
-def lock_context(lock: Any) -> dict[str, str]:
+def spec_context(spec: Any) -> dict[str, str]:
     """The context keys filled from a loaded lock (:class:`stackgate.models.spec.Spec`)."""
-    toolkit = lock.default_toolkit
-    torch = lock.python.package("torch")
-    frozen = [lock.python.package(name) for name in lock.python.frozen]
-    index = next((i.url for i in lock.python.indexes if "torch" in i.packages), None)
+    toolkit = spec.default_toolkit
+    torch = spec.python.package("torch")
+    frozen = [spec.python.package(name) for name in spec.python.frozen]
+    index = next((i.url for i in spec.python.indexes if "torch" in i.packages), None)
     values = {
-        "lock_name": lock.name,
-        "lock_flag": f" --lock {shlex.quote(str(lock.path))}",
-        "lock_backend": lock.smoke.attention_backend,
+        "lock_name": spec.name,
+        "lock_flag": f" --lock {shlex.quote(str(spec.path))}",
+        "lock_backend": spec.smoke.attention_backend,
         "lock_torch": torch.requirement if torch else None,
         "locked_torch": f" (the lock pins {torch.requirement})" if torch else None,
         "locked_pins": "; the lock freezes " + " ".join(p.requirement for p in frozen if p is not None)
         if frozen
         else None,
         "lock_pins": " ".join(p.requirement for p in frozen if p is not None),
-        "torch_cuda": lock.python.torch_cuda,
+        "torch_cuda": spec.python.torch_cuda,
         "torch_index": index,
         "cuda_home": str(toolkit.prefix) if toolkit else None,
-        "ptxas": lock.env.get("TRITON_PTXAS_PATH") or (f"{toolkit.prefix}/bin/ptxas" if toolkit else None),
-        "min_driver": _driver(lock.hardware.min_driver),
-        "gpu_arch": lock.hardware.arch,
-        "lock_tp": str(lock.smoke.tp),
-        "lock_port": str(lock.smoke.port),
+        "ptxas": spec.env.get("TRITON_PTXAS_PATH") or (f"{toolkit.prefix}/bin/ptxas" if toolkit else None),
+        "min_driver": _driver(spec.hardware.min_driver),
+        "gpu_arch": spec.hardware.arch,
+        "lock_tp": str(spec.smoke.tp),
+        "lock_port": str(spec.smoke.port),
     }
     return {k: v for k, v in values.items() if v}

@@ -18,13 +18,13 @@ from stackgate.models.spec.reader import SpecError, Table, read_toml
 from stackgate.models.spec.rules import PACKAGE
 
 __all__ = [
-    "DEFAULT_LOCK",
-    "LOCAL_LOCK",
-    "SYSTEM_LOCK",
-    "default_lock_path",
+    "DEFAULT_SPEC",
+    "LOCAL_SPEC",
+    "SYSTEM_SPEC",
+    "default_spec_path",
     "edit_hint",
     "find_local",
-    "found_lock_path",
+    "found_spec_path",
     "is_shipped",
     "load_spec",
     "loads_spec",
@@ -33,19 +33,19 @@ __all__ = [
 ]
 
 #: The profile used when nothing else names one (:func:`default_lock_path`).
-DEFAULT_LOCK = PACKAGE / "lockfiles" / "blackwell-sm120-cu130.toml"
+DEFAULT_SPEC = PACKAGE / "lockfiles" / "blackwell-sm120-cu130.toml"
 #: The spec of the current folder, as `stackgate init` writes it.
-LOCAL_LOCK = "stackgate.toml"
+LOCAL_SPEC = "stackgate.toml"
 #: The machine's spec, in $STACKGATE_SYSTEM_DIR (`stackgate init --system` writes it).
-SYSTEM_LOCK = "stack.toml"
+SYSTEM_SPEC = "stack.toml"
 
 
-def default_lock_path(environ: Mapping[str, str] | None = None, cwd: Path | None = None) -> Path:
+def default_spec_path(environ: Mapping[str, str] | None = None, cwd: Path | None = None) -> Path:
     """The lock a command uses without ``--lock``: :func:`found_lock_path`, else the shipped default profile."""
-    return found_lock_path(environ, cwd) or DEFAULT_LOCK
+    return found_spec_path(environ, cwd) or DEFAULT_SPEC
 
 
-def found_lock_path(environ: Mapping[str, str] | None = None, cwd: Path | None = None) -> Path | None:
+def found_spec_path(environ: Mapping[str, str] | None = None, cwd: Path | None = None) -> Path | None:
     """The spec named or found without ``--lock``: ``$STACKGATE_LOCK``, a ``stackgate.toml`` in the working
     folder or the nearest folder above it (:func:`find_local`), ``/etc/stackgate/stack.toml``
     (``$STACKGATE_SYSTEM_DIR``); None when there is none (the shipped default profile stands in)."""
@@ -55,7 +55,7 @@ def found_lock_path(environ: Mapping[str, str] | None = None, cwd: Path | None =
     local = find_local(Path.cwd() if cwd is None else cwd)
     if local is not None:
         return local
-    system = settings.SYSTEM_DIR.value(environ) / SYSTEM_LOCK
+    system = settings.SYSTEM_DIR.value(environ) / SYSTEM_SPEC
     return system if system.is_file() else None
 
 
@@ -68,7 +68,7 @@ def find_local(start: Path) -> Path | None:
     True
     """
     for folder in (start, *start.parents):
-        candidate = folder / LOCAL_LOCK
+        candidate = folder / LOCAL_SPEC
         try:
             owner = candidate.stat().st_uid
         except OSError:
@@ -81,7 +81,7 @@ def find_local(start: Path) -> Path | None:
 def is_shipped(path: Path) -> bool:
     """Whether ``path`` is one of the profiles shipped inside the stackgate package."""
     try:
-        return Path(path).resolve().parent == DEFAULT_LOCK.parent.resolve()
+        return Path(path).resolve().parent == DEFAULT_SPEC.parent.resolve()
     except OSError:
         return False
 
@@ -94,17 +94,17 @@ def read_only_problem(path: Path, action: str) -> str | None:
         return None
     return (
         f"{path} is a profile shipped inside the installed stackgate package: {action} would write there. "
-        f"Copy it out first: `stackgate init --profile {Path(path).stem}` (./{LOCAL_LOCK}, which every command "
-        f"then uses; --system for /etc/stackgate), then run it again on the copy (`--lock {LOCAL_LOCK}`)"
+        f"Copy it out first: `stackgate init --profile {Path(path).stem}` (./{LOCAL_SPEC}, which every command "
+        f"then uses; --system for /etc/stackgate), then run it again on the copy (`--lock {LOCAL_SPEC}`)"
     )
 
 
-def edit_hint(lock: Spec) -> str:
+def edit_hint(spec: Spec) -> str:
     """Where a user changes a value of ``lock``: the file, or for a profile inside the installed
     package, the copy `stackgate init --profile` makes (nothing is ever written into the package)."""
-    if read_only_problem(lock.path, "an edit") is None:
-        return f"in {lock.path}"
-    return f"in a copy of the shipped profile (`stackgate init --profile {lock.path.stem}` writes ./{LOCAL_LOCK})"
+    if read_only_problem(spec.path, "an edit") is None:
+        return f"in {spec.path}"
+    return f"in a copy of the shipped profile (`stackgate init --profile {spec.path.stem}` writes ./{LOCAL_SPEC})"
 
 
 def spec_command(action: str, path: Path) -> str:
@@ -116,12 +116,12 @@ def spec_command(action: str, path: Path) -> str:
     """
     if read_only_problem(path, action) is None:
         return f"stackgate {action} --lock {shlex.quote(str(path))}"
-    return f"stackgate init --profile {Path(path).stem} && stackgate {action} --lock {LOCAL_LOCK}"
+    return f"stackgate init --profile {Path(path).stem} && stackgate {action} --lock {LOCAL_SPEC}"
 
 
 def load_spec(path: Path | str | None = None) -> Spec:
     """Read and validate a lockfile; raise :class:`SpecError` listing every problem."""
-    path = default_lock_path() if path is None else Path(path)
+    path = default_spec_path() if path is None else Path(path)
     try:
         data = inputfile.read_capped(path, inputfile.MAX_SPEC_BYTES)
     except FileNotFoundError:
@@ -139,7 +139,7 @@ def loads_spec(data: bytes | str, path: Path | str = "<lockfile>") -> Spec:
     raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
     document = read_toml(raw, path, SpecError)
     errors: list[str] = []
-    lock = Spec._from_table(Table(document, "", errors), path, hashlib.sha256(raw).hexdigest())
-    if errors or lock is None:
+    spec = Spec._from_table(Table(document, "", errors), path, hashlib.sha256(raw).hexdigest())
+    if errors or spec is None:
         raise SpecError(path, errors or ["invalid lockfile"])
-    return lock
+    return spec

@@ -101,14 +101,14 @@ def normal_path(text: str) -> Path:
     return Path("/" + os.path.normpath(text).lstrip("/")) if text.startswith("/") else Path(os.path.normpath(text))
 
 
-def patch_location_problem(lock: _Located, patch: _PatchFile) -> str | None:
+def patch_location_problem(spec: _Located, patch: _PatchFile) -> str | None:
     """Why ``patch``'s file cannot be the lock's patch, or None: it must exist, after ``..`` and
     symlinks, inside the lockfile's checkout or stackgate's shipped patches. Only provision reads
     the file, so provision asks (before it plans to apply it); other commands need only its name.
     """
     try:
         path = patch.file.resolve()
-        folder = lock.path.parent.resolve()
+        folder = spec.path.parent.resolve()
         bases = (_checkout(folder), SHIPPED_PATCHES.resolve())
         found = "a file" if path.is_file() else "not a file" if path.exists() else "no such file"
     except (OSError, RuntimeError) as exc:  # a name too long, a symlink loop (RuntimeError before 3.13)
