@@ -77,7 +77,7 @@ def init(
     """Describe this machine as a spec (./stackgate.toml), or copy a shipped profile out."""
     from stackgate.commands import init as command
 
-    paths: dict[str, Any] = {name: _path(value) for name, value in [("out", out), ("python", python), ("lock", lock)]}
+    paths: dict[str, Any] = {name: _path(value) for name, value in [("out", out), ("python", python), ("spec", lock)]}
     paths["health_units"] = _path(health_units)
     request = command.InitRequest(**paths, profile=profile, list_only=list, system=system, force=force, dry_run=dry_run)
     cli.run_command(lambda: command.run(request, _ui()))

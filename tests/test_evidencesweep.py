@@ -15,7 +15,7 @@ import pytest
 from fakes import fake_nvml
 from fakes.fake_nvml import gpu
 from support import ROOT, install_dist, interpreter_spec, make_venv
-from test_abi import spec_for, run
+from test_abi import run, spec_for
 from test_deep_flashinfer import H200, run_check
 from test_deep_flashinfer import interpreter_lock as flashinfer_lock
 

@@ -128,7 +128,7 @@ def test_a_different_gpu_is_the_same_stack_only_if_it_is_the_same_model():
             "applied to sglang 0.5.9",
             "not applied",
         ),
-        ({"lock": dataclasses.replace(LOCK, sha256="0" * 64)}, "lock", "sha256", LOCK.sha256, "0" * 64),
+        ({"spec": dataclasses.replace(LOCK, sha256="0" * 64)}, "lock", "sha256", LOCK.sha256, "0" * 64),
     ],
     ids=["backend", "torch", "driver", "gpu-model", "toolkit", "patch", "lock"],
 )

@@ -24,11 +24,11 @@ from fleet_support import (
     VERIFIABLE,
     Sshd,
     behaviour,
+    fleet_spec,
     keygen,
     make_venv,
     node_wrapper,
     nvml_file,
-    fleet_spec,
     stand_in_pids,
     why_no_sshd,
 )

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import pytest
-from fleet_support import make_venv, node_wrapper, fleet_spec
+from fleet_support import fleet_spec, make_venv, node_wrapper
 from smoke_support import ROOT, free_port
 from test_fleet import fleet_env, stackgate
 

@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 import pytest
 import test_fleet
-from fleet_support import TESTS, VERIFIABLE, behaviour, make_venv, nvml_file, fleet_spec, stand_in_pids, why_no_sshd
+from fleet_support import TESTS, VERIFIABLE, behaviour, fleet_spec, make_venv, nvml_file, stand_in_pids, why_no_sshd
 from slurm_cluster import NODE_LOCAL, Cluster
 from smoke_support import FAKES, ROOT, free_port, living, wait_for
 from test_fleet import Fleet

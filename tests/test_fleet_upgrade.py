@@ -20,7 +20,7 @@ from pathlib import Path
 import exposition
 import pytest
 from fleet_sim import SimNode, SimTransport, rollbacks
-from fleet_support import Sshd, node_wrapper, fleet_spec, why_no_sshd
+from fleet_support import Sshd, fleet_spec, node_wrapper, why_no_sshd
 from smoke_support import ROOT, free_port
 from test_fleet import Fleet, fleet_env, stackgate
 

@@ -593,7 +593,10 @@ def root_lock(tmp_path: Path, **replace: str) -> Spec:
 def provisioned(spec: Spec, environment: dict | None = None, sha256: str | None = None) -> None:
     """A root whose current generation was built from ``spec`` (default: this lock's)."""
     home = generations.generations_dir(spec.python.root) / "0001-built"
-    about = {"spec": environment or environment_spec(spec), "lock": {"path": str(spec.path), "sha256": sha256 or spec.sha256}}
+    about = {
+        "spec": environment or environment_spec(spec),
+        "lock": {"path": str(spec.path), "sha256": sha256 or spec.sha256},
+    }
     generations.switch(spec.python.root, generations.mark(generations.create(home, about), "ready"))
 
 

@@ -86,7 +86,9 @@ def test_init_describes_this_machine_and_verify_then_reports_only_true_problems(
     done = stackgate("init", cwd=tmp_path, env=env)
     assert done.returncode == ExitCode.PASSED, done.stderr
     spec_path = tmp_path / "stackgate.toml"
-    assert done.stdout.splitlines()[0] == f"wrote {spec_path}: this machine as a spec, each value with where it came from"
+    assert (
+        done.stdout.splitlines()[0] == f"wrote {spec_path}: this machine as a spec, each value with where it came from"
+    )
     text = spec_path.read_text()
     spec = load_spec(spec_path)
     assert (

@@ -412,10 +412,11 @@ sys.path.insert(0, json.loads(sys.argv[1])["checkout"])
 from invoke.exceptions import Exit
 from stackgate import cli
 from stackgate.commands import upgrade
+from stackgate.flows.upgraderun import UpgradeRequest
 from stackgate.render.ui import UI
 
 args = json.loads(sys.argv[1])
-request = UpgradeRequest(to=Path(args["to"]), lock_path=Path(args["lock"]), verify_checks=tuple(args["verify"]), run_dir=Path(args["run_dir"]), json_path=Path(args["json"]), rounds=1)
+request = UpgradeRequest(to=Path(args["to"]), spec_path=Path(args["lock"]), verify_checks=tuple(args["verify"]), run_dir=Path(args["run_dir"]), json_path=Path(args["json"]), rounds=1)
 try:
     cli.run_command(lambda: upgrade.run(request, UI()))
 except Exit as stop:

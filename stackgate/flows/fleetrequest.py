@@ -73,7 +73,7 @@ class FleetRequest:
     markdown_path: Path | None = None
     prom_path: Path | None = None
     html_path: Path | None = None
-    to_path: Path | None = None  #: upgrade only: the new spec (``lock_path``, when given, is the live one)
+    to_path: Path | None = None  #: upgrade only: the new spec (``spec_path``, when given, is the live one)
     canary: int = 1  #: upgrade only: nodes upgraded first; the rest only if every one of them won
     switch: str = "if-better"  #: upgrade only: each node's ``stackgate upgrade --switch``
     accept_output_change: bool = False  #: upgrade only

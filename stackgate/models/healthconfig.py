@@ -44,6 +44,8 @@ DEFAULT_TIMEOUT_S = 30.0
 _NODE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,62}$")
 _PATHS = ("lock", "prom", "stackgate", "slurm_bin", "slurm_conf")
 _FLAGS = {"timeout_s": "timeout", "checks": "check"}
+#: Keys the file and the flags spell otherwise than the field: `lock` (as the CLI's --lock) is the spec.
+_FIELDS = {"lock": "spec"}
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,8 @@ def parse(text: str, source: str = "config") -> HealthConfig:
 
 
 def _values(table: Mapping[str, Any], where: str, problems: list[str], *, flag: bool = False) -> dict[str, Any]:
-    known = tuple(f.name for f in fields(HealthConfig))
+    keys = {v: k for k, v in _FIELDS.items()}
+    known = tuple(keys.get(f.name, f.name) for f in fields(HealthConfig))
     found: dict[str, Any] = {}
     for key, value in table.items():
         path = f"{where}{_FLAGS.get(key, key).replace('_', '-') if flag else key}"
@@ -126,7 +129,7 @@ def _values(table: Mapping[str, Any], where: str, problems: list[str], *, flag: 
             close = difflib.get_close_matches(key, known, n=1)
             problems.append(f"{path}: unknown key" + (f" (did you mean {close[0]!r}?)" if close else ""))
         elif key in _PATHS:
-            _absolute(value, path, problems, found, key)
+            _absolute(value, path, problems, found, _FIELDS.get(key, key))
         elif key == "timeout_s":
             number = _number(value)
             if number is None or not (math.isfinite(number) and number > 0):

@@ -190,7 +190,7 @@ def _listing_indexed(directory: Path, last: int) -> Listing:
             rows = db.newest(last)
             if _checked(db, rows):
                 break
-        trends = [(spec, [r.decode_tok_s for r in db.of_spec(spec, TREND)]) for spec in db.locks()]
+        trends = [(spec, [r.decode_tok_s for r in db.of_spec(spec, TREND)]) for spec in db.specs()]
         return Listing(rows, db.count(), trends, db.skipped())
 
 

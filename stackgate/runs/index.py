@@ -1,7 +1,7 @@
 """The index of kept runs: one SQLite database (stdlib ``sqlite3``) beside the run documents.
 
 The JSON documents stay the source of truth; the index holds one row per document (when, where,
-which lock, the verdict, the figures a listing and a trend need, the fingerprint, the file's
+which spec, the verdict, the figures a listing and a trend need, the fingerprint, the file's
 name, size and modification time) so that a listing, a trend, naming a run or asking which
 hosts regressed reads rows, not every document. It lives in ``<runs>/.index/runs.sqlite3`` (a
 hidden folder, so the runs directory's own modification time changes only when a document comes
@@ -102,6 +102,15 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         DELETE FROM runs;
         DELETE FROM skipped;
         DELETE FROM meta WHERE key = 'folder_mtime_ns';
+        """,
+    ),
+    (
+        3,
+        # the stack description is a spec everywhere in the code: its column is named so
+        """
+        ALTER TABLE runs RENAME COLUMN lock TO spec;
+        DROP INDEX runs_lock;
+        CREATE INDEX runs_spec ON runs (spec, started, id);
         """,
     ),
 )
@@ -350,13 +359,13 @@ class Store:
             f"{_SELECT} WHERE id >= ? AND id < ? ORDER BY id LIMIT ?", (ref, ref + "\U0010ffff", limit)
         )
 
-    def locks(self) -> list[str]:
-        """Every lock with runs, in the order of each one's first run."""
-        return [spec for (spec,) in self.db.execute("SELECT lock FROM runs GROUP BY lock ORDER BY min(started), lock")]
+    def specs(self) -> list[str]:
+        """Every spec with runs, in the order of each one's first run."""
+        return [spec for (spec,) in self.db.execute("SELECT spec FROM runs GROUP BY spec ORDER BY min(started), spec")]
 
     def of_spec(self, spec: str, limit: int) -> list[Row]:
-        """The newest ``limit`` runs of a lock, oldest first."""
-        return list(reversed(self._rows(f"{_SELECT} WHERE lock = ? {_NEWEST} LIMIT ?", (spec, limit))))
+        """The newest ``limit`` runs of a spec, oldest first."""
+        return list(reversed(self._rows(f"{_SELECT} WHERE spec = ? {_NEWEST} LIMIT ?", (spec, limit))))
 
     def nodes_since(self, since: str) -> list[str]:
         return [

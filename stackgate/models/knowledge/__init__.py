@@ -36,8 +36,8 @@ from stackgate.models.knowledge._model import (
     SignatureError,
     context_defaults,
     load,
-    spec_context,
     read_folder,
+    spec_context,
 )
 
 __all__ = [

@@ -32,7 +32,7 @@ __all__ = [
     "spec_command",
 ]
 
-#: The profile used when nothing else names one (:func:`default_lock_path`).
+#: The profile used when nothing else names one (:func:`default_spec_path`).
 DEFAULT_SPEC = PACKAGE / "lockfiles" / "blackwell-sm120-cu130.toml"
 #: The spec of the current folder, as `stackgate init` writes it.
 LOCAL_SPEC = "stackgate.toml"
@@ -41,7 +41,7 @@ SYSTEM_SPEC = "stack.toml"
 
 
 def default_spec_path(environ: Mapping[str, str] | None = None, cwd: Path | None = None) -> Path:
-    """The lock a command uses without ``--lock``: :func:`found_lock_path`, else the shipped default profile."""
+    """The spec a command uses without ``--lock``: :func:`found_spec_path`, else the shipped default profile."""
     return found_spec_path(environ, cwd) or DEFAULT_SPEC
 
 
