@@ -166,7 +166,7 @@ def health(fleet: SlurmFleet, node_env: dict[str, str], home: Path, repeat: int)
     config.write_text(
         f'[slurm-health]\nlock = "{fleet.spec}"\nprom = "{home / "verify.prom"}"\ntimeout_s = 60\n'
         f"checks = {json.dumps(list(VERIFIABLE))}\n"
-        f'slurm_bin = "/usr/bin"\nslurm_conf = "{cluster.conf}"\nnode = "n1"\n'
+        f'slurm_bin = "/usr/bin"\nslurm_conf = "{cluster.conf}"\nnode = "n1"\nstate_dir = "{home / "state"}"\n'
     )
     env = {**health_env(node_env, "n1"), "XDG_CACHE_HOME": str(home / "cache")}
     check = [sys.executable, "-m", "stackgate", "slurm-health", "--config", str(config)]
@@ -174,6 +174,8 @@ def health(fleet: SlurmFleet, node_env: dict[str, str], home: Path, repeat: int)
     wall(check, env)  # fills the cache
     same, same_code = wall(check, env, repeat)
     same_hit = cache_hit(home / "verify.prom")
+    prolog, prolog_code = wall([*check, "--role", "prolog"], env, repeat)
+    epilog, epilog_code = wall([*check, "--role", "epilog"], {**env, "SLURM_JOB_ID": "999999"}, repeat)
     broke_times, fixed_times, changed_times, states = [], [], [], set()
     site = next((fleet.python.parent.parent / "lib").glob("python3*/site-packages"))
     for round_ in range(repeat):
@@ -195,6 +197,8 @@ def health(fleet: SlurmFleet, node_env: dict[str, str], home: Path, repeat: int)
     resumed = ",".join(sorted(state for when, state in states if when == "fixed"))
     print(f"  stackgate --version (the program's start)  {start:7.3f} s")
     print(f"  slurm-health, nothing changed              {same:7.3f} s  (exit {same_code}; cache hit: {same_hit})")
+    print(f"  slurm-health --role prolog, nothing changed {prolog:6.3f} s  (exit {prolog_code})")
+    print(f"  slurm-health --role epilog, nothing left   {epilog:7.3f} s  (exit {epilog_code}; /proc read)")
     print(f"  slurm-health, GPU gone: drains             {broke:7.3f} s  (exit {broke_code}; sinfo: {drained})")
     print(f"  slurm-health, fixed: resumes               {fixed:7.3f} s  (exit {fixed_code}; sinfo: {resumed})")
     print(

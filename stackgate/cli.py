@@ -94,6 +94,7 @@ VALUE_NAMES: Mapping[str, str] = {
     "timeout": "SECONDS",
     "connect_timeout": "SECONDS",
     "concurrency": "N,N,...",
+    "rates": "R,R,...",
     "path": "LOG",
     "run": "RUN",
     "action": "ACTION",

@@ -160,6 +160,10 @@ def provision(c, lock=None, dry_run=False, only=None, yes=False, wait=False, whe
             "stream counts to run at once, e.g. 1,10,30: aggregate and per-stream tok/s, TTFT and inter-token "
             "latency (p50/p90/p99) at each"
         ),
+        "rates": (
+            "request rates to sweep (requests per second), e.g. 2,4,8: Poisson arrivals of [smoke.sweep]'s prompts; "
+            "TTFT, ITL, TPOT and E2E (p50/p90/p99), throughput, the knee and goodput at each"
+        ),
         "fast": (
             "random weights (--load-format dummy) and only [smoke] fast_layers layers: proves the launch in a "
             "fraction of a load"
@@ -180,6 +184,7 @@ def smoke(
     benchmark=False,
     compare=False,
     concurrency=None,
+    rates=None,
     fast=False,
     model=None,
     tp=None,
@@ -203,6 +208,7 @@ def smoke(
             benchmark=benchmark,
             compare=compare,
             concurrency=command.parse_levels(concurrency),
+            rates=command.parse_rates(rates),
             fast=fast,
             keep_server=keep_server,
             json_path=_path(json),
@@ -586,6 +592,12 @@ def upgrade(
         "slurm_bin": "the folder of Slurm's scontrol and sinfo (slurmd gives the check no PATH)",
         "slurm_conf": "the slurm.conf those commands read (default: Slurm's own)",
         "node": "this node's Slurm name (default: $SLURMD_NODENAME, else the short hostname)",
+        "state_dir": "where each node's failure counts and reason history are kept (/var/lib/stackgate/slurm-health)",
+        "role": "check (HealthCheckProgram, the default), prolog, epilog (slurm.conf's Prolog=, Epilog=), judge (NHC)",
+        "summary": "check nothing: the cluster's nodes by verdict, by drift and by drain reason, from Slurm",
+        "partition": "[--summary] only this partition's nodes",
+        "json": "[--summary] write the summary as JSON here (- for standard output)",
+        "markdown": "[--summary] write the summary as Markdown here",
     },
 )
 def slurm_health(
@@ -599,6 +611,12 @@ def slurm_health(
     slurm_bin=None,
     slurm_conf=None,
     node=None,
+    state_dir=None,
+    role=None,
+    summary=False,
+    partition=None,
+    json=None,
+    markdown=None,
 ):
     """Slurm's HealthCheckProgram: verify --cached under a time cap; drain on a failure, resume only what it drained."""
     from stackgate.commands import slurmhealth as command
@@ -612,16 +630,24 @@ def slurm_health(
         "slurm_bin": slurm_bin,
         "slurm_conf": slurm_conf,
         "node": node,
+        "state_dir": state_dir,
+        "role": role,
     }
-    cli.run_command(lambda: command.run(_path(config), flags, _ui(), _verify_cached))
+    if summary:
+        outputs = {"--json": _path(json), "--markdown": _path(markdown)}
+        cli.run_command(lambda: command.summary(_path(config), flags, partition, outputs, _ui(0, json)))
+        return
+    cli.run_command(lambda: command.run(_path(config), flags, _ui(), _verify_here))
 
 
-def _verify_cached(lock: Path, json: Path, prom: Path | None, checks: tuple[str, ...]) -> int:
-    """`stackgate verify --cached` in this process (slurm-health's forked child): its exit status."""
+def _verify_here(lock: Path, json: Path, prom: Path | None, checks: tuple[str, ...], mode: str) -> int:
+    """`stackgate verify` in this process (slurm-health's forked child; ``mode``: cached, verify or deep)."""
 
     from stackgate.commands import verify
 
-    request = verify.VerifyRequest(spec_path=lock, checks=checks, json_path=json, cached=True, prom_path=prom)
+    request = verify.VerifyRequest(
+        spec_path=lock, checks=checks, json_path=json, cached=mode == "cached", deep=mode == "deep", prom_path=prom
+    )
     try:
         return int(verify.run(request, _ui()))
     except UsageError as exc:

@@ -64,6 +64,13 @@ class Cluster:
         return self.home / "slurm.conf"
 
     @property
+    def name(self) -> str:
+        """The cluster's ClusterName (its jobs carry it as SLURM_CLUSTER_NAME)."""
+        return next(
+            line.split("=", 1)[1] for line in self.conf.read_text().splitlines() if line.startswith("ClusterName=")
+        )
+
+    @property
     def env(self) -> dict[str, str]:
         """The environment a Slurm client command of this cluster needs."""
         return {**os.environ, "SLURM_CONF": str(self.conf)}
@@ -108,9 +115,10 @@ class Cluster:
         """Every node back to idle, whatever a test did to it: no health script any more (and none
         still running, which could drain a node after its resume), no environment, resumed."""
         for node in self.nodes:
-            (self.node_dir(node) / "health").unlink(missing_ok=True)
+            for hook in HOOKS:
+                (self.node_dir(node) / hook).unlink(missing_ok=True)
             self.set_env(node, {})
-        scripts = [str(self.node_dir(node) / "health").encode() for node in self.nodes]
+        scripts = [str(self.node_dir(node) / hook).encode() for node in self.nodes for hook in HOOKS]
         deadline = time.monotonic() + 60
         while any(script in cmdline for cmdline in _cmdlines() for script in scripts) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -211,12 +219,20 @@ while IFS= read -r line; do [ -n "$line" ] && printf 'export %s\\n' "$line"; don
 exit 0
 """
 
-HEALTH_CHECK = """#!/bin/sh
-# slurmd's HealthCheckProgram (tests/slurm_cluster.py): the node's <node dir>/health script, where a test wrote one.
-f="{nodes}/$SLURMD_NODENAME/health"
+HOOK = """#!/bin/sh
+# slurmd's {what} (tests/slurm_cluster.py): the node's <node dir>/{hook} script, where a test wrote one.
+f="{nodes}/$SLURMD_NODENAME/{hook}"
 [ -x "$f" ] || exit 0
 exec "$f"
 """
+#: slurm.conf's HealthCheckProgram, Prolog and Epilog (each this cluster's <home>/<file>): the node's own script.
+HOOKS = {
+    "health": ("HealthCheckProgram", "healthcheck"),
+    "prolog": ("Prolog", "prolog"),
+    "epilog": ("Epilog", "epilog"),
+}
+#: Each node's GPUs as Slurm schedules them: one H200 (the fake NVML's), its device file a stand-in.
+GRES = "gpu:h200:1"
 
 
 def _conf(cluster: Cluster, socket: Path) -> str:
@@ -253,10 +269,14 @@ def _conf(cluster: Cluster, socket: Path) -> str:
         "AccountingStorageType=accounting_storage/none",
         "SchedulerParameters=sched_interval=1",
         "SlurmctldParameters=enable_configless",
+        "GresTypes=gpu",
+        f"Prolog={home / 'prolog'}",
+        f"Epilog={home / 'epilog'}",
         cluster.extra,
     ]
     lines += [
-        f"NodeName={n} NodeHostname=localhost Port={cluster.node_ports[n]} CPUs=1 State=UNKNOWN" for n in cluster.nodes
+        f"NodeName={n} NodeHostname=localhost Port={cluster.node_ports[n]} CPUs=1 Gres={GRES} State=UNKNOWN"
+        for n in cluster.nodes
     ]
     lines.append(f"PartitionName=debug Nodes={','.join(cluster.nodes)} Default=YES MaxTime=INFINITE State=UP")
     return "\n".join(line for line in lines if line) + "\n"
@@ -276,9 +296,16 @@ def start(nodes: int = 4, *, extra: str = "", timeout_s: float = 60.0) -> Cluste
         for name in names:
             cluster.local(name).mkdir(parents=True)
             cluster.set_env(name, {})
-        for script, text in (("taskprolog", TASK_PROLOG), ("healthcheck", HEALTH_CHECK)):
-            (home / script).write_text(text.format(nodes=home / "nodes"))
+        scripts = {"taskprolog": TASK_PROLOG.format(nodes=home / "nodes")}
+        for hook, (what, file) in HOOKS.items():
+            scripts[file] = HOOK.format(what=what, hook=hook, nodes=home / "nodes")
+        for script, text in scripts.items():
+            (home / script).write_text(text)
             (home / script).chmod(0o755)
+        # gres.conf beside slurm.conf: the GPU's device file is /dev/null (Slurm only opens it with ConstrainDevices)
+        (home / "gres.conf").write_text(
+            f"AutoDetect=off\nNodeName={','.join(names)} Name=gpu Type=h200 File=/dev/null\n"
+        )
         cluster.conf.write_text(_conf(cluster, socket))
         _daemons(cluster)
         cluster.wait_states(dict.fromkeys(names, "idle"), timeout_s)

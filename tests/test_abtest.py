@@ -94,3 +94,24 @@ def test_in_the_order_live_new_a_drifting_machine_alone_makes_the_new_stack_slow
     )
     alternated = measured(2)
     assert alternated.switch and "within the measured noise: decode new - live: +0.00 tok/s" in alternated.reason
+
+
+def test_a_faster_new_stack_that_answers_fewer_exactly_is_kept_out() -> None:
+    legs = [
+        Leg(LIVE, 1, True, (100.0, 101.0, 100.5), TOKENS, accuracy=(16, 16)),
+        Leg(NEW, 2, True, (130.0, 131.0, 130.5), TOKENS, accuracy=(14, 16)),
+        Leg(NEW, 3, True, (130.2, 130.8, 130.4), TOKENS, accuracy=(14, 16)),
+        Leg(LIVE, 4, True, (100.2, 100.8, 100.4), TOKENS, accuracy=(16, 16)),
+    ]
+    live, new = abtest.side(LIVE, legs), abtest.side(NEW, legs)
+    assert new.accuracy == (28, 32) and new.to_dict()["accuracy"] == [28, 32]
+    found = abtest.decide("if-better", live, new, accept_output_change=True)
+    assert not found.switch
+    assert found.reason == "kept the live stack: less accurate: new 28 of 32 exact (87.5%), live 32 of 32 (100.0%)"
+    assert [c.name for c in found.conditions if c.held] == ["passes", "same_output", "not_slower"]
+
+
+def test_without_an_accuracy_check_on_either_side_accuracy_does_not_block_a_switch() -> None:
+    found = abtest.decide("if-better", *_sides([100.0, 101.0], [110.0, 111.0]), accept_output_change=False)
+    assert found.switch
+    assert found.conditions[-1].text == "not checked: the spec has no [accuracy] floor"

@@ -24,12 +24,15 @@ from support import released_wheel
 
 from stackgate.checks import deep
 from stackgate.checks.core import REGISTRY, run_checks
+from stackgate.checks.fusiongate import engine_refusal
 from stackgate.edges import flashwork as script
 from stackgate.facts import Facts
 from stackgate.facts import deepruns as measure
+from stackgate.facts.machine import observe
 from stackgate.flows.verify import plan
 from stackgate.models.result import Result, Status
 from stackgate.models.spec import DEFAULT_SPEC, Capability, Spec, SpecError, load_spec, loads_spec
+from stackgate.render.spectext import machine_spec
 from stackgate.runs import fingerprint, rundiff
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -729,7 +732,8 @@ def test_on_the_sm120_lock_the_fusion_check_says_the_fused_path_cannot_run(
         f"flashinfer 0.6.4: gen_trtllm_comm_module() builds for supported_major_versions=[9, 10] (read from {comm})",
     )
     assert result.details[2].startswith(
-        "sglang 0.5.9: apply_flashinfer_allreduce_fusion() admits majors [9, 10] (read from "
+        "sglang 0.5.9: apply_flashinfer_allreduce_fusion() admits majors [9, 10], elsewhere the flag is a no-op "
+        "(read from "
     )
     assert result.details[3] == "FLASHINFER_CUDA_ARCH_LIST=12.0a (flashinfer compiles for these archs, not the GPUs')"
     assert result.details[4].startswith("no compile was tried: ")
@@ -772,6 +776,132 @@ def test_on_hopper_the_gate_passes_and_one_rank_has_nothing_to_fuse(
     absent = run_check("deep.allreduce_fusion", spec, None, nvml, [gpu(H200, (9, 0))])
     assert absent.status == Status.FAIL and absent.summary.startswith(
         "flashinfer's allreduce-fusion module cannot be located: flashinfer is not installed"
+    )
+
+
+# --- the next stack's gates: sglang 0.5.23 beside flashinfer 0.6.17 (issue 32) ---------------------------
+# Read from the released wheels (sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl,
+# flashinfer_python-0.6.17-py3-none-any.whl): flashinfer/jit/comm.py:192 gen_trtllm_comm_module builds for
+# supported_major_versions=[9, 10, 12]; sglang/srt/layers/flashinfer_comm_fusion.py:48-51 _resolve_backend raises
+# ValueError("FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs.") unless get_platform().is_sm90 or
+# .is_sm100, which srt/runtime_context.py:1831-1832 maps to utils/common.py's is_sm90_supported (majors [9], :333)
+# and is_sm100_supported (majors [10], :309).
+SGLANG_REFUSAL = "ValueError: FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs."
+
+
+@pytest.fixture(scope="session")
+def next_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """flashinfer-python 0.6.17 and sglang 0.5.23 as released on PyPI (the real registry), unpacked
+    into one folder, with a small installed sglang-kernel 0.4.10 beside them (its metadata only)."""
+    site = tmp_path_factory.mktemp("next-site")
+    for name, version in (("flashinfer-python", "0.6.17"), ("sglang", "0.5.23")):
+        with zipfile.ZipFile(released_wheel(name, version)) as wheel:
+            wheel.extractall(site)
+    kernel = site / "sglang_kernel-0.4.10.dist-info"
+    kernel.mkdir()
+    (kernel / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang-kernel\nVersion: 0.4.10\n")
+    (site / "sgl_kernel").mkdir(exist_ok=True)
+    (site / "sgl_kernel" / "__init__.py").write_text("")
+    return site
+
+
+def test_the_gate_is_read_from_the_released_sglang_0_5_23_and_flashinfer_0_6_17(
+    plain_python: Path, next_site: Path
+) -> None:
+    gate = measure.read_gate(plain_python, {**os.environ, "PYTHONPATH": str(next_site)})
+    assert gate.returncode == 0, gate.tail
+    assert gate.flashinfer["version"] == "0.6.17" and gate.flashinfer["supported_majors"] == [9, 10, 12]
+    assert gate.sglang == {
+        "version": "0.5.23",
+        "file": str(next_site / "sglang" / "srt" / "layers" / "flashinfer_comm_fusion.py"),
+        "function": "_resolve_backend",
+        "supported_majors": [9, 10],
+        "helpers": str(next_site / "sglang" / "srt" / "utils" / "common.py"),
+        "refusal": "raises",
+        "message": SGLANG_REFUSAL,
+    }
+
+
+def test_before_any_launch_verify_says_sglang_0_5_23_refuses_fusion_on_sm120(
+    plain_python: Path, next_site: Path, released_site: Path, tmp_path: Path, nvml: Any
+) -> None:
+    spec = interpreter_lock(tmp_path, plain_python)
+    result = run_check("engine.fusion_gate", spec, next_site, nvml, [gpu() for _ in range(8)])
+    assert result.status == Status.FAIL
+    assert result.summary == (
+        "sglang 0.5.23 admits the fused all-reduce on majors [9, 10] only (its _resolve_backend()): on major 12 its "
+        f"start-up raises {SGLANG_REFUSAL}: `stackgate smoke` with --enable-flashinfer-allreduce-fusion will fail at "
+        "start-up; flashinfer 0.6.17 alone would allow it (its comm module builds for majors [9, 10, 12])"
+    )
+    assert result.data["refused_by"] == ["sglang"]
+    assert result.fix is not None and "Drop --enable-flashinfer-allreduce-fusion" in result.fix.text
+    # sglang 0.5.9 with flashinfer 0.6.4: both refuse, silently: the flag is a no-op, not a failed start
+    old = run_check("engine.fusion_gate", spec, released_site, nvml, [gpu() for _ in range(8)])
+    assert old.status == Status.WARN and old.data["refused_by"] == ["sglang", "flashinfer"]
+    assert old.summary.startswith(
+        "sglang 0.5.9 admits the fused all-reduce on majors [9, 10] only (its apply_flashinfer_allreduce_fusion()): "
+        "on major 12 apply_flashinfer_allreduce_fusion() returns False: the flag is a no-op"
+    )
+    # on Hopper both gates admit the GPU
+    hopper = interpreter_lock(tmp_path, plain_python, base=ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
+    h200 = run_check("engine.fusion_gate", hopper, next_site, nvml, [gpu(H200, (9, 0))])
+    assert h200.status == Status.PASS and h200.data["refused_by"] == []
+    assert h200.summary.startswith("flashinfer 0.6.17 and sglang 0.5.23 both admit the fused all-reduce on compute")
+
+
+def test_an_sglang_whose_gate_cannot_be_read_is_said_never_assumed(
+    plain_python: Path, released_site: Path, tmp_path: Path, nvml: Any
+) -> None:
+    odd = tmp_path / "odd"
+    (odd / "sglang" / "srt" / "layers").mkdir(parents=True)
+    (odd / "sglang" / "__init__.py").write_text("")
+    (odd / "sglang" / "srt" / "layers" / "flashinfer_comm_fusion.py").write_text(
+        "def _resolve_backend(b):\n    if not p().is_sm90:\n        raise ValueError(f'built {b}')\n"
+    )
+    hopper = interpreter_lock(tmp_path, plain_python, base=ROOT / "lockfiles" / "hopper-sm90-cu130.toml")
+    site = f"{odd}{os.pathsep}{released_site}"
+    nvml.configure(machine([gpu(H200, (9, 0))]))
+    gate = measure.read_gate(plain_python, {**os.environ, "PYTHONPATH": site})
+    assert gate.sglang is not None and gate.sglang["error"].startswith("ValueError: ")  # an f-string: no literal
+    result = run_check("engine.fusion_gate", hopper, odd, nvml, [gpu(H200, (9, 0))])
+    assert result.status == Status.SKIP and "flashinfer's gate could not be read" in result.summary  # no flashinfer
+    result = run_check("engine.fusion_gate", hopper, Path(site), nvml, [gpu(H200, (9, 0))])
+    assert result.status == Status.SKIP
+    assert result.summary.startswith("flashinfer admits major 9; sglang: its gate could not be read: ValueError: ")
+
+
+def test_the_deep_fusion_runs_where_flashinfer_admits_and_names_sglang_as_the_refuser() -> None:
+    refusal = engine_refusal(
+        {
+            "version": "0.5.23",
+            "function": "_resolve_backend",
+            "supported_majors": [9, 10],
+            "refusal": "raises",
+            "message": SGLANG_REFUSAL,
+        },
+        {12},
+    )
+    result = deep.judge_fusion(fusion_run(fusion_lines()), JIT, HOPPER, refusal)
+    assert result.status == Status.WARN and result.data["refused_by"] == "sglang"
+    assert result.summary.startswith("flashinfer's fused kernel runs here (2 ranks, hidden ")
+    assert result.summary.endswith(f"but in production {refusal}")
+    assert result.data["figures"] and result.data["runs"] is True
+    assert deep.judge_fusion(fusion_run(fusion_lines()), JIT, HOPPER).data["refused_by"] is None
+
+
+def test_init_on_the_next_stack_names_sglang_kernel_and_keeps_the_fusion_flag_out(
+    plain_python: Path, next_site: Path, nvml: Any
+) -> None:
+    nvml.configure(machine([gpu() for _ in range(8)]))
+    environ = {**os.environ, "PYTHONPATH": str(next_site)}
+    spec = machine_spec(observe(environ, python=plain_python, nvml_lib=nvml), "now")
+    packages = spec.split("[python.packages]\n")[1].split("\n\n")[0].splitlines()
+    assert [line.split(" ")[0] for line in packages] == ["flashinfer-python", "sglang-kernel", "sglang"]
+    assert 'sglang-kernel = "==0.4.10"' in packages[1] and '"sgl_kernel"' in spec
+    flags = next(line for line in spec.splitlines() if line.startswith("flags = "))
+    assert flags.startswith("flags = []") and flags.endswith(
+        "# no fusion flag: sglang 0.5.23 admits the fused all-reduce on majors [9, 10] only (its _resolve_backend()): "
+        f"on major 12 its start-up raises {SGLANG_REFUSAL}"
     )
 
 

@@ -9,6 +9,7 @@ vLLM runs as tests/fakes/vllm's stand-in, started with the real command line the
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -69,6 +70,21 @@ def test_each_engine_spells_its_own_launch():
         "--hf-overrides",
         '{"num_hidden_layers": 4}',
     )
+
+
+def test_sglang_s_fusion_evidence_follows_the_installed_release():
+    # sglang-0.5.9 wheel: srt/layers/flashinfer_comm_fusion.py:73 logs "FlashInfer workspace initialized for rank
+    # {rank}, world_size {world_size}"; sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl, the same file, :580
+    # logs "FlashInfer AllReduce Fusion enabled and workspace initialized: backend=..., rank=..., ...".
+    sglang = engines.get("sglang")
+    old, new = sglang.at("0.5.9"), sglang.at("0.5.23")
+    assert old is sglang and old.fusion_evidence == "FlashInfer workspace initialized for rank"
+    assert new.version == "0.5.23" and new.label == "SGLang 0.5.23" and new.source.startswith("sglang-0.5.23 wheel")
+    line = "FlashInfer AllReduce Fusion enabled and workspace initialized: backend=trtllm, rank=0, world_size=2"
+    assert re.search(new.fusion_evidence, line) and not re.search(old.fusion_evidence, line)
+    assert sglang.at("0.6.1").fusion_evidence == new.fusion_evidence  # a later release keeps the latest known line
+    assert sglang.at(None) is sglang and sglang.at("not a version") is sglang  # nothing installed: as described
+    assert new.fusion_flag == sglang.fusion_flag and new.phases == sglang.phases
 
 
 def test_an_unknown_engine_is_refused_when_the_spec_loads_with_a_suggestion():

@@ -592,3 +592,70 @@ def test_a_signal_while_the_allocation_is_pending_cancels_the_request(fleet: Slu
     finally:
         left = cluster.run("squeue", "-h", "-o", "%i").stdout.split()
         cluster.run("scancel", *left, check=False)
+
+
+def test_the_specs_gpus_per_node_and_container_reach_salloc_and_srun(fleet: SlurmFleet, tmp_path: Path) -> None:
+    """The spec's `[slurm] gpus_per_node = 1`: the allocation asks for n1's GPU (Slurm's record of the
+    job says so) and the step runs with it, so the gate judges the GPUs a job would own. With a
+    `container_image` the step is `srun --container-image=...`: pyxis cannot be installed here, so
+    this Slurm refuses the flag, and the node's failure quotes srun refusing exactly that argument."""
+    fleet.node("n1")
+    text = fleet.spec.read_text()
+    fleet.spec.write_text(text + "\n[slurm]\ngpus_per_node = 1\n")
+    argv = [*fleet.slurm_args(), "--nodelist", "n1", "-c", "gpu.*", "--json", str(tmp_path / "v.json")]
+    done = fleet.stackgate("fleet", "verify", *argv)
+    assert done.returncode == ExitCode.PASSED, done.stdout + done.stderr
+    job = json.loads((tmp_path / "v.json").read_text())["engine"]["job_id"]
+    shown = fleet.cluster.run("scontrol", "show", "job", job).stdout
+    assert "TresPerNode=gres:gpu:1" in shown, shown
+    image = "nvcr.io#nvidia/pytorch:25.01-py3"
+    fleet.spec.write_text(text + f'\n[slurm]\ngpus_per_node = 1\ncontainer_image = "{image}"\n')
+    done = fleet.stackgate("fleet", "verify", *argv)
+    assert done.returncode == ExitCode.FAILED, done.stdout + done.stderr
+    reason = by_name(json.loads((tmp_path / "v.json").read_text()))["n1"]["reason"]
+    assert f"--container-image={image}" in reason, reason
+    for sent in fleet.cluster.local("n1").glob(
+        "stackgate-fleet.*"
+    ):  # sbcast's copies: the refused step never took them
+        sent.unlink()
+    wait_for(lambda: fleet.left_behind() == {}, 20)
+
+
+def test_the_shipped_sbatch_script_waits_in_the_queue_and_reports_how_long(fleet: SlurmFleet, tmp_path: Path) -> None:
+    """stackgate/slurm/stackgate-fleet.sbatch on n1 and n2, submitted while another job holds n1 (until
+    the test lets it end, 2 s after the script's job is seen pending): the job waits, then judges its
+    nodes in one step, and the report's engine part gives the queue wait from Slurm's record."""
+    for name in ("n1", "n2"):
+        fleet.node(name)
+    let_go = tmp_path / "let-go"
+    hold = f"while [ ! -e {let_go} ]; do sleep 0.2; done"
+    fleet.cluster.run("sbatch", "--parsable", "-w", "n1", "--output=/dev/null", "--wrap", hold)
+    program = tmp_path / "stackgate"
+    # the batch step gets n1's environment from the cluster's TaskProlog: the checkout is named here
+    program.write_text(f'#!/bin/sh\nPYTHONPATH={ROOT}:$PYTHONPATH exec {sys.executable} -m stackgate "$@"\n')
+    program.chmod(0o755)
+    env = {
+        **fleet.cluster.env,
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}",
+        "NO_COLOR": "1",
+        "STACKGATE": str(program),
+        "STACKGATE_ACTION": "verify",
+        "STACKGATE_JSON": str(tmp_path / "v.json"),
+        "STACKGATE_HISTORY_DIR": str(tmp_path / "runs"),
+    }
+    script = ROOT / "stackgate" / "slurm" / "stackgate-fleet.sbatch"
+    argv = ["sbatch", "--parsable", "-N", "2", "-w", "n1,n2", f"--output={tmp_path / 'out'}", f"--chdir={tmp_path}"]
+    argv += [str(script), str(fleet.spec), "--stackgate", str(fleet.program), "--node-dir", str(NODE_LOCAL)]
+    job = subprocess.run([*argv, "-c", "gpu.*"], env=env, capture_output=True, text=True, check=True).stdout.strip()
+    wait_for(lambda: fleet.cluster.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() == "PENDING", 30)
+    threading.Event().wait(2.0)  # the queue wait the report must show: at least this long
+    let_go.touch()
+    wait_for(lambda: fleet.cluster.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip() == "", 180)
+    out = (tmp_path / "out").read_text()
+    doc = json.loads((tmp_path / "v.json").read_text())
+    assert doc["verdict"] == "passed" and statuses(by_name(doc)) == {"n1": "passed", "n2": "passed"}, out
+    engine = doc["engine"]
+    assert engine["job_id"] == job and engine["allocated_here"] is False, engine
+    assert engine["queue_wait_s"] >= 1, engine
+    assert f"Slurm job {job}: waited {engine['queue_wait_s']:.0f} s in the queue" in out, out
+    wait_for(lambda: fleet.left_behind() == {}, 20)

@@ -112,6 +112,7 @@ def test_the_wheel_carries_the_license_and_pep_639_metadata(built):
     assert "Classifier: Operating System :: POSIX :: Linux" in headers
     assert all(n.startswith(("stackgate/", info)) for n in names)  # no tests, no docs in the wheel
     shipped = {"stackgate/systemd/stackgate-health.service", "stackgate/lockfiles/blackwell-sm120-cu130.toml"}
+    shipped |= {f"stackgate/slurm/{n}" for n in ("stackgate-fleet.sbatch", "stackgate-slurm.conf", "stackgate.nhc")}
     assert shipped <= set(names)
     assert "deprecat" not in output.lower(), output  # setuptools warns of a license table or classifier
 

@@ -190,6 +190,23 @@ def test_migrations_run_in_order_from_an_empty_database(tmp_path, monkeypatch):
         )
 
 
+def test_a_version_2_index_keeps_its_rows_when_its_lock_column_becomes_spec(kept):
+    folder, _ = kept
+    listing(folder)
+    path = index.database_path(folder)
+    old = sqlite3.connect(path, isolation_level=None)  # the index as the version before the rename left it
+    old.executescript(
+        "ALTER TABLE runs RENAME COLUMN spec TO lock; DROP INDEX runs_spec;"
+        "CREATE INDEX runs_lock ON runs (lock, started, id); PRAGMA user_version = 2;"
+    )
+    assert sorted(r for (r,) in old.execute("SELECT DISTINCT lock FROM runs")) == ["other", "standin"]
+    old.close()
+    with index.Store(folder) as db:
+        assert db.db.execute("PRAGMA user_version").fetchone()[0] == index.SCHEMA_VERSION == 3
+        assert db.count() == 7 and db.specs() == ["other", "standin"]
+        assert [i[1] for i in db.db.execute("PRAGMA index_list(runs)") if "spec" in i[1]] == ["runs_spec"]
+
+
 def test_a_locked_database_never_loses_a_run(kept, monkeypatch):
     folder, runs = kept
     monkeypatch.setattr(index, "BUSY_TIMEOUT_S", 0.2)

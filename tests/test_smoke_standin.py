@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from smoke_support import Rig, assert_nothing_left, by_name, free_port, living, wait_for
+from smoke_support import FAKES, Rig, assert_nothing_left, by_name, free_port, living, wait_for
 
 from stackgate.edges import httpclient
 from stackgate.edges.files import write_json
@@ -228,6 +228,38 @@ def test_a_flag_with_its_evidence_in_the_log_passes(rig):
     assert_nothing_left(rig)
 
 
+def installed_sglang(folder: Path, version: str) -> Path:
+    """A folder holding an installed sglang distribution's metadata (no code: the stand-in serves)."""
+    info = folder / f"sglang-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n")
+    return folder
+
+
+def test_the_fusion_evidence_line_is_the_installed_sglang_release_s(rig):
+    """sglang 0.5.23 writes another line than 0.5.9 once the fused workspace exists: smoke expects the
+    line of the release installed in the stack (its distribution's version), read before launch."""
+    rig.gpus(2)
+    rig.behave(release="0.5.23")
+    site = installed_sglang(rig.tmp / "site-0.5.23", "0.5.23")
+    done = rig.run(rig.spec(tp=2, flags=(FUSION,), env={"PYTHONPATH": f"{FAKES}{os.pathsep}{site}"}))
+    result = by_name(done.results)["smoke.evidence.enable-flashinfer-allreduce-fusion"]
+    assert result.status == Status.PASS, result.summary
+    assert "FlashInfer AllReduce Fusion enabled and workspace initialized: backend=trtllm" in result.details[0]
+    assert done.verdict.passed
+    assert_nothing_left(rig)
+
+
+def test_an_installed_0_5_9_is_held_to_its_own_line(rig):
+    rig.gpus(2)
+    rig.behave(release="0.5.23")  # a server that speaks 0.5.23 where 0.5.9 is installed: its line is not 0.5.9's
+    site = installed_sglang(rig.tmp / "site-0.5.9", "0.5.9")
+    done = rig.run(rig.spec(tp=2, flags=(FUSION,), env={"PYTHONPATH": f"{FAKES}{os.pathsep}{site}"}))
+    result = by_name(done.results)["smoke.evidence.enable-flashinfer-allreduce-fusion"]
+    assert result.status == Status.FAIL and "the path it enables never initialised" in result.summary
+    assert_nothing_left(rig)
+
+
 def test_a_backend_chosen_by_default_is_found_in_the_log_and_in_server_info(rig):
     rig.behave(ignore_backend_flag=True, default_backend="triton")
     done = rig.run(rig.spec())
@@ -240,6 +272,31 @@ def test_a_backend_chosen_by_default_is_found_in_the_log_and_in_server_info(rig)
         results["smoke.attention_backend"].summary
         == "the server runs the triton attention backend, the lock asks for flashinfer"
     )
+    assert_nothing_left(rig)
+
+
+#: sglang 0.5.23 on SM120 with --enable-flashinfer-allreduce-fusion, as its released wheel
+#: (sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl) raises it: srt/model_executor/runner/base_runner.py:329
+#: pre_initialize_workspaces -> srt/layers/flashinfer_comm_fusion.py:778 resolve_flashinfer_allreduce_fusion_backend
+#: -> :48-51 _resolve_backend.
+FUSION_REFUSED_CRASH = [
+    "Scheduler hit an exception: Traceback (most recent call last):",
+    '  File "/opt/stackgate/current/lib/python3.12/site-packages/sglang/srt/layers/flashinfer_comm_fusion.py", '
+    "line 49, in _resolve_backend",
+    "    raise ValueError(",
+    "ValueError: FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs.",
+]
+
+
+def test_sglang_0_5_23_refusing_the_fusion_at_start_is_named(rig):
+    rig.behave(crash_at_start={"phase": "graphs", "lines": FUSION_REFUSED_CRASH})
+    done = rig.run(rig.spec())
+    results = by_name(done.results)
+    assert "known failure sglang-fusion-arch-refused" in results["smoke.launch"].summary
+    refused = results["smoke.log.sglang-fusion-arch-refused"]
+    assert refused.status == Status.FAIL
+    assert refused.summary == "sglang refuses the fused all-reduce on this GPU: it raised at start-up"
+    assert refused.fix.commands[0].startswith("stackgate verify --check engine.fusion_gate")
     assert_nothing_left(rig)
 
 

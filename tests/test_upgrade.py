@@ -50,6 +50,7 @@ def _spec(
     hardware: dict[str, str] | None = None,
     tp: int = 1,
     fusion: bool = False,
+    tail: str = "",
 ) -> Path:
     """A spec of the test stack with its pylock: flashinfer 0.6.3 as sglang pins it, or 0.6.4 by
     the declared override; smoke launches the stand-in with ``backend`` on ``tp`` GPUs, with the
@@ -83,7 +84,7 @@ def _spec(
         [benchmark]
         {bench}
         """)
-    path.write_text(text)
+    path.write_text(text + tail)
     lock_stack(path, environ)
     return path
 
@@ -143,7 +144,12 @@ class Node:
         self.live = os.readlink(self.root / "current")
 
     def spec_b(
-        self, *, backend: str = "flashinfer", hardware: dict[str, str] | None = None, fusion: bool = False
+        self,
+        *,
+        backend: str = "flashinfer",
+        hardware: dict[str, str] | None = None,
+        fusion: bool = False,
+        tail: str = "",
     ) -> Path:
         return _spec(
             self.tmp / "b.toml",
@@ -156,6 +162,7 @@ class Node:
             hardware=hardware,
             tp=self.gpus,
             fusion=fusion,
+            tail=tail,
         )
 
     def upgrade(self, to: Path, **request: Any) -> tuple[UpgradeRun, dict[str, Any], str]:
@@ -272,6 +279,23 @@ def test_a_machine_that_slows_down_during_the_ab_does_not_make_the_new_stack_loo
     done, doc, out = node.upgrade(node.spec_b(backend="triton"))
     assert [leg["side"] for leg in doc["upgrade"]["ab"]["legs"]] == ["live", "new", "new", "live"]
     assert done.won and "within the measured noise" in doc["upgrade"]["decision"]["reason"], out
+
+
+def test_a_faster_new_stack_that_loses_accuracy_is_kept_out(node: Node) -> None:
+    """The new stack decodes faster (flashinfer 200 tok/s, triton 150) and passes its own floor,
+    but answers 2 of the 16 shipped prompts wrongly where the live one answers all."""
+    wrong = {"when": {"attention_backend": "flashinfer"}, "set": {"wrong_answer_rate": 0.2}}
+    node.rig.behave(profiles=[*TRITON_SLOW, wrong])
+    done, doc, out = node.upgrade(node.spec_b(tail="\n[accuracy]\nfloor = 0.8\n"))
+    assert not done.won, out
+    part = doc["upgrade"]
+    assert part["decision"]["reason"] == (
+        "kept the live stack: less accurate: new 28 of 32 exact (87.5%), live 32 of 32 (100.0%)"
+    )
+    held = {c["name"]: c["held"] for c in part["decision"]["conditions"]}
+    assert held == {"passes": True, "same_output": True, "not_slower": True, "as_accurate": False}
+    assert node.current() == node.live
+    assert_nothing_left(node.rig)
 
 
 def test_a_slower_new_stack_is_kept_and_the_report_says_by_how_much(node: Node) -> None:

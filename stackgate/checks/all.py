@@ -3,7 +3,7 @@
 # Registration order is the report's order (and deep's slow checks come last): keep it as written.
 # isort: off
 # Imported for their registration; deep's checks are slow, so they register last.
-from stackgate.checks import gpu, cuda, python, nccl, abi, patches, environment, deep  # noqa: F401
+from stackgate.checks import gpu, cuda, python, nccl, abi, patches, environment, fusiongate, deep  # noqa: F401
 
 # isort: on
 from stackgate.checks.core import REGISTRY

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from stackgate.flows import smokesweep
 from stackgate.flows.smoke import (
     SmokeInterrupted,
     SmokeRequest,
@@ -22,11 +23,12 @@ from stackgate.models.spec import Spec, load_spec
 from stackgate.render import reporting
 from stackgate.render.benchtables import BENCHMARK_HEADERS, CONCURRENCY_HEADERS, benchmark_rows, concurrency_rows
 from stackgate.render.outputs import JSON, Output, check_outputs, write_reports
+from stackgate.render.sweeptables import SWEEP_HEADERS, knee_line, sweep_rows
 from stackgate.render.ui import UI
 from stackgate.runs import history
 from stackgate.serve import launch
 
-__all__ = ["parse_levels", "parse_number", "run"]
+__all__ = ["parse_levels", "parse_number", "parse_rates", "run"]
 
 
 def parse_number(option: str, text: str | None) -> int | None:
@@ -60,6 +62,25 @@ def parse_levels(text: str | None) -> tuple[int, ...]:
     return levels
 
 
+def parse_rates(text: str | None) -> tuple[float, ...]:
+    """``"2,4.5,8"`` -> (2.0, 4.5, 8.0): request rates, requests per second.
+
+    >>> parse_rates("2, 4.5,8"), parse_rates(None)
+    ((2.0, 4.5, 8.0), ())
+    """
+    if not text:
+        return ()
+    try:
+        rates = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise UsageError(
+            f"--rates takes request rates (requests per second) separated by commas, e.g. 2,4,8, not {text!r}"
+        ) from None
+    if not rates or not all(0 < rate < float("inf") for rate in rates):
+        raise UsageError(f"--rates must be numbers of requests per second above 0, not {text!r}")
+    return rates
+
+
 def run(request: SmokeRequest, ui: UI) -> ExitCode:
     """The smoke command: load the lock, smoke, render, write the JSON report."""
     ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.spec_path)}))
@@ -87,7 +108,10 @@ def _dry_run(spec: Spec, request: SmokeRequest, ui: UI) -> ExitCode:
         spec, model=request.model, tp=request.tp, port=request.port, fast=request.fast, compare=request.compare
     )
     ui.line(f"stackgate smoke --dry-run: {spec.name} ({spec.path}); nothing is launched")
-    plans = plan_smoke(spec, configs, os.environ, measures=request.measures, concurrency=bool(request.concurrency))
+    sweep = bool(smokesweep.rates(spec, request.rates, request.measures))
+    plans = plan_smoke(
+        spec, configs, os.environ, measures=request.measures, concurrency=bool(request.concurrency), sweep=sweep
+    )
     for planned in plans:
         for text in planned.lines():
             ui.line(text)
@@ -102,6 +126,10 @@ def _render(done: SmokeRun, ui: UI) -> None:
             ui.table(
                 f"concurrency ({session.config.title})", list(CONCURRENCY_HEADERS), concurrency_rows(session.levels)
             )
+        if session.sweep is not None:
+            sweep = session.sweep.to_dict()
+            ui.table(f"request-rate sweep ({session.config.title})", list(SWEEP_HEADERS), sweep_rows(sweep))
+            ui.line(knee_line(sweep))
     title = f"stackgate smoke: {done.spec.name} ({done.spec.path})" + (" [interrupted]" if done.interrupted else "")
     ui.results(
         title,

@@ -46,6 +46,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
@@ -65,13 +66,18 @@ __all__ = [
     "broadcast",
     "current",
     "drain",
+    "gres",
+    "waited_s",
     "hostnames",
     "node_states",
+    "node_table",
     "parse_frames",
+    "partition_peers",
     "read_lines",
     "release",
     "resume",
     "run_step",
+    "step_flags",
 ]
 
 #: Node states (sinfo's %T, its flags after '+') in which a node takes work.
@@ -99,6 +105,8 @@ class NodeState:
     name: str
     state: str  #: sinfo's %T: idle, mixed, allocated, drained, draining, down*, ...
     reason: str = ""
+    since: str = ""  #: when the reason was set (sinfo's %H, ISO 8601; "" when Slurm gives none)
+    partitions: tuple[str, ...] = ()  #: the partitions the node is in (only where asked for)
 
     @property
     def usable(self) -> bool:
@@ -116,6 +124,7 @@ class Allocation:
     job_id: str
     nodes: tuple[str, ...]
     ours: bool  #: asked for here: released at the end
+    queue_wait_s: float | None = None  #: how long the job waited in Slurm's queue (submitted to started)
 
 
 def _run(argv: Sequence[str], env: Mapping[str, str] | None = None, timeout_s: float = _COMMAND_S) -> str:
@@ -154,6 +163,47 @@ def node_states(
     return found
 
 
+def node_table(partition: str | None = None, env: Mapping[str, str] | None = None) -> dict[str, NodeState]:
+    """Every node (of ``partition``, else of all partitions: ``sinfo -N -a``) with its state, its
+    reason, the reason's time and its partitions."""
+    argv = [
+        "sinfo",
+        "-N",
+        "-h",
+        "-o",
+        f"%N{_SEP}%P{_SEP}%T{_SEP}%E{_SEP}%H",
+        *(["-p", partition] if partition else ["-a"]),
+    ]
+    rows: dict[str, NodeState] = {}
+    for line in _run(argv, env).splitlines():
+        parts = line.split(_SEP)
+        if len(parts) != 5:
+            continue
+        name, part, state, reason, since = parts
+        known = rows.get(name)
+        partitions = (*known.partitions, part.rstrip("*")) if known else (part.rstrip("*"),)
+        reason, since = ("" if reason == "none" else reason), ("" if since == "Unknown" else since)
+        rows[name] = NodeState(name, state, reason, since, partitions)
+    return rows
+
+
+def partition_peers(node: str, env: Mapping[str, str] | None = None) -> dict[str, list[NodeState]]:
+    """Every node of each partition ``node`` is in: what the health check's breaker counts."""
+    rows = node_table(env=env)
+    mine = rows[node].partitions if node in rows else ()
+    return {p: [s for s in rows.values() if p in s.partitions] for p in mine}
+
+
+def gres(node: str, env: Mapping[str, str] | None = None) -> str:
+    """The node's generic resources as Slurm configured them (``scontrol show node``'s ``Gres=``,
+    e.g. ``gpu:h200:8(S:0-1)``); "" when it has none."""
+    for word in _run(["scontrol", "-o", "show", "node", node], env).split():
+        if word.startswith("Gres="):
+            value = word.removeprefix("Gres=")
+            return "" if value == "(null)" else value
+    return ""
+
+
 def drain(node: str, reason: str, env: Mapping[str, str] | None = None) -> None:
     """``scontrol update nodename=NODE state=drain reason=REASON`` (an argument vector: the
     reason is data, whatever it holds)."""
@@ -165,14 +215,28 @@ def resume(node: str, env: Mapping[str, str] | None = None) -> None:
 
 
 def current() -> Allocation | None:
-    """The allocation this process runs in (``SLURM_JOB_ID``), None outside one."""
+    """The allocation this process runs in (``SLURM_JOB_ID``), None outside one; how long it
+    waited in the queue from Slurm's record of the job (its submit and start times)."""
     job = os.environ.get("SLURM_JOB_ID")
     if not job:
         return None
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+    submitted, _, started = _run(["squeue", "-h", "-j", job, "-o", "%V|%S"]).strip().partition("|")
     if not nodelist:
         nodelist = _run(["squeue", "-h", "-j", job, "-o", "%N"]).strip()
-    return Allocation(job, hostnames(nodelist), ours=False)
+    return Allocation(job, hostnames(nodelist), ours=False, queue_wait_s=waited_s(submitted, started))
+
+
+def waited_s(submitted: str, started: str) -> float | None:
+    """Seconds from Slurm's submit time to its start time (ISO 8601, as squeue's %V and %S print them).
+
+    >>> waited_s("2026-12-02T04:00:05", "2026-12-02T04:01:07"), waited_s("2026-12-02T04:00:05", "N/A")
+    (62.0, None)
+    """
+    try:
+        return max(0.0, (datetime.fromisoformat(started) - datetime.fromisoformat(submitted)).total_seconds())
+    except ValueError:
+        return None
 
 
 def allocate(
@@ -202,6 +266,7 @@ def allocate(
     reader = threading.Thread(target=_drain, args=(process.stderr, said), daemon=True)
     reader.start()
     job: str | None = None
+    asked = time.monotonic()
     try:
         with _hangup_interrupts():
             _await(process, said, waiting)
@@ -211,7 +276,8 @@ def allocate(
         if process.returncode != 0 or granted is None:
             raise SlurmError(f"`{shlex.join([*argv, *extra])}`: exit {process.returncode}: {words.strip()[-400:]}")
         job = granted.group(1)
-        return Allocation(job, hostnames(_run(["squeue", "-h", "-j", job, "-o", "%N"]).strip()), ours=True)
+        nodes = hostnames(_run(["squeue", "-h", "-j", job, "-o", "%N"]).strip())
+        return Allocation(job, nodes, ours=True, queue_wait_s=round(time.monotonic() - asked, 3))
     except BaseException:
         _cancel_request(process, job or _job_of(said.text()), name)
         raise
@@ -486,9 +552,11 @@ def run_step(
     grace_s: float,
     stop: threading.Event,
     shared: Path | None = None,
+    extra: Sequence[str] = (),
 ) -> Step:
     """:data:`TASK` on each of ``nodes``, one task per node, until it ends, ``stop`` is set or
-    ``timeout_s`` passes (then SIGTERM to the step, and after ``grace_s`` its cancellation)."""
+    ``timeout_s`` passes (then SIGTERM to the step, and after ``grace_s`` its cancellation).
+    ``extra``: srun flags of the spec's (:func:`step_flags`: the GPUs each task asks for, its container)."""
     name = f"stackgate-fleet-{token}"
     argv = [
         "srun",
@@ -504,6 +572,7 @@ def run_step(
         "--label",
         "--input=none",
         "--mpi=none",
+        *extra,
         "sh",
         "-c",
         TASK,
@@ -611,6 +680,26 @@ def _shared_frames(shared: Path, nodes: Sequence[str], token: str) -> list[Frame
     return frames
 
 
+def step_flags(gpus_per_node: int | None, image: str | None, mounts: Sequence[str | Path]) -> list[str]:
+    """srun's flags for the spec's ``[slurm]`` section: the GPUs a task asks for (the GPUs a job
+    would own under ConstrainDevices) and the pyxis container it runs in, with ``mounts`` (the
+    folders the task reads and writes) bound at the same paths inside.
+
+    >>> for flag in step_flags(8, "nvcr.io#nvidia/pytorch:25.01-py3", ["/tmp"]): print(flag)
+    --gpus-per-node=8
+    --container-image=nvcr.io#nvidia/pytorch:25.01-py3
+    --container-mounts=/tmp:/tmp
+    --no-container-mount-home
+    >>> step_flags(None, None, ["/tmp"])
+    []
+    """
+    flags = [f"--gpus-per-node={gpus_per_node}"] if gpus_per_node else []
+    if image:
+        binds = ",".join(f"{m}:{m}" for m in dict.fromkeys(str(m) for m in mounts))
+        flags += [f"--container-image={image}", f"--container-mounts={binds}", "--no-container-mount-home"]
+    return flags
+
+
 def new_token() -> str:
     return secrets.token_hex(6)
 
@@ -620,16 +709,16 @@ class SrunTransport:
     (``srun --nodelist=NODE -N1 -n1``) in the allocation, its input forwarded to the task. The
     fleet's per-node actions (provision, then a gate; an upgrade) run through it unchanged."""
 
-    def __init__(self, allocation: Allocation) -> None:
-        self.allocation = allocation
+    def __init__(self, allocation: Allocation, extra: Sequence[str] = ()) -> None:
+        self.allocation, self.extra = allocation, tuple(extra)
 
     def connect(self, node: Node) -> SrunSession:
-        return SrunSession(self.allocation.job_id, node.name)
+        return SrunSession(self.allocation.job_id, node.name, self.extra)
 
 
 class SrunSession:
-    def __init__(self, job_id: str, node: str) -> None:
-        self.job_id, self.node = job_id, node
+    def __init__(self, job_id: str, node: str, extra: Sequence[str] = ()) -> None:
+        self.job_id, self.node, self.extra = job_id, node, tuple(extra)
 
     def run(
         self,
@@ -650,6 +739,7 @@ class SrunSession:
             "--kill-on-bad-exit=0",
             "--mpi=none",
             f"--input={'0' if stdin is not None else 'none'}",
+            *self.extra,
             "sh",
             "-c",
             command,

@@ -118,7 +118,9 @@ class FusionGate:
     """What the installed code says about the fused path's archs (flashwork.py ``gate``)."""
 
     flashinfer: Mapping[str, Any]  #: version, file, function, supported_majors; or error
-    sglang: Mapping[str, Any] | None  #: the same for sglang's runtime gate; None: no sglang there
+    #: the same for sglang's runtime gate, with how it refuses (refusal "silent" or "raises", message); None: no
+    #: sglang there
+    sglang: Mapping[str, Any] | None
     returncode: int | None
     tail: tuple[str, ...]  #: the run's last lines (its folder is removed: the result holds what it said)
 

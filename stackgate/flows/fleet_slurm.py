@@ -46,6 +46,7 @@ from stackgate.models.exitcodes import UsageError
 from stackgate.models.inventory import DEFAULT_TIMEOUT_S as DEFAULT_NODE_TIMEOUT_S
 from stackgate.models.inventory import Node
 from stackgate.models.printable import printable
+from stackgate.models.spec import load_spec
 from stackgate.render.ui import UI
 
 __all__ = ["ENGINE", "OPTIONS", "SlurmEngine", "SlurmOptions"]
@@ -66,6 +67,7 @@ class SlurmOptions:
     #: nodes Slurm lists as down or drained count in the verdict even when the run did not ask for them
     #: (--nodes N of a partition); those the run names (--nodelist, the allocation's) always count
     count_unavailable: bool = False
+    step_extra: tuple[str, ...] = ()  #: srun flags from the spec's [slurm] section (GPUs per node, container)
 
 
 #: The engine's options (``--engine-option NAME=VALUE``; each also a flag of its own, ``--NAME VALUE``).
@@ -132,6 +134,8 @@ def _slurm_plan(
         allocation, states = _slurm_nodes(options, lambda said: ui.info(printable(said)))
     except slurm.SlurmError as exc:
         raise UsageError(f"fleet --engine slurm: {exc}") from None
+    if allocation is not None and allocation.queue_wait_s is not None:
+        ui.info(f"Slurm job {allocation.job_id}: waited {allocation.queue_wait_s:.0f} s in the queue")
     names = tuple(dict.fromkeys([*states, *(allocation.nodes if allocation is not None else ())]))
     usable = [n for n in names if n in states and states[n].usable] if allocation is not None else []
     return allocation, states, names, usable
@@ -143,6 +147,7 @@ def _engine(allocation: slurm.Allocation | None) -> dict[str, Any]:
         "name": "slurm",
         "job_id": allocation.job_id if allocation else None,
         "allocated_here": bool(allocation and allocation.ours),
+        "queue_wait_s": allocation.queue_wait_s if allocation else None,
     }
 
 
@@ -221,6 +226,7 @@ def _slurm_step(
         grace_s=STOP_GRACE_S,
         stop=stop,
         shared=options.shared_dir,
+        extra=options.step_extra,
     )
 
 
@@ -277,8 +283,8 @@ def _stopped_status(step: slurm.Step) -> str | None:
 
 
 def _srun_words(stderr: str, node: str) -> str:
-    """srun's last line about ``node`` (else its last line at all), made short."""
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    """srun's last line about ``node`` (else its last line at all, not its "Try srun --help"), made short."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip() and not line.startswith("Try ")]
     about = [line for line in lines if node in line.split()] or [line for line in lines if node in line]
     return tail("\n".join(about or lines[-1:]), 200) if lines else ""
 
@@ -326,7 +332,7 @@ class SlurmEngine:
 
     def place(self, request: FleetRequest, ui: UI) -> Placement:
         """The allocation and the nodes' states; a rollout's nodes not run (down, drained) listed."""
-        options = request.options or SlurmOptions()
+        options = _with_spec(request.options or SlurmOptions(), request)
         allocation, states, names, usable = _slurm_plan(options, ui)
         release = (lambda: slurm.release(allocation)) if allocation is not None else (lambda: None)
         if request.action == "upgrade" and request.canary > len(usable):
@@ -335,10 +341,11 @@ class SlurmEngine:
         timeout_s = request.timeout_s or DEFAULT_NODE_TIMEOUT_S
         nodes = [replace(_slurm_node(n), stackgate=options.stackgate, timeout_s=timeout_s) for n in usable]
         listed = [_not_dialled(n, states.get(n), NOT_RUN) for n in names if n not in usable]
-        return Placement(nodes, listed, _engine(allocation), (allocation, states, names, usable), release)
+        handle = (allocation, states, names, usable, options)
+        return Placement(nodes, listed, _engine(allocation), handle, release)
 
     def transport(self, placement: Placement, stop: threading.Event) -> slurm.SrunTransport:
-        return slurm.SrunTransport(placement.handle[0])
+        return slurm.SrunTransport(placement.handle[0], placement.handle[4].step_extra)
 
     def collect(
         self, request: FleetRequest, placement: Placement, shipment: Shipment, stop: threading.Event, ui: UI
@@ -347,8 +354,7 @@ class SlurmEngine:
         the nodes Slurm says cannot take work listed (``unavailable``) in their places."""
         if request.action not in ("gate", "verify"):
             return None
-        options = request.options or SlurmOptions()
-        allocation, states, names, usable = placement.handle
+        allocation, states, names, usable, options = placement.handle
         # the nodes the run names (--nodelist, the allocation's) are judged; a partition's others only on request
         counted = options.nodes is None or options.count_unavailable
         ran = {n: replace(_not_dialled(n, states.get(n)), judged=counted) for n in names if n not in usable}
@@ -365,6 +371,20 @@ class SlurmEngine:
         for done in nodes:
             ui.info(printable(f"{done.node.name}: {done.status} in {done.duration_s:.1f} s: {done.reason}"))
         return nodes
+
+
+def _with_spec(options: SlurmOptions, request: FleetRequest) -> SlurmOptions:
+    """``options`` with the spec's ``[slurm]`` GPUs per node (asked of salloc and of each step) and
+    container (each step runs in it); the options as given when the spec cannot be read (the
+    controller says why)."""
+    try:
+        section = load_spec(request.to_path or request.spec_path).slurm
+    except (UsageError, OSError):
+        return options
+    gpus = [f"--gpus-per-node={section.gpus_per_node}"] if section.gpus_per_node else []
+    mounts: list[str | Path] = [options.node_dir, *([options.shared_dir] if options.shared_dir else [])]
+    step = slurm.step_flags(section.gpus_per_node, section.container_image, mounts)
+    return replace(options, extra=(*gpus, *options.extra), step_extra=tuple(step))
 
 
 ENGINE = SlurmEngine()

@@ -22,6 +22,9 @@ from typing import Any, Mapping, Sequence
 from stackgate.checks.smoke import logscan, serverinfo
 from stackgate.edges import faults
 from stackgate.facts import Facts, evidencesweep, serverlog
+from stackgate.facts.engineversion import installed_version
+from stackgate.flows import smokesweep
+from stackgate.flows.smokereports import EngineReport, acceptance_result, accuracy_result, api_of, metrics_result
 from stackgate.models import envfile, knowledge, runenv, secretargs, settings
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.finding import Finding, Fix
@@ -34,7 +37,9 @@ from stackgate.render.benchtables import latency_ms
 from stackgate.render.ui import UI
 from stackgate.serve import bench, fastmode, launch, launched, quality
 from stackgate.serve.launch import Config, LaunchError
+from stackgate.serve.prompts import PromptMaker, PromptsError
 from stackgate.serve.ready import Monitor, Readiness, wait_ready
+from stackgate.serve.sweep import SweepRun
 
 __all__ = [
     "SCHEMA",
@@ -66,6 +71,7 @@ class SmokeRequest:
     benchmark: bool = False
     compare: bool = False
     concurrency: tuple[int, ...] = ()
+    rates: tuple[float, ...] = ()  #: request rates to sweep (requests per second); [smoke.sweep] rates otherwise
     fast: bool = False
     keep_server: bool = False
     json_path: Path | None = None
@@ -100,6 +106,8 @@ class Session:
     evidence: list[serverlog.FlagSighting] = field(default_factory=list)
     figures: bench.BenchFigures | None = None
     levels: list[bench.Level] = field(default_factory=list)
+    sweep: SweepRun | None = None
+    engine_report: EngineReport = field(default_factory=EngineReport)
     teardown: launch.Teardown | None = None
     kept: bool = False
     failure: str | None = None
@@ -151,6 +159,8 @@ class Session:
             "evidence": [dataclasses.asdict(e) for e in self.evidence],
             "benchmark": self.figures.to_dict() if self.figures else None,
             "concurrency": [level.to_dict() for level in self.levels],
+            "sweep": self.sweep.to_dict() if self.sweep else None,
+            **self.engine_report.to_dict(),
             "teardown": dataclasses.asdict(self.teardown) if self.teardown else None,
             "kept_running": self.kept,
             "failure": self.failure,
@@ -232,6 +242,8 @@ class _Context:
     run_dir: Path
     environ: Mapping[str, str]
     nvml_lib: ModuleType | None
+    rates: tuple[float, ...] = ()  #: the sweep's rates
+    prompts: PromptMaker | None = None  #: the sweep's prompts, checked before any launch
 
 
 def run_smoke(
@@ -250,8 +262,14 @@ def run_smoke(
     configs = launch.configs(
         spec, model=request.model, tp=request.tp, port=request.port, fast=request.fast, compare=request.compare
     )
+    rates = smokesweep.rates(spec, request.rates, request.measures)
+    try:
+        maker = smokesweep.prompts(spec, rates)
+    except PromptsError as exc:
+        raise LaunchError(f"{exc}; nothing was launched") from exc
     launched.reap_and_tell(ui.warn)  # what a run killed outright left running (its port, its GPUs)
-    context = _Context(spec, request, ui, _run_dir(request), dict(os.environ if environ is None else environ), nvml_lib)
+    environ = dict(os.environ if environ is None else environ)
+    context = _Context(spec, request, ui, _run_dir(request), environ, nvml_lib, rates, maker)
     sessions: list[Session] = []
     try:
         for i, config in enumerate(configs):
@@ -352,6 +370,8 @@ def _preflight(session: Session, context: _Context) -> bool:
         )
         return False
     session.environment, session.set_by_stackgate = environ, stackgate_set
+    installed = installed_version(spec.python.target, environ, config.engine.distribution or config.engine.name)
+    session.config = config = launch.for_installed(config, installed)
     model = launch.check_model(config, environ)
     if model.status == Status.PASS:
         session.config = config = launch.cached_models(config, environ)
@@ -445,7 +465,7 @@ def _serve(session: Session, context: _Context, server: launch.Server, watcher: 
         return
     faults.trip("smoke:ready")
     _what_runs(session)
-    wanted = context.request.measures or bool(context.request.concurrency)
+    wanted = context.request.measures or bool(context.request.concurrency) or bool(context.rates)
     decisive = _decisive(session, watcher) if wanted else []
     if decisive:
         session.failed(f"not measured: {decisive[0]}", time.time())
@@ -611,7 +631,9 @@ def _measure(session: Session, context: _Context, server: launch.Server, watcher
     incremental = bool((session.server_info or {}).get("stream_output"))
     # Only the lock's configuration at full weights is judged against the floor, so only it earns extra runs.
     floor = benchmark.floor_tok_s if not config.label and session.shrink is None else None
+    api = api_of(config.engine, benchmark)
     with Monitor(server, watcher, streams.abort_all) as monitor:
+        session.engine_report.scrape(config.engine, config.base_url, session.api_key)
         if request.measures:
             session.figures = bench.run_benchmark(
                 config.base_url,
@@ -622,7 +644,7 @@ def _measure(session: Session, context: _Context, server: launch.Server, watcher
                 explain=lambda error: _explain(monitor, error),
                 api_key=session.api_key,
                 floor=floor,
-                api=config.engine.api,
+                api=api,
             )
         elif benchmark.warmup:
             for _ in range(benchmark.warmup):
@@ -633,7 +655,7 @@ def _measure(session: Session, context: _Context, server: launch.Server, watcher
                     streams=streams,
                     api_key=session.api_key,
                     idle_s=benchmark.stream_idle_s,
-                    api=config.engine.api,
+                    api=api,
                 )
         for count in request.concurrency:
             if monitor.failure is not None:
@@ -648,9 +670,25 @@ def _measure(session: Session, context: _Context, server: launch.Server, watcher
                     streams=streams,
                     api_key=session.api_key,
                     idle_s=benchmark.stream_idle_s,
-                    api=config.engine.api,
+                    api=api,
                 )
             )
+        if context.prompts is not None and monitor.failure is None:
+            session.sweep = smokesweep.run(
+                config,
+                context.spec,
+                context.rates,
+                context.prompts,
+                judged=not config.label and session.shrink is None,
+                streams=streams,
+                api_key=session.api_key,
+                show=context.ui.info,
+                stop=lambda: monitor.failure is not None,
+            )
+        if monitor.failure is None:
+            session.engine_report.scrape(config.engine, config.base_url, session.api_key)
+            if session.shrink is None:
+                session.engine_report.check_accuracy(config.base_url, api, context.spec.accuracy, session.api_key)
     stopped = session.figures.stopped_at if session.figures is not None else None
     seen = [t for t in (monitor.failed_at, stopped) if t is not None]
     if monitor.failure is not None or stopped is not None:
@@ -686,10 +724,18 @@ def _measure_results(session: Session, context: _Context) -> None:
             session.add("quality", skipped("fast mode: random weights, so the quality guard does not apply"))
         else:
             session.add("quality", quality.check_repeatable(session.figures.runs))
+    if session.sweep is not None:
+        judged = not session.config.label and label is None
+        for name, result in smokesweep.results(session.sweep, label, judged=judged, strict=context.request.strict):
+            session.add(name, result)
     if session.levels:
         session.add("concurrency", _levels_result(session.levels, label))
         if session.config.speculative is not None and not context.request.compare:
             session.add("compare.concurrency", _no_crossover(session.levels))
+    report, runs = session.engine_report, session.figures.runs if session.figures else ()
+    session.add("metrics", metrics_result(report, session.config.engine, session.config.launch_flags(session.shrink)))
+    session.add("speculative.acceptance", acceptance_result(session.config.speculative, runs, session.levels, report))
+    session.add("accuracy", accuracy_result(report, context.spec.accuracy, label))
 
 
 def _no_crossover(levels: Sequence[bench.Level]) -> Result:

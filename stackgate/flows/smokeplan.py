@@ -47,13 +47,21 @@ class Planned:
 
 
 def plan_smoke(
-    spec: Spec, configs: list[Config], environ: Mapping[str, str], *, measures: bool, concurrency: bool
+    spec: Spec,
+    configs: list[Config],
+    environ: Mapping[str, str],
+    *,
+    measures: bool,
+    concurrency: bool,
+    sweep: bool = False,
 ) -> list[Planned]:
     """What each configuration's launch and run would be (nothing is started, no port is bound)."""
-    return [_plan(spec, config, environ, measures=measures, concurrency=concurrency) for config in configs]
+    return [_plan(spec, config, environ, measures=measures, concurrency=concurrency, sweep=sweep) for config in configs]
 
 
-def _plan(spec: Spec, config: Config, environ: Mapping[str, str], *, measures: bool, concurrency: bool) -> Planned:
+def _plan(
+    spec: Spec, config: Config, environ: Mapping[str, str], *, measures: bool, concurrency: bool, sweep: bool
+) -> Planned:
     notes: list[str] = []
     try:
         _, set_by_stackgate = launch.server_env(spec, config, environ)
@@ -76,12 +84,16 @@ def _plan(spec: Spec, config: Config, environ: Mapping[str, str], *, measures: b
         engine=config.engine.label,
         command=tuple(secretargs.shown(words)),
         environment=redact(dict(set_by_stackgate), environ={}),
-        checks=_checks(config, measures=measures, concurrency=concurrency),
+        checks=_checks(
+            config, measures=measures, concurrency=concurrency, sweep=sweep, accuracy=spec.accuracy.floor is not None
+        ),
         notes=tuple(notes),
     )
 
 
-def _checks(config: Config, *, measures: bool, concurrency: bool) -> tuple[str, ...]:
+def _checks(
+    config: Config, *, measures: bool, concurrency: bool, sweep: bool = False, accuracy: bool = False
+) -> tuple[str, ...]:
     names = [
         "preflight.python",
         "preflight.model",
@@ -97,7 +109,22 @@ def _checks(config: Config, *, measures: bool, concurrency: bool) -> tuple[str, 
     ]
     if measures:
         names.append("benchmark")
+    if sweep:
+        names += ["sweep", "goodput"]
     if concurrency:
         names.append("concurrency")
+    if measures or concurrency:
+        names += [name for name, asked in _engine_reports(config, accuracy) if asked]
     names += ["teardown", "gpu_memory"]
     return tuple(config.check(name) for name in names)
+
+
+def _engine_reports(config: Config, accuracy: bool) -> tuple[tuple[str, bool], ...]:
+    """What smoke reads from the engine beside speed (flows/smokereports.py), and whether it is asked."""
+    flag = config.engine.metrics_flag
+    metrics = bool(flag) and any(word.split("=", 1)[0] == flag for word in config.flags)
+    return (
+        ("metrics", metrics),
+        ("speculative.acceptance", config.speculative is not None),
+        ("accuracy", accuracy and config.fast_layers is None),
+    )

@@ -50,7 +50,7 @@ from stackgate.flows.upgraderun import (
 from stackgate.models import pylock, settings
 from stackgate.models.exitcodes import UsageError
 from stackgate.models.result import Status
-from stackgate.models.spec import Benchmark, Spec, load_spec
+from stackgate.models.spec import Accuracy, Benchmark, Spec, load_spec
 from stackgate.render import upgradereport as upgrade_render
 from stackgate.render.ui import UI
 from stackgate.runs import abtest, history, stackdiff
@@ -363,10 +363,13 @@ def _verify(
     return True
 
 
-def _side_spec(spec: Spec, generation: generations.Generation, benchmark: Benchmark) -> Spec:
-    """``lock`` pointed at ``generation``'s interpreter and environment file, with ``benchmark``."""
+def _side_spec(
+    spec: Spec, generation: generations.Generation, benchmark: Benchmark, accuracy: Accuracy | None = None
+) -> Spec:
+    """``spec`` pointed at ``generation``'s interpreter and environment file, with ``benchmark``
+    (and ``accuracy``: both sides of the A/B are asked the same)."""
     python = dataclasses.replace(spec.python, interpreter=generation.python)
-    return dataclasses.replace(spec, python=python, benchmark=benchmark)
+    return dataclasses.replace(spec, python=python, benchmark=benchmark, accuracy=accuracy or spec.accuracy)
 
 
 # --- the A/B ---------------------------------------------------------------------------------
@@ -385,7 +388,15 @@ def _ab(done: UpgradeRun, environ: dict[str, str], ui: UI, nvml_lib: ModuleType 
         faults.trip(f"before:upgrade.leg{position}")
         ui.info(f"A/B leg {position}/{len(legs)}: {name} stack, generation {generation.id}")
         leg = _leg(
-            done, name, position, _side_spec(spec, generation, bench), generation, run_dir, environ, ui, nvml_lib
+            done,
+            name,
+            position,
+            _side_spec(spec, generation, bench, done.new_spec.accuracy),
+            generation,
+            run_dir,
+            environ,
+            ui,
+            nvml_lib,
         )
         if name == abtest.NEW and not leg.passed:
             ui.warn(f"the new stack failed leg {position}: no further legs")
@@ -435,8 +446,15 @@ def _record(
     good = figures.good if figures is not None else []
     decode = tuple(s.decode_tok_s for s in good if s.decode_tok_s is not None)
     bad = tuple(f"{r.check}: {r.summary}" for r in ran.results if r.status >= Status.FAIL)
+    score = session.engine_report.score if session is not None else None
     leg = abtest.Leg(
-        name, position, ran.verdict.passed and not ran.interrupted, decode, good[0].output_ids if good else (), bad
+        name,
+        position,
+        ran.verdict.passed and not ran.interrupted,
+        decode,
+        good[0].output_ids if good else (),
+        bad,
+        (score.right, len(score.answers)) if score is not None else None,
     )
     done.measured.append(leg)
     done.legs.append(_leg_part(leg, generation, ran))

@@ -13,6 +13,9 @@ everything comes from flags or from one TOML file the program is pointed at (``-
     slurm_bin = "/usr/bin"                   # where scontrol and sinfo are
     slurm_conf = "/etc/slurm/slurm.conf"     # default: Slurm's own default
     node = "gpu01"                           # default: $SLURMD_NODENAME, else the short hostname
+    state_dir = "/var/lib/stackgate/slurm-health"   # the damping's counts and each node's reason history
+    role = "check"                           # check (HealthCheckProgram), prolog, epilog (slurm.conf's Prolog=,
+                                             # Epilog=), judge (a verdict only, Slurm untouched: NHC acts on it)
 
 A drain reason this check writes starts with :data:`PREFIX`; only a node drained with such a
 reason is ever resumed by it: an admin's drain (any other reason) is left alone.
@@ -35,14 +38,26 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - the 3.10 floor
     import tomli as tomllib
 
-__all__ = ["PREFIX", "REASON_MAX", "HealthConfig", "drain_reason", "load", "ours", "parse"]
+__all__ = [
+    "PREFIX",
+    "REASON_MAX",
+    "ROLES",
+    "HealthConfig",
+    "drain_reason",
+    "load",
+    "ours",
+    "parse",
+]
 
 PREFIX = "stackgate:"
 #: Longest reason written: Slurm keeps any length, but `sinfo -R` shows about this much of it.
 REASON_MAX = 120
 DEFAULT_TIMEOUT_S = 30.0
 _NODE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,62}$")
-_PATHS = ("lock", "prom", "stackgate", "slurm_bin", "slurm_conf")
+_PATHS = ("lock", "prom", "stackgate", "slurm_bin", "slurm_conf", "state_dir")
+#: What the program is run as: slurmd's periodic HealthCheckProgram, or slurm.conf's Prolog or Epilog.
+ROLES = ("check", "prolog", "epilog", "judge")
+DEFAULT_STATE_DIR = Path("/var/lib/stackgate/slurm-health")
 _FLAGS = {"timeout_s": "timeout", "checks": "check"}
 #: Keys the file and the flags spell otherwise than the field: `lock` (as the CLI's --lock) is the spec.
 _FIELDS = {"lock": "spec"}
@@ -58,6 +73,8 @@ class HealthConfig:
     slurm_bin: Path | None = None
     slurm_conf: Path | None = None
     node: str | None = None
+    state_dir: Path = DEFAULT_STATE_DIR
+    role: str = "check"
 
     def merged(self, flags: Mapping[str, Any]) -> HealthConfig:
         """These settings with the flags given (not None, not empty) on top, each checked."""
@@ -143,6 +160,11 @@ def _values(table: Mapping[str, Any], where: str, problems: list[str], *, flag: 
                 found[key] = tuple(value)
             else:
                 problems.append(f"{path}: {value!r} is not a list of check names or globs")
+        elif key == "role":
+            if value in ROLES:
+                found[key] = value
+            else:
+                problems.append(f"{path}: {value!r} is not one of {', '.join(ROLES)}")
         elif isinstance(value, str) and _NODE.match(value):
             found[key] = value
         else:

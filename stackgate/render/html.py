@@ -13,6 +13,7 @@ import html
 import math
 from typing import Any, Mapping, Sequence
 
+from stackgate.render.sweeptables import SWEEP_HEADERS, knee_line, sweep_of, sweep_rows, sweep_svg
 from stackgate.runs import rundiff
 from stackgate.runs.history import Run
 
@@ -221,6 +222,9 @@ def _focus(run: Run, previous: Run | None) -> list[str]:
     if isinstance(stages, list):
         out += ["<h3>Stages</h3>", _stages_table(stages)]
     out += ["<h3>Benchmark runs (real weights)</h3>", _bench_table(run.benchmark)]
+    sweep = sweep_of(doc)
+    if sweep is not None:
+        out += ["<h3>Latency against request rate</h3>", sweep_svg(sweep), _sweep_table(sweep)]
     out += ["<h3>Checks</h3>", _checks_table(run.results)]
     if previous is not None:
         good = " the last good run" if previous.verdict == "passed" else ""
@@ -229,6 +233,15 @@ def _focus(run: Run, previous: Run | None) -> list[str]:
             _changes(rundiff.compare(previous, run)),
         ]
     return out
+
+
+def _sweep_table(sweep: Mapping[str, Any]) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in SWEEP_HEADERS)
+    rows = [f"<table><thead><tr>{head}</tr></thead><tbody>"]
+    for row in sweep_rows(sweep):
+        rows.append("<tr>" + "".join(f'<td class="num">{_e(cell)}</td>' for cell in row) + "</tr>")
+    rows.append(f'</tbody></table><p class="muted">{_e(knee_line(sweep))}</p>')
+    return "".join(rows)
 
 
 def _stages_table(stages: Sequence[Any]) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from stackgate.render import summaries
+from stackgate.render.sweeptables import compare_lines, sweep_of
 from stackgate.render.ui import UI
 from stackgate.runs import catalog, history
 
@@ -140,6 +141,8 @@ def show_comparison(comparison: rundiff.Comparison, ui: UI) -> None:
         ui.line(speed.text())
     for figure in comparison.figures:
         ui.line(figure.text())
+    for line in compare_lines(sweep_of(old.doc), sweep_of(new.doc)):
+        ui.line(line)
     a, b = (old.fingerprint or {}).get("short"), (new.fingerprint or {}).get("short")
     prints = f"; fingerprint {a} -> {b}" if a and b else ""
     if comparison.same_stack:

@@ -12,7 +12,8 @@ from typing import Any, Mapping, Sequence
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from stackgate.checks.deep import FUSION_FLAG, fusion_arch_problem
+from stackgate.checks.deep import FUSION_FLAG
+from stackgate.checks.fusiongate import engine_refusal, fusion_arch_problem, majors_of
 from stackgate.edges.nvml import NvmlSnapshot
 from stackgate.facts.compare import conflicts
 from stackgate.facts.machine import FoundPython, Machine
@@ -31,6 +32,7 @@ PINNED = {
     "flashinfer-python": "flashinfer",
     "flashinfer-cubin": None,
     "sgl-kernel": "sgl_kernel",
+    "sglang-kernel": "sgl_kernel",  #: sgl-kernel's successor (0.4.x): the same import name
     "sglang": "sglang",
 }
 #: The column comments start at, as the shipped profiles align them.
@@ -118,7 +120,7 @@ def _python(found: FoundPython) -> list[Line]:
     torch = facts.torch or {}
     installed = {name: facts.dist(name) for name in PINNED}
     pins = {name: dist.version for name, dist in installed.items() if dist is not None}
-    imports = [module for name, module in PINNED.items() if module and name in pins]
+    imports = list(dict.fromkeys(module for name, module in PINNED.items() if module and name in pins))
     lines: list[Line] = [
         ("[python]", None),
         (
@@ -211,18 +213,21 @@ def _smoke(machine: Machine, gpus: int, capabilities: list[str]) -> list[Line]:
             *lines,
             ("flags = []", f"no fusion flag: flashinfer's fusion arch gate could not be read: {gate.get('error')}"),
         ]
-    problem = fusion_arch_problem(
-        {int(c.split(".")[0]) for c in capabilities}, supported, machine.environ.get("FLASHINFER_CUDA_ARCH_LIST")
-    )
+    majors = majors_of(capabilities)
+    problem = fusion_arch_problem(majors, supported, machine.environ.get("FLASHINFER_CUDA_ARCH_LIST"))
     if problem is not None:
         return [*lines, ("flags = []", f"no fusion flag: {problem}")]
+    refusal = engine_refusal(machine.gate.sglang if machine.gate is not None else None, majors)
+    if refusal is not None:
+        return [*lines, ("flags = []", f"no fusion flag: {refusal}")]
     if gpus < 2:
         return [*lines, ("flags = []", f"no fusion flag at tp = 1: one rank has no all-reduce to fuse ({FUSION_FLAG})")]
     return [
         *lines,
         (
             f'flags = ["{FUSION_FLAG}"]',
-            f"flashinfer's fusion arch gate admits majors {supported}: `verify --deep` proves it",
+            f"flashinfer's fusion arch gate admits majors {supported}{_engine_admits(machine)}: "
+            "`verify --deep` proves it",
         ),
         (
             f"# smoke proves the fused path ran from the log line {DEFAULT_EVIDENCE[FUSION_FLAG]!r} (the flag's",
@@ -230,6 +235,14 @@ def _smoke(machine: Machine, gpus: int, capabilities: list[str]) -> list[Line]:
         ),
         ("# default evidence: `evidence = { ... }` here may replace the pattern, never remove it)", None),
     ]
+
+
+def _engine_admits(machine: Machine) -> str:
+    """ ", sglang 0.5.23 admits [9, 10]" where sglang's own gate was read, else ""."""
+    sglang = machine.gate.sglang if machine.gate is not None else None
+    if not sglang or "supported_majors" not in sglang:
+        return ""
+    return f", sglang {sglang.get('version')} admits {sglang['supported_majors']}"
 
 
 def _triton_env(machine: Machine, capability: Capability) -> list[Line]:

@@ -13,6 +13,7 @@ import re
 from typing import Any, Iterable, Mapping, Sequence
 
 from stackgate.models.result import Result
+from stackgate.render.sweeptables import prometheus_families, sweep_markdown, sweep_of
 
 __all__ = [
     "STAGE_STATUSES",
@@ -136,6 +137,7 @@ def markdown(doc: Mapping[str, Any]) -> str:
         )
     out += _failures(gate.get("stages", ()))
     out += _benchmark_section(gate.get("benchmark"), _stage_status(doc, "benchmark"))
+    out += sweep_markdown(sweep_of(doc), md_text)
     if finger:
         out += _fingerprint_section(finger)
     return "\n".join(out).rstrip() + "\n"
@@ -294,6 +296,7 @@ def prometheus(doc: Mapping[str, Any]) -> str:
         ),
     ]
     families += _benchmark_families(gate.get("benchmark"), base)
+    families += prometheus_families(sweep_of(doc), base)
     return exposition(families)
 
 

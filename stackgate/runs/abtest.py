@@ -5,7 +5,9 @@ order alternated so that a machine that warms up or slows down over the run (clo
 state, a neighbour) favours neither: rounds of AB then BA (ABBA for two rounds), whose means
 cancel any drift that is linear in time. Each side's decode rate pools the runs of all its legs;
 the difference of the two means gets a 95% Welch interval: "slower" means slower beyond that
-measured noise. Pure: numbers and token ids in, judgements out.
+measured noise. Where the spec has an accuracy check, each side's exact answers pool over its
+legs too, and a new stack that answers fewer of them exactly is kept out however fast it is.
+Pure: numbers and token ids in, judgements out.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class Leg:
     decode: tuple[float, ...]  #: decode tok/s of each complete run
     tokens: tuple[int, ...] = ()  #: the first complete greedy run's token ids
     failures: tuple[str, ...] = ()  #: "check: summary" of each failed result
+    accuracy: tuple[int, int] | None = None  #: exact answers and answers asked, where the check ran
 
     @property
     def mean(self) -> float | None:
@@ -74,6 +77,7 @@ class Side:
     decode: bench.Summary | None  #: the runs of every leg, pooled
     tokens: tuple[int, ...]  #: the greedy tokens of its first leg that had any
     repeatable: bool  #: every leg gave those same tokens
+    accuracy: tuple[int, int] | None = None  #: exact answers and answers asked over its legs
 
     @property
     def passed(self) -> bool:
@@ -92,6 +96,7 @@ class Side:
             "decode_tok_s": self.decode.to_dict() if self.decode else None,
             "tokens": len(self.tokens),
             "repeatable": self.repeatable,
+            "accuracy": list(self.accuracy) if self.accuracy else None,
         }
 
 
@@ -100,7 +105,9 @@ def side(name: str, legs: Sequence[Leg]) -> Side:
     values = [v for leg in mine for v in leg.decode]
     with_tokens = [leg.tokens for leg in mine if leg.tokens]
     tokens = with_tokens[0] if with_tokens else ()
-    return Side(name, mine, bench.summarize(values), tokens, all(t == tokens for t in with_tokens))
+    scored = [leg.accuracy for leg in mine if leg.accuracy is not None]
+    accuracy = (sum(r for r, _ in scored), sum(n for _, n in scored)) if scored else None
+    return Side(name, mine, bench.summarize(values), tokens, all(t == tokens for t in with_tokens), accuracy)
 
 
 @dataclass(frozen=True)
@@ -132,7 +139,7 @@ class Decision:
 
 
 def conditions(live: Side, new: Side, *, accept_output_change: bool) -> tuple[Condition, ...]:
-    """passes, same greedy tokens, not slower: what ``if-better`` needs, each with its evidence."""
+    """passes, same greedy tokens, not slower, as accurate: what ``if-better`` needs, each with its evidence."""
     passes = Condition(
         "passes",
         new.passed,
@@ -140,7 +147,26 @@ def conditions(live: Side, new: Side, *, accept_output_change: bool) -> tuple[Co
         if new.passed
         else f"the new stack failed: {'; '.join(new.failures[:3]) or 'it was not measured'}",
     )
-    return (passes, _same_tokens(live, new, accept_output_change), _not_slower(live, new))
+    return (passes, _same_tokens(live, new, accept_output_change), _not_slower(live, new), _as_accurate(live, new))
+
+
+def _as_accurate(live: Side, new: Side) -> Condition:
+    """The new stack answers the accuracy set at least as often exactly as the live one.
+
+    >>> _as_accurate(side(LIVE, [Leg(LIVE, 1, True, (), accuracy=(16, 16))]),
+    ...              side(NEW, [Leg(NEW, 2, True, (), accuracy=(13, 16))])).text
+    'less accurate: new 13 of 16 exact (81.2%), live 16 of 16 (100.0%)'
+    """
+    if live.accuracy is None and new.accuracy is None:
+        return Condition("as_accurate", True, "not checked: the spec has no [accuracy] floor")
+    if live.accuracy is None or new.accuracy is None:
+        missing = "live" if live.accuracy is None else "new"
+        return Condition("as_accurate", False, f"cannot compare accuracy: the {missing} stack has no accuracy figure")
+    (a, n), (b, m) = live.accuracy, new.accuracy
+    text = f"new {b} of {m} exact ({b / m:.1%}), live {a} of {n} ({a / n:.1%})"
+    if b * n < a * m:
+        return Condition("as_accurate", False, f"less accurate: {text}")
+    return Condition("as_accurate", True, f"as accurate: {text}")
 
 
 def _same_tokens(live: Side, new: Side, accept: bool) -> Condition:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from stackgate.edges import httpclient
-from stackgate.models.engines import NATIVE_GENERATE, OPENAI_COMPLETIONS
+from stackgate.models.engines import NATIVE_GENERATE, OPENAI_CHAT, OPENAI_COMPLETIONS
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, failed, passed, skipped, warned
 from stackgate.models.spec import Benchmark
@@ -86,6 +86,13 @@ class Sample:
     error: str | None = None
     cpu_s: float = 0.0  #: the client's CPU time on this stream
     gaps: tuple[float, ...] = ()  #: inter-token latencies: each event's gap, split evenly over its tokens
+    prompt_tokens: int | None = None  #: the prompt's length in tokens, as the server reported it
+    spec_verify_ct: int | None = None  #: speculative verify steps the server reported (meta_info), None if none
+
+    @property
+    def accept_length(self) -> float | None:
+        """Tokens per speculative verify step, as SGLang defines it (completion_tokens / spec_verify_ct)."""
+        return self.tokens / self.spec_verify_ct if self.spec_verify_ct else None
 
     @property
     def seconds(self) -> float:
@@ -126,6 +133,7 @@ class Sample:
             "finish_reason": self.finish_reason,
             "error": self.error,
             "client_cpu_s": round(self.cpu_s, 4),
+            **({"spec_verify_ct": self.spec_verify_ct} if self.spec_verify_ct else {}),
         }
 
 
@@ -199,11 +207,25 @@ def request_body(api: str, prompt: str, tokens: int) -> tuple[str, dict[str, Any
     """The path and body of one greedy streaming generation of exactly ``tokens`` tokens.
 
     SGLang's /generate reports ``meta_info.completion_tokens`` in each event; the OpenAI API's
-    /v1/completions does so in ``usage`` when asked for continuous usage statistics.
+    /v1/completions and /v1/chat/completions do so in ``usage`` when asked for continuous usage
+    statistics. The chat endpoint sends the prompt as one user message, so the server applies the
+    model's chat template.
 
     >>> request_body(OPENAI_COMPLETIONS, "Hi", 3)[1]["stream_options"]
     {'include_usage': True, 'continuous_usage_stats': True}
+    >>> request_body(OPENAI_CHAT, "Hi", 3)[1]["messages"]
+    [{'role': 'user', 'content': 'Hi'}]
     """
+    usage = {"include_usage": True, "continuous_usage_stats": True}
+    if api == OPENAI_CHAT:
+        return "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": usage,
+        }
     if api == OPENAI_COMPLETIONS:
         return "/v1/completions", {
             "prompt": prompt,
@@ -211,7 +233,7 @@ def request_body(api: str, prompt: str, tokens: int) -> tuple[str, dict[str, Any
             "temperature": 0,
             "ignore_eos": True,
             "stream": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            "stream_options": usage,
         }
     return "/generate", {
         "text": prompt,
@@ -269,7 +291,10 @@ class _Reader:
         if error is None and not self.done:
             error = f"the stream ended without [DONE] after {self.tokens} of {self.asked} tokens"
         ended = self.ended or time.perf_counter()
-        reason = (final.get("meta_info") or {}).get("finish_reason") or self.finish
+        meta = final.get("meta_info")
+        info: dict[str, Any] = meta if isinstance(meta, dict) else {}
+        reason = info.get("finish_reason") or self.finish
+        verify = info.get("spec_verify_ct")
         return Sample(
             self.asked,
             self.tokens,
@@ -283,6 +308,8 @@ class _Reader:
             error,
             cpu_s,
             tuple(self.gaps),
+            _prompt_tokens(final),
+            verify if isinstance(verify, int) and not isinstance(verify, bool) and verify > 0 else None,
         )
 
 
@@ -292,6 +319,20 @@ def _payload(data: bytes) -> dict[str, Any]:
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def _prompt_tokens(payload: dict[str, Any]) -> int | None:
+    """The prompt's token count: SGLang's ``meta_info.prompt_tokens``, the OpenAI API's ``usage.prompt_tokens``.
+
+    >>> _prompt_tokens({"meta_info": {"prompt_tokens": 7}}), _prompt_tokens({"usage": {"prompt_tokens": "x"}})
+    (7, None)
+    """
+    for name in ("meta_info", "usage"):
+        part = payload.get(name)
+        value = part.get("prompt_tokens") if isinstance(part, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
 
 
 def _choice_reason(payload: dict[str, Any]) -> Any:

@@ -48,6 +48,7 @@ __all__ = [
     "check_model",
     "check_port",
     "configs",
+    "for_installed",
     "gpu_memory",
     "memory_released",
     "release",
@@ -159,6 +160,20 @@ def configs(
     if not compare:
         return [main]
     return [_baseline(spec, main), main]
+
+
+def for_installed(config: Config, version: str | None) -> Config:
+    """``config`` with its engine as the ``installed`` release speaks (:meth:`Engine.at`): the fusion
+    flag's default evidence becomes that release's line; a pattern the spec set itself is kept."""
+    engine = config.engine.at(version)
+    if engine is config.engine:
+        return config
+    default = config.engine.fusion_evidence
+    evidence = {
+        flag: engine.fusion_evidence if flag == engine.fusion_flag and pattern == default else pattern
+        for flag, pattern in config.evidence.items()
+    }
+    return dataclasses.replace(config, engine=engine, evidence=MappingProxyType(evidence))
 
 
 def _baseline(spec: Spec, main: Config) -> Config:

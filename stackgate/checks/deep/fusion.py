@@ -4,7 +4,6 @@ read from the installed code) and matches the unfused path; judged from
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import asdict
 from typing import Any, Mapping, Sequence
 
@@ -29,8 +28,15 @@ from stackgate.checks.deep.common import (
     fusion_atol,
     world_size,
 )
+from stackgate.checks.fusiongate import (
+    engine_refusal,
+    fusion_arch_problem,
+    gate_evidence,
+    gpu_capabilities,
+    majors_of,
+)
 from stackgate.checks.unexplained import looked_up, missing_piece
-from stackgate.facts import Facts, Missing
+from stackgate.facts import Facts
 from stackgate.facts.deepruns import (
     FusionGate,
     FusionRequest,
@@ -54,74 +60,6 @@ __all__ = [
 # --- deep.allreduce_fusion --------------------------------------------------------------------
 
 
-def _majors(text: str) -> set[int]:
-    """The compute capability majors of FLASHINFER_CUDA_ARCH_LIST, split as flashinfer splits it.
-
-    >>> sorted(_majors("12.0a 9.0"))
-    [9, 12]
-    """
-    return {int(arch.split(".")[0]) for arch in text.split(" ") if arch.split(".")[0].isdigit()}
-
-
-def fusion_arch_problem(gpu_majors: set[int], supported: Sequence[int], arch_list: str | None) -> str | None:
-    """Why the fused path cannot run on these GPUs, or None.
-
-    >>> fusion_arch_problem({12}, [9, 10], None)
-    'compute capability major 12 is not among the majors flashinfer builds the fusion module for ([9, 10])'
-    >>> print(fusion_arch_problem({9}, [9, 10], "12.0a"))  # doctest: +NORMALIZE_WHITESPACE
-    FLASHINFER_CUDA_ARCH_LIST=12.0a names no major flashinfer builds the fusion module for ([9, 10]):
-    its JIT would raise
-    >>> fusion_arch_problem({9}, [9, 10], None) is None
-    True
-    """
-    missing = sorted(gpu_majors - set(supported))
-    if missing:
-        return (
-            f"compute capability major {', '.join(map(str, missing))} is not among the majors flashinfer builds the "
-            f"fusion module for ({list(supported)})"
-        )
-    if arch_list and not _majors(arch_list) & set(supported):
-        return (
-            f"FLASHINFER_CUDA_ARCH_LIST={arch_list} names no major flashinfer builds the fusion module for "
-            f"({list(supported)}): its JIT would raise"
-        )
-    return None
-
-
-def _gpu_capabilities(facts: Facts, spec: Spec) -> tuple[list[str], str]:
-    """Each GPU's compute capability ("12.0"), and where it was read."""
-    snapshot = facts.nvml
-    if isinstance(snapshot, Missing) or not snapshot.gpus:
-        return [
-            str(spec.hardware.compute_capability)
-        ] * spec.hardware.gpu_count, "the lock's [hardware] (NVML gave none)"
-    return ["{}.{}".format(*gpu.capability) if gpu.capability else "unknown" for gpu in snapshot.gpus], "NVML"
-
-
-def _gate_evidence(gate: FusionGate, capabilities: Sequence[str], source: str, arch_list: str | None) -> list[str]:
-    fi = gate.flashinfer
-    counts = ", ".join(f"{n} x {cc}" for cc, n in sorted(Counter(capabilities).items()))
-    lines = [
-        f"GPUs: compute capability {counts} (from {source})",
-        f"flashinfer {fi.get('version')}: {fi.get('function')}() builds for "
-        f"supported_major_versions={fi.get('supported_majors')} (read from {fi.get('file')})",
-    ]
-    sglang = gate.sglang
-    if sglang and "supported_majors" in sglang:
-        lines.append(
-            f"sglang {sglang.get('version')}: {sglang.get('function')}() admits majors {sglang['supported_majors']} "
-            f"(read from {sglang.get('file')} and {sglang.get('helpers')})"
-        )
-    elif sglang:
-        lines.append(f"sglang {sglang.get('version')}: its gate could not be read: {sglang.get('error')}")
-    lines.append(
-        f"FLASHINFER_CUDA_ARCH_LIST={arch_list} (flashinfer compiles for these archs, not the GPUs')"
-        if arch_list
-        else "FLASHINFER_CUDA_ARCH_LIST unset: flashinfer compiles for the GPUs' own archs"
-    )
-    return lines
-
-
 _NO_COMPILE = (
     "no compile was tried: flashinfer's JIT filters its target archs by these majors and raises "
     "`No supported CUDA architectures found for major versions [...]` before nvcc runs "
@@ -134,7 +72,7 @@ def judge_fusion_gate(
 ) -> Result | None:
     """The verdict when the fused path cannot run here (or cannot be located), else None: the arch
     gate, read from the installed flashinfer's own code, against each GPU's major."""
-    evidence = _gate_evidence(gate, capabilities, source, arch_list)
+    evidence = gate_evidence(gate, capabilities, source, arch_list)
     supported = gate.flashinfer.get("supported_majors")
     data: dict[str, Any] = {
         "gate": dict(gate.flashinfer),
@@ -152,11 +90,11 @@ def judge_fusion_gate(
             _GATE_FIX if absent else Fix(_UNKNOWN, ("stackgate verify --check flashinfer.cubin",)),
             data,
         )
-    majors = {int(cc.split(".")[0]) for cc in capabilities if cc.split(".")[0].isdigit()}
-    problem = fusion_arch_problem(majors, supported, arch_list)
+    problem = fusion_arch_problem(majors_of(capabilities), supported, arch_list)
     if problem is None:
         return None
     data["defines"] = {"allreduce_fusion": f"no-op: {problem}"}
+    data["refused_by"] = "flashinfer"
     summary = f"the fused path cannot run here: {problem}: {FUSION_FLAG} is a no-op on this machine"
     fix = Fix(
         f"Drop {FUSION_FLAG} from [smoke] flags for this hardware (the TP all-reduce then runs on NCCL, as it "
@@ -228,9 +166,11 @@ def _fusion_wrong(run: FusionRun, atol: float) -> list[str]:
     return wrong
 
 
-def judge_fusion(run: FusionRun, jit: JitContext, spec: Spec) -> Result:
-    """The fusion verdict, once the arch gate passed: a failed or hung run, wrong outputs fail;
-    a fused path slower than the unfused one warns; else the figures per token count."""
+def judge_fusion(run: FusionRun, jit: JitContext, spec: Spec, refusal: str | None = None) -> Result:
+    """The fusion verdict, once flashinfer's arch gate passed: a failed or hung run, wrong outputs fail;
+    a fused path that the serving engine refuses in production (``refusal``, from
+    :func:`~stackgate.checks.fusiongate.engine_refusal`) or that is slower than the unfused one warns;
+    else the figures per token count."""
     atol = fusion_atol(run.request.world)
     data = _fusion_data(run, atol)
     if run.returncode is None:
@@ -253,7 +193,19 @@ def judge_fusion(run: FusionRun, jit: JitContext, spec: Spec) -> Result:
     data["defines"] = {
         "allreduce_fusion": f"runs on {run.request.world} ranks: fused outputs match NCCL + residual + RMSNorm"
     }
+    data["refused_by"] = "sglang" if refusal else None
     lines = [*_fusion_lines(run), *jit.lines()]
+    if refusal is not None:
+        return warned(
+            f"flashinfer's fused kernel runs here ({_fusion_summary(run, jit)}), but in production {refusal}",
+            lines,
+            Fix(
+                f"Keep {FUSION_FLAG} out of [smoke] flags with this sglang: the gain above needs an sglang whose "
+                "gate admits this GPU.",
+                ("stackgate verify --check engine.fusion_gate",),
+            ),
+            data,
+        )
     slower = [t for t in run.tokens if t.speedup is not None and t.speedup < 1]
     if slower:
         return warned(
@@ -328,7 +280,7 @@ def allreduce_fusion(spec: Spec, facts: Facts) -> Result:
     if FUSION_FLAG not in spec.smoke.flags:
         return skipped(f"the lock's [smoke] flags do not include {FUSION_FLAG}: no fused path to prove")
     env = flashinfer_env(spec, facts)
-    capabilities, source = _gpu_capabilities(facts, spec)
+    capabilities, source = gpu_capabilities(facts, spec)
     gate = read_gate(spec.python.target, env)
     verdict = judge_fusion_gate(
         gate, capabilities, source, env.get("FLASHINFER_CUDA_ARCH_LIST"), spec.deep.fusion.unsupported
@@ -349,5 +301,6 @@ def allreduce_fusion(spec: Spec, facts: Facts) -> Result:
         env,
         fusion.jit_timeout_s + settings.DEEP_TIMEOUT_S.value(),
     )
-    result = judge_fusion(run, _jit_context(spec, facts, env, fusion.jit_timeout_s), spec)
+    refusal = engine_refusal(gate.sglang, majors_of(capabilities))
+    result = judge_fusion(run, _jit_context(spec, facts, env, fusion.jit_timeout_s), spec, refusal)
     return looked_up(result, facts, _run_output(run.begin, run.failures, run.tail), _LOOKS)

@@ -10,11 +10,12 @@ import difflib
 from types import MappingProxyType
 
 from stackgate.models.engines import sglang, vllm
-from stackgate.models.engines.base import NATIVE_GENERATE, OPENAI_COMPLETIONS, Decline, Engine, Phase
+from stackgate.models.engines.base import NATIVE_GENERATE, OPENAI_CHAT, OPENAI_COMPLETIONS, Decline, Engine, Phase
 
 __all__ = [
     "ENGINES",
     "NATIVE_GENERATE",
+    "OPENAI_CHAT",
     "OPENAI_COMPLETIONS",
     "Decline",
     "Engine",

@@ -9,17 +9,22 @@ Each engine module fills one :class:`Engine` from the released wheel it names in
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
-__all__ = ["NATIVE_GENERATE", "OPENAI_COMPLETIONS", "Decline", "Engine", "Phase"]
+from packaging.version import InvalidVersion, Version
+
+__all__ = ["NATIVE_GENERATE", "OPENAI_CHAT", "OPENAI_COMPLETIONS", "Decline", "Engine", "Phase", "Release"]
 
 #: SGLang's own ``POST /generate`` (``text``, ``sampling_params``), cumulative events with ``meta_info``.
 NATIVE_GENERATE = "sglang-generate"
 #: The OpenAI-compatible ``POST /v1/completions`` with ``stream: true``: SSE ``data:`` chunks, then ``[DONE]``.
 OPENAI_COMPLETIONS = "openai-completions"
+#: The OpenAI-compatible ``POST /v1/chat/completions``: the server applies the model's chat template.
+OPENAI_CHAT = "openai-chat"
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,16 @@ class Decline:
     pattern: str
     component: str
     why: str
+
+
+@dataclass(frozen=True)
+class Release:
+    """What a later release of an engine says differently, as its own wheel defines it: each field
+    left "" keeps the engine's (or the previous release's) value."""
+
+    version: str  #: the first release that speaks so
+    source: str  #: where in that release's wheel it was read
+    fusion_evidence: str = ""
 
 
 def _empty() -> Mapping[str, str]:
@@ -77,6 +92,33 @@ class Engine:
     fusion_env: Mapping[str, str] = field(default_factory=_empty)  #: what the server needs to write the evidence
     declines: tuple[Decline, ...] = ()
     backend_finding: str = ""  #: the knowledge base's finding for "no backend asked, the engine chose one"
+    distribution: str = ""  #: the distribution that installs it ("": its name)
+    releases: tuple[Release, ...] = ()  #: later releases' differences, oldest first
+
+    def at(self, installed: str | None) -> Engine:
+        """This engine as the ``installed`` release speaks: every release up to it applied in turn
+        (None, or a version that does not parse: as described, from ``version``'s wheel).
+
+        >>> e = Engine("x", "X", "1.0", "", (), "", "", "", "", 1, (), "", (), {}, "", "", fusion_evidence="old",
+        ...            releases=(Release("1.2", "x-1.2 wheel", fusion_evidence="new"),))
+        >>> [e.at(v).fusion_evidence for v in ("1.1", "1.2", "2.0", None)], e.at("1.2").version
+        (['old', 'new', 'new', 'old'], '1.2')
+        """
+        try:
+            have = Version(installed) if installed else None
+        except InvalidVersion:
+            have = None
+        if have is None or have == Version(self.version):
+            return self
+        engine = dataclasses.replace(self, version=str(have))
+        for release in self.releases:
+            if Version(release.version) <= have:
+                changed = {f.name: getattr(release, f.name) for f in dataclasses.fields(release) if f.name != "version"}
+                engine = dataclasses.replace(engine, **{k: v for k, v in changed.items() if v})
+        return engine
+
+    metrics_path: str = "/metrics"  #: the Prometheus text exposition of the engine's own counters
+    metrics_flag: str = ""  #: the option without which the engine serves no metrics ("" when always served)
 
     @property
     def label(self) -> str:

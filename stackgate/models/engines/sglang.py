@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from stackgate.models.engines.base import NATIVE_GENERATE, Engine, Phase
+from stackgate.models.engines.base import NATIVE_GENERATE, Engine, Phase, Release
 
 __all__ = ["ENGINE"]
 
@@ -52,4 +52,14 @@ ENGINE = Engine(
     # layers/flashinfer_comm_fusion.py logs it at INFO once the fused all-reduce's workspace exists, per rank.
     fusion_evidence="FlashInfer workspace initialized for rank",
     backend_finding="sglang-attention-backend-default",
+    releases=(
+        Release(
+            "0.5.23",
+            "sglang-0.5.23 wheel: srt/layers/flashinfer_comm_fusion.py",
+            # logged at INFO once per process, when the fused all-reduce's workspace exists (line 580)
+            fusion_evidence="FlashInfer AllReduce Fusion enabled and workspace initialized: ",
+        ),
+    ),
+    # srt/entrypoints/http_server.py mounts /metrics only when --enable-metrics is given.
+    metrics_flag="--enable-metrics",
 )

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from stackgate.models.spec.accuracy import Accuracy
 from stackgate.models.spec.locate import (
     DEFAULT_SPEC,
     LOCAL_SPEC,
@@ -49,6 +50,7 @@ __all__ = [
     "PYPI_CUDA12_REASON",
     "SHELL_REFERENCE",
     "SYSTEM_SPEC",
+    "Accuracy",
     "Benchmark",
     "Capability",
     "DeepAttention",

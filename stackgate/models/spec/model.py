@@ -19,6 +19,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from stackgate.models import engines
+from stackgate.models.spec.accuracy import Accuracy
 from stackgate.models.spec.reader import Table, kind_of
 from stackgate.models.spec.rules import (
     check_sha256,
@@ -28,6 +29,8 @@ from stackgate.models.spec.rules import (
     resolve_path,
     resolve_references,
 )
+from stackgate.models.spec.slurm import Slurm
+from stackgate.models.spec.sweep import Sweep
 
 __all__ = [
     "CUDA_LINK_POLICIES",
@@ -525,6 +528,7 @@ class Speculative:
     num_steps: int | None = None
     eagle_topk: int | None = None
     num_draft_tokens: int | None = None
+    min_accept_length: float | None = None  #: the lowest mean acceptance length that passes (tokens per verify)
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -560,6 +564,7 @@ class Speculative:
             num_steps=t.positive("num_steps", int, None),
             eagle_topk=t.positive("eagle_topk", int, None),
             num_draft_tokens=t.positive("num_draft_tokens", int, None),
+            min_accept_length=t.positive("min_accept_length", float, None),
         )
         t.finish()
         return speculative if algorithm else None
@@ -615,6 +620,7 @@ class Smoke:
     compare: Compare | None = None
     fast_layers: int = 4  #: layers that fast mode keeps of the model's own architecture
     stop_grace_s: float = 15.0  #: SIGTERM to SIGKILL; longer than SGLang's 5 s drain poll
+    sweep: Sweep = field(default_factory=Sweep)  #: [smoke.sweep] (models/spec/sweep.py)
 
     @property
     def load_silence_s(self) -> float:
@@ -669,6 +675,7 @@ class Smoke:
             compare=Compare._from_table(t.sub("compare")) if "compare" in t.data else None,
             fast_layers=t.positive("fast_layers", int, 4) or 4,
             stop_grace_s=t.positive("stop_grace_s", float, 15.0) or 15.0,
+            sweep=Sweep._from_table(t.sub("sweep")),
         )
         t.finish()
         return smoke
@@ -718,6 +725,8 @@ def _strings_table(t: Table) -> dict[str, str]:
     return values
 
 
+#: [benchmark] api: the engine's own streaming API, or the OpenAI-compatible chat endpoint.
+BENCHMARK_APIS = ("native", "chat")
 #: A stream silent for this many expected inter-token gaps has stopped (see Benchmark.stream_idle_s).
 STREAM_IDLE_GAPS = 100
 
@@ -732,6 +741,7 @@ class Benchmark:
     prompt: str = "Write a long story about a lighthouse keeper."
     stream_idle_floor_s: float = 15.0  #: the shortest silence inside a stream that ends it
     max_runs: int | None = None  #: the cap on runs while the 95% interval spans the floor (default: twice runs)
+    api: str = "native"  #: "native": the engine's own streaming API; "chat": /v1/chat/completions
 
     @property
     def floor_tok_s(self) -> float | None:
@@ -774,7 +784,9 @@ class Benchmark:
             prompt=t.get("prompt", str, cls.prompt) or cls.prompt,
             stream_idle_floor_s=t.positive("stream_idle_floor_s", float, None) or cls.stream_idle_floor_s,
             max_runs=max_runs if max_runs is not None and max_runs >= runs else None,
+            api=t.get("api", str, "native") or "native",
         )
+        t.choice("api", benchmark.api, BENCHMARK_APIS)
         t.finish()
         return benchmark
 
@@ -946,6 +958,8 @@ class Spec:
     smoke: Smoke
     benchmark: Benchmark
     deep: Deep = field(default_factory=Deep)
+    slurm: Slurm = field(default_factory=Slurm)
+    accuracy: Accuracy = field(default_factory=Accuracy)
 
     @property
     def name(self) -> str:
@@ -969,11 +983,15 @@ class Spec:
         smoke = Smoke._from_table(top.sub("smoke"), hardware)
         benchmark = Benchmark._from_table(top.sub("benchmark"))
         deep = Deep._from_table(top.sub("deep"))
+        slurm = Slurm._from_table(top.sub("slurm"))
+        accuracy = Accuracy._from_table(top.sub("accuracy"))
         env = _env(top.sub("env"), stack, toolkits, python)
         top.finish()
         if top.errors:
             return None
-        return cls(path, sha256, stack, hardware, toolkits, python, patches, env, nccl, smoke, benchmark, deep)
+        return cls(
+            path, sha256, stack, hardware, toolkits, python, patches, env, nccl, smoke, benchmark, deep, slurm, accuracy
+        )
 
 
 def _env(t: Table, stack: Stack, toolkits: tuple[Toolkit, ...], python: Python) -> Mapping[str, str]:

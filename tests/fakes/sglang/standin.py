@@ -20,6 +20,23 @@ It speaks what the real server speaks (read from the 0.5.9 wheel):
   it drains, polling every 5 s, then kills its own tree with SIGKILL, as SGLang does; a fatal
   error also ends in SIGKILL of the tree.
 
+- with --enable-metrics, /metrics answers the Prometheus text format prometheus_client writes
+  there: ``sglang:*`` families with HELP and TYPE, every series labelled model_name, engine_type,
+  tp_rank and pp_rank (srt/observability/metrics_collector.py): request and token counters, the
+  running-request gauge, and with speculative decoding ``sglang:spec_accept_length`` and
+  ``sglang:spec_accept_rate``; without the flag it answers 404;
+- with speculative decoding on, each decode event is one verify step that carries that step's
+  accepted tokens ("accept_lengths", cycled), and meta_info carries ``spec_verify_ct``,
+  ``spec_accept_length`` (completion_tokens / spec_verify_ct) and ``spec_accept_rate``
+  (tokenizer_manager.py);
+- /v1/chat/completions (OpenAI-compatible, serving_chat.py) applies a chat template to the
+  messages and streams ``chat.completion.chunk`` objects (a first chunk with the assistant role,
+  ``usage`` on every chunk with ``stream_options.continuous_usage_stats``, a usage-only chunk with
+  ``include_usage``, then ``[DONE]``), or answers one ``chat.completion``;
+- a prompt of stackgate's shipped accuracy set is answered with its expected answer, stopped
+  before the newline as ``stop: ["\n"]`` does, except for the share "wrong_answer_rate" of the
+  set's prompts (chosen by a hash of the prompt, so greedy answers stay deterministic).
+
 Behaviour is set per test by a JSON file named in $STACKGATE_FAKE_SGLANG (see DEFAULTS), with
 "profiles" applying overrides when the command line matches (e.g. speculative decoding on).
 """
@@ -29,6 +46,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import re
 import secrets
 import signal
 import socket
@@ -59,6 +78,10 @@ DEFAULTS: dict[str, Any] = {
     "default_backend": "flashinfer",  # chosen when --attention-backend is absent
     "ignore_backend_flag": False,  # behave as if --attention-backend had not been given
     "evidence": True,  # log "FlashInfer workspace initialized" when fusion is on and TP > 1
+    # the release whose fusion evidence line is spoken: "0.5.9" (flashinfer_comm_fusion.py:73 of its wheel, per
+    # rank) or "0.5.23" (flashinfer_comm_fusion.py:580-583 of sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl,
+    # once per process, backend trtllm on SM90 single-node as _resolve_backend picks)
+    "release": "0.5.9",
     "resolve": {},  # server_info values that differ from what was asked
     "server_info_404": False,  # an older server: only /get_server_info
     "crash_at_start": None,  # {"phase": "load", "lines": [...]}: die (SIGKILL of the tree)
@@ -80,7 +103,31 @@ DEFAULTS: dict[str, Any] = {
     "gpu_state": None,  # the fake NVML's holders file
     "events": None,  # append JSON lines of what happened, with time.time()
     "profiles": [],  # [{"when": {"speculative_algorithm": "EAGLE3"}, "set": {...}}]
+    # Load (the request-rate sweep's stand-in): requests beyond max_running wait, first come first served, before
+    # their prefill; a prompt's prefill costs prefill_s_per_token for each word not in the prefix cache (every
+    # prefix of every prompt seen is cached); each inter-token gap is the rate's gap times a factor uniform in
+    # itl_spread ([low, high], seeded per stream): a known ITL distribution. With "timing", stream_done records
+    # the stand-in's own clock: when the request arrived, every event sent, the words cached and the queue wait.
+    "max_running": None,
+    "prefill_s_per_token": 0.0,
+    "itl_spread": None,
+    "itl_seed": 0,
+    "timing": False,
+    "accept_lengths": [3],  # with speculative decoding: the tokens each verify step accepts, in turn
+    "num_draft_tokens": 4,  # proposed per verify step (the accept rate's denominator, plus the bonus token)
+    "wrong_answer_rate": 0.0,  # the share of the accuracy set's prompts answered wrongly
+    "metrics_body": None,  # /metrics answers this text instead (a hostile exporter)
+    "metrics_404": False,  # /metrics is not found even with --enable-metrics (a proxy in front)
 }
+#: stackgate's shipped accuracy set: the prompts this "model" knows the answers to.
+ACCURACY = {
+    item["prompt"]: item["answer"]
+    for item in json.loads(
+        (Path(__file__).resolve().parents[3] / "stackgate" / "serve" / "accuracy.json").read_text(encoding="utf-8")
+    )["items"]
+}
+#: What the server counted, for /metrics.
+_COUNTS = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "verify": 0, "spec_tokens": 0}
 _WORDS = (
     "the",
     "keeper",
@@ -102,6 +149,9 @@ _WORDS = (
 _STATE: dict[str, Any] = {"status": "starting", "draining": False, "requests": 0, "active": 0, "streams": 0}
 _LOCK = threading.Lock()
 _CHILDREN: list[subprocess.Popen[bytes]] = []
+_CACHE: set[int] = set()  # the prefix cache: the hash of every prefix (in words) of every prompt prefilled
+_RUNNING: dict[str, threading.Semaphore] = {}
+_ACCEPTED: dict[Any, float] = {}  # a new connection's accept time, until its first request takes it
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 _SHOWN = {"log": 20, "http": 20}  # the lowest level written: --log-level, --log-level-http
 
@@ -299,7 +349,7 @@ def load(args: dict[str, Any], b: dict[str, Any]) -> None:
         inject(b, phase)
         if phase == "graphs" and fusion:
             for rank in range(tp):
-                log(f"FlashInfer workspace initialized for rank {rank}, world_size {tp}", rank, tp)
+                log(fusion_evidence(b["release"], rank, tp), rank, tp)
         for rank in range(tp):
             log(end, rank, tp)
     log(
@@ -333,6 +383,16 @@ def progress(seconds: float) -> None:
     sys.stderr.write("\n")
 
 
+def fusion_evidence(release: str, rank: int, tp: int) -> str:
+    """The line by which ``release`` says that its fused all-reduce's workspace exists."""
+    if release == "0.5.23":
+        return (
+            f"FlashInfer AllReduce Fusion enabled and workspace initialized: backend=trtllm, rank={rank}, "
+            f"world_size={tp}, max_token_num=2048, hidden_dim=4096"
+        )
+    return f"FlashInfer workspace initialized for rank {rank}, world_size {tp}"
+
+
 def inject(b: dict[str, Any], phase: str) -> None:
     crash = b["crash_at_start"]
     if crash and crash.get("phase", "load") == phase:
@@ -348,10 +408,19 @@ def inject(b: dict[str, Any], phase: str) -> None:
 # --- HTTP -------------------------------------------------------------------------------------
 
 
+class _Server(ThreadingHTTPServer):
+    """Stamps each connection when it is accepted, before its handler's thread starts: a request's arrival on the
+    stand-in's own clock (as uvicorn's event loop sees it), whatever the machine's load does to the thread's start."""
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        _ACCEPTED[client_address] = time.perf_counter()
+        super().process_request(request, client_address)
+
+
 def serve(args: dict[str, Any], b: dict[str, Any]) -> None:
     Handler.args, Handler.b = args, b
     try:
-        httpd = ThreadingHTTPServer((args["host"], args["port"]), Handler)
+        httpd = _Server((args["host"], args["port"]), Handler)
     except OSError as exc:
         uvicorn(
             "ERROR",
@@ -456,6 +525,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         if self.path in ("/health", "/health_generate"):
             self.health()
+        elif self.path == "/metrics" and self.args.get("enable_metrics") and not self.b["metrics_404"]:
+            self.metrics()
         elif self.path == "/model_info":
             self.reply(200, model_info(self.args))
         elif self.path == "/server_info" and not self.b["server_info_404"]:
@@ -473,6 +544,16 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self.reply(404, {"detail": "Not Found"})
 
+    def metrics(self) -> None:
+        body = self.b["metrics_body"]
+        data = (body if body is not None else exposition(self.args)).encode()
+        self.access(200)
+        self.send_response(200)
+        self.send_header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def health(self) -> None:
         if _STATE["draining"]:
             log("Health check request received during shutdown. Returning 503.")
@@ -484,26 +565,33 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(200)
 
     def do_POST(self) -> None:
+        self.received = _ACCEPTED.pop(self.client_address, None) or time.perf_counter()
         length = int(self.headers.get("content-length") or 0)
         request = json.loads(self.rfile.read(length) or b"{}")
         if not self.allowed():
             return
-        if self.path != "/generate":
+        if self.path not in ("/generate", "/v1/chat/completions"):
             self.reply(404, {"detail": "Not Found"})
             return
+        if self.path == "/v1/chat/completions":
+            request = chat_request(request)
         with _LOCK:
             _STATE["requests"] += 1
             _STATE["active"] += 1
         try:
-            if request.get("stream"):
+            if request.get("stream") and "chat" in request:
+                self.stream(request, chat_chunks)
+            elif request.get("stream"):
                 self.stream(request)
+            elif "chat" in request:
+                self.reply(200, chat_whole(generate_whole(request, self.args, self.b), request))
             else:
                 self.reply(200, generate_whole(request, self.args, self.b))
         finally:
             with _LOCK:
                 _STATE["active"] -= 1
 
-    def stream(self, request: dict[str, Any]) -> None:
+    def stream(self, request: dict[str, Any], shape: Any = None) -> None:
         self.access(200)
         self.send_response(200)
         self.send_header("content-type", "text/event-stream; charset=utf-8")
@@ -516,7 +604,9 @@ class Handler(BaseHTTPRequestHandler):
         sent: list[
             float
         ] = []  # time.perf_counter() (CLOCK_MONOTONIC, the client's clock too) just before each event is written
-        for payload in token_events(request, self.args, self.b, number):
+        load: dict[str, Any] = {}
+        events = token_events(request, self.args, self.b, number, load)
+        for payload in shape(events, request) if shape is not None else events:
             if self.cut(payload):
                 return
             sent.append(time.perf_counter())
@@ -531,12 +621,13 @@ class Handler(BaseHTTPRequestHandler):
             first_sent=sent[0] if sent else None,
             last_sent=sent[-1] if sent else None,
             events=len(sent),
+            **({"received": self.received, "sent": sent, **load} if self.b["timing"] else {}),
         )
 
     def cut(self, payload: bytes) -> bool:
         """Drop the connection mid-stream while the server stays up (a proxy's reset, a bug)."""
         cutting = self.b["cut_mid_stream"]
-        if not cutting or json.loads(payload)["meta_info"]["completion_tokens"] < cutting["after_tokens"]:
+        if not cutting or completion_tokens(payload) < cutting["after_tokens"]:
             return False
         event(self.b, "cut")
         self.close_connection = True
@@ -562,7 +653,9 @@ def token_ids(prompt: str, count: int, b: dict[str, Any], number: int) -> list[i
     return ids
 
 
-def meta(rid: str, count: int, prompt_tokens: int, finished: Any, started: float) -> dict[str, Any]:
+def meta(
+    rid: str, count: int, prompt_tokens: int, finished: Any, started: float, verify: int = 0, drafts: int = 4
+) -> dict[str, Any]:
     info: dict[str, Any] = {
         "id": rid,
         "finish_reason": finished,
@@ -572,9 +665,27 @@ def meta(rid: str, count: int, prompt_tokens: int, finished: Any, started: float
         "completion_tokens": count,
         "cached_tokens": 0,
     }
+    if verify:  # tokenizer_manager.py's speculative fields: accept length counts the bonus token
+        proposed = verify * (drafts - 1)
+        info.update(
+            spec_accept_rate=(count - verify) / proposed,
+            spec_accept_length=count / verify,
+            spec_num_correct_drafts=count - verify,
+            spec_num_proposed_drafts=proposed,
+            spec_verify_ct=verify,
+        )
     if finished is not None:
         info["e2e_latency"] = time.time() - started
     return info
+
+
+def count_request(prompt_tokens: int, tokens: int, verify: int) -> None:
+    with _LOCK:
+        _COUNTS["requests"] += 1
+        _COUNTS["prompt_tokens"] += prompt_tokens
+        _COUNTS["generation_tokens"] += tokens
+        _COUNTS["verify"] += verify
+        _COUNTS["spec_tokens"] += tokens if verify else 0
 
 
 def rate_now(b: dict[str, Any], number: int) -> float:
@@ -586,16 +697,61 @@ def rate_now(b: dict[str, Any], number: int) -> float:
     return float(chosen)
 
 
-def token_events(request: dict[str, Any], args: dict[str, Any], b: dict[str, Any], number: int) -> Any:
-    """The SSE payloads of one streamed generation, paced at the behaviour's rate."""
+def token_events(
+    request: dict[str, Any], args: dict[str, Any], b: dict[str, Any], number: int, load: dict[str, Any] | None = None
+) -> Any:
+    """The SSE payloads of one streamed generation, paced at the behaviour's rate (after its turn and prefill)."""
+    running = _running(b)
+    waited = time.perf_counter()
+    if running is not None:
+        running.acquire()
+    try:
+        yield from _decode(request, args, b, number, time.perf_counter() - waited, {} if load is None else load)
+    finally:
+        if running is not None:
+            running.release()
+
+
+def _running(b: dict[str, Any]) -> threading.Semaphore | None:
+    if not b["max_running"]:
+        return None
+    with _LOCK:
+        return _RUNNING.setdefault("slots", threading.Semaphore(int(b["max_running"])))
+
+
+def cached_words(words: list[str]) -> int:
+    """The prompt's longest prefix (in words) that the prefix cache holds; then every prefix of it is cached."""
+    hashes, h = [], 0
+    for word in words:
+        h = hash((h, word))
+        hashes.append(h)
+    with _LOCK:
+        hit = next((i + 1 for i in range(len(hashes) - 1, -1, -1) if hashes[i] in _CACHE), 0)
+        _CACHE.update(hashes)
+    return hit
+
+
+def _decode(
+    request: dict[str, Any], args: dict[str, Any], b: dict[str, Any], number: int, queued_s: float, load: dict[str, Any]
+) -> Any:
     params = request.get("sampling_params") or {}
     asked = int(params.get("max_new_tokens") or 16)
     total = max(0, asked - b["short_by"])
     prompt = request.get("text") or ""
     ids = token_ids(prompt, total, b, number)
     rid, started = f"{number:032x}", time.time()
-    burst, count, due = max(1, int(b["burst"])), 0, time.perf_counter() + b["ttft_s"]
+    words = prompt.split()
+    cached = cached_words(words) if b["prefill_s_per_token"] or b["timing"] else 0
+    prefill = b["ttft_s"] + b["prefill_s_per_token"] * (len(words) - cached)
+    load.update(prompt_crc=zlib.crc32(prompt.encode()), cached=cached, queued_s=queued_s)
+    spread = b["itl_spread"]
+    factor = random.Random(f"{b['itl_seed']}:{number}") if spread else None
+    burst, count, due = max(1, int(b["burst"])), 0, time.perf_counter() + prefill
+    speculating, verify = bool(args.get("speculative_algorithm")), 0
     while count < total:
+        if speculating:  # one event per verify step, carrying the tokens that step accepted
+            burst = int(b["accept_lengths"][verify % len(b["accept_lengths"])])
+            verify += 1
         step = min(burst, total - count)
         wait = due - time.perf_counter()
         if wait > 0:
@@ -612,11 +768,14 @@ def token_events(request: dict[str, Any], args: dict[str, Any], b: dict[str, Any
             {
                 "text": text,
                 "output_ids": ids[:count],
-                "meta_info": meta(rid, count, len(prompt.split()), finished, started),
+                "meta_info": meta(
+                    rid, count, len(prompt.split()), finished, started, verify, int(b["num_draft_tokens"])
+                ),
             },
             separators=(",", ":"),
         ).encode()
-        due += step / rate_now(b, number)
+        due += step / rate_now(b, number) * (factor.uniform(*spread) if factor is not None else 1.0)
+    count_request(len(prompt.split()), count, verify)
 
 
 def mid_stream(b: dict[str, Any], count: int) -> None:
@@ -634,6 +793,9 @@ def generate_whole(request: dict[str, Any], args: dict[str, Any], b: dict[str, A
     asked = int(params.get("max_new_tokens") or 16)
     prompt = request.get("text") or ""
     ids = token_ids(prompt, asked, b, 0)
+    answer = accuracy_answer(request.get("content", prompt), b)
+    if answer is not None:
+        ids = token_ids(answer, min(asked, len(answer.split()) + 1), b, 0)
     log(
         (
             f"Prefill batch, #new-seq: 1, #new-token: {len(prompt.split())}, #cached-token: 0, token usage: 0.00, "
@@ -643,13 +805,140 @@ def generate_whole(request: dict[str, Any], args: dict[str, Any], b: dict[str, A
         0,
         args["tp_size"],
     )
-    time.sleep(b["ttft_s"] + asked / b["rate"])
+    time.sleep(b["ttft_s"] + len(ids) / b["rate"])
     text = "".join(_WORDS[i % len(_WORDS)] + " " for i in ids)
+    finished: dict[str, Any] = {"type": "length", "length": asked}
+    if answer is not None:
+        text, finished = answer, {"type": "stop", "matched": "\n"}
+        if "\n" not in (params.get("stop") or ()):
+            text += "\n\nThat is the answer."
+    count_request(len(prompt.split()), len(ids), 0)
     return {
         "text": text,
         "output_ids": ids,
-        "meta_info": meta("0" * 32, asked, len(prompt.split()), {"type": "length", "length": asked}, time.time()),
+        "meta_info": meta("0" * 32, len(ids), len(prompt.split()), finished, time.time()),
     }
+
+
+def accuracy_answer(prompt: str, b: dict[str, Any]) -> str | None:
+    """The "model's" greedy answer to a prompt of the shipped accuracy set; None for any other prompt."""
+    if prompt not in ACCURACY:
+        return None
+    wrong = zlib.crc32(prompt.encode()) % 10000 < float(b["wrong_answer_rate"]) * 10000
+    return " I am not sure" if wrong else f" {ACCURACY[prompt]}"
+
+
+# --- the OpenAI-compatible chat endpoint ------------------------------------------------------
+
+
+def chat_request(request: dict[str, Any]) -> dict[str, Any]:
+    """A chat request as the native generation it becomes: the messages through the chat template."""
+    messages = request.get("messages") or []
+    text = "".join(f"<|im_start|>{m.get('role')}\n{m.get('content')}<|im_end|>\n" for m in messages)
+    params = {
+        "max_new_tokens": request.get("max_completion_tokens") or request.get("max_tokens") or 16,
+        "temperature": request.get("temperature", 1.0),
+        "ignore_eos": bool(request.get("ignore_eos")),
+        "stop": request.get("stop"),
+    }
+    return {
+        "chat": True,
+        "text": text + "<|im_start|>assistant\n",
+        "content": messages[-1].get("content") if messages else "",
+        "model": request.get("model") or "default",
+        "sampling_params": params,
+        "stream": bool(request.get("stream")),
+        "stream_options": request.get("stream_options") or {},
+    }
+
+
+def completion_tokens(payload: bytes) -> int:
+    found = re.findall(rb'"completion_tokens":\s*(\d+)', payload)
+    return int(found[-1]) if found else 0
+
+
+def chat_chunks(events: Any, request: dict[str, Any]) -> Any:
+    """Native events re-shaped into ``chat.completion.chunk`` objects, as serving_chat.py streams them."""
+    options = request["stream_options"]
+    continuous, include = bool(options.get("continuous_usage_stats")), bool(options.get("include_usage"))
+    base = {"id": f"{secrets.token_hex(16)}", "object": "chat.completion.chunk", "created": int(time.time())}
+    base["model"] = request["model"]
+    prompt_tokens, sent, usage = len(request["text"].split()), 0, None
+
+    def chunk(delta: dict[str, Any], reason: Any, completion: int) -> bytes:
+        nonlocal usage
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion}
+        usage["total_tokens"] = prompt_tokens + completion
+        body = {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]}
+        if continuous:
+            body["usage"] = usage
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    yield chunk({"role": "assistant", "content": ""}, None, 0)
+    for payload in events:
+        event = json.loads(payload)
+        info = event["meta_info"]
+        finished = info["finish_reason"]
+        reason = None if finished is None else finished["type"]
+        yield chunk({"content": event["text"][sent:]}, reason, info["completion_tokens"])
+        sent = len(event["text"])
+    if include and usage is not None:
+        yield json.dumps({**base, "choices": [], "usage": usage}, separators=(",", ":")).encode()
+
+
+def chat_whole(native: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+    """A native answer as one ``chat.completion``."""
+    info = native["meta_info"]
+    prompt_tokens = len(request["text"].split())
+    return {
+        "id": secrets.token_hex(16),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": request["model"],
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": native["text"], "reasoning_content": None},
+                "logprobs": None,
+                "finish_reason": info["finish_reason"]["type"],
+                "matched_stop": info["finish_reason"].get("matched"),
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": info["completion_tokens"],
+            "total_tokens": prompt_tokens + info["completion_tokens"],
+        },
+    }
+
+
+# --- /metrics ---------------------------------------------------------------------------------
+
+
+def exposition(args: dict[str, Any]) -> str:
+    """The Prometheus text format as prometheus_client writes SGLang's families (multiprocess mode)."""
+    model = str(args["served_model_name"]).replace("\\", "\\\\").replace('"', '\\"')
+    tokenizer = f'engine_type="unified",model_name="{model}"'
+    ranks = [f'engine_type="unified",model_name="{model}",pp_rank="0",tp_rank="{r}"' for r in range(args["tp_size"])]
+    with _LOCK:
+        counts = dict(_COUNTS)
+    one = f"{{{tokenizer}}}"
+    running = [f"{{{r}}} {float(_STATE['active'])}" for r in ranks]
+    families: list[tuple[str, str, str, list[str]]] = [
+        ("sglang:num_requests", "counter", "Number of requests processed.", [f"{one} {counts['requests']}.0"]),
+        ("sglang:prompt_tokens", "counter", "Number of prefill tokens.", [f"{one} {counts['prompt_tokens']}.0"]),
+        ("sglang:generation_tokens", "counter", "Generated tokens.", [f"{one} {counts['generation_tokens']}.0"]),
+        ("sglang:num_running_reqs", "gauge", "The number of running requests.", running),
+    ]
+    if args.get("speculative_algorithm"):
+        length = (counts["spec_tokens"] / counts["verify"]) if counts["verify"] else 0.0
+        doc = "Mean acceptance length of speculative decoding."
+        families.append(("sglang:spec_accept_length", "gauge", doc, [f"{{{r}}} {length}" for r in ranks]))
+    lines = []
+    for name, kind, doc, samples in families:
+        full = f"{name}_total" if kind == "counter" else name  # prometheus_client names a counter's family so
+        lines += [f"# HELP {full} {doc}", f"# TYPE {full} {kind}", *(f"{full}{sample}" for sample in samples)]
+    return "\n".join(lines) + "\n"
 
 
 def model_info(args: dict[str, Any]) -> dict[str, Any]:
