@@ -16,6 +16,7 @@ import pytest
 from smoke_support import ROOT, assert_nothing_left, by_name
 from specs import minimal_spec
 
+from stackgate.models.exitcodes import UsageError
 from stackgate.models.result import Status
 from stackgate.models.spec import SpecError, loads_spec
 from stackgate.models.spec.sweep import Sweep
@@ -142,7 +143,7 @@ def test_a_sharegpt_dataset_gives_prompts_and_reply_lengths(tmp_path):
 )
 def test_a_hostile_dataset_is_refused_naming_where(tmp_path, content, want):
     (tmp_path / "chats.json").write_bytes(content)
-    with pytest.raises(prompts.PromptsError) as caught:
+    with pytest.raises(UsageError) as caught:
         prompts.prompt_maker(Sweep(dataset="chats.json"), tmp_path / "stackgate.toml")
     assert str(caught.value).startswith(f"smoke.sweep.dataset: {tmp_path / 'chats.json'}: ")
     assert want in str(caught.value)
@@ -244,7 +245,6 @@ def test_goodput_above_the_floor_passes(rig):
 
 def test_the_rates_option_is_parsed_and_checked():
     from stackgate.commands.smoke import parse_rates
-    from stackgate.models.exitcodes import UsageError
 
     assert parse_rates("2, 4.5") == (2.0, 4.5)
     for bad in ("2,x", "0", "nan", "-1"):

@@ -26,7 +26,7 @@ from stackgate.facts.engineversion import installed_version
 from stackgate.flows import smokesweep
 from stackgate.flows.smokereports import EngineReport, acceptance_result, accuracy_result, api_of, metrics_result
 from stackgate.models import envfile, knowledge, runenv, secretargs, settings
-from stackgate.models.exitcodes import ExitCode
+from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.finding import Finding, Fix
 from stackgate.models.redact import redact
 from stackgate.models.result import Result, Status, failed, passed, skipped, warned
@@ -37,7 +37,7 @@ from stackgate.render.benchtables import latency_ms
 from stackgate.render.ui import UI
 from stackgate.serve import bench, fastmode, launch, launched, quality
 from stackgate.serve.launch import Config, LaunchError
-from stackgate.serve.prompts import PromptMaker, PromptsError
+from stackgate.serve.prompts import PromptMaker
 from stackgate.serve.ready import Monitor, Readiness, wait_ready
 from stackgate.serve.sweep import SweepRun
 
@@ -265,7 +265,7 @@ def run_smoke(
     rates = smokesweep.rates(spec, request.rates, request.measures)
     try:
         maker = smokesweep.prompts(spec, rates)
-    except PromptsError as exc:
+    except UsageError as exc:  # the dataset cannot be used: the gate records it as it records a launch
         raise LaunchError(f"{exc}; nothing was launched") from exc
     launched.reap_and_tell(ui.warn)  # what a run killed outright left running (its port, its GPUs)
     environ = dict(os.environ if environ is None else environ)
