@@ -13,6 +13,7 @@ import hashlib
 import html
 import http.server
 import json
+import platform
 import threading
 import urllib.parse
 import zipfile
@@ -32,6 +33,7 @@ __all__ = [
     "lock_stack",
     "serve_stack",
     "stack_wheels",
+    "write_sglang0523_spec",
     "write_stack_lock",
 ]
 
@@ -159,7 +161,59 @@ def stack_wheels() -> dict[str, list[Wheel]]:
         Wheel("filelock", "3.19.1"),
     ]
     url = [Wheel("sgl-kernel", "0.3.21+cu130", tag="cp310-abi3-manylinux2014_x86_64", module="sgl_kernel")]
-    return {"pypi": pypi, "cu130": cu130, "url": url}
+    return {"pypi": pypi, "cu130": cu130, "url": url, "pypi523": sglang0523_wheels()}
+
+
+def sglang0523_wheels() -> list[Wheel]:
+    """The SGLang 0.5.23 stack as PyPI serves it (an index of its own): each stand-in carries the
+    requirements its real wheel's METADATA declares for the stack's core (sglang-0.5.23 METADATA lines
+    223, 232, 273, 281, 283; torch-2.14.1 lines 124, 128, 130, cuda-toolkit[cudart]==13.0.3 taken as
+    the nvidia-cuda-runtime it brings; sglang-kernel-0.4.10 line 214; torchaudio-2.11.0 declares
+    nothing), with the real tags where a floor hangs on them (sglang's manylinux_2_34)."""
+    python = "cp" + "".join(platform.python_version_tuple()[:2])
+    return [
+        Wheel("filelock", "3.20.0"),
+        _torch(
+            "2.14.1",
+            "13.0",
+            [
+                "filelock",
+                "nvidia-cuda-runtime==13.0.96; platform_system == 'Linux'",
+                "nvidia-nccl-cu13==2.30.7; platform_system == 'Linux'",
+                "triton~=3.8.0; platform_system == 'Linux'",
+            ],
+        ),
+        Wheel("nvidia-cuda-runtime", "13.0.96", module="nvidia_cuda_runtime"),
+        Wheel("nvidia-nccl-cu13", "2.30.7", module="nvidia_nccl_cu13"),
+        Wheel("triton", "3.8.0"),
+        Wheel("torchaudio", "2.11.0"),  # no Requires-Dist: it does not pin torch
+        Wheel("torchvision", "0.29.2", ("torch==2.14.1",)),
+        Wheel("cuda-python", "13.0.0", module="cuda"),
+        Wheel("flashinfer-python", "0.7.2", ("torch", "cuda-python>=12.0"), module="flashinfer"),
+        Wheel("flashinfer-cubin", "0.6.13"),  # the last one PyPI has
+        Wheel("sgl-kernel", "0.3.21"),
+        Wheel(
+            "sglang-kernel", "0.4.10", ("torch==2.14.1",), tag="cp310-abi3-manylinux2014_x86_64", module="sgl_kernel"
+        ),
+        Wheel(
+            "sglang",
+            "0.5.23",
+            (
+                "cuda-python>=13.0",
+                "flashinfer_python==0.7.2",
+                "sglang-kernel==0.4.10",
+                "torch==2.14.1",
+                "torchaudio==2.11.0",
+            ),
+            tag=f"{python}-{python}-manylinux_2_34_x86_64",
+        ),
+        # A package that drops a file into sgl_kernel/ (what a second kernel distribution does).
+        Wheel("kernel-plugin", "1.0", files=(("sgl_kernel/plugin.py", "# not sglang-kernel's\n"),)),
+        # A package that makes every start of the environment's interpreter take 3 s (a .pth line runs at start).
+        Wheel("slow-start", "1.0", files=(("slow_start.pth", "import time; time.sleep(3)\n"),)),
+        # A package whose only wheel needs a glibc newer than this machine's (uv targets up to 2.40).
+        Wheel("future-glibc", "1.0", tag="py3-none-manylinux_2_40_x86_64"),
+    ]
 
 
 @dataclass
@@ -316,7 +370,6 @@ def write_stack_lock(
     ``sha256=""`` puts the real digest of the sgl-kernel wheel; None leaves it out.
     ``resolve_with``: an installer environment to make its pylock with (:func:`lock_stack`).
     """
-    import platform
 
     version = python or ".".join(platform.python_version_tuple()[:2])
     digest = sgl_kernel_sha256(server) if sha256 == "" else sha256
@@ -376,6 +429,59 @@ CUDA_HOME = "{{toolkit.default}}"
 TRITON_PTXAS_PATH = "{{toolkit.default}}/bin/ptxas"
 {env_lines}"""
     path.write_text(text)
+    if resolve_with is not None:
+        lock_stack(path, resolve_with)
+    return path
+
+
+def write_sglang0523_spec(
+    path: Path,
+    server: IndexServer,
+    root: Path,
+    *,
+    extra_packages: dict[str, str] | None = None,
+    platform_tag: str = "x86_64-manylinux_2_34",
+    resolve_with: Mapping[str, str] | None = None,
+) -> Path:
+    """A spec of the SGLang 0.5.23 stack (the shipped blackwell-sm120-cu130-sglang0523 profile's
+    shape: one index, no override, no flashinfer-cubin) served by ``server``."""
+    version = ".".join(platform.python_version_tuple()[:2])
+    packages = {
+        "torch": "==2.14.1",
+        "torchaudio": "==2.11.0",
+        "triton": "==3.8.0",
+        "nvidia-nccl-cu13": "==2.30.7",
+        "flashinfer-python": "==0.7.2",
+        "sglang-kernel": "==0.4.10",
+        "sglang": "==0.5.23",
+        **(extra_packages or {}),
+    }
+    pins = "".join(f'{name} = "{spec}"\n' for name, spec in packages.items())
+    path.write_text(f"""# A test spec: the SGLang 0.5.23 profile's shape, served from {server.url}
+[stack]
+name = "test-stack-0523"
+
+[hardware]
+gpu_count = 1
+compute_capability = "12.0"
+gpu_name = "RTX PRO 6000"
+min_driver = "580.65.06"
+
+{DEFAULT_TOOLKIT}
+[python]
+version = "{version}"
+platform = "{platform_tag}"
+root = "{root}"
+default_index = "{server.simple("pypi523")}"
+
+[python.packages]
+{pins}
+[python.guard]
+frozen = ["torch", "torchaudio", "triton", "nvidia-nccl-cu13"]
+
+[env]
+CUDA_HOME = "{{toolkit.default}}"
+""")
     if resolve_with is not None:
         lock_stack(path, resolve_with)
     return path

@@ -330,8 +330,15 @@ def test_init_lists_the_shipped_profiles_and_copies_one_out_with_its_pylock(tmp_
     rows = {
         line.split()[0]: line for line in listed.stdout.splitlines() if line and not line.startswith(("copy", "or "))
     }
-    assert set(rows) == {"blackwell-sm120-cu128", "blackwell-sm120-cu130", "hopper-sm90-cu130"}
+    assert set(rows) == {
+        "blackwell-sm120-cu128",
+        "blackwell-sm120-cu130",
+        "blackwell-sm120-cu130-sglang0523",
+        "hopper-sm90-cu130",
+    }
     assert "(the default)" in rows["blackwell-sm120-cu130"] and "[pylock]" in rows["blackwell-sm120-cu128"]
+    assert "SGLang 0.5.23 (torch 2.14.1 cu130" in rows["blackwell-sm120-cu130-sglang0523"]
+    assert "[pylock]" in rows["blackwell-sm120-cu130-sglang0523"]
     assert "1x H200 (SM90), CUDA 13.0, the image's torch 2.11.0+cu130" in rows["hopper-sm90-cu130"]
 
     copied = stackgate("init", "--profile", "blackwell-sm120-cu128", cwd=tmp_path)

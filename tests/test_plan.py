@@ -179,7 +179,7 @@ def test_the_plan_reads_as_steps_with_why_and_exact_commands(
             "       why: exactly the pylock: nothing missing, nothing extra (resolved with override "
             "flashinfer-python==0.6.4: sglang 0.5.9 pins flashinfer_python==0.6.3; the stack runs 0.6.4; "
             "override flashinfer-cubin==0.6.4: sglang 0.5.9 pins flashinfer_cubin==0.6.3; it must equal "
-            "flashinfer-python)",
+            "flashinfer-python); then sgl_kernel/ holds exactly its owner's RECORD",
             f"       $ {pip} --no-deps --require-hashes --only-binary :all: --index-url http://INDEX/pypi/simple "
             f"--extra-index-url http://INDEX/cu130/simple --requirement {home}/requirements.txt",
             "  6. [python] write 0001-20250101T000000/stackgate.env, activate and pip.conf",

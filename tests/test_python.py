@@ -287,6 +287,33 @@ def test_python_locked_names_every_difference_from_the_pylock(tmp_path):
     assert result.fix is not None and result.fix.commands == ("stackgate provision --only python",)
 
 
+def test_python_locked_reads_wheel_tags_as_the_real_wheels_write_them(tmp_path):
+    # As a real provision of the cu128 profile installed them: hf-transfer 0.1.9's WHEEL (maturin) holds
+    # a compressed tag set on one line; sgl-kernel 0.3.21's and torch-memory-saver 0.0.9's say
+    # linux_x86_64 under a manylinux2014 file name. Each is the locked file; another architecture is not.
+    python, site = make_venv(tmp_path / "env")
+    shipped = {
+        "hf-transfer": ("0.1.9", "cp38-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64"),
+        "sgl-kernel": ("0.3.21", "cp310-abi3-linux_x86_64"),
+        "torch-memory-saver": ("0.0.9", "cp39-abi3-linux_x86_64"),
+        "triton": ("3.5.1", "cp311-cp311-linux_aarch64"),
+    }
+    for name, (version, tag) in shipped.items():
+        info = f"{name.replace('-', '_')}-{version}.dist-info/WHEEL"
+        install_dist(site, name, version, files={info: _wheel(tag)})
+    locked = (
+        _locked("hf-transfer", "0.1.9", "hf_transfer-0.1.9-cp38-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl")
+        + _locked("sgl-kernel", "0.3.21", "sgl_kernel-0.3.21-cp310-abi3-manylinux2014_x86_64.whl")
+        + _locked("torch-memory-saver", "0.0.9", "torch_memory_saver-0.0.9-cp39-abi3-manylinux2014_x86_64.whl")
+        + _locked("triton", "3.5.1", "triton-3.5.1-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl")
+    )
+    result, _ = run("python.locked", _pylocked(tmp_path, python, 'torch = "==2.9.1"', locked))
+    assert result.details == (
+        "triton 3.5.1 was installed from a wheel tagged cp311-cp311-linux_aarch64, not from the pylock's "
+        "triton-3.5.1-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+    ), result.details
+
+
 def test_python_locked_passes_on_exactly_the_pylock_and_warns_when_the_spec_moved_on(tmp_path):
     python, site = make_venv(tmp_path / "env")
     kernel = "sgl_kernel-0.3.21+cu130-cp310-abi3-manylinux2014_x86_64.whl"

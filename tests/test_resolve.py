@@ -312,4 +312,8 @@ def test_the_shipped_specs_with_a_pylock_pass_check(capsys: pytest.CaptureFixtur
     assert code == ExitCode.PASSED, err
     assert "pylock.blackwell-sm120-cu128.toml matches blackwell-sm120-cu128.toml: " in out
     assert "blackwell-sm120-cu130.toml: no pylock (pylock.blackwell-sm120-cu130.toml); not checked" in out
+    assert (
+        "pylock.blackwell-sm120-cu130-sglang0523.toml matches blackwell-sm120-cu130-sglang0523.toml: "
+        "207 distributions, 228 files" in out
+    )
     assert load_spec(ROOT / "lockfiles" / "blackwell-sm120-cu128.toml").python.platform == "x86_64-manylinux_2_28"

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import pytest
 from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
-from pkgindex import IndexServer, lock_stack, write_stack_lock
+from pkgindex import IndexServer, lock_stack, write_sglang0523_spec, write_stack_lock
 from smoke_support import FAKES, Rig, assert_nothing_left, dead_runs_server, free_port, kill_leftovers, living
 from support import run_program
 
@@ -65,8 +65,15 @@ def _spec(
         text = text.split("[[python.override]]")[0] + "[env]" + text.split("[env]", 1)[1]
     for key, value in hardware.items():
         text = text.replace(f"{key} = ", f"{key} = {value}\n# was: {key} = ", 1)
+    path.write_text(text + _smoke(rig, backend=backend, tp=tp, fusion=fusion) + tail)
+    lock_stack(path, environ)
+    return path
+
+
+def _smoke(rig: Rig, *, backend: str, tp: int, fusion: bool) -> str:
+    """A spec's [smoke], [smoke.env] and [benchmark]: the stand-in launched with ``backend`` on ``tp`` GPUs."""
     bench = "\n".join(f"{k} = {v}" for k, v in BENCH.items())
-    text += textwrap.dedent(f"""
+    return textwrap.dedent(f"""
         [smoke]
         model = "{rig.model}"
         tp = {tp}
@@ -84,7 +91,12 @@ def _spec(
         [benchmark]
         {bench}
         """)
-    path.write_text(text + tail)
+
+
+def _spec_0523(path: Path, server: IndexServer, root: Path, environ: dict[str, str], rig: Rig) -> Path:
+    """A spec of the SGLang 0.5.23 stack (the shipped profile's shape) with its pylock, smoke on the stand-in."""
+    write_sglang0523_spec(path, server, root)
+    path.write_text(path.read_text() + _smoke(rig, backend="flashinfer", tp=1, fusion=False))
     lock_stack(path, environ)
     return path
 
@@ -269,6 +281,29 @@ def test_a_faster_new_stack_with_the_same_tokens_is_switched_to(node2: Node) -> 
     )
     assert "attention_backend: triton -> flashinfer" in shown.getvalue(), shown.getvalue()
     assert_nothing_left(node.rig)
+
+
+def test_an_upgrade_from_the_059_stack_to_the_0523_stack_switches_and_rollback_returns(node: Node) -> None:
+    # sgl-kernel (0.3.21+cu130, a URL wheel) gives way to sglang-kernel 0.4.10: both own sgl_kernel/.
+    to = _spec_0523(node.tmp / "b.toml", node.server, node.root, node.environ, node.rig)
+    done, doc, out = node.upgrade(to, switch="if-passes")
+    assert done.exit_code == ExitCode.PASSED, out
+    part = doc["upgrade"]
+    changes = {c["name"]: (c["old"], c["new"]) for c in part["plan"]["changes"]}
+    assert changes["sglang"] == ("0.5.9", "0.5.23") and changes["torch"] == ("2.9.1+cu130", "2.14.1")
+    assert changes["sglang-kernel"][1] == "0.4.10" and changes["sgl-kernel"][0] == "0.3.21+cu130"
+    assert "then sgl_kernel/ holds exactly its owner's RECORD" in json.dumps(part["plan"])
+    assert part["current"]["switched"] and node.current() == f"generations/{part['new']['generation']}"
+    assert node.serves() == "0.7.2 2.14.1"
+    new = node.root / "generations" / part["new"]["generation"]
+    site = next(new.glob("lib/python3*/site-packages"))
+    assert sorted(p.name for p in site.glob("sgl*_kernel*.dist-info")) == ["sglang_kernel-0.4.10.dist-info"]
+    shown = io.StringIO()
+    back = provision.rollback(
+        provision.RollbackRequest(spec_path=to, environ=node.environ), UI(stream=shown, force_plain=True)
+    )
+    assert back == ExitCode.PASSED, shown.getvalue()
+    assert node.current() == node.live and node.serves() == "0.6.3 2.9.1+cu130"
 
 
 def test_a_machine_that_slows_down_during_the_ab_does_not_make_the_new_stack_look_slower(node: Node) -> None:

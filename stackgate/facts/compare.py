@@ -8,11 +8,13 @@ what verify reports and what provision installs never disagree, and neither impo
 from __future__ import annotations
 
 import hashlib
+import re
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
+from packaging.tags import parse_tag
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
@@ -255,10 +257,53 @@ def _other_file(dist: Distribution, locked: Locked) -> str | None:
         return None
     if not dist.wheel_tags:
         return None  # not installed from a wheel by a standard installer: nothing to compare
-    installed = set(dist.wheel_tags)
-    if any(installed & _tags(f.filename) for f in locked.files):
+    installed = _expanded(dist.wheel_tags)
+    if any(_same_build(installed, _tags(f.filename)) for f in locked.files):
         return None
-    return f"a wheel tagged {', '.join(sorted(installed))}"
+    return f"a wheel tagged {', '.join(sorted(dist.wheel_tags))}"
+
+
+def _expanded(lines: Iterable[str]) -> set[str]:
+    """WHEEL Tag lines as single tags: some builders (maturin) write a compressed set on one line.
+
+    >>> sorted(_expanded(["cp38-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64"]))
+    ['cp38-abi3-manylinux2014_x86_64', 'cp38-abi3-manylinux_2_17_x86_64']
+    """
+    tags: set[str] = set()
+    for line in lines:
+        try:
+            tags |= {str(tag) for tag in parse_tag(line)}
+        except ValueError:
+            tags.add(line)
+    return tags
+
+
+def _same_build(installed: set[str], named: set[str]) -> bool:
+    """Whether a wheel whose WHEEL file says ``installed`` is the file whose name says ``named``: a tag
+    in common, or a plain linux_<arch> WHEEL tag under a manylinux file name of the same interpreter,
+    ABI and architecture (a file renamed to its manylinux tag without its WHEEL file being rewritten,
+    as sgl-kernel 0.3.21's and torch-memory-saver 0.0.9's are).
+
+    >>> _same_build({"cp310-abi3-linux_x86_64"}, {"cp310-abi3-manylinux2014_x86_64"})
+    True
+    >>> _same_build({"cp310-abi3-linux_x86_64"}, {"cp310-abi3-manylinux2014_aarch64"})
+    False
+    """
+    if installed & named:
+        return True
+    plain = {_build_of(tag) for tag in installed if "-linux_" in tag}
+    return any(_build_of(tag) in plain for tag in named if "-manylinux" in tag)
+
+
+def _build_of(tag: str) -> tuple[str, str]:
+    """(interpreter-abi, architecture) of a tag.
+
+    >>> _build_of("cp38-abi3-manylinux_2_17_x86_64")
+    ('cp38-abi3', 'x86_64')
+    """
+    prefix, platform = tag.rsplit("-", 1)
+    found = re.search(r"(x86_64|aarch64|i686|ppc64le|s390x|armv7l)$", platform)
+    return prefix, found.group(1) if found else platform
 
 
 def _unquoted(name: str) -> str:

@@ -34,7 +34,7 @@ from stackgate.models.finding import Finding
 from stackgate.models.result import Result, Status
 from stackgate.models.spec import Spec
 from stackgate.render.ui import UI, Activity
-from stackgate.stack import generations, guard, patching, pyenv, toolkit
+from stackgate.stack import coherence, generations, guard, patching, pyenv, toolkit
 from stackgate.stack.plan import AREAS, Plan, Step, cache_dir, plan
 
 __all__ = [
@@ -349,6 +349,22 @@ def _commands(build: Build, step: Step, activity: Activity) -> None:
         _run(build, step, activity, command)
 
 
+def _install(build: Build, step: Step, activity: Activity) -> None:
+    """Install exactly the pylock, then check that each shared folder (sgl_kernel/) holds exactly
+    the files its installed owner's RECORD lists."""
+    _commands(build, step, activity)
+    assert build.generation is not None
+    problems = coherence.folder_problems(_site_packages(build.generation.path))
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        build.generation = generations.mark(build.generation, "failed", failures=problems[:15])
+        raise ProvisionError(
+            f"generation {build.generation.id} was installed wrong, so current was not switched: {problems[0]}{more}",
+            tail=tuple(problems[:15]),
+            checks_failed=True,
+        )
+
+
 def _fetch(build: Build, step: Step, activity: Activity) -> None:
     seen = False
 
@@ -414,6 +430,10 @@ def _run_named(spec: Spec, names: tuple[str, ...], environ: Mapping[str, str]) -
     checks = _registered(names)
     facts = gather(spec, sorted({p for c in checks for p in c.needs}), environ=environ)
     try:
+        # The facts first, each bounded by its own limit (the probe's: STACKGATE_PROBE_TIMEOUT_S), so that a
+        # check's limit bounds its judgement, not the import of a large stack on a loaded machine.
+        for part in sorted(facts.started):
+            facts.get(part)
         return run_checks(checks, spec, facts)
     finally:
         facts.close()
@@ -453,7 +473,7 @@ APPLIERS: dict[str, Callable[[Build, Step, Activity], None]] = {
     "python.fetch": _fetch,
     "python.venv": _venv,
     "python.guard": _guard,
-    "python.stack": _commands,
+    "python.stack": _install,
     "patches.apply": _patch,
     "python.envfile": _envfile,
     "python.envfile.current": _envfile,

@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from stackgate.edges import libc
 from stackgate.facts import BasePython, Facts, Missing
 from stackgate.facts.compare import environment_drift, environment_spec, spec_changes
 from stackgate.facts.patchstate import patch_state
 from stackgate.models import pylock, settings
 from stackgate.models.finding import Fix
 from stackgate.models.spec import Patch, Spec, patch_location_problem
-from stackgate.stack import generations, guard, pyenv
+from stackgate.stack import coherence, floors, generations, guard, pyenv
 from stackgate.stack.patching import PatchError, check_patch_file
 from stackgate.stack.toolkit import cuda_link_state, install_command, toolkit_state
 
@@ -269,6 +270,7 @@ def _build(
         )
     why = "; ".join(reasons[:3]) + (f" (and {len(reasons) - 3} more)" if len(reasons) > 3 else "")
     if resolution is not None:
+        _installable(spec, facts, resolution, draft)
         _preflight(spec, resolution, install.wheelhouse, steps)
     steps.append(
         Step(
@@ -309,7 +311,8 @@ def _build(
             "python.stack",
             f"install {installing} {where}",
             "exactly the pylock: nothing missing, nothing extra"
-            + (f" (resolved with {overrides})" if overrides else ""),
+            + (f" (resolved with {overrides})" if overrides else "")
+            + _shared_folders(resolution),
             tuple(pyenv.install_commands(spec, home, uv, wheelhouse=install.wheelhouse, bundled_pip=base.bundled_pip)),
         )
     )
@@ -351,6 +354,16 @@ def _build(
     )
 
 
+def _shared_folders(resolution: pylock.Resolution | None) -> str:
+    """What the install step checks after it ran: the shared folders the pylock fills."""
+    folders = [
+        folder
+        for folder, names in coherence.SHARED_FOLDERS.items()
+        if resolution is not None and any(resolution.package(name) for name in names)
+    ]
+    return "".join(f"; then {folder}/ holds exactly its owner's RECORD" for folder in folders)
+
+
 def _resolution(spec: Spec, facts: Facts, install: _Install, draft: _Draft) -> pylock.Resolution | None:
     """The pylock to install, when there is a current one; else a blocker with the command that
     makes it (a stale pylock would install what the spec no longer says)."""
@@ -381,6 +394,29 @@ def _resolution(spec: Spec, facts: Facts, install: _Install, draft: _Draft) -> p
             )
         )
     return resolution
+
+
+def _installable(spec: Spec, facts: Facts, resolution: pylock.Resolution, draft: _Draft) -> None:
+    """Block a pylock that must not be installed (two kernels in sgl_kernel/, a cubin of another
+    version: the spec's to fix, exit 2) and a host below its floors (Python, glibc, driver)."""
+    for refusal in coherence.refusals(resolution, pylock.lock_command(spec.path)):
+        draft.blockers.append(Blocker(refusal.message, refusal.fix, usage=True))
+    base, gpus = facts.base_python, facts.nvml
+    host = floors.Host(
+        python=None if isinstance(base, Missing) else base.version,
+        glibc=libc.glibc_version(),
+        driver=None if isinstance(gpus, Missing) else gpus.driver_version,
+        arch=spec.python.platform.split("-", 1)[0],
+    )
+    for floor in floors.refusals(resolution, host, spec.name):
+        draft.blockers.append(Blocker(floor.message, floor.fix))
+    needed = floors.driver_floor(resolution)
+    if needed is not None and host.driver is None:
+        reason = gpus.reason if isinstance(gpus, Missing) else "no driver version"
+        draft.in_place.append(
+            f"driver floor not judged: {needed[0]} needs NVIDIA driver >= {needed[1]} and this machine's driver "
+            f"cannot be read ({reason}); the stack installs, and runs once the driver is there"
+        )
 
 
 def _preflight(spec: Spec, resolution: pylock.Resolution, wheelhouse: Path | None, steps: list[Step]) -> None:
