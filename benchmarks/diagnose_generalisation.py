@@ -24,7 +24,7 @@ import tomllib
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from stackgate.commands import diagnose as command  # noqa: E402
+from stackgate.flows import diagnose as command  # noqa: E402
 
 DATA = ROOT / "tests" / "data"
 HEALTHY = ("sglang-0.5.9-tp8-healthy.log", "pip-install-healthy.log", "uv-install-healthy.log")

@@ -38,7 +38,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from fleet_sim import SimNode, SimTransport  # noqa: E402
 
-from stackgate.commands import fleet  # noqa: E402
+from stackgate.flows.fleet import document, run_fleet  # noqa: E402
+from stackgate.flows.fleetrequest import FleetRequest, nodes_of  # noqa: E402
+from stackgate.models.spec import load_spec  # noqa: E402
 from stackgate.render import fleetreport  # noqa: E402
 from stackgate.render.ui import UI  # noqa: E402
 
@@ -50,14 +52,14 @@ def simulated(size: int) -> tuple[float, int]:
     sims = {f"n{i:04d}": SimNode(rate=92.6 + (i % 7) * 0.05) for i in range(size)}
     for slow in range(0, size, 97):
         sims[f"n{slow:04d}"] = SimNode(rate=61.0)
-    request = fleet.FleetRequest(action="gate", hosts=",".join(sims), spec_path=LOCK, parallel=16)
+    request = FleetRequest(action="gate", hosts=",".join(sims), spec_path=LOCK, parallel=16)
     ui = UI(stream=io.StringIO(), force_plain=True)
     ui.info = lambda text: None  # type: ignore[method-assign]  # a line per node on stderr is not what is measured
     tracemalloc.start()
     begun = time.perf_counter()
-    nodes = fleet.nodes_of(request)
-    done = fleet.run_fleet(request, nodes, fleet.load_spec(LOCK), ui, SimTransport(sims))
-    doc = fleet.document(done)
+    nodes = nodes_of(request)
+    done = run_fleet(request, nodes, load_spec(LOCK), ui, SimTransport(sims))
+    doc = document(done)
     fleetreport.render(doc, ui)
     for writer in (fleetreport.junit, fleetreport.markdown, fleetreport.prometheus, fleetreport.html_page):
         writer(doc)

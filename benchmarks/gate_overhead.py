@@ -28,6 +28,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from smoke_support import Rig, free_port  # noqa: E402
 
 from stackgate.commands import gate  # noqa: E402
+from stackgate.flows.gate import GateRequest  # noqa: E402
 from stackgate.render.ui import UI  # noqa: E402
 
 VERIFIABLE = ("gpu.*", "python.interpreter", "python.pins", "python.frozen", "python.consistency")
@@ -43,7 +44,7 @@ def smokes(rig: Rig, spec: Path) -> float:
 
 
 def whole_gate(spec: Path, out: Path) -> tuple[float, dict[str, float]]:
-    request = gate.GateRequest(
+    request = GateRequest(
         spec_path=spec,
         verify_checks=VERIFIABLE,
         json_path=out / "g.json",

@@ -37,7 +37,9 @@ import test_upgrade as rig_of  # noqa: E402
 from fakes import fake_nvml  # noqa: E402
 from pkgindex import serve_stack  # noqa: E402
 
-from stackgate.commands import provision, smoke, upgrade  # noqa: E402
+from stackgate.commands import provision, upgrade  # noqa: E402
+from stackgate.flows import smoke  # noqa: E402
+from stackgate.flows.upgrade import UpgradeRequest, upgrade_node  # noqa: E402
 from stackgate.models.spec import load_spec  # noqa: E402
 from stackgate.render.ui import UI  # noqa: E402
 from stackgate.runs import abtest  # noqa: E402
@@ -82,7 +84,7 @@ def by_hand(node: rig_of.Node, b: Path) -> float:
 def whole_upgrade(node: rig_of.Node, b: Path) -> float:
     out = node.tmp / "reports"
     out.mkdir(exist_ok=True)
-    request = upgrade.UpgradeRequest(
+    request = UpgradeRequest(
         to=b,
         spec_path=node.a,
         verify_checks=rig_of.VERIFY,
@@ -93,7 +95,7 @@ def whole_upgrade(node: rig_of.Node, b: Path) -> float:
         html_path=out / "u.html",
     )
     started = time.monotonic()
-    done = upgrade.upgrade_node(request, UI(stream=io.StringIO(), force_plain=True), nvml_lib=fake_nvml)
+    done = upgrade_node(request, UI(stream=io.StringIO(), force_plain=True), nvml_lib=fake_nvml)
     upgrade.write_reports(done.document(), request)
     seconds = time.monotonic() - started
     if not done.won:

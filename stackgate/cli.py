@@ -5,7 +5,7 @@ is not turned into a traceback."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 import invoke
 from invoke.exceptions import Exit
@@ -14,7 +14,17 @@ from stackgate.express import outcome
 from stackgate.models.exitcodes import ExitCode
 from stackgate.streams import quiet_closed_output
 
-__all__ = ["ALIASES", "SHORT_FLAGS", "VALUE_NAMES", "Task", "quiet_closed_output", "run_command", "task", "value_name"]
+__all__ = [
+    "ALIASES",
+    "SHORT_FLAGS",
+    "VALUE_NAMES",
+    "Action",
+    "Task",
+    "quiet_closed_output",
+    "run_command",
+    "task",
+    "value_name",
+]
 
 #: Every short flag of every task, by long flag: a letter means the same in every task that has
 #: it, and a flag not named here has none (invoke would give a flag its first free letter, in
@@ -112,17 +122,33 @@ def value_name(name: str) -> str:
     return VALUE_NAMES.get(name, name.upper().replace("-", "_"))
 
 
+class Action(Protocol):
+    """A sub-command of a task (stackgate.models.fleetoptions.FleetAction): its summary and its own options."""
+
+    @property
+    def summary(self) -> str: ...
+
+    @property
+    def options(self) -> tuple[str, ...]: ...
+
+
 class Task(invoke.Task):
     """An invoke task whose short flags come from :data:`SHORT_FLAGS`, never from a guess.
 
     ``rest`` names the argument that gathers a task's bare words (``stackgate diagnose a.log
     b.log``): invoke gives a positional argument one word, so the program (stackgate.program) turns
-    each bare word after such a task into that flag.
+    each bare word after such a task into that flag. ``actions`` are the values of a task's first
+    positional argument that are sub-commands (``stackgate fleet gate``), each with its ``summary``
+    and the ``options`` only it takes: the program shows each action's help with its own options and
+    refuses another action's.
     """
 
-    def __init__(self, *args: Any, rest: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, rest: str | None = None, actions: Mapping[str, Action] | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **{**kwargs, "auto_shortflags": False})
         self.rest = rest
+        self.actions: Mapping[str, Action] = actions or {}
 
     def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[invoke.parser.Argument]:
         # invoke pops each flag's help text off self.help as it builds the arguments: a second

@@ -27,7 +27,7 @@ from stackgate.models.redact import redact_text
 if TYPE_CHECKING:  # the console (rich) is made when a command runs
     from stackgate.render.ui import UI
 
-__all__ = ["SWITCHES", "VALUED", "console", "flags", "health", "outcome", "terminal_options"]
+__all__ = ["SWITCHES", "VALUED", "console", "flags", "health", "outcome", "terminal_options", "usage_text"]
 
 #: The lane's flags that take a value, and the verify task's argument each sets (its short flags are
 #: stackgate.cli.SHORT_FLAGS'); ``--check`` may be given again.
@@ -54,13 +54,24 @@ def outcome(command: Callable[[], ExitCode]) -> tuple[int, str | None]:
         settings.report()  # every STACKGATE_* variable parses, or exit 2 before anything is touched
         return int(command()), None
     except UsageError as exc:  # every command's bad usage, bad lockfile or unreadable input
-        said = printable(redact_text(str(exc)), keep="\n")  # a bad file's text may be quoted in it
-        return int(ExitCode.USAGE), f"stackgate: {said}"
+        return int(ExitCode.USAGE), f"stackgate: {usage_text(exc)}"
     except KeyboardInterrupt:
         runner.terminate_all()
         return int(ExitCode.INTERRUPTED), "stackgate: interrupted"
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def usage_text(error: UsageError) -> str:
+    """A usage error as the program shows it: its message, then its hint (the fix to paste) on a line
+    of its own, both redacted and made printable (a bad file's text may be quoted in them).
+
+    >>> print(usage_text(UsageError("--tp must be 1 or more, not 0", hint="stackgate smoke --tp 1")))
+    --tp must be 1 or more, not 0
+      fix: stackgate smoke --tp 1
+    """
+    said = str(error) + (f"\n  fix: {error.hint}" if error.hint else "")
+    return printable(redact_text(said), keep="\n")
 
 
 def _interrupt(signum: int, frame: object) -> None:

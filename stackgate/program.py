@@ -12,7 +12,7 @@ import inspect
 import io
 import re
 import sys
-from typing import Iterator, Mapping, Sequence
+from typing import Container, Iterator, Mapping, Sequence
 
 from invoke import Collection, Program
 from invoke.completion.complete import print_completion_script
@@ -109,6 +109,7 @@ class StackgateProgram(Program):
             super().parse_tasks()
         if not self.args.help.value:
             _missing_slots(self.tasks, self.collection)
+            _other_actions_options(self.tasks, self.collection)
 
     def parse_cleanup(self) -> None:
         with _parse_errors_are_usage():  # `--help NAME` of no task
@@ -131,6 +132,9 @@ class StackgateProgram(Program):
         self.print_columns(flag_tuples(self.initial_context))
 
     def print_task_help(self, name: str) -> None:
+        if getattr(self.collection[name], "actions", None):
+            self.print_actions_help(name)
+            return
         context = self.parser.contexts[name]
         print(f"Usage: {usage_line(self.binary, name, self.collection)}")
         print("")
@@ -147,6 +151,36 @@ class StackgateProgram(Program):
             print("")
             self.print_columns(rows)
 
+    def print_actions_help(self, name: str) -> None:
+        """A task whose first bare word is a sub-command (`stackgate fleet`): its actions and the options they
+        all take; after an action's name (`stackgate fleet gate --help`), that action's options only."""
+        task = self.collection[name]
+        slot = task.positional[0]
+        action = next((c.args[slot].value for c in getattr(self, "tasks", ()) if c.name == name), None)
+        chosen = task.actions.get(action)
+        if chosen is None:
+            print(f"Usage: {usage_line(self.binary, name, self.collection)}")
+            print("")
+            print(self.leading_indent + _first_line(inspect.getdoc(task)))
+            print("")
+            print("Actions:")
+            print("")
+            self.print_columns([(each, spec.summary) for each, spec in task.actions.items()])
+            print(f"{self.leading_indent}`{self.binary} {name} {value_name(slot)} --help` shows an action's options")
+            print("")
+        else:
+            print(f"Usage: {self.binary} {name} {action} [--options]")
+            print("")
+            print(self.leading_indent + chosen.summary)
+            print("")
+        own = set(chosen.options) if chosen is not None else set()
+        hidden = {slot} | {option for spec in task.actions.values() for option in spec.options if option not in own}
+        rows = flag_tuples(self.parser.contexts[name], hide=hidden)
+        for heading, group in grouped([*rows, ("-h, --help", "show this help")]).items():
+            print(heading)
+            print("")
+            self.print_columns(group)
+
 
 #: How a flag's help names the group it belongs to (``[--engine slurm] the partition ...``).
 _GROUP = re.compile(r"^\[(?P<group>[^\]]+)\] ")
@@ -154,7 +188,7 @@ _GROUP = re.compile(r"^\[(?P<group>[^\]]+)\] ")
 
 def grouped(rows: Sequence[tuple[str, str]]) -> dict[str, list[tuple[str, str]]]:
     """A task's (flags, help) rows under their headings: ``Options:``, then one heading per group
-    a help text names in its first words (``[fleet upgrade] ...``, ``[--engine slurm] ...``), without
+    a help text names in its first words (``[--engine ssh] ...``, ``[--engine slurm] ...``), without
     those words.
 
     >>> grouped([("--a", "one"), ("--p=NAME", "[--engine slurm] a partition"), ("-h", "help")])
@@ -182,14 +216,16 @@ def usage_line(binary: str, name: str, collection: Collection) -> str:
     return " ".join([binary, name, *words, "[--options]"])
 
 
-def flag_tuples(context: ParserContext) -> list[tuple[str, str]]:
-    """(flags, help) of each flag of ``context``, as it is typed: ``-v, -vv, --verbose`` for a
-    counted flag (invoke writes ``-v INT``, which it refuses), ``-c NAME, --check=NAME`` for one
-    that takes a value, named by :data:`stackgate.cli.VALUE_NAMES` (invoke writes ``STRING`` for
+def flag_tuples(context: ParserContext, hide: Container[str] = ()) -> list[tuple[str, str]]:
+    """(flags, help) of each flag of ``context`` but those named in ``hide``, as it is typed: ``-v, -vv,
+    --verbose`` for a counted flag (invoke writes ``-v INT``, which it refuses), ``-c NAME, --check=NAME``
+    for one that takes a value, named by :data:`stackgate.cli.VALUE_NAMES` (invoke writes ``STRING`` for
     every value, and none for a repeatable flag)."""
     rows = []
     for flags, text in context.help_tuples():
         argument = context.flags[flags.split(",")[-1].split("=")[0].split("[")[0].strip()]
+        if argument.name in hide:
+            continue
         value = value_name(str(argument.name))
         short = [n for n in argument.names if len(n) == 1]
         spelled = [*short, *(n for n in argument.names if len(n) > 1)]  # the name first, then an alias
@@ -333,6 +369,25 @@ def _missing_slots(tasks: Sequence[ParserContext], collection: Collection) -> No
             argument = context.args[name]
             if argument.value is None:
                 raise Exit(f"stackgate: {_needs(str(context.name), argument, value_name(name))}", code=ExitCode.USAGE)
+
+
+def _other_actions_options(tasks: Sequence[ParserContext], collection: Collection) -> None:
+    """Refuse an option that only other actions take (`stackgate fleet verify --canary 2`); an action the
+    task does not know is the command's to name, with the nearest one."""
+    for context in tasks:
+        task = collection[context.name]
+        actions = getattr(task, "actions", None) or {}
+        action = context.args[task.positional[0]].value if actions else None
+        if action not in actions:
+            continue
+        for option in sorted({o for spec in actions.values() for o in spec.options} - set(actions[action].options)):
+            argument = context.args[option]
+            if argument.value in (None, [], argument.default):
+                continue
+            owners = ", ".join(each for each, spec in actions.items() if option in spec.options)
+            said = f"{context.name} {action} takes no {to_flag(option)}: it is an option of {context.name} {owners}"
+            lists = f"`stackgate {context.name} {action} --help` lists its options"
+            raise Exit(f"stackgate: {said} ({lists})", code=ExitCode.USAGE)
 
 
 def _needs(said: str, argument: Argument | None, what: str) -> str:

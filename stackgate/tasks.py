@@ -13,6 +13,7 @@ from typing import Any
 from stackgate import cli, express
 from stackgate.cli import task
 from stackgate.models import fleetoptions, settings
+from stackgate.models.exitcodes import UsageError
 
 __all__ = [
     "diagnose",
@@ -196,9 +197,10 @@ def smoke(
 ):
     """Launch the serving engine as production will, prove what runs, benchmark it."""
     from stackgate.commands import smoke as command
+    from stackgate.flows.smoke import SmokeRequest
 
     def go():
-        request = command.SmokeRequest(
+        request = SmokeRequest(
             spec_path=_path(lock),
             model=model,
             tp=command.parse_number("--tp", tp),
@@ -241,8 +243,9 @@ def gate(
 ):
     """Run the pre-deploy gate: environment, verify --deep, fast smoke, benchmark; one verdict."""
     from stackgate.commands import gate as command
+    from stackgate.flows.gate import GateRequest
 
-    request = command.GateRequest(
+    request = GateRequest(
         spec_path=_path(lock),
         json_path=_path(json),
         junit_path=_path(junit),
@@ -398,35 +401,29 @@ def diagnose(c, path=None, stdin=False, json=None, lock=None, kernel=False, kern
 
 @task(
     positional=["action"],
+    actions=fleetoptions.ACTIONS,
     iterable=["check", "slurm_arg", "engine_option"],
     help={
-        "action": (
-            "what to run on every node: gate, verify, provision (then a gate; a node that fails is rolled back) or "
-            "upgrade (a canary first)"
+        "action": "what to run on every node: gate, verify, provision or upgrade (`stackgate fleet --help` lists them)",
+        "hosts": "[--engine ssh] the nodes: comma-separated [user@]host[:port] (or --inventory)",
+        "inventory": (
+            "[--engine ssh] the nodes: a TOML inventory ([fleet] defaults, one [[node]] per node; docs/fleet.md)"
         ),
-        "hosts": "the nodes: comma-separated [user@]host[:port] (or --inventory)",
-        "inventory": "the nodes: a TOML inventory ([fleet] defaults, one [[node]] per node; docs/fleet.md)",
         "lock": LOCK_HELP + "; shipped to every node with its pylock, sha256 checked there "
         "(upgrade: the live spec, default each node's own)",
-        "parallel": "[fleet gate, verify] nodes run at once (default 8)",
-        "batch": (
-            "[fleet provision, upgrade] nodes moved at a time; the first batch with a failure stops the rollout "
-            "(default 1)"
-        ),
-        "to": (
-            "[fleet upgrade] the new spec (its pylock beside it), shipped to every node and built beside its live stack"
-        ),
-        "canary": "[fleet upgrade] nodes upgraded first; the rest only if every one of them won (default 1)",
-        "switch": "[fleet upgrade] each node's stackgate upgrade --switch: if-better (default) or if-passes",
-        "accept_output_change": (
-            "[fleet upgrade] accept greedy outputs that differ from the live stack's (still reported)"
-        ),
-        "model": "[fleet upgrade] model directory both sides launch on each node (default: the specs' [smoke] model)",
-        "fast_only": "[fleet gate] stop each node's gate after the fast smoke",
-        "check": f"[fleet verify] {CHECK_HELP}, on each node",
+        "parallel": "nodes run at once (default 8)",
+        "batch": "nodes moved at a time; the first batch with a failure stops the rollout (default 1)",
+        "to": "the new spec (its pylock beside it), shipped to every node and built beside its live stack",
+        "canary": "nodes upgraded first; the rest only if every one of them won (default 1)",
+        "switch": "each node's stackgate upgrade --switch: if-better (default) or if-passes",
+        "accept_output_change": "accept greedy outputs that differ from the live stack's (still reported)",
+        "model": "model directory both sides launch on each node (default: the specs' [smoke] model)",
+        "fast_only": "stop each node's gate after the fast smoke",
+        "check": f"{CHECK_HELP}, on each node",
         "timeout": "seconds each node's whole run may take (default: the inventory's timeout_s, else 7200)",
         "connect_timeout": (
-            "seconds to connect and log in to a node (default: the inventory's connect_timeout_s, else 10)"
+            "[--engine ssh] seconds to connect and log in to a node (default: the inventory's connect_timeout_s, "
+            "else 10)"
         ),
         "json": "write the fleet's JSON report here: every node, the stacks (fingerprint groups), the outliers",
         "junit": "write a JUnit XML report here: one testsuite per node",
@@ -481,6 +478,7 @@ def fleet(
 ):
     """Run gate, verify, provision or upgrade on every node over SSH (or Slurm): one report, one verdict."""
     from stackgate.commands import fleet as command
+    from stackgate.flows.fleetrequest import MAX_NODES, FleetRequest, seconds, whole
 
     def go():
         given = {  # the documented flags: shorthands for --engine-option NAME=VALUE (the engine checks them)
@@ -494,19 +492,19 @@ def fleet(
             "shared-dir": [shared_dir] if shared_dir is not None else [],
             "count-unavailable": [""] if count_unavailable else [],
         }
-        request = command.FleetRequest(
+        request = FleetRequest(
             engine=engine,
             options=command.engine_options(engine, given, engine_option or ()),
             action=action,
             hosts=hosts,
             inventory=_path(inventory),
             spec_path=_path(lock),
-            parallel=command.whole("--parallel", parallel, 8),
-            batch=command.whole("--batch", batch, 1),
+            parallel=whole("--parallel", parallel, 8),
+            batch=whole("--batch", batch, 1),
             fast_only=fast_only,
             checks=tuple(check or ()),
-            timeout_s=command.seconds("--timeout", timeout),
-            connect_timeout_s=command.seconds("--connect-timeout", connect_timeout),
+            timeout_s=seconds("--timeout", timeout),
+            connect_timeout_s=seconds("--connect-timeout", connect_timeout),
             strict=strict,
             json_path=_path(json),
             junit_path=_path(junit),
@@ -514,11 +512,11 @@ def fleet(
             prom_path=_path(prom),
             html_path=_path(html),
             to_path=_path(to),
-            canary=command.whole("--canary", canary, 1),
+            canary=whole("--canary", canary, 1),
             switch=switch,
             accept_output_change=accept_output_change,
             model=model,
-            max_nodes=command.whole("--max-nodes", max_nodes, command.MAX_NODES),
+            max_nodes=whole("--max-nodes", max_nodes, MAX_NODES),
         )
         return command.run(request, _ui(0, json, junit, markdown, prom, html))
 
@@ -558,11 +556,15 @@ def upgrade(
 ):
     """Build a new stack beside the live one, A/B it on the GPUs, switch only if it wins."""
     from stackgate.commands import upgrade as command
+    from stackgate.flows.upgraderun import UpgradeRequest
 
     def go():
         if not to:
-            raise command.UpgradeUsageError("--to NEW_SPEC is required: the spec to upgrade to")
-        request = command.UpgradeRequest(
+            raise UsageError(
+                "--to NEW_SPEC is required: the spec to upgrade to",
+                hint="stackgate upgrade --to NEW_SPEC.toml --dry-run",
+            )
+        request = UpgradeRequest(
             to=Path(to),
             spec_path=_path(lock),
             model=model,
@@ -642,7 +644,6 @@ def _verify_here(lock: Path, json: Path, prom: Path | None, checks: tuple[str, .
     """`stackgate verify` in this process (slurm-health's forked child; ``mode``: cached, verify or deep)."""
 
     from stackgate.commands import verify
-    from stackgate.models.exitcodes import UsageError
 
     request = verify.VerifyRequest(
         spec_path=lock, checks=checks, json_path=json, cached=mode == "cached", deep=mode == "deep", prom_path=prom
@@ -650,5 +651,5 @@ def _verify_here(lock: Path, json: Path, prom: Path | None, checks: tuple[str, .
     try:
         return int(verify.run(request, _ui()))
     except UsageError as exc:
-        print(f"stackgate verify: {exc}", file=sys.stderr)
+        print(f"stackgate verify: {express.usage_text(exc)}", file=sys.stderr)
         return 2

@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from stackgate.commands import diagnose
+from stackgate.flows import diagnose
 
 CORPUS = Path(__file__).resolve().parent / "data" / "diagnose_corpus" / "corpus.jsonl"
 #: Projects held out whole: no entry learns from their cases (tests/test_diagnose_corpus.py checks it).

@@ -54,8 +54,9 @@ def load(path=None):
 # `load_spec` by name when it is imported, so each then holds the wrapper.
 locate.load_spec = spec.load_spec = load
 
-from stackgate.commands import gate, upgrade  # noqa: E402
+from stackgate.commands import gate  # noqa: E402
 from stackgate.facts.compare import environment_spec  # noqa: E402
+from stackgate.flows import upgrade  # noqa: E402
 from stackgate.runs import abtest, history, stackdiff  # noqa: E402
 from stackgate.stack.generations import Generation  # noqa: E402
 

@@ -8,7 +8,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from stackgate.commands import gate
+from stackgate.flows import gate
 from stackgate.models.finding import Fix
 from stackgate.models.result import Result, Status
 from stackgate.render.ui import UI

@@ -23,7 +23,7 @@ from fakes import fake_nvml
 from fakes.fake_nvml import gpu, machine
 from specs import THIS_PYTHON, minimal_spec
 
-from stackgate.commands import smoke
+from stackgate.flows import smoke
 from stackgate.models.result import Result
 from stackgate.models.spec import load_spec
 from stackgate.render.ui import UI

@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from stackgate.checks import core
-from stackgate.checks.core import Check, CheckError, run_checks, select
-from stackgate.models.exitcodes import ExitCode
+from stackgate.checks.core import Check, run_checks, select
+from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.result import Status, failed, passed, skipped, warned
 from stackgate.models.verdict import judge
 
@@ -61,7 +61,7 @@ def test_the_real_registry_names_are_stable_and_dotted():
 
 def test_registering_a_name_twice_is_refused():
     name = next(iter(core.REGISTRY))
-    with pytest.raises(CheckError, match="registered twice"):
+    with pytest.raises(UsageError, match="registered twice"):
         core.check(name)(lambda spec, facts: passed("x"))
 
 
@@ -85,7 +85,7 @@ def test_a_check_that_runs_only_when_named_is_left_out_until_a_pattern_names_it(
 
 
 def test_a_pattern_that_matches_nothing_is_an_error_not_a_green_run():
-    with pytest.raises(CheckError, match="no check matches 'gpu.drvier'"):
+    with pytest.raises(UsageError, match="no check matches 'gpu.drvier'"):
         select(["gpu.drvier"], registry(make("gpu.driver", None)))
 
 

@@ -20,12 +20,12 @@ from specs import THIS_PYTHON, write_spec
 from support import processes_with
 
 from stackgate.checks import deep
-from stackgate.checks.core import CheckError
-from stackgate.commands.verify import plan
 from stackgate.edges import nvml
 from stackgate.facts import Facts, Missing, ProbeFacts
 from stackgate.facts import deepruns as measure
 from stackgate.facts.values import Distribution
+from stackgate.flows.verify import plan
+from stackgate.models.exitcodes import UsageError
 from stackgate.models.result import Result, Status
 from stackgate.models.spec import Spec, load_spec
 
@@ -374,7 +374,7 @@ def test_a_gpu_hang_keeps_the_collective_from_running() -> None:
 def test_plan_keeps_deep_checks_out_of_plain_verify() -> None:
     static, deep_checks = plan((), deep=False)
     assert deep_checks == [] and not any(c.slow for c in static)
-    with pytest.raises(CheckError, match="deep.collective run only with --deep"):
+    with pytest.raises(UsageError, match="deep.collective run only with --deep"):
         plan(("deep.collective",), deep=False)
     static, deep_checks = plan(("deep.collective",), deep=True)
     assert [c.name for c in deep_checks] == ["deep.collective"]

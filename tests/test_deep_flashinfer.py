@@ -25,11 +25,11 @@ from support import released_wheel
 from stackgate.checks import deep
 from stackgate.checks.core import REGISTRY, run_checks
 from stackgate.checks.fusiongate import engine_refusal
-from stackgate.commands.verify import plan
 from stackgate.edges import flashwork as script
 from stackgate.facts import Facts
 from stackgate.facts import deepruns as measure
 from stackgate.facts.machine import observe
+from stackgate.flows.verify import plan
 from stackgate.models.result import Result, Status
 from stackgate.models.spec import DEFAULT_SPEC, Capability, DeepAttention, Spec, SpecError, load_spec, loads_spec
 from stackgate.models.spec.reader import Table

@@ -15,9 +15,9 @@ import pytest
 from support import run_program
 
 from stackgate.commands import diagnose
-from stackgate.commands.diagnose import DiagnoseRequest, DiagnoseUsageError
+from stackgate.commands.diagnose import DiagnoseRequest
 from stackgate.models import knowledge as signatures
-from stackgate.models.exitcodes import ExitCode
+from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.render.ui import UI, render_findings
 from stackgate.scan import Scanner
 
@@ -54,7 +54,7 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 def test_an_error_finding_fails_and_is_listed_first_with_its_lines(tmp_path: Path) -> None:
     code, out = run(DiagnoseRequest(paths=(write(tmp_path, "server.log", FAILED_START),)))
     assert code == ExitCode.FAILED
-    order = [line.split()[1].rstrip(":") for line in out.splitlines() if line[:7] in ("ERROR  ", "WARNING", "INFO   ")]
+    order = [line.split()[1].rstrip(":") for line in out.splitlines() if line[:7] in ("FAIL   ", "WARN   ", "INFO   ")]
     assert order == [
         "sglang-symm-mem-keyerror",
         "sglang-scheduler-exception",
@@ -64,7 +64,7 @@ def test_an_error_finding_fails_and_is_listed_first_with_its_lines(tmp_path: Pat
     assert f"  at {tmp_path / 'server.log'}:5-7  [sglang]" in out
     assert "  | 7  KeyError: 12" in out
     assert "  $ stackgate provision --only patches" in out
-    assert out.rstrip().endswith("4 finding(s) (3 errors, 1 warning) in " + out.rstrip().rsplit(" in ", 1)[1])
+    assert out.rstrip().endswith("4 finding(s) (3 fail, 1 warn) in " + out.rstrip().rsplit(" in ", 1)[1])
     assert out.rstrip().endswith(": FAILED")
 
 
@@ -74,10 +74,10 @@ def test_warnings_alone_pass_and_a_healthy_log_passes(tmp_path: Path) -> None:
             paths=(write(tmp_path, "a.log", "Attention backend not specified. Use triton backend by default.\n"),)
         )
     )
-    assert code == ExitCode.PASSED and "passed (no error-level finding)" in out
+    assert code == ExitCode.PASSED and "passed (no failing finding)" in out
     code, out = run(DiagnoseRequest(paths=(HEALTHY,)))
     assert code == ExitCode.PASSED
-    assert "INFO     sglang-custom-allreduce-pcie" in out and "ERROR" not in out and "WARNING" not in out
+    assert "INFO     sglang-custom-allreduce-pcie" in out and "FAIL " not in out and "WARN " not in out
 
 
 def test_nothing_known_passes(tmp_path: Path) -> None:
@@ -118,12 +118,12 @@ def test_a_compressed_log_is_read(tmp_path: Path) -> None:
     ids=["missing", "directory", "bad-gzip"],
 )
 def test_an_unreadable_input_is_a_usage_error(tmp_path: Path, make, message: str) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(DiagnoseUsageError, match=message):
+    with pytest.raises(UsageError, match=message):
         run(DiagnoseRequest(paths=(HEALTHY, make(tmp_path))))
 
 
 def test_no_input_is_a_usage_error() -> None:
-    with pytest.raises(DiagnoseUsageError, match="nothing to diagnose"):
+    with pytest.raises(UsageError, match="nothing to diagnose"):
         run(DiagnoseRequest())
 
 
@@ -168,10 +168,10 @@ def test_the_json_report_carries_every_finding(tmp_path: Path) -> None:
     report = tmp_path / "out" / "diagnose.json"
     code, _ = run(DiagnoseRequest(paths=(log,), json_path=report, spec_path=LOCK))
     doc = json.loads(report.read_text())
-    assert doc["schema"] == "stackgate.diagnose/3" and doc["exit_code"] == int(code) == 1 and doc["verdict"] == "failed"
+    assert doc["schema"] == "stackgate.diagnose/4" and doc["exit_code"] == int(code) == 1 and doc["verdict"] == "failed"
     assert doc["lock"]["name"] == "blackwell-sm120-cu130"
     assert doc["inputs"] == [{"name": str(log), "lines": 8, "bytes": len(FAILED_START.encode())}]
-    assert doc["counts"] == {"error": 3, "warning": 1, "info": 0, "unrecognized": 0} and doc["unrecognized"] == []
+    assert doc["counts"] == {"fail": 3, "warn": 1, "info": 0, "unrecognized": 0} and doc["unrecognized"] == []
     first = doc["findings"][0]
     assert (
         first["id"] == "sglang-symm-mem-keyerror"
@@ -197,7 +197,7 @@ def test_the_rendered_finding_reads_exactly() -> None:
     assert lines == [
         "stackgate diagnose: 1 input(s)",
         "",
-        "ERROR    nccl-watchdog-timeout: A collective timed out (ALLREDUCE, sequence 5653)",
+        "FAIL     nccl-watchdog-timeout: A collective timed out (ALLREDUCE, sequence 5653)",
         "  at server.log:2  [nccl]",
         "  | 2  [rank5]:[E226 11:16:37.121617583 ProcessGroupNCCL.cpp:616] [Rank 5] "
         "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5653, OpType=ALLREDUCE, NumelIn=58720256, "
@@ -238,7 +238,7 @@ def test_invoke_diagnose_exit_codes(tmp_path: Path) -> None:
     bad = write(tmp_path, "server.log", FAILED_START)
     failed = invoke("--path", str(bad), "--path", str(HEALTHY))
     assert failed.returncode == 1, failed.stderr
-    assert "ERROR    sglang-symm-mem-keyerror" in failed.stdout
+    assert "FAIL     sglang-symm-mem-keyerror" in failed.stdout
     passed = invoke("--", str(HEALTHY))
     assert passed.returncode == 0 and "sglang-custom-allreduce-pcie" in passed.stdout
     missing = invoke("-p", str(tmp_path / "nope.log"))

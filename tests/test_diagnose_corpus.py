@@ -11,7 +11,7 @@ import pytest
 from diagnose_corpus import HELD_OUT_PROJECTS, Case, by_project, load, run, score
 
 from stackgate import scan
-from stackgate.commands import diagnose
+from stackgate.flows import diagnose
 from stackgate.models import kernelevents
 
 CASES = load()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from stackgate.commands import diagnose
+from stackgate.flows import diagnose
 from stackgate.models import knowledge
 from stackgate.models.spec import load_spec
 from stackgate.scan import Scanner, extract
@@ -171,7 +171,7 @@ def test_a_missing_moe_config_is_a_performance_warning() -> None:
             "can create them"
         )
     )
-    assert found.id == "moe-config-missing" and found.severity == "warning"
+    assert found.id == "moe-config-missing" and found.severity == "warn"
     assert (
         found.values["device"] == "NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition"
         and found.values["shape"] == "E=128 N=192"

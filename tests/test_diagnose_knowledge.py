@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from stackgate.checks import deep
-from stackgate.commands import diagnose
 from stackgate.facts.deepruns import AllReduceRequest, Sweep
+from stackgate.flows import diagnose
 from stackgate.models import knowledge
 from stackgate.models.finding import Finding
 from stackgate.models.spec import load_spec

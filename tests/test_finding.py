@@ -13,8 +13,8 @@ import pytest
 from stackgate import scan
 from stackgate.checks.abi import explain_import
 from stackgate.checks.smoke import logscan
-from stackgate.commands import diagnose
 from stackgate.facts import ImportOutcome
+from stackgate.flows import diagnose
 from stackgate.models import knowledge
 from stackgate.models.finding import Finding, FindingError, Fix
 from stackgate.models.spec import load_spec
@@ -87,7 +87,7 @@ def test_the_evidence_of_a_multi_line_event_names_its_first_and_last_line() -> N
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"severity": "fatal"}, "severity: 'fatal' is not one of info, warning, error"),
+        ({"severity": "fatal"}, "severity: 'fatal' is not one of info, warn, fail"),
         ({"fix": "Reinstall."}, "fix: missing or not an object"),
         ({"evidence": {"file": "x", "line": "7"}}, "line: missing or not a whole number"),
         ({"learned_from": None}, "learned_from: missing or not text"),
@@ -98,3 +98,18 @@ def test_a_finding_not_in_the_one_form_is_refused_naming_the_key(change: dict, m
     (finding,) = scanned(LINE, "x.log")
     with pytest.raises(FindingError, match=f"^{message}"):
         Finding.from_dict({**finding.to_dict(), **change})
+
+
+def test_one_severity_vocabulary_the_words_of_a_results_status() -> None:
+    from stackgate.models.finding import SEVERITIES
+    from stackgate.models.kernelevents import CATALOG
+    from stackgate.models.result import Status
+    from stackgate.models.spec.model import FUSION_SEVERITIES
+
+    words = {status.name.lower() for status in Status}
+    assert SEVERITIES == ("info", "warn", "fail") and set(SEVERITIES) - {"info"} <= words
+    assert set(FUSION_SEVERITIES) <= set(SEVERITIES) and {x.severity for x in CATALOG.values()} <= set(SEVERITIES)
+    assert {entry.severity for entry in knowledge.load()} <= set(SEVERITIES)
+    (finding,) = scanned(LINE, "x.log")
+    for old, new in (("error", "fail"), ("warning", "warn")):  # a document written before reads as it meant
+        assert Finding.from_dict({**finding.to_dict(), "severity": old}).severity == new

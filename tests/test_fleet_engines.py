@@ -26,8 +26,8 @@ from stackgate.edges import runner, ssh
 from stackgate.flows import fleetengines
 from stackgate.flows.fleetengine import Placement
 from stackgate.flows.fleetnode import NodeRun, Shipment
-from stackgate.flows.fleetrequest import FleetRequest, FleetUsageError
-from stackgate.models.exitcodes import ExitCode
+from stackgate.flows.fleetrequest import FleetRequest
+from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.fleetoptions import EngineOption
 from stackgate.models.inventory import Node
 from stackgate.render.ui import UI
@@ -79,7 +79,7 @@ class LocalEngine:
 
     def check(self, request: FleetRequest) -> None:
         if not request.options:
-            raise FleetUsageError("fleet --engine local: name the nodes' folders (--engine-option folders=A,B)")
+            raise UsageError("fleet --engine local: name the nodes' folders (--engine-option folders=A,B)")
 
     def place(self, request: FleetRequest, ui: UI) -> Placement:
         nodes = [Node(name=f.name, host="localhost", port=0, stackgate=str(f / "stackgate")) for f in request.options]

@@ -21,8 +21,9 @@ from fleet_sim import SimNode, SimTransport, rollbacks
 from smoke_support import ROOT
 
 from stackgate.commands import fleet
-from stackgate.models.exitcodes import ExitCode
-from stackgate.models.inventory import InventoryError, parse_hosts, parse_inventory
+from stackgate.flows.fleetrequest import MAX_NODES, FleetRequest, nodes_of
+from stackgate.models.exitcodes import ExitCode, UsageError
+from stackgate.models.inventory import parse_hosts, parse_inventory
 from stackgate.models.spec import SpecError
 from stackgate.render.ui import UI
 from stackgate.runs import aggregate
@@ -32,7 +33,7 @@ LOCK = ROOT / "lockfiles" / "blackwell-sm120-cu128.toml"  # a spec with a pylock
 
 def run(action: str, names: list[str], sims: dict[str, SimNode], tmp_path: Path, **request: object) -> tuple[int, dict]:
     out = tmp_path / "fleet.json"
-    chosen = fleet.FleetRequest(action=action, hosts=",".join(names), spec_path=LOCK, json_path=out, **request)  # type: ignore[arg-type]
+    chosen = FleetRequest(action=action, hosts=",".join(names), spec_path=LOCK, json_path=out, **request)  # type: ignore[arg-type]
     code = fleet.run(chosen, UI(stream=io.StringIO(), force_plain=True), SimTransport(sims))
     return code, json.loads(out.read_text())
 
@@ -85,7 +86,7 @@ def statuses(doc: dict) -> dict[str, str]:
     ],
 )
 def test_a_hostile_inventory_is_refused_naming_the_key(text, problem):
-    with pytest.raises(InventoryError) as caught:
+    with pytest.raises(UsageError) as caught:
         parse_inventory(text, "fleet.toml")
     assert problem in str(caught.value) and str(caught.value).startswith("fleet.toml: ")
 
@@ -102,7 +103,7 @@ def test_host_forms_are_judged_as_text_never_looked_up(monkeypatch):
         (":", "no host"),
         ("a,b,A", "twice"),
     ):
-        with pytest.raises(InventoryError) as caught:
+        with pytest.raises(UsageError) as caught:
             parse_hosts(bad)
         assert caught.value.args[0].startswith("--hosts: "), why
     assert [n.address for n in parse_hosts("gpu-01.example,10.0.0.1:2222,[fe80::1]:22")] == [
@@ -114,16 +115,16 @@ def test_host_forms_are_judged_as_text_never_looked_up(monkeypatch):
 
 def test_more_nodes_than_the_cap_are_refused_before_any_is_dialled(tmp_path):
     sims: dict[str, SimNode] = {}
-    many = ",".join(f"n{i}" for i in range(fleet.MAX_NODES + 1))
-    request = fleet.FleetRequest(action="gate", hosts=many, spec_path=LOCK, json_path=tmp_path / "fleet.json")
+    many = ",".join(f"n{i}" for i in range(MAX_NODES + 1))
+    request = FleetRequest(action="gate", hosts=many, spec_path=LOCK, json_path=tmp_path / "fleet.json")
     with pytest.raises(
-        fleet.FleetUsageError,
-        match=rf"^fleet: {fleet.MAX_NODES + 1} nodes, more than {fleet.MAX_NODES} \(--max-nodes\): nothing was dialled",
+        UsageError,
+        match=rf"^fleet: {MAX_NODES + 1} nodes, more than {MAX_NODES} \(--max-nodes\): nothing was dialled",
     ):
         fleet.run(request, UI(stream=io.StringIO(), force_plain=True), SimTransport(sims))
     assert sims == {} and not (tmp_path / "fleet.json").exists()
-    raised = dataclasses.replace(request, max_nodes=fleet.MAX_NODES + 1)
-    assert len(fleet.nodes_of(raised)) == fleet.MAX_NODES + 1
+    raised = dataclasses.replace(request, max_nodes=MAX_NODES + 1)
+    assert len(nodes_of(raised)) == MAX_NODES + 1
 
 
 def test_an_inventory_sets_defaults_and_each_node_overrides_them(tmp_path):
@@ -155,6 +156,7 @@ def test_a_bad_inventory_on_the_command_line_exits_2_before_connecting(tmp_path)
     )
     both = stackgate("fleet", "verify", "--hosts", "a", "--inventory", str(bad), history=tmp_path / "runs")
     assert both.returncode == ExitCode.USAGE and "one of them" in both.stderr
+    assert "  fix: stackgate fleet verify --hosts gpu01,gpu02" in both.stderr
     unknown = stackgate("fleet", "deploy", "--hosts", "a", history=tmp_path / "runs")
     assert unknown.returncode == ExitCode.USAGE and "unknown action 'deploy'" in unknown.stderr
     typo = stackgate("fleet", "verfy", "--hosts", "a", history=tmp_path / "runs")
@@ -231,7 +233,7 @@ def test_a_node_that_failed_before_smoke_differs_by_one_line_not_by_every_server
     sims = {"n1": SimNode(), "n2": SimNode(), "n3": SimNode(gate_exit=1, smoked=False)}
     sims["n3"].distributions["torch"] = "2.10.0"
     out, console = tmp_path / "fleet.json", io.StringIO()
-    request = fleet.FleetRequest(action="gate", hosts="n1,n2,n3", spec_path=LOCK, json_path=out)
+    request = FleetRequest(action="gate", hosts="n1,n2,n3", spec_path=LOCK, json_path=out)
     fleet.run(request, UI(stream=console, force_plain=True), SimTransport(sims))
     doc = json.loads(out.read_text())
     assert doc["groups"][1]["differences"] == {
@@ -249,7 +251,7 @@ def test_fleet_verify_says_nothing_of_fingerprints_it_never_takes(tmp_path):
     """verify's node reports carry no fingerprint (the gate takes it): no 'no fingerprint' line,
     no stack groups, no fleet.stacks case."""
     out, console, junit = tmp_path / "fleet.json", io.StringIO(), tmp_path / "fleet.xml"
-    request = fleet.FleetRequest(action="verify", hosts="n1,n2", spec_path=LOCK, json_path=out, junit_path=junit)
+    request = FleetRequest(action="verify", hosts="n1,n2", spec_path=LOCK, json_path=out, junit_path=junit)
     code = fleet.run(request, UI(stream=console, force_plain=True), SimTransport({}))
     doc = json.loads(out.read_text())
     assert code == ExitCode.PASSED and doc["groups"] == []
@@ -278,7 +280,7 @@ def test_lock_is_loaded_before_any_node_is_touched(tmp_path):
     sims: dict[str, SimNode] = {}
     with pytest.raises(SpecError):
         fleet.run(
-            fleet.FleetRequest(action="gate", hosts="a", spec_path=bad),
+            FleetRequest(action="gate", hosts="a", spec_path=bad),
             UI(stream=io.StringIO(), force_plain=True),
             SimTransport(sims),
         )
@@ -306,7 +308,7 @@ def test_a_hostile_node_report_fails_that_node_with_the_reason_and_prints_nothin
     stream = io.StringIO()
     out = tmp_path / "fleet.json"
     code = fleet.run(
-        fleet.FleetRequest(action="gate", hosts=",".join(sims), spec_path=LOCK, json_path=out),
+        FleetRequest(action="gate", hosts=",".join(sims), spec_path=LOCK, json_path=out),
         UI(stream=stream, force_plain=True),
         SimTransport(sims),
     )
@@ -386,9 +388,7 @@ def _verify_fleet(tmp_path: Path) -> tuple[dict[str, dict], str, str]:
         "terse": SimNode(gate_exit=1, raw_report=_verify_report({"gpu.ecc": "GPU 0: 3 uncorrectable ECC errors"})),
     }
     stream, out, md, page = io.StringIO(), tmp_path / "fleet.json", tmp_path / "fleet.md", tmp_path / "fleet.html"
-    request = fleet.FleetRequest(
-        action="verify", hosts="ok,wordy,terse", spec_path=LOCK, json_path=out, markdown_path=md
-    )
+    request = FleetRequest(action="verify", hosts="ok,wordy,terse", spec_path=LOCK, json_path=out, markdown_path=md)
     request = dataclasses.replace(request, html_path=page)
     assert fleet.run(request, UI(stream=stream, force_plain=True), SimTransport(sims)) == ExitCode.FAILED
     html = page.read_text()

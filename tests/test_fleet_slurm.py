@@ -30,7 +30,9 @@ from slurm_cluster import NODE_LOCAL, Cluster
 from smoke_support import FAKES, ROOT, free_port, living, wait_for
 from test_fleet import Fleet
 
-from stackgate.models.exitcodes import ExitCode
+from stackgate.flows.fleet_slurm import SlurmOptions
+from stackgate.flows.fleetrequest import FleetRequest
+from stackgate.models.exitcodes import ExitCode, UsageError
 
 # The canary a hostile reason would create if it ever ran: one path per test process, so that a
 # stale one (left by a run where the bug fired) cannot fail another run.
@@ -480,14 +482,13 @@ def test_what_a_node_prints_is_data_only_where_it_is_a_frame() -> None:
 def test_what_the_slurm_engine_cannot_take_is_refused_before_slurm_is_asked(
     changes: dict[str, Any], said: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from stackgate.commands import fleet as command
     from stackgate.flows import fleetengines
 
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     fields = {"action": "gate", "engine": "slurm", **changes}
-    fields["options"] = command.SlurmOptions(**fields.pop("slurm", {}))
-    with pytest.raises(command.FleetUsageError, match=re.escape(said)):
-        fleetengines.named("slurm").check(command.FleetRequest(**fields))
+    fields["options"] = SlurmOptions(**fields.pop("slurm", {}))
+    with pytest.raises(UsageError, match=re.escape(said)):
+        fleetengines.named("slurm").check(FleetRequest(**fields))
 
 
 def test_a_node_lost_mid_run_fails_alone(fleet: SlurmFleet, tmp_path: Path) -> None:

@@ -26,7 +26,10 @@ from test_fleet import Fleet, fleet_env, stackgate
 
 from stackgate.commands import fleet
 from stackgate.flows import fleetnode
-from stackgate.models.exitcodes import ExitCode
+from stackgate.flows.fleet import canary_rollout
+from stackgate.flows.fleetnode import NodeRun
+from stackgate.flows.fleetrequest import FleetRequest
+from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.inventory import parse_hosts
 from stackgate.render.ui import UI
 
@@ -47,7 +50,7 @@ def upgrade(
     names: list[str], sims: dict[str, SimNode], tmp_path: Path, **request: object
 ) -> tuple[int, dict, SimTransport, str]:
     out, stream = tmp_path / "fleet.json", io.StringIO()
-    chosen = fleet.FleetRequest(
+    chosen = FleetRequest(
         action="upgrade", hosts=",".join(names), to_path=new_spec(tmp_path), spec_path=LIVE, json_path=out, **request
     )  # type: ignore[arg-type]
     transport = SimTransport(sims)
@@ -213,7 +216,7 @@ def test_two_canaries_and_a_node_already_on_the_new_stack(tmp_path):
 def test_a_live_spec_of_the_same_name_is_shipped_beside_the_new_one(tmp_path):
     sims = {"n1": SimNode()}
     out = tmp_path / "fleet.json"
-    request = fleet.FleetRequest(
+    request = FleetRequest(
         action="upgrade",
         hosts="n1",
         to_path=LIVE,
@@ -258,8 +261,8 @@ def test_a_live_spec_of_the_same_name_is_shipped_beside_the_new_one(tmp_path):
 def test_what_fleet_upgrade_cannot_take_is_refused_before_any_node_is_touched(tmp_path, request_, said):
     sims: dict[str, SimNode] = {}
     chosen = {"action": "upgrade", "hosts": "a,b,c", "to_path": new_spec(tmp_path), "spec_path": LIVE, **request_}
-    with pytest.raises(fleet.FleetUsageError) as caught:
-        fleet.run(fleet.FleetRequest(**chosen), UI(stream=io.StringIO(), force_plain=True), SimTransport(sims))  # type: ignore[arg-type]
+    with pytest.raises(UsageError) as caught:
+        fleet.run(FleetRequest(**chosen), UI(stream=io.StringIO(), force_plain=True), SimTransport(sims))  # type: ignore[arg-type]
     assert said in str(caught.value) and sims == {}
 
 
@@ -399,9 +402,9 @@ def test_ctrl_c_during_the_canary_touches_no_other_node():
     def work(node, stop):
         began.append(node.name)
         stop.set()  # Ctrl-C while the canary runs: its remote group is stopped (tests/test_fleet.py, over real sshd)
-        return fleet.NodeRun(node, fleetnode.INTERRUPTED, "interrupted (Ctrl-C or SIGTERM)")
+        return NodeRun(node, fleetnode.INTERRUPTED, "interrupted (Ctrl-C or SIGTERM)")
 
-    ran = fleet.canary_rollout(nodes, 1, 2, work, stop)
+    ran = canary_rollout(nodes, 1, 2, work, stop)
     assert (
         began == ["a"]
         and [(n.status, n.reason) for n in ran[1:]] == [("not run", "not run: the fleet was interrupted")] * 2
@@ -417,4 +420,4 @@ def test_fleet_upgrade_usage_on_the_command_line_exits_2(tmp_path):
         done = stackgate("fleet", "upgrade", "--hosts", "a", *flags, history=tmp_path / "runs")
         assert done.returncode == ExitCode.USAGE and said in done.stderr and "Traceback" not in done.stderr
     done = stackgate("fleet", "gate", "--hosts", "a", "--canary", "2", history=tmp_path / "runs")
-    assert done.returncode == ExitCode.USAGE and "are for `fleet upgrade`" in done.stderr
+    assert done.returncode == ExitCode.USAGE and "takes no --canary: it is an option of fleet upgrade" in done.stderr

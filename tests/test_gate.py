@@ -21,10 +21,11 @@ from support import run_program
 
 from stackgate.checks.all import REGISTRY
 from stackgate.checks.core import run_checks, select
-from stackgate.commands import gate
+from stackgate.commands import gate as command
 from stackgate.edges import runner
 from stackgate.facts import Distribution, Facts, Missing, ProbeFacts
 from stackgate.facts.compare import environment_spec
+from stackgate.flows import gate
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.result import Result, Status, failed, passed, skipped, warned
 from stackgate.models.spec import Spec, load_spec
@@ -417,7 +418,7 @@ def run_gate(spec: Path, out: Path, **request: object) -> tuple[int, dict, str]:
         "prom_path": out.with_suffix(".prom"),
     }
     stream = io.StringIO()
-    code = gate.run(
+    code = command.run(
         gate.GateRequest(spec_path=spec, verify_checks=VERIFIABLE, **reports, **request),
         UI(stream=stream, force_plain=True),
     )

@@ -246,8 +246,11 @@ def test_report_a_shows_the_findings_of_a_run_kept_in_either_shape(tmp_path):
     runs.mkdir()
     new = keep(runs, doc, "2025-01-01T10:00:00+00:00")
     old = keep(runs, as_smoke_1(doc), "2025-01-02T10:00:00+00:00")
-    shown = f"  ERROR   cuda-out-of-memory: {finding['title']} (/logs/server.log:2)"
-    for run in (new, old):
+    worded = json.loads(json.dumps(doc))  # kept before findings said fail/warn: "error" reads as fail
+    worded["smoke"]["sessions"][0]["findings"][0]["severity"] = "error"
+    older = keep(runs, worded, "2025-01-03T10:00:00+00:00")
+    shown = f"  FAIL    cuda-out-of-memory: {finding['title']} (/logs/server.log:2)"
+    for run in (new, old, older):
         lines, err = report_a(runs, run.id)
         assert "known failures in the server logs (1):" in lines and shown in lines, lines
         assert err == ""
@@ -265,10 +268,7 @@ def test_a_finding_that_cannot_be_read_is_a_warning_not_a_crash(tmp_path):
     run = keep(tmp_path, doc, "2025-01-01T10:00:00+00:00")
     lines, err = report_a(tmp_path, run.id)
     assert "known failures in the server logs (1):" in lines
-    assert (
-        f"warning: a finding of run {run.id} cannot be read: severity: 'fatal' is not one of info, warning, error"
-        in err
-    )
+    assert f"warning: a finding of run {run.id} cannot be read: severity: 'fatal' is not one of info, warn, fail" in err
 
 
 def test_report_of_one_run_shows_a_nodes_reason_and_hostname_without_their_escape_sequences(tmp_path):

@@ -20,6 +20,7 @@ import pytest
 from history_support import gate_doc, keep
 
 from stackgate.commands import report as reporting
+from stackgate.models.exitcodes import UsageError
 from stackgate.models.result import Status
 from stackgate.render import html as htmlreport
 from stackgate.render.ui import UI
@@ -215,7 +216,7 @@ def test_a_hostile_copied_run_never_scripts_the_page_nor_crashes_report(tmp_path
     assert "gate.benchmark.tok_s.mean: inf, not a finite number" in text
     assert reporting.run(reporting.ReportRequest(runs=("-1",), runs_dir=folder), ui) == 0
     assert f"run {good.id} (gate of standin, passed" in out.getvalue()  # the newest run that is one
-    with pytest.raises(reporting.ReportUsageError, match=r"huge.json: damaged: gate.benchmark.tok_s.mean: inf"):
+    with pytest.raises(UsageError, match=r"huge.json: damaged: gate.benchmark.tok_s.mean: inf"):
         reporting.run(reporting.ReportRequest(runs=(str(huge),), runs_dir=folder), ui)
 
 

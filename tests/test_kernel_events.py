@@ -90,8 +90,8 @@ def test_the_xid_catalog_decodes_meaning_action_and_gpu() -> None:
     ]  # the driver's own "fallen off" line is the same event
     fallen, remap, aer = found
     assert fallen.title == "Xid 79 on GPU 2 (PCI 0000:1a:00): GPU has fallen off the bus: it stopped answering on PCIe"
-    assert fallen.severity == "error" and fallen.values["action"] == "RESTART_BM" and "reboot" in fallen.fix.text
-    assert remap.severity == "warning" and "activate the remapping" in remap.fix.text and remap.values["gpu"] == "1"
+    assert fallen.severity == "fail" and fallen.values["action"] == "RESTART_BM" and "reboot" in fallen.fix.text
+    assert remap.severity == "warn" and "activate the remapping" in remap.fix.text and remap.values["gpu"] == "1"
     assert aer.values["gpu"] == "0" and aer.evidence.count == 2 and "a corrected error" in aer.cause
 
 

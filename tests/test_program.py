@@ -5,6 +5,7 @@ from any directory with the lock and patch shipped in the package."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import os
@@ -21,8 +22,9 @@ from support import ROOT, SHOW_MODULES, isolated_environ, parsed, run_program
 
 from stackgate import __version__, cli
 from stackgate import program as main
-from stackgate.checks.core import CheckError
-from stackgate.commands import diagnose, gate, init, provision, report, smoke, upgrade, verify
+from stackgate.commands import diagnose, init, provision, report, verify
+from stackgate.flows import gate, smoke, upgrade
+from stackgate.flows.provision import ProvisionError
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.spec import SpecError
 from stackgate.serve.launch import LaunchError
@@ -270,7 +272,7 @@ def test_fleet_shows_its_help_and_names_the_action_it_lacks():
         helped = in_checkout("fleet", flag)
         assert helped.returncode == 0, helped.stderr
         assert helped.stdout.startswith("Usage: stackgate fleet ACTION [--options]\n"), helped.stdout
-        assert "--action=ACTION" in helped.stdout and "--hosts=HOSTS" in helped.stdout
+        assert "--hosts=HOSTS" in helped.stdout and "--action" not in helped.stdout  # --action stays a spelling
     bare = in_checkout("fleet")
     assert bare.returncode == ExitCode.USAGE
     assert bare.stderr.startswith("stackgate: fleet needs ACTION: what to run on every node: gate, verify"), bare.stderr
@@ -285,15 +287,95 @@ def test_fleet_shows_its_help_and_names_the_action_it_lacks():
     assert (first.args["action"].value, second.name) == ("gate", "verify")
 
 
-def test_fleet_help_names_its_action_and_groups_the_options_of_each_engine():
+def _sections(text: str) -> dict[str, str]:
+    """A help text's sections by heading (``Options:``, ``Options of --engine slurm:``, ``Actions:``)."""
+    found: dict[str, str] = {}
+    heading = "head"
+    for line in text.splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            heading = line
+            continue
+        found[heading] = found.get(heading, "") + line + "\n"
+    return found
+
+
+def test_fleet_help_lists_the_actions_and_the_options_all_of_them_take_grouped_per_engine():
     helped = in_checkout("fleet", "--help")
     assert helped.returncode == 0, helped.stderr
-    head, _, rest = helped.stdout.partition("Options:\n")
-    assert "Arguments:\n\n  ACTION   what to run on every node: gate, verify, provision" in head
-    common, _, slurm = rest.partition("Options of --engine slurm:\n")
-    assert "--engine-option=NAME=VALUE" in common and "--hosts=HOSTS" in common and "--partition" not in common
+    sections = _sections(helped.stdout)
+    assert list(sections) == ["head", "Actions:", "Options:", "Options of --engine slurm:", "Options of --engine ssh:"]
+    actions = [
+        line.split()[0] for line in sections["Actions:"].splitlines() if line.startswith("  ") and line[2] != " "
+    ]
+    assert actions == ["gate", "verify", "provision", "upgrade", "`stackgate"]  # then how to see one's options
+    assert "`stackgate fleet ACTION --help` shows an action's options" in sections["Actions:"]
+    common = sections["Options:"]
+    assert "--engine-option=NAME=VALUE" in common and "-j PATH, --json=PATH" in common
+    for only_some in (
+        "--parallel",
+        "--batch",
+        "--fast-only",
+        "--check",
+        "--to=",
+        "--canary",
+        "--partition",
+        "--hosts=",
+    ):
+        assert only_some not in common, only_some
+    slurm, ssh = sections["Options of --engine slurm:"], sections["Options of --engine ssh:"]
     assert "--partition=NAME" in slurm and "--slurm-arg=FLAG" in slurm and "--count-unavailable" in slurm
-    assert "[--engine slurm]" not in helped.stdout
+    assert "--hosts=HOSTS" in ssh and "--inventory=PATH" in ssh and "--connect-timeout=SECONDS" in ssh
+    assert "[--engine" not in helped.stdout and "[fleet " not in helped.stdout  # the groups' words are headings
+
+
+@pytest.mark.parametrize(
+    ("action", "own", "others"),
+    [
+        ("gate", ["--parallel=N", "--fast-only"], ["--batch", "--check", "--canary", "--to="]),
+        ("verify", ["--parallel=N", "-c NAME, --check=NAME"], ["--batch", "--fast-only", "--canary"]),
+        ("provision", ["--batch=N"], ["--parallel", "--fast-only", "--check", "--canary", "--to="]),
+        (
+            "upgrade",
+            ["--batch=N", "--to=SPEC", "--canary=N", "--switch=RULE", "--accept-output-change", "-m PATH, --model"],
+            ["--parallel", "--fast-only", "--check"],
+        ),
+    ],
+)
+def test_each_fleet_action_has_its_own_help_with_only_its_options(action, own, others):
+    for argv in (
+        ["fleet", action, "--help"],
+        ["fleet", "--hosts", "a", action, "-h"],
+        ["fleet", "--action", action, "-h"],
+    ):
+        helped = in_checkout(*argv)
+        assert helped.returncode == 0, helped.stderr
+        assert helped.stdout.startswith(f"Usage: stackgate fleet {action} [--options]\n"), helped.stdout
+        sections = _sections(helped.stdout)
+        assert list(sections)[1:] == ["Options:", "Options of --engine slurm:", "Options of --engine ssh:"], argv
+        assert all(flag in sections["Options:"] for flag in own), sections["Options:"]
+        assert not any(flag in helped.stdout for flag in [*others, "--action"]), helped.stdout
+        assert "--hosts=HOSTS" in sections["Options of --engine ssh:"]
+
+
+def test_an_option_of_another_fleet_action_is_refused_before_anything_runs(tmp_path):
+    for argv, said in (
+        (["verify", "--canary", "2"], "fleet verify takes no --canary: it is an option of fleet upgrade"),
+        (["gate", "--batch", "2"], "fleet gate takes no --batch: it is an option of fleet provision, upgrade"),
+        (["provision", "--check", "gpu.*"], "fleet provision takes no --check: it is an option of fleet verify"),
+        (["upgrade", "--fast-only"], "fleet upgrade takes no --fast-only: it is an option of fleet gate"),
+    ):
+        done = run_program("fleet", *argv, "--hosts", "127.0.0.1:9", cwd=tmp_path)
+        assert (done.returncode, done.stdout) == (ExitCode.USAGE, ""), (argv, done.stderr)
+        action = argv[0]
+        assert done.stderr.strip() == f"stackgate: {said} (`stackgate fleet {action} --help` lists its options)"
+
+
+def test_the_fleet_actions_name_only_options_the_fleet_task_has():
+    from stackgate.models.fleetoptions import ACTIONS
+
+    names = {str(argument.name) for argument in main.namespace["fleet"].get_arguments()}
+    assert {option for action in ACTIONS.values() for option in action.options} <= names
+    assert list(ACTIONS) == ["gate", "verify", "provision", "upgrade"]
 
 
 def test_usage_lines_show_the_bare_words_a_command_takes():
@@ -387,20 +469,7 @@ def test_a_command_line_that_cannot_be_parsed_is_bad_usage():
         assert (done.returncode, done.stderr.startswith("stackgate: ")) == (ExitCode.USAGE, True), (args, done.stderr)
 
 
-@pytest.mark.parametrize(
-    "error",
-    [
-        SpecError,
-        CheckError,
-        LaunchError,
-        diagnose.DiagnoseUsageError,
-        gate.GateUsageError,
-        provision.ProvisionUsageError,
-        report.ReportUsageError,
-        smoke.SmokeUsageError,
-        upgrade.UpgradeUsageError,
-    ],
-)
+@pytest.mark.parametrize("error", [SpecError, UsageError, LaunchError])
 def test_every_usage_error_is_one_type_and_exits_2(error):
     assert issubclass(error, UsageError)
     instance = error("lockfiles/x.toml", ["a: wrong"]) if error is SpecError else error("wrong")
@@ -413,11 +482,32 @@ def test_every_usage_error_is_one_type_and_exits_2(error):
     assert stopped.value.code == ExitCode.USAGE and str(stopped.value.message).startswith("stackgate: ")
 
 
+def test_usage_errors_are_one_type_but_two_that_carry_more():
+    """Every command raises UsageError itself; SpecError carries the lockfile's path and problems, and
+    LaunchError is the one the gate's and upgrade's smoke stages turn into a failed result."""
+    found = {
+        node.name: path.relative_to(ROOT).as_posix()
+        for path in sorted((ROOT / "stackgate").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef) and any(getattr(base, "id", None) == "UsageError" for base in node.bases)
+    }
+    assert found == {"SpecError": "stackgate/models/spec/reader.py", "LaunchError": "stackgate/serve/launch.py"}
+
+
+def test_a_usage_error_shows_its_hint_on_a_line_of_its_own(tmp_path):
+    done = run_program("verify", "--check", "gpu.nosuch", cwd=tmp_path)
+    assert done.returncode == ExitCode.USAGE, done.stderr
+    assert done.stderr.splitlines()[-2:] == [
+        "stackgate: no check matches 'gpu.nosuch'",
+        "  fix: stackgate verify --list",
+    ]
+
+
 def test_an_error_that_is_not_usage_is_not_turned_into_exit_2():
     def command() -> ExitCode:
-        raise provision.ProvisionError("the resolution failed")
+        raise ProvisionError("the resolution failed")
 
-    with pytest.raises(provision.ProvisionError):
+    with pytest.raises(ProvisionError):
         cli.run_command(command)
 
 

@@ -21,6 +21,8 @@ from stackgate.commands import gate, smoke
 from stackgate.commands import report as reporting
 from stackgate.edges.files import write_json
 from stackgate.facts.serverlog import excerpt
+from stackgate.flows.gate import GateRequest
+from stackgate.flows.smoke import SmokeRequest
 from stackgate.models.finding import Fix
 from stackgate.models.redact import REDACTED, is_secret_name, redact, redact_text, secrets_in
 from stackgate.models.result import Result, Status
@@ -317,7 +319,7 @@ def planted(tmp_path_factory, plain_python):
                 f"{kind}_path": folder / f"good.{suffix}"
                 for kind, suffix in (("json", "json"), ("junit", "xml"), ("markdown", "md"), ("prom", "prom"))
             }
-            request = gate.GateRequest(spec_path=spec, model=str(model), verify_checks=VERIFIABLE, **reports)
+            request = GateRequest(spec_path=spec, model=str(model), verify_checks=VERIFIABLE, **reports)
             assert _run("gate", console, lambda ui: gate.run(request, ui)) == 0, console["gate stdout"]
 
             rig.behave(hang=True)
@@ -327,7 +329,7 @@ def planted(tmp_path_factory, plain_python):
                 f"{kind}_path": folder / f"timed-out.{suffix}"
                 for kind, suffix in (("json", "json"), ("junit", "xml"), ("markdown", "md"), ("prom", "prom"))
             }
-            request = gate.GateRequest(spec_path=never, model=str(model), verify_checks=VERIFIABLE, **reports)
+            request = GateRequest(spec_path=never, model=str(model), verify_checks=VERIFIABLE, **reports)
             assert _run("timed-out gate", console, lambda ui: gate.run(request, ui)) == 1
 
             line = (
@@ -335,7 +337,7 @@ def planted(tmp_path_factory, plain_python):
                 f"{API_KEY}"
             )
             rig.behave(crash_at_start={"phase": "load", "lines": [line]})
-            chosen = smoke.SmokeRequest(spec_path=spec, model=str(model), json_path=folder / "smoke.json")
+            chosen = SmokeRequest(spec_path=spec, model=str(model), json_path=folder / "smoke.json")
             assert _run("smoke", console, lambda ui: smoke.run(chosen, ui)) == 1
         finally:
             kill_leftovers(rig)

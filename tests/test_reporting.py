@@ -12,6 +12,7 @@ from history_support import gate_doc, keep, smoke_doc
 from support import run_program
 
 from stackgate.commands import report as reporting
+from stackgate.models.exitcodes import UsageError
 from stackgate.models.result import Status
 from stackgate.models.spec import SpecError
 from stackgate.render.ui import UI
@@ -173,7 +174,7 @@ def test_usage_errors_name_the_problem(runs, tmp_path, runs_named, html, message
     request = reporting.ReportRequest(
         runs=runs_named, html_path=tmp_path / "page.html" if html else None, runs_dir=folder
     )
-    with pytest.raises(reporting.ReportUsageError) as caught:
+    with pytest.raises(UsageError) as caught:
         reporting.run(request, UI(stream=io.StringIO(), force_plain=True))
     assert str(caught.value).startswith(message)
     assert not (tmp_path / "page.html").exists()

@@ -15,6 +15,7 @@ from stackgate.commands import lock as command
 from stackgate.models import pylock
 from stackgate.models.exitcodes import ExitCode
 from stackgate.models.spec import load_spec
+from stackgate.render.locklines import UNCHANGED
 from stackgate.render.ui import UI
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -272,7 +273,7 @@ def test_a_spec_that_has_not_changed_is_answered_from_its_pylock_and_refresh_ask
     assert done.returncode == ExitCode.PASSED, done.stderr
     assert done.stdout.splitlines() == [
         f"unchanged: {target} matches lock.toml (9 distributions, 9 files, each with its sha256)",
-        f"  {command.UNCHANGED}",
+        f"  {UNCHANGED}",
     ]
     assert (len(stack_index.requests), target.read_bytes()) == (asked, before)  # no index was asked, nothing written
     refreshed = run_lock("--refresh")

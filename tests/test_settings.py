@@ -16,7 +16,8 @@ import pytest
 from stackgate.commands import verify
 from stackgate.edges import faults
 from stackgate.models import settings
-from stackgate.models.settings import SETTINGS, SettingError
+from stackgate.models.exitcodes import UsageError
+from stackgate.models.settings import SETTINGS
 from stackgate.models.spec import default_spec_path
 from stackgate.render.ui import UI, render_settings
 
@@ -124,13 +125,13 @@ def test_a_variable_overrides_the_default_and_says_so(env: str) -> None:
 @pytest.mark.parametrize("env", BAD)
 def test_a_bad_value_is_an_error_naming_the_variable(env: str) -> None:
     text, reason = BAD[env]
-    with pytest.raises(SettingError) as caught:
+    with pytest.raises(UsageError) as caught:
         SETTINGS[env].value({env: text})
     assert str(caught.value).startswith(f"${env}={text!r}: {reason}; unset, it is ")
 
 
 def test_every_bad_value_is_named_at_once() -> None:
-    with pytest.raises(SettingError) as caught:
+    with pytest.raises(UsageError) as caught:
         settings.report(
             {"STACKGATE_DEEP_TIMEOUT_S": "abc", "STACKGATE_KEEP_GENERATIONS": "0", "STACKGATE_LOG_DIR": "/tmp/x"}
         )
@@ -174,7 +175,7 @@ def test_settings_are_read_when_used_not_when_imported(monkeypatch: pytest.Monke
     assert deepruns._work_dir() == tmp_path / "deep" and (tmp_path / "deep").is_dir()
     assert toolkitsources._runfile_cache() == tmp_path / "runfiles"
     monkeypatch.setenv("STACKGATE_DEEP_TIMEOUT_S", "abc")
-    with pytest.raises(SettingError, match=r"^\$STACKGATE_DEEP_TIMEOUT_S='abc'"):
+    with pytest.raises(UsageError, match=r"^\$STACKGATE_DEEP_TIMEOUT_S='abc'"):
         deepruns.run_gpu_work(Path("/nonexistent/python"), deepruns.GpuWorkRequest(device="cpu"), {})
 
 

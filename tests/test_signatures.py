@@ -122,16 +122,16 @@ def test_the_knowledge_base_is_large_and_keeps_the_ids_others_use() -> None:
     "text",
     [
         (
-            'id = "x"\ntitle = "t"\ncomponent = "nope"\nstages = ["smoke"]\nseverity = "error"\npatterns = ["some '
+            'id = "x"\ntitle = "t"\ncomponent = "nope"\nstages = ["smoke"]\nseverity = "fail"\npatterns = ["some '
             'literal text"]\ncause = "c"\nfix = "f"\nsource = "s"\nexamples = ["e"]'
         ),
-        'id = "x"\ntitle = "t"\ncomponent = "torch"\nstages = ["smoke"]\nseverity = "error"\npatterns = ["some '
+        'id = "x"\ntitle = "t"\ncomponent = "torch"\nstages = ["smoke"]\nseverity = "fail"\npatterns = ["some '
         'literal text"]\ncause = "{nobody}"\nfix = "f"\nsource = "s"\nexamples = ["e"]',
-        'id = "x"\ntitle = "t"\ncomponent = "torch"\nstages = ["smoke"]\nseverity = "error"\npatterns = '
+        'id = "x"\ntitle = "t"\ncomponent = "torch"\nstages = ["smoke"]\nseverity = "fail"\npatterns = '
         '["(a|b)+"]\ncause = "c"\nfix = "f"\nsource = "s"\nexamples = ["e"]',
-        'id = "x"\ntitle = "t"\ncomponent = "torch"\nstages = ["smoke"]\nseverity = "error"\npatterns = '
+        'id = "x"\ntitle = "t"\ncomponent = "torch"\nstages = ["smoke"]\nseverity = "fail"\npatterns = '
         '["(unclosed"]\ncause = "c"\nfix = "f"\nsource = "s"\nexamples = ["e"]',
-        'id = "x"\ncomponent = "torch"\nstages = ["smoke"]\nseverity = "error"\npatterns = ["some literal '
+        'id = "x"\ncomponent = "torch"\nstages = ["smoke"]\nseverity = "fail"\npatterns = ["some literal '
         'text"]\ncause = "c"\nfix = "f"\nsource = "s"\nexamples = ["e"]',
         'id = "x"\ntitle = "t"\ncomponent = "torch"\nstages = ["smoke"]\nseverity = "fatal"\npatterns = ["some '
         'literal text"]\ncause = "c"\nfix = "f"\nsource = "s"\nexamples = ["e"]',
@@ -146,7 +146,7 @@ def test_a_malformed_entry_fails_at_load_with_its_file_and_id(tmp_path: Path, te
 
 def test_duplicate_ids_fail_at_load(tmp_path: Path) -> None:
     entry = (
-        '[[signature]]\nid = "x"\ntitle = "t"\ncomponent = "torch"\nstages = ["smoke"]\nseverity = "error"\n'
+        '[[signature]]\nid = "x"\ntitle = "t"\ncomponent = "torch"\nstages = ["smoke"]\nseverity = "fail"\n'
         'patterns = ["some literal text"]\ncause = "c"\nfix = "f"\nsource = "s"\nexamples = ["e"]\n'
     )
     (tmp_path / "a.toml").write_text(entry)

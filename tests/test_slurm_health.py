@@ -162,16 +162,18 @@ def test_a_node_running_a_job_is_not_drained_for_the_memory_its_job_holds(fleet:
 def test_occupancy_is_excused_only_on_a_node_given_to_a_job() -> None:
     """slurm-health's rule, by Slurm state: a failed gpu.processes is not judged on an allocated,
     mixed, completing or draining node; any other failure still counts."""
-    from stackgate.commands.slurmhealth import Finding, excuse
+    from stackgate.commands.slurmhealth import HealthVerdict, excuse
     from stackgate.edges.slurm import NodeState
 
-    held = Finding(False, "gpu.processes", "GPU 0 has 6144 MiB free", 1.0, (("gpu.processes", "FAIL", "GPU 0 .."),))
-    both = Finding(False, "gpu.processes", "x", 1.0, (("gpu.processes", "FAIL", "x"), ("gpu.count", "FAIL", "0 GPU")))
-    crashed = Finding(False, "gpu.processes", "boom", 1.0, (("gpu.processes", "ERROR", "boom"),))
+    held_by = (("gpu.processes", "FAIL", "GPU 0 .."),)
+    held = HealthVerdict(False, "gpu.processes", "GPU 0 has 6144 MiB free", 1.0, held_by)
+    both_by = (("gpu.processes", "FAIL", "x"), ("gpu.count", "FAIL", "0 GPU"))
+    both = HealthVerdict(False, "gpu.processes", "x", 1.0, both_by)
+    crashed = HealthVerdict(False, "gpu.processes", "boom", 1.0, (("gpu.processes", "ERROR", "boom"),))
     for state in ("allocated", "mixed", "completing", "draining", "mixed*"):
         done = excuse(held, NodeState("n1", state))
         assert done.healthy and done.excused == ("gpu.processes",), state
-        assert excuse(both, NodeState("n1", state)) == Finding(
+        assert excuse(both, NodeState("n1", state)) == HealthVerdict(
             False, "gpu.count", "0 GPU", 1.0, both.failed, ("gpu.processes",)
         )
         assert excuse(crashed, NodeState("n1", state)) == crashed  # a check that crashed is not the job's doing

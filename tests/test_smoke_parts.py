@@ -22,9 +22,9 @@ from smoke_support import living, wait_for
 from specs import minimal_spec
 
 from stackgate.checks.smoke import logscan, serverinfo
-from stackgate.commands import smoke
 from stackgate.edges.files import write_json
 from stackgate.facts import serverlog
+from stackgate.flows import smoke
 from stackgate.models import secretargs
 from stackgate.models.redact import REDACTED
 from stackgate.models.result import Status
@@ -349,7 +349,7 @@ def test_a_secret_option_may_name_a_variable_and_an_unset_one_is_refused():
 
 
 def test_the_evidence_cannot_be_judged_at_a_log_level_that_hides_info_lines():
-    unseen = serverlog.Evidence("--enable-flashinfer-allreduce-fusion", "FlashInfer workspace initialized")
+    unseen = serverlog.FlagSighting("--enable-flashinfer-allreduce-fusion", "FlashInfer workspace initialized")
     info = {"enable_flashinfer_allreduce_fusion": True, "log_level": "info"}
     assert serverinfo.check_evidence(unseen, info).status == Status.FAIL
     quiet = serverinfo.check_evidence(unseen, {**info, "log_level": "warning"})

@@ -16,6 +16,7 @@ import pytest
 from smoke_support import ROOT, assert_nothing_left, by_name
 from specs import minimal_spec
 
+from stackgate.models.exitcodes import UsageError
 from stackgate.models.result import Status
 from stackgate.models.spec import SpecError, loads_spec
 from stackgate.models.spec.sweep import Sweep
@@ -142,7 +143,7 @@ def test_a_sharegpt_dataset_gives_prompts_and_reply_lengths(tmp_path):
 )
 def test_a_hostile_dataset_is_refused_naming_where(tmp_path, content, want):
     (tmp_path / "chats.json").write_bytes(content)
-    with pytest.raises(prompts.PromptsError) as caught:
+    with pytest.raises(UsageError) as caught:
         prompts.prompt_maker(Sweep(dataset="chats.json"), tmp_path / "stackgate.toml")
     assert str(caught.value).startswith(f"smoke.sweep.dataset: {tmp_path / 'chats.json'}: ")
     assert want in str(caught.value)
@@ -243,11 +244,11 @@ def test_goodput_above_the_floor_passes(rig):
 
 
 def test_the_rates_option_is_parsed_and_checked():
-    from stackgate.commands.smoke import SmokeUsageError, parse_rates
+    from stackgate.commands.smoke import parse_rates
 
     assert parse_rates("2, 4.5") == (2.0, 4.5)
     for bad in ("2,x", "0", "nan", "-1"):
-        with pytest.raises(SmokeUsageError):
+        with pytest.raises(UsageError):
             parse_rates(bad)
 
 
@@ -319,10 +320,11 @@ def test_the_dry_run_lists_the_sweeps_checks(rig):
     import io
 
     from stackgate.commands import smoke
+    from stackgate.flows.smoke import SmokeRequest
     from stackgate.render.ui import UI
 
     out = io.StringIO()
-    request = smoke.SmokeRequest(spec_path=rig.spec(), rates=(2.0,), dry_run=True)
+    request = SmokeRequest(spec_path=rig.spec(), rates=(2.0,), dry_run=True)
     assert smoke.run(request, UI(stream=out, force_plain=True)) == 0
     assert "smoke.sweep" in out.getvalue() and "smoke.goodput" in out.getvalue()
     assert rig.events("started") == []

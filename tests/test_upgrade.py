@@ -23,8 +23,9 @@ from smoke_support import FAKES, Rig, assert_nothing_left, dead_runs_server, fre
 from support import run_program
 
 from stackgate.commands import provision, report, upgrade
+from stackgate.flows.upgrade import UpgradeRequest, UpgradeRun, upgrade_node
 from stackgate.models import pylock
-from stackgate.models.exitcodes import ExitCode
+from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.render.ui import UI
 from stackgate.stack import generations
 
@@ -176,9 +177,9 @@ class Node:
             tail=tail,
         )
 
-    def upgrade(self, to: Path, **request: Any) -> tuple[upgrade.UpgradeRun, dict[str, Any], str]:
+    def upgrade(self, to: Path, **request: Any) -> tuple[UpgradeRun, dict[str, Any], str]:
         out = io.StringIO()
-        chosen = upgrade.UpgradeRequest(
+        chosen = UpgradeRequest(
             to=to,
             spec_path=self.a,
             verify_checks=VERIFY,
@@ -187,7 +188,7 @@ class Node:
             json_path=self.tmp / "up.json",
             **request,
         )
-        done = upgrade.upgrade_node(chosen, UI(stream=out, force_plain=True), nvml_lib=fake_nvml)
+        done = upgrade_node(chosen, UI(stream=out, force_plain=True), nvml_lib=fake_nvml)
         upgrade.keep_legs(done, UI(stream=out, force_plain=True))  # as the command does
         doc = done.document()
         upgrade.write_reports(doc, chosen)
@@ -441,16 +442,14 @@ def test_bad_usage_is_refused_before_anything_runs(node: Node, tmp_path: Path) -
         ({"switch": "always"}, "--switch must be one of if-better, if-passes, never"),
         ({"json_path": tmp_path}, "--json .*: is a directory"),
     ):
-        with pytest.raises(upgrade.UpgradeUsageError, match=message):
-            upgrade.upgrade_node(
-                upgrade.UpgradeRequest(to=spec, spec_path=node.a, **request), UI(stream=io.StringIO(), force_plain=True)
+        with pytest.raises(UsageError, match=message):
+            upgrade_node(
+                UpgradeRequest(to=spec, spec_path=node.a, **request), UI(stream=io.StringIO(), force_plain=True)
             )
     unlocked = node.spec_b()
     pylock.path_for(unlocked).unlink()
-    with pytest.raises(upgrade.UpgradeUsageError, match="b.toml: .*pylock.* `stackgate lock --lock"):
-        upgrade.upgrade_node(
-            upgrade.UpgradeRequest(to=unlocked, spec_path=node.a), UI(stream=io.StringIO(), force_plain=True)
-        )
+    with pytest.raises(UsageError, match="b.toml: .*pylock.* `stackgate lock --lock"):
+        upgrade_node(UpgradeRequest(to=unlocked, spec_path=node.a), UI(stream=io.StringIO(), force_plain=True))
     empty = _spec(
         tmp_path / "c.toml",
         node.server,
@@ -460,10 +459,9 @@ def test_bad_usage_is_refused_before_anything_runs(node: Node, tmp_path: Path) -
         flashinfer="0.6.4",
         backend="flashinfer",
     )
-    with pytest.raises(
-        upgrade.UpgradeUsageError, match="nothing live to upgrade: .* does not exist; `stackgate provision --lock"
-    ):
-        upgrade.upgrade_node(upgrade.UpgradeRequest(to=empty), UI(stream=io.StringIO(), force_plain=True))
+    with pytest.raises(UsageError, match="nothing live to upgrade: .* does not exist; provision builds") as caught:
+        upgrade_node(UpgradeRequest(to=empty), UI(stream=io.StringIO(), force_plain=True))
+    assert caught.value.hint == f"stackgate provision --lock {empty}"
 
 
 _UPGRADE = """
@@ -473,10 +471,11 @@ sys.path.insert(0, json.loads(sys.argv[1])["checkout"])
 from invoke.exceptions import Exit
 from stackgate import cli
 from stackgate.commands import upgrade
+from stackgate.flows.upgraderun import UpgradeRequest
 from stackgate.render.ui import UI
 
 args = json.loads(sys.argv[1])
-request = upgrade.UpgradeRequest(to=Path(args["to"]), spec_path=Path(args["lock"]), verify_checks=tuple(args["verify"]), run_dir=Path(args["run_dir"]), json_path=Path(args["json"]), rounds=1)
+request = UpgradeRequest(to=Path(args["to"]), spec_path=Path(args["lock"]), verify_checks=tuple(args["verify"]), run_dir=Path(args["run_dir"]), json_path=Path(args["json"]), rounds=1)
 try:
     cli.run_command(lambda: upgrade.run(request, UI()))
 except Exit as stop:

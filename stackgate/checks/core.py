@@ -24,11 +24,7 @@ if TYPE_CHECKING:
     from stackgate.facts import Facts
     from stackgate.models.spec import Spec
 
-__all__ = ["REGISTRY", "Check", "CheckError", "check", "run_checks", "select"]
-
-
-class CheckError(UsageError):
-    """A selection of checks that names nothing, or a registry misuse."""
+__all__ = ["REGISTRY", "Check", "check", "run_checks", "select"]
 
 
 CheckFunction = Callable[["Spec", "Facts"], Result]
@@ -73,7 +69,7 @@ def check(
 
     def register(function: CheckFunction) -> CheckFunction:
         if name in REGISTRY:
-            raise CheckError(f"check {name!r} is registered twice")
+            raise UsageError(f"check {name!r} is registered twice")
         title = (function.__doc__ or name).strip().splitlines()[0]
         REGISTRY[name] = Check(name, function, title, tuple(needs), timeout_s, slow, named_only)
         return function
@@ -101,7 +97,7 @@ def select(
             if c.name == pattern or fnmatch.fnmatchcase(c.name, pattern) or c.name.startswith(pattern + ".")
         ]
         if not hits:
-            raise CheckError(f"no check matches {pattern!r}; `stackgate verify --list` lists them")
+            raise UsageError(f"no check matches {pattern!r}", hint="stackgate verify --list")
         chosen.extend(c for c in hits if c not in chosen)
     return [c for c in checks if c in chosen]
 

@@ -319,7 +319,7 @@ def kernel_events(spec: Spec, facts: Facts) -> Result:
     worst = found[0]
     summary = f"{len(found)} kind(s) of GPU event on this boot, first: {worst.title}"
     fix = Fix(worst.fix.text + " `stackgate diagnose --kernel` explains each event.", worst.fix.commands)
-    if any(f.severity == "error" for f in found):
+    if any(f.severity == "fail" for f in found):
         return failed(summary, details, fix, data)
     return warned(summary, details, fix, data)
 

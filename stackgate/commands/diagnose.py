@@ -20,38 +20,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from stackgate.flows.diagnose import (
-    SCHEMA,
     STDIN,
-    DiagnoseUsageError,
     Diagnosis,
-    Input,
     borrowed,
     diagnose,
     document,
-    gpu_indexes,
     live_kernel_log,
     opener,
 )
 from stackgate.models import knowledge, settings
-from stackgate.models.exitcodes import ExitCode
+from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.render.outputs import JSON, Output, check_outputs, write_reports
 
 if TYPE_CHECKING:  # the spec module loads only when diagnose runs
     from stackgate.models.spec import Spec
 
-__all__ = [
-    "SCHEMA",
-    "DiagnoseUsageError",
-    "DiagnoseRequest",
-    "Diagnosis",
-    "Input",
-    "diagnose",
-    "document",
-    "gpu_indexes",
-    "inputs_summary",
-    "run",
-    "verdict_line",
-]
+__all__ = ["DiagnoseRequest", "inputs_summary", "run", "verdict_line"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,17 +57,17 @@ def run(request: DiagnoseRequest, ui: Any, stdin: BinaryIO | None = None) -> Exi
     named = request.stdin or len(paths) < len(request.paths)
     read_stdin = named or (not paths and not kernel and not request.bundle_path and _piped(stdin or sys.stdin))
     if not paths and not read_stdin and not kernel and not request.bundle_path:
-        raise DiagnoseUsageError(
+        raise UsageError(
             "nothing to diagnose: give one or more log files (- for standard input), --stdin, --kernel or --bundle PATH"
         )
     saved_kernel = (request.kernel_path,) if request.kernel_path is not None else ()  # --kernel-log: one more input
     openers = [opener(path) for path in (*paths, *saved_kernel)]  # every file is checked before any is read
     if request.bundle_path is not None and request.bundle_path.is_dir():
-        raise DiagnoseUsageError(f"--bundle: {request.bundle_path} is a directory; name the .tar.gz to write")
+        raise UsageError(f"--bundle: {request.bundle_path} is a directory; name the .tar.gz to write")
     outputs = {"--json": Output(request.json_path, JSON)}
     problem = check_outputs(outputs)
     if problem is not None:
-        raise DiagnoseUsageError(problem)
+        raise UsageError(problem)
     if read_stdin:
         openers.append((STDIN, lambda: borrowed(stdin or sys.stdin.buffer)))
     spec = _load_spec(request.spec_path)
@@ -103,7 +87,7 @@ def run(request: DiagnoseRequest, ui: Any, stdin: BinaryIO | None = None) -> Exi
             try:
                 made = bundle.write(request.bundle_path, spec=spec, diagnose_report=document(done))
             except bundle.BundleError as exc:
-                raise DiagnoseUsageError(str(exc)) from exc
+                raise UsageError(str(exc)) from exc
         ui.line(
             f"support bundle: {request.bundle_path} ({len(made.members) + 1} files, secrets redacted; "
             f"{len(made.notes)} part(s) missing, see NOTES.txt)"
@@ -135,16 +119,13 @@ def _load_spec(path: Path | None) -> Spec | None:
 
 
 def verdict_line(done: Diagnosis) -> str:
-    """``3 findings (2 errors, 1 warning) in 0.41 s: FAILED``; a run with no error passes."""
+    """``3 finding(s) (2 fail, 1 warn) in 0.41 s: FAILED``; a run with no failing finding passes."""
     counts = {k: v for k, v in done.counts.items() if k != "unrecognized"}
     apart = f"; {len(done.unrecognized)} unrecognized failure(s)" if done.unrecognized else ""
     if not done.findings and not done.unrecognized:
         return f"no known failure found in {done.duration_s:.2f} s: passed"
-    parts = (
-        ", ".join(f"{n} {word}{'s' if n != 1 and word != 'info' else ''}" for word, n in counts.items() if n)
-        or "none recognised"
-    )
-    word = "FAILED" if done.exit_code else "passed (no error-level finding)"
+    parts = ", ".join(f"{n} {word}" for word, n in counts.items() if n) or "none recognised"
+    word = "FAILED" if done.exit_code else "passed (no failing finding)"
     return f"{len(done.findings)} finding(s) ({parts}){apart} in {done.duration_s:.2f} s: {word}"
 
 

@@ -16,30 +16,15 @@ from typing import Any, Callable, Mapping
 
 from stackgate.edges import ssh
 from stackgate.flows import fleetengines
-from stackgate.flows.fleet import SCHEMA, FleetRun, canary_rollout, document, rolling, run_fleet, run_nodes
-from stackgate.flows.fleet_slurm import SlurmOptions
-from stackgate.flows.fleetnode import (
-    NodeRun,
-    Remote,
-    Shipment,
-    gate_on_node,
-    on_node,
-    provision_on_node,
-    upgrade_on_node,
+from stackgate.flows.fleet import (
+    FleetRun,
 )
 from stackgate.flows.fleetrequest import (
-    ACTIONS,
-    MAX_NODES,
-    SWITCHES,
     FleetRequest,
-    FleetUsageError,
-    nodes_of,
-    seconds,
     upgrade_specs,
-    whole,
 )
 from stackgate.models import settings
-from stackgate.models.exitcodes import ExitCode
+from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.redact import redact
 from stackgate.models.spec import load_spec
 from stackgate.render import fleetreport, outputs
@@ -47,33 +32,7 @@ from stackgate.render.outputs import JSON, Output
 from stackgate.render.ui import UI
 from stackgate.runs import history
 
-__all__ = [
-    "ACTIONS",
-    "MAX_NODES",
-    "SCHEMA",
-    "SWITCHES",
-    "FleetRequest",
-    "FleetRun",
-    "FleetUsageError",
-    "NodeRun",
-    "Remote",
-    "Shipment",
-    "SlurmOptions",
-    "canary_rollout",
-    "engine_options",
-    "document",
-    "gate_on_node",
-    "nodes_of",
-    "on_node",
-    "provision_on_node",
-    "rolling",
-    "run",
-    "run_fleet",
-    "run_nodes",
-    "seconds",
-    "upgrade_on_node",
-    "whole",
-]
+__all__ = ["engine_options", "run"]
 
 engine_options = fleetengines.engine_options
 
@@ -95,7 +54,7 @@ def check_outputs(request: FleetRequest) -> None:
     """Refuse, before any node is touched, a report path that could not be written at the end."""
     problem = outputs.check_outputs(reports(request))
     if problem is not None:
-        raise FleetUsageError(problem)
+        raise UsageError(problem)
 
 
 def keep_node_runs(done: FleetRun, warn: Callable[[str], None]) -> list[Path]:

@@ -9,16 +9,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from stackgate.flows.gate import (
-    SCHEMA,
-    STAGES,
-    GateContext,
     GateRequest,
     GateRun,
-    Stage,
-    StageInterrupted,
-    StageRun,
     run_gate,
-    run_stages,
 )
 from stackgate.flows.smokerun import SmokeRun
 from stackgate.models import settings
@@ -32,24 +25,7 @@ from stackgate.render.ui import UI
 from stackgate.runs import history
 from stackgate.serve import launch
 
-__all__ = [
-    "SCHEMA",
-    "STAGES",
-    "GateContext",
-    "GateRequest",
-    "GateRun",
-    "GateUsageError",
-    "Stage",
-    "StageInterrupted",
-    "StageRun",
-    "run",
-    "run_gate",
-    "run_stages",
-]
-
-
-class GateUsageError(UsageError):
-    """Options the gate cannot take (an output that cannot be written): nothing was run."""
+__all__ = ["run"]
 
 
 def run(request: GateRequest, ui: UI) -> ExitCode:
@@ -61,7 +37,7 @@ def run(request: GateRequest, ui: UI) -> ExitCode:
     ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.spec_path)}))
     problem = check_outputs(_outputs(request))
     if problem is not None:
-        raise GateUsageError(problem)
+        raise UsageError(problem)
     done = run_gate(request, ui)
     doc = redact(done.document())
     if done.usage is not None:

@@ -32,11 +32,7 @@ from stackgate.render.spectext import machine_spec
 from stackgate.render.ui import UI
 from stackgate.stack import healthunits
 
-__all__ = ["InitRequest", "InitUsageError", "profiles", "run", "target_path"]
-
-
-class InitUsageError(UsageError):
-    """A request `stackgate init` cannot take (exit 2): nothing was written."""
+__all__ = ["InitRequest", "profiles", "run", "target_path"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,25 +71,24 @@ def run(request: InitRequest, ui: UI) -> ExitCode:
     if request.health_units is not None:
         return _health_units(request, environ, ui)
     if request.spec is not None or request.dry_run:
-        raise InitUsageError("--lock and --dry-run go with --health-units DIR (the health check's units)")
+        raise UsageError("--lock and --dry-run go with --health-units DIR (the health check's units)")
     if request.list_only:
         if request.profile or request.out or request.system or request.python:
-            raise InitUsageError("--list only lists the shipped profiles: it takes no other option")
+            raise UsageError("--list only lists the shipped profiles: it takes no other option")
         return _list(ui)
     target = target_path(request, environ)
     if request.system and request.out is not None:
-        raise InitUsageError("--system writes /etc/stackgate/stack.toml; --out names another file: give one of them")
+        raise UsageError("--system writes /etc/stackgate/stack.toml; --out names another file: give one of them")
     if request.profile is not None and request.profile not in profiles():
-        raise InitUsageError(
-            f"no shipped profile {request.profile!r}: the profiles are {', '.join(profiles())} (stackgate init --list)"
+        raise UsageError(
+            f"no shipped profile {request.profile!r}: the profiles are {', '.join(profiles())}",
+            hint="stackgate init --list",
         )
     if is_shipped(target):
-        raise InitUsageError(f"{target} is inside the stackgate package: nothing is written there")
+        raise UsageError(f"{target} is inside the stackgate package: nothing is written there")
     for there in (target, pylock.path_for(target)):  # a pylock beside resolves the spec it was made for
         if there.exists() and not request.force:
-            raise InitUsageError(
-                f"{there} exists: nothing was written (--force replaces it; --out FILE writes elsewhere)"
-            )
+            raise UsageError(f"{there} exists: nothing was written (--force replaces it; --out FILE writes elsewhere)")
     if request.profile is not None:
         return _copy_profile(request.profile, target, ui, force=request.force)
     return _describe(request, target, environ, ui)
@@ -103,9 +98,7 @@ def _health_units(request: InitRequest, environ: Mapping[str, str], ui: UI) -> E
     """Write (or print) the health check's units for this installed program and the machine's spec."""
     assert request.health_units is not None
     if request.profile or request.out or request.system or request.python or request.list_only:
-        raise InitUsageError(
-            "--health-units DIR writes the health check's units: it takes only --lock, --dry-run, --force"
-        )
+        raise UsageError("--health-units DIR writes the health check's units: it takes only --lock, --dry-run, --force")
     program = healthunits.installed_program(request.argv0 or sys.argv[0], sys.executable)
     spec = _health_spec(request.spec, environ, ui)
     units = {request.health_units / unit.name: unit.text for unit in healthunits.render_units(program, spec)}
@@ -118,7 +111,7 @@ def _health_units(request: InitRequest, environ: Mapping[str, str], ui: UI) -> E
     refused = [str(path) for path, state in states.items() if state == "differs" and not request.force]
     if refused:
         are = "exists and differs" if len(refused) == 1 else "exist and differ"
-        raise InitUsageError(
+        raise UsageError(
             f"{' and '.join(refused)} {are} from the units for {program}: nothing was written "
             "(--force replaces them; --dry-run shows what would be written)"
         )
@@ -154,7 +147,7 @@ def _unit_state(path: Path, text: str) -> str:
     except FileNotFoundError:
         return "new"
     except (OSError, UnicodeDecodeError) as exc:
-        raise InitUsageError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        raise UsageError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
     return "same" if have == text else "differs"
 
 
@@ -206,16 +199,14 @@ def _refuse_without(machine: Machine) -> None:
     """init describes a GPU machine with a stack interpreter; without either there is nothing to pin."""
     if isinstance(machine.nvml, Missing) or not machine.nvml.gpus:
         why = machine.nvml.reason if isinstance(machine.nvml, Missing) else "the driver shows no GPU"
-        raise InitUsageError(
-            f"no NVIDIA GPU to describe ({why}): pick a shipped profile instead (stackgate init --list)"
+        raise UsageError(
+            f"no NVIDIA GPU to describe ({why}): pick a shipped profile instead", hint="stackgate init --list"
         )
     if not any(gpu.capability for gpu in machine.nvml.gpus):
         unknown = "; ".join(f"{g.label}: {dict(g.unknown).get('capability')}" for g in machine.nvml.gpus)
-        raise InitUsageError(
-            f"NVML gives no GPU's compute capability ({unknown}): write [hardware] by hand, or --profile"
-        )
+        raise UsageError(f"NVML gives no GPU's compute capability ({unknown}): write [hardware] by hand, or --profile")
     if isinstance(machine.python, Missing):
-        raise InitUsageError(machine.python.reason)
+        raise UsageError(machine.python.reason)
 
 
 def _notes(machine: Machine, spec: Spec, environ: Mapping[str, str]) -> list[str]:
@@ -243,9 +234,7 @@ def _drop_stale_pylock(target: Path, ui: UI) -> None:
         try:
             stale.unlink()
         except OSError as exc:
-            raise InitUsageError(
-                f"cannot remove {stale}, the pylock of the replaced spec: {exc.strerror or exc}"
-            ) from None
+            raise UsageError(f"cannot remove {stale}, the pylock of the replaced spec: {exc.strerror or exc}") from None
         ui.line(f"removed {stale}: it resolved the replaced spec (`stackgate lock` makes this one's)")
 
 
@@ -255,7 +244,7 @@ def _write(path: Path, text: str) -> None:
         write_text(path, text)
     except OSError as exc:
         hint = " (--system writes /etc/stackgate: run it as root)" if path.is_relative_to("/etc") else ""
-        raise InitUsageError(f"cannot write {path}: {exc.strerror or exc}{hint}") from None
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}{hint}") from None
 
 
 def _next_steps(target: Path, ui: UI) -> None:

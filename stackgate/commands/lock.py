@@ -30,15 +30,11 @@ from stackgate.flows.lock import Locking, current, run_lock
 from stackgate.models import pylock
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.spec import DEFAULT_SPEC, Spec, load_spec, read_only_problem
-from stackgate.render.locklines import UNCHANGED, size
+from stackgate.render.locklines import size
 from stackgate.render.ui import UI
 from stackgate.stack import pyenv, resolve
 
-__all__ = ["UNCHANGED", "LockRequest", "LockUsageError", "fix_command", "run", "shipped_specs"]
-
-
-class LockUsageError(UsageError):
-    """A request `stackgate lock` cannot take (exit 2): nothing was written."""
+__all__ = ["LockRequest", "fix_command", "run", "shipped_specs"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,11 +61,11 @@ def shipped_specs() -> list[Path]:
 def run(request: LockRequest, ui: UI) -> ExitCode:
     """The lock command."""
     if request.all_specs and not request.check:
-        raise LockUsageError(
+        raise UsageError(
             "--all goes with --up-to-date (--check): each spec is resolved on its own (stackgate lock --lock SPEC)"
         )
     if request.check and (request.upgrade or request.wheelhouse or request.refresh):
-        raise LockUsageError("--check only reads: it takes no --upgrade-package, --wheelhouse or --refresh")
+        raise UsageError("--check only reads: it takes no --upgrade-package, --wheelhouse or --refresh")
     if request.check:
         specs: list[Path | None] = (
             [*shipped_specs()] if request.all_specs else [request.spec_path]
@@ -83,11 +79,11 @@ def run(request: LockRequest, ui: UI) -> ExitCode:
     action = f"`stackgate lock` (its {pylock.path_for(spec.path).name})"
     read_only = read_only_problem(spec.path, action) if writes else None
     if read_only is not None:
-        raise LockUsageError(read_only)
+        raise UsageError(read_only)
     environ = dict(os.environ if request.environ is None else request.environ)
     uv = pyenv.find_uv()
     if uv is None:
-        raise LockUsageError("uv is not installed: `stackgate lock` resolves with it (python3 -m pip install uv)")
+        raise UsageError("uv is not installed: `stackgate lock` resolves with it", hint="python3 -m pip install uv")
     locking = Locking(
         spec, uv, environ, ui, upgrade=request.upgrade, refresh=request.refresh, wheelhouse=request.wheelhouse
     )
@@ -95,7 +91,7 @@ def run(request: LockRequest, ui: UI) -> ExitCode:
         run_lock(locking)
     except resolve.ResolveError as exc:
         if isinstance(exc.__cause__, fetch.PartRefused):  # a file planted in the wheelhouse: hostile input
-            raise LockUsageError(f"{exc}; the pylock was left as it was") from exc
+            raise UsageError(f"{exc}; the pylock was left as it was") from exc
         ui.tail(f"stackgate lock: {exc}", exc.log, exc.tail)
         target = pylock.path_for(spec.path)
         left = f"{target} was left as it was" if target.exists() else f"no pylock was written ({target} does not exist)"
@@ -116,7 +112,7 @@ def _check_upgrade_names(spec: Spec, names: tuple[str, ...]) -> None:
     unknown = [name for name in names if canonicalize_name(name) not in known]
     if unknown:
         lines = [f"--upgrade-package {name}: not in {where}{_closest(name, known)}" for name in unknown]
-        raise LockUsageError("\n".join(lines))
+        raise UsageError("\n".join(lines))
 
 
 def _closest(name: str, known: list[str]) -> str:

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from stackgate.flows.provision import (
-    LIVE_ACTIONS,
     Built,
     ProvisionError,
     advice,
@@ -25,9 +24,7 @@ from stackgate.flows.provision import (
     known_failures,
     make_plan,
     other_spec,
-    plan_for,
     refusal,
-    split_live,
     sweep,
 )
 from stackgate.models import pylock
@@ -38,22 +35,7 @@ from stackgate.render.ui import UI
 from stackgate.stack import generations, guard, patching, pyenv, toolkit
 from stackgate.stack.plan import AREAS, Plan
 
-__all__ = [
-    "LIVE_ACTIONS",
-    "ProvisionError",
-    "ProvisionRequest",
-    "ProvisionUsageError",
-    "RollbackRequest",
-    "apply",
-    "plan_for",
-    "rollback",
-    "run",
-    "split_live",
-]
-
-
-class ProvisionUsageError(UsageError):
-    """A request provision cannot take (exit 2): nothing was changed."""
+__all__ = ["ProvisionRequest", "RollbackRequest", "rollback", "run"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,7 +63,7 @@ def _load(spec_path: Path | None) -> Spec:
     spec = dataclasses.replace(spec, path=Path(os.path.abspath(spec.path)))
     pylock.check_beside(spec)
     if spec.python.root is None:
-        raise ProvisionUsageError(
+        raise UsageError(
             f"{spec.path}: python.interpreter names an existing environment ({spec.python.interpreter}); "
             "provision builds only a stackgate-managed one: set python.root instead"
         )
@@ -91,7 +73,7 @@ def _load(spec_path: Path | None) -> Spec:
 def run(request: ProvisionRequest, ui: UI) -> ExitCode:
     """The provision command: plan, show, apply, check, switch, verify."""
     if request.only is not None and request.only not in AREAS:
-        raise ProvisionUsageError(f"--only must be one of {', '.join(AREAS)}, not {request.only!r}")
+        raise UsageError(f"--only must be one of {', '.join(AREAS)}, not {request.only!r}")
     spec = _load(request.spec_path)
     environ = dict(os.environ if request.environ is None else request.environ)
     root = spec.python.root
@@ -210,7 +192,7 @@ def _show(the_plan: Plan, ui: UI) -> None:
 def _confirmed(the_plan: Plan, ui: UI) -> bool:
     answer = ui.confirm(f"apply these {len(the_plan.steps)} steps?")
     if answer is None:
-        raise ProvisionUsageError(
+        raise UsageError(
             "the plan changes this machine and there is no terminal to ask: "
             "pass --yes (or --dry-run to only see the plan)"
         )

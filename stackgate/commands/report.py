@@ -32,20 +32,16 @@ from stackgate.edges.files import write_text
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.redact import redact
 from stackgate.models.spec import SpecError, load_spec
-from stackgate.render.runlines import list_runs, show_comparison, show_findings, show_regressions, show_run
+from stackgate.render.runlines import list_runs, show_comparison, show_regressions, show_run
 from stackgate.render.ui import UI
 from stackgate.runs import catalog, history, index
 
 if TYPE_CHECKING:
     pass
 
-__all__ = ["ReportRequest", "ReportUsageError", "parse_number", "run", "show_findings", "show_regressions"]
+__all__ = ["ReportRequest", "parse_number", "run"]
 
 N = TypeVar("N", int, float)
-
-
-class ReportUsageError(UsageError):
-    """Bad usage: too many runs named, or one that cannot be found or read."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,27 +88,25 @@ def parse_number(flag: str, text: str | None, default: N) -> N:
     try:
         return type(default)(text)
     except ValueError:
-        raise ReportUsageError(
-            f"{flag}: {text!r} is not a {'whole ' if isinstance(default, int) else ''}number"
-        ) from None
+        raise UsageError(f"{flag}: {text!r} is not a {'whole ' if isinstance(default, int) else ''}number") from None
 
 
 def _check(request: ReportRequest) -> None:
     if len(request.runs) > 2:
-        raise ReportUsageError(f"name at most two runs (A, or A B to compare), not {len(request.runs)}")
+        raise UsageError(f"name at most two runs (A, or A B to compare), not {len(request.runs)}")
     if request.html_path is not None and len(request.runs) > 1:
-        raise ReportUsageError("--html takes at most one run (none: the history)")
+        raise UsageError("--html takes at most one run (none: the history)")
     if request.last < 1:
-        raise ReportUsageError(f"--last: {request.last}: show at least 1 run")
+        raise UsageError(f"--last: {request.last}: show at least 1 run")
     if not 0 < request.threshold_pct < 100:
-        raise ReportUsageError(f"--threshold: {request.threshold_pct:g}: a percentage above 0 and below 100")
+        raise UsageError(f"--threshold: {request.threshold_pct:g}: a percentage above 0 and below 100")
     alone = [
         flag
         for flag, given in (("--reindex", request.reindex), ("--regressed-since", request.regressed_since is not None))
         if given
     ]
     if alone and (request.runs or request.html_path is not None or len(alone) > 1):
-        raise ReportUsageError(f"{alone[0]} takes no run, no --html{' and no ' + alone[1] if len(alone) > 1 else ''}")
+        raise UsageError(f"{alone[0]} takes no run, no --html{' and no ' + alone[1] if len(alone) > 1 else ''}")
 
 
 def _reindex(directory: Path, ui: UI) -> ExitCode:
@@ -122,7 +116,7 @@ def _reindex(directory: Path, ui: UI) -> ExitCode:
     try:
         done = catalog.reindex(directory)
     except index.IndexUnusable as exc:
-        raise ReportUsageError(f"cannot rebuild the run index of {directory}: {exc}") from None
+        raise UsageError(f"cannot rebuild the run index of {directory}: {exc}") from None
     skipped = f", {done.skipped} file(s) skipped (not runs; `stackgate report` names them)" if done.skipped else ""
     ui.line(
         f"indexed {done.runs} run(s) of {directory} in {done.seconds:.1f} s{skipped}: {index.database_path(directory)}"
@@ -134,7 +128,7 @@ def _regressed(directory: Path, request: ReportRequest, ui: UI) -> ExitCode:
     try:
         since = catalog.parse_since(request.regressed_since or "")
     except ValueError as exc:
-        raise ReportUsageError(f"--regressed-since: {exc}") from None
+        raise UsageError(f"--regressed-since: {exc}") from None
     found, nodes = catalog.regressed_since(directory, since, ui.warn, threshold=request.threshold_pct / 100)
     show_regressions(found, nodes, since, request.threshold_pct, ui)
     return ExitCode.PASSED
@@ -159,7 +153,7 @@ def _find(ref: str, directory: Path, ui: UI) -> history.Run:
     try:
         return catalog.find(ref, directory, ui.warn)
     except history.HistoryError as exc:
-        raise ReportUsageError(str(exc)) from None
+        raise UsageError(str(exc)) from None
 
 
 def _html(path: Path, focus: history.Run | None, directory: Path, ui: UI) -> ExitCode:

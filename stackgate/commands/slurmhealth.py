@@ -56,7 +56,7 @@ from stackgate.edges import nvml, runner, slurm
 from stackgate.flows import nodehealth
 from stackgate.models import healthconfig
 from stackgate.models.exitcodes import ExitCode, UsageError
-from stackgate.models.healthconfig import HealthConfig, HealthConfigError
+from stackgate.models.healthconfig import HealthConfig
 from stackgate.models.spec import load_spec
 from stackgate.models.spec import slurm as slurmspec
 from stackgate.render import clustersummary, summaries
@@ -64,7 +64,18 @@ from stackgate.render.outputs import JSON, Output, check_outputs, write_reports
 from stackgate.render.ui import UI
 from stackgate.runs import healthstate
 
-__all__ = ["BUSY", "IN_SERVICE", "OCCUPANCY", "OURS", "Finding", "check_node", "decide", "excuse", "run", "summary"]
+__all__ = [
+    "BUSY",
+    "IN_SERVICE",
+    "OCCUPANCY",
+    "OURS",
+    "HealthVerdict",
+    "check_node",
+    "decide",
+    "excuse",
+    "run",
+    "summary",
+]
 
 #: Checks that judge how busy the GPUs are (memory other processes hold): a job explains them.
 OCCUPANCY = frozenset({"gpu.processes"})
@@ -78,7 +89,7 @@ _FLAGS = "*~#!%$@^-"  # sinfo's suffixes: not responding, powered off, powering 
 
 
 @dataclass(frozen=True)
-class Finding:
+class HealthVerdict:
     """What verify said: healthy, or the first failed check and its summary."""
 
     healthy: bool
@@ -99,12 +110,10 @@ _MODES = {"cached": ("--cached",), "verify": (), "deep": ("--deep",)}
 def run(config_path: Path | None, flags: Mapping[str, Any], ui: UI, local: LocalVerify | None = None) -> ExitCode:
     config = (healthconfig.load(config_path) if config_path is not None else HealthConfig()).merged(flags)
     if config.spec is None:
-        raise HealthConfigError(
-            "slurm-health: no spec to check against: give --lock or `lock` in --config (an absolute path)"
-        )
+        raise UsageError("slurm-health: no spec to check against: give --lock or `lock` in --config (an absolute path)")
     problem = check_outputs({"--prom": Output(_prom_path(config.prom, "node"), summaries.verify_prometheus)})
     if problem is not None:
-        raise HealthConfigError(f"slurm-health: {problem}")
+        raise UsageError(f"slurm-health: {problem}")
     env = environment(config)
     node = config.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     config = replace(config, prom=_prom_path(config.prom, node))
@@ -151,11 +160,11 @@ def summary(
     }
     problem = check_outputs(reports)
     if problem is not None:
-        raise HealthConfigError(f"slurm-health --summary: {problem}")
+        raise UsageError(f"slurm-health --summary: {problem}")
     try:
         doc = clustersummary.summarize(slurm.node_table(partition, environment(config)).values(), partition)
     except slurm.SlurmError as exc:
-        raise HealthConfigError(f"slurm-health --summary: {exc}") from None
+        raise UsageError(f"slurm-health --summary: {exc}") from None
     for line in clustersummary.console_lines(doc):
         ui.line(line)
     write_reports(doc, reports)
@@ -175,7 +184,7 @@ def _policy(spec_path: Path | None) -> slurmspec.Slurm:
         return slurmspec.Slurm()
 
 
-def _with_gres(found: Finding, node: str, env: Mapping[str, str]) -> Finding:
+def _with_gres(found: HealthVerdict, node: str, env: Mapping[str, str]) -> HealthVerdict:
     """``found`` with ``slurm.gres`` failed when Slurm's GPUs for the node and NVML's disagree."""
     try:
         gres = slurm.gres(node, env)
@@ -196,7 +205,7 @@ def _with_gres(found: Finding, node: str, env: Mapping[str, str]) -> Finding:
     return replace(found, failed=failed)
 
 
-def _epilog(config: HealthConfig, env: Mapping[str, str], local: LocalVerify | None, node: str) -> Finding:
+def _epilog(config: HealthConfig, env: Mapping[str, str], local: LocalVerify | None, node: str) -> HealthVerdict:
     """What the job that just ended left: its processes (by its SLURM_JOB_ID) and GPU memory held
     (verify's occupancy checks, judged: no job explains it any more)."""
     job, cluster = os.environ.get("SLURM_JOB_ID", ""), os.environ.get("SLURM_CLUSTER_NAME", "")
@@ -207,10 +216,10 @@ def _epilog(config: HealthConfig, env: Mapping[str, str], local: LocalVerify | N
     shown = ", ".join(f"pid {leak.pid} ({leak.command})" for leak in leaks[:3])
     summary = f"job {job} left {len(leaks)} process(es) running: {shown}"
     failed = (("epilog.processes", "FAIL", summary), *found.failed)
-    return Finding(False, "epilog.processes", summary, found.duration_s, failed)
+    return HealthVerdict(False, "epilog.processes", summary, found.duration_s, failed)
 
 
-def _keep(folder: Path, record: healthstate.NodeRecord, found: Finding, role: str) -> str | None:
+def _keep(folder: Path, record: healthstate.NodeRecord, found: HealthVerdict, role: str) -> str | None:
     last = {"time": time.time(), "role": role, "healthy": found.healthy, "check": found.check, "summary": found.summary}
     return healthstate.save(folder, replace(record, last=last))
 
@@ -227,7 +236,7 @@ def _base(state: slurm.NodeState | None) -> str:
     return state.state.lower().rstrip(_FLAGS) if state is not None else ""
 
 
-def excuse(found: Finding, *states: slurm.NodeState | None) -> Finding:
+def excuse(found: HealthVerdict, *states: slurm.NodeState | None) -> HealthVerdict:
     """``found`` with its failed occupancy checks not judged when Slurm has the node given to a job
     in any of ``states`` (before verify, after it): healthy when nothing else failed."""
     if found.healthy or not any(_base(s) in BUSY for s in states):
@@ -260,7 +269,7 @@ def check_node(
     local: LocalVerify | None = None,
     node: str | None = None,
     mode: str = "cached",
-) -> Finding:
+) -> HealthVerdict:
     """verify under the time cap (``local`` in a forked child, else the configured program, else
     this interpreter's stackgate), read back from its JSON report; the Prometheus file written from
     that report, as ``verify --prom`` writes it, with ``node`` (Slurm's name for it) as its ``host``
@@ -282,15 +291,15 @@ def check_node(
         named = {**doc, "host": {**host, "hostname": node or host.get("hostname", "unknown")}}
         write_reports(named, {"--prom": Output(config.prom, summaries.verify_prometheus)})
     if done.timed_out:
-        return Finding(False, "verify", f"no verdict within {config.timeout_s:g} s (killed)", done.duration_s)
+        return HealthVerdict(False, "verify", f"no verdict within {config.timeout_s:g} s (killed)", done.duration_s)
     if done.returncode == 0 and doc is not None:
-        return Finding(True, duration_s=done.duration_s)
+        return HealthVerdict(True, duration_s=done.duration_s)
     bad = [r for r in (doc or {}).get("results", ()) if isinstance(r, Mapping) and r.get("status") in ("FAIL", "ERROR")]
     if done.returncode == 1 and bad:
         failed = tuple((str(r.get("check")), str(r.get("status")), str(r.get("summary"))) for r in bad)
-        return Finding(False, str(bad[0].get("check")), str(bad[0].get("summary")), done.duration_s, failed)
+        return HealthVerdict(False, str(bad[0].get("check")), str(bad[0].get("summary")), done.duration_s, failed)
     tail = (done.tail(1) or ["(no output)"])[0]
-    return Finding(False, "verify", f"{done.ended}: {tail}", done.duration_s)
+    return HealthVerdict(False, "verify", f"{done.ended}: {tail}", done.duration_s)
 
 
 def _child(
@@ -320,11 +329,13 @@ class Acting:
 
     policy: slurmspec.Slurm
     record: healthstate.NodeRecord
-    revalidate: Callable[[], Finding] | None = None  #: the fuller check a drained node must pass first
+    revalidate: Callable[[], HealthVerdict] | None = None  #: the fuller check a drained node must pass first
     held: str | None = None  #: set when the breaker held a drain back: why
 
 
-def decide(node: str, state: slurm.NodeState | None, found: Finding, env: Mapping[str, str], acting: Acting) -> str:
+def decide(
+    node: str, state: slurm.NodeState | None, found: HealthVerdict, env: Mapping[str, str], acting: Acting
+) -> str:
     """Drain, resume or leave the node (the module's rule); what was done, in words."""
     if state is None:
         return f"left alone: Slurm does not know a node {node!r}"

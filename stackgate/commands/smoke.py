@@ -12,9 +12,9 @@ import os
 from stackgate.flows import smokesweep
 from stackgate.flows.smoke import run_smoke
 from stackgate.flows.smokeplan import plan_smoke
-from stackgate.flows.smokerun import SCHEMA, Session, SmokeInterrupted, SmokeRequest, SmokeRun, SmokeUsageError
+from stackgate.flows.smokerun import SmokeInterrupted, SmokeRequest, SmokeRun
 from stackgate.models import pylock, settings
-from stackgate.models.exitcodes import ExitCode
+from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.spec import Spec, load_spec
 from stackgate.render import reporting
 from stackgate.render.benchtables import BENCHMARK_HEADERS, CONCURRENCY_HEADERS, benchmark_rows, concurrency_rows
@@ -23,26 +23,8 @@ from stackgate.render.sweeptables import SWEEP_HEADERS, knee_line, sweep_rows
 from stackgate.render.ui import UI
 from stackgate.runs import history
 from stackgate.serve import launch
-from stackgate.serve.launch import LaunchError
 
-__all__ = [
-    "BENCHMARK_HEADERS",
-    "CONCURRENCY_HEADERS",
-    "SCHEMA",
-    "LaunchError",
-    "Session",
-    "SmokeInterrupted",
-    "SmokeRequest",
-    "SmokeRun",
-    "SmokeUsageError",
-    "benchmark_rows",
-    "concurrency_rows",
-    "parse_levels",
-    "parse_number",
-    "parse_rates",
-    "run",
-    "run_smoke",
-]
+__all__ = ["parse_levels", "parse_number", "parse_rates", "run"]
 
 
 def parse_number(option: str, text: str | None) -> int | None:
@@ -56,7 +38,7 @@ def parse_number(option: str, text: str | None) -> int | None:
     try:
         return int(text)
     except ValueError:
-        raise SmokeUsageError(f"{option} takes a whole number, not {text!r}") from None
+        raise UsageError(f"{option} takes a whole number, not {text!r}") from None
 
 
 def parse_levels(text: str | None) -> tuple[int, ...]:
@@ -70,11 +52,9 @@ def parse_levels(text: str | None) -> tuple[int, ...]:
     try:
         levels = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise SmokeUsageError(
-            f"--concurrency takes stream counts separated by commas, e.g. 1,10,30, not {text!r}"
-        ) from None
+        raise UsageError(f"--concurrency takes stream counts separated by commas, e.g. 1,10,30, not {text!r}") from None
     if not levels or any(n < 1 for n in levels):
-        raise SmokeUsageError(f"--concurrency levels must be 1 or more, not {text!r}")
+        raise UsageError(f"--concurrency levels must be 1 or more, not {text!r}")
     return levels
 
 
@@ -89,11 +69,11 @@ def parse_rates(text: str | None) -> tuple[float, ...]:
     try:
         rates = tuple(float(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise SmokeUsageError(
+        raise UsageError(
             f"--rates takes request rates (requests per second) separated by commas, e.g. 2,4,8, not {text!r}"
         ) from None
     if not rates or not all(0 < rate < float("inf") for rate in rates):
-        raise SmokeUsageError(f"--rates must be numbers of requests per second above 0, not {text!r}")
+        raise UsageError(f"--rates must be numbers of requests per second above 0, not {text!r}")
     return rates
 
 
@@ -102,7 +82,7 @@ def run(request: SmokeRequest, ui: UI) -> ExitCode:
     ui.settings(settings.report(flags={settings.LOCK: ("--lock", request.spec_path)}))
     problem = check_outputs(_outputs(request))
     if problem is not None:
-        raise SmokeUsageError(problem)
+        raise UsageError(problem)
     spec = load_spec(request.spec_path)
     pylock.check_beside(spec)  # a pylock that cannot be used is a bad lockfile here too: exit 2
     if request.dry_run:

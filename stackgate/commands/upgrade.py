@@ -12,10 +12,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from stackgate.flows.upgrade import (
-    SCHEMA,
     UpgradeRequest,
     UpgradeRun,
-    UpgradeUsageError,
     check_request,
     upgrade_node,
 )
@@ -27,17 +25,7 @@ from stackgate.render import upgradereport as upgrade_render
 from stackgate.render.ui import UI
 from stackgate.runs import history
 
-__all__ = [
-    "SCHEMA",
-    "UpgradeRequest",
-    "UpgradeRun",
-    "UpgradeUsageError",
-    "check_request",
-    "keep_legs",
-    "run",
-    "upgrade_node",
-    "write_reports",
-]
+__all__ = ["keep_legs", "run", "write_reports"]
 
 
 def run(request: UpgradeRequest, ui: UI) -> ExitCode:

@@ -29,17 +29,7 @@ from stackgate.render import reporting, summaries
 from stackgate.render.outputs import JSON, Output, check_outputs, write_reports
 from stackgate.render.ui import UI
 
-__all__ = [
-    "VerifyRequest",
-    "VerifyRun",
-    "default_profile_note",
-    "list_checks",
-    "phases_line",
-    "plan",
-    "run",
-    "verify",
-    "verify_cached",
-]
+__all__ = ["VerifyRequest", "default_profile_note", "list_checks", "phases_line", "run"]
 
 
 #: The checks whose failure means this machine is not the one a spec describes.

@@ -419,7 +419,7 @@ def as_finding(sweep: EvidenceSweep, output: str, source: str) -> Finding | None
     return Finding(
         "evidence-sweep",
         "found by the evidence sweep",
-        "error",
+        "fail",
         "environment",
         text,
         fix,

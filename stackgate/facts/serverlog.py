@@ -25,7 +25,7 @@ from stackgate.models.finding import Finding
 from stackgate.models.redact import redact_text
 from stackgate.scan import Scanner
 
-__all__ = ["EXCERPT_CHARS", "LAUNCHING", "PHASES", "READY_LINE", "Evidence", "LogWatcher", "excerpt", "phase_rules"]
+__all__ = ["EXCERPT_CHARS", "LAUNCHING", "PHASES", "READY_LINE", "FlagSighting", "LogWatcher", "excerpt", "phase_rules"]
 
 #: How much of one log line a result quotes: SGLang's server_args line alone is ~9 KB.
 EXCERPT_CHARS = 300
@@ -64,8 +64,9 @@ _READ_SIZE = 1 << 20
 
 
 @dataclass(frozen=True)
-class Evidence:
-    """Where a flag's evidence pattern first appeared in the log, if it did."""
+class FlagSighting:
+    """Where a flag's proof line (its evidence pattern) first appeared in the log, if it did; a finding's
+    :class:`~stackgate.models.finding.Evidence` (where a finding was seen) is another thing."""
 
     flag: str
     pattern: str
@@ -103,7 +104,7 @@ class LogWatcher:
         self._tail_is_progress = False
         self._tail: deque[str] = deque(maxlen=tail)
         self._patterns = {flag: re.compile(pattern) for flag, pattern in (evidence or {}).items()}
-        self._evidence = {flag: Evidence(flag, pattern) for flag, pattern in (evidence or {}).items()}
+        self._evidence = {flag: FlagSighting(flag, pattern) for flag, pattern in (evidence or {}).items()}
         self._guard = threading.Lock()
         chosen = engine or ENGINES["sglang"]
         self._phases = phase_rules(chosen) if engine is not None else PHASES
@@ -128,15 +129,15 @@ class LogWatcher:
 
     @property
     def fatal(self) -> Finding | None:
-        """The first error-severity finding: the server cannot come up (or stay up) after it."""
-        errors = [f for f in self.scanner.findings if f.severity == "error"]
+        """The first failing finding: the server cannot come up (or stay up) after it."""
+        errors = [f for f in self.scanner.findings if f.severity == "fail"]
         return min(errors, key=lambda f: f.evidence.line) if errors else None
 
     @property
     def cause(self) -> Finding | None:
         """The error that best explains a failure: a cause before a consequence (a line that only
         says a worker failed; its traceback, a few lines on, usually names the real error)."""
-        errors = [f for f in self.scanner.findings if f.severity == "error"]
+        errors = [f for f in self.scanner.findings if f.severity == "fail"]
         return errors[0] if errors else None  # findings are ranked: causes before consequences
 
     def finish(self, *, judge_end: bool = True) -> list[Finding]:
@@ -147,7 +148,7 @@ class LogWatcher:
             return found + self.scanner.finish(judge_end=judge_end)
 
     @property
-    def evidence(self) -> list[Evidence]:
+    def evidence(self) -> list[FlagSighting]:
         return list(self._evidence.values())
 
     def last_lines(self, count: int = 15) -> list[str]:
@@ -182,7 +183,7 @@ class LogWatcher:
         self._phase(line)
         for flag, pattern in self._patterns.items():
             if not self._evidence[flag].seen and pattern.search(line):
-                self._evidence[flag] = Evidence(flag, pattern.pattern, self.lines, line.strip())
+                self._evidence[flag] = FlagSighting(flag, pattern.pattern, self.lines, line.strip())
         self._declined(line)
         return self.scanner.feed(line)
 

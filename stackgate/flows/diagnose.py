@@ -27,15 +27,11 @@ from stackgate.models.verdict import hostname
 if TYPE_CHECKING:  # the spec loads only when --lock asks for it
     from stackgate.models.spec import Spec
 
-__all__ = ["SCHEMA", "STDIN", "DiagnoseUsageError", "Diagnosis", "Input", "diagnose", "document", "opener"]
+__all__ = ["SCHEMA", "STDIN", "Diagnosis", "Input", "diagnose", "document", "opener"]
 
 #: The JSON report's schema (its versions: CHANGELOG.md).
-SCHEMA = "stackgate.diagnose/3"
+SCHEMA = "stackgate.diagnose/4"
 STDIN = "<stdin>"
-
-
-class DiagnoseUsageError(UsageError):
-    """Bad usage or an input that cannot be read: nothing was diagnosed."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +63,7 @@ class Diagnosis:
 
     @property
     def exit_code(self) -> ExitCode:
-        return ExitCode.FAILED if self.counts["error"] or self.unrecognized else ExitCode.PASSED
+        return ExitCode.FAILED if self.counts["fail"] or self.unrecognized else ExitCode.PASSED
 
 
 def live_kernel_log() -> tuple[str, Callable[[], AbstractContextManager[BinaryIO]]]:
@@ -77,7 +73,7 @@ def live_kernel_log() -> tuple[str, Callable[[], AbstractContextManager[BinaryIO
     try:
         log = kernellog.read()
     except kernellog.KernelLogError as exc:
-        raise DiagnoseUsageError(str(exc)) from exc
+        raise UsageError(str(exc)) from exc
     data = log.text.encode("utf-8", "replace")
     return f"kernel log ({log.source})", lambda: io.BytesIO(data)
 
@@ -115,7 +111,7 @@ def diagnose(
             with opener() as stream:
                 scanner.scan_stream(stream)
         except (OSError, EOFError, gzip.BadGzipFile) as exc:
-            raise DiagnoseUsageError(f"{name}: cannot read: {getattr(exc, 'strerror', None) or exc}") from exc
+            raise UsageError(f"{name}: cannot read: {getattr(exc, 'strerror', None) or exc}") from exc
         scanned.append(Input(name, scanner.number, scanner.bytes))
         found = scanner.findings
         if scanner.kernel is not None and scanner.kernel.events:
@@ -155,11 +151,11 @@ def document(done: Diagnosis) -> dict[str, Any]:
 def opener(path: Path) -> tuple[str, Callable[[], AbstractContextManager[BinaryIO | gzip.GzipFile]]]:
     """Check that ``path`` is a readable file now, so that a bad argument stops before any scan."""
     if not path.exists():
-        raise DiagnoseUsageError(f"{path}: no such file")
+        raise UsageError(f"{path}: no such file")
     if path.is_dir():
-        raise DiagnoseUsageError(f"{path}: is a directory, not a log")
+        raise UsageError(f"{path}: is a directory, not a log")
     if not os.access(path, os.R_OK):
-        raise DiagnoseUsageError(f"{path}: cannot read: permission denied")
+        raise UsageError(f"{path}: cannot read: permission denied")
     if path.suffix == ".gz":
         return str(path), lambda: gzip.open(path, "rb")
     return str(path), lambda: open(path, "rb")

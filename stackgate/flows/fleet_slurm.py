@@ -36,7 +36,6 @@ from stackgate.flows.fleetnode import (
 from stackgate.flows.fleetrequest import (
     ACTIONS,
     FleetRequest,
-    FleetUsageError,
     check_batch,
     check_upgrade,
     unknown_action,
@@ -104,7 +103,7 @@ def _switch(name: str, text: str | None) -> bool:
         return True
     if text.lower() in ("false", "no", "0"):
         return False
-    raise FleetUsageError(f"fleet --engine slurm: {name}={text!r}: true or false (or the name alone)")
+    raise UsageError(f"fleet --engine slurm: {name}={text!r}: true or false (or the name alone)")
 
 
 def _slurm_task_args(request: FleetRequest, spec_name: str) -> list[str]:
@@ -134,7 +133,7 @@ def _slurm_plan(
     try:
         allocation, states = _slurm_nodes(options, lambda said: ui.info(printable(said)))
     except slurm.SlurmError as exc:
-        raise FleetUsageError(f"fleet --engine slurm: {exc}") from None
+        raise UsageError(f"fleet --engine slurm: {exc}") from None
     if allocation is not None and allocation.queue_wait_s is not None:
         ui.info(f"Slurm job {allocation.job_id}: waited {allocation.queue_wait_s:.0f} s in the queue")
     names = tuple(dict.fromkeys([*states, *(allocation.nodes if allocation is not None else ())]))
@@ -294,28 +293,28 @@ def check_slurm(request: FleetRequest) -> None:
     """What `fleet --engine slurm` cannot take, refused before anything is asked of Slurm."""
     options = request.options or SlurmOptions()
     if request.action not in ACTIONS:
-        raise FleetUsageError(unknown_action(request.action))
+        raise UsageError(unknown_action(request.action))
     check_batch(request)
     check_upgrade(request)
     if options.shared_dir is not None and request.action not in ("gate", "verify"):
-        raise FleetUsageError(f"fleet {request.action} --engine slurm: --shared-dir is for gate and verify")
+        raise UsageError(f"fleet {request.action} --engine slurm: --shared-dir is for gate and verify")
     if request.hosts is not None or request.inventory is not None:
-        raise FleetUsageError(
+        raise UsageError(
             "fleet --engine slurm: the nodes are Slurm's (the allocation's, or --nodes/--nodelist):"
             " not --hosts or --inventory"
         )
     if request.checks and request.action != "verify":
-        raise FleetUsageError("fleet: --check is for `fleet verify`")
+        raise UsageError("fleet: --check is for `fleet verify`")
     if options.nodes is not None and options.nodelist is not None:
-        raise FleetUsageError("fleet --engine slurm: --nodes N or --nodelist LIST, not both")
+        raise UsageError("fleet --engine slurm: --nodes N or --nodelist LIST, not both")
     inside = bool(os.environ.get("SLURM_JOB_ID"))
     if not inside and options.nodes is None and options.nodelist is None:
-        raise FleetUsageError(
+        raise UsageError(
             "fleet --engine slurm: outside an allocation, ask for nodes with --nodes N or --nodelist LIST"
             " (SLURM_JOB_ID is not set)"
         )
     if options.shared_dir is not None and not options.shared_dir.is_dir():
-        raise FleetUsageError(f"--shared-dir {options.shared_dir}: not a folder")
+        raise UsageError(f"--shared-dir {options.shared_dir}: not a folder")
 
 
 class SlurmEngine:
@@ -338,7 +337,7 @@ class SlurmEngine:
         release = (lambda: slurm.release(allocation)) if allocation is not None else (lambda: None)
         if request.action == "upgrade" and request.canary > len(usable):
             release()
-            raise FleetUsageError(f"fleet upgrade: --canary {request.canary}: Slurm gives {len(usable)} usable node(s)")
+            raise UsageError(f"fleet upgrade: --canary {request.canary}: Slurm gives {len(usable)} usable node(s)")
         timeout_s = request.timeout_s or DEFAULT_NODE_TIMEOUT_S
         nodes = [replace(_slurm_node(n), stackgate=options.stackgate, timeout_s=timeout_s) for n in usable]
         listed = [_not_dialled(n, states.get(n), NOT_RUN) for n in names if n not in usable]

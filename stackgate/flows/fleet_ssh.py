@@ -9,7 +9,8 @@ from typing import Any, Mapping, Sequence
 from stackgate.edges import ssh
 from stackgate.flows.fleetengine import Placement
 from stackgate.flows.fleetnode import NodeRun, Shipment
-from stackgate.flows.fleetrequest import FleetRequest, FleetUsageError, nodes_of
+from stackgate.flows.fleetrequest import FleetRequest, nodes_of
+from stackgate.models.exitcodes import UsageError
 from stackgate.models.fleetoptions import EngineOption
 from stackgate.render.ui import UI
 
@@ -25,7 +26,7 @@ class SshEngine:
 
     def parse_options(self, given: Mapping[str, Sequence[str]]) -> Any:
         if given:
-            raise FleetUsageError(f"fleet --engine ssh: takes no engine option ({', '.join(given)})")
+            raise UsageError(f"fleet --engine ssh: takes no engine option ({', '.join(given)})")
         return None
 
     def check(self, request: FleetRequest) -> None:

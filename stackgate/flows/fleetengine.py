@@ -53,15 +53,15 @@ class FleetEngine(Protocol):
     options: Mapping[str, EngineOption]  #: its own options, by name (``--engine-option NAME=VALUE``)
 
     def parse_options(self, given: Mapping[str, Sequence[str]]) -> Any:
-        """Its options from their texts (only keys of :attr:`options`); bad values: FleetUsageError."""
+        """Its options from their texts (only keys of :attr:`options`); bad values: UsageError."""
         ...
 
     def check(self, request: FleetRequest) -> None:
-        """Refuse what the engine cannot take (FleetUsageError) before anything is asked of anyone."""
+        """Refuse what the engine cannot take (UsageError) before anything is asked of anyone."""
         ...
 
     def place(self, request: FleetRequest, ui: UI) -> Placement:
-        """The nodes; a placement that cannot be made is a FleetUsageError (nothing was run)."""
+        """The nodes; a placement that cannot be made is a UsageError (nothing was run)."""
         ...
 
     def transport(self, placement: Placement, stop: threading.Event) -> ssh.Transport:

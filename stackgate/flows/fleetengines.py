@@ -18,7 +18,8 @@ from stackgate.flows import fleet_slurm, fleet_ssh
 from stackgate.flows.fleet import FleetRun, run_fleet
 from stackgate.flows.fleetengine import FleetEngine
 from stackgate.flows.fleetnode import Shipment
-from stackgate.flows.fleetrequest import FleetRequest, FleetUsageError
+from stackgate.flows.fleetrequest import FleetRequest
+from stackgate.models.exitcodes import UsageError
 from stackgate.models.spec import Spec
 from stackgate.render.ui import UI
 from stackgate.runs import history
@@ -47,7 +48,7 @@ def named(name: str) -> FleetEngine:
         return ENGINES[name]
     near = difflib.get_close_matches(name, ENGINES, n=1)
     hint = f": did you mean {near[0]}?" if near else ""
-    raise FleetUsageError(f"fleet: --engine {name!r}{hint} (one of: {', '.join(ENGINES)})")
+    raise UsageError(f"fleet: --engine {name!r}{hint} (one of: {', '.join(ENGINES)})")
 
 
 def engine_options(name: str, given: Mapping[str, Sequence[str]], pairs: Sequence[str] = ()) -> object:
@@ -61,9 +62,9 @@ def engine_options(name: str, given: Mapping[str, Sequence[str]], pairs: Sequenc
     for key, values in merged.items():
         option = engine.options.get(key)
         if option is None:
-            raise FleetUsageError(_not_an_option(engine, key))
+            raise UsageError(_not_an_option(engine, key))
         if len(values) > 1 and not option.repeatable:
-            raise FleetUsageError(f"fleet --engine {engine.name}: {key} given {len(values)} times: once")
+            raise UsageError(f"fleet --engine {engine.name}: {key} given {len(values)} times: once")
     return engine.parse_options(merged)
 
 

@@ -2,7 +2,7 @@
 
 What every engine shares about a request (flows/fleetengines.py): the actions, the options each
 action takes, the numbers given as text, the specs an upgrade ships, the nodes of ``--hosts`` and
-``--inventory`` (the SSH engine's), each refusal a :class:`FleetUsageError` (exit 2, nothing run).
+``--inventory`` (the SSH engine's), each refusal a :class:`UsageError` (exit 2, nothing run).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from stackgate.models import fleetoptions
 from stackgate.models.exitcodes import UsageError
 from stackgate.models.inventory import Node, load_inventory, parse_hosts
 from stackgate.models.spec import Spec, load_spec
@@ -21,7 +22,6 @@ __all__ = [
     "MAX_NODES",
     "SWITCHES",
     "FleetRequest",
-    "FleetUsageError",
     "check_batch",
     "check_upgrade",
     "nodes_of",
@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 
-ACTIONS = ("gate", "verify", "provision", "upgrade")
+ACTIONS = tuple(fleetoptions.ACTIONS)
 
 
 def unknown_action(action: str) -> str:
@@ -53,10 +53,6 @@ SWITCHES = ("if-better", "if-passes")
 #: The most nodes a fleet run takes unless --max-nodes says more: a generated inventory gone wrong
 #: (10,000 hosts) is refused before anything is dialled.
 MAX_NODES = 1000
-
-
-class FleetUsageError(UsageError):
-    """Options the fleet cannot take: nothing was run on any node."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,9 +102,9 @@ def whole(flag: str, value: Any, default: int) -> int:
     try:
         number = int(value)
     except (TypeError, ValueError):
-        raise FleetUsageError(f"{flag} {value!r}: not a whole number") from None
+        raise UsageError(f"{flag} {value!r}: not a whole number") from None
     if number < 1:
-        raise FleetUsageError(f"{flag} {value!r}: must be at least 1")
+        raise UsageError(f"{flag} {value!r}: must be at least 1")
     return number
 
 
@@ -118,35 +114,38 @@ def seconds(flag: str, value: Any) -> float | None:
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise FleetUsageError(f"{flag} {value!r}: not a number of seconds") from None
+        raise UsageError(f"{flag} {value!r}: not a number of seconds") from None
     if not (number > 0 and number != float("inf")):
-        raise FleetUsageError(f"{flag} {value!r}: must be a number of seconds above 0")
+        raise UsageError(f"{flag} {value!r}: must be a number of seconds above 0")
     return number
 
 
 def nodes_of(request: FleetRequest) -> list[Node]:
     """The request's nodes, with its timeouts; bad usage before anything connects."""
     if request.action not in ACTIONS:
-        raise FleetUsageError(unknown_action(request.action))
+        raise UsageError(unknown_action(request.action))
     if (request.hosts is None) == (request.inventory is None):
-        raise FleetUsageError("fleet: name the nodes with --hosts a,b,c or --inventory FILE (one of them)")
+        raise UsageError(
+            "fleet: name the nodes with --hosts a,b,c or --inventory FILE (one of them)",
+            hint=f"stackgate fleet {request.action} --hosts gpu01,gpu02",
+        )
     if request.parallel < 1 or request.batch < 1:
-        raise FleetUsageError("fleet: --parallel and --batch must be at least 1")
+        raise UsageError("fleet: --parallel and --batch must be at least 1")
     check_batch(request)
     if request.checks and request.action != "verify":
-        raise FleetUsageError("fleet: --check is for `fleet verify`")
+        raise UsageError("fleet: --check is for `fleet verify`")
     check_upgrade(request)
     if request.hosts is not None:
         nodes = parse_hosts(request.hosts)
     else:
         nodes = load_inventory(request.inventory)  # type: ignore[arg-type]
     if len(nodes) > request.max_nodes:
-        raise FleetUsageError(
+        raise UsageError(
             f"fleet: {len(nodes)} nodes, more than {request.max_nodes} (--max-nodes): nothing was dialled; "
             f"pass --max-nodes {len(nodes)} if the fleet really is that large"
         )
     if request.action == "upgrade" and request.canary > len(nodes):
-        raise FleetUsageError(f"fleet upgrade: --canary {request.canary}: the fleet has {len(nodes)} node(s)")
+        raise UsageError(f"fleet upgrade: --canary {request.canary}: the fleet has {len(nodes)} node(s)")
     return [
         replace(
             node,
@@ -159,27 +158,25 @@ def nodes_of(request: FleetRequest) -> list[Node]:
 
 def check_batch(request: FleetRequest) -> None:
     if request.batch != 1 and request.action not in ("provision", "upgrade"):
-        raise FleetUsageError(
-            "fleet: --batch is for `fleet provision` and `fleet upgrade` (gate and verify use --parallel)"
-        )
+        raise UsageError("fleet: --batch is for `fleet provision` and `fleet upgrade` (gate and verify use --parallel)")
 
 
 def check_upgrade(request: FleetRequest) -> None:
     if request.action != "upgrade":
         if request.upgrade_options:
-            raise FleetUsageError(
+            raise UsageError(
                 "fleet: --to, --canary, --switch, --accept-output-change and --model are for `fleet upgrade`"
             )
         return
     if request.to_path is None:
-        raise FleetUsageError("fleet upgrade: --to NEW_SPEC is required: the spec every node upgrades to")
+        raise UsageError("fleet upgrade: --to NEW_SPEC is required: the spec every node upgrades to")
     if request.switch not in SWITCHES:
-        raise FleetUsageError(
+        raise UsageError(
             f"fleet upgrade: --switch {request.switch!r}: one of {', '.join(SWITCHES)} "
             "(`never` would move no node; `stackgate upgrade --switch never` rehearses one)"
         )
     if request.canary < 1:
-        raise FleetUsageError("fleet upgrade: --canary must be at least 1")
+        raise UsageError("fleet upgrade: --canary must be at least 1")
 
 
 def upgrade_specs(request: FleetRequest) -> tuple[Spec, Spec | None]:
@@ -190,12 +187,12 @@ def upgrade_specs(request: FleetRequest) -> tuple[Spec, Spec | None]:
     live = load_spec(request.spec_path) if request.spec_path is not None else None
     for option, spec in (("--to", new), ("--lock", live)):
         if spec is not None and spec.python.root is None:
-            raise FleetUsageError(
+            raise UsageError(
                 f"fleet upgrade: {option} {spec.path}: python.interpreter names an existing environment; "
                 "an upgrade builds generations under a python.root"
             )
     if live is not None and live.python.root != new.python.root:
-        raise FleetUsageError(
+        raise UsageError(
             f"fleet upgrade: --to {new.path}: python.root is {new.python.root}, "
             f"but the live spec {live.path} has {live.python.root}: an upgrade builds beside the live stack"
         )

@@ -265,7 +265,7 @@ def _smoke_stage(name: str, *, fast: bool) -> Callable[[GateContext], list[Resul
         except smokerun.SmokeInterrupted as stop:
             ctx.smoke_runs[name] = stop.run
             raise StageInterrupted(stop.run.results) from None
-        except (launch.LaunchError, smokerun.SmokeUsageError) as exc:
+        except launch.LaunchError as exc:
             return [_named("smoke.usage", failed(f"smoke refused the launch: {exc}"))]
         ctx.smoke_runs[name] = done
         return done.results

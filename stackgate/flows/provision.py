@@ -25,10 +25,11 @@ from stackgate.edges import faults, fetch
 from stackgate.facts import Facts, Missing, gather
 from stackgate.facts.compare import environment_drift, environment_spec
 from stackgate.facts.evidencesweep import as_finding
-from stackgate.flows.diagnose import DiagnoseUsageError, diagnose
+from stackgate.flows.diagnose import diagnose
 from stackgate.flows.stages import Stage, run_stages
 from stackgate.flows.verify import VerifyRun, verify
 from stackgate.models import knowledge, pylock
+from stackgate.models.exitcodes import UsageError
 from stackgate.models.finding import Finding
 from stackgate.models.result import Result, Status
 from stackgate.models.spec import Spec
@@ -99,7 +100,7 @@ def known_failures(log: Path | None, spec: Spec) -> list[Finding]:
         return []
     try:
         done = diagnose([(str(log), lambda: open(log, "rb"))], knowledge.spec_context(spec), stage="provision")
-    except DiagnoseUsageError:
+    except UsageError:
         return []  # the log is gone: the tail shown is all there is
     facts = Facts(spec)
     try:

@@ -25,18 +25,18 @@ from stackgate.facts import serverlog
 from stackgate.facts.engineversion import installed_version
 from stackgate.flows import smokeresults, smokesweep
 from stackgate.flows.smokereports import acceptance_result, accuracy_result, api_of, metrics_result
-from stackgate.flows.smokerun import Session, SmokeInterrupted, SmokeRequest, SmokeRun, SmokeUsageError
+from stackgate.flows.smokerun import Session, SmokeInterrupted, SmokeRequest, SmokeRun
 from stackgate.flows.stages import Stage, run_stages
 from stackgate.models import envfile, knowledge, secretargs, settings
-from stackgate.models.exitcodes import ExitCode
+from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.finding import Fix
 from stackgate.models.result import Status, failed, passed, skipped, warned
 from stackgate.models.spec import Spec
 from stackgate.models.verdict import Verdict, judge
 from stackgate.render.ui import UI
 from stackgate.serve import bench, fastmode, launch, launched, quality
-from stackgate.serve.launch import Config
-from stackgate.serve.prompts import PromptMaker, PromptsError
+from stackgate.serve.launch import Config, LaunchError
+from stackgate.serve.prompts import PromptMaker
 from stackgate.serve.ready import Monitor, wait_ready
 
 __all__ = ["run_smoke"]
@@ -75,7 +75,7 @@ def run_smoke(
 ) -> SmokeRun:
     """Smoke every configuration the request asks for; raise SmokeInterrupted on Ctrl-C/SIGTERM.
 
-    Raises :class:`LaunchError` or :class:`SmokeUsageError` (bad usage, nothing launched).
+    Raises :class:`LaunchError` (bad usage, nothing launched).
     """
     started, clock = time.time(), time.monotonic()
     configs = launch.configs(
@@ -84,8 +84,8 @@ def run_smoke(
     rates = smokesweep.rates(spec, request.rates, request.measures)
     try:
         maker = smokesweep.prompts(spec, rates)
-    except PromptsError as exc:
-        raise SmokeUsageError(f"{exc}; nothing was launched") from exc
+    except UsageError as exc:  # the dataset cannot be used: the gate records it as it records a launch
+        raise LaunchError(f"{exc}; nothing was launched") from exc
     launched.reap_and_tell(ui.warn)  # what a run killed outright left running (its port, its GPUs)
     environ = dict(os.environ if environ is None else environ)
     context = _Context(spec, request, ui, _run_dir(request), environ, nvml_lib, rates, maker)

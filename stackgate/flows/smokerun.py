@@ -16,7 +16,6 @@ from typing import Any
 from stackgate.facts import serverlog
 from stackgate.flows.smokereports import EngineReport
 from stackgate.models import runenv, secretargs
-from stackgate.models.exitcodes import UsageError
 from stackgate.models.finding import Finding
 from stackgate.models.redact import redact
 from stackgate.models.result import Result
@@ -34,15 +33,10 @@ __all__ = [
     "SmokeInterrupted",
     "SmokeRequest",
     "SmokeRun",
-    "SmokeUsageError",
 ]
 
 #: The smoke part's version: each finding in its one form (models.finding).
 SCHEMA = "stackgate.smoke/2"
-
-
-class SmokeUsageError(UsageError):
-    """Bad options for smoke; nothing was launched."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,7 +80,7 @@ class Session:
     server_info: dict[str, Any] | None = None
     info_endpoint: str | None = None
     findings: list[Finding] = field(default_factory=list)
-    evidence: list[serverlog.Evidence] = field(default_factory=list)
+    evidence: list[serverlog.FlagSighting] = field(default_factory=list)
     figures: bench.BenchFigures | None = None
     levels: list[bench.Level] = field(default_factory=list)
     sweep: SweepRun | None = None

@@ -28,7 +28,7 @@ def rates(spec: Spec, asked: tuple[float, ...], measures: bool) -> tuple[float, 
 
 
 def prompts(spec: Spec, wanted: tuple[float, ...]) -> PromptMaker | None:
-    """The sweep's prompt maker, its dataset checked now: raises PromptsError (a usage error) before any launch."""
+    """The sweep's prompt maker, its dataset checked now: raises a UsageError before any launch."""
     return prompt_maker(spec.smoke.sweep, spec.path) if wanted else None
 
 

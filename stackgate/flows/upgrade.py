@@ -46,10 +46,10 @@ from stackgate.flows.upgraderun import (
     SCHEMA,
     UpgradeRequest,
     UpgradeRun,
-    UpgradeUsageError,
     check_request,
 )
 from stackgate.models import pylock, settings
+from stackgate.models.exitcodes import UsageError
 from stackgate.models.result import Status
 from stackgate.models.spec import Accuracy, Benchmark, Spec, load_spec
 from stackgate.render import upgradereport as upgrade_render
@@ -64,7 +64,6 @@ __all__ = [
     "STAGES",
     "UpgradeRequest",
     "UpgradeRun",
-    "UpgradeUsageError",
     "check_request",
     "upgrade_node",
 ]
@@ -199,12 +198,13 @@ def _plan(request: UpgradeRequest, environ: Mapping[str, str], started: float) -
     live_generation = state.current
     if live_generation is None:
         why = state.current_error or f"{root / 'current'} does not exist"
-        raise UpgradeUsageError(
-            f"nothing live to upgrade: {why}; `stackgate provision --lock {request.to}` builds a first stack"
+        raise UsageError(
+            f"nothing live to upgrade: {why}; provision builds a first stack",
+            hint=f"stackgate provision --lock {request.to}",
         )
     live = _live_spec(request.spec_path, live_generation)
     if live.python.root is None or Path(os.path.abspath(live.python.root)) != Path(os.path.abspath(root)):
-        raise UpgradeUsageError(
+        raise UsageError(
             f"{request.to}: python.root is {root}, but the live spec {live.path} has {live.python.root}: "
             "an upgrade builds beside the live stack, under the same root"
         )
@@ -227,7 +227,7 @@ def _plan(request: UpgradeRequest, environ: Mapping[str, str], started: float) -
     usage = [b for b in the_plan.blockers if b.usage]
     if usage:  # the new spec cannot be built as it is (no pylock, a stale one, a patch file): nothing changed
         fix = f" ({usage[0].fix.text} `{usage[0].fix.commands[0]}`)" if usage[0].fix and usage[0].fix.commands else ""
-        raise UpgradeUsageError(f"{request.to}: {'; '.join(b.message for b in usage)}{fix}")
+        raise UsageError(f"{request.to}: {'; '.join(b.message for b in usage)}{fix}")
     if the_plan.blockers:
         done.blocked = "; ".join(b.message for b in the_plan.blockers)
     return done
@@ -238,7 +238,7 @@ def _load(path: Path | None, option: str) -> Spec:
     spec = dataclasses.replace(spec, path=Path(os.path.abspath(spec.path)))
     pylock.check_beside(spec)
     if spec.python.root is None:
-        raise UpgradeUsageError(
+        raise UsageError(
             f"{option} {spec.path}: python.interpreter names an existing environment; "
             "upgrade builds generations under a python.root"
         )
@@ -250,7 +250,7 @@ def _live_spec(path: Path | None, live: generations.Generation) -> Spec:
         return _load(path, "--lock")
     built_from = (live.marker or {}).get("lock", {}).get("path")
     if not built_from or not Path(built_from).is_file():
-        raise UpgradeUsageError(
+        raise UsageError(
             f"the live {live.describe()} does not name a spec that still exists "
             f"({built_from or 'none recorded'}): pass it with --lock LIVE_SPEC"
         )
@@ -410,7 +410,7 @@ def _leg(
     except smokerun.SmokeInterrupted as stop:
         _record(done, name, position, generation, stop.run)
         raise KeyboardInterrupt from None
-    except (launch.LaunchError, smokerun.SmokeUsageError) as exc:
+    except launch.LaunchError as exc:
         leg = abtest.Leg(name, position, False, (), failures=(f"smoke.usage: {exc}",))
         done.measured.append(leg)
         done.legs.append(

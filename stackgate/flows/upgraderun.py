@@ -28,7 +28,6 @@ __all__ = [
     "SCHEMA",
     "UpgradeRequest",
     "UpgradeRun",
-    "UpgradeUsageError",
     "check_request",
 ]
 
@@ -41,10 +40,6 @@ BUILD_ERRORS = (
     stackpatches.PatchError,
     OSError,
 )
-
-
-class UpgradeUsageError(UsageError):
-    """A request upgrade cannot take (exit 2): nothing was changed."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,12 +138,12 @@ class UpgradeRun:
 def check_request(request: UpgradeRequest) -> None:
     """Refuse what cannot work before anything runs (exit 2, nothing changed)."""
     if request.switch not in abtest.MODES:
-        raise UpgradeUsageError(f"--switch must be one of {', '.join(abtest.MODES)}, not {request.switch!r}")
+        raise UsageError(f"--switch must be one of {', '.join(abtest.MODES)}, not {request.switch!r}")
     if request.rounds < 1:
-        raise UpgradeUsageError(f"rounds must be 1 or more, not {request.rounds}")
+        raise UsageError(f"rounds must be 1 or more, not {request.rounds}")
     problem = check_outputs(request.reports())
     if problem is not None:
-        raise UpgradeUsageError(problem)
+        raise UsageError(problem)
 
 
 # --- the report ------------------------------------------------------------------------------

@@ -21,10 +21,11 @@ from typing import Any, Mapping, Sequence
 
 from stackgate.checks import deep as deepchecks
 from stackgate.checks.all import REGISTRY
-from stackgate.checks.core import Check, CheckError, run_checks, select
+from stackgate.checks.core import Check, run_checks, select
 from stackgate.facts import Facts, Missing, deepruns, gather, stamp
 from stackgate.flows.stages import Stage, run_stages
 from stackgate.models import settings
+from stackgate.models.exitcodes import UsageError
 from stackgate.models.result import Result
 from stackgate.models.spec import Spec
 from stackgate.models.verdict import Verdict, judge
@@ -55,9 +56,9 @@ def plan(patterns: Sequence[str], *, deep: bool) -> tuple[list[Check], list[Chec
     if not deep:
         try:
             return select(patterns, REGISTRY, include_slow=False), []
-        except CheckError:
+        except UsageError:
             wanted = [c.name for c in select(patterns, REGISTRY) if c.slow]  # raises again for a real typo
-            raise CheckError(f"{', '.join(wanted)} run only with --deep") from None
+            raise UsageError(f"{', '.join(wanted)} run only with --deep") from None
     chosen = select(patterns, REGISTRY)
     deep_checks = [c for c in chosen if c.slow]
     needed = {name for c in deep_checks for name in deepchecks.PREREQUISITES.get(c.name, ())}

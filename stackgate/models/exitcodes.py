@@ -28,6 +28,17 @@ class ExitCode(enum.IntEnum):
 class UsageError(Exception):
     """Bad usage or a bad input (a lockfile, a log, an option): nothing was changed; exit 2.
 
-    Every command's own usage error is one of these, so the program maps them to
-    :attr:`ExitCode.USAGE` in one place (``stackgate.cli.run_command``) and no task has to list them.
+    Every command's usage error is this one type (:class:`~stackgate.models.spec.SpecError` adds the
+    lockfile's path and its list of problems; ``LaunchError`` is the one a gate's smoke stage turns into
+    a failed result), so the program maps them to :attr:`ExitCode.USAGE` in one place
+    (``stackgate.express.outcome``) and no task has to list them. ``hint`` is the fix a user can paste,
+    shown on its own line under the message.
+
+    >>> error = UsageError("--tp must be 1 or more, not 0", hint="stackgate smoke --tp 1")
+    >>> str(error), error.hint
+    ('--tp must be 1 or more, not 0', 'stackgate smoke --tp 1')
     """
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint

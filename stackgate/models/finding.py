@@ -8,7 +8,7 @@ carries.
 
 The JSON form (:meth:`Finding.to_dict`, read back by :meth:`Finding.from_dict`)::
 
-    {"id": "cuda-out-of-memory", "title": "...", "severity": "error", "component": "torch",
+    {"id": "cuda-out-of-memory", "title": "...", "severity": "fail", "component": "torch",
      "consequence": false, "cause": "...", "fix": {"text": "...", "commands": ["..."]},
      "learned_from": "https://github.com/...", "references": ["..."],
      "evidence": {"file": "server.log", "line": 12, "start_line": 10, "count": 1, "lines": ["..."]},
@@ -20,10 +20,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-__all__ = ["SEVERITIES", "Evidence", "Finding", "FindingError", "Fix"]
+__all__ = ["SEVERITIES", "Evidence", "Finding", "FindingError", "Fix", "severity"]
 
-#: A finding's severities, least severe first.
-SEVERITIES = ("info", "warning", "error")
+#: A finding's severities, least severe first: the words of a result's status (models/result.py) that a
+#: finding can have, so a finding, a check, a kernel event and the health check say one thing one way:
+#: ``info`` (a note: it fails nothing), ``warn`` (WARN) and ``fail`` (FAIL).
+SEVERITIES = ("info", "warn", "fail")
+#: The words documents written before the one vocabulary used (a kept run, an older diagnose report).
+_OLD_WORDS = {"warning": "warn", "error": "fail"}
+
+
+def severity(word: str) -> str:
+    """A severity as a document gives it, in :data:`SEVERITIES`' words; :class:`FindingError` for another.
+
+    >>> severity("fail"), severity("error"), severity("warning")
+    ('fail', 'fail', 'warn')
+    """
+    said = _OLD_WORDS.get(word, word)
+    if said not in SEVERITIES:
+        raise FindingError(f"severity: {word!r} is not one of {', '.join(SEVERITIES)}")
+    return said
 
 
 class FindingError(Exception):
@@ -125,16 +141,14 @@ class Finding:
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Finding:
         """The finding a :meth:`to_dict` wrote; :class:`FindingError` names a missing or bad key."""
-        severity = _text(raw, "severity")
-        if severity not in SEVERITIES:
-            raise FindingError(f"severity: {severity!r} is not one of {', '.join(SEVERITIES)}")
+        said = severity(_text(raw, "severity"))
         values = raw.get("values", {})
         if not isinstance(values, Mapping) or not all(isinstance(v, str) for v in values.values()):
             raise FindingError("values: not a mapping of names to text")
         return cls(
             id=_text(raw, "id"),
             title=_text(raw, "title"),
-            severity=severity,
+            severity=said,
             component=_text(raw, "component"),
             cause=_text(raw, "cause"),
             fix=Fix.from_dict(_mapping(raw, "fix")),

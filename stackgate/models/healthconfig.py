@@ -43,7 +43,6 @@ __all__ = [
     "REASON_MAX",
     "ROLES",
     "HealthConfig",
-    "HealthConfigError",
     "drain_reason",
     "load",
     "ours",
@@ -62,10 +61,6 @@ DEFAULT_STATE_DIR = Path("/var/lib/stackgate/slurm-health")
 _FLAGS = {"timeout_s": "timeout", "checks": "check"}
 #: Keys the file and the flags spell otherwise than the field: `lock` (as the CLI's --lock) is the spec.
 _FIELDS = {"lock": "spec"}
-
-
-class HealthConfigError(UsageError):
-    """Settings the health check cannot use: every problem with its key path; nothing was run."""
 
 
 @dataclass(frozen=True)
@@ -111,7 +106,7 @@ def load(path: Path) -> HealthConfig:
     try:
         text = path.read_bytes().decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise HealthConfigError(f"--config {path}: cannot read it: {getattr(exc, 'strerror', None) or exc}") from exc
+        raise UsageError(f"--config {path}: cannot read it: {getattr(exc, 'strerror', None) or exc}") from exc
     return parse(text, str(path))
 
 
@@ -120,7 +115,7 @@ def parse(text: str, source: str = "config") -> HealthConfig:
 
     >>> parse('[slurm-health]\\nlock = "node.toml"\\ntimeout_s = -1\\nchekcs = []', "h.toml")
     Traceback (most recent call last):
-    stackgate.models.healthconfig.HealthConfigError: h.toml: 3 problems:
+    stackgate.models.exitcodes.UsageError: h.toml: 3 problems:
       slurm-health.chekcs: unknown key (did you mean 'checks'?)
       slurm-health.lock: 'node.toml' is not an absolute path (slurmd runs the check from any folder)
       slurm-health.timeout_s: -1 is not a number of seconds above 0
@@ -128,9 +123,9 @@ def parse(text: str, source: str = "config") -> HealthConfig:
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise HealthConfigError(f"{source}: not valid TOML: {exc}") from exc
+        raise UsageError(f"{source}: not valid TOML: {exc}") from exc
     except RecursionError:
-        raise HealthConfigError(f"{source}: not valid TOML: nested too deeply") from None
+        raise UsageError(f"{source}: not valid TOML: nested too deeply") from None
     problems = [f"{key}: unknown table (the settings are in [slurm-health])" for key in raw if key != "slurm-health"]
     table = raw.get("slurm-health", {})
     if not isinstance(table, dict):
@@ -196,4 +191,4 @@ def _absolute(value: Any, path: str, problems: list[str], found: dict[str, Any],
 def _raise(problems: list[str], source: str) -> None:
     if problems:
         count = f"{len(problems)} problem{'s' if len(problems) > 1 else ''}"
-        raise HealthConfigError(f"{source}: {count}:\n  " + "\n  ".join(sorted(problems)))
+        raise UsageError(f"{source}: {count}:\n  " + "\n  ".join(sorted(problems)))

@@ -44,7 +44,6 @@ else:  # pragma: no cover - the 3.10 floor
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT_S",
     "DEFAULT_TIMEOUT_S",
-    "InventoryError",
     "Node",
     "host_problem",
     "load_inventory",
@@ -64,10 +63,6 @@ NODE_KEYS = ("name", "host", "port", "user", "identity", "known_hosts", "stackga
 FLEET_KEYS = tuple(k for k in NODE_KEYS if k not in ("name", "host"))
 #: An error lists this many problems and counts the rest.
 SHOWN_PROBLEMS = 20
-
-
-class InventoryError(UsageError):
-    """An inventory or a --hosts list that cannot be used: every problem with its key path."""
 
 
 @dataclass(frozen=True)
@@ -130,7 +125,7 @@ def parse_hosts(text: str) -> list[Node]:
     ['a:22', 'ops@b:2222']
     >>> parse_hosts("a,-oProxyCommand=x")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    stackgate.models.inventory.InventoryError: --hosts: 1 problem:
+    stackgate.models.exitcodes.UsageError: --hosts: 1 problem:
       --hosts[1]: '-oProxyCommand=x' is not a host name or address (a host name is labels of ...)
     """
     problems: list[str] = []
@@ -184,7 +179,7 @@ def load_inventory(path: Path) -> list[Node]:
     try:
         text = inputfile.read_capped(path, inputfile.MAX_INVENTORY_BYTES).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise InventoryError(f"{path}: cannot read the inventory: {getattr(exc, 'strerror', None) or exc}") from exc
+        raise UsageError(f"{path}: cannot read the inventory: {getattr(exc, 'strerror', None) or exc}") from exc
     return parse_inventory(text, str(path), base=path.parent)
 
 
@@ -193,9 +188,9 @@ def parse_inventory(text: str, source: str = "inventory", *, base: Path | None =
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise InventoryError(f"{source}: not valid TOML: {exc}") from exc
+        raise UsageError(f"{source}: not valid TOML: {exc}") from exc
     except RecursionError:
-        raise InventoryError(f"{source}: not valid TOML: nested too deeply") from None
+        raise UsageError(f"{source}: not valid TOML: nested too deeply") from None
     problems: list[str] = []
     _unknown(raw, ("fleet", "node"), "", problems)
     fleet = raw.get("fleet", {})
@@ -328,5 +323,5 @@ def _checked(nodes: list[Node], source: str, problems: list[str]) -> list[Node]:
         shown = problems[:SHOWN_PROBLEMS]
         more = len(problems) - len(shown)
         rest = [f"... and {more} more (fix these and run it again to see the rest)"] if more else []
-        raise InventoryError(f"{source}: {count}:\n  " + "\n  ".join([*shown, *rest]))
+        raise UsageError(f"{source}: {count}:\n  " + "\n  ".join([*shown, *rest]))
     return nodes

@@ -287,7 +287,7 @@ def findings(events: Iterable[KernelEvent], gpus: Mapping[str, int], source: str
         )
         grouped.setdefault(key, []).append(event)
     out = [_finding(group, gpus, source) for group in grouped.values()]
-    return sorted(out, key=lambda f: (f.severity != "error", f.evidence.line))
+    return sorted(out, key=lambda f: (f.severity != "fail", f.evidence.line))
 
 
 def _finding(group: list[KernelEvent], gpus: Mapping[str, int], source: str) -> Finding:
@@ -295,7 +295,7 @@ def _finding(group: list[KernelEvent], gpus: Mapping[str, int], source: str) -> 
     where = _where(first.bus, gpus)
     evidence = Evidence(source, first.line, (first.text,), 0, len(group))
     values = {"bus": first.bus or "", "gpu": str(gpus.get(first.bus, "")) if first.bus else "", "kind": first.kind}
-    severity = "error" if first.severity == "fail" else "warning"
+    severity = first.severity
     if first.kind == "xid":
         assert first.code is not None
         known = CATALOG.get(first.code)

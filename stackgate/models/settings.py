@@ -3,7 +3,7 @@
 A setting is read from the environment each time it is asked for, never when a module is
 imported, so an ``export`` (or a test's ``monkeypatch.setenv``) takes effect at once and ``-v``
 can say where each value came from: the default, an environment variable, or a flag that a
-command passed. A value that does not parse is a :class:`SettingError` naming the variable (a
+command passed. A value that does not parse is a :class:`UsageError` naming the variable (a
 usage error, exit 2); :func:`report` reads them all, so a command refuses a bad one before it
 touches anything. An empty variable counts as unset.
 
@@ -51,7 +51,6 @@ __all__ = [
     "TOOLKIT_INSTALLER",
     "TOOLKIT_INSTALL_TIMEOUT_S",
     "Setting",
-    "SettingError",
     "Value",
     "markdown_table",
     "report",
@@ -61,10 +60,6 @@ __all__ = [
 T = TypeVar("T")
 #: A flag that a command passed for a setting: (its name as typed, its value; None when not given).
 Flag = tuple[str, Any]
-
-
-class SettingError(UsageError, ValueError):
-    """A ``STACKGATE_*`` variable holds a value its setting cannot take (bad usage: exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +116,7 @@ class Setting(Generic[T]):
         try:
             parsed = self.parse(text)
         except ValueError as exc:
-            raise SettingError(f"${name}={text[:200]!r}: {exc}; unset, it is {_shown(self) or 'empty'}") from exc
+            raise UsageError(f"${name}={text[:200]!r}: {exc}; unset, it is {_shown(self) or 'empty'}") from exc
         return Value(
             self, parsed, f"environment ${name}" + (f", the old name of ${self.env}" if name != self.env else "")
         )
@@ -428,7 +423,7 @@ def state_home(environ: Mapping[str, str] | None = None) -> Path:
 def report(
     environ: Mapping[str, str] | None = None, flags: Mapping[Setting[Any], Flag] | None = None
 ) -> list[Value[Any]]:
-    """Every setting's value in force and its source; a :class:`SettingError` naming every bad one.
+    """Every setting's value in force and its source; a :class:`UsageError` naming every bad one.
 
     ``flags`` are what a command was given for a setting (``{LOCK: ("--lock", path)}``).
     """
@@ -437,12 +432,12 @@ def report(
     for setting in SETTINGS.values():
         try:
             values.append(setting.lookup(environ, (flags or {}).get(setting)))
-        except SettingError as exc:
+        except UsageError as exc:
             problems.append(str(exc))
     if len(problems) == 1:
-        raise SettingError(problems[0])
+        raise UsageError(problems[0])
     if problems:
-        raise SettingError(f"{len(problems)} bad settings in the environment:\n  " + "\n  ".join(problems))
+        raise UsageError(f"{len(problems)} bad settings in the environment:\n  " + "\n  ".join(problems))
     return values
 
 

@@ -72,6 +72,9 @@ STYLES = {
     Status.ERROR: "error",
 }
 
+#: A finding's severity (models/finding.py) as the theme's style, as its status would be shown.
+SEVERITY_STYLES = {"fail": "error", "warn": "warning", "info": "info"}
+
 
 def shown(text: str) -> str:
     r"""``text`` as the console shows it: every control character but a line break and a tab as ``?``.
@@ -344,7 +347,7 @@ def render_findings(
         for finding in unrecognized:
             lines.extend(finding_lines(finding, verbose))
             lines.append(("", None))
-    failed = any(f.severity == "error" for f in [*findings, *unrecognized])
+    failed = any(f.severity == "fail" for f in [*findings, *unrecognized])
     lines.append((verdict, "error" if failed else "success"))
     return lines
 
@@ -354,7 +357,7 @@ def finding_lines(finding: Finding, verbose: int = 0) -> list[tuple[str, str | N
     evidence = finding.evidence
     seen = f", seen {evidence.count} times" if evidence.count > 1 else ""
     out: list[tuple[str, str | None]] = [
-        (f"{finding.severity.upper():<8} {finding.id}: {finding.title}", finding.severity),
+        (f"{finding.severity.upper():<8} {finding.id}: {finding.title}", SEVERITY_STYLES.get(finding.severity)),
         (f"  at {evidence.where}{seen}  [{finding.component}]", "muted"),
     ]
     out.extend((f"  | {text}", "muted") for text in _event_lines(finding, verbose))

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from stackgate.edges.files import write_json
 from stackgate.models import rundoc, settings
-from stackgate.models.finding import Evidence, Finding, FindingError, Fix
+from stackgate.models.finding import Evidence, Finding, FindingError, Fix, severity
 from stackgate.models.spec import Spec
 from stackgate.models.verdict import SCHEMA as REPORT_SCHEMA
 from stackgate.runs import index
@@ -328,7 +328,7 @@ def _smoke_1_finding(raw: Mapping[str, Any], log_path: Any) -> Finding:
         return Finding(
             id=str(raw["id"]),
             title=str(raw["title"]),
-            severity=str(raw["severity"]),
+            severity=severity(str(raw["severity"])),
             component=signature.component if signature else "unknown",
             cause=str(raw["cause"]),
             fix=Fix(str(raw["fix"]), tuple(str(c) for c in raw.get("commands", ()))),

@@ -262,7 +262,7 @@ def _finding(event: Event, source: str) -> Finding:
     return Finding(
         id=ID,
         title=f"Unrecognized {what}: {headline[:160]}",
-        severity="error",
+        severity="fail",
         component=component,
         cause=f"No entry of the knowledge base explains this {what}. Best guess of the component: {component} ({why}).",
         fix=Fix(

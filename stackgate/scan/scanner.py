@@ -357,7 +357,7 @@ class Scanner:
             (signature, end) for signature in self._plan.at_end if (end := _ends_with(signature, lines)) is not None
         ]
         superseded = {old for signature, _ in ends for old in signature.supersedes}
-        if any(f.severity == "error" for f in self._found.values()):
+        if any(f.severity == "fail" for f in self._found.values()):
             superseded |= {signature.id for signature, _ in ends if signature.without_errors}
         found = []
         for signature, (hit, index) in ends:
@@ -370,7 +370,7 @@ class Scanner:
         groups = _groups(signature, hit, text, self.context)
         if DROP_KEY in groups:
             return []
-        if self.events is not None and signature.severity == "error" and not signature.consequence:
+        if self.events is not None and signature.severity == "fail" and not signature.consequence:
             self.events.explain(first, number)  # a consequence (a scheduler died) or a warning explains no failure
         last = self._last.get(signature.id)
         self._last[signature.id] = number

@@ -135,7 +135,10 @@ def configs(
     smoke = spec.smoke
     chosen = model or smoke.model
     if not chosen:
-        raise LaunchError(f"no model to launch: set [smoke] model {edit_hint(spec)} or pass --model PATH")
+        raise LaunchError(
+            f"no model to launch: set [smoke] model {edit_hint(spec)} or pass --model PATH",
+            hint=f"stackgate smoke --model /path/to/model --lock {spec.path}",
+        )
     if tp is not None and tp < 1:
         raise LaunchError(f"--tp must be 1 or more, not {tp}")
     if port is not None and not 0 < port < 65536:

@@ -27,7 +27,7 @@ from stackgate.models.exitcodes import UsageError
 from stackgate.models.inputfile import read_capped
 from stackgate.models.spec.sweep import Sweep
 
-__all__ = ["MAX_DATASET_BYTES", "Prompt", "PromptMaker", "PromptsError", "load_dataset", "prompt_maker"]
+__all__ = ["MAX_DATASET_BYTES", "Prompt", "PromptMaker", "load_dataset", "prompt_maker"]
 
 #: ShareGPT_V3_unfiltered_cleaned_split.json, the file SGLang's bench_serving reads, is 642 MiB.
 MAX_DATASET_BYTES = 768 << 20
@@ -43,10 +43,6 @@ _VOCABULARY = tuple(
     same another know while last might us great old year off come since against go came right used
     take three house light water sea ship keeper lamp night storm tower harbour stone wind rain""".split()
 )
-
-
-class PromptsError(UsageError):
-    """The spec's dataset cannot be used: nothing was launched."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +103,7 @@ def _words(source: random.Random, count: int) -> list[str]:
 def prompt_maker(sweep: Sweep, spec_path: Path) -> PromptMaker:
     """The sweep's prompt maker, its dataset read (relative to the spec's folder) and checked now.
 
-    Raises :class:`PromptsError` naming ``smoke.sweep.dataset``, the file and the record's key path.
+    Raises :class:`UsageError` naming ``smoke.sweep.dataset``, the file and the record's key path.
     """
     if sweep.dataset is None:
         return PromptMaker(sweep)
@@ -123,35 +119,35 @@ def load_dataset(path: Path) -> Sequence[tuple[str, int]]:
     try:
         raw = read_capped(path, MAX_DATASET_BYTES)
     except OSError as exc:
-        raise PromptsError(f"{where}: cannot be read: {exc.strerror or exc}") from exc
+        raise UsageError(f"{where}: cannot be read: {exc.strerror or exc}") from exc
     try:
         document = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
-        raise PromptsError(f"{where}: is not UTF-8 text (byte {exc.start})") from exc
+        raise UsageError(f"{where}: is not UTF-8 text (byte {exc.start})") from exc
     except json.JSONDecodeError as exc:
-        raise PromptsError(f"{where}: is not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from exc
+        raise UsageError(f"{where}: is not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from exc
     if not isinstance(document, list):
-        raise PromptsError(f"{where}: must be a JSON array of ShareGPT records, not {_kind(document)}")
+        raise UsageError(f"{where}: must be a JSON array of ShareGPT records, not {_kind(document)}")
     rows = [row for i, record in enumerate(document) if (row := _record(where, i, record)) is not None]
     if not rows:
-        raise PromptsError(f"{where}: has no record with two turns (a prompt and a reply) to send")
+        raise UsageError(f"{where}: has no record with two turns (a prompt and a reply) to send")
     return rows
 
 
 def _record(where: str, index: int, record: Any) -> tuple[str, int] | None:
     at = f"[{index}]"
     if not isinstance(record, dict):
-        raise PromptsError(f"{where}: {at}: must be an object with conversations, not {_kind(record)}")
+        raise UsageError(f"{where}: {at}: must be an object with conversations, not {_kind(record)}")
     turns = record.get("conversations")
     if not isinstance(turns, list):
-        raise PromptsError(f"{where}: {at}.conversations: must be an array of turns, not {_kind(turns)}")
+        raise UsageError(f"{where}: {at}.conversations: must be an array of turns, not {_kind(turns)}")
     values = []
     for j, turn in enumerate(turns[:2]):
         if not isinstance(turn, dict):
-            raise PromptsError(f"{where}: {at}.conversations[{j}]: must be an object, not {_kind(turn)}")
+            raise UsageError(f"{where}: {at}.conversations[{j}]: must be an object, not {_kind(turn)}")
         value = turn.get("value")
         if not isinstance(value, str):
-            raise PromptsError(f"{where}: {at}.conversations[{j}].value: must be a string, not {_kind(value)}")
+            raise UsageError(f"{where}: {at}.conversations[{j}].value: must be a string, not {_kind(value)}")
         values.append(value)
     if len(values) < 2 or not values[0].strip():
         return None

@@ -18,7 +18,7 @@ from pathlib import Path
 from stackgate.models import settings
 from stackgate.models.exitcodes import UsageError
 
-__all__ = ["SERVICE", "TEMPLATES", "TIMER", "HealthUnitsError", "Unit", "installed_program", "render_units"]
+__all__ = ["SERVICE", "TEMPLATES", "TIMER", "Unit", "installed_program", "render_units"]
 
 #: The shipped unit templates (package data).
 TEMPLATES = Path(__file__).resolve().parents[1] / "systemd"
@@ -27,10 +27,6 @@ TIMER = "stackgate-health.timer"
 #: What a unit cannot carry as a plain word: whitespace and quotes (word splitting), ``%``
 #: (specifiers), ``$`` (variable expansion), ``;`` and ``\\`` (command separators, escapes), controls.
 _UNSAFE = re.compile(r"[\s\"'%$;\\\x00-\x1f\x7f]")
-
-
-class HealthUnitsError(UsageError):
-    """The units cannot be written as asked (exit 2): nothing was written."""
 
 
 @dataclass(frozen=True)
@@ -47,12 +43,12 @@ def installed_program(argv0: str, executable: str) -> Path:
     ``stackgate`` beside the interpreter ``executable`` (``python -m stackgate`` in a venv).
 
     A stackgate that is not installed (a checkout's ``invoke``) has no program a unit can run from
-    any folder: :class:`HealthUnitsError` says how to install one.
+    any folder: :class:`UsageError` says how to install one.
     """
     for candidate in (Path(argv0), Path(executable).parent / "stackgate"):
         if candidate.name == "stackgate" and candidate.is_file() and os.access(candidate, os.X_OK):
             return candidate.resolve()
-    raise HealthUnitsError(
+    raise UsageError(
         f"this stackgate is not an installed program (it runs as {argv0}, and {executable} has no `stackgate` "
         "beside it): the unit needs one that runs from any folder. Install it (pipx install stackgate, "
         "or uv tool install stackgate), then run: stackgate init --health-units /etc/systemd/system"
@@ -86,10 +82,10 @@ def render_units(program: Path, spec: Path) -> list[Unit]:
 def _check_word(what: str, path: Path) -> None:
     """A path a unit carries as one plain word: absolute, nothing systemd reads as syntax."""
     if not path.is_absolute():
-        raise HealthUnitsError(f"{what} {path} is not an absolute path: a unit runs from /; give the full path")
+        raise UsageError(f"{what} {path} is not an absolute path: a unit runs from /; give the full path")
     found = _UNSAFE.search(str(path))
     if found is not None:
-        raise HealthUnitsError(
+        raise UsageError(
             f"{what} {str(path)!r} holds {found[0]!r}, which systemd reads as syntax in a unit: "
             "use a path of plain characters (a symlink to it will do)"
         )

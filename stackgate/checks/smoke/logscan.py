@@ -31,7 +31,7 @@ def finding_results(
     """
     results = []
     for finding in findings:
-        status = {"error": Status.FAIL, "warning": Status.WARN, "info": Status.PASS}[finding.severity]
+        status = {"fail": Status.FAIL, "warn": Status.WARN, "info": Status.PASS}[finding.severity]
         if (
             backend_finding
             and finding.id == backend_finding

@@ -15,7 +15,7 @@ import json
 from typing import Any, Mapping, Sequence
 
 from stackgate.edges import httpclient
-from stackgate.facts.serverlog import Evidence
+from stackgate.facts.serverlog import FlagSighting
 from stackgate.models.engines import ENGINES, Engine
 from stackgate.models.finding import Fix
 from stackgate.models.redact import REDACTED
@@ -209,7 +209,7 @@ def _masked(expected: Any, have: Any) -> tuple[str, Any]:
     return REDACTED, (REDACTED if have == expected else "another value" if have else have)
 
 
-def check_evidence(item: Evidence, info: Mapping[str, Any] | None, words: Sequence[str] = ()) -> Result:
+def check_evidence(item: FlagSighting, info: Mapping[str, Any] | None, words: Sequence[str] = ()) -> Result:
     """A flag with an evidence pattern is proven by the log, or it fails with that explanation;
     at a log level that hides INFO lines, an absent line proves nothing: a warning says so."""
     field = item.flag[2:].replace("-", "_")
