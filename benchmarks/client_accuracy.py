@@ -59,11 +59,11 @@ def start(rate: float, tmp: Path) -> tuple[launch.Server, str]:
     ]
     env = {**os.environ, "PYTHONPATH": str(FAKES), "STACKGATE_FAKE_SGLANG": str(behaviour)}
     server = launch.start(argv, env, tmp / f"server-{rate:g}.log")
-    url = f"http://127.0.0.1:{port}"
-    readiness = ready.wait_ready(server, serverlog.LogWatcher(server.log_path), url, 60.0)
+    config = launch.Config("", str(model), 1, "127.0.0.1", port, "flashinfer", (), None, {}, {})
+    readiness = ready.wait_ready(server, serverlog.LogWatcher(server.log_path), config, 60.0)
     if not readiness.ready:
         raise SystemExit(f"the stand-in did not start: {readiness}")
-    return server, url
+    return server, config.base_url
 
 
 def reference(url: str, tokens: int) -> tuple[int, float]:
