@@ -8,6 +8,7 @@ against a known_hosts file written here, as on a real fleet (an unknown key is r
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import venv
 from dataclasses import dataclass, field
@@ -26,6 +28,12 @@ from specs import THIS_PYTHON, minimal_spec
 
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
 TESTS = ROOT / "tests"
+#: A folder holding only the package (a link to the checkout's stackgate/): what the nodes' processes get on
+#: PYTHONPATH instead of the checkout's root, where `pip install -e .` leaves a stackgate.egg-info that a
+#: stack's python.consistency would read as an installed stackgate without its dependencies.
+CODE = Path(tempfile.mkdtemp(prefix="stackgate-code-"))
+(CODE / "stackgate").symlink_to(ROOT / "stackgate", target_is_directory=True)
+atexit.register(shutil.rmtree, CODE, True)
 VERIFIABLE = ("gpu.*", "python.interpreter", "python.pins", "python.frozen", "python.consistency")
 USER = os.environ.get("USER") or "root"
 

@@ -104,7 +104,7 @@ def test_one_severity_vocabulary_the_words_of_a_results_status() -> None:
     from stackgate.models.finding import SEVERITIES
     from stackgate.models.kernelevents import CATALOG
     from stackgate.models.result import Status
-    from stackgate.models.spec.model import FUSION_SEVERITIES
+    from stackgate.models.spec.deepshapes import FUSION_SEVERITIES
 
     words = {status.name.lower() for status in Status}
     assert SEVERITIES == ("info", "warn", "fail") and set(SEVERITIES) - {"info"} <= words

@@ -25,7 +25,17 @@ from typing import Any, Iterator
 
 import pytest
 import test_fleet
-from fleet_support import TESTS, VERIFIABLE, behaviour, fleet_spec, make_venv, nvml_file, stand_in_pids, why_no_sshd
+from fleet_support import (
+    CODE,
+    TESTS,
+    VERIFIABLE,
+    behaviour,
+    fleet_spec,
+    make_venv,
+    nvml_file,
+    stand_in_pids,
+    why_no_sshd,
+)
 from slurm_cluster import NODE_LOCAL, Cluster
 from smoke_support import FAKES, ROOT, free_port, living, wait_for
 from test_fleet import Fleet
@@ -94,7 +104,7 @@ class SlurmFleet:
         env = {
             **(env or {}),
             **self.cluster.env,
-            "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}",
+            "PYTHONPATH": f"{CODE}{os.pathsep}{TESTS}",
             "NO_COLOR": "1",
             "STACKGATE_HISTORY_DIR": str(self.home / "controller-runs"),
         }
@@ -348,7 +358,7 @@ def test_inside_an_allocation_with_a_shared_folder(fleet: SlurmFleet, tmp_path: 
         "--json",
         str(tmp_path / "v.json"),
     ]
-    env = {**fleet.cluster.env, "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}", "NO_COLOR": "1"}
+    env = {**fleet.cluster.env, "PYTHONPATH": f"{CODE}{os.pathsep}{TESTS}", "NO_COLOR": "1"}
     inside = subprocess.run(
         ["salloc", "-N2", "-w", "n1,n2", "--job-name=caller", *argv],
         cwd=ROOT,
@@ -632,11 +642,11 @@ def test_the_shipped_sbatch_script_waits_in_the_queue_and_reports_how_long(fleet
     fleet.cluster.run("sbatch", "--parsable", "-w", "n1", "--output=/dev/null", "--wrap", hold)
     program = tmp_path / "stackgate"
     # the batch step gets n1's environment from the cluster's TaskProlog: the checkout is named here
-    program.write_text(f'#!/bin/sh\nPYTHONPATH={ROOT}:$PYTHONPATH exec {sys.executable} -m stackgate "$@"\n')
+    program.write_text(f'#!/bin/sh\nPYTHONPATH={CODE}:$PYTHONPATH exec {sys.executable} -m stackgate "$@"\n')
     program.chmod(0o755)
     env = {
         **fleet.cluster.env,
-        "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}",
+        "PYTHONPATH": f"{CODE}{os.pathsep}{TESTS}",
         "NO_COLOR": "1",
         "STACKGATE": str(program),
         "STACKGATE_ACTION": "verify",

@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 import pytest
 from fakes.fake_nvml import gpu, machine
-from fleet_support import TESTS, VERIFIABLE, nvml_file
+from fleet_support import CODE, TESTS, VERIFIABLE, nvml_file
 from slurm_cluster import Cluster
 from smoke_support import ROOT, living, wait_for
 from test_fleet_slurm import CANARY, HOSTILE, SlurmFleet, slurm_fleet
@@ -383,7 +383,7 @@ def test_the_nhc_hook_hands_nhc_the_failing_check_and_leaves_slurm_alone(fleet: 
     program.chmod(0o755)
     nhc = ROOT / "stackgate" / "slurm" / "stackgate.nhc"
     script = f'die() {{ echo "DIE $1 $2"; }}\nsource {nhc}\ncheck_stackgate {config}; echo "rc=$?"\n'
-    run_env = {**env, **fleet.cluster.env, "STACKGATE": str(program), "PYTHONPATH": f"{ROOT}{os.pathsep}{TESTS}"}
+    run_env = {**env, **fleet.cluster.env, "STACKGATE": str(program), "PYTHONPATH": f"{CODE}{os.pathsep}{TESTS}"}
     done = subprocess.run(["bash", "-c", script], env=run_env, capture_output=True, text=True, timeout=120)
     assert "DIE 1 n2: FAIL gpu.count: 0 GPU(s) visible, the lock wants 1" in done.stdout, done.stdout + done.stderr
     assert done.stdout.endswith("rc=1\n") and "Slurm left to the caller" in done.stdout
