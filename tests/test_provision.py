@@ -953,3 +953,20 @@ def test_a_part_file_refused_in_the_download_cache_is_advised_away_not_retried()
     except pyenv.PyenvError as exc:
         said = advice(exc)
     assert said.startswith("a re-run is refused the same way: remove what the line above names"), said
+
+
+@pytest.mark.parametrize("command", [("provision", "--lock"), ("upgrade", "--to")])
+def test_a_spec_naming_an_existing_interpreter_is_refused_by_every_build_before_anything(tmp_path, command):
+    """provision and upgrade build generations only under a python.root: a spec that names an existing
+    interpreter is refused with exit 2 and the same words, before its pylock is even looked for."""
+    from specs import minimal_spec
+    from support import run_program
+
+    spec = tmp_path / "stack.toml"
+    spec.write_text(minimal_spec(interpreter=sys.executable))
+    name, option = command
+    done = run_program(name, option, str(spec), env={"STACKGATE_STATE_DIR": str(tmp_path / "state")}, timeout=120)
+    assert done.returncode == ExitCode.USAGE, done.stdout + done.stderr
+    said = f"{option} {spec}: python.interpreter names an existing environment ({sys.executable}); {name} builds"
+    assert said in done.stderr and "set python.root instead" in done.stderr, done.stderr
+    assert "pylock" not in done.stderr and not (tmp_path / "state").exists()

@@ -7,7 +7,6 @@ run removes what was half built and builds again.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,15 +21,15 @@ from stackgate.flows.provision import (
     command_line,
     drift_of,
     known_failures,
+    load_buildable,
     make_plan,
     other_spec,
     refusal,
     sweep,
 )
-from stackgate.models import pylock
 from stackgate.models.exitcodes import ExitCode, UsageError
 from stackgate.models.finding import Finding
-from stackgate.models.spec import Spec, load_spec
+from stackgate.models.spec import Spec
 from stackgate.render.ui import UI
 from stackgate.stack import generations, guard, patching, pyenv, toolkit
 from stackgate.stack.plan import AREAS, Plan
@@ -57,17 +56,7 @@ class RollbackRequest:
 
 
 def _load(spec_path: Path | None) -> Spec:
-    spec = load_spec(spec_path)
-    # Generations keep the path they were built from: one relative to this shell's directory
-    # would mean nothing to a later command run elsewhere.
-    spec = dataclasses.replace(spec, path=Path(os.path.abspath(spec.path)))
-    pylock.check_beside(spec)
-    if spec.python.root is None:
-        raise UsageError(
-            f"{spec.path}: python.interpreter names an existing environment ({spec.python.interpreter}); "
-            "provision builds only a stackgate-managed one: set python.root instead"
-        )
-    return spec
+    return load_buildable(spec_path, "--lock", "provision")
 
 
 def run(request: ProvisionRequest, ui: UI) -> ExitCode:

@@ -32,7 +32,7 @@ from stackgate.models import knowledge, pylock
 from stackgate.models.exitcodes import UsageError
 from stackgate.models.finding import Finding
 from stackgate.models.result import Result, Status
-from stackgate.models.spec import Spec
+from stackgate.models.spec import Spec, load_spec
 from stackgate.render.ui import UI, Activity
 from stackgate.stack import coherence, generations, guard, patching, pyenv, toolkit
 from stackgate.stack.plan import AREAS, Plan, Step, cache_dir, plan
@@ -49,6 +49,7 @@ __all__ = [
     "command_line",
     "drift_of",
     "known_failures",
+    "load_buildable",
     "make_plan",
     "other_spec",
     "plan_for",
@@ -91,6 +92,21 @@ class ProvisionError(Exception):
         self.log = log
         self.tail = tail
         self.checks_failed = checks_failed  #: the new generation was built and failed its checks
+
+
+def load_buildable(path: Path | None, option: str, command: str) -> Spec:
+    """The spec at ``path`` (``option`` names it in messages) as a build needs it: its path absolute
+    (a generation keeps the path it was built from, which a later command run elsewhere must still
+    find), its pylock beside it, and a stackgate-managed ``python.root`` to build generations under."""
+    spec = load_spec(path)
+    spec = dataclasses.replace(spec, path=Path(os.path.abspath(spec.path)))
+    if spec.python.root is None:
+        raise UsageError(
+            f"{option} {spec.path}: python.interpreter names an existing environment ({spec.python.interpreter}); "
+            f"{command} builds generations only under a stackgate-managed python.root: set python.root instead"
+        )
+    pylock.check_beside(spec)
+    return spec
 
 
 def known_failures(log: Path | None, spec: Spec) -> list[Finding]:

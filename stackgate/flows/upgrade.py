@@ -51,7 +51,7 @@ from stackgate.flows.upgraderun import (
 from stackgate.models import pylock, settings
 from stackgate.models.exitcodes import UsageError
 from stackgate.models.result import Status
-from stackgate.models.spec import Accuracy, Benchmark, Spec, load_spec
+from stackgate.models.spec import Accuracy, Benchmark, Spec
 from stackgate.render import upgradereport as upgrade_render
 from stackgate.render.ui import UI
 from stackgate.runs import abtest, history, stackdiff
@@ -234,15 +234,7 @@ def _plan(request: UpgradeRequest, environ: Mapping[str, str], started: float) -
 
 
 def _load(path: Path | None, option: str) -> Spec:
-    spec = load_spec(path)
-    spec = dataclasses.replace(spec, path=Path(os.path.abspath(spec.path)))
-    pylock.check_beside(spec)
-    if spec.python.root is None:
-        raise UsageError(
-            f"{option} {spec.path}: python.interpreter names an existing environment; "
-            "upgrade builds generations under a python.root"
-        )
-    return spec
+    return provision.load_buildable(path, option, "upgrade")
 
 
 def _live_spec(path: Path | None, live: generations.Generation) -> Spec:
