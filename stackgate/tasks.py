@@ -478,6 +478,7 @@ def fleet(
 ):
     """Run gate, verify, provision or upgrade on every node over SSH (or Slurm): one report, one verdict."""
     from stackgate.commands import fleet as command
+    from stackgate.flows import fleetengines
     from stackgate.flows.fleetrequest import MAX_NODES, FleetRequest, seconds, whole
 
     def go():
@@ -494,7 +495,7 @@ def fleet(
         }
         request = FleetRequest(
             engine=engine,
-            options=command.engine_options(engine, given, engine_option or ()),
+            options=fleetengines.engine_options(engine, given, engine_option or ()),
             action=action,
             hosts=hosts,
             inventory=_path(inventory),

@@ -114,7 +114,7 @@ def test_a_third_engine_from_the_registry_runs_a_fleet_verify_end_to_end(tmp_pat
         node_wrapper(home / "stackgate", fleet_env(home, python, free_port(), home / "events.jsonl", home / "runs"))
         (home / "tmp").mkdir()
         folders.append(str(home))
-    options = command.engine_options("local", {}, [f"folders={','.join(folders)}"])
+    options = fleetengines.engine_options("local", {}, [f"folders={','.join(folders)}"])
     request = FleetRequest(
         action="verify",
         engine="local",

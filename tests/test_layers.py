@@ -278,12 +278,13 @@ def test_a_command_importing_a_command_is_reported(tmp_path: Path) -> None:
 
 
 def _own_names(path: Path) -> set[str]:
-    """The names a module defines at its top level (not those it imports)."""
+    """The names a module defines at its top level (not those it imports, nor a plain alias of one:
+    ``name = module.name`` re-exports as an import does)."""
     own: set[str] = set()
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             own.add(node.name)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and not isinstance(node.value, (ast.Attribute, ast.Name)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             own |= {target.id for target in targets if isinstance(target, ast.Name)}
     return own
@@ -331,6 +332,21 @@ def _command_aliases(scope: ast.AST, commands: dict[str, Path]) -> dict[str, str
         if isinstance(node, ast.ImportFrom) and node.module == "stackgate.commands":
             found.update({a.asname or a.name: a.name for a in node.names if a.name in commands})
     return found
+
+
+def test_an_alias_of_another_modules_name_is_a_re_export_too(tmp_path: Path) -> None:
+    package = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "commands/__init__.py": "",
+            "commands/fleet.py": (
+                "from stackgate.flows import engines\nLIMIT = 8\noptions = engines.options\n"
+                '__all__ = ["LIMIT", "options", "run"]\ndef run(): ...\n'
+            ),
+        },
+    )
+    assert reexports(package, []) == ["stackgate/commands/fleet.py: __all__ re-exports 'options'"]
 
 
 def test_commands_re_export_nothing() -> None:

@@ -32,9 +32,7 @@ from stackgate.render.outputs import JSON, Output
 from stackgate.render.ui import UI
 from stackgate.runs import history
 
-__all__ = ["engine_options", "run"]
-
-engine_options = fleetengines.engine_options
+__all__ = ["run"]
 
 _RUN_ID = re.compile(r"^[0-9]{8}T[0-9]{6}Z-[a-z]+-[0-9a-f]{1,32}$")
 
