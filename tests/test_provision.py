@@ -956,17 +956,16 @@ def test_a_part_file_refused_in_the_download_cache_is_advised_away_not_retried()
 
 
 @pytest.mark.parametrize("command", [("provision", "--lock"), ("upgrade", "--to")])
-def test_a_spec_naming_an_existing_interpreter_is_refused_by_every_build_before_anything(tmp_path, command):
-    """provision and upgrade build generations only under a python.root: a spec that names an existing
-    interpreter is refused with exit 2 and the same words, before its pylock is even looked for."""
-    from specs import minimal_spec
+def test_a_spec_naming_an_existing_interpreter_is_refused_by_every_build_in_the_same_words(tmp_path, command):
+    """provision and upgrade build generations only under a python.root: a spec (with its current pylock)
+    that names an existing interpreter is refused with exit 2 and the same words, and nothing is created."""
     from support import run_program
+    from test_pylock_hostile import write_pair
 
-    spec = tmp_path / "stack.toml"
-    spec.write_text(minimal_spec(interpreter=sys.executable))
+    spec = write_pair(tmp_path)  # names /usr/bin/python3 as its interpreter
     name, option = command
     done = run_program(name, option, str(spec), env={"STACKGATE_STATE_DIR": str(tmp_path / "state")}, timeout=120)
     assert done.returncode == ExitCode.USAGE, done.stdout + done.stderr
-    said = f"{option} {spec}: python.interpreter names an existing environment ({sys.executable}); {name} builds"
+    said = f"{option} {spec}: python.interpreter names an existing environment (/usr/bin/python3); {name} builds"
     assert said in done.stderr and "set python.root instead" in done.stderr, done.stderr
-    assert "pylock" not in done.stderr and not (tmp_path / "state").exists()
+    assert not (tmp_path / "state").exists()

@@ -100,12 +100,12 @@ def load_buildable(path: Path | None, option: str, command: str) -> Spec:
     find), its pylock beside it, and a stackgate-managed ``python.root`` to build generations under."""
     spec = load_spec(path)
     spec = dataclasses.replace(spec, path=Path(os.path.abspath(spec.path)))
+    pylock.check_beside(spec)  # first: a bad pylock is a bad lockfile in every command
     if spec.python.root is None:
         raise UsageError(
             f"{option} {spec.path}: python.interpreter names an existing environment ({spec.python.interpreter}); "
             f"{command} builds generations only under a stackgate-managed python.root: set python.root instead"
         )
-    pylock.check_beside(spec)
     return spec
 
 
